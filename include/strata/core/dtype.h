@@ -1,0 +1,58 @@
+// Element types and the half-precision conversions used everywhere (round to nearest even).
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace strata {
+
+enum class DType : std::uint8_t { kF32, kBF16, kF16, kU16, kU32, kI32, kI64, kU8 };
+
+std::size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
+// Parses Strata names ("f32", "bf16", "fp32") and safetensors names ("F32", "BF16", "F16").
+std::optional<DType> parse_dtype(std::string_view name);
+// safetensors spelling: "F32", "BF16", "F16", "U16", "U32", "I32", "I64", "U8".
+std::string_view safetensors_dtype_name(DType dtype);
+
+struct bf16 {
+  std::uint16_t bits;
+};
+struct f16 {
+  std::uint16_t bits;
+};
+
+inline float bf16_to_f32(bf16 h) { return std::bit_cast<float>(std::uint32_t{h.bits} << 16); }
+
+inline bf16 f32_to_bf16(float f) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<std::uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return bf16{static_cast<std::uint16_t>(u >> 16)};
+}
+
+float f16_to_f32(f16 h);
+f16 f32_to_f16(float f);
+
+// Loads element i of a buffer of dtype f32/bf16/f16 as float.
+inline float load_as_f32(const void* data, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const bf16*>(data)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const f16*>(data)[i]);
+    default:
+      return 0.0f;
+  }
+}
+
+// Converts n elements between f32/bf16/f16 buffers (same dtype: memcpy).
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n);
+
+}  // namespace strata

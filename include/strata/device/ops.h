@@ -1,0 +1,122 @@
+// The op table every backend implements: the LLaMA training step's math.
+//
+// Conventions: row-major; activations have shape [rows, dim] with rows = batch * seq tokens;
+// attention tensors are [batch, seq, heads, head_dim]. Float tensors of one call share `dtype`
+// (f32 or bf16); statistics kept for backward (rstd, lse) and losses are always f32; token ids
+// are int32. "accumulate" outputs are added to (+=), others are overwritten. Pointers are device
+// pointers of the backend that owns the table.
+#pragma once
+
+#include <cstdint>
+
+#include "strata/core/dtype.h"
+
+namespace strata::device {
+
+struct GemmArgs {
+  // C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C, all of `dtype`, fp32 accumulation.
+  bool trans_a = false;
+  bool trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const void* a = nullptr;
+  std::int64_t lda = 0;
+  const void* b = nullptr;
+  std::int64_t ldb = 0;
+  float beta = 0.0f;
+  void* c = nullptr;
+  std::int64_t ldc = 0;
+  DType dtype = DType::kF32;
+};
+
+struct AttentionShape {
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+struct AdamWArgs {
+  // One AdamW step over n elements, torch.optim.AdamW semantics; param/m/v are f32. grad is of
+  // grad_dtype and multiplied by grad_scale first. If param_out is set, the updated parameter is
+  // also written there as out_dtype (f32/bf16/f16).
+  float* param = nullptr;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::kF32;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::int64_t n = 0;
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0, grad_scale = 1.0f;
+  std::int64_t step = 1;   // 1-based, after increment
+  bool adamw_mode = true;  // false: Adam with L2 added to the gradient
+  void* param_out = nullptr;
+  DType out_dtype = DType::kBF16;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual void gemm(const GemmArgs& args) const = 0;
+
+  // out[i, :] = table[ids[i], :]. ids are validated by the caller.
+  virtual void embedding_forward(const std::int32_t* ids, std::int64_t rows, const void* table,
+                                 std::int64_t dim, void* out, DType dtype) const = 0;
+  // dtable[ids[i], :] += dout[i, :] (accumulate).
+  virtual void embedding_backward(const std::int32_t* ids, std::int64_t rows, const void* dout,
+                                  std::int64_t dim, void* dtable, DType dtype) const = 0;
+
+  // out = x / sqrt(mean(x^2) + eps) * w; rstd[rows] saved.
+  virtual void rmsnorm_forward(const void* x, const void* w, void* out, float* rstd,
+                               std::int64_t rows, std::int64_t dim, float eps,
+                               DType dtype) const = 0;
+  // dx overwritten, dw accumulated.
+  virtual void rmsnorm_backward(const void* dout, const void* x, const void* w, const float* rstd,
+                                void* dx, void* dw, std::int64_t rows, std::int64_t dim,
+                                DType dtype) const = 0;
+
+  // In-place rotary embedding (Hugging Face rotate_half convention) on x[batch, seq, heads, hd],
+  // position = sequence index. inverse = true applies the transpose (used by backward).
+  virtual void rope(void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                    std::int64_t head_dim, float theta, bool inverse, DType dtype) const = 0;
+
+  // Causal grouped-query attention, softmax scale 1/sqrt(head_dim). q/out: [b, s, heads, hd];
+  // k/v: [b, s, kv_heads, hd]; lse: [b, heads, s] (log-sum-exp of scaled scores, f32).
+  virtual void attention_forward(const void* q, const void* k, const void* v, void* out, float* lse,
+                                 const AttentionShape& shape, DType dtype) const = 0;
+  // dq, dk, dv overwritten.
+  virtual void attention_backward(const void* dout, const void* q, const void* k, const void* v,
+                                  const void* out, const float* lse, void* dq, void* dk, void* dv,
+                                  const AttentionShape& shape, DType dtype) const = 0;
+
+  // out = silu(gate) * up, elementwise over n.
+  virtual void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,
+                              DType dtype) const = 0;
+  virtual void swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate,
+                               void* dup, std::int64_t n, DType dtype) const = 0;
+
+  // out = a + b (out may alias a or b).
+  virtual void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const = 0;
+
+  // Fused softmax cross-entropy over logits[rows, vocab]. losses[i] = -log softmax(logits_i)[t_i]
+  // (0 where targets[i] < 0, which is ignored). If dlogits is non-null it receives
+  // (softmax - onehot) * dloss_scale per valid row (zero rows for ignored ones); dlogits may
+  // alias logits.
+  virtual void cross_entropy(const void* logits, const std::int32_t* targets, float* losses,
+                             void* dlogits, std::int64_t rows, std::int64_t vocab,
+                             float dloss_scale, DType dtype) const = 0;
+
+  virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                    std::int64_t n) const = 0;
+
+  // sum(x^2) in double over n elements (for gradient norms of device-resident gradients).
+  virtual double sum_squares(const void* x, std::int64_t n, DType dtype) const = 0;
+
+  // Optimizer step for state that stays on the device (offload_optimizer: none).
+  virtual void adamw(const AdamWArgs& args) const = 0;
+};
+
+}  // namespace strata::device
+
+namespace strata::device {
+// The scalar AdamW every backend and the host optimizer are tested against; the CPU backend's
+// adamw op runs exactly this, so optimizer placement never changes results.
+void adamw_reference(const AdamWArgs& args);
+}  // namespace strata::device

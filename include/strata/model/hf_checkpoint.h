@@ -1,0 +1,46 @@
+// Hugging Face checkpoint directories: config.json + model.safetensors, or sharded
+// model-0000i-of-0000n.safetensors with model.safetensors.index.json.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+#include "strata/model/llama_config.h"
+#include "strata/model/param_layout.h"
+#include "strata/model/safetensors.h"
+
+namespace strata::model {
+
+class HfCheckpointReader {
+ public:
+  // Reads config.json and indexes every tensor (through the index file when present). Missing
+  // files, malformed JSON or an index naming a missing shard are errors naming the file.
+  static Result<HfCheckpointReader> open(const std::string& dir);
+
+  const LlamaConfig& config() const { return config_; }
+  // Checks that every tensor the layout needs is present with the right shape, and that no
+  // unexpected tensor is present (rotary inv_freq buffers and a redundant lm_head.weight under
+  // tied embeddings are tolerated). Reports all problems at once.
+  Status validate(const ParamLayout& layout) const;
+  // Fills the group's flat f32 buffer (padding zeroed) from the checkpoint.
+  Status read_group(const ParamGroup& group, float* dst) const;
+
+ private:
+  std::string dir_;
+  LlamaConfig config_;
+  std::vector<std::shared_ptr<SafetensorsReader>> files_;
+  std::map<std::string, std::size_t> tensor_file_;  // tensor name -> index in files_
+};
+
+// Writes an HF checkpoint directory `dir` (created if needed): config.json and
+// model.safetensors with tensors in `dtype`. `read_group` supplies each group's flat f32 values.
+// Files are written atomically.
+using GroupSource = std::function<Status(const ParamGroup& group, float* dst)>;
+Status write_hf_checkpoint(const std::string& dir, const LlamaConfig& config,
+                           const ParamLayout& layout, DType dtype, const GroupSource& read_group);
+
+}  // namespace strata::model

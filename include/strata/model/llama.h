@@ -1,0 +1,63 @@
+// The LLaMA decoder's forward and hand-written backward through the device op table.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+#include "strata/device/device.h"
+#include "strata/model/llama_config.h"
+#include "strata/model/param_layout.h"
+#include "strata/model/param_provider.h"
+
+namespace strata::model {
+
+struct ModelOptions {
+  DType compute_dtype = DType::kF32;      // f32 or bf16: weights, activations and gradients
+  bool activation_checkpointing = false;  // keep only each block's input; recompute in backward
+};
+
+struct StepTimings {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double wait_params_ms = 0;  // time blocked in acquire_params / release_grads
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
+             ModelOptions options);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  // Forward and backward on one micro-batch. inputs/targets: host int32 [batch * seq]; a target
+  // < 0 is ignored. Returns the mean cross-entropy over valid targets. Gradients of
+  // (mean loss * grad_scale) are accumulated through provider.acquire_grads/release_grads for
+  // every group. Activation memory comes from the device budget (out_of_memory if it does not
+  // fit).
+  Result<float> forward_backward(ParamProvider& provider, const std::int32_t* inputs,
+                                 const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
+                                 float grad_scale);
+  // Forward only; returns the mean loss.
+  Result<float> forward_loss(ParamProvider& provider, const std::int32_t* inputs,
+                             const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
+
+  // Bytes of activations and workspace this model allocates on the device for (batch, seq).
+  std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq) const;
+
+  const StepTimings& last_timings() const { return timings_; }
+  const LlamaConfig& config() const { return config_; }
+
+ private:
+  struct Impl;
+  LlamaConfig config_;
+  const ParamLayout& layout_;
+  device::Device& device_;
+  ModelOptions options_;
+  StepTimings timings_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::model

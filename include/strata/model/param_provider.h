@@ -1,0 +1,28 @@
+// What the model asks for: a layer's weights on the device, and somewhere to put its gradients.
+// The model knows nothing of where parameters live; zero implements this interface.
+#pragma once
+
+#include "strata/core/status.h"
+
+namespace strata::model {
+
+class ParamProvider {
+ public:
+  virtual ~ParamProvider() = default;
+
+  // Device pointer to the group's parameters in the compute dtype, laid out as ParamLayout says.
+  // Valid until release_params(group). Blocks until the data is on the device.
+  virtual Result<const void*> acquire_params(int group) = 0;
+  virtual void release_params(int group) = 0;
+  // The model will call acquire_params(group) soon; start moving it. Optional.
+  virtual void prefetch_params(int /*group*/) {}
+
+  // Device buffer of the group's size in the compute dtype, zero-filled, for this micro-batch's
+  // gradient. The model accumulates (+=) into it.
+  virtual Result<void*> acquire_grads(int group) = 0;
+  // The group's gradient for this micro-batch is complete: the provider takes it off the device
+  // (accumulating into its own gradient store) and frees the buffer.
+  virtual Status release_grads(int group) = 0;
+};
+
+}  // namespace strata::model

@@ -1,0 +1,26 @@
+// Host-side AdamW over fp32 master weights and moments (offload_optimizer: cpu|nvme).
+#pragma once
+
+#include "strata/device/ops.h"
+
+namespace strata::optim {
+
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adamw_mode = true;
+};
+
+// One AdamW step on host memory with torch.optim.AdamW semantics (see device::AdamWArgs). This is
+// the scalar path; it delegates to the same reference the CPU backend's device op uses, so an
+// optimizer on the device and one offloaded to the host give bit-identical results.
+void cpu_adamw_step(const device::AdamWArgs& args);
+
+// Fills the per-step fields of AdamWArgs from the hyperparameters.
+device::AdamWArgs make_adamw_args(const AdamWHyper& hyper, double lr, std::int64_t step,
+                                  float grad_scale);
+
+}  // namespace strata::optim

@@ -1,0 +1,68 @@
+// Token data: files of token ids and a deterministic sampler of fixed-length sequences.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/status.h"
+
+namespace strata::train {
+
+// Formats: "u16" / "u32" raw little-endian arrays; "llmc" (llm.c .bin: 256 int32 header, magic
+// 20240520, version 1 = uint16 tokens, version 2 = uint32, header[2] = token count); "text"
+// (bytes of a text file, vocabulary 256).
+class TokenDataset {
+ public:
+  // Memory-maps the file. Errors name the file: missing, empty, size not a multiple of the token
+  // size, bad llm.c header, fewer than seq_len + 1 tokens.
+  static Result<std::shared_ptr<TokenDataset>> open(const std::string& path,
+                                                    const std::string& format);
+  ~TokenDataset();
+  TokenDataset(const TokenDataset&) = delete;  // owns the mapping
+  TokenDataset& operator=(const TokenDataset&) = delete;
+
+  std::int64_t num_tokens() const { return num_tokens_; }
+  std::uint32_t token(std::int64_t i) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  TokenDataset() = default;
+  std::string path_;
+  int token_bytes_ = 0;
+  const std::uint8_t* tokens_ = nullptr;
+  std::int64_t num_tokens_ = 0;
+  void* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
+};
+
+// Splits the dataset into non-overlapping windows of seq_len + 1 tokens (stride seq_len) and
+// visits them in a per-epoch shuffled order determined by the seed alone. Sequence number g of the
+// whole run is therefore a pure function of (seed, g): a global batch is sequences
+// [step * batch_size, (step + 1) * batch_size), whatever the rank count or micro-batch size.
+class SequenceSampler {
+ public:
+  SequenceSampler(std::shared_ptr<TokenDataset> dataset, std::int64_t seq_len, std::uint64_t seed);
+  // Whether `dataset` yields at least one sequence of seq_len + 1 tokens (and at most 2^32 - 1):
+  // an invalid_argument naming the file and the sizes otherwise. sequence() fails the same way,
+  // so call this once up front to report the problem before training starts.
+  static Status check(const TokenDataset& dataset, std::int64_t seq_len);
+
+  std::int64_t num_windows() const { return num_windows_; }
+  // Writes sequence g's inputs (tokens [0, seq_len)) and targets (tokens [1, seq_len]) as int32.
+  // A token id >= vocab_size is an error naming the file and the token's position.
+  Status sequence(std::int64_t g, std::int64_t vocab_size, std::int32_t* inputs,
+                  std::int32_t* targets);
+
+ private:
+  const std::vector<std::uint32_t>& epoch_order(std::int64_t epoch);
+  std::shared_ptr<TokenDataset> dataset_;
+  std::int64_t seq_len_;
+  std::uint64_t seed_;
+  std::int64_t num_windows_;
+  std::int64_t cached_epoch_ = -1;
+  std::vector<std::uint32_t> order_;
+};
+
+}  // namespace strata::train

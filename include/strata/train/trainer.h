@@ -1,0 +1,67 @@
+// The training loop: data, model, offload engine, optimizer schedule, checkpoints and metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/json.h"
+#include "strata/core/status.h"
+#include "strata/train/config.h"
+
+namespace strata::train {
+
+struct StepMetrics {
+  std::int64_t step = 0;  // 1-based optimizer step
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  bool skipped = false;  // non-finite gradients: no update
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double compute_ms = 0;  // forward + backward
+  double wait_ms = 0;     // compute blocked on parameter fetches
+  double optimizer_ms = 0;
+  std::uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
+  std::uint64_t peak_device_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
+  std::uint64_t peak_rss_bytes = 0;  // the process's resident-memory high-water mark
+  Json to_json() const;
+};
+
+struct TrainOptions {
+  std::string resume_dir;                             // empty: start fresh
+  std::ostream* progress = nullptr;                   // one line per step; null = silent
+  const std::atomic<bool>* stop_requested = nullptr;  // checked after every step
+};
+
+class Trainer {
+ public:
+  static Result<std::unique_ptr<Trainer>> create(const TrainConfig& config,
+                                                 const TrainOptions& options);
+  ~Trainer();
+
+  // Trains until max_steps (or a stop request, which saves a checkpoint and returns
+  // `cancelled`). Saves every save_every steps and at the end.
+  Status run();
+  // Trains exactly n more steps with no checkpointing or progress output (benchmarks, tests).
+  Status run_steps(std::int64_t n);
+  // Saves a checkpoint of the current state now; returns its path.
+  Result<std::string> save();
+
+  const std::vector<StepMetrics>& history() const;
+  // Path of the newest checkpoint this trainer saved; empty if none.
+  const std::string& last_checkpoint() const;
+  std::int64_t step() const;
+  // Human-readable summary of the plan (model size, tiers, budgets), printed before training.
+  std::string describe() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::train

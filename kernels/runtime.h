@@ -1,0 +1,22 @@
+// Host-callable wrappers around the CUDA runtime, so that src/device/cuda never includes CUDA
+// headers in public code.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace strata::kernels {
+
+struct GpuInfo {
+  int count = 0;
+  std::string error;  // why count is 0, from the CUDA runtime
+  std::string name;
+  int major = 0, minor = 0;
+  std::size_t total_bytes = 0;
+};
+
+GpuInfo query_gpus();
+// Versions the binary was linked against (cuBLAS, NCCL): proves the libraries link.
+std::string library_versions();
+
+}  // namespace strata::kernels

@@ -1,0 +1,150 @@
+// dtype names and f16 conversions (bf16 is inline in the header).
+#include "strata/core/dtype.h"
+
+#include "strata/core/check.h"
+
+namespace strata {
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kU32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kU16:
+      return 2;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kU16:
+      return "u16";
+    case DType::kU32:
+      return "u32";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
+  }
+  return "?";
+}
+
+std::string_view safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kU16:
+      return "U16";
+    case DType::kU32:
+      return "U32";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view n) {
+  if (n == "f32" || n == "fp32" || n == "F32" || n == "float32") return DType::kF32;
+  if (n == "bf16" || n == "BF16" || n == "bfloat16") return DType::kBF16;
+  if (n == "f16" || n == "fp16" || n == "F16" || n == "float16") return DType::kF16;
+  if (n == "u16" || n == "U16" || n == "uint16") return DType::kU16;
+  if (n == "u32" || n == "U32" || n == "uint32") return DType::kU32;
+  if (n == "i32" || n == "I32" || n == "int32") return DType::kI32;
+  if (n == "i64" || n == "I64" || n == "int64") return DType::kI64;
+  if (n == "u8" || n == "U8" || n == "uint8") return DType::kU8;
+  return std::nullopt;
+}
+
+float f16_to_f32(f16 h) {
+  const std::uint32_t sign = (h.bits & 0x8000u) << 16;
+  std::uint32_t exp = (h.bits >> 10) & 0x1f;
+  std::uint32_t mant = h.bits & 0x3ff;
+  std::uint32_t out;
+  if (exp == 0) {
+    if (mant == 0) {
+      out = sign;
+    } else {  // subnormal: normalize
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      out = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    out = sign | 0x7f800000u | (mant << 13);
+  } else {
+    out = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(out);
+}
+
+f16 f32_to_f16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return f16{static_cast<std::uint16_t>(sign | 0x7e00u)};   // NaN
+  if (abs >= 0x477ff000u) return f16{static_cast<std::uint16_t>(sign | 0x7c00u)};  // overflow
+  if (abs < 0x38800000u) {  // result is subnormal or zero in f16
+    // Add a magic number so the FPU performs round-to-nearest-even at the f16 subnormal LSB.
+    const float magic = std::bit_cast<float>(0x3f000000u);  // 0.5 shifts LSB to 2^-24
+    float a = std::bit_cast<float>(abs) + magic;
+    std::uint32_t r = std::bit_cast<std::uint32_t>(a) - 0x3f000000u;
+    return f16{static_cast<std::uint16_t>(sign | r)};
+  }
+  std::uint32_t mant_odd = (abs >> 13) & 1u;
+  std::uint32_t v = abs + 0xc8000fffu + mant_odd;  // rebias exponent (-112<<23) and round
+  return f16{static_cast<std::uint16_t>(sign | (v >> 13))};
+}
+
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, n * dtype_size(src_dtype));
+    return;
+  }
+  STRATA_CHECK(src_dtype == DType::kF32 || src_dtype == DType::kBF16 || src_dtype == DType::kF16,
+               "convert: unsupported source dtype", dtype_name(src_dtype));
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = load_as_f32(src, src_dtype, i);
+    switch (dst_dtype) {
+      case DType::kF32:
+        static_cast<float*>(dst)[i] = x;
+        break;
+      case DType::kBF16:
+        static_cast<bf16*>(dst)[i] = f32_to_bf16(x);
+        break;
+      case DType::kF16:
+        static_cast<f16*>(dst)[i] = f32_to_f16(x);
+        break;
+      default:
+        STRATA_CHECK(false, "convert: unsupported destination dtype", dtype_name(dst_dtype));
+    }
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,50 @@
+// Scalar AdamW with torch.optim.AdamW semantics: the reference for every optimized path.
+#include <cmath>
+
+#include "strata/core/dtype.h"
+#include "strata/device/ops.h"
+
+namespace strata::device {
+
+void adamw_reference(const AdamWArgs& a) {
+  // Bias corrections in double, as torch computes them on Python floats before the tensor ops.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+  const float step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+  const float one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+  const float one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    float g = load_as_f32(a.grad, a.grad_dtype, static_cast<std::size_t>(i)) * a.grad_scale;
+    float p = a.param[i];
+    if (a.adamw_mode) {
+      p *= decay;
+    } else {
+      g += a.weight_decay * p;
+    }
+    const float m = a.beta1 * a.exp_avg[i] + one_minus_b1 * g;
+    const float v = a.beta2 * a.exp_avg_sq[i] + one_minus_b2 * g * g;
+    a.exp_avg[i] = m;
+    a.exp_avg_sq[i] = v;
+    p -= step_size * m / (std::sqrt(v) / bc2_sqrt + a.eps);
+    a.param[i] = p;
+    if (a.param_out != nullptr) {
+      switch (a.out_dtype) {
+        case DType::kF32:
+          static_cast<float*>(a.param_out)[i] = p;
+          break;
+        case DType::kBF16:
+          static_cast<bf16*>(a.param_out)[i] = f32_to_bf16(p);
+          break;
+        case DType::kF16:
+          static_cast<f16*>(a.param_out)[i] = f32_to_f16(p);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace strata::device

@@ -1,0 +1,28 @@
+// AdamW for optimizer state kept on the CPU device: the scalar reference, split over threads.
+#include "src/device/cpu/cpu_ops_internal.h"
+
+namespace strata::device::cpu {
+
+// Each element's update is independent, so running adamw_reference on disjoint chunks gives
+// bitwise the reference's result (optimizer placement must never change the numbers).
+void cpu_adamw(const CpuContext& ctx, const AdamWArgs& a) {
+  STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
+  STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
+  const std::size_t grad_size = dtype_size(a.grad_dtype);
+  const std::size_t out_size = dtype_size(a.out_dtype);
+  ctx.parallel_for(a.n, 16384, [&](std::int64_t i0, std::int64_t i1) {
+    AdamWArgs part = a;
+    part.param = a.param + i0;
+    part.grad = static_cast<const std::byte*>(a.grad) + static_cast<std::size_t>(i0) * grad_size;
+    part.exp_avg = a.exp_avg + i0;
+    part.exp_avg_sq = a.exp_avg_sq + i0;
+    part.n = i1 - i0;
+    if (a.param_out != nullptr) {
+      part.param_out =
+          static_cast<std::byte*>(a.param_out) + static_cast<std::size_t>(i0) * out_size;
+    }
+    adamw_reference(part);
+  });
+}
+
+}  // namespace strata::device::cpu

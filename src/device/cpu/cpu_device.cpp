@@ -1,0 +1,206 @@
+// CpuDevice: budgeted host allocator, inline compute stream, worker-thread copy streams.
+#include "src/device/cpu/cpu_device.h"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "strata/core/aligned.h"
+#include "strata/core/json.h"
+
+namespace strata::device {
+namespace {
+
+// A completion flag set when a stream reaches the point where the event was recorded.
+struct CpuEvent final : Event::Impl {
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  bool done = false;
+  void signal() {
+    std::lock_guard lock(mu);
+    done = true;
+    cv.notify_all();
+  }
+  bool query() const override {
+    std::lock_guard lock(mu);
+    return done;
+  }
+  void wait() const override {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+// The compute stream: work runs immediately on the calling thread, so it is always synchronized.
+class InlineStream final : public Stream {
+ public:
+  StreamKind kind() const override { return StreamKind::kCompute; }
+  void synchronize() override {}
+};
+
+// A copy stream: one worker thread runs tasks in submission order.
+class WorkerStream final : public Stream {
+ public:
+  explicit WorkerStream(StreamKind kind) : kind_(kind), thread_([this] { run(); }) {}
+  ~WorkerStream() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  StreamKind kind() const override { return kind_; }
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard lock(mu_);
+      tasks_.push_back(std::move(task));
+      ++submitted_;
+    }
+    cv_.notify_all();
+  }
+  void synchronize() override {
+    std::unique_lock lock(mu_);
+    const std::uint64_t target = submitted_;
+    idle_cv_.wait(lock, [&] { return completed_ >= target; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++completed_;
+      idle_cv_.notify_all();
+    }
+  }
+
+  StreamKind kind_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::uint64_t submitted_ = 0, completed_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(const DeviceOptions& options)
+      : limit_(options.memory_limit_bytes),
+        ops_(make_cpu_ops(options.compute_threads)),
+        h2d_(StreamKind::kHostToDevice),
+        d2h_(StreamKind::kDeviceToHost) {}
+
+  std::string name() const override { return "cpu"; }
+  bool host_addressable() const override { return true; }
+
+  MemoryStats memory_stats() const override {
+    std::lock_guard lock(mu_);
+    return MemoryStats{limit_, in_use_, peak_, num_allocations_};
+  }
+  void reset_peak() override {
+    std::lock_guard lock(mu_);
+    peak_ = in_use_;
+  }
+
+  Stream& stream(StreamKind kind) override {
+    switch (kind) {
+      case StreamKind::kCompute:
+        return compute_;
+      case StreamKind::kHostToDevice:
+        return h2d_;
+      case StreamKind::kDeviceToHost:
+        return d2h_;
+    }
+    return compute_;
+  }
+
+  void copy_to_device(void* dst, const void* src, std::size_t n, Stream& s) override {
+    run_on(s, [=] { std::memcpy(dst, src, n); });
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t n, Stream& s) override {
+    run_on(s, [=] { std::memcpy(dst, src, n); });
+  }
+  void fill_zero(void* dst, std::size_t n, Stream& s) override {
+    run_on(s, [=] { std::memset(dst, 0, n); });
+  }
+
+  Event record_event(Stream& s) override {
+    if (s.kind() == StreamKind::kCompute) return Event();  // inline: already reached
+    auto ev = std::make_shared<CpuEvent>();
+    static_cast<WorkerStream&>(s).enqueue([ev] { ev->signal(); });
+    return Event(ev);
+  }
+  void wait_event(Stream& waiter, const Event& event) override {
+    if (event.ready()) return;
+    if (waiter.kind() == StreamKind::kCompute) {
+      event.synchronize();
+      return;
+    }
+    static_cast<WorkerStream&>(waiter).enqueue([event] { event.synchronize(); });
+  }
+
+  const Ops& ops() const override { return *ops_; }
+
+ protected:
+  Result<void*> allocate_impl(std::size_t size_bytes) override {
+    const std::size_t rounded = align_up(size_bytes, 64);
+    {
+      std::lock_guard lock(mu_);
+      if (limit_ != 0 && in_use_ + rounded > limit_) {
+        return out_of_memory("request of " + format_bytes(rounded) + " exceeds the budget");
+      }
+      in_use_ += rounded;
+      peak_ = std::max(peak_, in_use_);
+      ++num_allocations_;
+    }
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      std::lock_guard lock(mu_);
+      in_use_ -= rounded;
+      return out_of_memory("host allocation failed");
+    }
+    return p;
+  }
+  void deallocate_impl(void* data, std::size_t size_bytes) override {
+    std::free(data);
+    std::lock_guard lock(mu_);
+    in_use_ -= align_up(size_bytes, 64);
+  }
+
+ private:
+  template <typename F>
+  void run_on(Stream& s, F&& f) {
+    if (s.kind() == StreamKind::kCompute) {
+      f();
+    } else {
+      static_cast<WorkerStream&>(s).enqueue(std::forward<F>(f));
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::uint64_t limit_;
+  std::uint64_t in_use_ = 0, peak_ = 0, num_allocations_ = 0;
+  std::unique_ptr<Ops> ops_;
+  InlineStream compute_;
+  WorkerStream h2d_, d2h_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options) {
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options));
+}
+
+}  // namespace strata::device

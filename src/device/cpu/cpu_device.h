@@ -1,0 +1,16 @@
+// The CPU backend: device memory is host memory under a hard byte budget, the compute stream runs
+// ops on the calling thread, and the copy streams are ordered worker queues.
+#pragma once
+
+#include <memory>
+
+#include "strata/device/device.h"
+
+namespace strata::device {
+
+Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options);
+
+// The CPU op table (OpenBLAS GEMMs, oneTBB-parallel elementwise ops). `num_threads` 0 = all cores.
+std::unique_ptr<Ops> make_cpu_ops(int num_threads);
+
+}  // namespace strata::device

@@ -1,0 +1,323 @@
+// The CPU op table: row-parallel (oneTBB) elementwise and normalization ops, OpenBLAS GEMMs.
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "src/device/cpu/cpu_device.h"
+#include "src/device/cpu/cpu_ops_internal.h"
+
+namespace strata::device {
+namespace {
+
+using cpu::CpuContext;
+using cpu::dispatch_float;
+using cpu::from_f32;
+using cpu::load_row;
+using cpu::store_row;
+using cpu::to_f32;
+
+// Elements per task for cheap elementwise loops: large enough to amortize scheduling.
+constexpr std::int64_t kElemGrain = 32768;
+
+// Rows per task such that each task touches about kElemGrain elements.
+std::int64_t row_grain(std::int64_t dim) {
+  return std::max<std::int64_t>(1, kElemGrain / std::max<std::int64_t>(dim, 1));
+}
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(int num_threads) : ctx_(num_threads) {
+    if (num_threads > 0) openblas_set_num_threads(num_threads);
+  }
+
+  void gemm(const GemmArgs& args) const override { cpu::cpu_gemm(ctx_, args); }
+
+  // out: [rows, dim] = table[ids[i], :]
+  void embedding_forward(const std::int32_t* ids, std::int64_t rows, const void* table,
+                         std::int64_t dim, void* out, DType dtype) const override {
+    const std::size_t row_bytes = static_cast<std::size_t>(dim) * dtype_size(dtype);
+    const auto* src = static_cast<const std::byte*>(table);
+    auto* dst = static_cast<std::byte*>(out);
+    ctx_.parallel_for(rows, row_grain(dim), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t i = r0; i < r1; ++i) {
+        std::memcpy(dst + i * row_bytes, src + ids[i] * row_bytes, row_bytes);
+      }
+    });
+  }
+
+  // dtable: [vocab, dim] += scatter of dout [rows, dim]. Tasks own column ranges so repeated
+  // ids never race and the accumulation order is always the row order.
+  void embedding_backward(const std::int32_t* ids, std::int64_t rows, const void* dout,
+                          std::int64_t dim, void* dtable, DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* d = static_cast<const T*>(dout);
+      T* t = static_cast<T*>(dtable);
+      const std::int64_t cols_per_task = 64;
+      ctx_.parallel_chunks(dim, cols_per_task, [&](std::int64_t, std::int64_t c0, std::int64_t c1) {
+        for (std::int64_t i = 0; i < rows; ++i) {
+          T* trow = t + ids[i] * dim;
+          const T* drow = d + i * dim;
+          for (std::int64_t c = c0; c < c1; ++c) {
+            trow[c] = from_f32<T>(to_f32(trow[c]) + to_f32(drow[c]));
+          }
+        }
+      });
+    });
+  }
+
+  // x, out: [rows, dim]; w: [dim]; rstd: [rows]
+  void rmsnorm_forward(const void* x, const void* w, void* out, float* rstd, std::int64_t rows,
+                       std::int64_t dim, float eps, DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* xs = static_cast<const T*>(x);
+      T* os = static_cast<T*>(out);
+      auto wbuf = ctx_.scratch(static_cast<std::size_t>(dim));
+      float* wf = wbuf.data();
+      load_row(static_cast<const T*>(w), wf, dim);
+      ctx_.parallel_for(rows, row_grain(dim), [&](std::int64_t r0, std::int64_t r1) {
+        auto rowbuf = ctx_.scratch(static_cast<std::size_t>(dim));
+        float* xr = rowbuf.data();
+        for (std::int64_t i = r0; i < r1; ++i) {
+          load_row(xs + i * dim, xr, dim);
+          const float ss = cpu::dot_f32(xr, xr, dim);
+          const float r = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+          rstd[i] = r;
+          T* o = os + i * dim;
+          for (std::int64_t j = 0; j < dim; ++j) o[j] = from_f32<T>(xr[j] * r * wf[j]);
+        }
+      });
+    });
+  }
+
+  // dout, x, dx: [rows, dim]; w, dw: [dim]; rstd: [rows]. With y = x r w:
+  // dx = r (dout w) - x r^3 / dim * sum(dout w x), dw += sum_rows dout x r.
+  void rmsnorm_backward(const void* dout, const void* x, const void* w, const float* rstd, void* dx,
+                        void* dw, std::int64_t rows, std::int64_t dim, DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* dys = static_cast<const T*>(dout);
+      const T* xs = static_cast<const T*>(x);
+      T* dxs = static_cast<T*>(dx);
+      // Fixed row chunks with one dw partial each, summed in chunk order: reproducible.
+      const std::int64_t chunk = std::max<std::int64_t>(16, row_grain(dim));
+      const std::int64_t num_chunks = (rows + chunk - 1) / chunk;
+      auto part_buf = ctx_.scratch(static_cast<std::size_t>((num_chunks + 1) * dim));
+      float* wf = part_buf.data();
+      float* partials = wf + dim;
+      load_row(static_cast<const T*>(w), wf, dim);
+      ctx_.parallel_chunks(rows, chunk, [&](std::int64_t c, std::int64_t r0, std::int64_t r1) {
+        auto rowbuf = ctx_.scratch(static_cast<std::size_t>(2 * dim));
+        float* xr = rowbuf.data();
+        float* gr = xr + dim;
+        float* part = partials + c * dim;
+        std::fill(part, part + dim, 0.0f);
+        for (std::int64_t i = r0; i < r1; ++i) {
+          load_row(xs + i * dim, xr, dim);
+          load_row(dys + i * dim, gr, dim);
+          const float r = rstd[i];
+          for (std::int64_t j = 0; j < dim; ++j) {
+            part[j] += gr[j] * xr[j] * r;
+            gr[j] *= wf[j];
+          }
+          const float k = cpu::dot_f32(gr, xr, dim) * r * r * r / static_cast<float>(dim);
+          T* o = dxs + i * dim;
+          for (std::int64_t j = 0; j < dim; ++j) o[j] = from_f32<T>(r * gr[j] - k * xr[j]);
+        }
+      });
+      T* dws = static_cast<T*>(dw);
+      ctx_.parallel_for(dim, 1024, [&](std::int64_t j0, std::int64_t j1) {
+        for (std::int64_t j = j0; j < j1; ++j) {
+          float s = 0.0f;
+          for (std::int64_t c = 0; c < num_chunks; ++c) s += partials[c * dim + j];
+          dws[j] = from_f32<T>(to_f32(dws[j]) + s);
+        }
+      });
+    });
+  }
+
+  // x: [batch, seq, heads, head_dim], rotated in place; pairs (i, i + head_dim / 2).
+  void rope(void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+            std::int64_t head_dim, float theta, bool inverse, DType dtype) const override {
+    STRATA_CHECK(head_dim % 2 == 0, "rope needs an even head_dim", head_dim);
+    const std::int64_t half = head_dim / 2;
+    auto table = ctx_.scratch(static_cast<std::size_t>(2 * seq * half));
+    float* cos_t = table.data();
+    float* sin_t = cos_t + seq * half;
+    for (std::int64_t j = 0; j < half; ++j) {
+      const double inv_freq =
+          std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(j) / head_dim);
+      for (std::int64_t p = 0; p < seq; ++p) {
+        const double angle = static_cast<double>(p) * inv_freq;
+        cos_t[p * half + j] = static_cast<float>(std::cos(angle));
+        sin_t[p * half + j] = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
+      }
+    }
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* xs = static_cast<T*>(x);
+      const std::int64_t row = heads * head_dim;
+      ctx_.parallel_for(batch * seq, row_grain(row), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const float* c = cos_t + (r % seq) * half;
+          const float* s = sin_t + (r % seq) * half;
+          for (std::int64_t h = 0; h < heads; ++h) {
+            T* v = xs + r * row + h * head_dim;
+            for (std::int64_t j = 0; j < half; ++j) {
+              const float a = to_f32(v[j]), b = to_f32(v[j + half]);
+              v[j] = from_f32<T>(a * c[j] - b * s[j]);
+              v[j + half] = from_f32<T>(b * c[j] + a * s[j]);
+            }
+          }
+        }
+      });
+    });
+  }
+
+  void attention_forward(const void* q, const void* k, const void* v, void* out, float* lse,
+                         const AttentionShape& shape, DType dtype) const override {
+    cpu::cpu_attention_forward(ctx_, q, k, v, out, lse, shape, dtype);
+  }
+  void attention_backward(const void* dout, const void* q, const void* k, const void* v,
+                          const void* out, const float* lse, void* dq, void* dk, void* dv,
+                          const AttentionShape& shape, DType dtype) const override {
+    cpu::cpu_attention_backward(ctx_, dout, q, k, v, out, lse, dq, dk, dv, shape, dtype);
+  }
+
+  // gate, up, out: [n]
+  void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,
+                      DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* g = static_cast<const T*>(gate);
+      const T* u = static_cast<const T*>(up);
+      T* o = static_cast<T*>(out);
+      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const float gv = to_f32(g[i]);
+          o[i] = from_f32<T>(gv / (1.0f + std::exp(-gv)) * to_f32(u[i]));
+        }
+      });
+    });
+  }
+
+  // dout, gate, up, dgate, dup: [n]
+  void swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate, void* dup,
+                       std::int64_t n, DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* d = static_cast<const T*>(dout);
+      const T* g = static_cast<const T*>(gate);
+      const T* u = static_cast<const T*>(up);
+      T* dg = static_cast<T*>(dgate);
+      T* du = static_cast<T*>(dup);
+      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const float gv = to_f32(g[i]), dv = to_f32(d[i]), uv = to_f32(u[i]);
+          const float sig = 1.0f / (1.0f + std::exp(-gv));
+          const float silu = gv * sig;
+          dg[i] = from_f32<T>(dv * uv * sig * (1.0f + gv * (1.0f - sig)));
+          du[i] = from_f32<T>(dv * silu);
+        }
+      });
+    });
+  }
+
+  void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = static_cast<const T*>(a);
+      const T* y = static_cast<const T*>(b);
+      T* o = static_cast<T*>(out);
+      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) o[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
+      });
+    });
+  }
+
+  // logits, dlogits: [rows, vocab]; targets, losses: [rows]
+  void cross_entropy(const void* logits, const std::int32_t* targets, float* losses, void* dlogits,
+                     std::int64_t rows, std::int64_t vocab, float dloss_scale,
+                     DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* ls = static_cast<const T*>(logits);
+      T* ds = static_cast<T*>(dlogits);
+      ctx_.parallel_for(rows, row_grain(vocab), [&](std::int64_t r0, std::int64_t r1) {
+        auto rowbuf = ctx_.scratch(static_cast<std::size_t>(vocab));
+        float* z = rowbuf.data();
+        for (std::int64_t i = r0; i < r1; ++i) {
+          const std::int32_t t = targets[i];
+          STRATA_CHECK(t < vocab, "cross_entropy target out of range", t, vocab);
+          if (t < 0) {
+            losses[i] = 0.0f;
+            if (ds != nullptr) std::fill(ds + i * vocab, ds + (i + 1) * vocab, from_f32<T>(0.0f));
+            continue;
+          }
+          // The whole row is read before any of it is written, so dlogits may alias logits.
+          load_row(ls + i * vocab, z, vocab);
+          float mx = z[0];
+          for (std::int64_t j = 1; j < vocab; ++j) mx = std::max(mx, z[j]);
+          double sum = 0.0;
+          for (std::int64_t j = 0; j < vocab; ++j) {
+            z[j] = std::exp(z[j] - mx);
+            sum += z[j];
+          }
+          const float zt = to_f32(ls[i * vocab + t]);
+          losses[i] = static_cast<float>(std::log(sum) + static_cast<double>(mx - zt));
+          if (ds == nullptr) continue;
+          const float inv = static_cast<float>(1.0 / sum);
+          T* d = ds + i * vocab;
+          for (std::int64_t j = 0; j < vocab; ++j) {
+            const float p = z[j] * inv - (j == t ? 1.0f : 0.0f);
+            d[j] = from_f32<T>(p * dloss_scale);
+          }
+        }
+      });
+    });
+  }
+
+  void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+            std::int64_t n) const override {
+    const std::size_t ss = dtype_size(src_dtype), ds = dtype_size(dst_dtype);
+    ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+      convert(static_cast<const std::byte*>(src) + i0 * ss, src_dtype,
+              static_cast<std::byte*>(dst) + i0 * ds, dst_dtype, static_cast<std::size_t>(i1 - i0));
+    });
+  }
+
+  double sum_squares(const void* x, std::int64_t n, DType dtype) const override {
+    constexpr std::int64_t kChunk = 65536;
+    const std::int64_t num_chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<std::size_t>(num_chunks), 0.0);
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* xs = static_cast<const T*>(x);
+      ctx_.parallel_chunks(n, kChunk, [&](std::int64_t c, std::int64_t i0, std::int64_t i1) {
+        double s = 0.0;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const double v = to_f32(xs[i]);
+          s += v * v;
+        }
+        partial[static_cast<std::size_t>(c)] = s;
+      });
+    });
+    double total = 0.0;
+    for (double p : partial) total += p;
+    return total;
+  }
+
+  void adamw(const AdamWArgs& args) const override { cpu::cpu_adamw(ctx_, args); }
+
+ private:
+  CpuContext ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cpu_ops(int num_threads) { return std::make_unique<CpuOps>(num_threads); }
+
+}  // namespace strata::device

@@ -1,0 +1,70 @@
+// Backend-independent parts of the device interface and the backend registry.
+#include "strata/device/device.h"
+
+#include <utility>
+
+#include "src/device/cpu/cpu_device.h"
+#include "strata/build_config.h"
+#include "strata/core/json.h"
+#if STRATA_HAVE_CUDA
+#include "src/device/cuda/cuda_probe.h"
+#endif
+
+namespace strata::device {
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    device_ = std::exchange(o.device_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (data_ != nullptr) device_->deallocate_impl(data_, size_);
+  device_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+}
+
+Result<DeviceBuffer> Device::allocate(std::size_t size_bytes, std::string_view what) {
+  if (size_bytes == 0) return DeviceBuffer();
+  auto r = allocate_impl(size_bytes);
+  if (!r.is_ok()) {
+    const MemoryStats s = memory_stats();
+    return out_of_memory("cannot allocate " + format_bytes(size_bytes) + " on " + name() + " for " +
+                         std::string(what) + ": " + format_bytes(s.in_use_bytes) + " of the " +
+                         format_bytes(s.limit_bytes) + " device_memory_limit already in use (" +
+                         r.status().message() +
+                         "); raise device_memory_limit, lower micro_batch_size or seq_len, or "
+                         "enable activation_checkpointing");
+  }
+  return DeviceBuffer(this, *r, size_bytes);
+}
+
+Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options) {
+  if (options.kind == "cpu") return make_cpu_device(options);
+  if (options.kind == "cuda") {
+#if STRATA_HAVE_CUDA
+    return cuda::create_cuda_device(options);
+#else
+    return unavailable(
+        "device 'cuda' requested, but this build of Strata has no CUDA backend (nvcc was not "
+        "found when it was configured); rebuild on a machine with the CUDA toolkit or set "
+        "device: \"cpu\"");
+#endif
+  }
+  return invalid_argument("unknown device '" + options.kind + "'; expected cpu or cuda");
+}
+
+std::string describe_backends() {
+#if STRATA_HAVE_CUDA
+  return "cpu; cuda: " + cuda::describe_cuda();
+#else
+  return "cpu; cuda: not built";
+#endif
+}
+
+}  // namespace strata::device

@@ -1,0 +1,325 @@
+// SwapSpace: option checks, engine choice, striped extent allocation and request splitting.
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "src/io/engine.h"
+#include "src/io/errno_text.h"
+#include "src/io/extent_allocator.h"
+#include "src/io/io_state.h"
+#include "src/io/stripe_layout.h"
+#include "src/io/swap_dir.h"
+#include "strata/core/logging.h"
+#include "strata/io/swap.h"
+
+namespace strata::io {
+namespace {
+
+// Kernel transfers return an int and Linux caps one at just under 2 GiB; 1 GiB chunks are more
+// than any drive needs.
+constexpr std::size_t kMaxBlockBytes = std::size_t{1} << 30;
+constexpr int kMaxQueueDepth = 4096;
+constexpr int kMaxThreads = 256;
+
+std::string format_bytes(std::uint64_t bytes) {
+  char buf[64];
+  const double gib = static_cast<double>(bytes) / static_cast<double>(1ull << 30);
+  const double mib = static_cast<double>(bytes) / static_cast<double>(1ull << 20);
+  if (gib >= 1.0) {
+    std::snprintf(buf, sizeof(buf), " (%.2f GiB)", gib);
+  } else {
+    std::snprintf(buf, sizeof(buf), " (%.2f MiB)", mib);
+  }
+  return std::to_string(bytes) + " bytes" + buf;
+}
+
+Status validate_options(const SwapOptions& o) {
+  std::vector<std::string> problems;
+  const bool memory = o.engine == "memory";
+  if (o.engine != "auto" && o.engine != "uring" && o.engine != "posix" && !memory) {
+    problems.push_back("engine \"" + o.engine + "\" is unknown; use auto, uring, posix or memory");
+  }
+  if (o.paths.empty() && !memory) {
+    problems.push_back("swap_paths is empty; give at least one directory (one per drive)");
+  }
+  std::set<std::string> seen;
+  for (const std::string& p : o.paths) {
+    if (p.empty()) {
+      problems.push_back("swap_paths has an empty entry");
+      continue;
+    }
+    std::string normal = std::filesystem::path(p).lexically_normal().string();
+    while (normal.size() > 1 && normal.back() == '/') normal.pop_back();  // "/x/" is "/x"
+    if (!seen.insert(normal).second) {
+      problems.push_back("swap_paths lists " + p + " twice; give each directory once");
+    }
+  }
+  if (o.block_size_bytes == 0 || o.block_size_bytes % kIoAlignBytes != 0 ||
+      o.block_size_bytes > kMaxBlockBytes) {
+    problems.push_back("block_size_bytes " + std::to_string(o.block_size_bytes) +
+                       " must be a positive multiple of " + std::to_string(kIoAlignBytes) +
+                       " no larger than " + std::to_string(kMaxBlockBytes));
+  }
+  if (o.queue_depth < 1 || o.queue_depth > kMaxQueueDepth) {
+    problems.push_back("queue_depth " + std::to_string(o.queue_depth) + " must be in [1, " +
+                       std::to_string(kMaxQueueDepth) + "]");
+  }
+  if (o.posix_threads < 1 || o.posix_threads > kMaxThreads) {
+    problems.push_back("posix_threads " + std::to_string(o.posix_threads) + " must be in [1, " +
+                       std::to_string(kMaxThreads) + "]");
+  }
+  if (problems.empty()) return Status::ok();
+  std::string msg = "invalid swap options: ";
+  for (std::size_t i = 0; i < problems.size(); ++i) msg += (i > 0 ? "; " : "") + problems[i];
+  return invalid_argument(std::move(msg));
+}
+
+class SwapSpaceImpl final : public SwapSpace {
+ public:
+  SwapSpaceImpl(std::vector<SwapDir> dirs, StripeLayout layout, std::unique_ptr<Engine> engine)
+      : dirs_(std::move(dirs)), layout_(layout), engine_(std::move(engine)) {
+    STRATA_CHECK(engine_->num_files() == layout_.num_files(), "engine and layout disagree");
+  }
+
+  ~SwapSpaceImpl() override {
+    // Chunks in flight point into caller buffers and at our files: finish them before the
+    // engine stops and the files are deleted (dirs_ is destroyed after engine_).
+    engine_->drain();
+    engine_.reset();
+  }
+
+  Result<Extent> allocate(std::uint64_t size_bytes, std::string_view what) override {
+    if (size_bytes == 0) {
+      return invalid_argument("cannot allocate 0 bytes of swap for '" + std::string(what) + "'");
+    }
+    std::lock_guard lock(mu_);
+    if (auto extent = allocator_.allocate(size_bytes)) return *extent;
+    const std::uint64_t grown =
+        layout_.round_up_to_rows(allocator_.capacity() + allocator_.growth_needed(size_bytes));
+    STRATA_RETURN_IF_ERROR(grow_locked(grown, size_bytes, what));
+    auto extent = allocator_.allocate(size_bytes);
+    STRATA_CHECK(extent.has_value(), "allocation failed right after growing", size_bytes);
+    return *extent;
+  }
+
+  void free(const Extent& extent) override {
+    if (!extent.valid()) return;
+    std::lock_guard lock(mu_);
+    allocator_.free(extent);
+  }
+
+  IoHandle read(const Extent& extent, std::uint64_t offset_in_extent, void* buf,
+                std::size_t size_bytes) override {
+    return submit(IoOp::kRead, extent, offset_in_extent, static_cast<std::byte*>(buf), size_bytes);
+  }
+
+  IoHandle write(const Extent& extent, std::uint64_t offset_in_extent, const void* buf,
+                 std::size_t size_bytes) override {
+    // The engine only reads from a write's buffer; the cast lets both directions share IoChunk.
+    return submit(IoOp::kWrite, extent, offset_in_extent,
+                  static_cast<std::byte*>(const_cast<void*>(buf)), size_bytes);
+  }
+
+  IoStats stats() const override {
+    IoStats s = tracker_.snapshot();
+    const EngineCounters c = engine_->counters();
+    s.read_chunks = c.read_chunks;
+    s.write_chunks = c.write_chunks;
+    s.retries = c.retries;
+    s.faults_injected = c.faults_injected;
+    return s;
+  }
+
+  std::string engine_name() const override { return std::string(engine_->name()); }
+
+  std::uint64_t capacity_bytes() const override {
+    std::lock_guard lock(mu_);
+    return allocator_.capacity();
+  }
+
+  std::uint64_t used_bytes() const override {
+    std::lock_guard lock(mu_);
+    return allocator_.used_bytes();
+  }
+
+  Status reserve_initial(std::uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    return grow_locked(layout_.round_up_to_rows(bytes), bytes, "initial_capacity_bytes");
+  }
+
+ private:
+  // Grows every file so the swap space holds `capacity` bytes. A failure leaves capacity as it
+  // was (files that did grow are merely larger than needed, which the next growth reuses).
+  Status grow_locked(std::uint64_t capacity, std::uint64_t request, std::string_view what) {
+    if (capacity <= allocator_.capacity()) return Status::ok();
+    const std::uint64_t file_bytes = layout_.file_bytes(capacity);
+    for (int f = 0; f < layout_.num_files(); ++f) {
+      const int err = engine_->grow(f, file_bytes);
+      if (err == 0) continue;
+      const std::string& path = engine_->path(f);
+      const std::string detail = "cannot grow " + path + " to " + format_bytes(file_bytes) +
+                                 " for '" + std::string(what) + "' (a request of " +
+                                 format_bytes(request) + "): " + errno_text(err);
+      if (err == ENOSPC || err == EDQUOT || err == ENOMEM) {
+        if (dirs_.empty()) {
+          return out_of_memory("in-memory swap is exhausted: " + detail +
+                               "; free host memory or use a disk engine with swap_paths");
+        }
+        const SwapDir& dir = dirs_[f];
+        const std::int64_t free_bytes = dir.free_bytes();
+        const std::string free_text =
+            free_bytes >= 0 ? format_bytes(static_cast<std::uint64_t>(free_bytes)) : "unknown";
+        return out_of_memory("swap directory " + dir.dir() + " is full: " + detail + "; " +
+                             free_text + " free there. Free disk space, add a drive to " +
+                             "swap_paths, or offload less");
+      }
+      return io_error(detail);
+    }
+    allocator_.grow(capacity);
+    return Status::ok();
+  }
+
+  const std::string& path_at(std::uint64_t swap_offset) const {
+    return engine_->path(layout_.locate(swap_offset).file);
+  }
+
+  Status validate(IoOp op, const Extent& extent, std::uint64_t offset, const std::byte* buf,
+                  std::size_t size_bytes) const {
+    const char* verb = op == IoOp::kRead ? "read" : "write";
+    const std::string& path = path_at(extent.offset + offset);
+    const std::string align = std::to_string(kIoAlignBytes);
+    const auto addr = reinterpret_cast<std::uintptr_t>(buf);
+    if (addr % kIoAlignBytes != 0) {
+      char hex[32];
+      std::snprintf(hex, sizeof(hex), "0x%jx", static_cast<std::uintmax_t>(addr));
+      return invalid_argument("buffer address " + std::string(hex) + " is not aligned to " + align +
+                              " for O_DIRECT on " + path +
+                              "; allocate buffers with AlignedBuffer or posix_memalign(" + align +
+                              ")");
+    }
+    if (offset % kIoAlignBytes != 0) {
+      return invalid_argument("offset " + std::to_string(offset) + " is not aligned to " + align +
+                              " for O_DIRECT on " + path + "; use offsets that are multiples of " +
+                              align);
+    }
+    if (size_bytes % kIoAlignBytes != 0) {
+      return invalid_argument("size " + std::to_string(size_bytes) + " bytes is not aligned to " +
+                              align + " for O_DIRECT on " + path +
+                              "; use sizes that are multiples of " + align);
+    }
+    if (!extent.valid()) return invalid_argument(std::string(verb) + " on an empty extent");
+    if (offset > extent.size_bytes || size_bytes > extent.size_bytes - offset) {
+      return invalid_argument(std::string(verb) + " of " + std::to_string(size_bytes) +
+                              " bytes at offset " + std::to_string(offset) +
+                              " runs past the end of its extent of " +
+                              std::to_string(extent.size_bytes) + " bytes");
+    }
+    std::lock_guard lock(mu_);
+    if (!allocator_.is_allocated(extent.offset, extent.size_bytes)) {
+      return invalid_argument(std::string(verb) + " on an extent of " +
+                              std::to_string(extent.size_bytes) + " bytes at swap offset " +
+                              std::to_string(extent.offset) +
+                              " that is not allocated (freed already?)");
+    }
+    return Status::ok();
+  }
+
+  IoHandle submit(IoOp op, const Extent& extent, std::uint64_t offset, std::byte* buf,
+                  std::size_t size_bytes) {
+    Status status = validate(op, extent, offset, buf, size_bytes);
+    if (!status.is_ok()) {
+      tracker_.count_rejected();
+      return IoHandle(IoHandle::State::finished(op, std::move(status)));
+    }
+    if (size_bytes == 0) return IoHandle(IoHandle::State::finished(op, Status::ok()));
+    const std::uint64_t start = extent.offset + offset;
+    std::vector<StripeLayout::Piece> pieces;
+    layout_.split(start, size_bytes, pieces);
+    auto state =
+        std::make_shared<IoHandle::State>(op, static_cast<std::uint32_t>(pieces.size()), &tracker_);
+    std::vector<IoChunk> chunks;
+    chunks.reserve(pieces.size());
+    for (const StripeLayout::Piece& p : pieces) {
+      chunks.push_back({op, p.file, p.file_offset, p.swap_offset, buf + (p.swap_offset - start),
+                        static_cast<std::size_t>(p.size_bytes), state});
+    }
+    engine_->submit(std::move(chunks));
+    return IoHandle(std::move(state));
+  }
+
+  // Destroyed in reverse: engine_ first (it drains), then the tracker its chunks report to,
+  // then dirs_, which deletes the files.
+  std::vector<SwapDir> dirs_;
+  const StripeLayout layout_;
+  StatsTracker tracker_;
+  mutable std::mutex mu_;  // guards allocator_ and growth
+  ExtentAllocator allocator_{kIoAlignBytes};
+  std::unique_ptr<Engine> engine_;
+};
+
+Result<std::unique_ptr<Engine>> open_disk_engine(const SwapOptions& o,
+                                                 std::vector<EngineFile> files,
+                                                 const EngineOptions& eo) {
+  if (o.engine == "posix") return make_posix_engine(std::move(files), eo);
+  auto uring = make_uring_engine(files, eo);
+  if (uring.is_ok()) return std::move(uring).value();
+  if (o.engine == "uring") {
+    return uring.status().with_context(
+        "engine \"uring\" is not available (use engine \"auto\" or \"posix\")");
+  }
+  log_warning("io_uring is not available (" + uring.status().message() +
+              "); swap uses the posix engine (pread/pwrite on " +
+              std::to_string(eo.threads < eo.queue_depth ? eo.threads : eo.queue_depth) +
+              " threads), which reaches a lower queue depth");
+  return make_posix_engine(std::move(files), eo);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options) {
+  STRATA_RETURN_IF_ERROR(validate_options(options));
+  EngineOptions eo;
+  eo.queue_depth = options.queue_depth;
+  eo.threads = options.posix_threads;
+  eo.faults = options.fault_injection;
+
+  std::vector<SwapDir> dirs;
+  std::unique_ptr<Engine> engine;
+  if (options.engine == "memory") {
+    std::vector<std::string> names;
+    for (const std::string& p : options.paths) names.push_back("memory:" + p);
+    if (names.empty()) names.push_back("memory:0");
+    engine = make_memory_engine(std::move(names), eo);
+  } else {
+    std::vector<EngineFile> files;
+    std::string refused;
+    for (const std::string& path : options.paths) {
+      STRATA_ASSIGN_OR_RETURN(SwapDir dir, SwapDir::open(path, options.direct));
+      if (dir.direct_refused()) refused += (refused.empty() ? "" : ", ") + dir.dir();
+      files.push_back({dir.fd(), dir.file_path()});
+      dirs.push_back(std::move(dir));
+    }
+    if (!refused.empty()) {
+      log_warning("the file system of " + refused +
+                  " refuses O_DIRECT; swap there uses buffered I/O through the page cache, "
+                  "which costs host memory and bandwidth");
+    }
+    STRATA_ASSIGN_OR_RETURN(engine, open_disk_engine(options, std::move(files), eo));
+  }
+  const int num_files = engine->num_files();
+  auto space = std::make_unique<SwapSpaceImpl>(
+      std::move(dirs), StripeLayout(num_files, options.block_size_bytes), std::move(engine));
+  if (options.initial_capacity_bytes > 0) {
+    STRATA_RETURN_IF_ERROR(space->reserve_initial(options.initial_capacity_bytes));
+  }
+  log_debug("swap space: engine " + space->engine_name() + ", " + std::to_string(num_files) +
+            " file(s), block " + std::to_string(options.block_size_bytes) + " bytes, queue depth " +
+            std::to_string(options.queue_depth));
+  return std::unique_ptr<SwapSpace>(std::move(space));
+}
+
+}  // namespace strata::io

@@ -1,0 +1,410 @@
+// LlamaModel: LlamaForCausalLM's training step over parameter groups from a ParamProvider, with
+// activations in one device workspace per (batch, seq) shape.
+#include "strata/model/llama.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "src/model/llama_block.h"
+#include "strata/core/aligned.h"
+#include "strata/core/clock.h"
+
+namespace strata::model {
+namespace {
+
+using detail::BlockActs;
+using detail::BlockGrads;
+using detail::BlockOffsets;
+using detail::BlockWeights;
+using detail::Dims;
+using detail::matmul;
+using detail::offset_ptr;
+
+constexpr std::size_t kAlignBytes = 256;
+
+// Every activation of one micro-batch; all device pointers.
+struct Workspace {
+  std::int32_t* ids = nullptr;      // [rows]
+  std::int32_t* targets = nullptr;  // [rows]
+  std::vector<void*> xs;            // num_layers + 1 of [rows, hidden]: block inputs, final h
+  std::vector<BlockActs> acts;      // per layer, or one shared set when checkpointing
+  float* rstd_final = nullptr;      // [rows]
+  void* hf = nullptr;               // [rows, hidden] model.norm output
+  void* logits = nullptr;           // [rows, vocab], overwritten by dlogits in training
+  float* losses = nullptr;          // [rows]
+  detail::BackwardScratch bwd;
+};
+
+// Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes
+// needed, so activation_bytes() and the allocation can never disagree.
+std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool checkpointing,
+                              std::byte* base, Workspace* ws) {
+  std::uint64_t off = 0;
+  auto take = [&](std::int64_t elems, std::size_t elem_bytes) -> void* {
+    off = align_up(off, kAlignBytes);
+    void* p = base == nullptr ? nullptr : base + off;
+    off += static_cast<std::uint64_t>(elems) * elem_bytes;
+    return p;
+  };
+  const std::size_t eb = d.elem_bytes;
+  const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim, F = d.ffn;
+  auto f32 = [&](std::int64_t n) { return static_cast<float*>(take(n, 4)); };
+  auto act = [&](std::int64_t n) { return take(n, eb); };
+
+  ws->ids = static_cast<std::int32_t*>(take(R, 4));
+  ws->targets = static_cast<std::int32_t*>(take(R, 4));
+  ws->xs.resize(static_cast<std::size_t>(num_layers + 1));
+  for (auto& x : ws->xs) x = act(R * H);
+  ws->acts.resize(checkpointing ? 1 : static_cast<std::size_t>(num_layers));
+  for (std::size_t l = 0; l < ws->acts.size(); ++l) {
+    BlockActs& a = ws->acts[l];
+    a.x = ws->xs[l];
+    a.rstd1 = f32(R);
+    a.a = act(R * H);
+    a.q = act(R * H);
+    a.k = act(R * KV);
+    a.v = act(R * KV);
+    a.att = act(R * H);
+    a.lse = f32(d.batch * d.heads * d.seq);
+    a.hmid = act(R * H);
+    a.rstd2 = f32(R);
+    a.b = act(R * H);
+    a.gate = act(R * F);
+    a.up = act(R * F);
+    a.m = act(R * F);
+  }
+  ws->rstd_final = f32(R);
+  ws->hf = act(R * H);
+  ws->logits = act(R * d.vocab);
+  ws->losses = f32(R);
+  auto& s = ws->bwd;
+  s.dh = act(R * H);
+  s.dtmp = act(R * H);
+  s.dx = act(R * H);
+  const std::uint64_t union_start = align_up(off, kAlignBytes);
+  s.dm = act(R * F);
+  s.dgate = act(R * F);
+  s.dup = act(R * F);
+  const std::uint64_t mlp_end = off;
+  off = union_start;
+  s.datt = act(R * H);
+  s.dq = act(R * H);
+  s.dk = act(R * KV);
+  s.dv = act(R * KV);
+  return std::max(off, mlp_end);
+}
+
+std::int64_t tensor_offset(const ParamLayout& layout, const std::string& name, int group) {
+  const auto loc = layout.find(name);
+  STRATA_CHECK(loc.has_value() && loc->group == group, "parameter missing from the layout", name,
+               group);
+  return loc->tensor->offset_elems;
+}
+
+// Provider calls, timed, with every held parameter group released if the step bails out.
+class ProviderSession {
+ public:
+  ProviderSession(ParamProvider& provider, const ParamLayout& layout, StepTimings& timings)
+      : provider_(provider), layout_(layout), timings_(timings) {}
+  ~ProviderSession() {
+    for (int g : held_) provider_.release_params(g);
+  }
+  ProviderSession(const ProviderSession&) = delete;
+  ProviderSession& operator=(const ProviderSession&) = delete;
+
+  Result<const void*> acquire(int group) {
+    Stopwatch sw;
+    auto r = provider_.acquire_params(group);
+    timings_.wait_params_ms += sw.elapsed_ms();
+    if (!r.is_ok()) return r.status().with_context("acquiring parameters of " + name(group));
+    held_.push_back(group);
+    return r;
+  }
+  void release(int group) {
+    auto it = std::find(held_.begin(), held_.end(), group);
+    STRATA_CHECK(it != held_.end(), "releasing a parameter group that is not held", group);
+    held_.erase(it);
+    provider_.release_params(group);
+  }
+  void prefetch(int group) { provider_.prefetch_params(group); }
+  Result<void*> acquire_grads(int group) {
+    Stopwatch sw;
+    auto r = provider_.acquire_grads(group);
+    timings_.wait_params_ms += sw.elapsed_ms();
+    if (!r.is_ok()) return r.status().with_context("acquiring gradients of " + name(group));
+    return r;
+  }
+  Status release_grads(int group) {
+    Stopwatch sw;
+    Status s = provider_.release_grads(group);
+    timings_.wait_params_ms += sw.elapsed_ms();
+    if (!s.is_ok()) return s.with_context("releasing gradients of " + name(group));
+    return s;
+  }
+
+ private:
+  std::string name(int group) const {
+    return "parameter group '" + layout_.group(group).name + "'";
+  }
+
+  ParamProvider& provider_;
+  const ParamLayout& layout_;
+  StepTimings& timings_;
+  std::vector<int> held_;
+};
+
+}  // namespace
+
+struct LlamaModel::Impl {
+  Impl(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
+       const ModelOptions& options)
+      : config_(config), layout_(layout), device_(device), options_(options) {}
+
+  Status check_inputs(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t batch,
+                      std::int64_t seq);
+  Status ensure_workspace(std::int64_t batch, std::int64_t seq);
+  Result<float> step(ParamProvider& provider, const std::int32_t* inputs,
+                     const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool train,
+                     float grad_scale, StepTimings& timings);
+  BlockActs acts_for(std::int64_t layer) const {
+    BlockActs a = ws_.acts[options_.activation_checkpointing ? 0 : static_cast<std::size_t>(layer)];
+    a.x = ws_.xs[static_cast<std::size_t>(layer)];
+    return a;
+  }
+
+  const LlamaConfig& config_;
+  const ParamLayout& layout_;
+  device::Device& device_;
+  const ModelOptions& options_;
+
+  std::int64_t embed_offset_ = 0, norm_offset_ = 0, lm_head_offset_ = 0;
+  std::vector<BlockOffsets> blocks_;
+
+  std::int64_t batch_ = 0, seq_ = 0;  // shape of the current workspace
+  Dims dims_;
+  device::DeviceBuffer buffer_;
+  Workspace ws_;
+  std::vector<float> host_losses_;
+  std::int64_t num_valid_ = 0;
+};
+
+Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int32_t* targets,
+                                      std::int64_t batch, std::int64_t seq) {
+  if (batch <= 0 || seq <= 0) {
+    return invalid_argument("micro-batch shape must be positive, got batch " +
+                            std::to_string(batch) + " and seq " + std::to_string(seq));
+  }
+  if (seq > config_.max_position_embeddings) {
+    return invalid_argument(
+        "sequence length " + std::to_string(seq) + " exceeds max_position_embeddings " +
+        std::to_string(config_.max_position_embeddings) + "; use a shorter seq_len");
+  }
+  if (inputs == nullptr || targets == nullptr) {
+    return invalid_argument("inputs and targets must not be null");
+  }
+  num_valid_ = 0;
+  const std::int64_t rows = batch * seq, vocab = config_.vocab_size;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= vocab) {
+      return invalid_argument("input token " + std::to_string(inputs[i]) + " at position " +
+                              std::to_string(i) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+    }
+    if (targets[i] >= vocab) {
+      return invalid_argument("target token " + std::to_string(targets[i]) + " at position " +
+                              std::to_string(i) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + "); negative targets are ignored");
+    }
+    if (targets[i] >= 0) ++num_valid_;
+  }
+  return Status::ok();
+}
+
+Status LlamaModel::Impl::ensure_workspace(std::int64_t batch, std::int64_t seq) {
+  if (!buffer_.empty() && batch == batch_ && seq == seq_) return Status::ok();
+  buffer_.reset();  // return the old shape's bytes to the budget before asking for new ones
+  batch_ = seq_ = 0;
+  const Dims d = Dims::make(config_, options_.compute_dtype, batch, seq);
+  Workspace measure;
+  const std::uint64_t bytes = carve_workspace(d, config_.num_hidden_layers,
+                                              options_.activation_checkpointing, nullptr, &measure);
+  STRATA_ASSIGN_OR_RETURN(
+      buffer_,
+      device_.allocate(bytes, "activations (batch " + std::to_string(batch) + ", seq " +
+                                  std::to_string(seq) + ", " +
+                                  std::to_string(config_.num_hidden_layers) +
+                                  " layers, activation_checkpointing " +
+                                  (options_.activation_checkpointing ? "on" : "off") + ")"));
+  carve_workspace(d, config_.num_hidden_layers, options_.activation_checkpointing,
+                  buffer_.as<std::byte>(), &ws_);
+  dims_ = d;
+  batch_ = batch;
+  seq_ = seq;
+  host_losses_.assign(static_cast<std::size_t>(d.rows), 0.0f);
+  return Status::ok();
+}
+
+// inputs/targets: host [batch * seq]. Forward through the head; with train, the head's backward
+// follows at once (dlogits overwrite the logits) and then the blocks' in reverse.
+Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t* inputs,
+                                     const std::int32_t* targets, std::int64_t batch,
+                                     std::int64_t seq, bool train, float grad_scale,
+                                     StepTimings& timings) {
+  timings = StepTimings{};
+  STRATA_RETURN_IF_ERROR(check_inputs(inputs, targets, batch, seq));
+  STRATA_RETURN_IF_ERROR(ensure_workspace(batch, seq));
+  const Dims& d = dims_;
+  const DType dt = d.dtype;
+  const std::size_t eb = d.elem_bytes;
+  const std::int64_t R = d.rows, H = d.hidden, V = d.vocab;
+  const std::int64_t L = config_.num_hidden_layers;
+  const bool tied = config_.tie_word_embeddings;
+  const int embed = layout_.embed_group(), head = layout_.head_group();
+  const auto& ops = device_.ops();
+  auto& stream = device_.stream(device::StreamKind::kCompute);
+  const auto& bwd = ws_.bwd;
+  ProviderSession ps(provider, layout_, timings);
+
+  Stopwatch forward_clock;
+  device_.copy_to_device(ws_.ids, inputs, static_cast<std::size_t>(R) * 4, stream);
+  device_.copy_to_device(ws_.targets, targets, static_cast<std::size_t>(R) * 4, stream);
+  {
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
+    ps.prefetch(layout_.layer_group(0));
+    ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, ws_.xs[0], dt);
+    ps.release(embed);
+  }
+  for (std::int64_t l = 0; l < L; ++l) {
+    const int g = layout_.layer_group(static_cast<int>(l));
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
+    if (l + 1 < L) {
+      ps.prefetch(layout_.layer_group(static_cast<int>(l + 1)));
+    } else {
+      ps.prefetch(head);
+      if (tied) ps.prefetch(embed);
+    }
+    detail::block_forward(ops, d, BlockWeights::at(p, blocks_[l], eb), acts_for(l),
+                          ws_.xs[static_cast<std::size_t>(l + 1)]);
+    ps.release(g);
+  }
+
+  // Head: model.norm, lm_head, cross-entropy.
+  STRATA_ASSIGN_OR_RETURN(const void* head_params, ps.acquire(head));
+  const void* lm_weight = nullptr;
+  if (tied) {
+    STRATA_ASSIGN_OR_RETURN(const void* e, ps.acquire(embed));
+    lm_weight = offset_ptr(e, embed_offset_, eb);
+  } else {
+    lm_weight = offset_ptr(head_params, lm_head_offset_, eb);
+  }
+  if (train) ps.prefetch(layout_.layer_group(static_cast<int>(L - 1)));
+  const void* norm_weight = offset_ptr(head_params, norm_offset_, eb);
+  void* x_final = ws_.xs[static_cast<std::size_t>(L)];
+  ops.rmsnorm_forward(x_final, norm_weight, ws_.hf, ws_.rstd_final, R, H, d.eps, dt);
+  matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
+  // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
+  const float dloss_scale = num_valid_ > 0 ? grad_scale / static_cast<float>(num_valid_) : 0.0f;
+  ops.cross_entropy(ws_.logits, ws_.targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
+                    dloss_scale, dt);
+  device_.copy_to_host(host_losses_.data(), ws_.losses, static_cast<std::size_t>(R) * 4, stream);
+  stream.synchronize();
+  timings.forward_ms = forward_clock.elapsed_ms();
+
+  if (train) {
+    Stopwatch backward_clock;
+    void* dlogits = ws_.logits;
+    // Tied: the embedding's gradient collects the head's part now and the lookup's part last.
+    void* embed_grads = nullptr;
+    STRATA_ASSIGN_OR_RETURN(void* head_grads, ps.acquire_grads(head));
+    if (tied) {
+      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+    }
+    void* lm_grad = tied ? offset_ptr(embed_grads, embed_offset_, eb)
+                         : offset_ptr(head_grads, lm_head_offset_, eb);
+    matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, lm_grad, true);
+    matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
+    ops.rmsnorm_backward(bwd.dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
+                         offset_ptr(head_grads, norm_offset_, eb), R, H, dt);
+    ps.release(head);
+    if (tied) ps.release(embed);
+    STRATA_RETURN_IF_ERROR(ps.release_grads(head));
+
+    for (std::int64_t l = L - 1; l >= 0; --l) {
+      const int g = layout_.layer_group(static_cast<int>(l));
+      STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
+      if (l > 0) ps.prefetch(layout_.layer_group(static_cast<int>(l - 1)));
+      STRATA_ASSIGN_OR_RETURN(void* grads, ps.acquire_grads(g));
+      const BlockWeights w = BlockWeights::at(p, blocks_[l], eb);
+      const BlockActs acts = acts_for(l);
+      if (options_.activation_checkpointing) detail::block_forward(ops, d, w, acts, nullptr);
+      detail::block_backward(ops, d, w, acts, BlockGrads::at(grads, blocks_[l], eb), bwd);
+      ps.release(g);
+      STRATA_RETURN_IF_ERROR(ps.release_grads(g));
+    }
+
+    if (!tied) {
+      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+    }
+    ops.embedding_backward(ws_.ids, R, bwd.dh, H, offset_ptr(embed_grads, embed_offset_, eb), dt);
+    STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
+    stream.synchronize();
+    timings.backward_ms = backward_clock.elapsed_ms();
+  } else {
+    ps.release(head);
+    if (tied) ps.release(embed);
+  }
+
+  STRATA_RETURN_IF_ERROR(device_.last_error());
+  double sum = 0;
+  for (float x : host_losses_) sum += x;
+  return num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
+                       ModelOptions options)
+    : config_(config), layout_(layout), device_(device), options_(options) {
+  STRATA_CHECK(options_.compute_dtype == DType::kF32 || options_.compute_dtype == DType::kBF16,
+               "compute_dtype must be f32 or bf16, got", dtype_name(options_.compute_dtype));
+  STRATA_CHECK(layout.num_groups() == config.num_hidden_layers + 2,
+               "layout does not match the config", layout.num_groups(), config.num_hidden_layers);
+  impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
+  impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
+  impl_->norm_offset_ = tensor_offset(layout, "model.norm.weight", layout.head_group());
+  if (!config.tie_word_embeddings) {
+    impl_->lm_head_offset_ = tensor_offset(layout, "lm_head.weight", layout.head_group());
+  }
+  for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const int g = layout.layer_group(static_cast<int>(l));
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto off = [&](const char* suffix) { return tensor_offset(layout, p + suffix, g); };
+    impl_->blocks_.push_back(BlockOffsets{
+        off("input_layernorm.weight"), off("self_attn.q_proj.weight"),
+        off("self_attn.k_proj.weight"), off("self_attn.v_proj.weight"),
+        off("self_attn.o_proj.weight"), off("post_attention_layernorm.weight"),
+        off("mlp.gate_proj.weight"), off("mlp.up_proj.weight"), off("mlp.down_proj.weight")});
+  }
+}
+
+LlamaModel::~LlamaModel() = default;
+
+Result<float> LlamaModel::forward_backward(ParamProvider& provider, const std::int32_t* inputs,
+                                           const std::int32_t* targets, std::int64_t batch,
+                                           std::int64_t seq, float grad_scale) {
+  return impl_->step(provider, inputs, targets, batch, seq, true, grad_scale, timings_);
+}
+
+Result<float> LlamaModel::forward_loss(ParamProvider& provider, const std::int32_t* inputs,
+                                       const std::int32_t* targets, std::int64_t batch,
+                                       std::int64_t seq) {
+  return impl_->step(provider, inputs, targets, batch, seq, false, 1.0f, timings_);
+}
+
+std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq) const {
+  Workspace measure;
+  return carve_workspace(Dims::make(config_, options_.compute_dtype, batch, seq),
+                         config_.num_hidden_layers, options_.activation_checkpointing, nullptr,
+                         &measure);
+}
+
+}  // namespace strata::model

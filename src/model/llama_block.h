@@ -1,0 +1,114 @@
+// Private to the model: shapes, per-layer tensor views and one decoder block's forward and
+// backward through the device op table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/core/dtype.h"
+#include "strata/device/ops.h"
+#include "strata/model/llama_config.h"
+
+namespace strata::model::detail {
+
+// Sizes of one micro-batch through the model. rows = batch * seq tokens.
+struct Dims {
+  std::int64_t batch = 0, seq = 0, rows = 0;
+  std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, kv_dim = 0, ffn = 0, vocab = 0;
+  float eps = 0, theta = 0;
+  DType dtype = DType::kF32;
+  std::size_t elem_bytes = 4;
+
+  static Dims make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq);
+  device::AttentionShape attention() const { return {batch, seq, heads, kv_heads, head_dim}; }
+};
+
+// Pointer `elems` elements of `elem_bytes` past `base`.
+inline void* offset_ptr(const void* base, std::int64_t elems, std::size_t elem_bytes) {
+  return const_cast<std::byte*>(static_cast<const std::byte*>(base)) +
+         static_cast<std::size_t>(elems) * elem_bytes;
+}
+
+// Element offsets of one block's tensors inside its group (same for parameters and gradients).
+struct BlockOffsets {
+  std::int64_t ln1, wq, wk, wv, wo, ln2, wg, wu, wd;
+};
+
+// Views of one block's weights (or of its gradients): HF shapes, [out, in] for projections.
+template <typename Ptr>
+struct BlockTensors {
+  Ptr ln1;  // [hidden]
+  Ptr wq;   // [hidden, hidden]
+  Ptr wk;   // [kv_dim, hidden]
+  Ptr wv;   // [kv_dim, hidden]
+  Ptr wo;   // [hidden, hidden]
+  Ptr ln2;  // [hidden]
+  Ptr wg;   // [ffn, hidden]
+  Ptr wu;   // [ffn, hidden]
+  Ptr wd;   // [hidden, ffn]
+
+  static BlockTensors at(Ptr base, const BlockOffsets& o, std::size_t eb) {
+    return {static_cast<Ptr>(offset_ptr(base, o.ln1, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wq, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wk, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wv, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wo, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.ln2, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wg, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wu, eb)),
+            static_cast<Ptr>(offset_ptr(base, o.wd, eb))};
+  }
+};
+using BlockWeights = BlockTensors<const void*>;
+using BlockGrads = BlockTensors<void*>;
+
+// What one block's backward needs from its forward (all device pointers, compute dtype unless
+// noted). x is the block input, kept by the caller.
+struct BlockActs {
+  void* x = nullptr;       // [rows, hidden]
+  float* rstd1 = nullptr;  // [rows]
+  void* a = nullptr;       // [rows, hidden]   input_layernorm(x)
+  void* q = nullptr;       // [rows, hidden]   after rope
+  void* k = nullptr;       // [rows, kv_dim]   after rope
+  void* v = nullptr;       // [rows, kv_dim]
+  void* att = nullptr;     // [rows, hidden]   attention output before o_proj
+  float* lse = nullptr;    // [batch, heads, seq]
+  void* hmid = nullptr;    // [rows, hidden]   x + att Wo^T
+  float* rstd2 = nullptr;  // [rows]
+  void* b = nullptr;       // [rows, hidden]   post_attention_layernorm(hmid)
+  void* gate = nullptr;    // [rows, ffn]
+  void* up = nullptr;      // [rows, ffn]
+  void* m = nullptr;       // [rows, ffn]      silu(gate) * up
+};
+
+// Backward scratch shared by all blocks. The MLP part (dm, dgate, dup) and the attention part
+// (datt, dq, dk, dv) are never live together and share memory.
+struct BackwardScratch {
+  void* dh = nullptr;     // [rows, hidden] gradient of the residual stream, updated in place
+  void* dtmp = nullptr;   // [rows, hidden]
+  void* dx = nullptr;     // [rows, hidden] gradient of a norm's output
+  void* dm = nullptr;     // [rows, ffn]
+  void* dgate = nullptr;  // [rows, ffn]
+  void* dup = nullptr;    // [rows, ffn]
+  void* datt = nullptr;   // [rows, hidden]
+  void* dq = nullptr;     // [rows, hidden]
+  void* dk = nullptr;     // [rows, kv_dim]
+  void* dv = nullptr;     // [rows, kv_dim]
+};
+
+// x [rows, hidden] -> out [rows, hidden]; fills acts (acts.x must be x). out == nullptr stops
+// after the SwiGLU (recomputation for backward needs no block output).
+void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                   const BlockActs& acts, void* out);
+
+// s.dh [rows, hidden]: dL/d(block output) on entry, dL/d(block input) on exit. Accumulates
+// (+=) into the block's gradients g.
+void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                    const BlockActs& acts, const BlockGrads& g, const BackwardScratch& s);
+
+// Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
+// C[m, n] = op(A) op(B) (+ C if accumulate).
+void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
+            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate);
+
+}  // namespace strata::model::detail

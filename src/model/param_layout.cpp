@@ -1,0 +1,90 @@
+// The flat parameter layout and HF-style initialization.
+#include "strata/model/param_layout.h"
+
+#include <algorithm>
+
+#include "strata/core/rng.h"
+
+namespace strata::model {
+namespace {
+
+void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, bool is_norm) {
+  TensorSpec t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.num_elems = 1;
+  for (auto d : t.shape) t.num_elems *= d;
+  t.offset_elems = g.num_elems;
+  t.is_norm = is_norm;
+  g.num_elems = (t.offset_elems + t.num_elems + kTensorAlignElems - 1) / kTensorAlignElems *
+                kTensorAlignElems;
+  g.tensors.push_back(std::move(t));
+}
+
+}  // namespace
+
+ParamLayout ParamLayout::build(const LlamaConfig& c) {
+  ParamLayout layout;
+  const std::int64_t h = c.hidden_size, kv = c.num_key_value_heads * c.head_dim();
+  const std::int64_t ffn = c.intermediate_size;
+
+  ParamGroup embed;
+  embed.name = "embed";
+  add_tensor(embed, "model.embed_tokens.weight", {c.vocab_size, h}, false);
+  layout.groups_.push_back(std::move(embed));
+
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    ParamGroup g;
+    g.name = "layers." + std::to_string(l);
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add_tensor(g, p + "input_layernorm.weight", {h}, true);
+    add_tensor(g, p + "self_attn.q_proj.weight", {h, h}, false);
+    add_tensor(g, p + "self_attn.k_proj.weight", {kv, h}, false);
+    add_tensor(g, p + "self_attn.v_proj.weight", {kv, h}, false);
+    add_tensor(g, p + "self_attn.o_proj.weight", {h, h}, false);
+    add_tensor(g, p + "post_attention_layernorm.weight", {h}, true);
+    add_tensor(g, p + "mlp.gate_proj.weight", {ffn, h}, false);
+    add_tensor(g, p + "mlp.up_proj.weight", {ffn, h}, false);
+    add_tensor(g, p + "mlp.down_proj.weight", {h, ffn}, false);
+    layout.groups_.push_back(std::move(g));
+  }
+
+  ParamGroup head;
+  head.name = "head";
+  add_tensor(head, "model.norm.weight", {h}, true);
+  if (!c.tie_word_embeddings) add_tensor(head, "lm_head.weight", {c.vocab_size, h}, false);
+  layout.groups_.push_back(std::move(head));
+
+  for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
+    layout.groups_[i].id = static_cast<int>(i);
+    layout.total_elems_ += layout.groups_[i].num_elems;
+    for (const auto& t : layout.groups_[i].tensors) layout.num_parameters_ += t.num_elems;
+  }
+  return layout;
+}
+
+std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) const {
+  for (const auto& g : groups_) {
+    for (const auto& t : g.tensors) {
+      if (t.name == name) return Location{g.id, &t};
+    }
+  }
+  return std::nullopt;
+}
+
+void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed,
+                float* out) {
+  std::fill(out, out + group.num_elems, 0.0f);
+  Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(group.id) + 1);
+  for (const auto& t : group.tensors) {
+    float* p = out + t.offset_elems;
+    if (t.is_norm) {
+      std::fill(p, p + t.num_elems, 1.0f);
+    } else {
+      for (std::int64_t i = 0; i < t.num_elems; ++i)
+        p[i] = static_cast<float>(rng.normal() * config.initializer_range);
+    }
+  }
+}
+
+}  // namespace strata::model

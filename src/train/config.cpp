@@ -1,0 +1,203 @@
+// Strict parsing of the training config.
+#include "strata/train/config.h"
+
+namespace strata::train {
+
+Status apply_override(Json& json, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return invalid_argument("--set '" + assignment +
+                            "' must look like key=value (e.g. --set optimizer.lr=1e-4)");
+  }
+  const std::string key = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  Json value;
+  try {
+    value = Json::parse(text);
+  } catch (const Json::parse_error&) {
+    value = text;
+  }
+  Json* node = &json;
+  std::size_t start = 0;
+  for (;;) {
+    const auto dot = key.find('.', start);
+    const std::string part =
+        key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) return invalid_argument("--set key '" + key + "' has an empty component");
+    if (!node->is_object()) {
+      return invalid_argument("--set " + key + ": '" + key.substr(0, start == 0 ? 0 : start - 1) +
+                              "' is not an object");
+    }
+    if (dot == std::string::npos) {
+      (*node)[part] = value;
+      return Status::ok();
+    }
+    if (!node->contains(part)) (*node)[part] = Json::object();
+    node = &(*node)[part];
+    start = dot + 1;
+  }
+}
+
+Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
+  if (!json.is_object()) return invalid_argument(source + ": the config must be a JSON object");
+  std::vector<std::string> errors;
+  TrainConfig c;
+  JsonReader r(json, "", &errors);
+
+  if (const Json* m = r.raw("model")) {
+    if (!m->is_string() && !m->is_object()) {
+      r.error("model",
+              "expected a path to a Hugging Face checkpoint directory or an inline config object, "
+              "got " +
+                  m->dump());
+    } else {
+      c.model = *m;
+    }
+  } else {
+    r.error("model", "is required: a checkpoint directory path or an inline HF config object");
+  }
+  std::int64_t seed = static_cast<std::int64_t>(c.seed);
+  r.read("seed", &seed, 0);
+  c.seed = static_cast<std::uint64_t>(seed);
+
+  if (const Json* d = r.raw("data")) {
+    if (!d->is_object()) {
+      r.error("data", "expected an object {\"path\": ..., \"format\": ...}");
+    } else {
+      JsonReader dr(*d, "data", &errors);
+      dr.read("path", &c.data.path);
+      dr.read_choice("format", &c.data.format, {"u16", "u32", "llmc", "text"});
+      if (c.data.path.empty()) dr.error("path", "is required");
+      dr.reject_unknown();
+    }
+  } else {
+    r.error("data", "is required: {\"path\": FILE, \"format\": \"u16|u32|llmc|text\"}");
+  }
+  r.read("seq_len", &c.seq_len, 1, 1 << 20);
+  r.read("batch_size", &c.batch_size, 1);
+  r.read("micro_batch_size", &c.micro_batch_size, 0);
+  r.read("max_steps", &c.max_steps, 0);
+  r.read_choice("precision", &c.precision, {"fp32", "bf16"});
+
+  if (const Json* o = r.raw("optimizer")) {
+    if (!o->is_object()) {
+      r.error("optimizer", "expected an object");
+    } else {
+      JsonReader orr(*o, "optimizer", &errors);
+      orr.read("lr", &c.optimizer.lr, 0.0);
+      std::vector<double> betas{c.optimizer.beta1, c.optimizer.beta2};
+      orr.read("betas", &betas);
+      if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1) {
+        orr.error("betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]");
+      } else {
+        c.optimizer.beta1 = betas[0];
+        c.optimizer.beta2 = betas[1];
+      }
+      orr.read("eps", &c.optimizer.eps, 0.0);
+      orr.read("weight_decay", &c.optimizer.weight_decay, 0.0);
+      if (const Json* t = orr.raw("type"); t && *t != "adamw")
+        orr.error("type", "only \"adamw\" is supported");
+      orr.reject_unknown();
+    }
+  }
+  if (const Json* s = r.raw("lr_schedule")) {
+    if (!s->is_object()) {
+      r.error("lr_schedule", "expected an object");
+    } else {
+      JsonReader sr(*s, "lr_schedule", &errors);
+      sr.read_choice("type", &c.lr_schedule.type, {"constant", "cosine"});
+      sr.read("warmup_steps", &c.lr_schedule.warmup_steps, 0);
+      sr.read("min_lr", &c.lr_schedule.min_lr, 0.0);
+      sr.reject_unknown();
+    }
+  }
+  r.read("grad_clip", &c.grad_clip, 0.0);
+  r.read("activation_checkpointing", &c.activation_checkpointing);
+  r.read("zero_stage", &c.zero_stage, 0, 3);
+  r.read_choice("offload_optimizer", &c.offload_optimizer, {"none", "cpu", "nvme"});
+  r.read_choice("offload_param", &c.offload_param, {"none", "cpu", "nvme"});
+  r.read("swap_paths", &c.swap_paths);
+  r.read_choice("swap_engine", &c.swap_engine, {"auto", "uring", "posix", "memory"});
+  r.read_choice("device", &c.device, {"cpu", "cuda"});
+  r.read_bytes("device_memory_limit", &c.device_memory_limit);
+  r.read_bytes("host_memory_limit", &c.host_memory_limit);
+  r.read("threads", &c.threads, 0, 1024);
+  r.read("save_dir", &c.save_dir);
+  r.read("save_every", &c.save_every, 0);
+  r.read("metrics_file", &c.metrics_file);
+  r.read("log_every", &c.log_every, 1);
+  r.reject_unknown();
+
+  if (c.micro_batch_size == 0) c.micro_batch_size = c.batch_size;
+  if (c.micro_batch_size > 0 && c.batch_size % c.micro_batch_size != 0) {
+    errors.push_back("'micro_batch_size': " + std::to_string(c.micro_batch_size) +
+                     " must divide batch_size " + std::to_string(c.batch_size) +
+                     " (gradient accumulation steps = batch_size / micro_batch_size)");
+  }
+  if (c.offload_param != "none" && c.offload_optimizer == "none") {
+    errors.push_back("'offload_param': \"" + c.offload_param +
+                     "\" needs offload_optimizer \"cpu\" or \"nvme\" as well");
+  }
+  if ((c.offload_param == "nvme" || c.offload_optimizer == "nvme") && c.swap_paths.empty()) {
+    errors.push_back("'swap_paths': offload to nvme needs at least one swap directory");
+  }
+  if (c.device == "cuda" && c.device_memory_limit == 0) {
+    // The CUDA backend sizes its arena from this; refuse to guess.
+    errors.push_back("'device_memory_limit': required with device \"cuda\" (e.g. \"20GiB\")");
+  }
+  if (c.zero_stage != 3 && (c.offload_param != "none")) {
+    errors.push_back("'offload_param': parameter offload needs zero_stage 3");
+  }
+  if (!errors.empty()) {
+    std::string msg = "invalid config " + source + ":";
+    for (const auto& e : errors) msg += "\n  " + e;
+    return invalid_argument(msg);
+  }
+  return c;
+}
+
+Result<TrainConfig> load_train_config(const std::string& path,
+                                      const std::vector<std::string>& overrides) {
+  STRATA_ASSIGN_OR_RETURN(Json json, read_json_file(path));
+  for (const auto& o : overrides) STRATA_RETURN_IF_ERROR(apply_override(json, o));
+  return parse_train_config(json, path);
+}
+
+Json TrainConfig::to_json() const {
+  return Json{
+      {"model", model},
+      {"seed", seed},
+      {"data", {{"path", data.path}, {"format", data.format}}},
+      {"seq_len", seq_len},
+      {"batch_size", batch_size},
+      {"micro_batch_size", micro_batch_size},
+      {"max_steps", max_steps},
+      {"precision", precision},
+      {"optimizer",
+       {{"lr", optimizer.lr},
+        {"betas", {optimizer.beta1, optimizer.beta2}},
+        {"eps", optimizer.eps},
+        {"weight_decay", optimizer.weight_decay}}},
+      {"lr_schedule",
+       {{"type", lr_schedule.type},
+        {"warmup_steps", lr_schedule.warmup_steps},
+        {"min_lr", lr_schedule.min_lr}}},
+      {"grad_clip", grad_clip},
+      {"activation_checkpointing", activation_checkpointing},
+      {"zero_stage", zero_stage},
+      {"offload_optimizer", offload_optimizer},
+      {"offload_param", offload_param},
+      {"swap_paths", swap_paths},
+      {"swap_engine", swap_engine},
+      {"device", device},
+      {"device_memory_limit", device_memory_limit},
+      {"host_memory_limit", host_memory_limit},
+      {"threads", threads},
+      {"save_dir", save_dir},
+      {"save_every", save_every},
+      {"metrics_file", metrics_file},
+      {"log_every", log_every},
+  };
+}
+
+}  // namespace strata::train

@@ -1,0 +1,208 @@
+// Memory-mapped token files (raw u16/u32, llm.c .bin, raw text) and the seeded window sampler.
+#include "strata/train/data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "strata/core/rng.h"
+
+namespace strata::train {
+namespace {
+
+// llm.c's dev/data/data_common.py: 256 int32 header words, then the tokens.
+constexpr std::int32_t kLlmcMagic = 20240520;
+constexpr std::size_t kLlmcHeaderBytes = 256 * sizeof(std::int32_t);
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::int32_t load_le_i32(const std::uint8_t* p) {
+  return static_cast<std::int32_t>(std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 |
+                                   std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24);
+}
+
+std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path,
+                                                         const std::string& format) {
+  int token_bytes = 0;
+  if (format == "u16")
+    token_bytes = 2;
+  else if (format == "u32")
+    token_bytes = 4;
+  else if (format == "text")
+    token_bytes = 1;
+  else if (format != "llmc") {
+    return invalid_argument("unknown token file format '" + format + "' for " + path +
+                            "; expected one of u16, u32, llmc, text");
+  }
+
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, "cannot open token file", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status(errno, "cannot stat token file", path);
+  if (!S_ISREG(st.st_mode))
+    return invalid_argument("token file " + path + " is not a regular file");
+  const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
+  if (file_bytes == 0) return data_loss("token file " + path + " is empty");
+
+  std::uint64_t header_bytes = 0;
+  if (format == "llmc") {
+    if (file_bytes < kLlmcHeaderBytes) {
+      return data_loss("token file " + path + " is " + std::to_string(file_bytes) +
+                       " bytes, smaller than the 1024-byte llm.c header");
+    }
+    header_bytes = kLlmcHeaderBytes;
+  } else if (file_bytes % static_cast<std::uint64_t>(token_bytes) != 0) {
+    return data_loss("token file " + path + " is " + std::to_string(file_bytes) +
+                     " bytes, not a multiple of the " + std::to_string(token_bytes) + "-byte " +
+                     format + " token size; is the format right (u16, u32, llmc, text)?");
+  }
+
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (map == MAP_FAILED) return errno_status(errno, "cannot mmap token file", path);
+  // From here the dataset owns the mapping, so every early return unmaps it.
+  std::shared_ptr<TokenDataset> ds(new TokenDataset());
+  ds->path_ = path;
+  ds->map_ = map;
+  ds->map_bytes_ = file_bytes;
+  const auto* bytes = static_cast<const std::uint8_t*>(map);
+
+  if (format == "llmc") {
+    const std::int32_t magic = load_le_i32(bytes);
+    const std::int32_t version = load_le_i32(bytes + 4);
+    const std::int32_t count = load_le_i32(bytes + 8);
+    if (magic != kLlmcMagic) {
+      return data_loss("token file " + path + ": llm.c header magic is " + std::to_string(magic) +
+                       ", expected " + std::to_string(kLlmcMagic) +
+                       "; is this a raw token array (use format u16 or u32)?");
+    }
+    if (version != 1 && version != 2) {
+      return data_loss("token file " + path + ": llm.c header version is " +
+                       std::to_string(version) +
+                       ", expected 1 (uint16 tokens) or 2 (uint32 tokens)");
+    }
+    token_bytes = version == 1 ? 2 : 4;
+    const std::uint64_t payload = file_bytes - kLlmcHeaderBytes;
+    if (count < 0 || static_cast<std::uint64_t>(count) * token_bytes != payload) {
+      return data_loss("token file " + path + ": llm.c header says " + std::to_string(count) +
+                       " tokens (" +
+                       std::to_string(static_cast<std::int64_t>(count) * token_bytes) +
+                       " bytes), but the file has " + std::to_string(payload) +
+                       " bytes after the header; the file is truncated or corrupt");
+    }
+    if (count == 0) return data_loss("token file " + path + " contains no tokens");
+  }
+  ds->token_bytes_ = token_bytes;
+  ds->tokens_ = bytes + header_bytes;
+  ds->num_tokens_ = static_cast<std::int64_t>((file_bytes - header_bytes) /
+                                              static_cast<std::uint64_t>(token_bytes));
+  return ds;
+}
+
+TokenDataset::~TokenDataset() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+std::uint32_t TokenDataset::token(std::int64_t i) const {
+  STRATA_CHECK(i >= 0 && i < num_tokens_, "token index out of range", i, num_tokens_, path_);
+  const std::uint8_t* p = tokens_ + static_cast<std::size_t>(i) * token_bytes_;
+  switch (token_bytes_) {
+    case 1:
+      return p[0];
+    case 2:
+      return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8;
+    default:
+      return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
+             std::uint32_t{p[3]} << 24;
+  }
+}
+
+SequenceSampler::SequenceSampler(std::shared_ptr<TokenDataset> dataset, std::int64_t seq_len,
+                                 std::uint64_t seed)
+    : dataset_(std::move(dataset)), seq_len_(seq_len), seed_(seed) {
+  STRATA_CHECK(dataset_ != nullptr, "SequenceSampler needs a dataset");
+  num_windows_ = seq_len_ > 0 ? (dataset_->num_tokens() - 1) / seq_len_ : 0;
+}
+
+Status SequenceSampler::check(const TokenDataset& dataset, std::int64_t seq_len) {
+  if (seq_len <= 0) {
+    return invalid_argument("sequence length must be positive, got " + std::to_string(seq_len));
+  }
+  if (dataset.num_tokens() < seq_len + 1) {
+    return invalid_argument(
+        "token file " + dataset.path() + " has " + std::to_string(dataset.num_tokens()) +
+        " tokens, fewer than the seq_len + 1 = " + std::to_string(seq_len + 1) +
+        " needed for one training sequence; use more data or a shorter seq_len");
+  }
+  const std::int64_t windows = (dataset.num_tokens() - 1) / seq_len;
+  if (windows > std::int64_t{std::numeric_limits<std::uint32_t>::max()}) {
+    return invalid_argument(
+        "token file " + dataset.path() + " splits into " + std::to_string(windows) +
+        " sequences of " + std::to_string(seq_len) +
+        " tokens, more than the sampler's limit of 2^32 - 1; use a longer seq_len");
+  }
+  return Status::ok();
+}
+
+const std::vector<std::uint32_t>& SequenceSampler::epoch_order(std::int64_t epoch) {
+  if (epoch == cached_epoch_) return order_;
+  order_.resize(static_cast<std::size_t>(num_windows_));
+  std::iota(order_.begin(), order_.end(), 0u);
+  Rng rng(mix64(mix64(seed_) + static_cast<std::uint64_t>(epoch)));
+  for (std::size_t i = order_.size(); i > 1; --i) {
+    const std::size_t j = rng.uniform_int(i);
+    std::swap(order_[i - 1], order_[j]);
+  }
+  cached_epoch_ = epoch;
+  return order_;
+}
+
+Status SequenceSampler::sequence(std::int64_t g, std::int64_t vocab_size, std::int32_t* inputs,
+                                 std::int32_t* targets) {
+  STRATA_CHECK(g >= 0, "negative sequence number", g);
+  STRATA_CHECK(vocab_size > 0 && vocab_size <= std::numeric_limits<std::int32_t>::max(),
+               "vocab_size out of range", vocab_size);
+  STRATA_RETURN_IF_ERROR(check(*dataset_, seq_len_));
+  const std::vector<std::uint32_t>& order = epoch_order(g / num_windows_);
+  const std::int64_t start =
+      std::int64_t{order[static_cast<std::size_t>(g % num_windows_)]} * seq_len_;
+  for (std::int64_t i = 0; i <= seq_len_; ++i) {
+    const std::uint32_t t = dataset_->token(start + i);
+    if (t >= static_cast<std::uint64_t>(vocab_size)) {
+      return invalid_argument("token file " + dataset_->path() + ": token at index " +
+                              std::to_string(start + i) + " is " + std::to_string(t) +
+                              ", not below the model's vocab_size " + std::to_string(vocab_size) +
+                              "; was the data tokenized for a different vocabulary?");
+    }
+    if (i < seq_len_) inputs[i] = static_cast<std::int32_t>(t);
+    if (i > 0) targets[i - 1] = static_cast<std::int32_t>(t);
+  }
+  return Status::ok();
+}
+
+}  // namespace strata::train

@@ -1,0 +1,344 @@
+// Trainer: wires config -> device, swap space, model, offload engine, data; runs the loop.
+#include "strata/train/trainer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include "strata/core/clock.h"
+#include "strata/core/logging.h"
+#include "strata/device/device.h"
+#include "strata/io/swap.h"
+#include "strata/model/hf_checkpoint.h"
+#include "strata/model/llama.h"
+#include "strata/optim/schedule.h"
+#include "strata/sys/process.h"
+#include "strata/train/checkpoint.h"
+#include "strata/train/data.h"
+#include "strata/zero/offload_engine.h"
+
+namespace strata::train {
+namespace {
+
+zero::Offload parse_offload(const std::string& s) {
+  if (s == "cpu") return zero::Offload::kCpu;
+  if (s == "nvme") return zero::Offload::kNvme;
+  return zero::Offload::kNone;
+}
+
+std::string substitute_rank(std::string path, int rank) {
+  const std::string key = "{rank}";
+  for (auto pos = path.find(key); pos != std::string::npos; pos = path.find(key)) {
+    path.replace(pos, key.size(), std::to_string(rank));
+  }
+  return path;
+}
+
+}  // namespace
+
+Json StepMetrics::to_json() const {
+  return Json{{"step", step},
+              {"loss", loss},
+              {"lr", lr},
+              {"grad_norm", grad_norm},
+              {"skipped", skipped},
+              {"tokens_per_s", tokens_per_s},
+              {"step_ms", step_ms},
+              {"compute_ms", compute_ms},
+              {"wait_ms", wait_ms},
+              {"optimizer_ms", optimizer_ms},
+              {"h2d_bytes", h2d_bytes},
+              {"d2h_bytes", d2h_bytes},
+              {"nvme_read_bytes", nvme_read_bytes},
+              {"nvme_write_bytes", nvme_write_bytes},
+              {"peak_device_bytes", peak_device_bytes},
+              {"peak_host_bytes", peak_host_bytes},
+              {"peak_nvme_bytes", peak_nvme_bytes},
+              {"peak_rss_bytes", peak_rss_bytes}};
+}
+
+struct Trainer::Impl {
+  TrainConfig config;
+  TrainOptions options;
+  model::LlamaConfig model_config;
+  std::unique_ptr<model::ParamLayout> layout;
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<io::SwapSpace> swap;
+  std::unique_ptr<zero::OffloadEngine> engine;
+  std::unique_ptr<model::LlamaModel> model;
+  std::shared_ptr<TokenDataset> dataset;
+  std::unique_ptr<SequenceSampler> sampler;
+  optim::LrSchedule schedule;
+  std::int64_t step = 0;  // optimizer steps completed
+  std::vector<StepMetrics> history;
+  std::string last_checkpoint;
+  std::ofstream metrics;
+  DType compute_dtype = DType::kF32;
+
+  Status setup();
+  Result<StepMetrics> train_step();
+  TrainerState state() const {
+    return TrainerState{step, step * config.batch_size, config.seed, config.to_json()};
+  }
+};
+
+Status Trainer::Impl::setup() {
+  compute_dtype = config.precision == "bf16" ? DType::kBF16 : DType::kF32;
+
+  // Model: a checkpoint directory or an inline config.
+  std::unique_ptr<model::HfCheckpointReader> reader;
+  if (config.model.is_string()) {
+    STRATA_ASSIGN_OR_RETURN(auto r,
+                            model::HfCheckpointReader::open(config.model.get<std::string>()));
+    reader = std::make_unique<model::HfCheckpointReader>(std::move(r));
+    model_config = reader->config();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(model_config,
+                            model::LlamaConfig::from_json(config.model, "config key 'model'"));
+  }
+  if (config.seq_len > model_config.max_position_embeddings) {
+    return invalid_argument("seq_len " + std::to_string(config.seq_len) +
+                            " exceeds the model's max_position_embeddings " +
+                            std::to_string(model_config.max_position_embeddings));
+  }
+  layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(model_config));
+  if (reader) STRATA_RETURN_IF_ERROR(reader->validate(*layout));
+
+  device::DeviceOptions dopts;
+  dopts.kind = config.device;
+  dopts.memory_limit_bytes = config.device_memory_limit;
+  dopts.compute_threads = config.threads;
+  STRATA_ASSIGN_OR_RETURN(device, device::create_device(dopts));
+
+  const zero::Offload param = parse_offload(config.offload_param);
+  const zero::Offload opt = parse_offload(config.offload_optimizer);
+  if (param == zero::Offload::kNvme || opt == zero::Offload::kNvme) {
+    io::SwapOptions sopts;
+    for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, 0));
+    sopts.engine = config.swap_engine;
+    STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(sopts));
+  }
+
+  zero::EngineOptions eopts;
+  eopts.offload_param = param;
+  eopts.offload_optimizer = opt;
+  eopts.compute_dtype = compute_dtype;
+  eopts.adam.lr = config.optimizer.lr;
+  eopts.adam.beta1 = config.optimizer.beta1;
+  eopts.adam.beta2 = config.optimizer.beta2;
+  eopts.adam.eps = config.optimizer.eps;
+  eopts.adam.weight_decay = config.optimizer.weight_decay;
+  eopts.host_memory_limit_bytes = config.host_memory_limit;
+  STRATA_ASSIGN_OR_RETURN(engine, zero::OffloadEngine::create(*layout, *device, swap.get(), eopts));
+
+  if (!options.resume_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
+    STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(ckpt));
+    if (st.seed != config.seed) {
+      log_warning("resuming " + ckpt + " with seed " + std::to_string(config.seed) +
+                  " but it was trained with seed " + std::to_string(st.seed) +
+                  "; the data order will differ from the original run");
+    }
+    STRATA_RETURN_IF_ERROR(
+        load_checkpoint(ckpt, *layout, *engine).with_context("resuming from " + ckpt));
+    step = st.step;
+    log_info("resumed from " + ckpt + " at step " + std::to_string(step));
+  } else if (reader) {
+    STRATA_RETURN_IF_ERROR(engine->load_master(
+        [&](const model::ParamGroup& g, float* dst) { return reader->read_group(g, dst); }));
+  } else {
+    STRATA_RETURN_IF_ERROR(engine->load_master([&](const model::ParamGroup& g, float* dst) {
+      model::init_group(model_config, g, config.seed, dst);
+      return Status::ok();
+    }));
+  }
+
+  model::ModelOptions mopts;
+  mopts.compute_dtype = compute_dtype;
+  mopts.activation_checkpointing = config.activation_checkpointing;
+  model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
+
+  STRATA_ASSIGN_OR_RETURN(dataset, TokenDataset::open(config.data.path, config.data.format));
+  if (dataset->num_tokens() < config.seq_len + 1) {
+    return invalid_argument(
+        "data file " + config.data.path + " has " + std::to_string(dataset->num_tokens()) +
+        " tokens, fewer than seq_len + 1 = " + std::to_string(config.seq_len + 1));
+  }
+  sampler = std::make_unique<SequenceSampler>(dataset, config.seq_len, config.seed);
+
+  schedule.type = config.lr_schedule.type;
+  schedule.base_lr = config.optimizer.lr;
+  schedule.warmup_steps = config.lr_schedule.warmup_steps;
+  schedule.min_lr = config.lr_schedule.min_lr;
+  schedule.total_steps = config.max_steps;
+
+  if (!config.metrics_file.empty()) {
+    std::error_code ec;
+    const auto parent = std::filesystem::path(config.metrics_file).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    metrics.open(config.metrics_file, options.resume_dir.empty() ? std::ios::trunc : std::ios::app);
+    if (!metrics)
+      return io_error("cannot open metrics file " + config.metrics_file + " for writing");
+  }
+  return Status::ok();
+}
+
+Result<StepMetrics> Trainer::Impl::train_step() {
+  StepMetrics m;
+  m.step = step + 1;
+  const zero::EngineStats before = engine->stats();
+  device->reset_peak();
+  Stopwatch step_timer;
+
+  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
+  const std::int64_t accum = config.accumulation_steps();
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
+  std::vector<std::int32_t> targets(inputs.size());
+  double loss_sum = 0;
+  for (std::int64_t micro = 0; micro < accum; ++micro) {
+    const std::int64_t first = step * config.batch_size + micro * mb;
+    for (std::int64_t i = 0; i < mb; ++i) {
+      STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
+                                               inputs.data() + i * seq, targets.data() + i * seq));
+    }
+    STRATA_ASSIGN_OR_RETURN(float loss,
+                            model->forward_backward(*engine, inputs.data(), targets.data(), mb, seq,
+                                                    1.0f / static_cast<float>(accum)));
+    STRATA_RETURN_IF_ERROR(engine->finish_micro_batch());
+    m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
+    loss_sum += loss;
+  }
+  m.loss = loss_sum / static_cast<double>(accum);
+  m.lr = schedule.lr_at(step);
+  STRATA_ASSIGN_OR_RETURN(m.grad_norm, engine->grad_norm());
+  if (!std::isfinite(m.grad_norm)) {
+    m.skipped = true;
+    engine->zero_grads();
+    log_warning("step " + std::to_string(m.step) +
+                ": gradient norm is not finite; skipping the update");
+  } else {
+    const auto scale = static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip));
+    STRATA_RETURN_IF_ERROR(engine->step(m.lr, m.step, scale));
+    m.optimizer_ms = engine->stats().optimizer_ms;
+  }
+  ++step;
+  m.step_ms = step_timer.elapsed_ms();
+  m.tokens_per_s = static_cast<double>(config.batch_size * seq) / (m.step_ms / 1e3);
+  const zero::EngineStats& after = engine->stats();
+  m.wait_ms = after.wait_ms - before.wait_ms;
+  m.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
+  m.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+  m.nvme_read_bytes = after.nvme_read_bytes - before.nvme_read_bytes;
+  m.nvme_write_bytes = after.nvme_write_bytes - before.nvme_write_bytes;
+  m.peak_device_bytes = device->memory_stats().peak_bytes;
+  m.peak_host_bytes = after.host_bytes;
+  m.peak_nvme_bytes = after.nvme_bytes;
+  if (auto mem = sys::read_process_memory(); mem.is_ok()) m.peak_rss_bytes = mem->peak_rss_bytes;
+  return m;
+}
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config,
+                                                 const TrainOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->options = options;
+  STRATA_RETURN_IF_ERROR(impl->setup());
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+Result<std::string> Trainer::save() {
+  STRATA_ASSIGN_OR_RETURN(impl_->last_checkpoint,
+                          save_checkpoint(impl_->config.save_dir, impl_->model_config,
+                                          *impl_->layout, *impl_->engine, impl_->state()));
+  return impl_->last_checkpoint;
+}
+
+const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
+
+namespace {
+std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
+                "(compute %.0f, wait %.0f, optim %.0f) | moved h2d %s d2h %s nvme r %s w %s | "
+                "peak device %s host %s nvme %s rss %s",
+                static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr,
+                m.grad_norm, m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms,
+                m.wait_ms, m.optimizer_ms, format_bytes(m.h2d_bytes).c_str(),
+                format_bytes(m.d2h_bytes).c_str(), format_bytes(m.nvme_read_bytes).c_str(),
+                format_bytes(m.nvme_write_bytes).c_str(), format_bytes(m.peak_device_bytes).c_str(),
+                format_bytes(m.peak_host_bytes).c_str(), format_bytes(m.peak_nvme_bytes).c_str(),
+                format_bytes(m.peak_rss_bytes).c_str());
+  return buf;
+}
+}  // namespace
+
+Status Trainer::run() {
+  Impl& s = *impl_;
+  while (s.step < s.config.max_steps) {
+    STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step());
+    s.history.push_back(m);
+    if (s.options.progress != nullptr &&
+        (m.step % s.config.log_every == 0 || m.step == s.config.max_steps || m.step == 1)) {
+      *s.options.progress << progress_line(m, s.config.max_steps) << std::endl;
+    }
+    if (s.metrics.is_open()) {
+      s.metrics << m.to_json().dump() << "\n";
+      s.metrics.flush();
+    }
+    const bool stop = s.options.stop_requested != nullptr && s.options.stop_requested->load();
+    const bool periodic = s.config.save_every > 0 && s.step % s.config.save_every == 0;
+    if (stop || periodic || s.step == s.config.max_steps) {
+      STRATA_ASSIGN_OR_RETURN(std::string path, save());
+      if (s.options.progress != nullptr)
+        *s.options.progress << "saved checkpoint " << path << std::endl;
+    }
+    if (stop) {
+      return cancelled("stopped by request after step " + std::to_string(s.step) +
+                       "; resume with --resume " + s.config.save_dir);
+    }
+  }
+  return Status::ok();
+}
+
+Status Trainer::run_steps(std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    STRATA_ASSIGN_OR_RETURN(StepMetrics m, impl_->train_step());
+    impl_->history.push_back(m);
+  }
+  return Status::ok();
+}
+
+const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }
+std::int64_t Trainer::step() const { return impl_->step; }
+
+std::string Trainer::describe() const {
+  const Impl& s = *impl_;
+  const auto& c = s.model_config;
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof(buf),
+      "model: %lld parameters (%lld layers, hidden %lld, heads %lld/%lld kv, vocab %lld)\n"
+      "precision %s | device %s (limit %s) | offload_param %s | offload_optimizer %s%s%s\n"
+      "data: %s (%lld tokens, %s) | seq_len %lld | batch %lld = %lld micro-batches of %lld\n",
+      static_cast<long long>(s.layout->num_parameters()),
+      static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
+      static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
+      static_cast<long long>(c.vocab_size), s.config.precision.c_str(), s.device->name().c_str(),
+      s.config.device_memory_limit ? format_bytes(s.config.device_memory_limit).c_str() : "none",
+      s.config.offload_param.c_str(), s.config.offload_optimizer.c_str(),
+      s.swap ? " | swap engine " : "", s.swap ? s.swap->engine_name().c_str() : "",
+      s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
+      s.config.data.format.c_str(), static_cast<long long>(s.config.seq_len),
+      static_cast<long long>(s.config.batch_size),
+      static_cast<long long>(s.config.accumulation_steps()),
+      static_cast<long long>(s.config.micro_batch_size));
+  return buf;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,138 @@
+// The `strata` binary as a user runs it: exit codes, error messages, Ctrl-C.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "strata/core/json.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using testing::TempDir;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+RunResult run_cli(const TempDir& dir, const std::string& args) {
+  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  const std::string cmd = std::string(STRATA_CLI) + " " + args + " >" + out + " 2>" + err;
+  const int rc = std::system(cmd.c_str());
+  return RunResult{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(out), slurp(err)};
+}
+
+Json tiny(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "strata moves tensors between tiers. ";
+  Json j = Json::parse(R"({
+    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64},
+    "seq_len": 16, "batch_size": 2, "max_steps": 3, "threads": 1, "log_every": 1
+  })");
+  j["data"] = {{"path", dir.write("data.txt", text)}, {"format", "text"}};
+  j["save_dir"] = dir.file("ckpt");
+  return j;
+}
+
+TEST(CliTest, TrainsAndWritesMetrics) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --metrics " + dir.file("m.jsonl") +
+                                 " --set max_steps=2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("step 2/2 | loss"), std::string::npos) << r.out;
+  std::ifstream m(dir.file("m.jsonl"));
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    Json j = Json::parse(line);
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms",
+                          "peak_device_bytes", "h2d_bytes", "nvme_read_bytes"}) {
+      EXPECT_TRUE(j.contains(k)) << k;
+    }
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);
+}
+
+TEST(CliTest, UnknownKeyExitsWithMessage) {
+  TempDir dir;
+  Json j = tiny(dir);
+  j["learning_rate"] = 1;
+  dir.write("c.json", j.dump());
+  RunResult r = run_cli(dir, "train " + dir.file("c.json"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'learning_rate': unknown key"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, MalformedJsonNamesTheFile) {
+  TempDir dir;
+  dir.write("c.json", "{\"model\": ");
+  RunResult r = run_cli(dir, "train " + dir.file("c.json"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(dir.file("c.json")), std::string::npos) << r.err;
+}
+
+TEST(CliTest, BadSetValueIsReported) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --set seq_len=abc");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'seq_len': expected an integer"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, CtrlCStopsAfterTheStepAndLeavesAResumableCheckpoint) {
+  TempDir dir;
+  Json j = tiny(dir);
+  j["max_steps"] = 1000000;
+  dir.write("c.json", j.dump());
+  const std::string out = dir.file("out.txt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::freopen(out.c_str(), "w", stdout);
+    std::freopen(dir.file("err.txt").c_str(), "w", stderr);
+    ::execl(STRATA_CLI, STRATA_CLI, "train", dir.file("c.json").c_str(), nullptr);
+    ::_exit(127);
+  }
+  // Wait (bounded) until training is visibly under way, then interrupt.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (slurp(out).find("step 2/") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(dir.file("err.txt"));
+  EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(dir.file("err.txt"));
+  EXPECT_NE(slurp(out).find("saved checkpoint"), std::string::npos);
+  ASSERT_TRUE(std::filesystem::exists(dir.file("ckpt/latest")));
+  // Resume and run two more steps past where it stopped.
+  const std::string latest = slurp(dir.file("ckpt/latest"));
+  const int stopped_at = std::stoi(latest.substr(latest.find('-') + 1));
+  RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --resume " + dir.file("ckpt") +
+                                 " --set max_steps=" + std::to_string(stopped_at + 2));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("step " + std::to_string(stopped_at + 2) + "/"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,263 @@
+// End-to-end training runs on a tiny model: offload placement never changes the numbers,
+// resume is bit-identical, budgets hold, and bad input fails cleanly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "strata/core/file.h"
+#include "strata/model/hf_checkpoint.h"
+#include "strata/train/config.h"
+#include "strata/train/trainer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::train {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+std::string make_text(std::size_t bytes) {
+  std::string s;
+  const char* words[] = {"the ",  "model ",   "learns ", "to ",     "predict ", "next ",
+                         "byte ", "offload ", "tiers ",  "memory ", "\n"};
+  std::uint64_t x = 12345;
+  while (s.size() < bytes) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s += words[(x >> 33) % 11];
+  }
+  return s;
+}
+
+Json tiny_config(const TempDir& dir) {
+  const std::string data = dir.write("data.txt", make_text(20000));
+  Json j = Json::parse(R"({
+    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 64},
+    "seq_len": 16, "batch_size": 4, "micro_batch_size": 2, "max_steps": 4,
+    "precision": "fp32",
+    "optimizer": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1},
+    "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
+    "grad_clip": 0.5, "threads": 1
+  })");
+  j["data"] = {{"path", data}, {"format", "text"}};
+  j["save_dir"] = dir.file("ckpt");
+  j["swap_paths"] = {dir.file("swap")};
+  fs::create_directories(dir.file("swap"));
+  return j;
+}
+
+Result<std::unique_ptr<Trainer>> make_trainer(const Json& j, const std::string& resume = "") {
+  STRATA_ASSIGN_OR_RETURN(TrainConfig c, parse_train_config(j, "test config"));
+  TrainOptions o;
+  o.resume_dir = resume;
+  return Trainer::create(c, o);
+}
+
+std::vector<double> losses_of(const Trainer& t) {
+  std::vector<double> l;
+  for (const auto& m : t.history()) l.push_back(m.loss);
+  return l;
+}
+
+std::vector<double> run(const Json& j) {
+  auto t = make_trainer(j);
+  EXPECT_TRUE(t.is_ok()) << t.status().message();
+  if (!t.is_ok()) return {};
+  Status s = (*t)->run();
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return losses_of(**t);
+}
+
+class OffloadEquivalence : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OffloadEquivalence, SameLossesForEveryPlacement) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["precision"] = GetParam();
+  base["offload_param"] = "none";
+  base["offload_optimizer"] = "none";
+  const std::vector<double> reference = run(base);
+  ASSERT_EQ(reference.size(), 4u);
+  EXPECT_LT(reference.back(), reference.front());
+  const std::vector<std::pair<std::string, std::string>> placements = {
+      {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
+  for (const auto& [param, opt] : placements) {
+    SCOPED_TRACE("offload_param=" + param + " offload_optimizer=" + opt);
+    Json j = base;
+    j["offload_param"] = param;
+    j["offload_optimizer"] = opt;
+    j["save_dir"] = dir.file("ckpt-" + param + "-" + opt);
+    EXPECT_EQ(run(j), reference);  // bit-identical, not merely close
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, OffloadEquivalence, ::testing::Values("fp32", "bf16"));
+
+TEST(TrainTest, ResumeIsBitIdenticalToUninterrupted) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["max_steps"] = 6;
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "nvme";
+  const std::vector<double> full = run(j);
+  ASSERT_EQ(full.size(), 6u);
+
+  // The first run stops after step 3 (as Ctrl-C would) with the same schedule, then resumes.
+  Json first = j;
+  first["save_dir"] = dir.file("resume");
+  {
+    auto t = make_trainer(first);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    ASSERT_TRUE((*t)->run_steps(3).is_ok());
+    ASSERT_TRUE((*t)->save().is_ok());
+  }
+  ASSERT_TRUE(fs::exists(dir.file("resume/latest")));
+
+  Json second = j;
+  second["save_dir"] = dir.file("resume");
+  auto t = make_trainer(second, dir.file("resume"));
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_EQ((*t)->step(), 3);
+  ASSERT_TRUE((*t)->run().is_ok());
+  const std::vector<double> tail = losses_of(**t);
+  ASSERT_EQ(tail.size(), 3u);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(tail[static_cast<std::size_t>(i)], full[static_cast<std::size_t>(3 + i)]) << i;
+}
+
+TEST(TrainTest, ActivationCheckpointingDoesNotChangeLosses) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  const auto plain = run(j);
+  j["activation_checkpointing"] = true;
+  j["save_dir"] = dir.file("ckpt2");
+  EXPECT_EQ(run(j), plain);
+}
+
+TEST(TrainTest, DeviceBudgetIsNeverExceeded) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "cpu";
+  const std::uint64_t limit = 400 * 1024;
+  j["device_memory_limit"] = limit;
+  auto t = make_trainer(j);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+  for (const auto& m : (*t)->history()) {
+    EXPECT_LE(m.peak_device_bytes, limit);
+    EXPECT_GT(m.peak_device_bytes, 0u);
+    EXPECT_GT(m.h2d_bytes, 0u);  // parameters really moved to the device
+    EXPECT_GT(m.d2h_bytes, 0u);  // and gradients off it
+  }
+}
+
+TEST(TrainTest, TooSmallDeviceBudgetIsAClearError) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "cpu";
+  j["device_memory_limit"] = 20000;
+  auto t = make_trainer(j);
+  Status s = t.is_ok() ? (*t)->run() : t.status();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kOutOfMemory) << s.message();
+  EXPECT_NE(s.message().find("device_memory_limit"), std::string::npos) << s.message();
+}
+
+TEST(TrainTest, HostBudgetIsAClearError) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["offload_optimizer"] = "cpu";
+  j["host_memory_limit"] = 4096;
+  auto t = make_trainer(j);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("host_memory_limit"), std::string::npos)
+      << t.status().message();
+}
+
+TEST(TrainTest, TokenIdOutOfVocabularyNamesTheFile) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  std::vector<std::uint16_t> tokens(200, 7);
+  tokens[3] = 300;
+  const std::string path = dir.write(
+      "tokens.u16", std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2));
+  j["data"] = {{"path", path}, {"format", "u16"}};
+  j["batch_size"] = 8;  // visits every window in the first step
+  j["micro_batch_size"] = 8;
+  auto t = make_trainer(j);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  Status s = (*t)->run();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("300"), std::string::npos) << s.message();
+}
+
+TEST(TrainTest, MissingSwapDirectoryNamesIt) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["offload_optimizer"] = "nvme";
+  j["swap_paths"] = {dir.file("no-such-dir")};
+  auto t = make_trainer(j);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find(dir.file("no-such-dir")), std::string::npos)
+      << t.status().message();
+}
+
+TEST(TrainTest, SavedModelLoadsBackAsModelPath) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["max_steps"] = 2;
+  run(j);
+  const std::string model_dir = dir.file("ckpt/step-00000002/model");
+  ASSERT_TRUE(fs::exists(model_dir + "/model.safetensors"));
+  Json k = tiny_config(dir);
+  k["model"] = model_dir;
+  k["max_steps"] = 1;
+  k["save_dir"] = dir.file("ckpt-finetune");
+  auto t = make_trainer(k);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+}
+
+TEST(TrainTest, CorruptCheckpointIsRejectedAndEarlierOneSurvives) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["max_steps"] = 2;
+  j["save_every"] = 1;
+  run(j);
+  const std::string good = dir.file("ckpt/step-00000001/model/model.safetensors");
+  const std::string bad = dir.file("ckpt/step-00000002/model/model.safetensors");
+  auto before = read_file(good);
+  ASSERT_TRUE(before.is_ok());
+  {  // the header claims far more bytes than the file holds
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    const std::uint64_t huge = 1ull << 40;
+    f.write(reinterpret_cast<const char*>(&huge), 8);
+  }
+  auto t = make_trainer(j, dir.file("ckpt"));
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find(bad), std::string::npos) << t.status().message();
+  // The earlier checkpoint is untouched and still resumable.
+  EXPECT_EQ(*read_file(good), *before);
+  auto t2 = make_trainer(j, dir.file("ckpt/step-00000001"));
+  ASSERT_TRUE(t2.is_ok()) << t2.status().message();
+  EXPECT_EQ((*t2)->step(), 1);
+}
+
+TEST(TrainTest, IncompleteCheckpointIsRejected) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  fs::create_directories(dir.file("empty/step-00000001"));
+  dir.write("empty/latest", "step-00000001\n");
+  auto t = make_trainer(j, dir.file("empty"));
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("incomplete"), std::string::npos) << t.status().message();
+}
+
+}  // namespace
+}  // namespace strata::train

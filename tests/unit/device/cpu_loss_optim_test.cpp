@@ -1,0 +1,265 @@
+// CPU cross-entropy, cast, sum of squares and AdamW against double references; the device
+// memory budget; reproducibility of reductions across thread counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/unit/device/ops_test_util.h"
+
+namespace strata::device {
+namespace {
+
+using testing::expect_close;
+using testing::HostTensor;
+using testing::make_device;
+using testing::tolerance;
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+enum class GradMode { kSeparate, kAliased, kNone };
+
+void check_cross_entropy(DType dt, std::int64_t rows, std::int64_t vocab, double offset,
+                         GradMode mode) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " mode " +
+               std::to_string(static_cast<int>(mode)));
+  auto dev = make_device();
+  Rng rng(41);
+  HostTensor logits(dt, rows * vocab), dlogits(dt, rows * vocab);
+  logits.fill_uniform(rng, -4, 4);
+  for (std::int64_t j = 0; j < vocab; ++j) logits.set(j, logits.get(j) + offset);  // row 0
+  dlogits.poison();
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    targets[i] = (i % 4 == 2) ? -1 : static_cast<std::int32_t>(rng.uniform_int(vocab));
+  }
+  std::vector<float> losses(static_cast<std::size_t>(rows), NAN);
+  const auto z = logits.values();
+  const float scale = 0.37f;
+  void* dptr = mode == GradMode::kSeparate  ? dlogits.data()
+               : mode == GradMode::kAliased ? logits.data()
+                                            : nullptr;
+  dev->ops().cross_entropy(logits.data(), targets.data(), losses.data(), dptr, rows, vocab, scale,
+                           dt);
+  std::vector<double> want_loss, got_loss, want_d, got_d;
+  const HostTensor& d = mode == GradMode::kAliased ? logits : dlogits;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int32_t t = targets[i];
+    if (t < 0) {
+      EXPECT_EQ(losses[i], 0.0f) << "ignored row " << i;
+      if (mode != GradMode::kNone) {
+        for (std::int64_t j = 0; j < vocab; ++j) ASSERT_EQ(d.get(i * vocab + j), 0.0) << i;
+      }
+      continue;
+    }
+    double mx = -INFINITY, sum = 0;
+    for (std::int64_t j = 0; j < vocab; ++j) mx = std::max(mx, z[i * vocab + j]);
+    for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(z[i * vocab + j] - mx);
+    want_loss.push_back(std::log(sum) + mx - z[i * vocab + t]);
+    got_loss.push_back(losses[i]);
+    for (std::int64_t j = 0; j < vocab; ++j) {
+      want_d.push_back((std::exp(z[i * vocab + j] - mx) / sum - (j == t)) * scale);
+      if (mode != GradMode::kNone) got_d.push_back(d.get(i * vocab + j));
+    }
+  }
+  expect_close("loss", got_loss, want_loss, 1e-5);
+  if (mode != GradMode::kNone) expect_close("dlogits", got_d, want_d, tolerance(dt));
+}
+
+TEST(CpuOpsTest, CrossEntropyWithIgnoredTargets) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (GradMode mode : {GradMode::kSeparate, GradMode::kAliased, GradMode::kNone}) {
+      // Row 0 shifted by a large offset: only a max-subtracted softmax survives it.
+      check_cross_entropy(dt, 9, 37, dt == DType::kF32 ? 1000.0 : 100.0, mode);
+      check_cross_entropy(dt, 70, 3000, 20.0, mode);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cast and sum of squares
+
+TEST(CpuOpsTest, CastBetweenFloatTypes) {
+  auto dev = make_device();
+  const std::int64_t n = 100003;
+  Rng rng(42);
+  HostTensor src(DType::kF32, n);
+  src.fill_uniform(rng, -100, 100);
+  const float* s = src.as<float>();
+  HostTensor b(DType::kBF16, n), h(DType::kF16, n), back(DType::kF32, n), copy(DType::kF32, n);
+  for (HostTensor* t : {&b, &h, &back, &copy}) t->poison();
+  dev->ops().cast(src.data(), DType::kF32, b.data(), DType::kBF16, n);
+  dev->ops().cast(src.data(), DType::kF32, h.data(), DType::kF16, n);
+  dev->ops().cast(b.data(), DType::kBF16, back.data(), DType::kF32, n);
+  dev->ops().cast(src.data(), DType::kF32, copy.data(), DType::kF32, n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(b.as<bf16>()[i].bits, f32_to_bf16(s[i]).bits) << i;
+    ASSERT_EQ(h.as<f16>()[i].bits, f32_to_f16(s[i]).bits) << i;
+    ASSERT_EQ(back.as<float>()[i], bf16_to_f32(f32_to_bf16(s[i]))) << i;
+  }
+  EXPECT_TRUE(copy.bitwise_equal(src));
+}
+
+TEST(CpuOpsTest, SumSquaresInDouble) {
+  auto dev = make_device();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const std::int64_t n = 200001;
+    Rng rng(43);
+    HostTensor x(dt, n);
+    x.fill_uniform(rng, -3, 3);
+    double want = 0;
+    for (double v : x.values()) want += v * v;
+    EXPECT_NEAR(dev->ops().sum_squares(x.data(), n, dt), want, 1e-12 * want);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+
+struct AdamCase {
+  bool adamw_mode;
+  DType grad_dtype;
+  bool with_out;
+  DType out_dtype;
+};
+
+TEST(CpuOpsTest, AdamwMatchesTorchFormulaAndScalarReference) {
+  auto dev = make_device();
+  const std::int64_t n = 40001;
+  const AdamCase cases[] = {{true, DType::kF32, false, DType::kF32},
+                            {true, DType::kBF16, true, DType::kBF16},
+                            {false, DType::kF32, true, DType::kF16},
+                            {false, DType::kBF16, true, DType::kF32}};
+  for (const AdamCase& c : cases) {
+    SCOPED_TRACE("adamw_mode " + std::to_string(c.adamw_mode) + " grad " +
+                 std::string(dtype_name(c.grad_dtype)));
+    Rng rng(44);
+    HostTensor p(DType::kF32, n), m(DType::kF32, n), v(DType::kF32, n);
+    p.fill_uniform(rng, -1, 1);
+    m.fill_uniform(rng, -0.1, 0.1);
+    v.fill_uniform(rng, 0.001, 0.01);
+    HostTensor rp = p, rm = m, rv = v;  // for adamw_reference
+    std::vector<double> dp = p.values(), dm = m.values(), dv = v.values();
+    HostTensor out(c.out_dtype, n), rout(c.out_dtype, n);
+    AdamWArgs a;
+    a.n = n;
+    a.lr = 1e-2f;
+    a.weight_decay = 0.1f;
+    a.grad_scale = 0.5f;
+    a.adamw_mode = c.adamw_mode;
+    a.grad_dtype = c.grad_dtype;
+    a.out_dtype = c.out_dtype;
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      HostTensor g(c.grad_dtype, n);
+      g.fill_uniform(rng, -2, 2);
+      out.poison();
+      a.step = step;
+      a.grad = g.data();
+      a.param = p.as<float>();
+      a.exp_avg = m.as<float>();
+      a.exp_avg_sq = v.as<float>();
+      a.param_out = c.with_out ? out.data() : nullptr;
+      dev->ops().adamw(a);
+      AdamWArgs r = a;
+      r.param = rp.as<float>();
+      r.exp_avg = rm.as<float>();
+      r.exp_avg_sq = rv.as<float>();
+      r.param_out = c.with_out ? rout.data() : nullptr;
+      adamw_reference(r);
+      // torch.optim.AdamW / Adam in double.
+      const auto gv = g.values();
+      const double b1 = a.beta1, b2 = a.beta2, lr = a.lr, wd = a.weight_decay;
+      const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+      for (std::int64_t i = 0; i < n; ++i) {
+        double grad = gv[i] * a.grad_scale;
+        if (c.adamw_mode) {
+          dp[i] *= 1 - lr * wd;
+        } else {
+          grad += wd * dp[i];
+        }
+        dm[i] = b1 * dm[i] + (1 - b1) * grad;
+        dv[i] = b2 * dv[i] + (1 - b2) * grad * grad;
+        dp[i] -= lr / bc1 * dm[i] / (std::sqrt(dv[i]) / std::sqrt(bc2) + a.eps);
+      }
+    }
+    EXPECT_TRUE(p.bitwise_equal(rp));
+    EXPECT_TRUE(m.bitwise_equal(rm));
+    EXPECT_TRUE(v.bitwise_equal(rv));
+    if (c.with_out) {
+      EXPECT_TRUE(out.bitwise_equal(rout));
+      for (std::int64_t i = 0; i < n; ++i) {
+        HostTensor one(c.out_dtype, 1);
+        one.set(0, p.get(i));
+        ASSERT_EQ(out.get(i), one.get(0)) << i;
+      }
+    }
+    expect_close("param", p.values(), dp, 1e-5);
+    expect_close("exp_avg", m.values(), dm, 1e-5);
+    expect_close("exp_avg_sq", v.values(), dv, 1e-5);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device budget and reproducibility
+
+TEST(CpuDeviceTest, AllocationPastBudgetIsOutOfMemoryAndPeakIsReported) {
+  const std::uint64_t limit = 1 << 20;
+  auto dev = make_device(0, limit);
+  auto a = dev->allocate(600 << 10, "first");
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  auto b = dev->allocate(600 << 10, "second buffer");
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(b.status().message().find("second buffer"), std::string::npos) << b.status().message();
+  MemoryStats s = dev->memory_stats();
+  EXPECT_EQ(s.limit_bytes, limit);
+  EXPECT_EQ(s.in_use_bytes, 600u << 10);
+  EXPECT_EQ(s.peak_bytes, 600u << 10);
+  a->reset();
+  auto c = dev->allocate(300 << 10, "third");
+  ASSERT_TRUE(c.is_ok());
+  s = dev->memory_stats();
+  EXPECT_EQ(s.in_use_bytes, 300u << 10);
+  EXPECT_EQ(s.peak_bytes, 600u << 10);
+  dev->reset_peak();
+  EXPECT_EQ(dev->memory_stats().peak_bytes, 300u << 10);
+  auto too_big = dev->allocate(limit + 1, "too big");
+  EXPECT_EQ(too_big.status().code(), StatusCode::kOutOfMemory);
+}
+
+TEST(CpuOpsTest, ReductionsIndependentOfThreadCount) {
+  auto one = make_device(1), two = make_device(2);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Rng rng(45);
+    const std::int64_t rows = 777, dim = 96, vocab = 50;
+    HostTensor x(dt, rows * dim), w(dt, dim), dout(dt, rows * dim);
+    for (HostTensor* t : {&x, &w, &dout}) t->fill_uniform(rng, -1, 1);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+    for (auto& id : ids) id = static_cast<std::int32_t>(rng.uniform_int(vocab));
+    // (OpenBLAS's thread count is process-wide, so GEMMs are not compared here.)
+    std::vector<HostTensor> dxs, dws, tables;
+    for (Device* d : {one.get(), two.get()}) {
+      HostTensor out(dt, rows * dim), dx(dt, rows * dim), dw(dt, dim), table(dt, vocab * dim);
+      Rng init(1);
+      dw.fill_uniform(init, -1, 1);
+      table.fill_uniform(init, -1, 1);
+      std::vector<float> rstd(static_cast<std::size_t>(rows));
+      d->ops().rmsnorm_forward(x.data(), w.data(), out.data(), rstd.data(), rows, dim, 1e-6f, dt);
+      d->ops().rmsnorm_backward(dout.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(),
+                                rows, dim, dt);
+      d->ops().embedding_backward(ids.data(), rows, dout.data(), dim, table.data(), dt);
+      dxs.push_back(dx);
+      dws.push_back(dw);
+      tables.push_back(table);
+    }
+    EXPECT_TRUE(dxs[0].bitwise_equal(dxs[1])) << dtype_name(dt);
+    EXPECT_TRUE(dws[0].bitwise_equal(dws[1])) << dtype_name(dt);
+    EXPECT_TRUE(tables[0].bitwise_equal(tables[1])) << dtype_name(dt);
+    EXPECT_EQ(one->ops().sum_squares(dout.data(), rows * dim, dt),
+              two->ops().sum_squares(dout.data(), rows * dim, dt));
+  }
+}
+
+}  // namespace
+}  // namespace strata::device

@@ -1,0 +1,350 @@
+// CPU op table against double-precision reference loops: GEMM, embedding, RMSNorm, RoPE,
+// SwiGLU, add, cross-entropy, cast, sum of squares, AdamW; plus the device budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/unit/device/ops_test_util.h"
+
+namespace strata::device {
+namespace {
+
+using testing::expect_close;
+using testing::HostTensor;
+using testing::make_device;
+using testing::tolerance;
+
+constexpr DType kDtypes[] = {DType::kF32, DType::kBF16};
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+void check_gemm(const Ops& ops, DType dt, bool ta, bool tb, std::int64_t m, std::int64_t n,
+                std::int64_t k, float alpha, float beta, std::uint64_t seed) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " ta=" + std::to_string(ta) +
+               " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta) +
+               " m,n,k=" + std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k));
+  Rng rng(seed);
+  const std::int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, lda = a_cols + 3;
+  const std::int64_t b_rows = tb ? n : k, b_cols = tb ? k : n, ldb = b_cols + 5;
+  const std::int64_t ldc = n + 2;
+  HostTensor a(dt, a_rows * lda), b(dt, b_rows * ldb), c(dt, m * ldc);
+  a.fill_uniform(rng, -1, 1);
+  b.fill_uniform(rng, -1, 1);
+  c.fill_uniform(rng, -1, 1);
+  constexpr double kSentinel = 7.0;  // in the ld padding: must stay untouched
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = n; j < ldc; ++j) c.set(i * ldc + j, kSentinel);
+    if (beta == 0.0f) {
+      for (std::int64_t j = 0; j < n; ++j) c.set(i * ldc + j, NAN);
+    }
+  }
+  const auto av = a.values(), bv = b.values(), c0 = c.values();
+  std::vector<double> want, got;
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::int64_t p = 0; p < k; ++p) {
+        const double x = ta ? av[p * lda + i] : av[i * lda + p];
+        const double y = tb ? bv[j * ldb + p] : bv[p * ldb + j];
+        s += x * y;
+      }
+      want.push_back(alpha * s + (beta == 0.0f ? 0.0 : beta * c0[i * ldc + j]));
+    }
+  }
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.alpha = alpha;
+  g.a = a.data();
+  g.lda = lda;
+  g.b = b.data();
+  g.ldb = ldb;
+  g.beta = beta;
+  g.c = c.data();
+  g.ldc = ldc;
+  g.dtype = dt;
+  ops.gemm(g);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) got.push_back(c.get(i * ldc + j));
+    for (std::int64_t j = n; j < ldc; ++j) ASSERT_EQ(c.get(i * ldc + j), kSentinel);
+  }
+  expect_close("gemm", got, want, tolerance(dt));
+}
+
+TEST(CpuOpsTest, GemmAllTransposesNonSquareWithPadding) {
+  auto dev = make_device();
+  std::uint64_t seed = 1;
+  for (DType dt : kDtypes) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          check_gemm(dev->ops(), dt, ta, tb, 37, 29, 53, 1.25f, beta, seed++);
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuOpsTest, GemmBf16LargerThanOneTile) {
+  auto dev = make_device();
+  check_gemm(dev->ops(), DType::kBF16, false, true, 530, 517, 523, 1.0f, 1.0f, 11);
+  check_gemm(dev->ops(), DType::kBF16, true, false, 515, 40, 600, 0.5f, 0.0f, 12);
+}
+
+TEST(CpuOpsTest, GemmF32LargeMatchesReference) {
+  auto dev = make_device();
+  check_gemm(dev->ops(), DType::kF32, true, false, 200, 130, 300, 1.0f, 1.0f, 13);
+}
+
+TEST(CpuOpsTest, GemmWithZeroInnerDimensionScalesC) {
+  auto dev = make_device();
+  for (DType dt : kDtypes) {
+    check_gemm(dev->ops(), dt, false, false, 5, 6, 0, 1.0f, 0.0f, 21);
+    check_gemm(dev->ops(), dt, false, false, 5, 6, 0, 1.0f, 0.5f, 22);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+TEST(CpuOpsTest, EmbeddingForwardAndBackwardWithRepeatedIds) {
+  auto dev = make_device();
+  const auto& ops = dev->ops();
+  for (DType dt : kDtypes) {
+    for (std::int64_t dim : {13, 200}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " dim " + std::to_string(dim));
+      Rng rng(3);
+      const std::int64_t vocab = 11, rows = 9;
+      const std::vector<std::int32_t> ids = {3, 0, 10, 3, 7, 3, 0, 5, 10};
+      HostTensor table(dt, vocab * dim), out(dt, rows * dim);
+      table.fill_uniform(rng, -1, 1);
+      out.poison();
+      ops.embedding_forward(ids.data(), rows, table.data(), dim, out.data(), dt);
+      for (std::int64_t i = 0; i < rows; ++i) {
+        for (std::int64_t j = 0; j < dim; ++j) {
+          ASSERT_EQ(out.get(i * dim + j), table.get(ids[i] * dim + j));
+        }
+      }
+      HostTensor dout(dt, rows * dim), dtable(dt, vocab * dim);
+      dout.fill_uniform(rng, -1, 1);
+      dtable.fill_uniform(rng, -1, 1);
+      std::vector<double> want = dtable.values();
+      const auto dv = dout.values();
+      for (std::int64_t i = 0; i < rows; ++i) {
+        for (std::int64_t j = 0; j < dim; ++j) want[ids[i] * dim + j] += dv[i * dim + j];
+      }
+      ops.embedding_backward(ids.data(), rows, dout.data(), dim, dtable.data(), dt);
+      // bf16: an id used three times is rounded three times.
+      expect_close("dtable", dtable.values(), want, dt == DType::kF32 ? 1e-5 : 2e-2);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+struct RmsShape {
+  std::int64_t rows, dim;
+};
+constexpr RmsShape kRmsShapes[] = {{7, 48}, {300, 1000}};
+
+std::vector<double> rmsnorm_ref(const std::vector<double>& x, const std::vector<double>& w,
+                                std::int64_t rows, std::int64_t dim, double eps,
+                                std::vector<double>* rstd = nullptr) {
+  std::vector<double> y(x.size());
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double ss = 0;
+    for (std::int64_t j = 0; j < dim; ++j) ss += x[i * dim + j] * x[i * dim + j];
+    const double r = 1.0 / std::sqrt(ss / dim + eps);
+    if (rstd) rstd->push_back(r);
+    for (std::int64_t j = 0; j < dim; ++j) y[i * dim + j] = x[i * dim + j] * r * w[j];
+  }
+  return y;
+}
+
+TEST(CpuOpsTest, RmsnormForwardMatchesReference) {
+  auto dev = make_device();
+  for (DType dt : kDtypes) {
+    for (const auto& s : kRmsShapes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(s.rows));
+      Rng rng(5);
+      HostTensor x(dt, s.rows * s.dim), w(dt, s.dim), out(dt, s.rows * s.dim);
+      x.fill_uniform(rng, -2, 2);
+      w.fill_uniform(rng, 0.5, 1.5);
+      out.poison();
+      std::vector<float> rstd(static_cast<std::size_t>(s.rows), NAN);
+      const float eps = 1e-5f;
+      dev->ops().rmsnorm_forward(x.data(), w.data(), out.data(), rstd.data(), s.rows, s.dim, eps,
+                                 dt);
+      std::vector<double> want_rstd;
+      const auto want = rmsnorm_ref(x.values(), w.values(), s.rows, s.dim, eps, &want_rstd);
+      expect_close("out", out.values(), want, tolerance(dt));
+      expect_close("rstd", std::vector<double>(rstd.begin(), rstd.end()), want_rstd, 1e-5);
+    }
+  }
+}
+
+TEST(CpuOpsTest, RmsnormBackwardMatchesFiniteDifferences) {
+  auto dev = make_device();
+  for (DType dt : kDtypes) {
+    for (const auto& s : kRmsShapes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(s.rows));
+      const bool small = s.rows * s.dim < 1000;
+      Rng rng(6);
+      const std::int64_t n = s.rows * s.dim;
+      HostTensor x(dt, n), w(dt, s.dim), out(dt, n), dout(dt, n), dx(dt, n), dw(dt, s.dim);
+      x.fill_uniform(rng, -2, 2);
+      w.fill_uniform(rng, 0.5, 1.5);
+      dout.fill_uniform(rng, -1, 1);
+      dw.fill_uniform(rng, -1, 1);  // accumulated into
+      dx.poison();
+      const float eps = 1e-5f;
+      std::vector<float> rstd(static_cast<std::size_t>(s.rows));
+      dev->ops().rmsnorm_forward(x.data(), w.data(), out.data(), rstd.data(), s.rows, s.dim, eps,
+                                 dt);
+      const auto dw0 = dw.values();
+      dev->ops().rmsnorm_backward(dout.data(), x.data(), w.data(), rstd.data(), dx.data(),
+                                  dw.data(), s.rows, s.dim, dt);
+      const auto xv = x.values(), wv = w.values(), gv = dout.values();
+      // Analytic double reference; on the small shape it is itself checked by differences.
+      std::vector<double> want_dx(xv.size()), want_dw(wv.size(), 0.0);
+      for (std::int64_t i = 0; i < s.rows; ++i) {
+        double ss = 0, d = 0;
+        for (std::int64_t j = 0; j < s.dim; ++j) ss += xv[i * s.dim + j] * xv[i * s.dim + j];
+        const double r = 1.0 / std::sqrt(ss / s.dim + eps);
+        for (std::int64_t j = 0; j < s.dim; ++j) d += gv[i * s.dim + j] * wv[j] * xv[i * s.dim + j];
+        for (std::int64_t j = 0; j < s.dim; ++j) {
+          const std::int64_t e = i * s.dim + j;
+          want_dx[e] = r * gv[e] * wv[j] - xv[e] * r * r * r * d / s.dim;
+          want_dw[j] += gv[e] * xv[e] * r;
+        }
+      }
+      if (small) {
+        auto loss_x = [&](const std::vector<double>& xx) {
+          return testing::dot(gv, rmsnorm_ref(xx, wv, s.rows, s.dim, eps));
+        };
+        auto loss_w = [&](const std::vector<double>& ww) {
+          return testing::dot(gv, rmsnorm_ref(xv, ww, s.rows, s.dim, eps));
+        };
+        expect_close("reference dx", testing::numeric_grad(loss_x, xv), want_dx, 1e-6);
+        expect_close("reference dw", testing::numeric_grad(loss_w, wv), want_dw, 1e-6);
+      }
+      std::vector<double> got_dw = dw.values();
+      for (std::size_t j = 0; j < got_dw.size(); ++j) got_dw[j] -= dw0[j];
+      expect_close("dx", dx.values(), want_dx, dt == DType::kF32 ? 1e-5 : 2e-2);
+      // bf16 dw is stored rounded next to the O(1) initial value it was added to.
+      expect_close("dw", got_dw, want_dw, dt == DType::kF32 ? 1e-5 : 3e-2);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+std::vector<double> rope_ref(const std::vector<double>& x, std::int64_t batch, std::int64_t seq,
+                             std::int64_t heads, std::int64_t hd, double theta, bool inverse) {
+  std::vector<double> y(x.size());
+  const std::int64_t half = hd / 2;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t p = 0; p < seq; ++p) {
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t base = ((b * seq + p) * heads + h) * hd;
+        for (std::int64_t j = 0; j < half; ++j) {
+          const double angle = p * std::pow(theta, -2.0 * j / hd);
+          const double c = std::cos(angle), s = inverse ? -std::sin(angle) : std::sin(angle);
+          const double x1 = x[base + j], x2 = x[base + j + half];
+          y[base + j] = x1 * c - x2 * s;
+          y[base + j + half] = x2 * c + x1 * s;
+        }
+      }
+    }
+  }
+  return y;
+}
+
+TEST(CpuOpsTest, RopeForwardInverseAndTranspose) {
+  auto dev = make_device();
+  const std::int64_t batch = 2, seq = 37, heads = 3, hd = 16, n = batch * seq * heads * hd;
+  for (DType dt : kDtypes) {
+    for (double theta : {10000.0, 500.0}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " theta " + std::to_string(theta));
+      Rng rng(7);
+      HostTensor x(dt, n);
+      x.fill_uniform(rng, -1, 1);
+      const auto xv = x.values();
+      for (bool inverse : {false, true}) {
+        HostTensor y = x;
+        dev->ops().rope(y.data(), batch, seq, heads, hd, static_cast<float>(theta), inverse, dt);
+        expect_close(inverse ? "inverse" : "forward", y.values(),
+                     rope_ref(xv, batch, seq, heads, hd, theta, inverse), tolerance(dt));
+      }
+      // inverse(forward(x)) = x, i.e. the inverse is the transpose of an orthogonal map.
+      HostTensor y = x;
+      dev->ops().rope(y.data(), batch, seq, heads, hd, static_cast<float>(theta), false, dt);
+      dev->ops().rope(y.data(), batch, seq, heads, hd, static_cast<float>(theta), true, dt);
+      expect_close("round trip", y.values(), xv, dt == DType::kF32 ? 1e-5 : 2e-2);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU and add
+
+TEST(CpuOpsTest, SwigluForwardAndBackward) {
+  auto dev = make_device();
+  const std::int64_t n = 100003;
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    Rng rng(8);
+    HostTensor gate(dt, n), up(dt, n), out(dt, n), dout(dt, n), dgate(dt, n), dup(dt, n);
+    gate.fill_uniform(rng, -6, 6);
+    up.fill_uniform(rng, -2, 2);
+    dout.fill_uniform(rng, -1, 1);
+    out.poison();
+    dgate.poison();
+    dup.poison();
+    dev->ops().swiglu_forward(gate.data(), up.data(), out.data(), n, dt);
+    dev->ops().swiglu_backward(dout.data(), gate.data(), up.data(), dgate.data(), dup.data(), n,
+                               dt);
+    const auto g = gate.values(), u = up.values(), d = dout.values();
+    std::vector<double> want(n), want_dg(n), want_du(n);
+    auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+    for (std::int64_t i = 0; i < n; ++i) {
+      want[i] = silu(g[i]) * u[i];
+      // Central difference in double: checks the derivative formula, not just its transcription.
+      const double h = 1e-6;
+      want_dg[i] = d[i] * u[i] * (silu(g[i] + h) - silu(g[i] - h)) / (2 * h);
+      want_du[i] = d[i] * silu(g[i]);
+    }
+    expect_close("out", out.values(), want, tolerance(dt));
+    expect_close("dgate", dgate.values(), want_dg, dt == DType::kF32 ? 1e-5 : 1e-2);
+    expect_close("dup", dup.values(), want_du, tolerance(dt));
+  }
+}
+
+TEST(CpuOpsTest, AddIncludingInPlace) {
+  auto dev = make_device();
+  const std::int64_t n = 70001;
+  for (DType dt : kDtypes) {
+    Rng rng(9);
+    HostTensor a(dt, n), b(dt, n), out(dt, n);
+    a.fill_uniform(rng, -1, 1);
+    b.fill_uniform(rng, -1, 1);
+    out.poison();
+    std::vector<double> want(n);
+    const auto av = a.values(), bv = b.values();
+    for (std::int64_t i = 0; i < n; ++i) want[i] = av[i] + bv[i];
+    dev->ops().add(a.data(), b.data(), out.data(), n, dt);
+    expect_close("add", out.values(), want, tolerance(dt));
+    dev->ops().add(a.data(), b.data(), a.data(), n, dt);
+    EXPECT_TRUE(a.bitwise_equal(out));
+  }
+}
+
+}  // namespace
+}  // namespace strata::device

@@ -1,0 +1,121 @@
+// LlamaModel against PyTorch: loss and gradients of a tiny model computed in float64 by
+// tools/golden/llama_golden.py (tests/data/llama_tiny_golden.json).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "strata/core/json.h"
+#include "strata/model/llama.h"
+#include "tests/unit/model/llama_test_util.h"
+
+namespace strata::model {
+namespace {
+
+using testing::make_device;
+using testing::TestProvider;
+
+const char* const kGoldenPath = STRATA_TEST_DATA_DIR "/llama_tiny_golden.json";
+
+struct GoldenRun {
+  float loss = 0;
+  std::map<std::string, std::vector<float>> grads;  // by HF tensor name
+};
+
+// Loads the config and weights of one case into a fresh model and runs one step.
+GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, bool checkpointing) {
+  auto config = LlamaConfig::from_json(config_json, kGoldenPath);
+  STRATA_CHECK(config.is_ok(), config.status().to_string());
+  const ParamLayout layout = ParamLayout::build(*config);
+  auto device = make_device();
+  TestProvider provider(layout, *device, dtype);
+  // Every tensor of the layout comes from the file (a missing name throws from at()).
+  for (const auto& group : layout.groups()) {
+    for (const auto& t : group.tensors) {
+      const Json& w = golden.at("weights").at(t.name);
+      STRATA_CHECK(static_cast<std::int64_t>(w.size()) == t.num_elems, "size mismatch", t.name);
+      float* p = provider.param(t.name);
+      for (std::int64_t i = 0; i < t.num_elems; ++i) p[i] = w[i].get<float>();
+    }
+  }
+  const auto inputs = golden.at("inputs").get<std::vector<std::int32_t>>();
+  const auto targets = golden.at("targets").get<std::vector<std::int32_t>>();
+  const std::int64_t batch = golden.at("batch"), seq = golden.at("seq");
+  LlamaModel model(*config, layout, *device, ModelOptions{dtype, checkpointing});
+  auto r = model.forward_backward(provider, inputs.data(), targets.data(), batch, seq, 1.0f);
+  STRATA_CHECK(r.is_ok(), r.status().to_string());
+  GoldenRun run;
+  run.loss = *r;
+  for (const auto& group : layout.groups()) {
+    for (const auto& t : group.tensors) {
+      const float* g = provider.grad(t.name);
+      run.grads[t.name].assign(g, g + t.num_elems);
+    }
+  }
+  return run;
+}
+
+// |got - want| <= rtol * max(|want|, rms(want)) per element.
+void expect_grad_close(const std::string& name, const std::vector<float>& got, const Json& want,
+                       double rtol) {
+  ASSERT_EQ(got.size(), want.size()) << name;
+  double ss = 0;
+  for (const auto& w : want) ss += w.get<double>() * w.get<double>();
+  const double rms = std::sqrt(ss / static_cast<double>(want.size()));
+  ASSERT_GT(rms, 1e-6) << name << ": golden gradient is zero";
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double w = want[i].get<double>();
+    if (!(std::abs(got[i] - w) <= rtol * std::max(std::abs(w), rms)) && ++bad <= 3) {
+      ADD_FAILURE() << name << "[" << i << "]: got " << got[i] << ", want " << w;
+    }
+  }
+  EXPECT_EQ(bad, 0) << name;
+}
+
+class LlamaGoldenTest : public ::testing::TestWithParam<bool> {
+ protected:
+  static void SetUpTestSuite() {
+    auto j = read_json_file(kGoldenPath);
+    STRATA_CHECK(j.is_ok(), j.status().to_string());
+    golden_ = new Json(std::move(j).value());
+  }
+  static void TearDownTestSuite() {
+    delete golden_;
+    golden_ = nullptr;
+  }
+  static Json* golden_;
+};
+Json* LlamaGoldenTest::golden_ = nullptr;
+
+TEST_P(LlamaGoldenTest, F32LossAndGradientsMatchPyTorch) {
+  const bool checkpointing = GetParam();
+  const Json& g = *golden_;
+  for (const char* which : {"untied", "tied"}) {
+    SCOPED_TRACE(which);
+    const Json& c = g.at(which);
+    const Json& config_json = c.contains("config") ? c.at("config") : g.at("config");
+    const GoldenRun run = run_case(g, config_json, DType::kF32, checkpointing);
+    const double want = c.at("loss").get<double>();
+    EXPECT_NEAR(run.loss, want, 1e-5 * want);
+    for (const auto& [name, grads] : c.at("grads").items()) {
+      ASSERT_TRUE(run.grads.count(name)) << name;
+      expect_grad_close(name, run.grads.at(name), grads, 1e-4);
+    }
+  }
+}
+
+TEST_P(LlamaGoldenTest, Bf16LossIsCloseToPyTorch) {
+  const Json& g = *golden_;
+  const GoldenRun run = run_case(g, g.at("config"), DType::kBF16, GetParam());
+  const double want = g.at("untied").at("loss").get<double>();
+  EXPECT_NEAR(run.loss, want, 2e-2 * want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, LlamaGoldenTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Checkpointed" : "Stored"; });
+
+}  // namespace
+}  // namespace strata::model

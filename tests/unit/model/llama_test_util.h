@@ -1,0 +1,170 @@
+// Test fixtures for LlamaModel: a ParamProvider over plain device buffers that poisons what the
+// model released and logs every call, and helpers to fill parameters.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/core/rng.h"
+#include "strata/device/device.h"
+#include "strata/model/llama.h"
+#include "strata/model/param_layout.h"
+#include "strata/model/param_provider.h"
+
+namespace strata::model::testing {
+
+// Parameters live as f32 on the host (the "master" copy); acquire_params converts a group to
+// the compute dtype in a device buffer, release_params fills that buffer with NaN so any use
+// after release shows up in the results. Gradients are accumulated into f32 host vectors.
+class TestProvider final : public ParamProvider {
+ public:
+  TestProvider(const ParamLayout& layout, device::Device& device, DType dtype)
+      : layout_(layout), device_(device), dtype_(dtype) {
+    for (const auto& g : layout.groups()) {
+      params.emplace_back(static_cast<std::size_t>(g.num_elems), 0.0f);
+      grads.emplace_back(static_cast<std::size_t>(g.num_elems), 0.0f);
+    }
+    param_bufs_.resize(params.size());
+    grad_bufs_.resize(params.size());
+    held_.assign(params.size(), false);
+  }
+
+  Result<const void*> acquire_params(int group) override {
+    log.push_back("P+" + std::to_string(group));
+    if (fail_acquire_group == group)
+      return io_error("injected failure for group " + std::to_string(group));
+    EXPECT_FALSE(held_[group]) << "group " << group << " acquired twice";
+    held_[group] = true;
+    auto& buf = param_bufs_[group];
+    const std::size_t bytes = params[group].size() * dtype_size(dtype_);
+    if (buf.empty()) {
+      auto r = device_.allocate(bytes, "test params");
+      if (!r.is_ok()) return r.status();
+      buf = std::move(r).value();
+    }
+    upload(params[group].data(), buf.data(), params[group].size());
+    return static_cast<const void*>(buf.data());
+  }
+
+  void release_params(int group) override {
+    log.push_back("P-" + std::to_string(group));
+    EXPECT_TRUE(held_[group]) << "group " << group << " released but not held";
+    held_[group] = false;
+    std::vector<float> nan(params[group].size(), std::numeric_limits<float>::quiet_NaN());
+    upload(nan.data(), param_bufs_[group].data(), nan.size());
+  }
+
+  void prefetch_params(int group) override { log.push_back("F" + std::to_string(group)); }
+
+  Result<void*> acquire_grads(int group) override {
+    log.push_back("G+" + std::to_string(group));
+    EXPECT_TRUE(grad_bufs_[group].empty()) << "gradients of group " << group << " acquired twice";
+    auto r = device_.allocate(params[group].size() * dtype_size(dtype_), "test grads");
+    if (!r.is_ok()) return r.status();
+    grad_bufs_[group] = std::move(r).value();
+    device_.fill_zero(grad_bufs_[group].data(), grad_bufs_[group].size(),
+                      device_.stream(device::StreamKind::kCompute));
+    return grad_bufs_[group].data();
+  }
+
+  Status release_grads(int group) override {
+    log.push_back("G-" + std::to_string(group));
+    auto& buf = grad_bufs_[group];
+    EXPECT_FALSE(buf.empty()) << "gradients of group " << group << " released but not held";
+    if (buf.empty()) return internal_error("not held");
+    std::vector<std::byte> host(buf.size());
+    auto& s = device_.stream(device::StreamKind::kCompute);
+    device_.copy_to_host(host.data(), buf.data(), buf.size(), s);
+    s.synchronize();
+    std::vector<float> f(params[group].size());
+    convert(host.data(), dtype_, f.data(), DType::kF32, f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) grads[group][i] += f[i];
+    buf.reset();
+    return Status::ok();
+  }
+
+  bool any_held() const {
+    for (std::size_t g = 0; g < held_.size(); ++g) {
+      if (held_[g] || !grad_bufs_[g].empty()) return true;
+    }
+    return false;
+  }
+  void zero_grads() {
+    for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+  }
+  // A tensor's parameters or gradients by HF name.
+  float* param(const std::string& name) { return find(name, params); }
+  float* grad(const std::string& name) { return find(name, grads); }
+
+  std::vector<std::vector<float>> params, grads;  // f32, per group
+  std::vector<std::string> log;
+  int fail_acquire_group = -1;
+
+ private:
+  void upload(const float* src, void* dst, std::size_t n) {
+    std::vector<std::byte> host(n * dtype_size(dtype_));
+    convert(src, DType::kF32, host.data(), dtype_, n);
+    auto& s = device_.stream(device::StreamKind::kCompute);
+    device_.copy_to_device(dst, host.data(), host.size(), s);
+    s.synchronize();
+  }
+  float* find(const std::string& name, std::vector<std::vector<float>>& store) {
+    const auto loc = layout_.find(name);
+    STRATA_CHECK(loc.has_value(), "no tensor", name);
+    return store[loc->group].data() + loc->tensor->offset_elems;
+  }
+
+  const ParamLayout& layout_;
+  device::Device& device_;
+  DType dtype_;
+  std::vector<device::DeviceBuffer> param_bufs_, grad_bufs_;
+  std::vector<bool> held_;
+};
+
+inline LlamaConfig tiny_config(bool tied) {
+  LlamaConfig c;
+  c.vocab_size = 17;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// Random parameters with enough spread that every path carries a visible gradient: weights
+// ~ N(0, std^2), norm weights ~ 1 + N(0, 0.2^2), padding zero.
+inline void fill_params(const ParamLayout& layout, TestProvider& p, std::uint64_t seed,
+                        double std = 0.3) {
+  Rng rng(seed);
+  for (const auto& g : layout.groups()) {
+    for (const auto& t : g.tensors) {
+      float* x = p.params[g.id].data() + t.offset_elems;
+      for (std::int64_t i = 0; i < t.num_elems; ++i) {
+        x[i] = static_cast<float>(t.is_norm ? 1.0 + 0.2 * rng.normal() : std * rng.normal());
+      }
+    }
+  }
+}
+
+inline std::unique_ptr<device::Device> make_device(std::uint64_t limit = 0) {
+  device::DeviceOptions o;
+  o.memory_limit_bytes = limit;
+  auto d = device::create_device(o);
+  STRATA_CHECK(d.is_ok(), "cannot create the CPU device", d.status().to_string());
+  return std::move(d).value();
+}
+
+}  // namespace strata::model::testing

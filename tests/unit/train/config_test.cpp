@@ -1,0 +1,112 @@
+// Config parsing: every problem reported at once, with the key and the expected value.
+#include "strata/train/config.h"
+
+#include <gtest/gtest.h>
+
+namespace strata::train {
+namespace {
+
+Json minimal() {
+  return Json::parse(R"({"model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+                         "num_hidden_layers": 2, "num_attention_heads": 4},
+                         "data": {"path": "x.txt", "format": "text"}})");
+}
+
+TEST(ConfigTest, DefaultsFillIn) {
+  auto c = parse_train_config(minimal(), "test.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->micro_batch_size, c->batch_size);
+  EXPECT_EQ(c->accumulation_steps(), 1);
+  EXPECT_EQ(c->precision, "fp32");
+  EXPECT_EQ(c->offload_optimizer, "none");
+}
+
+TEST(ConfigTest, UnknownKeyNamesItAndTheValidOnes) {
+  Json j = minimal();
+  j["learning_rate"] = 0.1;
+  j["optimizer"] = {{"lr", 0.1}, {"momentum", 0.9}};
+  auto c = parse_train_config(j, "test.json");
+  ASSERT_FALSE(c.is_ok());
+  const std::string& m = c.status().message();
+  EXPECT_NE(m.find("test.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("'learning_rate': unknown key"), std::string::npos) << m;
+  EXPECT_NE(m.find("max_steps"), std::string::npos) << "valid keys listed: " << m;
+  EXPECT_NE(m.find("'optimizer.momentum': unknown key"), std::string::npos) << m;
+}
+
+TEST(ConfigTest, WrongTypesAndRangesAllReported) {
+  Json j = minimal();
+  j["seq_len"] = "long";
+  j["batch_size"] = -3;
+  j["precision"] = "fp8";
+  j["offload_optimizer"] = "disk";
+  j["optimizer"] = {{"betas", {0.9}}};
+  auto c = parse_train_config(j, "test.json");
+  ASSERT_FALSE(c.is_ok());
+  const std::string& m = c.status().message();
+  EXPECT_NE(m.find("'seq_len': expected an integer, got \"long\""), std::string::npos) << m;
+  EXPECT_NE(m.find("'batch_size': must be >= 1, got -3"), std::string::npos) << m;
+  EXPECT_NE(m.find("'precision': got 'fp8'; expected one of fp32|bf16"), std::string::npos) << m;
+  EXPECT_NE(m.find("'offload_optimizer': got 'disk'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'optimizer.betas'"), std::string::npos) << m;
+}
+
+TEST(ConfigTest, MicroBatchMustDivideBatch) {
+  Json j = minimal();
+  j["batch_size"] = 10;
+  j["micro_batch_size"] = 4;
+  auto c = parse_train_config(j, "t.json");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("must divide batch_size 10"), std::string::npos);
+  j["micro_batch_size"] = 5;
+  c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->accumulation_steps(), 2);
+}
+
+TEST(ConfigTest, ByteSizesAcceptUnits) {
+  Json j = minimal();
+  j["device_memory_limit"] = "2GiB";
+  j["host_memory_limit"] = 1048576;
+  auto c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->device_memory_limit, 2ull << 30);
+  EXPECT_EQ(c->host_memory_limit, 1ull << 20);
+  j["device_memory_limit"] = "2 parsecs";
+  c = parse_train_config(j, "t.json");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("'device_memory_limit'"), std::string::npos);
+}
+
+TEST(ConfigTest, NvmeNeedsSwapPathsAndParamOffloadNeedsOptimizerOffload) {
+  Json j = minimal();
+  j["offload_optimizer"] = "nvme";
+  j["offload_param"] = "cpu";
+  EXPECT_NE(parse_train_config(j, "t.json").status().message().find("'swap_paths'"),
+            std::string::npos);
+  j["offload_optimizer"] = "none";
+  j["swap_paths"] = {"/tmp"};
+  EXPECT_NE(parse_train_config(j, "t.json").status().message().find("needs offload_optimizer"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, OverridesSetNestedKeysAndParseJson) {
+  Json j = minimal();
+  ASSERT_TRUE(apply_override(j, "optimizer.lr=1e-4").is_ok());
+  ASSERT_TRUE(apply_override(j, "optimizer.betas=[0.8,0.9]").is_ok());
+  ASSERT_TRUE(apply_override(j, "data.path=other.txt").is_ok());
+  ASSERT_TRUE(apply_override(j, "model.hidden_size=64").is_ok());
+  ASSERT_TRUE(apply_override(j, "swap_paths=[\"/a\",\"/b\"]").is_ok());
+  auto c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->optimizer.lr, 1e-4);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
+  EXPECT_EQ(c->data.path, "other.txt");
+  EXPECT_EQ(c->model["hidden_size"], 64);
+  EXPECT_EQ(c->swap_paths.size(), 2u);
+  EXPECT_FALSE(apply_override(j, "novalue").is_ok());
+  EXPECT_FALSE(apply_override(j, "data.path.x=1").is_ok());  // path is a string
+}
+
+}  // namespace
+}  // namespace strata::train

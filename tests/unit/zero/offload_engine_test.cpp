@@ -1,0 +1,195 @@
+// OffloadEngine: every placement stores, serves and updates the same numbers.
+#include "strata/zero/offload_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "strata/core/rng.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::zero {
+namespace {
+
+struct Placement {
+  Offload param;
+  Offload opt;
+  DType dtype;
+};
+
+std::string name_of(const ::testing::TestParamInfo<Placement>& info) {
+  return std::string(offload_name(info.param.param)) + "_" +
+         std::string(offload_name(info.param.opt)) + "_" +
+         std::string(dtype_name(info.param.dtype));
+}
+
+class EngineTest : public ::testing::TestWithParam<Placement> {
+ protected:
+  void SetUp() override {
+    config_.vocab_size = 19;
+    config_.hidden_size = 8;
+    config_.intermediate_size = 12;
+    config_.num_hidden_layers = 2;
+    config_.num_attention_heads = 2;
+    config_.num_key_value_heads = 1;
+    layout_ = model::ParamLayout::build(config_);
+    auto dev = device::create_device(device::DeviceOptions{"cpu", 1 << 20, 0, 1});
+    ASSERT_TRUE(dev.is_ok());
+    device_ = std::move(*dev);
+    if (GetParam().param == Offload::kNvme || GetParam().opt == Offload::kNvme) {
+      io::SwapOptions so;
+      so.paths = {dir_.path()};
+      auto s = io::SwapSpace::create(so);
+      ASSERT_TRUE(s.is_ok()) << s.status().message();
+      swap_ = std::move(*s);
+    }
+    EngineOptions o;
+    o.offload_param = GetParam().param;
+    o.offload_optimizer = GetParam().opt;
+    o.compute_dtype = GetParam().dtype;
+    o.adam.weight_decay = 0.1;
+    auto e = OffloadEngine::create(layout_, *device_, swap_.get(), o);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    engine_ = std::move(*e);
+  }
+
+  std::vector<float> values(int group, std::uint64_t seed) {
+    std::vector<float> v(static_cast<std::size_t>(layout_.group(group).num_elems));
+    Rng rng(seed + static_cast<std::uint64_t>(group));
+    for (auto& x : v) x = static_cast<float>(rng.normal());
+    return v;
+  }
+
+  testing::TempDir dir_;
+  model::LlamaConfig config_;
+  model::ParamLayout layout_;
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<io::SwapSpace> swap_;
+  std::unique_ptr<OffloadEngine> engine_;
+};
+
+TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
+  const DType dtype = GetParam().dtype;
+  ASSERT_TRUE(engine_
+                  ->load_master([&](const model::ParamGroup& g, float* dst) {
+                    auto v = values(g.id, 1);
+                    std::copy(v.begin(), v.end(), dst);
+                    return Status::ok();
+                  })
+                  .is_ok());
+  // The working copy the model sees is the master weights in the compute dtype.
+  for (int g = 0; g < layout_.num_groups(); ++g) {
+    engine_->prefetch_params(g);
+    auto p = engine_->acquire_params(g);
+    ASSERT_TRUE(p.is_ok()) << p.status().message();
+    const auto expect = values(g, 1);
+    for (std::size_t i = 0; i < expect.size(); ++i) {
+      const float want = dtype == DType::kF32 ? expect[i] : bf16_to_f32(f32_to_bf16(expect[i]));
+      ASSERT_EQ(load_as_f32(*p, dtype, i), want) << "group " << g << " elem " << i;
+    }
+    engine_->release_params(g);
+  }
+  // Two micro-batches of gradients accumulate in fp32.
+  for (int micro = 0; micro < 2; ++micro) {
+    for (int g = layout_.num_groups() - 1; g >= 0; --g) {
+      auto buf = engine_->acquire_grads(g);
+      ASSERT_TRUE(buf.is_ok());
+      const auto grad = values(g, 100 + static_cast<std::uint64_t>(micro));
+      convert(grad.data(), DType::kF32, *buf, dtype, grad.size());
+      ASSERT_TRUE(engine_->release_grads(g).is_ok());
+    }
+    ASSERT_TRUE(engine_->finish_micro_batch().is_ok());
+  }
+  double sq = 0;
+  std::vector<std::vector<float>> acc(static_cast<std::size_t>(layout_.num_groups()));
+  for (int g = 0; g < layout_.num_groups(); ++g) {
+    auto a = values(g, 100), b = values(g, 101);
+    auto& s = acc[static_cast<std::size_t>(g)];
+    s.resize(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const float x = dtype == DType::kF32 ? a[i] : bf16_to_f32(f32_to_bf16(a[i]));
+      const float y = dtype == DType::kF32 ? b[i] : bf16_to_f32(f32_to_bf16(b[i]));
+      s[i] = 0.0f + x + y;
+      sq += static_cast<double>(s[i]) * s[i];
+    }
+  }
+  auto norm = engine_->grad_norm();
+  ASSERT_TRUE(norm.is_ok());
+  EXPECT_NEAR(*norm, std::sqrt(sq), 1e-9 * std::sqrt(sq));
+
+  ASSERT_TRUE(engine_->step(1e-2, 1, 0.5f).is_ok());
+  for (int g = 0; g < layout_.num_groups(); ++g) {
+    auto p = values(g, 1);
+    std::vector<float> m(p.size()), v(p.size());
+    device::AdamWArgs a =
+        optim::make_adamw_args(optim::AdamWHyper{1e-2, 0.9, 0.999, 1e-8, 0.1, true}, 1e-2, 1, 0.5f);
+    a.param = p.data();
+    a.grad = acc[static_cast<std::size_t>(g)].data();
+    a.exp_avg = m.data();
+    a.exp_avg_sq = v.data();
+    a.n = static_cast<std::int64_t>(p.size());
+    device::adamw_reference(a);
+    std::vector<float> got(p.size()), gm(p.size()), gv(p.size());
+    ASSERT_TRUE(engine_->read_master(g, got.data()).is_ok());
+    ASSERT_TRUE(engine_->read_moments(g, gm.data(), gv.data()).is_ok());
+    EXPECT_EQ(got, p) << "group " << g;
+    EXPECT_EQ(gm, m);
+    EXPECT_EQ(gv, v);
+  }
+  // Gradients were zeroed by the step.
+  auto zero = engine_->grad_norm();
+  ASSERT_TRUE(zero.is_ok());
+  EXPECT_EQ(*zero, 0.0);
+}
+
+TEST_P(EngineTest, MomentsRoundTrip) {
+  for (int g = 0; g < layout_.num_groups(); ++g) {
+    auto m = values(g, 7), v = values(g, 8);
+    ASSERT_TRUE(engine_->write_moments(g, m.data(), v.data()).is_ok());
+    std::vector<float> m2(m.size()), v2(v.size());
+    ASSERT_TRUE(engine_->read_moments(g, m2.data(), v2.data()).is_ok());
+    EXPECT_EQ(m, m2);
+    EXPECT_EQ(v, v2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, EngineTest,
+                         ::testing::Values(Placement{Offload::kNone, Offload::kNone, DType::kF32},
+                                           Placement{Offload::kNone, Offload::kCpu, DType::kF32},
+                                           Placement{Offload::kCpu, Offload::kCpu, DType::kBF16},
+                                           Placement{Offload::kNvme, Offload::kCpu, DType::kF32},
+                                           Placement{Offload::kNone, Offload::kNvme, DType::kBF16},
+                                           Placement{Offload::kNvme, Offload::kNvme, DType::kF32},
+                                           Placement{Offload::kNone, Offload::kNone, DType::kBF16}),
+                         name_of);
+
+TEST(EngineErrors, ParamOffloadNeedsOptimizerOffload) {
+  model::LlamaConfig c;
+  auto layout = model::ParamLayout::build(c);
+  auto dev = device::create_device(device::DeviceOptions{});
+  ASSERT_TRUE(dev.is_ok());
+  EngineOptions o;
+  o.offload_param = Offload::kCpu;
+  auto e = OffloadEngine::create(layout, **dev, nullptr, o);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("needs offload_optimizer"), std::string::npos);
+}
+
+TEST(EngineErrors, GroupLargerThanDeviceBudgetNamesIt) {
+  model::LlamaConfig c;  // embedding group: 256 x 128 floats = 128 KiB
+  auto layout = model::ParamLayout::build(c);
+  auto dev = device::create_device(device::DeviceOptions{"cpu", 100 * 1024, 0, 1});
+  ASSERT_TRUE(dev.is_ok());
+  EngineOptions o;
+  o.offload_param = Offload::kCpu;
+  o.offload_optimizer = Offload::kCpu;
+  auto e = OffloadEngine::create(layout, **dev, nullptr, o);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("device_memory_limit"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::zero
