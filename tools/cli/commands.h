@@ -1,0 +1,21 @@
+// Subcommands of the `strata` CLI. Each registers its options on the app and returns a runner
+// that main() calls when that subcommand was given; the runner returns the exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace strata::cli {
+
+using Runner = std::function<int()>;
+
+// Exit codes shared by every subcommand.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitInterrupted = 130;
+
+Runner add_train_command(CLI::App& app);
+Runner add_info_command(CLI::App& app);
+
+}  // namespace strata::cli

@@ -1,0 +1,111 @@
+// `strata train CONFIG [--set k=v]...`: the training loop with progress, metrics and Ctrl-C.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/train/config.h"
+#include "strata/train/trainer.h"
+#include "tools/cli/commands.h"
+
+namespace strata::cli {
+namespace {
+
+// Set by SIGINT/SIGTERM; the trainer finishes the current step, saves and exits. A signal
+// handler can reach nothing but a global.
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_requested.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  static const char msg[] =
+      "\nstrata: stopping after the current step and saving a checkpoint (press Ctrl-C again to "
+      "abort now)\n";
+  [[maybe_unused]] auto n = ::write(2, msg, sizeof(msg) - 1);
+}
+
+int exit_code_for(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return kExitOk;
+    case StatusCode::kCancelled:
+      return kExitInterrupted;
+    case StatusCode::kInvalidArgument:
+      return kExitUsage;
+    default:
+      return kExitError;
+  }
+}
+
+struct TrainArgs {
+  std::string config_path, metrics, save_dir, resume;
+  std::vector<std::string> sets;
+  std::int64_t save_every = -1;
+};
+
+int run_train(const TrainArgs& a) {
+  std::vector<std::string> overrides = a.sets;
+  if (!a.metrics.empty()) overrides.push_back("metrics_file=" + Json(a.metrics).dump());
+  if (a.save_every >= 0) overrides.push_back("save_every=" + std::to_string(a.save_every));
+  if (!a.save_dir.empty()) overrides.push_back("save_dir=" + Json(a.save_dir).dump());
+  auto config = train::load_train_config(a.config_path, overrides);
+  if (!config.is_ok()) {
+    std::fprintf(stderr, "strata train: %s\n", config.status().message().c_str());
+    return exit_code_for(config.status());
+  }
+  train::TrainOptions options;
+  options.resume_dir = a.resume;
+  options.progress = &std::cout;
+  options.stop_requested = &g_stop_requested;
+  auto trainer = train::Trainer::create(*config, options);
+  if (!trainer.is_ok()) {
+    std::fprintf(stderr, "strata train: %s\n", trainer.status().message().c_str());
+    return exit_code_for(trainer.status());
+  }
+  std::cout << (*trainer)->describe() << std::flush;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  const Status s = (*trainer)->run();
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "strata train: %s\n", s.message().c_str());
+    return exit_code_for(s);
+  }
+  const auto& h = (*trainer)->history();
+  if (!h.empty()) {
+    std::printf(
+        "done: %zu steps, loss %.4f -> %.4f\nweights: %s/model (a Hugging Face checkpoint: "
+        "set it as \"model\" to fine-tune from it)\n",
+        h.size(), h.front().loss, h.back().loss, (*trainer)->last_checkpoint().c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Runner add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* train = app.add_subcommand("train", "Train or fine-tune a model from a JSON config");
+  train->add_option("config", args->config_path, "JSON config file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  train
+      ->add_option("--set", args->sets,
+                   "Override a config key: --set optimizer.lr=1e-4 (repeatable)")
+      ->allow_extra_args(false);
+  train->add_option("--metrics", args->metrics, "Write one JSON object per step to this file");
+  train->add_option("--save-every", args->save_every, "Save a resumable checkpoint every N steps");
+  train->add_option("--save-dir", args->save_dir,
+                    "Directory for checkpoints (default: save_dir key)");
+  train->add_option("--resume", args->resume, "Resume from a checkpoint directory (or a save dir)");
+  return [args] { return run_train(*args); };
+}
+
+}  // namespace strata::cli
