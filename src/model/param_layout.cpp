@@ -63,6 +63,17 @@ ParamLayout ParamLayout::build(const LlamaConfig& c) {
   return layout;
 }
 
+ParamLayout ParamLayout::from_groups(std::vector<ParamGroup> groups) {
+  ParamLayout layout;
+  layout.groups_ = std::move(groups);
+  for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
+    layout.groups_[i].id = static_cast<int>(i);
+    layout.total_elems_ += layout.groups_[i].num_elems;
+    for (const auto& t : layout.groups_[i].tensors) layout.num_parameters_ += t.num_elems;
+  }
+  return layout;
+}
+
 std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) const {
   for (const auto& g : groups_) {
     for (const auto& t : g.tensors) {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -32,83 +33,146 @@ Status make_dirs(const std::string& dir) {
 
 }  // namespace
 
-Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
-                                    const model::ParamLayout& layout, zero::OffloadEngine& engine,
-                                    const TrainerState& state) {
-  STRATA_RETURN_IF_ERROR(make_dirs(save_dir));
-  const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
-  const std::string tmp_dir =
-      (fs::path(save_dir) / ("." + step_name(state.step) + ".tmp-" + std::to_string(::getpid())))
-          .string();
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  STRATA_RETURN_IF_ERROR(make_dirs(tmp_dir));
-  auto fail = [&](const Status& s) {
-    std::error_code ignored;
-    fs::remove_all(tmp_dir, ignored);
-    return s.with_context("saving checkpoint " + final_dir);
-  };
+std::string optimizer_shard_name(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "optimizer-%05d-of-%05d.safetensors", rank, world);
+  return buf;
+}
 
-  Status s = model::write_hf_checkpoint(
-      tmp_dir + "/model", config, layout, DType::kF32,
-      [&](const model::ParamGroup& g, float* dst) { return engine.read_master(g.id, dst); });
-  if (!s.is_ok()) return fail(s);
+namespace {
 
+// This rank's moments: one flat slice per group, the same slice boundaries the Partition uses.
+Status write_optimizer_shard(const std::string& path, const model::ParamLayout& layout,
+                             zero::ZeroProvider& provider) {
   model::SafetensorsWriter writer;
   for (const auto& g : layout.groups()) {
-    writer.add("exp_avg." + g.name, DType::kF32, {g.num_elems});
-    writer.add("exp_avg_sq." + g.name, DType::kF32, {g.num_elems});
+    const std::int64_t n = provider.partition().group(g.id).shard_elems;
+    writer.add("exp_avg." + g.name, DType::kF32, {n});
+    writer.add("exp_avg_sq." + g.name, DType::kF32, {n});
   }
   writer.set_metadata({{"format", "strata-optimizer"}});
-  // Moments are read a group at a time: exp_avg then exp_avg_sq of the same group.
   std::vector<float> m, v;
   int cached = -1;
-  s = writer.write(tmp_dir + "/optimizer.safetensors",
-                   [&](const model::SafetensorsEntry& e, void* dst) -> Status {
-                     const bool is_sq = e.name.rfind("exp_avg_sq.", 0) == 0;
-                     const std::string group_name = e.name.substr(is_sq ? 11 : 8);
-                     int gid = -1;
-                     for (const auto& g : layout.groups())
-                       if (g.name == group_name) gid = g.id;
-                     if (gid < 0) return internal_error("no group " + group_name);
-                     if (gid != cached) {
-                       const auto n = static_cast<std::size_t>(layout.group(gid).num_elems);
-                       m.assign(n, 0.0f);
-                       v.assign(n, 0.0f);
-                       STRATA_RETURN_IF_ERROR(engine.read_moments(gid, m.data(), v.data()));
-                       cached = gid;
-                     }
-                     const auto& src = is_sq ? v : m;
-                     std::memcpy(dst, src.data(), src.size() * sizeof(float));
-                     return Status::ok();
-                   });
-  if (!s.is_ok()) return fail(s);
+  return writer.write(path, [&](const model::SafetensorsEntry& e, void* dst) -> Status {
+    const bool is_sq = e.name.rfind("exp_avg_sq.", 0) == 0;
+    const std::string group_name = e.name.substr(is_sq ? 11 : 8);
+    int gid = -1;
+    for (const auto& g : layout.groups()) {
+      if (g.name == group_name) gid = g.id;
+    }
+    if (gid < 0) return internal_error("no parameter group " + group_name);
+    if (gid != cached) {
+      const auto n = static_cast<std::size_t>(provider.partition().group(gid).shard_elems);
+      m.assign(n, 0.0f);
+      v.assign(n, 0.0f);
+      STRATA_RETURN_IF_ERROR(provider.read_moment_slice(gid, m.data(), v.data()));
+      cached = gid;
+    }
+    const auto& src = is_sq ? v : m;
+    std::memcpy(dst, src.data(), src.size() * sizeof(float));
+    return Status::ok();
+  });
+}
 
-  Json js = {{"format_version", kCheckpointFormatVersion},
-             {"step", state.step},
-             {"sequences_consumed", state.sequences_consumed},
-             {"seed", state.seed},
-             {"config", state.config}};
-  s = write_json_file(tmp_dir + "/trainer_state.json", js);
-  if (!s.is_ok()) return fail(s);
-  s = fsync_path(tmp_dir);
-  if (!s.is_ok()) return fail(s);
+// Rank 0 writes model/ while every rank takes part in gathering each group's master weights, in
+// layout order. If rank 0 stops early (a write error), it still joins the remaining gathers so
+// no rank is left waiting.
+Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
+                                const model::ParamLayout& layout, zero::ZeroProvider& provider,
+                                dist::Communicator& comm) {
+  int gathered = 0;
+  Status s;
+  if (comm.rank() == 0) {
+    s = model::write_hf_checkpoint(dir, config, layout, DType::kF32,
+                                   [&](const model::ParamGroup& g, float* dst) {
+                                     ++gathered;
+                                     return provider.gather_master(g.id, dst);
+                                   });
+  }
+  std::vector<float> scratch;
+  for (int g = gathered; g < layout.num_groups(); ++g) {
+    scratch.assign(static_cast<std::size_t>(layout.group(g).num_elems), 0.0f);
+    Status gs = provider.gather_master(g, scratch.data());
+    if (s.is_ok() && !gs.is_ok()) s = gs;
+  }
+  return s;
+}
 
-  // Swap the finished directory into place. An existing checkpoint of the same step is moved
-  // aside first and removed only after the new one is in place.
-  std::string old_dir;
-  if (fs::exists(final_dir)) {
-    old_dir = final_dir + ".old-" + std::to_string(::getpid());
-    s = rename_synced(final_dir, old_dir);
-    if (!s.is_ok()) return fail(s);
+}  // namespace
+
+Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
+                                    const model::ParamLayout& layout, zero::ZeroProvider& provider,
+                                    dist::Communicator& comm, const TrainerState& state) {
+  const bool root = comm.rank() == 0;
+  const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
+  const std::string tmp_dir = (fs::path(save_dir) / ("." + step_name(state.step) + ".tmp")).string();
+  Status s;
+  if (root) {
+    s = make_dirs(save_dir);
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    if (s.is_ok()) s = make_dirs(tmp_dir);
   }
-  s = rename_synced(tmp_dir, final_dir);
-  if (!s.is_ok()) {
-    if (!old_dir.empty()) rename_synced(old_dir, final_dir).ignore();
-    return fail(s);
+  // Every rank learns whether rank 0 could prepare the directory before writing into it.
+  double failed = s.is_ok() ? 0.0 : 1.0;
+  STRATA_RETURN_IF_ERROR(comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint start"));
+  if (failed > 0) return s.is_ok() ? io_error("rank 0 could not create " + tmp_dir) : s.with_context("saving checkpoint " + final_dir);
+
+  s = write_optimizer_shard(tmp_dir + "/" + optimizer_shard_name(comm.rank(), comm.world_size()),
+                            layout, provider);
+  Status model_status = write_consolidated_model(tmp_dir + "/model", config, layout, provider, comm);
+  if (s.is_ok()) s = model_status;
+  if (root && s.is_ok()) {
+    Json js = {{"format_version", kCheckpointFormatVersion},
+               {"step", state.step},
+               {"sequences_consumed", state.sequences_consumed},
+               {"seed", state.seed},
+               {"world_size", comm.world_size()},
+               {"config", state.config}};
+    s = write_json_file(tmp_dir + "/trainer_state.json", js);
   }
-  STRATA_RETURN_IF_ERROR(write_file_atomic(save_dir + "/latest", step_name(state.step) + "\n"));
-  if (!old_dir.empty()) fs::remove_all(old_dir, ec);
+  failed = s.is_ok() ? 0.0 : 1.0;
+  STRATA_RETURN_IF_ERROR(comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint written"));
+  if (failed > 0) {
+    if (root) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+    if (s.is_ok()) s = io_error("another rank failed to write its part");
+    return s.with_context("saving checkpoint " + final_dir);
+  }
+
+  if (root) {
+    s = fsync_path(tmp_dir);
+    // Swap the finished directory into place. An existing checkpoint of the same step is moved
+    // aside first and removed only after the new one is in place.
+    std::string old_dir;
+    if (s.is_ok() && fs::exists(final_dir)) {
+      old_dir = final_dir + ".old";
+      std::error_code ec;
+      fs::remove_all(old_dir, ec);
+      s = rename_synced(final_dir, old_dir);
+    }
+    if (s.is_ok()) {
+      s = rename_synced(tmp_dir, final_dir);
+      if (!s.is_ok() && !old_dir.empty()) rename_synced(old_dir, final_dir).ignore();
+    }
+    if (s.is_ok()) s = write_file_atomic(save_dir + "/latest", step_name(state.step) + "\n");
+    if (s.is_ok() && !old_dir.empty()) {
+      std::error_code ec;
+      fs::remove_all(old_dir, ec);
+    }
+    if (!s.is_ok()) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+  }
+  failed = s.is_ok() ? 0.0 : 1.0;
+  STRATA_RETURN_IF_ERROR(comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint renamed"));
+  if (failed > 0) {
+    if (s.is_ok()) s = io_error("rank 0 could not move the checkpoint into place");
+    return s.with_context("saving checkpoint " + final_dir);
+  }
   return final_dir;
 }
 
@@ -130,10 +194,17 @@ Result<std::string> resolve_checkpoint(const std::string& dir) {
     }
     ckpt = (fs::path(dir) / name).string();
   }
-  for (const char* f : {"trainer_state.json", "optimizer.safetensors", "model/config.json",
-                        "model/model.safetensors"}) {
+  for (const char* f : {"trainer_state.json", "model/config.json"}) {
     if (!fs::exists(fs::path(ckpt) / f)) {
       return not_found("checkpoint " + ckpt + " is incomplete: " + f + " is missing");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(ckpt));
+  for (int r = 0; r < st.world_size; ++r) {
+    const std::string f = optimizer_shard_name(r, st.world_size);
+    if (!fs::exists(fs::path(ckpt) / f)) {
+      return not_found("checkpoint " + ckpt + " is incomplete: " + f + " is missing (it was saved by " +
+                       std::to_string(st.world_size) + " ranks)");
     }
   }
   return ckpt;
@@ -147,6 +218,7 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   JsonReader r(js, "", &errors);
   std::int64_t version = 0, seed = 0;
   r.read("format_version", &version, 1);
+  r.read("world_size", &st.world_size, 1, 1 << 20);
   r.read("step", &st.step, 0);
   r.read("sequences_consumed", &st.sequences_consumed, 0);
   r.read("seed", &seed, 0);
@@ -169,23 +241,49 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
 }
 
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
-                       zero::OffloadEngine& engine) {
+                       zero::ZeroProvider& provider) {
   STRATA_ASSIGN_OR_RETURN(auto reader, model::HfCheckpointReader::open(checkpoint + "/model"));
   STRATA_RETURN_IF_ERROR(reader.validate(layout));
-  STRATA_RETURN_IF_ERROR(engine.load_master(
+  STRATA_RETURN_IF_ERROR(provider.load_master(
       [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
-  const std::string opt_path = checkpoint + "/optimizer.safetensors";
-  STRATA_ASSIGN_OR_RETURN(auto opt, model::SafetensorsReader::open(opt_path));
-  std::vector<float> m, v;
-  for (const auto& g : layout.groups()) {
-    const auto n = static_cast<std::size_t>(g.num_elems);
-    m.assign(n, 0.0f);
-    v.assign(n, 0.0f);
-    STRATA_RETURN_IF_ERROR(opt.read("exp_avg." + g.name, {g.num_elems}, m.data(), DType::kF32));
-    STRATA_RETURN_IF_ERROR(opt.read("exp_avg_sq." + g.name, {g.num_elems}, v.data(), DType::kF32));
-    STRATA_RETURN_IF_ERROR(engine.write_moments(g.id, m.data(), v.data()));
+
+  // The saved moments are each group's flat vector cut into world_size equal slices, one file
+  // per rank. Read whichever slices overlap the range this rank now owns.
+  STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(checkpoint));
+  std::vector<model::SafetensorsReader> shards;
+  for (int r = 0; r < st.world_size; ++r) {
+    STRATA_ASSIGN_OR_RETURN(auto f, model::SafetensorsReader::open(
+                                        checkpoint + "/" + optimizer_shard_name(r, st.world_size)));
+    shards.push_back(std::move(f));
   }
-  return Status::ok();
+  std::vector<float> m, v;
+  return provider.load_moments([&](int gid, std::int64_t begin, std::int64_t count, float* exp_avg,
+                                   float* exp_avg_sq) -> Status {
+    const std::string name = layout.group(gid).name;
+    const model::SafetensorsEntry* e = shards[0].find("exp_avg." + name);
+    if (e == nullptr || e->shape.size() != 1) {
+      return data_loss(shards[0].path() + " has no 1-D tensor exp_avg." + name);
+    }
+    const std::int64_t slice = e->shape[0];
+    if (slice * st.world_size < begin + count) {
+      return data_loss(checkpoint + ": the saved moments of " + name + " hold " +
+                       std::to_string(slice * st.world_size) + " elements, fewer than the " +
+                       std::to_string(begin + count) + " the model needs");
+    }
+    for (std::int64_t r = begin / slice; r * slice < begin + count; ++r) {
+      m.assign(static_cast<std::size_t>(slice), 0.0f);
+      v.assign(m.size(), 0.0f);
+      const auto& f = shards[static_cast<std::size_t>(r)];
+      STRATA_RETURN_IF_ERROR(f.read("exp_avg." + name, {slice}, m.data(), DType::kF32));
+      STRATA_RETURN_IF_ERROR(f.read("exp_avg_sq." + name, {slice}, v.data(), DType::kF32));
+      const std::int64_t lo = std::max(begin, r * slice), hi = std::min(begin + count, (r + 1) * slice);
+      const auto src = static_cast<std::size_t>(lo - r * slice), dst = static_cast<std::size_t>(lo - begin);
+      const auto n = static_cast<std::size_t>(hi - lo);
+      std::memcpy(exp_avg + dst, m.data() + src, n * sizeof(float));
+      std::memcpy(exp_avg_sq + dst, v.data() + src, n * sizeof(float));
+    }
+    return Status::ok();
+  });
 }
 
 }  // namespace strata::train

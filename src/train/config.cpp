@@ -113,7 +113,10 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   }
   r.read("grad_clip", &c.grad_clip, 0.0);
   r.read("activation_checkpointing", &c.activation_checkpointing);
-  r.read("zero_stage", &c.zero_stage, 0, 3);
+  r.read("zero_stage", &c.zero_stage, 1, 3);
+  r.read("param_persistence_threshold", &c.param_persistence_threshold, 0);
+  r.read_choice("dist_backend", &c.dist_backend, {"auto", "single", "mpi", "nccl"});
+  r.read("dist_timeout_s", &c.dist_timeout_s, 1);
   r.read_choice("offload_optimizer", &c.offload_optimizer, {"none", "cpu", "nvme"});
   r.read_choice("offload_param", &c.offload_param, {"none", "cpu", "nvme"});
   r.read("swap_paths", &c.swap_paths);
@@ -185,6 +188,9 @@ Json TrainConfig::to_json() const {
       {"grad_clip", grad_clip},
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
+      {"param_persistence_threshold", param_persistence_threshold},
+      {"dist_backend", dist_backend},
+      {"dist_timeout_s", dist_timeout_s},
       {"offload_optimizer", offload_optimizer},
       {"offload_param", offload_param},
       {"swap_paths", swap_paths},

@@ -2,6 +2,8 @@
 #include "strata/train/trainer.h"
 
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,9 @@
 #include "strata/train/checkpoint.h"
 #include "strata/train/data.h"
 #include "strata/zero/offload_engine.h"
+#include "strata/zero/partition.h"
+#include "strata/zero/zero_provider.h"
+#include "strata/dist/communicator.h"
 
 namespace strata::train {
 namespace {
@@ -56,7 +61,8 @@ Json StepMetrics::to_json() const {
               {"peak_device_bytes", peak_device_bytes},
               {"peak_host_bytes", peak_host_bytes},
               {"peak_nvme_bytes", peak_nvme_bytes},
-              {"peak_rss_bytes", peak_rss_bytes}};
+              {"peak_rss_bytes", peak_rss_bytes},
+              {"comm_bytes", comm_bytes}};
 }
 
 struct Trainer::Impl {
@@ -66,7 +72,10 @@ struct Trainer::Impl {
   std::unique_ptr<model::ParamLayout> layout;
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
-  std::unique_ptr<zero::OffloadEngine> engine;
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<zero::Partition> partition;
+  std::unique_ptr<zero::OffloadEngine> engine;  // this rank's part
+  std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::shared_ptr<TokenDataset> dataset;
   std::unique_ptr<SequenceSampler> sampler;
@@ -80,7 +89,8 @@ struct Trainer::Impl {
   Status setup();
   Result<StepMetrics> train_step();
   TrainerState state() const {
-    return TrainerState{step, step * config.batch_size, config.seed, config.to_json()};
+    return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
+                        config.to_json()};
   }
 };
 
@@ -112,11 +122,41 @@ Status Trainer::Impl::setup() {
   dopts.compute_threads = config.threads;
   STRATA_ASSIGN_OR_RETURN(device, device::create_device(dopts));
 
+  dist::CommOptions copts;
+  copts.backend = config.dist_backend;
+  copts.timeout = std::chrono::seconds(config.dist_timeout_s);
+  STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
+  const int rank = comm->rank(), world = comm->world_size();
+  if (config.batch_size % (config.micro_batch_size * world) != 0) {
+    return invalid_argument("batch_size " + std::to_string(config.batch_size) +
+                            " must be a multiple of micro_batch_size " +
+                            std::to_string(config.micro_batch_size) + " x " +
+                            std::to_string(world) + " ranks");
+  }
+  if (world > 1) {
+    // Every rank must run the same config; a mismatch would silently desynchronize them.
+    const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(world));
+    STRATA_RETURN_IF_ERROR(comm->all_gather_host(&mine, all.data(), 1, "config hash"));
+    for (int r = 0; r < world; ++r) {
+      if (all[static_cast<std::size_t>(r)] != all[0]) {
+        return invalid_argument("rank " + std::to_string(r) + " runs a different config than rank 0; "
+                                "start every rank with the same config and --set flags");
+      }
+    }
+  }
+  if (rank != 0) {
+    options.progress = nullptr;  // rank 0 alone reports
+    config.metrics_file.clear();
+  }
+  partition = std::make_unique<zero::Partition>(*layout, rank, world,
+                                                config.param_persistence_threshold);
+
   const zero::Offload param = parse_offload(config.offload_param);
   const zero::Offload opt = parse_offload(config.offload_optimizer);
   if (param == zero::Offload::kNvme || opt == zero::Offload::kNvme) {
     io::SwapOptions sopts;
-    for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, 0));
+    for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, rank));
     sopts.engine = config.swap_engine;
     STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(sopts));
   }
@@ -131,7 +171,11 @@ Status Trainer::Impl::setup() {
   eopts.adam.eps = config.optimizer.eps;
   eopts.adam.weight_decay = config.optimizer.weight_decay;
   eopts.host_memory_limit_bytes = config.host_memory_limit;
-  STRATA_ASSIGN_OR_RETURN(engine, zero::OffloadEngine::create(*layout, *device, swap.get(), eopts));
+  STRATA_ASSIGN_OR_RETURN(engine, zero::OffloadEngine::create(partition->local_layout(), *device,
+                                                              swap.get(), eopts));
+  provider = std::make_unique<zero::ZeroProvider>(
+      *layout, *partition, *engine, *comm, *device,
+      zero::ZeroOptions{config.zero_stage, compute_dtype});
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
@@ -142,14 +186,14 @@ Status Trainer::Impl::setup() {
                   "; the data order will differ from the original run");
     }
     STRATA_RETURN_IF_ERROR(
-        load_checkpoint(ckpt, *layout, *engine).with_context("resuming from " + ckpt));
+        load_checkpoint(ckpt, *layout, *provider).with_context("resuming from " + ckpt));
     step = st.step;
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
   } else if (reader) {
-    STRATA_RETURN_IF_ERROR(engine->load_master(
+    STRATA_RETURN_IF_ERROR(provider->load_master(
         [&](const model::ParamGroup& g, float* dst) { return reader->read_group(g, dst); }));
   } else {
-    STRATA_RETURN_IF_ERROR(engine->load_master([&](const model::ParamGroup& g, float* dst) {
+    STRATA_RETURN_IF_ERROR(provider->load_master([&](const model::ParamGroup& g, float* dst) {
       model::init_group(model_config, g, config.seed, dst);
       return Status::ok();
     }));
@@ -189,30 +233,35 @@ Result<StepMetrics> Trainer::Impl::train_step() {
   StepMetrics m;
   m.step = step + 1;
   const zero::EngineStats before = engine->stats();
+  const dist::CommStats comm_before = comm->stats();
   device->reset_peak();
   Stopwatch step_timer;
 
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
-  const std::int64_t accum = config.accumulation_steps();
+  const std::int64_t world = comm->world_size(), rank = comm->rank();
+  const std::int64_t accum = config.batch_size / (mb * world);
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
   std::vector<std::int32_t> targets(inputs.size());
   double loss_sum = 0;
   for (std::int64_t micro = 0; micro < accum; ++micro) {
-    const std::int64_t first = step * config.batch_size + micro * mb;
+    // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
+    // rank count: micro-batch `micro` of rank r takes its own contiguous run of them.
+    const std::int64_t first = step * config.batch_size + (micro * world + rank) * mb;
     for (std::int64_t i = 0; i < mb; ++i) {
       STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
                                                inputs.data() + i * seq, targets.data() + i * seq));
     }
     STRATA_ASSIGN_OR_RETURN(float loss,
-                            model->forward_backward(*engine, inputs.data(), targets.data(), mb, seq,
-                                                    1.0f / static_cast<float>(accum)));
+                            model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
+                                                    1.0f / static_cast<float>(accum * world)));
     STRATA_RETURN_IF_ERROR(engine->finish_micro_batch());
     m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
     loss_sum += loss;
   }
   m.loss = loss_sum / static_cast<double>(accum);
+  if (world > 1) STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kAvg, "loss"));
   m.lr = schedule.lr_at(step);
-  STRATA_ASSIGN_OR_RETURN(m.grad_norm, engine->grad_norm());
+  STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
   if (!std::isfinite(m.grad_norm)) {
     m.skipped = true;
     engine->zero_grads();
@@ -220,7 +269,7 @@ Result<StepMetrics> Trainer::Impl::train_step() {
                 ": gradient norm is not finite; skipping the update");
   } else {
     const auto scale = static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip));
-    STRATA_RETURN_IF_ERROR(engine->step(m.lr, m.step, scale));
+    STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
     m.optimizer_ms = engine->stats().optimizer_ms;
   }
   ++step;
@@ -235,6 +284,10 @@ Result<StepMetrics> Trainer::Impl::train_step() {
   m.peak_device_bytes = device->memory_stats().peak_bytes;
   m.peak_host_bytes = after.host_bytes;
   m.peak_nvme_bytes = after.nvme_bytes;
+  const dist::CommStats& comm_after = comm->stats();
+  m.comm_bytes = (comm_after.all_gather_bytes - comm_before.all_gather_bytes) +
+                 (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
+                 (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);
   if (auto mem = sys::read_process_memory(); mem.is_ok()) m.peak_rss_bytes = mem->peak_rss_bytes;
   return m;
 }
@@ -254,7 +307,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config,
 Result<std::string> Trainer::save() {
   STRATA_ASSIGN_OR_RETURN(impl_->last_checkpoint,
                           save_checkpoint(impl_->config.save_dir, impl_->model_config,
-                                          *impl_->layout, *impl_->engine, impl_->state()));
+                                          *impl_->layout, *impl_->provider, *impl_->comm,
+                                          impl_->state()));
   return impl_->last_checkpoint;
 }
 
@@ -266,21 +320,34 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   std::snprintf(buf, sizeof(buf),
                 "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
                 "(compute %.0f, wait %.0f, optim %.0f) | moved h2d %s d2h %s nvme r %s w %s | "
-                "peak device %s host %s nvme %s rss %s",
+                "peak device %s host %s nvme %s rss %s | comm %s",
                 static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr,
                 m.grad_norm, m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms,
                 m.wait_ms, m.optimizer_ms, format_bytes(m.h2d_bytes).c_str(),
                 format_bytes(m.d2h_bytes).c_str(), format_bytes(m.nvme_read_bytes).c_str(),
                 format_bytes(m.nvme_write_bytes).c_str(), format_bytes(m.peak_device_bytes).c_str(),
                 format_bytes(m.peak_host_bytes).c_str(), format_bytes(m.peak_nvme_bytes).c_str(),
-                format_bytes(m.peak_rss_bytes).c_str());
+                format_bytes(m.peak_rss_bytes).c_str(), format_bytes(m.comm_bytes).c_str());
   return buf;
+}
+}  // namespace
+
+namespace {
+// Fault injection for the multi-rank tests: STRATA_FAULT_KILL_RANK_AT_STEP=R:S makes rank R
+// die (SIGKILL, no cleanup) as step S starts, as a crashed node would.
+void maybe_inject_rank_death(int rank, std::int64_t step) {
+  const char* spec = std::getenv("STRATA_FAULT_KILL_RANK_AT_STEP");
+  if (spec == nullptr) return;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(spec, "%d:%lld", &r, &s) == 2 && r == rank && s == step) std::raise(SIGKILL);
 }
 }  // namespace
 
 Status Trainer::run() {
   Impl& s = *impl_;
   while (s.step < s.config.max_steps) {
+    maybe_inject_rank_death(s.comm->rank(), s.step + 1);
     STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step());
     s.history.push_back(m);
     if (s.options.progress != nullptr &&
@@ -291,7 +358,13 @@ Status Trainer::run() {
       s.metrics << m.to_json().dump() << "\n";
       s.metrics.flush();
     }
-    const bool stop = s.options.stop_requested != nullptr && s.options.stop_requested->load();
+    bool stop = s.options.stop_requested != nullptr && s.options.stop_requested->load();
+    if (s.comm->world_size() > 1) {
+      // A stop seen by any rank stops all of them at the same step, so they save together.
+      double any = stop ? 1.0 : 0.0;
+      STRATA_RETURN_IF_ERROR(s.comm->all_reduce_host(&any, 1, dist::ReduceOp::kSum, "stop request"));
+      stop = any > 0;
+    }
     const bool periodic = s.config.save_every > 0 && s.step % s.config.save_every == 0;
     if (stop || periodic || s.step == s.config.max_steps) {
       STRATA_ASSIGN_OR_RETURN(std::string path, save());
@@ -316,16 +389,20 @@ Status Trainer::run_steps(std::int64_t n) {
 
 const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }
 std::int64_t Trainer::step() const { return impl_->step; }
+bool Trainer::reports() const { return impl_->comm->rank() == 0; }
 
 std::string Trainer::describe() const {
   const Impl& s = *impl_;
   const auto& c = s.model_config;
+  int partitioned = 0;
+  for (const auto& p : s.partition->groups()) partitioned += p.replicated ? 0 : 1;
   char buf[1024];
   std::snprintf(
       buf, sizeof(buf),
       "model: %lld parameters (%lld layers, hidden %lld, heads %lld/%lld kv, vocab %lld)\n"
       "precision %s | device %s (limit %s) | offload_param %s | offload_optimizer %s%s%s\n"
-      "data: %s (%lld tokens, %s) | seq_len %lld | batch %lld = %lld micro-batches of %lld\n",
+      "data: %s (%lld tokens, %s) | seq_len %lld | batch %lld = %lld micro-batches of %lld x %d "
+      "rank(s) | ZeRO stage %d, %d of %d parameter groups partitioned\n",
       static_cast<long long>(s.layout->num_parameters()),
       static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
       static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
@@ -336,8 +413,10 @@ std::string Trainer::describe() const {
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
       s.config.data.format.c_str(), static_cast<long long>(s.config.seq_len),
       static_cast<long long>(s.config.batch_size),
-      static_cast<long long>(s.config.accumulation_steps()),
-      static_cast<long long>(s.config.micro_batch_size));
+      static_cast<long long>(s.config.batch_size /
+                             (s.config.micro_batch_size * s.comm->world_size())),
+      static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
+      partitioned, s.layout->num_groups());
   return buf;
 }
 

@@ -353,18 +353,23 @@ Status OffloadEngine::finish_micro_batch() {
   return device_.last_error();
 }
 
-Result<double> OffloadEngine::grad_norm() {
+Result<double> OffloadEngine::grad_sum_squares(int group) {
   STRATA_RETURN_IF_ERROR(finish_micro_batch());
+  Group& g = *groups_.at(static_cast<std::size_t>(group));
+  if (options_.offload_optimizer == Offload::kNone) {
+    return device_.ops().sum_squares(g.grad_acc_d.data(), g.n, DType::kF32);
+  }
+  const float* acc = g.grad_h.as<float>();
+  double s = 0;
+  for (std::int64_t i = 0; i < g.n; ++i) s += static_cast<double>(acc[i]) * acc[i];
+  return s;
+}
+
+Result<double> OffloadEngine::grad_norm() {
   double sum = 0;
-  for (auto& g : groups_) {
-    if (options_.offload_optimizer == Offload::kNone) {
-      sum += device_.ops().sum_squares(g->grad_acc_d.data(), g->n, DType::kF32);
-    } else {
-      const float* acc = g->grad_h.as<float>();
-      double s = 0;
-      for (std::int64_t i = 0; i < g->n; ++i) s += static_cast<double>(acc[i]) * acc[i];
-      sum += s;
-    }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    STRATA_ASSIGN_OR_RETURN(double s, grad_sum_squares(static_cast<int>(g)));
+    sum += s;
   }
   return std::sqrt(sum);
 }

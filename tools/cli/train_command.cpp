@@ -70,7 +70,7 @@ int run_train(const TrainArgs& a) {
     std::fprintf(stderr, "strata train: %s\n", trainer.status().message().c_str());
     return exit_code_for(trainer.status());
   }
-  std::cout << (*trainer)->describe() << std::flush;
+  if ((*trainer)->reports()) std::cout << (*trainer)->describe() << std::flush;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   const Status s = (*trainer)->run();
@@ -79,7 +79,7 @@ int run_train(const TrainArgs& a) {
     return exit_code_for(s);
   }
   const auto& h = (*trainer)->history();
-  if (!h.empty()) {
+  if (!h.empty() && (*trainer)->reports()) {
     std::printf(
         "done: %zu steps, loss %.4f -> %.4f\nweights: %s/model (a Hugging Face checkpoint: "
         "set it as \"model\" to fine-tune from it)\n",

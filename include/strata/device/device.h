@@ -34,6 +34,9 @@ class Stream {
   virtual StreamKind kind() const = 0;
   // Blocks the calling thread until everything enqueued so far has finished.
   virtual void synchronize() = 0;
+  // The backend's own stream object (a cudaStream_t on CUDA) for libraries such as NCCL that
+  // enqueue work themselves; nullptr on backends without one.
+  virtual void* native_handle() { return nullptr; }
 };
 
 // A point in a stream's order. Copyable handle; default-constructed events are already complete.

@@ -36,6 +36,8 @@ struct ParamGroup {
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config);
+  // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
+  static ParamLayout from_groups(std::vector<ParamGroup> groups);
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const ParamGroup& group(int id) const { return groups_.at(static_cast<std::size_t>(id)); }

@@ -1,6 +1,8 @@
-// Resumable checkpoints: an HF-layout model/ (fp32 master weights), the Adam moments, and the
-// trainer state. Each is written under a temporary name, fsynced and renamed into place, so an
-// earlier checkpoint is never damaged by a failed or interrupted save.
+// Resumable checkpoints: an HF-layout model/ (fp32 master weights, consolidated from every
+// rank's shard one group at a time), each rank's shard of the Adam moments, and the trainer
+// state. Everything is written under a temporary name, fsynced and renamed into place, so an
+// earlier checkpoint is never damaged by a failed or interrupted save. A checkpoint saved with N
+// ranks resumes with any number of ranks.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +10,10 @@
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
+#include "strata/dist/communicator.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/param_layout.h"
-#include "strata/zero/offload_engine.h"
+#include "strata/zero/zero_provider.h"
 
 namespace strata::train {
 
@@ -20,21 +23,26 @@ struct TrainerState {
   std::int64_t step = 0;                // optimizer steps completed
   std::int64_t sequences_consumed = 0;  // position of the data sampler
   std::uint64_t seed = 0;
-  Json config;  // the run's config, for reference
+  int world_size = 1;  // ranks that wrote the optimizer shards
+  Json config;         // the run's config, for reference
 };
 
-// Writes <save_dir>/step-<N> and points <save_dir>/latest at it. Returns the checkpoint path.
+// "optimizer-00001-of-00004.safetensors"
+std::string optimizer_shard_name(int rank, int world);
+
+// Collective: every rank calls it. Writes <save_dir>/step-<N> and points <save_dir>/latest at
+// it. Returns the checkpoint path.
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
-                                    const model::ParamLayout& layout, zero::OffloadEngine& engine,
-                                    const TrainerState& state);
+                                    const model::ParamLayout& layout, zero::ZeroProvider& provider,
+                                    dist::Communicator& comm, const TrainerState& state);
 
 // Resolves DIR (a save_dir with a `latest` file, or one step-N directory) to a checkpoint path
-// and checks its files exist.
+// and checks that its files exist.
 Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<TrainerState> read_trainer_state(const std::string& checkpoint);
-// Loads master weights (from model/) and moments into the engine. The checkpoint's model must
-// match `layout`.
+// Loads master weights (from model/) and this rank's moments (resharded from however many ranks
+// saved them) into the provider. The checkpoint's model must match `layout`.
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
-                       zero::OffloadEngine& engine);
+                       zero::ZeroProvider& provider);
 
 }  // namespace strata::train

@@ -44,6 +44,9 @@ struct TrainConfig {
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   bool activation_checkpointing = false;
   int zero_stage = 3;
+  std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
+  std::string dist_backend = "auto";                   // auto | single | mpi | nccl
+  std::int64_t dist_timeout_s = 300;                   // a collective slower than this ends the run
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme
   std::vector<std::string> swap_paths;

@@ -28,6 +28,7 @@ struct StepMetrics {
   std::uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
   std::uint64_t peak_device_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
   std::uint64_t peak_rss_bytes = 0;  // the process's resident-memory high-water mark
+  std::uint64_t comm_bytes = 0;      // payload of this rank's collectives in the step
   Json to_json() const;
 };
 
@@ -55,6 +56,8 @@ class Trainer {
   // Path of the newest checkpoint this trainer saved; empty if none.
   const std::string& last_checkpoint() const;
   std::int64_t step() const;
+  // True on the rank that prints progress and the final summary (rank 0).
+  bool reports() const;
   // Human-readable summary of the plan (model size, tiers, budgets), printed before training.
   std::string describe() const;
 

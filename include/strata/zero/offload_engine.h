@@ -69,6 +69,8 @@ class OffloadEngine final : public model::ParamProvider {
   Status finish_micro_batch();
   // Global L2 norm of the accumulated fp32 gradients.
   Result<double> grad_norm();
+  // Sum of squares of one group's accumulated fp32 gradient (for norms across ranks).
+  Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients.
   Status step(double lr, std::int64_t step, float grad_scale);

@@ -1,0 +1,104 @@
+// Collective communication between data-parallel ranks: single-rank, MPI (CPU backend) and
+// NCCL (CUDA backend) implementations behind one interface.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+
+namespace strata::device {
+class Device;
+}
+
+namespace strata::dist {
+
+enum class ReduceOp : std::uint8_t { kSum, kAvg };
+
+// Completion of an asynchronous collective. wait() returns the error of a failed or timed-out
+// collective, naming the rank and the operation.
+class CommHandle {
+ public:
+  struct State {
+    virtual ~State() = default;
+    virtual Status wait() = 0;
+  };
+  CommHandle() = default;
+  explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  Status wait() {
+    if (!state_) return Status::ok();
+    Status s = state_->wait();
+    state_.reset();
+    return s;
+  }
+  bool pending() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct CommStats {
+  std::uint64_t bytes_sent = 0;  // payload this rank contributed to collectives
+  std::uint64_t all_gather_bytes = 0;
+  std::uint64_t reduce_scatter_bytes = 0;
+  std::uint64_t all_reduce_bytes = 0;
+  std::uint64_t collectives = 0;
+};
+
+// Buffers are device pointers of the device the communicator was created for; dtypes f32, bf16,
+// f16. Counts are in elements. Collectives are issued in the same order on every rank.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string name() const = 0;
+
+  // recv[r * count + i] = send_of_rank_r[i]. recv holds world_size * count elements.
+  virtual CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
+                                std::string_view what) = 0;
+  // recv[i] = op over ranks of send_of_rank_r[rank * count + i]. send holds world_size * count.
+  virtual CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                                    ReduceOp op, std::string_view what) = 0;
+  // recv[i] = op over ranks of send[i]; recv may equal send.
+  virtual CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                                ReduceOp op, std::string_view what) = 0;
+  virtual CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
+                               std::string_view what) = 0;
+  virtual Status barrier(std::string_view what) = 0;
+
+  // Host-memory helpers for small control data (loss, norms, flags, config hashes).
+  virtual Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) = 0;
+  virtual Status all_gather_host(const std::uint64_t* send, std::uint64_t* recv, int count,
+                                 std::string_view what) = 0;
+  // Host-memory gather of count elements from every rank into root's recv (world * count).
+  virtual Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype,
+                             int root, std::string_view what) = 0;
+
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats stats_;
+};
+
+struct CommOptions {
+  std::string backend = "auto";  // auto: mpi when launched by mpirun, else single; or mpi|nccl|single
+  std::chrono::seconds timeout{300};  // a collective that does not finish in time ends the run
+};
+
+// True when this process was started by mpirun/srun with more than one rank (environment).
+bool launched_with_multiple_ranks();
+
+// Creates the communicator. MPI is initialized on first use and finalized when the last MPI
+// communicator is destroyed. `device` decides which buffers collectives touch.
+Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,
+                                                          device::Device& device);
+
+// The single-rank communicator (no MPI): every collective is a local copy.
+std::unique_ptr<Communicator> make_single_rank_communicator(device::Device& device);
+
+}  // namespace strata::dist

@@ -1,0 +1,48 @@
+// ZeRO partitioning: each flat parameter group is padded and split evenly across ranks; groups
+// smaller than the persistence threshold stay whole on every rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/model/param_layout.h"
+
+namespace strata::zero {
+
+struct GroupPartition {
+  int group = 0;
+  std::int64_t full_elems = 0;    // the group's elements in the full layout
+  std::int64_t padded_elems = 0;  // full_elems rounded up to world * kShardAlignElems
+  std::int64_t shard_elems = 0;   // padded_elems / world
+  std::int64_t shard_offset = 0;  // rank * shard_elems
+  bool replicated = false;        // below param_persistence_threshold: whole on every rank
+  // Elements this rank's engine holds: shard_elems, or full_elems when replicated.
+  std::int64_t local_elems() const { return replicated ? full_elems : shard_elems; }
+};
+
+// Shards start on multiples of this many elements (256 bytes in f32), so SIMD and O_DIRECT
+// paths see aligned data on every rank.
+inline constexpr std::int64_t kShardAlignElems = 64;
+
+class Partition {
+ public:
+  // persistence_threshold: groups with fewer elements stay whole (DeepSpeed's
+  // param_persistence_threshold). world == 1 makes every group "replicated" (no collectives).
+  Partition(const model::ParamLayout& full, int rank, int world, std::int64_t persistence_threshold);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const GroupPartition& group(int id) const { return groups_.at(static_cast<std::size_t>(id)); }
+  const std::vector<GroupPartition>& groups() const { return groups_; }
+  // The layout of what this rank's engine holds: same group ids and names, local sizes.
+  const model::ParamLayout& local_layout() const { return local_; }
+  // Parameter elements (padded) of partitioned groups: the volume each all-gather moves.
+  std::int64_t partitioned_elems() const;
+
+ private:
+  int rank_, world_;
+  std::vector<GroupPartition> groups_;
+  model::ParamLayout local_;
+};
+
+}  // namespace strata::zero

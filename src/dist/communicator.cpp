@@ -1,0 +1,45 @@
+// Communicator factory: picks MPI when launched by mpirun, else the single-rank communicator.
+#include <cstdlib>
+
+#include "src/dist/mpi_communicator.h"
+#include "strata/build_config.h"
+#include "strata/device/device.h"
+#include "strata/dist/communicator.h"
+
+namespace strata::dist {
+
+bool launched_with_multiple_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && std::atoi(v) > 1) return true;
+  }
+  return false;
+}
+
+Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,
+                                                          device::Device& device) {
+  std::string backend = options.backend;
+  if (backend == "auto") backend = launched_with_multiple_ranks() ? "mpi" : "single";
+  if (backend == "single") {
+    if (launched_with_multiple_ranks()) {
+      return invalid_argument("dist_backend \"single\" but this process was launched with several "
+                              "ranks; use \"auto\" or \"mpi\"");
+    }
+    return make_single_rank_communicator(device);
+  }
+  if (backend == "mpi") {
+#if STRATA_HAVE_MPI
+    return make_mpi_communicator(options, device);
+#else
+    return unavailable("dist_backend \"mpi\" requested, but this build has no MPI (install "
+                       "libopenmpi-dev and rebuild)");
+#endif
+  }
+  if (backend == "nccl") {
+    return unavailable("dist_backend \"nccl\" needs the CUDA device backend, which this build "
+                       "cannot run; use \"mpi\" with device \"cpu\"");
+  }
+  return invalid_argument("unknown dist_backend '" + backend + "'; expected auto, single, mpi or nccl");
+}
+
+}  // namespace strata::dist

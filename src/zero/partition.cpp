@@ -1,0 +1,36 @@
+// Partition: padding and shard offsets per group.
+#include "strata/zero/partition.h"
+
+namespace strata::zero {
+
+Partition::Partition(const model::ParamLayout& full, int rank, int world,
+                     std::int64_t persistence_threshold)
+    : rank_(rank), world_(world) {
+  std::vector<model::ParamGroup> local_groups;
+  for (const auto& g : full.groups()) {
+    GroupPartition p;
+    p.group = g.id;
+    p.full_elems = g.num_elems;
+    const std::int64_t unit = static_cast<std::int64_t>(world) * kShardAlignElems;
+    p.padded_elems = (g.num_elems + unit - 1) / unit * unit;
+    p.shard_elems = p.padded_elems / world;
+    p.shard_offset = static_cast<std::int64_t>(rank) * p.shard_elems;
+    p.replicated = world == 1 || g.num_elems < persistence_threshold;
+    groups_.push_back(p);
+    model::ParamGroup lg;
+    lg.name = g.name;
+    lg.num_elems = p.local_elems();
+    local_groups.push_back(std::move(lg));
+  }
+  local_ = model::ParamLayout::from_groups(std::move(local_groups));
+}
+
+std::int64_t Partition::partitioned_elems() const {
+  std::int64_t n = 0;
+  for (const auto& g : groups_) {
+    if (!g.replicated) n += g.padded_elems;
+  }
+  return n;
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,169 @@
+// Every collective against a serial reference, for whatever world size mpirun starts (ctest runs
+// this with 1, 2, 3 and 4 ranks), including counts that are not multiples of anything.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "strata/core/rng.h"
+#include "strata/device/device.h"
+#include "strata/dist/communicator.h"
+
+namespace strata::dist {
+namespace {
+
+// The value rank r contributes at index i: known to every rank, so each can check the result.
+float value(int r, std::int64_t i) {
+  Rng rng(static_cast<std::uint64_t>(r) * 1000003u + static_cast<std::uint64_t>(i));
+  return static_cast<float>(rng.normal());
+}
+
+struct Env {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<Communicator> comm;
+};
+
+Env& env() {
+  static Env e = [] {
+    Env x;
+    x.device = std::move(*device::create_device(device::DeviceOptions{}));
+    CommOptions o;
+    o.backend = launched_with_multiple_ranks() ? "mpi" : "single";
+    o.timeout = std::chrono::seconds(60);
+    auto c = create_communicator(o, *x.device);
+    EXPECT_TRUE(c.is_ok()) << c.status().message();
+    x.comm = std::move(*c);
+    return x;
+  }();
+  return e;
+}
+
+std::vector<std::uint16_t> to_half(const std::vector<float>& v, DType d) {
+  std::vector<std::uint16_t> out(v.size());
+  convert(v.data(), DType::kF32, out.data(), d, v.size());
+  return out;
+}
+
+class CommTest : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(CommTest, AllGather) {
+  Communicator& c = *env().comm;
+  const std::int64_t n = GetParam();
+  const int w = c.world_size();
+  std::vector<float> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n * w), NAN);
+  for (std::int64_t i = 0; i < n; ++i) send[static_cast<std::size_t>(i)] = value(c.rank(), i);
+  ASSERT_TRUE(c.all_gather(send.data(), recv.data(), n, DType::kF32, "test").wait().is_ok());
+  for (int r = 0; r < w; ++r)
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(recv[static_cast<std::size_t>(r * n + i)], value(r, i));
+}
+
+TEST_P(CommTest, ReduceScatterSumAndAvg) {
+  Communicator& c = *env().comm;
+  const std::int64_t n = GetParam();
+  const int w = c.world_size();
+  std::vector<float> send(static_cast<std::size_t>(n * w));
+  for (std::int64_t i = 0; i < n * w; ++i) send[static_cast<std::size_t>(i)] = value(c.rank(), i);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    std::vector<float> recv(static_cast<std::size_t>(n), NAN);
+    ASSERT_TRUE(c.reduce_scatter(send.data(), recv.data(), n, DType::kF32, op, "test").wait().is_ok());
+    for (std::int64_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int r = 0; r < w; ++r) want += value(r, c.rank() * n + i);
+      if (op == ReduceOp::kAvg) want /= w;
+      ASSERT_NEAR(recv[static_cast<std::size_t>(i)], want, 1e-5 * (1 + std::abs(want)));
+    }
+  }
+}
+
+TEST_P(CommTest, AllReduceInPlaceAndOutOfPlace) {
+  Communicator& c = *env().comm;
+  const std::int64_t n = GetParam();
+  const int w = c.world_size();
+  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n), NAN);
+  for (std::int64_t i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = value(c.rank(), i);
+  ASSERT_TRUE(c.all_reduce(a.data(), b.data(), n, DType::kF32, ReduceOp::kSum, "test").wait().is_ok());
+  ASSERT_TRUE(c.all_reduce(a.data(), a.data(), n, DType::kF32, ReduceOp::kAvg, "test").wait().is_ok());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double want = 0;
+    for (int r = 0; r < w; ++r) want += value(r, i);
+    ASSERT_NEAR(b[static_cast<std::size_t>(i)], want, 1e-5 * (1 + std::abs(want)));
+    ASSERT_NEAR(a[static_cast<std::size_t>(i)], want / w, 1e-5 * (1 + std::abs(want)));
+  }
+}
+
+TEST_P(CommTest, HalfPrecisionReductionsRoundOnce) {
+  Communicator& c = *env().comm;
+  const std::int64_t n = GetParam();
+  const int w = c.world_size();
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    std::vector<float> mine(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = value(c.rank(), i);
+    auto buf = to_half(mine, d);
+    ASSERT_TRUE(c.all_reduce(buf.data(), buf.data(), n, d, ReduceOp::kSum, "test").wait().is_ok());
+    for (std::int64_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int r = 0; r < w; ++r) want += load_as_f32(to_half({value(r, i)}, d).data(), d, 0);
+      const double got = load_as_f32(buf.data(), d, static_cast<std::size_t>(i));
+      // Each pairwise sum rounds to the half type: allow a few of its ulps.
+      const double ulp = d == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
+      ASSERT_NEAR(got, want, w * ulp * (1 + std::abs(want))) << dtype_name(d) << " i=" << i;
+    }
+  }
+}
+
+TEST_P(CommTest, BroadcastAndGatherHost) {
+  Communicator& c = *env().comm;
+  const std::int64_t n = GetParam();
+  const int w = c.world_size();
+  const int root = w - 1;
+  std::vector<float> buf(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) buf[static_cast<std::size_t>(i)] = value(c.rank(), i);
+  ASSERT_TRUE(c.broadcast(buf.data(), n, DType::kF32, root, "test").wait().is_ok());
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(buf[static_cast<std::size_t>(i)], value(root, i));
+  std::vector<float> mine(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * w), NAN);
+  for (std::int64_t i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = value(c.rank(), i);
+  ASSERT_TRUE(c.gather_host(mine.data(), all.data(), n, DType::kF32, 0, "test").is_ok());
+  if (c.rank() == 0) {
+    for (int r = 0; r < w; ++r)
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(all[static_cast<std::size_t>(r * n + i)], value(r, i));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, CommTest, ::testing::Values(1, 7, 1000, 65537));
+
+TEST(CommHost, ReductionsAndGathers) {
+  Communicator& c = *env().comm;
+  double v[2] = {static_cast<double>(c.rank()), 1.0};
+  ASSERT_TRUE(c.all_reduce_host(v, 2, ReduceOp::kSum, "test").is_ok());
+  const int w = c.world_size();
+  EXPECT_EQ(v[0], w * (w - 1) / 2.0);
+  EXPECT_EQ(v[1], w);
+  const std::uint64_t mine = 100 + static_cast<std::uint64_t>(c.rank());
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(w));
+  ASSERT_TRUE(c.all_gather_host(&mine, all.data(), 1, "test").is_ok());
+  for (int r = 0; r < w; ++r) EXPECT_EQ(all[static_cast<std::size_t>(r)], 100u + static_cast<std::uint64_t>(r));
+  EXPECT_TRUE(c.barrier("test").is_ok());
+  // Volume accounting: an all-gather of n floats moves world * n * 4 bytes into every rank.
+  const std::uint64_t before = c.stats().all_gather_bytes;
+  std::vector<float> send(10, 1.0f), recv(static_cast<std::size_t>(10 * w));
+  ASSERT_TRUE(c.all_gather(send.data(), recv.data(), 10, DType::kF32, "test").wait().is_ok());
+  EXPECT_EQ(c.stats().all_gather_bytes - before, static_cast<std::uint64_t>(10 * 4 * (w == 1 ? 1 : w)));
+}
+
+}  // namespace
+}  // namespace strata::dist
+
+// Rank 0 reports; the others stay quiet unless something fails.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  strata::dist::env();
+  if (strata::dist::env().comm->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  // A failure on any rank fails every rank, so mpirun's exit code reflects it.
+  double failed = rc != 0 ? 1.0 : 0.0;
+  (void)strata::dist::env().comm->all_reduce_host(&failed, 1, strata::dist::ReduceOp::kSum, "result");
+  return failed > 0 ? 1 : 0;
+}
