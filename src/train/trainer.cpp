@@ -175,7 +175,7 @@ Status Trainer::Impl::setup() {
                                                               swap.get(), eopts));
   provider = std::make_unique<zero::ZeroProvider>(
       *layout, *partition, *engine, *comm, *device,
-      zero::ZeroOptions{config.zero_stage, compute_dtype});
+      zero::ZeroOptions{config.zero_stage, compute_dtype, param != zero::Offload::kNvme});
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
@@ -254,7 +254,7 @@ Result<StepMetrics> Trainer::Impl::train_step() {
     STRATA_ASSIGN_OR_RETURN(float loss,
                             model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
                                                     1.0f / static_cast<float>(accum * world)));
-    STRATA_RETURN_IF_ERROR(engine->finish_micro_batch());
+    STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
     m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
     loss_sum += loss;
   }

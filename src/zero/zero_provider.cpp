@@ -15,6 +15,8 @@ ZeroProvider::ZeroProvider(const model::ParamLayout& full, const Partition& part
   param_refs_.assign(static_cast<std::size_t>(full.num_groups()), 0);
   full_grads_.resize(static_cast<std::size_t>(full.num_groups()));
   engine_grads_.assign(static_cast<std::size_t>(full.num_groups()), nullptr);
+  gathers_.resize(static_cast<std::size_t>(full.num_groups()));
+  gathering_.assign(static_cast<std::size_t>(full.num_groups()), false);
 }
 
 ZeroProvider::~ZeroProvider() = default;
@@ -51,34 +53,43 @@ Status ZeroProvider::refresh_replicated_params() {
   return Status::ok();
 }
 
+Status ZeroProvider::start_gather(int group) {
+  const GroupPartition& p = partition_.group(group);
+  const auto gi = static_cast<std::size_t>(group);
+  STRATA_ASSIGN_OR_RETURN(full_params_[gi],
+                          device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
+                                           "gathered parameters of " + full_.group(group).name));
+  auto shard = engine_.acquire_params(group);
+  if (!shard.is_ok()) {
+    full_params_[gi].reset();
+    return shard.status();
+  }
+  gathers_[gi] = comm_.all_gather(*shard, full_params_[gi].data(), p.shard_elems,
+                                  options_.compute_dtype, "parameters of " + full_.group(group).name);
+  gathering_[gi] = true;
+  return Status::ok();
+}
+
+Status ZeroProvider::finish_gather(int group) {
+  const auto gi = static_cast<std::size_t>(group);
+  Status s = gathers_[gi].wait();
+  gathering_[gi] = false;
+  engine_.release_params(group);  // the shard is no longer needed once gathered
+  if (!s.is_ok()) full_params_[gi].reset();
+  return s;
+}
+
 Result<const void*> ZeroProvider::acquire_params(int group) {
   if (!partitioned(group)) return engine_.acquire_params(group);
   const auto gi = static_cast<std::size_t>(group);
   if (options_.stage < 3) return static_cast<const void*>(full_params_[gi].data());
-  if (param_refs_[gi]++ > 0) return static_cast<const void*>(full_params_[gi].data());
-  const GroupPartition& p = partition_.group(group);
-  auto full = device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                               "gathered parameters of " + full_.group(group).name);
-  if (!full.is_ok()) {
-    --param_refs_[gi];
-    return full.status();
+  if (param_refs_[gi] > 0) {
+    ++param_refs_[gi];
+    return static_cast<const void*>(full_params_[gi].data());
   }
-  full_params_[gi] = std::move(*full);
-  auto shard = engine_.acquire_params(group);
-  if (!shard.is_ok()) {
-    --param_refs_[gi];
-    full_params_[gi].reset();
-    return shard.status();
-  }
-  Status s = comm_.all_gather(*shard, full_params_[gi].data(), p.shard_elems,
-                              options_.compute_dtype, "parameters of " + full_.group(group).name)
-                 .wait();
-  engine_.release_params(group);
-  if (!s.is_ok()) {
-    --param_refs_[gi];
-    full_params_[gi].reset();
-    return s;
-  }
+  if (!gathering_[gi]) STRATA_RETURN_IF_ERROR(start_gather(group));
+  STRATA_RETURN_IF_ERROR(finish_gather(group));
+  ++param_refs_[gi];
   return static_cast<const void*>(full_params_[gi].data());
 }
 
@@ -91,8 +102,21 @@ void ZeroProvider::release_params(int group) {
 }
 
 void ZeroProvider::prefetch_params(int group) {
-  // Stage 3 fetches this rank's shard early; the gather itself runs at acquire.
-  if (!partitioned(group) || options_.stage >= 3) engine_.prefetch_params(group);
+  if (!partitioned(group) || options_.stage < 3) {
+    if (!partitioned(group)) engine_.prefetch_params(group);
+    return;
+  }
+  const auto gi = static_cast<std::size_t>(group);
+  if (param_refs_[gi] > 0 || gathering_[gi]) return;
+  if (!options_.gather_ahead) {
+    engine_.prefetch_params(group);  // start the shard's slow fetch; gather at acquire
+    return;
+  }
+  // Start the all-gather now so it runs while the current layer computes. A prefetch is only a
+  // hint: without room on the device, acquire gathers on demand. Every rank has the same budget
+  // and allocation pattern, so all ranks make the same choice and issue collectives in the
+  // same order, as MPI and NCCL require.
+  if (!start_gather(group).is_ok()) full_params_[gi].reset();
 }
 
 Result<void*> ZeroProvider::acquire_grads(int group) {
@@ -113,36 +137,54 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
 
 Status ZeroProvider::release_grads(int group) {
   const std::string what = "gradient of " + full_.group(group).name;
+  PendingReduce pending;
+  pending.group = group;
   if (!partitioned(group)) {
-    if (comm_.world_size() > 1) {
-      void* buf = engine_grads_[static_cast<std::size_t>(group)];
-      STRATA_RETURN_IF_ERROR(comm_.all_reduce(buf, buf, partition_.group(group).full_elems,
-                                              options_.compute_dtype, dist::ReduceOp::kSum, what)
-                                 .wait());
-    }
-    return engine_.release_grads(group);
-  }
-  const GroupPartition& p = partition_.group(group);
-  auto& full = full_grads_[static_cast<std::size_t>(group)];
-  STRATA_ASSIGN_OR_RETURN(void* shard, engine_.acquire_grads(group));
-  if (options_.stage == 1) {
-    // Stage 1 keeps full gradients on every rank: all-reduce, then keep this rank's slice.
-    STRATA_RETURN_IF_ERROR(comm_.all_reduce(full.data(), full.data(), p.padded_elems,
-                                            options_.compute_dtype, dist::ReduceOp::kSum, what)
-                               .wait());
-    const auto* slice = static_cast<const std::byte*>(full.data()) +
-                        static_cast<std::size_t>(p.shard_offset) * dsize_;
-    device_.ops().add(shard, slice, shard, p.shard_elems, options_.compute_dtype);
+    if (comm_.world_size() == 1) return engine_.release_grads(group);
+    void* buf = engine_grads_[static_cast<std::size_t>(group)];
+    pending.handle = comm_.all_reduce(buf, buf, partition_.group(group).full_elems,
+                                      options_.compute_dtype, dist::ReduceOp::kSum, what);
   } else {
-    STRATA_RETURN_IF_ERROR(comm_.reduce_scatter(full.data(), shard, p.shard_elems,
-                                                options_.compute_dtype, dist::ReduceOp::kSum, what)
-                               .wait());
+    const GroupPartition& p = partition_.group(group);
+    pending.full = std::move(full_grads_[static_cast<std::size_t>(group)]);
+    STRATA_ASSIGN_OR_RETURN(void* shard, engine_.acquire_grads(group));
+    if (options_.stage == 1) {
+      // Stage 1 keeps full gradients on every rank: all-reduce, then keep this rank's slice.
+      pending.handle = comm_.all_reduce(pending.full.data(), pending.full.data(), p.padded_elems,
+                                        options_.compute_dtype, dist::ReduceOp::kSum, what);
+      pending.slice_into = shard;
+    } else {
+      pending.handle = comm_.reduce_scatter(pending.full.data(), shard, p.shard_elems,
+                                            options_.compute_dtype, dist::ReduceOp::kSum, what);
+    }
   }
-  full.reset();
-  return engine_.release_grads(group);
+  // The reduction runs while the previous layer's backward computes; keep one in flight.
+  pending_reduces_.push_back(std::move(pending));
+  while (pending_reduces_.size() > 1) STRATA_RETURN_IF_ERROR(finish_one_reduce());
+  return Status::ok();
+}
+
+Status ZeroProvider::finish_one_reduce() {
+  PendingReduce p = std::move(pending_reduces_.front());
+  pending_reduces_.pop_front();
+  STRATA_RETURN_IF_ERROR(p.handle.wait());
+  if (p.slice_into != nullptr) {
+    const GroupPartition& gp = partition_.group(p.group);
+    const auto* slice = static_cast<const std::byte*>(p.full.data()) +
+                        static_cast<std::size_t>(gp.shard_offset) * dsize_;
+    device_.ops().add(p.slice_into, slice, p.slice_into, gp.shard_elems, options_.compute_dtype);
+  }
+  p.full.reset();
+  return engine_.release_grads(p.group);
+}
+
+Status ZeroProvider::finish_micro_batch() {
+  while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
+  return engine_.finish_micro_batch();
 }
 
 Result<double> ZeroProvider::grad_norm() {
+  STRATA_RETURN_IF_ERROR(finish_micro_batch());
   double sum = 0;
   for (const auto& p : partition_.groups()) {
     STRATA_ASSIGN_OR_RETURN(double s, engine_.grad_sum_squares(p.group));

@@ -3,6 +3,7 @@
 // keeps only its shard, and combines norms and checkpoints across ranks.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -19,6 +20,9 @@ namespace strata::zero {
 struct ZeroOptions {
   int stage = 3;  // 1: optimizer states partitioned; 2: + gradients; 3: + parameters
   DType compute_dtype = DType::kF32;
+  // Stage 3: start a group's all-gather when the model announces it (prefetch), so it overlaps
+  // the current layer. Off when shards come from NVMe: there the prefetch starts the read instead.
+  bool gather_ahead = true;
 };
 
 class ZeroProvider final : public model::ParamProvider {
@@ -36,6 +40,9 @@ class ZeroProvider final : public model::ParamProvider {
   void prefetch_params(int group) override;
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
+  // Waits for reductions still in flight and the engine's gradient transfers; call after each
+  // micro-batch's backward.
+  Status finish_micro_batch();
 
   // Global gradient norm over all ranks (replicated groups counted once).
   Result<double> grad_norm();
@@ -58,6 +65,15 @@ class ZeroProvider final : public model::ParamProvider {
 
  private:
   Status refresh_replicated_params();  // stages 1-2: full parameters resident on every rank
+  Status start_gather(int group);
+  Status finish_gather(int group);
+  Status finish_one_reduce();
+  struct PendingReduce {
+    int group = 0;
+    dist::CommHandle handle;
+    device::DeviceBuffer full;    // full-size gradient, alive until the collective is done
+    void* slice_into = nullptr;   // stage 1: the engine shard that receives this rank's slice
+  };
   bool partitioned(int group) const { return !partition_.group(group).replicated; }
 
   const model::ParamLayout& full_;
@@ -71,6 +87,9 @@ class ZeroProvider final : public model::ParamProvider {
   std::vector<int> param_refs_;
   std::vector<device::DeviceBuffer> full_grads_;   // full-size gradients while being produced
   std::vector<void*> engine_grads_;                // replicated groups: the engine's buffer
+  std::vector<dist::CommHandle> gathers_;          // stage 3: all-gathers in flight
+  std::vector<bool> gathering_;
+  std::deque<PendingReduce> pending_reduces_;
 };
 
 }  // namespace strata::zero
