@@ -2,6 +2,7 @@
 #include <cstdlib>
 
 #include "src/dist/mpi_communicator.h"
+#include "src/dist/nccl_communicator.h"
 #include "strata/build_config.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
@@ -19,7 +20,13 @@ bool launched_with_multiple_ranks() {
 Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,
                                                           device::Device& device) {
   std::string backend = options.backend;
-  if (backend == "auto") backend = launched_with_multiple_ranks() ? "mpi" : "single";
+  if (backend == "auto") {
+    if (!launched_with_multiple_ranks()) {
+      backend = "single";
+    } else {
+      backend = device.host_addressable() ? "mpi" : "nccl";
+    }
+  }
   if (backend == "single") {
     if (launched_with_multiple_ranks()) {
       return invalid_argument("dist_backend \"single\" but this process was launched with several "
@@ -36,8 +43,12 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
 #endif
   }
   if (backend == "nccl") {
-    return unavailable("dist_backend \"nccl\" needs the CUDA device backend, which this build "
-                       "cannot run; use \"mpi\" with device \"cpu\"");
+#if STRATA_HAVE_CUDA && STRATA_HAVE_MPI
+    return make_nccl_communicator(options, device);
+#else
+    return unavailable("dist_backend \"nccl\" needs a build with CUDA and MPI; use \"mpi\" with "
+                       "device \"cpu\"");
+#endif
   }
   return invalid_argument("unknown dist_backend '" + backend + "'; expected auto, single, mpi or nccl");
 }

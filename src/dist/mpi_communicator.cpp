@@ -255,6 +255,11 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator(const CommOptions& o
     return unavailable("the MPI communicator needs host-addressable buffers (device \"cpu\"); on "
                        "GPUs use dist_backend \"nccl\"");
   }
+  return make_mpi_host_communicator(options, device);
+}
+
+Result<std::unique_ptr<Communicator>> make_mpi_host_communicator(const CommOptions& options,
+                                                                 device::Device& device) {
   MpiRuntime& rt = runtime();
   std::lock_guard lock(rt.mu);
   int initialized = 0;

@@ -197,6 +197,15 @@ TEST(TrainTest, TokenIdOutOfVocabularyNamesTheFile) {
   EXPECT_NE(s.message().find("300"), std::string::npos) << s.message();
 }
 
+TEST(TrainTest, NcclOnTheCpuBackendIsAClearError) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["dist_backend"] = "nccl";
+  auto t = make_trainer(j);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("nccl"), std::string::npos) << t.status().message();
+}
+
 TEST(TrainTest, MissingSwapDirectoryNamesIt) {
   TempDir dir;
   Json j = tiny_config(dir);

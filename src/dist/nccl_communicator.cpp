@@ -1,0 +1,196 @@
+// NCCL communicator for the CUDA backend: device collectives on the compute stream, bootstrapped
+// and backed for host-side control data by MPI. Built when both CUDA and MPI are found.
+#include "strata/build_config.h"
+
+#if STRATA_HAVE_CUDA && STRATA_HAVE_MPI
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "src/dist/mpi_communicator.h"
+#include "src/dist/nccl_communicator.h"
+#include "strata/device/device.h"
+
+namespace strata::dist {
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF16: return ncclFloat16;
+    case DType::kI32: return ncclInt32;
+    case DType::kU8: return ncclUint8;
+    default: return ncclFloat32;
+  }
+}
+
+// Completion of a collective enqueued on a CUDA stream: an event polled against a deadline.
+class NcclHandleState final : public CommHandle::State {
+ public:
+  NcclHandleState(cudaEvent_t event, ncclComm_t comm, std::string what, int rank,
+                  std::chrono::steady_clock::time_point deadline)
+      : event_(event), comm_(comm), what_(std::move(what)), rank_(rank), deadline_(deadline) {}
+  ~NcclHandleState() override { cudaEventDestroy(event_); }
+  Status wait() override {
+    auto sleep = std::chrono::microseconds(0);
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(event_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        return internal_error("rank " + std::to_string(rank_) + ": " + what_ +
+                              " failed: " + cudaGetErrorString(q));
+      }
+      ncclResult_t async_err = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async_err);
+      if (async_err != ncclSuccess) {
+        return internal_error("rank " + std::to_string(rank_) + ": " + what_ +
+                              " failed: " + ncclGetErrorString(async_err));
+      }
+      if (std::chrono::steady_clock::now() > deadline_) {
+        ncclCommAbort(comm_);  // unblocks the stream so the process can exit
+        return unavailable("rank " + std::to_string(rank_) + ": " + what_ +
+                           " did not complete in time; a peer rank may have died or be stuck");
+      }
+      if (sleep < std::chrono::microseconds(500)) sleep += std::chrono::microseconds(10);
+      std::this_thread::sleep_for(sleep);
+    }
+    return Status::ok();
+  }
+
+ private:
+  cudaEvent_t event_;
+  ncclComm_t comm_;
+  std::string what_;
+  int rank_;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, void* stream,
+                   std::chrono::seconds timeout)
+      : host_(std::move(host)), comm_(comm), stream_(static_cast<cudaStream_t>(stream)),
+        timeout_(timeout) {}
+  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+
+  int rank() const override { return host_->rank(); }
+  int world_size() const override { return host_->world_size(); }
+  std::string name() const override { return "nccl"; }
+
+  CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
+                        std::string_view what) override {
+    count_bytes(&CommStats::all_gather_bytes, count * world_size(), dtype);
+    return finish(ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_type(dtype), comm_,
+                                stream_),
+                  "all_gather", what);
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                            ReduceOp op, std::string_view what) override {
+    count_bytes(&CommStats::reduce_scatter_bytes, count * world_size(), dtype);
+    return finish(ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
+                                    op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
+                  "reduce_scatter", what);
+  }
+  CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                        ReduceOp op, std::string_view what) override {
+    count_bytes(&CommStats::all_reduce_bytes, count, dtype);
+    return finish(ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
+                                op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
+                  "all_reduce", what);
+  }
+  CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
+                       std::string_view what) override {
+    ++stats_.collectives;
+    return finish(ncclBroadcast(buffer, buffer, static_cast<std::size_t>(count), nccl_type(dtype),
+                                root, comm_, stream_),
+                  "broadcast", what);
+  }
+  Status barrier(std::string_view what) override { return host_->barrier(what); }
+  Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
+    return host_->all_reduce_host(values, count, op, what);
+  }
+  Status all_gather_host(const std::uint64_t* send, std::uint64_t* recv, int count,
+                         std::string_view what) override {
+    return host_->all_gather_host(send, recv, count, what);
+  }
+  Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype, int root,
+                     std::string_view what) override {
+    return host_->gather_host(send, recv, count, dtype, root, what);
+  }
+
+ private:
+  void count_bytes(std::uint64_t CommStats::*field, std::int64_t elems, DType dtype) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(elems) * dtype_size(dtype);
+    stats_.*field += bytes;
+    stats_.bytes_sent += bytes / static_cast<std::uint64_t>(world_size());
+    ++stats_.collectives;
+  }
+  CommHandle finish(ncclResult_t rc, const char* op, std::string_view what) {
+    const std::string label = std::string(op) + " '" + std::string(what) + "'";
+    struct Failed final : CommHandle::State {
+      Status s;
+      Status wait() override { return s; }
+    };
+    auto fail = [&](const std::string& why) {
+      auto f = std::make_shared<Failed>();
+      f->s = internal_error("rank " + std::to_string(rank()) + ": " + label + " failed: " + why);
+      return CommHandle(f);
+    };
+    if (rc != ncclSuccess) return fail(ncclGetErrorString(rc));
+    cudaEvent_t ev;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate");
+    if (cudaEventRecord(ev, stream_) != cudaSuccess) {
+      cudaEventDestroy(ev);
+      return fail("cudaEventRecord");
+    }
+    return CommHandle(std::make_shared<NcclHandleState>(ev, comm_, label, rank(),
+                                                        std::chrono::steady_clock::now() + timeout_));
+  }
+
+  std::unique_ptr<Communicator> host_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  std::chrono::seconds timeout_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& options,
+                                                             device::Device& device) {
+  if (device.host_addressable()) {
+    return invalid_argument("dist_backend \"nccl\" needs device \"cuda\"; use \"mpi\" on the CPU backend");
+  }
+  void* stream = device.stream(device::StreamKind::kCompute).native_handle();
+  if (stream == nullptr) return unavailable("the device has no native CUDA stream for NCCL");
+  STRATA_ASSIGN_OR_RETURN(auto host, make_mpi_host_communicator(options, device));
+  // Rank 0 creates the NCCL id; MPI carries it to everyone.
+  ncclUniqueId id{};
+  if (host->rank() == 0) {
+    const ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) return unavailable(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
+  }
+  static_assert(sizeof(id) % sizeof(std::uint64_t) == 0);
+  constexpr int kWords = sizeof(id) / sizeof(std::uint64_t);
+  std::uint64_t words[kWords];
+  std::memcpy(words, &id, sizeof(id));
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(kWords * host->world_size()));
+  STRATA_RETURN_IF_ERROR(host->all_gather_host(words, all.data(), kWords, "NCCL unique id"));
+  std::memcpy(&id, all.data(), sizeof(id));  // rank 0's id
+  ncclComm_t comm;
+  const ncclResult_t rc = ncclCommInitRank(&comm, host->world_size(), id, host->rank());
+  if (rc != ncclSuccess) {
+    return unavailable("rank " + std::to_string(host->rank()) + ": ncclCommInitRank failed: " +
+                       ncclGetErrorString(rc));
+  }
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclCommunicator>(std::move(host), comm, stream, options.timeout));
+}
+
+}  // namespace strata::dist
+
+#endif  // STRATA_HAVE_CUDA && STRATA_HAVE_MPI
