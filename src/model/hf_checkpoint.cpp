@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "strata/core/json.h"
+#include "strata/tensor/tensor.h"
 
 namespace strata::model {
 namespace {
@@ -20,15 +21,6 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 std::string join(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
-}
-
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -121,8 +113,8 @@ Status HfCheckpointReader::validate(const ParamLayout& layout) const {
       expected.insert(t.name);
       auto it = tensor_file_.find(t.name);
       if (it == tensor_file_.end()) {
-        errors.push_back("missing tensor '" + t.name + "' (expected shape " + shape_str(t.shape) +
-                         ")");
+        errors.push_back("missing tensor '" + t.name + "' (expected shape " +
+                         shape_string(t.shape) + ")");
         continue;
       }
       const SafetensorsReader& file = *files_[it->second];
@@ -130,7 +122,7 @@ Status HfCheckpointReader::validate(const ParamLayout& layout) const {
       STRATA_CHECK(e != nullptr, "tensor indexed but absent from its file", t.name, file.path());
       if (e->shape != t.shape) {
         errors.push_back("tensor '" + t.name + "' in " + file.path() + " has shape " +
-                         shape_str(e->shape) + ", expected " + shape_str(t.shape));
+                         shape_string(e->shape) + ", expected " + shape_string(t.shape));
       }
       if (e->dtype != DType::kF32 && e->dtype != DType::kBF16 && e->dtype != DType::kF16) {
         errors.push_back("tensor '" + t.name + "' in " + file.path() + " has dtype " +

@@ -16,6 +16,8 @@
 #include "strata/core/aligned.h"
 #include "strata/core/file.h"
 #include "strata/core/json.h"
+#include "strata/core/unique_fd.h"
+#include "strata/tensor/tensor.h"
 
 namespace strata::model {
 namespace {
@@ -27,29 +29,6 @@ constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::size_t kConvertChunkBytes = 4u << 20;
 // At most this many header problems are listed in one error.
 constexpr std::size_t kMaxReportedErrors = 20;
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
@@ -145,14 +124,14 @@ void parse_entry(const std::string& name, const Json& info, std::uint64_t data_b
   }
   std::uint64_t expected_bytes = 0;
   if (numel_overflow || __builtin_mul_overflow(numel, dtype_size(e.dtype), &expected_bytes)) {
-    errors->push_back(where + ": shape " + shape_str(e.shape) + " is too large");
+    errors->push_back(where + ": shape " + shape_string(e.shape) + " is too large");
     return;
   }
   if (e.end - e.begin != expected_bytes) {
     errors->push_back(where + ": data_offsets " + offsets.dump() + " span " +
                       std::to_string(e.end - e.begin) + " bytes, expected " +
                       std::to_string(expected_bytes) + " for " +
-                      std::string(safetensors_dtype_name(e.dtype)) + " " + shape_str(e.shape));
+                      std::string(safetensors_dtype_name(e.dtype)) + " " + shape_string(e.shape));
     return;
   }
   entries->push_back(std::move(e));
@@ -170,7 +149,7 @@ Status header_error(const std::string& path, const std::vector<std::string>& err
 }  // namespace
 
 Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open safetensors file", path);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(errno, "cannot stat", path);
@@ -275,8 +254,8 @@ Status SafetensorsReader::read(const std::string& name,
   const SafetensorsEntry* e = find(name);
   if (e == nullptr) return not_found(path_ + ": no tensor named '" + name + "'");
   if (e->shape != expected_shape) {
-    return invalid_argument(path_ + ": tensor '" + name + "' has shape " + shape_str(e->shape) +
-                            ", expected " + shape_str(expected_shape));
+    return invalid_argument(path_ + ": tensor '" + name + "' has shape " + shape_string(e->shape) +
+                            ", expected " + shape_string(expected_shape));
   }
   if (e->dtype != dst_dtype && !(is_float(e->dtype) && is_float(dst_dtype))) {
     return invalid_argument(path_ + ": tensor '" + name + "' is " +
@@ -286,7 +265,7 @@ Status SafetensorsReader::read(const std::string& name,
   }
   const std::uint64_t total_bytes = e->end - e->begin;
   if (total_bytes == 0) return Status::ok();
-  Fd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open safetensors file", path_);
   const std::uint64_t offset = data_offset_ + e->begin;
   if (e->dtype == dst_dtype) return pread_full(fd.get(), dst, total_bytes, offset, path_);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "strata/core/rng.h"
+#include "strata/core/unique_fd.h"
 
 namespace strata::train {
 namespace {
@@ -19,20 +20,6 @@ namespace {
 // llm.c's dev/data/data_common.py: 256 int32 header words, then the tokens.
 constexpr std::int32_t kLlmcMagic = 20240520;
 constexpr std::size_t kLlmcHeaderBytes = 256 * sizeof(std::int32_t);
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::int32_t load_le_i32(const std::uint8_t* p) {
   return static_cast<std::int32_t>(std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 |
@@ -61,7 +48,7 @@ Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path
                             "; expected one of u16, u32, llmc, text");
   }
 
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open token file", path);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(errno, "cannot stat token file", path);

@@ -12,29 +12,14 @@
 
 #include "strata/core/file.h"
 #include "strata/core/json.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/strata_hf_ckpt_XXXXXX";
-    STRATA_CHECK(::mkdtemp(tmpl) != nullptr, "mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 LlamaConfig tiny_config(bool tied = false) {
   LlamaConfig c;

@@ -11,27 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
+
 namespace strata::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/strata_data_XXXXXX";
-    STRATA_CHECK(::mkdtemp(tmpl) != nullptr, "mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
