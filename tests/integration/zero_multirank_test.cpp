@@ -131,8 +131,9 @@ TEST_P(ZeroEquivalence, SameLossesAndWeightsAsOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndOffload, ZeroEquivalence,
-                         ::testing::Values(Case{1, "none"}, Case{2, "cpu"}, Case{3, "none"},
-                                           Case{3, "cpu"}, Case{3, "nvme"}),
+                         ::testing::Values(Case{1, "none"}, Case{1, "cpu"}, Case{1, "nvme"},
+                                           Case{2, "none"}, Case{2, "cpu"}, Case{2, "nvme"},
+                                           Case{3, "none"}, Case{3, "cpu"}, Case{3, "nvme"}),
                          [](const auto& info) {
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.offload;
                          });
