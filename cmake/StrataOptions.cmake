@@ -20,7 +20,12 @@ strata_resolve(STRATA_URING URING_FOUND "liburing (apt-get install liburing-dev)
 find_package(MPI COMPONENTS CXX QUIET)
 strata_resolve(STRATA_MPI MPI_CXX_FOUND "MPI (apt-get install libopenmpi-dev openmpi-bin)")
 
+# CUDA needs the toolkit (nvcc, cudart, cuBLAS/cuBLASLt). NCCL is separate and optional: the
+# device backend does not use it, and a GPU machine may carry it only as a pip wheel
+# (nvidia-nccl-cu13, with libnccl.so.2 and no unversioned link); pass NCCL_LIBRARY and
+# NCCL_INCLUDE_DIR to point at such a copy.
 set(cuda_found FALSE)
+set(nccl_found FALSE)
 if(NOT STRATA_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
@@ -33,12 +38,21 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
     find_package(CUDAToolkit)
-    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
-                 /usr/local/cuda/lib /usr/local/cuda/lib64)
-    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-    if(CUDAToolkit_FOUND AND NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
+    if(CUDAToolkit_FOUND AND TARGET CUDA::cublasLt AND TARGET CUDA::cublas)
       set(cuda_found TRUE)
+    endif()
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+                 HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+                       /usr/local/cuda/lib /usr/local/cuda/lib64)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+    if(NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
+      set(nccl_found TRUE)
     endif()
   endif()
 endif()
-strata_resolve(STRATA_CUDA cuda_found "the CUDA toolkit with cuBLAS and NCCL")
+strata_resolve(STRATA_CUDA cuda_found "the CUDA toolkit with cuBLAS and cuBLASLt")
+if(STRATA_HAVE_CUDA AND nccl_found)
+  set(STRATA_HAVE_NCCL 1)
+else()
+  set(STRATA_HAVE_NCCL 0)
+endif()

@@ -1,11 +1,15 @@
 // CUDA runtime queries: GPU presence, properties, linked library versions.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <string>
 
+#include "launchers.h"
 #include "runtime.h"
+#include "strata/build_config.h"
+#if STRATA_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 namespace strata::kernels {
 
@@ -28,14 +32,26 @@ GpuInfo query_gpus() {
     info.major = prop.major;
     info.minor = prop.minor;
     info.total_bytes = prop.totalGlobalMem;
+    info.max_smem_optin_bytes = prop.sharedMemPerBlockOptin;
   }
   return info;
 }
 
 std::string library_versions() {
+  std::string s = "cuBLASLt " + std::to_string(cublasLtGetVersion());
+#if STRATA_HAVE_NCCL
   int nccl = 0;
   ncclGetVersion(&nccl);
-  return "cuBLASLt " + std::to_string(cublasLtGetVersion()) + ", NCCL " + std::to_string(nccl);
+  s += ", NCCL " + std::to_string(nccl);
+#else
+  s += ", no NCCL";
+#endif
+  return s;
+}
+
+std::string error_text(int code) {
+  const auto err = static_cast<cudaError_t>(code);
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
 }
 
 }  // namespace strata::kernels

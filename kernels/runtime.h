@@ -13,6 +13,7 @@ struct GpuInfo {
   std::string name;
   int major = 0, minor = 0;
   std::size_t total_bytes = 0;
+  std::size_t max_smem_optin_bytes = 0;  // shared memory one block may opt in to
 };
 
 GpuInfo query_gpus();

@@ -1,11 +1,12 @@
 // Communicator factory: picks MPI when launched by mpirun, else the single-rank communicator.
+#include "strata/dist/communicator.h"
+
 #include <cstdlib>
 
 #include "src/dist/mpi_communicator.h"
 #include "src/dist/nccl_communicator.h"
 #include "strata/build_config.h"
 #include "strata/device/device.h"
-#include "strata/dist/communicator.h"
 
 namespace strata::dist {
 
@@ -29,8 +30,9 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
   }
   if (backend == "single") {
     if (launched_with_multiple_ranks()) {
-      return invalid_argument("dist_backend \"single\" but this process was launched with several "
-                              "ranks; use \"auto\" or \"mpi\"");
+      return invalid_argument(
+          "dist_backend \"single\" but this process was launched with several "
+          "ranks; use \"auto\" or \"mpi\"");
     }
     return make_single_rank_communicator(device);
   }
@@ -38,19 +40,22 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
 #if STRATA_HAVE_MPI
     return make_mpi_communicator(options, device);
 #else
-    return unavailable("dist_backend \"mpi\" requested, but this build has no MPI (install "
-                       "libopenmpi-dev and rebuild)");
+    return unavailable(
+        "dist_backend \"mpi\" requested, but this build has no MPI (install "
+        "libopenmpi-dev and rebuild)");
 #endif
   }
   if (backend == "nccl") {
-#if STRATA_HAVE_CUDA && STRATA_HAVE_MPI
+#if STRATA_HAVE_NCCL && STRATA_HAVE_MPI
     return make_nccl_communicator(options, device);
 #else
-    return unavailable("dist_backend \"nccl\" needs a build with CUDA and MPI; use \"mpi\" with "
-                       "device \"cpu\"");
+    return unavailable(
+        "dist_backend \"nccl\" needs a build with CUDA, NCCL and MPI; use \"mpi\" with device "
+        "\"cpu\"");
 #endif
   }
-  return invalid_argument("unknown dist_backend '" + backend + "'; expected auto, single, mpi or nccl");
+  return invalid_argument("unknown dist_backend '" + backend +
+                          "'; expected auto, single, mpi or nccl");
 }
 
 }  // namespace strata::dist

@@ -1,8 +1,8 @@
 // NCCL communicator for the CUDA backend: device collectives on the compute stream, bootstrapped
-// and backed for host-side control data by MPI. Built when both CUDA and MPI are found.
+// and backed for host-side control data by MPI. Built when CUDA, NCCL and MPI are found.
 #include "strata/build_config.h"
 
-#if STRATA_HAVE_CUDA && STRATA_HAVE_MPI
+#if STRATA_HAVE_NCCL && STRATA_HAVE_MPI
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -21,11 +21,16 @@ namespace {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kU8: return ncclUint8;
-    default: return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kU8:
+      return ncclUint8;
+    default:
+      return ncclFloat32;
   }
 }
 
@@ -74,7 +79,9 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, void* stream,
                    std::chrono::seconds timeout)
-      : host_(std::move(host)), comm_(comm), stream_(static_cast<cudaStream_t>(stream)),
+      : host_(std::move(host)),
+        comm_(comm),
+        stream_(static_cast<cudaStream_t>(stream)),
         timeout_(timeout) {}
   ~NcclCommunicator() override { ncclCommDestroy(comm_); }
 
@@ -85,8 +92,8 @@ class NcclCommunicator final : public Communicator {
   CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
                         std::string_view what) override {
     count_bytes(&CommStats::all_gather_bytes, count * world_size(), dtype);
-    return finish(ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_type(dtype), comm_,
-                                stream_),
+    return finish(ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
+                                comm_, stream_),
                   "all_gather", what);
   }
   CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
@@ -96,8 +103,8 @@ class NcclCommunicator final : public Communicator {
                                     op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
                   "reduce_scatter", what);
   }
-  CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                        ReduceOp op, std::string_view what) override {
+  CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
+                        std::string_view what) override {
     count_bytes(&CommStats::all_reduce_bytes, count, dtype);
     return finish(ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
                                 op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
@@ -143,13 +150,14 @@ class NcclCommunicator final : public Communicator {
     };
     if (rc != ncclSuccess) return fail(ncclGetErrorString(rc));
     cudaEvent_t ev;
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate");
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+      return fail("cudaEventCreate");
     if (cudaEventRecord(ev, stream_) != cudaSuccess) {
       cudaEventDestroy(ev);
       return fail("cudaEventRecord");
     }
-    return CommHandle(std::make_shared<NcclHandleState>(ev, comm_, label, rank(),
-                                                        std::chrono::steady_clock::now() + timeout_));
+    return CommHandle(std::make_shared<NcclHandleState>(
+        ev, comm_, label, rank(), std::chrono::steady_clock::now() + timeout_));
   }
 
   std::unique_ptr<Communicator> host_;
@@ -163,7 +171,8 @@ class NcclCommunicator final : public Communicator {
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& options,
                                                              device::Device& device) {
   if (device.host_addressable()) {
-    return invalid_argument("dist_backend \"nccl\" needs device \"cuda\"; use \"mpi\" on the CPU backend");
+    return invalid_argument(
+        "dist_backend \"nccl\" needs device \"cuda\"; use \"mpi\" on the CPU backend");
   }
   void* stream = device.stream(device::StreamKind::kCompute).native_handle();
   if (stream == nullptr) return unavailable("the device has no native CUDA stream for NCCL");
@@ -172,7 +181,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
   ncclUniqueId id{};
   if (host->rank() == 0) {
     const ncclResult_t rc = ncclGetUniqueId(&id);
-    if (rc != ncclSuccess) return unavailable(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
+    if (rc != ncclSuccess)
+      return unavailable(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
   }
   static_assert(sizeof(id) % sizeof(std::uint64_t) == 0);
   constexpr int kWords = sizeof(id) / sizeof(std::uint64_t);
@@ -184,8 +194,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
   ncclComm_t comm;
   const ncclResult_t rc = ncclCommInitRank(&comm, host->world_size(), id, host->rank());
   if (rc != ncclSuccess) {
-    return unavailable("rank " + std::to_string(host->rank()) + ": ncclCommInitRank failed: " +
-                       ncclGetErrorString(rc));
+    return unavailable("rank " + std::to_string(host->rank()) +
+                       ": ncclCommInitRank failed: " + ncclGetErrorString(rc));
   }
   return std::unique_ptr<Communicator>(
       std::make_unique<NcclCommunicator>(std::move(host), comm, stream, options.timeout));
@@ -193,4 +203,4 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
 
 }  // namespace strata::dist
 
-#endif  // STRATA_HAVE_CUDA && STRATA_HAVE_MPI
+#endif  // STRATA_HAVE_NCCL && STRATA_HAVE_MPI

@@ -86,6 +86,60 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
+// Move-only owner of host memory from Device::allocate_pinned: page-locked where the backend and
+// the OS allow (page_locked() says whether), so copies run at full speed and truly overlap.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(Device* device, void* data, std::size_t size_bytes, bool page_locked)
+      : device_(device), data_(data), size_(size_bytes), page_locked_(page_locked) {}
+  ~PinnedBuffer() { reset(); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  std::size_t size() const { return size_; }
+  bool empty() const { return data_ == nullptr; }
+  bool page_locked() const { return page_locked_; }
+  void reset();
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool page_locked_ = false;
+};
+
+// Move-only registration of an existing host range from Device::register_host; undone when
+// destroyed. The range must outlive the registration.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(Device* device, void* data, std::size_t size_bytes, bool page_locked)
+      : device_(device), data_(data), size_(size_bytes), page_locked_(page_locked) {}
+  ~HostRegistration() { reset(); }
+  HostRegistration(HostRegistration&& o) noexcept { *this = std::move(o); }
+  HostRegistration& operator=(HostRegistration&& o) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+
+  bool empty() const { return data_ == nullptr; }
+  bool page_locked() const { return page_locked_; }
+  void reset();
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool page_locked_ = false;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -118,10 +172,22 @@ class Device {
   // Sticky error from asynchronous work (a failed copy, a kernel fault); ok when none.
   virtual Status last_error() const { return Status::ok(); }
 
+  // Host memory for the staging side of copies, 4096-byte aligned (usable with O_DIRECT) and
+  // outside the device budget. CUDA: cudaHostAlloc (always page-locked; failure is an error).
+  // CPU: an aligned allocation locked with mlock where RLIMIT_MEMLOCK allows (best effort).
+  virtual Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) = 0;
+  // Page-locks an existing host range (e.g. a pool the tiered store owns) for fast copies until
+  // the registration is destroyed. CUDA: cudaHostRegister; CPU: mlock, best effort.
+  virtual Result<HostRegistration> register_host(void* data, std::size_t size_bytes) = 0;
+
  protected:
   friend class DeviceBuffer;
+  friend class PinnedBuffer;
+  friend class HostRegistration;
   virtual Result<void*> allocate_impl(std::size_t size_bytes) = 0;
   virtual void deallocate_impl(void* data, std::size_t size_bytes) = 0;
+  virtual void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) = 0;
+  virtual void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) = 0;
 };
 
 struct DeviceOptions {
@@ -129,6 +195,9 @@ struct DeviceOptions {
   std::uint64_t memory_limit_bytes = 0;  // 0 = no limit on the CPU backend; required on CUDA
   int device_index = 0;
   int compute_threads = 0;  // CPU backend: threads for BLAS and ops; 0 = all cores
+  // CUDA backend: fp32 GEMMs may use TF32 tensor cores (about 10 mantissa bits per product);
+  // off by default so that fp32 runs match the CPU backend to 1e-5.
+  bool allow_tf32 = false;
 };
 
 // Creates a backend. "cuda" without a CUDA build or without a GPU is an `unavailable` error that

@@ -1,12 +1,16 @@
 // CpuDevice: budgeted host allocator, inline compute stream, worker-thread copy streams.
 #include "src/device/cpu/cpu_device.h"
 
+#include <sys/mman.h>
+
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "strata/core/aligned.h"
@@ -153,7 +157,36 @@ class CpuDevice final : public Device {
 
   const Ops& ops() const override { return *ops_; }
 
+  Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) override {
+    if (size_bytes == 0) return PinnedBuffer();
+    const std::size_t rounded = align_up(size_bytes, kPageBytes);
+    void* p = std::aligned_alloc(kPageBytes, rounded);
+    if (p == nullptr) {
+      return out_of_memory("cannot allocate " + format_bytes(rounded) + " of host memory for " +
+                           std::string(what));
+    }
+    // Touch every page now (first touch is slow here), then lock: a failed mlock (RLIMIT_MEMLOCK)
+    // only costs copy speed on this backend, so it is not an error.
+    std::memset(p, 0, rounded);
+    const bool locked = ::mlock(p, rounded) == 0;
+    return PinnedBuffer(this, p, size_bytes, locked);
+  }
+
+  Result<HostRegistration> register_host(void* data, std::size_t size_bytes) override {
+    if (data == nullptr || size_bytes == 0) return HostRegistration();
+    const bool locked = ::mlock(data, size_bytes) == 0;
+    return HostRegistration(this, data, size_bytes, locked);
+  }
+
  protected:
+  void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) override {
+    if (page_locked) ::munlock(data, align_up(size_bytes, kPageBytes));
+    std::free(data);
+  }
+  void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) override {
+    if (page_locked) ::munlock(data, size_bytes);
+  }
+
   Result<void*> allocate_impl(std::size_t size_bytes) override {
     const std::size_t rounded = align_up(size_bytes, 64);
     {

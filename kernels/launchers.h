@@ -1,0 +1,131 @@
+// Host launchers of every CUDA kernel, callable from plain C++ (no CUDA types): the CUDA
+// backend's op table (src/device/cuda/cuda_ops.cpp) is written against this header only.
+//
+// Conventions follow strata/device/ops.h (row-major, [batch, seq, heads, head_dim] attention
+// tensors, f32 statistics). Every launcher enqueues on ctx.stream, never synchronizes, and
+// returns the cudaError_t of its launch check (0 = success) as an int; error_text() names it.
+// Scratch is device memory the caller owns, at least *_scratch_bytes() large, used only by
+// work on ctx.stream (so one buffer can serve every op in stream order).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace strata::kernels {
+
+enum class Elem : std::uint8_t { kF32, kBF16, kF16 };
+
+struct LaunchContext {
+  void* stream = nullptr;                // a cudaStream_t
+  std::size_t max_smem_optin_bytes = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+};
+
+// "cudaErrorIllegalAddress: an illegal memory access was encountered".
+std::string error_text(int code);
+
+// ---- GEMM helper (gemm_scale.cu): C[m, n] (leading dim ldc) = beta * C; beta 0 writes zeros
+// without reading C. Used for k == 0, which cuBLASLt does not accept.
+int scale_matrix(const LaunchContext& ctx, void* c, std::int64_t m, std::int64_t n,
+                 std::int64_t ldc, float beta, Elem dtype);
+
+// ---- embedding.cu
+int embedding_forward(const LaunchContext& ctx, const std::int32_t* ids, std::int64_t rows,
+                      const void* table, std::int64_t dim, void* out, Elem dtype);
+// Deterministic and sort-free: the block of each id's first row owns that table row and adds
+// the id's rows in order, in fp32, starting from the table's value (for f32 this is exactly
+// the CPU backend's order).
+int embedding_backward(const LaunchContext& ctx, const std::int32_t* ids, std::int64_t rows,
+                       const void* dout, std::int64_t dim, void* dtable, Elem dtype);
+
+// ---- rmsnorm.cu
+int rmsnorm_forward(const LaunchContext& ctx, const void* x, const void* w, void* out, float* rstd,
+                    std::int64_t rows, std::int64_t dim, float eps, Elem dtype);
+std::size_t rmsnorm_backward_scratch_bytes(std::int64_t rows, std::int64_t dim);
+// dx overwritten; dw += sum over rows (per-chunk fp32 partials, then one ordered sum).
+int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, const void* w,
+                     const float* rstd, void* dx, void* dw, std::int64_t rows, std::int64_t dim,
+                     Elem dtype, void* scratch);
+
+// ---- rope.cu
+std::size_t rope_scratch_bytes(std::int64_t seq, std::int64_t head_dim);
+int rope(const LaunchContext& ctx, void* x, std::int64_t batch, std::int64_t seq,
+         std::int64_t heads, std::int64_t head_dim, float theta, bool inverse, Elem dtype,
+         void* scratch);
+
+// ---- attention (attention_simple.cu, attention_flash_forward.cu, attention_flash_backward.cu)
+struct AttentionDims {
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+enum class AttentionKernel : std::uint8_t {
+  kAuto,    // flash where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits)
+  kSimple,  // one block per row, online softmax over key chunks: any shape and dtype
+  kFlash,   // tensor-core tiles; an error (cudaErrorNotSupported) where it does not apply
+};
+// Whether the flash kernels serve this call on a device with the given shared memory.
+bool flash_attention_applies(const LaunchContext& ctx, const AttentionDims& d, Elem dtype,
+                             bool backward);
+int attention_forward(const LaunchContext& ctx, const void* q, const void* k, const void* v,
+                      void* out, float* lse, const AttentionDims& d, Elem dtype,
+                      AttentionKernel kernel);
+std::size_t attention_backward_scratch_bytes(const AttentionDims& d);
+int attention_backward(const LaunchContext& ctx, const void* dout, const void* q, const void* k,
+                       const void* v, const void* out, const float* lse, void* dq, void* dk,
+                       void* dv, const AttentionDims& d, Elem dtype, AttentionKernel kernel,
+                       void* scratch);
+// The variants, for attention_forward/backward's dispatch (and tests).
+int attention_forward_simple(const LaunchContext& ctx, const void* q, const void* k, const void* v,
+                             void* out, float* lse, const AttentionDims& d, Elem dtype);
+int attention_forward_flash(const LaunchContext& ctx, const void* q, const void* k, const void* v,
+                            void* out, float* lse, const AttentionDims& d);
+// drow[b, h, i] = dout_i . out_i in fp32: the softmax backward's row term, shared by both.
+int attention_row_dot(const LaunchContext& ctx, const void* dout, const void* out, float* drow,
+                      const AttentionDims& d, Elem dtype);
+int attention_backward_simple(const LaunchContext& ctx, const void* dout, const void* q,
+                              const void* k, const void* v, const float* lse, const float* drow,
+                              void* dq, void* dk, void* dv, const AttentionDims& d, Elem dtype);
+int attention_backward_flash(const LaunchContext& ctx, const void* dout, const void* q,
+                             const void* k, const void* v, const float* lse, const float* drow,
+                             void* dq, void* dk, void* dv, const AttentionDims& d);
+
+// ---- swiglu.cu
+int swiglu_forward(const LaunchContext& ctx, const void* gate, const void* up, void* out,
+                   std::int64_t n, Elem dtype);
+int swiglu_backward(const LaunchContext& ctx, const void* dout, const void* gate, const void* up,
+                    void* dgate, void* dup, std::int64_t n, Elem dtype);
+
+// ---- add.cu (out may alias a or b)
+int add(const LaunchContext& ctx, const void* a, const void* b, void* out, std::int64_t n,
+        Elem dtype);
+
+// ---- cross_entropy.cu (dlogits may be null, or alias logits)
+int cross_entropy(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,
+                  float* losses, void* dlogits, std::int64_t rows, std::int64_t vocab,
+                  float dloss_scale, Elem dtype);
+
+// ---- cast.cu (src_dtype != dst_dtype)
+int cast(const LaunchContext& ctx, const void* src, Elem src_dtype, void* dst, Elem dst_dtype,
+         std::int64_t n);
+
+// ---- sum_squares.cu: writes sum(x^2) as one double to *result (device memory), computed in
+// double with a partition that depends only on n, so it is reproducible run to run.
+std::size_t sum_squares_scratch_bytes(std::int64_t n);
+int sum_squares(const LaunchContext& ctx, const void* x, std::int64_t n, Elem dtype, double* result,
+                void* scratch);
+
+// ---- adamw.cu: device::adamw_reference's arithmetic, operation for operation, compiled
+// without multiply-add contraction; the scalars are computed on the host exactly as the
+// reference computes them.
+struct AdamWScalars {
+  float lr_step_size = 0;  // lr / (1 - beta1^step)
+  float bc2_sqrt = 0;      // sqrt(1 - beta2^step)
+  float decay = 0;         // 1 - lr * weight_decay
+  float one_minus_beta1 = 0, one_minus_beta2 = 0;
+  float beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
+  bool adamw_mode = true;
+};
+int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, float* exp_avg,
+          float* exp_avg_sq, std::int64_t n, const AdamWScalars& s, void* param_out,
+          Elem out_dtype);
+
+}  // namespace strata::kernels

@@ -1,0 +1,45 @@
+// Error reporting for the CUDA backend: every CUDA and cuBLAS call's status becomes a Status
+// that names the call and where it was made.
+#include "src/device/cuda/cuda_check.h"
+
+#include <string>
+
+namespace strata::device::cuda {
+
+namespace {
+
+std::string where(const char* call, const char* file, int line) {
+  return std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": ";
+}
+
+}  // namespace
+
+Status cuda_status(cudaError_t err, const char* call, const char* file, int line) {
+  if (err == cudaSuccess) return Status::ok();
+  std::string msg =
+      where(call, file, line) + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+  if (err == cudaErrorMemoryAllocation) return out_of_memory(std::move(msg));
+  return internal_error(std::move(msg));
+}
+
+Status cublas_status(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  std::string msg =
+      where(call, file, line) + cublasGetStatusName(status) + ": " + cublasGetStatusString(status);
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) return out_of_memory(std::move(msg));
+  return internal_error(std::move(msg));
+}
+
+bool ErrorState::record(const Status& status) {
+  if (status.is_ok()) return true;
+  std::lock_guard lock(mu_);
+  if (first_.is_ok()) first_ = status;
+  return false;
+}
+
+Status ErrorState::first() const {
+  std::lock_guard lock(mu_);
+  return first_;
+}
+
+}  // namespace strata::device::cuda

@@ -1,0 +1,272 @@
+// The CUDA op table: argument checks as on the CPU backend, then the kernels' host launchers
+// (kernels/launchers.h) or cuBLASLt, all on the compute stream; failures become the device's
+// sticky error. Plain C++: no device code here.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "src/device/cuda/cuda_device.h"
+#include "src/device/cuda/cuda_gemm.h"
+#include "strata/core/aligned.h"
+
+namespace strata::device::cuda {
+namespace {
+
+kernels::Elem elem(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return kernels::Elem::kF32;
+    case DType::kBF16:
+      return kernels::Elem::kBF16;
+    case DType::kF16:
+      return kernels::Elem::kF16;
+    default:
+      break;
+  }
+  STRATA_CHECK(false, "CUDA ops support f32, bf16 and f16 storage, got", dtype_name(dtype));
+  return kernels::Elem::kF32;
+}
+
+// The float ops take f32 or bf16, like the CPU backend's.
+kernels::Elem float_elem(DType dtype) {
+  STRATA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+               "CUDA ops support f32 and bf16 only, got", dtype_name(dtype));
+  return elem(dtype);
+}
+
+kernels::AttentionDims attention_dims(const AttentionShape& s) {
+  STRATA_CHECK(
+      s.batch >= 0 && s.seq >= 0 && s.head_dim > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0,
+      "bad attention shape", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+  return kernels::AttentionDims{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+}
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(CudaDevice& dev, const CudaTuning& tuning) : dev_(dev), tuning_(tuning) {}
+
+  Status init(bool allow_tf32, std::uint64_t limit_bytes) {
+    std::size_t ws = tuning_.gemm_workspace_bytes;
+    if (ws == 0) ws = std::min<std::size_t>(32 * kMiB, limit_bytes / 16);
+    ws = ws / 256 * 256;
+    if (ws > 0) {
+      STRATA_ASSIGN_OR_RETURN(workspace_, dev_.allocate(ws, "cuBLAS workspace"));
+    }
+    STRATA_ASSIGN_OR_RETURN(gemm_, CudaGemm::create(workspace_.data(), ws, allow_tf32));
+    STRATA_ASSIGN_OR_RETURN(result_, dev_.allocate(sizeof(double), "sum_squares result"));
+    STRATA_ASSIGN_OR_RETURN(host_result_, dev_.allocate_pinned(sizeof(double), "sum_squares"));
+    return Status::ok();
+  }
+
+  void gemm(const GemmArgs& g) const override {
+    STRATA_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "negative gemm size", g.m, g.n, g.k);
+    const std::int64_t a_cols = g.trans_a ? g.m : g.k;
+    const std::int64_t b_cols = g.trans_b ? g.k : g.n;
+    STRATA_CHECK(g.lda >= std::max<std::int64_t>(a_cols, 1), "gemm lda too small", g.lda, a_cols);
+    STRATA_CHECK(g.ldb >= std::max<std::int64_t>(b_cols, 1), "gemm ldb too small", g.ldb, b_cols);
+    STRATA_CHECK(g.ldc >= std::max<std::int64_t>(g.n, 1), "gemm ldc too small", g.ldc, g.n);
+    const kernels::Elem e = float_elem(g.dtype);
+    if (g.m == 0 || g.n == 0) return;
+    if (g.k == 0) {
+      done(kernels::scale_matrix(ctx(), g.c, g.m, g.n, g.ldc, g.beta, e), "gemm (k = 0)");
+      return;
+    }
+    dev_.bind();
+    dev_.errors().record(gemm_->run(g, dev_.compute_stream()));
+    sync_if_asked("gemm");
+  }
+
+  void embedding_forward(const std::int32_t* ids, std::int64_t rows, const void* table,
+                         std::int64_t dim, void* out, DType dtype) const override {
+    done(kernels::embedding_forward(ctx(), ids, rows, table, dim, out, float_elem(dtype)),
+         "embedding_forward");
+  }
+  void embedding_backward(const std::int32_t* ids, std::int64_t rows, const void* dout,
+                          std::int64_t dim, void* dtable, DType dtype) const override {
+    done(kernels::embedding_backward(ctx(), ids, rows, dout, dim, dtable, float_elem(dtype)),
+         "embedding_backward");
+  }
+
+  void rmsnorm_forward(const void* x, const void* w, void* out, float* rstd, std::int64_t rows,
+                       std::int64_t dim, float eps, DType dtype) const override {
+    done(kernels::rmsnorm_forward(ctx(), x, w, out, rstd, rows, dim, eps, float_elem(dtype)),
+         "rmsnorm_forward");
+  }
+  void rmsnorm_backward(const void* dout, const void* x, const void* w, const float* rstd, void* dx,
+                        void* dw, std::int64_t rows, std::int64_t dim, DType dtype) const override {
+    STRATA_CHECK(static_cast<std::size_t>(dim) * sizeof(float) <= ctx().max_smem_optin_bytes,
+                 "rmsnorm_backward keeps a row of dw partials in shared memory; dim too large", dim,
+                 ctx().max_smem_optin_bytes);
+    void* s = scratch(kernels::rmsnorm_backward_scratch_bytes(rows, dim));
+    if (s == nullptr) return;
+    done(
+        kernels::rmsnorm_backward(ctx(), dout, x, w, rstd, dx, dw, rows, dim, float_elem(dtype), s),
+        "rmsnorm_backward");
+  }
+
+  void rope(void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+            std::int64_t head_dim, float theta, bool inverse, DType dtype) const override {
+    STRATA_CHECK(head_dim % 2 == 0, "rope needs an even head_dim", head_dim);
+    void* s = scratch(kernels::rope_scratch_bytes(seq, head_dim));
+    if (s == nullptr) return;
+    done(kernels::rope(ctx(), x, batch, seq, heads, head_dim, theta, inverse, float_elem(dtype), s),
+         "rope");
+  }
+
+  void attention_forward(const void* q, const void* k, const void* v, void* out, float* lse,
+                         const AttentionShape& shape, DType dtype) const override {
+    const kernels::AttentionDims d = attention_dims(shape);
+    done(kernels::attention_forward(ctx(), q, k, v, out, lse, d, float_elem(dtype),
+                                    tuning_.attention),
+         "attention_forward");
+  }
+  void attention_backward(const void* dout, const void* q, const void* k, const void* v,
+                          const void* out, const float* lse, void* dq, void* dk, void* dv,
+                          const AttentionShape& shape, DType dtype) const override {
+    const kernels::AttentionDims d = attention_dims(shape);
+    if (d.seq == 0 || d.batch == 0) return;
+    void* s = scratch(kernels::attention_backward_scratch_bytes(d));
+    if (s == nullptr) return;
+    done(kernels::attention_backward(ctx(), dout, q, k, v, out, lse, dq, dk, dv, d,
+                                     float_elem(dtype), tuning_.attention, s),
+         "attention_backward");
+  }
+
+  void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,
+                      DType dtype) const override {
+    done(kernels::swiglu_forward(ctx(), gate, up, out, n, float_elem(dtype)), "swiglu_forward");
+  }
+  void swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate, void* dup,
+                       std::int64_t n, DType dtype) const override {
+    done(kernels::swiglu_backward(ctx(), dout, gate, up, dgate, dup, n, float_elem(dtype)),
+         "swiglu_backward");
+  }
+
+  void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const override {
+    done(kernels::add(ctx(), a, b, out, n, float_elem(dtype)), "add");
+  }
+
+  void cross_entropy(const void* logits, const std::int32_t* targets, float* losses, void* dlogits,
+                     std::int64_t rows, std::int64_t vocab, float dloss_scale,
+                     DType dtype) const override {
+    done(kernels::cross_entropy(ctx(), logits, targets, losses, dlogits, rows, vocab, dloss_scale,
+                                float_elem(dtype)),
+         "cross_entropy");
+  }
+
+  void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+            std::int64_t n) const override {
+    if (n <= 0) return;
+    if (src_dtype == dst_dtype) {
+      if (src != dst) {
+        dev_.errors().record(STRATA_CUDA_STATUS(
+            cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * dtype_size(src_dtype),
+                            cudaMemcpyDeviceToDevice, dev_.compute_stream())));
+      }
+      return;
+    }
+    done(kernels::cast(ctx(), src, elem(src_dtype), dst, elem(dst_dtype), n), "cast");
+  }
+
+  // Synchronous: the value is needed on the host (gradient clipping).
+  double sum_squares(const void* x, std::int64_t n, DType dtype) const override {
+    const kernels::Elem e = float_elem(dtype);
+    void* s = scratch(kernels::sum_squares_scratch_bytes(n));
+    if (s == nullptr) return std::numeric_limits<double>::quiet_NaN();
+    auto* result = result_.as<double>();
+    done(kernels::sum_squares(ctx(), x, n, e, result, s), "sum_squares");
+    ErrorState& errs = dev_.errors();
+    if (!errs.record(
+            STRATA_CUDA_STATUS(cudaMemcpyAsync(host_result_.data(), result, sizeof(double),
+                                               cudaMemcpyDeviceToHost, dev_.compute_stream()))) ||
+        !errs.record(STRATA_CUDA_STATUS(cudaStreamSynchronize(dev_.compute_stream())))) {
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    return *host_result_.as<double>();
+  }
+
+  void adamw(const AdamWArgs& a) const override {
+    STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
+    STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
+    // The reference's scalar preamble, expression for expression (adamw_reference.cpp).
+    const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+    kernels::AdamWScalars s;
+    s.lr_step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
+    s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    s.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+    s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+    s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+    s.beta1 = a.beta1;
+    s.beta2 = a.beta2;
+    s.eps = a.eps;
+    s.weight_decay = a.weight_decay;
+    s.grad_scale = a.grad_scale;
+    s.adamw_mode = a.adamw_mode;
+    const kernels::Elem out = a.param_out != nullptr ? elem(a.out_dtype) : kernels::Elem::kF32;
+    done(kernels::adamw(ctx(), a.param, a.grad, elem(a.grad_dtype), a.exp_avg, a.exp_avg_sq, a.n, s,
+                        a.param_out, out),
+         "adamw");
+  }
+
+ private:
+  const kernels::LaunchContext& ctx() const {
+    dev_.bind();
+    return dev_.launch_context();
+  }
+
+  // Records a failed launch (with the op's name) as the device's sticky error.
+  void done(int err, const char* op) const {
+    if (err != 0) {
+      dev_.errors().record(
+          internal_error(std::string("CUDA op ") + op + " failed: " + kernels::error_text(err)));
+      return;
+    }
+    sync_if_asked(op);
+  }
+
+  void sync_if_asked(const char* op) const {
+    if (!tuning_.sync_after_each_op) return;
+    const cudaError_t e = cudaStreamSynchronize(dev_.compute_stream());
+    if (e != cudaSuccess) {
+      dev_.errors().record(internal_error(std::string("CUDA op ") + op +
+                                          " faulted: " + kernels::error_text(static_cast<int>(e))));
+    }
+  }
+
+  // Scratch for one op at a time, in compute-stream order. Growing frees the old block, which
+  // the device reuses only after the work already queued on it has finished.
+  void* scratch(std::size_t bytes) const {
+    bytes = std::max<std::size_t>(bytes, 1);
+    if (scratch_.size() >= bytes) return scratch_.data();
+    scratch_.reset();
+    auto r = dev_.allocate(align_up(bytes, kMiB), "CUDA op scratch");
+    if (!r.is_ok()) {
+      dev_.errors().record(r.status());
+      return nullptr;
+    }
+    scratch_ = std::move(r).value();
+    return scratch_.data();
+  }
+
+  CudaDevice& dev_;
+  CudaTuning tuning_;
+  DeviceBuffer workspace_;  // declared before gemm_, which uses it, so it is freed after
+  std::unique_ptr<CudaGemm> gemm_;
+  DeviceBuffer result_;
+  PinnedBuffer host_result_;
+  mutable DeviceBuffer scratch_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Ops>> make_cuda_ops(CudaDevice& device, const CudaTuning& tuning,
+                                           bool allow_tf32, std::uint64_t limit_bytes) {
+  auto ops = std::make_unique<CudaOps>(device, tuning);
+  STRATA_RETURN_IF_ERROR(ops->init(allow_tf32, limit_bytes));
+  return std::unique_ptr<Ops>(std::move(ops));
+}
+
+}  // namespace strata::device::cuda

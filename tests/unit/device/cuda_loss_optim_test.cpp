@@ -1,0 +1,157 @@
+// CUDA cross-entropy, sum of squares and AdamW against the CPU backend. AdamW must be
+// bit-identical: optimizer placement (GPU, CPU device, host) must never change the numbers.
+#include "strata/build_config.h"
+#if STRATA_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/unit/device/cuda_test_util.h"
+
+namespace strata::device {
+namespace {
+
+using testing::as_doubles;
+using testing::download_array;
+using testing::expect_close;
+using testing::GpuTensor;
+using testing::HostTensor;
+using testing::tolerance;
+using testing::upload_array;
+
+class CudaLossOptimTest : public testing::GpuTest {};
+
+enum class GradMode { kNone, kSeparate, kInPlace };
+
+TEST_F(CudaLossOptimTest, CrossEntropyMatchesCpu) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (std::int64_t vocab : {37, 1000, 32000}) {
+      for (GradMode mode : {GradMode::kNone, GradMode::kSeparate, GradMode::kInPlace}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " vocab " + std::to_string(vocab) + " mode " +
+                     std::to_string(static_cast<int>(mode)));
+        const std::int64_t rows = 37;
+        Rng rng(17);
+        HostTensor logits(dt, rows * vocab), dlogits(dt, rows * vocab);
+        logits.fill_uniform(rng, -8, 8);
+        std::vector<std::int32_t> targets(rows);
+        for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_int(vocab));
+        targets[3] = -1;  // ignored
+        targets[20] = -100;
+        targets[5] = static_cast<std::int32_t>(vocab - 1);
+        const float scale = 0.37f;
+        std::vector<float> losses(rows);
+        HostTensor cpu_logits = logits;
+        void* cpu_d = mode == GradMode::kNone      ? nullptr
+                      : mode == GradMode::kInPlace ? cpu_logits.data()
+                                                   : dlogits.data();
+        cpu_ops().cross_entropy(cpu_logits.data(), targets.data(), losses.data(), cpu_d, rows,
+                                vocab, scale, dt);
+
+        GpuTensor glogits(*gpu_, logits), gd(*gpu_, dt, rows * vocab);
+        gd.poison();
+        DeviceBuffer gt = upload_array(*gpu_, targets);
+        DeviceBuffer gl = testing::poisoned_floats(*gpu_, rows);
+        void* gpu_d = mode == GradMode::kNone      ? nullptr
+                      : mode == GradMode::kInPlace ? glogits.data()
+                                                   : gd.data();
+        gpu_ops().cross_entropy(glogits.data(), gt.as<std::int32_t>(), gl.as<float>(), gpu_d, rows,
+                                vocab, scale, dt);
+        expect_close("loss", as_doubles(download_array<float>(*gpu_, gl, rows)), as_doubles(losses),
+                     1e-5);
+        if (mode == GradMode::kSeparate) {
+          expect_close("dlogits", gd.download().values(), dlogits.values(), tolerance(dt));
+        } else if (mode == GradMode::kInPlace) {
+          expect_close("dlogits", glogits.download().values(), cpu_logits.values(), tolerance(dt));
+        } else {
+          EXPECT_TRUE(glogits.download().bitwise_equal(logits));  // untouched
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaLossOptimTest, SumSquaresMatchesCpu) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (std::int64_t n : {1, 1000, 1000003, 20000000}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n));
+      Rng rng(19);
+      HostTensor x(dt, n);
+      x.fill_uniform(rng, -2, 2);
+      GpuTensor gx(*gpu_, x);
+      const double want = cpu_ops().sum_squares(x.data(), n, dt);
+      const double got = gpu_ops().sum_squares(gx.data(), n, dt);
+      EXPECT_NEAR(got, want, 1e-12 * want);
+      EXPECT_EQ(gpu_ops().sum_squares(gx.data(), n, dt), got);  // reproducible
+    }
+  }
+}
+
+TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
+  struct Case {
+    DType grad, out;
+    bool adamw_mode;
+    std::int64_t offset;  // elements: 1 forces the unaligned path
+  };
+  const Case cases[] = {{DType::kF32, DType::kBF16, true, 0},
+                        {DType::kBF16, DType::kBF16, true, 0},
+                        {DType::kF32, DType::kF32, false, 0},
+                        {DType::kF16, DType::kF16, true, 1},
+                        {DType::kF32, DType::kBF16, true, 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.grad)) + " -> " + std::string(dtype_name(c.out)) +
+                 " adamw " + std::to_string(c.adamw_mode) + " offset " + std::to_string(c.offset));
+    const std::int64_t n = 10007, total = n + c.offset;
+    Rng rng(23);
+    HostTensor p(DType::kF32, total), m(DType::kF32, total), v(DType::kF32, total),
+        g(c.grad, total), out(c.out, total);
+    p.fill_uniform(rng, -1, 1);
+    m.fill_uniform(rng, -0.1, 0.1);
+    v.fill_uniform(rng, 0, 0.01);
+    g.fill_uniform(rng, -1, 1);
+    GpuTensor gp(*gpu_, p), gm(*gpu_, m), gv(*gpu_, v), gg(*gpu_, g), gout(*gpu_, c.out, total);
+    gout.poison();
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      AdamWArgs a;
+      a.n = n;
+      a.lr = 1e-3f;
+      a.beta1 = 0.9f;
+      a.beta2 = 0.95f;
+      a.eps = 1e-8f;
+      a.weight_decay = 0.1f;
+      a.grad_scale = 0.5f;
+      a.step = step;
+      a.adamw_mode = c.adamw_mode;
+      a.grad_dtype = c.grad;
+      a.out_dtype = c.out;
+      const std::size_t gs = dtype_size(c.grad), os = dtype_size(c.out);
+      AdamWArgs ca = a;
+      ca.param = p.as<float>() + c.offset;
+      ca.exp_avg = m.as<float>() + c.offset;
+      ca.exp_avg_sq = v.as<float>() + c.offset;
+      ca.grad = static_cast<std::byte*>(g.data()) + c.offset * gs;
+      ca.param_out = static_cast<std::byte*>(out.data()) + c.offset * os;
+      adamw_reference(ca);
+      AdamWArgs ga = a;
+      ga.param = gp.as<float>() + c.offset;
+      ga.exp_avg = gm.as<float>() + c.offset;
+      ga.exp_avg_sq = gv.as<float>() + c.offset;
+      ga.grad = static_cast<std::byte*>(gg.data()) + c.offset * gs;
+      ga.param_out = static_cast<std::byte*>(gout.data()) + c.offset * os;
+      gpu_ops().adamw(ga);
+    }
+    HostTensor rp = gp.download(), rm = gm.download(), rv = gv.download(), ro = gout.download();
+    for (std::int64_t i = c.offset; i < total; ++i) {
+      ASSERT_EQ(rp.as<float>()[i], p.as<float>()[i]) << "param " << i;
+      ASSERT_EQ(rm.as<float>()[i], m.as<float>()[i]) << "exp_avg " << i;
+      ASSERT_EQ(rv.as<float>()[i], v.as<float>()[i]) << "exp_avg_sq " << i;
+      ASSERT_EQ(ro.get(i), out.get(i)) << "param_out " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::device
+
+#endif  // STRATA_HAVE_CUDA
