@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -32,7 +33,7 @@ Engine::Engine(std::vector<EngineFile> files, const EngineOptions& options)
       threads_(options.threads < options.queue_depth ? options.threads : options.queue_depth) {
   STRATA_CHECK(!files_.empty(), "an engine needs at least one file");
   STRATA_CHECK(queue_depth_ > 0 && threads_ > 0, "bad engine options", queue_depth_, threads_);
-  if (!options.faults.empty()) faults_ = std::make_unique<FaultInjector>(options.faults);
+  if (!options.faults.rules.empty()) faults_ = std::make_unique<FaultInjector>(options.faults);
 }
 
 void Engine::submit(std::vector<IoChunk> chunks) {
@@ -50,9 +51,21 @@ void Engine::submit(std::vector<IoChunk> chunks) {
 }
 
 void Engine::drain() {
+  if (CallerDriver* driver = caller_driver()) {
+    const std::function<bool()> idle_now = [this] { return idle(); };
+    while (!idle()) driver->progress(idle_now);
+    return;
+  }
   std::unique_lock lock(outstanding_mu_);
   outstanding_cv_.wait(lock, [this] { return outstanding_ == 0; });
 }
+
+bool Engine::idle() {
+  std::lock_guard lock(outstanding_mu_);
+  return outstanding_ == 0;
+}
+
+Status Engine::register_buffers(std::span<const std::span<std::byte>>) { return Status::ok(); }
 
 int Engine::grow(int file, std::uint64_t size_bytes) {
   STRATA_CHECK(file >= 0 && file < num_files(), "bad file index", file);
@@ -91,6 +104,7 @@ EngineCounters Engine::counters() const {
   c.write_chunks = write_chunks_.load(std::memory_order_relaxed);
   c.retries = retries_.load(std::memory_order_relaxed);
   c.faults_injected = faults_ != nullptr ? faults_->fired() : 0;
+  c.fixed_chunks = fixed_chunks_.load(std::memory_order_relaxed);
   return c;
 }
 

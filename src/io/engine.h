@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,9 +38,12 @@ struct IoChunk {
 };
 
 struct EngineOptions {
-  int queue_depth = 32;   // most chunks in the kernel at once
-  int threads = 4;        // thread-pool engines: worker count (capped at queue_depth)
-  FaultInjection faults;  // empty: no injector at all
+  int queue_depth = 32;        // most chunks in the kernel at once, per ring
+  int threads = 4;             // thread-pool engines: worker count (capped at queue_depth)
+  int rings = 1;               // io_uring: rings, each with queue_depth slots
+  bool caller_driven = false;  // io_uring: no driver threads (see SwapOptions::caller_driven)
+  bool sqpoll = false;         // io_uring: IORING_SETUP_SQPOLL
+  FaultInjection faults;       // no rules: no injector at all
 };
 
 struct EngineCounters {
@@ -47,6 +51,7 @@ struct EngineCounters {
   std::uint64_t write_chunks = 0;
   std::uint64_t retries = 0;
   std::uint64_t faults_injected = 0;
+  std::uint64_t fixed_chunks = 0;
 };
 
 // A chunk's progress across attempts: short transfers and EINTR/EAGAIN resubmit the remainder.
@@ -77,6 +82,15 @@ class Engine {
   void submit(std::vector<IoChunk> chunks);
   // Blocks until every chunk submitted so far has completed.
   void drain();
+  // Non-null when the engine makes progress only in its callers' threads; request states then
+  // drive it from wait() and poll().
+  virtual CallerDriver* caller_driver() { return nullptr; }
+  // Fixed buffers (see SwapSpace::register_buffers). Called with nothing in flight. The default
+  // engine has none and accepts any buffers.
+  virtual Status register_buffers(std::span<const std::span<std::byte>> buffers);
+  virtual void unregister_buffers() {}
+  // A warning from setup the swap space should pass on (SQPOLL refused), or empty.
+  virtual std::string setup_warning() const { return {}; }
   // Makes file `file` at least size_bytes long with its blocks allocated (fallocate). Returns 0
   // or an errno (ENOSPC when the file system is full). Safe while I/O is in flight.
   int grow(int file, std::uint64_t size_bytes);
@@ -97,6 +111,8 @@ class Engine {
   // Applies one attempt's result: bytes transferred, or -errno. kFinished means the handle has
   // been told (success or an error naming file, offset and length); the run is spent.
   Step on_result(ChunkRun& run, std::int64_t res);
+  void count_fixed() { fixed_chunks_.fetch_add(1, std::memory_order_relaxed); }
+  bool idle();
 
   const std::vector<EngineFile> files_;
   const int queue_depth_;
@@ -112,6 +128,7 @@ class Engine {
   std::atomic<std::uint64_t> read_chunks_{0};
   std::atomic<std::uint64_t> write_chunks_{0};
   std::atomic<std::uint64_t> retries_{0};
+  std::atomic<std::uint64_t> fixed_chunks_{0};
 };
 
 // Transfers behind a thread-pool engine: synchronous, pread/pwrite-like (bytes or -errno).
@@ -128,7 +145,8 @@ class SyncBackend {
 int grow_fd(int fd, std::uint64_t size_bytes);
 
 // io_uring engine; unavailable() when not compiled in or when the kernel refuses a ring (the
-// message says why, for the fallback warning).
+// message says why, for the fallback warning). options.rings rings, each with its own driver
+// thread unless options.caller_driven.
 Result<std::unique_ptr<Engine>> make_uring_engine(std::vector<EngineFile> files,
                                                   const EngineOptions& options);
 // pread/pwrite on a pool of worker threads.

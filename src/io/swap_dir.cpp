@@ -141,7 +141,7 @@ std::string swap_file_path(const std::string& dir, long pid) {
   return dir + "/strata-" + std::to_string(pid) + ".swap";
 }
 
-Result<SwapDir> SwapDir::open(const std::string& dir, bool direct) {
+Result<SwapDir> SwapDir::open(const std::string& dir, bool direct, bool simulate_refusal) {
   STRATA_RETURN_IF_ERROR(check_directory(dir));
   SwapDir sd;
   sd.dir_ = dir;
@@ -164,7 +164,11 @@ Result<SwapDir> SwapDir::open(const std::string& dir, bool direct) {
 
   sd.file_path_ = swap_file_path(dir, self);
   const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
-  sd.file_ = UniqueFd(::open(sd.file_path_.c_str(), flags | (direct ? O_DIRECT : 0), 0600));
+  if (direct && simulate_refusal) {
+    errno = EINVAL;
+  } else {
+    sd.file_ = UniqueFd(::open(sd.file_path_.c_str(), flags | (direct ? O_DIRECT : 0), 0600));
+  }
   if (!sd.file_.valid() && direct && errno == EINVAL) {
     // The file system has no O_DIRECT (older tmpfs, some FUSE and network file systems).
     sd.direct_refused_ = true;

@@ -22,7 +22,8 @@ class SwapDir {
   // Checks that `dir` exists and is writable, takes the lock, deletes swap files left by dead
   // processes, and creates this process's swap file (with O_DIRECT if `direct`, unless the file
   // system refuses it: then buffered, and direct_refused() is true so the caller can warn once).
-  static Result<SwapDir> open(const std::string& dir, bool direct);
+  // simulate_refusal makes the O_DIRECT open fail as such a file system would (tests).
+  static Result<SwapDir> open(const std::string& dir, bool direct, bool simulate_refusal = false);
 
   SwapDir(SwapDir&&) noexcept = default;
   SwapDir& operator=(SwapDir&&) noexcept;

@@ -10,9 +10,11 @@
 #include "src/io/engine.h"
 #include "src/io/errno_text.h"
 #include "src/io/extent_allocator.h"
+#include "src/io/extent_checksums.h"
 #include "src/io/io_state.h"
 #include "src/io/stripe_layout.h"
 #include "src/io/swap_dir.h"
+#include "strata/build_config.h"
 #include "strata/core/logging.h"
 #include "strata/io/swap.h"
 
@@ -24,6 +26,7 @@ namespace {
 constexpr std::size_t kMaxBlockBytes = std::size_t{1} << 30;
 constexpr int kMaxQueueDepth = 4096;
 constexpr int kMaxThreads = 256;
+constexpr int kMaxRings = 64;
 
 std::string format_bytes(std::uint64_t bytes) {
   char buf[64];
@@ -68,9 +71,18 @@ Status validate_options(const SwapOptions& o) {
     problems.push_back("queue_depth " + std::to_string(o.queue_depth) + " must be in [1, " +
                        std::to_string(kMaxQueueDepth) + "]");
   }
+  if (o.thread_count < 1 || o.thread_count > kMaxRings) {
+    problems.push_back("thread_count " + std::to_string(o.thread_count) + " must be in [1, " +
+                       std::to_string(kMaxRings) + "]");
+  }
   if (o.posix_threads < 1 || o.posix_threads > kMaxThreads) {
     problems.push_back("posix_threads " + std::to_string(o.posix_threads) + " must be in [1, " +
                        std::to_string(kMaxThreads) + "]");
+  }
+  if (o.verify_swap && STRATA_HAVE_XXHASH == 0) {
+    problems.push_back(
+        "verify_swap needs libxxhash, which this build lacks (install "
+        "libxxhash-dev and rebuild)");
   }
   if (problems.empty()) return Status::ok();
   std::string msg = "invalid swap options: ";
@@ -78,10 +90,21 @@ Status validate_options(const SwapOptions& o) {
   return invalid_argument(std::move(msg));
 }
 
+std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%016jx", static_cast<std::uintmax_t>(v));
+  return buf;
+}
+
 class SwapSpaceImpl final : public SwapSpace {
  public:
-  SwapSpaceImpl(std::vector<SwapDir> dirs, StripeLayout layout, std::unique_ptr<Engine> engine)
-      : dirs_(std::move(dirs)), layout_(layout), engine_(std::move(engine)) {
+  SwapSpaceImpl(std::vector<SwapDir> dirs, StripeLayout layout, std::unique_ptr<Engine> engine,
+                bool verify, std::vector<std::string> warnings)
+      : dirs_(std::move(dirs)),
+        layout_(layout),
+        verify_(verify),
+        warnings_(std::move(warnings)),
+        engine_(std::move(engine)) {
     STRATA_CHECK(engine_->num_files() == layout_.num_files(), "engine and layout disagree");
   }
 
@@ -97,12 +120,15 @@ class SwapSpaceImpl final : public SwapSpace {
       return invalid_argument("cannot allocate 0 bytes of swap for '" + std::string(what) + "'");
     }
     std::lock_guard lock(mu_);
-    if (auto extent = allocator_.allocate(size_bytes)) return *extent;
-    const std::uint64_t grown =
-        layout_.round_up_to_rows(allocator_.capacity() + allocator_.growth_needed(size_bytes));
-    STRATA_RETURN_IF_ERROR(grow_locked(grown, size_bytes, what));
     auto extent = allocator_.allocate(size_bytes);
-    STRATA_CHECK(extent.has_value(), "allocation failed right after growing", size_bytes);
+    if (!extent) {
+      const std::uint64_t grown =
+          layout_.round_up_to_rows(allocator_.capacity() + allocator_.growth_needed(size_bytes));
+      STRATA_RETURN_IF_ERROR(grow_locked(grown, size_bytes, what));
+      extent = allocator_.allocate(size_bytes);
+      STRATA_CHECK(extent.has_value(), "allocation failed right after growing", size_bytes);
+    }
+    if (verify_) checksums_.add(*extent, what);
     return *extent;
   }
 
@@ -110,18 +136,33 @@ class SwapSpaceImpl final : public SwapSpace {
     if (!extent.valid()) return;
     std::lock_guard lock(mu_);
     allocator_.free(extent);
+    if (verify_) checksums_.remove(extent);
   }
 
-  IoHandle read(const Extent& extent, std::uint64_t offset_in_extent, void* buf,
-                std::size_t size_bytes) override {
-    return submit(IoOp::kRead, extent, offset_in_extent, static_cast<std::byte*>(buf), size_bytes);
+  IoHandle submit(const IoRequest& request) override {
+    std::vector<IoChunk> chunks;
+    IoHandle handle = prepare(request, chunks);
+    engine_->submit(std::move(chunks));
+    return handle;
   }
 
-  IoHandle write(const Extent& extent, std::uint64_t offset_in_extent, const void* buf,
-                 std::size_t size_bytes) override {
-    // The engine only reads from a write's buffer; the cast lets both directions share IoChunk.
-    return submit(IoOp::kWrite, extent, offset_in_extent,
-                  static_cast<std::byte*>(const_cast<void*>(buf)), size_bytes);
+  std::vector<IoHandle> submit_batch(std::span<const IoRequest> requests) override {
+    std::vector<IoChunk> chunks;
+    std::vector<IoHandle> handles;
+    handles.reserve(requests.size());
+    for (const IoRequest& r : requests) handles.push_back(prepare(r, chunks));
+    engine_->submit(std::move(chunks));
+    return handles;
+  }
+
+  Status register_buffers(std::span<const std::span<std::byte>> buffers) override {
+    engine_->drain();
+    return engine_->register_buffers(buffers);
+  }
+
+  void unregister_buffers() override {
+    engine_->drain();
+    engine_->unregister_buffers();
   }
 
   IoStats stats() const override {
@@ -131,6 +172,7 @@ class SwapSpaceImpl final : public SwapSpace {
     s.write_chunks = c.write_chunks;
     s.retries = c.retries;
     s.faults_injected = c.faults_injected;
+    s.fixed_chunks = c.fixed_chunks;
     return s;
   }
 
@@ -145,6 +187,8 @@ class SwapSpaceImpl final : public SwapSpace {
     std::lock_guard lock(mu_);
     return allocator_.used_bytes();
   }
+
+  std::vector<std::string> warnings() const override { return warnings_; }
 
   Status reserve_initial(std::uint64_t bytes) {
     std::lock_guard lock(mu_);
@@ -194,10 +238,10 @@ class SwapSpaceImpl final : public SwapSpace {
     const std::string align = std::to_string(kIoAlignBytes);
     const auto addr = reinterpret_cast<std::uintptr_t>(buf);
     if (addr % kIoAlignBytes != 0) {
-      char hex[32];
-      std::snprintf(hex, sizeof(hex), "0x%jx", static_cast<std::uintmax_t>(addr));
-      return invalid_argument("buffer address " + std::string(hex) + " is not aligned to " + align +
-                              " for O_DIRECT on " + path +
+      char hex_addr[32];
+      std::snprintf(hex_addr, sizeof(hex_addr), "0x%jx", static_cast<std::uintmax_t>(addr));
+      return invalid_argument("buffer address " + std::string(hex_addr) + " is not aligned to " +
+                              align + " for O_DIRECT on " + path +
                               "; allocate buffers with AlignedBuffer or posix_memalign(" + align +
                               ")");
     }
@@ -228,34 +272,84 @@ class SwapSpaceImpl final : public SwapSpace {
     return Status::ok();
   }
 
-  IoHandle submit(IoOp op, const Extent& extent, std::uint64_t offset, std::byte* buf,
-                  std::size_t size_bytes) {
-    Status status = validate(op, extent, offset, buf, size_bytes);
+  // Validates a request and appends its chunks; a rejected or empty request comes back done.
+  IoHandle prepare(const IoRequest& req, std::vector<IoChunk>& chunks) {
+    auto* buf = static_cast<std::byte*>(req.buf);
+    Status status = validate(req.op, req.extent, req.offset_in_extent, buf, req.size_bytes);
     if (!status.is_ok()) {
       tracker_.count_rejected();
-      return IoHandle(IoHandle::State::finished(op, std::move(status)));
+      return IoHandle(IoHandle::State::finished(req.op, std::move(status), req.callback));
     }
-    if (size_bytes == 0) return IoHandle(IoHandle::State::finished(op, Status::ok()));
-    const std::uint64_t start = extent.offset + offset;
+    if (req.size_bytes == 0) {
+      return IoHandle(IoHandle::State::finished(req.op, Status::ok(), req.callback));
+    }
+    const std::uint64_t start = req.extent.offset + req.offset_in_extent;
     std::vector<StripeLayout::Piece> pieces;
-    layout_.split(start, size_bytes, pieces);
-    auto state =
-        std::make_shared<IoHandle::State>(op, static_cast<std::uint32_t>(pieces.size()), &tracker_);
-    std::vector<IoChunk> chunks;
-    chunks.reserve(pieces.size());
+    layout_.split(start, req.size_bytes, pieces);
+    auto state = std::make_shared<IoHandle::State>(
+        req.op, static_cast<std::uint32_t>(pieces.size()), &tracker_, engine_->caller_driver());
+    if (verify_) attach_verification(req, *state);
+    if (req.callback) state->set_callback(req.callback);
     for (const StripeLayout::Piece& p : pieces) {
-      chunks.push_back({op, p.file, p.file_offset, p.swap_offset, buf + (p.swap_offset - start),
+      chunks.push_back({req.op, p.file, p.file_offset, p.swap_offset, buf + (p.swap_offset - start),
                         static_cast<std::size_t>(p.size_bytes), state});
     }
-    engine_->submit(std::move(chunks));
     return IoHandle(std::move(state));
+  }
+
+  // Writes record their pieces' checksums now (the buffer must not change until the write is
+  // done) and forget them if the write fails; reads check what they got on completion.
+  void attach_verification(const IoRequest& req, IoHandle::State& state) {
+    const auto* buf = static_cast<const std::byte*>(req.buf);
+    const Extent extent = req.extent;
+    const std::uint64_t offset = req.offset_in_extent;
+    const std::size_t size = req.size_bytes;
+    if (req.op == IoOp::kWrite) {
+      checksums_.record_write(extent, offset, buf, size);
+      state.set_finisher([this, extent, offset, size](const Status& s) {
+        if (!s.is_ok()) checksums_.forget(extent, offset, size);
+        return s;
+      });
+      return;
+    }
+    ExtentChecksums::ReadCheck check = checksums_.expect_read(extent, offset, size);
+    if (check.pieces.empty()) return;  // nothing known to compare with
+    state.set_finisher([this, check = std::move(check), buf](const Status& s) -> Status {
+      if (!s.is_ok()) return s;
+      const auto mismatch = ExtentChecksums::check(check, buf);
+      tracker_.count_verified(ExtentChecksums::bytes_checked(check), !mismatch.has_value());
+      if (!mismatch) return s;
+      return data_loss(describe_mismatch(check, *mismatch));
+    });
+  }
+
+  std::string describe_mismatch(const ExtentChecksums::ReadCheck& check,
+                                const ExtentChecksums::Mismatch& m) const {
+    const ExtentChecksums::Piece& p = m.piece;
+    std::vector<StripeLayout::Piece> where;
+    layout_.split(check.extent.offset + p.offset_in_extent, p.size_bytes, where);
+    std::string files;
+    for (std::size_t i = 0; i < where.size(); ++i) {
+      files += (i > 0 ? ", " : "") + engine_->path(where[i].file) + " at offset " +
+               std::to_string(where[i].file_offset);
+    }
+    return "checksum mismatch reading '" + check.what + "' from swap: bytes " +
+           std::to_string(p.offset_in_extent) + ".." +
+           std::to_string(p.offset_in_extent + p.size_bytes) + " of its extent (swap offset " +
+           std::to_string(check.extent.offset) + ", " + std::to_string(check.extent.size_bytes) +
+           " bytes) read back with xxh3 " + hex(m.actual) + " but were written with " + hex(p.sum) +
+           " (stored in " + files +
+           "); the swap file was changed behind Strata's back or the drive returned bad data";
   }
 
   // Destroyed in reverse: engine_ first (it drains), then the tracker its chunks report to,
   // then dirs_, which deletes the files.
   std::vector<SwapDir> dirs_;
   const StripeLayout layout_;
+  const bool verify_;
+  const std::vector<std::string> warnings_;
   StatsTracker tracker_;
+  ExtentChecksums checksums_;
   mutable std::mutex mu_;  // guards allocator_ and growth
   ExtentAllocator allocator_{kIoAlignBytes};
   std::unique_ptr<Engine> engine_;
@@ -263,7 +357,8 @@ class SwapSpaceImpl final : public SwapSpace {
 
 Result<std::unique_ptr<Engine>> open_disk_engine(const SwapOptions& o,
                                                  std::vector<EngineFile> files,
-                                                 const EngineOptions& eo) {
+                                                 const EngineOptions& eo,
+                                                 std::vector<std::string>& warnings) {
   if (o.engine == "posix") return make_posix_engine(std::move(files), eo);
   auto uring = make_uring_engine(files, eo);
   if (uring.is_ok()) return std::move(uring).value();
@@ -271,10 +366,10 @@ Result<std::unique_ptr<Engine>> open_disk_engine(const SwapOptions& o,
     return uring.status().with_context(
         "engine \"uring\" is not available (use engine \"auto\" or \"posix\")");
   }
-  log_warning("io_uring is not available (" + uring.status().message() +
-              "); swap uses the posix engine (pread/pwrite on " +
-              std::to_string(eo.threads < eo.queue_depth ? eo.threads : eo.queue_depth) +
-              " threads), which reaches a lower queue depth");
+  warnings.push_back("io_uring is not available (" + uring.status().message() +
+                     "); swap uses the posix engine (pread/pwrite on " +
+                     std::to_string(eo.threads < eo.queue_depth ? eo.threads : eo.queue_depth) +
+                     " threads), which reaches a lower queue depth");
   return make_posix_engine(std::move(files), eo);
 }
 
@@ -285,9 +380,13 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options)
   EngineOptions eo;
   eo.queue_depth = options.queue_depth;
   eo.threads = options.posix_threads;
+  eo.rings = options.thread_count;
+  eo.caller_driven = options.caller_driven;
+  eo.sqpoll = options.sqpoll;
   eo.faults = options.fault_injection;
 
   std::vector<SwapDir> dirs;
+  std::vector<std::string> warnings;
   std::unique_ptr<Engine> engine;
   if (options.engine == "memory") {
     std::vector<std::string> names;
@@ -298,27 +397,35 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options)
     std::vector<EngineFile> files;
     std::string refused;
     for (const std::string& path : options.paths) {
-      STRATA_ASSIGN_OR_RETURN(SwapDir dir, SwapDir::open(path, options.direct));
+      STRATA_ASSIGN_OR_RETURN(
+          SwapDir dir, SwapDir::open(path, options.direct, options.fault_injection.refuse_direct));
       if (dir.direct_refused()) refused += (refused.empty() ? "" : ", ") + dir.dir();
       files.push_back({dir.fd(), dir.file_path()});
       dirs.push_back(std::move(dir));
     }
     if (!refused.empty()) {
-      log_warning("the file system of " + refused +
-                  " refuses O_DIRECT; swap there uses buffered I/O through the page cache, "
-                  "which costs host memory and bandwidth");
+      warnings.push_back("the file system of " + refused +
+                         " refuses O_DIRECT; swap there uses buffered I/O through the page cache, "
+                         "which costs host memory and bandwidth");
     }
-    STRATA_ASSIGN_OR_RETURN(engine, open_disk_engine(options, std::move(files), eo));
+    STRATA_ASSIGN_OR_RETURN(engine, open_disk_engine(options, std::move(files), eo, warnings));
+  }
+  if (std::string w = engine->setup_warning(); !w.empty()) warnings.push_back(std::move(w));
+  if (options.log_warnings) {
+    for (const std::string& w : warnings) log_warning(w);
   }
   const int num_files = engine->num_files();
   auto space = std::make_unique<SwapSpaceImpl>(
-      std::move(dirs), StripeLayout(num_files, options.block_size_bytes), std::move(engine));
+      std::move(dirs), StripeLayout(num_files, options.block_size_bytes), std::move(engine),
+      options.verify_swap, std::move(warnings));
   if (options.initial_capacity_bytes > 0) {
     STRATA_RETURN_IF_ERROR(space->reserve_initial(options.initial_capacity_bytes));
   }
   log_debug("swap space: engine " + space->engine_name() + ", " + std::to_string(num_files) +
             " file(s), block " + std::to_string(options.block_size_bytes) + " bytes, queue depth " +
-            std::to_string(options.queue_depth));
+            std::to_string(options.queue_depth) + ", " + std::to_string(options.thread_count) +
+            " ring(s)" + (options.caller_driven ? " driven by callers" : "") +
+            (options.verify_swap ? ", verified" : ""));
   return std::unique_ptr<SwapSpace>(std::move(space));
 }
 

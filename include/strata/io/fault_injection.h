@@ -37,7 +37,13 @@ struct FaultRule {
 // Rules are checked in order; the first one that fires decides the attempt. Empty: no faults.
 struct FaultInjection {
   std::vector<FaultRule> rules;
-  bool empty() const { return rules.empty(); }
+  // Setting up an io_uring ring fails with EPERM, as under a seccomp profile that blocks it:
+  // engine "auto" must fall back to posix (saying so), engine "uring" must refuse.
+  bool fail_uring_setup = false;
+  // Opening a swap file with O_DIRECT fails with EINVAL, as on a file system without it: the
+  // swap space must continue with buffered I/O (saying so).
+  bool refuse_direct = false;
+  bool empty() const { return rules.empty() && !fail_uring_setup && !refuse_direct; }
 };
 
 }  // namespace strata::io

@@ -1,11 +1,13 @@
 // NVMe swap space: preallocated files in one or more directories, an extent allocator, and
 // asynchronous reads and writes through an I/O engine (io_uring with O_DIRECT, or a pread/pwrite
-// fallback).
+// fallback), with optional checksums of everything written.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +19,11 @@ namespace strata::io {
 
 // O_DIRECT needs buffers, offsets and lengths aligned to this.
 inline constexpr std::size_t kIoAlignBytes = 4096;
+// With verify_swap, every extent keeps one xxh3 checksum per piece of this many bytes (counted
+// from the extent's start), so partial reads and writes are verified too.
+inline constexpr std::size_t kVerifyPieceBytes = 64 * 1024;
+
+enum class IoOp : std::uint8_t { kRead, kWrite };
 
 struct IoStats {
   std::uint64_t bytes_read = 0;
@@ -30,6 +37,9 @@ struct IoStats {
   std::uint64_t retries = 0;  // resubmissions after short transfers, EINTR or EAGAIN
   std::uint64_t errors = 0;   // reads and writes whose handle reported an error
   std::uint64_t faults_injected = 0;
+  std::uint64_t fixed_chunks = 0;     // chunks that went through a registered buffer
+  std::uint64_t verified_bytes = 0;   // bytes read whose checksum was checked (verify_swap)
+  std::uint64_t checksum_errors = 0;  // reads that failed their checksum
 };
 
 struct SwapOptions {
@@ -38,11 +48,29 @@ struct SwapOptions {
   // name the in-memory files ("memory:<path>") and set how many are striped over.
   std::string engine = "auto";  // "auto" (io_uring if it works), "uring", "posix", "memory"
   std::size_t block_size_bytes = 1 << 20;  // requests are split into chunks of this size
+  // io_uring: most chunks in the kernel per ring (like fio's iodepth per job). The thread-pool
+  // engines use it to cap their worker count.
   int queue_depth = 32;
+  // io_uring: number of rings; chunks are dealt to them round-robin. Each ring has its own driver
+  // thread, unless caller_driven.
+  int thread_count = 1;
+  // io_uring: no driver threads. Rings make progress inside the calls of the threads that use
+  // the swap space (read, write, wait, poll, and the destructor), and callbacks run there.
+  bool caller_driven = false;
+  // io_uring: a kernel thread polls each ring's submission queue (IORING_SETUP_SQPOLL), saving
+  // the submit system call at the price of a busy core while I/O flows. Falls back to normal
+  // submission with a warning where the kernel refuses it.
+  bool sqpoll = false;
   bool direct = true;  // O_DIRECT (falls back to buffered with one warning if the fs refuses)
+  // Checksum every write (xxh3, per kVerifyPieceBytes of each extent) and check every read
+  // against it; a mismatch is a data_loss error naming the tensor and the extent.
+  bool verify_swap = false;
   std::uint64_t initial_capacity_bytes = 0;  // preallocated with fallocate; grows on demand
   int posix_threads = 4;                     // worker threads of the "posix" and "memory" engines
-  FaultInjection fault_injection;            // tests only: make chosen requests short or failing
+  // create() logs its warnings (io_uring unavailable, O_DIRECT refused) once each. A tool that
+  // creates many swap spaces may turn that off and read warnings() instead.
+  bool log_warnings = true;
+  FaultInjection fault_injection;  // tests only: make chosen requests short or failing
 };
 
 // A range of swap space. Offsets and sizes are multiples of kIoAlignBytes.
@@ -51,6 +79,21 @@ struct Extent {
   std::uint64_t size_bytes = 0;
   bool valid() const { return size_bytes != 0; }
 };
+
+// What a finished request reports: its status, the bytes transferred and the time from
+// submission to completion.
+struct IoCompletion {
+  IoOp op = IoOp::kRead;
+  Status status;
+  std::uint64_t bytes = 0;
+  double elapsed_s = 0;
+};
+
+// Called exactly once when a request finishes, before its handle reports done: on an engine
+// thread (or, caller_driven, in whichever call made the progress; for a request rejected up
+// front, inside read()/write()). Keep it short; it may submit new requests but must not wait on
+// one.
+using IoCallback = std::function<void(const IoCompletion&)>;
 
 // Completion of one asynchronous read or write (possibly split into many chunks).
 class IoHandle {
@@ -62,10 +105,25 @@ class IoHandle {
   // Blocks until every chunk finished; returns the first error, naming file, offset and length.
   // May be called again (same result) and from several threads. An empty handle returns ok.
   Status wait();
+  // Whether the request finished, without blocking. Caller-driven engines make progress here.
+  bool poll();
   bool done() const;
+  // Bytes transferred and seconds from submission to completion; 0 until done().
+  std::uint64_t bytes() const;
+  double elapsed_s() const;
 
  private:
   std::shared_ptr<State> state_;
+};
+
+// One request for SwapSpace::submit / submit_batch.
+struct IoRequest {
+  IoOp op = IoOp::kRead;
+  Extent extent;
+  std::uint64_t offset_in_extent = 0;
+  void* buf = nullptr;  // a write only reads from it
+  std::size_t size_bytes = 0;
+  IoCallback callback;  // optional
 };
 
 class SwapSpace {
@@ -78,7 +136,8 @@ class SwapSpace {
   virtual ~SwapSpace() = default;
 
   // Reserves swap space (rounded up to kIoAlignBytes). Grows the files if needed; ENOSPC is an
-  // out_of_memory error naming the directory, the request and the free space.
+  // out_of_memory error naming the directory, the request and the free space. `what` names the
+  // tensor in later errors (a failed checksum, for one).
   virtual Result<Extent> allocate(std::uint64_t size_bytes, std::string_view what) = 0;
   // Takes exactly an extent allocate() returned (freeing it twice is a bug and aborts); an empty
   // extent is ignored. Adjacent free space is merged, so steady-state loops reuse the same bytes.
@@ -86,16 +145,38 @@ class SwapSpace {
 
   // Asynchronous transfer between `extent` (starting offset_in_extent bytes in) and a host buffer.
   // buf, offset_in_extent and size_bytes must be multiples of kIoAlignBytes (checked; an
-  // invalid_argument error names the misaligned value). The buffer must stay alive until wait().
-  virtual IoHandle read(const Extent& extent, std::uint64_t offset_in_extent, void* buf,
-                        std::size_t size_bytes) = 0;
-  virtual IoHandle write(const Extent& extent, std::uint64_t offset_in_extent, const void* buf,
-                         std::size_t size_bytes) = 0;
+  // invalid_argument error names the misaligned value). The buffer must stay alive until the
+  // request is done.
+  IoHandle read(const Extent& extent, std::uint64_t offset_in_extent, void* buf,
+                std::size_t size_bytes, IoCallback callback = {}) {
+    return submit({IoOp::kRead, extent, offset_in_extent, buf, size_bytes, std::move(callback)});
+  }
+  IoHandle write(const Extent& extent, std::uint64_t offset_in_extent, const void* buf,
+                 std::size_t size_bytes, IoCallback callback = {}) {
+    // The engine only reads from a write's buffer; the cast lets both directions share IoRequest.
+    return submit({IoOp::kWrite, extent, offset_in_extent, const_cast<void*>(buf), size_bytes,
+                   std::move(callback)});
+  }
+  virtual IoHandle submit(const IoRequest& request) = 0;
+  // Several requests handed to the engine at once: one wake-up of each ring and one system call
+  // for all their chunks, rather than one per request. Handles come back in request order.
+  virtual std::vector<IoHandle> submit_batch(std::span<const IoRequest> requests) = 0;
+
+  // Registers host buffers (a pinned staging pool) with the kernel once, so requests whose buffer
+  // lies inside one of them skip per-request page pinning (io_uring fixed buffers). Replaces any
+  // earlier registration; waits for requests in flight first. The buffers must stay alive until
+  // unregister_buffers() or the swap space's end. A no-op (ok) on engines without fixed buffers;
+  // an error (RLIMIT_MEMLOCK too low, say) leaves nothing registered and I/O working as before.
+  virtual Status register_buffers(std::span<const std::span<std::byte>> buffers) = 0;
+  virtual void unregister_buffers() = 0;
 
   virtual IoStats stats() const = 0;
   virtual std::string engine_name() const = 0;  // "io_uring", "posix", "memory"
   virtual std::uint64_t capacity_bytes() const = 0;
   virtual std::uint64_t used_bytes() const = 0;
+  // The warnings create() gave (and logged, with log_warnings): io_uring unavailable and the
+  // posix fallback chosen, O_DIRECT refused, SQPOLL refused.
+  virtual std::vector<std::string> warnings() const = 0;
 };
 
 }  // namespace strata::io

@@ -81,13 +81,23 @@ inline bool uring_compiled() { return STRATA_HAVE_URING != 0; }
 // Every engine a test should cover; "uring" is skipped by the test itself when unavailable.
 inline std::vector<std::string> all_engines() { return {"uring", "posix", "memory"}; }
 
-// Options for `engine` over `paths`; memory ignores the directories except for naming.
+// Options for `engine` over `paths`; memory ignores the directories except for naming. Besides
+// the engine names, "uring_caller" is io_uring driven by the callers' threads, "uring_4rings"
+// io_uring with four rings and driver threads, "uring_2rings_caller" both, "uring_sqpoll" one
+// ring with an SQPOLL kernel thread.
 inline SwapOptions make_options(const std::string& engine, std::vector<std::string> paths) {
   SwapOptions o;
   o.engine = engine;
   o.paths = std::move(paths);
   o.block_size_bytes = 64 * 1024;
   o.queue_depth = 8;
+  if (engine.starts_with("uring_")) {
+    o.engine = "uring";
+    o.caller_driven = engine.ends_with("_caller");
+    o.sqpoll = engine == "uring_sqpoll";
+    if (engine.starts_with("uring_4rings")) o.thread_count = 4;
+    if (engine.starts_with("uring_2rings")) o.thread_count = 2;
+  }
   return o;
 }
 

@@ -255,7 +255,8 @@ TEST_P(SwapFaultTest, MisalignedRequestsAreRejected) {
   EXPECT_EQ(swap->stats().reads + swap->stats().writes, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, SwapFaultTest, ::testing::Values("uring", "posix", "memory"),
+INSTANTIATE_TEST_SUITE_P(Engines, SwapFaultTest,
+                         ::testing::Values("uring", "uring_caller", "posix", "memory"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -29,7 +29,7 @@ std::string param_name(const ::testing::TestParamInfo<EngineParam>& info) {
 }
 
 std::string expected_engine_name(const std::string& engine) {
-  return engine == "uring" ? "io_uring" : engine;
+  return engine.starts_with("uring") ? "io_uring" : engine;
 }
 
 class SwapRoundTripTest : public ::testing::TestWithParam<EngineParam> {
@@ -50,7 +50,7 @@ TEST_P(SwapRoundTripTest, RandomSizesAndOffsets) {
   Rng rng(1000 + GetParam().num_paths);
   const SwapOptions o = options();
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
-  EXPECT_EQ(swap->engine_name(), expected_engine_name(o.engine));
+  EXPECT_EQ(swap->engine_name(), expected_engine_name(GetParam().engine));
 
   std::vector<Item> items;
   std::uint64_t total = 0;
@@ -299,8 +299,12 @@ TEST_P(SwapRoundTripTest, InitialCapacityIsPreallocated) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, SwapRoundTripTest,
                          ::testing::Values(EngineParam{"uring", 1}, EngineParam{"uring", 3},
-                                           EngineParam{"posix", 1}, EngineParam{"posix", 3},
-                                           EngineParam{"memory", 1}, EngineParam{"memory", 3}),
+                                           EngineParam{"uring_caller", 1},
+                                           EngineParam{"uring_4rings", 3},
+                                           EngineParam{"uring_2rings_caller", 3},
+                                           EngineParam{"uring_sqpoll", 1}, EngineParam{"posix", 1},
+                                           EngineParam{"posix", 3}, EngineParam{"memory", 1},
+                                           EngineParam{"memory", 3}),
                          param_name);
 
 // The documented RAID-0 layout, checked against the bytes in the files themselves.
