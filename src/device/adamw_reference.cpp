@@ -15,19 +15,21 @@ void adamw_reference(const AdamWArgs& a) {
   const float decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
   const float one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
   const float one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  const auto beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
+  const auto eps = static_cast<float>(a.eps), weight_decay = static_cast<float>(a.weight_decay);
   for (std::int64_t i = 0; i < a.n; ++i) {
     float g = load_as_f32(a.grad, a.grad_dtype, static_cast<std::size_t>(i)) * a.grad_scale;
     float p = a.param[i];
     if (a.adamw_mode) {
       p *= decay;
     } else {
-      g += a.weight_decay * p;
+      g += weight_decay * p;
     }
-    const float m = a.beta1 * a.exp_avg[i] + one_minus_b1 * g;
-    const float v = a.beta2 * a.exp_avg_sq[i] + one_minus_b2 * g * g;
+    const float m = beta1 * a.exp_avg[i] + one_minus_b1 * g;
+    const float v = beta2 * a.exp_avg_sq[i] + one_minus_b2 * g * g;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;
-    p -= step_size * m / (std::sqrt(v) / bc2_sqrt + a.eps);
+    p -= step_size * m / (std::sqrt(v) / bc2_sqrt + eps);
     a.param[i] = p;
     if (a.param_out != nullptr) {
       switch (a.out_dtype) {

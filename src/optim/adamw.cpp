@@ -1,4 +1,4 @@
-// Host AdamW: the scalar path (SIMD paths come with the CPU Adam work).
+// Host AdamW: the scalar single-thread path and the per-step argument helper (SIMD: cpu_adam.h).
 #include "strata/optim/adamw.h"
 
 namespace strata::optim {
@@ -8,11 +8,11 @@ void cpu_adamw_step(const device::AdamWArgs& args) { device::adamw_reference(arg
 device::AdamWArgs make_adamw_args(const AdamWHyper& hyper, double lr, std::int64_t step,
                                   float grad_scale) {
   device::AdamWArgs a;
-  a.lr = static_cast<float>(lr);
-  a.beta1 = static_cast<float>(hyper.beta1);
-  a.beta2 = static_cast<float>(hyper.beta2);
-  a.eps = static_cast<float>(hyper.eps);
-  a.weight_decay = static_cast<float>(hyper.weight_decay);
+  a.lr = lr;
+  a.beta1 = hyper.beta1;
+  a.beta2 = hyper.beta2;
+  a.eps = hyper.eps;
+  a.weight_decay = hyper.weight_decay;
   a.adamw_mode = hyper.adamw_mode;
   a.step = step;
   a.grad_scale = grad_scale;

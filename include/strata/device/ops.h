@@ -43,7 +43,10 @@ struct AdamWArgs {
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   std::int64_t n = 0;
-  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0, grad_scale = 1.0f;
+  // Hyperparameters in double, as torch holds them (Python floats): 1 - beta, lr / bias
+  // correction and 1 - lr * weight_decay are formed in double and rounded to f32 once.
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  float grad_scale = 1.0f;
   std::int64_t step = 1;   // 1-based, after increment
   bool adamw_mode = true;  // false: Adam with L2 added to the gradient
   void* param_out = nullptr;

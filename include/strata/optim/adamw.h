@@ -15,8 +15,9 @@ struct AdamWHyper {
 };
 
 // One AdamW step on host memory with torch.optim.AdamW semantics (see device::AdamWArgs). This is
-// the scalar path; it delegates to the same reference the CPU backend's device op uses, so an
-// optimizer on the device and one offloaded to the host give bit-identical results.
+// the scalar path, one thread: it delegates to the same reference the CPU backend's device op
+// uses. The offload engine runs optim::CpuAdam (cpu_adam.h) instead, SIMD and multi-threaded and
+// bit-identical to this.
 void cpu_adamw_step(const device::AdamWArgs& args);
 
 // Fills the per-step fields of AdamWArgs from the hyperparameters.

@@ -1,0 +1,551 @@
+// CpuAdam against the memory system: params/s and effective GB/s for 1, 2 and all threads, each
+// timed in alternating pairs with a roofline kernel that moves exactly the same bytes; NT vs
+// regular stores; scalar vs SIMD; a STREAM triad; and the NVMe-streamed step against the same
+// reads and writes through the swap space with no arithmetic.
+//
+// This machine's memory bandwidth flips between two modes every few tens of seconds, so every
+// ratio comes from pairs run back to back (A B, then B A) inside one benchmark; absolute GB/s
+// are only indicative. Buffers are allocated and pre-faulted once (2 MiB aligned, transparent
+// huge pages requested) and reused by every benchmark.
+//
+//   build-adam/bench/bench_cpu_adam --benchmark_counters_tabular=true
+//   ... --benchmark_filter=Adam/ --benchmark_format=json   (counters in JSON)
+#include <benchmark/benchmark.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/core/check.h"
+#include "strata/core/dtype.h"
+#include "strata/io/swap.h"
+#include "strata/optim/cpu_adam.h"
+#include "strata/optim/streamed_adam.h"
+#include "strata/sys/process.h"
+
+namespace {
+
+using strata::DType;
+using strata::optim::CpuAdam;
+using strata::optim::CpuAdamOptions;
+
+constexpr std::int64_t kMega = 1 << 20;
+constexpr std::int64_t kMaxParams = 256 * kMega;
+constexpr std::int64_t kVerifyElems = 1 * kMega + 37;
+
+double seconds_of(const auto& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Anonymous memory, 2 MiB aligned, huge pages requested, every page touched once.
+class BigBuffer {
+ public:
+  explicit BigBuffer(std::size_t bytes) : bytes_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: fine if refused
+    data_ = static_cast<std::byte*>(p);
+  }
+  ~BigBuffer() { ::munmap(data_, bytes_); }
+  BigBuffer(const BigBuffer&) = delete;
+  BigBuffer& operator=(const BigBuffer&) = delete;
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(data_);
+  }
+
+ private:
+  std::byte* data_;
+  std::size_t bytes_;
+};
+
+// Adam state for kMaxParams parameters, filled in parallel with positive, normal-range values
+// (roofline passes add the gradient to every array, so nothing drifts to NaN or subnormal).
+struct Arrays {
+  static constexpr auto kF32Bytes = static_cast<std::size_t>(kMaxParams) * 4;
+  BigBuffer master{kF32Bytes}, exp_avg{kF32Bytes}, exp_avg_sq{kF32Bytes};
+  BigBuffer grad_f32{kF32Bytes}, grad_bf16{kF32Bytes / 2}, out{kF32Bytes};
+
+  Arrays() {
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, kMaxParams, 1 << 16), [&](auto r) {
+      for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+        const auto h = static_cast<std::uint32_t>((i * 2654435761u) >> 8) & 0xffff;
+        const float g = 1e-4f + 9e-4f * static_cast<float>(h) / 65536.0f;
+        master.as<float>()[i] = 0.5f + static_cast<float>(h) / 65536.0f;
+        exp_avg.as<float>()[i] = g;
+        exp_avg_sq.as<float>()[i] = g * g;
+        grad_f32.as<float>()[i] = g;
+        grad_bf16.as<std::uint16_t>()[i] = strata::f32_to_bf16(g).bits;
+        out.as<std::uint32_t>()[i] = 0;
+      }
+    });
+  }
+
+  strata::device::AdamWArgs args(std::int64_t n, DType grad_dtype, DType out_dtype) const {
+    strata::device::AdamWArgs a;
+    a.lr = 1e-3f;
+    a.weight_decay = 0.01f;
+    a.step = 10;
+    a.param = master.as<float>();
+    a.exp_avg = exp_avg.as<float>();
+    a.exp_avg_sq = exp_avg_sq.as<float>();
+    a.grad = grad_dtype == DType::kF32 ? grad_f32.as<void>() : grad_bf16.as<void>();
+    a.grad_dtype = grad_dtype;
+    a.param_out = out.as<void>();
+    a.out_dtype = out_dtype;
+    a.n = n;
+    return a;
+  }
+};
+
+// Owns what the benchmarks share; lives in main (no mutable globals).
+struct Context {
+  std::optional<Arrays> arrays_;
+  int all_threads = strata::sys::cpu_topology().cores;
+  Arrays& arrays() {
+    if (!arrays_) arrays_.emplace();
+    return *arrays_;
+  }
+};
+
+// Bytes read + written per element by one Adam step: master, exp_avg, exp_avg_sq read and
+// written (24), the gradient read, the half-precision copy written.
+double bytes_per_elem(DType grad_dtype, DType out_dtype) {
+  return 24.0 + static_cast<double>(strata::dtype_size(grad_dtype)) +
+         static_cast<double>(strata::dtype_size(out_dtype));
+}
+
+strata::Result<CpuAdam> make_adam(int threads, const char* simd, bool nontemporal) {
+  CpuAdamOptions o;
+  o.threads = threads;
+  o.simd = simd;
+  o.nontemporal = nontemporal;
+  return CpuAdam::create(o);
+}
+
+// Checks the benchmarked configuration against the reference on a slice, before any timing.
+bool verify(benchmark::State& state, CpuAdam& adam, const strata::device::AdamWArgs& full) {
+  strata::device::AdamWArgs a = full;
+  a.n = kVerifyElems;
+  std::vector<float> p(a.param, a.param + a.n), m(a.exp_avg, a.exp_avg + a.n),
+      v(a.exp_avg_sq, a.exp_avg_sq + a.n);
+  std::vector<std::byte> out(static_cast<std::size_t>(a.n) * strata::dtype_size(a.out_dtype));
+  strata::device::AdamWArgs r = a;
+  r.param = p.data(), r.exp_avg = m.data(), r.exp_avg_sq = v.data(), r.param_out = out.data();
+  strata::device::adamw_reference(r);
+  if (adam.step(a) != strata::optim::StepOutcome::kUpdated ||
+      std::memcmp(a.param, p.data(), p.size() * 4) != 0 ||
+      std::memcmp(a.exp_avg, m.data(), m.size() * 4) != 0 ||
+      std::memcmp(a.exp_avg_sq, v.data(), v.size() * 4) != 0 ||
+      std::memcmp(a.param_out, out.data(), out.size()) != 0) {
+    state.SkipWithError("CpuAdam differs from device::adamw_reference");
+    return false;
+  }
+  return true;
+}
+
+// Runs `a` and `b` once per iteration, alternating which goes first; the iteration's manual
+// time is a's. Ratios are medians of the per-pair ratios: a burst from a neighbour (the machine
+// and its disk are shared) spoils one pair, not the figure.
+struct PairTimes {
+  double a_s = 0, b_s = 0;  // sums
+  double n = 0;
+  std::vector<double> b_over_a;
+  double median_b_over_a() const {
+    std::vector<double> r = b_over_a;
+    std::sort(r.begin(), r.end());
+    const std::size_t m = r.size() / 2;
+    return r.size() % 2 == 1 ? r[m] : 0.5 * (r[m - 1] + r[m]);
+  }
+};
+
+PairTimes run_pairs(benchmark::State& state, const auto& a, const auto& b) {
+  PairTimes t;
+  for (auto _ : state) {
+    double ta, tb;
+    if (static_cast<std::int64_t>(t.n) % 2 == 0) {
+      ta = seconds_of(a);
+      tb = seconds_of(b);
+    } else {
+      tb = seconds_of(b);
+      ta = seconds_of(a);
+    }
+    t.a_s += ta;
+    t.b_s += tb;
+    t.n += 1;
+    t.b_over_a.push_back(tb / ta);
+    state.SetIterationTime(ta);
+  }
+  return t;
+}
+
+void set_rate_counters(benchmark::State& state, const PairTimes& t, std::int64_t n,
+                       double bytes_per) {
+  state.counters["GBps"] = bytes_per * static_cast<double>(n) * t.n / t.a_s / 1e9;
+  state.counters["params_per_s"] = static_cast<double>(n) * t.n / t.a_s;
+}
+
+// Adam, then the roofline with streaming stores, then with regular stores, rotating which runs
+// first. Per iteration the roofline is the faster of the two (the tightest bound either store
+// policy gives), so ratio_to_roofline = median(min(roofline times) / Adam time).
+PairTimes run_against_best_roofline(benchmark::State& state, const auto& adam, const auto& roof_nt,
+                                    const auto& roof_regular) {
+  PairTimes t;
+  for (auto _ : state) {
+    double ta = 0, tb = 0, tc = 0;
+    switch (static_cast<std::int64_t>(t.n) % 3) {
+      case 0:
+        ta = seconds_of(adam), tb = seconds_of(roof_nt), tc = seconds_of(roof_regular);
+        break;
+      case 1:
+        tb = seconds_of(roof_nt), tc = seconds_of(roof_regular), ta = seconds_of(adam);
+        break;
+      default:
+        tc = seconds_of(roof_regular), ta = seconds_of(adam), tb = seconds_of(roof_nt);
+        break;
+    }
+    const double best = std::min(tb, tc);
+    t.a_s += ta;
+    t.b_s += best;
+    t.n += 1;
+    t.b_over_a.push_back(best / ta);
+    state.SetIterationTime(ta);
+  }
+  return t;
+}
+
+// Adam vs the roofline moving the same bytes: ratio_to_roofline = roofline time / Adam time.
+void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64_t n, int threads) {
+  auto adam = make_adam(threads, "auto", true);
+  auto regular = make_adam(threads, "auto", false);
+  if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
+  if (!regular.is_ok()) return state.SkipWithError(regular.status().to_string().c_str());
+  const auto args = ctx->arrays().args(n, grad_dtype, DType::kBF16);
+  if (!verify(state, *adam, args)) return;
+  const PairTimes t = run_against_best_roofline(
+      state, [&] { benchmark::DoNotOptimize(adam->step(args, /*check_finite=*/false)); },
+      [&] { adam->memory_roofline(args); }, [&] { regular->memory_roofline(args); });
+  const double bytes = bytes_per_elem(grad_dtype, DType::kBF16);
+  set_rate_counters(state, t, n, bytes);
+  state.counters["ratio_to_roofline"] = t.median_b_over_a();
+  state.counters["roofline_GBps"] = bytes * static_cast<double>(n) * t.n / t.b_s / 1e9;
+  state.SetLabel(std::string(strata::optim::simd_path_name(adam->simd())) +
+                 (adam->uses_native_bf16() ? "+bf16" : ""));
+}
+
+// The same Adam with the finite-gradient pre-scan on (its extra read is not in the roofline).
+void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  auto adam = make_adam(threads, "auto", true);
+  if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
+  const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  const PairTimes t = run_pairs(
+      state, [&] { benchmark::DoNotOptimize(adam->step(args, /*check_finite=*/true)); },
+      [&] { adam->memory_roofline(args); });
+  set_rate_counters(state, t, n, bytes_per_elem(DType::kF32, DType::kBF16));
+  state.counters["ratio_to_roofline"] = t.median_b_over_a();
+}
+
+// Non-temporal vs regular stores, Adam against Adam: nt_speedup = regular time / NT time.
+void bm_nontemporal(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  auto nt = make_adam(threads, "auto", true);
+  auto regular = make_adam(threads, "auto", false);
+  if (!nt.is_ok() || !regular.is_ok()) return state.SkipWithError("CpuAdam::create failed");
+  const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  if (!verify(state, *nt, args)) return;
+  const PairTimes t = run_pairs(
+      state, [&] { benchmark::DoNotOptimize(nt->step(args, false)); },
+      [&] { benchmark::DoNotOptimize(regular->step(args, false)); });
+  set_rate_counters(state, t, n, bytes_per_elem(DType::kF32, DType::kBF16));
+  state.counters["nt_speedup"] = t.median_b_over_a();
+}
+
+// SIMD vs the scalar path: simd_speedup = scalar time / SIMD time.
+void bm_scalar_vs_simd(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  auto simd = make_adam(threads, "auto", true);
+  auto scalar = make_adam(threads, "scalar", true);
+  if (!simd.is_ok() || !scalar.is_ok()) return state.SkipWithError("CpuAdam::create failed");
+  const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  const PairTimes t = run_pairs(
+      state, [&] { benchmark::DoNotOptimize(simd->step(args, false)); },
+      [&] { benchmark::DoNotOptimize(scalar->step(args, false)); });
+  set_rate_counters(state, t, n, bytes_per_elem(DType::kF32, DType::kBF16));
+  state.counters["simd_speedup"] = t.median_b_over_a();
+  state.SetLabel("scalar vs " + std::string(strata::optim::simd_path_name(simd->simd())));
+}
+
+// DeepSpeed's CPU Adam (since 2024) updates the fp32 state only and leaves the bf16 copy to a
+// second cast pass. That shape, with the same SIMD Adam and a vectorized cast, against the fused
+// pass: fused_speedup = (Adam without output + cast) time / fused Adam time. The cast is the
+// only code here with its own ISA: a function-level target, entered after CPUID says avx512_bf16.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void cast_to_bf16(
+    const float* src, std::uint16_t* dst, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    std::memcpy(dst + i, &h, sizeof(h));
+  }
+  for (; i < n; ++i) dst[i] = strata::f32_to_bf16(src[i]).bits;
+}
+
+void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  if (!strata::optim::cpu_supports_avx512_bf16()) {
+    return state.SkipWithError("the separate cast pass here needs avx512_bf16");
+  }
+  auto adam = make_adam(threads, "auto", true);
+  if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
+  const auto fused = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  strata::device::AdamWArgs unfused = fused;
+  unfused.param_out = nullptr;
+  tbb::task_arena arena(threads);
+  const auto separate = [&] {
+    benchmark::DoNotOptimize(adam->step(unfused, false));
+    arena.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<std::int64_t>(0, n, 1 << 15),
+          [&](const tbb::blocked_range<std::int64_t>& r) {
+            cast_to_bf16(fused.param + r.begin(),
+                         static_cast<std::uint16_t*>(fused.param_out) + r.begin(), r.size());
+          },
+          tbb::static_partitioner());
+    });
+  };
+  const PairTimes t = run_pairs(
+      state, [&] { benchmark::DoNotOptimize(adam->step(fused, false)); }, separate);
+  set_rate_counters(state, t, n, bytes_per_elem(DType::kF32, DType::kBF16));
+  state.counters["fused_speedup"] = t.median_b_over_a();
+}
+
+// STREAM triad a = b + s * c (f32, 12 bytes per element counted), paired with the Adam roofline.
+void bm_triad(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  auto adam = make_adam(threads, "auto", true);
+  if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
+  Arrays& arr = ctx->arrays();
+  const auto args = arr.args(n, DType::kF32, DType::kBF16);
+  float* a = arr.out.as<float>();
+  const float* b = arr.grad_f32.as<float>();
+  const float* c = arr.exp_avg.as<float>();
+  tbb::task_arena arena(threads);
+  const auto triad = [&] {
+    arena.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<std::int64_t>(0, n, 1 << 15),
+          [&](const tbb::blocked_range<std::int64_t>& r) {
+            for (std::int64_t i = r.begin(); i < r.end(); ++i) a[i] = b[i] + 0.5f * c[i];
+          },
+          tbb::static_partitioner());
+    });
+  };
+  const PairTimes t = run_pairs(state, triad, [&] { adam->memory_roofline(args); });
+  set_rate_counters(state, t, n, 12.0);
+  state.counters["roofline_GBps"] =
+      bytes_per_elem(DType::kF32, DType::kBF16) * static_cast<double>(n) * t.n / t.b_s / 1e9;
+}
+
+// ---- NVMe-streamed step vs the same I/O alone ----
+
+// The streamed pipeline's reads and writes without the update: same sub-groups, same slots,
+// same lookahead (see src/optim/streamed_adam.cpp).
+void io_only_pass(strata::io::SwapSpace& swap, const std::vector<strata::io::Extent>& xs,
+                  std::int64_t seg_elems, std::int64_t sub,
+                  std::vector<strata::AlignedBuffer>& bufs, std::size_t nb) {
+  struct Sg {
+    std::size_t seg;
+    std::int64_t begin, count;
+  };
+  std::vector<Sg> plan;
+  for (std::size_t s = 0; s < xs.size() / 3; ++s) {
+    for (std::int64_t b = 0; b < seg_elems; b += sub)
+      plan.push_back({s, b, std::min(sub, seg_elems - b)});
+  }
+  std::vector<std::array<strata::io::IoHandle, 3>> reads(nb), writes(nb);
+  auto issue = [&](std::size_t i, bool is_read) {
+    for (int k = 0; k < 3; ++k) {
+      const auto& x = xs[plan[i].seg * 3 + static_cast<std::size_t>(k)];
+      void* buf = bufs[(i % nb) * 3 + static_cast<std::size_t>(k)].data();
+      const auto off = static_cast<std::uint64_t>(plan[i].begin) * 4;
+      const auto bytes = static_cast<std::size_t>(plan[i].count) * 4;
+      (is_read ? reads : writes)[i % nb][static_cast<std::size_t>(k)] =
+          is_read ? swap.read(x, off, buf, bytes) : swap.write(x, off, buf, bytes);
+    }
+  };
+  auto wait = [&](std::array<strata::io::IoHandle, 3>& hs) {
+    for (auto& h : hs) {
+      if (h.valid()) STRATA_CHECK(h.wait().is_ok(), "bench I/O failed");
+      h = strata::io::IoHandle();
+    }
+  };
+  const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    for (; next < plan.size() && next <= i + lookahead; ++next) {
+      if (next >= nb) wait(writes[next % nb]);
+      issue(next, true);
+    }
+    wait(reads[i % nb]);
+    issue(i, false);
+  }
+  for (std::size_t s = 0; s < nb; ++s) {
+    wait(reads[s]);
+    wait(writes[s]);
+  }
+}
+
+// ratio_to_io = streamed step time / the same reads and writes alone (target <= 1.10).
+void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_t sub_group,
+                 const char* engine) {
+  constexpr int kSegments = 4;
+  const std::int64_t seg_elems = total_params / kSegments;
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "strata-adam-bench-swap").string();
+  std::filesystem::create_directories(dir);
+  strata::io::SwapOptions so;
+  so.paths = {dir};
+  so.engine = engine;
+  auto swap = strata::io::SwapSpace::create(so);
+  if (!swap.is_ok()) return state.SkipWithError(swap.status().to_string().c_str());
+  auto adam = make_adam(0, "auto", true);
+  if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
+  strata::optim::StreamedAdamOptions opts;
+  opts.sub_group_size = sub_group;
+  opts.max_segment_elems = seg_elems;
+  opts.check_finite = false;
+  auto streamed = strata::optim::StreamedAdam::create(**swap, *adam, opts);
+  if (!streamed.is_ok()) return state.SkipWithError(streamed.status().to_string().c_str());
+
+  // Host gradient and output; swap state initialized from a filled buffer.
+  std::vector<float> grad(static_cast<std::size_t>(seg_elems), 1e-3f);
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(seg_elems));
+  std::vector<strata::io::Extent> xs;
+  strata::AlignedBuffer init(static_cast<std::size_t>(seg_elems) * 4, strata::io::kIoAlignBytes);
+  std::fill_n(init.as<float>(), seg_elems, 0.5f);
+  std::vector<strata::optim::StreamedSegment> segs;
+  for (int s = 0; s < kSegments; ++s) {
+    for (int k = 0; k < 3; ++k) {
+      auto x = (*swap)->allocate(static_cast<std::uint64_t>(seg_elems) * 4, "bench");
+      if (!x.is_ok()) return state.SkipWithError(x.status().to_string().c_str());
+      if (!(*swap)->write(*x, 0, init.data(), init.size()).wait().is_ok()) {
+        return state.SkipWithError("initial swap write failed");
+      }
+      xs.push_back(*x);
+    }
+    strata::optim::StreamedSegment seg;
+    seg.name = "bench";
+    seg.master = xs[static_cast<std::size_t>(s) * 3];
+    seg.exp_avg = xs[static_cast<std::size_t>(s) * 3 + 1];
+    seg.exp_avg_sq = xs[static_cast<std::size_t>(s) * 3 + 2];
+    seg.grad = grad.data();
+    seg.num_elems = seg_elems;
+    seg.param_out = out.data();
+    seg.out_dtype = DType::kBF16;
+    segs.push_back(seg);
+  }
+  std::vector<strata::AlignedBuffer> bufs;
+  for (int i = 0; i < 9; ++i) {
+    bufs.emplace_back(static_cast<std::size_t>(streamed->sub_group_elems()) * 4,
+                      strata::io::kIoAlignBytes);
+  }
+  strata::device::AdamWArgs hyper;
+  hyper.lr = 1e-3f;
+  hyper.step = 3;
+  double compute_s = 0, io_wait_s = 0;
+  const PairTimes t = run_pairs(
+      state,
+      [&] {
+        auto r = streamed->step(segs, hyper);
+        STRATA_CHECK(r.is_ok(), r.status().to_string());
+        compute_s += r->compute_s;
+        io_wait_s += r->io_wait_s;
+      },
+      [&] { io_only_pass(**swap, xs, seg_elems, streamed->sub_group_elems(), bufs, 3); });
+  const double io_bytes = 24.0 * static_cast<double>(total_params);
+  state.counters["GBps"] = io_bytes * t.n / t.a_s / 1e9;
+  state.counters["io_only_GBps"] = io_bytes * t.n / t.b_s / 1e9;
+  state.counters["ratio_to_io"] = 1.0 / t.median_b_over_a();
+  state.counters["compute_share"] = compute_s / t.a_s;  // of the streamed step's time
+  state.counters["io_wait_share"] = io_wait_s / t.a_s;
+  state.SetLabel((*swap)->engine_name());
+  for (const auto& x : xs) (*swap)->free(x);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  Context ctx;
+  std::vector<int> thread_counts = {1, 2};
+  if (ctx.all_threads > 2) thread_counts.push_back(ctx.all_threads);
+  const auto thread_name = [&](int t) {
+    return t == ctx.all_threads ? std::to_string(t) + "(all)" : std::to_string(t);
+  };
+  for (std::int64_t n : {64 * kMega, 256 * kMega}) {
+    const std::string size = std::to_string(n / kMega) + "M";
+    for (DType g : {DType::kF32, DType::kBF16}) {
+      for (int t : thread_counts) {
+        const std::string name = "Adam/" + std::string(strata::dtype_name(g)) + "_grad_bf16_out/" +
+                                 size + "/threads:" + thread_name(t);
+        benchmark::RegisterBenchmark(name.c_str(), bm_adam, &ctx, g, n, t)
+            ->UseManualTime()
+            ->Iterations(n > 64 * kMega ? 7 : 15)
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+  for (int t : thread_counts) {
+    const std::string tn = "/64M/threads:" + thread_name(t);
+    benchmark::RegisterBenchmark(("AdamFiniteCheck/f32_grad_bf16_out" + tn).c_str(),
+                                 bm_adam_checked, &ctx, 64 * kMega, t)
+        ->UseManualTime()
+        ->Iterations(15)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("NontemporalVsRegular/f32_grad_bf16_out" + tn).c_str(),
+                                 bm_nontemporal, &ctx, 64 * kMega, t)
+        ->UseManualTime()
+        ->Iterations(15)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("SimdVsScalar/f32_grad_bf16_out" + tn).c_str(), bm_scalar_vs_simd,
+                                 &ctx, 64 * kMega, t)
+        ->UseManualTime()
+        ->Iterations(7)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("FusedVsSeparateCast/f32_grad_bf16_out" + tn).c_str(),
+                                 bm_fused_vs_separate_cast, &ctx, 64 * kMega, t)
+        ->UseManualTime()
+        ->Iterations(15)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("StreamTriad" + tn).c_str(), bm_triad, &ctx, 64 * kMega, t)
+        ->UseManualTime()
+        ->Iterations(15)
+        ->Unit(benchmark::kMillisecond);
+  }
+  struct StreamedCase {
+    std::int64_t sub;
+    const char* engine;
+  };
+  // Short passes, many pairs: the shared disk's bursts then spoil single pairs, not the median.
+  for (const StreamedCase c : {StreamedCase{1 * kMega, "uring"}, StreamedCase{2 * kMega, "uring"},
+                               StreamedCase{2 * kMega, "posix"}}) {
+    const std::string name =
+        "StreamedAdamVsIoOnly/16M/sub_group:" + std::to_string(c.sub / kMega) + "M/" + c.engine;
+    benchmark::RegisterBenchmark(name.c_str(), bm_streamed, 16 * kMega, c.sub, c.engine)
+        ->UseManualTime()
+        ->Iterations(25)
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

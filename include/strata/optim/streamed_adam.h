@@ -1,0 +1,99 @@
+// StreamedAdam: the AdamW step for optimizer state that lives in the NVMe swap space, pipelined
+// in sub-groups (read sub-group i+1 while i is updated and i-1 is written back) through a fixed
+// set of aligned staging buffers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "strata/core/aligned.h"
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+#include "strata/device/ops.h"
+#include "strata/io/swap.h"
+#include "strata/optim/cpu_adam.h"
+
+namespace strata::optim {
+
+// One parameter group (or shard): its fp32 master weights and moments in swap extents, each
+// holding num_elems floats from offset 0, and its gradient and output copy in host memory.
+struct StreamedSegment {
+  std::string_view name;  // named in errors
+  io::Extent master, exp_avg, exp_avg_sq;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::kF32;
+  std::int64_t num_elems = 0;
+  void* param_out = nullptr;  // optional, out_dtype
+  DType out_dtype = DType::kBF16;
+};
+
+struct StreamedAdamOptions {
+  // Elements per sub-group (DeepSpeed's sub_group_size), rounded up to a multiple of 1024 so
+  // every sub-group starts at a 4096-byte offset (O_DIRECT). Segments need not be multiples.
+  std::int64_t sub_group_size = 1 << 22;
+  // Sub-groups covered by staging (master, exp_avg, exp_avg_sq each). 3 lets the read of i+1,
+  // the update of i and the write of i-1 overlap; 2 serializes the write behind the next read.
+  int num_buffers = 3;
+  // The largest segment the step will see: caps the staging at what one sub-group can need.
+  // 0 means sub_group_size.
+  std::int64_t max_segment_elems = 0;
+  // Scan each segment's gradient for NaN/Inf before any I/O and skip the segments that have one
+  // (no read, no write). Off when the caller already checked (Strata's trainer checks the global
+  // gradient norm before the step).
+  bool check_finite = true;
+  // mlock the staging buffers (best effort: a refusal is logged once at debug level).
+  bool lock_memory = true;
+};
+
+struct StreamedStepReport {
+  std::vector<std::size_t> skipped_segments;  // indices with a non-finite gradient
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+  double io_wait_s = 0;  // time the pipeline waited on reads or writes
+  double compute_s = 0;  // time in CpuAdam::step
+};
+
+// Move-only; owns its staging. Uses `swap` and `adam`, which must outlive it.
+class StreamedAdam {
+ public:
+  static Result<StreamedAdam> create(io::SwapSpace& swap, CpuAdam& adam,
+                                     const StreamedAdamOptions& options = {});
+  StreamedAdam(StreamedAdam&&) noexcept = default;
+  StreamedAdam& operator=(StreamedAdam&&) noexcept = default;
+  ~StreamedAdam();
+
+  // Called after a segment's last sub-group was updated (its param_out is complete; its state
+  // may still be in flight to the swap space), in segment order, never for a skipped segment.
+  // An error stops the step.
+  using SegmentDone = std::function<Status(std::size_t segment)>;
+
+  // One AdamW step over every segment, in order. `hyper` supplies lr, betas, eps,
+  // weight_decay, step, grad_scale and adamw_mode (its pointers and n are ignored). The result
+  // is bit-identical to CpuAdam::step over the same arrays in memory. On an I/O error the
+  // transfers in flight are drained and the error names the segment, the array and the
+  // sub-group; segments before it are updated, the failing one may be partly updated.
+  Result<StreamedStepReport> step(std::span<const StreamedSegment> segments,
+                                  const device::AdamWArgs& hyper,
+                                  const SegmentDone& on_segment_done = {});
+
+  std::int64_t sub_group_elems() const { return sub_group_elems_; }
+  std::size_t staging_bytes() const;
+  // Staging that create() would allocate for these options (for memory budgets).
+  static std::size_t staging_bytes_for(const StreamedAdamOptions& options);
+
+ private:
+  StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
+               std::int64_t sub_group_elems, std::vector<AlignedBuffer> staging);
+
+  io::SwapSpace* swap_;
+  CpuAdam* adam_;
+  StreamedAdamOptions options_;
+  std::int64_t sub_group_elems_;
+  std::vector<AlignedBuffer> staging_;  // num_buffers * 3: [slot * 3 + array]
+  bool locked_ = false;
+};
+
+}  // namespace strata::optim

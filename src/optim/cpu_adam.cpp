@@ -1,0 +1,300 @@
+// CpuAdam: run-time SIMD dispatch (CPUID), the static tile partition over a pinned oneTBB arena,
+// and the finite-gradient pre-scan.
+#include "strata/optim/cpu_adam.h"
+
+#include <cpuid.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+
+#include "src/optim/cpu_adam_kernels.h"
+#include "src/optim/thread_pinning.h"
+#include "strata/core/check.h"
+#include "strata/sys/process.h"
+
+namespace strata::optim {
+
+std::string_view simd_path_name(SimdPath path) {
+  switch (path) {
+    case SimdPath::kScalar:
+      return "scalar";
+    case SimdPath::kAvx2:
+      return "avx2";
+    case SimdPath::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+namespace {
+
+// CPUID leaf 1, ECX bit 29 (not every compiler's __builtin_cpu_supports knows "f16c").
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
+}  // namespace
+
+bool cpu_supports(SimdPath path) {
+  __builtin_cpu_init();
+  switch (path) {
+    case SimdPath::kScalar:
+      return true;
+    case SimdPath::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    case SimdPath::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+}
+
+bool cpu_supports_avx512_bf16() {
+  __builtin_cpu_init();
+  return cpu_supports(SimdPath::kAvx512) && __builtin_cpu_supports("avx512bf16");
+}
+
+namespace {
+
+using detail::AdamConstants;
+using detail::AdamTile;
+using detail::KernelSet;
+
+// Explicit option > STRATA_SIMD > the widest path CPUID allows.
+Result<SimdPath> resolve_path(const std::string& option) {
+  std::string choice = option;
+  std::string source = "simd option";
+  if (choice == "auto") {
+    // Read once per CpuAdam; nothing in Strata writes the environment while threads run.
+    const char* env = std::getenv("STRATA_SIMD");  // NOLINT(concurrency-mt-unsafe)
+    if (env != nullptr && *env != '\0') {
+      choice = env;
+      source = "STRATA_SIMD";
+    }
+  }
+  SimdPath path;
+  if (choice == "auto") {
+    if (cpu_supports(SimdPath::kAvx512)) return SimdPath::kAvx512;
+    if (cpu_supports(SimdPath::kAvx2)) return SimdPath::kAvx2;
+    return SimdPath::kScalar;
+  } else if (choice == "scalar") {
+    path = SimdPath::kScalar;
+  } else if (choice == "avx2") {
+    path = SimdPath::kAvx2;
+  } else if (choice == "avx512") {
+    path = SimdPath::kAvx512;
+  } else {
+    return invalid_argument(source + " '" + choice +
+                            "' is not a SIMD path; use auto, scalar, avx2 or avx512");
+  }
+  if (!cpu_supports(path)) {
+    const char* needs = path == SimdPath::kAvx2 ? "AVX2, FMA and F16C" : "AVX-512 F, BW and VL";
+    return unavailable(source + " asks for " + choice + ", but this CPU lacks " + needs +
+                       "; use auto or a narrower path");
+  }
+  return path;
+}
+
+int grad_kind(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return detail::kGradF32;
+    case DType::kBF16:
+      return detail::kGradBF16;
+    case DType::kF16:
+      return detail::kGradF16;
+    default:
+      break;
+  }
+  STRATA_CHECK(false, "CpuAdam: gradient dtype must be f32, bf16 or f16, got", dtype_name(d));
+  return 0;
+}
+
+int out_kind(const device::AdamWArgs& a) {
+  if (a.param_out == nullptr) return detail::kOutNone;
+  switch (a.out_dtype) {
+    case DType::kF32:
+      return detail::kOutF32;
+    case DType::kBF16:
+      return detail::kOutBF16;
+    case DType::kF16:
+      return detail::kOutF16;
+    default:
+      break;
+  }
+  STRATA_CHECK(false, "CpuAdam: param_out dtype must be f32, bf16 or f16, got",
+               dtype_name(a.out_dtype));
+  return 0;
+}
+
+// Exactly the constant computation of device::adamw_reference.
+AdamConstants make_constants(const device::AdamWArgs& a) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+  AdamConstants c;
+  c.beta1 = a.beta1;
+  c.beta2 = a.beta2;
+  c.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+  c.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  c.eps = a.eps;
+  c.weight_decay = a.weight_decay;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+  c.step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.grad_scale = a.grad_scale;
+  return c;
+}
+
+void check_args(const device::AdamWArgs& a) {
+  STRATA_CHECK(a.n >= 0, "CpuAdam: negative element count", a.n);
+  if (a.n == 0) return;
+  STRATA_CHECK(
+      a.param != nullptr && a.grad != nullptr && a.exp_avg != nullptr && a.exp_avg_sq != nullptr,
+      "CpuAdam: null param, grad or moment pointer");
+}
+
+}  // namespace
+
+struct CpuAdam::Impl {
+  CpuAdamOptions options;
+  SimdPath path = SimdPath::kScalar;
+  bool native_bf16 = false;
+  int threads = 1;
+  KernelSet kernels{};
+  tbb::task_arena arena;  // declared before pinning: the observer detaches first
+  std::unique_ptr<detail::ArenaPinning> pinning;
+
+  bool streaming_stores(std::int64_t n) const {
+    return options.nontemporal && n >= options.nontemporal_min_elems;
+  }
+
+  // Calls fn(begin, end) for every tile of [0, n): on the caller alone when one thread (or one
+  // tile) suffices, else statically partitioned into contiguous runs of tiles, one per thread.
+  template <typename Fn>
+  void for_each_tile(std::int64_t n, const Fn& fn) {
+    const std::int64_t tile = options.tile_elems;
+    const std::int64_t num_tiles = (n + tile - 1) / tile;
+    if (threads == 1 || num_tiles <= 1) {
+      for (std::int64_t t = 0; t < num_tiles; ++t) fn(t * tile, std::min(n, (t + 1) * tile));
+      return;
+    }
+    const auto caller = pinning != nullptr ? pinning->bind_caller() : nullptr;
+    arena.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<std::int64_t>(0, num_tiles, 1),
+          [&](const tbb::blocked_range<std::int64_t>& r) {
+            for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+              fn(t * tile, std::min(n, (t + 1) * tile));
+            }
+          },
+          tbb::static_partitioner());
+    });
+  }
+
+  // Runs `kernel(tile)` over the span's tiles with every pointer offset to the tile.
+  template <typename Kernel>
+  void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
+    const std::size_t gsize = dtype_size(a.grad_dtype);
+    const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
+    for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
+      const auto ub = static_cast<std::size_t>(b);
+      AdamTile t{
+          a.param + b,
+          static_cast<const std::byte*>(a.grad) + ub * gsize,
+          a.exp_avg + b,
+          a.exp_avg_sq + b,
+          a.param_out != nullptr ? static_cast<std::byte*>(a.param_out) + ub * osize : nullptr,
+          e - b};
+      kernel(t);
+    });
+  }
+};
+
+CpuAdam::CpuAdam(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CpuAdam::CpuAdam(CpuAdam&&) noexcept = default;
+CpuAdam& CpuAdam::operator=(CpuAdam&&) noexcept = default;
+CpuAdam::~CpuAdam() = default;
+
+Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
+  if (options.threads < 0) {
+    return invalid_argument("CpuAdam threads " + std::to_string(options.threads) +
+                            " is negative; use 0 for one per core or a positive count");
+  }
+  if (options.tile_elems < 64 || options.tile_elems % 64 != 0) {
+    return invalid_argument("CpuAdam tile_elems " + std::to_string(options.tile_elems) +
+                            " must be a positive multiple of 64 (one cache line of any dtype)");
+  }
+  STRATA_ASSIGN_OR_RETURN(SimdPath path, resolve_path(options.simd));
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->path = path;
+  impl->threads = options.threads > 0 ? options.threads : std::max(1, sys::cpu_topology().cores);
+  switch (path) {
+    case SimdPath::kScalar:
+      detail::fill_scalar_kernels(&impl->kernels);
+      break;
+    case SimdPath::kAvx2:
+      detail::fill_avx2_kernels(&impl->kernels);
+      break;
+    case SimdPath::kAvx512:
+      impl->native_bf16 = options.native_bf16 && cpu_supports_avx512_bf16();
+      detail::fill_avx512_kernels(&impl->kernels, impl->native_bf16);
+      break;
+  }
+  if (impl->threads > 1) {
+    impl->arena.initialize(impl->threads);
+    if (options.pin_threads) impl->pinning = detail::ArenaPinning::create(impl->arena);
+  }
+  return CpuAdam(std::move(impl));
+}
+
+StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
+  check_args(args);
+  if (args.n == 0) return StepOutcome::kUpdated;
+  Impl& s = *impl_;
+  const int g = grad_kind(args.grad_dtype);
+  const int o = out_kind(args);
+  if (check_finite && !all_finite(args.grad, args.grad_dtype, args.n)) {
+    return StepOutcome::kSkippedNonFinite;
+  }
+  const AdamConstants c = make_constants(args);
+  const detail::AdamKernel kernel =
+      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.streaming_stores(args.n) ? 1 : 0];
+  s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
+  return StepOutcome::kUpdated;
+}
+
+bool CpuAdam::all_finite(const void* grad, DType grad_dtype, std::int64_t n) {
+  STRATA_CHECK(n >= 0 && (n == 0 || grad != nullptr), "CpuAdam::all_finite: bad span", n);
+  const detail::FiniteKernel kernel = impl_->kernels.all_finite[grad_kind(grad_dtype)];
+  const std::size_t size = dtype_size(grad_dtype);
+  std::atomic<bool> bad{false};
+  impl_->for_each_tile(n, [&](std::int64_t b, std::int64_t e) {
+    if (bad.load(std::memory_order_relaxed)) return;
+    const auto* p = static_cast<const std::byte*>(grad) + static_cast<std::size_t>(b) * size;
+    if (!kernel(p, e - b)) bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad.load();
+}
+
+void CpuAdam::memory_roofline(const device::AdamWArgs& args) {
+  check_args(args);
+  Impl& s = *impl_;
+  const detail::RooflineKernel kernel =
+      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)][s.streaming_stores(args.n)];
+  s.run_tiles(args, [&](const AdamTile& t) { kernel(t); });
+}
+
+SimdPath CpuAdam::simd() const { return impl_->path; }
+bool CpuAdam::uses_native_bf16() const { return impl_->native_bf16; }
+int CpuAdam::threads() const { return impl_->threads; }
+const CpuAdamOptions& CpuAdam::options() const { return impl_->options; }
+
+}  // namespace strata::optim

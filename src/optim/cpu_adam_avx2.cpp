@@ -1,0 +1,298 @@
+// AVX2+FMA+F16C CpuAdam kernels, 8 floats per vector; tails run the same vector code on a
+// zero-padded copy.
+//
+// Built with -mavx2 -mfma -mf16c -ffp-contract=off (src/CMakeLists.txt) and entered only after
+// CPUID says so. FMA is never used for the update: each operation mirrors
+// device::adamw_reference in the same order, so results are bit-identical, and the conversions
+// reproduce strata::f32_to_bf16/f32_to_f16 exactly (including NaN payloads). Everything here has
+// internal linkage (see cpu_adam_kernels.h).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "src/optim/cpu_adam_kernels.h"
+
+namespace strata::optim::detail {
+namespace {
+
+constexpr std::int64_t kLanes = 8;
+
+struct Vconsts {
+  __m256 beta1, beta2, omb1, omb2, eps, wd, decay, step_size, bc2_sqrt, grad_scale;
+};
+
+Vconsts broadcast(const AdamConstants& c) {
+  return Vconsts{_mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.beta2),
+                 _mm256_set1_ps(c.one_minus_b1), _mm256_set1_ps(c.one_minus_b2),
+                 _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.weight_decay),
+                 _mm256_set1_ps(c.decay),        _mm256_set1_ps(c.step_size),
+                 _mm256_set1_ps(c.bc2_sqrt),     _mm256_set1_ps(c.grad_scale)};
+}
+
+constexpr std::int64_t grad_bytes(int g) { return g == kGradF32 ? 4 : 2; }
+constexpr std::int64_t out_bytes(int o) { return o == kOutNone ? 0 : (o == kOutF32 ? 4 : 2); }
+
+inline __m256 bf16x8_to_f32(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int G>
+inline __m256 load_grad(const void* grad, std::int64_t i) {
+  if constexpr (G == kGradF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(grad) + i));
+    if constexpr (G == kGradBF16) {
+      return bf16x8_to_f32(h);
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+template <bool kNT>
+inline void store_f32(float* p, __m256 x) {
+  if constexpr (kNT) {
+    _mm256_stream_ps(p, x);
+  } else {
+    _mm256_storeu_ps(p, x);
+  }
+}
+
+template <bool kNT>
+inline void store_u16x8(void* p, __m128i x) {
+  if constexpr (kNT) {
+    _mm_stream_si128(static_cast<__m128i*>(p), x);
+  } else {
+    _mm_storeu_si128(static_cast<__m128i*>(p), x);
+  }
+}
+
+// Eight 32-bit lanes holding values <= 0xffff -> eight u16 in order.
+inline __m128i narrow(__m256i x) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+}
+
+inline __m256i nan_mask(__m256i u) {
+  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  return _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));  // both non-negative
+}
+
+// strata::f32_to_bf16 on eight lanes: round to nearest even on the bits, NaN quieted.
+inline __m128i f32_to_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return narrow(_mm256_blendv_epi8(rounded, quiet, nan_mask(u)));
+}
+
+// vcvtps2ph matches strata::f32_to_f16 except for NaN payloads (the reference: sign | 0x7e00).
+inline __m128i f32_to_f16(__m256 x) {
+  __m128i out = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i nan = nan_mask(u);
+  if (_mm256_movemask_epi8(nan) != 0) [[unlikely]] {
+    const __m256i canon =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)),
+                        _mm256_set1_epi32(0x7e00));
+    const __m128i nan16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+    out = _mm_blendv_epi8(out, narrow(canon), nan16);
+  }
+  return out;
+}
+
+template <int O, bool kNT>
+inline void store_out(void* out, std::int64_t i, __m256 p) {
+  if constexpr (O == kOutF32) {
+    store_f32<kNT>(static_cast<float*>(out) + i, p);
+  } else if constexpr (O == kOutBF16) {
+    store_u16x8<kNT>(static_cast<std::uint16_t*>(out) + i, f32_to_bf16(p));
+  } else if constexpr (O == kOutF16) {
+    store_u16x8<kNT>(static_cast<std::uint16_t*>(out) + i, f32_to_f16(p));
+  }
+}
+
+// The statements of device::adamw_reference on 8 lanes; same operations, same order.
+template <int G, int O, bool kAdamW, bool kNT>
+inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i) {
+  __m256 g = _mm256_mul_ps(load_grad<G>(t.grad, i), c.grad_scale);
+  __m256 p = _mm256_loadu_ps(t.param + i);
+  if constexpr (kAdamW) {
+    p = _mm256_mul_ps(p, c.decay);
+  } else {
+    g = _mm256_add_ps(g, _mm256_mul_ps(c.wd, p));
+  }
+  const __m256 m = _mm256_add_ps(_mm256_mul_ps(c.beta1, _mm256_loadu_ps(t.exp_avg + i)),
+                                 _mm256_mul_ps(c.omb1, g));
+  const __m256 v = _mm256_add_ps(_mm256_mul_ps(c.beta2, _mm256_loadu_ps(t.exp_avg_sq + i)),
+                                 _mm256_mul_ps(_mm256_mul_ps(c.omb2, g), g));
+  store_f32<kNT>(t.exp_avg + i, m);
+  store_f32<kNT>(t.exp_avg_sq + i, v);
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), c.bc2_sqrt), c.eps);
+  p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(c.step_size, m), denom));
+  store_f32<kNT>(t.param + i, p);
+  store_out<O, kNT>(t.param_out, i, p);
+}
+
+// Copies `rem` < 8 elements at i into zero-padded vectors, runs `vec` on them, copies back.
+template <int G, int O, typename Vec>
+inline void on_padded_copy(const AdamTile& t, std::int64_t i, std::int64_t rem, Vec vec) {
+  alignas(32) float p[kLanes] = {}, m[kLanes] = {}, v[kLanes] = {};
+  alignas(32) unsigned char g[kLanes * 4] = {}, out[kLanes * 4] = {};
+  const auto f32 = static_cast<std::size_t>(rem) * 4;
+  std::memcpy(p, t.param + i, f32);
+  std::memcpy(m, t.exp_avg + i, f32);
+  std::memcpy(v, t.exp_avg_sq + i, f32);
+  std::memcpy(g, static_cast<const unsigned char*>(t.grad) + i * grad_bytes(G),
+              static_cast<std::size_t>(rem * grad_bytes(G)));
+  const AdamTile tmp{p, g, m, v, out, kLanes};
+  vec(tmp);
+  std::memcpy(t.param + i, p, f32);
+  std::memcpy(t.exp_avg + i, m, f32);
+  std::memcpy(t.exp_avg_sq + i, v, f32);
+  if constexpr (O != kOutNone) {
+    std::memcpy(static_cast<unsigned char*>(t.param_out) + i * out_bytes(O), out,
+                static_cast<std::size_t>(rem * out_bytes(O)));
+  }
+}
+
+inline bool aligned(const void* p, std::uintptr_t a) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0;
+}
+
+// Streaming needs every stored array aligned at the same element (32 bytes for f32 vectors,
+// 16 for the half-precision copy); otherwise the tile falls back to regular stores.
+template <int O>
+bool nt_aligned(const AdamTile& t) {
+  if (!aligned(t.param, 32) || !aligned(t.exp_avg, 32) || !aligned(t.exp_avg_sq, 32)) return false;
+  if constexpr (O == kOutF32) return aligned(t.param_out, 32);
+  if constexpr (O == kOutBF16 || O == kOutF16) return aligned(t.param_out, 16);
+  return true;
+}
+
+template <int G, int O, bool kAdamW, bool kNT>
+void adam_tile(const AdamConstants& constants, const AdamTile& t) {
+  const Vconsts c = broadcast(constants);
+  const std::int64_t n = t.n;
+  std::int64_t i = 0;
+  if (kNT && nt_aligned<O>(t)) {
+    for (; i + kLanes <= n; i += kLanes) adam_vec<G, O, kAdamW, true>(c, t, i);
+    _mm_sfence();
+  }
+  for (; i + kLanes <= n; i += kLanes) adam_vec<G, O, kAdamW, false>(c, t, i);
+  if (i < n) {
+    on_padded_copy<G, O>(t, i, n - i,
+                         [&](const AdamTile& tmp) { adam_vec<G, O, kAdamW, false>(c, tmp, 0); });
+  }
+}
+
+// ---- roofline: the same loads and stores, trivial combine ----
+
+template <int G, int O, bool kNT>
+inline void roofline_vec(const AdamTile& t, std::int64_t i) {
+  __m256 g;
+  if constexpr (G == kGradF32) {
+    g = _mm256_loadu_ps(static_cast<const float*>(t.grad) + i);
+  } else {
+    g = bf16x8_to_f32(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(t.grad) + i)));
+  }
+  const __m256 p = _mm256_add_ps(_mm256_loadu_ps(t.param + i), g);
+  store_f32<kNT>(t.exp_avg + i, _mm256_add_ps(_mm256_loadu_ps(t.exp_avg + i), g));
+  store_f32<kNT>(t.exp_avg_sq + i, _mm256_add_ps(_mm256_loadu_ps(t.exp_avg_sq + i), g));
+  store_f32<kNT>(t.param + i, p);
+  if constexpr (O == kOutF32) {
+    store_f32<kNT>(static_cast<float*>(t.param_out) + i, p);
+  } else if constexpr (O != kOutNone) {
+    store_u16x8<kNT>(static_cast<std::uint16_t*>(t.param_out) + i,
+                     narrow(_mm256_srli_epi32(_mm256_castps_si256(p), 16)));
+  }
+}
+
+template <int G, int O, bool kNT>
+void roofline_tile(const AdamTile& t) {
+  const std::int64_t n = t.n;
+  std::int64_t i = 0;
+  if (kNT && nt_aligned<O>(t)) {
+    for (; i + kLanes <= n; i += kLanes) roofline_vec<G, O, true>(t, i);
+    _mm_sfence();
+  }
+  for (; i + kLanes <= n; i += kLanes) roofline_vec<G, O, false>(t, i);
+  if (i < n) {
+    on_padded_copy<G, O>(t, i, n - i,
+                         [&](const AdamTile& tmp) { roofline_vec<G, O, false>(tmp, 0); });
+  }
+}
+
+// ---- finite scan ----
+
+template <int G>
+bool all_finite(const void* grad, std::int64_t n) {
+  const auto* bytes = static_cast<const unsigned char*>(grad);
+  __m256i bad = _mm256_setzero_si256();
+  std::int64_t i = 0;
+  if constexpr (G == kGradF32) {
+    const __m256i exp = _mm256_set1_epi32(0x7f800000);
+    for (; i + 8 <= n; i += 8) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i * 4));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(x, exp), exp));
+    }
+  } else {
+    const __m256i exp = _mm256_set1_epi16(G == kGradBF16 ? 0x7f80 : 0x7c00);
+    for (; i + 16 <= n; i += 16) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i * 2));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(x, exp), exp));
+    }
+  }
+  if (_mm256_movemask_epi8(bad) != 0) return false;
+  for (; i < n; ++i) {
+    if constexpr (G == kGradF32) {
+      std::uint32_t u;
+      std::memcpy(&u, bytes + i * 4, 4);
+      if ((u & 0x7f800000u) == 0x7f800000u) return false;
+    } else {
+      std::uint16_t u;
+      std::memcpy(&u, bytes + i * 2, 2);
+      const std::uint16_t exp = G == kGradBF16 ? 0x7f80 : 0x7c00;
+      if ((u & exp) == exp) return false;
+    }
+  }
+  return true;
+}
+
+// ---- table ----
+
+template <int G, int O>
+void fill_grad_out(KernelSet* set) {
+  set->adam[G][O][0][0] = &adam_tile<G, O, false, false>;
+  set->adam[G][O][0][1] = &adam_tile<G, O, false, true>;
+  set->adam[G][O][1][0] = &adam_tile<G, O, true, false>;
+  set->adam[G][O][1][1] = &adam_tile<G, O, true, true>;
+  set->roofline[G][O][0] = &roofline_tile<G, O, false>;
+  set->roofline[G][O][1] = &roofline_tile<G, O, true>;
+}
+
+template <int G>
+void fill_grad(KernelSet* set) {
+  fill_grad_out<G, kOutNone>(set);
+  fill_grad_out<G, kOutF32>(set);
+  fill_grad_out<G, kOutBF16>(set);
+  fill_grad_out<G, kOutF16>(set);
+  set->all_finite[G] = &all_finite<G>;
+}
+
+}  // namespace
+
+void fill_avx2_kernels(KernelSet* set) {
+  set->name = "avx2";
+  fill_grad<kGradF32>(set);
+  fill_grad<kGradBF16>(set);
+  fill_grad<kGradF16>(set);
+}
+
+}  // namespace strata::optim::detail

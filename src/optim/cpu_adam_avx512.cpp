@@ -1,0 +1,354 @@
+// AVX-512 CpuAdam kernels (F+BW+VL, optional BF16), 16 floats per vector, masked tails.
+//
+// Built with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -ffp-contract=off (src/CMakeLists.txt)
+// and entered only after CPUID says so. Every arithmetic operation mirrors
+// device::adamw_reference in the same order, without FMA contraction, so results are
+// bit-identical; the conversions reproduce strata::f32_to_bf16/f32_to_f16 exactly, including
+// NaN payloads and bf16 subnormals (which vcvtneps2bf16 flushes to zero; they are fixed up).
+// Everything here has internal linkage (see cpu_adam_kernels.h).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "src/optim/cpu_adam_kernels.h"
+
+namespace strata::optim::detail {
+namespace {
+
+constexpr std::int64_t kLanes = 16;
+
+struct Vconsts {
+  __m512 beta1, beta2, omb1, omb2, eps, wd, decay, step_size, bc2_sqrt, grad_scale;
+};
+
+Vconsts broadcast(const AdamConstants& c) {
+  return Vconsts{_mm512_set1_ps(c.beta1),        _mm512_set1_ps(c.beta2),
+                 _mm512_set1_ps(c.one_minus_b1), _mm512_set1_ps(c.one_minus_b2),
+                 _mm512_set1_ps(c.eps),          _mm512_set1_ps(c.weight_decay),
+                 _mm512_set1_ps(c.decay),        _mm512_set1_ps(c.step_size),
+                 _mm512_set1_ps(c.bc2_sqrt),     _mm512_set1_ps(c.grad_scale)};
+}
+
+inline __mmask16 tail_mask(std::int64_t n) {
+  return static_cast<__mmask16>((1u << static_cast<unsigned>(n)) - 1u);
+}
+
+// GCC 12's unmasked forms of these intrinsics trip -Wmaybe-uninitialized on their internal
+// _mm512_undefined_* operand (GCC bug 105593, fixed in 13); the all-ones maskz forms are the
+// same instructions without it (the mask is constant, so nothing is masked at run time).
+constexpr __mmask16 kAll = 0xffff;
+inline __m512i shl16(__m512i x) { return _mm512_maskz_slli_epi32(kAll, x, 16); }
+inline __m512i shr16(__m512i x) { return _mm512_maskz_srli_epi32(kAll, x, 16); }
+inline __m512i widen_u16(__m256i x) { return _mm512_maskz_cvtepu16_epi32(kAll, x); }
+inline __m256i narrow_u32(__m512i x) { return _mm512_maskz_cvtepi32_epi16(kAll, x); }
+
+// ---- loads ----
+
+template <bool kMasked>
+inline __m512 load_f32(const float* p, __mmask16 k) {
+  if constexpr (kMasked) {
+    return _mm512_maskz_loadu_ps(k, p);
+  } else {
+    return _mm512_loadu_ps(p);
+  }
+}
+
+template <bool kMasked>
+inline __m256i load_u16x16(const void* p, __mmask16 k) {
+  if constexpr (kMasked) {
+    return _mm256_maskz_loadu_epi16(k, p);
+  } else {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  }
+}
+
+inline __m512 bf16x16_to_f32(__m256i h) { return _mm512_castsi512_ps(shl16(widen_u16(h))); }
+
+template <int G, bool kMasked>
+inline __m512 load_grad(const void* grad, std::int64_t i, __mmask16 k) {
+  if constexpr (G == kGradF32) {
+    return load_f32<kMasked>(static_cast<const float*>(grad) + i, k);
+  } else if constexpr (G == kGradBF16) {
+    return bf16x16_to_f32(load_u16x16<kMasked>(static_cast<const std::uint16_t*>(grad) + i, k));
+  } else {
+    return _mm512_maskz_cvtph_ps(
+        kAll, load_u16x16<kMasked>(static_cast<const std::uint16_t*>(grad) + i, k));
+  }
+}
+
+// ---- stores ----
+
+template <bool kMasked, bool kNT>
+inline void store_f32(float* p, __m512 x, __mmask16 k) {
+  if constexpr (kMasked) {
+    _mm512_mask_storeu_ps(p, k, x);
+  } else if constexpr (kNT) {
+    _mm512_stream_ps(p, x);
+  } else {
+    _mm512_storeu_ps(p, x);
+  }
+}
+
+template <bool kMasked, bool kNT>
+inline void store_u16x16(void* p, __m256i x, __mmask16 k) {
+  if constexpr (kMasked) {
+    _mm256_mask_storeu_epi16(p, k, x);
+  } else if constexpr (kNT) {
+    _mm256_stream_si256(static_cast<__m256i*>(p), x);
+  } else {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), x);
+  }
+}
+
+// ---- conversions, exactly strata::f32_to_bf16 / f32_to_f16 ----
+
+inline __mmask16 nan_mask(__m512i u) {
+  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  return _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+}
+
+// Round to nearest even on the bit pattern; NaN becomes the quieted high half.
+inline __m256i f32_to_bf16_int(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(shr16(u), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      shr16(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
+  const __m512i quiet = _mm512_or_si512(shr16(u), _mm512_set1_epi32(0x40));
+  return narrow_u32(_mm512_mask_mov_epi32(rounded, nan_mask(u), quiet));
+}
+
+// vcvtneps2bf16 rounds like the reference and quiets NaN the same way, but treats subnormal
+// inputs as zero; those lanes (exponent 0, mantissa != 0: rare) take the integer path.
+inline __m256i f32_to_bf16_native(__m512 x) {
+  __m256i out = (__m256i)_mm512_cvtneps_pbh(x);  // same bits, GCC vector cast
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 subnormal = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
+                              _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+  if (subnormal != 0) [[unlikely]] {
+    out = _mm256_mask_mov_epi16(out, subnormal, f32_to_bf16_int(x));
+  }
+  return out;
+}
+
+// vcvtps2ph rounds to nearest even with the reference's overflow and subnormal results; only
+// NaN differs (the reference drops the payload: sign | 0x7e00).
+inline __m256i f32_to_f16(__m512 x) {
+  __m256i out = _mm512_maskz_cvtps_ph(kAll, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = nan_mask(u);
+  if (nan != 0) [[unlikely]] {
+    const __m512i canon = _mm512_or_si512(_mm512_and_si512(shr16(u), _mm512_set1_epi32(0x8000)),
+                                          _mm512_set1_epi32(0x7e00));
+    out = _mm256_mask_mov_epi16(out, nan, narrow_u32(canon));
+  }
+  return out;
+}
+
+template <int O, bool kNativeBF16, bool kMasked, bool kNT>
+inline void store_out(void* out, std::int64_t i, __m512 p, __mmask16 k) {
+  if constexpr (O == kOutF32) {
+    store_f32<kMasked, kNT>(static_cast<float*>(out) + i, p, k);
+  } else if constexpr (O == kOutBF16) {
+    const __m256i h = kNativeBF16 ? f32_to_bf16_native(p) : f32_to_bf16_int(p);
+    store_u16x16<kMasked, kNT>(static_cast<std::uint16_t*>(out) + i, h, k);
+  } else if constexpr (O == kOutF16) {
+    store_u16x16<kMasked, kNT>(static_cast<std::uint16_t*>(out) + i, f32_to_f16(p), k);
+  }
+}
+
+// ---- Adam ----
+
+// The statements of device::adamw_reference on 16 lanes; same operations, same order.
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kMasked, bool kNT>
+inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i, __mmask16 k) {
+  __m512 g = _mm512_mul_ps(load_grad<G, kMasked>(t.grad, i, k), c.grad_scale);
+  __m512 p = load_f32<kMasked>(t.param + i, k);
+  if constexpr (kAdamW) {
+    p = _mm512_mul_ps(p, c.decay);
+  } else {
+    g = _mm512_add_ps(g, _mm512_mul_ps(c.wd, p));
+  }
+  const __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, load_f32<kMasked>(t.exp_avg + i, k)),
+                                 _mm512_mul_ps(c.omb1, g));
+  const __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, load_f32<kMasked>(t.exp_avg_sq + i, k)),
+                                 _mm512_mul_ps(_mm512_mul_ps(c.omb2, g), g));
+  store_f32<kMasked, kNT>(t.exp_avg + i, m, k);
+  store_f32<kMasked, kNT>(t.exp_avg_sq + i, v, k);
+  const __m512 denom =
+      _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(kAll, v), c.bc2_sqrt), c.eps);
+  p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c.step_size, m), denom));
+  store_f32<kMasked, kNT>(t.param + i, p, k);
+  store_out<O, kNativeBF16, kMasked, kNT>(t.param_out, i, p, k);
+}
+
+inline bool aligned(const void* p, std::uintptr_t a) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0;
+}
+
+// Non-temporal stores need every stored array aligned at the same element: peel until param is
+// 64-byte aligned, then stream only if the others line up too (they do for page-aligned buffers).
+template <int O>
+bool nt_aligned_at(const AdamTile& t, std::int64_t i) {
+  if (!aligned(t.param + i, 64) || !aligned(t.exp_avg + i, 64) || !aligned(t.exp_avg_sq + i, 64)) {
+    return false;
+  }
+  if constexpr (O == kOutF32) return aligned(static_cast<float*>(t.param_out) + i, 64);
+  if constexpr (O == kOutBF16 || O == kOutF16) {
+    return aligned(static_cast<std::uint16_t*>(t.param_out) + i, 32);
+  }
+  return true;
+}
+
+inline std::int64_t peel_to_64(const float* p, std::int64_t n) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  if ((addr & 3) != 0) return 0;  // never 64-byte aligned: no peel, regular stores
+  const auto head = static_cast<std::int64_t>(((64 - (addr & 63)) & 63) / 4);
+  return head < n ? head : n;
+}
+
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT>
+void adam_tile(const AdamConstants& constants, const AdamTile& t) {
+  const Vconsts c = broadcast(constants);
+  const std::int64_t n = t.n;
+  std::int64_t i = 0;
+  if constexpr (kNT) {
+    const std::int64_t head = peel_to_64(t.param, n);
+    if (head > 0) {
+      adam_vec<G, O, kAdamW, kNativeBF16, true, false>(c, t, 0, tail_mask(head));
+      i = head;
+    }
+    if (nt_aligned_at<O>(t, i)) {
+      for (; i + kLanes <= n; i += kLanes) {
+        adam_vec<G, O, kAdamW, kNativeBF16, false, true>(c, t, i, kAll);
+      }
+    }
+  }
+  for (; i + kLanes <= n; i += kLanes) {
+    adam_vec<G, O, kAdamW, kNativeBF16, false, false>(c, t, i, kAll);
+  }
+  if (i < n) adam_vec<G, O, kAdamW, kNativeBF16, true, false>(c, t, i, tail_mask(n - i));
+  if constexpr (kNT) _mm_sfence();  // streamed stores are weakly ordered
+}
+
+// ---- roofline: the same loads and stores, trivial combine ----
+
+template <int G, int O, bool kMasked, bool kNT>
+inline void roofline_vec(const AdamTile& t, std::int64_t i, __mmask16 k) {
+  __m512 g;
+  if constexpr (G == kGradF32) {
+    g = load_f32<kMasked>(static_cast<const float*>(t.grad) + i, k);
+  } else {
+    g = bf16x16_to_f32(load_u16x16<kMasked>(static_cast<const std::uint16_t*>(t.grad) + i, k));
+  }
+  // Loads first, then stores, in Adam's order.
+  const __m512 p = _mm512_add_ps(load_f32<kMasked>(t.param + i, k), g);
+  const __m512 m = _mm512_add_ps(load_f32<kMasked>(t.exp_avg + i, k), g);
+  const __m512 v = _mm512_add_ps(load_f32<kMasked>(t.exp_avg_sq + i, k), g);
+  store_f32<kMasked, kNT>(t.exp_avg + i, m, k);
+  store_f32<kMasked, kNT>(t.exp_avg_sq + i, v, k);
+  store_f32<kMasked, kNT>(t.param + i, p, k);
+  if constexpr (O == kOutF32) {
+    store_f32<kMasked, kNT>(static_cast<float*>(t.param_out) + i, p, k);
+  } else if constexpr (O != kOutNone) {
+    const __m256i h = narrow_u32(shr16(_mm512_castps_si512(p)));
+    store_u16x16<kMasked, kNT>(static_cast<std::uint16_t*>(t.param_out) + i, h, k);
+  }
+}
+
+template <int G, int O, bool kNT>
+void roofline_tile(const AdamTile& t) {
+  const std::int64_t n = t.n;
+  std::int64_t i = 0;
+  if constexpr (kNT) {
+    const std::int64_t head = peel_to_64(t.param, n);
+    if (head > 0) {
+      roofline_vec<G, O, true, false>(t, 0, tail_mask(head));
+      i = head;
+    }
+    if (nt_aligned_at<O>(t, i)) {
+      for (; i + kLanes <= n; i += kLanes) roofline_vec<G, O, false, true>(t, i, kAll);
+    }
+  }
+  for (; i + kLanes <= n; i += kLanes) roofline_vec<G, O, false, false>(t, i, kAll);
+  if (i < n) roofline_vec<G, O, true, false>(t, i, tail_mask(n - i));
+  if constexpr (kNT) _mm_sfence();
+}
+
+// ---- finite scan ----
+
+template <int G>
+bool all_finite(const void* grad, std::int64_t n) {
+  if constexpr (G == kGradF32) {
+    const auto* g = static_cast<const float*>(grad);
+    const __m512i exp = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    std::int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      const __m512i x = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(g + i)), exp);
+      bad |= _mm512_cmpeq_epi32_mask(x, exp);
+    }
+    if (i < n) {
+      const __mmask16 k = tail_mask(n - i);
+      const __m512i x = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, g + i)), exp);
+      bad |= _mm512_mask_cmpeq_epi32_mask(k, x, exp);
+    }
+    return bad == 0;
+  } else {
+    const auto* g = static_cast<const std::uint16_t*>(grad);
+    const __m512i exp = _mm512_set1_epi16(G == kGradBF16 ? 0x7f80 : 0x7c00);
+    __mmask32 bad = 0;
+    std::int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512i x = _mm512_and_si512(_mm512_loadu_si512(g + i), exp);
+      bad |= _mm512_cmpeq_epi16_mask(x, exp);
+    }
+    if (i < n) {
+      const auto k = static_cast<__mmask32>((std::uint64_t{1} << (n - i)) - 1);
+      const __m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, g + i), exp);
+      bad |= _mm512_mask_cmpeq_epi16_mask(k, x, exp);
+    }
+    return bad == 0;
+  }
+}
+
+// ---- table ----
+
+template <int G, int O, bool kNativeBF16>
+void fill_grad_out(KernelSet* set) {
+  set->adam[G][O][0][0] = &adam_tile<G, O, false, kNativeBF16, false>;
+  set->adam[G][O][0][1] = &adam_tile<G, O, false, kNativeBF16, true>;
+  set->adam[G][O][1][0] = &adam_tile<G, O, true, kNativeBF16, false>;
+  set->adam[G][O][1][1] = &adam_tile<G, O, true, kNativeBF16, true>;
+  set->roofline[G][O][0] = &roofline_tile<G, O, false>;
+  set->roofline[G][O][1] = &roofline_tile<G, O, true>;
+}
+
+template <int G, bool kNativeBF16>
+void fill_grad(KernelSet* set) {
+  fill_grad_out<G, kOutNone, kNativeBF16>(set);
+  fill_grad_out<G, kOutF32, kNativeBF16>(set);
+  fill_grad_out<G, kOutBF16, kNativeBF16>(set);
+  fill_grad_out<G, kOutF16, kNativeBF16>(set);
+  set->all_finite[G] = &all_finite<G>;
+}
+
+template <bool kNativeBF16>
+void fill_all(KernelSet* set) {
+  fill_grad<kGradF32, kNativeBF16>(set);
+  fill_grad<kGradBF16, kNativeBF16>(set);
+  fill_grad<kGradF16, kNativeBF16>(set);
+}
+
+}  // namespace
+
+void fill_avx512_kernels(KernelSet* set, bool native_bf16) {
+  if (native_bf16) {
+    set->name = "avx512+bf16";
+    fill_all<true>(set);
+  } else {
+    set->name = "avx512";
+    fill_all<false>(set);
+  }
+}
+
+}  // namespace strata::optim::detail

@@ -1,0 +1,62 @@
+// Kernel table shared by CpuAdam and its per-ISA translation units (scalar, AVX2, AVX-512).
+//
+// This header is included by files compiled with -mavx2/-mavx512* flags, so it must define no
+// inline functions or templates: a function emitted in such a file could be picked by the
+// linker for every caller and crash CPUs without those instructions. Plain data only.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::optim::detail {
+
+enum GradKind : std::uint8_t { kGradF32 = 0, kGradBF16 = 1, kGradF16 = 2, kNumGradKinds = 3 };
+enum OutKind : std::uint8_t {
+  kOutNone = 0,
+  kOutF32 = 1,
+  kOutBF16 = 2,
+  kOutF16 = 3,
+  kNumOutKinds = 4
+};
+
+// Per-step constants, computed exactly as device::adamw_reference computes them. Trivial type.
+struct AdamConstants {
+  float beta1, beta2;
+  float one_minus_b1, one_minus_b2;
+  float eps, weight_decay;
+  float decay;      // 1 - lr * weight_decay (adamw_mode)
+  float step_size;  // lr / bias_correction1
+  float bc2_sqrt;   // sqrt(bias_correction2)
+  float grad_scale;
+};
+
+// One tile: every pointer already points at the tile's first element.
+struct AdamTile {
+  float* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* param_out;  // null when OutKind is kOutNone
+  std::int64_t n;
+};
+
+using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);
+using RooflineKernel = void (*)(const AdamTile& t);
+using FiniteKernel = bool (*)(const void* grad, std::int64_t n);  // true: all finite
+
+// Trivial type (no member initializers, so no constructor is ever emitted here): value-initialize
+// it (`KernelSet set{};`) in generic code before filling it.
+struct KernelSet {
+  const char* name;
+  // [grad kind][out kind][adamw_mode][nontemporal]
+  AdamKernel adam[kNumGradKinds][kNumOutKinds][2][2];
+  // [grad kind][out kind][nontemporal]
+  RooflineKernel roofline[kNumGradKinds][kNumOutKinds][2];
+  FiniteKernel all_finite[kNumGradKinds];
+};
+
+void fill_scalar_kernels(KernelSet* set);
+void fill_avx2_kernels(KernelSet* set);
+// native_bf16: convert with vcvtneps2bf16 (needs avx512_bf16 at run time).
+void fill_avx512_kernels(KernelSet* set, bool native_bf16);
+
+}  // namespace strata::optim::detail

@@ -1,0 +1,130 @@
+// Portable scalar CpuAdam kernels: the same statements as device::adamw_reference, per tile.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "src/optim/cpu_adam_kernels.h"
+#include "strata/core/dtype.h"
+
+namespace strata::optim::detail {
+namespace {
+
+template <int G>
+float load_grad(const void* grad, std::int64_t i) {
+  if constexpr (G == kGradF32) {
+    return static_cast<const float*>(grad)[i];
+  } else if constexpr (G == kGradBF16) {
+    return bf16_to_f32(static_cast<const bf16*>(grad)[i]);
+  } else {
+    return f16_to_f32(static_cast<const f16*>(grad)[i]);
+  }
+}
+
+template <int O>
+void store_out(void* out, std::int64_t i, float p) {
+  if constexpr (O == kOutF32) {
+    static_cast<float*>(out)[i] = p;
+  } else if constexpr (O == kOutBF16) {
+    static_cast<bf16*>(out)[i] = f32_to_bf16(p);
+  } else if constexpr (O == kOutF16) {
+    static_cast<f16*>(out)[i] = f32_to_f16(p);
+  }
+}
+
+// Keep every operation and its order identical to device::adamw_reference.
+template <int G, int O, bool kAdamW>
+void adam_tile(const AdamConstants& c, const AdamTile& t) {
+  for (std::int64_t i = 0; i < t.n; ++i) {
+    float g = load_grad<G>(t.grad, i) * c.grad_scale;
+    float p = t.param[i];
+    if constexpr (kAdamW) {
+      p *= c.decay;
+    } else {
+      g += c.weight_decay * p;
+    }
+    const float m = c.beta1 * t.exp_avg[i] + c.one_minus_b1 * g;
+    const float v = c.beta2 * t.exp_avg_sq[i] + c.one_minus_b2 * g * g;
+    t.exp_avg[i] = m;
+    t.exp_avg_sq[i] = v;
+    p -= c.step_size * m / (std::sqrt(v) / c.bc2_sqrt + c.eps);
+    t.param[i] = p;
+    store_out<O>(t.param_out, i, p);
+  }
+}
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// Same bytes as adam_tile, trivial combine; half-precision outputs keep the high 16 bits.
+template <int G, int O>
+void roofline_tile(const AdamTile& t) {
+  for (std::int64_t i = 0; i < t.n; ++i) {
+    float g;
+    if constexpr (G == kGradF32) {
+      g = static_cast<const float*>(t.grad)[i];
+    } else {
+      g = bf16_to_f32(static_cast<const bf16*>(t.grad)[i]);
+    }
+    const float p = t.param[i] + g;
+    t.param[i] = p;
+    t.exp_avg[i] += g;
+    t.exp_avg_sq[i] += g;
+    if constexpr (O == kOutF32) {
+      static_cast<float*>(t.param_out)[i] = p;
+    } else if constexpr (O != kOutNone) {
+      static_cast<std::uint16_t*>(t.param_out)[i] = static_cast<std::uint16_t>(bits_of(p) >> 16);
+    }
+  }
+}
+
+template <int G>
+bool all_finite(const void* grad, std::int64_t n) {
+  if constexpr (G == kGradF32) {
+    const auto* g = static_cast<const float*>(grad);
+    std::uint32_t bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      bad |= static_cast<std::uint32_t>((bits_of(g[i]) & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+  } else {
+    const std::uint16_t exp_mask = G == kGradBF16 ? 0x7f80u : 0x7c00u;
+    const auto* g = static_cast<const std::uint16_t*>(grad);
+    std::uint32_t bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      bad |= static_cast<std::uint32_t>((g[i] & exp_mask) == exp_mask);
+    }
+    return bad == 0;
+  }
+}
+
+template <int G, int O>
+void fill_grad_out(KernelSet* set) {
+  for (int nt = 0; nt < 2; ++nt) {  // scalar stores are always regular
+    set->adam[G][O][0][nt] = &adam_tile<G, O, false>;
+    set->adam[G][O][1][nt] = &adam_tile<G, O, true>;
+    set->roofline[G][O][nt] = &roofline_tile<G, O>;
+  }
+}
+
+template <int G>
+void fill_grad(KernelSet* set) {
+  fill_grad_out<G, kOutNone>(set);
+  fill_grad_out<G, kOutF32>(set);
+  fill_grad_out<G, kOutBF16>(set);
+  fill_grad_out<G, kOutF16>(set);
+  set->all_finite[G] = &all_finite<G>;
+}
+
+}  // namespace
+
+void fill_scalar_kernels(KernelSet* set) {
+  set->name = "scalar";
+  fill_grad<kGradF32>(set);
+  fill_grad<kGradBF16>(set);
+  fill_grad<kGradF16>(set);
+}
+
+}  // namespace strata::optim::detail

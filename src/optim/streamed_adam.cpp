@@ -1,0 +1,238 @@
+// StreamedAdam: sub-group pipeline over swap-resident optimizer state. Sub-group i lives in
+// staging slot i % num_buffers; the read of sub-group j is issued once the write-back of the
+// slot's previous occupant (j - num_buffers) has finished, up to max(1, num_buffers - 2)
+// sub-groups ahead of the one being updated.
+#include "strata/optim/streamed_adam.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "strata/core/check.h"
+#include "strata/core/clock.h"
+#include "strata/core/logging.h"
+
+namespace strata::optim {
+namespace {
+
+constexpr std::int64_t kAlignElems = static_cast<std::int64_t>(io::kIoAlignBytes / sizeof(float));
+constexpr int kArrays = 3;  // master, exp_avg, exp_avg_sq
+const char* const kArrayNames[kArrays] = {"master weights", "exp_avg", "exp_avg_sq"};
+
+std::int64_t round_up(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
+
+std::int64_t sub_group_elems_for(const StreamedAdamOptions& o) {
+  std::int64_t sub = round_up(std::max<std::int64_t>(o.sub_group_size, 1), kAlignElems);
+  if (o.max_segment_elems > 0) sub = std::min(sub, round_up(o.max_segment_elems, kAlignElems));
+  return sub;
+}
+
+struct SubGroup {
+  std::size_t segment;
+  std::int64_t begin;  // first element within the segment
+  std::int64_t count;
+  std::size_t io_bytes;  // count * 4 rounded up to kIoAlignBytes
+  bool last;             // the segment's last sub-group
+};
+
+const io::Extent& extent_of(const StreamedSegment& s, int k) {
+  return k == 0 ? s.master : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+}
+
+}  // namespace
+
+std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) {
+  return static_cast<std::size_t>(sub_group_elems_for(options)) * sizeof(float) *
+         static_cast<std::size_t>(std::max(options.num_buffers, 2) * kArrays);
+}
+
+std::size_t StreamedAdam::staging_bytes() const {
+  std::size_t total = 0;
+  for (const AlignedBuffer& b : staging_) total += b.size();
+  return total;
+}
+
+StreamedAdam::StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
+                           std::int64_t sub_group_elems, std::vector<AlignedBuffer> staging)
+    : swap_(&swap),
+      adam_(&adam),
+      options_(options),
+      sub_group_elems_(sub_group_elems),
+      staging_(std::move(staging)) {
+  if (options_.lock_memory) {
+    locked_ = true;
+    for (AlignedBuffer& b : staging_) {
+      if (::mlock(b.data(), b.size()) != 0) {
+        log_debug("StreamedAdam: mlock of " + std::to_string(b.size()) +
+                  " staging bytes refused; they stay pageable");
+        locked_ = false;
+        break;
+      }
+    }
+    if (!locked_) {
+      for (AlignedBuffer& b : staging_) ::munlock(b.data(), b.size());
+    }
+  }
+}
+
+StreamedAdam::~StreamedAdam() {
+  if (locked_) {
+    for (AlignedBuffer& b : staging_) ::munlock(b.data(), b.size());
+  }
+}
+
+Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
+                                          const StreamedAdamOptions& options) {
+  if (options.sub_group_size <= 0) {
+    return invalid_argument("sub_group_size " + std::to_string(options.sub_group_size) +
+                            " must be a positive number of elements");
+  }
+  if (options.num_buffers < 2) {
+    return invalid_argument("StreamedAdam num_buffers " + std::to_string(options.num_buffers) +
+                            " must be at least 2 (3 overlaps read, update and write-back)");
+  }
+  const std::int64_t sub = sub_group_elems_for(options);
+  std::vector<AlignedBuffer> staging;
+  staging.reserve(static_cast<std::size_t>(options.num_buffers) * kArrays);
+  const auto bytes = static_cast<std::size_t>(sub) * sizeof(float);
+  for (int i = 0; i < options.num_buffers * kArrays; ++i) {
+    staging.emplace_back(bytes, io::kIoAlignBytes);  // zero-filled: pre-faulted once, here
+  }
+  return StreamedAdam(swap, adam, options, sub, std::move(staging));
+}
+
+Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> segments,
+                                              const device::AdamWArgs& hyper,
+                                              const SegmentDone& on_segment_done) {
+  StreamedStepReport report;
+  // Plan: the sub-groups of every segment that has a finite gradient, in order.
+  std::vector<SubGroup> plan;
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const StreamedSegment& seg = segments[s];
+    STRATA_CHECK(seg.num_elems >= 0 && (seg.num_elems == 0 || seg.grad != nullptr),
+                 "StreamedAdam: bad segment", seg.name, seg.num_elems);
+    const std::uint64_t need = round_up(seg.num_elems * 4, io::kIoAlignBytes);
+    for (int k = 0; k < kArrays; ++k) {
+      STRATA_CHECK(extent_of(seg, k).size_bytes >= need, "StreamedAdam: extent too small", seg.name,
+                   kArrayNames[k], extent_of(seg, k).size_bytes, need);
+    }
+    if (options_.check_finite && !adam_->all_finite(seg.grad, seg.grad_dtype, seg.num_elems)) {
+      report.skipped_segments.push_back(s);
+      continue;
+    }
+    if (seg.num_elems == 0) {
+      plan.push_back(SubGroup{s, 0, 0, 0, true});
+      continue;
+    }
+    for (std::int64_t b = 0; b < seg.num_elems; b += sub_group_elems_) {
+      const std::int64_t count = std::min(sub_group_elems_, seg.num_elems - b);
+      plan.push_back(SubGroup{s, b, count,
+                              static_cast<std::size_t>(round_up(count * 4, io::kIoAlignBytes)),
+                              b + count == seg.num_elems});
+    }
+  }
+
+  const auto nb = static_cast<std::size_t>(options_.num_buffers);
+  const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
+  std::vector<std::array<io::IoHandle, kArrays>> reads(nb), writes(nb);
+  auto buffer = [&](std::size_t sub, int k) {
+    return staging_[(sub % nb) * kArrays + static_cast<std::size_t>(k)].as<float>();
+  };
+  // Waits for one transfer of sub-group `sub`; an error names where it happened.
+  auto wait_one = [&](io::IoHandle& h, std::size_t sub, int k, bool is_read) -> Status {
+    if (!h.valid()) return Status::ok();
+    Stopwatch w;
+    Status st = h.wait();
+    report.io_wait_s += w.elapsed_s();
+    h = io::IoHandle();
+    if (st.is_ok()) return st;
+    const SubGroup& sg = plan[sub];
+    const StreamedSegment& seg = segments[sg.segment];
+    return st.with_context(std::string(is_read ? "reading " : "writing ") + kArrayNames[k] +
+                           " of '" + std::string(seg.name) + "' (elements " +
+                           std::to_string(sg.begin) + ".." + std::to_string(sg.begin + sg.count) +
+                           " of " + std::to_string(seg.num_elems) + ") " +
+                           (is_read ? "from" : "to") + " swap");
+  };
+  // Every transfer of the slot that sub-group `sub` occupies; the first error wins.
+  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kArrays>>& handles, std::size_t sub,
+                       bool is_read) -> Status {
+    Status first;
+    for (int k = 0; k < kArrays; ++k) {
+      Status st = wait_one(handles[sub % nb][static_cast<std::size_t>(k)], sub, k, is_read);
+      if (!st.is_ok() && first.is_ok()) first = st;
+    }
+    return first;
+  };
+  // Which sub-group's transfers each slot holds, to name it if they fail while draining.
+  std::vector<std::size_t> read_owner(nb, 0), write_owner(nb, 0);
+  auto start_transfers = [&](std::size_t sub, bool is_read) {
+    const SubGroup& sg = plan[sub];
+    const StreamedSegment& seg = segments[sg.segment];
+    if (sg.count == 0) return;
+    (is_read ? read_owner : write_owner)[sub % nb] = sub;
+    const auto offset = static_cast<std::uint64_t>(sg.begin) * sizeof(float);
+    for (int k = 0; k < kArrays; ++k) {
+      io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
+      if (is_read) {
+        h = swap_->read(extent_of(seg, k), offset, buffer(sub, k), sg.io_bytes);
+        report.bytes_read += sg.io_bytes;
+      } else {
+        h = swap_->write(extent_of(seg, k), offset, buffer(sub, k), sg.io_bytes);
+        report.bytes_written += sg.io_bytes;
+      }
+    }
+  };
+
+  Status error;
+  std::size_t next_read = 0;
+  for (std::size_t i = 0; i < plan.size() && error.is_ok(); ++i) {
+    // Keep `lookahead` sub-groups of reads in flight; a slot is reused once written back.
+    for (; next_read < plan.size() && next_read <= i + lookahead; ++next_read) {
+      if (next_read >= nb) error = wait_slot(writes, next_read - nb, false);
+      if (!error.is_ok()) break;
+      start_transfers(next_read, true);
+    }
+    if (!error.is_ok()) break;
+    error = wait_slot(reads, i, true);
+    if (!error.is_ok()) break;
+
+    const SubGroup& sg = plan[i];
+    const StreamedSegment& seg = segments[sg.segment];
+    if (sg.count > 0) {
+      device::AdamWArgs a = hyper;
+      a.param = buffer(i, 0);
+      a.exp_avg = buffer(i, 1);
+      a.exp_avg_sq = buffer(i, 2);
+      a.grad = static_cast<const std::byte*>(seg.grad) +
+               static_cast<std::size_t>(sg.begin) * dtype_size(seg.grad_dtype);
+      a.grad_dtype = seg.grad_dtype;
+      a.n = sg.count;
+      a.param_out = seg.param_out == nullptr
+                        ? nullptr
+                        : static_cast<std::byte*>(seg.param_out) +
+                              static_cast<std::size_t>(sg.begin) * dtype_size(seg.out_dtype);
+      a.out_dtype = seg.out_dtype;
+      Stopwatch compute;
+      // Gradients were scanned per segment above (or the caller vouched for them).
+      const StepOutcome outcome = adam_->step(a, /*check_finite=*/false);
+      STRATA_CHECK(outcome == StepOutcome::kUpdated, "unchecked step skipped");
+      report.compute_s += compute.elapsed_s();
+      start_transfers(i, false);
+    }
+    if (sg.last && on_segment_done) error = on_segment_done(sg.segment);
+  }
+  // Drain everything still in flight (the staging buffers must outlive their transfers); the
+  // last write-backs finish here, so their errors count too.
+  for (std::size_t slot = 0; slot < nb; ++slot) {
+    Status r = wait_slot(reads, read_owner[slot], true);
+    Status w = wait_slot(writes, write_owner[slot], false);
+    if (error.is_ok()) error = !r.is_ok() ? r : w;
+  }
+  if (!error.is_ok()) return error;
+  return report;
+}
+
+}  // namespace strata::optim

@@ -1,0 +1,329 @@
+// CpuAdam: every SIMD path, forced through the options, is bit-identical to
+// device::adamw_reference (lengths off the vector width, unaligned starts, hard values, every
+// dtype, both modes, gradient scales, one and two threads); NaN/Inf gradients change nothing.
+#include "strata/optim/cpu_adam.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tests/unit/optim/adam_test_util.h"
+
+namespace strata::optim {
+namespace {
+
+using testing::AdamState;
+using testing::compare_states;
+using testing::hyper;
+using testing::make_state;
+
+struct PathCase {
+  std::string simd;  // as given to CpuAdamOptions
+  bool native_bf16;
+  int threads;
+  std::int64_t tile_elems;
+};
+
+void PrintTo(const PathCase& c, std::ostream* os) {
+  *os << c.simd << (c.native_bf16 ? "+bf16" : "") << ", " << c.threads << " threads, tile "
+      << c.tile_elems;
+}
+
+std::string path_case_name(const ::testing::TestParamInfo<PathCase>& info) {
+  const PathCase& c = info.param;
+  return c.simd + (c.simd == "avx512" ? (c.native_bf16 ? "_nativebf16" : "_intbf16") : "") + "_" +
+         std::to_string(c.threads) + "threads_tile" + std::to_string(c.tile_elems);
+}
+
+class CpuAdamPathTest : public ::testing::TestWithParam<PathCase> {
+ protected:
+  void SetUp() override {
+    const PathCase& c = GetParam();
+    const SimdPath path = c.simd == "avx512" ? SimdPath::kAvx512
+                          : c.simd == "avx2" ? SimdPath::kAvx2
+                                             : SimdPath::kScalar;
+    if (!cpu_supports(path)) {
+      GTEST_SKIP() << "this CPU lacks " << c.simd << " (CPUID), so that path cannot run here";
+    }
+    if (c.native_bf16 && !cpu_supports_avx512_bf16()) {
+      GTEST_SKIP() << "this CPU lacks avx512_bf16; the integer-rounding variant is tested instead";
+    }
+    CpuAdamOptions o;
+    o.simd = c.simd;
+    o.native_bf16 = c.native_bf16;
+    o.threads = c.threads;
+    o.tile_elems = c.tile_elems;
+    // Two-thread cases also stream their stores on every span of 64 elements or more.
+    if (c.threads > 1) o.nontemporal_min_elems = 64;
+    auto adam = CpuAdam::create(o);
+    ASSERT_TRUE(adam.is_ok()) << adam.status().to_string();
+    adam_ = std::make_unique<CpuAdam>(std::move(*adam));
+    ASSERT_EQ(adam_->simd(), path);
+    ASSERT_EQ(adam_->uses_native_bf16(), c.native_bf16);
+  }
+
+  // Runs the reference on one copy and the path on another; returns the first difference.
+  std::string run_and_compare(std::int64_t n, int offset, DType grad_dtype, DType out_dtype,
+                              bool has_out, const device::AdamWArgs& h, std::uint64_t seed) {
+    AdamState want = make_state(n, offset, grad_dtype, out_dtype, has_out, seed);
+    AdamState got = want;
+    device::adamw_reference(want.args(h));
+    EXPECT_EQ(adam_->step(got.args(h)), StepOutcome::kUpdated);
+    return compare_states(got, want);
+  }
+
+  std::unique_ptr<CpuAdam> adam_;
+};
+
+constexpr DType kGradDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+constexpr DType kOutDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+TEST_P(CpuAdamPathTest, BitIdenticalToReferenceOnShortAndUnalignedSpans) {
+  std::uint64_t seed = 1;
+  for (std::int64_t n : {0, 1, 7, 15, 16, 17, 31, 33, 63, 65, 257}) {
+    for (int offset : {0, 1, 3}) {
+      for (DType gd : kGradDtypes) {
+        for (int out = 0; out < 4; ++out) {
+          const bool has_out = out < 3;
+          const DType od = has_out ? kOutDtypes[out] : DType::kBF16;
+          for (bool adamw : {true, false}) {
+            for (float scale : {1.0f, 0.37f}) {
+              const std::string diff =
+                  run_and_compare(n, offset, gd, od, has_out, hyper(adamw, scale), ++seed);
+              ASSERT_EQ(diff, "") << "n=" << n << " offset=" << offset << " grad " << dtype_name(gd)
+                                  << " out " << (has_out ? dtype_name(od) : "none")
+                                  << " adamw_mode=" << adamw << " grad_scale=" << scale;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Long enough for several tiles per thread and the streaming-store path; every gradient dtype
+// with the bf16 copy, every output dtype with an f32 gradient, and Adam+L2.
+TEST_P(CpuAdamPathTest, BitIdenticalToReferenceOnALongSpan) {
+  struct Combo {
+    DType grad, out;
+  };
+  const Combo combos[] = {{DType::kF32, DType::kBF16},
+                          {DType::kBF16, DType::kBF16},
+                          {DType::kF16, DType::kBF16},
+                          {DType::kF32, DType::kF32},
+                          {DType::kF32, DType::kF16}};
+  std::uint64_t seed = 1000;
+  for (const Combo& c : combos) {
+    const std::string diff =
+        run_and_compare(1000003, 1, c.grad, c.out, true, hyper(true, 0.5f, 7), ++seed);
+    ASSERT_EQ(diff, "") << "grad " << dtype_name(c.grad) << " out " << dtype_name(c.out);
+  }
+  const std::string l2 =
+      run_and_compare(1000003, 2, DType::kBF16, DType::kBF16, true, hyper(false, 2.0f, 1), 7);
+  ASSERT_EQ(l2, "") << "adamw_mode=false";
+}
+
+TEST_P(CpuAdamPathTest, BitIdenticalAcrossSeveralSteps) {
+  AdamState want = make_state(4099, 1, DType::kF32, DType::kBF16, true, 77);
+  AdamState got = want;
+  for (std::int64_t step = 1; step <= 5; ++step) {
+    device::adamw_reference(want.args(hyper(true, 1.0f, step)));
+    ASSERT_EQ(adam_->step(got.args(hyper(true, 1.0f, step))), StepOutcome::kUpdated);
+    ASSERT_EQ(compare_states(got, want), "") << "step " << step;
+  }
+}
+
+// With lr = 0 the update leaves param unchanged (p * 1 - 0), so param_out is exactly the
+// conversion of chosen values: ties, subnormals, overflow, NaN payloads, signed zeros.
+TEST_P(CpuAdamPathTest, HalfPrecisionEdgeCasesMatchTheScalarConversions) {
+  const std::uint32_t edges[] = {
+      0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f807fffu,  // bf16 ties and near-ties
+      0x00012345u, 0x80012345u, 0x007fffffu, 0x807fffffu,  // f32 subnormals
+      0x00008000u, 0x00007fffu, 0x00018000u, 0x00000001u,  // bf16 subnormal ties
+      0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x7f7f7fffu,  // bf16 overflow to Inf and not
+      0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u,  // f16 65504, just below/at 65520
+      0x501502f9u, 0xd01502f9u, 0x7f800000u, 0xff800000u,  // 1e10 -> Inf, Inf itself
+      0x33000000u, 0x33000001u, 0x33c00000u, 0x33a00000u,  // f16 subnormal ties: 2^-25 ...
+      0x387fc000u, 0x387fe000u, 0x38800000u, 0x387ff000u,  // around the f16 normal minimum
+      0x7fc12345u, 0xffc00001u, 0x7f800001u, 0xff812345u,  // NaN payloads (quiet, signalling)
+      0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u,  // zeros, +-1
+  };
+  constexpr std::int64_t kEdges = std::size(edges);
+  for (DType od : kOutDtypes) {
+    for (int offset : {0, 1, 5}) {
+      const std::int64_t n = 3 * kEdges + 5;  // vector body and masked tail both see edges
+      AdamState want = make_state(n, offset, DType::kF32, od, true, 99);
+      for (std::int64_t i = 0; i < n; ++i) want.p()[i] = std::bit_cast<float>(edges[i % kEdges]);
+      AdamState got = want;
+      device::AdamWArgs h = hyper(true, 1.0f);
+      h.lr = 0.0f;
+      device::adamw_reference(want.args(h));
+      ASSERT_EQ(adam_->step(got.args(h)), StepOutcome::kUpdated);
+      ASSERT_EQ(compare_states(got, want), "") << "out " << dtype_name(od) << " offset " << offset;
+    }
+  }
+  // And the scalar conversions themselves are what they should be.
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x3f808000u)).bits, 0x3f80);  // tie to even
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x3f818000u)).bits, 0x3f82);
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x007fffffu)).bits, 0x0080);  // subnormal rounds up
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x7f7fffffu)).bits, 0x7f80);  // overflow to Inf
+  EXPECT_EQ(f32_to_f16(65520.0f).bits, 0x7c00);
+  EXPECT_EQ(f32_to_f16(65519.0f).bits, 0x7bff);
+  EXPECT_EQ(f32_to_f16(std::bit_cast<float>(0x33000000u)).bits, 0x0000);  // 2^-25 ties to 0
+  EXPECT_EQ(f32_to_f16(std::bit_cast<float>(0x33c00000u)).bits, 0x0002);  // 3*2^-25 -> even
+}
+
+TEST_P(CpuAdamPathTest, NonFiniteGradientLeavesEveryBufferUntouched) {
+  struct Bad {
+    DType dtype;
+    std::uint32_t bits;
+  };
+  const Bad bads[] = {
+      {DType::kF32, 0x7fc00000u}, {DType::kF32, 0x7f800000u}, {DType::kF32, 0xff800000u},
+      {DType::kF32, 0x7f800001u}, {DType::kBF16, 0x7fc0u},    {DType::kBF16, 0xff80u},
+      {DType::kF16, 0x7e00u},     {DType::kF16, 0x7c00u},     {DType::kF16, 0xfc00u}};
+  std::uint64_t seed = 500;
+  for (const Bad& bad : bads) {
+    for (std::int64_t n : {1, 17, 100003}) {
+      for (std::int64_t where : {std::int64_t{0}, n / 2, n - 1}) {
+        AdamState before = make_state(n, 1, bad.dtype, DType::kBF16, true, ++seed);
+        std::memcpy(before.g() + where * static_cast<std::int64_t>(dtype_size(bad.dtype)),
+                    &bad.bits, dtype_size(bad.dtype));
+        AdamState s = before;
+        ASSERT_FALSE(adam_->all_finite(s.g(), bad.dtype, n));
+        ASSERT_EQ(adam_->step(s.args(hyper(true, 1.0f))), StepOutcome::kSkippedNonFinite);
+        ASSERT_EQ(compare_states(s, before), "")
+            << dtype_name(bad.dtype) << " 0x" << std::hex << bad.bits << std::dec << " at " << where
+            << " of " << n;
+      }
+    }
+  }
+}
+
+TEST_P(CpuAdamPathTest, FiniteScanAcceptsSubnormalsAndMaxima) {
+  for (DType gd : kGradDtypes) {
+    AdamState s = make_state(1037, 0, gd, DType::kF32, false, 3);
+    EXPECT_TRUE(adam_->all_finite(s.g(), gd, s.n)) << dtype_name(gd);
+    const std::uint32_t max_bits = gd == DType::kF32    ? 0x7f7fffffu
+                                   : gd == DType::kBF16 ? 0x7f7fu
+                                                        : 0x7bffu;
+    std::memcpy(s.g() + (s.n - 1) * static_cast<std::int64_t>(dtype_size(gd)), &max_bits,
+                dtype_size(gd));
+    EXPECT_TRUE(adam_->all_finite(s.g(), gd, s.n)) << dtype_name(gd);
+  }
+}
+
+TEST_P(CpuAdamPathTest, RooflineMovesTheSameArraysWithATrivialCombine) {
+  AdamState s = make_state(1003, 1, DType::kF32, DType::kF32, true, 11);
+  std::vector<float> p0(s.p(), s.p() + s.n), m0(s.m(), s.m() + s.n);
+  adam_->memory_roofline(s.args(hyper(true, 1.0f)));
+  const auto* g = reinterpret_cast<const float*>(s.g());
+  for (std::int64_t i = 0; i < s.n; ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(s.p()[i]), std::bit_cast<std::uint32_t>(p0[i] + g[i]));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(s.m()[i]), std::bit_cast<std::uint32_t>(m0[i] + g[i]));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(reinterpret_cast<float*>(s.o())[i]),
+              std::bit_cast<std::uint32_t>(s.p()[i]));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, CpuAdamPathTest,
+    ::testing::Values(PathCase{"scalar", false, 1, 1 << 15}, PathCase{"avx2", false, 1, 1 << 15},
+                      PathCase{"avx512", false, 1, 1 << 15}, PathCase{"avx512", true, 1, 1 << 15},
+                      PathCase{"scalar", false, 2, 64}, PathCase{"avx2", false, 2, 64},
+                      PathCase{"avx512", false, 2, 64}, PathCase{"avx512", true, 2, 1024}),
+    path_case_name);
+
+// Non-temporal stores only change how bytes reach memory, never which bytes.
+TEST(CpuAdamOptions, NontemporalStoresGiveTheSameBytes) {
+  for (const char* simd : {"avx2", "avx512"}) {
+    const SimdPath path = std::string(simd) == "avx2" ? SimdPath::kAvx2 : SimdPath::kAvx512;
+    if (!cpu_supports(path)) continue;
+    CpuAdamOptions o;
+    o.simd = simd;
+    o.nontemporal = true;
+    o.nontemporal_min_elems = 0;
+    o.threads = 2;
+    o.tile_elems = 4096;
+    auto adam = CpuAdam::create(o);
+    ASSERT_TRUE(adam.is_ok()) << adam.status().to_string();
+    for (int offset : {0, 1, 7}) {
+      AdamState want = make_state(100003, offset, DType::kBF16, DType::kBF16, true, 5);
+      AdamState got = want;
+      device::adamw_reference(want.args(hyper(true, 1.0f)));
+      ASSERT_EQ(adam->step(got.args(hyper(true, 1.0f))), StepOutcome::kUpdated);
+      ASSERT_EQ(compare_states(got, want), "") << simd << " offset " << offset;
+    }
+  }
+}
+
+// Without the scan, NaN and Inf flow through exactly as in the reference, on every path.
+TEST(CpuAdamOptions, CheckFiniteOffPropagatesNonFiniteLikeTheReference) {
+  for (const char* simd : {"scalar", "avx2", "avx512"}) {
+    auto adam = CpuAdam::create(CpuAdamOptions{.simd = simd});
+    if (!adam.is_ok()) continue;  // a path this CPU lacks
+    for (DType od : kOutDtypes) {
+      AdamState want = make_state(100, 1, DType::kF32, od, true, 8);
+      const float specials[] = {
+          std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+          -std::numeric_limits<float>::infinity(), std::bit_cast<float>(0xffc12345u)};
+      for (int k = 0; k < 4; ++k) std::memcpy(want.g() + 4 * (10 + 17 * k), &specials[k], 4);
+      AdamState got = want;
+      device::adamw_reference(want.args(hyper(true, 1.0f)));
+      EXPECT_EQ(adam->step(got.args(hyper(true, 1.0f)), /*check_finite=*/false),
+                StepOutcome::kUpdated);
+      EXPECT_TRUE(std::isnan(got.p()[10]));
+      EXPECT_EQ(compare_states(got, want), "") << simd << " out " << dtype_name(od);
+    }
+  }
+}
+
+TEST(CpuAdamOptions, RejectsUnknownPathsAndBadSizes) {
+  CpuAdamOptions o;
+  o.simd = "sse9";
+  auto bad = CpuAdam::create(o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'sse9'"), std::string::npos) << bad.status().message();
+  o.simd = "auto";
+  o.tile_elems = 100;
+  EXPECT_FALSE(CpuAdam::create(o).is_ok());
+  o.tile_elems = 1 << 15;
+  o.threads = -1;
+  EXPECT_FALSE(CpuAdam::create(o).is_ok());
+}
+
+TEST(CpuAdamOptions, EnvironmentOverridesAutoButNotAnExplicitChoice) {
+  ASSERT_EQ(::setenv("STRATA_SIMD", "scalar", 1), 0);
+  auto from_env = CpuAdam::create({});
+  auto explicit_choice = CpuAdam::create(CpuAdamOptions{.simd = "avx2"});
+  ::setenv("STRATA_SIMD", "bogus", 1);
+  auto bogus = CpuAdam::create({});
+  ::unsetenv("STRATA_SIMD");
+  ASSERT_TRUE(from_env.is_ok()) << from_env.status().to_string();
+  EXPECT_EQ(from_env->simd(), SimdPath::kScalar);
+  if (cpu_supports(SimdPath::kAvx2)) {
+    ASSERT_TRUE(explicit_choice.is_ok());
+    EXPECT_EQ(explicit_choice->simd(), SimdPath::kAvx2);
+  } else {
+    EXPECT_EQ(explicit_choice.status().code(), StatusCode::kUnavailable);
+  }
+  ASSERT_FALSE(bogus.is_ok());
+  EXPECT_NE(bogus.status().message().find("STRATA_SIMD"), std::string::npos);
+  auto defaults = CpuAdam::create({});
+  ASSERT_TRUE(defaults.is_ok());
+  const SimdPath best = cpu_supports(SimdPath::kAvx512) ? SimdPath::kAvx512
+                        : cpu_supports(SimdPath::kAvx2) ? SimdPath::kAvx2
+                                                        : SimdPath::kScalar;
+  EXPECT_EQ(defaults->simd(), best);
+  EXPECT_GE(defaults->threads(), 1);
+}
+
+}  // namespace
+}  // namespace strata::optim

@@ -1,0 +1,249 @@
+// StreamedAdam: the NVMe-streamed step gives exactly the bytes of the in-memory step for every
+// sub_group_size (dividing the segments or not) and staging depth, over every swap engine; NaN
+// segments are skipped without I/O; injected EIO surfaces as an error naming the segment.
+#include "strata/optim/streamed_adam.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/build_config.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/unit/optim/adam_test_util.h"
+
+namespace strata::optim {
+namespace {
+
+using testing::AdamState;
+using testing::compare_bytes;
+using testing::hyper;
+using testing::make_state;
+
+constexpr std::uint64_t kBlockBytes = 16 * 1024;  // the swap engine's chunk size here
+
+// Segment sizes: not multiples of 1024, one exactly 4096, one tiny, one empty.
+const std::int64_t kSizes[] = {5000, 1, 4096, 12345, 0, 2047};
+
+struct Fixture {
+  std::unique_ptr<::strata::testing::TempDir> dir;
+  std::unique_ptr<io::SwapSpace> swap;
+  std::vector<AdamState> states;    // in-memory copies (offset 0)
+  std::vector<io::Extent> extents;  // 3 per segment
+  std::vector<std::string> names;
+};
+
+// Creates a swap space, random state per segment, and writes master and moments to swap.
+// Returns an empty swap when io_uring was asked for and is unavailable.
+Fixture make_fixture(const std::string& engine, std::vector<io::FaultRule> rules = {}) {
+  Fixture f;
+  f.dir = std::make_unique<::strata::testing::TempDir>();
+  io::SwapOptions so;
+  so.engine = engine;
+  so.paths = {f.dir->path()};
+  so.block_size_bytes = kBlockBytes;
+  so.queue_depth = 4;
+  so.fault_injection.rules = std::move(rules);
+  auto swap = io::SwapSpace::create(so);
+  if (!swap.is_ok()) {
+    EXPECT_TRUE(engine == "uring" && swap.status().code() == StatusCode::kUnavailable)
+        << swap.status().to_string();
+    return f;
+  }
+  f.swap = std::move(*swap);
+  std::uint64_t seed = 40;
+  for (std::int64_t n : kSizes) {
+    const DType gd = n == 12345 ? DType::kBF16 : DType::kF32;  // one bf16-gradient segment
+    f.states.push_back(make_state(n, 0, gd, DType::kBF16, true, ++seed));
+    f.names.push_back("group" + std::to_string(f.names.size()));
+    const std::uint64_t bytes = std::max<std::uint64_t>(static_cast<std::uint64_t>(n) * 4, 1);
+    for (int k = 0; k < 3; ++k) {
+      auto x = f.swap->allocate(bytes, f.names.back());
+      EXPECT_TRUE(x.is_ok()) << x.status().to_string();
+      f.extents.push_back(*x);
+    }
+  }
+  for (std::size_t s = 0; s < f.states.size(); ++s) {
+    AdamState& st = f.states[s];
+    const float* arrays[3] = {st.p(), st.m(), st.v()};
+    for (int k = 0; k < 3; ++k) {
+      const io::Extent& x = f.extents[s * 3 + static_cast<std::size_t>(k)];
+      AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
+      std::memcpy(buf.data(), arrays[k], static_cast<std::size_t>(st.n) * 4);
+      EXPECT_TRUE(f.swap->write(x, 0, buf.data(), buf.size()).wait().is_ok());
+    }
+  }
+  return f;
+}
+
+std::vector<StreamedSegment> segments_of(Fixture& f, std::vector<AdamState>& outs) {
+  std::vector<StreamedSegment> segs;
+  for (std::size_t s = 0; s < f.states.size(); ++s) {
+    StreamedSegment seg;
+    seg.name = f.names[s];
+    seg.master = f.extents[s * 3];
+    seg.exp_avg = f.extents[s * 3 + 1];
+    seg.exp_avg_sq = f.extents[s * 3 + 2];
+    seg.grad = outs[s].g();
+    seg.grad_dtype = outs[s].grad_dtype;
+    seg.num_elems = outs[s].n;
+    seg.param_out = outs[s].o();
+    seg.out_dtype = outs[s].out_dtype;
+    segs.push_back(seg);
+  }
+  return segs;
+}
+
+// Reads a segment's three arrays back from swap.
+std::vector<std::vector<float>> read_back(Fixture& f, std::size_t s) {
+  std::vector<std::vector<float>> out;
+  for (int k = 0; k < 3; ++k) {
+    const io::Extent& x = f.extents[s * 3 + static_cast<std::size_t>(k)];
+    AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
+    EXPECT_TRUE(f.swap->read(x, 0, buf.data(), buf.size()).wait().is_ok());
+    const auto n = static_cast<std::size_t>(f.states[s].n);
+    out.emplace_back(buf.as<float>(), buf.as<float>() + n);
+  }
+  return out;
+}
+
+class StreamedAdamTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  ASSERT_TRUE(adam.is_ok());
+  const device::AdamWArgs h = hyper(true, 0.5f, 2);
+  for (std::int64_t sub : {1024, 3072, 1000, 5000, 1 << 20}) {
+    for (int buffers : {2, 3, 4}) {
+      SCOPED_TRACE("sub_group_size " + std::to_string(sub) + ", " + std::to_string(buffers) +
+                   " buffers, engine " + GetParam());
+      Fixture f = make_fixture(GetParam());
+      if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+      // In memory: the expected result.
+      std::vector<AdamState> want = f.states;
+      for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+      // Streamed: gradients and outputs from a copy whose state arrays are ignored.
+      std::vector<AdamState> got = f.states;
+      std::vector<StreamedSegment> segs = segments_of(f, got);
+      StreamedAdamOptions so;
+      so.sub_group_size = sub;
+      so.num_buffers = buffers;
+      so.max_segment_elems = 12345;
+      auto streamed = StreamedAdam::create(*f.swap, *adam, so);
+      ASSERT_TRUE(streamed.is_ok()) << streamed.status().to_string();
+      EXPECT_EQ(streamed->sub_group_elems() % 1024, 0);
+      std::vector<std::size_t> done;
+      auto report = streamed->step(segs, h, [&](std::size_t s) {
+        done.push_back(s);
+        return Status::ok();
+      });
+      ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+      EXPECT_TRUE(report->skipped_segments.empty());
+      EXPECT_EQ(done, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
+      EXPECT_EQ(report->bytes_read, report->bytes_written);
+      for (std::size_t s = 0; s < want.size(); ++s) {
+        const auto back = read_back(f, s);
+        const std::int64_t n = want[s].n;
+        EXPECT_EQ(compare_bytes("master", back[0].data(), want[s].p(), 4, n), "")
+            << "segment " << s;
+        EXPECT_EQ(compare_bytes("exp_avg", back[1].data(), want[s].m(), 4, n), "")
+            << "segment " << s;
+        EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), want[s].v(), 4, n), "")
+            << "segment " << s;
+        EXPECT_EQ(compare_bytes("param_out", got[s].out.data(), want[s].out.data(), 1,
+                                static_cast<std::int64_t>(want[s].out.size())),
+                  "")
+            << "segment " << s;
+      }
+    }
+  }
+}
+
+TEST_P(StreamedAdamTest, NonFiniteSegmentIsSkippedWithoutIo) {
+  Fixture f = make_fixture(GetParam());
+  if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  auto adam = CpuAdam::create({});
+  ASSERT_TRUE(adam.is_ok());
+  std::vector<AdamState> got = f.states;
+  const std::uint16_t bf16_inf = 0x7f80;  // segment 3 has a bf16 gradient
+  std::memcpy(got[3].g() + 2 * 100, &bf16_inf, 2);
+  std::vector<StreamedSegment> segs = segments_of(f, got);
+  auto streamed = StreamedAdam::create(*f.swap, *adam, StreamedAdamOptions{.sub_group_size = 2048});
+  ASSERT_TRUE(streamed.is_ok());
+  auto report = streamed->step(segs, hyper(true, 1.0f));
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  EXPECT_EQ(report->skipped_segments, (std::vector<std::size_t>{3}));
+  const auto back = read_back(f, 3);
+  EXPECT_EQ(compare_bytes("master", back[0].data(), f.states[3].p(), 4, f.states[3].n), "");
+  EXPECT_EQ(compare_bytes("param_out", got[3].out.data(), f.states[3].out.data(), 1,
+                          static_cast<std::int64_t>(got[3].out.size())),
+            "");
+}
+
+// EIO on the exp_avg of segment 3 (reads), then on the master of segment 0 (write-back).
+TEST_P(StreamedAdamTest, InjectedEioSurfacesNamingTheSegment) {
+  for (io::FaultOp op : {io::FaultOp::kRead, io::FaultOp::kWrite}) {
+    Fixture probe = make_fixture(GetParam());
+    if (probe.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+    const io::Extent target =
+        op == io::FaultOp::kRead ? probe.extents[3 * 3 + 1] : probe.extents[0];
+    io::FaultRule r;
+    r.op = op;
+    r.kind = io::FaultKind::kError;
+    r.error = EIO;
+    r.swap_offset_begin = target.offset;
+    r.swap_offset_end = target.offset + target.size_bytes;
+    // The fixture's own write of the initial state (one attempt per 16 KiB block) must pass.
+    r.skip = op == io::FaultOp::kWrite ? (target.size_bytes + kBlockBytes - 1) / kBlockBytes : 0;
+    Fixture f = make_fixture(GetParam(), {r});
+    ASSERT_EQ(f.extents[0].offset, probe.extents[0].offset);
+    auto adam = CpuAdam::create({});
+    ASSERT_TRUE(adam.is_ok());
+    std::vector<AdamState> got = f.states;
+    std::vector<StreamedSegment> segs = segments_of(f, got);
+    auto streamed =
+        StreamedAdam::create(*f.swap, *adam, StreamedAdamOptions{.sub_group_size = 2048});
+    ASSERT_TRUE(streamed.is_ok());
+    auto report = streamed->step(segs, hyper(true, 1.0f));
+    ASSERT_FALSE(report.is_ok()) << "the injected EIO was not reported";
+    EXPECT_EQ(report.status().code(), StatusCode::kIoError) << report.status().to_string();
+    const std::string& msg = report.status().message();
+    if (op == io::FaultOp::kRead) {
+      EXPECT_NE(msg.find("reading exp_avg of 'group3'"), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("writing master weights of 'group0'"), std::string::npos) << msg;
+    }
+    EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+  }
+}
+
+TEST(StreamedAdamOptions, RejectsBadSizes) {
+  ::strata::testing::TempDir dir;
+  io::SwapOptions so;
+  so.engine = "memory";
+  so.paths = {dir.path()};
+  auto swap = io::SwapSpace::create(so);
+  ASSERT_TRUE(swap.is_ok());
+  auto adam = CpuAdam::create({});
+  ASSERT_TRUE(adam.is_ok());
+  EXPECT_FALSE(
+      StreamedAdam::create(**swap, *adam, StreamedAdamOptions{.sub_group_size = 0}).is_ok());
+  EXPECT_FALSE(StreamedAdam::create(**swap, *adam, StreamedAdamOptions{.num_buffers = 1}).is_ok());
+  StreamedAdamOptions o;
+  o.sub_group_size = 1 << 20;
+  o.max_segment_elems = 3000;
+  EXPECT_EQ(StreamedAdam::staging_bytes_for(o), 3u * 3 * 3072 * 4);
+  auto s = StreamedAdam::create(**swap, *adam, o);
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_EQ(s->staging_bytes(), StreamedAdam::staging_bytes_for(o));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, StreamedAdamTest, ::testing::Values("memory", "posix", "uring"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace strata::optim
