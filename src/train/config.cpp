@@ -114,13 +114,26 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("grad_clip", &c.grad_clip, 0.0);
   r.read("activation_checkpointing", &c.activation_checkpointing);
   r.read("zero_stage", &c.zero_stage, 1, 3);
+  r.read("sub_group_size", &c.sub_group_size, 1024);
   r.read("param_persistence_threshold", &c.param_persistence_threshold, 0);
   r.read_choice("dist_backend", &c.dist_backend, {"auto", "single", "mpi", "nccl"});
   r.read("dist_timeout_s", &c.dist_timeout_s, 1);
   r.read_choice("offload_optimizer", &c.offload_optimizer, {"none", "cpu", "nvme"});
   r.read_choice("offload_param", &c.offload_param, {"none", "cpu", "nvme"});
+  r.read_bytes("prefetch_bytes", &c.prefetch_bytes);
+  r.read_bytes("max_live_bytes", &c.max_live_bytes);
+  r.read_bytes("max_reuse_distance", &c.max_reuse_distance);
   r.read("swap_paths", &c.swap_paths);
   r.read_choice("swap_engine", &c.swap_engine, {"auto", "uring", "posix", "memory"});
+  r.read_bytes("swap_block_size", &c.swap_block_size);
+  if (c.swap_block_size == 0 || c.swap_block_size % 4096 != 0 || c.swap_block_size > (1u << 30)) {
+    r.error("swap_block_size", std::to_string(c.swap_block_size) +
+                                   " must be a positive multiple of 4096 no larger than 1GiB "
+                                   "(e.g. \"1MiB\"; strata io-bench finds a good value)");
+  }
+  r.read("swap_queue_depth", &c.swap_queue_depth, 1, 4096);
+  r.read("swap_threads", &c.swap_threads, 1, 64);
+  r.read("verify_swap", &c.verify_swap);
   r.read_choice("device", &c.device, {"cpu", "cuda"});
   r.read_bytes("device_memory_limit", &c.device_memory_limit);
   r.read_bytes("host_memory_limit", &c.host_memory_limit);
@@ -128,6 +141,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("save_dir", &c.save_dir);
   r.read("save_every", &c.save_every, 0);
   r.read("metrics_file", &c.metrics_file);
+  r.read("trace_file", &c.trace_file);
   r.read("log_every", &c.log_every, 1);
   r.reject_unknown();
 
@@ -188,13 +202,21 @@ Json TrainConfig::to_json() const {
       {"grad_clip", grad_clip},
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
+      {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
       {"dist_backend", dist_backend},
       {"dist_timeout_s", dist_timeout_s},
       {"offload_optimizer", offload_optimizer},
       {"offload_param", offload_param},
+      {"prefetch_bytes", prefetch_bytes},
+      {"max_live_bytes", max_live_bytes},
+      {"max_reuse_distance", max_reuse_distance},
       {"swap_paths", swap_paths},
       {"swap_engine", swap_engine},
+      {"swap_block_size", swap_block_size},
+      {"swap_queue_depth", swap_queue_depth},
+      {"swap_threads", swap_threads},
+      {"verify_swap", verify_swap},
       {"device", device},
       {"device_memory_limit", device_memory_limit},
       {"host_memory_limit", host_memory_limit},
@@ -202,6 +224,7 @@ Json TrainConfig::to_json() const {
       {"save_dir", save_dir},
       {"save_every", save_every},
       {"metrics_file", metrics_file},
+      {"trace_file", trace_file},
       {"log_every", log_every},
   };
 }

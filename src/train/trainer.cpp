@@ -3,8 +3,8 @@
 
 #include <cmath>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -12,7 +12,9 @@
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
 #include "strata/device/device.h"
+#include "strata/dist/communicator.h"
 #include "strata/io/swap.h"
+#include "strata/mem/timeline.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama.h"
 #include "strata/optim/schedule.h"
@@ -22,7 +24,6 @@
 #include "strata/zero/offload_engine.h"
 #include "strata/zero/partition.h"
 #include "strata/zero/zero_provider.h"
-#include "strata/dist/communicator.h"
 
 namespace strata::train {
 namespace {
@@ -53,7 +54,12 @@ Json StepMetrics::to_json() const {
               {"step_ms", step_ms},
               {"compute_ms", compute_ms},
               {"wait_ms", wait_ms},
+              {"stall_ms", stall_ms},
               {"optimizer_ms", optimizer_ms},
+              {"h2d_busy_ms", h2d_busy_ms},
+              {"d2h_busy_ms", d2h_busy_ms},
+              {"nvme_read_busy_ms", nvme_read_busy_ms},
+              {"nvme_write_busy_ms", nvme_write_busy_ms},
               {"h2d_bytes", h2d_bytes},
               {"d2h_bytes", d2h_bytes},
               {"nvme_read_bytes", nvme_read_bytes},
@@ -72,6 +78,7 @@ struct Trainer::Impl {
   std::unique_ptr<model::ParamLayout> layout;
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
+  std::unique_ptr<mem::Timeline> timeline;  // before the engine, which records into it
   std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<zero::Partition> partition;
   std::unique_ptr<zero::OffloadEngine> engine;  // this rank's part
@@ -88,6 +95,7 @@ struct Trainer::Impl {
 
   Status setup();
   Result<StepMetrics> train_step();
+  Status write_trace() const;
   TrainerState state() const {
     return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
                         config.to_json()};
@@ -140,7 +148,8 @@ Status Trainer::Impl::setup() {
     STRATA_RETURN_IF_ERROR(comm->all_gather_host(&mine, all.data(), 1, "config hash"));
     for (int r = 0; r < world; ++r) {
       if (all[static_cast<std::size_t>(r)] != all[0]) {
-        return invalid_argument("rank " + std::to_string(r) + " runs a different config than rank 0; "
+        return invalid_argument("rank " + std::to_string(r) +
+                                " runs a different config than rank 0; "
                                 "start every rank with the same config and --set flags");
       }
     }
@@ -149,8 +158,8 @@ Status Trainer::Impl::setup() {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();
   }
-  partition = std::make_unique<zero::Partition>(*layout, rank, world,
-                                                config.param_persistence_threshold);
+  partition =
+      std::make_unique<zero::Partition>(*layout, rank, world, config.param_persistence_threshold);
 
   const zero::Offload param = parse_offload(config.offload_param);
   const zero::Offload opt = parse_offload(config.offload_optimizer);
@@ -158,6 +167,10 @@ Status Trainer::Impl::setup() {
     io::SwapOptions sopts;
     for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, rank));
     sopts.engine = config.swap_engine;
+    sopts.block_size_bytes = config.swap_block_size;
+    sopts.queue_depth = config.swap_queue_depth;
+    sopts.thread_count = config.swap_threads;
+    sopts.verify_swap = config.verify_swap;
     STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(sopts));
   }
 
@@ -171,8 +184,15 @@ Status Trainer::Impl::setup() {
   eopts.adam.eps = config.optimizer.eps;
   eopts.adam.weight_decay = config.optimizer.weight_decay;
   eopts.host_memory_limit_bytes = config.host_memory_limit;
-  STRATA_ASSIGN_OR_RETURN(engine, zero::OffloadEngine::create(partition->local_layout(), *device,
-                                                              swap.get(), eopts));
+  eopts.cpu_adam.threads = config.threads;
+  eopts.sub_group_size = config.sub_group_size;
+  eopts.prefetch_bytes = config.prefetch_bytes;
+  eopts.max_live_bytes = config.max_live_bytes;
+  eopts.max_reuse_distance = config.max_reuse_distance;
+  timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
+  eopts.timeline = timeline.get();
+  STRATA_ASSIGN_OR_RETURN(
+      engine, zero::OffloadEngine::create(partition->local_layout(), *device, swap.get(), eopts));
   provider = std::make_unique<zero::ZeroProvider>(
       *layout, *partition, *engine, *comm, *device,
       zero::ZeroOptions{config.zero_stage, compute_dtype, param != zero::Offload::kNvme});
@@ -234,6 +254,8 @@ Result<StepMetrics> Trainer::Impl::train_step() {
   m.step = step + 1;
   const zero::EngineStats before = engine->stats();
   const dist::CommStats comm_before = comm->stats();
+  const auto busy_before = timeline->busy_ms();
+  const io::IoStats io_before = swap ? swap->stats() : io::IoStats{};
   device->reset_peak();
   Stopwatch step_timer;
 
@@ -251,15 +273,16 @@ Result<StepMetrics> Trainer::Impl::train_step() {
       STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
                                                inputs.data() + i * seq, targets.data() + i * seq));
     }
-    STRATA_ASSIGN_OR_RETURN(float loss,
-                            model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
-                                                    1.0f / static_cast<float>(accum * world)));
+    STRATA_ASSIGN_OR_RETURN(
+        float loss, model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
+                                            1.0f / static_cast<float>(accum * world)));
     STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
     m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
     loss_sum += loss;
   }
   m.loss = loss_sum / static_cast<double>(accum);
-  if (world > 1) STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kAvg, "loss"));
+  if (world > 1)
+    STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kAvg, "loss"));
   m.lr = schedule.lr_at(step);
   STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
   if (!std::isfinite(m.grad_norm)) {
@@ -269,7 +292,10 @@ Result<StepMetrics> Trainer::Impl::train_step() {
                 ": gradient norm is not finite; skipping the update");
   } else {
     const auto scale = static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip));
+    const std::int64_t t0 = now_ns();
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
+    timeline->add(mem::Lane::kCpuOptimizer, "optimizer step " + std::to_string(m.step), t0,
+                  now_ns());
     m.optimizer_ms = engine->stats().optimizer_ms;
   }
   ++step;
@@ -277,6 +303,19 @@ Result<StepMetrics> Trainer::Impl::train_step() {
   m.tokens_per_s = static_cast<double>(config.batch_size * seq) / (m.step_ms / 1e3);
   const zero::EngineStats& after = engine->stats();
   m.wait_ms = after.wait_ms - before.wait_ms;
+  m.stall_ms = after.stall_ms - before.stall_ms;
+  const auto busy = timeline->busy_ms();
+  auto lane = [](mem::Lane l) { return static_cast<std::size_t>(l); };
+  m.h2d_busy_ms =
+      busy[lane(mem::Lane::kHostToDevice)] - busy_before[lane(mem::Lane::kHostToDevice)];
+  m.d2h_busy_ms =
+      busy[lane(mem::Lane::kDeviceToHost)] - busy_before[lane(mem::Lane::kDeviceToHost)];
+  if (swap) {
+    // The swap space's own clock: every NVMe request, the optimizer's streaming included.
+    const io::IoStats io_after = swap->stats();
+    m.nvme_read_busy_ms = (io_after.read_busy_s - io_before.read_busy_s) * 1e3;
+    m.nvme_write_busy_ms = (io_after.write_busy_s - io_before.write_busy_s) * 1e3;
+  }
   m.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
   m.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
   m.nvme_read_bytes = after.nvme_read_bytes - before.nvme_read_bytes;
@@ -305,10 +344,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config,
 }
 
 Result<std::string> Trainer::save() {
-  STRATA_ASSIGN_OR_RETURN(impl_->last_checkpoint,
-                          save_checkpoint(impl_->config.save_dir, impl_->model_config,
-                                          *impl_->layout, *impl_->provider, *impl_->comm,
-                                          impl_->state()));
+  STRATA_ASSIGN_OR_RETURN(
+      impl_->last_checkpoint,
+      save_checkpoint(impl_->config.save_dir, impl_->model_config, *impl_->layout, *impl_->provider,
+                      *impl_->comm, impl_->state()));
   return impl_->last_checkpoint;
 }
 
@@ -316,14 +355,16 @@ const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpo
 
 namespace {
 std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof(buf),
                 "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
-                "(compute %.0f, wait %.0f, optim %.0f) | moved h2d %s d2h %s nvme r %s w %s | "
+                "(compute %.0f, wait %.0f, stall %.0f, optim %.0f) | busy ms h2d %.0f d2h %.0f "
+                "nvme r %.0f w %.0f | moved h2d %s d2h %s nvme r %s w %s | "
                 "peak device %s host %s nvme %s rss %s | comm %s",
                 static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr,
                 m.grad_norm, m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms,
-                m.wait_ms, m.optimizer_ms, format_bytes(m.h2d_bytes).c_str(),
+                m.wait_ms, m.stall_ms, m.optimizer_ms, m.h2d_busy_ms, m.d2h_busy_ms,
+                m.nvme_read_busy_ms, m.nvme_write_busy_ms, format_bytes(m.h2d_bytes).c_str(),
                 format_bytes(m.d2h_bytes).c_str(), format_bytes(m.nvme_read_bytes).c_str(),
                 format_bytes(m.nvme_write_bytes).c_str(), format_bytes(m.peak_device_bytes).c_str(),
                 format_bytes(m.peak_host_bytes).c_str(), format_bytes(m.peak_nvme_bytes).c_str(),
@@ -344,7 +385,23 @@ void maybe_inject_rank_death(int rank, std::int64_t step) {
 }
 }  // namespace
 
+Status Trainer::Impl::write_trace() const {
+  if (config.trace_file.empty()) return Status::ok();
+  std::error_code ec;
+  const auto parent = std::filesystem::path(config.trace_file).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  return timeline->write_chrome_trace(config.trace_file);
+}
+
 Status Trainer::run() {
+  // The trace is written however the run ends: a failed step is when it helps most.
+  Status s = run_loop();
+  Status t = impl_->write_trace();
+  if (!s.is_ok()) return s;
+  return t;
+}
+
+Status Trainer::run_loop() {
   Impl& s = *impl_;
   while (s.step < s.config.max_steps) {
     maybe_inject_rank_death(s.comm->rank(), s.step + 1);
@@ -362,7 +419,8 @@ Status Trainer::run() {
     if (s.comm->world_size() > 1) {
       // A stop seen by any rank stops all of them at the same step, so they save together.
       double any = stop ? 1.0 : 0.0;
-      STRATA_RETURN_IF_ERROR(s.comm->all_reduce_host(&any, 1, dist::ReduceOp::kSum, "stop request"));
+      STRATA_RETURN_IF_ERROR(
+          s.comm->all_reduce_host(&any, 1, dist::ReduceOp::kSum, "stop request"));
       stop = any > 0;
     }
     const bool periodic = s.config.save_every > 0 && s.step % s.config.save_every == 0;
@@ -381,10 +439,14 @@ Status Trainer::run() {
 
 Status Trainer::run_steps(std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
-    STRATA_ASSIGN_OR_RETURN(StepMetrics m, impl_->train_step());
-    impl_->history.push_back(m);
+    auto m = impl_->train_step();
+    if (!m.is_ok()) {
+      impl_->write_trace().ignore();
+      return m.status();
+    }
+    impl_->history.push_back(*m);
   }
-  return Status::ok();
+  return impl_->write_trace();
 }
 
 const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }

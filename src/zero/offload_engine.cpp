@@ -1,9 +1,11 @@
 // OffloadEngine: placement of master weights, moments, gradients and working copies across the
-// device, host and NVMe tiers; parameter fetch with one-ahead prefetch; the optimizer step.
+// device, host and NVMe tiers; working copies and gradients through the tiered store with
+// trace-driven prefetch; the optimizer step.
 #include "strata/zero/offload_engine.h"
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "strata/core/clock.h"
 #include "strata/core/json.h"
@@ -34,17 +36,15 @@ struct OffloadEngine::Group {
   AlignedBuffer master_h, m_h, v_h, grad_h;
   device::DeviceBuffer master_d, m_d, v_d, grad_acc_d;
   io::Extent master_x, m_x, v_x;
-  // Working copy in the compute dtype.
+  // Working copy in the compute dtype: work_d (offload_param none) or, in the tiered store,
+  // `work` with its home in work_h (cpu) or on NVMe.
   device::DeviceBuffer work_d;
   AlignedBuffer work_h;
-  io::Extent work_x;
-  // Fetch in flight or done.
-  bool fetch_started = false;
-  AlignedBuffer* fetch_staging = nullptr;
-  io::IoHandle fetch_io;
-  device::Event fetch_done;
-  int param_refs = 0;
-  device::DeviceBuffer grad_d;
+  mem::Handle work = mem::Handle::kInvalid;
+  // This micro-batch's gradient in the compute dtype: a transient tensor of the store.
+  mem::Handle grad = mem::Handle::kInvalid;
+  void* grad_d = nullptr;  // its device copy while the model accumulates into it
+  std::int64_t span_begin_ns = 0;
 };
 
 OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& device,
@@ -52,16 +52,15 @@ OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& d
     : layout_(layout), device_(device), swap_(swap), options_(options) {}
 
 OffloadEngine::~OffloadEngine() {
-  // Copies in flight reference staging buffers and device memory owned here.
+  // Copies in flight reference device memory owned here; the store (destroyed before groups_)
+  // finishes its own transfers.
   device_.stream(device::StreamKind::kHostToDevice).synchronize();
   device_.stream(device::StreamKind::kDeviceToHost).synchronize();
-  for (auto& g : groups_) {
-    if (g && g->fetch_io.valid()) g->fetch_io.wait().ignore();
-  }
+  if (store_) store_->drain();
   if (swap_ != nullptr) {
     for (auto& g : groups_) {
       if (!g) continue;
-      for (const io::Extent* x : {&g->master_x, &g->m_x, &g->v_x, &g->work_x}) {
+      for (const io::Extent* x : {&g->master_x, &g->m_x, &g->v_x}) {
         if (x->valid()) swap_->free(*x);
       }
     }
@@ -88,7 +87,7 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamL
   return engine;
 }
 
-Result<AlignedBuffer> OffloadEngine::host_alloc(std::size_t bytes, const char* what) {
+Status OffloadEngine::charge_host(std::size_t bytes, const char* what) {
   const std::uint64_t limit = options_.host_memory_limit_bytes;
   if (limit != 0 && stats_.host_bytes + bytes > limit) {
     return out_of_memory("host_memory_limit " + format_bytes(limit) +
@@ -97,6 +96,11 @@ Result<AlignedBuffer> OffloadEngine::host_alloc(std::size_t bytes, const char* w
                          " more; raise host_memory_limit or offload to nvme");
   }
   stats_.host_bytes += bytes;
+  return Status::ok();
+}
+
+Result<AlignedBuffer> OffloadEngine::host_alloc(std::size_t bytes, const char* what) {
+  STRATA_RETURN_IF_ERROR(charge_host(bytes, what));
   return AlignedBuffer(bytes, io::kIoAlignBytes);
 }
 
@@ -166,8 +170,7 @@ Status OffloadEngine::plan() {
         break;
       }
       case Offload::kNvme: {
-        STRATA_ASSIGN_OR_RETURN(g.work_x, swap_->allocate(g.work_io_bytes, "parameters " + name));
-        stats_.nvme_bytes += g.work_io_bytes;
+        stats_.nvme_bytes += g.work_io_bytes;  // the tiered store places it (create_store)
         break;
       }
     }
@@ -176,29 +179,38 @@ Status OffloadEngine::plan() {
     STRATA_ASSIGN_OR_RETURN(grad_f32_scratch_,
                             device_.allocate(max_f32_bytes_, "gradient conversion scratch"));
   }
-  if (opt == Offload::kNvme) {
-    for (auto& set : opt_buf_) {
-      for (auto& b : set) {
-        STRATA_ASSIGN_OR_RETURN(b, host_alloc(max_f32_bytes_, "optimizer staging"));
-      }
-    }
+  if (opt != Offload::kNone) {
+    STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options_.cpu_adam));
+    cpu_adam_.emplace(std::move(adam));
   }
-  // Staging for parameter fetches from NVMe, gradients leaving the device and fresh working
-  // copies: three buffers let one fetch run ahead while a gradient drains.
-  const std::size_t staging_bytes = std::max(max_work_bytes_, max_f32_bytes_);
-  for (int i = 0; i < 3; ++i) {
-    STRATA_ASSIGN_OR_RETURN(AlignedBuffer b, host_alloc(staging_bytes, "staging buffers"));
+  if (opt == Offload::kNvme) {
+    for (auto& b : opt_buf_[0]) {
+      STRATA_ASSIGN_OR_RETURN(b, host_alloc(max_f32_bytes_, "optimizer staging"));
+    }
+    std::int64_t max_n = 0;
+    for (const auto& g : groups_) max_n = std::max(max_n, g->n);
+    optim::StreamedAdamOptions so;
+    so.sub_group_size = options_.sub_group_size;
+    so.max_segment_elems = max_n;
+    so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
+    STRATA_RETURN_IF_ERROR(
+        charge_host(optim::StreamedAdam::staging_bytes_for(so), "optimizer sub-group staging"));
+    STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
+                            optim::StreamedAdam::create(*swap_, *cpu_adam_, so));
+    streamed_adam_.emplace(std::move(streamed));
+  }
+  // Fresh working copies (the optimizer's output, load_master) on their way to their tier; the
+  // store moves everything else through its own pinned staging pool.
+  for (int i = 0; i < 2; ++i) {
+    STRATA_ASSIGN_OR_RETURN(AlignedBuffer b, host_alloc(max_work_bytes_, "staging buffers"));
     staging_.push_back(std::move(b));
   }
   for (auto& b : staging_) free_staging_.push_back(&b);
-  return Status::ok();
+  return create_store();
 }
 
 Result<AlignedBuffer*> OffloadEngine::take_staging() {
-  while (free_staging_.empty()) {
-    if (pending_grads_.empty()) return internal_error("no staging buffer free and none draining");
-    STRATA_RETURN_IF_ERROR(drain_one_grad());
-  }
+  if (free_staging_.empty()) return internal_error("no working-copy staging buffer free");
   AlignedBuffer* b = free_staging_.back();
   free_staging_.pop_back();
   return b;
@@ -216,88 +228,133 @@ Status OffloadEngine::nvme_write(const io::Extent& x, const void* buf, std::size
   return swap_->write(x, 0, buf, bytes).wait();
 }
 
-// ---- parameters ----
+// ---- the tiered store ----
 
-Status OffloadEngine::start_fetch(Group& g) {
-  if (g.work_d.empty()) {
-    STRATA_ASSIGN_OR_RETURN(g.work_d,
-                            device_.allocate(g.work_bytes, "parameters of " + g.spec->name));
+Status OffloadEngine::create_store() {
+  const Offload param = options_.offload_param, opt = options_.offload_optimizer;
+  mem::StoreOptions so;
+  so.budget_bytes[static_cast<int>(Tier::kDevice)] = device_.memory_stats().limit_bytes;
+  // NVMe -> device moves go through the pool in chunks; 8 MiB keeps several reads in flight
+  // at a size the drive handles at full speed. Without parameters on NVMe one page will do.
+  so.staging_buffer_bytes = param == Offload::kNvme
+                                ? std::min<std::size_t>(max_work_bytes_, std::size_t{8} << 20)
+                                : io::kIoAlignBytes;
+  so.num_staging_buffers = param == Offload::kNvme ? 4 : 1;
+  so.timeline = options_.timeline;
+  const std::uint64_t limit = options_.host_memory_limit_bytes;
+  if (limit != 0) {
+    // The store gets what the plan left: its staging pool and the gradients on their way from
+    // the device (one draining while the next one lands).
+    const std::uint64_t need =
+        static_cast<std::uint64_t>(so.staging_buffer_bytes) * so.num_staging_buffers +
+        (opt != Offload::kNone ? 2 * max_work_bytes_ : 0);
+    const std::uint64_t left = limit > stats_.host_bytes ? limit - stats_.host_bytes : 0;
+    if (left < need) {
+      return out_of_memory("host_memory_limit " + format_bytes(limit) +
+                           " is too small: " + format_bytes(stats_.host_bytes) +
+                           " already planned, and the staging pool and gradients leaving the "
+                           "device need " +
+                           format_bytes(need) +
+                           " more; raise host_memory_limit or offload to nvme");
+    }
+    so.budget_bytes[static_cast<int>(Tier::kHost)] = left;
   }
-  if (options_.offload_param == Offload::kCpu) {
-    auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
-    device_.copy_to_device(g.work_d.data(), g.work_h.data(), g.work_bytes, h2d);
-    g.fetch_done = device_.record_event(h2d);
-    stats_.h2d_bytes += g.work_bytes;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(g.fetch_staging, take_staging());
-    g.fetch_io = swap_->read(g.work_x, 0, g.fetch_staging->data(), g.work_io_bytes);
-    stats_.nvme_read_bytes += g.work_io_bytes;
+  STRATA_ASSIGN_OR_RETURN(store_, mem::TieredStore::create(device_, swap_, so));
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    if (param != Offload::kNone) {
+      mem::TensorSpec spec;
+      spec.name = g.spec->name;
+      spec.size_bytes = g.work_bytes;
+      spec.home = param == Offload::kCpu ? Tier::kHost : Tier::kNvme;
+      spec.home_data = param == Offload::kCpu ? g.work_h.data() : nullptr;
+      STRATA_ASSIGN_OR_RETURN(g.work, store_->add(spec));
+    }
+    mem::TensorSpec grad;
+    grad.name = "gradient of " + g.spec->name;
+    grad.size_bytes = g.work_bytes;
+    grad.transient = true;
+    STRATA_ASSIGN_OR_RETURN(g.grad, store_->add(grad));
   }
-  g.fetch_started = true;
+  if (param != Offload::kNone) {
+    sched::PrefetchOptions po;
+    po.prefetch_bytes = options_.prefetch_bytes;
+    po.max_live_bytes = options_.max_live_bytes;
+    po.max_reuse_distance = options_.max_reuse_distance;
+    sched_ = std::make_unique<sched::PrefetchScheduler>(*store_, po);
+  }
+  store_seen_ = store_->stats();
+  planned_host_bytes_ = stats_.host_bytes;
   return Status::ok();
 }
 
+void OffloadEngine::absorb_store_stats() {
+  const mem::StoreStats now = store_->stats();
+  auto moved = [&](Tier from, Tier to) {
+    const int f = static_cast<int>(from), t = static_cast<int>(to);
+    return now.bytes_moved[f][t] - store_seen_.bytes_moved[f][t];
+  };
+  const Tier d = Tier::kDevice, h = Tier::kHost, n = Tier::kNvme;
+  // NVMe <-> device moves pass through host staging: they count on both legs.
+  stats_.h2d_bytes += moved(h, d) + moved(n, d);
+  stats_.d2h_bytes += moved(d, h) + moved(d, n);
+  stats_.nvme_read_bytes += moved(n, h) + moved(n, d);
+  stats_.nvme_write_bytes += moved(h, n) + moved(d, n);
+  stats_.stall_ms += now.stall_ms - store_seen_.stall_ms;
+  // What the plan holds plus the most the store has held (staging, gradients leaving).
+  stats_.host_bytes = planned_host_bytes_ + now.peak_bytes[static_cast<int>(Tier::kHost)];
+  store_seen_ = now;
+}
+
+mem::StoreStats OffloadEngine::store_stats() const { return store_->stats(); }
+
+sched::SchedulerStats OffloadEngine::prefetch_stats() const {
+  return sched_ ? sched_->stats() : sched::SchedulerStats{};
+}
+
+void OffloadEngine::end_compute_span(Group& g) {
+  if (options_.timeline == nullptr || g.span_begin_ns == 0) return;
+  options_.timeline->add(mem::Lane::kCompute, g.spec->name + (backward_ ? " backward" : " forward"),
+                         g.span_begin_ns, now_ns());
+  g.span_begin_ns = 0;
+}
+
+// ---- parameters ----
+
 void OffloadEngine::prefetch_params(int group) {
-  if (options_.offload_param == Offload::kNone) return;
-  Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (g.fetch_started) return;
-  if (options_.offload_param == Offload::kNvme && free_staging_.empty()) return;
-  // A prefetch is only a hint: if the device has no room yet, acquire will fetch on demand.
-  Status s = start_fetch(g);
-  if (!s.is_ok()) {
-    log_debug("prefetch of " + g.spec->name + " deferred: " + s.message());
-    g.work_d.reset();
-  }
+  if (!sched_) return;
+  sched_->hint(groups_.at(static_cast<std::size_t>(group))->work);
 }
 
 Result<const void*> OffloadEngine::acquire_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (options_.offload_param == Offload::kNone) return static_cast<const void*>(g.work_d.data());
-  Stopwatch wait;
-  if (!g.fetch_started) STRATA_RETURN_IF_ERROR(start_fetch(g));
-  if (g.fetch_staging != nullptr) {  // NVMe read in flight: land it, then copy to the device
-    Status io = g.fetch_io.wait();
-    g.fetch_io = io::IoHandle();
-    if (!io.is_ok()) {
-      give_staging(g.fetch_staging);
-      g.fetch_staging = nullptr;
-      g.fetch_started = false;
-      g.work_d.reset();
-      return io.with_context("fetching parameters of " + g.spec->name + " from NVMe");
-    }
-    auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
-    device_.copy_to_device(g.work_d.data(), g.fetch_staging->data(), g.work_bytes, h2d);
-    g.fetch_done = device_.record_event(h2d);
-    stats_.h2d_bytes += g.work_bytes;
-    g.fetch_done.synchronize();  // the staging buffer is reused once the copy has left it
-    give_staging(g.fetch_staging);
-    g.fetch_staging = nullptr;
+  if (!sched_) {
+    g.span_begin_ns = now_ns();
+    return static_cast<const void*>(g.work_d.data());
   }
-  device_.wait_event(device_.stream(device::StreamKind::kCompute), g.fetch_done);
-  ++g.param_refs;
+  Stopwatch wait;
+  auto p = sched_->acquire(g.work);
   stats_.wait_ms += wait.elapsed_ms();
-  return static_cast<const void*>(g.work_d.data());
+  absorb_store_stats();
+  if (!p.is_ok()) return p.status();
+  g.span_begin_ns = now_ns();
+  return static_cast<const void*>(*p);
 }
 
 void OffloadEngine::release_params(int group) {
-  if (options_.offload_param == Offload::kNone) return;
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  STRATA_CHECK(g.param_refs > 0, "release_params without acquire", g.spec->name);
-  if (--g.param_refs == 0) {
-    g.work_d.reset();
-    g.fetch_started = false;
-    g.fetch_done = device::Event();
-  }
+  end_compute_span(g);
+  if (sched_) sched_->release(g.work);
 }
 
 // ---- gradients ----
 
 Result<void*> OffloadEngine::acquire_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  STRATA_CHECK(g.grad_d.empty(), "acquire_grads twice without release", g.spec->name);
-  STRATA_ASSIGN_OR_RETURN(g.grad_d, device_.allocate(g.work_bytes, "gradient of " + g.spec->name));
-  device_.fill_zero(g.grad_d.data(), g.work_bytes, device_.stream(device::StreamKind::kCompute));
-  return g.grad_d.data();
+  STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
+  backward_ = true;
+  STRATA_ASSIGN_OR_RETURN(g.grad_d, store_->emplace(g.grad, Tier::kDevice, /*zero_fill=*/true));
+  return g.grad_d;
 }
 
 Status OffloadEngine::accumulate_grad(Group& g, const void* grad) {
@@ -307,33 +364,39 @@ Status OffloadEngine::accumulate_grad(Group& g, const void* grad) {
     const float* src = static_cast<const float*>(grad);
     for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
   } else {
-    for (std::size_t i = 0; i < n; ++i) acc[i] += load_as_f32(grad, options_.compute_dtype, i);
+    // Widen a block at a time (vectorized conversion), then add: same sums, element by element.
+    constexpr std::size_t kBlock = 4096;
+    float wide[kBlock];
+    const std::size_t esize = dtype_size(options_.compute_dtype);
+    for (std::size_t i = 0; i < n; i += kBlock) {
+      const std::size_t m = std::min(kBlock, n - i);
+      convert(static_cast<const std::byte*>(grad) + i * esize, options_.compute_dtype, wide,
+              DType::kF32, m);
+      for (std::size_t j = 0; j < m; ++j) acc[i + j] += wide[j];
+    }
   }
   return Status::ok();
 }
 
 Status OffloadEngine::release_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  STRATA_CHECK(!g.grad_d.empty(), "release_grads without acquire", g.spec->name);
-  const auto& ops = device_.ops();
+  STRATA_CHECK(g.grad_d != nullptr, "release_grads without acquire", g.spec->name);
+  void* src = std::exchange(g.grad_d, nullptr);
   if (options_.offload_optimizer == Offload::kNone) {
-    void* src = g.grad_d.data();
+    const auto& ops = device_.ops();
     if (options_.compute_dtype != DType::kF32) {
       ops.cast(src, options_.compute_dtype, grad_f32_scratch_.data(), DType::kF32, g.n);
       src = grad_f32_scratch_.data();
     }
     ops.add(g.grad_acc_d.data(), src, g.grad_acc_d.data(), g.n, DType::kF32);
-    g.grad_d.reset();
-    return Status::ok();
+    store_->unpin(g.grad, Tier::kDevice);
+    return store_->discard(g.grad);
   }
-  STRATA_ASSIGN_OR_RETURN(AlignedBuffer * staging, take_staging());
-  auto& d2h = device_.stream(device::StreamKind::kDeviceToHost);
-  device_.wait_event(d2h, device_.record_event(device_.stream(device::StreamKind::kCompute)));
-  device_.copy_to_host(staging->data(), g.grad_d.data(), g.work_bytes, d2h);
-  stats_.d2h_bytes += g.work_bytes;
-  pending_grads_.push_back(
-      PendingGrad{group, std::move(g.grad_d), staging, device_.record_event(d2h)});
-  // Keep at most one transfer behind the compute so staging stays available for fetches.
+  // Off the device on the d2h stream while the next layer's backward runs.
+  store_->unpin(g.grad, Tier::kDevice);
+  STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.grad, Tier::kDevice));
+  pending_grads_.push_back(PendingGrad{group, std::move(done)});
+  // Keep at most one transfer behind the compute: its host copy is the store's to budget.
   while (pending_grads_.size() > 1) STRATA_RETURN_IF_ERROR(drain_one_grad());
   return Status::ok();
 }
@@ -341,15 +404,38 @@ Status OffloadEngine::release_grads(int group) {
 Status OffloadEngine::drain_one_grad() {
   PendingGrad p = std::move(pending_grads_.front());
   pending_grads_.pop_front();
-  p.done.synchronize();
-  p.buffer.reset();
-  Status s = accumulate_grad(*groups_[static_cast<std::size_t>(p.group)], p.staging->data());
-  give_staging(p.staging);
+  Group& g = *groups_[static_cast<std::size_t>(p.group)];
+  Status s = store_->wait(p.done);
+  if (!s.is_ok()) {
+    store_->discard(g.grad).ignore();
+    return s;
+  }
+  STRATA_ASSIGN_OR_RETURN(void* host, store_->acquire(g.grad, Tier::kHost));
+  const std::int64_t t0 = now_ns();
+  s = accumulate_grad(g, host);
+  if (options_.timeline != nullptr) {
+    options_.timeline->add(mem::Lane::kCompute, "accumulate " + g.spec->name + " gradient", t0,
+                           now_ns());
+  }
+  store_->unpin(g.grad, Tier::kHost);
+  STRATA_RETURN_IF_ERROR(store_->discard(g.grad));
   return s;
 }
 
 Status OffloadEngine::finish_micro_batch() {
-  while (!pending_grads_.empty()) STRATA_RETURN_IF_ERROR(drain_one_grad());
+  Status first;
+  while (!pending_grads_.empty()) {
+    Status s = drain_one_grad();
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  // The end of a pass: the scheduler settles its prefetches and drops what it kept, since the
+  // optimizer may rewrite the working copies before the next pass.
+  if (sched_) sched_->end_pass();
+  // Between passes the store holds nothing on the device that the model might need.
+  store_->trim_device_cache();
+  backward_ = false;
+  absorb_store_stats();
+  STRATA_RETURN_IF_ERROR(first);
   return device_.last_error();
 }
 
@@ -391,17 +477,30 @@ Status OffloadEngine::store_working_copy(Group& g, const void* src) {
   switch (options_.offload_param) {
     case Offload::kNone: {
       auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
+      // Ordered after the compute stream, which may still use these buffers (the optimizer
+      // step on the device, a forward): a no-op on the CPU backend, whose compute is inline.
+      device_.wait_event(h2d, device_.record_event(device_.stream(device::StreamKind::kCompute)));
       device_.copy_to_device(g.work_d.data(), src, g.work_bytes, h2d);
       stats_.h2d_bytes += g.work_bytes;
       device_.record_event(h2d).synchronize();
       return Status::ok();
     }
     case Offload::kCpu:
-      if (src != g.work_h.data()) std::memcpy(g.work_h.data(), src, g.work_bytes);
-      return Status::ok();
-    case Offload::kNvme:
-      return nvme_write(g.work_x, src, g.work_io_bytes)
-          .with_context("writing parameters of " + g.spec->name + " to NVMe");
+    case Offload::kNvme: {
+      // The store drops any cached copy and writes the home; it writes an NVMe home straight
+      // from `src` when src has a whole O_DIRECT block behind it (our staging buffers do).
+      auto* p = static_cast<const std::byte*>(src);
+      bool padded = src == g.work_h.data();
+      for (const AlignedBuffer& b : staging_) {
+        padded |= p >= b.data() && p + g.work_io_bytes <= b.data() + b.size();
+      }
+      const std::size_t capacity = padded ? g.work_io_bytes : g.work_bytes;
+      Status s = store_->write(g.work, src, capacity);
+      absorb_store_stats();
+      return s.is_ok() ? s
+                       : s.with_context("writing parameters of " + g.spec->name + " to " +
+                                        std::string(offload_name(options_.offload_param)));
+    }
   }
   return Status::ok();
 }
@@ -441,7 +540,11 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
         a.param_out = out->data();
       }
       a.out_dtype = options_.compute_dtype;
-      optim::cpu_adamw_step(a);
+      // No finite scan: the trainer skips a step whose gradient norm is not finite, so a scan
+      // here would re-read every gradient for nothing (non-finite values propagate exactly as
+      // in the reference).
+      const optim::StepOutcome outcome = cpu_adam_->step(a, /*check_finite=*/false);
+      STRATA_CHECK(outcome == optim::StepOutcome::kUpdated, "an unchecked CpuAdam step skipped");
       if (out != nullptr) {
         Status s = store_working_copy(*g, out->data());
         give_staging(out);
@@ -449,62 +552,36 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
       }
     }
   } else {
-    // NVMe: read group i+1's state while group i is updated; writes of i-1 finish before its
-    // buffers are reused.
-    io::IoHandle reads[2][3], writes[2][3];
-    auto start_reads = [&](std::size_t gi) {
-      Group& g = *groups_[gi];
-      const io::Extent* xs[3] = {&g.master_x, &g.m_x, &g.v_x};
-      for (int k = 0; k < 3; ++k) {
-        reads[gi % 2][k] = swap_->read(*xs[k], 0, opt_buf_[gi % 2][k].data(), g.f32_io_bytes);
-        stats_.nvme_read_bytes += g.f32_io_bytes;
-      }
-    };
-    Status first_error;
-    auto wait_all = [&](io::IoHandle(&hs)[3]) {
-      for (auto& h : hs) {
-        if (!h.valid()) continue;
-        Status s = h.wait();
-        if (!s.is_ok() && first_error.is_ok()) first_error = s;
-        h = io::IoHandle();
-      }
-    };
-    if (!groups_.empty()) start_reads(0);
-    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-      Group& g = *groups_[gi];
-      const std::size_t slot = gi % 2;
-      wait_all(reads[slot]);
-      if (gi + 1 < groups_.size()) {
-        wait_all(writes[(gi + 1) % 2]);
-        if (first_error.is_ok()) start_reads(gi + 1);
-      }
-      if (!first_error.is_ok()) break;
-      STRATA_ASSIGN_OR_RETURN(AlignedBuffer * out, take_staging());
-      device::AdamWArgs a = base;
-      a.param = opt_buf_[slot][0].as<float>();
-      a.grad = g.grad_h.data();
-      a.grad_dtype = DType::kF32;
-      a.exp_avg = opt_buf_[slot][1].as<float>();
-      a.exp_avg_sq = opt_buf_[slot][2].as<float>();
-      a.n = g.n;
-      a.param_out = out->data();
-      a.out_dtype = options_.compute_dtype;
-      optim::cpu_adamw_step(a);
-      const io::Extent* xs[3] = {&g.master_x, &g.m_x, &g.v_x};
-      for (int k = 0; k < 3; ++k) {
-        writes[slot][k] = swap_->write(*xs[k], 0, opt_buf_[slot][k].data(), g.f32_io_bytes);
-        stats_.nvme_write_bytes += g.f32_io_bytes;
-      }
-      Status s = store_working_copy(g, out->data());
-      give_staging(out);
-      if (!s.is_ok()) {
-        first_error = s;
-        break;
-      }
+    // NVMe: the state streams through optim::StreamedAdam in sub-groups (read i+1 while i is
+    // updated and i-1 written back); a group's working copy is stored as soon as it is complete,
+    // before the next group's update starts, so one staging buffer serves every group.
+    AlignedBuffer* out = nullptr;
+    if (options_.offload_param != Offload::kCpu) {
+      STRATA_ASSIGN_OR_RETURN(out, take_staging());
     }
-    for (auto& set : reads) wait_all(set);
-    for (auto& set : writes) wait_all(set);
-    if (!first_error.is_ok()) return first_error.with_context("optimizer step on NVMe");
+    std::vector<optim::StreamedSegment> segments;
+    segments.reserve(groups_.size());
+    for (auto& gp : groups_) {
+      Group& g = *gp;
+      optim::StreamedSegment seg;
+      seg.name = g.spec->name;
+      seg.master = g.master_x;
+      seg.exp_avg = g.m_x;
+      seg.exp_avg_sq = g.v_x;
+      seg.grad = g.grad_h.data();
+      seg.grad_dtype = DType::kF32;
+      seg.num_elems = g.n;
+      seg.param_out = out != nullptr ? out->data() : g.work_h.data();
+      seg.out_dtype = options_.compute_dtype;
+      segments.push_back(seg);
+    }
+    auto report = streamed_adam_->step(segments, base, [&](std::size_t gi) {
+      return store_working_copy(*groups_[gi], segments[gi].param_out);
+    });
+    if (out != nullptr) give_staging(out);
+    if (!report.is_ok()) return report.status().with_context("optimizer step on NVMe");
+    stats_.nvme_read_bytes += report->bytes_read;
+    stats_.nvme_write_bytes += report->bytes_written;
   }
   zero_grads();
   stats_.optimizer_ms = timer.elapsed_ms();
@@ -524,6 +601,7 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
     switch (options_.offload_optimizer) {
       case Offload::kNone: {
         auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
+        device_.wait_event(h2d, device_.record_event(compute));  // see store_working_copy
         device_.copy_to_device(g.master_d.data(), tmp.data(), g.f32_bytes, h2d);
         device_.record_event(h2d).synchronize();
         device_.fill_zero(g.m_d.data(), g.f32_bytes, compute);
@@ -557,6 +635,9 @@ Status OffloadEngine::read_master(int group, float* dst) {
   switch (options_.offload_optimizer) {
     case Offload::kNone: {
       auto& d2h = device_.stream(device::StreamKind::kDeviceToHost);
+      // Ordered after the compute stream, which may still be updating these buffers (the
+      // optimizer step on the device): a no-op on the CPU backend, whose compute is inline.
+      device_.wait_event(d2h, device_.record_event(device_.stream(device::StreamKind::kCompute)));
       device_.copy_to_host(dst, g.master_d.data(), g.f32_bytes, d2h);
       device_.record_event(d2h).synchronize();
       return device_.last_error();
@@ -577,6 +658,9 @@ Status OffloadEngine::read_moments(int group, float* exp_avg, float* exp_avg_sq)
   switch (options_.offload_optimizer) {
     case Offload::kNone: {
       auto& d2h = device_.stream(device::StreamKind::kDeviceToHost);
+      // Ordered after the compute stream, which may still be updating these buffers (the
+      // optimizer step on the device): a no-op on the CPU backend, whose compute is inline.
+      device_.wait_event(d2h, device_.record_event(device_.stream(device::StreamKind::kCompute)));
       device_.copy_to_host(exp_avg, g.m_d.data(), g.f32_bytes, d2h);
       device_.copy_to_host(exp_avg_sq, g.v_d.data(), g.f32_bytes, d2h);
       device_.record_event(d2h).synchronize();
@@ -601,6 +685,9 @@ Status OffloadEngine::write_moments(int group, const float* exp_avg, const float
   switch (options_.offload_optimizer) {
     case Offload::kNone: {
       auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
+      // Ordered after the compute stream, which may still use these buffers (the optimizer
+      // step on the device, a forward): a no-op on the CPU backend, whose compute is inline.
+      device_.wait_event(h2d, device_.record_event(device_.stream(device::StreamKind::kCompute)));
       device_.copy_to_device(g.m_d.data(), exp_avg, g.f32_bytes, h2d);
       device_.copy_to_device(g.v_d.data(), exp_avg_sq, g.f32_bytes, h2d);
       device_.record_event(h2d).synchronize();

@@ -28,8 +28,11 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-std::string mpirun(int np) {
-  return "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np " +
+// Each mpirun gets its own session directory: concurrent mpiruns sharing /tmp/ompi.* race when
+// one removes the shared parent while another creates its own entry in it.
+std::string mpirun(const TempDir& dir, int np) {
+  return "OMPI_MCA_orte_tmpdir_base=" + dir.path() +
+         " mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np " +
          std::to_string(np) + " ";
 }
 
@@ -79,7 +82,7 @@ int train(const TempDir& dir, const Json& j, const std::string& name, int np,
   fs::create_directories(dir.file(name));
   for (int r = 0; r < 4; ++r) fs::create_directories(dir.file(name + "/swap-" + std::to_string(r)));
   dir.write(name + "/config.json", j.dump());
-  const std::string cmd = (np > 1 ? mpirun(np) : std::string()) + STRATA_CLI + " train " +
+  const std::string cmd = (np > 1 ? mpirun(dir, np) : std::string()) + STRATA_CLI + " train " +
                           dir.file(name + "/config.json") + " " + extra + " >" +
                           dir.file(name + "/out.txt") + " 2>" + dir.file(name + "/err.txt");
   return run(cmd);
@@ -87,7 +90,8 @@ int train(const TempDir& dir, const Json& j, const std::string& name, int np,
 
 void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
   ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << "step " << i + 1;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << "step " << i + 1;
 }
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rel) {
@@ -135,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(StagesAndOffload, ZeroEquivalence,
                                            Case{2, "none"}, Case{2, "cpu"}, Case{2, "nvme"},
                                            Case{3, "none"}, Case{3, "cpu"}, Case{3, "nvme"}),
                          [](const auto& info) {
-                           return "stage" + std::to_string(info.param.stage) + "_" + info.param.offload;
+                           return "stage" + std::to_string(info.param.stage) + "_" +
+                                  info.param.offload;
                          });
 
 TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
@@ -177,7 +182,7 @@ TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
   fs::create_directories(dir.file("dead"));
   dir.write("dead/config.json", j.dump());
   // Rank 1 kills itself (SIGKILL) when step 3 starts, through the fault-injection variable.
-  const std::string cmd = "STRATA_FAULT_KILL_RANK_AT_STEP=1:3 " + mpirun(2) +
+  const std::string cmd = "STRATA_FAULT_KILL_RANK_AT_STEP=1:3 " + mpirun(dir, 2) +
                           "-x STRATA_FAULT_KILL_RANK_AT_STEP " + STRATA_CLI + " train " +
                           dir.file("dead/config.json") + " >" + dir.file("dead/out.txt") + " 2>" +
                           dir.file("dead/err.txt");

@@ -46,7 +46,7 @@ int exit_code_for(const Status& s) {
 }
 
 struct TrainArgs {
-  std::string config_path, metrics, save_dir, resume;
+  std::string config_path, metrics, trace, save_dir, resume;
   std::vector<std::string> sets;
   std::int64_t save_every = -1;
 };
@@ -54,6 +54,7 @@ struct TrainArgs {
 int run_train(const TrainArgs& a) {
   std::vector<std::string> overrides = a.sets;
   if (!a.metrics.empty()) overrides.push_back("metrics_file=" + Json(a.metrics).dump());
+  if (!a.trace.empty()) overrides.push_back("trace_file=" + Json(a.trace).dump());
   if (a.save_every >= 0) overrides.push_back("save_every=" + std::to_string(a.save_every));
   if (!a.save_dir.empty()) overrides.push_back("save_dir=" + Json(a.save_dir).dump());
   auto config = train::load_train_config(a.config_path, overrides);
@@ -101,6 +102,10 @@ Runner add_train_command(CLI::App& app) {
                    "Override a config key: --set optimizer.lr=1e-4 (repeatable)")
       ->allow_extra_args(false);
   train->add_option("--metrics", args->metrics, "Write one JSON object per step to this file");
+  train->add_option("--trace", args->trace,
+                    "Write a Chrome trace (open in Perfetto or chrome://tracing) of the run to "
+                    "this file: one row per stream (compute, h2d, d2h, nvme read/write, cpu "
+                    "optimizer)");
   train->add_option("--save-every", args->save_every, "Save a resumable checkpoint every N steps");
   train->add_option("--save-dir", args->save_dir,
                     "Directory for checkpoints (default: save_dir key)");

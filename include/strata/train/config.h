@@ -44,20 +44,33 @@ struct TrainConfig {
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   bool activation_checkpointing = false;
   int zero_stage = 3;
+  std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
-  std::string dist_backend = "auto";                   // auto | single | mpi | nccl
-  std::int64_t dist_timeout_s = 300;                   // a collective slower than this ends the run
-  std::string offload_optimizer = "none";  // none | cpu | nvme
-  std::string offload_param = "none";      // none | cpu | nvme
+  std::string dist_backend = "auto";                  // auto | single | mpi | nccl
+  std::int64_t dist_timeout_s = 300;                  // a collective slower than this ends the run
+  std::string offload_optimizer = "none";             // none | cpu | nvme
+  std::string offload_param = "none";                 // none | cpu | nvme
+  // Parameter prefetch (offload_param cpu or nvme), in bytes: fetches in flight (0 = fetch on
+  // demand only), parameters resident or arriving on the device (0 = the device budget alone),
+  // and how close a group's next use must be for it to stay resident after its release.
+  std::uint64_t prefetch_bytes = std::uint64_t{256} << 20;
+  std::uint64_t max_live_bytes = std::uint64_t{1} << 30;
+  std::uint64_t max_reuse_distance = std::uint64_t{1} << 30;
   std::vector<std::string> swap_paths;
-  std::string swap_engine = "auto";       // auto | uring | posix | memory
-  std::string device = "cpu";             // cpu | cuda
-  std::uint64_t device_memory_limit = 0;  // bytes; 0 = no limit (cpu backend only)
-  std::uint64_t host_memory_limit = 0;    // bytes; 0 = no limit
-  int threads = 0;                        // compute threads on the cpu backend; 0 = all cores
+  std::string swap_engine = "auto";  // auto | uring | posix | memory
+  // Swap engine tuning (strata io-bench --write-config measures these).
+  std::uint64_t swap_block_size = 1 << 20;  // bytes per I/O request and stripe unit
+  int swap_queue_depth = 32;                // requests in flight per ring
+  int swap_threads = 1;                     // io_uring rings, each with its own thread
+  bool verify_swap = false;                 // xxh3 checksums of swapped data, checked on read
+  std::string device = "cpu";               // cpu | cuda
+  std::uint64_t device_memory_limit = 0;    // bytes; 0 = no limit (cpu backend only)
+  std::uint64_t host_memory_limit = 0;      // bytes; 0 = no limit
+  int threads = 0;                          // compute threads on the cpu backend; 0 = all cores
   std::string save_dir = "checkpoints";
   std::int64_t save_every = 0;  // steps; 0 = only at the end and on Ctrl-C
   std::string metrics_file;     // JSON lines; empty = none
+  std::string trace_file;       // Chrome trace (trace-event JSON) of the run; empty = none
   std::int64_t log_every = 1;
 
   std::int64_t accumulation_steps() const { return batch_size / micro_batch_size; }

@@ -24,7 +24,11 @@ struct StepMetrics {
   double step_ms = 0;
   double compute_ms = 0;  // forward + backward
   double wait_ms = 0;     // compute blocked on parameter fetches
+  double stall_ms = 0;    // compute blocked on any data (parameters, gradients, room in a tier)
   double optimizer_ms = 0;
+  // Busy time of each transfer stream in the step (the union of its transfers' spans): copies
+  // to and from the device, and NVMe reads and writes (the optimizer's included).
+  double h2d_busy_ms = 0, d2h_busy_ms = 0, nvme_read_busy_ms = 0, nvme_write_busy_ms = 0;
   std::uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
   std::uint64_t peak_device_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
   std::uint64_t peak_rss_bytes = 0;  // the process's resident-memory high-water mark
@@ -45,9 +49,11 @@ class Trainer {
   ~Trainer();
 
   // Trains until max_steps (or a stop request, which saves a checkpoint and returns
-  // `cancelled`). Saves every save_every steps and at the end.
+  // `cancelled`). Saves every save_every steps and at the end. Writes trace_file, if set, however
+  // the run ends.
   Status run();
-  // Trains exactly n more steps with no checkpointing or progress output (benchmarks, tests).
+  // Trains exactly n more steps with no checkpointing or progress output (benchmarks, tests);
+  // writes trace_file, if set, afterwards.
   Status run_steps(std::int64_t n);
   // Saves a checkpoint of the current state now; returns its path.
   Result<std::string> save();
@@ -63,6 +69,7 @@ class Trainer {
 
  private:
   struct Impl;
+  Status run_loop();
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

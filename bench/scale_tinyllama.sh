@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Scale check (not in ctest): `strata train` on a randomly initialized model of TinyLlama-1.1B's
+# shape (hidden 2048, 22 layers, intermediate 5632, 32 heads, 4 kv heads, vocab 32000, seq 256,
+# bf16) with a 2 GiB device budget, a 6 GiB host budget, and parameters and optimizer states on
+# NVMe, for 3 steps. It must complete with the process's peak resident memory (VmHWM, from
+# /proc) under 9 GiB. Prints each step split into compute, transfer and optimizer, and the
+# overlap ratio.
+#
+# Usage: bench/scale_tinyllama.sh [extra strata train args...]
+# Environment: STRATA (binary, default build/strata), WORK (scratch directory, default
+# /tmp/strata-scale-tinyllama; needs about 35 GB free: swap files plus the final checkpoint),
+# STEPS (default 3), BATCH (sequences per step, default 1), KEEP=1 keeps WORK afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STRATA=${STRATA:-build/strata}
+WORK=${WORK:-/tmp/strata-scale-tinyllama}
+STEPS=${STEPS:-3}
+BATCH=${BATCH:-1}
+RSS_LIMIT_BYTES=$((9 * 1024 * 1024 * 1024))
+
+if [[ ! -x "$STRATA" ]]; then
+  echo "scale_tinyllama: $STRATA not found; build it (cmake --build build --target strata) or set STRATA" >&2
+  exit 2
+fi
+rm -rf "$WORK"
+mkdir -p "$WORK/swap"
+trap '[[ "${KEEP:-0}" == 1 ]] || rm -rf "$WORK"' EXIT
+
+# Random token ids below the vocabulary, little-endian u16.
+python3 - "$WORK/tokens.u16" <<'EOF'
+import random, struct, sys
+rng = random.Random(1234)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<%dH" % 200000, *(rng.randrange(32000) for _ in range(200000))))
+EOF
+
+cat > "$WORK/config.json" <<EOF
+{
+  "model": {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+            "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tie_word_embeddings": false},
+  "data": {"path": "$WORK/tokens.u16", "format": "u16"},
+  "seq_len": 256, "batch_size": $BATCH, "micro_batch_size": 1, "max_steps": $STEPS,
+  "precision": "bf16",
+  "optimizer": {"lr": 1e-4, "weight_decay": 0.01},
+  "device_memory_limit": "2GiB", "host_memory_limit": "6GiB",
+  "offload_param": "nvme", "offload_optimizer": "nvme",
+  "swap_paths": ["$WORK/swap"],
+  "save_dir": "$WORK/ckpt", "metrics_file": "$WORK/metrics.jsonl"
+}
+EOF
+
+echo "scale_tinyllama: $STRATA train $WORK/config.json --trace $WORK/trace.json $*"
+start=$(date +%s)
+"$STRATA" train "$WORK/config.json" --trace "$WORK/trace.json" "$@"
+echo "scale_tinyllama: the run took $(( $(date +%s) - start )) s in all (setup and final checkpoint included)"
+
+python3 - "$WORK/metrics.jsonl" "$RSS_LIMIT_BYTES" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+limit = int(sys.argv[2])
+gib = 1024.0 ** 3
+print()
+print("| step | step s | compute s | stall s | optimizer s | transfer s (busiest stream) | h2d / d2h / nvme r / nvme w busy s | overlap ratio | peak device GiB | peak RSS GiB |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+worst = 0
+for m in rows:
+    compute = (m["compute_ms"] - m["stall_ms"]) / 1e3      # the model's own work
+    optim = m["optimizer_ms"] / 1e3
+    busy = [m["h2d_busy_ms"], m["d2h_busy_ms"], m["nvme_read_busy_ms"], m["nvme_write_busy_ms"]]
+    transfer = max(busy) / 1e3
+    ratio = (m["step_ms"] / 1e3) / max(compute + optim, transfer)
+    worst = max(worst, m["peak_rss_bytes"])
+    print("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.2f | %.2f | %.2f |" % (
+        m["step"], m["step_ms"] / 1e3, compute, m["stall_ms"] / 1e3, optim, transfer,
+        " / ".join("%.1f" % (b / 1e3) for b in busy), ratio, m["peak_device_bytes"] / gib,
+        m["peak_rss_bytes"] / gib))
+print()
+print("overlap ratio = step / max(compute + optimizer, busiest transfer stream); compute excludes stall")
+if worst >= limit:
+    print("FAIL: peak RSS %.2f GiB is not under %.2f GiB" % (worst / gib, limit / gib))
+    sys.exit(1)
+print("OK: peak RSS %.2f GiB < %.2f GiB" % (worst / gib, limit / gib))
+EOF

@@ -1,0 +1,116 @@
+// PrefetchScheduler: the trace-driven parameter coordinator (DeepSpeed stage 3's, in spirit).
+//
+// During the first pass (a micro-batch's forward and backward) it records the order in which
+// tensors are acquired and fetches on demand (plus the model's one-ahead hints). From then on it
+// replays the trace: every acquire starts the fetches of the tensors that come next, in order,
+// as far as three bounds allow:
+//   prefetch_bytes      bytes of its fetches in flight (one fetch is always allowed),
+//   max_live_bytes      bytes of its tensors resident or arriving on the device,
+//   max_reuse_distance  a released tensor stays resident when it is used again within this many
+//                       bytes of other accesses (the last layers between forward and backward).
+// An acquire that does not match the trace is an order change: the rest of the pass runs on
+// demand and the pass is recorded as the new trace. The scheduler is also the store's eviction
+// advisor: the trace gives every tensor's next use (Belady's rule).
+//
+// One caller thread drives acquire/release/hint/end_pass; next_use may be called by the store
+// from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "strata/mem/tiered_store.h"
+#include "strata/sched/access_trace.h"
+
+namespace strata::sched {
+
+struct PrefetchOptions {
+  std::uint64_t prefetch_bytes = std::uint64_t{256} << 20;  // 0 = no prefetch, demand only
+  std::uint64_t max_live_bytes = std::uint64_t{1} << 30;    // 0 = bounded by the store only
+  std::uint64_t max_reuse_distance = std::uint64_t{1} << 30;
+  Tier tier = Tier::kDevice;
+  bool follow_hints = true;  // while recording, honour the model's one-ahead hints
+  // At the end of a pass, start fetching the next pass's first tensors. Only where the data does
+  // not change between passes (accumulation micro-batches, evaluation, benchmarks): a write in
+  // between makes the store drop those copies again, which is correct but wasted work.
+  bool prefetch_across_passes = false;
+  // Called for every fetch the scheduler starts: the tensor, the sequence point (acquires and
+  // releases so far in this pass: acquiring the k-th tensor is point 2k-1, releasing it 2k when
+  // uses do not nest), and whether the trace (not a hint) asked for it. Tests and tracing only.
+  std::function<void(mem::Handle, std::size_t sequence_point, bool from_trace)> on_issue;
+};
+
+enum class SchedulerMode : std::uint8_t { kRecording, kReplaying };
+
+struct SchedulerStats {
+  std::uint64_t passes = 0;
+  std::uint64_t recorded_passes = 0;  // passes whose order became the trace
+  std::uint64_t order_changes = 0;    // replayed passes that left the trace
+  std::uint64_t trace_prefetches = 0;
+  std::uint64_t hint_prefetches = 0;
+  std::uint64_t demand_fetches = 0;  // acquires of a tensor neither resident nor arriving
+  std::uint64_t kept = 0;            // releases that kept the copy for a reuse soon
+  std::uint64_t dropped = 0;         // releases that dropped it
+};
+
+class PrefetchScheduler final : public mem::EvictionAdvisor {
+ public:
+  // Registers itself as `store`'s eviction advisor until destroyed.
+  PrefetchScheduler(mem::TieredStore& store, PrefetchOptions options);
+  ~PrefetchScheduler() override;
+  PrefetchScheduler(const PrefetchScheduler&) = delete;
+  PrefetchScheduler& operator=(const PrefetchScheduler&) = delete;
+
+  // Records the access, starts `h`'s own fetch and the fetches ahead, then waits for `h` and pins
+  // it on the tier; returns its address.
+  Result<void*> acquire(mem::Handle h);
+  // Unpins, then keeps the copy for a reuse within max_reuse_distance or drops it.
+  void release(mem::Handle h);
+  // The model says `h` comes soon. Used only while recording (a trace knows better).
+  void hint(mem::Handle h);
+  // End of a pass: waits for the fetches it started, adopts a new recording as the trace, and
+  // drops every copy it kept (the optimizer may change the data before the next pass); with
+  // prefetch_across_passes, then starts the next pass's first fetches.
+  void end_pass();
+
+  std::uint64_t next_use(mem::Handle h) const override;
+
+  SchedulerMode mode() const;
+  const AccessTrace& trace() const { return trace_; }
+  std::size_t position() const;
+  SchedulerStats stats() const { return stats_; }
+
+ private:
+  struct InFlight {
+    mem::Handle h;
+    std::uint64_t bytes;
+    mem::Completion done;
+  };
+  bool resident_or_arriving(mem::Handle h) const;
+  std::uint64_t live_bytes() const;
+  std::uint64_t inflight_bytes(std::size_t* count);
+  void issue_ahead();
+  bool start_prefetch(mem::Handle h, bool from_trace);
+
+  mem::TieredStore& store_;
+  const PrefetchOptions options_;
+  AccessTrace recording_;
+  std::vector<InFlight> inflight_;
+  std::unordered_set<std::uint32_t> known_;  // every handle it has seen
+  std::vector<mem::Handle> known_order_;
+  SchedulerStats stats_;
+
+  // What next_use reads, guarded because the store may ask from another thread. Never held while
+  // calling into the store.
+  mutable std::mutex mu_;
+  AccessTrace trace_;
+  bool has_trace_ = false;
+  bool replaying_ = false;  // this pass follows trace_ so far
+  std::size_t pos_ = 0;     // acquires so far in this pass
+  std::size_t events_ = 0;  // acquires and releases so far in this pass
+};
+
+}  // namespace strata::sched

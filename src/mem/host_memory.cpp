@@ -1,0 +1,207 @@
+// Locked host pages, the staging pool and the host-tier size-class cache.
+#include "strata/mem/host_memory.h"
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "strata/core/aligned.h"
+#include "strata/core/json.h"
+#include "strata/core/logging.h"
+
+namespace strata::mem {
+namespace {
+
+constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
+class LockedHostAllocator final : public HostAllocator {
+ public:
+  explicit LockedHostAllocator(bool lock) : lock_(lock) {}
+
+  Result<void*> allocate(std::size_t size_bytes) override {
+    const std::size_t n = align_up(size_bytes, kPageBytes);
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      return out_of_memory("cannot map " + format_bytes(n) +
+                           " of host memory: " + std::strerror(err));
+    }
+    if (n >= kHugePageBytes) ::madvise(p, n, MADV_HUGEPAGE);  // advice only; failure is harmless
+    bool locked = false;
+    if (lock_ && !lock_refused_.load(std::memory_order_relaxed)) {
+      locked = ::mlock(p, n) == 0;  // also faults every page in
+      if (!locked && !lock_refused_.exchange(true)) {
+        const int err = errno;
+        log_warning("cannot lock " + format_bytes(n) + " of host staging memory (" +
+                    std::strerror(err) +
+                    "); continuing with unlocked pages. Raise the limit with `ulimit -l` "
+                    "(RLIMIT_MEMLOCK) for pinned transfers");
+      }
+    }
+    if (!locked) std::memset(p, 0, n);  // fault in once now, not on the hot path
+    return p;
+  }
+
+  void deallocate(void* data, std::size_t size_bytes) override {
+    if (data == nullptr) return;
+    ::munmap(data, align_up(size_bytes, kPageBytes));  // also unlocks
+  }
+
+  bool pinned() const override { return lock_ && !lock_refused_.load(std::memory_order_relaxed); }
+
+ private:
+  const bool lock_;
+  std::atomic<bool> lock_refused_{false};
+};
+
+class DeviceHostAllocator final : public HostAllocator {
+ public:
+  explicit DeviceHostAllocator(device::Device& device) : device_(device) {}
+  ~DeviceHostAllocator() override {
+    STRATA_CHECK(blocks_.empty(), "host allocator destroyed with blocks in use", blocks_.size());
+  }
+
+  Result<void*> allocate(std::size_t size_bytes) override {
+    STRATA_ASSIGN_OR_RETURN(device::PinnedBuffer b,
+                            device_.allocate_pinned(align_up(size_bytes, kPageBytes),
+                                                    "the tiered store's host memory"));
+    void* p = b.data();
+    std::lock_guard lock(mu_);
+    if (!b.page_locked()) all_locked_ = false;
+    blocks_.emplace(p, std::move(b));
+    return p;
+  }
+
+  void deallocate(void* data, std::size_t /*size_bytes*/) override {
+    if (data == nullptr) return;
+    device::PinnedBuffer b;
+    {
+      std::lock_guard lock(mu_);
+      auto it = blocks_.find(data);
+      STRATA_CHECK(it != blocks_.end(), "deallocating a block this allocator did not make");
+      b = std::move(it->second);
+      blocks_.erase(it);
+    }
+  }
+
+  bool pinned() const override {
+    std::lock_guard lock(mu_);
+    return all_locked_;
+  }
+
+ private:
+  device::Device& device_;
+  mutable std::mutex mu_;
+  std::unordered_map<void*, device::PinnedBuffer> blocks_;
+  bool all_locked_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<HostAllocator> make_device_host_allocator(device::Device& device) {
+  return std::make_unique<DeviceHostAllocator>(device);
+}
+
+std::unique_ptr<HostAllocator> make_locked_host_allocator(bool lock_pages) {
+  return std::make_unique<LockedHostAllocator>(lock_pages);
+}
+
+// ---- StagingPool ----
+
+Result<std::unique_ptr<StagingPool>> StagingPool::create(HostAllocator& allocator,
+                                                         std::size_t buffer_bytes,
+                                                         int num_buffers) {
+  if (buffer_bytes == 0 || buffer_bytes % kPageBytes != 0 || num_buffers < 1) {
+    return invalid_argument(
+        "staging pool of " + std::to_string(num_buffers) + " buffers of " +
+        std::to_string(buffer_bytes) +
+        " bytes: need at least one buffer of a positive multiple of 4096 bytes");
+  }
+  const std::size_t total = buffer_bytes * static_cast<std::size_t>(num_buffers);
+  STRATA_ASSIGN_OR_RETURN(void* base, allocator.allocate(total));
+  return std::unique_ptr<StagingPool>(
+      new StagingPool(allocator, static_cast<std::byte*>(base), buffer_bytes, num_buffers));
+}
+
+StagingPool::StagingPool(HostAllocator& allocator, std::byte* base, std::size_t bytes, int count)
+    : allocator_(allocator), base_(base), bytes_(bytes), count_(count) {
+  for (int i = count - 1; i >= 0; --i) free_.push_back(i);
+}
+
+StagingPool::~StagingPool() {
+  STRATA_CHECK(static_cast<int>(free_.size()) == count_,
+               "staging pool destroyed with buffers in use", count_ - free_.size());
+  allocator_.deallocate(base_, bytes_ * static_cast<std::size_t>(count_));
+}
+
+int StagingPool::take() {
+  if (free_.empty()) return -1;
+  const int i = free_.back();
+  free_.pop_back();
+  return i;
+}
+
+void StagingPool::give(int index) {
+  STRATA_CHECK(index >= 0 && index < count_, "staging buffer index out of range", index);
+  free_.push_back(index);
+}
+
+// ---- HostBlockCache ----
+
+std::size_t HostBlockCache::class_bytes(std::size_t size_bytes) {
+  return align_up(size_bytes == 0 ? 1 : size_bytes, kPageBytes);
+}
+
+HostBlockCache::~HostBlockCache() {
+  for (auto& [bytes, blocks] : free_) {
+    for (void* b : blocks) allocator_.deallocate(b, bytes);
+  }
+}
+
+Result<void*> HostBlockCache::take(std::size_t size_bytes) {
+  const std::size_t c = class_bytes(size_bytes);
+  auto it = free_.find(c);
+  if (it != free_.end() && !it->second.empty()) {
+    void* b = it->second.back();
+    it->second.pop_back();
+    cached_ -= c;
+    return b;
+  }
+  STRATA_ASSIGN_OR_RETURN(void* b, allocator_.allocate(c));
+  held_ += c;
+  return b;
+}
+
+void HostBlockCache::give(void* data, std::size_t size_bytes) {
+  const std::size_t c = class_bytes(size_bytes);
+  free_[c].push_back(data);
+  cached_ += c;
+}
+
+std::uint64_t HostBlockCache::growth_for(std::size_t size_bytes) const {
+  const std::size_t c = class_bytes(size_bytes);
+  auto it = free_.find(c);
+  return it != free_.end() && !it->second.empty() ? 0 : c;
+}
+
+std::uint64_t HostBlockCache::trim(std::uint64_t bytes, std::size_t keep_class) {
+  std::uint64_t released = 0;
+  for (auto& [c, blocks] : free_) {
+    if (c == keep_class) continue;
+    while (!blocks.empty() && released < bytes) {
+      allocator_.deallocate(blocks.back(), c);
+      blocks.pop_back();
+      held_ -= c;
+      cached_ -= c;
+      released += c;
+    }
+    if (released >= bytes) break;
+  }
+  return released;
+}
+
+}  // namespace strata::mem

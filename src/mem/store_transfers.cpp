@@ -1,0 +1,447 @@
+// TieredStore transfers: starting fetches and write-backs, the staged NVMe<->device chunk
+// pipeline, completion on the lanes, and the synchronous read/write paths.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "src/mem/store_impl.h"
+#include "strata/core/aligned.h"
+#include "strata/core/clock.h"
+
+namespace strata::mem {
+
+using detail::Entry;
+using detail::Op;
+using detail::OpKind;
+
+namespace {
+
+std::string tier_text(Tier t) { return std::string(tier_name(t)); }
+
+// The nearest valid copy to copy from, or nullopt.
+std::optional<Tier> source_for(const Entry& e, Tier to) {
+  auto valid = [&](Tier t) { return e.at(t).valid; };
+  switch (to) {
+    case Tier::kDevice:
+      if (valid(Tier::kHost)) return Tier::kHost;
+      if (valid(Tier::kNvme)) return Tier::kNvme;
+      break;
+    case Tier::kHost:
+      if (valid(Tier::kDevice)) return Tier::kDevice;
+      if (valid(Tier::kNvme)) return Tier::kNvme;
+      break;
+    case Tier::kNvme:
+      if (valid(Tier::kHost)) return Tier::kHost;
+      if (valid(Tier::kDevice)) return Tier::kDevice;
+      break;
+  }
+  return std::nullopt;
+}
+
+bool staged(Tier from, Tier to) {
+  return (from == Tier::kNvme && to == Tier::kDevice) ||
+         (from == Tier::kDevice && to == Tier::kNvme);
+}
+
+}  // namespace
+
+std::shared_ptr<Op> TieredStore::Impl::new_op(OpKind kind, Entry& e, Tier from, Tier to) {
+  auto op = std::make_shared<Op>();
+  op->kind = kind;
+  op->h = e.h;
+  op->from = from;
+  op->to = to;
+  op->begin_ns = now_ns();
+  e.op = op;
+  ++ops_in_flight;
+  return op;
+}
+
+Result<std::shared_ptr<Op>> TieredStore::Impl::start_fetch(Entry& e, Tier to, bool prefetch,
+                                                           Lock& lock) {
+  if (!source_for(e, to)) {
+    return failed_precondition("'" + e.spec.name + "' has no data to fetch to the " +
+                               tier_text(to) + " (never written, or discarded)");
+  }
+  bool fresh = false;
+  if (!e.at(to).allocated) {
+    STRATA_ASSIGN_OR_RETURN(Room room, allocate_with_room(e, to, prefetch, lock));
+    if (room != Room::kReady) return std::shared_ptr<Op>();
+    fresh = true;
+  }
+  const Tier from = *source_for(e, to);
+  auto op = new_op(OpKind::kFetch, e, from, to);
+  op->fresh_dest = fresh;
+  op->prefetch = prefetch;
+  ++stats.fetches;
+  issue(op);
+  return op;
+}
+
+Result<std::shared_ptr<Op>> TieredStore::Impl::start_writeback(Entry& e, Tier from, Lock* lock) {
+  STRATA_CHECK(!e.op && e.at(from).valid, "write-back of a busy or stale copy", e.spec.name);
+  Tier to = e.spec.home;
+  if (e.spec.transient) {
+    if (from == Tier::kNvme) {
+      return invalid_argument("'" + e.spec.name + "' is on nvme, the lowest tier; discard it");
+    }
+    to = static_cast<Tier>(static_cast<int>(from) + 1);
+  }
+  if (to == Tier::kNvme && swap == nullptr) {
+    return failed_precondition("'" + e.spec.name +
+                               "' would be written back to nvme, but there is no swap space");
+  }
+  bool fresh = false;
+  if (!e.at(to).allocated) {
+    STRATA_CHECK(lock != nullptr, "a write-back that needs room, started where it cannot wait",
+                 e.spec.name);
+    STRATA_ASSIGN_OR_RETURN(Room room, allocate_with_room(e, to, false, *lock));
+    if (room != Room::kReady) return std::shared_ptr<Op>();
+    fresh = true;
+  }
+  auto op = new_op(OpKind::kWriteback, e, from, to);
+  op->drop_source = true;
+  op->fresh_dest = fresh;
+  issue(op);
+  return op;
+}
+
+void TieredStore::Impl::record(Lane lane, const Entry& e, const char* verb, std::int64_t begin_ns,
+                               std::uint64_t bytes) {
+  if (options.timeline == nullptr) return;
+  options.timeline->add(lane, std::string(verb) + " " + e.spec.name, begin_ns, now_ns(), bytes);
+}
+
+void TieredStore::Impl::issue(const std::shared_ptr<Op>& op) {
+  Entry& e = entry(op->h);
+  auto& src = e.at(op->from);
+  auto& dst = e.at(op->to);
+  const std::size_t size = e.spec.size_bytes;
+  const char* verb = op->kind == OpKind::kWriteback ? "write back" : "fetch";
+  auto& compute = device.stream(device::StreamKind::kCompute);
+  auto& h2d = device.stream(device::StreamKind::kHostToDevice);
+  auto& d2h = device.stream(device::StreamKind::kDeviceToHost);
+  if (staged(op->from, op->to) && !direct_io(e)) {
+    op->chunks_total =
+        static_cast<int>((e.io_bytes + staging->buffer_bytes() - 1) / staging->buffer_bytes());
+    // Every chunk follows these points on its copy stream.
+    if (op->from == Tier::kDevice) device.wait_event(d2h, device.record_event(compute));
+    if (op->to == Tier::kDevice) device.wait_event(h2d, last_device_drop);
+    staging_waiters.push_back(op);
+    pump_staging();
+    return;
+  }
+  const std::int64_t t0 = now_ns();
+  if (op->from == Tier::kHost && op->to == Tier::kDevice) {
+    device.wait_event(h2d, last_device_drop);
+    device.copy_to_device(dst.data, src.data, size, h2d);
+    device::Event ev = device.record_event(h2d);
+    h2d_lane->push([this, op, ev, t0, verb] {
+      ev.synchronize();
+      Lock lock(mu);
+      record(Lane::kHostToDevice, entry(op->h), verb, t0, entry(op->h).spec.size_bytes);
+      complete_chunks(op, 1);
+    });
+  } else if (op->from == Tier::kDevice && op->to == Tier::kHost) {
+    device.wait_event(d2h, device.record_event(compute));
+    device.copy_to_host(dst.data, src.data, size, d2h);
+    device::Event ev = device.record_event(d2h);
+    d2h_lane->push([this, op, ev, t0, verb] {
+      ev.synchronize();
+      Lock lock(mu);
+      record(Lane::kDeviceToHost, entry(op->h), verb, t0, entry(op->h).spec.size_bytes);
+      complete_chunks(op, 1);
+    });
+  } else if (op->from == Tier::kNvme && (op->to == Tier::kHost || op->to == Tier::kDevice)) {
+    io::IoHandle io = swap->read(src.extent, 0, dst.data, e.io_bytes);
+    read_lane->push([this, op, io, t0, verb]() mutable {
+      Status s = io.wait();
+      Lock lock(mu);
+      record(Lane::kNvmeRead, entry(op->h), verb, t0, entry(op->h).io_bytes);
+      if (!s.is_ok()) fail(*op, s);
+      complete_chunks(op, 1);
+    });
+  } else if ((op->from == Tier::kHost || op->from == Tier::kDevice) && op->to == Tier::kNvme) {
+    // From the device: direct_io (host memory; its compute stream is inline, so done).
+    io::IoHandle io = swap->write(dst.extent, 0, src.data, e.io_bytes);
+    write_lane->push([this, op, io, t0, verb]() mutable {
+      Status s = io.wait();
+      Lock lock(mu);
+      record(Lane::kNvmeWrite, entry(op->h), verb, t0, entry(op->h).io_bytes);
+      if (!s.is_ok()) fail(*op, s);
+      complete_chunks(op, 1);
+    });
+  } else {
+    STRATA_CHECK(false, "no route between tiers", tier_text(op->from), tier_text(op->to));
+  }
+}
+
+// Hands free staging buffers to waiting chunked ops, oldest op first (the demand fetch issued
+// before its prefetches gets its chunks first).
+void TieredStore::Impl::pump_staging() {
+  while (!staging_waiters.empty()) {
+    std::shared_ptr<Op> op = staging_waiters.front();
+    if (op->chunks_issued == op->chunks_total) {
+      staging_waiters.pop_front();
+      continue;
+    }
+    if (!op->status.is_ok()) {  // a chunk failed: the rest are not worth moving
+      const int skipped = op->chunks_total - op->chunks_issued;
+      op->chunks_issued = op->chunks_total;
+      staging_waiters.pop_front();
+      complete_chunks(op, skipped);
+      continue;
+    }
+    const int buf = staging->take();
+    if (buf < 0) return;
+    issue_chunk(op, op->chunks_issued++, buf);
+  }
+}
+
+void TieredStore::Impl::issue_chunk(const std::shared_ptr<Op>& op, int chunk, int buf) {
+  Entry& e = entry(op->h);
+  const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
+  const std::size_t io_len =
+      static_cast<std::size_t>(std::min<std::uint64_t>(staging->buffer_bytes(), e.io_bytes - off));
+  const std::size_t copy_len = static_cast<std::size_t>(
+      std::min<std::uint64_t>(staging->buffer_bytes(), e.spec.size_bytes - off));
+  const std::int64_t t0 = now_ns();
+  if (op->from == Tier::kNvme) {
+    io::IoHandle io = swap->read(e.at(Tier::kNvme).extent, off, staging->data(buf), io_len);
+    read_lane->push([this, op, chunk, buf, io, t0, io_len]() mutable {
+      Status s = io.wait();
+      Lock lock(mu);
+      record(Lane::kNvmeRead, entry(op->h), "fetch", t0, io_len);
+      chunk_landed(op, chunk, buf, std::move(s));
+    });
+  } else {
+    auto& d2h = device.stream(device::StreamKind::kDeviceToHost);
+    device.copy_to_host(staging->data(buf), static_cast<std::byte*>(e.at(Tier::kDevice).data) + off,
+                        copy_len, d2h);
+    device::Event ev = device.record_event(d2h);
+    d2h_lane->push([this, op, chunk, buf, ev, t0, copy_len] {
+      ev.synchronize();
+      Lock lock(mu);
+      record(Lane::kDeviceToHost, entry(op->h), "write back", t0, copy_len);
+      chunk_staged(op, chunk, buf);
+    });
+  }
+}
+
+// NVMe -> staging done: copy the chunk to the device.
+void TieredStore::Impl::chunk_landed(const std::shared_ptr<Op>& op, int chunk, int buf, Status s) {
+  if (!s.is_ok()) fail(*op, s);
+  if (!op->status.is_ok()) {
+    staging->give(buf);
+    cv.notify_all();
+    complete_chunks(op, 1);
+    pump_staging();
+    return;
+  }
+  Entry& e = entry(op->h);
+  const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
+  const std::size_t copy_len = static_cast<std::size_t>(
+      std::min<std::uint64_t>(staging->buffer_bytes(), e.spec.size_bytes - off));
+  auto& h2d = device.stream(device::StreamKind::kHostToDevice);
+  const std::int64_t t0 = now_ns();
+  device.copy_to_device(static_cast<std::byte*>(e.at(Tier::kDevice).data) + off, staging->data(buf),
+                        copy_len, h2d);
+  device::Event ev = device.record_event(h2d);
+  h2d_lane->push([this, op, buf, ev, t0, copy_len] {
+    ev.synchronize();
+    Lock lock(mu);
+    record(Lane::kHostToDevice, entry(op->h), "fetch", t0, copy_len);
+    staging->give(buf);
+    cv.notify_all();
+    complete_chunks(op, 1);
+    pump_staging();
+  });
+}
+
+// Device -> staging done: write the chunk to NVMe.
+void TieredStore::Impl::chunk_staged(const std::shared_ptr<Op>& op, int chunk, int buf) {
+  if (!op->status.is_ok()) {
+    staging->give(buf);
+    cv.notify_all();
+    complete_chunks(op, 1);
+    pump_staging();
+    return;
+  }
+  Entry& e = entry(op->h);
+  const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
+  const std::size_t io_len =
+      static_cast<std::size_t>(std::min<std::uint64_t>(staging->buffer_bytes(), e.io_bytes - off));
+  const std::int64_t t0 = now_ns();
+  io::IoHandle io = swap->write(e.at(Tier::kNvme).extent, off, staging->data(buf), io_len);
+  write_lane->push([this, op, buf, io, t0, io_len]() mutable {
+    Status s = io.wait();
+    Lock lock(mu);
+    record(Lane::kNvmeWrite, entry(op->h), "write back", t0, io_len);
+    if (!s.is_ok()) fail(*op, s);
+    staging->give(buf);
+    cv.notify_all();
+    complete_chunks(op, 1);
+    pump_staging();
+  });
+}
+
+void TieredStore::Impl::complete_chunks(const std::shared_ptr<Op>& op, int n) {
+  op->chunks_done += n;
+  STRATA_CHECK(op->chunks_done <= op->chunks_total, "more chunks done than exist", op->chunks_done,
+               op->chunks_total);
+  if (op->chunks_done == op->chunks_total) finish(op);
+}
+
+void TieredStore::Impl::fail(Op& op, const Status& s) {
+  if (!op.status.is_ok()) return;
+  const Entry& e = entry(op.h);
+  const char* verb = op.kind == OpKind::kWriteback ? "writing back" : "fetching";
+  op.status = s.with_context(std::string(verb) + " '" + e.spec.name + "' from the " +
+                             tier_text(op.from) + " to the " + tier_text(op.to));
+}
+
+void TieredStore::Impl::finish(const std::shared_ptr<Op>& op) {
+  Entry& e = entry(op->h);
+  if (op->status.is_ok() && (op->from == Tier::kDevice || op->to == Tier::kDevice)) {
+    if (Status d = device.last_error(); !d.is_ok()) fail(*op, d);
+  }
+  if (op->status.is_ok()) {
+    e.at(op->to).valid = true;
+    stats.bytes_moved[static_cast<int>(op->from)][static_cast<int>(op->to)] += e.spec.size_bytes;
+    if (op->kind == OpKind::kWriteback) ++stats.writebacks;
+    if (op->drop_source) drop_copy(e, op->from);
+  } else {
+    ++stats.failures;
+    e.failed = op;
+    if (op->fresh_dest) drop_copy(e, op->to);
+  }
+  if (e.op == op) e.op.reset();
+  --ops_in_flight;
+  ++generation;
+  op->completion->finish(op->status);
+  cv.notify_all();
+}
+
+// ---- synchronous paths ----
+
+int TieredStore::Impl::take_staging_blocking(Lock& lock) {
+  int buf = -1;
+  cv.wait(lock, [&] { return (buf = staging->take()) >= 0; });
+  return buf;
+}
+
+Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capacity, Lock& lock) {
+  for (int i = 0; i < kNumTiers; ++i) {
+    const auto t = static_cast<Tier>(i);
+    auto& c = e.at(t);
+    STRATA_CHECK(c.pins == 0, "write of a tensor whose copy is pinned", e.spec.name, tier_text(t));
+    if (!e.is_home(t) && c.allocated) drop_copy(e, t);
+  }
+  const Tier home = e.spec.home;
+  auto& h = e.at(home);
+  h.valid = false;
+  auto op = new_op(OpKind::kSync, e, Tier::kHost, home);
+  const std::size_t size = e.spec.size_bytes;
+  const std::int64_t t0 = now_ns();
+  Status st;
+  Lane lane = Lane::kCompute;
+  if (home == Tier::kDevice) {
+    lane = Lane::kHostToDevice;
+    auto& h2d = device.stream(device::StreamKind::kHostToDevice);
+    device.wait_event(h2d, last_device_drop);
+    lock.unlock();
+    device.copy_to_device(h.data, src, size, h2d);
+    device.record_event(h2d).synchronize();
+    st = device.last_error();
+    lock.lock();
+  } else if (home == Tier::kHost) {
+    lock.unlock();
+    if (src != h.data) std::memcpy(h.data, src, size);
+    lock.lock();
+  } else {
+    lane = Lane::kNvmeWrite;
+    const bool direct =
+        reinterpret_cast<std::uintptr_t>(src) % io::kIoAlignBytes == 0 && capacity >= e.io_bytes;
+    if (direct) {
+      lock.unlock();
+      st = swap->write(h.extent, 0, src, e.io_bytes).wait();
+      lock.lock();
+    } else {
+      const std::size_t chunk = staging->buffer_bytes();
+      for (std::uint64_t off = 0; off < e.io_bytes && st.is_ok(); off += chunk) {
+        const int buf = take_staging_blocking(lock);
+        lock.unlock();
+        const std::size_t io_len = std::min<std::uint64_t>(chunk, e.io_bytes - off);
+        const std::size_t copy_len = std::min<std::uint64_t>(chunk, size - off);
+        std::memcpy(staging->data(buf), static_cast<const std::byte*>(src) + off, copy_len);
+        std::memset(staging->data(buf) + copy_len, 0, io_len - copy_len);
+        st = swap->write(h.extent, off, staging->data(buf), io_len).wait();
+        lock.lock();
+        staging->give(buf);
+        pump_staging();
+      }
+    }
+  }
+  if (st.is_ok()) {
+    h.valid = true;
+    if (home != Tier::kHost) stats.bytes_moved[1][static_cast<int>(home)] += size;
+  }
+  if (lane != Lane::kCompute) record(lane, e, "write", t0, size);
+  e.op.reset();
+  --ops_in_flight;
+  ++generation;
+  op->completion->finish(st);
+  cv.notify_all();
+  return st.is_ok()
+             ? st
+             : st.with_context("writing '" + e.spec.name + "' to its " + tier_text(home) + " home");
+}
+
+Status TieredStore::Impl::sync_read(Entry& e, void* dst, Lock& lock) {
+  std::optional<Tier> from;
+  for (Tier t : {Tier::kHost, Tier::kDevice, Tier::kNvme}) {
+    if (e.at(t).valid) {
+      from = t;
+      break;
+    }
+  }
+  if (!from) return failed_precondition("'" + e.spec.name + "' has no data to read");
+  auto op = new_op(OpKind::kSync, e, *from, Tier::kHost);
+  const auto& c = e.at(*from);
+  const std::size_t size = e.spec.size_bytes;
+  Status st;
+  if (*from == Tier::kHost) {
+    lock.unlock();
+    std::memcpy(dst, c.data, size);
+    lock.lock();
+  } else if (*from == Tier::kDevice) {
+    auto& d2h = device.stream(device::StreamKind::kDeviceToHost);
+    device.wait_event(d2h, device.record_event(device.stream(device::StreamKind::kCompute)));
+    lock.unlock();
+    device.copy_to_host(dst, c.data, size, d2h);
+    device.record_event(d2h).synchronize();
+    st = device.last_error();
+    lock.lock();
+  } else {
+    const std::size_t chunk = staging->buffer_bytes();
+    for (std::uint64_t off = 0; off < e.io_bytes && st.is_ok(); off += chunk) {
+      const int buf = take_staging_blocking(lock);
+      lock.unlock();
+      const std::size_t io_len = std::min<std::uint64_t>(chunk, e.io_bytes - off);
+      const std::size_t copy_len = std::min<std::uint64_t>(chunk, size - off);
+      st = swap->read(c.extent, off, staging->data(buf), io_len).wait();
+      if (st.is_ok()) std::memcpy(static_cast<std::byte*>(dst) + off, staging->data(buf), copy_len);
+      lock.lock();
+      staging->give(buf);
+      pump_staging();
+    }
+  }
+  e.op.reset();
+  --ops_in_flight;
+  ++generation;
+  op->completion->finish(st);
+  cv.notify_all();
+  return st.is_ok() ? st : st.with_context("reading '" + e.spec.name + "'");
+}
+
+}  // namespace strata::mem

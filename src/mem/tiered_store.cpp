@@ -1,0 +1,758 @@
+// TieredStore: registration, residency rules, budgets and victim choice. The transfers themselves
+// are in store_transfers.cpp.
+#include "strata/mem/tiered_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "src/mem/store_impl.h"
+#include "strata/core/aligned.h"
+#include "strata/core/clock.h"
+#include "strata/core/json.h"
+
+namespace strata::mem {
+
+using detail::Entry;
+using detail::Op;
+using detail::OpKind;
+
+namespace {
+
+std::string tier_text(Tier t) { return std::string(tier_name(t)); }
+
+std::string budget_key(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device budget (device_memory_limit)";
+    case Tier::kHost:
+      return "host budget (host_memory_limit)";
+    case Tier::kNvme:
+      return "nvme budget";
+  }
+  return "budget";
+}
+
+}  // namespace
+
+bool Completion::done() const { return state_ == nullptr || state_->is_done(); }
+
+Status Completion::wait() const { return state_ == nullptr ? Status::ok() : state_->wait(); }
+
+// ---- creation ----
+
+TieredStore::TieredStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<TieredStore>> TieredStore::create(device::Device& device,
+                                                         io::SwapSpace* swap,
+                                                         const StoreOptions& options) {
+  auto impl = std::make_unique<Impl>(device, swap, options);
+  if (options.host_allocator != nullptr) {
+    impl->allocator = options.host_allocator;
+  } else {
+    impl->own_allocator = make_device_host_allocator(device);
+    impl->allocator = impl->own_allocator.get();
+  }
+  const std::size_t chunk = options.staging_buffer_bytes;
+  if (chunk == 0 || chunk % io::kIoAlignBytes != 0) {
+    return invalid_argument("staging_buffer_bytes " + std::to_string(chunk) +
+                            " must be a positive multiple of " + std::to_string(io::kIoAlignBytes));
+  }
+  const std::uint64_t pool = static_cast<std::uint64_t>(chunk) * options.num_staging_buffers;
+  const std::uint64_t host_budget = impl->budget(Tier::kHost);
+  if (host_budget != 0 && pool > host_budget) {
+    return out_of_memory("the staging pool (" + std::to_string(options.num_staging_buffers) +
+                         " x " + format_bytes(chunk) + ") does not fit in the host budget of " +
+                         format_bytes(host_budget) +
+                         "; raise host_memory_limit or use fewer or smaller staging buffers");
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      impl->staging, StagingPool::create(*impl->allocator, chunk, options.num_staging_buffers));
+  impl->host_cache = std::make_unique<HostBlockCache>(*impl->allocator);
+  impl->sync_host_reserved();
+  impl->read_lane = std::make_unique<detail::OrderedLane>();
+  impl->write_lane = std::make_unique<detail::OrderedLane>();
+  impl->h2d_lane = std::make_unique<detail::OrderedLane>();
+  impl->d2h_lane = std::make_unique<detail::OrderedLane>();
+  return std::unique_ptr<TieredStore>(new TieredStore(std::move(impl)));
+}
+
+TieredStore::~TieredStore() {
+  Impl& s = *impl_;
+  drain();
+  {
+    std::lock_guard lock(s.mu);
+    for (auto& e : s.entries) {
+      for (int t = 0; t < kNumTiers; ++t) {
+        auto& c = e->copy[static_cast<std::size_t>(t)];
+        c.pins = 0;
+        if (c.allocated && !c.external) s.drop_copy(*e, static_cast<Tier>(t));
+      }
+    }
+  }
+  // Lanes are idle (drained); stop them before the pool and cache they touch go away.
+  s.read_lane.reset();
+  s.write_lane.reset();
+  s.h2d_lane.reset();
+  s.d2h_lane.reset();
+}
+
+Result<Handle> TieredStore::add(const TensorSpec& spec) {
+  Impl& s = *impl_;
+  if (spec.size_bytes == 0) {
+    return invalid_argument("tensor '" + spec.name +
+                            "' has size 0; the store holds no empty tensors");
+  }
+  auto e = std::make_unique<Entry>();
+  e->spec = spec;
+  e->io_bytes = align_up(spec.size_bytes, io::kIoAlignBytes);
+  // Every tensor here exists to reach the device; its home (or, transient, the host it drains
+  // to) must hold it as well.
+  std::vector<Tier> tiers = {Tier::kDevice};
+  tiers.push_back(spec.transient ? Tier::kHost : spec.home);
+  for (Tier t : tiers) {
+    const std::uint64_t b = s.budget(t);
+    const std::uint64_t need = t == Tier::kDevice ? s.device_bytes(*e) : e->io_bytes;
+    if (b != 0 && need > b && !(spec.home_data != nullptr && t == spec.home)) {
+      return out_of_memory("tensor '" + spec.name + "' (" + format_bytes(spec.size_bytes) +
+                           ") is larger than the whole " + budget_key(t) + " of " +
+                           format_bytes(b) + "; raise the budget or split the tensor");
+    }
+  }
+  if (!spec.transient && spec.home == Tier::kNvme && s.swap == nullptr) {
+    return invalid_argument("tensor '" + spec.name +
+                            "' lives on nvme but the store has no swap "
+                            "space; give swap_paths");
+  }
+  if (spec.home_data != nullptr) {
+    if (spec.transient || spec.home == Tier::kNvme) {
+      return invalid_argument("tensor '" + spec.name +
+                              "': home_data is only for a device or host home");
+    }
+    if (spec.home == Tier::kHost &&
+        reinterpret_cast<std::uintptr_t>(spec.home_data) % io::kIoAlignBytes != 0) {
+      return invalid_argument("tensor '" + spec.name + "': host home_data must be aligned to " +
+                              std::to_string(io::kIoAlignBytes) + " bytes");
+    }
+  }
+  std::lock_guard lock(s.mu);
+  e->h = static_cast<Handle>(s.entries.size());
+  if (!spec.transient) {
+    auto& home = e->at(spec.home);
+    if (spec.home_data != nullptr) {
+      home.allocated = true;
+      home.external = true;
+      home.data = spec.home_data;
+    } else {
+      Result<Impl::Room> room = s.make_room(spec.home, *e, /*prefetch=*/true);
+      if (!room.is_ok() || *room != Impl::Room::kReady) {
+        const std::uint64_t b = s.budget(spec.home);
+        return out_of_memory("tensor '" + spec.name + "' (" + format_bytes(e->io_bytes) +
+                             ") does not fit in the " + budget_key(spec.home) + " of " +
+                             format_bytes(b) + " next to the " +
+                             format_bytes(s.reserved(spec.home)) + " already placed there");
+      }
+      STRATA_RETURN_IF_ERROR(s.allocate_copy(*e, spec.home)
+                                 .with_context("placing the home copy of '" + spec.name + "'"));
+    }
+    home.valid = spec.home_initialized;
+  }
+  s.entries.push_back(std::move(e));
+  return s.entries.back()->h;
+}
+
+// ---- operations ----
+
+Result<Completion> TieredStore::fetch(Handle h, Tier to) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  for (;;) {
+    if (e.op) {
+      if (e.op->kind == OpKind::kFetch && e.op->to == to) return Completion(e.op->completion);
+      s.wait_op(lock, e.op);
+      continue;
+    }
+    if (e.failed) {
+      Status st = e.failed->status;
+      e.failed.reset();
+      return st;
+    }
+    if (e.at(to).valid) return Completion();
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_fetch(e, to, false, lock));
+    if (op) return Completion(op->completion);
+  }
+}
+
+std::optional<Completion> TieredStore::try_prefetch(Handle h, Tier to) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  if (e.op || e.failed || e.at(to).valid || e.num_valid() == 0) return std::nullopt;
+  auto op = s.start_fetch(e, to, /*prefetch=*/true, lock);
+  if (!op.is_ok() || *op == nullptr) {
+    ++s.stats.prefetches_refused;
+    return std::nullopt;
+  }
+  ++s.stats.prefetches;
+  return Completion((*op)->completion);
+}
+
+Result<void*> TieredStore::acquire(Handle h, Tier tier) {
+  STRATA_CHECK(tier != Tier::kNvme, "NVMe copies cannot be pinned", handle_index(h));
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  bool missed = false;
+  for (;;) {
+    if (e.failed) {
+      Status st = e.failed->status;
+      e.failed.reset();
+      return st;
+    }
+    if (e.op) {
+      s.wait_op(lock, e.op);
+      continue;
+    }
+    auto& c = e.at(tier);
+    if (c.valid) {
+      ++c.pins;
+      e.last_use = ++s.tick;
+      ++(missed ? s.stats.misses : s.stats.hits);
+      return c.data;
+    }
+    missed = true;
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_fetch(e, tier, false, lock));
+    (void)op;  // the next turn waits for it
+  }
+}
+
+void TieredStore::unpin(Handle h, Tier tier) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  auto& c = s.entry(h).at(tier);
+  STRATA_CHECK(c.pins > 0, "unpin of a copy that is not pinned", s.entry(h).spec.name,
+               tier_text(tier));
+  --c.pins;
+}
+
+void TieredStore::mark_dirty(Handle h, Tier tier) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  Entry& e = s.entry(h);
+  STRATA_CHECK(e.at(tier).pins > 0 && e.at(tier).valid,
+               "mark_dirty needs the caller to hold a pinned, valid copy", e.spec.name,
+               tier_text(tier));
+  STRATA_CHECK(!e.op, "mark_dirty while a transfer of the tensor is in flight", e.spec.name);
+  for (int i = 0; i < kNumTiers; ++i) {
+    const auto t = static_cast<Tier>(i);
+    if (t == tier) continue;
+    auto& c = e.at(t);
+    STRATA_CHECK(c.pins == 0, "mark_dirty while another tier's copy is pinned (a stale reader)",
+                 e.spec.name, tier_text(t));
+    if (e.is_home(t)) {
+      c.valid = false;
+    } else if (c.allocated) {
+      s.drop_copy(e, t);
+    }
+  }
+}
+
+Result<void*> TieredStore::emplace(Handle h, Tier tier, bool zero_fill) {
+  STRATA_CHECK(tier != Tier::kNvme, "emplace on NVMe is not supported", handle_index(h));
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  s.wait_idle(lock, e);
+  e.failed.reset();
+  for (int i = 0; i < kNumTiers; ++i) {
+    const auto t = static_cast<Tier>(i);
+    auto& c = e.at(t);
+    STRATA_CHECK(c.pins == 0, "emplace while a copy is pinned", e.spec.name, tier_text(t));
+    if (t == tier) continue;
+    if (e.is_home(t)) {
+      c.valid = false;
+    } else if (c.allocated) {
+      s.drop_copy(e, t);
+    }
+  }
+  auto& c = e.at(tier);
+  if (!c.allocated) {
+    for (;;) {
+      STRATA_ASSIGN_OR_RETURN(Impl::Room room, s.allocate_with_room(e, tier, false, lock));
+      if (room == Impl::Room::kReady) break;
+      if (e.op) s.wait_idle(lock, e);  // a writeback another caller started; rare
+    }
+  }
+  c.valid = true;
+  ++c.pins;
+  e.last_use = ++s.tick;
+  if (zero_fill) {
+    if (tier == Tier::kDevice) {
+      s.device.fill_zero(c.data, e.spec.size_bytes, s.device.stream(device::StreamKind::kCompute));
+    } else {
+      std::memset(c.data, 0, e.spec.size_bytes);
+    }
+  }
+  return c.data;
+}
+
+Status TieredStore::release(Handle h, Tier tier) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  s.wait_idle(lock, e);
+  auto& c = e.at(tier);
+  if (!c.allocated) return Status::ok();
+  const std::string what = "release of the " + tier_text(tier) + " copy of '" + e.spec.name + "'";
+  if (e.is_home(tier)) return failed_precondition(what + ": it is the tensor's home");
+  if (c.pins > 0) return failed_precondition(what + ": it is pinned");
+  if (c.valid && e.num_valid() == 1) {
+    return failed_precondition(what + ": it is the only valid copy; evict it to write it back");
+  }
+  s.drop_copy(e, tier);
+  return Status::ok();
+}
+
+Result<Completion> TieredStore::evict(Handle h, Tier tier) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  s.wait_idle(lock, e);
+  auto& c = e.at(tier);
+  const std::string what = "evicting the " + tier_text(tier) + " copy of '" + e.spec.name + "'";
+  if (!c.allocated) return Completion();
+  if (e.is_home(tier)) return invalid_argument(what + ": it is the tensor's home");
+  if (c.pins > 0) return failed_precondition(what + ": it is pinned");
+  if (!c.valid || e.num_valid() > 1) {
+    s.drop_copy(e, tier);
+    return Completion();
+  }
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_writeback(e, tier, &lock));
+  return Completion(op->completion);
+}
+
+Status TieredStore::discard(Handle h) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  STRATA_CHECK(e.spec.transient, "discard is for transient tensors", e.spec.name);
+  s.wait_idle(lock, e);
+  e.failed.reset();
+  for (int i = 0; i < kNumTiers; ++i) {
+    auto& c = e.copy[static_cast<std::size_t>(i)];
+    STRATA_CHECK(c.pins == 0, "discard of a pinned tensor", e.spec.name);
+    if (c.allocated) s.drop_copy(e, static_cast<Tier>(i));
+  }
+  return Status::ok();
+}
+
+Status TieredStore::write(Handle h, const void* src, std::size_t src_capacity_bytes) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  STRATA_CHECK(!e.spec.transient, "write is for tensors with a home", e.spec.name);
+  s.wait_idle(lock, e);
+  e.failed.reset();
+  return s.sync_write(e, src, src_capacity_bytes, lock);
+}
+
+Status TieredStore::read(Handle h, void* dst) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  s.wait_idle(lock, e);
+  return s.sync_read(e, dst, lock);
+}
+
+Status TieredStore::wait(const Completion& c) {
+  if (c.state() == nullptr) return Status::ok();
+  Impl& s = *impl_;
+  const bool was_done = c.done();
+  const std::int64_t t0 = now_ns();
+  Status st = c.wait();
+  if (was_done && st.is_ok()) return st;
+  std::lock_guard lock(s.mu);
+  if (!was_done) s.add_stall(t0, nullptr);
+  if (!st.is_ok()) {
+    // The caller saw this error: acquire must not report it a second time.
+    for (auto& e : s.entries) {
+      if (e->failed && e->failed->completion.get() == c.state()) e->failed.reset();
+    }
+  }
+  return st;
+}
+
+void TieredStore::trim_device_cache() {
+  std::lock_guard lock(impl_->mu);
+  impl_->trim_device_cache(std::numeric_limits<std::uint64_t>::max());
+}
+
+void TieredStore::drain() {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  s.cv.wait(lock, [&] { return s.ops_in_flight == 0; });
+}
+
+// ---- queries ----
+
+void TieredStore::set_advisor(const EvictionAdvisor* advisor) {
+  std::lock_guard lock(impl_->mu);
+  impl_->advisor = advisor;
+}
+
+Residency TieredStore::residency(Handle h) const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  const Entry& e = s.entry(h);
+  Residency r;
+  for (int i = 0; i < kNumTiers; ++i) {
+    const auto& c = e.copy[static_cast<std::size_t>(i)];
+    r.valid[static_cast<std::size_t>(i)] = c.valid;
+    r.allocated[static_cast<std::size_t>(i)] = c.allocated;
+    r.pins[static_cast<std::size_t>(i)] = c.pins;
+  }
+  r.dirty = e.spec.transient ? e.num_valid() > 0 : !e.at(e.spec.home).valid && e.num_valid() > 0;
+  r.in_flight = e.op != nullptr;
+  return r;
+}
+
+TierUsage TieredStore::usage(Tier tier) const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  TierUsage u;
+  u.budget_bytes = s.budget(tier);
+  u.reserved_bytes = s.reserved_bytes[static_cast<std::size_t>(tier)];
+  u.peak_bytes = s.stats.peak_bytes[static_cast<std::size_t>(tier)];
+  for (const auto& e : s.entries) {
+    if (e->at(tier).pins > 0) u.pinned_bytes += e->spec.size_bytes;
+  }
+  return u;
+}
+
+StoreStats TieredStore::stats() const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  StoreStats out = s.stats;
+  out.stall_ms = static_cast<double>(s.stall_ns) * 1e-6;
+  return out;
+}
+
+const TensorSpec& TieredStore::spec(Handle h) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->entry(h).spec;  // entries never move or go away
+}
+
+std::size_t TieredStore::num_tensors() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->entries.size();
+}
+
+std::uint64_t TieredStore::staging_bytes() const { return impl_->staging->total_bytes(); }
+
+// ---- Impl: budgets and victims ----
+
+Entry& TieredStore::Impl::entry(Handle h) {
+  const auto i = handle_index(h);
+  STRATA_CHECK(i < entries.size(), "unknown tensor handle", i);
+  return *entries[i];
+}
+
+const Entry& TieredStore::Impl::entry(Handle h) const {
+  const auto i = handle_index(h);
+  STRATA_CHECK(i < entries.size(), "unknown tensor handle", i);
+  return *entries[i];
+}
+
+void TieredStore::Impl::charge(Tier t, std::uint64_t bytes) {
+  const auto i = static_cast<std::size_t>(t);
+  reserved_bytes[i] += bytes;
+  stats.peak_bytes[i] = std::max(stats.peak_bytes[i], reserved_bytes[i]);
+  STRATA_CHECK(budget(t) == 0 || reserved_bytes[i] <= budget(t), "tier budget exceeded",
+               tier_text(t), reserved_bytes[i], budget(t));
+}
+
+void TieredStore::Impl::uncharge(Tier t, std::uint64_t bytes) {
+  const auto i = static_cast<std::size_t>(t);
+  STRATA_CHECK(reserved_bytes[i] >= bytes, "tier accounting underflow", tier_text(t));
+  reserved_bytes[i] -= bytes;
+}
+
+void TieredStore::Impl::sync_host_reserved() {
+  const std::uint64_t now = staging->total_bytes() + host_cache->held_bytes();
+  const std::uint64_t before = reserved(Tier::kHost);
+  if (now > before) {
+    charge(Tier::kHost, now - before);
+  } else {
+    uncharge(Tier::kHost, before - now);
+  }
+}
+
+std::uint64_t TieredStore::Impl::room_needed(Tier t, const Entry& e) const {
+  switch (t) {
+    case Tier::kDevice: {
+      auto it = device_cache.find(device_bytes(e));
+      return it != device_cache.end() && !it->second.empty() ? 0 : device_bytes(e);
+    }
+    case Tier::kHost:
+      return host_cache->growth_for(e.io_bytes);
+    case Tier::kNvme:
+      return e.io_bytes;
+  }
+  return 0;
+}
+
+Result<TieredStore::Impl::Room> TieredStore::Impl::make_room(Tier t, Entry& target, bool prefetch) {
+  const std::uint64_t b = budget(t);
+  if (b == 0) return Room::kReady;
+  for (;;) {
+    const std::uint64_t need = room_needed(t, target);
+    if (reserved(t) + need <= b) return Room::kReady;
+    if (need > b) {
+      return out_of_memory("tensor '" + target.spec.name + "' (" +
+                           format_bytes(target.spec.size_bytes) + ") is larger than the " +
+                           budget_key(t) + " of " + format_bytes(b));
+    }
+    if (t == Tier::kHost) {
+      const std::uint64_t over = reserved(t) + need - b;
+      if (host_cache->trim(over, HostBlockCache::class_bytes(target.io_bytes)) > 0) {
+        sync_host_reserved();
+        continue;
+      }
+    }
+    if (t == Tier::kDevice && trim_device_cache(reserved(t) + need - b, device_bytes(target)) > 0) {
+      continue;
+    }
+    if (prefetch && t == Tier::kDevice) {
+      // Dropped copies may land in the device cache: the next turn trims it.
+      if (!drop_victims_for_prefetch(t, target, reserved(t) + need - b)) return Room::kRefused;
+      continue;
+    }
+    Entry* v = pick_victim(t, target, prefetch);
+    if (v != nullptr) {
+      if (v->num_valid() > 1) {
+        drop_copy(*v, t);
+        ++stats.evictions;
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(
+          start_writeback(*v, t, nullptr)
+              .status()
+              .with_context("making room for '" + target.spec.name + "' on the " + tier_text(t)));
+      ++stats.evictions;
+      return Room::kWait;
+    }
+    if (prefetch) return Room::kRefused;
+    if (ops_in_flight > 0) return Room::kWait;  // landing fetches become evictable
+    std::uint64_t pinned = 0;
+    for (const auto& e : entries) {
+      if (e->at(t).pins > 0) pinned += e->spec.size_bytes;
+    }
+    return out_of_memory("no room on the " + tier_text(t) + " for '" + target.spec.name + "' (" +
+                         format_bytes(target.spec.size_bytes) + "): the " + budget_key(t) + " of " +
+                         format_bytes(b) + " holds " + format_bytes(reserved(t)) + ", of which " +
+                         format_bytes(pinned) +
+                         " is pinned in use and the rest cannot move; raise the budget or hold "
+                         "fewer tensors at once");
+  }
+}
+
+bool TieredStore::Impl::drop_victims_for_prefetch(Tier t, Entry& target, std::uint64_t over) {
+  std::vector<Entry*> chosen;
+  std::uint64_t freed = 0;
+  while (freed < over) {
+    Entry* v = pick_victim(t, target, /*prefetch=*/true, chosen);
+    if (v == nullptr) return false;
+    chosen.push_back(v);
+    freed += t == Tier::kDevice ? device_bytes(*v) : v->spec.size_bytes;
+  }
+  for (Entry* v : chosen) {
+    drop_copy(*v, t);
+    ++stats.evictions;
+  }
+  return true;
+}
+
+TieredStore::Impl::Entry* TieredStore::Impl::pick_victim(Tier t, const Entry& target, bool prefetch,
+                                                         const std::vector<Entry*>& exclude) {
+  const std::uint64_t target_next = advisor != nullptr ? advisor->next_use(target.h) : 0;
+  Entry* best = nullptr;
+  // Larger is a better victim: used later, clean (no write-back), then least recently used.
+  std::tuple<std::uint64_t, int, std::uint64_t> best_key{};
+  for (auto& ep : entries) {
+    Entry& e = *ep;
+    if (&e == &target || e.op) continue;
+    if (std::find(exclude.begin(), exclude.end(), &e) != exclude.end()) continue;
+    const auto& c = e.at(t);
+    if (!c.allocated || !c.valid || c.pins > 0 || c.external || e.is_home(t)) continue;
+    const bool clean = e.num_valid() > 1;
+    if (!clean) {
+      if (prefetch) continue;  // a prefetch never waits for a write-back
+      // A transient tensor's only copy moves when its owner says (evict): writing it back here
+      // could itself need room on the next tier, which this path cannot wait for.
+      if (e.spec.transient) continue;
+    }
+    std::uint64_t next = 0;
+    if (advisor != nullptr) {
+      next = advisor->next_use(e.h);
+      // Belady: evicting what is needed before the tensor being fetched only moves the miss.
+      if (prefetch && next <= target_next) continue;
+    }
+    const auto key = std::make_tuple(next, clean ? 1 : 0, ~e.last_use);
+    if (best == nullptr || key > best_key) {
+      best = &e;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+Status TieredStore::Impl::allocate_copy(Entry& e, Tier t) {
+  auto& c = e.at(t);
+  STRATA_CHECK(!c.allocated, "copy allocated twice", e.spec.name, tier_text(t));
+  switch (t) {
+    case Tier::kDevice: {
+      const std::uint64_t bytes = device_bytes(e);
+      auto it = device_cache.find(bytes);
+      if (it != device_cache.end() && !it->second.empty()) {  // already counted in reserved
+        c.device_buffer = std::move(it->second.back());
+        it->second.pop_back();
+        device_cached_bytes -= bytes;
+      } else {
+        STRATA_ASSIGN_OR_RETURN(c.device_buffer, device.allocate(bytes, "'" + e.spec.name + "'"));
+        charge(t, bytes);
+      }
+      c.data = c.device_buffer.data();
+      if (direct_io(e)) {  // O_DIRECT wants a page-aligned buffer: the slack allows for it
+        c.data = reinterpret_cast<void*>(
+            align_up(reinterpret_cast<std::uintptr_t>(c.data), io::kIoAlignBytes));
+      }
+      break;
+    }
+    case Tier::kHost: {
+      STRATA_ASSIGN_OR_RETURN(c.data, host_cache->take(e.io_bytes));
+      sync_host_reserved();
+      break;
+    }
+    case Tier::kNvme: {
+      STRATA_CHECK(swap != nullptr, "an NVMe copy without a swap space", e.spec.name);
+      STRATA_ASSIGN_OR_RETURN(c.extent, swap->allocate(e.io_bytes, e.spec.name));
+      charge(t, e.io_bytes);
+      break;
+    }
+  }
+  c.allocated = true;
+  c.valid = false;
+  return Status::ok();
+}
+
+Result<TieredStore::Impl::Room> TieredStore::Impl::allocate_with_room(Entry& e, Tier t,
+                                                                      bool prefetch, Lock& lock) {
+  for (;;) {
+    STRATA_ASSIGN_OR_RETURN(Room room, make_room(t, e, prefetch));
+    if (room == Room::kRefused) return room;
+    if (room == Room::kWait) {
+      if (prefetch) return Room::kRefused;
+      wait_change(lock, &e);
+      if (e.op || e.at(t).allocated) return Room::kWait;  // changed under us: caller re-checks
+      continue;
+    }
+    Status st = allocate_copy(e, t);
+    if (st.is_ok()) return Room::kReady;
+    // The device itself is full (activations live there too): our cached buffers go first.
+    if (t == Tier::kDevice && trim_device_cache(device_bytes(e)) > 0) continue;
+    if (t != Tier::kDevice || prefetch) return prefetch ? Result<Room>(Room::kRefused) : st;
+    // Still full: give up one of our copies.
+    Entry* v = pick_victim(t, e, false);
+    if (v != nullptr) {
+      ++stats.evictions;
+      if (v->num_valid() > 1) {
+        drop_copy(*v, t);
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(start_writeback(*v, t, nullptr).status());
+    } else if (ops_in_flight == 0) {
+      return st;
+    }
+    wait_change(lock, &e);
+    if (e.op || e.at(t).allocated) return Room::kWait;
+  }
+}
+
+void TieredStore::Impl::drop_copy(Entry& e, Tier t) {
+  auto& c = e.at(t);
+  STRATA_CHECK(c.pins == 0, "dropping a pinned copy", e.spec.name, tier_text(t));
+  STRATA_CHECK(!c.external, "dropping a caller-owned home", e.spec.name);
+  switch (t) {
+    case Tier::kDevice:
+      // On a real accelerator a kernel may still read it: the next copy into reused memory
+      // waits for this point of the compute stream.
+      if (!device.host_addressable()) {
+        last_device_drop = device.record_event(device.stream(device::StreamKind::kCompute));
+      }
+      if (auto& cached = device_cache[device_bytes(e)];
+          static_cast<int>(cached.size()) < options.device_cache_blocks_per_size) {
+        cached.push_back(std::move(c.device_buffer));
+        device_cached_bytes += device_bytes(e);
+      } else {
+        c.device_buffer.reset();
+        uncharge(t, device_bytes(e));
+      }
+      break;
+    case Tier::kHost:
+      host_cache->give(c.data, e.io_bytes);
+      break;
+    case Tier::kNvme:
+      swap->free(c.extent);
+      c.extent = io::Extent();
+      uncharge(t, e.io_bytes);
+      break;
+  }
+  c.data = nullptr;
+  c.allocated = false;
+  c.valid = false;
+}
+
+std::uint64_t TieredStore::Impl::trim_device_cache(std::uint64_t bytes, std::uint64_t keep) {
+  std::uint64_t freed = 0;
+  for (auto& [size, blocks] : device_cache) {
+    if (size == keep) continue;
+    while (!blocks.empty() && freed < bytes) {
+      blocks.pop_back();  // returns the memory to the device
+      uncharge(Tier::kDevice, size);
+      device_cached_bytes -= size;
+      freed += size;
+    }
+    if (freed >= bytes) break;
+  }
+  return freed;
+}
+
+void TieredStore::Impl::add_stall(std::int64_t begin_ns, const Entry* e) {
+  const std::int64_t end = now_ns();
+  stall_ns += end - begin_ns;
+  if (options.timeline != nullptr) {
+    options.timeline->add(Lane::kCompute, e != nullptr ? "wait " + e->spec.name : "wait", begin_ns,
+                          end);
+  }
+}
+
+void TieredStore::Impl::wait_change(Lock& lock, const Entry* for_entry) {
+  const std::uint64_t gen = generation;
+  const std::int64_t t0 = now_ns();
+  cv.wait(lock, [&] { return generation != gen; });
+  add_stall(t0, for_entry);
+}
+
+void TieredStore::Impl::wait_op(Lock& lock, const std::shared_ptr<Op>& op) {
+  std::shared_ptr<Op> keep = op;  // `op` may refer to the entry's member, which finish() resets
+  const std::int64_t t0 = now_ns();
+  cv.wait(lock, [&] { return keep->completion->is_done(); });
+  add_stall(t0, &entry(keep->h));
+}
+
+void TieredStore::Impl::wait_idle(Lock& lock, Entry& e) {
+  while (e.op) wait_op(lock, e.op);
+}
+
+}  // namespace strata::mem

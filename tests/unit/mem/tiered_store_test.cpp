@@ -1,0 +1,355 @@
+// TieredStore: residency rules, every route between tiers, budgets, victim choice and errors.
+#include "strata/mem/tiered_store.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "tests/unit/mem/store_test_util.h"
+
+namespace strata::mem {
+namespace {
+
+using testing::first_mismatch;
+using testing::make_cpu_device;
+using testing::make_memory_swap;
+using testing::random_bytes;
+using testing::small_options;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void make(StoreOptions o) {
+    device_ = make_cpu_device();
+    swap_ = make_memory_swap();
+    auto s = TieredStore::create(*device_, swap_.get(), o);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    store_ = std::move(*s);
+  }
+  Handle add(const std::string& name, std::size_t bytes, Tier home, bool transient = false) {
+    TensorSpec spec;
+    spec.name = name;
+    spec.size_bytes = bytes;
+    spec.home = home;
+    spec.transient = transient;
+    auto h = store_->add(spec);
+    EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+    return h.is_ok() ? *h : Handle::kInvalid;
+  }
+  // Writes random data as the tensor's content and returns it.
+  std::vector<std::byte> fill(Handle h, std::uint64_t seed) {
+    Rng rng(seed);
+    auto v = random_bytes(store_->spec(h).size_bytes, rng);
+    EXPECT_TRUE(store_->write(h, v.data(), v.size()).is_ok());
+    return v;
+  }
+  void expect_content(Handle h, const std::vector<std::byte>& want) {
+    std::vector<std::byte> got(want.size());
+    ASSERT_TRUE(store_->read(h, got.data()).is_ok());
+    EXPECT_EQ(first_mismatch(got.data(), want.data(), want.size()), -1);
+  }
+
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<io::SwapSpace> swap_;
+  std::unique_ptr<TieredStore> store_;
+};
+
+TEST_F(StoreTest, FetchesFromEveryHomeToTheDeviceAndBack) {
+  make(small_options(0, 0));
+  // Sizes that are not multiples of a page or of the 8 KiB staging chunk.
+  std::map<Tier, Handle> hs = {{Tier::kHost, add("host", 20000, Tier::kHost)},
+                               {Tier::kNvme, add("nvme", 30001, Tier::kNvme)},
+                               {Tier::kDevice, add("dev", 5000, Tier::kDevice)}};
+  for (auto [home, h] : hs) {
+    SCOPED_TRACE(std::string(tier_name(home)));
+    const auto data = fill(h, 7 + static_cast<int>(home));
+    auto c = store_->fetch(h, Tier::kDevice);
+    ASSERT_TRUE(c.is_ok());
+    ASSERT_TRUE(store_->wait(*c).is_ok());
+    auto p = store_->acquire(h, Tier::kDevice);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    EXPECT_EQ(first_mismatch(*p, data.data(), data.size()), -1);
+    const Residency r = store_->residency(h);
+    EXPECT_TRUE(r.valid[0]);
+    EXPECT_TRUE(r.valid[static_cast<int>(home)]);
+    EXPECT_FALSE(r.dirty);
+    EXPECT_EQ(r.pins[0], 1);
+    store_->unpin(h, Tier::kDevice);
+    if (home != Tier::kDevice) {
+      ASSERT_TRUE(store_->release(h, Tier::kDevice).is_ok());
+      EXPECT_FALSE(store_->residency(h).allocated[0]);
+    }
+  }
+  const StoreStats st = store_->stats();
+  EXPECT_EQ(st.bytes_moved[1][0], 20000u + 5000u);  // the fetch, and the write of "dev"
+  EXPECT_EQ(st.bytes_moved[2][0], 30001u);
+}
+
+TEST_F(StoreTest, DirtyDeviceCopyIsWrittenBackToItsHomeOnEvict) {
+  make(small_options(0, 0));
+  for (Tier home : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(std::string(tier_name(home)));
+    const Handle h = add(std::string(tier_name(home)), 25000, home);
+    fill(h, 1);
+    auto p = store_->acquire(h, Tier::kDevice);
+    ASSERT_TRUE(p.is_ok());
+    Rng rng(99);
+    const auto fresh = random_bytes(25000, rng);
+    std::memcpy(*p, fresh.data(), fresh.size());
+    store_->mark_dirty(h, Tier::kDevice);
+    Residency r = store_->residency(h);
+    EXPECT_TRUE(r.dirty);
+    EXPECT_EQ(r.num_valid(), 1);
+    store_->unpin(h, Tier::kDevice);
+    // The only valid copy may not be released, only evicted.
+    EXPECT_EQ(store_->release(h, Tier::kDevice).code(), StatusCode::kFailedPrecondition);
+    auto c = store_->evict(h, Tier::kDevice);
+    ASSERT_TRUE(c.is_ok());
+    ASSERT_TRUE(store_->wait(*c).is_ok());
+    r = store_->residency(h);
+    EXPECT_FALSE(r.allocated[0]);
+    EXPECT_FALSE(r.dirty);
+    expect_content(h, fresh);
+  }
+}
+
+TEST_F(StoreTest, TransientTensorDrainsFromDeviceToHostAndNvme) {
+  make(small_options(0, 0));
+  const Handle g = add("grad", 12345, Tier::kHost, /*transient=*/true);
+  EXPECT_EQ(store_->fetch(g, Tier::kDevice).status().code(), StatusCode::kFailedPrecondition);
+  auto p = store_->emplace(g, Tier::kDevice, /*zero_fill=*/true);
+  ASSERT_TRUE(p.is_ok());
+  std::vector<std::byte> zeros(12345);
+  EXPECT_EQ(first_mismatch(*p, zeros.data(), zeros.size()), -1);
+  Rng rng(3);
+  const auto data = random_bytes(12345, rng);
+  std::memcpy(*p, data.data(), data.size());
+  store_->unpin(g, Tier::kDevice);
+  auto c = store_->evict(g, Tier::kDevice);
+  ASSERT_TRUE(c.is_ok());
+  ASSERT_TRUE(store_->wait(*c).is_ok());
+  Residency r = store_->residency(g);
+  EXPECT_TRUE(r.valid[1]);
+  EXPECT_FALSE(r.allocated[0]);
+  EXPECT_TRUE(r.dirty);
+  // Host to NVMe, then back to the device.
+  c = store_->evict(g, Tier::kHost);
+  ASSERT_TRUE(c.is_ok());
+  ASSERT_TRUE(store_->wait(*c).is_ok());
+  EXPECT_TRUE(store_->residency(g).valid[2]);
+  auto back = store_->acquire(g, Tier::kDevice);
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(first_mismatch(*back, data.data(), data.size()), -1);
+  store_->unpin(g, Tier::kDevice);
+  ASSERT_TRUE(store_->discard(g).is_ok());
+  EXPECT_EQ(store_->residency(g).num_valid(), 0);
+  EXPECT_EQ(store_->usage(Tier::kNvme).reserved_bytes, 0u);
+}
+
+TEST_F(StoreTest, TensorLargerThanATierBudgetIsRejectedAtRegistration) {
+  make(small_options(64 * 1024, 256 * 1024));
+  TensorSpec spec;
+  spec.name = "model.layers.3";
+  spec.size_bytes = 100 * 1024;
+  spec.home = Tier::kNvme;
+  auto h = store_->add(spec);
+  ASSERT_FALSE(h.is_ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kOutOfMemory);
+  const std::string& m = h.status().message();
+  EXPECT_NE(m.find("model.layers.3"), std::string::npos) << m;
+  EXPECT_NE(m.find("100.00 KiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("64.00 KiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("device"), std::string::npos) << m;
+}
+
+TEST_F(StoreTest, HomesBeyondTheHostBudgetAreRejectedNotOvercommitted) {
+  // 3 staging buffers of 8 KiB + two 32 KiB homes fit in 96 KiB; a third does not.
+  make(small_options(0, 96 * 1024));
+  add("a", 32 * 1024, Tier::kHost);
+  add("b", 32 * 1024, Tier::kHost);
+  TensorSpec spec{"c", 32 * 1024, Tier::kHost};
+  auto h = store_->add(spec);
+  ASSERT_FALSE(h.is_ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(h.status().message().find("'c'"), std::string::npos);
+  EXPECT_LE(store_->usage(Tier::kHost).peak_bytes, 96u * 1024);
+}
+
+TEST_F(StoreTest, LeastRecentlyUsedIsEvictedWithoutAnAdvisor) {
+  make(small_options(3 * 10000, 0));
+  std::vector<Handle> hs;
+  for (int i = 0; i < 4; ++i) {
+    hs.push_back(add("t" + std::to_string(i), 10000, Tier::kHost));
+    fill(hs.back(), static_cast<std::uint64_t>(i));
+  }
+  for (int i : {0, 1, 2, 0}) {  // t1 is now the least recently used
+    ASSERT_TRUE(store_->acquire(hs[static_cast<std::size_t>(i)], Tier::kDevice).is_ok());
+    store_->unpin(hs[static_cast<std::size_t>(i)], Tier::kDevice);
+  }
+  ASSERT_TRUE(store_->acquire(hs[3], Tier::kDevice).is_ok());
+  store_->unpin(hs[3], Tier::kDevice);
+  EXPECT_TRUE(store_->residency(hs[0]).valid[0]);
+  EXPECT_FALSE(store_->residency(hs[1]).allocated[0]);
+  EXPECT_TRUE(store_->residency(hs[2]).valid[0]);
+  EXPECT_LE(store_->usage(Tier::kDevice).peak_bytes, 30000u);
+  EXPECT_EQ(store_->stats().evictions, 1u);
+}
+
+// Next use from a fixed table: Belady evicts the copy needed last.
+class TableAdvisor final : public EvictionAdvisor {
+ public:
+  std::map<std::uint32_t, std::uint64_t> next;
+  std::uint64_t next_use(Handle h) const override {
+    auto it = next.find(handle_index(h));
+    return it == next.end() ? kNeverUsed : it->second;
+  }
+};
+
+TEST_F(StoreTest, BeladyEvictsTheFarthestNextUseAndPrefetchNeverEvictsSooner) {
+  make(small_options(3 * 10000, 0));
+  TableAdvisor advisor;
+  store_->set_advisor(&advisor);
+  std::vector<Handle> hs;
+  for (int i = 0; i < 4; ++i) {
+    hs.push_back(add("t" + std::to_string(i), 10000, Tier::kHost));
+    fill(hs.back(), static_cast<std::uint64_t>(i));
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(store_->acquire(hs[static_cast<std::size_t>(i)], Tier::kDevice).is_ok());
+    store_->unpin(hs[static_cast<std::size_t>(i)], Tier::kDevice);
+  }
+  advisor.next = {{0, 5}, {1, 1}, {2, 9}, {3, 3}};
+  // t3 (next use 3) may push out only copies used later: t2 (9) and t0 (5); t2 goes first.
+  auto c = store_->try_prefetch(hs[3], Tier::kDevice);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(store_->wait(*c).is_ok());
+  EXPECT_FALSE(store_->residency(hs[2]).allocated[0]);
+  EXPECT_TRUE(store_->residency(hs[0]).valid[0]);
+  // t2 now comes at 2: evicting t0 (5) is fine, t1 (1) and t3 (3) are needed sooner.
+  advisor.next = {{0, 5}, {1, 1}, {2, 2}, {3, 3}};
+  c = store_->try_prefetch(hs[2], Tier::kDevice);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(store_->wait(*c).is_ok());
+  EXPECT_FALSE(store_->residency(hs[0]).allocated[0]);
+  // t0 at 4 is needed after everything resident: a prefetch is refused rather than evict sooner.
+  advisor.next = {{0, 4}, {1, 1}, {2, 2}, {3, 3}};
+  EXPECT_FALSE(store_->try_prefetch(hs[0], Tier::kDevice).has_value());
+  EXPECT_EQ(store_->stats().prefetches_refused, 1u);
+  // A demand fetch still gets its room: the farthest (t3) goes.
+  ASSERT_TRUE(store_->acquire(hs[0], Tier::kDevice).is_ok());
+  EXPECT_FALSE(store_->residency(hs[3]).allocated[0]);
+  store_->unpin(hs[0], Tier::kDevice);
+  store_->set_advisor(nullptr);
+}
+
+TEST_F(StoreTest, PinnedCopiesAreNeverEvictedAndAFullTierIsAClearError) {
+  make(small_options(2 * 10000, 0));
+  const Handle a = add("a", 10000, Tier::kHost), b = add("b", 10000, Tier::kHost),
+               c = add("c", 10000, Tier::kHost);
+  for (Handle h : {a, b, c}) fill(h, 1);
+  ASSERT_TRUE(store_->acquire(a, Tier::kDevice).is_ok());
+  ASSERT_TRUE(store_->acquire(b, Tier::kDevice).is_ok());
+  auto r = store_->acquire(c, Tier::kDevice);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(r.status().message().find("pinned"), std::string::npos) << r.status().message();
+  EXPECT_EQ(store_->residency(a).pins[0], 1);
+  store_->unpin(b, Tier::kDevice);
+  ASSERT_TRUE(store_->acquire(c, Tier::kDevice).is_ok());
+  EXPECT_FALSE(store_->residency(b).allocated[0]);
+  store_->unpin(a, Tier::kDevice);
+  store_->unpin(c, Tier::kDevice);
+}
+
+TEST_F(StoreTest, DemandFetchWaitsForAWriteBackToMakeRoom) {
+  make(small_options(2 * 20000, 0));
+  const Handle a = add("a", 20000, Tier::kNvme), b = add("b", 20000, Tier::kNvme),
+               c = add("c", 20000, Tier::kNvme);
+  std::vector<std::vector<std::byte>> fresh;
+  for (Handle h : {a, b}) {
+    fill(h, 5);
+    auto p = store_->acquire(h, Tier::kDevice);
+    ASSERT_TRUE(p.is_ok());
+    Rng rng(handle_index(h) + 50);
+    fresh.push_back(random_bytes(20000, rng));
+    std::memcpy(*p, fresh.back().data(), 20000);
+    store_->mark_dirty(h, Tier::kDevice);
+    store_->unpin(h, Tier::kDevice);
+  }
+  const auto cdata = fill(c, 6);
+  auto p = store_->acquire(c, Tier::kDevice);  // both residents are dirty: one is written back
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(first_mismatch(*p, cdata.data(), cdata.size()), -1);
+  store_->unpin(c, Tier::kDevice);
+  EXPECT_GE(store_->stats().writebacks, 1u);
+  expect_content(a, fresh[0]);
+  expect_content(b, fresh[1]);
+  EXPECT_LE(store_->usage(Tier::kDevice).peak_bytes, 40000u);
+}
+
+TEST_F(StoreTest, WriteDropsCachedCopiesAndReadSeesTheNewData) {
+  make(small_options(0, 0));
+  const Handle h = add("w", 9000, Tier::kNvme);
+  fill(h, 1);
+  ASSERT_TRUE(store_->acquire(h, Tier::kDevice).is_ok());
+  store_->unpin(h, Tier::kDevice);
+  auto c = store_->fetch(h, Tier::kHost);
+  ASSERT_TRUE(c.is_ok());
+  ASSERT_TRUE(store_->wait(*c).is_ok());
+  EXPECT_EQ(store_->residency(h).num_valid(), 3);
+  // Unaligned source: staged write.
+  Rng rng(4);
+  auto v = random_bytes(9001, rng);
+  ASSERT_TRUE(store_->write(h, v.data() + 1, 9000).is_ok());
+  const Residency r = store_->residency(h);
+  EXPECT_EQ(r.num_valid(), 1);
+  EXPECT_TRUE(r.valid[2]);
+  expect_content(h, std::vector<std::byte>(v.begin() + 1, v.end()));
+}
+
+TEST_F(StoreTest, DeviceAllocatorFullOfOtherDataStillServesDemandFetches) {
+  // The device holds 30000 bytes in all; someone else (activations) holds 10000 of them.
+  device_ = make_cpu_device(30000);
+  swap_ = make_memory_swap();
+  auto s = TieredStore::create(*device_, swap_.get(), small_options(0, 0));
+  ASSERT_TRUE(s.is_ok());
+  store_ = std::move(*s);
+  auto other = device_->allocate(10000, "activations");
+  ASSERT_TRUE(other.is_ok());
+  const Handle a = add("a", 9000, Tier::kHost), b = add("b", 9000, Tier::kHost),
+               c = add("c", 9000, Tier::kHost);
+  for (Handle h : {a, b, c}) fill(h, 2);
+  for (Handle h : {a, b, c}) {
+    ASSERT_TRUE(store_->acquire(h, Tier::kDevice).is_ok());
+    store_->unpin(h, Tier::kDevice);
+  }
+  EXPECT_GE(store_->stats().evictions, 1u);
+  EXPECT_LE(device_->memory_stats().peak_bytes, 30000u);
+}
+
+TEST_F(StoreTest, DroppedDeviceBuffersAreReusedWithinTheBudget) {
+  make(small_options(30000, 0));
+  const Handle a = add("a", 10000, Tier::kHost), b = add("b", 10000, Tier::kHost),
+               c = add("c", 10000, Tier::kHost), d = add("d", 20000, Tier::kHost);
+  for (Handle h : {a, b, c, d}) fill(h, 3);
+  for (Handle h : {a, b}) {
+    ASSERT_TRUE(store_->acquire(h, Tier::kDevice).is_ok());
+    store_->unpin(h, Tier::kDevice);
+  }
+  const std::uint64_t allocations = device_->memory_stats().num_allocations;
+  ASSERT_TRUE(store_->release(a, Tier::kDevice).is_ok());
+  EXPECT_EQ(store_->usage(Tier::kDevice).reserved_bytes, 20000u);  // a's buffer, cached
+  ASSERT_TRUE(store_->acquire(c, Tier::kDevice).is_ok());          // takes it
+  store_->unpin(c, Tier::kDevice);
+  EXPECT_EQ(device_->memory_stats().num_allocations, allocations);
+  // A size with no cached buffer: the cache (b's, once dropped) and then b itself make room.
+  ASSERT_TRUE(store_->release(b, Tier::kDevice).is_ok());
+  ASSERT_TRUE(store_->acquire(d, Tier::kDevice).is_ok());
+  store_->unpin(d, Tier::kDevice);
+  EXPECT_LE(store_->usage(Tier::kDevice).peak_bytes, 30000u);
+  EXPECT_LE(device_->memory_stats().peak_bytes, 30000u + 3 * 64);  // the allocator's rounding
+  store_->trim_device_cache();
+  EXPECT_EQ(store_->usage(Tier::kDevice).reserved_bytes, 30000u);  // c and d, nothing cached
+}
+
+}  // namespace
+}  // namespace strata::mem

@@ -1,0 +1,146 @@
+// OffloadEngine over the tiered store: the model's passes are recorded and then prefetched from
+// the trace without changing a bit of the result, the timeline gets every group's spans, and an
+// NVMe fault surfaces as the step's error.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "strata/core/rng.h"
+#include "strata/model/llama.h"
+#include "strata/zero/offload_engine.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::zero {
+namespace {
+
+class EnginePrefetchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_.vocab_size = 31;
+    config_.hidden_size = 16;
+    config_.intermediate_size = 24;
+    config_.num_hidden_layers = 3;
+    config_.num_attention_heads = 2;
+    config_.num_key_value_heads = 1;
+    config_.max_position_embeddings = 16;
+    layout_ = model::ParamLayout::build(config_);
+    auto dev = device::create_device(device::DeviceOptions{"cpu", 4 << 20, 0, 1});
+    ASSERT_TRUE(dev.is_ok());
+    device_ = std::move(*dev);
+  }
+  void make(io::FaultInjection faults = {}, mem::Timeline* timeline = nullptr) {
+    io::SwapOptions so;
+    so.engine = "memory";
+    so.block_size_bytes = 1 << 20;  // one engine attempt per request
+    so.fault_injection = std::move(faults);
+    auto s = io::SwapSpace::create(so);
+    ASSERT_TRUE(s.is_ok());
+    swap_ = std::move(*s);
+    EngineOptions o;
+    o.offload_param = Offload::kNvme;
+    o.offload_optimizer = Offload::kCpu;
+    o.prefetch_bytes = 1 << 20;
+    o.max_live_bytes = 1 << 20;
+    o.max_reuse_distance = 4096;
+    o.timeline = timeline;
+    auto e = OffloadEngine::create(layout_, *device_, swap_.get(), o);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    engine_ = std::move(*e);
+    ASSERT_TRUE(engine_
+                    ->load_master([&](const model::ParamGroup& g, float* dst) {
+                      model::init_group(config_, g, 7, dst);
+                      return Status::ok();
+                    })
+                    .is_ok());
+    model_ = std::make_unique<model::LlamaModel>(config_, layout_, *device_, model::ModelOptions{});
+  }
+  Result<float> micro_batch(std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<std::int32_t> in(2 * 8), tg(in.size());
+    for (auto& x : in) x = static_cast<std::int32_t>(rng.uniform_int(31));
+    for (auto& x : tg) x = static_cast<std::int32_t>(rng.uniform_int(31));
+    auto loss = model_->forward_backward(*engine_, in.data(), tg.data(), 2, 8, 1.0f);
+    Status s = engine_->finish_micro_batch();
+    if (!loss.is_ok()) return loss;
+    if (!s.is_ok()) return s;
+    return loss;
+  }
+
+  model::LlamaConfig config_;
+  model::ParamLayout layout_;
+  std::unique_ptr<device::Device> device_;
+  std::unique_ptr<io::SwapSpace> swap_;
+  std::unique_ptr<OffloadEngine> engine_;
+  std::unique_ptr<model::LlamaModel> model_;
+};
+
+TEST_F(EnginePrefetchTest, ReplayedPassesPrefetchAndComputeTheSameBits) {
+  mem::Timeline timeline(/*record_spans=*/true);
+  make({}, &timeline);
+  auto first = micro_batch(1);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  sched::SchedulerStats st = engine_->prefetch_stats();
+  EXPECT_EQ(st.recorded_passes, 1u);
+  EXPECT_EQ(st.trace_prefetches, 0u);
+  auto second = micro_batch(1);  // same data, nothing stepped: the same loss, bit for bit
+  ASSERT_TRUE(second.is_ok());
+  EXPECT_EQ(*second, *first);
+  st = engine_->prefetch_stats();
+  EXPECT_GT(st.trace_prefetches, 0u);
+  EXPECT_EQ(st.order_changes, 0u);
+  EXPECT_EQ(st.recorded_passes, 1u);
+  EXPECT_GT(st.kept, 0u);  // the last layer between its forward and its backward
+  // A group in the trace is fetched on demand only at the head of the pass.
+  EXPECT_LE(st.demand_fetches, 2u * static_cast<std::uint64_t>(layout_.num_groups()));
+  const mem::StoreStats ss = engine_->store_stats();
+  EXPECT_EQ(ss.failures, 0u);
+  EXPECT_GT(engine_->stats().nvme_read_bytes, 0u);
+  EXPECT_GT(engine_->stats().d2h_bytes, 0u);
+  // Every group ran forward and backward on the compute row; NVMe reads have their own row.
+  int forward = 0, backward = 0, nvme = 0;
+  for (const mem::Span& s : timeline.spans()) {
+    if (s.lane == mem::Lane::kCompute && s.name.ends_with(" forward")) ++forward;
+    if (s.lane == mem::Lane::kCompute && s.name.ends_with(" backward")) ++backward;
+    if (s.lane == mem::Lane::kNvmeRead) ++nvme;
+  }
+  EXPECT_GE(forward, 2 * (config_.num_hidden_layers + 1));
+  EXPECT_GE(backward, 2 * config_.num_hidden_layers);
+  EXPECT_GT(nvme, 0);
+}
+
+TEST_F(EnginePrefetchTest, NvmeReadErrorFailsTheStepAndTheNextOneWorks) {
+  io::FaultRule r;
+  r.op = io::FaultOp::kRead;
+  r.kind = io::FaultKind::kError;
+  r.error = EIO;
+  r.skip = 2;  // the third parameter fetch
+  io::FaultInjection f;
+  f.rules.push_back(r);
+  make(std::move(f));
+  auto loss = micro_batch(1);
+  ASSERT_FALSE(loss.is_ok());
+  EXPECT_EQ(loss.status().code(), StatusCode::kIoError) << loss.status().to_string();
+  EXPECT_NE(loss.status().message().find("Input/output error"), std::string::npos)
+      << loss.status().message();
+  // The store is consistent: nothing held, and the next micro-batch (fault spent) runs.
+  auto again = micro_batch(1);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+}
+
+TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {
+  io::FaultRule r;
+  r.op = io::FaultOp::kWrite;
+  r.kind = io::FaultKind::kError;
+  r.error = EIO;
+  r.skip = static_cast<std::uint64_t>(layout_.num_groups());  // after load_master's writes
+  io::FaultInjection f;
+  f.rules.push_back(r);
+  make(std::move(f));
+  ASSERT_TRUE(micro_batch(1).is_ok());
+  Status s = engine_->step(1e-3, 1, 1.0f);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.to_string();
+}
+
+}  // namespace
+}  // namespace strata::zero
