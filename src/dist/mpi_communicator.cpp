@@ -50,7 +50,10 @@ class MpiRequestState final : public CommHandle::State {
  public:
   MpiRequestState(MPI_Request req, std::string what, int rank,
                   std::chrono::steady_clock::time_point deadline, std::function<void()> finish)
-      : req_(req), what_(std::move(what)), rank_(rank), deadline_(deadline),
+      : req_(req),
+        what_(std::move(what)),
+        rank_(rank),
+        deadline_(deadline),
         finish_(std::move(finish)) {}
   Status wait() override {
     // Poll with backoff: blocking MPI_Wait cannot time out, and spinning would steal the core
@@ -113,8 +116,10 @@ class MpiCommunicator final : public Communicator {
     stats_.bytes_sent += bytes;
     ++stats_.collectives;
     MPI_Request req;
-    const void* src = send == static_cast<const std::byte*>(recv) + bytes * static_cast<std::size_t>(rank_)
-                          ? MPI_IN_PLACE : send;
+    const void* src =
+        send == static_cast<const std::byte*>(recv) + bytes * static_cast<std::size_t>(rank_)
+            ? MPI_IN_PLACE
+            : send;
     const int rc = MPI_Iallgather(src, static_cast<int>(count), type_of(dtype), recv,
                                   static_cast<int>(count), type_of(dtype), comm_, &req);
     return issue(rc, req, "all_gather", what, {});
@@ -132,8 +137,8 @@ class MpiCommunicator final : public Communicator {
     return issue(rc, req, "reduce_scatter", what, averager(op, recv, count, dtype));
   }
 
-  CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                        ReduceOp op, std::string_view what) override {
+  CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
+                        std::string_view what) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     stats_.all_reduce_bytes += bytes;
     stats_.bytes_sent += bytes;
@@ -162,17 +167,20 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     const int rc = MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, comm_, &req);
     const int world = world_;
-    return issue(rc, req, "all_reduce", what, [=] {
-             if (op == ReduceOp::kAvg) {
-               for (int i = 0; i < count; ++i) values[i] /= world;
-             }
-           }).wait();
+    return issue(rc, req, "all_reduce", what,
+                 [=] {
+                   if (op == ReduceOp::kAvg) {
+                     for (int i = 0; i < count; ++i) values[i] /= world;
+                   }
+                 })
+        .wait();
   }
 
   Status all_gather_host(const std::uint64_t* send, std::uint64_t* recv, int count,
                          std::string_view what) override {
     MPI_Request req;
-    const int rc = MPI_Iallgather(send, count, MPI_UINT64_T, recv, count, MPI_UINT64_T, comm_, &req);
+    const int rc =
+        MPI_Iallgather(send, count, MPI_UINT64_T, recv, count, MPI_UINT64_T, comm_, &req);
     return issue(rc, req, "all_gather", what, {}).wait();
   }
 
@@ -187,12 +195,20 @@ class MpiCommunicator final : public Communicator {
  private:
   static MPI_Datatype type_of(DType dtype) {
     switch (dtype) {
-      case DType::kF32: return MPI_FLOAT;
-      case DType::kBF16: case DType::kF16: case DType::kU16: return MPI_UINT16_T;
-      case DType::kU32: return MPI_UINT32_T;
-      case DType::kI32: return MPI_INT32_T;
-      case DType::kI64: return MPI_INT64_T;
-      case DType::kU8: return MPI_UINT8_T;
+      case DType::kF32:
+        return MPI_FLOAT;
+      case DType::kBF16:
+      case DType::kF16:
+      case DType::kU16:
+        return MPI_UINT16_T;
+      case DType::kU32:
+        return MPI_UINT32_T;
+      case DType::kI32:
+        return MPI_INT32_T;
+      case DType::kI64:
+        return MPI_INT64_T;
+      case DType::kU8:
+        return MPI_UINT8_T;
     }
     return MPI_BYTE;
   }
@@ -209,7 +225,9 @@ class MpiCommunicator final : public Communicator {
       for (std::int64_t i = 0; i < count; ++i) {
         const auto idx = static_cast<std::size_t>(i);
         switch (dtype) {
-          case DType::kF32: static_cast<float*>(recv)[idx] /= world; break;
+          case DType::kF32:
+            static_cast<float*>(recv)[idx] /= world;
+            break;
           case DType::kBF16: {
             auto* p = static_cast<bf16*>(recv) + idx;
             *p = f32_to_bf16(bf16_to_f32(*p) * inv);
@@ -220,7 +238,8 @@ class MpiCommunicator final : public Communicator {
             *p = f32_to_f16(f16_to_f32(*p) * inv);
             break;
           }
-          default: break;
+          default:
+            break;
         }
       }
     };
@@ -234,7 +253,8 @@ class MpiCommunicator final : public Communicator {
         Status wait() override { return s; }
       };
       auto f = std::make_shared<Failed>();
-      f->s = internal_error("rank " + std::to_string(rank_) + ": " + label + " failed: " + mpi_error_string(rc));
+      f->s = internal_error("rank " + std::to_string(rank_) + ": " + label +
+                            " failed: " + mpi_error_string(rc));
       return CommHandle(f);
     }
     return CommHandle(std::make_shared<MpiRequestState>(
@@ -252,8 +272,9 @@ class MpiCommunicator final : public Communicator {
 Result<std::unique_ptr<Communicator>> make_mpi_communicator(const CommOptions& options,
                                                             device::Device& device) {
   if (!device.host_addressable()) {
-    return unavailable("the MPI communicator needs host-addressable buffers (device \"cpu\"); on "
-                       "GPUs use dist_backend \"nccl\"");
+    return unavailable(
+        "the MPI communicator needs host-addressable buffers (device \"cpu\"); on "
+        "GPUs use dist_backend \"nccl\"");
   }
   return make_mpi_host_communicator(options, device);
 }
@@ -274,7 +295,8 @@ Result<std::unique_ptr<Communicator>> make_mpi_host_communicator(const CommOptio
     MPI_Op_create(&half_sum<f16, f16_to_f32, f32_to_f16>, 1, &rt.f16_sum);
   }
   MPI_Comm comm;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) return internal_error("MPI_Comm_dup failed");
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS)
+    return internal_error("MPI_Comm_dup failed");
   // Errors come back as return codes, so they become a Status naming the rank and operation.
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   ++rt.users;

@@ -21,8 +21,8 @@ class SingleRankCommunicator final : public Communicator {
     stats_.all_gather_bytes += static_cast<std::uint64_t>(count) * dtype_size(dtype);
     return {};
   }
-  CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                            ReduceOp, std::string_view) override {
+  CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp,
+                            std::string_view) override {
     copy(send, recv, count, dtype);
     stats_.reduce_scatter_bytes += static_cast<std::uint64_t>(count) * dtype_size(dtype);
     return {};

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "src/io/unique_fd.h"
 #include "strata/core/status.h"
+#include "strata/core/unique_fd.h"
 
 namespace strata::io {
 

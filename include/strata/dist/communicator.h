@@ -86,7 +86,8 @@ class Communicator {
 };
 
 struct CommOptions {
-  std::string backend = "auto";  // auto: mpi when launched by mpirun, else single; or mpi|nccl|single
+  std::string backend =
+      "auto";  // auto: mpi when launched by mpirun, else single; or mpi|nccl|single
   std::chrono::seconds timeout{300};  // a collective that does not finish in time ends the run
 };
 

@@ -28,7 +28,8 @@ class Partition {
  public:
   // persistence_threshold: groups with fewer elements stay whole (DeepSpeed's
   // param_persistence_threshold). world == 1 makes every group "replicated" (no collectives).
-  Partition(const model::ParamLayout& full, int rank, int world, std::int64_t persistence_threshold);
+  Partition(const model::ParamLayout& full, int rank, int world,
+            std::int64_t persistence_threshold);
 
   int rank() const { return rank_; }
   int world() const { return world_; }

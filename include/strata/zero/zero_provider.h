@@ -56,9 +56,8 @@ class ZeroProvider final : public model::ParamProvider {
   // (zero beyond the real elements), for every group whether partitioned or not.
   Status read_moment_slice(int group, float* exp_avg, float* exp_avg_sq);
   // Loads this rank's moments from a reader of global element ranges [begin, begin + count).
-  using MomentRangeReader =
-      std::function<Status(int group, std::int64_t begin, std::int64_t count, float* exp_avg,
-                           float* exp_avg_sq)>;
+  using MomentRangeReader = std::function<Status(int group, std::int64_t begin, std::int64_t count,
+                                                 float* exp_avg, float* exp_avg_sq)>;
   Status load_moments(const MomentRangeReader& read_range);
 
   const Partition& partition() const { return partition_; }
@@ -71,8 +70,8 @@ class ZeroProvider final : public model::ParamProvider {
   struct PendingReduce {
     int group = 0;
     dist::CommHandle handle;
-    device::DeviceBuffer full;    // full-size gradient, alive until the collective is done
-    void* slice_into = nullptr;   // stage 1: the engine shard that receives this rank's slice
+    device::DeviceBuffer full;   // full-size gradient, alive until the collective is done
+    void* slice_into = nullptr;  // stage 1: the engine shard that receives this rank's slice
   };
   bool partitioned(int group) const { return !partition_.group(group).replicated; }
 
@@ -85,9 +84,9 @@ class ZeroProvider final : public model::ParamProvider {
   std::size_t dsize_;
   std::vector<device::DeviceBuffer> full_params_;  // gathered parameters per group
   std::vector<int> param_refs_;
-  std::vector<device::DeviceBuffer> full_grads_;   // full-size gradients while being produced
-  std::vector<void*> engine_grads_;                // replicated groups: the engine's buffer
-  std::vector<dist::CommHandle> gathers_;          // stage 3: all-gathers in flight
+  std::vector<device::DeviceBuffer> full_grads_;  // full-size gradients while being produced
+  std::vector<void*> engine_grads_;               // replicated groups: the engine's buffer
+  std::vector<dist::CommHandle> gathers_;         // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
   std::deque<PendingReduce> pending_reduces_;
 };
