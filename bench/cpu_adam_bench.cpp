@@ -425,7 +425,8 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
   opts.max_segment_elems = seg_elems;
   opts.check_finite = false;
   // STRATA_BENCH_STAGING_SETS tries other read-ahead depths without a rebuild.
-  if (const char* sets = std::getenv("STRATA_BENCH_STAGING_SETS")) opts.num_buffers = std::atoi(sets);
+  if (const char* sets = std::getenv("STRATA_BENCH_STAGING_SETS"))
+    opts.num_buffers = std::atoi(sets);
   auto streamed = strata::optim::StreamedAdam::create(**swap, *adam, opts);
   if (!streamed.is_ok()) return state.SkipWithError(streamed.status().to_string().c_str());
 

@@ -3,9 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -105,7 +105,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                     dist::Communicator& comm, const TrainerState& state) {
   const bool root = comm.rank() == 0;
   const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
-  const std::string tmp_dir = (fs::path(save_dir) / ("." + step_name(state.step) + ".tmp")).string();
+  const std::string tmp_dir =
+      (fs::path(save_dir) / ("." + step_name(state.step) + ".tmp")).string();
   Status s;
   if (root) {
     s = make_dirs(save_dir);
@@ -115,12 +116,16 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
   }
   // Every rank learns whether rank 0 could prepare the directory before writing into it.
   double failed = s.is_ok() ? 0.0 : 1.0;
-  STRATA_RETURN_IF_ERROR(comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint start"));
-  if (failed > 0) return s.is_ok() ? io_error("rank 0 could not create " + tmp_dir) : s.with_context("saving checkpoint " + final_dir);
+  STRATA_RETURN_IF_ERROR(
+      comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint start"));
+  if (failed > 0)
+    return s.is_ok() ? io_error("rank 0 could not create " + tmp_dir)
+                     : s.with_context("saving checkpoint " + final_dir);
 
   s = write_optimizer_shard(tmp_dir + "/" + optimizer_shard_name(comm.rank(), comm.world_size()),
                             layout, provider);
-  Status model_status = write_consolidated_model(tmp_dir + "/model", config, layout, provider, comm);
+  Status model_status =
+      write_consolidated_model(tmp_dir + "/model", config, layout, provider, comm);
   if (s.is_ok()) s = model_status;
   if (root && s.is_ok()) {
     Json js = {{"format_version", kCheckpointFormatVersion},
@@ -132,7 +137,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
     s = write_json_file(tmp_dir + "/trainer_state.json", js);
   }
   failed = s.is_ok() ? 0.0 : 1.0;
-  STRATA_RETURN_IF_ERROR(comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint written"));
+  STRATA_RETURN_IF_ERROR(
+      comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint written"));
   if (failed > 0) {
     if (root) {
       std::error_code ec;
@@ -168,7 +174,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
     }
   }
   failed = s.is_ok() ? 0.0 : 1.0;
-  STRATA_RETURN_IF_ERROR(comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint renamed"));
+  STRATA_RETURN_IF_ERROR(
+      comm.all_reduce_host(&failed, 1, dist::ReduceOp::kSum, "checkpoint renamed"));
   if (failed > 0) {
     if (s.is_ok()) s = io_error("rank 0 could not move the checkpoint into place");
     return s.with_context("saving checkpoint " + final_dir);
@@ -203,8 +210,8 @@ Result<std::string> resolve_checkpoint(const std::string& dir) {
   for (int r = 0; r < st.world_size; ++r) {
     const std::string f = optimizer_shard_name(r, st.world_size);
     if (!fs::exists(fs::path(ckpt) / f)) {
-      return not_found("checkpoint " + ckpt + " is incomplete: " + f + " is missing (it was saved by " +
-                       std::to_string(st.world_size) + " ranks)");
+      return not_found("checkpoint " + ckpt + " is incomplete: " + f +
+                       " is missing (it was saved by " + std::to_string(st.world_size) + " ranks)");
     }
   }
   return ckpt;
@@ -276,8 +283,10 @@ Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& 
       const auto& f = shards[static_cast<std::size_t>(r)];
       STRATA_RETURN_IF_ERROR(f.read("exp_avg." + name, {slice}, m.data(), DType::kF32));
       STRATA_RETURN_IF_ERROR(f.read("exp_avg_sq." + name, {slice}, v.data(), DType::kF32));
-      const std::int64_t lo = std::max(begin, r * slice), hi = std::min(begin + count, (r + 1) * slice);
-      const auto src = static_cast<std::size_t>(lo - r * slice), dst = static_cast<std::size_t>(lo - begin);
+      const std::int64_t lo = std::max(begin, r * slice),
+                         hi = std::min(begin + count, (r + 1) * slice);
+      const auto src = static_cast<std::size_t>(lo - r * slice),
+                 dst = static_cast<std::size_t>(lo - begin);
       const auto n = static_cast<std::size_t>(hi - lo);
       std::memcpy(exp_avg + dst, m.data() + src, n * sizeof(float));
       std::memcpy(exp_avg_sq + dst, v.data() + src, n * sizeof(float));

@@ -9,8 +9,13 @@ namespace strata::zero {
 ZeroProvider::ZeroProvider(const model::ParamLayout& full, const Partition& partition,
                            OffloadEngine& engine, dist::Communicator& comm, device::Device& device,
                            ZeroOptions options)
-    : full_(full), partition_(partition), engine_(engine), comm_(comm), device_(device),
-      options_(options), dsize_(dtype_size(options.compute_dtype)) {
+    : full_(full),
+      partition_(partition),
+      engine_(engine),
+      comm_(comm),
+      device_(device),
+      options_(options),
+      dsize_(dtype_size(options.compute_dtype)) {
   full_params_.resize(static_cast<std::size_t>(full.num_groups()));
   param_refs_.assign(static_cast<std::size_t>(full.num_groups()), 0);
   full_grads_.resize(static_cast<std::size_t>(full.num_groups()));
@@ -40,12 +45,14 @@ Status ZeroProvider::refresh_replicated_params() {
     if (p.replicated) continue;
     auto& full = full_params_[static_cast<std::size_t>(p.group)];
     if (full.empty()) {
-      STRATA_ASSIGN_OR_RETURN(full, device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                                                     "replicated parameters of " + full_.group(p.group).name));
+      STRATA_ASSIGN_OR_RETURN(
+          full, device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
+                                 "replicated parameters of " + full_.group(p.group).name));
     }
     STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(p.group));
-    Status s = comm_.all_gather(shard, full.data(), p.shard_elems, options_.compute_dtype,
-                                "parameters of " + full_.group(p.group).name)
+    Status s = comm_
+                   .all_gather(shard, full.data(), p.shard_elems, options_.compute_dtype,
+                               "parameters of " + full_.group(p.group).name)
                    .wait();
     engine_.release_params(p.group);
     STRATA_RETURN_IF_ERROR(s);
@@ -64,8 +71,9 @@ Status ZeroProvider::start_gather(int group) {
     full_params_[gi].reset();
     return shard.status();
   }
-  gathers_[gi] = comm_.all_gather(*shard, full_params_[gi].data(), p.shard_elems,
-                                  options_.compute_dtype, "parameters of " + full_.group(group).name);
+  gathers_[gi] =
+      comm_.all_gather(*shard, full_params_[gi].data(), p.shard_elems, options_.compute_dtype,
+                       "parameters of " + full_.group(group).name);
   gathering_[gi] = true;
   return Status::ok();
 }

@@ -1,4 +1,6 @@
 // The `strata` binary as a user runs it: exit codes, error messages, Ctrl-C.
+#include "tests/testing/cli.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,25 +20,9 @@ namespace {
 
 using testing::TempDir;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-RunResult run_cli(const TempDir& dir, const std::string& args) {
-  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  const std::string cmd = std::string(STRATA_CLI) + " " + args + " >" + out + " 2>" + err;
-  const int rc = std::system(cmd.c_str());
-  return RunResult{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(out), slurp(err)};
-}
+using testing::run_cli;
+using testing::RunResult;
+using testing::slurp;
 
 Json tiny(const TempDir& dir) {
   std::string text;

@@ -14,6 +14,7 @@
 
 #include "strata/core/json.h"
 #include "strata/train/config.h"
+#include "tests/testing/cli.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
@@ -21,26 +22,9 @@ namespace {
 
 using testing::TempDir;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs the CLI with its output in `out_dir`, which is never a swap directory under test.
-RunResult run_cli(const TempDir& out_dir, const std::string& args) {
-  const std::string out = out_dir.file("stdout.txt"), err = out_dir.file("stderr.txt");
-  const std::string cmd = std::string(STRATA_CLI) + " " + args + " >" + out + " 2>" + err;
-  const int rc = std::system(cmd.c_str());
-  return RunResult{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(out), slurp(err)};
-}
+using testing::run_cli;
+using testing::RunResult;
+using testing::slurp;
 
 std::vector<Json> json_lines(const std::string& text) {
   std::vector<Json> out;

@@ -1,5 +1,7 @@
 // Every collective against a serial reference, for whatever world size mpirun starts (ctest runs
 // this with 1, 2, 3 and 4 ranks), including counts that are not multiples of anything.
+#include "strata/dist/communicator.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +9,6 @@
 
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
-#include "strata/dist/communicator.h"
 
 namespace strata::dist {
 namespace {
@@ -54,7 +55,8 @@ TEST_P(CommTest, AllGather) {
   for (std::int64_t i = 0; i < n; ++i) send[static_cast<std::size_t>(i)] = value(c.rank(), i);
   ASSERT_TRUE(c.all_gather(send.data(), recv.data(), n, DType::kF32, "test").wait().is_ok());
   for (int r = 0; r < w; ++r)
-    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(recv[static_cast<std::size_t>(r * n + i)], value(r, i));
+    for (std::int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(recv[static_cast<std::size_t>(r * n + i)], value(r, i));
 }
 
 TEST_P(CommTest, ReduceScatterSumAndAvg) {
@@ -65,7 +67,8 @@ TEST_P(CommTest, ReduceScatterSumAndAvg) {
   for (std::int64_t i = 0; i < n * w; ++i) send[static_cast<std::size_t>(i)] = value(c.rank(), i);
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
     std::vector<float> recv(static_cast<std::size_t>(n), NAN);
-    ASSERT_TRUE(c.reduce_scatter(send.data(), recv.data(), n, DType::kF32, op, "test").wait().is_ok());
+    ASSERT_TRUE(
+        c.reduce_scatter(send.data(), recv.data(), n, DType::kF32, op, "test").wait().is_ok());
     for (std::int64_t i = 0; i < n; ++i) {
       double want = 0;
       for (int r = 0; r < w; ++r) want += value(r, c.rank() * n + i);
@@ -81,8 +84,10 @@ TEST_P(CommTest, AllReduceInPlaceAndOutOfPlace) {
   const int w = c.world_size();
   std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n), NAN);
   for (std::int64_t i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = value(c.rank(), i);
-  ASSERT_TRUE(c.all_reduce(a.data(), b.data(), n, DType::kF32, ReduceOp::kSum, "test").wait().is_ok());
-  ASSERT_TRUE(c.all_reduce(a.data(), a.data(), n, DType::kF32, ReduceOp::kAvg, "test").wait().is_ok());
+  ASSERT_TRUE(
+      c.all_reduce(a.data(), b.data(), n, DType::kF32, ReduceOp::kSum, "test").wait().is_ok());
+  ASSERT_TRUE(
+      c.all_reduce(a.data(), a.data(), n, DType::kF32, ReduceOp::kAvg, "test").wait().is_ok());
   for (std::int64_t i = 0; i < n; ++i) {
     double want = 0;
     for (int r = 0; r < w; ++r) want += value(r, i);
@@ -125,7 +130,8 @@ TEST_P(CommTest, BroadcastAndGatherHost) {
   ASSERT_TRUE(c.gather_host(mine.data(), all.data(), n, DType::kF32, 0, "test").is_ok());
   if (c.rank() == 0) {
     for (int r = 0; r < w; ++r)
-      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(all[static_cast<std::size_t>(r * n + i)], value(r, i));
+      for (std::int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(all[static_cast<std::size_t>(r * n + i)], value(r, i));
   }
 }
 
@@ -141,13 +147,15 @@ TEST(CommHost, ReductionsAndGathers) {
   const std::uint64_t mine = 100 + static_cast<std::uint64_t>(c.rank());
   std::vector<std::uint64_t> all(static_cast<std::size_t>(w));
   ASSERT_TRUE(c.all_gather_host(&mine, all.data(), 1, "test").is_ok());
-  for (int r = 0; r < w; ++r) EXPECT_EQ(all[static_cast<std::size_t>(r)], 100u + static_cast<std::uint64_t>(r));
+  for (int r = 0; r < w; ++r)
+    EXPECT_EQ(all[static_cast<std::size_t>(r)], 100u + static_cast<std::uint64_t>(r));
   EXPECT_TRUE(c.barrier("test").is_ok());
   // Volume accounting: an all-gather of n floats moves world * n * 4 bytes into every rank.
   const std::uint64_t before = c.stats().all_gather_bytes;
   std::vector<float> send(10, 1.0f), recv(static_cast<std::size_t>(10 * w));
   ASSERT_TRUE(c.all_gather(send.data(), recv.data(), 10, DType::kF32, "test").wait().is_ok());
-  EXPECT_EQ(c.stats().all_gather_bytes - before, static_cast<std::uint64_t>(10 * 4 * (w == 1 ? 1 : w)));
+  EXPECT_EQ(c.stats().all_gather_bytes - before,
+            static_cast<std::uint64_t>(10 * 4 * (w == 1 ? 1 : w)));
 }
 
 }  // namespace
@@ -164,6 +172,7 @@ int main(int argc, char** argv) {
   const int rc = RUN_ALL_TESTS();
   // A failure on any rank fails every rank, so mpirun's exit code reflects it.
   double failed = rc != 0 ? 1.0 : 0.0;
-  (void)strata::dist::env().comm->all_reduce_host(&failed, 1, strata::dist::ReduceOp::kSum, "result");
+  (void)strata::dist::env().comm->all_reduce_host(&failed, 1, strata::dist::ReduceOp::kSum,
+                                                  "result");
   return failed > 0 ? 1 : 0;
 }
