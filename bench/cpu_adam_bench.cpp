@@ -29,8 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/aligned.h"
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
+#include "strata/io/staging.h"
 #include "strata/io/swap.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/optim/streamed_adam.h"
@@ -361,8 +363,8 @@ void bm_triad(benchmark::State& state, Context* ctx, std::int64_t n, int threads
 // The streamed pipeline's reads and writes without the update: same sub-groups, same slots,
 // same lookahead (see src/optim/streamed_adam.cpp).
 void io_only_pass(strata::io::SwapSpace& swap, const std::vector<strata::io::Extent>& xs,
-                  std::int64_t seg_elems, std::int64_t sub,
-                  std::vector<strata::AlignedBuffer>& bufs, std::size_t nb) {
+                  std::int64_t seg_elems, std::int64_t sub, std::span<std::byte* const> bufs,
+                  std::size_t nb) {
   struct Sg {
     std::size_t seg;
     std::int64_t begin, count;
@@ -376,7 +378,7 @@ void io_only_pass(strata::io::SwapSpace& swap, const std::vector<strata::io::Ext
   auto issue = [&](std::size_t i, bool is_read) {
     for (int k = 0; k < 3; ++k) {
       const auto& x = xs[plan[i].seg * 3 + static_cast<std::size_t>(k)];
-      void* buf = bufs[(i % nb) * 3 + static_cast<std::size_t>(k)].data();
+      void* buf = bufs[(i % nb) * 3 + static_cast<std::size_t>(k)];
       const auto off = static_cast<std::uint64_t>(plan[i].begin) * 4;
       const auto bytes = static_cast<std::size_t>(plan[i].count) * 4;
       (is_read ? reads : writes)[i % nb][static_cast<std::size_t>(k)] =
@@ -457,10 +459,16 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
     seg.out_dtype = DType::kBF16;
     segs.push_back(seg);
   }
-  std::vector<strata::AlignedBuffer> bufs;
-  for (int i = 0; i < 9; ++i) {
-    bufs.emplace_back(static_cast<std::size_t>(streamed->sub_group_elems()) * 4,
-                      strata::io::kIoAlignBytes);
+  // The I/O-only pass gets staging of the same kind: huge pages, registered with the swap space.
+  const std::size_t slot_bytes = static_cast<std::size_t>(streamed->sub_group_elems()) * 4;
+  const auto sets = static_cast<std::size_t>(opts.num_buffers);
+  strata::io::StagingBuffer pool(3 * sets * slot_bytes);
+  std::vector<std::byte*> bufs;
+  for (std::size_t i = 0; i < 3 * sets; ++i) bufs.push_back(pool.data() + i * slot_bytes);
+  const std::span<std::byte> whole = pool.bytes();
+  auto registration = (*swap)->register_buffers({&whole, 1});
+  if (registration.is_ok() != streamed->staging_registered()) {
+    return state.SkipWithError("only one of the two staging pools could be registered");
   }
   strata::device::AdamWArgs hyper;
   hyper.lr = 1e-3f;
@@ -474,7 +482,7 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
         compute_s += r->compute_s;
         io_wait_s += r->io_wait_s;
       },
-      [&] { io_only_pass(**swap, xs, seg_elems, streamed->sub_group_elems(), bufs, 3); });
+      [&] { io_only_pass(**swap, xs, seg_elems, streamed->sub_group_elems(), bufs, sets); });
   const double io_bytes = 24.0 * static_cast<double>(total_params);
   state.counters["GBps"] = io_bytes * t.n / t.a_s / 1e9;
   state.counters["io_only_GBps"] = io_bytes * t.n / t.b_s / 1e9;

@@ -155,14 +155,13 @@ class SwapSpaceImpl final : public SwapSpace {
     return handles;
   }
 
-  Status register_buffers(std::span<const std::span<std::byte>> buffers) override {
+  Status set_registered_buffers(std::span<const std::span<std::byte>> buffers) override {
     engine_->drain();
+    if (buffers.empty()) {
+      engine_->unregister_buffers();
+      return Status::ok();
+    }
     return engine_->register_buffers(buffers);
-  }
-
-  void unregister_buffers() override {
-    engine_->drain();
-    engine_->unregister_buffers();
   }
 
   IoStats stats() const override {
@@ -427,6 +426,41 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options)
             " ring(s)" + (options.caller_driven ? " driven by callers" : "") +
             (options.verify_swap ? ", verified" : ""));
   return std::unique_ptr<SwapSpace>(std::move(space));
+}
+
+Result<BufferRegistration> SwapSpace::register_buffers(
+    std::span<const std::span<std::byte>> buffers) {
+  std::lock_guard lock(registration_mu_);
+  std::vector<std::span<std::byte>> all(buffers.begin(), buffers.end());
+  for (const auto& [id, bufs] : registrations_) all.insert(all.end(), bufs.begin(), bufs.end());
+  Status st = set_registered_buffers(all);
+  if (!st.is_ok()) {
+    // The engine dropped its whole table; the registrations that were live keep theirs.
+    all.erase(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(buffers.size()));
+    if (!all.empty()) (void)set_registered_buffers(all);
+    return st;
+  }
+  const std::uint64_t id = next_registration_++;
+  registrations_.emplace_back(id,
+                              std::vector<std::span<std::byte>>(buffers.begin(), buffers.end()));
+  return BufferRegistration(this, id);
+}
+
+void SwapSpace::release_registration(std::uint64_t id) {
+  std::lock_guard lock(registration_mu_);
+  std::erase_if(registrations_, [id](const auto& r) { return r.first == id; });
+  std::vector<std::span<std::byte>> all;
+  for (const auto& [other, bufs] : registrations_) all.insert(all.end(), bufs.begin(), bufs.end());
+  // Re-registering fewer buffers than a table that already worked cannot hit the memlock limit;
+  // if the kernel refuses anyway the rest go through ordinary (slower, correct) requests.
+  Status st = set_registered_buffers(all);
+  if (!st.is_ok()) log_warning("swap space: " + st.message());
+}
+
+void BufferRegistration::reset() {
+  if (swap_ != nullptr) swap_->release_registration(id_);
+  swap_ = nullptr;
+  id_ = 0;
 }
 
 }  // namespace strata::io

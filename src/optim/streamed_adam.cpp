@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <new>
 #include <string>
 
 #include "strata/core/check.h"
@@ -48,39 +49,42 @@ std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) 
          static_cast<std::size_t>(std::max(options.num_buffers, 2) * kArrays);
 }
 
-std::size_t StreamedAdam::staging_bytes() const {
-  std::size_t total = 0;
-  for (const AlignedBuffer& b : staging_) total += b.size();
-  return total;
-}
-
 StreamedAdam::StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
-                           std::int64_t sub_group_elems, std::vector<AlignedBuffer> staging)
+                           std::int64_t sub_group_elems, io::StagingBuffer staging)
     : swap_(&swap),
       adam_(&adam),
       options_(options),
       sub_group_elems_(sub_group_elems),
       staging_(std::move(staging)) {
   if (options_.lock_memory) {
-    locked_ = true;
-    for (AlignedBuffer& b : staging_) {
-      if (::mlock(b.data(), b.size()) != 0) {
-        log_debug("StreamedAdam: mlock of " + std::to_string(b.size()) +
-                  " staging bytes refused; they stay pageable");
-        locked_ = false;
-        break;
-      }
-    }
+    locked_ = ::mlock(staging_.data(), staging_.size()) == 0;
     if (!locked_) {
-      for (AlignedBuffer& b : staging_) ::munlock(b.data(), b.size());
+      log_debug("StreamedAdam: mlock of " + std::to_string(staging_.size()) +
+                " staging bytes refused; they stay pageable");
+    }
+  }
+  if (options_.register_staging) {
+    const std::span<std::byte> whole = staging_.bytes();
+    auto reg = swap_->register_buffers({&whole, 1});
+    if (reg.is_ok()) {
+      registration_ = std::move(*reg);
+    } else {
+      log_debug("StreamedAdam: staging not registered with the swap space: " +
+                reg.status().message());
     }
   }
 }
 
 StreamedAdam::~StreamedAdam() {
-  if (locked_) {
-    for (AlignedBuffer& b : staging_) ::munlock(b.data(), b.size());
-  }
+  registration_.reset();  // waits for the swap space's requests in flight
+  if (locked_ && staging_.data() != nullptr) ::munlock(staging_.data(), staging_.size());
+}
+
+float* StreamedAdam::slot(std::size_t sub, int array) {
+  const auto nb = static_cast<std::size_t>(options_.num_buffers);
+  const std::size_t index = (sub % nb) * kArrays + static_cast<std::size_t>(array);
+  return reinterpret_cast<float*>(
+      staging_.data() + index * static_cast<std::size_t>(sub_group_elems_) * sizeof(float));
 }
 
 Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
@@ -94,13 +98,16 @@ Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
                             " must be at least 2 (3 overlaps read, update and write-back)");
   }
   const std::int64_t sub = sub_group_elems_for(options);
-  std::vector<AlignedBuffer> staging;
-  staging.reserve(static_cast<std::size_t>(options.num_buffers) * kArrays);
-  const auto bytes = static_cast<std::size_t>(sub) * sizeof(float);
-  for (int i = 0; i < options.num_buffers * kArrays; ++i) {
-    staging.emplace_back(bytes, io::kIoAlignBytes);  // zero-filled: pre-faulted once, here
+  try {
+    // Pre-faulted here, so no page fault lands on the I/O path.
+    io::StagingBuffer staging(staging_bytes_for(options));
+    return StreamedAdam(swap, adam, options, sub, std::move(staging));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("StreamedAdam: cannot map " + std::to_string(staging_bytes_for(options)) +
+                         " bytes of staging for sub_group_size " +
+                         std::to_string(options.sub_group_size) + " x " +
+                         std::to_string(options.num_buffers) + " buffers");
   }
-  return StreamedAdam(swap, adam, options, sub, std::move(staging));
 }
 
 Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> segments,
@@ -137,9 +144,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
   const auto nb = static_cast<std::size_t>(options_.num_buffers);
   const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
   std::vector<std::array<io::IoHandle, kArrays>> reads(nb), writes(nb);
-  auto buffer = [&](std::size_t sub, int k) {
-    return staging_[(sub % nb) * kArrays + static_cast<std::size_t>(k)].as<float>();
-  };
+  auto buffer = [&](std::size_t sub, int k) { return slot(sub, k); };
   // Waits for one transfer of sub-group `sub`; an error names where it happened.
   auto wait_one = [&](io::IoHandle& h, std::size_t sub, int k, bool is_read) -> Status {
     if (!h.valid()) return Status::ok();

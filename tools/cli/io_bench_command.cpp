@@ -385,12 +385,15 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
   const std::size_t pool_bytes = static_cast<std::size_t>(window) * block;
   std::byte* pool = sw.pool.data();
   sw.registered = false;
+  io::BufferRegistration registration;  // destroyed before the swap space
   if (!a.no_register) {
     const std::span<std::byte> buffers[] = {{pool, pool_bytes}, sw.source->span()};
-    const Status reg = swap->register_buffers(buffers);
+    auto reg = swap->register_buffers(buffers);
     sw.registered = reg.is_ok();
-    if (!reg.is_ok() && sw.warned.insert(reg.message()).second) {
-      std::fprintf(stderr, "strata io-bench: note: %s\n", reg.message().c_str());
+    if (reg.is_ok()) {
+      registration = std::move(*reg);
+    } else if (sw.warned.insert(reg.status().message()).second) {
+      std::fprintf(stderr, "strata io-bench: note: %s\n", reg.status().message().c_str());
     }
   }
 

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/core/status.h"
@@ -126,6 +128,39 @@ struct IoRequest {
   IoCallback callback;  // optional
 };
 
+class SwapSpace;
+
+// Keeps a set of buffers registered with a swap space (SwapSpace::register_buffers) while it
+// lives. Move-only; an empty one (default, moved from, or reset) holds nothing.
+class BufferRegistration {
+ public:
+  BufferRegistration() = default;
+  ~BufferRegistration() { reset(); }
+  BufferRegistration(BufferRegistration&& other) noexcept
+      : swap_(std::exchange(other.swap_, nullptr)), id_(std::exchange(other.id_, 0)) {}
+  BufferRegistration& operator=(BufferRegistration&& other) noexcept {
+    if (this != &other) {
+      reset();
+      swap_ = std::exchange(other.swap_, nullptr);
+      id_ = std::exchange(other.id_, 0);
+    }
+    return *this;
+  }
+  BufferRegistration(const BufferRegistration&) = delete;
+  BufferRegistration& operator=(const BufferRegistration&) = delete;
+
+  // Unregisters the buffers (after the requests in flight finish); they are ordinary memory
+  // to the swap space from then on.
+  void reset();
+  bool active() const { return swap_ != nullptr; }
+
+ private:
+  friend class SwapSpace;
+  BufferRegistration(SwapSpace* swap, std::uint64_t id) : swap_(swap), id_(id) {}
+  SwapSpace* swap_ = nullptr;
+  std::uint64_t id_ = 0;
+};
+
 class SwapSpace {
  public:
   // Creates "<path>/strata-<pid>.swap" in every path (checking the directory exists and is
@@ -162,13 +197,14 @@ class SwapSpace {
   // for all their chunks, rather than one per request. Handles come back in request order.
   virtual std::vector<IoHandle> submit_batch(std::span<const IoRequest> requests) = 0;
 
-  // Registers host buffers (a pinned staging pool) with the kernel once, so requests whose buffer
-  // lies inside one of them skip per-request page pinning (io_uring fixed buffers). Replaces any
-  // earlier registration; waits for requests in flight first. The buffers must stay alive until
-  // unregister_buffers() or the swap space's end. A no-op (ok) on engines without fixed buffers;
-  // an error (RLIMIT_MEMLOCK too low, say) leaves nothing registered and I/O working as before.
-  virtual Status register_buffers(std::span<const std::span<std::byte>> buffers) = 0;
-  virtual void unregister_buffers() = 0;
+  // Registers host buffers (a pinned staging pool) with the kernel, so requests whose buffer
+  // lies inside one of them skip per-request page pinning (io_uring fixed buffers). Registrations
+  // add up: each keeps its buffers registered until the returned handle is destroyed or reset,
+  // whoever else registers meanwhile. Waits for requests in flight first. The buffers must stay
+  // alive, and the handle must not outlive the swap space. Engines without fixed buffers accept
+  // and ignore them. An error (RLIMIT_MEMLOCK too low, say) leaves the earlier registrations as
+  // they were and I/O working as before.
+  Result<BufferRegistration> register_buffers(std::span<const std::span<std::byte>> buffers);
 
   virtual IoStats stats() const = 0;
   virtual std::string engine_name() const = 0;  // "io_uring", "posix", "memory"
@@ -177,6 +213,18 @@ class SwapSpace {
   // The warnings create() gave (and logged, with log_warnings): io_uring unavailable and the
   // posix fallback chosen, O_DIRECT refused, SQPOLL refused.
   virtual std::vector<std::string> warnings() const = 0;
+
+ protected:
+  // The engine's whole fixed-buffer table becomes `buffers` (every live registration's buffers,
+  // in any order); empty clears it.
+  virtual Status set_registered_buffers(std::span<const std::span<std::byte>> buffers) = 0;
+
+ private:
+  friend class BufferRegistration;
+  void release_registration(std::uint64_t id);
+  std::mutex registration_mu_;
+  std::vector<std::pair<std::uint64_t, std::vector<std::span<std::byte>>>> registrations_;
+  std::uint64_t next_registration_ = 1;
 };
 
 }  // namespace strata::io

@@ -9,10 +9,10 @@
 #include <string_view>
 #include <vector>
 
-#include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
+#include "strata/io/staging.h"
 #include "strata/io/swap.h"
 #include "strata/optim/cpu_adam.h"
 
@@ -46,6 +46,10 @@ struct StreamedAdamOptions {
   bool check_finite = true;
   // mlock the staging buffers (best effort: a refusal is logged once at debug level).
   bool lock_memory = true;
+  // Register the staging with the swap space (io_uring fixed buffers: no per-request page
+  // pinning). Best effort: a refusal (RLIMIT_MEMLOCK) is logged at debug level and I/O goes the
+  // ordinary way.
+  bool register_staging = true;
 };
 
 struct StreamedStepReport {
@@ -80,19 +84,28 @@ class StreamedAdam {
                                   const SegmentDone& on_segment_done = {});
 
   std::int64_t sub_group_elems() const { return sub_group_elems_; }
-  std::size_t staging_bytes() const;
+  std::size_t staging_bytes() const { return staging_.size(); }
+  // Whether the staging is registered with the swap space, and how much of it the kernel backs
+  // with huge pages (diagnostics and tests).
+  bool staging_registered() const { return registration_.active(); }
+  std::size_t staging_huge_page_bytes() const { return staging_.huge_page_bytes(); }
   // Staging that create() would allocate for these options (for memory budgets).
   static std::size_t staging_bytes_for(const StreamedAdamOptions& options);
 
  private:
   StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
-               std::int64_t sub_group_elems, std::vector<AlignedBuffer> staging);
+               std::int64_t sub_group_elems, io::StagingBuffer staging);
+  float* slot(std::size_t sub, int array);
 
   io::SwapSpace* swap_;
   CpuAdam* adam_;
   StreamedAdamOptions options_;
   std::int64_t sub_group_elems_;
-  std::vector<AlignedBuffer> staging_;  // num_buffers * 3: [slot * 3 + array]
+  // One 2 MiB-aligned mapping advised for huge pages, cut into num_buffers * 3 sub-group slots
+  // ([slot * 3 + array]): a 1 MiB request from huge pages is one DMA segment, where 4 KiB pages
+  // make 256 and block devices split requests beyond their segment limit (often 254).
+  io::StagingBuffer staging_;
+  io::BufferRegistration registration_;  // declared after staging_: released before it
   bool locked_ = false;
 };
 

@@ -59,7 +59,8 @@ TEST(StagingBufferTest, RegisteredStagingRoundTrip) {
     auto swap = std::move(created).value();
     StagingBuffer staging(8 << 20);
     const std::span<std::byte> whole = staging.bytes();
-    ASSERT_TRUE(swap->register_buffers({&whole, 1}).is_ok());
+    auto registration = swap->register_buffers({&whole, 1});
+    ASSERT_TRUE(registration.is_ok()) << registration.status().to_string();
     Rng rng(31);
     testing::fill_random(staging.data(), 4 << 20, rng);
     auto e = swap->allocate(4 << 20, "staged");

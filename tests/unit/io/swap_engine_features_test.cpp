@@ -45,7 +45,8 @@ TEST_P(SwapFeatureTest, RegisteredBuffersRoundTrip) {
   Rng rng(11);
   AlignedBuffer pool(16 * kBlock);
   const std::span<std::byte> whole = pool.bytes();
-  ASSERT_TRUE(swap->register_buffers(one(whole)).is_ok());
+  auto first = swap->register_buffers(one(whole));
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
 
   auto e = swap->allocate(8 * kBlock, "pooled");
   ASSERT_TRUE(e.is_ok());
@@ -64,21 +65,39 @@ TEST_P(SwapFeatureTest, RegisteredBuffersRoundTrip) {
   EXPECT_EQ(first_mismatch(outside.data(), data.data(), data.size()), -1);
   EXPECT_EQ(swap->stats().fixed_chunks, is_uring() ? chunks : 0u);
 
-  // A second registration replaces the first: the old pool is ordinary memory again.
+  // A second registration adds to the first: both pools go through fixed buffers.
   AlignedBuffer pool2(8 * kBlock);
   AlignedBuffer pool3(4 * kBlock);
   const std::span<std::byte> two[] = {pool2.bytes(), pool3.bytes()};
-  ASSERT_TRUE(swap->register_buffers(two).is_ok());
+  auto second = swap->register_buffers(two);
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
   ASSERT_TRUE(swap->read(*e, 0, pool.data(), 8 * kBlock).wait().is_ok());
   ASSERT_TRUE(swap->read(*e, 0, pool2.data(), 8 * kBlock).wait().is_ok());
   ASSERT_TRUE(swap->read(*e, 4 * kBlock, pool3.data(), 4 * kBlock).wait().is_ok());
+  EXPECT_EQ(first_mismatch(pool.data(), data.data(), 8 * kBlock), -1);
   EXPECT_EQ(first_mismatch(pool2.data(), data.data(), 8 * kBlock), -1);
   EXPECT_EQ(first_mismatch(pool3.data(), data.data() + 4 * kBlock, 4 * kBlock), -1);
-  EXPECT_EQ(swap->stats().fixed_chunks, is_uring() ? chunks + 12 : 0u);
+  std::uint64_t fixed = chunks + 20;
+  EXPECT_EQ(swap->stats().fixed_chunks, is_uring() ? fixed : 0u);
 
-  swap->unregister_buffers();
+  // Releasing the first leaves the second registered; the first pool is ordinary memory again.
+  first->reset();
+  EXPECT_FALSE(first->active());
+  ASSERT_TRUE(swap->read(*e, 0, pool.data(), 8 * kBlock).wait().is_ok());
   ASSERT_TRUE(swap->read(*e, 0, pool2.data(), 8 * kBlock).wait().is_ok());
-  EXPECT_EQ(swap->stats().fixed_chunks, is_uring() ? chunks + 12 : 0u);
+  EXPECT_EQ(first_mismatch(pool.data(), data.data(), 8 * kBlock), -1);
+  EXPECT_EQ(first_mismatch(pool2.data(), data.data(), 8 * kBlock), -1);
+  fixed += 8;
+  EXPECT_EQ(swap->stats().fixed_chunks, is_uring() ? fixed : 0u);
+
+  // A moved registration still owns its buffers; destroying the last owner releases them.
+  {
+    BufferRegistration moved = std::move(*second);
+    EXPECT_FALSE(second->active());
+    EXPECT_TRUE(moved.active());
+  }
+  ASSERT_TRUE(swap->read(*e, 0, pool2.data(), 8 * kBlock).wait().is_ok());
+  EXPECT_EQ(swap->stats().fixed_chunks, is_uring() ? fixed : 0u);
   EXPECT_EQ(swap->stats().errors, 0u);
 }
 

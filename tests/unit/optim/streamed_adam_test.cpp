@@ -8,9 +8,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/build_config.h"
+#include "strata/core/aligned.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/unit/optim/adam_test_util.h"
 
@@ -217,6 +219,76 @@ TEST_P(StreamedAdamTest, InjectedEioSurfacesNamingTheSegment) {
     }
     EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
   }
+}
+
+// The staging is registered with the swap space (io_uring fixed buffers), so every chunk of a
+// step goes through a registered buffer; two optimizers on one swap space both stay registered,
+// and destroying one leaves the other's registration in place. Without register_staging, no
+// chunk is fixed. The bytes are the in-memory step's either way.
+TEST_P(StreamedAdamTest, StagingIsRegisteredWithTheSwapSpace) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 1});
+  ASSERT_TRUE(adam.is_ok());
+  const device::AdamWArgs h = hyper(true, 0.5f, 2);
+  Fixture f = make_fixture(GetParam());
+  if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  const bool fixed_buffers = f.swap->engine_name() == "io_uring";
+  std::vector<AdamState> want = f.states;
+  for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+
+  StreamedAdamOptions so{.sub_group_size = 2048, .max_segment_elems = 12345};
+  auto first = StreamedAdam::create(*f.swap, *adam, so);
+  auto second = StreamedAdam::create(*f.swap, *adam, so);
+  ASSERT_TRUE(first.is_ok() && second.is_ok());
+  EXPECT_TRUE(first->staging_registered());
+  EXPECT_TRUE(second->staging_registered());
+  auto step_chunks = [&](StreamedAdam& streamed, std::vector<AdamState>& got) {
+    const io::IoStats before = f.swap->stats();
+    std::vector<StreamedSegment> segs = segments_of(f, got);
+    auto report = streamed.step(segs, h);
+    EXPECT_TRUE(report.is_ok()) << report.status().to_string();
+    const io::IoStats after = f.swap->stats();
+    return std::pair{
+        after.read_chunks + after.write_chunks - before.read_chunks - before.write_chunks,
+        after.fixed_chunks - before.fixed_chunks};
+  };
+  {
+    std::vector<AdamState> got = f.states;
+    const auto [chunks, fixed] = step_chunks(*first, got);
+    EXPECT_GT(chunks, 0u);
+    EXPECT_EQ(fixed, fixed_buffers ? chunks : 0u);
+    for (std::size_t s = 0; s < want.size(); ++s) {
+      EXPECT_EQ(compare_bytes("master", read_back(f, s)[0].data(), want[s].p(), 4, want[s].n), "");
+    }
+  }
+  // Rewind the swap copy of the state, drop the first optimizer, step with the second.
+  for (std::size_t s = 0; s < f.states.size(); ++s) {
+    AdamState& st = f.states[s];
+    const float* arrays[3] = {st.p(), st.m(), st.v()};
+    for (int k = 0; k < 3; ++k) {
+      const io::Extent& x = f.extents[s * 3 + static_cast<std::size_t>(k)];
+      AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
+      std::memcpy(buf.data(), arrays[k], static_cast<std::size_t>(st.n) * 4);
+      ASSERT_TRUE(f.swap->write(x, 0, buf.data(), buf.size()).wait().is_ok());
+    }
+  }
+  { StreamedAdam gone = std::move(*first); }
+  {
+    std::vector<AdamState> got = f.states;
+    const auto [chunks, fixed] = step_chunks(*second, got);
+    EXPECT_EQ(fixed, fixed_buffers ? chunks : 0u);
+    for (std::size_t s = 0; s < want.size(); ++s) {
+      EXPECT_EQ(compare_bytes("exp_avg_sq", read_back(f, s)[2].data(), want[s].v(), 4, want[s].n),
+                "");
+    }
+  }
+  so.register_staging = false;
+  auto unregistered = StreamedAdam::create(*f.swap, *adam, so);
+  ASSERT_TRUE(unregistered.is_ok());
+  EXPECT_FALSE(unregistered->staging_registered());
+  std::vector<AdamState> got = f.states;
+  const auto [chunks, fixed] = step_chunks(*unregistered, got);
+  EXPECT_GT(chunks, 0u);
+  EXPECT_EQ(fixed, 0u);
 }
 
 TEST(StreamedAdamOptions, RejectsBadSizes) {
