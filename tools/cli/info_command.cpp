@@ -1,5 +1,6 @@
 // `strata info`: what this build and machine offer.
 #include <cstdio>
+#include <string>
 
 #include "strata/build_config.h"
 #include "strata/device/device.h"
@@ -14,10 +15,15 @@ Runner add_info_command(CLI::App& app) {
     const sys::CpuTopology t = sys::cpu_topology();
     std::printf(
         "strata %s\nbackends: %s\nio_uring: %s, MPI: %s\nCPU: %d cores, %d threads, %d NUMA "
-        "nodes\n",
+        "nodes%s\n",
         STRATA_VERSION, device::describe_backends().c_str(),
         STRATA_HAVE_URING ? "built" : "not built", STRATA_HAVE_MPI ? "built" : "not built", t.cores,
-        t.pus, t.numa_nodes);
+        t.pus, t.numa_nodes,
+        t.cores < t.machine_cores
+            ? (" (bound to " + std::to_string(t.cores) + " of the machine's " +
+               std::to_string(t.machine_cores) + " cores)")
+                  .c_str()
+            : "");
     return kExitOk;
   };
 }

@@ -15,9 +15,12 @@ struct ProcessMemory {
 Result<ProcessMemory> read_process_memory();
 
 struct CpuTopology {
-  int cores = 1;  // physical cores
-  int pus = 1;    // hardware threads
+  // Physical cores and hardware threads the calling thread is bound to (mpirun --bind-to,
+  // taskset): all of the machine's when it is not bound.
+  int cores = 1;
+  int pus = 1;
   int numa_nodes = 1;
+  int machine_cores = 1;  // physical cores of the whole machine
 };
 
 CpuTopology cpu_topology();
