@@ -1,18 +1,28 @@
-// MPI communicator: non-blocking MPI collectives waited on with a deadline, so a dead or stuck
-// peer ends the run with a message instead of a hang. Needs a host-addressable device.
+// MPI communicator: non-blocking MPI collectives, driven by a communication thread so they progress
+// while the caller computes, and waited on with a deadline, so a dead or stuck peer ends the run
+// with a message instead of a hang. Needs a host-addressable device.
 #include "strata/build_config.h"
 
 #if STRATA_HAVE_MPI
 
 #include <mpi.h>
+#include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <future>
+#include <list>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "src/dist/mpi_communicator.h"
+#include "strata/core/logging.h"
 #include "strata/device/device.h"
 
 namespace strata::dist {
@@ -26,19 +36,6 @@ void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = FromF32(ToF32(a[i]) + ToF32(b[i]));
 }
 
-// MPI is process-wide state: initialized once, finalized when the last communicator goes away.
-struct MpiRuntime {
-  std::mutex mu;
-  int users = 0;
-  bool we_initialized = false;
-  MPI_Op bf16_sum = MPI_OP_NULL;
-  MPI_Op f16_sum = MPI_OP_NULL;
-};
-MpiRuntime& runtime() {
-  static MpiRuntime rt;  // the one process-wide MPI state; MPI itself is a process singleton
-  return rt;
-}
-
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -46,41 +43,183 @@ std::string mpi_error_string(int code) {
   return std::string(buf, static_cast<std::size_t>(len));
 }
 
+// Starts one MPI operation on the communication thread: a non-blocking call that fills *req, or
+// a blocking one that leaves *req as MPI_REQUEST_NULL. Returns the MPI error code.
+using StartFn = std::function<int(MPI_Request*)>;
+
+// The thread that makes every MPI call after MPI_Init_thread. With Open MPI a non-blocking
+// collective only moves inside MPI calls, so without this thread nothing would happen while the
+// caller computes between issuing a collective and waiting for it. Operations start in issue
+// order (the order every rank must agree on) and are then tested until they finish; one thread
+// calling MPI needs only MPI_THREAD_SERIALIZED. While operations are in flight it tests them with
+// a backoff of at most kMaxBackoff (measured: under a tenth of a core while a collective waits on
+// a peer); with none it sleeps on a condition variable, taking nothing from compute.
+class CommThread {
+ public:
+  CommThread() : thread_([this] { loop(); }) {
+    pthread_setname_np(thread_.native_handle(), "strata-mpi");  // for top and debuggers
+  }
+  ~CommThread() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  // Queues `start`; the future holds "" on success or the MPI error text once it has finished.
+  std::future<std::string> submit(MPI_Comm comm, StartFn start) {
+    Pending p{comm, std::move(start), {}};
+    std::future<std::string> done = p.done.get_future();
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_one();
+    return done;
+  }
+  // Operations on `comm` still in flight after testing them all once; only for StartFns, which
+  // run on this thread.
+  int in_flight(MPI_Comm comm) {
+    test_active();
+    int n = 0;
+    for (const Active& a : active_) n += a.comm == comm ? 1 : 0;
+    return n;
+  }
+
+ private:
+  struct Pending {
+    MPI_Comm comm;
+    StartFn start;
+    std::promise<std::string> done;
+  };
+  struct Active {
+    MPI_Comm comm;
+    MPI_Request req;
+    std::promise<std::string> done;
+  };
+  // Longest pause between tests of in-flight operations: bounds the latency added to each round
+  // of a collective's schedule, and the CPU the thread takes while waiting (see class comment).
+  static constexpr std::chrono::microseconds kMaxBackoff{100};
+
+  void loop() {
+    auto backoff = std::chrono::microseconds(0);
+    for (;;) {
+      std::deque<Pending> batch;
+      {
+        std::unique_lock lock(mu_);
+        auto woken = [this] { return stop_ || !queue_.empty(); };
+        if (active_.empty()) {
+          cv_.wait(lock, woken);
+        } else if (backoff.count() > 0) {
+          cv_.wait_for(lock, backoff, woken);
+        }
+        if (stop_) break;
+        batch.swap(queue_);
+      }
+      bool progressed = !batch.empty();
+      for (Pending& p : batch) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        const int rc = p.start(&req);
+        if (rc != MPI_SUCCESS) {
+          p.done.set_value(mpi_error_string(rc));
+        } else if (req == MPI_REQUEST_NULL) {
+          p.done.set_value("");
+        } else {
+          active_.push_back(Active{p.comm, req, std::move(p.done)});
+        }
+      }
+      if (test_active()) progressed = true;
+      backoff = progressed ? std::chrono::microseconds(0)
+                           : std::min(kMaxBackoff, backoff * 2 + std::chrono::microseconds(5));
+    }
+    // Shutting down with operations in flight: their peers may be dead, so nothing more is
+    // tested; waiters (there should be none) learn they were abandoned.
+    std::lock_guard lock(mu_);
+    for (Pending& p : queue_) p.done.set_value("not started: the MPI communicator shut down");
+    for (Active& a : active_) a.done.set_value("abandoned: the MPI communicator shut down");
+  }
+
+  // Tests every operation in flight once (each MPI_Test also moves all of them along); completes
+  // the finished ones. Returns whether any finished.
+  bool test_active() {
+    bool finished = false;
+    for (auto it = active_.begin(); it != active_.end();) {
+      int done = 0;
+      const int rc = MPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || done) {
+        it->done.set_value(rc == MPI_SUCCESS ? "" : mpi_error_string(rc));
+        it = active_.erase(it);
+        finished = true;
+      } else {
+        ++it;
+      }
+    }
+    return finished;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;  // guarded by mu_
+  bool stop_ = false;          // guarded by mu_
+  std::list<Active> active_;   // only touched by the thread
+  std::thread thread_;         // last: starts after every member above is constructed
+};
+
+// MPI is process-wide state: initialized once, finalized when the last communicator goes away.
+struct MpiRuntime {
+  std::mutex mu;
+  int users = 0;
+  bool we_initialized = false;
+  // A communicator was destroyed with collectives in flight (a timed-out peer): MPI_Finalize
+  // could wait for that peer forever, so the process ends without it.
+  bool unclean = false;
+  MPI_Op bf16_sum = MPI_OP_NULL;
+  MPI_Op f16_sum = MPI_OP_NULL;
+  std::unique_ptr<CommThread> thread;  // while users > 0
+};
+MpiRuntime& runtime() {
+  static MpiRuntime rt;  // the one process-wide MPI state; MPI itself is a process singleton
+  return rt;
+}
+
+Status timed_out(int rank, const std::string& what) {
+  return unavailable("rank " + std::to_string(rank) + ": " + what +
+                     " did not complete in time; a peer rank may have died or be stuck "
+                     "(raise dist_timeout_s if it is only slow)");
+}
+
+// Waits for an operation the communication thread runs, until `deadline`.
+Status wait_for_op(std::future<std::string>& done, int rank, const std::string& what,
+                   std::chrono::steady_clock::time_point deadline) {
+  if (done.wait_until(deadline) != std::future_status::ready) return timed_out(rank, what);
+  const std::string error = done.get();
+  if (!error.empty()) {
+    return internal_error("rank " + std::to_string(rank) + ": " + what + " failed: " + error);
+  }
+  return Status::ok();
+}
+
 class MpiRequestState final : public CommHandle::State {
  public:
-  MpiRequestState(MPI_Request req, std::string what, int rank,
+  MpiRequestState(std::future<std::string> done, std::string what, int rank,
                   std::chrono::steady_clock::time_point deadline, std::function<void()> finish)
-      : req_(req),
+      : done_(std::move(done)),
         what_(std::move(what)),
         rank_(rank),
         deadline_(deadline),
         finish_(std::move(finish)) {}
   Status wait() override {
-    // Poll with backoff: blocking MPI_Wait cannot time out, and spinning would steal the core
-    // from the compute threads of oversubscribed ranks.
-    int done = 0;
-    auto sleep = std::chrono::microseconds(0);
-    for (;;) {
-      const int rc = MPI_Test(&req_, &done, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) {
-        return internal_error("rank " + std::to_string(rank_) + ": " + what_ +
-                              " failed: " + mpi_error_string(rc));
-      }
-      if (done) break;
-      if (std::chrono::steady_clock::now() > deadline_) {
-        return unavailable("rank " + std::to_string(rank_) + ": " + what_ +
-                           " did not complete in time; a peer rank may have died or be stuck "
-                           "(raise dist_timeout_s if it is only slow)");
-      }
-      if (sleep < std::chrono::microseconds(1000)) sleep += std::chrono::microseconds(20);
-      std::this_thread::sleep_for(sleep);
-    }
+    STRATA_RETURN_IF_ERROR(wait_for_op(done_, rank_, what_, deadline_));
     if (finish_) finish_();
     return Status::ok();
   }
 
  private:
-  MPI_Request req_;
+  std::future<std::string> done_;
   std::string what_;
   int rank_;
   std::chrono::steady_clock::time_point deadline_;
@@ -89,16 +228,42 @@ class MpiRequestState final : public CommHandle::State {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, const CommOptions& options, device::Device& device)
-      : comm_(comm), timeout_(options.timeout), device_(device) {
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &world_);
-  }
+  // `comm` is a duplicate of MPI_COMM_WORLD owned by this communicator; rank and world come from
+  // the communication thread, which makes every MPI call.
+  MpiCommunicator(MPI_Comm comm, int rank, int world, const CommOptions& options,
+                  device::Device& device)
+      : comm_(comm), timeout_(options.timeout), device_(device), rank_(rank), world_(world) {}
   ~MpiCommunicator() override {
-    MPI_Comm_free(&comm_);
     MpiRuntime& rt = runtime();
     std::lock_guard lock(rt.mu);
-    if (--rt.users == 0 && rt.we_initialized) {
+    // Freed on the communication thread once no collective is in flight on it. One still in
+    // flight after a short grace (its wait timed out, or its handle was dropped on an error path)
+    // keeps the communicator: MPI may still write to its buffers, and MPI_Finalize would wait for
+    // its peers, which may be dead.
+    const auto give_up = std::chrono::steady_clock::now() +
+                         std::min<std::chrono::steady_clock::duration>(timeout_, kShutdownGrace);
+    for (bool freed = false; !freed;) {
+      std::future<std::string> done = rt.thread->submit(comm_, [&](MPI_Request*) {
+        if (rt.thread->in_flight(comm_) > 0) return MPI_SUCCESS;
+        freed = true;
+        return MPI_Comm_free(&comm_);
+      });
+      done.wait();
+      if (!freed && std::chrono::steady_clock::now() >= give_up) {
+        rt.unclean = true;
+        break;
+      }
+      if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (--rt.users > 0) return;
+    rt.thread.reset();  // joins; every later MPI call is on this thread
+    if (rt.unclean) {
+      log_warning("rank " + std::to_string(rank_) +
+                  ": MPI collectives were still in flight at shutdown (a peer rank may have died "
+                  "or be stuck); not calling MPI_Finalize, which could wait for it forever");
+      return;
+    }
+    if (rt.we_initialized) {
       MPI_Op_free(&rt.bf16_sum);
       MPI_Op_free(&rt.f16_sum);
       MPI_Finalize();
@@ -115,14 +280,15 @@ class MpiCommunicator final : public Communicator {
     stats_.all_gather_bytes += bytes * static_cast<std::size_t>(world_);
     stats_.bytes_sent += bytes;
     ++stats_.collectives;
-    MPI_Request req;
     const void* src =
         send == static_cast<const std::byte*>(recv) + bytes * static_cast<std::size_t>(rank_)
             ? MPI_IN_PLACE
             : send;
-    const int rc = MPI_Iallgather(src, static_cast<int>(count), type_of(dtype), recv,
-                                  static_cast<int>(count), type_of(dtype), comm_, &req);
-    return issue(rc, req, "all_gather", what, {});
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    return issue("all_gather", what, {}, [=, comm = comm_](MPI_Request* req) {
+      return MPI_Iallgather(src, n, type, recv, n, type, comm, req);
+    });
   }
 
   CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
@@ -131,10 +297,13 @@ class MpiCommunicator final : public Communicator {
     stats_.reduce_scatter_bytes += bytes * static_cast<std::size_t>(world_);
     stats_.bytes_sent += bytes * static_cast<std::size_t>(world_);
     ++stats_.collectives;
-    MPI_Request req;
-    const int rc = MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), type_of(dtype),
-                                             sum_of(dtype), comm_, &req);
-    return issue(rc, req, "reduce_scatter", what, averager(op, recv, count, dtype));
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    const MPI_Op sum = sum_of(dtype);
+    return issue("reduce_scatter", what, averager(op, recv, count, dtype),
+                 [=, comm = comm_](MPI_Request* req) {
+                   return MPI_Ireduce_scatter_block(send, recv, n, type, sum, comm, req);
+                 });
   }
 
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
@@ -143,56 +312,71 @@ class MpiCommunicator final : public Communicator {
     stats_.all_reduce_bytes += bytes;
     stats_.bytes_sent += bytes;
     ++stats_.collectives;
-    MPI_Request req;
-    const int rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count),
-                                  type_of(dtype), sum_of(dtype), comm_, &req);
-    return issue(rc, req, "all_reduce", what, averager(op, recv, count, dtype));
+    const void* src = send == recv ? MPI_IN_PLACE : send;
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    const MPI_Op sum = sum_of(dtype);
+    return issue("all_reduce", what, averager(op, recv, count, dtype),
+                 [=, comm = comm_](MPI_Request* req) {
+                   return MPI_Iallreduce(src, recv, n, type, sum, comm, req);
+                 });
   }
 
   CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
                        std::string_view what) override {
     ++stats_.collectives;
-    MPI_Request req;
-    const int rc = MPI_Ibcast(buffer, static_cast<int>(count), type_of(dtype), root, comm_, &req);
-    return issue(rc, req, "broadcast", what, {});
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    return issue("broadcast", what, {}, [=, comm = comm_](MPI_Request* req) {
+      return MPI_Ibcast(buffer, n, type, root, comm, req);
+    });
   }
 
   Status barrier(std::string_view what) override {
-    MPI_Request req;
-    const int rc = MPI_Ibarrier(comm_, &req);
-    return issue(rc, req, "barrier", what, {}).wait();
+    return issue("barrier", what, {},
+                 [comm = comm_](MPI_Request* req) { return MPI_Ibarrier(comm, req); })
+        .wait();
   }
 
   Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
-    MPI_Request req;
-    const int rc = MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, comm_, &req);
     const int world = world_;
-    return issue(rc, req, "all_reduce", what,
-                 [=] {
-                   if (op == ReduceOp::kAvg) {
-                     for (int i = 0; i < count; ++i) values[i] /= world;
-                   }
+    auto finish = [=] {
+      if (op == ReduceOp::kAvg) {
+        for (int i = 0; i < count; ++i) values[i] /= world;
+      }
+    };
+    return issue("all_reduce", what, finish,
+                 [=, comm = comm_](MPI_Request* req) {
+                   return MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, MPI_SUM, comm,
+                                         req);
                  })
         .wait();
   }
 
   Status all_gather_host(const std::uint64_t* send, std::uint64_t* recv, int count,
                          std::string_view what) override {
-    MPI_Request req;
-    const int rc =
-        MPI_Iallgather(send, count, MPI_UINT64_T, recv, count, MPI_UINT64_T, comm_, &req);
-    return issue(rc, req, "all_gather", what, {}).wait();
+    return issue("all_gather", what, {},
+                 [=, comm = comm_](MPI_Request* req) {
+                   return MPI_Iallgather(send, count, MPI_UINT64_T, recv, count, MPI_UINT64_T, comm,
+                                         req);
+                 })
+        .wait();
   }
 
   Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype, int root,
                      std::string_view what) override {
-    MPI_Request req;
-    const int rc = MPI_Igather(send, static_cast<int>(count), type_of(dtype), recv,
-                               static_cast<int>(count), type_of(dtype), root, comm_, &req);
-    return issue(rc, req, "gather", what, {}).wait();
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    return issue("gather", what, {},
+                 [=, comm = comm_](MPI_Request* req) {
+                   return MPI_Igather(send, n, type, recv, n, type, root, comm, req);
+                 })
+        .wait();
   }
 
  private:
+  static constexpr std::chrono::seconds kShutdownGrace{1};
+
   static MPI_Datatype type_of(DType dtype) {
     switch (dtype) {
       case DType::kF32:
@@ -244,21 +428,13 @@ class MpiCommunicator final : public Communicator {
       }
     };
   }
-  CommHandle issue(int rc, MPI_Request req, const char* op, std::string_view what,
-                   std::function<void()> finish) {
-    const std::string label = std::string(op) + " '" + std::string(what) + "'";
-    if (rc != MPI_SUCCESS) {
-      struct Failed final : CommHandle::State {
-        Status s;
-        Status wait() override { return s; }
-      };
-      auto f = std::make_shared<Failed>();
-      f->s = internal_error("rank " + std::to_string(rank_) + ": " + label +
-                            " failed: " + mpi_error_string(rc));
-      return CommHandle(f);
-    }
+  // Queues the operation on the communication thread; its deadline starts now.
+  CommHandle issue(const char* op, std::string_view what, std::function<void()> finish,
+                   StartFn start) {
+    std::string label = std::string(op) + " '" + std::string(what) + "'";
     return CommHandle(std::make_shared<MpiRequestState>(
-        req, label, rank_, std::chrono::steady_clock::now() + timeout_, std::move(finish)));
+        runtime().thread->submit(comm_, std::move(start)), std::move(label), rank_,
+        std::chrono::steady_clock::now() + timeout_, std::move(finish)));
   }
 
   MPI_Comm comm_;
@@ -283,24 +459,69 @@ Result<std::unique_ptr<Communicator>> make_mpi_host_communicator(const CommOptio
                                                                  device::Device& device) {
   MpiRuntime& rt = runtime();
   std::lock_guard lock(rt.mu);
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) {
-    int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-      return unavailable("MPI_Init_thread failed; is this process started by mpirun?");
+  if (!rt.thread) {
+    // No communication thread yet, so this thread may call MPI.
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      return failed_precondition(
+          "MPI was already finalized in this process (its last communicator was destroyed); "
+          "keep one communicator alive for the whole run");
     }
-    rt.we_initialized = true;
-    MPI_Op_create(&half_sum<bf16, bf16_to_f32, f32_to_bf16>, 1, &rt.bf16_sum);
-    MPI_Op_create(&half_sum<f16, f16_to_f32, f32_to_f16>, 1, &rt.f16_sum);
+    if (!initialized) {
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+        return unavailable("MPI_Init_thread failed; is this process started by mpirun?");
+      }
+      rt.we_initialized = true;
+    }
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_SERIALIZED) {
+      return unavailable("the MPI library provides thread level " + std::to_string(provided) +
+                         ", but the communication thread needs MPI_THREAD_SERIALIZED (" +
+                         std::to_string(MPI_THREAD_SERIALIZED) +
+                         "); use an MPI built with thread support");
+    }
+    if (rt.bf16_sum == MPI_OP_NULL) {
+      MPI_Op_create(&half_sum<bf16, bf16_to_f32, f32_to_bf16>, 1, &rt.bf16_sum);
+      MPI_Op_create(&half_sum<f16, f16_to_f32, f32_to_f16>, 1, &rt.f16_sum);
+    }
+    rt.thread = std::make_unique<CommThread>();
   }
-  MPI_Comm comm;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS)
-    return internal_error("MPI_Comm_dup failed");
-  // Errors come back as return codes, so they become a Status naming the rank and operation.
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  // Duplicating MPI_COMM_WORLD is collective: non-blocking, so a missing peer times out. The
+  // results live on the heap because a timed-out duplication may still complete later.
+  struct Dup {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::atomic<int> rank{-1};  // read for the message of a timed-out duplication
+    int world = 0;
+  };
+  auto dup = std::make_shared<Dup>();
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  std::future<std::string> duplicated = rt.thread->submit(MPI_COMM_WORLD, [dup](MPI_Request* req) {
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    dup->rank = rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &dup->world);
+    return MPI_Comm_idup(MPI_COMM_WORLD, &dup->comm, req);
+  });
+  Status s = wait_for_op(duplicated, dup->rank, "duplicating MPI_COMM_WORLD", deadline);
+  if (s.is_ok()) {
+    // Errors come back as return codes, so they become a Status naming the rank and operation.
+    std::future<std::string> setup = rt.thread->submit(dup->comm, [dup](MPI_Request*) {
+      return MPI_Comm_set_errhandler(dup->comm, MPI_ERRORS_RETURN);
+    });
+    s = wait_for_op(setup, dup->rank, "MPI_Comm_set_errhandler", deadline);
+  }
+  if (!s.is_ok()) {
+    if (rt.users == 0) rt.thread.reset();  // a timed-out duplication stays in flight: no finalize
+    rt.unclean = true;
+    return s;
+  }
   ++rt.users;
-  return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(comm, options, device));
+  return std::unique_ptr<Communicator>(
+      std::make_unique<MpiCommunicator>(dup->comm, dup->rank, dup->world, options, device));
 }
 
 }  // namespace strata::dist
