@@ -116,6 +116,15 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("zero_stage", &c.zero_stage, 1, 3);
   r.read("sub_group_size", &c.sub_group_size, 1024);
   r.read("param_persistence_threshold", &c.param_persistence_threshold, 0);
+  for (const auto& [key, out] : {std::pair{"reduce_bucket_bytes", &c.reduce_bucket_bytes},
+                                 std::pair{"allgather_bucket_bytes", &c.allgather_bucket_bytes}}) {
+    r.read_bytes(key, out);
+    if (*out == 0) {
+      r.error(key,
+              "must be positive, got 0: it is the most bytes one collective moves "
+              "(e.g. \"512MiB\"; smaller means more, smaller collectives)");
+    }
+  }
   r.read_choice("dist_backend", &c.dist_backend, {"auto", "single", "mpi", "nccl"});
   r.read("dist_timeout_s", &c.dist_timeout_s, 1);
   r.read_choice("offload_optimizer", &c.offload_optimizer, {"none", "cpu", "nvme"});
@@ -204,6 +213,8 @@ Json TrainConfig::to_json() const {
       {"zero_stage", zero_stage},
       {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
+      {"reduce_bucket_bytes", reduce_bucket_bytes},
+      {"allgather_bucket_bytes", allgather_bucket_bytes},
       {"dist_backend", dist_backend},
       {"dist_timeout_s", dist_timeout_s},
       {"offload_optimizer", offload_optimizer},

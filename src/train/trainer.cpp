@@ -193,9 +193,14 @@ Status Trainer::Impl::setup() {
   eopts.timeline = timeline.get();
   STRATA_ASSIGN_OR_RETURN(
       engine, zero::OffloadEngine::create(partition->local_layout(), *device, swap.get(), eopts));
-  provider = std::make_unique<zero::ZeroProvider>(
-      *layout, *partition, *engine, *comm, *device,
-      zero::ZeroOptions{config.zero_stage, compute_dtype, param != zero::Offload::kNvme});
+  zero::ZeroOptions zopts;
+  zopts.stage = config.zero_stage;
+  zopts.compute_dtype = compute_dtype;
+  zopts.gather_ahead = param != zero::Offload::kNvme;
+  zopts.reduce_bucket_bytes = config.reduce_bucket_bytes;
+  zopts.allgather_bucket_bytes = config.allgather_bucket_bytes;
+  provider =
+      std::make_unique<zero::ZeroProvider>(*layout, *partition, *engine, *comm, *device, zopts);
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));

@@ -1,4 +1,4 @@
-// ZeroProvider: all-gather before use, reduce-scatter after backward, cross-rank norms.
+// ZeroProvider: all-gather before use, bucketed reduce-scatter after backward, cross-rank norms.
 #include "strata/zero/zero_provider.h"
 
 #include <cmath>
@@ -15,12 +15,19 @@ ZeroProvider::ZeroProvider(const model::ParamLayout& full, const Partition& part
       comm_(comm),
       device_(device),
       options_(options),
-      dsize_(dtype_size(options.compute_dtype)) {
+      dsize_(dtype_size(options.compute_dtype)),
+      gather_cap_elems_(
+          bucket_cap_elems(options.allgather_bucket_bytes, dsize_, comm.world_size())),
+      replicated_packer_(bucket_cap_elems(options.reduce_bucket_bytes, dsize_, 1)),
+      partitioned_packer_(
+          bucket_cap_elems(options.reduce_bucket_bytes, dsize_, comm.world_size())) {
   full_params_.resize(static_cast<std::size_t>(full.num_groups()));
   param_refs_.assign(static_cast<std::size_t>(full.num_groups()), 0);
   full_grads_.resize(static_cast<std::size_t>(full.num_groups()));
   engine_grads_.assign(static_cast<std::size_t>(full.num_groups()), nullptr);
-  gathers_.resize(static_cast<std::size_t>(full.num_groups()));
+  // Constructed in place: a deque of move-only chunks is not copyable, and its move may throw.
+  gathers_ = std::vector<PendingGather>(static_cast<std::size_t>(full.num_groups()));
+  grad_sources_.resize(static_cast<std::size_t>(full.num_groups()));
   gathering_.assign(static_cast<std::size_t>(full.num_groups()), false);
 }
 
@@ -39,8 +46,31 @@ Status ZeroProvider::load_master(const model::GroupSource& full_source) {
   return refresh_replicated_params();
 }
 
+std::int64_t ZeroProvider::reduce_block_elems(int group) const {
+  const GroupPartition& p = partition_.group(group);
+  return p.replicated ? p.full_elems : p.shard_elems;
+}
+
+void ZeroProvider::copy(void* dst, const void* src, std::int64_t num_elems) {
+  // A cast to the same dtype is the op table's device-to-device copy, ordered on the compute
+  // stream with the collectives and the model's ops.
+  device_.ops().cast(src, options_.compute_dtype, dst, options_.compute_dtype, num_elems);
+}
+
+std::string ZeroProvider::describe(const Bucket& bucket, const std::string& what) const {
+  const int first = bucket.pieces.front().group;
+  const int last = bucket.pieces.back().group;
+  std::string s = what + " of " + full_.group(first).name;
+  if (last != first) s += ".." + full_.group(last).name;
+  if (bucket.pieces.size() > 1 || bucket.pieces.front().begin > 0 || !bucket.pieces.front().last) {
+    s += " (bucket of " + std::to_string(bucket.pieces.size()) + " pieces)";
+  }
+  return s;
+}
+
 Status ZeroProvider::refresh_replicated_params() {
   if (options_.stage >= 3) return Status::ok();
+  BucketPacker packer(gather_cap_elems_);
   for (const auto& p : partition_.groups()) {
     if (p.replicated) continue;
     auto& full = full_params_[static_cast<std::size_t>(p.group)];
@@ -49,13 +79,56 @@ Status ZeroProvider::refresh_replicated_params() {
           full, device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
                                  "replicated parameters of " + full_.group(p.group).name));
     }
-    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(p.group));
+    if (p.shard_elems == 0) continue;
+    for (const Bucket& b : packer.add(p.group, p.shard_elems)) {
+      STRATA_RETURN_IF_ERROR(gather_bucket(b));
+    }
+  }
+  if (auto b = packer.flush()) STRATA_RETURN_IF_ERROR(gather_bucket(*b));
+  return Status::ok();
+}
+
+// Stages 1-2: one all-gather of a bucket of consecutive groups' shard ranges, unpacked into each
+// group's full parameters. A bucket that is one whole group gathers straight into its layout.
+Status ZeroProvider::gather_bucket(const Bucket& bucket) {
+  const BucketPiece& first = bucket.pieces.front();
+  const std::string what = describe(bucket, "parameters");
+  if (bucket.pieces.size() == 1 && first.begin == 0 && first.last) {
+    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(first.group));
     Status s = comm_
-                   .all_gather(shard, full.data(), p.shard_elems, options_.compute_dtype,
-                               "parameters of " + full_.group(p.group).name)
+                   .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data(),
+                               bucket.block_elems, options_.compute_dtype, what)
                    .wait();
-    engine_.release_params(p.group);
-    STRATA_RETURN_IF_ERROR(s);
+    engine_.release_params(first.group);
+    return s;
+  }
+  const int world = comm_.world_size();
+  const auto count = static_cast<std::size_t>(bucket.block_elems);
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer send,
+                          device_.allocate(count * dsize_, "all-gather bucket (send)"));
+  STRATA_ASSIGN_OR_RETURN(
+      device::DeviceBuffer recv,
+      device_.allocate(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket"));
+  for (const BucketPiece& piece : bucket.pieces) {
+    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(piece.group));
+    copy(send.as<std::byte>() + static_cast<std::size_t>(piece.offset) * dsize_,
+         static_cast<const std::byte*>(shard) + static_cast<std::size_t>(piece.begin) * dsize_,
+         piece.count);
+    engine_.release_params(piece.group);
+  }
+  STRATA_RETURN_IF_ERROR(
+      comm_.all_gather(send.data(), recv.data(), bucket.block_elems, options_.compute_dtype, what)
+          .wait());
+  for (int r = 0; r < world; ++r) {
+    for (const BucketPiece& piece : bucket.pieces) {
+      const GroupPartition& p = partition_.group(piece.group);
+      auto* full = full_params_[static_cast<std::size_t>(piece.group)].as<std::byte>();
+      copy(full + static_cast<std::size_t>(r * p.shard_elems + piece.begin) * dsize_,
+           recv.as<std::byte>() +
+               (static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset)) *
+                   dsize_,
+           piece.count);
+    }
   }
   return Status::ok();
 }
@@ -63,24 +136,83 @@ Status ZeroProvider::refresh_replicated_params() {
 Status ZeroProvider::start_gather(int group) {
   const GroupPartition& p = partition_.group(group);
   const auto gi = static_cast<std::size_t>(group);
+  const auto world = static_cast<std::size_t>(comm_.world_size());
+  // A group above allgather_bucket_bytes is gathered in chunks (at least two) through two
+  // staging buffers, two chunks in flight. Both are allocated before any collective is issued,
+  // so a prefetch that finds no room issues nothing.
+  const bool chunked = p.shard_elems > gather_cap_elems_;
+  const int num_staging = chunked ? 2 : 0;
   STRATA_ASSIGN_OR_RETURN(full_params_[gi],
                           device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
                                            "gathered parameters of " + full_.group(group).name));
+  std::vector<device::DeviceBuffer> staging;
+  for (int i = 0; i < num_staging; ++i) {
+    auto b = device_.allocate(static_cast<std::size_t>(gather_cap_elems_) * world * dsize_,
+                              "all-gather staging for " + full_.group(group).name);
+    if (!b.is_ok()) {
+      full_params_[gi].reset();
+      return b.status();
+    }
+    staging.push_back(std::move(*b));
+  }
   auto shard = engine_.acquire_params(group);
   if (!shard.is_ok()) {
     full_params_[gi].reset();
     return shard.status();
   }
-  gathers_[gi] =
-      comm_.all_gather(*shard, full_params_[gi].data(), p.shard_elems, options_.compute_dtype,
-                       "parameters of " + full_.group(group).name);
+  PendingGather& g = gathers_[gi];
+  g.shard = *shard;
+  g.next_begin = 0;
   gathering_[gi] = true;
+  if (!chunked) return issue_gather_chunk(group, device::DeviceBuffer{});
+  for (auto& b : staging) STRATA_RETURN_IF_ERROR(issue_gather_chunk(group, std::move(b)));
+  return Status::ok();
+}
+
+// Issues the all-gather of the group's next shard range: into `recv` (packed, then unpacked by
+// finish_gather), or straight into the full layout when `recv` is empty (the whole shard).
+Status ZeroProvider::issue_gather_chunk(int group, device::DeviceBuffer recv) {
+  const GroupPartition& p = partition_.group(group);
+  PendingGather& g = gathers_[static_cast<std::size_t>(group)];
+  GatherChunk c;
+  c.begin = g.next_begin;
+  c.count = recv.empty() ? p.shard_elems : std::min(gather_cap_elems_, p.shard_elems - c.begin);
+  g.next_begin += c.count;
+  const auto* send =
+      static_cast<const std::byte*>(g.shard) + static_cast<std::size_t>(c.begin) * dsize_;
+  void* dst = recv.empty() ? full_params_[static_cast<std::size_t>(group)].data() : recv.data();
+  std::string what = "parameters of " + full_.group(group).name;
+  if (!recv.empty()) {
+    what += " [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + c.count) +
+            ") of each shard";
+  }
+  c.handle = comm_.all_gather(send, dst, c.count, options_.compute_dtype, what);
+  c.recv = std::move(recv);
+  g.chunks.push_back(std::move(c));
   return Status::ok();
 }
 
 Status ZeroProvider::finish_gather(int group) {
   const auto gi = static_cast<std::size_t>(group);
-  Status s = gathers_[gi].wait();
+  const GroupPartition& p = partition_.group(group);
+  PendingGather& g = gathers_[gi];
+  Status s;
+  while (!g.chunks.empty()) {
+    GatherChunk c = std::move(g.chunks.front());
+    g.chunks.pop_front();
+    Status cs = c.handle.wait();  // waits every chunk, even after a failure: MPI writes into recv
+    if (!s.is_ok()) continue;
+    s = cs;
+    if (!s.is_ok() || c.recv.empty()) continue;
+    auto* full = full_params_[gi].as<std::byte>();
+    for (int r = 0; r < comm_.world_size(); ++r) {
+      copy(full + static_cast<std::size_t>(r * p.shard_elems + c.begin) * dsize_,
+           c.recv.as<std::byte>() + static_cast<std::size_t>(r * c.count) * dsize_, c.count);
+    }
+    // The unpack and the next all-gather into the same buffer are ordered on the compute stream.
+    if (g.next_begin < p.shard_elems) s = issue_gather_chunk(group, std::move(c.recv));
+  }
+  g.shard = nullptr;
   gathering_[gi] = false;
   engine_.release_params(group);  // the shard is no longer needed once gathered
   if (!s.is_ok()) full_params_[gi].reset();
@@ -144,29 +276,88 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
 }
 
 Status ZeroProvider::release_grads(int group) {
-  const std::string what = "gradient of " + full_.group(group).name;
-  PendingReduce pending;
-  pending.group = group;
-  if (!partitioned(group)) {
+  const auto gi = static_cast<std::size_t>(group);
+  GradSource& src = grad_sources_[gi];
+  const ReduceKind kind = partitioned(group) ? ReduceKind::kPartitioned : ReduceKind::kReplicated;
+  if (kind == ReduceKind::kReplicated) {
     if (comm_.world_size() == 1) return engine_.release_grads(group);
-    void* buf = engine_grads_[static_cast<std::size_t>(group)];
-    pending.handle = comm_.all_reduce(buf, buf, partition_.group(group).full_elems,
-                                      options_.compute_dtype, dist::ReduceOp::kSum, what);
+    src.data = engine_grads_[gi];
   } else {
-    const GroupPartition& p = partition_.group(group);
-    pending.full = std::move(full_grads_[static_cast<std::size_t>(group)]);
-    STRATA_ASSIGN_OR_RETURN(void* shard, engine_.acquire_grads(group));
-    if (options_.stage == 1) {
-      // Stage 1 keeps full gradients on every rank: all-reduce, then keep this rank's slice.
-      pending.handle = comm_.all_reduce(pending.full.data(), pending.full.data(), p.padded_elems,
-                                        options_.compute_dtype, dist::ReduceOp::kSum, what);
-      pending.slice_into = shard;
-    } else {
-      pending.handle = comm_.reduce_scatter(pending.full.data(), shard, p.shard_elems,
-                                            options_.compute_dtype, dist::ReduceOp::kSum, what);
+    src.full = std::move(full_grads_[gi]);
+    src.data = src.full.data();
+    STRATA_ASSIGN_OR_RETURN(src.shard, engine_.acquire_grads(group));
+  }
+  if (reduce_block_elems(group) == 0) {  // nothing to reduce
+    src = GradSource{};
+    return engine_.release_grads(group);
+  }
+  // Replicated and partitioned groups reduce through different collectives: a change of kind
+  // closes the other kind's bucket, so buckets are reduced in the order gradients arrive.
+  const ReduceKind other =
+      kind == ReduceKind::kPartitioned ? ReduceKind::kReplicated : ReduceKind::kPartitioned;
+  if (auto b = packer(other).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(other, std::move(*b)));
+  for (Bucket& b : packer(kind).add(group, reduce_block_elems(group))) {
+    STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(b)));
+  }
+  return Status::ok();
+}
+
+// Packs a bucket (rank block r: every piece's range of rank r's block), starts its collective,
+// and keeps at most one bucket's reduction in flight while backward continues. A bucket that is
+// one whole group reduces that group's own buffer, as an unbucketed reduction would.
+Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
+  const BucketPiece& first = bucket.pieces.front();
+  const bool whole = bucket.pieces.size() == 1 && first.begin == 0 && first.last;
+  const std::int64_t blocks = kind == ReduceKind::kPartitioned ? comm_.world_size() : 1;
+  const auto count = static_cast<std::size_t>(bucket.block_elems);
+  const std::string what = describe(bucket, "gradient");
+  PendingReduce pending;
+  pending.kind = kind;
+  void* send = grad_sources_[static_cast<std::size_t>(first.group)].data;
+  if (!whole) {
+    STRATA_ASSIGN_OR_RETURN(
+        pending.send,
+        device_.allocate(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
+    send = pending.send.data();
+    for (std::int64_t r = 0; r < blocks; ++r) {
+      for (const BucketPiece& piece : bucket.pieces) {
+        const auto* src = static_cast<const std::byte*>(
+            grad_sources_[static_cast<std::size_t>(piece.group)].data);
+        const std::int64_t from = r * reduce_block_elems(piece.group) + piece.begin;
+        const std::size_t to =
+            static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset);
+        copy(pending.send.as<std::byte>() + to * dsize_,
+             src + static_cast<std::size_t>(from) * dsize_, piece.count);
+      }
+    }
+    // A partitioned group whose last piece is packed needs its full gradient no longer: free it
+    // now, so device memory holds the open bucket's gradients and packed buckets, not both.
+    for (const BucketPiece& piece : bucket.pieces) {
+      GradSource& src = grad_sources_[static_cast<std::size_t>(piece.group)];
+      if (kind == ReduceKind::kPartitioned && piece.last) {
+        src.full.reset();
+        src.data = nullptr;
+      }
     }
   }
-  // The reduction runs while the previous layer's backward computes; keep one in flight.
+  const auto n = static_cast<std::int64_t>(count);
+  if (kind == ReduceKind::kReplicated || options_.stage == 1) {
+    // Stage 1 keeps full gradients on every rank: all-reduce, then keep this rank's block.
+    pending.handle = comm_.all_reduce(send, send, n * blocks, options_.compute_dtype,
+                                      dist::ReduceOp::kSum, what);
+    pending.result = send;
+  } else {
+    void* recv = grad_sources_[static_cast<std::size_t>(first.group)].shard;
+    if (!whole) {
+      STRATA_ASSIGN_OR_RETURN(pending.recv,
+                              device_.allocate(count * dsize_, "gradient bucket (reduced)"));
+      recv = pending.recv.data();
+    }
+    pending.handle =
+        comm_.reduce_scatter(send, recv, n, options_.compute_dtype, dist::ReduceOp::kSum, what);
+    pending.result = recv;
+  }
+  pending.bucket = std::move(bucket);
   pending_reduces_.push_back(std::move(pending));
   while (pending_reduces_.size() > 1) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   return Status::ok();
@@ -176,17 +367,39 @@ Status ZeroProvider::finish_one_reduce() {
   PendingReduce p = std::move(pending_reduces_.front());
   pending_reduces_.pop_front();
   STRATA_RETURN_IF_ERROR(p.handle.wait());
-  if (p.slice_into != nullptr) {
-    const GroupPartition& gp = partition_.group(p.group);
-    const auto* slice = static_cast<const std::byte*>(p.full.data()) +
-                        static_cast<std::size_t>(gp.shard_offset) * dsize_;
-    device_.ops().add(p.slice_into, slice, p.slice_into, gp.shard_elems, options_.compute_dtype);
+  const BucketPiece& first = p.bucket.pieces.front();
+  const bool whole = p.bucket.pieces.size() == 1 && first.begin == 0 && first.last;
+  const auto count = static_cast<std::size_t>(p.bucket.block_elems);
+  const auto* result = static_cast<const std::byte*>(p.result);
+  for (const BucketPiece& piece : p.bucket.pieces) {
+    GradSource& src = grad_sources_[static_cast<std::size_t>(piece.group)];
+    const auto at = static_cast<std::size_t>(piece.begin) * dsize_;
+    if (p.kind == ReduceKind::kReplicated) {
+      if (!whole) {
+        copy(static_cast<std::byte*>(src.data) + at,
+             result + static_cast<std::size_t>(piece.offset) * dsize_, piece.count);
+      }
+    } else if (options_.stage == 1) {
+      const std::size_t from =
+          static_cast<std::size_t>(comm_.rank()) * count + static_cast<std::size_t>(piece.offset);
+      auto* shard = static_cast<std::byte*>(src.shard) + at;
+      device_.ops().add(shard, result + from * dsize_, shard, piece.count, options_.compute_dtype);
+    } else if (!whole) {
+      copy(static_cast<std::byte*>(src.shard) + at,
+           result + static_cast<std::size_t>(piece.offset) * dsize_, piece.count);
+    }
+    if (piece.last) {
+      src = GradSource{};  // the full gradient's last piece is reduced
+      STRATA_RETURN_IF_ERROR(engine_.release_grads(piece.group));
+    }
   }
-  p.full.reset();
-  return engine_.release_grads(p.group);
+  return Status::ok();
 }
 
 Status ZeroProvider::finish_micro_batch() {
+  for (ReduceKind kind : {ReduceKind::kReplicated, ReduceKind::kPartitioned}) {
+    if (auto b = packer(kind).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(*b)));
+  }
   while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   return engine_.finish_micro_batch();
 }

@@ -8,6 +8,7 @@
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
+#include "strata/zero/bucket.h"
 
 namespace strata::train {
 
@@ -50,6 +51,11 @@ struct TrainConfig {
   std::int64_t dist_timeout_s = 300;                  // a collective slower than this ends the run
   std::string offload_optimizer = "none";             // none | cpu | nvme
   std::string offload_param = "none";                 // none | cpu | nvme
+  // Bytes one gradient reduction / one parameter all-gather moves at most (every rank's part
+  // counted): small groups share a collective, large ones are split. DeepSpeed's
+  // reduce_bucket_size and allgather_bucket_size, in bytes.
+  std::uint64_t reduce_bucket_bytes = zero::kDefaultReduceBucketBytes;
+  std::uint64_t allgather_bucket_bytes = zero::kDefaultAllgatherBucketBytes;
   // Parameter prefetch (offload_param cpu or nvme), in bytes: fetches in flight (0 = fetch on
   // demand only), parameters resident or arriving on the device (0 = the device budget alone),
   // and how close a group's next use must be for it to stay resident after its release.

@@ -1,17 +1,20 @@
 // ZeRO stages 1-3 across data-parallel ranks on top of one rank's OffloadEngine: gathers a
 // group's full parameters from every rank's shard before use, reduces gradients so each rank
-// keeps only its shard, and combines norms and checkpoints across ranks.
+// keeps only its shard, and combines norms and checkpoints across ranks. Collectives are
+// bucketed (bucket.h): gradients of several groups share a reduction, large groups are split.
 #pragma once
 
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/param_provider.h"
+#include "strata/zero/bucket.h"
 #include "strata/zero/offload_engine.h"
 #include "strata/zero/partition.h"
 
@@ -23,6 +26,15 @@ struct ZeroOptions {
   // Stage 3: start a group's all-gather when the model announces it (prefetch), so it overlaps
   // the current layer. Off when shards come from NVMe: there the prefetch starts the read instead.
   bool gather_ahead = true;
+  // Most bytes one gradient reduction moves, counting every rank's block (DeepSpeed's
+  // reduce_bucket_size, in bytes): released gradients are packed into buckets of this size, small
+  // groups together and large groups split, one collective per bucket. It also bounds device
+  // memory: the open bucket's full gradients, plus up to two packed buckets (one in flight).
+  std::uint64_t reduce_bucket_bytes = kDefaultReduceBucketBytes;
+  // Most bytes one parameter all-gather receives (DeepSpeed's allgather_bucket_size, in bytes):
+  // stage 3 gathers a larger group in several all-gathers through two staging buffers of this
+  // size; stages 1-2 coalesce the re-gather after each step into buckets of this size.
+  std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
 class ZeroProvider final : public model::ParamProvider {
@@ -64,16 +76,48 @@ class ZeroProvider final : public model::ParamProvider {
 
  private:
   Status refresh_replicated_params();  // stages 1-2: full parameters resident on every rank
+  Status gather_bucket(const Bucket& bucket);
   Status start_gather(int group);
+  Status issue_gather_chunk(int group, device::DeviceBuffer recv);
   Status finish_gather(int group);
-  Status finish_one_reduce();
-  struct PendingReduce {
-    int group = 0;
-    dist::CommHandle handle;
-    device::DeviceBuffer full;   // full-size gradient, alive until the collective is done
-    void* slice_into = nullptr;  // stage 1: the engine shard that receives this rank's slice
+
+  // Gradient reductions. Replicated groups are all-reduced whole (one rank block); partitioned
+  // groups are reduce-scattered (stage 1: all-reduced) in world rank blocks of shard size.
+  enum class ReduceKind : std::uint8_t { kReplicated, kPartitioned };
+  // A group's gradient from release_grads until its last piece has been reduced.
+  struct GradSource {
+    device::DeviceBuffer full;  // partitioned: the full-size gradient the model wrote
+    void* data = nullptr;       // full.data(), or the engine's buffer for a replicated group
+    void* shard = nullptr;      // partitioned: the engine's buffer for this rank's shard
   };
+  struct PendingReduce {
+    ReduceKind kind = ReduceKind::kReplicated;
+    Bucket bucket;
+    dist::CommHandle handle;
+    device::DeviceBuffer send;  // the packed bucket; empty when it is one whole group's buffer
+    device::DeviceBuffer recv;  // stages 2-3, packed: this rank's block of the result
+    void* result = nullptr;     // where this rank's reduced block(s) lie once the handle is done
+  };
+  // One stage 3 all-gather of shard range [begin, begin + count) of a group, in flight.
+  struct GatherChunk {
+    std::int64_t begin = 0, count = 0;
+    dist::CommHandle handle;
+    device::DeviceBuffer recv;  // world * count, packed; empty when gathering straight to full
+  };
+  struct PendingGather {
+    const void* shard = nullptr;
+    std::int64_t next_begin = 0;  // first shard element whose all-gather is not yet issued
+    std::deque<GatherChunk> chunks;
+  };
+  std::int64_t reduce_block_elems(int group) const;
+  BucketPacker& packer(ReduceKind kind) {
+    return kind == ReduceKind::kPartitioned ? partitioned_packer_ : replicated_packer_;
+  }
+  Status issue_reduce(ReduceKind kind, Bucket bucket);
+  Status finish_one_reduce();
   bool partitioned(int group) const { return !partition_.group(group).replicated; }
+  std::string describe(const Bucket& bucket, const std::string& what) const;
+  void copy(void* dst, const void* src, std::int64_t num_elems);  // device to device, in order
 
   const model::ParamLayout& full_;
   const Partition& partition_;
@@ -86,8 +130,12 @@ class ZeroProvider final : public model::ParamProvider {
   std::vector<int> param_refs_;
   std::vector<device::DeviceBuffer> full_grads_;  // full-size gradients while being produced
   std::vector<void*> engine_grads_;               // replicated groups: the engine's buffer
-  std::vector<dist::CommHandle> gathers_;         // stage 3: all-gathers in flight
+  std::vector<PendingGather> gathers_;            // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
+  std::int64_t gather_cap_elems_;  // shard elements per all-gather (allgather_bucket_bytes)
+  std::vector<GradSource> grad_sources_;
+  BucketPacker replicated_packer_;   // at most one of the two has an open bucket
+  BucketPacker partitioned_packer_;  // its rank blocks: world
   std::deque<PendingReduce> pending_reduces_;
 };
 

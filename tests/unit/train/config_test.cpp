@@ -78,6 +78,35 @@ TEST(ConfigTest, ByteSizesAcceptUnits) {
   EXPECT_NE(c.status().message().find("'device_memory_limit'"), std::string::npos);
 }
 
+TEST(ConfigTest, BucketSizesAreBytesAndMustBePositive) {
+  auto d = parse_train_config(minimal(), "t.json");
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d->reduce_bucket_bytes, std::uint64_t{512} << 20);
+  EXPECT_EQ(d->allgather_bucket_bytes, std::uint64_t{512} << 20);
+  EXPECT_EQ(d->to_json()["reduce_bucket_bytes"], std::uint64_t{512} << 20);
+
+  Json j = minimal();
+  j["reduce_bucket_bytes"] = "4KiB";
+  j["allgather_bucket_bytes"] = 3000;
+  auto c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->reduce_bucket_bytes, 4096u);
+  EXPECT_EQ(c->allgather_bucket_bytes, 3000u);
+
+  // Both bad values reported at once, each naming its key.
+  j["reduce_bucket_bytes"] = 0;
+  j["allgather_bucket_bytes"] = -5;
+  auto bad = parse_train_config(j, "t.json");
+  ASSERT_FALSE(bad.is_ok());
+  const std::string& m = bad.status().message();
+  EXPECT_NE(m.find("'reduce_bucket_bytes': must be positive, got 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("'allgather_bucket_bytes': byte size -5 is negative"), std::string::npos) << m;
+  j["allgather_bucket_bytes"] = "lots";
+  const std::string m2 = parse_train_config(j, "t.json").status().message();
+  EXPECT_NE(m2.find("'allgather_bucket_bytes': 'lots' is not a byte size"), std::string::npos)
+      << m2;
+}
+
 TEST(ConfigTest, NvmeNeedsSwapPathsAndParamOffloadNeedsOptimizerOffload) {
   Json j = minimal();
   j["offload_optimizer"] = "nvme";
