@@ -130,7 +130,7 @@ inline std::string compare_bytes(const char* what, const void* got, const void* 
   const auto* a = static_cast<const unsigned char*>(got);
   const auto* b = static_cast<const unsigned char*>(want);
   const std::size_t total = elem_bytes * static_cast<std::size_t>(n);
-  if (std::memcmp(a, b, total) == 0) return "";
+  if (total == 0 || std::memcmp(a, b, total) == 0) return "";
   for (std::size_t i = 0; i < total; i += elem_bytes) {
     if (std::memcmp(a + i, b + i, elem_bytes) != 0) {
       std::uint32_t x = 0, y = 0;
