@@ -76,10 +76,29 @@ class CommThread {
     std::future<std::string> done = p.done.get_future();
     {
       std::lock_guard lock(mu_);
+      if (failed_) {
+        p.done.set_value(kFailedText);
+        return done;
+      }
       queue_.push_back(std::move(p));
     }
     cv_.notify_one();
     return done;
+  }
+  // After a wait timed out: this process makes no MPI call again. A collective still in flight
+  // moves only inside MPI calls, so it can no longer write into buffers its waiter gave up on
+  // (and freed); the run is ending with that timeout's error anyway. Later operations fail at
+  // once, naming the cause.
+  void fail() {
+    {
+      std::lock_guard lock(mu_);
+      failed_ = true;
+    }
+    cv_.notify_one();
+  }
+  bool failed() {
+    std::lock_guard lock(mu_);
+    return failed_;
   }
   // Operations on `comm` still in flight after testing them all once; only for StartFns, which
   // run on this thread.
@@ -100,7 +119,11 @@ class CommThread {
     MPI_Comm comm;
     MPI_Request req;
     std::promise<std::string> done;
+    StartFn start;  // keeps what it captured (results MPI writes on completion) alive until then
   };
+  static constexpr const char* kFailedText =
+      "not run: an earlier MPI operation on this rank timed out, and this process makes no more "
+      "MPI calls";
   // Longest pause between tests of in-flight operations: bounds the latency added to each round
   // of a collective's schedule, and the CPU the thread takes while waiting (see class comment).
   static constexpr std::chrono::microseconds kMaxBackoff{100};
@@ -119,6 +142,13 @@ class CommThread {
         }
         if (stop_) break;
         batch.swap(queue_);
+        if (failed_) {
+          for (Pending& p : batch) p.done.set_value(kFailedText);
+          for (Active& a : active_) a.done.set_value(kFailedText);
+          active_.clear();  // never tested again; their keep-alives are released
+          backoff = std::chrono::microseconds(0);
+          continue;
+        }
       }
       bool progressed = !batch.empty();
       for (Pending& p : batch) {
@@ -129,7 +159,7 @@ class CommThread {
         } else if (req == MPI_REQUEST_NULL) {
           p.done.set_value("");
         } else {
-          active_.push_back(Active{p.comm, req, std::move(p.done)});
+          active_.push_back(Active{p.comm, req, std::move(p.done), std::move(p.start)});
         }
       }
       if (test_active()) progressed = true;
@@ -165,6 +195,7 @@ class CommThread {
   std::condition_variable cv_;
   std::deque<Pending> queue_;  // guarded by mu_
   bool stop_ = false;          // guarded by mu_
+  bool failed_ = false;        // guarded by mu_
   std::list<Active> active_;   // only touched by the thread
   std::thread thread_;         // last: starts after every member above is constructed
 };
@@ -195,7 +226,10 @@ Status timed_out(int rank, const std::string& what) {
 // Waits for an operation the communication thread runs, until `deadline`.
 Status wait_for_op(std::future<std::string>& done, int rank, const std::string& what,
                    std::chrono::steady_clock::time_point deadline) {
-  if (done.wait_until(deadline) != std::future_status::ready) return timed_out(rank, what);
+  if (done.wait_until(deadline) != std::future_status::ready) {
+    runtime().thread->fail();
+    return timed_out(rank, what);
+  }
   const std::string error = done.get();
   if (!error.empty()) {
     return internal_error("rank " + std::to_string(rank) + ": " + what + " failed: " + error);
@@ -242,7 +276,8 @@ class MpiCommunicator final : public Communicator {
     // its peers, which may be dead.
     const auto give_up = std::chrono::steady_clock::now() +
                          std::min<std::chrono::steady_clock::duration>(timeout_, kShutdownGrace);
-    for (bool freed = false; !freed;) {
+    if (rt.thread->failed()) rt.unclean = true;  // no MPI call after a timeout, not even a free
+    for (bool freed = rt.unclean; !freed;) {
       std::future<std::string> done = rt.thread->submit(comm_, [&](MPI_Request*) {
         if (rt.thread->in_flight(comm_) > 0) return MPI_SUCCESS;
         freed = true;

@@ -1,6 +1,7 @@
 // Trainer: wires config -> device, swap space, model, offload engine, data; runs the loop.
 #include "strata/train/trainer.h"
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <thread>
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
@@ -380,13 +382,21 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
 
 namespace {
 // Fault injection for the multi-rank tests: STRATA_FAULT_KILL_RANK_AT_STEP=R:S makes rank R
-// die (SIGKILL, no cleanup) as step S starts, as a crashed node would.
-void maybe_inject_rank_death(int rank, std::int64_t step) {
-  const char* spec = std::getenv("STRATA_FAULT_KILL_RANK_AT_STEP");
-  if (spec == nullptr) return;
+// die (SIGKILL, no cleanup) as step S starts, as a crashed node would;
+// STRATA_FAULT_STALL_RANK_AT_STEP=R:S makes it stop there for good, alive but stuck, as a hung
+// GPU or a stopped process would.
+bool fault_matches(const char* variable, int rank, std::int64_t step) {
+  const char* spec = std::getenv(variable);
+  if (spec == nullptr) return false;
   int r = -1;
   long long s = -1;
-  if (std::sscanf(spec, "%d:%lld", &r, &s) == 2 && r == rank && s == step) std::raise(SIGKILL);
+  return std::sscanf(spec, "%d:%lld", &r, &s) == 2 && r == rank && s == step;
+}
+void maybe_inject_rank_death(int rank, std::int64_t step) {
+  if (fault_matches("STRATA_FAULT_KILL_RANK_AT_STEP", rank, step)) std::raise(SIGKILL);
+  if (fault_matches("STRATA_FAULT_STALL_RANK_AT_STEP", rank, step)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
 }
 }  // namespace
 

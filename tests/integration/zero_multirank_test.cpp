@@ -211,5 +211,36 @@ TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
   EXPECT_NE(err.str().find("rank"), std::string::npos) << err.str();
 }
 
+// A rank that is alive but stuck (rank 1 stops for good as step 3 starts): the other rank's
+// collective times out after dist_timeout_s, it says which rank and operation, makes no MPI call
+// after that (a late completion could write into buffers already freed), and the job ends.
+TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json j = config(dir, "stuck");
+  j["max_steps"] = 100000;
+  j["dist_timeout_s"] = 3;
+  fs::create_directories(dir.file("stuck"));
+  dir.write("stuck/config.json", j.dump());
+  const std::string cmd = "STRATA_FAULT_STALL_RANK_AT_STEP=1:3 " + mpirun(dir, 2) +
+                          "-x STRATA_FAULT_STALL_RANK_AT_STEP " + STRATA_CLI + " train " +
+                          dir.file("stuck/config.json") + " >" + dir.file("stuck/out.txt") + " 2>" +
+                          dir.file("stuck/err.txt");
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = run(cmd);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(rc, 0);
+  EXPECT_LT(seconds, 3 + 30) << "the run outlived dist_timeout_s by far";
+  std::stringstream err;
+  err << std::ifstream(dir.file("stuck/err.txt")).rdbuf();
+  EXPECT_NE(err.str().find("rank 0: "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("did not complete in time; a peer rank may have died or be stuck"),
+            std::string::npos)
+      << err.str();
+  // One timeout, reported once: nothing after it waited out another timeout.
+  EXPECT_LT(seconds, 2 * 3 + 20) << err.str();
+}
+
 }  // namespace
 }  // namespace strata
