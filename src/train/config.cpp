@@ -122,7 +122,11 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     if (*out == 0) {
       r.error(key,
               "must be positive, got 0: it is the most bytes one collective moves "
-              "(e.g. \"512MiB\"; smaller means more, smaller collectives)");
+              "(e.g. \"64MiB\"; smaller means more, smaller collectives)");
+    } else if (*out > zero::kMaxBucketBytes) {
+      r.error(key, "must be at most 1GiB (" + std::to_string(zero::kMaxBucketBytes) + "), got " +
+                       std::to_string(*out) +
+                       ": a bucket lives in device memory, and MPI counts its elements in an int");
     }
   }
   r.read_choice("dist_backend", &c.dist_backend, {"auto", "single", "mpi", "nccl"});

@@ -133,28 +133,39 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   return Status::ok();
 }
 
-Status ZeroProvider::start_gather(int group) {
+Status ZeroProvider::start_gather(int group, bool prefetch) {
   const GroupPartition& p = partition_.group(group);
   const auto gi = static_cast<std::size_t>(group);
-  const auto world = static_cast<std::size_t>(comm_.world_size());
-  // A group above allgather_bucket_bytes is gathered in chunks (at least two) through two
-  // staging buffers, two chunks in flight. Both are allocated before any collective is issued,
-  // so a prefetch that finds no room issues nothing.
+  // A group above allgather_bucket_bytes is gathered in chunks (at least two), two in flight,
+  // through two staging buffers. The provider keeps one pair for its whole life: allocated at
+  // the first chunked gather (so that one allocation, not one per layer and step, is what could
+  // fail) and lent to one group at a time. A prefetch that finds the pair lent out issues
+  // nothing and leaves the gather to acquire; the pair's state follows from the order of calls,
+  // which is the same on every rank. An acquire that finds it lent borrows a pair of its own.
   const bool chunked = p.shard_elems > gather_cap_elems_;
-  const int num_staging = chunked ? 2 : 0;
+  std::vector<device::DeviceBuffer> own_staging;
+  if (chunked && staging_owner_ >= 0) {
+    if (prefetch) {
+      return failed_precondition("the all-gather staging is in use by " +
+                                 full_.group(staging_owner_).name);
+    }
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(
+          device::DeviceBuffer b,
+          device_.allocate(gather_staging_bytes(),
+                           "all-gather staging for " + full_.group(group).name));
+      own_staging.push_back(std::move(b));
+    }
+  } else if (chunked && gather_staging_.empty()) {
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer b,
+                              device_.allocate(gather_staging_bytes(), "all-gather staging"));
+      gather_staging_.push_back(std::move(b));
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(full_params_[gi],
                           device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
                                            "gathered parameters of " + full_.group(group).name));
-  std::vector<device::DeviceBuffer> staging;
-  for (int i = 0; i < num_staging; ++i) {
-    auto b = device_.allocate(static_cast<std::size_t>(gather_cap_elems_) * world * dsize_,
-                              "all-gather staging for " + full_.group(group).name);
-    if (!b.is_ok()) {
-      full_params_[gi].reset();
-      return b.status();
-    }
-    staging.push_back(std::move(*b));
-  }
   auto shard = engine_.acquire_params(group);
   if (!shard.is_ok()) {
     full_params_[gi].reset();
@@ -163,31 +174,47 @@ Status ZeroProvider::start_gather(int group) {
   PendingGather& g = gathers_[gi];
   g.shard = *shard;
   g.next_begin = 0;
+  g.own_staging = std::move(own_staging);
   gathering_[gi] = true;
-  if (!chunked) return issue_gather_chunk(group, device::DeviceBuffer{});
-  for (auto& b : staging) STRATA_RETURN_IF_ERROR(issue_gather_chunk(group, std::move(b)));
+  if (!chunked) return issue_gather_chunk(group, nullptr);
+  if (g.own_staging.empty()) staging_owner_ = group;
+  for (int i = 0; i < 2 && g.next_begin < p.shard_elems; ++i) {
+    void* recv = g.own_staging.empty() ? gather_staging_[static_cast<std::size_t>(i)].data()
+                                       : g.own_staging[static_cast<std::size_t>(i)].data();
+    STRATA_RETURN_IF_ERROR(issue_gather_chunk(group, recv));
+  }
   return Status::ok();
 }
 
+std::size_t ZeroProvider::gather_staging_bytes() const {
+  // Never more than the largest chunk any group needs.
+  std::int64_t widest = 0;
+  for (const auto& p : partition_.groups()) {
+    if (!p.replicated) widest = std::max(widest, p.shard_elems);
+  }
+  return static_cast<std::size_t>(std::min(gather_cap_elems_, widest)) *
+         static_cast<std::size_t>(comm_.world_size()) * dsize_;
+}
+
 // Issues the all-gather of the group's next shard range: into `recv` (packed, then unpacked by
-// finish_gather), or straight into the full layout when `recv` is empty (the whole shard).
-Status ZeroProvider::issue_gather_chunk(int group, device::DeviceBuffer recv) {
+// finish_gather), or straight into the full layout when `recv` is null (the whole shard).
+Status ZeroProvider::issue_gather_chunk(int group, void* recv) {
   const GroupPartition& p = partition_.group(group);
   PendingGather& g = gathers_[static_cast<std::size_t>(group)];
   GatherChunk c;
   c.begin = g.next_begin;
-  c.count = recv.empty() ? p.shard_elems : std::min(gather_cap_elems_, p.shard_elems - c.begin);
+  c.count = recv == nullptr ? p.shard_elems : std::min(gather_cap_elems_, p.shard_elems - c.begin);
   g.next_begin += c.count;
   const auto* send =
       static_cast<const std::byte*>(g.shard) + static_cast<std::size_t>(c.begin) * dsize_;
-  void* dst = recv.empty() ? full_params_[static_cast<std::size_t>(group)].data() : recv.data();
+  void* dst = recv == nullptr ? full_params_[static_cast<std::size_t>(group)].data() : recv;
   std::string what = "parameters of " + full_.group(group).name;
-  if (!recv.empty()) {
+  if (recv != nullptr) {
     what += " [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + c.count) +
             ") of each shard";
   }
   c.handle = comm_.all_gather(send, dst, c.count, options_.compute_dtype, what);
-  c.recv = std::move(recv);
+  c.recv = recv;
   g.chunks.push_back(std::move(c));
   return Status::ok();
 }
@@ -203,16 +230,19 @@ Status ZeroProvider::finish_gather(int group) {
     Status cs = c.handle.wait();  // waits every chunk, even after a failure: MPI writes into recv
     if (!s.is_ok()) continue;
     s = cs;
-    if (!s.is_ok() || c.recv.empty()) continue;
+    if (!s.is_ok() || c.recv == nullptr) continue;
     auto* full = full_params_[gi].as<std::byte>();
     for (int r = 0; r < comm_.world_size(); ++r) {
       copy(full + static_cast<std::size_t>(r * p.shard_elems + c.begin) * dsize_,
-           c.recv.as<std::byte>() + static_cast<std::size_t>(r * c.count) * dsize_, c.count);
+           static_cast<const std::byte*>(c.recv) + static_cast<std::size_t>(r * c.count) * dsize_,
+           c.count);
     }
     // The unpack and the next all-gather into the same buffer are ordered on the compute stream.
-    if (g.next_begin < p.shard_elems) s = issue_gather_chunk(group, std::move(c.recv));
+    if (g.next_begin < p.shard_elems) s = issue_gather_chunk(group, c.recv);
   }
   g.shard = nullptr;
+  g.own_staging.clear();
+  if (staging_owner_ == group) staging_owner_ = -1;
   gathering_[gi] = false;
   engine_.release_params(group);  // the shard is no longer needed once gathered
   if (!s.is_ok()) full_params_[gi].reset();
@@ -227,7 +257,7 @@ Result<const void*> ZeroProvider::acquire_params(int group) {
     ++param_refs_[gi];
     return static_cast<const void*>(full_params_[gi].data());
   }
-  if (!gathering_[gi]) STRATA_RETURN_IF_ERROR(start_gather(group));
+  if (!gathering_[gi]) STRATA_RETURN_IF_ERROR(start_gather(group, /*prefetch=*/false));
   STRATA_RETURN_IF_ERROR(finish_gather(group));
   ++param_refs_[gi];
   return static_cast<const void*>(full_params_[gi].data());
@@ -256,7 +286,7 @@ void ZeroProvider::prefetch_params(int group) {
   // hint: without room on the device, acquire gathers on demand. Every rank has the same budget
   // and allocation pattern, so all ranks make the same choice and issue collectives in the
   // same order, as MPI and NCCL require.
-  if (!start_gather(group).is_ok()) full_params_[gi].reset();
+  if (!start_gather(group, /*prefetch=*/true).is_ok()) full_params_[gi].reset();
 }
 
 Result<void*> ZeroProvider::acquire_grads(int group) {
@@ -302,22 +332,34 @@ Status ZeroProvider::release_grads(int group) {
   return Status::ok();
 }
 
-// Packs a bucket (rank block r: every piece's range of rank r's block), starts its collective,
-// and keeps at most one bucket's reduction in flight while backward continues. A bucket that is
-// one whole group reduces that group's own buffer, as an unbucketed reduction would.
+// Packs a bucket (rank block r: every piece's range of rank r's block) and starts its
+// collective. One bucket is in flight at a time: the previous one finishes first (it had the
+// backward of this bucket's layers to run, on the communication thread or the NCCL stream), so
+// device memory holds at most one packed bucket beside the open bucket's gradients. Buffers are
+// allocated before anything is packed or freed, so running out of memory leaves every gradient
+// where it was. A bucket that is one whole group reduces that group's own buffer, as an
+// unbucketed reduction would.
 Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
+  while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   const BucketPiece& first = bucket.pieces.front();
   const bool whole = bucket.pieces.size() == 1 && first.begin == 0 && first.last;
   const std::int64_t blocks = kind == ReduceKind::kPartitioned ? comm_.world_size() : 1;
+  const bool scatter = kind == ReduceKind::kPartitioned && options_.stage != 1;
   const auto count = static_cast<std::size_t>(bucket.block_elems);
   const std::string what = describe(bucket, "gradient");
   PendingReduce pending;
   pending.kind = kind;
-  void* send = grad_sources_[static_cast<std::size_t>(first.group)].data;
   if (!whole) {
     STRATA_ASSIGN_OR_RETURN(
         pending.send,
         device_.allocate(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
+    if (scatter) {
+      STRATA_ASSIGN_OR_RETURN(pending.recv,
+                              device_.allocate(count * dsize_, "gradient bucket (reduced)"));
+    }
+  }
+  void* send = grad_sources_[static_cast<std::size_t>(first.group)].data;
+  if (!whole) {
     send = pending.send.data();
     for (std::int64_t r = 0; r < blocks; ++r) {
       for (const BucketPiece& piece : bucket.pieces) {
@@ -341,25 +383,20 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
     }
   }
   const auto n = static_cast<std::int64_t>(count);
-  if (kind == ReduceKind::kReplicated || options_.stage == 1) {
+  if (!scatter) {
     // Stage 1 keeps full gradients on every rank: all-reduce, then keep this rank's block.
     pending.handle = comm_.all_reduce(send, send, n * blocks, options_.compute_dtype,
                                       dist::ReduceOp::kSum, what);
     pending.result = send;
   } else {
-    void* recv = grad_sources_[static_cast<std::size_t>(first.group)].shard;
-    if (!whole) {
-      STRATA_ASSIGN_OR_RETURN(pending.recv,
-                              device_.allocate(count * dsize_, "gradient bucket (reduced)"));
-      recv = pending.recv.data();
-    }
+    void* recv =
+        whole ? grad_sources_[static_cast<std::size_t>(first.group)].shard : pending.recv.data();
     pending.handle =
         comm_.reduce_scatter(send, recv, n, options_.compute_dtype, dist::ReduceOp::kSum, what);
     pending.result = recv;
   }
   pending.bucket = std::move(bucket);
   pending_reduces_.push_back(std::move(pending));
-  while (pending_reduces_.size() > 1) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   return Status::ok();
 }
 

@@ -28,12 +28,15 @@ struct ZeroOptions {
   bool gather_ahead = true;
   // Most bytes one gradient reduction moves, counting every rank's block (DeepSpeed's
   // reduce_bucket_size, in bytes): released gradients are packed into buckets of this size, small
-  // groups together and large groups split, one collective per bucket. It also bounds device
-  // memory: the open bucket's full gradients, plus up to two packed buckets (one in flight).
+  // groups together and large groups split, one collective per bucket. Device memory beyond the
+  // unbucketed reduction: the full gradients of the open bucket's groups (up to this many bytes,
+  // plus the rest of a split group) and one packed bucket (this many bytes, and 1/world of it
+  // for the reduced block).
   std::uint64_t reduce_bucket_bytes = kDefaultReduceBucketBytes;
   // Most bytes one parameter all-gather receives (DeepSpeed's allgather_bucket_size, in bytes):
   // stage 3 gathers a larger group in several all-gathers through two staging buffers of this
-  // size; stages 1-2 coalesce the re-gather after each step into buckets of this size.
+  // size (allocated once, at the first such group, and kept); stages 1-2 coalesce the re-gather
+  // after each step into buckets of this size.
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
@@ -77,8 +80,8 @@ class ZeroProvider final : public model::ParamProvider {
  private:
   Status refresh_replicated_params();  // stages 1-2: full parameters resident on every rank
   Status gather_bucket(const Bucket& bucket);
-  Status start_gather(int group);
-  Status issue_gather_chunk(int group, device::DeviceBuffer recv);
+  Status start_gather(int group, bool prefetch);
+  Status issue_gather_chunk(int group, void* recv);
   Status finish_gather(int group);
 
   // Gradient reductions. Replicated groups are all-reduced whole (one rank block); partitioned
@@ -102,13 +105,15 @@ class ZeroProvider final : public model::ParamProvider {
   struct GatherChunk {
     std::int64_t begin = 0, count = 0;
     dist::CommHandle handle;
-    device::DeviceBuffer recv;  // world * count, packed; empty when gathering straight to full
+    void* recv = nullptr;  // world * count, packed, in staging; null: straight to the full layout
   };
   struct PendingGather {
     const void* shard = nullptr;
     std::int64_t next_begin = 0;  // first shard element whose all-gather is not yet issued
     std::deque<GatherChunk> chunks;
+    std::vector<device::DeviceBuffer> own_staging;  // when the shared pair was lent out
   };
+  std::size_t gather_staging_bytes() const;
   std::int64_t reduce_block_elems(int group) const;
   BucketPacker& packer(ReduceKind kind) {
     return kind == ReduceKind::kPartitioned ? partitioned_packer_ : replicated_packer_;
@@ -133,6 +138,8 @@ class ZeroProvider final : public model::ParamProvider {
   std::vector<PendingGather> gathers_;            // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
   std::int64_t gather_cap_elems_;  // shard elements per all-gather (allgather_bucket_bytes)
+  std::vector<device::DeviceBuffer> gather_staging_;  // the pair chunked gathers share
+  int staging_owner_ = -1;                            // the group it is lent to, or -1
   std::vector<GradSource> grad_sources_;
   BucketPacker replicated_packer_;   // at most one of the two has an open bucket
   BucketPacker partitioned_packer_;  // its rank blocks: world

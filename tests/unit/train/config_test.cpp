@@ -81,9 +81,9 @@ TEST(ConfigTest, ByteSizesAcceptUnits) {
 TEST(ConfigTest, BucketSizesAreBytesAndMustBePositive) {
   auto d = parse_train_config(minimal(), "t.json");
   ASSERT_TRUE(d.is_ok()) << d.status().message();
-  EXPECT_EQ(d->reduce_bucket_bytes, std::uint64_t{512} << 20);
-  EXPECT_EQ(d->allgather_bucket_bytes, std::uint64_t{512} << 20);
-  EXPECT_EQ(d->to_json()["reduce_bucket_bytes"], std::uint64_t{512} << 20);
+  EXPECT_EQ(d->reduce_bucket_bytes, std::uint64_t{64} << 20);
+  EXPECT_EQ(d->allgather_bucket_bytes, std::uint64_t{64} << 20);
+  EXPECT_EQ(d->to_json()["reduce_bucket_bytes"], std::uint64_t{64} << 20);
 
   Json j = minimal();
   j["reduce_bucket_bytes"] = "4KiB";
@@ -101,6 +101,11 @@ TEST(ConfigTest, BucketSizesAreBytesAndMustBePositive) {
   const std::string& m = bad.status().message();
   EXPECT_NE(m.find("'reduce_bucket_bytes': must be positive, got 0"), std::string::npos) << m;
   EXPECT_NE(m.find("'allgather_bucket_bytes': byte size -5 is negative"), std::string::npos) << m;
+  j["reduce_bucket_bytes"] = "2GiB";
+  const std::string big = parse_train_config(j, "t.json").status().message();
+  EXPECT_NE(big.find("'reduce_bucket_bytes': must be at most 1GiB (1073741824), got 2147483648"),
+            std::string::npos)
+      << big;
   j["allgather_bucket_bytes"] = "lots";
   const std::string m2 = parse_train_config(j, "t.json").status().message();
   EXPECT_NE(m2.find("'allgather_bucket_bytes': 'lots' is not a byte size"), std::string::npos)
