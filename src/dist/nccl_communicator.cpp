@@ -1,5 +1,7 @@
-// NCCL communicator for the CUDA backend: device collectives on the compute stream, bootstrapped
-// and backed for host-side control data by MPI. Built when CUDA, NCCL and MPI are found.
+// NCCL communicator for the CUDA backend: device collectives on a stream of their own, so they
+// overlap the compute stream's kernels (each waits, on the GPU, for the compute work issued
+// before it: the data it sends), bootstrapped and backed for host-side control data by MPI.
+// Built when CUDA, NCCL and MPI are found.
 #include "strata/build_config.h"
 
 #if STRATA_HAVE_NCCL && STRATA_HAVE_MPI
@@ -77,13 +79,24 @@ class NcclHandleState final : public CommHandle::State {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, void* stream,
-                   std::chrono::seconds timeout)
+  // `compute` is the device's compute stream; `stream` (owned) carries the collectives and
+  // `ready` (owned) orders them after the compute work issued before them.
+  NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, cudaStream_t compute,
+                   cudaStream_t stream, cudaEvent_t ready, std::chrono::seconds timeout)
       : host_(std::move(host)),
         comm_(comm),
-        stream_(static_cast<cudaStream_t>(stream)),
+        compute_(compute),
+        stream_(stream),
+        ready_(ready),
         timeout_(timeout) {}
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  ~NcclCommunicator() override {
+    // Collectives still queued finish (or fail) before the communicator goes; a timed-out one
+    // already aborted the NCCL communicator, which unblocks the stream.
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
 
   int rank() const override { return host_->rank(); }
   int world_size() const override { return host_->world_size(); }
@@ -92,6 +105,7 @@ class NcclCommunicator final : public Communicator {
   CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
                         std::string_view what) override {
     count_bytes(&CommStats::all_gather_bytes, count * world_size(), dtype);
+    if (!after_compute()) return failed("all_gather", what, "cudaStreamWaitEvent");
     return finish(ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
                                 comm_, stream_),
                   "all_gather", what);
@@ -99,6 +113,7 @@ class NcclCommunicator final : public Communicator {
   CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
                             ReduceOp op, std::string_view what) override {
     count_bytes(&CommStats::reduce_scatter_bytes, count * world_size(), dtype);
+    if (!after_compute()) return failed("reduce_scatter", what, "cudaStreamWaitEvent");
     return finish(ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
                                     op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
                   "reduce_scatter", what);
@@ -106,6 +121,7 @@ class NcclCommunicator final : public Communicator {
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
                         std::string_view what) override {
     count_bytes(&CommStats::all_reduce_bytes, count, dtype);
+    if (!after_compute()) return failed("all_reduce", what, "cudaStreamWaitEvent");
     return finish(ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
                                 op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
                   "all_reduce", what);
@@ -113,6 +129,7 @@ class NcclCommunicator final : public Communicator {
   CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
                        std::string_view what) override {
     ++stats_.collectives;
+    if (!after_compute()) return failed("broadcast", what, "cudaStreamWaitEvent");
     return finish(ncclBroadcast(buffer, buffer, static_cast<std::size_t>(count), nccl_type(dtype),
                                 root, comm_, stream_),
                   "broadcast", what);
@@ -137,17 +154,27 @@ class NcclCommunicator final : public Communicator {
     stats_.bytes_sent += bytes / static_cast<std::uint64_t>(world_size());
     ++stats_.collectives;
   }
-  CommHandle finish(ncclResult_t rc, const char* op, std::string_view what) {
-    const std::string label = std::string(op) + " '" + std::string(what) + "'";
+  // The collective stream waits (on the GPU, not the host) for everything issued to the compute
+  // stream so far: the kernels that wrote what the collective sends.
+  bool after_compute() {
+    return cudaEventRecord(ready_, compute_) == cudaSuccess &&
+           cudaStreamWaitEvent(stream_, ready_, 0) == cudaSuccess;
+  }
+  CommHandle failed(const char* op, std::string_view what, const std::string& why) {
     struct Failed final : CommHandle::State {
       Status s;
       Status wait() override { return s; }
     };
-    auto fail = [&](const std::string& why) {
-      auto f = std::make_shared<Failed>();
-      f->s = internal_error("rank " + std::to_string(rank()) + ": " + label + " failed: " + why);
-      return CommHandle(f);
-    };
+    auto f = std::make_shared<Failed>();
+    f->s = internal_error("rank " + std::to_string(rank()) + ": " + op + " '" + std::string(what) +
+                          "' failed: " + why);
+    return CommHandle(f);
+  }
+  // A handle on the collective just enqueued: its wait polls an event recorded after it on the
+  // collective stream, so waiting never waits for unrelated compute.
+  CommHandle finish(ncclResult_t rc, const char* op, std::string_view what) {
+    const std::string label = std::string(op) + " '" + std::string(what) + "'";
+    auto fail = [&](const std::string& why) { return failed(op, what, why); };
     if (rc != ncclSuccess) return fail(ncclGetErrorString(rc));
     cudaEvent_t ev;
     if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
@@ -162,7 +189,9 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> host_;
   ncclComm_t comm_;
+  cudaStream_t compute_;
   cudaStream_t stream_;
+  cudaEvent_t ready_;
   std::chrono::seconds timeout_;
 };
 
@@ -197,8 +226,18 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
     return unavailable("rank " + std::to_string(host->rank()) +
                        ": ncclCommInitRank failed: " + ncclGetErrorString(rc));
   }
+  cudaStream_t collectives = nullptr;
+  cudaEvent_t ready = nullptr;
+  if (cudaStreamCreateWithFlags(&collectives, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess) {
+    if (collectives != nullptr) cudaStreamDestroy(collectives);
+    ncclCommDestroy(comm);
+    return unavailable("rank " + std::to_string(host->rank()) +
+                       ": cannot create the CUDA stream and event for NCCL collectives");
+  }
   return std::unique_ptr<Communicator>(
-      std::make_unique<NcclCommunicator>(std::move(host), comm, stream, options.timeout));
+      std::make_unique<NcclCommunicator>(std::move(host), comm, static_cast<cudaStream_t>(stream),
+                                         collectives, ready, options.timeout));
 }
 
 }  // namespace strata::dist

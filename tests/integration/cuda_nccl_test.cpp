@@ -1,0 +1,90 @@
+// The NCCL communicator on one GPU (one rank: NCCL refuses two ranks on the same GPU): every
+// collective gives the serial result, reading input that kernels on the compute stream wrote just
+// before it (the collectives run on a stream of their own and must wait for that work). Skips
+// without a GPU; built with CUDA, NCCL and MPI.
+#include "strata/build_config.h"
+#if STRATA_HAVE_CUDA && STRATA_HAVE_NCCL && STRATA_HAVE_MPI
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/runtime.h"
+#include "strata/core/dtype.h"
+#include "strata/device/device.h"
+#include "strata/dist/communicator.h"
+
+namespace strata::dist {
+namespace {
+
+TEST(CudaNcclTest, CollectivesSeeTheComputeStreamsWritesAndGiveTheSerialResult) {
+  const kernels::GpuInfo info = kernels::query_gpus();
+  if (info.count == 0) GTEST_SKIP() << "no GPU: " << info.error;
+  device::DeviceOptions dopts;
+  dopts.kind = "cuda";
+  dopts.memory_limit_bytes = std::uint64_t{512} << 20;
+  auto dev = device::create_device(dopts);
+  ASSERT_TRUE(dev.is_ok()) << dev.status().message();
+  device::Device& d = **dev;
+  CommOptions copts;
+  copts.backend = "nccl";
+  copts.timeout = std::chrono::seconds(60);
+  auto made = create_communicator(copts, d);
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  Communicator& comm = **made;
+  ASSERT_EQ(comm.name(), "nccl");
+  ASSERT_EQ(comm.world_size(), 1);
+
+  constexpr std::int64_t kN = std::int64_t{1} << 22;  // 16 MiB of f32: the doubling takes a while
+  std::vector<float> host(static_cast<std::size_t>(kN));
+  for (std::int64_t i = 0; i < kN; ++i) host[static_cast<std::size_t>(i)] = 0.25f * (i % 1001);
+  const std::size_t bytes = host.size() * sizeof(float);
+  device::Stream& compute = d.stream(device::StreamKind::kCompute);
+  auto in = d.allocate(bytes, "nccl test input");
+  auto out = d.allocate(bytes, "nccl test output");
+  ASSERT_TRUE(in.is_ok() && out.is_ok());
+  std::vector<float> back(host.size());
+
+  // Each collective reads `in` right after a kernel on the compute stream doubled it.
+  auto run = [&](const char* what, auto issue) {
+    SCOPED_TRACE(what);
+    d.copy_to_device(in->data(), host.data(), bytes, compute);
+    d.fill_zero(out->data(), bytes, compute);
+    d.ops().add(in->data(), in->data(), in->data(), kN, DType::kF32);
+    const Status s = issue().wait();
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    d.copy_to_host(back.data(), out->data(), bytes, compute);
+    compute.synchronize();
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      ASSERT_EQ(back[i], 2.0f * host[i]) << "element " << i;
+    }
+  };
+  run("all_gather", [&] { return comm.all_gather(in->data(), out->data(), kN, DType::kF32, "t"); });
+  run("reduce_scatter", [&] {
+    return comm.reduce_scatter(in->data(), out->data(), kN, DType::kF32, ReduceOp::kSum, "t");
+  });
+  run("all_reduce", [&] {
+    return comm.all_reduce(in->data(), out->data(), kN, DType::kF32, ReduceOp::kAvg, "t");
+  });
+  run("broadcast", [&] {
+    CommHandle h = comm.broadcast(in->data(), kN, DType::kF32, 0, "t");
+    Status s = h.wait();
+    // Broadcast is in place: move the result where the check reads it.
+    d.ops().cast(in->data(), DType::kF32, out->data(), DType::kF32, kN);
+    struct Done final : CommHandle::State {
+      Status s;
+      Status wait() override { return s; }
+    };
+    auto done = std::make_shared<Done>();
+    done->s = s;
+    return CommHandle(done);
+  });
+  EXPECT_EQ(comm.stats().collectives, 4u);
+}
+
+}  // namespace
+}  // namespace strata::dist
+
+#endif  // STRATA_HAVE_CUDA && STRATA_HAVE_NCCL && STRATA_HAVE_MPI
