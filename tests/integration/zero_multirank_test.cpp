@@ -187,28 +187,41 @@ TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
   }
 }
 
+// Two ranks train until the fault variable `fault` (STRATA_FAULT_*_RANK_AT_STEP, set to
+// rank 1, step 3) strikes; returns how the job ended.
+struct FaultedRun {
+  int rc = 0;
+  double seconds = 0;
+  std::string err;
+};
+FaultedRun run_with_fault(TempDir& dir, const std::string& name, const std::string& fault,
+                          int timeout_s) {
+  Json j = config(dir, name);
+  j["max_steps"] = 100000;
+  j["dist_timeout_s"] = timeout_s;
+  fs::create_directories(dir.file(name));
+  dir.write(name + "/config.json", j.dump());
+  const std::string cmd = fault + "=1:3 " + mpirun(dir, 2) + "-x " + fault + " " + STRATA_CLI +
+                          " train " + dir.file(name + "/config.json") + " >" +
+                          dir.file(name + "/out.txt") + " 2>" + dir.file(name + "/err.txt");
+  FaultedRun r;
+  const auto start = std::chrono::steady_clock::now();
+  r.rc = run(cmd);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::stringstream err;
+  err << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+  r.err = err.str();
+  return r;
+}
+
+// Rank 1 kills itself (SIGKILL) when step 3 starts.
 TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
-  Json j = config(dir, "dead");
-  j["max_steps"] = 100000;
-  j["dist_timeout_s"] = 10;
-  fs::create_directories(dir.file("dead"));
-  dir.write("dead/config.json", j.dump());
-  // Rank 1 kills itself (SIGKILL) when step 3 starts, through the fault-injection variable.
-  const std::string cmd = "STRATA_FAULT_KILL_RANK_AT_STEP=1:3 " + mpirun(dir, 2) +
-                          "-x STRATA_FAULT_KILL_RANK_AT_STEP " + STRATA_CLI + " train " +
-                          dir.file("dead/config.json") + " >" + dir.file("dead/out.txt") + " 2>" +
-                          dir.file("dead/err.txt");
-  const auto start = std::chrono::steady_clock::now();
-  const int rc = run(cmd);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_NE(rc, 0);
-  EXPECT_LT(seconds, 10 + 30) << "the surviving rank did not give up within dist_timeout_s";
-  std::stringstream err;
-  err << std::ifstream(dir.file("dead/err.txt")).rdbuf();
-  EXPECT_NE(err.str().find("rank"), std::string::npos) << err.str();
+  const FaultedRun r = run_with_fault(dir, "dead", "STRATA_FAULT_KILL_RANK_AT_STEP", 10);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(r.seconds, 10 + 30) << "the surviving rank did not give up within dist_timeout_s";
+  EXPECT_NE(r.err.find("rank"), std::string::npos) << r.err;
 }
 
 // A rank that is alive but stuck (rank 1 stops for good as step 3 starts): the other rank's
@@ -217,29 +230,14 @@ TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
 TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
-  Json j = config(dir, "stuck");
-  j["max_steps"] = 100000;
-  j["dist_timeout_s"] = 3;
-  fs::create_directories(dir.file("stuck"));
-  dir.write("stuck/config.json", j.dump());
-  const std::string cmd = "STRATA_FAULT_STALL_RANK_AT_STEP=1:3 " + mpirun(dir, 2) +
-                          "-x STRATA_FAULT_STALL_RANK_AT_STEP " + STRATA_CLI + " train " +
-                          dir.file("stuck/config.json") + " >" + dir.file("stuck/out.txt") + " 2>" +
-                          dir.file("stuck/err.txt");
-  const auto start = std::chrono::steady_clock::now();
-  const int rc = run(cmd);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_NE(rc, 0);
-  EXPECT_LT(seconds, 3 + 30) << "the run outlived dist_timeout_s by far";
-  std::stringstream err;
-  err << std::ifstream(dir.file("stuck/err.txt")).rdbuf();
-  EXPECT_NE(err.str().find("rank 0: "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("did not complete in time; a peer rank may have died or be stuck"),
+  const FaultedRun r = run_with_fault(dir, "stuck", "STRATA_FAULT_STALL_RANK_AT_STEP", 3);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("rank 0: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("did not complete in time; a peer rank may have died or be stuck"),
             std::string::npos)
-      << err.str();
+      << r.err;
   // One timeout, reported once: nothing after it waited out another timeout.
-  EXPECT_LT(seconds, 2 * 3 + 20) << err.str();
+  EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
+#include "tests/testing/mpi_env.h"
 
 namespace strata::dist {
 namespace {
@@ -19,25 +20,8 @@ float value(int r, std::int64_t i) {
   return static_cast<float>(rng.normal());
 }
 
-struct Env {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<Communicator> comm;
-};
-
-Env& env() {
-  static Env e = [] {
-    Env x;
-    x.device = std::move(*device::create_device(device::DeviceOptions{}));
-    CommOptions o;
-    o.backend = launched_with_multiple_ranks() ? "mpi" : "single";
-    o.timeout = std::chrono::seconds(60);
-    auto c = create_communicator(o, *x.device);
-    EXPECT_TRUE(c.is_ok()) << c.status().message();
-    x.comm = std::move(*c);
-    return x;
-  }();
-  return e;
-}
+using Env = ::strata::testing::MpiEnv;
+Env& env() { return ::strata::testing::mpi_env(); }
 
 std::vector<std::uint16_t> to_half(const std::vector<float>& v, DType d) {
   std::vector<std::uint16_t> out(v.size());
@@ -161,18 +145,4 @@ TEST(CommHost, ReductionsAndGathers) {
 }  // namespace
 }  // namespace strata::dist
 
-// Rank 0 reports; the others stay quiet unless something fails.
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  strata::dist::env();
-  if (strata::dist::env().comm->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  // A failure on any rank fails every rank, so mpirun's exit code reflects it.
-  double failed = rc != 0 ? 1.0 : 0.0;
-  (void)strata::dist::env().comm->all_reduce_host(&failed, 1, strata::dist::ReduceOp::kSum,
-                                                  "result");
-  return failed > 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return strata::testing::run_mpi_tests(argc, argv); }

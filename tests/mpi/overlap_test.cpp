@@ -13,6 +13,7 @@
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "tests/testing/mpi_env.h"
 
 namespace strata::dist {
 namespace {
@@ -23,25 +24,8 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-struct Env {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<Communicator> comm;
-};
-
-Env& env() {
-  static Env e = [] {
-    Env x;
-    x.device = std::move(*device::create_device(device::DeviceOptions{}));
-    CommOptions o;
-    o.backend = launched_with_multiple_ranks() ? "mpi" : "single";
-    o.timeout = std::chrono::seconds(60);
-    auto c = create_communicator(o, *x.device);
-    EXPECT_TRUE(c.is_ok()) << c.status().message();
-    x.comm = std::move(*c);
-    return x;
-  }();
-  return e;
-}
+using Env = ::strata::testing::MpiEnv;
+Env& env() { return ::strata::testing::mpi_env(); }
 
 // Stands in for a layer's forward or backward: keeps this thread busy for `ms` without any call
 // into the communicator, as the model's compute does between issuing a collective and waiting.
@@ -183,18 +167,4 @@ TEST(Overlap, Bf16AllReduceProgressesDuringCompute) {
 }  // namespace
 }  // namespace strata::dist
 
-// Rank 0 reports; the others stay quiet unless something fails.
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  strata::dist::env();
-  if (strata::dist::env().comm->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  // A failure on any rank fails every rank, so mpirun's exit code reflects it.
-  double failed = rc != 0 ? 1.0 : 0.0;
-  (void)strata::dist::env().comm->all_reduce_host(&failed, 1, strata::dist::ReduceOp::kSum,
-                                                  "result");
-  return failed > 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return strata::testing::run_mpi_tests(argc, argv); }

@@ -16,29 +16,13 @@
 #include "strata/zero/offload_engine.h"
 #include "strata/zero/partition.h"
 #include "strata/zero/zero_provider.h"
+#include "tests/testing/mpi_env.h"
 
 namespace strata::zero {
 namespace {
 
-struct Env {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<dist::Communicator> comm;
-};
-
-Env& env() {
-  static Env e = [] {
-    Env x;
-    x.device = std::move(*device::create_device(device::DeviceOptions{}));
-    dist::CommOptions o;
-    o.backend = dist::launched_with_multiple_ranks() ? "mpi" : "single";
-    o.timeout = std::chrono::seconds(60);
-    auto c = dist::create_communicator(o, *x.device);
-    EXPECT_TRUE(c.is_ok()) << c.status().message();
-    x.comm = std::move(*c);
-    return x;
-  }();
-  return e;
-}
+using Env = ::strata::testing::MpiEnv;
+Env& env() { return ::strata::testing::mpi_env(); }
 
 // Group sizes (elements): large ones split by a small bucket, small ones coalesced, and three
 // below the persistence threshold that stay whole on every rank (all-reduced, not scattered).
@@ -319,18 +303,4 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroBuckets, ::testing::Values(1, 2, 3),
 }  // namespace
 }  // namespace strata::zero
 
-// Rank 0 reports; the others stay quiet unless something fails.
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  strata::zero::env();
-  if (strata::zero::env().comm->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  // A failure on any rank fails every rank, so mpirun's exit code reflects it.
-  double failed = rc != 0 ? 1.0 : 0.0;
-  (void)strata::zero::env().comm->all_reduce_host(&failed, 1, strata::dist::ReduceOp::kSum,
-                                                  "result");
-  return failed > 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return strata::testing::run_mpi_tests(argc, argv); }

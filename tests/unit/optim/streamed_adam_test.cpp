@@ -37,6 +37,20 @@ struct Fixture {
   std::vector<std::string> names;
 };
 
+// Writes every segment's master weights and moments (f.states) to its swap extents.
+void write_state(Fixture& f) {
+  for (std::size_t s = 0; s < f.states.size(); ++s) {
+    AdamState& st = f.states[s];
+    const float* arrays[3] = {st.p(), st.m(), st.v()};
+    for (int k = 0; k < 3; ++k) {
+      const io::Extent& x = f.extents[s * 3 + static_cast<std::size_t>(k)];
+      AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
+      std::memcpy(buf.data(), arrays[k], static_cast<std::size_t>(st.n) * 4);
+      EXPECT_TRUE(f.swap->write(x, 0, buf.data(), buf.size()).wait().is_ok());
+    }
+  }
+}
+
 // Creates a swap space, random state per segment, and writes master and moments to swap.
 // Returns an empty swap when io_uring was asked for and is unavailable.
 Fixture make_fixture(const std::string& engine, std::vector<io::FaultRule> rules = {}) {
@@ -67,16 +81,7 @@ Fixture make_fixture(const std::string& engine, std::vector<io::FaultRule> rules
       f.extents.push_back(*x);
     }
   }
-  for (std::size_t s = 0; s < f.states.size(); ++s) {
-    AdamState& st = f.states[s];
-    const float* arrays[3] = {st.p(), st.m(), st.v()};
-    for (int k = 0; k < 3; ++k) {
-      const io::Extent& x = f.extents[s * 3 + static_cast<std::size_t>(k)];
-      AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
-      std::memcpy(buf.data(), arrays[k], static_cast<std::size_t>(st.n) * 4);
-      EXPECT_TRUE(f.swap->write(x, 0, buf.data(), buf.size()).wait().is_ok());
-    }
-  }
+  write_state(f);
   return f;
 }
 
@@ -261,16 +266,7 @@ TEST_P(StreamedAdamTest, StagingIsRegisteredWithTheSwapSpace) {
     }
   }
   // Rewind the swap copy of the state, drop the first optimizer, step with the second.
-  for (std::size_t s = 0; s < f.states.size(); ++s) {
-    AdamState& st = f.states[s];
-    const float* arrays[3] = {st.p(), st.m(), st.v()};
-    for (int k = 0; k < 3; ++k) {
-      const io::Extent& x = f.extents[s * 3 + static_cast<std::size_t>(k)];
-      AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
-      std::memcpy(buf.data(), arrays[k], static_cast<std::size_t>(st.n) * 4);
-      ASSERT_TRUE(f.swap->write(x, 0, buf.data(), buf.size()).wait().is_ok());
-    }
-  }
+  write_state(f);
   { StreamedAdam gone = std::move(*first); }
   {
     std::vector<AdamState> got = f.states;
