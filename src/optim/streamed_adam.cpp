@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <new>
 #include <string>
 
@@ -69,8 +70,16 @@ StreamedAdam::StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAda
     if (reg.is_ok()) {
       registration_ = std::move(*reg);
     } else {
-      log_debug("StreamedAdam: staging not registered with the swap space: " +
-                reg.status().message());
+      // Once per process: the step still works, at the speed of unregistered buffers.
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        log_warning(
+            "the optimizer's NVMe staging is not registered with io_uring, so its I/O "
+            "pins pages per request: " +
+            reg.status().message());
+      } else {
+        log_debug("StreamedAdam: staging not registered: " + reg.status().message());
+      }
     }
   }
 }

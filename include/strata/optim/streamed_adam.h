@@ -47,8 +47,8 @@ struct StreamedAdamOptions {
   // mlock the staging buffers (best effort: a refusal is logged once at debug level).
   bool lock_memory = true;
   // Register the staging with the swap space (io_uring fixed buffers: no per-request page
-  // pinning). Best effort: a refusal (RLIMIT_MEMLOCK) is logged at debug level and I/O goes the
-  // ordinary way.
+  // pinning). Best effort: a refusal (RLIMIT_MEMLOCK) is a warning, once per process, and I/O
+  // goes the ordinary way.
   bool register_staging = true;
 };
 
