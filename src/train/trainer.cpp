@@ -199,8 +199,17 @@ Status Trainer::Impl::setup() {
   zopts.stage = config.zero_stage;
   zopts.compute_dtype = compute_dtype;
   zopts.gather_ahead = param != zero::Offload::kNvme;
-  zopts.reduce_bucket_bytes = config.reduce_bucket_bytes;
-  zopts.allgather_bucket_bytes = config.allgather_bucket_bytes;
+  zopts.reduce_bucket_bytes =
+      zero::effective_bucket_bytes(config.reduce_bucket_bytes, config.device_memory_limit);
+  zopts.allgather_bucket_bytes =
+      zero::effective_bucket_bytes(config.allgather_bucket_bytes, config.device_memory_limit);
+  if (comm->world_size() > 1 && comm->rank() == 0 &&
+      (zopts.reduce_bucket_bytes < config.reduce_bucket_bytes ||
+       zopts.allgather_bucket_bytes < config.allgather_bucket_bytes)) {
+    log_info("collective buckets capped at 1/16 of device_memory_limit: reduce " +
+             format_bytes(zopts.reduce_bucket_bytes) + ", all-gather " +
+             format_bytes(zopts.allgather_bucket_bytes));
+  }
   provider =
       std::make_unique<zero::ZeroProvider>(*layout, *partition, *engine, *comm, *device, zopts);
 

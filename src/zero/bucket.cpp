@@ -51,4 +51,9 @@ std::vector<Bucket> plan_buckets(const std::vector<std::pair<int, std::int64_t>>
   return out;
 }
 
+std::uint64_t effective_bucket_bytes(std::uint64_t configured, std::uint64_t device_limit_bytes) {
+  if (device_limit_bytes == 0) return configured;
+  return std::max<std::uint64_t>(1, std::min(configured, device_limit_bytes / 16));
+}
+
 }  // namespace strata::zero

@@ -27,6 +27,12 @@ inline constexpr std::uint64_t kDefaultAllgatherBucketBytes = std::uint64_t{64} 
 // The largest either may be: a bucket lives in device memory, and MPI counts elements in an int.
 inline constexpr std::uint64_t kMaxBucketBytes = std::uint64_t{1} << 30;
 
+// The bucket size a run uses: the configured one, but at most 1/16 of the device budget (when
+// there is one), so a bucket's memory (up to about twice its size: the open bucket's gradients
+// and the packed copy) leaves the rest of the device to parameters and activations. Depends
+// only on the config, which every rank shares, so every rank buckets the same way.
+std::uint64_t effective_bucket_bytes(std::uint64_t configured, std::uint64_t device_limit_bytes);
+
 struct BucketPiece {
   int group = 0;
   std::int64_t begin = 0;   // first element of the piece within the group's block

@@ -193,5 +193,15 @@ TEST(BucketPlan, PackedReduceScatterMatchesOnePerGroup) {
   }
 }
 
+// Buckets take at most 1/16 of a device budget; without one the configured size stands.
+TEST(BucketPlan, EffectiveBucketBytesFollowTheDeviceBudget) {
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  EXPECT_EQ(effective_bucket_bytes(64 * kMiB, 0), 64 * kMiB);
+  EXPECT_EQ(effective_bucket_bytes(64 * kMiB, 80ull << 30), 64 * kMiB);
+  EXPECT_EQ(effective_bucket_bytes(64 * kMiB, 64 * kMiB), 4 * kMiB);
+  EXPECT_EQ(effective_bucket_bytes(3000, 64 * kMiB), 3000u);
+  EXPECT_EQ(effective_bucket_bytes(64 * kMiB, 8), 1u);  // never zero
+}
+
 }  // namespace
 }  // namespace strata::zero
