@@ -246,6 +246,9 @@ class MpiRequestState final : public CommHandle::State {
         rank_(rank),
         deadline_(deadline),
         finish_(std::move(finish)) {}
+  bool ready() override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
   Status wait() override {
     STRATA_RETURN_IF_ERROR(wait_for_op(done_, rank_, what_, deadline_));
     if (finish_) finish_();

@@ -43,6 +43,7 @@ class NcclHandleState final : public CommHandle::State {
                   std::chrono::steady_clock::time_point deadline)
       : event_(event), comm_(comm), what_(std::move(what)), rank_(rank), deadline_(deadline) {}
   ~NcclHandleState() override { cudaEventDestroy(event_); }
+  bool ready() override { return cudaEventQuery(event_) != cudaErrorNotReady; }
   Status wait() override {
     auto sleep = std::chrono::microseconds(0);
     for (;;) {

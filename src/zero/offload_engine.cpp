@@ -218,6 +218,10 @@ Result<AlignedBuffer*> OffloadEngine::take_staging() {
 
 void OffloadEngine::give_staging(AlignedBuffer* b) { free_staging_.push_back(b); }
 
+void OffloadEngine::trim_device_cache() {
+  if (store_ != nullptr) store_->trim_device_cache();
+}
+
 Status OffloadEngine::nvme_read(const io::Extent& x, void* buf, std::size_t bytes) {
   stats_.nvme_read_bytes += bytes;
   return swap_->read(x, 0, buf, bytes).wait();

@@ -1,8 +1,12 @@
 // ZeroProvider: all-gather before use, bucketed reduce-scatter after backward, cross-rank norms.
 #include "strata/zero/zero_provider.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
+
+#include "strata/core/logging.h"
 
 namespace strata::zero {
 
@@ -31,7 +35,42 @@ ZeroProvider::ZeroProvider(const model::ParamLayout& full, const Partition& part
   gathering_.assign(static_cast<std::size_t>(full.num_groups()), false);
 }
 
-ZeroProvider::~ZeroProvider() = default;
+// Normally nothing is in flight here. After an error ended a step, collectives may still be
+// queued or running, and they write into buffers this provider owns: wait for them (for a
+// moment: the peers that issued them too finish them quickly), and where one does not finish,
+// abandon every buffer rather than free memory MPI or NCCL may still write into.
+ZeroProvider::~ZeroProvider() {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  bool stuck = false;
+  auto settle = [&](dist::CommHandle& h) {
+    while (!h.ready()) {
+      if (std::chrono::steady_clock::now() >= give_up) {
+        stuck = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    (void)h.wait();  // its error, if any, was the run's to report
+  };
+  for (PendingReduce& p : pending_reduces_) settle(p.handle);
+  for (PendingGather& g : gathers_) {
+    for (GatherChunk& c : g.chunks) settle(c.handle);
+  }
+  if (!stuck) return;
+  log_warning("rank " + std::to_string(comm_.rank()) +
+              ": collectives still in flight at shutdown; their buffers are left allocated");
+  for (PendingReduce& p : pending_reduces_) {
+    p.send.abandon();
+    p.recv.abandon();
+  }
+  for (PendingGather& g : gathers_) {
+    for (device::DeviceBuffer& b : g.own_staging) b.abandon();
+  }
+  for (device::DeviceBuffer& b : gather_staging_) b.abandon();
+  for (device::DeviceBuffer& b : full_params_) b.abandon();
+  for (device::DeviceBuffer& b : full_grads_) b.abandon();
+  for (GradSource& g : grad_sources_) g.full.abandon();
+}
 
 Status ZeroProvider::load_master(const model::GroupSource& full_source) {
   std::vector<float> tmp;
@@ -57,6 +96,17 @@ void ZeroProvider::copy(void* dst, const void* src, std::int64_t num_elems) {
   device_.ops().cast(src, options_.compute_dtype, dst, options_.compute_dtype, num_elems);
 }
 
+// Device memory for ZeRO's own buffers. On running out, the tiered store's cached device blocks
+// (kept for reuse by dropped copies) are given back and the allocation tried once more; a
+// prefetch does not do that (it is only a hint).
+Result<device::DeviceBuffer> ZeroProvider::allocate(std::size_t bytes, const std::string& what,
+                                                    bool may_trim) {
+  auto b = device_.allocate(bytes, what);
+  if (b.is_ok() || !may_trim || b.status().code() != StatusCode::kOutOfMemory) return b;
+  engine_.trim_device_cache();
+  return device_.allocate(bytes, what);
+}
+
 std::string ZeroProvider::describe(const Bucket& bucket, const std::string& what) const {
   const int first = bucket.pieces.front().group;
   const int last = bucket.pieces.back().group;
@@ -75,9 +125,9 @@ Status ZeroProvider::refresh_replicated_params() {
     if (p.replicated) continue;
     auto& full = full_params_[static_cast<std::size_t>(p.group)];
     if (full.empty()) {
-      STRATA_ASSIGN_OR_RETURN(
-          full, device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                                 "replicated parameters of " + full_.group(p.group).name));
+      STRATA_ASSIGN_OR_RETURN(full,
+                              allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
+                                       "replicated parameters of " + full_.group(p.group).name));
     }
     if (p.shard_elems == 0) continue;
     for (const Bucket& b : packer.add(p.group, p.shard_elems)) {
@@ -105,10 +155,10 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   const int world = comm_.world_size();
   const auto count = static_cast<std::size_t>(bucket.block_elems);
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer send,
-                          device_.allocate(count * dsize_, "all-gather bucket (send)"));
+                          allocate(count * dsize_, "all-gather bucket (send)"));
   STRATA_ASSIGN_OR_RETURN(
       device::DeviceBuffer recv,
-      device_.allocate(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket"));
+      allocate(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket"));
   for (const BucketPiece& piece : bucket.pieces) {
     STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(piece.group));
     copy(send.as<std::byte>() + static_cast<std::size_t>(piece.offset) * dsize_,
@@ -152,20 +202,22 @@ Status ZeroProvider::start_gather(int group, bool prefetch) {
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(
           device::DeviceBuffer b,
-          device_.allocate(gather_staging_bytes(),
-                           "all-gather staging for " + full_.group(group).name));
+          allocate(gather_staging_bytes(), "all-gather staging for " + full_.group(group).name,
+                   /*may_trim=*/!prefetch));
       own_staging.push_back(std::move(b));
     }
   } else if (chunked && gather_staging_.empty()) {
     for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer b,
-                              device_.allocate(gather_staging_bytes(), "all-gather staging"));
+      STRATA_ASSIGN_OR_RETURN(
+          device::DeviceBuffer b,
+          allocate(gather_staging_bytes(), "all-gather staging", /*may_trim=*/!prefetch));
       gather_staging_.push_back(std::move(b));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(full_params_[gi],
-                          device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                                           "gathered parameters of " + full_.group(group).name));
+  STRATA_ASSIGN_OR_RETURN(
+      full_params_[gi],
+      allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
+               "gathered parameters of " + full_.group(group).name, /*may_trim=*/!prefetch));
   auto shard = engine_.acquire_params(group);
   if (!shard.is_ok()) {
     full_params_[gi].reset();
@@ -298,8 +350,8 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
   const GroupPartition& p = partition_.group(group);
   const auto gi = static_cast<std::size_t>(group);
   STRATA_ASSIGN_OR_RETURN(full_grads_[gi],
-                          device_.allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                                           "full gradient of " + full_.group(group).name));
+                          allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
+                                   "full gradient of " + full_.group(group).name));
   device_.fill_zero(full_grads_[gi].data(), full_grads_[gi].size(),
                     device_.stream(device::StreamKind::kCompute));
   return full_grads_[gi].data();
@@ -352,10 +404,9 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   if (!whole) {
     STRATA_ASSIGN_OR_RETURN(
         pending.send,
-        device_.allocate(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
+        allocate(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
     if (scatter) {
-      STRATA_ASSIGN_OR_RETURN(pending.recv,
-                              device_.allocate(count * dsize_, "gradient bucket (reduced)"));
+      STRATA_ASSIGN_OR_RETURN(pending.recv, allocate(count * dsize_, "gradient bucket (reduced)"));
     }
   }
   void* send = grad_sources_[static_cast<std::size_t>(first.group)].data;

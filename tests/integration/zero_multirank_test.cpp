@@ -240,5 +240,36 @@ TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
   EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
 }
 
+// A device budget that runs out in backward, with collectives queued (prefetched gathers, a
+// gradient bucket): every rank ends with the out-of-memory error, and tearing down does not
+// free buffers that a queued collective then writes into (it did: heap corruption and SIGABRT
+// after the error).
+TEST(ZeroFailures, OutOfDeviceMemoryWithCollectivesInFlightEndsCleanly) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json j = config(dir, "oom");
+  j["model"] = Json::parse(R"({"vocab_size": 256, "hidden_size": 256, "intermediate_size": 688,
+      "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+      "max_position_embeddings": 256})");
+  j["seq_len"] = 128;
+  j["micro_batch_size"] = 1;
+  j["activation_checkpointing"] = true;
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "cpu";
+  j["device_memory_limit"] = "20MiB";
+  fs::create_directories(dir.file("oom"));
+  dir.write("oom/config.json", j.dump());
+  const int rc = run(mpirun(dir, 2) + STRATA_CLI + " train " + dir.file("oom/config.json") + " >" +
+                     dir.file("oom/out.txt") + " 2>" + dir.file("oom/err.txt"));
+  std::stringstream err;
+  err << std::ifstream(dir.file("oom/err.txt")).rdbuf()
+      << std::ifstream(dir.file("oom/out.txt")).rdbuf();
+  EXPECT_NE(rc, 0) << "the budget no longer runs out; pick a smaller device_memory_limit";
+  EXPECT_NE(err.str().find("cannot allocate"), std::string::npos) << err.str();
+  for (const char* crash : {"Signal:", "corrupted", "AddressSanitizer", "double free"}) {
+    EXPECT_EQ(err.str().find(crash), std::string::npos) << err.str();
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -79,6 +79,13 @@ class DeviceBuffer {
   std::size_t size() const { return size_; }
   bool empty() const { return data_ == nullptr; }
   void reset();
+  // Forgets the memory without freeing it: for a buffer that a collective which never finished
+  // may still write into. The device keeps counting it as in use.
+  void abandon() {
+    device_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
 
  private:
   Device* device_ = nullptr;

@@ -26,6 +26,9 @@ class CommHandle {
   struct State {
     virtual ~State() = default;
     virtual Status wait() = 0;
+    // Whether wait() would return at once. States that finish before they are handed out need
+    // not override it.
+    virtual bool ready() { return true; }
   };
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
@@ -36,6 +39,8 @@ class CommHandle {
     return s;
   }
   bool pending() const { return state_ != nullptr; }
+  // Done (or never started): wait() would not block.
+  bool ready() const { return state_ == nullptr || state_->ready(); }
 
  private:
   std::shared_ptr<State> state_;

@@ -87,6 +87,9 @@ class OffloadEngine final : public model::ParamProvider {
 
   // Waits for gradient transfers still in flight; call after each micro-batch's backward.
   Status finish_micro_batch();
+  // Gives the store's cached device blocks (kept for reuse by dropped copies) back to the
+  // device, for an allocation outside the store that did not fit.
+  void trim_device_cache();
   // Global L2 norm of the accumulated fp32 gradients.
   Result<double> grad_norm();
   // Sum of squares of one group's accumulated fp32 gradient (for norms across ranks).

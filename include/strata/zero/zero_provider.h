@@ -123,6 +123,8 @@ class ZeroProvider final : public model::ParamProvider {
   bool partitioned(int group) const { return !partition_.group(group).replicated; }
   std::string describe(const Bucket& bucket, const std::string& what) const;
   void copy(void* dst, const void* src, std::int64_t num_elems);  // device to device, in order
+  Result<device::DeviceBuffer> allocate(std::size_t bytes, const std::string& what,
+                                        bool may_trim = true);
 
   const model::ParamLayout& full_;
   const Partition& partition_;
