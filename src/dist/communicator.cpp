@@ -18,6 +18,15 @@ bool launched_with_multiple_ranks() {
   return false;
 }
 
+int launched_rank() {
+  if (!launched_with_multiple_ranks()) return -1;
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr) return std::atoi(v);
+  }
+  return -1;
+}
+
 Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,
                                                           device::Device& device) {
   std::string backend = options.backend;

@@ -233,6 +233,8 @@ TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
   const FaultedRun r = run_with_fault(dir, "stuck", "STRATA_FAULT_STALL_RANK_AT_STEP", 3);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("rank 0: "), std::string::npos) << r.err;
+  // Each rank prints its own error; the line says whose it is.
+  EXPECT_NE(r.err.find("strata train [rank 0]: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("did not complete in time; a peer rank may have died or be stuck"),
             std::string::npos)
       << r.err;

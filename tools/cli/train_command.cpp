@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/dist/communicator.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
 #include "tools/cli/commands.h"
@@ -51,6 +52,12 @@ struct TrainArgs {
   std::int64_t save_every = -1;
 };
 
+// "strata train: ", naming the rank when several ranks each print their error.
+std::string error_prefix() {
+  const int rank = dist::launched_rank();
+  return rank < 0 ? "strata train: " : "strata train [rank " + std::to_string(rank) + "]: ";
+}
+
 int run_train(const TrainArgs& a) {
   std::vector<std::string> overrides = a.sets;
   if (!a.metrics.empty()) overrides.push_back("metrics_file=" + Json(a.metrics).dump());
@@ -59,7 +66,7 @@ int run_train(const TrainArgs& a) {
   if (!a.save_dir.empty()) overrides.push_back("save_dir=" + Json(a.save_dir).dump());
   auto config = train::load_train_config(a.config_path, overrides);
   if (!config.is_ok()) {
-    std::fprintf(stderr, "strata train: %s\n", config.status().message().c_str());
+    std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), config.status().message().c_str());
     return exit_code_for(config.status());
   }
   train::TrainOptions options;
@@ -68,7 +75,7 @@ int run_train(const TrainArgs& a) {
   options.stop_requested = &g_stop_requested;
   auto trainer = train::Trainer::create(*config, options);
   if (!trainer.is_ok()) {
-    std::fprintf(stderr, "strata train: %s\n", trainer.status().message().c_str());
+    std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), trainer.status().message().c_str());
     return exit_code_for(trainer.status());
   }
   if ((*trainer)->reports()) std::cout << (*trainer)->describe() << std::flush;
@@ -76,7 +83,7 @@ int run_train(const TrainArgs& a) {
   std::signal(SIGTERM, on_stop_signal);
   const Status s = (*trainer)->run();
   if (!s.is_ok()) {
-    std::fprintf(stderr, "strata train: %s\n", s.message().c_str());
+    std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), s.message().c_str());
     return exit_code_for(s);
   }
   const auto& h = (*trainer)->history();
