@@ -203,9 +203,16 @@ Status Trainer::Impl::setup() {
       zero::effective_bucket_bytes(config.reduce_bucket_bytes, config.device_memory_limit);
   zopts.allgather_bucket_bytes =
       zero::effective_bucket_bytes(config.allgather_bucket_bytes, config.device_memory_limit);
+  // Said when it lowers a size the config chose (the defaults are capped silently, as the
+  // README says).
+  const auto lowered = [](std::uint64_t used, std::uint64_t configured, std::uint64_t dflt) {
+    return used < configured && configured != dflt;
+  };
   if (comm->world_size() > 1 && comm->rank() == 0 &&
-      (zopts.reduce_bucket_bytes < config.reduce_bucket_bytes ||
-       zopts.allgather_bucket_bytes < config.allgather_bucket_bytes)) {
+      (lowered(zopts.reduce_bucket_bytes, config.reduce_bucket_bytes,
+               zero::kDefaultReduceBucketBytes) ||
+       lowered(zopts.allgather_bucket_bytes, config.allgather_bucket_bytes,
+               zero::kDefaultAllgatherBucketBytes))) {
     log_info("collective buckets capped at 1/16 of device_memory_limit: reduce " +
              format_bytes(zopts.reduce_bucket_bytes) + ", all-gather " +
              format_bytes(zopts.allgather_bucket_bytes));
