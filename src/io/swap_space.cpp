@@ -431,13 +431,13 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options)
 Result<BufferRegistration> SwapSpace::register_buffers(
     std::span<const std::span<std::byte>> buffers) {
   std::lock_guard lock(registration_mu_);
+  const std::vector<std::span<std::byte>> live = registered_buffers();
   std::vector<std::span<std::byte>> all(buffers.begin(), buffers.end());
-  for (const auto& [id, bufs] : registrations_) all.insert(all.end(), bufs.begin(), bufs.end());
+  all.insert(all.end(), live.begin(), live.end());
   Status st = set_registered_buffers(all);
   if (!st.is_ok()) {
     // The engine dropped its whole table; the registrations that were live keep theirs.
-    all.erase(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(buffers.size()));
-    if (!all.empty()) (void)set_registered_buffers(all);
+    if (!live.empty()) (void)set_registered_buffers(live);
     return st;
   }
   const std::uint64_t id = next_registration_++;
@@ -446,14 +446,18 @@ Result<BufferRegistration> SwapSpace::register_buffers(
   return BufferRegistration(this, id);
 }
 
+std::vector<std::span<std::byte>> SwapSpace::registered_buffers() const {
+  std::vector<std::span<std::byte>> all;
+  for (const auto& [id, bufs] : registrations_) all.insert(all.end(), bufs.begin(), bufs.end());
+  return all;
+}
+
 void SwapSpace::release_registration(std::uint64_t id) {
   std::lock_guard lock(registration_mu_);
   std::erase_if(registrations_, [id](const auto& r) { return r.first == id; });
-  std::vector<std::span<std::byte>> all;
-  for (const auto& [other, bufs] : registrations_) all.insert(all.end(), bufs.begin(), bufs.end());
   // Re-registering fewer buffers than a table that already worked cannot hit the memlock limit;
   // if the kernel refuses anyway the rest go through ordinary (slower, correct) requests.
-  Status st = set_registered_buffers(all);
+  Status st = set_registered_buffers(registered_buffers());
   if (!st.is_ok()) log_warning("swap space: " + st.message());
 }
 

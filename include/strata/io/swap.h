@@ -222,6 +222,8 @@ class SwapSpace {
  private:
   friend class BufferRegistration;
   void release_registration(std::uint64_t id);
+  // Every live registration's buffers; call with registration_mu_ held.
+  std::vector<std::span<std::byte>> registered_buffers() const;
   std::mutex registration_mu_;
   std::vector<std::pair<std::uint64_t, std::vector<std::span<std::byte>>>> registrations_;
   std::uint64_t next_registration_ = 1;
