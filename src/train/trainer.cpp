@@ -138,10 +138,19 @@ Status Trainer::Impl::setup() {
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
   if (config.batch_size % (config.micro_batch_size * world) != 0) {
-    return invalid_argument("batch_size " + std::to_string(config.batch_size) +
-                            " must be a multiple of micro_batch_size " +
-                            std::to_string(config.micro_batch_size) + " x " +
-                            std::to_string(world) + " ranks");
+    // The largest micro-batch that fits this rank count, to suggest.
+    std::int64_t fit = 0;
+    for (std::int64_t m = config.micro_batch_size; m >= 1 && fit == 0; --m) {
+      if (config.batch_size % (m * world) == 0) fit = m;
+    }
+    return invalid_argument(
+        "batch_size " + std::to_string(config.batch_size) + " must be a multiple of " +
+        "micro_batch_size " + std::to_string(config.micro_batch_size) + " x " +
+        std::to_string(world) + " ranks" +
+        (fit > 0 ? "; with " + std::to_string(world) +
+                       " ranks use --set micro_batch_size=" + std::to_string(fit)
+                 : "; no micro_batch_size fits " + std::to_string(world) +
+                       " ranks: make batch_size a multiple of the rank count"));
   }
   if (world > 1) {
     // Every rank must run the same config; a mismatch would silently desynchronize them.

@@ -187,6 +187,25 @@ TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
   }
 }
 
+// A micro-batch that does not fit the rank count: the error says which one does.
+TEST(ZeroFailures, MicroBatchThatDoesNotFitTheRanksSuggestsOneThatDoes) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json j = config(dir, "fit");
+  j["micro_batch_size"] = 8;  // batch_size 8 on 2 ranks: 4 per rank at most
+  fs::create_directories(dir.file("fit"));
+  dir.write("fit/config.json", j.dump());
+  const int rc = run(mpirun(dir, 2) + STRATA_CLI + " train " + dir.file("fit/config.json") +
+                     " >/dev/null 2>" + dir.file("fit/err.txt"));
+  std::stringstream err;
+  err << std::ifstream(dir.file("fit/err.txt")).rdbuf();
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.str().find("batch_size 8 must be a multiple of micro_batch_size 8 x 2 ranks; "
+                           "with 2 ranks use --set micro_batch_size=4"),
+            std::string::npos)
+      << err.str();
+}
+
 // Two ranks train until the fault variable `fault` (STRATA_FAULT_*_RANK_AT_STEP, set to
 // rank 1, step 3) strikes; returns how the job ended.
 struct FaultedRun {
