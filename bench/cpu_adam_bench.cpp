@@ -18,7 +18,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,7 +31,6 @@
 #include "strata/core/aligned.h"
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
-#include "strata/io/staging.h"
 #include "strata/io/swap.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/optim/streamed_adam.h"
@@ -360,53 +358,6 @@ void bm_triad(benchmark::State& state, Context* ctx, std::int64_t n, int threads
 
 // ---- NVMe-streamed step vs the same I/O alone ----
 
-// The streamed pipeline's reads and writes without the update: same sub-groups, same slots,
-// same lookahead (see src/optim/streamed_adam.cpp).
-void io_only_pass(strata::io::SwapSpace& swap, const std::vector<strata::io::Extent>& xs,
-                  std::int64_t seg_elems, std::int64_t sub, std::span<std::byte* const> bufs,
-                  std::size_t nb) {
-  struct Sg {
-    std::size_t seg;
-    std::int64_t begin, count;
-  };
-  std::vector<Sg> plan;
-  for (std::size_t s = 0; s < xs.size() / 3; ++s) {
-    for (std::int64_t b = 0; b < seg_elems; b += sub)
-      plan.push_back({s, b, std::min(sub, seg_elems - b)});
-  }
-  std::vector<std::array<strata::io::IoHandle, 3>> reads(nb), writes(nb);
-  auto issue = [&](std::size_t i, bool is_read) {
-    for (int k = 0; k < 3; ++k) {
-      const auto& x = xs[plan[i].seg * 3 + static_cast<std::size_t>(k)];
-      void* buf = bufs[(i % nb) * 3 + static_cast<std::size_t>(k)];
-      const auto off = static_cast<std::uint64_t>(plan[i].begin) * 4;
-      const auto bytes = static_cast<std::size_t>(plan[i].count) * 4;
-      (is_read ? reads : writes)[i % nb][static_cast<std::size_t>(k)] =
-          is_read ? swap.read(x, off, buf, bytes) : swap.write(x, off, buf, bytes);
-    }
-  };
-  auto wait = [&](std::array<strata::io::IoHandle, 3>& hs) {
-    for (auto& h : hs) {
-      if (h.valid()) STRATA_CHECK(h.wait().is_ok(), "bench I/O failed");
-      h = strata::io::IoHandle();
-    }
-  };
-  const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
-  std::size_t next = 0;
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    for (; next < plan.size() && next <= i + lookahead; ++next) {
-      if (next >= nb) wait(writes[next % nb]);
-      issue(next, true);
-    }
-    wait(reads[i % nb]);
-    issue(i, false);
-  }
-  for (std::size_t s = 0; s < nb; ++s) {
-    wait(reads[s]);
-    wait(writes[s]);
-  }
-}
-
 // ratio_to_io = streamed step time / the same reads and writes alone (target <= 1.10).
 void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_t sub_group,
                  const char* engine) {
@@ -459,15 +410,13 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
     seg.out_dtype = DType::kBF16;
     segs.push_back(seg);
   }
-  // The I/O-only pass gets staging of the same kind: huge pages, registered with the swap space.
-  const std::size_t slot_bytes = static_cast<std::size_t>(streamed->sub_group_elems()) * 4;
-  const auto sets = static_cast<std::size_t>(opts.num_buffers);
-  strata::io::StagingBuffer pool(3 * sets * slot_bytes);
-  std::vector<std::byte*> bufs;
-  for (std::size_t i = 0; i < 3 * sets; ++i) bufs.push_back(pool.data() + i * slot_bytes);
-  const std::span<std::byte> whole = pool.bytes();
-  auto registration = (*swap)->register_buffers({&whole, 1});
-  if (registration.is_ok() != streamed->staging_registered()) {
+  // The I/O-only side: the same pipeline, with staging of its own of the same kind, without
+  // the update.
+  strata::optim::StreamedAdamOptions io_opts = opts;
+  io_opts.update = false;
+  auto io_only = strata::optim::StreamedAdam::create(**swap, *adam, io_opts);
+  if (!io_only.is_ok()) return state.SkipWithError(io_only.status().to_string().c_str());
+  if (io_only->staging_registered() != streamed->staging_registered()) {
     return state.SkipWithError("only one of the two staging pools could be registered");
   }
   strata::device::AdamWArgs hyper;
@@ -482,7 +431,10 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
         compute_s += r->compute_s;
         io_wait_s += r->io_wait_s;
       },
-      [&] { io_only_pass(**swap, xs, seg_elems, streamed->sub_group_elems(), bufs, sets); });
+      [&] {
+        auto r = io_only->step(segs, hyper);
+        STRATA_CHECK(r.is_ok(), r.status().to_string());
+      });
   const double io_bytes = 24.0 * static_cast<double>(total_params);
   state.counters["GBps"] = io_bytes * t.n / t.a_s / 1e9;
   state.counters["io_only_GBps"] = io_bytes * t.n / t.b_s / 1e9;

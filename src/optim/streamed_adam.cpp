@@ -153,7 +153,6 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
   const auto nb = static_cast<std::size_t>(options_.num_buffers);
   const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
   std::vector<std::array<io::IoHandle, kArrays>> reads(nb), writes(nb);
-  auto buffer = [&](std::size_t sub, int k) { return slot(sub, k); };
   // Waits for one transfer of sub-group `sub`; an error names where it happened.
   auto wait_one = [&](io::IoHandle& h, std::size_t sub, int k, bool is_read) -> Status {
     if (!h.valid()) return Status::ok();
@@ -191,10 +190,10 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     for (int k = 0; k < kArrays; ++k) {
       io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
       if (is_read) {
-        h = swap_->read(extent_of(seg, k), offset, buffer(sub, k), sg.io_bytes);
+        h = swap_->read(extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
         report.bytes_read += sg.io_bytes;
       } else {
-        h = swap_->write(extent_of(seg, k), offset, buffer(sub, k), sg.io_bytes);
+        h = swap_->write(extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
         report.bytes_written += sg.io_bytes;
       }
     }
@@ -215,11 +214,11 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
 
     const SubGroup& sg = plan[i];
     const StreamedSegment& seg = segments[sg.segment];
-    if (sg.count > 0) {
+    if (sg.count > 0 && options_.update) {
       device::AdamWArgs a = hyper;
-      a.param = buffer(i, 0);
-      a.exp_avg = buffer(i, 1);
-      a.exp_avg_sq = buffer(i, 2);
+      a.param = slot(i, 0);
+      a.exp_avg = slot(i, 1);
+      a.exp_avg_sq = slot(i, 2);
       a.grad = static_cast<const std::byte*>(seg.grad) +
                static_cast<std::size_t>(sg.begin) * dtype_size(seg.grad_dtype);
       a.grad_dtype = seg.grad_dtype;
@@ -234,15 +233,15 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
       const StepOutcome outcome = adam_->step(a, /*check_finite=*/false);
       STRATA_CHECK(outcome == StepOutcome::kUpdated, "unchecked step skipped");
       report.compute_s += compute.elapsed_s();
-      start_transfers(i, false);
     }
+    start_transfers(i, false);
     if (sg.last && on_segment_done) error = on_segment_done(sg.segment);
   }
   // Drain everything still in flight (the staging buffers must outlive their transfers); the
   // last write-backs finish here, so their errors count too.
-  for (std::size_t slot = 0; slot < nb; ++slot) {
-    Status r = wait_slot(reads, read_owner[slot], true);
-    Status w = wait_slot(writes, write_owner[slot], false);
+  for (std::size_t s = 0; s < nb; ++s) {
+    Status r = wait_slot(reads, read_owner[s], true);
+    Status w = wait_slot(writes, write_owner[s], false);
     if (error.is_ok()) error = !r.is_ok() ? r : w;
   }
   if (!error.is_ok()) return error;

@@ -50,6 +50,9 @@ struct StreamedAdamOptions {
   // pinning). Best effort: a refusal (RLIMIT_MEMLOCK) is a warning, once per process, and I/O
   // goes the ordinary way.
   bool register_staging = true;
+  // false: every read and write-back of the step, through the same staging and pipeline, but no
+  // update (the state goes back unchanged): the I/O-only baseline of bench_cpu_adam.
+  bool update = true;
 };
 
 struct StreamedStepReport {
@@ -85,10 +88,8 @@ class StreamedAdam {
 
   std::int64_t sub_group_elems() const { return sub_group_elems_; }
   std::size_t staging_bytes() const { return staging_.size(); }
-  // Whether the staging is registered with the swap space, and how much of it the kernel backs
-  // with huge pages (diagnostics and tests).
+  // Whether the staging is registered with the swap space (diagnostics and tests).
   bool staging_registered() const { return registration_.active(); }
-  std::size_t staging_huge_page_bytes() const { return staging_.huge_page_bytes(); }
   // Staging that create() would allocate for these options (for memory budgets).
   static std::size_t staging_bytes_for(const StreamedAdamOptions& options);
 

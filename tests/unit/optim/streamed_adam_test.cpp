@@ -287,6 +287,36 @@ TEST_P(StreamedAdamTest, StagingIsRegisteredWithTheSwapSpace) {
   EXPECT_EQ(fixed, 0u);
 }
 
+// update = false moves every byte of the step and changes none: the state in swap and the
+// output copy stay as they were.
+TEST_P(StreamedAdamTest, WithoutUpdateTheSameBytesMoveAndNothingChanges) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 1});
+  ASSERT_TRUE(adam.is_ok());
+  Fixture f = make_fixture(GetParam());
+  if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  StreamedAdamOptions so{.sub_group_size = 2048, .max_segment_elems = 12345};
+  auto updating = StreamedAdam::create(*f.swap, *adam, so);
+  so.update = false;
+  auto io_only = StreamedAdam::create(*f.swap, *adam, so);
+  ASSERT_TRUE(updating.is_ok() && io_only.is_ok());
+  std::vector<AdamState> got = f.states;
+  std::vector<StreamedSegment> segs = segments_of(f, got);
+  auto moved = io_only->step(segs, hyper(true, 0.5f, 2));
+  ASSERT_TRUE(moved.is_ok()) << moved.status().to_string();
+  EXPECT_EQ(moved->compute_s, 0.0);
+  for (std::size_t s = 0; s < f.states.size(); ++s) {
+    const auto back = read_back(f, s);
+    const std::int64_t n = f.states[s].n;
+    EXPECT_EQ(compare_bytes("master", back[0].data(), f.states[s].p(), 4, n), "") << s;
+    EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), f.states[s].v(), 4, n), "") << s;
+    EXPECT_EQ(got[s].out, f.states[s].out) << s;
+  }
+  auto updated = updating->step(segs, hyper(true, 0.5f, 2));
+  ASSERT_TRUE(updated.is_ok());
+  EXPECT_EQ(moved->bytes_read, updated->bytes_read);
+  EXPECT_EQ(moved->bytes_written, updated->bytes_written);
+}
+
 TEST(StreamedAdamOptions, RejectsBadSizes) {
   ::strata::testing::TempDir dir;
   io::SwapOptions so;
