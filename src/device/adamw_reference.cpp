@@ -6,15 +6,23 @@
 
 namespace strata::device {
 
-void adamw_reference(const AdamWArgs& a) {
+AdamWConstants adamw_constants(const AdamWArgs& a) {
   // Bias corrections in double, as torch computes them on Python floats before the tensor ops.
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
-  const float step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
-  const float one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
-  const float one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  AdamWConstants c;
+  c.step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  return c;
+}
+
+void adamw_reference(const AdamWArgs& a) {
+  const AdamWConstants c = adamw_constants(a);
+  const float step_size = c.step_size, bc2_sqrt = c.bc2_sqrt, decay = c.decay;
+  const float one_minus_b1 = c.one_minus_beta1, one_minus_b2 = c.one_minus_beta2;
   const auto beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
   const auto eps = static_cast<float>(a.eps), weight_decay = static_cast<float>(a.weight_decay);
   for (std::int64_t i = 0; i < a.n; ++i) {

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 
 #include "src/optim/cpu_adam_kernels.h"
@@ -134,20 +133,19 @@ int out_kind(const device::AdamWArgs& a) {
   return 0;
 }
 
-// Exactly the constant computation of device::adamw_reference.
+// The scalars of device::adamw_reference, from the same function.
 AdamConstants make_constants(const device::AdamWArgs& a) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+  const device::AdamWConstants k = device::adamw_constants(a);
   AdamConstants c;
   c.beta1 = a.beta1;
   c.beta2 = a.beta2;
-  c.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
-  c.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  c.one_minus_b1 = k.one_minus_beta1;
+  c.one_minus_b2 = k.one_minus_beta2;
   c.eps = a.eps;
   c.weight_decay = a.weight_decay;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
-  c.step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.decay = k.decay;
+  c.step_size = k.step_size;
+  c.bc2_sqrt = k.bc2_sqrt;
   c.grad_scale = a.grad_scale;
   return c;
 }

@@ -122,4 +122,14 @@ namespace strata::device {
 // The scalar AdamW every backend and the host optimizer are tested against; the CPU backend's
 // adamw op runs exactly this, so optimizer placement never changes results.
 void adamw_reference(const AdamWArgs& args);
+
+// One step's scalars, formed in double (as torch does on Python floats) and rounded to f32
+// once. Every AdamW implementation takes them from here, so they agree bit for bit.
+struct AdamWConstants {
+  float step_size;  // lr / bias_correction1
+  float bc2_sqrt;   // sqrt(bias_correction2)
+  float decay;      // 1 - lr * weight_decay (adamw_mode)
+  float one_minus_beta1, one_minus_beta2;
+};
+AdamWConstants adamw_constants(const AdamWArgs& args);
 }  // namespace strata::device

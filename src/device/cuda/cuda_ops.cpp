@@ -1,7 +1,6 @@
 // The CUDA op table: argument checks as on the CPU backend, then the kernels' host launchers
 // (kernels/launchers.h) or cuBLASLt, all on the compute stream; failures become the device's
 // sticky error. Plain C++: no device code here.
-#include <cmath>
 #include <limits>
 #include <string>
 
@@ -190,15 +189,14 @@ class CudaOps final : public Ops {
   void adamw(const AdamWArgs& a) const override {
     STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
     STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
-    // The reference's scalar preamble, expression for expression (adamw_reference.cpp).
-    const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+    // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
+    const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;
-    s.lr_step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
-    s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    s.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
-    s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
-    s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+    s.lr_step_size = c.step_size;
+    s.bc2_sqrt = c.bc2_sqrt;
+    s.decay = c.decay;
+    s.one_minus_beta1 = c.one_minus_beta1;
+    s.one_minus_beta2 = c.one_minus_beta2;
     s.beta1 = a.beta1;
     s.beta2 = a.beta2;
     s.eps = a.eps;
