@@ -444,7 +444,6 @@ Status OffloadEngine::finish_micro_batch() {
 }
 
 Result<double> OffloadEngine::grad_sum_squares(int group) {
-  STRATA_RETURN_IF_ERROR(finish_micro_batch());
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (options_.offload_optimizer == Offload::kNone) {
     return device_.ops().sum_squares(g.grad_acc_d.data(), g.n, DType::kF32);
@@ -456,6 +455,7 @@ Result<double> OffloadEngine::grad_sum_squares(int group) {
 }
 
 Result<double> OffloadEngine::grad_norm() {
+  STRATA_RETURN_IF_ERROR(finish_micro_batch());
   double sum = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     STRATA_ASSIGN_OR_RETURN(double s, grad_sum_squares(static_cast<int>(g)));

@@ -85,11 +85,6 @@ Status ZeroProvider::load_master(const model::GroupSource& full_source) {
   return refresh_replicated_params();
 }
 
-std::int64_t ZeroProvider::reduce_block_elems(int group) const {
-  const GroupPartition& p = partition_.group(group);
-  return p.replicated ? p.full_elems : p.shard_elems;
-}
-
 void ZeroProvider::copy(void* dst, const void* src, std::int64_t num_elems) {
   // A cast to the same dtype is the op table's device-to-device copy, ordered on the compute
   // stream with the collectives and the model's ops.
@@ -112,7 +107,7 @@ std::string ZeroProvider::describe(const Bucket& bucket, const std::string& what
   const int last = bucket.pieces.back().group;
   std::string s = what + " of " + full_.group(first).name;
   if (last != first) s += ".." + full_.group(last).name;
-  if (bucket.pieces.size() > 1 || bucket.pieces.front().begin > 0 || !bucket.pieces.front().last) {
+  if (!bucket.whole_group()) {
     s += " (bucket of " + std::to_string(bucket.pieces.size()) + " pieces)";
   }
   return s;
@@ -143,7 +138,7 @@ Status ZeroProvider::refresh_replicated_params() {
 Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   const BucketPiece& first = bucket.pieces.front();
   const std::string what = describe(bucket, "parameters");
-  if (bucket.pieces.size() == 1 && first.begin == 0 && first.last) {
+  if (bucket.whole_group()) {
     STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(first.group));
     Status s = comm_
                    .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data(),
@@ -369,7 +364,7 @@ Status ZeroProvider::release_grads(int group) {
     src.data = src.full.data();
     STRATA_ASSIGN_OR_RETURN(src.shard, engine_.acquire_grads(group));
   }
-  if (reduce_block_elems(group) == 0) {  // nothing to reduce
+  if (partition_.group(group).local_elems() == 0) {  // nothing to reduce
     src = GradSource{};
     return engine_.release_grads(group);
   }
@@ -378,7 +373,7 @@ Status ZeroProvider::release_grads(int group) {
   const ReduceKind other =
       kind == ReduceKind::kPartitioned ? ReduceKind::kReplicated : ReduceKind::kPartitioned;
   if (auto b = packer(other).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(other, std::move(*b)));
-  for (Bucket& b : packer(kind).add(group, reduce_block_elems(group))) {
+  for (Bucket& b : packer(kind).add(group, partition_.group(group).local_elems())) {
     STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(b)));
   }
   return Status::ok();
@@ -394,7 +389,7 @@ Status ZeroProvider::release_grads(int group) {
 Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   const BucketPiece& first = bucket.pieces.front();
-  const bool whole = bucket.pieces.size() == 1 && first.begin == 0 && first.last;
+  const bool whole = bucket.whole_group();
   const std::int64_t blocks = kind == ReduceKind::kPartitioned ? comm_.world_size() : 1;
   const bool scatter = kind == ReduceKind::kPartitioned && options_.stage != 1;
   const auto count = static_cast<std::size_t>(bucket.block_elems);
@@ -416,7 +411,7 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
       for (const BucketPiece& piece : bucket.pieces) {
         const auto* src = static_cast<const std::byte*>(
             grad_sources_[static_cast<std::size_t>(piece.group)].data);
-        const std::int64_t from = r * reduce_block_elems(piece.group) + piece.begin;
+        const std::int64_t from = r * partition_.group(piece.group).local_elems() + piece.begin;
         const std::size_t to =
             static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset);
         copy(pending.send.as<std::byte>() + to * dsize_,
@@ -455,8 +450,7 @@ Status ZeroProvider::finish_one_reduce() {
   PendingReduce p = std::move(pending_reduces_.front());
   pending_reduces_.pop_front();
   STRATA_RETURN_IF_ERROR(p.handle.wait());
-  const BucketPiece& first = p.bucket.pieces.front();
-  const bool whole = p.bucket.pieces.size() == 1 && first.begin == 0 && first.last;
+  const bool whole = p.bucket.whole_group();
   const auto count = static_cast<std::size_t>(p.bucket.block_elems);
   const auto* result = static_cast<const std::byte*>(p.result);
   for (const BucketPiece& piece : p.bucket.pieces) {

@@ -44,6 +44,10 @@ struct BucketPiece {
 struct Bucket {
   std::vector<BucketPiece> pieces;
   std::int64_t block_elems = 0;  // elements per rank block: the collective's per-rank count
+  // Exactly one whole group: its own buffer can take the collective, with no packing.
+  bool whole_group() const {
+    return pieces.size() == 1 && pieces.front().begin == 0 && pieces.front().last;
+  }
 };
 
 // Elements per rank block that keep a collective over `blocks` rank blocks of `elem_bytes`-byte

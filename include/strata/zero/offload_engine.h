@@ -92,7 +92,8 @@ class OffloadEngine final : public model::ParamProvider {
   void trim_device_cache();
   // Global L2 norm of the accumulated fp32 gradients.
   Result<double> grad_norm();
-  // Sum of squares of one group's accumulated fp32 gradient (for norms across ranks).
+  // Sum of squares of one group's accumulated fp32 gradient (for norms across ranks). Call
+  // after finish_micro_batch(), once per group.
   Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients.

@@ -114,7 +114,6 @@ class ZeroProvider final : public model::ParamProvider {
     std::vector<device::DeviceBuffer> own_staging;  // when the shared pair was lent out
   };
   std::size_t gather_staging_bytes() const;
-  std::int64_t reduce_block_elems(int group) const;
   BucketPacker& packer(ReduceKind kind) {
     return kind == ReduceKind::kPartitioned ? partitioned_packer_ : replicated_packer_;
   }
