@@ -16,6 +16,7 @@
 
 #include "src/dist/mpi_communicator.h"
 #include "src/dist/nccl_communicator.h"
+#include "strata/core/check.h"
 #include "strata/device/device.h"
 
 namespace strata::dist {
@@ -31,7 +32,12 @@ ncclDataType_t nccl_type(DType dtype) {
       return ncclInt32;
     case DType::kU8:
       return ncclUint8;
+    case DType::kF32:
+      return ncclFloat32;
     default:
+      // Another width would move the wrong number of bytes.
+      STRATA_CHECK(false, "NCCL collectives take f32, bf16, f16, i32 or u8, not",
+                   dtype_name(dtype));
       return ncclFloat32;
   }
 }

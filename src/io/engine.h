@@ -85,10 +85,9 @@ class Engine {
   // Non-null when the engine makes progress only in its callers' threads; request states then
   // drive it from wait() and poll().
   virtual CallerDriver* caller_driver() { return nullptr; }
-  // Fixed buffers (see SwapSpace::register_buffers). Called with nothing in flight. The default
-  // engine has none and accepts any buffers.
+  // Fixed buffers (see SwapSpace::register_buffers): the whole table becomes `buffers` (empty:
+  // none). Called with nothing in flight. The default engine has none and accepts any buffers.
   virtual Status register_buffers(std::span<const std::span<std::byte>> buffers);
-  virtual void unregister_buffers() {}
   // A warning from setup the swap space should pass on (SQPOLL refused), or empty.
   virtual std::string setup_warning() const { return {}; }
   // Makes file `file` at least size_bytes long with its blocks allocated (fallocate). Returns 0

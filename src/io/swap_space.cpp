@@ -157,10 +157,6 @@ class SwapSpaceImpl final : public SwapSpace {
 
   Status set_registered_buffers(std::span<const std::span<std::byte>> buffers) override {
     engine_->drain();
-    if (buffers.empty()) {
-      engine_->unregister_buffers();
-      return Status::ok();
-    }
     return engine_->register_buffers(buffers);
   }
 

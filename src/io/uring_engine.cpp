@@ -186,24 +186,13 @@ class UringEngine final : public Engine, public CallerDriver {
       }
     }
     if (err == 0) return Status::ok();
-    unregister_buffers();
+    (void)register_buffers({});  // an empty table: every ring without fixed buffers
     return io_error("registering " + std::to_string(iov.size()) + " buffer(s) of " +
                     std::to_string(total) + " bytes with io_uring failed: " + errno_text(err) +
                     (err == ENOMEM || err == EPERM
                          ? " (pinned memory counts against RLIMIT_MEMLOCK; raise `ulimit -l`)"
                          : "") +
                     "; I/O continues without registered buffers");
-  }
-
-  void unregister_buffers() override {
-    for (auto& r : rings_) {
-      Ring* ring = r.get();
-      run_on_ring(*ring, [ring] {
-        if (!ring->fixed.empty()) io_uring_unregister_buffers(&ring->ring);
-        ring->fixed.clear();
-        return 0;
-      });
-    }
   }
 
   // CallerDriver: one pass over every ring, then, if that did not satisfy the caller, a wait for

@@ -161,7 +161,6 @@ struct TieredStore::Impl {
   std::unique_ptr<HostBlockCache> host_cache;
   // Device buffers of dropped copies by size, for reuse; counted in reserved(kDevice).
   std::map<std::uint64_t, std::vector<device::DeviceBuffer>> device_cache;
-  std::uint64_t device_cached_bytes = 0;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // an op finished or a staging buffer came back

@@ -617,7 +617,6 @@ Status TieredStore::Impl::allocate_copy(Entry& e, Tier t) {
       if (it != device_cache.end() && !it->second.empty()) {  // already counted in reserved
         c.device_buffer = std::move(it->second.back());
         it->second.pop_back();
-        device_cached_bytes -= bytes;
       } else {
         STRATA_ASSIGN_OR_RETURN(c.device_buffer, device.allocate(bytes, "'" + e.spec.name + "'"));
         charge(t, bytes);
@@ -693,7 +692,6 @@ void TieredStore::Impl::drop_copy(Entry& e, Tier t) {
       if (auto& cached = device_cache[device_bytes(e)];
           static_cast<int>(cached.size()) < options.device_cache_blocks_per_size) {
         cached.push_back(std::move(c.device_buffer));
-        device_cached_bytes += device_bytes(e);
       } else {
         c.device_buffer.reset();
         uncharge(t, device_bytes(e));
@@ -720,7 +718,6 @@ std::uint64_t TieredStore::Impl::trim_device_cache(std::uint64_t bytes, std::uin
     while (!blocks.empty() && freed < bytes) {
       blocks.pop_back();  // returns the memory to the device
       uncharge(Tier::kDevice, size);
-      device_cached_bytes -= size;
       freed += size;
     }
     if (freed >= bytes) break;
