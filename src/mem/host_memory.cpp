@@ -1,10 +1,6 @@
-// Locked host pages, the staging pool and the host-tier size-class cache.
+// Pinned host pages from the device, the staging pool and the host-tier size-class cache.
 #include "strata/mem/host_memory.h"
 
-#include <sys/mman.h>
-
-#include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -15,48 +11,6 @@
 
 namespace strata::mem {
 namespace {
-
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
-
-class LockedHostAllocator final : public HostAllocator {
- public:
-  explicit LockedHostAllocator(bool lock) : lock_(lock) {}
-
-  Result<void*> allocate(std::size_t size_bytes) override {
-    const std::size_t n = align_up(size_bytes, kPageBytes);
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      return out_of_memory("cannot map " + format_bytes(n) +
-                           " of host memory: " + std::strerror(err));
-    }
-    if (n >= kHugePageBytes) ::madvise(p, n, MADV_HUGEPAGE);  // advice only; failure is harmless
-    bool locked = false;
-    if (lock_ && !lock_refused_.load(std::memory_order_relaxed)) {
-      locked = ::mlock(p, n) == 0;  // also faults every page in
-      if (!locked && !lock_refused_.exchange(true)) {
-        const int err = errno;
-        log_warning("cannot lock " + format_bytes(n) + " of host staging memory (" +
-                    std::strerror(err) +
-                    "); continuing with unlocked pages. Raise the limit with `ulimit -l` "
-                    "(RLIMIT_MEMLOCK) for pinned transfers");
-      }
-    }
-    if (!locked) std::memset(p, 0, n);  // fault in once now, not on the hot path
-    return p;
-  }
-
-  void deallocate(void* data, std::size_t size_bytes) override {
-    if (data == nullptr) return;
-    ::munmap(data, align_up(size_bytes, kPageBytes));  // also unlocks
-  }
-
-  bool pinned() const override { return lock_ && !lock_refused_.load(std::memory_order_relaxed); }
-
- private:
-  const bool lock_;
-  std::atomic<bool> lock_refused_{false};
-};
 
 class DeviceHostAllocator final : public HostAllocator {
  public:
@@ -104,10 +58,6 @@ class DeviceHostAllocator final : public HostAllocator {
 
 std::unique_ptr<HostAllocator> make_device_host_allocator(device::Device& device) {
   return std::make_unique<DeviceHostAllocator>(device);
-}
-
-std::unique_ptr<HostAllocator> make_locked_host_allocator(bool lock_pages) {
-  return std::make_unique<LockedHostAllocator>(lock_pages);
 }
 
 // ---- StagingPool ----

@@ -30,11 +30,6 @@ class HostAllocator {
 // aligned pages on the CPU backend. The tiered store's default.
 std::unique_ptr<HostAllocator> make_device_host_allocator(device::Device& device);
 
-// Anonymous mmap'd pages (transparent huge pages advised), faulted in once and, with
-// lock_pages, mlock'd. If the lock limit refuses, the pages stay unlocked and one warning says
-// how to raise it; the memory is still usable.
-std::unique_ptr<HostAllocator> make_locked_host_allocator(bool lock_pages);
-
 // A fixed set of equal staging buffers carved from one allocation made once. Not thread-safe;
 // the owner serializes access.
 class StagingPool {

@@ -62,7 +62,6 @@ struct StoreOptions {
   std::array<std::uint64_t, kNumTiers> budget_bytes{};
   std::size_t staging_buffer_bytes = std::size_t{8} << 20;  // chunk of an NVMe<->device move
   int num_staging_buffers = 4;
-  bool lock_host_memory = true;  // mlock the staging pool and host copies (best effort)
   // Device buffers of dropped copies kept for reuse, per tensor size: the next fetch of that size
   // skips the allocator (on the CPU backend, fresh pages cost 7x the copy into them; on CUDA, a
   // cudaMalloc). Cached buffers count against the device budget and go first when room is needed.
@@ -71,8 +70,8 @@ struct StoreOptions {
   // device copy directly, without the staging copy; such copies are allocated page-aligned with
   // room for a whole O_DIRECT block (round_up(size, 4096) + 4096 bytes of the budget).
   bool direct_device_io = true;
-  // Host memory source; null = make_locked_host_allocator(lock_host_memory). Must outlive the
-  // store.
+  // Host memory source; null = make_device_host_allocator(device) (pinned by the device).
+  // Must outlive the store.
   HostAllocator* host_allocator = nullptr;
   Timeline* timeline = nullptr;  // spans of every transfer and stall; optional
 };

@@ -32,12 +32,14 @@ TEST(StagingPool, EveryBufferOnceThenNone) {
 }
 
 TEST(StagingPool, RejectsUnalignedBuffers) {
-  auto alloc = make_locked_host_allocator(false);
+  auto device = testing::make_cpu_device();
+  auto alloc = make_device_host_allocator(*device);
   EXPECT_EQ(StagingPool::create(*alloc, 5000, 2).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(HostBlockCache, RepeatingPatternAllocatesOnlyOnce) {
-  auto alloc = make_locked_host_allocator(/*lock_pages=*/true);
+  auto device = testing::make_cpu_device();
+  auto alloc = make_device_host_allocator(*device);
   HostBlockCache cache(*alloc);
   const std::size_t sizes[] = {10000, 123456, 10000, 4096, 123456};
   std::uint64_t held_after_first = 0;
