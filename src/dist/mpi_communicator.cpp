@@ -316,7 +316,6 @@ class MpiCommunicator final : public Communicator {
                         std::string_view what) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     stats_.all_gather_bytes += bytes * static_cast<std::size_t>(world_);
-    stats_.bytes_sent += bytes;
     ++stats_.collectives;
     const void* src =
         send == static_cast<const std::byte*>(recv) + bytes * static_cast<std::size_t>(rank_)
@@ -333,7 +332,6 @@ class MpiCommunicator final : public Communicator {
                             ReduceOp op, std::string_view what) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     stats_.reduce_scatter_bytes += bytes * static_cast<std::size_t>(world_);
-    stats_.bytes_sent += bytes * static_cast<std::size_t>(world_);
     ++stats_.collectives;
     const int n = static_cast<int>(count);
     const MPI_Datatype type = type_of(dtype);
@@ -348,7 +346,6 @@ class MpiCommunicator final : public Communicator {
                         std::string_view what) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     stats_.all_reduce_bytes += bytes;
-    stats_.bytes_sent += bytes;
     ++stats_.collectives;
     const void* src = send == recv ? MPI_IN_PLACE : send;
     const int n = static_cast<int>(count);

@@ -158,7 +158,6 @@ class NcclCommunicator final : public Communicator {
   void count_bytes(std::uint64_t CommStats::*field, std::int64_t elems, DType dtype) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(elems) * dtype_size(dtype);
     stats_.*field += bytes;
-    stats_.bytes_sent += bytes / static_cast<std::uint64_t>(world_size());
     ++stats_.collectives;
   }
   // The collective stream waits (on the GPU, not the host) for everything issued to the compute

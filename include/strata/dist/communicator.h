@@ -47,7 +47,6 @@ class CommHandle {
 };
 
 struct CommStats {
-  std::uint64_t bytes_sent = 0;  // payload this rank contributed to collectives
   std::uint64_t all_gather_bytes = 0;
   std::uint64_t reduce_scatter_bytes = 0;
   std::uint64_t all_reduce_bytes = 0;
