@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,52 +75,76 @@ class BigBuffer {
   std::size_t bytes_;
 };
 
-// Adam state for kMaxParams parameters, filled in parallel with positive, normal-range values
-// (roofline passes add the gradient to every array, so nothing drifts to NaN or subnormal).
+// Adam state for `params` parameters, filled in parallel with positive, normal-range values
+// (roofline passes add the gradient to every array, so nothing drifts to NaN or subnormal). The
+// arrays share one mapping, each starting `stagger_bytes` after the end of the one before: with
+// one page, their addresses differ in the low bits as the engine's own buffers do; with 0, every
+// array starts a power of two of bytes after the last, like equal-sized buffers each mmap'd on
+// its own, whose lines some CPUs cannot hold in L1 at once (the AdamCongruentArrays case).
 struct Arrays {
-  static constexpr auto kF32Bytes = static_cast<std::size_t>(kMaxParams) * 4;
-  BigBuffer master{kF32Bytes}, exp_avg{kF32Bytes}, exp_avg_sq{kF32Bytes};
-  BigBuffer grad_f32{kF32Bytes}, grad_bf16{kF32Bytes / 2}, out{kF32Bytes};
-
-  Arrays() {
-    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, kMaxParams, 1 << 16), [&](auto r) {
+  Arrays(std::int64_t params, std::size_t stagger_bytes)
+      : params_(params),
+        f32_bytes_(static_cast<std::size_t>(params) * 4),
+        stagger_(stagger_bytes),
+        buffer_(6 * (f32_bytes_ + stagger_bytes)) {
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, params, 1 << 16), [&](auto r) {
       for (std::int64_t i = r.begin(); i < r.end(); ++i) {
         const auto h = static_cast<std::uint32_t>((i * 2654435761u) >> 8) & 0xffff;
         const float g = 1e-4f + 9e-4f * static_cast<float>(h) / 65536.0f;
-        master.as<float>()[i] = 0.5f + static_cast<float>(h) / 65536.0f;
-        exp_avg.as<float>()[i] = g;
-        exp_avg_sq.as<float>()[i] = g * g;
-        grad_f32.as<float>()[i] = g;
-        grad_bf16.as<std::uint16_t>()[i] = strata::f32_to_bf16(g).bits;
-        out.as<std::uint32_t>()[i] = 0;
+        master()[i] = 0.5f + static_cast<float>(h) / 65536.0f;
+        exp_avg()[i] = g;
+        exp_avg_sq()[i] = g * g;
+        grad_f32()[i] = g;
+        grad_bf16()[i] = strata::f32_to_bf16(g).bits;
+        out()[i] = 0;
       }
     });
   }
 
+  float* array(int k) const {
+    return buffer_.as<float>() + static_cast<std::size_t>(k) * (f32_bytes_ + stagger_) / 4;
+  }
+  float* master() const { return array(0); }
+  float* exp_avg() const { return array(1); }
+  float* exp_avg_sq() const { return array(2); }
+  float* grad_f32() const { return array(3); }
+  std::uint16_t* grad_bf16() const { return reinterpret_cast<std::uint16_t*>(array(4)); }
+  std::uint32_t* out() const { return reinterpret_cast<std::uint32_t*>(array(5)); }
+
   strata::device::AdamWArgs args(std::int64_t n, DType grad_dtype, DType out_dtype) const {
+    STRATA_CHECK(n <= params_, "benchmark span larger than its arrays", n, params_);
     strata::device::AdamWArgs a;
     a.lr = 1e-3f;
     a.weight_decay = 0.01f;
     a.step = 10;
-    a.param = master.as<float>();
-    a.exp_avg = exp_avg.as<float>();
-    a.exp_avg_sq = exp_avg_sq.as<float>();
-    a.grad = grad_dtype == DType::kF32 ? grad_f32.as<void>() : grad_bf16.as<void>();
+    a.param = master();
+    a.exp_avg = exp_avg();
+    a.exp_avg_sq = exp_avg_sq();
+    a.grad = grad_dtype == DType::kF32 ? static_cast<void*>(grad_f32()) : grad_bf16();
     a.grad_dtype = grad_dtype;
-    a.param_out = out.as<void>();
+    a.param_out = out();
     a.out_dtype = out_dtype;
     a.n = n;
     return a;
   }
+
+ private:
+  std::int64_t params_;
+  std::size_t f32_bytes_, stagger_;
+  BigBuffer buffer_;
 };
 
 // Owns what the benchmarks share; lives in main (no mutable globals).
 struct Context {
-  std::optional<Arrays> arrays_;
+  std::optional<Arrays> arrays_, congruent_;
   int all_threads = strata::sys::cpu_topology().cores;
   Arrays& arrays() {
-    if (!arrays_) arrays_.emplace();
+    if (!arrays_) arrays_.emplace(kMaxParams, strata::kPageBytes);
     return *arrays_;
+  }
+  Arrays& congruent_arrays() {
+    if (!congruent_) congruent_.emplace(64 * kMega, 0);
+    return *congruent_;
   }
 };
 
@@ -130,11 +155,16 @@ double bytes_per_elem(DType grad_dtype, DType out_dtype) {
          static_cast<double>(strata::dtype_size(out_dtype));
 }
 
-strata::Result<CpuAdam> make_adam(int threads, const char* simd, bool nontemporal) {
+using Stores = CpuAdamOptions::Stores;
+using Prefetch = CpuAdamOptions::Prefetch;
+
+strata::Result<CpuAdam> make_adam(int threads, const char* simd, Stores stores,
+                                  Prefetch prefetch = Prefetch::kAuto) {
   CpuAdamOptions o;
   o.threads = threads;
   o.simd = simd;
-  o.nontemporal = nontemporal;
+  o.stores = stores;
+  o.prefetch = prefetch;
   return CpuAdam::create(o);
 }
 
@@ -200,57 +230,64 @@ void set_rate_counters(benchmark::State& state, const PairTimes& t, std::int64_t
   state.counters["params_per_s"] = static_cast<double>(n) * t.n / t.a_s;
 }
 
-// Adam, then the roofline with streaming stores, then with regular stores, rotating which runs
-// first. Per iteration the roofline is the faster of the two (the tightest bound either store
-// policy gives), so ratio_to_roofline = median(min(roofline times) / Adam time).
-PairTimes run_against_best_roofline(benchmark::State& state, const auto& adam, const auto& roof_nt,
-                                    const auto& roof_regular) {
+// Adam and then every roofline variant (streaming or regular stores, with and without
+// prefetch), rotating which runs first. Per iteration the roofline is the fastest variant (the
+// tightest bound any store and prefetch policy gives), so
+// ratio_to_roofline = median(min(roofline times) / Adam time).
+PairTimes run_against_best_roofline(benchmark::State& state, const std::function<void()>& adam,
+                                    const std::vector<std::function<void()>>& rooflines) {
   PairTimes t;
+  const std::size_t kinds = rooflines.size() + 1;
   for (auto _ : state) {
-    double ta = 0, tb = 0, tc = 0;
-    switch (static_cast<std::int64_t>(t.n) % 3) {
-      case 0:
-        ta = seconds_of(adam), tb = seconds_of(roof_nt), tc = seconds_of(roof_regular);
-        break;
-      case 1:
-        tb = seconds_of(roof_nt), tc = seconds_of(roof_regular), ta = seconds_of(adam);
-        break;
-      default:
-        tc = seconds_of(roof_regular), ta = seconds_of(adam), tb = seconds_of(roof_nt);
-        break;
+    std::vector<double> s(kinds);
+    for (std::size_t j = 0; j < kinds; ++j) {
+      const std::size_t k = (j + static_cast<std::size_t>(t.n)) % kinds;
+      s[k] = seconds_of(k == 0 ? adam : rooflines[k - 1]);
     }
-    const double best = std::min(tb, tc);
-    t.a_s += ta;
+    const double best = *std::min_element(s.begin() + 1, s.end());
+    t.a_s += s[0];
     t.b_s += best;
     t.n += 1;
-    t.b_over_a.push_back(best / ta);
-    state.SetIterationTime(ta);
+    t.b_over_a.push_back(best / s[0]);
+    state.SetIterationTime(s[0]);
   }
   return t;
 }
 
 // Adam vs the roofline moving the same bytes: ratio_to_roofline = roofline time / Adam time.
-void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64_t n, int threads) {
-  auto adam = make_adam(threads, "auto", true);
-  auto regular = make_adam(threads, "auto", false);
+void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64_t n, int threads,
+             bool congruent) {
+  auto adam = make_adam(threads, "auto", Stores::kAuto);  // the default options
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
-  if (!regular.is_ok()) return state.SkipWithError(regular.status().to_string().c_str());
-  const auto args = ctx->arrays().args(n, grad_dtype, DType::kBF16);
+  std::vector<CpuAdam> bounds;
+  for (Stores stores : {Stores::kRegular, Stores::kStreaming}) {
+    for (Prefetch prefetch : {Prefetch::kOff, Prefetch::kOn}) {
+      auto b = make_adam(threads, "auto", stores, prefetch);
+      if (!b.is_ok()) return state.SkipWithError(b.status().to_string().c_str());
+      bounds.push_back(std::move(*b));
+    }
+  }
+  const Arrays& arrays = congruent ? ctx->congruent_arrays() : ctx->arrays();
+  const auto args = arrays.args(n, grad_dtype, DType::kBF16);
   if (!verify(state, *adam, args)) return;
+  std::vector<std::function<void()>> rooflines;
+  for (CpuAdam& b : bounds) rooflines.emplace_back([&b, &args] { b.memory_roofline(args); });
   const PairTimes t = run_against_best_roofline(
       state, [&] { benchmark::DoNotOptimize(adam->step(args, /*check_finite=*/false)); },
-      [&] { adam->memory_roofline(args); }, [&] { regular->memory_roofline(args); });
+      rooflines);
   const double bytes = bytes_per_elem(grad_dtype, DType::kBF16);
   set_rate_counters(state, t, n, bytes);
   state.counters["ratio_to_roofline"] = t.median_b_over_a();
   state.counters["roofline_GBps"] = bytes * static_cast<double>(n) * t.n / t.b_s / 1e9;
   state.SetLabel(std::string(strata::optim::simd_path_name(adam->simd())) +
-                 (adam->uses_native_bf16() ? "+bf16" : ""));
+                 (adam->uses_native_bf16() ? "+bf16" : "") +
+                 (adam->uses_streaming_stores() ? " streaming" : " regular") +
+                 (adam->uses_prefetch() ? "+prefetch" : ""));
 }
 
 // The same Adam with the finite-gradient pre-scan on (its extra read is not in the roofline).
 void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  auto adam = make_adam(threads, "auto", true);
+  auto adam = make_adam(threads, "auto", Stores::kAuto);
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
   const PairTimes t = run_pairs(
@@ -262,8 +299,8 @@ void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int 
 
 // Non-temporal vs regular stores, Adam against Adam: nt_speedup = regular time / NT time.
 void bm_nontemporal(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  auto nt = make_adam(threads, "auto", true);
-  auto regular = make_adam(threads, "auto", false);
+  auto nt = make_adam(threads, "auto", Stores::kStreaming);
+  auto regular = make_adam(threads, "auto", Stores::kRegular);
   if (!nt.is_ok() || !regular.is_ok()) return state.SkipWithError("CpuAdam::create failed");
   const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
   if (!verify(state, *nt, args)) return;
@@ -276,8 +313,8 @@ void bm_nontemporal(benchmark::State& state, Context* ctx, std::int64_t n, int t
 
 // SIMD vs the scalar path: simd_speedup = scalar time / SIMD time.
 void bm_scalar_vs_simd(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  auto simd = make_adam(threads, "auto", true);
-  auto scalar = make_adam(threads, "scalar", true);
+  auto simd = make_adam(threads, "auto", Stores::kAuto);
+  auto scalar = make_adam(threads, "scalar", Stores::kAuto);
   if (!simd.is_ok() || !scalar.is_ok()) return state.SkipWithError("CpuAdam::create failed");
   const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
   const PairTimes t = run_pairs(
@@ -290,9 +327,9 @@ void bm_scalar_vs_simd(benchmark::State& state, Context* ctx, std::int64_t n, in
 
 // DeepSpeed's CPU Adam (since 2024) updates the fp32 state only and leaves the bf16 copy to a
 // second cast pass. That shape, with the same SIMD Adam and a vectorized cast, against the fused
-// pass: fused_speedup = (Adam without output + cast) time / fused Adam time. The cast is the
-// only code here with its own ISA: a function-level target, entered after CPUID says avx512_bf16.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void cast_to_bf16(
+// pass: fused_speedup = (Adam without output + cast) time / fused Adam time. The casts are the
+// only code here with their own ISA: function-level targets, entered after CPUID says so.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void cast_to_bf16_avx512(
     const float* src, std::uint16_t* dst, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -302,11 +339,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void cast_to_bf1
   for (; i < n; ++i) dst[i] = strata::f32_to_bf16(src[i]).bits;
 }
 
-void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  if (!strata::optim::cpu_supports_avx512_bf16()) {
-    return state.SkipWithError("the separate cast pass here needs avx512_bf16");
+// Round to nearest even on the bits (finite inputs: the benchmark's values are).
+__attribute__((target("avx2"))) void cast_to_bf16_avx2(const float* src, std::uint16_t* dst,
+                                                       std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
-  auto adam = make_adam(threads, "auto", true);
+  for (; i < n; ++i) dst[i] = strata::f32_to_bf16(src[i]).bits;
+}
+
+void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  const bool avx512_bf16 = strata::optim::cpu_supports_avx512_bf16();
+  if (!avx512_bf16 && !strata::optim::cpu_supports(strata::optim::SimdPath::kAvx2)) {
+    return state.SkipWithError("the separate cast pass here needs AVX2 or avx512_bf16");
+  }
+  const auto cast_to_bf16 = avx512_bf16 ? cast_to_bf16_avx512 : cast_to_bf16_avx2;
+  auto adam = make_adam(threads, "auto", Stores::kAuto);
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   const auto fused = ctx->arrays().args(n, DType::kF32, DType::kBF16);
   strata::device::AdamWArgs unfused = fused;
@@ -332,13 +386,13 @@ void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64
 
 // STREAM triad a = b + s * c (f32, 12 bytes per element counted), paired with the Adam roofline.
 void bm_triad(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  auto adam = make_adam(threads, "auto", true);
+  auto adam = make_adam(threads, "auto", Stores::kAuto);
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   Arrays& arr = ctx->arrays();
   const auto args = arr.args(n, DType::kF32, DType::kBF16);
-  float* a = arr.out.as<float>();
-  const float* b = arr.grad_f32.as<float>();
-  const float* c = arr.exp_avg.as<float>();
+  auto* a = reinterpret_cast<float*>(arr.out());
+  const float* b = arr.grad_f32();
+  const float* c = arr.exp_avg();
   tbb::task_arena arena(threads);
   const auto triad = [&] {
     arena.execute([&] {
@@ -371,7 +425,7 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
   so.engine = engine;
   auto swap = strata::io::SwapSpace::create(so);
   if (!swap.is_ok()) return state.SkipWithError(swap.status().to_string().c_str());
-  auto adam = make_adam(0, "auto", true);
+  auto adam = make_adam(0, "auto", Stores::kAuto);
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   strata::optim::StreamedAdamOptions opts;
   opts.sub_group_size = sub_group;
@@ -461,12 +515,19 @@ int main(int argc, char** argv) {
       for (int t : thread_counts) {
         const std::string name = "Adam/" + std::string(strata::dtype_name(g)) + "_grad_bf16_out/" +
                                  size + "/threads:" + thread_name(t);
-        benchmark::RegisterBenchmark(name.c_str(), bm_adam, &ctx, g, n, t)
+        benchmark::RegisterBenchmark(name.c_str(), bm_adam, &ctx, g, n, t, false)
             ->UseManualTime()
             ->Iterations(n > 64 * kMega ? 7 : 15)
             ->Unit(benchmark::kMillisecond);
       }
     }
+  }
+  for (int t : thread_counts) {
+    const std::string name = "AdamCongruentArrays/f32_grad_bf16_out/64M/threads:" + thread_name(t);
+    benchmark::RegisterBenchmark(name.c_str(), bm_adam, &ctx, DType::kF32, 64 * kMega, t, true)
+        ->UseManualTime()
+        ->Iterations(15)
+        ->Unit(benchmark::kMillisecond);
   }
   for (int t : thread_counts) {
     const std::string tn = "/64M/threads:" + thread_name(t);

@@ -10,11 +10,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "src/optim/cpu_adam_kernels.h"
 #include "src/optim/thread_pinning.h"
+#include "strata/core/aligned.h"
 #include "strata/core/check.h"
+#include "strata/io/staging.h"
 #include "strata/sys/process.h"
 
 namespace strata::optim {
@@ -169,9 +176,16 @@ struct CpuAdam::Impl {
   tbb::task_arena arena;  // declared before pinning: the observer detaches first
   std::unique_ptr<detail::ArenaPinning> pinning;
 
-  bool streaming_stores(std::int64_t n) const {
-    return options.nontemporal && n >= options.nontemporal_min_elems;
+  bool streaming = false;  // for spans of nontemporal_min_elems+
+  bool prefetch = false;
+  const KernelCalibration* calibration = nullptr;  // kAuto's measurement, process-wide
+
+  int nt_index(std::int64_t n) const {
+    return streaming && n >= options.nontemporal_min_elems ? 1 : 0;
   }
+
+  KernelCalibration calibrate();
+  const KernelCalibration* calibrated();
 
   // Calls fn(begin, end) for every tile of [0, n): on the caller alone when one thread (or one
   // tile) suffices, else statically partitioned into contiguous runs of tiles, one per thread.
@@ -215,6 +229,125 @@ struct CpuAdam::Impl {
   }
 };
 
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+}  // namespace
+
+// Times the step (f32 gradient, bf16 copy, AdamW) in each variant the options leave open, with
+// this instance's kernels, threads and pinning, in rotating order over arrays of twice the
+// last-level cache (32-64 MiB in all, so each pass leaves the caches and the whole calibration
+// stays under 100 ms). The arrays sit in one huge-page buffer, a page apart in their low
+// address bits, as the engine's own buffers are.
+KernelCalibration CpuAdam::Impl::calibrate() {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  constexpr std::size_t kBytesPerElem = 4 * 4 + 2;  // param, exp_avg, exp_avg_sq, grad; bf16 out
+  const std::size_t footprint =
+      std::clamp<std::size_t>(2 * sys::cpu_topology().llc_bytes, 32 * kMiB, 64 * kMiB);
+  const std::int64_t n = static_cast<std::int64_t>(footprint / kBytesPerElem) / 4096 * 4096;
+  const std::size_t region = align_up(static_cast<std::size_t>(n) * 4, 2 * kMiB) + kPageBytes;
+  io::StagingBuffer buffer(5 * region);
+  const auto array = [&](int k) { return reinterpret_cast<float*>(buffer.data() + k * region); };
+  std::fill_n(array(0), n, 1.0f);
+  std::fill_n(array(1), n, 1e-3f);
+  std::fill_n(array(2), n, 1e-6f);
+  std::fill_n(array(3), n, 1e-3f);
+  device::AdamWArgs a;
+  a.param = array(0);
+  a.exp_avg = array(1);
+  a.exp_avg_sq = array(2);
+  a.grad = array(3);
+  a.param_out = array(4);
+  a.out_dtype = DType::kBF16;
+  a.n = n;
+  a.lr = 1e-4;
+  a.weight_decay = 0.01;
+
+  struct Variant {
+    int nt, pf;
+  };
+  std::vector<Variant> variants;
+  for (int nt = 0; nt < 2; ++nt) {
+    if (options.stores != CpuAdamOptions::Stores::kAuto &&
+        nt != (options.stores == CpuAdamOptions::Stores::kStreaming ? 1 : 0)) {
+      continue;
+    }
+    for (int pf = 0; pf < 2; ++pf) {
+      if (options.prefetch != CpuAdamOptions::Prefetch::kAuto &&
+          pf != (options.prefetch == CpuAdamOptions::Prefetch::kOn ? 1 : 0)) {
+        continue;
+      }
+      variants.push_back({nt, pf});
+    }
+  }
+  const auto pass = [&](const Variant& v) {
+    const detail::AdamKernel kernel =
+        kernels.adam[detail::kGradF32][detail::kOutBF16][1][v.nt][v.pf];
+    a.step += 1;
+    const AdamConstants c = make_constants(a);
+    const auto t0 = std::chrono::steady_clock::now();
+    run_tiles(a, [&](const AdamTile& t) { kernel(c, t); });
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  pass(variants[0]);  // warm-up: code, TLB, the workers' first wake-up
+  // Round 0 times every variant; a variant more than 15% slower than the fastest of that round
+  // is not timed again (on some CPUs streaming stores are 2x slower, and timing them in every
+  // round would take most of the budget). Later rounds rotate the order of the rest.
+  constexpr int kRounds = 4;
+  std::vector<std::vector<double>> times(variants.size()), ratios(variants.size());
+  std::vector<bool> open(variants.size(), true);
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<double> t(variants.size(), 0.0);
+    for (std::size_t j = 0; j < variants.size(); ++j) {
+      const std::size_t k = (j + static_cast<std::size_t>(round)) % variants.size();
+      if (open[k] || k == 0) t[k] = pass(variants[k]);
+    }
+    for (std::size_t k = 0; k < variants.size(); ++k) {
+      if (t[k] == 0.0) continue;
+      times[k].push_back(t[k]);
+      ratios[k].push_back(t[k] / t[0]);  // variants[0] is the baseline: the plainest one open
+    }
+    if (round == 0) {
+      const double fastest = *std::min_element(t.begin(), t.end());
+      for (std::size_t k = 0; k < variants.size(); ++k) open[k] = t[k] <= 1.15 * fastest;
+    }
+  }
+  KernelCalibration c;
+  c.num_elems = n;
+  std::size_t best = 0;
+  double best_ratio = 1.0;
+  for (std::size_t k = 0; k < variants.size(); ++k) {
+    c.ms[variants[k].nt][variants[k].pf] = median(times[k]);
+    const double r = median(ratios[k]);
+    if (k > 0 && open[k] && r < 0.98 && r < best_ratio) {
+      best = k;
+      best_ratio = r;
+    }
+  }
+  c.streaming = variants[best].nt == 1;
+  c.prefetch = variants[best].pf == 1;
+  return c;
+}
+
+// One calibration per path, bf16 conversion, thread count and open variants, for the life of
+// the process: the answer is a property of the machine, and every CpuAdam after the first of
+// its kind gets it for free.
+const KernelCalibration* CpuAdam::Impl::calibrated() {
+  static std::mutex mu;
+  static std::map<std::tuple<int, bool, int, int, int>, std::unique_ptr<KernelCalibration>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<KernelCalibration>& slot =
+      done[{static_cast<int>(path), native_bf16, threads, static_cast<int>(options.stores),
+            static_cast<int>(options.prefetch)}];
+  if (slot == nullptr) slot = std::make_unique<KernelCalibration>(calibrate());
+  return slot.get();
+}
+
 CpuAdam::CpuAdam(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CpuAdam::CpuAdam(CpuAdam&&) noexcept = default;
 CpuAdam& CpuAdam::operator=(CpuAdam&&) noexcept = default;
@@ -250,6 +383,18 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
     impl->arena.initialize(impl->threads);
     if (options.pin_threads) impl->pinning = detail::ArenaPinning::create(impl->arena);
   }
+  using Stores = CpuAdamOptions::Stores;
+  using Prefetch = CpuAdamOptions::Prefetch;
+  // The scalar path has neither streaming stores nor prefetch: nothing to choose.
+  if (path != SimdPath::kScalar) {
+    impl->streaming = options.stores == Stores::kStreaming;
+    impl->prefetch = options.prefetch == Prefetch::kOn;
+    if (options.stores == Stores::kAuto || options.prefetch == Prefetch::kAuto) {
+      impl->calibration = impl->calibrated();
+      impl->streaming = impl->calibration->streaming;
+      impl->prefetch = impl->calibration->prefetch;
+    }
+  }
   return CpuAdam(std::move(impl));
 }
 
@@ -264,7 +409,7 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
   }
   const AdamConstants c = make_constants(args);
   const detail::AdamKernel kernel =
-      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.streaming_stores(args.n) ? 1 : 0];
+      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(args.n)][s.prefetch ? 1 : 0];
   s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
   return StepOutcome::kUpdated;
 }
@@ -286,12 +431,16 @@ void CpuAdam::memory_roofline(const device::AdamWArgs& args) {
   check_args(args);
   Impl& s = *impl_;
   const detail::RooflineKernel kernel =
-      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)][s.streaming_stores(args.n)];
+      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)][s.nt_index(args.n)]
+                        [s.prefetch ? 1 : 0];
   s.run_tiles(args, [&](const AdamTile& t) { kernel(t); });
 }
 
 SimdPath CpuAdam::simd() const { return impl_->path; }
 bool CpuAdam::uses_native_bf16() const { return impl_->native_bf16; }
+bool CpuAdam::uses_streaming_stores() const { return impl_->streaming; }
+bool CpuAdam::uses_prefetch() const { return impl_->prefetch; }
+const KernelCalibration* CpuAdam::calibration() const { return impl_->calibration; }
 int CpuAdam::threads() const { return impl_->threads; }
 const CpuAdamOptions& CpuAdam::options() const { return impl_->options; }
 

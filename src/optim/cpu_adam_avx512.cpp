@@ -206,8 +206,27 @@ inline std::int64_t peel_to_64(const float* p, std::int64_t n) {
   return head < n ? head : n;
 }
 
-template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT>
-void adam_tile(const AdamConstants& constants, const AdamTile& t) {
+// Asks for the lines kPrefetchAheadBytes past element i of every input array (one f32 line
+// per 16 elements; the half-precision gradient's line is asked for twice, which costs nothing).
+// Addresses are formed as integers: past the end of an array a prefetch is a harmless hint.
+template <int G>
+inline void prefetch_ahead(const AdamTile& t, std::int64_t i) {
+  constexpr std::int64_t kAhead = kPrefetchAheadBytes / 4;
+  const auto at = [](const void* base, std::int64_t byte_offset) {
+    return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base) +
+                                         static_cast<std::uintptr_t>(byte_offset));
+  };
+  _mm_prefetch(at(t.param, (i + kAhead) * 4), _MM_HINT_T0);
+  _mm_prefetch(at(t.exp_avg, (i + kAhead) * 4), _MM_HINT_T0);
+  _mm_prefetch(at(t.exp_avg_sq, (i + kAhead) * 4), _MM_HINT_T0);
+  _mm_prefetch(at(t.grad, (i + kAhead) * (G == kGradF32 ? 4 : 2)), _MM_HINT_T0);
+}
+
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, bool kPrefetch>
+void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
+  // A local copy: stores through its pointers cannot change it, so the pointers stay in
+  // registers instead of being reloaded after every store.
+  const AdamTile t = tile;
   const Vconsts c = broadcast(constants);
   const std::int64_t n = t.n;
   std::int64_t i = 0;
@@ -219,11 +238,13 @@ void adam_tile(const AdamConstants& constants, const AdamTile& t) {
     }
     if (nt_aligned_at<O>(t, i)) {
       for (; i + kLanes <= n; i += kLanes) {
+        if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
         adam_vec<G, O, kAdamW, kNativeBF16, false, true>(c, t, i, kAll);
       }
     }
   }
   for (; i + kLanes <= n; i += kLanes) {
+    if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
     adam_vec<G, O, kAdamW, kNativeBF16, false, false>(c, t, i, kAll);
   }
   if (i < n) adam_vec<G, O, kAdamW, kNativeBF16, true, false>(c, t, i, tail_mask(n - i));
@@ -255,8 +276,9 @@ inline void roofline_vec(const AdamTile& t, std::int64_t i, __mmask16 k) {
   }
 }
 
-template <int G, int O, bool kNT>
-void roofline_tile(const AdamTile& t) {
+template <int G, int O, bool kNT, bool kPrefetch>
+void roofline_tile(const AdamTile& tile) {
+  const AdamTile t = tile;  // as in adam_tile
   const std::int64_t n = t.n;
   std::int64_t i = 0;
   if constexpr (kNT) {
@@ -266,10 +288,16 @@ void roofline_tile(const AdamTile& t) {
       i = head;
     }
     if (nt_aligned_at<O>(t, i)) {
-      for (; i + kLanes <= n; i += kLanes) roofline_vec<G, O, false, true>(t, i, kAll);
+      for (; i + kLanes <= n; i += kLanes) {
+        if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
+        roofline_vec<G, O, false, true>(t, i, kAll);
+      }
     }
   }
-  for (; i + kLanes <= n; i += kLanes) roofline_vec<G, O, false, false>(t, i, kAll);
+  for (; i + kLanes <= n; i += kLanes) {
+    if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
+    roofline_vec<G, O, false, false>(t, i, kAll);
+  }
   if (i < n) roofline_vec<G, O, true, false>(t, i, tail_mask(n - i));
   if constexpr (kNT) _mm_sfence();
 }
@@ -315,12 +343,18 @@ bool all_finite(const void* grad, std::int64_t n) {
 
 template <int G, int O, bool kNativeBF16>
 void fill_grad_out(KernelSet* set) {
-  set->adam[G][O][0][0] = &adam_tile<G, O, false, kNativeBF16, false>;
-  set->adam[G][O][0][1] = &adam_tile<G, O, false, kNativeBF16, true>;
-  set->adam[G][O][1][0] = &adam_tile<G, O, true, kNativeBF16, false>;
-  set->adam[G][O][1][1] = &adam_tile<G, O, true, kNativeBF16, true>;
-  set->roofline[G][O][0] = &roofline_tile<G, O, false>;
-  set->roofline[G][O][1] = &roofline_tile<G, O, true>;
+  set->adam[G][O][0][0][0] = &adam_tile<G, O, false, kNativeBF16, false, false>;
+  set->adam[G][O][0][0][1] = &adam_tile<G, O, false, kNativeBF16, false, true>;
+  set->adam[G][O][0][1][0] = &adam_tile<G, O, false, kNativeBF16, true, false>;
+  set->adam[G][O][0][1][1] = &adam_tile<G, O, false, kNativeBF16, true, true>;
+  set->adam[G][O][1][0][0] = &adam_tile<G, O, true, kNativeBF16, false, false>;
+  set->adam[G][O][1][0][1] = &adam_tile<G, O, true, kNativeBF16, false, true>;
+  set->adam[G][O][1][1][0] = &adam_tile<G, O, true, kNativeBF16, true, false>;
+  set->adam[G][O][1][1][1] = &adam_tile<G, O, true, kNativeBF16, true, true>;
+  set->roofline[G][O][0][0] = &roofline_tile<G, O, false, false>;
+  set->roofline[G][O][0][1] = &roofline_tile<G, O, false, true>;
+  set->roofline[G][O][1][0] = &roofline_tile<G, O, true, false>;
+  set->roofline[G][O][1][1] = &roofline_tile<G, O, true, true>;
 }
 
 template <int G, bool kNativeBF16>

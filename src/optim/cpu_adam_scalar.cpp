@@ -33,7 +33,11 @@ void store_out(void* out, std::int64_t i, float p) {
 
 // Keep every operation and its order identical to device::adamw_reference.
 template <int G, int O, bool kAdamW>
-void adam_tile(const AdamConstants& c, const AdamTile& t) {
+void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
+  // Local copies: stores through the tile's pointers cannot change them, so they stay in
+  // registers instead of being reloaded after every store.
+  const AdamConstants c = constants;
+  const AdamTile t = tile;
   for (std::int64_t i = 0; i < t.n; ++i) {
     float g = load_grad<G>(t.grad, i) * c.grad_scale;
     float p = t.param[i];
@@ -60,7 +64,8 @@ std::uint32_t bits_of(float f) {
 
 // Same bytes as adam_tile, trivial combine; half-precision outputs keep the high 16 bits.
 template <int G, int O>
-void roofline_tile(const AdamTile& t) {
+void roofline_tile(const AdamTile& tile) {
+  const AdamTile t = tile;  // as in adam_tile
   for (std::int64_t i = 0; i < t.n; ++i) {
     float g;
     if constexpr (G == kGradF32) {
@@ -102,10 +107,12 @@ bool all_finite(const void* grad, std::int64_t n) {
 
 template <int G, int O>
 void fill_grad_out(KernelSet* set) {
-  for (int nt = 0; nt < 2; ++nt) {  // scalar stores are always regular
-    set->adam[G][O][0][nt] = &adam_tile<G, O, false>;
-    set->adam[G][O][1][nt] = &adam_tile<G, O, true>;
-    set->roofline[G][O][nt] = &roofline_tile<G, O>;
+  for (int nt = 0; nt < 2; ++nt) {  // scalar stores are always regular, never prefetched
+    for (int pf = 0; pf < 2; ++pf) {
+      set->adam[G][O][0][nt][pf] = &adam_tile<G, O, false>;
+      set->adam[G][O][1][nt][pf] = &adam_tile<G, O, true>;
+      set->roofline[G][O][nt][pf] = &roofline_tile<G, O>;
+    }
   }
 }
 

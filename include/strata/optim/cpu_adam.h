@@ -33,14 +33,36 @@ struct CpuAdamOptions {
   bool pin_threads = true;  // bind each oneTBB worker to one core (hwloc) while it is in the arena
   // Elements per tile: the unit of the static partition and of the finite-gradient scan.
   std::int64_t tile_elems = 1 << 15;
-  // Non-temporal (streaming) stores for master, moments and the half-precision copy, used on
-  // spans of at least nontemporal_min_elems elements whose arrays are mutually 64-byte aligned
-  // (page-aligned buffers are). They spare the read-for-ownership of the write-only copy
-  // (measured 3-5% faster with one thread, 0-3% with two, bench/RESULTS.md "CPU Adam"); below
-  // the threshold a
-  // span's data may still be in cache for whoever reads it next, so stores stay regular.
-  bool nontemporal = true;
+  // How the step stores master, moments and the half-precision copy on spans of at least
+  // nontemporal_min_elems elements whose arrays are mutually aligned (page-aligned buffers are):
+  // non-temporal (streaming) stores skip the read-for-ownership of lines that are only written,
+  // but whether that is faster depends on the CPU (3-5% faster on an AMD Zen 5, 1.45x slower on
+  // an Intel Sapphire Rapids, 1.8x slower on an AMD Zen 3: bench/RESULTS.md "CPU Adam"). Below
+  // the threshold a span's data may still be in cache for whoever reads it next, so stores stay
+  // regular.
+  enum class Stores : std::uint8_t { kAuto, kRegular, kStreaming };
+  Stores stores = Stores::kAuto;
   std::int64_t nontemporal_min_elems = 1 << 20;
+  // Software prefetch of the input arrays' lines 1 KiB ahead: 1.4x faster with one thread on an
+  // AMD Zen 3, slower on an AMD Zen 5 (bench/RESULTS.md "CPU Adam").
+  enum class Prefetch : std::uint8_t { kAuto, kOff, kOn };
+  Prefetch prefetch = Prefetch::kAuto;
+  // kAuto (either) times the variants it leaves open on this machine, once per process, and
+  // keeps the fastest (KernelCalibration). Every variant writes the same bytes.
+};
+
+// What kAuto measured: the step (f32 gradient, bf16 copy) with each open variant, in rotating
+// order over arrays of twice the last-level cache (32-64 MiB in all), with this CpuAdam's path
+// and threads.
+struct KernelCalibration {
+  // Median step time, [streaming][prefetch]; 0 for a variant not open. A variant more than 15%
+  // slower than the fastest in the first round is timed only once.
+  double ms[2][2] = {};
+  std::int64_t num_elems = 0;
+  // The choice: the fastest variant, when it beats regular stores without prefetch (or the
+  // first variant tried, when that one is closed) by more than 2%.
+  bool streaming = false;
+  bool prefetch = false;
 };
 
 enum class StepOutcome : std::uint8_t {
@@ -82,6 +104,13 @@ class CpuAdam {
 
   SimdPath simd() const;
   bool uses_native_bf16() const;
+  // Whether large spans are stored with streaming stores, and whether the step prefetches (the
+  // options' choice, or kAuto's).
+  bool uses_streaming_stores() const;
+  bool uses_prefetch() const;
+  // kAuto's measurement, when this instance's choice came from one (shared by every CpuAdam of
+  // the same path, thread count and options in the process: the calibration runs once for each).
+  const KernelCalibration* calibration() const;
   int threads() const;
   const CpuAdamOptions& options() const;
 

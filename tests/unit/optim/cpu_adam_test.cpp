@@ -59,8 +59,14 @@ class CpuAdamPathTest : public ::testing::TestWithParam<PathCase> {
     o.native_bf16 = c.native_bf16;
     o.threads = c.threads;
     o.tile_elems = c.tile_elems;
-    // Two-thread cases also stream their stores on every span of 64 elements or more.
-    if (c.threads > 1) o.nontemporal_min_elems = 64;
+    // Two-thread cases stream their stores on every span of 64 elements or more; one-thread
+    // cases store regularly (whatever kAuto would pick on this CPU, both kinds run).
+    if (c.threads > 1) {
+      o.stores = CpuAdamOptions::Stores::kStreaming;
+      o.nontemporal_min_elems = 64;
+    } else {
+      o.stores = CpuAdamOptions::Stores::kRegular;
+    }
     auto adam = CpuAdam::create(o);
     ASSERT_TRUE(adam.is_ok()) << adam.status().to_string();
     adam_ = std::make_unique<CpuAdam>(std::move(*adam));
@@ -247,7 +253,7 @@ TEST(CpuAdamOptions, NontemporalStoresGiveTheSameBytes) {
     if (!cpu_supports(path)) continue;
     CpuAdamOptions o;
     o.simd = simd;
-    o.nontemporal = true;
+    o.stores = CpuAdamOptions::Stores::kStreaming;
     o.nontemporal_min_elems = 0;
     o.threads = 2;
     o.tile_elems = 4096;
@@ -259,6 +265,56 @@ TEST(CpuAdamOptions, NontemporalStoresGiveTheSameBytes) {
       device::adamw_reference(want.args(hyper(true, 1.0f)));
       ASSERT_EQ(adam->step(got.args(hyper(true, 1.0f))), StepOutcome::kUpdated);
       ASSERT_EQ(compare_states(got, want), "") << simd << " offset " << offset;
+    }
+  }
+}
+
+// kAuto times the open variants once per process and keeps the fastest; explicit choices are
+// kept as given and need no calibration.
+TEST(CpuAdamOptions, AutoCalibratesOnceAndKeepsTheFastestVariant) {
+  if (!cpu_supports(SimdPath::kAvx2)) GTEST_SKIP() << "no SIMD path: nothing to choose";
+  using Stores = CpuAdamOptions::Stores;
+  using Prefetch = CpuAdamOptions::Prefetch;
+  auto first = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  auto second = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  ASSERT_TRUE(first.is_ok() && second.is_ok());
+  const KernelCalibration* c = first->calibration();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(second->calibration(), c) << "the calibration runs once per process";
+  for (int nt = 0; nt < 2; ++nt) {
+    for (int pf = 0; pf < 2; ++pf) EXPECT_GT(c->ms[nt][pf], 0.0) << nt << pf;
+  }
+  // Twice the last-level cache, within the 32-64 MiB the calibration allows itself.
+  EXPECT_GE(c->num_elems * 18, std::int64_t{31} << 20);
+  EXPECT_LE(c->num_elems * 18, std::int64_t{64} << 20);
+  EXPECT_EQ(first->uses_streaming_stores(), c->streaming);
+  EXPECT_EQ(first->uses_prefetch(), c->prefetch);
+  // A variant other than the plain one is chosen only when it was measured faster (the rule
+  // compares medians of per-round ratios; the medians of the times agree within noise).
+  if (c->streaming || c->prefetch) {
+    EXPECT_LT(c->ms[c->streaming][c->prefetch], c->ms[0][0] * 1.05);
+  }
+  // Fixing one choice leaves the other to a calibration of its own.
+  auto regular = CpuAdam::create(CpuAdamOptions{.threads = 2, .stores = Stores::kRegular});
+  ASSERT_TRUE(regular.is_ok());
+  ASSERT_NE(regular->calibration(), nullptr);
+  EXPECT_NE(regular->calibration(), c);
+  EXPECT_FALSE(regular->uses_streaming_stores());
+  EXPECT_EQ(regular->calibration()->ms[1][0], 0.0) << "streaming was not open, so not timed";
+  for (auto stores : {Stores::kRegular, Stores::kStreaming}) {
+    for (auto prefetch : {Prefetch::kOff, Prefetch::kOn}) {
+      auto fixed =
+          CpuAdam::create(CpuAdamOptions{.threads = 2, .stores = stores, .prefetch = prefetch});
+      ASSERT_TRUE(fixed.is_ok());
+      EXPECT_EQ(fixed->calibration(), nullptr);
+      EXPECT_EQ(fixed->uses_streaming_stores(), stores == Stores::kStreaming);
+      EXPECT_EQ(fixed->uses_prefetch(), prefetch == Prefetch::kOn);
+      // Every variant writes the reference's bytes, on spans long enough to stream.
+      AdamState want = make_state((1 << 20) + 77, 0, DType::kF32, DType::kBF16, true, 9);
+      AdamState got = want;
+      device::adamw_reference(want.args(hyper(true, 1.0f)));
+      ASSERT_EQ(fixed->step(got.args(hyper(true, 1.0f))), StepOutcome::kUpdated);
+      EXPECT_EQ(compare_states(got, want), "");
     }
   }
 }
