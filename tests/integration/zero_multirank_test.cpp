@@ -94,13 +94,28 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
     EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << "step " << i + 1;
 }
 
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rel) {
+// Weights after `steps` AdamW steps at learning rate `lr`, trained with different world sizes:
+// the ranks sum the micro-batch gradients in another order ((a+b)+(c+d) instead of
+// ((a+b)+c)+d), and so do different BLAS kernels, which moves a gradient by an ulp of partial
+// sums that may nearly cancel. Adam turns that into an update difference that does not scale
+// with |w|: a gradient near eps (1e-8) gets lr * eps * dg / (|g| + eps)^2, and every step moves
+// any weight by about lr whatever its size. Measured: up to 1e-3 * lr over 3 steps between world
+// sizes and OpenBLAS kernels. A real bug (a lost micro-batch, a wrong shard, wrong averaging)
+// moves weights by about lr per step, so the bound is 1% of lr per step, plus the weights' own
+// rounding (an ulp per step). The losses are checked tightly beside this.
+void expect_weights_close(const std::vector<float>& a, const std::vector<float>& b, double lr,
+                          int steps) {
   ASSERT_EQ(a.size(), b.size());
   std::size_t bad = 0;
+  double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::abs(a[i] - b[i]) > rel * std::abs(b[i]) + 1e-7) ++bad;
+    const double ulp = std::abs(std::nextafter(b[i], INFINITY) - b[i]);
+    const double bound = steps * (0.01 * lr + ulp);
+    const double err = std::abs(static_cast<double>(a[i]) - b[i]);
+    worst = std::max(worst, err / bound);
+    if (!(err <= bound)) ++bad;
   }
-  EXPECT_EQ(bad, 0u) << "of " << a.size() << " weights";
+  EXPECT_EQ(bad, 0u) << "of " << a.size() << " weights, worst " << worst << "x its bound";
 }
 
 struct Case {
@@ -141,7 +156,8 @@ TEST_P(ZeroEquivalence, SameLossesAndWeightsAsOneRank) {
     k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
     ASSERT_EQ(train(dir, k, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
-    expect_close(weights(dir.file(name + "/ckpt/step-00000003/model")), ref_w, 1e-5);
+    expect_weights_close(weights(dir.file(name + "/ckpt/step-00000003/model")), ref_w,
+                         j["optimizer"]["lr"].get<double>(), 3);
   }
 }
 

@@ -93,6 +93,28 @@ inline void expect_close(const std::string& what, const std::vector<double>& got
                          << " elements out of tolerance " << rtol << ", worst " << worst;
 }
 
+// Every element within its own bound: |got_i - want_i| <= bound_i, for bounds derived from the
+// arithmetic that produced got (see the attention test). NaN always fails.
+inline void expect_within(const std::string& what, const std::vector<double>& got,
+                          const std::vector<double>& want, const std::vector<double>& bound) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(bound.size(), want.size()) << what;
+  int failures = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - want[i]);
+    if (!(err <= bound[i])) {
+      if (++failures <= 5) {
+        ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
+                      << " (bound " << bound[i] << ")";
+      }
+    }
+    if (bound[i] > 0) worst = std::max(worst, err / bound[i]);
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << got.size()
+                         << " elements out of their bounds, worst " << worst << "x";
+}
+
 inline double tolerance(DType dtype) { return dtype == DType::kF32 ? 1e-5 : 1e-2; }
 
 inline std::unique_ptr<Device> make_device(int threads = 0, std::uint64_t limit = 0) {
