@@ -168,6 +168,14 @@ strata::Result<CpuAdam> make_adam(int threads, const char* simd, Stores stores,
   return CpuAdam::create(o);
 }
 
+// A CpuAdam with kAuto options chooses its variant on its first large steps (the choice is then
+// shared by every instance of its kind in the process); run them before timing anything.
+void finish_tuning(CpuAdam& adam, const strata::device::AdamWArgs& args) {
+  for (int i = 0; i < 16 && adam.calibration() == nullptr; ++i) {
+    benchmark::DoNotOptimize(adam.step(args, /*check_finite=*/false));
+  }
+}
+
 // Checks the benchmarked configuration against the reference on a slice, before any timing.
 bool verify(benchmark::State& state, CpuAdam& adam, const strata::device::AdamWArgs& full) {
   strata::device::AdamWArgs a = full;
@@ -269,6 +277,7 @@ void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64
   }
   const Arrays& arrays = congruent ? ctx->congruent_arrays() : ctx->arrays();
   const auto args = arrays.args(n, grad_dtype, DType::kBF16);
+  finish_tuning(*adam, args);
   if (!verify(state, *adam, args)) return;
   std::vector<std::function<void()>> rooflines;
   for (CpuAdam& b : bounds) rooflines.emplace_back([&b, &args] { b.memory_roofline(args); });
@@ -283,6 +292,10 @@ void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64
                  (adam->uses_native_bf16() ? "+bf16" : "") +
                  (adam->uses_streaming_stores() ? " streaming" : " regular") +
                  (adam->uses_prefetch() ? "+prefetch" : ""));
+  if (const auto* c = adam->calibration()) {  // what the first steps measured, ns per element
+    state.counters["tuned_regular_ns"] = c->ns_per_elem[0][0];
+    state.counters["tuned_prefetch_ns"] = c->ns_per_elem[0][1];
+  }
 }
 
 // The same Adam with the finite-gradient pre-scan on (its extra read is not in the roofline).
@@ -290,6 +303,7 @@ void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int 
   auto adam = make_adam(threads, "auto", Stores::kAuto);
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  finish_tuning(*adam, args);
   const PairTimes t = run_pairs(
       state, [&] { benchmark::DoNotOptimize(adam->step(args, /*check_finite=*/true)); },
       [&] { adam->memory_roofline(args); });
@@ -297,10 +311,11 @@ void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int 
   state.counters["ratio_to_roofline"] = t.median_b_over_a();
 }
 
-// Non-temporal vs regular stores, Adam against Adam: nt_speedup = regular time / NT time.
+// Non-temporal vs regular stores, Adam against Adam, both without prefetch:
+// nt_speedup = regular time / NT time.
 void bm_nontemporal(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  auto nt = make_adam(threads, "auto", Stores::kStreaming);
-  auto regular = make_adam(threads, "auto", Stores::kRegular);
+  auto nt = make_adam(threads, "auto", Stores::kStreaming, Prefetch::kOff);
+  auto regular = make_adam(threads, "auto", Stores::kRegular, Prefetch::kOff);
   if (!nt.is_ok() || !regular.is_ok()) return state.SkipWithError("CpuAdam::create failed");
   const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
   if (!verify(state, *nt, args)) return;
@@ -317,6 +332,7 @@ void bm_scalar_vs_simd(benchmark::State& state, Context* ctx, std::int64_t n, in
   auto scalar = make_adam(threads, "scalar", Stores::kAuto);
   if (!simd.is_ok() || !scalar.is_ok()) return state.SkipWithError("CpuAdam::create failed");
   const auto args = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  finish_tuning(*simd, args);
   const PairTimes t = run_pairs(
       state, [&] { benchmark::DoNotOptimize(simd->step(args, false)); },
       [&] { benchmark::DoNotOptimize(scalar->step(args, false)); });
@@ -363,6 +379,7 @@ void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64
   auto adam = make_adam(threads, "auto", Stores::kAuto);
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   const auto fused = ctx->arrays().args(n, DType::kF32, DType::kBF16);
+  finish_tuning(*adam, fused);
   strata::device::AdamWArgs unfused = fused;
   unfused.param_out = nullptr;
   tbb::task_arena arena(threads);
@@ -390,6 +407,7 @@ void bm_triad(benchmark::State& state, Context* ctx, std::int64_t n, int threads
   if (!adam.is_ok()) return state.SkipWithError(adam.status().to_string().c_str());
   Arrays& arr = ctx->arrays();
   const auto args = arr.args(n, DType::kF32, DType::kBF16);
+  finish_tuning(*adam, args);
   auto* a = reinterpret_cast<float*>(arr.out());
   const float* b = arr.grad_f32();
   const float* c = arr.exp_avg();

@@ -14,14 +14,13 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "src/optim/cpu_adam_kernels.h"
 #include "src/optim/thread_pinning.h"
-#include "strata/core/aligned.h"
 #include "strata/core/check.h"
-#include "strata/io/staging.h"
 #include "strata/sys/process.h"
 
 namespace strata::optim {
@@ -167,6 +166,8 @@ void check_args(const device::AdamWArgs& a) {
 
 }  // namespace
 
+class Tuner;
+
 struct CpuAdam::Impl {
   CpuAdamOptions options;
   SimdPath path = SimdPath::kScalar;
@@ -178,14 +179,17 @@ struct CpuAdam::Impl {
 
   bool streaming = false;  // for spans of nontemporal_min_elems+
   bool prefetch = false;
-  const KernelCalibration* calibration = nullptr;  // kAuto's measurement, process-wide
+  Tuner* tuner = nullptr;  // kAuto's, shared by every CpuAdam of this kind; null once it chose
+  const KernelCalibration* tuned = nullptr;  // its measurement, once it chose
 
   int nt_index(std::int64_t n) const {
     return streaming && n >= options.nontemporal_min_elems ? 1 : 0;
   }
-
-  KernelCalibration calibrate();
-  const KernelCalibration* calibrated();
+  // Spans this long are timed for the tuner: long enough to leave the caches' reach in most of
+  // their bytes and to time to a few percent, and long enough for streaming stores to apply.
+  std::int64_t tune_min_elems() const {
+    return std::max<std::int64_t>(options.nontemporal_min_elems, std::int64_t{1} << 20);
+  }
 
   // Calls fn(begin, end) for every tile of [0, n): on the caller alone when one thread (or one
   // tile) suffices, else statically partitioned into contiguous runs of tiles, one per thread.
@@ -239,114 +243,114 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-// Times the step (f32 gradient, bf16 copy, AdamW) in each variant the options leave open, with
-// this instance's kernels, threads and pinning, in rotating order over arrays of twice the
-// last-level cache (32-64 MiB in all, so each pass leaves the caches and the whole calibration
-// stays under 100 ms). The arrays sit in one huge-page buffer, a page apart in their low
-// address bits, as the engine's own buffers are.
-KernelCalibration CpuAdam::Impl::calibrate() {
-  constexpr std::size_t kMiB = std::size_t{1} << 20;
-  constexpr std::size_t kBytesPerElem = 4 * 4 + 2;  // param, exp_avg, exp_avg_sq, grad; bf16 out
-  const std::size_t footprint =
-      std::clamp<std::size_t>(2 * sys::cpu_topology().llc_bytes, 32 * kMiB, 64 * kMiB);
-  const std::int64_t n = static_cast<std::int64_t>(footprint / kBytesPerElem) / 4096 * 4096;
-  const std::size_t region = align_up(static_cast<std::size_t>(n) * 4, 2 * kMiB) + kPageBytes;
-  io::StagingBuffer buffer(5 * region);
-  const auto array = [&](int k) { return reinterpret_cast<float*>(buffer.data() + k * region); };
-  std::fill_n(array(0), n, 1.0f);
-  std::fill_n(array(1), n, 1e-3f);
-  std::fill_n(array(2), n, 1e-6f);
-  std::fill_n(array(3), n, 1e-3f);
-  device::AdamWArgs a;
-  a.param = array(0);
-  a.exp_avg = array(1);
-  a.exp_avg_sq = array(2);
-  a.grad = array(3);
-  a.param_out = array(4);
-  a.out_dtype = DType::kBF16;
-  a.n = n;
-  a.lr = 1e-4;
-  a.weight_decay = 0.01;
-
+// Chooses streaming stores and prefetch from the first large steps themselves: the real arrays,
+// sizes and layout, which a synthetic buffer does not reproduce (on an AMD Zen 3, prefetch made a
+// 3.7M-element calibration pass 4% faster and a 64M-element step 1.4x faster). Each step of at
+// least tune_min_elems elements runs the open variant with the fewest samples and reports its
+// time per element; after the first round, variants more than 15% slower than the fastest are
+// dropped; once every open variant has kSamples, the fastest by median is kept if it beats the
+// baseline (regular stores, no prefetch, or the first variant open) by more than 1%. Every
+// variant writes the same bytes, so only the first steps' speed depends on this. Shared by every
+// CpuAdam of one path, bf16 conversion, thread count and open variants in the process.
+class Tuner {
+ public:
   struct Variant {
     int nt, pf;
   };
-  std::vector<Variant> variants;
-  for (int nt = 0; nt < 2; ++nt) {
-    if (options.stores != CpuAdamOptions::Stores::kAuto &&
-        nt != (options.stores == CpuAdamOptions::Stores::kStreaming ? 1 : 0)) {
-      continue;
-    }
-    for (int pf = 0; pf < 2; ++pf) {
-      if (options.prefetch != CpuAdamOptions::Prefetch::kAuto &&
-          pf != (options.prefetch == CpuAdamOptions::Prefetch::kOn ? 1 : 0)) {
+  static constexpr int kSamples = 5;
+
+  explicit Tuner(const CpuAdamOptions& o) {
+    for (int nt = 0; nt < 2; ++nt) {
+      if (o.stores != CpuAdamOptions::Stores::kAuto &&
+          nt != (o.stores == CpuAdamOptions::Stores::kStreaming ? 1 : 0)) {
         continue;
       }
-      variants.push_back({nt, pf});
+      for (int pf = 0; pf < 2; ++pf) {
+        if (o.prefetch != CpuAdamOptions::Prefetch::kAuto &&
+            pf != (o.prefetch == CpuAdamOptions::Prefetch::kOn ? 1 : 0)) {
+          continue;
+        }
+        variants_.push_back({nt, pf});
+      }
     }
+    samples_.resize(variants_.size());
+    open_.assign(variants_.size(), true);
   }
-  const auto pass = [&](const Variant& v) {
-    const detail::AdamKernel kernel =
-        kernels.adam[detail::kGradF32][detail::kOutBF16][1][v.nt][v.pf];
-    a.step += 1;
-    const AdamConstants c = make_constants(a);
-    const auto t0 = std::chrono::steady_clock::now();
-    run_tiles(a, [&](const AdamTile& t) { kernel(c, t); });
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  pass(variants[0]);  // warm-up: code, TLB, the workers' first wake-up
-  // Round 0 times every variant; a variant more than 15% slower than the fastest of that round
-  // is not timed again (on some CPUs streaming stores are 2x slower, and timing them in every
-  // round would take most of the budget). Later rounds rotate the order of the rest.
-  constexpr int kRounds = 4;
-  std::vector<std::vector<double>> times(variants.size()), ratios(variants.size());
-  std::vector<bool> open(variants.size(), true);
-  for (int round = 0; round < kRounds; ++round) {
-    std::vector<double> t(variants.size(), 0.0);
-    for (std::size_t j = 0; j < variants.size(); ++j) {
-      const std::size_t k = (j + static_cast<std::size_t>(round)) % variants.size();
-      if (open[k] || k == 0) t[k] = pass(variants[k]);
+
+  // The variant for the next large step: the choice once made, else the next one to time.
+  // Returns its index, or -1 when the choice is made (then *chosen holds it).
+  int next(Variant* chosen) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (result_) {
+      *chosen = {result_->streaming ? 1 : 0, result_->prefetch ? 1 : 0};
+      return -1;
     }
-    for (std::size_t k = 0; k < variants.size(); ++k) {
-      if (t[k] == 0.0) continue;
-      times[k].push_back(t[k]);
-      ratios[k].push_back(t[k] / t[0]);  // variants[0] is the baseline: the plainest one open
+    int best = -1;
+    for (std::size_t k = 0; k < variants_.size(); ++k) {
+      if (open_[k] &&
+          (best < 0 || samples_[k].size() < samples_[static_cast<std::size_t>(best)].size())) {
+        best = static_cast<int>(k);
+      }
     }
-    if (round == 0) {
-      const double fastest = *std::min_element(t.begin(), t.end());
-      for (std::size_t k = 0; k < variants.size(); ++k) open[k] = t[k] <= 1.15 * fastest;
-    }
+    *chosen = variants_[static_cast<std::size_t>(best)];
+    return best;
   }
-  KernelCalibration c;
-  c.num_elems = n;
-  std::size_t best = 0;
-  double best_ratio = 1.0;
-  for (std::size_t k = 0; k < variants.size(); ++k) {
-    c.ms[variants[k].nt][variants[k].pf] = median(times[k]);
-    const double r = median(ratios[k]);
-    if (k > 0 && open[k] && r < 0.98 && r < best_ratio) {
-      best = k;
-      best_ratio = r;
+
+  void report(int k, double ns_per_elem) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (result_) return;
+    samples_[static_cast<std::size_t>(k)].push_back(ns_per_elem);
+    if (!pruned_ &&
+        std::all_of(samples_.begin(), samples_.end(), [](const auto& v) { return !v.empty(); })) {
+      double fastest = samples_[0][0];
+      for (const auto& v : samples_) fastest = std::min(fastest, v[0]);
+      for (std::size_t j = 0; j < samples_.size(); ++j) open_[j] = samples_[j][0] <= 1.15 * fastest;
+      open_[0] = true;  // the baseline always stays, for the comparison
+      pruned_ = true;
     }
+    for (std::size_t j = 0; j < samples_.size(); ++j) {
+      if (open_[j] && samples_[j].size() < kSamples) return;
+    }
+    KernelCalibration c;
+    const double base = median(samples_[0]);
+    std::size_t best = 0;
+    for (std::size_t j = 0; j < samples_.size(); ++j) {
+      const double m = median(samples_[j]);
+      c.ns_per_elem[variants_[j].nt][variants_[j].pf] = m;
+      if (open_[j] && m < 0.99 * base && m < median(samples_[best])) best = j;
+    }
+    c.streaming = variants_[best].nt == 1;
+    c.prefetch = variants_[best].pf == 1;
+    result_ = c;
   }
-  c.streaming = variants[best].nt == 1;
-  c.prefetch = variants[best].pf == 1;
-  return c;
+
+  const KernelCalibration* result() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return result_ ? &*result_ : nullptr;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Variant> variants_;
+  std::vector<std::vector<double>> samples_;
+  std::vector<bool> open_;
+  bool pruned_ = false;
+  std::optional<KernelCalibration> result_;
+};
+
+namespace {
+
+Tuner* shared_tuner(SimdPath path, bool native_bf16, int threads, const CpuAdamOptions& o) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, bool, int, int, int>, std::unique_ptr<Tuner>> tuners;
+  const std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<Tuner>& t = tuners[{static_cast<int>(path), native_bf16, threads,
+                                      static_cast<int>(o.stores), static_cast<int>(o.prefetch)}];
+  if (t == nullptr) t = std::make_unique<Tuner>(o);
+  return t.get();
 }
 
-// One calibration per path, bf16 conversion, thread count and open variants, for the life of
-// the process: the answer is a property of the machine, and every CpuAdam after the first of
-// its kind gets it for free.
-const KernelCalibration* CpuAdam::Impl::calibrated() {
-  static std::mutex mu;
-  static std::map<std::tuple<int, bool, int, int, int>, std::unique_ptr<KernelCalibration>> done;
-  const std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<KernelCalibration>& slot =
-      done[{static_cast<int>(path), native_bf16, threads, static_cast<int>(options.stores),
-            static_cast<int>(options.prefetch)}];
-  if (slot == nullptr) slot = std::make_unique<KernelCalibration>(calibrate());
-  return slot.get();
-}
+}  // namespace
 
 CpuAdam::CpuAdam(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CpuAdam::CpuAdam(CpuAdam&&) noexcept = default;
@@ -390,9 +394,7 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
     impl->streaming = options.stores == Stores::kStreaming;
     impl->prefetch = options.prefetch == Prefetch::kOn;
     if (options.stores == Stores::kAuto || options.prefetch == Prefetch::kAuto) {
-      impl->calibration = impl->calibrated();
-      impl->streaming = impl->calibration->streaming;
-      impl->prefetch = impl->calibration->prefetch;
+      impl->tuner = shared_tuner(path, impl->native_bf16, impl->threads, options);
     }
   }
   return CpuAdam(std::move(impl));
@@ -408,9 +410,34 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
     return StepOutcome::kSkippedNonFinite;
   }
   const AdamConstants c = make_constants(args);
+  int sample = -1;  // the tuner's variant this step is timed for, if any
+  if (s.tuner != nullptr) {
+    Tuner::Variant v{};
+    sample = s.tuner->next(&v);
+    if (sample < 0) {  // chosen: keep the choice, stop asking
+      s.tuned = s.tuner->result();
+      s.tuner = nullptr;
+    }
+    if (sample < 0 || args.n >= s.tune_min_elems()) {
+      s.streaming = v.nt == 1;
+      s.prefetch = v.pf == 1;
+    }
+    if (args.n < s.tune_min_elems()) sample = -1;
+  }
   const detail::AdamKernel kernel =
       s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(args.n)][s.prefetch ? 1 : 0];
+  const auto t0 = std::chrono::steady_clock::now();
   s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
+  if (sample >= 0) {
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
+    s.tuner->report(sample, took.count() / static_cast<double>(args.n));
+    if (const KernelCalibration* r = s.tuner->result()) {  // this sample completed the choice
+      s.streaming = r->streaming;
+      s.prefetch = r->prefetch;
+      s.tuned = r;
+      s.tuner = nullptr;
+    }
+  }
   return StepOutcome::kUpdated;
 }
 
@@ -440,7 +467,9 @@ SimdPath CpuAdam::simd() const { return impl_->path; }
 bool CpuAdam::uses_native_bf16() const { return impl_->native_bf16; }
 bool CpuAdam::uses_streaming_stores() const { return impl_->streaming; }
 bool CpuAdam::uses_prefetch() const { return impl_->prefetch; }
-const KernelCalibration* CpuAdam::calibration() const { return impl_->calibration; }
+const KernelCalibration* CpuAdam::calibration() const {
+  return impl_->tuner != nullptr ? impl_->tuner->result() : impl_->tuned;
+}
 int CpuAdam::threads() const { return impl_->threads; }
 const CpuAdamOptions& CpuAdam::options() const { return impl_->options; }
 

@@ -206,9 +206,10 @@ inline std::int64_t peel_to_64(const float* p, std::int64_t n) {
   return head < n ? head : n;
 }
 
-// Asks for the lines kPrefetchAheadBytes past element i of every input array (one f32 line
-// per 16 elements; the half-precision gradient's line is asked for twice, which costs nothing).
-// Addresses are formed as integers: past the end of an array a prefetch is a harmless hint.
+// Asks for the lines kPrefetchAheadBytes past element i of every f32 input array (one line per
+// 16 elements). A half-precision gradient is left to the hardware prefetcher, as in the AVX2
+// kernels (see there). Addresses are formed as integers: past the end of an array a prefetch
+// is a harmless hint.
 template <int G>
 inline void prefetch_ahead(const AdamTile& t, std::int64_t i) {
   constexpr std::int64_t kAhead = kPrefetchAheadBytes / 4;
@@ -219,7 +220,7 @@ inline void prefetch_ahead(const AdamTile& t, std::int64_t i) {
   _mm_prefetch(at(t.param, (i + kAhead) * 4), _MM_HINT_T0);
   _mm_prefetch(at(t.exp_avg, (i + kAhead) * 4), _MM_HINT_T0);
   _mm_prefetch(at(t.exp_avg_sq, (i + kAhead) * 4), _MM_HINT_T0);
-  _mm_prefetch(at(t.grad, (i + kAhead) * (G == kGradF32 ? 4 : 2)), _MM_HINT_T0);
+  if constexpr (G == kGradF32) _mm_prefetch(at(t.grad, (i + kAhead) * 4), _MM_HINT_T0);
 }
 
 template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, bool kPrefetch>

@@ -47,20 +47,19 @@ struct CpuAdamOptions {
   // AMD Zen 3, slower on an AMD Zen 5 (bench/RESULTS.md "CPU Adam").
   enum class Prefetch : std::uint8_t { kAuto, kOff, kOn };
   Prefetch prefetch = Prefetch::kAuto;
-  // kAuto (either) times the variants it leaves open on this machine, once per process, and
-  // keeps the fastest (KernelCalibration). Every variant writes the same bytes.
+  // kAuto (either) lets the first steps of at least max(nontemporal_min_elems, 1M) elements
+  // choose: they run the open variants in turn and time them, and the fastest is kept for the
+  // rest of the process (KernelCalibration). Every variant writes the same bytes.
 };
 
-// What kAuto measured: the step (f32 gradient, bf16 copy) with each open variant, in rotating
-// order over arrays of twice the last-level cache (32-64 MiB in all), with this CpuAdam's path
-// and threads.
+// What kAuto measured on the first large steps, shared by every CpuAdam of the same path,
+// thread count and options in the process.
 struct KernelCalibration {
-  // Median step time, [streaming][prefetch]; 0 for a variant not open. A variant more than 15%
-  // slower than the fastest in the first round is timed only once.
-  double ms[2][2] = {};
-  std::int64_t num_elems = 0;
+  // Median time per element, [streaming][prefetch]; 0 for a variant not open. A variant more
+  // than 15% slower than the fastest in the first round is timed only once.
+  double ns_per_elem[2][2] = {};
   // The choice: the fastest variant, when it beats regular stores without prefetch (or the
-  // first variant tried, when that one is closed) by more than 2%.
+  // first variant open, when that one is closed) by more than 1%.
   bool streaming = false;
   bool prefetch = false;
 };
@@ -104,12 +103,11 @@ class CpuAdam {
 
   SimdPath simd() const;
   bool uses_native_bf16() const;
-  // Whether large spans are stored with streaming stores, and whether the step prefetches (the
-  // options' choice, or kAuto's).
+  // Whether large spans are stored with streaming stores, and whether the step prefetches: the
+  // options' choice, or kAuto's (the variant the last large step ran while it is still choosing).
   bool uses_streaming_stores() const;
   bool uses_prefetch() const;
-  // kAuto's measurement, when this instance's choice came from one (shared by every CpuAdam of
-  // the same path, thread count and options in the process: the calibration runs once for each).
+  // kAuto's measurement once it has chosen, else null (and always null without kAuto).
   const KernelCalibration* calibration() const;
   int threads() const;
   const CpuAdamOptions& options() const;
