@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "strata/device/ops.h"
+#include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device::testing {
 
@@ -25,10 +26,7 @@ struct ErrorModel {
   // relative 2^-8 on every P_ij and dS_ij.
   bool rounds_p_and_ds = false;
   static constexpr double kU = 0x1p-24;  // f32 unit roundoff
-  static constexpr double kLambda = 6.0;
-  double gamma(std::int64_t n) const {
-    return kLambda * std::sqrt(static_cast<double>(std::max<std::int64_t>(n, 1))) * kU + 2 * kU;
-  }
+  double gamma(std::int64_t n) const { return f32_sum_error(n); }
   double u_out() const { return bf16 ? 0x1p-8 : 0.0; }
   double u_mid() const { return rounds_p_and_ds ? 0x1p-8 : 0.0; }
 };

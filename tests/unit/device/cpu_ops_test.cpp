@@ -41,16 +41,23 @@ void check_gemm(const Ops& ops, DType dt, bool ta, bool tb, std::int64_t m, std:
     }
   }
   const auto av = a.values(), bv = b.values(), c0 = c.values();
-  std::vector<double> want, got;
+  // The bound of each element: the f32 sum of k products (f32_sum_error(k) * |alpha| *
+  // sum_p |a_ip b_pj|), the scaled C's rounding and, in bf16, the output's (2^-8 relative).
+  const double u_out = dt == DType::kF32 ? 0x1p-24 : 0x1p-8;
+  std::vector<double> want, got, bound;
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
-      double s = 0;
+      double s = 0, s_abs = 0;
       for (std::int64_t p = 0; p < k; ++p) {
         const double x = ta ? av[p * lda + i] : av[i * lda + p];
         const double y = tb ? bv[j * ldb + p] : bv[p * ldb + j];
         s += x * y;
+        s_abs += std::abs(x * y);
       }
-      want.push_back(alpha * s + (beta == 0.0f ? 0.0 : beta * c0[i * ldc + j]));
+      const double cterm = beta == 0.0f ? 0.0 : beta * c0[i * ldc + j];
+      want.push_back(alpha * s + cterm);
+      bound.push_back(testing::f32_sum_error(k + 1) * (std::abs(alpha) * s_abs + std::abs(cterm)) +
+                      u_out * std::abs(want.back()));
     }
   }
   GemmArgs g;
@@ -73,7 +80,7 @@ void check_gemm(const Ops& ops, DType dt, bool ta, bool tb, std::int64_t m, std:
     for (std::int64_t j = 0; j < n; ++j) got.push_back(c.get(i * ldc + j));
     for (std::int64_t j = n; j < ldc; ++j) ASSERT_EQ(c.get(i * ldc + j), kSentinel);
   }
-  expect_close("gemm", got, want, tolerance(dt));
+  testing::expect_within("gemm", got, want, bound);
 }
 
 TEST(CpuOpsTest, GemmAllTransposesNonSquareWithPadding) {

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -91,6 +92,15 @@ inline void expect_close(const std::string& what, const std::vector<double>& got
   }
   EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << got.size()
                          << " elements out of tolerance " << rtol << ", worst " << worst;
+}
+
+// Bound on the relative error, against sum|terms|, of a sum of n terms accumulated in f32 in any
+// order: the probabilistic lambda * sqrt(n) * u of Higham and Mary (2019), which holds with
+// overwhelming probability at lambda = 6, plus 2u for the roundings around the sum (products,
+// scaling). The worst case n * u is 10-50x looser at the sizes tested and would hide real errors.
+inline double f32_sum_error(std::int64_t n) {
+  constexpr double kU = 0x1p-24;
+  return 6.0 * std::sqrt(static_cast<double>(std::max<std::int64_t>(n, 1))) * kU + 2 * kU;
 }
 
 // Every element within its own bound: |got_i - want_i| <= bound_i, for bounds derived from the
