@@ -126,6 +126,18 @@ inline void store_out(void* out, std::int64_t i, __m256 p) {
 // reference's operations in its order.
 constexpr int kSpan = 4;
 
+// Stores S vectors of each f32 state array, one array after the other (see kSpan).
+template <bool kNT, int S>
+inline void store_state(const AdamTile& t, std::int64_t i, const __m256* m, const __m256* v,
+                        const __m256* p) {
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_f32<kNT>(t.exp_avg + i + kLanes * k, m[k]);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_f32<kNT>(t.exp_avg_sq + i + kLanes * k, v[k]);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_f32<kNT>(t.param + i + kLanes * k, p[k]);
+}
+
 // The statements of device::adamw_reference on kSpan x 8 lanes; same operations, same order.
 template <int G, int O, bool kAdamW, bool kNT, int S>
 inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i) {
@@ -153,12 +165,7 @@ inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i) {
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v[k]), c.bc2_sqrt), c.eps);
     p[k] = _mm256_sub_ps(p[k], _mm256_div_ps(_mm256_mul_ps(c.step_size, m[k]), denom));
   }
-#pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<kNT>(t.exp_avg + i + kLanes * k, m[k]);
-#pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<kNT>(t.exp_avg_sq + i + kLanes * k, v[k]);
-#pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<kNT>(t.param + i + kLanes * k, p[k]);
+  store_state<kNT, S>(t, i, m, v, p);
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) store_out<O, kNT>(t.param_out, i + kLanes * k, p[k]);
 }
@@ -272,12 +279,7 @@ inline void roofline_vec(const AdamTile& t, std::int64_t i) {
   for (int k = 0; k < S; ++k) {
     v[k] = _mm256_add_ps(_mm256_loadu_ps(t.exp_avg_sq + i + kLanes * k), g[k]);
   }
-#pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<kNT>(t.exp_avg + i + kLanes * k, m[k]);
-#pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<kNT>(t.exp_avg_sq + i + kLanes * k, v[k]);
-#pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<kNT>(t.param + i + kLanes * k, p[k]);
+  store_state<kNT, S>(t, i, m, v, p);
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) {
     if constexpr (O == kOutF32) {
