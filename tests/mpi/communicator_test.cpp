@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -43,6 +44,13 @@ TEST_P(CommTest, AllGather) {
       ASSERT_EQ(recv[static_cast<std::size_t>(r * n + i)], value(r, i));
 }
 
+// A sum of w f32 values in any order, rounded to f32: (w - 1) roundings of partial sums, each at
+// most u = 2^-24 of sum |v_r|, and the result's own; an average adds one division's rounding.
+double f32_sum_bound(int w, double abs_sum, double want) {
+  constexpr double kU = 0x1p-24;
+  return std::max(w - 1, 0) * kU * abs_sum + 2 * kU * std::abs(want);
+}
+
 TEST_P(CommTest, ReduceScatterSumAndAvg) {
   Communicator& c = *env().comm;
   const std::int64_t n = GetParam();
@@ -54,10 +62,13 @@ TEST_P(CommTest, ReduceScatterSumAndAvg) {
     ASSERT_TRUE(
         c.reduce_scatter(send.data(), recv.data(), n, DType::kF32, op, "test").wait().is_ok());
     for (std::int64_t i = 0; i < n; ++i) {
-      double want = 0;
-      for (int r = 0; r < w; ++r) want += value(r, c.rank() * n + i);
-      if (op == ReduceOp::kAvg) want /= w;
-      ASSERT_NEAR(recv[static_cast<std::size_t>(i)], want, 1e-5 * (1 + std::abs(want)));
+      double want = 0, abs_sum = 0;
+      for (int r = 0; r < w; ++r) {
+        want += value(r, c.rank() * n + i);
+        abs_sum += std::abs(value(r, c.rank() * n + i));
+      }
+      if (op == ReduceOp::kAvg) want /= w, abs_sum /= w;
+      ASSERT_NEAR(recv[static_cast<std::size_t>(i)], want, f32_sum_bound(w, abs_sum, want));
     }
   }
 }
@@ -73,10 +84,10 @@ TEST_P(CommTest, AllReduceInPlaceAndOutOfPlace) {
   ASSERT_TRUE(
       c.all_reduce(a.data(), a.data(), n, DType::kF32, ReduceOp::kAvg, "test").wait().is_ok());
   for (std::int64_t i = 0; i < n; ++i) {
-    double want = 0;
-    for (int r = 0; r < w; ++r) want += value(r, i);
-    ASSERT_NEAR(b[static_cast<std::size_t>(i)], want, 1e-5 * (1 + std::abs(want)));
-    ASSERT_NEAR(a[static_cast<std::size_t>(i)], want / w, 1e-5 * (1 + std::abs(want)));
+    double want = 0, abs_sum = 0;
+    for (int r = 0; r < w; ++r) want += value(r, i), abs_sum += std::abs(value(r, i));
+    ASSERT_NEAR(b[static_cast<std::size_t>(i)], want, f32_sum_bound(w, abs_sum, want));
+    ASSERT_NEAR(a[static_cast<std::size_t>(i)], want / w, f32_sum_bound(w, abs_sum / w, want / w));
   }
 }
 
@@ -90,12 +101,17 @@ TEST_P(CommTest, HalfPrecisionReductionsRoundOnce) {
     auto buf = to_half(mine, d);
     ASSERT_TRUE(c.all_reduce(buf.data(), buf.data(), n, d, ReduceOp::kSum, "test").wait().is_ok());
     for (std::int64_t i = 0; i < n; ++i) {
-      double want = 0;
-      for (int r = 0; r < w; ++r) want += load_as_f32(to_half({value(r, i)}, d).data(), d, 0);
+      double want = 0, abs_sum = 0;
+      for (int r = 0; r < w; ++r) {
+        const double v = load_as_f32(to_half({value(r, i)}, d).data(), d, 0);
+        want += v;
+        abs_sum += std::abs(v);
+      }
       const double got = load_as_f32(buf.data(), d, static_cast<std::size_t>(i));
-      // Each pairwise sum rounds to the half type: allow a few of its ulps.
-      const double ulp = d == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
-      ASSERT_NEAR(got, want, w * ulp * (1 + std::abs(want))) << dtype_name(d) << " i=" << i;
+      // Each of the w - 1 pairwise sums (in f32, exact for two half values of nearby exponent)
+      // rounds to the half type once: at most u_half of a partial sum, itself <= sum |v_r|.
+      const double u_half = d == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+      ASSERT_NEAR(got, want, std::max(w - 1, 1) * u_half * abs_sum) << dtype_name(d) << " i=" << i;
     }
   }
 }
