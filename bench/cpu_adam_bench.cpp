@@ -171,7 +171,7 @@ strata::Result<CpuAdam> make_adam(int threads, const char* simd, Stores stores,
 // A CpuAdam with kAuto options chooses its variant on its first large steps (the choice is then
 // shared by every instance of its kind in the process); run them before timing anything.
 void finish_tuning(CpuAdam& adam, const strata::device::AdamWArgs& args) {
-  for (int i = 0; i < 16 && adam.calibration() == nullptr; ++i) {
+  for (int i = 0; i < 32 && adam.calibration() == nullptr; ++i) {  // 4 variants x 5 samples
     benchmark::DoNotOptimize(adam.step(args, /*check_finite=*/false));
   }
 }
@@ -295,6 +295,8 @@ void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64
   if (const auto* c = adam->calibration()) {  // what the first steps measured, ns per element
     state.counters["tuned_regular_ns"] = c->ns_per_elem[0][0];
     state.counters["tuned_prefetch_ns"] = c->ns_per_elem[0][1];
+    state.counters["tuned_streaming_ns"] = c->ns_per_elem[1][0];
+    state.counters["tuned_streaming_prefetch_ns"] = c->ns_per_elem[1][1];
   }
 }
 

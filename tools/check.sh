@@ -31,16 +31,18 @@ cmake --build build -j "$jobs"
 # each rounds differently in the last bits. A tolerance that holds for one kernel only would pass
 # here and fail on the next machine, so the tests that compare floating-point results with a
 # tolerance also run under two other kernels, chosen from those every x86-64 CPU with AVX2 runs.
-own=$(OPENBLAS_VERBOSE=2 build/strata info 2>&1 | sed -n 's/^Core: //p' | head -n 1)
-others=(Haswell Prescott)
-[[ "$own" == Haswell ]] && others=(Sandybridge Prescott)
+own=$( { OPENBLAS_VERBOSE=2 build/strata info 2>&1 || true; } | sed -n 's/^Core: //p' | head -n 1)
+others=()
+for kernel in Haswell Prescott Sandybridge; do
+  [[ "$kernel" != "$own" && ${#others[@]} -lt 2 ]] && others+=("$kernel")
+done
 numerics='Golden|Parity|Equivalence|Attention|Ops|Resum|Reshard|Llama|Train|Loss'
 for kernel in "${others[@]}"; do
   echo "strata: numerics-sensitive tests under OPENBLAS_CORETYPE=$kernel (this CPU's own: ${own:-?})"
   log=build/numerics-$kernel.log
   if OPENBLAS_CORETYPE=$kernel ctest --test-dir build -j "$jobs" --timeout 900 -R "$numerics" \
        --output-on-failure >"$log" 2>&1; then
-    grep -E 'tests passed|tests failed' "$log"
+    grep -E 'tests passed|tests failed|No tests' "$log" || true
   else
     cat "$log"
     echo "strata: numerics-sensitive tests failed under OPENBLAS_CORETYPE=$kernel"

@@ -166,7 +166,9 @@ void check_args(const device::AdamWArgs& a) {
 
 }  // namespace
 
+namespace detail {
 class Tuner;
+}  // namespace detail
 
 struct CpuAdam::Impl {
   CpuAdamOptions options;
@@ -177,19 +179,22 @@ struct CpuAdam::Impl {
   tbb::task_arena arena;  // declared before pinning: the observer detaches first
   std::unique_ptr<detail::ArenaPinning> pinning;
 
+  // The variant in use: the options' choice, or kAuto's once it has chosen (until then, the
+  // baseline: regular stores, no prefetch, or whichever the options fixed).
   bool streaming = false;  // for spans of nontemporal_min_elems+
   bool prefetch = false;
-  Tuner* tuner = nullptr;  // kAuto's, shared by every CpuAdam of this kind; null once it chose
+  detail::Tuner* tuner = nullptr;  // kAuto's, shared by every CpuAdam of its kind; null once chosen
   const KernelCalibration* tuned = nullptr;  // its measurement, once it chose
 
-  int nt_index(std::int64_t n) const {
-    return streaming && n >= options.nontemporal_min_elems ? 1 : 0;
+  int nt_index(bool stream, std::int64_t n) const {
+    return stream && n >= options.nontemporal_min_elems ? 1 : 0;
   }
   // Spans this long are timed for the tuner: long enough to leave the caches' reach in most of
   // their bytes and to time to a few percent, and long enough for streaming stores to apply.
   std::int64_t tune_min_elems() const {
     return std::max<std::int64_t>(options.nontemporal_min_elems, std::int64_t{1} << 20);
   }
+  void adopt_if_chosen();
 
   // Calls fn(begin, end) for every tile of [0, n): on the caller alone when one thread (or one
   // tile) suffices, else statically partitioned into contiguous runs of tiles, one per thread.
@@ -245,13 +250,15 @@ double median(std::vector<double> v) {
 
 // Chooses streaming stores and prefetch from the first large steps themselves: the real arrays,
 // sizes and layout, which a synthetic buffer does not reproduce (on an AMD Zen 3, prefetch made a
-// 3.7M-element calibration pass 4% faster and a 64M-element step 1.4x faster). Each step of at
+// 3.7M-element calibration pass 4% faster and a 64M-element step 1.35x faster). Each step of at
 // least tune_min_elems elements runs the open variant with the fewest samples and reports its
 // time per element; after the first round, variants more than 15% slower than the fastest are
 // dropped; once every open variant has kSamples, the fastest by median is kept if it beats the
 // baseline (regular stores, no prefetch, or the first variant open) by more than 1%. Every
 // variant writes the same bytes, so only the first steps' speed depends on this. Shared by every
 // CpuAdam of one path, bf16 conversion, thread count and open variants in the process.
+namespace detail {
+
 class Tuner {
  public:
   struct Variant {
@@ -338,19 +345,35 @@ class Tuner {
   std::optional<KernelCalibration> result_;
 };
 
+}  // namespace detail
+
 namespace {
 
-Tuner* shared_tuner(SimdPath path, bool native_bf16, int threads, const CpuAdamOptions& o) {
+// The one process-wide state in the optimizer: which variant is fastest is a property of the
+// machine, found once and shared. Never destroyed, so no CpuAdam can outlive its tuner.
+detail::Tuner* shared_tuner(SimdPath path, bool native_bf16, int threads, const CpuAdamOptions& o) {
+  using Key = std::tuple<int, bool, int, int, int>;
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, int, int, int>, std::unique_ptr<Tuner>> tuners;
+  static auto* tuners = new std::map<Key, std::unique_ptr<detail::Tuner>>();
   const std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<Tuner>& t = tuners[{static_cast<int>(path), native_bf16, threads,
-                                      static_cast<int>(o.stores), static_cast<int>(o.prefetch)}];
-  if (t == nullptr) t = std::make_unique<Tuner>(o);
+  std::unique_ptr<detail::Tuner>& t =
+      (*tuners)[{static_cast<int>(path), native_bf16, threads, static_cast<int>(o.stores),
+                 static_cast<int>(o.prefetch)}];
+  if (t == nullptr) t = std::make_unique<detail::Tuner>(o);
   return t.get();
 }
 
 }  // namespace
+
+void CpuAdam::Impl::adopt_if_chosen() {
+  if (tuner == nullptr) return;
+  if (const KernelCalibration* r = tuner->result()) {
+    streaming = r->streaming;
+    prefetch = r->prefetch;
+    tuned = r;
+    tuner = nullptr;
+  }
+}
 
 CpuAdam::CpuAdam(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CpuAdam::CpuAdam(CpuAdam&&) noexcept = default;
@@ -395,6 +418,7 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
     impl->prefetch = options.prefetch == Prefetch::kOn;
     if (options.stores == Stores::kAuto || options.prefetch == Prefetch::kAuto) {
       impl->tuner = shared_tuner(path, impl->native_bf16, impl->threads, options);
+      impl->adopt_if_chosen();  // another CpuAdam of this kind may have chosen already
     }
   }
   return CpuAdam(std::move(impl));
@@ -410,33 +434,23 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
     return StepOutcome::kSkippedNonFinite;
   }
   const AdamConstants c = make_constants(args);
+  s.adopt_if_chosen();
+  bool streaming = s.streaming, prefetch = s.prefetch;
   int sample = -1;  // the tuner's variant this step is timed for, if any
-  if (s.tuner != nullptr) {
-    Tuner::Variant v{};
+  if (s.tuner != nullptr && args.n >= s.tune_min_elems()) {
+    detail::Tuner::Variant v{};
     sample = s.tuner->next(&v);
-    if (sample < 0) {  // chosen: keep the choice, stop asking
-      s.tuned = s.tuner->result();
-      s.tuner = nullptr;
-    }
-    if (sample < 0 || args.n >= s.tune_min_elems()) {
-      s.streaming = v.nt == 1;
-      s.prefetch = v.pf == 1;
-    }
-    if (args.n < s.tune_min_elems()) sample = -1;
+    streaming = v.nt == 1;
+    prefetch = v.pf == 1;
   }
   const detail::AdamKernel kernel =
-      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(args.n)][s.prefetch ? 1 : 0];
+      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(streaming, args.n)][prefetch];
   const auto t0 = std::chrono::steady_clock::now();
   s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
   if (sample >= 0) {
     const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
     s.tuner->report(sample, took.count() / static_cast<double>(args.n));
-    if (const KernelCalibration* r = s.tuner->result()) {  // this sample completed the choice
-      s.streaming = r->streaming;
-      s.prefetch = r->prefetch;
-      s.tuned = r;
-      s.tuner = nullptr;
-    }
+    s.adopt_if_chosen();  // this sample may have completed the choice
   }
   return StepOutcome::kUpdated;
 }
@@ -457,18 +471,26 @@ bool CpuAdam::all_finite(const void* grad, DType grad_dtype, std::int64_t n) {
 void CpuAdam::memory_roofline(const device::AdamWArgs& args) {
   check_args(args);
   Impl& s = *impl_;
+  s.adopt_if_chosen();
   const detail::RooflineKernel kernel =
-      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)][s.nt_index(args.n)]
-                        [s.prefetch ? 1 : 0];
+      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)]
+                        [s.nt_index(s.streaming, args.n)][s.prefetch ? 1 : 0];
   s.run_tiles(args, [&](const AdamTile& t) { kernel(t); });
 }
 
 SimdPath CpuAdam::simd() const { return impl_->path; }
 bool CpuAdam::uses_native_bf16() const { return impl_->native_bf16; }
-bool CpuAdam::uses_streaming_stores() const { return impl_->streaming; }
-bool CpuAdam::uses_prefetch() const { return impl_->prefetch; }
+bool CpuAdam::uses_streaming_stores() const {
+  impl_->adopt_if_chosen();
+  return impl_->streaming;
+}
+bool CpuAdam::uses_prefetch() const {
+  impl_->adopt_if_chosen();
+  return impl_->prefetch;
+}
 const KernelCalibration* CpuAdam::calibration() const {
-  return impl_->tuner != nullptr ? impl_->tuner->result() : impl_->tuned;
+  impl_->adopt_if_chosen();
+  return impl_->tuned;
 }
 int CpuAdam::threads() const { return impl_->threads; }
 const CpuAdamOptions& CpuAdam::options() const { return impl_->options; }

@@ -118,9 +118,9 @@ inline void store_out(void* out, std::int64_t i, __m256 p) {
 }
 
 // Vectors per block. A block loads kSpan vectors of each input array, updates them, then stores
-// kSpan vectors of each output array, so every array is touched in runs of 4 cache lines instead
-// of alternating between all five every 32 bytes. Arrays whose addresses agree in many low bits
-// (equal-sized 2^k-byte allocations from mmap) otherwise evict each other's L1 lines on every
+// kSpan vectors of each output array, so every f32 array is touched in runs of 2 cache lines
+// instead of alternating between all five every 32 bytes. Arrays whose addresses agree in many low
+// bits (equal-sized 2^k-byte allocations from mmap) otherwise evict each other's L1 lines on every
 // access on some CPUs: on an AMD EPYC Zen 3 the one-vector loop ran 3.4x slower with such arrays
 // than with arrays a page apart (bench/RESULTS.md, "CPU Adam"). Each lane still sees exactly the
 // reference's operations in its order.

@@ -36,13 +36,6 @@ CpuTopology cpu_topology() {
     if (cores > 0) t.machine_cores = t.cores = cores;
     if (pus > 0) t.pus = pus;
     if (numa > 0) t.numa_nodes = numa;
-    for (hwloc_obj_type_t level : {HWLOC_OBJ_L3CACHE, HWLOC_OBJ_L2CACHE, HWLOC_OBJ_L1CACHE}) {
-      const hwloc_obj_t cache = hwloc_get_obj_by_type(topo, level, 0);
-      if (cache != nullptr && cache->attr != nullptr && cache->attr->cache.size > 0) {
-        t.llc_bytes = cache->attr->cache.size;
-        break;
-      }
-    }
     // Under mpirun (--bind-to core, its default for two ranks or fewer) or taskset, the process
     // may run on fewer cores than the machine has: count those the calling thread is bound to,
     // which is what the threads it starts inherit.

@@ -100,9 +100,10 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
 // sums that may nearly cancel. Adam turns that into an update difference that does not scale
 // with |w|: a gradient near eps (1e-8) gets lr * eps * dg / (|g| + eps)^2, and every step moves
 // any weight by about lr whatever its size. Measured: up to 1e-3 * lr over 3 steps between world
-// sizes and OpenBLAS kernels. A real bug (a lost micro-batch, a wrong shard, wrong averaging)
-// moves weights by about lr per step, so the bound is 1% of lr per step, plus the weights' own
-// rounding (an ulp per step). The losses are checked tightly beside this.
+// sizes and OpenBLAS kernels. A real bug (a lost micro-batch, a wrong shard) moves weights by
+// about lr per step, so the bound is 1% of lr per step, plus the weights' own rounding (an ulp
+// per step). The losses are checked tightly beside this. (A gradient scaled uniformly, as by
+// wrong averaging, moves no weight: Adam and clipping are invariant to it.)
 void expect_weights_close(const std::vector<float>& a, const std::vector<float>& b, double lr,
                           int steps) {
   ASSERT_EQ(a.size(), b.size());

@@ -36,27 +36,29 @@ struct CpuAdamOptions {
   // How the step stores master, moments and the half-precision copy on spans of at least
   // nontemporal_min_elems elements whose arrays are mutually aligned (page-aligned buffers are):
   // non-temporal (streaming) stores skip the read-for-ownership of lines that are only written,
-  // but whether that is faster depends on the CPU (3-5% faster on an AMD Zen 5, 1.45x slower on
-  // an Intel Sapphire Rapids, 1.8x slower on an AMD Zen 3: bench/RESULTS.md "CPU Adam"). Below
-  // the threshold a span's data may still be in cache for whoever reads it next, so stores stay
-  // regular.
+  // but whether that is faster depends on the CPU (3-5% faster on an AMD Zen 5, 1.5-2.2x slower
+  // on an AMD Zen 3: bench/RESULTS.md "CPU Adam"). Below the threshold a span's data may still be
+  // in cache for whoever reads it next, so stores stay regular; tiles whose arrays are not
+  // mutually aligned store regularly whatever this says.
   enum class Stores : std::uint8_t { kAuto, kRegular, kStreaming };
   Stores stores = Stores::kAuto;
   std::int64_t nontemporal_min_elems = 1 << 20;
-  // Software prefetch of the input arrays' lines 1 KiB ahead: 1.4x faster with one thread on an
-  // AMD Zen 3, slower on an AMD Zen 5 (bench/RESULTS.md "CPU Adam").
+  // Software prefetch of the f32 input arrays' lines 1 KiB ahead: 1.1-1.35x faster on an AMD
+  // Zen 3, slower on an AMD Zen 5 (bench/RESULTS.md "CPU Adam").
   enum class Prefetch : std::uint8_t { kAuto, kOff, kOn };
   Prefetch prefetch = Prefetch::kAuto;
   // kAuto (either) lets the first steps of at least max(nontemporal_min_elems, 1M) elements
   // choose: they run the open variants in turn and time them, and the fastest is kept for the
-  // rest of the process (KernelCalibration). Every variant writes the same bytes.
+  // rest of the process (KernelCalibration); shorter steps meanwhile run the baseline (regular
+  // stores, no prefetch, or what the options fixed). Every variant writes the same bytes.
 };
 
-// What kAuto measured on the first large steps, shared by every CpuAdam of the same path,
-// thread count and options in the process.
+// What kAuto measured on the first large steps, shared by every CpuAdam of the same path, bf16
+// conversion, thread count and store and prefetch options in the process. Samples are times per
+// element of whichever large spans came first (any dtypes and sizes): the engine's first steps.
 struct KernelCalibration {
-  // Median time per element, [streaming][prefetch]; 0 for a variant not open. A variant more
-  // than 15% slower than the fastest in the first round is timed only once.
+  // Median time per element, [streaming][prefetch]; 0 for a variant the options excluded. A
+  // variant more than 15% slower than the fastest in the first round is timed only once.
   double ns_per_elem[2][2] = {};
   // The choice: the fastest variant, when it beats regular stores without prefetch (or the
   // first variant open, when that one is closed) by more than 1%.
@@ -104,7 +106,7 @@ class CpuAdam {
   SimdPath simd() const;
   bool uses_native_bf16() const;
   // Whether large spans are stored with streaming stores, and whether the step prefetches: the
-  // options' choice, or kAuto's (the variant the last large step ran while it is still choosing).
+  // options' choice, or kAuto's once made (the baseline while it is still choosing).
   bool uses_streaming_stores() const;
   bool uses_prefetch() const;
   // kAuto's measurement once it has chosen, else null (and always null without kAuto).

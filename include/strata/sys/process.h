@@ -21,8 +21,6 @@ struct CpuTopology {
   int pus = 1;
   int numa_nodes = 1;
   int machine_cores = 1;  // physical cores of the whole machine
-  // Size of one instance of the largest data cache (usually the L3), 0 when hwloc reports none.
-  std::uint64_t llc_bytes = 0;
 };
 
 CpuTopology cpu_topology();

@@ -14,12 +14,11 @@
 namespace strata::device::testing {
 
 // Rounding-error bounds for the f32 computation the device runs, derived from its arithmetic:
-// a sum of n terms rounded in f32 is off by at most gamma(n) * sum|terms|. gamma is the
-// probabilistic bound lambda * sqrt(n) * u (Higham and Mary, 2019), which holds for any
-// summation order with overwhelming probability at lambda = 6, plus 2u for the roundings
-// around the sum; the worst case n * u is 10-50x looser here and would hide real errors. The
-// kernels' own orders (OpenBLAS blocks, FMA) are typically well inside it. A bf16 run also
-// rounds its outputs (u_out = 2^-8 relative) and its backward reads the rounded forward output.
+// a sum of n terms rounded in f32 is off by at most gamma(n) * sum|terms|, gamma from
+// f32_sum_error (the worst case for short sums, the probabilistic bound of Higham and Mary for
+// long ones). The kernels' own orders (OpenBLAS blocks, FMA) are typically well inside it. A bf16
+// run also rounds its outputs (u_out = 2^-8 relative) and its backward reads the rounded forward
+// output.
 struct ErrorModel {
   bool bf16 = false;
   // The CUDA flash kernels also round P and dS to bf16 for their tensor-core products: one more

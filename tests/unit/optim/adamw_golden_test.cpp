@@ -44,8 +44,9 @@ std::vector<float> floats(const Json& bits) {
 // and add), and earlier differences carry into later values:
 //   dm_k = beta1 dm_{k-1} + 3u (|beta1 m_{k-1}| + |(1 - beta1) g_k|)   (the reference rounds
 //          (1 - beta1) g, which torch's FMA does not, and each side rounds the sum once)
-//   dv_k = beta2 dv_{k-1} + 2u beta2 v_{k-1} + 4u (1 - beta2) g_k^2   (torch's addcmul
-//          associates (1 - beta2) g g differently: two product roundings on each side)
+//   dv_k = beta2 dv_{k-1} + 2u beta2 v_{k-1} + 6u (1 - beta2) g_k^2   (torch's addcmul
+//          associates (1 - beta2) g g differently: two product roundings on each side, and
+//          each side's sum rounding)
 //   dden = (dv_k / (2 sqrt(v_k)) + 2u sqrt(v_k)) / bc2_sqrt + u den
 //   dp_k = |decay| dp_{k-1} + step_size (dm_k / den + |m_k| dden / den^2) + 3u |update| + 2u |p_k|
 // with the values taken from the reference run. A wrong formula or hyperparameter moves the
@@ -71,7 +72,7 @@ void propagate(Bounds& b, const AdamWHyper& h, std::int64_t step, const std::vec
     b.dm[i] = b1 * b.dm[i] + (1 - b1) * dg +
               3 * kU * (std::abs(b1 * m_before[i]) + std::abs((1 - b1) * gi));
     b.dv[i] = b2 * b.dv[i] + 2 * (1 - b2) * std::abs(gi) * dg + 2 * kU * b2 * v_before[i] +
-              4 * kU * (1 - b2) * gi * gi;
+              6 * kU * (1 - b2) * gi * gi;
     const double sv = std::sqrt(static_cast<double>(v[i]));
     const double den = sv / bc2_sqrt + h.eps;
     const double dden = (b.dv[i] / (2 * std::max(sv, 1e-30)) + 2 * kU * sv) / bc2_sqrt + kU * den;

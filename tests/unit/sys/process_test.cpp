@@ -30,10 +30,6 @@ TEST(ProcessTest, TopologyIsConsistent) {
   EXPECT_GE(t.pus, t.cores);
   EXPECT_GE(t.numa_nodes, 1);
   EXPECT_GE(t.machine_cores, t.cores);
-  // Every x86-64 CPU these tests run on has a cache that hwloc can see, and none of them is
-  // smaller than 32 KiB or larger than 4 GiB.
-  EXPECT_GE(t.llc_bytes, 32u << 10);
-  EXPECT_LE(t.llc_bytes, 4ull << 30);
 }
 
 // Bound to one CPU (as mpirun --bind-to core does), the process counts one core; the thread
