@@ -115,6 +115,7 @@ def loss_fn(w, c, ids, targets):
     d = c["hidden_size"] // c["num_attention_heads"]
     cos, sin = rotary_cos_sin(ids.shape[1], d, c["rope_theta"])
     h = w["model.embed_tokens.weight"][ids]
+    cos, sin = cos.to(h.dtype), sin.to(h.dtype)  # angles in float64, used in the run's dtype
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = h + attention(rms_norm(h, w[p + "input_layernorm.weight"], eps), w, p + "self_attn.",
@@ -132,7 +133,14 @@ def run(weights32, c, ids, targets, names):
     loss = loss_fn(w, c, ids, targets)
     loss.backward()
     grads = {n: [float("%.10g" % g) for g in w[n].grad.flatten().tolist()] for n in names}
-    return loss.item(), grads
+    # The same computation in float32: how far a plain f32 implementation lands from float64,
+    # per tensor (the largest element error) and for the loss. The test allows Strata's f32 a
+    # small multiple of that, instead of a tolerance fitted to one machine's rounding.
+    w32 = {k: v.float().clone().requires_grad_(True) for k, v in weights32.items()}
+    loss32 = loss_fn(w32, c, ids, targets)
+    loss32.backward()
+    f32_err = {n: float((w32[n].grad.double() - w[n].grad).abs().max()) for n in names}
+    return loss.item(), grads, abs(loss32.item() - loss.item()), f32_err
 
 
 def main():
@@ -144,15 +152,17 @@ def main():
     targets[0, 2] = -1
     targets[1, 6] = -1
 
-    loss, grads = run(weights, CONFIG, ids, targets, GRAD_TENSORS)
+    loss, grads, loss_err, grad_err = run(weights, CONFIG, ids, targets, GRAD_TENSORS)
     tied_config = dict(CONFIG, tie_word_embeddings=True)
     tied_weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
     tied_names = ["model.embed_tokens.weight", "model.norm.weight",
                   "model.layers.1.mlp.down_proj.weight"]
-    tied_loss, tied_grads = run(tied_weights, tied_config, ids, targets, tied_names)
+    tied_loss, tied_grads, tied_loss_err, tied_grad_err = run(tied_weights, tied_config, ids,
+                                                               targets, tied_names)
 
     data = {
-        "generator": "tools/golden/llama_golden.py (torch %s, float64)" % torch.__version__,
+        "generator": "tools/golden/llama_golden.py (torch %s, float64; f32 errors from the same "
+                     "computation in float32)" % torch.__version__,
         "config": CONFIG,
         "batch": BATCH,
         "seq": SEQ,
@@ -161,8 +171,10 @@ def main():
         # float32 values printed to round-trip exactly
         "weights": {k: [float("%.9g" % x) for x in v.flatten().tolist()]
                     for k, v in weights.items()},
-        "untied": {"loss": loss, "grads": grads},
-        "tied": {"config": tied_config, "loss": tied_loss, "grads": tied_grads},
+        "untied": {"loss": loss, "grads": grads,
+                   "f32_loss_error": loss_err, "f32_grad_error": grad_err},
+        "tied": {"config": tied_config, "loss": tied_loss, "grads": tied_grads,
+                 "f32_loss_error": tied_loss_err, "f32_grad_error": tied_grad_err},
     }
     with open(out_path, "w") as f:
         json.dump(data, f, separators=(",", ":"))

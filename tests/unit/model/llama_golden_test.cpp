@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,21 +58,31 @@ GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, boo
   return run;
 }
 
-// |got - want| <= rtol * max(|want|, rms(want)) per element.
+// A plain f32 implementation of the same model (torch's, in the golden file) lands within
+// f32_error of float64 on every element of a tensor; Strata's f32 sums in other orders (OpenBLAS
+// kernels, blocked attention), so it is allowed kF32Factor times that, not a tolerance fitted to
+// one machine's rounding. A wrong formula moves gradients by far more than f32 noise.
+constexpr double kF32Factor = 8.0;
+
+// Every element within kF32Factor * f32_error of the float64 gradient; prints the worst fraction
+// of the bound used.
 void expect_grad_close(const std::string& name, const std::vector<float>& got, const Json& want,
-                       double rtol) {
+                       double f32_error) {
   ASSERT_EQ(got.size(), want.size()) << name;
-  double ss = 0;
-  for (const auto& w : want) ss += w.get<double>() * w.get<double>();
-  const double rms = std::sqrt(ss / static_cast<double>(want.size()));
-  ASSERT_GT(rms, 1e-6) << name << ": golden gradient is zero";
+  ASSERT_GT(f32_error, 0.0) << name << ": the golden file carries no f32 error for it";
+  const double bound = kF32Factor * f32_error;
   int bad = 0;
+  double worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double w = want[i].get<double>();
-    if (!(std::abs(got[i] - w) <= rtol * std::max(std::abs(w), rms)) && ++bad <= 3) {
-      ADD_FAILURE() << name << "[" << i << "]: got " << got[i] << ", want " << w;
+    const double err = std::abs(got[i] - w);
+    worst = std::max(worst, err / bound);
+    if (!(err <= bound) && ++bad <= 3) {
+      ADD_FAILURE() << name << "[" << i << "]: got " << got[i] << ", want " << w << " (bound "
+                    << bound << ")";
     }
   }
+  std::printf("  %s: worst %.2f of the bound (%.3g)\n", name.c_str(), worst, bound);
   EXPECT_EQ(bad, 0) << name;
 }
 
@@ -99,10 +110,13 @@ TEST_P(LlamaGoldenTest, F32LossAndGradientsMatchPyTorch) {
     const Json& config_json = c.contains("config") ? c.at("config") : g.at("config");
     const GoldenRun run = run_case(g, config_json, DType::kF32, checkpointing);
     const double want = c.at("loss").get<double>();
-    EXPECT_NEAR(run.loss, want, 1e-5 * want);
+    // The loss is also rounded to f32 once more than torch's float64 result is.
+    EXPECT_NEAR(run.loss, want,
+                kF32Factor * c.at("f32_loss_error").get<double>() + 0x1p-24 * std::abs(want));
     for (const auto& [name, grads] : c.at("grads").items()) {
       ASSERT_TRUE(run.grads.count(name)) << name;
-      expect_grad_close(name, run.grads.at(name), grads, 1e-4);
+      expect_grad_close(name, run.grads.at(name), grads,
+                        c.at("f32_grad_error").at(name).get<double>());
     }
   }
 }
