@@ -153,6 +153,11 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("threads", &c.threads, 0, 1024);
   r.read("save_dir", &c.save_dir);
   r.read("save_every", &c.save_every, 0);
+  if (c.save_dir.empty() && c.save_every > 0) {
+    r.error("save_every", std::to_string(c.save_every) +
+                              " needs a save_dir to write to, but save_dir is \"\" (no "
+                              "checkpoints); set save_dir or drop save_every");
+  }
   r.read("metrics_file", &c.metrics_file);
   r.read("trace_file", &c.trace_file);
   r.read("log_every", &c.log_every, 1);

@@ -376,6 +376,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config,
 }
 
 Result<std::string> Trainer::save() {
+  if (impl_->config.save_dir.empty()) {
+    return failed_precondition("no checkpoint can be saved: save_dir is \"\" (no checkpoints)");
+  }
   STRATA_ASSIGN_OR_RETURN(
       impl_->last_checkpoint,
       save_checkpoint(impl_->config.save_dir, impl_->model_config, *impl_->layout, *impl_->provider,
@@ -463,15 +466,18 @@ Status Trainer::run_loop() {
           s.comm->all_reduce_host(&any, 1, dist::ReduceOp::kSum, "stop request"));
       stop = any > 0;
     }
+    // save_dir "" writes no checkpoint at all: dry runs and benchmarks at scale.
+    const bool saving = !s.config.save_dir.empty();
     const bool periodic = s.config.save_every > 0 && s.step % s.config.save_every == 0;
-    if (stop || periodic || s.step == s.config.max_steps) {
+    if (saving && (stop || periodic || s.step == s.config.max_steps)) {
       STRATA_ASSIGN_OR_RETURN(std::string path, save());
       if (s.options.progress != nullptr)
         *s.options.progress << "saved checkpoint " << path << std::endl;
     }
     if (stop) {
       return cancelled("stopped by request after step " + std::to_string(s.step) +
-                       "; resume with --resume " + s.config.save_dir);
+                       (saving ? "; resume with --resume " + s.config.save_dir
+                               : "; no checkpoint was written (save_dir is \"\")"));
     }
   }
   return Status::ok();

@@ -217,6 +217,29 @@ TEST(TrainTest, MissingSwapDirectoryNamesIt) {
       << t.status().message();
 }
 
+// save_dir "" runs without writing any checkpoint, and says so; save_every then has nowhere to
+// write and is refused when the config is read.
+TEST(TrainTest, EmptySaveDirWritesNoCheckpoint) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["save_dir"] = "";
+  j["max_steps"] = 2;
+  auto t = make_trainer(j);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  ASSERT_TRUE((*t)->run().is_ok());
+  EXPECT_EQ((*t)->step(), 2);
+  EXPECT_EQ((*t)->last_checkpoint(), "");
+  EXPECT_FALSE(fs::exists(dir.file("ckpt")));
+  auto saved = (*t)->save();
+  ASSERT_FALSE(saved.is_ok());
+  EXPECT_NE(saved.status().message().find("save_dir"), std::string::npos);
+  j["save_every"] = 1;
+  auto refused = make_trainer(j);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("save_every"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST(TrainTest, SavedModelLoadsBackAsModelPath) {
   TempDir dir;
   Json j = tiny_config(dir);

@@ -88,10 +88,15 @@ int run_train(const TrainArgs& a) {
   }
   const auto& h = (*trainer)->history();
   if (!h.empty() && (*trainer)->reports()) {
-    std::printf(
-        "done: %zu steps, loss %.4f -> %.4f\nweights: %s/model (a Hugging Face checkpoint: "
-        "set it as \"model\" to fine-tune from it)\n",
-        h.size(), h.front().loss, h.back().loss, (*trainer)->last_checkpoint().c_str());
+    std::printf("done: %zu steps, loss %.4f -> %.4f\n", h.size(), h.front().loss, h.back().loss);
+    if ((*trainer)->last_checkpoint().empty()) {
+      std::printf("weights: not saved (save_dir is \"\")\n");
+    } else {
+      std::printf(
+          "weights: %s/model (a Hugging Face checkpoint: set it as \"model\" to fine-tune from "
+          "it)\n",
+          (*trainer)->last_checkpoint().c_str());
+    }
   }
   return kExitOk;
 }
