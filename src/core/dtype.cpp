@@ -1,5 +1,8 @@
-// dtype names and f16 conversions (bf16 is inline in the header).
+// dtype names, f16 conversions (bf16 is inline in the header) and sums of squares.
 #include "strata/core/dtype.h"
+
+#include <algorithm>
+#include <cstddef>
 
 #include "strata/core/check.h"
 
@@ -145,6 +148,43 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::
         STRATA_CHECK(false, "convert: unsupported destination dtype", dtype_name(dst_dtype));
     }
   }
+}
+
+namespace {
+template <typename T, typename Load>
+double squares_of(const void* x, std::size_t n, Load load) {
+  const T* v = static_cast<const T*>(x);
+  double s = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = load(v[i]);
+    s += d * d;
+  }
+  return s;
+}
+}  // namespace
+
+double sum_squares_chunk(const void* x, DType dtype, std::size_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      return squares_of<float>(x, n, [](float f) { return f; });
+    case DType::kBF16:
+      return squares_of<bf16>(x, n, [](bf16 h) { return bf16_to_f32(h); });
+    case DType::kF16:
+      return squares_of<f16>(x, n, [](f16 h) { return f16_to_f32(h); });
+    default:
+      STRATA_CHECK(false, "sum_squares: unsupported dtype", dtype_name(dtype));
+  }
+  return 0.0;
+}
+
+double sum_squares(const void* x, DType dtype, std::size_t n) {
+  const auto* bytes = static_cast<const std::byte*>(x);
+  const std::size_t esize = dtype_size(dtype);
+  double total = 0.0;
+  for (std::size_t i = 0; i < n; i += kSumSquaresChunkElems) {
+    total += sum_squares_chunk(bytes + i * esize, dtype, std::min(kSumSquaresChunkElems, n - i));
+  }
+  return total;
 }
 
 }  // namespace strata

@@ -148,6 +148,7 @@ struct TieredStore::Impl {
   void finish(const std::shared_ptr<Op>& op);
   void record(Lane lane, const Entry& e, const char* verb, std::int64_t begin_ns,
               std::uint64_t bytes);
+  // src null: zeros.
   Status sync_write(Entry& e, const void* src, std::size_t capacity, Lock& lock);
   Status sync_read(Entry& e, void* dst, Lock& lock);
   int take_staging_blocking(Lock& lock);

@@ -134,6 +134,8 @@ void TieredStore::Impl::issue(const std::shared_ptr<Op>& op) {
   const std::int64_t t0 = now_ns();
   if (op->from == Tier::kHost && op->to == Tier::kDevice) {
     device.wait_event(h2d, last_device_drop);
+    // A device home may still be read by compute (the optimizer rewrites working copies).
+    if (e.is_home(Tier::kDevice)) device.wait_event(h2d, device.record_event(compute));
     device.copy_to_device(dst.data, src.data, size, h2d);
     device::Event ev = device.record_event(h2d);
     h2d_lane->push([this, op, ev, t0, verb] {
@@ -350,18 +352,27 @@ Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capa
     auto& h2d = device.stream(device::StreamKind::kHostToDevice);
     device.wait_event(h2d, last_device_drop);
     lock.unlock();
-    device.copy_to_device(h.data, src, size, h2d);
+    if (src != nullptr) {
+      device.copy_to_device(h.data, src, size, h2d);
+    } else {
+      device.fill_zero(h.data, size, h2d);
+    }
     device.record_event(h2d).synchronize();
     st = device.last_error();
     lock.lock();
   } else if (home == Tier::kHost) {
     lock.unlock();
-    if (src != h.data) std::memcpy(h.data, src, size);
+    if (src == nullptr) {
+      std::memset(h.data, 0, size);
+    } else if (src != h.data) {
+      std::memcpy(h.data, src, size);
+    }
     lock.lock();
   } else {
     lane = Lane::kNvmeWrite;
-    const bool direct =
-        reinterpret_cast<std::uintptr_t>(src) % io::kIoAlignBytes == 0 && capacity >= e.io_bytes;
+    const bool direct = src != nullptr &&
+                        reinterpret_cast<std::uintptr_t>(src) % io::kIoAlignBytes == 0 &&
+                        capacity >= e.io_bytes;
     if (direct) {
       lock.unlock();
       st = swap->write(h.extent, 0, src, e.io_bytes).wait();
@@ -373,8 +384,12 @@ Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capa
         lock.unlock();
         const std::size_t io_len = std::min<std::uint64_t>(chunk, e.io_bytes - off);
         const std::size_t copy_len = std::min<std::uint64_t>(chunk, size - off);
-        std::memcpy(staging->data(buf), static_cast<const std::byte*>(src) + off, copy_len);
-        std::memset(staging->data(buf) + copy_len, 0, io_len - copy_len);
+        if (src != nullptr) {
+          std::memcpy(staging->data(buf), static_cast<const std::byte*>(src) + off, copy_len);
+          std::memset(staging->data(buf) + copy_len, 0, io_len - copy_len);
+        } else {
+          std::memset(staging->data(buf), 0, io_len);
+        }
         st = swap->write(h.extent, off, staging->data(buf), io_len).wait();
         lock.lock();
         staging->give(buf);

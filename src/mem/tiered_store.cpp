@@ -365,6 +365,68 @@ Status TieredStore::read(Handle h, void* dst) {
   return s.sync_read(e, dst, lock);
 }
 
+Status TieredStore::fill_zero(Handle h) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  STRATA_CHECK(!e.spec.transient, "fill_zero is for tensors with a home", e.spec.name);
+  s.wait_idle(lock, e);
+  e.failed.reset();
+  return s.sync_write(e, nullptr, 0, lock);
+}
+
+Result<io::Extent> TieredStore::begin_direct_io(Handle h) {
+  Impl& s = *impl_;
+  Impl::Lock lock(s.mu);
+  Entry& e = s.entry(h);
+  STRATA_CHECK(!e.spec.transient && e.spec.home == Tier::kNvme,
+               "direct I/O is for tensors with an NVMe home", e.spec.name);
+  s.wait_idle(lock, e);
+  if (e.failed) {
+    Status st = e.failed->status;
+    e.failed.reset();
+    return st;
+  }
+  auto& home = e.at(Tier::kNvme);
+  if (!home.valid) {
+    for (Tier t : {Tier::kHost, Tier::kDevice}) {
+      if (!e.at(t).valid) continue;
+      STRATA_CHECK(e.at(t).pins == 0, "direct I/O while a newer copy is pinned", e.spec.name,
+                   tier_text(t));
+      STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_writeback(e, t, &lock));
+      STRATA_CHECK(op != nullptr, "a write-back to an allocated home found no room", e.spec.name);
+      s.wait_op(lock, op);
+      if (!op->status.is_ok()) {
+        e.failed.reset();  // reported here
+        return op->status;
+      }
+      break;
+    }
+  }
+  for (Tier t : {Tier::kHost, Tier::kDevice}) {
+    STRATA_CHECK(e.at(t).pins == 0, "direct I/O while a copy is pinned", e.spec.name,
+                 tier_text(t));
+    if (e.at(t).allocated) s.drop_copy(e, t);
+  }
+  s.new_op(OpKind::kSync, e, Tier::kNvme, Tier::kNvme);
+  return home.extent;
+}
+
+void TieredStore::end_direct_io(Handle h, bool wrote, bool ok) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  Entry& e = s.entry(h);
+  STRATA_CHECK(e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme &&
+                   e.op->to == Tier::kNvme,
+               "end_direct_io without begin_direct_io", e.spec.name);
+  if (wrote) e.at(Tier::kNvme).valid = ok;
+  std::shared_ptr<Op> op = std::move(e.op);
+  --s.ops_in_flight;
+  ++s.generation;
+  op->completion->finish(Status::ok());
+  s.cv.notify_all();
+}
+
 Status TieredStore::wait(const Completion& c) {
   if (c.state() == nullptr) return Status::ok();
   Impl& s = *impl_;

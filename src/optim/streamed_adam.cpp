@@ -19,9 +19,15 @@
 namespace strata::optim {
 namespace {
 
-constexpr std::int64_t kAlignElems = static_cast<std::int64_t>(io::kIoAlignBytes / sizeof(float));
-constexpr int kArrays = 3;  // master, exp_avg, exp_avg_sq
-const char* const kArrayNames[kArrays] = {"master weights", "exp_avg", "exp_avg_sq"};
+// Sub-groups start at 4096-byte offsets in 2-byte arrays (a bf16 gradient), so in fp32 too.
+constexpr std::int64_t kAlignElems = static_cast<std::int64_t>(io::kIoAlignBytes / 2);
+constexpr int kStateArrays = 3;  // master, exp_avg, exp_avg_sq: read and written back
+constexpr int kGradArray = 3;    // the gradient, when streamed: read only
+constexpr int kMaxArrays = 4;
+const char* const kArrayNames[kMaxArrays] = {"master weights", "exp_avg", "exp_avg_sq",
+                                             "gradients"};
+
+int arrays_for(const StreamedAdamOptions& o) { return o.stream_grads ? kMaxArrays : kStateArrays; }
 
 std::int64_t round_up(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
 
@@ -40,14 +46,23 @@ struct SubGroup {
 };
 
 const io::Extent& extent_of(const StreamedSegment& s, int k) {
-  return k == 0 ? s.master : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+  switch (k) {
+    case 0:
+      return s.master;
+    case 1:
+      return s.exp_avg;
+    case 2:
+      return s.exp_avg_sq;
+    default:
+      return s.grad_extent;
+  }
 }
 
 }  // namespace
 
 std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) {
   return static_cast<std::size_t>(sub_group_elems_for(options)) * sizeof(float) *
-         static_cast<std::size_t>(std::max(options.num_buffers, 2) * kArrays);
+         static_cast<std::size_t>(std::max(options.num_buffers, 2) * arrays_for(options));
 }
 
 StreamedAdam::StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
@@ -91,7 +106,8 @@ StreamedAdam::~StreamedAdam() {
 
 float* StreamedAdam::slot(std::size_t sub, int array) {
   const auto nb = static_cast<std::size_t>(options_.num_buffers);
-  const std::size_t index = (sub % nb) * kArrays + static_cast<std::size_t>(array);
+  const auto arrays = static_cast<std::size_t>(arrays_for(options_));
+  const std::size_t index = (sub % nb) * arrays + static_cast<std::size_t>(array);
   return reinterpret_cast<float*>(
       staging_.data() + index * static_cast<std::size_t>(sub_group_elems_) * sizeof(float));
 }
@@ -121,18 +137,29 @@ Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
 
 Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> segments,
                                               const device::AdamWArgs& hyper,
-                                              const SegmentDone& on_segment_done) {
+                                              const SegmentDone& on_segment_done,
+                                              const SegmentBegin& on_segment_begin) {
   StreamedStepReport report;
   // Plan: the sub-groups of every segment that has a finite gradient, in order.
   std::vector<SubGroup> plan;
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const StreamedSegment& seg = segments[s];
-    STRATA_CHECK(seg.num_elems >= 0 && (seg.num_elems == 0 || seg.grad != nullptr),
-                 "StreamedAdam: bad segment", seg.name, seg.num_elems);
+    const bool streamed_grad = seg.grad_extent.valid();
+    STRATA_CHECK(seg.num_elems >= 0 && (seg.num_elems == 0 || seg.grad != nullptr ||
+                                        (streamed_grad && options_.stream_grads)),
+                 "StreamedAdam: a segment without a gradient", seg.name, seg.num_elems);
+    STRATA_CHECK(!(streamed_grad && options_.check_finite),
+                 "StreamedAdam: a streamed gradient cannot be scanned before the step", seg.name);
     const std::uint64_t need = round_up(seg.num_elems * 4, io::kIoAlignBytes);
-    for (int k = 0; k < kArrays; ++k) {
+    for (int k = 0; k < kStateArrays; ++k) {
       STRATA_CHECK(extent_of(seg, k).size_bytes >= need, "StreamedAdam: extent too small", seg.name,
                    kArrayNames[k], extent_of(seg, k).size_bytes, need);
+    }
+    if (streamed_grad) {
+      const std::uint64_t grad_need = round_up(
+          seg.num_elems * static_cast<std::int64_t>(dtype_size(seg.grad_dtype)), io::kIoAlignBytes);
+      STRATA_CHECK(seg.grad_extent.size_bytes >= grad_need, "StreamedAdam: extent too small",
+                   seg.name, kArrayNames[kGradArray], seg.grad_extent.size_bytes, grad_need);
     }
     if (options_.check_finite && !adam_->all_finite(seg.grad, seg.grad_dtype, seg.num_elems)) {
       report.skipped_segments.push_back(s);
@@ -152,7 +179,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
 
   const auto nb = static_cast<std::size_t>(options_.num_buffers);
   const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
-  std::vector<std::array<io::IoHandle, kArrays>> reads(nb), writes(nb);
+  std::vector<std::array<io::IoHandle, kMaxArrays>> reads(nb), writes(nb);
   // Waits for one transfer of sub-group `sub`; an error names where it happened.
   auto wait_one = [&](io::IoHandle& h, std::size_t sub, int k, bool is_read) -> Status {
     if (!h.valid()) return Status::ok();
@@ -170,10 +197,10 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
                            (is_read ? "from" : "to") + " swap");
   };
   // Every transfer of the slot that sub-group `sub` occupies; the first error wins.
-  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kArrays>>& handles, std::size_t sub,
-                       bool is_read) -> Status {
+  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kMaxArrays>>& handles,
+                       std::size_t sub, bool is_read) -> Status {
     Status first;
-    for (int k = 0; k < kArrays; ++k) {
+    for (int k = 0; k < kMaxArrays; ++k) {
       Status st = wait_one(handles[sub % nb][static_cast<std::size_t>(k)], sub, k, is_read);
       if (!st.is_ok() && first.is_ok()) first = st;
     }
@@ -187,7 +214,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     if (sg.count == 0) return;
     (is_read ? read_owner : write_owner)[sub % nb] = sub;
     const auto offset = static_cast<std::uint64_t>(sg.begin) * sizeof(float);
-    for (int k = 0; k < kArrays; ++k) {
+    for (int k = 0; k < kStateArrays; ++k) {
       io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
       if (is_read) {
         h = swap_->read(extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
@@ -197,10 +224,19 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
         report.bytes_written += sg.io_bytes;
       }
     }
+    if (is_read && seg.grad_extent.valid()) {
+      const auto esize = static_cast<std::int64_t>(dtype_size(seg.grad_dtype));
+      const auto bytes = static_cast<std::size_t>(round_up(sg.count * esize, io::kIoAlignBytes));
+      reads[sub % nb][kGradArray] =
+          swap_->read(seg.grad_extent, static_cast<std::uint64_t>(sg.begin * esize),
+                      slot(sub, kGradArray), bytes);
+      report.bytes_read += bytes;
+    }
   };
 
   Status error;
   std::size_t next_read = 0;
+  void* param_out = nullptr;  // of the segment being updated
   for (std::size_t i = 0; i < plan.size() && error.is_ok(); ++i) {
     // Keep `lookahead` sub-groups of reads in flight; a slot is reused once written back.
     for (; next_read < plan.size() && next_read <= i + lookahead; ++next_read) {
@@ -214,18 +250,31 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
 
     const SubGroup& sg = plan[i];
     const StreamedSegment& seg = segments[sg.segment];
+    if (sg.begin == 0) {
+      param_out = seg.param_out;
+      if (on_segment_begin) {
+        Result<void*> out = on_segment_begin(sg.segment);
+        if (!out.is_ok()) {
+          error = out.status();
+          break;
+        }
+        param_out = *out;
+      }
+    }
     if (sg.count > 0 && options_.update) {
       device::AdamWArgs a = hyper;
       a.param = slot(i, 0);
       a.exp_avg = slot(i, 1);
       a.exp_avg_sq = slot(i, 2);
-      a.grad = static_cast<const std::byte*>(seg.grad) +
-               static_cast<std::size_t>(sg.begin) * dtype_size(seg.grad_dtype);
+      a.grad = seg.grad_extent.valid()
+                   ? static_cast<const void*>(slot(i, kGradArray))
+                   : static_cast<const std::byte*>(seg.grad) +
+                         static_cast<std::size_t>(sg.begin) * dtype_size(seg.grad_dtype);
       a.grad_dtype = seg.grad_dtype;
       a.n = sg.count;
-      a.param_out = seg.param_out == nullptr
+      a.param_out = param_out == nullptr
                         ? nullptr
-                        : static_cast<std::byte*>(seg.param_out) +
+                        : static_cast<std::byte*>(param_out) +
                               static_cast<std::size_t>(sg.begin) * dtype_size(seg.out_dtype);
       a.out_dtype = seg.out_dtype;
       Stopwatch compute;

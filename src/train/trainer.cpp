@@ -30,12 +30,6 @@
 namespace strata::train {
 namespace {
 
-zero::Offload parse_offload(const std::string& s) {
-  if (s == "cpu") return zero::Offload::kCpu;
-  if (s == "nvme") return zero::Offload::kNvme;
-  return zero::Offload::kNone;
-}
-
 std::string substitute_rank(std::string path, int rank) {
   const std::string key = "{rank}";
   for (auto pos = path.find(key); pos != std::string::npos; pos = path.find(key)) {
@@ -172,9 +166,11 @@ Status Trainer::Impl::setup() {
   partition =
       std::make_unique<zero::Partition>(*layout, rank, world, config.param_persistence_threshold);
 
-  const zero::Offload param = parse_offload(config.offload_param);
-  const zero::Offload opt = parse_offload(config.offload_optimizer);
-  if (param == zero::Offload::kNvme || opt == zero::Offload::kNvme) {
+  STRATA_ASSIGN_OR_RETURN(const Tier param,
+                          zero::parse_offload(config.offload_param, "offload_param"));
+  STRATA_ASSIGN_OR_RETURN(const Tier opt,
+                          zero::parse_offload(config.offload_optimizer, "offload_optimizer"));
+  if (param == Tier::kNvme || opt == Tier::kNvme) {
     io::SwapOptions sopts;
     for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, rank));
     sopts.engine = config.swap_engine;
@@ -189,6 +185,7 @@ Status Trainer::Impl::setup() {
   eopts.offload_param = param;
   eopts.offload_optimizer = opt;
   eopts.compute_dtype = compute_dtype;
+  eopts.accumulation_steps = config.batch_size / (config.micro_batch_size * world);
   eopts.adam.lr = config.optimizer.lr;
   eopts.adam.beta1 = config.optimizer.beta1;
   eopts.adam.beta2 = config.optimizer.beta2;
@@ -207,7 +204,7 @@ Status Trainer::Impl::setup() {
   zero::ZeroOptions zopts;
   zopts.stage = config.zero_stage;
   zopts.compute_dtype = compute_dtype;
-  zopts.gather_ahead = param != zero::Offload::kNvme;
+  zopts.gather_ahead = param != Tier::kNvme;
   zopts.reduce_bucket_bytes =
       zero::effective_bucket_bytes(config.reduce_bucket_bytes, config.device_memory_limit);
   zopts.allgather_bucket_bytes =
@@ -525,7 +522,7 @@ std::string Trainer::describe() const {
                              (s.config.micro_batch_size * s.comm->world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
       partitioned, s.layout->num_groups());
-  return buf;
+  return buf + s.engine->plan().describe();
 }
 
 }  // namespace strata::train

@@ -1,6 +1,5 @@
-// OffloadEngine: placement of master weights, moments, gradients and working copies across the
-// device, host and NVMe tiers; working copies and gradients through the tiered store with
-// trace-driven prefetch; the optimizer step.
+// OffloadEngine: every tensor of every group in the tiered store where the plan puts it; the
+// model's parameter and gradient requests; the optimizer step in the tier the plan names.
 #include "strata/zero/offload_engine.h"
 
 #include <cmath>
@@ -8,279 +7,127 @@
 #include <utility>
 
 #include "strata/core/clock.h"
-#include "strata/core/json.h"
-#include "strata/core/logging.h"
 
 namespace strata::zero {
-
-std::string_view offload_name(Offload o) {
-  switch (o) {
-    case Offload::kNone:
-      return "none";
-    case Offload::kCpu:
-      return "cpu";
-    case Offload::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
 
 struct OffloadEngine::Group {
   const model::ParamGroup* spec = nullptr;
   std::int64_t n = 0;
-  std::size_t work_bytes = 0;     // n * compute dtype size
-  std::size_t work_io_bytes = 0;  // rounded up for O_DIRECT
+  std::size_t work_bytes = 0;  // n * compute dtype size
   std::size_t f32_bytes = 0;
-  std::size_t f32_io_bytes = 0;
-  // Optimizer state: exactly one of the three placements is used.
-  AlignedBuffer master_h, m_h, v_h, grad_h;
-  device::DeviceBuffer master_d, m_d, v_d, grad_acc_d;
-  io::Extent master_x, m_x, v_x;
-  // Working copy in the compute dtype: work_d (offload_param none) or, in the tiered store,
-  // `work` with its home in work_h (cpu) or on NVMe.
-  device::DeviceBuffer work_d;
-  AlignedBuffer work_h;
-  mem::Handle work = mem::Handle::kInvalid;
-  // This micro-batch's gradient in the compute dtype: a transient tensor of the store.
+  mem::Handle work = mem::Handle::kInvalid;  // the working copy, in the compute dtype
+  mem::Handle master = mem::Handle::kInvalid;
+  mem::Handle exp_avg = mem::Handle::kInvalid;
+  mem::Handle exp_avg_sq = mem::Handle::kInvalid;
+  // Kept gradients (plan.keep_gradients): the gradient itself, homed where the plan keeps
+  // gradients. Otherwise this micro-batch's gradient in transit (a transient tensor), added
+  // into `grad_acc`, the fp32 accumulator.
   mem::Handle grad = mem::Handle::kInvalid;
-  void* grad_d = nullptr;  // its device copy while the model accumulates into it
+  mem::Handle grad_acc = mem::Handle::kInvalid;
+  void* grad_d = nullptr;  // the gradient's device copy while the model accumulates into it
+  bool has_grad = false;   // a gradient arrived since the last step
+  double sum_squares = 0;  // of the gradient as accumulated so far, when summed off the device
   std::int64_t span_begin_ns = 0;
 };
 
 OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& device,
-                             io::SwapSpace* swap, const EngineOptions& options)
-    : layout_(layout), device_(device), swap_(swap), options_(options) {}
+                             io::SwapSpace* swap, const EngineOptions& options, MemoryPlan plan)
+    : layout_(layout), device_(device), swap_(swap), options_(options), plan_(std::move(plan)) {}
 
 OffloadEngine::~OffloadEngine() {
-  // Copies in flight reference device memory owned here; the store (destroyed before groups_)
-  // finishes its own transfers.
-  device_.stream(device::StreamKind::kHostToDevice).synchronize();
-  device_.stream(device::StreamKind::kDeviceToHost).synchronize();
-  if (store_) store_->drain();
-  if (swap_ != nullptr) {
-    for (auto& g : groups_) {
-      if (!g) continue;
-      for (const io::Extent* x : {&g->master_x, &g->m_x, &g->v_x}) {
-        if (x->valid()) swap_->free(*x);
-      }
-    }
-  }
+  if (store_) store_->drain();  // the store owns every buffer; its transfers end first
 }
 
 Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamLayout& layout,
                                                              device::Device& device,
                                                              io::SwapSpace* swap,
                                                              const EngineOptions& options) {
-  if (options.offload_param != Offload::kNone && options.offload_optimizer == Offload::kNone) {
-    return invalid_argument(
-        "offload_param '" + std::string(offload_name(options.offload_param)) +
-        "' needs offload_optimizer cpu or nvme (the optimizer cannot run on the device when the "
-        "parameters live off it)");
-  }
-  const bool needs_swap =
-      options.offload_param == Offload::kNvme || options.offload_optimizer == Offload::kNvme;
-  if (needs_swap && swap == nullptr) {
-    return invalid_argument("offload to nvme needs swap_paths (one or more directories)");
-  }
-  std::unique_ptr<OffloadEngine> engine(new OffloadEngine(layout, device, swap, options));
-  STRATA_RETURN_IF_ERROR(engine->plan());
+  PlanOptions po;
+  po.params = options.offload_param;
+  po.optimizer = options.offload_optimizer;
+  po.compute_dtype = options.compute_dtype;
+  po.accumulation_steps = options.accumulation_steps;
+  po.device_budget_bytes = device.memory_stats().limit_bytes;
+  po.host_budget_bytes = options.host_memory_limit_bytes;
+  po.sub_group_size = options.sub_group_size;
+  po.has_swap = swap != nullptr;
+  STRATA_ASSIGN_OR_RETURN(MemoryPlan plan, make_plan(layout, po));
+  std::unique_ptr<OffloadEngine> engine(
+      new OffloadEngine(layout, device, swap, options, std::move(plan)));
+  STRATA_RETURN_IF_ERROR(engine->create_store());
   return engine;
 }
 
-Status OffloadEngine::charge_host(std::size_t bytes, const char* what) {
-  const std::uint64_t limit = options_.host_memory_limit_bytes;
-  if (limit != 0 && stats_.host_bytes + bytes > limit) {
-    return out_of_memory("host_memory_limit " + format_bytes(limit) +
-                         " is too small: " + format_bytes(stats_.host_bytes) +
-                         " already planned, and " + what + " needs " + format_bytes(bytes) +
-                         " more; raise host_memory_limit or offload to nvme");
+Status OffloadEngine::create_store() {
+  const Tier opt = plan_.optimizer;
+  std::int64_t max_n = 0;
+  for (const auto& spec : layout_.groups()) max_n = std::max(max_n, spec.num_elems);
+  if (opt != Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options_.cpu_adam));
+    cpu_adam_.emplace(std::move(adam));
   }
-  stats_.host_bytes += bytes;
-  return Status::ok();
-}
+  if (opt == Tier::kNvme) {
+    optim::StreamedAdamOptions so;
+    so.sub_group_size = options_.sub_group_size;
+    so.max_segment_elems = max_n;
+    so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
+    so.stream_grads = plan_.gradients == Tier::kNvme;
+    STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
+                            optim::StreamedAdam::create(*swap_, *cpu_adam_, so));
+    streamed_adam_.emplace(std::move(streamed));
+  }
 
-Result<AlignedBuffer> OffloadEngine::host_alloc(std::size_t bytes, const char* what) {
-  STRATA_RETURN_IF_ERROR(charge_host(bytes, what));
-  return AlignedBuffer(bytes, io::kIoAlignBytes);
-}
+  mem::StoreOptions so;
+  so.budget_bytes[static_cast<int>(Tier::kDevice)] = device_.memory_stats().limit_bytes;
+  // The optimizer's sub-group staging is its own (registered with io_uring, locked); the store
+  // gets the rest of the host budget, which the plan showed is enough.
+  const std::uint64_t limit = options_.host_memory_limit_bytes;
+  if (limit != 0) {
+    so.budget_bytes[static_cast<int>(Tier::kHost)] = limit - plan_.optimizer_staging_bytes;
+  }
+  so.staging_buffer_bytes = plan_.staging_buffer_bytes;
+  so.num_staging_buffers = plan_.num_staging_buffers;
+  so.timeline = options_.timeline;
+  STRATA_ASSIGN_OR_RETURN(store_, mem::TieredStore::create(device_, swap_, so));
 
-Status OffloadEngine::plan() {
+  const auto add = [&](const std::string& name, std::size_t bytes, Tier home,
+                       bool transient = false) -> Result<mem::Handle> {
+    mem::TensorSpec spec;
+    spec.name = name;
+    spec.size_bytes = bytes;
+    spec.home = home;
+    spec.transient = transient;
+    spec.home_initialized = false;  // load_master writes it, or the first gradient
+    return store_->add(spec);
+  };
   const std::size_t dsize = dtype_size(options_.compute_dtype);
-  const Offload param = options_.offload_param, opt = options_.offload_optimizer;
   for (const auto& spec : layout_.groups()) {
     auto g = std::make_unique<Group>();
     g->spec = &spec;
     g->n = spec.num_elems;
     g->work_bytes = static_cast<std::size_t>(g->n) * dsize;
-    g->work_io_bytes = align_up(g->work_bytes, io::kIoAlignBytes);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
-    g->f32_io_bytes = align_up(g->f32_bytes, io::kIoAlignBytes);
-    max_work_bytes_ = std::max(max_work_bytes_, g->work_io_bytes);
-    max_f32_bytes_ = std::max(max_f32_bytes_, g->f32_io_bytes);
+    const std::string& name = spec.name;
+    STRATA_ASSIGN_OR_RETURN(g->work, add("parameters of " + name, g->work_bytes, plan_.params));
+    STRATA_ASSIGN_OR_RETURN(g->master, add("master weights of " + name, g->f32_bytes, opt));
+    STRATA_ASSIGN_OR_RETURN(g->exp_avg, add("exp_avg of " + name, g->f32_bytes, opt));
+    STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq, add("exp_avg_sq of " + name, g->f32_bytes, opt));
+    if (plan_.keep_gradients) {
+      STRATA_ASSIGN_OR_RETURN(g->grad, add("gradient of " + name, g->work_bytes, plan_.gradients));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(g->grad,
+                              add("gradient of " + name, g->work_bytes, Tier::kHost, true));
+      STRATA_ASSIGN_OR_RETURN(g->grad_acc, add("gradient accumulator of " + name, g->f32_bytes,
+                                               plan_.gradients));
+    }
     groups_.push_back(std::move(g));
   }
-
-  // A group's parameters and gradient must fit on the device together.
-  const std::uint64_t limit = device_.memory_stats().limit_bytes;
-  for (const auto& g : groups_) {
-    if (limit != 0 && 2 * g->work_bytes > limit) {
-      return out_of_memory(
-          "parameter group '" + g->spec->name + "' needs " + format_bytes(2 * g->work_bytes) +
-          " on the device (parameters + gradient), more than device_memory_limit " +
-          format_bytes(limit));
-    }
+  if (opt == Tier::kDevice && options_.compute_dtype != DType::kF32) {
+    STRATA_ASSIGN_OR_RETURN(
+        widened_grad_,
+        add("widened gradient", static_cast<std::size_t>(max_n) * sizeof(float), Tier::kDevice));
   }
-
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    const std::string& name = g.spec->name;
-    switch (opt) {
-      case Offload::kNone: {
-        STRATA_ASSIGN_OR_RETURN(g.master_d,
-                                device_.allocate(g.f32_bytes, "master weights of " + name));
-        STRATA_ASSIGN_OR_RETURN(g.m_d, device_.allocate(g.f32_bytes, "exp_avg of " + name));
-        STRATA_ASSIGN_OR_RETURN(g.v_d, device_.allocate(g.f32_bytes, "exp_avg_sq of " + name));
-        STRATA_ASSIGN_OR_RETURN(g.grad_acc_d,
-                                device_.allocate(g.f32_bytes, "gradients of " + name));
-        break;
-      }
-      case Offload::kCpu: {
-        STRATA_ASSIGN_OR_RETURN(g.master_h, host_alloc(g.f32_io_bytes, "master weights"));
-        STRATA_ASSIGN_OR_RETURN(g.m_h, host_alloc(g.f32_io_bytes, "exp_avg"));
-        STRATA_ASSIGN_OR_RETURN(g.v_h, host_alloc(g.f32_io_bytes, "exp_avg_sq"));
-        STRATA_ASSIGN_OR_RETURN(g.grad_h, host_alloc(g.f32_io_bytes, "gradients"));
-        break;
-      }
-      case Offload::kNvme: {
-        STRATA_ASSIGN_OR_RETURN(g.master_x, swap_->allocate(g.f32_io_bytes, "master " + name));
-        STRATA_ASSIGN_OR_RETURN(g.m_x, swap_->allocate(g.f32_io_bytes, "exp_avg " + name));
-        STRATA_ASSIGN_OR_RETURN(g.v_x, swap_->allocate(g.f32_io_bytes, "exp_avg_sq " + name));
-        STRATA_ASSIGN_OR_RETURN(g.grad_h, host_alloc(g.f32_io_bytes, "gradients"));
-        stats_.nvme_bytes += 3 * g.f32_io_bytes;
-        break;
-      }
-    }
-    switch (param) {
-      case Offload::kNone: {
-        STRATA_ASSIGN_OR_RETURN(g.work_d, device_.allocate(g.work_bytes, "parameters of " + name));
-        break;
-      }
-      case Offload::kCpu: {
-        STRATA_ASSIGN_OR_RETURN(g.work_h, host_alloc(g.work_io_bytes, "parameters"));
-        break;
-      }
-      case Offload::kNvme: {
-        stats_.nvme_bytes += g.work_io_bytes;  // the tiered store places it (create_store)
-        break;
-      }
-    }
-  }
-  if (opt == Offload::kNone && options_.compute_dtype != DType::kF32) {
-    STRATA_ASSIGN_OR_RETURN(grad_f32_scratch_,
-                            device_.allocate(max_f32_bytes_, "gradient conversion scratch"));
-  }
-  if (opt != Offload::kNone) {
-    STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options_.cpu_adam));
-    cpu_adam_.emplace(std::move(adam));
-  }
-  if (opt == Offload::kNvme) {
-    for (auto& b : opt_buf_[0]) {
-      STRATA_ASSIGN_OR_RETURN(b, host_alloc(max_f32_bytes_, "optimizer staging"));
-    }
-    std::int64_t max_n = 0;
-    for (const auto& g : groups_) max_n = std::max(max_n, g->n);
-    optim::StreamedAdamOptions so;
-    so.sub_group_size = options_.sub_group_size;
-    so.max_segment_elems = max_n;
-    so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
-    STRATA_RETURN_IF_ERROR(
-        charge_host(optim::StreamedAdam::staging_bytes_for(so), "optimizer sub-group staging"));
-    STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
-                            optim::StreamedAdam::create(*swap_, *cpu_adam_, so));
-    streamed_adam_.emplace(std::move(streamed));
-  }
-  // Fresh working copies (the optimizer's output, load_master) on their way to their tier; the
-  // store moves everything else through its own pinned staging pool.
-  for (int i = 0; i < 2; ++i) {
-    STRATA_ASSIGN_OR_RETURN(AlignedBuffer b, host_alloc(max_work_bytes_, "staging buffers"));
-    staging_.push_back(std::move(b));
-  }
-  for (auto& b : staging_) free_staging_.push_back(&b);
-  return create_store();
-}
-
-Result<AlignedBuffer*> OffloadEngine::take_staging() {
-  if (free_staging_.empty()) return internal_error("no working-copy staging buffer free");
-  AlignedBuffer* b = free_staging_.back();
-  free_staging_.pop_back();
-  return b;
-}
-
-void OffloadEngine::give_staging(AlignedBuffer* b) { free_staging_.push_back(b); }
-
-void OffloadEngine::trim_device_cache() {
-  if (store_ != nullptr) store_->trim_device_cache();
-}
-
-Status OffloadEngine::nvme_read(const io::Extent& x, void* buf, std::size_t bytes) {
-  stats_.nvme_read_bytes += bytes;
-  return swap_->read(x, 0, buf, bytes).wait();
-}
-
-Status OffloadEngine::nvme_write(const io::Extent& x, const void* buf, std::size_t bytes) {
-  stats_.nvme_write_bytes += bytes;
-  return swap_->write(x, 0, buf, bytes).wait();
-}
-
-// ---- the tiered store ----
-
-Status OffloadEngine::create_store() {
-  const Offload param = options_.offload_param, opt = options_.offload_optimizer;
-  mem::StoreOptions so;
-  so.budget_bytes[static_cast<int>(Tier::kDevice)] = device_.memory_stats().limit_bytes;
-  // NVMe -> device moves go through the pool in chunks; 8 MiB keeps several reads in flight
-  // at a size the drive handles at full speed. Without parameters on NVMe one page will do.
-  so.staging_buffer_bytes = param == Offload::kNvme
-                                ? std::min<std::size_t>(max_work_bytes_, std::size_t{8} << 20)
-                                : io::kIoAlignBytes;
-  so.num_staging_buffers = param == Offload::kNvme ? 4 : 1;
-  so.timeline = options_.timeline;
-  const std::uint64_t limit = options_.host_memory_limit_bytes;
-  if (limit != 0) {
-    // The store gets what the plan left: its staging pool and the gradients on their way from
-    // the device (one draining while the next one lands).
-    const std::uint64_t need =
-        static_cast<std::uint64_t>(so.staging_buffer_bytes) * so.num_staging_buffers +
-        (opt != Offload::kNone ? 2 * max_work_bytes_ : 0);
-    const std::uint64_t left = limit > stats_.host_bytes ? limit - stats_.host_bytes : 0;
-    if (left < need) {
-      return out_of_memory("host_memory_limit " + format_bytes(limit) +
-                           " is too small: " + format_bytes(stats_.host_bytes) +
-                           " already planned, and the staging pool and gradients leaving the "
-                           "device need " +
-                           format_bytes(need) +
-                           " more; raise host_memory_limit or offload to nvme");
-    }
-    so.budget_bytes[static_cast<int>(Tier::kHost)] = left;
-  }
-  STRATA_ASSIGN_OR_RETURN(store_, mem::TieredStore::create(device_, swap_, so));
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    if (param != Offload::kNone) {
-      mem::TensorSpec spec;
-      spec.name = g.spec->name;
-      spec.size_bytes = g.work_bytes;
-      spec.home = param == Offload::kCpu ? Tier::kHost : Tier::kNvme;
-      spec.home_data = param == Offload::kCpu ? g.work_h.data() : nullptr;
-      STRATA_ASSIGN_OR_RETURN(g.work, store_->add(spec));
-    }
-    mem::TensorSpec grad;
-    grad.name = "gradient of " + g.spec->name;
-    grad.size_bytes = g.work_bytes;
-    grad.transient = true;
-    STRATA_ASSIGN_OR_RETURN(g.grad, store_->add(grad));
-  }
-  if (param != Offload::kNone) {
+  if (plan_.params != Tier::kDevice) {
     sched::PrefetchOptions po;
     po.prefetch_bytes = options_.prefetch_bytes;
     po.max_live_bytes = options_.max_live_bytes;
@@ -288,8 +135,12 @@ Status OffloadEngine::create_store() {
     sched_ = std::make_unique<sched::PrefetchScheduler>(*store_, po);
   }
   store_seen_ = store_->stats();
-  planned_host_bytes_ = stats_.host_bytes;
+  absorb_store_stats();
   return Status::ok();
+}
+
+void OffloadEngine::trim_device_cache() {
+  if (store_ != nullptr) store_->trim_device_cache();
 }
 
 void OffloadEngine::absorb_store_stats() {
@@ -305,8 +156,8 @@ void OffloadEngine::absorb_store_stats() {
   stats_.nvme_read_bytes += moved(n, h) + moved(n, d);
   stats_.nvme_write_bytes += moved(h, n) + moved(d, n);
   stats_.stall_ms += now.stall_ms - store_seen_.stall_ms;
-  // What the plan holds plus the most the store has held (staging, gradients leaving).
-  stats_.host_bytes = planned_host_bytes_ + now.peak_bytes[static_cast<int>(Tier::kHost)];
+  stats_.host_bytes = plan_.optimizer_staging_bytes + now.peak_bytes[static_cast<int>(h)];
+  stats_.nvme_bytes = now.peak_bytes[static_cast<int>(n)];
   store_seen_ = now;
 }
 
@@ -332,12 +183,8 @@ void OffloadEngine::prefetch_params(int group) {
 
 Result<const void*> OffloadEngine::acquire_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (!sched_) {
-    g.span_begin_ns = now_ns();
-    return static_cast<const void*>(g.work_d.data());
-  }
   Stopwatch wait;
-  auto p = sched_->acquire(g.work);
+  auto p = sched_ ? sched_->acquire(g.work) : store_->acquire(g.work, Tier::kDevice);
   stats_.wait_ms += wait.elapsed_ms();
   absorb_store_stats();
   if (!p.is_ok()) return p.status();
@@ -348,7 +195,11 @@ Result<const void*> OffloadEngine::acquire_params(int group) {
 void OffloadEngine::release_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   end_compute_span(g);
-  if (sched_) sched_->release(g.work);
+  if (sched_) {
+    sched_->release(g.work);
+  } else {
+    store_->unpin(g.work, Tier::kDevice);
+  }
 }
 
 // ---- gradients ----
@@ -356,51 +207,79 @@ void OffloadEngine::release_params(int group) {
 Result<void*> OffloadEngine::acquire_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
+  if (plan_.keep_gradients && g.has_grad) {
+    return failed_precondition("a second gradient of '" + g.spec->name +
+                               "' before the optimizer step, but the plan keeps one gradient "
+                               "per step (accumulation_steps 1)");
+  }
   backward_ = true;
   STRATA_ASSIGN_OR_RETURN(g.grad_d, store_->emplace(g.grad, Tier::kDevice, /*zero_fill=*/true));
   return g.grad_d;
 }
 
-Status OffloadEngine::accumulate_grad(Group& g, const void* grad) {
-  float* acc = g.grad_h.as<float>();
-  const std::size_t n = static_cast<std::size_t>(g.n);
-  if (options_.compute_dtype == DType::kF32) {
-    const float* src = static_cast<const float*>(grad);
-    for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
-  } else {
-    // Widen a block at a time (vectorized conversion), then add: same sums, element by element.
-    constexpr std::size_t kBlock = 4096;
-    float wide[kBlock];
-    const std::size_t esize = dtype_size(options_.compute_dtype);
-    for (std::size_t i = 0; i < n; i += kBlock) {
-      const std::size_t m = std::min(kBlock, n - i);
-      convert(static_cast<const std::byte*>(grad) + i * esize, options_.compute_dtype, wide,
-              DType::kF32, m);
-      for (std::size_t j = 0; j < m; ++j) acc[i + j] += wide[j];
+namespace {
+
+// acc = acc + grad (fresh: 0 + grad, as into a zeroed accumulator), element by element in fp32.
+void accumulate(float* acc, const void* grad, DType dtype, std::size_t n, bool fresh) {
+  // Widen a block at a time (vectorized conversion), then add.
+  constexpr std::size_t kBlock = 4096;
+  float wide[kBlock];
+  const std::size_t esize = dtype_size(dtype);
+  for (std::size_t i = 0; i < n; i += kBlock) {
+    const std::size_t m = std::min(kBlock, n - i);
+    const float* src = wide;
+    if (dtype == DType::kF32) {
+      src = static_cast<const float*>(grad) + i;
+    } else {
+      convert(static_cast<const std::byte*>(grad) + i * esize, dtype, wide, DType::kF32, m);
+    }
+    float* a = acc + i;
+    if (fresh) {
+      for (std::size_t j = 0; j < m; ++j) a[j] = 0.0f + src[j];
+    } else {
+      for (std::size_t j = 0; j < m; ++j) a[j] += src[j];
     }
   }
-  return Status::ok();
 }
+
+}  // namespace
 
 Status OffloadEngine::release_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d != nullptr, "release_grads without acquire", g.spec->name);
   void* src = std::exchange(g.grad_d, nullptr);
-  if (options_.offload_optimizer == Offload::kNone) {
+  const DType dtype = options_.compute_dtype;
+  if (plan_.optimizer == Tier::kDevice) {
+    // Accumulate on the device, in fp32.
     const auto& ops = device_.ops();
-    if (options_.compute_dtype != DType::kF32) {
-      ops.cast(src, options_.compute_dtype, grad_f32_scratch_.data(), DType::kF32, g.n);
-      src = grad_f32_scratch_.data();
+    STRATA_ASSIGN_OR_RETURN(void* acc, g.has_grad
+                                           ? store_->acquire(g.grad_acc, Tier::kDevice)
+                                           : store_->emplace(g.grad_acc, Tier::kDevice, true));
+    if (dtype != DType::kF32) {
+      STRATA_ASSIGN_OR_RETURN(void* wide, store_->emplace(widened_grad_, Tier::kDevice, false));
+      ops.cast(src, dtype, wide, DType::kF32, g.n);
+      src = wide;
     }
-    ops.add(g.grad_acc_d.data(), src, g.grad_acc_d.data(), g.n, DType::kF32);
+    ops.add(acc, src, acc, g.n, DType::kF32);
+    if (dtype != DType::kF32) store_->unpin(widened_grad_, Tier::kDevice);
+    store_->mark_dirty(g.grad_acc, Tier::kDevice);
+    store_->unpin(g.grad_acc, Tier::kDevice);
     store_->unpin(g.grad, Tier::kDevice);
+    g.has_grad = true;
     return store_->discard(g.grad);
   }
-  // Off the device on the d2h stream while the next layer's backward runs.
+  if (plan_.keep_gradients) {
+    // The gradient is final: summed here, while on the device, then off to where the plan
+    // keeps gradients on the copy streams while the next layer's backward runs.
+    g.sum_squares = device_.ops().sum_squares(src, g.n, dtype);
+    g.has_grad = true;
+  }
+  // Off the device while the next layer's backward runs: home (kept), or to the host to be
+  // accumulated.
   store_->unpin(g.grad, Tier::kDevice);
   STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.grad, Tier::kDevice));
   pending_grads_.push_back(PendingGrad{group, std::move(done)});
-  // Keep at most one transfer behind the compute: its host copy is the store's to budget.
+  // Keep at most one transfer behind the compute: its copy is the store's to budget.
   while (pending_grads_.size() > 1) STRATA_RETURN_IF_ERROR(drain_one_grad());
   return Status::ok();
 }
@@ -410,20 +289,49 @@ Status OffloadEngine::drain_one_grad() {
   pending_grads_.pop_front();
   Group& g = *groups_[static_cast<std::size_t>(p.group)];
   Status s = store_->wait(p.done);
+  if (plan_.keep_gradients) return s;  // it is home
   if (!s.is_ok()) {
     store_->discard(g.grad).ignore();
     return s;
   }
+  // acc (its host copy: the home, or fetched from it, or fresh on the first micro-batch)
+  // += the gradient's host copy.
   STRATA_ASSIGN_OR_RETURN(void* host, store_->acquire(g.grad, Tier::kHost));
   const std::int64_t t0 = now_ns();
-  s = accumulate_grad(g, host);
+  auto acc = g.has_grad ? store_->acquire(g.grad_acc, Tier::kHost)
+                        : store_->emplace(g.grad_acc, Tier::kHost, /*zero_fill=*/false);
+  if (!acc.is_ok()) {
+    store_->unpin(g.grad, Tier::kHost);
+    store_->discard(g.grad).ignore();
+    return acc.status();
+  }
+  const auto n = static_cast<std::size_t>(g.n);
+  accumulate(static_cast<float*>(*acc), host, options_.compute_dtype, n, !g.has_grad);
+  g.sum_squares = sum_squares(*acc, DType::kF32, n);
+  g.has_grad = true;
+  store_->mark_dirty(g.grad_acc, Tier::kHost);
+  store_->unpin(g.grad_acc, Tier::kHost);
   if (options_.timeline != nullptr) {
     options_.timeline->add(mem::Lane::kCompute, "accumulate " + g.spec->name + " gradient", t0,
                            now_ns());
   }
   store_->unpin(g.grad, Tier::kHost);
   STRATA_RETURN_IF_ERROR(store_->discard(g.grad));
-  return s;
+  if (plan_.gradients != Tier::kHost) {  // back to its home (NVMe) while compute goes on
+    STRATA_ASSIGN_OR_RETURN(mem::Completion home, store_->evict(g.grad_acc, Tier::kHost));
+    writebacks_.push_back(std::move(home));
+  }
+  return Status::ok();
+}
+
+Status OffloadEngine::wait_writebacks() {
+  Status first;
+  for (const mem::Completion& c : writebacks_) {
+    Status s = store_->wait(c);
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  writebacks_.clear();
+  return first;
 }
 
 Status OffloadEngine::finish_micro_batch() {
@@ -432,6 +340,7 @@ Status OffloadEngine::finish_micro_batch() {
     Status s = drain_one_grad();
     if (!s.is_ok() && first.is_ok()) first = s;
   }
+  if (Status s = wait_writebacks(); !s.is_ok() && first.is_ok()) first = s;
   // The end of a pass: the scheduler settles its prefetches and drops what it kept, since the
   // optimizer may rewrite the working copies before the next pass.
   if (sched_) sched_->end_pass();
@@ -445,12 +354,11 @@ Status OffloadEngine::finish_micro_batch() {
 
 Result<double> OffloadEngine::grad_sum_squares(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (options_.offload_optimizer == Offload::kNone) {
-    return device_.ops().sum_squares(g.grad_acc_d.data(), g.n, DType::kF32);
-  }
-  const float* acc = g.grad_h.as<float>();
-  double s = 0;
-  for (std::int64_t i = 0; i < g.n; ++i) s += static_cast<double>(acc[i]) * acc[i];
+  if (!g.has_grad) return 0.0;
+  if (plan_.optimizer != Tier::kDevice) return g.sum_squares;
+  STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
+  const double s = device_.ops().sum_squares(acc, g.n, DType::kF32);
+  store_->unpin(g.grad_acc, Tier::kDevice);
   return s;
 }
 
@@ -466,248 +374,200 @@ Result<double> OffloadEngine::grad_norm() {
 
 void OffloadEngine::zero_grads() {
   for (auto& g : groups_) {
-    if (options_.offload_optimizer == Offload::kNone) {
-      device_.fill_zero(g->grad_acc_d.data(), g->f32_bytes,
-                        device_.stream(device::StreamKind::kCompute));
-    } else {
-      std::memset(g->grad_h.data(), 0, g->f32_bytes);
-    }
+    g->has_grad = false;
+    g->sum_squares = 0;
   }
+}
+
+Status OffloadEngine::give_zero_grads() {
+  for (auto& g : groups_) {
+    if (g->has_grad) continue;
+    STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(*g)));
+    g->has_grad = true;
+  }
+  return Status::ok();
+}
+
+mem::Handle OffloadEngine::step_grad(const Group& g) const {
+  return plan_.keep_gradients ? g.grad : g.grad_acc;
 }
 
 // ---- optimizer ----
 
-Status OffloadEngine::store_working_copy(Group& g, const void* src) {
-  switch (options_.offload_param) {
-    case Offload::kNone: {
-      auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
-      // Ordered after the compute stream, which may still use these buffers (the optimizer
-      // step on the device, a forward): a no-op on the CPU backend, whose compute is inline.
-      device_.wait_event(h2d, device_.record_event(device_.stream(device::StreamKind::kCompute)));
-      device_.copy_to_device(g.work_d.data(), src, g.work_bytes, h2d);
-      stats_.h2d_bytes += g.work_bytes;
-      device_.record_event(h2d).synchronize();
-      return Status::ok();
-    }
-    case Offload::kCpu:
-    case Offload::kNvme: {
-      // The store drops any cached copy and writes the home; it writes an NVMe home straight
-      // from `src` when src has a whole O_DIRECT block behind it (our staging buffers do).
-      auto* p = static_cast<const std::byte*>(src);
-      bool padded = src == g.work_h.data();
-      for (const AlignedBuffer& b : staging_) {
-        padded |= p >= b.data() && p + g.work_io_bytes <= b.data() + b.size();
-      }
-      const std::size_t capacity = padded ? g.work_io_bytes : g.work_bytes;
-      Status s = store_->write(g.work, src, capacity);
-      absorb_store_stats();
-      return s.is_ok() ? s
-                       : s.with_context("writing parameters of " + g.spec->name + " to " +
-                                        std::string(offload_name(options_.offload_param)));
-    }
-  }
+Result<void*> OffloadEngine::open_output(Group& g, Tier tier) {
+  // The output replaces every copy: the home itself when it lives on `tier`.
+  return store_->emplace(g.work, tier, /*zero_fill=*/false);
+}
+
+Status OffloadEngine::close_output(Group& g, Tier tier) {
+  store_->mark_dirty(g.work, tier);
+  store_->unpin(g.work, tier);
+  if (store_->spec(g.work).home == tier) return Status::ok();
+  // Home on the copy streams (NVMe, or the device) while the next group is updated.
+  STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.work, tier));
+  writebacks_.push_back(std::move(done));
   return Status::ok();
 }
 
 Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
   STRATA_RETURN_IF_ERROR(finish_micro_batch());
+  STRATA_RETURN_IF_ERROR(give_zero_grads());
   Stopwatch timer;
   const device::AdamWArgs base = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
-  const Offload opt = options_.offload_optimizer;
-  if (opt == Offload::kNone) {
-    for (auto& g : groups_) {
-      device::AdamWArgs a = base;
-      a.param = g->master_d.as<float>();
-      a.grad = g->grad_acc_d.data();
-      a.grad_dtype = DType::kF32;
-      a.exp_avg = g->m_d.as<float>();
-      a.exp_avg_sq = g->v_d.as<float>();
-      a.n = g->n;
-      a.param_out = g->work_d.data();
-      a.out_dtype = options_.compute_dtype;
-      device_.ops().adamw(a);
-    }
-  } else if (opt == Offload::kCpu) {
-    for (auto& g : groups_) {
-      device::AdamWArgs a = base;
-      a.param = g->master_h.as<float>();
-      a.grad = g->grad_h.data();
-      a.grad_dtype = DType::kF32;
-      a.exp_avg = g->m_h.as<float>();
-      a.exp_avg_sq = g->v_h.as<float>();
-      a.n = g->n;
-      AlignedBuffer* out = nullptr;
-      if (options_.offload_param == Offload::kCpu) {
-        a.param_out = g->work_h.data();
-      } else {
-        STRATA_ASSIGN_OR_RETURN(out, take_staging());
-        a.param_out = out->data();
-      }
-      a.out_dtype = options_.compute_dtype;
-      // No finite scan: the trainer skips a step whose gradient norm is not finite, so a scan
-      // here would re-read every gradient for nothing (non-finite values propagate exactly as
-      // in the reference).
-      const optim::StepOutcome outcome = cpu_adam_->step(a, /*check_finite=*/false);
-      STRATA_CHECK(outcome == optim::StepOutcome::kUpdated, "an unchecked CpuAdam step skipped");
-      if (out != nullptr) {
-        Status s = store_working_copy(*g, out->data());
-        give_staging(out);
-        STRATA_RETURN_IF_ERROR(s);
-      }
-    }
-  } else {
-    // NVMe: the state streams through optim::StreamedAdam in sub-groups (read i+1 while i is
-    // updated and i-1 written back); a group's working copy is stored as soon as it is complete,
-    // before the next group's update starts, so one staging buffer serves every group.
-    AlignedBuffer* out = nullptr;
-    if (options_.offload_param != Offload::kCpu) {
-      STRATA_ASSIGN_OR_RETURN(out, take_staging());
-    }
-    std::vector<optim::StreamedSegment> segments;
-    segments.reserve(groups_.size());
-    for (auto& gp : groups_) {
-      Group& g = *gp;
-      optim::StreamedSegment seg;
-      seg.name = g.spec->name;
-      seg.master = g.master_x;
-      seg.exp_avg = g.m_x;
-      seg.exp_avg_sq = g.v_x;
-      seg.grad = g.grad_h.data();
-      seg.grad_dtype = DType::kF32;
-      seg.num_elems = g.n;
-      seg.param_out = out != nullptr ? out->data() : g.work_h.data();
-      seg.out_dtype = options_.compute_dtype;
-      segments.push_back(seg);
-    }
-    auto report = streamed_adam_->step(segments, base, [&](std::size_t gi) {
-      return store_working_copy(*groups_[gi], segments[gi].param_out);
-    });
-    if (out != nullptr) give_staging(out);
-    if (!report.is_ok()) return report.status().with_context("optimizer step on NVMe");
-    stats_.nvme_read_bytes += report->bytes_read;
-    stats_.nvme_write_bytes += report->bytes_written;
-  }
+  Status s = plan_.optimizer == Tier::kNvme ? step_streamed(base) : step_on(plan_.optimizer, base);
+  if (Status w = wait_writebacks(); s.is_ok()) s = w;
+  absorb_store_stats();
+  STRATA_RETURN_IF_ERROR(s);
   zero_grads();
   stats_.optimizer_ms = timer.elapsed_ms();
   return device_.last_error();
 }
 
+// The step where the state lives, on the device or on the host: every array pinned in place.
+Status OffloadEngine::step_on(Tier tier, const device::AdamWArgs& base) {
+  const DType grad_dtype = plan_.keep_gradients ? options_.compute_dtype : DType::kF32;
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    const mem::Handle grad = step_grad(g);
+    const mem::Handle state[] = {g.master, g.exp_avg, g.exp_avg_sq};
+    void* ptr[3] = {};
+    for (int k = 0; k < 3; ++k) {
+      STRATA_ASSIGN_OR_RETURN(ptr[k], store_->acquire(state[k], tier));
+    }
+    STRATA_ASSIGN_OR_RETURN(void* grad_ptr, store_->acquire(grad, tier));
+    STRATA_ASSIGN_OR_RETURN(void* out, open_output(g, tier));
+    device::AdamWArgs a = base;
+    a.param = static_cast<float*>(ptr[0]);
+    a.exp_avg = static_cast<float*>(ptr[1]);
+    a.exp_avg_sq = static_cast<float*>(ptr[2]);
+    a.grad = grad_ptr;
+    a.grad_dtype = grad_dtype;
+    a.n = g.n;
+    a.param_out = out;
+    a.out_dtype = options_.compute_dtype;
+    if (tier == Tier::kDevice) {
+      device_.ops().adamw(a);
+    } else {
+      // No finite scan: the trainer skips a step whose gradient norm is not finite, so a scan
+      // here would re-read every gradient for nothing.
+      const optim::StepOutcome outcome = cpu_adam_->step(a, /*check_finite=*/false);
+      STRATA_CHECK(outcome == optim::StepOutcome::kUpdated, "an unchecked CpuAdam step skipped");
+    }
+    for (const mem::Handle h : state) {
+      store_->mark_dirty(h, tier);
+      store_->unpin(h, tier);
+    }
+    store_->unpin(grad, tier);
+    STRATA_RETURN_IF_ERROR(close_output(g, tier));
+  }
+  return Status::ok();
+}
+
+// NVMe: the state streams through optim::StreamedAdam in sub-groups (read i+1 while i is
+// updated and i-1 written back) straight on the store's NVMe homes, gradients with it when
+// they live there too; each group's working copy is written to a host copy and sent home as
+// soon as the group is done.
+Status OffloadEngine::step_streamed(const device::AdamWArgs& base) {
+  const bool grads_on_nvme = plan_.gradients == Tier::kNvme;
+  const DType grad_dtype = plan_.keep_gradients ? options_.compute_dtype : DType::kF32;
+  std::vector<optim::StreamedSegment> segments;
+  // Closed however the step ends: homes opened for direct I/O (and whether the step writes
+  // them: the gradients are only read), and gradients pinned in host memory.
+  std::vector<std::pair<mem::Handle, bool>> opened;
+  std::vector<mem::Handle> pinned;
+  const auto open = [&](mem::Handle h, bool write, io::Extent& x) -> Status {
+    STRATA_ASSIGN_OR_RETURN(x, store_->begin_direct_io(h));
+    opened.emplace_back(h, write);
+    return Status::ok();
+  };
+  Status s;
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    optim::StreamedSegment seg;
+    seg.name = g.spec->name;
+    s = open(g.master, true, seg.master);
+    if (s.is_ok()) s = open(g.exp_avg, true, seg.exp_avg);
+    if (s.is_ok()) s = open(g.exp_avg_sq, true, seg.exp_avg_sq);
+    if (s.is_ok() && grads_on_nvme) s = open(step_grad(g), false, seg.grad_extent);
+    if (s.is_ok() && !grads_on_nvme) {
+      auto p = store_->acquire(step_grad(g), Tier::kHost);
+      s = p.status();
+      if (p.is_ok()) {
+        seg.grad = *p;
+        pinned.push_back(step_grad(g));
+      }
+    }
+    if (!s.is_ok()) break;
+    seg.grad_dtype = grad_dtype;
+    seg.num_elems = g.n;
+    seg.out_dtype = options_.compute_dtype;
+    segments.push_back(seg);
+  }
+  std::uint64_t read = 0, written = 0;
+  if (s.is_ok()) {
+    auto report = streamed_adam_->step(
+        segments, base,
+        [&](std::size_t gi) { return close_output(*groups_[gi], Tier::kHost); },
+        [&](std::size_t gi) { return open_output(*groups_[gi], Tier::kHost); });
+    s = report.status();
+    if (report.is_ok()) {
+      read = report->bytes_read;
+      written = report->bytes_written;
+    }
+  }
+  for (const mem::Handle h : pinned) store_->unpin(h, Tier::kHost);
+  for (const auto& [h, write] : opened) store_->end_direct_io(h, write, s.is_ok());
+  stats_.nvme_read_bytes += read;
+  stats_.nvme_write_bytes += written;
+  return s.is_ok() ? s : s.with_context("optimizer step on NVMe");
+}
+
 // ---- state in and out ----
 
 Status OffloadEngine::load_master(const model::GroupSource& source) {
-  AlignedBuffer tmp(max_f32_bytes_, io::kIoAlignBytes);
-  AlignedBuffer zeros(max_f32_bytes_, io::kIoAlignBytes);
-  auto& compute = device_.stream(device::StreamKind::kCompute);
   for (auto& gp : groups_) {
     Group& g = *gp;
-    std::memset(tmp.data(), 0, g.f32_io_bytes);
-    STRATA_RETURN_IF_ERROR(source(*g.spec, tmp.as<float>()));
-    switch (options_.offload_optimizer) {
-      case Offload::kNone: {
-        auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
-        device_.wait_event(h2d, device_.record_event(compute));  // see store_working_copy
-        device_.copy_to_device(g.master_d.data(), tmp.data(), g.f32_bytes, h2d);
-        device_.record_event(h2d).synchronize();
-        device_.fill_zero(g.m_d.data(), g.f32_bytes, compute);
-        device_.fill_zero(g.v_d.data(), g.f32_bytes, compute);
-        break;
+    // The master weights' host copy (its home, or a fresh copy on its way home), filled by the
+    // source; the working copy converted from it the same way.
+    STRATA_ASSIGN_OR_RETURN(void* master, store_->emplace(g.master, Tier::kHost, true));
+    Status s = source(*g.spec, static_cast<float*>(master));
+    if (s.is_ok()) {
+      auto out = open_output(g, Tier::kHost);
+      s = out.status();
+      if (out.is_ok()) {
+        convert(master, DType::kF32, *out, options_.compute_dtype, static_cast<std::size_t>(g.n));
+        s = close_output(g, Tier::kHost);
       }
-      case Offload::kCpu:
-        std::memcpy(g.master_h.data(), tmp.data(), g.f32_bytes);
-        std::memset(g.m_h.data(), 0, g.f32_bytes);
-        std::memset(g.v_h.data(), 0, g.f32_bytes);
-        break;
-      case Offload::kNvme:
-        STRATA_RETURN_IF_ERROR(nvme_write(g.master_x, tmp.data(), g.f32_io_bytes));
-        STRATA_RETURN_IF_ERROR(nvme_write(g.m_x, zeros.data(), g.f32_io_bytes));
-        STRATA_RETURN_IF_ERROR(nvme_write(g.v_x, zeros.data(), g.f32_io_bytes));
-        break;
     }
-    STRATA_ASSIGN_OR_RETURN(AlignedBuffer * work, take_staging());
-    convert(tmp.data(), DType::kF32, work->data(), options_.compute_dtype,
-            static_cast<std::size_t>(g.n));
-    Status s = store_working_copy(g, work->data());
-    give_staging(work);
+    store_->unpin(g.master, Tier::kHost);
     STRATA_RETURN_IF_ERROR(s);
+    if (store_->spec(g.master).home != Tier::kHost) {
+      STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.master, Tier::kHost));
+      writebacks_.push_back(std::move(done));
+    }
+    STRATA_RETURN_IF_ERROR(store_->fill_zero(g.exp_avg));
+    STRATA_RETURN_IF_ERROR(store_->fill_zero(g.exp_avg_sq));
+    STRATA_RETURN_IF_ERROR(wait_writebacks());
   }
   zero_grads();
+  absorb_store_stats();
   return device_.last_error();
 }
 
 Status OffloadEngine::read_master(int group, float* dst) {
-  Group& g = *groups_.at(static_cast<std::size_t>(group));
-  switch (options_.offload_optimizer) {
-    case Offload::kNone: {
-      auto& d2h = device_.stream(device::StreamKind::kDeviceToHost);
-      // Ordered after the compute stream, which may still be updating these buffers (the
-      // optimizer step on the device): a no-op on the CPU backend, whose compute is inline.
-      device_.wait_event(d2h, device_.record_event(device_.stream(device::StreamKind::kCompute)));
-      device_.copy_to_host(dst, g.master_d.data(), g.f32_bytes, d2h);
-      device_.record_event(d2h).synchronize();
-      return device_.last_error();
-    }
-    case Offload::kCpu:
-      std::memcpy(dst, g.master_h.data(), g.f32_bytes);
-      return Status::ok();
-    case Offload::kNvme:
-      STRATA_RETURN_IF_ERROR(nvme_read(g.master_x, opt_buf_[0][0].data(), g.f32_io_bytes));
-      std::memcpy(dst, opt_buf_[0][0].data(), g.f32_bytes);
-      return Status::ok();
-  }
-  return Status::ok();
+  return store_->read(groups_.at(static_cast<std::size_t>(group))->master, dst);
 }
 
 Status OffloadEngine::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
-  Group& g = *groups_.at(static_cast<std::size_t>(group));
-  switch (options_.offload_optimizer) {
-    case Offload::kNone: {
-      auto& d2h = device_.stream(device::StreamKind::kDeviceToHost);
-      // Ordered after the compute stream, which may still be updating these buffers (the
-      // optimizer step on the device): a no-op on the CPU backend, whose compute is inline.
-      device_.wait_event(d2h, device_.record_event(device_.stream(device::StreamKind::kCompute)));
-      device_.copy_to_host(exp_avg, g.m_d.data(), g.f32_bytes, d2h);
-      device_.copy_to_host(exp_avg_sq, g.v_d.data(), g.f32_bytes, d2h);
-      device_.record_event(d2h).synchronize();
-      return device_.last_error();
-    }
-    case Offload::kCpu:
-      std::memcpy(exp_avg, g.m_h.data(), g.f32_bytes);
-      std::memcpy(exp_avg_sq, g.v_h.data(), g.f32_bytes);
-      return Status::ok();
-    case Offload::kNvme:
-      STRATA_RETURN_IF_ERROR(nvme_read(g.m_x, opt_buf_[0][1].data(), g.f32_io_bytes));
-      STRATA_RETURN_IF_ERROR(nvme_read(g.v_x, opt_buf_[0][2].data(), g.f32_io_bytes));
-      std::memcpy(exp_avg, opt_buf_[0][1].data(), g.f32_bytes);
-      std::memcpy(exp_avg_sq, opt_buf_[0][2].data(), g.f32_bytes);
-      return Status::ok();
-  }
-  return Status::ok();
+  const Group& g = *groups_.at(static_cast<std::size_t>(group));
+  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
+  return store_->read(g.exp_avg_sq, exp_avg_sq);
 }
 
 Status OffloadEngine::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
-  Group& g = *groups_.at(static_cast<std::size_t>(group));
-  switch (options_.offload_optimizer) {
-    case Offload::kNone: {
-      auto& h2d = device_.stream(device::StreamKind::kHostToDevice);
-      // Ordered after the compute stream, which may still use these buffers (the optimizer
-      // step on the device, a forward): a no-op on the CPU backend, whose compute is inline.
-      device_.wait_event(h2d, device_.record_event(device_.stream(device::StreamKind::kCompute)));
-      device_.copy_to_device(g.m_d.data(), exp_avg, g.f32_bytes, h2d);
-      device_.copy_to_device(g.v_d.data(), exp_avg_sq, g.f32_bytes, h2d);
-      device_.record_event(h2d).synchronize();
-      return device_.last_error();
-    }
-    case Offload::kCpu:
-      std::memcpy(g.m_h.data(), exp_avg, g.f32_bytes);
-      std::memcpy(g.v_h.data(), exp_avg_sq, g.f32_bytes);
-      return Status::ok();
-    case Offload::kNvme:
-      std::memcpy(opt_buf_[0][1].data(), exp_avg, g.f32_bytes);
-      std::memcpy(opt_buf_[0][2].data(), exp_avg_sq, g.f32_bytes);
-      STRATA_RETURN_IF_ERROR(nvme_write(g.m_x, opt_buf_[0][1].data(), g.f32_io_bytes));
-      return nvme_write(g.v_x, opt_buf_[0][2].data(), g.f32_io_bytes);
-  }
-  return Status::ok();
+  const Group& g = *groups_.at(static_cast<std::size_t>(group));
+  STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
+  return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
 }
 
 }  // namespace strata::zero

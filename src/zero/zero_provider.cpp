@@ -76,6 +76,12 @@ Status ZeroProvider::load_master(const model::GroupSource& full_source) {
   std::vector<float> tmp;
   STRATA_RETURN_IF_ERROR(engine_.load_master([&](const model::ParamGroup& local, float* dst) {
     const GroupPartition& p = partition_.group(local.id);
+    const model::ParamGroup& full = full_.group(local.id);
+    // This rank holds the whole group (one rank, or a replicated group): straight into `dst`,
+    // with no group-sized copy beside it. `dst` comes zero-filled.
+    if ((p.replicated || p.shard_offset == 0) && p.local_elems() >= full.num_elems) {
+      return full_source(full, dst);
+    }
     tmp.assign(static_cast<std::size_t>(p.padded_elems), 0.0f);
     STRATA_RETURN_IF_ERROR(full_source(full_.group(local.id), tmp.data()));
     const std::int64_t begin = p.replicated ? 0 : p.shard_offset;

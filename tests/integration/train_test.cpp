@@ -10,6 +10,8 @@
 #include "strata/model/hf_checkpoint.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "strata/zero/partition.h"
+#include "strata/zero/plan.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::train {
@@ -71,26 +73,93 @@ std::vector<double> run(const Json& j) {
   return losses_of(**t);
 }
 
+// The smallest host_memory_limit the memory plan accepts for config `j` (one rank): there the
+// plan must move the gradients to NVMe, since they no longer fit beside the rest.
+std::uint64_t smallest_host_limit(const Json& j) {
+  auto mc = model::LlamaConfig::from_json(j["model"], "model");
+  EXPECT_TRUE(mc.is_ok());
+  const model::ParamLayout full = model::ParamLayout::build(*mc);
+  const zero::Partition partition(full, 0, 1, 100000);
+  zero::PlanOptions po;
+  po.params = *zero::parse_offload(j["offload_param"].get<std::string>(), "offload_param");
+  po.optimizer = *zero::parse_offload(j["offload_optimizer"].get<std::string>(), "");
+  po.compute_dtype = j["precision"] == "bf16" ? DType::kBF16 : DType::kF32;
+  po.accumulation_steps = j["batch_size"].get<std::int64_t>() / j["micro_batch_size"].get<std::int64_t>();
+  po.sub_group_size = j["sub_group_size"].get<std::int64_t>();
+  po.has_swap = true;
+  std::uint64_t lo = 1, hi = std::uint64_t{1} << 30;  // make_plan fails at lo, succeeds at hi
+  while (hi - lo > 1) {
+    po.host_budget_bytes = lo + (hi - lo) / 2;
+    (zero::make_plan(partition.local_layout(), po).is_ok() ? hi : lo) = po.host_budget_bytes;
+  }
+  po.host_budget_bytes = hi;
+  auto plan = zero::make_plan(partition.local_layout(), po);
+  EXPECT_TRUE(plan.is_ok());
+  EXPECT_EQ(plan->gradients, Tier::kNvme) << plan->describe();
+  return hi;
+}
+
 class OffloadEquivalence : public ::testing::TestWithParam<std::string> {};
 
+// Two micro-batches per step (fp32 accumulators) and one (each gradient kept as computed until
+// the step).
 TEST_P(OffloadEquivalence, SameLossesForEveryPlacement) {
-  TempDir dir;
-  Json base = tiny_config(dir);
-  base["precision"] = GetParam();
-  base["offload_param"] = "none";
-  base["offload_optimizer"] = "none";
-  const std::vector<double> reference = run(base);
-  ASSERT_EQ(reference.size(), 4u);
-  EXPECT_LT(reference.back(), reference.front());
-  const std::vector<std::pair<std::string, std::string>> placements = {
-      {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
-  for (const auto& [param, opt] : placements) {
-    SCOPED_TRACE("offload_param=" + param + " offload_optimizer=" + opt);
-    Json j = base;
-    j["offload_param"] = param;
-    j["offload_optimizer"] = opt;
-    j["save_dir"] = dir.file("ckpt-" + param + "-" + opt);
-    EXPECT_EQ(run(j), reference);  // bit-identical, not merely close
+  for (const int micro : {2, 4}) {
+    SCOPED_TRACE("micro_batch_size " + std::to_string(micro));
+    TempDir dir;
+    Json base = tiny_config(dir);
+    base["precision"] = GetParam();
+    base["micro_batch_size"] = micro;
+    base["offload_param"] = "none";
+    base["offload_optimizer"] = "none";
+    base["save_dir"] = "";
+    const std::vector<double> reference = run(base);
+    ASSERT_EQ(reference.size(), 4u);
+    EXPECT_LT(reference.back(), reference.front());
+    const std::vector<std::pair<std::string, std::string>> placements = {
+        {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
+    for (const auto& [param, opt] : placements) {
+      SCOPED_TRACE("offload_param=" + param + " offload_optimizer=" + opt);
+      Json j = base;
+      j["offload_param"] = param;
+      j["offload_optimizer"] = opt;
+      EXPECT_EQ(run(j), reference);  // bit-identical, not merely close
+    }
+  }
+}
+
+// With too little host memory for every gradient the plan puts them on NVMe (kept as computed,
+// or as fp32 accumulators read, added and written per micro-batch), and the store keeps to the
+// budget the plan was made for: the smallest one the plan accepts.
+TEST_P(OffloadEquivalence, GradientsOnNvmeUnderAShortHostBudget) {
+  for (const int micro : {2, 4}) {
+    SCOPED_TRACE("micro_batch_size " + std::to_string(micro));
+    TempDir dir;
+    Json base = tiny_config(dir);
+    base["model"]["num_hidden_layers"] = 8;  // gradients outweigh the staging
+    base["precision"] = GetParam();
+    base["micro_batch_size"] = micro;
+    base["save_dir"] = "";
+    // Small sub-groups: on a model this small the optimizer's staging for streamed gradients
+    // would otherwise take more than the gradients themselves.
+    base["sub_group_size"] = 2048;
+    const std::vector<double> reference = run(base);
+    ASSERT_EQ(reference.size(), 4u);
+    for (const std::string param : {"none", "nvme"}) {
+      SCOPED_TRACE("offload_param=" + param);
+      Json j = base;
+      j["offload_param"] = param;
+      j["offload_optimizer"] = "nvme";
+      j["host_memory_limit"] = smallest_host_limit(j);
+      auto t = make_trainer(j);
+      ASSERT_TRUE(t.is_ok()) << t.status().message();
+      EXPECT_NE((*t)->describe().find("on nvme\n"), std::string::npos) << (*t)->describe();
+      ASSERT_TRUE((*t)->run().is_ok());
+      EXPECT_EQ(losses_of(**t), reference);
+      for (const auto& m : (*t)->history()) {
+        EXPECT_LE(m.peak_host_bytes, j["host_memory_limit"].get<std::uint64_t>());
+      }
+    }
   }
 }
 

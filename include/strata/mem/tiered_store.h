@@ -172,6 +172,18 @@ class TieredStore {
   Status write(Handle h, const void* src, std::size_t src_capacity_bytes);
   // Copies the tensor's latest data into host memory `dst` (size_bytes). Synchronous.
   Status read(Handle h, void* dst);
+  // Overwrites a homed tensor's data with zeros (every other copy is dropped). Synchronous.
+  Status fill_zero(Handle h);
+
+  // Ranged I/O straight on an NVMe home (the optimizer streams sub-groups of its state this
+  // way): writes a newer copy back first, drops every other copy and returns the home's extent.
+  // Until end_direct_io the tensor is held: no other operation on it starts, and the caller
+  // reads and writes the extent through the swap space. A home never written may be opened to
+  // be written.
+  Result<io::Extent> begin_direct_io(Handle h);
+  // `wrote`: the caller wrote the extent, and `ok` says whether every write succeeded (if not,
+  // the data is lost and the tensor has none until written again).
+  void end_direct_io(Handle h, bool wrote, bool ok);
 
   // Blocks until `c` is done, counting the time as stall; returns its status.
   Status wait(const Completion& c);

@@ -19,20 +19,23 @@
 namespace strata::optim {
 
 // One parameter group (or shard): its fp32 master weights and moments in swap extents, each
-// holding num_elems floats from offset 0, and its gradient and output copy in host memory.
+// holding num_elems floats from offset 0; its gradient in host memory or (options.stream_grads)
+// in a swap extent too, read with the state; its output copy in host memory.
 struct StreamedSegment {
   std::string_view name;  // named in errors
   io::Extent master, exp_avg, exp_avg_sq;
-  const void* grad = nullptr;
+  const void* grad = nullptr;  // host memory, or null with grad_extent
+  io::Extent grad_extent;      // read only; needs options.stream_grads and no check_finite
   DType grad_dtype = DType::kF32;
   std::int64_t num_elems = 0;
-  void* param_out = nullptr;  // optional, out_dtype
+  void* param_out = nullptr;  // optional, out_dtype; see SegmentBegin
   DType out_dtype = DType::kBF16;
 };
 
 struct StreamedAdamOptions {
-  // Elements per sub-group (DeepSpeed's sub_group_size), rounded up to a multiple of 1024 so
-  // every sub-group starts at a 4096-byte offset (O_DIRECT). Segments need not be multiples.
+  // Elements per sub-group (DeepSpeed's sub_group_size), rounded up to a multiple of 2048 so
+  // every sub-group starts at a 4096-byte offset (O_DIRECT) in 4- and 2-byte arrays alike.
+  // Segments need not be multiples.
   std::int64_t sub_group_size = 1 << 22;
   // Sub-groups covered by staging (master, exp_avg, exp_avg_sq each). 3 lets the read of i+1,
   // the update of i and the write of i-1 overlap; 2 serializes the write behind the next read.
@@ -53,6 +56,8 @@ struct StreamedAdamOptions {
   // false: every read and write-back of the step, through the same staging and pipeline, but no
   // update (the state goes back unchanged): the I/O-only baseline of bench_cpu_adam.
   bool update = true;
+  // Staging for gradients read from swap extents (StreamedSegment::grad_extent) beside the state.
+  bool stream_grads = false;
 };
 
 struct StreamedStepReport {
@@ -76,6 +81,10 @@ class StreamedAdam {
   // may still be in flight to the swap space), in segment order, never for a skipped segment.
   // An error stops the step.
   using SegmentDone = std::function<Status(std::size_t segment)>;
+  // Called before a segment's first sub-group is updated: where its output goes (null: none).
+  // Overrides the segment's param_out, so output buffers need exist only while their segment
+  // is being updated.
+  using SegmentBegin = std::function<Result<void*>(std::size_t segment)>;
 
   // One AdamW step over every segment, in order. `hyper` supplies lr, betas, eps,
   // weight_decay, step, grad_scale and adamw_mode (its pointers and n are ignored). The result
@@ -84,7 +93,8 @@ class StreamedAdam {
   // sub-group; segments before it are updated, the failing one may be partly updated.
   Result<StreamedStepReport> step(std::span<const StreamedSegment> segments,
                                   const device::AdamWArgs& hyper,
-                                  const SegmentDone& on_segment_done = {});
+                                  const SegmentDone& on_segment_done = {},
+                                  const SegmentBegin& on_segment_begin = {});
 
   std::int64_t sub_group_elems() const { return sub_group_elems_; }
   std::size_t staging_bytes() const { return staging_.size(); }
@@ -102,8 +112,9 @@ class StreamedAdam {
   CpuAdam* adam_;
   StreamedAdamOptions options_;
   std::int64_t sub_group_elems_;
-  // One 2 MiB-aligned mapping advised for huge pages, cut into num_buffers * 3 sub-group slots
-  // ([slot * 3 + array]): a 1 MiB request from huge pages is one DMA segment, where 4 KiB pages
+  // One 2 MiB-aligned mapping advised for huge pages, cut into num_buffers * arrays sub-group
+  // slots ([slot * arrays + array]; arrays: master, exp_avg, exp_avg_sq, and the gradient when
+  // streamed): a 1 MiB request from huge pages is one DMA segment, where 4 KiB pages
   // make 256 and block devices split requests beyond their segment limit (often 254).
   io::StagingBuffer staging_;
   io::BufferRegistration registration_;  // declared after staging_: released before it

@@ -1,8 +1,9 @@
-// The single-process ZeRO-3 offload engine: owns every parameter group's fp32 master weights,
-// Adam moments, gradient accumulator and compute-dtype working copy in the tiers the config
-// names, serves the model's ParamProvider requests, and runs the optimizer step. Working copies
-// and gradients move through a mem::TieredStore, parameters ahead of use as the
-// sched::PrefetchScheduler's recorded trace says.
+// One rank's offload engine: registers every parameter group's working copy, fp32 master
+// weights, Adam moments and gradients in a mem::TieredStore where the memory plan (plan.h) puts
+// them, serves the model's ParamProvider requests, and runs the optimizer step on the device,
+// on the host (SIMD Adam) or streamed from NVMe. The store owns residency and budgets; the
+// engine only says which tier it needs a tensor in and when. Working copies offloaded from the
+// device are prefetched as the sched::PrefetchScheduler's recorded trace says.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "strata/core/aligned.h"
 #include "strata/core/status.h"
 #include "strata/device/device.h"
 #include "strata/io/swap.h"
@@ -25,16 +25,15 @@
 #include "strata/optim/cpu_adam.h"
 #include "strata/optim/streamed_adam.h"
 #include "strata/sched/prefetch_scheduler.h"
+#include "strata/zero/plan.h"
 
 namespace strata::zero {
 
-enum class Offload : std::uint8_t { kNone, kCpu, kNvme };
-std::string_view offload_name(Offload o);
-
 struct EngineOptions {
-  Offload offload_param = Offload::kNone;      // where bf16/f32 working copies live
-  Offload offload_optimizer = Offload::kNone;  // where master weights, moments, gradients live
+  Tier offload_param = Tier::kDevice;      // where compute-dtype working copies live
+  Tier offload_optimizer = Tier::kDevice;  // master weights and moments, and where the step runs
   DType compute_dtype = DType::kF32;
+  std::int64_t accumulation_steps = 1;  // micro-batches per step (1: gradients kept as made)
   optim::AdamWHyper adam;
   // The host optimizer (offload_optimizer cpu or nvme): threads, SIMD path, pinning.
   optim::CpuAdamOptions cpu_adam;
@@ -55,8 +54,8 @@ struct EngineStats {
   std::uint64_t d2h_bytes = 0;        // device -> host
   std::uint64_t nvme_read_bytes = 0;  // NVMe -> host
   std::uint64_t nvme_write_bytes = 0;
-  std::uint64_t host_bytes = 0;  // host memory the engine holds (its peak: it only grows)
-  std::uint64_t nvme_bytes = 0;  // swap space the engine holds
+  std::uint64_t host_bytes = 0;  // peak host memory held: the store's and the optimizer's staging
+  std::uint64_t nvme_bytes = 0;  // peak swap space held
   double wait_ms = 0;            // compute blocked waiting for parameters
   double stall_ms = 0;           // compute blocked waiting for data or room in a tier
   double optimizer_ms = 0;       // last optimizer step
@@ -64,9 +63,9 @@ struct EngineStats {
 
 class OffloadEngine final : public model::ParamProvider {
  public:
-  // Plans and allocates every buffer up front. Fails with out_of_memory naming the tier, what
-  // was needed and the limit when the plan does not fit. `swap` is required when any offload is
-  // nvme and must outlive the engine.
+  // Makes the plan and registers every tensor in the store. Fails with the plan's errors, or
+  // out_of_memory naming the tensor, its tier and the budget when a home does not fit. `swap`
+  // is required when anything lives on nvme and must outlive the engine.
   static Result<std::unique_ptr<OffloadEngine>> create(const model::ParamLayout& layout,
                                                        device::Device& device, io::SwapSpace* swap,
                                                        const EngineOptions& options);
@@ -90,66 +89,61 @@ class OffloadEngine final : public model::ParamProvider {
   // Gives the store's cached device blocks (kept for reuse by dropped copies) back to the
   // device, for an allocation outside the store that did not fit.
   void trim_device_cache();
-  // Global L2 norm of the accumulated fp32 gradients.
+  // Global L2 norm of the accumulated gradients.
   Result<double> grad_norm();
-  // Sum of squares of one group's accumulated fp32 gradient (for norms across ranks). Call
-  // after finish_micro_batch(), once per group.
+  // Sum of squares of one group's accumulated gradient (for norms across ranks). Call after
+  // finish_micro_batch(). The same number wherever the gradient lives (strata::sum_squares).
   Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
-  // working copies and zeroes the gradients.
+  // working copies and zeroes the gradients. A group that received no gradient steps with zeros.
   Status step(double lr, std::int64_t step, float grad_scale);
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   void zero_grads();
 
+  const MemoryPlan& plan() const { return plan_; }
   const EngineStats& stats() const { return stats_; }
   // The tiered store's and the prefetch scheduler's own counters (zeros where unused).
   mem::StoreStats store_stats() const;
   sched::SchedulerStats prefetch_stats() const;
-  std::uint64_t host_bytes_planned() const { return planned_host_bytes_; }
 
  private:
   struct Group;
   OffloadEngine(const model::ParamLayout& layout, device::Device& device, io::SwapSpace* swap,
-                const EngineOptions& options);
-  Status plan();
-  Result<AlignedBuffer*> take_staging();
-  void give_staging(AlignedBuffer* b);
+                const EngineOptions& options, MemoryPlan plan);
   Status create_store();
   void absorb_store_stats();  // adds the store's new transfer counts to stats_
   void end_compute_span(Group& g);
   Status drain_one_grad();
-  Status accumulate_grad(Group& g, const void* grad_host);
-  Status store_working_copy(Group& g, const void* src_host);  // host compute-dtype -> its tier
-  Status nvme_read(const io::Extent& x, void* buf, std::size_t bytes);
-  Status nvme_write(const io::Extent& x, const void* buf, std::size_t bytes);
-  Result<AlignedBuffer> host_alloc(std::size_t bytes, const char* what);
-  Status charge_host(std::size_t bytes, const char* what);  // counts against the host limit
+  Status wait_writebacks();
+  Status give_zero_grads();  // groups with no gradient this step get zeros
+  // The gradient the optimizer reads: the kept gradient or the fp32 accumulator.
+  mem::Handle step_grad(const Group& g) const;
+  // A copy of the working copy on `tier` for the optimizer to write (the home when it lives
+  // there); close_output makes it the working copy, writing it back home if it is not the home.
+  Result<void*> open_output(Group& g, Tier tier);
+  Status close_output(Group& g, Tier tier);
+  Status step_on(Tier tier, const device::AdamWArgs& base);
+  Status step_streamed(const device::AdamWArgs& base);
 
   const model::ParamLayout& layout_;
   device::Device& device_;
   io::SwapSpace* swap_;
   EngineOptions options_;
+  MemoryPlan plan_;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::size_t max_work_bytes_ = 0;
-  std::size_t max_f32_bytes_ = 0;
-  std::vector<AlignedBuffer> staging_;  // fresh compute-dtype working copies (step, load_master)
-  std::vector<AlignedBuffer*> free_staging_;
-  AlignedBuffer opt_buf_[2][3];  // nvme: [0] = one group's master, m, v (read/write_master,
-                                 // moments); [1] unused since the step streams sub-groups
   std::optional<optim::CpuAdam> cpu_adam_;            // offload_optimizer cpu or nvme
   std::optional<optim::StreamedAdam> streamed_adam_;  // offload_optimizer nvme
-  device::DeviceBuffer grad_f32_scratch_;             // optimizer on device: bf16 -> f32 grad
-  struct PendingGrad {  // a gradient on its way from the device to the host
+  mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
+  struct PendingGrad {  // a gradient on its way off the device
     int group;
     mem::Completion done;
   };
   std::deque<PendingGrad> pending_grads_;
+  std::vector<mem::Completion> writebacks_;  // accumulators and working copies going home
   EngineStats stats_;
-  // Declared after groups_ (whose work_h buffers are homes in the store): destroyed first.
   std::unique_ptr<mem::TieredStore> store_;
   std::unique_ptr<sched::PrefetchScheduler> sched_;  // offload_param cpu or nvme
   mem::StoreStats store_seen_;                       // store counters already in stats_
-  std::uint64_t planned_host_bytes_ = 0;             // host bytes the plan holds
   bool backward_ = false;  // this micro-batch has reached its backward (for span names)
 };
 

@@ -290,20 +290,15 @@ class CpuOps final : public Ops {
   }
 
   double sum_squares(const void* x, std::int64_t n, DType dtype) const override {
-    constexpr std::int64_t kChunk = 65536;
+    // Chunked as strata::sum_squares, so host and device sums of the same data agree.
+    constexpr auto kChunk = static_cast<std::int64_t>(kSumSquaresChunkElems);
     const std::int64_t num_chunks = (n + kChunk - 1) / kChunk;
     std::vector<double> partial(static_cast<std::size_t>(num_chunks), 0.0);
-    dispatch_float(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      const T* xs = static_cast<const T*>(x);
-      ctx_.parallel_chunks(n, kChunk, [&](std::int64_t c, std::int64_t i0, std::int64_t i1) {
-        double s = 0.0;
-        for (std::int64_t i = i0; i < i1; ++i) {
-          const double v = to_f32(xs[i]);
-          s += v * v;
-        }
-        partial[static_cast<std::size_t>(c)] = s;
-      });
+    const auto* bytes = static_cast<const std::byte*>(x);
+    const std::size_t esize = dtype_size(dtype);
+    ctx_.parallel_chunks(n, kChunk, [&](std::int64_t c, std::int64_t i0, std::int64_t i1) {
+      partial[static_cast<std::size_t>(c)] = sum_squares_chunk(
+          bytes + static_cast<std::size_t>(i0) * esize, dtype, static_cast<std::size_t>(i1 - i0));
     });
     double total = 0.0;
     for (double p : partial) total += p;

@@ -37,8 +37,9 @@ class EnginePrefetchTest : public ::testing::Test {
     ASSERT_TRUE(s.is_ok());
     swap_ = std::move(*s);
     EngineOptions o;
-    o.offload_param = Offload::kNvme;
-    o.offload_optimizer = Offload::kCpu;
+    o.offload_param = Tier::kNvme;
+    o.offload_optimizer = Tier::kHost;
+    o.accumulation_steps = 2;  // passes repeat before a step
     o.prefetch_bytes = 1 << 20;
     o.max_live_bytes = 1 << 20;
     o.max_reuse_distance = 4096;

@@ -14,8 +14,8 @@ namespace strata::zero {
 namespace {
 
 struct Placement {
-  Offload param;
-  Offload opt;
+  Tier param;
+  Tier opt;
   DType dtype;
 };
 
@@ -38,22 +38,32 @@ class EngineTest : public ::testing::TestWithParam<Placement> {
     auto dev = device::create_device(device::DeviceOptions{"cpu", 1 << 20, 0, 1});
     ASSERT_TRUE(dev.is_ok());
     device_ = std::move(*dev);
-    if (GetParam().param == Offload::kNvme || GetParam().opt == Offload::kNvme) {
+    if (GetParam().param == Tier::kNvme || GetParam().opt == Tier::kNvme) {
       io::SwapOptions so;
       so.paths = {dir_.path()};
       auto s = io::SwapSpace::create(so);
       ASSERT_TRUE(s.is_ok()) << s.status().message();
       swap_ = std::move(*s);
     }
+    make_engine(1);
+  }
+
+  void make_engine(std::int64_t accumulation_steps) {
+    engine_.reset();
     EngineOptions o;
     o.offload_param = GetParam().param;
     o.offload_optimizer = GetParam().opt;
     o.compute_dtype = GetParam().dtype;
+    o.accumulation_steps = accumulation_steps;
     o.adam.weight_decay = 0.1;
     auto e = OffloadEngine::create(layout_, *device_, swap_.get(), o);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
     engine_ = std::move(*e);
   }
+
+  // Loads master weights, checks the working copies, feeds `micro` micro-batches of gradients,
+  // steps, and compares master weights and moments with the reference AdamW on the fp32 sum.
+  void check_step(int micro_batches);
 
   std::vector<float> values(int group, std::uint64_t seed) {
     std::vector<float> v(static_cast<std::size_t>(layout_.group(group).num_elems));
@@ -70,7 +80,7 @@ class EngineTest : public ::testing::TestWithParam<Placement> {
   std::unique_ptr<OffloadEngine> engine_;
 };
 
-TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
+void EngineTest::check_step(int micro_batches) {
   const DType dtype = GetParam().dtype;
   ASSERT_TRUE(engine_
                   ->load_master([&](const model::ParamGroup& g, float* dst) {
@@ -91,8 +101,8 @@ TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
     }
     engine_->release_params(g);
   }
-  // Two micro-batches of gradients accumulate in fp32.
-  for (int micro = 0; micro < 2; ++micro) {
+  // Micro-batches of gradients accumulate in fp32 (one: the gradient is kept as it is).
+  for (int micro = 0; micro < micro_batches; ++micro) {
     for (int g = layout_.num_groups() - 1; g >= 0; --g) {
       auto buf = engine_->acquire_grads(g);
       ASSERT_TRUE(buf.is_ok());
@@ -105,15 +115,15 @@ TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
   double sq = 0;
   std::vector<std::vector<float>> acc(static_cast<std::size_t>(layout_.num_groups()));
   for (int g = 0; g < layout_.num_groups(); ++g) {
-    auto a = values(g, 100), b = values(g, 101);
     auto& s = acc[static_cast<std::size_t>(g)];
-    s.resize(a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      const float x = dtype == DType::kF32 ? a[i] : bf16_to_f32(f32_to_bf16(a[i]));
-      const float y = dtype == DType::kF32 ? b[i] : bf16_to_f32(f32_to_bf16(b[i]));
-      s[i] = 0.0f + x + y;
-      sq += static_cast<double>(s[i]) * s[i];
+    s.assign(static_cast<std::size_t>(layout_.group(g).num_elems), 0.0f);
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      const auto a = values(g, 100 + static_cast<std::uint64_t>(micro));
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        s[i] += dtype == DType::kF32 ? a[i] : bf16_to_f32(f32_to_bf16(a[i]));
+      }
     }
+    for (const float x : s) sq += static_cast<double>(x) * x;
   }
   auto norm = engine_->grad_norm();
   ASSERT_TRUE(norm.is_ok());
@@ -144,6 +154,32 @@ TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
   EXPECT_EQ(*zero, 0.0);
 }
 
+TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
+  check_step(1);  // the gradient kept as made, wherever the plan keeps gradients
+}
+
+TEST_P(EngineTest, AccumulatesMicroBatchesInFp32) {
+  make_engine(3);
+  check_step(3);
+}
+
+TEST_P(EngineTest, ASecondGradientWithoutAccumulationIsAnError) {
+  if (GetParam().opt == Tier::kDevice) GTEST_SKIP() << "the device optimizer always accumulates";
+  const int g = layout_.num_groups() - 1;
+  for (int micro = 0; micro < 2; ++micro) {
+    auto buf = engine_->acquire_grads(g);
+    if (micro == 1) {
+      ASSERT_FALSE(buf.is_ok());
+      EXPECT_NE(buf.status().message().find("accumulation"), std::string::npos)
+          << buf.status().message();
+      return;
+    }
+    ASSERT_TRUE(buf.is_ok());
+    ASSERT_TRUE(engine_->release_grads(g).is_ok());
+    ASSERT_TRUE(engine_->finish_micro_batch().is_ok());
+  }
+}
+
 TEST_P(EngineTest, MomentsRoundTrip) {
   for (int g = 0; g < layout_.num_groups(); ++g) {
     auto m = values(g, 7), v = values(g, 8);
@@ -156,13 +192,13 @@ TEST_P(EngineTest, MomentsRoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, EngineTest,
-                         ::testing::Values(Placement{Offload::kNone, Offload::kNone, DType::kF32},
-                                           Placement{Offload::kNone, Offload::kCpu, DType::kF32},
-                                           Placement{Offload::kCpu, Offload::kCpu, DType::kBF16},
-                                           Placement{Offload::kNvme, Offload::kCpu, DType::kF32},
-                                           Placement{Offload::kNone, Offload::kNvme, DType::kBF16},
-                                           Placement{Offload::kNvme, Offload::kNvme, DType::kF32},
-                                           Placement{Offload::kNone, Offload::kNone, DType::kBF16}),
+                         ::testing::Values(Placement{Tier::kDevice, Tier::kDevice, DType::kF32},
+                                           Placement{Tier::kDevice, Tier::kHost, DType::kF32},
+                                           Placement{Tier::kHost, Tier::kHost, DType::kBF16},
+                                           Placement{Tier::kNvme, Tier::kHost, DType::kF32},
+                                           Placement{Tier::kDevice, Tier::kNvme, DType::kBF16},
+                                           Placement{Tier::kNvme, Tier::kNvme, DType::kF32},
+                                           Placement{Tier::kDevice, Tier::kDevice, DType::kBF16}),
                          name_of);
 
 TEST(EngineErrors, ParamOffloadNeedsOptimizerOffload) {
@@ -171,7 +207,7 @@ TEST(EngineErrors, ParamOffloadNeedsOptimizerOffload) {
   auto dev = device::create_device(device::DeviceOptions{});
   ASSERT_TRUE(dev.is_ok());
   EngineOptions o;
-  o.offload_param = Offload::kCpu;
+  o.offload_param = Tier::kHost;
   auto e = OffloadEngine::create(layout, **dev, nullptr, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("needs offload_optimizer"), std::string::npos);
@@ -183,8 +219,8 @@ TEST(EngineErrors, GroupLargerThanDeviceBudgetNamesIt) {
   auto dev = device::create_device(device::DeviceOptions{"cpu", 100 * 1024, 0, 1});
   ASSERT_TRUE(dev.is_ok());
   EngineOptions o;
-  o.offload_param = Offload::kCpu;
-  o.offload_optimizer = Offload::kCpu;
+  o.offload_param = Tier::kHost;
+  o.offload_optimizer = Tier::kHost;
   auto e = OffloadEngine::create(layout, **dev, nullptr, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();

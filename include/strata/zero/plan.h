@@ -1,0 +1,75 @@
+// The memory plan: the one place that decides in which tier each kind of tensor lives, and how
+// many bytes of each tier it takes at its peak. Made once from the layout, the placements the
+// config asks for and the budgets; the offload engine registers every tensor in the tiered
+// store where the plan says, and the store holds it there.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+#include "strata/model/param_layout.h"
+#include "strata/tensor/tensor.h"
+
+namespace strata::zero {
+
+// The config's spelling of a tier (offload_param, offload_optimizer): none = the device,
+// cpu = host memory, nvme = the swap space.
+std::string_view offload_name(Tier tier);
+// `key` names the config key in the error.
+Result<Tier> parse_offload(std::string_view value, std::string_view key);
+
+enum class TensorKind : std::uint8_t {
+  kParameters,     // working copies in the compute dtype
+  kGradients,      // fp32 accumulators, or the compute-dtype gradients themselves
+  kMasterWeights,  // fp32
+  kMoments,        // Adam's exp_avg and exp_avg_sq, fp32
+  kStaging,        // buffers transfers and the optimizer pass through; gradients in transit
+};
+inline constexpr int kNumTensorKinds = 5;
+std::string_view tensor_kind_name(TensorKind kind);
+
+struct PlanOptions {
+  Tier params = Tier::kDevice;     // offload_param
+  Tier optimizer = Tier::kDevice;  // offload_optimizer: master weights, moments, the step
+  DType compute_dtype = DType::kF32;
+  std::int64_t accumulation_steps = 1;  // micro-batches per optimizer step
+  std::uint64_t device_budget_bytes = 0;  // 0 = no limit
+  std::uint64_t host_budget_bytes = 0;    // 0 = no limit
+  std::int64_t sub_group_size = 1 << 22;  // NVMe-streamed optimizer sub-group, in elements
+  bool has_swap = false;                  // swap paths were given
+};
+
+struct MemoryPlan {
+  Tier params = Tier::kDevice;
+  Tier optimizer = Tier::kDevice;
+  Tier gradients = Tier::kDevice;  // the fp32 accumulators, or the kept gradients
+  // One micro-batch per step and the step off the device: each group's gradient is kept as the
+  // model made it (compute dtype, exact) until the step, with no fp32 accumulator beside it.
+  bool keep_gradients = false;
+  // Transfers between NVMe and the device pass through the store's pool of these.
+  std::size_t staging_buffer_bytes = 0;
+  int num_staging_buffers = 0;
+  // The optimizer's own sub-group staging (optimizer on NVMe), outside the store's host budget.
+  std::uint64_t optimizer_staging_bytes = 0;
+  // Peak bytes by tier and kind: homes in full, transient buffers at the most the plan lets be
+  // in flight at once.
+  std::array<std::array<std::uint64_t, kNumTensorKinds>, kNumTiers> bytes{};
+
+  std::uint64_t tier_bytes(Tier tier) const;
+  std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {
+    return bytes[static_cast<std::size_t>(tier)][static_cast<std::size_t>(kind)];
+  }
+  // A few lines: the placements, then each tier's bytes by kind.
+  std::string describe() const;
+};
+
+// Fails when the placements contradict each other (parameters off the device with the optimizer
+// on it, NVMe without swap paths) or when the host budget cannot hold what must live there,
+// naming the kinds and their bytes.
+Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& options);
+
+}  // namespace strata::zero

@@ -1,0 +1,197 @@
+// The memory plan: placements from the config and the budgets, and the bytes they take.
+#include "strata/zero/plan.h"
+
+#include <algorithm>
+
+#include "strata/core/aligned.h"
+#include "strata/core/json.h"
+#include "strata/io/swap.h"
+#include "strata/optim/streamed_adam.h"
+
+namespace strata::zero {
+
+std::string_view offload_name(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return "none";
+    case Tier::kHost:
+      return "cpu";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+Result<Tier> parse_offload(std::string_view value, std::string_view key) {
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    if (value == offload_name(t)) return t;
+  }
+  return invalid_argument("config key '" + std::string(key) + "': expected \"none\", \"cpu\" or " +
+                          "\"nvme\", got \"" + std::string(value) + "\"");
+}
+
+std::string_view tensor_kind_name(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kParameters:
+      return "parameters";
+    case TensorKind::kGradients:
+      return "gradients";
+    case TensorKind::kMasterWeights:
+      return "master weights";
+    case TensorKind::kMoments:
+      return "moments";
+    case TensorKind::kStaging:
+      return "staging";
+  }
+  return "?";
+}
+
+std::uint64_t MemoryPlan::tier_bytes(Tier tier) const {
+  std::uint64_t sum = 0;
+  for (std::uint64_t b : bytes[static_cast<std::size_t>(tier)]) sum += b;
+  return sum;
+}
+
+std::string MemoryPlan::describe() const {
+  std::string s = "plan: parameters on " + std::string(tier_name(params)) + ", optimizer on " +
+                  std::string(tier_name(optimizer)) + ", gradients " +
+                  (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
+                  std::string(tier_name(gradients)) + "\n";
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ":";
+    bool any = false;
+    for (int k = 0; k < kNumTensorKinds; ++k) {
+      const std::uint64_t b = kind_bytes(t, static_cast<TensorKind>(k));
+      if (b == 0) continue;
+      s += std::string(any ? "," : "") + " " +
+           std::string(tensor_kind_name(static_cast<TensorKind>(k))) + " " + format_bytes(b);
+      any = true;
+    }
+    s += any ? "\n" : " nothing\n";
+  }
+  return s;
+}
+
+namespace {
+
+struct Sizes {
+  std::uint64_t work = 0, work_io = 0, f32 = 0, f32_io = 0;  // sums over the groups
+  std::uint64_t max_work_io = 0, max_f32_io = 0;
+  std::int64_t max_elems = 0;
+};
+
+// Fills plan.bytes for the placements already in `plan`.
+void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
+  plan.bytes = {};
+  auto add = [&](Tier t, TensorKind k, std::uint64_t b) {
+    plan.bytes[static_cast<std::size_t>(t)][static_cast<std::size_t>(k)] += b;
+  };
+  const bool on_device = plan.optimizer == Tier::kDevice;
+  // Homes.
+  add(plan.params, TensorKind::kParameters, plan.params == Tier::kDevice ? z.work : z.work_io);
+  add(plan.optimizer, TensorKind::kMasterWeights, on_device ? z.f32 : z.f32_io);
+  add(plan.optimizer, TensorKind::kMoments, 2 * (on_device ? z.f32 : z.f32_io));
+  add(plan.gradients, TensorKind::kGradients,
+      plan.keep_gradients ? z.work_io : (on_device ? z.f32 : z.f32_io));
+  // In flight: one group's gradient being made on the device, the working copies the host
+  // optimizer writes on their way to another tier (two at a time), gradients landing on the
+  // host to be accumulated there (two at a time) and accumulators passing through it.
+  add(Tier::kDevice, TensorKind::kGradients, z.max_work_io);
+  if (on_device && o.compute_dtype != DType::kF32) {
+    add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient
+  }
+  // Loading passes each group through the host: its master weights (when they live elsewhere)
+  // beside its working copy (likewise); the host optimizer's output copies take the latter's
+  // place later.
+  if (plan.optimizer != Tier::kHost) add(Tier::kHost, TensorKind::kMasterWeights, z.max_f32_io);
+  if (plan.params != Tier::kHost) add(Tier::kHost, TensorKind::kParameters, 2 * z.max_work_io);
+  if (!on_device && !plan.keep_gradients) {
+    add(Tier::kHost, TensorKind::kGradients, 2 * z.max_work_io);
+    if (plan.gradients == Tier::kNvme) add(Tier::kHost, TensorKind::kGradients, 2 * z.max_f32_io);
+  }
+  add(Tier::kHost, TensorKind::kStaging,
+      static_cast<std::uint64_t>(plan.staging_buffer_bytes) * plan.num_staging_buffers +
+          plan.optimizer_staging_bytes);
+}
+
+}  // namespace
+
+Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& o) {
+  if (o.params != Tier::kDevice && o.optimizer == Tier::kDevice) {
+    return invalid_argument(
+        "offload_param '" + std::string(offload_name(o.params)) +
+        "' needs offload_optimizer cpu or nvme (the optimizer cannot run on the device when the "
+        "parameters live off it)");
+  }
+  if ((o.params == Tier::kNvme || o.optimizer == Tier::kNvme) && !o.has_swap) {
+    return invalid_argument("offload to nvme needs swap_paths (one or more directories)");
+  }
+  const std::uint64_t dsize = dtype_size(o.compute_dtype);
+  Sizes z;
+  for (const auto& g : layout.groups()) {
+    const auto n = static_cast<std::uint64_t>(g.num_elems);
+    // A group's parameters and gradient must fit on the device together.
+    if (o.device_budget_bytes != 0 && 2 * n * dsize > o.device_budget_bytes) {
+      return out_of_memory("parameter group '" + g.name + "' needs " +
+                           format_bytes(2 * n * dsize) +
+                           " on the device (parameters + gradient), more than "
+                           "device_memory_limit " +
+                           format_bytes(o.device_budget_bytes));
+    }
+    z.work += n * dsize;
+    z.work_io += align_up(n * dsize, io::kIoAlignBytes);
+    z.f32 += n * 4;
+    z.f32_io += align_up(n * 4, io::kIoAlignBytes);
+    z.max_work_io = std::max(z.max_work_io, align_up(n * dsize, io::kIoAlignBytes));
+    z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
+    z.max_elems = std::max(z.max_elems, g.num_elems);
+  }
+
+  MemoryPlan plan;
+  plan.params = o.params;
+  plan.optimizer = o.optimizer;
+  plan.keep_gradients = o.accumulation_steps == 1 && o.optimizer != Tier::kDevice;
+  const auto place = [&](Tier gradients) {
+    plan.gradients = gradients;
+    // NVMe <-> device moves, and whole-tensor reads and writes of NVMe homes (loading,
+    // checkpoints), go through the store's pool in chunks; 8 MiB keeps several reads in flight
+    // at a size the drive handles at full speed. Without NVMe one page will do.
+    const bool nvme = o.params == Tier::kNvme || o.optimizer == Tier::kNvme;
+    plan.staging_buffer_bytes =
+        nvme ? std::min<std::size_t>(std::max(z.max_work_io, z.max_f32_io), std::size_t{8} << 20)
+             : io::kIoAlignBytes;
+    plan.num_staging_buffers = nvme ? 4 : 1;
+    plan.optimizer_staging_bytes = 0;
+    if (o.optimizer == Tier::kNvme) {
+      optim::StreamedAdamOptions so;
+      so.sub_group_size = o.sub_group_size;
+      so.max_segment_elems = z.max_elems;
+      so.stream_grads = gradients == Tier::kNvme;
+      plan.optimizer_staging_bytes = optim::StreamedAdam::staging_bytes_for(so);
+    }
+    count_bytes(z, o, plan);
+  };
+  const auto fits = [&] {
+    return o.host_budget_bytes == 0 || plan.tier_bytes(Tier::kHost) <= o.host_budget_bytes;
+  };
+  // Gradients live beside the optimizer; with the optimizer on NVMe, in host memory when the
+  // host budget holds them there (no extra NVMe traffic), else on NVMe.
+  place(o.optimizer == Tier::kNvme ? Tier::kHost : o.optimizer);
+  if (!fits() && o.optimizer == Tier::kNvme) place(Tier::kNvme);
+  if (!fits()) {
+    std::string parts;
+    for (int k = 0; k < kNumTensorKinds; ++k) {
+      const std::uint64_t b = plan.kind_bytes(Tier::kHost, static_cast<TensorKind>(k));
+      if (b == 0) continue;
+      parts += std::string(parts.empty() ? "" : ", ") +
+               std::string(tensor_kind_name(static_cast<TensorKind>(k))) + " " + format_bytes(b);
+    }
+    return out_of_memory("host_memory_limit " + format_bytes(o.host_budget_bytes) +
+                         " is too small: this plan needs " +
+                         format_bytes(plan.tier_bytes(Tier::kHost)) + " of host memory (" + parts +
+                         "); raise host_memory_limit or offload to nvme");
+  }
+  return plan;
+}
+
+}  // namespace strata::zero
