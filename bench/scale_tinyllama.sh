@@ -45,7 +45,7 @@ cat > "$WORK/config.json" <<EOF
   "seq_len": 256, "batch_size": $BATCH, "micro_batch_size": 1, "max_steps": $STEPS,
   "precision": "bf16",
   "optimizer": {"lr": 1e-4, "weight_decay": 0.01},
-  "device_memory_limit": "2GiB", "host_memory_limit": "6GiB",
+  "device_memory_limit": "2GiB", "host_memory_limit": "${HOST_LIMIT:-6GiB}",
   "offload_param": "nvme", "offload_optimizer": "nvme",
   "swap_paths": ["$WORK/swap"],
   "save_dir": "$WORK/ckpt", "metrics_file": "$WORK/metrics.jsonl"

@@ -152,6 +152,7 @@ struct TieredStore::Impl {
   Status sync_write(Entry& e, const void* src, std::size_t capacity, Lock& lock);
   Status sync_read(Entry& e, void* dst, Lock& lock);
   int take_staging_blocking(Lock& lock);
+  Status staged_nvme_io(Entry& e, const io::Extent& x, void* data, bool write, Lock& lock);
 
   device::Device& device;
   io::SwapSpace* swap;

@@ -332,6 +332,61 @@ int TieredStore::Impl::take_staging_blocking(Lock& lock) {
   return buf;
 }
 
+// Whole-tensor NVMe I/O through staging buffers: every buffer the pool can spare (at least one)
+// has a chunk in flight, so the drive sees several requests at once. `data` is the caller's
+// memory (size_bytes); a null source for a write means zeros, written from one zeroed buffer.
+Status TieredStore::Impl::staged_nvme_io(Entry& e, const io::Extent& x, void* data, bool write,
+                                         Lock& lock) {
+  const bool zeros = write && data == nullptr;
+  std::vector<int> bufs = {take_staging_blocking(lock)};
+  for (int b; !zeros && (b = staging->take()) >= 0;) bufs.push_back(b);
+  lock.unlock();
+  const std::size_t chunk = staging->buffer_bytes();
+  const std::size_t size = e.spec.size_bytes;
+  // Zeros: one buffer read by up to kZeroWritesInFlight writes at once.
+  constexpr std::size_t kZeroWritesInFlight = 8;
+  const std::size_t slots = zeros ? kZeroWritesInFlight : bufs.size();
+  if (zeros) std::memset(staging->data(bufs[0]), 0, chunk);
+  struct InFlight {
+    io::IoHandle io;
+    std::uint64_t off = 0;
+  };
+  std::vector<InFlight> ring(slots);
+  Status st;
+  // Finishes slot i's transfer (a read is copied out).
+  auto settle = [&](std::size_t i) {
+    InFlight& f = ring[i];
+    if (!f.io.valid()) return;
+    Status s = f.io.wait();
+    f.io = io::IoHandle();
+    if (st.is_ok()) st = s;
+    if (st.is_ok() && !write) {
+      const std::size_t n = std::min<std::uint64_t>(chunk, size - f.off);
+      std::memcpy(static_cast<std::byte*>(data) + f.off, staging->data(bufs[i]), n);
+    }
+  };
+  std::size_t k = 0;
+  for (std::uint64_t off = 0; off < e.io_bytes && st.is_ok(); off += chunk, ++k) {
+    const std::size_t i = k % slots;
+    settle(i);
+    if (!st.is_ok()) break;
+    std::byte* buf = staging->data(bufs[zeros ? 0 : i]);
+    const std::size_t io_len = std::min<std::uint64_t>(chunk, e.io_bytes - off);
+    if (write && !zeros) {
+      const std::size_t n = std::min<std::uint64_t>(chunk, size - off);
+      std::memcpy(buf, static_cast<const std::byte*>(data) + off, n);
+      std::memset(buf + n, 0, io_len - n);
+    }
+    ring[i].off = off;
+    ring[i].io = write ? swap->write(x, off, buf, io_len) : swap->read(x, off, buf, io_len);
+  }
+  for (std::size_t i = 0; i < slots; ++i) settle(i);
+  lock.lock();
+  for (int b : bufs) staging->give(b);
+  pump_staging();
+  return st;
+}
+
 Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capacity, Lock& lock) {
   for (int i = 0; i < kNumTiers; ++i) {
     const auto t = static_cast<Tier>(i);
@@ -378,23 +433,7 @@ Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capa
       st = swap->write(h.extent, 0, src, e.io_bytes).wait();
       lock.lock();
     } else {
-      const std::size_t chunk = staging->buffer_bytes();
-      for (std::uint64_t off = 0; off < e.io_bytes && st.is_ok(); off += chunk) {
-        const int buf = take_staging_blocking(lock);
-        lock.unlock();
-        const std::size_t io_len = std::min<std::uint64_t>(chunk, e.io_bytes - off);
-        const std::size_t copy_len = std::min<std::uint64_t>(chunk, size - off);
-        if (src != nullptr) {
-          std::memcpy(staging->data(buf), static_cast<const std::byte*>(src) + off, copy_len);
-          std::memset(staging->data(buf) + copy_len, 0, io_len - copy_len);
-        } else {
-          std::memset(staging->data(buf), 0, io_len);
-        }
-        st = swap->write(h.extent, off, staging->data(buf), io_len).wait();
-        lock.lock();
-        staging->give(buf);
-        pump_staging();
-      }
+      st = staged_nvme_io(e, h.extent, const_cast<void*>(src), /*write=*/true, lock);
     }
   }
   if (st.is_ok()) {
@@ -438,18 +477,7 @@ Status TieredStore::Impl::sync_read(Entry& e, void* dst, Lock& lock) {
     st = device.last_error();
     lock.lock();
   } else {
-    const std::size_t chunk = staging->buffer_bytes();
-    for (std::uint64_t off = 0; off < e.io_bytes && st.is_ok(); off += chunk) {
-      const int buf = take_staging_blocking(lock);
-      lock.unlock();
-      const std::size_t io_len = std::min<std::uint64_t>(chunk, e.io_bytes - off);
-      const std::size_t copy_len = std::min<std::uint64_t>(chunk, size - off);
-      st = swap->read(c.extent, off, staging->data(buf), io_len).wait();
-      if (st.is_ok()) std::memcpy(static_cast<std::byte*>(dst) + off, staging->data(buf), copy_len);
-      lock.lock();
-      staging->give(buf);
-      pump_staging();
-    }
+    st = staged_nvme_io(e, c.extent, dst, /*write=*/false, lock);
   }
   e.op.reset();
   --ops_in_flight;

@@ -450,6 +450,12 @@ void TieredStore::trim_device_cache() {
   impl_->trim_device_cache(std::numeric_limits<std::uint64_t>::max());
 }
 
+void TieredStore::trim_host_cache() {
+  std::lock_guard lock(impl_->mu);
+  impl_->host_cache->trim(std::numeric_limits<std::uint64_t>::max());
+  impl_->sync_host_reserved();
+}
+
 void TieredStore::drain() {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);

@@ -550,6 +550,8 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
     STRATA_RETURN_IF_ERROR(wait_writebacks());
   }
   zero_grads();
+  // The host copies loading passed through are not made again in training: give them back.
+  store_->trim_host_cache();
   absorb_store_stats();
   return device_.last_error();
 }

@@ -191,6 +191,9 @@ class TieredStore {
   void drain();
   // Frees the cached device buffers of dropped copies (see device_cache_blocks_per_size).
   void trim_device_cache();
+  // Returns the host blocks of dropped copies, kept for reuse by copies of the same size, to the
+  // allocator (after loading, whose copies are not made again).
+  void trim_host_cache();
 
   void set_advisor(const EvictionAdvisor* advisor);
   Residency residency(Handle h) const;

@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 
+#include "strata/core/aligned.h"
 #include "tests/unit/mem/store_test_util.h"
 
 namespace strata::mem {
@@ -349,6 +352,78 @@ TEST_F(StoreTest, DroppedDeviceBuffersAreReusedWithinTheBudget) {
   EXPECT_LE(device_->memory_stats().peak_bytes, 30000u + 3 * 64);  // the allocator's rounding
   store_->trim_device_cache();
   EXPECT_EQ(store_->usage(Tier::kDevice).reserved_bytes, 30000u);  // c and d, nothing cached
+}
+
+TEST_F(StoreTest, FillZeroZeroesEveryHomeAndDropsOtherCopies) {
+  make(small_options(0, 0));
+  for (Tier home : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(std::string(tier_name(home)));
+    const Handle h = add(std::string(tier_name(home)), 30001, home);
+    fill(h, 3);
+    if (home != Tier::kDevice) {
+      auto p = store_->acquire(h, Tier::kDevice);  // a second copy, to be dropped
+      ASSERT_TRUE(p.is_ok());
+      store_->unpin(h, Tier::kDevice);
+    }
+    ASSERT_TRUE(store_->fill_zero(h).is_ok());
+    const Residency r = store_->residency(h);
+    EXPECT_EQ(r.num_valid(), 1);
+    EXPECT_TRUE(r.valid[static_cast<int>(home)]);
+    expect_content(h, std::vector<std::byte>(30001, std::byte{0}));
+  }
+}
+
+TEST_F(StoreTest, DirectIoOnAnNvmeHomeWritesBackANewerCopyFirstAndHoldsTheTensor) {
+  make(small_options(0, 0));
+  const Handle h = add("state", 30001, Tier::kNvme);
+  fill(h, 5);
+  // A newer copy on the host: direct I/O must see it on NVMe.
+  Rng rng(9);
+  const auto newer = random_bytes(30001, rng);
+  auto p = store_->emplace(h, Tier::kHost, false);
+  ASSERT_TRUE(p.is_ok());
+  std::memcpy(*p, newer.data(), newer.size());
+  store_->unpin(h, Tier::kHost);
+  auto x = store_->begin_direct_io(h);
+  ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+  Residency r = store_->residency(h);
+  EXPECT_FALSE(r.allocated[static_cast<int>(Tier::kHost)]);  // dropped once written back
+  EXPECT_TRUE(r.in_flight);                                   // held until end_direct_io
+  const std::size_t io_bytes = strata::align_up(std::size_t{30001}, io::kIoAlignBytes);
+  void* buf = std::aligned_alloc(io::kIoAlignBytes, io_bytes);
+  ASSERT_TRUE(swap_->read(*x, 0, buf, io_bytes).wait().is_ok());
+  EXPECT_EQ(first_mismatch(buf, newer.data(), newer.size()), -1);
+  // The caller rewrites the extent in place; the store takes that as the data.
+  std::memset(buf, 0x5a, io_bytes);
+  ASSERT_TRUE(swap_->write(*x, 0, buf, io_bytes).wait().is_ok());
+  store_->end_direct_io(h, /*wrote=*/true, /*ok=*/true);
+  EXPECT_FALSE(store_->residency(h).in_flight);
+  expect_content(h, std::vector<std::byte>(30001, std::byte{0x5a}));
+  // A failed write loses the data: the tensor then has none to fetch.
+  ASSERT_TRUE(store_->begin_direct_io(h).is_ok());
+  store_->end_direct_io(h, /*wrote=*/true, /*ok=*/false);
+  EXPECT_FALSE(store_->fetch(h, Tier::kDevice).is_ok());
+  std::free(buf);
+}
+
+TEST_F(StoreTest, DirectIoOpensAHomeNeverWrittenForWriting) {
+  make(small_options(0, 0));
+  TensorSpec spec;
+  spec.name = "fresh";
+  spec.size_bytes = 8192;
+  spec.home = Tier::kNvme;
+  spec.home_initialized = false;
+  auto h = store_->add(spec);
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_FALSE(store_->fetch(*h, Tier::kHost).is_ok());  // nothing to fetch yet
+  auto x = store_->begin_direct_io(*h);
+  ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+  void* buf = std::aligned_alloc(io::kIoAlignBytes, 8192);
+  std::memset(buf, 7, 8192);
+  ASSERT_TRUE(swap_->write(*x, 0, buf, 8192).wait().is_ok());
+  store_->end_direct_io(*h, true, true);
+  expect_content(*h, std::vector<std::byte>(8192, std::byte{7}));
+  std::free(buf);
 }
 
 }  // namespace

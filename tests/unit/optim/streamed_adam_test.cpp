@@ -168,6 +168,60 @@ TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
   }
 }
 
+// Gradients in swap extents (f32, and bf16 for segment 3) read with the state as a fourth
+// array, and outputs placed per segment by the begin hook: the same bytes as in memory.
+TEST_P(StreamedAdamTest, GradientsStreamedFromSwapGiveTheSameBytes) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  ASSERT_TRUE(adam.is_ok());
+  const device::AdamWArgs h = hyper(true, 0.5f, 3);
+  for (std::int64_t sub : {2048, 6144, 1 << 20}) {
+    SCOPED_TRACE("sub_group_size " + std::to_string(sub));
+    Fixture f = make_fixture(GetParam());
+    if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+    std::vector<AdamState> want = f.states;
+    for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+    std::vector<AdamState> got = f.states;
+    std::vector<StreamedSegment> segs = segments_of(f, got);
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      const std::size_t bytes =
+          static_cast<std::size_t>(got[i].n) * dtype_size(got[i].grad_dtype);
+      auto x = f.swap->allocate(std::max<std::size_t>(bytes, 1), "gradient");
+      ASSERT_TRUE(x.is_ok());
+      AlignedBuffer buf(x->size_bytes, io::kIoAlignBytes);
+      std::memcpy(buf.data(), got[i].g(), bytes);
+      ASSERT_TRUE(f.swap->write(*x, 0, buf.data(), buf.size()).wait().is_ok());
+      segs[i].grad = nullptr;
+      segs[i].grad_extent = *x;
+      segs[i].param_out = nullptr;  // given by the begin hook instead
+    }
+    StreamedAdamOptions so;
+    so.sub_group_size = sub;
+    so.stream_grads = true;
+    so.check_finite = false;
+    auto streamed = StreamedAdam::create(*f.swap, *adam, so);
+    ASSERT_TRUE(streamed.is_ok());
+    std::vector<std::size_t> begun;
+    auto report = streamed->step(segs, h, {}, [&](std::size_t i) -> Result<void*> {
+      begun.push_back(i);
+      return static_cast<void*>(got[i].o());
+    });
+    ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+    EXPECT_EQ(begun, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
+    EXPECT_GT(report->bytes_read, report->bytes_written);  // the gradients were read too
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const auto back = read_back(f, i);
+      const std::int64_t n = want[i].n;
+      EXPECT_EQ(compare_bytes("master", back[0].data(), want[i].p(), 4, n), "") << i;
+      EXPECT_EQ(compare_bytes("exp_avg", back[1].data(), want[i].m(), 4, n), "") << i;
+      EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), want[i].v(), 4, n), "") << i;
+      EXPECT_EQ(compare_bytes("param_out", got[i].out.data(), want[i].out.data(), 1,
+                              static_cast<std::int64_t>(want[i].out.size())),
+                "")
+          << i;
+    }
+  }
+}
+
 TEST_P(StreamedAdamTest, NonFiniteSegmentIsSkippedWithoutIo) {
   Fixture f = make_fixture(GetParam());
   if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";

@@ -1,0 +1,135 @@
+// The memory plan: which tier each kind of tensor gets, from the placements and the budgets, the
+// bytes it counts, and the errors when they cannot work.
+#include "strata/zero/plan.h"
+
+#include <gtest/gtest.h>
+
+namespace strata::zero {
+namespace {
+
+// TinyLlama's shape at 2 layers: large enough that gradients outweigh the staging.
+model::ParamLayout layout() {
+  model::LlamaConfig c;
+  c.vocab_size = 32000;
+  c.hidden_size = 2048;
+  c.intermediate_size = 5632;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 4;
+  return model::ParamLayout::build(c);
+}
+
+PlanOptions nvme_options() {
+  PlanOptions o;
+  o.params = Tier::kNvme;
+  o.optimizer = Tier::kNvme;
+  o.compute_dtype = DType::kBF16;
+  o.has_swap = true;
+  return o;
+}
+
+std::uint64_t sum_bytes(const model::ParamLayout& l, std::size_t elem_bytes) {
+  std::uint64_t s = 0;
+  for (const auto& g : l.groups()) {
+    s += (static_cast<std::uint64_t>(g.num_elems) * elem_bytes + 4095) / 4096 * 4096;
+  }
+  return s;
+}
+
+TEST(PlanTest, OffloadNamesAreTheConfigsAndUnknownOnesAreErrors) {
+  EXPECT_EQ(*parse_offload("none", "offload_param"), Tier::kDevice);
+  EXPECT_EQ(*parse_offload("cpu", "offload_param"), Tier::kHost);
+  EXPECT_EQ(*parse_offload("nvme", "offload_param"), Tier::kNvme);
+  auto bad = parse_offload("disk", "offload_optimizer");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("'offload_optimizer'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("\"disk\""), std::string::npos);
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    EXPECT_EQ(*parse_offload(offload_name(t), "k"), t);
+  }
+}
+
+TEST(PlanTest, EveryHomeIsCountedOnceInItsTier) {
+  const auto l = layout();
+  auto plan = make_plan(l, nvme_options());
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_EQ(plan->gradients, Tier::kHost);  // no host limit: gradients stay in memory
+  EXPECT_TRUE(plan->keep_gradients);        // one micro-batch, step off the device
+  EXPECT_EQ(plan->kind_bytes(Tier::kNvme, TensorKind::kParameters), sum_bytes(l, 2));
+  EXPECT_EQ(plan->kind_bytes(Tier::kNvme, TensorKind::kMasterWeights), sum_bytes(l, 4));
+  EXPECT_EQ(plan->kind_bytes(Tier::kNvme, TensorKind::kMoments), 2 * sum_bytes(l, 4));
+  EXPECT_EQ(plan->kind_bytes(Tier::kHost, TensorKind::kGradients), sum_bytes(l, 2));
+  EXPECT_GT(plan->optimizer_staging_bytes, 0u);
+  EXPECT_NE(plan->describe().find("gradients kept as computed on host"), std::string::npos)
+      << plan->describe();
+}
+
+TEST(PlanTest, AShortHostBudgetMovesGradientsToNvmeAndTheHostNoLongerGrowsWithThem) {
+  const auto l = layout();
+  for (std::int64_t accumulation : {1, 4}) {
+    SCOPED_TRACE("accumulation_steps " + std::to_string(accumulation));
+    PlanOptions o = nvme_options();
+    o.accumulation_steps = accumulation;
+    auto roomy = make_plan(l, o);
+    ASSERT_TRUE(roomy.is_ok());
+    o.host_budget_bytes = roomy->tier_bytes(Tier::kHost) - 1;
+    auto tight = make_plan(l, o);
+    ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+    EXPECT_EQ(tight->gradients, Tier::kNvme);
+    EXPECT_EQ(tight->keep_gradients, accumulation == 1);
+    EXPECT_LE(tight->tier_bytes(Tier::kHost), o.host_budget_bytes);
+    EXPECT_EQ(tight->kind_bytes(Tier::kNvme, TensorKind::kGradients),
+              sum_bytes(l, accumulation == 1 ? 2 : 4));
+    // What stays on the host is bounded by the largest groups, not their number.
+    EXPECT_LT(tight->kind_bytes(Tier::kHost, TensorKind::kGradients),
+              tight->kind_bytes(Tier::kNvme, TensorKind::kGradients));
+  }
+}
+
+TEST(PlanTest, AccumulationUsesFp32AccumulatorsBesideTheOptimizer) {
+  const auto l = layout();
+  PlanOptions o;
+  o.compute_dtype = DType::kBF16;
+  o.accumulation_steps = 2;
+  for (Tier opt : {Tier::kDevice, Tier::kHost}) {
+    o.optimizer = opt;
+    auto plan = make_plan(l, o);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_FALSE(plan->keep_gradients);
+    EXPECT_EQ(plan->gradients, opt);
+  }
+  o.optimizer = Tier::kDevice;
+  o.accumulation_steps = 1;  // the device optimizer always accumulates in fp32
+  EXPECT_FALSE(make_plan(l, o)->keep_gradients);
+}
+
+TEST(PlanTest, ContradictionsAndShortBudgetsAreErrorsThatSayWhat) {
+  const auto l = layout();
+  PlanOptions o;
+  o.params = Tier::kHost;  // with the optimizer on the device
+  auto a = make_plan(l, o);
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_NE(a.status().message().find("needs offload_optimizer cpu or nvme"), std::string::npos);
+  o = nvme_options();
+  o.has_swap = false;
+  auto b = make_plan(l, o);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().message().find("swap_paths"), std::string::npos);
+  o = nvme_options();
+  o.host_budget_bytes = 64 << 20;
+  auto c = make_plan(l, o);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(c.status().message().find("host_memory_limit 64.00 MiB is too small"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("staging"), std::string::npos);
+  o = nvme_options();
+  o.device_budget_bytes = 100 << 20;  // the embedding and its gradient need 250 MiB
+  auto d = make_plan(l, o);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("'embed'"), std::string::npos) << d.status().message();
+}
+
+}  // namespace
+}  // namespace strata::zero
