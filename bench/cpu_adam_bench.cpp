@@ -442,7 +442,7 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
   std::filesystem::create_directories(dir);
   strata::io::SwapOptions so;
   so.paths = {dir};
-  so.engine = engine;
+  so.engine = *strata::io::parse_swap_engine(engine);
   auto swap = strata::io::SwapSpace::create(so);
   if (!swap.is_ok()) return state.SkipWithError(swap.status().to_string().c_str());
   auto adam = make_adam(0, "auto", Stores::kAuto);

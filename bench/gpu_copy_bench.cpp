@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   Fixture f;
   dev::DeviceOptions o;
-  o.kind = "cuda";
+  o.kind = strata::device::DeviceKind::kCuda;
   o.memory_limit_bytes = kBytes + (std::size_t{64} << 20);
   auto d = dev::create_device(o);
   if (!d.is_ok()) {

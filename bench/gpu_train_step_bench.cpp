@@ -56,7 +56,7 @@ Peak measure_bf16_peak() {
   constexpr std::int64_t kN = 8192;
   Peak peak;
   dev::DeviceOptions o;
-  o.kind = "cuda";
+  o.kind = strata::device::DeviceKind::kCuda;
   o.memory_limit_bytes = std::uint64_t{1} << 30;
   auto d = dev::create_device(o);
   if (!d.is_ok()) {

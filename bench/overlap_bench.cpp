@@ -59,7 +59,7 @@ Result<std::unique_ptr<Rig>> make_rig(int layers, std::size_t nvme_bytes, std::s
                                       bool across_passes) {
   auto rig = std::make_unique<Rig>();
   device::DeviceOptions dopts;
-  dopts.kind = "cpu";
+  dopts.kind = strata::device::DeviceKind::kCpu;
   dopts.compute_threads = 1;  // the other core moves data
   STRATA_ASSIGN_OR_RETURN(rig->device, device::create_device(dopts));
   io::SwapOptions sopts;

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Scale check (not in ctest): `strata train` on a randomly initialized model of TinyLlama-1.1B's
-# shape (hidden 2048, 22 layers, intermediate 5632, 32 heads, 4 kv heads, vocab 32000, seq 256,
-# bf16) with a 2 GiB device budget, a 6 GiB host budget, and parameters and optimizer states on
-# NVMe, for 3 steps. It must complete with the process's peak resident memory (VmHWM, from
-# /proc) under 9 GiB. Prints each step split into compute, transfer and optimizer, and the
-# overlap ratio.
+# shape (hidden 2048, 22 layers, intermediate 5632, 32 heads, 4 kv heads, vocab 32000) or, with
+# SHAPE=llama-3.2-3b, Llama-3.2-3B's (hidden 3072, 28 layers, intermediate 8192, 24 heads, 8 kv
+# heads, vocab 128256, tied embeddings): seq 256, bf16, a 2 GiB device budget, parameters and
+# optimizer states on NVMe, no checkpoint (save_dir ""). It must complete with the process's
+# peak resident memory (VmHWM, from /proc) under RSS_LIMIT_GIB. Prints the memory plan, each
+# step split into compute, transfer and optimizer, and the overlap ratio.
 #
 # Usage: bench/scale_tinyllama.sh [extra strata train args...]
 # Environment: STRATA (binary, default build/strata), WORK (scratch directory, default
-# /tmp/strata-scale-tinyllama; needs about 35 GB free: swap files plus the final checkpoint),
-# STEPS (default 3), BATCH (sequences per step, default 1), KEEP=1 keeps WORK afterwards.
+# /tmp/strata-scale-tinyllama; needs the swap files: about 17 GB for 1.1B, 45 GB for 3B),
+# SHAPE (tinyllama-1.1b or llama-3.2-3b), HOST_LIMIT (host_memory_limit, default 2GiB),
+# RSS_LIMIT_GIB (default 3), STEPS (default 3), BATCH (sequences per step, default 1), KEEP=1
+# keeps WORK afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +20,10 @@ STRATA=${STRATA:-build/strata}
 WORK=${WORK:-/tmp/strata-scale-tinyllama}
 STEPS=${STEPS:-3}
 BATCH=${BATCH:-1}
-RSS_LIMIT_BYTES=$((9 * 1024 * 1024 * 1024))
+SHAPE=${SHAPE:-tinyllama-1.1b}
+HOST_LIMIT=${HOST_LIMIT:-2GiB}
+RSS_LIMIT_GIB=${RSS_LIMIT_GIB:-3}
+RSS_LIMIT_BYTES=$((RSS_LIMIT_GIB * 1024 * 1024 * 1024))
 
 if [[ ! -x "$STRATA" ]]; then
   echo "scale_tinyllama: $STRATA not found; build it (cmake --build build --target strata) or set STRATA" >&2
@@ -35,20 +41,31 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<%dH" % 200000, *(rng.randrange(32000) for _ in range(200000))))
 EOF
 
-cat > "$WORK/config.json" <<EOF
-{
-  "model": {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+case "$SHAPE" in
+  tinyllama-1.1b)
+    MODEL='{"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
             "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
             "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-            "tie_word_embeddings": false},
+            "tie_word_embeddings": false}' ;;
+  llama-3.2-3b)
+    MODEL='{"vocab_size": 128256, "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "tie_word_embeddings": true}' ;;
+  *) echo "scale_tinyllama: unknown SHAPE '$SHAPE' (tinyllama-1.1b or llama-3.2-3b)" >&2; exit 2 ;;
+esac
+
+cat > "$WORK/config.json" <<EOF
+{
+  "model": $MODEL,
   "data": {"path": "$WORK/tokens.u16", "format": "u16"},
   "seq_len": 256, "batch_size": $BATCH, "micro_batch_size": 1, "max_steps": $STEPS,
   "precision": "bf16",
   "optimizer": {"lr": 1e-4, "weight_decay": 0.01},
-  "device_memory_limit": "2GiB", "host_memory_limit": "${HOST_LIMIT:-6GiB}",
+  "device_memory_limit": "2GiB", "host_memory_limit": "$HOST_LIMIT",
   "offload_param": "nvme", "offload_optimizer": "nvme",
   "swap_paths": ["$WORK/swap"],
-  "save_dir": "$WORK/ckpt", "metrics_file": "$WORK/metrics.jsonl"
+  "save_dir": "", "metrics_file": "$WORK/metrics.jsonl"
 }
 EOF
 

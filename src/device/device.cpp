@@ -82,19 +82,20 @@ Result<DeviceBuffer> Device::allocate(std::size_t size_bytes, std::string_view w
   return DeviceBuffer(this, *r, size_bytes);
 }
 
+std::string_view device_kind_name(DeviceKind kind) {
+  return kind == DeviceKind::kCpu ? "cpu" : "cuda";
+}
+
 Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options) {
-  if (options.kind == "cpu") return make_cpu_device(options);
-  if (options.kind == "cuda") {
+  if (options.kind == DeviceKind::kCpu) return make_cpu_device(options);
 #if STRATA_HAVE_CUDA
-    return cuda::create_cuda_device(options);
+  return cuda::create_cuda_device(options);
 #else
-    return unavailable(
-        "device 'cuda' requested, but this build of Strata has no CUDA backend (nvcc was not "
-        "found when it was configured); rebuild on a machine with the CUDA toolkit or set "
-        "device: \"cpu\"");
+  return unavailable(
+      "device 'cuda' requested, but this build of Strata has no CUDA backend (nvcc was not "
+      "found when it was configured); rebuild on a machine with the CUDA toolkit or set "
+      "device: \"cpu\"");
 #endif
-  }
-  return invalid_argument("unknown device '" + options.kind + "'; expected cpu or cuda");
 }
 
 std::string describe_backends() {

@@ -27,17 +27,31 @@ int launched_rank() {
   return -1;
 }
 
+std::string_view comm_backend_name(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::kAuto:
+      return "auto";
+    case CommBackend::kSingle:
+      return "single";
+    case CommBackend::kMpi:
+      return "mpi";
+    case CommBackend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
 Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,
                                                           device::Device& device) {
-  std::string backend = options.backend;
-  if (backend == "auto") {
+  CommBackend backend = options.backend;
+  if (backend == CommBackend::kAuto) {
     if (!launched_with_multiple_ranks()) {
-      backend = "single";
+      backend = CommBackend::kSingle;
     } else {
-      backend = device.host_addressable() ? "mpi" : "nccl";
+      backend = device.host_addressable() ? CommBackend::kMpi : CommBackend::kNccl;
     }
   }
-  if (backend == "single") {
+  if (backend == CommBackend::kSingle) {
     if (launched_with_multiple_ranks()) {
       return invalid_argument(
           "dist_backend \"single\" but this process was launched with several "
@@ -45,7 +59,7 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
     }
     return make_single_rank_communicator(device);
   }
-  if (backend == "mpi") {
+  if (backend == CommBackend::kMpi) {
 #if STRATA_HAVE_MPI
     return make_mpi_communicator(options, device);
 #else
@@ -54,17 +68,13 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
         "libopenmpi-dev and rebuild)");
 #endif
   }
-  if (backend == "nccl") {
 #if STRATA_HAVE_NCCL && STRATA_HAVE_MPI
-    return make_nccl_communicator(options, device);
+  return make_nccl_communicator(options, device);
 #else
-    return unavailable(
-        "dist_backend \"nccl\" needs a build with CUDA, NCCL and MPI; use \"mpi\" with device "
-        "\"cpu\"");
+  return unavailable(
+      "dist_backend \"nccl\" needs a build with CUDA, NCCL and MPI; use \"mpi\" with device "
+      "\"cpu\"");
 #endif
-  }
-  return invalid_argument("unknown dist_backend '" + backend +
-                          "'; expected auto, single, mpi or nccl");
 }
 
 }  // namespace strata::dist

@@ -42,10 +42,7 @@ std::string format_bytes(std::uint64_t bytes) {
 
 Status validate_options(const SwapOptions& o) {
   std::vector<std::string> problems;
-  const bool memory = o.engine == "memory";
-  if (o.engine != "auto" && o.engine != "uring" && o.engine != "posix" && !memory) {
-    problems.push_back("engine \"" + o.engine + "\" is unknown; use auto, uring, posix or memory");
-  }
+  const bool memory = o.engine == SwapEngine::kMemory;
   if (o.paths.empty() && !memory) {
     problems.push_back("swap_paths is empty; give at least one directory (one per drive)");
   }
@@ -354,10 +351,10 @@ Result<std::unique_ptr<Engine>> open_disk_engine(const SwapOptions& o,
                                                  std::vector<EngineFile> files,
                                                  const EngineOptions& eo,
                                                  std::vector<std::string>& warnings) {
-  if (o.engine == "posix") return make_posix_engine(std::move(files), eo);
+  if (o.engine == SwapEngine::kPosix) return make_posix_engine(std::move(files), eo);
   auto uring = make_uring_engine(files, eo);
   if (uring.is_ok()) return std::move(uring).value();
-  if (o.engine == "uring") {
+  if (o.engine == SwapEngine::kUring) {
     return uring.status().with_context(
         "engine \"uring\" is not available (use engine \"auto\" or \"posix\")");
   }
@@ -369,6 +366,27 @@ Result<std::unique_ptr<Engine>> open_disk_engine(const SwapOptions& o,
 }
 
 }  // namespace
+
+std::string_view swap_engine_name(SwapEngine engine) {
+  switch (engine) {
+    case SwapEngine::kAuto:
+      return "auto";
+    case SwapEngine::kUring:
+      return "uring";
+    case SwapEngine::kPosix:
+      return "posix";
+    case SwapEngine::kMemory:
+      return "memory";
+  }
+  return "?";
+}
+
+std::optional<SwapEngine> parse_swap_engine(std::string_view name) {
+  for (SwapEngine e : kSwapEngines) {
+    if (swap_engine_name(e) == name) return e;
+  }
+  return std::nullopt;
+}
 
 Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options) {
   STRATA_RETURN_IF_ERROR(validate_options(options));
@@ -383,7 +401,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options)
   std::vector<SwapDir> dirs;
   std::vector<std::string> warnings;
   std::unique_ptr<Engine> engine;
-  if (options.engine == "memory") {
+  if (options.engine == SwapEngine::kMemory) {
     std::vector<std::string> names;
     for (const std::string& p : options.paths) names.push_back("memory:" + p);
     if (names.empty()) names.push_back("memory:0");

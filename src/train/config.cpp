@@ -1,6 +1,10 @@
 // Strict parsing of the training config.
 #include "strata/train/config.h"
 
+#include <array>
+
+#include "strata/zero/plan.h"
+
 namespace strata::train {
 
 Status apply_override(Json& json, const std::string& assignment) {
@@ -38,6 +42,31 @@ Status apply_override(Json& json, const std::string& assignment) {
   }
 }
 
+std::string_view precision_name(DType precision) {
+  return precision == DType::kBF16 ? "bf16" : "fp32";
+}
+
+namespace {
+
+constexpr std::array<DType, 2> kPrecisions = {DType::kF32, DType::kBF16};
+constexpr std::array<Tier, 3> kTiers = {Tier::kDevice, Tier::kHost, Tier::kNvme};
+
+// Reads a string key that names one of `values` (as `name` spells them) into *out; anything
+// else is an error listing the names. Absent: *out keeps its default.
+template <typename T, std::size_t N>
+void read_enum(JsonReader& r, const std::string& key, T* out, const std::array<T, N>& values,
+               std::string_view (*name)(T)) {
+  std::string s(name(*out));
+  std::vector<std::string> names;
+  for (T v : values) names.emplace_back(name(v));
+  r.read_choice(key, &s, names);
+  for (T v : values) {
+    if (name(v) == s) *out = v;
+  }
+}
+
+}  // namespace
+
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
   if (!json.is_object()) return invalid_argument(source + ": the config must be a JSON object");
   std::vector<std::string> errors;
@@ -66,7 +95,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     } else {
       JsonReader dr(*d, "data", &errors);
       dr.read("path", &c.data.path);
-      dr.read_choice("format", &c.data.format, {"u16", "u32", "llmc", "text"});
+      read_enum(dr, "format", &c.data.format, kTokenFormats, token_format_name);
       if (c.data.path.empty()) dr.error("path", "is required");
       dr.reject_unknown();
     }
@@ -77,7 +106,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("batch_size", &c.batch_size, 1);
   r.read("micro_batch_size", &c.micro_batch_size, 0);
   r.read("max_steps", &c.max_steps, 0);
-  r.read_choice("precision", &c.precision, {"fp32", "bf16"});
+  read_enum(r, "precision", &c.precision, kPrecisions, precision_name);
 
   if (const Json* o = r.raw("optimizer")) {
     if (!o->is_object()) {
@@ -105,7 +134,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       r.error("lr_schedule", "expected an object");
     } else {
       JsonReader sr(*s, "lr_schedule", &errors);
-      sr.read_choice("type", &c.lr_schedule.type, {"constant", "cosine"});
+      read_enum(sr, "type", &c.lr_schedule.type, optim::kScheduleKinds, optim::schedule_kind_name);
       sr.read("warmup_steps", &c.lr_schedule.warmup_steps, 0);
       sr.read("min_lr", &c.lr_schedule.min_lr, 0.0);
       sr.reject_unknown();
@@ -129,15 +158,15 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                        ": a bucket lives in device memory, and MPI counts its elements in an int");
     }
   }
-  r.read_choice("dist_backend", &c.dist_backend, {"auto", "single", "mpi", "nccl"});
+  read_enum(r, "dist_backend", &c.dist_backend, dist::kCommBackends, dist::comm_backend_name);
   r.read("dist_timeout_s", &c.dist_timeout_s, 1);
-  r.read_choice("offload_optimizer", &c.offload_optimizer, {"none", "cpu", "nvme"});
-  r.read_choice("offload_param", &c.offload_param, {"none", "cpu", "nvme"});
+  read_enum(r, "offload_optimizer", &c.offload_optimizer, kTiers, zero::offload_name);
+  read_enum(r, "offload_param", &c.offload_param, kTiers, zero::offload_name);
   r.read_bytes("prefetch_bytes", &c.prefetch_bytes);
   r.read_bytes("max_live_bytes", &c.max_live_bytes);
   r.read_bytes("max_reuse_distance", &c.max_reuse_distance);
   r.read("swap_paths", &c.swap_paths);
-  r.read_choice("swap_engine", &c.swap_engine, {"auto", "uring", "posix", "memory"});
+  read_enum(r, "swap_engine", &c.swap_engine, io::kSwapEngines, io::swap_engine_name);
   r.read_bytes("swap_block_size", &c.swap_block_size);
   if (c.swap_block_size == 0 || c.swap_block_size % 4096 != 0 || c.swap_block_size > (1u << 30)) {
     r.error("swap_block_size", std::to_string(c.swap_block_size) +
@@ -147,7 +176,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("swap_queue_depth", &c.swap_queue_depth, 1, 4096);
   r.read("swap_threads", &c.swap_threads, 1, 64);
   r.read("verify_swap", &c.verify_swap);
-  r.read_choice("device", &c.device, {"cpu", "cuda"});
+  read_enum(r, "device", &c.device, device::kDeviceKinds, device::device_kind_name);
   r.read_bytes("device_memory_limit", &c.device_memory_limit);
   r.read_bytes("host_memory_limit", &c.host_memory_limit);
   r.read("threads", &c.threads, 0, 1024);
@@ -169,18 +198,19 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                      " must divide batch_size " + std::to_string(c.batch_size) +
                      " (gradient accumulation steps = batch_size / micro_batch_size)");
   }
-  if (c.offload_param != "none" && c.offload_optimizer == "none") {
-    errors.push_back("'offload_param': \"" + c.offload_param +
+  if (c.offload_param != Tier::kDevice && c.offload_optimizer == Tier::kDevice) {
+    errors.push_back("'offload_param': \"" + std::string(zero::offload_name(c.offload_param)) +
                      "\" needs offload_optimizer \"cpu\" or \"nvme\" as well");
   }
-  if ((c.offload_param == "nvme" || c.offload_optimizer == "nvme") && c.swap_paths.empty()) {
+  if ((c.offload_param == Tier::kNvme || c.offload_optimizer == Tier::kNvme) &&
+      c.swap_paths.empty()) {
     errors.push_back("'swap_paths': offload to nvme needs at least one swap directory");
   }
-  if (c.device == "cuda" && c.device_memory_limit == 0) {
+  if (c.device == device::DeviceKind::kCuda && c.device_memory_limit == 0) {
     // The CUDA backend sizes its arena from this; refuse to guess.
     errors.push_back("'device_memory_limit': required with device \"cuda\" (e.g. \"20GiB\")");
   }
-  if (c.zero_stage != 3 && (c.offload_param != "none")) {
+  if (c.zero_stage != 3 && c.offload_param != Tier::kDevice) {
     errors.push_back("'offload_param': parameter offload needs zero_stage 3");
   }
   if (!errors.empty()) {
@@ -202,19 +232,19 @@ Json TrainConfig::to_json() const {
   return Json{
       {"model", model},
       {"seed", seed},
-      {"data", {{"path", data.path}, {"format", data.format}}},
+      {"data", {{"path", data.path}, {"format", token_format_name(data.format)}}},
       {"seq_len", seq_len},
       {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size},
       {"max_steps", max_steps},
-      {"precision", precision},
+      {"precision", precision_name(precision)},
       {"optimizer",
        {{"lr", optimizer.lr},
         {"betas", {optimizer.beta1, optimizer.beta2}},
         {"eps", optimizer.eps},
         {"weight_decay", optimizer.weight_decay}}},
       {"lr_schedule",
-       {{"type", lr_schedule.type},
+       {{"type", optim::schedule_kind_name(lr_schedule.type)},
         {"warmup_steps", lr_schedule.warmup_steps},
         {"min_lr", lr_schedule.min_lr}}},
       {"grad_clip", grad_clip},
@@ -224,20 +254,20 @@ Json TrainConfig::to_json() const {
       {"param_persistence_threshold", param_persistence_threshold},
       {"reduce_bucket_bytes", reduce_bucket_bytes},
       {"allgather_bucket_bytes", allgather_bucket_bytes},
-      {"dist_backend", dist_backend},
+      {"dist_backend", dist::comm_backend_name(dist_backend)},
       {"dist_timeout_s", dist_timeout_s},
-      {"offload_optimizer", offload_optimizer},
-      {"offload_param", offload_param},
+      {"offload_optimizer", zero::offload_name(offload_optimizer)},
+      {"offload_param", zero::offload_name(offload_param)},
       {"prefetch_bytes", prefetch_bytes},
       {"max_live_bytes", max_live_bytes},
       {"max_reuse_distance", max_reuse_distance},
       {"swap_paths", swap_paths},
-      {"swap_engine", swap_engine},
+      {"swap_engine", io::swap_engine_name(swap_engine)},
       {"swap_block_size", swap_block_size},
       {"swap_queue_depth", swap_queue_depth},
       {"swap_threads", swap_threads},
       {"verify_swap", verify_swap},
-      {"device", device},
+      {"device", device::device_kind_name(device)},
       {"device_memory_limit", device_memory_limit},
       {"host_memory_limit", host_memory_limit},
       {"threads", threads},

@@ -34,19 +34,27 @@ std::uint64_t mix64(std::uint64_t z) {
 
 }  // namespace
 
-Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path,
-                                                         const std::string& format) {
-  int token_bytes = 0;
-  if (format == "u16")
-    token_bytes = 2;
-  else if (format == "u32")
-    token_bytes = 4;
-  else if (format == "text")
-    token_bytes = 1;
-  else if (format != "llmc") {
-    return invalid_argument("unknown token file format '" + format + "' for " + path +
-                            "; expected one of u16, u32, llmc, text");
+std::string_view token_format_name(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kU16:
+      return "u16";
+    case TokenFormat::kU32:
+      return "u32";
+    case TokenFormat::kLlmc:
+      return "llmc";
+    case TokenFormat::kText:
+      return "text";
   }
+  return "?";
+}
+
+Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path,
+                                                         TokenFormat format) {
+  const bool llmc = format == TokenFormat::kLlmc;
+  int token_bytes = format == TokenFormat::kU16   ? 2
+                          : format == TokenFormat::kU32 ? 4
+                          : format == TokenFormat::kText ? 1
+                                                         : 0;  // llmc: from its header
 
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open token file", path);
@@ -58,7 +66,7 @@ Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path
   if (file_bytes == 0) return data_loss("token file " + path + " is empty");
 
   std::uint64_t header_bytes = 0;
-  if (format == "llmc") {
+  if (llmc) {
     if (file_bytes < kLlmcHeaderBytes) {
       return data_loss("token file " + path + " is " + std::to_string(file_bytes) +
                        " bytes, smaller than the 1024-byte llm.c header");
@@ -67,7 +75,8 @@ Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path
   } else if (file_bytes % static_cast<std::uint64_t>(token_bytes) != 0) {
     return data_loss("token file " + path + " is " + std::to_string(file_bytes) +
                      " bytes, not a multiple of the " + std::to_string(token_bytes) + "-byte " +
-                     format + " token size; is the format right (u16, u32, llmc, text)?");
+                     std::string(token_format_name(format)) +
+                     " token size; is the format right (u16, u32, llmc, text)?");
   }
 
   void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd.get(), 0);
@@ -79,7 +88,7 @@ Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path
   ds->map_bytes_ = file_bytes;
   const auto* bytes = static_cast<const std::uint8_t*>(map);
 
-  if (format == "llmc") {
+  if (llmc) {
     const std::int32_t magic = load_le_i32(bytes);
     const std::int32_t version = load_le_i32(bytes + 4);
     const std::int32_t count = load_le_i32(bytes + 8);

@@ -99,7 +99,7 @@ struct Trainer::Impl {
 };
 
 Status Trainer::Impl::setup() {
-  compute_dtype = config.precision == "bf16" ? DType::kBF16 : DType::kF32;
+  compute_dtype = config.precision;
 
   // Model: a checkpoint directory or an inline config.
   std::unique_ptr<model::HfCheckpointReader> reader;
@@ -166,10 +166,7 @@ Status Trainer::Impl::setup() {
   partition =
       std::make_unique<zero::Partition>(*layout, rank, world, config.param_persistence_threshold);
 
-  STRATA_ASSIGN_OR_RETURN(const Tier param,
-                          zero::parse_offload(config.offload_param, "offload_param"));
-  STRATA_ASSIGN_OR_RETURN(const Tier opt,
-                          zero::parse_offload(config.offload_optimizer, "offload_optimizer"));
+  const Tier param = config.offload_param, opt = config.offload_optimizer;
   if (param == Tier::kNvme || opt == Tier::kNvme) {
     io::SwapOptions sopts;
     for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, rank));
@@ -511,12 +508,15 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.layout->num_parameters()),
       static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
       static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
-      static_cast<long long>(c.vocab_size), s.config.precision.c_str(), s.device->name().c_str(),
+      static_cast<long long>(c.vocab_size), std::string(precision_name(s.config.precision)).c_str(),
+      s.device->name().c_str(),
       s.config.device_memory_limit ? format_bytes(s.config.device_memory_limit).c_str() : "none",
-      s.config.offload_param.c_str(), s.config.offload_optimizer.c_str(),
+      std::string(zero::offload_name(s.config.offload_param)).c_str(),
+      std::string(zero::offload_name(s.config.offload_optimizer)).c_str(),
       s.swap ? " | swap engine " : "", s.swap ? s.swap->engine_name().c_str() : "",
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
-      s.config.data.format.c_str(), static_cast<long long>(s.config.seq_len),
+      std::string(token_format_name(s.config.data.format)).c_str(),
+      static_cast<long long>(s.config.seq_len),
       static_cast<long long>(s.config.batch_size),
       static_cast<long long>(s.config.batch_size /
                              (s.config.micro_batch_size * s.comm->world_size())),

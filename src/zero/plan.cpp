@@ -22,14 +22,6 @@ std::string_view offload_name(Tier tier) {
   return "?";
 }
 
-Result<Tier> parse_offload(std::string_view value, std::string_view key) {
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    if (value == offload_name(t)) return t;
-  }
-  return invalid_argument("config key '" + std::string(key) + "': expected \"none\", \"cpu\" or " +
-                          "\"nvme\", got \"" + std::string(value) + "\"");
-}
-
 std::string_view tensor_kind_name(TensorKind kind) {
   switch (kind) {
     case TensorKind::kParameters:

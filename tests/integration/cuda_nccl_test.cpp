@@ -23,13 +23,13 @@ TEST(CudaNcclTest, CollectivesSeeTheComputeStreamsWritesAndGiveTheSerialResult) 
   const kernels::GpuInfo info = kernels::query_gpus();
   if (info.count == 0) GTEST_SKIP() << "no GPU: " << info.error;
   device::DeviceOptions dopts;
-  dopts.kind = "cuda";
+  dopts.kind = device::DeviceKind::kCuda;
   dopts.memory_limit_bytes = std::uint64_t{512} << 20;
   auto dev = device::create_device(dopts);
   ASSERT_TRUE(dev.is_ok()) << dev.status().message();
   device::Device& d = **dev;
   CommOptions copts;
-  copts.backend = "nccl";
+  copts.backend = dist::CommBackend::kNccl;
   copts.timeout = std::chrono::seconds(60);
   auto made = create_communicator(copts, d);
   ASSERT_TRUE(made.is_ok()) << made.status().message();

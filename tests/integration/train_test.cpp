@@ -79,13 +79,15 @@ std::uint64_t smallest_host_limit(const Json& j) {
   auto mc = model::LlamaConfig::from_json(j["model"], "model");
   EXPECT_TRUE(mc.is_ok());
   const model::ParamLayout full = model::ParamLayout::build(*mc);
-  const zero::Partition partition(full, 0, 1, 100000);
+  auto c = parse_train_config(j, "test config");
+  EXPECT_TRUE(c.is_ok()) << c.status().message();
+  const zero::Partition partition(full, 0, 1, c->param_persistence_threshold);
   zero::PlanOptions po;
-  po.params = *zero::parse_offload(j["offload_param"].get<std::string>(), "offload_param");
-  po.optimizer = *zero::parse_offload(j["offload_optimizer"].get<std::string>(), "");
-  po.compute_dtype = j["precision"] == "bf16" ? DType::kBF16 : DType::kF32;
-  po.accumulation_steps = j["batch_size"].get<std::int64_t>() / j["micro_batch_size"].get<std::int64_t>();
-  po.sub_group_size = j["sub_group_size"].get<std::int64_t>();
+  po.params = c->offload_param;
+  po.optimizer = c->offload_optimizer;
+  po.compute_dtype = c->precision;
+  po.accumulation_steps = c->accumulation_steps();
+  po.sub_group_size = c->sub_group_size;
   po.has_swap = true;
   std::uint64_t lo = 1, hi = std::uint64_t{1} << 30;  // make_plan fails at lo, succeeds at hi
   while (hi - lo > 1) {

@@ -363,7 +363,7 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
   const BenchArgs& a = sw.args;
   io::SwapOptions o;
   o.paths.assign(a.paths.begin(), a.paths.begin() + num_paths);
-  o.engine = a.engine;
+  o.engine = *io::parse_swap_engine(a.engine);  // --engine is checked by CLI11
   o.block_size_bytes = block;
   o.queue_depth = qd;
   o.thread_count = threads;

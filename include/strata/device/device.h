@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <array>
 #include <string_view>
 
 #include "strata/core/status.h"
@@ -197,8 +198,12 @@ class Device {
   virtual void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) = 0;
 };
 
+enum class DeviceKind : std::uint8_t { kCpu, kCuda };
+inline constexpr std::array<DeviceKind, 2> kDeviceKinds = {DeviceKind::kCpu, DeviceKind::kCuda};
+std::string_view device_kind_name(DeviceKind kind);  // "cpu", "cuda"
+
 struct DeviceOptions {
-  std::string kind = "cpu";              // "cpu" or "cuda"
+  DeviceKind kind = DeviceKind::kCpu;
   std::uint64_t memory_limit_bytes = 0;  // 0 = no limit on the CPU backend; required on CUDA
   int device_index = 0;
   int compute_threads = 0;  // CPU backend: threads for BLAS and ops; 0 = all cores
@@ -207,7 +212,7 @@ struct DeviceOptions {
   bool allow_tf32 = false;
 };
 
-// Creates a backend. "cuda" without a CUDA build or without a GPU is an `unavailable` error that
+// Creates a backend. CUDA without a CUDA build or without a GPU is an `unavailable` error that
 // says which.
 Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options);
 

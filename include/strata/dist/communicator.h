@@ -2,10 +2,12 @@
 // NCCL (CUDA backend) implementations behind one interface.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/core/dtype.h"
@@ -89,9 +91,14 @@ class Communicator {
   CommStats stats_;
 };
 
+// kAuto: mpi when launched by mpirun (nccl on a device that is not host memory), else single.
+enum class CommBackend : std::uint8_t { kAuto, kSingle, kMpi, kNccl };
+inline constexpr std::array<CommBackend, 4> kCommBackends = {
+    CommBackend::kAuto, CommBackend::kSingle, CommBackend::kMpi, CommBackend::kNccl};
+std::string_view comm_backend_name(CommBackend backend);  // "auto", "single", "mpi", "nccl"
+
 struct CommOptions {
-  std::string backend =
-      "auto";  // auto: mpi when launched by mpirun, else single; or mpi|nccl|single
+  CommBackend backend = CommBackend::kAuto;
   std::chrono::seconds timeout{300};  // a collective that does not finish in time ends the run
 };
 

@@ -3,11 +3,13 @@
 // fallback), with optional checksums of everything written.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,11 +46,19 @@ struct IoStats {
   std::uint64_t checksum_errors = 0;  // reads that failed their checksum
 };
 
+// kAuto: io_uring if it works, else posix (pread/pwrite on threads). kMemory keeps the files in
+// RAM and never touches the directories: paths, if given, only name the in-memory files
+// ("memory:<path>") and set how many are striped over.
+enum class SwapEngine : std::uint8_t { kAuto, kUring, kPosix, kMemory };
+inline constexpr std::array<SwapEngine, 4> kSwapEngines = {SwapEngine::kAuto, SwapEngine::kUring,
+                                                           SwapEngine::kPosix, SwapEngine::kMemory};
+std::string_view swap_engine_name(SwapEngine engine);  // "auto", "uring", "posix", "memory"
+// For command lines: the engine of that name, or nullopt.
+std::optional<SwapEngine> parse_swap_engine(std::string_view name);
+
 struct SwapOptions {
   std::vector<std::string> paths;  // one directory per drive
-  // "memory" keeps the files in RAM and never touches the directories: paths, if given, only
-  // name the in-memory files ("memory:<path>") and set how many are striped over.
-  std::string engine = "auto";  // "auto" (io_uring if it works), "uring", "posix", "memory"
+  SwapEngine engine = SwapEngine::kAuto;
   std::size_t block_size_bytes = 1 << 20;  // requests are split into chunks of this size
   // io_uring: most chunks in the kernel per ring (like fio's iodepth per job). The thread-pool
   // engines use it to cap their worker count.

@@ -1,13 +1,19 @@
 // Learning-rate schedules and gradient clipping helpers.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <string>
+#include <string_view>
 
 namespace strata::optim {
 
+enum class ScheduleKind : std::uint8_t { kConstant, kCosine };
+inline constexpr std::array<ScheduleKind, 2> kScheduleKinds = {ScheduleKind::kConstant,
+                                                               ScheduleKind::kCosine};
+std::string_view schedule_kind_name(ScheduleKind kind);  // "constant", "cosine"
+
 struct LrSchedule {
-  std::string type = "constant";  // "constant" or "cosine"
+  ScheduleKind type = ScheduleKind::kConstant;
   double base_lr = 1e-3;
   std::int64_t warmup_steps = 0;
   double min_lr = 0.0;

@@ -1,20 +1,28 @@
 // The training config: one JSON object whose keys read like DeepSpeed's, validated strictly
-// (every unknown key, wrong type and out-of-range value reported at once).
+// (every unknown key, wrong type and out-of-range value reported at once) and resolved once into
+// typed values (enums, byte counts) that the modules receive as they are.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "strata/core/dtype.h"
 #include "strata/core/json.h"
 #include "strata/core/status.h"
+#include "strata/device/device.h"
+#include "strata/dist/communicator.h"
+#include "strata/io/swap.h"
+#include "strata/optim/schedule.h"
+#include "strata/tensor/tensor.h"
+#include "strata/train/data.h"
 #include "strata/zero/bucket.h"
 
 namespace strata::train {
 
 struct DataConfig {
   std::string path;
-  std::string format = "text";  // u16 | u32 | llmc | text
+  TokenFormat format = TokenFormat::kText;
 };
 
 struct OptimizerConfig {
@@ -26,7 +34,7 @@ struct OptimizerConfig {
 };
 
 struct LrScheduleConfig {
-  std::string type = "constant";  // constant | cosine
+  optim::ScheduleKind type = optim::ScheduleKind::kConstant;
   std::int64_t warmup_steps = 0;
   double min_lr = 0.0;
 };
@@ -39,7 +47,7 @@ struct TrainConfig {
   std::int64_t batch_size = 8;        // global, in sequences
   std::int64_t micro_batch_size = 0;  // per rank; 0 = batch_size
   std::int64_t max_steps = 100;
-  std::string precision = "fp32";  // fp32 | bf16
+  DType precision = DType::kF32;  // "fp32" | "bf16": the compute dtype
   OptimizerConfig optimizer;
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
@@ -47,10 +55,10 @@ struct TrainConfig {
   int zero_stage = 3;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
-  std::string dist_backend = "auto";                  // auto | single | mpi | nccl
+  dist::CommBackend dist_backend = dist::CommBackend::kAuto;
   std::int64_t dist_timeout_s = 300;                  // a collective slower than this ends the run
-  std::string offload_optimizer = "none";             // none | cpu | nvme
-  std::string offload_param = "none";                 // none | cpu | nvme
+  Tier offload_optimizer = Tier::kDevice;  // "none" (device) | "cpu" (host) | "nvme"
+  Tier offload_param = Tier::kDevice;      // likewise
   // Bytes one gradient reduction / one parameter all-gather moves at most (every rank's part
   // counted): small groups share a collective, large ones are split. DeepSpeed's
   // reduce_bucket_size and allgather_bucket_size, in bytes.
@@ -63,13 +71,13 @@ struct TrainConfig {
   std::uint64_t max_live_bytes = std::uint64_t{1} << 30;
   std::uint64_t max_reuse_distance = std::uint64_t{1} << 30;
   std::vector<std::string> swap_paths;
-  std::string swap_engine = "auto";  // auto | uring | posix | memory
+  io::SwapEngine swap_engine = io::SwapEngine::kAuto;
   // Swap engine tuning (strata io-bench --write-config measures these).
   std::uint64_t swap_block_size = 1 << 20;  // bytes per I/O request and stripe unit
   int swap_queue_depth = 32;                // requests in flight per ring
   int swap_threads = 1;                     // io_uring rings, each with its own thread
   bool verify_swap = false;                 // xxh3 checksums of swapped data, checked on read
-  std::string device = "cpu";               // cpu | cuda
+  device::DeviceKind device = device::DeviceKind::kCpu;
   std::uint64_t device_memory_limit = 0;    // bytes; 0 = no limit (cpu backend only)
   std::uint64_t host_memory_limit = 0;      // bytes; 0 = no limit
   int threads = 0;                          // compute threads on the cpu backend; 0 = all cores
@@ -86,6 +94,8 @@ struct TrainConfig {
 
 // Parses and validates. `source` names the file in messages.
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source);
+// "fp32" or "bf16", as the config spells the precision.
+std::string_view precision_name(DType precision);
 Result<TrainConfig> load_train_config(const std::string& path,
                                       const std::vector<std::string>& overrides);
 // Applies one "--set key=value" override: dotted keys address nested objects; the value is

@@ -1,24 +1,30 @@
 // Token data: files of token ids and a deterministic sampler of fixed-length sequences.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/core/status.h"
 
 namespace strata::train {
 
-// Formats: "u16" / "u32" raw little-endian arrays; "llmc" (llm.c .bin: 256 int32 header, magic
-// 20240520, version 1 = uint16 tokens, version 2 = uint32, header[2] = token count); "text"
+// Token file formats: u16 / u32 raw little-endian arrays; llmc (llm.c .bin: 256 int32 header,
+// magic 20240520, version 1 = uint16 tokens, version 2 = uint32, header[2] = token count); text
 // (bytes of a text file, vocabulary 256).
+enum class TokenFormat : std::uint8_t { kU16, kU32, kLlmc, kText };
+inline constexpr std::array<TokenFormat, 4> kTokenFormats = {TokenFormat::kU16, TokenFormat::kU32,
+                                                             TokenFormat::kLlmc, TokenFormat::kText};
+std::string_view token_format_name(TokenFormat format);  // "u16", "u32", "llmc", "text"
+
 class TokenDataset {
  public:
   // Memory-maps the file. Errors name the file: missing, empty, size not a multiple of the token
   // size, bad llm.c header, fewer than seq_len + 1 tokens.
-  static Result<std::shared_ptr<TokenDataset>> open(const std::string& path,
-                                                    const std::string& format);
+  static Result<std::shared_ptr<TokenDataset>> open(const std::string& path, TokenFormat format);
   ~TokenDataset();
   TokenDataset(const TokenDataset&) = delete;  // owns the mapping
   TokenDataset& operator=(const TokenDataset&) = delete;

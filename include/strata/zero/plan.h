@@ -19,8 +19,6 @@ namespace strata::zero {
 // The config's spelling of a tier (offload_param, offload_optimizer): none = the device,
 // cpu = host memory, nvme = the swap space.
 std::string_view offload_name(Tier tier);
-// `key` names the config key in the error.
-Result<Tier> parse_offload(std::string_view value, std::string_view key);
 
 enum class TensorKind : std::uint8_t {
   kParameters,     // working copies in the compute dtype

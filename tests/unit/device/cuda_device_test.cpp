@@ -23,7 +23,7 @@ bool gpu_present() { return kernels::query_gpus().count > 0; }
 TEST(CudaProbeTest, NoGpuIsAClearError) {
   if (gpu_present()) GTEST_SKIP() << "a GPU is present; this checks the message without one";
   DeviceOptions o;
-  o.kind = "cuda";
+  o.kind = device::DeviceKind::kCuda;
   o.memory_limit_bytes = std::uint64_t{1} << 30;
   auto d = create_device(o);
   ASSERT_FALSE(d.is_ok());
@@ -39,7 +39,7 @@ class CudaDeviceTest : public GpuTest {};
 
 TEST_F(CudaDeviceTest, MemoryLimitIsRequired) {
   DeviceOptions o;
-  o.kind = "cuda";
+  o.kind = device::DeviceKind::kCuda;
   auto d = create_device(o);
   ASSERT_FALSE(d.is_ok());
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);

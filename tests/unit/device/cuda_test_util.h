@@ -21,7 +21,7 @@ inline std::unique_ptr<Device> make_gpu_device(std::string* why,
                                                const cuda::CudaTuning& tuning = {},
                                                std::uint64_t limit = kGpuTestLimitBytes) {
   DeviceOptions o;
-  o.kind = "cuda";
+  o.kind = device::DeviceKind::kCuda;
   o.memory_limit_bytes = limit;
   auto d = cuda::create_cuda_device(o, tuning);
   if (d.is_ok()) return std::move(d).value();

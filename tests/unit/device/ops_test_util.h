@@ -131,7 +131,7 @@ inline double tolerance(DType dtype) { return dtype == DType::kF32 ? 1e-5 : 1e-2
 
 inline std::unique_ptr<Device> make_device(int threads = 0, std::uint64_t limit = 0) {
   DeviceOptions o;
-  o.kind = "cpu";
+  o.kind = device::DeviceKind::kCpu;
   o.compute_threads = threads;
   o.memory_limit_bytes = limit;
   auto d = create_device(o);

@@ -87,12 +87,12 @@ inline std::vector<std::string> all_engines() { return {"uring", "posix", "memor
 // ring with an SQPOLL kernel thread.
 inline SwapOptions make_options(const std::string& engine, std::vector<std::string> paths) {
   SwapOptions o;
-  o.engine = engine;
+  o.engine = parse_swap_engine(engine).value_or(SwapEngine::kUring);
   o.paths = std::move(paths);
   o.block_size_bytes = 64 * 1024;
   o.queue_depth = 8;
   if (engine.starts_with("uring_")) {
-    o.engine = "uring";
+    o.engine = SwapEngine::kUring;
     o.caller_driven = engine.ends_with("_caller");
     o.sqpoll = engine == "uring_sqpoll";
     if (engine.starts_with("uring_4rings")) o.thread_count = 4;
@@ -104,7 +104,7 @@ inline SwapOptions make_options(const std::string& engine, std::vector<std::stri
 // Creates a swap space, or skips the test when io_uring was asked for and cannot run here.
 #define STRATA_CREATE_SWAP_OR_SKIP(var, options)                                 \
   auto var##_result = ::strata::io::SwapSpace::create(options);                  \
-  if (!var##_result.is_ok() && (options).engine == "uring" &&                    \
+  if (!var##_result.is_ok() && (options).engine == ::strata::io::SwapEngine::kUring &&                    \
       var##_result.status().code() == ::strata::StatusCode::kUnavailable) {      \
     GTEST_SKIP() << "io_uring unavailable: " << var##_result.status().message(); \
   }                                                                              \

@@ -54,7 +54,7 @@ TEST(StagingBufferTest, RegisteredStagingRoundTrip) {
     SwapOptions o = make_options(engine, dirs.paths());
     o.block_size_bytes = 1 << 20;
     auto created = SwapSpace::create(o);
-    if (!created.is_ok() && o.engine == "uring") continue;  // covered by skips elsewhere
+    if (!created.is_ok() && o.engine == SwapEngine::kUring) continue;  // covered by skips elsewhere
     ASSERT_TRUE(created.is_ok()) << created.status().to_string();
     auto swap = std::move(created).value();
     StagingBuffer staging(8 << 20);
@@ -68,7 +68,7 @@ TEST(StagingBufferTest, RegisteredStagingRoundTrip) {
     ASSERT_TRUE(swap->write(*e, 0, staging.data(), 4 << 20).wait().is_ok());
     ASSERT_TRUE(swap->read(*e, 0, staging.data() + (4 << 20), 4 << 20).wait().is_ok());
     EXPECT_EQ(first_mismatch(staging.data(), staging.data() + (4 << 20), 4 << 20), -1);
-    EXPECT_EQ(swap->stats().fixed_chunks, o.engine == "uring" ? 8u : 0u);
+    EXPECT_EQ(swap->stats().fixed_chunks, o.engine == SwapEngine::kUring ? 8u : 0u);
   }
 }
 

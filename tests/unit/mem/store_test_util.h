@@ -29,7 +29,7 @@ inline constexpr bool kUnderTsan = false;
 
 inline std::unique_ptr<device::Device> make_cpu_device(std::uint64_t limit_bytes = 0) {
   device::DeviceOptions o;
-  o.kind = "cpu";
+  o.kind = device::DeviceKind::kCpu;
   o.memory_limit_bytes = limit_bytes;
   o.compute_threads = 1;
   auto d = device::create_device(o);
@@ -40,7 +40,7 @@ inline std::unique_ptr<device::Device> make_cpu_device(std::uint64_t limit_bytes
 inline std::unique_ptr<io::SwapSpace> make_memory_swap(io::FaultInjection faults = {},
                                                        std::size_t block_size_bytes = 16 * 1024) {
   io::SwapOptions o;
-  o.engine = "memory";
+  o.engine = io::SwapEngine::kMemory;
   o.block_size_bytes = block_size_bytes;
   o.queue_depth = 4;
   o.posix_threads = 2;

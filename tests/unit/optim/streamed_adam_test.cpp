@@ -57,7 +57,7 @@ Fixture make_fixture(const std::string& engine, std::vector<io::FaultRule> rules
   Fixture f;
   f.dir = std::make_unique<::strata::testing::TempDir>();
   io::SwapOptions so;
-  so.engine = engine;
+  so.engine = *io::parse_swap_engine(engine);
   so.paths = {f.dir->path()};
   so.block_size_bytes = kBlockBytes;
   so.queue_depth = 4;
@@ -374,7 +374,7 @@ TEST_P(StreamedAdamTest, WithoutUpdateTheSameBytesMoveAndNothingChanges) {
 TEST(StreamedAdamOptions, RejectsBadSizes) {
   ::strata::testing::TempDir dir;
   io::SwapOptions so;
-  so.engine = "memory";
+  so.engine = io::SwapEngine::kMemory;
   so.paths = {dir.path()};
   auto swap = io::SwapSpace::create(so);
   ASSERT_TRUE(swap.is_ok());

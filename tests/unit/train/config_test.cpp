@@ -17,8 +17,8 @@ TEST(ConfigTest, DefaultsFillIn) {
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   EXPECT_EQ(c->micro_batch_size, c->batch_size);
   EXPECT_EQ(c->accumulation_steps(), 1);
-  EXPECT_EQ(c->precision, "fp32");
-  EXPECT_EQ(c->offload_optimizer, "none");
+  EXPECT_EQ(c->precision, DType::kF32);
+  EXPECT_EQ(c->offload_optimizer, Tier::kDevice);
 }
 
 TEST(ConfigTest, UnknownKeyNamesItAndTheValidOnes) {

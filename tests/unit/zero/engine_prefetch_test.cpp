@@ -24,13 +24,13 @@ class EnginePrefetchTest : public ::testing::Test {
     config_.num_key_value_heads = 1;
     config_.max_position_embeddings = 16;
     layout_ = model::ParamLayout::build(config_);
-    auto dev = device::create_device(device::DeviceOptions{"cpu", 4 << 20, 0, 1});
+    auto dev = device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 4 << 20, 0, 1});
     ASSERT_TRUE(dev.is_ok());
     device_ = std::move(*dev);
   }
   void make(io::FaultInjection faults = {}, mem::Timeline* timeline = nullptr) {
     io::SwapOptions so;
-    so.engine = "memory";
+    so.engine = io::SwapEngine::kMemory;
     so.block_size_bytes = 1 << 20;  // one engine attempt per request
     so.fault_injection = std::move(faults);
     auto s = io::SwapSpace::create(so);
