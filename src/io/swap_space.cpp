@@ -15,6 +15,7 @@
 #include "src/io/stripe_layout.h"
 #include "src/io/swap_dir.h"
 #include "strata/build_config.h"
+#include "strata/core/json.h"
 #include "strata/core/logging.h"
 #include "strata/io/swap.h"
 
@@ -28,16 +29,9 @@ constexpr int kMaxQueueDepth = 4096;
 constexpr int kMaxThreads = 256;
 constexpr int kMaxRings = 64;
 
-std::string format_bytes(std::uint64_t bytes) {
-  char buf[64];
-  const double gib = static_cast<double>(bytes) / static_cast<double>(1ull << 30);
-  const double mib = static_cast<double>(bytes) / static_cast<double>(1ull << 20);
-  if (gib >= 1.0) {
-    std::snprintf(buf, sizeof(buf), " (%.2f GiB)", gib);
-  } else {
-    std::snprintf(buf, sizeof(buf), " (%.2f MiB)", mib);
-  }
-  return std::to_string(bytes) + " bytes" + buf;
+// Exact bytes for a size the user compares with `df`, with the readable form beside them.
+std::string exact_bytes(std::uint64_t bytes) {
+  return std::to_string(bytes) + " bytes (" + format_bytes(bytes) + ")";
 }
 
 Status validate_options(const SwapOptions& o) {
@@ -197,9 +191,9 @@ class SwapSpaceImpl final : public SwapSpace {
       const int err = engine_->grow(f, file_bytes);
       if (err == 0) continue;
       const std::string& path = engine_->path(f);
-      const std::string detail = "cannot grow " + path + " to " + format_bytes(file_bytes) +
+      const std::string detail = "cannot grow " + path + " to " + exact_bytes(file_bytes) +
                                  " for '" + std::string(what) + "' (a request of " +
-                                 format_bytes(request) + "): " + errno_text(err);
+                                 exact_bytes(request) + "): " + errno_text(err);
       if (err == ENOSPC || err == EDQUOT || err == ENOMEM) {
         if (dirs_.empty()) {
           return out_of_memory("in-memory swap is exhausted: " + detail +
@@ -208,7 +202,7 @@ class SwapSpaceImpl final : public SwapSpace {
         const SwapDir& dir = dirs_[f];
         const std::int64_t free_bytes = dir.free_bytes();
         const std::string free_text =
-            free_bytes >= 0 ? format_bytes(static_cast<std::uint64_t>(free_bytes)) : "unknown";
+            free_bytes >= 0 ? exact_bytes(static_cast<std::uint64_t>(free_bytes)) : "unknown";
         return out_of_memory("swap directory " + dir.dir() + " is full: " + detail + "; " +
                              free_text + " free there. Free disk space, add a drive to " +
                              "swap_paths, or offload less");
