@@ -143,6 +143,7 @@ struct TieredStore::Impl {
   void issue_chunk(const std::shared_ptr<Op>& op, int chunk, int buf);
   void chunk_landed(const std::shared_ptr<Op>& op, int chunk, int buf, Status s);
   void chunk_staged(const std::shared_ptr<Op>& op, int chunk, int buf);
+  void chunk_done(const std::shared_ptr<Op>& op, int buf);
   void complete_chunks(const std::shared_ptr<Op>& op, int n);
   void fail(Op& op, const Status& s);
   void finish(const std::shared_ptr<Op>& op);

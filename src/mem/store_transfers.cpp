@@ -233,13 +233,7 @@ void TieredStore::Impl::issue_chunk(const std::shared_ptr<Op>& op, int chunk, in
 // NVMe -> staging done: copy the chunk to the device.
 void TieredStore::Impl::chunk_landed(const std::shared_ptr<Op>& op, int chunk, int buf, Status s) {
   if (!s.is_ok()) fail(*op, s);
-  if (!op->status.is_ok()) {
-    staging->give(buf);
-    cv.notify_all();
-    complete_chunks(op, 1);
-    pump_staging();
-    return;
-  }
+  if (!op->status.is_ok()) return chunk_done(op, buf);
   Entry& e = entry(op->h);
   const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
   const std::size_t copy_len = static_cast<std::size_t>(
@@ -253,22 +247,13 @@ void TieredStore::Impl::chunk_landed(const std::shared_ptr<Op>& op, int chunk, i
     ev.synchronize();
     Lock lock(mu);
     record(Lane::kHostToDevice, entry(op->h), "fetch", t0, copy_len);
-    staging->give(buf);
-    cv.notify_all();
-    complete_chunks(op, 1);
-    pump_staging();
+    chunk_done(op, buf);
   });
 }
 
 // Device -> staging done: write the chunk to NVMe.
 void TieredStore::Impl::chunk_staged(const std::shared_ptr<Op>& op, int chunk, int buf) {
-  if (!op->status.is_ok()) {
-    staging->give(buf);
-    cv.notify_all();
-    complete_chunks(op, 1);
-    pump_staging();
-    return;
-  }
+  if (!op->status.is_ok()) return chunk_done(op, buf);
   Entry& e = entry(op->h);
   const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
   const std::size_t io_len =
@@ -280,11 +265,17 @@ void TieredStore::Impl::chunk_staged(const std::shared_ptr<Op>& op, int chunk, i
     Lock lock(mu);
     record(Lane::kNvmeWrite, entry(op->h), "write back", t0, io_len);
     if (!s.is_ok()) fail(*op, s);
-    staging->give(buf);
-    cv.notify_all();
-    complete_chunks(op, 1);
-    pump_staging();
+    chunk_done(op, buf);
   });
+}
+
+// A chunk's last leg ended (or was skipped after a failure): its staging buffer goes back to the
+// pool and to the next waiting op.
+void TieredStore::Impl::chunk_done(const std::shared_ptr<Op>& op, int buf) {
+  staging->give(buf);
+  cv.notify_all();
+  complete_chunks(op, 1);
+  pump_staging();
 }
 
 void TieredStore::Impl::complete_chunks(const std::shared_ptr<Op>& op, int n) {

@@ -1,4 +1,4 @@
-// Trainer: wires config -> device, swap space, model, offload engine, data; runs the loop.
+// Trainer: wires config -> device, swap space, the ZeRO provider, model, data; runs the loop.
 #include "strata/train/trainer.h"
 
 #include <chrono>
@@ -23,8 +23,6 @@
 #include "strata/sys/process.h"
 #include "strata/train/checkpoint.h"
 #include "strata/train/data.h"
-#include "strata/zero/offload_engine.h"
-#include "strata/zero/partition.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -74,10 +72,8 @@ struct Trainer::Impl {
   std::unique_ptr<model::ParamLayout> layout;
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
-  std::unique_ptr<mem::Timeline> timeline;  // before the engine, which records into it
+  std::unique_ptr<mem::Timeline> timeline;  // before the provider, whose engine records into it
   std::unique_ptr<dist::Communicator> comm;
-  std::unique_ptr<zero::Partition> partition;
-  std::unique_ptr<zero::OffloadEngine> engine;  // this rank's part
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::shared_ptr<TokenDataset> dataset;
@@ -163,9 +159,6 @@ Status Trainer::Impl::setup() {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();
   }
-  partition =
-      std::make_unique<zero::Partition>(*layout, rank, world, config.param_persistence_threshold);
-
   const Tier param = config.offload_param, opt = config.offload_optimizer;
   if (param == Tier::kNvme || opt == Tier::kNvme) {
     io::SwapOptions sopts;
@@ -196,8 +189,6 @@ Status Trainer::Impl::setup() {
   eopts.max_reuse_distance = config.max_reuse_distance;
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   eopts.timeline = timeline.get();
-  STRATA_ASSIGN_OR_RETURN(
-      engine, zero::OffloadEngine::create(partition->local_layout(), *device, swap.get(), eopts));
   zero::ZeroOptions zopts;
   zopts.stage = config.zero_stage;
   zopts.compute_dtype = compute_dtype;
@@ -220,8 +211,9 @@ Status Trainer::Impl::setup() {
              format_bytes(zopts.reduce_bucket_bytes) + ", all-gather " +
              format_bytes(zopts.allgather_bucket_bytes));
   }
-  provider =
-      std::make_unique<zero::ZeroProvider>(*layout, *partition, *engine, *comm, *device, zopts);
+  STRATA_ASSIGN_OR_RETURN(provider, zero::ZeroProvider::create(
+                                         *layout, config.param_persistence_threshold, *device,
+                                         swap.get(), *comm, zopts, eopts));
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
@@ -278,7 +270,7 @@ Status Trainer::Impl::setup() {
 Result<StepMetrics> Trainer::Impl::train_step() {
   StepMetrics m;
   m.step = step + 1;
-  const zero::EngineStats before = engine->stats();
+  const zero::EngineStats before = provider->engine().stats();
   const dist::CommStats comm_before = comm->stats();
   const auto busy_before = timeline->busy_ms();
   const io::IoStats io_before = swap ? swap->stats() : io::IoStats{};
@@ -313,7 +305,7 @@ Result<StepMetrics> Trainer::Impl::train_step() {
   STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
   if (!std::isfinite(m.grad_norm)) {
     m.skipped = true;
-    engine->zero_grads();
+    provider->zero_grads();
     log_warning("step " + std::to_string(m.step) +
                 ": gradient norm is not finite; skipping the update");
   } else {
@@ -322,12 +314,12 @@ Result<StepMetrics> Trainer::Impl::train_step() {
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
     timeline->add(mem::Lane::kCpuOptimizer, "optimizer step " + std::to_string(m.step), t0,
                   now_ns());
-    m.optimizer_ms = engine->stats().optimizer_ms;
+    m.optimizer_ms = provider->engine().stats().optimizer_ms;
   }
   ++step;
   m.step_ms = step_timer.elapsed_ms();
   m.tokens_per_s = static_cast<double>(config.batch_size * seq) / (m.step_ms / 1e3);
-  const zero::EngineStats& after = engine->stats();
+  const zero::EngineStats& after = provider->engine().stats();
   m.wait_ms = after.wait_ms - before.wait_ms;
   m.stall_ms = after.stall_ms - before.stall_ms;
   const auto busy = timeline->busy_ms();
@@ -497,7 +489,7 @@ std::string Trainer::describe() const {
   const Impl& s = *impl_;
   const auto& c = s.model_config;
   int partitioned = 0;
-  for (const auto& p : s.partition->groups()) partitioned += p.replicated ? 0 : 1;
+  for (const auto& p : s.provider->partition().groups()) partitioned += p.replicated ? 0 : 1;
   char buf[1024];
   std::snprintf(
       buf, sizeof(buf),
@@ -522,7 +514,7 @@ std::string Trainer::describe() const {
                              (s.config.micro_batch_size * s.comm->world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
       partitioned, s.layout->num_groups());
-  return buf + s.engine->plan().describe();
+  return buf + s.provider->engine().plan().describe();
 }
 
 }  // namespace strata::train

@@ -353,6 +353,7 @@ Status OffloadEngine::finish_micro_batch() {
 }
 
 Result<double> OffloadEngine::grad_sum_squares(int group) {
+  STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (!g.has_grad) return 0.0;
   if (plan_.optimizer != Tier::kDevice) return g.sum_squares;
@@ -363,7 +364,6 @@ Result<double> OffloadEngine::grad_sum_squares(int group) {
 }
 
 Result<double> OffloadEngine::grad_norm() {
-  STRATA_RETURN_IF_ERROR(finish_micro_batch());
   double sum = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     STRATA_ASSIGN_OR_RETURN(double s, grad_sum_squares(static_cast<int>(g)));
@@ -410,7 +410,8 @@ Status OffloadEngine::close_output(Group& g, Tier tier) {
 }
 
 Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
-  STRATA_RETURN_IF_ERROR(finish_micro_batch());
+  STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
+               "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
   Stopwatch timer;
   const device::AdamWArgs base = optim::make_adamw_args(options_.adam, lr, step, grad_scale);

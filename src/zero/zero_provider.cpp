@@ -10,12 +10,25 @@
 
 namespace strata::zero {
 
-ZeroProvider::ZeroProvider(const model::ParamLayout& full, const Partition& partition,
-                           OffloadEngine& engine, dist::Communicator& comm, device::Device& device,
-                           ZeroOptions options)
+Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
+    const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
+    io::SwapSpace* swap, dist::Communicator& comm, const ZeroOptions& options,
+    const EngineOptions& engine_options) {
+  auto partition = std::make_unique<Partition>(full, comm.rank(), comm.world_size(),
+                                               persistence_threshold);
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadEngine> engine,
+      OffloadEngine::create(partition->local_layout(), device, swap, engine_options));
+  return std::unique_ptr<ZeroProvider>(new ZeroProvider(full, std::move(partition),
+                                                        std::move(engine), comm, device, options));
+}
+
+ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
+                           std::unique_ptr<OffloadEngine> engine, dist::Communicator& comm,
+                           device::Device& device, const ZeroOptions& options)
     : full_(full),
-      partition_(partition),
-      engine_(engine),
+      partition_(std::move(partition)),
+      engine_(std::move(engine)),
       comm_(comm),
       device_(device),
       options_(options),
@@ -74,8 +87,8 @@ ZeroProvider::~ZeroProvider() {
 
 Status ZeroProvider::load_master(const model::GroupSource& full_source) {
   std::vector<float> tmp;
-  STRATA_RETURN_IF_ERROR(engine_.load_master([&](const model::ParamGroup& local, float* dst) {
-    const GroupPartition& p = partition_.group(local.id);
+  STRATA_RETURN_IF_ERROR(engine_->load_master([&](const model::ParamGroup& local, float* dst) {
+    const GroupPartition& p = partition_->group(local.id);
     const model::ParamGroup& full = full_.group(local.id);
     // This rank holds the whole group (one rank, or a replicated group): straight into `dst`,
     // with no group-sized copy beside it. `dst` comes zero-filled.
@@ -104,7 +117,7 @@ Result<device::DeviceBuffer> ZeroProvider::allocate(std::size_t bytes, const std
                                                     bool may_trim) {
   auto b = device_.allocate(bytes, what);
   if (b.is_ok() || !may_trim || b.status().code() != StatusCode::kOutOfMemory) return b;
-  engine_.trim_device_cache();
+  engine_->trim_device_cache();
   return device_.allocate(bytes, what);
 }
 
@@ -122,7 +135,7 @@ std::string ZeroProvider::describe(const Bucket& bucket, const std::string& what
 Status ZeroProvider::refresh_replicated_params() {
   if (options_.stage >= 3) return Status::ok();
   BucketPacker packer(gather_cap_elems_);
-  for (const auto& p : partition_.groups()) {
+  for (const auto& p : partition_->groups()) {
     if (p.replicated) continue;
     auto& full = full_params_[static_cast<std::size_t>(p.group)];
     if (full.empty()) {
@@ -145,12 +158,12 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   const BucketPiece& first = bucket.pieces.front();
   const std::string what = describe(bucket, "parameters");
   if (bucket.whole_group()) {
-    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(first.group));
+    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(first.group));
     Status s = comm_
                    .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data(),
                                bucket.block_elems, options_.compute_dtype, what)
                    .wait();
-    engine_.release_params(first.group);
+    engine_->release_params(first.group);
     return s;
   }
   const int world = comm_.world_size();
@@ -161,18 +174,18 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
       device::DeviceBuffer recv,
       allocate(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket"));
   for (const BucketPiece& piece : bucket.pieces) {
-    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_.acquire_params(piece.group));
+    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(piece.group));
     copy(send.as<std::byte>() + static_cast<std::size_t>(piece.offset) * dsize_,
          static_cast<const std::byte*>(shard) + static_cast<std::size_t>(piece.begin) * dsize_,
          piece.count);
-    engine_.release_params(piece.group);
+    engine_->release_params(piece.group);
   }
   STRATA_RETURN_IF_ERROR(
       comm_.all_gather(send.data(), recv.data(), bucket.block_elems, options_.compute_dtype, what)
           .wait());
   for (int r = 0; r < world; ++r) {
     for (const BucketPiece& piece : bucket.pieces) {
-      const GroupPartition& p = partition_.group(piece.group);
+      const GroupPartition& p = partition_->group(piece.group);
       auto* full = full_params_[static_cast<std::size_t>(piece.group)].as<std::byte>();
       copy(full + static_cast<std::size_t>(r * p.shard_elems + piece.begin) * dsize_,
            recv.as<std::byte>() +
@@ -185,7 +198,7 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
 }
 
 Status ZeroProvider::start_gather(int group, bool prefetch) {
-  const GroupPartition& p = partition_.group(group);
+  const GroupPartition& p = partition_->group(group);
   const auto gi = static_cast<std::size_t>(group);
   // A group above allgather_bucket_bytes is gathered in chunks (at least two), two in flight,
   // through two staging buffers. The provider keeps one pair for its whole life: allocated at
@@ -219,7 +232,7 @@ Status ZeroProvider::start_gather(int group, bool prefetch) {
       full_params_[gi],
       allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
                "gathered parameters of " + full_.group(group).name, /*may_trim=*/!prefetch));
-  auto shard = engine_.acquire_params(group);
+  auto shard = engine_->acquire_params(group);
   if (!shard.is_ok()) {
     full_params_[gi].reset();
     return shard.status();
@@ -242,7 +255,7 @@ Status ZeroProvider::start_gather(int group, bool prefetch) {
 std::size_t ZeroProvider::gather_staging_bytes() const {
   // Never more than the largest chunk any group needs.
   std::int64_t widest = 0;
-  for (const auto& p : partition_.groups()) {
+  for (const auto& p : partition_->groups()) {
     if (!p.replicated) widest = std::max(widest, p.shard_elems);
   }
   return static_cast<std::size_t>(std::min(gather_cap_elems_, widest)) *
@@ -252,7 +265,7 @@ std::size_t ZeroProvider::gather_staging_bytes() const {
 // Issues the all-gather of the group's next shard range: into `recv` (packed, then unpacked by
 // finish_gather), or straight into the full layout when `recv` is null (the whole shard).
 Status ZeroProvider::issue_gather_chunk(int group, void* recv) {
-  const GroupPartition& p = partition_.group(group);
+  const GroupPartition& p = partition_->group(group);
   PendingGather& g = gathers_[static_cast<std::size_t>(group)];
   GatherChunk c;
   c.begin = g.next_begin;
@@ -274,7 +287,7 @@ Status ZeroProvider::issue_gather_chunk(int group, void* recv) {
 
 Status ZeroProvider::finish_gather(int group) {
   const auto gi = static_cast<std::size_t>(group);
-  const GroupPartition& p = partition_.group(group);
+  const GroupPartition& p = partition_->group(group);
   PendingGather& g = gathers_[gi];
   Status s;
   while (!g.chunks.empty()) {
@@ -297,13 +310,13 @@ Status ZeroProvider::finish_gather(int group) {
   g.own_staging.clear();
   if (staging_owner_ == group) staging_owner_ = -1;
   gathering_[gi] = false;
-  engine_.release_params(group);  // the shard is no longer needed once gathered
+  engine_->release_params(group);  // the shard is no longer needed once gathered
   if (!s.is_ok()) full_params_[gi].reset();
   return s;
 }
 
 Result<const void*> ZeroProvider::acquire_params(int group) {
-  if (!partitioned(group)) return engine_.acquire_params(group);
+  if (!partitioned(group)) return engine_->acquire_params(group);
   const auto gi = static_cast<std::size_t>(group);
   if (options_.stage < 3) return static_cast<const void*>(full_params_[gi].data());
   if (param_refs_[gi] > 0) {
@@ -317,7 +330,7 @@ Result<const void*> ZeroProvider::acquire_params(int group) {
 }
 
 void ZeroProvider::release_params(int group) {
-  if (!partitioned(group)) return engine_.release_params(group);
+  if (!partitioned(group)) return engine_->release_params(group);
   if (options_.stage < 3) return;
   const auto gi = static_cast<std::size_t>(group);
   STRATA_CHECK(param_refs_[gi] > 0, "release_params without acquire", group);
@@ -326,13 +339,13 @@ void ZeroProvider::release_params(int group) {
 
 void ZeroProvider::prefetch_params(int group) {
   if (!partitioned(group) || options_.stage < 3) {
-    if (!partitioned(group)) engine_.prefetch_params(group);
+    if (!partitioned(group)) engine_->prefetch_params(group);
     return;
   }
   const auto gi = static_cast<std::size_t>(group);
   if (param_refs_[gi] > 0 || gathering_[gi]) return;
   if (!options_.gather_ahead) {
-    engine_.prefetch_params(group);  // start the shard's slow fetch; gather at acquire
+    engine_->prefetch_params(group);  // start the shard's slow fetch; gather at acquire
     return;
   }
   // Start the all-gather now so it runs while the current layer computes. A prefetch is only a
@@ -344,11 +357,11 @@ void ZeroProvider::prefetch_params(int group) {
 
 Result<void*> ZeroProvider::acquire_grads(int group) {
   if (!partitioned(group)) {
-    STRATA_ASSIGN_OR_RETURN(void* buf, engine_.acquire_grads(group));
+    STRATA_ASSIGN_OR_RETURN(void* buf, engine_->acquire_grads(group));
     engine_grads_[static_cast<std::size_t>(group)] = buf;
     return buf;
   }
-  const GroupPartition& p = partition_.group(group);
+  const GroupPartition& p = partition_->group(group);
   const auto gi = static_cast<std::size_t>(group);
   STRATA_ASSIGN_OR_RETURN(full_grads_[gi],
                           allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
@@ -363,23 +376,23 @@ Status ZeroProvider::release_grads(int group) {
   GradSource& src = grad_sources_[gi];
   const ReduceKind kind = partitioned(group) ? ReduceKind::kPartitioned : ReduceKind::kReplicated;
   if (kind == ReduceKind::kReplicated) {
-    if (comm_.world_size() == 1) return engine_.release_grads(group);
+    if (comm_.world_size() == 1) return engine_->release_grads(group);
     src.data = engine_grads_[gi];
   } else {
     src.full = std::move(full_grads_[gi]);
     src.data = src.full.data();
-    STRATA_ASSIGN_OR_RETURN(src.shard, engine_.acquire_grads(group));
+    STRATA_ASSIGN_OR_RETURN(src.shard, engine_->acquire_grads(group));
   }
-  if (partition_.group(group).local_elems() == 0) {  // nothing to reduce
+  if (partition_->group(group).local_elems() == 0) {  // nothing to reduce
     src = GradSource{};
-    return engine_.release_grads(group);
+    return engine_->release_grads(group);
   }
   // Replicated and partitioned groups reduce through different collectives: a change of kind
   // closes the other kind's bucket, so buckets are reduced in the order gradients arrive.
   const ReduceKind other =
       kind == ReduceKind::kPartitioned ? ReduceKind::kReplicated : ReduceKind::kPartitioned;
   if (auto b = packer(other).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(other, std::move(*b)));
-  for (Bucket& b : packer(kind).add(group, partition_.group(group).local_elems())) {
+  for (Bucket& b : packer(kind).add(group, partition_->group(group).local_elems())) {
     STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(b)));
   }
   return Status::ok();
@@ -417,7 +430,7 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
       for (const BucketPiece& piece : bucket.pieces) {
         const auto* src = static_cast<const std::byte*>(
             grad_sources_[static_cast<std::size_t>(piece.group)].data);
-        const std::int64_t from = r * partition_.group(piece.group).local_elems() + piece.begin;
+        const std::int64_t from = r * partition_->group(piece.group).local_elems() + piece.begin;
         const std::size_t to =
             static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset);
         copy(pending.send.as<std::byte>() + to * dsize_,
@@ -478,7 +491,7 @@ Status ZeroProvider::finish_one_reduce() {
     }
     if (piece.last) {
       src = GradSource{};  // the full gradient's last piece is reduced
-      STRATA_RETURN_IF_ERROR(engine_.release_grads(piece.group));
+      STRATA_RETURN_IF_ERROR(engine_->release_grads(piece.group));
     }
   }
   return Status::ok();
@@ -489,14 +502,13 @@ Status ZeroProvider::finish_micro_batch() {
     if (auto b = packer(kind).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(*b)));
   }
   while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
-  return engine_.finish_micro_batch();
+  return engine_->finish_micro_batch();
 }
 
 Result<double> ZeroProvider::grad_norm() {
-  STRATA_RETURN_IF_ERROR(finish_micro_batch());
   double sum = 0;
-  for (const auto& p : partition_.groups()) {
-    STRATA_ASSIGN_OR_RETURN(double s, engine_.grad_sum_squares(p.group));
+  for (const auto& p : partition_->groups()) {
+    STRATA_ASSIGN_OR_RETURN(double s, engine_->grad_sum_squares(p.group));
     // A replicated group's gradient is the same on every rank: count it once.
     if (!p.replicated || comm_.rank() == 0) sum += s;
   }
@@ -506,15 +518,17 @@ Result<double> ZeroProvider::grad_norm() {
   return std::sqrt(sum);
 }
 
+void ZeroProvider::zero_grads() { engine_->zero_grads(); }
+
 Status ZeroProvider::step(double lr, std::int64_t step, float grad_scale) {
-  STRATA_RETURN_IF_ERROR(engine_.step(lr, step, grad_scale));
+  STRATA_RETURN_IF_ERROR(engine_->step(lr, step, grad_scale));
   return refresh_replicated_params();
 }
 
 Status ZeroProvider::gather_master(int group, float* full_out) {
-  const GroupPartition& p = partition_.group(group);
+  const GroupPartition& p = partition_->group(group);
   std::vector<float> local(static_cast<std::size_t>(p.local_elems()));
-  STRATA_RETURN_IF_ERROR(engine_.read_master(group, local.data()));
+  STRATA_RETURN_IF_ERROR(engine_->read_master(group, local.data()));
   if (p.replicated) {
     if (comm_.rank() == 0) std::memcpy(full_out, local.data(), local.size() * sizeof(float));
     return Status::ok();
@@ -529,10 +543,10 @@ Status ZeroProvider::gather_master(int group, float* full_out) {
 }
 
 Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg_sq) {
-  const GroupPartition& p = partition_.group(group);
-  if (!p.replicated) return engine_.read_moments(group, exp_avg, exp_avg_sq);
+  const GroupPartition& p = partition_->group(group);
+  if (!p.replicated) return engine_->read_moments(group, exp_avg, exp_avg_sq);
   std::vector<float> m(static_cast<std::size_t>(p.padded_elems), 0.0f), v(m.size(), 0.0f);
-  STRATA_RETURN_IF_ERROR(engine_.read_moments(group, m.data(), v.data()));
+  STRATA_RETURN_IF_ERROR(engine_->read_moments(group, m.data(), v.data()));
   const auto off = static_cast<std::size_t>(p.shard_offset);
   const auto n = static_cast<std::size_t>(p.shard_elems);
   std::memcpy(exp_avg, m.data() + off, n * sizeof(float));
@@ -541,13 +555,13 @@ Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg
 }
 
 Status ZeroProvider::load_moments(const MomentRangeReader& read_range) {
-  for (const auto& p : partition_.groups()) {
+  for (const auto& p : partition_->groups()) {
     const std::int64_t begin = p.replicated ? 0 : p.shard_offset;
     const std::int64_t count = p.local_elems();
     std::vector<float> m(static_cast<std::size_t>(count), 0.0f), v(m.size(), 0.0f);
     const std::int64_t real = std::max<std::int64_t>(0, std::min(count, p.full_elems - begin));
     if (real > 0) STRATA_RETURN_IF_ERROR(read_range(p.group, begin, real, m.data(), v.data()));
-    STRATA_RETURN_IF_ERROR(engine_.write_moments(p.group, m.data(), v.data()));
+    STRATA_RETURN_IF_ERROR(engine_->write_moments(p.group, m.data(), v.data()));
   }
   return Status::ok();
 }

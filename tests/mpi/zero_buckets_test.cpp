@@ -42,8 +42,6 @@ float grad_value(int mb, int rank, int group, std::int64_t i) {
 
 struct Run {
   model::ParamLayout layout;
-  std::unique_ptr<Partition> partition;
-  std::unique_ptr<OffloadEngine> engine;
   std::unique_ptr<ZeroProvider> provider;
 };
 
@@ -58,21 +56,18 @@ std::unique_ptr<Run> make_run(int stage, std::uint64_t reduce_bytes, std::uint64
     groups.push_back(std::move(pg));
   }
   run->layout = model::ParamLayout::from_groups(std::move(groups));
-  run->partition = std::make_unique<Partition>(run->layout, e.comm->rank(), e.comm->world_size(),
-                                               kPersistenceThreshold);
   EngineOptions eo;
   eo.adam.beta1 = 0.5;  // the first step's exp_avg is then exactly half the gradient
   eo.adam.weight_decay = 0.0;
-  auto engine = OffloadEngine::create(run->partition->local_layout(), *e.device, nullptr, eo);
-  EXPECT_TRUE(engine.is_ok()) << engine.status().message();
-  if (!engine.is_ok()) return nullptr;
-  run->engine = std::move(*engine);
   ZeroOptions zo;
   zo.stage = stage;
   zo.reduce_bucket_bytes = reduce_bytes;
   zo.allgather_bucket_bytes = gather_bytes;
-  run->provider = std::make_unique<ZeroProvider>(run->layout, *run->partition, *run->engine,
-                                                 *e.comm, *e.device, zo);
+  auto provider = ZeroProvider::create(run->layout, kPersistenceThreshold, *e.device, nullptr,
+                                       *e.comm, zo, eo);
+  EXPECT_TRUE(provider.is_ok()) << provider.status().message();
+  if (!provider.is_ok()) return nullptr;
+  run->provider = std::move(*provider);
   return run;
 }
 
@@ -145,7 +140,7 @@ Observed train_one_step(int stage, std::uint64_t reduce_bytes, std::uint64_t gat
   auto run = make_run(stage, reduce_bytes, gather_bytes);
   if (!run) return obs;
   ZeroProvider& provider = *run->provider;
-  const Partition& part = *run->partition;
+  const Partition& part = run->provider->partition();
   const int num_groups = static_cast<int>(kGroupElems.size());
 
   const std::uint64_t c0 = stats.collectives, g0 = stats.all_gather_bytes;

@@ -1,6 +1,7 @@
-// One rank's offload engine: registers every parameter group's working copy, fp32 master
-// weights, Adam moments and gradients in a mem::TieredStore where the memory plan (plan.h) puts
-// them, serves the model's ParamProvider requests, and runs the optimizer step on the device,
+// One rank's offload engine, under zero::ZeroProvider (the model's one ParamProvider): registers
+// every parameter group's working copy, fp32 master weights, Adam moments and gradients in a
+// mem::TieredStore where the memory plan (plan.h) puts them, serves this rank's parameters and
+// takes its gradients, and runs the optimizer step on the device,
 // on the host (SIMD Adam) or streamed from NVMe. The store owns residency and budgets; the
 // engine only says which tier it needs a tensor in and when. Working copies offloaded from the
 // device are prefetched as the sched::PrefetchScheduler's recorded trace says.
@@ -20,7 +21,6 @@
 #include "strata/mem/timeline.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/param_layout.h"
-#include "strata/model/param_provider.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/optim/streamed_adam.h"
@@ -61,7 +61,7 @@ struct EngineStats {
   double optimizer_ms = 0;       // last optimizer step
 };
 
-class OffloadEngine final : public model::ParamProvider {
+class OffloadEngine {
  public:
   // Makes the plan and registers every tensor in the store. Fails with the plan's errors, or
   // out_of_memory naming the tensor, its tier and the budget when a home does not fit. `swap`
@@ -69,7 +69,9 @@ class OffloadEngine final : public model::ParamProvider {
   static Result<std::unique_ptr<OffloadEngine>> create(const model::ParamLayout& layout,
                                                        device::Device& device, io::SwapSpace* swap,
                                                        const EngineOptions& options);
-  ~OffloadEngine() override;
+  ~OffloadEngine();
+  OffloadEngine(const OffloadEngine&) = delete;
+  OffloadEngine& operator=(const OffloadEngine&) = delete;
 
   // Sets every group's master weights (and working copy) from `source`; moments are zeroed.
   Status load_master(const model::GroupSource& source);
@@ -77,25 +79,26 @@ class OffloadEngine final : public model::ParamProvider {
   Status read_moments(int group, float* exp_avg, float* exp_avg_sq);
   Status write_moments(int group, const float* exp_avg, const float* exp_avg_sq);
 
-  // ParamProvider.
-  Result<const void*> acquire_params(int group) override;
-  void release_params(int group) override;
-  void prefetch_params(int group) override;
-  Result<void*> acquire_grads(int group) override;
-  Status release_grads(int group) override;
+  // This rank's part of each group, with ParamProvider's contract (model/param_provider.h).
+  Result<const void*> acquire_params(int group);
+  void release_params(int group);
+  void prefetch_params(int group);
+  Result<void*> acquire_grads(int group);
+  Status release_grads(int group);
 
   // Waits for gradient transfers still in flight; call after each micro-batch's backward.
   Status finish_micro_batch();
   // Gives the store's cached device blocks (kept for reuse by dropped copies) back to the
   // device, for an allocation outside the store that did not fit.
   void trim_device_cache();
-  // Global L2 norm of the accumulated gradients.
+  // Global L2 norm of the accumulated gradients (after the last finish_micro_batch).
   Result<double> grad_norm();
   // Sum of squares of one group's accumulated gradient (for norms across ranks). Call after
   // finish_micro_batch(). The same number wherever the gradient lives (strata::sum_squares).
   Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
-  // working copies and zeroes the gradients. A group that received no gradient steps with zeros.
+  // working copies and zeroes the gradients; call after the last finish_micro_batch. A group
+  // that received no gradient steps with zeros.
   Status step(double lr, std::int64_t step, float grad_scale);
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   void zero_grads();

@@ -1,7 +1,9 @@
-// ZeRO stages 1-3 across data-parallel ranks on top of one rank's OffloadEngine: gathers a
-// group's full parameters from every rank's shard before use, reduces gradients so each rank
-// keeps only its shard, and combines norms and checkpoints across ranks. Collectives are
-// bucketed (bucket.h): gradients of several groups share a reduction, large groups are split.
+// The model's one ParamProvider, for every ZeRO stage and any number of ranks (one included):
+// partitions the layout, owns this rank's OffloadEngine, gathers a group's full parameters from
+// every rank's shard before use, reduces gradients so each rank keeps only its shard, and
+// combines norms and checkpoints across ranks. Collectives are bucketed (bucket.h): gradients of
+// several groups share a reduction, large groups are split. At one rank every group is
+// replicated and each call goes straight to the engine.
 #pragma once
 
 #include <deque>
@@ -42,9 +44,15 @@ struct ZeroOptions {
 
 class ZeroProvider final : public model::ParamProvider {
  public:
-  // `engine` holds this rank's part (partition.local_layout()); all references must outlive this.
-  ZeroProvider(const model::ParamLayout& full, const Partition& partition, OffloadEngine& engine,
-               dist::Communicator& comm, device::Device& device, ZeroOptions options);
+  // Partitions `full` over comm's ranks (groups under persistence_threshold elements stay whole)
+  // and creates this rank's engine over its part; fails with the engine's plan errors. `full`,
+  // `device`, `swap` (may be null without NVMe) and `comm` must outlive the provider.
+  static Result<std::unique_ptr<ZeroProvider>> create(const model::ParamLayout& full,
+                                                      std::int64_t persistence_threshold,
+                                                      device::Device& device, io::SwapSpace* swap,
+                                                      dist::Communicator& comm,
+                                                      const ZeroOptions& options,
+                                                      const EngineOptions& engine_options);
   ~ZeroProvider() override;
 
   // Sets master weights from a source of FULL groups; each rank keeps its slice.
@@ -59,10 +67,13 @@ class ZeroProvider final : public model::ParamProvider {
   // micro-batch's backward.
   Status finish_micro_batch();
 
-  // Global gradient norm over all ranks (replicated groups counted once).
+  // Global gradient norm over all ranks (replicated groups counted once), after the last
+  // micro-batch's finish_micro_batch.
   Result<double> grad_norm();
   // Optimizer step on every rank's shard, then (stages 1-2) re-gathers the full parameters.
   Status step(double lr, std::int64_t step, float grad_scale);
+  // Drops the accumulated gradients (a step skipped for non-finite gradients).
+  void zero_grads();
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.
   // The group's full fp32 master weights; written to `full_out` on rank 0 only.
@@ -75,7 +86,9 @@ class ZeroProvider final : public model::ParamProvider {
                                                  float* exp_avg, float* exp_avg_sq)>;
   Status load_moments(const MomentRangeReader& read_range);
 
-  const Partition& partition() const { return partition_; }
+  const Partition& partition() const { return *partition_; }
+  // This rank's engine: its memory plan, transfer counters and store (stats, tests).
+  const OffloadEngine& engine() const { return *engine_; }
 
  private:
   Status refresh_replicated_params();  // stages 1-2: full parameters resident on every rank
@@ -119,15 +132,19 @@ class ZeroProvider final : public model::ParamProvider {
   }
   Status issue_reduce(ReduceKind kind, Bucket bucket);
   Status finish_one_reduce();
-  bool partitioned(int group) const { return !partition_.group(group).replicated; }
+  bool partitioned(int group) const { return !partition_->group(group).replicated; }
   std::string describe(const Bucket& bucket, const std::string& what) const;
   void copy(void* dst, const void* src, std::int64_t num_elems);  // device to device, in order
   Result<device::DeviceBuffer> allocate(std::size_t bytes, const std::string& what,
                                         bool may_trim = true);
 
+  ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
+               std::unique_ptr<OffloadEngine> engine, dist::Communicator& comm,
+               device::Device& device, const ZeroOptions& options);
+
   const model::ParamLayout& full_;
-  const Partition& partition_;
-  OffloadEngine& engine_;
+  std::unique_ptr<Partition> partition_;
+  std::unique_ptr<OffloadEngine> engine_;  // this rank's part: partition_->local_layout()
   dist::Communicator& comm_;
   device::Device& device_;
   ZeroOptions options_;

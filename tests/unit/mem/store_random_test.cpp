@@ -1,5 +1,7 @@
 // Randomized model-based test of the tiered store: thousands of random fetch / acquire / write /
-// release / evict / emplace / discard / wait operations over random sizes and budgets, checked
+// release / evict / emplace / discard / wait / fill_zero / direct I/O operations (the offload
+// engine's: ranged I/O on NVMe homes, fresh copies of homed tensors sent home) over random
+// sizes and budgets, checked
 // after every step against a reference model of each tensor's contents and pins. Every byte read
 // back must equal what was last written, and no tier's reserved bytes (transfers in flight
 // included) may ever exceed its budget. Runs single-threaded and with two threads sharing one
@@ -9,6 +11,7 @@
 #include <deque>
 #include <thread>
 
+#include "strata/core/aligned.h"
 #include "strata/mem/tiered_store.h"
 #include "tests/unit/mem/store_test_util.h"
 
@@ -40,9 +43,9 @@ struct Outstanding {
 
 class Driver {
  public:
-  Driver(TieredStore& store, std::vector<ModelTensor>& tensors, std::uint64_t seed,
-         const std::array<std::uint64_t, kNumTiers>& budgets)
-      : store_(store), tensors_(tensors), rng_(seed), budgets_(budgets) {}
+  Driver(TieredStore& store, io::SwapSpace& swap, std::vector<ModelTensor>& tensors,
+         std::uint64_t seed, const std::array<std::uint64_t, kNumTiers>& budgets)
+      : store_(store), swap_(swap), tensors_(tensors), rng_(seed), budgets_(budgets) {}
 
   void run(int steps) {
     for (int step = 0; step < steps && !::testing::Test::HasFatalFailure(); ++step) {
@@ -96,7 +99,7 @@ class Driver {
     ++ops;
     const std::size_t i = pick();
     ModelTensor& t = tensors_[i];
-    switch (rng_.uniform_int(11)) {
+    switch (rng_.uniform_int(13)) {
       case 0:
       case 1: {  // asynchronous fetch
         const Tier to = pick_tier(true);
@@ -178,13 +181,13 @@ class Driver {
       }
       case 8: {  // whole-tensor write (homed) or fresh data in place (transient)
         if (t.total_pins() > 0) break;
-        if (!t.transient) {
+        if (!t.transient && rng_.uniform_int(2) == 0) {
           auto v = random_bytes(t.size, rng_);
           Status s = store_.write(t.h, v.data(), v.size());
           ASSERT_TRUE(s.is_ok()) << s.to_string();
           t.data = std::move(v);
           t.has_data = true;
-        } else {
+        } else {  // a homed tensor's fresh copy is its only data until evicted home
           const Tier tier = pick_tier(false);
           auto p = store_.emplace(t.h, tier, rng_.uniform_int(2) == 0);
           expect_ok_or_oom(p.status(), "emplace");
@@ -208,6 +211,40 @@ class Driver {
       case 10: {  // synchronous read
         if (t.total_pins() > 0 && rng_.uniform_int(2) == 0) break;
         verify_read(t);
+        break;
+      }
+      case 11: {  // zero a homed tensor
+        if (t.transient || t.total_pins() > 0) break;
+        Status s = store_.fill_zero(t.h);
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        t.data.assign(t.size, std::byte{0});
+        t.has_data = true;
+        break;
+      }
+      case 12: {  // ranged I/O straight on an NVMe home, as the streamed optimizer does
+        if (t.transient || t.home != Tier::kNvme || t.total_pins() > 0) break;
+        auto x = store_.begin_direct_io(t.h);
+        ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+        EXPECT_TRUE(store_.residency(t.h).in_flight);
+        const std::size_t io_bytes = align_up(t.size, io::kIoAlignBytes);
+        AlignedBuffer buf(io_bytes, io::kIoAlignBytes);
+        // Two halves at a 4096-byte boundary, as sub-groups are.
+        const std::size_t half = align_up(io_bytes / 2, io::kIoAlignBytes);
+        if (t.has_data) {
+          ASSERT_TRUE(swap_.read(*x, 0, buf.data(), half).wait().is_ok());
+          if (half < io_bytes) {
+            ASSERT_TRUE(swap_.read(*x, half, buf.data() + half, io_bytes - half).wait().is_ok());
+          }
+          verify_bytes(t, buf.data());
+        }
+        const bool write = rng_.uniform_int(2) == 0;
+        if (write) {
+          t.data = random_bytes(t.size, rng_);
+          std::memcpy(buf.data(), t.data.data(), t.size);
+          ASSERT_TRUE(swap_.write(*x, 0, buf.data(), io_bytes).wait().is_ok());
+          t.has_data = true;
+        }
+        store_.end_direct_io(t.h, write, /*ok=*/true);
         break;
       }
     }
@@ -239,6 +276,7 @@ class Driver {
   }
 
   TieredStore& store_;
+  io::SwapSpace& swap_;
   std::vector<ModelTensor>& tensors_;
   Rng rng_;
   std::array<std::uint64_t, kNumTiers> budgets_;
@@ -299,7 +337,7 @@ TEST_P(StoreRandomTest, MatchesTheModelAndNeverExceedsABudget) {
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   auto tensors = make_tensors(**store, rng, 10, max_size, "t");
   ASSERT_FALSE(tensors.empty());
-  Driver driver(**store, tensors, seed * 7, o.budget_bytes);
+  Driver driver(**store, *swap, tensors, seed * 7, o.budget_bytes);
   driver.run(kUnderTsan ? 1500 : 3000);
   const StoreStats st = (*store)->stats();
   EXPECT_GT(st.fetches, 0u);
@@ -324,7 +362,7 @@ TEST(StoreConcurrency, TwoDriversShareOneStore) {
   ASSERT_TRUE(store.is_ok());
   auto a = make_tensors(**store, rng, 6, max_size, "a");
   auto b = make_tensors(**store, rng, 6, max_size, "b");
-  Driver da(**store, a, 1, o.budget_bytes), db(**store, b, 2, o.budget_bytes);
+  Driver da(**store, *swap, a, 1, o.budget_bytes), db(**store, *swap, b, 2, o.budget_bytes);
   const int steps = kUnderTsan ? 1000 : 2000;
   std::thread other([&] { db.run(steps); });
   da.run(steps);

@@ -1,4 +1,5 @@
-// OffloadEngine over the tiered store: the model's passes are recorded and then prefetched from
+// The one provider (one rank) over the tiered store: the model's passes are recorded and then
+// prefetched from
 // the trace without changing a bit of the result, the timeline gets every group's spans, and an
 // NVMe fault surfaces as the step's error.
 #include <gtest/gtest.h>
@@ -7,7 +8,8 @@
 
 #include "strata/core/rng.h"
 #include "strata/model/llama.h"
-#include "strata/zero/offload_engine.h"
+#include "strata/dist/communicator.h"
+#include "strata/zero/zero_provider.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::zero {
@@ -44,10 +46,11 @@ class EnginePrefetchTest : public ::testing::Test {
     o.max_live_bytes = 1 << 20;
     o.max_reuse_distance = 4096;
     o.timeline = timeline;
-    auto e = OffloadEngine::create(layout_, *device_, swap_.get(), o);
+    comm_ = dist::make_single_rank_communicator(*device_);
+    auto e = ZeroProvider::create(layout_, 100000, *device_, swap_.get(), *comm_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    engine_ = std::move(*e);
-    ASSERT_TRUE(engine_
+    provider_ = std::move(*e);
+    ASSERT_TRUE(provider_
                     ->load_master([&](const model::ParamGroup& g, float* dst) {
                       model::init_group(config_, g, 7, dst);
                       return Status::ok();
@@ -60,8 +63,8 @@ class EnginePrefetchTest : public ::testing::Test {
     std::vector<std::int32_t> in(2 * 8), tg(in.size());
     for (auto& x : in) x = static_cast<std::int32_t>(rng.uniform_int(31));
     for (auto& x : tg) x = static_cast<std::int32_t>(rng.uniform_int(31));
-    auto loss = model_->forward_backward(*engine_, in.data(), tg.data(), 2, 8, 1.0f);
-    Status s = engine_->finish_micro_batch();
+    auto loss = model_->forward_backward(*provider_, in.data(), tg.data(), 2, 8, 1.0f);
+    Status s = provider_->finish_micro_batch();
     if (!loss.is_ok()) return loss;
     if (!s.is_ok()) return s;
     return loss;
@@ -71,7 +74,8 @@ class EnginePrefetchTest : public ::testing::Test {
   model::ParamLayout layout_;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<io::SwapSpace> swap_;
-  std::unique_ptr<OffloadEngine> engine_;
+  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<ZeroProvider> provider_;
   std::unique_ptr<model::LlamaModel> model_;
 };
 
@@ -80,23 +84,23 @@ TEST_F(EnginePrefetchTest, ReplayedPassesPrefetchAndComputeTheSameBits) {
   make({}, &timeline);
   auto first = micro_batch(1);
   ASSERT_TRUE(first.is_ok()) << first.status().to_string();
-  sched::SchedulerStats st = engine_->prefetch_stats();
+  sched::SchedulerStats st = provider_->engine().prefetch_stats();
   EXPECT_EQ(st.recorded_passes, 1u);
   EXPECT_EQ(st.trace_prefetches, 0u);
   auto second = micro_batch(1);  // same data, nothing stepped: the same loss, bit for bit
   ASSERT_TRUE(second.is_ok());
   EXPECT_EQ(*second, *first);
-  st = engine_->prefetch_stats();
+  st = provider_->engine().prefetch_stats();
   EXPECT_GT(st.trace_prefetches, 0u);
   EXPECT_EQ(st.order_changes, 0u);
   EXPECT_EQ(st.recorded_passes, 1u);
   EXPECT_GT(st.kept, 0u);  // the last layer between its forward and its backward
   // A group in the trace is fetched on demand only at the head of the pass.
   EXPECT_LE(st.demand_fetches, 2u * static_cast<std::uint64_t>(layout_.num_groups()));
-  const mem::StoreStats ss = engine_->store_stats();
+  const mem::StoreStats ss = provider_->engine().store_stats();
   EXPECT_EQ(ss.failures, 0u);
-  EXPECT_GT(engine_->stats().nvme_read_bytes, 0u);
-  EXPECT_GT(engine_->stats().d2h_bytes, 0u);
+  EXPECT_GT(provider_->engine().stats().nvme_read_bytes, 0u);
+  EXPECT_GT(provider_->engine().stats().d2h_bytes, 0u);
   // Every group ran forward and backward on the compute row; NVMe reads have their own row.
   int forward = 0, backward = 0, nvme = 0;
   for (const mem::Span& s : timeline.spans()) {
@@ -138,7 +142,7 @@ TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {
   f.rules.push_back(r);
   make(std::move(f));
   ASSERT_TRUE(micro_batch(1).is_ok());
-  Status s = engine_->step(1e-3, 1, 1.0f);
+  Status s = provider_->step(1e-3, 1, 1.0f);
   ASSERT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.to_string();
 }
