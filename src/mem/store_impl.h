@@ -72,6 +72,8 @@ struct CopySlot {
   void* data = nullptr;  // device or host address
   device::DeviceBuffer device_buffer;
   io::Extent extent;
+  // A caller-owned host home, registered with the device so copies from and to it are pinned.
+  device::HostRegistration registration;
 };
 
 struct Entry {
@@ -154,6 +156,9 @@ struct TieredStore::Impl {
   Status sync_read(Entry& e, void* dst, Lock& lock);
   int take_staging_blocking(Lock& lock);
   Status staged_nvme_io(Entry& e, const io::Extent& x, void* data, bool write, Lock& lock);
+  // Exactly one of from_host (a copy to the device) and to_host (from it) is set.
+  Status staged_device_copy(Entry& e, void* device_data, const void* from_host, void* to_host,
+                            Lock& lock);
 
   device::Device& device;
   io::SwapSpace* swap;

@@ -323,6 +323,38 @@ int TieredStore::Impl::take_staging_blocking(Lock& lock) {
   return buf;
 }
 
+// A whole-tensor copy between the device and the caller's memory, which need not be pinned: it
+// passes through one staging buffer (pinned) a chunk at a time.
+Status TieredStore::Impl::staged_device_copy(Entry& e, void* device_data, const void* from_host,
+                                             void* to_host, Lock& lock) {
+  const bool to_device = from_host != nullptr;
+  const int buf = take_staging_blocking(lock);
+  lock.unlock();
+  const std::size_t chunk = staging->buffer_bytes();
+  const std::size_t size = e.spec.size_bytes;
+  std::byte* stage = staging->data(buf);
+  auto& stream = device.stream(to_device ? device::StreamKind::kHostToDevice
+                                         : device::StreamKind::kDeviceToHost);
+  for (std::size_t off = 0; off < size; off += chunk) {
+    const std::size_t n = std::min(chunk, size - off);
+    auto* dev = static_cast<std::byte*>(device_data) + off;
+    if (to_device) {
+      std::memcpy(stage, static_cast<const std::byte*>(from_host) + off, n);
+      device.copy_to_device(dev, stage, n, stream);
+      device.record_event(stream).synchronize();
+    } else {
+      device.copy_to_host(stage, dev, n, stream);
+      device.record_event(stream).synchronize();
+      std::memcpy(static_cast<std::byte*>(to_host) + off, stage, n);
+    }
+  }
+  Status st = device.last_error();
+  lock.lock();
+  staging->give(buf);
+  pump_staging();
+  return st;
+}
+
 // Whole-tensor NVMe I/O through staging buffers: every buffer the pool can spare (at least one)
 // has a chunk in flight, so the drive sees several requests at once. `data` is the caller's
 // memory (size_bytes); a null source for a write means zeros, written from one zeroed buffer.
@@ -397,15 +429,15 @@ Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capa
     lane = Lane::kHostToDevice;
     auto& h2d = device.stream(device::StreamKind::kHostToDevice);
     device.wait_event(h2d, last_device_drop);
-    lock.unlock();
     if (src != nullptr) {
-      device.copy_to_device(h.data, src, size, h2d);
+      st = staged_device_copy(e, h.data, src, nullptr, lock);
     } else {
+      lock.unlock();
       device.fill_zero(h.data, size, h2d);
+      device.record_event(h2d).synchronize();
+      st = device.last_error();
+      lock.lock();
     }
-    device.record_event(h2d).synchronize();
-    st = device.last_error();
-    lock.lock();
   } else if (home == Tier::kHost) {
     lock.unlock();
     if (src == nullptr) {
@@ -462,11 +494,7 @@ Status TieredStore::Impl::sync_read(Entry& e, void* dst, Lock& lock) {
   } else if (*from == Tier::kDevice) {
     auto& d2h = device.stream(device::StreamKind::kDeviceToHost);
     device.wait_event(d2h, device.record_event(device.stream(device::StreamKind::kCompute)));
-    lock.unlock();
-    device.copy_to_host(dst, c.data, size, d2h);
-    device.record_event(d2h).synchronize();
-    st = device.last_error();
-    lock.lock();
+    st = staged_device_copy(e, c.data, nullptr, dst, lock);
   } else {
     st = staged_nvme_io(e, c.extent, dst, /*write=*/false, lock);
   }

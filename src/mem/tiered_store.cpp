@@ -140,6 +140,10 @@ Result<Handle> TieredStore::add(const TensorSpec& spec) {
   if (!spec.transient) {
     auto& home = e->at(spec.home);
     if (spec.home_data != nullptr) {
+      if (spec.home == Tier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(home.registration,
+                                s.device.register_host(spec.home_data, e->io_bytes));
+      }
       home.allocated = true;
       home.external = true;
       home.data = spec.home_data;

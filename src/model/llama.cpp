@@ -3,6 +3,7 @@
 #include "strata/model/llama.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -185,7 +186,9 @@ struct LlamaModel::Impl {
   Dims dims_;
   device::DeviceBuffer buffer_;
   Workspace ws_;
-  std::vector<float> host_losses_;
+  // Pinned host side of the per-step copies: token ids, targets (int32) and losses (f32), one
+  // row each of `rows` entries.
+  device::PinnedBuffer host_io_;
   std::int64_t num_valid_ = 0;
 };
 
@@ -241,7 +244,9 @@ Status LlamaModel::Impl::ensure_workspace(std::int64_t batch, std::int64_t seq) 
   dims_ = d;
   batch_ = batch;
   seq_ = seq;
-  host_losses_.assign(static_cast<std::size_t>(d.rows), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(host_io_,
+                          device_.allocate_pinned(static_cast<std::size_t>(d.rows) * 4 * 3,
+                                                  "token ids, targets and losses"));
   return Status::ok();
 }
 
@@ -267,8 +272,14 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   ProviderSession ps(provider, layout_, timings);
 
   Stopwatch forward_clock;
-  device_.copy_to_device(ws_.ids, inputs, static_cast<std::size_t>(R) * 4, stream);
-  device_.copy_to_device(ws_.targets, targets, static_cast<std::size_t>(R) * 4, stream);
+  const std::size_t row_bytes = static_cast<std::size_t>(R) * 4;
+  auto* host_ids = host_io_.as<std::byte>();
+  auto* host_targets = host_ids + row_bytes;
+  auto* host_losses = reinterpret_cast<float*>(host_targets + row_bytes);
+  std::memcpy(host_ids, inputs, row_bytes);
+  std::memcpy(host_targets, targets, row_bytes);
+  device_.copy_to_device(ws_.ids, host_ids, row_bytes, stream);
+  device_.copy_to_device(ws_.targets, host_targets, row_bytes, stream);
   {
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
     ps.prefetch(layout_.layer_group(0));
@@ -307,7 +318,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   const float dloss_scale = num_valid_ > 0 ? grad_scale / static_cast<float>(num_valid_) : 0.0f;
   ops.cross_entropy(ws_.logits, ws_.targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
                     dloss_scale, dt);
-  device_.copy_to_host(host_losses_.data(), ws_.losses, static_cast<std::size_t>(R) * 4, stream);
+  device_.copy_to_host(host_losses, ws_.losses, row_bytes, stream);
   stream.synchronize();
   timings.forward_ms = forward_clock.elapsed_ms();
 
@@ -357,7 +368,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
 
   STRATA_RETURN_IF_ERROR(device_.last_error());
   double sum = 0;
-  for (float x : host_losses_) sum += x;
+  for (std::int64_t i = 0; i < R; ++i) sum += host_losses[i];
   return num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
 }
 

@@ -145,13 +145,13 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   plan.keep_gradients = o.accumulation_steps == 1 && o.optimizer != Tier::kDevice;
   const auto place = [&](Tier gradients) {
     plan.gradients = gradients;
-    // NVMe <-> device moves, and whole-tensor reads and writes of NVMe homes (loading,
-    // checkpoints), go through the store's pool in chunks; 8 MiB keeps several reads in flight
-    // at a size the drive handles at full speed. Without NVMe one page will do.
+    // NVMe <-> device moves, whole-tensor reads and writes of NVMe homes, and copies between
+    // the device and unpinned caller memory (loading, checkpoints) go through the store's pool
+    // in chunks; 8 MiB keeps several reads in flight at a size the drive handles at full speed.
+    // Without NVMe one buffer will do.
     const bool nvme = o.params == Tier::kNvme || o.optimizer == Tier::kNvme;
     plan.staging_buffer_bytes =
-        nvme ? std::min<std::size_t>(std::max(z.max_work_io, z.max_f32_io), std::size_t{8} << 20)
-             : io::kIoAlignBytes;
+        std::min<std::size_t>(std::max(z.max_work_io, z.max_f32_io), std::size_t{8} << 20);
     plan.num_staging_buffers = nvme ? 4 : 1;
     plan.optimizer_staging_bytes = 0;
     if (o.optimizer == Tier::kNvme) {

@@ -163,7 +163,8 @@ class Device {
   virtual void reset_peak() = 0;
 
   virtual Stream& stream(StreamKind kind) = 0;
-  // Asynchronous copies, ordered on `stream`. Host memory should be pinned for real overlap.
+  // Asynchronous copies, ordered on `stream`. Host memory must be pinned (allocate_pinned or
+  // register_host) for the copy to overlap; see DeviceOptions::strict_host_memory.
   virtual void copy_to_device(void* dst_device, const void* src_host, std::size_t size_bytes,
                               Stream& stream) = 0;
   virtual void copy_to_host(void* dst_host, const void* src_device, std::size_t size_bytes,
@@ -210,6 +211,11 @@ struct DeviceOptions {
   // CUDA backend: fp32 GEMMs may use TF32 tensor cores (about 10 mantissa bits per product);
   // off by default so that fp32 runs match the CPU backend to 1e-5.
   bool allow_tf32 = false;
+  // CPU backend: a copy between the device and host memory that neither allocate_pinned nor
+  // register_host covers stops the process with a message naming the copy. On CUDA such a copy
+  // from pageable memory is synchronous and slow, so the suite runs with this on (also set by
+  // the environment variable STRATA_STRICT_HOST_MEMORY=1) to catch one without a GPU.
+  bool strict_host_memory = false;
 };
 
 // Creates a backend. CUDA without a CUDA build or without a GPU is an `unavailable` error that

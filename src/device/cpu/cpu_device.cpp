@@ -8,12 +8,14 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "strata/core/aligned.h"
+#include "strata/core/check.h"
 #include "strata/core/json.h"
 
 namespace strata::device {
@@ -102,6 +104,7 @@ class CpuDevice final : public Device {
  public:
   explicit CpuDevice(const DeviceOptions& options)
       : limit_(options.memory_limit_bytes),
+        strict_(options.strict_host_memory || strict_from_environment()),
         ops_(make_cpu_ops(options.compute_threads)),
         h2d_(StreamKind::kHostToDevice),
         d2h_(StreamKind::kDeviceToHost) {}
@@ -131,9 +134,11 @@ class CpuDevice final : public Device {
   }
 
   void copy_to_device(void* dst, const void* src, std::size_t n, Stream& s) override {
+    check_pinned(src, n, "copy_to_device from");
     run_on(s, [=] { std::memcpy(dst, src, n); });
   }
   void copy_to_host(void* dst, const void* src, std::size_t n, Stream& s) override {
+    check_pinned(dst, n, "copy_to_host into");
     run_on(s, [=] { std::memcpy(dst, src, n); });
   }
   void fill_zero(void* dst, std::size_t n, Stream& s) override {
@@ -169,21 +174,25 @@ class CpuDevice final : public Device {
     // only costs copy speed on this backend, so it is not an error.
     std::memset(p, 0, rounded);
     const bool locked = ::mlock(p, rounded) == 0;
+    add_pinned(p, rounded);
     return PinnedBuffer(this, p, size_bytes, locked);
   }
 
   Result<HostRegistration> register_host(void* data, std::size_t size_bytes) override {
     if (data == nullptr || size_bytes == 0) return HostRegistration();
     const bool locked = ::mlock(data, size_bytes) == 0;
+    add_pinned(data, size_bytes);
     return HostRegistration(this, data, size_bytes, locked);
   }
 
  protected:
   void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) override {
+    remove_pinned(data);
     if (page_locked) ::munlock(data, align_up(size_bytes, kPageBytes));
     std::free(data);
   }
   void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) override {
+    remove_pinned(data);
     if (page_locked) ::munlock(data, size_bytes);
   }
 
@@ -222,8 +231,42 @@ class CpuDevice final : public Device {
     }
   }
 
+  static bool strict_from_environment() {
+    const char* v = std::getenv("STRATA_STRICT_HOST_MEMORY");
+    return v != nullptr && std::string_view(v) == "1";
+  }
+  void add_pinned(void* p, std::size_t n) {
+    std::lock_guard lock(mu_);
+    pinned_[reinterpret_cast<std::uintptr_t>(p)] = n;
+  }
+  void remove_pinned(void* p) {
+    std::lock_guard lock(mu_);
+    pinned_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  // Strict mode: [p, p + n) must lie inside one pinned or registered range.
+  void check_pinned(const void* p, std::size_t n, const char* what) const {
+    if (!strict_ || n == 0) return;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    bool inside = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pinned_.upper_bound(a);
+      if (it != pinned_.begin()) {
+        --it;
+        inside = a + n <= it->first + it->second;
+      }
+    }
+    STRATA_CHECK(inside,
+                 "strict_host_memory: a copy touches host memory that is neither from "
+                 "allocate_pinned nor registered with register_host (on CUDA it would be "
+                 "synchronous and slow)",
+                 what, n, "bytes");
+  }
+
   mutable std::mutex mu_;
   std::uint64_t limit_;
+  bool strict_;
+  std::map<std::uintptr_t, std::size_t> pinned_;  // begin -> bytes, under mu_
   std::uint64_t in_use_ = 0, peak_ = 0, num_allocations_ = 0;
   std::unique_ptr<Ops> ops_;
   InlineStream compute_;

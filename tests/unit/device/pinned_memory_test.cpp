@@ -45,5 +45,37 @@ TEST(PinnedMemoryTest, CpuRegistrationIsBestEffortAndUndone) {
   EXPECT_EQ(host[12345], 1);
 }
 
+// Strict host memory: copies from and to pinned or registered memory work; one touching plain
+// (pageable) memory stops the process naming the copy, the way a slow synchronous copy on CUDA
+// would otherwise go unnoticed on a machine without a GPU.
+TEST(PinnedMemoryTest, StrictModeRefusesCopiesFromUnpinnedHostMemory) {
+  DeviceOptions o;
+  o.strict_host_memory = true;
+  auto dev = create_device(o);
+  ASSERT_TRUE(dev.is_ok());
+  Device& d = **dev;
+  auto buf = d.allocate(8192, "x");
+  ASSERT_TRUE(buf.is_ok());
+  auto& s = d.stream(StreamKind::kHostToDevice);
+  auto pinned = d.allocate_pinned(8192, "staging");
+  ASSERT_TRUE(pinned.is_ok());
+  d.copy_to_device(buf->data(), pinned->as<std::byte>() + 100, 8000, s);  // inside: fine
+  std::vector<std::byte> registered(8192);
+  {
+    auto r = d.register_host(registered.data(), registered.size());
+    ASSERT_TRUE(r.is_ok());
+    d.copy_to_host(registered.data(), buf->data(), 8192, d.stream(StreamKind::kDeviceToHost));
+    d.stream(StreamKind::kDeviceToHost).synchronize();
+  }
+  s.synchronize();
+  std::vector<std::byte> plain(8192);
+  EXPECT_DEATH(d.copy_to_device(buf->data(), plain.data(), 8192, s), "strict_host_memory");
+  // Past the end of a pinned range is not inside it either.
+  EXPECT_DEATH(d.copy_to_device(buf->data(), pinned->as<std::byte>() + 4096, 8192, s),
+               "strict_host_memory");
+  // Once the registration is gone, the range is plain memory again.
+  EXPECT_DEATH(d.copy_to_host(registered.data(), buf->data(), 8192, s), "strict_host_memory");
+}
+
 }  // namespace
 }  // namespace strata::device

@@ -80,12 +80,13 @@ class TestProvider final : public ParamProvider {
     auto& buf = grad_bufs_[group];
     EXPECT_FALSE(buf.empty()) << "gradients of group " << group << " released but not held";
     if (buf.empty()) return internal_error("not held");
-    std::vector<std::byte> host(buf.size());
+    auto host = device_.allocate_pinned(buf.size(), "test gradient readback");
+    if (!host.is_ok()) return host.status();
     auto& s = device_.stream(device::StreamKind::kCompute);
-    device_.copy_to_host(host.data(), buf.data(), buf.size(), s);
+    device_.copy_to_host(host->data(), buf.data(), buf.size(), s);
     s.synchronize();
     std::vector<float> f(params[group].size());
-    convert(host.data(), dtype_, f.data(), DType::kF32, f.size());
+    convert(host->data(), dtype_, f.data(), DType::kF32, f.size());
     for (std::size_t i = 0; i < f.size(); ++i) grads[group][i] += f[i];
     buf.reset();
     return Status::ok();
@@ -110,10 +111,11 @@ class TestProvider final : public ParamProvider {
 
  private:
   void upload(const float* src, void* dst, std::size_t n) {
-    std::vector<std::byte> host(n * dtype_size(dtype_));
-    convert(src, DType::kF32, host.data(), dtype_, n);
+    auto host = device_.allocate_pinned(n * dtype_size(dtype_), "test parameter upload");
+    STRATA_CHECK(host.is_ok(), "pinned test buffer", host.status().to_string());
+    convert(src, DType::kF32, host->data(), dtype_, n);
     auto& s = device_.stream(device::StreamKind::kCompute);
-    device_.copy_to_device(dst, host.data(), host.size(), s);
+    device_.copy_to_device(dst, host->data(), host->size(), s);
     s.synchronize();
   }
   float* find(const std::string& name, std::vector<std::vector<float>>& store) {
