@@ -12,60 +12,26 @@
 
 namespace strata::device {
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    device_ = std::exchange(o.device_, nullptr);
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
+template <MemoryKind K>
+void DeviceMemory<K>::reset() {
+  if (data_ != nullptr) {
+    if constexpr (K == MemoryKind::kDevice) {
+      device_->deallocate_impl(data_, size_);
+    } else if constexpr (K == MemoryKind::kPinned) {
+      device_->free_pinned_impl(data_, size_, page_locked_);
+    } else {
+      device_->unregister_host_impl(data_, size_, page_locked_);
+    }
   }
-  return *this;
-}
-
-void DeviceBuffer::reset() {
-  if (data_ != nullptr) device_->deallocate_impl(data_, size_);
-  device_ = nullptr;
-  data_ = nullptr;
-  size_ = 0;
-}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    device_ = std::exchange(o.device_, nullptr);
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    page_locked_ = std::exchange(o.page_locked_, false);
-  }
-  return *this;
-}
-
-void PinnedBuffer::reset() {
-  if (data_ != nullptr) device_->free_pinned_impl(data_, size_, page_locked_);
   device_ = nullptr;
   data_ = nullptr;
   size_ = 0;
   page_locked_ = false;
 }
 
-HostRegistration& HostRegistration::operator=(HostRegistration&& o) noexcept {
-  if (this != &o) {
-    reset();
-    device_ = std::exchange(o.device_, nullptr);
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    page_locked_ = std::exchange(o.page_locked_, false);
-  }
-  return *this;
-}
-
-void HostRegistration::reset() {
-  if (data_ != nullptr) device_->unregister_host_impl(data_, size_, page_locked_);
-  device_ = nullptr;
-  data_ = nullptr;
-  size_ = 0;
-  page_locked_ = false;
-}
+template class DeviceMemory<MemoryKind::kDevice>;
+template class DeviceMemory<MemoryKind::kPinned>;
+template class DeviceMemory<MemoryKind::kRegistered>;
 
 Result<DeviceBuffer> Device::allocate(std::size_t size_bytes, std::string_view what) {
   if (size_bytes == 0) return DeviceBuffer();

@@ -408,8 +408,7 @@ Result<io::Extent> TieredStore::begin_direct_io(Handle h) {
     }
   }
   for (Tier t : {Tier::kHost, Tier::kDevice}) {
-    STRATA_CHECK(e.at(t).pins == 0, "direct I/O while a copy is pinned", e.spec.name,
-                 tier_text(t));
+    STRATA_CHECK(e.at(t).pins == 0, "direct I/O while a copy is pinned", e.spec.name, tier_text(t));
     if (e.at(t).allocated) s.drop_copy(e, t);
   }
   s.new_op(OpKind::kSync, e, Tier::kNvme, Tier::kNvme);
@@ -420,9 +419,9 @@ void TieredStore::end_direct_io(Handle h, bool wrote, bool ok) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   Entry& e = s.entry(h);
-  STRATA_CHECK(e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme &&
-                   e.op->to == Tier::kNvme,
-               "end_direct_io without begin_direct_io", e.spec.name);
+  STRATA_CHECK(
+      e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme && e.op->to == Tier::kNvme,
+      "end_direct_io without begin_direct_io", e.spec.name);
   if (wrote) e.at(Tier::kNvme).valid = ok;
   std::shared_ptr<Op> op = std::move(e.op);
   --s.ops_in_flight;

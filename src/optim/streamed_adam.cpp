@@ -197,8 +197,8 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
                            (is_read ? "from" : "to") + " swap");
   };
   // Every transfer of the slot that sub-group `sub` occupies; the first error wins.
-  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kMaxArrays>>& handles,
-                       std::size_t sub, bool is_read) -> Status {
+  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kMaxArrays>>& handles, std::size_t sub,
+                       bool is_read) -> Status {
     Status first;
     for (int k = 0; k < kMaxArrays; ++k) {
       Status st = wait_one(handles[sub % nb][static_cast<std::size_t>(k)], sub, k, is_read);

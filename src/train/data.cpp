@@ -51,10 +51,10 @@ std::string_view token_format_name(TokenFormat format) {
 Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path,
                                                          TokenFormat format) {
   const bool llmc = format == TokenFormat::kLlmc;
-  int token_bytes = format == TokenFormat::kU16   ? 2
-                          : format == TokenFormat::kU32 ? 4
-                          : format == TokenFormat::kText ? 1
-                                                         : 0;  // llmc: from its header
+  int token_bytes = format == TokenFormat::kU16    ? 2
+                    : format == TokenFormat::kU32  ? 4
+                    : format == TokenFormat::kText ? 1
+                                                   : 0;  // llmc: from its header
 
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open token file", path);

@@ -211,9 +211,9 @@ Status Trainer::Impl::setup() {
              format_bytes(zopts.reduce_bucket_bytes) + ", all-gather " +
              format_bytes(zopts.allgather_bucket_bytes));
   }
-  STRATA_ASSIGN_OR_RETURN(provider, zero::ZeroProvider::create(
-                                         *layout, config.param_persistence_threshold, *device,
-                                         swap.get(), *comm, zopts, eopts));
+  STRATA_ASSIGN_OR_RETURN(
+      provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
+                                           swap.get(), *comm, zopts, eopts));
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
@@ -508,8 +508,7 @@ std::string Trainer::describe() const {
       s.swap ? " | swap engine " : "", s.swap ? s.swap->engine_name().c_str() : "",
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
       std::string(token_format_name(s.config.data.format)).c_str(),
-      static_cast<long long>(s.config.seq_len),
-      static_cast<long long>(s.config.batch_size),
+      static_cast<long long>(s.config.seq_len), static_cast<long long>(s.config.batch_size),
       static_cast<long long>(s.config.batch_size /
                              (s.config.micro_batch_size * s.comm->world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,

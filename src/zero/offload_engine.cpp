@@ -117,8 +117,8 @@ Status OffloadEngine::create_store() {
     } else {
       STRATA_ASSIGN_OR_RETURN(g->grad,
                               add("gradient of " + name, g->work_bytes, Tier::kHost, true));
-      STRATA_ASSIGN_OR_RETURN(g->grad_acc, add("gradient accumulator of " + name, g->f32_bytes,
-                                               plan_.gradients));
+      STRATA_ASSIGN_OR_RETURN(
+          g->grad_acc, add("gradient accumulator of " + name, g->f32_bytes, plan_.gradients));
     }
     groups_.push_back(std::move(g));
   }
@@ -507,8 +507,7 @@ Status OffloadEngine::step_streamed(const device::AdamWArgs& base) {
   std::uint64_t read = 0, written = 0;
   if (s.is_ok()) {
     auto report = streamed_adam_->step(
-        segments, base,
-        [&](std::size_t gi) { return close_output(*groups_[gi], Tier::kHost); },
+        segments, base, [&](std::size_t gi) { return close_output(*groups_[gi], Tier::kHost); },
         [&](std::size_t gi) { return open_output(*groups_[gi], Tier::kHost); });
     s = report.status();
     if (report.is_ok()) {

@@ -124,8 +124,7 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
     const auto n = static_cast<std::uint64_t>(g.num_elems);
     // A group's parameters and gradient must fit on the device together.
     if (o.device_budget_bytes != 0 && 2 * n * dsize > o.device_budget_bytes) {
-      return out_of_memory("parameter group '" + g.name + "' needs " +
-                           format_bytes(2 * n * dsize) +
+      return out_of_memory("parameter group '" + g.name + "' needs " + format_bytes(2 * n * dsize) +
                            " on the device (parameters + gradient), more than "
                            "device_memory_limit " +
                            format_bytes(o.device_budget_bytes));

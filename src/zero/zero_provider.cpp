@@ -14,13 +14,13 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
     const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
     io::SwapSpace* swap, dist::Communicator& comm, const ZeroOptions& options,
     const EngineOptions& engine_options) {
-  auto partition = std::make_unique<Partition>(full, comm.rank(), comm.world_size(),
-                                               persistence_threshold);
+  auto partition =
+      std::make_unique<Partition>(full, comm.rank(), comm.world_size(), persistence_threshold);
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<OffloadEngine> engine,
       OffloadEngine::create(partition->local_layout(), device, swap, engine_options));
-  return std::unique_ptr<ZeroProvider>(new ZeroProvider(full, std::move(partition),
-                                                        std::move(engine), comm, device, options));
+  return std::unique_ptr<ZeroProvider>(
+      new ZeroProvider(full, std::move(partition), std::move(engine), comm, device, options));
 }
 
 ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,

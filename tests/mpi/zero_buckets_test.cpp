@@ -63,8 +63,8 @@ std::unique_ptr<Run> make_run(int stage, std::uint64_t reduce_bytes, std::uint64
   zo.stage = stage;
   zo.reduce_bucket_bytes = reduce_bytes;
   zo.allgather_bucket_bytes = gather_bytes;
-  auto provider = ZeroProvider::create(run->layout, kPersistenceThreshold, *e.device, nullptr,
-                                       *e.comm, zo, eo);
+  auto provider =
+      ZeroProvider::create(run->layout, kPersistenceThreshold, *e.device, nullptr, *e.comm, zo, eo);
   EXPECT_TRUE(provider.is_ok()) << provider.status().message();
   if (!provider.is_ok()) return nullptr;
   run->provider = std::move(*provider);

@@ -24,7 +24,8 @@ inline MpiEnv& mpi_env() {
     MpiEnv x;
     x.device = std::move(*device::create_device(device::DeviceOptions{}));
     dist::CommOptions o;
-    o.backend = dist::launched_with_multiple_ranks() ? dist::CommBackend::kMpi : dist::CommBackend::kSingle;
+    o.backend =
+        dist::launched_with_multiple_ranks() ? dist::CommBackend::kMpi : dist::CommBackend::kSingle;
     o.timeout = std::chrono::seconds(60);
     auto c = dist::create_communicator(o, *x.device);
     EXPECT_TRUE(c.is_ok()) << c.status().message();

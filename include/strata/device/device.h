@@ -5,12 +5,13 @@
 // the CPU backend (device memory is host memory, streams are ordered worker queues) and on CUDA.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <array>
 #include <string_view>
+#include <utility>
 
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
@@ -60,17 +61,35 @@ class Event {
   std::shared_ptr<Impl> impl_;
 };
 
-// Move-only owner of one device allocation; returns the bytes to the budget when destroyed.
-class DeviceBuffer {
+// What a DeviceMemory gives back when it is destroyed or reset.
+enum class MemoryKind : std::uint8_t {
+  kDevice,      // Device::allocate: the bytes return to the device budget
+  kPinned,      // Device::allocate_pinned: host memory, page-locked where the OS allows
+  kRegistered,  // Device::register_host: an existing host range, unregistered (it must outlive
+                // the registration)
+};
+
+// Move-only owner of one range a Device handed out.
+template <MemoryKind K>
+class DeviceMemory {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(Device* device, void* data, std::size_t size_bytes)
-      : device_(device), data_(data), size_(size_bytes) {}
-  ~DeviceBuffer() { reset(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceMemory() = default;
+  DeviceMemory(Device* device, void* data, std::size_t size_bytes, bool page_locked = false)
+      : device_(device), data_(data), size_(size_bytes), page_locked_(page_locked) {}
+  ~DeviceMemory() { reset(); }
+  DeviceMemory(DeviceMemory&& o) noexcept { *this = std::move(o); }
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
+    if (this != &o) {
+      reset();
+      device_ = std::exchange(o.device_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      page_locked_ = std::exchange(o.page_locked_, false);
+    }
+    return *this;
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
 
   void* data() const { return data_; }
   template <typename T>
@@ -79,9 +98,11 @@ class DeviceBuffer {
   }
   std::size_t size() const { return size_; }
   bool empty() const { return data_ == nullptr; }
+  // Host memory: locked in RAM, so copies run at full speed and truly overlap.
+  bool page_locked() const { return page_locked_; }
   void reset();
-  // Forgets the memory without freeing it: for a buffer that a collective which never finished
-  // may still write into. The device keeps counting it as in use.
+  // Forgets the memory without giving it back: for a buffer that a collective which never
+  // finished may still write into. The device keeps counting it as in use.
   void abandon() {
     device_ = nullptr;
     data_ = nullptr;
@@ -92,61 +113,12 @@ class DeviceBuffer {
   Device* device_ = nullptr;
   void* data_ = nullptr;
   std::size_t size_ = 0;
-};
-
-// Move-only owner of host memory from Device::allocate_pinned: page-locked where the backend and
-// the OS allow (page_locked() says whether), so copies run at full speed and truly overlap.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(Device* device, void* data, std::size_t size_bytes, bool page_locked)
-      : device_(device), data_(data), size_(size_bytes), page_locked_(page_locked) {}
-  ~PinnedBuffer() { reset(); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  void* data() const { return data_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-  std::size_t size() const { return size_; }
-  bool empty() const { return data_ == nullptr; }
-  bool page_locked() const { return page_locked_; }
-  void reset();
-
- private:
-  Device* device_ = nullptr;
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
   bool page_locked_ = false;
 };
 
-// Move-only registration of an existing host range from Device::register_host; undone when
-// destroyed. The range must outlive the registration.
-class HostRegistration {
- public:
-  HostRegistration() = default;
-  HostRegistration(Device* device, void* data, std::size_t size_bytes, bool page_locked)
-      : device_(device), data_(data), size_(size_bytes), page_locked_(page_locked) {}
-  ~HostRegistration() { reset(); }
-  HostRegistration(HostRegistration&& o) noexcept { *this = std::move(o); }
-  HostRegistration& operator=(HostRegistration&& o) noexcept;
-  HostRegistration(const HostRegistration&) = delete;
-  HostRegistration& operator=(const HostRegistration&) = delete;
-
-  bool empty() const { return data_ == nullptr; }
-  bool page_locked() const { return page_locked_; }
-  void reset();
-
- private:
-  Device* device_ = nullptr;
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
-  bool page_locked_ = false;
-};
+using DeviceBuffer = DeviceMemory<MemoryKind::kDevice>;
+using PinnedBuffer = DeviceMemory<MemoryKind::kPinned>;
+using HostRegistration = DeviceMemory<MemoryKind::kRegistered>;
 
 class Device {
  public:
@@ -190,9 +162,8 @@ class Device {
   virtual Result<HostRegistration> register_host(void* data, std::size_t size_bytes) = 0;
 
  protected:
-  friend class DeviceBuffer;
-  friend class PinnedBuffer;
-  friend class HostRegistration;
+  template <MemoryKind>
+  friend class DeviceMemory;
   virtual Result<void*> allocate_impl(std::size_t size_bytes) = 0;
   virtual void deallocate_impl(void* data, std::size_t size_bytes) = 0;
   virtual void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) = 0;

@@ -56,7 +56,7 @@ struct TrainConfig {
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
   dist::CommBackend dist_backend = dist::CommBackend::kAuto;
-  std::int64_t dist_timeout_s = 300;                  // a collective slower than this ends the run
+  std::int64_t dist_timeout_s = 300;       // a collective slower than this ends the run
   Tier offload_optimizer = Tier::kDevice;  // "none" (device) | "cpu" (host) | "nvme"
   Tier offload_param = Tier::kDevice;      // likewise
   // Bytes one gradient reduction / one parameter all-gather moves at most (every rank's part
@@ -78,9 +78,9 @@ struct TrainConfig {
   int swap_threads = 1;                     // io_uring rings, each with its own thread
   bool verify_swap = false;                 // xxh3 checksums of swapped data, checked on read
   device::DeviceKind device = device::DeviceKind::kCpu;
-  std::uint64_t device_memory_limit = 0;    // bytes; 0 = no limit (cpu backend only)
-  std::uint64_t host_memory_limit = 0;      // bytes; 0 = no limit
-  int threads = 0;                          // compute threads on the cpu backend; 0 = all cores
+  std::uint64_t device_memory_limit = 0;  // bytes; 0 = no limit (cpu backend only)
+  std::uint64_t host_memory_limit = 0;    // bytes; 0 = no limit
+  int threads = 0;                        // compute threads on the cpu backend; 0 = all cores
   std::string save_dir = "checkpoints";
   std::int64_t save_every = 0;  // steps; 0 = only at the end and on Ctrl-C
   std::string metrics_file;     // JSON lines; empty = none

@@ -16,8 +16,8 @@ namespace strata::train {
 // magic 20240520, version 1 = uint16 tokens, version 2 = uint32, header[2] = token count); text
 // (bytes of a text file, vocabulary 256).
 enum class TokenFormat : std::uint8_t { kU16, kU32, kLlmc, kText };
-inline constexpr std::array<TokenFormat, 4> kTokenFormats = {TokenFormat::kU16, TokenFormat::kU32,
-                                                             TokenFormat::kLlmc, TokenFormat::kText};
+inline constexpr std::array<TokenFormat, 4> kTokenFormats = {
+    TokenFormat::kU16, TokenFormat::kU32, TokenFormat::kLlmc, TokenFormat::kText};
 std::string_view token_format_name(TokenFormat format);  // "u16", "u32", "llmc", "text"
 
 class TokenDataset {

@@ -137,7 +137,7 @@ class OffloadEngine {
   std::optional<optim::CpuAdam> cpu_adam_;            // offload_optimizer cpu or nvme
   std::optional<optim::StreamedAdam> streamed_adam_;  // offload_optimizer nvme
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
-  struct PendingGrad {  // a gradient on its way off the device
+  struct PendingGrad {                                // a gradient on its way off the device
     int group;
     mem::Completion done;
   };

@@ -102,13 +102,13 @@ inline SwapOptions make_options(const std::string& engine, std::vector<std::stri
 }
 
 // Creates a swap space, or skips the test when io_uring was asked for and cannot run here.
-#define STRATA_CREATE_SWAP_OR_SKIP(var, options)                                 \
-  auto var##_result = ::strata::io::SwapSpace::create(options);                  \
-  if (!var##_result.is_ok() && (options).engine == ::strata::io::SwapEngine::kUring &&                    \
-      var##_result.status().code() == ::strata::StatusCode::kUnavailable) {      \
-    GTEST_SKIP() << "io_uring unavailable: " << var##_result.status().message(); \
-  }                                                                              \
-  ASSERT_TRUE(var##_result.is_ok()) << var##_result.status().to_string();        \
+#define STRATA_CREATE_SWAP_OR_SKIP(var, options)                                       \
+  auto var##_result = ::strata::io::SwapSpace::create(options);                        \
+  if (!var##_result.is_ok() && (options).engine == ::strata::io::SwapEngine::kUring && \
+      var##_result.status().code() == ::strata::StatusCode::kUnavailable) {            \
+    GTEST_SKIP() << "io_uring unavailable: " << var##_result.status().message();       \
+  }                                                                                    \
+  ASSERT_TRUE(var##_result.is_ok()) << var##_result.status().to_string();              \
   std::unique_ptr<::strata::io::SwapSpace> var = std::move(var##_result).value()
 
 }  // namespace strata::io::testing

@@ -141,8 +141,8 @@ TEST(SwapDirErrorsTest, BadOptionsAreAllReportedAtOnce) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   const std::string& msg = r.status().message();
   EXPECT_FALSE(parse_swap_engine("spdk").has_value());  // command lines say so themselves
-  for (const char* part : {"swap_paths is empty",
-                           "block_size_bytes 1000", "queue_depth 0", "posix_threads 0"}) {
+  for (const char* part :
+       {"swap_paths is empty", "block_size_bytes 1000", "queue_depth 0", "posix_threads 0"}) {
     EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
   }
 }

@@ -388,7 +388,7 @@ TEST_F(StoreTest, DirectIoOnAnNvmeHomeWritesBackANewerCopyFirstAndHoldsTheTensor
   ASSERT_TRUE(x.is_ok()) << x.status().to_string();
   Residency r = store_->residency(h);
   EXPECT_FALSE(r.allocated[static_cast<int>(Tier::kHost)]);  // dropped once written back
-  EXPECT_TRUE(r.in_flight);                                   // held until end_direct_io
+  EXPECT_TRUE(r.in_flight);                                  // held until end_direct_io
   const std::size_t io_bytes = strata::align_up(std::size_t{30001}, io::kIoAlignBytes);
   void* buf = std::aligned_alloc(io::kIoAlignBytes, io_bytes);
   ASSERT_TRUE(swap_->read(*x, 0, buf, io_bytes).wait().is_ok());

@@ -183,8 +183,7 @@ TEST_P(StreamedAdamTest, GradientsStreamedFromSwapGiveTheSameBytes) {
     std::vector<AdamState> got = f.states;
     std::vector<StreamedSegment> segs = segments_of(f, got);
     for (std::size_t i = 0; i < segs.size(); ++i) {
-      const std::size_t bytes =
-          static_cast<std::size_t>(got[i].n) * dtype_size(got[i].grad_dtype);
+      const std::size_t bytes = static_cast<std::size_t>(got[i].n) * dtype_size(got[i].grad_dtype);
       auto x = f.swap->allocate(std::max<std::size_t>(bytes, 1), "gradient");
       ASSERT_TRUE(x.is_ok());
       AlignedBuffer buf(x->size_bytes, io::kIoAlignBytes);

@@ -105,8 +105,8 @@ TEST(TokenDataset, ReadsLlmcVersions) {
 
 TEST(TokenDataset, FileErrorsNameTheFile) {
   TempDir dir;
-  expect_error(TokenDataset::open(dir.file("missing.bin"), TokenFormat::kU16), StatusCode::kNotFound,
-               dir.file("missing.bin"), "cannot open token file");
+  expect_error(TokenDataset::open(dir.file("missing.bin"), TokenFormat::kU16),
+               StatusCode::kNotFound, dir.file("missing.bin"), "cannot open token file");
   write_bytes(dir.file("empty.bin"), "");
   expect_error(TokenDataset::open(dir.file("empty.bin"), TokenFormat::kU16), StatusCode::kDataLoss,
                dir.file("empty.bin"), "is empty");
@@ -137,9 +137,11 @@ TEST(TokenDataset, LlmcHeaderErrors) {
   expect_error(TokenDataset::open(p, TokenFormat::kLlmc), StatusCode::kDataLoss, p,
                "header says 2 tokens (8 bytes)");
   write_bytes(p, llmc_bytes(20240520, 1, -1, {}, 2));
-  expect_error(TokenDataset::open(p, TokenFormat::kLlmc), StatusCode::kDataLoss, p, "header says -1 tokens");
+  expect_error(TokenDataset::open(p, TokenFormat::kLlmc), StatusCode::kDataLoss, p,
+               "header says -1 tokens");
   write_bytes(p, llmc_bytes(20240520, 1, 0, {}, 2));
-  expect_error(TokenDataset::open(p, TokenFormat::kLlmc), StatusCode::kDataLoss, p, "contains no tokens");
+  expect_error(TokenDataset::open(p, TokenFormat::kLlmc), StatusCode::kDataLoss, p,
+               "contains no tokens");
 }
 
 // A u32 dataset whose token i is i, so a window is identified by its first token.

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "strata/core/rng.h"
-#include "strata/model/llama.h"
 #include "strata/dist/communicator.h"
+#include "strata/model/llama.h"
 #include "strata/zero/zero_provider.h"
 #include "tests/testing/temp_dir.h"
 
@@ -26,7 +26,8 @@ class EnginePrefetchTest : public ::testing::Test {
     config_.num_key_value_heads = 1;
     config_.max_position_embeddings = 16;
     layout_ = model::ParamLayout::build(config_);
-    auto dev = device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 4 << 20, 0, 1});
+    auto dev =
+        device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 4 << 20, 0, 1});
     ASSERT_TRUE(dev.is_ok());
     device_ = std::move(*dev);
   }

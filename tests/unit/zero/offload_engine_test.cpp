@@ -35,7 +35,8 @@ class EngineTest : public ::testing::TestWithParam<Placement> {
     config_.num_attention_heads = 2;
     config_.num_key_value_heads = 1;
     layout_ = model::ParamLayout::build(config_);
-    auto dev = device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 1 << 20, 0, 1});
+    auto dev =
+        device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 1 << 20, 0, 1});
     ASSERT_TRUE(dev.is_ok());
     device_ = std::move(*dev);
     if (GetParam().param == Tier::kNvme || GetParam().opt == Tier::kNvme) {
@@ -216,7 +217,8 @@ TEST(EngineErrors, ParamOffloadNeedsOptimizerOffload) {
 TEST(EngineErrors, GroupLargerThanDeviceBudgetNamesIt) {
   model::LlamaConfig c;  // embedding group: 256 x 128 floats = 128 KiB
   auto layout = model::ParamLayout::build(c);
-  auto dev = device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 100 * 1024, 0, 1});
+  auto dev =
+      device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 100 * 1024, 0, 1});
   ASSERT_TRUE(dev.is_ok());
   EngineOptions o;
   o.offload_param = Tier::kHost;
