@@ -1,4 +1,5 @@
-// Shared pieces of the tiered store tests: a CPU device, an in-memory swap space, random bytes.
+// Shared pieces of the tiered store tests: a CPU device, an in-memory swap space (from
+// tests/testing/backends.h), random bytes.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include "strata/device/device.h"
 #include "strata/io/swap.h"
 #include "strata/mem/tiered_store.h"
+#include "tests/testing/backends.h"
 
 namespace strata::mem::testing {
 
@@ -27,27 +29,11 @@ inline constexpr bool kUnderTsan = false;
 inline constexpr bool kUnderTsan = false;
 #endif
 
-inline std::unique_ptr<device::Device> make_cpu_device(std::uint64_t limit_bytes = 0) {
-  device::DeviceOptions o;
-  o.kind = device::DeviceKind::kCpu;
-  o.memory_limit_bytes = limit_bytes;
-  o.compute_threads = 1;
-  auto d = device::create_device(o);
-  EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-  return d.is_ok() ? std::move(d).value() : nullptr;
-}
+using ::strata::testing::make_cpu_device;
 
 inline std::unique_ptr<io::SwapSpace> make_memory_swap(io::FaultInjection faults = {},
                                                        std::size_t block_size_bytes = 16 * 1024) {
-  io::SwapOptions o;
-  o.engine = io::SwapEngine::kMemory;
-  o.block_size_bytes = block_size_bytes;
-  o.queue_depth = 4;
-  o.posix_threads = 2;
-  o.fault_injection = std::move(faults);
-  auto s = io::SwapSpace::create(o);
-  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-  return s.is_ok() ? std::move(s).value() : nullptr;
+  return ::strata::testing::make_swap(std::move(faults), block_size_bytes);
 }
 
 inline std::vector<std::byte> random_bytes(std::size_t n, Rng& rng) {

@@ -10,6 +10,7 @@
 #include "strata/dist/communicator.h"
 #include "strata/model/llama.h"
 #include "strata/zero/zero_provider.h"
+#include "tests/testing/backends.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::zero {
@@ -26,19 +27,12 @@ class EnginePrefetchTest : public ::testing::Test {
     config_.num_key_value_heads = 1;
     config_.max_position_embeddings = 16;
     layout_ = model::ParamLayout::build(config_);
-    auto dev =
-        device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 4 << 20, 0, 1});
-    ASSERT_TRUE(dev.is_ok());
-    device_ = std::move(*dev);
+    device_ = testing::make_cpu_device(4 << 20);
+    ASSERT_NE(device_, nullptr);
   }
   void make(io::FaultInjection faults = {}, mem::Timeline* timeline = nullptr) {
-    io::SwapOptions so;
-    so.engine = io::SwapEngine::kMemory;
-    so.block_size_bytes = 1 << 20;  // one engine attempt per request
-    so.fault_injection = std::move(faults);
-    auto s = io::SwapSpace::create(so);
-    ASSERT_TRUE(s.is_ok());
-    swap_ = std::move(*s);
+    swap_ = testing::make_swap(std::move(faults), 1 << 20);  // one engine attempt per request
+    ASSERT_NE(swap_, nullptr);
     EngineOptions o;
     o.offload_param = Tier::kNvme;
     o.offload_optimizer = Tier::kHost;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/core/rng.h"
+#include "tests/testing/backends.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::zero {
@@ -35,16 +36,11 @@ class EngineTest : public ::testing::TestWithParam<Placement> {
     config_.num_attention_heads = 2;
     config_.num_key_value_heads = 1;
     layout_ = model::ParamLayout::build(config_);
-    auto dev =
-        device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 1 << 20, 0, 1});
-    ASSERT_TRUE(dev.is_ok());
-    device_ = std::move(*dev);
+    device_ = testing::make_cpu_device(1 << 20);
+    ASSERT_NE(device_, nullptr);
     if (GetParam().param == Tier::kNvme || GetParam().opt == Tier::kNvme) {
-      io::SwapOptions so;
-      so.paths = {dir_.path()};
-      auto s = io::SwapSpace::create(so);
-      ASSERT_TRUE(s.is_ok()) << s.status().message();
-      swap_ = std::move(*s);
+      swap_ = testing::make_swap({}, 1 << 20, dir_.path());  // files, the real engine
+      ASSERT_NE(swap_, nullptr);
     }
     make_engine(1);
   }
@@ -217,13 +213,12 @@ TEST(EngineErrors, ParamOffloadNeedsOptimizerOffload) {
 TEST(EngineErrors, GroupLargerThanDeviceBudgetNamesIt) {
   model::LlamaConfig c;  // embedding group: 256 x 128 floats = 128 KiB
   auto layout = model::ParamLayout::build(c);
-  auto dev =
-      device::create_device(device::DeviceOptions{device::DeviceKind::kCpu, 100 * 1024, 0, 1});
-  ASSERT_TRUE(dev.is_ok());
+  auto dev = testing::make_cpu_device(100 * 1024);
+  ASSERT_NE(dev, nullptr);
   EngineOptions o;
   o.offload_param = Tier::kHost;
   o.offload_optimizer = Tier::kHost;
-  auto e = OffloadEngine::create(layout, **dev, nullptr, o);
+  auto e = OffloadEngine::create(layout, *dev, nullptr, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("device_memory_limit"), std::string::npos);
