@@ -369,15 +369,7 @@ Status TieredStore::read(Handle h, void* dst) {
   return s.sync_read(e, dst, lock);
 }
 
-Status TieredStore::fill_zero(Handle h) {
-  Impl& s = *impl_;
-  Impl::Lock lock(s.mu);
-  Entry& e = s.entry(h);
-  STRATA_CHECK(!e.spec.transient, "fill_zero is for tensors with a home", e.spec.name);
-  s.wait_idle(lock, e);
-  e.failed.reset();
-  return s.sync_write(e, nullptr, 0, lock);
-}
+Status TieredStore::fill_zero(Handle h) { return write(h, nullptr, 0); }  // null: zeros
 
 Result<io::Extent> TieredStore::begin_direct_io(Handle h) {
   Impl& s = *impl_;

@@ -116,6 +116,22 @@ std::vector<std::vector<float>> read_back(Fixture& f, std::size_t s) {
   return out;
 }
 
+// Every segment's state read back from swap, and its param_out, equal the in-memory step's.
+void expect_same_as(Fixture& f, std::vector<AdamState>& want, const std::vector<AdamState>& got) {
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    const auto back = read_back(f, s);
+    const std::int64_t n = want[s].n;
+    EXPECT_EQ(compare_bytes("master", back[0].data(), want[s].p(), 4, n), "") << "segment " << s;
+    EXPECT_EQ(compare_bytes("exp_avg", back[1].data(), want[s].m(), 4, n), "") << "segment " << s;
+    EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), want[s].v(), 4, n), "")
+        << "segment " << s;
+    EXPECT_EQ(compare_bytes("param_out", got[s].out.data(), want[s].out.data(), 1,
+                            static_cast<std::int64_t>(want[s].out.size())),
+              "")
+        << "segment " << s;
+  }
+}
+
 class StreamedAdamTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
@@ -150,20 +166,7 @@ TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
       EXPECT_TRUE(report->skipped_segments.empty());
       EXPECT_EQ(done, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
       EXPECT_EQ(report->bytes_read, report->bytes_written);
-      for (std::size_t s = 0; s < want.size(); ++s) {
-        const auto back = read_back(f, s);
-        const std::int64_t n = want[s].n;
-        EXPECT_EQ(compare_bytes("master", back[0].data(), want[s].p(), 4, n), "")
-            << "segment " << s;
-        EXPECT_EQ(compare_bytes("exp_avg", back[1].data(), want[s].m(), 4, n), "")
-            << "segment " << s;
-        EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), want[s].v(), 4, n), "")
-            << "segment " << s;
-        EXPECT_EQ(compare_bytes("param_out", got[s].out.data(), want[s].out.data(), 1,
-                                static_cast<std::int64_t>(want[s].out.size())),
-                  "")
-            << "segment " << s;
-      }
+      expect_same_as(f, want, got);
     }
   }
 }
@@ -207,17 +210,7 @@ TEST_P(StreamedAdamTest, GradientsStreamedFromSwapGiveTheSameBytes) {
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
     EXPECT_EQ(begun, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
     EXPECT_GT(report->bytes_read, report->bytes_written);  // the gradients were read too
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      const auto back = read_back(f, i);
-      const std::int64_t n = want[i].n;
-      EXPECT_EQ(compare_bytes("master", back[0].data(), want[i].p(), 4, n), "") << i;
-      EXPECT_EQ(compare_bytes("exp_avg", back[1].data(), want[i].m(), 4, n), "") << i;
-      EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), want[i].v(), 4, n), "") << i;
-      EXPECT_EQ(compare_bytes("param_out", got[i].out.data(), want[i].out.data(), 1,
-                              static_cast<std::int64_t>(want[i].out.size())),
-                "")
-          << i;
-    }
+    expect_same_as(f, want, got);
   }
 }
 
