@@ -505,7 +505,8 @@ Status OffloadEngine::step_streamed(const device::AdamWArgs& base) {
     segments.push_back(seg);
   }
   std::uint64_t read = 0, written = 0;
-  if (s.is_ok()) {
+  const bool ran = s.is_ok();  // else nothing was written: every home keeps its data
+  if (ran) {
     auto report = streamed_adam_->step(
         segments, base, [&](std::size_t gi) { return close_output(*groups_[gi], Tier::kHost); },
         [&](std::size_t gi) { return open_output(*groups_[gi], Tier::kHost); });
@@ -516,7 +517,7 @@ Status OffloadEngine::step_streamed(const device::AdamWArgs& base) {
     }
   }
   for (const mem::Handle h : pinned) store_->unpin(h, Tier::kHost);
-  for (const auto& [h, write] : opened) store_->end_direct_io(h, write, s.is_ok());
+  for (const auto& [h, write] : opened) store_->end_direct_io(h, write && ran, s.is_ok());
   stats_.nvme_read_bytes += read;
   stats_.nvme_write_bytes += written;
   return s.is_ok() ? s : s.with_context("optimizer step on NVMe");
