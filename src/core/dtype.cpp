@@ -1,7 +1,6 @@
-// dtype names, f16 conversions (bf16 is inline in the header) and sums of squares.
+// dtype names, f16 conversions (bf16 is inline in the header) and chunked sums of squares.
 #include "strata/core/dtype.h"
 
-#include <algorithm>
 #include <cstddef>
 
 #include "strata/core/check.h"
@@ -175,16 +174,6 @@ double sum_squares_chunk(const void* x, DType dtype, std::size_t n) {
       STRATA_CHECK(false, "sum_squares: unsupported dtype", dtype_name(dtype));
   }
   return 0.0;
-}
-
-double sum_squares(const void* x, DType dtype, std::size_t n) {
-  const auto* bytes = static_cast<const std::byte*>(x);
-  const std::size_t esize = dtype_size(dtype);
-  double total = 0.0;
-  for (std::size_t i = 0; i < n; i += kSumSquaresChunkElems) {
-    total += sum_squares_chunk(bytes + i * esize, dtype, std::min(kSumSquaresChunkElems, n - i));
-  }
-  return total;
 }
 
 }  // namespace strata

@@ -149,6 +149,8 @@ struct TieredStore::Impl {
   void complete_chunks(const std::shared_ptr<Op>& op, int n);
   void fail(Op& op, const Status& s);
   void finish(const std::shared_ptr<Op>& op);
+  // The op (e's, synchronous or asynchronous) is over: wakes its waiters with `st`.
+  void retire(Entry& e, const std::shared_ptr<Op>& op, const Status& st);
   void record(Lane lane, const Entry& e, const char* verb, std::int64_t begin_ns,
               std::uint64_t bytes);
   // src null: zeros.

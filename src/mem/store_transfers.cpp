@@ -308,10 +308,15 @@ void TieredStore::Impl::finish(const std::shared_ptr<Op>& op) {
     e.failed = op;
     if (op->fresh_dest) drop_copy(e, op->to);
   }
-  if (e.op == op) e.op.reset();
+  retire(e, op, op->status);
+}
+
+void TieredStore::Impl::retire(Entry& e, const std::shared_ptr<Op>& op, const Status& st) {
+  std::shared_ptr<Op> keep = op;  // `op` may be the entry's member, reset here
+  if (e.op == keep) e.op.reset();
   --ops_in_flight;
   ++generation;
-  op->completion->finish(op->status);
+  keep->completion->finish(st);
   cv.notify_all();
 }
 
@@ -464,11 +469,7 @@ Status TieredStore::Impl::sync_write(Entry& e, const void* src, std::size_t capa
     if (home != Tier::kHost) stats.bytes_moved[1][static_cast<int>(home)] += size;
   }
   if (lane != Lane::kCompute) record(lane, e, "write", t0, size);
-  e.op.reset();
-  --ops_in_flight;
-  ++generation;
-  op->completion->finish(st);
-  cv.notify_all();
+  retire(e, op, st);
   return st.is_ok()
              ? st
              : st.with_context("writing '" + e.spec.name + "' to its " + tier_text(home) + " home");
@@ -498,11 +499,7 @@ Status TieredStore::Impl::sync_read(Entry& e, void* dst, Lock& lock) {
   } else {
     st = staged_nvme_io(e, c.extent, dst, /*write=*/false, lock);
   }
-  e.op.reset();
-  --ops_in_flight;
-  ++generation;
-  op->completion->finish(st);
-  cv.notify_all();
+  retire(e, op, st);
   return st.is_ok() ? st : st.with_context("reading '" + e.spec.name + "'");
 }
 

@@ -415,11 +415,7 @@ void TieredStore::end_direct_io(Handle h, bool wrote, bool ok) {
       e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme && e.op->to == Tier::kNvme,
       "end_direct_io without begin_direct_io", e.spec.name);
   if (wrote) e.at(Tier::kNvme).valid = ok;
-  std::shared_ptr<Op> op = std::move(e.op);
-  --s.ops_in_flight;
-  ++s.generation;
-  op->completion->finish(Status::ok());
-  s.cv.notify_all();
+  s.retire(e, e.op, Status::ok());
 }
 
 Status TieredStore::wait(const Completion& c) {

@@ -175,7 +175,7 @@ Status Trainer::Impl::setup() {
   eopts.offload_param = param;
   eopts.offload_optimizer = opt;
   eopts.compute_dtype = compute_dtype;
-  eopts.accumulation_steps = config.batch_size / (config.micro_batch_size * world);
+  eopts.accumulation_steps = config.accumulation_steps(world);
   eopts.adam.lr = config.optimizer.lr;
   eopts.adam.beta1 = config.optimizer.beta1;
   eopts.adam.beta2 = config.optimizer.beta2;
@@ -279,7 +279,7 @@ Result<StepMetrics> Trainer::Impl::train_step() {
 
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   const std::int64_t world = comm->world_size(), rank = comm->rank();
-  const std::int64_t accum = config.batch_size / (mb * world);
+  const std::int64_t accum = config.accumulation_steps(static_cast<int>(world));
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
   std::vector<std::int32_t> targets(inputs.size());
   double loss_sum = 0;
@@ -509,8 +509,7 @@ std::string Trainer::describe() const {
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
       std::string(token_format_name(s.config.data.format)).c_str(),
       static_cast<long long>(s.config.seq_len), static_cast<long long>(s.config.batch_size),
-      static_cast<long long>(s.config.batch_size /
-                             (s.config.micro_batch_size * s.comm->world_size())),
+      static_cast<long long>(s.config.accumulation_steps(s.comm->world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
       partitioned, s.layout->num_groups());
   return buf + s.provider->engine().plan().describe();

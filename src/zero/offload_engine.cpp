@@ -185,8 +185,7 @@ Result<const void*> OffloadEngine::acquire_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   Stopwatch wait;
   auto p = sched_ ? sched_->acquire(g.work) : store_->acquire(g.work, Tier::kDevice);
-  stats_.wait_ms += wait.elapsed_ms();
-  absorb_store_stats();
+  stats_.wait_ms += wait.elapsed_ms();  // the store's own counters are read once a pass
   if (!p.is_ok()) return p.status();
   g.span_begin_ns = now_ns();
   return static_cast<const void*>(*p);
@@ -219,12 +218,16 @@ Result<void*> OffloadEngine::acquire_grads(int group) {
 
 namespace {
 
-// acc = acc + grad (fresh: 0 + grad, as into a zeroed accumulator), element by element in fp32.
-void accumulate(float* acc, const void* grad, DType dtype, std::size_t n, bool fresh) {
+// acc = acc + grad (fresh: 0 + grad, as into a zeroed accumulator), element by element in fp32;
+// returns the sum of squares of the result, chunk by chunk while each chunk is still in cache
+// (chunked as the CPU backend's sum_squares op, kSumSquaresChunkElems: the same bits).
+double accumulate(float* acc, const void* grad, DType dtype, std::size_t n, bool fresh) {
   // Widen a block at a time (vectorized conversion), then add.
   constexpr std::size_t kBlock = 4096;
+  static_assert(kSumSquaresChunkElems % kBlock == 0);
   float wide[kBlock];
   const std::size_t esize = dtype_size(dtype);
+  double squares = 0.0;
   for (std::size_t i = 0; i < n; i += kBlock) {
     const std::size_t m = std::min(kBlock, n - i);
     const float* src = wide;
@@ -239,7 +242,13 @@ void accumulate(float* acc, const void* grad, DType dtype, std::size_t n, bool f
     } else {
       for (std::size_t j = 0; j < m; ++j) a[j] += src[j];
     }
+    const std::size_t end = i + m;
+    if (end % kSumSquaresChunkElems == 0 || end == n) {  // a chunk of the sum is complete
+      const std::size_t begin = (end - 1) / kSumSquaresChunkElems * kSumSquaresChunkElems;
+      squares += sum_squares_chunk(acc + begin, DType::kF32, end - begin);
+    }
   }
+  return squares;
 }
 
 }  // namespace
@@ -306,8 +315,8 @@ Status OffloadEngine::drain_one_grad() {
     return acc.status();
   }
   const auto n = static_cast<std::size_t>(g.n);
-  accumulate(static_cast<float*>(*acc), host, options_.compute_dtype, n, !g.has_grad);
-  g.sum_squares = sum_squares(*acc, DType::kF32, n);
+  g.sum_squares =
+      accumulate(static_cast<float*>(*acc), host, options_.compute_dtype, n, !g.has_grad);
   g.has_grad = true;
   store_->mark_dirty(g.grad_acc, Tier::kHost);
   store_->unpin(g.grad_acc, Tier::kHost);

@@ -44,22 +44,26 @@ std::uint64_t MemoryPlan::tier_bytes(Tier tier) const {
   return sum;
 }
 
+std::string MemoryPlan::kinds_text(Tier tier) const {
+  std::string s;
+  for (int k = 0; k < kNumTensorKinds; ++k) {
+    const std::uint64_t b = kind_bytes(tier, static_cast<TensorKind>(k));
+    if (b == 0) continue;
+    s += std::string(s.empty() ? "" : ", ") +
+         std::string(tensor_kind_name(static_cast<TensorKind>(k))) + " " + format_bytes(b);
+  }
+  return s;
+}
+
 std::string MemoryPlan::describe() const {
   std::string s = "plan: parameters on " + std::string(tier_name(params)) + ", optimizer on " +
                   std::string(tier_name(optimizer)) + ", gradients " +
                   (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
                   std::string(tier_name(gradients)) + "\n";
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ":";
-    bool any = false;
-    for (int k = 0; k < kNumTensorKinds; ++k) {
-      const std::uint64_t b = kind_bytes(t, static_cast<TensorKind>(k));
-      if (b == 0) continue;
-      s += std::string(any ? "," : "") + " " +
-           std::string(tensor_kind_name(static_cast<TensorKind>(k))) + " " + format_bytes(b);
-      any = true;
-    }
-    s += any ? "\n" : " nothing\n";
+    const std::string kinds = kinds_text(t);
+    s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
+         (kinds.empty() ? "nothing" : kinds) + "\n";
   }
   return s;
 }
@@ -142,16 +146,15 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   plan.params = o.params;
   plan.optimizer = o.optimizer;
   plan.keep_gradients = o.accumulation_steps == 1 && o.optimizer != Tier::kDevice;
+  // NVMe <-> device moves, whole-tensor reads and writes of NVMe homes, and copies between the
+  // device and unpinned caller memory (loading, checkpoints) go through the store's pool in
+  // chunks; 8 MiB keeps several reads in flight at a size the drive handles at full speed.
+  // Without NVMe one buffer will do.
+  plan.staging_buffer_bytes =
+      std::min<std::size_t>(std::max(z.max_work_io, z.max_f32_io), std::size_t{8} << 20);
+  plan.num_staging_buffers = o.params == Tier::kNvme || o.optimizer == Tier::kNvme ? 4 : 1;
   const auto place = [&](Tier gradients) {
     plan.gradients = gradients;
-    // NVMe <-> device moves, whole-tensor reads and writes of NVMe homes, and copies between
-    // the device and unpinned caller memory (loading, checkpoints) go through the store's pool
-    // in chunks; 8 MiB keeps several reads in flight at a size the drive handles at full speed.
-    // Without NVMe one buffer will do.
-    const bool nvme = o.params == Tier::kNvme || o.optimizer == Tier::kNvme;
-    plan.staging_buffer_bytes =
-        std::min<std::size_t>(std::max(z.max_work_io, z.max_f32_io), std::size_t{8} << 20);
-    plan.num_staging_buffers = nvme ? 4 : 1;
     plan.optimizer_staging_bytes = 0;
     if (o.optimizer == Tier::kNvme) {
       optim::StreamedAdamOptions so;
@@ -170,16 +173,10 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   place(o.optimizer == Tier::kNvme ? Tier::kHost : o.optimizer);
   if (!fits() && o.optimizer == Tier::kNvme) place(Tier::kNvme);
   if (!fits()) {
-    std::string parts;
-    for (int k = 0; k < kNumTensorKinds; ++k) {
-      const std::uint64_t b = plan.kind_bytes(Tier::kHost, static_cast<TensorKind>(k));
-      if (b == 0) continue;
-      parts += std::string(parts.empty() ? "" : ", ") +
-               std::string(tensor_kind_name(static_cast<TensorKind>(k))) + " " + format_bytes(b);
-    }
     return out_of_memory("host_memory_limit " + format_bytes(o.host_budget_bytes) +
                          " is too small: this plan needs " +
-                         format_bytes(plan.tier_bytes(Tier::kHost)) + " of host memory (" + parts +
+                         format_bytes(plan.tier_bytes(Tier::kHost)) + " of host memory (" +
+                         plan.kinds_text(Tier::kHost) +
                          "); raise host_memory_limit or offload to nvme");
   }
   return plan;

@@ -55,12 +55,12 @@ inline float load_as_f32(const void* data, DType dtype, std::size_t i) {
 // Converts n elements between f32/bf16/f16 buffers (same dtype: memcpy).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n);
 
-// Sum of the squares of n f32/bf16/f16 elements in float64, in chunks of kSumSquaresChunkElems
-// whose partial sums are added in order: the same bits however the chunks are spread over
-// threads. The CPU backend's sum_squares op sums this way, so a gradient norm is the same
-// number whether its pieces were summed on the device or on the host.
+// A sum of squares in float64 is taken in chunks of kSumSquaresChunkElems elements, each summed in
+// order by sum_squares_chunk, and the chunks' sums added in order: the same bits however the
+// chunks are spread over threads. The CPU backend's sum_squares op and the offload engine's
+// host-side gradient sums both do this, so a gradient norm is the same number whether its pieces
+// were summed on the device or on the host.
 inline constexpr std::size_t kSumSquaresChunkElems = 65536;
-double sum_squares_chunk(const void* x, DType dtype, std::size_t n);  // at most one chunk
-double sum_squares(const void* x, DType dtype, std::size_t n);
+double sum_squares_chunk(const void* x, DType dtype, std::size_t n);  // f32/bf16/f16, one chunk
 
 }  // namespace strata

@@ -87,7 +87,10 @@ struct TrainConfig {
   std::string trace_file;       // Chrome trace (trace-event JSON) of the run; empty = none
   std::int64_t log_every = 1;
 
-  std::int64_t accumulation_steps() const { return batch_size / micro_batch_size; }
+  // Micro-batches per optimizer step on each of `ranks` data-parallel ranks.
+  std::int64_t accumulation_steps(int ranks = 1) const {
+    return batch_size / (micro_batch_size * ranks);
+  }
   // The config as JSON with every key (defaults filled in): saved in checkpoints.
   Json to_json() const;
 };

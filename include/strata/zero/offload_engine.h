@@ -94,7 +94,7 @@ class OffloadEngine {
   // Global L2 norm of the accumulated gradients (after the last finish_micro_batch).
   Result<double> grad_norm();
   // Sum of squares of one group's accumulated gradient (for norms across ranks). Call after
-  // finish_micro_batch(). The same number wherever the gradient lives (strata::sum_squares).
+  // finish_micro_batch(). The same number wherever the gradient lives (kSumSquaresChunkElems).
   Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients; call after the last finish_micro_batch. A group

@@ -61,6 +61,8 @@ struct MemoryPlan {
   std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {
     return bytes[static_cast<std::size_t>(tier)][static_cast<std::size_t>(kind)];
   }
+  // "parameters 250.01 MiB, staging 224.00 MiB": the tier's kinds that hold bytes.
+  std::string kinds_text(Tier tier) const;
   // A few lines: the placements, then each tier's bytes by kind.
   std::string describe() const;
 };

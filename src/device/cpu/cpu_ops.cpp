@@ -290,7 +290,7 @@ class CpuOps final : public Ops {
   }
 
   double sum_squares(const void* x, std::int64_t n, DType dtype) const override {
-    // Chunked as strata::sum_squares, so host and device sums of the same data agree.
+    // Chunked as core/dtype.h says (kSumSquaresChunkElems), so host and device sums agree.
     constexpr auto kChunk = static_cast<std::int64_t>(kSumSquaresChunkElems);
     const std::int64_t num_chunks = (n + kChunk - 1) / kChunk;
     std::vector<double> partial(static_cast<std::size_t>(num_chunks), 0.0);
