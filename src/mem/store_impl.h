@@ -109,7 +109,7 @@ struct TieredStore::Impl {
   // NVMe <-> device without staging: the device is host memory and the tensor touches NVMe.
   bool direct_io(const Entry& e) const {
     return options.direct_device_io && device.host_addressable() && swap != nullptr &&
-           (e.spec.transient || e.spec.home == Tier::kNvme);
+           !e.spec.scratch && (e.spec.transient || e.spec.home == Tier::kNvme);
   }
   // Bytes a device copy of `e` takes from the device (and the device budget).
   std::uint64_t device_bytes(const Entry& e) const {
@@ -120,6 +120,9 @@ struct TieredStore::Impl {
   void uncharge(Tier t, std::uint64_t bytes);
   void sync_host_reserved();
   std::uint64_t room_needed(Tier t, const Entry& e) const;
+  // Device bytes no eviction can free: device homes, pinned copies, scratch, and transient
+  // tensors' only copies not yet on their way out.
+  std::uint64_t held_device_bytes() const;
   Result<Room> make_room(Tier t, Entry& target, bool prefetch);
   Entry* pick_victim(Tier t, const Entry& target, bool prefetch,
                      const std::vector<Entry*>& exclude = {});

@@ -59,6 +59,7 @@ std::shared_ptr<Op> TieredStore::Impl::new_op(OpKind kind, Entry& e, Tier from, 
 
 Result<std::shared_ptr<Op>> TieredStore::Impl::start_fetch(Entry& e, Tier to, bool prefetch,
                                                            Lock& lock) {
+  STRATA_CHECK(!e.spec.scratch, "scratch is emplaced, never fetched", e.spec.name);
   if (!source_for(e, to)) {
     return failed_precondition("'" + e.spec.name + "' has no data to fetch to the " +
                                tier_text(to) + " (never written, or discarded)");

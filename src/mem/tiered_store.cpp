@@ -97,19 +97,24 @@ TieredStore::~TieredStore() {
   s.d2h_lane.reset();
 }
 
-Result<Handle> TieredStore::add(const TensorSpec& spec) {
+Result<Handle> TieredStore::add(const TensorSpec& requested) {
   Impl& s = *impl_;
+  TensorSpec spec = requested;
+  spec.transient = spec.transient || spec.scratch;
   if (spec.size_bytes == 0) {
     return invalid_argument("tensor '" + spec.name +
                             "' has size 0; the store holds no empty tensors");
   }
   auto e = std::make_unique<Entry>();
   e->spec = spec;
+  if (spec.scratch && spec.home_data != nullptr) {
+    return invalid_argument("tensor '" + spec.name + "': scratch memory has no home_data");
+  }
   e->io_bytes = align_up(spec.size_bytes, io::kIoAlignBytes);
   // Every tensor here exists to reach the device; its home (or, transient, the host it drains
-  // to) must hold it as well.
+  // to) must hold it as well. Scratch never leaves the device.
   std::vector<Tier> tiers = {Tier::kDevice};
-  tiers.push_back(spec.transient ? Tier::kHost : spec.home);
+  if (!spec.scratch) tiers.push_back(spec.transient ? Tier::kHost : spec.home);
   for (Tier t : tiers) {
     const std::uint64_t b = s.budget(t);
     const std::uint64_t need = t == Tier::kDevice ? s.device_bytes(*e) : e->io_bytes;
@@ -267,6 +272,8 @@ Result<void*> TieredStore::emplace(Handle h, Tier tier, bool zero_fill) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);
   Entry& e = s.entry(h);
+  STRATA_CHECK(!e.spec.scratch || tier == Tier::kDevice, "scratch lives on the device",
+               e.spec.name);
   s.wait_idle(lock, e);
   e.failed.reset();
   for (int i = 0; i < kNumTiers; ++i) {
@@ -301,6 +308,33 @@ Result<void*> TieredStore::emplace(Handle h, Tier tier, bool zero_fill) {
   return c.data;
 }
 
+bool TieredStore::device_fits(std::uint64_t bytes) const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  const std::uint64_t b = s.budget(Tier::kDevice);
+  return b == 0 || s.held_device_bytes() + bytes <= b;
+}
+
+std::uint64_t TieredStore::Impl::held_device_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& e : entries) {
+    const auto& c = e->at(Tier::kDevice);
+    if (!c.allocated || c.external) continue;
+    // A transient tensor's only copy moves when its owner evicts it (an op in flight, then
+    // gone): until then nothing else may move it.
+    const bool stranded = e->spec.transient && c.valid && e->num_valid() == 1 && !e->op;
+    if (c.pins > 0 || e->is_home(Tier::kDevice) || e->spec.scratch || stranded) {
+      bytes += device_bytes(*e);
+    }
+  }
+  return bytes;
+}
+
+std::uint64_t TieredStore::device_bytes(Handle h) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->device_bytes(impl_->entry(h));
+}
+
 Status TieredStore::release(Handle h, Tier tier) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);
@@ -323,6 +357,7 @@ Result<Completion> TieredStore::evict(Handle h, Tier tier) {
   Impl::Lock lock(s.mu);
   Entry& e = s.entry(h);
   s.wait_idle(lock, e);
+  STRATA_CHECK(!e.spec.scratch, "scratch is discarded, never evicted", e.spec.name);
   auto& c = e.at(tier);
   const std::string what = "evicting the " + tier_text(tier) + " copy of '" + e.spec.name + "'";
   if (!c.allocated) return Completion();

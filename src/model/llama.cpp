@@ -164,7 +164,8 @@ struct LlamaModel::Impl {
 
   Status check_inputs(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t batch,
                       std::int64_t seq);
-  Status ensure_workspace(std::int64_t batch, std::int64_t seq);
+  // The workspace for this shape, from the provider (which owns it).
+  Status ensure_workspace(ParamProvider& provider, std::int64_t batch, std::int64_t seq);
   Result<float> step(ParamProvider& provider, const std::int32_t* inputs,
                      const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool train,
                      float grad_scale, StepTimings& timings);
@@ -184,7 +185,7 @@ struct LlamaModel::Impl {
 
   std::int64_t batch_ = 0, seq_ = 0;  // shape of the current workspace
   Dims dims_;
-  device::DeviceBuffer buffer_;
+  void* workspace_ = nullptr;  // the provider's; ws_ is carved from it
   Workspace ws_;
   // Pinned host side of the per-step copies: token ids, targets (int32) and losses (f32), one
   // row each of `rows` entries.
@@ -224,23 +225,25 @@ Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int
   return Status::ok();
 }
 
-Status LlamaModel::Impl::ensure_workspace(std::int64_t batch, std::int64_t seq) {
-  if (!buffer_.empty() && batch == batch_ && seq == seq_) return Status::ok();
-  buffer_.reset();  // return the old shape's bytes to the budget before asking for new ones
-  batch_ = seq_ = 0;
+// Asked of the provider every step: it hands back the same memory while the shape is the same,
+// and the layout is carved again only when the memory or the shape changed.
+Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t batch,
+                                          std::int64_t seq) {
   const Dims d = Dims::make(config_, options_.compute_dtype, batch, seq);
   Workspace measure;
   const std::uint64_t bytes = carve_workspace(d, config_.num_hidden_layers,
                                               options_.activation_checkpointing, nullptr, &measure);
   STRATA_ASSIGN_OR_RETURN(
-      buffer_,
-      device_.allocate(bytes, "activations (batch " + std::to_string(batch) + ", seq " +
-                                  std::to_string(seq) + ", " +
-                                  std::to_string(config_.num_hidden_layers) +
-                                  " layers, activation_checkpointing " +
-                                  (options_.activation_checkpointing ? "on" : "off") + ")"));
+      void* base,
+      provider.workspace(bytes, "activations (batch " + std::to_string(batch) + ", seq " +
+                                    std::to_string(seq) + ", " +
+                                    std::to_string(config_.num_hidden_layers) +
+                                    " layers, activation_checkpointing " +
+                                    (options_.activation_checkpointing ? "on" : "off") + ")"));
+  if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
+  workspace_ = base;
   carve_workspace(d, config_.num_hidden_layers, options_.activation_checkpointing,
-                  buffer_.as<std::byte>(), &ws_);
+                  static_cast<std::byte*>(base), &ws_);
   dims_ = d;
   batch_ = batch;
   seq_ = seq;
@@ -258,7 +261,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
                                      StepTimings& timings) {
   timings = StepTimings{};
   STRATA_RETURN_IF_ERROR(check_inputs(inputs, targets, batch, seq));
-  STRATA_RETURN_IF_ERROR(ensure_workspace(batch, seq));
+  STRATA_RETURN_IF_ERROR(ensure_workspace(provider, batch, seq));
   const Dims& d = dims_;
   const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;

@@ -78,7 +78,13 @@ Status OffloadEngine::create_store() {
   }
 
   mem::StoreOptions so;
-  so.budget_bytes[static_cast<int>(Tier::kDevice)] = device_.memory_stats().limit_bytes;
+  // Everything on the device is the store's (the model's workspace and ZeRO's buffers are its
+  // scratch) except what the device took for itself before (a CUDA backend's cuBLAS workspace).
+  const device::MemoryStats dev = device_.memory_stats();
+  if (dev.limit_bytes != 0) {
+    so.budget_bytes[static_cast<int>(Tier::kDevice)] =
+        std::max<std::uint64_t>(1, dev.limit_bytes - std::min(dev.limit_bytes, dev.in_use_bytes));
+  }
   // The optimizer's sub-group staging is its own (registered with io_uring, locked); the store
   // gets the rest of the host budget, which the plan showed is enough.
   const std::uint64_t limit = options_.host_memory_limit_bytes;
@@ -139,8 +145,9 @@ Status OffloadEngine::create_store() {
   return Status::ok();
 }
 
-void OffloadEngine::trim_device_cache() {
-  if (store_ != nullptr) store_->trim_device_cache();
+std::uint64_t OffloadEngine::acquire_device_bytes(int group) const {
+  if (plan_.params == Tier::kDevice) return 0;
+  return store_->device_bytes(groups_.at(static_cast<std::size_t>(group))->work);
 }
 
 void OffloadEngine::absorb_store_stats() {

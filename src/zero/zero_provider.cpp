@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "strata/core/logging.h"
 
@@ -49,9 +50,9 @@ ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Parti
 }
 
 // Normally nothing is in flight here. After an error ended a step, collectives may still be
-// queued or running, and they write into buffers this provider owns: wait for them (for a
+// queued or running, and they write into buffers of the engine's store: wait for them (for a
 // moment: the peers that issued them too finish them quickly), and where one does not finish,
-// abandon every buffer rather than free memory MPI or NCCL may still write into.
+// abandon the engine and its store rather than free memory MPI or NCCL may still write into.
 ZeroProvider::~ZeroProvider() {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   bool stuck = false;
@@ -71,18 +72,8 @@ ZeroProvider::~ZeroProvider() {
   }
   if (!stuck) return;
   log_warning("rank " + std::to_string(comm_.rank()) +
-              ": collectives still in flight at shutdown; their buffers are left allocated");
-  for (PendingReduce& p : pending_reduces_) {
-    p.send.abandon();
-    p.recv.abandon();
-  }
-  for (PendingGather& g : gathers_) {
-    for (device::DeviceBuffer& b : g.own_staging) b.abandon();
-  }
-  for (device::DeviceBuffer& b : gather_staging_) b.abandon();
-  for (device::DeviceBuffer& b : full_params_) b.abandon();
-  for (device::DeviceBuffer& b : full_grads_) b.abandon();
-  for (GradSource& g : grad_sources_) g.full.abandon();
+              ": collectives still in flight at shutdown; their device memory is left allocated");
+  (void)engine_.release();
 }
 
 Status ZeroProvider::load_master(const model::GroupSource& full_source) {
@@ -110,15 +101,48 @@ void ZeroProvider::copy(void* dst, const void* src, std::int64_t num_elems) {
   device_.ops().cast(src, options_.compute_dtype, dst, options_.compute_dtype, num_elems);
 }
 
-// Device memory for ZeRO's own buffers. On running out, the tiered store's cached device blocks
-// (kept for reuse by dropped copies) are given back and the allocation tried once more; a
-// prefetch does not do that (it is only a hint).
-Result<device::DeviceBuffer> ZeroProvider::allocate(std::size_t bytes, const std::string& what,
-                                                    bool may_trim) {
-  auto b = device_.allocate(bytes, what);
-  if (b.is_ok() || !may_trim || b.status().code() != StatusCode::kOutOfMemory) return b;
-  engine_->trim_device_cache();
-  return device_.allocate(bytes, what);
+Result<ZeroProvider::Scratch> ZeroProvider::take(std::uint64_t bytes, const std::string& name,
+                                                 bool zero_fill) {
+  mem::TieredStore& store = engine_->store();
+  std::vector<mem::Handle>& free = free_scratch_[{name, bytes}];
+  Scratch s;
+  if (free.empty()) {
+    mem::TensorSpec spec;
+    spec.name = name;
+    spec.size_bytes = bytes;
+    spec.scratch = true;
+    STRATA_ASSIGN_OR_RETURN(s.h, store.add(spec));
+  } else {
+    s.h = free.back();
+    free.pop_back();
+  }
+  auto data = store.emplace(s.h, Tier::kDevice, zero_fill);
+  if (!data.is_ok()) {
+    free.push_back(s.h);
+    return data.status();
+  }
+  s.data = *data;
+  return s;
+}
+
+void ZeroProvider::give(Scratch& s) {
+  if (!s.held()) return;
+  mem::TieredStore& store = engine_->store();
+  store.unpin(s.h, Tier::kDevice);
+  (void)store.discard(s.h);  // ok for an unpinned scratch tensor
+  const mem::TensorSpec& spec = store.spec(s.h);
+  free_scratch_[{spec.name, spec.size_bytes}].push_back(s.h);
+  s = Scratch{};
+}
+
+Result<void*> ZeroProvider::workspace(std::uint64_t bytes, const std::string& what) {
+  if (workspace_.held()) {
+    const mem::TensorSpec& spec = engine_->store().spec(workspace_.h);
+    if (spec.size_bytes == bytes && spec.name == what) return workspace_.data;
+    give(workspace_);  // the old shape's bytes go back before the new ones are asked for
+  }
+  STRATA_ASSIGN_OR_RETURN(workspace_, take(bytes, what));
+  return workspace_.data;
 }
 
 std::string ZeroProvider::describe(const Bucket& bucket, const std::string& what) const {
@@ -137,11 +161,10 @@ Status ZeroProvider::refresh_replicated_params() {
   BucketPacker packer(gather_cap_elems_);
   for (const auto& p : partition_->groups()) {
     if (p.replicated) continue;
-    auto& full = full_params_[static_cast<std::size_t>(p.group)];
-    if (full.empty()) {
-      STRATA_ASSIGN_OR_RETURN(full,
-                              allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                                       "replicated parameters of " + full_.group(p.group).name));
+    Scratch& full = full_params_[static_cast<std::size_t>(p.group)];
+    if (!full.held()) {
+      STRATA_ASSIGN_OR_RETURN(full, take(static_cast<std::uint64_t>(p.padded_elems) * dsize_,
+                                         "replicated parameters of " + full_.group(p.group).name));
     }
     if (p.shard_elems == 0) continue;
     for (const Bucket& b : packer.add(p.group, p.shard_elems)) {
@@ -160,7 +183,7 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   if (bucket.whole_group()) {
     STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(first.group));
     Status s = comm_
-                   .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data(),
+                   .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data,
                                bucket.block_elems, options_.compute_dtype, what)
                    .wait();
     engine_->release_params(first.group);
@@ -168,88 +191,79 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   }
   const int world = comm_.world_size();
   const auto count = static_cast<std::size_t>(bucket.block_elems);
-  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer send,
-                          allocate(count * dsize_, "all-gather bucket (send)"));
-  STRATA_ASSIGN_OR_RETURN(
-      device::DeviceBuffer recv,
-      allocate(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket"));
-  for (const BucketPiece& piece : bucket.pieces) {
-    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(piece.group));
-    copy(send.as<std::byte>() + static_cast<std::size_t>(piece.offset) * dsize_,
-         static_cast<const std::byte*>(shard) + static_cast<std::size_t>(piece.begin) * dsize_,
-         piece.count);
-    engine_->release_params(piece.group);
-  }
-  STRATA_RETURN_IF_ERROR(
-      comm_.all_gather(send.data(), recv.data(), bucket.block_elems, options_.compute_dtype, what)
-          .wait());
-  for (int r = 0; r < world; ++r) {
+  STRATA_ASSIGN_OR_RETURN(Scratch send, take(count * dsize_, "all-gather bucket (send)"));
+  auto recv = take(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket");
+  if (!recv.is_ok()) give(send);
+  STRATA_RETURN_IF_ERROR(recv.status());
+  Status s = [&]() -> Status {
     for (const BucketPiece& piece : bucket.pieces) {
-      const GroupPartition& p = partition_->group(piece.group);
-      auto* full = full_params_[static_cast<std::size_t>(piece.group)].as<std::byte>();
-      copy(full + static_cast<std::size_t>(r * p.shard_elems + piece.begin) * dsize_,
-           recv.as<std::byte>() +
-               (static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset)) *
-                   dsize_,
+      STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(piece.group));
+      copy(send.bytes() + static_cast<std::size_t>(piece.offset) * dsize_,
+           static_cast<const std::byte*>(shard) + static_cast<std::size_t>(piece.begin) * dsize_,
            piece.count);
+      engine_->release_params(piece.group);
     }
-  }
-  return Status::ok();
+    STRATA_RETURN_IF_ERROR(comm_
+                               .all_gather(send.data, recv->data, bucket.block_elems,
+                                           options_.compute_dtype, what)
+                               .wait());
+    for (int r = 0; r < world; ++r) {
+      for (const BucketPiece& piece : bucket.pieces) {
+        const GroupPartition& p = partition_->group(piece.group);
+        std::byte* full = full_params_[static_cast<std::size_t>(piece.group)].bytes();
+        copy(full + static_cast<std::size_t>(r * p.shard_elems + piece.begin) * dsize_,
+             recv->bytes() +
+                 (static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset)) *
+                     dsize_,
+             piece.count);
+      }
+    }
+    return Status::ok();
+  }();
+  give(send);
+  give(*recv);
+  return s;
 }
 
-Status ZeroProvider::start_gather(int group, bool prefetch) {
+Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
   const GroupPartition& p = partition_->group(group);
   const auto gi = static_cast<std::size_t>(group);
   // A group above allgather_bucket_bytes is gathered in chunks (at least two), two in flight,
-  // through two staging buffers. The provider keeps one pair for its whole life: allocated at
-  // the first chunked gather (so that one allocation, not one per layer and step, is what could
-  // fail) and lent to one group at a time. A prefetch that finds the pair lent out issues
-  // nothing and leaves the gather to acquire; the pair's state follows from the order of calls,
-  // which is the same on every rank. An acquire that finds it lent borrows a pair of its own.
+  // through two staging buffers of its own.
   const bool chunked = p.shard_elems > gather_cap_elems_;
-  std::vector<device::DeviceBuffer> own_staging;
-  if (chunked && staging_owner_ >= 0) {
-    if (prefetch) {
-      return failed_precondition("the all-gather staging is in use by " +
-                                 full_.group(staging_owner_).name);
-    }
-    for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(
-          device::DeviceBuffer b,
-          allocate(gather_staging_bytes(), "all-gather staging for " + full_.group(group).name,
-                   /*may_trim=*/!prefetch));
-      own_staging.push_back(std::move(b));
-    }
-  } else if (chunked && gather_staging_.empty()) {
-    for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(
-          device::DeviceBuffer b,
-          allocate(gather_staging_bytes(), "all-gather staging", /*may_trim=*/!prefetch));
-      gather_staging_.push_back(std::move(b));
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(
-      full_params_[gi],
-      allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-               "gathered parameters of " + full_.group(group).name, /*may_trim=*/!prefetch));
-  auto shard = engine_->acquire_params(group);
-  if (!shard.is_ok()) {
-    full_params_[gi].reset();
-    return shard.status();
+  const std::uint64_t full_bytes = static_cast<std::uint64_t>(p.padded_elems) * dsize_;
+  const std::uint64_t staging_bytes = chunked ? gather_staging_bytes() : 0;
+  if (prefetch &&
+      !engine_->store().device_fits(full_bytes + 2 * staging_bytes +
+                                    engine_->acquire_device_bytes(group))) {
+    return false;
   }
   PendingGather& g = gathers_[gi];
-  g.shard = *shard;
-  g.next_begin = 0;
-  g.own_staging = std::move(own_staging);
-  gathering_[gi] = true;
-  if (!chunked) return issue_gather_chunk(group, nullptr);
-  if (g.own_staging.empty()) staging_owner_ = group;
-  for (int i = 0; i < 2 && g.next_begin < p.shard_elems; ++i) {
-    void* recv = g.own_staging.empty() ? gather_staging_[static_cast<std::size_t>(i)].data()
-                                       : g.own_staging[static_cast<std::size_t>(i)].data();
-    STRATA_RETURN_IF_ERROR(issue_gather_chunk(group, recv));
+  Scratch& full = full_params_[gi];
+  Status s = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(full, take(full_bytes, "gathered parameters of " + full_.group(group).name));
+    for (int i = 0; chunked && i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(g.staging[static_cast<std::size_t>(i)],
+                              take(staging_bytes, "all-gather staging"));
+    }
+    STRATA_ASSIGN_OR_RETURN(g.shard, engine_->acquire_params(group));
+    return Status::ok();
+  }();
+  if (!s.is_ok()) {
+    give(full);
+    for (Scratch& b : g.staging) give(b);
+    return s;
   }
-  return Status::ok();
+  g.next_begin = 0;
+  gathering_[gi] = true;
+  if (!chunked) {
+    STRATA_RETURN_IF_ERROR(issue_gather_chunk(group, nullptr));
+    return true;
+  }
+  for (int i = 0; i < 2 && g.next_begin < p.shard_elems; ++i) {
+    STRATA_RETURN_IF_ERROR(issue_gather_chunk(group, g.staging[static_cast<std::size_t>(i)].data));
+  }
+  return true;
 }
 
 std::size_t ZeroProvider::gather_staging_bytes() const {
@@ -273,7 +287,7 @@ Status ZeroProvider::issue_gather_chunk(int group, void* recv) {
   g.next_begin += c.count;
   const auto* send =
       static_cast<const std::byte*>(g.shard) + static_cast<std::size_t>(c.begin) * dsize_;
-  void* dst = recv == nullptr ? full_params_[static_cast<std::size_t>(group)].data() : recv;
+  void* dst = recv == nullptr ? full_params_[static_cast<std::size_t>(group)].data : recv;
   std::string what = "parameters of " + full_.group(group).name;
   if (recv != nullptr) {
     what += " [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + c.count) +
@@ -297,7 +311,7 @@ Status ZeroProvider::finish_gather(int group) {
     if (!s.is_ok()) continue;
     s = cs;
     if (!s.is_ok() || c.recv == nullptr) continue;
-    auto* full = full_params_[gi].as<std::byte>();
+    std::byte* full = full_params_[gi].bytes();
     for (int r = 0; r < comm_.world_size(); ++r) {
       copy(full + static_cast<std::size_t>(r * p.shard_elems + c.begin) * dsize_,
            static_cast<const std::byte*>(c.recv) + static_cast<std::size_t>(r * c.count) * dsize_,
@@ -307,26 +321,25 @@ Status ZeroProvider::finish_gather(int group) {
     if (g.next_begin < p.shard_elems) s = issue_gather_chunk(group, c.recv);
   }
   g.shard = nullptr;
-  g.own_staging.clear();
-  if (staging_owner_ == group) staging_owner_ = -1;
+  for (Scratch& b : g.staging) give(b);
   gathering_[gi] = false;
   engine_->release_params(group);  // the shard is no longer needed once gathered
-  if (!s.is_ok()) full_params_[gi].reset();
+  if (!s.is_ok()) give(full_params_[gi]);
   return s;
 }
 
 Result<const void*> ZeroProvider::acquire_params(int group) {
   if (!partitioned(group)) return engine_->acquire_params(group);
   const auto gi = static_cast<std::size_t>(group);
-  if (options_.stage < 3) return static_cast<const void*>(full_params_[gi].data());
+  if (options_.stage < 3) return static_cast<const void*>(full_params_[gi].data);
   if (param_refs_[gi] > 0) {
     ++param_refs_[gi];
-    return static_cast<const void*>(full_params_[gi].data());
+    return static_cast<const void*>(full_params_[gi].data);
   }
-  if (!gathering_[gi]) STRATA_RETURN_IF_ERROR(start_gather(group, /*prefetch=*/false));
+  if (!gathering_[gi]) STRATA_RETURN_IF_ERROR(start_gather(group, /*prefetch=*/false).status());
   STRATA_RETURN_IF_ERROR(finish_gather(group));
   ++param_refs_[gi];
-  return static_cast<const void*>(full_params_[gi].data());
+  return static_cast<const void*>(full_params_[gi].data);
 }
 
 void ZeroProvider::release_params(int group) {
@@ -334,7 +347,7 @@ void ZeroProvider::release_params(int group) {
   if (options_.stage < 3) return;
   const auto gi = static_cast<std::size_t>(group);
   STRATA_CHECK(param_refs_[gi] > 0, "release_params without acquire", group);
-  if (--param_refs_[gi] == 0) full_params_[gi].reset();
+  if (--param_refs_[gi] == 0) give(full_params_[gi]);
 }
 
 void ZeroProvider::prefetch_params(int group) {
@@ -349,10 +362,12 @@ void ZeroProvider::prefetch_params(int group) {
     return;
   }
   // Start the all-gather now so it runs while the current layer computes. A prefetch is only a
-  // hint: without room on the device, acquire gathers on demand. Every rank has the same budget
-  // and allocation pattern, so all ranks make the same choice and issue collectives in the
-  // same order, as MPI and NCCL require.
-  if (!start_gather(group, /*prefetch=*/true).is_ok()) full_params_[gi].reset();
+  // hint: without room on the device, acquire gathers on demand. Whether it fits depends on
+  // what every rank holds after the same calls, so all ranks choose alike and issue
+  // collectives in the same order, as MPI and NCCL require. An error here (a failed shard read)
+  // shows again at acquire, which gathers on demand.
+  auto started = start_gather(group, /*prefetch=*/true);
+  ++(started.is_ok() && *started ? stats_.gathers_ahead : stats_.gathers_ahead_refused);
 }
 
 Result<void*> ZeroProvider::acquire_grads(int group) {
@@ -364,11 +379,9 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
   const GroupPartition& p = partition_->group(group);
   const auto gi = static_cast<std::size_t>(group);
   STRATA_ASSIGN_OR_RETURN(full_grads_[gi],
-                          allocate(static_cast<std::size_t>(p.padded_elems) * dsize_,
-                                   "full gradient of " + full_.group(group).name));
-  device_.fill_zero(full_grads_[gi].data(), full_grads_[gi].size(),
-                    device_.stream(device::StreamKind::kCompute));
-  return full_grads_[gi].data();
+                          take(static_cast<std::uint64_t>(p.padded_elems) * dsize_,
+                               "full gradient of " + full_.group(group).name, /*zero_fill=*/true));
+  return full_grads_[gi].data;
 }
 
 Status ZeroProvider::release_grads(int group) {
@@ -379,11 +392,12 @@ Status ZeroProvider::release_grads(int group) {
     if (comm_.world_size() == 1) return engine_->release_grads(group);
     src.data = engine_grads_[gi];
   } else {
-    src.full = std::move(full_grads_[gi]);
-    src.data = src.full.data();
+    src.full = std::exchange(full_grads_[gi], Scratch{});
+    src.data = src.full.data;
     STRATA_ASSIGN_OR_RETURN(src.shard, engine_->acquire_grads(group));
   }
   if (partition_->group(group).local_elems() == 0) {  // nothing to reduce
+    give(src.full);
     src = GradSource{};
     return engine_->release_grads(group);
   }
@@ -416,16 +430,17 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   PendingReduce pending;
   pending.kind = kind;
   if (!whole) {
-    STRATA_ASSIGN_OR_RETURN(
-        pending.send,
-        allocate(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
+    STRATA_ASSIGN_OR_RETURN(pending.send,
+                            take(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
     if (scatter) {
-      STRATA_ASSIGN_OR_RETURN(pending.recv, allocate(count * dsize_, "gradient bucket (reduced)"));
+      auto recv = take(count * dsize_, "gradient bucket (reduced)");
+      if (!recv.is_ok()) give(pending.send);
+      STRATA_ASSIGN_OR_RETURN(pending.recv, std::move(recv));
     }
   }
   void* send = grad_sources_[static_cast<std::size_t>(first.group)].data;
   if (!whole) {
-    send = pending.send.data();
+    send = pending.send.data;
     for (std::int64_t r = 0; r < blocks; ++r) {
       for (const BucketPiece& piece : bucket.pieces) {
         const auto* src = static_cast<const std::byte*>(
@@ -433,7 +448,7 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
         const std::int64_t from = r * partition_->group(piece.group).local_elems() + piece.begin;
         const std::size_t to =
             static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset);
-        copy(pending.send.as<std::byte>() + to * dsize_,
+        copy(pending.send.bytes() + to * dsize_,
              src + static_cast<std::size_t>(from) * dsize_, piece.count);
       }
     }
@@ -442,7 +457,7 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
     for (const BucketPiece& piece : bucket.pieces) {
       GradSource& src = grad_sources_[static_cast<std::size_t>(piece.group)];
       if (kind == ReduceKind::kPartitioned && piece.last) {
-        src.full.reset();
+        give(src.full);
         src.data = nullptr;
       }
     }
@@ -455,7 +470,7 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
     pending.result = send;
   } else {
     void* recv =
-        whole ? grad_sources_[static_cast<std::size_t>(first.group)].shard : pending.recv.data();
+        whole ? grad_sources_[static_cast<std::size_t>(first.group)].shard : pending.recv.data;
     pending.handle =
         comm_.reduce_scatter(send, recv, n, options_.compute_dtype, dist::ReduceOp::kSum, what);
     pending.result = recv;
@@ -468,7 +483,14 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
 Status ZeroProvider::finish_one_reduce() {
   PendingReduce p = std::move(pending_reduces_.front());
   pending_reduces_.pop_front();
-  STRATA_RETURN_IF_ERROR(p.handle.wait());
+  Status st = p.handle.wait();
+  if (st.is_ok()) st = unpack_reduce(p);
+  give(p.send);
+  give(p.recv);
+  return st;
+}
+
+Status ZeroProvider::unpack_reduce(const PendingReduce& p) {
   const bool whole = p.bucket.whole_group();
   const auto count = static_cast<std::size_t>(p.bucket.block_elems);
   const auto* result = static_cast<const std::byte*>(p.result);
@@ -490,7 +512,8 @@ Status ZeroProvider::finish_one_reduce() {
            result + static_cast<std::size_t>(piece.offset) * dsize_, piece.count);
     }
     if (piece.last) {
-      src = GradSource{};  // the full gradient's last piece is reduced
+      give(src.full);  // the full gradient's last piece is reduced
+      src = GradSource{};
       STRATA_RETURN_IF_ERROR(engine_->release_grads(piece.group));
     }
   }

@@ -156,7 +156,8 @@ TEST_P(OffloadEquivalence, GradientsOnNvmeUnderAShortHostBudget) {
       auto t = make_trainer(j);
       ASSERT_TRUE(t.is_ok()) << t.status().message();
       EXPECT_NE((*t)->describe().find("on nvme\n"), std::string::npos) << (*t)->describe();
-      ASSERT_TRUE((*t)->run().is_ok());
+      const Status st = (*t)->run();
+      ASSERT_TRUE(st.is_ok()) << st.message();
       EXPECT_EQ(losses_of(**t), reference);
       for (const auto& m : (*t)->history()) {
         EXPECT_LE(m.peak_host_bytes, j["host_memory_limit"].get<std::uint64_t>());

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "strata/core/rng.h"
@@ -296,6 +298,78 @@ TEST_P(ZeroBuckets, SameValuesAndVolumeAtEveryBucketSize) {
   } else {
     for (const auto& [name, o] : seen) EXPECT_EQ(o.reduce_collectives, 0u) << name;
   }
+}
+
+// Stage 3's gather-ahead under a device budget that holds one group's gather at a time for the
+// largest group, but not that and the group before it: every rank must start or skip each
+// prefetched all-gather alike (a rank that skipped one the others issued would hang them), and
+// the decision must not depend on how far each rank's transfers have got, so the ranks' timing
+// is made to differ. The parameters still arrive exactly.
+TEST(ZeroGatherAhead, DecidedAlikeOnEveryRankUnderATightDeviceBudget) {
+  Env& e = env();
+  const int world = e.comm->world_size();
+  if (world < 2) GTEST_SKIP() << "one rank gathers nothing";
+  const int rank = e.comm->rank();
+  model::ParamLayout layout;
+  {
+    std::vector<model::ParamGroup> groups;
+    for (std::size_t g = 0; g < kGroupElems.size(); ++g) {
+      model::ParamGroup pg;
+      pg.name = "g" + std::to_string(g);
+      pg.num_elems = kGroupElems[g];
+      groups.push_back(std::move(pg));
+    }
+    layout = model::ParamLayout::from_groups(std::move(groups));
+  }
+  const Partition part(layout, rank, world, kPersistenceThreshold);
+  int largest = 0;
+  for (int g = 0; g < layout.num_groups(); ++g) {
+    if (part.group(g).padded_elems > part.group(largest).padded_elems) largest = g;
+  }
+  ASSERT_GT(largest, 0);
+  ASSERT_FALSE(part.group(largest - 1).replicated);
+  auto bytes = [&](int g) {  // one gather's device bytes: the full group and this rank's shard
+    const GroupPartition& p = part.group(g);
+    return static_cast<std::uint64_t>(p.padded_elems + p.shard_elems) * sizeof(float);
+  };
+  // Room for the largest gather plus less than the group before it holds while gathered ahead.
+  const std::uint64_t margin = bytes(largest - 1) / 2;
+  device::DeviceOptions dopts;
+  dopts.memory_limit_bytes = bytes(largest) + margin;
+  auto device = device::create_device(dopts);
+  ASSERT_TRUE(device.is_ok());
+  EngineOptions eo;
+  eo.offload_param = Tier::kHost;  // shards arrive by asynchronous fetches from the host
+  eo.offload_optimizer = Tier::kHost;
+  ZeroOptions zo;
+  auto provider =
+      ZeroProvider::create(layout, kPersistenceThreshold, **device, nullptr, *e.comm, zo, eo);
+  ASSERT_TRUE(provider.is_ok()) << provider.status().message();
+  ZeroProvider& zp = **provider;
+  ASSERT_TRUE(zp.load_master([](const model::ParamGroup& g, float* dst) {
+                  for (std::int64_t i = 0; i < g.num_elems; ++i) dst[i] = param_value(g.id, i);
+                  return Status::ok();
+                }).is_ok());
+  Rng jitter(static_cast<std::uint64_t>(rank) + 1);
+  const int num_groups = layout.num_groups();
+  for (int pass = 0; pass < 3; ++pass) {
+    zp.prefetch_params(0);
+    for (int g = 0; g < num_groups; ++g) {
+      std::this_thread::sleep_for(std::chrono::microseconds(jitter.uniform_int(300)));
+      if (g + 1 < num_groups) zp.prefetch_params(g + 1);
+      expect_params(zp, part, g);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    ASSERT_TRUE(zp.finish_micro_batch().is_ok());
+  }
+  const ZeroStats st = zp.stats();
+  EXPECT_GT(st.gathers_ahead, 0u);
+  EXPECT_GT(st.gathers_ahead_refused, 0u) << "the budget no longer refuses the largest group";
+  const std::vector<float> mine = {static_cast<float>(st.gathers_ahead),
+                                   static_cast<float>(st.gathers_ahead_refused)};
+  std::vector<float> root = mine;
+  ASSERT_TRUE(e.comm->broadcast(root.data(), 2, DType::kF32, 0, "test").wait().is_ok());
+  EXPECT_EQ(mine, root) << "rank " << rank << " started other all-gathers ahead than rank 0";
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroBuckets, ::testing::Values(1, 2, 3),

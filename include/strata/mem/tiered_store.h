@@ -47,6 +47,10 @@ struct TensorSpec {
   std::uint64_t size_bytes = 0;
   Tier home = Tier::kHost;  // ignored for a transient tensor
   bool transient = false;   // no home: e.g. a gradient on its way from the device to the host
+  // Device working memory (ZeRO's gathered parameters and reduce buckets, the model's
+  // activations): transient, lives only on the device and only from emplace to discard. Never
+  // fetched, evicted or written back; it counts against the device budget like any copy.
+  bool scratch = false;
   // A home copy the caller owns (kDevice: a device pointer; kHost: 4096-aligned host memory of
   // at least round_up(size_bytes, 4096) bytes). Null: the store allocates the home copy.
   void* home_data = nullptr;
@@ -156,6 +160,13 @@ class TieredStore {
   // Gives the tensor a fresh copy on `tier` (device or host) as its only data, zero-filled on
   // request, pinned; previous data is discarded.
   Result<void*> emplace(Handle h, Tier tier, bool zero_fill);
+  // Whether `bytes` more would fit in the device budget beside what no eviction can free:
+  // device homes, pinned device copies, scratch, and transient tensors' only copies that their
+  // owner has not evicted. If it does, an emplace of that many bytes finds room. The answer depends only on which tensors
+  // are registered, pinned and emplaced, never on the timing of transfers, so processes that
+  // make the same calls get the same answer: ZeRO's gather-ahead, which every rank must issue
+  // or skip alike, asks this before it takes anything. Always true without a device budget.
+  bool device_fits(std::uint64_t bytes) const;
 
   // Drops the copy on `tier` if another valid copy exists. failed_precondition if it is the home,
   // pinned, or the only valid copy (use evict). No copy there: ok.
@@ -202,6 +213,9 @@ class TieredStore {
   const TensorSpec& spec(Handle h) const;
   std::size_t num_tensors() const;
   std::uint64_t staging_bytes() const;
+  // Bytes a device copy of `h` takes from the device budget: its size, plus room to page-align
+  // it where NVMe moves read and write the device copy directly.
+  std::uint64_t device_bytes(Handle h) const;
 
  private:
   struct Impl;

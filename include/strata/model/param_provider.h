@@ -1,6 +1,10 @@
 // What the model asks for: a layer's weights on the device, and somewhere to put its gradients.
-// The model knows nothing of where parameters live; zero implements this interface.
+// The model knows nothing of where parameters live; zero implements this interface. The model's
+// device workspace comes from here too, so one budget covers everything on the device.
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 #include "strata/core/status.h"
 
@@ -23,6 +27,11 @@ class ParamProvider {
   // The group's gradient for this micro-batch is complete: the provider takes it off the device
   // (accumulating into its own gradient store) and frees the buffer.
   virtual Status release_grads(int group) = 0;
+
+  // Device memory of `bytes` for the model's activations and scratch, under the same budget as
+  // the parameters; `what` names it in errors. Valid until the next workspace call (which
+  // replaces it) or the provider's end.
+  virtual Result<void*> workspace(std::uint64_t bytes, const std::string& what) = 0;
 };
 
 }  // namespace strata::model

@@ -88,9 +88,6 @@ class OffloadEngine {
 
   // Waits for gradient transfers still in flight; call after each micro-batch's backward.
   Status finish_micro_batch();
-  // Gives the store's cached device blocks (kept for reuse by dropped copies) back to the
-  // device, for an allocation outside the store that did not fit.
-  void trim_device_cache();
   // Global L2 norm of the accumulated gradients (after the last finish_micro_batch).
   Result<double> grad_norm();
   // Sum of squares of one group's accumulated gradient (for norms across ranks). Call after
@@ -103,7 +100,13 @@ class OffloadEngine {
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   void zero_grads();
 
+  // Device bytes acquire_params(group) adds to what the store holds: 0 when working copies
+  // live on the device, else the copy fetched there.
+  std::uint64_t acquire_device_bytes(int group) const;
+
   const MemoryPlan& plan() const { return plan_; }
+  // The store every tensor lives in; ZeroProvider keeps its device buffers there as scratch.
+  mem::TieredStore& store() { return *store_; }
   const EngineStats& stats() const { return stats_; }
   // The tiered store's and the prefetch scheduler's own counters (zeros where unused).
   mem::StoreStats store_stats() const;

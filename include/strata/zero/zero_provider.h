@@ -3,17 +3,22 @@
 // every rank's shard before use, reduces gradients so each rank keeps only its shard, and
 // combines norms and checkpoints across ranks. Collectives are bucketed (bucket.h): gradients of
 // several groups share a reduction, large groups are split. At one rank every group is
-// replicated and each call goes straight to the engine.
+// replicated and each call goes straight to the engine. Every device buffer of its own (gathered
+// parameters, full gradients, buckets, staging) and the model's workspace are scratch tensors
+// of the engine's tiered store, under its one device budget.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "strata/mem/tiered_store.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/param_provider.h"
 #include "strata/zero/bucket.h"
@@ -37,9 +42,13 @@ struct ZeroOptions {
   std::uint64_t reduce_bucket_bytes = kDefaultReduceBucketBytes;
   // Most bytes one parameter all-gather receives (DeepSpeed's allgather_bucket_size, in bytes):
   // stage 3 gathers a larger group in several all-gathers through two staging buffers of this
-  // size (allocated once, at the first such group, and kept); stages 1-2 coalesce the re-gather
-  // after each step into buckets of this size.
+  // size; stages 1-2 coalesce the re-gather after each step into buckets of this size.
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
+};
+
+struct ZeroStats {
+  std::uint64_t gathers_ahead = 0;          // stage 3 all-gathers started by prefetch_params
+  std::uint64_t gathers_ahead_refused = 0;  // prefetches that did not fit; acquire gathered
 };
 
 class ZeroProvider final : public model::ParamProvider {
@@ -63,6 +72,7 @@ class ZeroProvider final : public model::ParamProvider {
   void prefetch_params(int group) override;
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
+  Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
   // Waits for reductions still in flight and the engine's gradient transfers; call after each
   // micro-batch's backward.
   Status finish_micro_batch();
@@ -89,11 +99,28 @@ class ZeroProvider final : public model::ParamProvider {
   const Partition& partition() const { return *partition_; }
   // This rank's engine: its memory plan, transfer counters and store (stats, tests).
   const OffloadEngine& engine() const { return *engine_; }
+  const ZeroStats& stats() const { return stats_; }
 
  private:
+  // A device buffer: a scratch tensor of the engine's store, held (pinned) from take to give.
+  struct Scratch {
+    mem::Handle h = mem::Handle::kInvalid;
+    void* data = nullptr;
+    bool held() const { return data != nullptr; }
+    std::byte* bytes() const { return static_cast<std::byte*>(data); }
+  };
+  // Scratch of `bytes` named `name` (in the store's errors), zero-filled on request: the store
+  // makes room by evicting what is not pinned. Tensors are registered once per (name, size) and
+  // reused, so a layer's buffers come back from the store's cache of dropped device copies.
+  Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
+  void give(Scratch& s);  // no-op when not held
+
   Status refresh_replicated_params();  // stages 1-2: full parameters resident on every rank
   Status gather_bucket(const Bucket& bucket);
-  Status start_gather(int group, bool prefetch);
+  // Takes the buffers and issues the first all-gathers. A prefetch goes ahead only if
+  // everything the gather holds fits beside what the store cannot evict (device_fits): the
+  // same answer on every rank. false: a prefetch that did not fit; nothing was taken.
+  Result<bool> start_gather(int group, bool prefetch);
   Status issue_gather_chunk(int group, void* recv);
   Status finish_gather(int group);
 
@@ -102,17 +129,17 @@ class ZeroProvider final : public model::ParamProvider {
   enum class ReduceKind : std::uint8_t { kReplicated, kPartitioned };
   // A group's gradient from release_grads until its last piece has been reduced.
   struct GradSource {
-    device::DeviceBuffer full;  // partitioned: the full-size gradient the model wrote
-    void* data = nullptr;       // full.data(), or the engine's buffer for a replicated group
-    void* shard = nullptr;      // partitioned: the engine's buffer for this rank's shard
+    Scratch full;          // partitioned: the full-size gradient the model wrote
+    void* data = nullptr;  // full.data, or the engine's buffer for a replicated group
+    void* shard = nullptr;  // partitioned: the engine's buffer for this rank's shard
   };
   struct PendingReduce {
     ReduceKind kind = ReduceKind::kReplicated;
     Bucket bucket;
     dist::CommHandle handle;
-    device::DeviceBuffer send;  // the packed bucket; empty when it is one whole group's buffer
-    device::DeviceBuffer recv;  // stages 2-3, packed: this rank's block of the result
-    void* result = nullptr;     // where this rank's reduced block(s) lie once the handle is done
+    Scratch send;            // the packed bucket; not held when it is one whole group's buffer
+    Scratch recv;            // stages 2-3, packed: this rank's block of the result
+    void* result = nullptr;  // where this rank's reduced block(s) lie once the handle is done
   };
   // One stage 3 all-gather of shard range [begin, begin + count) of a group, in flight.
   struct GatherChunk {
@@ -124,7 +151,7 @@ class ZeroProvider final : public model::ParamProvider {
     const void* shard = nullptr;
     std::int64_t next_begin = 0;  // first shard element whose all-gather is not yet issued
     std::deque<GatherChunk> chunks;
-    std::vector<device::DeviceBuffer> own_staging;  // when the shared pair was lent out
+    std::array<Scratch, 2> staging;  // chunked gathers: two chunks in flight
   };
   std::size_t gather_staging_bytes() const;
   BucketPacker& packer(ReduceKind kind) {
@@ -132,11 +159,10 @@ class ZeroProvider final : public model::ParamProvider {
   }
   Status issue_reduce(ReduceKind kind, Bucket bucket);
   Status finish_one_reduce();
+  Status unpack_reduce(const PendingReduce& p);  // into each piece's shard, then to the engine
   bool partitioned(int group) const { return !partition_->group(group).replicated; }
   std::string describe(const Bucket& bucket, const std::string& what) const;
   void copy(void* dst, const void* src, std::int64_t num_elems);  // device to device, in order
-  Result<device::DeviceBuffer> allocate(std::size_t bytes, const std::string& what,
-                                        bool may_trim = true);
 
   ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                std::unique_ptr<OffloadEngine> engine, dist::Communicator& comm,
@@ -149,19 +175,20 @@ class ZeroProvider final : public model::ParamProvider {
   device::Device& device_;
   ZeroOptions options_;
   std::size_t dsize_;
-  std::vector<device::DeviceBuffer> full_params_;  // gathered parameters per group
+  std::map<std::pair<std::string, std::uint64_t>, std::vector<mem::Handle>> free_scratch_;
+  Scratch workspace_;
+  std::vector<Scratch> full_params_;  // gathered parameters per group
   std::vector<int> param_refs_;
-  std::vector<device::DeviceBuffer> full_grads_;  // full-size gradients while being produced
-  std::vector<void*> engine_grads_;               // replicated groups: the engine's buffer
-  std::vector<PendingGather> gathers_;            // stage 3: all-gathers in flight
+  std::vector<Scratch> full_grads_;  // full-size gradients while being produced
+  std::vector<void*> engine_grads_;  // replicated groups: the engine's buffer
+  std::vector<PendingGather> gathers_;  // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
   std::int64_t gather_cap_elems_;  // shard elements per all-gather (allgather_bucket_bytes)
-  std::vector<device::DeviceBuffer> gather_staging_;  // the pair chunked gathers share
-  int staging_owner_ = -1;                            // the group it is lent to, or -1
   std::vector<GradSource> grad_sources_;
   BucketPacker replicated_packer_;   // at most one of the two has an open bucket
   BucketPacker partitioned_packer_;  // its rank blocks: world
   std::deque<PendingReduce> pending_reduces_;
+  ZeroStats stats_;
 };
 
 }  // namespace strata::zero

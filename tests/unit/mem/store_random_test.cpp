@@ -1,14 +1,16 @@
 // Randomized model-based test of the tiered store: thousands of random fetch / acquire / write /
 // release / evict / emplace / discard / wait / fill_zero / direct I/O operations (the offload
-// engine's: ranged I/O on NVMe homes, fresh copies of homed tensors sent home) over random
-// sizes and budgets, checked
-// after every step against a reference model of each tensor's contents and pins. Every byte read
-// back must equal what was last written, and no tier's reserved bytes (transfers in flight
-// included) may ever exceed its budget. Runs single-threaded and with two threads sharing one
+// engine's: ranged I/O on NVMe homes, fresh copies of homed tensors sent home) and device
+// scratch taken and given back (ZeRO's buffers) over random sizes and budgets, checked after
+// every step against a reference model of each tensor's contents and pins. Every byte read back
+// must equal what was last written, no tier's reserved bytes (transfers in flight included) may
+// ever exceed its budget, and device_fits must follow from the model's pins, homes and scratch
+// alone (never from the timing of transfers), with an admitted scratch always finding room. Runs single-threaded and with two threads sharing one
 // store (also under ThreadSanitizer; see tools/check.sh).
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <map>
 #include <thread>
 
 #include "strata/core/aligned.h"
@@ -29,6 +31,7 @@ struct ModelTensor {
   Handle h = Handle::kInvalid;
   std::size_t size = 0;
   bool transient = false;
+  bool scratch = false;  // device working memory: held (pinned) from emplace to discard
   Tier home = Tier::kHost;
   bool has_data = false;
   std::vector<std::byte> data;  // the latest contents when has_data
@@ -43,9 +46,16 @@ struct Outstanding {
 
 class Driver {
  public:
+  // `alone`: no other driver shares the store, so the model knows every pin and device_fits
+  // can be checked exactly.
   Driver(TieredStore& store, io::SwapSpace& swap, std::vector<ModelTensor>& tensors,
-         std::uint64_t seed, const std::array<std::uint64_t, kNumTiers>& budgets)
-      : store_(store), swap_(swap), tensors_(tensors), rng_(seed), budgets_(budgets) {}
+         std::uint64_t seed, const std::array<std::uint64_t, kNumTiers>& budgets, bool alone)
+      : store_(store),
+        swap_(swap),
+        tensors_(tensors),
+        rng_(seed),
+        budgets_(budgets),
+        alone_(alone) {}
 
   void run(int steps) {
     for (int step = 0; step < steps && !::testing::Test::HasFatalFailure(); ++step) {
@@ -57,6 +67,10 @@ class Driver {
     for (auto& o : outstanding_) (void)store_.wait(o.c);
     outstanding_.clear();
     for (auto& t : tensors_) {
+      if (t.scratch) {
+        if (t.has_data) scratch_step(t);  // gives it back
+        continue;
+      }
       for (int i = 0; i < kNumTiers; ++i) {
         while (t.pins[static_cast<std::size_t>(i)] > 0) {
           store_.unpin(t.h, static_cast<Tier>(i));
@@ -69,6 +83,7 @@ class Driver {
   }
 
   std::uint64_t ops = 0;
+  std::uint64_t scratch_taken = 0, scratch_refused = 0;
 
  private:
   std::size_t pick() { return rng_.uniform_int(tensors_.size()); }
@@ -99,6 +114,7 @@ class Driver {
     ++ops;
     const std::size_t i = pick();
     ModelTensor& t = tensors_[i];
+    if (t.scratch) return scratch_step(t);
     switch (rng_.uniform_int(13)) {
       case 0:
       case 1: {  // asynchronous fetch
@@ -250,7 +266,57 @@ class Driver {
     }
   }
 
+  // Scratch is only taken and given back: taken when device_fits admits it (or, half the time,
+  // without asking, when the store must make room or fail with out_of_memory).
+  void scratch_step(ModelTensor& t) {
+    if (t.has_data) {
+      verify_bytes(t, held_scratch_.at(t.h));
+      store_.unpin(t.h, Tier::kDevice);
+      t.pins[0] = 0;
+      ASSERT_TRUE(store_.discard(t.h).is_ok());
+      t.has_data = false;
+      held_scratch_.erase(t.h);
+      return;
+    }
+    const bool ask = rng_.uniform_int(2) == 0;
+    const bool fits = store_.device_fits(store_.device_bytes(t.h));
+    if (!fits) ++scratch_refused;
+    if (ask && !fits) return;
+    auto p = store_.emplace(t.h, Tier::kDevice, rng_.uniform_int(2) == 0);
+    if (fits && alone_) {
+      ASSERT_TRUE(p.is_ok()) << "device_fits admitted it: " << p.status().to_string();
+    }
+    expect_ok_or_oom(p.status(), "scratch");
+    if (!p.is_ok()) return;
+    t.data = random_bytes(t.size, rng_);
+    std::memcpy(*p, t.data.data(), t.size);
+    t.has_data = true;
+    t.pins[0] = 1;
+    held_scratch_[t.h] = *p;
+    ++scratch_taken;
+  }
+
+  // What device_fits must count, from the model alone.
+  std::uint64_t expected_held_device_bytes() const {
+    std::uint64_t held = 0;
+    for (const ModelTensor& t : tensors_) {
+      const Residency r = store_.residency(t.h);
+      const bool stranded = t.transient && r.valid[0] && r.num_valid() == 1 && !r.in_flight;
+      if (t.pins[0] > 0 || (!t.transient && t.home == Tier::kDevice) || t.scratch || stranded) {
+        if (r.allocated[0]) held += store_.device_bytes(t.h);
+      }
+    }
+    return held;
+  }
+
   void check_invariants() {
+    const std::uint64_t device_budget = budgets_[0];
+    if (alone_ && device_budget != 0) {
+      const std::uint64_t held = expected_held_device_bytes();
+      ASSERT_LE(held, device_budget);
+      ASSERT_TRUE(store_.device_fits(device_budget - held));
+      ASSERT_FALSE(store_.device_fits(device_budget - held + 1));
+    }
     for (int k = 0; k < kNumTiers; ++k) {
       const TierUsage u = store_.usage(static_cast<Tier>(k));
       if (budgets_[static_cast<std::size_t>(k)] != 0) {
@@ -280,7 +346,9 @@ class Driver {
   std::vector<ModelTensor>& tensors_;
   Rng rng_;
   std::array<std::uint64_t, kNumTiers> budgets_;
+  bool alone_;
   std::deque<Outstanding> outstanding_;
+  std::map<Handle, void*> held_scratch_;
 };
 
 // Random tensors and budgets: every tensor fits each tier alone, not all of them at once.
@@ -290,14 +358,16 @@ std::vector<ModelTensor> make_tensors(TieredStore& store, Rng& rng, int n, std::
   for (int i = 0; i < n; ++i) {
     ModelTensor t;
     t.size = 1 + rng.uniform_int(max_size);
-    const auto kind = rng.uniform_int(5);
-    t.transient = kind == 4;
+    const auto kind = i < 2 ? 5 : rng.uniform_int(6);  // at least two scratch tensors
+    t.transient = kind >= 4;
+    t.scratch = kind == 5;
     t.home = kind == 0 ? Tier::kDevice : kind <= 2 ? Tier::kNvme : Tier::kHost;
     TensorSpec spec;
     spec.name = prefix + std::to_string(i);
     spec.size_bytes = t.size;
     spec.home = t.home;
     spec.transient = t.transient;
+    spec.scratch = t.scratch;
     auto h = store.add(spec);
     if (!h.is_ok()) {
       // The budgets are random: a home may not fit next to the others. That is the one
@@ -337,12 +407,14 @@ TEST_P(StoreRandomTest, MatchesTheModelAndNeverExceedsABudget) {
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   auto tensors = make_tensors(**store, rng, 10, max_size, "t");
   ASSERT_FALSE(tensors.empty());
-  Driver driver(**store, *swap, tensors, seed * 7, o.budget_bytes);
+  Driver driver(**store, *swap, tensors, seed * 7, o.budget_bytes, /*alone=*/true);
   driver.run(kUnderTsan ? 1500 : 3000);
   const StoreStats st = (*store)->stats();
   EXPECT_GT(st.fetches, 0u);
   EXPECT_GT(st.evictions, 0u);  // the budgets really were tight
   EXPECT_EQ(st.failures, 0u);
+  EXPECT_GT(driver.scratch_taken, 0u);
+  EXPECT_GT(driver.scratch_refused, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, StoreRandomTest, ::testing::Range(0, 6));
@@ -362,7 +434,8 @@ TEST(StoreConcurrency, TwoDriversShareOneStore) {
   ASSERT_TRUE(store.is_ok());
   auto a = make_tensors(**store, rng, 6, max_size, "a");
   auto b = make_tensors(**store, rng, 6, max_size, "b");
-  Driver da(**store, *swap, a, 1, o.budget_bytes), db(**store, *swap, b, 2, o.budget_bytes);
+  Driver da(**store, *swap, a, 1, o.budget_bytes, false);
+  Driver db(**store, *swap, b, 2, o.budget_bytes, false);
   const int steps = kUnderTsan ? 1000 : 2000;
   std::thread other([&] { db.run(steps); });
   da.run(steps);

@@ -92,6 +92,17 @@ class TestProvider final : public ParamProvider {
     return Status::ok();
   }
 
+  // One device buffer, replaced when the size changes (the model asks every step).
+  Result<void*> workspace(std::uint64_t bytes, const std::string& what) override {
+    if (workspace_.size() != bytes) {
+      workspace_.reset();
+      auto r = device_.allocate(bytes, what);
+      if (!r.is_ok()) return r.status();
+      workspace_ = std::move(r).value();
+    }
+    return workspace_.data();
+  }
+
   bool any_held() const {
     for (std::size_t g = 0; g < held_.size(); ++g) {
       if (held_[g] || !grad_bufs_[g].empty()) return true;
@@ -129,6 +140,7 @@ class TestProvider final : public ParamProvider {
   DType dtype_;
   std::vector<device::DeviceBuffer> param_bufs_, grad_bufs_;
   std::vector<bool> held_;
+  device::DeviceBuffer workspace_;
 };
 
 inline LlamaConfig tiny_config(bool tied) {
