@@ -62,20 +62,12 @@ Status OffloadEngine::create_store() {
   const Tier opt = plan_.optimizer;
   std::int64_t max_n = 0;
   for (const auto& spec : layout_.groups()) max_n = std::max(max_n, spec.num_elems);
-  if (opt != Tier::kDevice) {
-    STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options_.cpu_adam));
-    cpu_adam_.emplace(std::move(adam));
-  }
-  if (opt == Tier::kNvme) {
-    optim::StreamedAdamOptions so;
-    so.sub_group_size = options_.sub_group_size;
-    so.max_segment_elems = max_n;
-    so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
-    so.stream_grads = plan_.gradients == Tier::kNvme;
-    STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
-                            optim::StreamedAdam::create(*swap_, *cpu_adam_, so));
-    streamed_adam_.emplace(std::move(streamed));
-  }
+  OptimizerStepOptions oo;
+  oo.cpu_adam = options_.cpu_adam;
+  oo.sub_group_size = options_.sub_group_size;
+  oo.max_group_elems = max_n;
+  oo.stream_grads = plan_.gradients == Tier::kNvme;
+  STRATA_ASSIGN_OR_RETURN(optimizer_, make_optimizer_step(opt, device_, swap_, oo));
 
   mem::StoreOptions so;
   // Everything on the device is the store's (the model's workspace and ZeRO's buffers are its
@@ -126,6 +118,8 @@ Status OffloadEngine::create_store() {
       STRATA_ASSIGN_OR_RETURN(
           g->grad_acc, add("gradient accumulator of " + name, g->f32_bytes, plan_.gradients));
     }
+    step_groups_.push_back(StepGroup{name, g->n, g->master, g->exp_avg, g->exp_avg_sq,
+                                     plan_.keep_gradients ? g->grad : g->grad_acc});
     groups_.push_back(std::move(g));
   }
   if (opt == Tier::kDevice && options_.compute_dtype != DType::kF32) {
@@ -430,113 +424,21 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
   Stopwatch timer;
-  const device::AdamWArgs base = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
-  Status s = plan_.optimizer == Tier::kNvme ? step_streamed(base) : step_on(plan_.optimizer, base);
+  const StepIo io{*store_,
+                  step_groups_,
+                  plan_.keep_gradients ? options_.compute_dtype : DType::kF32,
+                  options_.compute_dtype,
+                  [this](std::size_t gi, Tier tier) { return open_output(*groups_[gi], tier); },
+                  [this](std::size_t gi, Tier tier) { return close_output(*groups_[gi], tier); }};
+  Status s = optimizer_->run(io, optim::make_adamw_args(options_.adam, lr, step, grad_scale));
+  stats_.nvme_read_bytes += optimizer_->bytes_read();
+  stats_.nvme_write_bytes += optimizer_->bytes_written();
   if (Status w = wait_writebacks(); s.is_ok()) s = w;
   absorb_store_stats();
   STRATA_RETURN_IF_ERROR(s);
   zero_grads();
   stats_.optimizer_ms = timer.elapsed_ms();
   return device_.last_error();
-}
-
-// The step where the state lives, on the device or on the host: every array pinned in place.
-Status OffloadEngine::step_on(Tier tier, const device::AdamWArgs& base) {
-  const DType grad_dtype = plan_.keep_gradients ? options_.compute_dtype : DType::kF32;
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    const mem::Handle grad = step_grad(g);
-    const mem::Handle state[] = {g.master, g.exp_avg, g.exp_avg_sq};
-    void* ptr[3] = {};
-    for (int k = 0; k < 3; ++k) {
-      STRATA_ASSIGN_OR_RETURN(ptr[k], store_->acquire(state[k], tier));
-    }
-    STRATA_ASSIGN_OR_RETURN(void* grad_ptr, store_->acquire(grad, tier));
-    STRATA_ASSIGN_OR_RETURN(void* out, open_output(g, tier));
-    device::AdamWArgs a = base;
-    a.param = static_cast<float*>(ptr[0]);
-    a.exp_avg = static_cast<float*>(ptr[1]);
-    a.exp_avg_sq = static_cast<float*>(ptr[2]);
-    a.grad = grad_ptr;
-    a.grad_dtype = grad_dtype;
-    a.n = g.n;
-    a.param_out = out;
-    a.out_dtype = options_.compute_dtype;
-    if (tier == Tier::kDevice) {
-      device_.ops().adamw(a);
-    } else {
-      // No finite scan: the trainer skips a step whose gradient norm is not finite, so a scan
-      // here would re-read every gradient for nothing.
-      const optim::StepOutcome outcome = cpu_adam_->step(a, /*check_finite=*/false);
-      STRATA_CHECK(outcome == optim::StepOutcome::kUpdated, "an unchecked CpuAdam step skipped");
-    }
-    for (const mem::Handle h : state) {
-      store_->mark_dirty(h, tier);
-      store_->unpin(h, tier);
-    }
-    store_->unpin(grad, tier);
-    STRATA_RETURN_IF_ERROR(close_output(g, tier));
-  }
-  return Status::ok();
-}
-
-// NVMe: the state streams through optim::StreamedAdam in sub-groups (read i+1 while i is
-// updated and i-1 written back) straight on the store's NVMe homes, gradients with it when
-// they live there too; each group's working copy is written to a host copy and sent home as
-// soon as the group is done.
-Status OffloadEngine::step_streamed(const device::AdamWArgs& base) {
-  const bool grads_on_nvme = plan_.gradients == Tier::kNvme;
-  const DType grad_dtype = plan_.keep_gradients ? options_.compute_dtype : DType::kF32;
-  std::vector<optim::StreamedSegment> segments;
-  // Closed however the step ends: homes opened for direct I/O (and whether the step writes
-  // them: the gradients are only read), and gradients pinned in host memory.
-  std::vector<std::pair<mem::Handle, bool>> opened;
-  std::vector<mem::Handle> pinned;
-  const auto open = [&](mem::Handle h, bool write, io::Extent& x) -> Status {
-    STRATA_ASSIGN_OR_RETURN(x, store_->begin_direct_io(h));
-    opened.emplace_back(h, write);
-    return Status::ok();
-  };
-  Status s;
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    optim::StreamedSegment seg;
-    seg.name = g.spec->name;
-    s = open(g.master, true, seg.master);
-    if (s.is_ok()) s = open(g.exp_avg, true, seg.exp_avg);
-    if (s.is_ok()) s = open(g.exp_avg_sq, true, seg.exp_avg_sq);
-    if (s.is_ok() && grads_on_nvme) s = open(step_grad(g), false, seg.grad_extent);
-    if (s.is_ok() && !grads_on_nvme) {
-      auto p = store_->acquire(step_grad(g), Tier::kHost);
-      s = p.status();
-      if (p.is_ok()) {
-        seg.grad = *p;
-        pinned.push_back(step_grad(g));
-      }
-    }
-    if (!s.is_ok()) break;
-    seg.grad_dtype = grad_dtype;
-    seg.num_elems = g.n;
-    seg.out_dtype = options_.compute_dtype;
-    segments.push_back(seg);
-  }
-  std::uint64_t read = 0, written = 0;
-  const bool ran = s.is_ok();  // else nothing was written: every home keeps its data
-  if (ran) {
-    auto report = streamed_adam_->step(
-        segments, base, [&](std::size_t gi) { return close_output(*groups_[gi], Tier::kHost); },
-        [&](std::size_t gi) { return open_output(*groups_[gi], Tier::kHost); });
-    s = report.status();
-    if (report.is_ok()) {
-      read = report->bytes_read;
-      written = report->bytes_written;
-    }
-  }
-  for (const mem::Handle h : pinned) store_->unpin(h, Tier::kHost);
-  for (const auto& [h, write] : opened) store_->end_direct_io(h, write && ran, s.is_ok());
-  stats_.nvme_read_bytes += read;
-  stats_.nvme_write_bytes += written;
-  return s.is_ok() ? s : s.with_context("optimizer step on NVMe");
 }
 
 // ---- state in and out ----

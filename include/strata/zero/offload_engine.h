@@ -1,8 +1,8 @@
 // One rank's offload engine, under zero::ZeroProvider (the model's one ParamProvider): registers
 // every parameter group's working copy, fp32 master weights, Adam moments and gradients in a
 // mem::TieredStore where the memory plan (plan.h) puts them, serves this rank's parameters and
-// takes its gradients, and runs the optimizer step on the device,
-// on the host (SIMD Adam) or streamed from NVMe. The store owns residency and budgets; the
+// takes its gradients, and runs the optimizer step (optimizer_step.h) on the device, on the host
+// (SIMD Adam) or streamed from NVMe. The store owns residency and budgets; the
 // engine only says which tier it needs a tensor in and when. Working copies offloaded from the
 // device are prefetched as the sched::PrefetchScheduler's recorded trace says.
 #pragma once
@@ -23,8 +23,8 @@
 #include "strata/model/param_layout.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/cpu_adam.h"
-#include "strata/optim/streamed_adam.h"
 #include "strata/sched/prefetch_scheduler.h"
+#include "strata/zero/optimizer_step.h"
 #include "strata/zero/plan.h"
 
 namespace strata::zero {
@@ -128,8 +128,6 @@ class OffloadEngine {
   // there); close_output makes it the working copy, writing it back home if it is not the home.
   Result<void*> open_output(Group& g, Tier tier);
   Status close_output(Group& g, Tier tier);
-  Status step_on(Tier tier, const device::AdamWArgs& base);
-  Status step_streamed(const device::AdamWArgs& base);
 
   const model::ParamLayout& layout_;
   device::Device& device_;
@@ -137,8 +135,8 @@ class OffloadEngine {
   EngineOptions options_;
   MemoryPlan plan_;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::optional<optim::CpuAdam> cpu_adam_;            // offload_optimizer cpu or nvme
-  std::optional<optim::StreamedAdam> streamed_adam_;  // offload_optimizer nvme
+  std::unique_ptr<OptimizerStep> optimizer_;  // for the plan's optimizer tier
+  std::vector<StepGroup> step_groups_;         // what it reads of each group
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
   struct PendingGrad {                                // a gradient on its way off the device
     int group;

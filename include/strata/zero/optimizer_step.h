@@ -1,0 +1,67 @@
+// The optimizer step behind one interface, with one implementation per tier the plan can put the
+// optimizer in: the device's AdamW op on device-resident state, CPU Adam (SIMD) on state pinned
+// in host memory, and CPU Adam streaming the state in sub-groups straight from its NVMe homes.
+// Each runs AdamW over every group's tensors in the tiered store and hands each group's new
+// working copy back to its caller as soon as it is written.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "strata/core/status.h"
+#include "strata/device/device.h"
+#include "strata/io/swap.h"
+#include "strata/mem/tiered_store.h"
+#include "strata/optim/cpu_adam.h"
+#include "strata/tensor/tensor.h"
+
+namespace strata::zero {
+
+// One group's tensors, as the store holds them.
+struct StepGroup {
+  std::string name;
+  std::int64_t num_elems = 0;
+  mem::Handle master = mem::Handle::kInvalid;  // fp32
+  mem::Handle exp_avg = mem::Handle::kInvalid;
+  mem::Handle exp_avg_sq = mem::Handle::kInvalid;
+  mem::Handle grad = mem::Handle::kInvalid;  // the gradient the step reads (grad_dtype)
+};
+
+struct StepIo {
+  mem::TieredStore& store;
+  std::span<const StepGroup> groups;
+  DType grad_dtype = DType::kF32;
+  DType out_dtype = DType::kF32;  // the working copies'
+  // The group's new working copy on `tier`, for the step to write; then done with it (it goes
+  // home on the copy streams while the next group is updated).
+  std::function<Result<void*>(std::size_t group, Tier tier)> open_output;
+  std::function<Status(std::size_t group, Tier tier)> close_output;
+};
+
+class OptimizerStep {
+ public:
+  virtual ~OptimizerStep() = default;
+  // AdamW over every group (hyper-parameters, step and gradient scale from `base`). A step that
+  // fails before writing leaves every state tensor's data as it was.
+  virtual Status run(const StepIo& io, const device::AdamWArgs& base) = 0;
+  // NVMe bytes the last run read and wrote itself (0 off NVMe).
+  virtual std::uint64_t bytes_read() const { return 0; }
+  virtual std::uint64_t bytes_written() const { return 0; }
+};
+
+struct OptimizerStepOptions {
+  optim::CpuAdamOptions cpu_adam;        // host and NVMe: threads, SIMD path, pinning
+  std::int64_t sub_group_size = 1 << 22;  // NVMe: elements per streamed sub-group
+  std::int64_t max_group_elems = 0;       // NVMe: the largest group
+  bool stream_grads = false;              // NVMe: the gradients live on NVMe too
+};
+
+// The step for the optimizer's tier. `swap` is required for kNvme and must outlive the step.
+Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::Device& device,
+                                                           io::SwapSpace* swap,
+                                                           const OptimizerStepOptions& options);
+
+}  // namespace strata::zero

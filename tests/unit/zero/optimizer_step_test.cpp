@@ -1,0 +1,164 @@
+// The optimizer step's three implementations (device AdamW op, host CPU Adam, NVMe-streamed CPU
+// Adam) over the same state and gradients give the same bits, in every tensor they write, for
+// fp32 and bf16 gradients and working copies; the streamed one reads and writes each state
+// array once.
+#include "strata/zero/optimizer_step.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "strata/core/rng.h"
+#include "strata/optim/adamw.h"
+#include "tests/testing/backends.h"
+
+namespace strata::zero {
+namespace {
+
+const std::vector<std::int64_t> kGroupElems = {1000, 5000, 70};
+
+struct Result3 {
+  std::vector<std::vector<std::byte>> master, exp_avg, exp_avg_sq, out;
+};
+
+std::vector<std::byte> random_f32(std::int64_t n, Rng& rng, double scale) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
+  std::vector<std::byte> b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+std::vector<std::byte> in_dtype(const std::vector<std::byte>& f32, DType dtype) {
+  const std::size_t n = f32.size() / sizeof(float);
+  std::vector<std::byte> b(n * dtype_size(dtype));
+  convert(f32.data(), DType::kF32, b.data(), dtype, n);
+  return b;
+}
+
+Result3 run_step(Tier tier, DType dtype) {
+  Result3 r;
+  auto device = testing::make_cpu_device();
+  auto swap = testing::make_swap();
+  mem::StoreOptions so;
+  auto store = mem::TieredStore::create(*device, swap.get(), so);
+  EXPECT_TRUE(store.is_ok()) << store.status().to_string();
+  if (!store.is_ok()) return r;
+  mem::TieredStore& st = **store;
+  Rng rng(42);
+  std::vector<StepGroup> groups;
+  std::vector<mem::Handle> outs;
+  for (std::size_t g = 0; g < kGroupElems.size(); ++g) {
+    const std::int64_t n = kGroupElems[g];
+    const auto f32_bytes = static_cast<std::uint64_t>(n) * sizeof(float);
+    auto add = [&](const std::string& name, std::uint64_t bytes, Tier home,
+                   const std::vector<std::byte>& data) {
+      mem::TensorSpec spec;
+      spec.name = name + std::to_string(g);
+      spec.size_bytes = bytes;
+      spec.home = home;
+      auto h = st.add(spec);
+      EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+      EXPECT_TRUE(st.write(*h, data.data(), data.size()).is_ok());
+      return *h;
+    };
+    StepGroup sg;
+    sg.name = "g" + std::to_string(g);
+    sg.num_elems = n;
+    sg.master = add("master", f32_bytes, tier, random_f32(n, rng, 1.0));
+    sg.exp_avg = add("exp_avg", f32_bytes, tier, random_f32(n, rng, 0.01));
+    auto v = random_f32(n, rng, 0.001);
+    for (std::size_t i = 0; i < v.size(); i += sizeof(float)) {  // exp_avg_sq is never negative
+      v[i + 3] &= std::byte{0x7f};
+    }
+    sg.exp_avg_sq = add("exp_avg_sq", f32_bytes, tier, v);
+    const auto grad = in_dtype(random_f32(n, rng, 0.1), dtype);
+    sg.grad = add("grad", grad.size(), tier, grad);
+    groups.push_back(sg);
+    outs.push_back(add("out", static_cast<std::uint64_t>(n) * dtype_size(dtype), Tier::kHost,
+                       std::vector<std::byte>(static_cast<std::size_t>(n) * dtype_size(dtype))));
+  }
+  optim::AdamWHyper hyper;
+  const device::AdamWArgs base = optim::make_adamw_args(hyper, 1e-3, 3, 0.5f);
+  OptimizerStepOptions oo;
+  oo.sub_group_size = 2048;  // several sub-groups in the largest group
+  oo.max_group_elems = 5000;
+  oo.stream_grads = true;
+  auto step = make_optimizer_step(tier, *device, swap.get(), oo);
+  EXPECT_TRUE(step.is_ok()) << step.status().to_string();
+  if (!step.is_ok()) return r;
+  int opened = 0, closed = 0;
+  const StepIo io{st,
+                  groups,
+                  dtype,
+                  dtype,
+                  [&](std::size_t gi, Tier t) {
+                    ++opened;
+                    return st.emplace(outs[gi], t, false);
+                  },
+                  [&](std::size_t gi, Tier t) {
+                    ++closed;
+                    st.mark_dirty(outs[gi], t);
+                    st.unpin(outs[gi], t);
+                    return Status::ok();
+                  }};
+  const Status s = (*step)->run(io, base);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(opened, 3);
+  EXPECT_EQ(closed, 3);
+  std::uint64_t state_bytes = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    auto read = [&](mem::Handle h) {
+      std::vector<std::byte> b(st.spec(h).size_bytes);
+      EXPECT_TRUE(st.read(h, b.data()).is_ok());
+      return b;
+    };
+    r.master.push_back(read(groups[g].master));
+    r.exp_avg.push_back(read(groups[g].exp_avg));
+    r.exp_avg_sq.push_back(read(groups[g].exp_avg_sq));
+    r.out.push_back(read(outs[g]));
+    state_bytes += 3 * r.master.back().size();
+  }
+  if (tier == Tier::kNvme) {
+    // Each state array read once and written once, each gradient read once (4096-byte rounding
+    // at most per array).
+    std::uint64_t grad_bytes = 0;
+    for (const auto& g : groups) grad_bytes += st.spec(g.grad).size_bytes;
+    EXPECT_GE((*step)->bytes_read(), state_bytes + grad_bytes);
+    EXPECT_LE((*step)->bytes_read(), state_bytes + grad_bytes + 4 * 3 * 4096);
+    EXPECT_GE((*step)->bytes_written(), state_bytes);
+    EXPECT_LE((*step)->bytes_written(), state_bytes + 3 * 3 * 4096);
+  } else {
+    EXPECT_EQ((*step)->bytes_read(), 0u);
+  }
+  return r;
+}
+
+class OptimizerStepTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OptimizerStepTest, EveryTierWritesTheSameBits) {
+  const DType dtype = GetParam();
+  const Result3 device = run_step(Tier::kDevice, dtype);
+  ASSERT_EQ(device.master.size(), kGroupElems.size());
+  for (const Tier tier : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(tier == Tier::kHost ? "host" : "nvme");
+    const Result3 r = run_step(tier, dtype);
+    EXPECT_EQ(r.master, device.master);
+    EXPECT_EQ(r.exp_avg, device.exp_avg);
+    EXPECT_EQ(r.exp_avg_sq, device.exp_avg_sq);
+    EXPECT_EQ(r.out, device.out);
+  }
+  // The step changed something: the master weights moved.
+  Rng rng(42);
+  EXPECT_NE(device.master[0], random_f32(kGroupElems[0], rng, 1.0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, OptimizerStepTest, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) {
+                           return std::string(info.param == DType::kF32 ? "f32" : "bf16");
+                         });
+
+}  // namespace
+}  // namespace strata::zero
