@@ -171,6 +171,7 @@ struct TieredStore::Impl {
   std::unique_ptr<HostAllocator> own_allocator;
   HostAllocator* allocator = nullptr;
   std::unique_ptr<StagingPool> staging;
+  io::BufferRegistration staging_registration;  // the pool's, with the swap engine; before it dies
   std::unique_ptr<HostBlockCache> host_cache;
   // Device buffers of dropped copies by size, for reuse; counted in reserved(kDevice).
   std::map<std::uint64_t, std::vector<device::DeviceBuffer>> device_cache;

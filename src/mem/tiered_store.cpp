@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <tuple>
 
 #include "src/mem/store_impl.h"
 #include "strata/core/aligned.h"
 #include "strata/core/clock.h"
 #include "strata/core/json.h"
+#include "strata/core/logging.h"
 
 namespace strata::mem {
 
@@ -68,6 +70,19 @@ Result<std::unique_ptr<TieredStore>> TieredStore::create(device::Device& device,
   }
   STRATA_ASSIGN_OR_RETURN(
       impl->staging, StagingPool::create(*impl->allocator, chunk, options.num_staging_buffers));
+  if (swap != nullptr) {
+    // NVMe moves through the pool read and write it with io_uring's registered (fixed) buffers,
+    // like the optimizer's staging: no per-request page pinning. Without them (another engine,
+    // or the memlock limit) the same I/O runs unregistered.
+    const std::span<std::byte> pool_bytes(impl->staging->data(0), impl->staging->total_bytes());
+    auto reg = swap->register_buffers({&pool_bytes, 1});
+    if (reg.is_ok()) {
+      impl->staging_registration = std::move(*reg);
+    } else {
+      log_debug("tiered store: staging pool not registered with io_uring: " +
+                reg.status().message());
+    }
+  }
   impl->host_cache = std::make_unique<HostBlockCache>(*impl->allocator);
   impl->sync_host_reserved();
   impl->read_lane = std::make_unique<detail::OrderedLane>();

@@ -66,7 +66,7 @@ std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) 
 }
 
 StreamedAdam::StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
-                           std::int64_t sub_group_elems, io::StagingBuffer staging)
+                           std::int64_t sub_group_elems, HostMapping staging)
     : swap_(&swap),
       adam_(&adam),
       options_(options),
@@ -125,7 +125,7 @@ Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
   const std::int64_t sub = sub_group_elems_for(options);
   try {
     // Pre-faulted here, so no page fault lands on the I/O path.
-    io::StagingBuffer staging(staging_bytes_for(options));
+    HostMapping staging(staging_bytes_for(options));
     return StreamedAdam(swap, adam, options, sub, std::move(staging));
   } catch (const std::bad_alloc&) {
     return out_of_memory("StreamedAdam: cannot map " + std::to_string(staging_bytes_for(options)) +

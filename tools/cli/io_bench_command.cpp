@@ -21,7 +21,7 @@
 #include "strata/core/clock.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
-#include "strata/io/staging.h"
+#include "strata/core/host_mapping.h"
 #include "strata/io/swap.h"
 #include "tools/cli/commands.h"
 
@@ -201,7 +201,7 @@ class Source {
 
  private:
   const std::uint64_t lap_max_;
-  io::StagingBuffer bytes_;
+  HostMapping bytes_;
 };
 
 // One sequential pass over the extent: block_size requests, `window` of them in flight, each
@@ -350,7 +350,7 @@ struct Sweep {
   Sweep(const BenchArgs& a, const Plan& p) : args(a), plan(p) {}
   const BenchArgs& args;
   const Plan& plan;
-  io::StagingBuffer pool;  // staging buffers reads land in, one block per request in flight
+  HostMapping pool;  // staging buffers reads land in, one block per request in flight
   std::unique_ptr<Source> source;
   std::set<std::string> warned;
   std::string engine_used;
@@ -494,7 +494,7 @@ int run_io_bench(const BenchArgs& a) {
   Sweep sw(a, *plan);
   const std::uint64_t max_block = plan->block_sizes.back();
   const int max_window = plan->queue_depths.back() * plan->threads.back();
-  sw.pool = io::StagingBuffer(static_cast<std::size_t>(max_window) * max_block, !a.no_huge_pages);
+  sw.pool = HostMapping(static_cast<std::size_t>(max_window) * max_block, !a.no_huge_pages);
   sw.source = std::make_unique<Source>(plan->size_bytes, max_block, !a.no_huge_pages);
 
   g_io_bench_stop.store(false);

@@ -12,7 +12,7 @@
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
-#include "strata/io/staging.h"
+#include "strata/core/host_mapping.h"
 #include "strata/io/swap.h"
 #include "strata/optim/cpu_adam.h"
 
@@ -105,7 +105,7 @@ class StreamedAdam {
 
  private:
   StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
-               std::int64_t sub_group_elems, io::StagingBuffer staging);
+               std::int64_t sub_group_elems, HostMapping staging);
   float* slot(std::size_t sub, int array);
 
   io::SwapSpace* swap_;
@@ -116,7 +116,7 @@ class StreamedAdam {
   // slots ([slot * arrays + array]; arrays: master, exp_avg, exp_avg_sq, and the gradient when
   // streamed): a 1 MiB request from huge pages is one DMA segment, where 4 KiB pages
   // make 256 and block devices split requests beyond their segment limit (often 254).
-  io::StagingBuffer staging_;
+  HostMapping staging_;
   io::BufferRegistration registration_;  // declared after staging_: released before it
   bool locked_ = false;
 };

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <new>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@
 
 #include "strata/core/aligned.h"
 #include "strata/core/check.h"
+#include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
 
 namespace strata::device {
@@ -164,17 +166,18 @@ class CpuDevice final : public Device {
 
   Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) override {
     if (size_bytes == 0) return PinnedBuffer();
-    const std::size_t rounded = align_up(size_bytes, kPageBytes);
-    void* p = std::aligned_alloc(kPageBytes, rounded);
-    if (p == nullptr) {
-      return out_of_memory("cannot allocate " + format_bytes(rounded) + " of host memory for " +
-                           std::string(what));
+    HostMapping m;
+    try {
+      m = HostMapping(size_bytes);  // pre-faulted: first touch is slow here
+    } catch (const std::bad_alloc&) {
+      return out_of_memory("cannot map " + format_bytes(align_up(size_bytes, kPageBytes)) +
+                           " of host memory for " + std::string(what));
     }
-    // Touch every page now (first touch is slow here), then lock: a failed mlock (RLIMIT_MEMLOCK)
-    // only costs copy speed on this backend, so it is not an error.
-    std::memset(p, 0, rounded);
-    const bool locked = ::mlock(p, rounded) == 0;
-    add_pinned(p, rounded);
+    // A failed mlock (RLIMIT_MEMLOCK) only costs copy speed on this backend, so it is not an
+    // error.
+    const bool locked = ::mlock(m.data(), align_up(size_bytes, kPageBytes)) == 0;
+    void* p = m.release();
+    add_pinned(p, align_up(size_bytes, kPageBytes));
     return PinnedBuffer(this, p, size_bytes, locked);
   }
 
@@ -189,7 +192,7 @@ class CpuDevice final : public Device {
   void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) override {
     remove_pinned(data);
     if (page_locked) ::munlock(data, align_up(size_bytes, kPageBytes));
-    std::free(data);
+    HostMapping::unmap(data, size_bytes);
   }
   void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) override {
     remove_pinned(data);

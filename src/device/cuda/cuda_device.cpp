@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <utility>
 
 #include "strata/core/aligned.h"
+#include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
 
 namespace strata::device::cuda {
@@ -311,16 +313,26 @@ void CudaDevice::wait_event(Stream& waiter, const Event& event) {
 
 // ---- pinned host memory
 
+// A huge-page mapping registered with CUDA (cudaHostRegister) rather than cudaHostAlloc's
+// memory: the same kind of host memory as every other DMA buffer (core/host_mapping.h), which
+// io_uring can register too.
 Result<PinnedBuffer> CudaDevice::allocate_pinned(std::size_t size_bytes, std::string_view what) {
   if (size_bytes == 0) return PinnedBuffer();
-  void* p = nullptr;
   const std::size_t rounded = align_up(size_bytes, kPageBytes);
-  const cudaError_t err = cudaHostAlloc(&p, rounded, cudaHostAllocPortable);
-  if (err != cudaSuccess) {
-    return STRATA_CUDA_STATUS(err).with_context("allocating " + format_bytes(rounded) +
-                                                " of pinned host memory for " + std::string(what));
+  HostMapping m;
+  try {
+    m = HostMapping(size_bytes);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("cannot map " + format_bytes(rounded) + " of host memory for " +
+                         std::string(what));
   }
-  return PinnedBuffer(this, p, size_bytes, true);
+  bind();
+  const cudaError_t err = cudaHostRegister(m.data(), rounded, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    return STRATA_CUDA_STATUS(err).with_context("pinning " + format_bytes(rounded) +
+                                                " of host memory for " + std::string(what));
+  }
+  return PinnedBuffer(this, m.release(), size_bytes, true);
 }
 
 Result<HostRegistration> CudaDevice::register_host(void* data, std::size_t size_bytes) {
@@ -329,8 +341,9 @@ Result<HostRegistration> CudaDevice::register_host(void* data, std::size_t size_
   return HostRegistration(this, data, size_bytes, true);
 }
 
-void CudaDevice::free_pinned_impl(void* data, std::size_t /*size_bytes*/, bool /*page_locked*/) {
-  STRATA_CUDA_CHECK_STICKY(cudaFreeHost(data));
+void CudaDevice::free_pinned_impl(void* data, std::size_t size_bytes, bool /*page_locked*/) {
+  STRATA_CUDA_CHECK_STICKY(cudaHostUnregister(data));
+  HostMapping::unmap(data, size_bytes);
 }
 
 void CudaDevice::unregister_host_impl(void* data, std::size_t /*size_bytes*/,

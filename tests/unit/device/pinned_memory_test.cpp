@@ -1,10 +1,11 @@
-// Device::allocate_pinned and Device::register_host on the CPU backend: aligned, usable memory
+// Device::allocate_pinned and Device::register_host on the CPU backend: huge-page-aligned, usable memory
 // outside the device budget, locked where the system allows, released by the RAII owners.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
+#include "strata/core/host_mapping.h"
 #include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device {
@@ -15,7 +16,9 @@ TEST(PinnedMemoryTest, CpuPinnedBufferIsAlignedUsableAndOutsideTheBudget) {
   auto p = dev->allocate_pinned(3 << 20, "staging");  // larger than the 1 MiB device budget
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   EXPECT_EQ(p->size(), 3u << 20);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p->data()) % 4096, 0u);
+  // The one kind of DMA memory (core/host_mapping.h): 2 MiB-aligned, so its whole 2 MiB pieces
+  // can be huge pages.
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p->data()) % HostMapping::kHugePageBytes, 0u);
   EXPECT_EQ(dev->memory_stats().in_use_bytes, 0u);
   std::memset(p->data(), 0x3C, p->size());
   // Copies from pinned memory through the copy streams work like any others.

@@ -1,5 +1,5 @@
-// StagingBuffer: alignment, zero fill, moves, and registered-buffer I/O through it.
-#include "strata/io/staging.h"
+// HostMapping: alignment, zero fill, moves, and registered-buffer I/O through it.
+#include "strata/core/host_mapping.h"
 
 #include <gtest/gtest.h>
 
@@ -17,13 +17,13 @@ using testing::first_mismatch;
 using testing::make_options;
 using testing::TempDirs;
 
-TEST(StagingBufferTest, AlignedZeroedAndMovable) {
-  StagingBuffer empty;
+TEST(HostMappingTest, AlignedZeroedAndMovable) {
+  HostMapping empty;
   EXPECT_EQ(empty.data(), nullptr);
   EXPECT_EQ(empty.size(), 0u);
   EXPECT_EQ(empty.huge_page_bytes(), 0u);
 
-  StagingBuffer b(3 * 1024 * 1024 + 4096);
+  HostMapping b(3 * 1024 * 1024 + 4096);
   ASSERT_NE(b.data(), nullptr);
   EXPECT_EQ(b.size(), 3u * 1024 * 1024 + 4096);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % (2u << 20), 0u);
@@ -31,10 +31,10 @@ TEST(StagingBufferTest, AlignedZeroedAndMovable) {
   b.data()[b.size() - 1] = std::byte{7};
 
   std::byte* const p = b.data();
-  StagingBuffer moved(std::move(b));
+  HostMapping moved(std::move(b));
   EXPECT_EQ(moved.data(), p);
   EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from state is specified
-  StagingBuffer other(4096);
+  HostMapping other(4096);
   other = std::move(moved);
   EXPECT_EQ(other.data(), p);
   EXPECT_EQ(other.data()[other.size() - 1], std::byte{7});
@@ -47,7 +47,7 @@ TEST(StagingBufferTest, AlignedZeroedAndMovable) {
               other.huge_page_bytes(), other.size());
 }
 
-TEST(StagingBufferTest, RegisteredStagingRoundTrip) {
+TEST(HostMappingTest, RegisteredStagingRoundTrip) {
   for (const std::string engine : {"uring", "uring_caller", "posix"}) {
     SCOPED_TRACE(engine);
     TempDirs dirs(2);
@@ -57,7 +57,7 @@ TEST(StagingBufferTest, RegisteredStagingRoundTrip) {
     if (!created.is_ok() && o.engine == SwapEngine::kUring) continue;  // covered by skips elsewhere
     ASSERT_TRUE(created.is_ok()) << created.status().to_string();
     auto swap = std::move(created).value();
-    StagingBuffer staging(8 << 20);
+    HostMapping staging(8 << 20);
     const std::span<std::byte> whole = staging.bytes();
     auto registration = swap->register_buffers({&whole, 1});
     ASSERT_TRUE(registration.is_ok()) << registration.status().to_string();

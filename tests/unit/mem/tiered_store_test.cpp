@@ -8,6 +8,8 @@
 #include <map>
 
 #include "strata/core/aligned.h"
+#include "tests/testing/backends.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/unit/mem/store_test_util.h"
 
 namespace strata::mem {
@@ -424,6 +426,43 @@ TEST_F(StoreTest, DirectIoOpensAHomeNeverWrittenForWriting) {
   store_->end_direct_io(*h, true, true);
   expect_content(*h, std::vector<std::byte>(8192, std::byte{7}));
   std::free(buf);
+}
+
+}  // namespace
+}  // namespace strata::mem
+
+namespace strata::mem {
+namespace {
+
+// With swap files behind io_uring, NVMe <-> device chunks through the staging pool use the
+// pool's registered (fixed) buffers, like the optimizer's staging.
+TEST(StoreStagingTest, StagedNvmeMovesUseRegisteredBuffersWithIoUring) {
+  ::strata::testing::TempDir dir;
+  auto device = make_cpu_device();
+  auto swap = ::strata::testing::make_swap({}, 16 * 1024, dir.path());
+  ASSERT_NE(swap, nullptr);
+  if (swap->engine_name().find("uring") == std::string::npos) {
+    GTEST_SKIP() << "swap engine " << swap->engine_name() << " has no registered buffers";
+  }
+  StoreOptions o = small_options(0, 0);
+  o.direct_device_io = false;  // through the staging pool
+  auto store = TieredStore::create(*device, swap.get(), o);
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  TensorSpec spec;
+  spec.name = "w";
+  spec.size_bytes = 3 * o.staging_buffer_bytes + 100;
+  spec.home = Tier::kNvme;
+  auto h = (*store)->add(spec);
+  ASSERT_TRUE(h.is_ok());
+  Rng rng(5);
+  const auto data = random_bytes(spec.size_bytes, rng);
+  ASSERT_TRUE((*store)->write(*h, data.data(), data.size()).is_ok());
+  const std::uint64_t before = swap->stats().fixed_chunks;
+  auto p = (*store)->acquire(*h, Tier::kDevice);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(first_mismatch(*p, data.data(), data.size()), -1);
+  (*store)->unpin(*h, Tier::kDevice);
+  EXPECT_GE(swap->stats().fixed_chunks - before, 4u) << "one per staged chunk at least";
 }
 
 }  // namespace

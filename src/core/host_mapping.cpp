@@ -1,5 +1,5 @@
-// StagingBuffer: 2 MiB-aligned anonymous mappings advised for transparent huge pages.
-#include "strata/io/staging.h"
+// HostMapping: 2 MiB-aligned anonymous mappings advised for transparent huge pages.
+#include "strata/core/host_mapping.h"
 
 #include <sys/mman.h>
 
@@ -13,16 +13,11 @@
 
 #include "strata/core/aligned.h"
 
-namespace strata::io {
-namespace {
+namespace strata {
 
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
-
-}  // namespace
-
-StagingBuffer::StagingBuffer(std::size_t size_bytes, bool huge_pages) {
+HostMapping::HostMapping(std::size_t size_bytes, bool huge_pages) {
   if (size_bytes == 0) return;
-  const std::size_t mapped = align_up(size_bytes, kHugePageBytes);
+  const std::size_t mapped = align_up(size_bytes, kPageBytes);
   // Over-map by one huge page and trim, so the start is 2 MiB aligned.
   const std::size_t span = mapped + kHugePageBytes;
   void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -36,35 +31,39 @@ StagingBuffer::StagingBuffer(std::size_t size_bytes, bool huge_pages) {
   ::madvise(reinterpret_cast<void*>(start), mapped, huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   data_ = reinterpret_cast<std::byte*>(start);
   size_ = size_bytes;
-  mapped_ = mapped;
-  std::memset(data_, 0, mapped_);  // fault every page in now, not on the I/O path
+  std::memset(data_, 0, mapped);  // fault every page in now, not on the I/O path
 }
 
-StagingBuffer::~StagingBuffer() { release(); }
+HostMapping::~HostMapping() { reset(); }
 
-StagingBuffer::StagingBuffer(StagingBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      mapped_(std::exchange(other.mapped_, 0)) {}
+HostMapping::HostMapping(HostMapping&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
-StagingBuffer& StagingBuffer::operator=(StagingBuffer&& other) noexcept {
+HostMapping& HostMapping::operator=(HostMapping&& other) noexcept {
   if (this != &other) {
-    release();
+    reset();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
-    mapped_ = std::exchange(other.mapped_, 0);
   }
   return *this;
 }
 
-void StagingBuffer::release() {
-  if (data_ != nullptr) ::munmap(data_, mapped_);
-  data_ = nullptr;
+std::byte* HostMapping::release() {
   size_ = 0;
-  mapped_ = 0;
+  return std::exchange(data_, nullptr);
 }
 
-std::size_t StagingBuffer::huge_page_bytes() const {
+void HostMapping::unmap(void* data, std::size_t size_bytes) {
+  if (data != nullptr) ::munmap(data, align_up(size_bytes, kPageBytes));
+}
+
+void HostMapping::reset() {
+  unmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+std::size_t HostMapping::huge_page_bytes() const {
   if (data_ == nullptr) return 0;
   // smaps lists each mapping as "start-end perms ..." followed by its fields; our buffer is one
   // mapping, or part of one the kernel merged with a neighbour.
@@ -90,4 +89,4 @@ std::size_t StagingBuffer::huge_page_bytes() const {
   return 0;
 }
 
-}  // namespace strata::io
+}  // namespace strata
