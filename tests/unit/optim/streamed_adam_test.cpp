@@ -13,6 +13,7 @@
 
 #include "strata/build_config.h"
 #include "strata/core/aligned.h"
+#include "tests/testing/backends.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/unit/optim/adam_test_util.h"
 
@@ -364,17 +365,13 @@ TEST_P(StreamedAdamTest, WithoutUpdateTheSameBytesMoveAndNothingChanges) {
 }
 
 TEST(StreamedAdamOptions, RejectsBadSizes) {
-  ::strata::testing::TempDir dir;
-  io::SwapOptions so;
-  so.engine = io::SwapEngine::kMemory;
-  so.paths = {dir.path()};
-  auto swap = io::SwapSpace::create(so);
-  ASSERT_TRUE(swap.is_ok());
+  auto swap = ::strata::testing::make_swap();
+  ASSERT_NE(swap, nullptr);
   auto adam = CpuAdam::create({});
   ASSERT_TRUE(adam.is_ok());
   EXPECT_FALSE(
-      StreamedAdam::create(**swap, *adam, StreamedAdamOptions{.sub_group_size = 0}).is_ok());
-  EXPECT_FALSE(StreamedAdam::create(**swap, *adam, StreamedAdamOptions{.num_buffers = 1}).is_ok());
+      StreamedAdam::create(*swap, *adam, StreamedAdamOptions{.sub_group_size = 0}).is_ok());
+  EXPECT_FALSE(StreamedAdam::create(*swap, *adam, StreamedAdamOptions{.num_buffers = 1}).is_ok());
   StreamedAdamOptions o;
   o.sub_group_size = 1 << 20;
   o.max_segment_elems = 3000;
@@ -382,7 +379,7 @@ TEST(StreamedAdamOptions, RejectsBadSizes) {
   o.stream_grads = true;
   EXPECT_EQ(StreamedAdam::staging_bytes_for(o), 3u * 4 * 4096 * 4);  // a gradient slot too
   o.stream_grads = false;
-  auto s = StreamedAdam::create(**swap, *adam, o);
+  auto s = StreamedAdam::create(*swap, *adam, o);
   ASSERT_TRUE(s.is_ok());
   EXPECT_EQ(s->staging_bytes(), StreamedAdam::staging_bytes_for(o));
 }
