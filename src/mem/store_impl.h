@@ -84,6 +84,7 @@ struct Entry {
   std::shared_ptr<Op> op;      // in flight; blocks every other operation on this tensor
   std::shared_ptr<Op> failed;  // an op that failed and whose error nobody has seen yet
   std::uint64_t last_use = 0;
+  bool writing = false;  // emplace gave the caller a copy to fill: no prefetch reads it yet
 
   CopySlot& at(Tier t) { return copy[static_cast<std::size_t>(t)]; }
   const CopySlot& at(Tier t) const { return copy[static_cast<std::size_t>(t)]; }

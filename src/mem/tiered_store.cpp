@@ -212,7 +212,7 @@ std::optional<Completion> TieredStore::try_prefetch(Handle h, Tier to) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);
   Entry& e = s.entry(h);
-  if (e.op || e.failed || e.at(to).valid || e.num_valid() == 0) return std::nullopt;
+  if (e.op || e.failed || e.writing || e.at(to).valid || e.num_valid() == 0) return std::nullopt;
   auto op = s.start_fetch(e, to, /*prefetch=*/true, lock);
   if (!op.is_ok() || *op == nullptr) {
     ++s.stats.prefetches_refused;
@@ -258,6 +258,7 @@ void TieredStore::unpin(Handle h, Tier tier) {
   STRATA_CHECK(c.pins > 0, "unpin of a copy that is not pinned", s.entry(h).spec.name,
                tier_text(tier));
   --c.pins;
+  s.entry(h).writing = false;
 }
 
 void TieredStore::mark_dirty(Handle h, Tier tier) {
@@ -268,6 +269,7 @@ void TieredStore::mark_dirty(Handle h, Tier tier) {
                "mark_dirty needs the caller to hold a pinned, valid copy", e.spec.name,
                tier_text(tier));
   STRATA_CHECK(!e.op, "mark_dirty while a transfer of the tensor is in flight", e.spec.name);
+  e.writing = false;
   for (int i = 0; i < kNumTiers; ++i) {
     const auto t = static_cast<Tier>(i);
     if (t == tier) continue;
@@ -312,6 +314,7 @@ Result<void*> TieredStore::emplace(Handle h, Tier tier, bool zero_fill) {
   }
   c.valid = true;
   ++c.pins;
+  e.writing = true;
   e.last_use = ++s.tick;
   if (zero_fill) {
     if (tier == Tier::kDevice) {

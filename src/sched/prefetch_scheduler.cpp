@@ -60,6 +60,7 @@ std::uint64_t PrefetchScheduler::inflight_bytes(std::size_t* count) {
 }
 
 bool PrefetchScheduler::start_prefetch(mem::Handle h, bool from_trace) {
+  if (options_.may_prefetch && !options_.may_prefetch(h)) return false;
   std::optional<mem::Completion> c = store_.try_prefetch(h, options_.tier);
   if (!c) return false;
   inflight_.push_back({h, store_.spec(h).size_bytes, *c});

@@ -141,6 +141,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     }
   }
   r.read("grad_clip", &c.grad_clip, 0.0);
+  read_enum(r, "optimizer_overlap", &c.optimizer_overlap, zero::kOptimizerOverlaps,
+            zero::optimizer_overlap_name);
   r.read("activation_checkpointing", &c.activation_checkpointing);
   r.read("zero_stage", &c.zero_stage, 1, 3);
   r.read("sub_group_size", &c.sub_group_size, 1024);
@@ -248,6 +250,7 @@ Json TrainConfig::to_json() const {
         {"warmup_steps", lr_schedule.warmup_steps},
         {"min_lr", lr_schedule.min_lr}}},
       {"grad_clip", grad_clip},
+      {"optimizer_overlap", zero::optimizer_overlap_name(optimizer_overlap)},
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
       {"sub_group_size", sub_group_size},

@@ -50,6 +50,7 @@ Json StepMetrics::to_json() const {
               {"wait_ms", wait_ms},
               {"stall_ms", stall_ms},
               {"optimizer_ms", optimizer_ms},
+              {"optimizer_exposed_ms", optimizer_exposed_ms},
               {"h2d_busy_ms", h2d_busy_ms},
               {"d2h_busy_ms", d2h_busy_ms},
               {"nvme_read_busy_ms", nvme_read_busy_ms},
@@ -86,7 +87,8 @@ struct Trainer::Impl {
   DType compute_dtype = DType::kF32;
 
   Status setup();
-  Result<StepMetrics> train_step();
+  // `finish`: wait for the step's optimizer update before returning (the last step of a run).
+  Result<StepMetrics> train_step(bool finish);
   Status write_trace() const;
   TrainerState state() const {
     return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
@@ -176,6 +178,7 @@ Status Trainer::Impl::setup() {
   eopts.offload_optimizer = opt;
   eopts.compute_dtype = compute_dtype;
   eopts.accumulation_steps = config.accumulation_steps(world);
+  eopts.overlap = config.optimizer_overlap;
   eopts.adam.lr = config.optimizer.lr;
   eopts.adam.beta1 = config.optimizer.beta1;
   eopts.adam.beta2 = config.optimizer.beta2;
@@ -267,7 +270,7 @@ Status Trainer::Impl::setup() {
   return Status::ok();
 }
 
-Result<StepMetrics> Trainer::Impl::train_step() {
+Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   StepMetrics m;
   m.step = step + 1;
   const zero::EngineStats before = provider->engine().stats();
@@ -298,6 +301,8 @@ Result<StepMetrics> Trainer::Impl::train_step() {
     m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
     loss_sum += loss;
   }
+  // Compute is the model's own work: without the time it waited for overlapped updates.
+  m.compute_ms -= provider->engine().stats().optimizer_exposed_ms - before.optimizer_exposed_ms;
   m.loss = loss_sum / static_cast<double>(accum);
   if (world > 1)
     STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kAvg, "loss"));
@@ -310,16 +315,16 @@ Result<StepMetrics> Trainer::Impl::train_step() {
                 ": gradient norm is not finite; skipping the update");
   } else {
     const auto scale = static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip));
-    const std::int64_t t0 = now_ns();
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
-    timeline->add(mem::Lane::kCpuOptimizer, "optimizer step " + std::to_string(m.step), t0,
-                  now_ns());
-    m.optimizer_ms = provider->engine().stats().optimizer_ms;
   }
+  // An overlapped update runs on into the next step's forward; the last step of a run waits.
+  if (finish) STRATA_RETURN_IF_ERROR(provider->finish_step());
   ++step;
   m.step_ms = step_timer.elapsed_ms();
   m.tokens_per_s = static_cast<double>(config.batch_size * seq) / (m.step_ms / 1e3);
   const zero::EngineStats& after = provider->engine().stats();
+  m.optimizer_ms = after.optimizer_total_ms - before.optimizer_total_ms;
+  m.optimizer_exposed_ms = after.optimizer_exposed_ms - before.optimizer_exposed_ms;
   m.wait_ms = after.wait_ms - before.wait_ms;
   m.stall_ms = after.stall_ms - before.stall_ms;
   const auto busy = timeline->busy_ms();
@@ -379,12 +384,14 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   char buf[768];
   std::snprintf(buf, sizeof(buf),
                 "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
-                "(compute %.0f, wait %.0f, stall %.0f, optim %.0f) | busy ms h2d %.0f d2h %.0f "
+                "(compute %.0f, wait %.0f, stall %.0f, optim %.0f, exposed %.0f) | busy ms h2d %.0f "
+                "d2h %.0f "
                 "nvme r %.0f w %.0f | moved h2d %s d2h %s nvme r %s w %s | "
                 "peak device %s host %s nvme %s rss %s | comm %s",
                 static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr,
                 m.grad_norm, m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms,
-                m.wait_ms, m.stall_ms, m.optimizer_ms, m.h2d_busy_ms, m.d2h_busy_ms,
+                m.wait_ms, m.stall_ms, m.optimizer_ms, m.optimizer_exposed_ms, m.h2d_busy_ms,
+                m.d2h_busy_ms,
                 m.nvme_read_busy_ms, m.nvme_write_busy_ms, format_bytes(m.h2d_bytes).c_str(),
                 format_bytes(m.d2h_bytes).c_str(), format_bytes(m.nvme_read_bytes).c_str(),
                 format_bytes(m.nvme_write_bytes).c_str(), format_bytes(m.peak_device_bytes).c_str(),
@@ -434,7 +441,7 @@ Status Trainer::run_loop() {
   Impl& s = *impl_;
   while (s.step < s.config.max_steps) {
     maybe_inject_rank_death(s.comm->rank(), s.step + 1);
-    STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step());
+    STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step(s.step + 1 == s.config.max_steps));
     s.history.push_back(m);
     if (s.options.progress != nullptr &&
         (m.step % s.config.log_every == 0 || m.step == s.config.max_steps || m.step == 1)) {
@@ -471,7 +478,7 @@ Status Trainer::run_loop() {
 
 Status Trainer::run_steps(std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
-    auto m = impl_->train_step();
+    auto m = impl_->train_step(i + 1 == n);
     if (!m.is_ok()) {
       impl_->write_trace().ignore();
       return m.status();

@@ -35,6 +35,7 @@ OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& d
     : layout_(layout), device_(device), swap_(swap), options_(options), plan_(std::move(plan)) {}
 
 OffloadEngine::~OffloadEngine() {
+  (void)finish_step();  // its error, if nobody asked, was the run's to report
   if (store_) store_->drain();  // the store owns every buffer; its transfers end first
 }
 
@@ -132,6 +133,15 @@ Status OffloadEngine::create_store() {
     po.prefetch_bytes = options_.prefetch_bytes;
     po.max_live_bytes = options_.max_live_bytes;
     po.max_reuse_distance = options_.max_reuse_distance;
+    // While an overlapped step runs, a working copy is fetched ahead only once it is updated.
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      group_of_work_[mem::handle_index(groups_[gi]->work)] = gi;
+    }
+    po.may_prefetch = [this](mem::Handle h) {
+      if (!step_thread_.joinable()) return true;
+      std::lock_guard lock(step_mu_);
+      return static_cast<bool>(updated_[group_of_work_.at(mem::handle_index(h))]);
+    };
     sched_ = std::make_unique<sched::PrefetchScheduler>(*store_, po);
   }
   store_seen_ = store_->stats();
@@ -179,11 +189,16 @@ void OffloadEngine::end_compute_span(Group& g) {
 
 void OffloadEngine::prefetch_params(int group) {
   if (!sched_) return;
+  if (step_thread_.joinable()) {  // an old working copy is no use: wait for the update
+    std::lock_guard lock(step_mu_);
+    if (!updated_[static_cast<std::size_t>(group)]) return;
+  }
   sched_->hint(groups_.at(static_cast<std::size_t>(group))->work);
 }
 
 Result<const void*> OffloadEngine::acquire_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
+  STRATA_RETURN_IF_ERROR(wait_update(group));
   Stopwatch wait;
   auto p = sched_ ? sched_->acquire(g.work) : store_->acquire(g.work, Tier::kDevice);
   stats_.wait_ms += wait.elapsed_ms();  // the store's own counters are read once a pass
@@ -205,6 +220,7 @@ void OffloadEngine::release_params(int group) {
 // ---- gradients ----
 
 Result<void*> OffloadEngine::acquire_grads(int group) {
+  STRATA_RETURN_IF_ERROR(finish_step());  // the step still reads this step's gradients
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
   if (plan_.keep_gradients && g.has_grad) {
@@ -345,7 +361,7 @@ Status OffloadEngine::wait_writebacks() {
 }
 
 Status OffloadEngine::finish_micro_batch() {
-  Status first;
+  Status first = finish_step();
   while (!pending_grads_.empty()) {
     Status s = drain_one_grad();
     if (!s.is_ok() && first.is_ok()) first = s;
@@ -364,6 +380,7 @@ Status OffloadEngine::finish_micro_batch() {
 
 Result<double> OffloadEngine::grad_sum_squares(int group) {
   STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
+  STRATA_RETURN_IF_ERROR(finish_step());
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (!g.has_grad) return 0.0;
   if (plan_.optimizer != Tier::kDevice) return g.sum_squares;
@@ -383,6 +400,7 @@ Result<double> OffloadEngine::grad_norm() {
 }
 
 void OffloadEngine::zero_grads() {
+  STRATA_CHECK(!step_thread_.joinable(), "zero_grads while an optimizer step runs");
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
@@ -409,41 +427,132 @@ Result<void*> OffloadEngine::open_output(Group& g, Tier tier) {
   return store_->emplace(g.work, tier, /*zero_fill=*/false);
 }
 
-Status OffloadEngine::close_output(Group& g, Tier tier) {
+Status OffloadEngine::close_output(Group& g, Tier tier,
+                                   std::vector<mem::Completion>& writebacks) {
   store_->mark_dirty(g.work, tier);
   store_->unpin(g.work, tier);
   if (store_->spec(g.work).home == tier) return Status::ok();
   // Home on the copy streams (NVMe, or the device) while the next group is updated.
   STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.work, tier));
-  writebacks_.push_back(std::move(done));
+  writebacks.push_back(std::move(done));
   return Status::ok();
 }
 
 Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
+  STRATA_RETURN_IF_ERROR(finish_step());
   STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
+  const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
+  {
+    std::lock_guard lock(step_mu_);
+    updated_.assign(groups_.size(), false);
+    step_done_ = false;
+    step_status_ = Status::ok();
+  }
+  if (options_.overlap == OptimizerOverlap::kNone || plan_.optimizer == Tier::kDevice) {
+    Status s = run_step(args);
+    {
+      std::lock_guard lock(step_mu_);
+      step_done_ = true;
+    }
+    return end_step(std::move(s));
+  }
+  step_thread_ = std::thread([this, args] {
+    Status s = run_step(args);
+    std::lock_guard lock(step_mu_);
+    step_status_ = std::move(s);
+    step_done_ = true;
+    step_cv_.notify_all();
+  });
+  return Status::ok();
+}
+
+// Every group in layout order (the order the forward needs them), each new working copy sent
+// home as soon as it is written; returns once they are all home.
+Status OffloadEngine::run_step(const device::AdamWArgs& args) {
   Stopwatch timer;
+  update_span_ns_ = now_ns();
+  const auto close = [this](std::size_t gi, Tier tier) {
+    Status s = close_output(*groups_[gi], tier, step_writebacks_);
+    const std::int64_t end = now_ns();
+    if (options_.timeline != nullptr) {
+      options_.timeline->add(mem::Lane::kCpuOptimizer, "update " + groups_[gi]->spec->name,
+                             update_span_ns_, end);
+    }
+    update_span_ns_ = end;
+    {
+      std::lock_guard lock(step_mu_);
+      updated_[gi] = true;
+    }
+    step_cv_.notify_all();
+    return s;
+  };
   const StepIo io{*store_,
                   step_groups_,
                   plan_.keep_gradients ? options_.compute_dtype : DType::kF32,
                   options_.compute_dtype,
                   [this](std::size_t gi, Tier tier) { return open_output(*groups_[gi], tier); },
-                  [this](std::size_t gi, Tier tier) { return close_output(*groups_[gi], tier); }};
-  Status s = optimizer_->run(io, optim::make_adamw_args(options_.adam, lr, step, grad_scale));
+                  close};
+  Status s = optimizer_->run(io, args);
+  for (const mem::Completion& c : step_writebacks_) {
+    Status w = store_->wait(c);
+    if (s.is_ok()) s = w;
+  }
+  step_writebacks_.clear();
+  step_ms_ = timer.elapsed_ms();
+  return s;
+}
+
+Status OffloadEngine::end_step(Status s) {
   stats_.nvme_read_bytes += optimizer_->bytes_read();
   stats_.nvme_write_bytes += optimizer_->bytes_written();
-  if (Status w = wait_writebacks(); s.is_ok()) s = w;
   absorb_store_stats();
   STRATA_RETURN_IF_ERROR(s);
-  zero_grads();
-  stats_.optimizer_ms = timer.elapsed_ms();
+  for (auto& g : groups_) {
+    g->has_grad = false;
+    g->sum_squares = 0;
+  }
+  stats_.optimizer_ms = step_ms_;
+  stats_.optimizer_total_ms += step_ms_;
+  // The serial schedule hides nothing: compute waits for all of it.
+  if (options_.overlap == OptimizerOverlap::kNone || plan_.optimizer == Tier::kDevice) {
+    stats_.optimizer_exposed_ms += step_ms_;
+  }
   return device_.last_error();
+}
+
+Status OffloadEngine::finish_step() {
+  if (!step_thread_.joinable()) return Status::ok();
+  Stopwatch wait;
+  step_thread_.join();
+  stats_.optimizer_exposed_ms += wait.elapsed_ms();
+  Status s;
+  {
+    std::lock_guard lock(step_mu_);
+    s = step_status_;
+  }
+  return end_step(std::move(s));
+}
+
+Status OffloadEngine::wait_update(int group) {
+  if (!step_thread_.joinable()) return Status::ok();
+  Stopwatch wait;
+  bool updated = false;
+  {
+    std::unique_lock lock(step_mu_);
+    step_cv_.wait(lock, [&] { return updated_[static_cast<std::size_t>(group)] || step_done_; });
+    updated = updated_[static_cast<std::size_t>(group)];
+  }
+  stats_.optimizer_exposed_ms += wait.elapsed_ms();
+  // The step ended without writing this group: an error, which finishing reports.
+  return updated ? Status::ok() : finish_step();
 }
 
 // ---- state in and out ----
 
 Status OffloadEngine::load_master(const model::GroupSource& source) {
+  STRATA_RETURN_IF_ERROR(finish_step());
   for (auto& gp : groups_) {
     Group& g = *gp;
     // The master weights' host copy (its home, or a fresh copy on its way home), filled by the
@@ -455,7 +564,7 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
       s = out.status();
       if (out.is_ok()) {
         convert(master, DType::kF32, *out, options_.compute_dtype, static_cast<std::size_t>(g.n));
-        s = close_output(g, Tier::kHost);
+        s = close_output(g, Tier::kHost, writebacks_);
       }
     }
     store_->unpin(g.master, Tier::kHost);
@@ -476,16 +585,19 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
 }
 
 Status OffloadEngine::read_master(int group, float* dst) {
+  STRATA_RETURN_IF_ERROR(finish_step());
   return store_->read(groups_.at(static_cast<std::size_t>(group))->master, dst);
 }
 
 Status OffloadEngine::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
+  STRATA_RETURN_IF_ERROR(finish_step());
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
   return store_->read(g.exp_avg_sq, exp_avg_sq);
 }
 
 Status OffloadEngine::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
+  STRATA_RETURN_IF_ERROR(finish_step());
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
   return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);

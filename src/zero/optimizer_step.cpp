@@ -143,6 +143,10 @@ class StreamedStep final : public OptimizerStep {
 
 }  // namespace
 
+std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
+  return overlap == OptimizerOverlap::kNone ? "none" : "forward";
+}
+
 Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::Device& device,
                                                            io::SwapSpace* swap,
                                                            const OptimizerStepOptions& options) {

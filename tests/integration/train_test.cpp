@@ -2,8 +2,12 @@
 // resume is bit-identical, budgets hold, and bad input fails cleanly.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "strata/core/file.h"
@@ -167,6 +171,158 @@ TEST_P(OffloadEquivalence, GradientsOnNvmeUnderAShortHostBudget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, OffloadEquivalence, ::testing::Values("fp32", "bf16"));
+
+// What one run leaves that the schedule of its optimizer steps must not change: every step's
+// loss, gradient norm and skip (as bits: a skipped step's loss is NaN), and the final weights
+// and moments as saved.
+struct RunBits {
+  std::vector<std::uint64_t> losses, norms;
+  std::vector<bool> skipped;
+  std::string model, optimizer;  // the checkpoint's files, byte for byte
+};
+
+RunBits run_bits(const Json& j) {
+  RunBits b;
+  auto t = make_trainer(j);
+  EXPECT_TRUE(t.is_ok()) << t.status().message();
+  if (!t.is_ok()) return b;
+  const Status s = (*t)->run();
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  for (const auto& m : (*t)->history()) {
+    b.losses.push_back(std::bit_cast<std::uint64_t>(m.loss));
+    b.norms.push_back(std::bit_cast<std::uint64_t>(m.grad_norm));
+    b.skipped.push_back(m.skipped);
+  }
+  const std::string dir = (*t)->last_checkpoint();
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    EXPECT_TRUE(f.good()) << path;
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  b.model = slurp(dir + "/model/model.safetensors");
+  b.optimizer = slurp(dir + "/optimizer-00000-of-00001.safetensors");
+  return b;
+}
+
+// optimizer_overlap "forward" runs each update beside the next forward; it must give the very
+// bits of the serial schedule: every placement with the optimizer off the device, gradient
+// clipping on (it triggers here) and off, one micro-batch per step and two, and a run whose
+// steps are skipped for non-finite gradients.
+TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
+  struct Case {
+    const char* param;
+    const char* opt;
+  };
+  const Case placements[] = {
+      {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
+  bool clipped = false;
+  for (const Case& c : placements) {
+    for (const double clip : {0.5, 0.0}) {
+      for (const int micro : {2, 4}) {
+        SCOPED_TRACE(std::string("offload_param ") + c.param + ", offload_optimizer " + c.opt +
+                     ", grad_clip " + std::to_string(clip) + ", micro_batch_size " +
+                     std::to_string(micro));
+        TempDir dir;
+        Json j = tiny_config(dir);
+        j["offload_param"] = c.param;
+        j["offload_optimizer"] = c.opt;
+        j["grad_clip"] = clip;
+        j["micro_batch_size"] = micro;
+        j["optimizer_overlap"] = "none";
+        j["save_dir"] = dir.file("serial");
+        const RunBits serial = run_bits(j);
+        j["optimizer_overlap"] = "forward";
+        j["save_dir"] = dir.file("overlap");
+        const RunBits overlap = run_bits(j);
+        ASSERT_EQ(serial.losses.size(), 4u);
+        EXPECT_EQ(overlap.losses, serial.losses);
+        EXPECT_EQ(overlap.norms, serial.norms);
+        EXPECT_FALSE(serial.model.empty());
+        EXPECT_TRUE(overlap.model == serial.model) << "final weights differ";
+        EXPECT_TRUE(overlap.optimizer == serial.optimizer) << "final moments differ";
+        for (std::uint64_t n : serial.norms) clipped |= clip > 0 && std::bit_cast<double>(n) > clip;
+      }
+    }
+  }
+  EXPECT_TRUE(clipped) << "no step clipped: lower grad_clip";
+
+  // An enormous learning rate: the first update blows the weights up, and the steps after it
+  // are skipped for non-finite gradients.
+  for (const char* opt : {"cpu", "nvme"}) {
+    SCOPED_TRACE(std::string("skipped steps, offload_optimizer ") + opt);
+    TempDir dir;
+    Json j = tiny_config(dir);
+    j["offload_optimizer"] = opt;
+    j["grad_clip"] = 0.0;
+    j["optimizer"]["lr"] = 1e30;
+    j["lr_schedule"]["type"] = "constant";
+    j["optimizer_overlap"] = "none";
+    j["save_dir"] = dir.file("serial");
+    const RunBits serial = run_bits(j);
+    j["optimizer_overlap"] = "forward";
+    j["save_dir"] = dir.file("overlap");
+    const RunBits overlap = run_bits(j);
+    ASSERT_EQ(serial.skipped.size(), 4u);
+    EXPECT_TRUE(serial.skipped.back()) << "no step was skipped: raise the learning rate";
+    EXPECT_EQ(overlap.skipped, serial.skipped);
+    EXPECT_EQ(overlap.losses, serial.losses);
+    EXPECT_TRUE(overlap.model == serial.model);
+    EXPECT_TRUE(overlap.optimizer == serial.optimizer);
+  }
+}
+
+// In the Chrome trace of an overlapped run, each group's update starts only after that group's
+// last backward of the step (its final gradient), and the next forward of the group starts
+// only after its update ended: the forward waits for exactly what it needs.
+TEST(OptimizerOverlap, UpdatesFollowTheirGradientsAndPrecedeTheirNextForward) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["offload_param"] = "nvme";
+  j["offload_optimizer"] = "nvme";
+  j["optimizer_overlap"] = "forward";
+  j["save_dir"] = "";
+  j["trace_file"] = dir.file("trace.json");
+  run(j);
+  auto text = read_file(dir.file("trace.json"));
+  ASSERT_TRUE(text.is_ok()) << text.status().message();
+  const Json trace = Json::parse(*text);
+  struct Span {
+    double begin, end;
+  };
+  std::map<std::string, std::vector<Span>> backward, forward, update;
+  for (const Json& e : trace["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string name = e["name"];
+    const double b = e["ts"].get<double>(), d = e["dur"].get<double>();
+    auto strip = [&](const std::string& suffix, std::map<std::string, std::vector<Span>>& into) {
+      if (name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        into[name.substr(0, name.size() - suffix.size())].push_back({b, b + d});
+      }
+    };
+    strip(" backward", backward);
+    strip(" forward", forward);
+    if (name.rfind("update ", 0) == 0) update[name.substr(7)].push_back({b, b + d});
+  }
+  ASSERT_FALSE(update.empty()) << "no update spans in the trace";
+  int checked = 0;
+  for (const auto& [group, updates] : update) {
+    for (const Span& u : updates) {
+      for (const Span& bw : backward[group]) {
+        if (bw.begin < u.begin) {
+          EXPECT_LE(bw.end, u.begin) << group << ": updated mid-backward";
+        }
+      }
+      for (const Span& fw : forward[group]) {
+        if (fw.end > u.begin) {
+          EXPECT_GE(fw.begin, u.end) << group << ": forward before its update ended";
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
 
 TEST(TrainTest, ResumeIsBitIdenticalToUninterrupted) {
   TempDir dir;

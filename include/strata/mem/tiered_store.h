@@ -158,7 +158,8 @@ class TieredStore {
   // The caller changed the copy it has pinned on `tier`: it becomes the only valid copy.
   void mark_dirty(Handle h, Tier tier);
   // Gives the tensor a fresh copy on `tier` (device or host) as its only data, zero-filled on
-  // request, pinned; previous data is discarded.
+  // request, pinned; previous data is discarded. Until the caller unpins it or marks it dirty,
+  // no prefetch reads it (it is being written).
   Result<void*> emplace(Handle h, Tier tier, bool zero_fill);
   // Whether `bytes` more would fit in the device budget beside what no eviction can free:
   // device homes, pinned device copies, scratch, and transient tensors' only copies that their

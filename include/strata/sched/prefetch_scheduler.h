@@ -41,6 +41,9 @@ struct PrefetchOptions {
   // releases so far in this pass: acquiring the k-th tensor is point 2k-1, releasing it 2k when
   // uses do not nest), and whether the trace (not a hint) asked for it. Tests and tracing only.
   std::function<void(mem::Handle, std::size_t sequence_point, bool from_trace)> on_issue;
+  // Whether `h` may be fetched ahead now (null: always). False holds back it and, in trace
+  // order, what follows it: an optimizer step still writing the new working copies.
+  std::function<bool(mem::Handle)> may_prefetch;
 };
 
 enum class SchedulerMode : std::uint8_t { kRecording, kReplaying };

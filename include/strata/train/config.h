@@ -17,6 +17,7 @@
 #include "strata/tensor/tensor.h"
 #include "strata/train/data.h"
 #include "strata/zero/bucket.h"
+#include "strata/zero/optimizer_step.h"
 
 namespace strata::train {
 
@@ -51,6 +52,9 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
+  // "none": the optimizer step after backward, before the next forward; "forward": on its own
+  // thread during the next forward, which waits for each group's update only (exact).
+  zero::OptimizerOverlap optimizer_overlap = zero::OptimizerOverlap::kForward;
   bool activation_checkpointing = false;
   int zero_stage = 3;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group

@@ -7,11 +7,14 @@
 // device are prefetched as the sched::PrefetchScheduler's recorded trace says.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <optional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "strata/core/status.h"
@@ -34,6 +37,8 @@ struct EngineOptions {
   Tier offload_optimizer = Tier::kDevice;  // master weights and moments, and where the step runs
   DType compute_dtype = DType::kF32;
   std::int64_t accumulation_steps = 1;  // micro-batches per step (1: gradients kept as made)
+  // Off the device only (a device step is the device's own work, ordered on its stream).
+  OptimizerOverlap overlap = OptimizerOverlap::kNone;
   optim::AdamWHyper adam;
   // The host optimizer (offload_optimizer cpu or nvme): threads, SIMD path, pinning.
   optim::CpuAdamOptions cpu_adam;
@@ -58,7 +63,9 @@ struct EngineStats {
   std::uint64_t nvme_bytes = 0;  // peak swap space held
   double wait_ms = 0;            // compute blocked waiting for parameters
   double stall_ms = 0;           // compute blocked waiting for data or room in a tier
-  double optimizer_ms = 0;       // last optimizer step
+  double optimizer_ms = 0;       // last optimizer step, start to end
+  double optimizer_total_ms = 0;    // every finished step's optimizer_ms
+  double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
 };
 
 class OffloadEngine {
@@ -95,8 +102,12 @@ class OffloadEngine {
   Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients; call after the last finish_micro_batch. A group
-  // that received no gradient steps with zeros.
+  // that received no gradient steps with zeros. With OptimizerOverlap::kForward it returns once
+  // the step has started on its own thread: acquire_params(g) then waits for group g's update,
+  // and every other call (gradients, norms, state in and out) for the whole step.
   Status step(double lr, std::int64_t step, float grad_scale);
+  // Waits for an overlapped step still running; its error, if any. A no-op otherwise.
+  Status finish_step();
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   void zero_grads();
 
@@ -127,7 +138,10 @@ class OffloadEngine {
   // A copy of the working copy on `tier` for the optimizer to write (the home when it lives
   // there); close_output makes it the working copy, writing it back home if it is not the home.
   Result<void*> open_output(Group& g, Tier tier);
-  Status close_output(Group& g, Tier tier);
+  Status close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks);
+  Status run_step(const device::AdamWArgs& args);  // on whichever thread runs the step
+  Status end_step(Status s);                        // after run_step: counters, gradients zeroed
+  Status wait_update(int group);                    // the overlapped step has written it
 
   const model::ParamLayout& layout_;
   device::Device& device_;
@@ -144,6 +158,18 @@ class OffloadEngine {
   };
   std::deque<PendingGrad> pending_grads_;
   std::vector<mem::Completion> writebacks_;  // accumulators and working copies going home
+  // The overlapped step (OptimizerOverlap::kForward) on its own thread; the thread touches only
+  // the store, the optimizer and what is below, under mu_ where marked.
+  std::thread step_thread_;
+  std::mutex step_mu_;
+  std::condition_variable step_cv_;
+  std::vector<bool> updated_;  // under step_mu_: the group's new working copy is written
+  std::unordered_map<std::uint32_t, std::size_t> group_of_work_;  // work handle -> group
+  bool step_done_ = true;      // under step_mu_
+  Status step_status_;         // under step_mu_, once step_done_
+  std::vector<mem::Completion> step_writebacks_;  // working copies the step sends home
+  std::int64_t update_span_ns_ = 0;              // where the next group's update span begins
+  double step_ms_ = 0;
   EngineStats stats_;
   std::unique_ptr<mem::TieredStore> store_;
   std::unique_ptr<sched::PrefetchScheduler> sched_;  // offload_param cpu or nvme

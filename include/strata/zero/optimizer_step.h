@@ -5,11 +5,13 @@
 // working copy back to its caller as soon as it is written.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "strata/core/status.h"
 #include "strata/device/device.h"
@@ -19,6 +21,16 @@
 #include "strata/tensor/tensor.h"
 
 namespace strata::zero {
+
+// When the optimizer step runs relative to compute. kNone: after backward, to the end, before
+// the next forward starts (the serial schedule). kForward: after backward and the global norm,
+// on a thread of its own, in the order the next forward needs the groups; that forward's
+// acquire of a group waits for that group's update only. Exact: the same arithmetic on the same
+// gradients, in the same order, as kNone.
+enum class OptimizerOverlap : std::uint8_t { kNone, kForward };
+inline constexpr std::array<OptimizerOverlap, 2> kOptimizerOverlaps = {OptimizerOverlap::kNone,
+                                                                      OptimizerOverlap::kForward};
+std::string_view optimizer_overlap_name(OptimizerOverlap overlap);  // "none", "forward"
 
 // One group's tensors, as the store holds them.
 struct StepGroup {

@@ -84,6 +84,8 @@ class ZeroProvider final : public model::ParamProvider {
   Status step(double lr, std::int64_t step, float grad_scale);
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   void zero_grads();
+  // Waits for an overlapped optimizer step (OptimizerOverlap::kForward) to end; its error.
+  Status finish_step() { return engine_->finish_step(); }
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.
   // The group's full fp32 master weights; written to `full_out` on rank 0 only.
