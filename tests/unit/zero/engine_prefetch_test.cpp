@@ -30,7 +30,8 @@ class EnginePrefetchTest : public ::testing::Test {
     device_ = testing::make_cpu_device(4 << 20);
     ASSERT_NE(device_, nullptr);
   }
-  void make(io::FaultInjection faults = {}, mem::Timeline* timeline = nullptr) {
+  void make(io::FaultInjection faults = {}, mem::Timeline* timeline = nullptr,
+            OptimizerOverlap overlap = OptimizerOverlap::kNone) {
     swap_ = testing::make_swap(std::move(faults), 1 << 20);  // one engine attempt per request
     ASSERT_NE(swap_, nullptr);
     EngineOptions o;
@@ -41,6 +42,7 @@ class EnginePrefetchTest : public ::testing::Test {
     o.max_live_bytes = 1 << 20;
     o.max_reuse_distance = 4096;
     o.timeline = timeline;
+    o.overlap = overlap;
     comm_ = dist::make_single_rank_communicator(*device_);
     auto e = ZeroProvider::create(layout_, 100000, *device_, swap_.get(), *comm_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
@@ -140,6 +142,27 @@ TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {
   Status s = provider_->step(1e-3, 1, 1.0f);
   ASSERT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.to_string();
+}
+
+// Overlapped, the step returns as soon as it has started; the failed write of a new working
+// copy then ends the next micro-batch (its forward needs that copy) or whoever waits for the
+// step first, with the I/O error, and nothing hangs.
+TEST_F(EnginePrefetchTest, NvmeWriteErrorDuringAnOverlappedStepEndsTheNextPass) {
+  io::FaultRule r;
+  r.op = io::FaultOp::kWrite;
+  r.kind = io::FaultKind::kError;
+  r.error = EIO;
+  r.skip = static_cast<std::uint64_t>(layout_.num_groups());  // after load_master's writes
+  io::FaultInjection f;
+  f.rules.push_back(r);
+  make(std::move(f), nullptr, OptimizerOverlap::kForward);
+  ASSERT_TRUE(micro_batch(1).is_ok());
+  ASSERT_TRUE(provider_->step(1e-3, 1, 1.0f).is_ok());  // started, not finished
+  auto next = micro_batch(2);
+  Status step = provider_->finish_step();
+  ASSERT_FALSE(next.is_ok() && step.is_ok()) << "the write error was lost";
+  const Status& err = next.is_ok() ? step : next.status();
+  EXPECT_EQ(err.code(), StatusCode::kIoError) << err.to_string();
 }
 
 }  // namespace
