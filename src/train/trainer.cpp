@@ -173,7 +173,14 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(sopts));
   }
 
+  // The model first: the memory plan counts its device workspace.
+  model::ModelOptions mopts;
+  mopts.compute_dtype = compute_dtype;
+  mopts.activation_checkpointing = config.activation_checkpointing;
+  model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
+
   zero::EngineOptions eopts;
+  eopts.activation_bytes = model->activation_bytes(config.micro_batch_size, config.seq_len);
   eopts.offload_param = param;
   eopts.offload_optimizer = opt;
   eopts.compute_dtype = compute_dtype;
@@ -239,11 +246,6 @@ Status Trainer::Impl::setup() {
       return Status::ok();
     }));
   }
-
-  model::ModelOptions mopts;
-  mopts.compute_dtype = compute_dtype;
-  mopts.activation_checkpointing = config.activation_checkpointing;
-  model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
 
   STRATA_ASSIGN_OR_RETURN(dataset, TokenDataset::open(config.data.path, config.data.format));
   if (dataset->num_tokens() < config.seq_len + 1) {

@@ -50,6 +50,7 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamL
   po.accumulation_steps = options.accumulation_steps;
   po.device_budget_bytes = device.memory_stats().limit_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
+  po.activation_bytes = options.activation_bytes;
   po.sub_group_size = options.sub_group_size;
   po.has_swap = swap != nullptr;
   STRATA_ASSIGN_OR_RETURN(MemoryPlan plan, make_plan(layout, po));

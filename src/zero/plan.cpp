@@ -34,6 +34,8 @@ std::string_view tensor_kind_name(TensorKind kind) {
       return "moments";
     case TensorKind::kStaging:
       return "staging";
+    case TensorKind::kActivations:
+      return "activations";
   }
   return "?";
 }
@@ -93,6 +95,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // optimizer writes on their way to another tier (two at a time), gradients landing on the
   // host to be accumulated there (two at a time) and accumulators passing through it.
   add(Tier::kDevice, TensorKind::kGradients, z.max_work_io);
+  add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
   if (on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient
   }

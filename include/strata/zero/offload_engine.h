@@ -45,6 +45,7 @@ struct EngineOptions {
   // offload_optimizer nvme: elements per streamed sub-group (DeepSpeed's sub_group_size).
   std::int64_t sub_group_size = 1 << 22;
   std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
+  std::uint64_t activation_bytes = 0;  // the model's workspace, as the plan counts it
   // Parameter prefetch (offload_param cpu or nvme), DeepSpeed's names in bytes: fetches in flight,
   // parameters resident or arriving on the device, and the reuse distance within which a
   // released group stays resident. See sched::PrefetchOptions.

@@ -26,8 +26,9 @@ enum class TensorKind : std::uint8_t {
   kMasterWeights,  // fp32
   kMoments,        // Adam's exp_avg and exp_avg_sq, fp32
   kStaging,        // buffers transfers and the optimizer pass through; gradients in transit
+  kActivations,    // the model's activation workspace (device scratch)
 };
-inline constexpr int kNumTensorKinds = 5;
+inline constexpr int kNumTensorKinds = 6;
 std::string_view tensor_kind_name(TensorKind kind);
 
 struct PlanOptions {
@@ -39,6 +40,7 @@ struct PlanOptions {
   std::uint64_t host_budget_bytes = 0;    // 0 = no limit
   std::int64_t sub_group_size = 1 << 22;  // NVMe-streamed optimizer sub-group, in elements
   bool has_swap = false;                  // swap paths were given
+  std::uint64_t activation_bytes = 0;     // the model's device workspace for one micro-batch
 };
 
 struct MemoryPlan {

@@ -57,6 +57,20 @@ TEST(PlanTest, EveryHomeIsCountedOnceInItsTier) {
       << plan->describe();
 }
 
+TEST(PlanTest, TheModelsWorkspaceIsCountedOnTheDeviceOnly) {
+  const model::ParamLayout l = layout();
+  PlanOptions o = nvme_options();
+  auto without = make_plan(l, o);
+  o.activation_bytes = 123 << 20;
+  auto with = make_plan(l, o);
+  ASSERT_TRUE(without.is_ok() && with.is_ok());
+  EXPECT_EQ(with->kind_bytes(Tier::kDevice, TensorKind::kActivations), 123u << 20);
+  EXPECT_EQ(with->tier_bytes(Tier::kDevice), without->tier_bytes(Tier::kDevice) + (123u << 20));
+  EXPECT_EQ(with->tier_bytes(Tier::kHost), without->tier_bytes(Tier::kHost));
+  EXPECT_NE(with->kinds_text(Tier::kDevice).find("activations 123.00 MiB"), std::string::npos)
+      << with->kinds_text(Tier::kDevice);
+}
+
 TEST(PlanTest, AShortHostBudgetMovesGradientsToNvmeAndTheHostNoLongerGrowsWithThem) {
   const auto l = layout();
   for (std::int64_t accumulation : {1, 4}) {
