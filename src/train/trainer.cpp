@@ -384,21 +384,20 @@ const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpo
 namespace {
 std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   char buf[768];
-  std::snprintf(buf, sizeof(buf),
-                "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
-                "(compute %.0f, wait %.0f, stall %.0f, optim %.0f, exposed %.0f) | busy ms h2d %.0f "
-                "d2h %.0f "
-                "nvme r %.0f w %.0f | moved h2d %s d2h %s nvme r %s w %s | "
-                "peak device %s host %s nvme %s rss %s | comm %s",
-                static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr,
-                m.grad_norm, m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms,
-                m.wait_ms, m.stall_ms, m.optimizer_ms, m.optimizer_exposed_ms, m.h2d_busy_ms,
-                m.d2h_busy_ms,
-                m.nvme_read_busy_ms, m.nvme_write_busy_ms, format_bytes(m.h2d_bytes).c_str(),
-                format_bytes(m.d2h_bytes).c_str(), format_bytes(m.nvme_read_bytes).c_str(),
-                format_bytes(m.nvme_write_bytes).c_str(), format_bytes(m.peak_device_bytes).c_str(),
-                format_bytes(m.peak_host_bytes).c_str(), format_bytes(m.peak_nvme_bytes).c_str(),
-                format_bytes(m.peak_rss_bytes).c_str(), format_bytes(m.comm_bytes).c_str());
+  std::snprintf(
+      buf, sizeof(buf),
+      "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
+      "(compute %.0f, wait %.0f, stall %.0f, optim %.0f, exposed %.0f) | "
+      "busy ms h2d %.0f d2h %.0f nvme r %.0f w %.0f | moved h2d %s d2h %s nvme r %s w %s | "
+      "peak device %s host %s nvme %s rss %s | comm %s",
+      static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr, m.grad_norm,
+      m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms, m.wait_ms, m.stall_ms,
+      m.optimizer_ms, m.optimizer_exposed_ms, m.h2d_busy_ms, m.d2h_busy_ms, m.nvme_read_busy_ms,
+      m.nvme_write_busy_ms, format_bytes(m.h2d_bytes).c_str(), format_bytes(m.d2h_bytes).c_str(),
+      format_bytes(m.nvme_read_bytes).c_str(), format_bytes(m.nvme_write_bytes).c_str(),
+      format_bytes(m.peak_device_bytes).c_str(), format_bytes(m.peak_host_bytes).c_str(),
+      format_bytes(m.peak_nvme_bytes).c_str(), format_bytes(m.peak_rss_bytes).c_str(),
+      format_bytes(m.comm_bytes).c_str());
   return buf;
 }
 }  // namespace

@@ -35,7 +35,7 @@ OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& d
     : layout_(layout), device_(device), swap_(swap), options_(options), plan_(std::move(plan)) {}
 
 OffloadEngine::~OffloadEngine() {
-  (void)finish_step();  // its error, if nobody asked, was the run's to report
+  (void)finish_step();          // its error, if nobody asked, was the run's to report
   if (store_) store_->drain();  // the store owns every buffer; its transfers end first
 }
 
@@ -134,7 +134,8 @@ Status OffloadEngine::create_store() {
     po.prefetch_bytes = options_.prefetch_bytes;
     po.max_live_bytes = options_.max_live_bytes;
     po.max_reuse_distance = options_.max_reuse_distance;
-    // While an overlapped step runs, a working copy is fetched ahead only once it is updated.
+    // While an overlapped step runs, a working copy is fetched ahead (from the trace or a hint)
+    // only once it is updated.
     for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
       group_of_work_[mem::handle_index(groups_[gi]->work)] = gi;
     }
@@ -190,10 +191,6 @@ void OffloadEngine::end_compute_span(Group& g) {
 
 void OffloadEngine::prefetch_params(int group) {
   if (!sched_) return;
-  if (step_thread_.joinable()) {  // an old working copy is no use: wait for the update
-    std::lock_guard lock(step_mu_);
-    if (!updated_[static_cast<std::size_t>(group)]) return;
-  }
   sched_->hint(groups_.at(static_cast<std::size_t>(group))->work);
 }
 
@@ -428,8 +425,7 @@ Result<void*> OffloadEngine::open_output(Group& g, Tier tier) {
   return store_->emplace(g.work, tier, /*zero_fill=*/false);
 }
 
-Status OffloadEngine::close_output(Group& g, Tier tier,
-                                   std::vector<mem::Completion>& writebacks) {
+Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks) {
   store_->mark_dirty(g.work, tier);
   store_->unpin(g.work, tier);
   if (store_->spec(g.work).home == tier) return Status::ok();
@@ -514,7 +510,6 @@ Status OffloadEngine::end_step(Status s) {
     g->has_grad = false;
     g->sum_squares = 0;
   }
-  stats_.optimizer_ms = step_ms_;
   stats_.optimizer_total_ms += step_ms_;
   // The serial schedule hides nothing: compute waits for all of it.
   if (options_.overlap == OptimizerOverlap::kNone || plan_.optimizer == Tier::kDevice) {

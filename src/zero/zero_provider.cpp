@@ -203,10 +203,9 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
            piece.count);
       engine_->release_params(piece.group);
     }
-    STRATA_RETURN_IF_ERROR(comm_
-                               .all_gather(send.data, recv->data, bucket.block_elems,
-                                           options_.compute_dtype, what)
-                               .wait());
+    STRATA_RETURN_IF_ERROR(
+        comm_.all_gather(send.data, recv->data, bucket.block_elems, options_.compute_dtype, what)
+            .wait());
     for (int r = 0; r < world; ++r) {
       for (const BucketPiece& piece : bucket.pieces) {
         const GroupPartition& p = partition_->group(piece.group);
@@ -233,15 +232,15 @@ Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
   const bool chunked = p.shard_elems > gather_cap_elems_;
   const std::uint64_t full_bytes = static_cast<std::uint64_t>(p.padded_elems) * dsize_;
   const std::uint64_t staging_bytes = chunked ? gather_staging_bytes() : 0;
-  if (prefetch &&
-      !engine_->store().device_fits(full_bytes + 2 * staging_bytes +
-                                    engine_->acquire_device_bytes(group))) {
+  if (prefetch && !engine_->store().device_fits(full_bytes + 2 * staging_bytes +
+                                                engine_->acquire_device_bytes(group))) {
     return false;
   }
   PendingGather& g = gathers_[gi];
   Scratch& full = full_params_[gi];
   Status s = [&]() -> Status {
-    STRATA_ASSIGN_OR_RETURN(full, take(full_bytes, "gathered parameters of " + full_.group(group).name));
+    STRATA_ASSIGN_OR_RETURN(full,
+                            take(full_bytes, "gathered parameters of " + full_.group(group).name));
     for (int i = 0; chunked && i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(g.staging[static_cast<std::size_t>(i)],
                               take(staging_bytes, "all-gather staging"));
@@ -430,8 +429,8 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   PendingReduce pending;
   pending.kind = kind;
   if (!whole) {
-    STRATA_ASSIGN_OR_RETURN(pending.send,
-                            take(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
+    STRATA_ASSIGN_OR_RETURN(
+        pending.send, take(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
     if (scatter) {
       auto recv = take(count * dsize_, "gradient bucket (reduced)");
       if (!recv.is_ok()) give(pending.send);
@@ -448,8 +447,8 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
         const std::int64_t from = r * partition_->group(piece.group).local_elems() + piece.begin;
         const std::size_t to =
             static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset);
-        copy(pending.send.bytes() + to * dsize_,
-             src + static_cast<std::size_t>(from) * dsize_, piece.count);
+        copy(pending.send.bytes() + to * dsize_, src + static_cast<std::size_t>(from) * dsize_,
+             piece.count);
       }
     }
     // A partitioned group whose last piece is packed needs its full gradient no longer: free it

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/core/file.h"
@@ -204,6 +205,16 @@ RunBits run_bits(const Json& j) {
   return b;
 }
 
+// `j` run with optimizer_overlap "none" and then "forward", each saving under `dir`.
+std::pair<RunBits, RunBits> serial_and_overlapped(Json j, const TempDir& dir) {
+  j["optimizer_overlap"] = "none";
+  j["save_dir"] = dir.file("serial");
+  RunBits serial = run_bits(j);
+  j["optimizer_overlap"] = "forward";
+  j["save_dir"] = dir.file("overlap");
+  return {std::move(serial), run_bits(j)};
+}
+
 // optimizer_overlap "forward" runs each update beside the next forward; it must give the very
 // bits of the serial schedule: every placement with the optimizer off the device, gradient
 // clipping on (it triggers here) and off, one micro-batch per step and two, and a run whose
@@ -228,12 +239,7 @@ TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
         j["offload_optimizer"] = c.opt;
         j["grad_clip"] = clip;
         j["micro_batch_size"] = micro;
-        j["optimizer_overlap"] = "none";
-        j["save_dir"] = dir.file("serial");
-        const RunBits serial = run_bits(j);
-        j["optimizer_overlap"] = "forward";
-        j["save_dir"] = dir.file("overlap");
-        const RunBits overlap = run_bits(j);
+        const auto [serial, overlap] = serial_and_overlapped(j, dir);
         ASSERT_EQ(serial.losses.size(), 4u);
         EXPECT_EQ(overlap.losses, serial.losses);
         EXPECT_EQ(overlap.norms, serial.norms);
@@ -256,12 +262,7 @@ TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
     j["grad_clip"] = 0.0;
     j["optimizer"]["lr"] = 1e30;
     j["lr_schedule"]["type"] = "constant";
-    j["optimizer_overlap"] = "none";
-    j["save_dir"] = dir.file("serial");
-    const RunBits serial = run_bits(j);
-    j["optimizer_overlap"] = "forward";
-    j["save_dir"] = dir.file("overlap");
-    const RunBits overlap = run_bits(j);
+    const auto [serial, overlap] = serial_and_overlapped(j, dir);
     ASSERT_EQ(serial.skipped.size(), 4u);
     EXPECT_TRUE(serial.skipped.back()) << "no step was skipped: raise the learning rate";
     EXPECT_EQ(overlap.skipped, serial.skipped);

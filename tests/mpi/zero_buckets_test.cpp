@@ -4,8 +4,8 @@
 // many collectives as the bucket plan says and with the same communication volume.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <thread>
@@ -42,6 +42,18 @@ float grad_value(int mb, int rank, int group, std::int64_t i) {
   return static_cast<float>(rng.normal());
 }
 
+// One group per kGroupElems entry, named g0, g1, ...
+model::ParamLayout make_layout() {
+  std::vector<model::ParamGroup> groups;
+  for (std::size_t g = 0; g < kGroupElems.size(); ++g) {
+    model::ParamGroup pg;
+    pg.name = "g" + std::to_string(g);
+    pg.num_elems = kGroupElems[g];
+    groups.push_back(std::move(pg));
+  }
+  return model::ParamLayout::from_groups(std::move(groups));
+}
+
 struct Run {
   model::ParamLayout layout;
   std::unique_ptr<ZeroProvider> provider;
@@ -50,14 +62,7 @@ struct Run {
 std::unique_ptr<Run> make_run(int stage, std::uint64_t reduce_bytes, std::uint64_t gather_bytes) {
   Env& e = env();
   auto run = std::make_unique<Run>();
-  std::vector<model::ParamGroup> groups;
-  for (std::size_t g = 0; g < kGroupElems.size(); ++g) {
-    model::ParamGroup pg;
-    pg.name = "g" + std::to_string(g);
-    pg.num_elems = kGroupElems[g];
-    groups.push_back(std::move(pg));
-  }
-  run->layout = model::ParamLayout::from_groups(std::move(groups));
+  run->layout = make_layout();
   EngineOptions eo;
   eo.adam.beta1 = 0.5;  // the first step's exp_avg is then exactly half the gradient
   eo.adam.weight_decay = 0.0;
@@ -310,17 +315,7 @@ TEST(ZeroGatherAhead, DecidedAlikeOnEveryRankUnderATightDeviceBudget) {
   const int world = e.comm->world_size();
   if (world < 2) GTEST_SKIP() << "one rank gathers nothing";
   const int rank = e.comm->rank();
-  model::ParamLayout layout;
-  {
-    std::vector<model::ParamGroup> groups;
-    for (std::size_t g = 0; g < kGroupElems.size(); ++g) {
-      model::ParamGroup pg;
-      pg.name = "g" + std::to_string(g);
-      pg.num_elems = kGroupElems[g];
-      groups.push_back(std::move(pg));
-    }
-    layout = model::ParamLayout::from_groups(std::move(groups));
-  }
+  const model::ParamLayout layout = make_layout();
   const Partition part(layout, rank, world, kPersistenceThreshold);
   int largest = 0;
   for (int g = 0; g < layout.num_groups(); ++g) {

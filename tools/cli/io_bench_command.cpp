@@ -19,9 +19,9 @@
 
 #include "strata/core/aligned.h"
 #include "strata/core/clock.h"
+#include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
-#include "strata/core/host_mapping.h"
 #include "strata/io/swap.h"
 #include "tools/cli/commands.h"
 

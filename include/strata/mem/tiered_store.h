@@ -163,10 +163,11 @@ class TieredStore {
   Result<void*> emplace(Handle h, Tier tier, bool zero_fill);
   // Whether `bytes` more would fit in the device budget beside what no eviction can free:
   // device homes, pinned device copies, scratch, and transient tensors' only copies that their
-  // owner has not evicted. If it does, an emplace of that many bytes finds room. The answer depends only on which tensors
-  // are registered, pinned and emplaced, never on the timing of transfers, so processes that
-  // make the same calls get the same answer: ZeRO's gather-ahead, which every rank must issue
-  // or skip alike, asks this before it takes anything. Always true without a device budget.
+  // owner has not evicted; if so, an emplace of that many bytes finds room. The answer depends
+  // only on which tensors are registered, pinned and emplaced, never on the timing of
+  // transfers, so processes that make the same calls get the same answer: ZeRO's gather-ahead,
+  // which every rank must issue or skip alike, asks this before it takes anything. Always true
+  // without a device budget.
   bool device_fits(std::uint64_t bytes) const;
 
   // Drops the copy on `tier` if another valid copy exists. failed_precondition if it is the home,

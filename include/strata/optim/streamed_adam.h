@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/core/host_mapping.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
-#include "strata/core/host_mapping.h"
 #include "strata/io/swap.h"
 #include "strata/optim/cpu_adam.h"
 

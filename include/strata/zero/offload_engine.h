@@ -45,7 +45,7 @@ struct EngineOptions {
   // offload_optimizer nvme: elements per streamed sub-group (DeepSpeed's sub_group_size).
   std::int64_t sub_group_size = 1 << 22;
   std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
-  std::uint64_t activation_bytes = 0;  // the model's workspace, as the plan counts it
+  std::uint64_t activation_bytes = 0;         // the model's workspace, as the plan counts it
   // Parameter prefetch (offload_param cpu or nvme), DeepSpeed's names in bytes: fetches in flight,
   // parameters resident or arriving on the device, and the reuse distance within which a
   // released group stays resident. See sched::PrefetchOptions.
@@ -60,12 +60,11 @@ struct EngineStats {
   std::uint64_t d2h_bytes = 0;        // device -> host
   std::uint64_t nvme_read_bytes = 0;  // NVMe -> host
   std::uint64_t nvme_write_bytes = 0;
-  std::uint64_t host_bytes = 0;  // peak host memory held: the store's and the optimizer's staging
-  std::uint64_t nvme_bytes = 0;  // peak swap space held
-  double wait_ms = 0;            // compute blocked waiting for parameters
-  double stall_ms = 0;           // compute blocked waiting for data or room in a tier
-  double optimizer_ms = 0;       // last optimizer step, start to end
-  double optimizer_total_ms = 0;    // every finished step's optimizer_ms
+  std::uint64_t host_bytes = 0;   // peak host memory held: the store's and the optimizer's staging
+  std::uint64_t nvme_bytes = 0;   // peak swap space held
+  double wait_ms = 0;             // compute blocked waiting for parameters
+  double stall_ms = 0;            // compute blocked waiting for data or room in a tier
+  double optimizer_total_ms = 0;  // every finished optimizer step, start to end
   double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
 };
 
@@ -141,8 +140,8 @@ class OffloadEngine {
   Result<void*> open_output(Group& g, Tier tier);
   Status close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks);
   Status run_step(const device::AdamWArgs& args);  // on whichever thread runs the step
-  Status end_step(Status s);                        // after run_step: counters, gradients zeroed
-  Status wait_update(int group);                    // the overlapped step has written it
+  Status end_step(Status s);                       // after run_step: counters, gradients zeroed
+  Status wait_update(int group);                   // the overlapped step has written it
 
   const model::ParamLayout& layout_;
   device::Device& device_;
@@ -150,8 +149,8 @@ class OffloadEngine {
   EngineOptions options_;
   MemoryPlan plan_;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::unique_ptr<OptimizerStep> optimizer_;  // for the plan's optimizer tier
-  std::vector<StepGroup> step_groups_;         // what it reads of each group
+  std::unique_ptr<OptimizerStep> optimizer_;          // for the plan's optimizer tier
+  std::vector<StepGroup> step_groups_;                // what it reads of each group
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
   struct PendingGrad {                                // a gradient on its way off the device
     int group;
@@ -166,10 +165,10 @@ class OffloadEngine {
   std::condition_variable step_cv_;
   std::vector<bool> updated_;  // under step_mu_: the group's new working copy is written
   std::unordered_map<std::uint32_t, std::size_t> group_of_work_;  // work handle -> group
-  bool step_done_ = true;      // under step_mu_
-  Status step_status_;         // under step_mu_, once step_done_
+  bool step_done_ = true;                                         // under step_mu_
+  Status step_status_;                                            // under step_mu_, once step_done_
   std::vector<mem::Completion> step_writebacks_;  // working copies the step sends home
-  std::int64_t update_span_ns_ = 0;              // where the next group's update span begins
+  std::int64_t update_span_ns_ = 0;               // where the next group's update span begins
   double step_ms_ = 0;
   EngineStats stats_;
   std::unique_ptr<mem::TieredStore> store_;

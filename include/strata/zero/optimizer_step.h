@@ -29,7 +29,7 @@ namespace strata::zero {
 // gradients, in the same order, as kNone.
 enum class OptimizerOverlap : std::uint8_t { kNone, kForward };
 inline constexpr std::array<OptimizerOverlap, 2> kOptimizerOverlaps = {OptimizerOverlap::kNone,
-                                                                      OptimizerOverlap::kForward};
+                                                                       OptimizerOverlap::kForward};
 std::string_view optimizer_overlap_name(OptimizerOverlap overlap);  // "none", "forward"
 
 // One group's tensors, as the store holds them.
@@ -65,7 +65,7 @@ class OptimizerStep {
 };
 
 struct OptimizerStepOptions {
-  optim::CpuAdamOptions cpu_adam;        // host and NVMe: threads, SIMD path, pinning
+  optim::CpuAdamOptions cpu_adam;         // host and NVMe: threads, SIMD path, pinning
   std::int64_t sub_group_size = 1 << 22;  // NVMe: elements per streamed sub-group
   std::int64_t max_group_elems = 0;       // NVMe: the largest group
   bool stream_grads = false;              // NVMe: the gradients live on NVMe too

@@ -131,8 +131,8 @@ class ZeroProvider final : public model::ParamProvider {
   enum class ReduceKind : std::uint8_t { kReplicated, kPartitioned };
   // A group's gradient from release_grads until its last piece has been reduced.
   struct GradSource {
-    Scratch full;          // partitioned: the full-size gradient the model wrote
-    void* data = nullptr;  // full.data, or the engine's buffer for a replicated group
+    Scratch full;           // partitioned: the full-size gradient the model wrote
+    void* data = nullptr;   // full.data, or the engine's buffer for a replicated group
     void* shard = nullptr;  // partitioned: the engine's buffer for this rank's shard
   };
   struct PendingReduce {
@@ -181,8 +181,8 @@ class ZeroProvider final : public model::ParamProvider {
   Scratch workspace_;
   std::vector<Scratch> full_params_;  // gathered parameters per group
   std::vector<int> param_refs_;
-  std::vector<Scratch> full_grads_;  // full-size gradients while being produced
-  std::vector<void*> engine_grads_;  // replicated groups: the engine's buffer
+  std::vector<Scratch> full_grads_;     // full-size gradients while being produced
+  std::vector<void*> engine_grads_;     // replicated groups: the engine's buffer
   std::vector<PendingGather> gathers_;  // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
   std::int64_t gather_cap_elems_;  // shard elements per all-gather (allgather_bucket_bytes)

@@ -9,8 +9,8 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <new>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <thread>

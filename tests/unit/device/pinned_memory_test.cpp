@@ -1,5 +1,5 @@
-// Device::allocate_pinned and Device::register_host on the CPU backend: huge-page-aligned, usable memory
-// outside the device budget, locked where the system allows, released by the RAII owners.
+// Device::allocate_pinned and Device::register_host on the CPU backend: huge-page-aligned, usable
+// memory outside the device budget, locked where the system allows, released by the RAII owners.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -1,6 +1,4 @@
 // HostMapping: alignment, zero fill, moves, and registered-buffer I/O through it.
-#include "strata/core/host_mapping.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -8,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "strata/core/host_mapping.h"
 #include "tests/unit/io/io_test_util.h"
 
 namespace strata::io {

@@ -5,8 +5,9 @@
 // every step against a reference model of each tensor's contents and pins. Every byte read back
 // must equal what was last written, no tier's reserved bytes (transfers in flight included) may
 // ever exceed its budget, and device_fits must follow from the model's pins, homes and scratch
-// alone (never from the timing of transfers), with an admitted scratch always finding room. Runs single-threaded and with two threads sharing one
-// store (also under ThreadSanitizer; see tools/check.sh).
+// alone (never from the timing of transfers), with an admitted scratch always finding room. Runs
+// single-threaded and with two threads sharing one store (also under ThreadSanitizer; see
+// tools/check.sh).
 #include <gtest/gtest.h>
 
 #include <deque>

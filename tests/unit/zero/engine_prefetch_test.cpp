@@ -55,6 +55,17 @@ class EnginePrefetchTest : public ::testing::Test {
                     .is_ok());
     model_ = std::make_unique<model::LlamaModel>(config_, layout_, *device_, model::ModelOptions{});
   }
+  // EIO on the first NVMe write after load_master's (one per group): the optimizer step's.
+  io::FaultInjection write_error_after_loading() const {
+    io::FaultRule r;
+    r.op = io::FaultOp::kWrite;
+    r.kind = io::FaultKind::kError;
+    r.error = EIO;
+    r.skip = static_cast<std::uint64_t>(layout_.num_groups());
+    io::FaultInjection f;
+    f.rules.push_back(r);
+    return f;
+  }
   Result<float> micro_batch(std::uint64_t seed) {
     Rng rng(seed);
     std::vector<std::int32_t> in(2 * 8), tg(in.size());
@@ -156,14 +167,7 @@ TEST_F(EnginePrefetchTest, OverlappedStepsGiveTheSerialBits) {
 }
 
 TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {
-  io::FaultRule r;
-  r.op = io::FaultOp::kWrite;
-  r.kind = io::FaultKind::kError;
-  r.error = EIO;
-  r.skip = static_cast<std::uint64_t>(layout_.num_groups());  // after load_master's writes
-  io::FaultInjection f;
-  f.rules.push_back(r);
-  make(std::move(f));
+  make(write_error_after_loading());
   ASSERT_TRUE(micro_batch(1).is_ok());
   Status s = provider_->step(1e-3, 1, 1.0f);
   ASSERT_FALSE(s.is_ok());
@@ -174,14 +178,7 @@ TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {
 // copy then ends the next micro-batch (its forward needs that copy) or whoever waits for the
 // step first, with the I/O error, and nothing hangs.
 TEST_F(EnginePrefetchTest, NvmeWriteErrorDuringAnOverlappedStepEndsTheNextPass) {
-  io::FaultRule r;
-  r.op = io::FaultOp::kWrite;
-  r.kind = io::FaultKind::kError;
-  r.error = EIO;
-  r.skip = static_cast<std::uint64_t>(layout_.num_groups());  // after load_master's writes
-  io::FaultInjection f;
-  f.rules.push_back(r);
-  make(std::move(f), nullptr, OptimizerOverlap::kForward);
+  make(write_error_after_loading(), nullptr, OptimizerOverlap::kForward);
   ASSERT_TRUE(micro_batch(1).is_ok());
   ASSERT_TRUE(provider_->step(1e-3, 1, 1.0f).is_ok());  // started, not finished
   auto next = micro_batch(2);
