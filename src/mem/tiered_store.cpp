@@ -393,13 +393,17 @@ Status TieredStore::discard(Handle h) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);
   Entry& e = s.entry(h);
-  STRATA_CHECK(e.spec.transient, "discard is for transient tensors", e.spec.name);
   s.wait_idle(lock, e);
   e.failed.reset();
   for (int i = 0; i < kNumTiers; ++i) {
-    auto& c = e.copy[static_cast<std::size_t>(i)];
+    const auto t = static_cast<Tier>(i);
+    auto& c = e.at(t);
     STRATA_CHECK(c.pins == 0, "discard of a pinned tensor", e.spec.name);
-    if (c.allocated) s.drop_copy(e, static_cast<Tier>(i));
+    if (e.is_home(t)) {
+      c.valid = false;  // the home stays allocated, empty until written
+    } else if (c.allocated) {
+      s.drop_copy(e, t);
+    }
   }
   return Status::ok();
 }

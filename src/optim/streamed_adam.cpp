@@ -58,6 +58,12 @@ const io::Extent& extent_of(const StreamedSegment& s, int k) {
   }
 }
 
+// Where state array k is written back: its out extent, or where it was read.
+const io::Extent& out_extent_of(const StreamedSegment& s, int k) {
+  const io::Extent& out = k == 0 ? s.master_out : k == 1 ? s.exp_avg_out : s.exp_avg_sq_out;
+  return out.valid() ? out : extent_of(s, k);
+}
+
 }  // namespace
 
 std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) {
@@ -138,22 +144,31 @@ Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
 Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> segments,
                                               const device::AdamWArgs& hyper,
                                               const SegmentDone& on_segment_done,
-                                              const SegmentBegin& on_segment_begin) {
+                                              const SegmentBegin& on_segment_begin,
+                                              const SegmentReady& on_segment_ready) {
   StreamedStepReport report;
+  STRATA_CHECK(!(on_segment_ready && options_.check_finite),
+               "StreamedAdam: gradients supplied when ready cannot be scanned before the step");
+  // Each segment's gradient: as given, or from on_segment_ready before its first read.
+  std::vector<SegmentGrad> grads(segments.size());
   // Plan: the sub-groups of every segment that has a finite gradient, in order.
   std::vector<SubGroup> plan;
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const StreamedSegment& seg = segments[s];
     const bool streamed_grad = seg.grad_extent.valid();
-    STRATA_CHECK(seg.num_elems >= 0 && (seg.num_elems == 0 || seg.grad != nullptr ||
-                                        (streamed_grad && options_.stream_grads)),
-                 "StreamedAdam: a segment without a gradient", seg.name, seg.num_elems);
+    grads[s] = SegmentGrad{seg.grad, seg.grad_extent};
+    STRATA_CHECK(
+        seg.num_elems >= 0 && (seg.num_elems == 0 || seg.grad != nullptr || on_segment_ready ||
+                               (streamed_grad && options_.stream_grads)),
+        "StreamedAdam: a segment without a gradient", seg.name, seg.num_elems);
     STRATA_CHECK(!(streamed_grad && options_.check_finite),
                  "StreamedAdam: a streamed gradient cannot be scanned before the step", seg.name);
     const std::uint64_t need = round_up(seg.num_elems * 4, io::kIoAlignBytes);
     for (int k = 0; k < kStateArrays; ++k) {
       STRATA_CHECK(extent_of(seg, k).size_bytes >= need, "StreamedAdam: extent too small", seg.name,
                    kArrayNames[k], extent_of(seg, k).size_bytes, need);
+      STRATA_CHECK(out_extent_of(seg, k).size_bytes >= need, "StreamedAdam: extent too small",
+                   seg.name, kArrayNames[k], out_extent_of(seg, k).size_bytes, need);
     }
     if (streamed_grad) {
       const std::uint64_t grad_need = round_up(
@@ -208,10 +223,24 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
   };
   // Which sub-group's transfers each slot holds, to name it if they fail while draining.
   std::vector<std::size_t> read_owner(nb, 0), write_owner(nb, 0);
-  auto start_transfers = [&](std::size_t sub, bool is_read) {
+  // Whether the reads of sub-group `sub` may start: its segment's gradient exists (asked of
+  // on_segment_ready before the segment's first read; `wait`: until it does).
+  auto gradient_ready = [&](std::size_t sub, bool wait) -> Result<bool> {
     const SubGroup& sg = plan[sub];
     const StreamedSegment& seg = segments[sg.segment];
-    if (sg.count == 0) return;
+    if (sg.begin != 0 || !on_segment_ready) return true;
+    STRATA_ASSIGN_OR_RETURN(std::optional<SegmentGrad> g, on_segment_ready(sg.segment, wait));
+    if (!g) return false;
+    STRATA_CHECK(seg.num_elems == 0 || g->grad != nullptr ||
+                     (g->grad_extent.valid() && options_.stream_grads),
+                 "StreamedAdam: a segment made ready without a gradient", seg.name);
+    grads[sg.segment] = *g;
+    return true;
+  };
+  auto start_transfers = [&](std::size_t sub, bool is_read) -> Status {
+    const SubGroup& sg = plan[sub];
+    const StreamedSegment& seg = segments[sg.segment];
+    if (sg.count == 0) return Status::ok();
     (is_read ? read_owner : write_owner)[sub % nb] = sub;
     const auto offset = static_cast<std::uint64_t>(sg.begin) * sizeof(float);
     for (int k = 0; k < kStateArrays; ++k) {
@@ -220,18 +249,22 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
         h = swap_->read(extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
         report.bytes_read += sg.io_bytes;
       } else {
-        h = swap_->write(extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
+        h = swap_->write(out_extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
         report.bytes_written += sg.io_bytes;
       }
     }
-    if (is_read && seg.grad_extent.valid()) {
+    const io::Extent& grad_extent = grads[sg.segment].grad_extent;
+    if (is_read && grad_extent.valid()) {
       const auto esize = static_cast<std::int64_t>(dtype_size(seg.grad_dtype));
       const auto bytes = static_cast<std::size_t>(round_up(sg.count * esize, io::kIoAlignBytes));
-      reads[sub % nb][kGradArray] =
-          swap_->read(seg.grad_extent, static_cast<std::uint64_t>(sg.begin * esize),
-                      slot(sub, kGradArray), bytes);
+      STRATA_CHECK(grad_extent.size_bytes >= static_cast<std::uint64_t>(round_up(
+                                                 seg.num_elems * esize, io::kIoAlignBytes)),
+                   "StreamedAdam: extent too small", seg.name, kArrayNames[kGradArray]);
+      reads[sub % nb][kGradArray] = swap_->read(
+          grad_extent, static_cast<std::uint64_t>(sg.begin * esize), slot(sub, kGradArray), bytes);
       report.bytes_read += bytes;
     }
+    return Status::ok();
   };
 
   Status error;
@@ -239,10 +272,18 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
   void* param_out = nullptr;  // of the segment being updated
   for (std::size_t i = 0; i < plan.size() && error.is_ok(); ++i) {
     // Keep `lookahead` sub-groups of reads in flight; a slot is reused once written back.
+    // Reads ahead do not wait for a gradient that is still to come; the update of the
+    // sub-group does.
     for (; next_read < plan.size() && next_read <= i + lookahead; ++next_read) {
+      auto go = gradient_ready(next_read, /*wait=*/next_read == i);
+      if (!go.is_ok()) {
+        error = go.status();
+        break;
+      }
+      if (!*go) break;
       if (next_read >= nb) error = wait_slot(writes, next_read - nb, false);
+      if (error.is_ok()) error = start_transfers(next_read, true);
       if (!error.is_ok()) break;
-      start_transfers(next_read, true);
     }
     if (!error.is_ok()) break;
     error = wait_slot(reads, i, true);
@@ -266,9 +307,9 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
       a.param = slot(i, 0);
       a.exp_avg = slot(i, 1);
       a.exp_avg_sq = slot(i, 2);
-      a.grad = seg.grad_extent.valid()
+      a.grad = grads[sg.segment].grad_extent.valid()
                    ? static_cast<const void*>(slot(i, kGradArray))
-                   : static_cast<const std::byte*>(seg.grad) +
+                   : static_cast<const std::byte*>(grads[sg.segment].grad) +
                          static_cast<std::size_t>(sg.begin) * dtype_size(seg.grad_dtype);
       a.grad_dtype = seg.grad_dtype;
       a.n = sg.count;
@@ -283,8 +324,8 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
       STRATA_CHECK(outcome == StepOutcome::kUpdated, "unchecked step skipped");
       report.compute_s += compute.elapsed_s();
     }
-    start_transfers(i, false);
-    if (sg.last && on_segment_done) error = on_segment_done(sg.segment);
+    error = start_transfers(i, false);
+    if (error.is_ok() && sg.last && on_segment_done) error = on_segment_done(sg.segment);
   }
   // Drain everything still in flight (the staging buffers must outlive their transfers); the
   // last write-backs finish here, so their errors count too.

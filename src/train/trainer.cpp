@@ -1,6 +1,7 @@
 // Trainer: wires config -> device, swap space, the ZeRO provider, model, data; runs the loop.
 #include "strata/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -51,6 +52,8 @@ Json StepMetrics::to_json() const {
               {"stall_ms", stall_ms},
               {"optimizer_ms", optimizer_ms},
               {"optimizer_exposed_ms", optimizer_exposed_ms},
+              {"optimizer_guessed", guessed},
+              {"optimizer_redone", redone},
               {"h2d_busy_ms", h2d_busy_ms},
               {"d2h_busy_ms", d2h_busy_ms},
               {"nvme_read_busy_ms", nvme_read_busy_ms},
@@ -296,6 +299,10 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
       STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
                                                inputs.data() + i * seq, targets.data() + i * seq));
     }
+    // The last micro-batch's gradients are final as they come: the update may start with them.
+    if (micro == accum - 1) {
+      provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
+    }
     STRATA_ASSIGN_OR_RETURN(
         float loss, model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
                                             1.0f / static_cast<float>(accum * world)));
@@ -312,7 +319,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
   if (!std::isfinite(m.grad_norm)) {
     m.skipped = true;
-    provider->zero_grads();
+    STRATA_RETURN_IF_ERROR(provider->zero_grads());
     log_warning("step " + std::to_string(m.step) +
                 ": gradient norm is not finite; skipping the update");
   } else {
@@ -327,6 +334,8 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   const zero::EngineStats& after = provider->engine().stats();
   m.optimizer_ms = after.optimizer_total_ms - before.optimizer_total_ms;
   m.optimizer_exposed_ms = after.optimizer_exposed_ms - before.optimizer_exposed_ms;
+  m.guessed = after.steps_guessed > before.steps_guessed;
+  m.redone = after.steps_redone > before.steps_redone;
   m.wait_ms = after.wait_ms - before.wait_ms;
   m.stall_ms = after.stall_ms - before.stall_ms;
   const auto busy = timeline->busy_ms();
@@ -387,13 +396,18 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   std::snprintf(
       buf, sizeof(buf),
       "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
-      "(compute %.0f, wait %.0f, stall %.0f, optim %.0f, exposed %.0f) | "
+      "(compute %.0f, wait %.0f, stall %.0f, optim %.0f, hidden %.0f, exposed %.0f%s) | "
       "busy ms h2d %.0f d2h %.0f nvme r %.0f w %.0f | moved h2d %s d2h %s nvme r %s w %s | "
       "peak device %s host %s nvme %s rss %s | comm %s",
       static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr, m.grad_norm,
       m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms, m.wait_ms, m.stall_ms,
-      m.optimizer_ms, m.optimizer_exposed_ms, m.h2d_busy_ms, m.d2h_busy_ms, m.nvme_read_busy_ms,
-      m.nvme_write_busy_ms, format_bytes(m.h2d_bytes).c_str(), format_bytes(m.d2h_bytes).c_str(),
+      m.optimizer_ms, std::max(0.0, m.optimizer_ms - m.optimizer_exposed_ms),
+      m.optimizer_exposed_ms,
+      m.redone    ? ", redone"
+      : m.guessed ? ", beside backward"
+                  : "",
+      m.h2d_busy_ms, m.d2h_busy_ms, m.nvme_read_busy_ms, m.nvme_write_busy_ms,
+      format_bytes(m.h2d_bytes).c_str(), format_bytes(m.d2h_bytes).c_str(),
       format_bytes(m.nvme_read_bytes).c_str(), format_bytes(m.nvme_write_bytes).c_str(),
       format_bytes(m.peak_device_bytes).c_str(), format_bytes(m.peak_host_bytes).c_str(),
       format_bytes(m.peak_nvme_bytes).c_str(), format_bytes(m.peak_rss_bytes).c_str(),

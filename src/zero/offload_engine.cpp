@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "strata/core/clock.h"
@@ -19,6 +20,11 @@ struct OffloadEngine::Group {
   mem::Handle master = mem::Handle::kInvalid;
   mem::Handle exp_avg = mem::Handle::kInvalid;
   mem::Handle exp_avg_sq = mem::Handle::kInvalid;
+  // The shadow state (plan.shadow_state): what the next step writes; swapped with the above
+  // when that step is done.
+  mem::Handle master_next = mem::Handle::kInvalid;
+  mem::Handle exp_avg_next = mem::Handle::kInvalid;
+  mem::Handle exp_avg_sq_next = mem::Handle::kInvalid;
   // Kept gradients (plan.keep_gradients): the gradient itself, homed where the plan keeps
   // gradients. Otherwise this micro-batch's gradient in transit (a transient tensor), added
   // into `grad_acc`, the fp32 accumulator.
@@ -53,6 +59,7 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamL
   po.activation_bytes = options.activation_bytes;
   po.sub_group_size = options.sub_group_size;
   po.has_swap = swap != nullptr;
+  po.overlap = options.overlap;
   STRATA_ASSIGN_OR_RETURN(MemoryPlan plan, make_plan(layout, po));
   std::unique_ptr<OffloadEngine> engine(
       new OffloadEngine(layout, device, swap, options, std::move(plan)));
@@ -112,6 +119,14 @@ Status OffloadEngine::create_store() {
     STRATA_ASSIGN_OR_RETURN(g->master, add("master weights of " + name, g->f32_bytes, opt));
     STRATA_ASSIGN_OR_RETURN(g->exp_avg, add("exp_avg of " + name, g->f32_bytes, opt));
     STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq, add("exp_avg_sq of " + name, g->f32_bytes, opt));
+    if (plan_.shadow_state) {
+      STRATA_ASSIGN_OR_RETURN(g->master_next,
+                              add("master weights of " + name + " (shadow)", g->f32_bytes, opt));
+      STRATA_ASSIGN_OR_RETURN(g->exp_avg_next,
+                              add("exp_avg of " + name + " (shadow)", g->f32_bytes, opt));
+      STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq_next,
+                              add("exp_avg_sq of " + name + " (shadow)", g->f32_bytes, opt));
+    }
     if (plan_.keep_gradients) {
       STRATA_ASSIGN_OR_RETURN(g->grad, add("gradient of " + name, g->work_bytes, plan_.gradients));
     } else {
@@ -120,8 +135,6 @@ Status OffloadEngine::create_store() {
       STRATA_ASSIGN_OR_RETURN(
           g->grad_acc, add("gradient accumulator of " + name, g->f32_bytes, plan_.gradients));
     }
-    step_groups_.push_back(StepGroup{name, g->n, g->master, g->exp_avg, g->exp_avg_sq,
-                                     plan_.keep_gradients ? g->grad : g->grad_acc});
     groups_.push_back(std::move(g));
   }
   if (opt == Tier::kDevice && options_.compute_dtype != DType::kF32) {
@@ -140,7 +153,8 @@ Status OffloadEngine::create_store() {
       group_of_work_[mem::handle_index(groups_[gi]->work)] = gi;
     }
     po.may_prefetch = [this](mem::Handle h) {
-      if (!step_thread_.joinable()) return true;
+      // A guessed update writes only groups whose backward is done.
+      if (!step_thread_.joinable() || phase_ == Phase::kGuessing) return true;
       std::lock_guard lock(step_mu_);
       return static_cast<bool>(updated_[group_of_work_.at(mem::handle_index(h))]);
     };
@@ -218,7 +232,9 @@ void OffloadEngine::release_params(int group) {
 // ---- gradients ----
 
 Result<void*> OffloadEngine::acquire_grads(int group) {
-  STRATA_RETURN_IF_ERROR(finish_step());  // the step still reads this step's gradients
+  // The last step still reads its gradients; a guessed one starts with this step's first.
+  if (phase_ != Phase::kGuessing) STRATA_RETURN_IF_ERROR(finish_step());
+  if (std::exchange(armed_, false)) start_guess();
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
   if (plan_.keep_gradients && g.has_grad) {
@@ -298,10 +314,12 @@ Status OffloadEngine::release_grads(int group) {
     g.sum_squares = device_.ops().sum_squares(src, g.n, dtype);
     g.has_grad = true;
   }
-  // Off the device while the next layer's backward runs: home (kept), or to the host to be
-  // accumulated.
+  // Off the device while the next layer's backward runs: home (kept), to the host for a
+  // guessed update to read it there (kept, guessing), or to the host to be accumulated.
   store_->unpin(g.grad, Tier::kDevice);
-  STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.grad, Tier::kDevice));
+  const bool to_host = plan_.keep_gradients && phase_ == Phase::kGuessing;
+  STRATA_ASSIGN_OR_RETURN(mem::Completion done, to_host ? store_->fetch(g.grad, Tier::kHost)
+                                                        : store_->evict(g.grad, Tier::kDevice));
   pending_grads_.push_back(PendingGrad{group, std::move(done)});
   // Keep at most one transfer behind the compute: its copy is the store's to budget.
   while (pending_grads_.size() > 1) STRATA_RETURN_IF_ERROR(drain_one_grad());
@@ -313,7 +331,15 @@ Status OffloadEngine::drain_one_grad() {
   pending_grads_.pop_front();
   Group& g = *groups_[static_cast<std::size_t>(p.group)];
   Status s = store_->wait(p.done);
-  if (plan_.keep_gradients) return s;  // it is home
+  if (plan_.keep_gradients) {
+    if (!s.is_ok() || phase_ != Phase::kGuessing) return s;  // it is home
+    // Its host copy is valid: the device copy goes (written home first if the store dropped
+    // the host copy meanwhile), and the guessed update may have it.
+    STRATA_ASSIGN_OR_RETURN(mem::Completion home, store_->evict(g.grad, Tier::kDevice));
+    writebacks_.push_back(std::move(home));
+    mark_final(static_cast<std::size_t>(p.group));
+    return Status::ok();
+  }
   if (!s.is_ok()) {
     store_->discard(g.grad).ignore();
     return s;
@@ -341,7 +367,9 @@ Status OffloadEngine::drain_one_grad() {
   }
   store_->unpin(g.grad, Tier::kHost);
   STRATA_RETURN_IF_ERROR(store_->discard(g.grad));
-  if (plan_.gradients != Tier::kHost) {  // back to its home (NVMe) while compute goes on
+  if (phase_ == Phase::kGuessing) {  // final: the guessed update reads the host copy
+    mark_final(static_cast<std::size_t>(p.group));
+  } else if (plan_.gradients != Tier::kHost) {  // back to its home (NVMe) while compute goes on
     STRATA_ASSIGN_OR_RETURN(mem::Completion home, store_->evict(g.grad_acc, Tier::kHost));
     writebacks_.push_back(std::move(home));
   }
@@ -358,13 +386,28 @@ Status OffloadEngine::wait_writebacks() {
   return first;
 }
 
+void OffloadEngine::begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
+  if (plan_.overlap != OptimizerOverlap::kBackward || last_clipped_) return;
+  STRATA_CHECK(phase_ != Phase::kGuessing, "begin_last_micro_batch while a guess runs");
+  guess_lr_ = lr;
+  guess_step_ = step;
+  guess_keeps_grads_ = may_clip;
+  armed_ = true;  // the guess starts with the micro-batch's first gradient
+}
+
 Status OffloadEngine::finish_micro_batch() {
-  Status first = finish_step();
+  Status first = phase_ == Phase::kGuessing ? Status::ok() : finish_step();
   while (!pending_grads_.empty()) {
     Status s = drain_one_grad();
     if (!s.is_ok() && first.is_ok()) first = s;
   }
   if (Status s = wait_writebacks(); !s.is_ok() && first.is_ok()) first = s;
+  armed_ = false;  // no gradient at all: nothing to guess
+  if (phase_ == Phase::kGuessing) {
+    // Backward is over: every gradient is final, zeros where none came.
+    if (Status s = give_zero_grads(); !s.is_ok() && first.is_ok()) first = s;
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) mark_final(gi);
+  }
   // The end of a pass: the scheduler settles its prefetches and drops what it kept, since the
   // optimizer may rewrite the working copies before the next pass.
   if (sched_) sched_->end_pass();
@@ -378,7 +421,7 @@ Status OffloadEngine::finish_micro_batch() {
 
 Result<double> OffloadEngine::grad_sum_squares(int group) {
   STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
-  STRATA_RETURN_IF_ERROR(finish_step());
+  if (phase_ != Phase::kGuessing) STRATA_RETURN_IF_ERROR(finish_step());
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (!g.has_grad) return 0.0;
   if (plan_.optimizer != Tier::kDevice) return g.sum_squares;
@@ -397,12 +440,21 @@ Result<double> OffloadEngine::grad_norm() {
   return std::sqrt(sum);
 }
 
-void OffloadEngine::zero_grads() {
+Status OffloadEngine::zero_grads() {
+  Status s;
+  if (phase_ == Phase::kGuessing) {
+    s = abandon_guess();
+    ++stats_.steps_guessed;
+    ++stats_.steps_rolled_back;
+  }
   STRATA_CHECK(!step_thread_.joinable(), "zero_grads while an optimizer step runs");
+  armed_ = false;
+  last_clipped_ = true;  // a skipped step says little about the next: do not guess it
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
   }
+  return s;
 }
 
 Status OffloadEngine::give_zero_grads() {
@@ -425,18 +477,42 @@ Result<void*> OffloadEngine::open_output(Group& g, Tier tier) {
   return store_->emplace(g.work, tier, /*zero_fill=*/false);
 }
 
-Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks) {
+Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks,
+                                   bool keep_host_copy) {
   store_->mark_dirty(g.work, tier);
   store_->unpin(g.work, tier);
-  if (store_->spec(g.work).home == tier) return Status::ok();
-  // Home on the copy streams (NVMe, or the device) while the next group is updated.
-  STRATA_ASSIGN_OR_RETURN(mem::Completion done, store_->evict(g.work, tier));
+  const Tier home = store_->spec(g.work).home;
+  if (home == tier) return Status::ok();
+  // Home on the copy streams (NVMe, or the device) while the next group is updated. A step's
+  // host copy on its way to NVMe stays as a clean copy, so the next forward can take it from
+  // host memory while the store has room for it (clean copies go first when room is needed).
+  const bool keep = keep_host_copy && home == Tier::kNvme && tier == Tier::kHost;
+  STRATA_ASSIGN_OR_RETURN(mem::Completion done,
+                          keep ? store_->fetch(g.work, Tier::kNvme) : store_->evict(g.work, tier));
   writebacks.push_back(std::move(done));
   return Status::ok();
 }
 
 Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
-  STRATA_RETURN_IF_ERROR(finish_step());
+  bool redo = false;  // the working copies a guess touched stay touched: the redo rewrites them
+  if (phase_ == Phase::kGuessing) {
+    const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == 1.0f;
+    last_clipped_ = grad_scale != 1.0f;
+    ++stats_.steps_guessed;
+    if (holds) {  // the guess is the step: it runs on into the next forward
+      phase_ = Phase::kRunning;
+      return Status::ok();
+    }
+    // The scale differs (clipping): the state before the step is intact in the shadow scheme;
+    // stop the guess and redo the step from it with the gradients kept for this.
+    STRATA_CHECK(guess_keeps_grads_, "a redo of a guess that did not keep its gradients");
+    STRATA_RETURN_IF_ERROR(abandon_guess(/*restore=*/false));
+    ++stats_.steps_redone;
+    redo = true;
+  } else {
+    STRATA_RETURN_IF_ERROR(finish_step());
+    last_clipped_ = grad_scale != 1.0f;
+  }
   STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
@@ -444,19 +520,21 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
   {
     std::lock_guard lock(step_mu_);
     updated_.assign(groups_.size(), false);
+    if (!redo) touched_.assign(groups_.size(), false);
     step_done_ = false;
     step_status_ = Status::ok();
   }
-  if (options_.overlap == OptimizerOverlap::kNone || plan_.optimizer == Tier::kDevice) {
-    Status s = run_step(args);
+  if (plan_.overlap == OptimizerOverlap::kNone) {
+    Status s = run_step(args, /*guess=*/false);
     {
       std::lock_guard lock(step_mu_);
       step_done_ = true;
     }
     return end_step(std::move(s));
   }
+  phase_ = Phase::kRunning;
   step_thread_ = std::thread([this, args] {
-    Status s = run_step(args);
+    Status s = run_step(args, /*guess=*/false);
     std::lock_guard lock(step_mu_);
     step_status_ = std::move(s);
     step_done_ = true;
@@ -465,16 +543,136 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
   return Status::ok();
 }
 
-// Every group in layout order (the order the forward needs them), each new working copy sent
-// home as soon as it is written; returns once they are all home.
-Status OffloadEngine::run_step(const device::AdamWArgs& args) {
+void OffloadEngine::start_guess() {
+  {
+    std::lock_guard lock(step_mu_);
+    updated_.assign(groups_.size(), false);
+    touched_.assign(groups_.size(), false);
+    ready_.assign(groups_.size(), false);
+    cancel_ = false;
+    step_done_ = false;
+    step_status_ = Status::ok();
+  }
+  const device::AdamWArgs args = optim::make_adamw_args(options_.adam, guess_lr_, guess_step_, 1);
+  phase_ = Phase::kGuessing;
+  step_thread_ = std::thread([this, args] {
+    Status s = run_step(args, /*guess=*/true);
+    std::lock_guard lock(step_mu_);
+    step_status_ = std::move(s);
+    step_done_ = true;
+    step_cv_.notify_all();
+  });
+}
+
+void OffloadEngine::mark_final(std::size_t group) {
+  {
+    std::lock_guard lock(step_mu_);
+    ready_[group] = true;
+  }
+  step_cv_.notify_all();
+}
+
+Status OffloadEngine::abandon_guess(bool restore) {
+  {
+    std::lock_guard lock(step_mu_);
+    cancel_ = true;
+  }
+  step_cv_.notify_all();
+  Stopwatch wait;
+  step_thread_.join();
+  stats_.optimizer_exposed_ms += wait.elapsed_ms();
+  stats_.optimizer_total_ms += step_ms_;
+  phase_ = Phase::kIdle;
+  Status guess;
+  std::vector<bool> written;
+  {
+    std::lock_guard lock(step_mu_);
+    guess = step_status_;
+    written = touched_;
+  }
+  stats_.nvme_read_bytes += optimizer_->bytes_read();
+  stats_.nvme_write_bytes += optimizer_->bytes_written();
+  // The state is as before the step (the guess wrote the shadow copy); the working copies the
+  // guess wrote go back to what that state says, unless a redo is about to rewrite them all.
+  const bool failed = !guess.is_ok() && guess.code() != StatusCode::kCancelled;
+  Status s = restore || failed ? restore_working_copies(written) : Status::ok();
+  absorb_store_stats();
+  // The guess's own error (it read or wrote the state) comes first; being stopped is none.
+  return failed ? guess : s;
+}
+
+Status OffloadEngine::restore_working_copies(const std::vector<bool>& groups) {
+  Status s;
+  for (std::size_t gi = 0; gi < groups_.size() && s.is_ok(); ++gi) {
+    if (!groups[gi]) continue;
+    Group& g = *groups_[gi];
+    auto master = store_->acquire(g.master, Tier::kHost);
+    s = master.status();
+    if (!master.is_ok()) break;
+    s = write_working_copy(g, static_cast<const float*>(*master));
+    store_->unpin(g.master, Tier::kHost);
+  }
+  if (Status w = wait_writebacks(); s.is_ok()) s = w;
+  return s;
+}
+
+Status OffloadEngine::write_working_copy(Group& g, const float* master) {
+  STRATA_ASSIGN_OR_RETURN(void* out, open_output(g, Tier::kHost));
+  convert(master, DType::kF32, out, options_.compute_dtype, static_cast<std::size_t>(g.n));
+  return close_output(g, Tier::kHost, writebacks_);
+}
+
+// Every group in layout order (the order the forward needs them), or as a guess in backward
+// order as each gradient becomes final; each new working copy is sent home as soon as it is
+// written; returns once they are all home.
+Status OffloadEngine::run_step(const device::AdamWArgs& args, bool guess) {
   Stopwatch timer;
   update_span_ns_ = now_ns();
-  const auto close = [this](std::size_t gi, Tier tier) {
-    Status s = close_output(*groups_[gi], tier, step_writebacks_);
+  std::vector<StepGroup> groups;
+  for (const auto& gp : groups_) {
+    const Group& g = *gp;
+    StepGroup sg{g.spec->name, g.n, g.master, g.exp_avg, g.exp_avg_sq, step_grad(g)};
+    if (plan_.shadow_state) {
+      sg.master_out = g.master_next;
+      sg.exp_avg_out = g.exp_avg_next;
+      sg.exp_avg_sq_out = g.exp_avg_sq_next;
+    }
+    groups.push_back(std::move(sg));
+  }
+  std::vector<std::size_t> order;
+  if (guess) {
+    for (std::size_t gi = groups_.size(); gi-- > 0;) order.push_back(gi);
+  }
+  // Working copies opened and not yet closed: a step that stops between the two unpins them.
+  std::vector<std::optional<Tier>> open(groups_.size());
+  const auto open_one = [this, &open](std::size_t gi, Tier tier) -> Result<void*> {
+    {
+      std::lock_guard lock(step_mu_);
+      touched_[gi] = true;  // emplace drops the old data even if the update never comes
+    }
+    auto out = open_output(*groups_[gi], tier);
+    if (out.is_ok()) open[gi] = tier;
+    return out;
+  };
+  const auto close = [this, guess, &open](std::size_t gi, Tier tier) {
+    Group& g = *groups_[gi];
+    open[gi].reset();
+    Status s = close_output(g, tier, step_writebacks_, /*keep_host_copy=*/true);
+    // The gradient is spent, unless a redo may need it: then it goes home like any other.
+    if (s.is_ok() && guess && guess_keeps_grads_) {
+      const mem::Handle h = step_grad(g);
+      if (store_->spec(h).home != Tier::kHost) {
+        auto home = store_->evict(h, Tier::kHost);
+        s = home.status();
+        if (home.is_ok()) step_writebacks_.push_back(std::move(*home));
+      }
+    } else if (s.is_ok()) {
+      s = store_->discard(step_grad(g));
+    }
     const std::int64_t end = now_ns();
     if (options_.timeline != nullptr) {
-      options_.timeline->add(mem::Lane::kCpuOptimizer, "update " + groups_[gi]->spec->name,
+      options_.timeline->add(mem::Lane::kCpuOptimizer,
+                             (guess ? "update (guessed) " : "update ") + g.spec->name,
                              update_span_ns_, end);
     }
     update_span_ns_ = end;
@@ -485,13 +683,33 @@ Status OffloadEngine::run_step(const device::AdamWArgs& args) {
     step_cv_.notify_all();
     return s;
   };
-  const StepIo io{*store_,
-                  step_groups_,
-                  plan_.keep_gradients ? options_.compute_dtype : DType::kF32,
-                  options_.compute_dtype,
-                  [this](std::size_t gi, Tier tier) { return open_output(*groups_[gi], tier); },
-                  close};
+  const auto ready = [this](std::size_t gi, bool wait) -> Result<bool> {
+    {
+      std::unique_lock lock(step_mu_);
+      if (wait) step_cv_.wait(lock, [&] { return ready_[gi] || cancel_; });
+      if (!cancel_) {
+        const bool final = ready_[gi];
+        lock.unlock();
+        // The group's update starts once its gradient is final, or the last one has ended.
+        if (final) update_span_ns_ = std::max(update_span_ns_, now_ns());
+        return final;
+      }
+    }
+    return Status(StatusCode::kCancelled, "the guessed optimizer step was abandoned");
+  };
+  StepIo io{*store_,
+            groups,
+            plan_.keep_gradients ? options_.compute_dtype : DType::kF32,
+            options_.compute_dtype,
+            open_one,
+            close,
+            order,
+            {}};
+  if (guess) io.ready = ready;
   Status s = optimizer_->run(io, args);
+  for (std::size_t gi = 0; gi < open.size(); ++gi) {
+    if (open[gi]) store_->unpin(groups_[gi]->work, *open[gi]);
+  }
   for (const mem::Completion& c : step_writebacks_) {
     Status w = store_->wait(c);
     if (s.is_ok()) s = w;
@@ -505,23 +723,40 @@ Status OffloadEngine::end_step(Status s) {
   stats_.nvme_read_bytes += optimizer_->bytes_read();
   stats_.nvme_write_bytes += optimizer_->bytes_written();
   absorb_store_stats();
-  STRATA_RETURN_IF_ERROR(s);
+  stats_.optimizer_total_ms += step_ms_;
+  // The serial schedule hides nothing: compute waits for all of it.
+  if (plan_.overlap == OptimizerOverlap::kNone) stats_.optimizer_exposed_ms += step_ms_;
+  if (!s.is_ok()) {
+    for (auto& g : groups_) g->has_grad = false;  // the step consumed some: start afresh
+    // With the shadow state the state before the step is intact: the working copies the step
+    // wrote go back to it, so the engine is as it was. Without, the state may be part updated.
+    if (!plan_.shadow_state) return s;
+    std::vector<bool> touched;
+    {
+      std::lock_guard lock(step_mu_);
+      touched = touched_;
+    }
+    (void)restore_working_copies(touched);  // the step's own error is the one to report
+    return s;
+  }
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
-  }
-  stats_.optimizer_total_ms += step_ms_;
-  // The serial schedule hides nothing: compute waits for all of it.
-  if (options_.overlap == OptimizerOverlap::kNone || plan_.optimizer == Tier::kDevice) {
-    stats_.optimizer_exposed_ms += step_ms_;
+    if (plan_.shadow_state) {  // the step is done: its state is the state
+      std::swap(g->master, g->master_next);
+      std::swap(g->exp_avg, g->exp_avg_next);
+      std::swap(g->exp_avg_sq, g->exp_avg_sq_next);
+    }
   }
   return device_.last_error();
 }
 
 Status OffloadEngine::finish_step() {
+  if (phase_ == Phase::kGuessing) return abandon_guess();  // nobody will call step(): unwind
   if (!step_thread_.joinable()) return Status::ok();
   Stopwatch wait;
   step_thread_.join();
+  phase_ = Phase::kIdle;
   stats_.optimizer_exposed_ms += wait.elapsed_ms();
   Status s;
   {
@@ -532,7 +767,8 @@ Status OffloadEngine::finish_step() {
 }
 
 Status OffloadEngine::wait_update(int group) {
-  if (!step_thread_.joinable()) return Status::ok();
+  // A guess updates only groups whose backward is done; the forward after it waits.
+  if (!step_thread_.joinable() || phase_ == Phase::kGuessing) return Status::ok();
   Stopwatch wait;
   bool updated = false;
   {
@@ -555,14 +791,7 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
     // source; the working copy converted from it the same way.
     STRATA_ASSIGN_OR_RETURN(void* master, store_->emplace(g.master, Tier::kHost, true));
     Status s = source(*g.spec, static_cast<float*>(master));
-    if (s.is_ok()) {
-      auto out = open_output(g, Tier::kHost);
-      s = out.status();
-      if (out.is_ok()) {
-        convert(master, DType::kF32, *out, options_.compute_dtype, static_cast<std::size_t>(g.n));
-        s = close_output(g, Tier::kHost, writebacks_);
-      }
-    }
+    if (s.is_ok()) s = write_working_copy(g, static_cast<const float*>(master));
     store_->unpin(g.master, Tier::kHost);
     STRATA_RETURN_IF_ERROR(s);
     if (store_->spec(g.master).home != Tier::kHost) {
@@ -573,7 +802,8 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
     STRATA_RETURN_IF_ERROR(store_->fill_zero(g.exp_avg_sq));
     STRATA_RETURN_IF_ERROR(wait_writebacks());
   }
-  zero_grads();
+  STRATA_RETURN_IF_ERROR(zero_grads());
+  last_clipped_ = false;
   // The host copies loading passed through are not made again in training: give them back.
   store_->trim_host_cache();
   absorb_store_stats();

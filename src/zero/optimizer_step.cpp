@@ -1,6 +1,7 @@
 // OptimizerStep: AdamW in place on the device or in host memory, or streamed from NVMe.
 #include "strata/zero/optimizer_step.h"
 
+#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -10,7 +11,16 @@
 namespace strata::zero {
 namespace {
 
-// Device or host: every array pinned where it lives, one group after another.
+// The groups in the order the step updates them.
+std::vector<std::size_t> step_order(const StepIo& io) {
+  if (!io.order.empty()) return {io.order.begin(), io.order.end()};
+  std::vector<std::size_t> order(io.groups.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  return order;
+}
+
+// Device or host: every array pinned where it lives, one group after another; with shadow
+// state, the state is copied to the shadow and updated there.
 class InPlaceStep final : public OptimizerStep {
  public:
   // `cpu_adam` null: the device's adamw op on device-resident state.
@@ -19,15 +29,40 @@ class InPlaceStep final : public OptimizerStep {
 
   Status run(const StepIo& io, const device::AdamWArgs& base) override {
     const Tier tier = cpu_adam_ ? Tier::kHost : Tier::kDevice;
-    for (std::size_t gi = 0; gi < io.groups.size(); ++gi) {
+    for (const std::size_t gi : step_order(io)) {
+      if (io.ready) STRATA_RETURN_IF_ERROR(io.ready(gi, /*wait=*/true).status());
       const StepGroup& g = io.groups[gi];
-      const mem::Handle state[] = {g.master, g.exp_avg, g.exp_avg_sq};
+      const mem::Handle in[] = {g.master, g.exp_avg, g.exp_avg_sq};
+      const mem::Handle shadow[] = {g.master_out, g.exp_avg_out, g.exp_avg_sq_out};
+      const bool shadowed = g.master_out != mem::Handle::kInvalid;
+      STRATA_CHECK(!shadowed || tier == Tier::kHost, "shadow state on the device", g.name);
+      const mem::Handle* out = shadowed ? shadow : in;
       void* ptr[3] = {};
-      for (int k = 0; k < 3; ++k) {
-        STRATA_ASSIGN_OR_RETURN(ptr[k], io.store.acquire(state[k], tier));
+      Status s = [&]() -> Status {
+        for (int k = 0; k < 3; ++k) {
+          STRATA_ASSIGN_OR_RETURN(void* src, io.store.acquire(in[k], tier));
+          if (!shadowed) {
+            ptr[k] = src;
+            continue;
+          }
+          auto dst = io.store.emplace(out[k], tier, /*zero_fill=*/false);
+          if (dst.is_ok()) {
+            std::memcpy(*dst, src, static_cast<std::size_t>(g.num_elems) * sizeof(float));
+            ptr[k] = *dst;
+          }
+          io.store.unpin(in[k], tier);
+          STRATA_RETURN_IF_ERROR(dst.status());
+        }
+        return Status::ok();
+      }();
+      if (!s.is_ok()) {
+        for (int k = 0; k < 3; ++k) {
+          if (ptr[k] != nullptr) io.store.unpin(out[k], tier);
+        }
+        return s;
       }
       STRATA_ASSIGN_OR_RETURN(void* grad, io.store.acquire(g.grad, tier));
-      STRATA_ASSIGN_OR_RETURN(void* out, io.open_output(gi, tier));
+      STRATA_ASSIGN_OR_RETURN(void* param_out, io.open_output(gi, tier));
       device::AdamWArgs a = base;
       a.param = static_cast<float*>(ptr[0]);
       a.exp_avg = static_cast<float*>(ptr[1]);
@@ -35,7 +70,7 @@ class InPlaceStep final : public OptimizerStep {
       a.grad = grad;
       a.grad_dtype = io.grad_dtype;
       a.n = g.num_elems;
-      a.param_out = out;
+      a.param_out = param_out;
       a.out_dtype = io.out_dtype;
       if (cpu_adam_) {
         // No finite scan: the trainer skips a step whose gradient norm is not finite, so a
@@ -45,9 +80,9 @@ class InPlaceStep final : public OptimizerStep {
       } else {
         device_.ops().adamw(a);
       }
-      for (const mem::Handle h : state) {
-        io.store.mark_dirty(h, tier);
-        io.store.unpin(h, tier);
+      for (int k = 0; k < 3; ++k) {
+        io.store.mark_dirty(out[k], tier);
+        io.store.unpin(out[k], tier);
       }
       io.store.unpin(g.grad, tier);
       STRATA_RETURN_IF_ERROR(io.close_output(gi, tier));
@@ -61,8 +96,9 @@ class InPlaceStep final : public OptimizerStep {
 };
 
 // NVMe: the state streams through optim::StreamedAdam in sub-groups (read i+1 while i is
-// updated and i-1 written back) straight on the store's NVMe homes, gradients with it when they
-// live there too; each group's working copy is written to a host copy and sent home as soon as
+// updated and i-1 written back) straight on the store's NVMe homes (written to the shadow
+// homes when there are some), each gradient with it from its host copy or, when it has none,
+// its NVMe home; each group's working copy is written to a host copy and sent home as soon as
 // the group is done.
 class StreamedStep final : public OptimizerStep {
  public:
@@ -83,52 +119,82 @@ class StreamedStep final : public OptimizerStep {
 
   Status run(const StepIo& io, const device::AdamWArgs& base) override {
     read_ = written_ = 0;
+    const std::vector<std::size_t> order = step_order(io);
     std::vector<optim::StreamedSegment> segments;
     // Closed however the step ends: homes opened for direct I/O (and whether the step writes
-    // them: the gradients are only read), and gradients pinned in host memory.
+    // them), and each segment's gradient while the step holds it.
     std::vector<std::pair<mem::Handle, bool>> opened;
-    std::vector<mem::Handle> pinned;
     const auto open = [&](mem::Handle h, bool write, io::Extent& x) -> Status {
       STRATA_ASSIGN_OR_RETURN(x, io.store.begin_direct_io(h));
       opened.emplace_back(h, write);
       return Status::ok();
     };
+    enum class Held : std::uint8_t { kNone, kHost, kExtent };
+    std::vector<Held> held(order.size(), Held::kNone);
+    const auto let_go = [&](std::size_t si, bool ok) {
+      const mem::Handle h = io.groups[order[si]].grad;
+      if (held[si] == Held::kHost) io.store.unpin(h, Tier::kHost);
+      if (held[si] == Held::kExtent) io.store.end_direct_io(h, false, ok);
+      held[si] = Held::kNone;
+    };
     Status s;
-    for (const StepGroup& g : io.groups) {
+    for (const std::size_t gi : order) {
+      const StepGroup& g = io.groups[gi];
       optim::StreamedSegment seg;
       seg.name = g.name;
-      s = open(g.master, true, seg.master);
-      if (s.is_ok()) s = open(g.exp_avg, true, seg.exp_avg);
-      if (s.is_ok()) s = open(g.exp_avg_sq, true, seg.exp_avg_sq);
-      if (s.is_ok() && stream_grads_) s = open(g.grad, false, seg.grad_extent);
-      if (s.is_ok() && !stream_grads_) {
-        auto p = io.store.acquire(g.grad, Tier::kHost);
-        s = p.status();
-        if (p.is_ok()) {
-          seg.grad = *p;
-          pinned.push_back(g.grad);
-        }
-      }
+      const bool shadowed = g.master_out != mem::Handle::kInvalid;
+      s = open(g.master, !shadowed, seg.master);
+      if (s.is_ok()) s = open(g.exp_avg, !shadowed, seg.exp_avg);
+      if (s.is_ok()) s = open(g.exp_avg_sq, !shadowed, seg.exp_avg_sq);
+      if (s.is_ok() && shadowed) s = open(g.master_out, true, seg.master_out);
+      if (s.is_ok() && shadowed) s = open(g.exp_avg_out, true, seg.exp_avg_out);
+      if (s.is_ok() && shadowed) s = open(g.exp_avg_sq_out, true, seg.exp_avg_sq_out);
       if (!s.is_ok()) break;
       seg.grad_dtype = io.grad_dtype;
       seg.num_elems = g.num_elems;
       seg.out_dtype = io.out_dtype;
       segments.push_back(seg);
     }
+    // A segment's gradient once it is final: its host copy when it has a valid one, else
+    // (gradients homed on NVMe) read from the home with the state.
+    const auto ready = [&](std::size_t si,
+                           bool wait) -> Result<std::optional<optim::StreamedAdam::SegmentGrad>> {
+      const std::size_t gi = order[si];
+      if (io.ready) {
+        STRATA_ASSIGN_OR_RETURN(const bool final, io.ready(gi, wait));
+        if (!final) return std::optional<optim::StreamedAdam::SegmentGrad>();
+      }
+      const mem::Handle h = io.groups[gi].grad;
+      optim::StreamedAdam::SegmentGrad grad;
+      if (stream_grads_ && !io.store.residency(h).valid[static_cast<int>(Tier::kHost)]) {
+        STRATA_ASSIGN_OR_RETURN(grad.grad_extent, io.store.begin_direct_io(h));
+        held[si] = Held::kExtent;
+      } else {
+        STRATA_ASSIGN_OR_RETURN(grad.grad, io.store.acquire(h, Tier::kHost));
+        held[si] = Held::kHost;
+      }
+      return std::optional<optim::StreamedAdam::SegmentGrad>(grad);
+    };
     const bool ran = s.is_ok();  // else nothing was written: every home keeps its data
     if (ran) {
       auto report = streamed_->step(
-          segments, base, [&](std::size_t gi) { return io.close_output(gi, Tier::kHost); },
-          [&](std::size_t gi) { return io.open_output(gi, Tier::kHost); });
+          segments, base,
+          [&](std::size_t si) {
+            let_go(si, true);
+            return io.close_output(order[si], Tier::kHost);
+          },
+          [&](std::size_t si) { return io.open_output(order[si], Tier::kHost); }, ready);
       s = report.status();
       if (report.is_ok()) {
         read_ = report->bytes_read;
         written_ = report->bytes_written;
       }
     }
-    for (const mem::Handle h : pinned) io.store.unpin(h, Tier::kHost);
+    for (std::size_t si = 0; si < held.size(); ++si) let_go(si, true);
     for (const auto& [h, write] : opened) io.store.end_direct_io(h, write && ran, s.is_ok());
-    return s.is_ok() ? s : s.with_context("optimizer step on NVMe");
+    return s.is_ok() || s.code() == StatusCode::kCancelled
+               ? s
+               : s.with_context("optimizer step on NVMe");
   }
 
   std::uint64_t bytes_read() const override { return read_; }
@@ -142,10 +208,6 @@ class StreamedStep final : public OptimizerStep {
 };
 
 }  // namespace
-
-std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
-  return overlap == OptimizerOverlap::kNone ? "none" : "forward";
-}
 
 Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::Device& device,
                                                            io::SwapSpace* swap,

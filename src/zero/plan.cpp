@@ -22,6 +22,18 @@ std::string_view offload_name(Tier tier) {
   return "?";
 }
 
+std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
+  switch (overlap) {
+    case OptimizerOverlap::kNone:
+      return "none";
+    case OptimizerOverlap::kForward:
+      return "forward";
+    case OptimizerOverlap::kBackward:
+      return "backward";
+  }
+  return "?";
+}
+
 std::string_view tensor_kind_name(TensorKind kind) {
   switch (kind) {
     case TensorKind::kParameters:
@@ -62,6 +74,9 @@ std::string MemoryPlan::describe() const {
                   std::string(tier_name(optimizer)) + ", gradients " +
                   (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
                   std::string(tier_name(gradients)) + "\n";
+  s += "  optimizer step overlaps: " + std::string(optimizer_overlap_name(overlap)) +
+       (shadow_state ? " (shadow optimizer state)" : "") +
+       (overlap_note.empty() ? "" : "; " + overlap_note) + "\n";
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const std::string kinds = kinds_text(t);
     s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
@@ -87,8 +102,9 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const bool on_device = plan.optimizer == Tier::kDevice;
   // Homes.
   add(plan.params, TensorKind::kParameters, plan.params == Tier::kDevice ? z.work : z.work_io);
-  add(plan.optimizer, TensorKind::kMasterWeights, on_device ? z.f32 : z.f32_io);
-  add(plan.optimizer, TensorKind::kMoments, 2 * (on_device ? z.f32 : z.f32_io));
+  const std::uint64_t copies = plan.shadow_state ? 2 : 1;
+  add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.f32 : z.f32_io));
+  add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.f32 : z.f32_io));
   add(plan.gradients, TensorKind::kGradients,
       plan.keep_gradients ? z.work_io : (on_device ? z.f32 : z.f32_io));
   // In flight: one group's gradient being made on the device, the working copies the host
@@ -171,10 +187,27 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   const auto fits = [&] {
     return o.host_budget_bytes == 0 || plan.tier_bytes(Tier::kHost) <= o.host_budget_bytes;
   };
+  // The schedule: a device step is ordered on the device's stream; the guess beside backward
+  // needs the shadow state, on NVMe beside the state, in host memory only if the budget holds it.
+  plan.overlap = o.optimizer == Tier::kDevice ? OptimizerOverlap::kNone : o.overlap;
+  if (o.optimizer == Tier::kDevice && o.overlap != OptimizerOverlap::kNone) {
+    plan.overlap_note = "the optimizer runs on the device, ordered with compute on its stream";
+  }
+  plan.shadow_state = plan.overlap == OptimizerOverlap::kBackward;
   // Gradients live beside the optimizer; with the optimizer on NVMe, in host memory when the
   // host budget holds them there (no extra NVMe traffic), else on NVMe.
   place(o.optimizer == Tier::kNvme ? Tier::kHost : o.optimizer);
   if (!fits() && o.optimizer == Tier::kNvme) place(Tier::kNvme);
+  if (!fits() && o.optimizer == Tier::kHost && plan.shadow_state) {
+    plan.shadow_state = false;
+    plan.overlap = OptimizerOverlap::kForward;
+    plan.overlap_note = "a second copy of the optimizer state (" +
+                        format_bytes(plan.kind_bytes(Tier::kHost, TensorKind::kMasterWeights) +
+                                     plan.kind_bytes(Tier::kHost, TensorKind::kMoments)) +
+                        " with it) does not fit host_memory_limit, so the update overlaps the "
+                        "next forward only";
+    place(o.optimizer);
+  }
   if (!fits()) {
     return out_of_memory("host_memory_limit " + format_bytes(o.host_budget_bytes) +
                          " is too small: this plan needs " +

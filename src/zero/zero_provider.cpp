@@ -540,7 +540,7 @@ Result<double> ZeroProvider::grad_norm() {
   return std::sqrt(sum);
 }
 
-void ZeroProvider::zero_grads() { engine_->zero_grads(); }
+Status ZeroProvider::zero_grads() { return engine_->zero_grads(); }
 
 Status ZeroProvider::step(double lr, std::int64_t step, float grad_scale) {
   STRATA_RETURN_IF_ERROR(engine_->step(lr, step, grad_scale));

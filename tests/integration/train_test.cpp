@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -179,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(Precisions, OffloadEquivalence, ::testing::Values("fp32
 struct RunBits {
   std::vector<std::uint64_t> losses, norms;
   std::vector<bool> skipped;
-  std::string model, optimizer;  // the checkpoint's files, byte for byte
+  std::string model, optimizer;                  // the checkpoint's files, byte for byte
+  int guessed = 0, redone = 0, rolled_back = 0;  // steps, under optimizer_overlap "backward"
 };
 
 RunBits run_bits(const Json& j) {
@@ -193,6 +195,9 @@ RunBits run_bits(const Json& j) {
     b.losses.push_back(std::bit_cast<std::uint64_t>(m.loss));
     b.norms.push_back(std::bit_cast<std::uint64_t>(m.grad_norm));
     b.skipped.push_back(m.skipped);
+    b.guessed += m.guessed ? 1 : 0;
+    b.redone += m.redone ? 1 : 0;
+    b.rolled_back += m.guessed && m.skipped ? 1 : 0;
   }
   const std::string dir = (*t)->last_checkpoint();
   auto slurp = [](const std::string& path) {
@@ -205,21 +210,37 @@ RunBits run_bits(const Json& j) {
   return b;
 }
 
-// `j` run with optimizer_overlap "none" and then "forward", each saving under `dir`.
-std::pair<RunBits, RunBits> serial_and_overlapped(Json j, const TempDir& dir) {
-  j["optimizer_overlap"] = "none";
-  j["save_dir"] = dir.file("serial");
-  RunBits serial = run_bits(j);
-  j["optimizer_overlap"] = "forward";
-  j["save_dir"] = dir.file("overlap");
-  return {std::move(serial), run_bits(j)};
+// `j` run with optimizer_overlap "none", "forward" and "backward", each saving under `dir`.
+struct Schedules {
+  RunBits serial, forward, backward;
+};
+Schedules run_schedules(Json j, const TempDir& dir) {
+  Schedules r;
+  for (auto [name, into] : {std::pair{"none", &r.serial}, std::pair{"forward", &r.forward},
+                            std::pair{"backward", &r.backward}}) {
+    j["optimizer_overlap"] = name;
+    j["save_dir"] = dir.file(name);
+    *into = run_bits(j);
+  }
+  return r;
 }
 
-// optimizer_overlap "forward" runs each update beside the next forward; it must give the very
-// bits of the serial schedule: every placement with the optimizer off the device, gradient
-// clipping on (it triggers here) and off, one micro-batch per step and two, and a run whose
-// steps are skipped for non-finite gradients.
-TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
+void expect_same_bits(const RunBits& overlap, const RunBits& serial) {
+  EXPECT_EQ(overlap.losses, serial.losses);
+  EXPECT_EQ(overlap.norms, serial.norms);
+  EXPECT_EQ(overlap.skipped, serial.skipped);
+  EXPECT_FALSE(serial.model.empty());
+  EXPECT_TRUE(overlap.model == serial.model) << "final weights differ";
+  EXPECT_TRUE(overlap.optimizer == serial.optimizer) << "final moments differ";
+}
+
+// optimizer_overlap "forward" runs each update beside the next forward, and "backward" starts
+// it beside backward, guessing that the step does not clip; both must give the very bits of
+// the serial schedule: every placement with the optimizer off the device, gradient clipping that
+// triggers (the guess is redone), that is on but does not trigger (the guess holds, gradients
+// kept for a redo that never comes) and that is off, one micro-batch per step and two, and a
+// run whose steps are skipped for non-finite gradients (the guess is rolled back).
+TEST(OptimizerOverlap, EveryScheduleIsBitIdenticalToTheSerialStep) {
   struct Case {
     const char* param;
     const char* opt;
@@ -227,8 +248,9 @@ TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
   const Case placements[] = {
       {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
   bool clipped = false;
+  int guessed = 0, redone = 0;
   for (const Case& c : placements) {
-    for (const double clip : {0.5, 0.0}) {
+    for (const double clip : {0.5, 1e6, 0.0}) {
       for (const int micro : {2, 4}) {
         SCOPED_TRACE(std::string("offload_param ") + c.param + ", offload_optimizer " + c.opt +
                      ", grad_clip " + std::to_string(clip) + ", micro_batch_size " +
@@ -239,18 +261,29 @@ TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
         j["offload_optimizer"] = c.opt;
         j["grad_clip"] = clip;
         j["micro_batch_size"] = micro;
-        const auto [serial, overlap] = serial_and_overlapped(j, dir);
-        ASSERT_EQ(serial.losses.size(), 4u);
-        EXPECT_EQ(overlap.losses, serial.losses);
-        EXPECT_EQ(overlap.norms, serial.norms);
-        EXPECT_FALSE(serial.model.empty());
-        EXPECT_TRUE(overlap.model == serial.model) << "final weights differ";
-        EXPECT_TRUE(overlap.optimizer == serial.optimizer) << "final moments differ";
-        for (std::uint64_t n : serial.norms) clipped |= clip > 0 && std::bit_cast<double>(n) > clip;
+        const Schedules r = run_schedules(j, dir);
+        ASSERT_EQ(r.serial.losses.size(), 4u);
+        expect_same_bits(r.forward, r.serial);
+        expect_same_bits(r.backward, r.serial);
+        EXPECT_EQ(r.serial.guessed + r.forward.guessed, 0);
+        bool any_clipped = false;
+        for (std::uint64_t n : r.serial.norms) {
+          any_clipped |= clip > 0 && std::bit_cast<double>(n) > clip;
+        }
+        clipped |= any_clipped;
+        // A step that clipped is redone, and the step after it does not guess.
+        EXPECT_EQ(r.backward.redone > 0, any_clipped);
+        if (!any_clipped) {
+          EXPECT_EQ(r.backward.guessed, 4);
+        }
+        guessed += r.backward.guessed;
+        redone += r.backward.redone;
       }
     }
   }
   EXPECT_TRUE(clipped) << "no step clipped: lower grad_clip";
+  EXPECT_GT(guessed, redone);
+  EXPECT_GT(redone, 0);
 
   // An enormous learning rate: the first update blows the weights up, and the steps after it
   // are skipped for non-finite gradients.
@@ -262,13 +295,12 @@ TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
     j["grad_clip"] = 0.0;
     j["optimizer"]["lr"] = 1e30;
     j["lr_schedule"]["type"] = "constant";
-    const auto [serial, overlap] = serial_and_overlapped(j, dir);
-    ASSERT_EQ(serial.skipped.size(), 4u);
-    EXPECT_TRUE(serial.skipped.back()) << "no step was skipped: raise the learning rate";
-    EXPECT_EQ(overlap.skipped, serial.skipped);
-    EXPECT_EQ(overlap.losses, serial.losses);
-    EXPECT_TRUE(overlap.model == serial.model);
-    EXPECT_TRUE(overlap.optimizer == serial.optimizer);
+    const Schedules r = run_schedules(j, dir);
+    ASSERT_EQ(r.serial.skipped.size(), 4u);
+    EXPECT_TRUE(r.serial.skipped.back()) << "no step was skipped: raise the learning rate";
+    expect_same_bits(r.forward, r.serial);
+    expect_same_bits(r.backward, r.serial);
+    EXPECT_EQ(r.backward.rolled_back, 1) << "the first skipped step was guessed, the rest not";
   }
 }
 
@@ -276,53 +308,66 @@ TEST(OptimizerOverlap, ForwardOverlapIsBitIdenticalToTheSerialStep) {
 // last backward of the step (its final gradient), and the next forward of the group starts
 // only after its update ended: the forward waits for exactly what it needs.
 TEST(OptimizerOverlap, UpdatesFollowTheirGradientsAndPrecedeTheirNextForward) {
-  TempDir dir;
-  Json j = tiny_config(dir);
-  j["offload_param"] = "nvme";
-  j["offload_optimizer"] = "nvme";
-  j["optimizer_overlap"] = "forward";
-  j["save_dir"] = "";
-  j["trace_file"] = dir.file("trace.json");
-  run(j);
-  auto text = read_file(dir.file("trace.json"));
-  ASSERT_TRUE(text.is_ok()) << text.status().message();
-  const Json trace = Json::parse(*text);
-  struct Span {
-    double begin, end;
-  };
-  std::map<std::string, std::vector<Span>> backward, forward, update;
-  for (const Json& e : trace["traceEvents"]) {
-    if (e.value("ph", "") != "X") continue;
-    const std::string name = e["name"];
-    const double b = e["ts"].get<double>(), d = e["dur"].get<double>();
-    auto strip = [&](const std::string& suffix, std::map<std::string, std::vector<Span>>& into) {
-      if (name.size() > suffix.size() &&
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        into[name.substr(0, name.size() - suffix.size())].push_back({b, b + d});
-      }
+  for (const char* overlap : {"forward", "backward"}) {
+    SCOPED_TRACE(std::string("optimizer_overlap ") + overlap);
+    TempDir dir;
+    Json j = tiny_config(dir);
+    j["offload_param"] = "nvme";
+    j["offload_optimizer"] = "nvme";
+    j["optimizer_overlap"] = overlap;
+    j["grad_clip"] = 0.0;  // every backward step guesses
+    j["save_dir"] = "";
+    j["trace_file"] = dir.file("trace.json");
+    run(j);
+    auto text = read_file(dir.file("trace.json"));
+    ASSERT_TRUE(text.is_ok()) << text.status().message();
+    const Json trace = Json::parse(*text);
+    struct Span {
+      double begin, end;
     };
-    strip(" backward", backward);
-    strip(" forward", forward);
-    if (name.rfind("update ", 0) == 0) update[name.substr(7)].push_back({b, b + d});
-  }
-  ASSERT_FALSE(update.empty()) << "no update spans in the trace";
-  int checked = 0;
-  for (const auto& [group, updates] : update) {
-    for (const Span& u : updates) {
-      for (const Span& bw : backward[group]) {
-        if (bw.begin < u.begin) {
-          EXPECT_LE(bw.end, u.begin) << group << ": updated mid-backward";
+    std::map<std::string, std::vector<Span>> backward, forward, update;
+    int guessed = 0;
+    for (const Json& e : trace["traceEvents"]) {
+      if (e.value("ph", "") != "X") continue;
+      const std::string name = e["name"];
+      const double b = e["ts"].get<double>(), d = e["dur"].get<double>();
+      auto strip = [&](const std::string& suffix, std::map<std::string, std::vector<Span>>& into) {
+        if (name.size() > suffix.size() &&
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          into[name.substr(0, name.size() - suffix.size())].push_back({b, b + d});
         }
-      }
-      for (const Span& fw : forward[group]) {
-        if (fw.end > u.begin) {
-          EXPECT_GE(fw.begin, u.end) << group << ": forward before its update ended";
-          ++checked;
+      };
+      strip(" backward", backward);
+      strip(" forward", forward);
+      for (const std::string prefix : {"update ", "update (guessed) "}) {
+        if (name.rfind(prefix, 0) == 0 && name.find('(', prefix.size()) == std::string::npos) {
+          update[name.substr(prefix.size())].push_back({b, b + d});
+          guessed += prefix.size() > 7 ? 1 : 0;
         }
       }
     }
+    ASSERT_FALSE(update.empty()) << "no update spans in the trace";
+    EXPECT_EQ(guessed > 0, std::string(overlap) == "backward");
+    int checked = 0;
+    for (const auto& [group, updates] : update) {
+      for (const Span& u : updates) {
+        for (const Span& bw : backward[group]) {
+          if (bw.begin < u.begin) {
+            EXPECT_LE(bw.end, u.begin) << group << ": updated mid-backward";
+          }
+        }
+        for (const Span& fw : forward[group]) {
+          if (fw.end > u.begin) {
+            EXPECT_GE(fw.begin, u.end) << group << ": forward before its update ended";
+            ++checked;
+          }
+        }
+      }
+    }
+    EXPECT_GT(checked, 0);
+    // (That a guessed update starts before the rest of backward is done is tested on the engine,
+    // where the test controls when each gradient comes: EnginePrefetchTest.)
   }
-  EXPECT_GT(checked, 0);
 }
 
 TEST(TrainTest, ResumeIsBitIdenticalToUninterrupted) {

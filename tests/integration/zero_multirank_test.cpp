@@ -174,31 +174,54 @@ INSTANTIATE_TEST_SUITE_P(StagesAndOffload, ZeroEquivalence,
                                   (info.param.small_buckets ? "_small_buckets" : "");
                          });
 
-// The overlapped optimizer step (each rank updates its shards beside the next forward) gives
-// the very bits of the serial one on 2 and 4 ranks, at every stage.
-TEST(ZeroOverlap, ForwardOverlapIsBitIdenticalToTheSerialStepOnEveryRankCount) {
+// Counts of steps that the metrics mark guessed (the update started beside backward) and redone.
+std::pair<int, int> guessed_and_redone(const std::string& metrics) {
+  std::pair<int, int> n{0, 0};
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const Json m = Json::parse(line);
+    n.first += m.value("optimizer_guessed", false) ? 1 : 0;
+    n.second += m.value("optimizer_redone", false) ? 1 : 0;
+  }
+  return n;
+}
+
+// The overlapped optimizer steps (each rank updates its shards beside the next forward, or
+// beside backward as each reduction completes, guessing no clipping) give the very bits of the
+// serial one on 1, 2 and 4 ranks, at every stage, with clipping off (the guess holds on every
+// step) and triggered (the first step is redone and the rest not guessed).
+TEST(ZeroOverlap, EveryScheduleIsBitIdenticalToTheSerialStepOnEveryRankCount) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   for (const Case& c : {Case{1, "cpu"}, Case{2, "cpu"}, Case{3, "cpu"}, Case{3, "nvme"}}) {
-    for (int np : {2, 4}) {
-      SCOPED_TRACE("stage " + std::to_string(c.stage) + ", offload " + c.offload + ", " +
-                   std::to_string(np) + " ranks");
-      TempDir dir;
-      std::vector<std::vector<double>> loss;
-      std::vector<std::vector<float>> w;
-      for (const char* mode : {"none", "forward"}) {
-        Json j = config(dir, mode);
-        j["zero_stage"] = c.stage;
-        j["offload_optimizer"] = c.offload;
-        if (c.stage == 3) j["offload_param"] = c.offload;
-        j["optimizer_overlap"] = mode;
-        ASSERT_EQ(train(dir, j, mode, np), 0)
-            << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
-        loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
-        w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
+    for (int np : {1, 2, 4}) {
+      for (const double clip : {0.0, 0.05}) {
+        SCOPED_TRACE("stage " + std::to_string(c.stage) + ", offload " + c.offload + ", " +
+                     std::to_string(np) + " ranks, grad_clip " + std::to_string(clip));
+        TempDir dir;
+        std::vector<std::vector<double>> loss;
+        std::vector<std::vector<float>> w;
+        for (const char* mode : {"none", "forward", "backward"}) {
+          Json j = config(dir, mode);
+          j["zero_stage"] = c.stage;
+          j["offload_optimizer"] = c.offload;
+          if (c.stage == 3) j["offload_param"] = c.offload;
+          j["optimizer_overlap"] = mode;
+          j["grad_clip"] = clip;
+          ASSERT_EQ(train(dir, j, mode, np), 0)
+              << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
+          loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
+          w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
+        }
+        ASSERT_EQ(loss[0].size(), 3u);
+        EXPECT_EQ(loss[1], loss[0]);
+        EXPECT_EQ(loss[2], loss[0]);
+        EXPECT_TRUE(w[1] == w[0]) << "weights differ (forward)";
+        EXPECT_TRUE(w[2] == w[0]) << "weights differ (backward)";
+        const auto [guessed, redone] = guessed_and_redone(dir.file("backward/metrics.jsonl"));
+        EXPECT_EQ(guessed, clip == 0.0 ? 3 : 1);
+        EXPECT_EQ(redone, clip == 0.0 ? 0 : 1);
       }
-      ASSERT_EQ(loss[0].size(), 3u);
-      EXPECT_EQ(loss[1], loss[0]);
-      EXPECT_TRUE(w[1] == w[0]) << "weights differ";
     }
   }
 }

@@ -176,7 +176,9 @@ class TieredStore {
   // Drops the copy on `tier`, first writing it back (to the home, or for a transient tensor to
   // the next tier down) when it is the only valid copy. On a write-back error the copy stays.
   Result<Completion> evict(Handle h, Tier tier);
-  // Drops every copy of a transient tensor.
+  // The tensor's data is no longer needed: drops every copy without writing anything back. A
+  // homed tensor keeps its home allocated, holding no data until written again (a fetch before
+  // then is an error).
   Status discard(Handle h);
 
   // Overwrites a homed tensor's data from host memory `src` (at least size_bytes; NVMe homes are

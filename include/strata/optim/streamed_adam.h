@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,10 @@ namespace strata::optim {
 struct StreamedSegment {
   std::string_view name;  // named in errors
   io::Extent master, exp_avg, exp_avg_sq;
+  // Where the updated state is written; invalid: back over what was read. Writing elsewhere
+  // leaves the state read intact, so a step can be abandoned or redone from it.
+  io::Extent master_out, exp_avg_out, exp_avg_sq_out;
+  // Null with no grad_extent: SegmentReady supplies it.
   const void* grad = nullptr;  // host memory, or null with grad_extent
   io::Extent grad_extent;      // read only; needs options.stream_grads and no check_finite
   DType grad_dtype = DType::kF32;
@@ -85,6 +90,17 @@ class StreamedAdam {
   // Overrides the segment's param_out, so output buffers need exist only while their segment
   // is being updated.
   using SegmentBegin = std::function<Result<void*>(std::size_t segment)>;
+  // Called before the first read of a segment's state, to supply its gradient (for a segment
+  // given without one) once it exists. Reads run a sub-group ahead of the update: there the
+  // call has `wait` false and returns nullopt when the gradient is not there yet (the read waits
+  // for the update to reach it); with `wait` true it blocks until the gradient exists. An error
+  // stops the step. Needs check_finite off.
+  struct SegmentGrad {
+    const void* grad = nullptr;  // host memory, or
+    io::Extent grad_extent;      // a swap extent (options.stream_grads)
+  };
+  using SegmentReady =
+      std::function<Result<std::optional<SegmentGrad>>(std::size_t segment, bool wait)>;
 
   // One AdamW step over every segment, in order. `hyper` supplies lr, betas, eps,
   // weight_decay, step, grad_scale and adamw_mode (its pointers and n are ignored). The result
@@ -94,7 +110,8 @@ class StreamedAdam {
   Result<StreamedStepReport> step(std::span<const StreamedSegment> segments,
                                   const device::AdamWArgs& hyper,
                                   const SegmentDone& on_segment_done = {},
-                                  const SegmentBegin& on_segment_begin = {});
+                                  const SegmentBegin& on_segment_begin = {},
+                                  const SegmentReady& on_segment_ready = {});
 
   std::int64_t sub_group_elems() const { return sub_group_elems_; }
   std::size_t staging_bytes() const { return staging_.size(); }

@@ -53,8 +53,9 @@ struct TrainConfig {
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   // "none": the optimizer step after backward, before the next forward; "forward": on its own
-  // thread during the next forward, which waits for each group's update only (exact).
-  zero::OptimizerOverlap optimizer_overlap = zero::OptimizerOverlap::kForward;
+  // thread during the next forward, which waits for each group's update only; "backward": each
+  // group's update starts beside backward, guessing no clipping, redone if it clips (all exact).
+  zero::OptimizerOverlap optimizer_overlap = zero::OptimizerOverlap::kBackward;
   bool activation_checkpointing = false;
   int zero_stage = 3;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group

@@ -25,10 +25,15 @@ struct StepMetrics {
   double compute_ms = 0;  // forward + backward
   double wait_ms = 0;     // compute blocked on parameter fetches
   double stall_ms = 0;    // compute blocked on any data (parameters, gradients, room in a tier)
-  // Optimizer time that ended in this step: with optimizer_overlap "forward", the previous
-  // step's update, run during this step's forward; exposed: how long compute waited for it.
+  // Optimizer time that ended in this step: overlapped, the previous step's update run during
+  // this step's forward and this step's run beside its backward; exposed: how long compute
+  // waited for it.
   double optimizer_ms = 0;
   double optimizer_exposed_ms = 0;
+  // optimizer_overlap "backward": the update started beside backward, guessing no clipping;
+  // redone: the step clipped, so it was redone from the state before it.
+  bool guessed = false;
+  bool redone = false;
   // Busy time of each transfer stream in the step (the union of its transfers' spans): copies
   // to and from the device, and NVMe reads and writes (the optimizer's included).
   double h2d_busy_ms = 0, d2h_busy_ms = 0, nvme_read_busy_ms = 0, nvme_write_busy_ms = 0;

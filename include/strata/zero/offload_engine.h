@@ -37,7 +37,8 @@ struct EngineOptions {
   Tier offload_optimizer = Tier::kDevice;  // master weights and moments, and where the step runs
   DType compute_dtype = DType::kF32;
   std::int64_t accumulation_steps = 1;  // micro-batches per step (1: gradients kept as made)
-  // Off the device only (a device step is the device's own work, ordered on its stream).
+  // Off the device only (a device step is the device's own work, ordered on its stream); the
+  // plan may fall back (MemoryPlan::overlap says what runs).
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
   optim::AdamWHyper adam;
   // The host optimizer (offload_optimizer cpu or nvme): threads, SIMD path, pinning.
@@ -66,6 +67,12 @@ struct EngineStats {
   double stall_ms = 0;            // compute blocked waiting for data or room in a tier
   double optimizer_total_ms = 0;  // every finished optimizer step, start to end
   double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
+  // OptimizerOverlap::kBackward: steps whose update started beside backward, guessing no
+  // clipping; of those, redone from the state before the step (they clipped), and rolled back
+  // (their gradient was not finite).
+  std::uint64_t steps_guessed = 0;
+  std::uint64_t steps_redone = 0;
+  std::uint64_t steps_rolled_back = 0;
 };
 
 class OffloadEngine {
@@ -93,6 +100,12 @@ class OffloadEngine {
   Result<void*> acquire_grads(int group);
   Status release_grads(int group);
 
+  // The micro-batch about to run is the step's last, and the step will be step(lr, step, s)
+  // with s = 1 unless clipping changes it (`may_clip`). Under OptimizerOverlap::kBackward each
+  // group's update then starts as soon as its final gradient exists, guessing s = 1, unless the
+  // last step clipped or was skipped. With `may_clip` the gradients are kept until the step
+  // commits, for a redo. A no-op under the other schedules.
+  void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip);
   // Waits for gradient transfers still in flight; call after each micro-batch's backward.
   Status finish_micro_batch();
   // Global L2 norm of the accumulated gradients (after the last finish_micro_batch).
@@ -102,14 +115,18 @@ class OffloadEngine {
   Result<double> grad_sum_squares(int group);
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients; call after the last finish_micro_batch. A group
-  // that received no gradient steps with zeros. With OptimizerOverlap::kForward it returns once
-  // the step has started on its own thread: acquire_params(g) then waits for group g's update,
-  // and every other call (gradients, norms, state in and out) for the whole step.
+  // that received no gradient steps with zeros. Overlapped (MemoryPlan::overlap not kNone) it
+  // returns once the step runs on its own thread (a guess that holds runs on; one that does not
+  // is redone): acquire_params(g) then waits for group g's update, and every other call
+  // (gradients, norms, state in and out) for the whole step. With the shadow state the step
+  // writes the other copy of the state and switches to it when every group is done: a step
+  // that fails leaves the state as it was before it.
   Status step(double lr, std::int64_t step, float grad_scale);
   // Waits for an overlapped step still running; its error, if any. A no-op otherwise.
   Status finish_step();
-  // Drops the accumulated gradients (a step skipped for non-finite gradients).
-  void zero_grads();
+  // Drops the accumulated gradients (a step skipped for non-finite gradients); a guessed
+  // update is abandoned and the working copies it wrote are restored from the state.
+  Status zero_grads();
 
   // Device bytes acquire_params(group) adds to what the store holds: 0 when working copies
   // live on the device, else the copy fetched there.
@@ -136,12 +153,25 @@ class OffloadEngine {
   // The gradient the optimizer reads: the kept gradient or the fp32 accumulator.
   mem::Handle step_grad(const Group& g) const;
   // A copy of the working copy on `tier` for the optimizer to write (the home when it lives
-  // there); close_output makes it the working copy, writing it back home if it is not the home.
+  // there); close_output makes it the working copy, writing it back home if it is not the home
+  // (`keep_host_copy`: a host copy written to NVMe stays, clean, for the next forward).
   Result<void*> open_output(Group& g, Tier tier);
-  Status close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks);
-  Status run_step(const device::AdamWArgs& args);  // on whichever thread runs the step
-  Status end_step(Status s);                       // after run_step: counters, gradients zeroed
-  Status wait_update(int group);                   // the overlapped step has written it
+  Status close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks,
+                      bool keep_host_copy = false);
+  // Runs on whichever thread runs the step. `guess`: in backward order, each group once its
+  // gradient is final (ready_), keeping gradients for a redo if guess_keeps_grads_.
+  Status run_step(const device::AdamWArgs& args, bool guess);
+  Status end_step(Status s);      // after run_step: counters, gradients zeroed, the state switched
+  Status wait_update(int group);  // the overlapped step has written it
+  void start_guess();             // kArmed -> kGuessing: the step thread waits for gradients
+  void mark_final(std::size_t group);  // its gradient is final: a guessed update may read it
+  // Stops a guessed step and waits for it; restores the working copies it wrote unless a redo
+  // is to rewrite them (`restore` false).
+  Status abandon_guess(bool restore = true);
+  // The working copies of `groups` (flags by group) rewritten from the master weights.
+  Status restore_working_copies(const std::vector<bool>& groups);
+  // Writes the group's working copy from fp32 master weights in host memory.
+  Status write_working_copy(Group& g, const float* master);
 
   const model::ParamLayout& layout_;
   device::Device& device_;
@@ -150,7 +180,6 @@ class OffloadEngine {
   MemoryPlan plan_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<OptimizerStep> optimizer_;          // for the plan's optimizer tier
-  std::vector<StepGroup> step_groups_;                // what it reads of each group
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
   struct PendingGrad {                                // a gradient on its way off the device
     int group;
@@ -163,7 +192,20 @@ class OffloadEngine {
   std::thread step_thread_;
   std::mutex step_mu_;
   std::condition_variable step_cv_;
+  // Where the step is (main thread only). kGuessing: the step thread updates groups as their
+  // gradients become final, before step() knows the scale. kRunning: step() launched the step
+  // (or let the guess run on), overlapping what follows until finish_step.
+  enum class Phase : std::uint8_t { kIdle, kGuessing, kRunning };
+  Phase phase_ = Phase::kIdle;
+  bool armed_ = false;  // begin_last_micro_batch chose to guess: it starts at the first gradient
+  double guess_lr_ = 0;
+  std::int64_t guess_step_ = 0;
+  bool guess_keeps_grads_ = false;
+  bool last_clipped_ = false;  // the last step's scale was not 1, or it was skipped
+  std::vector<bool> ready_;    // under step_mu_: the group's gradient is final (a guess)
+  bool cancel_ = false;        // under step_mu_: the guessed step stops at the next group
   std::vector<bool> updated_;  // under step_mu_: the group's new working copy is written
+  std::vector<bool> touched_;  // under step_mu_: the step began writing the working copy
   std::unordered_map<std::uint32_t, std::size_t> group_of_work_;  // work handle -> group
   bool step_done_ = true;                                         // under step_mu_
   Status step_status_;                                            // under step_mu_, once step_done_

@@ -19,18 +19,9 @@
 #include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/tensor/tensor.h"
+#include "strata/zero/plan.h"
 
 namespace strata::zero {
-
-// When the optimizer step runs relative to compute. kNone: after backward, to the end, before
-// the next forward starts (the serial schedule). kForward: after backward and the global norm,
-// on a thread of its own, in the order the next forward needs the groups; that forward's
-// acquire of a group waits for that group's update only. Exact: the same arithmetic on the same
-// gradients, in the same order, as kNone.
-enum class OptimizerOverlap : std::uint8_t { kNone, kForward };
-inline constexpr std::array<OptimizerOverlap, 2> kOptimizerOverlaps = {OptimizerOverlap::kNone,
-                                                                       OptimizerOverlap::kForward};
-std::string_view optimizer_overlap_name(OptimizerOverlap overlap);  // "none", "forward"
 
 // One group's tensors, as the store holds them.
 struct StepGroup {
@@ -40,6 +31,11 @@ struct StepGroup {
   mem::Handle exp_avg = mem::Handle::kInvalid;
   mem::Handle exp_avg_sq = mem::Handle::kInvalid;
   mem::Handle grad = mem::Handle::kInvalid;  // the gradient the step reads (grad_dtype)
+  // Where the updated state goes (the plan's shadow state, same tier and size); kInvalid: in
+  // place. Written elsewhere, the state read stays intact until the caller switches over.
+  mem::Handle master_out = mem::Handle::kInvalid;
+  mem::Handle exp_avg_out = mem::Handle::kInvalid;
+  mem::Handle exp_avg_sq_out = mem::Handle::kInvalid;
 };
 
 struct StepIo {
@@ -50,7 +46,13 @@ struct StepIo {
   // The group's new working copy on `tier`, for the step to write; then done with it (it goes
   // home on the copy streams while the next group is updated).
   std::function<Result<void*>(std::size_t group, Tier tier)> open_output;
+  // After the group's update, its gradient unpinned: also decides what becomes of the gradient.
   std::function<Status(std::size_t group, Tier tier)> close_output;
+  // The order to update the groups in (indices into `groups`); empty: as listed.
+  std::span<const std::size_t> order;
+  // Optional (a step that starts before backward ends): whether the group's gradient is final;
+  // `wait`: blocks until it is. An error stops the step.
+  std::function<Result<bool>(std::size_t group, bool wait)> ready;
 };
 
 class OptimizerStep {

@@ -20,6 +20,22 @@ namespace strata::zero {
 // cpu = host memory, nvme = the swap space.
 std::string_view offload_name(Tier tier);
 
+// When the optimizer step runs relative to compute (off the device; a device step is the
+// device's own work, ordered on its stream). Every schedule is exact: the same arithmetic on the
+// same gradients as kNone, so the same bits.
+// kNone: after backward and the global norm, to the end, before the next forward starts.
+// kForward: after backward and the global norm, on a thread of its own, in the order the next
+//   forward needs the groups; that forward's acquire of a group waits for that group's update.
+// kBackward: as kForward, but each group's update starts as soon as its final gradient exists,
+//   while backward goes on, assuming the step will not clip; it writes the plan's shadow state,
+//   so the state before the step stays intact until the global norm confirms the guess. A step
+//   that clips is redone from that state (overlapping the next forward), one whose gradient is
+//   not finite is rolled back, and after a clipped step the next one does not guess.
+enum class OptimizerOverlap : std::uint8_t { kNone, kForward, kBackward };
+inline constexpr std::array<OptimizerOverlap, 3> kOptimizerOverlaps = {
+    OptimizerOverlap::kNone, OptimizerOverlap::kForward, OptimizerOverlap::kBackward};
+std::string_view optimizer_overlap_name(OptimizerOverlap overlap);  // "none", "forward", ...
+
 enum class TensorKind : std::uint8_t {
   kParameters,     // working copies in the compute dtype
   kGradients,      // fp32 accumulators, or the compute-dtype gradients themselves
@@ -41,6 +57,7 @@ struct PlanOptions {
   std::int64_t sub_group_size = 1 << 22;  // NVMe-streamed optimizer sub-group, in elements
   bool has_swap = false;                  // swap paths were given
   std::uint64_t activation_bytes = 0;     // the model's device workspace for one micro-batch
+  OptimizerOverlap overlap = OptimizerOverlap::kNone;
 };
 
 struct MemoryPlan {
@@ -55,6 +72,13 @@ struct MemoryPlan {
   int num_staging_buffers = 0;
   // The optimizer's own sub-group staging (optimizer on NVMe), outside the store's host budget.
   std::uint64_t optimizer_staging_bytes = 0;
+  // A second copy of the master weights and moments in the optimizer's tier: each step writes
+  // the other copy and switches at commit, so the state before the step survives it until then
+  // (OptimizerOverlap::kBackward's guess, a failed step). false where it does not fit.
+  bool shadow_state = false;
+  // The schedule the optimizer step will run, and why when it is not the one asked for.
+  OptimizerOverlap overlap = OptimizerOverlap::kNone;
+  std::string overlap_note;
   // Peak bytes by tier and kind: homes in full, transient buffers at the most the plan lets be
   // in flight at once.
   std::array<std::array<std::uint64_t, kNumTensorKinds>, kNumTiers> bytes{};

@@ -73,6 +73,12 @@ class ZeroProvider final : public model::ParamProvider {
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
+  // The micro-batch about to run is the step's last (see OffloadEngine): under
+  // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
+  // group's reduction is done.
+  void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
+    engine_->begin_last_micro_batch(lr, step, may_clip);
+  }
   // Waits for reductions still in flight and the engine's gradient transfers; call after each
   // micro-batch's backward.
   Status finish_micro_batch();
@@ -83,8 +89,8 @@ class ZeroProvider final : public model::ParamProvider {
   // Optimizer step on every rank's shard, then (stages 1-2) re-gathers the full parameters.
   Status step(double lr, std::int64_t step, float grad_scale);
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
-  void zero_grads();
-  // Waits for an overlapped optimizer step (OptimizerOverlap::kForward) to end; its error.
+  Status zero_grads();
+  // Waits for an overlapped optimizer step to end; its error.
   Status finish_step() { return engine_->finish_step(); }
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.

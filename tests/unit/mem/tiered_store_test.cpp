@@ -375,6 +375,34 @@ TEST_F(StoreTest, FillZeroZeroesEveryHomeAndDropsOtherCopies) {
   }
 }
 
+// Discarding a homed tensor (a gradient the optimizer has used) drops every copy without a
+// write-back: the home stays allocated but holds no data, a fetch says so, and a write makes it
+// whole again.
+TEST_F(StoreTest, DiscardOfAHomedTensorDropsItsDataWithoutWritingBack) {
+  make(small_options(0, 0));
+  for (Tier home : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(std::string(tier_name(home)));
+    const Handle h = add(std::string("gradient on ") + std::string(tier_name(home)), 30001, home);
+    fill(h, 5);
+    auto p = store_->emplace(h, Tier::kDevice, /*zero_fill=*/true);  // a newer, dirty copy
+    ASSERT_TRUE(p.is_ok());
+    store_->unpin(h, Tier::kDevice);
+    const std::uint64_t written = store_->stats().bytes_moved[0][static_cast<int>(home)];
+    ASSERT_TRUE(store_->discard(h).is_ok());
+    EXPECT_EQ(store_->stats().bytes_moved[0][static_cast<int>(home)], written) << "written back";
+    const Residency r = store_->residency(h);
+    EXPECT_EQ(r.num_valid(), 0);
+    EXPECT_TRUE(r.allocated[static_cast<int>(home)]);
+    EXPECT_FALSE(r.allocated[static_cast<int>(Tier::kDevice)]);
+    auto again = store_->acquire(h, Tier::kDevice);
+    ASSERT_FALSE(again.is_ok());
+    EXPECT_NE(again.status().message().find("has no data"), std::string::npos)
+        << again.status().message();
+    const auto v = fill(h, 6);
+    expect_content(h, v);
+  }
+}
+
 TEST_F(StoreTest, DirectIoOnAnNvmeHomeWritesBackANewerCopyFirstAndHoldsTheTensor) {
   make(small_options(0, 0));
   const Handle h = add("state", 30001, Tier::kNvme);

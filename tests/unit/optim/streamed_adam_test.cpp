@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,6 +212,71 @@ TEST_P(StreamedAdamTest, GradientsStreamedFromSwapGiveTheSameBytes) {
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
     EXPECT_EQ(begun, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
     EXPECT_GT(report->bytes_read, report->bytes_written);  // the gradients were read too
+    expect_same_as(f, want, got);
+  }
+}
+
+// State written to other extents (master_out, exp_avg_out, exp_avg_sq_out) leaves the extents
+// read as they were, and gradients supplied as each segment becomes ready (reads ahead never
+// wait for one; the update does) give the same bytes as in memory.
+TEST_P(StreamedAdamTest, ShadowExtentsAndGradientsSuppliedWhenReady) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  ASSERT_TRUE(adam.is_ok());
+  const device::AdamWArgs h = hyper(true, 0.5f, 3);
+  for (std::int64_t sub : {2048, 1 << 20}) {
+    SCOPED_TRACE("sub_group_size " + std::to_string(sub));
+    Fixture f = make_fixture(GetParam());
+    if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+    std::vector<AdamState> want = f.states;
+    for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+    std::vector<AdamState> got = f.states;
+    std::vector<StreamedSegment> segs = segments_of(f, got);
+    std::vector<io::Extent> shadow;
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      segs[i].grad = nullptr;  // supplied when ready
+      for (int k = 0; k < 3; ++k) {
+        auto x = f.swap->allocate(f.extents[i * 3].size_bytes, "shadow");
+        ASSERT_TRUE(x.is_ok());
+        shadow.push_back(*x);
+      }
+      segs[i].master_out = shadow[i * 3];
+      segs[i].exp_avg_out = shadow[i * 3 + 1];
+      segs[i].exp_avg_sq_out = shadow[i * 3 + 2];
+    }
+    StreamedAdamOptions so;
+    so.sub_group_size = sub;
+    so.check_finite = false;
+    auto streamed = StreamedAdam::create(*f.swap, *adam, so);
+    ASSERT_TRUE(streamed.is_ok());
+    // Segment i's gradient "arrives" once segment i - 1 is done, as in a backward pass.
+    std::size_t done = 0;
+    std::vector<std::pair<std::size_t, bool>> asked;
+    auto report = streamed->step(
+        segs, h,
+        [&](std::size_t i) {
+          EXPECT_EQ(i, done);
+          ++done;
+          return Status::ok();
+        },
+        {},
+        [&](std::size_t i, bool wait) -> Result<std::optional<StreamedAdam::SegmentGrad>> {
+          asked.emplace_back(i, wait);
+          if (!wait && i > done) return std::optional<StreamedAdam::SegmentGrad>();
+          EXPECT_LE(i, done) << "asked to wait for a gradient the step does not need yet";
+          return std::optional(StreamedAdam::SegmentGrad{got[i].g(), {}});
+        });
+    ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+    EXPECT_EQ(done, segs.size());
+    bool waited = false;
+    for (const auto& [i, wait] : asked) waited |= wait;
+    EXPECT_TRUE(waited);
+    // The extents read still hold the state before the step; the shadows hold the step's.
+    for (std::size_t i = 0; i < f.states.size(); ++i) {
+      const auto before = read_back(f, i);
+      EXPECT_EQ(compare_bytes("master", before[0].data(), f.states[i].p(), 4, f.states[i].n), "");
+      EXPECT_EQ(compare_bytes("exp_avg", before[1].data(), f.states[i].m(), 4, f.states[i].n), "");
+    }
+    std::swap(f.extents, shadow);
     expect_same_as(f, want, got);
   }
 }

@@ -4,6 +4,8 @@
 // NVMe fault surfaces as the step's error.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "strata/core/rng.h"
@@ -31,12 +33,14 @@ class EnginePrefetchTest : public ::testing::Test {
     ASSERT_NE(device_, nullptr);
   }
   void make(io::FaultInjection faults = {}, mem::Timeline* timeline = nullptr,
-            OptimizerOverlap overlap = OptimizerOverlap::kNone) {
+            OptimizerOverlap overlap = OptimizerOverlap::kNone, Tier optimizer = Tier::kHost,
+            Tier params = Tier::kNvme) {
+    provider_.reset();
     swap_ = testing::make_swap(std::move(faults), 1 << 20);  // one engine attempt per request
     ASSERT_NE(swap_, nullptr);
     EngineOptions o;
-    o.offload_param = Tier::kNvme;
-    o.offload_optimizer = Tier::kHost;
+    o.offload_param = params;
+    o.offload_optimizer = optimizer;
     o.accumulation_steps = 2;  // passes repeat before a step
     o.prefetch_bytes = 1 << 20;
     o.max_live_bytes = 1 << 20;
@@ -76,6 +80,17 @@ class EnginePrefetchTest : public ::testing::Test {
     if (!loss.is_ok()) return loss;
     if (!s.is_ok()) return s;
     return loss;
+  }
+
+  // One step of two micro-batches, the second announced as the step's last (a guess may start
+  // with it), then the step with `scale` (0: skipped, as for a non-finite norm).
+  Status train_step(int step, float scale) {
+    for (std::uint64_t mb = 0; mb < 2; ++mb) {
+      if (mb == 1) provider_->begin_last_micro_batch(1e-2, step, true);
+      auto loss = micro_batch(10 * static_cast<std::uint64_t>(step) + mb);
+      if (!loss.is_ok()) return loss.status();
+    }
+    return scale == 0.0f ? provider_->zero_grads() : provider_->step(1e-2, step, scale);
   }
 
   model::LlamaConfig config_;
@@ -140,30 +155,144 @@ TEST_F(EnginePrefetchTest, NvmeReadErrorFailsTheStepAndTheNextOneWorks) {
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
 }
 
-// Three steps of two micro-batches each, the update overlapped with the next forward (on its
-// own thread, beside the scheduler's prefetches of the updated working copies), give the losses
-// of the serial schedule bit for bit. tools/check.sh runs this under ThreadSanitizer.
+// Four steps of two micro-batches each, under every schedule (the update beside the next
+// forward on its own thread, beside the scheduler's prefetches of the updated working copies;
+// or started beside backward as a guess), give the losses of the serial schedule bit for bit:
+// a step that does not clip (the guess holds), one that clips (the guess is redone), one after
+// it (not guessed), and one skipped (the guess is rolled back). tools/check.sh runs this under
+// ThreadSanitizer.
 TEST_F(EnginePrefetchTest, OverlappedStepsGiveTheSerialBits) {
-  std::vector<float> losses[2];
-  for (const OptimizerOverlap overlap : {OptimizerOverlap::kNone, OptimizerOverlap::kForward}) {
-    make({}, nullptr, overlap);
-    auto& out = losses[overlap == OptimizerOverlap::kForward ? 1 : 0];
-    for (int step = 1; step <= 3; ++step) {
-      for (std::uint64_t mb = 0; mb < 2; ++mb) {
-        auto loss = micro_batch(10 * static_cast<std::uint64_t>(step) + mb);
-        ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
-        out.push_back(*loss);
+  for (const Tier optimizer : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(std::string("optimizer on ") + std::string(tier_name(optimizer)));
+    std::vector<float> losses[3];
+    for (const OptimizerOverlap overlap : kOptimizerOverlaps) {
+      make({}, nullptr, overlap, optimizer);
+      auto& out = losses[static_cast<int>(overlap)];
+      const float scales[] = {1.0f, 0.5f, 1.0f, 0.0f};
+      for (int step = 1; step <= 4; ++step) {
+        for (std::uint64_t mb = 0; mb < 2; ++mb) {
+          if (mb == 1) provider_->begin_last_micro_batch(1e-2, step, true);
+          auto loss = micro_batch(10 * static_cast<std::uint64_t>(step) + mb);
+          ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+          out.push_back(*loss);
+        }
+        const float scale = scales[step - 1];
+        const Status s =
+            scale == 0.0f ? provider_->zero_grads() : provider_->step(1e-2, step, scale);
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
       }
-      ASSERT_TRUE(provider_->step(1e-2, step, 1.0f).is_ok());
+      auto last = micro_batch(99);  // sees the third update
+      ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+      out.push_back(*last);
+      ASSERT_TRUE(provider_->finish_step().is_ok());
+      const EngineStats& st = provider_->engine().stats();
+      if (overlap == OptimizerOverlap::kBackward) {
+        EXPECT_EQ(st.steps_guessed, 3u);  // not the one after the clipped step
+        EXPECT_EQ(st.steps_redone, 1u);
+        EXPECT_EQ(st.steps_rolled_back, 1u);
+      } else {
+        EXPECT_EQ(st.steps_guessed, 0u);
+      }
+      provider_.reset();
     }
-    auto last = micro_batch(99);  // sees the third update
-    ASSERT_TRUE(last.is_ok()) << last.status().to_string();
-    out.push_back(*last);
-    ASSERT_TRUE(provider_->finish_step().is_ok());
-    provider_.reset();
+    EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_EQ(losses[2], losses[0]);
+    EXPECT_NE(losses[0].front(), losses[0].back());  // the steps changed the weights
   }
-  EXPECT_EQ(losses[1], losses[0]);
-  EXPECT_NE(losses[0].front(), losses[0].back());  // the steps changed the weights
+}
+
+// A guessed update starts as soon as its group's gradient is final, while the gradients of the
+// groups before it are still to come: each group's update has ended (its span is in the
+// timeline) before the next group's gradient is even released. Without a guess nothing
+// updates before the step.
+TEST_F(EnginePrefetchTest, AGuessedUpdateStartsBeforeBackwardEnds) {
+  mem::Timeline timeline(/*record_spans=*/true);
+  make({}, &timeline, OptimizerOverlap::kBackward, Tier::kNvme, Tier::kHost);
+  ASSERT_TRUE(micro_batch(1).is_ok());
+  provider_->begin_last_micro_batch(1e-2, 1, false);
+  const auto updated = [&](int group) {
+    const std::string name = "update (guessed) " + layout_.group(group).name;
+    for (const mem::Span& sp : timeline.spans()) {
+      if (sp.name == name) return true;
+    }
+    return false;
+  };
+  const int n = layout_.num_groups();
+  for (int g = n - 1; g >= 0; --g) {
+    auto grads = provider_->acquire_grads(g);
+    ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+    ASSERT_TRUE(provider_->release_grads(g).is_ok());
+    if (g + 1 < n) {
+      // The accumulated gradient of g + 1 is final once g's came (one transfer is kept in
+      // flight behind compute): its update ends without anything more from backward.
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!updated(g + 1) && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_TRUE(updated(g + 1)) << layout_.group(g + 1).name;
+    }
+    EXPECT_FALSE(updated(g)) << layout_.group(g).name << " updated before its gradient was final";
+  }
+  ASSERT_TRUE(provider_->finish_micro_batch().is_ok());
+  ASSERT_TRUE(provider_->step(1e-2, 1, 1.0f).is_ok());
+  ASSERT_TRUE(provider_->finish_step().is_ok());
+  EXPECT_EQ(provider_->engine().stats().steps_guessed, 1u);
+}
+
+// A write error in a guessed update (its state goes to the shadow copy) fails the step, and the
+// state committed before it is intact: every group's master weights and moments read back as
+// after the last good step, and the working copies the failed step wrote were restored.
+TEST_F(EnginePrefetchTest, NvmeWriteErrorInAGuessedStepLeavesTheCommittedState) {
+  // Where the fault goes: after the writes of loading and one good step, counted in a run
+  // without faults (the same calls make the same writes).
+  std::uint64_t writes_before = 0;
+  {
+    make({}, nullptr, OptimizerOverlap::kBackward, Tier::kNvme, Tier::kHost);
+    ASSERT_TRUE(train_step(1, 1.0f).is_ok());
+    ASSERT_TRUE(provider_->finish_step().is_ok());
+    writes_before = swap_->stats().write_chunks;
+  }
+  io::FaultRule r;
+  r.op = io::FaultOp::kWrite;
+  r.kind = io::FaultKind::kError;
+  r.error = EIO;
+  r.skip = writes_before + 2;  // a few of the second step's writes pass
+  io::FaultInjection f;
+  f.rules.push_back(r);
+  make(std::move(f), nullptr, OptimizerOverlap::kBackward, Tier::kNvme, Tier::kHost);
+  ASSERT_TRUE(train_step(1, 1.0f).is_ok());
+  ASSERT_TRUE(provider_->finish_step().is_ok());
+  const int n = layout_.num_groups();
+  std::vector<std::vector<float>> master(n), m(n), v(n);
+  const auto read_state = [&](int g, std::vector<float>& ma, std::vector<float>& mm,
+                              std::vector<float>& vv) {
+    const auto elems = static_cast<std::size_t>(layout_.group(g).num_elems);
+    ma.resize(elems);
+    mm.resize(elems);
+    vv.resize(elems);
+    ASSERT_TRUE(provider_->gather_master(g, ma.data()).is_ok());
+    ASSERT_TRUE(provider_->read_moment_slice(g, mm.data(), vv.data()).is_ok());
+  };
+  for (int g = 0; g < n; ++g) read_state(g, master[g], m[g], v[g]);
+  auto before = micro_batch(5);  // the committed weights' loss
+  ASSERT_TRUE(before.is_ok());
+  ASSERT_TRUE(provider_->zero_grads().is_ok());
+
+  Status s = train_step(2, 1.0f);
+  if (s.is_ok()) s = provider_->finish_step();
+  ASSERT_FALSE(s.is_ok()) << "the write error was lost";
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.to_string();
+  EXPECT_GT(swap_->stats().faults_injected, 0u);
+  for (int g = 0; g < n; ++g) {
+    std::vector<float> ma, mm, vv;
+    read_state(g, ma, mm, vv);
+    EXPECT_EQ(ma, master[g]) << layout_.group(g).name;
+    EXPECT_EQ(mm, m[g]) << layout_.group(g).name;
+    EXPECT_EQ(vv, v[g]) << layout_.group(g).name;
+  }
+  auto after = micro_batch(5);  // the working copies are the committed weights again
+  ASSERT_TRUE(after.is_ok()) << after.status().to_string();
+  EXPECT_EQ(*after, *before);
 }
 
 TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {

@@ -38,7 +38,9 @@ std::vector<std::byte> in_dtype(const std::vector<std::byte>& f32, DType dtype) 
   return b;
 }
 
-Result3 run_step(Tier tier, DType dtype) {
+// `shadow`: the state goes to a second set of tensors (in reverse group order, each group asked
+// for by `ready` first), and the state read must be left as it was.
+Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
   Result3 r;
   auto device = testing::make_cpu_device();
   auto swap = testing::make_swap();
@@ -74,6 +76,12 @@ Result3 run_step(Tier tier, DType dtype) {
       v[i + 3] &= std::byte{0x7f};
     }
     sg.exp_avg_sq = add("exp_avg_sq", f32_bytes, tier, v);
+    if (shadow) {
+      const std::vector<std::byte> junk(f32_bytes, std::byte{0x5a});
+      sg.master_out = add("master (shadow)", f32_bytes, tier, junk);
+      sg.exp_avg_out = add("exp_avg (shadow)", f32_bytes, tier, junk);
+      sg.exp_avg_sq_out = add("exp_avg_sq (shadow)", f32_bytes, tier, junk);
+    }
     const auto grad = in_dtype(random_f32(n, rng, 0.1), dtype);
     sg.grad = add("grad", grad.size(), tier, grad);
     groups.push_back(sg);
@@ -90,31 +98,57 @@ Result3 run_step(Tier tier, DType dtype) {
   EXPECT_TRUE(step.is_ok()) << step.status().to_string();
   if (!step.is_ok()) return r;
   int opened = 0, closed = 0;
-  const StepIo io{st,
-                  groups,
-                  dtype,
-                  dtype,
-                  [&](std::size_t gi, Tier t) {
-                    ++opened;
-                    return st.emplace(outs[gi], t, false);
-                  },
-                  [&](std::size_t gi, Tier t) {
-                    ++closed;
-                    st.mark_dirty(outs[gi], t);
-                    st.unpin(outs[gi], t);
-                    return Status::ok();
-                  }};
+  std::vector<std::vector<std::byte>> before;
+  auto read = [&](mem::Handle h) {
+    std::vector<std::byte> b(st.spec(h).size_bytes);
+    EXPECT_TRUE(st.read(h, b.data()).is_ok());
+    return b;
+  };
+  for (const StepGroup& g : groups) {
+    for (mem::Handle h : {g.master, g.exp_avg, g.exp_avg_sq}) before.push_back(read(h));
+  }
+  const std::vector<std::size_t> reversed = {2, 1, 0};
+  std::vector<std::size_t> asked;
+  StepIo io{st,
+            groups,
+            dtype,
+            dtype,
+            [&](std::size_t gi, Tier t) {
+              ++opened;
+              return st.emplace(outs[gi], t, false);
+            },
+            [&](std::size_t gi, Tier t) {
+              ++closed;
+              st.mark_dirty(outs[gi], t);
+              st.unpin(outs[gi], t);
+              return Status::ok();
+            },
+            {},
+            {}};
+  if (shadow) {
+    io.order = reversed;
+    io.ready = [&](std::size_t gi, bool) -> Result<bool> {
+      if (asked.empty() || asked.back() != gi) asked.push_back(gi);
+      return true;
+    };
+  }
   const Status s = (*step)->run(io, base);
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   EXPECT_EQ(opened, 3);
   EXPECT_EQ(closed, 3);
+  if (shadow) {
+    EXPECT_EQ(asked, reversed);
+    for (std::size_t g = 0; g < groups.size(); ++g) {  // the state read is intact
+      EXPECT_EQ(read(groups[g].master), before[3 * g]);
+      EXPECT_EQ(read(groups[g].exp_avg), before[3 * g + 1]);
+      EXPECT_EQ(read(groups[g].exp_avg_sq), before[3 * g + 2]);
+      groups[g].master = groups[g].master_out;
+      groups[g].exp_avg = groups[g].exp_avg_out;
+      groups[g].exp_avg_sq = groups[g].exp_avg_sq_out;
+    }
+  }
   std::uint64_t state_bytes = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    auto read = [&](mem::Handle h) {
-      std::vector<std::byte> b(st.spec(h).size_bytes);
-      EXPECT_TRUE(st.read(h, b.data()).is_ok());
-      return b;
-    };
     r.master.push_back(read(groups[g].master));
     r.exp_avg.push_back(read(groups[g].exp_avg));
     r.exp_avg_sq.push_back(read(groups[g].exp_avg_sq));
@@ -149,6 +183,12 @@ TEST_P(OptimizerStepTest, EveryTierWritesTheSameBits) {
     EXPECT_EQ(r.exp_avg, device.exp_avg);
     EXPECT_EQ(r.exp_avg_sq, device.exp_avg_sq);
     EXPECT_EQ(r.out, device.out);
+    SCOPED_TRACE("shadow state");
+    const Result3 shadowed = run_step(tier, dtype, /*shadow=*/true);
+    EXPECT_EQ(shadowed.master, device.master);
+    EXPECT_EQ(shadowed.exp_avg, device.exp_avg);
+    EXPECT_EQ(shadowed.exp_avg_sq, device.exp_avg_sq);
+    EXPECT_EQ(shadowed.out, device.out);
   }
   // The step changed something: the master weights moved.
   Rng rng(42);
