@@ -13,7 +13,8 @@
 // fetches at the end of a pass (data unchanged between passes, as in gradient accumulation).
 // `nvme_pct` is the share of the bytes that comes from NVMe (the rest from host RAM). On the CPU
 // backend a host->device copy is a memcpy on one of the two cores the sgemm also needs, unlike a
-// GPU's copy engines; NVMe reads land in device memory by DMA.
+// GPU's copy engines; NVMe reads land in device memory by DMA. BM_OptimizerOverlap (below) does
+// the same for the training engine's whole step, the optimizer included.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -30,6 +31,7 @@
 #include "strata/io/swap.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/sched/prefetch_scheduler.h"
+#include "strata/zero/offload_engine.h"
 
 namespace {
 
@@ -109,16 +111,20 @@ Result<std::unique_ptr<Rig>> make_rig(int layers, std::size_t nvme_bytes, std::s
   return rig;
 }
 
-void layer_compute(Rig& rig) {
+// One layer's compute: the busy sgemm, its result folded into `sink`.
+void sgemm(device::Device& device, device::DeviceBuffer& a, device::DeviceBuffer& b,
+           device::DeviceBuffer& c, float& sink) {
   device::GemmArgs g;
   g.m = g.n = g.k = kGemmN;
-  g.a = rig.a.data();
-  g.b = rig.b.data();
-  g.c = rig.c.data();
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
   g.lda = g.ldb = g.ldc = kGemmN;
-  rig.device->ops().gemm(g);
-  rig.sink += rig.c.as<float>()[7];
+  device.ops().gemm(g);
+  sink += c.as<float>()[7];
 }
+
+void layer_compute(Rig& rig) { sgemm(*rig.device, rig.a, rig.b, rig.c, rig.sink); }
 
 // One pass through the layers; `verify` checks every byte that arrived.
 Status pass(Rig& rig, bool compute, bool verify) {
@@ -257,6 +263,203 @@ BENCHMARK(BM_Overlap)
     ->Args({16, 200, 0, 75})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(8)
+    ->UseRealTime();
+
+// ---- BM_OptimizerOverlap: the training engine's step, optimizer included ----
+//
+// The offload engine itself over L layer groups (parameters and optimizer state on NVMe, bf16
+// working copies and gradients, the CPU Adam streamed from NVMe), driven as a model would: a
+// forward pass acquiring each group, a backward pass in reverse acquiring each group and its
+// gradient, then the gradient norm and the step. Each layer's compute is the sgemm above (once
+// in forward, twice in backward). Every iteration times, back to back:
+//   compute    the 3L sgemms alone,
+//   serial     a training step without compute, optimizer_overlap "none": the transfers and
+//              the optimizer (the step's floor on this disk),
+//   step       training steps with compute under the benchmark's schedule (the mean of two, as
+//              an overlapped update runs on into the next step's forward).
+// overlap_ratio = step / max(compute, serial). The group size is calibrated so that serial takes
+// `optimizer_pct`% of compute.
+
+struct EngineRig {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<io::SwapSpace> swap;
+  model::ParamLayout layout;
+  std::unique_ptr<zero::OffloadEngine> engine;
+  device::DeviceBuffer a, b, c;
+  std::int64_t step = 0;
+  float sink = 0;
+};
+
+Result<std::unique_ptr<EngineRig>> make_engine_rig(int layers, std::int64_t elems,
+                                                   zero::OptimizerOverlap overlap,
+                                                   const std::string& name) {
+  auto rig = std::make_unique<EngineRig>();
+  device::DeviceOptions dopts;
+  dopts.kind = strata::device::DeviceKind::kCpu;
+  dopts.compute_threads = 1;  // the other core runs the optimizer and moves data
+  dopts.memory_limit_bytes = static_cast<std::uint64_t>(8 * elems) * 2 + (std::uint64_t{64} << 20);
+  STRATA_ASSIGN_OR_RETURN(rig->device, device::create_device(dopts));
+  // Each rig its own directory: a swap directory serves one swap space at a time.
+  const std::string dir = swap_dir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  io::SwapOptions sopts;
+  sopts.paths = {dir};
+  sopts.block_size_bytes = 1 << 20;
+  sopts.queue_depth = 16;
+  STRATA_ASSIGN_OR_RETURN(rig->swap, io::SwapSpace::create(sopts));
+  std::vector<model::ParamGroup> groups;
+  for (int l = 0; l < layers; ++l) {
+    model::ParamGroup g;
+    g.name = "layers." + std::to_string(l);
+    g.tensors.push_back(model::TensorSpec{g.name + ".weight", {elems}, 0, elems, false});
+    g.num_elems = elems;
+    groups.push_back(std::move(g));
+  }
+  rig->layout = model::ParamLayout::from_groups(std::move(groups));
+  zero::EngineOptions eo;
+  eo.offload_param = Tier::kNvme;
+  eo.offload_optimizer = Tier::kNvme;
+  eo.compute_dtype = DType::kBF16;
+  eo.overlap = overlap;
+  eo.cpu_adam.threads = 1;
+  eo.sub_group_size = 1 << 20;
+  eo.prefetch_bytes = static_cast<std::uint64_t>(2 * elems) * 2;
+  eo.max_live_bytes = static_cast<std::uint64_t>(4 * elems) * 2;
+  STRATA_ASSIGN_OR_RETURN(
+      rig->engine, zero::OffloadEngine::create(rig->layout, *rig->device, rig->swap.get(), eo));
+  STRATA_RETURN_IF_ERROR(rig->engine->load_master([](const model::ParamGroup& g, float* dst) {
+    for (std::int64_t i = 0; i < g.num_elems; ++i) dst[i] = 0.01f * static_cast<float>(i % 13);
+    return Status::ok();
+  }));
+  const std::size_t gb = static_cast<std::size_t>(kGemmN) * kGemmN * sizeof(float);
+  STRATA_ASSIGN_OR_RETURN(rig->a, rig->device->allocate(gb, "gemm a"));
+  STRATA_ASSIGN_OR_RETURN(rig->b, rig->device->allocate(gb, "gemm b"));
+  STRATA_ASSIGN_OR_RETURN(rig->c, rig->device->allocate(gb, "gemm c"));
+  std::memset(rig->a.data(), 0, gb);
+  std::memset(rig->b.data(), 0, gb);
+  return rig;
+}
+
+void engine_gemm(EngineRig& rig) { sgemm(*rig.device, rig.a, rig.b, rig.c, rig.sink); }
+
+// One training step: forward, backward (gradients of 1e-3, announced as the step's last
+// micro-batch), the norm and the update.
+Status engine_step(EngineRig& rig, bool compute) {
+  zero::OffloadEngine& e = *rig.engine;
+  const int n = rig.layout.num_groups();
+  ++rig.step;
+  e.begin_last_micro_batch(1e-4, rig.step, false);
+  for (int l = 0; l < n; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* p, e.acquire_params(l));
+    if (l + 1 < n) e.prefetch_params(l + 1);
+    rig.sink += static_cast<float>(static_cast<const std::uint8_t*>(p)[0]);
+    if (compute) engine_gemm(rig);
+    e.release_params(l);
+  }
+  for (int l = n - 1; l >= 0; --l) {
+    STRATA_ASSIGN_OR_RETURN(const void* p, e.acquire_params(l));
+    if (l > 0) e.prefetch_params(l - 1);
+    STRATA_ASSIGN_OR_RETURN(void* grad, e.acquire_grads(l));
+    rig.sink += static_cast<float>(static_cast<const std::uint8_t*>(p)[0]);
+    const auto elems = static_cast<std::size_t>(rig.layout.group(l).num_elems);
+    // A small constant gradient in bf16 (0x3a83 ~ 1e-3): written as a kernel would.
+    std::fill_n(static_cast<std::uint16_t*>(grad), elems, std::uint16_t{0x3a83});
+    if (compute) {
+      engine_gemm(rig);
+      engine_gemm(rig);
+    }
+    e.release_params(l);
+    STRATA_RETURN_IF_ERROR(e.release_grads(l));
+  }
+  STRATA_RETURN_IF_ERROR(e.finish_micro_batch());
+  STRATA_ASSIGN_OR_RETURN(const double norm, e.grad_norm());
+  rig.sink += static_cast<float>(norm);
+  return e.step(1e-4, rig.step, 1.0f);
+}
+
+// args: layers, serial time (transfers + optimizer) as a percentage of compute, schedule
+// (0 none, 2 backward)
+void BM_OptimizerOverlap(benchmark::State& state) {
+  const int layers = static_cast<int>(state.range(0));
+  const double target = static_cast<double>(state.range(1)) / 100.0;
+  const auto overlap = static_cast<zero::OptimizerOverlap>(state.range(2));
+  std::int64_t elems = 1 << 21;
+  std::unique_ptr<EngineRig> serial, rig;
+  Status st;
+  const auto timed = [&](EngineRig& r, bool compute, int steps) -> double {
+    Stopwatch sw;
+    for (int i = 0; i < steps && st.is_ok(); ++i) st = engine_step(r, compute);
+    if (st.is_ok()) st = r.engine->finish_step();
+    return sw.elapsed_ms() / steps;
+  };
+  const auto compute_ms = [&](EngineRig& r) {
+    Stopwatch sw;
+    for (int i = 0; i < 3 * layers; ++i) engine_gemm(r);
+    return sw.elapsed_ms();
+  };
+  for (int round = 0; round < 3; ++round) {
+    serial.reset();
+    auto r = make_engine_rig(layers, elems, zero::OptimizerOverlap::kNone, "serial");
+    if (!r.is_ok()) {
+      state.SkipWithError(r.status().to_string().c_str());
+      return;
+    }
+    serial = std::move(*r);
+    timed(*serial, false, 1);  // records the prefetch trace
+    const double t = timed(*serial, false, 2), c = compute_ms(*serial);
+    if (!st.is_ok()) {
+      state.SkipWithError(st.to_string().c_str());
+      return;
+    }
+    const double scale = std::clamp(target * c / t, 0.1, 10.0);
+    if (std::abs(scale - 1.0) < 0.1 || round == 2) break;
+    elems = static_cast<std::int64_t>(align_up(
+        static_cast<std::size_t>(static_cast<double>(elems) * scale), std::size_t{1} << 16));
+  }
+  auto r = make_engine_rig(layers, elems, overlap, "step");
+  if (!r.is_ok()) {
+    state.SkipWithError(r.status().to_string().c_str());
+    return;
+  }
+  rig = std::move(*r);
+  timed(*rig, true, 1);
+  double sum_ratio = 0, sum_step = 0, sum_compute = 0, sum_serial = 0, sum_exposed = 0;
+  int n = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const double c = compute_ms(*rig);
+    const double t = timed(*serial, false, 2);
+    const double exposed0 = rig->engine->stats().optimizer_exposed_ms;
+    state.ResumeTiming();
+    const double s = timed(*rig, true, 2);
+    state.PauseTiming();
+    if (!st.is_ok()) {
+      state.SkipWithError(st.to_string().c_str());
+      return;
+    }
+    sum_exposed += (rig->engine->stats().optimizer_exposed_ms - exposed0) / 2;
+    sum_ratio += s / std::max(c, t);
+    sum_step += s;
+    sum_compute += c;
+    sum_serial += t;
+    ++n;
+    state.ResumeTiming();
+  }
+  benchmark::DoNotOptimize(rig->sink);
+  state.counters["overlap_ratio"] = sum_ratio / n;
+  state.counters["step_ms"] = sum_step / n;
+  state.counters["compute_ms"] = sum_compute / n;
+  state.counters["serial_ms"] = sum_serial / n;
+  state.counters["exposed_ms"] = sum_exposed / n;
+  state.counters["group_MB"] = static_cast<double>(elems) * 28 / 1e6;  // state, bf16 copies
+}
+
+BENCHMARK(BM_OptimizerOverlap)
+    ->ArgNames({"layers", "optimizer_pct", "overlap"})
+    ->Args({12, 100, 0})
+    ->Args({12, 100, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(4)
     ->UseRealTime();
 
 }  // namespace

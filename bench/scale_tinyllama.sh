@@ -11,8 +11,10 @@
 # Environment: STRATA (binary, default build/strata), WORK (scratch directory, default
 # /tmp/strata-scale-tinyllama; needs the swap files: about 17 GB for 1.1B, 45 GB for 3B),
 # SHAPE (tinyllama-1.1b or llama-3.2-3b), HOST_LIMIT (host_memory_limit, default 2GiB),
-# RSS_LIMIT_GIB (default 3), STEPS (default 3), BATCH (sequences per step, default 1), KEEP=1
-# keeps WORK afterwards.
+# RSS_LIMIT_GIB (default 4.5: host_memory_limit 2 GiB, plus the 2 GiB device budget, which on the
+# CPU backend is host memory too, plus half a GiB for the process itself; the store uses its
+# host budget as a cache of clean copies), STEPS (default 3), BATCH (sequences per step,
+# default 1), KEEP=1 keeps WORK afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +24,8 @@ STEPS=${STEPS:-3}
 BATCH=${BATCH:-1}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 HOST_LIMIT=${HOST_LIMIT:-2GiB}
-RSS_LIMIT_GIB=${RSS_LIMIT_GIB:-3}
-RSS_LIMIT_BYTES=$((RSS_LIMIT_GIB * 1024 * 1024 * 1024))
+RSS_LIMIT_GIB=${RSS_LIMIT_GIB:-4.5}
+RSS_LIMIT_BYTES=$(python3 -c "print(int(float('$RSS_LIMIT_GIB') * 2**30))")
 
 if [[ ! -x "$STRATA" ]]; then
   echo "scale_tinyllama: $STRATA not found; build it (cmake --build build --target strata) or set STRATA" >&2
@@ -96,8 +98,8 @@ for m in rows:
         " / ".join("%.1f" % (b / 1e3) for b in busy), ratio, m["peak_device_bytes"] / gib,
         m["peak_rss_bytes"] / gib))
 print()
-print("optimizer s: updates that ended in the step (optimizer_overlap forward: the previous step's,")
-print("run during this forward); exposed s: how long compute waited for them")
+print("optimizer s: updates that ended in the step (overlapped: the previous step's, run during")
+print("this forward, and this step's beside backward); exposed s: how long compute waited for them")
 print("overlap ratio = step / max(compute + exposed, busiest transfer stream); compute excludes waits")
 if len(rows) > 1:
     later = rows[1:]
