@@ -110,6 +110,51 @@ TEST(PlanTest, AccumulationUsesFp32AccumulatorsBesideTheOptimizer) {
   EXPECT_FALSE(make_plan(l, o)->keep_gradients);
 }
 
+// optimizer_overlap "backward" needs the shadow state: a second master and pair of moments in the
+// optimizer's tier. On NVMe it is swap space; in host memory the budget must hold it, and where
+// it does not the plan falls back to "forward" and says why; a device optimizer never overlaps.
+TEST(PlanTest, TheGuessedStepsShadowStateIsCountedOrTheScheduleFallsBack) {
+  const model::ParamLayout l = layout();
+  const std::uint64_t f32 = sum_bytes(l, 4);
+  PlanOptions o = nvme_options();
+  o.overlap = OptimizerOverlap::kBackward;
+  auto nvme = make_plan(l, o);
+  ASSERT_TRUE(nvme.is_ok()) << nvme.status().message();
+  EXPECT_TRUE(nvme->shadow_state);
+  EXPECT_EQ(nvme->overlap, OptimizerOverlap::kBackward);
+  EXPECT_EQ(nvme->kind_bytes(Tier::kNvme, TensorKind::kMasterWeights), 2 * f32);
+  EXPECT_EQ(nvme->kind_bytes(Tier::kNvme, TensorKind::kMoments), 4 * f32);
+  EXPECT_NE(nvme->describe().find("overlaps: backward (shadow optimizer state)"), std::string::npos)
+      << nvme->describe();
+
+  o.params = Tier::kHost;
+  o.optimizer = Tier::kHost;
+  auto roomy = make_plan(l, o);  // no host budget: the shadow fits
+  ASSERT_TRUE(roomy.is_ok());
+  EXPECT_TRUE(roomy->shadow_state);
+  const std::uint64_t with_shadow = roomy->tier_bytes(Tier::kHost);
+  // A budget that holds the plan without the shadow but not with it.
+  o.host_budget_bytes = with_shadow - f32;
+  auto tight = make_plan(l, o);
+  ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+  EXPECT_FALSE(tight->shadow_state);
+  EXPECT_EQ(tight->overlap, OptimizerOverlap::kForward);
+  EXPECT_LE(tight->tier_bytes(Tier::kHost), o.host_budget_bytes);
+  EXPECT_NE(tight->overlap_note.find("does not fit host_memory_limit"), std::string::npos)
+      << tight->overlap_note;
+  EXPECT_NE(tight->describe().find("overlaps: forward; a second copy"), std::string::npos)
+      << tight->describe();
+
+  o.params = Tier::kDevice;
+  o.optimizer = Tier::kDevice;
+  o.host_budget_bytes = 0;
+  auto device = make_plan(l, o);
+  ASSERT_TRUE(device.is_ok());
+  EXPECT_EQ(device->overlap, OptimizerOverlap::kNone);
+  EXPECT_FALSE(device->shadow_state);
+  EXPECT_FALSE(device->overlap_note.empty());
+}
+
 TEST(PlanTest, ContradictionsAndShortBudgetsAreErrorsThatSayWhat) {
   const auto l = layout();
   PlanOptions o;
