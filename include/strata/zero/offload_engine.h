@@ -163,7 +163,7 @@ class OffloadEngine {
   Status run_step(const device::AdamWArgs& args, bool guess);
   Status end_step(Status s);      // after run_step: counters, gradients zeroed, the state switched
   Status wait_update(int group);  // the overlapped step has written it
-  void start_guess();             // kArmed -> kGuessing: the step thread waits for gradients
+  void start_guess();             // armed_ -> kGuessing: the step thread waits for gradients
   void mark_final(std::size_t group);  // its gradient is final: a guessed update may read it
   // Stops a guessed step and waits for it; restores the working copies it wrote unless a redo
   // is to rewrite them (`restore` false).
@@ -187,8 +187,9 @@ class OffloadEngine {
   };
   std::deque<PendingGrad> pending_grads_;
   std::vector<mem::Completion> writebacks_;  // accumulators and working copies going home
-  // The overlapped step (OptimizerOverlap::kForward) on its own thread; the thread touches only
-  // the store, the optimizer and what is below, under mu_ where marked.
+  // The overlapped step (beside the next forward, or a guess beside backward) on its own
+  // thread; the thread touches only the store, the optimizer and what is below, under step_mu_
+  // where marked.
   std::thread step_thread_;
   std::mutex step_mu_;
   std::condition_variable step_cv_;
