@@ -483,10 +483,12 @@ Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Complet
   store_->unpin(g.work, tier);
   const Tier home = store_->spec(g.work).home;
   if (home == tier) return Status::ok();
-  // Home on the copy streams (NVMe, or the device) while the next group is updated. A step's
-  // host copy on its way to NVMe stays as a clean copy, so the next forward can take it from
-  // host memory while the store has room for it (clean copies go first when room is needed).
-  const bool keep = keep_host_copy && home == Tier::kNvme && tier == Tier::kHost;
+  // Home on the copy streams (NVMe, or the device) while the next group is updated. Under a
+  // host budget a step's host copy on its way to NVMe stays as a clean copy, so the next forward
+  // can take it from host memory while the budget has room (clean copies go first when room is
+  // needed). Without one it goes: parameters on NVMe must not fill the host unbounded.
+  const bool keep = keep_host_copy && home == Tier::kNvme && tier == Tier::kHost &&
+                    options_.host_memory_limit_bytes != 0;
   STRATA_ASSIGN_OR_RETURN(mem::Completion done,
                           keep ? store_->fetch(g.work, Tier::kNvme) : store_->evict(g.work, tier));
   writebacks.push_back(std::move(done));

@@ -154,7 +154,8 @@ class OffloadEngine {
   mem::Handle step_grad(const Group& g) const;
   // A copy of the working copy on `tier` for the optimizer to write (the home when it lives
   // there); close_output makes it the working copy, writing it back home if it is not the home
-  // (`keep_host_copy`: a host copy written to NVMe stays, clean, for the next forward).
+  // (`keep_host_copy`: under a host budget, a host copy written to NVMe stays, clean, for the
+  // next forward).
   Result<void*> open_output(Group& g, Tier tier);
   Status close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks,
                       bool keep_host_copy = false);

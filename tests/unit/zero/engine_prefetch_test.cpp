@@ -47,6 +47,7 @@ class EnginePrefetchTest : public ::testing::Test {
     o.max_reuse_distance = 4096;
     o.timeline = timeline;
     o.overlap = overlap;
+    o.host_memory_limit_bytes = host_limit_;
     comm_ = dist::make_single_rank_communicator(*device_);
     auto e = ZeroProvider::create(layout_, 100000, *device_, swap_.get(), *comm_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
@@ -93,6 +94,7 @@ class EnginePrefetchTest : public ::testing::Test {
     return scale == 0.0f ? provider_->zero_grads() : provider_->step(1e-2, step, scale);
   }
 
+  std::uint64_t host_limit_ = 0;  // make()'s host_memory_limit
   model::LlamaConfig config_;
   model::ParamLayout layout_;
   std::unique_ptr<device::Device> device_;
@@ -293,6 +295,33 @@ TEST_F(EnginePrefetchTest, NvmeWriteErrorInAGuessedStepLeavesTheCommittedState) 
   auto after = micro_batch(5);  // the working copies are the committed weights again
   ASSERT_TRUE(after.is_ok()) << after.status().to_string();
   EXPECT_EQ(*after, *before);
+}
+
+// Under a host budget the working copies a step writes on their way to NVMe stay in host memory
+// as clean copies, and the next forward takes them from there (host -> device moves); without
+// a budget nothing is kept, and it reads NVMe.
+TEST_F(EnginePrefetchTest, UnderAHostBudgetUpdatedWorkingCopiesStayInHostMemory) {
+  for (const std::uint64_t limit : {std::uint64_t{0}, std::uint64_t{64} << 20}) {
+    SCOPED_TRACE("host_memory_limit " + std::to_string(limit));
+    host_limit_ = limit;
+    make({}, nullptr, OptimizerOverlap::kBackward, Tier::kNvme);
+    ASSERT_TRUE(train_step(1, 1.0f).is_ok());
+    ASSERT_TRUE(provider_->finish_step().is_ok());
+    const auto from_host = [&] {
+      return provider_->engine().store_stats().bytes_moved[static_cast<int>(Tier::kHost)]
+                                                          [static_cast<int>(Tier::kDevice)];
+    };
+    const std::uint64_t before = from_host();
+    ASSERT_TRUE(micro_batch(3).is_ok());
+    if (limit == 0) {
+      EXPECT_EQ(from_host(), before);
+    } else {
+      EXPECT_GT(from_host(), before);
+      EXPECT_LE(provider_->engine().stats().host_bytes, limit);
+    }
+    provider_.reset();
+  }
+  host_limit_ = 0;
 }
 
 TEST_F(EnginePrefetchTest, NvmeWriteErrorFailsTheOptimizerStep) {
