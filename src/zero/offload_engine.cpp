@@ -497,9 +497,9 @@ Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Complet
 
 Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
   bool redo = false;  // the working copies a guess touched stay touched: the redo rewrites them
+  last_clipped_ = grad_scale != 1.0f;
   if (phase_ == Phase::kGuessing) {
     const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == 1.0f;
-    last_clipped_ = grad_scale != 1.0f;
     ++stats_.steps_guessed;
     if (holds) {  // the guess is the step: it runs on into the next forward
       phase_ = Phase::kRunning;
@@ -513,52 +513,44 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
     redo = true;
   } else {
     STRATA_RETURN_IF_ERROR(finish_step());
-    last_clipped_ = grad_scale != 1.0f;
   }
   STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
   const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
+  if (plan_.overlap != OptimizerOverlap::kNone) {
+    launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
+    return Status::ok();
+  }
+  reset_step_flags(/*keep_touched=*/false);
+  Status s = run_step(args, /*guess=*/false);
   {
     std::lock_guard lock(step_mu_);
-    updated_.assign(groups_.size(), false);
-    if (!redo) touched_.assign(groups_.size(), false);
-    step_done_ = false;
-    step_status_ = Status::ok();
-  }
-  if (plan_.overlap == OptimizerOverlap::kNone) {
-    Status s = run_step(args, /*guess=*/false);
-    {
-      std::lock_guard lock(step_mu_);
-      step_done_ = true;
-    }
-    return end_step(std::move(s));
-  }
-  phase_ = Phase::kRunning;
-  step_thread_ = std::thread([this, args] {
-    Status s = run_step(args, /*guess=*/false);
-    std::lock_guard lock(step_mu_);
-    step_status_ = std::move(s);
     step_done_ = true;
-    step_cv_.notify_all();
-  });
-  return Status::ok();
+  }
+  return end_step(std::move(s));
 }
 
 void OffloadEngine::start_guess() {
-  {
-    std::lock_guard lock(step_mu_);
-    updated_.assign(groups_.size(), false);
-    touched_.assign(groups_.size(), false);
-    ready_.assign(groups_.size(), false);
-    cancel_ = false;
-    step_done_ = false;
-    step_status_ = Status::ok();
-  }
-  const device::AdamWArgs args = optim::make_adamw_args(options_.adam, guess_lr_, guess_step_, 1);
-  phase_ = Phase::kGuessing;
-  step_thread_ = std::thread([this, args] {
-    Status s = run_step(args, /*guess=*/true);
+  launch_step(optim::make_adamw_args(options_.adam, guess_lr_, guess_step_, 1), Phase::kGuessing,
+              /*keep_touched=*/false);
+}
+
+void OffloadEngine::reset_step_flags(bool keep_touched) {
+  std::lock_guard lock(step_mu_);
+  updated_.assign(groups_.size(), false);
+  if (!keep_touched) touched_.assign(groups_.size(), false);
+  ready_.assign(groups_.size(), false);
+  cancel_ = false;
+  step_done_ = false;
+  step_status_ = Status::ok();
+}
+
+void OffloadEngine::launch_step(const device::AdamWArgs& args, Phase phase, bool keep_touched) {
+  reset_step_flags(keep_touched);
+  phase_ = phase;
+  step_thread_ = std::thread([this, args, guess = phase == Phase::kGuessing] {
+    Status s = run_step(args, guess);
     std::lock_guard lock(step_mu_);
     step_status_ = std::move(s);
     step_done_ = true;
@@ -583,7 +575,6 @@ Status OffloadEngine::abandon_guess(bool restore) {
   Stopwatch wait;
   step_thread_.join();
   stats_.optimizer_exposed_ms += wait.elapsed_ms();
-  stats_.optimizer_total_ms += step_ms_;
   phase_ = Phase::kIdle;
   Status guess;
   std::vector<bool> written;
@@ -592,13 +583,12 @@ Status OffloadEngine::abandon_guess(bool restore) {
     guess = step_status_;
     written = touched_;
   }
-  stats_.nvme_read_bytes += optimizer_->bytes_read();
-  stats_.nvme_write_bytes += optimizer_->bytes_written();
+  count_step();
   // The state is as before the step (the guess wrote the shadow copy); the working copies the
   // guess wrote go back to what that state says, unless a redo is about to rewrite them all.
   const bool failed = !guess.is_ok() && guess.code() != StatusCode::kCancelled;
   Status s = restore || failed ? restore_working_copies(written) : Status::ok();
-  absorb_store_stats();
+  absorb_store_stats();  // the restored copies' transfers
   // The guess's own error (it read or wrote the state) comes first; being stopped is none.
   return failed ? guess : s;
 }
@@ -721,13 +711,17 @@ Status OffloadEngine::run_step(const device::AdamWArgs& args, bool guess) {
   return s;
 }
 
-Status OffloadEngine::end_step(Status s) {
+void OffloadEngine::count_step() {
   stats_.nvme_read_bytes += optimizer_->bytes_read();
   stats_.nvme_write_bytes += optimizer_->bytes_written();
   absorb_store_stats();
   stats_.optimizer_total_ms += step_ms_;
   // The serial schedule hides nothing: compute waits for all of it.
   if (plan_.overlap == OptimizerOverlap::kNone) stats_.optimizer_exposed_ms += step_ms_;
+}
+
+Status OffloadEngine::end_step(Status s) {
+  count_step();
   if (!s.is_ok()) {
     for (auto& g : groups_) g->has_grad = false;  // the step consumed some: start afresh
     // With the shadow state the state before the step is intact: the working copies the step

@@ -17,7 +17,7 @@
 #include "strata/tensor/tensor.h"
 #include "strata/train/data.h"
 #include "strata/zero/bucket.h"
-#include "strata/zero/optimizer_step.h"
+#include "strata/zero/plan.h"
 
 namespace strata::train {
 

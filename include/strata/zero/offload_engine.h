@@ -165,6 +165,16 @@ class OffloadEngine {
   Status end_step(Status s);      // after run_step: counters, gradients zeroed, the state switched
   Status wait_update(int group);  // the overlapped step has written it
   void start_guess();             // armed_ -> kGuessing: the step thread waits for gradients
+  // The step's flags (updated_, ready_, ...) for a new run; `keep_touched`: a redo keeps the
+  // groups its guess touched, for a failure to restore.
+  void reset_step_flags(bool keep_touched);
+  // Where the step is (main thread only). kGuessing: the step thread updates groups as their
+  // gradients become final, before step() knows the scale. kRunning: step() launched the step
+  // (or let the guess run on), overlapping what follows until finish_step.
+  enum class Phase : std::uint8_t { kIdle, kGuessing, kRunning };
+  // Runs run_step on the step thread, in `phase` (kGuessing: as a guess).
+  void launch_step(const device::AdamWArgs& args, Phase phase, bool keep_touched);
+  void count_step();  // the finished (or abandoned) step's time and NVMe bytes into stats_
   void mark_final(std::size_t group);  // its gradient is final: a guessed update may read it
   // Stops a guessed step and waits for it; restores the working copies it wrote unless a redo
   // is to rewrite them (`restore` false).
@@ -194,10 +204,6 @@ class OffloadEngine {
   std::thread step_thread_;
   std::mutex step_mu_;
   std::condition_variable step_cv_;
-  // Where the step is (main thread only). kGuessing: the step thread updates groups as their
-  // gradients become final, before step() knows the scale. kRunning: step() launched the step
-  // (or let the guess run on), overlapping what follows until finish_step.
-  enum class Phase : std::uint8_t { kIdle, kGuessing, kRunning };
   Phase phase_ = Phase::kIdle;
   bool armed_ = false;  // begin_last_micro_batch chose to guess: it starts at the first gradient
   double guess_lr_ = 0;

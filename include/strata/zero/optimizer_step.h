@@ -19,7 +19,6 @@
 #include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/tensor/tensor.h"
-#include "strata/zero/plan.h"
 
 namespace strata::zero {
 

@@ -118,6 +118,13 @@ std::vector<std::vector<float>> read_back(Fixture& f, std::size_t s) {
   return out;
 }
 
+// The expected result: `states` after one in-memory step.
+std::vector<AdamState> stepped_in_memory(CpuAdam& adam, std::vector<AdamState> states,
+                                         const device::AdamWArgs& h) {
+  for (AdamState& st : states) EXPECT_EQ(adam.step(st.args(h)), StepOutcome::kUpdated);
+  return states;
+}
+
 // Every segment's state read back from swap, and its param_out, equal the in-memory step's.
 void expect_same_as(Fixture& f, std::vector<AdamState>& want, const std::vector<AdamState>& got) {
   for (std::size_t s = 0; s < want.size(); ++s) {
@@ -147,8 +154,7 @@ TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
       Fixture f = make_fixture(GetParam());
       if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
       // In memory: the expected result.
-      std::vector<AdamState> want = f.states;
-      for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+      std::vector<AdamState> want = stepped_in_memory(*adam, f.states, h);
       // Streamed: gradients and outputs from a copy whose state arrays are ignored.
       std::vector<AdamState> got = f.states;
       std::vector<StreamedSegment> segs = segments_of(f, got);
@@ -183,8 +189,7 @@ TEST_P(StreamedAdamTest, GradientsStreamedFromSwapGiveTheSameBytes) {
     SCOPED_TRACE("sub_group_size " + std::to_string(sub));
     Fixture f = make_fixture(GetParam());
     if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
-    std::vector<AdamState> want = f.states;
-    for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+    std::vector<AdamState> want = stepped_in_memory(*adam, f.states, h);
     std::vector<AdamState> got = f.states;
     std::vector<StreamedSegment> segs = segments_of(f, got);
     for (std::size_t i = 0; i < segs.size(); ++i) {
@@ -227,8 +232,7 @@ TEST_P(StreamedAdamTest, ShadowExtentsAndGradientsSuppliedWhenReady) {
     SCOPED_TRACE("sub_group_size " + std::to_string(sub));
     Fixture f = make_fixture(GetParam());
     if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
-    std::vector<AdamState> want = f.states;
-    for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
+    std::vector<AdamState> want = stepped_in_memory(*adam, f.states, h);
     std::vector<AdamState> got = f.states;
     std::vector<StreamedSegment> segs = segments_of(f, got);
     std::vector<io::Extent> shadow;
