@@ -54,6 +54,7 @@ Json StepMetrics::to_json() const {
               {"optimizer_exposed_ms", optimizer_exposed_ms},
               {"optimizer_guessed", guessed},
               {"optimizer_redone", redone},
+              {"optimizer_schedule", optimizer_schedule},
               {"h2d_busy_ms", h2d_busy_ms},
               {"d2h_busy_ms", d2h_busy_ms},
               {"nvme_read_busy_ms", nvme_read_busy_ms},
@@ -335,6 +336,8 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.optimizer_ms = after.optimizer_total_ms - before.optimizer_total_ms;
   m.optimizer_exposed_ms = after.optimizer_exposed_ms - before.optimizer_exposed_ms;
   m.guessed = after.steps_guessed > before.steps_guessed;
+  m.optimizer_schedule = zero::optimizer_overlap_name(provider->engine().step_schedule());
+  m.schedule_measured = provider->engine().plan().measure_overlap;
   m.redone = after.steps_redone > before.steps_redone;
   m.wait_ms = after.wait_ms - before.wait_ms;
   m.stall_ms = after.stall_ms - before.stall_ms;
@@ -403,9 +406,10 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
       m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms, m.wait_ms, m.stall_ms,
       m.optimizer_ms, std::max(0.0, m.optimizer_ms - m.optimizer_exposed_ms),
       m.optimizer_exposed_ms,
-      m.redone    ? ", redone"
-      : m.guessed ? ", beside backward"
-                  : "",
+      m.redone                                                ? ", redone"
+      : m.guessed                                             ? ", beside backward"
+      : m.schedule_measured && m.optimizer_schedule == "none" ? ", serial (auto)"
+                                                              : "",
       m.h2d_busy_ms, m.d2h_busy_ms, m.nvme_read_busy_ms, m.nvme_write_busy_ms,
       format_bytes(m.h2d_bytes).c_str(), format_bytes(m.d2h_bytes).c_str(),
       format_bytes(m.nvme_read_bytes).c_str(), format_bytes(m.nvme_write_bytes).c_str(),

@@ -38,7 +38,14 @@ struct OffloadEngine::Group {
 
 OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& device,
                              io::SwapSpace* swap, const EngineOptions& options, MemoryPlan plan)
-    : layout_(layout), device_(device), swap_(swap), options_(options), plan_(std::move(plan)) {}
+    : layout_(layout),
+      device_(device),
+      swap_(swap),
+      options_(options),
+      plan_(std::move(plan)),
+      schedule_(plan_.overlap) {
+  if (plan_.measure_overlap) chooser_.emplace(plan_.overlap, options_.schedule_chooser);
+}
 
 OffloadEngine::~OffloadEngine() {
   (void)finish_step();          // its error, if nobody asked, was the run's to report
@@ -387,7 +394,9 @@ Status OffloadEngine::wait_writebacks() {
 }
 
 void OffloadEngine::begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
-  if (plan_.overlap != OptimizerOverlap::kBackward || last_clipped_) return;
+  // The schedule the last step ran: the chooser may change it at the next step(), after the
+  // guess would have begun; a guess running then is finished at once.
+  if (schedule_ != OptimizerOverlap::kBackward || last_clipped_) return;
   STRATA_CHECK(phase_ != Phase::kGuessing, "begin_last_micro_batch while a guess runs");
   guess_lr_ = lr;
   guess_step_ = step;
@@ -496,6 +505,11 @@ Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Complet
 }
 
 Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
+  if (chooser_) {
+    chooser_->step_began(options_.clock ? options_.clock() : now_ns());
+    schedule_ = chooser_->current();
+  }
+  step_inline_ = schedule_ == OptimizerOverlap::kNone;
   bool redo = false;  // the working copies a guess touched stay touched: the redo rewrites them
   last_clipped_ = grad_scale != 1.0f;
   if (phase_ == Phase::kGuessing) {
@@ -503,7 +517,9 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
     ++stats_.steps_guessed;
     if (holds) {  // the guess is the step: it runs on into the next forward
       phase_ = Phase::kRunning;
-      return Status::ok();
+      step_inline_ = false;  // what it hid beside backward stays hidden
+      // Unless the serial schedule was chosen from now on: then the step ends here.
+      return schedule_ == OptimizerOverlap::kNone ? finish_step() : Status::ok();
     }
     // The scale differs (clipping): the state before the step is intact in the shadow scheme;
     // stop the guess and redo the step from it with the gradients kept for this.
@@ -518,11 +534,11 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
   const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
-  if (plan_.overlap != OptimizerOverlap::kNone) {
+  if (schedule_ != OptimizerOverlap::kNone) {
     launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
     return Status::ok();
   }
-  reset_step_flags(/*keep_touched=*/false);
+  reset_step_flags(/*keep_touched=*/redo);
   Status s = run_step(args, /*guess=*/false);
   {
     std::lock_guard lock(step_mu_);
@@ -716,8 +732,8 @@ void OffloadEngine::count_step() {
   stats_.nvme_write_bytes += optimizer_->bytes_written();
   absorb_store_stats();
   stats_.optimizer_total_ms += step_ms_;
-  // The serial schedule hides nothing: compute waits for all of it.
-  if (plan_.overlap == OptimizerOverlap::kNone) stats_.optimizer_exposed_ms += step_ms_;
+  // A step run in step() itself hides nothing: compute waits for all of it.
+  if (step_inline_) stats_.optimizer_exposed_ms += step_ms_;
 }
 
 Status OffloadEngine::end_step(Status s) {

@@ -30,6 +30,8 @@ std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
       return "forward";
     case OptimizerOverlap::kBackward:
       return "backward";
+    case OptimizerOverlap::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -76,6 +78,7 @@ std::string MemoryPlan::describe() const {
                   std::string(tier_name(gradients)) + "\n";
   s += "  optimizer step overlaps: " + std::string(optimizer_overlap_name(overlap)) +
        (shadow_state ? " (shadow optimizer state)" : "") +
+       (measure_overlap ? ", or none while that measures faster" : "") +
        (overlap_note.empty() ? "" : "; " + overlap_note) + "\n";
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const std::string kinds = kinds_text(t);
@@ -189,7 +192,10 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   };
   // The schedule: a device step is ordered on the device's stream; the guess beside backward
   // needs the shadow state, on NVMe beside the state, in host memory only if the budget holds it.
-  plan.overlap = o.optimizer == Tier::kDevice ? OptimizerOverlap::kNone : o.overlap;
+  const bool automatic = o.overlap == OptimizerOverlap::kAuto;
+  const OptimizerOverlap asked = automatic ? OptimizerOverlap::kBackward : o.overlap;
+  plan.overlap = o.optimizer == Tier::kDevice ? OptimizerOverlap::kNone : asked;
+  plan.measure_overlap = automatic && plan.overlap != OptimizerOverlap::kNone;
   if (o.optimizer == Tier::kDevice && o.overlap != OptimizerOverlap::kNone) {
     plan.overlap_note = "the optimizer runs on the device, ordered with compute on its stream";
   }

@@ -54,8 +54,9 @@ struct TrainConfig {
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   // "none": the optimizer step after backward, before the next forward; "forward": on its own
   // thread during the next forward, which waits for each group's update only; "backward": each
-  // group's update starts beside backward, guessing no clipping, redone if it clips (all exact).
-  zero::OptimizerOverlap optimizer_overlap = zero::OptimizerOverlap::kBackward;
+  // group's update starts beside backward, guessing no clipping, redone if it clips; "auto":
+  // "backward", or "none" for as long as it measures faster (all exact).
+  zero::OptimizerOverlap optimizer_overlap = zero::OptimizerOverlap::kAuto;
   bool activation_checkpointing = false;
   int zero_stage = 3;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group

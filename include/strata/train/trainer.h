@@ -34,6 +34,10 @@ struct StepMetrics {
   // redone: the step clipped, so it was redone from the state before it.
   bool guessed = false;
   bool redone = false;
+  // The schedule this step's update ran with: "none" (serial), "forward" or "backward"; under
+  // optimizer_overlap "auto", whichever was measured faster (or is being probed).
+  std::string optimizer_schedule = "none";
+  bool schedule_measured = false;  // "auto": optimizer_schedule is the measurements' choice
   // Busy time of each transfer stream in the step (the union of its transfers' spans): copies
   // to and from the device, and NVMe reads and writes (the optimizer's included).
   double h2d_busy_ms = 0, d2h_busy_ms = 0, nvme_read_busy_ms = 0, nvme_write_busy_ms = 0;

@@ -10,8 +10,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -29,6 +31,7 @@
 #include "strata/sched/prefetch_scheduler.h"
 #include "strata/zero/optimizer_step.h"
 #include "strata/zero/plan.h"
+#include "strata/zero/schedule_chooser.h"
 
 namespace strata::zero {
 
@@ -40,6 +43,10 @@ struct EngineOptions {
   // Off the device only (a device step is the device's own work, ordered on its stream); the
   // plan may fall back (MemoryPlan::overlap says what runs).
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
+  // OptimizerOverlap::kAuto: how the overlapped and the serial schedule are compared, and the
+  // clock the step cycles are timed with (nullptr: now_ns; tests set their own).
+  ScheduleChooserOptions schedule_chooser;
+  std::function<std::int64_t()> clock;
   optim::AdamWHyper adam;
   // The host optimizer (offload_optimizer cpu or nvme): threads, SIMD path, pinning.
   optim::CpuAdamOptions cpu_adam;
@@ -133,6 +140,9 @@ class OffloadEngine {
   std::uint64_t acquire_device_bytes(int group) const;
 
   const MemoryPlan& plan() const { return plan_; }
+  // The schedule the last step() ran its update with: the plan's, or under kAuto the one the
+  // measurements chose (kNone while the serial one is faster).
+  OptimizerOverlap step_schedule() const { return schedule_; }
   // The store every tensor lives in; ZeroProvider keeps its device buffers there as scratch.
   mem::TieredStore& store() { return *store_; }
   const EngineStats& stats() const { return stats_; }
@@ -189,6 +199,9 @@ class OffloadEngine {
   io::SwapSpace* swap_;
   EngineOptions options_;
   MemoryPlan plan_;
+  OptimizerOverlap schedule_;               // the last step's (plan_.overlap unless chosen)
+  std::optional<ScheduleChooser> chooser_;  // plan_.measure_overlap
+  bool step_inline_ = false;                // the last step ran in step() itself
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<OptimizerStep> optimizer_;          // for the plan's optimizer tier
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32

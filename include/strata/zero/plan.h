@@ -31,9 +31,12 @@ std::string_view offload_name(Tier tier);
 //   so the state before the step stays intact until the global norm confirms the guess. A step
 //   that clips is redone from that state (overlapping the next forward), one whose gradient is
 //   not finite is rolled back, and after a clipped step the next one does not guess.
-enum class OptimizerOverlap : std::uint8_t { kNone, kForward, kBackward };
-inline constexpr std::array<OptimizerOverlap, 3> kOptimizerOverlaps = {
-    OptimizerOverlap::kNone, OptimizerOverlap::kForward, OptimizerOverlap::kBackward};
+// kAuto (asked for only; a plan resolves it): kBackward where it fits (else kForward), and the
+//   serial schedule instead for as long as it measures faster (schedule_chooser.h).
+enum class OptimizerOverlap : std::uint8_t { kNone, kForward, kBackward, kAuto };
+inline constexpr std::array<OptimizerOverlap, 4> kOptimizerOverlaps = {
+    OptimizerOverlap::kNone, OptimizerOverlap::kForward, OptimizerOverlap::kBackward,
+    OptimizerOverlap::kAuto};
 std::string_view optimizer_overlap_name(OptimizerOverlap overlap);  // "none", "forward", ...
 
 enum class TensorKind : std::uint8_t {
@@ -76,8 +79,10 @@ struct MemoryPlan {
   // the other copy and switches at commit, so the state before the step survives it until then
   // (OptimizerOverlap::kBackward's guess, a failed step). false where it does not fit.
   bool shadow_state = false;
-  // The schedule the optimizer step will run, and why when it is not the one asked for.
+  // The schedule the optimizer step will run (never kAuto), and why when it is not the one asked
+  // for; with `measure_overlap` (kAuto) the serial one instead while that measures faster.
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
+  bool measure_overlap = false;
   std::string overlap_note;
   // Peak bytes by tier and kind: homes in full, transient buffers at the most the plan lets be
   // in flight at once.

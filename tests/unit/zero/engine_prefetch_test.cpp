@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,8 @@ class EnginePrefetchTest : public ::testing::Test {
     o.timeline = timeline;
     o.overlap = overlap;
     o.host_memory_limit_bytes = host_limit_;
+    o.schedule_chooser = chooser_;
+    o.clock = clock_;
     comm_ = dist::make_single_rank_communicator(*device_);
     auto e = ZeroProvider::create(layout_, 100000, *device_, swap_.get(), *comm_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
@@ -94,7 +97,9 @@ class EnginePrefetchTest : public ::testing::Test {
     return scale == 0.0f ? provider_->zero_grads() : provider_->step(1e-2, step, scale);
   }
 
-  std::uint64_t host_limit_ = 0;  // make()'s host_memory_limit
+  std::uint64_t host_limit_ = 0;         // make()'s host_memory_limit
+  ScheduleChooserOptions chooser_;       // make()'s, for OptimizerOverlap::kAuto
+  std::function<std::int64_t()> clock_;  // make()'s step-cycle clock (nullptr: the real one)
   model::LlamaConfig config_;
   model::ParamLayout layout_;
   std::unique_ptr<device::Device> device_;
@@ -166,7 +171,7 @@ TEST_F(EnginePrefetchTest, NvmeReadErrorFailsTheStepAndTheNextOneWorks) {
 TEST_F(EnginePrefetchTest, OverlappedStepsGiveTheSerialBits) {
   for (const Tier optimizer : {Tier::kHost, Tier::kNvme}) {
     SCOPED_TRACE(std::string("optimizer on ") + std::string(tier_name(optimizer)));
-    std::vector<float> losses[3];
+    std::vector<float> losses[kOptimizerOverlaps.size()];
     for (const OptimizerOverlap overlap : kOptimizerOverlaps) {
       make({}, nullptr, overlap, optimizer);
       auto& out = losses[static_cast<int>(overlap)];
@@ -188,7 +193,8 @@ TEST_F(EnginePrefetchTest, OverlappedStepsGiveTheSerialBits) {
       out.push_back(*last);
       ASSERT_TRUE(provider_->finish_step().is_ok());
       const EngineStats& st = provider_->engine().stats();
-      if (overlap == OptimizerOverlap::kBackward) {
+      // "auto" measures for more steps than these before it probes the serial schedule.
+      if (overlap == OptimizerOverlap::kBackward || overlap == OptimizerOverlap::kAuto) {
         EXPECT_EQ(st.steps_guessed, 3u);  // not the one after the clipped step
         EXPECT_EQ(st.steps_redone, 1u);
         EXPECT_EQ(st.steps_rolled_back, 1u);
@@ -197,9 +203,66 @@ TEST_F(EnginePrefetchTest, OverlappedStepsGiveTheSerialBits) {
       }
       provider_.reset();
     }
-    EXPECT_EQ(losses[1], losses[0]);
-    EXPECT_EQ(losses[2], losses[0]);
+    for (std::size_t i = 1; i < kOptimizerOverlaps.size(); ++i) {
+      EXPECT_EQ(losses[i], losses[0]) << optimizer_overlap_name(kOptimizerOverlaps[i]);
+    }
     EXPECT_NE(losses[0].front(), losses[0].back());  // the steps changed the weights
+  }
+}
+
+// optimizer_overlap "auto" runs the overlapped schedule, probes the serial one and keeps the one
+// whose step cycles measured faster, probing the other again after a hold. A test clock makes
+// the serial cycles cheaper, then (from step 6) dearer: the steps go serial after the first
+// probe and back to the overlapped schedule at the next. The switch to serial comes at a step
+// whose guess was running and clips (so it is redone serially), and every loss is the serial
+// schedule's, bit for bit.
+TEST_F(EnginePrefetchTest, AutoRunsTheScheduleMeasuredFasterWithTheSerialBits) {
+  std::int64_t now_ns = 0;
+  clock_ = [&now_ns] { return now_ns; };
+  chooser_.samples = 1;
+  chooser_.hold_steps = 2;
+  constexpr int kSteps = 10;
+  const auto scale_of = [](int step) { return step == 3 ? 0.5f : 1.0f; };
+  for (const Tier optimizer : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(std::string("optimizer on ") + std::string(tier_name(optimizer)));
+    std::vector<float> serial, automatic;
+    std::vector<OptimizerOverlap> schedules;
+    for (const OptimizerOverlap overlap : {OptimizerOverlap::kNone, OptimizerOverlap::kAuto}) {
+      make({}, nullptr, overlap, optimizer);
+      auto& out = overlap == OptimizerOverlap::kNone ? serial : automatic;
+      for (int step = 1; step <= kSteps; ++step) {
+        for (std::uint64_t mb = 0; mb < 2; ++mb) {
+          if (mb == 1) provider_->begin_last_micro_batch(1e-2, step, true);
+          auto loss = micro_batch(10 * static_cast<std::uint64_t>(step) + mb);
+          ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+          out.push_back(*loss);
+        }
+        // The cycle ending now ran the last step's schedule.
+        const bool was_serial = provider_->engine().step_schedule() == OptimizerOverlap::kNone;
+        now_ns += (was_serial == (step < 6)) ? 50'000'000 : 100'000'000;
+        const Status s = provider_->step(1e-2, step, scale_of(step));
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        if (overlap == OptimizerOverlap::kAuto) {
+          schedules.push_back(provider_->engine().step_schedule());
+        }
+      }
+      auto last = micro_batch(99);
+      ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+      out.push_back(*last);
+      ASSERT_TRUE(provider_->finish_step().is_ok());
+      if (overlap == OptimizerOverlap::kAuto) {
+        const EngineStats& st = provider_->engine().stats();
+        // Steps 1-3, and 8-10 (step 7 runs overlapped but was not guessed: the step before it
+        // was serial).
+        EXPECT_EQ(st.steps_guessed, 6u);
+        EXPECT_EQ(st.steps_redone, 1u) << "step 3";
+      }
+      provider_.reset();
+    }
+    const auto b = OptimizerOverlap::kBackward, n = OptimizerOverlap::kNone;
+    const std::vector<OptimizerOverlap> expected = {b, b, n, n, n, n, b, b, b, b};
+    EXPECT_EQ(schedules, expected);
+    EXPECT_EQ(automatic, serial);
   }
 }
 

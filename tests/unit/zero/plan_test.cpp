@@ -155,6 +155,47 @@ TEST(PlanTest, TheGuessedStepsShadowStateIsCountedOrTheScheduleFallsBack) {
   EXPECT_FALSE(device->overlap_note.empty());
 }
 
+// optimizer_overlap "auto" is "backward" (or its fallback, "forward") with the schedule measured
+// against the serial one; with the optimizer on the device there is nothing to measure.
+TEST(PlanTest, AutoResolvesToAnOverlappedScheduleThatIsMeasured) {
+  const model::ParamLayout l = layout();
+  PlanOptions o = nvme_options();
+  o.overlap = OptimizerOverlap::kAuto;
+  auto nvme = make_plan(l, o);
+  ASSERT_TRUE(nvme.is_ok()) << nvme.status().message();
+  EXPECT_EQ(nvme->overlap, OptimizerOverlap::kBackward);
+  EXPECT_TRUE(nvme->shadow_state);
+  EXPECT_TRUE(nvme->measure_overlap);
+  EXPECT_NE(nvme->describe().find("overlaps: backward (shadow optimizer state), or none while "
+                                  "that measures faster"),
+            std::string::npos)
+      << nvme->describe();
+
+  o.params = Tier::kHost;
+  o.optimizer = Tier::kHost;
+  auto roomy = make_plan(l, o);
+  ASSERT_TRUE(roomy.is_ok());
+  o.host_budget_bytes = roomy->tier_bytes(Tier::kHost) - sum_bytes(l, 4);
+  auto tight = make_plan(l, o);
+  ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+  EXPECT_EQ(tight->overlap, OptimizerOverlap::kForward);
+  EXPECT_TRUE(tight->measure_overlap);
+
+  o.params = Tier::kDevice;
+  o.optimizer = Tier::kDevice;
+  o.host_budget_bytes = 0;
+  auto device = make_plan(l, o);
+  ASSERT_TRUE(device.is_ok());
+  EXPECT_EQ(device->overlap, OptimizerOverlap::kNone);
+  EXPECT_FALSE(device->measure_overlap);
+
+  o = nvme_options();
+  o.overlap = OptimizerOverlap::kBackward;
+  auto fixed = make_plan(l, o);
+  ASSERT_TRUE(fixed.is_ok());
+  EXPECT_FALSE(fixed->measure_overlap);
+}
+
 TEST(PlanTest, ContradictionsAndShortBudgetsAreErrorsThatSayWhat) {
   const auto l = layout();
   PlanOptions o;
