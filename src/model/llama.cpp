@@ -415,9 +415,14 @@ Result<float> LlamaModel::forward_loss(ParamProvider& provider, const std::int32
 }
 
 std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq) const {
+  return activation_bytes(config_, options_, batch, seq);
+}
+
+std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                           std::int64_t batch, std::int64_t seq) {
   Workspace measure;
-  return carve_workspace(Dims::make(config_, options_.compute_dtype, batch, seq),
-                         config_.num_hidden_layers, options_.activation_checkpointing, nullptr,
+  return carve_workspace(Dims::make(config, options.compute_dtype, batch, seq),
+                         config.num_hidden_layers, options.activation_checkpointing, nullptr,
                          &measure);
 }
 

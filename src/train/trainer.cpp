@@ -24,6 +24,7 @@
 #include "strata/sys/process.h"
 #include "strata/train/checkpoint.h"
 #include "strata/train/data.h"
+#include "strata/train/estimate.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -103,22 +104,8 @@ struct Trainer::Impl {
 Status Trainer::Impl::setup() {
   compute_dtype = config.precision;
 
-  // Model: a checkpoint directory or an inline config.
   std::unique_ptr<model::HfCheckpointReader> reader;
-  if (config.model.is_string()) {
-    STRATA_ASSIGN_OR_RETURN(auto r,
-                            model::HfCheckpointReader::open(config.model.get<std::string>()));
-    reader = std::make_unique<model::HfCheckpointReader>(std::move(r));
-    model_config = reader->config();
-  } else {
-    STRATA_ASSIGN_OR_RETURN(model_config,
-                            model::LlamaConfig::from_json(config.model, "config key 'model'"));
-  }
-  if (config.seq_len > model_config.max_position_embeddings) {
-    return invalid_argument("seq_len " + std::to_string(config.seq_len) +
-                            " exceeds the model's max_position_embeddings " +
-                            std::to_string(model_config.max_position_embeddings));
-  }
+  STRATA_ASSIGN_OR_RETURN(model_config, read_model_config(config, &reader));
   layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(model_config));
   if (reader) STRATA_RETURN_IF_ERROR(reader->validate(*layout));
 
@@ -183,24 +170,8 @@ Status Trainer::Impl::setup() {
   mopts.activation_checkpointing = config.activation_checkpointing;
   model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
 
-  zero::EngineOptions eopts;
-  eopts.activation_bytes = model->activation_bytes(config.micro_batch_size, config.seq_len);
-  eopts.offload_param = param;
-  eopts.offload_optimizer = opt;
-  eopts.compute_dtype = compute_dtype;
-  eopts.accumulation_steps = config.accumulation_steps(world);
-  eopts.overlap = config.optimizer_overlap;
-  eopts.adam.lr = config.optimizer.lr;
-  eopts.adam.beta1 = config.optimizer.beta1;
-  eopts.adam.beta2 = config.optimizer.beta2;
-  eopts.adam.eps = config.optimizer.eps;
-  eopts.adam.weight_decay = config.optimizer.weight_decay;
-  eopts.host_memory_limit_bytes = config.host_memory_limit;
-  eopts.cpu_adam.threads = config.threads;
-  eopts.sub_group_size = config.sub_group_size;
-  eopts.prefetch_bytes = config.prefetch_bytes;
-  eopts.max_live_bytes = config.max_live_bytes;
-  eopts.max_reuse_distance = config.max_reuse_distance;
+  zero::EngineOptions eopts = engine_options(
+      config, world, model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   eopts.timeline = timeline.get();
   zero::ZeroOptions zopts;

@@ -36,6 +36,22 @@ struct OffloadEngine::Group {
   std::int64_t span_begin_ns = 0;
 };
 
+PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budget_bytes,
+                         bool has_swap) {
+  PlanOptions po;
+  po.params = options.offload_param;
+  po.optimizer = options.offload_optimizer;
+  po.compute_dtype = options.compute_dtype;
+  po.accumulation_steps = options.accumulation_steps;
+  po.device_budget_bytes = device_budget_bytes;
+  po.host_budget_bytes = options.host_memory_limit_bytes;
+  po.activation_bytes = options.activation_bytes;
+  po.sub_group_size = options.sub_group_size;
+  po.has_swap = has_swap;
+  po.overlap = options.overlap;
+  return po;
+}
+
 OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& device,
                              io::SwapSpace* swap, const EngineOptions& options, MemoryPlan plan)
     : layout_(layout),
@@ -56,18 +72,9 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamL
                                                              device::Device& device,
                                                              io::SwapSpace* swap,
                                                              const EngineOptions& options) {
-  PlanOptions po;
-  po.params = options.offload_param;
-  po.optimizer = options.offload_optimizer;
-  po.compute_dtype = options.compute_dtype;
-  po.accumulation_steps = options.accumulation_steps;
-  po.device_budget_bytes = device.memory_stats().limit_bytes;
-  po.host_budget_bytes = options.host_memory_limit_bytes;
-  po.activation_bytes = options.activation_bytes;
-  po.sub_group_size = options.sub_group_size;
-  po.has_swap = swap != nullptr;
-  po.overlap = options.overlap;
-  STRATA_ASSIGN_OR_RETURN(MemoryPlan plan, make_plan(layout, po));
+  STRATA_ASSIGN_OR_RETURN(
+      MemoryPlan plan,
+      make_plan(layout, plan_options(options, device.memory_stats().limit_bytes, swap != nullptr)));
   std::unique_ptr<OffloadEngine> engine(
       new OffloadEngine(layout, device, swap, options, std::move(plan)));
   STRATA_RETURN_IF_ERROR(engine->create_store());

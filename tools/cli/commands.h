@@ -18,5 +18,6 @@ inline constexpr int kExitInterrupted = 130;
 Runner add_train_command(CLI::App& app);
 Runner add_info_command(CLI::App& app);
 Runner add_io_bench_command(CLI::App& app);
+Runner add_estimate_command(CLI::App& app);
 
 }  // namespace strata::cli

@@ -46,6 +46,9 @@ class LlamaModel {
 
   // Bytes of activations and workspace this model allocates on the device for (batch, seq).
   std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq) const;
+  // The same for a model not made (strata estimate): from its config and options alone.
+  static std::uint64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                        std::int64_t batch, std::int64_t seq);
 
   const StepTimings& last_timings() const { return timings_; }
   const LlamaConfig& config() const { return config_; }

@@ -82,6 +82,11 @@ struct EngineStats {
   std::uint64_t steps_rolled_back = 0;
 };
 
+// What the engine's memory plan is made from: its options, the device budget (the device's own
+// limit) and whether swap paths exist. strata estimate makes the same plan without an engine.
+PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budget_bytes,
+                         bool has_swap);
+
 class OffloadEngine {
  public:
   // Makes the plan and registers every tensor in the store. Fails with the plan's errors, or

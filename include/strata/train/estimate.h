@@ -1,0 +1,55 @@
+// What a config will hold in each memory tier, known before anything is allocated: rank 0's
+// memory plan, made exactly as `strata train` makes it (no weights read, no swap file written,
+// no device memory taken), and the process's predicted peak resident memory. `strata estimate`
+// prints it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/core/json.h"
+#include "strata/core/status.h"
+#include "strata/model/hf_checkpoint.h"
+#include "strata/model/llama_config.h"
+#include "strata/train/config.h"
+#include "strata/zero/offload_engine.h"
+#include "strata/zero/plan.h"
+
+namespace strata::train {
+
+// The model a config names: a Hugging Face checkpoint directory (its config.json; the reader,
+// which indexes the tensors without reading them, goes to `reader` when asked for) or an inline
+// config; seq_len must fit its max_position_embeddings.
+Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
+                                             std::unique_ptr<model::HfCheckpointReader>* reader);
+
+// The engine options a config resolves into on `world` ranks, with the model's activation
+// workspace for one micro-batch: the trainer's and the estimate's one source.
+zero::EngineOptions engine_options(const TrainConfig& config, int world,
+                                   std::uint64_t activation_bytes);
+
+struct Estimate {
+  model::LlamaConfig model;
+  std::int64_t parameters = 0;  // the whole model's
+  int ranks = 1;                // planned for rank 0 of these
+  int groups_partitioned = 0;   // of the parameter groups, split across the ranks
+  zero::MemoryPlan plan;        // rank 0's, as its engine makes it
+  // Resident memory of a process that has loaded Strata and its libraries (this one, measured
+  // when the estimate is made), and the predicted peak: that, plus what each tier holds in host
+  // RAM at its peak (below).
+  std::uint64_t process_bytes = 0;
+  std::uint64_t host_peak_bytes = 0;    // the plan's host bytes, or the host budget it caches in
+  std::uint64_t device_host_bytes = 0;  // device memory that is host RAM (the CPU backend)
+  std::uint64_t rss_bytes = 0;
+
+  std::string describe() const;  // the lines strata estimate prints
+  // device_bytes, host_bytes, nvme_bytes, rss_bytes, and each tier's bytes by kind.
+  Json to_json() const;
+};
+
+// Rank 0 of `ranks` running `config`. Fails as the trainer would on a config whose plan cannot
+// work (placements that contradict each other, a host budget too small), naming what.
+Result<Estimate> estimate(const TrainConfig& config, int ranks);
+
+}  // namespace strata::train

@@ -1,0 +1,152 @@
+// The memory plan of a config, made as the trainer makes it but without allocating anything.
+#include "strata/train/estimate.h"
+
+#include <algorithm>
+
+#include "strata/core/dtype.h"
+#include "strata/model/llama.h"
+#include "strata/model/param_layout.h"
+#include "strata/sys/process.h"
+#include "strata/zero/partition.h"
+
+namespace strata::train {
+
+Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
+                                             std::unique_ptr<model::HfCheckpointReader>* reader) {
+  model::LlamaConfig mc;
+  if (config.model.is_string()) {
+    STRATA_ASSIGN_OR_RETURN(auto r,
+                            model::HfCheckpointReader::open(config.model.get<std::string>()));
+    mc = r.config();
+    if (reader != nullptr) *reader = std::make_unique<model::HfCheckpointReader>(std::move(r));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(mc, model::LlamaConfig::from_json(config.model, "config key 'model'"));
+  }
+  if (config.seq_len > mc.max_position_embeddings) {
+    return invalid_argument("seq_len " + std::to_string(config.seq_len) +
+                            " exceeds the model's max_position_embeddings " +
+                            std::to_string(mc.max_position_embeddings));
+  }
+  return mc;
+}
+
+zero::EngineOptions engine_options(const TrainConfig& config, int world,
+                                   std::uint64_t activation_bytes) {
+  zero::EngineOptions o;
+  o.activation_bytes = activation_bytes;
+  o.offload_param = config.offload_param;
+  o.offload_optimizer = config.offload_optimizer;
+  o.compute_dtype = config.precision;
+  o.accumulation_steps = config.accumulation_steps(world);
+  o.overlap = config.optimizer_overlap;
+  o.adam.lr = config.optimizer.lr;
+  o.adam.beta1 = config.optimizer.beta1;
+  o.adam.beta2 = config.optimizer.beta2;
+  o.adam.eps = config.optimizer.eps;
+  o.adam.weight_decay = config.optimizer.weight_decay;
+  o.host_memory_limit_bytes = config.host_memory_limit;
+  o.cpu_adam.threads = config.threads;
+  o.sub_group_size = config.sub_group_size;
+  o.prefetch_bytes = config.prefetch_bytes;
+  o.max_live_bytes = config.max_live_bytes;
+  o.max_reuse_distance = config.max_reuse_distance;
+  return o;
+}
+
+Result<Estimate> estimate(const TrainConfig& config, int ranks) {
+  if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
+  if (config.batch_size % (config.micro_batch_size * ranks) != 0) {
+    return invalid_argument("batch_size " + std::to_string(config.batch_size) +
+                            " must be a multiple of micro_batch_size " +
+                            std::to_string(config.micro_batch_size) + " x " +
+                            std::to_string(ranks) + " ranks");
+  }
+  Estimate e;
+  e.ranks = ranks;
+  STRATA_ASSIGN_OR_RETURN(e.model, read_model_config(config, nullptr));
+  const model::ParamLayout full = model::ParamLayout::build(e.model);
+  e.parameters = full.num_parameters();
+  const zero::Partition partition(full, /*rank=*/0, ranks, config.param_persistence_threshold);
+  for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
+
+  model::ModelOptions mo;
+  mo.compute_dtype = config.precision;
+  mo.activation_checkpointing = config.activation_checkpointing;
+  const std::uint64_t activations =
+      model::LlamaModel::activation_bytes(e.model, mo, config.micro_batch_size, config.seq_len);
+  const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
+  STRATA_ASSIGN_OR_RETURN(
+      e.plan, zero::make_plan(partition.local_layout(),
+                              zero::plan_options(engine_options(config, ranks, activations),
+                                                 config.device_memory_limit, swap)));
+
+  if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
+  // The store keeps clean copies of the working copies as a cache: on the device (fetched for
+  // compute) up to the device budget, and, when they live on NVMe under a host budget, in host
+  // memory up to that budget. Without a budget nothing is kept beyond what the plan counts.
+  const std::uint64_t working =
+      e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters);
+  const auto capped = [](std::uint64_t bytes, std::uint64_t budget) {
+    return budget == 0 ? bytes : std::min(bytes, budget);
+  };
+  e.host_peak_bytes = e.plan.tier_bytes(Tier::kHost);
+  if (config.offload_param == Tier::kNvme && config.host_memory_limit != 0) {
+    e.host_peak_bytes =
+        std::max(e.host_peak_bytes, capped(e.host_peak_bytes + working, config.host_memory_limit));
+  }
+  // The CPU backend's device memory is host RAM.
+  if (config.device == device::DeviceKind::kCpu) {
+    e.device_host_bytes = e.plan.tier_bytes(Tier::kDevice);
+    if (config.offload_param != Tier::kDevice) {
+      e.device_host_bytes = std::max(
+          e.device_host_bytes, capped(e.device_host_bytes + working, config.device_memory_limit));
+    }
+  }
+  e.rss_bytes = e.process_bytes + e.host_peak_bytes + e.device_host_bytes;
+  return e;
+}
+
+std::string Estimate::describe() const {
+  std::string s = "model: " + std::to_string(parameters) + " parameters (" +
+                  std::to_string(model.num_hidden_layers) + " layers, hidden " +
+                  std::to_string(model.hidden_size) + ", vocab " +
+                  std::to_string(model.vocab_size) + ")\n";
+  s += "rank 0 of " + std::to_string(ranks) + ": " + std::to_string(groups_partitioned) +
+       " parameter groups partitioned\n";
+  s += plan.describe();
+  s += "peak resident memory (rss): " + format_bytes(rss_bytes) + " = the process " +
+       format_bytes(process_bytes) + " + host " + format_bytes(host_peak_bytes) +
+       (host_peak_bytes > plan.tier_bytes(Tier::kHost) ? " (with parameters cached there)" : "");
+  if (device_host_bytes != 0) {
+    s += " + device " + format_bytes(device_host_bytes) +
+         " (with parameters cached there; the CPU backend's device memory is host memory)";
+  }
+  s += "\nnot predicted yet: the step time\n";
+  return s;
+}
+
+Json Estimate::to_json() const {
+  Json tiers = Json::object();
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    Json kinds = Json::object();
+    for (int k = 0; k < zero::kNumTensorKinds; ++k) {
+      const auto kind = static_cast<zero::TensorKind>(k);
+      kinds[std::string(zero::tensor_kind_name(kind))] = plan.kind_bytes(t, kind);
+    }
+    tiers[std::string(tier_name(t))] = kinds;
+  }
+  return Json{{"parameters", parameters},
+              {"ranks", ranks},
+              {"rank", 0},
+              {"device_bytes", plan.tier_bytes(Tier::kDevice)},
+              {"host_bytes", plan.tier_bytes(Tier::kHost)},
+              {"nvme_bytes", plan.tier_bytes(Tier::kNvme)},
+              {"host_peak_bytes", host_peak_bytes},
+              {"process_bytes", process_bytes},
+              {"rss_bytes", rss_bytes},
+              {"optimizer_overlap", zero::optimizer_overlap_name(plan.overlap)},
+              {"shadow_state", plan.shadow_state},
+              {"kinds", tiers}};
+}
+
+}  // namespace strata::train
