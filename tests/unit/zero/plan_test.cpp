@@ -148,15 +148,17 @@ TEST(PlanTest, TheGuessedStepsShadowStateIsCountedOrTheScheduleFallsBack) {
   o.params = Tier::kDevice;
   o.optimizer = Tier::kDevice;
   o.host_budget_bytes = 0;
+  o.overlap = OptimizerOverlap::kAuto;  // nothing to measure either
   auto device = make_plan(l, o);
   ASSERT_TRUE(device.is_ok());
   EXPECT_EQ(device->overlap, OptimizerOverlap::kNone);
   EXPECT_FALSE(device->shadow_state);
+  EXPECT_FALSE(device->measure_overlap);
   EXPECT_FALSE(device->overlap_note.empty());
 }
 
 // optimizer_overlap "auto" is "backward" (or its fallback, "forward") with the schedule measured
-// against the serial one; with the optimizer on the device there is nothing to measure.
+// against the serial one (with the optimizer on the device, above, there is nothing to measure).
 TEST(PlanTest, AutoResolvesToAnOverlappedScheduleThatIsMeasured) {
   const model::ParamLayout l = layout();
   PlanOptions o = nvme_options();
@@ -180,14 +182,6 @@ TEST(PlanTest, AutoResolvesToAnOverlappedScheduleThatIsMeasured) {
   ASSERT_TRUE(tight.is_ok()) << tight.status().message();
   EXPECT_EQ(tight->overlap, OptimizerOverlap::kForward);
   EXPECT_TRUE(tight->measure_overlap);
-
-  o.params = Tier::kDevice;
-  o.optimizer = Tier::kDevice;
-  o.host_budget_bytes = 0;
-  auto device = make_plan(l, o);
-  ASSERT_TRUE(device.is_ok());
-  EXPECT_EQ(device->overlap, OptimizerOverlap::kNone);
-  EXPECT_FALSE(device->measure_overlap);
 
   o = nvme_options();
   o.overlap = OptimizerOverlap::kBackward;

@@ -26,13 +26,22 @@ std::vector<OptimizerOverlap> run(ScheduleChooser& c, int steps, Cost cost, std:
 constexpr auto kB = OptimizerOverlap::kBackward;
 constexpr auto kN = OptimizerOverlap::kNone;
 
-TEST(ScheduleChooserTest, TakesTheSerialScheduleWhenItIsClearlyFaster) {
+// Cycles of `serial_ms` under the serial schedule and `overlapped_ms` under the other.
+auto costs(std::int64_t serial_ms, std::int64_t overlapped_ms) {
+  return [=](OptimizerOverlap s) { return s == kN ? serial_ms : overlapped_ms; };
+}
+
+ScheduleChooserOptions options(int samples, std::int64_t hold_steps) {
   ScheduleChooserOptions o;
-  o.samples = 3;
-  o.hold_steps = 10;
-  ScheduleChooser c(kB, o);
+  o.samples = samples;
+  o.hold_steps = hold_steps;
+  return o;
+}
+
+TEST(ScheduleChooserTest, TakesTheSerialScheduleWhenItIsClearlyFaster) {
+  ScheduleChooser c(kB, options(3, 10));
   std::int64_t now = 0;
-  const auto serial_cheaper = [](OptimizerOverlap s) { return s == kN ? 80 : 100; };
+  const auto serial_cheaper = costs(80, 100);
   // Step 1 opens the first cycle, step 2 closes it uncounted; steps 3-5 count three overlapped
   // cycles, then the serial one is probed: one cycle uncounted (step 6), three counted (7-9).
   const auto got = run(c, 9, serial_cheaper, now);
@@ -50,44 +59,32 @@ TEST(ScheduleChooserTest, TakesTheSerialScheduleWhenItIsClearlyFaster) {
 }
 
 TEST(ScheduleChooserTest, KeepsTheOverlappedScheduleWithinTheMargin) {
-  ScheduleChooserOptions o;
-  o.samples = 1;
-  o.hold_steps = 3;
+  ScheduleChooserOptions o = options(1, 3);
   o.margin = 0.05;
   ScheduleChooser c(OptimizerOverlap::kForward, o);
   std::int64_t now = 0;
   // Serial 3% faster: within the margin, so the overlapped schedule stays after every probe.
-  const auto got = run(
-      c, 30, [](OptimizerOverlap s) { return s == kN ? 97 : 100; }, now);
+  const auto got = run(c, 30, costs(97, 100), now);
   EXPECT_EQ(got.back(), OptimizerOverlap::kForward);
   EXPECT_GE(c.probes(), 3);
   EXPECT_EQ(c.switches(), 0);
 }
 
 TEST(ScheduleChooserTest, FollowsAChangeOfTheMachine) {
-  ScheduleChooserOptions o;
-  o.samples = 1;
-  o.hold_steps = 2;
-  ScheduleChooser c(kB, o);
+  ScheduleChooser c(kB, options(1, 2));
   std::int64_t now = 0;
-  run(
-      c, 5, [](OptimizerOverlap s) { return s == kN ? 50 : 100; }, now);
+  run(c, 5, costs(50, 100), now);
   EXPECT_EQ(c.current(), kN);
   // Now the overlapped schedule is the faster: the next probe takes it back.
-  const auto got = run(
-      c, 5, [](OptimizerOverlap s) { return s == kN ? 100 : 50; }, now);
+  const auto got = run(c, 5, costs(100, 50), now);
   EXPECT_EQ(got.back(), kB);
   EXPECT_EQ(c.switches(), 2);
 }
 
 TEST(ScheduleChooserTest, TheCycleOfASwitchIsNotCounted) {
-  ScheduleChooserOptions o;
-  o.samples = 1;
-  o.hold_steps = 2;
-  ScheduleChooser c(kB, o);
+  ScheduleChooser c(kB, options(1, 2));
   std::int64_t now = 0;
-  run(
-      c, 3, [](OptimizerOverlap) { return 100; }, now);  // probe of serial begins at step 3
+  run(c, 3, costs(100, 100), now);  // the probe of the serial schedule begins at step 3
   ASSERT_EQ(c.current(), kN);
   // The cycle in which the schedule changed is huge (half of each, and a checkpoint, say): it
   // must not count against the serial schedule, whose next cycle is cheap.
