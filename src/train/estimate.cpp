@@ -30,6 +30,23 @@ Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
   return mc;
 }
 
+io::SwapOptions swap_options(const TrainConfig& config, int rank) {
+  io::SwapOptions o;
+  for (std::string path : config.swap_paths) {
+    const std::string key = "{rank}";
+    for (auto pos = path.find(key); pos != std::string::npos; pos = path.find(key)) {
+      path.replace(pos, key.size(), std::to_string(rank));
+    }
+    o.paths.push_back(std::move(path));
+  }
+  o.engine = config.swap_engine;
+  o.block_size_bytes = config.swap_block_size;
+  o.queue_depth = config.swap_queue_depth;
+  o.thread_count = config.swap_threads;
+  o.verify_swap = config.verify_swap;
+  return o;
+}
+
 zero::EngineOptions engine_options(const TrainConfig& config, int world,
                                    std::uint64_t activation_bytes) {
   zero::EngineOptions o;
@@ -121,7 +138,7 @@ std::string Estimate::describe() const {
     s += " + device " + format_bytes(device_host_bytes) +
          " (with parameters cached there; the CPU backend's device memory is host memory)";
   }
-  s += "\nnot predicted yet: the step time\n";
+  s += "\n";
   return s;
 }
 

@@ -28,17 +28,6 @@
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
-namespace {
-
-std::string substitute_rank(std::string path, int rank) {
-  const std::string key = "{rank}";
-  for (auto pos = path.find(key); pos != std::string::npos; pos = path.find(key)) {
-    path.replace(pos, key.size(), std::to_string(rank));
-  }
-  return path;
-}
-
-}  // namespace
 
 Json StepMetrics::to_json() const {
   return Json{{"step", step},
@@ -154,14 +143,7 @@ Status Trainer::Impl::setup() {
   }
   const Tier param = config.offload_param, opt = config.offload_optimizer;
   if (param == Tier::kNvme || opt == Tier::kNvme) {
-    io::SwapOptions sopts;
-    for (const auto& p : config.swap_paths) sopts.paths.push_back(substitute_rank(p, rank));
-    sopts.engine = config.swap_engine;
-    sopts.block_size_bytes = config.swap_block_size;
-    sopts.queue_depth = config.swap_queue_depth;
-    sopts.thread_count = config.swap_threads;
-    sopts.verify_swap = config.verify_swap;
-    STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(sopts));
+    STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(swap_options(config, rank)));
   }
 
   // The model first: the memory plan counts its device workspace.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "strata/train/config.h"
+#include "strata/train/step_time.h"
 #include "strata/train/trainer.h"
 #include "tests/testing/temp_dir.h"
 
@@ -148,6 +149,65 @@ TEST(EstimateTest, AConfigThatCannotRunIsRefusedAsTheTrainerWould) {
   auto t = Trainer::create(*small, o);
   ASSERT_FALSE(t.is_ok());
   EXPECT_EQ(t.status().message(), refused.status().message());
+}
+
+// The step time from given rates: each part is the plan's bytes or the model's FLOPs over its
+// rate, transfers overlap compute, and the update adds to it serially or overlaps it.
+TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_param"] = "nvme";
+  j["offload_optimizer"] = "nvme";
+  j["micro_batch_size"] = 4;  // one micro-batch: gradients kept as computed
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok());
+  auto e = estimate(*config, 1);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  r.nvme_read_bytes = {1e9, true, "test"};
+  r.nvme_write_bytes = {5e8, true, "test"};
+  const StepTime st = predict_step(*config, *e, r);
+  // Matrix products: 6 FLOPs per non-embedding parameter and token, plus attention.
+  const double tokens = 4.0 * 32;
+  const double matmul = static_cast<double>(e->parameters - 256 * 64);
+  const double attention = 3 * 4.0 * 2 * 32 * 64 * tokens;
+  EXPECT_NEAR(st.compute_ms, (6 * matmul * tokens + attention) / 1e9 * 1e3, 1e-6);
+  // The update streams 12 B of state per element each way, plus the new fp32 working copy out.
+  const double elems =
+      static_cast<double>(e->plan.kind_bytes(Tier::kNvme, zero::TensorKind::kParameters)) / 4;
+  EXPECT_NEAR(st.optimizer_ms, (12 * elems / 1e9 + 16 * elems / 5e8) * 1e3, 1e-6);
+  EXPECT_GT(st.transfer_ms, 0);
+  EXPECT_DOUBLE_EQ(st.serial_ms, std::max(st.compute_ms, st.transfer_ms) + st.optimizer_ms);
+  EXPECT_DOUBLE_EQ(st.overlapped_ms, std::max(st.compute_ms, st.transfer_ms + st.optimizer_ms));
+  EXPECT_DOUBLE_EQ(st.step_ms, std::min(st.serial_ms, st.overlapped_ms));  // "auto"
+
+  // Twice the GEMM rate halves compute and nothing else.
+  r.gemm_flops.per_s *= 2;
+  const StepTime faster = predict_step(*config, *e, r);
+  EXPECT_NEAR(faster.compute_ms, st.compute_ms / 2, 1e-9);
+  EXPECT_EQ(faster.optimizer_ms, st.optimizer_ms);
+}
+
+// The probes measure this machine and leave nothing behind in the swap path.
+TEST(EstimateTest, CalibrationMeasuresTheRatesAndCleansUp) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_optimizer"] = "nvme";
+  j["offload_param"] = "cpu";
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok());
+  const MachineRates r = calibrate(*config);
+  for (const Rate* rate :
+       {&r.gemm_flops, &r.memory_bytes, &r.nvme_read_bytes, &r.nvme_write_bytes}) {
+    EXPECT_TRUE(rate->measured) << rate->how;
+    EXPECT_GT(rate->per_s, 0) << rate->how;
+  }
+  EXPECT_FALSE(r.comm_bytes.measured);
+  EXPECT_TRUE(fs::is_empty(dir.file("swap")));
+  const Json out = r.to_json();
+  EXPECT_EQ(out["nvme_read_bytes"]["measured"], true);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
+#include "strata/train/step_time.h"
 #include "tools/cli/commands.h"
 
 namespace strata::cli {
@@ -28,11 +29,40 @@ int run_estimate(const EstimateArgs& a) {
     std::fprintf(stderr, "strata estimate: %s\n", e.status().message().c_str());
     return e.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitError;
   }
+  const train::MachineRates rates = train::calibrate(*config);
+  const train::StepTime step = train::predict_step(*config, *e, rates);
   if (a.json) {
-    std::cout << e->to_json().dump() << "\n";
-  } else {
-    std::cout << e->describe();
+    Json out = e->to_json();
+    out["step_ms"] = step.step_ms;
+    out["step"] = step.to_json();
+    out["rates"] = rates.to_json();
+    std::cout << out.dump() << "\n";
+    return kExitOk;
   }
+  std::cout << e->describe();
+  const auto secs = [](double ms) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "%.2f s", ms / 1e3);
+    return std::string(b);
+  };
+  std::cout << "predicted step: " << secs(step.step_ms) << " (" << step.schedule << "; serial "
+            << secs(step.serial_ms);
+  if (step.overlapped_ms > 0) std::cout << ", overlapped " << secs(step.overlapped_ms);
+  std::cout << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
+            << ", optimizer " << secs(step.optimizer_ms) << ", communication " << secs(step.comm_ms)
+            << "\n";
+  const auto rate = [](const char* what, const train::Rate& r, double unit, const char* units) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%.1f %s", r.per_s / unit, units);
+    std::cout << "  " << what << ": " << (r.per_s > 0 ? std::string(b) + ", " : std::string())
+              << (r.measured ? "measured (" + r.how + ")" : r.how) << "\n";
+  };
+  std::cout << "rates:\n";
+  rate("matrix products", rates.gemm_flops, 1e9, "GFLOP/s");
+  rate("host memory", rates.memory_bytes, 1e9, "GB/s");
+  rate("nvme read", rates.nvme_read_bytes, 1e9, "GB/s");
+  rate("nvme write", rates.nvme_write_bytes, 1e9, "GB/s");
+  if (e->ranks > 1) rate("collectives", rates.comm_bytes, 1e9, "GB/s");
   return kExitOk;
 }
 

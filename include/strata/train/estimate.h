@@ -10,6 +10,7 @@
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
+#include "strata/io/swap.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama_config.h"
 #include "strata/train/config.h"
@@ -23,6 +24,9 @@ namespace strata::train {
 // config; seq_len must fit its max_position_embeddings.
 Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
                                              std::unique_ptr<model::HfCheckpointReader>* reader);
+
+// The swap space a config asks for on `rank` ("{rank}" in a swap path becomes the rank).
+io::SwapOptions swap_options(const TrainConfig& config, int rank);
 
 // The engine options a config resolves into on `world` ranks, with the model's activation
 // workspace for one micro-batch: the trainer's and the estimate's one source.

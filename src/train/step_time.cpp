@@ -1,0 +1,234 @@
+// Short probes of this machine's rates, and a step's predicted time from them and the plan.
+#include "strata/train/step_time.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <memory>
+
+#include "strata/core/clock.h"
+#include "strata/core/host_mapping.h"
+#include "strata/device/device.h"
+#include "strata/io/swap.h"
+
+namespace strata::train {
+namespace {
+
+constexpr double kGemmProbeSeconds = 0.3;
+constexpr double kMemoryProbeSeconds = 0.15;
+constexpr std::size_t kMemoryProbeBytes = std::size_t{64} << 20;
+constexpr std::size_t kSwapProbeBytes = std::size_t{256} << 20;
+// What a node's MPI over shared memory moves per rank in a collective; not measurable from one
+// process, so it is said to be assumed.
+constexpr double kAssumedCommBytesPerS = 5e9;
+
+Rate gemm_rate(const TrainConfig& config) {
+  device::DeviceOptions o;
+  o.kind = config.device;
+  o.compute_threads = config.threads;
+  o.memory_limit_bytes = config.device_memory_limit;
+  auto device = device::create_device(o);
+  if (!device.is_ok()) {
+    return {0, false, "not measured: " + device.status().message()};
+  }
+  constexpr std::int64_t n = 1024;
+  const DType dt = config.precision;
+  const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dt);
+  auto a = (*device)->allocate(bytes, "GEMM probe");
+  auto b = (*device)->allocate(bytes, "GEMM probe");
+  auto c = (*device)->allocate(bytes, "GEMM probe");
+  if (!a.is_ok() || !b.is_ok() || !c.is_ok()) {
+    return {0, false,
+            "not measured: the GEMM probe's 3 x " + format_bytes(bytes) +
+                " do not fit device_memory_limit"};
+  }
+  device::Stream& s = (*device)->stream(device::StreamKind::kCompute);
+  for (void* p : {a->data(), b->data(), c->data()}) (*device)->fill_zero(p, bytes, s);
+  device::GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a->data();
+  g.b = b->data();
+  g.c = c->data();
+  g.lda = g.ldb = g.ldc = n;
+  g.dtype = dt;
+  (*device)->ops().gemm(g);  // warm up: thread pools, packing buffers
+  s.synchronize();
+  Stopwatch t;
+  int reps = 0;
+  while (t.elapsed_ms() < kGemmProbeSeconds * 1e3) {
+    (*device)->ops().gemm(g);
+    s.synchronize();
+    ++reps;
+  }
+  const double flops = 2.0 * n * n * n * reps;
+  return {flops / (t.elapsed_ms() / 1e3), true,
+          std::string(precision_name(dt)) + " GEMM 1024^3 on " + (*device)->name() + ", " +
+              std::to_string(reps) + " runs"};
+}
+
+Rate memory_rate() {
+  HostMapping src(kMemoryProbeBytes), dst(kMemoryProbeBytes);
+  std::memset(src.data(), 1, kMemoryProbeBytes);
+  Stopwatch t;
+  int reps = 0;
+  while (t.elapsed_ms() < kMemoryProbeSeconds * 1e3) {
+    std::memcpy(dst.data(), src.data(), kMemoryProbeBytes);
+    ++reps;
+  }
+  // A copy reads and writes each byte.
+  const double moved = 2.0 * static_cast<double>(kMemoryProbeBytes) * reps;
+  return {moved / (t.elapsed_ms() / 1e3), true, "memcpy of 64 MiB, one thread"};
+}
+
+void swap_rates(const TrainConfig& config, Rate* read, Rate* write) {
+  const bool nvme = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
+  if (!nvme) {
+    *read = *write = {0, false, "not needed: nothing lives on nvme"};
+    return;
+  }
+  io::SwapOptions o = swap_options(config, 0);
+  o.paths.resize(std::min<std::size_t>(o.paths.size(), 1));  // the first drive, as configured
+  o.log_warnings = false;
+  auto swap = io::SwapSpace::create(o);
+  if (!swap.is_ok()) {
+    *read = *write = {0, false, "not measured: " + swap.status().message()};
+    return;
+  }
+  auto extent = (*swap)->allocate(kSwapProbeBytes, "swap probe");
+  if (!extent.is_ok()) {
+    *read = *write = {0, false, "not measured: " + extent.status().message()};
+    return;
+  }
+  HostMapping buf(kSwapProbeBytes);
+  for (std::size_t i = 0; i < kSwapProbeBytes; i += 4096) buf.data()[i] = std::byte(i >> 12);
+  const std::string where = (*swap)->engine_name() + " on " + o.paths.front() + ", " +
+                            format_bytes(kSwapProbeBytes) + " in " +
+                            format_bytes(config.swap_block_size) + " requests";
+  // The first write allocates the file's blocks; training overwrites them, so time the second.
+  Status s = (*swap)->write(*extent, 0, buf.data(), kSwapProbeBytes).wait();
+  Stopwatch tw;
+  if (s.is_ok()) s = (*swap)->write(*extent, 0, buf.data(), kSwapProbeBytes).wait();
+  const double write_s = tw.elapsed_ms() / 1e3;
+  Stopwatch tr;
+  if (s.is_ok()) s = (*swap)->read(*extent, 0, buf.data(), kSwapProbeBytes).wait();
+  const double read_s = tr.elapsed_ms() / 1e3;
+  (*swap)->free(*extent);
+  if (!s.is_ok()) {
+    *read = *write = {0, false, "not measured: " + s.message()};
+    return;
+  }
+  *write = {static_cast<double>(kSwapProbeBytes) / write_s, true, "write, " + where};
+  *read = {static_cast<double>(kSwapProbeBytes) / read_s, true, "read, " + where};
+}
+
+Json rate_json(const Rate& r) {
+  return Json{{"per_s", r.per_s}, {"measured", r.measured}, {"how", r.how}};
+}
+
+double ms(double bytes_or_flops, const Rate& r) {
+  return r.per_s > 0 ? bytes_or_flops / r.per_s * 1e3 : 0.0;
+}
+
+}  // namespace
+
+MachineRates calibrate(const TrainConfig& config) {
+  MachineRates r;
+  try {
+    r.gemm_flops = gemm_rate(config);
+    r.memory_bytes = memory_rate();
+    swap_rates(config, &r.nvme_read_bytes, &r.nvme_write_bytes);
+  } catch (const std::bad_alloc&) {
+    r.memory_bytes = {0, false, "not measured: no host memory for the probe"};
+  }
+  r.comm_bytes = {kAssumedCommBytesPerS, false,
+                  "assumed (MPI over shared memory; one process cannot time a collective)"};
+  return r;
+}
+
+Json MachineRates::to_json() const {
+  return Json{{"gemm_flops", rate_json(gemm_flops)},
+              {"memory_bytes", rate_json(memory_bytes)},
+              {"nvme_read_bytes", rate_json(nvme_read_bytes)},
+              {"nvme_write_bytes", rate_json(nvme_write_bytes)},
+              {"comm_bytes", rate_json(comm_bytes)}};
+}
+
+StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates) {
+  StepTime st;
+  const model::LlamaConfig& m = e.model;
+  const double ranks = e.ranks;
+  const double tokens = static_cast<double>(config.batch_size) / ranks * config.seq_len;
+  const double accum = static_cast<double>(config.accumulation_steps(e.ranks));
+  const double dsize = static_cast<double>(dtype_size(config.precision));
+  // Matrix products: 2 FLOPs per parameter and token forward, 4 backward (the embedding is a
+  // lookup, not a product); attention 4 x seq x hidden per token and layer forward, 8 backward.
+  // Checkpointing runs the forward again.
+  const double params = static_cast<double>(e.parameters);
+  const double matmul_params = params - static_cast<double>(m.vocab_size * m.hidden_size);
+  const double passes = config.activation_checkpointing ? 4.0 : 3.0;
+  const double flops = passes * 2.0 * matmul_params * tokens +
+                       passes * 4.0 * static_cast<double>(m.num_hidden_layers) * config.seq_len *
+                           static_cast<double>(m.hidden_size) * tokens;
+  st.compute_ms = ms(flops, rates.gemm_flops);
+
+  // The rank's working copies, gradients and optimizer state, as its engine holds them.
+  const double work =
+      static_cast<double>(e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters));
+  const double elems = work / dsize;
+  // Parameters fetched to the device for forward and backward of each micro-batch, from the
+  // host (a copy) or NVMe; what the host caches under a host budget comes from there.
+  if (config.offload_param != Tier::kDevice) {
+    const double fetched = 2.0 * accum * work;
+    st.transfer_ms += ms(2.0 * fetched, rates.memory_bytes);  // the copy to the device
+    if (config.offload_param == Tier::kNvme) {
+      const double cached = std::clamp((static_cast<double>(e.host_peak_bytes) -
+                                        static_cast<double>(e.plan.tier_bytes(Tier::kHost))) /
+                                           std::max(work, 1.0),
+                                       0.0, 1.0);
+      st.transfer_ms += ms(fetched * (1.0 - cached), rates.nvme_read_bytes);
+    }
+  }
+  // Gradients leave the device once per micro-batch.
+  if (config.offload_optimizer != Tier::kDevice) {
+    st.transfer_ms += ms(2.0 * accum * elems * dsize, rates.memory_bytes);
+    if (e.plan.gradients == Tier::kNvme) {
+      st.transfer_ms += ms(accum * elems * dsize, rates.nvme_write_bytes);
+    }
+  }
+  // The update reads and writes fp32 master weights and both moments, reads the gradient and
+  // writes the new working copy: (12 + 12) B + gradient + working copy per element.
+  const double grad_bytes = e.plan.keep_gradients ? dsize : 4.0;
+  st.optimizer_ms = ms(elems * (24.0 + grad_bytes + dsize), rates.memory_bytes);
+  if (config.offload_optimizer == Tier::kNvme) {
+    double read = elems * 12.0, write = elems * 12.0;
+    if (e.plan.gradients == Tier::kNvme) read += elems * grad_bytes;
+    if (config.offload_param == Tier::kNvme) write += elems * dsize;
+    st.optimizer_ms = std::max(st.optimizer_ms,
+                               ms(read, rates.nvme_read_bytes) + ms(write, rates.nvme_write_bytes));
+  }
+  // ZeRO-3 moves the parameters twice (forward and backward all-gathers) and the gradients once.
+  if (e.ranks > 1) {
+    st.comm_ms = ms(3.0 * params * dsize * (ranks - 1) / ranks, rates.comm_bytes);
+  }
+  st.serial_ms = std::max({st.compute_ms, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
+  if (e.plan.overlap == zero::OptimizerOverlap::kNone) {
+    st.step_ms = st.serial_ms;
+    st.schedule = "serial";
+  } else {
+    st.overlapped_ms = std::max({st.compute_ms, st.transfer_ms + st.optimizer_ms, st.comm_ms});
+    st.step_ms =
+        e.plan.measure_overlap ? std::min(st.overlapped_ms, st.serial_ms) : st.overlapped_ms;
+    st.schedule =
+        e.plan.measure_overlap ? "auto: the faster of serial and overlapped" : "overlapped";
+  }
+  return st;
+}
+
+Json StepTime::to_json() const {
+  return Json{
+      {"step_ms", step_ms},       {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
+      {"compute_ms", compute_ms}, {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
+      {"comm_ms", comm_ms},       {"schedule", schedule}};
+}
+
+}  // namespace strata::train
