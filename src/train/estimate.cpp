@@ -70,6 +70,35 @@ zero::EngineOptions engine_options(const TrainConfig& config, int world,
   return o;
 }
 
+namespace {
+
+// The predicted peaks of `e`, from its plan and process_bytes.
+void predict_peaks(const TrainConfig& config, Estimate& e) {
+  // The store keeps clean copies of the working copies as a cache: on the device (fetched for
+  // compute) up to the device budget, and, when they live on NVMe under a host budget, in host
+  // memory up to that budget. Without a budget nothing is kept beyond what the plan counts.
+  const std::uint64_t working =
+      e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters);
+  const auto capped = [](std::uint64_t bytes, std::uint64_t budget) {
+    return budget == 0 ? bytes : std::min(bytes, budget);
+  };
+  e.host_peak_bytes = e.plan.tier_bytes(Tier::kHost);
+  if (config.offload_param == Tier::kNvme && config.host_memory_limit != 0) {
+    e.host_peak_bytes =
+        std::max(e.host_peak_bytes, capped(e.host_peak_bytes + working, config.host_memory_limit));
+  }
+  e.device_peak_bytes = e.plan.tier_bytes(Tier::kDevice);
+  if (config.offload_param != Tier::kDevice) {
+    e.device_peak_bytes = std::max(
+        e.device_peak_bytes, capped(e.device_peak_bytes + working, config.device_memory_limit));
+  }
+  // The CPU backend's device memory is host RAM.
+  e.device_host_bytes = config.device == device::DeviceKind::kCpu ? e.device_peak_bytes : 0;
+  e.rss_bytes = e.process_bytes + e.host_peak_bytes + e.device_host_bytes;
+}
+
+}  // namespace
+
 Result<Estimate> estimate(const TrainConfig& config, int ranks) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   if (config.batch_size % (config.micro_batch_size * ranks) != 0) {
@@ -98,28 +127,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
                                                  config.device_memory_limit, swap)));
 
   if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
-  // The store keeps clean copies of the working copies as a cache: on the device (fetched for
-  // compute) up to the device budget, and, when they live on NVMe under a host budget, in host
-  // memory up to that budget. Without a budget nothing is kept beyond what the plan counts.
-  const std::uint64_t working =
-      e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters);
-  const auto capped = [](std::uint64_t bytes, std::uint64_t budget) {
-    return budget == 0 ? bytes : std::min(bytes, budget);
-  };
-  e.host_peak_bytes = e.plan.tier_bytes(Tier::kHost);
-  if (config.offload_param == Tier::kNvme && config.host_memory_limit != 0) {
-    e.host_peak_bytes =
-        std::max(e.host_peak_bytes, capped(e.host_peak_bytes + working, config.host_memory_limit));
-  }
-  // The CPU backend's device memory is host RAM.
-  if (config.device == device::DeviceKind::kCpu) {
-    e.device_host_bytes = e.plan.tier_bytes(Tier::kDevice);
-    if (config.offload_param != Tier::kDevice) {
-      e.device_host_bytes = std::max(
-          e.device_host_bytes, capped(e.device_host_bytes + working, config.device_memory_limit));
-    }
-  }
-  e.rss_bytes = e.process_bytes + e.host_peak_bytes + e.device_host_bytes;
+  predict_peaks(config, e);
   return e;
 }
 
@@ -159,6 +167,7 @@ Json Estimate::to_json() const {
               {"host_bytes", plan.tier_bytes(Tier::kHost)},
               {"nvme_bytes", plan.tier_bytes(Tier::kNvme)},
               {"host_peak_bytes", host_peak_bytes},
+              {"device_peak_bytes", device_peak_bytes},
               {"process_bytes", process_bytes},
               {"rss_bytes", rss_bytes},
               {"optimizer_overlap", zero::optimizer_overlap_name(plan.overlap)},

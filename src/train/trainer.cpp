@@ -57,6 +57,10 @@ Json StepMetrics::to_json() const {
               {"peak_host_bytes", peak_host_bytes},
               {"peak_nvme_bytes", peak_nvme_bytes},
               {"peak_rss_bytes", peak_rss_bytes},
+              {"planned_device_bytes", planned_device_bytes},
+              {"planned_host_bytes", planned_host_bytes},
+              {"planned_nvme_bytes", planned_nvme_bytes},
+              {"predicted_rss_bytes", predicted_rss_bytes},
               {"comm_bytes", comm_bytes}};
 }
 
@@ -75,6 +79,7 @@ struct Trainer::Impl {
   std::unique_ptr<SequenceSampler> sampler;
   optim::LrSchedule schedule;
   std::int64_t step = 0;  // optimizer steps completed
+  Estimate planned;       // what strata estimate says of this config, for the run to compare
   std::vector<StepMetrics> history;
   std::string last_checkpoint;
   std::ofstream metrics;
@@ -137,6 +142,8 @@ Status Trainer::Impl::setup() {
       }
     }
   }
+  // Before anything large is allocated: the process's own memory is what estimate measures.
+  STRATA_ASSIGN_OR_RETURN(planned, estimate(config, world));
   if (rank != 0) {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();
@@ -318,6 +325,10 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
                  (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
                  (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);
   if (auto mem = sys::read_process_memory(); mem.is_ok()) m.peak_rss_bytes = mem->peak_rss_bytes;
+  m.planned_device_bytes = planned.device_peak_bytes;
+  m.planned_host_bytes = planned.host_peak_bytes;
+  m.planned_nvme_bytes = planned.plan.tier_bytes(Tier::kNvme);
+  m.predicted_rss_bytes = planned.rss_bytes;
   return m;
 }
 
@@ -463,6 +474,25 @@ Status Trainer::run_steps(std::int64_t n) {
 const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }
 std::int64_t Trainer::step() const { return impl_->step; }
 bool Trainer::reports() const { return impl_->comm->rank() == 0; }
+
+std::string Trainer::peaks_against_plan() const {
+  const Impl& s = *impl_;
+  std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
+  for (const StepMetrics& m : s.history) {
+    device = std::max(device, m.peak_device_bytes);
+    host = std::max(host, m.peak_host_bytes);
+    nvme = std::max(nvme, m.peak_nvme_bytes);
+    rss = std::max(rss, m.peak_rss_bytes);
+  }
+  const auto pair = [](const char* what, std::uint64_t got, std::uint64_t want, const char* verb) {
+    return std::string(what) + " " + format_bytes(got) + " (" + verb + " " + format_bytes(want) +
+           ")";
+  };
+  return "peaks: " + pair("device", device, s.planned.device_peak_bytes, "planned") + ", " +
+         pair("host", host, s.planned.host_peak_bytes, "planned") + ", " +
+         pair("nvme", nvme, s.planned.plan.tier_bytes(Tier::kNvme), "planned") + ", " +
+         pair("rss", rss, s.planned.rss_bytes, "predicted");
+}
 
 std::string Trainer::describe() const {
   const Impl& s = *impl_;

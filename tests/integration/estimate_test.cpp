@@ -93,6 +93,18 @@ TEST(EstimateTest, ThePlanIsTheTrainersAndNothingIsAllocated) {
     expect_near_rel(host, e->host_peak_bytes, 0.30, "host");
     expect_near_rel(device, e->device_host_bytes, 0.30, "device");
     EXPECT_EQ(e->rss_bytes, e->process_bytes + e->host_peak_bytes + e->device_host_bytes);
+    // The run reports its peaks against the same prediction (its own estimate, made before it
+    // allocated anything).
+    const StepMetrics& last = (*t)->history().back();
+    EXPECT_EQ(last.planned_host_bytes, e->host_peak_bytes);
+    EXPECT_EQ(last.planned_device_bytes, e->device_peak_bytes);
+    EXPECT_EQ(last.planned_nvme_bytes, e->plan.tier_bytes(Tier::kNvme));
+    EXPECT_GT(last.predicted_rss_bytes, e->host_peak_bytes + e->device_host_bytes);
+    const std::string line = (*t)->peaks_against_plan();
+    EXPECT_NE(line.find("host " + format_bytes(host) + " (planned " +
+                        format_bytes(e->host_peak_bytes) + ")"),
+              std::string::npos)
+        << line;
   }
 }
 

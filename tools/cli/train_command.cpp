@@ -89,6 +89,7 @@ int run_train(const TrainArgs& a) {
   const auto& h = (*trainer)->history();
   if (!h.empty() && (*trainer)->reports()) {
     std::printf("done: %zu steps, loss %.4f -> %.4f\n", h.size(), h.front().loss, h.back().loss);
+    std::printf("%s\n", (*trainer)->peaks_against_plan().c_str());
     if ((*trainer)->last_checkpoint().empty()) {
       std::printf("weights: not saved (save_dir is \"\")\n");
     } else {

@@ -44,7 +44,8 @@ struct Estimate {
   // RAM at its peak (below).
   std::uint64_t process_bytes = 0;
   std::uint64_t host_peak_bytes = 0;    // the plan's host bytes, or the host budget it caches in
-  std::uint64_t device_host_bytes = 0;  // device memory that is host RAM (the CPU backend)
+  std::uint64_t device_peak_bytes = 0;  // the plan's device bytes with parameters cached there
+  std::uint64_t device_host_bytes = 0;  // of which host RAM (the CPU backend's device memory)
   std::uint64_t rss_bytes = 0;
 
   std::string describe() const;  // the lines strata estimate prints

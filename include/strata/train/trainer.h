@@ -44,7 +44,10 @@ struct StepMetrics {
   std::uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
   std::uint64_t peak_device_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
   std::uint64_t peak_rss_bytes = 0;  // the process's resident-memory high-water mark
-  std::uint64_t comm_bytes = 0;      // payload of this rank's collectives in the step
+  // What strata estimate predicts for this config, to compare with the peaks above.
+  std::uint64_t planned_device_bytes = 0, planned_host_bytes = 0, planned_nvme_bytes = 0;
+  std::uint64_t predicted_rss_bytes = 0;
+  std::uint64_t comm_bytes = 0;  // payload of this rank's collectives in the step
   Json to_json() const;
 };
 
@@ -78,6 +81,9 @@ class Trainer {
   bool reports() const;
   // Human-readable summary of the plan (model size, tiers, budgets), printed before training.
   std::string describe() const;
+  // One line: the run's peaks against the plan's prediction (rank 0's), e.g. "peaks: device
+  // 1.86 GiB (planned 2.00 GiB), ...".
+  std::string peaks_against_plan() const;
 
  private:
   struct Impl;
