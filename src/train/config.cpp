@@ -65,6 +65,19 @@ void read_enum(JsonReader& r, const std::string& key, T* out, const std::array<T
   }
 }
 
+// "none", "cpu", "nvme" or "auto" (the tier stays as it was, to be chosen).
+void read_offload(JsonReader& r, const std::string& key, Tier* tier, bool* automatic) {
+  std::string s = *automatic ? "auto" : std::string(zero::offload_name(*tier));
+  std::vector<std::string> names;
+  for (Tier t : kTiers) names.emplace_back(zero::offload_name(t));
+  names.emplace_back("auto");
+  r.read_choice(key, &s, names);
+  *automatic = s == "auto";
+  for (Tier t : kTiers) {
+    if (zero::offload_name(t) == s) *tier = t;
+  }
+}
+
 }  // namespace
 
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
@@ -162,8 +175,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   }
   read_enum(r, "dist_backend", &c.dist_backend, dist::kCommBackends, dist::comm_backend_name);
   r.read("dist_timeout_s", &c.dist_timeout_s, 1);
-  read_enum(r, "offload_optimizer", &c.offload_optimizer, kTiers, zero::offload_name);
-  read_enum(r, "offload_param", &c.offload_param, kTiers, zero::offload_name);
+  read_offload(r, "offload_optimizer", &c.offload_optimizer, &c.offload_optimizer_auto);
+  read_offload(r, "offload_param", &c.offload_param, &c.offload_param_auto);
   r.read_bytes("prefetch_bytes", &c.prefetch_bytes);
   r.read_bytes("max_live_bytes", &c.max_live_bytes);
   r.read_bytes("max_reuse_distance", &c.max_reuse_distance);
@@ -200,7 +213,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                      " must divide batch_size " + std::to_string(c.batch_size) +
                      " (gradient accumulation steps = batch_size / micro_batch_size)");
   }
-  if (c.offload_param != Tier::kDevice && c.offload_optimizer == Tier::kDevice) {
+  if (c.offload_param != Tier::kDevice && c.offload_optimizer == Tier::kDevice &&
+      !c.offload_optimizer_auto) {
     errors.push_back("'offload_param': \"" + std::string(zero::offload_name(c.offload_param)) +
                      "\" needs offload_optimizer \"cpu\" or \"nvme\" as well");
   }
@@ -259,8 +273,9 @@ Json TrainConfig::to_json() const {
       {"allgather_bucket_bytes", allgather_bucket_bytes},
       {"dist_backend", dist::comm_backend_name(dist_backend)},
       {"dist_timeout_s", dist_timeout_s},
-      {"offload_optimizer", zero::offload_name(offload_optimizer)},
-      {"offload_param", zero::offload_name(offload_param)},
+      {"offload_optimizer",
+       offload_optimizer_auto ? "auto" : zero::offload_name(offload_optimizer)},
+      {"offload_param", offload_param_auto ? "auto" : zero::offload_name(offload_param)},
       {"prefetch_bytes", prefetch_bytes},
       {"max_live_bytes", max_live_bytes},
       {"max_reuse_distance", max_reuse_distance},

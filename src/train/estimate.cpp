@@ -114,6 +114,11 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
   e.parameters = full.num_parameters();
   const zero::Partition partition(full, /*rank=*/0, ranks, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
+  for (const auto& g : partition.local_layout().groups()) {
+    e.largest_group_bytes =
+        std::max<std::uint64_t>(e.largest_group_bytes, static_cast<std::uint64_t>(g.num_elems) *
+                                                           dtype_size(config.precision));
+  }
 
   model::ModelOptions mo;
   mo.compute_dtype = config.precision;

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "strata/core/clock.h"
 #include "strata/core/host_mapping.h"
@@ -81,7 +84,10 @@ Rate memory_rate() {
 }
 
 void swap_rates(const TrainConfig& config, Rate* read, Rate* write) {
-  const bool nvme = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
+  const bool automatic = config.offload_param_auto || config.offload_optimizer_auto;
+  const bool nvme = config.offload_param == Tier::kNvme ||
+                    config.offload_optimizer == Tier::kNvme ||
+                    (automatic && !config.swap_paths.empty());
   if (!nvme) {
     *read = *write = {0, false, "not needed: nothing lives on nvme"};
     return;
@@ -229,6 +235,84 @@ Json StepTime::to_json() const {
       {"step_ms", step_ms},       {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
       {"compute_ms", compute_ms}, {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
       {"comm_ms", comm_ms},       {"schedule", schedule}};
+}
+
+Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
+                                         const MachineRates& rates) {
+  const std::vector<Tier> all = {Tier::kDevice, Tier::kHost, Tier::kNvme};
+  const std::vector<Tier> params =
+      config.offload_param_auto ? all : std::vector{config.offload_param};
+  const std::vector<Tier> optimizers =
+      config.offload_optimizer_auto ? all : std::vector{config.offload_optimizer};
+  // Free space of the swap paths, for NVMe homes.
+  std::uint64_t swap_free = 0;
+  for (const std::string& p : swap_options(config, 0).paths) {
+    std::error_code ec;
+    const auto space = std::filesystem::space(p, ec);
+    if (!ec) swap_free += space.available;
+  }
+  std::optional<PlacementChoice> best;
+  std::string others;
+  const auto name = [](Tier p, Tier o) {
+    return std::string(zero::offload_name(p)) + "/" + std::string(zero::offload_name(o));
+  };
+  for (Tier p : params) {
+    for (Tier o : optimizers) {
+      const std::string n = name(p, o);
+      const bool nvme = p == Tier::kNvme || o == Tier::kNvme;
+      std::string refused;
+      if (p != Tier::kDevice && o == Tier::kDevice) continue;  // not a placement
+      if (p != Tier::kDevice && config.zero_stage != 3)
+        refused = "parameter offload needs zero_stage 3";
+      if (nvme && config.swap_paths.empty()) refused = "no swap_paths";
+      std::optional<Estimate> e;
+      std::optional<StepTime> st;
+      if (refused.empty()) {
+        TrainConfig c = config;
+        c.offload_param = p;
+        c.offload_optimizer = o;
+        c.offload_param_auto = c.offload_optimizer_auto = false;
+        auto est = estimate(c, ranks);
+        if (!est.is_ok()) {
+          refused = est.status().message();
+        } else if (const std::uint64_t device = est->plan.tier_bytes(Tier::kDevice) +
+                                                (p == Tier::kDevice ? 0 : est->largest_group_bytes);
+                   config.device_memory_limit != 0 && device > config.device_memory_limit) {
+          // Offloaded parameters need room for the group in use besides the plan's bytes.
+          refused = "device " + format_bytes(device) + " > device_memory_limit " +
+                    format_bytes(config.device_memory_limit);
+        } else if (nvme && est->plan.tier_bytes(Tier::kNvme) > swap_free) {
+          refused = "nvme " + format_bytes(est->plan.tier_bytes(Tier::kNvme)) + " > " +
+                    format_bytes(swap_free) + " free in swap_paths";
+        } else {
+          e = std::move(*est);
+          st = predict_step(c, *e, rates);
+        }
+      }
+      if (!refused.empty()) {
+        others += "; " + n + ": " + refused;
+        continue;
+      }
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.3f s", st->step_ms / 1e3);
+      if (best && st->step_ms >= best->step.step_ms) {
+        others += "; " + n + ": " + buf;
+        continue;
+      }
+      // `why` holds the predicted step's text until the end.
+      if (best) others += "; " + name(best->param, best->optimizer) + ": " + best->why;
+      best = PlacementChoice{p, o, *st, std::string(buf)};
+    }
+  }
+  if (!best) {
+    return out_of_memory("no placement fits the budgets" +
+                         (others.empty() ? "" : ":" + others.substr(1)));
+  }
+  best->why = "offload_param " + std::string(zero::offload_name(best->param)) +
+              ", offload_optimizer " + std::string(zero::offload_name(best->optimizer)) +
+              ": predicted step " + best->why + ", the fastest that fits" +
+              (others.empty() ? "" : " (" + others.substr(2) + ")");
+  return *best;
 }
 
 }  // namespace strata::train

@@ -25,6 +25,7 @@
 #include "strata/train/checkpoint.h"
 #include "strata/train/data.h"
 #include "strata/train/estimate.h"
+#include "strata/train/step_time.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -141,6 +142,23 @@ Status Trainer::Impl::setup() {
                                 "start every rank with the same config and --set flags");
       }
     }
+  }
+  if (config.offload_param_auto || config.offload_optimizer_auto) {
+    // Every rank probes, and all take rank 0's choice: timings differ between ranks, and ranks
+    // placing differently would not run the same collectives.
+    const MachineRates rates = calibrate(config);
+    STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, rates));
+    const std::uint64_t mine[2] = {static_cast<std::uint64_t>(choice.param),
+                                   static_cast<std::uint64_t>(choice.optimizer)};
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world));
+    if (world > 1) {
+      STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 2, "placement"));
+    } else {
+      all.assign(mine, mine + 2);
+    }
+    config.offload_param = static_cast<Tier>(all[0]);
+    config.offload_optimizer = static_cast<Tier>(all[1]);
+    if (rank == 0) log_info("placement: " + choice.why);
   }
   // Before anything large is allocated: the process's own memory is what estimate measures.
   STRATA_ASSIGN_OR_RETURN(planned, estimate(config, world));

@@ -222,5 +222,65 @@ TEST(EstimateTest, CalibrationMeasuresTheRatesAndCleansUp) {
   EXPECT_EQ(out["nvme_read_bytes"]["measured"], true);
 }
 
+// offload_param / offload_optimizer "auto": the placement with the lowest predicted step that
+// fits the budgets, fewer offloads winning a tie; the trainer runs what was chosen, and nothing
+// fitting is refused with each placement's reason.
+TEST(EstimateTest, AutoPlacementTakesTheFastestThatFits) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_param"] = "auto";
+  j["offload_optimizer"] = "auto";
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  EXPECT_TRUE(config->offload_param_auto && config->offload_optimizer_auto);
+  EXPECT_EQ(config->to_json()["offload_param"], "auto");
+  // Rates where moving anything off the device costs: transfers and the host update are slow.
+  MachineRates slow_host;
+  slow_host.gemm_flops = {1e12, true, "test"};
+  slow_host.memory_bytes = {1e6, true, "test"};
+  slow_host.nvme_read_bytes = slow_host.nvme_write_bytes = {1e6, true, "test"};
+  auto all_device = choose_placement(*config, 1, slow_host);
+  ASSERT_TRUE(all_device.is_ok()) << all_device.status().message();
+  EXPECT_EQ(all_device->param, Tier::kDevice);
+  EXPECT_EQ(all_device->optimizer, Tier::kDevice);
+  EXPECT_NE(all_device->why.find("the fastest that fits"), std::string::npos) << all_device->why;
+
+  // A device budget that holds the activations and the offloaded group in use, but not every
+  // home.
+  Json tight = j;
+  tight["offload_param"] = "cpu";
+  tight["offload_optimizer"] = "cpu";
+  auto offloaded = config_of(tight);
+  ASSERT_TRUE(offloaded.is_ok());
+  auto off = estimate(*offloaded, 1);
+  ASSERT_TRUE(off.is_ok());
+  j["device_memory_limit"] = off->plan.tier_bytes(Tier::kDevice) + off->largest_group_bytes + 4096;
+  auto small_device = config_of(j);
+  ASSERT_TRUE(small_device.is_ok());
+  auto moved = choose_placement(*small_device, 1, slow_host);
+  ASSERT_TRUE(moved.is_ok()) << moved.status().message();
+  EXPECT_NE(moved->param, Tier::kDevice);
+  EXPECT_NE(moved->why.find("none/none: device"), std::string::npos) << moved->why;
+
+  // The trainer runs the choice, with the real probes.
+  TrainOptions o;
+  auto t = Trainer::create(*small_device, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_NE((*t)->describe().find("offload_param "), std::string::npos);
+  EXPECT_EQ((*t)->describe().find("offload_param none"), std::string::npos) << (*t)->describe();
+  const Status ran = (*t)->run();
+  ASSERT_TRUE(ran.is_ok()) << ran.message();
+
+  // Nothing fits: every placement's reason.
+  j["device_memory_limit"] = 4096;
+  auto none_fits = config_of(j);
+  ASSERT_TRUE(none_fits.is_ok());
+  auto refused = choose_placement(*none_fits, 1, slow_host);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("no placement fits the budgets"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("nvme/nvme: "), std::string::npos)
+      << refused.status().message();
+}
+
 }  // namespace
 }  // namespace strata::train

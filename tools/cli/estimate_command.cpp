@@ -22,24 +22,35 @@ struct EstimateArgs {
 };
 
 int run_estimate(const EstimateArgs& a) {
+  const auto fail = [](const Status& s) {
+    std::fprintf(stderr, "strata estimate: %s\n", s.message().c_str());
+    return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitError;
+  };
   auto config = train::load_train_config(a.config_path, a.sets);
-  Result<train::Estimate> e =
-      config.is_ok() ? train::estimate(*config, a.ranks) : Result<train::Estimate>(config.status());
-  if (!e.is_ok()) {
-    std::fprintf(stderr, "strata estimate: %s\n", e.status().message().c_str());
-    return e.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitError;
-  }
+  if (!config.is_ok()) return fail(config.status());
   const train::MachineRates rates = train::calibrate(*config);
+  std::string placement;
+  if (config->offload_param_auto || config->offload_optimizer_auto) {
+    auto choice = train::choose_placement(*config, a.ranks, rates);
+    if (!choice.is_ok()) return fail(choice.status());
+    config->offload_param = choice->param;
+    config->offload_optimizer = choice->optimizer;
+    placement = "placement: " + choice->why + "\n";
+  }
+  Result<train::Estimate> e = train::estimate(*config, a.ranks);
+  if (!e.is_ok()) return fail(e.status());
   const train::StepTime step = train::predict_step(*config, *e, rates);
   if (a.json) {
     Json out = e->to_json();
     out["step_ms"] = step.step_ms;
     out["step"] = step.to_json();
     out["rates"] = rates.to_json();
+    out["offload_param"] = zero::offload_name(config->offload_param);
+    out["offload_optimizer"] = zero::offload_name(config->offload_optimizer);
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
-  std::cout << e->describe();
+  std::cout << placement << e->describe();
   const auto secs = [](double ms) {
     char b[32];
     std::snprintf(b, sizeof(b), "%.2f s", ms / 1e3);

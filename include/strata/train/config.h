@@ -65,6 +65,10 @@ struct TrainConfig {
   std::int64_t dist_timeout_s = 300;       // a collective slower than this ends the run
   Tier offload_optimizer = Tier::kDevice;  // "none" (device) | "cpu" (host) | "nvme"
   Tier offload_param = Tier::kDevice;      // likewise
+  // "auto" for either: the placement with the lowest predicted step time that fits the budgets
+  // is chosen before the run (train::choose_placement); the tiers above then hold the choice.
+  bool offload_optimizer_auto = false;
+  bool offload_param_auto = false;
   // Bytes one gradient reduction / one parameter all-gather moves at most (every rank's part
   // counted): small groups share a collective, large ones are split. DeepSpeed's
   // reduce_bucket_size and allgather_bucket_size, in bytes.

@@ -38,7 +38,10 @@ struct Estimate {
   std::int64_t parameters = 0;  // the whole model's
   int ranks = 1;                // planned for rank 0 of these
   int groups_partitioned = 0;   // of the parameter groups, split across the ranks
-  zero::MemoryPlan plan;        // rank 0's, as its engine makes it
+  // The largest group's working copy on this rank: what the device needs beside the plan's
+  // bytes when parameters are offloaded (the group in use).
+  std::uint64_t largest_group_bytes = 0;
+  zero::MemoryPlan plan;  // rank 0's, as its engine makes it
   // Resident memory of a process that has loaded Strata and its libraries (this one, measured
   // when the estimate is made), and the predicted peak: that, plus what each tier holds in host
   // RAM at its peak (below).

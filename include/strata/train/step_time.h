@@ -50,4 +50,17 @@ struct StepTime {
 // schedule and overlaps compute under the others.
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates);
 
+// offload_param / offload_optimizer "auto": of the placements the config leaves open, the one with
+// the lowest predicted step that fits device_memory_limit, host_memory_limit and the free space
+// of the swap paths (fewer offloads win a tie). `why` says what was chosen and how the others
+// fared. Fails, listing why each was refused, when none fits.
+struct PlacementChoice {
+  Tier param = Tier::kDevice;
+  Tier optimizer = Tier::kDevice;
+  StepTime step;
+  std::string why;
+};
+Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
+                                         const MachineRates& rates);
+
 }  // namespace strata::train
