@@ -2,6 +2,7 @@
 #include "strata/train/step_time.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -133,6 +134,91 @@ Json rate_json(const Rate& r) {
 
 double ms(double bytes_or_flops, const Rate& r) {
   return r.per_s > 0 ? bytes_or_flops / r.per_s * 1e3 : 0.0;
+}
+
+// `bytes` as format_bytes prints it, rounded up (not to the nearest) so that the printed size,
+// set as a budget, holds `bytes`.
+std::string bytes_at_least(std::uint64_t bytes) {
+  const double unit = bytes >= (1ull << 30)   ? double(1ull << 30)
+                      : bytes >= (1ull << 20) ? double(1ull << 20)
+                                              : 1024.0;
+  const double hundredths = std::ceil(static_cast<double>(bytes) / unit * 100.0);
+  return format_bytes(static_cast<std::uint64_t>(std::ceil(hundredths / 100.0 * unit)));
+}
+
+// What each open placement needs of the device and the host with no budgets, and the smallest
+// raise of either budget, or the largest micro-batch, that would let one of them run.
+std::string smallest_changes(const TrainConfig& config, int ranks, const std::vector<Tier>& params,
+                             const std::vector<Tier>& optimizers) {
+  std::uint64_t device_need = 0, host_need = 0;
+  std::string device_with, host_with;
+  const auto fits = [&](const TrainConfig& c, std::uint64_t* device, std::uint64_t* host) {
+    TrainConfig open = c;
+    open.device_memory_limit = 0;
+    open.host_memory_limit = 0;
+    auto e = estimate(open, ranks);
+    if (!e.is_ok()) return false;
+    *device = e->plan.tier_bytes(Tier::kDevice) +
+              (c.offload_param == Tier::kDevice ? 0 : e->largest_group_bytes);
+    *host = e->plan.tier_bytes(Tier::kHost);
+    return true;
+  };
+  const auto within = [](std::uint64_t need, std::uint64_t budget) {
+    return budget == 0 || need <= budget;
+  };
+  for (Tier p : params) {
+    for (Tier o : optimizers) {
+      if (p != Tier::kDevice && o == Tier::kDevice) continue;
+      if ((p == Tier::kNvme || o == Tier::kNvme) && config.swap_paths.empty()) continue;
+      if (p != Tier::kDevice && config.zero_stage != 3) continue;
+      TrainConfig c = config;
+      c.offload_param = p;
+      c.offload_optimizer = o;
+      std::uint64_t device = 0, host = 0;
+      if (!fits(c, &device, &host)) continue;
+      const std::string with =
+          std::string(zero::offload_name(p)) + "/" + std::string(zero::offload_name(o));
+      if (within(host, config.host_memory_limit) && (device_need == 0 || device < device_need)) {
+        device_need = device;
+        device_with = with;
+      }
+      if (within(device, config.device_memory_limit) && (host_need == 0 || host < host_need)) {
+        host_need = host;
+        host_with = with;
+      }
+    }
+  }
+  std::string out;
+  const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", or ") + s; };
+  if (device_need != 0) {
+    add("raise device_memory_limit to " + bytes_at_least(device_need) + " (" + device_with + ")");
+  }
+  if (host_need != 0) {
+    add("raise host_memory_limit to " + bytes_at_least(host_need) + " (" + host_with + ")");
+  }
+  // Fewer sequences per micro-batch shrink the activations; the same batch accumulates more.
+  for (std::int64_t mb = config.micro_batch_size / 2; mb >= 1; mb /= 2) {
+    if (config.batch_size % (mb * ranks) != 0) continue;
+    TrainConfig c = config;
+    c.micro_batch_size = mb;
+    bool ok = false;
+    for (Tier p : params) {
+      for (Tier o : optimizers) {
+        if (ok || (p != Tier::kDevice && o == Tier::kDevice)) continue;
+        if ((p == Tier::kNvme || o == Tier::kNvme) && config.swap_paths.empty()) continue;
+        c.offload_param = p;
+        c.offload_optimizer = o;
+        std::uint64_t device = 0, host = 0;
+        ok = fits(c, &device, &host) && within(device, config.device_memory_limit) &&
+             within(host, config.host_memory_limit);
+      }
+    }
+    if (ok) {
+      add("micro_batch_size " + std::to_string(mb));
+      break;
+    }
+  }
+  return out.empty() ? "" : "; to fit: " + out;
 }
 
 }  // namespace
@@ -306,7 +392,8 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
   }
   if (!best) {
     return out_of_memory("no placement fits the budgets" +
-                         (others.empty() ? "" : ":" + others.substr(1)));
+                         (others.empty() ? "" : ":" + others.substr(1)) +
+                         smallest_changes(config, ranks, params, optimizers));
   }
   best->why = "offload_param " + std::string(zero::offload_name(best->param)) +
               ", offload_optimizer " + std::string(zero::offload_name(best->optimizer)) +

@@ -280,6 +280,17 @@ TEST(EstimateTest, AutoPlacementTakesTheFastestThatFits) {
   EXPECT_NE(refused.status().message().find("no placement fits the budgets"), std::string::npos);
   EXPECT_NE(refused.status().message().find("nvme/nvme: "), std::string::npos)
       << refused.status().message();
+  // It says the smallest device budget one placement needs, and that budget is enough.
+  const std::string msg = refused.status().message();
+  const std::string key = "to fit: raise device_memory_limit to ";
+  const auto at = msg.find(key);
+  ASSERT_NE(at, std::string::npos) << msg;
+  const std::string size = msg.substr(at + key.size(), msg.find(" (", at) - at - key.size());
+  j["device_memory_limit"] = size;
+  auto raised = config_of(j);
+  ASSERT_TRUE(raised.is_ok()) << raised.status().message();
+  auto fits_now = choose_placement(*raised, 1, slow_host);
+  EXPECT_TRUE(fits_now.is_ok()) << size << ": " << fits_now.status().message();
 }
 
 }  // namespace
