@@ -100,6 +100,11 @@ void predict_peaks(const TrainConfig& config, Estimate& e) {
 }  // namespace
 
 Result<Estimate> estimate(const TrainConfig& config, int ranks) {
+  STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig model, read_model_config(config, nullptr));
+  return estimate(config, model, ranks);
+}
+
+Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   if (config.batch_size % (config.micro_batch_size * ranks) != 0) {
     return invalid_argument("batch_size " + std::to_string(config.batch_size) +
@@ -109,7 +114,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
   }
   Estimate e;
   e.ranks = ranks;
-  STRATA_ASSIGN_OR_RETURN(e.model, read_model_config(config, nullptr));
+  e.model = model;
   const model::ParamLayout full = model::ParamLayout::build(e.model);
   e.parameters = full.num_parameters();
   const zero::Partition partition(full, /*rank=*/0, ranks, config.param_persistence_threshold);
@@ -134,6 +139,10 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
   if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
   predict_peaks(config, e);
   return e;
+}
+
+std::uint64_t Estimate::device_bytes_needed() const {
+  return plan.tier_bytes(Tier::kDevice) + (plan.params == Tier::kDevice ? 0 : largest_group_bytes);
 }
 
 std::string Estimate::describe() const {

@@ -26,28 +26,31 @@ constexpr std::size_t kSwapProbeBytes = std::size_t{256} << 20;
 // process, so it is said to be assumed.
 constexpr double kAssumedCommBytesPerS = 5e9;
 
-Rate gemm_rate(const TrainConfig& config) {
-  device::DeviceOptions o;
-  o.kind = config.device;
-  o.compute_threads = config.threads;
-  o.memory_limit_bytes = config.device_memory_limit;
-  auto device = device::create_device(o);
-  if (!device.is_ok()) {
-    return {0, false, "not measured: " + device.status().message()};
-  }
+Rate gemm_rate(const TrainConfig& config, device::Device* given) {
   constexpr std::int64_t n = 1024;
   const DType dt = config.precision;
   const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dt);
-  auto a = (*device)->allocate(bytes, "GEMM probe");
-  auto b = (*device)->allocate(bytes, "GEMM probe");
-  auto c = (*device)->allocate(bytes, "GEMM probe");
+  std::unique_ptr<device::Device> own;
+  if (given == nullptr) {
+    device::DeviceOptions o;
+    o.kind = config.device;
+    o.compute_threads = config.threads;
+    o.memory_limit_bytes = 3 * bytes + (std::size_t{1} << 20);  // the probe's, not the run's
+    auto made = device::create_device(o);
+    if (!made.is_ok()) return {0, false, "not measured: " + made.status().message()};
+    own = std::move(*made);
+  }
+  device::Device* device = given != nullptr ? given : own.get();
+  auto a = device->allocate(bytes, "GEMM probe");
+  auto b = device->allocate(bytes, "GEMM probe");
+  auto c = device->allocate(bytes, "GEMM probe");
   if (!a.is_ok() || !b.is_ok() || !c.is_ok()) {
     return {0, false,
             "not measured: the GEMM probe's 3 x " + format_bytes(bytes) +
                 " do not fit device_memory_limit"};
   }
-  device::Stream& s = (*device)->stream(device::StreamKind::kCompute);
-  for (void* p : {a->data(), b->data(), c->data()}) (*device)->fill_zero(p, bytes, s);
+  device::Stream& s = device->stream(device::StreamKind::kCompute);
+  for (void* p : {a->data(), b->data(), c->data()}) device->fill_zero(p, bytes, s);
   device::GemmArgs g;
   g.m = g.n = g.k = n;
   g.a = a->data();
@@ -55,18 +58,18 @@ Rate gemm_rate(const TrainConfig& config) {
   g.c = c->data();
   g.lda = g.ldb = g.ldc = n;
   g.dtype = dt;
-  (*device)->ops().gemm(g);  // warm up: thread pools, packing buffers
+  device->ops().gemm(g);  // warm up: thread pools, packing buffers
   s.synchronize();
   Stopwatch t;
   int reps = 0;
   while (t.elapsed_ms() < kGemmProbeSeconds * 1e3) {
-    (*device)->ops().gemm(g);
+    device->ops().gemm(g);
     s.synchronize();
     ++reps;
   }
   const double flops = 2.0 * n * n * n * reps;
   return {flops / (t.elapsed_ms() / 1e3), true,
-          std::string(precision_name(dt)) + " GEMM 1024^3 on " + (*device)->name() + ", " +
+          std::string(precision_name(dt)) + " GEMM 1024^3 on " + device->name() + ", " +
               std::to_string(reps) + " runs"};
 }
 
@@ -136,6 +139,48 @@ double ms(double bytes_or_flops, const Rate& r) {
   return r.per_s > 0 ? bytes_or_flops / r.per_s * 1e3 : 0.0;
 }
 
+std::string placement_name(Tier param, Tier optimizer) {
+  return std::string(zero::offload_name(param)) + "/" + std::string(zero::offload_name(optimizer));
+}
+
+// The placements a config leaves open ("auto" keys range over every tier), each with the reason
+// it cannot run whatever the budgets, or none.
+struct Candidate {
+  Tier param, optimizer;
+  std::string refused;
+};
+std::vector<Candidate> candidates(const TrainConfig& config) {
+  const std::vector<Tier> all = {Tier::kDevice, Tier::kHost, Tier::kNvme};
+  const std::vector<Tier> params =
+      config.offload_param_auto ? all : std::vector{config.offload_param};
+  const std::vector<Tier> optimizers =
+      config.offload_optimizer_auto ? all : std::vector{config.offload_optimizer};
+  std::vector<Candidate> out;
+  for (Tier p : params) {
+    for (Tier o : optimizers) {
+      if (p != Tier::kDevice && o == Tier::kDevice) continue;  // not a placement
+      Candidate c{p, o, ""};
+      if (p != Tier::kDevice && config.zero_stage != 3) {
+        c.refused = "parameter offload needs zero_stage 3";
+      }
+      if ((p == Tier::kNvme || o == Tier::kNvme) && config.swap_paths.empty()) {
+        c.refused = "no swap_paths";
+      }
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+// `config` with the candidate's placement.
+TrainConfig placed(const TrainConfig& config, const Candidate& c) {
+  TrainConfig out = config;
+  out.offload_param = c.param;
+  out.offload_optimizer = c.optimizer;
+  out.offload_param_auto = out.offload_optimizer_auto = false;
+  return out;
+}
+
 // `bytes` as format_bytes prints it, rounded up (not to the nearest) so that the printed size,
 // set as a budget, holds `bytes`.
 std::string bytes_at_least(std::uint64_t bytes) {
@@ -148,44 +193,36 @@ std::string bytes_at_least(std::uint64_t bytes) {
 
 // What each open placement needs of the device and the host with no budgets, and the smallest
 // raise of either budget, or the largest micro-batch, that would let one of them run.
-std::string smallest_changes(const TrainConfig& config, int ranks, const std::vector<Tier>& params,
-                             const std::vector<Tier>& optimizers) {
-  std::uint64_t device_need = 0, host_need = 0;
-  std::string device_with, host_with;
-  const auto fits = [&](const TrainConfig& c, std::uint64_t* device, std::uint64_t* host) {
-    TrainConfig open = c;
-    open.device_memory_limit = 0;
-    open.host_memory_limit = 0;
-    auto e = estimate(open, ranks);
+std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
+                             const std::vector<Candidate>& open) {
+  // The device and host bytes `c` needs with `micro_batch` sequences per micro-batch.
+  const auto needs = [&](const Candidate& c, std::int64_t micro_batch, std::uint64_t* device,
+                         std::uint64_t* host) {
+    TrainConfig unbounded = placed(config, c);
+    unbounded.micro_batch_size = micro_batch;
+    unbounded.device_memory_limit = 0;
+    unbounded.host_memory_limit = 0;
+    auto e = estimate(unbounded, model, ranks);
     if (!e.is_ok()) return false;
-    *device = e->plan.tier_bytes(Tier::kDevice) +
-              (c.offload_param == Tier::kDevice ? 0 : e->largest_group_bytes);
+    *device = e->device_bytes_needed();
     *host = e->plan.tier_bytes(Tier::kHost);
     return true;
   };
   const auto within = [](std::uint64_t need, std::uint64_t budget) {
     return budget == 0 || need <= budget;
   };
-  for (Tier p : params) {
-    for (Tier o : optimizers) {
-      if (p != Tier::kDevice && o == Tier::kDevice) continue;
-      if ((p == Tier::kNvme || o == Tier::kNvme) && config.swap_paths.empty()) continue;
-      if (p != Tier::kDevice && config.zero_stage != 3) continue;
-      TrainConfig c = config;
-      c.offload_param = p;
-      c.offload_optimizer = o;
-      std::uint64_t device = 0, host = 0;
-      if (!fits(c, &device, &host)) continue;
-      const std::string with =
-          std::string(zero::offload_name(p)) + "/" + std::string(zero::offload_name(o));
-      if (within(host, config.host_memory_limit) && (device_need == 0 || device < device_need)) {
-        device_need = device;
-        device_with = with;
-      }
-      if (within(device, config.device_memory_limit) && (host_need == 0 || host < host_need)) {
-        host_need = host;
-        host_with = with;
-      }
+  std::uint64_t device_need = 0, host_need = 0;
+  std::string device_with, host_with;
+  for (const Candidate& c : open) {
+    std::uint64_t device = 0, host = 0;
+    if (!c.refused.empty() || !needs(c, config.micro_batch_size, &device, &host)) continue;
+    if (within(host, config.host_memory_limit) && (device_need == 0 || device < device_need)) {
+      device_need = device;
+      device_with = placement_name(c.param, c.optimizer);
+    }
+    if (within(device, config.device_memory_limit) && (host_need == 0 || host < host_need)) {
+      host_need = host;
+      host_with = placement_name(c.param, c.optimizer);
     }
   }
   std::string out;
@@ -199,21 +236,12 @@ std::string smallest_changes(const TrainConfig& config, int ranks, const std::ve
   // Fewer sequences per micro-batch shrink the activations; the same batch accumulates more.
   for (std::int64_t mb = config.micro_batch_size / 2; mb >= 1; mb /= 2) {
     if (config.batch_size % (mb * ranks) != 0) continue;
-    TrainConfig c = config;
-    c.micro_batch_size = mb;
-    bool ok = false;
-    for (Tier p : params) {
-      for (Tier o : optimizers) {
-        if (ok || (p != Tier::kDevice && o == Tier::kDevice)) continue;
-        if ((p == Tier::kNvme || o == Tier::kNvme) && config.swap_paths.empty()) continue;
-        c.offload_param = p;
-        c.offload_optimizer = o;
-        std::uint64_t device = 0, host = 0;
-        ok = fits(c, &device, &host) && within(device, config.device_memory_limit) &&
-             within(host, config.host_memory_limit);
-      }
-    }
-    if (ok) {
+    const bool fits = std::any_of(open.begin(), open.end(), [&](const Candidate& c) {
+      std::uint64_t device = 0, host = 0;
+      return c.refused.empty() && needs(c, mb, &device, &host) &&
+             within(device, config.device_memory_limit) && within(host, config.host_memory_limit);
+    });
+    if (fits) {
       add("micro_batch_size " + std::to_string(mb));
       break;
     }
@@ -223,10 +251,10 @@ std::string smallest_changes(const TrainConfig& config, int ranks, const std::ve
 
 }  // namespace
 
-MachineRates calibrate(const TrainConfig& config) {
+MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   MachineRates r;
   try {
-    r.gemm_flops = gemm_rate(config);
+    r.gemm_flops = gemm_rate(config, device);
     r.memory_bytes = memory_rate();
     swap_rates(config, &r.nvme_read_bytes, &r.nvme_write_bytes);
   } catch (const std::bad_alloc&) {
@@ -325,11 +353,8 @@ Json StepTime::to_json() const {
 
 Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
                                          const MachineRates& rates) {
-  const std::vector<Tier> all = {Tier::kDevice, Tier::kHost, Tier::kNvme};
-  const std::vector<Tier> params =
-      config.offload_param_auto ? all : std::vector{config.offload_param};
-  const std::vector<Tier> optimizers =
-      config.offload_optimizer_auto ? all : std::vector{config.offload_optimizer};
+  STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig model, read_model_config(config, nullptr));
+  const std::vector<Candidate> open = candidates(config);
   // Free space of the swap paths, for NVMe homes.
   std::uint64_t swap_free = 0;
   for (const std::string& p : swap_options(config, 0).paths) {
@@ -339,61 +364,44 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
   }
   std::optional<PlacementChoice> best;
   std::string others;
-  const auto name = [](Tier p, Tier o) {
-    return std::string(zero::offload_name(p)) + "/" + std::string(zero::offload_name(o));
-  };
-  for (Tier p : params) {
-    for (Tier o : optimizers) {
-      const std::string n = name(p, o);
-      const bool nvme = p == Tier::kNvme || o == Tier::kNvme;
-      std::string refused;
-      if (p != Tier::kDevice && o == Tier::kDevice) continue;  // not a placement
-      if (p != Tier::kDevice && config.zero_stage != 3)
-        refused = "parameter offload needs zero_stage 3";
-      if (nvme && config.swap_paths.empty()) refused = "no swap_paths";
-      std::optional<Estimate> e;
-      std::optional<StepTime> st;
-      if (refused.empty()) {
-        TrainConfig c = config;
-        c.offload_param = p;
-        c.offload_optimizer = o;
-        c.offload_param_auto = c.offload_optimizer_auto = false;
-        auto est = estimate(c, ranks);
-        if (!est.is_ok()) {
-          refused = est.status().message();
-        } else if (const std::uint64_t device = est->plan.tier_bytes(Tier::kDevice) +
-                                                (p == Tier::kDevice ? 0 : est->largest_group_bytes);
-                   config.device_memory_limit != 0 && device > config.device_memory_limit) {
-          // Offloaded parameters need room for the group in use besides the plan's bytes.
-          refused = "device " + format_bytes(device) + " > device_memory_limit " +
-                    format_bytes(config.device_memory_limit);
-        } else if (nvme && est->plan.tier_bytes(Tier::kNvme) > swap_free) {
-          refused = "nvme " + format_bytes(est->plan.tier_bytes(Tier::kNvme)) + " > " +
-                    format_bytes(swap_free) + " free in swap_paths";
-        } else {
-          e = std::move(*est);
-          st = predict_step(c, *e, rates);
-        }
+  for (const Candidate& cand : open) {
+    const std::string n = placement_name(cand.param, cand.optimizer);
+    std::string refused = cand.refused;
+    std::optional<StepTime> st;
+    if (refused.empty()) {
+      const TrainConfig c = placed(config, cand);
+      auto est = estimate(c, model, ranks);
+      if (!est.is_ok()) {
+        refused = est.status().message();
+      } else if (config.device_memory_limit != 0 &&
+                 est->device_bytes_needed() > config.device_memory_limit) {
+        refused = "device " + format_bytes(est->device_bytes_needed()) + " > device_memory_limit " +
+                  format_bytes(config.device_memory_limit);
+      } else if (est->plan.tier_bytes(Tier::kNvme) > swap_free) {
+        refused = "nvme " + format_bytes(est->plan.tier_bytes(Tier::kNvme)) + " > " +
+                  format_bytes(swap_free) + " free in swap_paths";
+      } else {
+        st = predict_step(c, *est, rates);
       }
-      if (!refused.empty()) {
-        others += "; " + n + ": " + refused;
-        continue;
-      }
-      char buf[64];
-      std::snprintf(buf, sizeof(buf), "%.3f s", st->step_ms / 1e3);
-      if (best && st->step_ms >= best->step.step_ms) {
-        others += "; " + n + ": " + buf;
-        continue;
-      }
-      // `why` holds the predicted step's text until the end.
-      if (best) others += "; " + name(best->param, best->optimizer) + ": " + best->why;
-      best = PlacementChoice{p, o, *st, std::string(buf)};
     }
+    if (!refused.empty()) {
+      others += "; " + n + ": " + refused;
+      continue;
+    }
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.3f s", st->step_ms / 1e3);
+    if (best && st->step_ms >= best->step.step_ms) {
+      others += "; " + n + ": " + buf;
+      continue;
+    }
+    // `why` holds the predicted step's text until the end.
+    if (best) others += "; " + placement_name(best->param, best->optimizer) + ": " + best->why;
+    best = PlacementChoice{cand.param, cand.optimizer, *st, std::string(buf)};
   }
   if (!best) {
     return out_of_memory("no placement fits the budgets" +
                          (others.empty() ? "" : ":" + others.substr(1)) +
-                         smallest_changes(config, ranks, params, optimizers));
+                         smallest_changes(config, model, ranks, open));
   }
   best->why = "offload_param " + std::string(zero::offload_name(best->param)) +
               ", offload_optimizer " + std::string(zero::offload_name(best->optimizer)) +

@@ -146,22 +146,18 @@ Status Trainer::Impl::setup() {
   if (config.offload_param_auto || config.offload_optimizer_auto) {
     // Every rank probes, and all take rank 0's choice: timings differ between ranks, and ranks
     // placing differently would not run the same collectives.
-    const MachineRates rates = calibrate(config);
+    const MachineRates rates = calibrate(config, device.get());
     STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, rates));
     const std::uint64_t mine[2] = {static_cast<std::uint64_t>(choice.param),
                                    static_cast<std::uint64_t>(choice.optimizer)};
     std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world));
-    if (world > 1) {
-      STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 2, "placement"));
-    } else {
-      all.assign(mine, mine + 2);
-    }
+    STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 2, "placement"));
     config.offload_param = static_cast<Tier>(all[0]);
     config.offload_optimizer = static_cast<Tier>(all[1]);
     if (rank == 0) log_info("placement: " + choice.why);
   }
   // Before anything large is allocated: the process's own memory is what estimate measures.
-  STRATA_ASSIGN_OR_RETURN(planned, estimate(config, world));
+  STRATA_ASSIGN_OR_RETURN(planned, estimate(config, model_config, world));
   if (rank != 0) {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();

@@ -254,7 +254,7 @@ TEST(EstimateTest, AutoPlacementTakesTheFastestThatFits) {
   ASSERT_TRUE(offloaded.is_ok());
   auto off = estimate(*offloaded, 1);
   ASSERT_TRUE(off.is_ok());
-  j["device_memory_limit"] = off->plan.tier_bytes(Tier::kDevice) + off->largest_group_bytes + 4096;
+  j["device_memory_limit"] = off->device_bytes_needed() + 4096;
   auto small_device = config_of(j);
   ASSERT_TRUE(small_device.is_ok());
   auto moved = choose_placement(*small_device, 1, slow_host);

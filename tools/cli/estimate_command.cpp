@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,10 +29,13 @@ int run_estimate(const EstimateArgs& a) {
   };
   auto config = train::load_train_config(a.config_path, a.sets);
   if (!config.is_ok()) return fail(config.status());
-  const train::MachineRates rates = train::calibrate(*config);
+  // The probes take a second: "auto" needs their rates to choose, a fixed placement is planned
+  // first, so that one that cannot run is refused at once.
+  std::optional<train::MachineRates> probed;
   std::string placement;
   if (config->offload_param_auto || config->offload_optimizer_auto) {
-    auto choice = train::choose_placement(*config, a.ranks, rates);
+    probed = train::calibrate(*config);
+    auto choice = train::choose_placement(*config, a.ranks, *probed);
     if (!choice.is_ok()) return fail(choice.status());
     config->offload_param = choice->param;
     config->offload_optimizer = choice->optimizer;
@@ -39,6 +43,8 @@ int run_estimate(const EstimateArgs& a) {
   }
   Result<train::Estimate> e = train::estimate(*config, a.ranks);
   if (!e.is_ok()) return fail(e.status());
+  if (!probed) probed = train::calibrate(*config);
+  const train::MachineRates& rates = *probed;
   const train::StepTime step = train::predict_step(*config, *e, rates);
   if (a.json) {
     Json out = e->to_json();

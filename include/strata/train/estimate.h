@@ -51,6 +51,10 @@ struct Estimate {
   std::uint64_t device_host_bytes = 0;  // of which host RAM (the CPU backend's device memory)
   std::uint64_t rss_bytes = 0;
 
+  // The least device memory a run needs: the plan's device bytes, plus the group in use when
+  // parameters are offloaded (the plan leaves fetched parameters out).
+  std::uint64_t device_bytes_needed() const;
+
   std::string describe() const;  // the lines strata estimate prints
   // device_bytes, host_bytes, nvme_bytes, rss_bytes, and each tier's bytes by kind.
   Json to_json() const;
@@ -59,5 +63,8 @@ struct Estimate {
 // Rank 0 of `ranks` running `config`. Fails as the trainer would on a config whose plan cannot
 // work (placements that contradict each other, a host budget too small), naming what.
 Result<Estimate> estimate(const TrainConfig& config, int ranks);
+// The same for the model `config` names, already read (read_model_config): for callers that plan
+// many variants of one config, or that have read it for themselves.
+Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks);
 
 }  // namespace strata::train

@@ -7,6 +7,7 @@
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
+#include "strata/device/device.h"
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
 
@@ -27,11 +28,12 @@ struct MachineRates {
   Json to_json() const;
 };
 
-// Short probes (about a second in all): a GEMM on the config's device, a host memory copy, and,
-// when anything lives on NVMe, a write and read of a temporary swap file through the configured
-// swap engine (deleted afterwards). A device that cannot be created, or no swap paths, leave
-// those rates unmeasured with the reason.
-MachineRates calibrate(const TrainConfig& config);
+// Short probes (about a second in all): a GEMM on `device` (nullptr: a device of the config's
+// kind made for the probe alone, sized for it), a host memory copy, and, when anything lives on
+// NVMe, a write and read of a temporary swap file through the configured swap engine (deleted
+// afterwards). A device that cannot be made, or no swap paths, leave those rates unmeasured with
+// the reason.
+MachineRates calibrate(const TrainConfig& config, device::Device* device = nullptr);
 
 struct StepTime {
   double compute_ms = 0;     // forward + backward FLOPs (recompute included) at the GEMM rate
