@@ -47,10 +47,11 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank) {
   return o;
 }
 
-zero::EngineOptions engine_options(const TrainConfig& config, int world,
-                                   std::uint64_t activation_bytes) {
+zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
+                                   int world, std::uint64_t activation_bytes) {
   zero::EngineOptions o;
   o.activation_bytes = activation_bytes;
+  o.tied_embeddings = model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
   o.compute_dtype = config.precision;
@@ -74,24 +75,25 @@ namespace {
 
 // The predicted peaks of `e`, from its plan and process_bytes.
 void predict_peaks(const TrainConfig& config, Estimate& e) {
-  // The store keeps clean copies of the working copies as a cache: on the device (fetched for
-  // compute) up to the device budget, and, when they live on NVMe under a host budget, in host
-  // memory up to that budget. Without a budget nothing is kept beyond what the plan counts.
+  // The store keeps the buffers of transient tensors for reuse (the plan's cache_bytes), and
+  // clean copies of the working copies: on the device (fetched for compute), and, when they live
+  // on NVMe under a host budget, in host memory. Each tier's caches fill up to its budget.
   const std::uint64_t working =
       e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters);
   const auto capped = [](std::uint64_t bytes, std::uint64_t budget) {
     return budget == 0 ? bytes : std::min(bytes, budget);
   };
+  const auto cache = [&](Tier t) { return e.plan.cache_bytes[static_cast<std::size_t>(t)]; };
   e.host_peak_bytes = e.plan.tier_bytes(Tier::kHost);
-  if (config.offload_param == Tier::kNvme && config.host_memory_limit != 0) {
-    e.host_peak_bytes =
-        std::max(e.host_peak_bytes, capped(e.host_peak_bytes + working, config.host_memory_limit));
-  }
+  std::uint64_t host_cached = cache(Tier::kHost);
+  if (config.offload_param == Tier::kNvme && config.host_memory_limit != 0) host_cached += working;
+  e.host_peak_bytes = std::max(e.host_peak_bytes,
+                               capped(e.host_peak_bytes + host_cached, config.host_memory_limit));
   e.device_peak_bytes = e.plan.tier_bytes(Tier::kDevice);
-  if (config.offload_param != Tier::kDevice) {
-    e.device_peak_bytes = std::max(
-        e.device_peak_bytes, capped(e.device_peak_bytes + working, config.device_memory_limit));
-  }
+  std::uint64_t device_cached = cache(Tier::kDevice);
+  if (config.offload_param != Tier::kDevice) device_cached += working;
+  e.device_peak_bytes = std::max(
+      e.device_peak_bytes, capped(e.device_peak_bytes + device_cached, config.device_memory_limit));
   // The CPU backend's device memory is host RAM.
   e.device_host_bytes = config.device == device::DeviceKind::kCpu ? e.device_peak_bytes : 0;
   e.rss_bytes = e.process_bytes + e.host_peak_bytes + e.device_host_bytes;
@@ -132,9 +134,11 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
       model::LlamaModel::activation_bytes(e.model, mo, config.micro_batch_size, config.seq_len);
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
   STRATA_ASSIGN_OR_RETURN(
-      e.plan, zero::make_plan(partition.local_layout(),
-                              zero::plan_options(engine_options(config, ranks, activations),
-                                                 config.device_memory_limit, swap)));
+      e.plan,
+      zero::make_plan(partition.local_layout(),
+                      zero::plan_options(engine_options(config, e.model, ranks, activations),
+                                         config.device_memory_limit, swap,
+                                         config.device == device::DeviceKind::kCpu)));
 
   if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
   predict_peaks(config, e);
@@ -153,14 +157,23 @@ std::string Estimate::describe() const {
   s += "rank 0 of " + std::to_string(ranks) + ": " + std::to_string(groups_partitioned) +
        " parameter groups partitioned\n";
   s += plan.describe();
-  s += "peak resident memory (rss): " + format_bytes(rss_bytes) + " = the process " +
-       format_bytes(process_bytes) + " + host " + format_bytes(host_peak_bytes) +
-       (host_peak_bytes > plan.tier_bytes(Tier::kHost) ? " (with parameters cached there)" : "");
-  if (device_host_bytes != 0) {
-    s += " + device " + format_bytes(device_host_bytes) +
-         " (with parameters cached there; the CPU backend's device memory is host memory)";
-  }
-  s += "\n";
+  const auto beyond = [](std::uint64_t peak, std::uint64_t planned) {
+    return peak > planned
+               ? " (" + format_bytes(planned) + " planned + " + format_bytes(peak - planned) +
+                     " of working copies and buffers kept for reuse)"
+               : std::string();
+  };
+  s += "peaks: device " + format_bytes(device_peak_bytes) +
+       beyond(device_peak_bytes, plan.tier_bytes(Tier::kDevice)) + ", pinned host " +
+       format_bytes(host_peak_bytes) + beyond(host_peak_bytes, plan.tier_bytes(Tier::kHost)) +
+       ", nvme " + format_bytes(plan.tier_bytes(Tier::kNvme)) + "\n";
+  s += "peak resident memory (rss): " + format_bytes(rss_bytes) + " = pinned host " +
+       format_bytes(host_peak_bytes) + " + other " + format_bytes(other_host_bytes()) +
+       " (the process " + format_bytes(process_bytes) +
+       (device_host_bytes != 0 ? ", the device " + format_bytes(device_host_bytes) +
+                                     ": the CPU backend's device memory is host memory"
+                               : std::string()) +
+       ")\n";
   return s;
 }
 
@@ -182,6 +195,11 @@ Json Estimate::to_json() const {
               {"nvme_bytes", plan.tier_bytes(Tier::kNvme)},
               {"host_peak_bytes", host_peak_bytes},
               {"device_peak_bytes", device_peak_bytes},
+              {"pinned_host_bytes", host_peak_bytes},
+              {"other_host_bytes", other_host_bytes()},
+              {"cache_bytes",
+               {{"device", plan.cache_bytes[static_cast<std::size_t>(Tier::kDevice)]},
+                {"host", plan.cache_bytes[static_cast<std::size_t>(Tier::kHost)]}}},
               {"process_bytes", process_bytes},
               {"rss_bytes", rss_bytes},
               {"optimizer_overlap", zero::optimizer_overlap_name(plan.overlap)},

@@ -173,8 +173,9 @@ Status Trainer::Impl::setup() {
   mopts.activation_checkpointing = config.activation_checkpointing;
   model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
 
-  zero::EngineOptions eopts = engine_options(
-      config, world, model->activation_bytes(config.micro_batch_size, config.seq_len));
+  zero::EngineOptions eopts =
+      engine_options(config, model_config, world,
+                     model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   eopts.timeline = timeline.get();
   zero::ZeroOptions zopts;

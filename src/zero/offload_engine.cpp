@@ -37,7 +37,7 @@ struct OffloadEngine::Group {
 };
 
 PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budget_bytes,
-                         bool has_swap) {
+                         bool has_swap, bool host_addressable_device) {
   PlanOptions po;
   po.params = options.offload_param;
   po.optimizer = options.offload_optimizer;
@@ -48,6 +48,8 @@ PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budg
   po.activation_bytes = options.activation_bytes;
   po.sub_group_size = options.sub_group_size;
   po.has_swap = has_swap;
+  po.host_addressable_device = host_addressable_device;
+  po.tied_embeddings = options.tied_embeddings;
   po.overlap = options.overlap;
   return po;
 }
@@ -73,8 +75,8 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamL
                                                              io::SwapSpace* swap,
                                                              const EngineOptions& options) {
   STRATA_ASSIGN_OR_RETURN(
-      MemoryPlan plan,
-      make_plan(layout, plan_options(options, device.memory_stats().limit_bytes, swap != nullptr)));
+      MemoryPlan plan, make_plan(layout, plan_options(options, device.memory_stats().limit_bytes,
+                                                      swap != nullptr, device.host_addressable())));
   std::unique_ptr<OffloadEngine> engine(
       new OffloadEngine(layout, device, swap, options, std::move(plan)));
   STRATA_RETURN_IF_ERROR(engine->create_store());

@@ -2,10 +2,15 @@
 #include "strata/zero/plan.h"
 
 #include <algorithm>
+#include <limits>
+#include <map>
+#include <vector>
 
 #include "strata/core/aligned.h"
 #include "strata/core/json.h"
 #include "strata/io/swap.h"
+#include "strata/mem/host_memory.h"
+#include "strata/mem/tiered_store.h"
 #include "strata/optim/streamed_adam.h"
 
 namespace strata::zero {
@@ -94,7 +99,117 @@ struct Sizes {
   std::uint64_t work = 0, work_io = 0, f32 = 0, f32_io = 0;  // sums over the groups
   std::uint64_t max_work_io = 0, max_f32_io = 0;
   std::int64_t max_elems = 0;
+  std::vector<std::uint64_t> elems;  // each group's
 };
+
+// The blocks a cache of freed buffers by size holds at its peak: a freed block serves the next
+// request of its size, so per size the cache ends up holding the most blocks of that size that
+// were ever in use at one moment, up to `keep` (the device cache's cap per size).
+class CacheDemand {
+ public:
+  explicit CacheDemand(int keep) : keep_(keep) {}
+  // Blocks of these sizes in use at one moment.
+  void at_once(const std::vector<std::uint64_t>& sizes) {
+    std::map<std::uint64_t, int> now;
+    for (std::uint64_t b : sizes) ++now[b];
+    for (const auto& [size, count] : now) most_[size] = std::max(most_[size], count);
+  }
+  std::uint64_t held() const {
+    std::uint64_t sum = 0;
+    for (const auto& [size, count] : most_) {
+      sum += size * static_cast<std::uint64_t>(std::min(count, keep_));
+    }
+    return sum;
+  }
+
+ private:
+  int keep_;
+  std::map<std::uint64_t, int> most_;
+};
+
+// What the store's caches keep of the transient tensors count_bytes counts (at the most in
+// flight at once, of the largest group), beyond what it counts of them. Loading passes the groups
+// through one at a time; backward makes them in reverse order, and a tensor that leaves a tier
+// while the next group's is made there holds two groups' blocks at once.
+void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
+  const std::uint64_t dsize = dtype_size(o.compute_dtype);
+  const bool on_device = plan.optimizer == Tier::kDevice;
+  const std::size_t groups = z.elems.size();
+  const auto host_class = [](std::uint64_t bytes) {
+    return static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(bytes));
+  };
+
+  // Host: the block cache keeps every freed block until the budget needs the room.
+  CacheDemand host(std::numeric_limits<int>::max());
+  const bool master_through = plan.optimizer != Tier::kHost;
+  const bool working_through = plan.params != Tier::kHost;
+  for (std::uint64_t n : z.elems) {  // loading
+    std::vector<std::uint64_t> now;
+    if (master_through) now.push_back(host_class(n * 4));
+    if (working_through) now.push_back(host_class(n * dsize));
+    host.at_once(now);
+  }
+  const bool grads_through = !on_device && !plan.keep_gradients;
+  for (std::size_t i = 0; i < groups; ++i) {  // backward
+    std::vector<std::uint64_t> now;
+    for (std::size_t g : {i, i + 1}) {  // this group's and the one leaving before it
+      if (g >= groups || !grads_through) continue;
+      now.push_back(host_class(z.elems[g] * dsize));
+      if (plan.gradients == Tier::kNvme) now.push_back(host_class(z.elems[g] * 4));
+    }
+    // The host optimizer's new working copies, on their way home while the next group is
+    // updated: to NVMe, or to the device from an update paced by the drive.
+    for (std::size_t g : {i, i + 1}) {
+      if (g < groups && !on_device &&
+          (plan.params == Tier::kNvme ||
+           (plan.params == Tier::kDevice && plan.optimizer == Tier::kNvme))) {
+        now.push_back(host_class(z.elems[g] * dsize));
+      }
+    }
+    host.at_once(now);
+  }
+  // From an update in host memory to the device: it may run ahead of the copy stream by every
+  // group.
+  if (plan.params == Tier::kDevice && plan.optimizer == Tier::kHost) {
+    std::vector<std::uint64_t> now;
+    for (std::uint64_t n : z.elems) now.push_back(host_class(n * dsize));
+    host.at_once(now);
+  }
+  std::uint64_t counted = 0;
+  if (master_through) counted += z.max_f32_io;
+  if (working_through) counted += 2 * z.max_work_io;
+  if (grads_through) {
+    counted += 2 * z.max_work_io;
+    if (plan.gradients == Tier::kNvme) counted += 2 * z.max_f32_io;
+  }
+  const std::uint64_t held = host.held();
+  plan.cache_bytes[static_cast<std::size_t>(Tier::kHost)] = held > counted ? held - counted : 0;
+
+  // Device: the gradients, made from the head down to the embedding, one at a time into a
+  // device accumulator, else one made while the last leaves. A device copy of a tensor that
+  // touches NVMe on a host-addressable device is whole O_DIRECT blocks. The embedding's
+  // gradient, made last, reuses the block of its working copy, dropped after the forward,
+  // where parameters are offloaded and the two copies have one size.
+  const bool direct = o.host_addressable_device && o.has_swap;
+  const auto device_block = [&](std::uint64_t n, bool touches_nvme) {
+    return direct && touches_nvme ? align_up(n * dsize, io::kIoAlignBytes) + io::kIoAlignBytes
+                                  : n * dsize;
+  };
+  const bool reuses_working = plan.params != Tier::kDevice && !o.tied_embeddings &&
+                              device_block(z.elems.front(), plan.params == Tier::kNvme) ==
+                                  device_block(z.elems.front(), true);
+  CacheDemand device(mem::StoreOptions{}.device_cache_blocks_per_size);
+  for (std::size_t i = groups; i-- > 0;) {
+    std::vector<std::uint64_t> now;
+    if (!(i == 0 && reuses_working)) now.push_back(device_block(z.elems[i], true));
+    if (!on_device && i + 1 < groups) now.push_back(device_block(z.elems[i + 1], true));
+    if (o.tied_embeddings && i != 0) now.push_back(device_block(z.elems.front(), true));
+    device.at_once(now);
+  }
+  const std::uint64_t device_held = device.held();
+  plan.cache_bytes[static_cast<std::size_t>(Tier::kDevice)] =
+      device_held > z.max_work_io ? device_held - z.max_work_io : 0;
+}
 
 // Fills plan.bytes for the placements already in `plan`.
 void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
@@ -130,6 +245,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(Tier::kHost, TensorKind::kStaging,
       static_cast<std::uint64_t>(plan.staging_buffer_bytes) * plan.num_staging_buffers +
           plan.optimizer_staging_bytes);
+  count_caches(z, o, plan);
 }
 
 }  // namespace
@@ -162,6 +278,7 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
     z.max_work_io = std::max(z.max_work_io, align_up(n * dsize, io::kIoAlignBytes));
     z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
     z.max_elems = std::max(z.max_elems, g.num_elems);
+    z.elems.push_back(n);
   }
 
   MemoryPlan plan;

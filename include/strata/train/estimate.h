@@ -28,10 +28,10 @@ Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
 // The swap space a config asks for on `rank` ("{rank}" in a swap path becomes the rank).
 io::SwapOptions swap_options(const TrainConfig& config, int rank);
 
-// The engine options a config resolves into on `world` ranks, with the model's activation
-// workspace for one micro-batch: the trainer's and the estimate's one source.
-zero::EngineOptions engine_options(const TrainConfig& config, int world,
-                                   std::uint64_t activation_bytes);
+// The engine options a config resolves into for `model` on `world` ranks, with the model's
+// activation workspace for one micro-batch: the trainer's and the estimate's one source.
+zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
+                                   int world, std::uint64_t activation_bytes);
 
 struct Estimate {
   model::LlamaConfig model;
@@ -46,10 +46,17 @@ struct Estimate {
   // when the estimate is made), and the predicted peak: that, plus what each tier holds in host
   // RAM at its peak (below).
   std::uint64_t process_bytes = 0;
-  std::uint64_t host_peak_bytes = 0;    // the plan's host bytes, or the host budget it caches in
-  std::uint64_t device_peak_bytes = 0;  // the plan's device bytes with parameters cached there
+  // Each tier's peak: the plan's bytes, plus what the store keeps there for reuse while the
+  // tier's budget has room (the plan's cache_bytes, and working copies cached on the device, or
+  // in host memory when they live on NVMe under a host budget).
+  std::uint64_t host_peak_bytes = 0;  // all of it pinned (locked) memory
+  std::uint64_t device_peak_bytes = 0;
   std::uint64_t device_host_bytes = 0;  // of which host RAM (the CPU backend's device memory)
-  std::uint64_t rss_bytes = 0;
+  std::uint64_t rss_bytes = 0;          // = pinned host + other host memory
+
+  // Host memory that is not the store's pinned tier: the process's own and, on the CPU backend,
+  // the device's.
+  std::uint64_t other_host_bytes() const { return process_bytes + device_host_bytes; }
 
   // The least device memory a run needs: the plan's device bytes, plus the group in use when
   // parameters are offloaded (the plan leaves fetched parameters out).

@@ -54,6 +54,7 @@ struct EngineOptions {
   std::int64_t sub_group_size = 1 << 22;
   std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
   std::uint64_t activation_bytes = 0;         // the model's workspace, as the plan counts it
+  bool tied_embeddings = false;               // the model's head reads the embedding's weights
   // Parameter prefetch (offload_param cpu or nvme), DeepSpeed's names in bytes: fetches in flight,
   // parameters resident or arriving on the device, and the reuse distance within which a
   // released group stays resident. See sched::PrefetchOptions.
@@ -83,9 +84,10 @@ struct EngineStats {
 };
 
 // What the engine's memory plan is made from: its options, the device budget (the device's own
-// limit) and whether swap paths exist. strata estimate makes the same plan without an engine.
+// limit), whether swap paths exist and whether the device is host memory. strata estimate makes
+// the same plan without an engine.
 PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budget_bytes,
-                         bool has_swap);
+                         bool has_swap, bool host_addressable_device);
 
 class OffloadEngine {
  public:

@@ -59,7 +59,11 @@ struct PlanOptions {
   std::uint64_t host_budget_bytes = 0;    // 0 = no limit
   std::int64_t sub_group_size = 1 << 22;  // NVMe-streamed optimizer sub-group, in elements
   bool has_swap = false;                  // swap paths were given
-  std::uint64_t activation_bytes = 0;     // the model's device workspace for one micro-batch
+  // The device is host memory (the CPU backend): device copies of tensors that touch NVMe are
+  // whole O_DIRECT blocks (TieredStore's direct_device_io).
+  bool host_addressable_device = false;
+  bool tied_embeddings = false;        // the head reads the embedding's weights
+  std::uint64_t activation_bytes = 0;  // the model's device workspace for one micro-batch
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
 };
 
@@ -85,8 +89,13 @@ struct MemoryPlan {
   bool measure_overlap = false;
   std::string overlap_note;
   // Peak bytes by tier and kind: homes in full, transient buffers at the most the plan lets be
-  // in flight at once.
+  // in flight at once. What a run needs: the budgets are checked against these.
   std::array<std::array<std::uint64_t, kNumTensorKinds>, kNumTiers> bytes{};
+  // Beyond that, per tier: the buffers of transient tensors the store keeps for reuse by size
+  // (one for each size of group that passes through at once: the embedding, a layer and the
+  // head are three sizes), held while the tier's budget has room and given back when it needs
+  // it. A run without a budget holds them at its peak.
+  std::array<std::uint64_t, kNumTiers> cache_bytes{};
 
   std::uint64_t tier_bytes(Tier tier) const;
   std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {
