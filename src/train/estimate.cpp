@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
 #include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
@@ -71,6 +72,18 @@ zero::EngineOptions engine_options(const TrainConfig& config, const model::Llama
   return o;
 }
 
+zero::ZeroOptions zero_options(const TrainConfig& config) {
+  zero::ZeroOptions o;
+  o.stage = config.zero_stage;
+  o.compute_dtype = config.precision;
+  o.gather_ahead = config.offload_param != Tier::kNvme;
+  o.reduce_bucket_bytes =
+      zero::effective_bucket_bytes(config.reduce_bucket_bytes, config.device_memory_limit);
+  o.allgather_bucket_bytes =
+      zero::effective_bucket_bytes(config.allgather_bucket_bytes, config.device_memory_limit);
+  return o;
+}
+
 namespace {
 
 // The predicted peaks of `e`, from its plan and process_bytes.
@@ -90,8 +103,14 @@ void predict_peaks(const TrainConfig& config, Estimate& e) {
   e.host_peak_bytes = std::max(e.host_peak_bytes,
                                capped(e.host_peak_bytes + host_cached, config.host_memory_limit));
   e.device_peak_bytes = e.plan.tier_bytes(Tier::kDevice);
-  std::uint64_t device_cached = cache(Tier::kDevice);
-  if (config.offload_param != Tier::kDevice) device_cached += working;
+  const bool offloaded = config.offload_param != Tier::kDevice;
+  std::uint64_t device_cached = cache(Tier::kDevice) + (offloaded ? working : 0);
+  if (e.zero_device_bytes != 0) {
+    // ZeRO's buffers hold the gradients in transit, the engine's included, and the working
+    // copies of partitioned groups; the replicated ones stay cached as on one rank.
+    e.device_peak_bytes += e.zero_device_bytes - e.plan.gradient_transit_bytes;
+    device_cached = offloaded ? e.replicated_working_bytes : 0;
+  }
   e.device_peak_bytes = std::max(
       e.device_peak_bytes, capped(e.device_peak_bytes + device_cached, config.device_memory_limit));
   // The CPU backend's device memory is host RAM.
@@ -120,7 +139,14 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
   const model::ParamLayout full = model::ParamLayout::build(e.model);
   e.parameters = full.num_parameters();
   const zero::Partition partition(full, /*rank=*/0, ranks, config.param_persistence_threshold);
-  for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
+  for (const auto& g : partition.groups()) {
+    e.groups_partitioned += g.replicated ? 0 : 1;
+    if (g.replicated) {
+      e.replicated_working_bytes +=
+          align_up(static_cast<std::uint64_t>(g.local_elems()) * dtype_size(config.precision),
+                   io::kIoAlignBytes);
+    }
+  }
   for (const auto& g : partition.local_layout().groups()) {
     e.largest_group_bytes =
         std::max<std::uint64_t>(e.largest_group_bytes, static_cast<std::uint64_t>(g.num_elems) *
@@ -140,6 +166,9 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
                                          config.device_memory_limit, swap,
                                          config.device == device::DeviceKind::kCpu)));
 
+  e.zero_device_bytes = zero::zero_device_bytes(partition, zero_options(config),
+                                                config.offload_param != Tier::kDevice,
+                                                mem::StoreOptions{}.device_cache_blocks_per_size);
   if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
   predict_peaks(config, e);
   return e;
@@ -195,6 +224,7 @@ Json Estimate::to_json() const {
               {"nvme_bytes", plan.tier_bytes(Tier::kNvme)},
               {"host_peak_bytes", host_peak_bytes},
               {"device_peak_bytes", device_peak_bytes},
+              {"zero_device_bytes", zero_device_bytes},
               {"pinned_host_bytes", host_peak_bytes},
               {"other_host_bytes", other_host_bytes()},
               {"cache_bytes",

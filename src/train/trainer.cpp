@@ -178,14 +178,7 @@ Status Trainer::Impl::setup() {
                      model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   eopts.timeline = timeline.get();
-  zero::ZeroOptions zopts;
-  zopts.stage = config.zero_stage;
-  zopts.compute_dtype = compute_dtype;
-  zopts.gather_ahead = param != Tier::kNvme;
-  zopts.reduce_bucket_bytes =
-      zero::effective_bucket_bytes(config.reduce_bucket_bytes, config.device_memory_limit);
-  zopts.allgather_bucket_bytes =
-      zero::effective_bucket_bytes(config.allgather_bucket_bytes, config.device_memory_limit);
+  const zero::ZeroOptions zopts = zero_options(config);
   // Said when it lowers a size the config chose (the defaults are capped silently, as the
   // README says).
   const auto lowered = [](std::uint64_t used, std::uint64_t configured, std::uint64_t dflt) {

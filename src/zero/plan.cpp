@@ -229,6 +229,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // optimizer writes on their way to another tier (two at a time), gradients landing on the
   // host to be accumulated there (two at a time) and accumulators passing through it.
   add(Tier::kDevice, TensorKind::kGradients, z.max_work_io);
+  plan.gradient_transit_bytes = z.max_work_io;
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
   if (on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient

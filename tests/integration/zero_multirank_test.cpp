@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include "strata/build_config.h"
 #include "strata/core/json.h"
 #include "strata/model/safetensors.h"
+#include "strata/train/config.h"
+#include "strata/train/estimate.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
@@ -223,6 +226,76 @@ TEST(ZeroOverlap, EveryScheduleIsBitIdenticalToTheSerialStepOnEveryRankCount) {
         EXPECT_EQ(redone, clip == 0.0 ? 0 : 1);
       }
     }
+  }
+}
+
+// strata estimate on 2 ranks: rank 0's measured peaks (device, pinned host, NVMe, RSS) within
+// 10% of what it predicts, at every stage, over placements and precisions, with buckets that
+// hold the whole model and with buckets capped by a device budget; the run's own prediction is
+// the one strata estimate makes for the config.
+TEST(ZeroEstimate, EveryTierWithinTenPercentOfTheRunAtEveryStage) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  struct EstimateCase {
+    int stage;
+    const char* param;
+    const char* optimizer;
+    const char* precision;
+    const char* device_limit;  // "" = none: one reduction bucket holds every gradient
+  };
+  const EstimateCase cases[] = {
+      {1, "none", "none", "fp32", ""},      {1, "none", "nvme", "bf16", "12MiB"},
+      {2, "none", "none", "bf16", "12MiB"}, {2, "none", "cpu", "fp32", ""},
+      {3, "none", "none", "fp32", "12MiB"}, {3, "cpu", "cpu", "bf16", ""},
+      {3, "cpu", "cpu", "fp32", "12MiB"},   {3, "nvme", "nvme", "fp32", ""},
+  };
+  for (const EstimateCase& c : cases) {
+    const std::string name = "stage" + std::to_string(c.stage) + "-" + c.param + "-" + c.optimizer +
+                             "-" + c.precision + "-" + (*c.device_limit != 0 ? "limit" : "nolimit");
+    SCOPED_TRACE(name);
+    TempDir dir;
+    Json j = config(dir, name);
+    j["model"]["hidden_size"] = 64;
+    j["model"]["intermediate_size"] = 96;
+    j["model"]["num_hidden_layers"] = 8;
+    j["seq_len"] = 32;
+    j["batch_size"] = 12;
+    j["zero_stage"] = c.stage;
+    j["offload_param"] = c.param;
+    j["offload_optimizer"] = c.optimizer;
+    j["precision"] = c.precision;
+    j["save_dir"] = "";
+    if (*c.device_limit != 0) j["device_memory_limit"] = c.device_limit;
+    ASSERT_EQ(train(dir, j, name, 2), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    std::ifstream metrics(dir.file(name + "/metrics.jsonl"));
+    std::string line;
+    std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
+    Json last;
+    while (std::getline(metrics, line)) {
+      last = Json::parse(line);
+      device = std::max(device, last["peak_device_bytes"].get<std::uint64_t>());
+      host = std::max(host, last["peak_host_bytes"].get<std::uint64_t>());
+      nvme = std::max(nvme, last["peak_nvme_bytes"].get<std::uint64_t>());
+      rss = std::max(rss, last["peak_rss_bytes"].get<std::uint64_t>());
+    }
+    ASSERT_FALSE(last.is_null());
+    const auto near = [](std::uint64_t got, std::uint64_t want, const char* what) {
+      EXPECT_LE(static_cast<double>(got), 1.1 * static_cast<double>(want))
+          << what << ": measured " << got << ", predicted " << want;
+      EXPECT_GE(static_cast<double>(got), 0.9 * static_cast<double>(want))
+          << what << ": measured " << got << ", predicted " << want;
+    };
+    near(device, last["planned_device_bytes"].get<std::uint64_t>(), "device");
+    near(host, last["planned_host_bytes"].get<std::uint64_t>(), "host");
+    near(nvme, last["planned_nvme_bytes"].get<std::uint64_t>(), "nvme");
+    near(rss, last["predicted_rss_bytes"].get<std::uint64_t>(), "rss");
+    // The same prediction as strata estimate --ranks 2 for this config.
+    auto parsed = train::parse_train_config(j, "test config");
+    ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+    auto e = train::estimate(*parsed, 2);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    EXPECT_EQ(e->device_peak_bytes, last["planned_device_bytes"].get<std::uint64_t>());
+    EXPECT_EQ(e->host_peak_bytes, last["planned_host_bytes"].get<std::uint64_t>());
+    EXPECT_GT(e->zero_device_bytes, 0u);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "strata/train/config.h"
 #include "strata/zero/offload_engine.h"
 #include "strata/zero/plan.h"
+#include "strata/zero/zero_provider.h"
 
 namespace strata::train {
 
@@ -33,6 +34,9 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank);
 zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
                                    int world, std::uint64_t activation_bytes);
 
+// The ZeRO options a config resolves into (stage, dtype, bucket sizes within the device budget).
+zero::ZeroOptions zero_options(const TrainConfig& config);
+
 struct Estimate {
   model::LlamaConfig model;
   std::int64_t parameters = 0;  // the whole model's
@@ -41,7 +45,11 @@ struct Estimate {
   // The largest group's working copy on this rank: what the device needs beside the plan's
   // bytes when parameters are offloaded (the group in use).
   std::uint64_t largest_group_bytes = 0;
-  zero::MemoryPlan plan;  // rank 0's, as its engine makes it
+  // ZeRO's own device buffers at their peak (zero::zero_device_bytes), gradients in transit
+  // included: 0 on one rank.
+  std::uint64_t zero_device_bytes = 0;
+  std::uint64_t replicated_working_bytes = 0;  // working copies of the groups not partitioned
+  zero::MemoryPlan plan;                       // rank 0's, as its engine makes it
   // Resident memory of a process that has loaded Strata and its libraries (this one, measured
   // when the estimate is made), and the predicted peak: that, plus what each tier holds in host
   // RAM at its peak (below).

@@ -96,6 +96,8 @@ struct MemoryPlan {
   // head are three sizes), held while the tier's budget has room and given back when it needs
   // it. A run without a budget holds them at its peak.
   std::array<std::uint64_t, kNumTiers> cache_bytes{};
+  // Of the device's gradient bytes, the one group's gradient in transit (the rest are homes).
+  std::uint64_t gradient_transit_bytes = 0;
 
   std::uint64_t tier_bytes(Tier tier) const;
   std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {

@@ -46,6 +46,19 @@ struct ZeroOptions {
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
+// Device bytes a provider holds at its peak beside its engine's memory plan, walked through one
+// forward and backward as the provider runs them: full parameters (stages 1-2: all of them;
+// stage 3: the group in use and the one gathered ahead, with their chunk staging), the full
+// gradients the model writes, the packed reduction bucket, and the engine's gradient buffers the
+// reductions land in until unpacked. Freed buffers count as the store keeps them: up to
+// `cache_blocks_per_size` of each size. Covers all of the gradients' device buffers, so the
+// engine's own gradient in transit (counted in its plan) is not to be added again. With
+// parameters offloaded, so are the working copies of partitioned groups: each is fetched for its
+// gather and dropped after it, leaving its block to the cache. 0 when nothing is partitioned
+// (one rank).
+std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& options,
+                                bool params_offloaded, int cache_blocks_per_size);
+
 struct ZeroStats {
   std::uint64_t gathers_ahead = 0;          // stage 3 all-gathers started by prefetch_params
   std::uint64_t gathers_ahead_refused = 0;  // prefetches that did not fit; acquire gathered
