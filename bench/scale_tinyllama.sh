@@ -14,7 +14,8 @@
 # RSS_LIMIT_GIB (default 4.5: host_memory_limit 2 GiB, plus the 2 GiB device budget, which on the
 # CPU backend is host memory too, plus half a GiB for the process itself; the store uses its
 # host budget as a cache of clean copies), STEPS (default 3), BATCH (sequences per step,
-# default 1), KEEP=1 keeps WORK afterwards.
+# default 1), KEEP=1 keeps WORK afterwards. Ends with each tier's measured peak against what
+# strata estimate predicts for the config (the run's own prediction).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,6 +106,15 @@ if len(rows) > 1:
     later = rows[1:]
     print("mean step of steps 2-%d: %.1f s" % (rows[-1]["step"],
           sum(m["step_ms"] for m in later) / len(later) / 1e3))
+last = rows[-1]
+for tier, measured, planned in (("device", "peak_device_bytes", "planned_device_bytes"),
+                                ("host", "peak_host_bytes", "planned_host_bytes"),
+                                ("nvme", "peak_nvme_bytes", "planned_nvme_bytes"),
+                                ("rss", "peak_rss_bytes", "predicted_rss_bytes")):
+    got = max(m[measured] for m in rows)
+    want = last.get(planned, 0)
+    print("%s: measured %.3f GiB, predicted %.3f GiB (%+.1f%%)" % (
+        tier, got / gib, want / gib, 100.0 * (got - want) / want if want else 0.0))
 if worst >= limit:
     print("FAIL: peak RSS %.2f GiB is not under %.2f GiB" % (worst / gib, limit / gib))
     sys.exit(1)

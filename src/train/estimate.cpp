@@ -1,13 +1,18 @@
 // The memory plan of a config, made as the trainer makes it but without allocating anything.
 #include "strata/train/estimate.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <set>
 
 #include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
 #include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
 #include "strata/sys/process.h"
+#include "strata/train/step_time.h"
 #include "strata/zero/partition.h"
 
 namespace strata::train {
@@ -48,11 +53,27 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank) {
   return o;
 }
 
+std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
+  std::set<dev_t> seen;
+  std::uint64_t free = 0;
+  for (const std::string& path : swap_options(config, rank).paths) {
+    struct stat st {};
+    std::error_code ec;
+    const auto space = std::filesystem::space(path, ec);
+    if (ec || ::stat(path.c_str(), &st) != 0 || !seen.insert(st.st_dev).second) continue;
+    free += space.available;
+  }
+  return free;
+}
+
 zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
                                    int world, std::uint64_t activation_bytes) {
   zero::EngineOptions o;
   o.activation_bytes = activation_bytes;
   o.tied_embeddings = model.tie_word_embeddings;
+  if (config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme) {
+    o.swap_free_bytes = swap_free_bytes(config, 0);
+  }
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
   o.compute_dtype = config.precision;
@@ -125,7 +146,8 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
   return estimate(config, model, ranks);
 }
 
-Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks) {
+Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
+                          bool suggest) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   if (config.batch_size % (config.micro_batch_size * ranks) != 0) {
     return invalid_argument("batch_size " + std::to_string(config.batch_size) +
@@ -147,10 +169,16 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
                    io::kIoAlignBytes);
     }
   }
+  // A working copy of parameters on NVMe, on a host-addressable device, is whole O_DIRECT blocks
+  // (TieredStore's direct_device_io).
+  const bool direct =
+      config.offload_param == Tier::kNvme && config.device == device::DeviceKind::kCpu;
   for (const auto& g : partition.local_layout().groups()) {
+    const std::uint64_t bytes =
+        static_cast<std::uint64_t>(g.num_elems) * dtype_size(config.precision);
     e.largest_group_bytes =
-        std::max<std::uint64_t>(e.largest_group_bytes, static_cast<std::uint64_t>(g.num_elems) *
-                                                           dtype_size(config.precision));
+        std::max(e.largest_group_bytes,
+                 direct ? align_up(bytes, io::kIoAlignBytes) + io::kIoAlignBytes : bytes);
   }
 
   model::ModelOptions mo;
@@ -159,12 +187,28 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
   const std::uint64_t activations =
       model::LlamaModel::activation_bytes(e.model, mo, config.micro_batch_size, config.seq_len);
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
-  STRATA_ASSIGN_OR_RETURN(
-      e.plan,
+  // A budget too small says what would fit.
+  const auto refuse = [&](const Status& why) -> Status {
+    if (!suggest || why.code() != StatusCode::kOutOfMemory) return why;
+    return out_of_memory(why.message() + changes_to_fit(config, model, ranks));
+  };
+  auto plan =
       zero::make_plan(partition.local_layout(),
                       zero::plan_options(engine_options(config, e.model, ranks, activations),
                                          config.device_memory_limit, swap,
-                                         config.device == device::DeviceKind::kCpu)));
+                                         config.device == device::DeviceKind::kCpu));
+  if (!plan.is_ok()) return refuse(plan.status());
+  e.plan = std::move(*plan);
+  if (config.device_memory_limit != 0 && e.device_bytes_needed() > config.device_memory_limit) {
+    return refuse(out_of_memory(
+        "device_memory_limit " + format_bytes(config.device_memory_limit) +
+        " is too small: this plan needs " + format_bytes(e.device_bytes_needed()) +
+        " on the device (" + e.plan.kinds_text(Tier::kDevice) +
+        (e.plan.params == Tier::kDevice
+             ? ""
+             : ", and " + format_bytes(e.largest_group_bytes) + " for the group in use") +
+        ")"));
+  }
 
   e.zero_device_bytes = zero::zero_device_bytes(partition, zero_options(config),
                                                 config.offload_param != Tier::kDevice,

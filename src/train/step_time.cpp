@@ -14,11 +14,17 @@
 #include "strata/core/host_mapping.h"
 #include "strata/device/device.h"
 #include "strata/io/swap.h"
+#include "strata/model/llama.h"
+#include "strata/model/param_layout.h"
+#include "strata/model/param_provider.h"
 
 namespace strata::train {
 namespace {
 
 constexpr double kGemmProbeSeconds = 0.3;
+constexpr double kLayerProbeSeconds = 0.3;  // each model's runs, after at least 4
+// The FLOPs of a 2-layer model's forward and backward up to which layers are timed.
+constexpr double kLayerProbeFlops = 8e9;
 constexpr double kMemoryProbeSeconds = 0.15;
 constexpr std::size_t kMemoryProbeBytes = std::size_t{64} << 20;
 constexpr std::size_t kSwapProbeBytes = std::size_t{256} << 20;
@@ -71,6 +77,136 @@ Rate gemm_rate(const TrainConfig& config, device::Device* given) {
   return {flops / (t.elapsed_ms() / 1e3), true,
           std::string(precision_name(dt)) + " GEMM 1024^3 on " + device->name() + ", " +
               std::to_string(reps) + " runs"};
+}
+
+// Device buffers for a probe model: each group's parameters as initialized, a gradient buffer per
+// group, the workspace.
+class ProbeProvider final : public model::ParamProvider {
+ public:
+  static Result<std::unique_ptr<ProbeProvider>> create(const model::LlamaConfig& config,
+                                                       const model::ParamLayout& layout,
+                                                       device::Device& device, DType dtype) {
+    std::unique_ptr<ProbeProvider> p(new ProbeProvider(device));
+    device::Stream& s = device.stream(device::StreamKind::kCompute);
+    for (const auto& g : layout.groups()) {
+      const auto n = static_cast<std::size_t>(g.num_elems);
+      std::vector<float> f32(n);
+      model::init_group(config, g, /*seed=*/1, f32.data());
+      auto host = device.allocate_pinned(n * dtype_size(dtype), "compute probe upload");
+      STRATA_RETURN_IF_ERROR(host.status());
+      convert(f32.data(), DType::kF32, host->data(), dtype, n);
+      STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer params,
+                              device.allocate(n * dtype_size(dtype), "compute probe parameters"));
+      device.copy_to_device(params.data(), host->data(), n * dtype_size(dtype), s);
+      s.synchronize();
+      STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer grads,
+                              device.allocate(n * dtype_size(dtype), "compute probe gradients"));
+      p->params_.push_back(std::move(params));
+      p->grads_.push_back(std::move(grads));
+    }
+    return p;
+  }
+  Result<const void*> acquire_params(int group) override {
+    return static_cast<const void*>(params_.at(static_cast<std::size_t>(group)).data());
+  }
+  void release_params(int) override {}
+  Result<void*> acquire_grads(int group) override {
+    device::DeviceBuffer& b = grads_.at(static_cast<std::size_t>(group));
+    device_.fill_zero(b.data(), b.size(), device_.stream(device::StreamKind::kCompute));
+    return b.data();
+  }
+  Status release_grads(int) override { return Status::ok(); }
+  Result<void*> workspace(std::uint64_t bytes, const std::string& what) override {
+    if (workspace_.size() != bytes) {
+      workspace_ = device::DeviceBuffer();
+      STRATA_ASSIGN_OR_RETURN(workspace_, device_.allocate(bytes, what));
+    }
+    return workspace_.data();
+  }
+
+ private:
+  explicit ProbeProvider(device::Device& device) : device_(device) {}
+  device::Device& device_;
+  std::vector<device::DeviceBuffer> params_, grads_;
+  device::DeviceBuffer workspace_;
+};
+
+// Milliseconds of one forward and backward of `model` cut to `layers` decoder layers, at the
+// run's micro-batch on `device`: the median of a few runs after a warm-up.
+Result<double> time_model(const TrainConfig& config, model::LlamaConfig model, int layers,
+                          device::Device& device) {
+  model.num_hidden_layers = layers;
+  const model::ParamLayout layout = model::ParamLayout::build(model);
+  model::ModelOptions mo;
+  mo.compute_dtype = config.precision;
+  mo.activation_checkpointing = config.activation_checkpointing;
+  model::LlamaModel lm(model, layout, device, mo);
+  STRATA_ASSIGN_OR_RETURN(auto provider,
+                          ProbeProvider::create(model, layout, device, config.precision));
+  const std::int64_t batch = config.micro_batch_size, seq = config.seq_len;
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(batch * seq));
+  std::vector<std::int32_t> targets(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<std::int32_t>((i * 7919) % static_cast<std::size_t>(model.vocab_size));
+    targets[i] =
+        static_cast<std::int32_t>((i * 104729 + 1) % static_cast<std::size_t>(model.vocab_size));
+  }
+  std::vector<double> runs;
+  Stopwatch total;
+  for (int run = 0; run < 12 && (run < 4 || total.elapsed_ms() < kLayerProbeSeconds * 1e3); ++run) {
+    Stopwatch t;
+    STRATA_RETURN_IF_ERROR(
+        lm.forward_backward(*provider, inputs.data(), targets.data(), batch, seq, 1.0f).status());
+    if (run > 0) runs.push_back(t.elapsed_ms());  // run 0 warms up
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+// A decoder layer's forward and backward at the run's micro-batch, and the embedding, head and
+// loss's, timed on the device as the difference of a 2-layer and a 1-layer model of the run's
+// shape, where a layer is small enough to time in a moment (at most kLayerProbeFlops); per-op
+// overheads and the operations that are not matrix products dominate such layers. Larger ones
+// run at the GEMM rate and are left unmeasured.
+void layer_rates(const TrainConfig& config, const model::LlamaConfig& model, device::Device* given,
+                 Rate* layers, Rate* ends) {
+  const double tokens = static_cast<double>(config.micro_batch_size * config.seq_len);
+  const double h = static_cast<double>(model.hidden_size);
+  const double layer_params =
+      h * (2 * h + 2 * h * model.num_key_value_heads / model.num_attention_heads) +
+      3.0 * h * static_cast<double>(model.intermediate_size);
+  const double flops =
+      2 * (6 * layer_params * tokens) + 6 * h * static_cast<double>(model.vocab_size) * tokens;
+  if (flops > kLayerProbeFlops) {
+    *layers = *ends = {0, false, "not measured: layers this large run at the GEMM rate"};
+    return;
+  }
+  std::unique_ptr<device::Device> own;
+  if (given == nullptr) {
+    device::DeviceOptions o;
+    o.kind = config.device;
+    o.compute_threads = config.threads;
+    auto made = device::create_device(o);
+    if (!made.is_ok()) {
+      *layers = *ends = {0, false, "not measured: " + made.status().message()};
+      return;
+    }
+    own = std::move(*made);
+  }
+  device::Device& device = given != nullptr ? *given : *own;
+  auto one = time_model(config, model, 1, device);
+  auto two = one.is_ok() ? time_model(config, model, 2, device) : one;
+  if (!two.is_ok()) {
+    *layers = *ends = {0, false, "not measured: " + two.status().message()};
+    return;
+  }
+  const double layer_ms = std::max(*two - *one, 1e-3);
+  const double ends_ms = std::max(*one - layer_ms, 1e-3);
+  const std::string how = "forward and backward of models of 1 and 2 layers on " + device.name() +
+                          ", micro-batch " + std::to_string(config.micro_batch_size) + " x " +
+                          std::to_string(config.seq_len);
+  *layers = {1e3 / layer_ms, true, how};
+  *ends = {1e3 / ends_ms, true, how};
 }
 
 Rate memory_rate() {
@@ -202,7 +338,7 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     unbounded.micro_batch_size = micro_batch;
     unbounded.device_memory_limit = 0;
     unbounded.host_memory_limit = 0;
-    auto e = estimate(unbounded, model, ranks);
+    auto e = estimate(unbounded, model, ranks, /*suggest=*/false);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();
     *host = e->plan.tier_bytes(Tier::kHost);
@@ -233,6 +369,25 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   if (host_need != 0) {
     add("raise host_memory_limit to " + bytes_at_least(host_need) + " (" + host_with + ")");
   }
+  if (device_need == 0 && host_need == 0) {
+    // Neither budget alone: both, for the placement that needs the least of the two together.
+    std::uint64_t best = 0, best_device = 0, best_host = 0;
+    std::string with;
+    for (const Candidate& c : open) {
+      std::uint64_t device = 0, host = 0;
+      if (!c.refused.empty() || !needs(c, config.micro_batch_size, &device, &host)) continue;
+      if (best == 0 || device + host < best) {
+        best = device + host;
+        best_device = device;
+        best_host = host;
+        with = placement_name(c.param, c.optimizer);
+      }
+    }
+    if (best != 0) {
+      add("raise device_memory_limit to " + bytes_at_least(best_device) +
+          " and host_memory_limit to " + bytes_at_least(best_host) + " (" + with + ")");
+    }
+  }
   // Fewer sequences per micro-batch shrink the activations; the same batch accumulates more.
   for (std::int64_t mb = config.micro_batch_size / 2; mb >= 1; mb /= 2) {
     if (config.batch_size % (mb * ranks) != 0) continue;
@@ -255,6 +410,11 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   MachineRates r;
   try {
     r.gemm_flops = gemm_rate(config, device);
+    if (auto model = read_model_config(config, nullptr); model.is_ok()) {
+      layer_rates(config, *model, device, &r.layer_passes, &r.end_passes);
+    } else {
+      r.layer_passes = r.end_passes = {0, false, "not measured: " + model.status().message()};
+    }
     r.memory_bytes = memory_rate();
     swap_rates(config, &r.nvme_read_bytes, &r.nvme_write_bytes);
   } catch (const std::bad_alloc&) {
@@ -265,8 +425,34 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   return r;
 }
 
+std::string changes_to_fit(const TrainConfig& config, const model::LlamaConfig& model, int ranks) {
+  std::string out = smallest_changes(config, model, ranks, candidates(config));
+  if (config.offload_param_auto && config.offload_optimizer_auto) return out;
+  // Another placement that fits the budgets as they are: the one that offloads least.
+  TrainConfig any = config;
+  any.offload_param_auto = any.offload_optimizer_auto = true;
+  for (const Candidate& c : candidates(any)) {
+    if (!c.refused.empty() ||
+        (c.param == config.offload_param && c.optimizer == config.offload_optimizer)) {
+      continue;
+    }
+    auto e = estimate(placed(config, c), model, ranks, /*suggest=*/false);
+    if (!e.is_ok() || (config.device_memory_limit != 0 &&
+                       e->device_bytes_needed() > config.device_memory_limit)) {
+      continue;
+    }
+    const std::string change = "offload_param " + std::string(zero::offload_name(c.param)) +
+                               " and offload_optimizer " +
+                               std::string(zero::offload_name(c.optimizer));
+    return out.empty() ? "; to fit: " + change : out + ", or " + change;
+  }
+  return out;
+}
+
 Json MachineRates::to_json() const {
   return Json{{"gemm_flops", rate_json(gemm_flops)},
+              {"layer_passes", rate_json(layer_passes)},
+              {"end_passes", rate_json(end_passes)},
               {"memory_bytes", rate_json(memory_bytes)},
               {"nvme_read_bytes", rate_json(nvme_read_bytes)},
               {"nvme_write_bytes", rate_json(nvme_write_bytes)},
@@ -290,6 +476,13 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
                        passes * 4.0 * static_cast<double>(m.num_hidden_layers) * config.seq_len *
                            static_cast<double>(m.hidden_size) * tokens;
   st.compute_ms = ms(flops, rates.gemm_flops);
+  if (rates.layer_passes.measured && rates.end_passes.measured) {
+    // Timed at the run's micro-batch, recompute included: per micro-batch, every layer and the
+    // two ends.
+    st.compute_ms =
+        accum * (static_cast<double>(m.num_hidden_layers) * 1e3 / rates.layer_passes.per_s +
+                 1e3 / rates.end_passes.per_s);
+  }
 
   // The rank's working copies, gradients and optimizer state, as its engine holds them.
   const double work =
@@ -356,12 +549,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
   STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig model, read_model_config(config, nullptr));
   const std::vector<Candidate> open = candidates(config);
   // Free space of the swap paths, for NVMe homes.
-  std::uint64_t swap_free = 0;
-  for (const std::string& p : swap_options(config, 0).paths) {
-    std::error_code ec;
-    const auto space = std::filesystem::space(p, ec);
-    if (!ec) swap_free += space.available;
-  }
+  const std::uint64_t swap_free = swap_free_bytes(config, 0);
   std::optional<PlacementChoice> best;
   std::string others;
   for (const Candidate& cand : open) {
@@ -370,7 +558,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
     std::optional<StepTime> st;
     if (refused.empty()) {
       const TrainConfig c = placed(config, cand);
-      auto est = estimate(c, model, ranks);
+      auto est = estimate(c, model, ranks, /*suggest=*/false);
       if (!est.is_ok()) {
         refused = est.status().message();
       } else if (config.device_memory_limit != 0 &&

@@ -178,6 +178,7 @@ Status Trainer::Impl::setup() {
                      model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   eopts.timeline = timeline.get();
+  if (eopts.swap_free_bytes != 0) eopts.swap_free_bytes = swap_free_bytes(config, rank);
   const zero::ZeroOptions zopts = zero_options(config);
   // Said when it lowers a size the config chose (the defaults are capped silently, as the
   // README says).

@@ -50,6 +50,7 @@ PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budg
   po.has_swap = has_swap;
   po.host_addressable_device = host_addressable_device;
   po.tied_embeddings = options.tied_embeddings;
+  po.swap_free_bytes = options.swap_free_bytes;
   po.overlap = options.overlap;
   return po;
 }

@@ -228,8 +228,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // In flight: one group's gradient being made on the device, the working copies the host
   // optimizer writes on their way to another tier (two at a time), gradients landing on the
   // host to be accumulated there (two at a time) and accumulators passing through it.
-  add(Tier::kDevice, TensorKind::kGradients, z.max_work_io);
-  plan.gradient_transit_bytes = z.max_work_io;
+  // (On a host-addressable device with swap, a whole O_DIRECT block more: TieredStore's
+  // direct_device_io.)
+  plan.gradient_transit_bytes =
+      z.max_work_io + (o.host_addressable_device && o.has_swap ? io::kIoAlignBytes : 0);
+  add(Tier::kDevice, TensorKind::kGradients, plan.gradient_transit_bytes);
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
   if (on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient
@@ -338,6 +341,27 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
                          format_bytes(plan.tier_bytes(Tier::kHost)) + " of host memory (" +
                          plan.kinds_text(Tier::kHost) +
                          "); raise host_memory_limit or offload to nvme");
+  }
+  // The swap paths' free space: the shadow state goes first.
+  const auto nvme_fits = [&] {
+    return o.swap_free_bytes == 0 || plan.tier_bytes(Tier::kNvme) <= o.swap_free_bytes;
+  };
+  if (!nvme_fits() && o.optimizer == Tier::kNvme && plan.shadow_state) {
+    const std::uint64_t copy = plan.kind_bytes(Tier::kNvme, TensorKind::kMasterWeights) / 2 +
+                               plan.kind_bytes(Tier::kNvme, TensorKind::kMoments) / 2;
+    plan.shadow_state = false;
+    plan.overlap = OptimizerOverlap::kForward;
+    plan.overlap_note = "a second copy of the optimizer state (" + format_bytes(copy) +
+                        ") does not fit the " + format_bytes(o.swap_free_bytes) +
+                        " free in swap_paths, so the update overlaps the next forward only";
+    place(plan.gradients);
+  }
+  if (!nvme_fits()) {
+    return out_of_memory("swap_paths have " + format_bytes(o.swap_free_bytes) +
+                         " free: this plan needs " + format_bytes(plan.tier_bytes(Tier::kNvme)) +
+                         " on NVMe (" + plan.kinds_text(Tier::kNvme) +
+                         "); free space there, add a swap path on another drive, or keep more "
+                         "in host memory");
   }
   return plan;
 }

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "strata/train/config.h"
 #include "strata/train/step_time.h"
@@ -216,6 +218,69 @@ TEST(EstimateTest, AConfigThatCannotRunIsRefusedAsTheTrainerWould) {
   EXPECT_EQ(t.status().message(), refused.status().message());
 }
 
+// The value after `key` in `msg`, up to the next " (".
+std::string suggested(const std::string& msg, const std::string& key) {
+  const auto at = msg.find(key);
+  if (at == std::string::npos) return "";
+  return msg.substr(at + key.size(), msg.find(" (", at) - at - key.size());
+}
+
+// A fixed placement refused for a budget says the smallest budget that fits it, another
+// placement that fits the budgets as they are, or a smaller micro-batch; each of them then runs.
+TEST(EstimateTest, ARefusalSaysTheSmallestChangeThatFits) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "cpu";
+  j["host_memory_limit"] = "1MiB";
+  auto host = config_of(j);
+  ASSERT_TRUE(host.is_ok());
+  auto refused = estimate(*host, 1);
+  ASSERT_FALSE(refused.is_ok());
+  const std::string msg = refused.status().message();
+  EXPECT_NE(msg.find("host_memory_limit 1.00 MiB is too small"), std::string::npos) << msg;
+  const std::string raise = suggested(msg, "raise host_memory_limit to ");
+  ASSERT_FALSE(raise.empty()) << msg;
+  Json raised = j;
+  raised["host_memory_limit"] = raise;
+  auto fits = estimate(*config_of(raised), 1);
+  EXPECT_TRUE(fits.is_ok()) << raise << ": " << fits.status().message();
+
+  // All on the device, in a device budget that holds the activations and one offloaded group:
+  // offloading is suggested, and runs.
+  Json device = small_config(dir);
+  auto offloaded = estimate(*config_of([&] {
+    Json k = device;
+    k["offload_param"] = "cpu";
+    k["offload_optimizer"] = "cpu";
+    return k;
+  }()),
+                            1);
+  ASSERT_TRUE(offloaded.is_ok());
+  device["device_memory_limit"] = offloaded->device_bytes_needed() + 4096;
+  auto tight = config_of(device);
+  ASSERT_TRUE(tight.is_ok());
+  auto too_big = estimate(*tight, 1);
+  ASSERT_FALSE(too_big.is_ok());
+  const std::string dmsg = too_big.status().message();
+  EXPECT_NE(dmsg.find("device_memory_limit"), std::string::npos) << dmsg;
+  const auto at = dmsg.find("offload_param ");
+  ASSERT_NE(at, std::string::npos) << dmsg;
+  std::istringstream words(dmsg.substr(at));
+  std::string k1, param, word, k2, optimizer;
+  words >> k1 >> param >> word >> k2 >> optimizer;
+  optimizer = optimizer.substr(0, optimizer.find_first_of(",;"));
+  device["offload_param"] = param;
+  device["offload_optimizer"] = optimizer;
+  auto moved = config_of(device);
+  ASSERT_TRUE(moved.is_ok()) << param << "/" << optimizer;
+  EXPECT_TRUE(estimate(*moved, 1).is_ok()) << dmsg;
+  TrainOptions o;
+  auto t = Trainer::create(*moved, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_TRUE((*t)->run().is_ok());
+}
+
 // The step time from given rates: each part is the plan's bytes or the model's FLOPs over its
 // rate, transfers overlap compute, and the update adds to it serially or overlaps it.
 TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
@@ -273,6 +338,42 @@ TEST(EstimateTest, CalibrationMeasuresTheRatesAndCleansUp) {
   EXPECT_TRUE(fs::is_empty(dir.file("swap")));
   const Json out = r.to_json();
   EXPECT_EQ(out["nvme_read_bytes"]["measured"], true);
+}
+
+// A small model's step, predicted from the probes (a timed layer, not its FLOPs), against the
+// median of a run's steps on the same machine. bench/RESULTS.md records it within 25%; on a
+// shared, loaded machine the test asks for a factor of 1.6 either way, which the FLOP count alone
+// misses on such a model (it predicts about half the step).
+TEST(EstimateTest, ASmallModelsPredictedStepIsCloseToTheRun) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["model"]["hidden_size"] = 128;
+  j["model"]["intermediate_size"] = 344;
+  j["model"]["num_hidden_layers"] = 4;
+  j["model"]["max_position_embeddings"] = 128;
+  j["seq_len"] = 128;
+  j["batch_size"] = 16;
+  j["micro_batch_size"] = 8;
+  j["max_steps"] = 6;
+  j["threads"] = 0;  // every core, as the run
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  auto e = estimate(*config, 1);
+  ASSERT_TRUE(e.is_ok());
+  const MachineRates rates = calibrate(*config);
+  EXPECT_TRUE(rates.layer_passes.measured) << rates.layer_passes.how;
+  const StepTime predicted = predict_step(*config, *e, rates);
+  TrainOptions o;
+  auto t = Trainer::create(*config, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+  std::vector<double> steps;
+  for (const auto& m : (*t)->history()) steps.push_back(m.step_ms);
+  steps.erase(steps.begin());  // the first step warms up
+  std::sort(steps.begin(), steps.end());
+  const double median = steps[steps.size() / 2];
+  EXPECT_LT(median, 1.6 * predicted.step_ms) << "predicted " << predicted.step_ms;
+  EXPECT_GT(median, predicted.step_ms / 1.6) << "predicted " << predicted.step_ms;
 }
 
 // offload_param / offload_optimizer "auto": the placement with the lowest predicted step that
@@ -344,6 +445,61 @@ TEST(EstimateTest, AutoPlacementTakesTheFastestThatFits) {
   ASSERT_TRUE(raised.is_ok()) << raised.status().message();
   auto fits_now = choose_placement(*raised, 1, slow_host);
   EXPECT_TRUE(fits_now.is_ok()) << size << ": " << fits_now.status().message();
+}
+
+// "auto" over a matrix of device and host budgets: every placement it picks runs within them, and
+// where none fits, the refusal's first suggested budget lets one be picked.
+TEST(EstimateTest, AutoRunsInEveryBudgetOrSaysWhatWouldFit) {
+  TempDir dir;
+  Json base = small_config(dir);
+  base["max_steps"] = 2;
+  Json off = base;
+  off["offload_param"] = "cpu";
+  off["offload_optimizer"] = "cpu";
+  auto offloaded = estimate(*config_of(off), 1);
+  ASSERT_TRUE(offloaded.is_ok());
+  const std::uint64_t tight = offloaded->device_bytes_needed() + 4096;
+  const std::uint64_t host_need = offloaded->plan.tier_bytes(Tier::kHost);
+  for (const std::uint64_t device : {std::uint64_t{0}, tight, std::uint64_t{4096}}) {
+    for (const std::uint64_t host : {std::uint64_t{0}, host_need / 2, std::uint64_t{65536}}) {
+      SCOPED_TRACE("device_memory_limit " + std::to_string(device) + ", host_memory_limit " +
+                   std::to_string(host));
+      Json j = base;
+      j["offload_param"] = "auto";
+      j["offload_optimizer"] = "auto";
+      if (device != 0) j["device_memory_limit"] = device;
+      if (host != 0) j["host_memory_limit"] = host;
+      auto config = config_of(j);
+      ASSERT_TRUE(config.is_ok()) << config.status().message();
+      TrainOptions o;
+      auto t = Trainer::create(*config, o);
+      if (t.is_ok()) {
+        const Status ran = (*t)->run();
+        EXPECT_TRUE(ran.is_ok()) << ran.message() << "\n" << (*t)->describe();
+        continue;
+      }
+      const std::string msg = t.status().message();
+      ASSERT_NE(msg.find("; to fit: "), std::string::npos) << msg;
+      const std::string first = msg.substr(msg.find("; to fit: ") + 10);
+      // "raise device_memory_limit to X", "... and host_memory_limit to Y", or the host alone.
+      for (const char* key : {"device_memory_limit", "host_memory_limit"}) {
+        const std::string at = std::string(key) + " to ";
+        const auto k = first.find(at);
+        if (k == std::string::npos || first.find(" (") < k) continue;
+        const std::string rest = first.substr(k + at.size());
+        j[key] = rest.substr(0, std::min(rest.find(" ("), rest.find(" and ")));
+      }
+      if (first.rfind("micro_batch_size ", 0) == 0) {
+        j["micro_batch_size"] = std::stoi(first.substr(17));
+      }
+      auto fixed = config_of(j);
+      ASSERT_TRUE(fixed.is_ok()) << fixed.status().message();
+      auto again = Trainer::create(*fixed, o);
+      ASSERT_TRUE(again.is_ok()) << first << ": " << again.status().message();
+      const Status ran = (*again)->run();
+      EXPECT_TRUE(ran.is_ok()) << first << ": " << ran.message();
+    }
+  }
 }
 
 }  // namespace

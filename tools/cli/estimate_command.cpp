@@ -76,6 +76,8 @@ int run_estimate(const EstimateArgs& a) {
   };
   std::cout << "rates:\n";
   rate("matrix products", rates.gemm_flops, 1e9, "GFLOP/s");
+  rate("decoder layer", rates.layer_passes, 1, "forward+backward passes/s");
+  rate("embedding, head and loss", rates.end_passes, 1, "forward+backward passes/s");
   rate("host memory", rates.memory_bytes, 1e9, "GB/s");
   rate("nvme read", rates.nvme_read_bytes, 1e9, "GB/s");
   rate("nvme write", rates.nvme_write_bytes, 1e9, "GB/s");

@@ -29,6 +29,10 @@ Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
 // The swap space a config asks for on `rank` ("{rank}" in a swap path becomes the rank).
 io::SwapOptions swap_options(const TrainConfig& config, int rank);
 
+// Free space of the swap paths `config` gives `rank`, each filesystem counted once; 0 when none
+// can be read.
+std::uint64_t swap_free_bytes(const TrainConfig& config, int rank);
+
 // The engine options a config resolves into for `model` on `world` ranks, with the model's
 // activation workspace for one micro-batch: the trainer's and the estimate's one source.
 zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
@@ -76,10 +80,14 @@ struct Estimate {
 };
 
 // Rank 0 of `ranks` running `config`. Fails as the trainer would on a config whose plan cannot
-// work (placements that contradict each other, a host budget too small), naming what.
+// work (placements that contradict each other, a host or device budget too small), naming what;
+// a budget too small comes with the smallest changes that would fit (changes_to_fit in
+// step_time.h).
 Result<Estimate> estimate(const TrainConfig& config, int ranks);
 // The same for the model `config` names, already read (read_model_config): for callers that plan
-// many variants of one config, or that have read it for themselves.
-Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks);
+// many variants of one config, or that have read it for themselves. `suggest` false leaves the
+// changes out of a refusal (callers that try variants themselves).
+Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
+                          bool suggest = true);
 
 }  // namespace strata::train

@@ -21,6 +21,11 @@ struct Rate {
 
 struct MachineRates {
   Rate gemm_flops;       // matrix products in the compute dtype, on the config's device
+  // Small models only: forward and backward passes per second of one decoder layer, and of the
+  // embedding, head and loss, at the run's micro-batch on its device. Where measured they give
+  // the compute time in place of the FLOPs at the GEMM rate.
+  Rate layer_passes;
+  Rate end_passes;
   Rate memory_bytes;     // host memory copy bandwidth (CPU Adam's bound, CPU-device copies)
   Rate nvme_read_bytes;  // the swap engine on the first swap path, as configured
   Rate nvme_write_bytes;
@@ -29,7 +34,8 @@ struct MachineRates {
 };
 
 // Short probes (about a second in all): a GEMM on `device` (nullptr: a device of the config's
-// kind made for the probe alone, sized for it), a host memory copy, and, when anything lives on
+// kind made for the probe alone, sized for it), for a model whose layers are small the forward
+// and backward of 1- and 2-layer models of its shape, a host memory copy, and, when anything lives on
 // NVMe, a write and read of a temporary swap file through the configured swap engine (deleted
 // afterwards). A device that cannot be made, or no swap paths, leave those rates unmeasured with
 // the reason.
@@ -51,6 +57,13 @@ struct StepTime {
 // overlap compute (the prefetcher's aim); the update adds to the step under the serial
 // schedule and overlaps compute under the others.
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates);
+
+// What would let `config`, refused as it stands for a budget too small, run on `ranks` ranks:
+// the smallest device_memory_limit or host_memory_limit that one of its open placements needs
+// (rounded up), the placements that fit the budgets as they are, and the largest smaller
+// micro_batch_size that fits: "; to fit: raise host_memory_limit to 6.20 GiB (cpu/cpu), or
+// offload_param cpu and offload_optimizer nvme, or micro_batch_size 2". Empty when none does.
+std::string changes_to_fit(const TrainConfig& config, const model::LlamaConfig& model, int ranks);
 
 // offload_param / offload_optimizer "auto": of the placements the config leaves open, the one with
 // the lowest predicted step that fits device_memory_limit, host_memory_limit and the free space

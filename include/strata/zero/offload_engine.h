@@ -55,6 +55,7 @@ struct EngineOptions {
   std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
   std::uint64_t activation_bytes = 0;         // the model's workspace, as the plan counts it
   bool tied_embeddings = false;               // the model's head reads the embedding's weights
+  std::uint64_t swap_free_bytes = 0;          // free space of the swap paths; 0 = not checked
   // Parameter prefetch (offload_param cpu or nvme), DeepSpeed's names in bytes: fetches in flight,
   // parameters resident or arriving on the device, and the reuse distance within which a
   // released group stays resident. See sched::PrefetchOptions.

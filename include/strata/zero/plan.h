@@ -59,6 +59,7 @@ struct PlanOptions {
   std::uint64_t host_budget_bytes = 0;    // 0 = no limit
   std::int64_t sub_group_size = 1 << 22;  // NVMe-streamed optimizer sub-group, in elements
   bool has_swap = false;                  // swap paths were given
+  std::uint64_t swap_free_bytes = 0;      // free space of the swap paths; 0 = not checked
   // The device is host memory (the CPU backend): device copies of tensors that touch NVMe are
   // whole O_DIRECT blocks (TieredStore's direct_device_io).
   bool host_addressable_device = false;
