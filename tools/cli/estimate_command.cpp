@@ -45,10 +45,22 @@ int run_estimate(const EstimateArgs& a) {
   if (!e.is_ok()) return fail(e.status());
   if (!probed) probed = train::calibrate(*config);
   const train::MachineRates& rates = *probed;
-  const train::StepTime step = train::predict_step(*config, *e, rates);
+  train::StepTime step = train::predict_step(*config, *e, rates);
+  // A small model's step is timed: a few steps of 1- and 2-layer variants of the config.
+  bool timed = false;
+  if (auto model = train::read_model_config(*config, nullptr); model.is_ok()) {
+    if (auto t = train::time_small_step(*config, *model, a.ranks, rates); t.is_ok()) {
+      step.step_ms = *t;
+      step.schedule =
+          "timed: steps of 1- and 3-layer variants of this config, scaled to its "
+          "layers; the parts are the model's";
+      timed = true;
+    }
+  }
   if (a.json) {
     Json out = e->to_json();
     out["step_ms"] = step.step_ms;
+    out["step_timed"] = timed;
     out["step"] = step.to_json();
     out["rates"] = rates.to_json();
     out["offload_param"] = zero::offload_name(config->offload_param);

@@ -20,7 +20,7 @@ struct Rate {
 };
 
 struct MachineRates {
-  Rate gemm_flops;       // matrix products in the compute dtype, on the config's device
+  Rate gemm_flops;  // matrix products in the compute dtype, on the config's device
   // Small models only: forward and backward passes per second of one decoder layer, and of the
   // embedding, head and loss, at the run's micro-batch on its device. Where measured they give
   // the compute time in place of the FLOPs at the GEMM rate.
@@ -35,8 +35,8 @@ struct MachineRates {
 
 // Short probes (about a second in all): a GEMM on `device` (nullptr: a device of the config's
 // kind made for the probe alone, sized for it), for a model whose layers are small the forward
-// and backward of 1- and 2-layer models of its shape, a host memory copy, and, when anything lives on
-// NVMe, a write and read of a temporary swap file through the configured swap engine (deleted
+// and backward of 1- and 2-layer models of its shape, a host memory copy, and, when anything lives
+// on NVMe, a write and read of a temporary swap file through the configured swap engine (deleted
 // afterwards). A device that cannot be made, or no swap paths, leave those rates unmeasured with
 // the reason.
 MachineRates calibrate(const TrainConfig& config, device::Device* device = nullptr);
@@ -57,6 +57,17 @@ struct StepTime {
 // overlap compute (the prefetcher's aim); the update adds to the step under the serial
 // schedule and overlaps compute under the others.
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates);
+
+// Small models only (where the layer probe runs, `rates.layer_passes` measured): the step of
+// `config`'s own placement, timed by training a few steps of 1- and 3-layer variants of it (random
+// tokens, nothing saved) and scaled to its
+// layers. At that size the engine's, the store's and the swap engine's per-step and per-group
+// costs weigh as much as compute, and only a run shows them. The tokens go to a temporary file;
+// the variants' swap files to the config's swap paths, deleted after. With several ranks they run
+// one rank's share of the batch, and the collectives are added from the assumed bandwidth. Fails
+// where the layer probe did not run or a variant cannot.
+Result<double> time_small_step(const TrainConfig& config, const model::LlamaConfig& model,
+                               int ranks, const MachineRates& rates);
 
 // What would let `config`, refused as it stands for a budget too small, run on `ranks` ranks:
 // the smallest device_memory_limit or host_memory_limit that one of its open placements needs
