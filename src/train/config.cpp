@@ -191,6 +191,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("swap_queue_depth", &c.swap_queue_depth, 1, 4096);
   r.read("swap_threads", &c.swap_threads, 1, 64);
   r.read("verify_swap", &c.verify_swap);
+  r.read("swap_read_bytes_per_s", &c.swap_read_bytes_per_s, 0.0);
+  r.read("swap_write_bytes_per_s", &c.swap_write_bytes_per_s, 0.0);
   read_enum(r, "device", &c.device, device::kDeviceKinds, device::device_kind_name);
   r.read_bytes("device_memory_limit", &c.device_memory_limit);
   r.read_bytes("host_memory_limit", &c.host_memory_limit);
@@ -283,6 +285,8 @@ Json TrainConfig::to_json() const {
       {"swap_engine", io::swap_engine_name(swap_engine)},
       {"swap_block_size", swap_block_size},
       {"swap_queue_depth", swap_queue_depth},
+      {"swap_read_bytes_per_s", swap_read_bytes_per_s},
+      {"swap_write_bytes_per_s", swap_write_bytes_per_s},
       {"swap_threads", swap_threads},
       {"verify_swap", verify_swap},
       {"device", device::device_kind_name(device)},

@@ -237,6 +237,15 @@ void swap_rates(const TrainConfig& config, Rate* read, Rate* write) {
     *read = *write = {0, false, "not needed: nothing lives on nvme"};
     return;
   }
+  // Recorded by strata io-bench --write-config: sustained figures, where a short probe may see a
+  // drive's or a virtual disk's cache.
+  if (config.swap_read_bytes_per_s > 0 && config.swap_write_bytes_per_s > 0) {
+    *read = {config.swap_read_bytes_per_s, true,
+             "recorded by strata io-bench (swap_read_bytes_per_s)"};
+    *write = {config.swap_write_bytes_per_s, true,
+              "recorded by strata io-bench (swap_write_bytes_per_s)"};
+    return;
+  }
   io::SwapOptions o = swap_options(config, 0);
   o.paths.resize(std::min<std::size_t>(o.paths.size(), 1));  // the first drive, as configured
   o.log_warnings = false;
@@ -343,6 +352,10 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     unbounded.micro_batch_size = micro_batch;
     unbounded.device_memory_limit = 0;
     unbounded.host_memory_limit = 0;
+    // The least it needs: a shadow optimizer state that does not fit a budget is dropped.
+    if (unbounded.optimizer_overlap != zero::OptimizerOverlap::kNone) {
+      unbounded.optimizer_overlap = zero::OptimizerOverlap::kForward;
+    }
     auto e = estimate(unbounded, model, ranks, /*suggest=*/false);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();

@@ -14,6 +14,7 @@
 
 #include "strata/core/json.h"
 #include "strata/train/config.h"
+#include "strata/train/step_time.h"
 #include "tests/testing/cli.h"
 #include "tests/testing/temp_dir.h"
 
@@ -110,7 +111,8 @@ TEST(IoBenchCliTest, WriteConfigIsAValidSwapSection) {
   std::set<std::string> keys;
   for (auto it = fragment->begin(); it != fragment->end(); ++it) keys.insert(it.key());
   EXPECT_EQ(keys, (std::set<std::string>{"swap_paths", "swap_engine", "swap_block_size",
-                                         "swap_queue_depth", "swap_threads"}));
+                                         "swap_queue_depth", "swap_threads",
+                                         "swap_read_bytes_per_s", "swap_write_bytes_per_s"}));
   const auto paths = (*fragment)["swap_paths"].get<std::vector<std::string>>();
   ASSERT_FALSE(paths.empty());
   EXPECT_EQ(paths[0], a.path());
@@ -126,6 +128,17 @@ TEST(IoBenchCliTest, WriteConfigIsAValidSwapSection) {
   EXPECT_EQ(parsed->swap_queue_depth, 2);
   EXPECT_EQ(parsed->swap_threads, 1);
   EXPECT_TRUE(parsed->verify_swap);
+  // The bandwidth measured at the chosen point, which strata estimate takes instead of its probe.
+  EXPECT_GT(parsed->swap_read_bytes_per_s, 0);
+  EXPECT_GT(parsed->swap_write_bytes_per_s, 0);
+  EXPECT_DOUBLE_EQ(parsed->swap_read_bytes_per_s,
+                   (*fragment)["swap_read_bytes_per_s"].get<double>());
+  parsed->offload_optimizer = Tier::kNvme;
+  parsed->offload_param = Tier::kHost;
+  const train::MachineRates rates = train::calibrate(*parsed);
+  EXPECT_EQ(rates.nvme_read_bytes.per_s, parsed->swap_read_bytes_per_s);
+  EXPECT_EQ(rates.nvme_write_bytes.per_s, parsed->swap_write_bytes_per_s);
+  EXPECT_NE(rates.nvme_read_bytes.how.find("recorded by strata io-bench"), std::string::npos);
 
   out.write("train.json", config.dump());
   RunResult t = run_cli(out, "train " + out.file("train.json"));

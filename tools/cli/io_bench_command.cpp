@@ -476,12 +476,22 @@ void describe_best(const char* label, const Measurement& m) {
               format_bytes(m.block_size).c_str(), m.queue_depth, m.threads, m.paths, m.mbps);
 }
 
-Status write_config(const BenchArgs& a, const Measurement& m, const std::string& file) {
+// The chosen settings, and the bandwidth each direction measured at them (strata estimate's
+// figures for the swap paths).
+Status write_config(const BenchArgs& a, const Measurement& m, const std::vector<Measurement>& all,
+                    const std::string& file) {
   Json j = {{"swap_paths", std::vector<std::string>(a.paths.begin(), a.paths.begin() + m.paths)},
             {"swap_engine", a.engine},
             {"swap_block_size", m.block_size},
             {"swap_queue_depth", m.queue_depth},
             {"swap_threads", m.threads}};
+  for (const Measurement& r : all) {
+    if (r.block_size != m.block_size || r.queue_depth != m.queue_depth || r.threads != m.threads ||
+        r.paths != m.paths) {
+      continue;
+    }
+    j[r.op == io::IoOp::kRead ? "swap_read_bytes_per_s" : "swap_write_bytes_per_s"] = r.mbps * 1e6;
+  }
   return write_json_file(file, j);
 }
 
@@ -540,7 +550,7 @@ int run_io_bench(const BenchArgs& a) {
     if (!both.empty()) describe_best("read+write (harmonic mean)", both.front());
   }
   if (!a.write_config.empty() && chosen != nullptr) {
-    const Status s = write_config(a, *chosen, a.write_config);
+    const Status s = write_config(a, *chosen, sw.results, a.write_config);
     if (!s.is_ok()) {
       std::fprintf(stderr, "strata io-bench: %s\n", s.message().c_str());
       return kExitError;

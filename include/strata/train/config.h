@@ -87,6 +87,10 @@ struct TrainConfig {
   int swap_queue_depth = 32;                // requests in flight per ring
   int swap_threads = 1;                     // io_uring rings, each with its own thread
   bool verify_swap = false;                 // xxh3 checksums of swapped data, checked on read
+  // The swap paths' sustained bandwidth with these settings, as strata io-bench measured it
+  // (bytes/s; 0 = not recorded: strata estimate probes briefly instead).
+  double swap_read_bytes_per_s = 0;
+  double swap_write_bytes_per_s = 0;
   device::DeviceKind device = device::DeviceKind::kCpu;
   std::uint64_t device_memory_limit = 0;  // bytes; 0 = no limit (cpu backend only)
   std::uint64_t host_memory_limit = 0;    // bytes; 0 = no limit
