@@ -364,28 +364,34 @@ TEST(EstimateTest, ASmallModelsPredictedStepIsCloseToTheRun) {
   ASSERT_TRUE(config.is_ok()) << config.status().message();
   auto e = estimate(*config, 1);
   ASSERT_TRUE(e.is_ok());
-  const MachineRates rates = calibrate(*config);
-  EXPECT_TRUE(rates.layer_passes.measured) << rates.layer_passes.how;
-  const StepTime parts = predict_step(*config, *e, rates);
-  auto timed = time_small_step(*config, e->model, 1, rates);
-  ASSERT_TRUE(timed.is_ok()) << timed.status().message();
-  EXPECT_TRUE(fs::is_empty(dir.file("swap")));  // the variants' swap files are gone
-  // Both predictions: the timed step, and the compute of the timed layers.
-  StepTime predicted = parts;
-  predicted.step_ms = *timed;
-  TrainOptions o;
-  auto t = Trainer::create(*config, o);
-  ASSERT_TRUE(t.is_ok()) << t.status().message();
-  ASSERT_TRUE((*t)->run().is_ok());
-  std::vector<double> steps;
-  for (const auto& m : (*t)->history()) steps.push_back(m.step_ms);
-  steps.erase(steps.begin());  // the first step warms up
-  std::sort(steps.begin(), steps.end());
-  const double median = steps[steps.size() / 2];
-  EXPECT_LT(median, 1.6 * predicted.step_ms) << "predicted " << predicted.step_ms;
-  EXPECT_GT(median, predicted.step_ms / 1.6) << "predicted " << predicted.step_ms;
-  EXPECT_LT(median, 1.6 * parts.step_ms) << "from the timed layers " << parts.step_ms;
-  EXPECT_GT(median, parts.step_ms / 1.6) << "from the timed layers " << parts.step_ms;
+  // Other tests may run beside this one: a prediction and a run that fall in different moments
+  // of a loaded machine are tried again, up to three times. A model that is wrong misses every
+  // time.
+  const auto within = [](double got, double want) { return got < 1.6 * want && got > want / 1.6; };
+  std::string attempts;
+  bool close = false;
+  for (int attempt = 0; attempt < 3 && !close; ++attempt) {
+    const MachineRates rates = calibrate(*config);
+    EXPECT_TRUE(rates.layer_passes.measured) << rates.layer_passes.how;
+    // Both predictions: the compute of the timed layers, and the timed step.
+    const StepTime parts = predict_step(*config, *e, rates);
+    auto timed = time_small_step(*config, e->model, 1, rates);
+    ASSERT_TRUE(timed.is_ok()) << timed.status().message();
+    EXPECT_TRUE(fs::is_empty(dir.file("swap")));  // the variants' swap files are gone
+    TrainOptions o;
+    auto t = Trainer::create(*config, o);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    ASSERT_TRUE((*t)->run().is_ok());
+    std::vector<double> steps;
+    for (const auto& m : (*t)->history()) steps.push_back(m.step_ms);
+    steps.erase(steps.begin());  // the first step warms up
+    std::sort(steps.begin(), steps.end());
+    const double median = steps[steps.size() / 2];
+    close = within(median, *timed) && within(median, parts.step_ms);
+    attempts += " [measured " + std::to_string(median) + " ms, timed " + std::to_string(*timed) +
+                " ms, from the layers " + std::to_string(parts.step_ms) + " ms]";
+  }
+  EXPECT_TRUE(close) << attempts;
 }
 
 // offload_param / offload_optimizer "auto": the placement with the lowest predicted step that
