@@ -137,6 +137,20 @@ void reclaim_stale_swap_files(const std::string& dir) {
 
 }  // namespace
 
+std::uint64_t stale_swap_bytes(const std::string& dir) {
+  std::uint64_t bytes = 0;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return 0;
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const long pid = parse_swap_file_pid(it->path().filename().string());
+    struct stat st {};
+    if (pid < 0 || process_alive(pid) || ::stat(it->path().c_str(), &st) != 0) continue;
+    bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;  // what the file holds on disk
+  }
+  return bytes;
+}
+
 std::string swap_file_path(const std::string& dir, long pid) {
   return dir + "/strata-" + std::to_string(pid) + ".swap";
 }

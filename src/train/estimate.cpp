@@ -5,7 +5,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <set>
+#include <limits>
+#include <map>
 
 #include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
@@ -54,16 +55,29 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank) {
 }
 
 std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
-  std::set<dev_t> seen;
-  std::uint64_t free = 0;
-  for (const std::string& path : swap_options(config, rank).paths) {
+  // Per filesystem: its free space (with the stale swap files a run reclaims) and its paths.
+  struct Fs {
+    std::uint64_t free = 0;
+    int paths = 0;
+  };
+  std::map<dev_t, Fs> filesystems;
+  const std::vector<std::string> paths = swap_options(config, rank).paths;
+  for (const std::string& path : paths) {
     struct stat st {};
     std::error_code ec;
     const auto space = std::filesystem::space(path, ec);
-    if (ec || ::stat(path.c_str(), &st) != 0 || !seen.insert(st.st_dev).second) continue;
-    free += space.available;
+    if (ec || ::stat(path.c_str(), &st) != 0) return 0;  // not known
+    Fs& fs = filesystems[st.st_dev];
+    fs.free += fs.paths == 0 ? space.available : 0;
+    fs.free += io::stale_swap_bytes(path);
+    ++fs.paths;
   }
-  return free;
+  // Data is striped evenly over the paths: the fullest filesystem, per path, bounds them all.
+  std::uint64_t per_path = std::numeric_limits<std::uint64_t>::max();
+  for (const auto& [dev, fs] : filesystems) {
+    per_path = std::min(per_path, fs.free / static_cast<std::uint64_t>(fs.paths));
+  }
+  return filesystems.empty() ? 0 : per_path * paths.size();
 }
 
 zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
@@ -129,7 +143,9 @@ void predict_peaks(const TrainConfig& config, Estimate& e) {
   if (e.zero_device_bytes != 0) {
     // ZeRO's buffers hold the gradients in transit, the engine's included, and the working
     // copies of partitioned groups; the replicated ones stay cached as on one rank.
-    e.device_peak_bytes += e.zero_device_bytes - e.plan.gradient_transit_bytes;
+    e.device_peak_bytes += e.zero_device_bytes > e.plan.gradient_transit_bytes
+                               ? e.zero_device_bytes - e.plan.gradient_transit_bytes
+                               : 0;
     device_cached = offloaded ? e.replicated_working_bytes : 0;
   }
   e.device_peak_bytes = std::max(

@@ -205,7 +205,12 @@ void layer_rates(const TrainConfig& config, const model::LlamaConfig& model, dev
     *layers = *ends = {0, false, "not measured: " + two.status().message()};
     return;
   }
-  const double layer_ms = std::max(*two - *one, 1e-3);
+  // No difference: the layer is lost in the noise of either run, and says nothing.
+  if (*two <= *one) {
+    *layers = *ends = {0, false, "not measured: a layer's time was lost in the probe's noise"};
+    return;
+  }
+  const double layer_ms = *two - *one;
   const double ends_ms = std::max(*one - layer_ms, 1e-3);
   const std::string how = "forward and backward of models of 1 and 2 layers on " + device.name() +
                           ", micro-batch " + std::to_string(config.micro_batch_size) + " x " +
@@ -652,7 +657,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
                  est->device_bytes_needed() > config.device_memory_limit) {
         refused = "device " + format_bytes(est->device_bytes_needed()) + " > device_memory_limit " +
                   format_bytes(config.device_memory_limit);
-      } else if (est->plan.tier_bytes(Tier::kNvme) > swap_free) {
+      } else if (swap_free != 0 && est->plan.tier_bytes(Tier::kNvme) > swap_free) {
         refused = "nvme " + format_bytes(est->plan.tier_bytes(Tier::kNvme)) + " > " +
                   format_bytes(swap_free) + " free in swap_paths";
       } else {

@@ -139,15 +139,17 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     return static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(bytes));
   };
 
-  // Host: the block cache keeps every freed block until the budget needs the room.
+  // Host: the block cache keeps every freed block until the budget needs the room, or until
+  // loading ends (load_master gives its blocks back).
+  CacheDemand loading(std::numeric_limits<int>::max());
   CacheDemand host(std::numeric_limits<int>::max());
   const bool master_through = plan.optimizer != Tier::kHost;
   const bool working_through = plan.params != Tier::kHost;
-  for (std::uint64_t n : z.elems) {  // loading
+  for (std::uint64_t n : z.elems) {
     std::vector<std::uint64_t> now;
     if (master_through) now.push_back(host_class(n * 4));
     if (working_through) now.push_back(host_class(n * dsize));
-    host.at_once(now);
+    loading.at_once(now);
   }
   const bool grads_through = !on_device && !plan.keep_gradients;
   for (std::size_t i = 0; i < groups; ++i) {  // backward
@@ -182,7 +184,7 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     counted += 2 * z.max_work_io;
     if (plan.gradients == Tier::kNvme) counted += 2 * z.max_f32_io;
   }
-  const std::uint64_t held = host.held();
+  const std::uint64_t held = std::max(loading.held(), host.held());
   plan.cache_bytes[static_cast<std::size_t>(Tier::kHost)] = held > counted ? held - counted : 0;
 
   // Device: the gradients, made from the head down to the embedding, one at a time into a

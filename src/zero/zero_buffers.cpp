@@ -96,8 +96,10 @@ std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& o
     }
     t.give(full(group(g)));
   };
-  if (options.stage < 3) {
-    for (int g = 0; g < n; ++g) gather(g);
+  if (options.stage < 3) {  // the full parameters, gathered in buckets (below) after each step
+    for (const auto& p : groups) {
+      if (!p.replicated) t.take(full(p));
+    }
   }
 
   // Gradients, from the head down, through the reduction buckets as release_grads and

@@ -46,7 +46,7 @@ int run_estimate(const EstimateArgs& a) {
   if (!probed) probed = train::calibrate(*config);
   const train::MachineRates& rates = *probed;
   train::StepTime step = train::predict_step(*config, *e, rates);
-  // A small model's step is timed: a few steps of 1- and 2-layer variants of the config.
+  // A small model's step is timed: a few steps of 1- and 3-layer variants of the config.
   bool timed = false;
   if (auto model = train::read_model_config(*config, nullptr); model.is_ok()) {
     if (auto t = train::time_small_step(*config, *model, a.ranks, rates); t.is_ok()) {

@@ -171,6 +171,10 @@ class BufferRegistration {
   std::uint64_t id_ = 0;
 };
 
+// Bytes that swap files of Strata processes no longer running hold in `dir`: creating a swap
+// space there reclaims them, so they count as free.
+std::uint64_t stale_swap_bytes(const std::string& dir);
+
 class SwapSpace {
  public:
   // Creates "<path>/strata-<pid>.swap" in every path (checking the directory exists and is

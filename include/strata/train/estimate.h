@@ -29,8 +29,9 @@ Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
 // The swap space a config asks for on `rank` ("{rank}" in a swap path becomes the rank).
 io::SwapOptions swap_options(const TrainConfig& config, int rank);
 
-// Free space of the swap paths `config` gives `rank`, each filesystem counted once; 0 when none
-// can be read.
+// Free space of the swap paths `config` gives `rank` for a run's swap files, which stripe data
+// evenly over the paths: the fullest filesystem's free space (stale swap files included) per
+// path it holds, times the paths. 0 when a path cannot be read: not known.
 std::uint64_t swap_free_bytes(const TrainConfig& config, int rank);
 
 // The engine options a config resolves into for `model` on `world` ranks, with the model's

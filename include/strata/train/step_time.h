@@ -60,12 +60,13 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
 
 // Small models only (where the layer probe runs, `rates.layer_passes` measured): the step of
 // `config`'s own placement, timed by training a few steps of 1- and 3-layer variants of it (random
-// tokens, nothing saved) and scaled to its
-// layers. At that size the engine's, the store's and the swap engine's per-step and per-group
-// costs weigh as much as compute, and only a run shows them. The tokens go to a temporary file;
-// the variants' swap files to the config's swap paths, deleted after. With several ranks they run
-// one rank's share of the batch, and the collectives are added from the assumed bandwidth. Fails
-// where the layer probe did not run or a variant cannot.
+// tokens, nothing saved) and scaled to its layers. At that size the engine's, the store's and the
+// swap engine's per-step and per-group costs weigh as much as compute, and only a run shows them.
+// The tokens go to a temporary file; the variants' swap files to the config's swap paths, deleted
+// after. With several ranks the variants run one rank's share of the batch in one process (which
+// then updates every rank's share of the state: the update is overstated up to `ranks` times),
+// and the collectives are added from the assumed bandwidth. Fails where the layer probe did not
+// run or a variant cannot.
 Result<double> time_small_step(const TrainConfig& config, const model::LlamaConfig& model,
                                int ranks, const MachineRates& rates);
 

@@ -159,6 +159,45 @@ TEST(PlanTest, TheGuessedStepsShadowStateIsCountedOrTheScheduleFallsBack) {
 
 // optimizer_overlap "auto" is "backward" (or its fallback, "forward") with the schedule measured
 // against the serial one (with the optimizer on the device, above, there is nothing to measure).
+// NVMe plans fit the swap paths' free space: the shadow optimizer state goes first (the update
+// then overlaps the next forward only), and a plan that does not fit without it is refused,
+// naming the free space and what it needs.
+TEST(PlanTest, TheSwapPathsFreeSpaceDropsTheShadowStateOrRefuses) {
+  const model::ParamLayout l = layout();
+  PlanOptions o = nvme_options();
+  o.overlap = OptimizerOverlap::kBackward;
+  auto with_shadow = make_plan(l, o);
+  ASSERT_TRUE(with_shadow.is_ok());
+  ASSERT_TRUE(with_shadow->shadow_state);
+  const std::uint64_t shadowed = with_shadow->tier_bytes(Tier::kNvme);
+  const std::uint64_t copy = with_shadow->kind_bytes(Tier::kNvme, TensorKind::kMasterWeights) / 2 +
+                             with_shadow->kind_bytes(Tier::kNvme, TensorKind::kMoments) / 2;
+
+  o.swap_free_bytes = shadowed;  // exactly enough
+  auto fits = make_plan(l, o);
+  ASSERT_TRUE(fits.is_ok());
+  EXPECT_TRUE(fits->shadow_state);
+
+  o.swap_free_bytes = shadowed - 1;
+  auto dropped = make_plan(l, o);
+  ASSERT_TRUE(dropped.is_ok()) << dropped.status().message();
+  EXPECT_FALSE(dropped->shadow_state);
+  EXPECT_EQ(dropped->overlap, OptimizerOverlap::kForward);
+  EXPECT_EQ(dropped->tier_bytes(Tier::kNvme), shadowed - copy);
+  EXPECT_NE(dropped->overlap_note.find("free in swap_paths"), std::string::npos)
+      << dropped->overlap_note;
+
+  o.swap_free_bytes = shadowed - copy - 1;
+  auto refused = make_plan(l, o);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(
+      refused.status().message().find("swap_paths have " + format_bytes(o.swap_free_bytes) +
+                                      " free: this plan needs " + format_bytes(shadowed - copy)),
+      std::string::npos)
+      << refused.status().message();
+}
+
 TEST(PlanTest, AutoResolvesToAnOverlappedScheduleThatIsMeasured) {
   const model::ParamLayout l = layout();
   PlanOptions o = nvme_options();
