@@ -193,6 +193,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("verify_swap", &c.verify_swap);
   r.read("swap_read_bytes_per_s", &c.swap_read_bytes_per_s, 0.0);
   r.read("swap_write_bytes_per_s", &c.swap_write_bytes_per_s, 0.0);
+  r.read("swap_mixed_bytes_per_s", &c.swap_mixed_bytes_per_s, 0.0);
   read_enum(r, "device", &c.device, device::kDeviceKinds, device::device_kind_name);
   r.read_bytes("device_memory_limit", &c.device_memory_limit);
   r.read_bytes("host_memory_limit", &c.host_memory_limit);
@@ -287,6 +288,7 @@ Json TrainConfig::to_json() const {
       {"swap_queue_depth", swap_queue_depth},
       {"swap_read_bytes_per_s", swap_read_bytes_per_s},
       {"swap_write_bytes_per_s", swap_write_bytes_per_s},
+      {"swap_mixed_bytes_per_s", swap_mixed_bytes_per_s},
       {"swap_threads", swap_threads},
       {"verify_swap", verify_swap},
       {"device", device::device_kind_name(device)},

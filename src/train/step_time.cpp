@@ -440,6 +440,11 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
     }
     r.memory_bytes = memory_rate();
     swap_rates(config, &r.nvme_read_bytes, &r.nvme_write_bytes);
+    r.nvme_mixed_bytes =
+        config.swap_mixed_bytes_per_s > 0
+            ? Rate{config.swap_mixed_bytes_per_s, true,
+                   "recorded by strata io-bench (swap_mixed_bytes_per_s)"}
+            : Rate{0, false, "not recorded (strata io-bench --op all --write-config records it)"};
   } catch (const std::bad_alloc&) {
     r.memory_bytes = {0, false, "not measured: no host memory for the probe"};
   }
@@ -548,6 +553,7 @@ Json MachineRates::to_json() const {
               {"memory_bytes", rate_json(memory_bytes)},
               {"nvme_read_bytes", rate_json(nvme_read_bytes)},
               {"nvme_write_bytes", rate_json(nvme_write_bytes)},
+              {"nvme_mixed_bytes", rate_json(nvme_mixed_bytes)},
               {"comm_bytes", rate_json(comm_bytes)}};
 }
 
@@ -608,8 +614,12 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
     double read = elems * 12.0, write = elems * 12.0;
     if (e.plan.gradients == Tier::kNvme) read += elems * grad_bytes;
     if (config.offload_param == Tier::kNvme) write += elems * dsize;
-    st.optimizer_ms = std::max(st.optimizer_ms,
-                               ms(read, rates.nvme_read_bytes) + ms(write, rates.nvme_write_bytes));
+    // Reads and writes in turn at their own rates, or at once at the mixed rate where recorded.
+    const double streamed =
+        rates.nvme_mixed_bytes.measured
+            ? ms(std::max(read, write), rates.nvme_mixed_bytes)
+            : ms(read, rates.nvme_read_bytes) + ms(write, rates.nvme_write_bytes);
+    st.optimizer_ms = std::max(st.optimizer_ms, streamed);
   }
   // ZeRO-3 moves the parameters twice (forward and backward all-gathers) and the gradients once.
   if (e.ranks > 1) {

@@ -316,6 +316,11 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   EXPECT_DOUBLE_EQ(st.overlapped_ms, std::max(st.compute_ms, st.transfer_ms + st.optimizer_ms));
   EXPECT_DOUBLE_EQ(st.step_ms, std::min(st.serial_ms, st.overlapped_ms));  // "auto"
 
+  // With a recorded mixed rate the update's reads and writes stream at once.
+  MachineRates mixed = r;
+  mixed.nvme_mixed_bytes = {2e8, true, "test"};
+  EXPECT_NEAR(predict_step(*config, *e, mixed).optimizer_ms, 16 * elems / 2e8 * 1e3, 1e-6);
+
   // Without timed layers (a model too large to time quickly) the step is not timed either.
   EXPECT_FALSE(time_small_step(*config, e->model, 1, r).is_ok());
 

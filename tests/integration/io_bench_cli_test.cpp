@@ -148,6 +148,49 @@ TEST(IoBenchCliTest, WriteConfigIsAValidSwapSection) {
   EXPECT_TRUE(std::filesystem::is_empty(b.path()));
 }
 
+// --op all adds a pass of reads and writes at once (the NVMe-streamed optimizer's pattern):
+// each direction's rate goes to the config as swap_mixed_bytes_per_s, and strata estimate then
+// streams the optimizer's reads and writes together at that rate.
+TEST(IoBenchCliTest, MixedPassIsRecordedAndReachesTheEstimate) {
+  TempDir out, a;
+  const std::string file = out.file("swap.json");
+  RunResult r = run_cli(out, "io-bench --path " + a.path() +
+                                 " --size 4MiB --block-size 256KiB --queue-depth 4 --op all "
+                                 "--json --write-config " +
+                                 file);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> ops;
+  for (const Json& j : json_lines(r.out)) ops.insert(j["op"].get<std::string>());
+  EXPECT_EQ(ops, (std::set<std::string>{"read", "write", "mixed"}));
+  auto fragment = read_json_file(file);
+  ASSERT_TRUE(fragment.is_ok()) << fragment.status().to_string();
+  ASSERT_TRUE(fragment->contains("swap_mixed_bytes_per_s")) << fragment->dump();
+  EXPECT_GT((*fragment)["swap_mixed_bytes_per_s"].get<double>(), 0);
+
+  Json config = tiny_config(out);
+  config.update(*fragment);
+  config["offload_optimizer"] = "nvme";
+  config["offload_param"] = "cpu";
+  auto parsed = train::parse_train_config(config, "merged");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  const train::MachineRates rates = train::calibrate(*parsed);
+  EXPECT_TRUE(rates.nvme_mixed_bytes.measured);
+  EXPECT_EQ(rates.nvme_mixed_bytes.per_s, parsed->swap_mixed_bytes_per_s);
+  EXPECT_TRUE(std::filesystem::is_empty(a.path()));
+
+  // Only the mixed pass: it alone is written.
+  RunResult m = run_cli(out, "io-bench --path " + a.path() +
+                                 " --size 4MiB --block-size 256KiB --queue-depth 4 --op mixed "
+                                 "--write-config " +
+                                 out.file("mixed.json"));
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NE(m.out.find("mixed "), std::string::npos) << m.out;
+  auto only = read_json_file(out.file("mixed.json"));
+  ASSERT_TRUE(only.is_ok());
+  EXPECT_TRUE(only->contains("swap_mixed_bytes_per_s"));
+  EXPECT_FALSE(only->contains("swap_read_bytes_per_s"));
+}
+
 TEST(IoBenchCliTest, SwapKeysAreValidated) {
   TempDir dir;
   Json config = tiny_config(dir);
@@ -182,7 +225,7 @@ TEST(IoBenchCliTest, BadFlagsAreReportedTogether) {
   EXPECT_EQ(r.exit_code, 2);
   for (const char* s : {"--size '1x'", "--block-size '1000' must be a positive multiple of 4096",
                         "--queue-depth '0' must be an integer in [1, 4096]",
-                        "--op 'sideways' must be read, write or both"}) {
+                        "--op 'sideways' must be read, write, both, mixed or all"}) {
     EXPECT_NE(r.err.find(s), std::string::npos) << "'" << s << "' missing in: " << r.err;
   }
   r = run_cli(out, "io-bench --path " + swap_dir.path() + "/missing --size 1MiB");

@@ -93,6 +93,9 @@ int run_estimate(const EstimateArgs& a) {
   rate("host memory", rates.memory_bytes, 1e9, "GB/s");
   rate("nvme read", rates.nvme_read_bytes, 1e9, "GB/s");
   rate("nvme write", rates.nvme_write_bytes, 1e9, "GB/s");
+  if (rates.nvme_mixed_bytes.measured) {
+    rate("nvme reads and writes at once", rates.nvme_mixed_bytes, 1e9, "GB/s each way");
+  }
   if (e->ranks > 1) rate("collectives", rates.comm_bytes, 1e9, "GB/s");
   return kExitOk;
 }

@@ -75,12 +75,16 @@ struct Plan {
   std::vector<std::uint64_t> block_sizes;
   std::vector<int> queue_depths, threads, num_paths;
   std::vector<io::IoOp> ops;
+  // Also a pass of reads and writes at once (every other block written, the rest read), as the
+  // NVMe-streamed optimizer moves its state.
+  bool mixed = false;
 };
 
 struct Measurement {
   Measurement(io::IoOp o, std::uint64_t block, int qd, int t, int np)
       : op(o), block_size(block), queue_depth(qd), threads(t), paths(np) {}
   io::IoOp op;
+  bool mixed = false;  // reads and writes at once; mbps is each direction's
   std::uint64_t block_size = 0;
   int queue_depth = 0, threads = 0, paths = 0;
   std::uint64_t bytes = 0;
@@ -91,6 +95,7 @@ struct Measurement {
 };
 
 const char* op_name(io::IoOp op) { return op == io::IoOp::kRead ? "read" : "write"; }
+const char* op_name(const Measurement& m) { return m.mixed ? "mixed" : op_name(m.op); }
 
 // Parses "a,b,c" lists (CLI11 already split on commas) into positive integers or byte sizes.
 template <typename T, typename Parse>
@@ -163,8 +168,13 @@ Result<Plan> make_plan(const BenchArgs& a) {
     p.ops = {io::IoOp::kWrite};
   } else if (a.op == "both") {
     p.ops = {io::IoOp::kWrite, io::IoOp::kRead};
+  } else if (a.op == "mixed") {
+    p.mixed = true;
+  } else if (a.op == "all") {
+    p.ops = {io::IoOp::kWrite, io::IoOp::kRead};
+    p.mixed = true;
   } else {
-    problems.push_back("--op '" + a.op + "' must be read, write or both");
+    problems.push_back("--op '" + a.op + "' must be read, write, both, mixed or all");
   }
   if (a.repeat < 1) problems.push_back("--repeat must be at least 1");
   if (problems.empty()) return p;
@@ -223,11 +233,14 @@ class Pass {
         source_(source),
         caller_driven_(caller_driven),
         slot_offset_(window),
+        slot_op_(window),
         handles_(window) {}
 
-  // Returns the seconds from the first submission to the last completion.
-  Result<double> run(io::IoOp op, Check check) {
+  // Returns the seconds from the first submission to the last completion. `mixed`: every other
+  // block is written, the rest read, all in one stream of requests (`op` is ignored).
+  Result<double> run(io::IoOp op, Check check, bool mixed = false) {
     op_ = op;
+    mixed_ = mixed;
     check_ = check;
     next_.store(0);
     latency_sum_s_ = 0;
@@ -284,11 +297,13 @@ class Pass {
   // Writes go straight from the source (no copy); reads land in the slot's staging buffer.
   io::IoRequest request(int s, std::uint64_t block) {
     const std::uint64_t offset = block * block_;
+    const io::IoOp op = mixed_ ? (block % 2 == 0 ? io::IoOp::kWrite : io::IoOp::kRead) : op_;
     slot_offset_[s] = offset;
+    slot_op_[s] = op;
     const std::uint64_t n = bytes_at(offset);
-    void* buf = op_ == io::IoOp::kWrite ? const_cast<std::byte*>(source_.at(offset, block_))
-                                        : static_cast<void*>(slot(s));
-    return {op_, extent_, offset, buf, n, [this, s](const io::IoCompletion& c) { done(s, c); }};
+    void* buf = op == io::IoOp::kWrite ? const_cast<std::byte*>(source_.at(offset, block_))
+                                       : static_cast<void*>(slot(s));
+    return {op, extent_, offset, buf, n, [this, s](const io::IoCompletion& c) { done(s, c); }};
   }
 
   Status verify(const std::byte* p, std::uint64_t offset, std::uint64_t n) const {
@@ -303,7 +318,7 @@ class Pass {
 
   void done(int s, const io::IoCompletion& c) {
     Status status = c.status;
-    if (status.is_ok() && op_ == io::IoOp::kRead && check_ != Check::kNone) {
+    if (status.is_ok() && slot_op_[s] == io::IoOp::kRead && check_ != Check::kNone) {
       status = verify(slot(s), slot_offset_[s], c.bytes);
     }
     bool more = false;
@@ -334,8 +349,10 @@ class Pass {
   const Source& source_;
   const bool caller_driven_;
   std::vector<std::uint64_t> slot_offset_;  // written before submission, read in its callback
+  std::vector<io::IoOp> slot_op_;           // likewise
   std::vector<io::IoHandle> handles_;       // each slot's latest request (caller-driven waits)
   io::IoOp op_ = io::IoOp::kRead;
+  bool mixed_ = false;
   Check check_ = Check::kNone;
   std::atomic<std::uint64_t> next_{0};
   std::mutex mu_;
@@ -403,34 +420,48 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
   Status verified = pass.run(io::IoOp::kRead, Pass::Check::kFull).status();
   if (!verified.is_ok()) return verified.with_context("verifying before timing");
 
-  for (io::IoOp op : sw.plan.ops) {
+  std::vector<std::pair<io::IoOp, bool>> passes;  // (op, mixed)
+  for (io::IoOp op : sw.plan.ops) passes.emplace_back(op, false);
+  if (sw.plan.mixed) passes.emplace_back(io::IoOp::kRead, true);
+  for (const auto& [op, mixed] : passes) {
     Measurement m(op, block, qd, threads, num_paths);
+    m.mixed = mixed;
     m.bytes = sw.plan.size_bytes;
     std::vector<std::pair<double, double>> runs;  // (MB/s, mean latency ms)
     for (int r = 0; r < a.repeat; ++r) {
       // Timed reads compare the head of each block: cheap, and a wrong block cannot hide.
       STRATA_ASSIGN_OR_RETURN(
-          double s, pass.run(op, op == io::IoOp::kRead ? Pass::Check::kHead : Pass::Check::kNone));
-      runs.emplace_back(static_cast<double>(m.bytes) / s / 1e6, pass.mean_latency_ms());
+          double s,
+          pass.run(op, op == io::IoOp::kRead ? Pass::Check::kHead : Pass::Check::kNone, mixed));
+      // A mixed pass moves half its bytes each way: each direction's rate.
+      const double moved = static_cast<double>(m.bytes) / (mixed ? 2.0 : 1.0);
+      runs.emplace_back(moved / s / 1e6, pass.mean_latency_ms());
       m.runs_mbps.push_back(runs.back().first);
     }
     std::vector<std::pair<double, double>> sorted = runs;
     std::sort(sorted.begin(), sorted.end());
     const auto& median = sorted[sorted.size() / 2];
     m.mbps = median.first;
-    m.seconds = static_cast<double>(m.bytes) / (m.mbps * 1e6);
+    m.seconds = static_cast<double>(m.bytes) / (mixed ? 2.0 : 1.0) / (m.mbps * 1e6);
     m.latency_ms = median.second;
     sw.results.push_back(m);
     if (a.json) {
-      Json j = {
-          {"op", op_name(op)},           {"block_size", block},      {"queue_depth", qd},
-          {"threads", threads},          {"paths", num_paths},       {"bytes", m.bytes},
-          {"seconds", m.seconds},        {"MBps", m.mbps},           {"engine", sw.engine_used},
-          {"repeat", a.repeat},          {"runs_MBps", m.runs_mbps}, {"latency_ms", m.latency_ms},
-          {"verify_swap", a.verify_swap}};
+      Json j = {{"op", op_name(m)},
+                {"block_size", block},
+                {"queue_depth", qd},
+                {"threads", threads},
+                {"paths", num_paths},
+                {"bytes", m.bytes},
+                {"seconds", m.seconds},
+                {"MBps", m.mbps},
+                {"engine", sw.engine_used},
+                {"repeat", a.repeat},
+                {"runs_MBps", m.runs_mbps},
+                {"latency_ms", m.latency_ms},
+                {"verify_swap", a.verify_swap}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-6s %10s %5d %8d %6d %10.1f %9.3f %11.2f\n", op_name(op),
+      std::printf("%-6s %10s %5d %8d %6d %10.1f %9.3f %11.2f\n", op_name(m),
                   format_bytes(block).c_str(), qd, threads, num_paths, m.mbps, m.seconds,
                   m.latency_ms);
     }
@@ -444,7 +475,7 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
 const Measurement* best(const std::vector<Measurement>& results, io::IoOp op) {
   const Measurement* b = nullptr;
   for (const Measurement& m : results) {
-    if (m.op == op && (b == nullptr || m.mbps > b->mbps)) b = &m;
+    if (m.op == op && !m.mixed && (b == nullptr || m.mbps > b->mbps)) b = &m;
   }
   return b;
 }
@@ -452,6 +483,7 @@ const Measurement* best(const std::vector<Measurement>& results, io::IoOp op) {
 std::vector<Measurement> best_both(const std::vector<Measurement>& results) {
   std::map<std::tuple<std::uint64_t, int, int, int>, std::pair<double, double>> by_point;
   for (const Measurement& m : results) {
+    if (m.mixed) continue;
     auto& rw = by_point[{m.block_size, m.queue_depth, m.threads, m.paths}];
     (m.op == io::IoOp::kRead ? rw.first : rw.second) = m.mbps;
   }
@@ -490,7 +522,9 @@ Status write_config(const BenchArgs& a, const Measurement& m, const std::vector<
         r.paths != m.paths) {
       continue;
     }
-    j[r.op == io::IoOp::kRead ? "swap_read_bytes_per_s" : "swap_write_bytes_per_s"] = r.mbps * 1e6;
+    j[r.mixed                   ? "swap_mixed_bytes_per_s"
+      : r.op == io::IoOp::kRead ? "swap_read_bytes_per_s"
+                                : "swap_write_bytes_per_s"] = r.mbps * 1e6;
   }
   return write_json_file(file, j);
 }
@@ -539,7 +573,14 @@ int run_io_bench(const BenchArgs& a) {
   const Measurement* best_read = best(sw.results, io::IoOp::kRead);
   const Measurement* best_write = best(sw.results, io::IoOp::kWrite);
   const std::vector<Measurement> both = best_both(sw.results);
-  const Measurement* chosen = !both.empty() ? &both.front() : best_read ? best_read : best_write;
+  const Measurement* best_mixed = nullptr;
+  for (const Measurement& m : sw.results) {
+    if (m.mixed && (best_mixed == nullptr || m.mbps > best_mixed->mbps)) best_mixed = &m;
+  }
+  const Measurement* chosen = !both.empty() ? &both.front()
+                              : best_read   ? best_read
+                              : best_write  ? best_write
+                                            : best_mixed;
   if (!a.json) {
     std::printf("engine: %s; buffers: %s, %s of %s in huge pages\n", sw.engine_used.c_str(),
                 sw.registered ? "registered" : "not registered",
@@ -548,6 +589,7 @@ int run_io_bench(const BenchArgs& a) {
     if (best_read) describe_best("read", *best_read);
     if (best_write) describe_best("write", *best_write);
     if (!both.empty()) describe_best("read+write (harmonic mean)", both.front());
+    if (best_mixed) describe_best("mixed (each way)", *best_mixed);
   }
   if (!a.write_config.empty() && chosen != nullptr) {
     const Status s = write_config(a, *chosen, sw.results, a.write_config);
@@ -578,7 +620,8 @@ Runner add_io_bench_command(CLI::App& app) {
   cmd->add_option("--num-paths", a->num_paths,
                   "How many of the --path directories to stripe over, e.g. 1,2 (default all)")
       ->delimiter(',');
-  cmd->add_option("--op", a->op, "read, write or both (default both)");
+  cmd->add_option("--op", a->op,
+                  "read, write, both, mixed (reads and writes at once) or all (default both)");
   cmd->add_option("--engine", a->engine, "auto, uring or posix (default auto)")
       ->check(CLI::IsMember({"auto", "uring", "posix"}));
   cmd->add_option("--repeat", a->repeat, "Runs per point; the median is reported (default 1)");

@@ -91,6 +91,9 @@ struct TrainConfig {
   // (bytes/s; 0 = not recorded: strata estimate probes briefly instead).
   double swap_read_bytes_per_s = 0;
   double swap_write_bytes_per_s = 0;
+  // Each direction's bandwidth with reads and writes at once (io-bench --op mixed or all): the
+  // NVMe-streamed optimizer's. 0 = not recorded.
+  double swap_mixed_bytes_per_s = 0;
   device::DeviceKind device = device::DeviceKind::kCpu;
   std::uint64_t device_memory_limit = 0;  // bytes; 0 = no limit (cpu backend only)
   std::uint64_t host_memory_limit = 0;    // bytes; 0 = no limit

@@ -29,6 +29,9 @@ struct MachineRates {
   Rate memory_bytes;     // host memory copy bandwidth (CPU Adam's bound, CPU-device copies)
   Rate nvme_read_bytes;  // the swap engine on the first swap path, as configured
   Rate nvme_write_bytes;
+  // Each direction's, reading and writing at once (recorded by strata io-bench only): the
+  // NVMe-streamed optimizer's reads and writes then overlap at this rate.
+  Rate nvme_mixed_bytes;
   Rate comm_bytes;  // collective bus bandwidth per rank (several ranks only)
   Json to_json() const;
 };
