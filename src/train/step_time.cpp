@@ -136,37 +136,53 @@ class ProbeProvider final : public model::ParamProvider {
   device::DeviceBuffer workspace_;
 };
 
-// Milliseconds of one forward and backward of `model` cut to `layers` decoder layers, at the
-// run's micro-batch on `device`: the median of a few runs after a warm-up.
-Result<double> time_model(const TrainConfig& config, model::LlamaConfig model, int layers,
-                          device::Device& device) {
-  model.num_hidden_layers = layers;
-  const model::ParamLayout layout = model::ParamLayout::build(model);
-  model::ModelOptions mo;
-  mo.compute_dtype = config.precision;
-  mo.activation_checkpointing = config.activation_checkpointing;
-  model::LlamaModel lm(model, layout, device, mo);
-  STRATA_ASSIGN_OR_RETURN(auto provider,
-                          ProbeProvider::create(model, layout, device, config.precision));
-  const std::int64_t batch = config.micro_batch_size, seq = config.seq_len;
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(batch * seq));
-  std::vector<std::int32_t> targets(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = static_cast<std::int32_t>((i * 7919) % static_cast<std::size_t>(model.vocab_size));
-    targets[i] =
-        static_cast<std::int32_t>((i * 104729 + 1) % static_cast<std::size_t>(model.vocab_size));
+// `model` cut to `layers` decoder layers, ready to run forward and backward at the run's
+// micro-batch on `device`.
+class ProbeModel {
+ public:
+  static Result<std::unique_ptr<ProbeModel>> create(const TrainConfig& config,
+                                                    model::LlamaConfig model, int layers,
+                                                    device::Device& device) {
+    model.num_hidden_layers = layers;
+    std::unique_ptr<ProbeModel> p(new ProbeModel(config, model, device));
+    STRATA_ASSIGN_OR_RETURN(p->provider_,
+                            ProbeProvider::create(model, p->layout_, device, config.precision));
+    for (std::size_t i = 0; i < p->inputs_.size(); ++i) {
+      const auto vocab = static_cast<std::size_t>(model.vocab_size);
+      p->inputs_[i] = static_cast<std::int32_t>((i * 7919) % vocab);
+      p->targets_[i] = static_cast<std::int32_t>((i * 104729 + 1) % vocab);
+    }
+    return p;
   }
-  std::vector<double> runs;
-  Stopwatch total;
-  for (int run = 0; run < 12 && (run < 4 || total.elapsed_ms() < kLayerProbeSeconds * 1e3); ++run) {
+  // Milliseconds of one forward and backward.
+  Result<double> time_once() {
     Stopwatch t;
     STRATA_RETURN_IF_ERROR(
-        lm.forward_backward(*provider, inputs.data(), targets.data(), batch, seq, 1.0f).status());
-    if (run > 0) runs.push_back(t.elapsed_ms());  // run 0 warms up
+        model_.forward_backward(*provider_, inputs_.data(), targets_.data(), batch_, seq_, 1.0f)
+            .status());
+    return t.elapsed_ms();
   }
-  std::sort(runs.begin(), runs.end());
-  return runs[runs.size() / 2];
-}
+
+ private:
+  static model::ModelOptions options(const TrainConfig& config) {
+    model::ModelOptions mo;
+    mo.compute_dtype = config.precision;
+    mo.activation_checkpointing = config.activation_checkpointing;
+    return mo;
+  }
+  ProbeModel(const TrainConfig& config, const model::LlamaConfig& model, device::Device& device)
+      : layout_(model::ParamLayout::build(model)),
+        model_(model, layout_, device, options(config)),
+        batch_(config.micro_batch_size),
+        seq_(config.seq_len),
+        inputs_(static_cast<std::size_t>(batch_ * seq_)),
+        targets_(inputs_.size()) {}
+  model::ParamLayout layout_;
+  model::LlamaModel model_;
+  std::unique_ptr<ProbeProvider> provider_;
+  std::int64_t batch_, seq_;
+  std::vector<std::int32_t> inputs_, targets_;
+};
 
 // A decoder layer's forward and backward at the run's micro-batch, and the embedding, head and
 // loss's, timed on the device as the difference of a 2-layer and a 1-layer model of the run's
@@ -199,19 +215,51 @@ void layer_rates(const TrainConfig& config, const model::LlamaConfig& model, dev
     own = std::move(*made);
   }
   device::Device& device = given != nullptr ? *given : *own;
-  auto one = time_model(config, model, 1, device);
-  auto two = one.is_ok() ? time_model(config, model, 2, device) : one;
-  if (!two.is_ok()) {
-    *layers = *ends = {0, false, "not measured: " + two.status().message()};
+  // The two models run in turn, so that a machine busy for a moment slows both alike; each
+  // one's median, after a warm-up run.
+  std::unique_ptr<ProbeModel> one, two;
+  Status failed;
+  for (int layers : {1, 2}) {
+    auto made = ProbeModel::create(config, model, layers, device);
+    if (!made.is_ok()) {
+      failed = made.status();
+      break;
+    }
+    (layers == 1 ? one : two) = std::move(*made);
+  }
+  std::vector<double> ones, twos;
+  Stopwatch total;
+  for (int run = 0;
+       failed.is_ok() && run < 16 && (run < 5 || total.elapsed_ms() < 2 * kLayerProbeSeconds * 1e3);
+       ++run) {
+    auto a = one->time_once();
+    if (!a.is_ok()) {
+      failed = a.status();
+      break;
+    }
+    auto b = two->time_once();
+    failed = b.status();
+    if (failed.is_ok() && run > 0) {
+      ones.push_back(*a);
+      twos.push_back(*b);
+    }
+  }
+  if (!failed.is_ok()) {
+    *layers = *ends = {0, false, "not measured: " + failed.message()};
     return;
   }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double one_ms = median(ones), two_ms = median(twos);
   // No difference: the layer is lost in the noise of either run, and says nothing.
-  if (*two <= *one) {
+  if (two_ms <= one_ms) {
     *layers = *ends = {0, false, "not measured: a layer's time was lost in the probe's noise"};
     return;
   }
-  const double layer_ms = *two - *one;
-  const double ends_ms = std::max(*one - layer_ms, 1e-3);
+  const double layer_ms = two_ms - one_ms;
+  const double ends_ms = std::max(one_ms - layer_ms, 1e-3);
   const std::string how = "forward and backward of models of 1 and 2 layers on " + device.name() +
                           ", micro-batch " + std::to_string(config.micro_batch_size) + " x " +
                           std::to_string(config.seq_len);

@@ -380,7 +380,10 @@ TEST(EstimateTest, ASmallModelsPredictedStepIsCloseToTheRun) {
   bool close = false;
   for (int attempt = 0; attempt < 3 && !close; ++attempt) {
     const MachineRates rates = calibrate(*config);
-    EXPECT_TRUE(rates.layer_passes.measured) << rates.layer_passes.how;
+    if (!rates.layer_passes.measured) {  // a burst of load hid the layer
+      attempts += " [" + rates.layer_passes.how + "]";
+      continue;
+    }
     // Both predictions: the compute of the timed layers, and the timed step.
     const StepTime parts = predict_step(*config, *e, rates);
     auto timed = time_small_step(*config, e->model, 1, rates);
