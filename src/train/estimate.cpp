@@ -85,9 +85,6 @@ zero::EngineOptions engine_options(const TrainConfig& config, const model::Llama
   zero::EngineOptions o;
   o.activation_bytes = activation_bytes;
   o.tied_embeddings = model.tie_word_embeddings;
-  if (config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme) {
-    o.swap_free_bytes = swap_free_bytes(config, 0);
-  }
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
   o.compute_dtype = config.precision;
@@ -185,17 +182,6 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
                    io::kIoAlignBytes);
     }
   }
-  // A working copy of parameters on NVMe, on a host-addressable device, is whole O_DIRECT blocks
-  // (TieredStore's direct_device_io).
-  const bool direct =
-      config.offload_param == Tier::kNvme && config.device == device::DeviceKind::kCpu;
-  for (const auto& g : partition.local_layout().groups()) {
-    const std::uint64_t bytes =
-        static_cast<std::uint64_t>(g.num_elems) * dtype_size(config.precision);
-    e.largest_group_bytes =
-        std::max(e.largest_group_bytes,
-                 direct ? align_up(bytes, io::kIoAlignBytes) + io::kIoAlignBytes : bytes);
-  }
 
   model::ModelOptions mo;
   mo.compute_dtype = config.precision;
@@ -208,11 +194,11 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
     if (!suggest || why.code() != StatusCode::kOutOfMemory) return why;
     return out_of_memory(why.message() + changes_to_fit(config, model, ranks));
   };
-  auto plan =
-      zero::make_plan(partition.local_layout(),
-                      zero::plan_options(engine_options(config, e.model, ranks, activations),
-                                         config.device_memory_limit, swap,
-                                         config.device == device::DeviceKind::kCpu));
+  zero::EngineOptions eo = engine_options(config, e.model, ranks, activations);
+  if (swap) eo.swap_free_bytes = swap_free_bytes(config, 0);
+  auto plan = zero::make_plan(partition.local_layout(),
+                              zero::plan_options(eo, config.device_memory_limit, swap,
+                                                 config.device == device::DeviceKind::kCpu));
   if (!plan.is_ok()) return refuse(plan.status());
   e.plan = std::move(*plan);
   if (config.device_memory_limit != 0 && e.device_bytes_needed() > config.device_memory_limit) {
@@ -222,7 +208,7 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
         " on the device (" + e.plan.kinds_text(Tier::kDevice) +
         (e.plan.params == Tier::kDevice
              ? ""
-             : ", and " + format_bytes(e.largest_group_bytes) + " for the group in use") +
+             : ", and " + format_bytes(e.plan.group_in_use_bytes) + " for the group in use") +
         ")"));
   }
 
@@ -235,7 +221,7 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
 }
 
 std::uint64_t Estimate::device_bytes_needed() const {
-  return plan.tier_bytes(Tier::kDevice) + (plan.params == Tier::kDevice ? 0 : largest_group_bytes);
+  return plan.tier_bytes(Tier::kDevice) + plan.group_in_use_bytes;
 }
 
 std::string Estimate::describe() const {

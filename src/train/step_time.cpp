@@ -420,9 +420,17 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   };
   std::uint64_t device_need = 0, host_need = 0;
   std::string device_with, host_with;
+  // Neither budget alone: both, for the placement that needs the least of the two together.
+  std::uint64_t both_device = 0, both_host = 0;
+  std::string both_with;
   for (const Candidate& c : open) {
     std::uint64_t device = 0, host = 0;
     if (!c.refused.empty() || !needs(c, config.micro_batch_size, &device, &host)) continue;
+    if (both_with.empty() || device + host < both_device + both_host) {
+      both_device = device;
+      both_host = host;
+      both_with = placement_name(c.param, c.optimizer);
+    }
     if (within(host, config.host_memory_limit) && (device_need == 0 || device < device_need)) {
       device_need = device;
       device_with = placement_name(c.param, c.optimizer);
@@ -440,24 +448,9 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   if (host_need != 0) {
     add("raise host_memory_limit to " + bytes_at_least(host_need) + " (" + host_with + ")");
   }
-  if (device_need == 0 && host_need == 0) {
-    // Neither budget alone: both, for the placement that needs the least of the two together.
-    std::uint64_t best = 0, best_device = 0, best_host = 0;
-    std::string with;
-    for (const Candidate& c : open) {
-      std::uint64_t device = 0, host = 0;
-      if (!c.refused.empty() || !needs(c, config.micro_batch_size, &device, &host)) continue;
-      if (best == 0 || device + host < best) {
-        best = device + host;
-        best_device = device;
-        best_host = host;
-        with = placement_name(c.param, c.optimizer);
-      }
-    }
-    if (best != 0) {
-      add("raise device_memory_limit to " + bytes_at_least(best_device) +
-          " and host_memory_limit to " + bytes_at_least(best_host) + " (" + with + ")");
-    }
+  if (device_need == 0 && host_need == 0 && !both_with.empty()) {
+    add("raise device_memory_limit to " + bytes_at_least(both_device) +
+        " and host_memory_limit to " + bytes_at_least(both_host) + " (" + both_with + ")");
   }
   // Fewer sequences per micro-batch shrink the activations; the same batch accumulates more.
   for (std::int64_t mb = config.micro_batch_size / 2; mb >= 1; mb /= 2) {
@@ -551,11 +544,7 @@ Result<double> time_small_step(const TrainConfig& config, const model::LlamaConf
     TrainOptions o;
     STRATA_ASSIGN_OR_RETURN(auto trainer, Trainer::create(c, o));
     STRATA_RETURN_IF_ERROR(trainer->run());
-    std::vector<double> steps;
-    for (const auto& s : trainer->history()) steps.push_back(s.step_ms);
-    steps.erase(steps.begin());  // the first step warms up
-    std::sort(steps.begin(), steps.end());
-    return steps[steps.size() / 2];
+    return trainer->steady_step_ms();
   };
   // Two layers apart, so that the noise of either run is not multiplied by every layer.
   STRATA_ASSIGN_OR_RETURN(const double one, run(1));

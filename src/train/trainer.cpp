@@ -178,7 +178,7 @@ Status Trainer::Impl::setup() {
                      model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   eopts.timeline = timeline.get();
-  if (eopts.swap_free_bytes != 0) eopts.swap_free_bytes = swap_free_bytes(config, rank);
+  if (swap) eopts.swap_free_bytes = swap_free_bytes(config, rank);
   const zero::ZeroOptions zopts = zero_options(config);
   // Said when it lowers a size the config chose (the defaults are capped silently, as the
   // README says).
@@ -484,15 +484,29 @@ const std::vector<StepMetrics>& Trainer::history() const { return impl_->history
 std::int64_t Trainer::step() const { return impl_->step; }
 bool Trainer::reports() const { return impl_->comm->rank() == 0; }
 
+Trainer::Peaks Trainer::peaks() const {
+  Peaks p;
+  for (const StepMetrics& m : impl_->history) {
+    p.device = std::max(p.device, m.peak_device_bytes);
+    p.host = std::max(p.host, m.peak_host_bytes);
+    p.nvme = std::max(p.nvme, m.peak_nvme_bytes);
+    p.rss = std::max(p.rss, m.peak_rss_bytes);
+  }
+  return p;
+}
+
+double Trainer::steady_step_ms() const {
+  const std::vector<StepMetrics>& h = impl_->history;
+  if (h.size() < 2) return 0;
+  std::vector<double> steps;
+  for (std::size_t i = 1; i < h.size(); ++i) steps.push_back(h[i].step_ms);
+  std::sort(steps.begin(), steps.end());
+  return steps[steps.size() / 2];
+}
+
 std::string Trainer::peaks_against_plan() const {
   const Impl& s = *impl_;
-  std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
-  for (const StepMetrics& m : s.history) {
-    device = std::max(device, m.peak_device_bytes);
-    host = std::max(host, m.peak_host_bytes);
-    nvme = std::max(nvme, m.peak_nvme_bytes);
-    rss = std::max(rss, m.peak_rss_bytes);
-  }
+  const auto [device, host, nvme, rss] = peaks();
   const auto pair = [](const char* what, std::uint64_t got, std::uint64_t want, const char* verb) {
     return std::string(what) + " " + format_bytes(got) + " (" + verb + " " + format_bytes(want) +
            ")";

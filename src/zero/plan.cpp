@@ -127,6 +127,15 @@ class CacheDemand {
   std::map<std::uint64_t, int> most_;
 };
 
+// Bytes a device copy of a group of `n` elements takes: on a host-addressable device with swap, a
+// tensor that touches NVMe is whole O_DIRECT blocks (TieredStore's direct_device_io).
+std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touches_nvme) {
+  const std::uint64_t bytes = n * dtype_size(o.compute_dtype);
+  return o.host_addressable_device && o.has_swap && touches_nvme
+             ? align_up(bytes, io::kIoAlignBytes) + io::kIoAlignBytes
+             : bytes;
+}
+
 // What the store's caches keep of the transient tensors count_bytes counts (at the most in
 // flight at once, of the largest group), beyond what it counts of them. Loading passes the groups
 // through one at a time; backward makes them in reverse order, and a tensor that leaves a tier
@@ -188,14 +197,11 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   plan.cache_bytes[static_cast<std::size_t>(Tier::kHost)] = held > counted ? held - counted : 0;
 
   // Device: the gradients, made from the head down to the embedding, one at a time into a
-  // device accumulator, else one made while the last leaves. A device copy of a tensor that
-  // touches NVMe on a host-addressable device is whole O_DIRECT blocks. The embedding's
-  // gradient, made last, reuses the block of its working copy, dropped after the forward,
-  // where parameters are offloaded and the two copies have one size.
-  const bool direct = o.host_addressable_device && o.has_swap;
+  // device accumulator, else one made while the last leaves. The embedding's gradient, made
+  // last, reuses the block of its working copy, dropped after the forward, where parameters are
+  // offloaded and the two copies have one size.
   const auto device_block = [&](std::uint64_t n, bool touches_nvme) {
-    return direct && touches_nvme ? align_up(n * dsize, io::kIoAlignBytes) + io::kIoAlignBytes
-                                  : n * dsize;
+    return device_copy_bytes(o, n, touches_nvme);
   };
   const bool reuses_working = plan.params != Tier::kDevice && !o.tied_embeddings &&
                               device_block(z.elems.front(), plan.params == Tier::kNvme) ==
@@ -235,6 +241,13 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   plan.gradient_transit_bytes =
       z.max_work_io + (o.host_addressable_device && o.has_swap ? io::kIoAlignBytes : 0);
   add(Tier::kDevice, TensorKind::kGradients, plan.gradient_transit_bytes);
+  plan.group_in_use_bytes = 0;
+  if (plan.params != Tier::kDevice) {
+    for (std::uint64_t n : z.elems) {
+      plan.group_in_use_bytes =
+          std::max(plan.group_in_use_bytes, device_copy_bytes(o, n, plan.params == Tier::kNvme));
+    }
+  }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
   if (on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient

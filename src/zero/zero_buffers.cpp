@@ -69,9 +69,8 @@ std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& o
   for (const auto& p : groups) widest = p.replicated ? widest : std::max(widest, p.shard_elems);
   const std::uint64_t staging = static_cast<std::uint64_t>(std::min(gather_cap, widest)) *
                                 static_cast<std::uint64_t>(world) * d;
-  const auto gathered = [&](const GroupPartition& p) {
-    return p.shard_elems > gather_cap ? full(p) + 2 * staging : full(p);
-  };
+  // A group above the cap is gathered in chunks through two staging buffers of its own.
+  const auto chunked = [&](const GroupPartition& p) { return p.shard_elems > gather_cap; };
   const int n = static_cast<int>(groups.size());
   const auto group = [&](int g) -> const GroupPartition& {
     return groups[static_cast<std::size_t>(g)];
@@ -83,17 +82,11 @@ std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& o
       t.give(local(group(g)));
     }
     t.take(full(group(g)));
-    if (gathered(group(g)) != full(group(g))) {
-      t.take(staging);
-      t.take(staging);
-    }
+    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.take(staging);
   };
   const auto ungather = [&](int g) {
     if (g < 0 || g >= n || group(g).replicated) return;
-    if (gathered(group(g)) != full(group(g))) {
-      t.give(staging);
-      t.give(staging);
-    }
+    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.give(staging);
     t.give(full(group(g)));
   };
   if (options.stage < 3) {  // the full parameters, gathered in buckets (below) after each step

@@ -85,11 +85,7 @@ TEST(EstimateTest, ThePlanIsTheTrainersAndNothingIsAllocated) {
     const std::string trainer = (*t)->describe();
     EXPECT_EQ(trainer.substr(trainer.size() - std::min(trainer.size(), plan.size())), plan);
     ASSERT_TRUE((*t)->run().is_ok());
-    std::uint64_t host = 0, device = 0;
-    for (const auto& m : (*t)->history()) {
-      host = std::max(host, m.peak_host_bytes);
-      device = std::max(device, m.peak_device_bytes);
-    }
+    const auto [device, host, nvme, rss] = (*t)->peaks();
     // The tiers the store measured against the ones predicted, under budgets.
     expect_near_rel(host, e->host_peak_bytes, 0.10, "host");
     expect_near_rel(device, e->device_host_bytes, 0.10, "device");
@@ -152,13 +148,7 @@ TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
     auto t = Trainer::create(*config, o);
     ASSERT_TRUE(t.is_ok()) << t.status().message();
     ASSERT_TRUE((*t)->run().is_ok());
-    std::uint64_t host = 0, device = 0, nvme = 0, rss = 0;
-    for (const auto& m : (*t)->history()) {
-      host = std::max(host, m.peak_host_bytes);
-      device = std::max(device, m.peak_device_bytes);
-      nvme = std::max(nvme, m.peak_nvme_bytes);
-      rss = std::max(rss, m.peak_rss_bytes);
-    }
+    const auto [device, host, nvme, rss] = (*t)->peaks();
     expect_near_rel(device, e->device_peak_bytes, 0.10, "device");
     expect_near_rel(host, e->host_peak_bytes, 0.10, "host");
     expect_near_rel(nvme, e->plan.tier_bytes(Tier::kNvme), 0.10, "nvme");
@@ -392,11 +382,7 @@ TEST(EstimateTest, ASmallModelsPredictedStepIsCloseToTheRun) {
     auto t = Trainer::create(*config, o);
     ASSERT_TRUE(t.is_ok()) << t.status().message();
     ASSERT_TRUE((*t)->run().is_ok());
-    std::vector<double> steps;
-    for (const auto& m : (*t)->history()) steps.push_back(m.step_ms);
-    steps.erase(steps.begin());  // the first step warms up
-    std::sort(steps.begin(), steps.end());
-    const double median = steps[steps.size() / 2];
+    const double median = (*t)->steady_step_ms();
     close = within(median, *timed) && within(median, parts.step_ms);
     attempts += " [measured " + std::to_string(median) + " ms, timed " + std::to_string(*timed) +
                 " ms, from the layers " + std::to_string(parts.step_ms) + " ms]";

@@ -47,9 +47,6 @@ struct Estimate {
   std::int64_t parameters = 0;  // the whole model's
   int ranks = 1;                // planned for rank 0 of these
   int groups_partitioned = 0;   // of the parameter groups, split across the ranks
-  // The largest group's working copy on this rank: what the device needs beside the plan's
-  // bytes when parameters are offloaded (the group in use).
-  std::uint64_t largest_group_bytes = 0;
   // ZeRO's own device buffers at their peak (zero::zero_device_bytes), gradients in transit
   // included: 0 on one rank.
   std::uint64_t zero_device_bytes = 0;
@@ -72,7 +69,7 @@ struct Estimate {
   std::uint64_t other_host_bytes() const { return process_bytes + device_host_bytes; }
 
   // The least device memory a run needs: the plan's device bytes, plus the group in use when
-  // parameters are offloaded (the plan leaves fetched parameters out).
+  // parameters are offloaded (plan.group_in_use_bytes).
   std::uint64_t device_bytes_needed() const;
 
   std::string describe() const;  // the lines strata estimate prints

@@ -74,6 +74,13 @@ class Trainer {
   Result<std::string> save();
 
   const std::vector<StepMetrics>& history() const;
+  // The most each of the history's steps measured: device, host tier, NVMe, resident memory.
+  struct Peaks {
+    std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
+  };
+  Peaks peaks() const;
+  // The median of the history's step times after the first (which warms up); 0 without two.
+  double steady_step_ms() const;
   // Path of the newest checkpoint this trainer saved; empty if none.
   const std::string& last_checkpoint() const;
   std::int64_t step() const;

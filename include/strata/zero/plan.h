@@ -99,6 +99,9 @@ struct MemoryPlan {
   std::array<std::uint64_t, kNumTiers> cache_bytes{};
   // Of the device's gradient bytes, the one group's gradient in transit (the rest are homes).
   std::uint64_t gradient_transit_bytes = 0;
+  // With parameters offloaded, the largest group's working copy on the device: what a run needs
+  // there beside tier_bytes(kDevice) (the group in use; the plan leaves fetched parameters out).
+  std::uint64_t group_in_use_bytes = 0;
 
   std::uint64_t tier_bytes(Tier tier) const;
   std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {
