@@ -124,6 +124,23 @@ Status AtomicFileWriter::write(std::span<const std::byte> data) {
   return Status::ok();
 }
 
+Status AtomicFileWriter::write_at(std::uint64_t offset, std::span<const std::byte> data) {
+  if (fd_ < 0) return failed_precondition("write to " + tmp_path_ + " after commit or failure");
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      abandon();
+      return errno_status(err, "cannot write", tmp_path_);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
 Status AtomicFileWriter::commit() {
   if (fd_ < 0) return failed_precondition("commit of " + tmp_path_ + " after commit or failure");
   if (::fsync(fd_) != 0) {

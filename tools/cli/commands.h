@@ -19,5 +19,6 @@ Runner add_train_command(CLI::App& app);
 Runner add_info_command(CLI::App& app);
 Runner add_io_bench_command(CLI::App& app);
 Runner add_estimate_command(CLI::App& app);
+Runner add_tokenize_command(CLI::App& app);
 
 }  // namespace strata::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -31,6 +32,8 @@ class AtomicFileWriter {
 
   // Appends all of `data` (retrying short writes and EINTR).
   Status write(std::span<const std::byte> data);
+  // Overwrites bytes already written at `offset` (a header whose fields are known at the end).
+  Status write_at(std::uint64_t offset, std::span<const std::byte> data);
   Status commit();
   const std::string& temp_path() const { return tmp_path_; }
 
