@@ -2,6 +2,7 @@
 // bindings), to compare with Strata's C++ tokenizer on the same files.
 //
 //   node bench/hf_tokenize.mjs --tokenizer PATH/tokenizer.json --input FILE [--repeat N]
+//        [--check TOKENS --token-bytes 2|4 --eos ID|none]
 //
 // FILE is a .txt (the whole file is one document) or a .jsonl (one document per line,
 // in its "text" field). Every document is encoded with add_special_tokens=true, N times
@@ -9,6 +10,9 @@
 //   {"documents", "bytes", "tokens", "seconds", "tokens_per_s", "mb_per_s"}
 // (documents, bytes (UTF-8) and tokens count every repeat; mb_per_s is 1e6 bytes/s;
 // seconds covers the encode calls only, not loading the tokenizer or reading FILE).
+// --check compares, after the timed passes, every id with TOKENS, a raw little-endian token
+// file that `strata tokenize` wrote from the same FILE (each document's ids, then ID unless
+// none), and adds "checked_tokens" and "mismatched_documents" to the line (exit 3 on any).
 //
 // The `tokenizers` package is loaded from $STRATA_GOLDEN_NODE (default
 // ~/.cache/strata-golden-node), where tools/golden/tokenizer_golden.sh installs it.
@@ -42,7 +46,7 @@ const opts = { repeat: 1 };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const k = argv[i];
-  if (k === '--tokenizer' || k === '--input' || k === '--repeat') {
+  if (['--tokenizer', '--input', '--repeat', '--check', '--token-bytes', '--eos'].includes(k)) {
     if (i + 1 >= argv.length) usage(`${k} needs a value`);
     opts[k.slice(2)] = argv[++i];
   } else if (k === '-h' || k === '--help') usage();
@@ -90,11 +94,35 @@ for (let r = 0; r < repeat; r++) {
 }
 const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
 const bytes = docBytes * repeat;
-console.log(JSON.stringify({
+const result = {
   documents: docs.length * repeat,
   bytes,
   tokens,
   seconds: Number(seconds.toFixed(6)),
   tokens_per_s: Math.round(tokens / seconds),
   mb_per_s: Number((bytes / seconds / 1e6).toFixed(3)),
-}));
+};
+if (opts.check) {
+  const width = Number(opts['token-bytes'] || 4);
+  if (width !== 2 && width !== 4) usage('--token-bytes must be 2 or 4');
+  const buf = fs.readFileSync(opts.check);
+  const at = (i) => (width === 2 ? buf.readUInt16LE(i * 2) : buf.readUInt32LE(i * 4));
+  const total = buf.length / width;
+  let pos = 0;
+  let mismatched = 0;
+  for (let d = 0; d < docs.length; d++) {
+    const want = (await tok.encode(docs[d], null, { addSpecialTokens: true })).getIds();
+    if (opts.eos && opts.eos !== 'none') want.push(Number(opts.eos));
+    let same = pos + want.length <= total;
+    for (let i = 0; same && i < want.length; i++) same = at(pos + i) === want[i];
+    if (!same) {
+      if (mismatched++ < 3) console.error(`hf_tokenize: document ${d} differs from ${opts.check}`);
+    }
+    pos += want.length;
+  }
+  if (pos !== total) mismatched++;
+  result.checked_tokens = pos;
+  result.mismatched_documents = mismatched;
+}
+console.log(JSON.stringify(result));
+if (result.mismatched_documents) process.exit(3);

@@ -50,37 +50,28 @@ std::string literal_after(std::string_view jinja, std::string_view marker,
   return out;
 }
 
-Status check_roles(std::span<const ChatMessage> messages, bool system_first_only) {
-  bool any_assistant = false;
-  for (std::size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant") {
-      return invalid_argument("messages[" + std::to_string(i) + "].role \"" + role +
-                              "\": expected system, user or assistant");
-    }
-    if (role == "system" && i > 0 && system_first_only) {
-      return invalid_argument("messages[" + std::to_string(i) +
-                              "]: a system message must come first");
-    }
-    any_assistant = any_assistant || role == "assistant";
-  }
-  if (!any_assistant) {
-    return invalid_argument("messages: no assistant message, so nothing to train on");
-  }
-  return Status::ok();
+Status alternation_error(std::size_t i) {
+  return invalid_argument("messages[" + std::to_string(i) +
+                          "]: Conversation roles must alternate user/assistant/user/assistant/...");
 }
 
-// [INST] templates: after an optional system message, user and assistant alternate.
-Status check_alternating(std::span<const ChatMessage> messages, std::size_t first) {
-  for (std::size_t i = first; i < messages.size(); ++i) {
-    const bool user_turn = (i - first) % 2 == 0;
-    if ((messages[i].role == "user") != user_turn || messages[i].role == "system") {
-      return invalid_argument("messages[" + std::to_string(i) + "].role \"" + messages[i].role +
-                              "\": this template needs user and assistant turns to alternate, "
-                              "starting with user");
+// The system prompt of a ChatML template's default system message: the first Jinja literal
+// '<|im_start|>system\n...<|im_end|>' whose text is plain (no Jinja in between).
+std::string default_chatml_system(std::string_view jinja) {
+  // Templates escape the newline inside the Jinja string ("\\n"); some copies hold a real one.
+  for (const std::string_view marker : {std::string_view("<|im_start|>system\\n"),
+                                        std::string_view("<|im_start|>system\n")}) {
+    for (std::size_t at = jinja.find(marker); at != std::string_view::npos;
+         at = jinja.find(marker, at + 1)) {
+      const std::size_t begin = at + marker.size();
+      const std::size_t end = jinja.find("<|im_end|>", begin);
+      if (end == std::string_view::npos) break;
+      const std::string_view body = jinja.substr(begin, end - begin);
+      if (body.find_first_of("'\"{}") != std::string_view::npos) continue;
+      return literal_after(jinja.substr(at), marker, "<|im_end|>");
     }
   }
-  return Status::ok();
+  return {};
 }
 
 }  // namespace
@@ -97,16 +88,19 @@ Result<ChatTemplate> ChatTemplate::recognize(std::string_view jinja, std::string
   if (contains(jinja, "<|start_header_id|>") && contains(jinja, "<|eot_id|>") &&
       !contains(jinja, "ipython") && !contains(jinja, "Cutting Knowledge Date")) {
     t.name_ = "llama3";
+    // The first Llama 3 revision ends every rendering with the assistant's header.
+    t.trailing_header_ = !contains(jinja, "add_generation_prompt");
   } else if (contains(jinja, "<|start_header_id|>") && contains(jinja, "Cutting Knowledge Date")) {
     t.name_ = "llama3.1";
   } else if (contains(jinja, "<|im_start|>") && !contains(jinja, "<think>")) {
     t.name_ = "chatml";
-    t.default_system_ = literal_after(jinja, "<|im_start|>system\\n", "<|im_end|>");
+    t.default_system_ = default_chatml_system(jinja);
   } else if (contains(jinja, "[INST]") && contains(jinja, "<<SYS>>")) {
     t.name_ = "llama2";
   } else if (contains(jinja, "[INST]") && !contains(jinja, "[AVAILABLE_TOOLS]") &&
              !contains(jinja, "[SYSTEM_PROMPT]")) {
     t.name_ = "mistral";
+    t.space_after_eos_ = contains(jinja, "eos_token + ' '");
   } else {
     std::string names;
     for (const auto n : builtin_names()) names += (names.empty() ? "" : ", ") + std::string(n);
@@ -133,7 +127,6 @@ Result<std::vector<ChatPart>> ChatTemplate::render(std::span<const ChatMessage> 
     if (!text.empty()) parts.push_back({std::move(text), train});
   };
   if (name_ == "llama3" || name_ == "llama3.1") {
-    if (Status s = check_roles(messages, name_ == "llama3.1"); !s) return s;
     add(bos_, false);
     std::size_t first = 0;
     if (name_ == "llama3.1") {
@@ -148,57 +141,64 @@ Result<std::vector<ChatPart>> ChatTemplate::render(std::span<const ChatMessage> 
           false);
     }
     for (std::size_t i = first; i < messages.size(); ++i) {
-      const bool assistant = messages[i].role == "assistant";
-      add("<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n", false);
-      add(trim(messages[i].content) + "<|eot_id|>", assistant);
+      const std::string& role = messages[i].role;
+      if (name_ == "llama3.1" && (role == "ipython" || role == "tool")) {
+        return invalid_argument("messages[" + std::to_string(i) + "].role \"" + role +
+                                "\": tool calls are not supported by Strata's llama3.1 template");
+      }
+      add("<|start_header_id|>" + role + "<|end_header_id|>\n\n", false);
+      add(trim(messages[i].content) + "<|eot_id|>", role == "assistant");
     }
+    if (trailing_header_) add("<|start_header_id|>assistant<|end_header_id|>\n\n", false);
     return parts;
   }
   if (name_ == "chatml") {
-    if (Status s = check_roles(messages, true); !s) return s;
     if (!default_system_.empty() && (messages.empty() || messages[0].role != "system")) {
       add("<|im_start|>system\n" + default_system_ + "<|im_end|>\n", false);
     }
     for (const auto& m : messages) {
-      const bool assistant = m.role == "assistant";
       add("<|im_start|>" + m.role + "\n", false);
-      add(m.content + "<|im_end|>", assistant);
+      add(m.content + "<|im_end|>", m.role == "assistant");
       add("\n", false);
     }
     return parts;
   }
-  // llama2 / mistral
-  if (Status s = check_roles(messages, true); !s) return s;
-  std::size_t first = 0;
-  std::string system;
-  if (!messages.empty() && messages[0].role == "system") {
-    if (name_ == "mistral") {
-      return invalid_argument("messages[0]: the mistral template has no system role");
+  if (name_ == "llama2") {
+    std::size_t first = 0;
+    bool has_system = false;
+    std::string system;
+    if (!messages.empty() && messages[0].role == "system") {
+      system = messages[0].content;
+      has_system = true;
+      first = 1;
     }
-    system = messages[0].content;
-    first = 1;
-  }
-  if (Status s = check_alternating(messages, first); !s) return s;
-  if (name_ == "mistral") add(bos_, false);
-  for (std::size_t i = first; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (name_ == "llama2") {
+    for (std::size_t i = first; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if ((m.role == "user") != ((i - first) % 2 == 0)) return alternation_error(i);
+      std::string content = m.content;
+      if (i == first && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
       if (m.role == "user") {
-        std::string content = m.content;
-        if (i == first && first == 1) {
-          content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
-        }
         add(bos_ + "[INST] " + trim(content) + " [/INST]", false);
-      } else {
+      } else if (m.role == "assistant") {
         add(" ", false);
-        add(trim(m.content) + " " + eos_, true);
+        add(trim(content) + " " + eos_, true);
       }
+    }
+    return parts;
+  }
+  // mistral
+  add(bos_, false);
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != (i % 2 == 0)) return alternation_error(i);
+    if (m.role == "user") {
+      add("[INST] " + m.content + " [/INST]", false);
+    } else if (m.role == "assistant") {
+      add(m.content + eos_, true);
+      if (space_after_eos_) add(" ", false);
     } else {
-      if (m.role == "user") {
-        add("[INST] " + m.content + " [/INST]", false);
-      } else {
-        add(m.content + eos_, true);
-      }
+      return invalid_argument("messages[" + std::to_string(i) + "].role \"" + m.role +
+                              "\": Only user and assistant roles are supported!");
     }
   }
   return parts;

@@ -6,6 +6,7 @@
 #include <oneapi/tbb/task_arena.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -131,6 +132,10 @@ struct Encoder {
                                   "]: expected {\"role\": string, \"content\": string}");
         }
         messages.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()});
+      }
+      if (std::none_of(messages.begin(), messages.end(),
+                       [](const ChatMessage& x) { return x.role == "assistant"; })) {
+        return invalid_argument(where() + ": no assistant message, so nothing to train on");
       }
       if (!chat) return chat_error.with_context(where());
       auto parts = chat->render(messages);

@@ -34,14 +34,16 @@ class ChatTemplate {
   static std::vector<std::string_view> builtin_names();
 
   const std::string& name() const { return name_; }
-  // Errors name the message index and what is wrong (unknown role, roles that must alternate,
-  // a system message that is not first, a conversation without an assistant reply).
+  // As the template renders `messages`; where the template raises an error (roles that must
+  // alternate, a role it does not support), so does this, naming the message.
   Result<std::vector<ChatPart>> render(std::span<const ChatMessage> messages) const;
 
  private:
   std::string name_;
   std::string bos_, eos_;
-  std::string default_system_;  // chatml: the system prompt the template adds when none is given
+  std::string default_system_;    // chatml: the system prompt the template adds when none is given
+  bool trailing_header_ = false;  // llama3's first revision: the assistant header closes it
+  bool space_after_eos_ = false;  // mistral's first revision: "</s> " after each reply
 };
 
 }  // namespace strata::text

@@ -157,7 +157,9 @@ TEST(TokenizeJobTest, MessagesAreRenderedWithTheChatTemplateAndTrainOnAssistantT
       "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
       "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
       "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
-      "<|start_header_id|>assistant<|end_header_id|>\n\nSee you.<|eot_id|>";
+      "<|start_header_id|>assistant<|end_header_id|>\n\nSee you.<|eot_id|>"
+      // This copy is the first Llama 3 revision, whose template always ends with the header.
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
   auto want = tok->encode(rendered, false);
   want.push_back(*tok->eos_id());
   const auto ids = read_tokens(options.output, 4);
