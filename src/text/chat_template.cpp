@@ -59,8 +59,8 @@ Status alternation_error(std::size_t i) {
 // '<|im_start|>system\n...<|im_end|>' whose text is plain (no Jinja in between).
 std::string default_chatml_system(std::string_view jinja) {
   // Templates escape the newline inside the Jinja string ("\\n"); some copies hold a real one.
-  for (const std::string_view marker : {std::string_view("<|im_start|>system\\n"),
-                                        std::string_view("<|im_start|>system\n")}) {
+  for (const std::string_view marker :
+       {std::string_view("<|im_start|>system\\n"), std::string_view("<|im_start|>system\n")}) {
     for (std::size_t at = jinja.find(marker); at != std::string_view::npos;
          at = jinja.find(marker, at + 1)) {
       const std::size_t begin = at + marker.size();

@@ -17,12 +17,11 @@
 #include "src/text/unicode.h"
 #include "strata/core/file.h"
 #include "strata/core/json.h"
+#include "strata/core/token_files.h"
 #include "strata/text/chat_template.h"
 
 namespace strata::text {
 namespace fs = std::filesystem;
-
-std::string mask_path_for(const std::string& token_path) { return token_path + ".mask"; }
 
 namespace {
 
@@ -296,7 +295,7 @@ Result<TokenizeSummary> tokenize_files(const Tokenizer& tok, const TokenizeOptio
   auto out = AtomicFileWriter::create(options.output);
   if (!out) return out.status();
   AtomicFileWriter writer = std::move(out).value();
-  const std::string mask_path = mask_path_for(options.output);
+  const std::string mask_path = loss_mask_path(options.output);
   auto mask_out = AtomicFileWriter::create(mask_path);
   if (!mask_out) return mask_out.status();
   AtomicFileWriter mask_writer = std::move(mask_out).value();

@@ -102,18 +102,34 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("seed", &seed, 0);
   c.seed = static_cast<std::uint64_t>(seed);
 
-  if (const Json* d = r.raw("data")) {
+  auto read_data = [&](const char* key, DataConfig* out) {
+    const Json* d = r.raw(key);
     if (!d->is_object()) {
-      r.error("data", "expected an object {\"path\": ..., \"format\": ...}");
-    } else {
-      JsonReader dr(*d, "data", &errors);
-      dr.read("path", &c.data.path);
-      read_enum(dr, "format", &c.data.format, kTokenFormats, token_format_name);
-      if (c.data.path.empty()) dr.error("path", "is required");
-      dr.reject_unknown();
+      r.error(key, "expected an object {\"path\": ..., \"format\": ...}");
+      return;
     }
+    JsonReader dr(*d, key, &errors);
+    dr.read("path", &out->path);
+    read_enum(dr, "format", &out->format, kTokenFormats, token_format_name);
+    if (out->path.empty()) dr.error("path", "is required");
+    dr.reject_unknown();
+  };
+  if (r.has("data")) {
+    read_data("data", &c.data);
   } else {
     r.error("data", "is required: {\"path\": FILE, \"format\": \"u16|u32|llmc|text\"}");
+  }
+  if (r.has("eval_data")) {
+    c.eval_data.emplace();
+    read_data("eval_data", &*c.eval_data);
+  } else {
+    r.raw("eval_data");  // null is allowed: no evaluation
+  }
+  r.read("eval_every", &c.eval_every, 0);
+  r.read("eval_batches", &c.eval_batches, 0);
+  if (!c.eval_data && (c.eval_every > 0 || c.eval_batches > 0)) {
+    r.error(c.eval_every > 0 ? "eval_every" : "eval_batches",
+            "needs eval_data: {\"path\": FILE, \"format\": ...}");
   }
   r.read("seq_len", &c.seq_len, 1, 1 << 20);
   r.read("batch_size", &c.batch_size, 1);
@@ -252,6 +268,11 @@ Json TrainConfig::to_json() const {
       {"model", model},
       {"seed", seed},
       {"data", {{"path", data.path}, {"format", token_format_name(data.format)}}},
+      {"eval_data",
+       eval_data ? Json{{"path", eval_data->path}, {"format", token_format_name(eval_data->format)}}
+                 : Json()},
+      {"eval_every", eval_every},
+      {"eval_batches", eval_batches},
       {"seq_len", seq_len},
       {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size},

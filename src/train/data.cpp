@@ -26,6 +26,11 @@ std::int32_t load_le_i32(const std::uint8_t* p) {
                                    std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24);
 }
 
+Status bad_mask(const TokenDataset& mask, std::int64_t index, std::uint32_t value) {
+  return data_loss("loss mask " + mask.path() + ": entry " + std::to_string(index) + " is " +
+                   std::to_string(value) + ", expected 0 or 1; is this a mask file?");
+}
+
 std::uint64_t mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -184,9 +189,7 @@ Status SequenceSampler::sequence(std::int64_t g, std::int64_t vocab_size, std::i
   STRATA_CHECK(vocab_size > 0 && vocab_size <= std::numeric_limits<std::int32_t>::max(),
                "vocab_size out of range", vocab_size);
   STRATA_RETURN_IF_ERROR(check(*dataset_, seq_len_));
-  const std::vector<std::uint32_t>& order = epoch_order(g / num_windows_);
-  const std::int64_t start =
-      std::int64_t{order[static_cast<std::size_t>(g % num_windows_)]} * seq_len_;
+  const std::int64_t start = window_start(g);
   for (std::int64_t i = 0; i <= seq_len_; ++i) {
     const std::uint32_t t = dataset_->token(start + i);
     if (t >= static_cast<std::uint64_t>(vocab_size)) {
@@ -198,7 +201,43 @@ Status SequenceSampler::sequence(std::int64_t g, std::int64_t vocab_size, std::i
     if (i < seq_len_) inputs[i] = static_cast<std::int32_t>(t);
     if (i > 0) targets[i - 1] = static_cast<std::int32_t>(t);
   }
+  if (mask_) {
+    for (std::int64_t i = 1; i <= seq_len_; ++i) {
+      const std::uint32_t m = mask_->token(start + i);
+      if (m > 1) return bad_mask(*mask_, start + i, m);
+      if (m == 0) targets[i - 1] = -1;
+    }
+  }
   return Status::ok();
+}
+
+std::int64_t SequenceSampler::window_start(std::int64_t g) {
+  const std::vector<std::uint32_t>& order = epoch_order(g / num_windows_);
+  return std::int64_t{order[static_cast<std::size_t>(g % num_windows_)]} * seq_len_;
+}
+
+Status SequenceSampler::set_mask(std::shared_ptr<TokenDataset> mask) {
+  if (mask && mask->num_tokens() != dataset_->num_tokens()) {
+    return invalid_argument("loss mask " + mask->path() + " has " +
+                            std::to_string(mask->num_tokens()) + " entries but token file " +
+                            dataset_->path() + " has " + std::to_string(dataset_->num_tokens()) +
+                            " tokens; tokenize the data again (strata tokenize writes both)");
+  }
+  mask_ = std::move(mask);
+  return Status::ok();
+}
+
+Result<std::int64_t> SequenceSampler::count_targets(std::int64_t g) {
+  if (!mask_) return seq_len_;
+  STRATA_RETURN_IF_ERROR(check(*dataset_, seq_len_));
+  const std::int64_t start = window_start(g);
+  std::int64_t n = 0;
+  for (std::int64_t i = 1; i <= seq_len_; ++i) {
+    const std::uint32_t m = mask_->token(start + i);
+    if (m > 1) return bad_mask(*mask_, start + i, m);
+    n += m;
+  }
+  return n;
 }
 
 }  // namespace strata::train

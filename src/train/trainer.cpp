@@ -14,6 +14,7 @@
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
+#include "strata/core/token_files.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/io/swap.h"
@@ -31,38 +32,46 @@
 namespace strata::train {
 
 Json StepMetrics::to_json() const {
-  return Json{{"step", step},
-              {"loss", loss},
-              {"lr", lr},
-              {"grad_norm", grad_norm},
-              {"skipped", skipped},
-              {"tokens_per_s", tokens_per_s},
-              {"step_ms", step_ms},
-              {"compute_ms", compute_ms},
-              {"wait_ms", wait_ms},
-              {"stall_ms", stall_ms},
-              {"optimizer_ms", optimizer_ms},
-              {"optimizer_exposed_ms", optimizer_exposed_ms},
-              {"optimizer_guessed", guessed},
-              {"optimizer_redone", redone},
-              {"optimizer_schedule", optimizer_schedule},
-              {"h2d_busy_ms", h2d_busy_ms},
-              {"d2h_busy_ms", d2h_busy_ms},
-              {"nvme_read_busy_ms", nvme_read_busy_ms},
-              {"nvme_write_busy_ms", nvme_write_busy_ms},
-              {"h2d_bytes", h2d_bytes},
-              {"d2h_bytes", d2h_bytes},
-              {"nvme_read_bytes", nvme_read_bytes},
-              {"nvme_write_bytes", nvme_write_bytes},
-              {"peak_device_bytes", peak_device_bytes},
-              {"peak_host_bytes", peak_host_bytes},
-              {"peak_nvme_bytes", peak_nvme_bytes},
-              {"peak_rss_bytes", peak_rss_bytes},
-              {"planned_device_bytes", planned_device_bytes},
-              {"planned_host_bytes", planned_host_bytes},
-              {"planned_nvme_bytes", planned_nvme_bytes},
-              {"predicted_rss_bytes", predicted_rss_bytes},
-              {"comm_bytes", comm_bytes}};
+  Json j{{"step", step},
+         {"loss", loss},
+         {"lr", lr},
+         {"grad_norm", grad_norm},
+         {"skipped", skipped},
+         {"tokens_per_s", tokens_per_s},
+         {"step_ms", step_ms},
+         {"compute_ms", compute_ms},
+         {"wait_ms", wait_ms},
+         {"stall_ms", stall_ms},
+         {"optimizer_ms", optimizer_ms},
+         {"optimizer_exposed_ms", optimizer_exposed_ms},
+         {"optimizer_guessed", guessed},
+         {"optimizer_redone", redone},
+         {"optimizer_schedule", optimizer_schedule},
+         {"h2d_busy_ms", h2d_busy_ms},
+         {"d2h_busy_ms", d2h_busy_ms},
+         {"nvme_read_busy_ms", nvme_read_busy_ms},
+         {"nvme_write_busy_ms", nvme_write_busy_ms},
+         {"h2d_bytes", h2d_bytes},
+         {"d2h_bytes", d2h_bytes},
+         {"nvme_read_bytes", nvme_read_bytes},
+         {"nvme_write_bytes", nvme_write_bytes},
+         {"peak_device_bytes", peak_device_bytes},
+         {"peak_host_bytes", peak_host_bytes},
+         {"peak_nvme_bytes", peak_nvme_bytes},
+         {"peak_rss_bytes", peak_rss_bytes},
+         {"planned_device_bytes", planned_device_bytes},
+         {"planned_host_bytes", planned_host_bytes},
+         {"planned_nvme_bytes", planned_nvme_bytes},
+         {"predicted_rss_bytes", predicted_rss_bytes},
+         {"comm_bytes", comm_bytes},
+         {"loss_tokens", loss_tokens}};
+  if (eval_loss) {
+    j["eval_loss"] = *eval_loss;
+    j["eval_ppl"] = *eval_ppl;
+    j["eval_tokens"] = eval_tokens;
+    j["eval_ms"] = eval_ms;
+  }
+  return j;
 }
 
 struct Trainer::Impl {
@@ -78,6 +87,8 @@ struct Trainer::Impl {
   std::unique_ptr<model::LlamaModel> model;
   std::shared_ptr<TokenDataset> dataset;
   std::unique_ptr<SequenceSampler> sampler;
+  std::shared_ptr<TokenDataset> eval_dataset;
+  std::unique_ptr<SequenceSampler> eval_sampler;
   optim::LrSchedule schedule;
   std::int64_t step = 0;  // optimizer steps completed
   Estimate planned;       // what strata estimate says of this config, for the run to compare
@@ -89,12 +100,30 @@ struct Trainer::Impl {
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
+  // Mean loss over eval_data (every rank's slice), into m's eval fields, when this step is due.
+  Status maybe_evaluate(StepMetrics* m);
   Status write_trace() const;
   TrainerState state() const {
     return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
                         config.to_json()};
   }
 };
+
+namespace {
+
+// strata tokenize's loss mask beside a token file, if there is one: the loss then counts only
+// the targets it marks (completions, assistant turns).
+Status attach_loss_mask(const DataConfig& data, SequenceSampler* sampler) {
+  const std::string path = loss_mask_path(data.path);
+  std::error_code ec;
+  if (data.format == TokenFormat::kText || !std::filesystem::exists(path, ec)) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(auto mask, TokenDataset::open(path, TokenFormat::kText));
+  STRATA_RETURN_IF_ERROR(sampler->set_mask(std::move(mask)));
+  log_info("loss mask " + path + ": the loss counts only the targets it marks");
+  return Status::ok();
+}
+
+}  // namespace
 
 Status Trainer::Impl::setup() {
   compute_dtype = config.precision;
@@ -227,6 +256,15 @@ Status Trainer::Impl::setup() {
         " tokens, fewer than seq_len + 1 = " + std::to_string(config.seq_len + 1));
   }
   sampler = std::make_unique<SequenceSampler>(dataset, config.seq_len, config.seed);
+  STRATA_RETURN_IF_ERROR(attach_loss_mask(config.data, sampler.get()));
+  if (config.eval_data) {
+    STRATA_ASSIGN_OR_RETURN(eval_dataset,
+                            TokenDataset::open(config.eval_data->path, config.eval_data->format));
+    STRATA_RETURN_IF_ERROR(
+        SequenceSampler::check(*eval_dataset, config.seq_len).with_context("eval_data"));
+    eval_sampler = std::make_unique<SequenceSampler>(eval_dataset, config.seq_len, config.seed);
+    STRATA_RETURN_IF_ERROR(attach_loss_mask(*config.eval_data, eval_sampler.get()));
+  }
 
   schedule.type = config.lr_schedule.type;
   schedule.base_lr = config.optimizer.lr;
@@ -260,31 +298,50 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   const std::int64_t accum = config.accumulation_steps(static_cast<int>(world));
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
   std::vector<std::int32_t> targets(inputs.size());
+  // The loss is the mean over every target of the global batch that counts (all of them without
+  // a loss mask), however the batch is split: each micro-batch's mean is weighted by its share.
+  // Every rank counts the whole batch itself (the sampler is a function of the step).
+  std::int64_t global_targets = 0;
+  for (std::int64_t g = step * config.batch_size; g < (step + 1) * config.batch_size; ++g) {
+    STRATA_ASSIGN_OR_RETURN(std::int64_t n, sampler->count_targets(g));
+    global_targets += n;
+  }
+  if (global_targets == 0) {
+    log_warning("step " + std::to_string(step + 1) +
+                ": the loss mask leaves no target in the batch; its gradient is zero");
+  }
   double loss_sum = 0;
   for (std::int64_t micro = 0; micro < accum; ++micro) {
     // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
     // rank count: micro-batch `micro` of rank r takes its own contiguous run of them.
     const std::int64_t first = step * config.batch_size + (micro * world + rank) * mb;
+    std::int64_t micro_targets = 0;
     for (std::int64_t i = 0; i < mb; ++i) {
       STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
                                                inputs.data() + i * seq, targets.data() + i * seq));
+      STRATA_ASSIGN_OR_RETURN(std::int64_t n, sampler->count_targets(first + i));
+      micro_targets += n;
     }
+    const double share = global_targets > 0 ? static_cast<double>(micro_targets) /
+                                                  static_cast<double>(global_targets)
+                                            : 0.0;
     // The last micro-batch's gradients are final as they come: the update may start with them.
     if (micro == accum - 1) {
       provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
     }
     STRATA_ASSIGN_OR_RETURN(
         float loss, model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
-                                            1.0f / static_cast<float>(accum * world)));
+                                            static_cast<float>(share)));
     STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
     m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
-    loss_sum += loss;
+    loss_sum += static_cast<double>(loss) * share;
   }
   // Compute is the model's own work: without the time it waited for overlapped updates.
   m.compute_ms -= provider->engine().stats().optimizer_exposed_ms - before.optimizer_exposed_ms;
-  m.loss = loss_sum / static_cast<double>(accum);
+  m.loss = loss_sum;
+  m.loss_tokens = global_targets;
   if (world > 1)
-    STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kAvg, "loss"));
+    STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
   m.lr = schedule.lr_at(step);
   STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
   if (!std::isfinite(m.grad_norm)) {
@@ -341,6 +398,55 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   return m;
 }
 
+Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
+  if (!eval_sampler) return Status::ok();
+  const bool due =
+      m->step == config.max_steps || (config.eval_every > 0 && m->step % config.eval_every == 0);
+  if (!due) return Status::ok();
+  Stopwatch timer;
+  // An overlapped update lands first: evaluation sees the weights of this step.
+  STRATA_RETURN_IF_ERROR(provider->finish_step());
+  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
+  const std::int64_t world = comm->world_size(), rank = comm->rank();
+  // eval_batches 0: the whole file once (at least one batch, which may wrap around it).
+  const std::int64_t batches =
+      config.eval_batches > 0
+          ? config.eval_batches
+          : std::max<std::int64_t>(1, eval_sampler->num_windows() / (mb * world));
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
+  std::vector<std::int32_t> targets(inputs.size());
+  double sums[2] = {0.0, 0.0};  // loss x targets, targets
+  for (std::int64_t b = 0; b < batches; ++b) {
+    const std::int64_t first = (b * world + rank) * mb;
+    std::int64_t n = 0;
+    for (std::int64_t i = 0; i < mb; ++i) {
+      STRATA_RETURN_IF_ERROR(eval_sampler
+                                 ->sequence(first + i, model_config.vocab_size,
+                                            inputs.data() + i * seq, targets.data() + i * seq)
+                                 .with_context("eval_data"));
+      STRATA_ASSIGN_OR_RETURN(std::int64_t c, eval_sampler->count_targets(first + i));
+      n += c;
+    }
+    STRATA_ASSIGN_OR_RETURN(float loss,
+                            model->forward_loss(*provider, inputs.data(), targets.data(), mb, seq));
+    STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
+    sums[0] += static_cast<double>(loss) * static_cast<double>(n);
+    sums[1] += static_cast<double>(n);
+  }
+  if (world > 1) {
+    STRATA_RETURN_IF_ERROR(comm->all_reduce_host(sums, 2, dist::ReduceOp::kSum, "eval loss"));
+  }
+  if (sums[1] == 0) {
+    return invalid_argument("eval_data " + config.eval_data->path +
+                            ": the loss mask leaves no target in the evaluated sequences");
+  }
+  m->eval_loss = sums[0] / sums[1];
+  m->eval_ppl = std::exp(*m->eval_loss);
+  m->eval_tokens = static_cast<std::int64_t>(sums[1]);
+  m->eval_ms = timer.elapsed_ms();
+  return Status::ok();
+}
+
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
@@ -391,6 +497,15 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
       format_bytes(m.comm_bytes).c_str());
   return buf;
 }
+
+std::string eval_line(const StepMetrics& m, std::int64_t max_steps) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "eval at step %lld/%lld | loss %.4f | perplexity %.2f | %lld targets | %.0f ms",
+                static_cast<long long>(m.step), static_cast<long long>(max_steps), *m.eval_loss,
+                *m.eval_ppl, static_cast<long long>(m.eval_tokens), m.eval_ms);
+  return buf;
+}
 }  // namespace
 
 namespace {
@@ -434,10 +549,14 @@ Status Trainer::run_loop() {
   while (s.step < s.config.max_steps) {
     maybe_inject_rank_death(s.comm->rank(), s.step + 1);
     STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step(s.step + 1 == s.config.max_steps));
+    STRATA_RETURN_IF_ERROR(s.maybe_evaluate(&m));
     s.history.push_back(m);
     if (s.options.progress != nullptr &&
         (m.step % s.config.log_every == 0 || m.step == s.config.max_steps || m.step == 1)) {
       *s.options.progress << progress_line(m, s.config.max_steps) << std::endl;
+    }
+    if (s.options.progress != nullptr && m.eval_loss) {
+      *s.options.progress << eval_line(m, s.config.max_steps) << std::endl;
     }
     if (s.metrics.is_open()) {
       s.metrics << m.to_json().dump() << "\n";
@@ -471,6 +590,9 @@ Status Trainer::run_loop() {
 Status Trainer::run_steps(std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     auto m = impl_->train_step(i + 1 == n);
+    if (m.is_ok()) {
+      if (Status e = impl_->maybe_evaluate(&*m); !e) m = e;
+    }
     if (!m.is_ok()) {
       impl_->write_trace().ignore();
       return m.status();

@@ -18,6 +18,7 @@
 namespace strata {
 namespace {
 
+namespace fs = std::filesystem;
 using testing::TempDir;
 
 using testing::run_cli;
@@ -56,6 +57,46 @@ TEST(CliTest, TrainsAndWritesMetrics) {
     ++lines;
   }
   EXPECT_EQ(lines, 2);
+}
+
+// The README's "Your own data" path: JSON lines of prompts and completions to a token file with
+// a loss mask, then a fine-tune that evaluates held-out data.
+TEST(CliTest, TokenizeThenFineTuneWithEvaluation) {
+  TempDir dir;
+  const std::string ex = std::string(STRATA_SOURCE_DIR) + "/examples";
+  for (const char* split : {"train", "eval"}) {
+    RunResult t = run_cli(dir, "tokenize --tokenizer " + ex + "/sft/tokenizer.json --input " + ex +
+                                   "/sft/" + split + ".jsonl --output " + dir.file(split) + ".bin");
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    EXPECT_NE(t.out.find("documents supervised, the loss counts"), std::string::npos) << t.out;
+    EXPECT_TRUE(fs::exists(dir.file(std::string(split) + ".bin.mask")));
+  }
+  RunResult r =
+      run_cli(dir, "train " + ex + "/sft.json --set data.path=\"" + dir.file("train.bin") +
+                       "\" --set eval_data.path=\"" + dir.file("eval.bin") +
+                       "\" --set max_steps=4 --set eval_every=2 --set save_dir=\"\" --metrics " +
+                       dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("loss mask " + dir.file("train.bin.mask")), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("eval at step 2/4 | loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("eval at step 4/4 | loss"), std::string::npos) << r.out;
+  std::ifstream m(dir.file("m.jsonl"));
+  std::string line;
+  int evaluated = 0;
+  while (std::getline(m, line)) evaluated += Json::parse(line).contains("eval_loss") ? 1 : 0;
+  EXPECT_EQ(evaluated, 2);
+}
+
+TEST(CliTest, TokenizeErrorsNameTheFileAndLine) {
+  TempDir dir;
+  dir.write("bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"unterminated}\n");
+  RunResult r = run_cli(dir, "tokenize --tokenizer " + std::string(STRATA_SOURCE_DIR) +
+                                 "/examples/sft/tokenizer.json --input " + dir.file("bad.jsonl") +
+                                 " --output " + dir.file("out.bin"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(dir.file("bad.jsonl") + ":2: not a JSON object"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("out.bin")));
 }
 
 TEST(CliTest, UnknownKeyExitsWithMessage) {

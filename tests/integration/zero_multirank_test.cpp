@@ -122,6 +122,19 @@ void expect_weights_close(const std::vector<float>& a, const std::vector<float>&
   EXPECT_EQ(bad, 0u) << "of " << a.size() << " weights, worst " << worst << "x its bound";
 }
 
+// Trains `j` as run `name` on np ranks (its own checkpoints, metrics and swap) and expects the
+// losses and 3-step weights of the one-rank run.
+void expect_same_run_as(const TempDir& dir, Json j, const std::string& name, int np,
+                        const std::vector<double>& ref_loss, const std::vector<float>& ref_w) {
+  j["save_dir"] = dir.file(name + "/ckpt");
+  j["metrics_file"] = dir.file(name + "/metrics.jsonl");
+  j["swap_paths"] = {dir.file(name + "/swap-{rank}")};
+  ASSERT_EQ(train(dir, j, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+  expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
+  expect_weights_close(weights(dir.file(name + "/ckpt/step-00000003/model")), ref_w,
+                       j["optimizer"]["lr"].get<double>(), 3);
+}
+
 struct Case {
   int stage;
   std::string offload;
@@ -153,15 +166,7 @@ TEST_P(ZeroEquivalence, SameLossesAndWeightsAsOneRank) {
   ASSERT_EQ(ref_loss.size(), 3u);
   for (int np : {2, 4}) {
     SCOPED_TRACE("world size " + std::to_string(np));
-    const std::string name = "w" + std::to_string(np);
-    Json k = j;
-    k["save_dir"] = dir.file(name + "/ckpt");
-    k["metrics_file"] = dir.file(name + "/metrics.jsonl");
-    k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
-    ASSERT_EQ(train(dir, k, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
-    expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
-    expect_weights_close(weights(dir.file(name + "/ckpt/step-00000003/model")), ref_w,
-                         j["optimizer"]["lr"].get<double>(), 3);
+    expect_same_run_as(dir, j, "w" + std::to_string(np), np, ref_loss, ref_w);
   }
 }
 
@@ -176,6 +181,50 @@ INSTANTIATE_TEST_SUITE_P(StagesAndOffload, ZeroEquivalence,
                                   info.param.offload +
                                   (info.param.small_buckets ? "_small_buckets" : "");
                          });
+
+// A loss mask (strata tokenize's, for supervised data) and eval_data across rank counts: every
+// rank counts the global batch's marked targets itself, so each micro-batch on each rank is
+// weighted by its share and the losses, weights and held-out loss are those of one rank.
+TEST(ZeroLossMask, SameLossesWeightsAndEvalLossOnEveryRankCount) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  for (const char* name : {"sft.u16", "heldout.u16"}) {
+    std::string data, mask;
+    std::uint64_t x = name[0];
+    for (int i = 0; i < 16 * 24 + 1; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int t = (i * 5 + static_cast<int>(x >> 61)) % 256;
+      data += static_cast<char>(t);
+      data += '\0';
+      mask += static_cast<char>((i % 16) >= static_cast<int>((x >> 40) % 12) ? 1 : 0);
+    }
+    dir.write(name, data);
+    dir.write(std::string(name) + ".mask", mask);
+  }
+  Json j = config(dir, "m1");
+  j["data"] = {{"path", dir.file("sft.u16")}, {"format", "u16"}};
+  j["eval_data"] = {{"path", dir.file("heldout.u16")}, {"format", "u16"}};
+  j["offload_optimizer"] = "cpu";
+  j["offload_param"] = "cpu";
+  ASSERT_EQ(train(dir, j, "m1", 1), 0) << std::ifstream(dir.file("m1/err.txt")).rdbuf();
+  const auto ref_loss = losses(dir.file("m1/metrics.jsonl"));
+  const auto ref_w = weights(dir.file("m1/ckpt/step-00000003/model"));
+  auto eval_loss = [](const std::string& metrics) {
+    std::ifstream in(metrics);
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    return Json::parse(last)["eval_loss"].get<double>();
+  };
+  const double ref_eval = eval_loss(dir.file("m1/metrics.jsonl"));
+  for (const auto& [np, micro] : {std::pair{2, 2}, std::pair{2, 1}, std::pair{4, 1}}) {
+    SCOPED_TRACE(std::to_string(np) + " ranks, micro-batch " + std::to_string(micro));
+    const std::string name = "m" + std::to_string(np) + "x" + std::to_string(micro);
+    Json k = j;
+    k["micro_batch_size"] = micro;
+    expect_same_run_as(dir, k, name, np, ref_loss, ref_w);
+    EXPECT_NEAR(eval_loss(dir.file(name + "/metrics.jsonl")), ref_eval, 1e-5 * ref_eval);
+  }
+}
 
 // Counts of steps that the metrics mark guessed (the update started beside backward) and redone.
 std::pair<int, int> guessed_and_redone(const std::string& metrics) {

@@ -17,10 +17,6 @@ namespace strata::text {
 // u32 tokens by the vocabulary's size).
 enum class OutputFormat : std::uint8_t { kU16, kU32, kLlmc };
 
-// The loss mask's file name for a token file: "<tokens>.mask", one byte per token (1: the loss
-// counts the token as a target).
-std::string mask_path_for(const std::string& token_path);
-
 struct TokenizeOptions {
   std::vector<std::string> inputs;  // .txt (one document each) or .jsonl (one per line)
   std::string output;
@@ -32,6 +28,7 @@ struct TokenizeOptions {
   std::function<void(std::int64_t documents, std::int64_t tokens, double seconds)> progress;
 };
 
+// The loss mask goes beside the output, named by strata::loss_mask_path (core/token_files.h).
 struct TokenizeSummary {
   std::int64_t documents = 0;
   std::int64_t supervised_documents = 0;  // prompt/completion and messages records

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,11 @@ struct TrainConfig {
   Json model;  // a path (string) to an HF checkpoint directory, or an inline HF config object
   std::uint64_t seed = 1234;
   DataConfig data;
+  // Held-out data: mean loss and perplexity every eval_every steps (0: only at the end) and at
+  // the end, over eval_batches micro-batches per rank (0: the whole file once).
+  std::optional<DataConfig> eval_data;
+  std::int64_t eval_every = 0;
+  std::int64_t eval_batches = 0;
   std::int64_t seq_len = 128;
   std::int64_t batch_size = 8;        // global, in sequences
   std::int64_t micro_batch_size = 0;  // per rank; 0 = batch_size

@@ -57,13 +57,24 @@ class SequenceSampler {
 
   std::int64_t num_windows() const { return num_windows_; }
   // Writes sequence g's inputs (tokens [0, seq_len)) and targets (tokens [1, seq_len]) as int32.
-  // A token id >= vocab_size is an error naming the file and the token's position.
+  // A token id >= vocab_size is an error naming the file and the token's position. With a loss
+  // mask, targets the mask leaves out are -1 (the model ignores them).
   Status sequence(std::int64_t g, std::int64_t vocab_size, std::int32_t* inputs,
                   std::int32_t* targets);
 
+  // A loss mask (strata tokenize's "<tokens>.mask": one byte per token, 1 where the loss counts
+  // predicting the token). Its length must equal the dataset's; errors name both files.
+  Status set_mask(std::shared_ptr<TokenDataset> mask);
+  bool has_mask() const { return mask_ != nullptr; }
+  // How many of sequence g's targets count in the loss (seq_len without a mask). A mask byte
+  // other than 0 or 1 is an error naming the file and position.
+  Result<std::int64_t> count_targets(std::int64_t g);
+
  private:
   const std::vector<std::uint32_t>& epoch_order(std::int64_t epoch);
+  std::int64_t window_start(std::int64_t g);  // the first token of sequence g
   std::shared_ptr<TokenDataset> dataset_;
+  std::shared_ptr<TokenDataset> mask_;
   std::int64_t seq_len_;
   std::uint64_t seed_;
   std::int64_t num_windows_;

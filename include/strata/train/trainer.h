@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,7 @@ namespace strata::train {
 
 struct StepMetrics {
   std::int64_t step = 0;  // 1-based optimizer step
-  double loss = 0;
+  double loss = 0;        // mean over the global batch's targets (those the loss mask marks)
   double lr = 0;
   double grad_norm = 0;
   bool skipped = false;  // non-finite gradients: no update
@@ -48,6 +49,11 @@ struct StepMetrics {
   std::uint64_t planned_device_bytes = 0, planned_host_bytes = 0, planned_nvme_bytes = 0;
   std::uint64_t predicted_rss_bytes = 0;
   std::uint64_t comm_bytes = 0;  // payload of this rank's collectives in the step
+  std::int64_t loss_tokens = 0;  // targets the loss averaged over (all but masked-out ones)
+  // Evaluation on eval_data after this step, when it was due.
+  std::optional<double> eval_loss, eval_ppl;
+  std::int64_t eval_tokens = 0;
+  double eval_ms = 0;
   Json to_json() const;
 };
 

@@ -9,6 +9,7 @@
 
 #include "strata/core/file.h"
 #include "strata/core/json.h"
+#include "strata/core/token_files.h"
 #include "strata/text/chat_template.h"
 #include "tests/testing/temp_dir.h"
 
@@ -243,7 +244,7 @@ TEST(TokenizeJobTest, OutputDoesNotDependOnTheThreadCount) {
     auto summary = tokenize_files(*tok, options);
     ASSERT_TRUE(summary.is_ok()) << summary.status().to_string();
     auto data = read_file(options.output);
-    auto mask = read_file(mask_path_for(options.output));
+    auto mask = read_file(loss_mask_path(options.output));
     ASSERT_TRUE(data.is_ok() && mask.is_ok());
     if (jobs == 1) {
       first = data.value();
