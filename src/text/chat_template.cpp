@@ -97,9 +97,10 @@ Result<ChatTemplate> ChatTemplate::recognize(std::string_view jinja, std::string
     t.default_system_ = default_chatml_system(jinja);
   } else if (contains(jinja, "[INST]") && contains(jinja, "<<SYS>>")) {
     t.name_ = "llama2";
-  } else if (contains(jinja, "[INST]") && !contains(jinja, "[AVAILABLE_TOOLS]") &&
-             !contains(jinja, "[SYSTEM_PROMPT]")) {
-    t.name_ = "mistral";
+  } else if (contains(jinja, "'[INST] ' + message['content'] + ' [/INST]'") &&
+             !contains(jinja, "[AVAILABLE_TOOLS]") && !contains(jinja, "[SYSTEM_PROMPT]") &&
+             !contains(jinja, "system_message")) {
+    t.name_ = "mistral";  // v0.1's: later revisions add system prompts and tools
     t.space_after_eos_ = contains(jinja, "eos_token + ' '");
   } else {
     std::string names;
@@ -122,6 +123,16 @@ Result<ChatTemplate> ChatTemplate::recognize(std::string_view jinja, std::string
 }
 
 Result<std::vector<ChatPart>> ChatTemplate::render(std::span<const ChatMessage> messages) const {
+  // Tool calls and other roles render differently in each template's later branches; only the
+  // three roles every built-in template shares are rendered.
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant") {
+      return invalid_argument("messages[" + std::to_string(i) + "].role \"" + role +
+                              "\": Strata renders system, user and assistant messages (the " +
+                              name_ + " template)");
+    }
+  }
   std::vector<ChatPart> parts;
   auto add = [&](std::string text, bool train) {
     if (!text.empty()) parts.push_back({std::move(text), train});
@@ -142,10 +153,6 @@ Result<std::vector<ChatPart>> ChatTemplate::render(std::span<const ChatMessage> 
     }
     for (std::size_t i = first; i < messages.size(); ++i) {
       const std::string& role = messages[i].role;
-      if (name_ == "llama3.1" && (role == "ipython" || role == "tool")) {
-        return invalid_argument("messages[" + std::to_string(i) + "].role \"" + role +
-                                "\": tool calls are not supported by Strata's llama3.1 template");
-      }
       add("<|start_header_id|>" + role + "<|end_header_id|>\n\n", false);
       add(trim(messages[i].content) + "<|eot_id|>", role == "assistant");
     }

@@ -71,6 +71,13 @@ Result<std::unique_ptr<PostProcessor>> parse_post_processor(const Json& json,
 // Helpers shared by the parsers.
 Status unknown_type(const Json& json, const std::string& key, std::string_view what,
                     std::string_view implemented);
+// The largest token id a tokenizer.json may use (vocabularies are far smaller; this bounds the
+// id-to-token tables a malformed file could make Strata allocate).
+inline constexpr std::int64_t kMaxTokenId = (std::int64_t{1} << 24) - 1;
+
+// A boolean field, `fallback` when absent or null.
+bool bool_field(const Json& json, const char* field, bool fallback);
+
 // A pattern object {"String": s} or {"Regex": r}, as Split and Replace write it.
 Result<Regex> parse_pattern(const Json& json, const std::string& key);
 Result<std::string> string_field(const Json& json, const std::string& key, const char* field);

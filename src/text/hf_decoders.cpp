@@ -150,8 +150,9 @@ class ByteFallbackDecoder final : public Decoder {
       pending_count = 0;
     };
     for (auto& t : *tokens) {
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(t[3]) &&
-          std::isxdigit(t[4])) {
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+          std::isxdigit(static_cast<unsigned char>(t[3])) &&
+          std::isxdigit(static_cast<unsigned char>(t[4]))) {
         pending += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
         ++pending_count;
         continue;
@@ -316,11 +317,17 @@ Result<std::unique_ptr<Decoder>> parse_decoder(const Json& json, const std::stri
   if (t == "Strip") {
     auto content = string_field(json, key, "content");
     if (!content) return content.status();
-    return Ptr(new StripDecoder(std::move(content).value(), json.value("start", std::size_t{0}),
-                                json.value("stop", std::size_t{0})));
+    auto count = [&](const char* field) -> std::size_t {
+      return json.contains(field) && json[field].is_number_unsigned()
+                 ? json[field].get<std::size_t>()
+                 : 0;
+    };
+    return Ptr(new StripDecoder(std::move(content).value(), count("start"), count("stop")));
   }
   if (t == "BPEDecoder")
-    return Ptr(new BpeSuffixDecoder(json.value("suffix", std::string("</w>"))));
+    return Ptr(new BpeSuffixDecoder(json.contains("suffix") && json["suffix"].is_string()
+                                        ? json["suffix"].get<std::string>()
+                                        : std::string("</w>")));
   return unknown_type(json, key, "decoder", kImplemented);
 }
 
@@ -373,8 +380,10 @@ Result<std::unique_ptr<PostProcessor>> parse_post_processor(const Json& json,
                                   key + ".special_tokens");
         }
         for (const auto& id : specials[name]["ids"]) {
-          if (!id.is_number_integer()) {
-            return invalid_argument(key + ".special_tokens." + name + ".ids: expected integers");
+          if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
+              id.get<std::int64_t>() > kMaxTokenId) {
+            return invalid_argument(key + ".special_tokens." + name +
+                                    ".ids: expected token ids, got " + id.dump());
           }
           layout.push_back(id.get<std::int32_t>());
         }

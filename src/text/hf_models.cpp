@@ -1,5 +1,7 @@
 // tokenizer.json models: BPE (merges by rank, byte fallback) and Unigram (Viterbi over the
 // vocabulary's log-probabilities), each with a per-thread cache of pre-tokens already seen.
+#include <oneapi/tbb/enumerable_thread_specific.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -14,23 +16,20 @@
 namespace strata::text::hf {
 namespace {
 
-// Per-thread memo of pre-token -> ids, one per model instance (keyed by a serial number, never
-// by address, so a new model at a freed address starts empty).
+// Per-thread memo of pre-token -> ids, owned by its model (freed with it).
 class WordCache {
  public:
   static constexpr std::size_t kMaxEntries = 1 << 17;
   static constexpr std::size_t kMaxWordBytes = 256;
 
-  explicit WordCache(std::uint64_t serial) : serial_(serial) {}
-
   const std::vector<std::int32_t>* find(std::string_view word) const {
-    auto& map = local();
+    auto& map = maps_.local();
     auto it = map.find(word);
     return it == map.end() ? nullptr : &it->second;
   }
   void insert(std::string_view word, std::span<const std::int32_t> ids) const {
     if (word.size() > kMaxWordBytes) return;
-    auto& map = local();
+    auto& map = maps_.local();
     if (map.size() >= kMaxEntries) map.clear();
     map.emplace(std::string(word), std::vector<std::int32_t>(ids.begin(), ids.end()));
   }
@@ -41,17 +40,8 @@ class WordCache {
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
   };
   using Map = std::unordered_map<std::string, std::vector<std::int32_t>, Hash, std::equal_to<>>;
-  Map& local() const {
-    thread_local std::unordered_map<std::uint64_t, Map> maps;
-    return maps[serial_];
-  }
-  std::uint64_t serial_;
+  mutable tbb::enumerable_thread_specific<Map> maps_;
 };
-
-std::uint64_t next_serial() {
-  static std::atomic<std::uint64_t> serial{0};
-  return ++serial;
-}
 
 struct StringHash {
   using is_transparent = void;
@@ -82,7 +72,7 @@ class BpeModel final : public Model {
       : vocab_(std::move(vocab)),
         merges_(std::move(merges)),
         options_(std::move(options)),
-        cache_(next_serial()) {
+        cache_() {
     std::int32_t max_id = -1;
     for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
     tokens_.resize(static_cast<std::size_t>(max_id + 1));
@@ -136,8 +126,10 @@ class BpeModel final : public Model {
 
   std::int64_t size() const override { return static_cast<std::int64_t>(tokens_.size()); }
   const std::string* id_to_token(std::int32_t id) const override {
+    // Ids past the end, or in a gap of the vocabulary's ids, name no token.
     if (id < 0 || static_cast<std::size_t>(id) >= tokens_.size()) return nullptr;
-    return &tokens_[static_cast<std::size_t>(id)];
+    const std::string& t = tokens_[static_cast<std::size_t>(id)];
+    return t.empty() ? nullptr : &t;
   }
   std::optional<std::int32_t> token_to_id(std::string_view token) const override {
     auto it = vocab_.find(token);
@@ -328,10 +320,7 @@ class UnigramModel final : public Model {
  public:
   UnigramModel(std::vector<std::pair<std::string, double>> pieces,
                std::optional<std::int32_t> unk_id, bool byte_fallback)
-      : pieces_(std::move(pieces)),
-        unk_id_(unk_id),
-        byte_fallback_(byte_fallback),
-        cache_(next_serial()) {
+      : pieces_(std::move(pieces)), unk_id_(unk_id), byte_fallback_(byte_fallback), cache_() {
     double min_score = std::numeric_limits<double>::infinity();
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       vocab_.emplace(pieces_[i].first, static_cast<std::int32_t>(i));
@@ -459,8 +448,10 @@ class WordLevelModel final : public Model {
   }
   std::int64_t size() const override { return static_cast<std::int64_t>(tokens_.size()); }
   const std::string* id_to_token(std::int32_t id) const override {
+    // Ids past the end, or in a gap of the vocabulary's ids, name no token.
     if (id < 0 || static_cast<std::size_t>(id) >= tokens_.size()) return nullptr;
-    return &tokens_[static_cast<std::size_t>(id)];
+    const std::string& t = tokens_[static_cast<std::size_t>(id)];
+    return t.empty() ? nullptr : &t;
   }
   std::optional<std::int32_t> token_to_id(std::string_view token) const override {
     auto it = vocab_.find(token);
@@ -481,9 +472,9 @@ Result<Vocab> parse_vocab_object(const Json& json, const std::string& key) {
   vocab.reserve(json.size());
   for (const auto& [token, id] : json.items()) {
     if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
-        id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
-      return invalid_argument(key + "[\"" + token + "\"]: expected a non-negative id, got " +
-                              id.dump());
+        id.get<std::int64_t>() > kMaxTokenId) {
+      return invalid_argument(key + "[\"" + token + "\"]: expected a token id from 0 to " +
+                              std::to_string(kMaxTokenId) + ", got " + id.dump());
     }
     vocab.emplace(token, id.get<std::int32_t>());
   }
@@ -508,9 +499,13 @@ Result<std::unique_ptr<Model>> parse_bpe(const Json& json, const std::string& ke
   options.continuing_subword_prefix =
       optional_string(json, "continuing_subword_prefix").value_or("");
   options.end_of_word_suffix = optional_string(json, "end_of_word_suffix").value_or("");
-  options.fuse_unk = json.value("fuse_unk", false);
-  options.byte_fallback = json.value("byte_fallback", false);
-  options.ignore_merges = json.value("ignore_merges", false);
+  options.fuse_unk = bool_field(json, "fuse_unk", false);
+  options.byte_fallback = bool_field(json, "byte_fallback", false);
+  options.ignore_merges = bool_field(json, "ignore_merges", false);
+  if (options.unk_token && !vocab.value().count(*options.unk_token)) {
+    return invalid_argument(key + ".unk_token: \"" + *options.unk_token +
+                            "\" is not in the vocabulary");
+  }
   const Json& merges = json.contains("merges") ? json["merges"] : Json::array();
   if (!merges.is_array()) return invalid_argument(key + ".merges: expected an array");
   std::unordered_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> table;
@@ -546,9 +541,11 @@ Result<std::unique_ptr<Model>> parse_bpe(const Json& json, const std::string& ke
       return invalid_argument(key + ".merges[" + std::to_string(rank) + "]: \"" + a + "\" + \"" +
                               b + "\" names a token missing from the vocabulary");
     }
-    table.emplace((static_cast<std::uint64_t>(static_cast<std::uint32_t>(ia->second)) << 32) |
-                      static_cast<std::uint32_t>(ib->second),
-                  std::make_pair(static_cast<std::int32_t>(rank), im->second));
+    // A pair listed twice keeps its last rank, as Hugging Face's map of merges does.
+    table.insert_or_assign(
+        (static_cast<std::uint64_t>(static_cast<std::uint32_t>(ia->second)) << 32) |
+            static_cast<std::uint32_t>(ib->second),
+        std::make_pair(static_cast<std::int32_t>(rank), im->second));
   }
   return std::unique_ptr<Model>(new BpeModel(std::move(vocab).value(), std::move(table), options));
 }
@@ -577,7 +574,7 @@ Result<std::unique_ptr<Model>> parse_unigram(const Json& json, const std::string
     unk_id = static_cast<std::int32_t>(id);
   }
   return std::unique_ptr<Model>(
-      new UnigramModel(std::move(pieces), unk_id, json.value("byte_fallback", false)));
+      new UnigramModel(std::move(pieces), unk_id, bool_field(json, "byte_fallback", false)));
 }
 
 }  // namespace

@@ -25,11 +25,13 @@ Result<std::string> string_field(const Json& json, const std::string& key, const
   return json[field].get<std::string>();
 }
 
-namespace {
-
 bool bool_field(const Json& json, const char* field, bool fallback) {
-  return json.contains(field) && json[field].is_boolean() ? json[field].get<bool>() : fallback;
+  return json.is_object() && json.contains(field) && json[field].is_boolean()
+             ? json[field].get<bool>()
+             : fallback;
 }
+
+namespace {
 
 class SequenceNormalizer final : public Normalizer {
  public:
@@ -148,7 +150,7 @@ class BertNormalizer final : public Normalizer {
     while (pos < text->size()) {
       const char32_t c = next_char(*text, &pos);
       if (clean_text_) {
-        if (c == 0 || c == 0xFFFD || is_control(c)) continue;
+        if (c == 0 || c == 0xFFFD || is_bert_control(c)) continue;
         if (is_whitespace(c)) {
           out += ' ';
           continue;
@@ -162,9 +164,16 @@ class BertNormalizer final : public Normalizer {
       }
       append_utf8(&out, c);
     }
-    if (strip_accents_) {
+    if (strip_accents_) {  // BERT's: nonspacing marks (Mn) only
       out = text::normalize(out, NormalForm::kNfd);
-      StripAccentsNormalizer().normalize(&out);
+      std::string kept;
+      kept.reserve(out.size());
+      std::size_t pos = 0;
+      while (pos < out.size()) {
+        const char32_t c = next_char(out, &pos);
+        if (!is_nonspacing_mark(c)) append_utf8(&kept, c);
+      }
+      out = std::move(kept);
     }
     if (lower_) out = lowercase(out);
     *text = std::move(out);

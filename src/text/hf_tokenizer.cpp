@@ -9,7 +9,9 @@ namespace strata::text {
 
 namespace {
 
-bool is_word_char(char32_t c) { return is_alphanumeric(c) || c == '_'; }
+// Oniguruma's \w, which Hugging Face's single_word check uses: letters, marks, decimal digits
+// and connector punctuation.
+bool is_word_char(char32_t c) { return is_word(c); }
 
 char32_t last_char(std::string_view s) {
   std::size_t start = s.size() - 1;
@@ -65,15 +67,20 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path) 
         return fail(
             invalid_argument(key + ": expected {\"id\": int, \"content\": non-empty string, ...}"));
       }
+      const std::int64_t id = a["id"].get<std::int64_t>();
+      if (id < 0 || id > hf::kMaxTokenId) {
+        return fail(invalid_argument(key + ".id: " + std::to_string(id) +
+                                     " is not a token id (0 to " + std::to_string(hf::kMaxTokenId) +
+                                     ")"));
+      }
       AddedToken t;
-      t.id = a["id"].get<std::int32_t>();
+      t.id = static_cast<std::int32_t>(id);
       t.content = a["content"].get<std::string>();
-      t.single_word = a.value("single_word", false);
-      t.lstrip = a.value("lstrip", false);
-      t.rstrip = a.value("rstrip", false);
-      t.normalized = a.value("normalized", false);
-      t.special = a.value("special", false);
-      if (t.id < 0) return fail(invalid_argument(key + ".id: expected a non-negative id"));
+      t.single_word = hf::bool_field(a, "single_word", false);
+      t.lstrip = hf::bool_field(a, "lstrip", false);
+      t.rstrip = hf::bool_field(a, "rstrip", false);
+      t.normalized = hf::bool_field(a, "normalized", false);
+      t.special = hf::bool_field(a, "special", false);
       tok->vocab_size_ = std::max<std::int64_t>(tok->vocab_size_, std::int64_t{t.id} + 1);
       tok->added_by_content_[t.content] = t.id;
       tok->added_.push_back(std::move(t));
@@ -81,15 +88,17 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path) 
   }
   for (std::size_t i = 0; i < tok->added_.size(); ++i) tok->added_by_id_[tok->added_[i].id] = i;
   for (const auto& t : tok->added_) {
-    Matcher& m = t.normalized && tok->normalizer_ ? tok->normalized_matcher_ : tok->raw_matcher_;
-    m.tokens.push_back(&t);
-    m.first_byte[static_cast<unsigned char>(t.content[0])] = true;
+    const bool normalized = t.normalized && tok->normalizer_;
+    Matcher& m = normalized ? tok->normalized_matcher_ : tok->raw_matcher_;
+    std::string text = t.content;
+    if (normalized) tok->normalizer_->normalize(&text);
+    if (text.empty()) continue;
+    m.first_byte[static_cast<unsigned char>(text[0])] = true;
+    m.tokens.emplace_back(std::move(text), &t);
   }
   for (Matcher* m : {&tok->raw_matcher_, &tok->normalized_matcher_}) {
     std::stable_sort(m->tokens.begin(), m->tokens.end(),
-                     [](const AddedToken* a, const AddedToken* b) {
-                       return a->content.size() > b->content.size();
-                     });
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   }
   tok->description_ = "tokenizer.json (" + std::string(tok->model_->kind()) + ", " +
                       std::to_string(tok->vocab_size_) + " tokens)";
@@ -113,10 +122,10 @@ void HfTokenizer::split_added(std::string_view text, const Matcher& matcher,
       ++i;
       continue;
     }
-    const AddedToken* found = nullptr;
-    for (const AddedToken* t : matcher.tokens) {
-      if (text.compare(i, t->content.size(), t->content) == 0) {
-        found = t;
+    const std::pair<std::string, const AddedToken*>* found = nullptr;
+    for (const auto& t : matcher.tokens) {
+      if (text.compare(i, t.first.size(), t.first) == 0) {
+        found = &t;
         break;
       }
     }
@@ -124,8 +133,8 @@ void HfTokenizer::split_added(std::string_view text, const Matcher& matcher,
       ++i;
       continue;
     }
-    matches.push_back({i, i + found->content.size(), found});
-    i += found->content.size();
+    matches.push_back({i, i + found->first.size(), found->second});
+    i += found->first.size();
   }
   std::size_t start_offset = 0;
   for (Match m : matches) {

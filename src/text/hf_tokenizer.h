@@ -49,7 +49,9 @@ class HfTokenizer final : public Tokenizer {
  private:
   // Leftmost-longest matcher over a set of added tokens.
   struct Matcher {
-    std::vector<const AddedToken*> tokens;  // longest first
+    // Each token with the text it matches: its content, or for a `normalized` token its
+    // content through the normalizer (as Hugging Face's added vocabulary refreshes them).
+    std::vector<std::pair<std::string, const AddedToken*>> tokens;  // longest first
     std::array<bool, 256> first_byte{};
     bool empty() const { return tokens.empty(); }
   };

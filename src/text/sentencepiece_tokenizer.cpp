@@ -2,6 +2,8 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
+
 namespace strata::text {
 
 SentencePieceTokenizer::SentencePieceTokenizer()
@@ -25,13 +27,47 @@ Result<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::load(
   return tok;
 }
 
+void SentencePieceTokenizer::split_special_pieces() {
+  specials_.clear();
+  for (int id = 0; id < sp_->GetPieceSize(); ++id) {
+    if (sp_->IsControl(id) || sp_->IsUnknown(id)) {
+      const std::string piece = sp_->IdToPiece(id);
+      if (!piece.empty()) specials_.emplace_back(piece, id);
+    }
+  }
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+}
+
 void SentencePieceTokenizer::encode(std::string_view text, bool add_special_tokens,
                                     std::vector<std::int32_t>* ids) const {
-  std::vector<int> pieces;
-  const auto status = sp_->Encode(text, &pieces);
-  STRATA_CHECK(status.ok(), "SentencePiece Encode failed: " + status.ToString());
   if (add_special_tokens && add_bos_ && bos_id_) ids->push_back(*bos_id_);
-  ids->insert(ids->end(), pieces.begin(), pieces.end());
+  std::vector<int> pieces;
+  auto encode_section = [&](std::string_view section) {
+    if (section.empty()) return;
+    const auto status = sp_->Encode(section, &pieces);
+    STRATA_CHECK(status.ok(), "SentencePiece Encode failed: " + status.ToString());
+    ids->insert(ids->end(), pieces.begin(), pieces.end());
+  };
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < text.size() && !specials_.empty();) {
+    const std::pair<std::string, int>* found = nullptr;
+    for (const auto& sp : specials_) {
+      if (text.compare(i, sp.first.size(), sp.first) == 0) {
+        found = &sp;
+        break;
+      }
+    }
+    if (found == nullptr) {
+      ++i;
+      continue;
+    }
+    encode_section(text.substr(start, i - start));
+    ids->push_back(found->second);
+    i += found->first.size();
+    start = i;
+  }
+  encode_section(text.substr(start));
   if (add_special_tokens && add_eos_ && eos_id_) ids->push_back(*eos_id_);
 }
 

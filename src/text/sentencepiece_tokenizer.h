@@ -2,6 +2,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "strata/text/tokenizer.h"
 
@@ -32,6 +35,10 @@ class SentencePieceTokenizer final : public Tokenizer {
     add_bos_ = add_bos;
     add_eos_ = add_eos;
   }
+  // As transformers' LlamaTokenizer (legacy) from a model directory: the special pieces (<s>,
+  // </s>, <unk> and other control pieces) written in the text are those tokens, and the text
+  // between them is encoded section by section.
+  void split_special_pieces();
   void set_special_ids(std::optional<std::int32_t> bos, std::optional<std::int32_t> eos) {
     bos_id_ = bos;
     eos_id_ = eos;
@@ -43,6 +50,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   bool add_bos_ = false;
   bool add_eos_ = false;
+  std::vector<std::pair<std::string, int>> specials_;  // longest first; empty: no splitting
 };
 
 }  // namespace strata::text

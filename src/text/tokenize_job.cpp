@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 
 #include "src/text/unicode.h"
 #include "strata/core/file.h"
@@ -25,7 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::int32_t kLlmcMagic = 20240520;
+// llm.c's headers (dev/data/data_common.py): GPT-2's u16 files, Llama 3's u32 files.
+constexpr std::int32_t kLlmcMagicU16 = 20240520, kLlmcVersionU16 = 1;
+constexpr std::int32_t kLlmcMagicU32 = 20240801, kLlmcVersionU32 = 7;
 constexpr std::size_t kLlmcHeaderWords = 256;
 constexpr std::size_t kBatchBytes = 256 * 1024;  // of input per batch
 
@@ -53,6 +56,7 @@ struct Encoder {
   const TokenizeOptions& options;
   std::optional<std::int32_t> eos;   // appended after each document
   bool template_eos = false;         // the post-processor already ends sequences with it
+  std::size_t special_suffix = 0;    // tokens the post-processor appends (EOS, [SEP])
   std::optional<ChatTemplate> chat;  // recognised up front when the tokenizer has one
   Status chat_error;                 // why not, for the first messages record
 
@@ -76,7 +80,8 @@ struct Encoder {
       if (chars >= full.size()) return ids.size();
       prefix.clear();
       tok.encode(std::string_view(full).substr(0, chars), add_special, &prefix);
-      if (template_eos && !prefix.empty() && eos && prefix.back() == *eos) prefix.pop_back();
+      // What the post-processor appends to the prefix is not part of the whole text's start.
+      if (add_special) prefix.resize(prefix.size() - std::min(prefix.size(), special_suffix));
       std::size_t n = 0;
       while (n < prefix.size() && n < ids.size() && prefix[n] == ids[n]) ++n;
       if (n != prefix.size()) ++b->boundary_merges;
@@ -270,11 +275,19 @@ Result<TokenizeSummary> tokenize_files(const Tokenizer& tok, const TokenizeOptio
           ? 4
           : 2;
 
-  Encoder enc{tok,   options,      options.eos ? tok.eos_id() : std::nullopt,
-              false, std::nullopt, Status::ok()};
-  if (enc.eos) {
-    const auto empty = tok.encode("", true);
-    enc.template_eos = !empty.empty() && empty.back() == *enc.eos;
+  Encoder enc{tok,          options,     options.eos ? tok.eos_id() : std::nullopt, false, 0,
+              std::nullopt, Status::ok()};
+  {
+    // The post-processor's special tokens around a text: those after it end every encoding.
+    const auto with = tok.encode("a", true), without = tok.encode("a", false);
+    std::size_t at = 0;
+    while (at + without.size() <= with.size() &&
+           !std::equal(without.begin(), without.end(),
+                       with.begin() + static_cast<std::ptrdiff_t>(at))) {
+      ++at;
+    }
+    enc.special_suffix = at + without.size() <= with.size() ? with.size() - at - without.size() : 0;
+    enc.template_eos = enc.eos && enc.special_suffix > 0 && with.back() == *enc.eos;
   }
   if (tok.chat_template().empty()) {
     enc.chat_error = invalid_argument(
@@ -296,9 +309,20 @@ Result<TokenizeSummary> tokenize_files(const Tokenizer& tok, const TokenizeOptio
   if (!out) return out.status();
   AtomicFileWriter writer = std::move(out).value();
   const std::string mask_path = loss_mask_path(options.output);
-  auto mask_out = AtomicFileWriter::create(mask_path);
-  if (!mask_out) return mask_out.status();
-  AtomicFileWriter mask_writer = std::move(mask_out).value();
+  // Made at the first supervised record; the tokens before it all train.
+  std::optional<AtomicFileWriter> mask_writer;
+  auto open_mask = [&]() -> Status {
+    auto created = AtomicFileWriter::create(mask_path);
+    if (!created) return created.status();
+    mask_writer.emplace(std::move(created).value());
+    const std::vector<std::uint8_t> ones(std::size_t{1} << 20, 1);
+    for (std::int64_t left = summary.tokens; left > 0;) {
+      const auto n = static_cast<std::size_t>(std::min<std::int64_t>(left, 1 << 20));
+      STRATA_RETURN_IF_ERROR(mask_writer->write(std::as_bytes(std::span(ones.data(), n))));
+      left -= static_cast<std::int64_t>(n);
+    }
+    return Status::ok();
+  };
   if (summary.format == OutputFormat::kLlmc) {
     std::vector<std::int32_t> header(kLlmcHeaderWords, 0);
     if (Status s = writer.write(std::as_bytes(std::span(header))); !s) return s;
@@ -362,7 +386,8 @@ Result<TokenizeSummary> tokenize_files(const Tokenizer& tok, const TokenizeOptio
                 }
               }
               Status s = writer.write(std::as_bytes(std::span(packed)));
-              if (s) s = mask_writer.write(std::as_bytes(std::span(b->mask)));
+              if (s && !mask_writer && b->supervised > 0) s = open_mask();
+              if (s && mask_writer) s = mask_writer->write(std::as_bytes(std::span(b->mask)));
               if (!s) {
                 error = s;
                 stop = true;
@@ -391,19 +416,22 @@ Result<TokenizeSummary> tokenize_files(const Tokenizer& tok, const TokenizeOptio
       return invalid_argument("llm.c files hold at most 2^31-1 tokens; this run made " +
                               std::to_string(summary.tokens) + " (use u16 or u32)");
     }
-    const std::int32_t header[3] = {kLlmcMagic, token_bytes == 2 ? 1 : 2,
+    const std::int32_t header[3] = {token_bytes == 2 ? kLlmcMagicU16 : kLlmcMagicU32,
+                                    token_bytes == 2 ? kLlmcVersionU16 : kLlmcVersionU32,
                                     static_cast<std::int32_t>(summary.tokens)};
     if (Status s = writer.write_at(0, std::as_bytes(std::span(header))); !s) return s;
   }
-  if (Status s = writer.commit(); !s) return s;
+  // The old mask goes first (it would no longer line up), then the new mask, then the tokens.
   std::error_code ec;
-  if (summary.supervised_documents > 0) {
-    if (Status s = mask_writer.commit(); !s) return s;
+  fs::remove(mask_path, ec);
+  if (ec) return io_error("cannot remove the old loss mask " + mask_path + ": " + ec.message());
+  if (mask_writer) {
+    if (Status s = mask_writer->commit(); !s) return s;
     summary.mask_path = mask_path;
   } else {
-    fs::remove(mask_path, ec);  // a mask from an earlier run would no longer line up
     summary.trained_tokens = summary.tokens;
   }
+  if (Status s = writer.commit(); !s) return s;
   summary.seconds = seconds();
   if (options.progress) options.progress(summary.documents, summary.tokens, summary.seconds);
   return summary;

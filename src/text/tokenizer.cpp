@@ -116,9 +116,17 @@ Status apply_config(Tokenizer* tok, const std::string& config_path) {
                        add_eos.value() ? eos.value() : std::nullopt);
     }
   } else if (auto* sp = dynamic_cast<SentencePieceTokenizer*>(tok)) {
+    // transformers converts a tokenizer.model to a fast tokenizer; with "legacy": false the text
+    // after a special token gets no "▁" prefix, which SentencePiece alone cannot reproduce.
+    if (c.contains("legacy") && c["legacy"] == false) {
+      return invalid_argument(config_path +
+                              ": \"legacy\": false with only a tokenizer.model "
+                              "is not supported; use the model's tokenizer.json");
+    }
     sp->set_special_ids(bos.value() ? bos.value() : tok->bos_id(),
                         eos.value() ? eos.value() : tok->eos_id());
     sp->set_added(add_bos.value(), add_eos.value());
+    sp->split_special_pieces();
   }
   if (c.contains("chat_template")) {
     const Json& t = c["chat_template"];
@@ -126,7 +134,7 @@ Status apply_config(Tokenizer* tok, const std::string& config_path) {
       TokenizerLoader::set_chat_template(tok, t.get<std::string>());
     } else if (t.is_array()) {  // named templates: [{"name": "default", "template": ...}, ...]
       for (const Json& named : t) {
-        if (named.is_object() && named.value("name", "") == "default" &&
+        if (named.is_object() && named.contains("name") && named["name"] == "default" &&
             named.contains("template") && named["template"].is_string()) {
           TokenizerLoader::set_chat_template(tok, named["template"].get<std::string>());
         }

@@ -133,6 +133,34 @@ bool is_control(char32_t c) {
   return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF;
 }
 
+bool is_bert_control(char32_t c) {
+  if (c == '\t' || c == '\n' || c == '\r') return false;
+  const auto cat = category(c);
+  return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+         cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_CO;
+}
+
+bool is_nonspacing_mark(char32_t c) { return category(c) == UTF8PROC_CATEGORY_MN; }
+
+bool is_word(char32_t c) {
+  const auto cat = category(c);
+  switch (cat) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool is_cjk(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
          (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||

@@ -17,8 +17,11 @@
 namespace strata::train {
 namespace {
 
-// llm.c's dev/data/data_common.py: 256 int32 header words, then the tokens.
+// llm.c's dev/data/data_common.py: 256 int32 header words, then the tokens. GPT-2 files: magic
+// 20240520, version 1, uint16 tokens (version 2: uint32, as earlier Strata wrote); Llama 3
+// files: magic 20240801, version 7, uint32 tokens.
 constexpr std::int32_t kLlmcMagic = 20240520;
+constexpr std::int32_t kLlmcMagicLlama3 = 20240801;
 constexpr std::size_t kLlmcHeaderBytes = 256 * sizeof(std::int32_t);
 
 std::int32_t load_le_i32(const std::uint8_t* p) {
@@ -97,17 +100,19 @@ Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path
     const std::int32_t magic = load_le_i32(bytes);
     const std::int32_t version = load_le_i32(bytes + 4);
     const std::int32_t count = load_le_i32(bytes + 8);
-    if (magic != kLlmcMagic) {
+    if (magic != kLlmcMagic && magic != kLlmcMagicLlama3) {
       return data_loss("token file " + path + ": llm.c header magic is " + std::to_string(magic) +
-                       ", expected " + std::to_string(kLlmcMagic) +
+                       ", expected " + std::to_string(kLlmcMagic) + " or " +
+                       std::to_string(kLlmcMagicLlama3) +
                        "; is this a raw token array (use format u16 or u32)?");
     }
-    if (version != 1 && version != 2) {
-      return data_loss("token file " + path + ": llm.c header version is " +
-                       std::to_string(version) +
-                       ", expected 1 (uint16 tokens) or 2 (uint32 tokens)");
+    if (magic == kLlmcMagic ? (version != 1 && version != 2) : version != 7) {
+      return data_loss(
+          "token file " + path + ": llm.c header version is " + std::to_string(version) +
+          ", expected " +
+          (magic == kLlmcMagic ? "1 (uint16 tokens) or 2 (uint32 tokens)" : "7 (uint32 tokens)"));
     }
-    token_bytes = version == 1 ? 2 : 4;
+    token_bytes = magic == kLlmcMagic && version == 1 ? 2 : 4;
     const std::uint64_t payload = file_bytes - kLlmcHeaderBytes;
     if (count < 0 || static_cast<std::uint64_t>(count) * token_bytes != payload) {
       return data_loss("token file " + path + ": llm.c header says " + std::to_string(count) +

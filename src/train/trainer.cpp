@@ -102,6 +102,9 @@ struct Trainer::Impl {
   Result<StepMetrics> train_step(bool finish);
   // Mean loss over eval_data (every rank's slice), into m's eval fields, when this step is due.
   Status maybe_evaluate(StepMetrics* m);
+  // Every sequence an evaluation will read: token ids below the vocabulary, mask bytes 0 or 1.
+  Status check_eval_data();
+  std::int64_t eval_batch_count() const;
   Status write_trace() const;
   TrainerState state() const {
     return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
@@ -264,6 +267,9 @@ Status Trainer::Impl::setup() {
         SequenceSampler::check(*eval_dataset, config.seq_len).with_context("eval_data"));
     eval_sampler = std::make_unique<SequenceSampler>(eval_dataset, config.seq_len, config.seed);
     STRATA_RETURN_IF_ERROR(attach_loss_mask(*config.eval_data, eval_sampler.get()));
+    // Checked whole, here on every rank: a bad token met during an evaluation would stop one
+    // rank while the others wait in its collectives.
+    STRATA_RETURN_IF_ERROR(check_eval_data());
   }
 
   schedule.type = config.lr_schedule.type;
@@ -306,10 +312,6 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     STRATA_ASSIGN_OR_RETURN(std::int64_t n, sampler->count_targets(g));
     global_targets += n;
   }
-  if (global_targets == 0) {
-    log_warning("step " + std::to_string(step + 1) +
-                ": the loss mask leaves no target in the batch; its gradient is zero");
-  }
   double loss_sum = 0;
   for (std::int64_t micro = 0; micro < accum; ++micro) {
     // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
@@ -344,11 +346,13 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
   m.lr = schedule.lr_at(step);
   STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
-  if (!std::isfinite(m.grad_norm)) {
+  if (!std::isfinite(m.grad_norm) || global_targets == 0) {
+    // Every rank counts the same targets, so all skip together.
     m.skipped = true;
     STRATA_RETURN_IF_ERROR(provider->zero_grads());
     log_warning("step " + std::to_string(m.step) +
-                ": gradient norm is not finite; skipping the update");
+                (global_targets == 0 ? ": no target of the batch counts; skipping the update"
+                                     : ": gradient norm is not finite; skipping the update"));
   } else {
     const auto scale = static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip));
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
@@ -396,6 +400,26 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.planned_nvme_bytes = planned.plan.tier_bytes(Tier::kNvme);
   m.predicted_rss_bytes = planned.rss_bytes;
   return m;
+}
+
+std::int64_t Trainer::Impl::eval_batch_count() const {
+  // eval_batches 0: the whole file once (at least one batch, which may wrap around it).
+  const std::int64_t per_batch = config.micro_batch_size * comm->world_size();
+  return config.eval_batches > 0
+             ? config.eval_batches
+             : std::max<std::int64_t>(1, eval_sampler->num_windows() / per_batch);
+}
+
+Status Trainer::Impl::check_eval_data() {
+  const std::int64_t seq = config.seq_len;
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(seq)), targets(inputs.size());
+  const std::int64_t sequences = eval_batch_count() * config.micro_batch_size * comm->world_size();
+  for (std::int64_t g = 0; g < sequences; ++g) {
+    STRATA_RETURN_IF_ERROR(
+        eval_sampler->sequence(g, model_config.vocab_size, inputs.data(), targets.data())
+            .with_context("eval_data"));
+  }
+  return Status::ok();
 }
 
 Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {

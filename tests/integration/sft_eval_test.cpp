@@ -114,6 +114,33 @@ TEST(LossMask, AMaskOfTheWrongLengthNamesBothFiles) {
       << t.status().message();
 }
 
+TEST(LossMask, ABatchWithNoTargetIsSkipped) {
+  TempDir dir;
+  Json j = config(dir);
+  write_data(dir, "none.u16", 16 * 40 + 1);
+  dir.write("none.u16.mask", std::string(16 * 40 + 1, '\0'));
+  j["data"]["path"] = dir.file("none.u16");
+  const StepMetrics m = first_step(j);
+  EXPECT_TRUE(m.skipped) << "no update from a batch that holds no data";
+  EXPECT_EQ(m.loss_tokens, 0);
+}
+
+TEST(Eval, ABadTokenInEvalDataIsFoundBeforeTraining) {
+  TempDir dir;
+  Json j = config(dir);
+  std::string bad(2 * (16 * 4 + 1), '\0');
+  bad[2 * 20] = static_cast<char>(0xFF);
+  bad[2 * 20 + 1] = static_cast<char>(0x7F);  // token 32767, outside the 256-token vocabulary
+  dir.write("bad.u16", bad);
+  j["eval_data"] = {{"path", dir.file("bad.u16")}, {"format", "u16"}};
+  auto c = parse_train_config(j, "test config");
+  ASSERT_TRUE(c.is_ok());
+  auto t = Trainer::create(*c, TrainOptions{});
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("eval_data"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("32767"), std::string::npos) << t.status().message();
+}
+
 TEST(Eval, ScoresTheSameSequencesAsTrainingWithTheSameLoss) {
   TempDir dir;
   Json j = config(dir);

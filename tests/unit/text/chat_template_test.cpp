@@ -76,6 +76,27 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+TEST(ChatTemplateTest, ToolRolesAndLaterMistralTemplatesAreRefused) {
+  auto golden = read_json_file(kDir + "/chatml.json");
+  ASSERT_TRUE(golden.is_ok());
+  auto chatml =
+      ChatTemplate::recognize(golden.value()["chat_template"].get<std::string>(), "", "<|im_end|>");
+  ASSERT_TRUE(chatml.is_ok());
+  const std::vector<ChatMessage> tool = {
+      {"user", "weather?"}, {"tool", "{\"t\": 20}"}, {"assistant", "20 degrees"}};
+  auto r = chatml.value().render(tool);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("messages[1].role \"tool\""), std::string::npos);
+  // Mistral's later revisions take a system prompt: not the v0.1 template Strata renders.
+  auto later = ChatTemplate::recognize(
+      "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] "
+      "%}{%- endif %}{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] "
+      "== 'user' %}{{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' "
+      "[/INST]' }}{%- endif %}{%- endfor %}",
+      "<s>", "</s>");
+  EXPECT_FALSE(later.is_ok());
+}
+
 TEST(ChatTemplateTest, AnUnknownTemplateIsRefusedListingTheBuiltInOnes) {
   auto t = ChatTemplate::recognize("{% for m in messages %}<|user|>{{ m.content }}{% endfor %}",
                                    "<s>", "</s>");

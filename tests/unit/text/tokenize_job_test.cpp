@@ -106,8 +106,8 @@ TEST(TokenizeJobTest, FormatsFollowTheVocabulary) {
   ASSERT_TRUE(tokenize_files(*llama3, options).is_ok());
   const auto header = read_tokens(options.output, 4);
   ASSERT_GE(header.size(), 256u);
-  EXPECT_EQ(header[0], 20240520u);
-  EXPECT_EQ(header[1], 2u) << "u32 tokens: llm.c version 2";
+  EXPECT_EQ(header[0], 20240801u) << "u32 tokens: llm.c's Llama 3 header";
+  EXPECT_EQ(header[1], 7u);
   EXPECT_EQ(header[2], want.size());
   EXPECT_EQ(read_tokens(options.output, 4, 1024), as_u32(want));
 }
@@ -139,6 +139,49 @@ TEST(TokenizeJobTest, PromptCompletionTrainsOnTheCompletionAndEos) {
   }
   EXPECT_EQ(summary.value().trained_tokens,
             static_cast<std::int64_t>(full.size() - prompt.size() + plain));
+}
+
+TEST(TokenizeJobTest, PlainDocumentsBeforeTheFirstSupervisedOneTrainEverywhere) {
+  testing::TempDir dir;
+  auto tok = load(kTokDir + "/bytelevel-bpe/tokenizer.json");
+  TokenizeOptions options;
+  options.inputs = {dir.write("a.txt", "plain text first"),
+                    dir.write("b.jsonl", "{\"prompt\": \"Q?\", \"completion\": \" A\"}\n")};
+  options.output = dir.file("out.bin");
+  auto summary = tokenize_files(*tok, options);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string();
+  const std::size_t plain = tok->encode("plain text first").size() + 1;
+  auto mask = read_file(summary.value().mask_path);
+  ASSERT_TRUE(mask.is_ok());
+  ASSERT_GT(mask.value().size(), plain);
+  for (std::size_t i = 0; i < plain; ++i) EXPECT_EQ(mask.value()[i], 1) << i;
+  EXPECT_EQ(mask.value().size(), read_tokens(options.output, 2).size());
+}
+
+// A post-processor that appends (Llama's add_eos_token) is not part of the prompt's tokens at
+// the start of the whole record, so the mask starts where the prompt ends.
+TEST(TokenizeJobTest, TheMaskBoundaryIgnoresTokensThePostProcessorAppends) {
+  testing::TempDir dir;
+  std::filesystem::copy_file(kTokDir + "/llama2-bpe/tokenizer.json", dir.file("tokenizer.json"));
+  dir.write("tokenizer_config.json", R"({"tokenizer_class": "LlamaTokenizer",
+      "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true, "add_eos_token": true})");
+  auto tok = load(dir.path());
+  TokenizeOptions options;
+  options.inputs = {dir.write(
+      "sft.jsonl", "{\"prompt\": \"Question: two plus two?\", \"completion\": \" four\"}\n")};
+  options.output = dir.file("out.bin");
+  options.eos = false;
+  auto summary = tokenize_files(*tok, options);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string();
+  EXPECT_EQ(summary.value().boundary_merges, 0);
+  const auto full = tok->encode("Question: two plus two? four");
+  const auto prompt = tok->encode("Question: two plus two?");
+  ASSERT_EQ(read_tokens(options.output, 2), as_u32(full));
+  auto mask = read_file(summary.value().mask_path);
+  ASSERT_TRUE(mask.is_ok());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    EXPECT_EQ(mask.value()[i], i + 1 >= prompt.size() ? 1 : 0) << i;  // prompt minus its </s>
+  }
 }
 
 TEST(TokenizeJobTest, MessagesAreRenderedWithTheChatTemplateAndTrainOnAssistantTurns) {

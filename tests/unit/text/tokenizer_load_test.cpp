@@ -1,6 +1,7 @@
 // Tokenizer::load: files, directories, tokenizer_config.json, and errors that name the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "strata/core/file.h"
@@ -107,6 +108,17 @@ TEST(TokenizerLoadTest, ErrorsNameTheFileAndTheProblem) {
             std::string::npos);
 
   j = json.value();
+  j["model"]["unk_token"] = "<nope>";
+  ASSERT_TRUE(write_json_file(dir.file("unk.json"), j).is_ok());
+  EXPECT_NE(error_of(dir.file("unk.json")).find("model.unk_token: \"<nope>\" is not in"),
+            std::string::npos);
+
+  j = json.value();
+  j["added_tokens"][0]["id"] = 1ll << 40;
+  ASSERT_TRUE(write_json_file(dir.file("bigid.json"), j).is_ok());
+  EXPECT_NE(error_of(dir.file("bigid.json")).find("added_tokens[0].id"), std::string::npos);
+
+  j = json.value();
   j["model"]["dropout"] = 0.1;
   ASSERT_TRUE(write_json_file(dir.file("dropout.json"), j).is_ok());
   EXPECT_NE(error_of(dir.file("dropout.json")).find("model.dropout"), std::string::npos);
@@ -127,6 +139,56 @@ TEST(TokenizerLoadTest, ErrorsNameTheFileAndTheProblem) {
 
   const std::string not_spm = dir.write("tokenizer.model", "not a protobuf");
   EXPECT_NE(error_of(not_spm).find("not a SentencePiece model"), std::string::npos);
+}
+
+// An added token marked `normalized` matches the text the normalizer makes of its content, as
+// Hugging Face's added vocabulary does: with Llama's Prepend("▁") + Replace(" ", "▁") layout,
+// "<x>" is found after a space ("▁<x>") but not glued to a word.
+TEST(TokenizerLoadTest, NormalizedAddedTokensMatchTheirNormalizedContent) {
+  testing::TempDir dir;
+  auto json = read_json_file(kTokDir + "/llama2-bpe-legacy/tokenizer.json");
+  ASSERT_TRUE(json.is_ok());
+  Json j = json.value();
+  j["added_tokens"].push_back({{"id", 1459},
+                               {"content", "<x>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", true},
+                               {"special", false}});
+  ASSERT_TRUE(write_json_file(dir.file("tokenizer.json"), j).is_ok());
+  auto tok = Tokenizer::load(dir.file("tokenizer.json"));
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  auto contains = [](const std::vector<std::int32_t>& ids, std::int32_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  EXPECT_TRUE(contains(tok.value()->encode("a <x>", false), 1459));
+  EXPECT_FALSE(contains(tok.value()->encode("a<x>", false), 1459));
+}
+
+TEST(TokenizerLoadTest, ASentencePieceModelDirectoryReadsSpecialPiecesInTheText) {
+  const std::string model = kTokDir + "/sentencepiece-bpe/tokenizer.model";
+  auto bare = Tokenizer::load(model);
+  ASSERT_TRUE(bare.is_ok());
+  const std::int32_t eos = *bare.value()->eos_id();
+  auto ids = bare.value()->encode("Hi</s>", false);
+  EXPECT_EQ(std::find(ids.begin(), ids.end(), eos), ids.end())
+      << "SentencePiece alone never reads </s> as the token";
+
+  testing::TempDir dir;
+  std::filesystem::copy_file(model, dir.file("tokenizer.model"));
+  dir.write("tokenizer_config.json",
+            R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>"})");
+  auto llama = Tokenizer::load(dir.path());
+  ASSERT_TRUE(llama.is_ok());
+  ids = llama.value()->encode("Hi</s>", false);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.back(), eos) << "as transformers' LlamaTokenizer reads a model directory";
+
+  dir.write("tokenizer_config.json", R"({"tokenizer_class": "LlamaTokenizer", "legacy": false,
+      "bos_token": "<s>", "eos_token": "</s>"})");
+  EXPECT_NE(error_of(dir.path()).find("\"legacy\": false with only a tokenizer.model"),
+            std::string::npos);
 }
 
 TEST(TokenizerLoadTest, DecodingAnIdOutsideTheVocabularyIsAnError) {
