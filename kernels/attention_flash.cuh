@@ -34,8 +34,34 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 // Shapes of one call, as the kernels see them.
 struct Dims {
   std::int64_t batch, seq, heads, kv_heads, group;
-  float scale;  // 1 / sqrt(head_dim), as the CPU backend computes it
+  std::int64_t window;  // sliding window; 0: full causal (see dims_of)
+  float scale;          // 1 / sqrt(head_dim), as the CPU backend computes it
 };
+
+// A window of seq or more is full causal attention: stored as 0, so that no bound below adds
+// a huge window to a position.
+inline Dims dims_of(const AttentionDims& ad) {
+  return Dims{ad.batch,
+              ad.seq,
+              ad.heads,
+              ad.kv_heads,
+              ad.heads / ad.kv_heads,
+              ad.window > 0 && ad.window < ad.seq ? ad.window : 0,
+              1.0f / sqrtf(static_cast<float>(ad.head_dim))};
+}
+
+// Whether query i attends to key j (both below seq): causal, and within the window.
+__device__ __forceinline__ bool attends(const Dims& d, std::int64_t i, std::int64_t j) {
+  return j <= i && (d.window == 0 || i - j < d.window);
+}
+// The first key query i attends to.
+__device__ __forceinline__ std::int64_t first_key(const Dims& d, std::int64_t i) {
+  return d.window > 0 && i - d.window + 1 > 0 ? i - d.window + 1 : 0;
+}
+// One past the last query that key j is attended by.
+__device__ __forceinline__ std::int64_t query_end(const Dims& d, std::int64_t j) {
+  return d.window > 0 && j + d.window < d.seq ? j + d.window : d.seq;
+}
 
 // Byte offsets of shared-memory regions, each aligned for WMMA (32 bytes; 128 for good
 // measure) so that any 16-row, 16-column sub-tile is a valid fragment address.

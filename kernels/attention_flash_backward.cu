@@ -1,7 +1,9 @@
 // Causal GQA attention backward, flash style, in two deterministic kernels that recompute the
 // probabilities from the saved lse: one per 64-key tile of a kv head accumulates dK and dV over
 // every query head of its group and every later query tile; one per 64-query tile of a head
-// accumulates dQ over the key tiles. No atomics, no [seq, seq] matrix.
+// accumulates dQ over the key tiles. No atomics, no [seq, seq] matrix. With a sliding window
+// each block visits only the tiles its window reaches (later query tiles up to the keys' last
+// window for dK/dV, key tiles from the first row's first key for dQ) and masks the rest to P = 0.
 #include "attention_flash.cuh"
 
 namespace strata::kernels {
@@ -81,12 +83,15 @@ __global__ void __launch_bounds__(kThreads)
   const int krow = warp * 16 + (lane >> 1);
   const int half = lane & 1;
   const std::int64_t j = j0 + krow;
+  // One past the last query any of this block's keys is attended by (seq without a window).
+  const std::int64_t i_end = query_end(d, (j0 + kBkv < d.seq ? j0 + kBkv : d.seq) - 1);
 
   for (std::int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
     const float* lse_h = lse + (b * d.heads + h) * d.seq;
     const float* drow_h = drow + (b * d.heads + h) * d.seq;
-    // Query tiles before j0 / kBq hold only queries i < j0: fully masked, skipped.
-    for (std::int64_t i0 = j0 / kBq * kBq; i0 < d.seq; i0 += kBq) {
+    // Query tiles before j0 / kBq hold only queries i < j0, and tiles from i_end on only
+    // queries whose window ends before j0: fully masked, skipped.
+    for (std::int64_t i0 = j0 / kBq * kBq; i0 < i_end; i0 += kBq) {
       __syncthreads();  // the previous tile's Q, dO, lse and D are no longer read
       load_tile<kBq, HD>(Qs, L::kLdQ, q, b, i0, d.seq, d.heads, h);
       load_tile<kBq, HD>(dOs, L::kLdQ, dout, b, i0, d.seq, d.heads, h);
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < kHalf; ++c) {
         const int col = half * kHalf + c;
         const std::int64_t i = i0 + col;
-        const bool valid = i >= j && i < d.seq && j < d.seq;
+        const bool valid = i < d.seq && j < d.seq && attends(d, i, j);
         const float p = valid ? expf(d.scale * St[krow * L::kLdS + col] - lse_s[col]) : 0.0f;
         const float ds = p * (dPt[krow * L::kLdS + col] - d_s[col]) * d.scale;
         Pt[krow * L::kLdP + col] = __float2bfloat16_rn(p);
@@ -223,8 +228,10 @@ __global__ void __launch_bounds__(kThreads)
   const float di = i < d.seq ? drow[(b * d.heads + h) * d.seq + i] : 0.0f;
   const std::int64_t last = (i0 + kBqq < d.seq ? i0 + kBqq : d.seq) - 1;
   const std::int64_t num_tiles = last / kBk + 1;
+  // Window: key tiles wholly left of the first row's first key are skipped.
+  const std::int64_t first_tile = first_key(d, i0) / kBk;
 
-  for (std::int64_t kt = 0; kt < num_tiles; ++kt) {
+  for (std::int64_t kt = first_tile; kt < num_tiles; ++kt) {
     const std::int64_t j0 = kt * kBk;
     __syncthreads();  // staging and the previous tile's K/V are no longer read
     load_tile<kBk, HD>(Ks, L::kLdKV, k, b, j0, d.seq, d.kv_heads, g);
@@ -255,7 +262,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < kHalf; ++c) {
       const int col = half * kHalf + c;
       const std::int64_t j = j0 + col;
-      const bool valid = j <= i && j < d.seq && i < d.seq;
+      const bool valid = i < d.seq && j < d.seq && attends(d, i, j);
       const float p = valid ? expf(d.scale * Ss[row * L::kLdS + col] - li) : 0.0f;
       const float ds = p * (dPs[row * L::kLdS + col] - di) * d.scale;
       dSs[row * L::kLdP + col] = __float2bfloat16_rn(ds);
@@ -287,12 +294,7 @@ template <int HD>
 int launch_backward(const LaunchContext& ctx, const bf16_t* dout, const bf16_t* q, const bf16_t* k,
                     const bf16_t* v, const float* lse, const float* drow, bf16_t* dq, bf16_t* dk,
                     bf16_t* dv, const AttentionDims& ad) {
-  const Dims d{ad.batch,
-               ad.seq,
-               ad.heads,
-               ad.kv_heads,
-               ad.heads / ad.kv_heads,
-               1.0f / sqrtf(static_cast<float>(ad.head_dim))};
+  const Dims d = dims_of(ad);
   cudaError_t e =
       cudaFuncSetAttribute(flash_dkdv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(DkvLayout<HD>::kBytes));

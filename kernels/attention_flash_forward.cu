@@ -1,6 +1,8 @@
 // Causal GQA attention forward, flash style: a block owns 64 query rows of one head, streams
 // 64-key tiles of K and V through shared memory, and keeps a running max and sum per row
-// (online softmax), so no [seq, seq] score matrix ever exists; it saves lse for backward.
+// (online softmax), so no [seq, seq] score matrix ever exists; it saves lse for backward. With a
+// sliding window the block streams only the key tiles its rows' windows reach, and masks the
+// keys left of each row's window inside them.
 #include "attention_flash.cuh"
 
 namespace strata::kernels {
@@ -68,8 +70,13 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t i = i0 + row;
   const std::int64_t last = (i0 + kBr < d.seq ? i0 + kBr : d.seq) - 1;
   const std::int64_t num_tiles = last / kBc + 1;  // causal: keys up to the tile's last row
+  // Window: no key before the first row's first key (tiles wholly left of it are skipped).
+  // A row may still find no key in some tile it shares with other rows; its running max then
+  // stays as it was (-inf before its first key: the `none` case below), and every row's window
+  // holds its own diagonal key, so each valid row ends with l > 0 and a finite lse.
+  const std::int64_t first_tile = first_key(d, i0) / kBc;
 
-  for (std::int64_t jt = 0; jt < num_tiles; ++jt) {
+  for (std::int64_t jt = first_tile; jt < num_tiles; ++jt) {
     const std::int64_t j0 = jt * kBc;
     __syncthreads();  // the Q staging and the previous tile's K/V are no longer read
     load_tile<kBc, HD>(Ks, L::kLdKV, k, b, j0, d.seq, d.kv_heads, g);
@@ -91,7 +98,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncwarp();
 
-    // Online softmax on this lane's half row; masked (j > i or j >= seq) scores are -inf.
+    // Online softmax on this lane's half row; masked (j > i, i - j >= window or j >= seq)
+    // scores are -inf.
     constexpr int kHalf = kBc / 2;
     float sv[kHalf];
     float mx = -INFINITY;
@@ -99,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < kHalf; ++c) {
       const int col = half * kHalf + c;
       const std::int64_t j = j0 + col;
-      sv[c] = (j <= i && j < d.seq) ? d.scale * Ss[row * L::kLdS + col] : -INFINITY;
+      sv[c] = (attends(d, i, j) && j < d.seq) ? d.scale * Ss[row * L::kLdS + col] : -INFINITY;
       mx = fmaxf(mx, sv[c]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -156,12 +164,7 @@ template <int HD>
 int launch_forward(const LaunchContext& ctx, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                    bf16_t* out, float* lse, const AttentionDims& ad) {
   using L = FwdLayout<HD>;
-  const Dims d{ad.batch,
-               ad.seq,
-               ad.heads,
-               ad.kv_heads,
-               ad.heads / ad.kv_heads,
-               1.0f / sqrtf(static_cast<float>(ad.head_dim))};
+  const Dims d = dims_of(ad);
   const cudaError_t e =
       cudaFuncSetAttribute(flash_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(L::kBytes));

@@ -1,5 +1,6 @@
-// Causal GQA attention, the simple kernels: one block per query row (forward, dq) or key row
-// (dk, dv), scores for a chunk of keys in shared memory with an online softmax across chunks.
+// Causal GQA attention, optionally within a sliding window, the simple kernels: one block per
+// query row (forward, dq) or key row (dk, dv), scores for a chunk of keys in shared memory with
+// an online softmax across chunks; a row visits only the keys (queries) its window covers.
 // Any head_dim up to 512 and any dtype; never holds more than a chunk of a score row. They are
 // the reference the flash kernels are tested against, and the fallback where flash does not
 // apply (f32, other head sizes).
@@ -16,6 +17,7 @@ constexpr int kMaxHeadDim = kThreads * kDimsPerThread;
 
 struct Shape {
   std::int64_t seq, heads, kv_heads, hd, group;
+  std::int64_t window;  // 0: full causal (also for any window not below seq)
   float scale;
 };
 
@@ -25,7 +27,16 @@ Shape shape_of(const AttentionDims& d) {
                d.kv_heads,
                d.head_dim,
                d.heads / d.kv_heads,
+               d.window > 0 && d.window < d.seq ? d.window : 0,
                1.0f / sqrtf(static_cast<float>(d.head_dim))};
+}
+
+// The first key query i attends to, and one past the last query key j is attended by.
+__device__ __forceinline__ std::int64_t first_key(const Shape& d, std::int64_t i) {
+  return d.window > 0 && i - d.window + 1 > 0 ? i - d.window + 1 : 0;
+}
+__device__ __forceinline__ std::int64_t query_end(const Shape& d, std::int64_t j) {
+  return d.window > 0 && j + d.window < d.seq ? j + d.window : d.seq;
 }
 
 // Element offset of row (b, s) of head h in a [batch, seq, num_heads, hd] tensor.
@@ -50,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   float acc[kDimsPerThread] = {};
   float m = -INFINITY, l = 0.0f;
-  for (std::int64_t j0 = 0; j0 <= i; j0 += kChunk) {
+  for (std::int64_t j0 = first_key(d, i); j0 <= i; j0 += kChunk) {
     const int jn = static_cast<int>(i + 1 - j0 < kChunk ? i + 1 - j0 : kChunk);
     for (int jj = warp; jj < jn; jj += kWarps) {
       const T* krow = k + row_offset(d, b, j0 + jj, d.kv_heads, g);
@@ -113,7 +124,7 @@ __global__ void row_dot_kernel(const T* __restrict__ dout, const T* __restrict__
   }
 }
 
-// dq_i = sum_{j <= i} dS_ij k_j with P_ij = exp(scale q_i.k_j - lse_i) and
+// dq_i = sum_{first_key(i) <= j <= i} dS_ij k_j with P_ij = exp(scale q_i.k_j - lse_i) and
 // dS_ij = scale P_ij (dout_i.v_j - D_i). grid (seq, heads, batch).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -135,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
   const float di = drow[(b * d.heads + h) * d.seq + i];
   __syncthreads();
   float acc[kDimsPerThread] = {};
-  for (std::int64_t j0 = 0; j0 <= i; j0 += kChunk) {
+  for (std::int64_t j0 = first_key(d, i); j0 <= i; j0 += kChunk) {
     const int jn = static_cast<int>(i + 1 - j0 < kChunk ? i + 1 - j0 : kChunk);
     for (int jj = warp; jj < jn; jj += kWarps) {
       const std::int64_t koff = row_offset(d, b, j0 + jj, d.kv_heads, g);
@@ -171,8 +182,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dv_j = sum_h sum_{i >= j} P_ij dout_i and dk_j = sum_h sum_{i >= j} dS_ij q_i over the query
-// heads h sharing kv head g, in head order. grid (seq, kv_heads, batch).
+// dv_j = sum_h sum_{j <= i < query_end(j)} P_ij dout_i and dk_j = sum_h sum_i dS_ij q_i (same
+// i) over the query heads h sharing kv head g, in head order. grid (seq, kv_heads, batch).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dkdv_simple_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
@@ -193,11 +204,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   float acc_k[kDimsPerThread] = {}, acc_v[kDimsPerThread] = {};
+  const std::int64_t i_end = query_end(d, j);
   for (std::int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
     const float* lse_h = lse + (b * d.heads + h) * d.seq;
     const float* drow_h = drow + (b * d.heads + h) * d.seq;
-    for (std::int64_t i0 = j; i0 < d.seq; i0 += kChunk) {
-      const int in = static_cast<int>(d.seq - i0 < kChunk ? d.seq - i0 : kChunk);
+    for (std::int64_t i0 = j; i0 < i_end; i0 += kChunk) {
+      const int in = static_cast<int>(i_end - i0 < kChunk ? i_end - i0 : kChunk);
       for (int ii = warp; ii < in; ii += kWarps) {
         const std::int64_t qoff = row_offset(d, b, i0 + ii, d.heads, h);
         float s = 0.0f, dp = 0.0f;

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "strata/device/rope.h"
+
 namespace strata::kernels {
 
 enum class Elem : std::uint8_t { kF32, kBF16, kF16 };
@@ -47,15 +49,18 @@ int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, 
                      const float* rstd, void* dx, void* dw, std::int64_t rows, std::int64_t dim,
                      Elem dtype, void* scratch);
 
-// ---- rope.cu
+// ---- rope.cu: angles (position_offset + p) * params.inv_freq(j, head_dim), in double.
 std::size_t rope_scratch_bytes(std::int64_t seq, std::int64_t head_dim);
 int rope(const LaunchContext& ctx, void* x, std::int64_t batch, std::int64_t seq,
-         std::int64_t heads, std::int64_t head_dim, float theta, bool inverse, Elem dtype,
-         void* scratch);
+         std::int64_t heads, std::int64_t head_dim, const ::strata::device::RopeParams& params,
+         bool inverse, Elem dtype, void* scratch);
 
 // ---- attention (attention_simple.cu, attention_flash_forward.cu, attention_flash_backward.cu)
 struct AttentionDims {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // Sliding window: query i attends to keys j with 0 <= i - j < window; 0 (or any window not
+  // below seq) = full causal.
+  std::int64_t window = 0;
 };
 enum class AttentionKernel : std::uint8_t {
   kAuto,    // flash where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits)
@@ -97,6 +102,15 @@ int swiglu_backward(const LaunchContext& ctx, const void* dout, const void* gate
 // ---- add.cu (out may alias a or b)
 int add(const LaunchContext& ctx, const void* a, const void* b, void* out, std::int64_t n,
         Elem dtype);
+
+// ---- bias.cu: a linear layer's bias. add_bias: x[r, :] += bias, in f32, rounded once.
+int add_bias(const LaunchContext& ctx, void* x, const void* bias, std::int64_t rows,
+             std::int64_t cols, Elem dtype);
+// dbias += sum over rows of dy[rows, cols] (per-chunk fp32 partials, then one ordered sum; the
+// chunking depends on rows only, so the result is reproducible on any device).
+std::size_t bias_grad_scratch_bytes(std::int64_t rows, std::int64_t cols);
+int bias_grad(const LaunchContext& ctx, const void* dy, void* dbias, std::int64_t rows,
+              std::int64_t cols, Elem dtype, void* scratch);
 
 // ---- cross_entropy.cu (dlogits may be null, or alias logits)
 int cross_entropy(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,

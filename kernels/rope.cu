@@ -5,18 +5,18 @@
 namespace strata::kernels {
 namespace {
 
-// table[p * half + j] = (cos, sin) of p * theta^(-2j / head_dim), in double, rounded to float
-// (positions up to 10^5 need more than float's 24 bits for the angle); sin negated for the
-// inverse rotation.
+// table[p * half + j] = (cos, sin) of (p + position_offset) * inv_freq(j), in double, rounded
+// to float (positions up to 10^5 need more than float's 24 bits for the angle); sin negated for
+// the inverse rotation. inv_freq is the one the CPU backend uses (strata/device/rope.h).
 __global__ void rope_table_kernel(float2* __restrict__ table, std::int64_t seq, std::int64_t half,
-                                  std::int64_t head_dim, double theta, bool inverse) {
+                                  std::int64_t head_dim, const device::RopeParams params,
+                                  bool inverse) {
   const std::int64_t total = seq * half;
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t p = idx / half, j = idx - p * half;
-    const double inv_freq =
-        pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(head_dim));
-    const double angle = static_cast<double>(p) * inv_freq;
+    const double inv_freq = params.inv_freq(j, head_dim);
+    const double angle = static_cast<double>(p + params.position_offset) * inv_freq;
     double s, c;
     sincos(angle, &s, &c);
     table[idx] = make_float2(static_cast<float>(c), static_cast<float>(inverse ? -s : s));
@@ -85,15 +85,15 @@ std::size_t rope_scratch_bytes(std::int64_t seq, std::int64_t head_dim) {
 }
 
 int rope(const LaunchContext& ctx, void* x, std::int64_t batch, std::int64_t seq,
-         std::int64_t heads, std::int64_t head_dim, float theta, bool inverse, Elem dtype,
-         void* scratch) {
+         std::int64_t heads, std::int64_t head_dim, const device::RopeParams& params,
+         bool inverse, Elem dtype, void* scratch) {
   if (head_dim % 2 != 0) return static_cast<int>(cudaErrorInvalidValue);
   if (batch <= 0 || seq <= 0 || heads <= 0 || head_dim <= 0) return 0;
   const std::int64_t half = head_dim / 2;
   auto* table = static_cast<float2*>(scratch);
   constexpr int kThreads = 256;
   rope_table_kernel<<<grid_for(seq * half, kThreads), kThreads, 0, stream_of(ctx)>>>(
-      table, seq, half, head_dim, static_cast<double>(theta), inverse);
+      table, seq, half, head_dim, params, inverse);
   if (const int e = launch_check(); e != 0) return e;
   return dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

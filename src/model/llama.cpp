@@ -49,7 +49,7 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     return p;
   };
   const std::size_t eb = d.elem_bytes;
-  const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
   auto f32 = [&](std::int64_t n) { return static_cast<float*>(take(n, 4)); };
   auto act = [&](std::int64_t n) { return take(n, eb); };
 
@@ -63,10 +63,16 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     a.x = ws->xs[l];
     a.rstd1 = f32(R);
     a.a = act(R * H);
-    a.q = act(R * H);
+    a.q = act(R * Q);
     a.k = act(R * KV);
     a.v = act(R * KV);
-    a.att = act(R * H);
+    if (d.qk_norm) {
+      a.q_pre = act(R * Q);
+      a.k_pre = act(R * KV);
+      a.rstd_q = f32(R * d.heads);
+      a.rstd_k = f32(R * d.kv_heads);
+    }
+    a.att = act(R * Q);
     a.lse = f32(d.batch * d.heads * d.seq);
     a.hmid = act(R * H);
     a.rstd2 = f32(R);
@@ -89,10 +95,14 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   s.dup = act(R * F);
   const std::uint64_t mlp_end = off;
   off = union_start;
-  s.datt = act(R * H);
-  s.dq = act(R * H);
+  s.datt = act(R * Q);
+  s.dq = act(R * Q);
   s.dk = act(R * KV);
   s.dv = act(R * KV);
+  if (d.qk_norm) {
+    s.dq_pre = act(R * Q);
+    s.dk_pre = act(R * KV);
+  }
   return std::max(off, mlp_end);
 }
 
@@ -169,6 +179,12 @@ struct LlamaModel::Impl {
   Result<float> step(ParamProvider& provider, const std::int32_t* inputs,
                      const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool train,
                      float grad_scale, StepTimings& timings);
+  // The micro-batch's dimensions with layer `layer`'s attention window.
+  Dims dims_of(std::int64_t layer) const {
+    Dims d = dims_;
+    d.window = config_.window_of(layer);
+    return d;
+  }
   BlockActs acts_for(std::int64_t layer) const {
     BlockActs a = ws_.acts[options_.activation_checkpointing ? 0 : static_cast<std::size_t>(layer)];
     a.x = ws_.xs[static_cast<std::size_t>(layer)];
@@ -298,7 +314,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       ps.prefetch(head);
       if (tied) ps.prefetch(embed);
     }
-    detail::block_forward(ops, d, BlockWeights::at(p, blocks_[l], eb), acts_for(l),
+    detail::block_forward(ops, dims_of(l), BlockWeights::at(p, blocks_[l], eb), acts_for(l),
                           ws_.xs[static_cast<std::size_t>(l + 1)]);
     ps.release(g);
   }
@@ -351,8 +367,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       STRATA_ASSIGN_OR_RETURN(void* grads, ps.acquire_grads(g));
       const BlockWeights w = BlockWeights::at(p, blocks_[l], eb);
       const BlockActs acts = acts_for(l);
-      if (options_.activation_checkpointing) detail::block_forward(ops, d, w, acts, nullptr);
-      detail::block_backward(ops, d, w, acts, BlockGrads::at(grads, blocks_[l], eb), bwd);
+      const Dims dl = dims_of(l);
+      if (options_.activation_checkpointing) detail::block_forward(ops, dl, w, acts, nullptr);
+      detail::block_backward(ops, dl, w, acts, BlockGrads::at(grads, blocks_[l], eb), bwd);
       ps.release(g);
       STRATA_RETURN_IF_ERROR(ps.release_grads(g));
     }
@@ -392,11 +409,24 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     const int g = layout.layer_group(static_cast<int>(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto off = [&](const char* suffix) { return tensor_offset(layout, p + suffix, g); };
-    impl_->blocks_.push_back(BlockOffsets{
-        off("input_layernorm.weight"), off("self_attn.q_proj.weight"),
-        off("self_attn.k_proj.weight"), off("self_attn.v_proj.weight"),
-        off("self_attn.o_proj.weight"), off("post_attention_layernorm.weight"),
-        off("mlp.gate_proj.weight"), off("mlp.up_proj.weight"), off("mlp.down_proj.weight")});
+    auto maybe = [&](bool present, const char* suffix) -> std::int64_t {
+      return present ? off(suffix) : -1;
+    };
+    BlockOffsets o{off("input_layernorm.weight"),  off("self_attn.q_proj.weight"),
+                   off("self_attn.k_proj.weight"), off("self_attn.v_proj.weight"),
+                   off("self_attn.o_proj.weight"), off("post_attention_layernorm.weight"),
+                   off("mlp.gate_proj.weight"),    off("mlp.up_proj.weight"),
+                   off("mlp.down_proj.weight")};
+    o.bq = maybe(config.qkv_bias, "self_attn.q_proj.bias");
+    o.bk = maybe(config.qkv_bias, "self_attn.k_proj.bias");
+    o.bv = maybe(config.qkv_bias, "self_attn.v_proj.bias");
+    o.bo = maybe(config.o_bias, "self_attn.o_proj.bias");
+    o.qn = maybe(config.qk_norm, "self_attn.q_norm.weight");
+    o.kn = maybe(config.qk_norm, "self_attn.k_norm.weight");
+    o.bg = maybe(config.mlp_bias, "mlp.gate_proj.bias");
+    o.bu = maybe(config.mlp_bias, "mlp.up_proj.bias");
+    o.bd = maybe(config.mlp_bias, "mlp.down_proj.bias");
+    impl_->blocks_.push_back(o);
   }
 }
 

@@ -12,11 +12,13 @@ Dims Dims::make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int6
   d.heads = c.num_attention_heads;
   d.kv_heads = c.num_key_value_heads;
   d.head_dim = c.head_dim();
-  d.kv_dim = d.kv_heads * d.head_dim;
+  d.q_dim = c.q_dim();
+  d.kv_dim = c.kv_dim();
   d.ffn = c.intermediate_size;
   d.vocab = c.vocab_size;
   d.eps = static_cast<float>(c.rms_norm_eps);
-  d.theta = static_cast<float>(c.rope_theta);
+  d.rope = c.rope();
+  d.qk_norm = c.qk_norm;
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
   return d;
@@ -42,59 +44,97 @@ void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std
   ops.gemm(g);
 }
 
+namespace {
+
+// y[R, n] = x W^T (+ b).
+void linear(const device::Ops& ops, DType dt, std::int64_t rows, std::int64_t out, std::int64_t in,
+            const void* x, const void* w, const void* b, void* y) {
+  matmul(ops, dt, false, true, rows, out, in, x, w, y, false);
+  if (b != nullptr) ops.add_bias(y, b, rows, out, dt);
+}
+
+}  // namespace
+
 // x [R, H] -> out [R, H]:
-//   a = rmsnorm(x) ; q, k, v = a Wq^T, a Wk^T, a Wv^T ; rope(q, k) ; att = attention(q, k, v)
-//   hmid = x + att Wo^T ; b = rmsnorm(hmid) ; m = silu(b Wg^T) * (b Wu^T) ; out = hmid + m Wd^T
+//   a = rmsnorm(x) ; q, k, v = a Wq^T + bq, a Wk^T + bk, a Wv^T + bv (biases where the family has
+//   them) ; q, k = rmsnorm per head (Qwen3) ; rope(q, k) ; att = attention(q, k, v, window)
+//   hmid = x + att Wo^T (+ bo) ; b = rmsnorm(hmid) ; m = silu(b Wg^T) * (b Wu^T) ;
+//   out = hmid + m Wd^T (MLP biases under mlp_bias)
 void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w, const BlockActs& s,
                    void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd1, R, H, d.eps, dt);
-  matmul(ops, dt, false, true, R, H, H, s.a, w.wq, s.q, false);
-  matmul(ops, dt, false, true, R, KV, H, s.a, w.wk, s.k, false);
-  matmul(ops, dt, false, true, R, KV, H, s.a, w.wv, s.v, false);
-  ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.theta, false, dt);
-  ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.theta, false, dt);
+  linear(ops, dt, R, Q, H, s.a, w.wq, w.bq, d.qk_norm ? s.q_pre : s.q);
+  linear(ops, dt, R, KV, H, s.a, w.wk, w.bk, d.qk_norm ? s.k_pre : s.k);
+  linear(ops, dt, R, KV, H, s.a, w.wv, w.bv, s.v);
+  if (d.qk_norm) {
+    ops.rmsnorm_forward(s.q_pre, w.qn, s.q, s.rstd_q, R * d.heads, d.head_dim, d.eps, dt);
+    ops.rmsnorm_forward(s.k_pre, w.kn, s.k, s.rstd_k, R * d.kv_heads, d.head_dim, d.eps, dt);
+  }
+  ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
+  ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
-  matmul(ops, dt, false, true, R, H, H, s.att, w.wo, s.hmid, false);
+  linear(ops, dt, R, H, Q, s.att, w.wo, w.bo, s.hmid);
   ops.add(s.hmid, s.x, s.hmid, R * H, dt);
   ops.rmsnorm_forward(s.hmid, w.ln2, s.b, s.rstd2, R, H, d.eps, dt);
-  matmul(ops, dt, false, true, R, F, H, s.b, w.wg, s.gate, false);
-  matmul(ops, dt, false, true, R, F, H, s.b, w.wu, s.up, false);
+  linear(ops, dt, R, F, H, s.b, w.wg, w.bg, s.gate);
+  linear(ops, dt, R, F, H, s.b, w.wu, w.bu, s.up);
   ops.swiglu_forward(s.gate, s.up, s.m, R * F, dt);
   if (out == nullptr) return;
-  matmul(ops, dt, false, true, R, H, F, s.m, w.wd, out, false);
+  linear(ops, dt, R, H, F, s.m, w.wd, w.bd, out);
   ops.add(out, s.hmid, out, R * H, dt);
 }
 
-// dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), input gradients dX = dY W.
+// dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
+// over rows (+=), input gradients dX = dY W.
 void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
                     const BlockActs& s, const BlockGrads& g, const BackwardScratch& t) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  auto bias_grad = [&](const void* dy, void* db, std::int64_t cols) {
+    if (db != nullptr) ops.bias_grad(dy, db, R, cols, dt);
+  };
 
-  // MLP: out = hmid + m Wd^T, m = silu(gate) * up.
+  // MLP: out = hmid + m Wd^T (+ bd), m = silu(gate) * up.
   matmul(ops, dt, true, false, H, F, R, t.dh, s.m, g.wd, true);
+  bias_grad(t.dh, g.bd, H);
   matmul(ops, dt, false, false, R, F, H, t.dh, w.wd, t.dm, false);
   ops.swiglu_backward(t.dm, s.gate, s.up, t.dgate, t.dup, R * F, dt);
   matmul(ops, dt, true, false, F, H, R, t.dgate, s.b, g.wg, true);
   matmul(ops, dt, true, false, F, H, R, t.dup, s.b, g.wu, true);
+  bias_grad(t.dgate, g.bg, F);
+  bias_grad(t.dup, g.bu, F);
   matmul(ops, dt, false, false, R, H, F, t.dgate, w.wg, t.dx, false);
   matmul(ops, dt, false, false, R, H, F, t.dup, w.wu, t.dx, true);
   ops.rmsnorm_backward(t.dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dhmid (residual + norm path)
 
-  // Attention: hmid = x + att Wo^T.
-  matmul(ops, dt, true, false, H, H, R, t.dh, s.att, g.wo, true);
-  matmul(ops, dt, false, false, R, H, H, t.dh, w.wo, t.datt, false);
+  // Attention: hmid = x + att Wo^T (+ bo).
+  matmul(ops, dt, true, false, H, Q, R, t.dh, s.att, g.wo, true);
+  bias_grad(t.dh, g.bo, H);
+  matmul(ops, dt, false, false, R, Q, H, t.dh, w.wo, t.datt, false);
   ops.attention_backward(t.datt, s.q, s.k, s.v, s.att, s.lse, t.dq, t.dk, t.dv, d.attention(), dt);
-  ops.rope(t.dq, d.batch, d.seq, d.heads, d.head_dim, d.theta, true, dt);
-  ops.rope(t.dk, d.batch, d.seq, d.kv_heads, d.head_dim, d.theta, true, dt);
-  matmul(ops, dt, true, false, H, H, R, t.dq, s.a, g.wq, true);
-  matmul(ops, dt, true, false, KV, H, R, t.dk, s.a, g.wk, true);
+  ops.rope(t.dq, d.batch, d.seq, d.heads, d.head_dim, d.rope, true, dt);
+  ops.rope(t.dk, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, true, dt);
+  const void* dq = t.dq;
+  const void* dk = t.dk;
+  if (d.qk_norm) {
+    ops.rmsnorm_backward(t.dq, s.q_pre, w.qn, s.rstd_q, t.dq_pre, g.qn, R * d.heads, d.head_dim,
+                         dt);
+    ops.rmsnorm_backward(t.dk, s.k_pre, w.kn, s.rstd_k, t.dk_pre, g.kn, R * d.kv_heads, d.head_dim,
+                         dt);
+    dq = t.dq_pre;
+    dk = t.dk_pre;
+  }
+  matmul(ops, dt, true, false, Q, H, R, dq, s.a, g.wq, true);
+  matmul(ops, dt, true, false, KV, H, R, dk, s.a, g.wk, true);
   matmul(ops, dt, true, false, KV, H, R, t.dv, s.a, g.wv, true);
-  matmul(ops, dt, false, false, R, H, H, t.dq, w.wq, t.dx, false);
-  matmul(ops, dt, false, false, R, H, KV, t.dk, w.wk, t.dx, true);
+  bias_grad(dq, g.bq, Q);
+  bias_grad(dk, g.bk, KV);
+  bias_grad(t.dv, g.bv, KV);
+  matmul(ops, dt, false, false, R, H, Q, dq, w.wq, t.dx, false);
+  matmul(ops, dt, false, false, R, H, KV, dk, w.wk, t.dx, true);
   matmul(ops, dt, false, false, R, H, KV, t.dv, w.wv, t.dx, true);
   ops.rmsnorm_backward(t.dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dx

@@ -8,7 +8,8 @@
 namespace strata::model {
 namespace {
 
-void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, bool is_norm) {
+void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, bool is_norm,
+                bool is_bias = false) {
   TensorSpec t;
   t.name = std::move(name);
   t.shape = std::move(shape);
@@ -16,6 +17,7 @@ void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape
   for (auto d : t.shape) t.num_elems *= d;
   t.offset_elems = g.num_elems;
   t.is_norm = is_norm;
+  t.is_bias = is_bias;
   g.num_elems = (t.offset_elems + t.num_elems + kTensorAlignElems - 1) / kTensorAlignElems *
                 kTensorAlignElems;
   g.tensors.push_back(std::move(t));
@@ -25,7 +27,7 @@ void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape
 
 ParamLayout ParamLayout::build(const LlamaConfig& c) {
   ParamLayout layout;
-  const std::int64_t h = c.hidden_size, kv = c.num_key_value_heads * c.head_dim();
+  const std::int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();
   const std::int64_t ffn = c.intermediate_size;
 
   ParamGroup embed;
@@ -37,15 +39,23 @@ ParamLayout ParamLayout::build(const LlamaConfig& c) {
     ParamGroup g;
     g.name = "layers." + std::to_string(l);
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in, bool bias) {
+      add_tensor(g, p + name + ".weight", {out, in}, false);
+      if (bias) add_tensor(g, p + name + ".bias", {out}, false, true);
+    };
     add_tensor(g, p + "input_layernorm.weight", {h}, true);
-    add_tensor(g, p + "self_attn.q_proj.weight", {h, h}, false);
-    add_tensor(g, p + "self_attn.k_proj.weight", {kv, h}, false);
-    add_tensor(g, p + "self_attn.v_proj.weight", {kv, h}, false);
-    add_tensor(g, p + "self_attn.o_proj.weight", {h, h}, false);
+    linear("self_attn.q_proj", q, h, c.qkv_bias);
+    linear("self_attn.k_proj", kv, h, c.qkv_bias);
+    linear("self_attn.v_proj", kv, h, c.qkv_bias);
+    linear("self_attn.o_proj", h, q, c.o_bias);
+    if (c.qk_norm) {
+      add_tensor(g, p + "self_attn.q_norm.weight", {c.head_dim()}, true);
+      add_tensor(g, p + "self_attn.k_norm.weight", {c.head_dim()}, true);
+    }
     add_tensor(g, p + "post_attention_layernorm.weight", {h}, true);
-    add_tensor(g, p + "mlp.gate_proj.weight", {ffn, h}, false);
-    add_tensor(g, p + "mlp.up_proj.weight", {ffn, h}, false);
-    add_tensor(g, p + "mlp.down_proj.weight", {h, ffn}, false);
+    linear("mlp.gate_proj", ffn, h, c.mlp_bias);
+    linear("mlp.up_proj", ffn, h, c.mlp_bias);
+    linear("mlp.down_proj", h, ffn, c.mlp_bias);
     layout.groups_.push_back(std::move(g));
   }
 
@@ -91,6 +101,8 @@ void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_
     float* p = out + t.offset_elems;
     if (t.is_norm) {
       std::fill(p, p + t.num_elems, 1.0f);
+    } else if (t.is_bias) {
+      continue;  // zeros, as filled above
     } else {
       for (std::int64_t i = 0; i < t.num_elems; ++i)
         p[i] = static_cast<float>(rng.normal() * config.initializer_range);

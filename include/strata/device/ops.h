@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "strata/core/dtype.h"
+#include "strata/device/rope.h"
 
 namespace strata::device {
 
@@ -31,6 +32,8 @@ struct GemmArgs {
 
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // Sliding window: query i attends to keys j with 0 <= i - j < window; 0 = full causal.
+  std::int64_t window = 0;
 };
 
 struct AdamWArgs {
@@ -76,9 +79,11 @@ class Ops {
                                 DType dtype) const = 0;
 
   // In-place rotary embedding (Hugging Face rotate_half convention) on x[batch, seq, heads, hd],
-  // position = sequence index. inverse = true applies the transpose (used by backward).
+  // position = rope.position_offset + sequence index, frequencies rope.inv_freq (angles in
+  // double). inverse = true applies the transpose (used by backward).
   virtual void rope(void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                    std::int64_t head_dim, float theta, bool inverse, DType dtype) const = 0;
+                    std::int64_t head_dim, const RopeParams& rope, bool inverse,
+                    DType dtype) const = 0;
 
   // Causal grouped-query attention, softmax scale 1/sqrt(head_dim). q/out: [b, s, heads, hd];
   // k/v: [b, s, kv_heads, hd]; lse: [b, heads, s] (log-sum-exp of scaled scores, f32).
@@ -97,6 +102,13 @@ class Ops {
 
   // out = a + b (out may alias a or b).
   virtual void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const = 0;
+
+  // x[r, :] += bias for every row of x[rows, cols] (a linear layer's bias).
+  virtual void add_bias(void* x, const void* bias, std::int64_t rows, std::int64_t cols,
+                        DType dtype) const = 0;
+  // dbias += sum over rows of dy[rows, cols] (accumulate; sums in f32).
+  virtual void bias_grad(const void* dy, void* dbias, std::int64_t rows, std::int64_t cols,
+                         DType dtype) const = 0;
 
   // Fused softmax cross-entropy over logits[rows, vocab]. losses[i] = -log softmax(logits_i)[t_i]
   // (0 where targets[i] < 0, which is ignored). If dlogits is non-null it receives

@@ -21,6 +21,7 @@ struct TensorSpec {
   std::int64_t offset_elems = 0;  // inside its group
   std::int64_t num_elems = 0;
   bool is_norm = false;  // RMSNorm weight: initialized to 1
+  bool is_bias = false;  // a linear layer's bias: initialized to 0
 };
 
 struct ParamGroup {
@@ -31,8 +32,10 @@ struct ParamGroup {
 };
 
 // Groups: 0 = "embed" (model.embed_tokens.weight); 1..L = "layers.i" in the order
-// input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj;
-// L+1 = "head" (model.norm.weight, then lm_head.weight unless tie_word_embeddings).
+// input_layernorm, self_attn.{q,k,v,o}_proj (each weight followed by its bias where the family
+// has one), self_attn.{q,k}_norm (Qwen3), post_attention_layernorm, mlp.{gate,up,down}_proj
+// (with biases under mlp_bias); L+1 = "head" (model.norm.weight, then lm_head.weight unless
+// tie_word_embeddings).
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config);
@@ -62,8 +65,9 @@ class ParamLayout {
 };
 
 // Initializes one group like transformers' LlamaForCausalLM: linear and embedding weights
-// ~ N(0, initializer_range), norm weights = 1, padding = 0. Each group draws from its own stream
-// seeded by (seed, group id), so the result does not depend on the order groups are visited.
+// ~ N(0, initializer_range), norm weights = 1, biases and padding = 0. Each group draws from its
+// own stream seeded by (seed, group id), so the result does not depend on the order groups are
+// visited.
 void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed, float* out);
 
 }  // namespace strata::model

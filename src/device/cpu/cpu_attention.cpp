@@ -1,6 +1,7 @@
 // Causal grouped-query attention on the CPU: per (batch, head) OpenBLAS products into fp32
 // [seq, seq] score blocks (row blocks skip most of the masked upper triangle) and a row-parallel
-// softmax between them. bf16 tensors are converted one batch element at a time.
+// softmax between them; a sliding window zeroes the probabilities left of it. bf16 tensors are
+// converted one batch element at a time.
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -17,6 +18,7 @@ constexpr std::int64_t kScoreBudgetFloats = std::int64_t{4} << 20;
 
 struct Dims {
   std::int64_t batch, seq, heads, kv_heads, hd, group;
+  std::int64_t window;       // 0: full causal
   std::int64_t q_ld, kv_ld;  // row strides of q/out and k/v
   float scale;
 
@@ -27,11 +29,16 @@ struct Dims {
         kv_heads(s.kv_heads),
         hd(s.head_dim),
         group(s.kv_heads > 0 ? s.heads / s.kv_heads : 0),
+        window(s.window),
         q_ld(s.heads * s.head_dim),
         kv_ld(s.kv_heads * s.head_dim),
         scale(1.0f / std::sqrt(static_cast<float>(s.head_dim))) {
     STRATA_CHECK(batch >= 0 && seq >= 0 && hd > 0 && kv_heads > 0 && heads % kv_heads == 0,
                  "bad attention shape", batch, seq, heads, kv_heads, hd);
+  }
+  // The first key query i attends to.
+  std::int64_t first_key(std::int64_t i) const {
+    return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : 0;
   }
   std::int64_t block_end(std::int64_t i) const {
     return std::min(seq, (i / kRowBlock + 1) * kRowBlock);
@@ -129,15 +136,17 @@ void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, 
                          for (std::int64_t r = r0; r < r1; ++r) {
                            const std::int64_t h = h0 + r / S, i = r % S;
                            float* row = sc + r * S;
+                           const std::int64_t lo = d.first_key(i);
+                           std::fill(row, row + lo, 0.0f);
                            float mx = -std::numeric_limits<float>::infinity();
-                           for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+                           for (std::int64_t j = lo; j <= i; ++j) mx = std::max(mx, row[j]);
                            float sum = 0.0f;
-                           for (std::int64_t j = 0; j <= i; ++j) {
+                           for (std::int64_t j = lo; j <= i; ++j) {
                              row[j] = std::exp(row[j] - mx);
                              sum += row[j];
                            }
                            const float inv = 1.0f / sum;
-                           for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
+                           for (std::int64_t j = lo; j <= i; ++j) row[j] *= inv;
                            std::fill(row + i + 1, row + d.block_end(i), 0.0f);
                            lse[(b * d.heads + h) * S + i] = mx + std::log(sum);
                          }
@@ -192,7 +201,10 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
                            const float li = lse[(b * d.heads + h) * S + i];
                            const std::int64_t off = i * d.q_ld + h * d.hd;
                            const float di = dot_f32(dob + off, ob + off, d.hd);
-                           for (std::int64_t j = 0; j <= i; ++j) {
+                           const std::int64_t lo = d.first_key(i);
+                           std::fill(p, p + lo, 0.0f);
+                           std::fill(ds, ds + lo, 0.0f);
+                           for (std::int64_t j = lo; j <= i; ++j) {
                              p[j] = std::exp(p[j] - li);
                              ds[j] = p[j] * (ds[j] - di) * d.scale;
                            }

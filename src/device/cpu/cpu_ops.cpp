@@ -141,17 +141,17 @@ class CpuOps final : public Ops {
 
   // x: [batch, seq, heads, head_dim], rotated in place; pairs (i, i + head_dim / 2).
   void rope(void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-            std::int64_t head_dim, float theta, bool inverse, DType dtype) const override {
+            std::int64_t head_dim, const RopeParams& rope, bool inverse,
+            DType dtype) const override {
     STRATA_CHECK(head_dim % 2 == 0, "rope needs an even head_dim", head_dim);
     const std::int64_t half = head_dim / 2;
     auto table = ctx_.scratch(static_cast<std::size_t>(2 * seq * half));
     float* cos_t = table.data();
     float* sin_t = cos_t + seq * half;
     for (std::int64_t j = 0; j < half; ++j) {
-      const double inv_freq =
-          std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(j) / head_dim);
+      const double inv_freq = rope.inv_freq(j, head_dim);
       for (std::int64_t p = 0; p < seq; ++p) {
-        const double angle = static_cast<double>(p) * inv_freq;
+        const double angle = static_cast<double>(p + rope.position_offset) * inv_freq;
         cos_t[p * half + j] = static_cast<float>(std::cos(angle));
         sin_t[p * half + j] = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
       }
@@ -234,6 +234,52 @@ class CpuOps final : public Ops {
       T* o = static_cast<T*>(out);
       ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
         for (std::int64_t i = i0; i < i1; ++i) o[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
+      });
+    });
+  }
+
+  void add_bias(void* x, const void* bias, std::int64_t rows, std::int64_t cols,
+                DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* xs = static_cast<T*>(x);
+      const T* bs = static_cast<const T*>(bias);
+      ctx_.parallel_for(rows, row_grain(cols), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          T* row = xs + r * cols;
+          for (std::int64_t j = 0; j < cols; ++j) {
+            row[j] = from_f32<T>(to_f32(row[j]) + to_f32(bs[j]));
+          }
+        }
+      });
+    });
+  }
+
+  void bias_grad(const void* dy, void* dbias, std::int64_t rows, std::int64_t cols,
+                 DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* dys = static_cast<const T*>(dy);
+      // Fixed row chunks with one partial each, summed in chunk order: reproducible.
+      const std::int64_t chunk = std::max<std::int64_t>(16, row_grain(cols));
+      const std::int64_t num_chunks = (rows + chunk - 1) / chunk;
+      auto part_buf =
+          ctx_.scratch(static_cast<std::size_t>(std::max<std::int64_t>(1, num_chunks * cols)));
+      float* partials = part_buf.data();
+      ctx_.parallel_chunks(rows, chunk, [&](std::int64_t c, std::int64_t r0, std::int64_t r1) {
+        float* part = partials + c * cols;
+        std::fill(part, part + cols, 0.0f);
+        for (std::int64_t i = r0; i < r1; ++i) {
+          for (std::int64_t j = 0; j < cols; ++j) part[j] += to_f32(dys[i * cols + j]);
+        }
+      });
+      T* db = static_cast<T*>(dbias);
+      ctx_.parallel_for(cols, 1024, [&](std::int64_t j0, std::int64_t j1) {
+        for (std::int64_t j = j0; j < j1; ++j) {
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < num_chunks; ++c) sum += partials[c * cols + j];
+          db[j] = from_f32<T>(to_f32(db[j]) + sum);
+        }
       });
     });
   }

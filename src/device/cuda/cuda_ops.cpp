@@ -37,7 +37,14 @@ kernels::AttentionDims attention_dims(const AttentionShape& s) {
   STRATA_CHECK(
       s.batch >= 0 && s.seq >= 0 && s.head_dim > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0,
       "bad attention shape", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
-  return kernels::AttentionDims{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+  kernels::AttentionDims d;
+  d.batch = s.batch;
+  d.seq = s.seq;
+  d.heads = s.heads;
+  d.kv_heads = s.kv_heads;
+  d.head_dim = s.head_dim;
+  d.window = s.window;
+  return d;
 }
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -106,11 +113,12 @@ class CudaOps final : public Ops {
   }
 
   void rope(void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-            std::int64_t head_dim, float theta, bool inverse, DType dtype) const override {
+            std::int64_t head_dim, const RopeParams& rope, bool inverse,
+            DType dtype) const override {
     STRATA_CHECK(head_dim % 2 == 0, "rope needs an even head_dim", head_dim);
     void* s = scratch(kernels::rope_scratch_bytes(seq, head_dim));
     if (s == nullptr) return;
-    done(kernels::rope(ctx(), x, batch, seq, heads, head_dim, theta, inverse, float_elem(dtype), s),
+    done(kernels::rope(ctx(), x, batch, seq, heads, head_dim, rope, inverse, float_elem(dtype), s),
          "rope");
   }
 
@@ -145,6 +153,21 @@ class CudaOps final : public Ops {
 
   void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const override {
     done(kernels::add(ctx(), a, b, out, n, float_elem(dtype)), "add");
+  }
+
+  void add_bias(void* x, const void* bias, std::int64_t rows, std::int64_t cols,
+                DType dtype) const override {
+    STRATA_CHECK(rows >= 0 && cols >= 0, "negative add_bias size", rows, cols);
+    done(kernels::add_bias(ctx(), x, bias, rows, cols, float_elem(dtype)), "add_bias");
+  }
+  void bias_grad(const void* dy, void* dbias, std::int64_t rows, std::int64_t cols,
+                 DType dtype) const override {
+    STRATA_CHECK(rows >= 0 && cols >= 0, "negative bias_grad size", rows, cols);
+    const kernels::Elem e = float_elem(dtype);
+    if (rows == 0 || cols == 0) return;
+    void* s = scratch(kernels::bias_grad_scratch_bytes(rows, cols));
+    if (s == nullptr) return;
+    done(kernels::bias_grad(ctx(), dy, dbias, rows, cols, e, s), "bias_grad");
   }
 
   void cross_entropy(const void* logits, const std::int32_t* targets, float* losses, void* dlogits,

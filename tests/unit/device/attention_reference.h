@@ -1,4 +1,4 @@
-// Double-precision causal GQA attention, forward and backward, with per-element bounds on the
+// Double-precision causal GQA attention (with an optional sliding window), forward and backward, with per-element bounds on the
 // rounding error of an f32 (or bf16-in, f32-compute) implementation: the reference that the CPU
 // and CUDA attention tests compare against.
 #pragma once
@@ -51,8 +51,9 @@ inline Ref attention_ref(const AttentionShape& sh, const std::vector<double>& q,
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = h / (H / KV);
       for (std::int64_t i = 0; i < S; ++i) {
+        const std::int64_t lo = sh.window > 0 ? std::max<std::int64_t>(0, i - sh.window + 1) : 0;
         double mx = -INFINITY, ds_max = 0;
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = lo; j <= i; ++j) {
           double s = 0, sabs = 0;
           for (std::int64_t x = 0; x < D; ++x) {
             const double t = q[((b * S + i) * H + h) * D + x] * k[((b * S + j) * KV + g) * D + x];
@@ -65,11 +66,11 @@ inline Ref attention_ref(const AttentionShape& sh, const std::vector<double>& q,
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
+        for (std::int64_t j = lo; j <= i; ++j) sum += std::exp(p[j] - mx);
         const double g_n = em.gamma(i + 1);
         for (std::int64_t x = 0; x < D; ++x) {
           double o = 0, bound = 0;
-          for (std::int64_t j = 0; j <= i; ++j) {
+          for (std::int64_t j = lo; j <= i; ++j) {
             const double pj = std::exp(p[j] - mx) / sum;
             const double vj = v[((b * S + j) * KV + g) * D + x];
             o += pj * vj;
@@ -112,6 +113,7 @@ inline Grads attention_backward_ref(const AttentionShape& sh, const std::vector<
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t kvh = h / group;
       for (std::int64_t i = 0; i < S; ++i) {
+        const std::int64_t lo = sh.window > 0 ? std::max<std::int64_t>(0, i - sh.window + 1) : 0;
         const std::int64_t qo = ((b * S + i) * H + h) * D;
         double di = 0, di_abs = 0;
         for (std::int64_t x = 0; x < D; ++x) {
@@ -120,7 +122,7 @@ inline Grads attention_backward_ref(const AttentionShape& sh, const std::vector<
         }
         const double lse_err = f.lse_bound[(b * H + h) * S + i];
         const double g_q = em.gamma(i + 1);  // dq_i sums over keys j <= i
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = lo; j <= i; ++j) {
           const std::int64_t ko = ((b * S + j) * KV + kvh) * D;
           const double g_k = em.gamma((S - j) * group);  // dk_j, dv_j sum over queries i >= j
           double s = 0, dp = 0, s_abs = 0, dp_abs = 0;

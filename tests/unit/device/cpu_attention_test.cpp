@@ -34,6 +34,12 @@ const Case kCases[] = {
     {{2, 64, 4, 1, 32}, false},  // multi-query, longer
     {{1, 130, 2, 2, 64}, false},
     {{1, 1100, 4, 2, 8}, false},  // 4 [seq, seq] score blocks exceed one chunk: heads split 3 + 1
+    // Sliding windows (Mistral, Qwen): a window of 3 checked numerically, 1 (only itself), one
+    // shorter than a row block, and one the sequence never reaches (the same as none).
+    {{2, 9, 4, 2, 8, 3}, true},
+    {{1, 70, 2, 1, 16, 1}, false},
+    {{1, 130, 2, 2, 64, 17}, false},
+    {{1, 20, 2, 2, 8, 64}, false},
 };
 
 TEST(CpuAttentionTest, ReferenceBackwardMatchesFiniteDifferences) {
@@ -75,7 +81,8 @@ TEST(CpuAttentionTest, ForwardAndBackwardMatchReference) {
       const auto& sh = c.shape;
       SCOPED_TRACE(std::string(dtype_name(dt)) + " b,s,h,kvh,d=" + std::to_string(sh.batch) + "," +
                    std::to_string(sh.seq) + "," + std::to_string(sh.heads) + "," +
-                   std::to_string(sh.kv_heads) + "," + std::to_string(sh.head_dim));
+                   std::to_string(sh.kv_heads) + "," + std::to_string(sh.head_dim) + " window " +
+                   std::to_string(sh.window));
       Rng rng(32);
       const std::int64_t nq = sh.batch * sh.seq * sh.heads * sh.head_dim;
       const std::int64_t nk = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;

@@ -296,8 +296,11 @@ TEST(CpuOpsTest, RmsnormBackwardMatchesFiniteDifferences) {
 // ---------------------------------------------------------------------------------------------
 // RoPE
 
+// Rotation by (p + offset) * inv_freq(j): the frequencies as RopeParams defines them (checked
+// against transformers' formulas by the model golden tests), the rotation independently here.
 std::vector<double> rope_ref(const std::vector<double>& x, std::int64_t batch, std::int64_t seq,
-                             std::int64_t heads, std::int64_t hd, double theta, bool inverse) {
+                             std::int64_t heads, std::int64_t hd, const RopeParams& rope,
+                             bool inverse) {
   std::vector<double> y(x.size());
   const std::int64_t half = hd / 2;
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -305,7 +308,7 @@ std::vector<double> rope_ref(const std::vector<double>& x, std::int64_t batch, s
       for (std::int64_t h = 0; h < heads; ++h) {
         const std::int64_t base = ((b * seq + p) * heads + h) * hd;
         for (std::int64_t j = 0; j < half; ++j) {
-          const double angle = p * std::pow(theta, -2.0 * j / hd);
+          const double angle = static_cast<double>(p + rope.position_offset) * rope.inv_freq(j, hd);
           const double c = std::cos(angle), s = inverse ? -std::sin(angle) : std::sin(angle);
           const double x1 = x[base + j], x2 = x[base + j + half];
           y[base + j] = x1 * c - x2 * s;
@@ -321,22 +324,28 @@ TEST(CpuOpsTest, RopeForwardInverseAndTranspose) {
   auto dev = make_device();
   const std::int64_t batch = 2, seq = 37, heads = 3, hd = 16, n = batch * seq * heads * hd;
   for (DType dt : kDtypes) {
-    for (double theta : {10000.0, 500.0}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " theta " + std::to_string(theta));
+    RopeParams llama3{500000.0, {RopeScaling::kLlama3, 8.0, 1.0, 4.0, 64.0}, 0};
+    RopeParams linear{10000.0, {RopeScaling::kLinear, 4.0}, 0};
+    RopeParams offset{10000.0, {}, 1000};  // decoding past a prompt
+    for (const RopeParams& rope :
+         {RopeParams{10000.0}, RopeParams{500.0}, llama3, linear, offset}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " theta " + std::to_string(rope.theta) +
+                   " scaling " + std::to_string(static_cast<int>(rope.scaling.type)) + " offset " +
+                   std::to_string(rope.position_offset));
       Rng rng(7);
       HostTensor x(dt, n);
       x.fill_uniform(rng, -1, 1);
       const auto xv = x.values();
       for (bool inverse : {false, true}) {
         HostTensor y = x;
-        dev->ops().rope(y.data(), batch, seq, heads, hd, static_cast<float>(theta), inverse, dt);
+        dev->ops().rope(y.data(), batch, seq, heads, hd, rope, inverse, dt);
         expect_close(inverse ? "inverse" : "forward", y.values(),
-                     rope_ref(xv, batch, seq, heads, hd, theta, inverse), tolerance(dt));
+                     rope_ref(xv, batch, seq, heads, hd, rope, inverse), tolerance(dt));
       }
       // inverse(forward(x)) = x, i.e. the inverse is the transpose of an orthogonal map.
       HostTensor y = x;
-      dev->ops().rope(y.data(), batch, seq, heads, hd, static_cast<float>(theta), false, dt);
-      dev->ops().rope(y.data(), batch, seq, heads, hd, static_cast<float>(theta), true, dt);
+      dev->ops().rope(y.data(), batch, seq, heads, hd, rope, false, dt);
+      dev->ops().rope(y.data(), batch, seq, heads, hd, rope, true, dt);
       expect_close("round trip", y.values(), xv, dt == DType::kF32 ? 1e-5 : 2e-2);
     }
   }
@@ -344,6 +353,70 @@ TEST(CpuOpsTest, RopeForwardInverseAndTranspose) {
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU and add
+
+TEST(CpuOpsTest, Llama3RopeScalingKeepsHighFrequenciesAndDividesLowOnes) {
+  // Llama 3.1's parameters: factor 8, low 1, high 4, original context 8192.
+  const RopeParams r{500000.0, {RopeScaling::kLlama3, 8.0, 1.0, 4.0, 8192.0}, 0};
+  const RopeParams plain{500000.0};
+  const std::int64_t hd = 128;
+  const double pi = 3.14159265358979323846;
+  int kept = 0, divided = 0, blended = 0;
+  for (std::int64_t j = 0; j < hd / 2; ++j) {
+    const double f = plain.inv_freq(j, hd);
+    const double wavelen = 2 * pi / f;
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_EQ(r.inv_freq(j, hd), f) << j;
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_DOUBLE_EQ(r.inv_freq(j, hd), f / 8) << j;
+      ++divided;
+    } else {
+      EXPECT_LT(r.inv_freq(j, hd), f) << j;
+      EXPECT_GT(r.inv_freq(j, hd), f / 8) << j;
+      ++blended;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST(CpuOpsTest, BiasAddAndGradient) {
+  auto dev = make_device();
+  for (DType dt : kDtypes) {
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 5}, {37, 24}, {300, 96}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
+                   std::to_string(cols));
+      Rng rng(11);
+      HostTensor x(dt, rows * cols), b(dt, cols), db(dt, cols);
+      x.fill_uniform(rng, -1, 1);
+      b.fill_uniform(rng, -1, 1);
+      db.fill_uniform(rng, -1, 1);
+      const auto xv = x.values(), bv = b.values(), db0 = db.values();
+      std::vector<double> want(xv.size()), want_db(db0), abs_sum(db0.size());
+      for (std::int64_t c = 0; c < cols; ++c) abs_sum[c] = std::abs(db0[c]);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t c = 0; c < cols; ++c) {
+          want[r * cols + c] = xv[r * cols + c] + bv[c];
+          want_db[c] += xv[r * cols + c];
+          abs_sum[c] += std::abs(xv[r * cols + c]);
+        }
+      }
+      dev->ops().bias_grad(x.data(), db.data(), rows, cols, dt);
+      // An f32 sum of rows + 1 terms (gamma(rows + 1) of the sum of their magnitudes), then one
+      // rounding to the dtype.
+      const double u = std::ldexp(1.0, -24), n = static_cast<double>(rows + 1);
+      const double out_u = dt == DType::kF32 ? u : std::ldexp(1.0, -8);
+      std::vector<double> bound(want_db.size());
+      for (std::size_t c = 0; c < bound.size(); ++c) {
+        bound[c] = n * u / (1 - n * u) * abs_sum[c] + out_u * std::abs(want_db[c]);
+      }
+      testing::expect_within("bias_grad", db.values(), want_db, bound);
+      dev->ops().add_bias(x.data(), b.data(), rows, cols, dt);
+      expect_close("add_bias", x.values(), want, tolerance(dt));
+    }
+  }
+}
 
 TEST(CpuOpsTest, SwigluForwardAndBackward) {
   auto dev = make_device();

@@ -1,14 +1,21 @@
 // CUDA op table against the CPU backend on random data: GEMM (every transpose, padded leading
-// dimensions, beta), embedding, RMSNorm, RoPE, SwiGLU, add and cast, forward and backward.
+// dimensions, beta), embedding, RMSNorm, RoPE (with frequency scaling and position offsets),
+// SwiGLU, add, bias add and gradient, and cast, forward and backward; and sliding-window
+// attention, both kernels, against the double-precision reference within the attention test's
+// derived bounds (attention_reference.h; the CPU backend's too, so both backends agree).
 // GPU outputs are poisoned (NaN) before each op so that an unwritten element fails.
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "kernels/runtime.h"
+#include "tests/unit/device/attention_reference.h"
 #include "tests/unit/device/cuda_test_util.h"
 
 namespace strata::device {
@@ -17,6 +24,7 @@ namespace {
 using testing::as_doubles;
 using testing::download_array;
 using testing::expect_close;
+using testing::expect_within;
 using testing::GpuTensor;
 using testing::HostTensor;
 using testing::tolerance;
@@ -194,12 +202,66 @@ TEST_F(CudaOpsTest, RopeForwardAndInverse) {
           HostTensor x(dt, s.batch * s.seq * s.heads * s.hd);
           x.fill_uniform(rng, -1, 1);
           GpuTensor gx(*gpu_, x);
-          cpu_ops().rope(x.data(), s.batch, s.seq, s.heads, s.hd, static_cast<float>(theta),
-                         inverse, dt);
-          gpu_ops().rope(gx.data(), s.batch, s.seq, s.heads, s.hd, static_cast<float>(theta),
-                         inverse, dt);
+          RopeParams rope;
+          rope.theta = theta;
+          cpu_ops().rope(x.data(), s.batch, s.seq, s.heads, s.hd, rope, inverse, dt);
+          gpu_ops().rope(gx.data(), s.batch, s.seq, s.heads, s.hd, rope, inverse, dt);
           expect_close("rope", gx.download().values(), x.values(), tolerance(dt));
         }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RopeScalingAndPositionOffset) {
+  struct Case {
+    std::string name;
+    RopeParams rope;
+    std::int64_t batch, seq, heads, hd;
+  };
+  std::vector<Case> cases;
+  {
+    RopeParams r;  // linear: every frequency divided by the factor
+    r.theta = 10000.0;
+    r.scaling.type = RopeScaling::kLinear;
+    r.scaling.factor = 4.0;
+    r.position_offset = 1000;
+    cases.push_back({"linear", r, 2, 37, 3, 16});
+  }
+  {
+    RopeParams r;  // Llama 3.1's: all three frequency bands at head_dim 128
+    r.theta = 500000.0;
+    r.scaling.type = RopeScaling::kLlama3;
+    r.scaling.factor = 8.0;
+    r.scaling.low_freq_factor = 1.0;
+    r.scaling.high_freq_factor = 4.0;
+    r.scaling.original_max_position_embeddings = 8192.0;
+    cases.push_back({"llama3", r, 2, 300, 2, 128});
+    r.position_offset = 70000;  // decoding far into a long context: angles need double
+    cases.push_back({"llama3 offset 70000", r, 1, 50, 2, 128});
+  }
+  {
+    RopeParams r;  // small original context, so that head_dim 16 also spans the three bands
+    r.theta = 10000.0;
+    r.scaling.type = RopeScaling::kLlama3;
+    r.scaling.factor = 4.0;
+    r.scaling.low_freq_factor = 1.0;
+    r.scaling.high_freq_factor = 4.0;
+    r.scaling.original_max_position_embeddings = 64.0;
+    r.position_offset = 37;
+    cases.push_back({"llama3 small", r, 2, 37, 3, 16});
+  }
+  for (DType dt : kDtypes) {
+    for (const Case& c : cases) {
+      for (bool inverse : {false, true}) {
+        SCOPED_TRACE(trace(dt, c.name + " inverse " + std::to_string(inverse)));
+        Rng rng(17);
+        HostTensor x(dt, c.batch * c.seq * c.heads * c.hd);
+        x.fill_uniform(rng, -1, 1);
+        GpuTensor gx(*gpu_, x);
+        cpu_ops().rope(x.data(), c.batch, c.seq, c.heads, c.hd, c.rope, inverse, dt);
+        gpu_ops().rope(gx.data(), c.batch, c.seq, c.heads, c.hd, c.rope, inverse, dt);
+        expect_close("rope", gx.download().values(), x.values(), tolerance(dt));
       }
     }
   }
@@ -259,6 +321,63 @@ TEST_F(CudaOpsTest, AddIsExactIncludingInPlaceAndUnaligned) {
   }
 }
 
+struct BiasShape {
+  std::int64_t rows, cols;
+};
+// Vectorizable and not (2047, 13), several rows per gradient chunk with a partial last chunk
+// (2103 rows: chunks of 5), fewer rows than one chunk (1, 3).
+constexpr BiasShape kBiasShapes[] = {{7, 48}, {300, 1000}, {37, 2047}, {2103, 2048},
+                                     {1, 13}, {3, 8},      {5000, 64}};
+
+TEST_F(CudaOpsTest, AddBiasIsExactIncludingUnaligned) {
+  for (DType dt : kDtypes) {
+    for (const BiasShape& s : kBiasShapes) {
+      for (std::int64_t off : {0, 1}) {  // offset by one element: the scalar path
+        SCOPED_TRACE(trace(dt, "rows " + std::to_string(s.rows) + " cols " +
+                                   std::to_string(s.cols) + " offset " + std::to_string(off)));
+        Rng rng(40 + s.rows);
+        HostTensor x(dt, s.rows * s.cols + 1), bias(dt, s.cols + 1);
+        x.fill_uniform(rng, -2, 2);
+        bias.fill_uniform(rng, -1, 1);
+        GpuTensor gx(*gpu_, x), gbias(*gpu_, bias);
+        const std::size_t es = static_cast<std::size_t>(off) * dtype_size(dt);
+        cpu_ops().add_bias(static_cast<std::byte*>(x.data()) + es,
+                           static_cast<const std::byte*>(bias.data()) + es, s.rows, s.cols, dt);
+        gpu_ops().add_bias(static_cast<std::byte*>(gx.data()) + es,
+                           static_cast<const std::byte*>(gbias.data()) + es, s.rows, s.cols, dt);
+        EXPECT_TRUE(gx.download().bitwise_equal(x));  // one rounding of the same f32 sum
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, BiasGradSumsRowsReproducibly) {
+  for (DType dt : kDtypes) {
+    for (const BiasShape& s : kBiasShapes) {
+      SCOPED_TRACE(trace(dt, "rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols)));
+      Rng rng(50 + s.rows);
+      const std::int64_t n = s.rows * s.cols;
+      HostTensor dy(dt, n), dbias(dt, s.cols), dy_shifted(dt, n + 1);
+      dy.fill_uniform(rng, -1, 1);
+      dbias.fill_uniform(rng, -1, 1);  // accumulated into
+      for (std::int64_t i = 0; i < n; ++i) dy_shifted.set(i + 1, dy.get(i));
+      GpuTensor gdy(*gpu_, dy), gdy_shifted(*gpu_, dy_shifted), gdb(*gpu_, dbias),
+          gdb_again(*gpu_, dbias), gdb_shifted(*gpu_, dbias);
+      cpu_ops().bias_grad(dy.data(), dbias.data(), s.rows, s.cols, dt);
+      gpu_ops().bias_grad(gdy.data(), gdb.data(), s.rows, s.cols, dt);
+      const HostTensor got = gdb.download();
+      expect_close("dbias", got.values(), dbias.values(), tolerance(dt));
+      // Fixed chunks summed in order: the same bits on every run, and with or without the
+      // 16-byte vector loads (a misaligned dy takes the scalar path).
+      gpu_ops().bias_grad(gdy.data(), gdb_again.data(), s.rows, s.cols, dt);
+      EXPECT_TRUE(gdb_again.download().bitwise_equal(got));
+      gpu_ops().bias_grad(static_cast<const std::byte*>(gdy_shifted.data()) + dtype_size(dt),
+                          gdb_shifted.data(), s.rows, s.cols, dt);
+      EXPECT_TRUE(gdb_shifted.download().bitwise_equal(got));
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, CastsRoundLikeTheHost) {
   const DType types[] = {DType::kF32, DType::kBF16, DType::kF16};
   for (DType from : types) {
@@ -277,6 +396,133 @@ TEST_F(CudaOpsTest, CastsRoundLikeTheHost) {
     }
   }
 }
+
+// ---- Sliding-window attention.
+
+AttentionShape attention_shape(std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                               std::int64_t kv_heads, std::int64_t head_dim, std::int64_t window) {
+  AttentionShape s;
+  s.batch = batch;
+  s.seq = seq;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.window = window;
+  return s;
+}
+
+// The simple and the flash kernels (as the attention test picks them, through the tuning).
+class CudaWindowAttentionTest : public testing::GpuTest,
+                                public ::testing::WithParamInterface<kernels::AttentionKernel> {
+ protected:
+  cuda::CudaTuning tuning() const override {
+    cuda::CudaTuning t;
+    t.attention = GetParam();
+    return t;
+  }
+
+  void check(const AttentionShape& sh, DType dt) {
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " b,s,h,kvh,d=" + std::to_string(sh.batch) + "," +
+                 std::to_string(sh.seq) + "," + std::to_string(sh.heads) + "," +
+                 std::to_string(sh.kv_heads) + "," + std::to_string(sh.head_dim) + " window " +
+                 std::to_string(sh.window));
+    Rng rng(31 + sh.seq + sh.window);
+    const std::int64_t nq = sh.batch * sh.seq * sh.heads * sh.head_dim;
+    const std::int64_t nk = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
+    const std::size_t nl = static_cast<std::size_t>(sh.batch * sh.heads * sh.seq);
+    HostTensor q(dt, nq), k(dt, nk), v(dt, nk), out(dt, nq), dout(dt, nq);
+    q.fill_uniform(rng, -1.5, 1.5);
+    k.fill_uniform(rng, -1.5, 1.5);
+    v.fill_uniform(rng, -1, 1);
+    dout.fill_uniform(rng, -1, 1);
+    // The attention test's error model: the flash kernels round P and dS to bf16. The CPU
+    // backend's arithmetic is within the same (looser) bounds.
+    const bool flash_may_run =
+        GetParam() != kernels::AttentionKernel::kSimple && dt == DType::kBF16;
+    const testing::ErrorModel em{.bf16 = dt == DType::kBF16, .rounds_p_and_ds = flash_may_run};
+    const testing::Ref want = testing::attention_ref(sh, q.values(), k.values(), v.values(), em);
+    const testing::Grads want_g =
+        testing::attention_backward_ref(sh, q.values(), k.values(), v.values(), dout.values(), em);
+
+    std::vector<float> lse(nl);
+    cpu_ops().attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh, dt);
+    expect_within("cpu out", out.values(), want.out, want.out_bound);
+    expect_within("cpu lse", as_doubles(lse), want.lse, want.lse_bound);
+
+    GpuTensor gq(*gpu_, q), gk(*gpu_, k), gv(*gpu_, v), gout(*gpu_, dt, nq), gdout(*gpu_, dout);
+    gout.poison();
+    DeviceBuffer glse = testing::poisoned_floats(*gpu_, nl);
+    gpu_ops().attention_forward(gq.data(), gk.data(), gv.data(), gout.data(), glse.as<float>(), sh,
+                                dt);
+    expect_within("out", gout.download().values(), want.out, want.out_bound);
+    expect_within("lse", as_doubles(download_array<float>(*gpu_, glse, nl)), want.lse,
+                  want.lse_bound);
+
+    // Backward on both backends from the CPU's forward output and lse.
+    HostTensor dq(dt, nq), dk(dt, nk), dv(dt, nk);
+    cpu_ops().attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                 dq.data(), dk.data(), dv.data(), sh, dt);
+    expect_within("cpu dq", dq.values(), want_g.dq, want_g.dq_bound);
+    expect_within("cpu dk", dk.values(), want_g.dk, want_g.dk_bound);
+    expect_within("cpu dv", dv.values(), want_g.dv, want_g.dv_bound);
+    GpuTensor gcpu_out(*gpu_, out), gdq(*gpu_, dt, nq), gdk(*gpu_, dt, nk), gdv(*gpu_, dt, nk);
+    for (GpuTensor* t : {&gdq, &gdk, &gdv}) t->poison();
+    DeviceBuffer gcpu_lse = upload_array(*gpu_, lse);
+    gpu_ops().attention_backward(gdout.data(), gq.data(), gk.data(), gv.data(), gcpu_out.data(),
+                                 gcpu_lse.as<float>(), gdq.data(), gdk.data(), gdv.data(), sh, dt);
+    expect_within("dq", gdq.download().values(), want_g.dq, want_g.dq_bound);
+    expect_within("dk", gdk.download().values(), want_g.dk, want_g.dk_bound);
+    expect_within("dv", gdv.download().values(), want_g.dv, want_g.dv_bound);
+  }
+};
+
+TEST_P(CudaWindowAttentionTest, MatchesWindowedReferenceOnBothBackends) {
+  const bool flash_only = GetParam() == kernels::AttentionKernel::kFlash;
+  struct Case {
+    std::int64_t batch, seq, heads, kv_heads, head_dim;
+    DType dtype;
+  };
+  std::vector<Case> cases = {
+      {2, 77, 4, 2, 64, DType::kBF16},    // partial tile, GQA group 2
+      {1, 130, 8, 2, 128, DType::kBF16},  // head_dim 128, group 4
+      {2, 300, 4, 1, 64, DType::kBF16},   // several tiles: windows skip whole tiles
+  };
+  if (!flash_only) {
+    cases.push_back({2, 37, 4, 4, 16, DType::kF32});
+    cases.push_back({1, 300, 4, 1, 64, DType::kF32});  // more keys than one score chunk
+  }
+  const std::size_t smem = kernels::query_gpus().max_smem_optin_bytes;
+  for (const Case& c : cases) {
+    // 1: only the diagonal; 3 and 17: inside one tile or across a tile edge; 100: wider than a
+    // tile, narrower than the sequence; seq: full causal.
+    for (std::int64_t window :
+         {std::int64_t{1}, std::int64_t{3}, std::int64_t{17}, std::int64_t{100}, c.seq}) {
+      if (window > c.seq) continue;
+      const AttentionShape sh =
+          attention_shape(c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, window);
+      kernels::AttentionDims d;
+      d.batch = sh.batch;
+      d.seq = sh.seq;
+      d.heads = sh.heads;
+      d.kv_heads = sh.kv_heads;
+      d.head_dim = sh.head_dim;
+      d.window = sh.window;
+      if (flash_only && !kernels::flash_attention_applies(kernels::LaunchContext{nullptr, smem}, d,
+                                                          kernels::Elem::kBF16, true)) {
+        continue;  // e.g. head_dim 128 backward on a GPU with 99 KiB of shared memory per block
+      }
+      check(sh, c.dtype);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaWindowAttentionTest,
+                         ::testing::Values(kernels::AttentionKernel::kSimple,
+                                           kernels::AttentionKernel::kFlash),
+                         [](const ::testing::TestParamInfo<kernels::AttentionKernel>& info) {
+                           return std::string(
+                               info.param == kernels::AttentionKernel::kFlash ? "Flash" : "Simple");
+                         });
 
 }  // namespace
 }  // namespace strata::device

@@ -25,6 +25,33 @@ struct GoldenRun {
   std::map<std::string, std::vector<float>> grads;  // by HF tensor name
 };
 
+struct GoldenBatch {
+  std::vector<std::int32_t> inputs, targets;
+  std::int64_t batch = 0, seq = 0;
+};
+
+// The batch of llama_golden.py's file (inputs and targets given) or of family_golden.py's (every
+// window of `seq` tokens of one sequence, targets shifted by one).
+GoldenBatch batch_of(const Json& golden) {
+  GoldenBatch b;
+  b.seq = golden.at("seq");
+  if (golden.contains("inputs")) {
+    b.inputs = golden.at("inputs").get<std::vector<std::int32_t>>();
+    b.targets = golden.at("targets").get<std::vector<std::int32_t>>();
+    b.batch = golden.at("batch");
+    return b;
+  }
+  const auto tokens = golden.at("tokens").get<std::vector<std::int32_t>>();
+  b.batch = golden.at("windows");
+  for (std::int64_t g = 0; g < b.batch; ++g) {
+    for (std::int64_t i = 0; i < b.seq; ++i) {
+      b.inputs.push_back(tokens[static_cast<std::size_t>(g * b.seq + i)]);
+      b.targets.push_back(tokens[static_cast<std::size_t>(g * b.seq + i + 1)]);
+    }
+  }
+  return b;
+}
+
 // Loads the config and weights of one case into a fresh model and runs one step.
 GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, bool checkpointing) {
   auto config = LlamaConfig::from_json(config_json, kGoldenPath);
@@ -41,11 +68,10 @@ GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, boo
       for (std::int64_t i = 0; i < t.num_elems; ++i) p[i] = w[i].get<float>();
     }
   }
-  const auto inputs = golden.at("inputs").get<std::vector<std::int32_t>>();
-  const auto targets = golden.at("targets").get<std::vector<std::int32_t>>();
-  const std::int64_t batch = golden.at("batch"), seq = golden.at("seq");
+  const GoldenBatch b = batch_of(golden);
   LlamaModel model(*config, layout, *device, ModelOptions{dtype, checkpointing});
-  auto r = model.forward_backward(provider, inputs.data(), targets.data(), batch, seq, 1.0f);
+  auto r =
+      model.forward_backward(provider, b.inputs.data(), b.targets.data(), b.batch, b.seq, 1.0f);
   STRATA_CHECK(r.is_ok(), r.status().to_string());
   GoldenRun run;
   run.loss = *r;
@@ -130,6 +156,42 @@ TEST_P(LlamaGoldenTest, Bf16LossIsCloseToPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Checkpointing, LlamaGoldenTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Checkpointed" : "Stored"; });
+
+// The families (tools/golden/family_golden.py, tests/data/families/): Llama 3 (llama3 rope
+// scaling, explicit head_dim, attention and MLP biases), Llama with linear rope scaling, Qwen2
+// (q/k/v biases, tied), Qwen2 with sliding windows from layer 1, Qwen3 (q/k norms) and Mistral
+// (sliding window): the loss and every gradient of one step against float64 PyTorch.
+class FamilyGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(FamilyGoldenTest, F32LossAndGradientsMatchPyTorch) {
+  const auto& [name, checkpointing] = GetParam();
+  const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/families/" + name + ".json";
+  auto golden = read_json_file(path);
+  ASSERT_TRUE(golden.is_ok()) << golden.status().to_string();
+  const Json& g = golden.value();
+  const GoldenRun run = run_case(g, g.at("config"), DType::kF32, checkpointing);
+  const double want = g.at("loss").get<double>();
+  EXPECT_NEAR(run.loss, want,
+              kF32Factor * g.at("f32_loss_error").get<double>() + 0x1p-24 * std::abs(want));
+  ASSERT_EQ(g.at("grads").size(), run.grads.size()) << "every tensor of the layout has a golden";
+  for (const auto& [tensor, grads] : g.at("grads").items()) {
+    ASSERT_TRUE(run.grads.count(tensor)) << tensor;
+    expect_grad_close(tensor, run.grads.at(tensor), grads,
+                      g.at("f32_grad_error").at(tensor).get<double>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
+                         ::testing::Combine(::testing::Values("llama3", "llama-linear", "qwen2",
+                                                              "qwen2-window", "qwen3", "mistral"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           for (char& c : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n + (std::get<1>(info.param) ? "Checkpointed" : "Stored");
+                         });
 
 }  // namespace
 }  // namespace strata::model
