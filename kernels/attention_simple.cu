@@ -45,18 +45,24 @@ __device__ __forceinline__ std::int64_t row_offset(const Shape& d, std::int64_t 
   return ((b * d.seq + s) * num_heads + h) * d.hd;
 }
 
-// grid (seq, heads, batch). Shared: q row [hd], scores [kChunk].
+// grid (queries, heads, batch). Query row i of q/out ([batch, q_rows, heads, hd]) sits at
+// position past + i of the keys ([batch, seq, kv_heads, hd]): past 0 and q_rows = seq for
+// training, past = the tokens already cached when decoding. lse may be null (decoding).
+// Shared: q row [hd], scores [kChunk].
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     forward_simple_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                          T* __restrict__ out, float* __restrict__ lse, Shape d) {
+                          T* __restrict__ out, float* __restrict__ lse, Shape d, std::int64_t past,
+                          std::int64_t q_rows) {
   extern __shared__ float smem[];
   __shared__ float red[32];
   float* qs = smem;
   float* sc = smem + d.hd;
-  const std::int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.group;
+  const std::int64_t qi = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.group;
+  const std::int64_t i = past + qi;  // the query's position among the keys
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const T* qrow = q + row_offset(d, b, i, d.heads, h);
+  const std::int64_t qoff = ((b * q_rows + qi) * d.heads + h) * d.hd;
+  const T* qrow = q + qoff;
   for (std::int64_t x = threadIdx.x; x < d.hd; x += kThreads) qs[x] = to_float(qrow[x]);
   __syncthreads();
   float acc[kDimsPerThread] = {};
@@ -95,13 +101,13 @@ __global__ void __launch_bounds__(kThreads)
     m = m_new;
     __syncthreads();  // sc is rewritten by the next chunk
   }
-  T* orow = out + row_offset(d, b, i, d.heads, h);
+  T* orow = out + qoff;
 #pragma unroll
   for (int e = 0; e < kDimsPerThread; ++e) {
     const std::int64_t x = threadIdx.x + e * kThreads;
     if (x < d.hd) orow[x] = from_float<T>(acc[e] / l);
   }
-  if (threadIdx.x == 0) lse[(b * d.heads + h) * d.seq + i] = m + logf(l);
+  if (threadIdx.x == 0 && lse != nullptr) lse[(b * d.heads + h) * q_rows + qi] = m + logf(l);
 }
 
 // One warp per (b, s, h) row: drow[b, h, s] = dout . out.
@@ -272,7 +278,27 @@ int attention_forward_simple(const LaunchContext& ctx, const void* q, const void
     using T = typename decltype(tag)::type;
     forward_simple_kernel<T><<<grid, kThreads, smem, stream_of(ctx)>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        static_cast<T*>(out), lse, s);
+        static_cast<T*>(out), lse, s, 0, d.seq);
+    return launch_check();
+  });
+}
+
+int attention_decode(const LaunchContext& ctx, const void* q, const void* k_cache,
+                     const void* v_cache, void* out, std::int64_t queries, std::int64_t past,
+                     const AttentionDims& per_head, Elem dtype) {
+  if (queries == 0) return 0;
+  AttentionDims d = per_head;
+  d.batch = 1;
+  d.seq = past + queries;
+  if (!valid(d) || queries > 0x7fffffff) return static_cast<int>(cudaErrorInvalidValue);
+  const Shape s = shape_of(d);
+  const dim3 grid(static_cast<unsigned>(queries), static_cast<unsigned>(d.heads), 1);
+  const std::size_t smem = static_cast<std::size_t>(d.head_dim + kChunk) * sizeof(float);
+  return dispatch_float(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    forward_simple_kernel<T><<<grid, kThreads, smem, stream_of(ctx)>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
+        static_cast<T*>(out), nullptr, s, past, queries);
     return launch_check();
   });
 }

@@ -83,6 +83,11 @@ int attention_forward_simple(const LaunchContext& ctx, const void* q, const void
                              void* out, float* lse, const AttentionDims& d, Elem dtype);
 int attention_forward_flash(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                             void* out, float* lse, const AttentionDims& d);
+// Decoding with a KV cache (batch 1): `queries` new rows of q attend the cache's past + queries
+// rows; per_head gives heads, kv_heads, head_dim and window (batch and seq are ignored).
+int attention_decode(const LaunchContext& ctx, const void* q, const void* k_cache,
+                     const void* v_cache, void* out, std::int64_t queries, std::int64_t past,
+                     const AttentionDims& per_head, Elem dtype);
 // drow[b, h, i] = dout_i . out_i in fp32: the softmax backward's row term, shared by both.
 int attention_row_dot(const LaunchContext& ctx, const void* dout, const void* out, float* drow,
                       const AttentionDims& d, Elem dtype);

@@ -106,6 +106,61 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   return std::max(off, mlp_end);
 }
 
+// The decoding workspace: the KV caches of every layer and one block's activations for up to
+// `rows` tokens at a time.
+struct DecodeWorkspace {
+  std::int32_t* ids = nullptr;          // [rows]
+  std::vector<void*> k_cache, v_cache;  // per layer, [positions, kv_dim]
+  void* xs[2] = {nullptr, nullptr};     // [rows, hidden]: block input and output, alternating
+  detail::DecodeActs acts;
+  float* rstd_final = nullptr;  // [1]
+  void* hf = nullptr;           // [hidden]: model.norm of the last row
+  void* logits = nullptr;       // [vocab], compute dtype
+  float* logits_f32 = nullptr;  // [vocab]
+};
+
+std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t positions,
+                           std::byte* base, DecodeWorkspace* ws) {
+  std::uint64_t off = 0;
+  auto take = [&](std::int64_t elems, std::size_t elem_bytes) -> void* {
+    off = align_up(off, kAlignBytes);
+    void* p = base == nullptr ? nullptr : base + off;
+    off += static_cast<std::uint64_t>(elems) * elem_bytes;
+    return p;
+  };
+  const std::size_t eb = d.elem_bytes;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  auto act = [&](std::int64_t n) { return take(n, eb); };
+  ws->ids = static_cast<std::int32_t*>(take(R, 4));
+  ws->k_cache.resize(static_cast<std::size_t>(num_layers));
+  ws->v_cache.resize(static_cast<std::size_t>(num_layers));
+  for (std::int64_t l = 0; l < num_layers; ++l) {
+    ws->k_cache[static_cast<std::size_t>(l)] = act(positions * KV);
+    ws->v_cache[static_cast<std::size_t>(l)] = act(positions * KV);
+  }
+  ws->xs[0] = act(R * H);
+  ws->xs[1] = act(R * H);
+  auto& a = ws->acts;
+  a.a = act(R * H);
+  a.q = act(R * Q);
+  if (d.qk_norm) {
+    a.q_pre = act(R * Q);
+    a.k_pre = act(R * KV);
+  }
+  a.rstd = static_cast<float*>(take(R * std::max(d.heads, d.kv_heads), 4));
+  a.att = act(R * Q);
+  a.hmid = act(R * H);
+  a.b = act(R * H);
+  a.gate = act(R * F);
+  a.up = act(R * F);
+  a.m = act(R * F);
+  ws->rstd_final = static_cast<float*>(take(1, 4));
+  ws->hf = act(H);
+  ws->logits = act(d.vocab);
+  ws->logits_f32 = static_cast<float*>(take(d.vocab, 4));
+  return off;
+}
+
 std::int64_t tensor_offset(const ParamLayout& layout, const std::string& name, int group) {
   const auto loc = layout.find(name);
   STRATA_CHECK(loc.has_value() && loc->group == group, "parameter missing from the layout", name,
@@ -179,6 +234,16 @@ struct LlamaModel::Impl {
   Result<float> step(ParamProvider& provider, const std::int32_t* inputs,
                      const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool train,
                      float grad_scale, StepTimings& timings);
+  Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);
+  Result<const float*> decode(ParamProvider& provider, const std::int32_t* ids, std::int64_t n);
+  Dims decode_dims(std::int64_t rows) const {
+    return Dims::make(config_, options_.compute_dtype, 1, rows);
+  }
+  DecodeWorkspace dws_;
+  Dims decode_dims_;
+  std::int64_t decode_positions_ = 0, decode_rows_ = 0, decoded_ = 0;
+  device::PinnedBuffer decode_io_;  // token ids in, logits out
+
   // The micro-batch's dimensions with layer `layer`'s attention window.
   Dims dims_of(std::int64_t layer) const {
     Dims d = dims_;
@@ -431,6 +496,129 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
 }
 
 LlamaModel::~LlamaModel() = default;
+
+std::uint64_t LlamaModel::decode_bytes(std::int64_t max_positions, std::int64_t max_rows) const {
+  DecodeWorkspace measure;
+  return carve_decode(impl_->decode_dims(max_rows), config_.num_hidden_layers, max_positions,
+                      nullptr, &measure);
+}
+
+Status LlamaModel::begin_decode(ParamProvider& provider, std::int64_t max_positions,
+                                std::int64_t max_rows) {
+  return impl_->begin_decode(provider, max_positions, max_rows);
+}
+
+Result<const float*> LlamaModel::decode(ParamProvider& provider, const std::int32_t* ids,
+                                        std::int64_t n) {
+  return impl_->decode(provider, ids, n);
+}
+
+std::int64_t LlamaModel::decoded_positions() const { return impl_->decoded_; }
+
+Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_positions,
+                                      std::int64_t max_rows) {
+  if (max_positions <= 0 || max_rows <= 0 || max_rows > max_positions) {
+    return invalid_argument("decoding needs 0 < rows <= positions, got rows " +
+                            std::to_string(max_rows) + " and positions " +
+                            std::to_string(max_positions));
+  }
+  if (max_positions > config_.max_position_embeddings) {
+    return invalid_argument("decoding " + std::to_string(max_positions) +
+                            " positions exceeds max_position_embeddings " +
+                            std::to_string(config_.max_position_embeddings));
+  }
+  const Dims d = decode_dims(max_rows);
+  DecodeWorkspace measure;
+  const std::uint64_t bytes =
+      carve_decode(d, config_.num_hidden_layers, max_positions, nullptr, &measure);
+  STRATA_ASSIGN_OR_RETURN(
+      void* base, provider.workspace(bytes, "KV cache and decoding activations (" +
+                                                std::to_string(max_positions) + " positions)"));
+  carve_decode(d, config_.num_hidden_layers, max_positions, static_cast<std::byte*>(base), &dws_);
+  decode_dims_ = d;
+  decode_positions_ = max_positions;
+  decode_rows_ = max_rows;
+  decoded_ = 0;
+  workspace_ = nullptr;  // the training workspace, if any, was replaced
+  STRATA_ASSIGN_OR_RETURN(
+      decode_io_, device_.allocate_pinned(static_cast<std::size_t>(std::max(max_rows, d.vocab)) * 4,
+                                          "decoding token ids and logits"));
+  return Status::ok();
+}
+
+Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std::int32_t* ids,
+                                              std::int64_t n) {
+  if (decode_positions_ == 0) return failed_precondition("decode before begin_decode");
+  if (n <= 0 || n > decode_rows_ || decoded_ + n > decode_positions_) {
+    return invalid_argument(
+        "decoding " + std::to_string(n) + " tokens after " + std::to_string(decoded_) +
+        " exceeds the " + std::to_string(decode_positions_) + " positions (" +
+        std::to_string(decode_rows_) + " at a time) begin_decode made room for");
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
+      return invalid_argument("token " + std::to_string(ids[i]) +
+                              " is outside the vocabulary [0, " +
+                              std::to_string(config_.vocab_size) + ")");
+    }
+  }
+  Dims d = decode_dims_;
+  d.rows = n;
+  d.seq = n;
+  const DType dt = d.dtype;
+  const std::size_t eb = d.elem_bytes;
+  const std::int64_t H = d.hidden, V = d.vocab, L = config_.num_hidden_layers;
+  const auto& ops = device_.ops();
+  auto& stream = device_.stream(device::StreamKind::kCompute);
+  StepTimings timings;
+  ProviderSession ps(provider, layout_, timings);
+  const int embed = layout_.embed_group(), head = layout_.head_group();
+
+  auto* host = decode_io_.as<std::byte>();
+  std::memcpy(host, ids, static_cast<std::size_t>(n) * 4);
+  device_.copy_to_device(dws_.ids, host, static_cast<std::size_t>(n) * 4, stream);
+  {
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
+    ps.prefetch(layout_.layer_group(0));
+    ops.embedding_forward(dws_.ids, n, offset_ptr(p, embed_offset_, eb), H, dws_.xs[0], dt);
+    ps.release(embed);
+  }
+  for (std::int64_t l = 0; l < L; ++l) {
+    const int g = layout_.layer_group(static_cast<int>(l));
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
+    ps.prefetch(l + 1 < L ? layout_.layer_group(static_cast<int>(l + 1)) : head);
+    Dims dl = d;
+    dl.window = config_.window_of(l);
+    detail::DecodeActs acts = dws_.acts;
+    acts.x = dws_.xs[l % 2];
+    detail::block_decode(ops, dl, BlockWeights::at(p, blocks_[l], eb), acts,
+                         dws_.k_cache[static_cast<std::size_t>(l)],
+                         dws_.v_cache[static_cast<std::size_t>(l)], decoded_, dws_.xs[(l + 1) % 2]);
+    ps.release(g);
+  }
+  // Head on the last token only.
+  STRATA_ASSIGN_OR_RETURN(const void* head_params, ps.acquire(head));
+  const void* lm_weight = nullptr;
+  if (config_.tie_word_embeddings) {
+    STRATA_ASSIGN_OR_RETURN(const void* e, ps.acquire(embed));
+    lm_weight = offset_ptr(e, embed_offset_, eb);
+  } else {
+    lm_weight = offset_ptr(head_params, lm_head_offset_, eb);
+  }
+  const void* last = offset_ptr(dws_.xs[L % 2], (n - 1) * H, eb);
+  ops.rmsnorm_forward(last, offset_ptr(head_params, norm_offset_, eb), dws_.hf, dws_.rstd_final, 1,
+                      H, d.eps, dt);
+  matmul(ops, dt, false, true, 1, V, H, dws_.hf, lm_weight, dws_.logits, false);
+  ops.cast(dws_.logits, dt, dws_.logits_f32, DType::kF32, V);
+  ps.release(head);
+  if (config_.tie_word_embeddings) ps.release(embed);
+  auto* logits = decode_io_.as<float>();
+  device_.copy_to_host(logits, dws_.logits_f32, static_cast<std::size_t>(V) * 4, stream);
+  stream.synchronize();
+  STRATA_RETURN_IF_ERROR(device_.last_error());
+  decoded_ += n;
+  return static_cast<const float*>(logits);
+}
 
 Result<float> LlamaModel::forward_backward(ParamProvider& provider, const std::int32_t* inputs,
                                            const std::int32_t* targets, std::int64_t batch,

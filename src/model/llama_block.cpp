@@ -86,6 +86,36 @@ void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
   ops.add(out, s.hmid, out, R * H, dt);
 }
 
+void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, const DecodeActs& s,
+                  void* k_cache, void* v_cache, std::int64_t past, void* out) {
+  const DType dt = d.dtype;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  void* k_new = offset_ptr(k_cache, past * KV, d.elem_bytes);
+  void* v_new = offset_ptr(v_cache, past * KV, d.elem_bytes);
+  ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd, R, H, d.eps, dt);
+  linear(ops, dt, R, Q, H, s.a, w.wq, w.bq, d.qk_norm ? s.q_pre : s.q);
+  linear(ops, dt, R, KV, H, s.a, w.wk, w.bk, d.qk_norm ? s.k_pre : k_new);
+  linear(ops, dt, R, KV, H, s.a, w.wv, w.bv, v_new);
+  if (d.qk_norm) {
+    ops.rmsnorm_forward(s.q_pre, w.qn, s.q, s.rstd, R * d.heads, d.head_dim, d.eps, dt);
+    ops.rmsnorm_forward(s.k_pre, w.kn, k_new, s.rstd, R * d.kv_heads, d.head_dim, d.eps, dt);
+  }
+  device::RopeParams rope = d.rope;
+  rope.position_offset = past;
+  ops.rope(s.q, 1, R, d.heads, d.head_dim, rope, false, dt);
+  ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
+  ops.attention_decode(s.q, k_cache, v_cache, s.att,
+                       {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
+  linear(ops, dt, R, H, Q, s.att, w.wo, w.bo, s.hmid);
+  ops.add(s.hmid, s.x, s.hmid, R * H, dt);
+  ops.rmsnorm_forward(s.hmid, w.ln2, s.b, s.rstd, R, H, d.eps, dt);
+  linear(ops, dt, R, F, H, s.b, w.wg, w.bg, s.gate);
+  linear(ops, dt, R, F, H, s.b, w.wu, w.bu, s.up);
+  ops.swiglu_forward(s.gate, s.up, s.m, R * F, dt);
+  linear(ops, dt, R, H, F, s.m, w.wd, w.bd, out);
+  ops.add(out, s.hmid, out, R * H, dt);
+}
+
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
 // over rows (+=), input gradients dX = dY W.
 void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,

@@ -130,6 +130,29 @@ void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
 void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
                     const BlockActs& acts, const BlockGrads& g, const BackwardScratch& s);
 
+// What one block needs to decode `rows` new tokens of one sequence (all device pointers,
+// compute dtype unless noted); shared by the layers, which run one after another.
+struct DecodeActs {
+  void* x = nullptr;      // [rows, hidden] block input
+  void* a = nullptr;      // [rows, hidden]
+  void* q = nullptr;      // [rows, q_dim]
+  void* q_pre = nullptr;  // [rows, q_dim]  (Qwen3)
+  void* k_pre = nullptr;  // [rows, kv_dim] (Qwen3)
+  float* rstd = nullptr;  // [rows * heads] f32: every norm's statistics (not kept)
+  void* att = nullptr;    // [rows, q_dim]
+  void* hmid = nullptr;   // [rows, hidden]
+  void* b = nullptr;      // [rows, hidden]
+  void* gate = nullptr;   // [rows, ffn]
+  void* up = nullptr;     // [rows, ffn]
+  void* m = nullptr;      // [rows, ffn]
+};
+
+// Decodes d.rows new tokens at positions past.. past + rows - 1 (d.batch 1, d.seq = rows):
+// their keys and values go into rows [past, past + rows) of the layer's caches ([positions,
+// kv_dim] each), and their queries attend every cached position. x -> out [rows, hidden].
+void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, const DecodeActs& s,
+                  void* k_cache, void* v_cache, std::int64_t past, void* out);
+
 // Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
 // C[m, n] = op(A) op(B) (+ C if accumulate).
 void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,

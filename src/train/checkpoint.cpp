@@ -98,6 +98,22 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
   return s;
 }
 
+// The tokenizer and generation files of the model directory a run started from go beside the
+// saved weights, so the checkpoint is a complete Hugging Face model directory (strata generate,
+// transformers' from_pretrained).
+Status copy_tokenizer_files(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (!fs::is_directory(from, ec)) return Status::ok();
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"}) {
+    const fs::path src = fs::path(from) / name;
+    if (!fs::exists(src, ec)) continue;
+    fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return io_error("cannot copy " + src.string() + " into " + to + ": " + ec.message());
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
@@ -135,6 +151,9 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                {"world_size", comm.world_size()},
                {"config", state.config}};
     s = write_json_file(tmp_dir + "/trainer_state.json", js);
+    if (s.is_ok() && state.config.contains("model") && state.config["model"].is_string()) {
+      s = copy_tokenizer_files(state.config["model"].get<std::string>(), tmp_dir + "/model");
+    }
   }
   failed = s.is_ok() ? 0.0 : 1.0;
   STRATA_RETURN_IF_ERROR(

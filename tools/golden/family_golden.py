@@ -236,6 +236,34 @@ def train(weights32, c, ids, targets, dtype):
     return losses, {k: v.detach() for k, v in w.items()}
 
 
+def greedy(weights64, c, prompt, n):
+    """Greedy decoding by full recomputation (no cache): the reference `strata generate
+    --temperature 0` must reproduce token for token. Also returns the smallest gap between the
+    best and second-best logit met, so a near-tie that float32 could flip is visible."""
+    ids = list(prompt)
+    gap = float("inf")
+    with torch.no_grad():
+        for _ in range(n):
+            t = torch.tensor([ids])
+            eps = c["rms_norm_eps"]
+            h = weights64["model.embed_tokens.weight"][t]
+            cos, sin = rotary_cos_sin(c, t.shape[1])
+            for i in range(c["num_hidden_layers"]):
+                p = f"model.layers.{i}."
+                h = h + attention(rms_norm(h, weights64[p + "input_layernorm.weight"], eps),
+                                  weights64, p + "self_attn.", c, cos, sin, window_of(c, i))
+                h = h + mlp(rms_norm(h, weights64[p + "post_attention_layernorm.weight"], eps),
+                            weights64, p + "mlp.")
+            h = rms_norm(h, weights64["model.norm.weight"], eps)
+            lm = weights64["model.embed_tokens.weight"] if c["tie_word_embeddings"] \
+                else weights64["lm_head.weight"]
+            logits = h[0, -1] @ lm.T
+            top = torch.topk(logits, 2).values
+            gap = min(gap, float(top[0] - top[1]))
+            ids.append(int(torch.argmax(logits)))
+    return ids[len(prompt):], gap
+
+
 def fmt(t, digits):
     return [float("%.*g" % (digits, x)) for x in t.flatten().tolist()]
 
@@ -251,7 +279,12 @@ def main():
         loss, grads = one_step(weights, c, ids, targets, torch.float64)
         loss32, grads32 = one_step(weights, c, ids, targets, torch.float32)
         losses, trained = train(weights, c, ids, targets, torch.float64)
-        losses32, trained32 = train(weights, c, ids, targets, torch.float32)
+        losses32, trained32_run = train(weights, c, ids, targets, torch.float32)
+        # Greedy decoding from the trained weights as Strata saves them (float32 values).
+        trained32 = {k: torch.tensor(fmt(v, 10), dtype=torch.float32).reshape(v.shape).double()
+                     for k, v in trained.items()}
+        prompt = tokens[:5].tolist()
+        generated, gap = greedy(trained32, c, prompt, 12)
         data = {
             "generator": "tools/golden/family_golden.py (torch %s, float64; f32 errors from the "
                          "same computation in float32)" % torch.__version__,
@@ -269,8 +302,9 @@ def main():
             "train_losses": losses,
             "f32_train_loss_error": max(abs(a - b) for a, b in zip(losses32, losses)),
             "trained_weights": {k: fmt(v, 10) for k, v in trained.items()},
-            "f32_trained_weight_error": {k: float((trained32[k].double() - v).abs().max())
+            "f32_trained_weight_error": {k: float((trained32_run[k].double() - v).abs().max())
                                          for k, v in trained.items()},
+            "greedy": {"prompt": prompt, "generated": generated, "min_top2_gap": gap},
         }
         path = os.path.join(out_dir, name + ".json")
         with open(path, "w") as f:

@@ -36,6 +36,15 @@ struct AttentionShape {
   std::int64_t window = 0;
 };
 
+// Attention of `queries` new tokens of one sequence against a cache of every key and value so
+// far: query i sits at position past + i and attends keys j with j <= past + i (and
+// past + i - j < window when window > 0). q/out: [queries, heads, head_dim];
+// k_cache/v_cache: [past + queries, kv_heads, head_dim] (the new tokens' keys already in).
+struct DecodeAttentionShape {
+  std::int64_t queries = 0, past = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t window = 0;
+};
+
 struct AdamWArgs {
   // One AdamW step over n elements, torch.optim.AdamW semantics; param/m/v are f32. grad is of
   // grad_dtype and multiplied by grad_scale first. If param_out is set, the updated parameter is
@@ -93,6 +102,11 @@ class Ops {
   virtual void attention_backward(const void* dout, const void* q, const void* k, const void* v,
                                   const void* out, const float* lse, void* dq, void* dk, void* dv,
                                   const AttentionShape& shape, DType dtype) const = 0;
+
+  // Decoding with a KV cache (no backward); softmax scale 1/sqrt(head_dim), f32 sums.
+  virtual void attention_decode(const void* q, const void* k_cache, const void* v_cache,
+                                void* out, const DecodeAttentionShape& shape,
+                                DType dtype) const = 0;
 
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,

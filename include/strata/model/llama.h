@@ -44,6 +44,16 @@ class LlamaModel {
   Result<float> forward_loss(ParamProvider& provider, const std::int32_t* inputs,
                              const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
 
+  // Decoding one sequence with a KV cache. begin_decode takes a workspace for up to
+  // `max_positions` tokens (prompt and generated) fed `max_rows` at a time, and forgets any
+  // earlier sequence; decode feeds the next `n` tokens (the prompt, then one at a time) and
+  // returns the logits of the last one (host f32 [vocab], valid until the next call).
+  Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);
+  Result<const float*> decode(ParamProvider& provider, const std::int32_t* ids, std::int64_t n);
+  std::int64_t decoded_positions() const;
+  // Device bytes begin_decode takes for that many positions and rows.
+  std::uint64_t decode_bytes(std::int64_t max_positions, std::int64_t max_rows) const;
+
   // Bytes of activations and workspace this model allocates on the device for (batch, seq).
   std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq) const;
   // The same for a model not made (strata estimate): from its config and options alone.

@@ -228,7 +228,62 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
   }
 }
 
+template <typename T>
+void decode_impl(const CpuContext& ctx, const T* q, const T* k, const T* v, T* out,
+                 const DecodeAttentionShape& s) {
+  const std::int64_t hd = s.head_dim, group = s.heads / s.kv_heads;
+  const std::int64_t keys = s.past + s.queries;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ctx.parallel_for(s.queries * s.heads, 1, [&](std::int64_t r0, std::int64_t r1) {
+    auto buf = ctx.scratch(static_cast<std::size_t>(keys + 2 * hd));
+    float* sc = buf.data();
+    float* qf = sc + keys;
+    float* acc = qf + hd;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t i = r / s.heads, h = r % s.heads, g = h / group;
+      const std::int64_t pos = s.past + i;
+      const std::int64_t lo = s.window > 0 ? std::max<std::int64_t>(0, pos - s.window + 1) : 0;
+      load_row(q + (i * s.heads + h) * hd, qf, hd);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = lo; j <= pos; ++j) {
+        const T* kr = k + (j * s.kv_heads + g) * hd;
+        float dot = 0.0f;
+        for (std::int64_t x = 0; x < hd; ++x) dot += qf[x] * to_f32(kr[x]);
+        sc[j] = dot * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      float sum = 0.0f;
+      for (std::int64_t j = lo; j <= pos; ++j) {
+        sc[j] = std::exp(sc[j] - mx);
+        sum += sc[j];
+      }
+      std::fill(acc, acc + hd, 0.0f);
+      for (std::int64_t j = lo; j <= pos; ++j) {
+        const T* vr = v + (j * s.kv_heads + g) * hd;
+        const float p = sc[j] / sum;
+        for (std::int64_t x = 0; x < hd; ++x) acc[x] += p * to_f32(vr[x]);
+      }
+      store_row(acc, out + (i * s.heads + h) * hd, hd);
+    }
+  });
+}
+
 }  // namespace
+
+void cpu_attention_decode(const CpuContext& ctx, const void* q, const void* k_cache,
+                          const void* v_cache, void* out, const DecodeAttentionShape& shape,
+                          DType dtype) {
+  STRATA_CHECK(shape.queries >= 0 && shape.past >= 0 && shape.head_dim > 0 && shape.kv_heads > 0 &&
+                   shape.heads % shape.kv_heads == 0,
+               "bad decode attention shape", shape.queries, shape.past, shape.heads, shape.kv_heads,
+               shape.head_dim);
+  if (shape.queries == 0) return;
+  dispatch_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    decode_impl(ctx, static_cast<const T*>(q), static_cast<const T*>(k_cache),
+                static_cast<const T*>(v_cache), static_cast<T*>(out), shape);
+  });
+}
 
 void cpu_attention_forward(const CpuContext& ctx, const void* q, const void* k, const void* v,
                            void* out, float* lse, const AttentionShape& shape, DType dtype) {

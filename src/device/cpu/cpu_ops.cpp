@@ -187,6 +187,11 @@ class CpuOps final : public Ops {
     cpu::cpu_attention_backward(ctx_, dout, q, k, v, out, lse, dq, dk, dv, shape, dtype);
   }
 
+  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* out,
+                        const DecodeAttentionShape& shape, DType dtype) const override {
+    cpu::cpu_attention_decode(ctx_, q, k_cache, v_cache, out, shape, dtype);
+  }
+
   // gate, up, out: [n]
   void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,
                       DType dtype) const override {

@@ -199,6 +199,9 @@ void sgemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                float beta, float* c, std::int64_t ldc);
 
 // Causal GQA attention (cpu_attention.cpp).
+void cpu_attention_decode(const CpuContext& ctx, const void* q, const void* k_cache,
+                          const void* v_cache, void* out, const DecodeAttentionShape& shape,
+                          DType dtype);
 void cpu_attention_forward(const CpuContext& ctx, const void* q, const void* k, const void* v,
                            void* out, float* lse, const AttentionShape& shape, DType dtype);
 void cpu_attention_backward(const CpuContext& ctx, const void* dout, const void* q, const void* k,

@@ -141,6 +141,18 @@ class CudaOps final : public Ops {
          "attention_backward");
   }
 
+  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* out,
+                        const DecodeAttentionShape& shape, DType dtype) const override {
+    kernels::AttentionDims d;
+    d.heads = shape.heads;
+    d.kv_heads = shape.kv_heads;
+    d.head_dim = shape.head_dim;
+    d.window = shape.window;
+    done(kernels::attention_decode(ctx(), q, k_cache, v_cache, out, shape.queries, shape.past, d,
+                                   float_elem(dtype)),
+         "attention_decode");
+  }
+
   void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,
                       DType dtype) const override {
     done(kernels::swiglu_forward(ctx(), gate, up, out, n, float_elem(dtype)), "swiglu_forward");

@@ -142,3 +142,41 @@ TEST(CpuAttentionTest, ResultsIndependentOfThreadCount) {
 
 }  // namespace
 }  // namespace strata::device
+
+namespace strata::device {
+namespace {
+
+// Decoding with a cache gives the rows full attention gives the same positions: the prompt at
+// once, then a token at a time, with and without a window.
+TEST(CpuAttentionTest, DecodeWithACacheMatchesFullAttentionRows) {
+  auto dev = testing::make_device();
+  for (std::int64_t window : {0, 3}) {
+    const AttentionShape sh{1, 11, 4, 2, 8, window};
+    Rng rng(5);
+    const std::int64_t nq = sh.seq * sh.heads * sh.head_dim;
+    const std::int64_t nk = sh.seq * sh.kv_heads * sh.head_dim;
+    testing::HostTensor q(DType::kF32, nq), k(DType::kF32, nk), v(DType::kF32, nk),
+        out(DType::kF32, nq), dec(DType::kF32, nq);
+    q.fill_uniform(rng, -1.5, 1.5);
+    k.fill_uniform(rng, -1.5, 1.5);
+    v.fill_uniform(rng, -1, 1);
+    std::vector<float> lse(static_cast<std::size_t>(sh.heads * sh.seq));
+    dev->ops().attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh,
+                                 DType::kF32);
+    const std::int64_t row = sh.heads * sh.head_dim;
+    auto* qd = static_cast<float*>(q.data());
+    auto* od = static_cast<float*>(dec.data());
+    const std::int64_t prompt = 6;
+    dev->ops().attention_decode(qd, k.data(), v.data(), od,
+                                {prompt, 0, sh.heads, sh.kv_heads, sh.head_dim, window},
+                                DType::kF32);
+    for (std::int64_t t = prompt; t < sh.seq; ++t) {
+      dev->ops().attention_decode(qd + t * row, k.data(), v.data(), od + t * row,
+                                  {1, t, sh.heads, sh.kv_heads, sh.head_dim, window}, DType::kF32);
+    }
+    testing::expect_close("window " + std::to_string(window), dec.values(), out.values(), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace strata::device

@@ -292,6 +292,36 @@ TEST_F(CudaOpsTest, SwigluForwardAndBackward) {
   }
 }
 
+// Decoding with a KV cache: the GPU's rows match the CPU backend's for a prompt and then single
+// tokens, with and without a sliding window, in f32 and bf16.
+TEST_F(CudaOpsTest, AttentionDecodeMatchesTheCpuBackend) {
+  for (DType dt : kDtypes) {
+    for (std::int64_t window : {0, 5}) {
+      for (std::int64_t hd : {64, 72}) {
+        SCOPED_TRACE(trace(dt, "window " + std::to_string(window) + " hd " + std::to_string(hd)));
+        const std::int64_t heads = 8, kv = 2, keys = 300;
+        Rng rng(17);
+        HostTensor q(dt, keys * heads * hd), k(dt, keys * kv * hd), v(dt, keys * kv * hd);
+        q.fill_uniform(rng, -1.5, 1.5);
+        k.fill_uniform(rng, -1.5, 1.5);
+        v.fill_uniform(rng, -1, 1);
+        GpuTensor gq(*gpu_, q), gk(*gpu_, k), gv(*gpu_, v);
+        for (auto [queries, past] : {std::pair<std::int64_t, std::int64_t>{260, 0}, {1, 260},
+                                     {1, 299}}) {
+          const DecodeAttentionShape shape{queries, past, heads, kv, hd, window};
+          HostTensor out(dt, queries * heads * hd);
+          GpuTensor gout(*gpu_, dt, queries * heads * hd);
+          gout.poison();
+          cpu_ops().attention_decode(q.data(), k.data(), v.data(), out.data(), shape, dt);
+          gpu_ops().attention_decode(gq.data(), gk.data(), gv.data(), gout.data(), shape, dt);
+          expect_close("decode past " + std::to_string(past), gout.download().values(),
+                       out.values(), tolerance(dt));
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, AddIsExactIncludingInPlaceAndUnaligned) {
   for (DType dt : kDtypes) {
     const std::int64_t n = 70001;
