@@ -145,6 +145,54 @@ TEST_F(CudaTrainTest, Bf16FlashPathTracksTheCpuBackend) {
   EXPECT_LT(gpu.loss.back(), gpu.loss.front());
 }
 
+// The families' differences on the GPU: biases (add_bias / bias_grad kernels), Qwen3's q/k norms
+// with an explicit head_dim, llama3 rope scaling, and sliding windows in the simple kernels.
+TEST_F(CudaTrainTest, Fp32FamiliesMatchTheCpuBackend) {
+  TempDir dir;
+  const Json base = tiny_config(dir);
+  const char* models[] = {
+      R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 12, "attention_bias": true, "mlp_bias": true, "rope_theta": 500000.0,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+          "max_position_embeddings": 64})",
+      R"({"model_type": "qwen2", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "tie_word_embeddings": true, "use_sliding_window": true, "sliding_window": 5,
+          "max_window_layers": 1, "max_position_embeddings": 64})",
+      R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "max_position_embeddings": 64})",
+      R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 32,
+          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "sliding_window": 3, "max_position_embeddings": 64})"};
+  for (const char* model : models) {
+    Json j = base;
+    j["model"] = Json::parse(model);
+    SCOPED_TRACE(j["model"]["model_type"].get<std::string>());
+    const History cpu = train_on(j, "cpu");
+    const History gpu = train_on(j, "cuda");
+    expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
+    expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
+  }
+}
+
+// bf16, head_dim 64, a window of 37 over 100 positions: the flash kernels skip and mask tiles.
+TEST_F(CudaTrainTest, Bf16FlashWithASlidingWindowTracksTheCpuBackend) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["model"] = Json::parse(R"({"model_type": "mistral", "vocab_size": 256,
+      "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "sliding_window": 37,
+      "max_position_embeddings": 128})");
+  base["seq_len"] = 100;
+  base["precision"] = "bf16";
+  const History cpu = train_on(base, "cpu");
+  const History gpu = train_on(base, "cuda");
+  expect_close(gpu.loss, cpu.loss, 2e-2, "loss");
+}
+
 }  // namespace
 }  // namespace strata::train
 

@@ -226,6 +226,34 @@ TEST(ZeroLossMask, SameLossesWeightsAndEvalLossOnEveryRankCount) {
   }
 }
 
+// The families' own tensors (biases, Qwen3's q/k norms, a q_proj wider than the hidden size)
+// are partitioned, gathered and reduced like every other: 2 ranks at stage 3 train what 1 does.
+TEST(ZeroFamilies, BiasesAndQkNormsShardLikeAnyTensor) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  for (const char* model :
+       {R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 12, "attention_bias": true,
+            "max_position_embeddings": 64})",
+        R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "attention_bias": true, "mlp_bias": true, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+            "max_position_embeddings": 64})"}) {
+    TempDir dir;
+    Json j = config(dir, "f1");
+    j["model"] = Json::parse(model);
+    SCOPED_TRACE(j["model"]["model_type"].get<std::string>());
+    j["offload_optimizer"] = "cpu";
+    j["offload_param"] = "cpu";
+    ASSERT_EQ(train(dir, j, "f1", 1), 0) << std::ifstream(dir.file("f1/err.txt")).rdbuf();
+    const auto ref_loss = losses(dir.file("f1/metrics.jsonl"));
+    const auto ref_w = weights(dir.file("f1/ckpt/step-00000003/model"));
+    expect_same_run_as(dir, j, "f2", 2, ref_loss, ref_w);
+  }
+}
+
 // Counts of steps that the metrics mark guessed (the update started beside backward) and redone.
 std::pair<int, int> guessed_and_redone(const std::string& metrics) {
   std::pair<int, int> n{0, 0};
