@@ -144,7 +144,8 @@ TEST(GenerateCliTest, ACheckpointCarriesItsTokenizerAndGenerates) {
   // Fine-tune from it; the checkpoint gets the tokenizer.
   r = testing::run_cli(dir, "train " + ex + "/sft.json --set max_steps=1 --set model=\"" + base +
                                 "\" --set save_dir=\"" + dir.file("tuned") +
-                                "\" --set eval_data=null --set eval_every=0 --set data.path=\"" + ex +
+                                "\" --set eval_data=null --set eval_every=0 --set data.path=\"" +
+                                ex +
                                 "/../tests/data/tokenizers/texts.json\" --set data.format=text");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string tuned = dir.file("tuned/step-00000001/model");
@@ -162,6 +163,23 @@ TEST(GenerateCliTest, ACheckpointCarriesItsTokenizerAndGenerates) {
   r = testing::run_cli(dir, "generate --model " + tuned + " --prompt-ids 5,x");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--prompt-ids: 'x' is not a token id"), std::string::npos) << r.err;
+}
+
+// A model trained on raw bytes (data.format "text", as the quick start) has no tokenizer: its
+// 256-token vocabulary reads the prompt as bytes and writes bytes back.
+TEST(GenerateCliTest, AByteLevelModelNeedsNoTokenizer) {
+  TempDir dir;
+  const std::string ex = std::string(STRATA_SOURCE_DIR) + "/examples";
+  auto r =
+      testing::run_cli(dir, "train " + ex + "/quickstart.json --set max_steps=1 --set save_dir=\"" +
+                                dir.file("q") + "\" --set metrics_file=\"\"");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = testing::run_cli(dir, "generate --model " + dir.file("q/step-00000001/model") +
+                                " --prompt \"This License\" --max-new-tokens 5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("This License", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.size(), std::string("This License").size() + 5 + 1) << "5 bytes and a newline";
+  EXPECT_NE(r.err.find("read as raw bytes"), std::string::npos) << r.err;
 }
 
 }  // namespace

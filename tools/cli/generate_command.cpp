@@ -53,13 +53,24 @@ int run_generate(const GenerateArgs& a) {
     options.device_memory_limit = *bytes;
   }
 
+  auto gen = train::Generator::open(options);
+  if (!gen) return fail(gen.status());
+
   // The tokenizer: --tokenizer, else the model directory's own (a training checkpoint carries
-  // the one it was trained with). Only --prompt-ids works without one.
+  // the one it was trained with), else, for a 256-token vocabulary, raw bytes (a model trained
+  // on data.format "text"). Only --prompt-ids works without any.
   std::unique_ptr<text::Tokenizer> tok;
+  bool bytes = false;
   const std::string tok_path = a.tokenizer.empty() ? a.model : a.tokenizer;
   auto loaded = text::Tokenizer::load(tok_path);
   if (loaded) {
     tok = std::move(loaded).value();
+  } else if (a.tokenizer.empty() && gen.value()->config().vocab_size == 256) {
+    bytes = true;
+    std::fprintf(stderr,
+                 "strata generate: no tokenizer in %s; its 256-token vocabulary is read "
+                 "as raw bytes, as data.format \"text\" trains it\n",
+                 a.model.c_str());
   } else if (!a.tokenizer.empty() || a.prompt_ids.empty()) {
     return fail(loaded.status().with_context(
         a.tokenizer.empty() ? "no tokenizer in the model directory (pass --tokenizer, or "
@@ -89,11 +100,13 @@ int run_generate(const GenerateArgs& a) {
       if (!in) return fail(not_found("--prompt-file " + a.prompt_file + ": cannot open"));
       text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
-    prompt = tok->encode(text, true);
+    if (bytes) {
+      for (const unsigned char c : text) prompt.push_back(c);
+    } else {
+      prompt = tok->encode(text, true);
+    }
   }
 
-  auto gen = train::Generator::open(options);
-  if (!gen) return fail(gen.status());
   std::fprintf(stderr, "%s\n", gen.value()->describe().c_str());
   std::vector<std::int32_t> stops = gen.value()->eos_ids();
   if (tok && tok->eos_id()) stops.push_back(*tok->eos_id());
@@ -104,6 +117,11 @@ int run_generate(const GenerateArgs& a) {
   std::string printed;
   auto on_token = [&](std::int32_t id) {
     generated.push_back(id);
+    if (bytes) {
+      std::fputc(static_cast<unsigned char>(id), stdout);
+      std::fflush(stdout);
+      return true;
+    }
     if (!tok) {
       std::printf("%s%d", generated.size() > 1 ? "," : "", id);
       std::fflush(stdout);
@@ -122,8 +140,9 @@ int run_generate(const GenerateArgs& a) {
     printed = t;
     return true;
   };
-  if (tok && a.prompt_ids.empty())
+  if ((tok || bytes) && a.prompt_ids.empty()) {
     std::fputs(a.prompt_file.empty() ? a.prompt.c_str() : "", stdout);
+  }
   Status s = gen.value()->generate(prompt, stops, on_token);
   std::printf("\n");
   if (!s) return fail(s);
