@@ -135,18 +135,20 @@ TEST(GenerateCliTest, ACheckpointCarriesItsTokenizerAndGenerates) {
   const std::string ex = std::string(STRATA_SOURCE_DIR) + "/examples";
   // A base model directory: random weights (one step of the example) plus the example tokenizer.
   auto r = testing::run_cli(
-      dir, "train " + ex + "/sft.json --set max_steps=1 --set save_dir=\"" + dir.file("base") +
-               "\" --set eval_data=null --set eval_every=0 --set data.path=\"" + ex +
-               "/../tests/data/tokenizers/texts.json\" --set data.format=text 2>&1");
+      dir,
+      "train " + ex + "/sft.json --set max_steps=1 --set save_dir=\"" + dir.file("base") +
+          "\" --set eval_data=null --set eval_every=0 --set metrics_file=\"\" --set data.path=\"" +
+          ex + "/../tests/data/tokenizers/texts.json\" --set data.format=text 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string base = dir.file("base/step-00000001/model");
   fs::copy_file(ex + "/sft/tokenizer.json", base + "/tokenizer.json");
   // Fine-tune from it; the checkpoint gets the tokenizer.
-  r = testing::run_cli(dir, "train " + ex + "/sft.json --set max_steps=1 --set model=\"" + base +
-                                "\" --set save_dir=\"" + dir.file("tuned") +
-                                "\" --set eval_data=null --set eval_every=0 --set data.path=\"" +
-                                ex +
-                                "/../tests/data/tokenizers/texts.json\" --set data.format=text");
+  r = testing::run_cli(
+      dir,
+      "train " + ex + "/sft.json --set max_steps=1 --set model=\"" + base + "\" --set save_dir=\"" +
+          dir.file("tuned") +
+          "\" --set eval_data=null --set eval_every=0 --set metrics_file=\"\" --set data.path=\"" +
+          ex + "/../tests/data/tokenizers/texts.json\" --set data.format=text");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string tuned = dir.file("tuned/step-00000001/model");
   EXPECT_TRUE(fs::exists(tuned + "/tokenizer.json"));
@@ -170,9 +172,9 @@ TEST(GenerateCliTest, ACheckpointCarriesItsTokenizerAndGenerates) {
 TEST(GenerateCliTest, AByteLevelModelNeedsNoTokenizer) {
   TempDir dir;
   const std::string ex = std::string(STRATA_SOURCE_DIR) + "/examples";
-  auto r =
-      testing::run_cli(dir, "train " + ex + "/quickstart.json --set max_steps=1 --set save_dir=\"" +
-                                dir.file("q") + "\" --set metrics_file=\"\"");
+  auto r = testing::run_cli(
+      dir, "train " + ex + "/quickstart.json --set max_steps=1 --set save_dir=\"" + dir.file("q") +
+               "\" --set metrics_file=\"\" --set data.path=\"" + ex + "/data/gpl-3.0.txt\"");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = testing::run_cli(dir, "generate --model " + dir.file("q/step-00000001/model") +
                                 " --prompt \"This License\" --max-new-tokens 5");
