@@ -95,8 +95,8 @@ int run_train(const TrainArgs& a) {
     } else {
       std::printf(
           "weights: %s/model (a Hugging Face checkpoint: set it as \"model\" to fine-tune from "
-          "it)\n",
-          (*trainer)->last_checkpoint().c_str());
+          "it, or try it with strata generate --model %s/model --prompt ...)\n",
+          (*trainer)->last_checkpoint().c_str(), (*trainer)->last_checkpoint().c_str());
     }
   }
   return kExitOk;
