@@ -36,8 +36,7 @@ template <typename T, int kN>
 __global__ void bias_partials_kernel(const T* __restrict__ dy, float* __restrict__ partials,
                                      std::int64_t rows, std::int64_t cols,
                                      std::int64_t rows_per_chunk) {
-  const std::int64_t c =
-      (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) * kN;
+  const std::int64_t c = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) * kN;
   if (c >= cols) return;
   const std::int64_t chunk = blockIdx.y;
   const std::int64_t r0 = chunk * rows_per_chunk;
@@ -101,7 +100,7 @@ int add_bias(const LaunchContext& ctx, void* x, const void* bias, std::int64_t r
     if (cols % kVec == 0 && aligned16(x) && aligned16(bias)) {
       add_bias_kernel<T, kVec>
           <<<grid_for(rows * (cols / kVec), kThreads), kThreads, 0, stream_of(ctx)>>>(xs, bs, rows,
-                                                                                       cols);
+                                                                                      cols);
     } else {
       add_bias_kernel<T, 1>
           <<<grid_for(rows * cols, kThreads), kThreads, 0, stream_of(ctx)>>>(xs, bs, rows, cols);
@@ -142,9 +141,8 @@ int bias_grad(const LaunchContext& ctx, const void* dy, void* dbias, std::int64_
     }
     if (const int e = launch_check(); e != 0) return e;
     constexpr int kSumThreads = 256;
-    bias_sum_kernel<T><<<static_cast<unsigned>((cols + kSumThreads - 1) / kSumThreads),
-                         kSumThreads, 0, stream_of(ctx)>>>(partials, chunks, cols,
-                                                           static_cast<T*>(dbias));
+    bias_sum_kernel<T><<<static_cast<unsigned>((cols + kSumThreads - 1) / kSumThreads), kSumThreads,
+                         0, stream_of(ctx)>>>(partials, chunks, cols, static_cast<T*>(dbias));
     return launch_check();
   });
 }

@@ -85,8 +85,8 @@ std::size_t rope_scratch_bytes(std::int64_t seq, std::int64_t head_dim) {
 }
 
 int rope(const LaunchContext& ctx, void* x, std::int64_t batch, std::int64_t seq,
-         std::int64_t heads, std::int64_t head_dim, const device::RopeParams& params,
-         bool inverse, Elem dtype, void* scratch) {
+         std::int64_t heads, std::int64_t head_dim, const device::RopeParams& params, bool inverse,
+         Elem dtype, void* scratch) {
   if (head_dim % 2 != 0) return static_cast<int>(cudaErrorInvalidValue);
   if (batch <= 0 || seq <= 0 || heads <= 0 || head_dim <= 0) return 0;
   const std::int64_t half = head_dim / 2;

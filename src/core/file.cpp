@@ -108,28 +108,19 @@ void AtomicFileWriter::abandon() {
   ::unlink(tmp_path_.c_str());
 }
 
-Status AtomicFileWriter::write(std::span<const std::byte> data) {
-  if (fd_ < 0) return failed_precondition("write to " + tmp_path_ + " after commit or failure");
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      abandon();
-      return errno_status(err, "cannot write", tmp_path_);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
+Status AtomicFileWriter::write(std::span<const std::byte> data) { return write_all(data, nullptr); }
 
 Status AtomicFileWriter::write_at(std::uint64_t offset, std::span<const std::byte> data) {
+  return write_all(data, &offset);
+}
+
+Status AtomicFileWriter::write_all(std::span<const std::byte> data, const std::uint64_t* offset) {
   if (fd_ < 0) return failed_precondition("write to " + tmp_path_ + " after commit or failure");
   std::size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n =
-        ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    const ssize_t n = offset == nullptr ? ::write(fd_, data.data() + done, data.size() - done)
+                                        : ::pwrite(fd_, data.data() + done, data.size() - done,
+                                                   static_cast<off_t>(*offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;

@@ -37,24 +37,33 @@ struct Workspace {
   detail::BackwardScratch bwd;
 };
 
-// Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes
-// needed, so activation_bytes() and the allocation can never disagree.
-std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool checkpointing,
-                              std::byte* base, Workspace* ws) {
+// Lays buffers out one after another from `base`, each aligned; with base == nullptr it only
+// measures, so a workspace's size and its layout come from the same code.
+struct Carver {
+  std::byte* base = nullptr;
   std::uint64_t off = 0;
-  auto take = [&](std::int64_t elems, std::size_t elem_bytes) -> void* {
+  void* take(std::int64_t elems, std::size_t elem_bytes) {
     off = align_up(off, kAlignBytes);
     void* p = base == nullptr ? nullptr : base + off;
     off += static_cast<std::uint64_t>(elems) * elem_bytes;
     return p;
-  };
+  }
+  float* f32(std::int64_t n) { return static_cast<float*>(take(n, 4)); }
+  std::int32_t* i32(std::int64_t n) { return static_cast<std::int32_t*>(take(n, 4)); }
+};
+
+// Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes
+// needed, so activation_bytes() and the allocation can never disagree.
+std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool checkpointing,
+                              std::byte* base, Workspace* ws) {
+  Carver c{base};
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
-  auto f32 = [&](std::int64_t n) { return static_cast<float*>(take(n, 4)); };
-  auto act = [&](std::int64_t n) { return take(n, eb); };
+  auto f32 = [&](std::int64_t n) { return c.f32(n); };
+  auto act = [&](std::int64_t n) { return c.take(n, eb); };
 
-  ws->ids = static_cast<std::int32_t*>(take(R, 4));
-  ws->targets = static_cast<std::int32_t*>(take(R, 4));
+  ws->ids = c.i32(R);
+  ws->targets = c.i32(R);
   ws->xs.resize(static_cast<std::size_t>(num_layers + 1));
   for (auto& x : ws->xs) x = act(R * H);
   ws->acts.resize(checkpointing ? 1 : static_cast<std::size_t>(num_layers));
@@ -89,12 +98,12 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   s.dh = act(R * H);
   s.dtmp = act(R * H);
   s.dx = act(R * H);
-  const std::uint64_t union_start = align_up(off, kAlignBytes);
+  const std::uint64_t union_start = align_up(c.off, kAlignBytes);
   s.dm = act(R * F);
   s.dgate = act(R * F);
   s.dup = act(R * F);
-  const std::uint64_t mlp_end = off;
-  off = union_start;
+  const std::uint64_t mlp_end = c.off;
+  c.off = union_start;
   s.datt = act(R * Q);
   s.dq = act(R * Q);
   s.dk = act(R * KV);
@@ -103,7 +112,7 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     s.dq_pre = act(R * Q);
     s.dk_pre = act(R * KV);
   }
-  return std::max(off, mlp_end);
+  return std::max(c.off, mlp_end);
 }
 
 // The decoding workspace: the KV caches of every layer and one block's activations for up to
@@ -121,17 +130,11 @@ struct DecodeWorkspace {
 
 std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t positions,
                            std::byte* base, DecodeWorkspace* ws) {
-  std::uint64_t off = 0;
-  auto take = [&](std::int64_t elems, std::size_t elem_bytes) -> void* {
-    off = align_up(off, kAlignBytes);
-    void* p = base == nullptr ? nullptr : base + off;
-    off += static_cast<std::uint64_t>(elems) * elem_bytes;
-    return p;
-  };
+  Carver c{base};
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
-  auto act = [&](std::int64_t n) { return take(n, eb); };
-  ws->ids = static_cast<std::int32_t*>(take(R, 4));
+  auto act = [&](std::int64_t n) { return c.take(n, eb); };
+  ws->ids = c.i32(R);
   ws->k_cache.resize(static_cast<std::size_t>(num_layers));
   ws->v_cache.resize(static_cast<std::size_t>(num_layers));
   for (std::int64_t l = 0; l < num_layers; ++l) {
@@ -147,18 +150,18 @@ std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t 
     a.q_pre = act(R * Q);
     a.k_pre = act(R * KV);
   }
-  a.rstd = static_cast<float*>(take(R * std::max(d.heads, d.kv_heads), 4));
+  a.rstd = c.f32(R * std::max(d.heads, d.kv_heads));
   a.att = act(R * Q);
   a.hmid = act(R * H);
   a.b = act(R * H);
   a.gate = act(R * F);
   a.up = act(R * F);
   a.m = act(R * F);
-  ws->rstd_final = static_cast<float*>(take(1, 4));
+  ws->rstd_final = c.f32(1);
   ws->hf = act(H);
   ws->logits = act(d.vocab);
-  ws->logits_f32 = static_cast<float*>(take(d.vocab, 4));
-  return off;
+  ws->logits_f32 = c.f32(d.vocab);
+  return c.off;
 }
 
 std::int64_t tensor_offset(const ParamLayout& layout, const std::string& name, int group) {

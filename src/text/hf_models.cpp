@@ -55,6 +55,52 @@ std::string byte_token(unsigned char b) {
   return buf;
 }
 
+// A model's vocabulary both ways: token -> id, and id -> token (ids may have gaps, which name no
+// token), with the ids of the byte-fallback tokens <0x00>..<0xFF> (-1 where one is missing).
+class TokenTable {
+ public:
+  explicit TokenTable(Vocab vocab) : vocab_(std::move(vocab)) {
+    std::int32_t max_id = -1;
+    for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
+    tokens_.resize(static_cast<std::size_t>(max_id + 1));
+    for (const auto& [token, id] : vocab_) tokens_[static_cast<std::size_t>(id)] = token;
+    find_bytes();
+  }
+  // Id i is tokens[i]; a token listed twice keeps its first id.
+  explicit TokenTable(std::vector<std::string> tokens) : tokens_(std::move(tokens)) {
+    vocab_.reserve(tokens_.size());
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      vocab_.emplace(tokens_[i], static_cast<std::int32_t>(i));
+    }
+    find_bytes();
+  }
+
+  std::optional<std::int32_t> find(std::string_view token) const {
+    auto it = vocab_.find(token);
+    if (it == vocab_.end()) return std::nullopt;
+    return it->second;
+  }
+  const std::string* token(std::int32_t id) const {
+    if (id < 0 || static_cast<std::size_t>(id) >= tokens_.size()) return nullptr;
+    const std::string& t = tokens_[static_cast<std::size_t>(id)];
+    return t.empty() ? nullptr : &t;
+  }
+  std::int64_t size() const { return static_cast<std::int64_t>(tokens_.size()); }
+  const Vocab& entries() const { return vocab_; }
+  std::int32_t byte_id(unsigned char b) const { return byte_ids_[b]; }
+
+ private:
+  void find_bytes() {
+    for (int b = 0; b < 256; ++b) {
+      byte_ids_[static_cast<std::size_t>(b)] =
+          find(byte_token(static_cast<unsigned char>(b))).value_or(-1);
+    }
+  }
+  Vocab vocab_;
+  std::vector<std::string> tokens_;
+  std::array<std::int32_t, 256> byte_ids_{};
+};
+
 class BpeModel final : public Model {
  public:
   struct Options {
@@ -69,30 +115,14 @@ class BpeModel final : public Model {
   BpeModel(Vocab vocab,
            std::unordered_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> merges,
            Options options)
-      : vocab_(std::move(vocab)),
-        merges_(std::move(merges)),
-        options_(std::move(options)),
-        cache_() {
-    std::int32_t max_id = -1;
-    for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
-    tokens_.resize(static_cast<std::size_t>(max_id + 1));
-    for (const auto& [token, id] : vocab_) tokens_[static_cast<std::size_t>(id)] = token;
-    if (options_.unk_token) {
-      auto it = vocab_.find(*options_.unk_token);
-      if (it != vocab_.end()) unk_id_ = it->second;
-    }
-    if (options_.byte_fallback) {
-      for (int b = 0; b < 256; ++b) {
-        auto it = vocab_.find(byte_token(static_cast<unsigned char>(b)));
-        byte_ids_[static_cast<std::size_t>(b)] = it == vocab_.end() ? -1 : it->second;
-      }
-    }
+      : table_(std::move(vocab)), merges_(std::move(merges)), options_(std::move(options)) {
+    if (options_.unk_token) unk_id_ = table_.find(*options_.unk_token);
     // Single characters by code point, for the common case without prefix or suffix.
     simple_chars_ =
         options_.continuing_subword_prefix.empty() && options_.end_of_word_suffix.empty();
     if (simple_chars_) {
       char_ids_.assign(kCharTable, -1);
-      for (const auto& [token, id] : vocab_) {
+      for (const auto& [token, id] : table_.entries()) {
         std::size_t pos = 0;
         if (token.empty()) continue;
         const char32_t c = next_char(token, &pos);
@@ -109,9 +139,8 @@ class BpeModel final : public Model {
     }
     const std::size_t first = ids->size();
     if (options_.ignore_merges) {
-      auto it = vocab_.find(word);
-      if (it != vocab_.end()) {
-        ids->push_back(it->second);
+      if (auto id = table_.find(word)) {
+        ids->push_back(*id);
         cache_.insert(word, {ids->data() + first, 1});
         return;
       }
@@ -124,17 +153,10 @@ class BpeModel final : public Model {
     cache_.insert(word, {ids->data() + first, ids->size() - first});
   }
 
-  std::int64_t size() const override { return static_cast<std::int64_t>(tokens_.size()); }
-  const std::string* id_to_token(std::int32_t id) const override {
-    // Ids past the end, or in a gap of the vocabulary's ids, name no token.
-    if (id < 0 || static_cast<std::size_t>(id) >= tokens_.size()) return nullptr;
-    const std::string& t = tokens_[static_cast<std::size_t>(id)];
-    return t.empty() ? nullptr : &t;
-  }
+  std::int64_t size() const override { return table_.size(); }
+  const std::string* id_to_token(std::int32_t id) const override { return table_.token(id); }
   std::optional<std::int32_t> token_to_id(std::string_view token) const override {
-    auto it = vocab_.find(token);
-    if (it == vocab_.end()) return std::nullopt;
-    return it->second;
+    return table_.find(token);
   }
   std::string_view kind() const override { return "BPE"; }
 
@@ -172,11 +194,11 @@ class BpeModel final : public Model {
       if (options_.byte_fallback) {
         bool all = true;
         for (std::size_t i = begin; i < pos; ++i) {
-          all = all && byte_ids_[static_cast<unsigned char>(word[i])] >= 0;
+          all = all && table_.byte_id(static_cast<unsigned char>(word[i])) >= 0;
         }
         if (all) {
           for (std::size_t i = begin; i < pos; ++i) {
-            symbols->push_back(byte_ids_[static_cast<unsigned char>(word[i])]);
+            symbols->push_back(table_.byte_id(static_cast<unsigned char>(word[i])));
           }
           last_unk = false;
           continue;
@@ -268,12 +290,10 @@ class BpeModel final : public Model {
     s = std::move(out);
   }
 
-  Vocab vocab_;
-  std::vector<std::string> tokens_;
+  TokenTable table_;
   std::unordered_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> merges_;
   Options options_;
   std::optional<std::int32_t> unk_id_;
-  std::array<std::int32_t, 256> byte_ids_{};
   bool simple_chars_ = false;
   std::vector<std::int32_t> char_ids_;
   WordCache cache_;
@@ -318,15 +338,17 @@ class Trie {
 
 class UnigramModel final : public Model {
  public:
-  UnigramModel(std::vector<std::pair<std::string, double>> pieces,
+  UnigramModel(std::vector<std::string> pieces, std::vector<double> scores,
                std::optional<std::int32_t> unk_id, bool byte_fallback)
-      : pieces_(std::move(pieces)), unk_id_(unk_id), byte_fallback_(byte_fallback), cache_() {
-    double min_score = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      vocab_.emplace(pieces_[i].first, static_cast<std::int32_t>(i));
-      trie_.insert(pieces_[i].first, static_cast<std::int32_t>(i));
-      min_score = std::min(min_score, pieces_[i].second);
+      : table_(std::move(pieces)),
+        scores_(std::move(scores)),
+        unk_id_(unk_id),
+        byte_fallback_(byte_fallback) {
+    for (std::int32_t id = 0; id < table_.size(); ++id) {
+      if (const std::string* piece = table_.token(id)) trie_.insert(*piece, id);
     }
+    const double min_score =
+        scores_.empty() ? 0.0 : *std::min_element(scores_.begin(), scores_.end());
     unk_score_ = min_score - 10.0;  // Hugging Face's kUnkPenalty
   }
 
@@ -352,7 +374,7 @@ class UnigramModel final : public Model {
       bool has_single = false;
       trie_.prefixes(text.substr(starts_at), [&](std::size_t length, std::int32_t id) {
         Node& target = best[starts_at + length];
-        const double candidate = pieces_[static_cast<std::size_t>(id)].second + till_here;
+        const double candidate = scores_[static_cast<std::size_t>(id)] + till_here;
         if (target.starts_at < 0 || candidate > target.score) {
           target = {id, candidate, static_cast<std::int64_t>(starts_at)};
         }
@@ -391,18 +413,15 @@ class UnigramModel final : public Model {
     if (in_unk) spans.emplace_back(unk_begin, unk_end);
     for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
       const std::string_view piece = text.substr(it->first, it->second - it->first);
-      auto found = vocab_.find(piece);
-      if (found != vocab_.end()) {
-        ids->push_back(found->second);
+      if (auto found = table_.find(piece)) {
+        ids->push_back(*found);
         continue;
       }
       if (byte_fallback_) {
         bool all = true;
-        for (const char c : piece)
-          all = all && vocab_.count(byte_token(static_cast<unsigned char>(c))) > 0;
+        for (const char c : piece) all = all && table_.byte_id(static_cast<unsigned char>(c)) >= 0;
         if (all) {
-          for (const char c : piece)
-            ids->push_back(vocab_.find(byte_token(static_cast<unsigned char>(c)))->second);
+          for (const char c : piece) ids->push_back(table_.byte_id(static_cast<unsigned char>(c)));
           continue;
         }
       }
@@ -411,21 +430,16 @@ class UnigramModel final : public Model {
     cache_.insert(text, {ids->data() + first, ids->size() - first});
   }
 
-  std::int64_t size() const override { return static_cast<std::int64_t>(pieces_.size()); }
-  const std::string* id_to_token(std::int32_t id) const override {
-    if (id < 0 || static_cast<std::size_t>(id) >= pieces_.size()) return nullptr;
-    return &pieces_[static_cast<std::size_t>(id)].first;
-  }
+  std::int64_t size() const override { return table_.size(); }
+  const std::string* id_to_token(std::int32_t id) const override { return table_.token(id); }
   std::optional<std::int32_t> token_to_id(std::string_view token) const override {
-    auto it = vocab_.find(token);
-    if (it == vocab_.end()) return std::nullopt;
-    return it->second;
+    return table_.find(token);
   }
   std::string_view kind() const override { return "Unigram"; }
 
  private:
-  std::vector<std::pair<std::string, double>> pieces_;
-  Vocab vocab_;
+  TokenTable table_;
+  std::vector<double> scores_;  // by id
   Trie trie_;
   std::optional<std::int32_t> unk_id_;
   bool byte_fallback_;
@@ -435,34 +449,21 @@ class UnigramModel final : public Model {
 
 class WordLevelModel final : public Model {
  public:
-  WordLevelModel(Vocab vocab, std::string unk) : vocab_(std::move(vocab)), unk_(std::move(unk)) {
-    std::int32_t max_id = -1;
-    for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
-    tokens_.resize(static_cast<std::size_t>(max_id + 1));
-    for (const auto& [token, id] : vocab_) tokens_[static_cast<std::size_t>(id)] = token;
-  }
+  WordLevelModel(Vocab vocab, std::string unk) : table_(std::move(vocab)), unk_(std::move(unk)) {}
   void tokenize(std::string_view word, std::vector<std::int32_t>* ids) const override {
-    auto it = vocab_.find(word);
-    if (it == vocab_.end()) it = vocab_.find(unk_);
-    if (it != vocab_.end()) ids->push_back(it->second);
+    auto id = table_.find(word);
+    if (!id) id = table_.find(unk_);
+    if (id) ids->push_back(*id);
   }
-  std::int64_t size() const override { return static_cast<std::int64_t>(tokens_.size()); }
-  const std::string* id_to_token(std::int32_t id) const override {
-    // Ids past the end, or in a gap of the vocabulary's ids, name no token.
-    if (id < 0 || static_cast<std::size_t>(id) >= tokens_.size()) return nullptr;
-    const std::string& t = tokens_[static_cast<std::size_t>(id)];
-    return t.empty() ? nullptr : &t;
-  }
+  std::int64_t size() const override { return table_.size(); }
+  const std::string* id_to_token(std::int32_t id) const override { return table_.token(id); }
   std::optional<std::int32_t> token_to_id(std::string_view token) const override {
-    auto it = vocab_.find(token);
-    if (it == vocab_.end()) return std::nullopt;
-    return it->second;
+    return table_.find(token);
   }
   std::string_view kind() const override { return "WordLevel"; }
 
  private:
-  Vocab vocab_;
-  std::vector<std::string> tokens_;
+  TokenTable table_;
   std::string unk_;
 };
 
@@ -554,15 +555,18 @@ Result<std::unique_ptr<Model>> parse_unigram(const Json& json, const std::string
   const Json& vocab = json.contains("vocab") ? json["vocab"] : Json();
   if (!vocab.is_array())
     return invalid_argument(key + ".vocab: expected an array of [piece, score]");
-  std::vector<std::pair<std::string, double>> pieces;
+  std::vector<std::string> pieces;
+  std::vector<double> scores;
   pieces.reserve(vocab.size());
+  scores.reserve(vocab.size());
   for (std::size_t i = 0; i < vocab.size(); ++i) {
     const Json& p = vocab[i];
     if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_number()) {
       return invalid_argument(key + ".vocab[" + std::to_string(i) +
                               "]: expected [piece, score], got " + p.dump());
     }
-    pieces.emplace_back(p[0].get<std::string>(), p[1].get<double>());
+    pieces.push_back(p[0].get<std::string>());
+    scores.push_back(p[1].get<double>());
   }
   std::optional<std::int32_t> unk_id;
   if (json.contains("unk_id") && json["unk_id"].is_number_integer()) {
@@ -573,8 +577,8 @@ Result<std::unique_ptr<Model>> parse_unigram(const Json& json, const std::string
     }
     unk_id = static_cast<std::int32_t>(id);
   }
-  return std::unique_ptr<Model>(
-      new UnigramModel(std::move(pieces), unk_id, bool_field(json, "byte_fallback", false)));
+  return std::unique_ptr<Model>(new UnigramModel(std::move(pieces), std::move(scores), unk_id,
+                                                 bool_field(json, "byte_fallback", false)));
 }
 
 }  // namespace

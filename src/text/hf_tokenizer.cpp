@@ -273,11 +273,4 @@ void HfTokenizer::set_template(std::optional<std::int32_t> bos, std::optional<st
   post_processor_ = std::move(processor).value();
 }
 
-bool HfTokenizer::appends(std::int32_t id) const {
-  if (!post_processor_) return false;
-  std::vector<std::int32_t> probe;
-  post_processor_->process(&probe, true);
-  return !probe.empty() && probe.back() == id;
-}
-
 }  // namespace strata::text

@@ -42,9 +42,6 @@ class HfTokenizer final : public Tokenizer {
     bos_id_ = bos;
     eos_id_ = eos;
   }
-  // Whether the post-processor puts `id` at the end of every sequence.
-  bool appends(std::int32_t id) const;
-  std::string_view model_kind() const { return model_->kind(); }
 
  private:
   // Leftmost-longest matcher over a set of added tokens.

@@ -25,8 +25,6 @@ class Regex {
   // Every match as a [begin, end) byte range, in order.
   void find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>* out) const;
 
-  const std::string& pattern() const { return pattern_; }
-
  private:
   struct Code;
   std::shared_ptr<const Code> code_;

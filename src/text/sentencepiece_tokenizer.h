@@ -43,7 +43,6 @@ class SentencePieceTokenizer final : public Tokenizer {
     bos_id_ = bos;
     eos_id_ = eos;
   }
-  bool adds_eos() const { return add_eos_; }
 
  private:
   SentencePieceTokenizer();

@@ -89,24 +89,6 @@ bool is_whitespace(char32_t c) {
   }
 }
 
-bool is_alphanumeric(char32_t c) {
-  switch (category(c)) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NO:
-      return true;
-    case UTF8PROC_CATEGORY_MC:  // spacing marks: nearly all are Other_Alphabetic
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool is_punctuation(char32_t c) {
   switch (category(c)) {
     case UTF8PROC_CATEGORY_PC:
@@ -125,12 +107,6 @@ bool is_punctuation(char32_t c) {
 bool is_mark(char32_t c) {
   const auto cat = category(c);
   return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME;
-}
-
-bool is_control(char32_t c) {
-  if (c == '\t' || c == '\n' || c == '\r') return false;
-  const auto cat = category(c);
-  return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF;
 }
 
 bool is_bert_control(char32_t c) {

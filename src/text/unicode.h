@@ -23,10 +23,8 @@ void append_utf8(std::string* out, char32_t c);
 std::size_t find_invalid_utf8(std::string_view s);
 
 bool is_whitespace(char32_t c);       // Unicode White_Space (Rust char::is_whitespace)
-bool is_alphanumeric(char32_t c);     // Alphabetic or Numeric (Rust char::is_alphanumeric)
 bool is_punctuation(char32_t c);      // general category P*
 bool is_mark(char32_t c);             // general category M*
-bool is_control(char32_t c);          // general category Cc / Cf, but not \t \n \r
 bool is_bert_control(char32_t c);     // BERT's "other": Cc, Cf, Cn, Co, but not \t \n \r
 bool is_nonspacing_mark(char32_t c);  // general category Mn
 bool is_word(char32_t c);             // Oniguruma's \w: L, M, Nd, Pc

@@ -307,22 +307,24 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   // The loss is the mean over every target of the global batch that counts (all of them without
   // a loss mask), however the batch is split: each micro-batch's mean is weighted by its share.
   // Every rank counts the whole batch itself (the sampler is a function of the step).
+  const std::int64_t batch_start = step * config.batch_size;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(config.batch_size));
   std::int64_t global_targets = 0;
-  for (std::int64_t g = step * config.batch_size; g < (step + 1) * config.batch_size; ++g) {
-    STRATA_ASSIGN_OR_RETURN(std::int64_t n, sampler->count_targets(g));
-    global_targets += n;
+  for (std::int64_t g = 0; g < config.batch_size; ++g) {
+    STRATA_ASSIGN_OR_RETURN(counts[static_cast<std::size_t>(g)],
+                            sampler->count_targets(batch_start + g));
+    global_targets += counts[static_cast<std::size_t>(g)];
   }
   double loss_sum = 0;
   for (std::int64_t micro = 0; micro < accum; ++micro) {
     // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
     // rank count: micro-batch `micro` of rank r takes its own contiguous run of them.
-    const std::int64_t first = step * config.batch_size + (micro * world + rank) * mb;
+    const std::int64_t first = batch_start + (micro * world + rank) * mb;
     std::int64_t micro_targets = 0;
     for (std::int64_t i = 0; i < mb; ++i) {
       STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
                                                inputs.data() + i * seq, targets.data() + i * seq));
-      STRATA_ASSIGN_OR_RETURN(std::int64_t n, sampler->count_targets(first + i));
-      micro_targets += n;
+      micro_targets += counts[static_cast<std::size_t>(first + i - batch_start)];
     }
     const double share = global_targets > 0 ? static_cast<double>(micro_targets) /
                                                   static_cast<double>(global_targets)

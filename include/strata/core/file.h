@@ -40,6 +40,8 @@ class AtomicFileWriter {
  private:
   AtomicFileWriter() = default;
   void abandon();
+  // Writes all of `data`, at `offset` when given (pwrite), else where the file stands (write).
+  Status write_all(std::span<const std::byte> data, const std::uint64_t* offset);
   std::string path_;
   std::string tmp_path_;
   int fd_ = -1;

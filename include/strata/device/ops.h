@@ -104,9 +104,8 @@ class Ops {
                                   const AttentionShape& shape, DType dtype) const = 0;
 
   // Decoding with a KV cache (no backward); softmax scale 1/sqrt(head_dim), f32 sums.
-  virtual void attention_decode(const void* q, const void* k_cache, const void* v_cache,
-                                void* out, const DecodeAttentionShape& shape,
-                                DType dtype) const = 0;
+  virtual void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* out,
+                                const DecodeAttentionShape& shape, DType dtype) const = 0;
 
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,

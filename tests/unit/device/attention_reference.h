@@ -1,6 +1,6 @@
-// Double-precision causal GQA attention (with an optional sliding window), forward and backward, with per-element bounds on the
-// rounding error of an f32 (or bf16-in, f32-compute) implementation: the reference that the CPU
-// and CUDA attention tests compare against.
+// Double-precision causal GQA attention (with an optional sliding window), forward and backward,
+// with per-element bounds on the rounding error of an f32 (or bf16-in, f32-compute) implementation:
+// the reference that the CPU and CUDA attention tests compare against.
 #pragma once
 
 #include <algorithm>

@@ -306,8 +306,8 @@ TEST_F(CudaOpsTest, AttentionDecodeMatchesTheCpuBackend) {
         k.fill_uniform(rng, -1.5, 1.5);
         v.fill_uniform(rng, -1, 1);
         GpuTensor gq(*gpu_, q), gk(*gpu_, k), gv(*gpu_, v);
-        for (auto [queries, past] : {std::pair<std::int64_t, std::int64_t>{260, 0}, {1, 260},
-                                     {1, 299}}) {
+        for (auto [queries, past] :
+             {std::pair<std::int64_t, std::int64_t>{260, 0}, {1, 260}, {1, 299}}) {
           const DecodeAttentionShape shape{queries, past, heads, kv, hd, window};
           HostTensor out(dt, queries * heads * hd);
           GpuTensor gout(*gpu_, dt, queries * heads * hd);
