@@ -1,7 +1,10 @@
 // The flat parameter layout and HF-style initialization.
 #include "strata/model/param_layout.h"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "strata/core/rng.h"
 
@@ -96,16 +99,53 @@ std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) 
 void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed,
                 float* out) {
   std::fill(out, out + group.num_elems, 0.0f);
-  Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(group.id) + 1);
+  const Rng start(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(group.id) + 1);
+  // The random tensors' elements, in order, take one stream of normals, two draws each. Chunks
+  // of it are drawn in parallel, each from the stream advanced to its start (Rng::discard): the
+  // same numbers as one thread drawing them in order.
+  struct Piece {
+    std::int64_t first;  // index of its first normal in the stream
+    float* data;
+  };
+  std::vector<Piece> pieces;
+  std::int64_t total = 0;
   for (const auto& t : group.tensors) {
     float* p = out + t.offset_elems;
     if (t.is_norm) {
       std::fill(p, p + t.num_elems, 1.0f);
-    } else if (t.is_bias) {
-      continue;  // zeros, as filled above
-    } else {
-      for (std::int64_t i = 0; i < t.num_elems; ++i)
-        p[i] = static_cast<float>(rng.normal() * config.initializer_range);
+    } else if (!t.is_bias) {  // biases stay zero
+      pieces.push_back(Piece{total, p});
+      total += t.num_elems;
+    }
+  }
+  pieces.push_back(Piece{total, nullptr});
+  const double range = config.initializer_range;
+  constexpr std::int64_t kChunk = std::int64_t{1} << 16;
+  std::atomic<bool> irregular{false};
+  tbb::parallel_for(std::int64_t{0}, (total + kChunk - 1) / kChunk, [&](std::int64_t c) {
+    Rng rng = start;
+    rng.discard(static_cast<std::uint64_t>(2 * c * kChunk));
+    const std::int64_t end = std::min(total, (c + 1) * kChunk);
+    auto piece = std::upper_bound(pieces.begin(), pieces.end(), c * kChunk,
+                                  [](std::int64_t i, const Piece& p) { return i < p.first; }) -
+                 1;
+    for (std::int64_t i = c * kChunk; i < end; ++i) {
+      while (i >= (piece + 1)->first) ++piece;
+      const double u1 = rng.uniform();
+      if (u1 <= 0.0) {  // normal() would draw a third time (p = 2^-53): offsets are off
+        irregular = true;
+        return;
+      }
+      piece->data[i - piece->first] =
+          static_cast<float>(Rng::box_muller(u1, rng.uniform()) * range);
+    }
+  });
+  if (irregular) {  // one thread, in order, as normal() draws
+    Rng rng = start;
+    for (std::size_t k = 0; k + 1 < pieces.size(); ++k) {
+      for (std::int64_t i = 0; i < pieces[k + 1].first - pieces[k].first; ++i) {
+        pieces[k].data[i] = static_cast<float>(rng.normal() * range);
+      }
     }
   }
 }

@@ -67,7 +67,8 @@ class ParamLayout {
 // Initializes one group like transformers' LlamaForCausalLM: linear and embedding weights
 // ~ N(0, initializer_range), norm weights = 1, biases and padding = 0. Each group draws from its
 // own stream seeded by (seed, group id), so the result does not depend on the order groups are
-// visited.
+// visited; the group's elements are drawn in parallel chunks that give the same numbers as one
+// thread drawing them in order.
 void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed, float* out);
 
 }  // namespace strata::model
