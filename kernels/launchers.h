@@ -34,11 +34,13 @@ int scale_matrix(const LaunchContext& ctx, void* c, std::int64_t m, std::int64_t
 // ---- embedding.cu
 int embedding_forward(const LaunchContext& ctx, const std::int32_t* ids, std::int64_t rows,
                       const void* table, std::int64_t dim, void* out, Elem dtype);
-// Deterministic and sort-free: the block of each id's first row owns that table row and adds
-// the id's rows in order, in fp32, starting from the table's value (for f32 this is exactly
-// the CPU backend's order).
+// dtable[ids[i], :] += dout[i, :], deterministic: a stable radix sort of (id, row) pairs, then
+// one writer per id that adds the id's rows in ascending row order, in fp32, starting from the
+// table's value, and rounds once (for f32 this is exactly the CPU backend's order). ids are not
+// range-checked (the caller validates them, as for the forward). rows < 2^31.
+std::size_t embedding_backward_scratch_bytes(std::int64_t rows);
 int embedding_backward(const LaunchContext& ctx, const std::int32_t* ids, std::int64_t rows,
-                       const void* dout, std::int64_t dim, void* dtable, Elem dtype);
+                       const void* dout, std::int64_t dim, void* dtable, Elem dtype, void* scratch);
 
 // ---- rmsnorm.cu
 int rmsnorm_forward(const LaunchContext& ctx, const void* x, const void* w, void* out, float* rstd,
@@ -55,7 +57,8 @@ int rope(const LaunchContext& ctx, void* x, std::int64_t batch, std::int64_t seq
          std::int64_t heads, std::int64_t head_dim, const ::strata::device::RopeParams& params,
          bool inverse, Elem dtype, void* scratch);
 
-// ---- attention (attention_simple.cu, attention_flash_forward.cu, attention_flash_backward.cu)
+// ---- attention (attention_simple.cu, attention_flash_{forward,backward}.cu,
+// attention_flash2_{forward,backward}.cu; dispatch in attention.cu)
 struct AttentionDims {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   // Sliding window: query i attends to keys j with 0 <= i - j < window; 0 (or any window not
@@ -66,10 +69,14 @@ enum class AttentionKernel : std::uint8_t {
   kAuto,    // flash where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits)
   kSimple,  // one block per row, online softmax over key chunks: any shape and dtype
   kFlash,   // tensor-core tiles; an error (cudaErrorNotSupported) where it does not apply
+  // Where kFlash applies, on sm_80+: mma.sync with register-resident softmax and accumulators,
+  // cp.async double buffering (attention_flash2_*.cu); an error where it does not apply.
+  kFlash2,
 };
-// Whether the flash kernels serve this call on a device with the given shared memory.
+// Whether the flash kernels (kFlash, or kFlash2) serve this call on a device with the given
+// shared memory (kFlash2 also needs compute capability 8.0, checked at launch).
 bool flash_attention_applies(const LaunchContext& ctx, const AttentionDims& d, Elem dtype,
-                             bool backward);
+                             bool backward, AttentionKernel kernel = AttentionKernel::kFlash);
 int attention_forward(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                       void* out, float* lse, const AttentionDims& d, Elem dtype,
                       AttentionKernel kernel);
@@ -83,6 +90,8 @@ int attention_forward_simple(const LaunchContext& ctx, const void* q, const void
                              void* out, float* lse, const AttentionDims& d, Elem dtype);
 int attention_forward_flash(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                             void* out, float* lse, const AttentionDims& d);
+int attention_forward_flash2(const LaunchContext& ctx, const void* q, const void* k, const void* v,
+                             void* out, float* lse, const AttentionDims& d);
 // Decoding with a KV cache (batch 1): `queries` new rows of q attend the cache's past + queries
 // rows; per_head gives heads, kv_heads, head_dim and window (batch and seq are ignored).
 int attention_decode(const LaunchContext& ctx, const void* q, const void* k_cache,
@@ -97,6 +106,9 @@ int attention_backward_simple(const LaunchContext& ctx, const void* dout, const 
 int attention_backward_flash(const LaunchContext& ctx, const void* dout, const void* q,
                              const void* k, const void* v, const float* lse, const float* drow,
                              void* dq, void* dk, void* dv, const AttentionDims& d);
+int attention_backward_flash2(const LaunchContext& ctx, const void* dout, const void* q,
+                              const void* k, const void* v, const float* lse, const float* drow,
+                              void* dq, void* dk, void* dv, const AttentionDims& d);
 
 // ---- swiglu.cu
 int swiglu_forward(const LaunchContext& ctx, const void* gate, const void* up, void* out,

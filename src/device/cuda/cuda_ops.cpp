@@ -91,7 +91,11 @@ class CudaOps final : public Ops {
   }
   void embedding_backward(const std::int32_t* ids, std::int64_t rows, const void* dout,
                           std::int64_t dim, void* dtable, DType dtype) const override {
-    done(kernels::embedding_backward(ctx(), ids, rows, dout, dim, dtable, float_elem(dtype)),
+    const kernels::Elem e = float_elem(dtype);
+    if (rows <= 0) return;
+    void* s = scratch(kernels::embedding_backward_scratch_bytes(rows));
+    if (s == nullptr) return;
+    done(kernels::embedding_backward(ctx(), ids, rows, dout, dim, dtable, e, s),
          "embedding_backward");
   }
 

@@ -1,9 +1,9 @@
 // CUDA causal GQA attention against the double-precision reference, within per-element bounds
 // derived from the arithmetic (attention_reference.h; the flash kernels' bf16 rounding of P and
 // dS included), forward and backward, for each kernel variant: the simple one (every shape and
-// dtype) and the flash one (bf16, head_dim 64/128), including sequence lengths that leave
-// partial tiles. Backward runs from the CPU backend's forward output and lse, the inputs the
-// reference's bounds assume.
+// dtype) and the two flash ones (bf16, head_dim 64/128: WMMA, and mma.sync with cp.async),
+// including sequence lengths that leave partial tiles and sliding windows. Backward runs from
+// the CPU backend's forward output and lse, the inputs the reference's bounds assume.
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
 
@@ -38,7 +38,11 @@ std::string describe(const Case& c) {
   const auto& s = c.shape;
   return std::string(dtype_name(c.dtype)) + " b,s,h,kvh,d=" + std::to_string(s.batch) + "," +
          std::to_string(s.seq) + "," + std::to_string(s.heads) + "," + std::to_string(s.kv_heads) +
-         "," + std::to_string(s.head_dim);
+         "," + std::to_string(s.head_dim) + " window " + std::to_string(s.window);
+}
+
+bool is_flash(AttentionKernel k) {
+  return k == AttentionKernel::kFlash || k == AttentionKernel::kFlash2;
 }
 
 class CudaAttentionTest : public testing::GpuTest,
@@ -90,37 +94,53 @@ class CudaAttentionTest : public testing::GpuTest,
     expect_within("dk", gdk.download().values(), g.dk, g.dk_bound);
     expect_within("dv", gdv.download().values(), g.dv, g.dv_bound);
   }
+
+  // Runs the case unless the variant asked for cannot serve it on this GPU.
+  void check_if_served(const Case& c) {
+    if (is_flash(GetParam())) {
+      const AttentionShape& s = c.shape;
+      const kernels::AttentionDims d{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window};
+      if (!kernels::flash_attention_applies(kernels::LaunchContext{nullptr, gpu_max_smem()}, d,
+                                            kernels::Elem::kBF16, true, GetParam())) {
+        return;  // e.g. head_dim 128 backward on a GPU with 99 KiB of shared memory per block
+      }
+    }
+    check(c);
+  }
 };
 
 TEST_P(CudaAttentionTest, MatchesReferenceWithinDerivedBounds) {
-  const bool flash_only = GetParam() == AttentionKernel::kFlash;
+  const bool flash_only = is_flash(GetParam());
   std::vector<Case> cases = {
       {{2, 77, 4, 2, 64}, DType::kBF16},    // partial tile, GQA group 2
       {{1, 130, 8, 2, 128}, DType::kBF16},  // head_dim 128, group 4
       {{1, 64, 2, 2, 64}, DType::kBF16},    // exactly one tile, no GQA
       {{2, 300, 4, 1, 64}, DType::kBF16},   // several tiles, multi-query
   };
-  if (!flash_only) {
+  if (flash_only) {
+    // Many tiles, so that the flash kernels' pipelines run long and most tiles need no mask.
+    cases.push_back({{1, 520, 4, 2, 128}, DType::kBF16});
+  } else {
     cases.push_back({{2, 37, 4, 4, 16}, DType::kF32});
     cases.push_back({{1, 300, 4, 1, 64}, DType::kF32});  // more keys than one score chunk
     cases.push_back({{2, 16, 4, 2, 8}, DType::kF32});    // the tiny test model's shape
     cases.push_back({{1, 40, 2, 1, 96}, DType::kBF16});  // bf16 the flash kernels do not serve
   }
-  for (const Case& c : cases) {
-    if (flash_only &&
-        !kernels::flash_attention_applies(
-            kernels::LaunchContext{nullptr, gpu_max_smem()},
-            {c.shape.batch, c.shape.seq, c.shape.heads, c.shape.kv_heads, c.shape.head_dim},
-            kernels::Elem::kBF16, true)) {
-      continue;  // e.g. head_dim 128 backward on a GPU with 99 KiB of shared memory per block
-    }
-    check(c);
+  for (const Case& c : cases) check_if_served(c);
+}
+
+// Sliding windows: 1 (only the diagonal), 3 and 17 (inside one tile or across a tile edge), 100
+// (wider than a tile, narrower than the sequence): whole key tiles are skipped, others masked.
+TEST_P(CudaAttentionTest, MatchesReferenceWithSlidingWindows) {
+  for (std::int64_t window : {1, 3, 17, 100}) {
+    check_if_served({{2, 300, 4, 1, 64, window}, DType::kBF16});
+    check_if_served({{1, 130, 8, 2, 128, window}, DType::kBF16});
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionTest,
                          ::testing::Values(AttentionKernel::kAuto, AttentionKernel::kSimple,
-                                           AttentionKernel::kFlash),
+                                           AttentionKernel::kFlash, AttentionKernel::kFlash2),
                          [](const ::testing::TestParamInfo<AttentionKernel>& info) {
                            switch (info.param) {
                              case AttentionKernel::kAuto:
@@ -129,6 +149,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionTest,
                                return std::string("Simple");
                              case AttentionKernel::kFlash:
                                return std::string("Flash");
+                             case AttentionKernel::kFlash2:
+                               return std::string("Flash2");
                            }
                            return std::string("Unknown");
                          });
