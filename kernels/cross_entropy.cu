@@ -32,8 +32,10 @@ __global__ void __launch_bounds__(kThreads)
   const std::int32_t t = targets[row];
   const T* z = logits + row * vocab;
   T* d = dlogits == nullptr ? nullptr : dlogits + row * vocab;
-  if (t < 0) {  // ignored position: no loss, no gradient
-    if (threadIdx.x == 0) losses[row] = 0.0f;
+  // Targets are checked on the host before any launch (llama.cpp); one out of range here still
+  // reads nothing outside its row: its loss is NaN, which the trainer reports, and no gradient.
+  if (t < 0 || t >= vocab) {  // t < 0: an ignored position, no loss and no gradient
+    if (threadIdx.x == 0) losses[row] = t < 0 ? 0.0f : NAN;
     if (d != nullptr) {
       for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) d[j] = from_float<T>(0.0f);
     }

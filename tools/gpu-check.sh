@@ -9,7 +9,10 @@
 # packages in .debs/ (made here by tools/fetch-gpu-debs.sh and carried along) into a private
 # prefix inside the build directory; nothing is installed system-wide.
 #
-# Usage: tools/gpu-check.sh [--configure-only] [--no-bench]
+# Usage: tools/gpu-check.sh [--configure-only] [--phase all|tests|bench] [--no-bench]
+#   --phase tests: build, then the GPU tests only (correctness); --phase bench: build (a no-op
+#   when the same machine built before), then the benchmarks only. Two device calls can so split
+#   the check when one would not fit its time limit. --no-bench is --phase tests.
 # Environment: GPU_CHECK_BUILD_DIR (build-gpu; logs and results in its gpu-check/),
 # GPU_CHECK_OUT (a few key results are copied there at the end; default $OUT when set, as on
 # the device tool's machines), GPU_CHECK_JOBS (nproc), GPU_CHECK_ARCH (e.g. 90; default from
@@ -23,12 +26,23 @@ start=$(date +%s)
 budget=${GPU_CHECK_BUDGET_S:-345}
 configure_only=0
 run_bench=1
-for arg in "$@"; do
-  case "$arg" in
+run_tests=1
+while (($#)); do
+  case "$1" in
     --configure-only) configure_only=1 ;;
     --no-bench) run_bench=0 ;;
-    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+    --phase)
+      shift
+      case "${1:-}" in
+        all) ;;
+        tests) run_bench=0 ;;
+        bench) run_tests=0 ;;
+        *) echo "--phase takes all, tests or bench, not '${1:-}'" >&2; exit 2 ;;
+      esac
+      ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
+  shift
 done
 
 build=${GPU_CHECK_BUILD_DIR:-$root/build-gpu}
@@ -44,7 +58,7 @@ export_results() {
   mkdir -p "$export_dir"
   local f
   for f in table.txt summary.txt build.log device_tests.log integration_tests.log \
-    train_step_bench.json copy_bench.json; do
+    train_step_bench.json copy_bench.json attention_bench.log; do
     [[ -f "$out/$f" ]] && cp "$out/$f" "$export_dir/"
   done
   return 0
@@ -80,17 +94,22 @@ fi
 [[ -z "$arch" ]] && arch=90
 note "GPU: $gpu_name, building for sm_$arch with $("$nvcc" --version | tail -1)"
 record "GPU" "$gpu_name" "sm_$arch"
+((!run_tests)) && record "phase" "bench" "tests skipped (--phase bench)"
+((!run_bench)) && record "phase" "tests" "benchmarks skipped (--phase tests)"
 
 # ---- libraries: use the system's, else unpack carried .debs into $prefix
 prefix=$build/deps
 mkdir -p "$prefix"
-extract() {  # package names; a missing .deb is reported, not fatal
+extract() {  # package names; a missing .deb stops the check: the configure would fail anyway
   local pkg f tmp
   for pkg in "$@"; do
     f=$(find "$root/.debs" -maxdepth 1 -name "${pkg}_*.deb" 2>/dev/null | head -1)
     if [[ -z "$f" ]]; then
-      note "needs $pkg, but .debs/ has no ${pkg}_*.deb (run tools/fetch-gpu-debs.sh and carry .debs)"
-      continue
+      echo "gpu-check: this machine lacks $pkg and .debs/ has no ${pkg}_*.deb." >&2
+      echo "gpu-check: run tools/fetch-gpu-debs.sh on the Debian machine and carry .debs" \
+        "(the device tool's carry: [\".debs\"]); see README, 'Running the GPU check'." >&2
+      record "dependencies" "FAILED" "no .deb for $pkg"
+      exit 1
     fi
     if command -v dpkg-deb >/dev/null; then
       dpkg-deb -x "$f" "$prefix"
@@ -168,6 +187,20 @@ if ! find "${cuda_lib_dirs[@]}" -maxdepth 1 -name 'libcublasLt.so*' 2>/dev/null 
   fi
 fi
 
+# NCCL may come only as a pip wheel (nvidia-nccl-cu13: libnccl.so.2, no unversioned link). One
+# process runs NCCL's collectives with no MPI, so the check builds without MPI and still runs
+# them (CudaNcclTest).
+if ! find "${cuda_lib_dirs[@]}" /usr/lib/x86_64-linux-gnu -maxdepth 1 -name 'libnccl.so*' \
+  2>/dev/null | grep -q .; then
+  wheel=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null || true)
+  if [[ -n "$wheel" && -f "$wheel/include/nccl.h" ]]; then
+    lib=$(find "$wheel/lib" -name 'libnccl.so*' | head -1)
+    note "NCCL from the pip wheel at $wheel"
+    cmake_args+=(-DNCCL_LIBRARY="$lib" -DNCCL_INCLUDE_DIR="$wheel/include")
+    export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
+  fi
+fi
+
 # ---- configure and build
 t0=$(date +%s)
 if ! timeout "$(phase_limit 60)" cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1; then
@@ -176,13 +209,19 @@ if ! timeout "$(phase_limit 60)" cmake "${cmake_args[@]}" >"$out/configure.log" 
   exit 1
 fi
 grep "Strata:" "$out/configure.log"
+if grep -q "NCCL=1" "$out/configure.log"; then
+  record "NCCL" "built" "CudaNcclTest runs its collectives on one GPU"
+else
+  record "NCCL" "NOT FOUND" "no libnccl/nccl.h: the NCCL tests are not built"
+fi
 if ((configure_only)); then
   note "configured $build"
   exit 0
 fi
-targets=(strata_device_tests strata_cuda_integration_tests)
+targets=()
+((run_tests)) && targets+=(strata_device_tests strata_cuda_integration_tests)
 ((run_bench)) && grep -q "bench_gpu_train_step" "$build/build.ninja" &&
-  targets+=(bench_gpu_copy bench_gpu_train_step)
+  targets+=(bench_gpu_copy bench_gpu_attention bench_gpu_train_step)
 if ! timeout "$(phase_limit 200)" cmake --build "$build" -j "$jobs" --target "${targets[@]}" \
   >"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -30
@@ -203,8 +242,10 @@ run_tests() {  # name binary filter
   ((rc == 124)) && record "$name" "TIMEOUT" "see $name.log"
   return 0
 }
-run_tests device_tests "$build/tests/strata_device_tests" '*Cuda*'
-run_tests integration_tests "$build/tests/strata_cuda_integration_tests" '*'
+if ((run_tests)); then
+  run_tests device_tests "$build/tests/strata_device_tests" '*Cuda*'
+  run_tests integration_tests "$build/tests/strata_cuda_integration_tests" '*'
+fi
 
 # ---- benchmarks
 if ((run_bench)) && [[ -x "$build/bench/bench_gpu_copy" ]]; then
@@ -212,6 +253,12 @@ if ((run_bench)) && [[ -x "$build/bench/bench_gpu_copy" ]]; then
   timeout "$(phase_limit 40)" "$build/bench/bench_gpu_copy" \
     --benchmark_out="$out/copy_bench.json" --benchmark_out_format=json >"$out/copy_bench.log" 2>&1 ||
     record "copy bench" "FAILED/TIMEOUT" "see copy_bench.log"
+  note "flash attention variants"
+  timeout "$(phase_limit 60)" "$build/bench/bench_gpu_attention" \
+    --benchmark_out="$out/attention_bench.json" --benchmark_out_format=json \
+    >"$out/attention_bench.log" 2>&1 ||
+    record "attention bench" "FAILED/TIMEOUT" "see attention_bench.log"
+  grep -E "^attention " "$out/attention_bench.log" || true
   note "training-step MFU (1.1B)"
   timeout "$(phase_limit 240)" "$build/bench/bench_gpu_train_step" \
     --benchmark_out="$out/train_step_bench.json" --benchmark_out_format=json \
@@ -226,6 +273,7 @@ python3 - "$out" >"$out/table.txt" <<'EOF' || cp "$summary" "$out/table.txt"
 import json, os, sys
 out = sys.argv[1]
 rows = [l.rstrip("\n").split("|", 2) for l in open(os.path.join(out, "summary.txt"))]
+bench_only = any(r[0] == "phase" and r[1] == "bench" for r in rows)
 
 def tests(name):
     p = os.path.join(out, name + ".json")
@@ -268,7 +316,8 @@ for name, label in (("device_tests", "GPU unit tests (*Cuda*)"),
                     ("integration_tests", "GPU training tests")):
     t = tests(name)
     if t is None:
-        table.append((label, "not run", ""))
+        if not bench_only:  # the bench phase runs no tests
+            table.append((label, "not run", ""))
         continue
     p, f, s, fails = t
     table.append((label, "FAIL" if f else "ok", f"{p} passed, {f} failed, {s} skipped"))
@@ -294,6 +343,13 @@ for key, target, label in (("BM_GpuTrainStep/offload_optimizer=none", 0.45, "MFU
                   f" (optimizer {b['optimizer_ms']:.0f})"))
 if peak:
     table.insert(len(table) - 2, ("bf16 GEMM peak (cuBLASLt 8192^3)", f"{peak:.0f} TFLOP/s", ""))
+
+att = os.path.join(out, "attention_bench.log")
+if os.path.exists(att):  # the bench's own summary lines: which flash variant wins
+    for line in open(att):
+        if line.startswith("attention "):
+            what, _, figures = line[len("attention "):].partition(": ")
+            table.append(("attention " + what, "", figures.strip()))
 
 cp = benches("copy_bench")
 for d in ("h2d", "d2h"):

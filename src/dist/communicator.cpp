@@ -68,11 +68,11 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
         "libopenmpi-dev and rebuild)");
 #endif
   }
-#if STRATA_HAVE_NCCL && STRATA_HAVE_MPI
+#if STRATA_HAVE_NCCL
   return make_nccl_communicator(options, device);
 #else
   return unavailable(
-      "dist_backend \"nccl\" needs a build with CUDA, NCCL and MPI; use \"mpi\" with device "
+      "dist_backend \"nccl\" needs a build with CUDA and NCCL; use \"mpi\" with device "
       "\"cpu\"");
 #endif
 }

@@ -1,14 +1,15 @@
-// NCCL communicator for the CUDA backend: device collectives on a stream of their own, so they
-// overlap the compute stream's kernels (each waits, on the GPU, for the compute work issued
-// before it: the data it sends), bootstrapped and backed for host-side control data by MPI.
-// Built when CUDA, NCCL and MPI are found.
+// NCCL communicator for the CUDA backend: device collectives on the device's collective stream,
+// so they overlap the compute stream's kernels (each waits, on the GPU, for the compute work
+// issued before it: the data it sends), bootstrapped and backed for host-side control data by
+// MPI, or by nothing in a single process. Built when CUDA and NCCL are found.
 #include "strata/build_config.h"
 
-#if STRATA_HAVE_NCCL && STRATA_HAVE_MPI
+#if STRATA_HAVE_NCCL
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -42,12 +43,40 @@ ncclDataType_t nccl_type(DType dtype) {
   }
 }
 
+// The NCCL communicator, shared by the communicator and every handle on one of its collectives
+// (a handle may be waited on after the communicator is gone). Aborted at most once, and never
+// destroyed after an abort: ncclCommAbort frees what ncclCommDestroy would.
+class NcclComm {
+ public:
+  explicit NcclComm(ncclComm_t comm) : comm_(comm) {}
+  ~NcclComm() {
+    if (!aborted_.load()) ncclCommDestroy(comm_);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+  bool aborted() const { return aborted_.load(); }
+  // Unblocks the collectives still queued on the stream, so the process can go on or exit.
+  void abort() {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  std::atomic<bool> aborted_{false};
+};
+
 // Completion of a collective enqueued on a CUDA stream: an event polled against a deadline.
 class NcclHandleState final : public CommHandle::State {
  public:
-  NcclHandleState(cudaEvent_t event, ncclComm_t comm, std::string what, int rank,
+  NcclHandleState(cudaEvent_t event, std::shared_ptr<NcclComm> comm, std::string what, int rank,
                   std::chrono::steady_clock::time_point deadline)
-      : event_(event), comm_(comm), what_(std::move(what)), rank_(rank), deadline_(deadline) {}
+      : event_(event),
+        comm_(std::move(comm)),
+        what_(std::move(what)),
+        rank_(rank),
+        deadline_(deadline) {}
   ~NcclHandleState() override { cudaEventDestroy(event_); }
   bool ready() override { return cudaEventQuery(event_) != cudaErrorNotReady; }
   Status wait() override {
@@ -59,14 +88,18 @@ class NcclHandleState final : public CommHandle::State {
         return internal_error("rank " + std::to_string(rank_) + ": " + what_ +
                               " failed: " + cudaGetErrorString(q));
       }
+      if (comm_->aborted()) {
+        return unavailable("rank " + std::to_string(rank_) + ": " + what_ +
+                           " was cut short: an earlier collective timed out and aborted NCCL");
+      }
       ncclResult_t async_err = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async_err);
+      ncclCommGetAsyncError(comm_->get(), &async_err);
       if (async_err != ncclSuccess) {
         return internal_error("rank " + std::to_string(rank_) + ": " + what_ +
                               " failed: " + ncclGetErrorString(async_err));
       }
       if (std::chrono::steady_clock::now() > deadline_) {
-        ncclCommAbort(comm_);  // unblocks the stream so the process can exit
+        comm_->abort();
         return unavailable("rank " + std::to_string(rank_) + ": " + what_ +
                            " did not complete in time; a peer rank may have died or be stuck");
       }
@@ -78,7 +111,7 @@ class NcclHandleState final : public CommHandle::State {
 
  private:
   cudaEvent_t event_;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclComm> comm_;
   std::string what_;
   int rank_;
   std::chrono::steady_clock::time_point deadline_;
@@ -86,23 +119,30 @@ class NcclHandleState final : public CommHandle::State {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // `compute` is the device's compute stream; `stream` (owned) carries the collectives and
-  // `ready` (owned) orders them after the compute work issued before them.
-  NcclCommunicator(std::unique_ptr<Communicator> host, ncclComm_t comm, cudaStream_t compute,
-                   cudaStream_t stream, cudaEvent_t ready, std::chrono::seconds timeout)
+  // `compute` and `stream` are the device's compute and collective streams (the device's frees
+  // wait for the collective stream's work too); `ready` (owned) orders each collective after the
+  // compute work issued before it.
+  NcclCommunicator(std::unique_ptr<Communicator> host, std::shared_ptr<NcclComm> comm,
+                   cudaStream_t compute, cudaStream_t stream, cudaEvent_t ready,
+                   std::chrono::seconds timeout)
       : host_(std::move(host)),
-        comm_(comm),
+        comm_(std::move(comm)),
         compute_(compute),
         stream_(stream),
         ready_(ready),
         timeout_(timeout) {}
   ~NcclCommunicator() override {
-    // Collectives still queued finish (or fail) before the communicator goes; a timed-out one
-    // already aborted the NCCL communicator, which unblocks the stream.
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    // Collectives still queued finish before the communicator goes, or are aborted when they
+    // do not within the timeout (a peer that died would otherwise hang the exit).
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (!comm_->aborted() && cudaStreamQuery(stream_) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        comm_->abort();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     cudaEventDestroy(ready_);
-    cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return host_->rank(); }
@@ -114,23 +154,24 @@ class NcclCommunicator final : public Communicator {
     count_bytes(&CommStats::all_gather_bytes, count * world_size(), dtype);
     if (!after_compute()) return failed("all_gather", what, "cudaStreamWaitEvent");
     return finish(ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
-                                comm_, stream_),
+                                comm_->get(), stream_),
                   "all_gather", what);
   }
   CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
                             ReduceOp op, std::string_view what) override {
     count_bytes(&CommStats::reduce_scatter_bytes, count * world_size(), dtype);
     if (!after_compute()) return failed("reduce_scatter", what, "cudaStreamWaitEvent");
-    return finish(ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
-                                    op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
-                  "reduce_scatter", what);
+    return finish(
+        ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
+                          op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_->get(), stream_),
+        "reduce_scatter", what);
   }
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
                         std::string_view what) override {
     count_bytes(&CommStats::all_reduce_bytes, count, dtype);
     if (!after_compute()) return failed("all_reduce", what, "cudaStreamWaitEvent");
     return finish(ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_type(dtype),
-                                op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
+                                op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_->get(), stream_),
                   "all_reduce", what);
   }
   CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
@@ -138,7 +179,7 @@ class NcclCommunicator final : public Communicator {
     ++stats_.collectives;
     if (!after_compute()) return failed("broadcast", what, "cudaStreamWaitEvent");
     return finish(ncclBroadcast(buffer, buffer, static_cast<std::size_t>(count), nccl_type(dtype),
-                                root, comm_, stream_),
+                                root, comm_->get(), stream_),
                   "broadcast", what);
   }
   Status barrier(std::string_view what) override { return host_->barrier(what); }
@@ -194,7 +235,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> host_;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclComm> comm_;
   cudaStream_t compute_;
   cudaStream_t stream_;
   cudaEvent_t ready_;
@@ -209,10 +250,26 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
     return invalid_argument(
         "dist_backend \"nccl\" needs device \"cuda\"; use \"mpi\" on the CPU backend");
   }
-  void* stream = device.stream(device::StreamKind::kCompute).native_handle();
-  if (stream == nullptr) return unavailable("the device has no native CUDA stream for NCCL");
-  STRATA_ASSIGN_OR_RETURN(auto host, make_mpi_host_communicator(options, device));
-  // Rank 0 creates the NCCL id; MPI carries it to everyone.
+  void* compute = device.stream(device::StreamKind::kCompute).native_handle();
+  void* stream = device.stream(device::StreamKind::kCollective).native_handle();
+  if (compute == nullptr || stream == nullptr) {
+    return unavailable("the device has no native CUDA streams for NCCL");
+  }
+  // The host side (NCCL's id, barriers, host reductions): MPI when launched with several
+  // ranks; one process needs none, so a build without MPI still runs NCCL on one GPU.
+  std::unique_ptr<Communicator> host;
+  if (launched_with_multiple_ranks()) {
+#if STRATA_HAVE_MPI
+    STRATA_ASSIGN_OR_RETURN(host, make_mpi_host_communicator(options, device));
+#else
+    return unavailable(
+        "dist_backend \"nccl\" with several ranks needs MPI to start NCCL, but this build has "
+        "none (install libopenmpi-dev and rebuild)");
+#endif
+  } else {
+    host = make_single_rank_communicator(device);
+  }
+  // Rank 0 creates the NCCL id; the host communicator carries it to everyone.
   ncclUniqueId id{};
   if (host->rank() == 0) {
     const ncclResult_t rc = ncclGetUniqueId(&id);
@@ -226,26 +283,23 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
   std::vector<std::uint64_t> all(static_cast<std::size_t>(kWords * host->world_size()));
   STRATA_RETURN_IF_ERROR(host->all_gather_host(words, all.data(), kWords, "NCCL unique id"));
   std::memcpy(&id, all.data(), sizeof(id));  // rank 0's id
-  ncclComm_t comm;
-  const ncclResult_t rc = ncclCommInitRank(&comm, host->world_size(), id, host->rank());
+  ncclComm_t raw;
+  const ncclResult_t rc = ncclCommInitRank(&raw, host->world_size(), id, host->rank());
   if (rc != ncclSuccess) {
     return unavailable("rank " + std::to_string(host->rank()) +
                        ": ncclCommInitRank failed: " + ncclGetErrorString(rc));
   }
-  cudaStream_t collectives = nullptr;
+  auto comm = std::make_shared<NcclComm>(raw);
   cudaEvent_t ready = nullptr;
-  if (cudaStreamCreateWithFlags(&collectives, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess) {
-    if (collectives != nullptr) cudaStreamDestroy(collectives);
-    ncclCommDestroy(comm);
+  if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess) {
     return unavailable("rank " + std::to_string(host->rank()) +
-                       ": cannot create the CUDA stream and event for NCCL collectives");
+                       ": cannot create the CUDA event for NCCL collectives");
   }
-  return std::unique_ptr<Communicator>(
-      std::make_unique<NcclCommunicator>(std::move(host), comm, static_cast<cudaStream_t>(stream),
-                                         collectives, ready, options.timeout));
+  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
+      std::move(host), std::move(comm), static_cast<cudaStream_t>(compute),
+      static_cast<cudaStream_t>(stream), ready, options.timeout));
 }
 
 }  // namespace strata::dist
 
-#endif  // STRATA_HAVE_NCCL && STRATA_HAVE_MPI
+#endif  // STRATA_HAVE_NCCL

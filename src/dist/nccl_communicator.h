@@ -1,4 +1,4 @@
-// The NCCL communicator (private): built when STRATA_HAVE_NCCL and STRATA_HAVE_MPI.
+// The NCCL communicator (private): built when STRATA_HAVE_NCCL; several ranks also need MPI.
 #pragma once
 
 #include <memory>

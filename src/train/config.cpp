@@ -212,6 +212,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("swap_mixed_bytes_per_s", &c.swap_mixed_bytes_per_s, 0.0);
   read_enum(r, "device", &c.device, device::kDeviceKinds, device::device_kind_name);
   r.read_bytes("device_memory_limit", &c.device_memory_limit);
+  r.read("device_index", &c.device_index, -1, 1023);
+  r.read("allow_tf32", &c.allow_tf32);
   r.read_bytes("host_memory_limit", &c.host_memory_limit);
   r.read("threads", &c.threads, 0, 1024);
   r.read("save_dir", &c.save_dir);
@@ -314,6 +316,8 @@ Json TrainConfig::to_json() const {
       {"verify_swap", verify_swap},
       {"device", device::device_kind_name(device)},
       {"device_memory_limit", device_memory_limit},
+      {"device_index", device_index},
+      {"allow_tf32", allow_tf32},
       {"host_memory_limit", host_memory_limit},
       {"threads", threads},
       {"save_dir", save_dir},

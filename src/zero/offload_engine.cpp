@@ -30,9 +30,10 @@ struct OffloadEngine::Group {
   // into `grad_acc`, the fp32 accumulator.
   mem::Handle grad = mem::Handle::kInvalid;
   mem::Handle grad_acc = mem::Handle::kInvalid;
-  void* grad_d = nullptr;  // the gradient's device copy while the model accumulates into it
-  bool has_grad = false;   // a gradient arrived since the last step
-  double sum_squares = 0;  // of the gradient as accumulated so far, when summed off the device
+  void* grad_d = nullptr;      // the gradient's device copy while the model accumulates into it
+  bool has_grad = false;       // a gradient arrived since the last step
+  double sum_squares = 0;      // of the gradient as accumulated so far, when summed off the device
+  bool sum_on_device = false;  // the sum is pending in the engine's norms_ slot instead
   std::int64_t span_begin_ns = 0;
 };
 
@@ -94,6 +95,18 @@ Status OffloadEngine::create_store() {
   oo.max_group_elems = max_n;
   oo.stream_grads = plan_.gradients == Tier::kNvme;
   STRATA_ASSIGN_OR_RETURN(optimizer_, make_optimizer_step(opt, device_, swap_, oo));
+
+  // Where device sums of squares land: on a device that addresses host memory, straight in the
+  // host buffer; else in device memory taken, like cuBLAS's workspace, before the store takes
+  // the rest of the budget.
+  const std::size_t norm_bytes = std::max<std::size_t>(1, layout_.groups().size()) * sizeof(double);
+  STRATA_ASSIGN_OR_RETURN(norms_host_,
+                          device_.allocate_pinned(norm_bytes, "gradient sums of squares"));
+  norm_slots_ = norms_host_.as<double>();
+  if (!device_.host_addressable()) {
+    STRATA_ASSIGN_OR_RETURN(norms_, device_.allocate(norm_bytes, "gradient sums of squares"));
+    norm_slots_ = norms_.as<double>();
+  }
 
   mem::StoreOptions so;
   // Everything on the device is the store's (the model's workspace and ZeRO's buffers are its
@@ -328,7 +341,8 @@ Status OffloadEngine::release_grads(int group) {
   if (plan_.keep_gradients) {
     // The gradient is final: summed here, while on the device, then off to where the plan
     // keeps gradients on the copy streams while the next layer's backward runs.
-    g.sum_squares = device_.ops().sum_squares(src, g.n, dtype);
+    device_.ops().sum_squares(src, g.n, dtype, norm_slots_ + group);
+    g.sum_on_device = true;
     g.has_grad = true;
   }
   // Off the device while the next layer's backward runs: home (kept), to the host for a
@@ -375,6 +389,7 @@ Status OffloadEngine::drain_one_grad() {
   const auto n = static_cast<std::size_t>(g.n);
   g.sum_squares =
       accumulate(static_cast<float*>(*acc), host, options_.compute_dtype, n, !g.has_grad);
+  g.sum_on_device = false;
   g.has_grad = true;
   store_->mark_dirty(g.grad_acc, Tier::kHost);
   store_->unpin(g.grad_acc, Tier::kHost);
@@ -438,24 +453,43 @@ Status OffloadEngine::finish_micro_batch() {
   return device_.last_error();
 }
 
-Result<double> OffloadEngine::grad_sum_squares(int group) {
+Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
   STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
   if (phase_ != Phase::kGuessing) STRATA_RETURN_IF_ERROR(finish_step());
-  Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (!g.has_grad) return 0.0;
-  if (plan_.optimizer != Tier::kDevice) return g.sum_squares;
-  STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
-  const double s = device_.ops().sum_squares(acc, g.n, DType::kF32);
-  store_->unpin(g.grad_acc, Tier::kDevice);
-  return s;
+  bool any_on_device = false;
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    Group& g = *groups_[i];
+    if (!g.has_grad || plan_.optimizer != Tier::kDevice) continue;
+    // Accumulated on the device (fp32): summed there, where it is.
+    STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
+    device_.ops().sum_squares(acc, g.n, DType::kF32, norm_slots_ + i);
+    store_->unpin(g.grad_acc, Tier::kDevice);
+    g.sum_on_device = true;
+  }
+  for (const auto& g : groups_) any_on_device |= g->has_grad && g->sum_on_device;
+  if (any_on_device) {
+    device::Stream& compute = device_.stream(device::StreamKind::kCompute);
+    if (norm_slots_ != norms_host_.as<double>()) {
+      device_.copy_to_host(norms_host_.data(), norm_slots_, groups_.size() * sizeof(double),
+                           compute);
+    }
+    compute.synchronize();
+    // A failed sum (its launch, or a fault before it) is the error, not a stale number.
+    STRATA_RETURN_IF_ERROR(device_.last_error());
+  }
+  std::vector<double> sums(groups_.size(), 0.0);
+  const double* host = norms_host_.as<double>();
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    const Group& g = *groups_[i];
+    if (g.has_grad) sums[i] = g.sum_on_device ? host[i] : g.sum_squares;
+  }
+  return sums;
 }
 
 Result<double> OffloadEngine::grad_norm() {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, grad_sums_of_squares());
   double sum = 0;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    STRATA_ASSIGN_OR_RETURN(double s, grad_sum_squares(static_cast<int>(g)));
-    sum += s;
-  }
+  for (const double s : sums) sum += s;
   return std::sqrt(sum);
 }
 
@@ -472,6 +506,7 @@ Status OffloadEngine::zero_grads() {
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
+    g->sum_on_device = false;
   }
   return s;
 }
@@ -749,7 +784,10 @@ void OffloadEngine::count_step() {
 Status OffloadEngine::end_step(Status s) {
   count_step();
   if (!s.is_ok()) {
-    for (auto& g : groups_) g->has_grad = false;  // the step consumed some: start afresh
+    for (auto& g : groups_) {  // the step consumed some: start afresh
+      g->has_grad = false;
+      g->sum_on_device = false;
+    }
     // With the shadow state the state before the step is intact: the working copies the step
     // wrote go back to it, so the engine is as it was. Without, the state may be part updated.
     if (!plan_.shadow_state) return s;
@@ -764,6 +802,7 @@ Status OffloadEngine::end_step(Status s) {
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
+    g->sum_on_device = false;
     if (plan_.shadow_state) {  // the step is done: its state is the state
       std::swap(g->master, g->master_next);
       std::swap(g->exp_avg, g->exp_avg_next);

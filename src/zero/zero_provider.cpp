@@ -528,11 +528,11 @@ Status ZeroProvider::finish_micro_batch() {
 }
 
 Result<double> ZeroProvider::grad_norm() {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, engine_->grad_sums_of_squares());
   double sum = 0;
   for (const auto& p : partition_->groups()) {
-    STRATA_ASSIGN_OR_RETURN(double s, engine_->grad_sum_squares(p.group));
     // A replicated group's gradient is the same on every rank: count it once.
-    if (!p.replicated || comm_.rank() == 0) sum += s;
+    if (!p.replicated || comm_.rank() == 0) sum += sums.at(static_cast<std::size_t>(p.group));
   }
   if (comm_.world_size() > 1) {
     STRATA_RETURN_IF_ERROR(comm_.all_reduce_host(&sum, 1, dist::ReduceOp::kSum, "gradient norm"));

@@ -18,7 +18,11 @@
 
 namespace strata::device {
 
-enum class StreamKind : std::uint8_t { kCompute, kHostToDevice, kDeviceToHost };
+// kCollective carries device collectives (NCCL). Freed device memory is reused only after the
+// work queued on every stream before the free has finished, collectives included, so a buffer a
+// collective still reads or writes is never handed to a new owner. On the CPU backend host
+// collectives run on the calling thread: kCollective is the compute stream there.
+enum class StreamKind : std::uint8_t { kCompute, kHostToDevice, kDeviceToHost, kCollective };
 
 struct MemoryStats {
   std::uint64_t limit_bytes = 0;
@@ -174,10 +178,13 @@ enum class DeviceKind : std::uint8_t { kCpu, kCuda };
 inline constexpr std::array<DeviceKind, 2> kDeviceKinds = {DeviceKind::kCpu, DeviceKind::kCuda};
 std::string_view device_kind_name(DeviceKind kind);  // "cpu", "cuda"
 
+inline constexpr int kAutoDeviceIndex = -1;
+
 struct DeviceOptions {
   DeviceKind kind = DeviceKind::kCpu;
   std::uint64_t memory_limit_bytes = 0;  // 0 = no limit on the CPU backend; required on CUDA
-  int device_index = 0;
+  // CUDA backend: which GPU. kAutoDeviceIndex: the node-local rank's (choose_device_index).
+  int device_index = kAutoDeviceIndex;
   int compute_threads = 0;  // CPU backend: threads for BLAS and ops; 0 = all cores
   // CUDA backend: fp32 GEMMs may use TF32 tensor cores (about 10 mantissa bits per product);
   // off by default so that fp32 runs match the CPU backend to 1e-5.
@@ -192,6 +199,24 @@ struct DeviceOptions {
 // Creates a backend. CUDA without a CUDA build or without a GPU is an `unavailable` error that
 // says which.
 Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options);
+
+// The node-local rank and rank count as the launcher set them: Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK/_SIZE, MPICH's MPI_LOCALRANKID/MPI_LOCALNRANKS, torchrun's
+// LOCAL_RANK/LOCAL_WORLD_SIZE, or Slurm's SLURM_LOCALID (size unknown: 0). Rank 0 of 1 when none
+// is set. `getenv` is injectable for tests.
+struct LocalRank {
+  int rank = 0;
+  int size = 1;        // 0 when the launcher does not say
+  std::string source;  // the variable it came from; empty when none was set
+};
+Result<LocalRank> local_rank_from_environment(const char* (*getenv)(const char*) = nullptr);
+
+// The GPU a rank uses, from the configured index (kAutoDeviceIndex or an explicit one), its
+// node-local rank and the number of GPUs it can see. Auto gives local rank r GPU r, and GPU 0
+// when a rank sees one GPU (the launcher gave each rank its own through CUDA_VISIBLE_DEVICES);
+// more local ranks than visible GPUs, or one explicit index for several local ranks, is an error
+// naming the counts, since two ranks on one GPU cannot form an NCCL communicator.
+Result<int> choose_device_index(int configured, const LocalRank& local, int visible_devices);
 
 // One line on what this build and machine offer, e.g. "cpu (built with CUDA; no GPU present: ...)".
 std::string describe_backends();

@@ -134,8 +134,11 @@ class Ops {
   virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                     std::int64_t n) const = 0;
 
-  // sum(x^2) in double over n elements (for gradient norms of device-resident gradients).
-  virtual double sum_squares(const void* x, std::int64_t n, DType dtype) const = 0;
+  // sum(x^2) in double over n elements (for gradient norms of device-resident gradients),
+  // written to *result, 8 bytes of device memory, in compute-stream order: many sums are read
+  // back to the host with one copy and one synchronization. The same bits on every backend
+  // (kSumSquaresChunkElems).
+  virtual void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const = 0;
 
   // Optimizer step for state that stays on the device (offload_optimizer: none).
   virtual void adamw(const AdamWArgs& args) const = 0;

@@ -125,9 +125,10 @@ class OffloadEngine {
   Status finish_micro_batch();
   // Global L2 norm of the accumulated gradients (after the last finish_micro_batch).
   Result<double> grad_norm();
-  // Sum of squares of one group's accumulated gradient (for norms across ranks). Call after
-  // finish_micro_batch(). The same number wherever the gradient lives (kSumSquaresChunkElems).
-  Result<double> grad_sum_squares(int group);
+  // Sum of squares of each group's accumulated gradient, by group (for norms across ranks).
+  // Call after finish_micro_batch(). The same numbers wherever the gradients live
+  // (kSumSquaresChunkElems); sums taken on the device come back in one copy and one wait.
+  Result<std::vector<double>> grad_sums_of_squares();
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients; call after the last finish_micro_batch. A group
   // that received no gradient steps with zeros. Overlapped (MemoryPlan::overlap not kNone) it
@@ -213,7 +214,12 @@ class OffloadEngine {
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<OptimizerStep> optimizer_;          // for the plan's optimizer tier
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
-  struct PendingGrad {                                // a gradient on its way off the device
+  // Sums of squares taken on the device, one double per group, and their host copy: read back
+  // together when the norm is asked for, not one synchronization per group.
+  device::DeviceBuffer norms_;  // none on a host-addressable device: the slots are norms_host_
+  device::PinnedBuffer norms_host_;
+  double* norm_slots_ = nullptr;  // one per group, where the device writes them
+  struct PendingGrad {            // a gradient on its way off the device
     int group;
     mem::Completion done;
   };

@@ -126,6 +126,7 @@ class CpuDevice final : public Device {
   Stream& stream(StreamKind kind) override {
     switch (kind) {
       case StreamKind::kCompute:
+      case StreamKind::kCollective:  // host collectives run on the calling thread
         return compute_;
       case StreamKind::kHostToDevice:
         return h2d_;

@@ -340,7 +340,7 @@ class CpuOps final : public Ops {
     });
   }
 
-  double sum_squares(const void* x, std::int64_t n, DType dtype) const override {
+  void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
     // Chunked as core/dtype.h says (kSumSquaresChunkElems), so host and device sums agree.
     constexpr auto kChunk = static_cast<std::int64_t>(kSumSquaresChunkElems);
     const std::int64_t num_chunks = (n + kChunk - 1) / kChunk;
@@ -353,7 +353,7 @@ class CpuOps final : public Ops {
     });
     double total = 0.0;
     for (double p : partial) total += p;
-    return total;
+    *result = total;
   }
 
   void adamw(const AdamWArgs& args) const override { cpu::cpu_adamw(ctx_, args); }

@@ -14,6 +14,10 @@
 namespace strata::device::cuda {
 namespace {
 
+// Events a host thread may wait on (Event::wait, an allocation waiting for a free): the waiting
+// thread blocks instead of spinning a core.
+constexpr unsigned kHostWaitedEvent = cudaEventDisableTiming | cudaEventBlockingSync;
+
 // A cudaEvent recorded on a stream. The CUDA context outlives every device object, so an event
 // handle may outlive the CudaDevice that made it.
 struct CudaEvent final : Event::Impl {
@@ -65,11 +69,15 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const CudaTuning& tuning, s
       compute_(StreamKind::kCompute, errors_),
       h2d_(StreamKind::kHostToDevice, errors_),
       d2h_(StreamKind::kDeviceToHost, errors_),
+      collective_(StreamKind::kCollective, errors_),
       arena_(capacity) {}
 
 Result<std::unique_ptr<Device>> CudaDevice::create(const DeviceOptions& options,
                                                    const CudaTuning& tuning) {
   STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device_index));
+  // A host thread waiting for the GPU sleeps instead of spinning: the store's lane threads and
+  // the main thread wait often, and a spinning one takes a core from the CPU optimizer.
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync));
   cudaDeviceProp prop{};
   STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device_index));
   std::size_t free_bytes = 0, total_bytes = 0;
@@ -101,6 +109,7 @@ Status CudaDevice::init(const cudaDeviceProp& prop) {
   STRATA_RETURN_IF_ERROR(compute_.init());
   STRATA_RETURN_IF_ERROR(h2d_.init());
   STRATA_RETURN_IF_ERROR(d2h_.init());
+  STRATA_RETURN_IF_ERROR(collective_.init());
   int smem_optin = 0;
   STRATA_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index_));
@@ -113,7 +122,7 @@ Status CudaDevice::init(const cudaDeviceProp& prop) {
 CudaDevice::~CudaDevice() {
   ops_.reset();  // returns its workspace and scratch to the arena
   cudaSetDevice(index_);
-  for (CudaStream* s : {&compute_, &h2d_, &d2h_}) {
+  for (CudaStream* s : {&compute_, &h2d_, &d2h_, &collective_}) {
     if (s->get() != nullptr) cudaStreamSynchronize(s->get());
   }
   for (PendingFree& p : pending_) {
@@ -148,9 +157,7 @@ cudaEvent_t CudaDevice::take_event() {
     return e;
   }
   cudaEvent_t e = nullptr;
-  if (!STRATA_CUDA_CHECK_STICKY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming))) {
-    return nullptr;
-  }
+  if (!STRATA_CUDA_CHECK_STICKY(cudaEventCreateWithFlags(&e, kHostWaitedEvent))) return nullptr;
   return e;
 }
 
@@ -163,7 +170,7 @@ void CudaDevice::release(PendingFree& p) {
 
 bool CudaDevice::reclaim_completed() {
   bool any = false;
-  // Frees record events on all three streams in order, so they complete in queue order.
+  // Frees record events on all four streams in order, so they complete in queue order.
   while (!pending_.empty()) {
     PendingFree& p = pending_.front();
     bool done = true;
@@ -226,14 +233,14 @@ void CudaDevice::deallocate_impl(void* data, std::size_t size_bytes) {
   PendingFree p{static_cast<std::size_t>(static_cast<std::byte*>(data) - base_), {}};
   int slot = 0;
   bool recorded = true;
-  for (CudaStream* s : {&compute_, &h2d_, &d2h_}) {
+  for (CudaStream* s : {&compute_, &h2d_, &d2h_, &collective_}) {
     cudaEvent_t e = take_event();
     p.done[slot++] = e;
     if (e == nullptr || !STRATA_CUDA_CHECK_STICKY(cudaEventRecord(e, s->get()))) recorded = false;
   }
   if (!recorded) {
     // Without events the reuse point is unknown: wait for the streams instead.
-    for (CudaStream* s : {&compute_, &h2d_, &d2h_}) cudaStreamSynchronize(s->get());
+    for (CudaStream* s : {&compute_, &h2d_, &d2h_, &collective_}) cudaStreamSynchronize(s->get());
     release(p);
     return;
   }
@@ -251,6 +258,8 @@ CudaStream& CudaDevice::as_cuda(Stream& s) {
       return h2d_;
     case StreamKind::kDeviceToHost:
       return d2h_;
+    case StreamKind::kCollective:
+      return collective_;
   }
   return compute_;
 }
@@ -263,6 +272,8 @@ Stream& CudaDevice::stream(StreamKind kind) {
       return h2d_;
     case StreamKind::kDeviceToHost:
       return d2h_;
+    case StreamKind::kCollective:
+      return collective_;
   }
   return compute_;
 }
@@ -288,7 +299,7 @@ void CudaDevice::fill_zero(void* dst, std::size_t n, Stream& s) {
 Event CudaDevice::record_event(Stream& s) {
   bind();
   cudaEvent_t e = nullptr;
-  if (!STRATA_CUDA_CHECK_STICKY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming))) {
+  if (!STRATA_CUDA_CHECK_STICKY(cudaEventCreateWithFlags(&e, kHostWaitedEvent))) {
     as_cuda(s).synchronize();  // no event: make "already complete" true
     return Event();
   }

@@ -69,8 +69,10 @@ class CudaDevice final : public Device {
   int index() const { return index_; }
   // The CUDA runtime's current device is per host thread; calls that enqueue work make it ours
   // first, so a device other than GPU 0 works from any thread.
+  // A failure (a lost device) becomes the sticky error, so the work that follows is not
+  // silently enqueued on another GPU.
   void bind() const {
-    if (index_ != 0) cudaSetDevice(index_);
+    if (index_ != 0) errors_->record(STRATA_CUDA_STATUS(cudaSetDevice(index_)));
   }
   cudaStream_t compute_stream() const { return compute_.get(); }
   ErrorState& errors() const { return *errors_; }
@@ -88,7 +90,7 @@ class CudaDevice final : public Device {
   // owner may write it from another stream.
   struct PendingFree {
     std::size_t offset;
-    cudaEvent_t done[3];
+    cudaEvent_t done[4];  // one per stream: compute, h2d, d2h, collective
   };
 
   CudaDevice(const DeviceOptions& options, const CudaTuning& tuning, std::size_t capacity);
@@ -108,7 +110,7 @@ class CudaDevice final : public Device {
   CudaTuning tuning_;
   bool allow_tf32_;
   std::shared_ptr<ErrorState> errors_;
-  CudaStream compute_, h2d_, d2h_;
+  CudaStream compute_, h2d_, d2h_, collective_;
   kernels::LaunchContext launch_;
   std::byte* base_ = nullptr;
 

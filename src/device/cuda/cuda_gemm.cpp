@@ -117,7 +117,13 @@ Status CudaGemm::run_fallback(const GemmArgs& g, cudaStream_t stream) {
   const cublasComputeType_t compute =
       g.dtype == DType::kF32 && allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const auto i = [](std::int64_t x) { return static_cast<int>(x); };
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream));
+  if (stream != blas_stream_) {
+    // cublasSetStream resets the handle's workspace to cuBLAS's own pool (allocated outside the
+    // device budget), so the budgeted workspace is set again after it.
+    STRATA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream));
+    STRATA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
+    blas_stream_ = stream;
+  }
   return STRATA_CUBLAS_STATUS(cublasGemmEx(
       blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, i(g.n),
       i(g.m), i(g.k), &g.alpha, g.b, dt, i(g.ldb), g.a, dt, i(g.lda), &g.beta, g.c, dt, i(g.ldc),

@@ -54,6 +54,7 @@ class CudaGemm {
   bool allow_tf32_;
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cudaStream_t blas_stream_ = nullptr;  // the stream blas_ is set to (its workspace with it)
   std::map<Key, Plan> plans_;
 };
 

@@ -1,7 +1,6 @@
 // The CUDA op table: argument checks as on the CPU backend, then the kernels' host launchers
 // (kernels/launchers.h) or cuBLASLt, all on the compute stream; failures become the device's
 // sticky error. Plain C++: no device code here.
-#include <limits>
 #include <string>
 
 #include "src/device/cuda/cuda_device.h"
@@ -61,8 +60,6 @@ class CudaOps final : public Ops {
       STRATA_ASSIGN_OR_RETURN(workspace_, dev_.allocate(ws, "cuBLAS workspace"));
     }
     STRATA_ASSIGN_OR_RETURN(gemm_, CudaGemm::create(workspace_.data(), ws, allow_tf32));
-    STRATA_ASSIGN_OR_RETURN(result_, dev_.allocate(sizeof(double), "sum_squares result"));
-    STRATA_ASSIGN_OR_RETURN(host_result_, dev_.allocate_pinned(sizeof(double), "sum_squares"));
     return Status::ok();
   }
 
@@ -208,21 +205,13 @@ class CudaOps final : public Ops {
     done(kernels::cast(ctx(), src, elem(src_dtype), dst, elem(dst_dtype), n), "cast");
   }
 
-  // Synchronous: the value is needed on the host (gradient clipping).
-  double sum_squares(const void* x, std::int64_t n, DType dtype) const override {
+  // Asynchronous: the caller reads many results back at once. A failed launch is the device's
+  // sticky error, which the caller checks after its read.
+  void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
     const kernels::Elem e = float_elem(dtype);
     void* s = scratch(kernels::sum_squares_scratch_bytes(n));
-    if (s == nullptr) return std::numeric_limits<double>::quiet_NaN();
-    auto* result = result_.as<double>();
+    if (s == nullptr) return;
     done(kernels::sum_squares(ctx(), x, n, e, result, s), "sum_squares");
-    ErrorState& errs = dev_.errors();
-    if (!errs.record(
-            STRATA_CUDA_STATUS(cudaMemcpyAsync(host_result_.data(), result, sizeof(double),
-                                               cudaMemcpyDeviceToHost, dev_.compute_stream()))) ||
-        !errs.record(STRATA_CUDA_STATUS(cudaStreamSynchronize(dev_.compute_stream())))) {
-      return std::numeric_limits<double>::quiet_NaN();
-    }
-    return *host_result_.as<double>();
   }
 
   void adamw(const AdamWArgs& a) const override {
@@ -292,8 +281,6 @@ class CudaOps final : public Ops {
   CudaTuning tuning_;
   DeviceBuffer workspace_;  // declared before gemm_, which uses it, so it is freed after
   std::unique_ptr<CudaGemm> gemm_;
-  DeviceBuffer result_;
-  PinnedBuffer host_result_;
   mutable DeviceBuffer scratch_;
 };
 

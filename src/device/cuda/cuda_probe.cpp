@@ -34,11 +34,9 @@ Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options,
     return unavailable("device 'cuda' requested, but no GPU is usable on this machine (" +
                        info.error + "); set device: \"cpu\" to train on the CPU backend");
   }
-  if (options.device_index < 0 || options.device_index >= info.count) {
-    return invalid_argument("CUDA device index " + std::to_string(options.device_index) +
-                            " does not exist: this machine has " + std::to_string(info.count) +
-                            " GPU(s)");
-  }
+  STRATA_ASSIGN_OR_RETURN(const LocalRank local, local_rank_from_environment());
+  STRATA_ASSIGN_OR_RETURN(const int index,
+                          choose_device_index(options.device_index, local, info.count));
   if (options.memory_limit_bytes == 0) {
     return invalid_argument(
         "device 'cuda' needs device_memory_limit: the backend reserves that many bytes of GPU "
@@ -46,7 +44,9 @@ Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options,
         format_bytes(info.total_bytes) + "; e.g. \"" + format_bytes(info.total_bytes / 10 * 9) +
         "\")");
   }
-  return CudaDevice::create(options, tuning);
+  DeviceOptions chosen = options;
+  chosen.device_index = index;
+  return CudaDevice::create(chosen, tuning);
 }
 
 }  // namespace strata::device::cuda

@@ -80,14 +80,41 @@ TEST_F(CudaLossOptimTest, SumSquaresMatchesCpu) {
       HostTensor x(dt, n);
       x.fill_uniform(rng, -2, 2);
       GpuTensor gx(*gpu_, x);
-      const double want = cpu_ops().sum_squares(x.data(), n, dt);
-      const double got = gpu_ops().sum_squares(gx.data(), n, dt);
+      double want = -1;
+      cpu_ops().sum_squares(x.data(), n, dt, &want);
+      // Two sums into two slots of one buffer, read back together (as the engine does).
+      DeviceBuffer slots = testing::poisoned_floats(*gpu_, 4);
+      gpu_ops().sum_squares(gx.data(), n, dt, slots.as<double>());
+      gpu_ops().sum_squares(gx.data(), n, dt, slots.as<double>() + 1);
+      const std::vector<double> got = download_array<double>(*gpu_, slots, 2);
+      ASSERT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
       // Both sum exact squares (f32 and bf16 squares are exact in double) of positive terms in
       // double, each within (n - 1) * 2^-53 * want whatever its order.
-      EXPECT_NEAR(got, want, 2.0 * static_cast<double>(n) * 0x1p-53 * want);
-      EXPECT_EQ(gpu_ops().sum_squares(gx.data(), n, dt), got);  // reproducible
+      EXPECT_NEAR(got[0], want, 2.0 * static_cast<double>(n) * 0x1p-53 * want);
+      EXPECT_EQ(got[1], got[0]);  // reproducible
     }
   }
+}
+
+// The host checks targets before a launch (llama.cpp); a kernel given one past the vocabulary
+// anyway reads nothing outside its row, reports a NaN loss and writes a zero gradient row.
+TEST_F(CudaLossOptimTest, CrossEntropyTargetPastTheVocabularyIsNaNNotAnOutOfBoundsRead) {
+  const std::int64_t rows = 3, vocab = 1000;
+  Rng rng(5);
+  HostTensor logits(DType::kF32, rows * vocab);
+  logits.fill_uniform(rng, -4, 4);
+  GpuTensor glogits(*gpu_, logits), gd(*gpu_, DType::kF32, rows * vocab);
+  gd.poison();
+  DeviceBuffer gt = upload_array(*gpu_, std::vector<std::int32_t>{5, static_cast<int>(vocab), 7});
+  DeviceBuffer gl = testing::poisoned_floats(*gpu_, rows);
+  gpu_ops().cross_entropy(glogits.data(), gt.as<std::int32_t>(), gl.as<float>(), gd.data(), rows,
+                          vocab, 1.0f, DType::kF32);
+  const std::vector<float> losses = download_array<float>(*gpu_, gl, rows);
+  EXPECT_TRUE(std::isfinite(losses[0]) && std::isfinite(losses[2]));
+  EXPECT_TRUE(std::isnan(losses[1]));
+  const std::vector<double> d = gd.download().values();
+  for (std::int64_t j = 0; j < vocab; ++j) ASSERT_EQ(d[static_cast<std::size_t>(vocab + j)], 0.0);
+  EXPECT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
 }
 
 TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
