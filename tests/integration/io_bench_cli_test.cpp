@@ -47,8 +47,8 @@ TEST(IoBenchCliTest, JsonLinesHaveEveryKeyAndFilesAreRemoved) {
   ASSERT_EQ(lines.size(), 8u) << r.out;  // 2 block sizes x 2 depths x read and write
   std::set<std::string> points;
   for (const Json& j : lines) {
-    for (const char* k :
-         {"op", "block_size", "queue_depth", "threads", "paths", "bytes", "seconds", "MBps"}) {
+    for (const char* k : {"op", "block_size", "queue_depth", "threads", "paths", "bytes", "seconds",
+                          "MBps", "cpu_s_per_GB"}) {
       ASSERT_TRUE(j.contains(k)) << k << " missing in " << j.dump();
     }
     EXPECT_TRUE(j["op"] == "read" || j["op"] == "write") << j.dump();
@@ -60,6 +60,14 @@ TEST(IoBenchCliTest, JsonLinesHaveEveryKeyAndFilesAreRemoved) {
     EXPECT_GT(seconds, 0.0);
     EXPECT_NEAR(mbps, (8 << 20) / seconds / 1e6, mbps * 1e-6);
     EXPECT_EQ(j["runs_MBps"].size(), 2u);
+    // CPU time of the whole process (every thread) per 10^9 bytes: at least 0, and at most what
+    // every core running the whole time would use, plus a few scheduler ticks (4 ms at HZ=250)
+    // per thread, since the kernel may count CPU time in ticks.
+    const double gb = static_cast<double>(8u << 20) / 1e9;
+    const double cpu_s = j["cpu_s_per_GB"].get<double>() * gb;
+    EXPECT_GE(cpu_s, 0.0);
+    const double cores = static_cast<double>(std::thread::hardware_concurrency());
+    EXPECT_LE(cpu_s, cores * seconds + 0.05) << j.dump();
     points.insert(j["op"].get<std::string>() + "/" + j["block_size"].dump() + "/" +
                   j["queue_depth"].dump());
   }

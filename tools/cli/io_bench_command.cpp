@@ -1,5 +1,6 @@
 // `strata io-bench`: sweeps swap read/write bandwidth over block sizes, queue depths, rings and
 // drives, verifying the data first, and writes the best settings as a config's swap section.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,8 +92,19 @@ struct Measurement {
   double seconds = 0;
   double mbps = 0;
   double latency_ms = 0;  // mean per request
+  // CPU time (user + system, every thread of the process) per 10^9 bytes moved, as fio's usr_cpu
+  // + sys_cpu: where a faster drive would make the engine saturate a core.
+  double cpu_s_per_gb = 0;
   std::vector<double> runs_mbps;
 };
+
+// User + system CPU seconds this process has used, all threads.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 const char* op_name(io::IoOp op) { return op == io::IoOp::kRead ? "read" : "write"; }
 const char* op_name(const Measurement& m) { return m.mixed ? "mixed" : op_name(m.op); }
@@ -193,7 +205,8 @@ class Source {
  public:
   Source(std::uint64_t size_bytes, std::uint64_t max_block, bool huge_pages)
       : lap_max_(std::min<std::uint64_t>(align_up(size_bytes, kPage), kSourceMaxBytes)),
-        bytes_(std::max(lap_max_, max_block) + max_block, huge_pages) {
+        bytes_(align_up(std::max(lap_max_, max_block) + max_block, HostMapping::kHugePageBytes),
+               huge_pages) {
     Rng rng(20261129);
     for (std::size_t i = 0; i + 8 <= bytes_.size(); i += 8) {
       const std::uint64_t v = rng.next_u64();
@@ -253,6 +266,7 @@ class Pass {
     batch.reserve(first);
     for (io::IoHandle& h : handles_) h = io::IoHandle();
     Stopwatch clock;
+    const double cpu0 = process_cpu_seconds();
     for (int s = 0; s < first; ++s) batch.push_back(request(s, next_.fetch_add(1)));
     std::vector<io::IoHandle> handles = swap_.submit_batch(batch);
     if (caller_driven_) {
@@ -283,12 +297,14 @@ class Pass {
       cv_.wait(lock, [this] { return active_ == 0; });
     }
     const double seconds = clock.elapsed_s();
+    cpu_s_ = process_cpu_seconds() - cpu0;
     if (!error_.is_ok()) return error_;
     if (g_io_bench_stop.load()) return cancelled("interrupted");
     return seconds;
   }
 
   double mean_latency_ms() const { return requests_ > 0 ? latency_sum_s_ / requests_ * 1e3 : 0; }
+  double cpu_seconds() const { return cpu_s_; }  // of the last run
 
  private:
   std::byte* slot(int s) const { return pool_ + static_cast<std::size_t>(s) * block_; }
@@ -361,6 +377,7 @@ class Pass {
   Status error_;
   double latency_sum_s_ = 0;
   std::uint64_t requests_ = 0;
+  double cpu_s_ = 0;
 };
 
 struct Sweep {
@@ -427,7 +444,11 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
     Measurement m(op, block, qd, threads, num_paths);
     m.mixed = mixed;
     m.bytes = sw.plan.size_bytes;
-    std::vector<std::pair<double, double>> runs;  // (MB/s, mean latency ms)
+    struct Run {
+      double mbps, latency_ms, cpu_s_per_gb;
+      bool operator<(const Run& o) const { return mbps < o.mbps; }
+    };
+    std::vector<Run> runs;
     for (int r = 0; r < a.repeat; ++r) {
       // Timed reads compare the head of each block: cheap, and a wrong block cannot hide.
       STRATA_ASSIGN_OR_RETURN(
@@ -435,15 +456,17 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
           pass.run(op, op == io::IoOp::kRead ? Pass::Check::kHead : Pass::Check::kNone, mixed));
       // A mixed pass moves half its bytes each way: each direction's rate.
       const double moved = static_cast<double>(m.bytes) / (mixed ? 2.0 : 1.0);
-      runs.emplace_back(moved / s / 1e6, pass.mean_latency_ms());
-      m.runs_mbps.push_back(runs.back().first);
+      runs.push_back(Run{moved / s / 1e6, pass.mean_latency_ms(),
+                         pass.cpu_seconds() / (static_cast<double>(m.bytes) / 1e9)});
+      m.runs_mbps.push_back(runs.back().mbps);
     }
-    std::vector<std::pair<double, double>> sorted = runs;
+    std::vector<Run> sorted = runs;
     std::sort(sorted.begin(), sorted.end());
-    const auto& median = sorted[sorted.size() / 2];
-    m.mbps = median.first;
+    const Run& median = sorted[sorted.size() / 2];
+    m.mbps = median.mbps;
     m.seconds = static_cast<double>(m.bytes) / (mixed ? 2.0 : 1.0) / (m.mbps * 1e6);
-    m.latency_ms = median.second;
+    m.latency_ms = median.latency_ms;
+    m.cpu_s_per_gb = median.cpu_s_per_gb;
     sw.results.push_back(m);
     if (a.json) {
       Json j = {{"op", op_name(m)},
@@ -458,12 +481,13 @@ Status measure_point(Sweep& sw, int num_paths, int threads, std::uint64_t block,
                 {"repeat", a.repeat},
                 {"runs_MBps", m.runs_mbps},
                 {"latency_ms", m.latency_ms},
+                {"cpu_s_per_GB", m.cpu_s_per_gb},
                 {"verify_swap", a.verify_swap}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-6s %10s %5d %8d %6d %10.1f %9.3f %11.2f\n", op_name(m),
+      std::printf("%-6s %10s %5d %8d %6d %10.1f %9.3f %11.2f %9.3f\n", op_name(m),
                   format_bytes(block).c_str(), qd, threads, num_paths, m.mbps, m.seconds,
-                  m.latency_ms);
+                  m.latency_ms, m.cpu_s_per_gb);
     }
     std::fflush(stdout);
   }
@@ -538,7 +562,12 @@ int run_io_bench(const BenchArgs& a) {
   Sweep sw(a, *plan);
   const std::uint64_t max_block = plan->block_sizes.back();
   const int max_window = plan->queue_depths.back() * plan->threads.back();
-  sw.pool = HostMapping(static_cast<std::size_t>(max_window) * max_block, !a.no_huge_pages);
+  // Whole huge pages: a HostMapping's tail short of 2 MiB stays in 4 KiB pages, and a pool of
+  // 8 x 128 KiB would be nothing but tail (reads into it ran at a fifth of the speed).
+  const std::size_t pool_bytes = static_cast<std::size_t>(max_window) * max_block;
+  sw.pool =
+      HostMapping(a.no_huge_pages ? pool_bytes : align_up(pool_bytes, HostMapping::kHugePageBytes),
+                  !a.no_huge_pages);
   sw.source = std::make_unique<Source>(plan->size_bytes, max_block, !a.no_huge_pages);
 
   g_io_bench_stop.store(false);
@@ -549,8 +578,8 @@ int run_io_bench(const BenchArgs& a) {
         "strata io-bench: %s per run (sequential, O_DIRECT), %d run(s) per point, median "
         "shown\n",
         format_bytes(plan->size_bytes).c_str(), a.repeat);
-    std::printf("%-6s %10s %5s %8s %6s %10s %9s %11s\n", "op", "block", "qd", "threads", "paths",
-                "MB/s", "seconds", "latency ms");
+    std::printf("%-6s %10s %5s %8s %6s %10s %9s %11s %9s\n", "op", "block", "qd", "threads",
+                "paths", "MB/s", "seconds", "latency ms", "CPU s/GB");
   }
   for (int np : plan->num_paths) {
     for (int t : plan->threads) {
