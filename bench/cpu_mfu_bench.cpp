@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "strata/device/device.h"
+#include "strata/device/op_profile.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/param_layout.h"
 #include "strata/train/config.h"
@@ -101,7 +104,9 @@ void BM_CpuTrainStepMfu(benchmark::State& state) {
   auto model = strata::model::LlamaConfig::from_json(j["model"], "bench model");
   const double params =
       static_cast<double>(strata::model::ParamLayout::build(*model).num_parameters());
+  setenv("STRATA_OP_PROFILE", "1", 1);  // the per-op split below
   auto trainer = strata::train::Trainer::create(*config, {});
+  unsetenv("STRATA_OP_PROFILE");
   if (!trainer.is_ok()) {
     state.SkipWithError(trainer.status().message().c_str());
     return;
@@ -111,6 +116,7 @@ void BM_CpuTrainStepMfu(benchmark::State& state) {
     state.SkipWithError(s.message().c_str());
     return;
   }
+  strata::device::reset_op_profile();  // the timed steps only
   std::vector<double> compute_ms;
   for (auto _ : state) {
     if (const strata::Status s = t.run_steps(1); !s.is_ok()) {
@@ -136,6 +142,22 @@ void BM_CpuTrainStepMfu(benchmark::State& state) {
     state.counters["mfu_non_embedding"] = gflops_non_embedding / peak->second;
   }
   state.SetLabel(dtype_name_of(state.range(0)));
+
+  // Per op, per step: time, its share of all op time (forward, backward and the optimizer's
+  // adamw and norms), and the rate it reached (FLOP/s for the products, bytes/s for the rest,
+  // the memory-bound ones).
+  const double steps = static_cast<double>(compute_ms.size());
+  double total_ms = 0;
+  for (const auto& o : strata::device::op_profile()) total_ms += o.seconds * 1e3 / steps;
+  std::printf("per-op split, %s (ms per step; compute %.0f ms, ops %.0f ms):\n",
+              dtype_name_of(state.range(0)), median_s * 1e3, total_ms);
+  std::printf("  %-20s %8s %10s %7s %14s %10s\n", "op", "calls", "ms", "share", "GFLOP/s", "GB/s");
+  for (const auto& o : strata::device::op_profile()) {
+    const double ms = o.seconds * 1e3 / steps;
+    std::printf("  %-20s %8.0f %10.1f %6.1f%% %14.1f %10.1f\n", o.op.c_str(),
+                static_cast<double>(o.calls) / steps, ms, 100.0 * ms / total_ms,
+                o.flops / o.seconds / 1e9, o.bytes / o.seconds / 1e9);
+  }
 }
 
 BENCHMARK(BM_CpuGemmPeak)

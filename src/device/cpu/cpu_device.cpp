@@ -107,7 +107,8 @@ class CpuDevice final : public Device {
   explicit CpuDevice(const DeviceOptions& options)
       : limit_(options.memory_limit_bytes),
         strict_(options.strict_host_memory || strict_from_environment()),
-        ops_(make_cpu_ops(options.compute_threads)),
+        ops_(profile_from_environment() ? cpu::profiled_ops(make_cpu_ops(options.compute_threads))
+                                        : make_cpu_ops(options.compute_threads)),
         h2d_(StreamKind::kHostToDevice),
         d2h_(StreamKind::kDeviceToHost) {}
 
@@ -235,6 +236,11 @@ class CpuDevice final : public Device {
     }
   }
 
+  // STRATA_OP_PROFILE=1: time every op (strata/device/op_profile.h), for benchmarks.
+  static bool profile_from_environment() {
+    const char* v = std::getenv("STRATA_OP_PROFILE");  // NOLINT(concurrency-mt-unsafe)
+    return v != nullptr && std::string_view(v) == "1";
+  }
   static bool strict_from_environment() {
     const char* v = std::getenv("STRATA_STRICT_HOST_MEMORY");
     return v != nullptr && std::string_view(v) == "1";

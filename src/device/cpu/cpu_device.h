@@ -13,4 +13,9 @@ Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options);
 // The CPU op table (OpenBLAS GEMMs, oneTBB-parallel elementwise ops). `num_threads` 0 = all cores.
 std::unique_ptr<Ops> make_cpu_ops(int num_threads);
 
+namespace cpu {
+// `inner` with every op timed into strata/device/op_profile.h's tally (profiled_ops.cpp).
+std::unique_ptr<Ops> profiled_ops(std::unique_ptr<Ops> inner);
+}  // namespace cpu
+
 }  // namespace strata::device
