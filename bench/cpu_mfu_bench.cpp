@@ -11,12 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "bench_data.h"
 #include "strata/device/device.h"
 #include "strata/device/op_profile.h"
 #include "strata/model/llama_config.h"
@@ -70,21 +69,6 @@ void BM_CpuGemmPeak(benchmark::State& state) {
   state.SetLabel(dtype_name_of(state.range(0)));
 }
 
-std::string data_file() {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "strata-bench-data.txt").string();
-  if (!std::filesystem::exists(path)) {
-    std::ofstream out(path);
-    std::uint64_t x = 7;
-    for (int i = 0; i < 400000; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      out << static_cast<char>('a' + (x >> 33) % 26);
-      if (i % 7 == 6) out << ' ';
-    }
-  }
-  return path;
-}
-
 void BM_CpuTrainStepMfu(benchmark::State& state) {
   Json j = Json::parse(R"({
     "model": {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816,
@@ -94,7 +78,7 @@ void BM_CpuTrainStepMfu(benchmark::State& state) {
     "offload_param": "none", "offload_optimizer": "none", "optimizer": {"lr": 1e-4}
   })");
   j["precision"] = dtype_name_of(state.range(0));
-  j["data"] = {{"path", data_file()}, {"format", "text"}};
+  j["data"] = {{"path", strata::bench::text_data_file()}, {"format", "text"}};
   j["save_dir"] = "";
   auto config = strata::train::parse_train_config(j, "bench");
   if (!config.is_ok()) {
@@ -147,12 +131,13 @@ void BM_CpuTrainStepMfu(benchmark::State& state) {
   // adamw and norms), and the rate it reached (FLOP/s for the products, bytes/s for the rest,
   // the memory-bound ones).
   const double steps = static_cast<double>(compute_ms.size());
+  const std::vector<strata::device::OpTime> ops = strata::device::op_profile();
   double total_ms = 0;
-  for (const auto& o : strata::device::op_profile()) total_ms += o.seconds * 1e3 / steps;
+  for (const auto& o : ops) total_ms += o.seconds * 1e3 / steps;
   std::printf("per-op split, %s (ms per step; compute %.0f ms, ops %.0f ms):\n",
               dtype_name_of(state.range(0)), median_s * 1e3, total_ms);
   std::printf("  %-20s %8s %10s %7s %14s %10s\n", "op", "calls", "ms", "share", "GFLOP/s", "GB/s");
-  for (const auto& o : strata::device::op_profile()) {
+  for (const auto& o : ops) {
     const double ms = o.seconds * 1e3 / steps;
     std::printf("  %-20s %8.0f %10.1f %6.1f%% %14.1f %10.1f\n", o.op.c_str(),
                 static_cast<double>(o.calls) / steps, ms, 100.0 * ms / total_ms,

@@ -3,30 +3,15 @@
 #include <benchmark/benchmark.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
+#include "bench_data.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
 
 namespace {
 
 using strata::Json;
-
-std::string data_file() {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "strata-bench-data.txt").string();
-  if (!std::filesystem::exists(path)) {
-    std::ofstream out(path);
-    std::uint64_t x = 7;
-    for (int i = 0; i < 400000; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      out << static_cast<char>('a' + (x >> 33) % 26);
-      if (i % 7 == 6) out << ' ';
-    }
-  }
-  return path;
-}
 
 // args: offload (0 none, 1 cpu, 2 nvme), precision (0 fp32, 1 bf16)
 void BM_TrainStep(benchmark::State& state) {
@@ -40,7 +25,7 @@ void BM_TrainStep(benchmark::State& state) {
     "optimizer": {"lr": 1e-3}, "grad_clip": 1.0
   })");
   j["precision"] = state.range(1) == 0 ? "fp32" : "bf16";
-  j["data"] = {{"path", data_file()}, {"format", "text"}};
+  j["data"] = {{"path", strata::bench::text_data_file()}, {"format", "text"}};
   j["offload_param"] = offload == "none" ? "none" : offload;
   j["offload_optimizer"] = offload;
   const std::string swap = (std::filesystem::temp_directory_path() / "strata-bench-swap").string();

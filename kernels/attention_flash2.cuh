@@ -128,6 +128,16 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
          (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
+// The A fragment of 16-column block kk, made of the C fragments of its 8-column halves 2 kk and
+// 2 kk + 1 rounded to bf16 (the layout note above): a product's output as the next one's input.
+template <int N>
+__device__ __forceinline__ void a_from_c(unsigned (&a)[4], const float (&c)[N][4], int kk) {
+  a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 // ldmatrix row addresses for a 16x16 block at (row0, col0) of a [rows][ld] tile:
 //  - as an A operand (registers: rows 0-7/8-15 x cols 0-7, then x cols 8-15);
 __device__ __forceinline__ const bf16_t* a_addr(const bf16_t* t, int ld, int row0, int col0) {

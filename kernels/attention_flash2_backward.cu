@@ -157,14 +157,10 @@ __global__ void __launch_bounds__(kThreads)
     // dS^T are the A fragment of query block kk; dO's and Q's rows are B's rows.
 #pragma unroll
     for (int kk = 0; kk < kBq / 16; ++kk) {
-      const unsigned pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]),
-                              pack_bf16(st[2 * kk][2], st[2 * kk][3]),
-                              pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                              pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-      const unsigned sa[4] = {pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]),
-                              pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
-                              pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                              pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+      unsigned pa[4];
+      a_from_c(pa, st, kk);
+      unsigned sa[4];
+      a_from_c(sa, dpt, kk);
 #pragma unroll
       for (int dp = 0; dp < HD / 16; ++dp) {
         unsigned ob[4], qb[4];
@@ -308,10 +304,8 @@ __global__ void __launch_bounds__(kThreads)
     // block kk; K's rows are B's rows.
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) {
-      const unsigned sa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]),
-                              pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                              pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+      unsigned sa[4];
+      a_from_c(sa, dp, kk);
 #pragma unroll
       for (int dn = 0; dn < HD / 16; ++dn) {
         unsigned kb[4];

@@ -160,10 +160,8 @@ __global__ void __launch_bounds__(kThreads)
     // fragment of key block kk; V's rows are B's rows (ldmatrix transposes).
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      const unsigned pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      unsigned pa[4];
+      a_from_c(pa, s, kk);
 #pragma unroll
       for (int dp = 0; dp < HD / 16; ++dp) {
         unsigned vb[4];

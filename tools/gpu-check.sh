@@ -248,22 +248,19 @@ if ((run_tests)); then
 fi
 
 # ---- benchmarks
+run_bench() {  # what name cap_s: bench/bench_gpu_<name> -> <name>_bench.{json,log}
+  local what=$1 name=$2 cap=$3
+  note "$what"
+  timeout "$(phase_limit "$cap")" "$build/bench/bench_gpu_$name" \
+    --benchmark_out="$out/${name}_bench.json" --benchmark_out_format=json \
+    >"$out/${name}_bench.log" 2>&1 ||
+    record "$name bench" "FAILED/TIMEOUT" "see ${name}_bench.log"
+}
 if ((run_bench)) && [[ -x "$build/bench/bench_gpu_copy" ]]; then
-  note "copy bandwidth"
-  timeout "$(phase_limit 40)" "$build/bench/bench_gpu_copy" \
-    --benchmark_out="$out/copy_bench.json" --benchmark_out_format=json >"$out/copy_bench.log" 2>&1 ||
-    record "copy bench" "FAILED/TIMEOUT" "see copy_bench.log"
-  note "flash attention variants"
-  timeout "$(phase_limit 60)" "$build/bench/bench_gpu_attention" \
-    --benchmark_out="$out/attention_bench.json" --benchmark_out_format=json \
-    >"$out/attention_bench.log" 2>&1 ||
-    record "attention bench" "FAILED/TIMEOUT" "see attention_bench.log"
+  run_bench "copy bandwidth" copy 40
+  run_bench "flash attention variants" attention 60
   grep -E "^attention " "$out/attention_bench.log" || true
-  note "training-step MFU (1.1B)"
-  timeout "$(phase_limit 240)" "$build/bench/bench_gpu_train_step" \
-    --benchmark_out="$out/train_step_bench.json" --benchmark_out_format=json \
-    >"$out/train_step_bench.log" 2>&1 ||
-    record "train-step bench" "FAILED/TIMEOUT" "see train_step_bench.log"
+  run_bench "training-step MFU (1.1B)" train_step 240
   grep -E "measured bf16" "$out/train_step_bench.log" || true
 fi
 

@@ -53,6 +53,25 @@ void linear(const device::Ops& ops, DType dt, std::int64_t rows, std::int64_t ou
   if (b != nullptr) ops.add_bias(y, b, rows, out, dt);
 }
 
+// The block after attention, shared by training and decoding: hmid = x + att Wo^T (+ bo) ;
+// b = rmsnorm(hmid) (statistics into rstd) ; m = silu(b Wg^T) * (b Wu^T) ; then, unless out is
+// null, out = hmid + m Wd^T.
+void block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
+                const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
+                void* out) {
+  const DType dt = d.dtype;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, F = d.ffn;
+  linear(ops, dt, R, H, Q, att, w.wo, w.bo, hmid);
+  ops.add(hmid, x, hmid, R * H, dt);
+  ops.rmsnorm_forward(hmid, w.ln2, b, rstd, R, H, d.eps, dt);
+  linear(ops, dt, R, F, H, b, w.wg, w.bg, gate);
+  linear(ops, dt, R, F, H, b, w.wu, w.bu, up);
+  ops.swiglu_forward(gate, up, m, R * F, dt);
+  if (out == nullptr) return;
+  linear(ops, dt, R, H, F, m, w.wd, w.bd, out);
+  ops.add(out, hmid, out, R * H, dt);
+}
+
 }  // namespace
 
 // x [R, H] -> out [R, H]:
@@ -63,7 +82,7 @@ void linear(const device::Ops& ops, DType dt, std::int64_t rows, std::int64_t ou
 void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w, const BlockActs& s,
                    void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim;
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd1, R, H, d.eps, dt);
   linear(ops, dt, R, Q, H, s.a, w.wq, w.bq, d.qk_norm ? s.q_pre : s.q);
   linear(ops, dt, R, KV, H, s.a, w.wk, w.bk, d.qk_norm ? s.k_pre : s.k);
@@ -75,21 +94,13 @@ void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
   ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
-  linear(ops, dt, R, H, Q, s.att, w.wo, w.bo, s.hmid);
-  ops.add(s.hmid, s.x, s.hmid, R * H, dt);
-  ops.rmsnorm_forward(s.hmid, w.ln2, s.b, s.rstd2, R, H, d.eps, dt);
-  linear(ops, dt, R, F, H, s.b, w.wg, w.bg, s.gate);
-  linear(ops, dt, R, F, H, s.b, w.wu, w.bu, s.up);
-  ops.swiglu_forward(s.gate, s.up, s.m, R * F, dt);
-  if (out == nullptr) return;
-  linear(ops, dt, R, H, F, s.m, w.wd, w.bd, out);
-  ops.add(out, s.hmid, out, R * H, dt);
+  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, out);
 }
 
 void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, const DecodeActs& s,
                   void* k_cache, void* v_cache, std::int64_t past, void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim;
   void* k_new = offset_ptr(k_cache, past * KV, d.elem_bytes);
   void* v_new = offset_ptr(v_cache, past * KV, d.elem_bytes);
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd, R, H, d.eps, dt);
@@ -106,14 +117,7 @@ void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
   ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
-  linear(ops, dt, R, H, Q, s.att, w.wo, w.bo, s.hmid);
-  ops.add(s.hmid, s.x, s.hmid, R * H, dt);
-  ops.rmsnorm_forward(s.hmid, w.ln2, s.b, s.rstd, R, H, d.eps, dt);
-  linear(ops, dt, R, F, H, s.b, w.wg, w.bg, s.gate);
-  linear(ops, dt, R, F, H, s.b, w.wu, w.bu, s.up);
-  ops.swiglu_forward(s.gate, s.up, s.m, R * F, dt);
-  linear(ops, dt, R, H, F, s.m, w.wd, w.bd, out);
-  ops.add(out, s.hmid, out, R * H, dt);
+  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY

@@ -30,10 +30,9 @@ struct OffloadEngine::Group {
   // into `grad_acc`, the fp32 accumulator.
   mem::Handle grad = mem::Handle::kInvalid;
   mem::Handle grad_acc = mem::Handle::kInvalid;
-  void* grad_d = nullptr;      // the gradient's device copy while the model accumulates into it
-  bool has_grad = false;       // a gradient arrived since the last step
-  double sum_squares = 0;      // of the gradient as accumulated so far, when summed off the device
-  bool sum_on_device = false;  // the sum is pending in the engine's norms_ slot instead
+  void* grad_d = nullptr;  // the gradient's device copy while the model accumulates into it
+  bool has_grad = false;   // a gradient arrived since the last step
+  double sum_squares = 0;  // of the gradient as accumulated so far, when summed off the device
   std::int64_t span_begin_ns = 0;
 };
 
@@ -342,7 +341,6 @@ Status OffloadEngine::release_grads(int group) {
     // The gradient is final: summed here, while on the device, then off to where the plan
     // keeps gradients on the copy streams while the next layer's backward runs.
     device_.ops().sum_squares(src, g.n, dtype, norm_slots_ + group);
-    g.sum_on_device = true;
     g.has_grad = true;
   }
   // Off the device while the next layer's backward runs: home (kept), to the host for a
@@ -389,7 +387,6 @@ Status OffloadEngine::drain_one_grad() {
   const auto n = static_cast<std::size_t>(g.n);
   g.sum_squares =
       accumulate(static_cast<float*>(*acc), host, options_.compute_dtype, n, !g.has_grad);
-  g.sum_on_device = false;
   g.has_grad = true;
   store_->mark_dirty(g.grad_acc, Tier::kHost);
   store_->unpin(g.grad_acc, Tier::kHost);
@@ -456,18 +453,20 @@ Status OffloadEngine::finish_micro_batch() {
 Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
   STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
   if (phase_ != Phase::kGuessing) STRATA_RETURN_IF_ERROR(finish_step());
-  bool any_on_device = false;
+  // Where the sums are is the plan's: taken on the device when the gradients are accumulated
+  // there (summed now) or kept (summed as each left the device), else on the host as they were
+  // accumulated.
+  const bool on_device = plan_.optimizer == Tier::kDevice || plan_.keep_gradients;
+  bool any = false;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
+    any |= g.has_grad;
     if (!g.has_grad || plan_.optimizer != Tier::kDevice) continue;
-    // Accumulated on the device (fp32): summed there, where it is.
     STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
     device_.ops().sum_squares(acc, g.n, DType::kF32, norm_slots_ + i);
     store_->unpin(g.grad_acc, Tier::kDevice);
-    g.sum_on_device = true;
   }
-  for (const auto& g : groups_) any_on_device |= g->has_grad && g->sum_on_device;
-  if (any_on_device) {
+  if (on_device && any) {
     device::Stream& compute = device_.stream(device::StreamKind::kCompute);
     if (norm_slots_ != norms_host_.as<double>()) {
       device_.copy_to_host(norms_host_.data(), norm_slots_, groups_.size() * sizeof(double),
@@ -481,7 +480,7 @@ Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
   const double* host = norms_host_.as<double>();
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     const Group& g = *groups_[i];
-    if (g.has_grad) sums[i] = g.sum_on_device ? host[i] : g.sum_squares;
+    if (g.has_grad) sums[i] = on_device ? host[i] : g.sum_squares;
   }
   return sums;
 }
@@ -506,16 +505,20 @@ Status OffloadEngine::zero_grads() {
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
-    g->sum_on_device = false;
   }
   return s;
 }
 
 Status OffloadEngine::give_zero_grads() {
-  for (auto& g : groups_) {
-    if (g->has_grad) continue;
-    STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(*g)));
-    g->has_grad = true;
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    Group& g = *groups_[i];
+    if (g.has_grad) continue;
+    STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(g)));
+    if (plan_.keep_gradients) {  // its sum of squares, where kept gradients' sums are
+      device_.fill_zero(norm_slots_ + i, sizeof(double),
+                        device_.stream(device::StreamKind::kCompute));
+    }
+    g.has_grad = true;
   }
   return Status::ok();
 }
@@ -784,10 +787,7 @@ void OffloadEngine::count_step() {
 Status OffloadEngine::end_step(Status s) {
   count_step();
   if (!s.is_ok()) {
-    for (auto& g : groups_) {  // the step consumed some: start afresh
-      g->has_grad = false;
-      g->sum_on_device = false;
-    }
+    for (auto& g : groups_) g->has_grad = false;  // the step consumed some: start afresh
     // With the shadow state the state before the step is intact: the working copies the step
     // wrote go back to it, so the engine is as it was. Without, the state may be part updated.
     if (!plan_.shadow_state) return s;
@@ -802,7 +802,6 @@ Status OffloadEngine::end_step(Status s) {
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
-    g->sum_on_device = false;
     if (plan_.shadow_state) {  // the step is done: its state is the state
       std::swap(g->master, g->master_next);
       std::swap(g->exp_avg, g->exp_avg_next);

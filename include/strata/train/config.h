@@ -105,8 +105,8 @@ struct TrainConfig {
   // cuda: the GPU; -1 = the node-local rank's (device::choose_device_index).
   int device_index = device::kAutoDeviceIndex;
   bool allow_tf32 = false;  // cuda: fp32 GEMMs on TF32 tensor cores (10-bit mantissa products)
-  std::uint64_t host_memory_limit = 0;    // bytes; 0 = no limit
-  int threads = 0;                        // compute threads on the cpu backend; 0 = all cores
+  std::uint64_t host_memory_limit = 0;  // bytes; 0 = no limit
+  int threads = 0;                      // compute threads on the cpu backend; 0 = all cores
   std::string save_dir = "checkpoints";
   std::int64_t save_every = 0;  // steps; 0 = only at the end and on Ctrl-C
   std::string metrics_file;     // JSON lines; empty = none

@@ -122,7 +122,7 @@ Status CudaDevice::init(const cudaDeviceProp& prop) {
 CudaDevice::~CudaDevice() {
   ops_.reset();  // returns its workspace and scratch to the arena
   cudaSetDevice(index_);
-  for (CudaStream* s : {&compute_, &h2d_, &d2h_, &collective_}) {
+  for (CudaStream* s : all_streams()) {
     if (s->get() != nullptr) cudaStreamSynchronize(s->get());
   }
   for (PendingFree& p : pending_) {
@@ -233,14 +233,14 @@ void CudaDevice::deallocate_impl(void* data, std::size_t size_bytes) {
   PendingFree p{static_cast<std::size_t>(static_cast<std::byte*>(data) - base_), {}};
   int slot = 0;
   bool recorded = true;
-  for (CudaStream* s : {&compute_, &h2d_, &d2h_, &collective_}) {
+  for (CudaStream* s : all_streams()) {
     cudaEvent_t e = take_event();
     p.done[slot++] = e;
     if (e == nullptr || !STRATA_CUDA_CHECK_STICKY(cudaEventRecord(e, s->get()))) recorded = false;
   }
   if (!recorded) {
     // Without events the reuse point is unknown: wait for the streams instead.
-    for (CudaStream* s : {&compute_, &h2d_, &d2h_, &collective_}) cudaStreamSynchronize(s->get());
+    for (CudaStream* s : all_streams()) cudaStreamSynchronize(s->get());
     release(p);
     return;
   }
@@ -250,21 +250,11 @@ void CudaDevice::deallocate_impl(void* data, std::size_t size_bytes) {
 
 // ---- streams, copies, events
 
-CudaStream& CudaDevice::as_cuda(Stream& s) {
-  switch (s.kind()) {
-    case StreamKind::kCompute:
-      return compute_;
-    case StreamKind::kHostToDevice:
-      return h2d_;
-    case StreamKind::kDeviceToHost:
-      return d2h_;
-    case StreamKind::kCollective:
-      return collective_;
-  }
-  return compute_;
-}
+CudaStream& CudaDevice::as_cuda(Stream& s) { return by_kind(s.kind()); }
 
-Stream& CudaDevice::stream(StreamKind kind) {
+Stream& CudaDevice::stream(StreamKind kind) { return by_kind(kind); }
+
+CudaStream& CudaDevice::by_kind(StreamKind kind) {
   switch (kind) {
     case StreamKind::kCompute:
       return compute_;

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -88,14 +89,19 @@ class CudaDevice final : public Device {
   // A freed block goes back to the arena only once all work enqueued before the free, on every
   // stream, has finished: a kernel may still read a buffer whose owner released it, and the next
   // owner may write it from another stream.
+  static constexpr int kNumStreams = 4;  // compute, h2d, d2h, collective
   struct PendingFree {
     std::size_t offset;
-    cudaEvent_t done[4];  // one per stream: compute, h2d, d2h, collective
+    cudaEvent_t done[kNumStreams];  // one per stream, in all_streams() order
   };
 
   CudaDevice(const DeviceOptions& options, const CudaTuning& tuning, std::size_t capacity);
   Status init(const cudaDeviceProp& prop);
   CudaStream& as_cuda(Stream& s);
+  CudaStream& by_kind(StreamKind kind);
+  std::array<CudaStream*, kNumStreams> all_streams() {
+    return {&compute_, &h2d_, &d2h_, &collective_};
+  }
   bool check(cudaError_t err, const char* call, const char* file, int line) const;
   // Both with mu_ held. reclaim returns completed pending frees to the arena; wait_oldest
   // blocks on the oldest. They return false if there was nothing to do.
