@@ -13,6 +13,12 @@
 #   FIO_IOMEM=shmhuge        fio's buffers: shmhuge (huge pages, reserved here and released at
 #                            exit; needs root), or malloc (4 KiB pages) for a control run
 #   STRATA_FLAGS=...         extra io-bench flags, e.g. "--no-huge-pages" for a control run
+#   RAM_DEVICE_GIB=N         measure on a RAM-backed block device of N GiB instead of DIR's drive:
+#                            a loop device with direct I/O over a file in /dev/shm, formatted
+#                            ext4 and mounted for the run, then removed (needs root, losetup and
+#                            mkfs.ext4). Its speed does not drift with the disk's history or its
+#                            neighbours, so it shows the engines' own cost; its copies run on
+#                            this machine's CPUs (the loop worker), beside both tools.
 #
 # What makes the two comparable: both use io_uring with O_DIRECT on the same directory, the same
 # bytes, block size, queue depth and job count, sequential offsets from 0, and buffers in 2 MiB
@@ -38,9 +44,41 @@ DEPTHS=${DEPTHS:-"8 32"}
 OPS=${OPS:-"read write"}
 FIO_IOMEM=${FIO_IOMEM:-shmhuge}
 STRATA_FLAGS=${STRATA_FLAGS:-}
+RAM_DEVICE_GIB=${RAM_DEVICE_GIB:-}
 
 command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)" >&2; exit 2; }
 [[ -x "$STRATA" ]] || { echo "no strata binary at $STRATA (build it, or pass its path)" >&2; exit 2; }
+
+# The RAM-backed device, when asked for; torn down by restore() at exit.
+RAM_IMAGE= RAM_LOOP= RAM_MOUNT=
+teardown_ram_device() {
+  if [[ -n "$RAM_MOUNT" ]]; then umount "$RAM_MOUNT" 2>/dev/null || true; rmdir "$RAM_MOUNT"; fi
+  if [[ -n "$RAM_LOOP" ]]; then losetup -d "$RAM_LOOP" 2>/dev/null || true; fi
+  if [[ -n "$RAM_IMAGE" ]]; then rm -f "$RAM_IMAGE"; fi
+}
+if [[ -n "$RAM_DEVICE_GIB" ]]; then
+  if ! [[ "$RAM_DEVICE_GIB" =~ ^[1-9][0-9]*$ ]]; then
+    echo "RAM_DEVICE_GIB must be a whole number of GiB, got '$RAM_DEVICE_GIB'" >&2
+    exit 2
+  fi
+  if (( RAM_DEVICE_GIB * 1024 < SIZE_MIB * 2 )); then
+    echo "RAM_DEVICE_GIB=$RAM_DEVICE_GIB cannot hold both tools' ${SIZE_MIB} MiB files" \
+      "(needs at least $(( (SIZE_MIB * 2 + 1023) / 1024 + 1 )) GiB)" >&2
+    exit 2
+  fi
+  for tool in losetup mkfs.ext4 mount; do
+    command -v "$tool" >/dev/null || { echo "RAM_DEVICE_GIB needs $tool" >&2; exit 2; }
+  done
+  trap teardown_ram_device EXIT
+  RAM_IMAGE=$(mktemp /dev/shm/strata-swap-vs-fio.XXXXXX)
+  truncate -s "${RAM_DEVICE_GIB}G" "$RAM_IMAGE"
+  RAM_LOOP=$(losetup --find --show --direct-io=on "$RAM_IMAGE") ||
+    { echo "losetup could not attach $RAM_IMAGE (root needed)" >&2; exit 2; }
+  mkfs.ext4 -q "$RAM_LOOP"
+  RAM_MOUNT=$(mktemp -d /tmp/strata-ram-device.XXXXXX)
+  mount "$RAM_LOOP" "$RAM_MOUNT"
+  DIR="$RAM_MOUNT/swap"
+fi
 mkdir -p "$DIR"
 if [[ "$(stat -f -c %T "$DIR")" == "tmpfs" ]]; then
   echo "$DIR is on tmpfs: pick a directory on the drive to measure (DIR=...)" >&2
@@ -74,6 +112,7 @@ HUGE_BEFORE=$(cat "$HUGE_FILE" 2>/dev/null || echo 0)
 restore() {
   rm -f "$FIO_FILE"
   if [[ "$FIO_IOMEM" == shmhuge && -w "$HUGE_FILE" ]]; then echo "$HUGE_BEFORE" >"$HUGE_FILE"; fi
+  teardown_ram_device
 }
 trap restore EXIT
 max_bs=0
@@ -127,7 +166,9 @@ print('%.1f %.4f' % (j['MBps'], j['cpu_s_per_GB']))"
 }
 
 echo "strata swap engine vs fio: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p' | head -1)), kernel $(uname -r), $(fio --version)"
-echo "directory $DIR ($(stat -f -c %T "$DIR")), ${SIZE_MIB} MiB per run, $THREADS thread(s)/job(s), $PAIRS pairs per case"
+device=$(df --output=source "$DIR" | tail -1)
+[[ -n "$RAM_LOOP" ]] && device="$RAM_LOOP: RAM-backed, ${RAM_DEVICE_GIB} GiB in /dev/shm, direct I/O"
+echo "directory $DIR ($(stat -f -c %T "$DIR") on $device), ${SIZE_MIB} MiB per run, $THREADS thread(s)/job(s), $PAIRS pairs per case"
 echo "fio buffers: $FIO_BUFFERS"
 echo "strata: $STRATA io-bench --path $DIR --size ${SIZE_MIB}MiB --block-size B --queue-depth Q --threads $THREADS --op OP --json $STRATA_FLAGS"
 echo "fio:    fio --filename=$FIO_FILE --ioengine=io_uring --direct=1 --rw=OP --bs=B --iodepth=Q --numjobs=$THREADS --size=$((JOB_MIB))m --offset_increment=$((JOB_MIB))m --iomem=$FIO_IOMEM"
