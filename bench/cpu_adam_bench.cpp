@@ -288,7 +288,7 @@ void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64
   set_rate_counters(state, t, n, bytes);
   state.counters["ratio_to_roofline"] = t.median_b_over_a();
   state.counters["roofline_GBps"] = bytes * static_cast<double>(n) * t.n / t.b_s / 1e9;
-  state.SetLabel(std::string(strata::optim::simd_path_name(adam->simd())) +
+  state.SetLabel(std::string(strata::sys::simd_path_name(adam->simd())) +
                  (adam->uses_native_bf16() ? "+bf16" : "") +
                  (adam->uses_streaming_stores() ? " streaming" : " regular") +
                  (adam->uses_prefetch() ? "+prefetch" : ""));
@@ -340,7 +340,7 @@ void bm_scalar_vs_simd(benchmark::State& state, Context* ctx, std::int64_t n, in
       [&] { benchmark::DoNotOptimize(scalar->step(args, false)); });
   set_rate_counters(state, t, n, bytes_per_elem(DType::kF32, DType::kBF16));
   state.counters["simd_speedup"] = t.median_b_over_a();
-  state.SetLabel("scalar vs " + std::string(strata::optim::simd_path_name(simd->simd())));
+  state.SetLabel("scalar vs " + std::string(strata::sys::simd_path_name(simd->simd())));
 }
 
 // DeepSpeed's CPU Adam (since 2024) updates the fp32 state only and leaves the bf16 copy to a
@@ -373,8 +373,8 @@ __attribute__((target("avx2"))) void cast_to_bf16_avx2(const float* src, std::ui
 }
 
 void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
-  const bool avx512_bf16 = strata::optim::cpu_supports_avx512_bf16();
-  if (!avx512_bf16 && !strata::optim::cpu_supports(strata::optim::SimdPath::kAvx2)) {
+  const bool avx512_bf16 = strata::sys::cpu_supports_avx512_bf16();
+  if (!avx512_bf16 && !strata::sys::cpu_supports(strata::sys::SimdPath::kAvx2)) {
     return state.SkipWithError("the separate cast pass here needs AVX2 or avx512_bf16");
   }
   const auto cast_to_bf16 = avx512_bf16 ? cast_to_bf16_avx512 : cast_to_bf16_avx2;

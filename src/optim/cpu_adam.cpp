@@ -2,7 +2,6 @@
 // and the finite-gradient pre-scan.
 #include "strata/optim/cpu_adam.h"
 
-#include <cpuid.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
@@ -11,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -25,87 +23,11 @@
 
 namespace strata::optim {
 
-std::string_view simd_path_name(SimdPath path) {
-  switch (path) {
-    case SimdPath::kScalar:
-      return "scalar";
-    case SimdPath::kAvx2:
-      return "avx2";
-    case SimdPath::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-namespace {
-
-// CPUID leaf 1, ECX bit 29 (not every compiler's __builtin_cpu_supports knows "f16c").
-bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
-}
-
-}  // namespace
-
-bool cpu_supports(SimdPath path) {
-  __builtin_cpu_init();
-  switch (path) {
-    case SimdPath::kScalar:
-      return true;
-    case SimdPath::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-    case SimdPath::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
-  }
-  return false;
-}
-
-bool cpu_supports_avx512_bf16() {
-  __builtin_cpu_init();
-  return cpu_supports(SimdPath::kAvx512) && __builtin_cpu_supports("avx512bf16");
-}
-
 namespace {
 
 using detail::AdamConstants;
 using detail::AdamTile;
 using detail::KernelSet;
-
-// Explicit option > STRATA_SIMD > the widest path CPUID allows.
-Result<SimdPath> resolve_path(const std::string& option) {
-  std::string choice = option;
-  std::string source = "simd option";
-  if (choice == "auto") {
-    // Read once per CpuAdam; nothing in Strata writes the environment while threads run.
-    const char* env = std::getenv("STRATA_SIMD");  // NOLINT(concurrency-mt-unsafe)
-    if (env != nullptr && *env != '\0') {
-      choice = env;
-      source = "STRATA_SIMD";
-    }
-  }
-  SimdPath path;
-  if (choice == "auto") {
-    if (cpu_supports(SimdPath::kAvx512)) return SimdPath::kAvx512;
-    if (cpu_supports(SimdPath::kAvx2)) return SimdPath::kAvx2;
-    return SimdPath::kScalar;
-  } else if (choice == "scalar") {
-    path = SimdPath::kScalar;
-  } else if (choice == "avx2") {
-    path = SimdPath::kAvx2;
-  } else if (choice == "avx512") {
-    path = SimdPath::kAvx512;
-  } else {
-    return invalid_argument(source + " '" + choice +
-                            "' is not a SIMD path; use auto, scalar, avx2 or avx512");
-  }
-  if (!cpu_supports(path)) {
-    const char* needs = path == SimdPath::kAvx2 ? "AVX2, FMA and F16C" : "AVX-512 F, BW and VL";
-    return unavailable(source + " asks for " + choice + ", but this CPU lacks " + needs +
-                       "; use auto or a narrower path");
-  }
-  return path;
-}
 
 int grad_kind(DType d) {
   switch (d) {
@@ -390,7 +312,7 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
     return invalid_argument("CpuAdam tile_elems " + std::to_string(options.tile_elems) +
                             " must be a positive multiple of 64 (one cache line of any dtype)");
   }
-  STRATA_ASSIGN_OR_RETURN(SimdPath path, resolve_path(options.simd));
+  STRATA_ASSIGN_OR_RETURN(SimdPath path, sys::resolve_simd_path(options.simd, "simd option"));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->path = path;
@@ -403,7 +325,7 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
       detail::fill_avx2_kernels(&impl->kernels);
       break;
     case SimdPath::kAvx512:
-      impl->native_bf16 = options.native_bf16 && cpu_supports_avx512_bf16();
+      impl->native_bf16 = options.native_bf16 && sys::cpu_supports_avx512_bf16();
       detail::fill_avx512_kernels(&impl->kernels, impl->native_bf16);
       break;
   }

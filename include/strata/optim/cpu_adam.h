@@ -11,16 +11,11 @@
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
+#include "strata/sys/cpu_features.h"
 
 namespace strata::optim {
 
-enum class SimdPath : std::uint8_t { kScalar, kAvx2, kAvx512 };
-
-std::string_view simd_path_name(SimdPath path);  // "scalar", "avx2", "avx512"
-// Whether this CPU (CPUID) can run `path`: avx2 needs AVX2+FMA+F16C, avx512 needs F+BW+VL.
-bool cpu_supports(SimdPath path);
-// Whether this CPU converts f32 to bf16 natively (avx512_bf16).
-bool cpu_supports_avx512_bf16();
+using sys::SimdPath;
 
 struct CpuAdamOptions {
   int threads = 0;  // worker threads including the caller; 0 = one per physical core (hwloc)

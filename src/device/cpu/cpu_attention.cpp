@@ -1,8 +1,12 @@
-// Causal grouped-query attention on the CPU: per (batch, head) OpenBLAS products into fp32
-// [seq, seq] score blocks (row blocks skip most of the masked upper triangle) and a row-parallel
-// softmax between them; a sliding window zeroes the probabilities left of it. bf16 tensors are
-// converted one batch element at a time.
+// Causal grouped-query attention on the CPU, blocked by query rows so that it never holds more
+// than a budget of fp32 scores, however long the sequence: each block of query rows multiplies
+// against the keys it can see (from the sliding window's start to the block's end) with
+// OpenBLAS, with a row-parallel softmax between the products. Blocks are as tall as the budget
+// allows (the whole sequence, for the usual lengths) so the products stay deep; inside a block
+// the products run in kSubBlock-row (or -column) pieces that skip most of the masked upper
+// triangle. bf16 tensors are converted one batch element at a time.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -11,9 +15,9 @@
 namespace strata::device::cpu {
 namespace {
 
-// Rows per causal block: block [i0, i1) multiplies only against keys [0, i1).
-constexpr std::int64_t kRowBlock = 64;
-// Score floats per chunk of heads (one [seq, seq] block per head; backward keeps two).
+// Rows (or key columns) per causal piece: rows [s0, s1) multiply only against keys below s1.
+constexpr std::int64_t kSubBlock = 64;
+// Score floats per block of query rows over a chunk of heads (backward keeps two such blocks).
 constexpr std::int64_t kScoreBudgetFloats = std::int64_t{4} << 20;
 
 struct Dims {
@@ -21,6 +25,8 @@ struct Dims {
   std::int64_t window;       // 0: full causal
   std::int64_t q_ld, kv_ld;  // row strides of q/out and k/v
   float scale;
+  std::int64_t block_rows;  // query rows per block: a multiple of kSubBlock
+  std::int64_t head_chunk;  // heads whose score blocks are held at once
 
   explicit Dims(const AttentionShape& s)
       : batch(s.batch),
@@ -35,47 +41,85 @@ struct Dims {
         scale(1.0f / std::sqrt(static_cast<float>(s.head_dim))) {
     STRATA_CHECK(batch >= 0 && seq >= 0 && hd > 0 && kv_heads > 0 && heads % kv_heads == 0,
                  "bad attention shape", batch, seq, heads, kv_heads, hd);
+    const std::int64_t s_pad = round_up(std::max<std::int64_t>(seq, 1));
+    block_rows = std::clamp(round_up(kScoreBudgetFloats / s_pad), kSubBlock, s_pad);
+    head_chunk = std::clamp<std::int64_t>(kScoreBudgetFloats / (block_rows * s_pad), 1, heads);
+  }
+  static std::int64_t round_up(std::int64_t n) {
+    return (n + kSubBlock - 1) / kSubBlock * kSubBlock;
   }
   // The first key query i attends to.
   std::int64_t first_key(std::int64_t i) const {
     return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : 0;
   }
-  std::int64_t block_end(std::int64_t i) const {
-    return std::min(seq, (i / kRowBlock + 1) * kRowBlock);
-  }
-  std::int64_t heads_per_chunk() const {
-    return std::clamp<std::int64_t>(kScoreBudgetFloats / std::max<std::int64_t>(seq * seq, 1), 1,
-                                    heads);
-  }
+  // Score floats of one block for one head (at most).
+  std::int64_t block_floats() const { return block_rows * seq; }
 };
 
-// sc[i, j] = alpha * a_i . b_j for j < block_end(i); a rows have stride lda, b rows ldb.
-void causal_abt(const Dims& d, float alpha, const float* a, std::int64_t lda, const float* b,
-                std::int64_t ldb, float* sc) {
-  for (std::int64_t i0 = 0; i0 < d.seq; i0 += kRowBlock) {
-    const std::int64_t i1 = std::min(d.seq, i0 + kRowBlock);
-    sgemm_f32(false, true, i1 - i0, i1, d.hd, alpha, a + i0 * lda, lda, b, ldb, 0.0f,
-              sc + i0 * d.seq, d.seq);
+// Query rows [i0, i1) against keys [k0, i1): score rows are width() long, and row i is valid on
+// [first_key(i) - k0, i - k0].
+struct RowBlock {
+  std::int64_t i0, i1, k0;
+  std::int64_t rows() const { return i1 - i0; }
+  std::int64_t width() const { return i1 - k0; }
+};
+
+RowBlock row_block(const Dims& d, std::int64_t i0) {
+  const std::int64_t i1 = std::min(d.seq, i0 + d.block_rows);
+  return {i0, i1, d.first_key(i0)};
+}
+
+// fn(block, h0, nh) for every block of query rows in order and, within it, every chunk of
+// heads [h0, h0 + nh) whose score blocks are held at once.
+template <typename Fn>
+void for_each_block(const Dims& d, Fn&& fn) {
+  for (std::int64_t i0 = 0; i0 < d.seq; i0 += d.block_rows) {
+    const RowBlock blk = row_block(d, i0);
+    for (std::int64_t h0 = 0; h0 < d.heads; h0 += d.head_chunk) {
+      fn(blk, h0, std::min(d.head_chunk, d.heads - h0));
+    }
   }
 }
 
-// c_i = sum_j p[i, j] x_j (+ beta c_i); p is zero above the diagonal up to block_end(i).
-void causal_px(const Dims& d, const float* p, const float* x, std::int64_t ldx, float beta,
-               float* c, std::int64_t ldc) {
-  for (std::int64_t i0 = 0; i0 < d.seq; i0 += kRowBlock) {
-    const std::int64_t i1 = std::min(d.seq, i0 + kRowBlock);
-    sgemm_f32(false, false, i1 - i0, d.hd, i1, 1.0f, p + i0 * d.seq, d.seq, x, ldx, beta,
-              c + i0 * ldc, ldc);
+// Rows per task of a row-parallel loop over score rows `width` long.
+std::int64_t score_row_grain(std::int64_t width) {
+  return std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(width, 1));
+}
+
+// sc[i, j] = alpha a_i . b_j over the block (sc: rows x width, row i0 first, key k0 first), for
+// the keys each kSubBlock piece of rows can see; a rows have stride lda from row i0, b rows ldb
+// from key 0.
+void block_abt(const Dims& d, const RowBlock& blk, float alpha, const float* a, std::int64_t lda,
+               const float* b, std::int64_t ldb, float* sc) {
+  const std::int64_t w = blk.width();
+  for (std::int64_t s0 = blk.i0; s0 < blk.i1; s0 += kSubBlock) {
+    const std::int64_t s1 = std::min(blk.i1, s0 + kSubBlock), fk = d.first_key(s0);
+    sgemm_f32(false, true, s1 - s0, s1 - fk, d.hd, alpha, a + (s0 - blk.i0) * lda, lda,
+              b + fk * ldb, ldb, 0.0f, sc + (s0 - blk.i0) * w + (fk - blk.k0), w);
   }
 }
 
-// c_j = sum_{i >= j} p[i, j] x_i (+ beta c_j): the transpose of causal_px.
-void causal_ptx(const Dims& d, const float* p, const float* x, std::int64_t ldx, float beta,
-                float* c, std::int64_t ldc) {
-  for (std::int64_t j0 = 0; j0 < d.seq; j0 += kRowBlock) {
-    const std::int64_t j1 = std::min(d.seq, j0 + kRowBlock);
-    sgemm_f32(true, false, j1 - j0, d.hd, d.seq - j0, 1.0f, p + j0 * d.seq + j0, d.seq,
-              x + j0 * ldx, ldx, beta, c + j0 * ldc, ldc);
+// c_i = sum_j p[i, j] x_j for the block's rows (p zero outside each row's valid keys); x rows
+// have stride ldx from key 0, c rows ldc from row i0.
+void block_px(const Dims& d, const RowBlock& blk, const float* p, const float* x, std::int64_t ldx,
+              float* c, std::int64_t ldc) {
+  const std::int64_t w = blk.width();
+  for (std::int64_t s0 = blk.i0; s0 < blk.i1; s0 += kSubBlock) {
+    const std::int64_t s1 = std::min(blk.i1, s0 + kSubBlock), fk = d.first_key(s0);
+    sgemm_f32(false, false, s1 - s0, d.hd, s1 - fk, 1.0f, p + (s0 - blk.i0) * w + (fk - blk.k0), w,
+              x + fk * ldx, ldx, 0.0f, c + (s0 - blk.i0) * ldc, ldc);
+  }
+}
+
+// c_j += sum_i p[i, j] x_i over the block's rows i >= j: the transpose of block_px, accumulated
+// (c rows ldc from key 0; x rows ldx from row i0).
+void block_ptx_add(const Dims& d, const RowBlock& blk, const float* p, const float* x,
+                   std::int64_t ldx, float* c, std::int64_t ldc) {
+  const std::int64_t w = blk.width();
+  for (std::int64_t j0 = blk.k0; j0 < blk.i1; j0 += kSubBlock) {
+    const std::int64_t j1 = std::min(blk.i1, j0 + kSubBlock), r0 = std::max(blk.i0, j0);
+    sgemm_f32(true, false, j1 - j0, d.hd, blk.i1 - r0, 1.0f, p + (r0 - blk.i0) * w + (j0 - blk.k0),
+              w, x + (r0 - blk.i0) * ldx, ldx, 1.0f, c + j0 * ldc, ldc);
   }
 }
 
@@ -86,7 +130,7 @@ const float* view_f32(const CpuContext& ctx, const T* src, std::int64_t n, float
     return src;
   } else {
     ctx.parallel_for(n, 16384, [&](std::int64_t i0, std::int64_t i1) {
-      load_row(src + i0, scratch + i0, i1 - i0);
+      load_row(ctx.kernels(), src + i0, scratch + i0, i1 - i0);
     });
     return scratch;
   }
@@ -105,7 +149,7 @@ template <typename T>
 void flush_f32(const CpuContext& ctx, const float* src, T* dst, std::int64_t n) {
   if constexpr (!std::is_same_v<T, float>) {
     ctx.parallel_for(n, 16384, [&](std::int64_t i0, std::int64_t i1) {
-      store_row(src + i0, dst + i0, i1 - i0);
+      store_row(ctx.kernels(), src + i0, dst + i0, i1 - i0);
     });
   }
 }
@@ -114,10 +158,11 @@ void flush_f32(const CpuContext& ctx, const float* src, T* dst, std::int64_t n) 
 template <typename T>
 void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, const T* v, T* out,
                   float* lse) {
-  const std::int64_t S = d.seq, hc = d.heads_per_chunk();
+  const std::int64_t S = d.seq, hc = d.head_chunk;
   const std::int64_t nq = S * d.q_ld, nk = S * d.kv_ld;
   constexpr bool kConvert = !std::is_same_v<T, float>;
-  auto scores = ctx.scratch(static_cast<std::size_t>(hc * S * S));
+  const CpuKernels& kern = ctx.kernels();
+  auto scores = ctx.scratch(static_cast<std::size_t>(hc * d.block_floats()));
   auto conv = ctx.scratch(kConvert ? static_cast<std::size_t>(2 * nq + 2 * nk) : 1);
   float* sc = scores.data();
   for (std::int64_t b = 0; b < d.batch; ++b) {
@@ -125,55 +170,52 @@ void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, 
     const float* kb = view_f32(ctx, k + b * nk, nk, conv.data() + nq);
     const float* vb = view_f32(ctx, v + b * nk, nk, conv.data() + nq + nk);
     float* ob = target_f32(out + b * nq, conv.data() + nq + 2 * nk);
-    for (std::int64_t h0 = 0; h0 < d.heads; h0 += hc) {
-      const std::int64_t nh = std::min(hc, d.heads - h0);
+    for_each_block(d, [&](const RowBlock& blk, std::int64_t h0, std::int64_t nh) {
+      const std::int64_t i0 = blk.i0, rows = blk.rows(), w = blk.width(), bf = rows * w;
       for (std::int64_t h = h0; h < h0 + nh; ++h) {
-        causal_abt(d, d.scale, qb + h * d.hd, d.q_ld, kb + (h / d.group) * d.hd, d.kv_ld,
-                   sc + (h - h0) * S * S);
+        block_abt(d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + (h / d.group) * d.hd,
+                  d.kv_ld, sc + (h - h0) * bf);
       }
-      ctx.parallel_for(nh * S, std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(S, 1)),
-                       [&](std::int64_t r0, std::int64_t r1) {
-                         for (std::int64_t r = r0; r < r1; ++r) {
-                           const std::int64_t h = h0 + r / S, i = r % S;
-                           float* row = sc + r * S;
-                           const std::int64_t lo = d.first_key(i);
-                           std::fill(row, row + lo, 0.0f);
-                           float mx = -std::numeric_limits<float>::infinity();
-                           for (std::int64_t j = lo; j <= i; ++j) mx = std::max(mx, row[j]);
-                           float sum = 0.0f;
-                           for (std::int64_t j = lo; j <= i; ++j) {
-                             row[j] = std::exp(row[j] - mx);
-                             sum += row[j];
-                           }
-                           const float inv = 1.0f / sum;
-                           for (std::int64_t j = lo; j <= i; ++j) row[j] *= inv;
-                           std::fill(row + i + 1, row + d.block_end(i), 0.0f);
-                           lse[(b * d.heads + h) * S + i] = mx + std::log(sum);
-                         }
-                       });
+      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const std::int64_t h = h0 + r / rows, i = i0 + r % rows;
+          float* row = sc + r * w;
+          const std::int64_t lo = d.first_key(i) - blk.k0, hi = i - blk.k0 + 1;
+          std::fill(row, row + lo, 0.0f);
+          const float mx = kern.max(row + lo, hi - lo);
+          const double sum = kern.exp_shift_sum(row + lo, hi - lo, mx);
+          kern.scale_store[kKernelF32](row + lo, static_cast<float>(1.0 / sum), 1.0f, row + lo,
+                                       hi - lo);
+          // Zeros up to the end of the row's kSubBlock piece, which block_px reads.
+          std::fill(row + hi, row + std::min(w, Dims::round_up(i + 1) - blk.k0), 0.0f);
+          lse[(b * d.heads + h) * S + i] = mx + static_cast<float>(std::log(sum));
+        }
+      });
       for (std::int64_t h = h0; h < h0 + nh; ++h) {
-        causal_px(d, sc + (h - h0) * S * S, vb + (h / d.group) * d.hd, d.kv_ld, 0.0f, ob + h * d.hd,
-                  d.q_ld);
+        block_px(d, blk, sc + (h - h0) * bf, vb + (h / d.group) * d.hd, d.kv_ld,
+                 ob + i0 * d.q_ld + h * d.hd, d.q_ld);
       }
-    }
+    });
     flush_f32(ctx, ob, out + b * nq, nq);
   }
 }
 
 // With P = exp(scale * q k^T - lse) and D_i = dout_i . out_i:
 // dv_j = sum_i P_ij dout_i, dS_ij = scale P_ij (dout_i . v_j - D_i), dq_i = sum_j dS_ij k_j,
-// dk_j = sum_i dS_ij q_i; a kv head sums over the query heads that share it, in head order.
+// dk_j = sum_i dS_ij q_i; dk and dv add up over the row blocks in order and, within a block,
+// over the query heads that share the kv head, in head order.
 template <typename T>
 void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T* q, const T* k,
                    const T* v, const T* out, const float* lse, T* dq, T* dk, T* dv) {
-  const std::int64_t S = d.seq, hc = d.heads_per_chunk();
+  const std::int64_t S = d.seq, hc = d.head_chunk;
   const std::int64_t nq = S * d.q_ld, nk = S * d.kv_ld;
   constexpr bool kConvert = !std::is_same_v<T, float>;
-  auto scores = ctx.scratch(static_cast<std::size_t>(2 * hc * S * S));
+  const CpuKernels& kern = ctx.kernels();
+  auto scores = ctx.scratch(static_cast<std::size_t>(2 * hc * d.block_floats()));
   auto conv = ctx.scratch(kConvert ? static_cast<std::size_t>(4 * nq + 4 * nk) : 1);
-  float* ps = scores.data();     // scores, then P
-  float* dps = ps + hc * S * S;  // dout v^T, then dS
-  float* cq = conv.data();       // bf16 only: q, out, dout, dq, then k, v, dk, dv
+  float* ps = scores.data();                // scores, then P
+  float* dps = ps + hc * d.block_floats();  // dout v^T, then dS
+  float* cq = conv.data();                  // bf16 only: q, out, dout, dq, then k, v, dk, dv
   float* ck = cq + 4 * nq;
   for (std::int64_t b = 0; b < d.batch; ++b) {
     const float* qb = view_f32(ctx, q + b * nq, nq, cq);
@@ -184,44 +226,44 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
     float* dqb = target_f32(dq + b * nq, cq + 3 * nq);
     float* dkb = target_f32(dk + b * nk, ck + 2 * nk);
     float* dvb = target_f32(dv + b * nk, ck + 3 * nk);
-    for (std::int64_t h0 = 0; h0 < d.heads; h0 += hc) {
-      const std::int64_t nh = std::min(hc, d.heads - h0);
+    std::memset(dkb, 0, static_cast<std::size_t>(nk) * sizeof(float));
+    std::memset(dvb, 0, static_cast<std::size_t>(nk) * sizeof(float));
+    for_each_block(d, [&](const RowBlock& blk, std::int64_t h0, std::int64_t nh) {
+      const std::int64_t i0 = blk.i0, rows = blk.rows(), w = blk.width(), bf = rows * w;
       for (std::int64_t h = h0; h < h0 + nh; ++h) {
         const std::int64_t g = h / d.group;
-        causal_abt(d, d.scale, qb + h * d.hd, d.q_ld, kb + g * d.hd, d.kv_ld,
-                   ps + (h - h0) * S * S);
-        causal_abt(d, 1.0f, dob + h * d.hd, d.q_ld, vb + g * d.hd, d.kv_ld, dps + (h - h0) * S * S);
+        block_abt(d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + g * d.hd, d.kv_ld,
+                  ps + (h - h0) * bf);
+        block_abt(d, blk, 1.0f, dob + i0 * d.q_ld + h * d.hd, d.q_ld, vb + g * d.hd, d.kv_ld,
+                  dps + (h - h0) * bf);
       }
-      ctx.parallel_for(nh * S, std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(S, 1)),
-                       [&](std::int64_t r0, std::int64_t r1) {
-                         for (std::int64_t r = r0; r < r1; ++r) {
-                           const std::int64_t h = h0 + r / S, i = r % S;
-                           float* p = ps + r * S;
-                           float* ds = dps + r * S;
-                           const float li = lse[(b * d.heads + h) * S + i];
-                           const std::int64_t off = i * d.q_ld + h * d.hd;
-                           const float di = dot_f32(dob + off, ob + off, d.hd);
-                           const std::int64_t lo = d.first_key(i);
-                           std::fill(p, p + lo, 0.0f);
-                           std::fill(ds, ds + lo, 0.0f);
-                           for (std::int64_t j = lo; j <= i; ++j) {
-                             p[j] = std::exp(p[j] - li);
-                             ds[j] = p[j] * (ds[j] - di) * d.scale;
-                           }
-                           std::fill(p + i + 1, p + d.block_end(i), 0.0f);
-                           std::fill(ds + i + 1, ds + d.block_end(i), 0.0f);
-                         }
-                       });
+      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const std::int64_t h = h0 + r / rows, i = i0 + r % rows;
+          float* p = ps + r * w;
+          float* ds = dps + r * w;
+          const float li = lse[(b * d.heads + h) * S + i];
+          const std::int64_t off = i * d.q_ld + h * d.hd;
+          const float di = dot_f32(dob + off, ob + off, d.hd);
+          const std::int64_t lo = d.first_key(i) - blk.k0, hi = i - blk.k0 + 1;
+          std::fill(p, p + lo, 0.0f);
+          std::fill(ds, ds + lo, 0.0f);
+          kern.exp_shift_sum(p + lo, hi - lo, li);
+          for (std::int64_t j = lo; j < hi; ++j) ds[j] = p[j] * (ds[j] - di) * d.scale;
+          // Zeros right of the diagonal: the products below read whole kSubBlock pieces.
+          std::fill(p + hi, p + w, 0.0f);
+          std::fill(ds + hi, ds + w, 0.0f);
+        }
+      });
       for (std::int64_t h = h0; h < h0 + nh; ++h) {
         const std::int64_t g = h / d.group;
-        const float beta = h % d.group == 0 ? 0.0f : 1.0f;  // first head of its group overwrites
-        const float* p = ps + (h - h0) * S * S;
-        const float* ds = dps + (h - h0) * S * S;
-        causal_ptx(d, p, dob + h * d.hd, d.q_ld, beta, dvb + g * d.hd, d.kv_ld);
-        causal_ptx(d, ds, qb + h * d.hd, d.q_ld, beta, dkb + g * d.hd, d.kv_ld);
-        causal_px(d, ds, kb + g * d.hd, d.kv_ld, 0.0f, dqb + h * d.hd, d.q_ld);
+        const float* p = ps + (h - h0) * bf;
+        const float* ds = dps + (h - h0) * bf;
+        block_ptx_add(d, blk, p, dob + i0 * d.q_ld + h * d.hd, d.q_ld, dvb + g * d.hd, d.kv_ld);
+        block_ptx_add(d, blk, ds, qb + i0 * d.q_ld + h * d.hd, d.q_ld, dkb + g * d.hd, d.kv_ld);
+        block_px(d, blk, ds, kb + g * d.hd, d.kv_ld, dqb + i0 * d.q_ld + h * d.hd, d.q_ld);
       }
-    }
+    });
     flush_f32(ctx, dqb, dq + b * nq, nq);
     flush_f32(ctx, dkb, dk + b * nk, nk);
     flush_f32(ctx, dvb, dv + b * nk, nk);
@@ -243,7 +285,7 @@ void decode_impl(const CpuContext& ctx, const T* q, const T* k, const T* v, T* o
       const std::int64_t i = r / s.heads, h = r % s.heads, g = h / group;
       const std::int64_t pos = s.past + i;
       const std::int64_t lo = s.window > 0 ? std::max<std::int64_t>(0, pos - s.window + 1) : 0;
-      load_row(q + (i * s.heads + h) * hd, qf, hd);
+      load_row(ctx.kernels(), q + (i * s.heads + h) * hd, qf, hd);
       float mx = -std::numeric_limits<float>::infinity();
       for (std::int64_t j = lo; j <= pos; ++j) {
         const T* kr = k + (j * s.kv_heads + g) * hd;
@@ -252,18 +294,14 @@ void decode_impl(const CpuContext& ctx, const T* q, const T* k, const T* v, T* o
         sc[j] = dot * scale;
         mx = std::max(mx, sc[j]);
       }
-      float sum = 0.0f;
-      for (std::int64_t j = lo; j <= pos; ++j) {
-        sc[j] = std::exp(sc[j] - mx);
-        sum += sc[j];
-      }
+      const auto sum = static_cast<float>(ctx.kernels().exp_shift_sum(sc + lo, pos - lo + 1, mx));
       std::fill(acc, acc + hd, 0.0f);
       for (std::int64_t j = lo; j <= pos; ++j) {
         const T* vr = v + (j * s.kv_heads + g) * hd;
         const float p = sc[j] / sum;
         for (std::int64_t x = 0; x < hd; ++x) acc[x] += p * to_f32(vr[x]);
       }
-      store_row(acc, out + (i * s.heads + h) * hd, hd);
+      store_row(ctx.kernels(), acc, out + (i * s.heads + h) * hd, hd);
     }
   });
 }

@@ -104,11 +104,12 @@ class WorkerStream final : public Stream {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(const DeviceOptions& options)
+  CpuDevice(const DeviceOptions& options, sys::SimdPath simd)
       : limit_(options.memory_limit_bytes),
         strict_(options.strict_host_memory || strict_from_environment()),
-        ops_(profile_from_environment() ? cpu::profiled_ops(make_cpu_ops(options.compute_threads))
-                                        : make_cpu_ops(options.compute_threads)),
+        ops_(profile_from_environment()
+                 ? cpu::profiled_ops(make_cpu_ops(options.compute_threads, simd))
+                 : make_cpu_ops(options.compute_threads, simd)),
         h2d_(StreamKind::kHostToDevice),
         d2h_(StreamKind::kDeviceToHost) {}
 
@@ -286,7 +287,9 @@ class CpuDevice final : public Device {
 }  // namespace
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options) {
-  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options));
+  // The SIMD path of the elementwise kernels: STRATA_SIMD, else the widest this CPU allows.
+  STRATA_ASSIGN_OR_RETURN(sys::SimdPath simd, sys::resolve_simd_path("auto", "SIMD path"));
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options, simd));
 }
 
 }  // namespace strata::device

@@ -5,13 +5,14 @@
 #include <memory>
 
 #include "strata/device/device.h"
+#include "strata/sys/cpu_features.h"
 
 namespace strata::device {
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options);
 
 // The CPU op table (OpenBLAS GEMMs, oneTBB-parallel elementwise ops). `num_threads` 0 = all cores.
-std::unique_ptr<Ops> make_cpu_ops(int num_threads);
+std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd);
 
 namespace cpu {
 // `inner` with every op timed into strata/device/op_profile.h's tally (profiled_ops.cpp).

@@ -48,7 +48,7 @@ void load_block(const CpuContext& ctx, const bf16* src, std::int64_t ld, std::in
   ctx.parallel_for(rows, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(cols, 1)),
                    [&](std::int64_t i0, std::int64_t i1) {
                      for (std::int64_t i = i0; i < i1; ++i) {
-                       load_row(src + (r0 + i) * ld + c0, dst + i * cols, cols);
+                       load_row(ctx.kernels(), src + (r0 + i) * ld + c0, dst + i * cols, cols);
                      }
                    });
 }
@@ -89,7 +89,7 @@ void gemm_bf16(const CpuContext& ctx, const GemmArgs& g) {
       ctx.parallel_for(mb, std::max<std::int64_t>(1, 16384 / nb),
                        [&](std::int64_t i0, std::int64_t i1) {
                          for (std::int64_t i = i0; i < i1; ++i) {
-                           store_row(ct + i * nb, c + (m0 + i) * g.ldc + n0, nb);
+                           store_row(ctx.kernels(), ct + i * nb, c + (m0 + i) * g.ldc + n0, nb);
                          }
                        });
     }

@@ -28,7 +28,7 @@ std::int64_t row_grain(std::int64_t dim) {
 
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(int num_threads) : ctx_(num_threads) {
+  CpuOps(int num_threads, sys::SimdPath simd) : ctx_(num_threads, simd) {
     if (num_threads > 0) openblas_set_num_threads(num_threads);
   }
 
@@ -77,12 +77,12 @@ class CpuOps final : public Ops {
       T* os = static_cast<T*>(out);
       auto wbuf = ctx_.scratch(static_cast<std::size_t>(dim));
       float* wf = wbuf.data();
-      load_row(static_cast<const T*>(w), wf, dim);
+      load_row(ctx_.kernels(), static_cast<const T*>(w), wf, dim);
       ctx_.parallel_for(rows, row_grain(dim), [&](std::int64_t r0, std::int64_t r1) {
         auto rowbuf = ctx_.scratch(static_cast<std::size_t>(dim));
         float* xr = rowbuf.data();
         for (std::int64_t i = r0; i < r1; ++i) {
-          load_row(xs + i * dim, xr, dim);
+          load_row(ctx_.kernels(), xs + i * dim, xr, dim);
           const float ss = cpu::dot_f32(xr, xr, dim);
           const float r = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
           rstd[i] = r;
@@ -108,7 +108,7 @@ class CpuOps final : public Ops {
       auto part_buf = ctx_.scratch(static_cast<std::size_t>((num_chunks + 1) * dim));
       float* wf = part_buf.data();
       float* partials = wf + dim;
-      load_row(static_cast<const T*>(w), wf, dim);
+      load_row(ctx_.kernels(), static_cast<const T*>(w), wf, dim);
       ctx_.parallel_chunks(rows, chunk, [&](std::int64_t c, std::int64_t r0, std::int64_t r1) {
         auto rowbuf = ctx_.scratch(static_cast<std::size_t>(2 * dim));
         float* xr = rowbuf.data();
@@ -116,8 +116,8 @@ class CpuOps final : public Ops {
         float* part = partials + c * dim;
         std::fill(part, part + dim, 0.0f);
         for (std::int64_t i = r0; i < r1; ++i) {
-          load_row(xs + i * dim, xr, dim);
-          load_row(dys + i * dim, gr, dim);
+          load_row(ctx_.kernels(), xs + i * dim, xr, dim);
+          load_row(ctx_.kernels(), dys + i * dim, gr, dim);
           const float r = rstd[i];
           for (std::int64_t j = 0; j < dim; ++j) {
             part[j] += gr[j] * xr[j] * r;
@@ -197,14 +197,12 @@ class CpuOps final : public Ops {
                       DType dtype) const override {
     dispatch_float(dtype, [&](auto tag) {
       using T = decltype(tag);
+      const auto kernel = ctx_.kernels().swiglu_forward[cpu::kernel_dtype(T{})];
       const T* g = static_cast<const T*>(gate);
       const T* u = static_cast<const T*>(up);
       T* o = static_cast<T*>(out);
       ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          const float gv = to_f32(g[i]);
-          o[i] = from_f32<T>(gv / (1.0f + std::exp(-gv)) * to_f32(u[i]));
-        }
+        kernel(g + i0, u + i0, o + i0, i1 - i0);
       });
     });
   }
@@ -214,19 +212,14 @@ class CpuOps final : public Ops {
                        std::int64_t n, DType dtype) const override {
     dispatch_float(dtype, [&](auto tag) {
       using T = decltype(tag);
+      const auto kernel = ctx_.kernels().swiglu_backward[cpu::kernel_dtype(T{})];
       const T* d = static_cast<const T*>(dout);
       const T* g = static_cast<const T*>(gate);
       const T* u = static_cast<const T*>(up);
       T* dg = static_cast<T*>(dgate);
       T* du = static_cast<T*>(dup);
       ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          const float gv = to_f32(g[i]), dv = to_f32(d[i]), uv = to_f32(u[i]);
-          const float sig = 1.0f / (1.0f + std::exp(-gv));
-          const float silu = gv * sig;
-          dg[i] = from_f32<T>(dv * uv * sig * (1.0f + gv * (1.0f - sig)));
-          du[i] = from_f32<T>(dv * silu);
-        }
+        kernel(d + i0, g + i0, u + i0, dg + i0, du + i0, i1 - i0);
       });
     });
   }
@@ -297,6 +290,7 @@ class CpuOps final : public Ops {
       using T = decltype(tag);
       const T* ls = static_cast<const T*>(logits);
       T* ds = static_cast<T*>(dlogits);
+      const cpu::CpuKernels& k = ctx_.kernels();
       ctx_.parallel_for(rows, row_grain(vocab), [&](std::int64_t r0, std::int64_t r1) {
         auto rowbuf = ctx_.scratch(static_cast<std::size_t>(vocab));
         float* z = rowbuf.data();
@@ -309,23 +303,17 @@ class CpuOps final : public Ops {
             continue;
           }
           // The whole row is read before any of it is written, so dlogits may alias logits.
-          load_row(ls + i * vocab, z, vocab);
-          float mx = z[0];
-          for (std::int64_t j = 1; j < vocab; ++j) mx = std::max(mx, z[j]);
-          double sum = 0.0;
-          for (std::int64_t j = 0; j < vocab; ++j) {
-            z[j] = std::exp(z[j] - mx);
-            sum += z[j];
-          }
-          const float zt = to_f32(ls[i * vocab + t]);
+          load_row(k, ls + i * vocab, z, vocab);
+          const float zt = z[t];
+          const float mx = k.max(z, vocab);
+          const double sum = k.exp_shift_sum(z, vocab, mx);
           losses[i] = static_cast<float>(std::log(sum) + static_cast<double>(mx - zt));
           if (ds == nullptr) continue;
+          // p_j = z_j / sum - [j == t], times the loss scale.
           const float inv = static_cast<float>(1.0 / sum);
           T* d = ds + i * vocab;
-          for (std::int64_t j = 0; j < vocab; ++j) {
-            const float p = z[j] * inv - (j == t ? 1.0f : 0.0f);
-            d[j] = from_f32<T>(p * dloss_scale);
-          }
+          k.scale_store[cpu::kernel_dtype(T{})](z, inv, dloss_scale, d, vocab);
+          d[t] = from_f32<T>((z[t] * inv - 1.0f) * dloss_scale);
         }
       });
     });
@@ -334,6 +322,21 @@ class CpuOps final : public Ops {
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
     const std::size_t ss = dtype_size(src_dtype), ds = dtype_size(dst_dtype);
+    const cpu::CpuKernels& k = ctx_.kernels();
+    if (src_dtype == DType::kBF16 && dst_dtype == DType::kF32) {
+      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        k.bf16_to_f32(static_cast<const std::uint16_t*>(src) + i0, static_cast<float*>(dst) + i0,
+                      i1 - i0);
+      });
+      return;
+    }
+    if (src_dtype == DType::kF32 && dst_dtype == DType::kBF16) {
+      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        k.f32_to_bf16(static_cast<const float*>(src) + i0, static_cast<std::uint16_t*>(dst) + i0,
+                      i1 - i0);
+      });
+      return;
+    }
     ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
       convert(static_cast<const std::byte*>(src) + i0 * ss, src_dtype,
               static_cast<std::byte*>(dst) + i0 * ds, dst_dtype, static_cast<std::size_t>(i1 - i0));
@@ -364,6 +367,8 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(int num_threads) { return std::make_unique<CpuOps>(num_threads); }
+std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd) {
+  return std::make_unique<CpuOps>(num_threads, simd);
+}
 
 }  // namespace strata::device

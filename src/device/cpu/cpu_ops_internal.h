@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/device/cpu/cpu_kernels.h"
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
@@ -49,14 +50,22 @@ decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
   return fn(float{});  // unreachable
 }
 
-// Loads n elements of T into fp32 (or copies).
-template <typename T>
-inline void load_row(const T* src, float* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
+// The kernel tables' index of T.
+inline KernelDType kernel_dtype(float) { return kKernelF32; }
+inline KernelDType kernel_dtype(bf16) { return kKernelBF16; }
+
+// Loads n elements of T into fp32 (or copies), through the SIMD kernels for bf16.
+inline void load_row(const CpuKernels& /*k*/, const float* src, float* dst, std::int64_t n) {
+  std::copy(src, src + n, dst);
 }
-template <typename T>
-inline void store_row(const float* src, T* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = from_f32<T>(src[i]);
+inline void load_row(const CpuKernels& k, const bf16* src, float* dst, std::int64_t n) {
+  k.bf16_to_f32(reinterpret_cast<const std::uint16_t*>(src), dst, n);
+}
+inline void store_row(const CpuKernels& /*k*/, const float* src, float* dst, std::int64_t n) {
+  std::copy(src, src + n, dst);
+}
+inline void store_row(const CpuKernels& k, const float* src, bf16* dst, std::int64_t n) {
+  k.f32_to_bf16(src, reinterpret_cast<std::uint16_t*>(dst), n);
 }
 
 // Dot product with independent partial sums so the compiler can vectorize it without
@@ -152,10 +161,13 @@ class ScratchPool {
 // each chunk writes disjoint outputs, so results never depend on scheduling.
 class CpuContext {
  public:
-  explicit CpuContext(int num_threads)
-      : arena_(num_threads > 0 ? num_threads : tbb::task_arena::automatic) {}
+  CpuContext(int num_threads, sys::SimdPath simd)
+      : arena_(num_threads > 0 ? num_threads : tbb::task_arena::automatic),
+        kernels_(cpu_kernels_for(simd)) {}
 
   int max_concurrency() const { return arena_.max_concurrency(); }
+  // The elementwise kernels of the SIMD path this op table was made for.
+  const CpuKernels& kernels() const { return kernels_; }
   ScratchPool::Lease scratch(std::size_t num_floats) const { return scratch_.take(num_floats); }
 
   // fn(begin, end) over [0, n) in chunks of at least `grain` items.
@@ -188,6 +200,7 @@ class CpuContext {
  private:
   mutable tbb::task_arena arena_;
   mutable ScratchPool scratch_;
+  const CpuKernels& kernels_;
 };
 
 // GEMM through OpenBLAS (cpu_gemm.cpp).

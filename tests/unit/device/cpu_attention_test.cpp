@@ -1,12 +1,15 @@
 // CPU causal GQA attention against a double-precision reference, within error bounds derived
 // from the f32 arithmetic (ErrorModel), the reference's backward in turn checked against finite
-// differences; plus thread-count independence of the results.
+// differences; plus thread-count independence of the results and scores within a budget on long
+// sequences.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
+#include "strata/sys/process.h"
 #include "tests/unit/device/attention_reference.h"
 #include "tests/unit/device/ops_test_util.h"
 
@@ -40,6 +43,10 @@ const Case kCases[] = {
     {{1, 70, 2, 1, 16, 1}, false},
     {{1, 130, 2, 2, 64, 17}, false},
     {{1, 20, 2, 2, 8, 64}, false},
+    // Longer than one block of query rows (the score budget over the sequence: 1984 rows here),
+    // without and with a window whose keys for the second block start off the 64-key grid.
+    {{1, 2100, 2, 1, 8}, false},
+    {{1, 2100, 2, 2, 8, 300}, false},
 };
 
 TEST(CpuAttentionTest, ReferenceBackwardMatchesFiniteDifferences) {
@@ -138,6 +145,44 @@ TEST(CpuAttentionTest, ResultsIndependentOfThreadCount) {
   EXPECT_TRUE(dqs[0].bitwise_equal(dqs[1]));
   EXPECT_TRUE(dks[0].bitwise_equal(dks[1]));
   EXPECT_TRUE(dvs[0].bitwise_equal(dvs[1]));
+}
+
+// A long sequence must not hold a [seq, seq] score matrix: at 16384 tokens one head's would be
+// 1 GiB (2 GiB in backward, which keeps two), where the blocked kernels hold at most twice
+// 4M floats (32 MiB). Measured as the growth of the process's peak resident memory, reset
+// first through /proc/self/clear_refs.
+TEST(CpuAttentionTest, LongSequencesKeepTheirScoresWithinABudget) {
+  const AttentionShape sh{1, 16384, 1, 1, 8};
+  const DType dt = DType::kF32;
+  auto dev = make_device(2);
+  const std::int64_t n = sh.seq * sh.head_dim;
+  HostTensor q(dt, n), k(dt, n), v(dt, n), dout(dt, n), out(dt, n), dq(dt, n), dk(dt, n), dv(dt, n);
+  Rng rng(7);
+  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(rng, -1, 1);
+  std::vector<float> lse(static_cast<std::size_t>(sh.seq));
+  {
+    std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+    if (f == nullptr || std::fputs("5", f) < 0 || std::fclose(f) != 0) {
+      GTEST_SKIP() << "cannot reset the peak resident memory (/proc/self/clear_refs)";
+    }
+  }
+  const auto before = sys::read_process_memory();
+  ASSERT_TRUE(before.is_ok()) << before.status().message();
+  dev->ops().attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh, dt);
+  dev->ops().attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                dq.data(), dk.data(), dv.data(), sh, dt);
+  const auto after = sys::read_process_memory();
+  ASSERT_TRUE(after.is_ok()) << after.status().message();
+  const double grown_mib =
+      (static_cast<double>(after->peak_rss_bytes) - static_cast<double>(before->rss_bytes)) /
+      (1 << 20);
+  EXPECT_LT(grown_mib, 128.0) << "peak resident memory grew by " << grown_mib << " MiB";
+  // The last row attends to every key: its output is a convex mix of v's rows, so within their
+  // range, and its lse is finite.
+  EXPECT_TRUE(std::isfinite(lse.back()));
+  for (std::int64_t x = 0; x < sh.head_dim; ++x) {
+    EXPECT_LE(std::fabs(out.get((sh.seq - 1) * sh.head_dim + x)), 1.0 + 1e-6);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,8 @@
 namespace strata::optim {
 namespace {
 
+using sys::cpu_supports;
+using sys::cpu_supports_avx512_bf16;
 using testing::AdamState;
 using testing::compare_states;
 using testing::hyper;
