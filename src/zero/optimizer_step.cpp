@@ -23,12 +23,14 @@ std::vector<std::size_t> step_order(const StepIo& io) {
 // state, the state is copied to the shadow and updated there.
 class InPlaceStep final : public OptimizerStep {
  public:
-  // `cpu_adam` null: the device's adamw op on device-resident state.
-  InPlaceStep(device::Device& device, std::optional<optim::CpuAdam> cpu_adam)
-      : device_(device), cpu_adam_(std::move(cpu_adam)) {}
+  // `cpu_adam` null: the device's adamw op on device-resident state. With it, CpuAdam updates
+  // the state in `tier`, which must be host memory (the host tier, or a host-addressable
+  // device's memory).
+  InPlaceStep(device::Device& device, Tier tier, std::optional<optim::CpuAdam> cpu_adam)
+      : device_(device), tier_(tier), cpu_adam_(std::move(cpu_adam)) {}
 
   Status run(const StepIo& io, const device::AdamWArgs& base) override {
-    const Tier tier = cpu_adam_ ? Tier::kHost : Tier::kDevice;
+    const Tier tier = tier_;
     for (const std::size_t gi : step_order(io)) {
       if (io.ready) STRATA_RETURN_IF_ERROR(io.ready(gi, /*wait=*/true).status());
       const StepGroup& g = io.groups[gi];
@@ -92,6 +94,7 @@ class InPlaceStep final : public OptimizerStep {
 
  private:
   device::Device& device_;
+  const Tier tier_;
   std::optional<optim::CpuAdam> cpu_adam_;
 };
 
@@ -213,9 +216,14 @@ Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::De
                                                            io::SwapSpace* swap,
                                                            const OptimizerStepOptions& options) {
   using Step = std::unique_ptr<OptimizerStep>;
-  if (tier == Tier::kDevice) return Step(std::make_unique<InPlaceStep>(device, std::nullopt));
+  if (tier == Tier::kDevice && !device.host_addressable()) {
+    return Step(std::make_unique<InPlaceStep>(device, tier, std::nullopt));
+  }
+  // Host memory, or a device whose memory is host memory (the CPU backend): the SIMD CpuAdam,
+  // bit-identical to the device's adamw op (adamw_reference) and several times faster.
   STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options.cpu_adam));
-  if (tier == Tier::kHost) return Step(std::make_unique<InPlaceStep>(device, std::move(adam)));
+  if (tier != Tier::kNvme)
+    return Step(std::make_unique<InPlaceStep>(device, tier, std::move(adam)));
   STRATA_CHECK(swap != nullptr, "an NVMe optimizer step without a swap space");
   auto step = std::make_unique<StreamedStep>(std::move(adam), options.stream_grads);
   STRATA_RETURN_IF_ERROR(step->init(*swap, options));

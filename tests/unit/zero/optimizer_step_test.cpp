@@ -1,16 +1,18 @@
 // The optimizer step's three implementations (device AdamW op, host CPU Adam, NVMe-streamed CPU
 // Adam) over the same state and gradients give the same bits, in every tensor they write, for
 // fp32 and bf16 gradients and working copies; the streamed one reads and writes each state
-// array once.
+// array once. On the CPU backend the device tier runs CpuAdam too.
 #include "strata/zero/optimizer_step.h"
 
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "strata/core/rng.h"
+#include "strata/device/op_profile.h"
 #include "strata/optim/adamw.h"
 #include "tests/testing/backends.h"
 
@@ -199,6 +201,29 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OptimizerStepTest, ::testing::Values(DType::kF3
                          [](const auto& info) {
                            return std::string(info.param == DType::kF32 ? "f32" : "bf16");
                          });
+
+// On the CPU backend device memory is host memory, so the device tier's step runs CpuAdam there
+// (the same bits as the adamw op, several times faster) and never calls the op: a profiled
+// device counts no adamw.
+TEST(OptimizerStepCpuTest, TheDeviceTierOnTheCpuBackendRunsCpuAdam) {
+  const char* saved = std::getenv("STRATA_OP_PROFILE");  // NOLINT(concurrency-mt-unsafe)
+  ::setenv("STRATA_OP_PROFILE", "1", 1);                 // NOLINT(concurrency-mt-unsafe)
+  device::reset_op_profile();
+  const Result3 r = run_step(Tier::kDevice, DType::kF32);
+  // The control: an op of a device made the same way is counted.
+  auto control = testing::make_cpu_device();
+  std::vector<float> x(64, 1.0f);
+  control->ops().add(x.data(), x.data(), x.data(), 64, DType::kF32);
+  const std::vector<device::OpTime> ops = device::op_profile();
+  if (saved == nullptr) ::unsetenv("STRATA_OP_PROFILE");  // NOLINT(concurrency-mt-unsafe)
+  ASSERT_EQ(r.master.size(), kGroupElems.size());
+  bool counted_add = false;
+  for (const device::OpTime& op : ops) {
+    counted_add = counted_add || (op.op == "add" && op.calls == 1);
+    EXPECT_NE(op.op, "adamw") << op.calls << " adamw op calls";
+  }
+  EXPECT_TRUE(counted_add);
+}
 
 }  // namespace
 }  // namespace strata::zero
