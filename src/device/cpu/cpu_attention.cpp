@@ -42,7 +42,7 @@ struct Dims {
     STRATA_CHECK(batch >= 0 && seq >= 0 && hd > 0 && kv_heads > 0 && heads % kv_heads == 0,
                  "bad attention shape", batch, seq, heads, kv_heads, hd);
     const std::int64_t s_pad = round_up(std::max<std::int64_t>(seq, 1));
-    block_rows = std::clamp(round_up(kScoreBudgetFloats / s_pad), kSubBlock, s_pad);
+    block_rows = std::clamp(kScoreBudgetFloats / s_pad / kSubBlock * kSubBlock, kSubBlock, s_pad);
     head_chunk = std::clamp<std::int64_t>(kScoreBudgetFloats / (block_rows * s_pad), 1, heads);
   }
   static std::int64_t round_up(std::int64_t n) {

@@ -3,6 +3,7 @@
 #include "src/device/cpu/cpu_kernels.h"
 
 #include "strata/core/check.h"
+#include "strata/sys/cpu_features.h"
 
 namespace strata::device::cpu {
 namespace {

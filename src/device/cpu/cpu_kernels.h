@@ -11,7 +11,9 @@
 
 #include <cstdint>
 
-#include "strata/sys/cpu_features.h"
+namespace strata::sys {
+enum class SimdPath : std::uint8_t;  // strata/sys/cpu_features.h, not included: it has inline code
+}  // namespace strata::sys
 
 namespace strata::device::cpu {
 

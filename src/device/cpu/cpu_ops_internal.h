@@ -18,6 +18,7 @@
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
+#include "strata/sys/cpu_features.h"
 
 namespace strata::device::cpu {
 

@@ -18,6 +18,7 @@
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
+#include "strata/sys/cpu_features.h"
 
 namespace strata::device::cpu {
 namespace {
