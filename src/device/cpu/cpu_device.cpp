@@ -105,7 +105,8 @@ class WorkerStream final : public Stream {
 class CpuDevice final : public Device {
  public:
   CpuDevice(const DeviceOptions& options, sys::SimdPath simd)
-      : limit_(options.memory_limit_bytes),
+      : name_("cpu/" + std::string(sys::simd_path_name(simd))),
+        limit_(options.memory_limit_bytes),
         strict_(options.strict_host_memory || strict_from_environment()),
         ops_(profile_from_environment()
                  ? cpu::profiled_ops(make_cpu_ops(options.compute_threads, simd))
@@ -113,7 +114,8 @@ class CpuDevice final : public Device {
         h2d_(StreamKind::kHostToDevice),
         d2h_(StreamKind::kDeviceToHost) {}
 
-  std::string name() const override { return "cpu"; }
+  // "cpu/avx2": the backend and the SIMD path of its elementwise kernels.
+  std::string name() const override { return name_; }
   bool host_addressable() const override { return true; }
 
   MemoryStats memory_stats() const override {
@@ -275,6 +277,7 @@ class CpuDevice final : public Device {
   }
 
   mutable std::mutex mu_;
+  const std::string name_;
   std::uint64_t limit_;
   bool strict_;
   std::map<std::uintptr_t, std::size_t> pinned_;  // begin -> bytes, under mu_

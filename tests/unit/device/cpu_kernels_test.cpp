@@ -255,7 +255,8 @@ TEST(CpuKernelsTest, TheDeviceHonoursStrataSimd) {
       << bad.status().message();
   ::setenv("STRATA_SIMD", "scalar", 1);  // NOLINT(concurrency-mt-unsafe)
   auto scalar = create_device(o);
-  EXPECT_TRUE(scalar.is_ok()) << scalar.status().message();
+  ASSERT_TRUE(scalar.is_ok()) << scalar.status().message();
+  EXPECT_EQ((*scalar)->name(), "cpu/scalar");  // the run's header shows the path
   if (saved != nullptr) {
     ::setenv("STRATA_SIMD", restore.c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
   } else {
