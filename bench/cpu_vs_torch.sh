@@ -4,6 +4,8 @@
 # (offload none, the progress line's `compute`: forward + backward), median of the last three of
 # four steps, fp32 and bf16. Prints a table with the ratio (strata / torch: below 1 is faster).
 #   bench/cpu_vs_torch.sh [THREADS]   (default: every core)
+#   DTYPES="fp32 bf16"                  which precisions to run (PyTorch 1.13's bf16 on a CPU
+#                                       without bf16 instructions takes minutes a step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-$(nproc)}
@@ -19,7 +21,7 @@ numpy.random.default_rng(0).integers(0, 32000, 200000, dtype=numpy.uint16).tofil
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores, $threads threads); $(date -u +%Y-%m-%d)"
 echo "model: hidden 1024, 8 layers, ffn 2816, 16/4 heads, vocab 32000; batch $batch x seq $seq"
 printf '| dtype | PyTorch (s) | strata compute (s) | ratio |\n|---|---|---|---|\n'
-for dtype in fp32 bf16; do
+for dtype in ${DTYPES:-fp32 bf16}; do
   torch_s=$(/usr/bin/python3 bench/torch_llama_step.py "$model" "$dtype" "$threads" "$batch" "$seq" |
             sed -n 's/.*"seconds": \([0-9.e-]*\).*/\1/p')
   cat >"$work/config.json" <<JSON
