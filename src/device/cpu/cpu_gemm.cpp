@@ -16,9 +16,34 @@ void sgemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 
 namespace {
 
-// Tile edge for the bf16 path: conversions cost about 1/kTile of the multiply's work and the
-// three fp32 tiles (3 MiB) stay reused across calls through the scratch pool.
-constexpr std::int64_t kTile = 512;
+// The bf16 path's fp32 copies of its A, B and C tiles hold at most this many floats together
+// (32 MiB, reused across calls through the scratch pool). Whole operands when they fit: one deep
+// sgemm reached 93-95% of the fp32 rate at 2048^3 on a Zen 2, where 512^3 tiles reached 75-85%
+// (bench/RESULTS.md).
+constexpr std::int64_t kBf16TileBudgetFloats = std::int64_t{8} << 20;
+// Tiles shrink no further than this edge (256^3 tiles need 0.2M floats).
+constexpr std::int64_t kMinTileEdge = 256;
+
+struct TileShape {
+  std::int64_t m, n, k;
+};
+
+// The largest tiles within the budget: the output's edges halve first (each halving converts
+// the other operand once more), the inner dimension last (each halving of k adds a pass over
+// the C tile).
+TileShape bf16_tiles(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t budget) {
+  TileShape t{m, n, k};
+  while (t.m * t.k + t.k * t.n + t.m * t.n > budget) {
+    if (std::max(t.m, t.n) > kMinTileEdge) {
+      (t.m >= t.n ? t.m : t.n) = (std::max(t.m, t.n) + 1) / 2;
+    } else if (t.k > kMinTileEdge) {
+      t.k = (t.k + 1) / 2;
+    } else {
+      break;
+    }
+  }
+  return t;
+}
 
 void check_args(const GemmArgs& g) {
   STRATA_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "negative gemm size", g.m, g.n, g.k);
@@ -53,12 +78,14 @@ void load_block(const CpuContext& ctx, const bf16* src, std::int64_t ld, std::in
                    });
 }
 
-void gemm_bf16(const CpuContext& ctx, const GemmArgs& g) {
+}  // namespace
+
+void gemm_bf16_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budget_floats) {
   const bf16* a = static_cast<const bf16*>(g.a);
   const bf16* b = static_cast<const bf16*>(g.b);
   bf16* c = static_cast<bf16*>(g.c);
-  const std::int64_t tm = std::min(g.m, kTile), tn = std::min(g.n, kTile),
-                     tk = std::min(g.k, kTile);
+  const TileShape tile = bf16_tiles(g.m, g.n, g.k, budget_floats);
+  const std::int64_t tm = tile.m, tn = tile.n, tk = tile.k;
   auto a_tile = ctx.scratch(static_cast<std::size_t>(tm * tk));
   auto b_tile = ctx.scratch(static_cast<std::size_t>(tk * tn));
   auto c_tile = ctx.scratch(static_cast<std::size_t>(tm * tn));
@@ -96,8 +123,6 @@ void gemm_bf16(const CpuContext& ctx, const GemmArgs& g) {
   }
 }
 
-}  // namespace
-
 void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
   check_args(g);
   if (g.m == 0 || g.n == 0) return;
@@ -111,7 +136,7 @@ void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
                 static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
       return;
     case DType::kBF16:
-      gemm_bf16(ctx, g);
+      gemm_bf16_tiled(ctx, g, kBf16TileBudgetFloats);
       return;
     default:
       STRATA_CHECK(false, "gemm supports f32 and bf16, got", dtype_name(g.dtype));

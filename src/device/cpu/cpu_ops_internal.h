@@ -206,6 +206,10 @@ class CpuContext {
 
 // GEMM through OpenBLAS (cpu_gemm.cpp).
 void cpu_gemm(const CpuContext& ctx, const GemmArgs& args);
+// The bf16 GEMM: A, B and C converted to fp32 in tiles of at most `budget_floats` together
+// (whole operands when they fit), sgemm on each. cpu_gemm passes its own budget; tests pass
+// small ones to cover the tiling.
+void gemm_bf16_tiled(const CpuContext& ctx, const GemmArgs& args, std::int64_t budget_floats);
 // Row-major cblas_sgemm. Call it from the op's calling thread only, never from inside a
 // parallel loop: OpenBLAS runs its own thread pool.
 void sgemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,

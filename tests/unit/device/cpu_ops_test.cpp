@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
+#include "src/device/cpu/cpu_ops_internal.h"
+#include "strata/sys/cpu_features.h"
 #include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device {
@@ -20,8 +23,10 @@ constexpr DType kDtypes[] = {DType::kF32, DType::kBF16};
 // ---------------------------------------------------------------------------------------------
 // GEMM
 
-void check_gemm(const Ops& ops, DType dt, bool ta, bool tb, std::int64_t m, std::int64_t n,
-                std::int64_t k, float alpha, float beta, std::uint64_t seed) {
+// `run` computes the GEMM (the op table's, or one of its internal paths).
+void check_gemm_with(const std::function<void(const GemmArgs&)>& run, DType dt, bool ta, bool tb,
+                     std::int64_t m, std::int64_t n, std::int64_t k, float alpha, float beta,
+                     std::uint64_t seed) {
   SCOPED_TRACE(std::string(dtype_name(dt)) + " ta=" + std::to_string(ta) +
                " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta) +
                " m,n,k=" + std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k));
@@ -75,12 +80,18 @@ void check_gemm(const Ops& ops, DType dt, bool ta, bool tb, std::int64_t m, std:
   g.c = c.data();
   g.ldc = ldc;
   g.dtype = dt;
-  ops.gemm(g);
+  run(g);
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) got.push_back(c.get(i * ldc + j));
     for (std::int64_t j = n; j < ldc; ++j) ASSERT_EQ(c.get(i * ldc + j), kSentinel);
   }
   testing::expect_within("gemm", got, want, bound);
+}
+
+void check_gemm(const Ops& ops, DType dt, bool ta, bool tb, std::int64_t m, std::int64_t n,
+                std::int64_t k, float alpha, float beta, std::uint64_t seed) {
+  check_gemm_with([&ops](const GemmArgs& g) { ops.gemm(g); }, dt, ta, tb, m, n, k, alpha, beta,
+                  seed);
 }
 
 TEST(CpuOpsTest, GemmAllTransposesNonSquareWithPadding) {
@@ -101,6 +112,13 @@ TEST(CpuOpsTest, GemmBf16LargerThanOneTile) {
   auto dev = make_device();
   check_gemm(dev->ops(), DType::kBF16, false, true, 530, 517, 523, 1.0f, 1.0f, 11);
   check_gemm(dev->ops(), DType::kBF16, true, false, 515, 40, 600, 0.5f, 0.0f, 12);
+  // The same through a budget that fits no whole operand: 256-edge tiles in every dimension,
+  // with partial tiles at the ends and C accumulated over the k tiles.
+  const cpu::CpuContext ctx(2, sys::widest_simd_path());
+  const auto tiled = [&ctx](const GemmArgs& g) { cpu::gemm_bf16_tiled(ctx, g, 1); };
+  check_gemm_with(tiled, DType::kBF16, false, true, 530, 517, 523, 1.0f, 1.0f, 11);
+  check_gemm_with(tiled, DType::kBF16, true, false, 515, 40, 600, 0.5f, 0.0f, 12);
+  check_gemm_with(tiled, DType::kBF16, true, true, 300, 270, 700, -1.0f, 0.5f, 14);
 }
 
 TEST(CpuOpsTest, GemmF32LargeMatchesReference) {
