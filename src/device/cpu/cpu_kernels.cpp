@@ -8,19 +8,9 @@
 namespace strata::device::cpu {
 namespace {
 
-CpuKernels make_table(sys::SimdPath path) {
+CpuKernels filled(void (*fill)(CpuKernels*)) {
   CpuKernels k{};
-  switch (path) {
-    case sys::SimdPath::kScalar:
-      fill_scalar_cpu_kernels(&k);
-      break;
-    case sys::SimdPath::kAvx2:
-      fill_avx2_cpu_kernels(&k);
-      break;
-    case sys::SimdPath::kAvx512:
-      fill_avx512_cpu_kernels(&k);
-      break;
-  }
+  fill(&k);
   return k;
 }
 
@@ -32,17 +22,17 @@ const CpuKernels& cpu_kernels_for(sys::SimdPath path) {
   // Each table is filled on first use only: a fill function is itself built for its path.
   switch (path) {
     case sys::SimdPath::kScalar: {
-      static const CpuKernels scalar = make_table(path);
+      static const CpuKernels scalar = filled(fill_scalar_cpu_kernels);
       return scalar;
     }
     case sys::SimdPath::kAvx2: {
-      static const CpuKernels avx2 = make_table(path);
+      static const CpuKernels avx2 = filled(fill_avx2_cpu_kernels);
       return avx2;
     }
     case sys::SimdPath::kAvx512:
       break;
   }
-  static const CpuKernels avx512 = make_table(sys::SimdPath::kAvx512);
+  static const CpuKernels avx512 = filled(fill_avx512_cpu_kernels);
   return avx512;
 }
 

@@ -322,18 +322,17 @@ class CpuOps final : public Ops {
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
     const std::size_t ss = dtype_size(src_dtype), ds = dtype_size(dst_dtype);
-    const cpu::CpuKernels& k = ctx_.kernels();
     if (src_dtype == DType::kBF16 && dst_dtype == DType::kF32) {
       ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        k.bf16_to_f32(static_cast<const std::uint16_t*>(src) + i0, static_cast<float*>(dst) + i0,
-                      i1 - i0);
+        load_row(ctx_.kernels(), static_cast<const bf16*>(src) + i0, static_cast<float*>(dst) + i0,
+                 i1 - i0);
       });
       return;
     }
     if (src_dtype == DType::kF32 && dst_dtype == DType::kBF16) {
       ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        k.f32_to_bf16(static_cast<const float*>(src) + i0, static_cast<std::uint16_t*>(dst) + i0,
-                      i1 - i0);
+        store_row(ctx_.kernels(), static_cast<const float*>(src) + i0, static_cast<bf16*>(dst) + i0,
+                  i1 - i0);
       });
       return;
     }

@@ -9,7 +9,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -19,6 +18,7 @@
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
 #include "strata/sys/cpu_features.h"
+#include "tests/testing/scoped_env.h"
 
 namespace strata::device::cpu {
 namespace {
@@ -245,23 +245,16 @@ TEST(CpuKernelsTest, EveryPathGivesTheScalarPathsBits) {
 // The CPU device takes its kernels' path from STRATA_SIMD, and refuses a value it cannot use
 // with an error naming the variable and the value.
 TEST(CpuKernelsTest, TheDeviceHonoursStrataSimd) {
-  const char* saved = std::getenv("STRATA_SIMD");  // NOLINT(concurrency-mt-unsafe)
-  const std::string restore = saved != nullptr ? saved : "";
   DeviceOptions o;
-  ::setenv("STRATA_SIMD", "sse9", 1);  // NOLINT(concurrency-mt-unsafe)
+  ::strata::testing::ScopedEnv simd("STRATA_SIMD", "sse9");
   auto bad = create_device(o);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("STRATA_SIMD 'sse9'"), std::string::npos)
       << bad.status().message();
-  ::setenv("STRATA_SIMD", "scalar", 1);  // NOLINT(concurrency-mt-unsafe)
+  simd.set("scalar");
   auto scalar = create_device(o);
   ASSERT_TRUE(scalar.is_ok()) << scalar.status().message();
   EXPECT_EQ((*scalar)->name(), "cpu/scalar");  // the run's header shows the path
-  if (saved != nullptr) {
-    ::setenv("STRATA_SIMD", restore.c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
-  } else {
-    ::unsetenv("STRATA_SIMD");  // NOLINT(concurrency-mt-unsafe)
-  }
 }
 
 TEST(CpuKernelsTest, TablesNameTheirPath) {

@@ -2,11 +2,11 @@
 #include "strata/device/op_profile.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <vector>
 
 #include "strata/device/device.h"
+#include "tests/testing/scoped_env.h"
 
 namespace strata::device {
 namespace {
@@ -20,9 +20,9 @@ const OpTime* find(const std::vector<OpTime>& ops, const std::string& name) {
 
 TEST(OpProfileTest, ProfiledDeviceTalliesEachOpsCallsBytesAndFlops) {
   reset_op_profile();
-  setenv("STRATA_OP_PROFILE", "1", 1);
+  ::strata::testing::ScopedEnv profile("STRATA_OP_PROFILE", "1");
   auto profiled = create_device(DeviceOptions{});
-  unsetenv("STRATA_OP_PROFILE");
+  profile.unset();
   auto plain = create_device(DeviceOptions{});
   ASSERT_TRUE(profiled.is_ok() && plain.is_ok());
   const std::int64_t n = 1000;

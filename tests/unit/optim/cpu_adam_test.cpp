@@ -4,7 +4,6 @@
 #include "strata/optim/cpu_adam.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <bit>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/scoped_env.h"
 #include "tests/unit/optim/adam_test_util.h"
 
 namespace strata::optim {
@@ -373,12 +373,12 @@ TEST(CpuAdamOptions, RejectsUnknownPathsAndBadSizes) {
 }
 
 TEST(CpuAdamOptions, EnvironmentOverridesAutoButNotAnExplicitChoice) {
-  ASSERT_EQ(::setenv("STRATA_SIMD", "scalar", 1), 0);
+  ::strata::testing::ScopedEnv simd("STRATA_SIMD", "scalar");
   auto from_env = CpuAdam::create({});
   auto explicit_choice = CpuAdam::create(CpuAdamOptions{.simd = "avx2"});
-  ::setenv("STRATA_SIMD", "bogus", 1);
+  simd.set("bogus");
   auto bogus = CpuAdam::create({});
-  ::unsetenv("STRATA_SIMD");
+  simd.unset();
   ASSERT_TRUE(from_env.is_ok()) << from_env.status().to_string();
   EXPECT_EQ(from_env->simd(), SimdPath::kScalar);
   if (cpu_supports(SimdPath::kAvx2)) {

@@ -7,16 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <array>
-#include <cstdlib>
 #include <cstring>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include "strata/core/rng.h"
 #include "strata/device/op_profile.h"
 #include "strata/optim/adamw.h"
 #include "tests/testing/backends.h"
+#include "tests/testing/scoped_env.h"
 
 namespace strata::zero {
 namespace {
@@ -208,10 +206,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OptimizerStepTest, ::testing::Values(DType::kF3
 // (the same bits as the adamw op, several times faster) and never calls the op: a profiled
 // device counts no adamw.
 TEST(OptimizerStepCpuTest, TheDeviceTierOnTheCpuBackendRunsCpuAdam) {
-  const char* env = std::getenv("STRATA_OP_PROFILE");  // NOLINT(concurrency-mt-unsafe)
-  const std::optional<std::string> saved =
-      env != nullptr ? std::optional<std::string>(env) : std::nullopt;
-  ::setenv("STRATA_OP_PROFILE", "1", 1);  // NOLINT(concurrency-mt-unsafe)
+  const testing::ScopedEnv profile("STRATA_OP_PROFILE", "1");
   device::reset_op_profile();
   const Result3 r = run_step(Tier::kDevice, DType::kF32);
   // The control: an op of a device made the same way is counted.
@@ -219,11 +214,6 @@ TEST(OptimizerStepCpuTest, TheDeviceTierOnTheCpuBackendRunsCpuAdam) {
   std::vector<float> x(64, 1.0f);
   control->ops().add(x.data(), x.data(), x.data(), 64, DType::kF32);
   const std::vector<device::OpTime> ops = device::op_profile();
-  if (saved) {
-    ::setenv("STRATA_OP_PROFILE", saved->c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
-  } else {
-    ::unsetenv("STRATA_OP_PROFILE");  // NOLINT(concurrency-mt-unsafe)
-  }
   ASSERT_EQ(r.master.size(), kGroupElems.size());
   bool counted_add = false;
   for (const device::OpTime& op : ops) {
