@@ -1,4 +1,4 @@
-# Resolves STRATA_CUDA / STRATA_MPI / STRATA_URING (AUTO, ON, OFF) into STRATA_HAVE_* flags.
+# Resolves STRATA_CUDA / STRATA_MPI / STRATA_URING / STRATA_ONEDNN (AUTO, ON, OFF) into STRATA_HAVE_* flags.
 
 function(strata_resolve option found what)
   string(TOUPPER "${${option}}" value)
@@ -16,6 +16,28 @@ endfunction()
 
 pkg_check_modules(URING IMPORTED_TARGET liburing)
 strata_resolve(STRATA_URING URING_FOUND "liburing (apt-get install liburing-dev)")
+
+# oneDNN (libdnnl-dev) runs the CPU backend's bf16 matrix products on AMX or avx512_bf16 units.
+# Found by path: Debian's dnnl CMake package also demands OpenCL for its GPU runtime, which
+# Strata does not use. Its CPU runtime is OpenMP (libgomp), whose thread count Strata sets per
+# call, so libgomp is linked too. ThreadSanitizer cannot see libgomp's synchronization, so a
+# TSan build leaves oneDNN out unless STRATA_ONEDNN=ON asks for it.
+find_library(DNNL_LIBRARY NAMES dnnl)
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+find_package(OpenMP COMPONENTS CXX QUIET)
+set(dnnl_found FALSE)
+if(DNNL_LIBRARY AND DNNL_INCLUDE_DIR AND OpenMP_CXX_FOUND)
+  set(dnnl_found TRUE)
+endif()
+if(STRATA_SANITIZE STREQUAL "thread" AND STRATA_ONEDNN STREQUAL "AUTO")
+  set(STRATA_ONEDNN OFF)
+endif()
+strata_resolve(STRATA_ONEDNN dnnl_found "oneDNN (apt-get install libdnnl-dev)")
+if(STRATA_HAVE_ONEDNN)
+  add_library(strata_onednn INTERFACE IMPORTED)
+  target_include_directories(strata_onednn SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
+  target_link_libraries(strata_onednn INTERFACE ${DNNL_LIBRARY} ${OpenMP_CXX_LIBRARIES})
+endif()
 
 find_package(MPI COMPONENTS CXX QUIET)
 strata_resolve(STRATA_MPI MPI_CXX_FOUND "MPI (apt-get install libopenmpi-dev openmpi-bin)")

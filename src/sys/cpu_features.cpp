@@ -47,6 +47,13 @@ bool cpu_supports_avx512_bf16() {
   return cpu_supports(SimdPath::kAvx512) && __builtin_cpu_supports("avx512bf16");
 }
 
+bool cpu_supports_amx_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;  // leaf 7, subleaf 0, EDX
+  return (d & kAmxBf16) != 0 && (d & kAmxTile) != 0;
+}
+
 SimdPath widest_simd_path() {
   if (cpu_supports(SimdPath::kAvx512)) return SimdPath::kAvx512;
   if (cpu_supports(SimdPath::kAvx2)) return SimdPath::kAvx2;

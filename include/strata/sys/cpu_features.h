@@ -18,6 +18,8 @@ std::string_view simd_path_name(SimdPath path);  // "scalar", "avx2", "avx512"
 bool cpu_supports(SimdPath path);
 // Whether this CPU converts f32 to bf16 natively (avx512_bf16).
 bool cpu_supports_avx512_bf16();
+// Whether this CPU has AMX tiles with bf16 products (AMX-TILE and AMX-BF16, CPUID leaf 7).
+bool cpu_supports_amx_bf16();
 // The widest path this CPU supports.
 SimdPath widest_simd_path();
 

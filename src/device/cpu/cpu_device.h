@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "src/device/cpu/onednn_gemm.h"
 #include "strata/device/device.h"
 #include "strata/sys/cpu_features.h"
 
@@ -11,8 +12,9 @@ namespace strata::device {
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options);
 
-// The CPU op table (OpenBLAS GEMMs, oneTBB-parallel elementwise ops). `num_threads` 0 = all cores.
-std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd);
+// The CPU op table (OpenBLAS GEMMs, bf16 ones on `bf16_gemm`, oneTBB-parallel elementwise ops).
+// `num_threads` 0 = all cores.
+std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm);
 
 namespace cpu {
 // `inner` with every op timed into strata/device/op_profile.h's tally (profiled_ops.cpp).

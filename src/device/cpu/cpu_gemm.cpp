@@ -1,4 +1,5 @@
-// GEMM on the CPU: OpenBLAS sgemm for f32; bf16 converts tiles to fp32 scratch around sgemm.
+// GEMM on the CPU: OpenBLAS sgemm for f32; bf16 on oneDNN (the CPU's bf16 units) where the
+// context runs it, else tiles converted to fp32 scratch around sgemm.
 #include <cblas.h>
 
 #include "src/device/cpu/cpu_ops_internal.h"
@@ -78,7 +79,63 @@ void load_block(const CpuContext& ctx, const bf16* src, std::int64_t ld, std::in
                    });
 }
 
+// oneDNN's blocks: at least this many multiply-adds each (smaller products run whole on the
+// calling thread), and edges in multiples of kBlockEdge, the width of its bf16 kernels' tiles.
+constexpr std::int64_t kMinBlockMacs = std::int64_t{1} << 21;
+constexpr std::int64_t kBlockEdge = 64;
+constexpr std::uintptr_t kScratchAlign = 64;
+
+// The sub-product of g for C's rows [r0, r1) (by_rows) or columns [r0, r1).
+GemmArgs gemm_block(const GemmArgs& g, bool by_rows, std::int64_t r0, std::int64_t r1) {
+  GemmArgs b = g;
+  const auto* a = static_cast<const bf16*>(g.a);
+  const auto* bm = static_cast<const bf16*>(g.b);
+  auto* c = static_cast<bf16*>(g.c);
+  if (by_rows) {
+    b.m = r1 - r0;
+    b.a = g.trans_a ? a + r0 : a + r0 * g.lda;
+    b.c = c + r0 * g.ldc;
+  } else {
+    b.n = r1 - r0;
+    b.b = g.trans_b ? bm + r0 * g.ldb : bm + r0;
+    b.c = c + r0;
+  }
+  return b;
+}
+
 }  // namespace
+
+bool gemm_bf16_onednn(const CpuContext& ctx, const GemmArgs& g) {
+  const OneDnnGemm& dnnl = *ctx.onednn();
+  // Split the longer edge of C into one block per thread (whole rows or columns, so every
+  // element's sum over k stays in one product), blocks no smaller than kMinBlockMacs allows.
+  const bool by_rows = g.m > g.n;
+  const std::int64_t edge = by_rows ? g.m : g.n;
+  const std::int64_t other = by_rows ? g.n : g.m;
+  const std::int64_t min_edge = std::max<std::int64_t>(1, kMinBlockMacs / (other * g.k));
+  std::int64_t blocks = std::min<std::int64_t>(ctx.max_concurrency(), edge / min_edge);
+  blocks = std::max<std::int64_t>(blocks, 1);
+  std::int64_t size = (edge + blocks - 1) / blocks;
+  if (blocks > 1) size = std::min(edge, (size + kBlockEdge - 1) / kBlockEdge * kBlockEdge);
+  blocks = (edge + size - 1) / size;
+  // Every block has the first block's shape or the last one's: both must have a real kernel.
+  const std::optional<std::size_t> first = dnnl.prepare(gemm_block(g, by_rows, 0, size));
+  const std::optional<std::size_t> last =
+      dnnl.prepare(gemm_block(g, by_rows, (blocks - 1) * size, edge));
+  if (!first || !last) return false;
+  // Each block's own oneDNN scratch, from the pool (floats), 64-byte aligned.
+  const std::size_t scratch_floats = (std::max(*first, *last) + kScratchAlign) / sizeof(float) + 1;
+  ctx.parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    auto lease = ctx.scratch(scratch_floats);
+    const auto base = reinterpret_cast<std::uintptr_t>(lease.data());
+    void* scratch =
+        reinterpret_cast<void*>((base + kScratchAlign - 1) / kScratchAlign * kScratchAlign);
+    for (std::int64_t b = b0; b < b1; ++b) {
+      dnnl.run(gemm_block(g, by_rows, b * size, std::min(edge, (b + 1) * size)), scratch);
+    }
+  });
+  return true;
+}
 
 void gemm_bf16_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budget_floats) {
   const bf16* a = static_cast<const bf16*>(g.a);
@@ -136,6 +193,7 @@ void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
                 static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
       return;
     case DType::kBF16:
+      if (ctx.onednn() != nullptr && gemm_bf16_onednn(ctx, g)) return;
       gemm_bf16_tiled(ctx, g, kBf16TileBudgetFloats);
       return;
     default:

@@ -1,4 +1,5 @@
-// The CPU op table: row-parallel (oneTBB) elementwise and normalization ops, OpenBLAS GEMMs.
+// The CPU op table: row-parallel (oneTBB) elementwise and normalization ops, OpenBLAS and oneDNN
+// GEMMs.
 #include <cblas.h>
 
 #include <cmath>
@@ -28,7 +29,8 @@ std::int64_t row_grain(std::int64_t dim) {
 
 class CpuOps final : public Ops {
  public:
-  CpuOps(int num_threads, sys::SimdPath simd) : ctx_(num_threads, simd) {
+  CpuOps(int num_threads, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm)
+      : ctx_(num_threads, simd, bf16_gemm) {
     if (num_threads > 0) openblas_set_num_threads(num_threads);
   }
 
@@ -366,8 +368,8 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd) {
-  return std::make_unique<CpuOps>(num_threads, simd);
+std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm) {
+  return std::make_unique<CpuOps>(num_threads, simd, bf16_gemm);
 }
 
 }  // namespace strata::device

@@ -252,6 +252,7 @@ TEST(CpuKernelsTest, TheDeviceHonoursStrataSimd) {
   EXPECT_NE(bad.status().message().find("STRATA_SIMD 'sse9'"), std::string::npos)
       << bad.status().message();
   simd.set("scalar");
+  const ::strata::testing::ScopedEnv gemm("STRATA_CPU_GEMM", "openblas");  // no "+onednn"
   auto scalar = create_device(o);
   ASSERT_TRUE(scalar.is_ok()) << scalar.status().message();
   EXPECT_EQ((*scalar)->name(), "cpu/scalar");  // the run's header shows the path

@@ -7,7 +7,10 @@
 #include <vector>
 
 #include "src/device/cpu/cpu_ops_internal.h"
+#include "strata/build_config.h"
+#include "strata/device/device.h"
 #include "strata/sys/cpu_features.h"
+#include "tests/testing/scoped_env.h"
 #include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device {
@@ -119,6 +122,64 @@ TEST(CpuOpsTest, GemmBf16LargerThanOneTile) {
   check_gemm_with(tiled, DType::kBF16, false, true, 530, 517, 523, 1.0f, 1.0f, 11);
   check_gemm_with(tiled, DType::kBF16, true, false, 515, 40, 600, 0.5f, 0.0f, 12);
   check_gemm_with(tiled, DType::kBF16, true, true, 300, 270, 700, -1.0f, 0.5f, 14);
+}
+
+// oneDNN's bf16 GEMM (on CPUs with avx512_bf16 or AMX) within the same bound as the other
+// paths: fp32 sums of exact bf16 products. Called directly, so a fallback to OpenBLAS fails.
+TEST(CpuOpsTest, GemmBf16OnOneDnnWithinTheBound) {
+  const ::strata::testing::ScopedEnv automatic("STRATA_CPU_GEMM", "auto");
+  auto chosen = cpu::resolve_bf16_gemm();
+  ASSERT_TRUE(chosen.is_ok()) << chosen.status().message();
+  if (*chosen != cpu::Bf16Gemm::kOneDnn) {
+    GTEST_SKIP() << "no oneDNN in this build, or no avx512_bf16 or AMX-BF16 on this CPU";
+  }
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    const cpu::CpuContext ctx(threads, sys::widest_simd_path(), cpu::Bf16Gemm::kOneDnn);
+    const auto onednn = [&ctx](const GemmArgs& g) { ASSERT_TRUE(cpu::gemm_bf16_onednn(ctx, g)); };
+    std::uint64_t seed = 100 * threads;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          check_gemm_with(onednn, DType::kBF16, ta, tb, 37, 29, 53, 1.25f, beta, seed++);
+          // Large enough to be split into blocks of columns (n >= m) and of rows (m > n), with
+          // a shorter last block.
+          check_gemm_with(onednn, DType::kBF16, ta, tb, 301, 650, 96, -0.5f, beta, seed++);
+          check_gemm_with(onednn, DType::kBF16, ta, tb, 700, 131, 64, 1.0f, beta, seed++);
+        }
+      }
+    }
+    // A row times a matrix, an outer product, a long inner dimension.
+    check_gemm_with(onednn, DType::kBF16, false, true, 1, 300, 257, 1.0f, 0.0f, seed++);
+    check_gemm_with(onednn, DType::kBF16, true, false, 300, 200, 1, 1.0f, 1.0f, seed++);
+    check_gemm_with(onednn, DType::kBF16, true, false, 64, 96, 4099, 1.0f, 1.0f, seed++);
+  }
+}
+
+// STRATA_CPU_GEMM picks the bf16 GEMMs' library; the device's name says when it is oneDNN, and
+// an unknown value or one this CPU or build cannot run is an error naming the variable.
+TEST(CpuOpsTest, StrataCpuGemmPicksTheBf16Library) {
+  DeviceOptions o;
+  ::strata::testing::ScopedEnv env("STRATA_CPU_GEMM", "openblas");
+  auto openblas = create_device(o);
+  ASSERT_TRUE(openblas.is_ok()) << openblas.status().message();
+  EXPECT_EQ((*openblas)->name().find("+onednn"), std::string::npos) << (*openblas)->name();
+  env.set("mkl");
+  auto bad = create_device(o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("STRATA_CPU_GEMM 'mkl'"), std::string::npos)
+      << bad.status().message();
+  env.set("onednn");
+  auto forced = create_device(o);
+  const bool units = sys::cpu_supports_avx512_bf16() || sys::cpu_supports_amx_bf16();
+  if (STRATA_HAVE_ONEDNN && units) {
+    ASSERT_TRUE(forced.is_ok()) << forced.status().message();
+    EXPECT_NE((*forced)->name().find("+onednn"), std::string::npos) << (*forced)->name();
+  } else {
+    ASSERT_FALSE(forced.is_ok());
+    EXPECT_NE(forced.status().message().find("STRATA_CPU_GEMM=onednn"), std::string::npos)
+        << forced.status().message();
+  }
 }
 
 TEST(CpuOpsTest, GemmF32LargeMatchesReference) {
