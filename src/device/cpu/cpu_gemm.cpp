@@ -83,6 +83,10 @@ void load_block(const CpuContext& ctx, const bf16* src, std::int64_t ld, std::in
 // calling thread), and edges in multiples of kBlockEdge, the width of its bf16 kernels' tiles.
 constexpr std::int64_t kMinBlockMacs = std::int64_t{1} << 21;
 constexpr std::int64_t kBlockEdge = 64;
+// No block's C larger than this (8 MiB as fp32), but for a kBlockEdge-wide strip: oneDNN's bf16
+// GEMM accumulates C in an fp32 scratch of C's size, which for a whole 32000 x 2048 embedding
+// gradient would be 262 MB (for Llama 3's 128256 x 3072, 1.6 GB).
+constexpr std::int64_t kMaxBlockFloats = std::int64_t{1} << 21;
 constexpr std::uintptr_t kScratchAlign = 64;
 
 // The sub-product of g for C's rows [r0, r1) (by_rows) or columns [r0, r1).
@@ -107,14 +111,16 @@ GemmArgs gemm_block(const GemmArgs& g, bool by_rows, std::int64_t r0, std::int64
 
 bool gemm_bf16_onednn(const CpuContext& ctx, const GemmArgs& g) {
   const OneDnnGemm& dnnl = *ctx.onednn();
-  // Split the longer edge of C into one block per thread (whole rows or columns, so every
-  // element's sum over k stays in one product), blocks no smaller than kMinBlockMacs allows.
+  // Split the longer edge of C into blocks of whole rows or columns, so every element's sum over
+  // k stays in one product: one block per thread, as kMinBlockMacs allows, and more where a
+  // block's C would pass kMaxBlockFloats.
   const bool by_rows = g.m > g.n;
   const std::int64_t edge = by_rows ? g.m : g.n;
   const std::int64_t other = by_rows ? g.n : g.m;
   const std::int64_t min_edge = std::max<std::int64_t>(1, kMinBlockMacs / (other * g.k));
   std::int64_t blocks = std::min<std::int64_t>(ctx.max_concurrency(), edge / min_edge);
-  blocks = std::max<std::int64_t>(blocks, 1);
+  blocks =
+      std::max({blocks, std::int64_t{1}, (edge * other + kMaxBlockFloats - 1) / kMaxBlockFloats});
   std::int64_t size = (edge + blocks - 1) / blocks;
   if (blocks > 1) size = std::min(edge, (size + kBlockEdge - 1) / kBlockEdge * kBlockEdge);
   blocks = (edge + size - 1) / size;
