@@ -34,6 +34,8 @@ cmake --build build -j "$jobs"
 # each rounds differently in the last bits. A tolerance that holds for one kernel only would pass
 # here and fail on the next machine, so the tests that compare floating-point results with a
 # tolerance also run under two other kernels, chosen from those every x86-64 CPU with AVX2 runs.
+# STRATA_CPU_GEMM=openblas keeps their GEMMs on OpenBLAS where this CPU would run them on oneDNN
+# (AVX-512 or bf16 units), so these runs cover OpenBLAS's paths on every machine.
 own=$( { OPENBLAS_VERBOSE=2 build/strata info 2>&1 || true; } | sed -n 's/^Core: //p' | head -n 1)
 others=()
 for kernel in Haswell Prescott Sandybridge; do
@@ -43,7 +45,7 @@ numerics='Golden|Parity|Equivalence|Attention|Ops|Resum|Reshard|Llama|Train|Loss
 for kernel in "${others[@]}"; do
   echo "strata: numerics-sensitive tests under OPENBLAS_CORETYPE=$kernel (this CPU's own: ${own:-?})"
   log=build/numerics-$kernel.log
-  if OPENBLAS_CORETYPE=$kernel ctest --test-dir build -j "$jobs" --timeout 900 -R "$numerics" \
+  if OPENBLAS_CORETYPE=$kernel STRATA_CPU_GEMM=openblas ctest --test-dir build -j "$jobs" --timeout 900 -R "$numerics" \
        --output-on-failure >"$log" 2>&1; then
     grep -E 'tests passed|tests failed|No tests' "$log" || true
   else

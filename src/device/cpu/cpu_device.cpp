@@ -104,19 +104,18 @@ class WorkerStream final : public Stream {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(const DeviceOptions& options, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm)
-      : name_("cpu/" + std::string(sys::simd_path_name(simd)) +
-              (bf16_gemm == cpu::Bf16Gemm::kOneDnn ? "+onednn" : "")),
+  CpuDevice(const DeviceOptions& options, sys::SimdPath simd, cpu::CpuGemmChoice gemm)
+      : name_("cpu/" + std::string(sys::simd_path_name(simd)) + gemm.name_suffix()),
         limit_(options.memory_limit_bytes),
         strict_(options.strict_host_memory || strict_from_environment()),
         ops_(profile_from_environment()
-                 ? cpu::profiled_ops(make_cpu_ops(options.compute_threads, simd, bf16_gemm))
-                 : make_cpu_ops(options.compute_threads, simd, bf16_gemm)),
+                 ? cpu::profiled_ops(make_cpu_ops(options.compute_threads, simd, gemm))
+                 : make_cpu_ops(options.compute_threads, simd, gemm)),
         h2d_(StreamKind::kHostToDevice),
         d2h_(StreamKind::kDeviceToHost) {}
 
-  // "cpu/avx2": the backend and the SIMD path of its elementwise kernels; "+onednn" where its bf16
-  // GEMMs run on oneDNN.
+  // "cpu/avx2": the backend and the SIMD path of its elementwise kernels; "+onednn" where its
+  // GEMMs run on oneDNN ("+onednn-bf16", "+onednn-f32": those of one dtype).
   std::string name() const override { return name_; }
   bool host_addressable() const override { return true; }
 
@@ -294,9 +293,9 @@ class CpuDevice final : public Device {
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options) {
   // The SIMD path of the elementwise kernels: STRATA_SIMD, else the widest this CPU allows.
   STRATA_ASSIGN_OR_RETURN(sys::SimdPath simd, sys::resolve_simd_path("auto", "SIMD path"));
-  // The bf16 GEMMs' library: STRATA_CPU_GEMM, else oneDNN where the CPU has bf16 units.
-  STRATA_ASSIGN_OR_RETURN(cpu::Bf16Gemm bf16_gemm, cpu::resolve_bf16_gemm());
-  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options, simd, bf16_gemm));
+  // The GEMMs' libraries: STRATA_CPU_GEMM, else oneDNN where it is faster on this CPU.
+  STRATA_ASSIGN_OR_RETURN(cpu::CpuGemmChoice gemm, cpu::resolve_cpu_gemm());
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options, simd, gemm));
 }
 
 }  // namespace strata::device

@@ -12,9 +12,9 @@ namespace strata::device {
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options);
 
-// The CPU op table (OpenBLAS GEMMs, bf16 ones on `bf16_gemm`, oneTBB-parallel elementwise ops).
+// The CPU op table (GEMMs on the libraries `gemm` names, oneTBB-parallel elementwise ops).
 // `num_threads` 0 = all cores.
-std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm);
+std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd, cpu::CpuGemmChoice gemm);
 
 namespace cpu {
 // `inner` with every op timed into strata/device/op_profile.h's tally (profiled_ops.cpp).

@@ -1,5 +1,5 @@
-// GEMM on the CPU: OpenBLAS sgemm for f32; bf16 on oneDNN (the CPU's bf16 units) where the
-// context runs it, else tiles converted to fp32 scratch around sgemm.
+// GEMM on the CPU: oneDNN where the context runs the dtype's GEMMs there (the CPU's bf16 units,
+// AVX-512 FMA), else OpenBLAS sgemm for f32 and, for bf16, tiles converted to fp32 around it.
 #include <cblas.h>
 
 #include "src/device/cpu/cpu_ops_internal.h"
@@ -79,9 +79,11 @@ void load_block(const CpuContext& ctx, const bf16* src, std::int64_t ld, std::in
                    });
 }
 
-// oneDNN's blocks: at least this many multiply-adds each (smaller products run whole on the
-// calling thread), and edges in multiples of kBlockEdge, the width of its bf16 kernels' tiles.
-constexpr std::int64_t kMinBlockMacs = std::int64_t{1} << 21;
+// oneDNN's blocks of C: about kTargetBlocks of them (work for as many threads, on any thread
+// count), each at least kMinBlockMacs multiply-adds (smaller products run whole), edges in
+// multiples of kBlockEdge, the width of its kernels' tiles.
+constexpr std::int64_t kTargetBlocks = 16;
+constexpr std::int64_t kMinBlockMacs = std::int64_t{1} << 23;
 constexpr std::int64_t kBlockEdge = 64;
 // No block's C larger than this (8 MiB as fp32), but for a kBlockEdge-wide strip: oneDNN's bf16
 // GEMM accumulates C in an fp32 scratch of C's size, which for a whole 32000 x 2048 embedding
@@ -89,47 +91,47 @@ constexpr std::int64_t kBlockEdge = 64;
 constexpr std::int64_t kMaxBlockFloats = std::int64_t{1} << 21;
 constexpr std::uintptr_t kScratchAlign = 64;
 
+std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
 // The sub-product of g for C's rows [r0, r1) (by_rows) or columns [r0, r1).
 GemmArgs gemm_block(const GemmArgs& g, bool by_rows, std::int64_t r0, std::int64_t r1) {
   GemmArgs b = g;
-  const auto* a = static_cast<const bf16*>(g.a);
-  const auto* bm = static_cast<const bf16*>(g.b);
-  auto* c = static_cast<bf16*>(g.c);
+  const auto* a = static_cast<const std::byte*>(g.a);
+  const auto* bm = static_cast<const std::byte*>(g.b);
+  auto* c = static_cast<std::byte*>(g.c);
+  const auto elem = static_cast<std::int64_t>(dtype_size(g.dtype));
   if (by_rows) {
     b.m = r1 - r0;
-    b.a = g.trans_a ? a + r0 : a + r0 * g.lda;
-    b.c = c + r0 * g.ldc;
+    b.a = a + (g.trans_a ? r0 : r0 * g.lda) * elem;
+    b.c = c + r0 * g.ldc * elem;
   } else {
     b.n = r1 - r0;
-    b.b = g.trans_b ? bm + r0 * g.ldb : bm + r0;
-    b.c = c + r0;
+    b.b = bm + (g.trans_b ? r0 * g.ldb : r0) * elem;
+    b.c = c + r0 * elem;
   }
   return b;
 }
 
 }  // namespace
 
-bool gemm_bf16_onednn(const CpuContext& ctx, const GemmArgs& g) {
-  const OneDnnGemm& dnnl = *ctx.onednn();
-  // Split the longer edge of C into blocks of whole rows or columns, so every element's sum over
-  // k stays in one product: one block per thread, as kMinBlockMacs allows, and more where a
-  // block's C would pass kMaxBlockFloats.
+bool gemm_onednn(const CpuContext& ctx, const OneDnnGemm& dnnl, const GemmArgs& g) {
+  // Blocks of whole rows or columns along C's longer edge, so every element's sum over k stays
+  // in one product, and a partition that depends on the shape only.
   const bool by_rows = g.m > g.n;
   const std::int64_t edge = by_rows ? g.m : g.n;
   const std::int64_t other = by_rows ? g.n : g.m;
-  const std::int64_t min_edge = std::max<std::int64_t>(1, kMinBlockMacs / (other * g.k));
-  std::int64_t blocks = std::min<std::int64_t>(ctx.max_concurrency(), edge / min_edge);
-  blocks =
-      std::max({blocks, std::int64_t{1}, (edge * other + kMaxBlockFloats - 1) / kMaxBlockFloats});
-  std::int64_t size = (edge + blocks - 1) / blocks;
-  if (blocks > 1) size = std::min(edge, (size + kBlockEdge - 1) / kBlockEdge * kBlockEdge);
-  blocks = (edge + size - 1) / size;
+  const std::int64_t min_edge = (kMinBlockMacs + other * g.k - 1) / (other * g.k);
+  std::int64_t size =
+      round_up(std::max((edge + kTargetBlocks - 1) / kTargetBlocks, min_edge), kBlockEdge);
+  size = std::min(size, std::max(kBlockEdge, kMaxBlockFloats / other / kBlockEdge * kBlockEdge));
+  size = std::min(size, edge);
+  const std::int64_t blocks = (edge + size - 1) / size;
   // Every block has the first block's shape or the last one's: both must have a real kernel.
   const std::optional<std::size_t> first = dnnl.prepare(gemm_block(g, by_rows, 0, size));
   const std::optional<std::size_t> last =
       dnnl.prepare(gemm_block(g, by_rows, (blocks - 1) * size, edge));
   if (!first || !last) return false;
-  // Each block's own oneDNN scratch, from the pool (floats), 64-byte aligned.
+  // Each task's own oneDNN scratch, from the pool (floats), 64-byte aligned.
   const std::size_t scratch_floats = (std::max(*first, *last) + kScratchAlign) / sizeof(float) + 1;
   ctx.parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
     auto lease = ctx.scratch(scratch_floats);
@@ -195,11 +197,16 @@ void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
   }
   switch (g.dtype) {
     case DType::kF32:
+      if (const OneDnnGemm* dnnl = ctx.onednn_for(g.dtype);
+          dnnl != nullptr && gemm_onednn(ctx, *dnnl, g))
+        return;
       sgemm_f32(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a), g.lda,
                 static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
       return;
     case DType::kBF16:
-      if (ctx.onednn() != nullptr && gemm_bf16_onednn(ctx, g)) return;
+      if (const OneDnnGemm* dnnl = ctx.onednn_for(g.dtype);
+          dnnl != nullptr && gemm_onednn(ctx, *dnnl, g))
+        return;
       gemm_bf16_tiled(ctx, g, kBf16TileBudgetFloats);
       return;
     default:

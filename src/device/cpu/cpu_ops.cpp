@@ -29,8 +29,8 @@ std::int64_t row_grain(std::int64_t dim) {
 
 class CpuOps final : public Ops {
  public:
-  CpuOps(int num_threads, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm)
-      : ctx_(num_threads, simd, bf16_gemm) {
+  CpuOps(int num_threads, sys::SimdPath simd, cpu::CpuGemmChoice gemm)
+      : ctx_(num_threads, simd, gemm) {
     if (num_threads > 0) openblas_set_num_threads(num_threads);
   }
 
@@ -368,8 +368,8 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd, cpu::Bf16Gemm bf16_gemm) {
-  return std::make_unique<CpuOps>(num_threads, simd, bf16_gemm);
+std::unique_ptr<Ops> make_cpu_ops(int num_threads, sys::SimdPath simd, cpu::CpuGemmChoice gemm) {
+  return std::make_unique<CpuOps>(num_threads, simd, gemm);
 }
 
 }  // namespace strata::device

@@ -163,16 +163,20 @@ class ScratchPool {
 // each chunk writes disjoint outputs, so results never depend on scheduling.
 class CpuContext {
  public:
-  CpuContext(int num_threads, sys::SimdPath simd, Bf16Gemm bf16_gemm = Bf16Gemm::kOpenBlas)
+  CpuContext(int num_threads, sys::SimdPath simd, CpuGemmChoice gemm = {})
       : arena_(num_threads > 0 ? num_threads : tbb::task_arena::automatic),
         kernels_(cpu_kernels_for(simd)),
-        onednn_(bf16_gemm == Bf16Gemm::kOneDnn ? std::make_unique<OneDnnGemm>() : nullptr) {}
+        gemm_(gemm),
+        onednn_(gemm.any_onednn() ? std::make_unique<OneDnnGemm>() : nullptr) {}
 
   int max_concurrency() const { return arena_.max_concurrency(); }
   // The elementwise kernels of the SIMD path this op table was made for.
   const CpuKernels& kernels() const { return kernels_; }
-  // oneDNN's bf16 GEMMs where this op table runs them (Bf16Gemm::kOneDnn), else null.
-  const OneDnnGemm* onednn() const { return onednn_.get(); }
+  // oneDNN's primitives where this op table runs `dtype`'s GEMMs on it, else null.
+  const OneDnnGemm* onednn_for(DType dtype) const {
+    const GemmLibrary lib = dtype == DType::kBF16 ? gemm_.bf16 : gemm_.f32;
+    return lib == GemmLibrary::kOneDnn ? onednn_.get() : nullptr;
+  }
   ScratchPool::Lease scratch(std::size_t num_floats) const { return scratch_.take(num_floats); }
 
   // fn(begin, end) over [0, n) in chunks of at least `grain` items.
@@ -206,16 +210,17 @@ class CpuContext {
   mutable tbb::task_arena arena_;
   mutable ScratchPool scratch_;
   const CpuKernels& kernels_;
+  CpuGemmChoice gemm_;
   std::unique_ptr<OneDnnGemm> onednn_;
 };
 
-// GEMM (cpu_gemm.cpp): fp32 on OpenBLAS; bf16 on oneDNN where the context has it and oneDNN has
-// a real implementation for the problem, else gemm_bf16_tiled.
+// GEMM (cpu_gemm.cpp): on oneDNN where the context runs the dtype's GEMMs there and oneDNN has a
+// real implementation for the problem; else fp32 on OpenBLAS and bf16 through gemm_bf16_tiled.
 void cpu_gemm(const CpuContext& ctx, const GemmArgs& args);
-// The bf16 GEMM on oneDNN: C split into blocks of whole rows or columns, one single-threaded
-// product per block over the context's arena. False, with C untouched, where oneDNN has only its
-// reference implementation. The context must have onednn().
-bool gemm_bf16_onednn(const CpuContext& ctx, const GemmArgs& args);
+// A GEMM on oneDNN: C split into blocks of whole rows or columns, chosen from the shape alone,
+// one single-threaded product per block over the context's arena, so the bits do not depend on
+// the thread count. False, with C untouched, where oneDNN has only its reference implementation.
+bool gemm_onednn(const CpuContext& ctx, const OneDnnGemm& dnnl, const GemmArgs& args);
 // The bf16 GEMM: A, B and C converted to fp32 in tiles of at most `budget_floats` together
 // (whole operands when they fit), sgemm on each. cpu_gemm passes its own budget; tests pass
 // small ones to cover the tiling.

@@ -1,6 +1,9 @@
-// bf16 GEMMs through oneDNN's matmul primitive (onednn_gemm.h).
+// GEMMs through oneDNN's matmul primitive (onednn_gemm.h).
 #include "src/device/cpu/onednn_gemm.h"
 
+#include <cblas.h>
+
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -20,18 +23,40 @@
 
 namespace strata::device::cpu {
 
-std::string_view bf16_gemm_name(Bf16Gemm gemm) {
-  return gemm == Bf16Gemm::kOneDnn ? "onednn" : "openblas";
+std::string CpuGemmChoice::name_suffix() const {
+  if (f32 == GemmLibrary::kOneDnn && bf16 == GemmLibrary::kOneDnn) return "+onednn";
+  if (bf16 == GemmLibrary::kOneDnn) return "+onednn-bf16";
+  if (f32 == GemmLibrary::kOneDnn) return "+onednn-f32";
+  return "";
 }
 
-Result<Bf16Gemm> resolve_bf16_gemm() {
+namespace {
+
+// OpenBLAS's kernels with AVX-512 (openblas_get_corename), for the fp32 rule.
+bool openblas_kernel_has_avx512() {
+  std::string core = openblas_get_corename();
+  for (char& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+}
+
+}  // namespace
+
+Result<CpuGemmChoice> resolve_cpu_gemm() {
   // Read at each device's creation; nothing in Strata writes the environment while threads run.
   const char* env = std::getenv("STRATA_CPU_GEMM");  // NOLINT(concurrency-mt-unsafe)
   const std::string choice = env != nullptr && *env != '\0' ? env : "auto";
-  const bool units = sys::cpu_supports_avx512_bf16() || sys::cpu_supports_amx_bf16();
-  if (choice == "openblas") return Bf16Gemm::kOpenBlas;
-  if (choice == "auto")
-    return STRATA_HAVE_ONEDNN && units ? Bf16Gemm::kOneDnn : Bf16Gemm::kOpenBlas;
+  const bool bf16_units = sys::cpu_supports_avx512_bf16() || sys::cpu_supports_amx_bf16();
+  constexpr auto kOneDnn = GemmLibrary::kOneDnn;
+  CpuGemmChoice c;
+  if (choice == "openblas") return c;
+  if (choice == "auto") {
+    if (STRATA_HAVE_ONEDNN && bf16_units) c.bf16 = kOneDnn;
+    if (STRATA_HAVE_ONEDNN && sys::cpu_supports(sys::SimdPath::kAvx512) &&
+        !openblas_kernel_has_avx512()) {
+      c.f32 = kOneDnn;
+    }
+    return c;
+  }
   if (choice != "onednn") {
     return invalid_argument("STRATA_CPU_GEMM '" + choice +
                             "' is not a GEMM library; use auto, onednn or openblas");
@@ -40,12 +65,14 @@ Result<Bf16Gemm> resolve_bf16_gemm() {
     return invalid_argument(
         "STRATA_CPU_GEMM=onednn, but this build has no oneDNN (install libdnnl-dev and rebuild)");
   }
-  if (!units) {
+  if (!bf16_units) {
     return invalid_argument(
-        "STRATA_CPU_GEMM=onednn, but this CPU has neither avx512_bf16 nor AMX-BF16; use auto or "
-        "openblas");
+        "STRATA_CPU_GEMM=onednn, but this CPU has neither avx512_bf16 nor AMX-BF16 for bf16 "
+        "products; use auto or openblas");
   }
-  return Bf16Gemm::kOneDnn;
+  c.f32 = kOneDnn;
+  c.bf16 = kOneDnn;
+  return c;
 }
 
 #if STRATA_HAVE_ONEDNN
@@ -54,6 +81,7 @@ namespace {
 
 // What a primitive is made for; alpha and beta by their bits (a primitive bakes them in).
 struct Problem {
+  DType dtype;
   bool trans_a, trans_b;
   std::int64_t m, n, k, lda, ldb, ldc;
   std::uint32_t alpha_bits, beta_bits;
@@ -79,13 +107,13 @@ struct OneDnnGemm::Impl {
   // A primitive for `p`, or nullopt where oneDNN would run its reference loops.
   std::optional<Entry> make(const Problem& p) const {
     using dnnl::memory;
-    const auto bf16 = memory::data_type::bf16;
+    const auto type = p.dtype == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
     // Row-major storage; a transposed operand is the same matrix read with swapped strides.
-    const memory::desc a({p.m, p.k}, bf16,
+    const memory::desc a({p.m, p.k}, type,
                          p.trans_a ? memory::dims{1, p.lda} : memory::dims{p.lda, 1});
-    const memory::desc b({p.k, p.n}, bf16,
+    const memory::desc b({p.k, p.n}, type,
                          p.trans_b ? memory::dims{1, p.ldb} : memory::dims{p.ldb, 1});
-    const memory::desc c({p.m, p.n}, bf16, memory::dims{p.ldc, 1});
+    const memory::desc c({p.m, p.n}, type, memory::dims{p.ldc, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const auto alpha = std::bit_cast<float>(p.alpha_bits);
@@ -102,17 +130,19 @@ struct OneDnnGemm::Impl {
       return Entry{a, b, c, pd.scratchpad_desc(), dnnl::matmul(pd)};
     } catch (const dnnl::error& e) {
       if (e.status == dnnl_unimplemented) return std::nullopt;
-      STRATA_CHECK(false, "oneDNN could not make a bf16 matmul for m, n, k =", p.m, p.n, p.k,
-                   e.what());
+      STRATA_CHECK(false, "oneDNN could not make a", dtype_name(p.dtype),
+                   "matmul for m, n, k =", p.m, p.n, p.k, e.what());
       return std::nullopt;  // unreachable
     }
   }
 
   std::optional<Entry> find(const GemmArgs& g) {
-    STRATA_CHECK(g.dtype == DType::kBF16 && g.m > 0 && g.n > 0 && g.k > 0,
-                 "oneDNN GEMM takes bf16 products of positive sizes, got", dtype_name(g.dtype), g.m,
-                 g.n, g.k);
-    const Problem p{g.trans_a,
+    STRATA_CHECK(
+        (g.dtype == DType::kBF16 || g.dtype == DType::kF32) && g.m > 0 && g.n > 0 && g.k > 0,
+        "oneDNN GEMM takes f32 or bf16 products of positive sizes, got", dtype_name(g.dtype), g.m,
+        g.n, g.k);
+    const Problem p{g.dtype,
+                    g.trans_a,
                     g.trans_b,
                     g.m,
                     g.n,
@@ -160,7 +190,8 @@ void OneDnnGemm::run(const GemmArgs& g, void* scratch) const {
         {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, pad}});
     stream.wait();
   } catch (const dnnl::error& e) {
-    STRATA_CHECK(false, "oneDNN bf16 matmul failed for m, n, k =", g.m, g.n, g.k, e.what());
+    STRATA_CHECK(false, "oneDNN", dtype_name(g.dtype), "matmul failed for m, n, k =", g.m, g.n, g.k,
+                 e.what());
   }
 }
 
@@ -169,7 +200,7 @@ void OneDnnGemm::run(const GemmArgs& g, void* scratch) const {
 struct OneDnnGemm::Impl {};
 
 OneDnnGemm::OneDnnGemm() {
-  STRATA_CHECK(false, "this build has no oneDNN; resolve_bf16_gemm never picks it");
+  STRATA_CHECK(false, "this build has no oneDNN; resolve_cpu_gemm never picks it");
 }
 
 OneDnnGemm::~OneDnnGemm() = default;

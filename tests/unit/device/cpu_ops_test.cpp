@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "src/device/cpu/cpu_ops_internal.h"
@@ -124,44 +125,91 @@ TEST(CpuOpsTest, GemmBf16LargerThanOneTile) {
   check_gemm_with(tiled, DType::kBF16, true, true, 300, 270, 700, -1.0f, 0.5f, 14);
 }
 
-// oneDNN's bf16 GEMM (on CPUs with avx512_bf16 or AMX) within the same bound as the other
-// paths: fp32 sums of exact bf16 products. Called directly, so a fallback to OpenBLAS fails.
-TEST(CpuOpsTest, GemmBf16OnOneDnnWithinTheBound) {
-  const ::strata::testing::ScopedEnv automatic("STRATA_CPU_GEMM", "auto");
-  auto chosen = cpu::resolve_bf16_gemm();
-  ASSERT_TRUE(chosen.is_ok()) << chosen.status().message();
-  if (*chosen != cpu::Bf16Gemm::kOneDnn) {
-    GTEST_SKIP() << "no oneDNN in this build, or no avx512_bf16 or AMX-BF16 on this CPU";
-  }
-  for (int threads : {1, 2, 3}) {
-    SCOPED_TRACE("threads " + std::to_string(threads));
-    const cpu::CpuContext ctx(threads, sys::widest_simd_path(), cpu::Bf16Gemm::kOneDnn);
-    const auto onednn = [&ctx](const GemmArgs& g) { ASSERT_TRUE(cpu::gemm_bf16_onednn(ctx, g)); };
-    std::uint64_t seed = 100 * threads;
-    for (bool ta : {false, true}) {
-      for (bool tb : {false, true}) {
-        for (float beta : {0.0f, 1.0f, 0.5f}) {
-          check_gemm_with(onednn, DType::kBF16, ta, tb, 37, 29, 53, 1.25f, beta, seed++);
-          // Large enough to be split into blocks of columns (n >= m) and of rows (m > n), with
-          // a shorter last block.
-          check_gemm_with(onednn, DType::kBF16, ta, tb, 301, 650, 96, -0.5f, beta, seed++);
-          check_gemm_with(onednn, DType::kBF16, ta, tb, 700, 131, 64, 1.0f, beta, seed++);
+// The dtypes oneDNN's GEMM can run here: fp32 wherever this build has oneDNN (AVX2 or wider),
+// bf16 where the CPU also has avx512_bf16 or AMX-BF16.
+std::vector<DType> onednn_dtypes() {
+  std::vector<DType> out;
+  if (!STRATA_HAVE_ONEDNN) return out;
+  out.push_back(DType::kF32);
+  if (sys::cpu_supports_avx512_bf16() || sys::cpu_supports_amx_bf16()) out.push_back(DType::kBF16);
+  return out;
+}
+
+// oneDNN's GEMM within the same bound as the other paths (in bf16: fp32 sums of exact bf16
+// products), at several thread counts. Called directly, so a fallback to OpenBLAS fails.
+TEST(CpuOpsTest, GemmOnOneDnnWithinTheBound) {
+  if (onednn_dtypes().empty()) GTEST_SKIP() << "this build has no oneDNN";
+  const cpu::OneDnnGemm dnnl;
+  for (DType dt : onednn_dtypes()) {
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE("threads " + std::to_string(threads));
+      const cpu::CpuContext ctx(threads, sys::widest_simd_path());
+      const auto onednn = [&](const GemmArgs& g) { ASSERT_TRUE(cpu::gemm_onednn(ctx, dnnl, g)); };
+      std::uint64_t seed = 100 * threads;
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          for (float beta : {0.0f, 1.0f, 0.5f}) {
+            check_gemm_with(onednn, dt, ta, tb, 37, 29, 53, 1.25f, beta, seed++);
+            // Split into blocks of columns (n >= m) and of rows (m > n), the last one shorter.
+            check_gemm_with(onednn, dt, ta, tb, 301, 650, 96, -0.5f, beta, seed++);
+            check_gemm_with(onednn, dt, ta, tb, 700, 131, 64, 1.0f, beta, seed++);
+          }
         }
       }
+      // C larger than one block's fp32 scratch may be.
+      check_gemm_with(onednn, dt, true, false, 2100, 1030, 24, 1.0f, 1.0f, seed++);
+      check_gemm_with(onednn, dt, false, true, 1030, 2100, 24, 1.0f, 0.0f, seed++);
+      // A row times a matrix, an outer product, a long inner dimension.
+      check_gemm_with(onednn, dt, false, true, 1, 300, 257, 1.0f, 0.0f, seed++);
+      check_gemm_with(onednn, dt, true, false, 300, 200, 1, 1.0f, 1.0f, seed++);
+      check_gemm_with(onednn, dt, true, false, 64, 96, 4099, 1.0f, 1.0f, seed++);
     }
-    // C larger than one block's fp32 scratch may be: more blocks than threads.
-    check_gemm_with(onednn, DType::kBF16, true, false, 2100, 1030, 24, 1.0f, 1.0f, seed++);
-    check_gemm_with(onednn, DType::kBF16, false, true, 1030, 2100, 24, 1.0f, 0.0f, seed++);
-    // A row times a matrix, an outer product, a long inner dimension.
-    check_gemm_with(onednn, DType::kBF16, false, true, 1, 300, 257, 1.0f, 0.0f, seed++);
-    check_gemm_with(onednn, DType::kBF16, true, false, 300, 200, 1, 1.0f, 1.0f, seed++);
-    check_gemm_with(onednn, DType::kBF16, true, false, 64, 96, 4099, 1.0f, 1.0f, seed++);
   }
 }
 
-// STRATA_CPU_GEMM picks the bf16 GEMMs' library; the device's name says when it is oneDNN, and
-// an unknown value or one this CPU or build cannot run is an error naming the variable.
-TEST(CpuOpsTest, StrataCpuGemmPicksTheBf16Library) {
+// oneDNN's blocks follow the shape, not the thread count, so every thread count gives the same
+// bits (fp32 training promises that across thread counts).
+TEST(CpuOpsTest, GemmOnOneDnnGivesTheSameBitsOnAnyThreadCount) {
+  if (onednn_dtypes().empty()) GTEST_SKIP() << "this build has no oneDNN";
+  const cpu::OneDnnGemm dnnl;
+  for (DType dt : onednn_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Rng rng(7);
+    const std::int64_t m = 256, n = 1500, k = 700;
+    HostTensor a(dt, m * k), b(dt, n * k), c0(dt, m * n);
+    a.fill_uniform(rng, -1, 1);
+    b.fill_uniform(rng, -1, 1);
+    c0.fill_uniform(rng, -1, 1);
+    std::optional<HostTensor> first;
+    for (int threads : {1, 2, 3, 5}) {
+      const cpu::CpuContext ctx(threads, sys::widest_simd_path());
+      HostTensor c = c0;
+      GemmArgs g;
+      g.trans_b = true;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.a = a.data();
+      g.lda = k;
+      g.b = b.data();
+      g.ldb = k;
+      g.beta = 1.0f;
+      g.c = c.data();
+      g.ldc = n;
+      g.dtype = dt;
+      ASSERT_TRUE(cpu::gemm_onednn(ctx, dnnl, g));
+      if (!first) {
+        first = c;
+      } else {
+        ASSERT_TRUE(c.bitwise_equal(*first)) << threads << " threads";
+      }
+    }
+  }
+}
+
+// STRATA_CPU_GEMM picks the GEMMs' library; the device's name says when it is oneDNN, and an
+// unknown value or one this CPU or build cannot run is an error naming the variable.
+TEST(CpuOpsTest, StrataCpuGemmPicksTheLibrary) {
   DeviceOptions o;
   ::strata::testing::ScopedEnv env("STRATA_CPU_GEMM", "openblas");
   auto openblas = create_device(o);
@@ -174,15 +222,19 @@ TEST(CpuOpsTest, StrataCpuGemmPicksTheBf16Library) {
       << bad.status().message();
   env.set("onednn");
   auto forced = create_device(o);
-  const bool units = sys::cpu_supports_avx512_bf16() || sys::cpu_supports_amx_bf16();
-  if (STRATA_HAVE_ONEDNN && units) {
+  if (onednn_dtypes().size() == 2) {
     ASSERT_TRUE(forced.is_ok()) << forced.status().message();
-    EXPECT_NE((*forced)->name().find("+onednn"), std::string::npos) << (*forced)->name();
+    EXPECT_TRUE((*forced)->name().ends_with("+onednn")) << (*forced)->name();
   } else {
     ASSERT_FALSE(forced.is_ok());
     EXPECT_NE(forced.status().message().find("STRATA_CPU_GEMM=onednn"), std::string::npos)
         << forced.status().message();
   }
+  // auto: bf16 on oneDNN exactly where the CPU has bf16 units.
+  env.set("auto");
+  auto chosen = cpu::resolve_cpu_gemm();
+  ASSERT_TRUE(chosen.is_ok()) << chosen.status().message();
+  EXPECT_EQ(chosen->bf16 == cpu::GemmLibrary::kOneDnn, onednn_dtypes().size() == 2);
 }
 
 TEST(CpuOpsTest, GemmF32LargeMatchesReference) {
