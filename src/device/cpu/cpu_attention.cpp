@@ -1,13 +1,16 @@
 // Causal grouped-query attention on the CPU, blocked by query rows so that it never holds more
 // than a budget of fp32 scores, however long the sequence: each block of query rows multiplies
-// against the keys it can see (from the sliding window's start to the block's end) with
-// OpenBLAS, with a row-parallel softmax between the products. Blocks are as tall as the budget
+// against the keys it can see (from the sliding window's start to the block's end), with a
+// softmax between the products: on OpenBLAS, each product on its threads and the softmax
+// row-parallel; where fp32 GEMMs run on oneDNN, one task per head (per kv head in backward)
+// doing its products single-threaded and its softmax rows. Blocks are as tall as the budget
 // allows (the whole sequence, for the usual lengths) so the products stay deep; inside a block
 // the products run in kSubBlock-row (or -column) pieces that skip most of the masked upper
 // triangle. bf16 tensors are converted one batch element at a time.
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include "src/device/cpu/cpu_ops_internal.h"
@@ -86,40 +89,93 @@ std::int64_t score_row_grain(std::int64_t width) {
   return std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(width, 1));
 }
 
+// The attention's fp32 products, small ones (64 x 256 x 64 for the usual shapes). On OpenBLAS
+// they run from the calling thread only, heads one after another, each spread over OpenBLAS's own
+// threads. Where the context runs fp32 GEMMs on oneDNN they run inside per-head (or per-kv-head)
+// tasks on the arena, one thread each: fewer hand-offs, and both cores busy. One per task.
+class Products {
+ public:
+  explicit Products(const CpuContext& ctx) : ctx_(ctx), dnnl_(ctx.onednn_for(DType::kF32)) {}
+  // Whether products may run inside parallel tasks (oneDNN), rather than only on the calling
+  // thread (OpenBLAS).
+  static bool in_tasks(const CpuContext& ctx) { return ctx.onednn_for(DType::kF32) != nullptr; }
+
+  void operator()(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                  float* c, std::int64_t ldc) {
+    if (dnnl_ == nullptr) {
+      sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    if (m == 0 || n == 0) return;
+    STRATA_CHECK(k > 0, "attention product with an empty inner dimension", m, n);
+    GemmArgs g;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.a = a;
+    g.lda = lda;
+    g.b = b;
+    g.ldb = ldb;
+    g.beta = beta;
+    g.c = c;
+    g.ldc = ldc;
+    g.dtype = DType::kF32;
+    const std::optional<std::size_t> bytes = dnnl_->prepare(g);
+    STRATA_CHECK(bytes.has_value(), "oneDNN has no fp32 kernel for an attention product", m, n, k);
+    if (!scratch_ || *bytes + kAlign > have_) {
+      have_ = *bytes + kAlign;
+      scratch_.emplace(ctx_.scratch(have_ / sizeof(float) + 1));
+    }
+    const auto base = reinterpret_cast<std::uintptr_t>(scratch_->data());
+    dnnl_->run(g, reinterpret_cast<void*>((base + kAlign - 1) / kAlign * kAlign));
+  }
+
+ private:
+  static constexpr std::uintptr_t kAlign = 64;
+  const CpuContext& ctx_;
+  const OneDnnGemm* dnnl_;
+  std::optional<ScratchPool::Lease> scratch_;
+  std::size_t have_ = 0;
+};
+
 // sc[i, j] = alpha a_i . b_j over the block (sc: rows x width, row i0 first, key k0 first), for
 // the keys each kSubBlock piece of rows can see; a rows have stride lda from row i0, b rows ldb
 // from key 0.
-void block_abt(const Dims& d, const RowBlock& blk, float alpha, const float* a, std::int64_t lda,
-               const float* b, std::int64_t ldb, float* sc) {
+void block_abt(Products& gemm, const Dims& d, const RowBlock& blk, float alpha, const float* a,
+               std::int64_t lda, const float* b, std::int64_t ldb, float* sc) {
   const std::int64_t w = blk.width();
   for (std::int64_t s0 = blk.i0; s0 < blk.i1; s0 += kSubBlock) {
     const std::int64_t s1 = std::min(blk.i1, s0 + kSubBlock), fk = d.first_key(s0);
-    sgemm_f32(false, true, s1 - s0, s1 - fk, d.hd, alpha, a + (s0 - blk.i0) * lda, lda,
-              b + fk * ldb, ldb, 0.0f, sc + (s0 - blk.i0) * w + (fk - blk.k0), w);
+    gemm(false, true, s1 - s0, s1 - fk, d.hd, alpha, a + (s0 - blk.i0) * lda, lda, b + fk * ldb,
+         ldb, 0.0f, sc + (s0 - blk.i0) * w + (fk - blk.k0), w);
   }
 }
 
 // c_i = sum_j p[i, j] x_j for the block's rows (p zero outside each row's valid keys); x rows
 // have stride ldx from key 0, c rows ldc from row i0.
-void block_px(const Dims& d, const RowBlock& blk, const float* p, const float* x, std::int64_t ldx,
-              float* c, std::int64_t ldc) {
+void block_px(Products& gemm, const Dims& d, const RowBlock& blk, const float* p, const float* x,
+              std::int64_t ldx, float* c, std::int64_t ldc) {
   const std::int64_t w = blk.width();
   for (std::int64_t s0 = blk.i0; s0 < blk.i1; s0 += kSubBlock) {
     const std::int64_t s1 = std::min(blk.i1, s0 + kSubBlock), fk = d.first_key(s0);
-    sgemm_f32(false, false, s1 - s0, d.hd, s1 - fk, 1.0f, p + (s0 - blk.i0) * w + (fk - blk.k0), w,
-              x + fk * ldx, ldx, 0.0f, c + (s0 - blk.i0) * ldc, ldc);
+    gemm(false, false, s1 - s0, d.hd, s1 - fk, 1.0f, p + (s0 - blk.i0) * w + (fk - blk.k0), w,
+         x + fk * ldx, ldx, 0.0f, c + (s0 - blk.i0) * ldc, ldc);
   }
 }
 
 // c_j += sum_i p[i, j] x_i over the block's rows i >= j: the transpose of block_px, accumulated
 // (c rows ldc from key 0; x rows ldx from row i0).
-void block_ptx_add(const Dims& d, const RowBlock& blk, const float* p, const float* x,
-                   std::int64_t ldx, float* c, std::int64_t ldc) {
+void block_ptx_add(Products& gemm, const Dims& d, const RowBlock& blk, const float* p,
+                   const float* x, std::int64_t ldx, float* c, std::int64_t ldc) {
   const std::int64_t w = blk.width();
   for (std::int64_t j0 = blk.k0; j0 < blk.i1; j0 += kSubBlock) {
     const std::int64_t j1 = std::min(blk.i1, j0 + kSubBlock), r0 = std::max(blk.i0, j0);
-    sgemm_f32(true, false, j1 - j0, d.hd, blk.i1 - r0, 1.0f, p + (r0 - blk.i0) * w + (j0 - blk.k0),
-              w, x + (r0 - blk.i0) * ldx, ldx, 1.0f, c + j0 * ldc, ldc);
+    gemm(true, false, j1 - j0, d.hd, blk.i1 - r0, 1.0f, p + (r0 - blk.i0) * w + (j0 - blk.k0), w,
+         x + (r0 - blk.i0) * ldx, ldx, 1.0f, c + j0 * ldc, ldc);
   }
 }
 
@@ -172,29 +228,45 @@ void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, 
     float* ob = target_f32(out + b * nq, conv.data() + nq + 2 * nk);
     for_each_block(d, [&](const RowBlock& blk, std::int64_t h0, std::int64_t nh) {
       const std::int64_t i0 = blk.i0, rows = blk.rows(), w = blk.width(), bf = rows * w;
-      for (std::int64_t h = h0; h < h0 + nh; ++h) {
-        block_abt(d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + (h / d.group) * d.hd,
-                  d.kv_ld, sc + (h - h0) * bf);
-      }
-      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
-        for (std::int64_t r = r0; r < r1; ++r) {
-          const std::int64_t h = h0 + r / rows, i = i0 + r % rows;
-          float* row = sc + r * w;
-          const std::int64_t lo = d.first_key(i) - blk.k0, hi = i - blk.k0 + 1;
-          std::fill(row, row + lo, 0.0f);
-          const float mx = kern.max(row + lo, hi - lo);
-          const double sum = kern.exp_shift_sum(row + lo, hi - lo, mx);
-          kern.scale_store[kKernelF32](row + lo, static_cast<float>(1.0 / sum), 1.0f, row + lo,
-                                       hi - lo);
-          // Zeros up to the end of the row's kSubBlock piece, which block_px reads.
-          std::fill(row + hi, row + std::min(w, Dims::round_up(i + 1) - blk.k0), 0.0f);
-          lse[(b * d.heads + h) * S + i] = mx + static_cast<float>(std::log(sum));
-        }
-      });
-      for (std::int64_t h = h0; h < h0 + nh; ++h) {
-        block_px(d, blk, sc + (h - h0) * bf, vb + (h / d.group) * d.hd, d.kv_ld,
+      const auto scores_of = [&](Products& gemm, std::int64_t h) {
+        block_abt(gemm, d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld,
+                  kb + (h / d.group) * d.hd, d.kv_ld, sc + (h - h0) * bf);
+      };
+      // Row r of the chunk's score blocks (head h0 + r / rows) becomes its softmax.
+      const auto softmax_row = [&](std::int64_t r) {
+        const std::int64_t h = h0 + r / rows, i = i0 + r % rows;
+        float* row = sc + r * w;
+        const std::int64_t lo = d.first_key(i) - blk.k0, hi = i - blk.k0 + 1;
+        std::fill(row, row + lo, 0.0f);
+        const float mx = kern.max(row + lo, hi - lo);
+        const double sum = kern.exp_shift_sum(row + lo, hi - lo, mx);
+        kern.scale_store[kKernelF32](row + lo, static_cast<float>(1.0 / sum), 1.0f, row + lo,
+                                     hi - lo);
+        // Zeros up to the end of the row's kSubBlock piece, which block_px reads.
+        std::fill(row + hi, row + std::min(w, Dims::round_up(i + 1) - blk.k0), 0.0f);
+        lse[(b * d.heads + h) * S + i] = mx + static_cast<float>(std::log(sum));
+      };
+      const auto output_of = [&](Products& gemm, std::int64_t h) {
+        block_px(gemm, d, blk, sc + (h - h0) * bf, vb + (h / d.group) * d.hd, d.kv_ld,
                  ob + i0 * d.q_ld + h * d.hd, d.q_ld);
+      };
+      if (Products::in_tasks(ctx)) {
+        ctx.parallel_for(nh, 1, [&](std::int64_t t0, std::int64_t t1) {
+          Products gemm(ctx);
+          for (std::int64_t h = h0 + t0; h < h0 + t1; ++h) {
+            scores_of(gemm, h);
+            for (std::int64_t r = (h - h0) * rows; r < (h - h0 + 1) * rows; ++r) softmax_row(r);
+            output_of(gemm, h);
+          }
+        });
+        return;
       }
+      Products gemm(ctx);
+      for (std::int64_t h = h0; h < h0 + nh; ++h) scores_of(gemm, h);
+      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) softmax_row(r);
+      });
+      for (std::int64_t h = h0; h < h0 + nh; ++h) output_of(gemm, h);
     });
     flush_f32(ctx, ob, out + b * nq, nq);
   }
@@ -230,39 +302,63 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
     std::memset(dvb, 0, static_cast<std::size_t>(nk) * sizeof(float));
     for_each_block(d, [&](const RowBlock& blk, std::int64_t h0, std::int64_t nh) {
       const std::int64_t i0 = blk.i0, rows = blk.rows(), w = blk.width(), bf = rows * w;
-      for (std::int64_t h = h0; h < h0 + nh; ++h) {
+      const auto scores_of = [&](Products& gemm, std::int64_t h) {
         const std::int64_t g = h / d.group;
-        block_abt(d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + g * d.hd, d.kv_ld,
-                  ps + (h - h0) * bf);
-        block_abt(d, blk, 1.0f, dob + i0 * d.q_ld + h * d.hd, d.q_ld, vb + g * d.hd, d.kv_ld,
+        block_abt(gemm, d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + g * d.hd,
+                  d.kv_ld, ps + (h - h0) * bf);
+        block_abt(gemm, d, blk, 1.0f, dob + i0 * d.q_ld + h * d.hd, d.q_ld, vb + g * d.hd, d.kv_ld,
                   dps + (h - h0) * bf);
-      }
-      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
-        for (std::int64_t r = r0; r < r1; ++r) {
-          const std::int64_t h = h0 + r / rows, i = i0 + r % rows;
-          float* p = ps + r * w;
-          float* ds = dps + r * w;
-          const float li = lse[(b * d.heads + h) * S + i];
-          const std::int64_t off = i * d.q_ld + h * d.hd;
-          const float di = dot_f32(dob + off, ob + off, d.hd);
-          const std::int64_t lo = d.first_key(i) - blk.k0, hi = i - blk.k0 + 1;
-          std::fill(p, p + lo, 0.0f);
-          std::fill(ds, ds + lo, 0.0f);
-          kern.exp_shift_sum(p + lo, hi - lo, li);
-          for (std::int64_t j = lo; j < hi; ++j) ds[j] = p[j] * (ds[j] - di) * d.scale;
-          // Zeros right of the diagonal: the products below read whole kSubBlock pieces.
-          std::fill(p + hi, p + w, 0.0f);
-          std::fill(ds + hi, ds + w, 0.0f);
-        }
-      });
-      for (std::int64_t h = h0; h < h0 + nh; ++h) {
+      };
+      // Row r of the chunk's blocks (head h0 + r / rows): P and dS from the scores.
+      const auto grad_row = [&](std::int64_t r) {
+        const std::int64_t h = h0 + r / rows, i = i0 + r % rows;
+        float* p = ps + r * w;
+        float* ds = dps + r * w;
+        const float li = lse[(b * d.heads + h) * S + i];
+        const std::int64_t off = i * d.q_ld + h * d.hd;
+        const float di = dot_f32(dob + off, ob + off, d.hd);
+        const std::int64_t lo = d.first_key(i) - blk.k0, hi = i - blk.k0 + 1;
+        std::fill(p, p + lo, 0.0f);
+        std::fill(ds, ds + lo, 0.0f);
+        kern.exp_shift_sum(p + lo, hi - lo, li);
+        for (std::int64_t j = lo; j < hi; ++j) ds[j] = p[j] * (ds[j] - di) * d.scale;
+        // Zeros right of the diagonal: the products below read whole kSubBlock pieces.
+        std::fill(p + hi, p + w, 0.0f);
+        std::fill(ds + hi, ds + w, 0.0f);
+      };
+      const auto grads_of = [&](Products& gemm, std::int64_t h) {
         const std::int64_t g = h / d.group;
         const float* p = ps + (h - h0) * bf;
         const float* ds = dps + (h - h0) * bf;
-        block_ptx_add(d, blk, p, dob + i0 * d.q_ld + h * d.hd, d.q_ld, dvb + g * d.hd, d.kv_ld);
-        block_ptx_add(d, blk, ds, qb + i0 * d.q_ld + h * d.hd, d.q_ld, dkb + g * d.hd, d.kv_ld);
-        block_px(d, blk, ds, kb + g * d.hd, d.kv_ld, dqb + i0 * d.q_ld + h * d.hd, d.q_ld);
+        block_ptx_add(gemm, d, blk, p, dob + i0 * d.q_ld + h * d.hd, d.q_ld, dvb + g * d.hd,
+                      d.kv_ld);
+        block_ptx_add(gemm, d, blk, ds, qb + i0 * d.q_ld + h * d.hd, d.q_ld, dkb + g * d.hd,
+                      d.kv_ld);
+        block_px(gemm, d, blk, ds, kb + g * d.hd, d.kv_ld, dqb + i0 * d.q_ld + h * d.hd, d.q_ld);
+      };
+      if (Products::in_tasks(ctx)) {
+        // One task per kv head: dk and dv add up over its query heads in head order.
+        const std::int64_t g0 = h0 / d.group, g1 = (h0 + nh - 1) / d.group + 1;
+        ctx.parallel_for(g1 - g0, 1, [&](std::int64_t t0, std::int64_t t1) {
+          Products gemm(ctx);
+          for (std::int64_t g = g0 + t0; g < g0 + t1; ++g) {
+            const std::int64_t ha = std::max(h0, g * d.group);
+            const std::int64_t hb = std::min(h0 + nh, (g + 1) * d.group);
+            for (std::int64_t h = ha; h < hb; ++h) {
+              scores_of(gemm, h);
+              for (std::int64_t r = (h - h0) * rows; r < (h - h0 + 1) * rows; ++r) grad_row(r);
+              grads_of(gemm, h);
+            }
+          }
+        });
+        return;
       }
+      Products gemm(ctx);
+      for (std::int64_t h = h0; h < h0 + nh; ++h) scores_of(gemm, h);
+      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) grad_row(r);
+      });
+      for (std::int64_t h = h0; h < h0 + nh; ++h) grads_of(gemm, h);
     });
     flush_f32(ctx, dqb, dq + b * nq, nq);
     flush_f32(ctx, dkb, dk + b * nk, nk);

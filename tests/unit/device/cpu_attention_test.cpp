@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "src/device/cpu/cpu_device.h"
+#include "strata/build_config.h"
 #include "strata/sys/process.h"
 #include "tests/unit/device/attention_reference.h"
 #include "tests/unit/device/ops_test_util.h"
@@ -25,6 +27,18 @@ using testing::Grads;
 using testing::HostTensor;
 using testing::make_device;
 using testing::Ref;
+
+// Attention's products run on OpenBLAS from the calling thread, or as single-threaded oneDNN
+// products inside per-head tasks where fp32 GEMMs run on oneDNN: both ways, in builds with it.
+std::vector<cpu::CpuGemmChoice> gemm_choices() {
+  std::vector<cpu::CpuGemmChoice> out{cpu::CpuGemmChoice{}};
+  if (STRATA_HAVE_ONEDNN) out.push_back({.f32 = cpu::GemmLibrary::kOneDnn});
+  return out;
+}
+
+std::string gemm_label(const cpu::CpuGemmChoice& c) {
+  return c.f32 == cpu::GemmLibrary::kOneDnn ? "oneDNN products" : "OpenBLAS products";
+}
 
 struct Case {
   AttentionShape shape;
@@ -82,38 +96,41 @@ TEST(CpuAttentionTest, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 TEST(CpuAttentionTest, ForwardAndBackwardMatchReference) {
-  auto dev = make_device();
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (const Case& c : kCases) {
-      const auto& sh = c.shape;
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " b,s,h,kvh,d=" + std::to_string(sh.batch) + "," +
-                   std::to_string(sh.seq) + "," + std::to_string(sh.heads) + "," +
-                   std::to_string(sh.kv_heads) + "," + std::to_string(sh.head_dim) + " window " +
-                   std::to_string(sh.window));
-      Rng rng(32);
-      const std::int64_t nq = sh.batch * sh.seq * sh.heads * sh.head_dim;
-      const std::int64_t nk = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
-      HostTensor q(dt, nq), k(dt, nk), v(dt, nk), out(dt, nq), dout(dt, nq);
-      HostTensor dq(dt, nq), dk(dt, nk), dv(dt, nk);
-      // Scores of a few units so the softmax is far from uniform.
-      q.fill_uniform(rng, -1.5, 1.5);
-      k.fill_uniform(rng, -1.5, 1.5);
-      v.fill_uniform(rng, -1, 1);
-      dout.fill_uniform(rng, -1, 1);
-      for (HostTensor* t : {&out, &dq, &dk, &dv}) t->poison();
-      std::vector<float> lse(static_cast<std::size_t>(sh.batch * sh.heads * sh.seq), NAN);
-      dev->ops().attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh, dt);
-      const ErrorModel em{.bf16 = dt == DType::kBF16};
-      const Ref want = attention_ref(sh, q.values(), k.values(), v.values(), em);
-      expect_within("out", out.values(), want.out, want.out_bound);
-      expect_within("lse", std::vector<double>(lse.begin(), lse.end()), want.lse, want.lse_bound);
-      dev->ops().attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(),
-                                    lse.data(), dq.data(), dk.data(), dv.data(), sh, dt);
-      const Grads g =
-          attention_backward_ref(sh, q.values(), k.values(), v.values(), dout.values(), em);
-      expect_within("dq", dq.values(), g.dq, g.dq_bound);
-      expect_within("dk", dk.values(), g.dk, g.dk_bound);
-      expect_within("dv", dv.values(), g.dv, g.dv_bound);
+  for (const cpu::CpuGemmChoice& gemm : gemm_choices()) {
+    SCOPED_TRACE(gemm_label(gemm));
+    const auto ops = make_cpu_ops(2, sys::widest_simd_path(), gemm);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (const Case& c : kCases) {
+        const auto& sh = c.shape;
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " b,s,h,kvh,d=" + std::to_string(sh.batch) +
+                     "," + std::to_string(sh.seq) + "," + std::to_string(sh.heads) + "," +
+                     std::to_string(sh.kv_heads) + "," + std::to_string(sh.head_dim) + " window " +
+                     std::to_string(sh.window));
+        Rng rng(32);
+        const std::int64_t nq = sh.batch * sh.seq * sh.heads * sh.head_dim;
+        const std::int64_t nk = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
+        HostTensor q(dt, nq), k(dt, nk), v(dt, nk), out(dt, nq), dout(dt, nq);
+        HostTensor dq(dt, nq), dk(dt, nk), dv(dt, nk);
+        // Scores of a few units so the softmax is far from uniform.
+        q.fill_uniform(rng, -1.5, 1.5);
+        k.fill_uniform(rng, -1.5, 1.5);
+        v.fill_uniform(rng, -1, 1);
+        dout.fill_uniform(rng, -1, 1);
+        for (HostTensor* t : {&out, &dq, &dk, &dv}) t->poison();
+        std::vector<float> lse(static_cast<std::size_t>(sh.batch * sh.heads * sh.seq), NAN);
+        ops->attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh, dt);
+        const ErrorModel em{.bf16 = dt == DType::kBF16};
+        const Ref want = attention_ref(sh, q.values(), k.values(), v.values(), em);
+        expect_within("out", out.values(), want.out, want.out_bound);
+        expect_within("lse", std::vector<double>(lse.begin(), lse.end()), want.lse, want.lse_bound);
+        ops->attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                dq.data(), dk.data(), dv.data(), sh, dt);
+        const Grads g =
+            attention_backward_ref(sh, q.values(), k.values(), v.values(), dout.values(), em);
+        expect_within("dq", dq.values(), g.dq, g.dq_bound);
+        expect_within("dk", dk.values(), g.dk, g.dk_bound);
+        expect_within("dv", dv.values(), g.dv, g.dv_bound);
+      }
     }
   }
 }
@@ -121,30 +138,34 @@ TEST(CpuAttentionTest, ForwardAndBackwardMatchReference) {
 // Results must not depend on the number of threads (checkpointed recomputation and
 // multi-rank runs rely on bitwise reproducibility).
 TEST(CpuAttentionTest, ResultsIndependentOfThreadCount) {
-  auto one = make_device(1), two = make_device(2);
-  const AttentionShape sh{3, 33, 4, 2, 16};
-  const DType dt = DType::kF32;
-  Rng rng(33);
-  const std::int64_t nq = sh.batch * sh.seq * sh.heads * sh.head_dim;
-  const std::int64_t nk = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
-  HostTensor q(dt, nq), k(dt, nk), v(dt, nk), dout(dt, nq);
-  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(rng, -1, 1);
-  std::vector<HostTensor> outs, dqs, dks, dvs;
-  for (Device* d : {one.get(), two.get()}) {
-    HostTensor out(dt, nq), dq(dt, nq), dk(dt, nk), dv(dt, nk);
-    std::vector<float> lse(static_cast<std::size_t>(sh.batch * sh.heads * sh.seq));
-    d->ops().attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh, dt);
-    d->ops().attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
-                                dq.data(), dk.data(), dv.data(), sh, dt);
-    outs.push_back(out);
-    dqs.push_back(dq);
-    dks.push_back(dk);
-    dvs.push_back(dv);
+  for (const cpu::CpuGemmChoice& gemm : gemm_choices()) {
+    SCOPED_TRACE(gemm_label(gemm));
+    const auto one = make_cpu_ops(1, sys::widest_simd_path(), gemm);
+    const auto three = make_cpu_ops(3, sys::widest_simd_path(), gemm);
+    const AttentionShape sh{3, 33, 4, 2, 16};
+    const DType dt = DType::kF32;
+    Rng rng(33);
+    const std::int64_t nq = sh.batch * sh.seq * sh.heads * sh.head_dim;
+    const std::int64_t nk = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
+    HostTensor q(dt, nq), k(dt, nk), v(dt, nk), dout(dt, nq);
+    for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(rng, -1, 1);
+    std::vector<HostTensor> outs, dqs, dks, dvs;
+    for (const Ops* o : {one.get(), three.get()}) {
+      HostTensor out(dt, nq), dq(dt, nq), dk(dt, nk), dv(dt, nk);
+      std::vector<float> lse(static_cast<std::size_t>(sh.batch * sh.heads * sh.seq));
+      o->attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), sh, dt);
+      o->attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                            dq.data(), dk.data(), dv.data(), sh, dt);
+      outs.push_back(out);
+      dqs.push_back(dq);
+      dks.push_back(dk);
+      dvs.push_back(dv);
+    }
+    EXPECT_TRUE(outs[0].bitwise_equal(outs[1]));
+    EXPECT_TRUE(dqs[0].bitwise_equal(dqs[1]));
+    EXPECT_TRUE(dks[0].bitwise_equal(dks[1]));
+    EXPECT_TRUE(dvs[0].bitwise_equal(dvs[1]));
   }
-  EXPECT_TRUE(outs[0].bitwise_equal(outs[1]));
-  EXPECT_TRUE(dqs[0].bitwise_equal(dqs[1]));
-  EXPECT_TRUE(dks[0].bitwise_equal(dks[1]));
-  EXPECT_TRUE(dvs[0].bitwise_equal(dvs[1]));
 }
 
 // A long sequence must not hold a [seq, seq] score matrix: at 16384 tokens one head's would be
