@@ -109,21 +109,20 @@ class Products {
     }
     if (m == 0 || n == 0) return;
     STRATA_CHECK(k > 0, "attention product with an empty inner dimension", m, n);
-    GemmArgs g;
-    g.trans_a = ta;
-    g.trans_b = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.alpha = alpha;
-    g.a = a;
-    g.lda = lda;
-    g.b = b;
-    g.ldb = ldb;
-    g.beta = beta;
-    g.c = c;
-    g.ldc = ldc;
-    g.dtype = DType::kF32;
+    const GemmArgs g{.trans_a = ta,
+                     .trans_b = tb,
+                     .m = m,
+                     .n = n,
+                     .k = k,
+                     .alpha = alpha,
+                     .a = a,
+                     .lda = lda,
+                     .b = b,
+                     .ldb = ldb,
+                     .beta = beta,
+                     .c = c,
+                     .ldc = ldc,
+                     .dtype = DType::kF32};
     const std::optional<std::size_t> bytes = dnnl_->prepare(g);
     STRATA_CHECK(bytes.has_value(), "oneDNN has no fp32 kernel for an attention product", m, n, k);
     if (!scratch_ || *bytes + kAlign > have_) {
@@ -141,6 +140,36 @@ class Products {
   std::optional<ScratchPool::Lease> scratch_;
   std::size_t have_ = 0;
 };
+
+// One block of query rows over heads [h0, h0 + nh), whose score blocks are `rows` x `w`: for each
+// head h, scores(gemm, h), then row(r) over its score rows r, then finish(gemm, h). Where products
+// run in tasks, one task per `unit` heads (aligned: one per kv head when finish adds up over the
+// heads that share it), each head's steps in turn, in head order; on OpenBLAS, every head's
+// scores, the rows in parallel, then every head's finish, in head order.
+template <typename Scores, typename Row, typename Finish>
+void run_heads(const CpuContext& ctx, std::int64_t h0, std::int64_t nh, std::int64_t rows,
+               std::int64_t w, std::int64_t unit, Scores&& scores, Row&& row, Finish&& finish) {
+  if (Products::in_tasks(ctx)) {
+    const std::int64_t u0 = h0 / unit, u1 = (h0 + nh - 1) / unit + 1;
+    ctx.parallel_for(u1 - u0, 1, [&](std::int64_t t0, std::int64_t t1) {
+      Products gemm(ctx);
+      const std::int64_t ha = std::max(h0, (u0 + t0) * unit);
+      const std::int64_t hb = std::min(h0 + nh, (u0 + t1) * unit);
+      for (std::int64_t h = ha; h < hb; ++h) {
+        scores(gemm, h);
+        for (std::int64_t r = (h - h0) * rows; r < (h - h0 + 1) * rows; ++r) row(r);
+        finish(gemm, h);
+      }
+    });
+    return;
+  }
+  Products gemm(ctx);
+  for (std::int64_t h = h0; h < h0 + nh; ++h) scores(gemm, h);
+  ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) row(r);
+  });
+  for (std::int64_t h = h0; h < h0 + nh; ++h) finish(gemm, h);
+}
 
 // sc[i, j] = alpha a_i . b_j over the block (sc: rows x width, row i0 first, key k0 first), for
 // the keys each kSubBlock piece of rows can see; a rows have stride lda from row i0, b rows ldb
@@ -250,23 +279,7 @@ void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, 
         block_px(gemm, d, blk, sc + (h - h0) * bf, vb + (h / d.group) * d.hd, d.kv_ld,
                  ob + i0 * d.q_ld + h * d.hd, d.q_ld);
       };
-      if (Products::in_tasks(ctx)) {
-        ctx.parallel_for(nh, 1, [&](std::int64_t t0, std::int64_t t1) {
-          Products gemm(ctx);
-          for (std::int64_t h = h0 + t0; h < h0 + t1; ++h) {
-            scores_of(gemm, h);
-            for (std::int64_t r = (h - h0) * rows; r < (h - h0 + 1) * rows; ++r) softmax_row(r);
-            output_of(gemm, h);
-          }
-        });
-        return;
-      }
-      Products gemm(ctx);
-      for (std::int64_t h = h0; h < h0 + nh; ++h) scores_of(gemm, h);
-      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
-        for (std::int64_t r = r0; r < r1; ++r) softmax_row(r);
-      });
-      for (std::int64_t h = h0; h < h0 + nh; ++h) output_of(gemm, h);
+      run_heads(ctx, h0, nh, rows, w, 1, scores_of, softmax_row, output_of);
     });
     flush_f32(ctx, ob, out + b * nq, nq);
   }
@@ -336,29 +349,8 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
                       d.kv_ld);
         block_px(gemm, d, blk, ds, kb + g * d.hd, d.kv_ld, dqb + i0 * d.q_ld + h * d.hd, d.q_ld);
       };
-      if (Products::in_tasks(ctx)) {
-        // One task per kv head: dk and dv add up over its query heads in head order.
-        const std::int64_t g0 = h0 / d.group, g1 = (h0 + nh - 1) / d.group + 1;
-        ctx.parallel_for(g1 - g0, 1, [&](std::int64_t t0, std::int64_t t1) {
-          Products gemm(ctx);
-          for (std::int64_t g = g0 + t0; g < g0 + t1; ++g) {
-            const std::int64_t ha = std::max(h0, g * d.group);
-            const std::int64_t hb = std::min(h0 + nh, (g + 1) * d.group);
-            for (std::int64_t h = ha; h < hb; ++h) {
-              scores_of(gemm, h);
-              for (std::int64_t r = (h - h0) * rows; r < (h - h0 + 1) * rows; ++r) grad_row(r);
-              grads_of(gemm, h);
-            }
-          }
-        });
-        return;
-      }
-      Products gemm(ctx);
-      for (std::int64_t h = h0; h < h0 + nh; ++h) scores_of(gemm, h);
-      ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
-        for (std::int64_t r = r0; r < r1; ++r) grad_row(r);
-      });
-      for (std::int64_t h = h0; h < h0 + nh; ++h) grads_of(gemm, h);
+      // One task per kv head: dk and dv add up over its query heads in head order.
+      run_heads(ctx, h0, nh, rows, w, d.group, scores_of, grad_row, grads_of);
     });
     flush_f32(ctx, dqb, dq + b * nq, nq);
     flush_f32(ctx, dkb, dk + b * nk, nk);

@@ -184,19 +184,18 @@ TEST(CpuOpsTest, GemmOnOneDnnGivesTheSameBitsOnAnyThreadCount) {
     for (int threads : {1, 2, 3, 5}) {
       const cpu::CpuContext ctx(threads, sys::widest_simd_path());
       HostTensor c = c0;
-      GemmArgs g;
-      g.trans_b = true;
-      g.m = m;
-      g.n = n;
-      g.k = k;
-      g.a = a.data();
-      g.lda = k;
-      g.b = b.data();
-      g.ldb = k;
-      g.beta = 1.0f;
-      g.c = c.data();
-      g.ldc = n;
-      g.dtype = dt;
+      const GemmArgs g{.trans_b = true,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .a = a.data(),
+                       .lda = k,
+                       .b = b.data(),
+                       .ldb = k,
+                       .beta = 1.0f,
+                       .c = c.data(),
+                       .ldc = n,
+                       .dtype = dt};
       ASSERT_TRUE(cpu::gemm_onednn(ctx, dnnl, g));
       if (!first) {
         first = c;
