@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <type_traits>
 
 #include "src/device/cpu/cpu_ops_internal.h"
@@ -89,122 +88,104 @@ std::int64_t score_row_grain(std::int64_t width) {
   return std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(width, 1));
 }
 
-// The attention's fp32 products, small ones (64 x 256 x 64 for the usual shapes). On OpenBLAS
-// they run from the calling thread only, heads one after another, each spread over OpenBLAS's own
-// threads. Where the context runs fp32 GEMMs on oneDNN they run inside per-head (or per-kv-head)
-// tasks on the arena, one thread each: fewer hand-offs, and both cores busy. One per task.
-class Products {
- public:
-  explicit Products(const CpuContext& ctx) : ctx_(ctx), dnnl_(ctx.onednn_for(DType::kF32)) {}
-  // Whether products may run inside parallel tasks (oneDNN), rather than only on the calling
-  // thread (OpenBLAS).
-  static bool in_tasks(const CpuContext& ctx) { return ctx.onednn_for(DType::kF32) != nullptr; }
+// Whether attention's products run inside per-head (or per-kv-head) tasks on the arena: where
+// the context runs fp32 GEMMs on oneDNN. On OpenBLAS they run from the calling thread only.
+bool products_in_tasks(const CpuContext& ctx) { return ctx.onednn_for(DType::kF32) != nullptr; }
 
-  void operator()(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                  float* c, std::int64_t ldc) {
-    if (dnnl_ == nullptr) {
-      sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      return;
-    }
-    if (m == 0 || n == 0) return;
-    STRATA_CHECK(k > 0, "attention product with an empty inner dimension", m, n);
-    const GemmArgs g{.trans_a = ta,
-                     .trans_b = tb,
-                     .m = m,
-                     .n = n,
-                     .k = k,
-                     .alpha = alpha,
-                     .a = a,
-                     .lda = lda,
-                     .b = b,
-                     .ldb = ldb,
-                     .beta = beta,
-                     .c = c,
-                     .ldc = ldc,
-                     .dtype = DType::kF32};
-    const std::optional<std::size_t> bytes = dnnl_->prepare(g);
-    STRATA_CHECK(bytes.has_value(), "oneDNN has no fp32 kernel for an attention product", m, n, k);
-    if (!scratch_ || *bytes + kAlign > have_) {
-      have_ = *bytes + kAlign;
-      scratch_.emplace(ctx_.scratch(have_ / sizeof(float) + 1));
-    }
-    const auto base = reinterpret_cast<std::uintptr_t>(scratch_->data());
-    dnnl_->run(g, reinterpret_cast<void*>((base + kAlign - 1) / kAlign * kAlign));
+// One of attention's fp32 products, small ones (64 x 256 x 64 for the usual shapes). On OpenBLAS
+// it runs from the calling thread, spread over OpenBLAS's own threads; on oneDNN on the calling
+// task's thread alone (gemm_onednn: one block for products this small), so that heads run side
+// by side with fewer hand-offs.
+void product(const CpuContext& ctx, bool ta, bool tb, std::int64_t m, std::int64_t n,
+             std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+             std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  const OneDnnGemm* dnnl = ctx.onednn_for(DType::kF32);
+  if (dnnl == nullptr) {
+    sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
   }
-
- private:
-  static constexpr std::uintptr_t kAlign = 64;
-  const CpuContext& ctx_;
-  const OneDnnGemm* dnnl_;
-  std::optional<ScratchPool::Lease> scratch_;
-  std::size_t have_ = 0;
-};
+  if (m == 0 || n == 0) return;
+  const GemmArgs g{.trans_a = ta,
+                   .trans_b = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .a = a,
+                   .lda = lda,
+                   .b = b,
+                   .ldb = ldb,
+                   .beta = beta,
+                   .c = c,
+                   .ldc = ldc,
+                   .dtype = DType::kF32};
+  STRATA_CHECK(k > 0 && gemm_onednn(ctx, *dnnl, g),
+               "oneDNN has no fp32 kernel for an attention product", m, n, k);
+}
 
 // One block of query rows over heads [h0, h0 + nh), whose score blocks are `rows` x `w`: for each
-// head h, scores(gemm, h), then row(r) over its score rows r, then finish(gemm, h). Where products
+// head h, scores(h), then row(r) over its score rows r, then finish(h). Where products
 // run in tasks, one task per `unit` heads (aligned: one per kv head when finish adds up over the
 // heads that share it), each head's steps in turn, in head order; on OpenBLAS, every head's
 // scores, the rows in parallel, then every head's finish, in head order.
 template <typename Scores, typename Row, typename Finish>
 void run_heads(const CpuContext& ctx, std::int64_t h0, std::int64_t nh, std::int64_t rows,
                std::int64_t w, std::int64_t unit, Scores&& scores, Row&& row, Finish&& finish) {
-  if (Products::in_tasks(ctx)) {
+  if (products_in_tasks(ctx)) {
     const std::int64_t u0 = h0 / unit, u1 = (h0 + nh - 1) / unit + 1;
     ctx.parallel_for(u1 - u0, 1, [&](std::int64_t t0, std::int64_t t1) {
-      Products gemm(ctx);
       const std::int64_t ha = std::max(h0, (u0 + t0) * unit);
       const std::int64_t hb = std::min(h0 + nh, (u0 + t1) * unit);
       for (std::int64_t h = ha; h < hb; ++h) {
-        scores(gemm, h);
+        scores(h);
         for (std::int64_t r = (h - h0) * rows; r < (h - h0 + 1) * rows; ++r) row(r);
-        finish(gemm, h);
+        finish(h);
       }
     });
     return;
   }
-  Products gemm(ctx);
-  for (std::int64_t h = h0; h < h0 + nh; ++h) scores(gemm, h);
+  for (std::int64_t h = h0; h < h0 + nh; ++h) scores(h);
   ctx.parallel_for(nh * rows, score_row_grain(w), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) row(r);
   });
-  for (std::int64_t h = h0; h < h0 + nh; ++h) finish(gemm, h);
+  for (std::int64_t h = h0; h < h0 + nh; ++h) finish(h);
 }
 
 // sc[i, j] = alpha a_i . b_j over the block (sc: rows x width, row i0 first, key k0 first), for
 // the keys each kSubBlock piece of rows can see; a rows have stride lda from row i0, b rows ldb
 // from key 0.
-void block_abt(Products& gemm, const Dims& d, const RowBlock& blk, float alpha, const float* a,
-               std::int64_t lda, const float* b, std::int64_t ldb, float* sc) {
+void block_abt(const CpuContext& ctx, const Dims& d, const RowBlock& blk, float alpha,
+               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* sc) {
   const std::int64_t w = blk.width();
   for (std::int64_t s0 = blk.i0; s0 < blk.i1; s0 += kSubBlock) {
     const std::int64_t s1 = std::min(blk.i1, s0 + kSubBlock), fk = d.first_key(s0);
-    gemm(false, true, s1 - s0, s1 - fk, d.hd, alpha, a + (s0 - blk.i0) * lda, lda, b + fk * ldb,
-         ldb, 0.0f, sc + (s0 - blk.i0) * w + (fk - blk.k0), w);
+    product(ctx, false, true, s1 - s0, s1 - fk, d.hd, alpha, a + (s0 - blk.i0) * lda, lda,
+            b + fk * ldb, ldb, 0.0f, sc + (s0 - blk.i0) * w + (fk - blk.k0), w);
   }
 }
 
 // c_i = sum_j p[i, j] x_j for the block's rows (p zero outside each row's valid keys); x rows
 // have stride ldx from key 0, c rows ldc from row i0.
-void block_px(Products& gemm, const Dims& d, const RowBlock& blk, const float* p, const float* x,
-              std::int64_t ldx, float* c, std::int64_t ldc) {
+void block_px(const CpuContext& ctx, const Dims& d, const RowBlock& blk, const float* p,
+              const float* x, std::int64_t ldx, float* c, std::int64_t ldc) {
   const std::int64_t w = blk.width();
   for (std::int64_t s0 = blk.i0; s0 < blk.i1; s0 += kSubBlock) {
     const std::int64_t s1 = std::min(blk.i1, s0 + kSubBlock), fk = d.first_key(s0);
-    gemm(false, false, s1 - s0, d.hd, s1 - fk, 1.0f, p + (s0 - blk.i0) * w + (fk - blk.k0), w,
-         x + fk * ldx, ldx, 0.0f, c + (s0 - blk.i0) * ldc, ldc);
+    product(ctx, false, false, s1 - s0, d.hd, s1 - fk, 1.0f, p + (s0 - blk.i0) * w + (fk - blk.k0),
+            w, x + fk * ldx, ldx, 0.0f, c + (s0 - blk.i0) * ldc, ldc);
   }
 }
 
 // c_j += sum_i p[i, j] x_i over the block's rows i >= j: the transpose of block_px, accumulated
 // (c rows ldc from key 0; x rows ldx from row i0).
-void block_ptx_add(Products& gemm, const Dims& d, const RowBlock& blk, const float* p,
+void block_ptx_add(const CpuContext& ctx, const Dims& d, const RowBlock& blk, const float* p,
                    const float* x, std::int64_t ldx, float* c, std::int64_t ldc) {
   const std::int64_t w = blk.width();
   for (std::int64_t j0 = blk.k0; j0 < blk.i1; j0 += kSubBlock) {
     const std::int64_t j1 = std::min(blk.i1, j0 + kSubBlock), r0 = std::max(blk.i0, j0);
-    gemm(true, false, j1 - j0, d.hd, blk.i1 - r0, 1.0f, p + (r0 - blk.i0) * w + (j0 - blk.k0), w,
-         x + (r0 - blk.i0) * ldx, ldx, 1.0f, c + j0 * ldc, ldc);
+    product(ctx, true, false, j1 - j0, d.hd, blk.i1 - r0, 1.0f,
+            p + (r0 - blk.i0) * w + (j0 - blk.k0), w, x + (r0 - blk.i0) * ldx, ldx, 1.0f,
+            c + j0 * ldc, ldc);
   }
 }
 
@@ -257,8 +238,8 @@ void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, 
     float* ob = target_f32(out + b * nq, conv.data() + nq + 2 * nk);
     for_each_block(d, [&](const RowBlock& blk, std::int64_t h0, std::int64_t nh) {
       const std::int64_t i0 = blk.i0, rows = blk.rows(), w = blk.width(), bf = rows * w;
-      const auto scores_of = [&](Products& gemm, std::int64_t h) {
-        block_abt(gemm, d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld,
+      const auto scores_of = [&](std::int64_t h) {
+        block_abt(ctx, d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld,
                   kb + (h / d.group) * d.hd, d.kv_ld, sc + (h - h0) * bf);
       };
       // Row r of the chunk's score blocks (head h0 + r / rows) becomes its softmax.
@@ -275,8 +256,8 @@ void forward_impl(const CpuContext& ctx, const Dims& d, const T* q, const T* k, 
         std::fill(row + hi, row + std::min(w, Dims::round_up(i + 1) - blk.k0), 0.0f);
         lse[(b * d.heads + h) * S + i] = mx + static_cast<float>(std::log(sum));
       };
-      const auto output_of = [&](Products& gemm, std::int64_t h) {
-        block_px(gemm, d, blk, sc + (h - h0) * bf, vb + (h / d.group) * d.hd, d.kv_ld,
+      const auto output_of = [&](std::int64_t h) {
+        block_px(ctx, d, blk, sc + (h - h0) * bf, vb + (h / d.group) * d.hd, d.kv_ld,
                  ob + i0 * d.q_ld + h * d.hd, d.q_ld);
       };
       run_heads(ctx, h0, nh, rows, w, 1, scores_of, softmax_row, output_of);
@@ -315,11 +296,11 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
     std::memset(dvb, 0, static_cast<std::size_t>(nk) * sizeof(float));
     for_each_block(d, [&](const RowBlock& blk, std::int64_t h0, std::int64_t nh) {
       const std::int64_t i0 = blk.i0, rows = blk.rows(), w = blk.width(), bf = rows * w;
-      const auto scores_of = [&](Products& gemm, std::int64_t h) {
+      const auto scores_of = [&](std::int64_t h) {
         const std::int64_t g = h / d.group;
-        block_abt(gemm, d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + g * d.hd,
-                  d.kv_ld, ps + (h - h0) * bf);
-        block_abt(gemm, d, blk, 1.0f, dob + i0 * d.q_ld + h * d.hd, d.q_ld, vb + g * d.hd, d.kv_ld,
+        block_abt(ctx, d, blk, d.scale, qb + i0 * d.q_ld + h * d.hd, d.q_ld, kb + g * d.hd, d.kv_ld,
+                  ps + (h - h0) * bf);
+        block_abt(ctx, d, blk, 1.0f, dob + i0 * d.q_ld + h * d.hd, d.q_ld, vb + g * d.hd, d.kv_ld,
                   dps + (h - h0) * bf);
       };
       // Row r of the chunk's blocks (head h0 + r / rows): P and dS from the scores.
@@ -339,15 +320,15 @@ void backward_impl(const CpuContext& ctx, const Dims& d, const T* dout, const T*
         std::fill(p + hi, p + w, 0.0f);
         std::fill(ds + hi, ds + w, 0.0f);
       };
-      const auto grads_of = [&](Products& gemm, std::int64_t h) {
+      const auto grads_of = [&](std::int64_t h) {
         const std::int64_t g = h / d.group;
         const float* p = ps + (h - h0) * bf;
         const float* ds = dps + (h - h0) * bf;
-        block_ptx_add(gemm, d, blk, p, dob + i0 * d.q_ld + h * d.hd, d.q_ld, dvb + g * d.hd,
+        block_ptx_add(ctx, d, blk, p, dob + i0 * d.q_ld + h * d.hd, d.q_ld, dvb + g * d.hd,
                       d.kv_ld);
-        block_ptx_add(gemm, d, blk, ds, qb + i0 * d.q_ld + h * d.hd, d.q_ld, dkb + g * d.hd,
+        block_ptx_add(ctx, d, blk, ds, qb + i0 * d.q_ld + h * d.hd, d.q_ld, dkb + g * d.hd,
                       d.kv_ld);
-        block_px(gemm, d, blk, ds, kb + g * d.hd, d.kv_ld, dqb + i0 * d.q_ld + h * d.hd, d.q_ld);
+        block_px(ctx, d, blk, ds, kb + g * d.hd, d.kv_ld, dqb + i0 * d.q_ld + h * d.hd, d.q_ld);
       };
       // One task per kv head: dk and dv add up over its query heads in head order.
       run_heads(ctx, h0, nh, rows, w, d.group, scores_of, grad_row, grads_of);

@@ -195,18 +195,16 @@ void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
     dispatch_float(g.dtype, [&](auto t) { scale_c<decltype(t)>(g); });
     return;
   }
+  if (const OneDnnGemm* dnnl = ctx.onednn_for(g.dtype);
+      dnnl != nullptr && gemm_onednn(ctx, *dnnl, g)) {
+    return;
+  }
   switch (g.dtype) {
     case DType::kF32:
-      if (const OneDnnGemm* dnnl = ctx.onednn_for(g.dtype);
-          dnnl != nullptr && gemm_onednn(ctx, *dnnl, g))
-        return;
       sgemm_f32(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a), g.lda,
                 static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
       return;
     case DType::kBF16:
-      if (const OneDnnGemm* dnnl = ctx.onednn_for(g.dtype);
-          dnnl != nullptr && gemm_onednn(ctx, *dnnl, g))
-        return;
       gemm_bf16_tiled(ctx, g, kBf16TileBudgetFloats);
       return;
     default:

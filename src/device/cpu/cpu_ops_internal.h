@@ -174,7 +174,9 @@ class CpuContext {
   const CpuKernels& kernels() const { return kernels_; }
   // oneDNN's primitives where this op table runs `dtype`'s GEMMs on it, else null.
   const OneDnnGemm* onednn_for(DType dtype) const {
-    const GemmLibrary lib = dtype == DType::kBF16 ? gemm_.bf16 : gemm_.f32;
+    const GemmLibrary lib = dtype == DType::kBF16  ? gemm_.bf16
+                            : dtype == DType::kF32 ? gemm_.f32
+                                                   : GemmLibrary::kOpenBlas;
     return lib == GemmLibrary::kOneDnn ? onednn_.get() : nullptr;
   }
   ScratchPool::Lease scratch(std::size_t num_floats) const { return scratch_.take(num_floats); }
