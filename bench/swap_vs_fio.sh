@@ -176,6 +176,22 @@ echo
 printf "%-22s %4s %12s %12s %7s %14s %12s\n" "case" "pair" "strata MB/s" "fio MB/s" "ratio" \
   "strata CPU/GB" "fio CPU/GB"
 
+# A distribution-free confidence interval for the median of the pair ratios: the k-th smallest
+# and k-th largest of n, with k the largest for which Binomial(n, 1/2) puts at most 5% below k
+# (so the interval covers the true median with at least 90% probability; with fewer than 5
+# pairs no k qualifies and the interval is the whole range, whose coverage is printed). Prints
+# "lo hi coverage-percent". A median below its target whose interval still reaches the target
+# cannot be told from it with this many pairs; a whole interval below the target can.
+median_interval() {
+  printf "%s\n" "$@" | python3 -c "
+import math, sys
+r = sorted(float(x) for x in sys.stdin)
+n = len(r)
+below = lambda k: sum(math.comb(n, i) for i in range(k)) / 2 ** n  # P(Binomial(n, 1/2) < k)
+k = max([1] + [k for k in range(1, n // 2 + 1) if below(k) <= 0.05])
+print('%.3f %.3f %.1f' % (r[k - 1], r[n - k], 100 * (1 - 2 * below(k))))"
+}
+
 declare -a SUMMARY
 start=$SECONDS
 for op in $OPS; do
@@ -203,19 +219,23 @@ for op in $OPS; do
       done
       median() { printf "%s\n" "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
       med=$(median "${ratios[@]}")
+      read -r lo hi cover < <(median_interval "${ratios[@]}")
       target=$([[ $bs == 1m ]] && echo 1.0 || echo 0.95)
-      SUMMARY+=("$(printf "%-22s median ratio %.3f  (pairs: %s)  CPU s/GB strata %.4f fio %.4f" \
-        "$name" "$med" "${ratios[*]}" "$(median "${scpu[@]}")" "$(median "${fcpu[@]}")")|$med|$target")
+      SUMMARY+=("$(printf "%-22s median ratio %.3f  [%s, %s] at %s%%  (pairs: %s)  CPU s/GB strata %.4f fio %.4f" \
+        "$name" "$med" "$lo" "$hi" "$cover" "${ratios[*]}" "$(median "${scpu[@]}")" \
+        "$(median "${fcpu[@]}")")|$med|$target|$hi")
     done
   done
 done
 
 echo
-echo "median strata/fio per case (target >= 0.95, >= 1.0 at 1 MiB):"
+echo "median strata/fio per case, [interval for the median] (target >= 0.95, >= 1.0 at 1 MiB):"
 fails=0
 for line in "${SUMMARY[@]}"; do
-  IFS='|' read -r text med target <<<"$line"
-  verdict=$(python3 -c "print('ok' if $med >= $target else 'BELOW TARGET')")
+  IFS='|' read -r text med target hi <<<"$line"
+  verdict=$(python3 -c "print('ok' if $med >= $target else
+    'BELOW TARGET (the interval reaches it: not told apart)' if $hi >= $target else
+    'BELOW TARGET (the whole interval is below)')")
   [[ $verdict == ok ]] || fails=$((fails + 1))
   echo "  $text  $verdict"
 done
