@@ -23,10 +23,11 @@
 # What makes the two comparable: both use io_uring with O_DIRECT on the same directory, the same
 # bytes, block size, queue depth and job count, sequential offsets from 0, and buffers in 2 MiB
 # huge pages (one DMA segment per request, not 256: without them fio loses up to half its
-# bandwidth at 1 MiB on a fast device, which is not the engine's doing). Each timed run follows
-# an untimed write and read of the whole file by the same tool (strata io-bench verifies its data
-# that way before timing; fio does the same passes here), so both read data written moments
-# before and both write over blocks that were already written. Both read back random data that
+# bandwidth at 1 MiB on a fast device, which is not the engine's doing). Each timed run is on a
+# new file, after untimed passes by the same tool: a write of the whole file (twice before timed
+# reads) and a read (strata io-bench verifies its data that way before timing; fio does the same
+# passes here), so both read data written moments before, both write over blocks that were
+# already written, and both files have the same history. Both read back random data that
 # differs from block to block (strata io-bench always writes such data; fio's untimed write uses
 # --refill_buffers): a virtual disk may read a file made of one repeated buffer at another speed.
 # fio's timed writes keep its default repeated buffer, its fastest setting (--refill_buffers costs
@@ -149,11 +150,15 @@ cpu_s = (j['usr_cpu'] + j['sys_cpu']) / 100.0 * j['job_runtime'] / 1e3
 print('%.1f %.4f' % (d['bw_bytes'] / 1e6, cpu_s / (d['io_bytes'] / 1e9)))"
 }
 
-# The untimed passes strata io-bench makes before timing: write everything (random data that
-# differs from block to block), read it back.
-fio_prepare() {  # block_mib depth
-  fio_run write "$1" "$2" --refill_buffers >/dev/null
-  fio_run read "$1" "$2" >/dev/null
+# The untimed passes strata io-bench makes before timing, on a new file as io-bench's is: write
+# everything (random data that differs from block to block), again before timed reads, and read
+# it back. A virtual disk's speed depends on a file's history (a long-lived file rewritten many
+# times wrote at half the speed of a new one on one VM), so both tools time the same history.
+fio_prepare() {  # op block depth
+  rm -f "$FIO_FILE"
+  fio_run write "$2" "$3" --refill_buffers >/dev/null
+  if [[ $1 == read ]]; then fio_run write "$2" "$3" --refill_buffers >/dev/null; fi
+  fio_run read "$2" "$3" >/dev/null
 }
 
 strata_run() {  # op block depth; prints "MB/s CPU-s-per-GB"
@@ -204,10 +209,10 @@ for op in $OPS; do
       for ((p = 1; p <= PAIRS; p++)); do
         if (( p % 2 == 1 )); then
           read -r s sc < <(strata_run "$op" "$bs" "$qd")
-          fio_prepare "$bs" "$qd"
+          fio_prepare "$op" "$bs" "$qd"
           read -r f fc < <(fio_run "$op" "$bs" "$qd")
         else
-          fio_prepare "$bs" "$qd"
+          fio_prepare "$op" "$bs" "$qd"
           read -r f fc < <(fio_run "$op" "$bs" "$qd")
           read -r s sc < <(strata_run "$op" "$bs" "$qd")
         fi
