@@ -13,6 +13,9 @@
 #   FIO_IOMEM=shmhuge        fio's buffers: shmhuge (huge pages, reserved here and released at
 #                            exit; needs root), or malloc (4 KiB pages) for a control run
 #   STRATA_FLAGS=...         extra io-bench flags, e.g. "--no-huge-pages" for a control run
+#   FIO_HISTORY=new          fio's file: new for every pair, as io-bench's swap file is (new), or
+#                            one file rewritten by every pair of the run (aged); on some devices
+#                            a file's history changes its speed by more than the targets' margin
 #   RAM_DEVICE_GIB=N         measure on a RAM-backed block device of N GiB instead of DIR's drive:
 #                            a loop device with direct I/O over a file in /dev/shm, formatted
 #                            ext4 and mounted for the run, then removed (needs root, losetup and
@@ -46,6 +49,9 @@ OPS=${OPS:-"read write"}
 FIO_IOMEM=${FIO_IOMEM:-shmhuge}
 STRATA_FLAGS=${STRATA_FLAGS:-}
 RAM_DEVICE_GIB=${RAM_DEVICE_GIB:-}
+FIO_HISTORY=${FIO_HISTORY:-new}
+[[ $FIO_HISTORY == new || $FIO_HISTORY == aged ]] ||
+  { echo "FIO_HISTORY must be new or aged, got '$FIO_HISTORY'" >&2; exit 2; }
 
 command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)" >&2; exit 2; }
 [[ -x "$STRATA" ]] || { echo "no strata binary at $STRATA (build it, or pass its path)" >&2; exit 2; }
@@ -155,7 +161,7 @@ print('%.1f %.4f' % (d['bw_bytes'] / 1e6, cpu_s / (d['io_bytes'] / 1e9)))"
 # it back. A virtual disk's speed depends on a file's history (a long-lived file rewritten many
 # times wrote at half the speed of a new one on one VM), so both tools time the same history.
 fio_prepare() {  # op block depth
-  rm -f "$FIO_FILE"
+  [[ $FIO_HISTORY == new ]] && rm -f "$FIO_FILE"
   fio_run write "$2" "$3" --refill_buffers >/dev/null
   if [[ $1 == read ]]; then fio_run write "$2" "$3" --refill_buffers >/dev/null; fi
   fio_run read "$2" "$3" >/dev/null
@@ -174,7 +180,7 @@ echo "strata swap engine vs fio: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs
 device=$(df --output=source "$DIR" | tail -1)
 [[ -n "$RAM_LOOP" ]] && device="$RAM_LOOP: RAM-backed, ${RAM_DEVICE_GIB} GiB in /dev/shm, direct I/O"
 echo "directory $DIR ($(stat -f -c %T "$DIR") on $device), ${SIZE_MIB} MiB per run, $THREADS thread(s)/job(s), $PAIRS pairs per case"
-echo "fio buffers: $FIO_BUFFERS"
+echo "fio buffers: $FIO_BUFFERS; fio's file: $FIO_HISTORY (FIO_HISTORY)"
 echo "strata: $STRATA io-bench --path $DIR --size ${SIZE_MIB}MiB --block-size B --queue-depth Q --threads $THREADS --op OP --json $STRATA_FLAGS"
 echo "fio:    fio --filename=$FIO_FILE --ioengine=io_uring --direct=1 --rw=OP --bs=B --iodepth=Q --numjobs=$THREADS --size=$((JOB_MIB))m --offset_increment=$((JOB_MIB))m --iomem=$FIO_IOMEM"
 echo
