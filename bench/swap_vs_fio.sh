@@ -187,21 +187,10 @@ echo
 printf "%-22s %4s %12s %12s %7s %14s %12s\n" "case" "pair" "strata MB/s" "fio MB/s" "ratio" \
   "strata CPU/GB" "fio CPU/GB"
 
-# A distribution-free confidence interval for the median of the pair ratios: the k-th smallest
-# and k-th largest of n, with k the largest for which Binomial(n, 1/2) puts at most 5% below k
-# (so the interval covers the true median with at least 90% probability; with fewer than 5
-# pairs no k qualifies and the interval is the whole range, whose coverage is printed). Prints
-# "lo hi coverage-percent". A median below its target whose interval still reaches the target
-# cannot be told from it with this many pairs; a whole interval below the target can.
-median_interval() {
-  printf "%s\n" "$@" | python3 -c "
-import math, sys
-r = sorted(float(x) for x in sys.stdin)
-n = len(r)
-below = lambda k: sum(math.comb(n, i) for i in range(k)) / 2 ** n  # P(Binomial(n, 1/2) < k)
-k = max([1] + [k for k in range(1, n // 2 + 1) if below(k) <= 0.05])
-print('%.3f %.3f %.1f' % (r[k - 1], r[n - k], 100 * (1 - 2 * below(k))))"
-}
+# The median ratio's interval (bench/median_interval.py): a median below its target whose
+# interval still reaches the target cannot be told from it with this many pairs; a whole
+# interval below the target can.
+median_interval() { python3 "$(dirname "${BASH_SOURCE[0]}")/median_interval.py" "$@"; }
 
 declare -a SUMMARY
 start=$SECONDS
