@@ -1,9 +1,7 @@
 // bench/swap_vs_fio.sh's pieces that run without fio or root: the interval it prints beside each
 // median ratio (bench/median_interval.py) and its refusal of a bad FIO_HISTORY.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -15,23 +13,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int exit_code;
-  std::string out, err;
-};
+testing::RunResult run(const std::string& command) {
+  const testing::TempDir dir;
+  return testing::run_command(dir, command);
+}
 
-Outcome run(const std::string& command) {
-  testing::TempDir dir;
-  const std::string cmd =
-      command + " >" + dir.file("stdout.txt") + " 2>" + dir.file("stderr.txt") + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::slurp(dir.file("stdout.txt")),
-          testing::slurp(dir.file("stderr.txt"))};
+std::string median_interval_script() {
+  return (fs::path(STRATA_SOURCE_DIR) / "bench/median_interval.py").string();
 }
 
 std::string interval(const std::string& values) {
-  const fs::path script = fs::path(STRATA_SOURCE_DIR) / "bench/median_interval.py";
-  const Outcome o = run("python3 " + script.string() + " " + values);
+  const testing::RunResult o = run("python3 " + median_interval_script() + " " + values);
   EXPECT_EQ(o.exit_code, 0) << o.err;
   return o.out;
 }
@@ -50,8 +42,7 @@ TEST(SwapVsFioScriptTest, MedianIntervalTakesTheOrderStatisticsTheBinomialAllows
 }
 
 TEST(SwapVsFioScriptTest, MedianIntervalRefusesWhatIsNotANumber) {
-  const fs::path script = fs::path(STRATA_SOURCE_DIR) / "bench/median_interval.py";
-  const Outcome o = run("python3 " + script.string() + " 1.0 fast");
+  const testing::RunResult o = run("python3 " + median_interval_script() + " 1.0 fast");
   EXPECT_NE(o.exit_code, 0);
   EXPECT_NE(o.err.find("expected one or more numbers"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("fast"), std::string::npos) << o.err;
@@ -59,7 +50,8 @@ TEST(SwapVsFioScriptTest, MedianIntervalRefusesWhatIsNotANumber) {
 
 TEST(SwapVsFioScriptTest, ABadFioHistoryStopsTheRunNamingTheValue) {
   const fs::path script = fs::path(STRATA_SOURCE_DIR) / "bench/swap_vs_fio.sh";
-  const Outcome o = run("FIO_HISTORY=older bash " + script.string() + " /nonexistent/strata");
+  const testing::RunResult o =
+      run("FIO_HISTORY=older bash " + script.string() + " /nonexistent/strata");
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_NE(o.err.find("FIO_HISTORY must be new or aged, got 'older'"), std::string::npos) << o.err;
   EXPECT_EQ(o.out, "") << "it went on to measure";
