@@ -236,11 +236,20 @@ TEST(IoBenchCliTest, BadFlagsAreReportedTogether) {
                         "--op 'sideways' must be read, write, both, mixed or all"}) {
     EXPECT_NE(r.err.find(s), std::string::npos) << "'" << s << "' missing in: " << r.err;
   }
-  r = run_cli(out, "io-bench --path " + swap_dir.path() + "/missing --size 1MiB");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("swap directory " + swap_dir.path() + "/missing does not exist"),
+  // A missing or wrong --path is a usage error named in the flag's words, before any output.
+  const std::string missing = swap_dir.path() + "/missing";
+  r = run_cli(out, "io-bench --path " + missing + " --size 1MiB");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--path '" + missing + "' does not exist; create it (mkdir -p " + missing),
             std::string::npos)
       << r.err;
+  EXPECT_EQ(r.out, "");
+  const std::string file = swap_dir.path() + "/plain-file";
+  std::ofstream(file) << "not a directory";
+  r = run_cli(out, "io-bench --path " + swap_dir.path() + " --path " + file + " --size 1MiB");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--path '" + file + "' is not a directory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--path '" + swap_dir.path() + "'"), std::string::npos) << r.err;
   r = run_cli(out, "io-bench --size 1MiB");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--path"), std::string::npos) << r.err;

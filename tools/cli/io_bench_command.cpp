@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -154,6 +155,23 @@ Result<Plan> make_plan(const BenchArgs& a) {
   std::vector<std::string> problems;
   Plan p;
   if (a.paths.empty()) problems.push_back("--path is required: a directory on the drive to test");
+  // Checked before the table's header is printed, in the flag's own words (the swap space would
+  // name the config key swap_paths).
+  for (const std::string& dir : a.paths) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(dir, ec);
+    if (status.type() == std::filesystem::file_type::not_found) {
+      problems.push_back("--path '" + dir + "' does not exist; create it (mkdir -p " + dir +
+                         ") or pass a directory on the drive to test");
+    } else if (ec) {
+      problems.push_back("--path '" + dir + "' cannot be inspected: " + ec.message());
+    } else if (status.type() != std::filesystem::file_type::directory) {
+      problems.push_back("--path '" + dir +
+                         "' is not a directory; pass a directory on the drive to test");
+    } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+      problems.push_back("--path '" + dir + "' is not writable: " + std::strerror(errno));
+    }
+  }
   auto size = parse_bytes(a.size);
   if (!size.is_ok() || *size < kPage) {
     problems.push_back("--size '" + a.size + "' must be a byte size of at least 4096 (e.g. 1GiB)");
