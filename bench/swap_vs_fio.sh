@@ -42,8 +42,9 @@
 # (--refill_buffers costs it CPU). That buffer set is depth x block bytes, 8 MiB at 1 MiB depth 8,
 # and stays in the CPU's last-level cache, while io-bench writes block-unique data from a 1 GiB
 # source in memory: on a device that copies with the CPU (RAM_DEVICE_GIB) this favours fio's
-# small-set writes by about 14% (bench/RESULTS.md); a drive's DMA does not care. The disk varies +-20% from run to run, so the runs of a pair
-# rotate (who goes first moves each pair) and the ratio reported is the median of the pairs.
+# small-set writes by about 14% (bench/RESULTS.md); a drive's DMA does not care. The disk
+# varies +-20% from run to run, so the runs of a pair rotate (who goes first moves each pair)
+# and the ratio reported is the median of the pairs.
 set -euo pipefail
 
 STRATA=${1:-${STRATA:-build/strata}}
