@@ -124,41 +124,74 @@ f16 f32_to_f16(float f) {
   return f16{static_cast<std::uint16_t>(sign | (v >> 13))};
 }
 
+namespace {
+
+// One loop per pair of dtypes: no per-element dispatch, so each loop is a plain elementwise map.
+template <typename Load, typename Store>
+void convert_with(const void* src, void* dst, std::size_t n, Load load, Store store) {
+  for (std::size_t i = 0; i < n; ++i) store(dst, i, load(src, i));
+}
+
+float load_f32(const void* p, std::size_t i) { return static_cast<const float*>(p)[i]; }
+float load_bf16(const void* p, std::size_t i) {
+  return bf16_to_f32(static_cast<const bf16*>(p)[i]);
+}
+float load_f16(const void* p, std::size_t i) { return f16_to_f32(static_cast<const f16*>(p)[i]); }
+void store_f32(void* p, std::size_t i, float x) { static_cast<float*>(p)[i] = x; }
+void store_bf16(void* p, std::size_t i, float x) { static_cast<bf16*>(p)[i] = f32_to_bf16(x); }
+void store_f16(void* p, std::size_t i, float x) { static_cast<f16*>(p)[i] = f32_to_f16(x); }
+
+bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+template <typename Load>
+void convert_from(const void* src, Load load, void* dst, DType dst_dtype, std::size_t n) {
+  switch (dst_dtype) {
+    case DType::kF32:
+      return convert_with(src, dst, n, load, store_f32);
+    case DType::kBF16:
+      return convert_with(src, dst, n, load, store_bf16);
+    case DType::kF16:
+      return convert_with(src, dst, n, load, store_f16);
+    default:
+      STRATA_CHECK(false, "convert: unsupported destination dtype", dtype_name(dst_dtype));
+  }
+}
+
+}  // namespace
+
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n) {
   if (src_dtype == dst_dtype) {
     std::memcpy(dst, src, n * dtype_size(src_dtype));
     return;
   }
-  STRATA_CHECK(src_dtype == DType::kF32 || src_dtype == DType::kBF16 || src_dtype == DType::kF16,
-               "convert: unsupported source dtype", dtype_name(src_dtype));
-  for (std::size_t i = 0; i < n; ++i) {
-    const float x = load_as_f32(src, src_dtype, i);
-    switch (dst_dtype) {
-      case DType::kF32:
-        static_cast<float*>(dst)[i] = x;
-        break;
-      case DType::kBF16:
-        static_cast<bf16*>(dst)[i] = f32_to_bf16(x);
-        break;
-      case DType::kF16:
-        static_cast<f16*>(dst)[i] = f32_to_f16(x);
-        break;
-      default:
-        STRATA_CHECK(false, "convert: unsupported destination dtype", dtype_name(dst_dtype));
-    }
+  STRATA_CHECK(is_float_dtype(src_dtype), "convert: unsupported source dtype",
+               dtype_name(src_dtype));
+  STRATA_CHECK(is_float_dtype(dst_dtype), "convert: unsupported destination dtype",
+               dtype_name(dst_dtype));
+  switch (src_dtype) {
+    case DType::kF32:
+      return convert_from(src, load_f32, dst, dst_dtype, n);
+    case DType::kBF16:
+      return convert_from(src, load_bf16, dst, dst_dtype, n);
+    default:
+      return convert_from(src, load_f16, dst, dst_dtype, n);
   }
 }
 
 namespace {
+// Element i of the chunk goes to lane i % kSumSquaresLanes; each lane sums in order; the lanes
+// are added as a fixed tree. A square of a float is exact in double, so a fused multiply-add
+// gives the same bits as a multiply then an add: every SIMD path can match this loop.
 template <typename T, typename Load>
 double squares_of(const void* x, std::size_t n, Load load) {
+  static_assert(kSumSquaresLanes == 8);
   const T* v = static_cast<const T*>(x);
-  double s = 0.0;
+  double lane[kSumSquaresLanes] = {};
   for (std::size_t i = 0; i < n; ++i) {
     const double d = load(v[i]);
-    s += d * d;
+    lane[i % kSumSquaresLanes] += d * d;
   }
-  return s;
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 }  // namespace
 

@@ -52,15 +52,19 @@ inline float load_as_f32(const void* data, DType dtype, std::size_t i) {
   }
 }
 
-// Converts n elements between f32/bf16/f16 buffers (same dtype: memcpy).
+// Converts n elements between f32/bf16/f16 buffers (same dtype: memcpy). The scalar reference:
+// hot paths use device::HostArrays (the same bits, vectorized and parallel).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n);
 
-// A sum of squares in float64 is taken in chunks of kSumSquaresChunkElems elements, each summed in
-// order by sum_squares_chunk, and the chunks' sums added in order: the same bits however the
-// chunks are spread over threads. The CPU backend's sum_squares op and the offload engine's
-// host-side gradient sums both do this, so a gradient norm is the same number whether its pieces
-// were summed on the device or on the host.
+// A sum of squares in float64 is taken in chunks of kSumSquaresChunkElems elements, each summed by
+// sum_squares_chunk in kSumSquaresLanes lanes (element i of the chunk in lane i % 8, each lane in
+// order, the lanes added as a fixed tree), and the chunks' sums added in order: the same bits
+// however the chunks are spread over threads and whatever the SIMD width. The CPU backend's
+// sum_squares op and the host-side gradient sums (device::HostArrays) both do this, so a gradient
+// norm is the same number whether its pieces were summed on the device or on the host.
 inline constexpr std::size_t kSumSquaresChunkElems = 65536;
-double sum_squares_chunk(const void* x, DType dtype, std::size_t n);  // f32/bf16/f16, one chunk
+inline constexpr std::size_t kSumSquaresLanes = 8;
+// The scalar reference of one chunk; f32/bf16/f16.
+double sum_squares_chunk(const void* x, DType dtype, std::size_t n);
 
 }  // namespace strata

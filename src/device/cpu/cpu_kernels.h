@@ -20,12 +20,29 @@ namespace strata::device::cpu {
 // Index of a kernel's storage dtype in the tables below.
 enum KernelDType : std::uint8_t { kKernelF32 = 0, kKernelBF16 = 1, kNumKernelDTypes = 2 };
 
+// Index of an array's element type in the conversion and reduction tables below.
+enum ArrayDType : std::uint8_t {
+  kArrayF32 = 0,
+  kArrayBF16 = 1,
+  kArrayF16 = 2,
+  kNumArrayDTypes = 3
+};
+
 // Trivial type: value-initialize it (`CpuKernels k{};`) before filling it.
 struct CpuKernels {
   const char* name;
   // dst[i] = src[i] as float / rounded to bf16 (nearest, ties to even; NaN stays NaN).
   void (*bf16_to_f32)(const std::uint16_t* src, float* dst, std::int64_t n);
   void (*f32_to_bf16)(const float* src, std::uint16_t* dst, std::int64_t n);
+  // The same for f16, exactly strata::f16_to_f32 / strata::f32_to_f16 (a NaN becomes
+  // sign | 0x7e00).
+  void (*f16_to_f32)(const std::uint16_t* src, float* dst, std::int64_t n);
+  void (*f32_to_f16)(const float* src, std::uint16_t* dst, std::int64_t n);
+  // strata::sum_squares_chunk of x[0, n): 8 lanes of float64, element i in lane i % 8.
+  double (*sum_squares[kNumArrayDTypes])(const void* x, std::int64_t n);
+  // acc[i] = (fresh ? 0.0f : acc[i]) + grad[i] widened to f32, then the sum of squares of the
+  // new acc[0, n) as sum_squares[kArrayF32] takes it, block by block while it is in cache.
+  double (*accumulate[kNumArrayDTypes])(float* acc, const void* grad, std::int64_t n, bool fresh);
   // out = silu(gate) * up, all [n] of the table's dtype.
   void (*swiglu_forward[kNumKernelDTypes])(const void* gate, const void* up, void* out,
                                            std::int64_t n);

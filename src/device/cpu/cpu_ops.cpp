@@ -323,41 +323,12 @@ class CpuOps final : public Ops {
 
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
-    const std::size_t ss = dtype_size(src_dtype), ds = dtype_size(dst_dtype);
-    if (src_dtype == DType::kBF16 && dst_dtype == DType::kF32) {
-      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        load_row(ctx_.kernels(), static_cast<const bf16*>(src) + i0, static_cast<float*>(dst) + i0,
-                 i1 - i0);
-      });
-      return;
-    }
-    if (src_dtype == DType::kF32 && dst_dtype == DType::kBF16) {
-      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        store_row(ctx_.kernels(), static_cast<const float*>(src) + i0, static_cast<bf16*>(dst) + i0,
-                  i1 - i0);
-      });
-      return;
-    }
-    ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-      convert(static_cast<const std::byte*>(src) + i0 * ss, src_dtype,
-              static_cast<std::byte*>(dst) + i0 * ds, dst_dtype, static_cast<std::size_t>(i1 - i0));
-    });
+    cpu::parallel_convert(ctx_, src, src_dtype, dst, dst_dtype, n);
   }
 
   void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
     // Chunked as core/dtype.h says (kSumSquaresChunkElems), so host and device sums agree.
-    constexpr auto kChunk = static_cast<std::int64_t>(kSumSquaresChunkElems);
-    const std::int64_t num_chunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> partial(static_cast<std::size_t>(num_chunks), 0.0);
-    const auto* bytes = static_cast<const std::byte*>(x);
-    const std::size_t esize = dtype_size(dtype);
-    ctx_.parallel_chunks(n, kChunk, [&](std::int64_t c, std::int64_t i0, std::int64_t i1) {
-      partial[static_cast<std::size_t>(c)] = sum_squares_chunk(
-          bytes + static_cast<std::size_t>(i0) * esize, dtype, static_cast<std::size_t>(i1 - i0));
-    });
-    double total = 0.0;
-    for (double p : partial) total += p;
-    *result = total;
+    *result = cpu::parallel_sum_squares(ctx_, x, dtype, n);
   }
 
   void adamw(const AdamWArgs& args) const override { cpu::cpu_adamw(ctx_, args); }

@@ -243,6 +243,14 @@ void cpu_attention_backward(const CpuContext& ctx, const void* dout, const void*
                             const void* v, const void* out, const float* lse, void* dq, void* dk,
                             void* dv, const AttentionShape& shape, DType dtype);
 
+// Host array kernels over the context's arena (host_arrays.cpp), shared by the cast and
+// sum_squares ops and device::HostArrays; the bits are those of core/dtype.h's references.
+void parallel_convert(const CpuContext& ctx, const void* src, DType src_dtype, void* dst,
+                      DType dst_dtype, std::int64_t n);
+double parallel_sum_squares(const CpuContext& ctx, const void* x, DType dtype, std::int64_t n);
+double parallel_accumulate(const CpuContext& ctx, float* acc, const void* grad, DType grad_dtype,
+                           std::int64_t n, bool fresh);
+
 // AdamW step (cpu_adamw.cpp).
 void cpu_adamw(const CpuContext& ctx, const AdamWArgs& args);
 
