@@ -25,16 +25,20 @@ void adamw_reference(const AdamWArgs& a) {
   const float one_minus_b1 = c.one_minus_beta1, one_minus_b2 = c.one_minus_beta2;
   const auto beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
   const auto eps = static_cast<float>(a.eps), weight_decay = static_cast<float>(a.weight_decay);
+  const bool out_of_place = a.param_in != nullptr;
+  const float* param_in = out_of_place ? a.param_in : a.param;
+  const float* exp_avg_in = out_of_place ? a.exp_avg_in : a.exp_avg;
+  const float* exp_avg_sq_in = out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq;
   for (std::int64_t i = 0; i < a.n; ++i) {
     float g = load_as_f32(a.grad, a.grad_dtype, static_cast<std::size_t>(i)) * a.grad_scale;
-    float p = a.param[i];
+    float p = param_in[i];
     if (a.adamw_mode) {
       p *= decay;
     } else {
       g += weight_decay * p;
     }
-    const float m = beta1 * a.exp_avg[i] + one_minus_b1 * g;
-    const float v = beta2 * a.exp_avg_sq[i] + one_minus_b2 * g * g;
+    const float m = beta1 * exp_avg_in[i] + one_minus_b1 * g;
+    const float v = beta2 * exp_avg_sq_in[i] + one_minus_b2 * g * g;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;
     p -= step_size * m / (std::sqrt(v) / bc2_sqrt + eps);

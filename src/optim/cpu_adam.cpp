@@ -84,6 +84,9 @@ void check_args(const device::AdamWArgs& a) {
   STRATA_CHECK(
       a.param != nullptr && a.grad != nullptr && a.exp_avg != nullptr && a.exp_avg_sq != nullptr,
       "CpuAdam: null param, grad or moment pointer");
+  const int inputs =
+      (a.param_in != nullptr) + (a.exp_avg_in != nullptr) + (a.exp_avg_sq_in != nullptr);
+  STRATA_CHECK(inputs == 0 || inputs == 3, "CpuAdam: out of place needs all three inputs", inputs);
 }
 
 }  // namespace
@@ -146,6 +149,7 @@ struct CpuAdam::Impl {
   void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
     const std::size_t gsize = dtype_size(a.grad_dtype);
     const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
+    const bool out_of_place = a.param_in != nullptr;
     for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
       const auto ub = static_cast<std::size_t>(b);
       AdamTile t{
@@ -154,7 +158,10 @@ struct CpuAdam::Impl {
           a.exp_avg + b,
           a.exp_avg_sq + b,
           a.param_out != nullptr ? static_cast<std::byte*>(a.param_out) + ub * osize : nullptr,
-          e - b};
+          e - b,
+          (out_of_place ? a.param_in : a.param) + b,
+          (out_of_place ? a.exp_avg_in : a.exp_avg) + b,
+          (out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq) + b};
       kernel(t);
     });
   }

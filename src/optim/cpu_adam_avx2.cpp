@@ -147,11 +147,11 @@ inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i) {
     g[k] = _mm256_mul_ps(load_grad<G>(t.grad, i + kLanes * k), c.grad_scale);
   }
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) p[k] = _mm256_loadu_ps(t.param + i + kLanes * k);
+  for (int k = 0; k < S; ++k) p[k] = _mm256_loadu_ps(t.param_in + i + kLanes * k);
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) m[k] = _mm256_loadu_ps(t.exp_avg + i + kLanes * k);
+  for (int k = 0; k < S; ++k) m[k] = _mm256_loadu_ps(t.exp_avg_in + i + kLanes * k);
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) v[k] = _mm256_loadu_ps(t.exp_avg_sq + i + kLanes * k);
+  for (int k = 0; k < S; ++k) v[k] = _mm256_loadu_ps(t.exp_avg_sq_in + i + kLanes * k);
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) {
     if constexpr (kAdamW) {
@@ -176,12 +176,12 @@ inline void on_padded_copy(const AdamTile& t, std::int64_t i, std::int64_t rem, 
   alignas(32) float p[kLanes] = {}, m[kLanes] = {}, v[kLanes] = {};
   alignas(32) unsigned char g[kLanes * 4] = {}, out[kLanes * 4] = {};
   const auto f32 = static_cast<std::size_t>(rem) * 4;
-  std::memcpy(p, t.param + i, f32);
-  std::memcpy(m, t.exp_avg + i, f32);
-  std::memcpy(v, t.exp_avg_sq + i, f32);
+  std::memcpy(p, t.param_in + i, f32);
+  std::memcpy(m, t.exp_avg_in + i, f32);
+  std::memcpy(v, t.exp_avg_sq_in + i, f32);
   std::memcpy(g, static_cast<const unsigned char*>(t.grad) + i * grad_bytes(G),
               static_cast<std::size_t>(rem * grad_bytes(G)));
-  const AdamTile tmp{p, g, m, v, out, kLanes};
+  const AdamTile tmp{p, g, m, v, out, kLanes, p, m, v};
   vec(tmp);
   std::memcpy(t.param + i, p, f32);
   std::memcpy(t.exp_avg + i, m, f32);
@@ -219,9 +219,9 @@ inline void prefetch_ahead(const AdamTile& t, std::int64_t i) {
                                          static_cast<std::uintptr_t>(byte_offset));
   };
   for (std::int64_t e = 0; e < kElems; e += 16) {
-    _mm_prefetch(at(t.param, (i + kAhead + e) * 4), _MM_HINT_T0);
-    _mm_prefetch(at(t.exp_avg, (i + kAhead + e) * 4), _MM_HINT_T0);
-    _mm_prefetch(at(t.exp_avg_sq, (i + kAhead + e) * 4), _MM_HINT_T0);
+    _mm_prefetch(at(t.param_in, (i + kAhead + e) * 4), _MM_HINT_T0);
+    _mm_prefetch(at(t.exp_avg_in, (i + kAhead + e) * 4), _MM_HINT_T0);
+    _mm_prefetch(at(t.exp_avg_sq_in, (i + kAhead + e) * 4), _MM_HINT_T0);
     if constexpr (G == kGradF32) _mm_prefetch(at(t.grad, (i + kAhead + e) * 4), _MM_HINT_T0);
   }
 }
@@ -270,14 +270,16 @@ inline void roofline_vec(const AdamTile& t, std::int64_t i) {
     }
   }
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) p[k] = _mm256_add_ps(_mm256_loadu_ps(t.param + i + kLanes * k), g[k]);
-#pragma GCC unroll 4
   for (int k = 0; k < S; ++k) {
-    m[k] = _mm256_add_ps(_mm256_loadu_ps(t.exp_avg + i + kLanes * k), g[k]);
+    p[k] = _mm256_add_ps(_mm256_loadu_ps(t.param_in + i + kLanes * k), g[k]);
   }
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) {
-    v[k] = _mm256_add_ps(_mm256_loadu_ps(t.exp_avg_sq + i + kLanes * k), g[k]);
+    m[k] = _mm256_add_ps(_mm256_loadu_ps(t.exp_avg_in + i + kLanes * k), g[k]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) {
+    v[k] = _mm256_add_ps(_mm256_loadu_ps(t.exp_avg_sq_in + i + kLanes * k), g[k]);
   }
   store_state<kNT, S>(t, i, m, v, p);
 #pragma GCC unroll 4

@@ -158,19 +158,28 @@ inline void store_out(void* out, std::int64_t i, __m512 p, __mmask16 k) {
 
 // ---- Adam ----
 
-// The statements of device::adamw_reference on 16 lanes; same operations, same order.
+// Vectors per block. A block loads kSpan vectors of each input array, updates them, then stores
+// kSpan vectors of each output array, so every f32 array is touched in runs of 4 cache lines
+// instead of alternating between all of them every 64 bytes (as the AVX2 kernels do, and for the
+// same reason: arrays whose addresses agree in many low bits evict each other's lines when they
+// are interleaved line by line). Each lane still sees exactly the reference's operations in its
+// order.
+constexpr int kSpan = 4;
+
+// The statements of device::adamw_reference on 16 lanes; same operations, same order. For the
+// masked head and tail of a tile.
 template <int G, int O, bool kAdamW, bool kNativeBF16, bool kMasked, bool kNT>
 inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i, __mmask16 k) {
   __m512 g = _mm512_mul_ps(load_grad<G, kMasked>(t.grad, i, k), c.grad_scale);
-  __m512 p = load_f32<kMasked>(t.param + i, k);
+  __m512 p = load_f32<kMasked>(t.param_in + i, k);
   if constexpr (kAdamW) {
     p = _mm512_mul_ps(p, c.decay);
   } else {
     g = _mm512_add_ps(g, _mm512_mul_ps(c.wd, p));
   }
-  const __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, load_f32<kMasked>(t.exp_avg + i, k)),
+  const __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, load_f32<kMasked>(t.exp_avg_in + i, k)),
                                  _mm512_mul_ps(c.omb1, g));
-  const __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, load_f32<kMasked>(t.exp_avg_sq + i, k)),
+  const __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, load_f32<kMasked>(t.exp_avg_sq_in + i, k)),
                                  _mm512_mul_ps(_mm512_mul_ps(c.omb2, g), g));
   store_f32<kMasked, kNT>(t.exp_avg + i, m, k);
   store_f32<kMasked, kNT>(t.exp_avg_sq + i, v, k);
@@ -179,6 +188,53 @@ inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i, __mmas
   p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c.step_size, m), denom));
   store_f32<kMasked, kNT>(t.param + i, p, k);
   store_out<O, kNativeBF16, kMasked, kNT>(t.param_out, i, p, k);
+}
+
+// Stores S vectors of each f32 state array, one array after the other (see kSpan).
+template <bool kNT, int S>
+inline void store_state(const AdamTile& t, std::int64_t i, const __m512* m, const __m512* v,
+                        const __m512* p) {
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_f32<false, kNT>(t.exp_avg + i + kLanes * k, m[k], kAll);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_f32<false, kNT>(t.exp_avg_sq + i + kLanes * k, v[k], kAll);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_f32<false, kNT>(t.param + i + kLanes * k, p[k], kAll);
+}
+
+// adam_vec on S whole vectors, each array loaded and stored in a run (see kSpan).
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, int S>
+inline void adam_block(const Vconsts& c, const AdamTile& t, std::int64_t i) {
+  __m512 g[S], p[S], m[S], v[S];
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) {
+    g[k] = _mm512_mul_ps(load_grad<G, false>(t.grad, i + kLanes * k, kAll), c.grad_scale);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) p[k] = _mm512_loadu_ps(t.param_in + i + kLanes * k);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) m[k] = _mm512_loadu_ps(t.exp_avg_in + i + kLanes * k);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) v[k] = _mm512_loadu_ps(t.exp_avg_sq_in + i + kLanes * k);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) {
+    if constexpr (kAdamW) {
+      p[k] = _mm512_mul_ps(p[k], c.decay);
+    } else {
+      g[k] = _mm512_add_ps(g[k], _mm512_mul_ps(c.wd, p[k]));
+    }
+    m[k] = _mm512_add_ps(_mm512_mul_ps(c.beta1, m[k]), _mm512_mul_ps(c.omb1, g[k]));
+    v[k] = _mm512_add_ps(_mm512_mul_ps(c.beta2, v[k]),
+                         _mm512_mul_ps(_mm512_mul_ps(c.omb2, g[k]), g[k]));
+    const __m512 denom =
+        _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(kAll, v[k]), c.bc2_sqrt), c.eps);
+    p[k] = _mm512_sub_ps(p[k], _mm512_div_ps(_mm512_mul_ps(c.step_size, m[k]), denom));
+  }
+  store_state<kNT, S>(t, i, m, v, p);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) {
+    store_out<O, kNativeBF16, false, kNT>(t.param_out, i + kLanes * k, p[k], kAll);
+  }
 }
 
 inline bool aligned(const void* p, std::uintptr_t a) {
@@ -206,21 +262,23 @@ inline std::int64_t peel_to_64(const float* p, std::int64_t n) {
   return head < n ? head : n;
 }
 
-// Asks for the lines kPrefetchAheadBytes past element i of every f32 input array (one line per
-// 16 elements). A half-precision gradient is left to the hardware prefetcher, as in the AVX2
-// kernels (see there). Addresses are formed as integers: past the end of an array a prefetch
-// is a harmless hint.
-template <int G>
+// Asks for the lines kPrefetchAheadBytes past elements i .. i + kElems of every f32 input array
+// (one line per 16 elements). A half-precision gradient is left to the hardware prefetcher, as in
+// the AVX2 kernels (see there). Addresses are formed as integers: past the end of an array a
+// prefetch is a harmless hint.
+template <int G, std::int64_t kElems>
 inline void prefetch_ahead(const AdamTile& t, std::int64_t i) {
   constexpr std::int64_t kAhead = kPrefetchAheadBytes / 4;
   const auto at = [](const void* base, std::int64_t byte_offset) {
     return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base) +
                                          static_cast<std::uintptr_t>(byte_offset));
   };
-  _mm_prefetch(at(t.param, (i + kAhead) * 4), _MM_HINT_T0);
-  _mm_prefetch(at(t.exp_avg, (i + kAhead) * 4), _MM_HINT_T0);
-  _mm_prefetch(at(t.exp_avg_sq, (i + kAhead) * 4), _MM_HINT_T0);
-  if constexpr (G == kGradF32) _mm_prefetch(at(t.grad, (i + kAhead) * 4), _MM_HINT_T0);
+  for (std::int64_t e = 0; e < kElems; e += kLanes) {
+    _mm_prefetch(at(t.param_in, (i + kAhead + e) * 4), _MM_HINT_T0);
+    _mm_prefetch(at(t.exp_avg_in, (i + kAhead + e) * 4), _MM_HINT_T0);
+    _mm_prefetch(at(t.exp_avg_sq_in, (i + kAhead + e) * 4), _MM_HINT_T0);
+    if constexpr (G == kGradF32) _mm_prefetch(at(t.grad, (i + kAhead + e) * 4), _MM_HINT_T0);
+  }
 }
 
 template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, bool kPrefetch>
@@ -230,6 +288,7 @@ void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
   const AdamTile t = tile;
   const Vconsts c = broadcast(constants);
   const std::int64_t n = t.n;
+  constexpr std::int64_t kBlock = kSpan * kLanes;
   std::int64_t i = 0;
   if constexpr (kNT) {
     const std::int64_t head = peel_to_64(t.param, n);
@@ -238,37 +297,37 @@ void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
       i = head;
     }
     if (nt_aligned_at<O>(t, i)) {
+      for (; i + kBlock <= n; i += kBlock) {
+        if constexpr (kPrefetch) prefetch_ahead<G, kBlock>(t, i);
+        adam_block<G, O, kAdamW, kNativeBF16, true, kSpan>(c, t, i);
+      }
       for (; i + kLanes <= n; i += kLanes) {
-        if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
-        adam_vec<G, O, kAdamW, kNativeBF16, false, true>(c, t, i, kAll);
+        adam_block<G, O, kAdamW, kNativeBF16, true, 1>(c, t, i);
       }
     }
   }
-  for (; i + kLanes <= n; i += kLanes) {
-    if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
-    adam_vec<G, O, kAdamW, kNativeBF16, false, false>(c, t, i, kAll);
+  for (; i + kBlock <= n; i += kBlock) {
+    if constexpr (kPrefetch) prefetch_ahead<G, kBlock>(t, i);
+    adam_block<G, O, kAdamW, kNativeBF16, false, kSpan>(c, t, i);
   }
+  for (; i + kLanes <= n; i += kLanes) adam_block<G, O, kAdamW, kNativeBF16, false, 1>(c, t, i);
   if (i < n) adam_vec<G, O, kAdamW, kNativeBF16, true, false>(c, t, i, tail_mask(n - i));
   if constexpr (kNT) _mm_sfence();  // streamed stores are weakly ordered
 }
 
 // ---- roofline: the same loads and stores, trivial combine ----
 
-template <int G, int O, bool kMasked, bool kNT>
-inline void roofline_vec(const AdamTile& t, std::int64_t i, __mmask16 k) {
-  __m512 g;
+template <int G, bool kMasked>
+inline __m512 load_grad_bits(const AdamTile& t, std::int64_t i, __mmask16 k) {
   if constexpr (G == kGradF32) {
-    g = load_f32<kMasked>(static_cast<const float*>(t.grad) + i, k);
+    return load_f32<kMasked>(static_cast<const float*>(t.grad) + i, k);
   } else {
-    g = bf16x16_to_f32(load_u16x16<kMasked>(static_cast<const std::uint16_t*>(t.grad) + i, k));
+    return bf16x16_to_f32(load_u16x16<kMasked>(static_cast<const std::uint16_t*>(t.grad) + i, k));
   }
-  // Loads first, then stores, in Adam's order.
-  const __m512 p = _mm512_add_ps(load_f32<kMasked>(t.param + i, k), g);
-  const __m512 m = _mm512_add_ps(load_f32<kMasked>(t.exp_avg + i, k), g);
-  const __m512 v = _mm512_add_ps(load_f32<kMasked>(t.exp_avg_sq + i, k), g);
-  store_f32<kMasked, kNT>(t.exp_avg + i, m, k);
-  store_f32<kMasked, kNT>(t.exp_avg_sq + i, v, k);
-  store_f32<kMasked, kNT>(t.param + i, p, k);
+}
+
+template <int O, bool kMasked, bool kNT>
+inline void store_out_bits(const AdamTile& t, std::int64_t i, __m512 p, __mmask16 k) {
   if constexpr (O == kOutF32) {
     store_f32<kMasked, kNT>(static_cast<float*>(t.param_out) + i, p, k);
   } else if constexpr (O != kOutNone) {
@@ -277,10 +336,47 @@ inline void roofline_vec(const AdamTile& t, std::int64_t i, __mmask16 k) {
   }
 }
 
+// For the masked head and tail.
+template <int G, int O, bool kMasked, bool kNT>
+inline void roofline_vec(const AdamTile& t, std::int64_t i, __mmask16 k) {
+  const __m512 g = load_grad_bits<G, kMasked>(t, i, k);
+  // Loads first, then stores, in Adam's order.
+  const __m512 p = _mm512_add_ps(load_f32<kMasked>(t.param_in + i, k), g);
+  const __m512 m = _mm512_add_ps(load_f32<kMasked>(t.exp_avg_in + i, k), g);
+  const __m512 v = _mm512_add_ps(load_f32<kMasked>(t.exp_avg_sq_in + i, k), g);
+  store_f32<kMasked, kNT>(t.exp_avg + i, m, k);
+  store_f32<kMasked, kNT>(t.exp_avg_sq + i, v, k);
+  store_f32<kMasked, kNT>(t.param + i, p, k);
+  store_out_bits<O, kMasked, kNT>(t, i, p, k);
+}
+
+// Same blocks as adam_block.
+template <int G, int O, bool kNT, int S>
+inline void roofline_block(const AdamTile& t, std::int64_t i) {
+  __m512 g[S], p[S], m[S], v[S];
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) g[k] = load_grad_bits<G, false>(t, i + kLanes * k, kAll);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k)
+    p[k] = _mm512_add_ps(_mm512_loadu_ps(t.param_in + i + kLanes * k), g[k]);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) {
+    m[k] = _mm512_add_ps(_mm512_loadu_ps(t.exp_avg_in + i + kLanes * k), g[k]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) {
+    v[k] = _mm512_add_ps(_mm512_loadu_ps(t.exp_avg_sq_in + i + kLanes * k), g[k]);
+  }
+  store_state<kNT, S>(t, i, m, v, p);
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) store_out_bits<O, false, kNT>(t, i + kLanes * k, p[k], kAll);
+}
+
 template <int G, int O, bool kNT, bool kPrefetch>
 void roofline_tile(const AdamTile& tile) {
   const AdamTile t = tile;  // as in adam_tile
   const std::int64_t n = t.n;
+  constexpr std::int64_t kBlock = kSpan * kLanes;
   std::int64_t i = 0;
   if constexpr (kNT) {
     const std::int64_t head = peel_to_64(t.param, n);
@@ -289,16 +385,18 @@ void roofline_tile(const AdamTile& tile) {
       i = head;
     }
     if (nt_aligned_at<O>(t, i)) {
-      for (; i + kLanes <= n; i += kLanes) {
-        if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
-        roofline_vec<G, O, false, true>(t, i, kAll);
+      for (; i + kBlock <= n; i += kBlock) {
+        if constexpr (kPrefetch) prefetch_ahead<G, kBlock>(t, i);
+        roofline_block<G, O, true, kSpan>(t, i);
       }
+      for (; i + kLanes <= n; i += kLanes) roofline_block<G, O, true, 1>(t, i);
     }
   }
-  for (; i + kLanes <= n; i += kLanes) {
-    if constexpr (kPrefetch) prefetch_ahead<G>(t, i);
-    roofline_vec<G, O, false, false>(t, i, kAll);
+  for (; i + kBlock <= n; i += kBlock) {
+    if constexpr (kPrefetch) prefetch_ahead<G, kBlock>(t, i);
+    roofline_block<G, O, false, kSpan>(t, i);
   }
+  for (; i + kLanes <= n; i += kLanes) roofline_block<G, O, false, 1>(t, i);
   if (i < n) roofline_vec<G, O, true, false>(t, i, tail_mask(n - i));
   if constexpr (kNT) _mm_sfence();
 }

@@ -29,7 +29,9 @@ struct AdamConstants {
   float grad_scale;
 };
 
-// One tile: every pointer already points at the tile's first element.
+// One tile: every pointer already points at the tile's first element. The state is read from the
+// *_in arrays and written to param, exp_avg and exp_avg_sq: the same arrays for a step in place,
+// others for one out of place (the shadow state).
 struct AdamTile {
   float* param;
   const void* grad;
@@ -37,6 +39,9 @@ struct AdamTile {
   float* exp_avg_sq;
   void* param_out;  // null when OutKind is kOutNone
   std::int64_t n;
+  const float* param_in;
+  const float* exp_avg_in;
+  const float* exp_avg_sq_in;
 };
 
 // How far ahead of the element being updated the prefetching kernels ask for each input array's

@@ -40,14 +40,14 @@ void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
   const AdamTile t = tile;
   for (std::int64_t i = 0; i < t.n; ++i) {
     float g = load_grad<G>(t.grad, i) * c.grad_scale;
-    float p = t.param[i];
+    float p = t.param_in[i];
     if constexpr (kAdamW) {
       p *= c.decay;
     } else {
       g += c.weight_decay * p;
     }
-    const float m = c.beta1 * t.exp_avg[i] + c.one_minus_b1 * g;
-    const float v = c.beta2 * t.exp_avg_sq[i] + c.one_minus_b2 * g * g;
+    const float m = c.beta1 * t.exp_avg_in[i] + c.one_minus_b1 * g;
+    const float v = c.beta2 * t.exp_avg_sq_in[i] + c.one_minus_b2 * g * g;
     t.exp_avg[i] = m;
     t.exp_avg_sq[i] = v;
     p -= c.step_size * m / (std::sqrt(v) / c.bc2_sqrt + c.eps);
@@ -73,10 +73,10 @@ void roofline_tile(const AdamTile& tile) {
     } else {
       g = bf16_to_f32(static_cast<const bf16*>(t.grad)[i]);
     }
-    const float p = t.param[i] + g;
+    const float p = t.param_in[i] + g;
     t.param[i] = p;
-    t.exp_avg[i] += g;
-    t.exp_avg_sq[i] += g;
+    t.exp_avg[i] = t.exp_avg_in[i] + g;
+    t.exp_avg_sq[i] = t.exp_avg_sq_in[i] + g;
     if constexpr (O == kOutF32) {
       static_cast<float*>(t.param_out)[i] = p;
     } else if constexpr (O != kOutNone) {

@@ -1,7 +1,6 @@
 // OptimizerStep: AdamW in place on the device or in host memory, or streamed from NVMe.
 #include "strata/zero/optimizer_step.h"
 
-#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -20,7 +19,7 @@ std::vector<std::size_t> step_order(const StepIo& io) {
 }
 
 // Device or host: every array pinned where it lives, one group after another; with shadow
-// state, the state is copied to the shadow and updated there.
+// state, the step reads the state and writes the shadow (out of place: no copy first).
 class InPlaceStep final : public OptimizerStep {
  public:
   // `cpu_adam` null: the device's adamw op on device-resident state. With it, CpuAdam updates
@@ -38,41 +37,56 @@ class InPlaceStep final : public OptimizerStep {
       const mem::Handle shadow[] = {g.master_out, g.exp_avg_out, g.exp_avg_sq_out};
       const bool shadowed = g.master_out != mem::Handle::kInvalid;
       STRATA_CHECK(!shadowed || tier == Tier::kHost, "shadow state on the device", g.name);
+      STRATA_CHECK(!shadowed || cpu_adam_.has_value(), "shadow state without the host optimizer",
+                   g.name);
       const mem::Handle* out = shadowed ? shadow : in;
-      void* ptr[3] = {};
+      // Pinned so far, to be let go however this ends: the inputs, then the shadow outputs.
+      void* src[3] = {};
+      void* dst[3] = {};
+      const auto unpin_all = [&] {
+        for (int k = 0; k < 3; ++k) {
+          if (src[k] != nullptr) io.store.unpin(in[k], tier);
+          if (shadowed && dst[k] != nullptr) io.store.unpin(out[k], tier);
+        }
+      };
       Status s = [&]() -> Status {
         for (int k = 0; k < 3; ++k) {
-          STRATA_ASSIGN_OR_RETURN(void* src, io.store.acquire(in[k], tier));
-          if (!shadowed) {
-            ptr[k] = src;
-            continue;
-          }
-          auto dst = io.store.emplace(out[k], tier, /*zero_fill=*/false);
-          if (dst.is_ok()) {
-            std::memcpy(*dst, src, static_cast<std::size_t>(g.num_elems) * sizeof(float));
-            ptr[k] = *dst;
-          }
-          io.store.unpin(in[k], tier);
-          STRATA_RETURN_IF_ERROR(dst.status());
+          STRATA_ASSIGN_OR_RETURN(src[k], io.store.acquire(in[k], tier));
+          if (!shadowed) continue;
+          // The shadow is overwritten whole: no need for what it held.
+          STRATA_ASSIGN_OR_RETURN(dst[k], io.store.emplace(out[k], tier, /*zero_fill=*/false));
         }
         return Status::ok();
       }();
       if (!s.is_ok()) {
-        for (int k = 0; k < 3; ++k) {
-          if (ptr[k] != nullptr) io.store.unpin(out[k], tier);
-        }
+        unpin_all();
         return s;
       }
-      STRATA_ASSIGN_OR_RETURN(void* grad, io.store.acquire(g.grad, tier));
-      STRATA_ASSIGN_OR_RETURN(void* param_out, io.open_output(gi, tier));
+      void* const* ptr = shadowed ? dst : src;
+      auto grad = io.store.acquire(g.grad, tier);
+      if (!grad.is_ok()) {
+        unpin_all();
+        return grad.status();
+      }
+      auto param_out = io.open_output(gi, tier);
+      if (!param_out.is_ok()) {
+        unpin_all();
+        io.store.unpin(g.grad, tier);
+        return param_out.status();
+      }
       device::AdamWArgs a = base;
       a.param = static_cast<float*>(ptr[0]);
       a.exp_avg = static_cast<float*>(ptr[1]);
       a.exp_avg_sq = static_cast<float*>(ptr[2]);
-      a.grad = grad;
+      if (shadowed) {
+        a.param_in = static_cast<const float*>(src[0]);
+        a.exp_avg_in = static_cast<const float*>(src[1]);
+        a.exp_avg_sq_in = static_cast<const float*>(src[2]);
+      }
+      a.grad = *grad;
       a.grad_dtype = io.grad_dtype;
       a.n = g.num_elems;
-      a.param_out = param_out;
+      a.param_out = *param_out;
       a.out_dtype = io.out_dtype;
       if (cpu_adam_) {
         // No finite scan: the trainer skips a step whose gradient norm is not finite, so a
@@ -82,10 +96,8 @@ class InPlaceStep final : public OptimizerStep {
       } else {
         device_.ops().adamw(a);
       }
-      for (int k = 0; k < 3; ++k) {
-        io.store.mark_dirty(out[k], tier);
-        io.store.unpin(out[k], tier);
-      }
+      for (int k = 0; k < 3; ++k) io.store.mark_dirty(out[k], tier);
+      unpin_all();
       io.store.unpin(g.grad, tier);
       STRATA_RETURN_IF_ERROR(io.close_output(gi, tier));
     }

@@ -63,6 +63,13 @@ struct AdamWArgs {
   bool adamw_mode = true;  // false: Adam with L2 added to the gradient
   void* param_out = nullptr;
   DType out_dtype = DType::kBF16;
+  // Out of place (the shadow optimizer state): when set, the step reads the parameters and
+  // moments from these and writes its results to param, exp_avg and exp_avg_sq, leaving the state
+  // before the step intact. All three or none. Host steps only (optim::CpuAdam,
+  // adamw_reference and the CPU backend's op); the CUDA backend's op refuses them.
+  const float* param_in = nullptr;
+  const float* exp_avg_in = nullptr;
+  const float* exp_avg_sq_in = nullptr;
 };
 
 class Ops {

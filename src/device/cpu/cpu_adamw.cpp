@@ -16,6 +16,11 @@ void cpu_adamw(const CpuContext& ctx, const AdamWArgs& a) {
     part.grad = static_cast<const std::byte*>(a.grad) + static_cast<std::size_t>(i0) * grad_size;
     part.exp_avg = a.exp_avg + i0;
     part.exp_avg_sq = a.exp_avg_sq + i0;
+    if (a.param_in != nullptr) {
+      part.param_in = a.param_in + i0;
+      part.exp_avg_in = a.exp_avg_in + i0;
+      part.exp_avg_sq_in = a.exp_avg_sq_in + i0;
+    }
     part.n = i1 - i0;
     if (a.param_out != nullptr) {
       part.param_out =

@@ -221,6 +221,7 @@ class CudaOps final : public Ops {
     const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;
     s.lr_step_size = c.step_size;
+    STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
     s.bc2_sqrt = c.bc2_sqrt;
     s.decay = c.decay;
     s.one_minus_beta1 = c.one_minus_beta1;

@@ -150,6 +150,42 @@ TEST_P(CpuAdamPathTest, BitIdenticalAcrossSeveralSteps) {
   }
 }
 
+// Out of place (the shadow state): the step reads one copy of the state and writes another; the
+// results are the in-place step's bits and the copy read is untouched. Lengths around the blocks
+// and the vector width, unaligned starts, and a long span for the streaming-store path.
+TEST_P(CpuAdamPathTest, OutOfPlaceWritesTheInPlaceBitsAndLeavesItsInputs) {
+  std::uint64_t seed = 500;
+  for (std::int64_t n : {1, 17, 63, 64, 65, 129, 4099, 300001}) {
+    for (int offset : {0, 1}) {
+      for (DType gd : kGradDtypes) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " offset=" + std::to_string(offset) + " grad " +
+                     std::string(dtype_name(gd)));
+        AdamState want = make_state(n, offset, gd, DType::kBF16, true, ++seed);
+        AdamState input = want;  // read by the out-of-place step, which must not change it
+        AdamState got = make_state(n, offset + 1, gd, DType::kBF16, true, seed + 1000);
+        const AdamState before = input;
+        device::adamw_reference(want.args(hyper(true, 0.5f, 3)));
+        device::AdamWArgs a = got.args(hyper(true, 0.5f, 3));
+        a.grad = input.g();  // the same gradient as the reference's
+        a.param_in = input.p();
+        a.exp_avg_in = input.m();
+        a.exp_avg_sq_in = input.v();
+        ASSERT_EQ(adam_->step(a), StepOutcome::kUpdated);
+        const auto same = [](const float* x, const float* y, std::int64_t len) {
+          return std::memcmp(x, y, static_cast<std::size_t>(len) * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same(got.p(), want.p(), n)) << "parameters";
+        EXPECT_TRUE(same(got.m(), want.m(), n)) << "exp_avg";
+        EXPECT_TRUE(same(got.v(), want.v(), n)) << "exp_avg_sq";
+        EXPECT_EQ(std::memcmp(got.o(), want.o(), static_cast<std::size_t>(n) * 2), 0) << "copy";
+        EXPECT_TRUE(input.param == before.param && input.exp_avg == before.exp_avg &&
+                    input.exp_avg_sq == before.exp_avg_sq)
+            << "the state read was written";
+      }
+    }
+  }
+}
+
 // With lr = 0 the update leaves param unchanged (p * 1 - 0), so param_out is exactly the
 // conversion of chosen values: ties, subnormals, overflow, NaN payloads, signed zeros.
 TEST_P(CpuAdamPathTest, HalfPrecisionEdgeCasesMatchTheScalarConversions) {
