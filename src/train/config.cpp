@@ -172,6 +172,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("grad_clip", &c.grad_clip, 0.0);
   read_enum(r, "optimizer_overlap", &c.optimizer_overlap, zero::kOptimizerOverlaps,
             zero::optimizer_overlap_name);
+  read_enum(r, "grad_accumulation", &c.grad_accumulation, zero::kGradAccumulations,
+            zero::grad_accumulation_name);
   r.read("activation_checkpointing", &c.activation_checkpointing);
   r.read("zero_stage", &c.zero_stage, 1, 3);
   r.read("sub_group_size", &c.sub_group_size, 1024);
@@ -293,6 +295,7 @@ Json TrainConfig::to_json() const {
       {"optimizer_overlap", zero::optimizer_overlap_name(optimizer_overlap)},
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
+      {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},
       {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
       {"reduce_bucket_bytes", reduce_bucket_bytes},

@@ -90,6 +90,7 @@ zero::EngineOptions engine_options(const TrainConfig& config, const model::Llama
   o.compute_dtype = config.precision;
   o.accumulation_steps = config.accumulation_steps(world);
   o.overlap = config.optimizer_overlap;
+  o.grad_accumulation = config.grad_accumulation;
   o.adam.lr = config.optimizer.lr;
   o.adam.beta1 = config.optimizer.beta1;
   o.adam.beta2 = config.optimizer.beta2;
@@ -252,6 +253,17 @@ std::string Estimate::describe() const {
   return s;
 }
 
+namespace {
+
+// Where gradients are summed over a step's micro-batches: "none" (one micro-batch: kept as
+// computed), "device" or "host".
+const char* grad_accumulation_text(const zero::MemoryPlan& plan) {
+  if (plan.keep_gradients) return "none";
+  return plan.accumulate_on_device || plan.optimizer == Tier::kDevice ? "device" : "host";
+}
+
+}  // namespace
+
 Json Estimate::to_json() const {
   Json tiers = Json::object();
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
@@ -280,6 +292,7 @@ Json Estimate::to_json() const {
               {"rss_bytes", rss_bytes},
               {"optimizer_overlap", zero::optimizer_overlap_name(plan.overlap)},
               {"shadow_state", plan.shadow_state},
+              {"grad_accumulation", grad_accumulation_text(plan)},
               {"kinds", tiers}};
 }
 

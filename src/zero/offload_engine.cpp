@@ -52,6 +52,7 @@ PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budg
   po.tied_embeddings = options.tied_embeddings;
   po.swap_free_bytes = options.swap_free_bytes;
   po.overlap = options.overlap;
+  po.grad_accumulation = options.grad_accumulation;
   return po;
 }
 
@@ -94,6 +95,14 @@ Status OffloadEngine::create_store() {
   oo.max_group_elems = max_n;
   oo.stream_grads = plan_.gradients == Tier::kNvme;
   STRATA_ASSIGN_OR_RETURN(optimizer_, make_optimizer_step(opt, device_, swap_, oo));
+  // Gradients accumulated and summed, and working copies converted, in host memory: on as many
+  // cores as the host optimizer, whose step never runs at the same time as an accumulation of
+  // the same group.
+  device::HostArrayOptions ho;
+  ho.threads = options_.cpu_adam.threads;
+  ho.simd = options_.cpu_adam.simd;
+  STRATA_ASSIGN_OR_RETURN(device::HostArrays arrays, device::HostArrays::create(ho));
+  host_arrays_.emplace(std::move(arrays));
 
   // Where device sums of squares land: on a device that addresses host memory, straight in the
   // host buffer; else in device memory taken, like cuBLAS's workspace, before the store takes
@@ -166,7 +175,8 @@ Status OffloadEngine::create_store() {
     }
     groups_.push_back(std::move(g));
   }
-  if (opt == Tier::kDevice && options_.compute_dtype != DType::kF32) {
+  if ((opt == Tier::kDevice || plan_.accumulate_on_device) &&
+      options_.compute_dtype != DType::kF32) {
     STRATA_ASSIGN_OR_RETURN(
         widened_grad_,
         add("widened gradient", static_cast<std::size_t>(max_n) * sizeof(float), Tier::kDevice));
@@ -276,49 +286,12 @@ Result<void*> OffloadEngine::acquire_grads(int group) {
   return g.grad_d;
 }
 
-namespace {
-
-// acc = acc + grad (fresh: 0 + grad, as into a zeroed accumulator), element by element in fp32;
-// returns the sum of squares of the result, chunk by chunk while each chunk is still in cache
-// (chunked as the CPU backend's sum_squares op, kSumSquaresChunkElems: the same bits).
-double accumulate(float* acc, const void* grad, DType dtype, std::size_t n, bool fresh) {
-  // Widen a block at a time (vectorized conversion), then add.
-  constexpr std::size_t kBlock = 4096;
-  static_assert(kSumSquaresChunkElems % kBlock == 0);
-  float wide[kBlock];
-  const std::size_t esize = dtype_size(dtype);
-  double squares = 0.0;
-  for (std::size_t i = 0; i < n; i += kBlock) {
-    const std::size_t m = std::min(kBlock, n - i);
-    const float* src = wide;
-    if (dtype == DType::kF32) {
-      src = static_cast<const float*>(grad) + i;
-    } else {
-      convert(static_cast<const std::byte*>(grad) + i * esize, dtype, wide, DType::kF32, m);
-    }
-    float* a = acc + i;
-    if (fresh) {
-      for (std::size_t j = 0; j < m; ++j) a[j] = 0.0f + src[j];
-    } else {
-      for (std::size_t j = 0; j < m; ++j) a[j] += src[j];
-    }
-    const std::size_t end = i + m;
-    if (end % kSumSquaresChunkElems == 0 || end == n) {  // a chunk of the sum is complete
-      const std::size_t begin = (end - 1) / kSumSquaresChunkElems * kSumSquaresChunkElems;
-      squares += sum_squares_chunk(acc + begin, DType::kF32, end - begin);
-    }
-  }
-  return squares;
-}
-
-}  // namespace
-
 Status OffloadEngine::release_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d != nullptr, "release_grads without acquire", g.spec->name);
   void* src = std::exchange(g.grad_d, nullptr);
   const DType dtype = options_.compute_dtype;
-  if (plan_.optimizer == Tier::kDevice) {
+  if (plan_.optimizer == Tier::kDevice || plan_.accumulate_on_device) {
     // Accumulate on the device, in fp32.
     const auto& ops = device_.ops();
     STRATA_ASSIGN_OR_RETURN(void* acc, g.has_grad
@@ -330,12 +303,23 @@ Status OffloadEngine::release_grads(int group) {
       src = wide;
     }
     ops.add(acc, src, acc, g.n, DType::kF32);
+    // A guessed update will read (and may discard) the final sum before the global norm is
+    // taken: its sum of squares is taken now, while it is here.
+    const bool final_for_guess = plan_.optimizer != Tier::kDevice && phase_ == Phase::kGuessing;
+    if (final_for_guess) ops.sum_squares(acc, g.n, DType::kF32, norm_slots_ + group);
     if (dtype != DType::kF32) store_->unpin(widened_grad_, Tier::kDevice);
     store_->mark_dirty(g.grad_acc, Tier::kDevice);
     store_->unpin(g.grad_acc, Tier::kDevice);
     store_->unpin(g.grad, Tier::kDevice);
     g.has_grad = true;
-    return store_->discard(g.grad);
+    STRATA_RETURN_IF_ERROR(store_->discard(g.grad));
+    if (!final_for_guess) return Status::ok();
+    // The last micro-batch, with a guessed update running: the sum is final, and goes to host
+    // memory for the update while the next layer's backward runs.
+    STRATA_ASSIGN_OR_RETURN(mem::Completion sent, store_->fetch(g.grad_acc, Tier::kHost));
+    pending_grads_.push_back(PendingGrad{group, std::move(sent)});
+    while (pending_grads_.size() > 1) STRATA_RETURN_IF_ERROR(drain_one_grad());
+    return Status::ok();
   }
   if (plan_.keep_gradients) {
     // The gradient is final: summed here, while on the device, then off to where the plan
@@ -360,6 +344,10 @@ Status OffloadEngine::drain_one_grad() {
   pending_grads_.pop_front();
   Group& g = *groups_[static_cast<std::size_t>(p.group)];
   Status s = store_->wait(p.done);
+  if (plan_.accumulate_on_device) {  // a final sum, now in host memory for the guessed update
+    if (s.is_ok()) mark_final(static_cast<std::size_t>(p.group));
+    return s;
+  }
   if (plan_.keep_gradients) {
     if (!s.is_ok() || phase_ != Phase::kGuessing) return s;  // it is home
     // Its host copy is valid: the device copy goes (written home first if the store dropped
@@ -384,9 +372,8 @@ Status OffloadEngine::drain_one_grad() {
     store_->discard(g.grad).ignore();
     return acc.status();
   }
-  const auto n = static_cast<std::size_t>(g.n);
-  g.sum_squares =
-      accumulate(static_cast<float*>(*acc), host, options_.compute_dtype, n, !g.has_grad);
+  g.sum_squares = host_arrays_->accumulate(static_cast<float*>(*acc), host, options_.compute_dtype,
+                                           g.n, !g.has_grad);
   g.has_grad = true;
   store_->mark_dirty(g.grad_acc, Tier::kHost);
   store_->unpin(g.grad_acc, Tier::kHost);
@@ -456,12 +443,14 @@ Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
   // Where the sums are is the plan's: taken on the device when the gradients are accumulated
   // there (summed now) or kept (summed as each left the device), else on the host as they were
   // accumulated.
-  const bool on_device = plan_.optimizer == Tier::kDevice || plan_.keep_gradients;
+  const bool summed_on_device = plan_.optimizer == Tier::kDevice || plan_.accumulate_on_device;
+  const bool on_device = summed_on_device || plan_.keep_gradients;
   bool any = false;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
     any |= g.has_grad;
-    if (!g.has_grad || plan_.optimizer != Tier::kDevice) continue;
+    if (!g.has_grad || !summed_on_device) continue;
+    if (plan_.accumulate_on_device && phase_ == Phase::kGuessing) continue;  // summed already
     STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
     device_.ops().sum_squares(acc, g.n, DType::kF32, norm_slots_ + i);
     store_->unpin(g.grad_acc, Tier::kDevice);
@@ -514,7 +503,8 @@ Status OffloadEngine::give_zero_grads() {
     Group& g = *groups_[i];
     if (g.has_grad) continue;
     STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(g)));
-    if (plan_.keep_gradients) {  // its sum of squares, where kept gradients' sums are
+    // Its sum of squares, where kept gradients' and guessed device sums' are.
+    if (plan_.keep_gradients || (plan_.accumulate_on_device && phase_ == Phase::kGuessing)) {
       device_.fill_zero(norm_slots_ + i, sizeof(double),
                         device_.stream(device::StreamKind::kCompute));
     }
@@ -581,6 +571,13 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
   STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
+  if (plan_.accumulate_on_device) {
+    // Every group's sum to host memory, in the order the step reads them, on the copy streams
+    // (a redo finds them there already); the step's acquire of each waits for its copy only.
+    for (const auto& g : groups_) {
+      STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
+    }
+  }
   const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
   if (schedule_ != OptimizerOverlap::kNone) {
     launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
@@ -674,7 +671,7 @@ Status OffloadEngine::restore_working_copies(const std::vector<bool>& groups) {
 
 Status OffloadEngine::write_working_copy(Group& g, const float* master) {
   STRATA_ASSIGN_OR_RETURN(void* out, open_output(g, Tier::kHost));
-  convert(master, DType::kF32, out, options_.compute_dtype, static_cast<std::size_t>(g.n));
+  host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype, g.n);
   return close_output(g, Tier::kHost, writebacks_);
 }
 

@@ -41,6 +41,18 @@ std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
   return "?";
 }
 
+std::string_view grad_accumulation_name(GradAccumulation where) {
+  switch (where) {
+    case GradAccumulation::kAuto:
+      return "auto";
+    case GradAccumulation::kHost:
+      return "host";
+    case GradAccumulation::kDevice:
+      return "device";
+  }
+  return "?";
+}
+
 std::string_view tensor_kind_name(TensorKind kind) {
   switch (kind) {
     case TensorKind::kParameters:
@@ -80,7 +92,11 @@ std::string MemoryPlan::describe() const {
   std::string s = "plan: parameters on " + std::string(tier_name(params)) + ", optimizer on " +
                   std::string(tier_name(optimizer)) + ", gradients " +
                   (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
-                  std::string(tier_name(gradients)) + "\n";
+                  std::string(tier_name(gradients)) +
+                  (accumulate_on_device && optimizer != Tier::kDevice
+                       ? ", sent to " + std::string(tier_name(Tier::kHost)) + " once per step"
+                       : "") +
+                  "\n";
   s += "  optimizer step overlaps: " + std::string(optimizer_overlap_name(overlap)) +
        (shadow_state ? " (shadow optimizer state)" : "") +
        (measure_overlap ? ", or none while that measures faster" : "") +
@@ -143,6 +159,8 @@ std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touc
 void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const std::uint64_t dsize = dtype_size(o.compute_dtype);
   const bool on_device = plan.optimizer == Tier::kDevice;
+  // Gradients summed on the device: none leaves it before the step.
+  const bool summed_on_device = on_device || plan.accumulate_on_device;
   const std::size_t groups = z.elems.size();
   const auto host_class = [](std::uint64_t bytes) {
     return static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(bytes));
@@ -160,7 +178,7 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     if (working_through) now.push_back(host_class(n * dsize));
     loading.at_once(now);
   }
-  const bool grads_through = !on_device && !plan.keep_gradients;
+  const bool grads_through = !summed_on_device && !plan.keep_gradients;
   for (std::size_t i = 0; i < groups; ++i) {  // backward
     std::vector<std::uint64_t> now;
     for (std::size_t g : {i, i + 1}) {  // this group's and the one leaving before it
@@ -210,7 +228,9 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   for (std::size_t i = groups; i-- > 0;) {
     std::vector<std::uint64_t> now;
     if (!(i == 0 && reuses_working)) now.push_back(device_block(z.elems[i], true));
-    if (!on_device && i + 1 < groups) now.push_back(device_block(z.elems[i + 1], true));
+    if (!summed_on_device && i + 1 < groups) {
+      now.push_back(device_block(z.elems[i + 1], true));
+    }
     if (o.tied_embeddings && i != 0) now.push_back(device_block(z.elems.front(), true));
     device.at_once(now);
   }
@@ -231,8 +251,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const std::uint64_t copies = plan.shadow_state ? 2 : 1;
   add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.f32 : z.f32_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.f32 : z.f32_io));
+  const bool summed_on_device = on_device || plan.accumulate_on_device;
   add(plan.gradients, TensorKind::kGradients,
-      plan.keep_gradients ? z.work_io : (on_device ? z.f32 : z.f32_io));
+      plan.keep_gradients ? z.work_io : (summed_on_device ? z.f32 : z.f32_io));
+  // Summed on the device for a host step: every group's sum is copied to host memory for it.
+  if (plan.accumulate_on_device && !on_device) add(Tier::kHost, TensorKind::kGradients, z.f32_io);
   // In flight: one group's gradient being made on the device, the working copies the host
   // optimizer writes on their way to another tier (two at a time), gradients landing on the
   // host to be accumulated there (two at a time) and accumulators passing through it.
@@ -249,7 +272,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     }
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
-  if (on_device && o.compute_dtype != DType::kF32) {
+  if (summed_on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient
   }
   // Loading passes each group through the host: its master weights (when they live elsewhere)
@@ -257,7 +280,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // place later.
   if (plan.optimizer != Tier::kHost) add(Tier::kHost, TensorKind::kMasterWeights, z.max_f32_io);
   if (plan.params != Tier::kHost) add(Tier::kHost, TensorKind::kParameters, 2 * z.max_work_io);
-  if (!on_device && !plan.keep_gradients) {
+  if (!summed_on_device && !plan.keep_gradients) {
     add(Tier::kHost, TensorKind::kGradients, 2 * z.max_work_io);
     if (plan.gradients == Tier::kNvme) add(Tier::kHost, TensorKind::kGradients, 2 * z.max_f32_io);
   }
@@ -340,6 +363,30 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   // host budget holds them there (no extra NVMe traffic), else on NVMe.
   place(o.optimizer == Tier::kNvme ? Tier::kHost : o.optimizer);
   if (!fits() && o.optimizer == Tier::kNvme) place(Tier::kNvme);
+  // Or summed over the micro-batches on the device, where that is asked for or pays and fits.
+  const bool may_sum_on_device = o.optimizer != Tier::kDevice && o.accumulation_steps > 1;
+  if (may_sum_on_device && o.grad_accumulation != GradAccumulation::kHost &&
+      (o.grad_accumulation == GradAccumulation::kDevice || !o.host_addressable_device)) {
+    const Tier before = plan.gradients;
+    plan.accumulate_on_device = true;
+    place(Tier::kDevice);
+    const std::uint64_t device_needed = plan.tier_bytes(Tier::kDevice) + plan.group_in_use_bytes;
+    const bool device_fits = o.device_budget_bytes == 0 || device_needed <= o.device_budget_bytes;
+    if (!device_fits || !fits()) {
+      if (o.grad_accumulation == GradAccumulation::kDevice) {
+        return out_of_memory("grad_accumulation 'device' needs " + format_bytes(device_needed) +
+                             " of device memory (" + plan.kinds_text(Tier::kDevice) + ")" +
+                             (device_fits ? " and " + format_bytes(plan.tier_bytes(Tier::kHost)) +
+                                                " of host memory, more than host_memory_limit " +
+                                                format_bytes(o.host_budget_bytes)
+                                          : ", more than device_memory_limit " +
+                                                format_bytes(o.device_budget_bytes)) +
+                             "; set grad_accumulation to 'host' or 'auto'");
+      }
+      plan.accumulate_on_device = false;
+      place(before);
+    }
+  }
   if (!fits() && o.optimizer == Tier::kHost && plan.shadow_state) {
     plan.shadow_state = false;
     plan.overlap = OptimizerOverlap::kForward;

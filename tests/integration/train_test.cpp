@@ -95,6 +95,8 @@ std::uint64_t smallest_host_limit(const Json& j) {
   po.accumulation_steps = c->accumulation_steps();
   po.sub_group_size = c->sub_group_size;
   po.has_swap = true;
+  po.host_addressable_device = true;  // the CPU backend
+  po.grad_accumulation = c->grad_accumulation;
   std::uint64_t lo = 1, hi = std::uint64_t{1} << 30;  // make_plan fails at lo, succeeds at hi
   while (hi - lo > 1) {
     po.host_budget_bytes = lo + (hi - lo) / 2;
@@ -127,11 +129,18 @@ TEST_P(OffloadEquivalence, SameLossesForEveryPlacement) {
     const std::vector<std::pair<std::string, std::string>> placements = {
         {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
     for (const auto& [param, opt] : placements) {
-      SCOPED_TRACE("offload_param=" + param + " offload_optimizer=" + opt);
-      Json j = base;
-      j["offload_param"] = param;
-      j["offload_optimizer"] = opt;
-      EXPECT_EQ(run(j), reference);  // bit-identical, not merely close
+      // Gradients summed in host memory, and (micro-batch size 2: two per step) on the device,
+      // sent to host memory once per step.
+      for (const std::string accumulate : {"host", "device"}) {
+        if (accumulate == "device" && micro == 4) continue;  // one micro-batch: nothing to sum
+        SCOPED_TRACE("offload_param=" + param + " offload_optimizer=" + opt +
+                     " grad_accumulation=" + accumulate);
+        Json j = base;
+        j["offload_param"] = param;
+        j["offload_optimizer"] = opt;
+        j["grad_accumulation"] = accumulate;
+        EXPECT_EQ(run(j), reference);  // bit-identical, not merely close
+      }
     }
   }
 }
@@ -244,21 +253,25 @@ TEST(OptimizerOverlap, EveryScheduleIsBitIdenticalToTheSerialStep) {
   struct Case {
     const char* param;
     const char* opt;
+    const char* accumulate = "host";  // grad_accumulation
   };
-  const Case placements[] = {
-      {"none", "cpu"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"none", "nvme"}, {"nvme", "nvme"}};
+  const Case placements[] = {{"none", "cpu"},           {"cpu", "cpu"},   {"nvme", "cpu"},
+                             {"none", "nvme"},          {"nvme", "nvme"}, {"none", "cpu", "device"},
+                             {"nvme", "nvme", "device"}};
   bool clipped = false;
   int guessed = 0, redone = 0;
   for (const Case& c : placements) {
     for (const double clip : {0.5, 1e6, 0.0}) {
       for (const int micro : {2, 4}) {
+        if (std::string(c.accumulate) == "device" && micro == 4) continue;  // nothing to sum
         SCOPED_TRACE(std::string("offload_param ") + c.param + ", offload_optimizer " + c.opt +
-                     ", grad_clip " + std::to_string(clip) + ", micro_batch_size " +
-                     std::to_string(micro));
+                     ", grad_accumulation " + c.accumulate + ", grad_clip " + std::to_string(clip) +
+                     ", micro_batch_size " + std::to_string(micro));
         TempDir dir;
         Json j = tiny_config(dir);
         j["offload_param"] = c.param;
         j["offload_optimizer"] = c.opt;
+        j["grad_accumulation"] = c.accumulate;
         j["grad_clip"] = clip;
         j["micro_batch_size"] = micro;
         const Schedules r = run_schedules(j, dir);

@@ -63,6 +63,11 @@ struct TrainConfig {
   // group's update starts beside backward, guessing no clipping, redone if it clips; "auto":
   // "backward", or "none" for as long as it measures faster (all exact).
   zero::OptimizerOverlap optimizer_overlap = zero::OptimizerOverlap::kAuto;
+  // With several micro-batches per step and the optimizer off the device, where their gradients
+  // are summed: "host" (each micro-batch's gradient to host memory, added there), "device" (fp32
+  // sums on the device, sent to the host once per step) or "auto" (the device where it is a GPU
+  // and its budget holds the sums).
+  zero::GradAccumulation grad_accumulation = zero::GradAccumulation::kAuto;
   bool activation_checkpointing = false;
   int zero_stage = 3;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group

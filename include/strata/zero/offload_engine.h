@@ -21,6 +21,7 @@
 
 #include "strata/core/status.h"
 #include "strata/device/device.h"
+#include "strata/device/host_arrays.h"
 #include "strata/io/swap.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/mem/timeline.h"
@@ -43,6 +44,7 @@ struct EngineOptions {
   // Off the device only (a device step is the device's own work, ordered on its stream); the
   // plan may fall back (MemoryPlan::overlap says what runs).
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
+  GradAccumulation grad_accumulation = GradAccumulation::kAuto;  // see plan.h
   // OptimizerOverlap::kAuto: how the overlapped and the serial schedule are compared, and the
   // clock the step cycles are timed with (nullptr: now_ns; tests set their own).
   ScheduleChooserOptions schedule_chooser;
@@ -213,6 +215,7 @@ class OffloadEngine {
   bool step_inline_ = false;                // the last step ran in step() itself
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<OptimizerStep> optimizer_;          // for the plan's optimizer tier
+  std::optional<device::HostArrays> host_arrays_;     // host-side accumulation and conversion
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
   // Sums of squares taken on the device, one double per group, and their host copy: read back
   // together when the norm is asked for, not one synchronization per group.

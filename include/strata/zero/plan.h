@@ -50,6 +50,20 @@ enum class TensorKind : std::uint8_t {
 inline constexpr int kNumTensorKinds = 6;
 std::string_view tensor_kind_name(TensorKind kind);
 
+// Where gradients are summed over the micro-batches of a step when the optimizer runs off the
+// device (with it on the device they always are on the device).
+// kHost: each micro-batch's gradient goes to host memory and is added into an fp32 accumulator
+//   homed where the plan keeps gradients (host memory, or NVMe).
+// kDevice: into fp32 accumulators homed on the device; each group's sum goes to host memory once
+//   per step. Refused when the device budget cannot hold them.
+// kAuto: kDevice where the device is not host memory (a GPU) and its budget holds the
+//   accumulators beside everything else, else kHost. On the CPU backend the device is host
+//   memory: accumulating there costs one more copy of every sum and saves nothing.
+enum class GradAccumulation : std::uint8_t { kAuto, kHost, kDevice };
+inline constexpr std::array<GradAccumulation, 3> kGradAccumulations = {
+    GradAccumulation::kAuto, GradAccumulation::kHost, GradAccumulation::kDevice};
+std::string_view grad_accumulation_name(GradAccumulation where);  // "auto", "host", "device"
+
 struct PlanOptions {
   Tier params = Tier::kDevice;     // offload_param
   Tier optimizer = Tier::kDevice;  // offload_optimizer: master weights, moments, the step
@@ -66,6 +80,7 @@ struct PlanOptions {
   bool tied_embeddings = false;        // the head reads the embedding's weights
   std::uint64_t activation_bytes = 0;  // the model's device workspace for one micro-batch
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
+  GradAccumulation grad_accumulation = GradAccumulation::kAuto;
 };
 
 struct MemoryPlan {
@@ -75,6 +90,10 @@ struct MemoryPlan {
   // One micro-batch per step and the step off the device: each group's gradient is kept as the
   // model made it (compute dtype, exact) until the step, with no fp32 accumulator beside it.
   bool keep_gradients = false;
+  // Several micro-batches per step and the step off the device: the fp32 accumulators are homed
+  // on the device (`gradients` is kDevice) and each group's sum is copied to host memory once per
+  // step, where the optimizer reads it (GradAccumulation::kDevice).
+  bool accumulate_on_device = false;
   // Transfers between NVMe and the device pass through the store's pool of these.
   std::size_t staging_buffer_bytes = 0;
   int num_staging_buffers = 0;

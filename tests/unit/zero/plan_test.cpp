@@ -77,6 +77,7 @@ TEST(PlanTest, AShortHostBudgetMovesGradientsToNvmeAndTheHostNoLongerGrowsWithTh
     SCOPED_TRACE("accumulation_steps " + std::to_string(accumulation));
     PlanOptions o = nvme_options();
     o.accumulation_steps = accumulation;
+    o.grad_accumulation = GradAccumulation::kHost;
     auto roomy = make_plan(l, o);
     ASSERT_TRUE(roomy.is_ok());
     o.host_budget_bytes = roomy->tier_bytes(Tier::kHost) - 1;
@@ -98,16 +99,76 @@ TEST(PlanTest, AccumulationUsesFp32AccumulatorsBesideTheOptimizer) {
   PlanOptions o;
   o.compute_dtype = DType::kBF16;
   o.accumulation_steps = 2;
+  o.grad_accumulation = GradAccumulation::kHost;
   for (Tier opt : {Tier::kDevice, Tier::kHost}) {
     o.optimizer = opt;
     auto plan = make_plan(l, o);
     ASSERT_TRUE(plan.is_ok());
     EXPECT_FALSE(plan->keep_gradients);
+    EXPECT_FALSE(plan->accumulate_on_device);
     EXPECT_EQ(plan->gradients, opt);
   }
   o.optimizer = Tier::kDevice;
   o.accumulation_steps = 1;  // the device optimizer always accumulates in fp32
   EXPECT_FALSE(make_plan(l, o)->keep_gradients);
+}
+
+// Several micro-batches with the optimizer off a GPU: where the device budget holds the fp32
+// sums beside everything else they are homed there and go to host memory once per step (the
+// plan counts them in both tiers and says so); where it does not, "auto" sums in host memory and
+// "device" is refused, naming the bytes. On the CPU backend "auto" never sums on the device.
+TEST(PlanTest, GradientsAreSummedOnTheDeviceWhereItsBudgetHoldsThem) {
+  const auto l = layout();
+  PlanOptions o;
+  o.params = Tier::kHost;
+  o.optimizer = Tier::kHost;
+  o.compute_dtype = DType::kBF16;
+  o.accumulation_steps = 4;
+  o.device_budget_bytes = std::uint64_t{64} << 30;
+  auto plan = make_plan(l, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_TRUE(plan->accumulate_on_device);
+  EXPECT_EQ(plan->gradients, Tier::kDevice);
+  // The sums' homes on the device, their copies for the step in host memory, and one widened
+  // gradient on the device.
+  std::uint64_t f32 = 0;
+  for (const auto& g : l.groups()) f32 += static_cast<std::uint64_t>(g.num_elems) * 4;
+  EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kGradients),
+            f32 + plan->gradient_transit_bytes);
+  EXPECT_EQ(plan->kind_bytes(Tier::kHost, TensorKind::kGradients), sum_bytes(l, 4));
+  EXPECT_GT(plan->kind_bytes(Tier::kDevice, TensorKind::kStaging), 0u);
+  EXPECT_NE(plan->describe().find("accumulated in fp32 on device, sent to host once per step"),
+            std::string::npos)
+      << plan->describe();
+
+  // A budget a little short of that: summed in host memory, or refused when asked for.
+  const std::uint64_t needed = plan->tier_bytes(Tier::kDevice) + plan->group_in_use_bytes;
+  o.device_budget_bytes = needed - 1;
+  plan = make_plan(l, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_FALSE(plan->accumulate_on_device);
+  EXPECT_EQ(plan->gradients, Tier::kHost);
+  o.grad_accumulation = GradAccumulation::kDevice;
+  plan = make_plan(l, o);
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(
+      plan.status().message().find("grad_accumulation 'device' needs " + format_bytes(needed)),
+      std::string::npos)
+      << plan.status().message();
+
+  // The CPU backend: only when asked for.
+  o.device_budget_bytes = 0;
+  o.host_addressable_device = true;
+  o.grad_accumulation = GradAccumulation::kAuto;
+  EXPECT_FALSE(make_plan(l, o)->accumulate_on_device);
+  o.grad_accumulation = GradAccumulation::kDevice;
+  EXPECT_TRUE(make_plan(l, o)->accumulate_on_device);
+  // One micro-batch per step: gradients are kept as computed, nothing is summed.
+  o.accumulation_steps = 1;
+  plan = make_plan(l, o);
+  EXPECT_FALSE(plan->accumulate_on_device);
+  EXPECT_TRUE(plan->keep_gradients);
 }
 
 // optimizer_overlap "backward" needs the shadow state: a second master and pair of moments in the
