@@ -12,6 +12,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,8 +23,92 @@
 #include "strata/core/check.h"
 #include "strata/device/device.h"
 
+// Communicators are created non-blocking (ncclCommInitRankConfig), so that creation has a
+// deadline: NCCL_CONFIG_INITIALIZER and ncclGetLastError need 2.14.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "Strata's NCCL communicator needs NCCL 2.14 or newer"
+#endif
+
 namespace strata::dist {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "unhandled system error (run with NCCL_DEBUG=WARN for details) (socket: ...)": the code's text
+// and NCCL's own account of the last error, when it has one.
+std::string nccl_error(ncclResult_t rc) {
+  std::string text = ncclGetErrorString(rc);
+  const char* last = ncclGetLastError(nullptr);
+  if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
+  return text;
+}
+
+// As the MPI communicator words it (mpi_communicator.cpp, timed_out).
+Status timed_out(int rank, const std::string& what) {
+  return unavailable("rank " + std::to_string(rank) + ": " + what +
+                     " did not complete in time; a peer rank may have died or be stuck "
+                     "(raise dist_timeout_s if it is only slow)");
+}
+
+// Polls a non-blocking communicator until the call it is busy with (its creation, or enqueueing
+// a collective: connections are made on first use) is done: ncclSuccess or an error, or still
+// ncclInProgress once `deadline` has passed.
+ncclResult_t settle(ncclComm_t comm, Clock::time_point deadline) {
+  auto sleep = std::chrono::microseconds(0);
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    if (const ncclResult_t q = ncclCommGetAsyncError(comm, &state); q != ncclSuccess) return q;
+    if (state != ncclInProgress || Clock::now() > deadline) return state;
+    if (sleep < std::chrono::microseconds(500)) sleep += std::chrono::microseconds(10);
+    std::this_thread::sleep_for(sleep);
+  }
+}
+
+// ncclGetUniqueId on a thread of its own: it starts NCCL's bootstrap network, which can hang
+// (no usable interface, a name lookup that never answers), and cannot be aborted. Past the
+// deadline the thread is left behind, writing only to the state it shares.
+Result<ncclUniqueId> unique_id_by(Clock::time_point deadline, int rank) {
+  struct Outcome {
+    ncclUniqueId id{};
+    ncclResult_t rc = ncclSuccess;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  std::promise<void> finished;
+  std::future<void> done = finished.get_future();
+  std::thread([outcome, ready = std::move(finished)]() mutable {
+    outcome->rc = ncclGetUniqueId(&outcome->id);
+    ready.set_value();
+  }).detach();
+  if (done.wait_until(deadline) != std::future_status::ready) {
+    return unavailable("rank " + std::to_string(rank) +
+                       ": ncclGetUniqueId did not complete in time; NCCL's bootstrap may find no "
+                       "network interface it can use (on one node, NCCL_SOCKET_IFNAME=lo names "
+                       "one; raise dist_timeout_s if it is only slow)");
+  }
+  if (outcome->rc != ncclSuccess) {
+    return unavailable("rank " + std::to_string(rank) +
+                       ": ncclGetUniqueId failed: " + nccl_error(outcome->rc));
+  }
+  return outcome->id;
+}
+
+// ncclCommInitRankConfig, non-blocking, polled until `deadline`; past it the communicator is
+// aborted and the error names the rank and the operation.
+Result<ncclComm_t> init_comm_by(Clock::time_point deadline, int world, const ncclUniqueId& id,
+                                int rank) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+  if (rc == ncclInProgress) rc = settle(comm, deadline);
+  if (rc == ncclSuccess) return comm;
+  if (comm != nullptr) ncclCommAbort(comm);
+  if (rc == ncclInProgress) {
+    return timed_out(rank, "ncclCommInitRank (" + std::to_string(world) + " ranks)");
+  }
+  return unavailable("rank " + std::to_string(rank) +
+                     ": ncclCommInitRank failed: " + nccl_error(rc));
+}
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -94,7 +181,8 @@ class NcclHandleState final : public CommHandle::State {
       }
       ncclResult_t async_err = ncclSuccess;
       ncclCommGetAsyncError(comm_->get(), &async_err);
-      if (async_err != ncclSuccess) {
+      // ncclInProgress: the non-blocking communicator is busy with a later call; not an error.
+      if (async_err != ncclSuccess && async_err != ncclInProgress) {
         return internal_error("rank " + std::to_string(rank_) + ": " + what_ +
                               " failed: " + ncclGetErrorString(async_err));
       }
@@ -207,22 +295,32 @@ class NcclCommunicator final : public Communicator {
     return cudaEventRecord(ready_, compute_) == cudaSuccess &&
            cudaStreamWaitEvent(stream_, ready_, 0) == cudaSuccess;
   }
-  CommHandle failed(const char* op, std::string_view what, const std::string& why) {
+  static CommHandle failed(Status status) {
     struct Failed final : CommHandle::State {
       Status s;
       Status wait() override { return s; }
     };
     auto f = std::make_shared<Failed>();
-    f->s = internal_error("rank " + std::to_string(rank()) + ": " + op + " '" + std::string(what) +
-                          "' failed: " + why);
+    f->s = std::move(status);
     return CommHandle(f);
+  }
+  CommHandle failed(const char* op, std::string_view what, const std::string& why) {
+    return failed(internal_error("rank " + std::to_string(rank()) + ": " + op + " '" +
+                                 std::string(what) + "' failed: " + why));
   }
   // A handle on the collective just enqueued: its wait polls an event recorded after it on the
   // collective stream, so waiting never waits for unrelated compute.
   CommHandle finish(ncclResult_t rc, const char* op, std::string_view what) {
     const std::string label = std::string(op) + " '" + std::string(what) + "'";
     auto fail = [&](const std::string& why) { return failed(op, what, why); };
-    if (rc != ncclSuccess) return fail(ncclGetErrorString(rc));
+    if (rc == ncclInProgress) {  // the communicator is non-blocking: enqueued once it settles
+      rc = settle(comm_->get(), Clock::now() + timeout_);
+      if (rc == ncclInProgress) {
+        comm_->abort();
+        return failed(timed_out(rank(), label));
+      }
+    }
+    if (rc != ncclSuccess) return fail(nccl_error(rc));
     cudaEvent_t ev;
     if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
       return fail("cudaEventCreate");
@@ -269,12 +367,12 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
   } else {
     host = make_single_rank_communicator(device);
   }
-  // Rank 0 creates the NCCL id; the host communicator carries it to everyone.
+  // Rank 0 creates the NCCL id; the host communicator carries it to everyone. Creation as a
+  // whole gets dist_timeout_s, as every collective does.
+  const Clock::time_point deadline = Clock::now() + options.timeout;
   ncclUniqueId id{};
   if (host->rank() == 0) {
-    const ncclResult_t rc = ncclGetUniqueId(&id);
-    if (rc != ncclSuccess)
-      return unavailable(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
+    STRATA_ASSIGN_OR_RETURN(id, unique_id_by(deadline, host->rank()));
   }
   static_assert(sizeof(id) % sizeof(std::uint64_t) == 0);
   constexpr int kWords = sizeof(id) / sizeof(std::uint64_t);
@@ -283,12 +381,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
   std::vector<std::uint64_t> all(static_cast<std::size_t>(kWords * host->world_size()));
   STRATA_RETURN_IF_ERROR(host->all_gather_host(words, all.data(), kWords, "NCCL unique id"));
   std::memcpy(&id, all.data(), sizeof(id));  // rank 0's id
-  ncclComm_t raw;
-  const ncclResult_t rc = ncclCommInitRank(&raw, host->world_size(), id, host->rank());
-  if (rc != ncclSuccess) {
-    return unavailable("rank " + std::to_string(host->rank()) +
-                       ": ncclCommInitRank failed: " + ncclGetErrorString(rc));
-  }
+  STRATA_ASSIGN_OR_RETURN(ncclComm_t raw,
+                          init_comm_by(deadline, host->world_size(), id, host->rank()));
   auto comm = std::make_shared<NcclComm>(raw);
   cudaEvent_t ready = nullptr;
   if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess) {

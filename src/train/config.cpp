@@ -216,6 +216,8 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read_bytes("device_memory_limit", &c.device_memory_limit);
   r.read("device_index", &c.device_index, -1, 1023);
   r.read("allow_tf32", &c.allow_tf32);
+  read_enum(r, "attention", &c.attention, device::kAttentionVariants,
+            device::attention_variant_name);
   r.read_bytes("host_memory_limit", &c.host_memory_limit);
   r.read("threads", &c.threads, 0, 1024);
   r.read("save_dir", &c.save_dir);
@@ -293,9 +295,9 @@ Json TrainConfig::to_json() const {
         {"min_lr", lr_schedule.min_lr}}},
       {"grad_clip", grad_clip},
       {"optimizer_overlap", zero::optimizer_overlap_name(optimizer_overlap)},
+      {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
-      {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},
       {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
       {"reduce_bucket_bytes", reduce_bucket_bytes},
@@ -321,6 +323,7 @@ Json TrainConfig::to_json() const {
       {"device_memory_limit", device_memory_limit},
       {"device_index", device_index},
       {"allow_tf32", allow_tf32},
+      {"attention", device::attention_variant_name(attention)},
       {"host_memory_limit", host_memory_limit},
       {"threads", threads},
       {"save_dir", save_dir},

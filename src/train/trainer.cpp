@@ -141,6 +141,7 @@ Status Trainer::Impl::setup() {
   dopts.memory_limit_bytes = config.device_memory_limit;
   dopts.device_index = config.device_index;
   dopts.allow_tf32 = config.allow_tf32;
+  dopts.attention = config.attention;
   dopts.compute_threads = config.threads;
   STRATA_ASSIGN_OR_RETURN(device, device::create_device(dopts));
 

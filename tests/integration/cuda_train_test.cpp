@@ -1,7 +1,7 @@
 // Whole training steps on the CUDA backend against the CPU backend on tiny models: the same
 // losses (fp32: 1e-4 relative) with the optimizer on the GPU and offloaded to the host, the
-// flash-attention path in bf16, and a clear error for device "cuda" where there is no GPU
-// (that one runs everywhere).
+// flash-attention path in bf16, every attention variant, and clear errors for device "cuda"
+// where there is no GPU and for an attention variant that does not exist (those run everywhere).
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
 
@@ -15,6 +15,7 @@
 #include "kernels/runtime.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/scoped_env.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::train {
@@ -95,6 +96,42 @@ TEST(CudaTrainProbeTest, DeviceCudaWithoutGpuIsAClearError) {
   EXPECT_NE(t.status().message().find("no GPU"), std::string::npos) << t.status().message();
 }
 
+// The config key `attention` takes only the variants there are, and says which.
+TEST(CudaTrainProbeTest, AnUnknownAttentionVariantIsRefusedNamingTheChoices) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["attention"] = "flash3";
+  auto c = parse_train_config(j, "test config");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("'attention': got 'flash3'; expected one of "
+                                      "auto|flash|flash2|simple"),
+            std::string::npos)
+      << c.status().message();
+  j["attention"] = "flash2";
+  auto ok = parse_train_config(j, "test config");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(ok->attention, device::AttentionVariant::kFlash2);
+  EXPECT_EQ(ok->to_json()["attention"].get<std::string>(), "flash2");
+}
+
+// STRATA_ATTENTION overrides the config for benchmarks; a value that names no variant stops the
+// device's creation, GPU or not, naming the variable, the value and the choices.
+TEST(CudaTrainProbeTest, ABadStrataAttentionIsRefusedNamingTheVariable) {
+  const testing::ScopedEnv attention("STRATA_ATTENTION", "fastest");
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["device"] = "cuda";
+  auto c = parse_train_config(j, "test config");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  auto t = Trainer::create(*c, {});
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().message();
+  EXPECT_NE(t.status().message().find("STRATA_ATTENTION 'fastest' is not an attention variant; "
+                                      "expected one of auto|flash|flash2|simple"),
+            std::string::npos)
+      << t.status().message();
+}
+
 class CudaTrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -143,6 +180,32 @@ TEST_F(CudaTrainTest, Bf16FlashPathTracksTheCpuBackend) {
   const History gpu = train_on(base, "cuda");
   expect_close(gpu.loss, cpu.loss, 2e-2, "loss");
   EXPECT_LT(gpu.loss.back(), gpu.loss.front());
+}
+
+// Every attention variant the config can choose trains as the CPU backend does: in bf16 with
+// head_dim 64 each runs its own kernels; in fp32 with head_dim 8, where no flash variant applies,
+// flash and flash2 leave the calls to the simple kernels instead of failing them.
+TEST_F(CudaTrainTest, EveryAttentionVariantTracksTheCpuBackend) {
+  testing::ScopedEnv no_override("STRATA_ATTENTION", "");
+  no_override.unset();  // the config's choice, not the environment's
+  TempDir dir;
+  const Json fp32 = tiny_config(dir);
+  Json bf16 = fp32;
+  bf16["model"] = Json::parse(R"({"vocab_size": 256, "hidden_size": 128,
+      "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "max_position_embeddings": 128})");
+  bf16["seq_len"] = 100;
+  bf16["precision"] = "bf16";
+  const History cpu_fp32 = train_on(fp32, "cpu");
+  const History cpu_bf16 = train_on(bf16, "cpu");
+  for (const char* variant : {"auto", "flash", "flash2", "simple"}) {
+    SCOPED_TRACE(variant);
+    Json f = fp32, b = bf16;
+    f["attention"] = variant;
+    b["attention"] = variant;
+    expect_close(train_on(f, "cuda").loss, cpu_fp32.loss, 1e-4, "fp32 loss");
+    expect_close(train_on(b, "cuda").loss, cpu_bf16.loss, 2e-2, "bf16 loss");
+  }
 }
 
 // The families' differences on the GPU: biases (add_bias / bias_grad kernels), Qwen3's q/k norms

@@ -180,6 +180,28 @@ std::string_view device_kind_name(DeviceKind kind);  // "cpu", "cuda"
 
 inline constexpr int kAutoDeviceIndex = -1;
 
+// CUDA backend: the attention kernels (config key `attention`; STRATA_ATTENTION in the
+// environment overrides it). kFlash and kFlash2 serve the calls they apply to (bf16, head_dim 64
+// or 128) and the simple kernels the rest; kAuto is the flash kernels' first variant where it
+// applies; kSimple is the simple kernels everywhere. The CPU backend has one kind of kernel.
+enum class AttentionVariant : std::uint8_t { kAuto, kFlash, kFlash2, kSimple };
+inline constexpr std::array<AttentionVariant, 4> kAttentionVariants = {
+    AttentionVariant::kAuto, AttentionVariant::kFlash, AttentionVariant::kFlash2,
+    AttentionVariant::kSimple};
+constexpr std::string_view attention_variant_name(AttentionVariant variant) {
+  switch (variant) {
+    case AttentionVariant::kFlash:
+      return "flash";
+    case AttentionVariant::kFlash2:
+      return "flash2";
+    case AttentionVariant::kSimple:
+      return "simple";
+    case AttentionVariant::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 struct DeviceOptions {
   DeviceKind kind = DeviceKind::kCpu;
   std::uint64_t memory_limit_bytes = 0;  // 0 = no limit on the CPU backend; required on CUDA
@@ -189,6 +211,7 @@ struct DeviceOptions {
   // CUDA backend: fp32 GEMMs may use TF32 tensor cores (about 10 mantissa bits per product);
   // off by default so that fp32 runs match the CPU backend to 1e-5.
   bool allow_tf32 = false;
+  AttentionVariant attention = AttentionVariant::kAuto;  // CUDA backend; see AttentionVariant
   // CPU backend: a copy between the device and host memory that neither allocate_pinned nor
   // register_host covers stops the process with a message naming the copy. On CUDA such a copy
   // from pageable memory is synchronous and slow, so the suite runs with this on (also set by

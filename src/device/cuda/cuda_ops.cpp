@@ -1,6 +1,8 @@
 // The CUDA op table: argument checks as on the CPU backend, then the kernels' host launchers
 // (kernels/launchers.h) or cuBLASLt, all on the compute stream; failures become the device's
 // sticky error. Plain C++: no device code here.
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "src/device/cuda/cuda_device.h"
@@ -126,8 +128,9 @@ class CudaOps final : public Ops {
   void attention_forward(const void* q, const void* k, const void* v, void* out, float* lse,
                          const AttentionShape& shape, DType dtype) const override {
     const kernels::AttentionDims d = attention_dims(shape);
-    done(kernels::attention_forward(ctx(), q, k, v, out, lse, d, float_elem(dtype),
-                                    tuning_.attention),
+    const kernels::Elem e = float_elem(dtype);
+    done(kernels::attention_forward(ctx(), q, k, v, out, lse, d, e,
+                                    attention_kernel(d, e, false, {q, k, v, out})),
          "attention_forward");
   }
   void attention_backward(const void* dout, const void* q, const void* k, const void* v,
@@ -137,8 +140,9 @@ class CudaOps final : public Ops {
     if (d.seq == 0 || d.batch == 0) return;
     void* s = scratch(kernels::attention_backward_scratch_bytes(d));
     if (s == nullptr) return;
-    done(kernels::attention_backward(ctx(), dout, q, k, v, out, lse, dq, dk, dv, d,
-                                     float_elem(dtype), tuning_.attention, s),
+    const kernels::Elem e = float_elem(dtype);
+    done(kernels::attention_backward(ctx(), dout, q, k, v, out, lse, dq, dk, dv, d, e,
+                                     attention_kernel(d, e, true, {dout, q, k, v, dq, dk, dv}), s),
          "attention_backward");
   }
 
@@ -217,11 +221,11 @@ class CudaOps final : public Ops {
   void adamw(const AdamWArgs& a) const override {
     STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
     STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
+    STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
     // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
     const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;
     s.lr_step_size = c.step_size;
-    STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
     s.bc2_sqrt = c.bc2_sqrt;
     s.decay = c.decay;
     s.one_minus_beta1 = c.one_minus_beta1;
@@ -242,6 +246,26 @@ class CudaOps final : public Ops {
   const kernels::LaunchContext& ctx() const {
     dev_.bind();
     return dev_.launch_context();
+  }
+
+  // The kernels of one attention call: the tuning's, except that a flash variant chosen with
+  // attention_falls_back leaves the calls it does not serve (attention.cu's conditions for kAuto:
+  // applies, and every tensor 16-byte aligned) to the simple kernels instead of failing them.
+  kernels::AttentionKernel attention_kernel(const kernels::AttentionDims& d, kernels::Elem e,
+                                            bool backward,
+                                            std::initializer_list<const void*> tensors) const {
+    const kernels::AttentionKernel chosen = tuning_.attention;
+    if (!tuning_.attention_falls_back || (chosen != kernels::AttentionKernel::kFlash &&
+                                          chosen != kernels::AttentionKernel::kFlash2)) {
+      return chosen;
+    }
+    bool aligned = true;
+    for (const void* t : tensors) {
+      aligned = aligned && reinterpret_cast<std::uintptr_t>(t) % 16 == 0;
+    }
+    return aligned && kernels::flash_attention_applies(ctx(), d, e, backward, chosen)
+               ? chosen
+               : kernels::AttentionKernel::kSimple;
   }
 
   // Records a failed launch (with the op's name) as the device's sticky error.

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "runtime.h"
 #include "src/device/cuda/cuda_device.h"
@@ -19,11 +20,64 @@ std::string describe_cuda() {
          std::to_string(info.minor) + ", " + format_bytes(info.total_bytes);
 }
 
-Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options) {
+namespace {
+
+// Read at each device's creation; nothing in the process sets these variables.
+const char* environment(const char* name) {
+  return std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
+}
+
+kernels::AttentionKernel kernel_of(AttentionVariant variant) {
+  switch (variant) {
+    case AttentionVariant::kFlash:
+      return kernels::AttentionKernel::kFlash;
+    case AttentionVariant::kFlash2:
+      return kernels::AttentionKernel::kFlash2;
+    case AttentionVariant::kSimple:
+      return kernels::AttentionKernel::kSimple;
+    case AttentionVariant::kAuto:
+      break;
+  }
+  return kernels::AttentionKernel::kAuto;
+}
+
+}  // namespace
+
+bool sync_requested_by_environment(const char* (*getenv)(const char*)) {
+  if (getenv == nullptr) getenv = environment;
+  const char* sync = getenv("STRATA_CUDA_SYNC");
+  return sync != nullptr && std::strcmp(sync, "1") == 0;
+}
+
+Result<CudaTuning> tuning_from_environment(const DeviceOptions& options,
+                                           const char* (*getenv)(const char*)) {
+  if (getenv == nullptr) getenv = environment;
+  AttentionVariant variant = options.attention;
+  if (const char* asked = getenv("STRATA_ATTENTION"); asked != nullptr && *asked != '\0') {
+    std::string choices;
+    bool known = false;
+    for (const AttentionVariant v : kAttentionVariants) {
+      choices += (choices.empty() ? "" : "|") + std::string(attention_variant_name(v));
+      if (attention_variant_name(v) == asked) {
+        variant = v;
+        known = true;
+      }
+    }
+    if (!known) {
+      return invalid_argument("STRATA_ATTENTION '" + std::string(asked) +
+                              "' is not an attention variant; expected one of " + choices +
+                              " (or unset it to use the config's attention)");
+    }
+  }
   CudaTuning tuning;
-  // Read once, at creation; nothing in the process sets it.
-  const char* sync = std::getenv("STRATA_CUDA_SYNC");  // NOLINT(concurrency-mt-unsafe)
-  tuning.sync_after_each_op = sync != nullptr && std::strcmp(sync, "1") == 0;
+  tuning.attention = kernel_of(variant);
+  tuning.attention_falls_back = true;
+  tuning.sync_after_each_op = sync_requested_by_environment(getenv);
+  return tuning;
+}
+
+Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(const CudaTuning tuning, tuning_from_environment(options));
   return create_cuda_device(options, tuning);
 }
 

@@ -13,6 +13,10 @@ namespace strata::device::cuda {
 // Knobs below DeviceOptions, for tests and benchmarks.
 struct CudaTuning {
   kernels::AttentionKernel attention = kernels::AttentionKernel::kAuto;
+  // With kFlash or kFlash2 above: the calls that variant does not apply to (not bf16, another
+  // head_dim, unaligned, too little shared memory) run the simple kernels, as the config key
+  // `attention` promises. Off, such a call fails: tests choose a variant strictly.
+  bool attention_falls_back = false;
   // Synchronize and check after every op, so a kernel fault names its op (slow; debugging).
   // create_cuda_device(options) turns it on when the environment has STRATA_CUDA_SYNC=1.
   bool sync_after_each_op = false;
@@ -20,8 +24,20 @@ struct CudaTuning {
   std::size_t gemm_workspace_bytes = 0;
 };
 
-// Fails with `unavailable` naming the reason when no usable GPU is present, and with
-// invalid_argument when device_memory_limit is 0 (the CUDA arena is allocated up front).
+// Whether the environment asks every CUDA op to synchronize and check: STRATA_CUDA_SYNC=1.
+// `getenv` is injectable for tests.
+bool sync_requested_by_environment(const char* (*getenv)(const char*) = nullptr);
+
+// The tuning create_cuda_device(options) runs with: options.attention, unless STRATA_ATTENTION
+// in the environment names another variant (auto, flash, flash2 or simple), and
+// sync_requested_by_environment(). Any other STRATA_ATTENTION is invalid_argument naming the
+// variable, its value and the choices.
+Result<CudaTuning> tuning_from_environment(const DeviceOptions& options,
+                                           const char* (*getenv)(const char*) = nullptr);
+
+// Fails with invalid_argument for a bad STRATA_ATTENTION (tuning_from_environment), with
+// `unavailable` naming the reason when no usable GPU is present, and with invalid_argument when
+// device_memory_limit is 0 (the CUDA arena is allocated up front).
 Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options);
 Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options,
                                                    const CudaTuning& tuning);

@@ -17,13 +17,17 @@ namespace strata::device::testing {
 inline constexpr std::uint64_t kGpuTestLimitBytes = std::uint64_t{4} << 30;
 
 // Creates a CUDA device; Unavailable (no GPU) -> nullptr and `why` holds the probe's message.
+// STRATA_CUDA_SYNC=1 in the environment makes every op synchronize and check, as it does for
+// create_cuda_device(options), so a faulting kernel names its op in any test.
 inline std::unique_ptr<Device> make_gpu_device(std::string* why,
                                                const cuda::CudaTuning& tuning = {},
                                                std::uint64_t limit = kGpuTestLimitBytes) {
   DeviceOptions o;
   o.kind = device::DeviceKind::kCuda;
   o.memory_limit_bytes = limit;
-  auto d = cuda::create_cuda_device(o, tuning);
+  cuda::CudaTuning t = tuning;
+  t.sync_after_each_op = t.sync_after_each_op || cuda::sync_requested_by_environment();
+  auto d = cuda::create_cuda_device(o, t);
   if (d.is_ok()) return std::move(d).value();
   *why = d.status().message();
   // Anything but "no GPU" on a machine with one is a real failure.
