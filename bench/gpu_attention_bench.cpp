@@ -1,9 +1,11 @@
-// Causal GQA attention throughput of the two flash variants (kernels/launchers.h: kFlash, WMMA
-// through shared memory; kFlash2, mma.sync with register-resident softmax and cp.async), forward,
+// Causal GQA attention throughput of every variant the config key `attention` chooses from
+// (kernels/launchers.h: kFlash, WMMA through shared memory; kFlash2, mma.sync with
+// register-resident softmax and cp.async; kSimple, one block per row, the fallback), forward,
 // backward and both, at TinyLlama's shape (batch 1, seq 2048, 32 heads, 4 kv heads, head_dim 64)
 // and at head_dim 128, in TFLOP/s: 4 b h s^2 d / 2 for the causal forward (two products over
 // half the score matrix), 2.5 times that for the backward (five products). The variants race in
-// the same run; the last lines print flash2's speedup over flash per shape.
+// the same run; the last lines print each shape's figures, flash2's speedup over flash and the
+// fastest variant ("auto" runs flash where it applies).
 //
 // Before timing, each variant's output is verified on sampled rows (two heads, rows at tile
 // edges, the first and the last) against a double-precision reference within the error bounds
@@ -19,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/launchers.h"
@@ -229,6 +232,13 @@ std::string verify(const Gpu& g, Buffers& b, AttentionKernel kernel) {
 
 enum class Pass { kForward, kBackward, kBoth };
 
+// The variants as the config key `attention` names them.
+constexpr std::pair<const char*, AttentionKernel> kVariants[] = {
+    {"flash", AttentionKernel::kFlash},
+    {"flash2", AttentionKernel::kFlash2},
+    {"simple", AttentionKernel::kSimple},
+};
+
 using Results = std::map<std::string, double>;  // "hd64/flash2/fwd_bwd" -> TFLOP/s
 
 void BM_Attention(benchmark::State& state, const Gpu& g, Buffers& b, AttentionKernel kernel,
@@ -314,9 +324,9 @@ int main(int argc, char** argv) {
   for (auto& b : shapes) {
     const std::string hd = "hd" + std::to_string(b->shape.head_dim);
     for (const auto& p : passes) {
-      for (AttentionKernel kernel : {AttentionKernel::kFlash, AttentionKernel::kFlash2}) {
-        const std::string variant = kernel == AttentionKernel::kFlash ? "flash" : "flash2";
-        const std::string key = hd + "/" + variant + "/" + p.name;
+      for (const auto& variant : kVariants) {
+        const AttentionKernel kernel = variant.second;
+        const std::string key = hd + "/" + variant.first + "/" + p.name;
         Buffers* buf = b.get();
         benchmark::RegisterBenchmark(
             ("BM_Attention/b1_s2048_h32_kv4_" + key).c_str(),
@@ -333,13 +343,29 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   for (const char* hd : {"hd64", "hd128"}) {
     for (const char* pass : {"fwd", "bwd", "fwd_bwd"}) {
-      const std::string a = std::string(hd) + "/flash/" + pass;
-      const std::string b = std::string(hd) + "/flash2/" + pass;
-      if (results.count(a) != 0 && results.count(b) != 0) {
-        std::printf(
-            "attention %s %s: flash %.1f TFLOP/s, flash2 %.1f TFLOP/s, flash2/flash %.2fx\n", hd,
-            pass, results[a], results[b], results[b] / results[a]);
+      std::string line, fastest;
+      double best = 0;
+      for (const auto& variant : kVariants) {
+        const auto it = results.find(std::string(hd) + "/" + variant.first + "/" + pass);
+        if (it == results.end()) continue;
+        char figure[96];
+        std::snprintf(figure, sizeof(figure), "%s%s %.1f", line.empty() ? "" : ", ", variant.first,
+                      it->second);
+        line += figure;
+        if (it->second > best) {
+          best = it->second;
+          fastest = variant.first;
+        }
       }
+      if (line.empty()) continue;
+      const auto flash = results.find(std::string(hd) + "/flash/" + pass);
+      const auto flash2 = results.find(std::string(hd) + "/flash2/" + pass);
+      char ratio[64] = "";
+      if (flash != results.end() && flash2 != results.end()) {
+        std::snprintf(ratio, sizeof(ratio), "; flash2/flash %.2fx", flash2->second / flash->second);
+      }
+      std::printf("attention %s %s: %s TFLOP/s%s; fastest %s\n", hd, pass, line.c_str(), ratio,
+                  fastest.c_str());
     }
   }
   shapes.clear();

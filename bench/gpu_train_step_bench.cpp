@@ -1,15 +1,23 @@
 // Model FLOPs utilization of the training step on the GPU for a 1.1B LLaMA (TinyLlama's shape),
-// without offload and with the optimizer offloaded to the CPU, against the bf16 peak that a
-// large cuBLASLt GEMM reaches in the same run (measured first, output verified).
+// as users run it: one run_steps(N) call, so that each step's optimizer update overlaps the next
+// step's forward where the schedule allows, timed over the middle steps (the first warms up; the
+// last waits for its own update). Cases: no offload; the optimizer offloaded to the CPU at
+// accumulation 1 and 2; parameters and optimizer on the host (ZeRO-3).
 //
-// MFU = 6 * parameters * tokens / step time / measured peak (attention's own FLOPs are not
-// counted, as is usual). Knobs (environment): STRATA_GPU_BENCH_SEQ (2048),
-// STRATA_GPU_BENCH_MICRO (micro-batch sequences, 8), STRATA_GPU_BENCH_ACCUM (micro-batches per
-// step, 2), STRATA_GPU_BENCH_STEPS (timed steps, 3; one more untimed step warms up),
-// STRATA_GPU_BENCH_LAYERS (22).
+// MFU = 6 * parameters * tokens / step time (attention's own FLOPs are not counted, as is usual),
+// against the bf16 peak that a large cuBLASLt GEMM reaches in the same run (measured first,
+// output verified) and against the GPU's specified dense bf16 peak (kSpecPeaks, by the name the
+// driver reports; STRATA_GPU_SPEC_TFLOPS overrides it). Knobs (environment): STRATA_GPU_BENCH_SEQ
+// (2048), STRATA_GPU_BENCH_MICRO (micro-batch sequences, 8), STRATA_GPU_BENCH_ACCUM (micro-batches
+// per step of the cases that do not fix it, 2), STRATA_GPU_BENCH_STEPS (timed steps, 3; under
+// optimizer_overlap "auto" the engine probes the serial schedule from the fifth step on, so more
+// mixes the two), STRATA_GPU_BENCH_LAYERS (22), STRATA_GPU_BENCH_CLIP (grad_clip, 1.0),
+// STRATA_GPU_BENCH_OVERLAP (optimizer_overlap; unset: the config's default), and
+// STRATA_ATTENTION (the attention kernels: auto, flash, flash2 or simple).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,6 +41,34 @@ namespace dev = strata::device;
 std::int64_t env_int(const char* name, std::int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
+}
+double env_double(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atof(v) : fallback;
+}
+std::string env_string(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, in TFLOP/s, by a part
+// of the name the driver reports; the most specific first ("GH200" also contains "H200").
+struct SpecPeak {
+  const char* name_part;
+  double tflops;
+};
+constexpr SpecPeak kSpecPeaks[] = {
+    {"GH200", 989},     {"H200 NVL", 835}, {"H200", 989}, {"H100 NVL", 835},
+    {"H100 PCIe", 756}, {"H100", 989},     {"A100", 312}, {"L40S", 362},
+};
+
+// The specified peak of this GPU: STRATA_GPU_SPEC_TFLOPS, else kSpecPeaks; 0 when unknown.
+double spec_bf16_tflops(const std::string& gpu_name) {
+  if (const double forced = env_double("STRATA_GPU_SPEC_TFLOPS", 0); forced > 0) return forced;
+  for (const SpecPeak& p : kSpecPeaks) {
+    if (gpu_name.find(p.name_part) != std::string::npos) return p.tflops;
+  }
+  return 0;
 }
 
 struct Shape {
@@ -142,12 +178,30 @@ std::string token_file(const std::string& dir, std::int64_t vocab) {
   return path;
 }
 
-void BM_GpuTrainStep(benchmark::State& state, const std::string& offload, double peak_tflops) {
+struct Case {
+  std::string name;               // "offload=optimizer/accum=2"
+  std::string offload_optimizer;  // "none" or "cpu"
+  std::string offload_param;      // "none" or "cpu" (ZeRO-3)
+  std::int64_t accum = 2;         // micro-batches per optimizer step
+  double target_mfu = 0;          // against the measured peak; 0: none set
+};
+
+struct Peaks {
+  double measured_tflops = 0;
+  double spec_tflops = 0;  // 0: this GPU is not in kSpecPeaks
+};
+
+// Prints one line on the case as soon as it is measured, so that a run stopped by a timeout
+// still shows the cases it finished (Google Benchmark's JSON is complete only at the end).
+void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks) {
   Shape shape;
   shape.layers = env_int("STRATA_GPU_BENCH_LAYERS", shape.layers);
   const std::int64_t seq = env_int("STRATA_GPU_BENCH_SEQ", 2048);
   const std::int64_t micro = env_int("STRATA_GPU_BENCH_MICRO", 8);
-  const std::int64_t accum = env_int("STRATA_GPU_BENCH_ACCUM", 2);
+  const std::int64_t timed = std::max<std::int64_t>(1, env_int("STRATA_GPU_BENCH_STEPS", 3));
+  constexpr std::int64_t kWarmup = 1;
+  // The last step waits for its own update (nothing follows to overlap it): not timed either.
+  const std::int64_t total = kWarmup + timed + 1;
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
     state.SkipWithError("cudaMemGetInfo failed");
@@ -166,17 +220,21 @@ void BM_GpuTrainStep(benchmark::State& state, const std::string& offload, double
         {"max_position_embeddings", std::max<std::int64_t>(seq, 2048)}}},
       {"data", {{"path", token_file(dir, shape.vocab)}, {"format", "u16"}}},
       {"seq_len", seq},
-      {"batch_size", micro * accum},
+      {"batch_size", micro * c.accum},
       {"micro_batch_size", micro},
       {"max_steps", 1000000},
       {"precision", "bf16"},
       {"optimizer", {{"lr", 1e-4}}},
-      {"grad_clip", 1.0},
+      {"grad_clip", env_double("STRATA_GPU_BENCH_CLIP", 1.0)},
       {"device", "cuda"},
       {"device_memory_limit", static_cast<std::uint64_t>(static_cast<double>(free_bytes) * 0.9)},
-      {"offload_param", "none"},
-      {"offload_optimizer", offload},
-      {"save_dir", dir + "/ckpt"}};
+      {"offload_param", c.offload_param},
+      {"offload_optimizer", c.offload_optimizer},
+      {"save_dir", ""}};
+  if (c.offload_param != "none") j["zero_stage"] = 3;
+  if (const std::string overlap = env_string("STRATA_GPU_BENCH_OVERLAP", ""); !overlap.empty()) {
+    j["optimizer_overlap"] = overlap;
+  }
   auto config = strata::train::parse_train_config(j, "gpu bench");
   if (!config.is_ok()) {
     state.SkipWithError(config.status().message().c_str());
@@ -188,44 +246,81 @@ void BM_GpuTrainStep(benchmark::State& state, const std::string& offload, double
     return;
   }
   auto& t = **trainer;
-  if (const strata::Status s = t.run_steps(1); !s.is_ok()) {  // warm-up: plans, heuristics
-    state.SkipWithError(s.message().c_str());
-    return;
-  }
-  const double tokens_per_step = static_cast<double>(micro * accum * seq);
-  double step_ms = 0, compute_ms = 0, optim_ms = 0;
-  std::int64_t steps = 0;
-  for (auto _ : state) {
-    if (const strata::Status s = t.run_steps(1); !s.is_ok()) {
+  const double tokens_per_step = static_cast<double>(micro * c.accum * seq);
+  struct {
+    double step = 0, compute = 0, optimizer = 0, exposed = 0, wait = 0, stall = 0;
+    int overlapped = 0, guessed = 0, redone = 0;
+  } sum;
+  for (auto _ : state) {  // one iteration: the whole run, as a user's
+    if (const strata::Status s = t.run_steps(total); !s.is_ok()) {
       state.SkipWithError(s.message().c_str());
       return;
     }
-    const auto& m = t.history().back();
-    if (!std::isfinite(m.loss) || m.skipped) {  // a broken step would make any speed meaningless
-      state.SkipWithError(("step " + std::to_string(m.step) + " produced loss " +
-                           std::to_string(m.loss) + (m.skipped ? " (skipped)" : ""))
+    const auto& history = t.history();
+    if (history.size() != static_cast<std::size_t>(total)) {
+      state.SkipWithError(("the run recorded " + std::to_string(history.size()) + " steps, not " +
+                           std::to_string(total))
                               .c_str());
       return;
     }
-    state.SetIterationTime(m.step_ms / 1e3);
-    step_ms += m.step_ms;
-    compute_ms += m.compute_ms;
-    optim_ms += m.optimizer_ms;
-    ++steps;
+    for (const auto& m : history) {
+      if (!std::isfinite(m.loss) || m.skipped) {  // a broken step makes any speed meaningless
+        state.SkipWithError(("step " + std::to_string(m.step) + " produced loss " +
+                             std::to_string(m.loss) + (m.skipped ? " (skipped)" : ""))
+                                .c_str());
+        return;
+      }
+    }
+    for (std::int64_t i = kWarmup; i < kWarmup + timed; ++i) {
+      const auto& m = history[static_cast<std::size_t>(i)];
+      sum.step += m.step_ms;
+      sum.compute += m.compute_ms;
+      sum.optimizer += m.optimizer_ms;
+      sum.exposed += m.optimizer_exposed_ms;
+      sum.wait += m.wait_ms;
+      sum.stall += m.stall_ms;
+      sum.overlapped += m.optimizer_schedule != "none" ? 1 : 0;
+      sum.guessed += m.guessed ? 1 : 0;
+      sum.redone += m.redone ? 1 : 0;
+    }
+    state.SetIterationTime(sum.step / 1e3 / static_cast<double>(timed));
   }
-  const double mean_s = step_ms / 1e3 / static_cast<double>(steps);
+  const double n = static_cast<double>(timed);
+  const double mean_s = sum.step / 1e3 / n;
   const double model_tflops =
       6.0 * static_cast<double>(shape.params()) * tokens_per_step / mean_s / 1e12;
-  state.counters["mfu"] = model_tflops / peak_tflops;
+  const double mfu = model_tflops / peaks.measured_tflops;
+  const double mfu_spec = peaks.spec_tflops > 0 ? model_tflops / peaks.spec_tflops : 0.0;
+  state.counters["mfu"] = mfu;
+  state.counters["mfu_spec"] = mfu_spec;
   state.counters["model_tflops"] = model_tflops;
-  state.counters["peak_tflops"] = peak_tflops;
+  state.counters["peak_tflops"] = peaks.measured_tflops;
+  state.counters["spec_tflops"] = peaks.spec_tflops;
+  state.counters["target_mfu"] = c.target_mfu;
   state.counters["tokens_per_s"] = tokens_per_step / mean_s;
-  state.counters["step_ms"] = step_ms / static_cast<double>(steps);
-  state.counters["compute_ms"] = compute_ms / static_cast<double>(steps);
-  state.counters["optimizer_ms"] = optim_ms / static_cast<double>(steps);
+  state.counters["step_ms"] = sum.step / n;
+  state.counters["compute_ms"] = sum.compute / n;
+  state.counters["optimizer_ms"] = sum.optimizer / n;
+  state.counters["exposed_ms"] = sum.exposed / n;
+  state.counters["wait_ms"] = sum.wait / n;
+  state.counters["stall_ms"] = sum.stall / n;
+  state.counters["timed_steps"] = n;
+  state.counters["overlapped_steps"] = sum.overlapped;
+  state.counters["guessed_steps"] = sum.guessed;
+  state.counters["redone_steps"] = sum.redone;
+  state.counters["accum"] = static_cast<double>(c.accum);
   state.counters["params_m"] = static_cast<double>(shape.params()) / 1e6;
-  state.SetLabel("offload_optimizer=" + offload + " seq=" + std::to_string(seq) +
-                 " tokens/step=" + std::to_string(micro * accum * seq));
+  const std::string attention = env_string("STRATA_ATTENTION", "auto");
+  state.SetLabel("seq=" + std::to_string(seq) + " tokens/step=" +
+                 std::to_string(micro * c.accum * seq) + " attention=" + attention);
+  std::printf(
+      "train_step %s: MFU %.3f of the measured %.0f TFLOP/s, %.3f of the specified %.0f; step "
+      "%.0f ms (compute %.0f, optimizer %.0f, exposed %.0f, wait %.0f, stall %.0f), %d of %d "
+      "timed steps overlapped, attention %s\n",
+      c.name.c_str(), mfu, peaks.measured_tflops, mfu_spec, peaks.spec_tflops, sum.step / n,
+      sum.compute / n, sum.optimizer / n, sum.exposed / n, sum.wait / n, sum.stall / n,
+      sum.overlapped, static_cast<int>(timed), attention.c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -239,21 +334,44 @@ int main(int argc, char** argv) {
     return 0;
   }
   benchmark::Initialize(&argc, argv);
-  const Peak peak = measure_bf16_peak();
-  if (peak.tflops <= 0) {
-    std::fprintf(stderr, "bf16 peak measurement failed: %s\n", peak.error.c_str());
+  cudaDeviceProp prop{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    std::fprintf(stderr, "cannot read the GPU's properties\n");
     return 1;
   }
-  std::printf("measured bf16 GEMM peak (cuBLASLt, 8192^3): %.1f TFLOP/s\n", peak.tflops);
-  const auto steps = env_int("STRATA_GPU_BENCH_STEPS", 3);
-  for (const char* offload : {"none", "cpu"}) {
-    benchmark::RegisterBenchmark(
-        (std::string("BM_GpuTrainStep/offload_optimizer=") + offload).c_str(),
-        [offload, p = peak.tflops](benchmark::State& s) { BM_GpuTrainStep(s, offload, p); })
-        ->Iterations(steps)
+  Peaks peaks;
+  const Peak measured = measure_bf16_peak();
+  if (measured.tflops <= 0) {
+    std::fprintf(stderr, "bf16 peak measurement failed: %s\n", measured.error.c_str());
+    return 1;
+  }
+  peaks.measured_tflops = measured.tflops;
+  peaks.spec_tflops = spec_bf16_tflops(prop.name);
+  std::printf("measured bf16 GEMM peak (cuBLASLt, 8192^3): %.1f TFLOP/s\n", peaks.measured_tflops);
+  if (peaks.spec_tflops > 0) {
+    std::printf("specified dense bf16 peak of %s: %.0f TFLOP/s (measured/specified %.2f)\n",
+                prop.name, peaks.spec_tflops, peaks.measured_tflops / peaks.spec_tflops);
+  } else {
+    std::printf("specified dense bf16 peak of %s: unknown (set STRATA_GPU_SPEC_TFLOPS)\n",
+                prop.name);
+  }
+  const std::int64_t accum = std::max<std::int64_t>(1, env_int("STRATA_GPU_BENCH_ACCUM", 2));
+  const std::vector<Case> cases = {
+      {"offload=none/accum=" + std::to_string(accum), "none", "none", accum, 0.45},
+      {"offload=optimizer/accum=1", "cpu", "none", 1, 0.35},
+      {"offload=optimizer/accum=2", "cpu", "none", 2, 0.35},
+      {"offload=param+optimizer/accum=" + std::to_string(accum), "cpu", "cpu", accum, 0},
+  };
+  for (const Case& c : cases) {
+    benchmark::RegisterBenchmark(("BM_GpuTrainStep/" + c.name).c_str(),
+                                 [c, peaks](benchmark::State& s) { BM_GpuTrainStep(s, c, peaks); })
+        ->Iterations(1)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  std::fflush(stdout);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
