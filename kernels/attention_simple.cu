@@ -235,15 +235,16 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kDimsPerThread; ++e) {
         const std::int64_t x = threadIdx.x + e * kThreads;
-        if (x >= d.hd) break;
-        float ak = acc_k[e], av = acc_v[e];
-        for (int ii = 0; ii < in; ++ii) {
-          const std::int64_t qoff = row_offset(d, b, i0 + ii, d.heads, h);
-          av += sp[ii] * to_float(dout[qoff + x]);
-          ak += sds[ii] * to_float(q[qoff + x]);
+        if (x < d.hd) {  // not a break: every acc_k/acc_v index stays a constant (registers)
+          float ak = acc_k[e], av = acc_v[e];
+          for (int ii = 0; ii < in; ++ii) {
+            const std::int64_t qoff = row_offset(d, b, i0 + ii, d.heads, h);
+            av += sp[ii] * to_float(dout[qoff + x]);
+            ak += sds[ii] * to_float(q[qoff + x]);
+          }
+          acc_k[e] = ak;
+          acc_v[e] = av;
         }
-        acc_k[e] = ak;
-        acc_v[e] = av;
       }
       __syncthreads();
     }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, runs the tiered store's and the prefetch scheduler's tests under
 # ThreadSanitizer, then builds everything (warnings are errors; CUDA sources compile where nvcc
-# exists), runs the numerics-sensitive tests under two OpenBLAS kernels other than this CPU's
-# own, and runs the whole test suite through ctest, whose summary is the last thing printed.
+# exists) and, where nvcc exists, the GPU check's own build, runs the numerics-sensitive tests
+# under two OpenBLAS kernels other than this CPU's own, and runs the whole test suite through
+# ctest, whose summary is the last thing printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,8 +28,20 @@ done
 # The overlapped optimizer step: its thread beside the model's passes and the prefetcher.
 "${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*'
 
+# ccache keys these two builds' objects by paths relative to the checkout, so that the GPU
+# check's build below reuses the objects they share and a later run in another clone finds them.
+relative_ccache=(env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_WERROR=ON
-cmake --build build -j "$jobs"
+"${relative_ccache[@]}" cmake --build build -j "$jobs"
+
+# The GPU check's own build (tools/gpu-check.sh --build-only: STRATA_GPU_CHECK_ONLY, no MPI,
+# io_uring or oneDNN, warnings as errors), configured, compiled and linked for one architecture
+# where nvcc exists, so that it is known to link before a GPU is lent; nothing of it runs here.
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  "${relative_ccache[@]}" GPU_CHECK_ARCH=90 GPU_CHECK_WERROR=1 \
+    GPU_CHECK_BUILD_DIR="$PWD/build-gpucheck" GPU_CHECK_OUT='' OUT='' \
+    tools/gpu-check.sh --build-only
+fi
 
 # Debian's OpenBLAS picks its GEMM kernel from the CPU it runs on (Zen, Haswell, SkylakeX...), and
 # each rounds differently in the last bits. A tolerance that holds for one kernel only would pass

@@ -30,3 +30,9 @@ if ! apt-get download "${packages[@]}"; then
 fi
 echo "downloaded $(find . -maxdepth 1 -name '*.deb' | wc -l) packages into .debs/ ($(du -sh . | cut -f1)):"
 ls -1 ./*.deb
+# The device tool sends at most 64 MiB a call: the working tree and everything carried.
+kib=$(du -sk . | cut -f1)
+if ((kib > 48 * 1024)); then
+  echo "warning: .debs/ is $((kib / 1024)) MiB; with the working tree it must stay under the" \
+    "device tool's 64 MiB a call (remove older versions of the same package)" >&2
+fi

@@ -1,35 +1,47 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU: builds only what the GPU checks need
-# (Release, this GPU's architecture, -DSTRATA_GPU_CHECK_ONLY=ON), runs every GPU test (unit and
-# training-step), runs the GPU benchmarks (bf16 GEMM peak, training-step MFU for a 1.1B model
-# with and without optimizer offload, host<->device copy bandwidth) and prints a table last.
-# Designed to finish in under 6 minutes: every phase runs under a timeout drawn from one budget.
+# The GPU check, for a machine with an NVIDIA GPU, in one call: a preflight of the machine, a
+# build of only what the GPU checks need (Release, this GPU's architecture,
+# -DSTRATA_GPU_CHECK_ONLY=ON), then, each under its own timeout drawn from one budget: the GPU
+# unit tests, the training-step MFU benchmark (1.1B model; no offload, optimizer offload at
+# accumulation 1 and 2, parameters and optimizer on the host), the training integration tests,
+# the attention and copy benchmarks, and the NCCL tests last (a hang there loses nothing else).
+# A table comes last. Every log, the preflight and the results are packed into
+# gpu-check.tar.gz, also when the check stops early; that and the table are what it exports.
 #
 # The machine may have no package registry. Libraries it lacks are unpacked from Debian
 # packages in .debs/ (made here by tools/fetch-gpu-debs.sh and carried along) into a private
 # prefix inside the build directory; nothing is installed system-wide.
 #
-# Usage: tools/gpu-check.sh [--configure-only] [--phase all|tests|bench] [--no-bench]
-#   --phase tests: build, then the GPU tests only (correctness); --phase bench: build (a no-op
-#   when the same machine built before), then the benchmarks only. Two device calls can so split
-#   the check when one would not fit its time limit. --no-bench is --phase tests.
+# Usage: tools/gpu-check.sh [--phase all|tests|bench] [--no-bench] [--configure-only|--build-only]
+#   --phase tests: the GPU tests only; --phase bench: the benchmarks only; --no-bench is
+#   --phase tests. --configure-only: stop after CMake; --build-only: stop after the build (CI
+#   builds the check so, with GPU_CHECK_ARCH=90, to know it links before a GPU is lent).
+#   The build is skipped when a stamp of the sources' content (not their times, which a copy to
+#   another machine changes) matches the last build's and its binaries are there.
 # Environment: GPU_CHECK_BUILD_DIR (build-gpu; logs and results in its gpu-check/),
-# GPU_CHECK_OUT (a few key results are copied there at the end; default $OUT when set, as on
+# GPU_CHECK_OUT (where table.txt and gpu-check.tar.gz go at the end; default $OUT when set, as on
 # the device tool's machines), GPU_CHECK_JOBS (nproc), GPU_CHECK_ARCH (e.g. 90; default from
-# nvidia-smi), GPU_CHECK_BUDGET_S (345), GPU_CHECK_FORCE_DEBS (1: use .debs even for what the
-# system has), and the benchmark knobs in bench/gpu_train_step_bench.cpp (STRATA_GPU_BENCH_*).
-# STRATA_CUDA_SYNC=1 makes every CUDA op synchronize and check, so a faulting kernel names itself.
+# nvidia-smi), GPU_CHECK_BUDGET_S (540 s for the whole check), GPU_CHECK_NVCC (default: nvcc on
+# the PATH, else /usr/local/cuda/bin/nvcc), GPU_CHECK_WERROR (1: warnings are errors, as in CI),
+# GPU_CHECK_FORCE_DEBS (1: use .debs even for what the system has), the benchmark knobs in
+# bench/gpu_train_step_bench.cpp (STRATA_GPU_BENCH_*), STRATA_ATTENTION (auto, flash, flash2 or
+# simple: the training step's attention kernels), and STRATA_CUDA_SYNC=1 (every CUDA op
+# synchronizes and checks, so a faulting kernel names itself).
+# shellcheck disable=SC2317  # finish and write_table run from the EXIT trap
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 start=$(date +%s)
-budget=${GPU_CHECK_BUDGET_S:-345}
-configure_only=0
+
+usage() { sed -n '15,20p' "$0" | sed 's/^# \{0,1\}//'; }
+
+mode=all  # all, configure (--configure-only) or build (--build-only)
 run_bench=1
 run_tests=1
 while (($#)); do
   case "$1" in
-    --configure-only) configure_only=1 ;;
+    --configure-only) mode=configure ;;
+    --build-only) mode=build ;;
     --no-bench) run_bench=0 ;;
     --phase)
       shift
@@ -37,63 +49,313 @@ while (($#)); do
         all) ;;
         tests) run_bench=0 ;;
         bench) run_tests=0 ;;
-        *) echo "--phase takes all, tests or bench, not '${1:-}'" >&2; exit 2 ;;
+        *)
+          echo "gpu-check: --phase takes all, tests or bench, not '${1:-}'" >&2
+          exit 2
+          ;;
       esac
       ;;
-    *) echo "unknown argument: $1" >&2; exit 2 ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *)
+      echo "gpu-check: unknown argument '$1'" >&2
+      usage >&2
+      exit 2
+      ;;
   esac
   shift
 done
+budget=${GPU_CHECK_BUDGET_S:-540}
+if [[ ! "$budget" =~ ^[0-9]+$ ]] || ((budget < 60)); then
+  echo "gpu-check: GPU_CHECK_BUDGET_S must be a whole number of seconds, at least 60, not" \
+    "'$budget'" >&2
+  exit 2
+fi
+arch=${GPU_CHECK_ARCH:-}
+if [[ -n "$arch" && ! "$arch" =~ ^[0-9]+[a-z]?$ ]]; then
+  echo "gpu-check: GPU_CHECK_ARCH must be an architecture such as 90 or 90a, not '$arch'" >&2
+  exit 2
+fi
 
 build=${GPU_CHECK_BUILD_DIR:-$root/build-gpu}
-out=$build/gpu-check                     # every log and result
-export_dir=${GPU_CHECK_OUT:-${OUT:-}}    # a few key files copied here at the end (the device
-jobs=${GPU_CHECK_JOBS:-$(nproc)}         # tool brings back at most 8 files from $OUT)
-rm -rf "$out"
-mkdir -p "$build" "$out"
-summary=$out/summary.txt
+out=$build/gpu-check                   # every log and result; packed into $tarball at the end
+tarball=$build/gpu-check.tar.gz
+export_dir=${GPU_CHECK_OUT:-${OUT:-}}  # table.txt and the tarball are copied here at the end (the
+jobs=${GPU_CHECK_JOBS:-$(nproc)}       # device tool brings back at most 8 files from $OUT)
+rm -rf "$out" "$tarball"
+mkdir -p "$out"
+summary=$out/summary.txt  # key|value|detail rows, the table's source
 : >"$summary"
-export_results() {
-  [[ -z "$export_dir" ]] && return 0
-  mkdir -p "$export_dir"
-  local f
-  for f in table.txt summary.txt build.log device_tests.log integration_tests.log \
-    train_step_bench.json copy_bench.json attention_bench.log; do
-    [[ -f "$out/$f" ]] && cp "$out/$f" "$export_dir/"
-  done
-  return 0
-}
-trap export_results EXIT
 
 note() { printf '[gpu-check %4ds] %s\n' "$(($(date +%s) - start))" "$*"; }
 record() { printf '%s|%s|%s\n' "$1" "$2" "${3:-}" >>"$summary"; }
-# Seconds a phase may take: its own cap, or what is left of the budget less a reserve for the
-# summary, whichever is smaller.
-phase_limit() {
-  local want=$1 left
-  left=$((budget - ($(date +%s) - start) - 15))
+# A failed step's first error lines, printed under the table.
+record_errors() {  # log pattern
+  {
+    echo "---- ${1##*/}:"
+    grep -E "$2" "$1" | head -25
+  } >>"$out/errors.txt" 2>/dev/null
+}
+
+# Seconds a phase may take: its own cap, or what the budget leaves after `keep` seconds for
+# phases that must still run and a reserve for the table and the tarball, whichever is smaller.
+reserve=25
+phase_limit() {  # cap_s [keep_s]
+  local want=$1 keep=${2:-0} left
+  left=$((budget - ($(date +%s) - start) - reserve - keep))
   ((left < want)) && want=$left
   ((want < 1)) && want=1
   echo "$want"
 }
 
+# ---- the table and the tarball, however the check ends
+dmon_pid=""
+stop_dmon() {
+  [[ -z "$dmon_pid" ]] && return 0
+  kill "$dmon_pid" 2>/dev/null
+  wait "$dmon_pid" 2>/dev/null
+  dmon_pid=""
+}
+write_table() {
+  python3 - "$out" >"$out/table.txt" 2>"$out/table.err" <<'EOF' || cp "$summary" "$out/table.txt"
+import json, os, sys
+out = sys.argv[1]
+
+def read(name):
+    p = os.path.join(out, name)
+    return open(p, errors="replace").read() if os.path.exists(p) else None
+
+rows = [l.split("|", 2) for l in (read("summary.txt") or "").splitlines() if l]
+rows = [(r + ["", ""])[:3] for r in rows]
+runs = {r[0][4:]: (r[1], r[2]) for r in rows if r[0].startswith("run:")}
+table = [r for r in rows if not r[0].startswith("run:") and r[0] != "total time"]
+
+def last_line(name):
+    lines = [l for l in (read(name + ".log") or "").splitlines() if l.strip()]
+    return lines[-1].strip()[:70] if lines else ""
+
+def tests(name, label):
+    if name not in runs:
+        return
+    status, _ = runs[name]
+    d = None
+    try:
+        d = json.loads(read(name + ".json") or "null")
+    except ValueError:
+        pass
+    if d is None:
+        table.append((label, status if status != "ok" else "no result", last_line(name)))
+        return
+    passed = failed = skipped = 0
+    failures, skips = [], []
+    for suite in d.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            full = suite["name"] + "." + t["name"]
+            if t.get("failures"):
+                failed += 1
+                failures.append(full)
+            elif t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
+                skipped += 1
+                skips.append(full)
+            else:
+                passed += 1
+    verdict = "FAIL" if failed else ("ok" if status == "ok" else status)
+    if passed + failed + skipped == 0:
+        verdict = "none ran"
+    table.append((label, verdict, f"{passed} passed, {failed} failed, {skipped} skipped"))
+    for x in failures[:8]:
+        table.append(("  failed", x, ""))
+    if skipped and not passed and not failed:
+        table.append(("  skipped, e.g.", skips[0], ""))
+
+def benches(name):
+    try:
+        d = json.loads(read(name + ".json") or "null")
+    except ValueError:
+        d = None
+    return [] if d is None else d.get("benchmarks", [])
+
+def bench_missing(name, label):
+    status = runs.get(name, ("not run", ""))[0]
+    for line in (read(name + ".log") or "").splitlines():
+        if line.startswith("SKIPPED"):  # the benchmark's own reason: "SKIPPED ...: no GPU (...)"
+            return table.append((label, "not run", line.strip()[:70]))
+    table.append((label, status if status != "ok" else "no result", last_line(name)))
+
+tests("device_tests", "GPU unit tests (*Cuda*)")
+
+ts = [b for b in benches("train_step_bench") if b["name"].startswith("BM_GpuTrainStep/")]
+if "train_step_bench" in runs and not ts:  # stopped early: the cases it printed as it went
+    for line in (read("train_step_bench.log") or "").splitlines():
+        if line.startswith("train_step "):
+            case, _, figures = line[len("train_step "):].partition(": ")
+            table.append(("MFU " + case, "", figures[:100]))
+    bench_missing("train_step_bench", "training-step MFU")
+peak = spec = None
+for b in ts:
+    label = "MFU " + b["name"].split("/iterations:")[0][len("BM_GpuTrainStep/"):]
+    if b.get("error_occurred"):
+        table.append((label, "ERROR", b.get("error_message", "")[:70]))
+        continue
+    peak, spec = b.get("peak_tflops", peak), b.get("spec_tflops", spec)
+    mfu, target = b["mfu"], b.get("target_mfu", 0)
+    verdict = (f"target >= {target:.2f}: {'PASS' if mfu >= target else 'MISS'}; " if target
+               else "")
+    table.append((label, f"{mfu:.3f}",
+                  verdict + f"of spec {b.get('mfu_spec', 0):.3f}; {b['tokens_per_s']:.0f} tok/s"))
+    table.append(("", "", f"step {b['step_ms']:.0f} ms: compute {b['compute_ms']:.0f}, optimizer "
+                  f"{b['optimizer_ms']:.0f}, exposed {b.get('exposed_ms', 0):.0f}, wait "
+                  f"{b.get('wait_ms', 0):.0f}, stall {b.get('stall_ms', 0):.0f}; "
+                  f"{b.get('overlapped_steps', 0):.0f}/{b.get('timed_steps', 0):.0f} overlapped"))
+if peak:
+    table.append(("bf16 GEMM peak (cuBLASLt 8192^3)", f"{peak:.0f} TFLOP/s",
+                  f"specified {spec:.0f} TFLOP/s, measured/specified {peak / spec:.2f}" if spec
+                  else "specified peak unknown (STRATA_GPU_SPEC_TFLOPS)"))
+
+dmon = read("dmon.log")
+if dmon:  # nvidia-smi dmon during the training-step benchmark
+    cols, data = [], []
+    for line in dmon.splitlines():
+        if line.startswith("# gpu"):
+            cols = line[1:].split()
+        elif cols and line.strip() and not line.startswith("#"):
+            data.append(dict(zip(cols, line.split())))
+    def stat(col, f):
+        v = [float(r[col]) for r in data if r.get(col, "-").replace(".", "", 1).isdigit()]
+        return f(v) if v else None
+    parts = []
+    for col, what, f, unit in (("pwr", "power max", max, " W"), ("sm", "SM busy mean",
+                               lambda v: sum(v) / len(v), "%"), ("pclk", "SM clock max", max,
+                               " MHz"), ("mclk", "memory clock", max, " MHz")):
+        x = stat(col, f)
+        if x is not None:
+            parts.append(f"{what} {x:.0f}{unit}")
+    if parts:
+        table.append(("GPU during MFU (dmon)", f"{len(data)} s", ", ".join(parts)))
+
+tests("integration_tests", "GPU training tests")
+
+if "attention_bench" in runs:
+    lines = [l for l in (read("attention_bench.log") or "").splitlines()
+             if l.startswith("attention ")]
+    for line in lines:  # the bench's own summary: every variant's TFLOP/s and the fastest
+        what, _, figures = line[len("attention "):].partition(": ")
+        table.append(("attention " + what, "", figures.strip()))
+    if not lines:
+        bench_missing("attention_bench", "attention variants")
+
+if "copy_bench" in runs:
+    cp = {b["name"]: b for b in benches("copy_bench")}
+    for d in ("h2d", "d2h"):
+        def bw(path):
+            b = next((v for k, v in cp.items() if k.startswith(f"BM_Copy/{d}/{path}/")), None)
+            return None if b is None or b.get("error_occurred") else b["bytes_per_second"]
+        dev, plain = bw("device_pinned"), bw("plain_cudaMemcpyAsync")
+        pageable = bw("device_pageable")
+        if dev and plain:
+            table.append((f"copy {d}: device path / plain", f"{dev / plain:.3f}",
+                          f"target >= 0.9: {'PASS' if dev / plain >= 0.9 else 'MISS'}; "
+                          f"{dev / 1e9:.1f} vs {plain / 1e9:.1f} GB/s"
+                          + (f"; pageable {pageable / 1e9:.1f} GB/s" if pageable else "")))
+        else:
+            bench_missing("copy_bench", f"copy {d}")
+
+tests("nccl_tests", "NCCL tests (one GPU)")
+table += [r for r in rows if r[0] == "total time"]
+
+w = max([len(a) for a, _, _ in table] + [10])
+print("=" * 100)
+print("Strata GPU check  (everything in gpu-check.tar.gz: %s)" % out)
+print("-" * 100)
+for a, b, c in table:
+    print(f"{a:<{w}}  {b:<14} {c}".rstrip())
+print("=" * 100)
+errors = read("errors.txt")
+if errors:
+    print("first errors:")
+    print(errors.rstrip())
+EOF
+}
+finish() {
+  local rc=$?
+  trap - EXIT
+  stop_dmon
+  record "total time" "$(($(date +%s) - start)) s" "budget ${budget} s; exit status $rc"
+  write_table
+  [[ -s "$out/table.err" ]] || rm -f "$out/table.err"
+  echo
+  cat "$out/table.txt"
+  tar -czf "$tarball" -C "$build" gpu-check 2>/dev/null || echo "gpu-check: could not pack $out"
+  if [[ -n "$export_dir" ]]; then
+    mkdir -p "$export_dir" && cp "$out/table.txt" "$export_dir/" &&
+      { [[ ! -f "$tarball" ]] || cp "$tarball" "$export_dir/"; }
+  fi
+  exit "$rc"
+}
+trap finish EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# ---- preflight: what the machine has, before anything can fail
+nvcc=${GPU_CHECK_NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+show() {  # title command...: one section of the preflight, each command under a timeout
+  local title=$1
+  shift
+  printf '\n== %s: %s\n' "$title" "$*"
+  timeout 20 "$@" 2>&1 || printf '(exit status %d)\n' "$?"
+}
+{
+  echo "Strata GPU check preflight, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), in $root"
+  show "OS" cat /etc/os-release
+  show "kernel" uname -srm
+  show "nvcc on the PATH" which -a nvcc
+  show "nvcc chosen ($nvcc)" "$nvcc" --version
+  show "CUDA libraries ldconfig knows" sh -c \
+    "ldconfig -p | grep -E 'libcudart|libcublas|libcublasLt|libnccl' || echo none of them"
+  show "CUDA toolkit libraries beside nvcc" sh -c "ls -l '$(dirname "$nvcc")'/../lib64/ \
+    '$(dirname "$nvcc")'/../lib/ 2>/dev/null | grep -E 'cudart|cublas|nccl' || echo none"
+  show "nccl.h" sh -c "find /usr/include /usr/local/include '$(dirname "$nvcc")/../include' \
+    -maxdepth 2 -name nccl.h 2>/dev/null"
+  show "python3's NVIDIA wheels (cuBLAS, NCCL)" sh -c "python3 -c 'import nvidia, os; \
+[print(p) for p in nvidia.__path__]' 2>&1; python3 -m pip list 2>/dev/null | grep -iE \
+'nvidia-(cublas|nccl|cuda-runtime)' || true"
+  show "gcc" gcc --version
+  show "cmake" cmake --version
+  show "ninja" ninja --version
+  show "python3" python3 --version
+  show "nvidia-smi" nvidia-smi
+  show "clocks" nvidia-smi -q -d CLOCK
+  show "GPU" nvidia-smi --format=csv --query-gpu=name,driver_version,compute_cap,memory.total,\
+clocks.max.sm,clocks.max.mem,power.limit
+  show "disk" df -h "$root" "$build" /tmp
+  show "memory" free -m
+  show "cores" nproc
+  show "environment" sh -c "env | grep -E '^(PATH|LD_LIBRARY_PATH|CUDA|NCCL|STRATA|GPU_CHECK)' |
+    sort"
+} >"$out/preflight.txt" 2>&1
+note "preflight in $out/preflight.txt"
+
 # ---- toolchain and GPU
-nvcc=$(command -v nvcc || true)
-[[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
-if [[ -z "$nvcc" ]]; then
-  echo "gpu-check: nvcc not found (PATH or /usr/local/cuda/bin)" >&2
+if [[ ! -x "$nvcc" ]]; then
+  echo "gpu-check: nvcc not found (${GPU_CHECK_NVCC:+GPU_CHECK_NVCC=$nvcc; }PATH or" \
+    "/usr/local/cuda/bin); see preflight.txt" >&2
+  record "nvcc" "NOT FOUND" "${GPU_CHECK_NVCC:-PATH or /usr/local/cuda/bin}"
   exit 1
 fi
-gpu_name=unknown
-arch=${GPU_CHECK_ARCH:-}
+record "nvcc" "$("$nvcc" --version 2>&1 | grep -o 'release [0-9.]*' | head -1)" "$nvcc"
+gpu_name="none (no nvidia-smi)"
 if command -v nvidia-smi >/dev/null; then
-  gpu_name=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
-  [[ -z "$arch" ]] && arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
-    head -1 | tr -d '. ')
+  gpu_name=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader \
+    2>/dev/null | head -1)
+  [[ -z "$arch" ]] && arch=$(timeout 20 nvidia-smi --query-gpu=compute_cap \
+    --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
 fi
 [[ -z "$arch" ]] && arch=90
-note "GPU: $gpu_name, building for sm_$arch with $("$nvcc" --version | tail -1)"
-record "GPU" "$gpu_name" "sm_$arch"
+note "GPU: ${gpu_name:-unknown}; building for sm_$arch with $("$nvcc" --version | tail -1)"
+record "GPU" "${gpu_name:-unknown}" "sm_$arch"
+[[ "$mode" != all ]] && record "mode" "--$mode-only" "nothing runs"
 ((!run_tests)) && record "phase" "bench" "tests skipped (--phase bench)"
 ((!run_bench)) && record "phase" "tests" "benchmarks skipped (--phase tests)"
 
@@ -163,7 +425,9 @@ done
 cmake_args=(
   -S "$root" -B "$build" -G Ninja
   -DCMAKE_BUILD_TYPE=Release
-  -DSTRATA_GPU_CHECK_ONLY=ON -DSTRATA_CUDA=ON -DSTRATA_MPI=OFF -DSTRATA_URING=OFF
+  -DSTRATA_GPU_CHECK_ONLY=ON -DSTRATA_CUDA=ON
+  -DSTRATA_MPI=OFF -DSTRATA_URING=OFF -DSTRATA_ONEDNN=OFF
+  -DSTRATA_WERROR="$([[ ${GPU_CHECK_WERROR:-0} == 1 ]] && echo ON || echo OFF)"
   -DSTRATA_CUDA_ARCHITECTURES="$arch"
   -DCMAKE_CUDA_COMPILER="$nvcc"
   -DCMAKE_PREFIX_PATH="$prefix/usr"
@@ -173,205 +437,227 @@ for cfg in TBB GTest benchmark nlohmann_json; do  # distros without lib/<triplet
   dir=$(find "$prefix" -name "${cfg}Config.cmake" -printf '%h\n' 2>/dev/null | head -1)
   [[ -n "$dir" ]] && cmake_args+=("-D${cfg}_DIR=$dir")
 done
-# cuBLAS may come only as a pip wheel (nvidia-cublas) beside a bare nvcc.
-cuda_lib_dirs=("$(dirname "$nvcc")/../lib64" "$(dirname "$nvcc")/../targets/x86_64-linux/lib")
-if ! find "${cuda_lib_dirs[@]}" -maxdepth 1 -name 'libcublasLt.so*' 2>/dev/null | grep -q .; then
-  wheel=$(python3 -c 'import nvidia.cublas as m; print(m.__path__[0])' 2>/dev/null || true)
-  if [[ -n "$wheel" && -d "$wheel/lib" ]]; then
-    lt=$(find "$wheel/lib" -name 'libcublasLt.so*' | head -1)
-    bl=$(find "$wheel/lib" -name 'libcublas.so*' | head -1)
-    note "cuBLAS from the pip wheel at $wheel"
-    cmake_args+=(-DCUDA_cublasLt_LIBRARY="$lt" -DCUDA_cublas_LIBRARY="$bl"
-      -DCMAKE_CXX_FLAGS="-I$wheel/include" -DCMAKE_CUDA_FLAGS="-I$wheel/include")
-    export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
+
+# ---- cuBLAS and NCCL: from the CUDA toolkit, else from python3's NVIDIA wheels (nvidia-cublas,
+# nvidia-nccl-cu13), whose CUDA 12 builds keep each library in nvidia/<name>/{lib,include} and
+# CUDA 13 builds in nvidia/cu13/{lib,include}, with versioned names only (libnccl.so.2).
+cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
+cuda_lib_dirs=("$cuda_root/lib64" "$cuda_root/lib" "$cuda_root/targets/x86_64-linux/lib")
+cuda_inc_dirs=("$cuda_root/include" "$cuda_root/targets/x86_64-linux/include")
+first_match() {  # name-pattern dir...: the first file so named directly in one of the dirs
+  local pattern=$1
+  shift
+  find "$@" -maxdepth 1 -name "$pattern" 2>/dev/null | LC_ALL=C sort | head -1
+}
+wheel_roots=()
+while IFS= read -r dir; do
+  [[ -n "$dir" ]] && wheel_roots+=("$dir")
+done < <(timeout 30 python3 - 2>/dev/null <<'EOF'
+import os, site, sys
+dirs = list(sys.path) + list(getattr(site, "getsitepackages", lambda: [])())
+seen = []
+for d in dirs:
+    n = os.path.realpath(os.path.join(d, "nvidia"))
+    if os.path.isdir(n) and n not in seen:
+        seen.append(n)
+print("\n".join(seen))
+EOF
+)
+in_wheels() {  # name-pattern: the first file so named in the wheels' nvidia/ trees
+  ((${#wheel_roots[@]})) || return 0
+  find "${wheel_roots[@]}" -maxdepth 4 -name "$1" 2>/dev/null | LC_ALL=C sort | head -1
+}
+extra_includes=()
+if [[ -n "$(first_match 'libcublasLt.so*' "${cuda_lib_dirs[@]}")" ]]; then
+  record "cuBLAS" "toolkit" "$cuda_root"
+else
+  lt=$(in_wheels 'libcublasLt.so*')
+  header=$(dirname "$(dirname "$lt")")/include/cublasLt.h  # beside the library, else anywhere
+  [[ -n "$lt" && -f "$header" ]] || header=$(in_wheels cublasLt.h)
+  if [[ -n "$lt" && -n "$header" ]]; then
+    libdir=$(dirname "$lt")
+    cmake_args+=(-DCUDA_cublasLt_LIBRARY="$lt"
+      -DCUDA_cublas_LIBRARY="$(first_match 'libcublas.so*' "$libdir")")
+    extra_includes+=("-I$(dirname "$header")")
+    export LD_LIBRARY_PATH="$libdir:$LD_LIBRARY_PATH"
+    record "cuBLAS" "pip wheel" "$libdir"
+    note "cuBLAS from the pip wheel at $libdir"
+  else
+    record "cuBLAS" "NOT FOUND" "not beside nvcc, not in python3's nvidia/ wheels"
   fi
 fi
-
-# NCCL may come only as a pip wheel (nvidia-nccl-cu13: libnccl.so.2, no unversioned link). One
-# process runs NCCL's collectives with no MPI, so the check builds without MPI and still runs
-# them (CudaNcclTest).
-if ! find "${cuda_lib_dirs[@]}" /usr/lib/x86_64-linux-gnu -maxdepth 1 -name 'libnccl.so*' \
-  2>/dev/null | grep -q .; then
-  wheel=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null || true)
-  if [[ -n "$wheel" && -f "$wheel/include/nccl.h" ]]; then
-    lib=$(find "$wheel/lib" -name 'libnccl.so*' | head -1)
-    note "NCCL from the pip wheel at $wheel"
-    cmake_args+=(-DNCCL_LIBRARY="$lib" -DNCCL_INCLUDE_DIR="$wheel/include")
-    export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
+nccl_lib=$(first_match 'libnccl.so*' "${cuda_lib_dirs[@]}" /usr/lib/x86_64-linux-gnu /usr/lib64)
+nccl_h=$(first_match nccl.h "${cuda_inc_dirs[@]}" /usr/include /usr/local/include)
+nccl_from=system
+if [[ -z "$nccl_lib" || -z "$nccl_h" ]]; then
+  wheel_lib=$(in_wheels 'libnccl.so*')
+  wheel_h=$(in_wheels nccl.h)
+  if [[ -n "$wheel_lib" && -n "$wheel_h" ]]; then
+    nccl_lib=$wheel_lib nccl_h=$wheel_h nccl_from="pip wheel"
+    LD_LIBRARY_PATH="$(dirname "$wheel_lib"):$LD_LIBRARY_PATH"
   fi
 fi
+nccl_searched=""
+if [[ -n "$nccl_lib" && -n "$nccl_h" ]]; then
+  cmake_args+=(-DNCCL_LIBRARY="$nccl_lib" -DNCCL_INCLUDE_DIR="$(dirname "$nccl_h")")
+  nccl_found="$nccl_from: $nccl_lib"
+else
+  nccl_found="CMake's own search"
+  nccl_searched="library ${nccl_lib:-not found}, nccl.h ${nccl_h:-not found}"
+  nccl_searched+=" (in the toolkit, the system and the wheels)"
+fi
+if ((${#extra_includes[@]})); then
+  cmake_args+=(-DCMAKE_CXX_FLAGS="${extra_includes[*]}" -DCMAKE_CUDA_FLAGS="${extra_includes[*]}")
+fi
 
-# ---- configure and build
+# ---- configure
 t0=$(date +%s)
-if ! timeout "$(phase_limit 60)" cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1; then
+if [[ "$mode" == all ]]; then
+  configure_cap=90 build_cap=330
+else  # CI's build on two cores: no GPU time to save
+  configure_cap=600 build_cap=3600 budget=$((budget > 7200 ? budget : 7200))
+fi
+# The MFU benchmark and the unit tests before it keep their time whatever the build takes.
+unit_cap=60 mfu_cap=190
+keep_for_runs=0
+((run_tests)) && keep_for_runs=$((keep_for_runs + unit_cap))
+((run_bench)) && keep_for_runs=$((keep_for_runs + mfu_cap))
+[[ "$mode" != all ]] && keep_for_runs=0
+if ! timeout "$(phase_limit "$configure_cap" "$keep_for_runs")" cmake "${cmake_args[@]}" \
+  >"$out/configure.log" 2>&1; then
   tail -30 "$out/configure.log"
   record "configure" "FAILED" "see configure.log"
+  record_errors "$out/configure.log" 'Error|error|not found|NOTFOUND'
   exit 1
 fi
 grep "Strata:" "$out/configure.log"
 if grep -q "NCCL=1" "$out/configure.log"; then
-  record "NCCL" "built" "CudaNcclTest runs its collectives on one GPU"
+  record "NCCL" "built" "$nccl_found"
 else
-  record "NCCL" "NOT FOUND" "no libnccl/nccl.h: the NCCL tests are not built"
+  record "NCCL" "NOT BUILT" \
+    "${nccl_searched:-CMake refused $nccl_found}: the NCCL tests are skipped"
 fi
-if ((configure_only)); then
+if [[ "$mode" == configure ]]; then
   note "configured $build"
   exit 0
 fi
-targets=()
-((run_tests)) && targets+=(strata_device_tests strata_cuda_integration_tests)
-((run_bench)) && grep -q "bench_gpu_train_step" "$build/build.ninja" &&
-  targets+=(bench_gpu_copy bench_gpu_attention bench_gpu_train_step)
-if ! timeout "$(phase_limit 200)" cmake --build "$build" -j "$jobs" --target "${targets[@]}" \
-  >"$out/build.log" 2>&1; then
-  grep -E "error|FAILED" "$out/build.log" | head -30
-  record "build" "FAILED" "see build.log"
-  exit 1
-fi
-record "build" "ok" "$(($(date +%s) - t0)) s, ${#targets[@]} targets"
-note "built in $(($(date +%s) - t0)) s"
 
-# ---- tests
-run_tests() {  # name binary filter
-  local name=$1 bin=$2 filter=$3 rc
-  note "running $name"
-  timeout "$(phase_limit 120)" "$bin" --gtest_filter="$filter" \
+# ---- build, unless the sources' content is what the last build was made from
+targets=(strata_device_tests strata_cuda_integration_tests)
+binaries=("$build/tests/strata_device_tests" "$build/tests/strata_cuda_integration_tests")
+if grep -q "bench_gpu_train_step" "$build/build.ninja" 2>/dev/null; then
+  for b in train_step attention copy; do
+    targets+=("bench_gpu_$b")
+    binaries+=("$build/bench/bench_gpu_$b")
+  done
+else
+  record "benchmarks" "NOT BUILT" "Google Benchmark not found (configure.log)"
+fi
+source_stamp() {
+  {
+    printf '%s\n' "${cmake_args[@]}" "${targets[@]}"
+    "$nvcc" --version 2>&1 | tail -1
+    (cd "$root" && find CMakeLists.txt cmake src include kernels tests bench -type f \
+      \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' \
+      -o -name '*.in' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -print0 |
+      LC_ALL=C sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -d' ' -f1
+}
+stamp_file=$build/gpu-check.stamp
+stamp=$(source_stamp)
+built=1
+for b in "${binaries[@]}"; do [[ -x "$b" ]] || built=0; done
+t0=$(date +%s)
+if ((built)) && [[ -n "$stamp" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
+  record "build" "skipped" "sources unchanged since the last build (content stamp)"
+  note "build skipped: the sources' content matches the last build's"
+else
+  rm -f "$stamp_file"
+  if ! timeout "$(phase_limit "$build_cap" "$keep_for_runs")" \
+    cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
+    grep -E "error|FAILED" "$out/build.log" | head -30
+    record "build" "FAILED" "after $(($(date +%s) - t0)) s; see build.log"
+    record_errors "$out/build.log" 'error|FAILED|Error'
+    exit 1
+  fi
+  echo "$stamp" >"$stamp_file"
+  record "build" "ok" "$(($(date +%s) - t0)) s, ${#targets[@]} targets, -j $jobs"
+  note "built in $(($(date +%s) - t0)) s"
+fi
+
+# ---- register use of the kernels: with cuobjdump (the toolkit's), also each spilling kernel's
+# STL/LDL instructions in context; without it, the script's own reading of the cubins
+register_use() { timeout 60 "$root/tools/cuda-register-use.sh" --arch "$arch" "$@" "$build"; }
+if register_use --sass >"$out/register_use.txt" 2>&1 ||
+  register_use >"$out/register_use.txt" 2>&1; then
+  record "register use" "$(grep -c ' SPILL ' "$out/register_use.txt") spilling" \
+    "$(head -1 "$out/register_use.txt"); register_use.txt"
+else
+  record "register use" "FAILED" "$(tail -1 "$out/register_use.txt" | cut -c1-70)"
+fi
+if [[ "$mode" == build ]]; then
+  note "built $build"
+  exit 0
+fi
+
+# ---- runs, each under its own timeout, in the order that keeps the most if one hangs
+record_run() {  # name exit-status
+  local status
+  case $2 in
+    0) status=ok ;;
+    1) status=FAILED ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status="CRASHED ($2)" ;;
+  esac
+  record "run:$1" "$status" ""
+}
+run_gtest() {  # name what binary filter cap_s keep_s [VAR=value...]
+  local name=$1 what=$2 bin=$3 filter=$4 lim
+  lim=$(phase_limit "$5" "$6")
+  shift 6
+  note "$what, up to $lim s"
+  timeout -k 10 "$lim" env "$@" "$bin" --gtest_filter="$filter" \
     --gtest_output="json:$out/$name.json" >"$out/$name.log" 2>&1
-  rc=$?
+  record_run "$name" "$?"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran" "$out/$name.log" | tail -8
-  ((rc == 124)) && record "$name" "TIMEOUT" "see $name.log"
-  return 0
 }
-if ((run_tests)); then
-  run_tests device_tests "$build/tests/strata_device_tests" '*Cuda*'
-  run_tests integration_tests "$build/tests/strata_cuda_integration_tests" '*'
-fi
-
-# ---- benchmarks
-run_bench() {  # what name cap_s: bench/bench_gpu_<name> -> <name>_bench.{json,log}
-  local what=$1 name=$2 cap=$3
-  note "$what"
-  timeout "$(phase_limit "$cap")" "$build/bench/bench_gpu_$name" \
+run_bench() {  # name what cap_s keep_s: bench/bench_gpu_<name> -> <name>_bench.{json,log}
+  local name=$1 what=$2 lim
+  lim=$(phase_limit "$3" "$4")
+  note "$what, up to $lim s"
+  timeout -k 10 "$lim" "$build/bench/bench_gpu_$name" \
     --benchmark_out="$out/${name}_bench.json" --benchmark_out_format=json \
-    >"$out/${name}_bench.log" 2>&1 ||
-    record "$name bench" "FAILED/TIMEOUT" "see ${name}_bench.log"
+    >"$out/${name}_bench.log" 2>&1
+  record_run "${name}_bench" "$?"
 }
-if ((run_bench)) && [[ -x "$build/bench/bench_gpu_copy" ]]; then
-  run_bench "copy bandwidth" copy 40
-  run_bench "flash attention variants" attention 60
-  grep -E "^attention " "$out/attention_bench.log" || true
-  run_bench "training-step MFU (1.1B)" train_step 240
-  grep -E "measured bf16" "$out/train_step_bench.log" || true
+have_bench() { [[ -x "$build/bench/bench_gpu_$1" ]]; }
+
+if ((run_tests)); then
+  run_gtest device_tests "GPU unit tests" "$build/tests/strata_device_tests" '*Cuda*' \
+    "$unit_cap" "$((run_bench ? mfu_cap : 0))"
 fi
-
-# ---- the table
-record "total time" "$(($(date +%s) - start)) s" "budget ${budget} s"
-python3 - "$out" >"$out/table.txt" <<'EOF' || cp "$summary" "$out/table.txt"
-import json, os, sys
-out = sys.argv[1]
-rows = [l.rstrip("\n").split("|", 2) for l in open(os.path.join(out, "summary.txt"))]
-bench_only = any(r[0] == "phase" and r[1] == "bench" for r in rows)
-
-def tests(name):
-    p = os.path.join(out, name + ".json")
-    if not os.path.exists(p):
-        return None
-    d = json.load(open(p))
-    passed = failed = skipped = 0
-    failures = []
-    for suite in d.get("testsuites", []):
-        for t in suite.get("testsuite", []):
-            if t.get("failures"):
-                failed += 1
-                failures.append(suite["name"] + "." + t["name"])
-            elif t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
-                skipped += 1
-            else:
-                passed += 1
-    return passed, failed, skipped, failures
-
-def benches(name):
-    p = os.path.join(out, name + ".json")
-    if not os.path.exists(p):
-        return {}
-    return {b["name"]: b for b in json.load(open(p)).get("benchmarks", [])}
-
-def why_not_run(name):  # the benchmark's own skip line ("SKIPPED ...: no GPU (...)"), if any
-    p = os.path.join(out, name + ".log")
-    if os.path.exists(p):
-        for line in open(p):
-            if line.startswith("SKIPPED"):
-                return line.strip()[:70]
-    return ""
-
-table = []
-for r in rows:
-    if r[0] in ("total time",):
-        continue
-    table.append((r[0], r[1], r[2] if len(r) > 2 else ""))
-for name, label in (("device_tests", "GPU unit tests (*Cuda*)"),
-                    ("integration_tests", "GPU training tests")):
-    t = tests(name)
-    if t is None:
-        if not bench_only:  # the bench phase runs no tests
-            table.append((label, "not run", ""))
-        continue
-    p, f, s, fails = t
-    table.append((label, "FAIL" if f else "ok", f"{p} passed, {f} failed, {s} skipped"))
-    for x in fails[:8]:
-        table.append(("  failed", x, ""))
-
-ts = benches("train_step_bench")
-peak = None
-for key, target, label in (("BM_GpuTrainStep/offload_optimizer=none", 0.45, "MFU, no offload"),
-                           ("BM_GpuTrainStep/offload_optimizer=cpu", 0.35,
-                            "MFU, optimizer offload cpu")):
-    b = next((v for k, v in ts.items() if k.startswith(key)), None)
-    if b is None:
-        table.append((label, "not run", why_not_run("train_step_bench")))
-        continue
-    if b.get("error_occurred"):
-        table.append((label, "ERROR", b.get("error_message", "")[:60]))
-        continue
-    peak = b.get("peak_tflops", peak)
-    mfu = b["mfu"]
-    table.append((label, f"{mfu:.3f}", f"target >= {target}: {'PASS' if mfu >= target else 'MISS'}"
-                  f"; {b['tokens_per_s']:.0f} tok/s, step {b['step_ms']:.0f} ms"
-                  f" (optimizer {b['optimizer_ms']:.0f})"))
-if peak:
-    table.insert(len(table) - 2, ("bf16 GEMM peak (cuBLASLt 8192^3)", f"{peak:.0f} TFLOP/s", ""))
-
-att = os.path.join(out, "attention_bench.log")
-if os.path.exists(att):  # the bench's own summary lines: which flash variant wins
-    for line in open(att):
-        if line.startswith("attention "):
-            what, _, figures = line[len("attention "):].partition(": ")
-            table.append(("attention " + what, "", figures.strip()))
-
-cp = benches("copy_bench")
-for d in ("h2d", "d2h"):
-    def bw(path):
-        b = next((v for k, v in cp.items() if k.startswith(f"BM_Copy/{d}/{path}/")), None)
-        return None if b is None or b.get("error_occurred") else b["bytes_per_second"]
-    dev, plain, pageable = bw("device_pinned"), bw("plain_cudaMemcpyAsync"), bw("device_pageable")
-    if dev and plain:
-        table.append((f"copy {d}: device path / plain", f"{dev / plain:.3f}",
-                      f"target >= 0.9: {'PASS' if dev / plain >= 0.9 else 'MISS'}; "
-                      f"{dev / 1e9:.1f} vs {plain / 1e9:.1f} GB/s"
-                      + (f"; pageable {pageable / 1e9:.1f} GB/s" if pageable else "")))
-    else:
-        table.append((f"copy {d}", "not run", why_not_run("copy_bench")))
-for r in rows:
-    if r[0] == "total time":
-        table.append((r[0], r[1], r[2] if len(r) > 2 else ""))
-
-w = max(len(a) for a, _, _ in table)
-print()
-print("=" * 100)
-print("Strata GPU check  (results in %s)" % out)
-print("-" * 100)
-for a, b, c in table:
-    print(f"{a:<{w}}  {b:<14} {c}")
-print("=" * 100)
-EOF
-cat "$out/table.txt"
+if ((run_bench)) && have_bench train_step; then
+  if command -v nvidia-smi >/dev/null; then
+    timeout "$((mfu_cap + 30))" nvidia-smi dmon -s pucm -d 1 >"$out/dmon.log" 2>&1 &
+    dmon_pid=$!
+  fi
+  run_bench train_step "training-step MFU (1.1B)" "$mfu_cap" 0
+  stop_dmon
+  grep -E "^(measured|specified|train_step)" "$out/train_step_bench.log"
+fi
+if ((run_tests)); then
+  run_gtest integration_tests "GPU training tests" "$build/tests/strata_cuda_integration_tests" \
+    '-CudaNcclTest.*' 60 0
+fi
+if ((run_bench)) && have_bench attention; then
+  run_bench attention "attention variants (flash, flash2, simple)" 50 0
+  grep -E "^attention " "$out/attention_bench.log"
+fi
+if ((run_bench)) && have_bench copy; then
+  run_bench copy "host-device copy bandwidth" 30 0
+fi
+if ((run_tests)); then  # last: an NCCL that hangs costs nothing else
+  run_gtest nccl_tests "NCCL tests" "$build/tests/strata_cuda_integration_tests" \
+    'CudaNcclTest.*' 45 0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
+fi
+exit 0

@@ -1,9 +1,9 @@
-// tools/gpu-check.sh on a machine that lacks a library and has no .debs/ to unpack it from: the
-// check stops at once, naming the package and the fix, instead of failing later in CMake.
+// tools/gpu-check.sh where there is no GPU and nothing is built: its argument errors stop it
+// before it touches anything; without nvcc, or with a stand-in nvcc on a machine that lacks a
+// library and has no .debs/ to unpack it from, it stops naming what is missing, and the preflight,
+// the table and the tarball that carries every log still come back.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -15,28 +15,115 @@ namespace {
 
 namespace fs = std::filesystem;
 
+std::string script() { return (fs::path(STRATA_SOURCE_DIR) / "tools/gpu-check.sh").string(); }
+
+// Runs the check with `env` (VAR=value ...) and `args`, its build directory in `dir`.
+testing::RunResult run_check(const testing::TempDir& dir, const std::string& env,
+                             const std::string& args) {
+  return testing::run_command(
+      dir, "env GPU_CHECK_OUT= OUT= GPU_CHECK_BUILD_DIR=" + dir.file("build") + " " + env +
+               " bash " + script() + " " + args);
+}
+
+bool has_nvcc() {
+  return testing::run_command(testing::TempDir(),
+                              "command -v nvcc || test -x /usr/local/cuda/bin/nvcc")
+             .exit_code == 0;
+}
+
+// Unpacks the tarball the check left (or exported) into `into`; "" or what went wrong.
+std::string unpack(const std::string& tarball, const std::string& into) {
+  if (!fs::exists(tarball)) return "no " + tarball;
+  fs::create_directories(into);
+  const testing::TempDir scratch;
+  const testing::RunResult r = testing::run_command(scratch, "tar -xzf " + tarball + " -C " + into);
+  return r.exit_code == 0 ? "" : "tar failed: " + r.err;
+}
+
+TEST(GpuCheckScriptTest, ArgumentErrorsStopItBeforeItTouchesAnything) {
+  const struct {
+    const char* env;
+    const char* args;
+    const char* message;
+  } cases[] = {
+      {"", "--phase nightly", "--phase takes all, tests or bench, not 'nightly'"},
+      {"", "--fast", "unknown argument '--fast'"},
+      {"GPU_CHECK_BUDGET_S=soon", "", "GPU_CHECK_BUDGET_S must be a whole number of seconds"},
+      {"GPU_CHECK_ARCH=sm_90", "--build-only", "GPU_CHECK_ARCH must be an architecture such as 90"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.env) + " " + c.args);
+    const testing::TempDir dir;
+    const testing::RunResult r = run_check(dir, c.env, c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(dir.file("build"))) << "it went on after the error";
+  }
+}
+
+TEST(GpuCheckScriptTest, WithoutNvccThePreflightTableAndTarballStillComeBack) {
+  const testing::TempDir dir;
+  const std::string exported = dir.file("out");
+  const testing::RunResult r = run_check(
+      dir, "GPU_CHECK_OUT=" + exported + " GPU_CHECK_NVCC=" + dir.file("no-toolkit/bin/nvcc"), "");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("nvcc not found (GPU_CHECK_NVCC=" + dir.file("no-toolkit/bin/nvcc")),
+            std::string::npos)
+      << r.err;
+  // The table names what stopped it, both printed and exported beside the tarball.
+  const std::string table = testing::slurp(exported + "/table.txt");
+  EXPECT_NE(table.find("NOT FOUND"), std::string::npos) << table;
+  EXPECT_NE(r.out.find("NOT FOUND"), std::string::npos) << r.out;
+  ASSERT_EQ(unpack(exported + "/gpu-check.tar.gz", dir.file("unpacked")), "");
+  const std::string preflight = testing::slurp(dir.file("unpacked/gpu-check/preflight.txt"));
+  for (const char* section :
+       {"== nvcc on the PATH: which -a nvcc", "== CUDA libraries ldconfig",
+        "== nvidia-smi: nvidia-smi", "== clocks: nvidia-smi -q -d CLOCK", "== disk: df -h",
+        "== memory: free -m", "== cmake: cmake --version"}) {
+    EXPECT_NE(preflight.find(section), std::string::npos) << section << "\n" << preflight;
+  }
+  EXPECT_TRUE(fs::exists(dir.file("unpacked/gpu-check/table.txt")));
+  EXPECT_FALSE(fs::exists(dir.file("build/CMakeCache.txt"))) << "it went on to configure";
+}
+
 TEST(GpuCheckScriptTest, AMissingDebStopsTheCheckNamingThePackageAndTheFix) {
   const fs::path root = STRATA_SOURCE_DIR;
   if (fs::exists(root / ".debs"))
     GTEST_SKIP() << "this checkout has .debs/: the check would use it";
-  if (std::system("command -v nvcc >/dev/null 2>&1 || test -x /usr/local/cuda/bin/nvcc") != 0) {
-    GTEST_SKIP() << "no nvcc: gpu-check.sh stops before looking at libraries";
-  }
-  testing::TempDir dir;
-  const std::string err = dir.file("stderr.txt");
+  // A stand-in nvcc: the check gets past the toolchain to the libraries without a CUDA toolkit.
+  const testing::TempDir dir;
+  const std::string nvcc = dir.write(
+      "bin/nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.0 (stand-in)'\n");
+  ASSERT_EQ(testing::run_command(dir, "chmod +x " + nvcc).exit_code, 0);
   // GPU_CHECK_FORCE_DEBS=1 ignores the system's libraries, as on a bare GPU machine.
-  const std::string cmd =
-      "GPU_CHECK_FORCE_DEBS=1 GPU_CHECK_OUT= OUT= GPU_CHECK_BUILD_DIR=" + dir.file("build") +
-      " bash " + (root / "tools/gpu-check.sh").string() + " --configure-only >" +
-      dir.file("stdout.txt") + " 2>" + err;
-  const int status = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1);
-  const std::string text = testing::slurp(err);
-  EXPECT_NE(text.find("lacks pkgconf-bin and .debs/ has no pkgconf-bin_*.deb"), std::string::npos)
-      << text;
-  EXPECT_NE(text.find("run tools/fetch-gpu-debs.sh"), std::string::npos) << text;
-  EXPECT_FALSE(fs::exists(dir.file("build") + "/CMakeCache.txt")) << "it went on to configure";
+  const testing::RunResult r =
+      run_check(dir, "GPU_CHECK_FORCE_DEBS=1 GPU_CHECK_NVCC=" + nvcc, "--configure-only");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("lacks pkgconf-bin and .debs/ has no pkgconf-bin_*.deb"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("run tools/fetch-gpu-debs.sh"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("build/CMakeCache.txt"))) << "it went on to configure";
+  // Nothing exported (GPU_CHECK_OUT and OUT empty): the tarball stays in the build directory,
+  // with the stand-in's version in the preflight and the failed step in the table.
+  ASSERT_EQ(unpack(dir.file("build/gpu-check.tar.gz"), dir.file("unpacked")), "");
+  const std::string preflight = testing::slurp(dir.file("unpacked/gpu-check/preflight.txt"));
+  EXPECT_NE(preflight.find("V13.0.0 (stand-in)"), std::string::npos) << preflight;
+  const std::string table = testing::slurp(dir.file("unpacked/gpu-check/table.txt"));
+  EXPECT_NE(table.find("no .deb for pkgconf-bin"), std::string::npos) << table;
+}
+
+// Where there is a real nvcc, it is what the check picks without GPU_CHECK_NVCC.
+TEST(GpuCheckScriptTest, ThePreflightRecordsTheNvccItChose) {
+  if (!has_nvcc()) GTEST_SKIP() << "no nvcc on this machine";
+  const fs::path root = STRATA_SOURCE_DIR;
+  if (fs::exists(root / ".debs"))
+    GTEST_SKIP() << "this checkout has .debs/: the check would use it";
+  const testing::TempDir dir;
+  const testing::RunResult r = run_check(dir, "GPU_CHECK_FORCE_DEBS=1", "--configure-only");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const std::string preflight = testing::slurp(dir.file("build/gpu-check/preflight.txt"));
+  EXPECT_NE(preflight.find("== nvcc chosen ("), std::string::npos) << preflight;
+  EXPECT_NE(preflight.find("Cuda compilation tools"), std::string::npos) << preflight;
 }
 
 }  // namespace
