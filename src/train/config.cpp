@@ -269,6 +269,34 @@ Result<TrainConfig> load_train_config(const std::string& path,
   return parse_train_config(json, path);
 }
 
+Status TrainConfig::check_batch_split(int ranks) const {
+  if (ranks < 1) return invalid_argument("ranks " + std::to_string(ranks) + ": expected >= 1");
+  if (batch_size % (micro_batch_size * ranks) == 0) return Status::ok();
+  // The largest micro-batch that fits this rank count, to suggest.
+  std::int64_t fit = 0;
+  for (std::int64_t m = micro_batch_size; m >= 1 && fit == 0; --m) {
+    if (batch_size % (m * ranks) == 0) fit = m;
+  }
+  return invalid_argument(
+      "batch_size " + std::to_string(batch_size) + " must be a multiple of micro_batch_size " +
+      std::to_string(micro_batch_size) + " x " + std::to_string(ranks) + " ranks" +
+      (fit > 0 ? "; with " + std::to_string(ranks) +
+                     " ranks use --set micro_batch_size=" + std::to_string(fit)
+               : "; no micro_batch_size fits " + std::to_string(ranks) +
+                     " ranks: make batch_size a multiple of the rank count"));
+}
+
+device::DeviceOptions TrainConfig::device_options() const {
+  device::DeviceOptions o;
+  o.kind = device;
+  o.memory_limit_bytes = device_memory_limit;
+  o.device_index = device_index;
+  o.allow_tf32 = allow_tf32;
+  o.attention = attention;
+  o.compute_threads = threads;
+  return o;
+}
+
 Json TrainConfig::to_json() const {
   return Json{
       {"model", model},

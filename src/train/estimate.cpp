@@ -91,11 +91,7 @@ zero::EngineOptions engine_options(const TrainConfig& config, const model::Llama
   o.accumulation_steps = config.accumulation_steps(world);
   o.overlap = config.optimizer_overlap;
   o.grad_accumulation = config.grad_accumulation;
-  o.adam.lr = config.optimizer.lr;
-  o.adam.beta1 = config.optimizer.beta1;
-  o.adam.beta2 = config.optimizer.beta2;
-  o.adam.eps = config.optimizer.eps;
-  o.adam.weight_decay = config.optimizer.weight_decay;
+  o.adam = config.optimizer;
   o.host_memory_limit_bytes = config.host_memory_limit;
   o.cpu_adam.threads = config.threads;
   o.sub_group_size = config.sub_group_size;
@@ -163,12 +159,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
 Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
                           bool suggest) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
-  if (config.batch_size % (config.micro_batch_size * ranks) != 0) {
-    return invalid_argument("batch_size " + std::to_string(config.batch_size) +
-                            " must be a multiple of micro_batch_size " +
-                            std::to_string(config.micro_batch_size) + " x " +
-                            std::to_string(ranks) + " ranks");
-  }
+  STRATA_RETURN_IF_ERROR(config.check_batch_split(ranks));
   Estimate e;
   e.ranks = ranks;
   e.model = model;

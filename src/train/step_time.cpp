@@ -43,9 +43,7 @@ Rate gemm_rate(const TrainConfig& config, device::Device* given) {
   const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dt);
   std::unique_ptr<device::Device> own;
   if (given == nullptr) {
-    device::DeviceOptions o;
-    o.kind = config.device;
-    o.compute_threads = config.threads;
+    device::DeviceOptions o = config.device_options();
     o.memory_limit_bytes = 3 * bytes + (std::size_t{1} << 20);  // the probe's, not the run's
     auto made = device::create_device(o);
     if (!made.is_ok()) return {0, false, "not measured: " + made.status().message()};
@@ -204,9 +202,8 @@ void layer_rates(const TrainConfig& config, const model::LlamaConfig& model, dev
   }
   std::unique_ptr<device::Device> own;
   if (given == nullptr) {
-    device::DeviceOptions o;
-    o.kind = config.device;
-    o.compute_threads = config.threads;
+    device::DeviceOptions o = config.device_options();
+    o.memory_limit_bytes = 0;  // the probe's own: on the CPU backend, as much as it takes
     auto made = device::create_device(o);
     if (!made.is_ok()) {
       *layers = *ends = {0, false, "not measured: " + made.status().message()};

@@ -136,35 +136,14 @@ Status Trainer::Impl::setup() {
   layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(model_config));
   if (reader) STRATA_RETURN_IF_ERROR(reader->validate(*layout));
 
-  device::DeviceOptions dopts;
-  dopts.kind = config.device;
-  dopts.memory_limit_bytes = config.device_memory_limit;
-  dopts.device_index = config.device_index;
-  dopts.allow_tf32 = config.allow_tf32;
-  dopts.attention = config.attention;
-  dopts.compute_threads = config.threads;
-  STRATA_ASSIGN_OR_RETURN(device, device::create_device(dopts));
+  STRATA_ASSIGN_OR_RETURN(device, device::create_device(config.device_options()));
 
   dist::CommOptions copts;
   copts.backend = config.dist_backend;
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
-  if (config.batch_size % (config.micro_batch_size * world) != 0) {
-    // The largest micro-batch that fits this rank count, to suggest.
-    std::int64_t fit = 0;
-    for (std::int64_t m = config.micro_batch_size; m >= 1 && fit == 0; --m) {
-      if (config.batch_size % (m * world) == 0) fit = m;
-    }
-    return invalid_argument(
-        "batch_size " + std::to_string(config.batch_size) + " must be a multiple of " +
-        "micro_batch_size " + std::to_string(config.micro_batch_size) + " x " +
-        std::to_string(world) + " ranks" +
-        (fit > 0 ? "; with " + std::to_string(world) +
-                       " ranks use --set micro_batch_size=" + std::to_string(fit)
-                 : "; no micro_batch_size fits " + std::to_string(world) +
-                       " ranks: make batch_size a multiple of the rank count"));
-  }
+  STRATA_RETURN_IF_ERROR(config.check_batch_split(world));
   if (world > 1) {
     // Every rank must run the same config; a mismatch would silently desynchronize them.
     const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
@@ -437,11 +416,7 @@ Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
   STRATA_RETURN_IF_ERROR(provider->finish_step());
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   const std::int64_t world = comm->world_size(), rank = comm->rank();
-  // eval_batches 0: the whole file once (at least one batch, which may wrap around it).
-  const std::int64_t batches =
-      config.eval_batches > 0
-          ? config.eval_batches
-          : std::max<std::int64_t>(1, eval_sampler->num_windows() / (mb * world));
+  const std::int64_t batches = eval_batch_count();
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
   std::vector<std::int32_t> targets(inputs.size());
   double sums[2] = {0.0, 0.0};  // loss x targets, targets

@@ -14,6 +14,7 @@
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/io/swap.h"
+#include "strata/optim/adamw.h"
 #include "strata/optim/schedule.h"
 #include "strata/tensor/tensor.h"
 #include "strata/train/data.h"
@@ -25,14 +26,6 @@ namespace strata::train {
 struct DataConfig {
   std::string path;
   TokenFormat format = TokenFormat::kText;
-};
-
-struct OptimizerConfig {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
 };
 
 struct LrScheduleConfig {
@@ -55,7 +48,7 @@ struct TrainConfig {
   std::int64_t micro_batch_size = 0;  // per rank; 0 = batch_size
   std::int64_t max_steps = 100;
   DType precision = DType::kF32;  // "fp32" | "bf16": the compute dtype
-  OptimizerConfig optimizer;
+  optim::AdamWHyper optimizer;  // the config's "optimizer": lr, betas, eps, weight_decay
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   // "none": the optimizer step after backward, before the next forward; "forward": on its own
@@ -124,6 +117,11 @@ struct TrainConfig {
   std::int64_t accumulation_steps(int ranks = 1) const {
     return batch_size / (micro_batch_size * ranks);
   }
+  // batch_size must split into micro-batches over `ranks` data-parallel ranks; the error
+  // suggests the micro_batch_size that would.
+  Status check_batch_split(int ranks) const;
+  // The device the config asks for (kind, budget, GPU index, TF32, attention, threads).
+  device::DeviceOptions device_options() const;
   // The config as JSON with every key (defaults filled in): saved in checkpoints.
   Json to_json() const;
 };
