@@ -48,7 +48,7 @@ struct TrainConfig {
   std::int64_t micro_batch_size = 0;  // per rank; 0 = batch_size
   std::int64_t max_steps = 100;
   DType precision = DType::kF32;  // "fp32" | "bf16": the compute dtype
-  optim::AdamWHyper optimizer;  // the config's "optimizer": lr, betas, eps, weight_decay
+  optim::AdamWHyper optimizer;    // the config's "optimizer": lr, betas, eps, weight_decay
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   // "none": the optimizer step after backward, before the next forward; "forward": on its own
