@@ -13,15 +13,17 @@ jobs=$(nproc)
 # ThreadSanitizer over the code whose tests drive several threads at once: the tiered store and
 # the prefetch scheduler (transfer lanes and caller threads), the swap engine (io_uring driver
 # threads, buffer registration), the NVMe-streamed optimizer step and the overlapped one (the
-# engine's step thread beside the model's passes). A second, small build of
+# engine's step thread beside the model's passes), and the in-process communicator (ranks as
+# threads meeting at one rendezvous). A second, small build of
 # just those test binaries (about three minutes on two cores, less with ccache), run directly;
 # of the optimizer's tests only the streamed ones (the SIMD ones take minutes under TSan).
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=thread \
   -DSTRATA_WERROR=ON -DSTRATA_BUILD_BENCH=OFF -DSTRATA_CUDA=OFF
 cmake --build build-tsan -j "$jobs" \
-  --target strata_mem_tests strata_sched_tests strata_io_tests strata_optim_tests strata_zero_tests
+  --target strata_mem_tests strata_sched_tests strata_io_tests strata_optim_tests strata_zero_tests \
+  strata_dist_tests
 tsan=(env TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1")
-for t in strata_mem_tests strata_sched_tests strata_io_tests; do
+for t in strata_mem_tests strata_sched_tests strata_io_tests strata_dist_tests; do
   "${tsan[@]}" "build-tsan/tests/$t" --gtest_brief=1
 done
 "${tsan[@]}" build-tsan/tests/strata_optim_tests --gtest_brief=1 --gtest_filter='*Streamed*'

@@ -116,4 +116,15 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
 // The single-rank communicator (no MPI): every collective is a local copy.
 std::unique_ptr<Communicator> make_single_rank_communicator(device::Device& device);
 
+// Ranks as threads of one process, for tests of multi-rank logic without mpirun: one
+// communicator per device (rank r on devices[r]), each to be used from its own thread. Every
+// collective completes when all ranks have called it (the handles it returns are done); ranks
+// that disagree on it get an error naming both calls, and a rank left waiting longer than
+// `timeout` gets the error the MPI path gives, after which every later collective of the group
+// fails. Devices must address host memory (the CPU backend). Reductions fold in rank order with
+// the MPI path's arithmetic (16-bit floats rounded after every add), so two ranks give its bits.
+Result<std::vector<std::unique_ptr<Communicator>>> make_in_process_group(
+    const std::vector<device::Device*>& devices,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+
 }  // namespace strata::dist

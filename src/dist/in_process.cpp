@@ -1,0 +1,334 @@
+// Ranks as threads of one process: a group of communicators that meet at one rendezvous, for
+// testing multi-rank logic without mpirun. The reductions fold in rank order with the MPI path's
+// arithmetic (16-bit floats rounded after every add, averages as its averager), so with two
+// ranks the results are the MPI path's bits.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strata/core/check.h"
+#include "strata/device/device.h"
+#include "strata/dist/communicator.h"
+
+namespace strata::dist {
+namespace {
+
+enum class OpKind : std::uint8_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kAllReduceHost,
+  kAllGatherHost,
+  kGatherHost
+};
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kAllReduceHost:
+      return "all_reduce_host";
+    case OpKind::kAllGatherHost:
+      return "all_gather_host";
+    case OpKind::kGatherHost:
+      return "gather_host";
+  }
+  return "?";
+}
+
+// One rank's part in a collective.
+struct Call {
+  OpKind kind = OpKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::int64_t count = 0;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  std::string what;
+};
+
+std::string describe(int rank, const Call& c) {
+  return "rank " + std::to_string(rank) + ": " + op_name(c.kind) + " '" + c.what + "' (" +
+         std::to_string(c.count) + " x " + std::string(dtype_name(c.dtype)) + ")";
+}
+
+float load(const void* p, DType dtype, std::int64_t i) {
+  return load_as_f32(p, dtype, static_cast<std::size_t>(i));
+}
+
+void store(void* p, DType dtype, std::int64_t i, float x) {
+  const auto idx = static_cast<std::size_t>(i);
+  switch (dtype) {
+    case DType::kBF16:
+      static_cast<bf16*>(p)[idx] = f32_to_bf16(x);
+      return;
+    case DType::kF16:
+      static_cast<f16*>(p)[idx] = f32_to_f16(x);
+      return;
+    default:
+      static_cast<float*>(p)[idx] = x;
+  }
+}
+
+// out[i] = op over ranks of in_r[offset + i], folded in rank order; each add rounds to the dtype
+// (exact for f32, the MPI path's half_sum for 16-bit floats); an average as the MPI path's.
+void reduce(const std::vector<Call>& calls, std::int64_t offset, std::int64_t count, DType dtype,
+            ReduceOp op, void* out) {
+  const auto world = static_cast<int>(calls.size());
+  for (std::int64_t i = 0; i < count; ++i) {
+    float acc = load(calls[0].send, dtype, offset + i);
+    for (int r = 1; r < world; ++r) {
+      acc = acc + load(calls[static_cast<std::size_t>(r)].send, dtype, offset + i);
+      if (dtype == DType::kBF16) acc = bf16_to_f32(f32_to_bf16(acc));
+      if (dtype == DType::kF16) acc = f16_to_f32(f32_to_f16(acc));
+    }
+    if (op == ReduceOp::kAvg && world > 1) {
+      acc = dtype == DType::kF32 ? acc / static_cast<float>(world)
+                                 : acc * (1.0f / static_cast<float>(world));
+    }
+    store(out, dtype, i, acc);
+  }
+}
+
+// The meeting point of one group: the last rank to arrive at a collective carries it out for
+// every rank, while the others wait; all leave together, so every buffer stays valid throughout.
+class Rendezvous {
+ public:
+  Rendezvous(int world, std::chrono::milliseconds timeout)
+      : world_(world), timeout_(timeout), calls_(static_cast<std::size_t>(world)) {}
+
+  Status meet(int rank, Call call) {
+    std::unique_lock lock(mu_);
+    if (!broken_.is_ok()) return broken_;
+    const std::uint64_t generation = generation_;
+    calls_[static_cast<std::size_t>(rank)] = std::move(call);
+    if (++arrived_ < world_) {
+      const bool done = cv_.wait_for(lock, timeout_,
+                                     [&] { return generation_ != generation || !broken_.is_ok(); });
+      if (!broken_.is_ok()) return broken_;
+      if (!done) {
+        broken_ = unavailable(describe(rank, calls_[static_cast<std::size_t>(rank)]) +
+                              " did not complete in time; a peer rank may have died or be stuck "
+                              "(raise the timeout if it is only slow)");
+        cv_.notify_all();
+        return broken_;
+      }
+      return status_;
+    }
+    status_ = carry_out();
+    if (!status_.is_ok()) broken_ = status_;
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return status_;
+  }
+
+ private:
+  // Every rank has arrived: checks that they agree, then fills every rank's output.
+  Status carry_out() {
+    const Call& c0 = calls_[0];
+    for (int r = 1; r < world_; ++r) {
+      const Call& c = calls_[static_cast<std::size_t>(r)];
+      if (c.kind != c0.kind || c.count != c0.count || c.dtype != c0.dtype || c.op != c0.op ||
+          c.root != c0.root) {
+        return failed_precondition(
+            "ranks disagree on a collective: " + describe(0, c0) + ", but " + describe(r, c) +
+            "; every rank must issue the same collectives in the same order");
+      }
+    }
+    const std::int64_t n = c0.count;
+    const DType dtype = c0.dtype;
+    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+    switch (c0.kind) {
+      case OpKind::kBarrier:
+        return Status::ok();
+      case OpKind::kAllGather:
+      case OpKind::kAllGatherHost: {
+        // Gathered first, then written: a rank's send may lie inside its own recv (in place).
+        std::vector<std::byte> all(bytes * static_cast<std::size_t>(world_));
+        for (int r = 0; r < world_; ++r) {
+          std::memcpy(all.data() + bytes * static_cast<std::size_t>(r),
+                      calls_[static_cast<std::size_t>(r)].send, bytes);
+        }
+        for (const Call& c : calls_) std::memcpy(c.recv, all.data(), all.size());
+        return Status::ok();
+      }
+      case OpKind::kGatherHost: {
+        std::vector<std::byte> all(bytes * static_cast<std::size_t>(world_));
+        for (int r = 0; r < world_; ++r) {
+          std::memcpy(all.data() + bytes * static_cast<std::size_t>(r),
+                      calls_[static_cast<std::size_t>(r)].send, bytes);
+        }
+        std::memcpy(calls_[static_cast<std::size_t>(c0.root)].recv, all.data(), all.size());
+        return Status::ok();
+      }
+      case OpKind::kBroadcast: {
+        const Call& root = calls_[static_cast<std::size_t>(c0.root)];
+        for (const Call& c : calls_) {
+          if (c.recv != root.recv) std::memcpy(c.recv, root.recv, bytes);
+        }
+        return Status::ok();
+      }
+      case OpKind::kAllReduce: {
+        std::vector<std::byte> out(bytes);
+        reduce(calls_, 0, n, dtype, c0.op, out.data());
+        for (const Call& c : calls_) std::memcpy(c.recv, out.data(), bytes);
+        return Status::ok();
+      }
+      case OpKind::kReduceScatter: {
+        std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(world_),
+                                                std::vector<std::byte>(bytes));
+        for (int r = 0; r < world_; ++r) {
+          reduce(calls_, n * r, n, dtype, c0.op, out[static_cast<std::size_t>(r)].data());
+        }
+        for (int r = 0; r < world_; ++r) {
+          std::memcpy(calls_[static_cast<std::size_t>(r)].recv,
+                      out[static_cast<std::size_t>(r)].data(), bytes);
+        }
+        return Status::ok();
+      }
+      case OpKind::kAllReduceHost: {
+        // As the MPI path: a sum of doubles, then a division by the rank count.
+        std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
+        for (const Call& c : calls_) {
+          const auto* v = static_cast<const double*>(c.send);
+          for (std::int64_t i = 0; i < n; ++i) sum[static_cast<std::size_t>(i)] += v[i];
+        }
+        if (c0.op == ReduceOp::kAvg) {
+          for (double& s : sum) s /= world_;
+        }
+        for (const Call& c : calls_) std::memcpy(c.recv, sum.data(), sum.size() * sizeof(double));
+        return Status::ok();
+      }
+    }
+    return internal_error("unknown collective");
+  }
+
+  const int world_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Call> calls_;       // under mu_
+  int arrived_ = 0;               // under mu_
+  std::uint64_t generation_ = 0;  // under mu_: collectives completed
+  Status status_;                 // under mu_: the last collective's
+  Status broken_;  // under mu_: once a collective failed or timed out, every later one
+};
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(std::shared_ptr<Rendezvous> meet, int rank, int world,
+                        device::Device& device)
+      : meet_(std::move(meet)), rank_(rank), world_(world), device_(device) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string name() const override { return "in-process"; }
+
+  CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
+                        std::string_view what) override {
+    stats_.all_gather_bytes += bytes(count, dtype) * static_cast<std::uint64_t>(world_);
+    return done(device_call(OpKind::kAllGather, send, recv, count, dtype, ReduceOp::kSum, 0, what));
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                            ReduceOp op, std::string_view what) override {
+    stats_.reduce_scatter_bytes += bytes(count, dtype) * static_cast<std::uint64_t>(world_);
+    return done(device_call(OpKind::kReduceScatter, send, recv, count, dtype, op, 0, what));
+  }
+  CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
+                        std::string_view what) override {
+    stats_.all_reduce_bytes += bytes(count, dtype);
+    return done(device_call(OpKind::kAllReduce, send, recv, count, dtype, op, 0, what));
+  }
+  CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
+                       std::string_view what) override {
+    return done(
+        device_call(OpKind::kBroadcast, buffer, buffer, count, dtype, ReduceOp::kSum, root, what));
+  }
+  Status barrier(std::string_view what) override {
+    return call(OpKind::kBarrier, nullptr, nullptr, 0, DType::kU8, ReduceOp::kSum, 0, what);
+  }
+  Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
+    return call(OpKind::kAllReduceHost, values, values, count, DType::kI64, op, 0, what);
+  }
+  Status all_gather_host(const std::uint64_t* send, std::uint64_t* recv, int count,
+                         std::string_view what) override {
+    return call(OpKind::kAllGatherHost, send, recv, count, DType::kI64, ReduceOp::kSum, 0, what);
+  }
+  Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype, int root,
+                     std::string_view what) override {
+    return call(OpKind::kGatherHost, send, recv, count, dtype, ReduceOp::kSum, root, what);
+  }
+
+ private:
+  static std::uint64_t bytes(std::int64_t count, DType dtype) {
+    return static_cast<std::uint64_t>(count) * dtype_size(dtype);
+  }
+  static CommHandle done(Status s) {
+    struct Done final : CommHandle::State {
+      Status s;
+      Status wait() override { return s; }
+    };
+    if (s.is_ok()) return {};
+    auto d = std::make_shared<Done>();
+    d->s = std::move(s);
+    return CommHandle(d);
+  }
+  // Device buffers: what the compute stream wrote before the call is read.
+  Status device_call(OpKind kind, const void* send, void* recv, std::int64_t count, DType dtype,
+                     ReduceOp op, int root, std::string_view what) {
+    ++stats_.collectives;
+    device_.stream(device::StreamKind::kCompute).synchronize();
+    return call(kind, send, recv, count, dtype, op, root, what);
+  }
+  Status call(OpKind kind, const void* send, void* recv, std::int64_t count, DType dtype,
+              ReduceOp op, int root, std::string_view what) {
+    if (root < 0 || root >= world_) {
+      return invalid_argument("rank " + std::to_string(rank_) + ": " + op_name(kind) + " '" +
+                              std::string(what) + "' root " + std::to_string(root) +
+                              " is not a rank of " + std::to_string(world_));
+    }
+    Call c{kind, send, recv, count, dtype, op, root, std::string(what)};
+    return meet_->meet(rank_, std::move(c));
+  }
+
+  std::shared_ptr<Rendezvous> meet_;
+  int rank_, world_;
+  device::Device& device_;
+};
+
+}  // namespace
+
+Result<std::vector<std::unique_ptr<Communicator>>> make_in_process_group(
+    const std::vector<device::Device*>& devices, std::chrono::milliseconds timeout) {
+  if (devices.empty()) return invalid_argument("an in-process group needs at least one rank");
+  const auto world = static_cast<int>(devices.size());
+  auto meet = std::make_shared<Rendezvous>(world, timeout);
+  std::vector<std::unique_ptr<Communicator>> group;
+  for (int r = 0; r < world; ++r) {
+    device::Device* d = devices[static_cast<std::size_t>(r)];
+    if (d == nullptr || !d->host_addressable()) {
+      return invalid_argument("in-process rank " + std::to_string(r) +
+                              ": its device must address host memory (the CPU backend)");
+    }
+    group.push_back(std::make_unique<InProcessCommunicator>(meet, r, world, *d));
+  }
+  return group;
+}
+
+}  // namespace strata::dist

@@ -1,0 +1,196 @@
+// The in-process communicator (ranks as threads): every collective against a serial reference
+// for 1 to 4 ranks, in place as well, bf16 sums rounded after every add as the MPI path does,
+// and the errors: ranks that disagree, a rank that never comes, a bad root, a GPU-less device.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/core/rng.h"
+#include "strata/device/device.h"
+#include "strata/dist/communicator.h"
+
+namespace strata::dist {
+namespace {
+
+// The value rank r contributes at index i: every thread can compute every rank's.
+float value(int r, std::int64_t i) {
+  Rng rng(static_cast<std::uint64_t>(r) * 1000003u + static_cast<std::uint64_t>(i));
+  return static_cast<float>(rng.normal());
+}
+
+struct Group {
+  std::vector<std::unique_ptr<device::Device>> devices;
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+Group make_group(int world, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  Group g;
+  std::vector<device::Device*> raw;
+  for (int r = 0; r < world; ++r) {
+    device::DeviceOptions o;
+    o.compute_threads = 1;
+    auto d = device::create_device(o);
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    raw.push_back(d->get());
+    g.devices.push_back(std::move(*d));
+  }
+  auto comms = make_in_process_group(raw, timeout);
+  EXPECT_TRUE(comms.is_ok()) << comms.status().to_string();
+  g.comms = std::move(*comms);
+  return g;
+}
+
+// Runs body(rank, comm) on one thread per rank and joins them.
+void run_ranks(Group& g, const std::function<void(int, Communicator&)>& body) {
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < g.comms.size(); ++r) {
+    threads.emplace_back([&, r] { body(static_cast<int>(r), *g.comms[r]); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+class InProcessTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
+  const int world = GetParam();
+  Group g = make_group(world);
+  constexpr std::int64_t n = 1001;  // not a multiple of anything
+  run_ranks(g, [&](int rank, Communicator& c) {
+    EXPECT_EQ(c.rank(), rank);
+    EXPECT_EQ(c.world_size(), world);
+    // all_gather, also in place (send inside recv at this rank's slot).
+    std::vector<float> send(n), recv(static_cast<std::size_t>(n * world), NAN);
+    for (std::int64_t i = 0; i < n; ++i) send[static_cast<std::size_t>(i)] = value(rank, i);
+    ASSERT_TRUE(c.all_gather(send.data(), recv.data(), n, DType::kF32, "gather").wait().is_ok());
+    std::vector<float> in_place(static_cast<std::size_t>(n * world), NAN);
+    std::copy(send.begin(), send.end(), in_place.begin() + rank * n);
+    ASSERT_TRUE(
+        c.all_gather(in_place.data() + rank * n, in_place.data(), n, DType::kF32, "gather in place")
+            .wait()
+            .is_ok());
+    for (int r = 0; r < world; ++r) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(recv[static_cast<std::size_t>(r * n + i)], value(r, i));
+        ASSERT_EQ(in_place[static_cast<std::size_t>(r * n + i)], value(r, i));
+      }
+    }
+    // reduce_scatter (sum) and all_reduce (average), in place: the fold in rank order.
+    std::vector<float> big(static_cast<std::size_t>(n * world));
+    for (std::int64_t i = 0; i < n * world; ++i) big[static_cast<std::size_t>(i)] = value(rank, i);
+    std::vector<float> part(n);
+    ASSERT_TRUE(c.reduce_scatter(big.data(), part.data(), n, DType::kF32, ReduceOp::kSum, "rs")
+                    .wait()
+                    .is_ok());
+    for (std::int64_t i = 0; i < n; ++i) {
+      float want = value(0, rank * n + i);
+      for (int r = 1; r < world; ++r) want += value(r, rank * n + i);
+      ASSERT_EQ(part[static_cast<std::size_t>(i)], want) << "element " << i;
+    }
+    ASSERT_TRUE(c.all_reduce(send.data(), send.data(), n, DType::kF32, ReduceOp::kAvg, "ar")
+                    .wait()
+                    .is_ok());
+    for (std::int64_t i = 0; i < n; ++i) {
+      float want = value(0, i);
+      for (int r = 1; r < world; ++r) want += value(r, i);
+      if (world > 1) want /= static_cast<float>(world);
+      ASSERT_EQ(send[static_cast<std::size_t>(i)], want) << "element " << i;
+    }
+    // broadcast from the last rank.
+    std::vector<float> b(n);
+    for (std::int64_t i = 0; i < n; ++i) b[static_cast<std::size_t>(i)] = value(rank, i);
+    ASSERT_TRUE(c.broadcast(b.data(), n, DType::kF32, world - 1, "bcast").wait().is_ok());
+    for (std::int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(b[static_cast<std::size_t>(i)], value(world - 1, i));
+    // Host helpers.
+    double d[2] = {static_cast<double>(rank), 1.0};
+    ASSERT_TRUE(c.all_reduce_host(d, 2, ReduceOp::kSum, "norms").is_ok());
+    EXPECT_EQ(d[0], world * (world - 1) / 2.0);
+    EXPECT_EQ(d[1], world);
+    const std::uint64_t mine[2] = {static_cast<std::uint64_t>(rank), 7};
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(2 * world));
+    ASSERT_TRUE(c.all_gather_host(mine, all.data(), 2, "ids").is_ok());
+    for (int r = 0; r < world; ++r) EXPECT_EQ(all[static_cast<std::size_t>(2 * r)], r);
+    std::vector<float> gathered(static_cast<std::size_t>(world), NAN);
+    const float one = value(rank, 0);
+    ASSERT_TRUE(c.gather_host(&one, gathered.data(), 1, DType::kF32, 0, "to root").is_ok());
+    if (rank == 0) {
+      for (int r = 0; r < world; ++r) EXPECT_EQ(gathered[static_cast<std::size_t>(r)], value(r, 0));
+    }
+    ASSERT_TRUE(c.barrier("end").is_ok());
+  });
+}
+
+// bf16 sums round after every add, as the MPI path's half_sum: not the f32 sum rounded once.
+TEST_P(InProcessTest, Bf16SumsRoundAfterEveryAdd) {
+  const int world = GetParam();
+  Group g = make_group(world);
+  constexpr std::int64_t n = 4096;
+  run_ranks(g, [&](int rank, Communicator& c) {
+    std::vector<bf16> v(n);
+    for (std::int64_t i = 0; i < n; ++i)
+      v[static_cast<std::size_t>(i)] = f32_to_bf16(value(rank, i));
+    ASSERT_TRUE(
+        c.all_reduce(v.data(), v.data(), n, DType::kBF16, ReduceOp::kSum, "bf16").wait().is_ok());
+    for (std::int64_t i = 0; i < n; ++i) {
+      float acc = bf16_to_f32(f32_to_bf16(value(0, i)));
+      for (int r = 1; r < world; ++r) {
+        acc = bf16_to_f32(f32_to_bf16(acc + bf16_to_f32(f32_to_bf16(value(r, i)))));
+      }
+      ASSERT_EQ(v[static_cast<std::size_t>(i)].bits, f32_to_bf16(acc).bits) << "element " << i;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, InProcessTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(InProcess, RanksThatDisagreeAreToldBothCalls) {
+  Group g = make_group(2);
+  std::vector<Status> got(2);
+  run_ranks(g, [&](int rank, Communicator& c) {
+    std::vector<float> x(8, 1.0f);
+    got[static_cast<std::size_t>(rank)] =
+        c.all_reduce(x.data(), x.data(), rank == 0 ? 8 : 4, DType::kF32, ReduceOp::kSum, "grads")
+            .wait();
+  });
+  for (const Status& s : got) {
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("rank 0: all_reduce 'grads' (8 x f32)"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("rank 1: all_reduce 'grads' (4 x f32)"), std::string::npos)
+        << s.message();
+  }
+}
+
+// A rank that never comes: the one waiting is told which collective timed out, and the group
+// stays broken for every later collective instead of hanging.
+TEST(InProcess, ARankThatNeverComesTimesOutAndBreaksTheGroup) {
+  Group g = make_group(2, std::chrono::milliseconds(50));
+  const Status s = g.comms[0]->barrier("before the step");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("rank 0: barrier 'before the step'"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("did not complete in time"), std::string::npos) << s.message();
+  const Status later = g.comms[1]->barrier("later");
+  EXPECT_FALSE(later.is_ok());
+}
+
+TEST(InProcess, BadRootsAndGroupsAreErrors) {
+  Group g = make_group(1);
+  float x = 1.0f;
+  const Status s = g.comms[0]->broadcast(&x, 1, DType::kF32, 3, "weights").wait();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("root 3 is not a rank of 1"), std::string::npos) << s.message();
+  EXPECT_FALSE(make_in_process_group({}).is_ok());
+  EXPECT_FALSE(make_in_process_group({nullptr}).is_ok());
+}
+
+}  // namespace
+}  // namespace strata::dist
