@@ -25,7 +25,8 @@ enum class OpKind : std::uint8_t {
   kBarrier,
   kAllReduceHost,
   kAllGatherHost,
-  kGatherHost
+  kGatherHost,
+  kSplit
 };
 
 const char* op_name(OpKind k) {
@@ -46,6 +47,8 @@ const char* op_name(OpKind k) {
       return "all_gather_host";
     case OpKind::kGatherHost:
       return "gather_host";
+    case OpKind::kSplit:
+      return "split";
   }
   return "?";
 }
@@ -60,7 +63,16 @@ struct Call {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   std::string what;
+  // split: this rank's color and key, its device, and where its new communicator goes.
+  int color = 0, key = 0;
+  device::Device* device = nullptr;
+  std::unique_ptr<Communicator>* made = nullptr;
 };
+
+class Rendezvous;
+// A member of the group meeting at `meet` (defined with the communicator, below).
+std::unique_ptr<Communicator> make_member(std::shared_ptr<Rendezvous> meet, int rank, int world,
+                                          device::Device& device);
 
 std::string describe(int rank, const Call& c) {
   return "rank " + std::to_string(rank) + ": " + op_name(c.kind) + " '" + c.what + "' (" +
@@ -151,11 +163,13 @@ class Rendezvous {
             "; every rank must issue the same collectives in the same order");
       }
     }
+    if (c0.kind == OpKind::kSplit) return split();
     const std::int64_t n = c0.count;
     const DType dtype = c0.dtype;
     const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
     switch (c0.kind) {
       case OpKind::kBarrier:
+      case OpKind::kSplit:  // split() above
         return Status::ok();
       case OpKind::kAllGather:
       case OpKind::kAllGatherHost: {
@@ -219,6 +233,30 @@ class Rendezvous {
     return internal_error("unknown collective");
   }
 
+  // One new group per color, its members ordered by key, then by rank.
+  Status split() {
+    std::vector<int> order(static_cast<std::size_t>(world_));
+    for (int r = 0; r < world_; ++r) order[static_cast<std::size_t>(r)] = r;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      const Call& ca = calls_[static_cast<std::size_t>(a)];
+      const Call& cb = calls_[static_cast<std::size_t>(b)];
+      return ca.color != cb.color ? ca.color < cb.color : ca.key < cb.key;
+    });
+    for (std::size_t i = 0; i < order.size();) {
+      std::size_t j = i;
+      const int color = calls_[static_cast<std::size_t>(order[i])].color;
+      while (j < order.size() && calls_[static_cast<std::size_t>(order[j])].color == color) ++j;
+      const auto size = static_cast<int>(j - i);
+      auto meet = std::make_shared<Rendezvous>(size, timeout_);
+      for (std::size_t m = i; m < j; ++m) {
+        const Call& c = calls_[static_cast<std::size_t>(order[m])];
+        *c.made = make_member(meet, static_cast<int>(m - i), size, *c.device);
+      }
+      i = j;
+    }
+    return Status::ok();
+  }
+
   const int world_;
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
@@ -274,6 +312,16 @@ class InProcessCommunicator final : public Communicator {
                      std::string_view what) override {
     return call(OpKind::kGatherHost, send, recv, count, dtype, ReduceOp::kSum, root, what);
   }
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what) override {
+    std::unique_ptr<Communicator> made;
+    Call c{OpKind::kSplit, nullptr, nullptr, 0, DType::kU8, ReduceOp::kSum, 0, std::string(what)};
+    c.color = color;
+    c.key = key;
+    c.device = &device_;
+    c.made = &made;
+    STRATA_RETURN_IF_ERROR(meet_->meet(rank_, std::move(c)));
+    return made;
+  }
 
  private:
   static std::uint64_t bytes(std::int64_t count, DType dtype) {
@@ -312,6 +360,11 @@ class InProcessCommunicator final : public Communicator {
   device::Device& device_;
 };
 
+std::unique_ptr<Communicator> make_member(std::shared_ptr<Rendezvous> meet, int rank, int world,
+                                          device::Device& device) {
+  return std::make_unique<InProcessCommunicator>(std::move(meet), rank, world, device);
+}
+
 }  // namespace
 
 Result<std::vector<std::unique_ptr<Communicator>>> make_in_process_group(
@@ -326,7 +379,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_in_process_group(
       return invalid_argument("in-process rank " + std::to_string(r) +
                               ": its device must address host memory (the CPU backend)");
     }
-    group.push_back(std::make_unique<InProcessCommunicator>(meet, r, world, *d));
+    group.push_back(make_member(meet, r, world, *d));
   }
   return group;
 }

@@ -398,6 +398,39 @@ class MpiCommunicator final : public Communicator {
         .wait();
   }
 
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what) override {
+    // MPI has no non-blocking split: a timed all-gather first, so that a missing peer times out
+    // here, and MPI_Comm_split only once every rank has arrived.
+    const std::string label = "split '" + std::string(what) + "'";
+    const std::uint64_t mine = static_cast<std::uint32_t>(color);
+    std::vector<std::uint64_t> colors(static_cast<std::size_t>(world_));
+    STRATA_RETURN_IF_ERROR(all_gather_host(&mine, colors.data(), 1, label));
+    // On the heap: a split that times out may still complete later.
+    struct Out {
+      MPI_Comm comm = MPI_COMM_NULL;
+      int rank = -1, world = 0;
+    };
+    auto out = std::make_shared<Out>();
+    MpiRuntime& rt = runtime();
+    std::lock_guard lock(rt.mu);
+    std::future<std::string> done =
+        rt.thread->submit(comm_, [out, comm = comm_, color, key](MPI_Request*) {
+          int rc = MPI_Comm_split(comm, color, key, &out->comm);
+          if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(out->comm, MPI_ERRORS_RETURN);
+          if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(out->comm, &out->rank);
+          if (rc == MPI_SUCCESS) rc = MPI_Comm_size(out->comm, &out->world);
+          return rc;
+        });
+    STRATA_RETURN_IF_ERROR(wait_for_op(done, rank_, "MPI_Comm_split for " + label,
+                                       std::chrono::steady_clock::now() + timeout_));
+    ++rt.users;
+    CommOptions o;
+    o.backend = CommBackend::kMpi;
+    o.timeout = timeout_;
+    return std::unique_ptr<Communicator>(
+        std::make_unique<MpiCommunicator>(out->comm, out->rank, out->world, o, device_));
+  }
+
   Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype, int root,
                      std::string_view what) override {
     const int n = static_cast<int>(count);

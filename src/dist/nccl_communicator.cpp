@@ -25,8 +25,9 @@
 
 // Communicators are created non-blocking (ncclCommInitRankConfig), so that creation has a
 // deadline: NCCL_CONFIG_INITIALIZER and ncclGetLastError need 2.14.
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
-#error "Strata's NCCL communicator needs NCCL 2.14 or newer"
+// Sub-communicators are made with ncclCommSplit, which needs 2.18.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "Strata's NCCL communicator needs NCCL 2.18 or newer"
 #endif
 
 namespace strata::dist {
@@ -236,6 +237,33 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return host_->rank(); }
   int world_size() const override { return host_->world_size(); }
   std::string name() const override { return "nccl"; }
+
+  // The host side splits first (its timed collectives find a missing peer); then ncclCommSplit,
+  // non-blocking and polled against the timeout like the communicator's creation.
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> host, host_->split(color, key, what));
+    const std::string label = "ncclCommSplit for split '" + std::string(what) + "'";
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t raw = nullptr;
+    ncclResult_t rc = ncclCommSplit(comm_->get(), color, key, &raw, &config);
+    if (rc == ncclInProgress)
+      rc = settle(raw != nullptr ? raw : comm_->get(), Clock::now() + timeout_);
+    if (rc != ncclSuccess) {
+      if (raw != nullptr) ncclCommAbort(raw);
+      if (rc == ncclInProgress) return timed_out(rank(), label);
+      return unavailable("rank " + std::to_string(rank()) + ": " + label +
+                         " failed: " + nccl_error(rc));
+    }
+    cudaEvent_t ready = nullptr;
+    if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess) {
+      ncclCommAbort(raw);
+      return unavailable("rank " + std::to_string(rank()) +
+                         ": cannot create the CUDA event for NCCL collectives");
+    }
+    return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
+        std::move(host), std::make_shared<NcclComm>(raw), compute_, stream_, ready, timeout_));
+  }
 
   CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
                         std::string_view what) override {

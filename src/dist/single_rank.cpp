@@ -1,6 +1,7 @@
 // The world-size-1 communicator: collectives are local copies on the compute stream.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
@@ -39,6 +40,9 @@ class SingleRankCommunicator final : public Communicator {
                          std::string_view) override {
     std::copy(send, send + count, recv);
     return Status::ok();
+  }
+  Result<std::unique_ptr<Communicator>> split(int, int, std::string_view) override {
+    return std::unique_ptr<Communicator>(std::make_unique<SingleRankCommunicator>(device_));
   }
   Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype, int,
                      std::string_view) override {

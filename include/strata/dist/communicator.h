@@ -85,6 +85,13 @@ class Communicator {
   virtual Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype,
                              int root, std::string_view what) = 0;
 
+  // A communicator over the ranks that pass the same `color` (MPI_Comm_split's meaning): its
+  // ranks ordered by `key`, then by rank here. Collective: every rank calls it, in the same
+  // order as its other collectives, within the timeout. The new communicator may outlive this
+  // one's use but not this object.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key,
+                                                      std::string_view what) = 0;
+
   const CommStats& stats() const { return stats_; }
 
  protected:

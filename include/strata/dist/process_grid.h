@@ -1,0 +1,62 @@
+// The process grid: the ranks arranged as data x tensor x pipeline groups, each axis with its own
+// communicator (MPI sub-communicators, NCCL splits). Megatron's order: the ranks of one tensor
+// group are adjacent, then data, then pipeline, so a tensor group stays inside a node. ZeRO shards
+// over the data axis; today's runs are the grid (data = world, tensor = 1, pipeline = 1).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "strata/core/status.h"
+#include "strata/dist/communicator.h"
+
+namespace strata::device {
+class Device;
+}
+
+namespace strata::dist {
+
+struct GridShape {
+  int data = 1;      // data-parallel ranks (ZeRO shards over these)
+  int tensor = 1;    // tensor-parallel ranks (each layer's matrices split over these)
+  int pipeline = 1;  // pipeline stages
+  int size() const { return data * tensor * pipeline; }
+  std::string to_string() const;  // "data 2 x tensor 2 x pipeline 1"
+};
+
+struct GridCoord {
+  int data = 0, tensor = 0, pipeline = 0;
+};
+
+// world rank = tensor + shape.tensor * (data + shape.data * pipeline), and back.
+int grid_rank(const GridShape& shape, const GridCoord& coord);
+GridCoord grid_coord(const GridShape& shape, int rank);
+
+class ProcessGrid {
+ public:
+  // Splits `world`, whose size must be shape.size(), into the three axes' communicators. An axis
+  // spanning every rank is `world` itself and an axis of one rank a single-rank communicator, so
+  // a data-parallel grid adds no communicator and makes no collective. Otherwise collective over
+  // `world` (every rank calls it with the same shape). `world` and `device` must outlive it.
+  static Result<std::unique_ptr<ProcessGrid>> create(Communicator& world, const GridShape& shape,
+                                                     device::Device& device);
+
+  const GridShape& shape() const { return shape_; }
+  const GridCoord& coord() const { return coord_; }  // this rank's place
+  Communicator& world() { return *world_; }
+  Communicator& data() { return *data_; }
+  Communicator& tensor() { return *tensor_; }
+  Communicator& pipeline() { return *pipeline_; }
+
+ private:
+  ProcessGrid() = default;
+  GridShape shape_;
+  GridCoord coord_;
+  Communicator* world_ = nullptr;
+  Communicator* data_ = nullptr;
+  Communicator* tensor_ = nullptr;
+  Communicator* pipeline_ = nullptr;
+  std::unique_ptr<Communicator> owned_[3];  // the axes that are neither world nor one rank
+};
+
+}  // namespace strata::dist

@@ -1,0 +1,72 @@
+// The process grid's sub-communicators, split from the world communicator per axis.
+#include "strata/dist/process_grid.h"
+
+#include <utility>
+
+namespace strata::dist {
+
+std::string GridShape::to_string() const {
+  return "data " + std::to_string(data) + " x tensor " + std::to_string(tensor) + " x pipeline " +
+         std::to_string(pipeline);
+}
+
+int grid_rank(const GridShape& shape, const GridCoord& coord) {
+  return coord.tensor + shape.tensor * (coord.data + shape.data * coord.pipeline);
+}
+
+GridCoord grid_coord(const GridShape& shape, int rank) {
+  GridCoord c;
+  c.tensor = rank % shape.tensor;
+  c.data = rank / shape.tensor % shape.data;
+  c.pipeline = rank / (shape.tensor * shape.data);
+  return c;
+}
+
+Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
+                                                         const GridShape& shape,
+                                                         device::Device& device) {
+  if (shape.data < 1 || shape.tensor < 1 || shape.pipeline < 1) {
+    return invalid_argument("process grid " + shape.to_string() +
+                            ": every axis needs at least one rank");
+  }
+  if (shape.size() != world.world_size()) {
+    return invalid_argument("process grid " + shape.to_string() + " has " +
+                            std::to_string(shape.size()) + " ranks, but the job has " +
+                            std::to_string(world.world_size()) +
+                            "; data x tensor x pipeline must equal the number of ranks");
+  }
+  std::unique_ptr<ProcessGrid> grid(new ProcessGrid());
+  grid->shape_ = shape;
+  grid->coord_ = grid_coord(shape, world.rank());
+  grid->world_ = &world;
+  const GridCoord& c = grid->coord_;
+  // Per axis, in the same order on every rank: its size, the color of this rank's group (the
+  // other two coordinates) and its key (the coordinate along the axis).
+  struct Axis {
+    const char* name;
+    int size, color, key;
+    Communicator** slot;
+  };
+  const Axis axes[] = {
+      {"data", shape.data, c.pipeline * shape.tensor + c.tensor, c.data, &grid->data_},
+      {"tensor", shape.tensor, c.pipeline * shape.data + c.data, c.tensor, &grid->tensor_},
+      {"pipeline", shape.pipeline, c.data * shape.tensor + c.tensor, c.pipeline, &grid->pipeline_},
+  };
+  for (std::size_t i = 0; i < std::size(axes); ++i) {
+    const Axis& a = axes[i];
+    if (a.size == world.world_size()) {
+      *a.slot = &world;
+      continue;
+    }
+    if (a.size == 1) {
+      grid->owned_[i] = make_single_rank_communicator(device);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(grid->owned_[i],
+                              world.split(a.color, a.key, std::string(a.name) + " groups"));
+    }
+    *a.slot = grid->owned_[i].get();
+  }
+  return grid;
+}
+
+}  // namespace strata::dist

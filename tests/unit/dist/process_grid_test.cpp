@@ -1,0 +1,125 @@
+// The process grid over in-process ranks (threads): every shape of 4 ranks (and of 1), each
+// axis's communicator holding exactly the ranks Megatron's order puts in its group, in
+// coordinate order; coordinates and ranks round-trip; a shape that does not match is an error.
+#include "strata/dist/process_grid.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/device/device.h"
+
+namespace strata::dist {
+namespace {
+
+struct Group {
+  std::vector<std::unique_ptr<device::Device>> devices;
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+Group make_group(int world) {
+  Group g;
+  std::vector<device::Device*> raw;
+  for (int r = 0; r < world; ++r) {
+    device::DeviceOptions o;
+    o.compute_threads = 1;
+    auto d = device::create_device(o);
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    raw.push_back(d->get());
+    g.devices.push_back(std::move(*d));
+  }
+  auto comms = make_in_process_group(raw, std::chrono::seconds(60));
+  EXPECT_TRUE(comms.is_ok()) << comms.status().to_string();
+  g.comms = std::move(*comms);
+  return g;
+}
+
+void run_ranks(Group& g, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < g.comms.size(); ++r) {
+    threads.emplace_back([&, r] { body(static_cast<int>(r)); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// The world ranks in this rank's group along one axis, in order along it.
+std::vector<int> members(const GridShape& s, const GridCoord& c, int axis) {
+  std::vector<int> out;
+  const int n = axis == 0 ? s.data : axis == 1 ? s.tensor : s.pipeline;
+  for (int k = 0; k < n; ++k) {
+    GridCoord m = c;
+    (axis == 0 ? m.data : axis == 1 ? m.tensor : m.pipeline) = k;
+    out.push_back(grid_rank(s, m));
+  }
+  return out;
+}
+
+// Every rank all-gathers its world rank over each axis: the result lists the axis's members.
+void check_grid(Group& g, const GridShape& shape) {
+  SCOPED_TRACE(shape.to_string());
+  run_ranks(g, [&](int rank) {
+    Communicator& world = *g.comms[static_cast<std::size_t>(rank)];
+    auto made = ProcessGrid::create(world, shape, *g.devices[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    ProcessGrid& grid = **made;
+    const GridCoord c = grid.coord();
+    EXPECT_EQ(grid_rank(shape, c), rank);
+    Communicator* axes[] = {&grid.data(), &grid.tensor(), &grid.pipeline()};
+    const int coords[] = {c.data, c.tensor, c.pipeline};
+    for (int axis = 0; axis < 3; ++axis) {
+      Communicator& comm = *axes[axis];
+      const std::vector<int> want = members(shape, c, axis);
+      ASSERT_EQ(comm.world_size(), static_cast<int>(want.size())) << "axis " << axis;
+      EXPECT_EQ(comm.rank(), coords[axis]) << "axis " << axis;
+      const std::uint64_t mine = static_cast<std::uint64_t>(rank);
+      std::vector<std::uint64_t> got(want.size());
+      ASSERT_TRUE(comm.all_gather_host(&mine, got.data(), 1, "who").is_ok());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        EXPECT_EQ(got[k], static_cast<std::uint64_t>(want[k])) << "axis " << axis << " slot " << k;
+      }
+    }
+    // An axis over every rank is the world communicator itself: no split, no new collective.
+    if (shape.data == shape.size()) {
+      EXPECT_EQ(&grid.data(), &world);
+    }
+  });
+}
+
+TEST(ProcessGrid, EveryShapeOfFourRanksGroupsTheRightRanks) {
+  const GridShape shapes[] = {{4, 1, 1}, {1, 4, 1}, {1, 1, 4}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}};
+  for (const GridShape& shape : shapes) {
+    Group g = make_group(4);
+    check_grid(g, shape);
+  }
+  Group one = make_group(1);
+  check_grid(one, GridShape{});
+}
+
+TEST(ProcessGrid, RanksAndCoordinatesRoundTrip) {
+  const GridShape s{3, 2, 4};
+  for (int r = 0; r < s.size(); ++r) EXPECT_EQ(grid_rank(s, grid_coord(s, r)), r);
+  // Tensor ranks adjacent, then data, then pipeline.
+  const GridCoord c = grid_coord(s, 7);
+  EXPECT_EQ(c.tensor, 1);
+  EXPECT_EQ(c.data, 0);
+  EXPECT_EQ(c.pipeline, 1);
+}
+
+TEST(ProcessGrid, AShapeThatDoesNotMatchTheJobIsAnError) {
+  Group g = make_group(1);
+  auto bad = ProcessGrid::create(*g.comms[0], GridShape{2, 1, 1}, *g.devices[0]);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("data 2 x tensor 1 x pipeline 1 has 2 ranks, but the job "
+                                        "has 1"),
+            std::string::npos)
+      << bad.status().message();
+  auto zero = ProcessGrid::create(*g.comms[0], GridShape{1, 0, 1}, *g.devices[0]);
+  EXPECT_FALSE(zero.is_ok());
+}
+
+}  // namespace
+}  // namespace strata::dist
