@@ -6,15 +6,14 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "tests/testing/in_process_ranks.h"
 
 namespace strata::dist {
 namespace {
@@ -25,35 +24,10 @@ float value(int r, std::int64_t i) {
   return static_cast<float>(rng.normal());
 }
 
-struct Group {
-  std::vector<std::unique_ptr<device::Device>> devices;
-  std::vector<std::unique_ptr<Communicator>> comms;
-};
+using Group = ::strata::testing::InProcessRanks;
 
 Group make_group(int world, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  Group g;
-  std::vector<device::Device*> raw;
-  for (int r = 0; r < world; ++r) {
-    device::DeviceOptions o;
-    o.compute_threads = 1;
-    auto d = device::create_device(o);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    raw.push_back(d->get());
-    g.devices.push_back(std::move(*d));
-  }
-  auto comms = make_in_process_group(raw, timeout);
-  EXPECT_TRUE(comms.is_ok()) << comms.status().to_string();
-  g.comms = std::move(*comms);
-  return g;
-}
-
-// Runs body(rank, comm) on one thread per rank and joins them.
-void run_ranks(Group& g, const std::function<void(int, Communicator&)>& body) {
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < g.comms.size(); ++r) {
-    threads.emplace_back([&, r] { body(static_cast<int>(r), *g.comms[r]); });
-  }
-  for (auto& t : threads) t.join();
+  return ::strata::testing::make_in_process_ranks(world, timeout);
 }
 
 class InProcessTest : public ::testing::TestWithParam<int> {};
@@ -62,7 +36,8 @@ TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
   const int world = GetParam();
   Group g = make_group(world);
   constexpr std::int64_t n = 1001;  // not a multiple of anything
-  run_ranks(g, [&](int rank, Communicator& c) {
+  g.run([&](int rank) {
+    Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
     EXPECT_EQ(c.rank(), rank);
     EXPECT_EQ(c.world_size(), world);
     // all_gather, also in place (send inside recv at this rank's slot).
@@ -132,7 +107,8 @@ TEST_P(InProcessTest, Bf16SumsRoundAfterEveryAdd) {
   const int world = GetParam();
   Group g = make_group(world);
   constexpr std::int64_t n = 4096;
-  run_ranks(g, [&](int rank, Communicator& c) {
+  g.run([&](int rank) {
+    Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
     std::vector<bf16> v(n);
     for (std::int64_t i = 0; i < n; ++i)
       v[static_cast<std::size_t>(i)] = f32_to_bf16(value(rank, i));
@@ -153,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, InProcessTest, ::testing::Values(1, 2, 3, 4));
 TEST(InProcess, RanksThatDisagreeAreToldBothCalls) {
   Group g = make_group(2);
   std::vector<Status> got(2);
-  run_ranks(g, [&](int rank, Communicator& c) {
+  g.run([&](int rank) {
+    Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
     std::vector<float> x(8, 1.0f);
     got[static_cast<std::size_t>(rank)] =
         c.all_reduce(x.data(), x.data(), rank == 0 ? 8 : 4, DType::kF32, ReduceOp::kSum, "grads")

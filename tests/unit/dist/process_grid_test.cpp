@@ -5,45 +5,19 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "strata/device/device.h"
-
+#include "tests/testing/in_process_ranks.h"
 namespace strata::dist {
 namespace {
 
-struct Group {
-  std::vector<std::unique_ptr<device::Device>> devices;
-  std::vector<std::unique_ptr<Communicator>> comms;
-};
+using Group = ::strata::testing::InProcessRanks;
 
-Group make_group(int world) {
-  Group g;
-  std::vector<device::Device*> raw;
-  for (int r = 0; r < world; ++r) {
-    device::DeviceOptions o;
-    o.compute_threads = 1;
-    auto d = device::create_device(o);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    raw.push_back(d->get());
-    g.devices.push_back(std::move(*d));
-  }
-  auto comms = make_in_process_group(raw, std::chrono::seconds(60));
-  EXPECT_TRUE(comms.is_ok()) << comms.status().to_string();
-  g.comms = std::move(*comms);
-  return g;
-}
-
-void run_ranks(Group& g, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < g.comms.size(); ++r) {
-    threads.emplace_back([&, r] { body(static_cast<int>(r)); });
-  }
-  for (auto& t : threads) t.join();
+Group make_group(int world, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return ::strata::testing::make_in_process_ranks(world, timeout);
 }
 
 // The world ranks in this rank's group along one axis, in order along it.
@@ -61,7 +35,7 @@ std::vector<int> members(const GridShape& s, const GridCoord& c, int axis) {
 // Every rank all-gathers its world rank over each axis: the result lists the axis's members.
 void check_grid(Group& g, const GridShape& shape) {
   SCOPED_TRACE(shape.to_string());
-  run_ranks(g, [&](int rank) {
+  g.run([&](int rank) {
     Communicator& world = *g.comms[static_cast<std::size_t>(rank)];
     auto made = ProcessGrid::create(world, shape, *g.devices[static_cast<std::size_t>(rank)]);
     ASSERT_TRUE(made.is_ok()) << made.status().to_string();
