@@ -4,13 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
-#include <thread>
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
@@ -512,26 +510,6 @@ std::string eval_line(const StepMetrics& m, std::int64_t max_steps) {
 }
 }  // namespace
 
-namespace {
-// Fault injection for the multi-rank tests: STRATA_FAULT_KILL_RANK_AT_STEP=R:S makes rank R
-// die (SIGKILL, no cleanup) as step S starts, as a crashed node would;
-// STRATA_FAULT_STALL_RANK_AT_STEP=R:S makes it stop there for good, alive but stuck, as a hung
-// GPU or a stopped process would.
-bool fault_matches(const char* variable, int rank, std::int64_t step) {
-  const char* spec = std::getenv(variable);
-  if (spec == nullptr) return false;
-  int r = -1;
-  long long s = -1;
-  return std::sscanf(spec, "%d:%lld", &r, &s) == 2 && r == rank && s == step;
-}
-void maybe_inject_rank_death(int rank, std::int64_t step) {
-  if (fault_matches("STRATA_FAULT_KILL_RANK_AT_STEP", rank, step)) std::raise(SIGKILL);
-  if (fault_matches("STRATA_FAULT_STALL_RANK_AT_STEP", rank, step)) {
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
-}
-}  // namespace
-
 Status Trainer::Impl::write_trace() const {
   if (config.trace_file.empty()) return Status::ok();
   std::error_code ec;
@@ -551,7 +529,7 @@ Status Trainer::run() {
 Status Trainer::run_loop() {
   Impl& s = *impl_;
   while (s.step < s.config.max_steps) {
-    maybe_inject_rank_death(s.comm->rank(), s.step + 1);
+    if (s.options.before_step) s.options.before_step(s.comm->rank(), s.step + 1);
     STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step(s.step + 1 == s.config.max_steps));
     STRATA_RETURN_IF_ERROR(s.maybe_evaluate(&m));
     s.history.push_back(m);

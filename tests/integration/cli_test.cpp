@@ -61,6 +61,27 @@ TEST(CliTest, TrainsAndWritesMetrics) {
 
 // The README's "Your own data" path: JSON lines of prompts and completions to a token file with
 // a loss mask, then a fine-tune that evaluates held-out data.
+// The failure tests' seam (--inject-fault, not in --help): a malformed spec is a usage error
+// naming it; one that never strikes (rank 5 of one) leaves the run as it was.
+TEST(CliTest, InjectFaultIsCheckedAndOnlyStrikesItsRankAndStep) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  for (const char* bad : {"kill", "kill:1", "boom:0:1", "kill:x:1", "stall:0:0", "kill:0:1x"}) {
+    RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --inject-fault " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string("--inject-fault '") + bad +
+                         "': expected kill:RANK:STEP or stall:RANK:STEP"),
+              std::string::npos)
+        << r.err;
+  }
+  RunResult ok =
+      run_cli(dir, "train " + dir.file("c.json") + " --set max_steps=2 --inject-fault kill:5:1");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("step 2/2 | loss"), std::string::npos) << ok.out;
+  RunResult help = run_cli(dir, "train --help");
+  EXPECT_EQ(help.out.find("inject-fault"), std::string::npos) << help.out;
+}
+
 TEST(CliTest, TokenizeThenFineTuneWithEvaluation) {
   TempDir dir;
   const std::string ex = std::string(STRATA_SOURCE_DIR) + "/examples";

@@ -425,8 +425,8 @@ TEST(ZeroFailures, MicroBatchThatDoesNotFitTheRanksSuggestsOneThatDoes) {
       << err.str();
 }
 
-// Two ranks train until the fault variable `fault` (STRATA_FAULT_*_RANK_AT_STEP, set to
-// rank 1, step 3) strikes; returns how the job ended.
+// Two ranks train until `fault` (strata train --inject-fault KIND:1:3: rank 1, step 3)
+// strikes; returns how the job ended.
 struct FaultedRun {
   int rc = 0;
   double seconds = 0;
@@ -439,8 +439,8 @@ FaultedRun run_with_fault(TempDir& dir, const std::string& name, const std::stri
   j["dist_timeout_s"] = timeout_s;
   fs::create_directories(dir.file(name));
   dir.write(name + "/config.json", j.dump());
-  const std::string cmd = fault + "=1:3 " + mpirun(dir, 2) + "-x " + fault + " " + STRATA_CLI +
-                          " train " + dir.file(name + "/config.json") + " >" +
+  const std::string cmd = mpirun(dir, 2) + STRATA_CLI + " train " +
+                          dir.file(name + "/config.json") + " --inject-fault " + fault + ":1:3 >" +
                           dir.file(name + "/out.txt") + " 2>" + dir.file(name + "/err.txt");
   FaultedRun r;
   const auto start = std::chrono::steady_clock::now();
@@ -456,7 +456,7 @@ FaultedRun run_with_fault(TempDir& dir, const std::string& name, const std::stri
 TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
-  const FaultedRun r = run_with_fault(dir, "dead", "STRATA_FAULT_KILL_RANK_AT_STEP", 10);
+  const FaultedRun r = run_with_fault(dir, "dead", "kill", 10);
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(r.seconds, 10 + 30) << "the surviving rank did not give up within dist_timeout_s";
   EXPECT_NE(r.err.find("rank"), std::string::npos) << r.err;
@@ -468,7 +468,7 @@ TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
 TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
-  const FaultedRun r = run_with_fault(dir, "stuck", "STRATA_FAULT_STALL_RANK_AT_STEP", 3);
+  const FaultedRun r = run_with_fault(dir, "stuck", "stall", 3);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("rank 0: "), std::string::npos) << r.err;
   // Each rank prints its own error; the line says whose it is.

@@ -2,11 +2,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/dist/communicator.h"
@@ -50,7 +54,38 @@ struct TrainArgs {
   std::string config_path, metrics, trace, save_dir, resume;
   std::vector<std::string> sets;
   std::int64_t save_every = -1;
+  std::string inject_fault;  // hidden, for the failure tests: "kill:RANK:STEP" or "stall:RANK:STEP"
 };
+
+// --inject-fault kill:R:S makes rank R die (SIGKILL, no cleanup) as step S starts, as a crashed
+// node would; stall:R:S makes it stop there for good, alive but stuck, as a hung GPU would.
+Result<std::function<void(int, std::int64_t)>> parse_fault(const std::string& spec) {
+  const auto bad = [&] {
+    return invalid_argument("--inject-fault '" + spec +
+                            "': expected kill:RANK:STEP or stall:RANK:STEP (e.g. kill:1:3)");
+  };
+  const std::size_t a = spec.find(':'), b = spec.find(':', a == std::string::npos ? a : a + 1);
+  if (a == std::string::npos || b == std::string::npos) return bad();
+  const std::string kind = spec.substr(0, a);
+  int rank = -1;
+  std::int64_t step = -1;
+  try {
+    std::size_t used = 0;
+    rank = std::stoi(spec.substr(a + 1, b - a - 1), &used);
+    if (used != b - a - 1) return bad();
+    step = std::stoll(spec.substr(b + 1), &used);
+    if (used != spec.size() - b - 1) return bad();
+  } catch (const std::exception&) {
+    return bad();
+  }
+  if ((kind != "kill" && kind != "stall") || rank < 0 || step < 1) return bad();
+  const bool kill = kind == "kill";
+  return std::function<void(int, std::int64_t)>([=](int r, std::int64_t s) {
+    if (r != rank || s != step) return;
+    if (kill) std::raise(SIGKILL);
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  });
+}
 
 // "strata train: ", naming the rank when several ranks each print their error.
 std::string error_prefix() {
@@ -70,6 +105,14 @@ int run_train(const TrainArgs& a) {
     return exit_code_for(config.status());
   }
   train::TrainOptions options;
+  if (!a.inject_fault.empty()) {
+    auto fault = parse_fault(a.inject_fault);
+    if (!fault.is_ok()) {
+      std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), fault.status().message().c_str());
+      return exit_code_for(fault.status());
+    }
+    options.before_step = std::move(*fault);
+  }
   options.resume_dir = a.resume;
   options.progress = &std::cout;
   options.stop_requested = &g_stop_requested;
@@ -123,6 +166,8 @@ Runner add_train_command(CLI::App& app) {
   train->add_option("--save-dir", args->save_dir,
                     "Directory for checkpoints (default: save_dir key)");
   train->add_option("--resume", args->resume, "Resume from a checkpoint directory (or a save dir)");
+  // For the failure tests only: not in --help.
+  train->add_option("--inject-fault", args->inject_fault)->group("");
   return [args] { return run_train(*args); };
 }
 
