@@ -26,8 +26,9 @@ class HostAllocator {
   virtual bool pinned() const = 0;
 };
 
-// Device::allocate_pinned: cudaHostAlloc on CUDA (what its copy streams need to overlap), locked
-// aligned pages on the CPU backend. The tiered store's default.
+// Device::allocate_pinned: a huge-page mapping registered with cudaHostRegister on CUDA (what
+// its copy streams need to overlap), locked aligned pages on the CPU backend. The tiered store's
+// default.
 std::unique_ptr<HostAllocator> make_device_host_allocator(device::Device& device);
 
 // A fixed set of equal staging buffers carved from one allocation made once. Not thread-safe;
