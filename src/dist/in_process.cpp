@@ -79,42 +79,36 @@ std::string describe(int rank, const Call& c) {
          std::to_string(c.count) + " x " + std::string(dtype_name(c.dtype)) + ")";
 }
 
-float load(const void* p, DType dtype, std::int64_t i) {
-  return load_as_f32(p, dtype, static_cast<std::size_t>(i));
-}
-
-void store(void* p, DType dtype, std::int64_t i, float x) {
-  const auto idx = static_cast<std::size_t>(i);
-  switch (dtype) {
-    case DType::kBF16:
-      static_cast<bf16*>(p)[idx] = f32_to_bf16(x);
-      return;
-    case DType::kF16:
-      static_cast<f16*>(p)[idx] = f32_to_f16(x);
-      return;
-    default:
-      static_cast<float*>(p)[idx] = x;
-  }
-}
-
-// out[i] = op over ranks of in_r[offset + i], folded in rank order; each add rounds to the dtype
-// (exact for f32, the MPI path's half_sum for 16-bit floats); an average as the MPI path's.
+// out[i] = op over ranks of in_r[offset + i], folded in rank order in f32; each add rounds to the
+// dtype (exact for f32, the MPI path's half_sum for 16-bit floats); an average as the MPI path's.
 void reduce(const std::vector<Call>& calls, std::int64_t offset, std::int64_t count, DType dtype,
             ReduceOp op, void* out) {
-  const auto world = static_cast<int>(calls.size());
-  for (std::int64_t i = 0; i < count; ++i) {
-    float acc = load(calls[0].send, dtype, offset + i);
-    for (int r = 1; r < world; ++r) {
-      acc = acc + load(calls[static_cast<std::size_t>(r)].send, dtype, offset + i);
-      if (dtype == DType::kBF16) acc = bf16_to_f32(f32_to_bf16(acc));
-      if (dtype == DType::kF16) acc = f16_to_f32(f32_to_f16(acc));
-    }
-    if (op == ReduceOp::kAvg && world > 1) {
-      acc = dtype == DType::kF32 ? acc / static_cast<float>(world)
-                                 : acc * (1.0f / static_cast<float>(world));
-    }
-    store(out, dtype, i, acc);
+  const auto n = static_cast<std::size_t>(count);
+  const std::size_t at = static_cast<std::size_t>(offset) * dtype_size(dtype);
+  const auto in = [&](const Call& c) { return static_cast<const std::byte*>(c.send) + at; };
+  std::vector<float> acc(n), next(n);
+  std::vector<std::byte> rounded(n * dtype_size(dtype));
+  const auto round_to_dtype = [&] {  // acc = acc as the dtype holds it
+    if (dtype == DType::kF32) return;
+    convert(acc.data(), DType::kF32, rounded.data(), dtype, n);
+    convert(rounded.data(), dtype, acc.data(), DType::kF32, n);
+  };
+  convert(in(calls[0]), dtype, acc.data(), DType::kF32, n);
+  for (std::size_t r = 1; r < calls.size(); ++r) {
+    convert(in(calls[r]), dtype, next.data(), DType::kF32, n);
+    for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + next[i];
+    round_to_dtype();
   }
+  const auto world = static_cast<float>(calls.size());
+  if (op == ReduceOp::kAvg && calls.size() > 1) {
+    if (dtype == DType::kF32) {
+      for (float& x : acc) x = x / world;
+    } else {
+      const float inv = 1.0f / world;
+      for (float& x : acc) x = x * inv;
+    }
+  }
+  convert(acc.data(), DType::kF32, out, dtype, n);
 }
 
 // The meeting point of one group: the last rank to arrive at a collective carries it out for

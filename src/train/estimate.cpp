@@ -250,7 +250,7 @@ namespace {
 // computed), "device" or "host".
 const char* grad_accumulation_text(const zero::MemoryPlan& plan) {
   if (plan.keep_gradients) return "none";
-  return plan.accumulate_on_device || plan.optimizer == Tier::kDevice ? "device" : "host";
+  return plan.sums_on_device() ? "device" : "host";
 }
 
 }  // namespace

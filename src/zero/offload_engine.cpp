@@ -175,8 +175,7 @@ Status OffloadEngine::create_store() {
     }
     groups_.push_back(std::move(g));
   }
-  if ((opt == Tier::kDevice || plan_.accumulate_on_device) &&
-      options_.compute_dtype != DType::kF32) {
+  if (plan_.sums_on_device() && options_.compute_dtype != DType::kF32) {
     STRATA_ASSIGN_OR_RETURN(
         widened_grad_,
         add("widened gradient", static_cast<std::size_t>(max_n) * sizeof(float), Tier::kDevice));
@@ -291,7 +290,7 @@ Status OffloadEngine::release_grads(int group) {
   STRATA_CHECK(g.grad_d != nullptr, "release_grads without acquire", g.spec->name);
   void* src = std::exchange(g.grad_d, nullptr);
   const DType dtype = options_.compute_dtype;
-  if (plan_.optimizer == Tier::kDevice || plan_.accumulate_on_device) {
+  if (plan_.sums_on_device()) {
     // Accumulate on the device, in fp32.
     const auto& ops = device_.ops();
     STRATA_ASSIGN_OR_RETURN(void* acc, g.has_grad
@@ -344,7 +343,7 @@ Status OffloadEngine::drain_one_grad() {
   pending_grads_.pop_front();
   Group& g = *groups_[static_cast<std::size_t>(p.group)];
   Status s = store_->wait(p.done);
-  if (plan_.accumulate_on_device) {  // a final sum, now in host memory for the guessed update
+  if (plan_.accumulate_on_device()) {  // a final sum, now in host memory for the guessed update
     if (s.is_ok()) mark_final(static_cast<std::size_t>(p.group));
     return s;
   }
@@ -443,14 +442,14 @@ Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
   // Where the sums are is the plan's: taken on the device when the gradients are accumulated
   // there (summed now) or kept (summed as each left the device), else on the host as they were
   // accumulated.
-  const bool summed_on_device = plan_.optimizer == Tier::kDevice || plan_.accumulate_on_device;
+  const bool summed_on_device = plan_.sums_on_device();
   const bool on_device = summed_on_device || plan_.keep_gradients;
   bool any = false;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
     any |= g.has_grad;
     if (!g.has_grad || !summed_on_device) continue;
-    if (plan_.accumulate_on_device && phase_ == Phase::kGuessing) continue;  // summed already
+    if (plan_.accumulate_on_device() && phase_ == Phase::kGuessing) continue;  // summed already
     STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
     device_.ops().sum_squares(acc, g.n, DType::kF32, norm_slots_ + i);
     store_->unpin(g.grad_acc, Tier::kDevice);
@@ -504,7 +503,7 @@ Status OffloadEngine::give_zero_grads() {
     if (g.has_grad) continue;
     STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(g)));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
-    if (plan_.keep_gradients || (plan_.accumulate_on_device && phase_ == Phase::kGuessing)) {
+    if (plan_.keep_gradients || (plan_.accumulate_on_device() && phase_ == Phase::kGuessing)) {
       device_.fill_zero(norm_slots_ + i, sizeof(double),
                         device_.stream(device::StreamKind::kCompute));
     }
@@ -571,7 +570,7 @@ Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
   STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
                "optimizer step before the last micro-batch's finish_micro_batch");
   STRATA_RETURN_IF_ERROR(give_zero_grads());
-  if (plan_.accumulate_on_device) {
+  if (plan_.accumulate_on_device()) {
     // Every group's sum to host memory, in the order the step reads them, on the copy streams
     // (a redo finds them there already); the step's acquire of each waits for its copy only.
     for (const auto& g : groups_) {

@@ -93,7 +93,7 @@ std::string MemoryPlan::describe() const {
                   std::string(tier_name(optimizer)) + ", gradients " +
                   (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
                   std::string(tier_name(gradients)) +
-                  (accumulate_on_device && optimizer != Tier::kDevice
+                  (accumulate_on_device()
                        ? ", sent to " + std::string(tier_name(Tier::kHost)) + " once per step"
                        : "") +
                   "\n";
@@ -159,8 +159,7 @@ std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touc
 void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const std::uint64_t dsize = dtype_size(o.compute_dtype);
   const bool on_device = plan.optimizer == Tier::kDevice;
-  // Gradients summed on the device: none leaves it before the step.
-  const bool summed_on_device = on_device || plan.accumulate_on_device;
+  const bool summed_on_device = plan.sums_on_device();  // no gradient leaves before the step
   const std::size_t groups = z.elems.size();
   const auto host_class = [](std::uint64_t bytes) {
     return static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(bytes));
@@ -251,11 +250,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const std::uint64_t copies = plan.shadow_state ? 2 : 1;
   add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.f32 : z.f32_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.f32 : z.f32_io));
-  const bool summed_on_device = on_device || plan.accumulate_on_device;
+  const bool summed_on_device = plan.sums_on_device();
   add(plan.gradients, TensorKind::kGradients,
       plan.keep_gradients ? z.work_io : (summed_on_device ? z.f32 : z.f32_io));
   // Summed on the device for a host step: every group's sum is copied to host memory for it.
-  if (plan.accumulate_on_device && !on_device) add(Tier::kHost, TensorKind::kGradients, z.f32_io);
+  if (plan.accumulate_on_device()) add(Tier::kHost, TensorKind::kGradients, z.f32_io);
   // In flight: one group's gradient being made on the device, the working copies the host
   // optimizer writes on their way to another tier (two at a time), gradients landing on the
   // host to be accumulated there (two at a time) and accumulators passing through it.
@@ -368,7 +367,6 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   if (may_sum_on_device && o.grad_accumulation != GradAccumulation::kHost &&
       (o.grad_accumulation == GradAccumulation::kDevice || !o.host_addressable_device)) {
     const Tier before = plan.gradients;
-    plan.accumulate_on_device = true;
     place(Tier::kDevice);
     const std::uint64_t device_needed = plan.tier_bytes(Tier::kDevice) + plan.group_in_use_bytes;
     const bool device_fits = o.device_budget_bytes == 0 || device_needed <= o.device_budget_bytes;
@@ -383,7 +381,6 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
                                                 format_bytes(o.device_budget_bytes)) +
                              "; set grad_accumulation to 'host' or 'auto'");
       }
-      plan.accumulate_on_device = false;
       place(before);
     }
   }

@@ -90,10 +90,6 @@ struct MemoryPlan {
   // One micro-batch per step and the step off the device: each group's gradient is kept as the
   // model made it (compute dtype, exact) until the step, with no fp32 accumulator beside it.
   bool keep_gradients = false;
-  // Several micro-batches per step and the step off the device: the fp32 accumulators are homed
-  // on the device (`gradients` is kDevice) and each group's sum is copied to host memory once per
-  // step, where the optimizer reads it (GradAccumulation::kDevice).
-  bool accumulate_on_device = false;
   // Transfers between NVMe and the device pass through the store's pool of these.
   std::size_t staging_buffer_bytes = 0;
   int num_staging_buffers = 0;
@@ -121,6 +117,12 @@ struct MemoryPlan {
   // With parameters offloaded, the largest group's working copy on the device: what a run needs
   // there beside tier_bytes(kDevice) (the group in use; the plan leaves fetched parameters out).
   std::uint64_t group_in_use_bytes = 0;
+
+  // The fp32 sums of several micro-batches are on the device: with the optimizer there, or homed
+  // there for a step off it (GradAccumulation::kDevice), which reads each group's sum from a copy
+  // sent to host memory once per step. Kept gradients are never homed on the device.
+  bool sums_on_device() const { return gradients == Tier::kDevice; }
+  bool accumulate_on_device() const { return sums_on_device() && optimizer != Tier::kDevice; }
 
   std::uint64_t tier_bytes(Tier tier) const;
   std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {

@@ -105,7 +105,7 @@ TEST(PlanTest, AccumulationUsesFp32AccumulatorsBesideTheOptimizer) {
     auto plan = make_plan(l, o);
     ASSERT_TRUE(plan.is_ok());
     EXPECT_FALSE(plan->keep_gradients);
-    EXPECT_FALSE(plan->accumulate_on_device);
+    EXPECT_FALSE(plan->accumulate_on_device());
     EXPECT_EQ(plan->gradients, opt);
   }
   o.optimizer = Tier::kDevice;
@@ -127,7 +127,7 @@ TEST(PlanTest, GradientsAreSummedOnTheDeviceWhereItsBudgetHoldsThem) {
   o.device_budget_bytes = std::uint64_t{64} << 30;
   auto plan = make_plan(l, o);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  EXPECT_TRUE(plan->accumulate_on_device);
+  EXPECT_TRUE(plan->accumulate_on_device());
   EXPECT_EQ(plan->gradients, Tier::kDevice);
   // The sums' homes on the device, their copies for the step in host memory, and one widened
   // gradient on the device.
@@ -146,7 +146,7 @@ TEST(PlanTest, GradientsAreSummedOnTheDeviceWhereItsBudgetHoldsThem) {
   o.device_budget_bytes = needed - 1;
   plan = make_plan(l, o);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  EXPECT_FALSE(plan->accumulate_on_device);
+  EXPECT_FALSE(plan->accumulate_on_device());
   EXPECT_EQ(plan->gradients, Tier::kHost);
   o.grad_accumulation = GradAccumulation::kDevice;
   plan = make_plan(l, o);
@@ -161,13 +161,13 @@ TEST(PlanTest, GradientsAreSummedOnTheDeviceWhereItsBudgetHoldsThem) {
   o.device_budget_bytes = 0;
   o.host_addressable_device = true;
   o.grad_accumulation = GradAccumulation::kAuto;
-  EXPECT_FALSE(make_plan(l, o)->accumulate_on_device);
+  EXPECT_FALSE(make_plan(l, o)->accumulate_on_device());
   o.grad_accumulation = GradAccumulation::kDevice;
-  EXPECT_TRUE(make_plan(l, o)->accumulate_on_device);
+  EXPECT_TRUE(make_plan(l, o)->accumulate_on_device());
   // One micro-batch per step: gradients are kept as computed, nothing is summed.
   o.accumulation_steps = 1;
   plan = make_plan(l, o);
-  EXPECT_FALSE(plan->accumulate_on_device);
+  EXPECT_FALSE(plan->accumulate_on_device());
   EXPECT_TRUE(plan->keep_gradients);
 }
 
