@@ -15,6 +15,7 @@
 #include "strata/core/token_files.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "strata/dist/process_grid.h"
 #include "strata/io/swap.h"
 #include "strata/mem/timeline.h"
 #include "strata/model/hf_checkpoint.h"
@@ -81,6 +82,7 @@ struct Trainer::Impl {
   std::unique_ptr<io::SwapSpace> swap;
   std::unique_ptr<mem::Timeline> timeline;  // before the provider, whose engine records into it
   std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::ProcessGrid> grid;  // data = world, tensor = 1, pipeline = 1
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::shared_ptr<TokenDataset> dataset;
@@ -141,6 +143,9 @@ Status Trainer::Impl::setup() {
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
+  dist::GridShape shape;
+  shape.data = world;
+  STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
   STRATA_RETURN_IF_ERROR(config.check_batch_split(world));
   if (world > 1) {
     // Every rank must run the same config; a mismatch would silently desynchronize them.
@@ -208,7 +213,7 @@ Status Trainer::Impl::setup() {
   }
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
-                                           swap.get(), *comm, zopts, eopts));
+                                           swap.get(), *grid, zopts, eopts));
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));

@@ -13,8 +13,10 @@ namespace strata::zero {
 
 Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
     const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
-    io::SwapSpace* swap, dist::Communicator& comm, const ZeroOptions& options,
+    io::SwapSpace* swap, dist::ProcessGrid& grid, const ZeroOptions& options,
     const EngineOptions& engine_options) {
+  // ZeRO shards over the data-parallel ranks.
+  dist::Communicator& comm = grid.data();
   auto partition =
       std::make_unique<Partition>(full, comm.rank(), comm.world_size(), persistence_threshold);
   STRATA_ASSIGN_OR_RETURN(

@@ -18,6 +18,7 @@
 
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "strata/dist/process_grid.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/param_provider.h"
@@ -66,13 +67,14 @@ struct ZeroStats {
 
 class ZeroProvider final : public model::ParamProvider {
  public:
-  // Partitions `full` over comm's ranks (groups under persistence_threshold elements stay whole)
-  // and creates this rank's engine over its part; fails with the engine's plan errors. `full`,
-  // `device`, `swap` (may be null without NVMe) and `comm` must outlive the provider.
+  // Partitions `full` over the grid's data-parallel ranks (groups under persistence_threshold
+  // elements stay whole) and creates this rank's engine over its part; fails with the engine's
+  // plan errors. `full`, `device`, `swap` (may be null without NVMe) and `grid` must outlive the
+  // provider.
   static Result<std::unique_ptr<ZeroProvider>> create(const model::ParamLayout& full,
                                                       std::int64_t persistence_threshold,
                                                       device::Device& device, io::SwapSpace* swap,
-                                                      dist::Communicator& comm,
+                                                      dist::ProcessGrid& grid,
                                                       const ZeroOptions& options,
                                                       const EngineOptions& engine_options);
   ~ZeroProvider() override;
