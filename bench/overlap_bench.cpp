@@ -28,10 +28,11 @@
 #include "strata/core/aligned.h"
 #include "strata/core/clock.h"
 #include "strata/device/device.h"
+#include "strata/dist/process_grid.h"
 #include "strata/io/swap.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/sched/prefetch_scheduler.h"
-#include "strata/zero/offload_engine.h"
+#include "strata/zero/zero_provider.h"
 
 namespace {
 
@@ -267,11 +268,11 @@ BENCHMARK(BM_Overlap)
 
 // ---- BM_OptimizerOverlap: the training engine's step, optimizer included ----
 //
-// The offload engine itself over L layer groups (parameters and optimizer state on NVMe, bf16
-// working copies and gradients, the CPU Adam streamed from NVMe), driven as a model would: a
-// forward pass acquiring each group, a backward pass in reverse acquiring each group and its
-// gradient, then the gradient norm and the step. Each layer's compute is the sgemm above (once
-// in forward, twice in backward). Every iteration times, back to back:
+// One rank's ZeroProvider (its shard store and optimizer schedule) over L layer groups (parameters
+// and optimizer state on NVMe, bf16 working copies and gradients, the CPU Adam streamed from NVMe),
+// driven as a model would: a forward pass acquiring each group, a backward pass in reverse
+// acquiring each group and its gradient, then the gradient norm and the step. Each layer's compute
+// is the sgemm above (once in forward, twice in backward). Every iteration times, back to back:
 //   compute    the 3L sgemms alone,
 //   serial     a training step without compute, optimizer_overlap "none": the transfers and
 //              the optimizer (the step's floor on this disk),
@@ -284,7 +285,9 @@ struct EngineRig {
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
   model::ParamLayout layout;
-  std::unique_ptr<zero::OffloadEngine> engine;
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::ProcessGrid> grid;
+  std::unique_ptr<zero::ZeroProvider> engine;
   device::DeviceBuffer a, b, c;
   std::int64_t step = 0;
   float sink = 0;
@@ -316,7 +319,7 @@ Result<std::unique_ptr<EngineRig>> make_engine_rig(int layers, std::int64_t elem
     groups.push_back(std::move(g));
   }
   rig->layout = model::ParamLayout::from_groups(std::move(groups));
-  zero::EngineOptions eo;
+  zero::ShardOptions eo;
   eo.offload_param = Tier::kNvme;
   eo.offload_optimizer = Tier::kNvme;
   eo.compute_dtype = DType::kBF16;
@@ -325,8 +328,12 @@ Result<std::unique_ptr<EngineRig>> make_engine_rig(int layers, std::int64_t elem
   eo.sub_group_size = 1 << 20;
   eo.prefetch_bytes = static_cast<std::uint64_t>(2 * elems) * 2;
   eo.max_live_bytes = static_cast<std::uint64_t>(4 * elems) * 2;
-  STRATA_ASSIGN_OR_RETURN(
-      rig->engine, zero::OffloadEngine::create(rig->layout, *rig->device, rig->swap.get(), eo));
+  rig->comm = dist::make_single_rank_communicator(*rig->device);
+  STRATA_ASSIGN_OR_RETURN(rig->grid,
+                          dist::ProcessGrid::create(*rig->comm, dist::GridShape{}, *rig->device));
+  STRATA_ASSIGN_OR_RETURN(rig->engine,
+                          zero::ZeroProvider::create(rig->layout, 0, *rig->device, rig->swap.get(),
+                                                     *rig->grid, zero::ZeroOptions{}, eo));
   STRATA_RETURN_IF_ERROR(rig->engine->load_master([](const model::ParamGroup& g, float* dst) {
     for (std::int64_t i = 0; i < g.num_elems; ++i) dst[i] = 0.01f * static_cast<float>(i % 13);
     return Status::ok();
@@ -345,7 +352,7 @@ void engine_gemm(EngineRig& rig) { sgemm(*rig.device, rig.a, rig.b, rig.c, rig.s
 // One training step: forward, backward (gradients of 1e-3, announced as the step's last
 // micro-batch), the norm and the update.
 Status engine_step(EngineRig& rig, bool compute) {
-  zero::OffloadEngine& e = *rig.engine;
+  zero::ZeroProvider& e = *rig.engine;
   const int n = rig.layout.num_groups();
   ++rig.step;
   e.begin_last_micro_batch(1e-4, rig.step, false);

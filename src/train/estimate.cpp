@@ -80,9 +80,9 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   return filesystems.empty() ? 0 : per_path * paths.size();
 }
 
-zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
-                                   int world, std::uint64_t activation_bytes) {
-  zero::EngineOptions o;
+zero::ShardOptions shard_options(const TrainConfig& config, const model::LlamaConfig& model,
+                                 int world, std::uint64_t activation_bytes) {
+  zero::ShardOptions o;
   o.activation_bytes = activation_bytes;
   o.tied_embeddings = model.tie_word_embeddings;
   o.offload_param = config.offload_param;
@@ -135,7 +135,7 @@ void predict_peaks(const TrainConfig& config, Estimate& e) {
   const bool offloaded = config.offload_param != Tier::kDevice;
   std::uint64_t device_cached = cache(Tier::kDevice) + (offloaded ? working : 0);
   if (e.zero_device_bytes != 0) {
-    // ZeRO's buffers hold the gradients in transit, the engine's included, and the working
+    // ZeRO's buffers hold the gradients in transit, the shard store's included, and the working
     // copies of partitioned groups; the replicated ones stay cached as on one rank.
     e.device_peak_bytes += e.zero_device_bytes > e.plan.gradient_transit_bytes
                                ? e.zero_device_bytes - e.plan.gradient_transit_bytes
@@ -186,7 +186,7 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
     if (!suggest || why.code() != StatusCode::kOutOfMemory) return why;
     return out_of_memory(why.message() + changes_to_fit(config, model, ranks));
   };
-  zero::EngineOptions eo = engine_options(config, e.model, ranks, activations);
+  zero::ShardOptions eo = shard_options(config, e.model, ranks, activations);
   if (swap) eo.swap_free_bytes = swap_free_bytes(config, 0);
   auto plan = zero::make_plan(partition.local_layout(),
                               zero::plan_options(eo, config.device_memory_limit, swap,

@@ -616,7 +616,7 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
                  1e3 / rates.end_passes.per_s);
   }
 
-  // The rank's working copies, gradients and optimizer state, as its engine holds them.
+  // The rank's working copies, gradients and optimizer state, as its shard store holds them.
   const double work =
       static_cast<double>(e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters));
   const double elems = work / dsize;

@@ -80,7 +80,7 @@ struct Trainer::Impl {
   std::unique_ptr<model::ParamLayout> layout;
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
-  std::unique_ptr<mem::Timeline> timeline;  // before the provider, whose engine records into it
+  std::unique_ptr<mem::Timeline> timeline;  // before the provider, which records into it
   std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::ProcessGrid> grid;  // data = world, tensor = 1, pipeline = 1
   std::unique_ptr<zero::ZeroProvider> provider;
@@ -190,12 +190,12 @@ Status Trainer::Impl::setup() {
   mopts.activation_checkpointing = config.activation_checkpointing;
   model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
 
-  zero::EngineOptions eopts =
-      engine_options(config, model_config, world,
-                     model->activation_bytes(config.micro_batch_size, config.seq_len));
+  zero::ShardOptions sopts =
+      shard_options(config, model_config, world,
+                    model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
-  eopts.timeline = timeline.get();
-  if (swap) eopts.swap_free_bytes = swap_free_bytes(config, rank);
+  sopts.timeline = timeline.get();
+  if (swap) sopts.swap_free_bytes = swap_free_bytes(config, rank);
   const zero::ZeroOptions zopts = zero_options(config);
   // Said when it lowers a size the config chose (the defaults are capped silently, as the
   // README says).
@@ -213,7 +213,7 @@ Status Trainer::Impl::setup() {
   }
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
-                                           swap.get(), *grid, zopts, eopts));
+                                           swap.get(), *grid, zopts, sopts));
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
@@ -277,7 +277,7 @@ Status Trainer::Impl::setup() {
 Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   StepMetrics m;
   m.step = step + 1;
-  const zero::EngineStats before = provider->engine().stats();
+  const zero::RankStats before = provider->stats();
   const dist::CommStats comm_before = comm->stats();
   const auto busy_before = timeline->busy_ms();
   const io::IoStats io_before = swap ? swap->stats() : io::IoStats{};
@@ -326,7 +326,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     loss_sum += static_cast<double>(loss) * share;
   }
   // Compute is the model's own work: without the time it waited for overlapped updates.
-  m.compute_ms -= provider->engine().stats().optimizer_exposed_ms - before.optimizer_exposed_ms;
+  m.compute_ms -= provider->stats().since(before).optimizer_exposed_ms;
   m.loss = loss_sum;
   m.loss_tokens = global_targets;
   if (world > 1)
@@ -349,15 +349,15 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   ++step;
   m.step_ms = step_timer.elapsed_ms();
   m.tokens_per_s = static_cast<double>(config.batch_size * seq) / (m.step_ms / 1e3);
-  const zero::EngineStats& after = provider->engine().stats();
-  m.optimizer_ms = after.optimizer_total_ms - before.optimizer_total_ms;
-  m.optimizer_exposed_ms = after.optimizer_exposed_ms - before.optimizer_exposed_ms;
-  m.guessed = after.steps_guessed > before.steps_guessed;
-  m.optimizer_schedule = zero::optimizer_overlap_name(provider->engine().step_schedule());
-  m.schedule_measured = provider->engine().plan().measure_overlap;
-  m.redone = after.steps_redone > before.steps_redone;
-  m.wait_ms = after.wait_ms - before.wait_ms;
-  m.stall_ms = after.stall_ms - before.stall_ms;
+  const zero::RankStats d = provider->stats().since(before);
+  m.optimizer_ms = d.optimizer_total_ms;
+  m.optimizer_exposed_ms = d.optimizer_exposed_ms;
+  m.guessed = d.steps_guessed > 0;
+  m.redone = d.steps_redone > 0;
+  m.optimizer_schedule = zero::optimizer_overlap_name(provider->step_schedule());
+  m.schedule_measured = provider->plan().measure_overlap;
+  m.wait_ms = d.wait_ms;
+  m.stall_ms = d.stall_ms;
   const auto busy = timeline->busy_ms();
   auto lane = [](mem::Lane l) { return static_cast<std::size_t>(l); };
   m.h2d_busy_ms =
@@ -370,13 +370,13 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     m.nvme_read_busy_ms = (io_after.read_busy_s - io_before.read_busy_s) * 1e3;
     m.nvme_write_busy_ms = (io_after.write_busy_s - io_before.write_busy_s) * 1e3;
   }
-  m.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
-  m.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
-  m.nvme_read_bytes = after.nvme_read_bytes - before.nvme_read_bytes;
-  m.nvme_write_bytes = after.nvme_write_bytes - before.nvme_write_bytes;
+  m.h2d_bytes = d.h2d_bytes;
+  m.d2h_bytes = d.d2h_bytes;
+  m.nvme_read_bytes = d.nvme_read_bytes;
+  m.nvme_write_bytes = d.nvme_write_bytes;
   m.peak_device_bytes = device->memory_stats().peak_bytes;
-  m.peak_host_bytes = after.host_bytes;
-  m.peak_nvme_bytes = after.nvme_bytes;
+  m.peak_host_bytes = d.host_bytes;
+  m.peak_nvme_bytes = d.nvme_bytes;
   const dist::CommStats& comm_after = comm->stats();
   m.comm_bytes = (comm_after.all_gather_bytes - comm_before.all_gather_bytes) +
                  (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
@@ -653,7 +653,7 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.config.accumulation_steps(s.comm->world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
       partitioned, s.layout->num_groups());
-  return buf + s.provider->engine().plan().describe();
+  return buf + s.provider->plan().describe();
 }
 
 }  // namespace strata::train

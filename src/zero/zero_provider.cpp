@@ -14,24 +14,32 @@ namespace strata::zero {
 Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
     const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
     io::SwapSpace* swap, dist::ProcessGrid& grid, const ZeroOptions& options,
-    const EngineOptions& engine_options) {
+    const ShardOptions& shard_options) {
   // ZeRO shards over the data-parallel ranks.
   dist::Communicator& comm = grid.data();
   auto partition =
       std::make_unique<Partition>(full, comm.rank(), comm.world_size(), persistence_threshold);
+  STRATA_ASSIGN_OR_RETURN(MemoryPlan plan,
+                          make_plan(partition->local_layout(),
+                                    plan_options(shard_options, device.memory_stats().limit_bytes,
+                                                 swap != nullptr, device.host_addressable())));
   STRATA_ASSIGN_OR_RETURN(
-      std::unique_ptr<OffloadEngine> engine,
-      OffloadEngine::create(partition->local_layout(), device, swap, engine_options));
-  return std::unique_ptr<ZeroProvider>(
-      new ZeroProvider(full, std::move(partition), std::move(engine), comm, device, options));
+      std::unique_ptr<ShardStore> shards,
+      ShardStore::create(partition->local_layout(), device, swap, shard_options, plan));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSchedule> schedule,
+                          OptimizerSchedule::create(*shards, device, swap, shard_options));
+  return std::unique_ptr<ZeroProvider>(new ZeroProvider(
+      full, std::move(partition), std::move(shards), std::move(schedule), comm, device, options));
 }
 
 ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
-                           std::unique_ptr<OffloadEngine> engine, dist::Communicator& comm,
+                           std::unique_ptr<ShardStore> shards,
+                           std::unique_ptr<OptimizerSchedule> schedule, dist::Communicator& comm,
                            device::Device& device, const ZeroOptions& options)
     : full_(full),
       partition_(std::move(partition)),
-      engine_(std::move(engine)),
+      shards_(std::move(shards)),
+      schedule_(std::move(schedule)),
       comm_(comm),
       device_(device),
       options_(options),
@@ -44,7 +52,7 @@ ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Parti
   full_params_.resize(static_cast<std::size_t>(full.num_groups()));
   param_refs_.assign(static_cast<std::size_t>(full.num_groups()), 0);
   full_grads_.resize(static_cast<std::size_t>(full.num_groups()));
-  engine_grads_.assign(static_cast<std::size_t>(full.num_groups()), nullptr);
+  shard_grads_.assign(static_cast<std::size_t>(full.num_groups()), nullptr);
   // Constructed in place: a deque of move-only chunks is not copyable, and its move may throw.
   gathers_ = std::vector<PendingGather>(static_cast<std::size_t>(full.num_groups()));
   grad_sources_.resize(static_cast<std::size_t>(full.num_groups()));
@@ -52,9 +60,9 @@ ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Parti
 }
 
 // Normally nothing is in flight here. After an error ended a step, collectives may still be
-// queued or running, and they write into buffers of the engine's store: wait for them (for a
+// queued or running, and they write into buffers of the shard store: wait for them (for a
 // moment: the peers that issued them too finish them quickly), and where one does not finish,
-// abandon the engine and its store rather than free memory MPI or NCCL may still write into.
+// abandon the shard store rather than free memory MPI or NCCL may still write into.
 ZeroProvider::~ZeroProvider() {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   bool stuck = false;
@@ -72,15 +80,20 @@ ZeroProvider::~ZeroProvider() {
   for (PendingGather& g : gathers_) {
     for (GatherChunk& c : g.chunks) settle(c.handle);
   }
-  if (!stuck) return;
+  if (!stuck) {
+    schedule_.reset();  // before the store it updates
+    return;
+  }
   log_warning("rank " + std::to_string(comm_.rank()) +
               ": collectives still in flight at shutdown; their device memory is left allocated");
-  (void)engine_.release();
+  (void)schedule_.release();
+  (void)shards_.release();
 }
 
 Status ZeroProvider::load_master(const model::GroupSource& full_source) {
+  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   std::vector<float> tmp;
-  STRATA_RETURN_IF_ERROR(engine_->load_master([&](const model::ParamGroup& local, float* dst) {
+  STRATA_RETURN_IF_ERROR(shards_->load_master([&](const model::ParamGroup& local, float* dst) {
     const GroupPartition& p = partition_->group(local.id);
     const model::ParamGroup& full = full_.group(local.id);
     // This rank holds the whole group (one rank, or a replicated group): straight into `dst`,
@@ -94,6 +107,7 @@ Status ZeroProvider::load_master(const model::GroupSource& full_source) {
     std::memcpy(dst, tmp.data() + begin, static_cast<std::size_t>(p.local_elems()) * sizeof(float));
     return Status::ok();
   }));
+  STRATA_RETURN_IF_ERROR(schedule_->restart());
   return refresh_replicated_params();
 }
 
@@ -105,41 +119,19 @@ void ZeroProvider::copy(void* dst, const void* src, std::int64_t num_elems) {
 
 Result<ZeroProvider::Scratch> ZeroProvider::take(std::uint64_t bytes, const std::string& name,
                                                  bool zero_fill) {
-  mem::TieredStore& store = engine_->store();
-  std::vector<mem::Handle>& free = free_scratch_[{name, bytes}];
-  Scratch s;
-  if (free.empty()) {
-    mem::TensorSpec spec;
-    spec.name = name;
-    spec.size_bytes = bytes;
-    spec.scratch = true;
-    STRATA_ASSIGN_OR_RETURN(s.h, store.add(spec));
-  } else {
-    s.h = free.back();
-    free.pop_back();
-  }
-  auto data = store.emplace(s.h, Tier::kDevice, zero_fill);
-  if (!data.is_ok()) {
-    free.push_back(s.h);
-    return data.status();
-  }
-  s.data = *data;
-  return s;
+  return shards_->take(bytes, name, zero_fill);
 }
 
-void ZeroProvider::give(Scratch& s) {
-  if (!s.held()) return;
-  mem::TieredStore& store = engine_->store();
-  store.unpin(s.h, Tier::kDevice);
-  (void)store.discard(s.h);  // ok for an unpinned scratch tensor
-  const mem::TensorSpec& spec = store.spec(s.h);
-  free_scratch_[{spec.name, spec.size_bytes}].push_back(s.h);
-  s = Scratch{};
+void ZeroProvider::give(Scratch& s) { shards_->give(s); }
+
+Result<const void*> ZeroProvider::acquire_shard(int group) {
+  STRATA_RETURN_IF_ERROR(schedule_->wait_update(group));
+  return shards_->acquire_params(group);
 }
 
 Result<void*> ZeroProvider::workspace(std::uint64_t bytes, const std::string& what) {
   if (workspace_.held()) {
-    const mem::TensorSpec& spec = engine_->store().spec(workspace_.h);
+    const mem::TensorSpec& spec = shards_->store().spec(workspace_.h);
     if (spec.size_bytes == bytes && spec.name == what) return workspace_.data;
     give(workspace_);  // the old shape's bytes go back before the new ones are asked for
   }
@@ -183,12 +175,12 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   const BucketPiece& first = bucket.pieces.front();
   const std::string what = describe(bucket, "parameters");
   if (bucket.whole_group()) {
-    STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(first.group));
+    STRATA_ASSIGN_OR_RETURN(const void* shard, acquire_shard(first.group));
     Status s = comm_
                    .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data,
                                bucket.block_elems, options_.compute_dtype, what)
                    .wait();
-    engine_->release_params(first.group);
+    shards_->release_params(first.group);
     return s;
   }
   const int world = comm_.world_size();
@@ -199,11 +191,11 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   STRATA_RETURN_IF_ERROR(recv.status());
   Status s = [&]() -> Status {
     for (const BucketPiece& piece : bucket.pieces) {
-      STRATA_ASSIGN_OR_RETURN(const void* shard, engine_->acquire_params(piece.group));
+      STRATA_ASSIGN_OR_RETURN(const void* shard, acquire_shard(piece.group));
       copy(send.bytes() + static_cast<std::size_t>(piece.offset) * dsize_,
            static_cast<const std::byte*>(shard) + static_cast<std::size_t>(piece.begin) * dsize_,
            piece.count);
-      engine_->release_params(piece.group);
+      shards_->release_params(piece.group);
     }
     STRATA_RETURN_IF_ERROR(
         comm_.all_gather(send.data, recv->data, bucket.block_elems, options_.compute_dtype, what)
@@ -234,8 +226,8 @@ Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
   const bool chunked = p.shard_elems > gather_cap_elems_;
   const std::uint64_t full_bytes = static_cast<std::uint64_t>(p.padded_elems) * dsize_;
   const std::uint64_t staging_bytes = chunked ? gather_staging_bytes() : 0;
-  if (prefetch && !engine_->store().device_fits(full_bytes + 2 * staging_bytes +
-                                                engine_->acquire_device_bytes(group))) {
+  if (prefetch && !shards_->device_fits(full_bytes + 2 * staging_bytes +
+                                        shards_->acquire_device_bytes(group))) {
     return false;
   }
   PendingGather& g = gathers_[gi];
@@ -247,7 +239,7 @@ Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
       STRATA_ASSIGN_OR_RETURN(g.staging[static_cast<std::size_t>(i)],
                               take(staging_bytes, "all-gather staging"));
     }
-    STRATA_ASSIGN_OR_RETURN(g.shard, engine_->acquire_params(group));
+    STRATA_ASSIGN_OR_RETURN(g.shard, acquire_shard(group));
     return Status::ok();
   }();
   if (!s.is_ok()) {
@@ -324,13 +316,13 @@ Status ZeroProvider::finish_gather(int group) {
   g.shard = nullptr;
   for (Scratch& b : g.staging) give(b);
   gathering_[gi] = false;
-  engine_->release_params(group);  // the shard is no longer needed once gathered
+  shards_->release_params(group);  // the shard is no longer needed once gathered
   if (!s.is_ok()) give(full_params_[gi]);
   return s;
 }
 
 Result<const void*> ZeroProvider::acquire_params(int group) {
-  if (!partitioned(group)) return engine_->acquire_params(group);
+  if (!partitioned(group)) return acquire_shard(group);
   const auto gi = static_cast<std::size_t>(group);
   if (options_.stage < 3) return static_cast<const void*>(full_params_[gi].data);
   if (param_refs_[gi] > 0) {
@@ -344,7 +336,7 @@ Result<const void*> ZeroProvider::acquire_params(int group) {
 }
 
 void ZeroProvider::release_params(int group) {
-  if (!partitioned(group)) return engine_->release_params(group);
+  if (!partitioned(group)) return shards_->release_params(group);
   if (options_.stage < 3) return;
   const auto gi = static_cast<std::size_t>(group);
   STRATA_CHECK(param_refs_[gi] > 0, "release_params without acquire", group);
@@ -353,13 +345,13 @@ void ZeroProvider::release_params(int group) {
 
 void ZeroProvider::prefetch_params(int group) {
   if (!partitioned(group) || options_.stage < 3) {
-    if (!partitioned(group)) engine_->prefetch_params(group);
+    if (!partitioned(group)) shards_->prefetch_params(group);
     return;
   }
   const auto gi = static_cast<std::size_t>(group);
   if (param_refs_[gi] > 0 || gathering_[gi]) return;
   if (!options_.gather_ahead) {
-    engine_->prefetch_params(group);  // start the shard's slow fetch; gather at acquire
+    shards_->prefetch_params(group);  // start the shard's slow fetch; gather at acquire
     return;
   }
   // Start the all-gather now so it runs while the current layer computes. A prefetch is only a
@@ -372,9 +364,10 @@ void ZeroProvider::prefetch_params(int group) {
 }
 
 Result<void*> ZeroProvider::acquire_grads(int group) {
+  STRATA_RETURN_IF_ERROR(schedule_->before_gradients());
   if (!partitioned(group)) {
-    STRATA_ASSIGN_OR_RETURN(void* buf, engine_->acquire_grads(group));
-    engine_grads_[static_cast<std::size_t>(group)] = buf;
+    STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group));
+    shard_grads_[static_cast<std::size_t>(group)] = buf;
     return buf;
   }
   const GroupPartition& p = partition_->group(group);
@@ -390,17 +383,17 @@ Status ZeroProvider::release_grads(int group) {
   GradSource& src = grad_sources_[gi];
   const ReduceKind kind = partitioned(group) ? ReduceKind::kPartitioned : ReduceKind::kReplicated;
   if (kind == ReduceKind::kReplicated) {
-    if (comm_.world_size() == 1) return engine_->release_grads(group);
-    src.data = engine_grads_[gi];
+    if (comm_.world_size() == 1) return shards_->release_grads(group);
+    src.data = shard_grads_[gi];
   } else {
     src.full = std::exchange(full_grads_[gi], Scratch{});
     src.data = src.full.data;
-    STRATA_ASSIGN_OR_RETURN(src.shard, engine_->acquire_grads(group));
+    STRATA_ASSIGN_OR_RETURN(src.shard, shards_->acquire_grads(group));
   }
   if (partition_->group(group).local_elems() == 0) {  // nothing to reduce
     give(src.full);
     src = GradSource{};
-    return engine_->release_grads(group);
+    return shards_->release_grads(group);
   }
   // Replicated and partitioned groups reduce through different collectives: a change of kind
   // closes the other kind's bucket, so buckets are reduced in the order gradients arrive.
@@ -515,7 +508,7 @@ Status ZeroProvider::unpack_reduce(const PendingReduce& p) {
     if (piece.last) {
       give(src.full);  // the full gradient's last piece is reduced
       src = GradSource{};
-      STRATA_RETURN_IF_ERROR(engine_->release_grads(piece.group));
+      STRATA_RETURN_IF_ERROR(shards_->release_grads(piece.group));
     }
   }
   return Status::ok();
@@ -526,11 +519,11 @@ Status ZeroProvider::finish_micro_batch() {
     if (auto b = packer(kind).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(*b)));
   }
   while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
-  return engine_->finish_micro_batch();
+  return schedule_->finish_micro_batch();
 }
 
 Result<double> ZeroProvider::grad_norm() {
-  STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, engine_->grad_sums_of_squares());
+  STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, schedule_->grad_sums_of_squares());
   double sum = 0;
   for (const auto& p : partition_->groups()) {
     // A replicated group's gradient is the same on every rank: count it once.
@@ -542,17 +535,18 @@ Result<double> ZeroProvider::grad_norm() {
   return std::sqrt(sum);
 }
 
-Status ZeroProvider::zero_grads() { return engine_->zero_grads(); }
+Status ZeroProvider::zero_grads() { return schedule_->zero_grads(); }
 
 Status ZeroProvider::step(double lr, std::int64_t step, float grad_scale) {
-  STRATA_RETURN_IF_ERROR(engine_->step(lr, step, grad_scale));
+  STRATA_RETURN_IF_ERROR(schedule_->step(lr, step, grad_scale));
   return refresh_replicated_params();
 }
 
 Status ZeroProvider::gather_master(int group, float* full_out) {
   const GroupPartition& p = partition_->group(group);
   std::vector<float> local(static_cast<std::size_t>(p.local_elems()));
-  STRATA_RETURN_IF_ERROR(engine_->read_master(group, local.data()));
+  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
+  STRATA_RETURN_IF_ERROR(shards_->read_master(group, local.data()));
   if (p.replicated) {
     if (comm_.rank() == 0) std::memcpy(full_out, local.data(), local.size() * sizeof(float));
     return Status::ok();
@@ -567,10 +561,11 @@ Status ZeroProvider::gather_master(int group, float* full_out) {
 }
 
 Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg_sq) {
+  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   const GroupPartition& p = partition_->group(group);
-  if (!p.replicated) return engine_->read_moments(group, exp_avg, exp_avg_sq);
+  if (!p.replicated) return shards_->read_moments(group, exp_avg, exp_avg_sq);
   std::vector<float> m(static_cast<std::size_t>(p.padded_elems), 0.0f), v(m.size(), 0.0f);
-  STRATA_RETURN_IF_ERROR(engine_->read_moments(group, m.data(), v.data()));
+  STRATA_RETURN_IF_ERROR(shards_->read_moments(group, m.data(), v.data()));
   const auto off = static_cast<std::size_t>(p.shard_offset);
   const auto n = static_cast<std::size_t>(p.shard_elems);
   std::memcpy(exp_avg, m.data() + off, n * sizeof(float));
@@ -579,15 +574,23 @@ Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg
 }
 
 Status ZeroProvider::load_moments(const MomentRangeReader& read_range) {
+  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   for (const auto& p : partition_->groups()) {
     const std::int64_t begin = p.replicated ? 0 : p.shard_offset;
     const std::int64_t count = p.local_elems();
     std::vector<float> m(static_cast<std::size_t>(count), 0.0f), v(m.size(), 0.0f);
     const std::int64_t real = std::max<std::int64_t>(0, std::min(count, p.full_elems - begin));
     if (real > 0) STRATA_RETURN_IF_ERROR(read_range(p.group, begin, real, m.data(), v.data()));
-    STRATA_RETURN_IF_ERROR(engine_->write_moments(p.group, m.data(), v.data()));
+    STRATA_RETURN_IF_ERROR(shards_->write_moments(p.group, m.data(), v.data()));
   }
   return Status::ok();
+}
+
+RankStats ZeroProvider::stats() const {
+  RankStats s = stats_;
+  s += shards_->stats();
+  s += schedule_->stats();
+  return s;
 }
 
 }  // namespace strata::zero

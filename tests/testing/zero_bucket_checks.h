@@ -21,8 +21,8 @@
 #include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
 #include "strata/zero/bucket.h"
-#include "strata/zero/offload_engine.h"
 #include "strata/zero/partition.h"
+#include "strata/zero/shard_store.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::zero::bucket_checks {
@@ -70,7 +70,7 @@ inline std::unique_ptr<Run> make_run(Rank& e, int stage, std::uint64_t reduce_by
                                      std::uint64_t gather_bytes) {
   auto run = std::make_unique<Run>();
   run->layout = make_layout();
-  EngineOptions eo;
+  ShardOptions eo;
   eo.adam.beta1 = 0.5;  // the first step's exp_avg is then exactly half the gradient
   eo.adam.weight_decay = 0.0;
   ZeroOptions zo;
@@ -340,7 +340,7 @@ inline void check_gather_ahead(Rank& e) {
   dopts.memory_limit_bytes = bytes(largest) + margin;
   auto device = device::create_device(dopts);
   ASSERT_TRUE(device.is_ok());
-  EngineOptions eo;
+  ShardOptions eo;
   eo.offload_param = Tier::kHost;  // shards arrive by asynchronous fetches from the host
   eo.offload_optimizer = Tier::kHost;
   ZeroOptions zo;
@@ -364,7 +364,7 @@ inline void check_gather_ahead(Rank& e) {
     }
     ASSERT_TRUE(zp.finish_micro_batch().is_ok());
   }
-  const ZeroStats st = zp.stats();
+  const RankStats st = zp.stats();
   EXPECT_GT(st.gathers_ahead, 0u);
   EXPECT_GT(st.gathers_ahead_refused, 0u) << "the budget no longer refuses the largest group";
   const std::vector<float> mine = {static_cast<float>(st.gathers_ahead),

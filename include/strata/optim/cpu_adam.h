@@ -86,7 +86,7 @@ class CpuAdam {
   // tiles were already written. It costs one extra read of the gradient (4 of the 30 bytes per
   // element moved with an f32 gradient and bf16 output, 2 of 28 with a bf16 gradient). A
   // training loop that already computed the global gradient norm and skips the step when it is
-  // not finite (Strata's trainer does, see OffloadEngine::grad_norm) passes false and pays
+  // not finite (Strata's trainer does, see ZeroProvider::grad_norm) passes false and pays
   // nothing; then non-finite gradients propagate exactly as in the reference.
   [[nodiscard]] StepOutcome step(const device::AdamWArgs& args, bool check_finite = true);
 

@@ -14,8 +14,8 @@
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama_config.h"
 #include "strata/train/config.h"
-#include "strata/zero/offload_engine.h"
 #include "strata/zero/plan.h"
+#include "strata/zero/shard_store.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -34,10 +34,10 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank);
 // path it holds, times the paths. 0 when a path cannot be read: not known.
 std::uint64_t swap_free_bytes(const TrainConfig& config, int rank);
 
-// The engine options a config resolves into for `model` on `world` ranks, with the model's
+// The shard options a config resolves into for `model` on `world` ranks, with the model's
 // activation workspace for one micro-batch: the trainer's and the estimate's one source.
-zero::EngineOptions engine_options(const TrainConfig& config, const model::LlamaConfig& model,
-                                   int world, std::uint64_t activation_bytes);
+zero::ShardOptions shard_options(const TrainConfig& config, const model::LlamaConfig& model,
+                                 int world, std::uint64_t activation_bytes);
 
 // The ZeRO options a config resolves into (stage, dtype, bucket sizes within the device budget).
 zero::ZeroOptions zero_options(const TrainConfig& config);

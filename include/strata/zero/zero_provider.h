@@ -1,11 +1,13 @@
-// The model's one ParamProvider, for every ZeRO stage and any number of ranks (one included):
-// partitions the layout, owns this rank's OffloadEngine, gathers a group's full parameters from
-// every rank's shard before use, reduces gradients so each rank keeps only its shard, and
+// The model's one ParamProvider, for every ZeRO stage and any number of ranks (one included). It
+// composes the partition (partition.h), the collectives of the grid's data-parallel ranks, this
+// rank's ShardStore (shard_store.h: its share of the model in the tiered store) and the
+// OptimizerSchedule that updates it (optimizer_schedule.h). It gathers a group's full parameters
+// from every rank's shard before use, reduces gradients so each rank keeps only its shard, and
 // combines norms and checkpoints across ranks. Collectives are bucketed (bucket.h): gradients of
 // several groups share a reduction, large groups are split. At one rank every group is
-// replicated and each call goes straight to the engine. Every device buffer of its own (gathered
-// parameters, full gradients, buckets, staging) and the model's workspace are scratch tensors
-// of the engine's tiered store, under its one device budget.
+// replicated and each call goes straight to the shard store. Every device buffer of its own
+// (gathered parameters, full gradients, buckets, staging) and the model's workspace are scratch
+// of the shard store, under its one device budget.
 #pragma once
 
 #include <array>
@@ -23,8 +25,9 @@
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/param_provider.h"
 #include "strata/zero/bucket.h"
-#include "strata/zero/offload_engine.h"
+#include "strata/zero/optimizer_schedule.h"
 #include "strata/zero/partition.h"
+#include "strata/zero/shard_store.h"
 
 namespace strata::zero {
 
@@ -47,36 +50,31 @@ struct ZeroOptions {
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
-// Device bytes a provider holds at its peak beside its engine's memory plan, walked through one
-// forward and backward as the provider runs them: full parameters (stages 1-2: all of them;
+// Device bytes a provider holds at its peak beside its shard store's memory plan, walked through
+// one forward and backward as the provider runs them: full parameters (stages 1-2: all of them;
 // stage 3: the group in use and the one gathered ahead, with their chunk staging), the full
-// gradients the model writes, the packed reduction bucket, and the engine's gradient buffers the
-// reductions land in until unpacked. Freed buffers count as the store keeps them: up to
+// gradients the model writes, the packed reduction bucket, and the shard store's gradient buffers
+// the reductions land in until unpacked. Freed buffers count as the store keeps them: up to
 // `cache_blocks_per_size` of each size. Covers all of the gradients' device buffers, so the
-// engine's own gradient in transit (counted in its plan) is not to be added again. With
+// store's own gradient in transit (counted in its plan) is not to be added again. With
 // parameters offloaded, so are the working copies of partitioned groups: each is fetched for its
 // gather and dropped after it, leaving its block to the cache. 0 when nothing is partitioned
 // (one rank).
 std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& options,
                                 bool params_offloaded, int cache_blocks_per_size);
 
-struct ZeroStats {
-  std::uint64_t gathers_ahead = 0;          // stage 3 all-gathers started by prefetch_params
-  std::uint64_t gathers_ahead_refused = 0;  // prefetches that did not fit; acquire gathered
-};
-
 class ZeroProvider final : public model::ParamProvider {
  public:
   // Partitions `full` over the grid's data-parallel ranks (groups under persistence_threshold
-  // elements stay whole) and creates this rank's engine over its part; fails with the engine's
-  // plan errors. `full`, `device`, `swap` (may be null without NVMe) and `grid` must outlive the
-  // provider.
+  // elements stay whole), makes the memory plan of this rank's part, and creates its shard store
+  // and optimizer schedule; fails with the plan's errors. `full`, `device`, `swap` (may be null
+  // without NVMe) and `grid` must outlive the provider.
   static Result<std::unique_ptr<ZeroProvider>> create(const model::ParamLayout& full,
                                                       std::int64_t persistence_threshold,
                                                       device::Device& device, io::SwapSpace* swap,
                                                       dist::ProcessGrid& grid,
                                                       const ZeroOptions& options,
-                                                      const EngineOptions& engine_options);
+                                                      const ShardOptions& shard_options);
   ~ZeroProvider() override;
 
   // Sets master weights from a source of FULL groups; each rank keeps its slice.
@@ -88,14 +86,14 @@ class ZeroProvider final : public model::ParamProvider {
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
-  // The micro-batch about to run is the step's last (see OffloadEngine): under
+  // The micro-batch about to run is the step's last (see OptimizerSchedule): under
   // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
   // group's reduction is done.
   void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
-    engine_->begin_last_micro_batch(lr, step, may_clip);
+    schedule_->begin_last_micro_batch(lr, step, may_clip);
   }
-  // Waits for reductions still in flight and the engine's gradient transfers; call after each
-  // micro-batch's backward.
+  // Waits for reductions still in flight and the shard store's gradient transfers; call after
+  // each micro-batch's backward.
   Status finish_micro_batch();
 
   // Global gradient norm over all ranks (replicated groups counted once), after the last
@@ -106,7 +104,7 @@ class ZeroProvider final : public model::ParamProvider {
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   Status zero_grads();
   // Waits for an overlapped optimizer step to end; its error.
-  Status finish_step() { return engine_->finish_step(); }
+  Status finish_step() { return schedule_->finish_step(); }
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.
   // The group's full fp32 master weights; written to `full_out` on rank 0 only.
@@ -120,23 +118,22 @@ class ZeroProvider final : public model::ParamProvider {
   Status load_moments(const MomentRangeReader& read_range);
 
   const Partition& partition() const { return *partition_; }
-  // This rank's engine: its memory plan, transfer counters and store (stats, tests).
-  const OffloadEngine& engine() const { return *engine_; }
-  const ZeroStats& stats() const { return stats_; }
+  // This rank's memory plan.
+  const MemoryPlan& plan() const { return shards_->plan(); }
+  // The schedule the last step's update ran with (OptimizerSchedule::step_schedule).
+  OptimizerOverlap step_schedule() const { return schedule_->step_schedule(); }
+  // Everything this rank counted so far: transfers, waits, optimizer steps, gathers ahead.
+  RankStats stats() const;
+  // This rank's share: its store's and prefetcher's own counters (tests).
+  const ShardStore& shards() const { return *shards_; }
 
  private:
-  // A device buffer: a scratch tensor of the engine's store, held (pinned) from take to give.
-  struct Scratch {
-    mem::Handle h = mem::Handle::kInvalid;
-    void* data = nullptr;
-    bool held() const { return data != nullptr; }
-    std::byte* bytes() const { return static_cast<std::byte*>(data); }
-  };
-  // Scratch of `bytes` named `name` (in the store's errors), zero-filled on request: the store
-  // makes room by evicting what is not pinned. Tensors are registered once per (name, size) and
-  // reused, so a layer's buffers come back from the store's cache of dropped device copies.
+  // A device buffer: scratch of the shard store, held (pinned) from take to give.
+  using Scratch = ShardStore::Scratch;
   Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
   void give(Scratch& s);  // no-op when not held
+  // This rank's part of a group, once an overlapped update of it is written.
+  Result<const void*> acquire_shard(int group);
 
   Status refresh_replicated_params();  // stages 1-2: full parameters resident on every rank
   Status gather_bucket(const Bucket& bucket);
@@ -153,8 +150,8 @@ class ZeroProvider final : public model::ParamProvider {
   // A group's gradient from release_grads until its last piece has been reduced.
   struct GradSource {
     Scratch full;           // partitioned: the full-size gradient the model wrote
-    void* data = nullptr;   // full.data, or the engine's buffer for a replicated group
-    void* shard = nullptr;  // partitioned: the engine's buffer for this rank's shard
+    void* data = nullptr;   // full.data, or the shard store's buffer for a replicated group
+    void* shard = nullptr;  // partitioned: the shard store's buffer for this rank's shard
   };
   struct PendingReduce {
     ReduceKind kind = ReduceKind::kReplicated;
@@ -182,28 +179,28 @@ class ZeroProvider final : public model::ParamProvider {
   }
   Status issue_reduce(ReduceKind kind, Bucket bucket);
   Status finish_one_reduce();
-  Status unpack_reduce(const PendingReduce& p);  // into each piece's shard, then to the engine
+  Status unpack_reduce(const PendingReduce& p);  // into each piece's shard, then to the store
   bool partitioned(int group) const { return !partition_->group(group).replicated; }
   std::string describe(const Bucket& bucket, const std::string& what) const;
   void copy(void* dst, const void* src, std::int64_t num_elems);  // device to device, in order
 
   ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
-               std::unique_ptr<OffloadEngine> engine, dist::Communicator& comm,
-               device::Device& device, const ZeroOptions& options);
+               std::unique_ptr<ShardStore> shards, std::unique_ptr<OptimizerSchedule> schedule,
+               dist::Communicator& comm, device::Device& device, const ZeroOptions& options);
 
   const model::ParamLayout& full_;
   std::unique_ptr<Partition> partition_;
-  std::unique_ptr<OffloadEngine> engine_;  // this rank's part: partition_->local_layout()
+  std::unique_ptr<ShardStore> shards_;  // this rank's part: partition_->local_layout()
+  std::unique_ptr<OptimizerSchedule> schedule_;
   dist::Communicator& comm_;
   device::Device& device_;
   ZeroOptions options_;
   std::size_t dsize_;
-  std::map<std::pair<std::string, std::uint64_t>, std::vector<mem::Handle>> free_scratch_;
   Scratch workspace_;
   std::vector<Scratch> full_params_;  // gathered parameters per group
   std::vector<int> param_refs_;
   std::vector<Scratch> full_grads_;     // full-size gradients while being produced
-  std::vector<void*> engine_grads_;     // replicated groups: the engine's buffer
+  std::vector<void*> shard_grads_;      // replicated groups: the shard store's buffer
   std::vector<PendingGather> gathers_;  // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
   std::int64_t gather_cap_elems_;  // shard elements per all-gather (allgather_bucket_bytes)
@@ -211,7 +208,7 @@ class ZeroProvider final : public model::ParamProvider {
   BucketPacker replicated_packer_;   // at most one of the two has an open bucket
   BucketPacker partitioned_packer_;  // its rank blocks: world
   std::deque<PendingReduce> pending_reduces_;
-  ZeroStats stats_;
+  RankStats stats_;  // gathers ahead; the rest is the store's and the schedule's
 };
 
 }  // namespace strata::zero

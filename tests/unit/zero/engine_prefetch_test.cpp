@@ -39,7 +39,7 @@ class EnginePrefetchTest : public ::testing::Test {
     provider_.reset();
     swap_ = testing::make_swap(std::move(faults), 1 << 20);  // one engine attempt per request
     ASSERT_NE(swap_, nullptr);
-    EngineOptions o;
+    ShardOptions o;
     o.offload_param = params;
     o.offload_optimizer = optimizer;
     o.accumulation_steps = 2;  // passes repeat before a step
@@ -118,23 +118,23 @@ TEST_F(EnginePrefetchTest, ReplayedPassesPrefetchAndComputeTheSameBits) {
   make({}, &timeline);
   auto first = micro_batch(1);
   ASSERT_TRUE(first.is_ok()) << first.status().to_string();
-  sched::SchedulerStats st = provider_->engine().prefetch_stats();
+  sched::SchedulerStats st = provider_->shards().prefetch_stats();
   EXPECT_EQ(st.recorded_passes, 1u);
   EXPECT_EQ(st.trace_prefetches, 0u);
   auto second = micro_batch(1);  // same data, nothing stepped: the same loss, bit for bit
   ASSERT_TRUE(second.is_ok());
   EXPECT_EQ(*second, *first);
-  st = provider_->engine().prefetch_stats();
+  st = provider_->shards().prefetch_stats();
   EXPECT_GT(st.trace_prefetches, 0u);
   EXPECT_EQ(st.order_changes, 0u);
   EXPECT_EQ(st.recorded_passes, 1u);
   EXPECT_GT(st.kept, 0u);  // the last layer between its forward and its backward
   // A group in the trace is fetched on demand only at the head of the pass.
   EXPECT_LE(st.demand_fetches, 2u * static_cast<std::uint64_t>(layout_.num_groups()));
-  const mem::StoreStats ss = provider_->engine().store_stats();
+  const mem::StoreStats ss = provider_->shards().store_stats();
   EXPECT_EQ(ss.failures, 0u);
-  EXPECT_GT(provider_->engine().stats().nvme_read_bytes, 0u);
-  EXPECT_GT(provider_->engine().stats().d2h_bytes, 0u);
+  EXPECT_GT(provider_->stats().nvme_read_bytes, 0u);
+  EXPECT_GT(provider_->stats().d2h_bytes, 0u);
   // Every group ran forward and backward on the compute row; NVMe reads have their own row.
   int forward = 0, backward = 0, nvme = 0;
   for (const mem::Span& s : timeline.spans()) {
@@ -196,7 +196,7 @@ TEST_F(EnginePrefetchTest, OverlappedStepsGiveTheSerialBits) {
       ASSERT_TRUE(last.is_ok()) << last.status().to_string();
       out.push_back(*last);
       ASSERT_TRUE(provider_->finish_step().is_ok());
-      const EngineStats& st = provider_->engine().stats();
+      const RankStats st = provider_->stats();
       // "auto" measures for more steps than these before it probes the serial schedule.
       if (overlap == OptimizerOverlap::kBackward || overlap == OptimizerOverlap::kAuto) {
         EXPECT_EQ(st.steps_guessed, 3u);  // not the one after the clipped step
@@ -242,12 +242,12 @@ TEST_F(EnginePrefetchTest, AutoRunsTheScheduleMeasuredFasterWithTheSerialBits) {
           out.push_back(*loss);
         }
         // The cycle ending now ran the last step's schedule.
-        const bool was_serial = provider_->engine().step_schedule() == OptimizerOverlap::kNone;
+        const bool was_serial = provider_->step_schedule() == OptimizerOverlap::kNone;
         now_ns += (was_serial == (step < 6)) ? 50'000'000 : 100'000'000;
         const Status s = provider_->step(1e-2, step, scale_of(step));
         ASSERT_TRUE(s.is_ok()) << s.to_string();
         if (overlap == OptimizerOverlap::kAuto) {
-          schedules.push_back(provider_->engine().step_schedule());
+          schedules.push_back(provider_->step_schedule());
         }
       }
       auto last = micro_batch(99);
@@ -255,7 +255,7 @@ TEST_F(EnginePrefetchTest, AutoRunsTheScheduleMeasuredFasterWithTheSerialBits) {
       out.push_back(*last);
       ASSERT_TRUE(provider_->finish_step().is_ok());
       if (overlap == OptimizerOverlap::kAuto) {
-        const EngineStats& st = provider_->engine().stats();
+        const RankStats st = provider_->stats();
         // Steps 1-3, and 8-10 (step 7 runs overlapped but was not guessed: the step before it
         // was serial).
         EXPECT_EQ(st.steps_guessed, 6u);
@@ -305,7 +305,7 @@ TEST_F(EnginePrefetchTest, AGuessedUpdateStartsBeforeBackwardEnds) {
   ASSERT_TRUE(provider_->finish_micro_batch().is_ok());
   ASSERT_TRUE(provider_->step(1e-2, 1, 1.0f).is_ok());
   ASSERT_TRUE(provider_->finish_step().is_ok());
-  EXPECT_EQ(provider_->engine().stats().steps_guessed, 1u);
+  EXPECT_EQ(provider_->stats().steps_guessed, 1u);
 }
 
 // A write error in a guessed update (its state goes to the shadow copy) fails the step, and the
@@ -375,7 +375,7 @@ TEST_F(EnginePrefetchTest, UnderAHostBudgetUpdatedWorkingCopiesStayInHostMemory)
     ASSERT_TRUE(train_step(1, 1.0f).is_ok());
     ASSERT_TRUE(provider_->finish_step().is_ok());
     const auto from_host = [&] {
-      return provider_->engine().store_stats().bytes_moved[static_cast<int>(Tier::kHost)]
+      return provider_->shards().store_stats().bytes_moved[static_cast<int>(Tier::kHost)]
                                                           [static_cast<int>(Tier::kDevice)];
     };
     const std::uint64_t before = from_host();
@@ -384,7 +384,7 @@ TEST_F(EnginePrefetchTest, UnderAHostBudgetUpdatedWorkingCopiesStayInHostMemory)
       EXPECT_EQ(from_host(), before);
     } else {
       EXPECT_GT(from_host(), before);
-      EXPECT_LE(provider_->engine().stats().host_bytes, limit);
+      EXPECT_LE(provider_->stats().host_bytes, limit);
     }
     provider_.reset();
   }

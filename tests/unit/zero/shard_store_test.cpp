@@ -1,5 +1,6 @@
-// OffloadEngine: every placement stores, serves and updates the same numbers.
-#include "strata/zero/offload_engine.h"
+// One rank's share (ShardStore, updated by its OptimizerSchedule, under a one-rank ZeroProvider):
+// every placement stores, serves and updates the same numbers.
+#include "strata/zero/shard_store.h"
 
 #include <gtest/gtest.h>
 
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "strata/core/rng.h"
+#include "strata/dist/process_grid.h"
+#include "strata/zero/zero_provider.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/temp_dir.h"
 
@@ -26,7 +29,7 @@ std::string name_of(const ::testing::TestParamInfo<Placement>& info) {
          std::string(dtype_name(info.param.dtype));
 }
 
-class EngineTest : public ::testing::TestWithParam<Placement> {
+class ShardStoreTest : public ::testing::TestWithParam<Placement> {
  protected:
   void SetUp() override {
     config_.vocab_size = 19;
@@ -46,16 +49,22 @@ class EngineTest : public ::testing::TestWithParam<Placement> {
   }
 
   void make_engine(std::int64_t accumulation_steps) {
-    engine_.reset();
-    EngineOptions o;
+    provider_.reset();
+    ShardOptions o;
     o.offload_param = GetParam().param;
     o.offload_optimizer = GetParam().opt;
     o.compute_dtype = GetParam().dtype;
     o.accumulation_steps = accumulation_steps;
     o.adam.weight_decay = 0.1;
-    auto e = OffloadEngine::create(layout_, *device_, swap_.get(), o);
+    if (!grid_) {
+      comm_ = dist::make_single_rank_communicator(*device_);
+      auto grid = dist::ProcessGrid::create(*comm_, dist::GridShape{}, *device_);
+      ASSERT_TRUE(grid.is_ok()) << grid.status().message();
+      grid_ = std::move(*grid);
+    }
+    auto e = ZeroProvider::create(layout_, 0, *device_, swap_.get(), *grid_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
-    engine_ = std::move(*e);
+    provider_ = std::move(*e);
   }
 
   // Loads master weights, checks the working copies, feeds `micro` micro-batches of gradients,
@@ -74,12 +83,14 @@ class EngineTest : public ::testing::TestWithParam<Placement> {
   model::ParamLayout layout_;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<io::SwapSpace> swap_;
-  std::unique_ptr<OffloadEngine> engine_;
+  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::ProcessGrid> grid_;
+  std::unique_ptr<ZeroProvider> provider_;
 };
 
-void EngineTest::check_step(int micro_batches) {
+void ShardStoreTest::check_step(int micro_batches) {
   const DType dtype = GetParam().dtype;
-  ASSERT_TRUE(engine_
+  ASSERT_TRUE(provider_
                   ->load_master([&](const model::ParamGroup& g, float* dst) {
                     auto v = values(g.id, 1);
                     std::copy(v.begin(), v.end(), dst);
@@ -88,26 +99,26 @@ void EngineTest::check_step(int micro_batches) {
                   .is_ok());
   // The working copy the model sees is the master weights in the compute dtype.
   for (int g = 0; g < layout_.num_groups(); ++g) {
-    engine_->prefetch_params(g);
-    auto p = engine_->acquire_params(g);
+    provider_->prefetch_params(g);
+    auto p = provider_->acquire_params(g);
     ASSERT_TRUE(p.is_ok()) << p.status().message();
     const auto expect = values(g, 1);
     for (std::size_t i = 0; i < expect.size(); ++i) {
       const float want = dtype == DType::kF32 ? expect[i] : bf16_to_f32(f32_to_bf16(expect[i]));
       ASSERT_EQ(load_as_f32(*p, dtype, i), want) << "group " << g << " elem " << i;
     }
-    engine_->release_params(g);
+    provider_->release_params(g);
   }
   // Micro-batches of gradients accumulate in fp32 (one: the gradient is kept as it is).
   for (int micro = 0; micro < micro_batches; ++micro) {
     for (int g = layout_.num_groups() - 1; g >= 0; --g) {
-      auto buf = engine_->acquire_grads(g);
+      auto buf = provider_->acquire_grads(g);
       ASSERT_TRUE(buf.is_ok());
       const auto grad = values(g, 100 + static_cast<std::uint64_t>(micro));
       convert(grad.data(), DType::kF32, *buf, dtype, grad.size());
-      ASSERT_TRUE(engine_->release_grads(g).is_ok());
+      ASSERT_TRUE(provider_->release_grads(g).is_ok());
     }
-    ASSERT_TRUE(engine_->finish_micro_batch().is_ok());
+    ASSERT_TRUE(provider_->finish_micro_batch().is_ok());
   }
   double sq = 0;
   std::vector<std::vector<float>> acc(static_cast<std::size_t>(layout_.num_groups()));
@@ -122,11 +133,11 @@ void EngineTest::check_step(int micro_batches) {
     }
     for (const float x : s) sq += static_cast<double>(x) * x;
   }
-  auto norm = engine_->grad_norm();
+  auto norm = provider_->grad_norm();
   ASSERT_TRUE(norm.is_ok());
   EXPECT_NEAR(*norm, std::sqrt(sq), 1e-9 * std::sqrt(sq));
 
-  ASSERT_TRUE(engine_->step(1e-2, 1, 0.5f).is_ok());
+  ASSERT_TRUE(provider_->step(1e-2, 1, 0.5f).is_ok());
   for (int g = 0; g < layout_.num_groups(); ++g) {
     auto p = values(g, 1);
     std::vector<float> m(p.size()), v(p.size());
@@ -139,32 +150,32 @@ void EngineTest::check_step(int micro_batches) {
     a.n = static_cast<std::int64_t>(p.size());
     device::adamw_reference(a);
     std::vector<float> got(p.size()), gm(p.size()), gv(p.size());
-    ASSERT_TRUE(engine_->read_master(g, got.data()).is_ok());
-    ASSERT_TRUE(engine_->read_moments(g, gm.data(), gv.data()).is_ok());
+    ASSERT_TRUE(provider_->gather_master(g, got.data()).is_ok());
+    ASSERT_TRUE(provider_->read_moment_slice(g, gm.data(), gv.data()).is_ok());
     EXPECT_EQ(got, p) << "group " << g;
     EXPECT_EQ(gm, m);
     EXPECT_EQ(gv, v);
   }
   // Gradients were zeroed by the step.
-  auto zero = engine_->grad_norm();
+  auto zero = provider_->grad_norm();
   ASSERT_TRUE(zero.is_ok());
   EXPECT_EQ(*zero, 0.0);
 }
 
-TEST_P(EngineTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
+TEST_P(ShardStoreTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
   check_step(1);  // the gradient kept as made, wherever the plan keeps gradients
 }
 
-TEST_P(EngineTest, AccumulatesMicroBatchesInFp32) {
+TEST_P(ShardStoreTest, AccumulatesMicroBatchesInFp32) {
   make_engine(3);
   check_step(3);
 }
 
-TEST_P(EngineTest, ASecondGradientWithoutAccumulationIsAnError) {
+TEST_P(ShardStoreTest, ASecondGradientWithoutAccumulationIsAnError) {
   if (GetParam().opt == Tier::kDevice) GTEST_SKIP() << "the device optimizer always accumulates";
   const int g = layout_.num_groups() - 1;
   for (int micro = 0; micro < 2; ++micro) {
-    auto buf = engine_->acquire_grads(g);
+    auto buf = provider_->acquire_grads(g);
     if (micro == 1) {
       ASSERT_FALSE(buf.is_ok());
       EXPECT_NE(buf.status().message().find("accumulation"), std::string::npos)
@@ -172,23 +183,33 @@ TEST_P(EngineTest, ASecondGradientWithoutAccumulationIsAnError) {
       return;
     }
     ASSERT_TRUE(buf.is_ok());
-    ASSERT_TRUE(engine_->release_grads(g).is_ok());
-    ASSERT_TRUE(engine_->finish_micro_batch().is_ok());
+    ASSERT_TRUE(provider_->release_grads(g).is_ok());
+    ASSERT_TRUE(provider_->finish_micro_batch().is_ok());
   }
 }
 
-TEST_P(EngineTest, MomentsRoundTrip) {
+TEST_P(ShardStoreTest, MomentsRoundTrip) {
+  ASSERT_TRUE(
+      provider_
+          ->load_moments([&](int g, std::int64_t begin, std::int64_t count, float* m, float* v) {
+            EXPECT_EQ(begin, 0);
+            EXPECT_EQ(count, layout_.group(g).num_elems);
+            const auto em = values(g, 7), ev = values(g, 8);
+            std::copy(em.begin(), em.end(), m);
+            std::copy(ev.begin(), ev.end(), v);
+            return Status::ok();
+          })
+          .is_ok());
   for (int g = 0; g < layout_.num_groups(); ++g) {
-    auto m = values(g, 7), v = values(g, 8);
-    ASSERT_TRUE(engine_->write_moments(g, m.data(), v.data()).is_ok());
+    const auto m = values(g, 7), v = values(g, 8);
     std::vector<float> m2(m.size()), v2(v.size());
-    ASSERT_TRUE(engine_->read_moments(g, m2.data(), v2.data()).is_ok());
+    ASSERT_TRUE(provider_->read_moment_slice(g, m2.data(), v2.data()).is_ok());
     EXPECT_EQ(m, m2);
     EXPECT_EQ(v, v2);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Placements, EngineTest,
+INSTANTIATE_TEST_SUITE_P(Placements, ShardStoreTest,
                          ::testing::Values(Placement{Tier::kDevice, Tier::kDevice, DType::kF32},
                                            Placement{Tier::kDevice, Tier::kHost, DType::kF32},
                                            Placement{Tier::kHost, Tier::kHost, DType::kBF16},
@@ -198,27 +219,33 @@ INSTANTIATE_TEST_SUITE_P(Placements, EngineTest,
                                            Placement{Tier::kDevice, Tier::kDevice, DType::kBF16}),
                          name_of);
 
-TEST(EngineErrors, ParamOffloadNeedsOptimizerOffload) {
+TEST(ShardStoreErrors, ParamOffloadNeedsOptimizerOffload) {
   model::LlamaConfig c;
   auto layout = model::ParamLayout::build(c);
   auto dev = device::create_device(device::DeviceOptions{});
   ASSERT_TRUE(dev.is_ok());
-  EngineOptions o;
+  ShardOptions o;
   o.offload_param = Tier::kHost;
-  auto e = OffloadEngine::create(layout, **dev, nullptr, o);
+  auto comm = dist::make_single_rank_communicator(**dev);
+  auto grid = dist::ProcessGrid::create(*comm, dist::GridShape{}, **dev);
+  ASSERT_TRUE(grid.is_ok());
+  auto e = ZeroProvider::create(layout, 0, **dev, nullptr, **grid, ZeroOptions{}, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("needs offload_optimizer"), std::string::npos);
 }
 
-TEST(EngineErrors, GroupLargerThanDeviceBudgetNamesIt) {
+TEST(ShardStoreErrors, GroupLargerThanDeviceBudgetNamesIt) {
   model::LlamaConfig c;  // embedding group: 256 x 128 floats = 128 KiB
   auto layout = model::ParamLayout::build(c);
   auto dev = testing::make_cpu_device(100 * 1024);
   ASSERT_NE(dev, nullptr);
-  EngineOptions o;
+  ShardOptions o;
   o.offload_param = Tier::kHost;
   o.offload_optimizer = Tier::kHost;
-  auto e = OffloadEngine::create(layout, *dev, nullptr, o);
+  auto comm = dist::make_single_rank_communicator(*dev);
+  auto grid = dist::ProcessGrid::create(*comm, dist::GridShape{}, *dev);
+  ASSERT_TRUE(grid.is_ok());
+  auto e = ZeroProvider::create(layout, 0, *dev, nullptr, **grid, ZeroOptions{}, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("device_memory_limit"), std::string::npos);

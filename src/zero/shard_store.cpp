@@ -1,17 +1,17 @@
-// OffloadEngine: every tensor of every group in the tiered store where the plan puts it; the
-// model's parameter and gradient requests; the optimizer step in the tier the plan names.
-#include "strata/zero/offload_engine.h"
+// ShardStore: every tensor of every group in the tiered store where the plan puts it; the
+// model's parameter and gradient requests; scratch; the state in and out.
+#include "strata/zero/shard_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 #include "strata/core/clock.h"
 
 namespace strata::zero {
 
-struct OffloadEngine::Group {
+struct ShardStore::Group {
   const model::ParamGroup* spec = nullptr;
   std::int64_t n = 0;
   std::size_t work_bytes = 0;  // n * compute dtype size
@@ -36,7 +36,7 @@ struct OffloadEngine::Group {
   std::int64_t span_begin_ns = 0;
 };
 
-PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budget_bytes,
+PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budget_bytes,
                          bool has_swap, bool host_addressable_device) {
   PlanOptions po;
   po.params = options.offload_param;
@@ -56,45 +56,68 @@ PlanOptions plan_options(const EngineOptions& options, std::uint64_t device_budg
   return po;
 }
 
-OffloadEngine::OffloadEngine(const model::ParamLayout& layout, device::Device& device,
-                             io::SwapSpace* swap, const EngineOptions& options, MemoryPlan plan)
-    : layout_(layout),
-      device_(device),
-      swap_(swap),
-      options_(options),
-      plan_(std::move(plan)),
-      schedule_(plan_.overlap) {
-  if (plan_.measure_overlap) chooser_.emplace(plan_.overlap, options_.schedule_chooser);
+RankStats& RankStats::operator+=(const RankStats& o) {
+  h2d_bytes += o.h2d_bytes;
+  d2h_bytes += o.d2h_bytes;
+  nvme_read_bytes += o.nvme_read_bytes;
+  nvme_write_bytes += o.nvme_write_bytes;
+  host_bytes = std::max(host_bytes, o.host_bytes);
+  nvme_bytes = std::max(nvme_bytes, o.nvme_bytes);
+  wait_ms += o.wait_ms;
+  stall_ms += o.stall_ms;
+  optimizer_total_ms += o.optimizer_total_ms;
+  optimizer_exposed_ms += o.optimizer_exposed_ms;
+  steps_guessed += o.steps_guessed;
+  steps_redone += o.steps_redone;
+  steps_rolled_back += o.steps_rolled_back;
+  gathers_ahead += o.gathers_ahead;
+  gathers_ahead_refused += o.gathers_ahead_refused;
+  return *this;
 }
 
-OffloadEngine::~OffloadEngine() {
-  (void)finish_step();          // its error, if nobody asked, was the run's to report
+RankStats RankStats::since(const RankStats& b) const {
+  RankStats d = *this;  // the peaks are the run's so far
+  d.h2d_bytes -= b.h2d_bytes;
+  d.d2h_bytes -= b.d2h_bytes;
+  d.nvme_read_bytes -= b.nvme_read_bytes;
+  d.nvme_write_bytes -= b.nvme_write_bytes;
+  d.wait_ms -= b.wait_ms;
+  d.stall_ms -= b.stall_ms;
+  d.optimizer_total_ms -= b.optimizer_total_ms;
+  d.optimizer_exposed_ms -= b.optimizer_exposed_ms;
+  d.steps_guessed -= b.steps_guessed;
+  d.steps_redone -= b.steps_redone;
+  d.steps_rolled_back -= b.steps_rolled_back;
+  d.gathers_ahead -= b.gathers_ahead;
+  d.gathers_ahead_refused -= b.gathers_ahead_refused;
+  return d;
+}
+
+ShardStore::ShardStore(const model::ParamLayout& layout, device::Device& device,
+                       io::SwapSpace* swap, const ShardOptions& options, const MemoryPlan& plan)
+    : layout_(layout), device_(device), swap_(swap), options_(options), plan_(plan) {}
+
+ShardStore::~ShardStore() {
   if (store_) store_->drain();  // the store owns every buffer; its transfers end first
 }
 
-Result<std::unique_ptr<OffloadEngine>> OffloadEngine::create(const model::ParamLayout& layout,
-                                                             device::Device& device,
-                                                             io::SwapSpace* swap,
-                                                             const EngineOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(
-      MemoryPlan plan, make_plan(layout, plan_options(options, device.memory_stats().limit_bytes,
-                                                      swap != nullptr, device.host_addressable())));
-  std::unique_ptr<OffloadEngine> engine(
-      new OffloadEngine(layout, device, swap, options, std::move(plan)));
-  STRATA_RETURN_IF_ERROR(engine->create_store());
-  return engine;
+Result<std::unique_ptr<ShardStore>> ShardStore::create(const model::ParamLayout& layout,
+                                                       device::Device& device, io::SwapSpace* swap,
+                                                       const ShardOptions& options,
+                                                       const MemoryPlan& plan) {
+  std::unique_ptr<ShardStore> s(new ShardStore(layout, device, swap, options, plan));
+  STRATA_RETURN_IF_ERROR(s->create_store());
+  return s;
 }
 
-Status OffloadEngine::create_store() {
-  const Tier opt = plan_.optimizer;
+std::int64_t ShardStore::max_group_elems() const {
   std::int64_t max_n = 0;
   for (const auto& spec : layout_.groups()) max_n = std::max(max_n, spec.num_elems);
-  OptimizerStepOptions oo;
-  oo.cpu_adam = options_.cpu_adam;
-  oo.sub_group_size = options_.sub_group_size;
-  oo.max_group_elems = max_n;
-  oo.stream_grads = plan_.gradients == Tier::kNvme;
-  STRATA_ASSIGN_OR_RETURN(optimizer_, make_optimizer_step(opt, device_, swap_, oo));
+  return max_n;
+}
+
+Status ShardStore::create_store() {
+  const Tier opt = plan_.optimizer;
   // Gradients accumulated and summed, and working copies converted, in host memory: on as many
   // cores as the host optimizer, whose step never runs at the same time as an accumulation of
   // the same group.
@@ -178,7 +201,8 @@ Status OffloadEngine::create_store() {
   if (plan_.sums_on_device() && options_.compute_dtype != DType::kF32) {
     STRATA_ASSIGN_OR_RETURN(
         widened_grad_,
-        add("widened gradient", static_cast<std::size_t>(max_n) * sizeof(float), Tier::kDevice));
+        add("widened gradient", static_cast<std::size_t>(max_group_elems()) * sizeof(float),
+            Tier::kDevice));
   }
   if (plan_.params != Tier::kDevice) {
     sched::PrefetchOptions po;
@@ -187,14 +211,12 @@ Status OffloadEngine::create_store() {
     po.max_reuse_distance = options_.max_reuse_distance;
     // While an overlapped step runs, a working copy is fetched ahead (from the trace or a hint)
     // only once it is updated.
+    std::unordered_map<std::uint32_t, int> group_of_work;
     for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-      group_of_work_[mem::handle_index(groups_[gi]->work)] = gi;
+      group_of_work[mem::handle_index(groups_[gi]->work)] = static_cast<int>(gi);
     }
-    po.may_prefetch = [this](mem::Handle h) {
-      // A guessed update writes only groups whose backward is done.
-      if (!step_thread_.joinable() || phase_ == Phase::kGuessing) return true;
-      std::lock_guard lock(step_mu_);
-      return static_cast<bool>(updated_[group_of_work_.at(mem::handle_index(h))]);
+    po.may_prefetch = [this, group_of_work = std::move(group_of_work)](mem::Handle h) {
+      return view_ == nullptr || view_->update_done(group_of_work.at(mem::handle_index(h)));
     };
     sched_ = std::make_unique<sched::PrefetchScheduler>(*store_, po);
   }
@@ -203,12 +225,12 @@ Status OffloadEngine::create_store() {
   return Status::ok();
 }
 
-std::uint64_t OffloadEngine::acquire_device_bytes(int group) const {
+std::uint64_t ShardStore::acquire_device_bytes(int group) const {
   if (plan_.params == Tier::kDevice) return 0;
   return store_->device_bytes(groups_.at(static_cast<std::size_t>(group))->work);
 }
 
-void OffloadEngine::absorb_store_stats() {
+void ShardStore::absorb_store_stats() {
   const mem::StoreStats now = store_->stats();
   auto moved = [&](Tier from, Tier to) {
     const int f = static_cast<int>(from), t = static_cast<int>(to);
@@ -226,13 +248,13 @@ void OffloadEngine::absorb_store_stats() {
   store_seen_ = now;
 }
 
-mem::StoreStats OffloadEngine::store_stats() const { return store_->stats(); }
+mem::StoreStats ShardStore::store_stats() const { return store_->stats(); }
 
-sched::SchedulerStats OffloadEngine::prefetch_stats() const {
+sched::SchedulerStats ShardStore::prefetch_stats() const {
   return sched_ ? sched_->stats() : sched::SchedulerStats{};
 }
 
-void OffloadEngine::end_compute_span(Group& g) {
+void ShardStore::end_compute_span(Group& g) {
   if (options_.timeline == nullptr || g.span_begin_ns == 0) return;
   options_.timeline->add(mem::Lane::kCompute, g.spec->name + (backward_ ? " backward" : " forward"),
                          g.span_begin_ns, now_ns());
@@ -241,14 +263,13 @@ void OffloadEngine::end_compute_span(Group& g) {
 
 // ---- parameters ----
 
-void OffloadEngine::prefetch_params(int group) {
+void ShardStore::prefetch_params(int group) {
   if (!sched_) return;
   sched_->hint(groups_.at(static_cast<std::size_t>(group))->work);
 }
 
-Result<const void*> OffloadEngine::acquire_params(int group) {
+Result<const void*> ShardStore::acquire_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  STRATA_RETURN_IF_ERROR(wait_update(group));
   Stopwatch wait;
   auto p = sched_ ? sched_->acquire(g.work) : store_->acquire(g.work, Tier::kDevice);
   stats_.wait_ms += wait.elapsed_ms();  // the store's own counters are read once a pass
@@ -257,7 +278,7 @@ Result<const void*> OffloadEngine::acquire_params(int group) {
   return static_cast<const void*>(*p);
 }
 
-void OffloadEngine::release_params(int group) {
+void ShardStore::release_params(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   end_compute_span(g);
   if (sched_) {
@@ -269,10 +290,7 @@ void OffloadEngine::release_params(int group) {
 
 // ---- gradients ----
 
-Result<void*> OffloadEngine::acquire_grads(int group) {
-  // The last step still reads its gradients; a guessed one starts with this step's first.
-  if (phase_ != Phase::kGuessing) STRATA_RETURN_IF_ERROR(finish_step());
-  if (std::exchange(armed_, false)) start_guess();
+Result<void*> ShardStore::acquire_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
   if (plan_.keep_gradients && g.has_grad) {
@@ -285,7 +303,7 @@ Result<void*> OffloadEngine::acquire_grads(int group) {
   return g.grad_d;
 }
 
-Status OffloadEngine::release_grads(int group) {
+Status ShardStore::release_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_CHECK(g.grad_d != nullptr, "release_grads without acquire", g.spec->name);
   void* src = std::exchange(g.grad_d, nullptr);
@@ -304,7 +322,7 @@ Status OffloadEngine::release_grads(int group) {
     ops.add(acc, src, acc, g.n, DType::kF32);
     // A guessed update will read (and may discard) the final sum before the global norm is
     // taken: its sum of squares is taken now, while it is here.
-    const bool final_for_guess = plan_.optimizer != Tier::kDevice && phase_ == Phase::kGuessing;
+    const bool final_for_guess = plan_.optimizer != Tier::kDevice && guessing();
     if (final_for_guess) ops.sum_squares(acc, g.n, DType::kF32, norm_slots_ + group);
     if (dtype != DType::kF32) store_->unpin(widened_grad_, Tier::kDevice);
     store_->mark_dirty(g.grad_acc, Tier::kDevice);
@@ -329,7 +347,7 @@ Status OffloadEngine::release_grads(int group) {
   // Off the device while the next layer's backward runs: home (kept), to the host for a
   // guessed update to read it there (kept, guessing), or to the host to be accumulated.
   store_->unpin(g.grad, Tier::kDevice);
-  const bool to_host = plan_.keep_gradients && phase_ == Phase::kGuessing;
+  const bool to_host = plan_.keep_gradients && guessing();
   STRATA_ASSIGN_OR_RETURN(mem::Completion done, to_host ? store_->fetch(g.grad, Tier::kHost)
                                                         : store_->evict(g.grad, Tier::kDevice));
   pending_grads_.push_back(PendingGrad{group, std::move(done)});
@@ -338,22 +356,22 @@ Status OffloadEngine::release_grads(int group) {
   return Status::ok();
 }
 
-Status OffloadEngine::drain_one_grad() {
+Status ShardStore::drain_one_grad() {
   PendingGrad p = std::move(pending_grads_.front());
   pending_grads_.pop_front();
   Group& g = *groups_[static_cast<std::size_t>(p.group)];
   Status s = store_->wait(p.done);
   if (plan_.accumulate_on_device()) {  // a final sum, now in host memory for the guessed update
-    if (s.is_ok()) mark_final(static_cast<std::size_t>(p.group));
+    if (s.is_ok()) view_->gradient_final(p.group);
     return s;
   }
   if (plan_.keep_gradients) {
-    if (!s.is_ok() || phase_ != Phase::kGuessing) return s;  // it is home
+    if (!s.is_ok() || !guessing()) return s;  // it is home
     // Its host copy is valid: the device copy goes (written home first if the store dropped
     // the host copy meanwhile), and the guessed update may have it.
     STRATA_ASSIGN_OR_RETURN(mem::Completion home, store_->evict(g.grad, Tier::kDevice));
     writebacks_.push_back(std::move(home));
-    mark_final(static_cast<std::size_t>(p.group));
+    view_->gradient_final(p.group);
     return Status::ok();
   }
   if (!s.is_ok()) {
@@ -382,8 +400,8 @@ Status OffloadEngine::drain_one_grad() {
   }
   store_->unpin(g.grad, Tier::kHost);
   STRATA_RETURN_IF_ERROR(store_->discard(g.grad));
-  if (phase_ == Phase::kGuessing) {  // final: the guessed update reads the host copy
-    mark_final(static_cast<std::size_t>(p.group));
+  if (guessing()) {  // final: the guessed update reads the host copy
+    view_->gradient_final(p.group);
   } else if (plan_.gradients != Tier::kHost) {  // back to its home (NVMe) while compute goes on
     STRATA_ASSIGN_OR_RETURN(mem::Completion home, store_->evict(g.grad_acc, Tier::kHost));
     writebacks_.push_back(std::move(home));
@@ -391,7 +409,7 @@ Status OffloadEngine::drain_one_grad() {
   return Status::ok();
 }
 
-Status OffloadEngine::wait_writebacks() {
+Status ShardStore::wait_writebacks() {
   Status first;
   for (const mem::Completion& c : writebacks_) {
     Status s = store_->wait(c);
@@ -401,29 +419,17 @@ Status OffloadEngine::wait_writebacks() {
   return first;
 }
 
-void OffloadEngine::begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
-  // The schedule the last step ran: the chooser may change it at the next step(), after the
-  // guess would have begun; a guess running then is finished at once.
-  if (schedule_ != OptimizerOverlap::kBackward || last_clipped_) return;
-  STRATA_CHECK(phase_ != Phase::kGuessing, "begin_last_micro_batch while a guess runs");
-  guess_lr_ = lr;
-  guess_step_ = step;
-  guess_keeps_grads_ = may_clip;
-  armed_ = true;  // the guess starts with the micro-batch's first gradient
-}
-
-Status OffloadEngine::finish_micro_batch() {
-  Status first = phase_ == Phase::kGuessing ? Status::ok() : finish_step();
+Status ShardStore::finish_micro_batch() {
+  Status first;
   while (!pending_grads_.empty()) {
     Status s = drain_one_grad();
     if (!s.is_ok() && first.is_ok()) first = s;
   }
   if (Status s = wait_writebacks(); !s.is_ok() && first.is_ok()) first = s;
-  armed_ = false;  // no gradient at all: nothing to guess
-  if (phase_ == Phase::kGuessing) {
+  if (guessing()) {
     // Backward is over: every gradient is final, zeros where none came.
     if (Status s = give_zero_grads(); !s.is_ok() && first.is_ok()) first = s;
-    for (std::size_t gi = 0; gi < groups_.size(); ++gi) mark_final(gi);
+    for (int gi = 0; gi < num_groups(); ++gi) view_->gradient_final(gi);
   }
   // The end of a pass: the scheduler settles its prefetches and drops what it kept, since the
   // optimizer may rewrite the working copies before the next pass.
@@ -436,9 +442,8 @@ Status OffloadEngine::finish_micro_batch() {
   return device_.last_error();
 }
 
-Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
+Result<std::vector<double>> ShardStore::grad_sums_of_squares() {
   STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
-  if (phase_ != Phase::kGuessing) STRATA_RETURN_IF_ERROR(finish_step());
   // Where the sums are is the plan's: taken on the device when the gradients are accumulated
   // there (summed now) or kept (summed as each left the device), else on the host as they were
   // accumulated.
@@ -449,7 +454,7 @@ Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
     Group& g = *groups_[i];
     any |= g.has_grad;
     if (!g.has_grad || !summed_on_device) continue;
-    if (plan_.accumulate_on_device() && phase_ == Phase::kGuessing) continue;  // summed already
+    if (plan_.accumulate_on_device() && guessing()) continue;  // summed already
     STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
     device_.ops().sum_squares(acc, g.n, DType::kF32, norm_slots_ + i);
     store_->unpin(g.grad_acc, Tier::kDevice);
@@ -473,37 +478,20 @@ Result<std::vector<double>> OffloadEngine::grad_sums_of_squares() {
   return sums;
 }
 
-Result<double> OffloadEngine::grad_norm() {
-  STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, grad_sums_of_squares());
-  double sum = 0;
-  for (const double s : sums) sum += s;
-  return std::sqrt(sum);
-}
-
-Status OffloadEngine::zero_grads() {
-  Status s;
-  if (phase_ == Phase::kGuessing) {
-    s = abandon_guess();
-    ++stats_.steps_guessed;
-    ++stats_.steps_rolled_back;
-  }
-  STRATA_CHECK(!step_thread_.joinable(), "zero_grads while an optimizer step runs");
-  armed_ = false;
-  last_clipped_ = true;  // a skipped step says little about the next: do not guess it
+void ShardStore::clear_grads() {
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
   }
-  return s;
 }
 
-Status OffloadEngine::give_zero_grads() {
+Status ShardStore::give_zero_grads() {
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
     if (g.has_grad) continue;
-    STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(g)));
+    STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
-    if (plan_.keep_gradients || (plan_.accumulate_on_device() && phase_ == Phase::kGuessing)) {
+    if (plan_.keep_gradients || (plan_.accumulate_on_device() && guessing())) {
       device_.fill_zero(norm_slots_ + i, sizeof(double),
                         device_.stream(device::StreamKind::kCompute));
     }
@@ -512,19 +500,64 @@ Status OffloadEngine::give_zero_grads() {
   return Status::ok();
 }
 
-mem::Handle OffloadEngine::step_grad(const Group& g) const {
+Status ShardStore::send_sums_to_host() {
+  if (!plan_.accumulate_on_device()) return Status::ok();
+  for (const auto& g : groups_) {
+    STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
+  }
+  return Status::ok();
+}
+
+mem::Handle ShardStore::step_grad(int group) const {
+  const Group& g = *groups_.at(static_cast<std::size_t>(group));
   return plan_.keep_gradients ? g.grad : g.grad_acc;
 }
 
-// ---- optimizer ----
-
-Result<void*> OffloadEngine::open_output(Group& g, Tier tier) {
-  // The output replaces every copy: the home itself when it lives on `tier`.
-  return store_->emplace(g.work, tier, /*zero_fill=*/false);
+DType ShardStore::step_grad_dtype() const {
+  return plan_.keep_gradients ? options_.compute_dtype : DType::kF32;
 }
 
-Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Completion>& writebacks,
-                                   bool keep_host_copy) {
+std::vector<StepGroup> ShardStore::step_groups() const {
+  std::vector<StepGroup> groups;
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = *groups_[gi];
+    StepGroup sg{g.spec->name, g.n,          g.master,
+                 g.exp_avg,    g.exp_avg_sq, step_grad(static_cast<int>(gi))};
+    if (plan_.shadow_state) {
+      sg.master_out = g.master_next;
+      sg.exp_avg_out = g.exp_avg_next;
+      sg.exp_avg_sq_out = g.exp_avg_sq_next;
+    }
+    groups.push_back(std::move(sg));
+  }
+  return groups;
+}
+
+void ShardStore::end_step(bool commit) {
+  clear_grads();
+  if (!commit || !plan_.shadow_state) return;
+  for (auto& g : groups_) {  // the step is done: its state is the state
+    std::swap(g->master, g->master_next);
+    std::swap(g->exp_avg, g->exp_avg_next);
+    std::swap(g->exp_avg_sq, g->exp_avg_sq_next);
+  }
+}
+
+// ---- working copies the optimizer writes ----
+
+Result<void*> ShardStore::open_output(int group, Tier tier) {
+  // The output replaces every copy: the home itself when it lives on `tier`.
+  return store_->emplace(groups_.at(static_cast<std::size_t>(group))->work, tier,
+                         /*zero_fill=*/false);
+}
+
+void ShardStore::abandon_output(int group, Tier tier) {
+  store_->unpin(groups_.at(static_cast<std::size_t>(group))->work, tier);
+}
+
+Status ShardStore::close_output(int group, Tier tier, std::vector<mem::Completion>& writebacks,
+                                bool keep_host_copy) {
+  Group& g = *groups_.at(static_cast<std::size_t>(group));
   store_->mark_dirty(g.work, tier);
   store_->unpin(g.work, tier);
   const Tier home = store_->spec(g.work).home;
@@ -541,119 +574,7 @@ Status OffloadEngine::close_output(Group& g, Tier tier, std::vector<mem::Complet
   return Status::ok();
 }
 
-Status OffloadEngine::step(double lr, std::int64_t step, float grad_scale) {
-  if (chooser_) {
-    chooser_->step_began(options_.clock ? options_.clock() : now_ns());
-    schedule_ = chooser_->current();
-  }
-  step_inline_ = schedule_ == OptimizerOverlap::kNone;
-  bool redo = false;  // the working copies a guess touched stay touched: the redo rewrites them
-  last_clipped_ = grad_scale != 1.0f;
-  if (phase_ == Phase::kGuessing) {
-    const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == 1.0f;
-    ++stats_.steps_guessed;
-    if (holds) {  // the guess is the step: it runs on into the next forward
-      phase_ = Phase::kRunning;
-      step_inline_ = false;  // what it hid beside backward stays hidden
-      // Unless the serial schedule was chosen from now on: then the step ends here.
-      return schedule_ == OptimizerOverlap::kNone ? finish_step() : Status::ok();
-    }
-    // The scale differs (clipping): the state before the step is intact in the shadow scheme;
-    // stop the guess and redo the step from it with the gradients kept for this.
-    STRATA_CHECK(guess_keeps_grads_, "a redo of a guess that did not keep its gradients");
-    STRATA_RETURN_IF_ERROR(abandon_guess(/*restore=*/false));
-    ++stats_.steps_redone;
-    redo = true;
-  } else {
-    STRATA_RETURN_IF_ERROR(finish_step());
-  }
-  STRATA_CHECK(pending_grads_.empty() && writebacks_.empty(),
-               "optimizer step before the last micro-batch's finish_micro_batch");
-  STRATA_RETURN_IF_ERROR(give_zero_grads());
-  if (plan_.accumulate_on_device()) {
-    // Every group's sum to host memory, in the order the step reads them, on the copy streams
-    // (a redo finds them there already); the step's acquire of each waits for its copy only.
-    for (const auto& g : groups_) {
-      STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
-    }
-  }
-  const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
-  if (schedule_ != OptimizerOverlap::kNone) {
-    launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
-    return Status::ok();
-  }
-  reset_step_flags(/*keep_touched=*/redo);
-  Status s = run_step(args, /*guess=*/false);
-  {
-    std::lock_guard lock(step_mu_);
-    step_done_ = true;
-  }
-  return end_step(std::move(s));
-}
-
-void OffloadEngine::start_guess() {
-  launch_step(optim::make_adamw_args(options_.adam, guess_lr_, guess_step_, 1), Phase::kGuessing,
-              /*keep_touched=*/false);
-}
-
-void OffloadEngine::reset_step_flags(bool keep_touched) {
-  std::lock_guard lock(step_mu_);
-  updated_.assign(groups_.size(), false);
-  if (!keep_touched) touched_.assign(groups_.size(), false);
-  ready_.assign(groups_.size(), false);
-  cancel_ = false;
-  step_done_ = false;
-  step_status_ = Status::ok();
-}
-
-void OffloadEngine::launch_step(const device::AdamWArgs& args, Phase phase, bool keep_touched) {
-  reset_step_flags(keep_touched);
-  phase_ = phase;
-  step_thread_ = std::thread([this, args, guess = phase == Phase::kGuessing] {
-    Status s = run_step(args, guess);
-    std::lock_guard lock(step_mu_);
-    step_status_ = std::move(s);
-    step_done_ = true;
-    step_cv_.notify_all();
-  });
-}
-
-void OffloadEngine::mark_final(std::size_t group) {
-  {
-    std::lock_guard lock(step_mu_);
-    ready_[group] = true;
-  }
-  step_cv_.notify_all();
-}
-
-Status OffloadEngine::abandon_guess(bool restore) {
-  {
-    std::lock_guard lock(step_mu_);
-    cancel_ = true;
-  }
-  step_cv_.notify_all();
-  Stopwatch wait;
-  step_thread_.join();
-  stats_.optimizer_exposed_ms += wait.elapsed_ms();
-  phase_ = Phase::kIdle;
-  Status guess;
-  std::vector<bool> written;
-  {
-    std::lock_guard lock(step_mu_);
-    guess = step_status_;
-    written = touched_;
-  }
-  count_step();
-  // The state is as before the step (the guess wrote the shadow copy); the working copies the
-  // guess wrote go back to what that state says, unless a redo is about to rewrite them all.
-  const bool failed = !guess.is_ok() && guess.code() != StatusCode::kCancelled;
-  Status s = restore || failed ? restore_working_copies(written) : Status::ok();
-  absorb_store_stats();  // the restored copies' transfers
-  // The guess's own error (it read or wrote the state) comes first; being stopped is none.
-  return failed ? guess : s;
-}
-
-Status OffloadEngine::restore_working_copies(const std::vector<bool>& groups) {
+Status ShardStore::restore_working_copies(const std::vector<bool>& groups) {
   Status s;
   for (std::size_t gi = 0; gi < groups_.size() && s.is_ok(); ++gi) {
     if (!groups[gi]) continue;
@@ -661,193 +582,65 @@ Status OffloadEngine::restore_working_copies(const std::vector<bool>& groups) {
     auto master = store_->acquire(g.master, Tier::kHost);
     s = master.status();
     if (!master.is_ok()) break;
-    s = write_working_copy(g, static_cast<const float*>(*master));
+    s = write_working_copy(static_cast<int>(gi), static_cast<const float*>(*master));
     store_->unpin(g.master, Tier::kHost);
   }
   if (Status w = wait_writebacks(); s.is_ok()) s = w;
+  absorb_store_stats();  // the restored copies' transfers
   return s;
 }
 
-Status OffloadEngine::write_working_copy(Group& g, const float* master) {
-  STRATA_ASSIGN_OR_RETURN(void* out, open_output(g, Tier::kHost));
-  host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype, g.n);
-  return close_output(g, Tier::kHost, writebacks_);
+Status ShardStore::write_working_copy(int group, const float* master) {
+  STRATA_ASSIGN_OR_RETURN(void* out, open_output(group, Tier::kHost));
+  host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype,
+                        groups_[static_cast<std::size_t>(group)]->n);
+  return close_output(group, Tier::kHost, writebacks_);
 }
 
-// Every group in layout order (the order the forward needs them), or as a guess in backward
-// order as each gradient becomes final; each new working copy is sent home as soon as it is
-// written; returns once they are all home.
-Status OffloadEngine::run_step(const device::AdamWArgs& args, bool guess) {
-  Stopwatch timer;
-  update_span_ns_ = now_ns();
-  std::vector<StepGroup> groups;
-  for (const auto& gp : groups_) {
-    const Group& g = *gp;
-    StepGroup sg{g.spec->name, g.n, g.master, g.exp_avg, g.exp_avg_sq, step_grad(g)};
-    if (plan_.shadow_state) {
-      sg.master_out = g.master_next;
-      sg.exp_avg_out = g.exp_avg_next;
-      sg.exp_avg_sq_out = g.exp_avg_sq_next;
-    }
-    groups.push_back(std::move(sg));
+// ---- scratch ----
+
+Result<ShardStore::Scratch> ShardStore::take(std::uint64_t bytes, const std::string& name,
+                                             bool zero_fill) {
+  std::vector<mem::Handle>& free = free_scratch_[{name, bytes}];
+  Scratch s;
+  if (free.empty()) {
+    mem::TensorSpec spec;
+    spec.name = name;
+    spec.size_bytes = bytes;
+    spec.scratch = true;
+    STRATA_ASSIGN_OR_RETURN(s.h, store_->add(spec));
+  } else {
+    s.h = free.back();
+    free.pop_back();
   }
-  std::vector<std::size_t> order;
-  if (guess) {
-    for (std::size_t gi = groups_.size(); gi-- > 0;) order.push_back(gi);
+  auto data = store_->emplace(s.h, Tier::kDevice, zero_fill);
+  if (!data.is_ok()) {
+    free.push_back(s.h);
+    return data.status();
   }
-  // Working copies opened and not yet closed: a step that stops between the two unpins them.
-  std::vector<std::optional<Tier>> open(groups_.size());
-  const auto open_one = [this, &open](std::size_t gi, Tier tier) -> Result<void*> {
-    {
-      std::lock_guard lock(step_mu_);
-      touched_[gi] = true;  // emplace drops the old data even if the update never comes
-    }
-    auto out = open_output(*groups_[gi], tier);
-    if (out.is_ok()) open[gi] = tier;
-    return out;
-  };
-  const auto close = [this, guess, &open](std::size_t gi, Tier tier) {
-    Group& g = *groups_[gi];
-    open[gi].reset();
-    Status s = close_output(g, tier, step_writebacks_, /*keep_host_copy=*/true);
-    // The gradient is spent, unless a redo may need it: then it goes home like any other.
-    if (s.is_ok() && guess && guess_keeps_grads_) {
-      const mem::Handle h = step_grad(g);
-      if (store_->spec(h).home != Tier::kHost) {
-        auto home = store_->evict(h, Tier::kHost);
-        s = home.status();
-        if (home.is_ok()) step_writebacks_.push_back(std::move(*home));
-      }
-    } else if (s.is_ok()) {
-      s = store_->discard(step_grad(g));
-    }
-    const std::int64_t end = now_ns();
-    if (options_.timeline != nullptr) {
-      options_.timeline->add(mem::Lane::kCpuOptimizer,
-                             (guess ? "update (guessed) " : "update ") + g.spec->name,
-                             update_span_ns_, end);
-    }
-    update_span_ns_ = end;
-    {
-      std::lock_guard lock(step_mu_);
-      updated_[gi] = true;
-    }
-    step_cv_.notify_all();
-    return s;
-  };
-  const auto ready = [this](std::size_t gi, bool wait) -> Result<bool> {
-    {
-      std::unique_lock lock(step_mu_);
-      if (wait) step_cv_.wait(lock, [&] { return ready_[gi] || cancel_; });
-      if (!cancel_) {
-        const bool final = ready_[gi];
-        lock.unlock();
-        // The group's update starts once its gradient is final, or the last one has ended.
-        if (final) update_span_ns_ = std::max(update_span_ns_, now_ns());
-        return final;
-      }
-    }
-    return Status(StatusCode::kCancelled, "the guessed optimizer step was abandoned");
-  };
-  StepIo io{*store_,
-            groups,
-            plan_.keep_gradients ? options_.compute_dtype : DType::kF32,
-            options_.compute_dtype,
-            open_one,
-            close,
-            order,
-            {}};
-  if (guess) io.ready = ready;
-  Status s = optimizer_->run(io, args);
-  for (std::size_t gi = 0; gi < open.size(); ++gi) {
-    if (open[gi]) store_->unpin(groups_[gi]->work, *open[gi]);
-  }
-  for (const mem::Completion& c : step_writebacks_) {
-    Status w = store_->wait(c);
-    if (s.is_ok()) s = w;
-  }
-  step_writebacks_.clear();
-  step_ms_ = timer.elapsed_ms();
+  s.data = *data;
   return s;
 }
 
-void OffloadEngine::count_step() {
-  stats_.nvme_read_bytes += optimizer_->bytes_read();
-  stats_.nvme_write_bytes += optimizer_->bytes_written();
-  absorb_store_stats();
-  stats_.optimizer_total_ms += step_ms_;
-  // A step run in step() itself hides nothing: compute waits for all of it.
-  if (step_inline_) stats_.optimizer_exposed_ms += step_ms_;
-}
-
-Status OffloadEngine::end_step(Status s) {
-  count_step();
-  if (!s.is_ok()) {
-    for (auto& g : groups_) g->has_grad = false;  // the step consumed some: start afresh
-    // With the shadow state the state before the step is intact: the working copies the step
-    // wrote go back to it, so the engine is as it was. Without, the state may be part updated.
-    if (!plan_.shadow_state) return s;
-    std::vector<bool> touched;
-    {
-      std::lock_guard lock(step_mu_);
-      touched = touched_;
-    }
-    (void)restore_working_copies(touched);  // the step's own error is the one to report
-    return s;
-  }
-  for (auto& g : groups_) {
-    g->has_grad = false;
-    g->sum_squares = 0;
-    if (plan_.shadow_state) {  // the step is done: its state is the state
-      std::swap(g->master, g->master_next);
-      std::swap(g->exp_avg, g->exp_avg_next);
-      std::swap(g->exp_avg_sq, g->exp_avg_sq_next);
-    }
-  }
-  return device_.last_error();
-}
-
-Status OffloadEngine::finish_step() {
-  if (phase_ == Phase::kGuessing) return abandon_guess();  // nobody will call step(): unwind
-  if (!step_thread_.joinable()) return Status::ok();
-  Stopwatch wait;
-  step_thread_.join();
-  phase_ = Phase::kIdle;
-  stats_.optimizer_exposed_ms += wait.elapsed_ms();
-  Status s;
-  {
-    std::lock_guard lock(step_mu_);
-    s = step_status_;
-  }
-  return end_step(std::move(s));
-}
-
-Status OffloadEngine::wait_update(int group) {
-  // A guess updates only groups whose backward is done; the forward after it waits.
-  if (!step_thread_.joinable() || phase_ == Phase::kGuessing) return Status::ok();
-  Stopwatch wait;
-  bool updated = false;
-  {
-    std::unique_lock lock(step_mu_);
-    step_cv_.wait(lock, [&] { return updated_[static_cast<std::size_t>(group)] || step_done_; });
-    updated = updated_[static_cast<std::size_t>(group)];
-  }
-  stats_.optimizer_exposed_ms += wait.elapsed_ms();
-  // The step ended without writing this group: an error, which finishing reports.
-  return updated ? Status::ok() : finish_step();
+void ShardStore::give(Scratch& s) {
+  if (!s.held()) return;
+  store_->unpin(s.h, Tier::kDevice);
+  (void)store_->discard(s.h);  // ok for an unpinned scratch tensor
+  const mem::TensorSpec& spec = store_->spec(s.h);
+  free_scratch_[{spec.name, spec.size_bytes}].push_back(s.h);
+  s = Scratch{};
 }
 
 // ---- state in and out ----
 
-Status OffloadEngine::load_master(const model::GroupSource& source) {
-  STRATA_RETURN_IF_ERROR(finish_step());
-  for (auto& gp : groups_) {
-    Group& g = *gp;
+Status ShardStore::load_master(const model::GroupSource& source) {
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = *groups_[gi];
     // The master weights' host copy (its home, or a fresh copy on its way home), filled by the
     // source; the working copy converted from it the same way.
     STRATA_ASSIGN_OR_RETURN(void* master, store_->emplace(g.master, Tier::kHost, true));
     Status s = source(*g.spec, static_cast<float*>(master));
-    if (s.is_ok()) s = write_working_copy(g, static_cast<const float*>(master));
+    if (s.is_ok()) s = write_working_copy(static_cast<int>(gi), static_cast<const float*>(master));
     store_->unpin(g.master, Tier::kHost);
     STRATA_RETURN_IF_ERROR(s);
     if (store_->spec(g.master).home != Tier::kHost) {
@@ -858,28 +651,24 @@ Status OffloadEngine::load_master(const model::GroupSource& source) {
     STRATA_RETURN_IF_ERROR(store_->fill_zero(g.exp_avg_sq));
     STRATA_RETURN_IF_ERROR(wait_writebacks());
   }
-  STRATA_RETURN_IF_ERROR(zero_grads());
-  last_clipped_ = false;
+  clear_grads();
   // The host copies loading passed through are not made again in training: give them back.
   store_->trim_host_cache();
   absorb_store_stats();
   return device_.last_error();
 }
 
-Status OffloadEngine::read_master(int group, float* dst) {
-  STRATA_RETURN_IF_ERROR(finish_step());
+Status ShardStore::read_master(int group, float* dst) {
   return store_->read(groups_.at(static_cast<std::size_t>(group))->master, dst);
 }
 
-Status OffloadEngine::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
-  STRATA_RETURN_IF_ERROR(finish_step());
+Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
   return store_->read(g.exp_avg_sq, exp_avg_sq);
 }
 
-Status OffloadEngine::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
-  STRATA_RETURN_IF_ERROR(finish_step());
+Status ShardStore::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
   return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);

@@ -1,0 +1,251 @@
+// This rank's share of the model: every parameter group's working copy, fp32 master weights,
+// Adam moments and gradients registered in one mem::TieredStore where the memory plan (plan.h)
+// puts them. It serves working copies (prefetched, when they live off the device, as the
+// sched::PrefetchScheduler's recorded trace says), lands and accumulates gradients where the plan
+// says, takes their sums of squares, and hands out scratch: the device buffers of ZeroProvider
+// and the model's workspace. The store owns residency and budgets; this says which tier it needs
+// a tensor in and when. The optimizer schedule (optimizer_schedule.h) updates what it holds; all
+// it asks of that schedule is the StepView below.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/core/status.h"
+#include "strata/device/device.h"
+#include "strata/device/host_arrays.h"
+#include "strata/io/swap.h"
+#include "strata/mem/tiered_store.h"
+#include "strata/mem/timeline.h"
+#include "strata/model/hf_checkpoint.h"
+#include "strata/model/param_layout.h"
+#include "strata/optim/adamw.h"
+#include "strata/optim/cpu_adam.h"
+#include "strata/sched/prefetch_scheduler.h"
+#include "strata/zero/optimizer_step.h"
+#include "strata/zero/plan.h"
+#include "strata/zero/schedule_chooser.h"
+
+namespace strata::zero {
+
+// What one rank's share is made with: where its tensors live, how the optimizer steps them, and
+// how working copies are prefetched.
+struct ShardOptions {
+  Tier offload_param = Tier::kDevice;      // where compute-dtype working copies live
+  Tier offload_optimizer = Tier::kDevice;  // master weights and moments, and where the step runs
+  DType compute_dtype = DType::kF32;
+  std::int64_t accumulation_steps = 1;  // micro-batches per step (1: gradients kept as made)
+  // Off the device only (a device step is the device's own work, ordered on its stream); the
+  // plan may fall back (MemoryPlan::overlap says what runs).
+  OptimizerOverlap overlap = OptimizerOverlap::kNone;
+  GradAccumulation grad_accumulation = GradAccumulation::kAuto;  // see plan.h
+  // OptimizerOverlap::kAuto: how the overlapped and the serial schedule are compared, and the
+  // clock the step cycles are timed with (nullptr: now_ns; tests set their own).
+  ScheduleChooserOptions schedule_chooser;
+  std::function<std::int64_t()> clock;
+  optim::AdamWHyper adam;
+  // The host optimizer (offload_optimizer cpu or nvme): threads, SIMD path, pinning.
+  optim::CpuAdamOptions cpu_adam;
+  // offload_optimizer nvme: elements per streamed sub-group (DeepSpeed's sub_group_size).
+  std::int64_t sub_group_size = 1 << 22;
+  std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
+  std::uint64_t activation_bytes = 0;         // the model's workspace, as the plan counts it
+  bool tied_embeddings = false;               // the model's head reads the embedding's weights
+  std::uint64_t swap_free_bytes = 0;          // free space of the swap paths; 0 = not checked
+  // Parameter prefetch (offload_param cpu or nvme), DeepSpeed's names in bytes: fetches in flight,
+  // parameters resident or arriving on the device, and the reuse distance within which a
+  // released group stays resident. See sched::PrefetchOptions.
+  std::uint64_t prefetch_bytes = std::uint64_t{256} << 20;
+  std::uint64_t max_live_bytes = std::uint64_t{1} << 30;
+  std::uint64_t max_reuse_distance = std::uint64_t{1} << 30;
+  mem::Timeline* timeline = nullptr;  // transfer and per-group compute spans; optional
+};
+
+// What the memory plan of a share is made from: its options, the device budget (the device's own
+// limit), whether swap paths exist and whether the device is host memory. strata estimate makes
+// the same plan without a store.
+PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budget_bytes,
+                         bool has_swap, bool host_addressable_device);
+
+// One rank's counters since it was made: the shard store's transfers and waits, and the
+// optimizer schedule's steps. `since` gives what happened after an earlier reading (peaks stay).
+struct RankStats {
+  std::uint64_t h2d_bytes = 0;        // host -> device
+  std::uint64_t d2h_bytes = 0;        // device -> host
+  std::uint64_t nvme_read_bytes = 0;  // NVMe -> host (the streamed optimizer step's included)
+  std::uint64_t nvme_write_bytes = 0;
+  std::uint64_t host_bytes = 0;   // peak host memory held: the store's and the optimizer's staging
+  std::uint64_t nvme_bytes = 0;   // peak swap space held
+  double wait_ms = 0;             // compute blocked waiting for parameters
+  double stall_ms = 0;            // compute blocked waiting for data or room in a tier
+  double optimizer_total_ms = 0;  // every finished optimizer step, start to end
+  double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
+  // OptimizerOverlap::kBackward: steps whose update started beside backward, guessing no
+  // clipping; of those, redone from the state before the step (they clipped), and rolled back
+  // (their gradient was not finite).
+  std::uint64_t steps_guessed = 0;
+  std::uint64_t steps_redone = 0;
+  std::uint64_t steps_rolled_back = 0;
+  std::uint64_t gathers_ahead = 0;          // stage 3 all-gathers started by prefetch_params
+  std::uint64_t gathers_ahead_refused = 0;  // prefetches that did not fit; acquire gathered
+
+  RankStats& operator+=(const RankStats& o);  // counters add, peaks take the larger
+  RankStats since(const RankStats& before) const;
+};
+
+// What the shard store asks of the optimizer schedule that updates it.
+class StepView {
+ public:
+  virtual ~StepView() = default;
+  // The prefetcher may fetch group's working copy ahead: no overlapped update is still to write it.
+  virtual bool update_done(int group) = 0;
+  // A guessed update runs beside backward: it reads each gradient as soon as it is final.
+  virtual bool guessing() const = 0;
+  // Group's gradient is final and where the guessed update reads it.
+  virtual void gradient_final(int group) = 0;
+};
+
+class ShardStore {
+ public:
+  // Registers every tensor of `layout` in a new store as `plan` says. Fails with out_of_memory
+  // naming the tensor, its tier and the budget when a home does not fit. `swap` is required when
+  // anything lives on nvme; `device`, `swap` and `layout` must outlive the store.
+  static Result<std::unique_ptr<ShardStore>> create(const model::ParamLayout& layout,
+                                                    device::Device& device, io::SwapSpace* swap,
+                                                    const ShardOptions& options,
+                                                    const MemoryPlan& plan);
+  ~ShardStore();
+  ShardStore(const ShardStore&) = delete;
+  ShardStore& operator=(const ShardStore&) = delete;
+
+  // The schedule that updates this store; set once, before the first pass.
+  void set_step_view(StepView* view) { view_ = view; }
+
+  // ---- parameters and gradients, with ParamProvider's contract (model/param_provider.h) ----
+  Result<const void*> acquire_params(int group);
+  void release_params(int group);
+  void prefetch_params(int group);
+  Result<void*> acquire_grads(int group);
+  Status release_grads(int group);
+  // Waits for gradient transfers still in flight; with a guess running (the step view's
+  // guessing()), the gradients that never came are zeros and every gradient is final.
+  Status finish_micro_batch();
+  // Sum of squares of each group's accumulated gradient, by group; after finish_micro_batch.
+  // The same numbers wherever the gradients live (kSumSquaresChunkElems); sums taken on the
+  // device come back in one copy and one wait.
+  Result<std::vector<double>> grad_sums_of_squares();
+  // Device bytes acquire_params(group) adds to what the store holds: 0 when working copies live
+  // on the device, else the copy fetched there.
+  std::uint64_t acquire_device_bytes(int group) const;
+
+  // ---- scratch: device buffers pinned from take to give ----
+  struct Scratch {
+    mem::Handle h = mem::Handle::kInvalid;
+    void* data = nullptr;
+    bool held() const { return data != nullptr; }
+    std::byte* bytes() const { return static_cast<std::byte*>(data); }
+  };
+  // Scratch of `bytes` named `name` (in the store's errors), zero-filled on request: the store
+  // makes room by evicting what is not pinned. Tensors are registered once per (name, size) and
+  // reused, so a layer's buffers come back from the store's cache of dropped device copies.
+  Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
+  void give(Scratch& s);  // no-op when not held
+  // Whether `bytes` more fit on the device beside what cannot be evicted.
+  bool device_fits(std::uint64_t bytes) const { return store_->device_fits(bytes); }
+
+  // ---- state in and out (no step running) ----
+  // Sets every group's master weights (and working copy) from `source`; moments are zeroed and
+  // gradients dropped.
+  Status load_master(const model::GroupSource& source);
+  Status read_master(int group, float* dst);
+  Status read_moments(int group, float* exp_avg, float* exp_avg_sq);
+  Status write_moments(int group, const float* exp_avg, const float* exp_avg_sq);
+
+  // ---- what the optimizer schedule works with ----
+  int num_groups() const { return static_cast<int>(groups_.size()); }
+  std::int64_t max_group_elems() const;
+  // The step's view of each group: its state (the shadow copies as outputs with
+  // plan.shadow_state) and the gradient the optimizer reads.
+  std::vector<StepGroup> step_groups() const;
+  // The gradient the optimizer reads: the kept gradient or the fp32 accumulator.
+  mem::Handle step_grad(int group) const;
+  DType step_grad_dtype() const;
+  // Groups with no gradient this step get zeros (their sums of squares too, where kept).
+  Status give_zero_grads();
+  // Optimizer off the device with gradients summed on it: every group's sum to host memory, in
+  // the order the step reads them, on the copy streams.
+  Status send_sums_to_host();
+  // A copy of group's working copy on `tier` for the optimizer to write (the home when it lives
+  // there); close_output makes it the working copy, writing it back home if it is not the home
+  // (`keep_host_copy`: under a host budget, a host copy written to NVMe stays, clean, for the
+  // next forward).
+  Result<void*> open_output(int group, Tier tier);
+  void abandon_output(int group, Tier tier);  // unpins what open_output opened
+  Status close_output(int group, Tier tier, std::vector<mem::Completion>& writebacks,
+                      bool keep_host_copy = false);
+  // The working copies of `groups` (flags by group) rewritten from the master weights.
+  Status restore_working_copies(const std::vector<bool>& groups);
+  // The step is over: gradients dropped; with `commit` and the shadow state, the state the step
+  // wrote becomes the state.
+  void end_step(bool commit);
+  // Drops the accumulated gradients.
+  void clear_grads();
+  bool idle() const { return pending_grads_.empty() && writebacks_.empty(); }
+
+  const MemoryPlan& plan() const { return plan_; }
+  mem::TieredStore& store() { return *store_; }
+  device::Device& device() { return device_; }
+  // Transfers and waits so far (the store's counters read at the last pass end or step).
+  const RankStats& stats() const { return stats_; }
+  void absorb_store_stats();  // adds the store's new transfer counts to stats()
+  mem::StoreStats store_stats() const;
+  sched::SchedulerStats prefetch_stats() const;
+
+ private:
+  struct Group;
+  ShardStore(const model::ParamLayout& layout, device::Device& device, io::SwapSpace* swap,
+             const ShardOptions& options, const MemoryPlan& plan);
+  Status create_store();
+  Status drain_one_grad();
+  Status wait_writebacks();
+  // Writes the group's working copy from fp32 master weights in host memory.
+  Status write_working_copy(int group, const float* master);
+  void end_compute_span(Group& g);  // the compute lane's span names say forward or backward
+  bool guessing() const { return view_ != nullptr && view_->guessing(); }
+
+  const model::ParamLayout& layout_;
+  device::Device& device_;
+  io::SwapSpace* swap_;
+  ShardOptions options_;
+  MemoryPlan plan_;
+  StepView* view_ = nullptr;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::optional<device::HostArrays> host_arrays_;     // host-side accumulation and conversion
+  mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
+  // Sums of squares taken on the device, one double per group, and their host copy: read back
+  // together when the norm is asked for, not one synchronization per group.
+  device::DeviceBuffer norms_;  // none on a host-addressable device: the slots are norms_host_
+  device::PinnedBuffer norms_host_;
+  double* norm_slots_ = nullptr;  // one per group, where the device writes them
+  struct PendingGrad {            // a gradient on its way off the device
+    int group;
+    mem::Completion done;
+  };
+  std::deque<PendingGrad> pending_grads_;
+  std::vector<mem::Completion> writebacks_;  // accumulators and working copies going home
+  std::map<std::pair<std::string, std::uint64_t>, std::vector<mem::Handle>> free_scratch_;
+  RankStats stats_;
+  std::unique_ptr<mem::TieredStore> store_;
+  std::unique_ptr<sched::PrefetchScheduler> sched_;  // offload_param cpu or nvme
+  mem::StoreStats store_seen_;                       // store counters already in stats_
+  bool backward_ = false;  // this micro-batch has reached its backward (for span names)
+};
+
+}  // namespace strata::zero
