@@ -186,6 +186,7 @@ void PrefetchScheduler::end_pass() {
   recording_.clear();
   const auto t = static_cast<std::size_t>(options_.tier);
   for (mem::Handle h : known_order_) {
+    if (!options_.release_at_pass_end) break;
     const mem::Residency r = store_.residency(h);
     if (r.allocated[t] && r.pins[t] == 0 && r.num_valid() > 1) {
       store_.release(h, options_.tier).ignore();

@@ -1,67 +1,22 @@
-// Generator: a ParamProvider over the tiered store for decoding, and the sampling loop.
+// Generator: the model's parameters, frozen, in a one-rank ZeroProvider; the sampling loop.
 #include "strata/train/generate.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <utility>
 
 #include "strata/core/clock.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
-#include "strata/mem/host_memory.h"
-#include "strata/mem/tiered_store.h"
+#include "strata/dist/communicator.h"
+#include "strata/dist/process_grid.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama.h"
-#include "strata/model/param_provider.h"
+#include "strata/zero/zero_provider.h"
 
 namespace strata::train {
-namespace {
-
-// Parameters homed in host memory in the compute dtype; the store fetches each group to the
-// device on acquire and evicts groups no longer pinned when room is needed.
-class StoreProvider final : public model::ParamProvider {
- public:
-  StoreProvider(mem::TieredStore& store, std::vector<mem::Handle> groups)
-      : store_(store), groups_(std::move(groups)) {}
-  ~StoreProvider() override {
-    if (workspace_ != mem::Handle::kInvalid) drop_workspace().ignore();
-  }
-
-  Result<const void*> acquire_params(int group) override {
-    STRATA_ASSIGN_OR_RETURN(void* p, store_.acquire(handle(group), Tier::kDevice));
-    return static_cast<const void*>(p);
-  }
-  void release_params(int group) override { store_.unpin(handle(group), Tier::kDevice); }
-  void prefetch_params(int group) override { store_.try_prefetch(handle(group), Tier::kDevice); }
-  Result<void*> acquire_grads(int) override {
-    return failed_precondition("generation computes no gradients");
-  }
-  Status release_grads(int) override {
-    return failed_precondition("generation computes no gradients");
-  }
-  Result<void*> workspace(std::uint64_t bytes, const std::string& what) override {
-    if (workspace_ != mem::Handle::kInvalid) STRATA_RETURN_IF_ERROR(drop_workspace());
-    mem::TensorSpec spec;
-    spec.name = what;
-    spec.size_bytes = bytes;
-    spec.scratch = true;
-    STRATA_ASSIGN_OR_RETURN(workspace_, store_.add(spec));
-    return store_.emplace(workspace_, Tier::kDevice, false);
-  }
-
- private:
-  mem::Handle handle(int group) const { return groups_.at(static_cast<std::size_t>(group)); }
-  Status drop_workspace() {
-    store_.unpin(workspace_, Tier::kDevice);  // emplace pinned it
-    return store_.discard(std::exchange(workspace_, mem::Handle::kInvalid));
-  }
-  mem::TieredStore& store_;
-  std::vector<mem::Handle> groups_;
-  mem::Handle workspace_ = mem::Handle::kInvalid;
-};
-
-}  // namespace
 
 std::int32_t pick_token(std::span<const float> logits, double temperature, std::int64_t top_k,
                         double top_p, double u) {
@@ -109,10 +64,11 @@ std::int32_t pick_token(std::span<const float> logits, double temperature, std::
 struct Generator::Impl {
   GenerateOptions options;
   model::LlamaConfig config;
-  std::unique_ptr<model::ParamLayout> layout;
+  std::unique_ptr<model::ParamLayout> layout;  // every group frozen
   std::unique_ptr<device::Device> device;
-  std::unique_ptr<mem::TieredStore> store;
-  std::unique_ptr<StoreProvider> provider;
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::ProcessGrid> grid;
+  std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::uint64_t parameter_bytes = 0;
   GenerateStats stats;
@@ -133,41 +89,40 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   impl->options = options;
   STRATA_ASSIGN_OR_RETURN(auto reader, model::HfCheckpointReader::open(options.model_dir));
   impl->config = reader.config();
-  impl->layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(impl->config));
-  STRATA_RETURN_IF_ERROR(reader.validate(*impl->layout));
+  {
+    // Every group frozen: working copies only, no gradients, no optimizer state.
+    const model::ParamLayout full = model::ParamLayout::build(impl->config);
+    STRATA_RETURN_IF_ERROR(reader.validate(full));
+    std::vector<model::ParamGroup> groups = full.groups();
+    for (auto& g : groups) g.frozen = true;
+    impl->layout =
+        std::make_unique<model::ParamLayout>(model::ParamLayout::from_groups(std::move(groups)));
+  }
 
   device::DeviceOptions dopts;
   dopts.kind = options.device;
   dopts.memory_limit_bytes = options.device_memory_limit;
   dopts.compute_threads = options.threads;
   STRATA_ASSIGN_OR_RETURN(impl->device, device::create_device(dopts));
-  mem::StoreOptions sopts;
-  sopts.budget_bytes[static_cast<std::size_t>(Tier::kDevice)] = options.device_memory_limit;
-  STRATA_ASSIGN_OR_RETURN(impl->store, mem::TieredStore::create(*impl->device, nullptr, sopts));
-
-  // Every group into host memory in the compute dtype.
-  std::vector<mem::Handle> handles;
-  std::vector<float> f32;
-  std::vector<std::byte> cast;
-  const std::size_t eb = dtype_size(options.dtype);
-  for (const auto& group : impl->layout->groups()) {
-    f32.resize(static_cast<std::size_t>(group.num_elems));
-    STRATA_RETURN_IF_ERROR(reader.read_group(group, f32.data()));
-    mem::TensorSpec spec;
-    spec.name = "parameters of " + group.name;
-    spec.size_bytes = static_cast<std::uint64_t>(group.num_elems) * eb;
-    spec.home = Tier::kHost;
-    spec.home_initialized = false;
-    STRATA_ASSIGN_OR_RETURN(mem::Handle h, impl->store->add(spec));
-    cast.resize(spec.size_bytes);
-    convert(f32.data(), DType::kF32, cast.data(), options.dtype,
-            static_cast<std::size_t>(group.num_elems));
-    STRATA_RETURN_IF_ERROR(impl->store->write(h, cast.data(), cast.size()));
-    handles.push_back(h);
-    impl->parameter_bytes += spec.size_bytes;
-  }
-  impl->store->trim_host_cache();
-  impl->provider = std::make_unique<StoreProvider>(*impl->store, std::move(handles));
+  impl->comm = dist::make_single_rank_communicator(*impl->device);
+  STRATA_ASSIGN_OR_RETURN(impl->grid,
+                          dist::ProcessGrid::create(*impl->comm, dist::GridShape{}, *impl->device));
+  // Without a device budget the parameters live on the device. With one they live in host
+  // memory and stay on the device between tokens while the budget has room, evicted by their
+  // next use in the recorded order when it does not.
+  zero::ShardOptions so;
+  so.compute_dtype = options.dtype;
+  so.offload_param = options.device_memory_limit == 0 ? Tier::kDevice : Tier::kHost;
+  so.offload_optimizer = Tier::kHost;  // nothing trains: no optimizer state anywhere
+  so.max_live_bytes = 0;               // bounded by the device budget alone
+  so.max_reuse_distance = std::numeric_limits<std::uint64_t>::max();
+  so.cpu_adam.threads = options.threads;
+  STRATA_ASSIGN_OR_RETURN(impl->provider,
+                          zero::ZeroProvider::create(*impl->layout, 0, *impl->device, nullptr,
+                                                     *impl->grid, zero::ZeroOptions{}, so));
+  STRATA_RETURN_IF_ERROR(impl->provider->load_master(
+      [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
+  impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
   impl->model = std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,
                                                     model::ModelOptions{options.dtype, false});
   return std::unique_ptr<Generator>(new Generator(std::move(impl)));
@@ -194,8 +149,14 @@ Status Generator::generate(std::span<const std::int32_t> prompt,
       budget > 0 && s.parameter_bytes + s.model->decode_bytes(positions, prompt_len) > budget;
   Rng rng(s.options.seed);
   Stopwatch clock;
-  STRATA_ASSIGN_OR_RETURN(const float* logits,
-                          s.model->decode(*s.provider, prompt.data(), prompt_len));
+  // Each decode call is one pass over the parameters; ending it lets the prefetcher replay the
+  // recorded order on the next.
+  const auto decode = [&](const std::int32_t* ids, std::int64_t n) -> Result<const float*> {
+    STRATA_ASSIGN_OR_RETURN(const float* out, s.model->decode(*s.provider, ids, n));
+    STRATA_RETURN_IF_ERROR(s.provider->finish_micro_batch());
+    return out;
+  };
+  STRATA_ASSIGN_OR_RETURN(const float* logits, decode(prompt.data(), prompt_len));
   s.stats.prefill_ms = clock.elapsed_ms();
   Stopwatch decode_clock;
   const auto vocab = static_cast<std::size_t>(s.config.vocab_size);
@@ -209,7 +170,7 @@ Status Generator::generate(std::span<const std::int32_t> prompt,
         s.model->decoded_positions() >= positions) {
       break;
     }
-    STRATA_ASSIGN_OR_RETURN(logits, s.model->decode(*s.provider, &next, 1));
+    STRATA_ASSIGN_OR_RETURN(logits, decode(&next, 1));
   }
   s.stats.decode_ms = decode_clock.elapsed_ms();
   return Status::ok();

@@ -17,11 +17,13 @@
 #include "strata/core/host_mapping.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "strata/dist/process_grid.h"
 #include "strata/io/swap.h"
 #include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
 #include "strata/model/param_provider.h"
 #include "strata/train/trainer.h"
+#include "strata/zero/zero_provider.h"
 
 namespace strata::train {
 namespace {
@@ -82,58 +84,6 @@ Rate gemm_rate(const TrainConfig& config, device::Device* given) {
               std::to_string(reps) + " runs"};
 }
 
-// Device buffers for a probe model: each group's parameters as initialized, a gradient buffer per
-// group, the workspace.
-class ProbeProvider final : public model::ParamProvider {
- public:
-  static Result<std::unique_ptr<ProbeProvider>> create(const model::LlamaConfig& config,
-                                                       const model::ParamLayout& layout,
-                                                       device::Device& device, DType dtype) {
-    std::unique_ptr<ProbeProvider> p(new ProbeProvider(device));
-    device::Stream& s = device.stream(device::StreamKind::kCompute);
-    for (const auto& g : layout.groups()) {
-      const auto n = static_cast<std::size_t>(g.num_elems);
-      std::vector<float> f32(n);
-      model::init_group(config, g, /*seed=*/1, f32.data());
-      auto host = device.allocate_pinned(n * dtype_size(dtype), "compute probe upload");
-      STRATA_RETURN_IF_ERROR(host.status());
-      convert(f32.data(), DType::kF32, host->data(), dtype, n);
-      STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer params,
-                              device.allocate(n * dtype_size(dtype), "compute probe parameters"));
-      device.copy_to_device(params.data(), host->data(), n * dtype_size(dtype), s);
-      s.synchronize();
-      STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer grads,
-                              device.allocate(n * dtype_size(dtype), "compute probe gradients"));
-      p->params_.push_back(std::move(params));
-      p->grads_.push_back(std::move(grads));
-    }
-    return p;
-  }
-  Result<const void*> acquire_params(int group) override {
-    return static_cast<const void*>(params_.at(static_cast<std::size_t>(group)).data());
-  }
-  void release_params(int) override {}
-  Result<void*> acquire_grads(int group) override {
-    device::DeviceBuffer& b = grads_.at(static_cast<std::size_t>(group));
-    device_.fill_zero(b.data(), b.size(), device_.stream(device::StreamKind::kCompute));
-    return b.data();
-  }
-  Status release_grads(int) override { return Status::ok(); }
-  Result<void*> workspace(std::uint64_t bytes, const std::string& what) override {
-    if (workspace_.size() != bytes) {
-      workspace_ = device::DeviceBuffer();
-      STRATA_ASSIGN_OR_RETURN(workspace_, device_.allocate(bytes, what));
-    }
-    return workspace_.data();
-  }
-
- private:
-  explicit ProbeProvider(device::Device& device) : device_(device) {}
-  device::Device& device_;
-  std::vector<device::DeviceBuffer> params_, grads_;
-  device::DeviceBuffer workspace_;
-};
-
 // `model` cut to `layers` decoder layers, ready to run forward and backward at the run's
 // micro-batch on `device`.
 class ProbeModel {
@@ -143,8 +93,19 @@ class ProbeModel {
                                                     device::Device& device) {
     model.num_hidden_layers = layers;
     std::unique_ptr<ProbeModel> p(new ProbeModel(config, model, device));
+    // Everything on the device, as initialized: a one-rank ZeroProvider with nothing offloaded.
+    p->comm_ = dist::make_single_rank_communicator(device);
+    STRATA_ASSIGN_OR_RETURN(p->grid_,
+                            dist::ProcessGrid::create(*p->comm_, dist::GridShape{}, device));
+    zero::ShardOptions so;
+    so.compute_dtype = config.precision;
     STRATA_ASSIGN_OR_RETURN(p->provider_,
-                            ProbeProvider::create(model, p->layout_, device, config.precision));
+                            zero::ZeroProvider::create(p->layout_, 0, device, nullptr, *p->grid_,
+                                                       zero::ZeroOptions{}, so));
+    STRATA_RETURN_IF_ERROR(p->provider_->load_master([&](const model::ParamGroup& g, float* dst) {
+      model::init_group(model, g, /*seed=*/1, dst);
+      return Status::ok();
+    }));
     for (std::size_t i = 0; i < p->inputs_.size(); ++i) {
       const auto vocab = static_cast<std::size_t>(model.vocab_size);
       p->inputs_[i] = static_cast<std::int32_t>((i * 7919) % vocab);
@@ -177,7 +138,9 @@ class ProbeModel {
         targets_(inputs_.size()) {}
   model::ParamLayout layout_;
   model::LlamaModel model_;
-  std::unique_ptr<ProbeProvider> provider_;
+  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::ProcessGrid> grid_;
+  std::unique_ptr<zero::ZeroProvider> provider_;
   std::int64_t batch_, seq_;
   std::vector<std::int32_t> inputs_, targets_;
 };

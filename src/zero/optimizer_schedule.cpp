@@ -184,6 +184,8 @@ void OptimizerSchedule::reset_step_flags(bool keep_touched) {
   const auto n = static_cast<std::size_t>(shards_.num_groups());
   std::lock_guard lock(step_mu_);
   updated_.assign(n, false);
+  // A frozen group's working copy is never written: it is as updated as it will be.
+  for (std::size_t g = 0; g < n; ++g) updated_[g] = shards_.frozen(static_cast<int>(g));
   if (!keep_touched) touched_.assign(n, false);
   ready_.assign(n, false);
   cancel_ = false;
@@ -235,7 +237,9 @@ Status OptimizerSchedule::abandon_guess(bool restore) {
 Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   Stopwatch timer;
   update_span_ns_ = now_ns();
-  const std::vector<StepGroup> groups = shards_.step_groups();
+  // The trainable groups; ids[i]: step group i's group in the store (frozen ones have no step).
+  std::vector<int> ids;
+  const std::vector<StepGroup> groups = shards_.step_groups(&ids);
   const std::size_t num_groups = groups.size();
   std::vector<std::size_t> order;
   if (guess) {
@@ -244,17 +248,19 @@ Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   mem::TieredStore& store = shards_.store();
   // Working copies opened and not yet closed: a step that stops between the two unpins them.
   std::vector<std::optional<Tier>> open(num_groups);
-  const auto open_one = [this, &open](std::size_t gi, Tier tier) -> Result<void*> {
+  const auto open_one = [this, &open, &ids](std::size_t gi, Tier tier) -> Result<void*> {
+    const int group = ids[gi];
     {
       std::lock_guard lock(step_mu_);
-      touched_[gi] = true;  // emplace drops the old data even if the update never comes
+      touched_[static_cast<std::size_t>(group)] = true;  // emplace drops the old data even if
+                                                         // the update never comes
     }
-    auto out = shards_.open_output(static_cast<int>(gi), tier);
+    auto out = shards_.open_output(group, tier);
     if (out.is_ok()) open[gi] = tier;
     return out;
   };
-  const auto close = [this, guess, &open, &store, &groups](std::size_t gi, Tier tier) {
-    const int group = static_cast<int>(gi);
+  const auto close = [this, guess, &open, &store, &groups, &ids](std::size_t gi, Tier tier) {
+    const int group = ids[gi];
     open[gi].reset();
     Status s = shards_.close_output(group, tier, step_writebacks_, /*keep_host_copy=*/true);
     // The gradient is spent, unless a redo may need it: then it goes home like any other.
@@ -277,17 +283,18 @@ Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
     update_span_ns_ = end;
     {
       std::lock_guard lock(step_mu_);
-      updated_[gi] = true;
+      updated_[static_cast<std::size_t>(group)] = true;
     }
     step_cv_.notify_all();
     return s;
   };
-  const auto ready = [this](std::size_t gi, bool wait) -> Result<bool> {
+  const auto ready = [this, &ids](std::size_t gi, bool wait) -> Result<bool> {
+    const auto group = static_cast<std::size_t>(ids[gi]);
     {
       std::unique_lock lock(step_mu_);
-      if (wait) step_cv_.wait(lock, [&] { return ready_[gi] || cancel_; });
+      if (wait) step_cv_.wait(lock, [&] { return ready_[group] || cancel_; });
       if (!cancel_) {
-        const bool final = ready_[gi];
+        const bool final = ready_[group];
         lock.unlock();
         // The group's update starts once its gradient is final, or the last one has ended.
         if (final) update_span_ns_ = std::max(update_span_ns_, now_ns());
@@ -301,7 +308,7 @@ Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   if (guess) io.ready = ready;
   Status s = optimizer_->run(io, args);
   for (std::size_t gi = 0; gi < open.size(); ++gi) {
-    if (open[gi]) shards_.abandon_output(static_cast<int>(gi), *open[gi]);
+    if (open[gi]) shards_.abandon_output(ids[gi], *open[gi]);
   }
   for (const mem::Completion& c : step_writebacks_) {
     Status w = store.wait(c);

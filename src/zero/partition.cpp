@@ -20,6 +20,7 @@ Partition::Partition(const model::ParamLayout& full, int rank, int world,
     model::ParamGroup lg;
     lg.name = g.name;
     lg.num_elems = p.local_elems();
+    lg.frozen = g.frozen;
     local_groups.push_back(std::move(lg));
   }
   local_ = model::ParamLayout::from_groups(std::move(local_groups));

@@ -111,11 +111,18 @@ std::string MemoryPlan::describe() const {
 
 namespace {
 
+// Working copies count over every group; gradients and optimizer state over the trainable
+// (not frozen) ones only.
 struct Sizes {
-  std::uint64_t work = 0, work_io = 0, f32 = 0, f32_io = 0;  // sums over the groups
-  std::uint64_t max_work_io = 0, max_f32_io = 0;
-  std::int64_t max_elems = 0;
-  std::vector<std::uint64_t> elems;  // each group's
+  std::uint64_t work = 0, work_io = 0;                  // working copies, every group
+  std::uint64_t grad_work_io = 0, f32 = 0, f32_io = 0;  // trainable groups
+  std::uint64_t max_work_io = 0;                        // every group
+  std::uint64_t max_grad_io = 0, max_f32_io = 0;        // trainable groups
+  std::int64_t max_elems = 0;                           // trainable groups
+  std::vector<std::uint64_t> elems;                     // each group's
+  std::vector<bool> frozen;                             // each group's
+  std::vector<std::uint64_t> trained;                   // each trainable group's
+  bool any_trainable() const { return !trained.empty(); }
 };
 
 // The blocks a cache of freed buffers by size holds at its peak: a freed block serves the next
@@ -171,27 +178,29 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   CacheDemand host(std::numeric_limits<int>::max());
   const bool master_through = plan.optimizer != Tier::kHost;
   const bool working_through = plan.params != Tier::kHost;
-  for (std::uint64_t n : z.elems) {
+  for (std::size_t i = 0; i < z.elems.size(); ++i) {
+    const std::uint64_t n = z.elems[i];
     std::vector<std::uint64_t> now;
-    if (master_through) now.push_back(host_class(n * 4));
+    if (master_through && !z.frozen[i]) now.push_back(host_class(n * 4));
     if (working_through) now.push_back(host_class(n * dsize));
     loading.at_once(now);
   }
   const bool grads_through = !summed_on_device && !plan.keep_gradients;
-  for (std::size_t i = 0; i < groups; ++i) {  // backward
+  const std::vector<std::uint64_t>& tg = z.trained;
+  for (std::size_t i = 0; i < tg.size(); ++i) {  // backward
     std::vector<std::uint64_t> now;
     for (std::size_t g : {i, i + 1}) {  // this group's and the one leaving before it
-      if (g >= groups || !grads_through) continue;
-      now.push_back(host_class(z.elems[g] * dsize));
-      if (plan.gradients == Tier::kNvme) now.push_back(host_class(z.elems[g] * 4));
+      if (g >= tg.size() || !grads_through) continue;
+      now.push_back(host_class(tg[g] * dsize));
+      if (plan.gradients == Tier::kNvme) now.push_back(host_class(tg[g] * 4));
     }
     // The host optimizer's new working copies, on their way home while the next group is
     // updated: to NVMe, or to the device from an update paced by the drive.
     for (std::size_t g : {i, i + 1}) {
-      if (g < groups && !on_device &&
+      if (g < tg.size() && !on_device &&
           (plan.params == Tier::kNvme ||
            (plan.params == Tier::kDevice && plan.optimizer == Tier::kNvme))) {
-        now.push_back(host_class(z.elems[g] * dsize));
+        now.push_back(host_class(tg[g] * dsize));
       }
     }
     host.at_once(now);
@@ -200,14 +209,14 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // group.
   if (plan.params == Tier::kDevice && plan.optimizer == Tier::kHost) {
     std::vector<std::uint64_t> now;
-    for (std::uint64_t n : z.elems) now.push_back(host_class(n * dsize));
+    for (std::uint64_t n : tg) now.push_back(host_class(n * dsize));
     host.at_once(now);
   }
   std::uint64_t counted = 0;
   if (master_through) counted += z.max_f32_io;
   if (working_through) counted += 2 * z.max_work_io;
   if (grads_through) {
-    counted += 2 * z.max_work_io;
+    counted += 2 * z.max_grad_io;
     if (plan.gradients == Tier::kNvme) counted += 2 * z.max_f32_io;
   }
   const std::uint64_t held = std::max(loading.held(), host.held());
@@ -221,21 +230,23 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     return device_copy_bytes(o, n, touches_nvme);
   };
   const bool reuses_working = plan.params != Tier::kDevice && !o.tied_embeddings &&
+                              !z.frozen.front() &&
                               device_block(z.elems.front(), plan.params == Tier::kNvme) ==
                                   device_block(z.elems.front(), true);
   CacheDemand device(mem::StoreOptions{}.device_cache_blocks_per_size);
+  std::size_t next = groups;  // the trainable group whose gradient was made before this one's
   for (std::size_t i = groups; i-- > 0;) {
+    if (z.frozen[i]) continue;
     std::vector<std::uint64_t> now;
     if (!(i == 0 && reuses_working)) now.push_back(device_block(z.elems[i], true));
-    if (!summed_on_device && i + 1 < groups) {
-      now.push_back(device_block(z.elems[i + 1], true));
-    }
+    if (!summed_on_device && next < groups) now.push_back(device_block(z.elems[next], true));
     if (o.tied_embeddings && i != 0) now.push_back(device_block(z.elems.front(), true));
     device.at_once(now);
+    next = i;
   }
   const std::uint64_t device_held = device.held();
   plan.cache_bytes[static_cast<std::size_t>(Tier::kDevice)] =
-      device_held > z.max_work_io ? device_held - z.max_work_io : 0;
+      device_held > z.max_grad_io ? device_held - z.max_grad_io : 0;
 }
 
 // Fills plan.bytes for the placements already in `plan`.
@@ -252,7 +263,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.f32 : z.f32_io));
   const bool summed_on_device = plan.sums_on_device();
   add(plan.gradients, TensorKind::kGradients,
-      plan.keep_gradients ? z.work_io : (summed_on_device ? z.f32 : z.f32_io));
+      plan.keep_gradients ? z.grad_work_io : (summed_on_device ? z.f32 : z.f32_io));
   // Summed on the device for a host step: every group's sum is copied to host memory for it.
   if (plan.accumulate_on_device()) add(Tier::kHost, TensorKind::kGradients, z.f32_io);
   // In flight: one group's gradient being made on the device, the working copies the host
@@ -261,7 +272,9 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // (On a host-addressable device with swap, a whole O_DIRECT block more: TieredStore's
   // direct_device_io.)
   plan.gradient_transit_bytes =
-      z.max_work_io + (o.host_addressable_device && o.has_swap ? io::kIoAlignBytes : 0);
+      z.any_trainable()
+          ? z.max_grad_io + (o.host_addressable_device && o.has_swap ? io::kIoAlignBytes : 0)
+          : 0;
   add(Tier::kDevice, TensorKind::kGradients, plan.gradient_transit_bytes);
   plan.group_in_use_bytes = 0;
   if (plan.params != Tier::kDevice) {
@@ -280,7 +293,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   if (plan.optimizer != Tier::kHost) add(Tier::kHost, TensorKind::kMasterWeights, z.max_f32_io);
   if (plan.params != Tier::kHost) add(Tier::kHost, TensorKind::kParameters, 2 * z.max_work_io);
   if (!summed_on_device && !plan.keep_gradients) {
-    add(Tier::kHost, TensorKind::kGradients, 2 * z.max_work_io);
+    add(Tier::kHost, TensorKind::kGradients, 2 * z.max_grad_io);
     if (plan.gradients == Tier::kNvme) add(Tier::kHost, TensorKind::kGradients, 2 * z.max_f32_io);
   }
   add(Tier::kHost, TensorKind::kStaging,
@@ -292,7 +305,9 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
 }  // namespace
 
 Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& o) {
-  if (o.params != Tier::kDevice && o.optimizer == Tier::kDevice) {
+  const bool trains = std::any_of(layout.groups().begin(), layout.groups().end(),
+                                  [](const model::ParamGroup& g) { return !g.frozen; });
+  if (trains && o.params != Tier::kDevice && o.optimizer == Tier::kDevice) {
     return invalid_argument(
         "offload_param '" + std::string(offload_name(o.params)) +
         "' needs offload_optimizer cpu or nvme (the optimizer cannot run on the device when the "
@@ -305,21 +320,27 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
   Sizes z;
   for (const auto& g : layout.groups()) {
     const auto n = static_cast<std::uint64_t>(g.num_elems);
-    // A group's parameters and gradient must fit on the device together.
-    if (o.device_budget_bytes != 0 && 2 * n * dsize > o.device_budget_bytes) {
-      return out_of_memory("parameter group '" + g.name + "' needs " + format_bytes(2 * n * dsize) +
-                           " on the device (parameters + gradient), more than "
-                           "device_memory_limit " +
+    // A group's parameters and gradient (none when frozen) must fit on the device together.
+    const std::uint64_t in_use = (g.frozen ? 1 : 2) * n * dsize;
+    if (o.device_budget_bytes != 0 && in_use > o.device_budget_bytes) {
+      return out_of_memory("parameter group '" + g.name + "' needs " + format_bytes(in_use) +
+                           " on the device (parameters" + (g.frozen ? "" : " + gradient") +
+                           "), more than device_memory_limit " +
                            format_bytes(o.device_budget_bytes));
     }
     z.work += n * dsize;
     z.work_io += align_up(n * dsize, io::kIoAlignBytes);
+    z.max_work_io = std::max(z.max_work_io, align_up(n * dsize, io::kIoAlignBytes));
+    z.elems.push_back(n);
+    z.frozen.push_back(g.frozen);
+    if (g.frozen) continue;
+    z.trained.push_back(n);
+    z.grad_work_io += align_up(n * dsize, io::kIoAlignBytes);
+    z.max_grad_io = std::max(z.max_grad_io, align_up(n * dsize, io::kIoAlignBytes));
     z.f32 += n * 4;
     z.f32_io += align_up(n * 4, io::kIoAlignBytes);
-    z.max_work_io = std::max(z.max_work_io, align_up(n * dsize, io::kIoAlignBytes));
     z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
     z.max_elems = std::max(z.max_elems, g.num_elems);
-    z.elems.push_back(n);
   }
 
   MemoryPlan plan;

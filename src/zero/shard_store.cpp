@@ -31,6 +31,7 @@ struct ShardStore::Group {
   mem::Handle grad = mem::Handle::kInvalid;
   mem::Handle grad_acc = mem::Handle::kInvalid;
   void* grad_d = nullptr;  // the gradient's device copy while the model accumulates into it
+  bool frozen = false;     // a working copy only: no gradient, no optimizer state
   bool has_grad = false;   // a gradient arrived since the last step
   double sum_squares = 0;  // of the gradient as accumulated so far, when summed off the device
   std::int64_t span_begin_ns = 0;
@@ -112,7 +113,9 @@ Result<std::unique_ptr<ShardStore>> ShardStore::create(const model::ParamLayout&
 
 std::int64_t ShardStore::max_group_elems() const {
   std::int64_t max_n = 0;
-  for (const auto& spec : layout_.groups()) max_n = std::max(max_n, spec.num_elems);
+  for (const auto& spec : layout_.groups()) {
+    if (!spec.frozen) max_n = std::max(max_n, spec.num_elems);
+  }
   return max_n;
 }
 
@@ -177,6 +180,11 @@ Status ShardStore::create_store() {
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
     const std::string& name = spec.name;
     STRATA_ASSIGN_OR_RETURN(g->work, add("parameters of " + name, g->work_bytes, plan_.params));
+    g->frozen = spec.frozen;
+    if (g->frozen) {
+      groups_.push_back(std::move(g));
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(g->master, add("master weights of " + name, g->f32_bytes, opt));
     STRATA_ASSIGN_OR_RETURN(g->exp_avg, add("exp_avg of " + name, g->f32_bytes, opt));
     STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq, add("exp_avg_sq of " + name, g->f32_bytes, opt));
@@ -209,6 +217,8 @@ Status ShardStore::create_store() {
     po.prefetch_bytes = options_.prefetch_bytes;
     po.max_live_bytes = options_.max_live_bytes;
     po.max_reuse_distance = options_.max_reuse_distance;
+    // Working copies nobody rewrites (every group frozen) stay on the device between passes.
+    po.release_at_pass_end = trains();
     // While an overlapped step runs, a working copy is fetched ahead (from the trace or a hint)
     // only once it is updated.
     std::unordered_map<std::uint32_t, int> group_of_work;
@@ -292,6 +302,10 @@ void ShardStore::release_params(int group) {
 
 Result<void*> ShardStore::acquire_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
+  if (g.frozen) {
+    return failed_precondition("parameter group '" + g.spec->name +
+                               "' is frozen: it has no gradient");
+  }
   STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
   if (plan_.keep_gradients && g.has_grad) {
     return failed_precondition("a second gradient of '" + g.spec->name +
@@ -432,10 +446,11 @@ Status ShardStore::finish_micro_batch() {
     for (int gi = 0; gi < num_groups(); ++gi) view_->gradient_final(gi);
   }
   // The end of a pass: the scheduler settles its prefetches and drops what it kept, since the
-  // optimizer may rewrite the working copies before the next pass.
+  // optimizer may rewrite the working copies before the next pass. Between passes the store
+  // then holds nothing on the device that the model might need. With every group frozen
+  // nothing rewrites them: they stay for the next pass while there is room.
   if (sched_) sched_->end_pass();
-  // Between passes the store holds nothing on the device that the model might need.
-  store_->trim_device_cache();
+  if (trains()) store_->trim_device_cache();
   backward_ = false;
   absorb_store_stats();
   STRATA_RETURN_IF_ERROR(first);
@@ -488,7 +503,7 @@ void ShardStore::clear_grads() {
 Status ShardStore::give_zero_grads() {
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
-    if (g.has_grad) continue;
+    if (g.has_grad || g.frozen) continue;
     STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
     if (plan_.keep_gradients || (plan_.accumulate_on_device() && guessing())) {
@@ -503,7 +518,7 @@ Status ShardStore::give_zero_grads() {
 Status ShardStore::send_sums_to_host() {
   if (!plan_.accumulate_on_device()) return Status::ok();
   for (const auto& g : groups_) {
-    STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
+    if (!g->frozen) STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
   }
   return Status::ok();
 }
@@ -517,10 +532,13 @@ DType ShardStore::step_grad_dtype() const {
   return plan_.keep_gradients ? options_.compute_dtype : DType::kF32;
 }
 
-std::vector<StepGroup> ShardStore::step_groups() const {
+std::vector<StepGroup> ShardStore::step_groups(std::vector<int>* ids) const {
   std::vector<StepGroup> groups;
+  ids->clear();
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = *groups_[gi];
+    if (g.frozen) continue;
+    ids->push_back(static_cast<int>(gi));
     StepGroup sg{g.spec->name, g.n,          g.master,
                  g.exp_avg,    g.exp_avg_sq, step_grad(static_cast<int>(gi))};
     if (plan_.shadow_state) {
@@ -634,8 +652,16 @@ void ShardStore::give(Scratch& s) {
 // ---- state in and out ----
 
 Status ShardStore::load_master(const model::GroupSource& source) {
+  std::vector<float> frozen_source;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = *groups_[gi];
+    if (g.frozen) {  // the working copy alone, converted from the source's fp32
+      frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
+      STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));
+      STRATA_RETURN_IF_ERROR(write_working_copy(static_cast<int>(gi), frozen_source.data()));
+      STRATA_RETURN_IF_ERROR(wait_writebacks());
+      continue;
+    }
     // The master weights' host copy (its home, or a fresh copy on its way home), filled by the
     // source; the working copy converted from it the same way.
     STRATA_ASSIGN_OR_RETURN(void* master, store_->emplace(g.master, Tier::kHost, true));
@@ -659,17 +685,29 @@ Status ShardStore::load_master(const model::GroupSource& source) {
 }
 
 Status ShardStore::read_master(int group, float* dst) {
-  return store_->read(groups_.at(static_cast<std::size_t>(group))->master, dst);
+  const Group& g = *groups_.at(static_cast<std::size_t>(group));
+  if (!g.frozen) return store_->read(g.master, dst);
+  // A frozen group's weights are its working copy, widened.
+  std::vector<std::byte> work(g.work_bytes);
+  STRATA_RETURN_IF_ERROR(store_->read(g.work, work.data()));
+  host_arrays_->convert(work.data(), options_.compute_dtype, dst, DType::kF32, g.n);
+  return Status::ok();
 }
 
 Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
+  if (g.frozen) {  // no optimizer state: zeros, as before a first step
+    std::fill_n(exp_avg, g.n, 0.0f);
+    std::fill_n(exp_avg_sq, g.n, 0.0f);
+    return Status::ok();
+  }
   STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
   return store_->read(g.exp_avg_sq, exp_avg_sq);
 }
 
 Status ShardStore::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
+  if (g.frozen) return Status::ok();  // no optimizer state to set
   STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
   return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
 }

@@ -364,6 +364,10 @@ void ZeroProvider::prefetch_params(int group) {
 }
 
 Result<void*> ZeroProvider::acquire_grads(int group) {
+  if (full_.group(group).frozen) {
+    return failed_precondition("parameter group '" + full_.group(group).name +
+                               "' is frozen: it has no gradient");
+  }
   STRATA_RETURN_IF_ERROR(schedule_->before_gradients());
   if (!partitioned(group)) {
     STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group));
@@ -576,6 +580,7 @@ Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg
 Status ZeroProvider::load_moments(const MomentRangeReader& read_range) {
   STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   for (const auto& p : partition_->groups()) {
+    if (full_.group(p.group).frozen) continue;  // no optimizer state
     const std::int64_t begin = p.replicated ? 0 : p.shard_offset;
     const std::int64_t count = p.local_elems();
     std::vector<float> m(static_cast<std::size_t>(count), 0.0f), v(m.size(), 0.0f);

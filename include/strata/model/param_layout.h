@@ -29,6 +29,9 @@ struct ParamGroup {
   std::string name;  // "embed", "layers.3", "head"
   std::vector<TensorSpec> tensors;
   std::int64_t num_elems = 0;  // including alignment padding
+  // No gradient and no optimizer state: its working copy is read, never written back (a frozen
+  // base under trainable adapters; every group when generating).
+  bool frozen = false;
 };
 
 // Groups: 0 = "embed" (model.embed_tokens.weight); 1..L = "layers.i" in the order

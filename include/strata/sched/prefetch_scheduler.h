@@ -37,6 +37,10 @@ struct PrefetchOptions {
   // not change between passes (accumulation micro-batches, evaluation, benchmarks): a write in
   // between makes the store drop those copies again, which is correct but wasted work.
   bool prefetch_across_passes = false;
+  // At the end of a pass, drop the device copies it kept (their data may be rewritten before the
+  // next pass, by an optimizer step). false where nothing rewrites them (frozen parameters, as
+  // in generation): they stay while the store has room, evicted by the trace's next use.
+  bool release_at_pass_end = true;
   // Called for every fetch the scheduler starts: the tensor, the sequence point (acquires and
   // releases so far in this pass: acquiring the k-th tensor is point 2k-1, releasing it 2k when
   // uses do not nest), and whether the trace (not a hint) asked for it. Tests and tracing only.

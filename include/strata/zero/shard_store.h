@@ -129,6 +129,7 @@ class ShardStore {
   void set_step_view(StepView* view) { view_ = view; }
 
   // ---- parameters and gradients, with ParamProvider's contract (model/param_provider.h) ----
+  // acquire_grads of a frozen group fails, naming it.
   Result<const void*> acquire_params(int group);
   void release_params(int group);
   void prefetch_params(int group);
@@ -162,7 +163,8 @@ class ShardStore {
 
   // ---- state in and out (no step running) ----
   // Sets every group's master weights (and working copy) from `source`; moments are zeroed and
-  // gradients dropped.
+  // gradients dropped. A frozen group's working copy is set alone; its "master weights" read back
+  // are that copy widened, and its moments are zeros (writes to them are ignored).
   Status load_master(const model::GroupSource& source);
   Status read_master(int group, float* dst);
   Status read_moments(int group, float* exp_avg, float* exp_avg_sq);
@@ -170,10 +172,12 @@ class ShardStore {
 
   // ---- what the optimizer schedule works with ----
   int num_groups() const { return static_cast<int>(groups_.size()); }
-  std::int64_t max_group_elems() const;
-  // The step's view of each group: its state (the shadow copies as outputs with
-  // plan.shadow_state) and the gradient the optimizer reads.
-  std::vector<StepGroup> step_groups() const;
+  bool frozen(int group) const { return layout_.group(group).frozen; }
+  bool trains() const { return max_group_elems() > 0; }  // some group is not frozen
+  std::int64_t max_group_elems() const;                  // of the trainable groups
+  // The step's view of each trainable group: its state (the shadow copies as outputs with
+  // plan.shadow_state) and the gradient the optimizer reads; `ids` gets each one's group.
+  std::vector<StepGroup> step_groups(std::vector<int>* ids) const;
   // The gradient the optimizer reads: the kept gradient or the fp32 accumulator.
   mem::Handle step_grad(int group) const;
   DType step_grad_dtype() const;

@@ -83,6 +83,7 @@ class ZeroProvider final : public model::ParamProvider {
   Result<const void*> acquire_params(int group) override;
   void release_params(int group) override;
   void prefetch_params(int group) override;
+  // A frozen group (model::ParamGroup::frozen) has no gradient: acquire_grads fails, naming it.
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace strata::zero {
 namespace {
 
@@ -55,6 +57,52 @@ TEST(PlanTest, EveryHomeIsCountedOnceInItsTier) {
   EXPECT_GT(plan->optimizer_staging_bytes, 0u);
   EXPECT_NE(plan->describe().find("gradients kept as computed on host"), std::string::npos)
       << plan->describe();
+}
+
+// Frozen groups (a base under adapters) keep a working copy and nothing else: no gradient, no
+// master weights, no moments, and their own group needs no gradient's room on the device.
+TEST(PlanTest, FrozenGroupsHoldOnlyTheirWorkingCopies) {
+  const model::ParamLayout all = layout();
+  std::vector<model::ParamGroup> groups = all.groups();
+  for (auto& g : groups) g.frozen = g.id != 1;  // only layers.0 trains
+  const model::ParamLayout part = model::ParamLayout::from_groups(groups);
+  const model::ParamLayout trained = model::ParamLayout::from_groups({all.group(1)});
+  for (const PlanOptions& o : {nvme_options(), PlanOptions{}}) {
+    auto plan = make_plan(part, o);
+    auto reference = make_plan(trained, o);
+    ASSERT_TRUE(plan.is_ok() && reference.is_ok()) << plan.status().message();
+    const Tier opt = o.optimizer;
+    EXPECT_EQ(plan->kind_bytes(o.params, TensorKind::kParameters),
+              o.params == Tier::kDevice
+                  ? static_cast<std::uint64_t>(all.total_elems()) * dtype_size(o.compute_dtype)
+                  : sum_bytes(all, dtype_size(o.compute_dtype)));
+    EXPECT_EQ(plan->kind_bytes(opt, TensorKind::kMasterWeights),
+              reference->kind_bytes(opt, TensorKind::kMasterWeights));
+    EXPECT_EQ(plan->kind_bytes(opt, TensorKind::kMoments),
+              reference->kind_bytes(opt, TensorKind::kMoments));
+    for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+      EXPECT_EQ(plan->kind_bytes(t, TensorKind::kGradients),
+                reference->kind_bytes(t, TensorKind::kGradients))
+          << tier_name(t);
+    }
+  }
+  // Every group frozen (generation): the parameters may live off the device without an
+  // optimizer to take there, and a group needs only its own room on the device.
+  for (auto& g : groups) g.frozen = true;
+  const model::ParamLayout none = model::ParamLayout::from_groups(groups);
+  PlanOptions o;
+  o.params = Tier::kHost;
+  std::int64_t largest = 0;
+  for (const auto& g : none.groups()) largest = std::max(largest, g.num_elems);
+  o.device_budget_bytes = static_cast<std::uint64_t>(largest) * 4 + 1;  // no room for a gradient
+  auto plan = make_plan(none, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kGradients), 0u);
+  EXPECT_EQ(plan->kind_bytes(Tier::kHost, TensorKind::kMasterWeights), 0u);
+  groups[0].frozen = false;
+  auto refused = make_plan(model::ParamLayout::from_groups(groups), o);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("needs offload_optimizer"), std::string::npos);
 }
 
 TEST(PlanTest, TheModelsWorkspaceIsCountedOnTheDeviceOnly) {

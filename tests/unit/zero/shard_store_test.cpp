@@ -48,9 +48,15 @@ class ShardStoreTest : public ::testing::TestWithParam<Placement> {
     make_engine(1);
   }
 
-  void make_engine(std::int64_t accumulation_steps) {
+  // `frozen`: the groups made frozen (no gradient, no optimizer state); `overlap`: the schedule.
+  void make_engine(std::int64_t accumulation_steps, std::vector<int> frozen = {},
+                   OptimizerOverlap overlap = OptimizerOverlap::kNone) {
     provider_.reset();
+    std::vector<model::ParamGroup> groups = model::ParamLayout::build(config_).groups();
+    for (int g : frozen) groups.at(static_cast<std::size_t>(g)).frozen = true;
+    layout_ = model::ParamLayout::from_groups(std::move(groups));
     ShardOptions o;
+    o.overlap = overlap;
     o.offload_param = GetParam().param;
     o.offload_optimizer = GetParam().opt;
     o.compute_dtype = GetParam().dtype;
@@ -111,7 +117,16 @@ void ShardStoreTest::check_step(int micro_batches) {
   }
   // Micro-batches of gradients accumulate in fp32 (one: the gradient is kept as it is).
   for (int micro = 0; micro < micro_batches; ++micro) {
+    if (micro == micro_batches - 1) provider_->begin_last_micro_batch(1e-2, 1, true);
     for (int g = layout_.num_groups() - 1; g >= 0; --g) {
+      if (layout_.group(g).frozen) {
+        auto refused = provider_->acquire_grads(g);
+        ASSERT_FALSE(refused.is_ok());
+        EXPECT_NE(refused.status().message().find("'" + layout_.group(g).name + "' is frozen"),
+                  std::string::npos)
+            << refused.status().message();
+        continue;
+      }
       auto buf = provider_->acquire_grads(g);
       ASSERT_TRUE(buf.is_ok());
       const auto grad = values(g, 100 + static_cast<std::uint64_t>(micro));
@@ -125,7 +140,7 @@ void ShardStoreTest::check_step(int micro_batches) {
   for (int g = 0; g < layout_.num_groups(); ++g) {
     auto& s = acc[static_cast<std::size_t>(g)];
     s.assign(static_cast<std::size_t>(layout_.group(g).num_elems), 0.0f);
-    for (int micro = 0; micro < micro_batches; ++micro) {
+    for (int micro = 0; micro < micro_batches && !layout_.group(g).frozen; ++micro) {
       const auto a = values(g, 100 + static_cast<std::uint64_t>(micro));
       for (std::size_t i = 0; i < a.size(); ++i) {
         s[i] += dtype == DType::kF32 ? a[i] : bf16_to_f32(f32_to_bf16(a[i]));
@@ -141,6 +156,16 @@ void ShardStoreTest::check_step(int micro_batches) {
   for (int g = 0; g < layout_.num_groups(); ++g) {
     auto p = values(g, 1);
     std::vector<float> m(p.size()), v(p.size());
+    if (layout_.group(g).frozen) {  // untouched: its working copy widened, no moments
+      for (float& x : p) x = dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x));
+      std::vector<float> got(p.size()), gm(p.size(), 1.0f), gv(p.size(), 1.0f);
+      ASSERT_TRUE(provider_->gather_master(g, got.data()).is_ok());
+      ASSERT_TRUE(provider_->read_moment_slice(g, gm.data(), gv.data()).is_ok());
+      EXPECT_EQ(got, p) << "frozen group " << g;
+      EXPECT_EQ(gm, m);
+      EXPECT_EQ(gv, v);
+      continue;
+    }
     device::AdamWArgs a =
         optim::make_adamw_args(optim::AdamWHyper{1e-2, 0.9, 0.999, 1e-8, 0.1, true}, 1e-2, 1, 0.5f);
     a.param = p.data();
@@ -169,6 +194,18 @@ TEST_P(ShardStoreTest, ServesMasterAsWorkingCopyAndUpdatesLikeTheReference) {
 TEST_P(ShardStoreTest, AccumulatesMicroBatchesInFp32) {
   make_engine(3);
   check_step(3);
+}
+
+// The embedding and the head frozen (a base under trainable layers): their weights stay, their
+// gradients are refused by name, and the trainable groups step like the reference, under the
+// serial schedule and (off the device) a guess beside backward that clipping makes redo.
+TEST_P(ShardStoreTest, FrozenGroupsKeepTheirWeightsAndRefuseGradients) {
+  const int head = layout_.num_groups() - 1;
+  make_engine(1, {0, head});
+  check_step(1);
+  if (GetParam().opt == Tier::kDevice) return;
+  make_engine(2, {0, head}, OptimizerOverlap::kBackward);
+  check_step(2);
 }
 
 TEST_P(ShardStoreTest, ASecondGradientWithoutAccumulationIsAnError) {
