@@ -1,9 +1,12 @@
 // Status formatting and the STRATA_CHECK failure path.
 #include "strata/core/status.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "strata/core/check.h"
 
 namespace strata {
 
@@ -52,11 +55,16 @@ Status errno_status(int err, std::string_view what, std::string_view path) {
 
 namespace detail {
 
+namespace {
+std::atomic<int> check_rank{0};
+}  // namespace
+
+void set_check_rank(int rank) { check_rank.store(rank, std::memory_order_relaxed); }
+
 [[noreturn]] void check_failed(const char* expr, const char* file, int line,
                                const std::string& detail) {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  std::fprintf(stderr, "STRATA_CHECK failed: %s%s at %s:%d (rank %s)\n", expr, detail.c_str(), file,
-               line, rank ? rank : "0");
+  std::fprintf(stderr, "STRATA_CHECK failed: %s%s at %s:%d (rank %d)\n", expr, detail.c_str(), file,
+               line, check_rank.load(std::memory_order_relaxed));
   std::fflush(stderr);
   std::abort();
 }

@@ -69,44 +69,6 @@ Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options) {
 #endif
 }
 
-Result<LocalRank> local_rank_from_environment(const char* (*getenv)(const char*)) {
-  if (getenv == nullptr) getenv = [](const char* name) -> const char* { return std::getenv(name); };
-  // Launchers in the order of how sure their variables are: each names rank and size.
-  static constexpr std::array<std::pair<const char*, const char*>, 4> kVars = {{
-      {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-      {"LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-      {"SLURM_LOCALID", nullptr},
-  }};
-  const auto parse = [](const char* name, const char* text, int min) -> Result<int> {
-    int v = 0;
-    const char* end = text + std::strlen(text);
-    const auto [ptr, ec] = std::from_chars(text, end, v);
-    if (ec != std::errc() || ptr != end || text == end || v < min) {
-      return invalid_argument("environment variable " + std::string(name) + "=\"" + text +
-                              "\" is not an integer >= " + std::to_string(min));
-    }
-    return v;
-  };
-  for (const auto& [rank_var, size_var] : kVars) {
-    const char* r = getenv(rank_var);
-    if (r == nullptr) continue;
-    LocalRank lr;
-    lr.source = rank_var;
-    STRATA_ASSIGN_OR_RETURN(lr.rank, parse(rank_var, r, 0));
-    lr.size = 0;
-    if (const char* n = size_var != nullptr ? getenv(size_var) : nullptr) {
-      STRATA_ASSIGN_OR_RETURN(lr.size, parse(size_var, n, 1));
-      if (lr.rank >= lr.size) {
-        return invalid_argument(std::string(rank_var) + "=" + r + " is not below " + size_var +
-                                "=" + n);
-      }
-    }
-    return lr;
-  }
-  return LocalRank{};
-}
-
 Result<int> choose_device_index(int configured, const LocalRank& local, int visible_devices) {
   if (visible_devices <= 0) return unavailable("no GPU is visible to this process");
   const std::string ranks =

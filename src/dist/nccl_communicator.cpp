@@ -22,6 +22,7 @@
 #include "src/dist/nccl_communicator.h"
 #include "strata/core/check.h"
 #include "strata/device/device.h"
+#include "strata/sys/environment.h"
 
 // Communicators are created non-blocking (ncclCommInitRankConfig), so that creation has a
 // deadline: NCCL_CONFIG_INITIALIZER and ncclGetLastError need 2.14.
@@ -384,7 +385,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
   // The host side (NCCL's id, barriers, host reductions): MPI when launched with several
   // ranks; one process needs none, so a build without MPI still runs NCCL on one GPU.
   std::unique_ptr<Communicator> host;
-  if (launched_with_multiple_ranks()) {
+  STRATA_ASSIGN_OR_RETURN(const sys::Launch launch, sys::read_launch());
+  if (launch.multiple_ranks()) {
 #if STRATA_HAVE_MPI
     STRATA_ASSIGN_OR_RETURN(host, make_mpi_host_communicator(options, device));
 #else

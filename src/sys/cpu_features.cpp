@@ -4,6 +4,9 @@
 #include <cpuid.h>
 
 #include <cstdlib>
+#include <utility>
+
+#include "strata/sys/environment.h"
 
 namespace strata::sys {
 namespace {
@@ -64,11 +67,9 @@ Result<SimdPath> resolve_simd_path(const std::string& choice_in, std::string_vie
   std::string choice = choice_in;
   std::string source(what);
   if (choice == "auto") {
-    // Read at each choice; nothing in Strata writes the environment while threads run.
-    const char* env = std::getenv("STRATA_SIMD");  // NOLINT(concurrency-mt-unsafe)
-    if (env != nullptr && *env != '\0') {
-      choice = env;
-      source = "STRATA_SIMD";
+    if (std::string env = knob(Knob::kSimd); !env.empty()) {
+      choice = std::move(env);
+      source = knob_name(Knob::kSimd);
     }
   }
   SimdPath path;

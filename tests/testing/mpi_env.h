@@ -10,6 +10,7 @@
 
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "strata/sys/environment.h"
 
 namespace strata::testing {
 
@@ -25,7 +26,7 @@ inline MpiEnv& mpi_env() {
     x.device = std::move(*device::create_device(device::DeviceOptions{}));
     dist::CommOptions o;
     o.backend =
-        dist::launched_with_multiple_ranks() ? dist::CommBackend::kMpi : dist::CommBackend::kSingle;
+        sys::read_launch()->multiple_ranks() ? dist::CommBackend::kMpi : dist::CommBackend::kSingle;
     o.timeout = std::chrono::seconds(60);
     auto c = dist::create_communicator(o, *x.device);
     EXPECT_TRUE(c.is_ok()) << c.status().message();

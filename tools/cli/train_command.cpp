@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/dist/communicator.h"
+#include "strata/sys/environment.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
 #include "tools/cli/commands.h"
@@ -89,8 +90,9 @@ Result<std::function<void(int, std::int64_t)>> parse_fault(const std::string& sp
 
 // "strata train: ", naming the rank when several ranks each print their error.
 std::string error_prefix() {
-  const int rank = dist::launched_rank();
-  return rank < 0 ? "strata train: " : "strata train [rank " + std::to_string(rank) + "]: ";
+  const Result<sys::Launch> launch = sys::read_launch();
+  if (!launch.is_ok() || !launch->multiple_ranks()) return "strata train: ";
+  return "strata train [rank " + std::to_string(launch->rank) + "]: ";
 }
 
 int run_train(const TrainArgs& a) {

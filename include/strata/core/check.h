@@ -8,6 +8,8 @@ namespace strata::detail {
 
 [[noreturn]] void check_failed(const char* expr, const char* file, int line,
                                const std::string& detail);
+// The rank a failed check names: this process's, set when its communicator is made (0 before).
+void set_check_rank(int rank);
 
 inline void append_values(std::ostringstream&) {}
 template <typename T, typename... Rest>

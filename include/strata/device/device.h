@@ -224,16 +224,13 @@ struct DeviceOptions {
 // says which.
 Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options);
 
-// The node-local rank and rank count as the launcher set them: Open MPI's
-// OMPI_COMM_WORLD_LOCAL_RANK/_SIZE, MPICH's MPI_LOCALRANKID/MPI_LOCALNRANKS, torchrun's
-// LOCAL_RANK/LOCAL_WORLD_SIZE, or Slurm's SLURM_LOCALID (size unknown: 0). Rank 0 of 1 when none
-// is set. `getenv` is injectable for tests.
+// The node-local rank and rank count as the launcher set them (sys::read_launch's local_rank,
+// local_size and source).
 struct LocalRank {
   int rank = 0;
   int size = 1;        // 0 when the launcher does not say
   std::string source;  // the variable it came from; empty when none was set
 };
-Result<LocalRank> local_rank_from_environment(const char* (*getenv)(const char*) = nullptr);
 
 // The GPU a rank uses, from the configured index (kAutoDeviceIndex or an explicit one), its
 // node-local rank and the number of GPUs it can see. Auto gives local rank r GPU r, and GPU 0

@@ -109,12 +109,6 @@ struct CommOptions {
   std::chrono::seconds timeout{300};  // a collective that does not finish in time ends the run
 };
 
-// True when this process was started by mpirun/srun with more than one rank (environment).
-bool launched_with_multiple_ranks();
-// This process's rank as the launcher set it in the environment (mpirun, srun), or -1 when it
-// was not launched with several ranks. Readable before any communicator exists.
-int launched_rank();
-
 // Creates the communicator. MPI is initialized on first use and finalized when the last MPI
 // communicator is destroyed. `device` decides which buffers collectives touch.
 Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,

@@ -19,6 +19,7 @@
 #include "strata/core/check.h"
 #include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
+#include "strata/sys/environment.h"
 
 namespace strata::device {
 namespace {
@@ -241,14 +242,8 @@ class CpuDevice final : public Device {
   }
 
   // STRATA_OP_PROFILE=1: time every op (strata/device/op_profile.h), for benchmarks.
-  static bool profile_from_environment() {
-    const char* v = std::getenv("STRATA_OP_PROFILE");  // NOLINT(concurrency-mt-unsafe)
-    return v != nullptr && std::string_view(v) == "1";
-  }
-  static bool strict_from_environment() {
-    const char* v = std::getenv("STRATA_STRICT_HOST_MEMORY");
-    return v != nullptr && std::string_view(v) == "1";
-  }
+  static bool profile_from_environment() { return sys::knob_on(sys::Knob::kOpProfile); }
+  static bool strict_from_environment() { return sys::knob_on(sys::Knob::kStrictHostMemory); }
   void add_pinned(void* p, std::size_t n) {
     std::lock_guard lock(mu_);
     pinned_[reinterpret_cast<std::uintptr_t>(p)] = n;

@@ -10,6 +10,7 @@
 #include "strata/build_config.h"
 #include "strata/core/check.h"
 #include "strata/sys/cpu_features.h"
+#include "strata/sys/environment.h"
 
 #if STRATA_HAVE_ONEDNN
 #include <omp.h>
@@ -42,9 +43,9 @@ bool openblas_kernel_has_avx512() {
 }  // namespace
 
 Result<CpuGemmChoice> resolve_cpu_gemm() {
-  // Read at each device's creation; nothing in Strata writes the environment while threads run.
-  const char* env = std::getenv("STRATA_CPU_GEMM");  // NOLINT(concurrency-mt-unsafe)
-  const std::string choice = env != nullptr && *env != '\0' ? env : "auto";
+  // Read at each device's creation.
+  const std::string env = sys::knob(sys::Knob::kCpuGemm);
+  const std::string choice = env.empty() ? "auto" : env;
   const bool bf16_units = sys::cpu_supports_avx512_bf16() || sys::cpu_supports_amx_bf16();
   constexpr auto kOneDnn = GemmLibrary::kOneDnn;
   CpuGemmChoice c;

@@ -8,6 +8,7 @@
 #include "runtime.h"
 #include "src/device/cuda/cuda_device.h"
 #include "strata/core/json.h"
+#include "strata/sys/environment.h"
 
 namespace strata::device::cuda {
 
@@ -21,11 +22,6 @@ std::string describe_cuda() {
 }
 
 namespace {
-
-// Read at each device's creation; nothing in the process sets these variables.
-const char* environment(const char* name) {
-  return std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
-}
 
 kernels::AttentionKernel kernel_of(AttentionVariant variant) {
   switch (variant) {
@@ -44,16 +40,13 @@ kernels::AttentionKernel kernel_of(AttentionVariant variant) {
 }  // namespace
 
 bool sync_requested_by_environment(const char* (*getenv)(const char*)) {
-  if (getenv == nullptr) getenv = environment;
-  const char* sync = getenv("STRATA_CUDA_SYNC");
-  return sync != nullptr && std::strcmp(sync, "1") == 0;
+  return sys::knob_on(sys::Knob::kCudaSync, getenv);
 }
 
 Result<CudaTuning> tuning_from_environment(const DeviceOptions& options,
                                            const char* (*getenv)(const char*)) {
-  if (getenv == nullptr) getenv = environment;
   AttentionVariant variant = options.attention;
-  if (const char* asked = getenv("STRATA_ATTENTION"); asked != nullptr && *asked != '\0') {
+  if (const std::string asked = sys::knob(sys::Knob::kAttention, getenv); !asked.empty()) {
     std::string choices;
     bool known = false;
     for (const AttentionVariant v : kAttentionVariants) {
@@ -88,7 +81,8 @@ Result<std::unique_ptr<Device>> create_cuda_device(const DeviceOptions& options,
     return unavailable("device 'cuda' requested, but no GPU is usable on this machine (" +
                        info.error + "); set device: \"cpu\" to train on the CPU backend");
   }
-  STRATA_ASSIGN_OR_RETURN(const LocalRank local, local_rank_from_environment());
+  STRATA_ASSIGN_OR_RETURN(const sys::Launch launch, sys::read_launch());
+  const LocalRank local{launch.local_rank, launch.local_size, launch.source};
   STRATA_ASSIGN_OR_RETURN(const int index,
                           choose_device_index(options.device_index, local, info.count));
   if (options.memory_limit_bytes == 0) {

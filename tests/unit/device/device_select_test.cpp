@@ -1,4 +1,4 @@
-// Which GPU a rank takes: the launcher's node-local rank variables and the choice from them.
+// Which GPU a rank takes, from the launcher's node-local rank (sys::read_launch).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,64 +11,6 @@
 
 namespace strata::device {
 namespace {
-
-// A fake environment for local_rank_from_environment (a plain function pointer, so a global).
-std::map<std::string, std::string>& fake_env() {
-  static std::map<std::string, std::string> env;
-  return env;
-}
-const char* fake_getenv(const char* name) {
-  const auto it = fake_env().find(name);
-  return it == fake_env().end() ? nullptr : it->second.c_str();
-}
-Result<LocalRank> local_rank(std::map<std::string, std::string> env) {
-  fake_env() = std::move(env);
-  return local_rank_from_environment(&fake_getenv);
-}
-
-TEST(DeviceSelectTest, LocalRankComesFromTheLauncher) {
-  auto none = local_rank({});
-  ASSERT_TRUE(none.is_ok());
-  EXPECT_EQ(none->rank, 0);
-  EXPECT_EQ(none->size, 1);
-  EXPECT_TRUE(none->source.empty());
-
-  auto ompi = local_rank({{"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
-                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
-                          {"LOCAL_RANK", "1"}});  // Open MPI's own variables win
-  ASSERT_TRUE(ompi.is_ok());
-  EXPECT_EQ(ompi->rank, 3);
-  EXPECT_EQ(ompi->size, 4);
-  EXPECT_EQ(ompi->source, "OMPI_COMM_WORLD_LOCAL_RANK");
-
-  auto mpich = local_rank({{"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
-  ASSERT_TRUE(mpich.is_ok());
-  EXPECT_EQ(mpich->rank, 1);
-  EXPECT_EQ(mpich->size, 2);
-
-  auto torchrun = local_rank({{"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "8"}});
-  ASSERT_TRUE(torchrun.is_ok());
-  EXPECT_EQ(torchrun->rank, 5);
-
-  auto slurm = local_rank({{"SLURM_LOCALID", "2"}});
-  ASSERT_TRUE(slurm.is_ok());
-  EXPECT_EQ(slurm->rank, 2);
-  EXPECT_EQ(slurm->size, 0);  // unknown
-
-  // Each bad value is an error naming the variable at fault.
-  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> bad = {
-      {{{"LOCAL_RANK", "x"}}, "LOCAL_RANK=\"x\""},
-      {{{"LOCAL_RANK", "-1"}}, "LOCAL_RANK=\"-1\""},
-      {{{"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}, "LOCAL_RANK=2 is not below"},
-      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "0"}},
-       "OMPI_COMM_WORLD_LOCAL_SIZE=\"0\""}};
-  for (const auto& [env, names] : bad) {
-    auto r = local_rank(env);
-    ASSERT_FALSE(r.is_ok()) << names;
-    EXPECT_NE(r.status().message().find(names), std::string::npos) << r.status().message();
-  }
-  fake_env().clear();
-}
 
 TEST(DeviceSelectTest, AutoGivesEachLocalRankItsOwnGpu) {
   const LocalRank single;
