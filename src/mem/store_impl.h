@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "src/mem/ordered_lane.h"
@@ -91,6 +92,22 @@ struct Entry {
   bool is_home(Tier t) const { return !spec.transient && spec.home == t; }
   int num_valid() const { return int(copy[0].valid) + int(copy[1].valid) + int(copy[2].valid); }
 };
+
+// "device", "host", "nvme": a tier in messages.
+inline std::string tier_text(Tier t) { return std::string(tier_name(t)); }
+
+// The config key a tier's budget comes from, in messages.
+inline std::string budget_key(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device budget (device_memory_limit)";
+    case Tier::kHost:
+      return "host budget (host_memory_limit)";
+    case Tier::kNvme:
+      return "nvme budget";
+  }
+  return "budget";
+}
 
 }  // namespace detail
 

@@ -10,13 +10,13 @@
 
 namespace strata::mem {
 
+using detail::budget_key;
 using detail::Entry;
 using detail::Op;
 using detail::OpKind;
+using detail::tier_text;
 
 namespace {
-
-std::string tier_text(Tier t) { return std::string(tier_name(t)); }
 
 // The nearest valid copy to copy from, or nullopt.
 std::optional<Tier> source_for(const Entry& e, Tier to) {

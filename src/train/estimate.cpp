@@ -157,7 +157,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
 }
 
 Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
-                          bool suggest) {
+                          bool suggest, bool check_swap_free) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   STRATA_RETURN_IF_ERROR(config.check_batch_split(ranks));
   Estimate e;
@@ -187,7 +187,7 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
     return out_of_memory(why.message() + changes_to_fit(config, model, ranks));
   };
   zero::ShardOptions eo = shard_options(config, e.model, ranks, activations);
-  if (swap) eo.swap_free_bytes = swap_free_bytes(config, 0);
+  if (swap && check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, 0);
   auto plan = zero::make_plan(partition.local_layout(),
                               zero::plan_options(eo, config.device_memory_limit, swap,
                                                  config.device == device::DeviceKind::kCpu));

@@ -354,13 +354,14 @@ std::string bytes_at_least(std::uint64_t bytes) {
   return format_bytes(static_cast<std::uint64_t>(std::ceil(hundredths / 100.0 * unit)));
 }
 
-// What each open placement needs of the device and the host with no budgets, and the smallest
-// raise of either budget, or the largest micro-batch, that would let one of them run.
+// What each open placement needs of the device, the host and NVMe with no budgets, and the
+// smallest raise of either budget, the free swap space a placement that fits both budgets lacks,
+// or the largest micro-batch, that would let one of them run.
 std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
                              const std::vector<Candidate>& open) {
-  // The device and host bytes `c` needs with `micro_batch` sequences per micro-batch.
+  // The device, host and NVMe bytes `c` needs with `micro_batch` sequences per micro-batch.
   const auto needs = [&](const Candidate& c, std::int64_t micro_batch, std::uint64_t* device,
-                         std::uint64_t* host) {
+                         std::uint64_t* host, std::uint64_t* nvme = nullptr) {
     TrainConfig unbounded = placed(config, c);
     unbounded.micro_batch_size = micro_batch;
     unbounded.device_memory_limit = 0;
@@ -369,10 +370,11 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     if (unbounded.optimizer_overlap != zero::OptimizerOverlap::kNone) {
       unbounded.optimizer_overlap = zero::OptimizerOverlap::kForward;
     }
-    auto e = estimate(unbounded, model, ranks, /*suggest=*/false);
+    auto e = estimate(unbounded, model, ranks, /*suggest=*/false, /*check_swap_free=*/false);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();
     *host = e->plan.tier_bytes(Tier::kHost);
+    if (nvme != nullptr) *nvme = e->plan.tier_bytes(Tier::kNvme);
     return true;
   };
   const auto within = [](std::uint64_t need, std::uint64_t budget) {
@@ -383,9 +385,34 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   // Neither budget alone: both, for the placement that needs the least of the two together.
   std::uint64_t both_device = 0, both_host = 0;
   std::string both_with;
+  // Both budgets hold it, but the swap paths have too little free: the least NVMe to free.
+  const std::uint64_t swap_free = config.swap_paths.empty() ? 0 : swap_free_bytes(config, 0);
+  std::uint64_t nvme_need = 0;
+  std::string nvme_with;
   for (const Candidate& c : open) {
-    std::uint64_t device = 0, host = 0;
-    if (!c.refused.empty() || !needs(c, config.micro_batch_size, &device, &host)) continue;
+    std::uint64_t device = 0, host = 0, nvme = 0;
+    if (!c.refused.empty()) continue;
+    // Planned within both budgets as they are (gradients go to NVMe when the host cannot hold
+    // them), short only of free swap space.
+    if (swap_free != 0) {
+      // The least it needs: without a shadow optimizer state, which the plan drops when short.
+      TrainConfig least = placed(config, c);
+      if (least.optimizer_overlap != zero::OptimizerOverlap::kNone) {
+        least.optimizer_overlap = zero::OptimizerOverlap::kForward;
+      }
+      auto within_budgets =
+          estimate(least, model, ranks, /*suggest=*/false, /*check_swap_free=*/false);
+      const std::uint64_t n =
+          within_budgets.is_ok() ? within_budgets->plan.tier_bytes(Tier::kNvme) : 0;
+      if (within_budgets.is_ok() &&
+          within(within_budgets->device_bytes_needed(), config.device_memory_limit) &&
+          n > swap_free && (nvme_need == 0 || n < nvme_need)) {
+        nvme_need = n;
+        nvme_with = placement_name(c.param, c.optimizer);
+      }
+    }
+    if (!needs(c, config.micro_batch_size, &device, &host, &nvme)) continue;
+    if (swap_free != 0 && nvme > swap_free) continue;  // no budget raise makes it fit
     if (both_with.empty() || device + host < both_device + both_host) {
       both_device = device;
       both_host = host;
@@ -402,6 +429,10 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   }
   std::string out;
   const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", or ") + s; };
+  if (nvme_need != 0) {
+    add("swap_paths with " + bytes_at_least(nvme_need) + " free (" + nvme_with + "; they have " +
+        format_bytes(swap_free) + ")");
+  }
   if (device_need != 0) {
     add("raise device_memory_limit to " + bytes_at_least(device_need) + " (" + device_with + ")");
   }
@@ -416,9 +447,10 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   for (std::int64_t mb = config.micro_batch_size / 2; mb >= 1; mb /= 2) {
     if (config.batch_size % (mb * ranks) != 0) continue;
     const bool fits = std::any_of(open.begin(), open.end(), [&](const Candidate& c) {
-      std::uint64_t device = 0, host = 0;
-      return c.refused.empty() && needs(c, mb, &device, &host) &&
-             within(device, config.device_memory_limit) && within(host, config.host_memory_limit);
+      std::uint64_t device = 0, host = 0, nvme = 0;
+      return c.refused.empty() && needs(c, mb, &device, &host, &nvme) &&
+             within(device, config.device_memory_limit) && within(host, config.host_memory_limit) &&
+             (swap_free == 0 || nvme <= swap_free);
     });
     if (fits) {
       add("micro_batch_size " + std::to_string(mb));

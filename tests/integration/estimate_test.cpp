@@ -353,6 +353,56 @@ TEST(EstimateTest, CalibrationMeasuresTheRatesAndCleansUp) {
   EXPECT_EQ(out["nvme_read_bytes"]["measured"], true);
 }
 
+// A 70B full fine-tune (Llama-3-70B's shape) at 24 GiB of device and 64 GiB of host memory fits
+// only with everything on NVMe, which needs far more than any test machine's free disk: the
+// refusal says how much free swap space that placement needs, beside what the device or host
+// alone would need. The NVMe bytes are the plan's within both budgets (gradients on NVMe too),
+// planned without the free space check and without a shadow optimizer state.
+TEST(EstimateTest, ARefusalForSwapSpaceSuggestsTheNvmeThatWouldFit) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["model"] = {{"vocab_size", 128256},           {"hidden_size", 8192},
+                {"intermediate_size", 28672},     {"num_hidden_layers", 80},
+                {"num_attention_heads", 64},      {"num_key_value_heads", 8},
+                {"max_position_embeddings", 8192}};
+  j["precision"] = "bf16";
+  j["seq_len"] = 512;
+  j["batch_size"] = 1;
+  j["micro_batch_size"] = 1;
+  j["activation_checkpointing"] = true;
+  j["device_memory_limit"] = "24GiB";
+  j["host_memory_limit"] = "64GiB";
+  j["offload_param"] = "auto";
+  j["offload_optimizer"] = "auto";
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  auto refused = estimate(*config, 1);
+  ASSERT_FALSE(refused.is_ok());
+  const std::string msg = refused.status().message();
+  const std::string key = "swap_paths with ";
+  const auto at = msg.find(key);
+  ASSERT_NE(at, std::string::npos) << msg;
+  EXPECT_NE(msg.find("free (nvme/nvme; they have ", at), std::string::npos) << msg;
+  // The bytes it names are what nvme/nvme plans on NVMe.
+  Json placed = j;
+  placed["offload_param"] = "nvme";
+  placed["offload_optimizer"] = "nvme";
+  placed["optimizer_overlap"] = "forward";  // the least: no shadow optimizer state
+  auto placed_config = config_of(placed);
+  ASSERT_TRUE(placed_config.is_ok());
+  auto model = read_model_config(*placed_config, nullptr);
+  ASSERT_TRUE(model.is_ok());
+  auto unchecked = estimate(*placed_config, *model, 1, /*suggest=*/false,
+                            /*check_swap_free=*/false);
+  ASSERT_TRUE(unchecked.is_ok()) << unchecked.status().message();
+  const std::uint64_t nvme = unchecked->plan.tier_bytes(Tier::kNvme);
+  EXPECT_GT(nvme, std::uint64_t{1} << 40);  // about 1 TiB: 70B parameters x 16 bytes
+  const std::uint64_t named =
+      parse_bytes(msg.substr(at + key.size(), msg.find(" free", at) - at - key.size())).value();
+  EXPECT_GE(named, nvme);
+  EXPECT_LE(static_cast<double>(named), static_cast<double>(nvme) * 1.01);
+}
+
 // A small model's step, predicted from the probes (timed layers; a few steps of 1- and 3-layer
 // variants of the config), against the median of a run's steps on the same machine.
 // bench/RESULTS.md records them within 25%; on a shared, loaded machine the test asks for a

@@ -84,8 +84,9 @@ struct Estimate {
 Result<Estimate> estimate(const TrainConfig& config, int ranks);
 // The same for the model `config` names, already read (read_model_config): for callers that plan
 // many variants of one config, or that have read it for themselves. `suggest` false leaves the
-// changes out of a refusal (callers that try variants themselves).
+// changes out of a refusal (callers that try variants themselves); `check_swap_free` false
+// plans the NVMe tier without the swap paths' free space (what a placement would need there).
 Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
-                          bool suggest = true);
+                          bool suggest = true, bool check_swap_free = true);
 
 }  // namespace strata::train
