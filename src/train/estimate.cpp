@@ -157,15 +157,19 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks) {
 }
 
 Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
-                          bool suggest, bool check_swap_free) {
+                          const EstimateOptions& options) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
+  STRATA_CHECK(options.rank >= 0 && options.rank < ranks, "rank outside the ranks planned",
+               options.rank, ranks);
   STRATA_RETURN_IF_ERROR(config.check_batch_split(ranks));
+  const bool suggest = options.suggest;
   Estimate e;
   e.ranks = ranks;
+  e.rank = options.rank;
   e.model = model;
   const model::ParamLayout full = model::ParamLayout::build(e.model);
   e.parameters = full.num_parameters();
-  const zero::Partition partition(full, /*rank=*/0, ranks, config.param_persistence_threshold);
+  const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) {
     e.groups_partitioned += g.replicated ? 0 : 1;
     if (g.replicated) {
@@ -187,7 +191,7 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
     return out_of_memory(why.message() + changes_to_fit(config, model, ranks));
   };
   zero::ShardOptions eo = shard_options(config, e.model, ranks, activations);
-  if (swap && check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, 0);
+  if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   auto plan = zero::make_plan(partition.local_layout(),
                               zero::plan_options(eo, config.device_memory_limit, swap,
                                                  config.device == device::DeviceKind::kCpu));
@@ -221,8 +225,8 @@ std::string Estimate::describe() const {
                   std::to_string(model.num_hidden_layers) + " layers, hidden " +
                   std::to_string(model.hidden_size) + ", vocab " +
                   std::to_string(model.vocab_size) + ")\n";
-  s += "rank 0 of " + std::to_string(ranks) + ": " + std::to_string(groups_partitioned) +
-       " parameter groups partitioned\n";
+  s += "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ": " +
+       std::to_string(groups_partitioned) + " parameter groups partitioned\n";
   s += plan.describe();
   const auto beyond = [](std::uint64_t peak, std::uint64_t planned) {
     return peak > planned

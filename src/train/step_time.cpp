@@ -302,6 +302,11 @@ double ms(double bytes_or_flops, const Rate& r) {
   return r.per_s > 0 ? bytes_or_flops / r.per_s * 1e3 : 0.0;
 }
 
+// Variants of a config that the caller compares itself: no suggestions; with the swap paths'
+// free space, or without (what a placement would need on NVMe).
+const EstimateOptions kVariant{0, false, true};
+const EstimateOptions kVariantUnchecked{0, false, false};
+
 std::string placement_name(Tier param, Tier optimizer) {
   return std::string(zero::offload_name(param)) + "/" + std::string(zero::offload_name(optimizer));
 }
@@ -370,7 +375,7 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     if (unbounded.optimizer_overlap != zero::OptimizerOverlap::kNone) {
       unbounded.optimizer_overlap = zero::OptimizerOverlap::kForward;
     }
-    auto e = estimate(unbounded, model, ranks, /*suggest=*/false, /*check_swap_free=*/false);
+    auto e = estimate(unbounded, model, ranks, kVariantUnchecked);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();
     *host = e->plan.tier_bytes(Tier::kHost);
@@ -400,8 +405,7 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
       if (least.optimizer_overlap != zero::OptimizerOverlap::kNone) {
         least.optimizer_overlap = zero::OptimizerOverlap::kForward;
       }
-      auto within_budgets =
-          estimate(least, model, ranks, /*suggest=*/false, /*check_swap_free=*/false);
+      auto within_budgets = estimate(least, model, ranks, kVariantUnchecked);
       const std::uint64_t n =
           within_budgets.is_ok() ? within_budgets->plan.tier_bytes(Tier::kNvme) : 0;
       if (within_budgets.is_ok() &&
@@ -562,7 +566,7 @@ std::string changes_to_fit(const TrainConfig& config, const model::LlamaConfig& 
         (c.param == config.offload_param && c.optimizer == config.offload_optimizer)) {
       continue;
     }
-    auto e = estimate(placed(config, c), model, ranks, /*suggest=*/false);
+    auto e = estimate(placed(config, c), model, ranks, kVariant);
     if (!e.is_ok() || (config.device_memory_limit != 0 &&
                        e->device_bytes_needed() > config.device_memory_limit)) {
       continue;
@@ -689,7 +693,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
     std::optional<StepTime> st;
     if (refused.empty()) {
       const TrainConfig c = placed(config, cand);
-      auto est = estimate(c, model, ranks, /*suggest=*/false);
+      auto est = estimate(c, model, ranks, kVariant);
       if (!est.is_ok()) {
         refused = est.status().message();
       } else if (config.device_memory_limit != 0 &&

@@ -174,7 +174,10 @@ Status Trainer::Impl::setup() {
     if (rank == 0) log_info("placement: " + choice.why);
   }
   // Before anything large is allocated: the process's own memory is what estimate measures.
-  STRATA_ASSIGN_OR_RETURN(planned, estimate(config, model_config, world));
+  // This rank's plan: the one strata estimate prints for it, and the one its provider runs.
+  EstimateOptions plan_options;
+  plan_options.rank = rank;
+  STRATA_ASSIGN_OR_RETURN(planned, estimate(config, model_config, world, plan_options));
   if (rank != 0) {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();
@@ -213,7 +216,7 @@ Status Trainer::Impl::setup() {
   }
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
-                                           swap.get(), *grid, zopts, sopts));
+                                           swap.get(), *grid, zopts, sopts, &planned.plan));
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));

@@ -14,15 +14,20 @@ namespace strata::zero {
 Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
     const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
     io::SwapSpace* swap, dist::ProcessGrid& grid, const ZeroOptions& options,
-    const ShardOptions& shard_options) {
+    const ShardOptions& shard_options, const MemoryPlan* given_plan) {
   // ZeRO shards over the data-parallel ranks.
   dist::Communicator& comm = grid.data();
   auto partition =
       std::make_unique<Partition>(full, comm.rank(), comm.world_size(), persistence_threshold);
-  STRATA_ASSIGN_OR_RETURN(MemoryPlan plan,
-                          make_plan(partition->local_layout(),
-                                    plan_options(shard_options, device.memory_stats().limit_bytes,
-                                                 swap != nullptr, device.host_addressable())));
+  MemoryPlan plan;
+  if (given_plan != nullptr) {
+    plan = *given_plan;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(plan,
+                            make_plan(partition->local_layout(),
+                                      plan_options(shard_options, device.memory_stats().limit_bytes,
+                                                   swap != nullptr, device.host_addressable())));
+  }
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<ShardStore> shards,
       ShardStore::create(partition->local_layout(), device, swap, shard_options, plan));

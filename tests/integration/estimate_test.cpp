@@ -392,8 +392,10 @@ TEST(EstimateTest, ARefusalForSwapSpaceSuggestsTheNvmeThatWouldFit) {
   ASSERT_TRUE(placed_config.is_ok());
   auto model = read_model_config(*placed_config, nullptr);
   ASSERT_TRUE(model.is_ok());
-  auto unchecked = estimate(*placed_config, *model, 1, /*suggest=*/false,
-                            /*check_swap_free=*/false);
+  EstimateOptions unchecked_options;
+  unchecked_options.suggest = false;
+  unchecked_options.check_swap_free = false;
+  auto unchecked = estimate(*placed_config, *model, 1, unchecked_options);
   ASSERT_TRUE(unchecked.is_ok()) << unchecked.status().message();
   const std::uint64_t nvme = unchecked->plan.tier_bytes(Tier::kNvme);
   EXPECT_GT(nvme, std::uint64_t{1} << 40);  // about 1 TiB: 70B parameters x 16 bytes

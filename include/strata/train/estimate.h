@@ -45,13 +45,14 @@ zero::ZeroOptions zero_options(const TrainConfig& config);
 struct Estimate {
   model::LlamaConfig model;
   std::int64_t parameters = 0;  // the whole model's
-  int ranks = 1;                // planned for rank 0 of these
+  int ranks = 1;                // planned for one rank of these
+  int rank = 0;                 // that one
   int groups_partitioned = 0;   // of the parameter groups, split across the ranks
   // ZeRO's own device buffers at their peak (zero::zero_device_bytes), gradients in transit
   // included: 0 on one rank.
   std::uint64_t zero_device_bytes = 0;
   std::uint64_t replicated_working_bytes = 0;  // working copies of the groups not partitioned
-  zero::MemoryPlan plan;                       // rank 0's, as its engine makes it
+  zero::MemoryPlan plan;                       // the rank's: what its provider runs
   // Resident memory of a process that has loaded Strata and its libraries (this one, measured
   // when the estimate is made), and the predicted peak: that, plus what each tier holds in host
   // RAM at its peak (below).
@@ -77,16 +78,25 @@ struct Estimate {
   Json to_json() const;
 };
 
+// What estimate plans and how it answers a refusal.
+struct EstimateOptions {
+  int rank = 0;         // the rank planned (its partition and swap paths); strata estimate: 0
+  bool suggest = true;  // a refusal comes with the smallest changes that would fit
+  // false plans the NVMe tier without the swap paths' free space (what a placement would need
+  // there).
+  bool check_swap_free = true;
+};
+
 // Rank 0 of `ranks` running `config`. Fails as the trainer would on a config whose plan cannot
 // work (placements that contradict each other, a host or device budget too small), naming what;
 // a budget too small comes with the smallest changes that would fit (changes_to_fit in
 // step_time.h).
 Result<Estimate> estimate(const TrainConfig& config, int ranks);
 // The same for the model `config` names, already read (read_model_config): for callers that plan
-// many variants of one config, or that have read it for themselves. `suggest` false leaves the
-// changes out of a refusal (callers that try variants themselves); `check_swap_free` false
-// plans the NVMe tier without the swap paths' free space (what a placement would need there).
+// many variants of one config (without suggestions: they try variants themselves), that have
+// read it for themselves, or that plan another rank (the trainer plans its own, and runs that
+// plan).
 Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
-                          bool suggest = true, bool check_swap_free = true);
+                          const EstimateOptions& options = {});
 
 }  // namespace strata::train

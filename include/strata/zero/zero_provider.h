@@ -66,15 +66,14 @@ std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& o
 class ZeroProvider final : public model::ParamProvider {
  public:
   // Partitions `full` over the grid's data-parallel ranks (groups under persistence_threshold
-  // elements stay whole), makes the memory plan of this rank's part, and creates its shard store
-  // and optimizer schedule; fails with the plan's errors. `full`, `device`, `swap` (may be null
-  // without NVMe) and `grid` must outlive the provider.
-  static Result<std::unique_ptr<ZeroProvider>> create(const model::ParamLayout& full,
-                                                      std::int64_t persistence_threshold,
-                                                      device::Device& device, io::SwapSpace* swap,
-                                                      dist::ProcessGrid& grid,
-                                                      const ZeroOptions& options,
-                                                      const ShardOptions& shard_options);
+  // elements stay whole) and creates its shard store and optimizer schedule as `plan` says: the
+  // memory plan of this rank's part that the caller made (the trainer's, which strata estimate
+  // prints), or, when null, one made here from `shard_options`; fails with the plan's errors.
+  // `full`, `device`, `swap` (may be null without NVMe) and `grid` must outlive the provider.
+  static Result<std::unique_ptr<ZeroProvider>> create(
+      const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
+      io::SwapSpace* swap, dist::ProcessGrid& grid, const ZeroOptions& options,
+      const ShardOptions& shard_options, const MemoryPlan* plan = nullptr);
   ~ZeroProvider() override;
 
   // Sets master weights from a source of FULL groups; each rank keeps its slice.
