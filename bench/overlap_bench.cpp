@@ -285,7 +285,6 @@ struct EngineRig {
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
   model::ParamLayout layout;
-  std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::ProcessGrid> grid;
   std::unique_ptr<zero::ZeroProvider> engine;
   device::DeviceBuffer a, b, c;
@@ -328,9 +327,7 @@ Result<std::unique_ptr<EngineRig>> make_engine_rig(int layers, std::int64_t elem
   eo.sub_group_size = 1 << 20;
   eo.prefetch_bytes = static_cast<std::uint64_t>(2 * elems) * 2;
   eo.max_live_bytes = static_cast<std::uint64_t>(4 * elems) * 2;
-  rig->comm = dist::make_single_rank_communicator(*rig->device);
-  STRATA_ASSIGN_OR_RETURN(rig->grid,
-                          dist::ProcessGrid::create(*rig->comm, dist::GridShape{}, *rig->device));
+  rig->grid = dist::ProcessGrid::single_rank(*rig->device);
   STRATA_ASSIGN_OR_RETURN(rig->engine,
                           zero::ZeroProvider::create(rig->layout, 0, *rig->device, rig->swap.get(),
                                                      *rig->grid, zero::ZeroOptions{}, eo));

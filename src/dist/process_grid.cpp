@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "strata/core/check.h"
+
 namespace strata::dist {
 
 std::string GridShape::to_string() const {
@@ -20,6 +22,14 @@ GridCoord grid_coord(const GridShape& shape, int rank) {
   c.data = rank / shape.tensor % shape.data;
   c.pipeline = rank / (shape.tensor * shape.data);
   return c;
+}
+
+std::unique_ptr<ProcessGrid> ProcessGrid::single_rank(device::Device& device) {
+  std::unique_ptr<Communicator> comm = make_single_rank_communicator(device);
+  auto grid = create(*comm, GridShape{}, device);
+  STRATA_CHECK(grid.is_ok(), "a one-rank grid", grid.status().to_string());
+  (*grid)->own_world_ = std::move(comm);
+  return std::move(*grid);
 }
 
 Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,

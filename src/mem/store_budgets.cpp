@@ -14,12 +14,6 @@
 
 namespace strata::mem {
 
-using detail::budget_key;
-using detail::Entry;
-using detail::Op;
-using detail::OpKind;
-using detail::tier_text;
-
 // ---- Impl: budgets and victims ----
 
 Entry& TieredStore::Impl::entry(Handle h) {

@@ -111,6 +111,14 @@ inline std::string budget_key(Tier t) {
 
 }  // namespace detail
 
+// The store's own files (tiered_store.cpp, store_budgets.cpp, store_transfers.cpp) use these
+// unqualified.
+using detail::budget_key;
+using detail::Entry;
+using detail::Op;
+using detail::OpKind;
+using detail::tier_text;
+
 struct TieredStore::Impl {
   using Op = detail::Op;
   using Entry = detail::Entry;

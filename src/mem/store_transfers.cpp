@@ -10,12 +10,6 @@
 
 namespace strata::mem {
 
-using detail::budget_key;
-using detail::Entry;
-using detail::Op;
-using detail::OpKind;
-using detail::tier_text;
-
 namespace {
 
 // The nearest valid copy to copy from, or nullopt.

@@ -15,12 +15,6 @@
 
 namespace strata::mem {
 
-using detail::budget_key;
-using detail::Entry;
-using detail::Op;
-using detail::OpKind;
-using detail::tier_text;
-
 bool Completion::done() const { return state_ == nullptr || state_->is_done(); }
 
 Status Completion::wait() const { return state_ == nullptr ? Status::ok() : state_->wait(); }

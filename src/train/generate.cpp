@@ -66,7 +66,6 @@ struct Generator::Impl {
   model::LlamaConfig config;
   std::unique_ptr<model::ParamLayout> layout;  // every group frozen
   std::unique_ptr<device::Device> device;
-  std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::ProcessGrid> grid;
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
@@ -104,9 +103,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   dopts.memory_limit_bytes = options.device_memory_limit;
   dopts.compute_threads = options.threads;
   STRATA_ASSIGN_OR_RETURN(impl->device, device::create_device(dopts));
-  impl->comm = dist::make_single_rank_communicator(*impl->device);
-  STRATA_ASSIGN_OR_RETURN(impl->grid,
-                          dist::ProcessGrid::create(*impl->comm, dist::GridShape{}, *impl->device));
+  impl->grid = dist::ProcessGrid::single_rank(*impl->device);
   // Without a device budget the parameters live on the device. With one they live in host
   // memory and stay on the device between tokens while the budget has room, evicted by their
   // next use in the recorded order when it does not.

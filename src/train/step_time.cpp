@@ -94,9 +94,7 @@ class ProbeModel {
     model.num_hidden_layers = layers;
     std::unique_ptr<ProbeModel> p(new ProbeModel(config, model, device));
     // Everything on the device, as initialized: a one-rank ZeroProvider with nothing offloaded.
-    p->comm_ = dist::make_single_rank_communicator(device);
-    STRATA_ASSIGN_OR_RETURN(p->grid_,
-                            dist::ProcessGrid::create(*p->comm_, dist::GridShape{}, device));
+    p->grid_ = dist::ProcessGrid::single_rank(device);
     zero::ShardOptions so;
     so.compute_dtype = config.precision;
     STRATA_ASSIGN_OR_RETURN(p->provider_,
@@ -138,7 +136,6 @@ class ProbeModel {
         targets_(inputs_.size()) {}
   model::ParamLayout layout_;
   model::LlamaModel model_;
-  std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<dist::ProcessGrid> grid_;
   std::unique_ptr<zero::ZeroProvider> provider_;
   std::int64_t batch_, seq_;

@@ -57,40 +57,31 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   return po;
 }
 
+namespace {
+
+// RankStats' counters (summed and subtracted) and peaks (the larger kept).
+constexpr std::uint64_t RankStats::*kCounts[] = {
+    &RankStats::h2d_bytes,         &RankStats::d2h_bytes,     &RankStats::nvme_read_bytes,
+    &RankStats::nvme_write_bytes,  &RankStats::steps_guessed, &RankStats::steps_redone,
+    &RankStats::steps_rolled_back, &RankStats::gathers_ahead, &RankStats::gathers_ahead_refused};
+constexpr double RankStats::*kTimes[] = {&RankStats::wait_ms, &RankStats::stall_ms,
+                                         &RankStats::optimizer_total_ms,
+                                         &RankStats::optimizer_exposed_ms};
+constexpr std::uint64_t RankStats::*kPeaks[] = {&RankStats::host_bytes, &RankStats::nvme_bytes};
+
+}  // namespace
+
 RankStats& RankStats::operator+=(const RankStats& o) {
-  h2d_bytes += o.h2d_bytes;
-  d2h_bytes += o.d2h_bytes;
-  nvme_read_bytes += o.nvme_read_bytes;
-  nvme_write_bytes += o.nvme_write_bytes;
-  host_bytes = std::max(host_bytes, o.host_bytes);
-  nvme_bytes = std::max(nvme_bytes, o.nvme_bytes);
-  wait_ms += o.wait_ms;
-  stall_ms += o.stall_ms;
-  optimizer_total_ms += o.optimizer_total_ms;
-  optimizer_exposed_ms += o.optimizer_exposed_ms;
-  steps_guessed += o.steps_guessed;
-  steps_redone += o.steps_redone;
-  steps_rolled_back += o.steps_rolled_back;
-  gathers_ahead += o.gathers_ahead;
-  gathers_ahead_refused += o.gathers_ahead_refused;
+  for (auto m : kCounts) this->*m += o.*m;
+  for (auto m : kTimes) this->*m += o.*m;
+  for (auto m : kPeaks) this->*m = std::max(this->*m, o.*m);
   return *this;
 }
 
-RankStats RankStats::since(const RankStats& b) const {
+RankStats RankStats::since(const RankStats& before) const {
   RankStats d = *this;  // the peaks are the run's so far
-  d.h2d_bytes -= b.h2d_bytes;
-  d.d2h_bytes -= b.d2h_bytes;
-  d.nvme_read_bytes -= b.nvme_read_bytes;
-  d.nvme_write_bytes -= b.nvme_write_bytes;
-  d.wait_ms -= b.wait_ms;
-  d.stall_ms -= b.stall_ms;
-  d.optimizer_total_ms -= b.optimizer_total_ms;
-  d.optimizer_exposed_ms -= b.optimizer_exposed_ms;
-  d.steps_guessed -= b.steps_guessed;
-  d.steps_redone -= b.steps_redone;
-  d.steps_rolled_back -= b.steps_rolled_back;
-  d.gathers_ahead -= b.gathers_ahead;
-  d.gathers_ahead_refused -= b.gathers_ahead_refused;
+  for (auto m : kCounts) d.*m -= before.*m;
+  for (auto m : kTimes) d.*m -= before.*m;
   return d;
 }
 

@@ -40,6 +40,8 @@ class ProcessGrid {
   // `world` (every rank calls it with the same shape). `world` and `device` must outlive it.
   static Result<std::unique_ptr<ProcessGrid>> create(Communicator& world, const GridShape& shape,
                                                      device::Device& device);
+  // One rank alone, with a single-rank communicator of its own (generation, probes, tests).
+  static std::unique_ptr<ProcessGrid> single_rank(device::Device& device);
 
   const GridShape& shape() const { return shape_; }
   const GridCoord& coord() const { return coord_; }  // this rank's place
@@ -56,7 +58,8 @@ class ProcessGrid {
   Communicator* data_ = nullptr;
   Communicator* tensor_ = nullptr;
   Communicator* pipeline_ = nullptr;
-  std::unique_ptr<Communicator> owned_[3];  // the axes that are neither world nor one rank
+  std::unique_ptr<Communicator> owned_[3];   // the axes that are neither world nor one rank
+  std::unique_ptr<Communicator> own_world_;  // single_rank's
 };
 
 }  // namespace strata::dist

@@ -95,5 +95,19 @@ TEST(ProcessGrid, AShapeThatDoesNotMatchTheJobIsAnError) {
   EXPECT_FALSE(zero.is_ok());
 }
 
+// One rank alone owns its communicator: every axis is it, and a collective is the identity.
+TEST(ProcessGrid, ASingleRankGridOwnsItsCommunicator) {
+  Group g = make_group(1);
+  std::unique_ptr<ProcessGrid> grid = ProcessGrid::single_rank(*g.devices[0]);
+  ASSERT_NE(grid, nullptr);
+  EXPECT_EQ(grid->shape().size(), 1);
+  EXPECT_EQ(&grid->data(), &grid->world());
+  EXPECT_EQ(&grid->tensor(), &grid->world());
+  EXPECT_EQ(grid->world().world_size(), 1);
+  double x = 3.5;
+  ASSERT_TRUE(grid->data().all_reduce_host(&x, 1, ReduceOp::kSum, "test").is_ok());
+  EXPECT_EQ(x, 3.5);
+}
+
 }  // namespace
 }  // namespace strata::dist

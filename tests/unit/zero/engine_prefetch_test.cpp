@@ -51,10 +51,7 @@ class EnginePrefetchTest : public ::testing::Test {
     o.host_memory_limit_bytes = host_limit_;
     o.schedule_chooser = chooser_;
     o.clock = clock_;
-    comm_ = dist::make_single_rank_communicator(*device_);
-    auto grid = dist::ProcessGrid::create(*comm_, dist::GridShape{}, *device_);
-    ASSERT_TRUE(grid.is_ok()) << grid.status().to_string();
-    grid_ = std::move(*grid);
+    grid_ = dist::ProcessGrid::single_rank(*device_);
     auto e = ZeroProvider::create(layout_, 100000, *device_, swap_.get(), *grid_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
     provider_ = std::move(*e);
@@ -107,7 +104,6 @@ class EnginePrefetchTest : public ::testing::Test {
   model::ParamLayout layout_;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<io::SwapSpace> swap_;
-  std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<dist::ProcessGrid> grid_;
   std::unique_ptr<ZeroProvider> provider_;
   std::unique_ptr<model::LlamaModel> model_;

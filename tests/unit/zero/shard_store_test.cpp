@@ -62,12 +62,7 @@ class ShardStoreTest : public ::testing::TestWithParam<Placement> {
     o.compute_dtype = GetParam().dtype;
     o.accumulation_steps = accumulation_steps;
     o.adam.weight_decay = 0.1;
-    if (!grid_) {
-      comm_ = dist::make_single_rank_communicator(*device_);
-      auto grid = dist::ProcessGrid::create(*comm_, dist::GridShape{}, *device_);
-      ASSERT_TRUE(grid.is_ok()) << grid.status().message();
-      grid_ = std::move(*grid);
-    }
+    if (!grid_) grid_ = dist::ProcessGrid::single_rank(*device_);
     auto e = ZeroProvider::create(layout_, 0, *device_, swap_.get(), *grid_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
     provider_ = std::move(*e);
@@ -89,7 +84,6 @@ class ShardStoreTest : public ::testing::TestWithParam<Placement> {
   model::ParamLayout layout_;
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<io::SwapSpace> swap_;
-  std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<dist::ProcessGrid> grid_;
   std::unique_ptr<ZeroProvider> provider_;
 };
@@ -263,10 +257,8 @@ TEST(ShardStoreErrors, ParamOffloadNeedsOptimizerOffload) {
   ASSERT_TRUE(dev.is_ok());
   ShardOptions o;
   o.offload_param = Tier::kHost;
-  auto comm = dist::make_single_rank_communicator(**dev);
-  auto grid = dist::ProcessGrid::create(*comm, dist::GridShape{}, **dev);
-  ASSERT_TRUE(grid.is_ok());
-  auto e = ZeroProvider::create(layout, 0, **dev, nullptr, **grid, ZeroOptions{}, o);
+  auto grid = dist::ProcessGrid::single_rank(**dev);
+  auto e = ZeroProvider::create(layout, 0, **dev, nullptr, *grid, ZeroOptions{}, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("needs offload_optimizer"), std::string::npos);
 }
@@ -279,10 +271,8 @@ TEST(ShardStoreErrors, GroupLargerThanDeviceBudgetNamesIt) {
   ShardOptions o;
   o.offload_param = Tier::kHost;
   o.offload_optimizer = Tier::kHost;
-  auto comm = dist::make_single_rank_communicator(*dev);
-  auto grid = dist::ProcessGrid::create(*comm, dist::GridShape{}, *dev);
-  ASSERT_TRUE(grid.is_ok());
-  auto e = ZeroProvider::create(layout, 0, *dev, nullptr, **grid, ZeroOptions{}, o);
+  auto grid = dist::ProcessGrid::single_rank(*dev);
+  auto e = ZeroProvider::create(layout, 0, *dev, nullptr, *grid, ZeroOptions{}, o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("device_memory_limit"), std::string::npos);
