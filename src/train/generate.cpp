@@ -10,7 +10,6 @@
 #include "strata/core/clock.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
-#include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama.h"

@@ -346,6 +346,16 @@ TrainConfig placed(const TrainConfig& config, const Candidate& c) {
   return out;
 }
 
+// The placement at the least memory it can run with: without a shadow optimizer state, which a
+// plan drops when a budget or the swap space cannot hold it.
+TrainConfig least(const TrainConfig& config, const Candidate& c) {
+  TrainConfig out = placed(config, c);
+  if (out.optimizer_overlap != zero::OptimizerOverlap::kNone) {
+    out.optimizer_overlap = zero::OptimizerOverlap::kForward;
+  }
+  return out;
+}
+
 // `bytes` as format_bytes prints it, rounded up (not to the nearest) so that the printed size,
 // set as a budget, holds `bytes`.
 std::string bytes_at_least(std::uint64_t bytes) {
@@ -364,14 +374,10 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
   // The device, host and NVMe bytes `c` needs with `micro_batch` sequences per micro-batch.
   const auto needs = [&](const Candidate& c, std::int64_t micro_batch, std::uint64_t* device,
                          std::uint64_t* host, std::uint64_t* nvme = nullptr) {
-    TrainConfig unbounded = placed(config, c);
+    TrainConfig unbounded = least(config, c);
     unbounded.micro_batch_size = micro_batch;
     unbounded.device_memory_limit = 0;
     unbounded.host_memory_limit = 0;
-    // The least it needs: a shadow optimizer state that does not fit a budget is dropped.
-    if (unbounded.optimizer_overlap != zero::OptimizerOverlap::kNone) {
-      unbounded.optimizer_overlap = zero::OptimizerOverlap::kForward;
-    }
     auto e = estimate(unbounded, model, ranks, kVariantUnchecked);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();
@@ -397,12 +403,7 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     // Planned within both budgets as they are (gradients go to NVMe when the host cannot hold
     // them), short only of free swap space.
     if (swap_free != 0) {
-      // The least it needs: without a shadow optimizer state, which the plan drops when short.
-      TrainConfig least = placed(config, c);
-      if (least.optimizer_overlap != zero::OptimizerOverlap::kNone) {
-        least.optimizer_overlap = zero::OptimizerOverlap::kForward;
-      }
-      auto within_budgets = estimate(least, model, ranks, kVariantUnchecked);
+      auto within_budgets = estimate(least(config, c), model, ranks, kVariantUnchecked);
       const std::uint64_t n =
           within_budgets.is_ok() ? within_budgets->plan.tier_bytes(Tier::kNvme) : 0;
       if (within_budgets.is_ok() &&

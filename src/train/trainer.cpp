@@ -197,8 +197,7 @@ Status Trainer::Impl::setup() {
       shard_options(config, model_config, world,
                     model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
-  sopts.timeline = timeline.get();
-  if (swap) sopts.swap_free_bytes = swap_free_bytes(config, rank);
+  sopts.timeline = timeline.get();  // the plan (with this rank's free swap space) is `planned`
   const zero::ZeroOptions zopts = zero_options(config);
   // Said when it lowers a size the config chose (the defaults are capped silently, as the
   // README says).

@@ -31,10 +31,10 @@ struct ShardStore::Group {
   mem::Handle grad = mem::Handle::kInvalid;
   mem::Handle grad_acc = mem::Handle::kInvalid;
   void* grad_d = nullptr;  // the gradient's device copy while the model accumulates into it
-  bool frozen = false;     // a working copy only: no gradient, no optimizer state
   bool has_grad = false;   // a gradient arrived since the last step
   double sum_squares = 0;  // of the gradient as accumulated so far, when summed off the device
   std::int64_t span_begin_ns = 0;
+  bool frozen() const { return spec->frozen; }  // a working copy only
 };
 
 PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budget_bytes,
@@ -171,8 +171,7 @@ Status ShardStore::create_store() {
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
     const std::string& name = spec.name;
     STRATA_ASSIGN_OR_RETURN(g->work, add("parameters of " + name, g->work_bytes, plan_.params));
-    g->frozen = spec.frozen;
-    if (g->frozen) {
+    if (spec.frozen) {  // a working copy only: no gradient, no optimizer state
       groups_.push_back(std::move(g));
       continue;
     }
@@ -293,10 +292,7 @@ void ShardStore::release_params(int group) {
 
 Result<void*> ShardStore::acquire_grads(int group) {
   Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (g.frozen) {
-    return failed_precondition("parameter group '" + g.spec->name +
-                               "' is frozen: it has no gradient");
-  }
+  STRATA_CHECK(!g.frozen(), "gradient of a frozen group (ZeroProvider refuses it)", g.spec->name);
   STRATA_CHECK(g.grad_d == nullptr, "acquire_grads twice without release", g.spec->name);
   if (plan_.keep_gradients && g.has_grad) {
     return failed_precondition("a second gradient of '" + g.spec->name +
@@ -494,7 +490,7 @@ void ShardStore::clear_grads() {
 Status ShardStore::give_zero_grads() {
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
-    if (g.has_grad || g.frozen) continue;
+    if (g.has_grad || g.frozen()) continue;
     STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
     if (plan_.keep_gradients || (plan_.accumulate_on_device() && guessing())) {
@@ -509,7 +505,7 @@ Status ShardStore::give_zero_grads() {
 Status ShardStore::send_sums_to_host() {
   if (!plan_.accumulate_on_device()) return Status::ok();
   for (const auto& g : groups_) {
-    if (!g->frozen) STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
+    if (!g->frozen()) STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
   }
   return Status::ok();
 }
@@ -528,7 +524,7 @@ std::vector<StepGroup> ShardStore::step_groups(std::vector<int>* ids) const {
   ids->clear();
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = *groups_[gi];
-    if (g.frozen) continue;
+    if (g.frozen()) continue;
     ids->push_back(static_cast<int>(gi));
     StepGroup sg{g.spec->name, g.n,          g.master,
                  g.exp_avg,    g.exp_avg_sq, step_grad(static_cast<int>(gi))};
@@ -646,7 +642,7 @@ Status ShardStore::load_master(const model::GroupSource& source) {
   std::vector<float> frozen_source;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = *groups_[gi];
-    if (g.frozen) {  // the working copy alone, converted from the source's fp32
+    if (g.frozen()) {  // the working copy alone, converted from the source's fp32
       frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
       STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));
       STRATA_RETURN_IF_ERROR(write_working_copy(static_cast<int>(gi), frozen_source.data()));
@@ -677,7 +673,7 @@ Status ShardStore::load_master(const model::GroupSource& source) {
 
 Status ShardStore::read_master(int group, float* dst) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (!g.frozen) return store_->read(g.master, dst);
+  if (!g.frozen()) return store_->read(g.master, dst);
   // A frozen group's weights are its working copy, widened.
   std::vector<std::byte> work(g.work_bytes);
   STRATA_RETURN_IF_ERROR(store_->read(g.work, work.data()));
@@ -687,7 +683,7 @@ Status ShardStore::read_master(int group, float* dst) {
 
 Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (g.frozen) {  // no optimizer state: zeros, as before a first step
+  if (g.frozen()) {  // no optimizer state: zeros, as before a first step
     std::fill_n(exp_avg, g.n, 0.0f);
     std::fill_n(exp_avg_sq, g.n, 0.0f);
     return Status::ok();
@@ -698,7 +694,7 @@ Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
 
 Status ShardStore::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (g.frozen) return Status::ok();  // no optimizer state to set
+  if (g.frozen()) return Status::ok();  // no optimizer state to set
   STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
   return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
 }

@@ -8,6 +8,7 @@
 // it asks of that schedule is the StepView below.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -129,7 +130,7 @@ class ShardStore {
   void set_step_view(StepView* view) { view_ = view; }
 
   // ---- parameters and gradients, with ParamProvider's contract (model/param_provider.h) ----
-  // acquire_grads of a frozen group fails, naming it.
+  // A frozen group has no gradient: ZeroProvider refuses acquire_grads for it, naming it.
   Result<const void*> acquire_params(int group);
   void release_params(int group);
   void prefetch_params(int group);
@@ -173,8 +174,11 @@ class ShardStore {
   // ---- what the optimizer schedule works with ----
   int num_groups() const { return static_cast<int>(groups_.size()); }
   bool frozen(int group) const { return layout_.group(group).frozen; }
-  bool trains() const { return max_group_elems() > 0; }  // some group is not frozen
-  std::int64_t max_group_elems() const;                  // of the trainable groups
+  bool trains() const {  // some group is not frozen
+    return std::any_of(layout_.groups().begin(), layout_.groups().end(),
+                       [](const model::ParamGroup& g) { return !g.frozen; });
+  }
+  std::int64_t max_group_elems() const;  // of the trainable groups
   // The step's view of each trainable group: its state (the shadow copies as outputs with
   // plan.shadow_state) and the gradient the optimizer reads; `ids` gets each one's group.
   std::vector<StepGroup> step_groups(std::vector<int>* ids) const;
