@@ -113,44 +113,6 @@ zero::ZeroOptions zero_options(const TrainConfig& config) {
   return o;
 }
 
-namespace {
-
-// The predicted peaks of `e`, from its plan and process_bytes.
-void predict_peaks(const TrainConfig& config, Estimate& e) {
-  // The store keeps the buffers of transient tensors for reuse (the plan's cache_bytes), and
-  // clean copies of the working copies: on the device (fetched for compute), and, when they live
-  // on NVMe under a host budget, in host memory. Each tier's caches fill up to its budget.
-  const std::uint64_t working =
-      e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters);
-  const auto capped = [](std::uint64_t bytes, std::uint64_t budget) {
-    return budget == 0 ? bytes : std::min(bytes, budget);
-  };
-  const auto cache = [&](Tier t) { return e.plan.cache_bytes[static_cast<std::size_t>(t)]; };
-  e.host_peak_bytes = e.plan.tier_bytes(Tier::kHost);
-  std::uint64_t host_cached = cache(Tier::kHost);
-  if (config.offload_param == Tier::kNvme && config.host_memory_limit != 0) host_cached += working;
-  e.host_peak_bytes = std::max(e.host_peak_bytes,
-                               capped(e.host_peak_bytes + host_cached, config.host_memory_limit));
-  e.device_peak_bytes = e.plan.tier_bytes(Tier::kDevice);
-  const bool offloaded = config.offload_param != Tier::kDevice;
-  std::uint64_t device_cached = cache(Tier::kDevice) + (offloaded ? working : 0);
-  if (e.zero_device_bytes != 0) {
-    // ZeRO's buffers hold the gradients in transit, the shard store's included, and the working
-    // copies of partitioned groups; the replicated ones stay cached as on one rank.
-    e.device_peak_bytes += e.zero_device_bytes > e.plan.gradient_transit_bytes
-                               ? e.zero_device_bytes - e.plan.gradient_transit_bytes
-                               : 0;
-    device_cached = offloaded ? e.replicated_working_bytes : 0;
-  }
-  e.device_peak_bytes = std::max(
-      e.device_peak_bytes, capped(e.device_peak_bytes + device_cached, config.device_memory_limit));
-  // The CPU backend's device memory is host RAM.
-  e.device_host_bytes = config.device == device::DeviceKind::kCpu ? e.device_peak_bytes : 0;
-  e.rss_bytes = e.process_bytes + e.host_peak_bytes + e.device_host_bytes;
-}
-
-}  // namespace
-
 Result<Estimate> estimate(const TrainConfig& config, int ranks) {
   STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig model, read_model_config(config, nullptr));
   return estimate(config, model, ranks);
@@ -170,14 +132,7 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
   const model::ParamLayout full = model::ParamLayout::build(e.model);
   e.parameters = full.num_parameters();
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
-  for (const auto& g : partition.groups()) {
-    e.groups_partitioned += g.replicated ? 0 : 1;
-    if (g.replicated) {
-      e.replicated_working_bytes +=
-          align_up(static_cast<std::uint64_t>(g.local_elems()) * dtype_size(config.precision),
-                   io::kIoAlignBytes);
-    }
-  }
+  for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
 
   model::ModelOptions mo;
   mo.compute_dtype = config.precision;
@@ -192,9 +147,10 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
   };
   zero::ShardOptions eo = shard_options(config, e.model, ranks, activations);
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
-  auto plan = zero::make_plan(partition.local_layout(),
-                              zero::plan_options(eo, config.device_memory_limit, swap,
-                                                 config.device == device::DeviceKind::kCpu));
+  zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,
+                                            config.device == device::DeviceKind::kCpu);
+  po.zero = zero_options(config);
+  auto plan = zero::make_plan(partition, po);
   if (!plan.is_ok()) return refuse(plan.status());
   e.plan = std::move(*plan);
   if (config.device_memory_limit != 0 && e.device_bytes_needed() > config.device_memory_limit) {
@@ -208,11 +164,8 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
         ")"));
   }
 
-  e.zero_device_bytes = zero::zero_device_bytes(partition, zero_options(config),
-                                                config.offload_param != Tier::kDevice,
-                                                mem::StoreOptions{}.device_cache_blocks_per_size);
   if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
-  predict_peaks(config, e);
+  e.rss_bytes = e.process_bytes + e.plan.host_ram_bytes();
   return e;
 }
 
@@ -231,19 +184,21 @@ std::string Estimate::describe() const {
   const auto beyond = [](std::uint64_t peak, std::uint64_t planned) {
     return peak > planned
                ? " (" + format_bytes(planned) + " planned + " + format_bytes(peak - planned) +
-                     " of working copies and buffers kept for reuse)"
+                     " of collective buffers, working copies and buffers kept for reuse)"
                : std::string();
   };
-  s += "peaks: device " + format_bytes(device_peak_bytes) +
-       beyond(device_peak_bytes, plan.tier_bytes(Tier::kDevice)) + ", pinned host " +
-       format_bytes(host_peak_bytes) + beyond(host_peak_bytes, plan.tier_bytes(Tier::kHost)) +
-       ", nvme " + format_bytes(plan.tier_bytes(Tier::kNvme)) + "\n";
+  const std::uint64_t device_peak = plan.peak(Tier::kDevice);
+  const std::uint64_t host_peak = plan.peak(Tier::kHost);
+  s += "peaks: device " + format_bytes(device_peak) +
+       beyond(device_peak, plan.tier_bytes(Tier::kDevice)) + ", pinned host " +
+       format_bytes(host_peak) + beyond(host_peak, plan.tier_bytes(Tier::kHost)) + ", nvme " +
+       format_bytes(plan.peak(Tier::kNvme)) + "\n";
   s += "peak resident memory (rss): " + format_bytes(rss_bytes) + " = pinned host " +
-       format_bytes(host_peak_bytes) + " + other " + format_bytes(other_host_bytes()) +
-       " (the process " + format_bytes(process_bytes) +
-       (device_host_bytes != 0 ? ", the device " + format_bytes(device_host_bytes) +
-                                     ": the CPU backend's device memory is host memory"
-                               : std::string()) +
+       format_bytes(host_peak) + " + other " + format_bytes(other_host_bytes()) + " (the process " +
+       format_bytes(process_bytes) +
+       (plan.device_is_host_memory ? ", the device " + format_bytes(device_peak) +
+                                         ": the CPU backend's device memory is host memory"
+                                   : std::string()) +
        ")\n";
   return s;
 }
@@ -271,14 +226,14 @@ Json Estimate::to_json() const {
   }
   return Json{{"parameters", parameters},
               {"ranks", ranks},
-              {"rank", 0},
+              {"rank", rank},
               {"device_bytes", plan.tier_bytes(Tier::kDevice)},
               {"host_bytes", plan.tier_bytes(Tier::kHost)},
               {"nvme_bytes", plan.tier_bytes(Tier::kNvme)},
-              {"host_peak_bytes", host_peak_bytes},
-              {"device_peak_bytes", device_peak_bytes},
-              {"zero_device_bytes", zero_device_bytes},
-              {"pinned_host_bytes", host_peak_bytes},
+              {"host_peak_bytes", plan.peak(Tier::kHost)},
+              {"device_peak_bytes", plan.peak(Tier::kDevice)},
+              {"collective_bytes", plan.collective_bytes},
+              {"pinned_host_bytes", plan.peak(Tier::kHost)},
               {"other_host_bytes", other_host_bytes()},
               {"cache_bytes",
                {{"device", plan.cache_bytes[static_cast<std::size_t>(Tier::kDevice)]},

@@ -623,7 +623,7 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
     const double fetched = 2.0 * accum * work;
     st.transfer_ms += ms(2.0 * fetched, rates.memory_bytes);  // the copy to the device
     if (config.offload_param == Tier::kNvme) {
-      const double cached = std::clamp((static_cast<double>(e.host_peak_bytes) -
+      const double cached = std::clamp((static_cast<double>(e.plan.peak(Tier::kHost)) -
                                         static_cast<double>(e.plan.tier_bytes(Tier::kHost))) /
                                            std::max(work, 1.0),
                                        0.0, 1.0);

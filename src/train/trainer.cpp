@@ -384,8 +384,8 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
                  (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
                  (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);
   if (auto mem = sys::read_process_memory(); mem.is_ok()) m.peak_rss_bytes = mem->peak_rss_bytes;
-  m.planned_device_bytes = planned.device_peak_bytes;
-  m.planned_host_bytes = planned.host_peak_bytes;
+  m.planned_device_bytes = planned.plan.peak(Tier::kDevice);
+  m.planned_host_bytes = planned.plan.peak(Tier::kHost);
   m.planned_nvme_bytes = planned.plan.tier_bytes(Tier::kNvme);
   m.predicted_rss_bytes = planned.rss_bytes;
   return m;
@@ -622,8 +622,8 @@ std::string Trainer::peaks_against_plan() const {
     return std::string(what) + " " + format_bytes(got) + " (" + verb + " " + format_bytes(want) +
            ")";
   };
-  return "peaks: " + pair("device", device, s.planned.device_peak_bytes, "planned") + ", " +
-         pair("host", host, s.planned.host_peak_bytes, "planned") + ", " +
+  return "peaks: " + pair("device", device, s.planned.plan.peak(Tier::kDevice), "planned") + ", " +
+         pair("host", host, s.planned.plan.peak(Tier::kHost), "planned") + ", " +
          pair("nvme", nvme, s.planned.plan.tier_bytes(Tier::kNvme), "planned") + ", " +
          pair("rss", rss, s.planned.rss_bytes, "predicted");
 }

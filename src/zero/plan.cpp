@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "strata/core/aligned.h"
@@ -105,6 +107,11 @@ std::string MemoryPlan::describe() const {
     const std::string kinds = kinds_text(t);
     s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
          (kinds.empty() ? "nothing" : kinds) + "\n";
+  }
+  if (collective_bytes != 0) {
+    s += "  and on the " + std::string(tier_name(Tier::kDevice)) + ", ZeRO's collective buffers " +
+         format_bytes(collective_bytes) +
+         " at their peak (gathered parameters, gradients in reduction, buckets)\n";
   }
   return s;
 }
@@ -249,6 +256,197 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
       device_held > z.max_grad_io ? device_held - z.max_grad_io : 0;
 }
 
+// Device blocks taken and given back, as the store's device cache keeps given-back blocks by size
+// (up to `keep` of each) for the next request of their size.
+class DeviceBlocks {
+ public:
+  explicit DeviceBlocks(int keep) : keep_(keep) {}
+  void take(std::uint64_t bytes) {
+    if (bytes == 0) return;
+    if (int& c = cached_[bytes]; c > 0) {
+      --c;
+    } else {
+      held_ += bytes;
+    }
+    peak_ = std::max(peak_, held_);
+  }
+  void give(std::uint64_t bytes) {
+    if (bytes == 0) return;
+    if (int& c = cached_[bytes]; c < keep_) {
+      ++c;
+    } else {
+      held_ -= bytes;
+    }
+  }
+  void trim() {  // the cache given back (the engine's end of a pass)
+    for (auto& [size, count] : cached_) held_ -= size * static_cast<std::uint64_t>(count);
+    cached_.clear();
+  }
+  std::uint64_t peak() const { return peak_; }
+
+ private:
+  int keep_;
+  std::map<std::uint64_t, int> cached_;
+  std::uint64_t held_ = 0, peak_ = 0;
+};
+
+// ZeRO's device buffers at their peak, walked through two steps as ZeroProvider runs them (the
+// second starts with what the first left in the store's device cache): gathered parameters,
+// full gradients, packed buckets and the gradient buffers reductions land in. Covers every
+// gradient buffer on the device, the shard store's gradient in transit included. With
+// parameters offloaded, so are the working copies of partitioned groups: each is fetched for
+// its gather and dropped after it, leaving its block to the cache. 0 when nothing is
+// partitioned (one rank).
+std::uint64_t collective_peak_bytes(const Partition& partition, const ZeroOptions& options,
+                                    bool params_offloaded, int cache_blocks_per_size) {
+  const int world = partition.world();
+  const auto& groups = partition.groups();
+  bool any = false;
+  for (const auto& p : groups) any = any || !p.replicated;
+  if (world == 1 || !any) return 0;
+  const std::uint64_t d = dtype_size(options.compute_dtype);
+  DeviceBlocks t(cache_blocks_per_size);
+  const auto full = [&](const GroupPartition& p) {
+    return static_cast<std::uint64_t>(p.padded_elems) * d;
+  };
+  const auto local = [&](const GroupPartition& p) {
+    return static_cast<std::uint64_t>(p.local_elems()) * d;
+  };
+
+  // Parameters. Stages 1-2 hold every group's; stage 3 gathers each in use, one ahead.
+  const std::int64_t gather_cap = bucket_cap_elems(options.allgather_bucket_bytes, d, world);
+  std::int64_t widest = 0;
+  for (const auto& p : groups) widest = p.replicated ? widest : std::max(widest, p.shard_elems);
+  const std::uint64_t staging = static_cast<std::uint64_t>(std::min(gather_cap, widest)) *
+                                static_cast<std::uint64_t>(world) * d;
+  // A group above the cap is gathered in chunks through two staging buffers of its own.
+  const auto chunked = [&](const GroupPartition& p) { return p.shard_elems > gather_cap; };
+  const int n = static_cast<int>(groups.size());
+  const auto group = [&](int g) -> const GroupPartition& {
+    return groups[static_cast<std::size_t>(g)];
+  };
+  const auto gather = [&](int g) {
+    if (g < 0 || g >= n || group(g).replicated) return;
+    if (params_offloaded) {  // the shard's working copy, fetched for the gather and dropped
+      t.take(local(group(g)));
+      t.give(local(group(g)));
+    }
+    t.take(full(group(g)));
+    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.take(staging);
+  };
+  const auto ungather = [&](int g) {
+    if (g < 0 || g >= n || group(g).replicated) return;
+    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.give(staging);
+    t.give(full(group(g)));
+  };
+  if (options.stage < 3) {  // the full parameters, gathered in buckets (below) after each step
+    for (const auto& p : groups) {
+      if (!p.replicated) t.take(full(p));
+    }
+  }
+
+  // Gradients, from the head down, through the reduction buckets as release_grads and
+  // issue_reduce run them.
+  struct Held {
+    std::uint64_t full = 0;   // the model's full gradient (partitioned), until packed
+    std::uint64_t local = 0;  // the engine's buffer, until its reduction is unpacked
+  };
+  std::vector<Held> held(groups.size());
+  BucketPacker replicated(bucket_cap_elems(options.reduce_bucket_bytes, d, 1));
+  BucketPacker partitioned(bucket_cap_elems(options.reduce_bucket_bytes, d, world));
+  struct Pending {
+    Bucket bucket;
+    std::uint64_t send = 0, recv = 0;
+    bool partitioned = false;
+  };
+  std::optional<Pending> pending;
+  const auto finish = [&] {
+    if (!pending) return;
+    for (const BucketPiece& piece : pending->bucket.pieces) {
+      if (!piece.last) continue;
+      Held& h = held[static_cast<std::size_t>(piece.group)];
+      t.give(std::exchange(h.full, 0));
+      t.give(std::exchange(h.local, 0));
+    }
+    t.give(pending->send);
+    t.give(pending->recv);
+    pending.reset();
+  };
+  const auto issue = [&](bool is_partitioned, Bucket bucket) {
+    finish();
+    Pending p;
+    p.partitioned = is_partitioned;
+    const bool whole = bucket.whole_group();
+    const auto block = static_cast<std::uint64_t>(bucket.block_elems);
+    if (!whole) {
+      p.send = block * static_cast<std::uint64_t>(is_partitioned ? world : 1) * d;
+      t.take(p.send);
+      if (is_partitioned && options.stage != 1) {
+        p.recv = block * d;
+        t.take(p.recv);
+      }
+      for (const BucketPiece& piece : bucket.pieces) {
+        if (is_partitioned && piece.last) {
+          t.give(std::exchange(held[static_cast<std::size_t>(piece.group)].full, 0));
+        }
+      }
+    }
+    p.bucket = std::move(bucket);
+    pending = std::move(p);
+  };
+  // Two steps: the second starts with what the first left in the cache, as every later one does.
+  for (int pass = 0; pass < 2; ++pass) {
+    if (options.stage == 3) {
+      for (int g = 0; g < n; ++g) {  // forward: the group, and the next one gathered ahead
+        if (g == 0 || !options.gather_ahead) gather(g);
+        if (options.gather_ahead) gather(g + 1);
+        ungather(g);
+      }
+    }
+    for (int g = n - 1; g >= 0; --g) {
+      const GroupPartition& p = group(g);
+      Held& h = held[static_cast<std::size_t>(g)];
+      if (options.stage == 3) {  // backward: the group, and the one below gathered ahead
+        if (g == n - 1 || !options.gather_ahead) gather(g);
+        if (options.gather_ahead) gather(g - 1);
+      }
+      if (p.replicated) {
+        h.local = local(p);
+        t.take(h.local);
+      } else {
+        h.full = full(p);
+        t.take(h.full);
+        h.local = local(p);
+        t.take(h.local);
+      }
+      BucketPacker& mine = p.replicated ? replicated : partitioned;
+      BucketPacker& other = p.replicated ? partitioned : replicated;
+      if (auto b = other.flush()) issue(p.replicated, std::move(*b));
+      for (Bucket& b : mine.add(g, p.local_elems())) issue(!p.replicated, std::move(b));
+      if (options.stage == 3) ungather(g);
+    }
+    if (auto b = replicated.flush()) issue(false, std::move(*b));
+    if (auto b = partitioned.flush()) issue(true, std::move(*b));
+    finish();
+    t.trim();
+    if (options.stage < 3) {  // after the step, the new parameters' all-gathers, bucketed
+      std::vector<std::pair<int, std::int64_t>> shards;
+      for (const auto& p : groups) {
+        if (!p.replicated) shards.emplace_back(p.group, p.shard_elems);
+      }
+      for (const Bucket& b : plan_buckets(shards, gather_cap)) {
+        if (b.whole_group()) continue;  // straight into the group's full parameters
+        const auto block = static_cast<std::uint64_t>(b.block_elems) * d;
+        t.take(block);
+        t.take(block * static_cast<std::uint64_t>(world));
+        t.give(block * static_cast<std::uint64_t>(world));
+        t.give(block);
+      }
+    }
+  }
+  return t.peak();
+}
+
 // Fills plan.bytes for the placements already in `plan`.
 void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   plan.bytes = {};
@@ -304,7 +502,10 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
 
 }  // namespace
 
-Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& o) {
+namespace {
+
+// The plan of the share `layout` by itself: placements, homes, buffers in flight, caches.
+Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOptions& o) {
   const bool trains = std::any_of(layout.groups().begin(), layout.groups().end(),
                                   [](const model::ParamGroup& g) { return !g.frozen; });
   if (trains && o.params != Tier::kDevice && o.optimizer == Tier::kDevice) {
@@ -444,6 +645,61 @@ Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions
                          "in host memory");
   }
   return plan;
+}
+
+// The tiers' peaks: each tier's bytes, ZeRO's buffers, and the store's caches up to the budgets.
+void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& plan) {
+  const std::uint64_t working = plan.kind_bytes(plan.params, TensorKind::kParameters);
+  const auto capped = [](std::uint64_t bytes, std::uint64_t budget) {
+    return budget == 0 ? bytes : std::min(bytes, budget);
+  };
+  const auto cache = [&](Tier t) { return plan.cache_bytes[static_cast<std::size_t>(t)]; };
+  const auto tier = [](Tier t) { return static_cast<std::size_t>(t); };
+  // Host: the block cache, and clean copies of working copies that live on NVMe.
+  const std::uint64_t host = plan.tier_bytes(Tier::kHost);
+  std::uint64_t host_cached = cache(Tier::kHost);
+  if (plan.params == Tier::kNvme && o.host_budget_bytes != 0) host_cached += working;
+  plan.peak_bytes[tier(Tier::kHost)] =
+      std::max(host, capped(host + host_cached, o.host_budget_bytes));
+  // Device: the cache of dropped blocks and clean working copies fetched for compute.
+  const bool offloaded = plan.params != Tier::kDevice;
+  std::uint64_t device = plan.tier_bytes(Tier::kDevice);
+  std::uint64_t device_cached = cache(Tier::kDevice) + (offloaded ? working : 0);
+  ZeroOptions zero = o.zero;
+  zero.compute_dtype = o.compute_dtype;  // the collectives move working copies and gradients
+  const std::uint64_t collectives = collective_peak_bytes(
+      partition, zero, offloaded, mem::StoreOptions{}.device_cache_blocks_per_size);
+  if (collectives != 0) {
+    // ZeRO's buffers hold the gradients in transit, the shard store's included, and the working
+    // copies of partitioned groups; the replicated ones stay cached as on one rank.
+    plan.collective_bytes =
+        collectives > plan.gradient_transit_bytes ? collectives - plan.gradient_transit_bytes : 0;
+    device += plan.collective_bytes;
+    device_cached = 0;
+    for (const GroupPartition& g : partition.groups()) {
+      if (offloaded && g.replicated) {
+        device_cached +=
+            align_up(static_cast<std::uint64_t>(g.local_elems()) * dtype_size(o.compute_dtype),
+                     io::kIoAlignBytes);
+      }
+    }
+  }
+  plan.peak_bytes[tier(Tier::kDevice)] =
+      std::max(device, capped(device + device_cached, o.device_budget_bytes));
+  plan.peak_bytes[tier(Tier::kNvme)] = plan.tier_bytes(Tier::kNvme);
+  plan.device_is_host_memory = o.host_addressable_device;
+}
+
+}  // namespace
+
+Result<MemoryPlan> make_plan(const Partition& partition, const PlanOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(MemoryPlan plan, plan_share(partition.local_layout(), o));
+  count_peaks(partition, o, plan);
+  return plan;
+}
+
+Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& o) {
+  return make_plan(Partition(layout, 0, 1, 0), o);
 }
 
 }  // namespace strata::zero

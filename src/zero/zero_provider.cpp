@@ -23,10 +23,10 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
   if (given_plan != nullptr) {
     plan = *given_plan;
   } else {
-    STRATA_ASSIGN_OR_RETURN(plan,
-                            make_plan(partition->local_layout(),
-                                      plan_options(shard_options, device.memory_stats().limit_bytes,
-                                                   swap != nullptr, device.host_addressable())));
+    PlanOptions po = plan_options(shard_options, device.memory_stats().limit_bytes, swap != nullptr,
+                                  device.host_addressable());
+    po.zero = options;
+    STRATA_ASSIGN_OR_RETURN(plan, make_plan(*partition, po));
   }
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<ShardStore> shards,

@@ -90,19 +90,19 @@ TEST(EstimateTest, ThePlanIsTheTrainersAndNothingIsAllocated) {
     ASSERT_TRUE((*t)->run().is_ok());
     const auto [device, host, nvme, rss] = (*t)->peaks();
     // The tiers the store measured against the ones predicted, under budgets.
-    expect_near_rel(host, e->host_peak_bytes, 0.10, "host");
-    expect_near_rel(device, e->device_host_bytes, 0.10, "device");
-    EXPECT_EQ(e->rss_bytes, e->process_bytes + e->host_peak_bytes + e->device_host_bytes);
+    expect_near_rel(host, e->plan.peak(Tier::kHost), 0.10, "host");
+    expect_near_rel(device, e->plan.peak(Tier::kDevice), 0.10, "device");
+    EXPECT_EQ(e->rss_bytes, e->process_bytes + e->plan.host_ram_bytes());
     // The run reports its peaks against the same prediction (its own estimate, made before it
     // allocated anything).
     const StepMetrics& last = (*t)->history().back();
-    EXPECT_EQ(last.planned_host_bytes, e->host_peak_bytes);
-    EXPECT_EQ(last.planned_device_bytes, e->device_peak_bytes);
+    EXPECT_EQ(last.planned_host_bytes, e->plan.peak(Tier::kHost));
+    EXPECT_EQ(last.planned_device_bytes, e->plan.peak(Tier::kDevice));
     EXPECT_EQ(last.planned_nvme_bytes, e->plan.tier_bytes(Tier::kNvme));
-    EXPECT_GT(last.predicted_rss_bytes, e->host_peak_bytes + e->device_host_bytes);
+    EXPECT_GT(last.predicted_rss_bytes, e->plan.host_ram_bytes());
     const std::string line = (*t)->peaks_against_plan();
     EXPECT_NE(line.find("host " + format_bytes(host) + " (planned " +
-                        format_bytes(e->host_peak_bytes) + ")"),
+                        format_bytes(e->plan.peak(Tier::kHost)) + ")"),
               std::string::npos)
         << line;
   }
@@ -156,8 +156,8 @@ TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
     ASSERT_TRUE(t.is_ok()) << t.status().message();
     ASSERT_TRUE((*t)->run().is_ok());
     const auto [device, host, nvme, rss] = (*t)->peaks();
-    expect_near_rel(device, e->device_peak_bytes, 0.10, "device");
-    expect_near_rel(host, e->host_peak_bytes, 0.10, "host");
+    expect_near_rel(device, e->plan.peak(Tier::kDevice), 0.10, "device");
+    expect_near_rel(host, e->plan.peak(Tier::kHost), 0.10, "host");
     expect_near_rel(nvme, e->plan.tier_bytes(Tier::kNvme), 0.10, "nvme");
     // RSS may also hold one GEMM buffer the plan does not model: OpenBLAS gives each thread
     // that first calls it a 32 MiB buffer, and the run can call it from a thread the estimate's

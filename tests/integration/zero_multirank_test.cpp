@@ -370,9 +370,9 @@ TEST(ZeroEstimate, EveryTierWithinTenPercentOfTheRunAtEveryStage) {
     ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
     auto e = train::estimate(*parsed, 2);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
-    EXPECT_EQ(e->device_peak_bytes, last["planned_device_bytes"].get<std::uint64_t>());
-    EXPECT_EQ(e->host_peak_bytes, last["planned_host_bytes"].get<std::uint64_t>());
-    EXPECT_GT(e->zero_device_bytes, 0u);
+    EXPECT_EQ(e->plan.peak(Tier::kDevice), last["planned_device_bytes"].get<std::uint64_t>());
+    EXPECT_EQ(e->plan.peak(Tier::kHost), last["planned_host_bytes"].get<std::uint64_t>());
+    EXPECT_GT(e->plan.collective_bytes, 0u);
   }
 }
 

@@ -48,26 +48,16 @@ struct Estimate {
   int ranks = 1;                // planned for one rank of these
   int rank = 0;                 // that one
   int groups_partitioned = 0;   // of the parameter groups, split across the ranks
-  // ZeRO's own device buffers at their peak (zero::zero_device_bytes), gradients in transit
-  // included: 0 on one rank.
-  std::uint64_t zero_device_bytes = 0;
-  std::uint64_t replicated_working_bytes = 0;  // working copies of the groups not partitioned
-  zero::MemoryPlan plan;                       // the rank's: what its provider runs
+  zero::MemoryPlan plan;        // the rank's: what its provider runs, and the peaks it will measure
   // Resident memory of a process that has loaded Strata and its libraries (this one, measured
-  // when the estimate is made), and the predicted peak: that, plus what each tier holds in host
-  // RAM at its peak (below).
+  // when the estimate is made), and the predicted peak: that, plus the host RAM the plan's tiers
+  // hold at their peaks (MemoryPlan::host_ram_bytes).
   std::uint64_t process_bytes = 0;
-  // Each tier's peak: the plan's bytes, plus what the store keeps there for reuse while the
-  // tier's budget has room (the plan's cache_bytes, and working copies cached on the device, or
-  // in host memory when they live on NVMe under a host budget).
-  std::uint64_t host_peak_bytes = 0;  // all of it pinned (locked) memory
-  std::uint64_t device_peak_bytes = 0;
-  std::uint64_t device_host_bytes = 0;  // of which host RAM (the CPU backend's device memory)
-  std::uint64_t rss_bytes = 0;          // = pinned host + other host memory
+  std::uint64_t rss_bytes = 0;
 
   // Host memory that is not the store's pinned tier: the process's own and, on the CPU backend,
   // the device's.
-  std::uint64_t other_host_bytes() const { return process_bytes + device_host_bytes; }
+  std::uint64_t other_host_bytes() const { return rss_bytes - plan.peak(Tier::kHost); }
 
   // The least device memory a run needs: the plan's device bytes, plus the group in use when
   // parameters are offloaded (plan.group_in_use_bytes).

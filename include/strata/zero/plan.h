@@ -1,7 +1,8 @@
 // The memory plan: the one place that decides in which tier each kind of tensor lives, and how
 // many bytes of each tier it takes at its peak. Made once from the layout, the placements the
-// config asks for and the budgets; the offload engine registers every tensor in the tiered
-// store where the plan says, and the store holds it there.
+// config asks for and the budgets; the shard store registers every tensor in the tiered store
+// where the plan says, and the store holds it there. The plan is the run's only memory model:
+// strata estimate prints it, and its peaks are what the run measures itself against.
 #pragma once
 
 #include <array>
@@ -13,6 +14,8 @@
 #include "strata/core/status.h"
 #include "strata/model/param_layout.h"
 #include "strata/tensor/tensor.h"
+#include "strata/zero/bucket.h"
+#include "strata/zero/partition.h"
 
 namespace strata::zero {
 
@@ -64,6 +67,25 @@ inline constexpr std::array<GradAccumulation, 3> kGradAccumulations = {
     GradAccumulation::kAuto, GradAccumulation::kHost, GradAccumulation::kDevice};
 std::string_view grad_accumulation_name(GradAccumulation where);  // "auto", "host", "device"
 
+struct ZeroOptions {
+  int stage = 3;  // 1: optimizer states partitioned; 2: + gradients; 3: + parameters
+  DType compute_dtype = DType::kF32;
+  // Stage 3: start a group's all-gather when the model announces it (prefetch), so it overlaps
+  // the current layer. Off when shards come from NVMe: there the prefetch starts the read instead.
+  bool gather_ahead = true;
+  // Most bytes one gradient reduction moves, counting every rank's block (DeepSpeed's
+  // reduce_bucket_size, in bytes): released gradients are packed into buckets of this size, small
+  // groups together and large groups split, one collective per bucket. Device memory beyond the
+  // unbucketed reduction: the full gradients of the open bucket's groups (up to this many bytes,
+  // plus the rest of a split group) and one packed bucket (this many bytes, and 1/world of it
+  // for the reduced block).
+  std::uint64_t reduce_bucket_bytes = kDefaultReduceBucketBytes;
+  // Most bytes one parameter all-gather receives (DeepSpeed's allgather_bucket_size, in bytes):
+  // stage 3 gathers a larger group in several all-gathers through two staging buffers of this
+  // size; stages 1-2 coalesce the re-gather after each step into buckets of this size.
+  std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
+};
+
 struct PlanOptions {
   Tier params = Tier::kDevice;     // offload_param
   Tier optimizer = Tier::kDevice;  // offload_optimizer: master weights, moments, the step
@@ -81,6 +103,8 @@ struct PlanOptions {
   std::uint64_t activation_bytes = 0;  // the model's device workspace for one micro-batch
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
   GradAccumulation grad_accumulation = GradAccumulation::kAuto;
+  // ZeRO's collectives over the partition's ranks (their dtype is compute_dtype).
+  ZeroOptions zero;
 };
 
 struct MemoryPlan {
@@ -117,6 +141,20 @@ struct MemoryPlan {
   // With parameters offloaded, the largest group's working copy on the device: what a run needs
   // there beside tier_bytes(kDevice) (the group in use; the plan leaves fetched parameters out).
   std::uint64_t group_in_use_bytes = 0;
+  // ZeRO's own device buffers at their peak, beyond the gradient in transit counted above: full
+  // parameters (stages 1-2: all of them; stage 3: the group in use and the one gathered ahead,
+  // with their chunk staging), the full gradients the model writes, the packed reduction bucket
+  // and the gradient buffers reductions land in, with the blocks the store's device cache keeps
+  // of them. Transient: never refused against the budget (the store makes room by dropping
+  // cached copies), but part of the device's peak. 0 on one rank.
+  std::uint64_t collective_bytes = 0;
+  // The tiers' peaks as the run's store will measure them: each tier's bytes, ZeRO's buffers on
+  // the device, and what the store keeps there for reuse while the tier's budget has room
+  // (cache_bytes, and working copies cached on the device, or in host memory when they live on
+  // NVMe under a host budget), capped by the budget.
+  std::array<std::uint64_t, kNumTiers> peak_bytes{};
+  // The device is host memory (the CPU backend): its peak is resident memory of the process too.
+  bool device_is_host_memory = false;
 
   // The fp32 sums of several micro-batches are on the device: with the optimizer there, or homed
   // there for a step off it (GradAccumulation::kDevice), which reads each group's sum from a copy
@@ -125,6 +163,12 @@ struct MemoryPlan {
   bool accumulate_on_device() const { return sums_on_device() && optimizer != Tier::kDevice; }
 
   std::uint64_t tier_bytes(Tier tier) const;
+  std::uint64_t peak(Tier tier) const { return peak_bytes[static_cast<std::size_t>(tier)]; }
+  // Host RAM the tiers hold at their peaks: the pinned host tier's, and the device's where the
+  // device is host memory. A process's resident memory is this beside its own.
+  std::uint64_t host_ram_bytes() const {
+    return peak(Tier::kHost) + (device_is_host_memory ? peak(Tier::kDevice) : 0);
+  }
   std::uint64_t kind_bytes(Tier tier, TensorKind kind) const {
     return bytes[static_cast<std::size_t>(tier)][static_cast<std::size_t>(kind)];
   }
@@ -134,9 +178,12 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
-// Fails when the placements contradict each other (parameters off the device with the optimizer
-// on it, NVMe without swap paths) or when the host budget cannot hold what must live there,
-// naming the kinds and their bytes.
+// The plan of this rank's share of `partition` (its local layout), and of the buffers ZeRO's
+// collectives take beside it. Fails when the placements contradict each other (parameters off
+// the device with the optimizer on it, NVMe without swap paths) or when the host budget cannot
+// hold what must live there, naming the kinds and their bytes.
+Result<MemoryPlan> make_plan(const Partition& partition, const PlanOptions& options);
+// One rank holding all of `layout`.
 Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& options);
 
 }  // namespace strata::zero

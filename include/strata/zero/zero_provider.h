@@ -31,38 +31,6 @@
 
 namespace strata::zero {
 
-struct ZeroOptions {
-  int stage = 3;  // 1: optimizer states partitioned; 2: + gradients; 3: + parameters
-  DType compute_dtype = DType::kF32;
-  // Stage 3: start a group's all-gather when the model announces it (prefetch), so it overlaps
-  // the current layer. Off when shards come from NVMe: there the prefetch starts the read instead.
-  bool gather_ahead = true;
-  // Most bytes one gradient reduction moves, counting every rank's block (DeepSpeed's
-  // reduce_bucket_size, in bytes): released gradients are packed into buckets of this size, small
-  // groups together and large groups split, one collective per bucket. Device memory beyond the
-  // unbucketed reduction: the full gradients of the open bucket's groups (up to this many bytes,
-  // plus the rest of a split group) and one packed bucket (this many bytes, and 1/world of it
-  // for the reduced block).
-  std::uint64_t reduce_bucket_bytes = kDefaultReduceBucketBytes;
-  // Most bytes one parameter all-gather receives (DeepSpeed's allgather_bucket_size, in bytes):
-  // stage 3 gathers a larger group in several all-gathers through two staging buffers of this
-  // size; stages 1-2 coalesce the re-gather after each step into buckets of this size.
-  std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
-};
-
-// Device bytes a provider holds at its peak beside its shard store's memory plan, walked through
-// one forward and backward as the provider runs them: full parameters (stages 1-2: all of them;
-// stage 3: the group in use and the one gathered ahead, with their chunk staging), the full
-// gradients the model writes, the packed reduction bucket, and the shard store's gradient buffers
-// the reductions land in until unpacked. Freed buffers count as the store keeps them: up to
-// `cache_blocks_per_size` of each size. Covers all of the gradients' device buffers, so the
-// store's own gradient in transit (counted in its plan) is not to be added again. With
-// parameters offloaded, so are the working copies of partitioned groups: each is fetched for its
-// gather and dropped after it, leaving its block to the cache. 0 when nothing is partitioned
-// (one rank).
-std::uint64_t zero_device_bytes(const Partition& partition, const ZeroOptions& options,
-                                bool params_offloaded, int cache_blocks_per_size);
-
 class ZeroProvider final : public model::ParamProvider {
  public:
   // Partitions `full` over the grid's data-parallel ranks (groups under persistence_threshold

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
+
+#include "strata/core/json.h"
 
 namespace strata::zero {
 namespace {
@@ -42,6 +46,42 @@ TEST(PlanTest, OffloadNamesAreTheConfigs) {
   EXPECT_EQ(offload_name(Tier::kDevice), "none");
   EXPECT_EQ(offload_name(Tier::kHost), "cpu");
   EXPECT_EQ(offload_name(Tier::kNvme), "nvme");
+}
+
+// ZeRO's own device buffers are the plan's too: none on one rank; on two, stages 1-2 hold every
+// partitioned group's full parameters, stage 3 at least the two largest groups gathered at once
+// (the one in use and the one ahead), and each is part of the device's peak, not of its homes.
+TEST(PlanTest, CollectiveBuffersArePartOfTheDevicePeak) {
+  const auto l = layout();
+  PlanOptions o;
+  o.compute_dtype = DType::kBF16;
+  auto one = make_plan(l, o);
+  ASSERT_TRUE(one.is_ok()) << one.status().message();
+  EXPECT_EQ(one->collective_bytes, 0u);
+  EXPECT_EQ(
+      one->peak(Tier::kDevice),
+      one->tier_bytes(Tier::kDevice) + one->cache_bytes[static_cast<std::size_t>(Tier::kDevice)]);
+  EXPECT_EQ(one->describe().find("collective"), std::string::npos);
+
+  std::vector<std::uint64_t> full;  // each group's full parameters on two ranks, largest first
+  const Partition two_ranks(l, 0, 2, 0);
+  for (const auto& g : two_ranks.groups())
+    full.push_back(static_cast<std::uint64_t>(g.padded_elems) * 2);
+  std::sort(full.rbegin(), full.rend());
+  std::uint64_t all = 0;
+  for (std::uint64_t b : full) all += b;
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    o.zero.stage = stage;
+    auto plan = make_plan(two_ranks, o);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+    EXPECT_GE(plan->collective_bytes, stage < 3 ? all : full[0] + full[1]);
+    EXPECT_EQ(plan->peak(Tier::kDevice), plan->tier_bytes(Tier::kDevice) + plan->collective_bytes);
+    EXPECT_NE(
+        plan->describe().find("ZeRO's collective buffers " + format_bytes(plan->collective_bytes)),
+        std::string::npos)
+        << plan->describe();
+  }
 }
 
 TEST(PlanTest, EveryHomeIsCountedOnceInItsTier) {
