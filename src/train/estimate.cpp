@@ -181,17 +181,19 @@ std::string Estimate::describe() const {
   s += "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ": " +
        std::to_string(groups_partitioned) + " parameter groups partitioned\n";
   s += plan.describe();
-  const auto beyond = [](std::uint64_t peak, std::uint64_t planned) {
-    return peak > planned
-               ? " (" + format_bytes(planned) + " planned + " + format_bytes(peak - planned) +
-                     " of collective buffers, working copies and buffers kept for reuse)"
-               : std::string();
+  const auto beyond = [](std::uint64_t peak, std::uint64_t planned, const std::string& of) {
+    return peak > planned ? " (" + format_bytes(planned) + " planned + " +
+                                format_bytes(peak - planned) + " of " + of + ")"
+                          : std::string();
   };
+  const std::string reuse = "working copies and buffers kept for reuse";
   const std::uint64_t device_peak = plan.peak(Tier::kDevice);
   const std::uint64_t host_peak = plan.peak(Tier::kHost);
   s += "peaks: device " + format_bytes(device_peak) +
-       beyond(device_peak, plan.tier_bytes(Tier::kDevice)) + ", pinned host " +
-       format_bytes(host_peak) + beyond(host_peak, plan.tier_bytes(Tier::kHost)) + ", nvme " +
+       beyond(device_peak, plan.tier_bytes(Tier::kDevice),
+              (plan.collective_bytes != 0 ? "ZeRO's buffers, " : "") + reuse) +
+       ", pinned host " + format_bytes(host_peak) +
+       beyond(host_peak, plan.tier_bytes(Tier::kHost), reuse) + ", nvme " +
        format_bytes(plan.peak(Tier::kNvme)) + "\n";
   s += "peak resident memory (rss): " + format_bytes(rss_bytes) + " = pinned host " +
        format_bytes(host_peak) + " + other " + format_bytes(other_host_bytes()) + " (the process " +

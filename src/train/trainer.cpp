@@ -24,6 +24,7 @@
 #include "strata/sys/process.h"
 #include "strata/train/checkpoint.h"
 #include "strata/train/data.h"
+#include "strata/train/drive_record.h"
 #include "strata/train/estimate.h"
 #include "strata/train/step_time.h"
 #include "strata/zero/zero_provider.h"
@@ -106,6 +107,8 @@ struct Trainer::Impl {
   Status check_eval_data();
   std::int64_t eval_batch_count() const;
   Status write_trace() const;
+  // The swap drive's sustained rates over the run, for the next strata estimate (rank 0).
+  Status record_drive() const;
   TrainerState state() const {
     return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
                         config.to_json()};
@@ -530,7 +533,27 @@ Status Trainer::run() {
   Status s = run_loop();
   Status t = impl_->write_trace();
   if (!s.is_ok()) return s;
-  return t;
+  STRATA_RETURN_IF_ERROR(t);
+  return impl_->record_drive();
+}
+
+Status Trainer::Impl::record_drive() const {
+  if (!swap || comm->rank() != 0 || swap->engine_name() == "memory") return Status::ok();
+  const std::optional<DriveRecord> record = drive_record(history, swap->engine_name());
+  if (!record) return Status::ok();
+  const std::string dir = swap_options(config, 0).paths.front();
+  STRATA_RETURN_IF_ERROR(write_drive_record(dir, *record));
+  if (options.progress != nullptr) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf),
+                  "the swap drive sustained %.2f GB/s reading and %.2f GB/s writing, %.2f GB/s "
+                  "each way at once, over %d step(s)",
+                  record->read.per_s / 1e9, record->write.per_s / 1e9, record->mixed.per_s / 1e9,
+                  record->steps);
+    *options.progress << buf << "; recorded in " << dir << "/" << kDriveRecordFile
+                      << " for strata estimate" << std::endl;
+  }
+  return Status::ok();
 }
 
 Status Trainer::run_loop() {

@@ -351,6 +351,64 @@ TEST(EstimateTest, CalibrationMeasuresTheRatesAndCleansUp) {
   EXPECT_TRUE(fs::is_empty(dir.file("swap")));
   const Json out = r.to_json();
   EXPECT_EQ(out["nvme_read_bytes"]["measured"], true);
+  // Each NVMe rate was timed in chunks, reading and writing at once too: a median and a spread.
+  for (const Rate* rate : {&r.nvme_read_bytes, &r.nvme_write_bytes, &r.nvme_mixed_bytes}) {
+    EXPECT_TRUE(rate->measured) << rate->how;
+    ASSERT_TRUE(rate->has_spread()) << rate->how;
+    EXPECT_LE(rate->low_per_s, rate->per_s);
+    EXPECT_LE(rate->per_s, rate->high_per_s);
+  }
+  EXPECT_NE(r.nvme_mixed_bytes.how.find("reading and writing at once"), std::string::npos);
+}
+
+// A run that streams its optimizer through NVMe records what the drive sustained beside its swap
+// files and says so; the next probe of that drive takes the run's figures instead of its own, and
+// the predicted step then carries their spread.
+TEST(EstimateTest, ARunRecordsTheDriveAndTheNextEstimateLearnsFromIt) {
+  TempDir dir;
+  Json j = small_config(dir);
+  // About 9M parameters: each step streams over 100 MB of optimizer state each way.
+  j["model"]["hidden_size"] = 256;
+  j["model"]["intermediate_size"] = 688;
+  j["model"]["num_hidden_layers"] = 12;
+  j["offload_param"] = "nvme";
+  j["offload_optimizer"] = "nvme";
+  j["optimizer_overlap"] = "none";
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  std::ostringstream progress;
+  TrainOptions o;
+  o.progress = &progress;
+  auto t = Trainer::create(*config, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+  const std::string record = dir.file("swap/strata-drive-rates.json");
+  ASSERT_TRUE(fs::exists(record)) << progress.str();
+  EXPECT_NE(progress.str().find("the swap drive sustained"), std::string::npos) << progress.str();
+  EXPECT_NE(progress.str().find("recorded in " + record), std::string::npos) << progress.str();
+  t->reset();  // the run's end: its swap directory is free again
+
+  const MachineRates r = calibrate(*config);
+  for (const Rate* rate : {&r.nvme_read_bytes, &r.nvme_write_bytes, &r.nvme_mixed_bytes}) {
+    EXPECT_TRUE(rate->measured);
+    EXPECT_GT(rate->per_s, 0);
+    EXPECT_NE(rate->how.find("learned from 2 steps of a run"), std::string::npos) << rate->how;
+    EXPECT_NE(rate->how.find(record), std::string::npos) << rate->how;
+  }
+  auto e = estimate(*config, 1);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const StepTime st = predict_step(*config, *e, r);
+  EXPECT_GT(st.slowest_ms, 0);
+  EXPECT_LE(st.fastest_ms, st.step_ms);
+  EXPECT_LE(st.step_ms, st.slowest_ms);
+  // A record that is not one is named, and the drive probed instead.
+  std::ofstream(record) << R"({"read_bytes_per_s": 3})";
+  const MachineRates probed = calibrate(*config);
+  EXPECT_NE(probed.nvme_read_bytes.how.find("512.00 MiB in 8 timed chunks"), std::string::npos)
+      << probed.nvme_read_bytes.how;
+  EXPECT_NE(probed.nvme_read_bytes.how.find("ignored " + record + ": key 'read_bytes_per_s'"),
+            std::string::npos)
+      << probed.nvme_read_bytes.how;
 }
 
 // A 70B full fine-tune (Llama-3-70B's shape) at 24 GiB of device and 64 GiB of host memory fits

@@ -74,15 +74,24 @@ int run_estimate(const EstimateArgs& a) {
     std::snprintf(b, sizeof(b), "%.2f s", ms / 1e3);
     return std::string(b);
   };
-  std::cout << "predicted step: " << secs(step.step_ms) << " (" << step.schedule << "; serial "
-            << secs(step.serial_ms);
+  std::cout << "predicted step: " << secs(step.step_ms);
+  if (step.slowest_ms > 0) {
+    std::cout << " (" << secs(step.fastest_ms) << " to " << secs(step.slowest_ms)
+              << " over the drive's measured spread)";
+  }
+  std::cout << " (" << step.schedule << "; serial " << secs(step.serial_ms);
   if (step.overlapped_ms > 0) std::cout << ", overlapped " << secs(step.overlapped_ms);
   std::cout << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
             << ", optimizer " << secs(step.optimizer_ms) << ", communication " << secs(step.comm_ms)
             << "\n";
   const auto rate = [](const char* what, const train::Rate& r, double unit, const char* units) {
     char b[64];
-    std::snprintf(b, sizeof(b), "%.1f %s", r.per_s / unit, units);
+    if (r.has_spread()) {
+      std::snprintf(b, sizeof(b), "%.1f %s (%.1f-%.1f)", r.per_s / unit, units, r.low_per_s / unit,
+                    r.high_per_s / unit);
+    } else {
+      std::snprintf(b, sizeof(b), "%.1f %s", r.per_s / unit, units);
+    }
     std::cout << "  " << what << ": " << (r.per_s > 0 ? std::string(b) + ", " : std::string())
               << (r.measured ? "measured (" + r.how + ")" : r.how) << "\n";
   };

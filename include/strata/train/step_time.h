@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
@@ -14,10 +15,18 @@
 namespace strata::train {
 
 struct Rate {
-  double per_s = 0;
+  double per_s = 0;  // the median of its intervals where timed in several
   bool measured = false;
   std::string how;  // "sgemm 1024^3 on cpu, 0.3 s" or why it is assumed
+  // The spread where timed in intervals: the slowest and the fastest interval's rate (0: one
+  // figure). A virtual disk's rate swings severalfold under sustained traffic.
+  double low_per_s = 0, high_per_s = 0;
+  bool has_spread() const { return low_per_s > 0 && high_per_s > 0; }
 };
+
+// Several timings of one rate: their median (of an even count, the mean of the middle two), with
+// the spread when there are several.
+Rate median_rate(std::vector<double> rates, std::string how);
 
 struct MachineRates {
   Rate gemm_flops;  // matrix products in the compute dtype, on the config's device
@@ -29,8 +38,8 @@ struct MachineRates {
   Rate memory_bytes;     // host memory copy bandwidth (CPU Adam's bound, CPU-device copies)
   Rate nvme_read_bytes;  // the swap engine on the first swap path, as configured
   Rate nvme_write_bytes;
-  // Each direction's, reading and writing at once (recorded by strata io-bench only): the
-  // NVMe-streamed optimizer's reads and writes then overlap at this rate.
+  // Each direction's, reading and writing at once (probed, or recorded by strata io-bench): the
+  // NVMe-streamed optimizer's reads and writes overlap at this rate.
   Rate nvme_mixed_bytes;
   Rate comm_bytes;  // collective bus bandwidth per rank (several ranks only)
   Json to_json() const;
@@ -53,6 +62,9 @@ struct StepTime {
   double overlapped_ms = 0;  // with the update beside compute (0 where the plan never overlaps)
   double step_ms = 0;        // the whole step, for the plan's schedule
   std::string schedule;      // how the parts were combined
+  // The step at the drive's slowest and fastest measured intervals (Rate's spread), where
+  // anything lives on NVMe and its rates were timed in intervals; else 0.
+  double slowest_ms = 0, fastest_ms = 0;
   Json to_json() const;
 };
 

@@ -1,0 +1,387 @@
+// Short probes of this machine's rates: a GEMM, a decoder layer, host memory and the swap drive.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "strata/core/clock.h"
+#include "strata/core/host_mapping.h"
+#include "strata/device/device.h"
+#include "strata/dist/process_grid.h"
+#include "strata/io/swap.h"
+#include "strata/model/llama.h"
+#include "strata/model/param_layout.h"
+#include "strata/train/drive_record.h"
+#include "strata/train/step_time.h"
+#include "strata/zero/zero_provider.h"
+
+namespace strata::train {
+namespace {
+
+constexpr double kGemmProbeSeconds = 0.3;
+constexpr double kLayerProbeSeconds = 0.3;  // each model's runs, after at least 4
+// The FLOPs of a 2-layer model's forward and backward up to which layers are timed.
+constexpr double kLayerProbeFlops = 8e9;
+constexpr double kMemoryProbeSeconds = 0.15;
+constexpr std::size_t kMemoryProbeBytes = std::size_t{64} << 20;
+// Each of the swap probe's two extents; timed in this many chunks.
+constexpr std::size_t kSwapProbeBytes = std::size_t{512} << 20;
+constexpr std::size_t kSwapProbeIntervals = 8;
+// What a node's MPI over shared memory moves per rank in a collective; not measurable from one
+// process, so it is said to be assumed.
+constexpr double kAssumedCommBytesPerS = 5e9;
+
+Rate gemm_rate(const TrainConfig& config, device::Device* given) {
+  constexpr std::int64_t n = 1024;
+  const DType dt = config.precision;
+  const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dt);
+  std::unique_ptr<device::Device> own;
+  if (given == nullptr) {
+    device::DeviceOptions o = config.device_options();
+    o.memory_limit_bytes = 3 * bytes + (std::size_t{1} << 20);  // the probe's, not the run's
+    auto made = device::create_device(o);
+    if (!made.is_ok()) return {0, false, "not measured: " + made.status().message()};
+    own = std::move(*made);
+  }
+  device::Device* device = given != nullptr ? given : own.get();
+  auto a = device->allocate(bytes, "GEMM probe");
+  auto b = device->allocate(bytes, "GEMM probe");
+  auto c = device->allocate(bytes, "GEMM probe");
+  if (!a.is_ok() || !b.is_ok() || !c.is_ok()) {
+    return {0, false,
+            "not measured: the GEMM probe's 3 x " + format_bytes(bytes) +
+                " do not fit device_memory_limit"};
+  }
+  device::Stream& s = device->stream(device::StreamKind::kCompute);
+  for (void* p : {a->data(), b->data(), c->data()}) device->fill_zero(p, bytes, s);
+  device::GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a->data();
+  g.b = b->data();
+  g.c = c->data();
+  g.lda = g.ldb = g.ldc = n;
+  g.dtype = dt;
+  device->ops().gemm(g);  // warm up: thread pools, packing buffers
+  s.synchronize();
+  Stopwatch t;
+  int reps = 0;
+  while (t.elapsed_ms() < kGemmProbeSeconds * 1e3) {
+    device->ops().gemm(g);
+    s.synchronize();
+    ++reps;
+  }
+  const double flops = 2.0 * n * n * n * reps;
+  return {flops / (t.elapsed_ms() / 1e3), true,
+          std::string(precision_name(dt)) + " GEMM 1024^3 on " + device->name() + ", " +
+              std::to_string(reps) + " runs"};
+}
+
+// `model` cut to `layers` decoder layers, ready to run forward and backward at the run's
+// micro-batch on `device`.
+class ProbeModel {
+ public:
+  static Result<std::unique_ptr<ProbeModel>> create(const TrainConfig& config,
+                                                    model::LlamaConfig model, int layers,
+                                                    device::Device& device) {
+    model.num_hidden_layers = layers;
+    std::unique_ptr<ProbeModel> p(new ProbeModel(config, model, device));
+    // Everything on the device, as initialized: a one-rank ZeroProvider with nothing offloaded.
+    p->grid_ = dist::ProcessGrid::single_rank(device);
+    zero::ShardOptions so;
+    so.compute_dtype = config.precision;
+    STRATA_ASSIGN_OR_RETURN(p->provider_,
+                            zero::ZeroProvider::create(p->layout_, 0, device, nullptr, *p->grid_,
+                                                       zero::ZeroOptions{}, so));
+    STRATA_RETURN_IF_ERROR(p->provider_->load_master([&](const model::ParamGroup& g, float* dst) {
+      model::init_group(model, g, /*seed=*/1, dst);
+      return Status::ok();
+    }));
+    for (std::size_t i = 0; i < p->inputs_.size(); ++i) {
+      const auto vocab = static_cast<std::size_t>(model.vocab_size);
+      p->inputs_[i] = static_cast<std::int32_t>((i * 7919) % vocab);
+      p->targets_[i] = static_cast<std::int32_t>((i * 104729 + 1) % vocab);
+    }
+    return p;
+  }
+  // Milliseconds of one forward and backward.
+  Result<double> time_once() {
+    Stopwatch t;
+    STRATA_RETURN_IF_ERROR(
+        model_.forward_backward(*provider_, inputs_.data(), targets_.data(), batch_, seq_, 1.0f)
+            .status());
+    return t.elapsed_ms();
+  }
+
+ private:
+  static model::ModelOptions options(const TrainConfig& config) {
+    model::ModelOptions mo;
+    mo.compute_dtype = config.precision;
+    mo.activation_checkpointing = config.activation_checkpointing;
+    return mo;
+  }
+  ProbeModel(const TrainConfig& config, const model::LlamaConfig& model, device::Device& device)
+      : layout_(model::ParamLayout::build(model)),
+        model_(model, layout_, device, options(config)),
+        batch_(config.micro_batch_size),
+        seq_(config.seq_len),
+        inputs_(static_cast<std::size_t>(batch_ * seq_)),
+        targets_(inputs_.size()) {}
+  model::ParamLayout layout_;
+  model::LlamaModel model_;
+  std::unique_ptr<dist::ProcessGrid> grid_;
+  std::unique_ptr<zero::ZeroProvider> provider_;
+  std::int64_t batch_, seq_;
+  std::vector<std::int32_t> inputs_, targets_;
+};
+
+// A decoder layer's forward and backward at the run's micro-batch, and the embedding, head and
+// loss's, timed on the device as the difference of a 2-layer and a 1-layer model of the run's
+// shape, where a layer is small enough to time in a moment (at most kLayerProbeFlops); per-op
+// overheads and the operations that are not matrix products dominate such layers. Larger ones
+// run at the GEMM rate and are left unmeasured.
+void layer_rates(const TrainConfig& config, const model::LlamaConfig& model, device::Device* given,
+                 Rate* layers, Rate* ends) {
+  const double tokens = static_cast<double>(config.micro_batch_size * config.seq_len);
+  const double h = static_cast<double>(model.hidden_size);
+  const double layer_params =
+      h * (2 * h + 2 * h * model.num_key_value_heads / model.num_attention_heads) +
+      3.0 * h * static_cast<double>(model.intermediate_size);
+  const double flops =
+      2 * (6 * layer_params * tokens) + 6 * h * static_cast<double>(model.vocab_size) * tokens;
+  if (flops > kLayerProbeFlops) {
+    *layers = *ends = {0, false, "not measured: layers this large run at the GEMM rate"};
+    return;
+  }
+  std::unique_ptr<device::Device> own;
+  if (given == nullptr) {
+    device::DeviceOptions o = config.device_options();
+    o.memory_limit_bytes = 0;  // the probe's own: on the CPU backend, as much as it takes
+    auto made = device::create_device(o);
+    if (!made.is_ok()) {
+      *layers = *ends = {0, false, "not measured: " + made.status().message()};
+      return;
+    }
+    own = std::move(*made);
+  }
+  device::Device& device = given != nullptr ? *given : *own;
+  // The two models run in turn, so that a machine busy for a moment slows both alike; each
+  // one's median, after a warm-up run.
+  std::unique_ptr<ProbeModel> one, two;
+  Status failed;
+  for (int layers : {1, 2}) {
+    auto made = ProbeModel::create(config, model, layers, device);
+    if (!made.is_ok()) {
+      failed = made.status();
+      break;
+    }
+    (layers == 1 ? one : two) = std::move(*made);
+  }
+  std::vector<double> ones, twos;
+  Stopwatch total;
+  for (int run = 0;
+       failed.is_ok() && run < 16 && (run < 5 || total.elapsed_ms() < 2 * kLayerProbeSeconds * 1e3);
+       ++run) {
+    auto a = one->time_once();
+    if (!a.is_ok()) {
+      failed = a.status();
+      break;
+    }
+    auto b = two->time_once();
+    failed = b.status();
+    if (failed.is_ok() && run > 0) {
+      ones.push_back(*a);
+      twos.push_back(*b);
+    }
+  }
+  if (!failed.is_ok()) {
+    *layers = *ends = {0, false, "not measured: " + failed.message()};
+    return;
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double one_ms = median(ones), two_ms = median(twos);
+  // No difference: the layer is lost in the noise of either run, and says nothing.
+  if (two_ms <= one_ms) {
+    *layers = *ends = {0, false, "not measured: a layer's time was lost in the probe's noise"};
+    return;
+  }
+  const double layer_ms = two_ms - one_ms;
+  const double ends_ms = std::max(one_ms - layer_ms, 1e-3);
+  const std::string how = "forward and backward of models of 1 and 2 layers on " + device.name() +
+                          ", micro-batch " + std::to_string(config.micro_batch_size) + " x " +
+                          std::to_string(config.seq_len);
+  *layers = {1e3 / layer_ms, true, how};
+  *ends = {1e3 / ends_ms, true, how};
+}
+
+Rate memory_rate() {
+  HostMapping src(kMemoryProbeBytes), dst(kMemoryProbeBytes);
+  std::memset(src.data(), 1, kMemoryProbeBytes);
+  Stopwatch t;
+  int reps = 0;
+  while (t.elapsed_ms() < kMemoryProbeSeconds * 1e3) {
+    std::memcpy(dst.data(), src.data(), kMemoryProbeBytes);
+    ++reps;
+  }
+  // A copy reads and writes each byte.
+  const double moved = 2.0 * static_cast<double>(kMemoryProbeBytes) * reps;
+  return {moved / (t.elapsed_ms() / 1e3), true, "memcpy of 64 MiB, one thread"};
+}
+
+// The rate of `bytes` moved in each of `seconds`.
+Rate interval_rate(std::size_t bytes, const std::vector<double>& seconds, std::string how) {
+  std::vector<double> rates;
+  for (double s : seconds) rates.push_back(static_cast<double>(bytes) / std::max(s, 1e-9));
+  return median_rate(std::move(rates), std::move(how));
+}
+
+// The drive's rates through the configured swap engine on the first swap path: writing, reading,
+// and reading one extent while writing another at once, as the NVMe optimizer step does (it reads
+// the next sub-group while the last one's results go back). Each is timed over
+// kSwapProbeIntervals chunks, so a drive or virtual disk whose rate swings under sustained
+// traffic shows the spread a step will see, not only its burst.
+void swap_rates(const TrainConfig& config, MachineRates& r) {
+  const bool automatic = config.offload_param_auto || config.offload_optimizer_auto;
+  const bool nvme = config.offload_param == Tier::kNvme ||
+                    config.offload_optimizer == Tier::kNvme ||
+                    (automatic && !config.swap_paths.empty());
+  if (!nvme) {
+    r.nvme_read_bytes = r.nvme_write_bytes =
+        r.nvme_mixed_bytes = {0, false, "not needed: nothing lives on nvme"};
+    return;
+  }
+  // Recorded by strata io-bench --write-config: sustained figures at the chosen request size.
+  if (config.swap_read_bytes_per_s > 0 && config.swap_write_bytes_per_s > 0) {
+    r.nvme_read_bytes = {config.swap_read_bytes_per_s, true,
+                         "recorded by strata io-bench (swap_read_bytes_per_s)"};
+    r.nvme_write_bytes = {config.swap_write_bytes_per_s, true,
+                          "recorded by strata io-bench (swap_write_bytes_per_s)"};
+    r.nvme_mixed_bytes =
+        config.swap_mixed_bytes_per_s > 0
+            ? Rate{config.swap_mixed_bytes_per_s, true,
+                   "recorded by strata io-bench (swap_mixed_bytes_per_s)"}
+            : Rate{0, false, "not recorded (strata io-bench --op all --write-config records it)"};
+    return;
+  }
+  const auto unmeasured = [&](const std::string& why) {
+    r.nvme_read_bytes = r.nvme_write_bytes =
+        r.nvme_mixed_bytes = {0, false, "not measured: " + why};
+  };
+  io::SwapOptions o = swap_options(config, 0);
+  o.paths.resize(std::min<std::size_t>(o.paths.size(), 1));  // the first drive, as configured
+  o.log_warnings = false;
+  auto swap = io::SwapSpace::create(o);
+  if (!swap.is_ok()) return unmeasured(swap.status().message());
+  // What a run sustained on this drive, where strata train recorded it: a step's own traffic.
+  std::string ignored;
+  auto learned = read_drive_record(o.paths.front(), (*swap)->engine_name());
+  if (learned.is_ok() && learned->has_value()) {
+    r.nvme_read_bytes = (*learned)->read;
+    r.nvme_write_bytes = (*learned)->write;
+    r.nvme_mixed_bytes = (*learned)->mixed;
+    return;
+  }
+  if (!learned.is_ok()) ignored = "; ignored " + learned.status().message();
+  auto a = (*swap)->allocate(kSwapProbeBytes, "swap probe");
+  if (!a.is_ok()) return unmeasured(a.status().message());
+  auto b = (*swap)->allocate(kSwapProbeBytes, "swap probe (second extent)");
+  if (!b.is_ok()) {
+    (*swap)->free(*a);
+    return unmeasured(b.status().message());
+  }
+  constexpr std::size_t chunk = kSwapProbeBytes / kSwapProbeIntervals;
+  HostMapping rbuf(chunk), wbuf(chunk);
+  for (std::size_t i = 0; i < chunk; i += 4096) wbuf.data()[i] = std::byte(i >> 12);
+  std::vector<double> write_s, read_s, mixed_s;
+  Status s;
+  // The first writes allocate the files' blocks; training overwrites them, so time the later ones.
+  for (std::size_t at = 0; s.is_ok() && at < kSwapProbeBytes; at += chunk) {
+    s = (*swap)->write(*a, at, wbuf.data(), chunk).wait();
+    if (s.is_ok()) s = (*swap)->write(*b, at, wbuf.data(), chunk).wait();
+  }
+  for (std::size_t at = 0; s.is_ok() && at < kSwapProbeBytes; at += chunk) {
+    Stopwatch t;
+    s = (*swap)->write(*a, at, wbuf.data(), chunk).wait();
+    write_s.push_back(t.elapsed_ms() / 1e3);
+  }
+  for (std::size_t at = 0; s.is_ok() && at < kSwapProbeBytes; at += chunk) {
+    Stopwatch t;
+    s = (*swap)->read(*a, at, rbuf.data(), chunk).wait();
+    read_s.push_back(t.elapsed_ms() / 1e3);
+  }
+  for (std::size_t at = 0; s.is_ok() && at < kSwapProbeBytes; at += chunk) {
+    Stopwatch t;
+    io::IoHandle reading = (*swap)->read(*a, at, rbuf.data(), chunk);
+    Status w = (*swap)->write(*b, at, wbuf.data(), chunk).wait();
+    s = reading.wait();
+    if (s.is_ok()) s = w;
+    mixed_s.push_back(t.elapsed_ms() / 1e3);
+  }
+  (*swap)->free(*a);
+  (*swap)->free(*b);
+  if (!s.is_ok()) return unmeasured(s.message());
+  const std::string where = (*swap)->engine_name() + " on " + o.paths.front() + ", " +
+                            format_bytes(kSwapProbeBytes) + " in " +
+                            std::to_string(kSwapProbeIntervals) + " timed chunks of " +
+                            format_bytes(config.swap_block_size) + " requests" + ignored;
+  r.nvme_write_bytes = interval_rate(chunk, write_s, "write, " + where);
+  r.nvme_read_bytes = interval_rate(chunk, read_s, "read, " + where);
+  r.nvme_mixed_bytes =
+      interval_rate(chunk, mixed_s, "each direction, reading and writing at once, " + where);
+}
+
+Json rate_json(const Rate& r) {
+  Json j{{"per_s", r.per_s}, {"measured", r.measured}, {"how", r.how}};
+  if (r.low_per_s > 0) j["low_per_s"] = r.low_per_s;
+  if (r.high_per_s > 0) j["high_per_s"] = r.high_per_s;
+  return j;
+}
+
+}  // namespace
+
+Rate median_rate(std::vector<double> rates, std::string how) {
+  if (rates.empty()) return Rate{0, false, std::move(how)};
+  std::sort(rates.begin(), rates.end());
+  const std::size_t n = rates.size();
+  Rate r{n % 2 == 1 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2, true, std::move(how)};
+  if (n > 1) {
+    r.low_per_s = rates.front();
+    r.high_per_s = rates.back();
+  }
+  return r;
+}
+
+MachineRates calibrate(const TrainConfig& config, device::Device* device) {
+  MachineRates r;
+  try {
+    r.gemm_flops = gemm_rate(config, device);
+    if (auto model = read_model_config(config, nullptr); model.is_ok()) {
+      layer_rates(config, *model, device, &r.layer_passes, &r.end_passes);
+    } else {
+      r.layer_passes = r.end_passes = {0, false, "not measured: " + model.status().message()};
+    }
+    r.memory_bytes = memory_rate();
+    swap_rates(config, r);
+  } catch (const std::bad_alloc&) {
+    r.memory_bytes = {0, false, "not measured: no host memory for the probe"};
+  }
+  r.comm_bytes = {kAssumedCommBytesPerS, false,
+                  "assumed (MPI over shared memory; one process cannot time a collective)"};
+  return r;
+}
+
+Json MachineRates::to_json() const {
+  return Json{{"gemm_flops", rate_json(gemm_flops)},
+              {"layer_passes", rate_json(layer_passes)},
+              {"end_passes", rate_json(end_passes)},
+              {"memory_bytes", rate_json(memory_bytes)},
+              {"nvme_read_bytes", rate_json(nvme_read_bytes)},
+              {"nvme_write_bytes", rate_json(nvme_write_bytes)},
+              {"nvme_mixed_bytes", rate_json(nvme_mixed_bytes)},
+              {"comm_bytes", rate_json(comm_bytes)}};
+}
+
+}  // namespace strata::train
