@@ -43,20 +43,24 @@ std::string_view hf_dtype_name(DType dtype) {
 
 }  // namespace
 
-Result<HfCheckpointReader> HfCheckpointReader::open(const std::string& dir) {
+Result<LlamaConfig> HfCheckpointReader::read_config(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return not_found("checkpoint directory " + dir +
                      " does not exist or is not a directory; expected a Hugging Face model "
                      "directory with config.json and model.safetensors");
   }
-  HfCheckpointReader reader;
-  reader.dir_ = dir;
-
   const std::string config_path = join(dir, kConfigFile);
   auto config_json = read_json_file(config_path);
   if (!config_json.is_ok()) return config_json.status().with_context("reading checkpoint " + dir);
-  STRATA_ASSIGN_OR_RETURN(reader.config_, LlamaConfig::from_json(*config_json, config_path));
+  return LlamaConfig::from_json(*config_json, config_path);
+}
+
+Result<HfCheckpointReader> HfCheckpointReader::open(const std::string& dir) {
+  HfCheckpointReader reader;
+  reader.dir_ = dir;
+  STRATA_ASSIGN_OR_RETURN(reader.config_, read_config(dir));
+  std::error_code ec;
 
   const std::string index_path = join(dir, kIndexFile);
   const std::string single_path = join(dir, kSingleFile);

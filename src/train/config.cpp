@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "strata/model/hf_checkpoint.h"
 #include "strata/zero/plan.h"
 
 namespace strata::train {
@@ -86,14 +87,22 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   TrainConfig c;
   JsonReader r(json, "", &errors);
 
+  bool has_model = false;
   if (const Json* m = r.raw("model")) {
-    if (!m->is_string() && !m->is_object()) {
-      r.error("model",
-              "expected a path to a Hugging Face checkpoint directory or an inline config object, "
-              "got " +
-                  m->dump());
+    Result<model::LlamaConfig> read = invalid_argument(
+        "expected a path to a Hugging Face checkpoint directory or an inline config object, got " +
+        m->dump());
+    if (m->is_string()) {
+      c.model_path = m->get<std::string>();
+      read = model::HfCheckpointReader::read_config(c.model_path);
+    } else if (m->is_object()) {
+      read = model::LlamaConfig::from_json(*m, "config key 'model'");
+    }
+    if (read.is_ok()) {
+      c.model = *read;
+      has_model = true;
     } else {
-      c.model = *m;
+      r.error("model", read.status().message());
     }
   } else {
     r.error("model", "is required: a checkpoint directory path or an inline HF config object");
@@ -132,6 +141,10 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
             "needs eval_data: {\"path\": FILE, \"format\": ...}");
   }
   r.read("seq_len", &c.seq_len, 1, 1 << 20);
+  if (has_model && c.seq_len > c.model.max_position_embeddings) {
+    r.error("seq_len", std::to_string(c.seq_len) + " exceeds the model's max_position_embeddings " +
+                           std::to_string(c.model.max_position_embeddings));
+  }
   r.read("batch_size", &c.batch_size, 1);
   r.read("micro_batch_size", &c.micro_batch_size, 0);
   r.read("max_steps", &c.max_steps, 0);
@@ -263,9 +276,12 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
 }
 
 Result<TrainConfig> load_train_config(const std::string& path,
-                                      const std::vector<std::string>& overrides) {
+                                      const std::vector<std::string>& overrides, const Json& keys) {
   STRATA_ASSIGN_OR_RETURN(Json json, read_json_file(path));
   for (const auto& o : overrides) STRATA_RETURN_IF_ERROR(apply_override(json, o));
+  if (json.is_object()) {
+    for (const auto& [key, value] : keys.items()) json[key] = value;
+  }
   return parse_train_config(json, path);
 }
 
@@ -299,7 +315,7 @@ device::DeviceOptions TrainConfig::device_options() const {
 
 Json TrainConfig::to_json() const {
   return Json{
-      {"model", model},
+      {"model", model_path.empty() ? model.to_json() : Json(model_path)},
       {"seed", seed},
       {"data", {{"path", data.path}, {"format", token_format_name(data.format)}}},
       {"eval_data",

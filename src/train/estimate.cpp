@@ -13,29 +13,9 @@
 #include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
 #include "strata/sys/process.h"
-#include "strata/train/step_time.h"
 #include "strata/zero/partition.h"
 
 namespace strata::train {
-
-Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
-                                             std::unique_ptr<model::HfCheckpointReader>* reader) {
-  model::LlamaConfig mc;
-  if (config.model.is_string()) {
-    STRATA_ASSIGN_OR_RETURN(auto r,
-                            model::HfCheckpointReader::open(config.model.get<std::string>()));
-    mc = r.config();
-    if (reader != nullptr) *reader = std::make_unique<model::HfCheckpointReader>(std::move(r));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(mc, model::LlamaConfig::from_json(config.model, "config key 'model'"));
-  }
-  if (config.seq_len > mc.max_position_embeddings) {
-    return invalid_argument("seq_len " + std::to_string(config.seq_len) +
-                            " exceeds the model's max_position_embeddings " +
-                            std::to_string(mc.max_position_embeddings));
-  }
-  return mc;
-}
 
 io::SwapOptions swap_options(const TrainConfig& config, int rank) {
   io::SwapOptions o;
@@ -80,11 +60,11 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   return filesystems.empty() ? 0 : per_path * paths.size();
 }
 
-zero::ShardOptions shard_options(const TrainConfig& config, const model::LlamaConfig& model,
-                                 int world, std::uint64_t activation_bytes) {
+zero::ShardOptions shard_options(const TrainConfig& config, int world,
+                                 std::uint64_t activation_bytes) {
   zero::ShardOptions o;
   o.activation_bytes = activation_bytes;
-  o.tied_embeddings = model.tie_word_embeddings;
+  o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
   o.compute_dtype = config.precision;
@@ -113,22 +93,15 @@ zero::ZeroOptions zero_options(const TrainConfig& config) {
   return o;
 }
 
-Result<Estimate> estimate(const TrainConfig& config, int ranks) {
-  STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig model, read_model_config(config, nullptr));
-  return estimate(config, model, ranks);
-}
-
-Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
-                          const EstimateOptions& options) {
+Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOptions& options) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   STRATA_CHECK(options.rank >= 0 && options.rank < ranks, "rank outside the ranks planned",
                options.rank, ranks);
   STRATA_RETURN_IF_ERROR(config.check_batch_split(ranks));
-  const bool suggest = options.suggest;
   Estimate e;
   e.ranks = ranks;
   e.rank = options.rank;
-  e.model = model;
+  e.model = config.model;
   const model::ParamLayout full = model::ParamLayout::build(e.model);
   e.parameters = full.num_parameters();
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
@@ -140,28 +113,23 @@ Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& m
   const std::uint64_t activations =
       model::LlamaModel::activation_bytes(e.model, mo, config.micro_batch_size, config.seq_len);
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
-  // A budget too small says what would fit.
-  const auto refuse = [&](const Status& why) -> Status {
-    if (!suggest || why.code() != StatusCode::kOutOfMemory) return why;
-    return out_of_memory(why.message() + changes_to_fit(config, model, ranks));
-  };
-  zero::ShardOptions eo = shard_options(config, e.model, ranks, activations);
+  zero::ShardOptions eo = shard_options(config, ranks, activations);
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,
                                             config.device == device::DeviceKind::kCpu);
   po.zero = zero_options(config);
   auto plan = zero::make_plan(partition, po);
-  if (!plan.is_ok()) return refuse(plan.status());
+  if (!plan.is_ok()) return plan.status();
   e.plan = std::move(*plan);
   if (config.device_memory_limit != 0 && e.device_bytes_needed() > config.device_memory_limit) {
-    return refuse(out_of_memory(
+    return out_of_memory(
         "device_memory_limit " + format_bytes(config.device_memory_limit) +
         " is too small: this plan needs " + format_bytes(e.device_bytes_needed()) +
         " on the device (" + e.plan.kinds_text(Tier::kDevice) +
         (e.plan.params == Tier::kDevice
              ? ""
              : ", and " + format_bytes(e.plan.group_in_use_bytes) + " for the group in use") +
-        ")"));
+        ")");
   }
 
   if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;

@@ -2,29 +2,13 @@
 // small-step probe, and the placements and budgets that would fit.
 #include "strata/train/step_time.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <exception>
-#include <filesystem>
-#include <fstream>
-#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
-#include "strata/core/clock.h"
-#include "strata/core/host_mapping.h"
-#include "strata/device/device.h"
-#include "strata/dist/communicator.h"
-#include "strata/dist/process_grid.h"
-#include "strata/io/swap.h"
-#include "strata/model/llama.h"
-#include "strata/model/param_layout.h"
-#include "strata/model/param_provider.h"
-#include "strata/train/trainer.h"
-#include "strata/zero/zero_provider.h"
+#include "strata/zero/plan.h"
 
 namespace strata::train {
 namespace {
@@ -35,8 +19,8 @@ double ms(double bytes_or_flops, const Rate& r) {
 
 // Variants of a config that the caller compares itself: no suggestions; with the swap paths'
 // free space, or without (what a placement would need on NVMe).
-const EstimateOptions kVariant{0, false, true};
-const EstimateOptions kVariantUnchecked{0, false, false};
+const EstimateOptions kVariant{0, true};
+const EstimateOptions kVariantUnchecked{0, false};
 
 std::string placement_name(Tier param, Tier optimizer) {
   return std::string(zero::offload_name(param)) + "/" + std::string(zero::offload_name(optimizer));
@@ -103,7 +87,7 @@ std::string bytes_at_least(std::uint64_t bytes) {
 // What each open placement needs of the device, the host and NVMe with no budgets, and the
 // smallest raise of either budget, the free swap space a placement that fits both budgets lacks,
 // or the largest micro-batch, that would let one of them run.
-std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
+std::string smallest_changes(const TrainConfig& config, int ranks,
                              const std::vector<Candidate>& open) {
   // The device, host and NVMe bytes `c` needs with `micro_batch` sequences per micro-batch.
   const auto needs = [&](const Candidate& c, std::int64_t micro_batch, std::uint64_t* device,
@@ -112,7 +96,7 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     unbounded.micro_batch_size = micro_batch;
     unbounded.device_memory_limit = 0;
     unbounded.host_memory_limit = 0;
-    auto e = estimate(unbounded, model, ranks, kVariantUnchecked);
+    auto e = estimate(unbounded, ranks, kVariantUnchecked);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();
     *host = e->plan.tier_bytes(Tier::kHost);
@@ -137,7 +121,7 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
     // Planned within both budgets as they are (gradients go to NVMe when the host cannot hold
     // them), short only of free swap space.
     if (swap_free != 0) {
-      auto within_budgets = estimate(least(config, c), model, ranks, kVariantUnchecked);
+      auto within_budgets = estimate(least(config, c), ranks, kVariantUnchecked);
       const std::uint64_t n =
           within_budgets.is_ok() ? within_budgets->plan.tier_bytes(Tier::kNvme) : 0;
       if (within_budgets.is_ok() &&
@@ -198,73 +182,15 @@ std::string smallest_changes(const TrainConfig& config, const model::LlamaConfig
 
 }  // namespace
 
-Result<double> time_small_step(const TrainConfig& config, const model::LlamaConfig& model,
-                               int ranks, const MachineRates& rates) {
-  if (!rates.layer_passes.measured) {
-    return failed_precondition("layers this large are predicted from their FLOPs");
-  }
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("strata-step-probe-" + std::to_string(static_cast<long>(::getpid())));
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return io_error("cannot make " + dir.string() + ": " + ec.message());
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } cleanup{dir};
-  // Random tokens below the vocabulary, enough for every step's sequences.
-  constexpr int kSteps = 6;
-  const std::int64_t batch = config.batch_size / ranks;
-  const std::size_t tokens = static_cast<std::size_t>((batch * kSteps + 1) * (config.seq_len + 1));
-  std::vector<std::uint32_t> ids(tokens);
-  for (std::size_t i = 0; i < tokens; ++i) {
-    ids[i] = static_cast<std::uint32_t>((i * 2654435761u) %
-                                        static_cast<std::uint64_t>(model.vocab_size));
-  }
-  const fs::path data = dir / "tokens.u32";
-  {
-    std::ofstream out(data, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(ids.data()),
-              static_cast<std::streamsize>(ids.size() * sizeof(std::uint32_t)));
-    if (!out) return io_error("cannot write " + data.string());
-  }
-  const auto run = [&](int layers) -> Result<double> {
-    TrainConfig c = config;
-    model::LlamaConfig m = model;
-    m.num_hidden_layers = layers;
-    c.model = m.to_json();
-    c.data = DataConfig{data.string(), TokenFormat::kU32};
-    c.batch_size = batch;
-    c.max_steps = kSteps;
-    c.save_dir.clear();
-    c.metrics_file.clear();
-    c.trace_file.clear();
-    c.offload_param_auto = c.offload_optimizer_auto = false;
-    c.dist_backend = dist::CommBackend::kSingle;
-    TrainOptions o;
-    STRATA_ASSIGN_OR_RETURN(auto trainer, Trainer::create(c, o));
-    STRATA_RETURN_IF_ERROR(trainer->run());
-    return trainer->steady_step_ms();
-  };
-  // Two layers apart, so that the noise of either run is not multiplied by every layer.
-  STRATA_ASSIGN_OR_RETURN(const double one, run(1));
-  STRATA_ASSIGN_OR_RETURN(const double three, run(3));
-  const double layer_ms = std::max((three - one) / 2, 0.0);
-  double step_ms = std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers;
-  if (ranks > 1) {
-    const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
-    step_ms +=
-        ms(3.0 * params * dtype_size(config.precision) * (ranks - 1) / ranks, rates.comm_bytes);
-  }
-  return step_ms;
+Result<Estimate> estimate_with_changes(const TrainConfig& config, int ranks,
+                                       const EstimateOptions& options) {
+  Result<Estimate> e = estimate(config, ranks, options);
+  if (e.is_ok() || e.status().code() != StatusCode::kOutOfMemory) return e;
+  return out_of_memory(e.status().message() + changes_to_fit(config, ranks));
 }
 
-std::string changes_to_fit(const TrainConfig& config, const model::LlamaConfig& model, int ranks) {
-  std::string out = smallest_changes(config, model, ranks, candidates(config));
+std::string changes_to_fit(const TrainConfig& config, int ranks) {
+  std::string out = smallest_changes(config, ranks, candidates(config));
   if (config.offload_param_auto && config.offload_optimizer_auto) return out;
   // Another placement that fits the budgets as they are: the one that offloads least.
   TrainConfig any = config;
@@ -274,7 +200,7 @@ std::string changes_to_fit(const TrainConfig& config, const model::LlamaConfig& 
         (c.param == config.offload_param && c.optimizer == config.offload_optimizer)) {
       continue;
     }
-    auto e = estimate(placed(config, c), model, ranks, kVariant);
+    auto e = estimate(placed(config, c), ranks, kVariant);
     if (!e.is_ok() || (config.device_memory_limit != 0 &&
                        e->device_bytes_needed() > config.device_memory_limit)) {
       continue;
@@ -404,7 +330,6 @@ Json StepTime::to_json() const {
 
 Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
                                          const MachineRates& rates) {
-  STRATA_ASSIGN_OR_RETURN(const model::LlamaConfig model, read_model_config(config, nullptr));
   const std::vector<Candidate> open = candidates(config);
   // Free space of the swap paths, for NVMe homes.
   const std::uint64_t swap_free = swap_free_bytes(config, 0);
@@ -416,7 +341,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
     std::optional<StepTime> st;
     if (refused.empty()) {
       const TrainConfig c = placed(config, cand);
-      auto est = estimate(c, model, ranks, kVariant);
+      auto est = estimate(c, ranks, kVariant);
       if (!est.is_ok()) {
         refused = est.status().message();
       } else if (config.device_memory_limit != 0 &&
@@ -447,7 +372,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
   if (!best) {
     return out_of_memory("no placement fits the budgets" +
                          (others.empty() ? "" : ":" + others.substr(1)) +
-                         smallest_changes(config, model, ranks, open));
+                         smallest_changes(config, ranks, open));
   }
   best->why = "offload_param " + std::string(zero::offload_name(best->param)) +
               ", offload_optimizer " + std::string(zero::offload_name(best->optimizer)) +

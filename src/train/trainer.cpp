@@ -77,7 +77,6 @@ Json StepMetrics::to_json() const {
 struct Trainer::Impl {
   TrainConfig config;
   TrainOptions options;
-  model::LlamaConfig model_config;
   std::unique_ptr<model::ParamLayout> layout;
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
@@ -135,8 +134,11 @@ Status Trainer::Impl::setup() {
   compute_dtype = config.precision;
 
   std::unique_ptr<model::HfCheckpointReader> reader;
-  STRATA_ASSIGN_OR_RETURN(model_config, read_model_config(config, &reader));
-  layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(model_config));
+  if (!config.model_path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto opened, model::HfCheckpointReader::open(config.model_path));
+    reader = std::make_unique<model::HfCheckpointReader>(std::move(opened));
+  }
+  layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(config.model));
   if (reader) STRATA_RETURN_IF_ERROR(reader->validate(*layout));
 
   STRATA_ASSIGN_OR_RETURN(device, device::create_device(config.device_options()));
@@ -180,7 +182,7 @@ Status Trainer::Impl::setup() {
   // This rank's plan: the one strata estimate prints for it, and the one its provider runs.
   EstimateOptions plan_options;
   plan_options.rank = rank;
-  STRATA_ASSIGN_OR_RETURN(planned, estimate(config, model_config, world, plan_options));
+  STRATA_ASSIGN_OR_RETURN(planned, estimate_with_changes(config, world, plan_options));
   if (rank != 0) {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();
@@ -194,11 +196,10 @@ Status Trainer::Impl::setup() {
   model::ModelOptions mopts;
   mopts.compute_dtype = compute_dtype;
   mopts.activation_checkpointing = config.activation_checkpointing;
-  model = std::make_unique<model::LlamaModel>(model_config, *layout, *device, mopts);
+  model = std::make_unique<model::LlamaModel>(config.model, *layout, *device, mopts);
 
-  zero::ShardOptions sopts =
-      shard_options(config, model_config, world,
-                    model->activation_bytes(config.micro_batch_size, config.seq_len));
+  zero::ShardOptions sopts = shard_options(
+      config, world, model->activation_bytes(config.micro_batch_size, config.seq_len));
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   sopts.timeline = timeline.get();  // the plan (with this rank's free swap space) is `planned`
   const zero::ZeroOptions zopts = zero_options(config);
@@ -237,7 +238,7 @@ Status Trainer::Impl::setup() {
         [&](const model::ParamGroup& g, float* dst) { return reader->read_group(g, dst); }));
   } else {
     STRATA_RETURN_IF_ERROR(provider->load_master([&](const model::ParamGroup& g, float* dst) {
-      model::init_group(model_config, g, config.seed, dst);
+      model::init_group(config.model, g, config.seed, dst);
       return Status::ok();
     }));
   }
@@ -312,7 +313,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     const std::int64_t first = batch_start + (micro * world + rank) * mb;
     std::int64_t micro_targets = 0;
     for (std::int64_t i = 0; i < mb; ++i) {
-      STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, model_config.vocab_size,
+      STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, config.model.vocab_size,
                                                inputs.data() + i * seq, targets.data() + i * seq));
       micro_targets += counts[static_cast<std::size_t>(first + i - batch_start)];
     }
@@ -408,7 +409,7 @@ Status Trainer::Impl::check_eval_data() {
   const std::int64_t sequences = eval_batch_count() * config.micro_batch_size * comm->world_size();
   for (std::int64_t g = 0; g < sequences; ++g) {
     STRATA_RETURN_IF_ERROR(
-        eval_sampler->sequence(g, model_config.vocab_size, inputs.data(), targets.data())
+        eval_sampler->sequence(g, config.model.vocab_size, inputs.data(), targets.data())
             .with_context("eval_data"));
   }
   return Status::ok();
@@ -433,7 +434,7 @@ Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
     std::int64_t n = 0;
     for (std::int64_t i = 0; i < mb; ++i) {
       STRATA_RETURN_IF_ERROR(eval_sampler
-                                 ->sequence(first + i, model_config.vocab_size,
+                                 ->sequence(first + i, config.model.vocab_size,
                                             inputs.data() + i * seq, targets.data() + i * seq)
                                  .with_context("eval_data"));
       STRATA_ASSIGN_OR_RETURN(std::int64_t c, eval_sampler->count_targets(first + i));
@@ -477,7 +478,7 @@ Result<std::string> Trainer::save() {
   }
   STRATA_ASSIGN_OR_RETURN(
       impl_->last_checkpoint,
-      save_checkpoint(impl_->config.save_dir, impl_->model_config, *impl_->layout, *impl_->provider,
+      save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout, *impl_->provider,
                       *impl_->comm, impl_->state()));
   return impl_->last_checkpoint;
 }
@@ -653,7 +654,7 @@ std::string Trainer::peaks_against_plan() const {
 
 std::string Trainer::describe() const {
   const Impl& s = *impl_;
-  const auto& c = s.model_config;
+  const auto& c = s.config.model;
   int partitioned = 0;
   for (const auto& p : s.provider->partition().groups()) partitioned += p.replicated ? 0 : 1;
   char buf[1024];

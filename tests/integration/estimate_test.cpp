@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/train/config.h"
+#include "strata/train/step_probe.h"
 #include "strata/train/step_time.h"
 #include "strata/train/trainer.h"
 #include "tests/testing/temp_dir.h"
@@ -213,7 +214,7 @@ TEST(EstimateTest, AConfigThatCannotRunIsRefusedAsTheTrainerWould) {
   j["host_memory_limit"] = "64KiB";
   auto small = config_of(j);
   ASSERT_TRUE(small.is_ok());
-  auto refused = estimate(*small, 1);
+  auto refused = estimate_with_changes(*small, 1);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("host_memory_limit"), std::string::npos)
       << refused.status().message();
@@ -240,7 +241,7 @@ TEST(EstimateTest, ARefusalSaysTheSmallestChangeThatFits) {
   j["host_memory_limit"] = "1MiB";
   auto host = config_of(j);
   ASSERT_TRUE(host.is_ok());
-  auto refused = estimate(*host, 1);
+  auto refused = estimate_with_changes(*host, 1);
   ASSERT_FALSE(refused.is_ok());
   const std::string msg = refused.status().message();
   EXPECT_NE(msg.find("host_memory_limit 1.00 MiB is too small"), std::string::npos) << msg;
@@ -265,7 +266,7 @@ TEST(EstimateTest, ARefusalSaysTheSmallestChangeThatFits) {
   device["device_memory_limit"] = offloaded->device_bytes_needed() + 4096;
   auto tight = config_of(device);
   ASSERT_TRUE(tight.is_ok());
-  auto too_big = estimate(*tight, 1);
+  auto too_big = estimate_with_changes(*tight, 1);
   ASSERT_FALSE(too_big.is_ok());
   const std::string dmsg = too_big.status().message();
   EXPECT_NE(dmsg.find("device_memory_limit"), std::string::npos) << dmsg;
@@ -324,7 +325,7 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   EXPECT_NEAR(predict_step(*config, *e, mixed).optimizer_ms, 16 * elems / 2e8 * 1e3, 1e-6);
 
   // Without timed layers (a model too large to time quickly) the step is not timed either.
-  EXPECT_FALSE(time_small_step(*config, e->model, 1, r).is_ok());
+  EXPECT_FALSE(time_small_step(*config, 1, r).is_ok());
 
   // Twice the GEMM rate halves compute and nothing else.
   r.gemm_flops.per_s *= 2;
@@ -434,7 +435,7 @@ TEST(EstimateTest, ARefusalForSwapSpaceSuggestsTheNvmeThatWouldFit) {
   j["offload_optimizer"] = "auto";
   auto config = config_of(j);
   ASSERT_TRUE(config.is_ok()) << config.status().message();
-  auto refused = estimate(*config, 1);
+  auto refused = estimate_with_changes(*config, 1);
   ASSERT_FALSE(refused.is_ok());
   const std::string msg = refused.status().message();
   const std::string key = "swap_paths with ";
@@ -448,12 +449,9 @@ TEST(EstimateTest, ARefusalForSwapSpaceSuggestsTheNvmeThatWouldFit) {
   placed["optimizer_overlap"] = "forward";  // the least: no shadow optimizer state
   auto placed_config = config_of(placed);
   ASSERT_TRUE(placed_config.is_ok());
-  auto model = read_model_config(*placed_config, nullptr);
-  ASSERT_TRUE(model.is_ok());
   EstimateOptions unchecked_options;
-  unchecked_options.suggest = false;
   unchecked_options.check_swap_free = false;
-  auto unchecked = estimate(*placed_config, *model, 1, unchecked_options);
+  auto unchecked = estimate(*placed_config, 1, unchecked_options);
   ASSERT_TRUE(unchecked.is_ok()) << unchecked.status().message();
   const std::uint64_t nvme = unchecked->plan.tier_bytes(Tier::kNvme);
   EXPECT_GT(nvme, std::uint64_t{1} << 40);  // about 1 TiB: 70B parameters x 16 bytes
@@ -498,7 +496,7 @@ TEST(EstimateTest, ASmallModelsPredictedStepIsCloseToTheRun) {
     }
     // Both predictions: the compute of the timed layers, and the timed step.
     const StepTime parts = predict_step(*config, *e, rates);
-    auto timed = time_small_step(*config, e->model, 1, rates);
+    auto timed = time_small_step(*config, 1, rates);
     ASSERT_TRUE(timed.is_ok()) << timed.status().message();
     TrainOptions o;
     auto t = Trainer::create(*config, o);

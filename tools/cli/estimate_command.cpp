@@ -9,6 +9,7 @@
 
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
+#include "strata/train/step_probe.h"
 #include "strata/train/step_time.h"
 #include "tools/cli/commands.h"
 
@@ -41,21 +42,19 @@ int run_estimate(const EstimateArgs& a) {
     config->offload_optimizer = choice->optimizer;
     placement = "placement: " + choice->why + "\n";
   }
-  Result<train::Estimate> e = train::estimate(*config, a.ranks);
+  Result<train::Estimate> e = train::estimate_with_changes(*config, a.ranks);
   if (!e.is_ok()) return fail(e.status());
   if (!probed) probed = train::calibrate(*config);
   const train::MachineRates& rates = *probed;
   train::StepTime step = train::predict_step(*config, *e, rates);
   // A small model's step is timed: a few steps of 1- and 3-layer variants of the config.
   bool timed = false;
-  if (auto model = train::read_model_config(*config, nullptr); model.is_ok()) {
-    if (auto t = train::time_small_step(*config, *model, a.ranks, rates); t.is_ok()) {
-      step.step_ms = *t;
-      step.schedule =
-          "timed: steps of 1- and 3-layer variants of this config, scaled to its "
-          "layers; the parts are the model's";
-      timed = true;
-    }
+  if (auto t = train::time_small_step(*config, a.ranks, rates); t.is_ok()) {
+    step.step_ms = *t;
+    step.schedule =
+        "timed: steps of 1- and 3-layer variants of this config, scaled to its "
+        "layers; the parts are the model's";
+    timed = true;
   }
   if (a.json) {
     Json out = e->to_json();

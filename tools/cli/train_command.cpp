@@ -96,12 +96,12 @@ std::string error_prefix() {
 }
 
 int run_train(const TrainArgs& a) {
-  std::vector<std::string> overrides = a.sets;
-  if (!a.metrics.empty()) overrides.push_back("metrics_file=" + Json(a.metrics).dump());
-  if (!a.trace.empty()) overrides.push_back("trace_file=" + Json(a.trace).dump());
-  if (a.save_every >= 0) overrides.push_back("save_every=" + std::to_string(a.save_every));
-  if (!a.save_dir.empty()) overrides.push_back("save_dir=" + Json(a.save_dir).dump());
-  auto config = train::load_train_config(a.config_path, overrides);
+  Json keys = Json::object();  // the flags that stand for config keys
+  if (!a.metrics.empty()) keys["metrics_file"] = a.metrics;
+  if (!a.trace.empty()) keys["trace_file"] = a.trace;
+  if (a.save_every >= 0) keys["save_every"] = a.save_every;
+  if (!a.save_dir.empty()) keys["save_dir"] = a.save_dir;
+  auto config = train::load_train_config(a.config_path, a.sets, keys);
   if (!config.is_ok()) {
     std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), config.status().message().c_str());
     return exit_code_for(config.status());

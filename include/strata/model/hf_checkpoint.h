@@ -20,6 +20,8 @@ class HfCheckpointReader {
   // Reads config.json and indexes every tensor (through the index file when present). Missing
   // files, malformed JSON or an index naming a missing shard are errors naming the file.
   static Result<HfCheckpointReader> open(const std::string& dir);
+  // The model config of the checkpoint in `dir` (its config.json) alone, without its tensors.
+  static Result<LlamaConfig> read_config(const std::string& dir);
 
   const LlamaConfig& config() const { return config_; }
   // Checks that every tensor the layout needs is present with the right shape, and that no

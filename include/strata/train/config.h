@@ -14,6 +14,7 @@
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/io/swap.h"
+#include "strata/model/llama_config.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/schedule.h"
 #include "strata/tensor/tensor.h"
@@ -35,7 +36,11 @@ struct LrScheduleConfig {
 };
 
 struct TrainConfig {
-  Json model;  // a path (string) to an HF checkpoint directory, or an inline HF config object
+  // The config's "model": a path to a Hugging Face checkpoint directory (model_path; its
+  // config.json is read once, with the config) or an inline HF config object; either way the
+  // typed model config, every module's one source for the model's shape.
+  model::LlamaConfig model;
+  std::string model_path;  // the checkpoint directory; "" for an inline config
   std::uint64_t seed = 1234;
   DataConfig data;
   // Held-out data: mean loss and perplexity every eval_every steps (0: only at the end) and at
@@ -130,8 +135,12 @@ struct TrainConfig {
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source);
 // "fp32" or "bf16", as the config spells the precision.
 std::string_view precision_name(DType precision);
+// The config file at `path`, with the "--set key=value" `overrides` and then the top-level
+// `keys` the command's own flags give (--metrics FILE is "metrics_file") applied, read as one:
+// every problem, the file's or a flag's, reported at once.
 Result<TrainConfig> load_train_config(const std::string& path,
-                                      const std::vector<std::string>& overrides);
+                                      const std::vector<std::string>& overrides,
+                                      const Json& keys = Json::object());
 // Applies one "--set key=value" override: dotted keys address nested objects; the value is
 // parsed as JSON when it is valid JSON, else taken as a string.
 Status apply_override(Json& json, const std::string& assignment);

@@ -11,7 +11,6 @@
 #include "strata/core/json.h"
 #include "strata/core/status.h"
 #include "strata/io/swap.h"
-#include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama_config.h"
 #include "strata/train/config.h"
 #include "strata/zero/plan.h"
@@ -19,12 +18,6 @@
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
-
-// The model a config names: a Hugging Face checkpoint directory (its config.json; the reader,
-// which indexes the tensors without reading them, goes to `reader` when asked for) or an inline
-// config; seq_len must fit its max_position_embeddings.
-Result<model::LlamaConfig> read_model_config(const TrainConfig& config,
-                                             std::unique_ptr<model::HfCheckpointReader>* reader);
 
 // The swap space a config asks for on `rank` ("{rank}" in a swap path becomes the rank).
 io::SwapOptions swap_options(const TrainConfig& config, int rank);
@@ -34,10 +27,10 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank);
 // path it holds, times the paths. 0 when a path cannot be read: not known.
 std::uint64_t swap_free_bytes(const TrainConfig& config, int rank);
 
-// The shard options a config resolves into for `model` on `world` ranks, with the model's
-// activation workspace for one micro-batch: the trainer's and the estimate's one source.
-zero::ShardOptions shard_options(const TrainConfig& config, const model::LlamaConfig& model,
-                                 int world, std::uint64_t activation_bytes);
+// The shard options a config resolves into on `world` ranks, with the model's activation
+// workspace for one micro-batch: the trainer's and the estimate's one source.
+zero::ShardOptions shard_options(const TrainConfig& config, int world,
+                                 std::uint64_t activation_bytes);
 
 // The ZeRO options a config resolves into (stage, dtype, bucket sizes within the device budget).
 zero::ZeroOptions zero_options(const TrainConfig& config);
@@ -68,25 +61,19 @@ struct Estimate {
   Json to_json() const;
 };
 
-// What estimate plans and how it answers a refusal.
+// What estimate plans.
 struct EstimateOptions {
-  int rank = 0;         // the rank planned (its partition and swap paths); strata estimate: 0
-  bool suggest = true;  // a refusal comes with the smallest changes that would fit
+  int rank = 0;  // the rank planned (its partition and swap paths); strata estimate: 0
   // false plans the NVMe tier without the swap paths' free space (what a placement would need
   // there).
   bool check_swap_free = true;
 };
 
-// Rank 0 of `ranks` running `config`. Fails as the trainer would on a config whose plan cannot
-// work (placements that contradict each other, a host or device budget too small), naming what;
-// a budget too small comes with the smallest changes that would fit (changes_to_fit in
-// step_time.h).
-Result<Estimate> estimate(const TrainConfig& config, int ranks);
-// The same for the model `config` names, already read (read_model_config): for callers that plan
-// many variants of one config (without suggestions: they try variants themselves), that have
-// read it for themselves, or that plan another rank (the trainer plans its own, and runs that
-// plan).
-Result<Estimate> estimate(const TrainConfig& config, const model::LlamaConfig& model, int ranks,
+// Rank `options.rank` of `ranks` running `config` (its model as the config resolved it). Fails as
+// the trainer would on a config whose plan cannot work (placements that contradict each other, a
+// host or device budget too small), naming what. The trainer plans its own rank with it and runs
+// that plan; estimate_with_changes (step_time.h) adds what would fit to a refusal.
+Result<Estimate> estimate(const TrainConfig& config, int ranks,
                           const EstimateOptions& options = {});
 
 }  // namespace strata::train

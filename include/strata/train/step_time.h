@@ -73,24 +73,17 @@ struct StepTime {
 // schedule and overlaps compute under the others.
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates);
 
-// Small models only (where the layer probe runs, `rates.layer_passes` measured): the step of
-// `config`'s own placement, timed by training a few steps of 1- and 3-layer variants of it (random
-// tokens, nothing saved) and scaled to its layers. At that size the engine's, the store's and the
-// swap engine's per-step and per-group costs weigh as much as compute, and only a run shows them.
-// The tokens go to a temporary file; the variants' swap files to the config's swap paths, deleted
-// after. With several ranks the variants run one rank's share of the batch in one process (which
-// then updates every rank's share of the state: the update is overstated up to `ranks` times),
-// and the collectives are added from the assumed bandwidth. Fails where the layer probe did not
-// run or a variant cannot.
-Result<double> time_small_step(const TrainConfig& config, const model::LlamaConfig& model,
-                               int ranks, const MachineRates& rates);
-
 // What would let `config`, refused as it stands for a budget too small, run on `ranks` ranks:
 // the smallest device_memory_limit or host_memory_limit that one of its open placements needs
 // (rounded up), the placements that fit the budgets as they are, and the largest smaller
 // micro_batch_size that fits: "; to fit: raise host_memory_limit to 6.20 GiB (cpu/cpu), or
 // offload_param cpu and offload_optimizer nvme, or micro_batch_size 2". Empty when none does.
-std::string changes_to_fit(const TrainConfig& config, const model::LlamaConfig& model, int ranks);
+std::string changes_to_fit(const TrainConfig& config, int ranks);
+
+// estimate(), and a refusal for a budget too small with changes_to_fit's smallest changes that
+// would let it run: what strata train and strata estimate tell a user.
+Result<Estimate> estimate_with_changes(const TrainConfig& config, int ranks,
+                                       const EstimateOptions& options = {});
 
 // offload_param / offload_optimizer "auto": of the placements the config leaves open, the one with
 // the lowest predicted step that fits device_memory_limit, host_memory_limit and the free space

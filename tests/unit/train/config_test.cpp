@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/temp_dir.h"
+
 namespace strata::train {
 namespace {
 
@@ -19,6 +21,59 @@ TEST(ConfigTest, DefaultsFillIn) {
   EXPECT_EQ(c->accumulation_steps(), 1);
   EXPECT_EQ(c->precision, DType::kF32);
   EXPECT_EQ(c->offload_optimizer, Tier::kDevice);
+}
+
+// The model is resolved once, when the config is read: an inline config or a checkpoint
+// directory's config.json become the typed config, and a model that cannot be read, or a seq_len
+// it cannot hold, are reported with the config's other problems.
+TEST(ConfigTest, TheModelIsResolvedOnceAndItsProblemsReportedWithTheRest) {
+  auto c = parse_train_config(minimal(), "test.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->model.hidden_size, 32);
+  EXPECT_TRUE(c->model_path.empty());
+  EXPECT_EQ(c->to_json()["model"]["hidden_size"], 32);
+
+  testing::TempDir dir;
+  Json hf = minimal()["model"];
+  hf["max_position_embeddings"] = 64;
+  dir.write("ckpt/config.json", hf.dump());
+  Json k = minimal();
+  k["model"] = dir.file("ckpt");
+  k["seq_len"] = 64;
+  auto from_dir = parse_train_config(k, "test.json");
+  ASSERT_TRUE(from_dir.is_ok()) << from_dir.status().message();
+  EXPECT_EQ(from_dir->model.intermediate_size, 64);
+  EXPECT_EQ(from_dir->model_path, dir.file("ckpt"));
+  EXPECT_EQ(from_dir->to_json()["model"], dir.file("ckpt"));  // saved as the user gave it
+
+  k["seq_len"] = 65;
+  k["batch_size"] = 0;
+  auto too_long = parse_train_config(k, "test.json");
+  ASSERT_FALSE(too_long.is_ok());
+  const std::string& m = too_long.status().message();
+  EXPECT_NE(m.find("'seq_len': 65 exceeds the model's max_position_embeddings 64"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("'batch_size'"), std::string::npos) << m;
+
+  k = minimal();
+  k["model"] = dir.file("missing");
+  k["seed"] = "x";
+  auto missing = parse_train_config(k, "test.json");
+  ASSERT_FALSE(missing.is_ok());
+  const std::string& mm = missing.status().message();
+  EXPECT_NE(mm.find("'model': checkpoint directory " + dir.file("missing") + " does not exist"),
+            std::string::npos)
+      << mm;
+  EXPECT_NE(mm.find("'seed'"), std::string::npos) << mm;
+
+  k["model"] = {{"hidden_size", 32}};
+  auto incomplete = parse_train_config(k, "test.json");
+  ASSERT_FALSE(incomplete.is_ok());
+  EXPECT_NE(
+      incomplete.status().message().find("'model': invalid model config in config key 'model'"),
+      std::string::npos)
+      << incomplete.status().message();
 }
 
 TEST(ConfigTest, UnknownKeyNamesItAndTheValidOnes) {
@@ -136,7 +191,7 @@ TEST(ConfigTest, OverridesSetNestedKeysAndParseJson) {
   EXPECT_DOUBLE_EQ(c->optimizer.lr, 1e-4);
   EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
   EXPECT_EQ(c->data.path, "other.txt");
-  EXPECT_EQ(c->model["hidden_size"], 64);
+  EXPECT_EQ(c->model.hidden_size, 64);
   EXPECT_EQ(c->swap_paths.size(), 2u);
   EXPECT_FALSE(apply_override(j, "novalue").is_ok());
   EXPECT_FALSE(apply_override(j, "data.path.x=1").is_ok());  // path is a string

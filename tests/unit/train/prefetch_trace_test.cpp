@@ -17,7 +17,7 @@ Json minimal() {
   return Json::parse(R"({"model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
                          "num_hidden_layers": 2, "num_attention_heads": 4,
                          "num_key_value_heads": 2, "max_position_embeddings": 32},
-                         "data": {"path": "x.txt", "format": "text"}})");
+                         "seq_len": 16, "data": {"path": "x.txt", "format": "text"}})");
 }
 
 TEST(PrefetchConfig, BytesAcceptSizesAndDefaultsAreSet) {
