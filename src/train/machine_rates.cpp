@@ -32,49 +32,87 @@ constexpr std::size_t kSwapProbeIntervals = 8;
 // process, so it is said to be assumed.
 constexpr double kAssumedCommBytesPerS = 5e9;
 
+// The products of a decoder layer's MLP at the run's micro-batch, as the model runs them:
+// forward (tokens x intermediate, over hidden), the input's gradient (tokens x hidden, over
+// intermediate) and the weight's (intermediate x hidden, over tokens), each a third of a layer's
+// matrix FLOPs. A square 1024^3 product runs faster than the thin ones of a small micro-batch.
 Rate gemm_rate(const TrainConfig& config, device::Device* given) {
-  constexpr std::int64_t n = 1024;
   const DType dt = config.precision;
-  const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dt);
+  const std::int64_t tokens = std::max<std::int64_t>(config.micro_batch_size * config.seq_len, 1);
+  const std::int64_t hidden = config.model.hidden_size, inter = config.model.intermediate_size;
+  struct Shape {
+    bool trans_a, trans_b;
+    std::int64_t m, n, k;
+  };
+  const Shape shapes[] = {{false, true, tokens, inter, hidden},
+                          {false, false, tokens, hidden, inter},
+                          {true, false, inter, hidden, tokens}};
+  const std::size_t dsize = dtype_size(dt);
+  const auto elems = [](std::int64_t rows, std::int64_t cols) {
+    return static_cast<std::size_t>(rows * cols);
+  };
+  // Three buffers serve every shape: tokens x hidden, tokens x intermediate, intermediate x hidden.
+  const std::size_t sizes[] = {elems(tokens, hidden) * dsize, elems(tokens, inter) * dsize,
+                               elems(inter, hidden) * dsize};
   std::unique_ptr<device::Device> own;
   if (given == nullptr) {
     device::DeviceOptions o = config.device_options();
-    o.memory_limit_bytes = 3 * bytes + (std::size_t{1} << 20);  // the probe's, not the run's
+    o.memory_limit_bytes = sizes[0] + sizes[1] + sizes[2] + (std::size_t{1} << 20);  // the probe's
     auto made = device::create_device(o);
     if (!made.is_ok()) return {0, false, "not measured: " + made.status().message()};
     own = std::move(*made);
   }
   device::Device* device = given != nullptr ? given : own.get();
-  auto a = device->allocate(bytes, "GEMM probe");
-  auto b = device->allocate(bytes, "GEMM probe");
-  auto c = device->allocate(bytes, "GEMM probe");
-  if (!a.is_ok() || !b.is_ok() || !c.is_ok()) {
+  auto x = device->allocate(sizes[0], "GEMM probe");
+  auto y = device->allocate(sizes[1], "GEMM probe");
+  auto w = device->allocate(sizes[2], "GEMM probe");
+  if (!x.is_ok() || !y.is_ok() || !w.is_ok()) {
     return {0, false,
-            "not measured: the GEMM probe's 3 x " + format_bytes(bytes) +
+            "not measured: the GEMM probe's " + format_bytes(sizes[0] + sizes[1] + sizes[2]) +
                 " do not fit device_memory_limit"};
   }
   device::Stream& s = device->stream(device::StreamKind::kCompute);
-  for (void* p : {a->data(), b->data(), c->data()}) device->fill_zero(p, bytes, s);
-  device::GemmArgs g;
-  g.m = g.n = g.k = n;
-  g.a = a->data();
-  g.b = b->data();
-  g.c = c->data();
-  g.lda = g.ldb = g.ldc = n;
-  g.dtype = dt;
-  device->ops().gemm(g);  // warm up: thread pools, packing buffers
+  device->fill_zero(x->data(), sizes[0], s);
+  device->fill_zero(y->data(), sizes[1], s);
+  device->fill_zero(w->data(), sizes[2], s);
+  // Forward: y = x w^T; input gradient: x = y w; weight gradient: w = y^T x.
+  device::GemmArgs g[3];
+  const struct {
+    void *a, *b, *c;
+  } operands[] = {{x->data(), w->data(), y->data()},
+                  {y->data(), w->data(), x->data()},
+                  {y->data(), x->data(), w->data()}};
+  for (int i = 0; i < 3; ++i) {
+    const Shape& sh = shapes[i];
+    g[i].trans_a = sh.trans_a;
+    g[i].trans_b = sh.trans_b;
+    g[i].m = sh.m;
+    g[i].n = sh.n;
+    g[i].k = sh.k;
+    g[i].a = operands[i].a;
+    g[i].b = operands[i].b;
+    g[i].c = operands[i].c;
+    g[i].lda = sh.trans_a ? sh.m : sh.k;
+    g[i].ldb = sh.trans_b ? sh.k : sh.n;
+    g[i].ldc = sh.n;
+    g[i].dtype = dt;
+    device->ops().gemm(g[i]);  // warm up: thread pools, packing buffers
+  }
   s.synchronize();
   Stopwatch t;
-  int reps = 0;
-  while (t.elapsed_ms() < kGemmProbeSeconds * 1e3) {
-    device->ops().gemm(g);
+  int rounds = 0;
+  while (rounds == 0 || t.elapsed_ms() < kGemmProbeSeconds * 1e3) {
+    for (const device::GemmArgs& one : g) device->ops().gemm(one);
     s.synchronize();
-    ++reps;
+    ++rounds;
   }
-  const double flops = 2.0 * n * n * n * reps;
+  const double flops = 3 * 2.0 * static_cast<double>(tokens) * static_cast<double>(hidden) *
+                       static_cast<double>(inter) * rounds;
   return {flops / (t.elapsed_ms() / 1e3), true,
-          std::string(precision_name(dt)) + " GEMM 1024^3 on " + device->name() + ", " +
-              std::to_string(reps) + " runs"};
+          std::string(precision_name(dt)) + " GEMMs of a decoder layer's MLP (" +
+              std::to_string(tokens) + " tokens, hidden " + std::to_string(hidden) +
+              ", intermediate " + std::to_string(inter) + "; forward and both gradients) on " +
+              device->name() + ", " + std::to_string(rounds) + " rounds"};
 }
 
 // `model` cut to `layers` decoder layers, ready to run forward and backward at the run's
@@ -358,11 +396,7 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   MachineRates r;
   try {
     r.gemm_flops = gemm_rate(config, device);
-    if (auto model = read_model_config(config, nullptr); model.is_ok()) {
-      layer_rates(config, *model, device, &r.layer_passes, &r.end_passes);
-    } else {
-      r.layer_passes = r.end_passes = {0, false, "not measured: " + model.status().message()};
-    }
+    layer_rates(config, config.model, device, &r.layer_passes, &r.end_passes);
     r.memory_bytes = memory_rate();
     swap_rates(config, r);
   } catch (const std::bad_alloc&) {
