@@ -64,8 +64,12 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
 
   ws->ids = c.i32(R);
   ws->targets = c.i32(R);
-  ws->xs.resize(static_cast<std::size_t>(num_layers + 1));
-  for (auto& x : ws->xs) x = act(R * H);
+  // Checkpointed, the blocks' inputs and the final hidden state are the provider's
+  // (write_activation), not the workspace's.
+  ws->xs.assign(static_cast<std::size_t>(num_layers + 1), nullptr);
+  if (!checkpointing) {
+    for (auto& x : ws->xs) x = act(R * H);
+  }
   ws->acts.resize(checkpointing ? 1 : static_cast<std::size_t>(num_layers));
   for (std::size_t l = 0; l < ws->acts.size(); ++l) {
     BlockActs& a = ws->acts[l];
@@ -253,10 +257,15 @@ struct LlamaModel::Impl {
     d.window = config_.window_of(layer);
     return d;
   }
-  BlockActs acts_for(std::int64_t layer) const {
+  // Layer `layer`'s activations, its input at `x`.
+  BlockActs acts_for(std::int64_t layer, const void* x) const {
     BlockActs a = ws_.acts[options_.activation_checkpointing ? 0 : static_cast<std::size_t>(layer)];
-    a.x = ws_.xs[static_cast<std::size_t>(layer)];
+    a.x = const_cast<void*>(x);
     return a;
+  }
+  // Bytes of one checkpointed activation: a [rows, hidden] tensor in the compute dtype.
+  std::uint64_t checkpoint_bytes() const {
+    return static_cast<std::uint64_t>(dims_.rows * dims_.hidden) * dims_.elem_bytes;
   }
 
   const LlamaConfig& config_;
@@ -367,10 +376,24 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   std::memcpy(host_targets, targets, row_bytes);
   device_.copy_to_device(ws_.ids, host_ids, row_bytes, stream);
   device_.copy_to_device(ws_.targets, host_targets, row_bytes, stream);
+  // The blocks' inputs and the final hidden state: the workspace's, or, checkpointed, the
+  // provider's, each written once here and read back by its block's backward.
+  const bool checkpointing = options_.activation_checkpointing;
+  std::vector<void*> xs = ws_.xs;
+  const auto new_x = [&](std::int64_t i) -> Status {
+    if (!checkpointing) return Status::ok();
+    STRATA_ASSIGN_OR_RETURN(xs[static_cast<std::size_t>(i)],
+                            provider.write_activation(static_cast<int>(i), checkpoint_bytes()));
+    return Status::ok();
+  };
+  const auto done_x = [&](std::int64_t i, bool keep) -> Status {
+    return checkpointing ? provider.release_activation(static_cast<int>(i), keep) : Status::ok();
+  };
   {
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
     ps.prefetch(layout_.layer_group(0));
-    ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, ws_.xs[0], dt);
+    STRATA_RETURN_IF_ERROR(new_x(0));
+    ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, xs[0], dt);
     ps.release(embed);
   }
   for (std::int64_t l = 0; l < L; ++l) {
@@ -382,9 +405,12 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       ps.prefetch(head);
       if (tied) ps.prefetch(embed);
     }
-    detail::block_forward(ops, dims_of(l), BlockWeights::at(p, blocks_[l], eb), acts_for(l),
-                          ws_.xs[static_cast<std::size_t>(l + 1)]);
+    STRATA_RETURN_IF_ERROR(new_x(l + 1));
+    detail::block_forward(ops, dims_of(l), BlockWeights::at(p, blocks_[l], eb),
+                          acts_for(l, xs[static_cast<std::size_t>(l)]),
+                          xs[static_cast<std::size_t>(l + 1)]);
     ps.release(g);
+    STRATA_RETURN_IF_ERROR(done_x(l, train));  // its block's backward reads it again
   }
 
   // Head: model.norm, lm_head, cross-entropy.
@@ -398,7 +424,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   }
   if (train) ps.prefetch(layout_.layer_group(static_cast<int>(L - 1)));
   const void* norm_weight = offset_ptr(head_params, norm_offset_, eb);
-  void* x_final = ws_.xs[static_cast<std::size_t>(L)];
+  void* x_final = xs[static_cast<std::size_t>(L)];
   ops.rmsnorm_forward(x_final, norm_weight, ws_.hf, ws_.rstd_final, R, H, d.eps, dt);
   matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
   // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
@@ -427,18 +453,26 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     ps.release(head);
     if (tied) ps.release(embed);
     STRATA_RETURN_IF_ERROR(ps.release_grads(head));
+    STRATA_RETURN_IF_ERROR(done_x(L, false));
+    if (checkpointing) provider.prefetch_activation(static_cast<int>(L - 1));
 
     for (std::int64_t l = L - 1; l >= 0; --l) {
       const int g = layout_.layer_group(static_cast<int>(l));
       STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
       if (l > 0) ps.prefetch(layout_.layer_group(static_cast<int>(l - 1)));
+      const void* x = xs[static_cast<std::size_t>(l)];
+      if (checkpointing) {
+        STRATA_ASSIGN_OR_RETURN(x, provider.read_activation(static_cast<int>(l)));
+        if (l > 0) provider.prefetch_activation(static_cast<int>(l - 1));
+      }
       STRATA_ASSIGN_OR_RETURN(void* grads, ps.acquire_grads(g));
       const BlockWeights w = BlockWeights::at(p, blocks_[l], eb);
-      const BlockActs acts = acts_for(l);
+      const BlockActs acts = acts_for(l, x);
       const Dims dl = dims_of(l);
-      if (options_.activation_checkpointing) detail::block_forward(ops, dl, w, acts, nullptr);
+      if (checkpointing) detail::block_forward(ops, dl, w, acts, nullptr);
       detail::block_backward(ops, dl, w, acts, BlockGrads::at(grads, blocks_[l], eb), bwd);
       ps.release(g);
+      STRATA_RETURN_IF_ERROR(done_x(l, false));
       STRATA_RETURN_IF_ERROR(ps.release_grads(g));
     }
 
@@ -452,6 +486,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   } else {
     ps.release(head);
     if (tied) ps.release(embed);
+    STRATA_RETURN_IF_ERROR(done_x(L, false));
   }
 
   STRATA_RETURN_IF_ERROR(device_.last_error());
@@ -645,6 +680,13 @@ std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const Mode
   return carve_workspace(Dims::make(config, options.compute_dtype, batch, seq),
                          config.num_hidden_layers, options.activation_checkpointing, nullptr,
                          &measure);
+}
+
+std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                           std::int64_t batch, std::int64_t seq) {
+  if (!options.activation_checkpointing) return 0;
+  const Dims d = Dims::make(config, options.compute_dtype, batch, seq);
+  return static_cast<std::uint64_t>(d.rows * d.hidden) * d.elem_bytes;
 }
 
 }  // namespace strata::model

@@ -60,10 +60,17 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   return filesystems.empty() ? 0 : per_path * paths.size();
 }
 
-zero::ShardOptions shard_options(const TrainConfig& config, int world,
-                                 std::uint64_t activation_bytes) {
+zero::ShardOptions shard_options(const TrainConfig& config, int world) {
   zero::ShardOptions o;
-  o.activation_bytes = activation_bytes;
+  model::ModelOptions mo;
+  mo.compute_dtype = config.precision;
+  mo.activation_checkpointing = config.activation_checkpointing;
+  o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo,
+                                                           config.micro_batch_size, config.seq_len);
+  o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo,
+                                                           config.micro_batch_size, config.seq_len);
+  o.num_checkpoints =
+      config.activation_checkpointing ? static_cast<int>(config.model.num_hidden_layers + 1) : 0;
   o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
@@ -107,13 +114,8 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
 
-  model::ModelOptions mo;
-  mo.compute_dtype = config.precision;
-  mo.activation_checkpointing = config.activation_checkpointing;
-  const std::uint64_t activations =
-      model::LlamaModel::activation_bytes(e.model, mo, config.micro_batch_size, config.seq_len);
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
-  zero::ShardOptions eo = shard_options(config, ranks, activations);
+  zero::ShardOptions eo = shard_options(config, ranks);
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,
                                             config.device == device::DeviceKind::kCpu);

@@ -198,8 +198,7 @@ Status Trainer::Impl::setup() {
   mopts.activation_checkpointing = config.activation_checkpointing;
   model = std::make_unique<model::LlamaModel>(config.model, *layout, *device, mopts);
 
-  zero::ShardOptions sopts = shard_options(
-      config, world, model->activation_bytes(config.micro_batch_size, config.seq_len));
+  zero::ShardOptions sopts = shard_options(config, world);
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   sopts.timeline = timeline.get();  // the plan (with this rank's free swap space) is `planned`
   const zero::ZeroOptions zopts = zero_options(config);

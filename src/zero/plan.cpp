@@ -99,6 +99,10 @@ std::string MemoryPlan::describe() const {
                        ? ", sent to " + std::string(tier_name(Tier::kHost)) + " once per step"
                        : "") +
                   "\n";
+  if (checkpoints != Tier::kDevice) {
+    s += "  checkpointed activations wait for the backward on " +
+         std::string(tier_name(checkpoints)) + "\n";
+  }
   s += "  optimizer step overlaps: " + std::string(optimizer_overlap_name(overlap)) +
        (shadow_state ? " (shadow optimizer state)" : "") +
        (measure_overlap ? ", or none while that measures faster" : "") +
@@ -482,6 +486,24 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     }
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
+  // Checkpointed activations: all of them in their home tier; off the device, three there at
+  // once (the one being written, the last one on its way down, the one fetched back ahead).
+  const auto checkpoints = static_cast<std::uint64_t>(o.num_checkpoints);
+  if (plan.checkpoints == Tier::kDevice) {
+    add(Tier::kDevice, TensorKind::kActivations, checkpoints * o.checkpoint_bytes);
+  } else {
+    const std::uint64_t host_block =
+        static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(o.checkpoint_bytes));
+    add(Tier::kDevice, TensorKind::kActivations,
+        std::min<std::uint64_t>(3, checkpoints) * o.checkpoint_bytes);
+    add(plan.checkpoints, TensorKind::kActivations,
+        checkpoints * (plan.checkpoints == Tier::kHost
+                           ? host_block
+                           : align_up(o.checkpoint_bytes, io::kIoAlignBytes)));
+    if (plan.checkpoints == Tier::kNvme) {
+      add(Tier::kHost, TensorKind::kActivations, 2 * host_block);  // passing through
+    }
+  }
   if (summed_on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient
   }
@@ -547,6 +569,10 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   MemoryPlan plan;
   plan.params = o.params;
   plan.optimizer = o.optimizer;
+  plan.checkpoints = o.checkpoint_home;
+  if (o.checkpoint_home == Tier::kNvme && !o.has_swap) {
+    return invalid_argument("checkpointed activations on nvme need swap_paths");
+  }
   plan.keep_gradients = o.accumulation_steps == 1 && o.optimizer != Tier::kDevice;
   // NVMe <-> device moves, whole-tensor reads and writes of NVMe homes, and copies between the
   // device and unpinned caller memory (loading, checkpoints) go through the store's pool in

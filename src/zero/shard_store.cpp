@@ -47,6 +47,9 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.device_budget_bytes = device_budget_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
   po.activation_bytes = options.activation_bytes;
+  po.num_checkpoints = options.num_checkpoints;
+  po.checkpoint_bytes = options.checkpoint_bytes;
+  po.checkpoint_home = options.checkpoint_home;
   po.sub_group_size = options.sub_group_size;
   po.has_swap = has_swap;
   po.host_addressable_device = host_addressable_device;
@@ -625,6 +628,66 @@ Result<ShardStore::Scratch> ShardStore::take(std::uint64_t bytes, const std::str
   }
   s.data = *data;
   return s;
+}
+
+Result<void*> ShardStore::write_activation(int index, std::uint64_t bytes) {
+  STRATA_CHECK(index >= 0, "negative activation index", index);
+  if (checkpoints_.size() <= static_cast<std::size_t>(index)) {
+    checkpoints_.resize(static_cast<std::size_t>(index) + 1);
+  }
+  Checkpoint& c = checkpoints_[static_cast<std::size_t>(index)];
+  if (c.held) STRATA_RETURN_IF_ERROR(release_activation(index, false));  // after a failed step
+  if (c.h == mem::Handle::kInvalid || c.bytes != bytes) {
+    // A transient tensor: no home; a copy of another shape, if any, holds nothing.
+    if (c.h != mem::Handle::kInvalid) STRATA_RETURN_IF_ERROR(store_->discard(c.h));
+    mem::TensorSpec spec;
+    spec.name = "checkpointed activation " + std::to_string(index);
+    spec.size_bytes = bytes;
+    spec.transient = true;
+    STRATA_ASSIGN_OR_RETURN(c.h, store_->add(spec));
+    c.bytes = bytes;
+  }
+  STRATA_ASSIGN_OR_RETURN(void* p, store_->emplace(c.h, Tier::kDevice, /*zero_fill=*/false));
+  c.held = c.writing = true;
+  return p;
+}
+
+Result<const void*> ShardStore::read_activation(int index) {
+  STRATA_CHECK(index >= 0 && static_cast<std::size_t>(index) < checkpoints_.size() &&
+                   checkpoints_[static_cast<std::size_t>(index)].h != mem::Handle::kInvalid,
+               "activation read before it was written", index);
+  Checkpoint& c = checkpoints_[static_cast<std::size_t>(index)];
+  STRATA_CHECK(!c.held, "activation read while held", index);
+  STRATA_ASSIGN_OR_RETURN(void* p, store_->acquire(c.h, Tier::kDevice));
+  c.held = true;
+  c.writing = false;
+  return static_cast<const void*>(p);
+}
+
+void ShardStore::prefetch_activation(int index) {
+  if (index < 0 || static_cast<std::size_t>(index) >= checkpoints_.size()) return;
+  const Checkpoint& c = checkpoints_[static_cast<std::size_t>(index)];
+  if (c.h != mem::Handle::kInvalid && !c.held) (void)store_->try_prefetch(c.h, Tier::kDevice);
+}
+
+Status ShardStore::release_activation(int index, bool keep) {
+  STRATA_CHECK(index >= 0 && static_cast<std::size_t>(index) < checkpoints_.size() &&
+                   checkpoints_[static_cast<std::size_t>(index)].held,
+               "activation released but not held", index);
+  Checkpoint& c = checkpoints_[static_cast<std::size_t>(index)];
+  if (c.writing) store_->mark_dirty(c.h, Tier::kDevice);
+  store_->unpin(c.h, Tier::kDevice);
+  c.held = false;
+  if (!keep) return store_->discard(c.h);
+  if (!c.writing || plan_.checkpoints == Tier::kDevice) return Status::ok();
+  // Homed off the device: down to host memory now, behind the compute (an error shows at the
+  // read), and on to NVMe once there.
+  STRATA_ASSIGN_OR_RETURN(mem::Completion down, store_->evict(c.h, Tier::kDevice));
+  if (plan_.checkpoints == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(store_->wait(down));
+    STRATA_RETURN_IF_ERROR(store_->evict(c.h, Tier::kHost).status());
+  }
+  return Status::ok();
 }
 
 void ShardStore::give(Scratch& s) {

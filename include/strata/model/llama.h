@@ -54,10 +54,16 @@ class LlamaModel {
   // Device bytes begin_decode takes for that many positions and rows.
   std::uint64_t decode_bytes(std::int64_t max_positions, std::int64_t max_rows) const;
 
-  // Bytes of activations and workspace this model allocates on the device for (batch, seq).
+  // Bytes of activations and workspace this model asks of its provider's workspace for
+  // (batch, seq): with activation_checkpointing, all but the checkpointed activations.
   std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq) const;
   // The same for a model not made (strata estimate): from its config and options alone.
   static std::uint64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                        std::int64_t batch, std::int64_t seq);
+  // With activation_checkpointing, the bytes of each checkpointed activation
+  // (ParamProvider::write_activation: num_hidden_layers + 1 of them, each a [batch * seq, hidden]
+  // tensor in the compute dtype); 0 without.
+  static std::uint64_t checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
                                         std::int64_t batch, std::int64_t seq);
 
   const StepTimings& last_timings() const { return timings_; }

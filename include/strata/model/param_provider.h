@@ -32,6 +32,22 @@ class ParamProvider {
   // the parameters; `what` names it in errors. Valid until the next workspace call (which
   // replaces it) or the provider's end.
   virtual Result<void*> workspace(std::uint64_t bytes, const std::string& what) = 0;
+
+  // Checkpointed activations (activation_checkpointing): the input of each block, and the final
+  // hidden state, kept from the forward until the backward reads them. The provider keeps each
+  // one, numbered 0..num_layers, where its memory plan homes checkpointed activations (on the
+  // device, or in host memory or on NVMe, moved off after the forward and back for the
+  // backward); the model only says when it writes, reads and is done with one.
+  // A device buffer of `bytes` to write activation `index` into; the model holds it until
+  // release_activation.
+  virtual Result<void*> write_activation(int index, std::uint64_t bytes) = 0;
+  // Activation `index` as written, on the device, held until release_activation.
+  virtual Result<const void*> read_activation(int index) = 0;
+  // The model will read activation `index` soon; start bringing it back. Optional.
+  virtual void prefetch_activation(int /*index*/) {}
+  // Done with it: `keep` when it will be read again (it may leave the device), else its data is
+  // no longer needed.
+  virtual Status release_activation(int index, bool keep) = 0;
 };
 
 }  // namespace strata::model

@@ -101,6 +101,10 @@ struct PlanOptions {
   bool host_addressable_device = false;
   bool tied_embeddings = false;        // the head reads the embedding's weights
   std::uint64_t activation_bytes = 0;  // the model's device workspace for one micro-batch
+  // Checkpointed activations: how many, each's bytes, and where they wait for the backward.
+  int num_checkpoints = 0;
+  std::uint64_t checkpoint_bytes = 0;
+  Tier checkpoint_home = Tier::kDevice;
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
   GradAccumulation grad_accumulation = GradAccumulation::kAuto;
   // ZeRO's collectives over the partition's ranks (their dtype is compute_dtype).
@@ -111,6 +115,9 @@ struct MemoryPlan {
   Tier params = Tier::kDevice;
   Tier optimizer = Tier::kDevice;
   Tier gradients = Tier::kDevice;  // the fp32 accumulators, or the kept gradients
+  // Where checkpointed activations wait between a block's forward and its backward (kept on the
+  // device, or sent down as soon as written and fetched back for the backward).
+  Tier checkpoints = Tier::kDevice;
   // One micro-batch per step and the step off the device: each group's gradient is kept as the
   // model made it (compute dtype, exact) until the step, with no fp32 accumulator beside it.
   bool keep_gradients = false;

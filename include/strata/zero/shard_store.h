@@ -58,8 +58,13 @@ struct ShardOptions {
   std::int64_t sub_group_size = 1 << 22;
   std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
   std::uint64_t activation_bytes = 0;         // the model's workspace, as the plan counts it
-  bool tied_embeddings = false;               // the model's head reads the embedding's weights
-  std::uint64_t swap_free_bytes = 0;          // free space of the swap paths; 0 = not checked
+  // Checkpointed activations (model::ParamProvider::write_activation): how many, each's bytes,
+  // and the tier that keeps them between the forward and the backward.
+  int num_checkpoints = 0;
+  std::uint64_t checkpoint_bytes = 0;
+  Tier checkpoint_home = Tier::kDevice;
+  bool tied_embeddings = false;       // the model's head reads the embedding's weights
+  std::uint64_t swap_free_bytes = 0;  // free space of the swap paths; 0 = not checked
   // Parameter prefetch (offload_param cpu or nvme), DeepSpeed's names in bytes: fetches in flight,
   // parameters resident or arriving on the device, and the reuse distance within which a
   // released group stays resident. See sched::PrefetchOptions.
@@ -159,6 +164,15 @@ class ShardStore {
   // reused, so a layer's buffers come back from the store's cache of dropped device copies.
   Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
   void give(Scratch& s);  // no-op when not held
+
+  // Checkpointed activations (model::ParamProvider's): transient store tensors, one per index,
+  // written on the device and, between the forward and the backward, kept where the plan homes
+  // them (MemoryPlan::checkpoints): left on the device, or sent down to host memory or NVMe as
+  // soon as written and fetched back for the backward.
+  Result<void*> write_activation(int index, std::uint64_t bytes);
+  Result<const void*> read_activation(int index);
+  void prefetch_activation(int index);
+  Status release_activation(int index, bool keep);
   // Whether `bytes` more fit on the device beside what cannot be evicted.
   bool device_fits(std::uint64_t bytes) const { return store_->device_fits(bytes); }
 
@@ -247,6 +261,12 @@ class ShardStore {
     mem::Completion done;
   };
   std::deque<PendingGrad> pending_grads_;
+  struct Checkpoint {
+    mem::Handle h = mem::Handle::kInvalid;
+    std::uint64_t bytes = 0;
+    bool held = false, writing = false;
+  };
+  std::vector<Checkpoint> checkpoints_;
   std::vector<mem::Completion> writebacks_;  // accumulators and working copies going home
   std::map<std::pair<std::string, std::uint64_t>, std::vector<mem::Handle>> free_scratch_;
   RankStats stats_;

@@ -54,6 +54,17 @@ class ZeroProvider final : public model::ParamProvider {
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
+  // Checkpointed activations are this rank's own (its micro-batch's): the shard store's.
+  Result<void*> write_activation(int index, std::uint64_t bytes) override {
+    return shards_->write_activation(index, bytes);
+  }
+  Result<const void*> read_activation(int index) override {
+    return shards_->read_activation(index);
+  }
+  void prefetch_activation(int index) override { shards_->prefetch_activation(index); }
+  Status release_activation(int index, bool keep) override {
+    return shards_->release_activation(index, keep);
+  }
   // The micro-batch about to run is the step's last (see OptimizerSchedule): under
   // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
   // group's reduction is done.

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,9 +104,63 @@ class TestProvider final : public ParamProvider {
     return workspace_.data();
   }
 
+  // Checkpointed activations: one device buffer each. Released with `keep`, the data moves to
+  // the host and the device buffer is poisoned with NaN until read again, as an activation homed
+  // off the device would be; released without, it is poisoned and forgotten, so a read the model
+  // did not announce shows up in the results.
+  Result<void*> write_activation(int index, std::uint64_t bytes) override {
+    Activation& a = activation(index);
+    EXPECT_FALSE(a.held) << "activation " << index << " written while held";
+    if (a.buf.size() != bytes) {
+      auto r = device_.allocate(bytes, "test activation");
+      if (!r.is_ok()) return r.status();
+      a.buf = std::move(r).value();
+    }
+    a.held = true;
+    a.has_data = true;
+    ++activation_writes;
+    return a.buf.data();
+  }
+  Result<const void*> read_activation(int index) override {
+    Activation& a = activation(index);
+    EXPECT_FALSE(a.held) << "activation " << index << " read while held";
+    EXPECT_TRUE(a.has_data) << "activation " << index << " read but never kept";
+    if (!a.has_data) return failed_precondition("activation not kept");
+    auto& s = device_.stream(device::StreamKind::kCompute);
+    device_.copy_to_device(a.buf.data(), a.host->data(), a.buf.size(), s);
+    s.synchronize();
+    a.held = true;
+    ++activation_reads;
+    return static_cast<const void*>(a.buf.data());
+  }
+  Status release_activation(int index, bool keep) override {
+    Activation& a = activation(index);
+    EXPECT_TRUE(a.held) << "activation " << index << " released but not held";
+    a.held = false;
+    auto& s = device_.stream(device::StreamKind::kCompute);
+    if (keep) {
+      auto host = device_.allocate_pinned(a.buf.size(), "test activation copy");
+      if (!host.is_ok()) return host.status();
+      a.host = std::move(host).value();
+      device_.copy_to_host(a.host->data(), a.buf.data(), a.buf.size(), s);
+      s.synchronize();
+    }
+    a.has_data = keep;
+    auto nan = device_.allocate_pinned(a.buf.size(), "test activation poison");
+    if (!nan.is_ok()) return nan.status();
+    std::memset(nan->data(), 0xff, a.buf.size());  // NaN in f32 and bf16 alike
+    device_.copy_to_device(a.buf.data(), nan->data(), a.buf.size(), s);
+    s.synchronize();
+    return Status::ok();
+  }
+  int activation_writes = 0, activation_reads = 0;
+
   bool any_held() const {
     for (std::size_t g = 0; g < held_.size(); ++g) {
       if (held_[g] || !grad_bufs_[g].empty()) return true;
+    }
+    for (const Activation& a : activations_) {
+      if (a.held) return true;
     }
     return false;
   }
@@ -135,9 +190,20 @@ class TestProvider final : public ParamProvider {
     return store[loc->group].data() + loc->tensor->offset_elems;
   }
 
+  struct Activation {
+    device::DeviceBuffer buf;
+    std::optional<device::PinnedBuffer> host;
+    bool held = false, has_data = false;
+  };
+  Activation& activation(std::size_t index) {
+    if (activations_.size() <= index) activations_.resize(index + 1);
+    return activations_[index];
+  }
+
   const ParamLayout& layout_;
   device::Device& device_;
   DType dtype_;
+  std::vector<Activation> activations_;
   std::vector<device::DeviceBuffer> param_bufs_, grad_bufs_;
   std::vector<bool> held_;
   device::DeviceBuffer workspace_;
