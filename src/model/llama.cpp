@@ -249,7 +249,7 @@ struct LlamaModel::Impl {
   DecodeWorkspace dws_;
   Dims decode_dims_;
   std::int64_t decode_positions_ = 0, decode_rows_ = 0, decoded_ = 0;
-  device::PinnedBuffer decode_io_;  // token ids in, logits out
+  void* decode_io_ = nullptr;  // the provider's host_io: token ids in, logits out
 
   // The micro-batch's dimensions with layer `layer`'s attention window.
   Dims dims_of(std::int64_t layer) const {
@@ -282,7 +282,7 @@ struct LlamaModel::Impl {
   Workspace ws_;
   // Pinned host side of the per-step copies: token ids, targets (int32) and losses (f32), one
   // row each of `rows` entries.
-  device::PinnedBuffer host_io_;
+  void* host_io_ = nullptr;
   std::int64_t num_valid_ = 0;
 };
 
@@ -333,6 +333,9 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
                                     std::to_string(config_.num_hidden_layers) +
                                     " layers, activation_checkpointing " +
                                     (options_.activation_checkpointing ? "on" : "off") + ")"));
+  // Asked every step too: the provider hands back the same buffer while the size is the same.
+  STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(static_cast<std::uint64_t>(d.rows) * 4 * 3,
+                                                     "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
   workspace_ = base;
   carve_workspace(d, config_.num_hidden_layers, options_.activation_checkpointing,
@@ -340,9 +343,6 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
   dims_ = d;
   batch_ = batch;
   seq_ = seq;
-  STRATA_ASSIGN_OR_RETURN(host_io_,
-                          device_.allocate_pinned(static_cast<std::size_t>(d.rows) * 4 * 3,
-                                                  "token ids, targets and losses"));
   return Status::ok();
 }
 
@@ -369,7 +369,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
 
   Stopwatch forward_clock;
   const std::size_t row_bytes = static_cast<std::size_t>(R) * 4;
-  auto* host_ids = host_io_.as<std::byte>();
+  auto* host_ids = static_cast<std::byte*>(host_io_);
   auto* host_targets = host_ids + row_bytes;
   auto* host_losses = reinterpret_cast<float*>(host_targets + row_bytes);
   std::memcpy(host_ids, inputs, row_bytes);
@@ -579,8 +579,9 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
   decoded_ = 0;
   workspace_ = nullptr;  // the training workspace, if any, was replaced
   STRATA_ASSIGN_OR_RETURN(
-      decode_io_, device_.allocate_pinned(static_cast<std::size_t>(std::max(max_rows, d.vocab)) * 4,
-                                          "decoding token ids and logits"));
+      decode_io_, provider.host_io(static_cast<std::uint64_t>(std::max(max_rows, d.vocab)) * 4,
+                                   "decoding token ids and logits"));
+  host_io_ = nullptr;  // the training one, if any, was replaced
   return Status::ok();
 }
 
@@ -612,7 +613,7 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
   ProviderSession ps(provider, layout_, timings);
   const int embed = layout_.embed_group(), head = layout_.head_group();
 
-  auto* host = decode_io_.as<std::byte>();
+  auto* host = static_cast<std::byte*>(decode_io_);
   std::memcpy(host, ids, static_cast<std::size_t>(n) * 4);
   device_.copy_to_device(dws_.ids, host, static_cast<std::size_t>(n) * 4, stream);
   {
@@ -650,7 +651,7 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
   ops.cast(dws_.logits, dt, dws_.logits_f32, DType::kF32, V);
   ps.release(head);
   if (config_.tie_word_embeddings) ps.release(embed);
-  auto* logits = decode_io_.as<float>();
+  auto* logits = static_cast<float*>(decode_io_);
   device_.copy_to_host(logits, dws_.logits_f32, static_cast<std::size_t>(V) * 4, stream);
   stream.synchronize();
   STRATA_RETURN_IF_ERROR(device_.last_error());

@@ -71,6 +71,7 @@ zero::ShardOptions shard_options(const TrainConfig& config, int world) {
                                                            config.micro_batch_size, config.seq_len);
   o.num_checkpoints =
       config.activation_checkpointing ? static_cast<int>(config.model.num_hidden_layers + 1) : 0;
+  o.host_io_bytes = static_cast<std::uint64_t>(config.micro_batch_size * config.seq_len) * 4 * 3;
   o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;

@@ -486,6 +486,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     }
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
+  // The model's pinned host buffer.
+  if (o.host_io_bytes != 0) {
+    add(Tier::kHost, TensorKind::kStaging,
+        static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(o.host_io_bytes)));
+  }
   // Checkpointed activations: all of them in their home tier; off the device, three there at
   // once (the one being written, the last one on its way down, the one fetched back ahead).
   const auto checkpoints = static_cast<std::uint64_t>(o.num_checkpoints);

@@ -47,6 +47,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.device_budget_bytes = device_budget_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
   po.activation_bytes = options.activation_bytes;
+  po.host_io_bytes = options.host_io_bytes;
   po.num_checkpoints = options.num_checkpoints;
   po.checkpoint_bytes = options.checkpoint_bytes;
   po.checkpoint_home = options.checkpoint_home;
@@ -628,6 +629,23 @@ Result<ShardStore::Scratch> ShardStore::take(std::uint64_t bytes, const std::str
   }
   s.data = *data;
   return s;
+}
+
+Result<void*> ShardStore::host_io(std::uint64_t bytes, const std::string& what) {
+  if (host_io_ != mem::Handle::kInvalid) {
+    const mem::TensorSpec& spec = store_->spec(host_io_);
+    if (spec.size_bytes == bytes && spec.name == what) return host_io_data_;
+    store_->unpin(host_io_, Tier::kHost);
+    STRATA_RETURN_IF_ERROR(store_->discard(host_io_));
+    host_io_data_ = nullptr;
+  }
+  mem::TensorSpec spec;
+  spec.name = what;
+  spec.size_bytes = bytes;
+  spec.transient = true;
+  STRATA_ASSIGN_OR_RETURN(host_io_, store_->add(spec));
+  STRATA_ASSIGN_OR_RETURN(host_io_data_, store_->emplace(host_io_, Tier::kHost, true));
+  return host_io_data_;
 }
 
 Result<void*> ShardStore::write_activation(int index, std::uint64_t bytes) {

@@ -15,6 +15,7 @@
 #include "strata/core/file.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/train/config.h"
+#include "strata/train/estimate.h"
 #include "strata/train/trainer.h"
 #include "strata/zero/partition.h"
 #include "strata/zero/plan.h"
@@ -82,28 +83,21 @@ std::vector<double> run(const Json& j) {
 // The smallest host_memory_limit the memory plan accepts for config `j` (one rank): there the
 // plan must move the gradients to NVMe, since they no longer fit beside the rest.
 std::uint64_t smallest_host_limit(const Json& j) {
-  auto mc = model::LlamaConfig::from_json(j["model"], "model");
-  EXPECT_TRUE(mc.is_ok());
-  const model::ParamLayout full = model::ParamLayout::build(*mc);
   auto c = parse_train_config(j, "test config");
   EXPECT_TRUE(c.is_ok()) << c.status().message();
+  const model::ParamLayout full = model::ParamLayout::build(c->model);
   const zero::Partition partition(full, 0, 1, c->param_persistence_threshold);
-  zero::PlanOptions po;
-  po.params = c->offload_param;
-  po.optimizer = c->offload_optimizer;
-  po.compute_dtype = c->precision;
-  po.accumulation_steps = c->accumulation_steps();
-  po.sub_group_size = c->sub_group_size;
-  po.has_swap = true;
-  po.host_addressable_device = true;  // the CPU backend
-  po.grad_accumulation = c->grad_accumulation;
+  // The trainer's own plan options (the CPU backend: host-addressable, no device budget).
+  zero::PlanOptions po = zero::plan_options(shard_options(*c, 1), 0, /*has_swap=*/true,
+                                            /*host_addressable_device=*/true);
+  po.zero = zero_options(*c);
   std::uint64_t lo = 1, hi = std::uint64_t{1} << 30;  // make_plan fails at lo, succeeds at hi
   while (hi - lo > 1) {
     po.host_budget_bytes = lo + (hi - lo) / 2;
-    (zero::make_plan(partition.local_layout(), po).is_ok() ? hi : lo) = po.host_budget_bytes;
+    (zero::make_plan(partition, po).is_ok() ? hi : lo) = po.host_budget_bytes;
   }
   po.host_budget_bytes = hi;
-  auto plan = zero::make_plan(partition.local_layout(), po);
+  auto plan = zero::make_plan(partition, po);
   EXPECT_TRUE(plan.is_ok());
   EXPECT_EQ(plan->gradients, Tier::kNvme) << plan->describe();
   return hi;

@@ -32,6 +32,10 @@ class ParamProvider {
   // the parameters; `what` names it in errors. Valid until the next workspace call (which
   // replaces it) or the provider's end.
   virtual Result<void*> workspace(std::uint64_t bytes, const std::string& what) = 0;
+  // Pinned host memory of `bytes` for the model's own copies to and from the device (token ids
+  // in, losses or logits out), under the provider's host budget; `what` names it. Valid until
+  // the next host_io call (which replaces it) or the provider's end.
+  virtual Result<void*> host_io(std::uint64_t bytes, const std::string& what) = 0;
 
   // Checkpointed activations (activation_checkpointing): the input of each block, and the final
   // hidden state, kept from the forward until the backward reads them. The provider keeps each

@@ -101,6 +101,7 @@ struct PlanOptions {
   bool host_addressable_device = false;
   bool tied_embeddings = false;        // the head reads the embedding's weights
   std::uint64_t activation_bytes = 0;  // the model's device workspace for one micro-batch
+  std::uint64_t host_io_bytes = 0;     // the model's pinned host buffer (token ids, losses)
   // Checkpointed activations: how many, each's bytes, and where they wait for the backward.
   int num_checkpoints = 0;
   std::uint64_t checkpoint_bytes = 0;

@@ -58,6 +58,7 @@ struct ShardOptions {
   std::int64_t sub_group_size = 1 << 22;
   std::uint64_t host_memory_limit_bytes = 0;  // 0 = no limit
   std::uint64_t activation_bytes = 0;         // the model's workspace, as the plan counts it
+  std::uint64_t host_io_bytes = 0;  // the model's pinned host buffer (ParamProvider::host_io)
   // Checkpointed activations (model::ParamProvider::write_activation): how many, each's bytes,
   // and the tier that keeps them between the forward and the backward.
   int num_checkpoints = 0;
@@ -165,6 +166,10 @@ class ShardStore {
   Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
   void give(Scratch& s);  // no-op when not held
 
+  // The model's pinned host buffer (model::ParamProvider::host_io): a host copy of a transient
+  // tensor, held until the next call asks for another size.
+  Result<void*> host_io(std::uint64_t bytes, const std::string& what);
+
   // Checkpointed activations (model::ParamProvider's): transient store tensors, one per index,
   // written on the device and, between the forward and the backward, kept where the plan homes
   // them (MemoryPlan::checkpoints): left on the device, or sent down to host memory or NVMe as
@@ -255,8 +260,10 @@ class ShardStore {
   // together when the norm is asked for, not one synchronization per group.
   device::DeviceBuffer norms_;  // none on a host-addressable device: the slots are norms_host_
   device::PinnedBuffer norms_host_;
-  double* norm_slots_ = nullptr;  // one per group, where the device writes them
-  struct PendingGrad {            // a gradient on its way off the device
+  double* norm_slots_ = nullptr;                 // one per group, where the device writes them
+  mem::Handle host_io_ = mem::Handle::kInvalid;  // the model's (host_io), and its pinned copy
+  void* host_io_data_ = nullptr;
+  struct PendingGrad {  // a gradient on its way off the device
     int group;
     mem::Completion done;
   };

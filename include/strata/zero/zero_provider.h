@@ -54,6 +54,9 @@ class ZeroProvider final : public model::ParamProvider {
   Result<void*> acquire_grads(int group) override;
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
+  Result<void*> host_io(std::uint64_t bytes, const std::string& what) override {
+    return shards_->host_io(bytes, what);
+  }
   // Checkpointed activations are this rank's own (its micro-batch's): the shard store's.
   Result<void*> write_activation(int index, std::uint64_t bytes) override {
     return shards_->write_activation(index, bytes);

@@ -104,6 +104,16 @@ class TestProvider final : public ParamProvider {
     return workspace_.data();
   }
 
+  Result<void*> host_io(std::uint64_t bytes, const std::string& what) override {
+    if (!host_io_ || host_io_->size() != bytes) {
+      host_io_.reset();
+      auto r = device_.allocate_pinned(bytes, what);
+      if (!r.is_ok()) return r.status();
+      host_io_ = std::move(r).value();
+    }
+    return host_io_->data();
+  }
+
   // Checkpointed activations: one device buffer each. Released with `keep`, the data moves to
   // the host and the device buffer is poisoned with NaN until read again, as an activation homed
   // off the device would be; released without, it is poisoned and forgotten, so a read the model
@@ -204,6 +214,7 @@ class TestProvider final : public ParamProvider {
   device::Device& device_;
   DType dtype_;
   std::vector<Activation> activations_;
+  std::optional<device::PinnedBuffer> host_io_;
   std::vector<device::DeviceBuffer> param_bufs_, grad_bufs_;
   std::vector<bool> held_;
   device::DeviceBuffer workspace_;
