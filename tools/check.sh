@@ -27,9 +27,10 @@ for t in strata_mem_tests strata_sched_tests strata_io_tests strata_dist_tests; 
   "${tsan[@]}" "build-tsan/tests/$t" --gtest_brief=1
 done
 "${tsan[@]}" build-tsan/tests/strata_optim_tests --gtest_brief=1 --gtest_filter='*Streamed*'
-# The overlapped optimizer step: its thread beside the model's passes and the prefetcher; and
+# The overlapped optimizer step: its thread beside the model's passes and the prefetcher;
+# checkpointed activations on their way down and back on the copy streams; and
 # ZeRO over in-process ranks.
-"${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*'
+"${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*:Checkpointed*'
 
 # ccache keys these two builds' objects by paths relative to the checkout, so that the GPU
 # check's build below reuses the objects they share and a later run in another clone finds them.
