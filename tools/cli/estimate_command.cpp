@@ -51,6 +51,7 @@ int run_estimate(const EstimateArgs& a) {
   bool timed = false;
   if (auto t = train::time_small_step(*config, a.ranks, rates); t.is_ok()) {
     step.step_ms = *t;
+    step.slowest_ms = step.fastest_ms = 0;  // the spread is the formula's, not the timed run's
     step.schedule =
         "timed: steps of 1- and 3-layer variants of this config, scaled to its "
         "layers; the parts are the model's";
@@ -75,8 +76,8 @@ int run_estimate(const EstimateArgs& a) {
   };
   std::cout << "predicted step: " << secs(step.step_ms);
   if (step.slowest_ms > 0) {
-    std::cout << " (" << secs(step.fastest_ms) << " to " << secs(step.slowest_ms)
-              << " over the drive's measured spread)";
+    std::cout << ", " << secs(step.fastest_ms) << " to " << secs(step.slowest_ms)
+              << " over the drive's measured spread";
   }
   std::cout << " (" << step.schedule << "; serial " << secs(step.serial_ms);
   if (step.overlapped_ms > 0) std::cout << ", overlapped " << secs(step.overlapped_ms);
