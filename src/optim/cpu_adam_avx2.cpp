@@ -356,38 +356,17 @@ bool all_finite(const void* grad, std::int64_t n) {
 
 // ---- table ----
 
-template <int G, int O, bool kAdamW, bool kNT>
-void fill_variants(KernelSet* set) {
-  set->adam[G][O][kAdamW][kNT][0] = &adam_tile<G, O, kAdamW, kNT, false>;
-  set->adam[G][O][kAdamW][kNT][1] = &adam_tile<G, O, kAdamW, kNT, true>;
-  set->roofline[G][O][kNT][0] = &roofline_tile<G, O, kNT, false>;
-  set->roofline[G][O][kNT][1] = &roofline_tile<G, O, kNT, true>;
-}
-
-template <int G, int O>
-void fill_grad_out(KernelSet* set) {
-  fill_variants<G, O, false, false>(set);
-  fill_variants<G, O, false, true>(set);
-  fill_variants<G, O, true, false>(set);
-  fill_variants<G, O, true, true>(set);
-}
-
-template <int G>
-void fill_grad(KernelSet* set) {
-  fill_grad_out<G, kOutNone>(set);
-  fill_grad_out<G, kOutF32>(set);
-  fill_grad_out<G, kOutBF16>(set);
-  fill_grad_out<G, kOutF16>(set);
-  set->all_finite[G] = &all_finite<G>;
-}
+struct Avx2 {
+  template <int G, int O, bool kAdamW, bool kNT, bool kPF>
+  static constexpr AdamKernel adam = &adam_tile<G, O, kAdamW, kNT, kPF>;
+  template <int G, int O, bool kNT, bool kPF>
+  static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
+  template <int G>
+  static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
+};
 
 }  // namespace
 
-void fill_avx2_kernels(KernelSet* set) {
-  set->name = "avx2";
-  fill_grad<kGradF32>(set);
-  fill_grad<kGradBF16>(set);
-  fill_grad<kGradF16>(set);
-}
+void fill_avx2_kernels(KernelSet* set) { fill_kernel_table<Avx2>(set, "avx2"); }
 
 }  // namespace strata::optim::detail

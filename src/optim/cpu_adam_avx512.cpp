@@ -440,47 +440,23 @@ bool all_finite(const void* grad, std::int64_t n) {
 
 // ---- table ----
 
-template <int G, int O, bool kNativeBF16>
-void fill_grad_out(KernelSet* set) {
-  set->adam[G][O][0][0][0] = &adam_tile<G, O, false, kNativeBF16, false, false>;
-  set->adam[G][O][0][0][1] = &adam_tile<G, O, false, kNativeBF16, false, true>;
-  set->adam[G][O][0][1][0] = &adam_tile<G, O, false, kNativeBF16, true, false>;
-  set->adam[G][O][0][1][1] = &adam_tile<G, O, false, kNativeBF16, true, true>;
-  set->adam[G][O][1][0][0] = &adam_tile<G, O, true, kNativeBF16, false, false>;
-  set->adam[G][O][1][0][1] = &adam_tile<G, O, true, kNativeBF16, false, true>;
-  set->adam[G][O][1][1][0] = &adam_tile<G, O, true, kNativeBF16, true, false>;
-  set->adam[G][O][1][1][1] = &adam_tile<G, O, true, kNativeBF16, true, true>;
-  set->roofline[G][O][0][0] = &roofline_tile<G, O, false, false>;
-  set->roofline[G][O][0][1] = &roofline_tile<G, O, false, true>;
-  set->roofline[G][O][1][0] = &roofline_tile<G, O, true, false>;
-  set->roofline[G][O][1][1] = &roofline_tile<G, O, true, true>;
-}
-
-template <int G, bool kNativeBF16>
-void fill_grad(KernelSet* set) {
-  fill_grad_out<G, kOutNone, kNativeBF16>(set);
-  fill_grad_out<G, kOutF32, kNativeBF16>(set);
-  fill_grad_out<G, kOutBF16, kNativeBF16>(set);
-  fill_grad_out<G, kOutF16, kNativeBF16>(set);
-  set->all_finite[G] = &all_finite<G>;
-}
-
 template <bool kNativeBF16>
-void fill_all(KernelSet* set) {
-  fill_grad<kGradF32, kNativeBF16>(set);
-  fill_grad<kGradBF16, kNativeBF16>(set);
-  fill_grad<kGradF16, kNativeBF16>(set);
-}
+struct Avx512 {
+  template <int G, int O, bool kAdamW, bool kNT, bool kPF>
+  static constexpr AdamKernel adam = &adam_tile<G, O, kAdamW, kNativeBF16, kNT, kPF>;
+  template <int G, int O, bool kNT, bool kPF>
+  static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
+  template <int G>
+  static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
+};
 
 }  // namespace
 
 void fill_avx512_kernels(KernelSet* set, bool native_bf16) {
   if (native_bf16) {
-    set->name = "avx512+bf16";
-    fill_all<true>(set);
+    fill_kernel_table<Avx512<true>>(set, "avx512+bf16");
   } else {
-    set->name = "avx512";
-    fill_all<false>(set);
+    fill_kernel_table<Avx512<false>>(set, "avx512");
   }
 }
 

@@ -64,6 +64,41 @@ struct KernelSet {
   FiniteKernel all_finite[kNumGradKinds];
 };
 
+// Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
+// anonymous namespace, with static constexpr variable templates naming its kernels:
+//   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; RooflineKernel roofline<G, O, kNT, kPrefetch>;
+//   FiniteKernel all_finite<G>
+// Its type has internal linkage, so every instantiation below is that file's own, compiled with
+// its flags: nothing ISA-specific is emitted where another file could pick it up.
+template <class K, int G, int O, bool kNT, bool kPF>
+void fill_kernel_entry(KernelSet* set) {
+  set->adam[G][O][0][kNT][kPF] = K::template adam<G, O, false, kNT, kPF>;
+  set->adam[G][O][1][kNT][kPF] = K::template adam<G, O, true, kNT, kPF>;
+  set->roofline[G][O][kNT][kPF] = K::template roofline<G, O, kNT, kPF>;
+}
+template <class K, int G, int O>
+void fill_kernel_out(KernelSet* set) {
+  fill_kernel_entry<K, G, O, false, false>(set);
+  fill_kernel_entry<K, G, O, false, true>(set);
+  fill_kernel_entry<K, G, O, true, false>(set);
+  fill_kernel_entry<K, G, O, true, true>(set);
+}
+template <class K, int G>
+void fill_kernel_grad(KernelSet* set) {
+  fill_kernel_out<K, G, kOutNone>(set);
+  fill_kernel_out<K, G, kOutF32>(set);
+  fill_kernel_out<K, G, kOutBF16>(set);
+  fill_kernel_out<K, G, kOutF16>(set);
+  set->all_finite[G] = K::template all_finite<G>;
+}
+template <class K>
+void fill_kernel_table(KernelSet* set, const char* name) {
+  set->name = name;
+  fill_kernel_grad<K, kGradF32>(set);
+  fill_kernel_grad<K, kGradBF16>(set);
+  fill_kernel_grad<K, kGradF16>(set);
+}
+
 void fill_scalar_kernels(KernelSet* set);
 void fill_avx2_kernels(KernelSet* set);
 // native_bf16: convert with vcvtneps2bf16 (needs avx512_bf16 at run time).

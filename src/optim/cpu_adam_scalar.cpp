@@ -105,33 +105,18 @@ bool all_finite(const void* grad, std::int64_t n) {
   }
 }
 
-template <int G, int O>
-void fill_grad_out(KernelSet* set) {
-  for (int nt = 0; nt < 2; ++nt) {  // scalar stores are always regular, never prefetched
-    for (int pf = 0; pf < 2; ++pf) {
-      set->adam[G][O][0][nt][pf] = &adam_tile<G, O, false>;
-      set->adam[G][O][1][nt][pf] = &adam_tile<G, O, true>;
-      set->roofline[G][O][nt][pf] = &roofline_tile<G, O>;
-    }
-  }
-}
-
-template <int G>
-void fill_grad(KernelSet* set) {
-  fill_grad_out<G, kOutNone>(set);
-  fill_grad_out<G, kOutF32>(set);
-  fill_grad_out<G, kOutBF16>(set);
-  fill_grad_out<G, kOutF16>(set);
-  set->all_finite[G] = &all_finite<G>;
-}
+// Scalar stores are always regular, never prefetched: one kernel serves every variant.
+struct Scalar {
+  template <int G, int O, bool kAdamW, bool kNT, bool kPF>
+  static constexpr AdamKernel adam = &adam_tile<G, O, kAdamW>;
+  template <int G, int O, bool kNT, bool kPF>
+  static constexpr RooflineKernel roofline = &roofline_tile<G, O>;
+  template <int G>
+  static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
+};
 
 }  // namespace
 
-void fill_scalar_kernels(KernelSet* set) {
-  set->name = "scalar";
-  fill_grad<kGradF32>(set);
-  fill_grad<kGradBF16>(set);
-  fill_grad<kGradF16>(set);
-}
+void fill_scalar_kernels(KernelSet* set) { fill_kernel_table<Scalar>(set, "scalar"); }
 
 }  // namespace strata::optim::detail
