@@ -89,19 +89,37 @@ std::string bytes_at_least(std::uint64_t bytes) {
 // or the largest micro-batch, that would let one of them run.
 std::string smallest_changes(const TrainConfig& config, int ranks,
                              const std::vector<Candidate>& open) {
-  // The device, host and NVMe bytes `c` needs with `micro_batch` sequences per micro-batch.
-  const auto needs = [&](const Candidate& c, std::int64_t micro_batch, std::uint64_t* device,
-                         std::uint64_t* host, std::uint64_t* nvme = nullptr) {
+  // The device, host and NVMe bytes `c` needs with `micro_batch` sequences per micro-batch, with
+  // no budgets, or keeping the host budget as it is (under which the plan may send gradients to
+  // NVMe instead of asking for more host memory).
+  const auto needs = [&](const Candidate& c, std::int64_t micro_batch, bool keep_host,
+                         std::uint64_t* device, std::uint64_t* host,
+                         std::uint64_t* nvme = nullptr) {
     TrainConfig unbounded = least(config, c);
     unbounded.micro_batch_size = micro_batch;
     unbounded.device_memory_limit = 0;
-    unbounded.host_memory_limit = 0;
+    if (!keep_host) unbounded.host_memory_limit = 0;
     auto e = estimate(unbounded, ranks, kVariantUnchecked);
     if (!e.is_ok()) return false;
     *device = e->device_bytes_needed();
     *host = e->plan.tier_bytes(Tier::kHost);
     if (nvme != nullptr) *nvme = e->plan.tier_bytes(Tier::kNvme);
     return true;
+  };
+  // The smallest host_memory_limit `c` plans under with the device budget as it is (the plan
+  // moves gradients to NVMe before it needs more host memory); nullopt when the device budget
+  // does not hold it.
+  const auto host_needed = [&](const Candidate& c) -> std::optional<std::uint64_t> {
+    TrainConfig t = least(config, c);
+    t.host_memory_limit = 0;
+    auto e = estimate(t, ranks, kVariantUnchecked);
+    if (!e.is_ok()) return std::nullopt;
+    std::uint64_t lo = 0, hi = e->plan.tier_bytes(Tier::kHost);  // fits at hi
+    while (hi - lo > 4096) {
+      t.host_memory_limit = lo + (hi - lo) / 2;
+      (estimate(t, ranks, kVariantUnchecked).is_ok() ? hi : lo) = t.host_memory_limit;
+    }
+    return hi;
   };
   const auto within = [](std::uint64_t need, std::uint64_t budget) {
     return budget == 0 || need <= budget;
@@ -131,19 +149,24 @@ std::string smallest_changes(const TrainConfig& config, int ranks,
         nvme_with = placement_name(c.param, c.optimizer);
       }
     }
-    if (!needs(c, config.micro_batch_size, &device, &host, &nvme)) continue;
+    if (!needs(c, config.micro_batch_size, false, &device, &host, &nvme)) continue;
     if (swap_free != 0 && nvme > swap_free) continue;  // no budget raise makes it fit
     if (both_with.empty() || device + host < both_device + both_host) {
       both_device = device;
       both_host = host;
       both_with = placement_name(c.param, c.optimizer);
     }
-    if (within(host, config.host_memory_limit) && (device_need == 0 || device < device_need)) {
-      device_need = device;
+    // The device alone: what it needs under the host budget as it is.
+    std::uint64_t kept_device = 0, kept_host = 0, kept_nvme = 0;
+    if (needs(c, config.micro_batch_size, true, &kept_device, &kept_host, &kept_nvme) &&
+        (swap_free == 0 || kept_nvme <= swap_free) &&
+        (device_need == 0 || kept_device < device_need)) {
+      device_need = kept_device;
       device_with = placement_name(c.param, c.optimizer);
     }
-    if (within(device, config.device_memory_limit) && (host_need == 0 || host < host_need)) {
-      host_need = host;
+    // The host alone: the least host budget it plans under with the device budget as it is.
+    if (const auto h = host_needed(c); h && (host_need == 0 || *h < host_need)) {
+      host_need = *h;
       host_with = placement_name(c.param, c.optimizer);
     }
   }
@@ -168,9 +191,8 @@ std::string smallest_changes(const TrainConfig& config, int ranks,
     if (config.batch_size % (mb * ranks) != 0) continue;
     const bool fits = std::any_of(open.begin(), open.end(), [&](const Candidate& c) {
       std::uint64_t device = 0, host = 0, nvme = 0;
-      return c.refused.empty() && needs(c, mb, &device, &host, &nvme) &&
-             within(device, config.device_memory_limit) && within(host, config.host_memory_limit) &&
-             (swap_free == 0 || nvme <= swap_free);
+      return c.refused.empty() && needs(c, mb, true, &device, &host, &nvme) &&
+             within(device, config.device_memory_limit) && (swap_free == 0 || nvme <= swap_free);
     });
     if (fits) {
       add("micro_batch_size " + std::to_string(mb));

@@ -287,6 +287,41 @@ TEST(EstimateTest, ARefusalSaysTheSmallestChangeThatFits) {
   EXPECT_TRUE((*t)->run().is_ok());
 }
 
+// A device too small under a host budget that holds the plan only with the gradients on NVMe:
+// the device alone is suggested, planned under that host budget, not a host raise that an
+// unbounded plan (gradients in host memory) would ask for beside it.
+TEST(EstimateTest, ADeviceRefusalKeepsTheHostBudgetItFitsUnder) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_param"] = "nvme";
+  j["offload_optimizer"] = "nvme";
+  auto unbounded = estimate(*config_of(j), 1);
+  ASSERT_TRUE(unbounded.is_ok()) << unbounded.status().message();
+  ASSERT_EQ(unbounded->plan.gradients, Tier::kHost);
+  // The least host budget that plans: gradients on NVMe.
+  std::uint64_t lo = 0, hi = unbounded->plan.tier_bytes(Tier::kHost);
+  while (hi - lo > 1) {
+    Json k = j;
+    k["host_memory_limit"] = lo + (hi - lo) / 2;
+    (estimate(*config_of(k), 1).is_ok() ? hi : lo) = lo + (hi - lo) / 2;
+  }
+  j["host_memory_limit"] = hi;
+  auto least_host = estimate(*config_of(j), 1);
+  ASSERT_TRUE(least_host.is_ok());
+  ASSERT_EQ(least_host->plan.gradients, Tier::kNvme) << least_host->plan.describe();
+  j["device_memory_limit"] = least_host->device_bytes_needed() / 2;
+  auto refused = estimate_with_changes(*config_of(j), 1);
+  ASSERT_FALSE(refused.is_ok());
+  const std::string msg = refused.status().message();
+  const std::string raise = suggested(msg, "raise device_memory_limit to ");
+  ASSERT_FALSE(raise.empty()) << msg;
+  EXPECT_EQ(msg.find("and host_memory_limit"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("raise host_memory_limit"), std::string::npos) << msg;
+  j["device_memory_limit"] = raise;
+  auto fits = estimate(*config_of(j), 1);
+  EXPECT_TRUE(fits.is_ok()) << raise << ": " << fits.status().message();
+}
+
 // The step time from given rates: each part is the plan's bytes or the model's FLOPs over its
 // rate, transfers overlap compute, and the update adds to it serially or overlaps it.
 TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {

@@ -74,10 +74,12 @@ struct StepTime {
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates);
 
 // What would let `config`, refused as it stands for a budget too small, run on `ranks` ranks:
-// the smallest device_memory_limit or host_memory_limit that one of its open placements needs
-// (rounded up), the placements that fit the budgets as they are, and the largest smaller
-// micro_batch_size that fits: "; to fit: raise host_memory_limit to 6.20 GiB (cpu/cpu), or
-// offload_param cpu and offload_optimizer nvme, or micro_batch_size 2". Empty when none does.
+// the smallest device_memory_limit one of its open placements needs under the host budget as it
+// is, or the smallest host_memory_limit under the device budget as it is (a plan moves gradients
+// to NVMe before it asks for more host memory), rounded up, the placements that fit the budgets as
+// they are, and the largest smaller micro_batch_size that fits: "; to fit: raise host_memory_limit
+// to 6.20 GiB (cpu/cpu), or offload_param cpu and offload_optimizer nvme, or micro_batch_size 2".
+// Empty when none does.
 std::string changes_to_fit(const TrainConfig& config, int ranks);
 
 // estimate(), and a refusal for a budget too small with changes_to_fit's smallest changes that
