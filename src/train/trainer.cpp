@@ -107,7 +107,7 @@ struct Trainer::Impl {
   std::int64_t eval_batch_count() const;
   Status write_trace() const;
   // The swap drive's sustained rates over the run, for the next strata estimate (rank 0).
-  Status record_drive() const;
+  void record_drive() const;
   TrainerState state() const {
     return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
                         config.to_json()};
@@ -534,15 +534,21 @@ Status Trainer::run() {
   Status t = impl_->write_trace();
   if (!s.is_ok()) return s;
   STRATA_RETURN_IF_ERROR(t);
-  return impl_->record_drive();
+  impl_->record_drive();
+  return Status::ok();
 }
 
-Status Trainer::Impl::record_drive() const {
-  if (!swap || comm->rank() != 0 || swap->engine_name() == "memory") return Status::ok();
+void Trainer::Impl::record_drive() const {
+  if (!swap || comm->rank() != 0 || swap->engine_name() == "memory") return;
   const std::optional<DriveRecord> record = drive_record(history, swap->engine_name());
-  if (!record) return Status::ok();
+  if (!record) return;
   const std::string dir = swap_options(config, 0).paths.front();
-  STRATA_RETURN_IF_ERROR(write_drive_record(dir, *record));
+  // The run is done and its results safe: a record that cannot be written costs the next
+  // estimate its learned rates, nothing more.
+  if (Status s = write_drive_record(dir, *record); !s.is_ok()) {
+    log_warning("the swap drive's rates were not recorded for strata estimate: " + s.message());
+    return;
+  }
   if (options.progress != nullptr) {
     char buf[160];
     std::snprintf(buf, sizeof(buf),
@@ -553,7 +559,6 @@ Status Trainer::Impl::record_drive() const {
     *options.progress << buf << "; recorded in " << dir << "/" << kDriveRecordFile
                       << " for strata estimate" << std::endl;
   }
-  return Status::ok();
 }
 
 Status Trainer::run_loop() {

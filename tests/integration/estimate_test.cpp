@@ -437,6 +437,23 @@ TEST(EstimateTest, ARunRecordsTheDriveAndTheNextEstimateLearnsFromIt) {
   EXPECT_GT(st.slowest_ms, 0);
   EXPECT_LE(st.fastest_ms, st.step_ms);
   EXPECT_LE(st.step_ms, st.slowest_ms);
+  // A record that cannot be written costs the run nothing: it ends well, and says nothing of it.
+  {
+    TempDir other;
+    Json k = j;
+    k["swap_paths"] = {other.file("swap")};
+    fs::create_directories(other.file("swap/strata-drive-rates.json"));  // a directory in the way
+    auto occupied = config_of(k);
+    ASSERT_TRUE(occupied.is_ok());
+    std::ostringstream said;
+    TrainOptions q;
+    q.progress = &said;
+    auto u = Trainer::create(*occupied, q);
+    ASSERT_TRUE(u.is_ok()) << u.status().message();
+    const Status ran = (*u)->run();
+    EXPECT_TRUE(ran.is_ok()) << ran.message();
+    EXPECT_EQ(said.str().find("recorded in"), std::string::npos) << said.str();
+  }
   // A record that is not one is named, and the drive probed instead.
   std::ofstream(record) << R"({"read_bytes_per_s": 3})";
   const MachineRates probed = calibrate(*config);
