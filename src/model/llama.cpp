@@ -263,9 +263,8 @@ struct LlamaModel::Impl {
     a.x = const_cast<void*>(x);
     return a;
   }
-  // Bytes of one checkpointed activation: a [rows, hidden] tensor in the compute dtype.
   std::uint64_t checkpoint_bytes() const {
-    return static_cast<std::uint64_t>(dims_.rows * dims_.hidden) * dims_.elem_bytes;
+    return LlamaModel::checkpoint_bytes(config_, options_, batch_, seq_);
   }
 
   const LlamaConfig& config_;
@@ -334,7 +333,7 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
                                     " layers, activation_checkpointing " +
                                     (options_.activation_checkpointing ? "on" : "off") + ")"));
   // Asked every step too: the provider hands back the same buffer while the size is the same.
-  STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(static_cast<std::uint64_t>(d.rows) * 4 * 3,
+  STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq),
                                                      "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
   workspace_ = base;
@@ -688,6 +687,14 @@ std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const Mode
   if (!options.activation_checkpointing) return 0;
   const Dims d = Dims::make(config, options.compute_dtype, batch, seq);
   return static_cast<std::uint64_t>(d.rows * d.hidden) * d.elem_bytes;
+}
+
+int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& options) {
+  return options.activation_checkpointing ? static_cast<int>(config.num_hidden_layers + 1) : 0;
+}
+
+std::uint64_t LlamaModel::host_io_bytes(std::int64_t batch, std::int64_t seq) {
+  return static_cast<std::uint64_t>(batch * seq) * 4 * 3;
 }
 
 }  // namespace strata::model

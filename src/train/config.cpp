@@ -313,6 +313,13 @@ device::DeviceOptions TrainConfig::device_options() const {
   return o;
 }
 
+model::ModelOptions TrainConfig::model_options() const {
+  model::ModelOptions o;
+  o.compute_dtype = precision;
+  o.activation_checkpointing = activation_checkpointing;
+  return o;
+}
+
 Json TrainConfig::to_json() const {
   return Json{
       {"model", model_path.empty() ? model.to_json() : Json(model_path)},

@@ -62,16 +62,12 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
 
 zero::ShardOptions shard_options(const TrainConfig& config, int world) {
   zero::ShardOptions o;
-  model::ModelOptions mo;
-  mo.compute_dtype = config.precision;
-  mo.activation_checkpointing = config.activation_checkpointing;
-  o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo,
-                                                           config.micro_batch_size, config.seq_len);
-  o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo,
-                                                           config.micro_batch_size, config.seq_len);
-  o.num_checkpoints =
-      config.activation_checkpointing ? static_cast<int>(config.model.num_hidden_layers + 1) : 0;
-  o.host_io_bytes = static_cast<std::uint64_t>(config.micro_batch_size * config.seq_len) * 4 * 3;
+  const model::ModelOptions mo = config.model_options();
+  const std::int64_t batch = config.micro_batch_size, seq = config.seq_len;
+  o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo, batch, seq);
+  o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo, batch, seq);
+  o.num_checkpoints = model::LlamaModel::num_checkpoints(config.model, mo);
+  o.host_io_bytes = model::LlamaModel::host_io_bytes(batch, seq);
   o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;

@@ -152,15 +152,9 @@ class ProbeModel {
   }
 
  private:
-  static model::ModelOptions options(const TrainConfig& config) {
-    model::ModelOptions mo;
-    mo.compute_dtype = config.precision;
-    mo.activation_checkpointing = config.activation_checkpointing;
-    return mo;
-  }
   ProbeModel(const TrainConfig& config, const model::LlamaConfig& model, device::Device& device)
       : layout_(model::ParamLayout::build(model)),
-        model_(model, layout_, device, options(config)),
+        model_(model, layout_, device, config.model_options()),
         batch_(config.micro_batch_size),
         seq_(config.seq_len),
         inputs_(static_cast<std::size_t>(batch_ * seq_)),

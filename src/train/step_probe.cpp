@@ -12,12 +12,6 @@
 #include "strata/train/trainer.h"
 
 namespace strata::train {
-namespace {
-
-double ms_at(double bytes, const Rate& r) { return r.per_s > 0 ? bytes / r.per_s * 1e3 : 0.0; }
-
-}  // namespace
-
 Result<double> time_small_step(const TrainConfig& config, int ranks, const MachineRates& rates) {
   const model::LlamaConfig& model = config.model;
   if (!rates.layer_passes.measured) {
@@ -79,7 +73,7 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   if (ranks > 1) {
     const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
     step_ms +=
-        ms_at(3.0 * params * dtype_size(config.precision) * (ranks - 1) / ranks, rates.comm_bytes);
+        ms(3.0 * params * dtype_size(config.precision) * (ranks - 1) / ranks, rates.comm_bytes);
   }
   return step_ms;
 }

@@ -11,11 +11,12 @@
 #include "strata/zero/plan.h"
 
 namespace strata::train {
-namespace {
 
 double ms(double bytes_or_flops, const Rate& r) {
   return r.per_s > 0 ? bytes_or_flops / r.per_s * 1e3 : 0.0;
 }
+
+namespace {
 
 // Variants of a config that the caller compares itself: no suggestions; with the swap paths'
 // free space, or without (what a placement would need on NVMe).

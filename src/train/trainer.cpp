@@ -95,7 +95,6 @@ struct Trainer::Impl {
   std::vector<StepMetrics> history;
   std::string last_checkpoint;
   std::ofstream metrics;
-  DType compute_dtype = DType::kF32;
 
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
@@ -131,8 +130,6 @@ Status attach_loss_mask(const DataConfig& data, SequenceSampler* sampler) {
 }  // namespace
 
 Status Trainer::Impl::setup() {
-  compute_dtype = config.precision;
-
   std::unique_ptr<model::HfCheckpointReader> reader;
   if (!config.model_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::HfCheckpointReader::open(config.model_path));
@@ -193,10 +190,8 @@ Status Trainer::Impl::setup() {
   }
 
   // The model first: the memory plan counts its device workspace.
-  model::ModelOptions mopts;
-  mopts.compute_dtype = compute_dtype;
-  mopts.activation_checkpointing = config.activation_checkpointing;
-  model = std::make_unique<model::LlamaModel>(config.model, *layout, *device, mopts);
+  model =
+      std::make_unique<model::LlamaModel>(config.model, *layout, *device, config.model_options());
 
   zero::ShardOptions sopts = shard_options(config, world);
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());

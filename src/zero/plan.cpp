@@ -301,14 +301,15 @@ class DeviceBlocks {
 // parameters offloaded, so are the working copies of partitioned groups: each is fetched for
 // its gather and dropped after it, leaving its block to the cache. 0 when nothing is
 // partitioned (one rank).
-std::uint64_t collective_peak_bytes(const Partition& partition, const ZeroOptions& options,
+std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOptions& plan_options,
                                     bool params_offloaded, int cache_blocks_per_size) {
+  const ZeroOptions& options = plan_options.zero;  // its dtype is the plan's compute_dtype
   const int world = partition.world();
   const auto& groups = partition.groups();
   bool any = false;
   for (const auto& p : groups) any = any || !p.replicated;
   if (world == 1 || !any) return 0;
-  const std::uint64_t d = dtype_size(options.compute_dtype);
+  const std::uint64_t d = dtype_size(plan_options.compute_dtype);
   DeviceBlocks t(cache_blocks_per_size);
   const auto full = [&](const GroupPartition& p) {
     return static_cast<std::uint64_t>(p.padded_elems) * d;
@@ -696,10 +697,8 @@ void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& p
   const bool offloaded = plan.params != Tier::kDevice;
   std::uint64_t device = plan.tier_bytes(Tier::kDevice);
   std::uint64_t device_cached = cache(Tier::kDevice) + (offloaded ? working : 0);
-  ZeroOptions zero = o.zero;
-  zero.compute_dtype = o.compute_dtype;  // the collectives move working copies and gradients
   const std::uint64_t collectives = collective_peak_bytes(
-      partition, zero, offloaded, mem::StoreOptions{}.device_cache_blocks_per_size);
+      partition, o, offloaded, mem::StoreOptions{}.device_cache_blocks_per_size);
   if (collectives != 0) {
     // ZeRO's buffers hold the gradients in transit, the shard store's included, and the working
     // copies of partitioned groups; the replicated ones stay cached as on one rank.

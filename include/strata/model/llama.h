@@ -65,6 +65,11 @@ class LlamaModel {
   // tensor in the compute dtype); 0 without.
   static std::uint64_t checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
                                         std::int64_t batch, std::int64_t seq);
+  // How many checkpointed activations a step writes: num_hidden_layers + 1, or 0 without.
+  static int num_checkpoints(const LlamaConfig& config, const ModelOptions& options);
+  // Bytes of the pinned host buffer a training step asks for (ParamProvider::host_io): token
+  // ids, targets and losses, an int32 or f32 each per token.
+  static std::uint64_t host_io_bytes(std::int64_t batch, std::int64_t seq);
 
   const StepTimings& last_timings() const { return timings_; }
   const LlamaConfig& config() const { return config_; }

@@ -14,6 +14,7 @@
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/io/swap.h"
+#include "strata/model/llama.h"
 #include "strata/model/llama_config.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/schedule.h"
@@ -127,6 +128,8 @@ struct TrainConfig {
   Status check_batch_split(int ranks) const;
   // The device the config asks for (kind, budget, GPU index, TF32, attention, threads).
   device::DeviceOptions device_options() const;
+  // The model's options the config asks for (compute dtype, activation checkpointing).
+  model::ModelOptions model_options() const;
   // The config as JSON with every key (defaults filled in): saved in checkpoints.
   Json to_json() const;
 };

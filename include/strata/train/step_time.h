@@ -28,6 +28,9 @@ struct Rate {
 // the spread when there are several.
 Rate median_rate(std::vector<double> rates, std::string how);
 
+// Milliseconds to move or compute `bytes_or_flops` at `rate` (0 where the rate is unknown).
+double ms(double bytes_or_flops, const Rate& rate);
+
 struct MachineRates {
   Rate gemm_flops;  // matrix products in the compute dtype, on the config's device
   // Small models only: forward and backward passes per second of one decoder layer, and of the

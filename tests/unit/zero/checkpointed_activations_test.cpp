@@ -43,7 +43,7 @@ Trained train(Tier home, DType dtype) {
   o.accumulation_steps = 2;
   o.activation_bytes = model::LlamaModel::activation_bytes(config, mo, kBatch, kSeq);
   o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config, mo, kBatch, kSeq);
-  o.num_checkpoints = static_cast<int>(config.num_hidden_layers + 1);
+  o.num_checkpoints = model::LlamaModel::num_checkpoints(config, mo);
   o.checkpoint_home = home;
   auto grid = dist::ProcessGrid::single_rank(*device);
   auto made = ZeroProvider::create(layout, 0, *device, swap.get(), *grid, ZeroOptions{}, o);
