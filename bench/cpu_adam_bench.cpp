@@ -26,13 +26,16 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "strata/core/aligned.h"
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
+#include "strata/device/device.h"
 #include "strata/io/swap.h"
+#include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/optim/streamed_adam.h"
 #include "strata/sys/process.h"
@@ -432,6 +435,24 @@ void bm_triad(benchmark::State& state, Context* ctx, std::int64_t n, int threads
 
 // ---- NVMe-streamed step vs the same I/O alone ----
 
+// Segment s's master, exp_avg and exp_avg_sq: homes[3s .. 3s+2], held open for ranged I/O.
+struct StoreStorage final : strata::optim::SegmentStorage {
+  explicit StoreStorage(strata::mem::TieredStore& s) : store(s) {}
+  strata::io::IoHandle read(std::size_t segment, strata::optim::StreamedArray array,
+                            std::uint64_t offset, void* dst, std::size_t bytes) override {
+    return store.read_range(home(segment, array), offset, dst, bytes);
+  }
+  strata::io::IoHandle write(std::size_t segment, strata::optim::StreamedArray array,
+                             std::uint64_t offset, const void* src, std::size_t bytes) override {
+    return store.write_range(home(segment, array), offset, src, bytes);
+  }
+  strata::mem::Handle home(std::size_t segment, strata::optim::StreamedArray array) const {
+    return homes.at(segment * 3 + static_cast<std::size_t>(array));
+  }
+  strata::mem::TieredStore& store;
+  std::vector<strata::mem::Handle> homes;
+};
+
 // ratio_to_io = streamed step time / the same reads and writes alone (target <= 1.10).
 void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_t sub_group,
                  const char* engine) {
@@ -454,44 +475,52 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
   // STRATA_BENCH_STAGING_SETS tries other read-ahead depths without a rebuild.
   if (const char* sets = std::getenv("STRATA_BENCH_STAGING_SETS"))
     opts.num_buffers = std::atoi(sets);
-  auto streamed = strata::optim::StreamedAdam::create(**swap, *adam, opts);
+  // The state in a tiered store's NVMe homes, streamed through its range staging (registered
+  // with the swap space with the rest of its pool): the optimizer step's own path. The staging
+  // holds two sets, the streamed step's and the I/O-only side's.
+  auto device = strata::device::create_device(strata::device::DeviceOptions{});
+  if (!device.is_ok()) return state.SkipWithError(device.status().to_string().c_str());
+  const std::size_t staging = strata::optim::StreamedAdam::staging_bytes_for(opts);
+  strata::mem::StoreOptions store_options;
+  store_options.range_io_bytes = 2 * staging;
+  auto store = strata::mem::TieredStore::create(**device, swap->get(), store_options);
+  if (!store.is_ok()) return state.SkipWithError(store.status().to_string().c_str());
+  const std::span<std::byte> ranges = (*store)->range_staging();
+  auto streamed = strata::optim::StreamedAdam::create(*adam, opts, ranges.first(staging));
   if (!streamed.is_ok()) return state.SkipWithError(streamed.status().to_string().c_str());
+  strata::optim::StreamedAdamOptions io_opts = opts;
+  io_opts.update = false;  // the same pipeline and I/O, without the update
+  auto io_only = strata::optim::StreamedAdam::create(*adam, io_opts, ranges.subspan(staging));
+  if (!io_only.is_ok()) return state.SkipWithError(io_only.status().to_string().c_str());
 
-  // Host gradient and output; swap state initialized from a filled buffer.
+  // Host gradient and output; NVMe state initialized from a filled buffer.
   std::vector<float> grad(static_cast<std::size_t>(seg_elems), 1e-3f);
   std::vector<std::uint16_t> out(static_cast<std::size_t>(seg_elems));
-  std::vector<strata::io::Extent> xs;
   strata::AlignedBuffer init(static_cast<std::size_t>(seg_elems) * 4, strata::io::kIoAlignBytes);
   std::fill_n(init.as<float>(), seg_elems, 0.5f);
+  StoreStorage storage(**store);
   std::vector<strata::optim::StreamedSegment> segs;
   for (int s = 0; s < kSegments; ++s) {
     for (int k = 0; k < 3; ++k) {
-      auto x = (*swap)->allocate(static_cast<std::uint64_t>(seg_elems) * 4, "bench");
-      if (!x.is_ok()) return state.SkipWithError(x.status().to_string().c_str());
-      if (!(*swap)->write(*x, 0, init.data(), init.size()).wait().is_ok()) {
-        return state.SkipWithError("initial swap write failed");
+      strata::mem::TensorSpec spec;
+      spec.name = "bench state " + std::to_string(s) + "." + std::to_string(k);
+      spec.size_bytes = static_cast<std::uint64_t>(seg_elems) * 4;
+      spec.home = strata::Tier::kNvme;
+      auto h = (*store)->add(spec);
+      if (!h.is_ok()) return state.SkipWithError(h.status().to_string().c_str());
+      if (!(*store)->write(*h, init.data(), init.size()).is_ok()) {
+        return state.SkipWithError("initial NVMe write failed");
       }
-      xs.push_back(*x);
+      if (!(*store)->open_ranges(*h).is_ok()) return state.SkipWithError("open_ranges failed");
+      storage.homes.push_back(*h);
     }
     strata::optim::StreamedSegment seg;
     seg.name = "bench";
-    seg.master = xs[static_cast<std::size_t>(s) * 3];
-    seg.exp_avg = xs[static_cast<std::size_t>(s) * 3 + 1];
-    seg.exp_avg_sq = xs[static_cast<std::size_t>(s) * 3 + 2];
     seg.grad = grad.data();
     seg.num_elems = seg_elems;
     seg.param_out = out.data();
     seg.out_dtype = DType::kBF16;
     segs.push_back(seg);
-  }
-  // The I/O-only side: the same pipeline, with staging of its own of the same kind, without
-  // the update.
-  strata::optim::StreamedAdamOptions io_opts = opts;
-  io_opts.update = false;
-  auto io_only = strata::optim::StreamedAdam::create(**swap, *adam, io_opts);
-  if (!io_only.is_ok()) return state.SkipWithError(io_only.status().to_string().c_str());
-  if (io_only->staging_registered() != streamed->staging_registered()) {
-    return state.SkipWithError("only one of the two staging pools could be registered");
   }
   strata::device::AdamWArgs hyper;
   hyper.lr = 1e-3f;
@@ -500,13 +529,13 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
   const PairTimes t = run_pairs(
       state,
       [&] {
-        auto r = streamed->step(segs, hyper);
+        auto r = streamed->step(segs, storage, hyper);
         STRATA_CHECK(r.is_ok(), r.status().to_string());
         compute_s += r->compute_s;
         io_wait_s += r->io_wait_s;
       },
       [&] {
-        auto r = io_only->step(segs, hyper);
+        auto r = io_only->step(segs, storage, hyper);
         STRATA_CHECK(r.is_ok(), r.status().to_string());
       });
   const double io_bytes = 24.0 * static_cast<double>(total_params);
@@ -516,7 +545,7 @@ void bm_streamed(benchmark::State& state, std::int64_t total_params, std::int64_
   state.counters["compute_share"] = compute_s / t.a_s;  // of the streamed step's time
   state.counters["io_wait_share"] = io_wait_s / t.a_s;
   state.SetLabel((*swap)->engine_name());
-  for (const auto& x : xs) (*swap)->free(x);
+  for (const strata::mem::Handle h : storage.homes) (*store)->close_ranges(h, true, true);
 }
 
 }  // namespace

@@ -63,29 +63,35 @@ std::unique_ptr<HostAllocator> make_device_host_allocator(device::Device& device
 // ---- StagingPool ----
 
 Result<std::unique_ptr<StagingPool>> StagingPool::create(HostAllocator& allocator,
-                                                         std::size_t buffer_bytes,
-                                                         int num_buffers) {
-  if (buffer_bytes == 0 || buffer_bytes % kPageBytes != 0 || num_buffers < 1) {
+                                                         std::size_t buffer_bytes, int num_buffers,
+                                                         std::size_t range_io_bytes) {
+  if (buffer_bytes == 0 || buffer_bytes % kPageBytes != 0 || num_buffers < 1 ||
+      range_io_bytes % kPageBytes != 0) {
     return invalid_argument(
         "staging pool of " + std::to_string(num_buffers) + " buffers of " +
-        std::to_string(buffer_bytes) +
-        " bytes: need at least one buffer of a positive multiple of 4096 bytes");
+        std::to_string(buffer_bytes) + " bytes and " + std::to_string(range_io_bytes) +
+        " for ranged I/O: need at least one buffer, every size a multiple of 4096 bytes");
   }
-  const std::size_t total = buffer_bytes * static_cast<std::size_t>(num_buffers);
+  const std::size_t total = range_io_bytes + buffer_bytes * static_cast<std::size_t>(num_buffers);
   STRATA_ASSIGN_OR_RETURN(void* base, allocator.allocate(total));
-  return std::unique_ptr<StagingPool>(
-      new StagingPool(allocator, static_cast<std::byte*>(base), buffer_bytes, num_buffers));
+  return std::unique_ptr<StagingPool>(new StagingPool(allocator, static_cast<std::byte*>(base),
+                                                      buffer_bytes, num_buffers, range_io_bytes));
 }
 
-StagingPool::StagingPool(HostAllocator& allocator, std::byte* base, std::size_t bytes, int count)
-    : allocator_(allocator), base_(base), bytes_(bytes), count_(count) {
+StagingPool::StagingPool(HostAllocator& allocator, std::byte* base, std::size_t bytes, int count,
+                         std::size_t range_io_bytes)
+    : allocator_(allocator),
+      base_(base),
+      range_io_bytes_(range_io_bytes),
+      bytes_(bytes),
+      count_(count) {
   for (int i = count - 1; i >= 0; --i) free_.push_back(i);
 }
 
 StagingPool::~StagingPool() {
   STRATA_CHECK(static_cast<int>(free_.size()) == count_,
                "staging pool destroyed with buffers in use", count_ - free_.size());
-  allocator_.deallocate(base_, bytes_ * static_cast<std::size_t>(count_));
+  allocator_.deallocate(base_, static_cast<std::size_t>(total_bytes()));
 }
 
 int StagingPool::take() {

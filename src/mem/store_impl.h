@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -168,7 +169,9 @@ struct TieredStore::Impl {
   // ---- store_transfers.cpp: starting, advancing and finishing operations ----
   std::shared_ptr<Op> new_op(detail::OpKind kind, Entry& e, Tier from, Tier to);
   Result<std::shared_ptr<Op>> start_fetch(Entry& e, Tier to, bool prefetch, Lock& lock);
-  Result<std::shared_ptr<Op>> start_writeback(Entry& e, Tier from, Lock* lock);
+  // `down_to` (a transient tensor only): the tier to write to, below `from`; default the next.
+  Result<std::shared_ptr<Op>> start_writeback(Entry& e, Tier from, Lock* lock,
+                                              std::optional<Tier> down_to = std::nullopt);
   void issue(const std::shared_ptr<Op>& op);
   void pump_staging();
   void issue_chunk(const std::shared_ptr<Op>& op, int chunk, int buf);
@@ -186,6 +189,9 @@ struct TieredStore::Impl {
   Status sync_write(Entry& e, const void* src, std::size_t capacity, Lock& lock);
   Status sync_read(Entry& e, void* dst, Lock& lock);
   int take_staging_blocking(Lock& lock);
+  // A read or write of a range of h's NVMe home (held by open_ranges), counted in the stats.
+  io::IoHandle start_range(Handle h, std::uint64_t offset, std::byte* buffer, std::size_t bytes,
+                           bool write);
   Status staged_nvme_io(Entry& e, const io::Extent& x, void* data, bool write, Lock& lock);
   // Exactly one of from_host (a copy to the device) and to_host (from it) is set.
   Status staged_device_copy(Entry& e, void* device_data, const void* from_host, void* to_host,

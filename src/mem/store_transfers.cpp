@@ -73,14 +73,17 @@ Result<std::shared_ptr<Op>> TieredStore::Impl::start_fetch(Entry& e, Tier to, bo
   return op;
 }
 
-Result<std::shared_ptr<Op>> TieredStore::Impl::start_writeback(Entry& e, Tier from, Lock* lock) {
+Result<std::shared_ptr<Op>> TieredStore::Impl::start_writeback(Entry& e, Tier from, Lock* lock,
+                                                               std::optional<Tier> down_to) {
   STRATA_CHECK(!e.op && e.at(from).valid, "write-back of a busy or stale copy", e.spec.name);
   Tier to = e.spec.home;
   if (e.spec.transient) {
     if (from == Tier::kNvme) {
       return invalid_argument("'" + e.spec.name + "' is on nvme, the lowest tier; discard it");
     }
-    to = static_cast<Tier>(static_cast<int>(from) + 1);
+    to = down_to.value_or(static_cast<Tier>(static_cast<int>(from) + 1));
+    STRATA_CHECK(static_cast<int>(to) > static_cast<int>(from), "a write-back that goes up",
+                 e.spec.name, tier_text(from), tier_text(to));
   }
   if (to == Tier::kNvme && swap == nullptr) {
     return failed_precondition("'" + e.spec.name +

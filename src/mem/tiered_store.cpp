@@ -38,21 +38,28 @@ Result<std::unique_ptr<TieredStore>> TieredStore::create(device::Device& device,
     return invalid_argument("staging_buffer_bytes " + std::to_string(chunk) +
                             " must be a positive multiple of " + std::to_string(io::kIoAlignBytes));
   }
-  const std::uint64_t pool = static_cast<std::uint64_t>(chunk) * options.num_staging_buffers;
+  const std::uint64_t pool =
+      static_cast<std::uint64_t>(chunk) * options.num_staging_buffers + options.range_io_bytes;
   const std::uint64_t host_budget = impl->budget(Tier::kHost);
   if (host_budget != 0 && pool > host_budget) {
-    return out_of_memory("the staging pool (" + std::to_string(options.num_staging_buffers) +
-                         " x " + format_bytes(chunk) + ") does not fit in the host budget of " +
-                         format_bytes(host_budget) +
-                         "; raise host_memory_limit or use fewer or smaller staging buffers");
+    return out_of_memory(
+        "the staging pool (" + std::to_string(options.num_staging_buffers) + " x " +
+        format_bytes(chunk) +
+        (options.range_io_bytes != 0
+             ? " and " + format_bytes(options.range_io_bytes) + " for the optimizer's sub-groups"
+             : std::string()) +
+        ") does not fit in the host budget of " + format_bytes(host_budget) +
+        "; raise host_memory_limit or use fewer or smaller staging buffers");
   }
-  STRATA_ASSIGN_OR_RETURN(
-      impl->staging, StagingPool::create(*impl->allocator, chunk, options.num_staging_buffers));
+  STRATA_ASSIGN_OR_RETURN(impl->staging,
+                          StagingPool::create(*impl->allocator, chunk, options.num_staging_buffers,
+                                              options.range_io_bytes));
   if (swap != nullptr) {
-    // NVMe moves through the pool read and write it with io_uring's registered (fixed) buffers,
-    // like the optimizer's staging: no per-request page pinning. Without them (another engine,
-    // or the memlock limit) the same I/O runs unregistered.
-    const std::span<std::byte> pool_bytes(impl->staging->data(0), impl->staging->total_bytes());
+    // Every NVMe transfer through the pool (the store's chunked moves and the optimizer's
+    // ranges) reads and writes it as io_uring registered (fixed) buffers: no per-request page
+    // pinning. Without them (another engine, or the memlock limit) the same I/O runs
+    // unregistered.
+    const std::span<std::byte> pool_bytes = impl->staging->all();
     auto reg = swap->register_buffers({&pool_bytes, 1});
     if (reg.is_ok()) {
       impl->staging_registration = std::move(*reg);
@@ -348,7 +355,7 @@ Status TieredStore::release(Handle h, Tier tier) {
   return Status::ok();
 }
 
-Result<Completion> TieredStore::evict(Handle h, Tier tier) {
+Result<Completion> TieredStore::evict(Handle h, Tier tier, std::optional<Tier> down_to) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);
   Entry& e = s.entry(h);
@@ -359,11 +366,16 @@ Result<Completion> TieredStore::evict(Handle h, Tier tier) {
   if (!c.allocated) return Completion();
   if (e.is_home(tier)) return invalid_argument(what + ": it is the tensor's home");
   if (c.pins > 0) return failed_precondition(what + ": it is pinned");
+  if (down_to && (!e.spec.transient || *down_to <= tier)) {
+    return invalid_argument(what + " to " + tier_text(*down_to) +
+                            ": only a transient tensor's copy goes down to a tier of its choosing, "
+                            "and only down");
+  }
   if (!c.valid || e.num_valid() > 1) {
     s.drop_copy(e, tier);
     return Completion();
   }
-  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_writeback(e, tier, &lock));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_writeback(e, tier, &lock, down_to));
   return Completion(op->completion);
 }
 
@@ -406,12 +418,12 @@ Status TieredStore::read(Handle h, void* dst) {
 
 Status TieredStore::fill_zero(Handle h) { return write(h, nullptr, 0); }  // null: zeros
 
-Result<io::Extent> TieredStore::begin_direct_io(Handle h) {
+Status TieredStore::open_ranges(Handle h) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mu);
   Entry& e = s.entry(h);
   STRATA_CHECK(!e.spec.transient && e.spec.home == Tier::kNvme,
-               "direct I/O is for tensors with an NVMe home", e.spec.name);
+               "ranged I/O is for tensors with an NVMe home", e.spec.name);
   s.wait_idle(lock, e);
   if (e.failed) {
     Status st = e.failed->status;
@@ -422,7 +434,7 @@ Result<io::Extent> TieredStore::begin_direct_io(Handle h) {
   if (!home.valid) {
     for (Tier t : {Tier::kHost, Tier::kDevice}) {
       if (!e.at(t).valid) continue;
-      STRATA_CHECK(e.at(t).pins == 0, "direct I/O while a newer copy is pinned", e.spec.name,
+      STRATA_CHECK(e.at(t).pins == 0, "ranged I/O while a newer copy is pinned", e.spec.name,
                    tier_text(t));
       STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Op> op, s.start_writeback(e, t, &lock));
       STRATA_CHECK(op != nullptr, "a write-back to an allocated home found no room", e.spec.name);
@@ -435,23 +447,59 @@ Result<io::Extent> TieredStore::begin_direct_io(Handle h) {
     }
   }
   for (Tier t : {Tier::kHost, Tier::kDevice}) {
-    STRATA_CHECK(e.at(t).pins == 0, "direct I/O while a copy is pinned", e.spec.name, tier_text(t));
+    STRATA_CHECK(e.at(t).pins == 0, "ranged I/O while a copy is pinned", e.spec.name, tier_text(t));
     if (e.at(t).allocated) s.drop_copy(e, t);
   }
   s.new_op(OpKind::kSync, e, Tier::kNvme, Tier::kNvme);
-  return home.extent;
+  return Status::ok();
 }
 
-void TieredStore::end_direct_io(Handle h, bool wrote, bool ok) {
+io::IoHandle TieredStore::Impl::start_range(Handle h, std::uint64_t offset, std::byte* buffer,
+                                            std::size_t bytes, bool write) {
+  io::Extent x;
+  {
+    std::lock_guard lock(mu);
+    const Entry& e = entry(h);
+    STRATA_CHECK(
+        e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme && e.op->to == Tier::kNvme,
+        "ranged I/O on a tensor not opened with open_ranges", e.spec.name);
+    x = e.at(Tier::kNvme).extent;
+    STRATA_CHECK(offset % io::kIoAlignBytes == 0 && bytes % io::kIoAlignBytes == 0 &&
+                     offset + bytes <= x.size_bytes,
+                 "a range outside the tensor's home", e.spec.name, offset, bytes, x.size_bytes);
+    const std::span<std::byte> region = staging->range_io();
+    STRATA_CHECK(buffer >= region.data() && buffer + bytes <= region.data() + region.size(),
+                 "ranged I/O outside the store's range staging", e.spec.name, bytes);
+    const int nvme = static_cast<int>(Tier::kNvme), host = static_cast<int>(Tier::kHost);
+    (write ? stats.bytes_moved[host][nvme] : stats.bytes_moved[nvme][host]) += bytes;
+  }
+  return write ? swap->write(x, offset, buffer, bytes) : swap->read(x, offset, buffer, bytes);
+}
+
+io::IoHandle TieredStore::read_range(Handle h, std::uint64_t offset, void* buffer,
+                                     std::size_t bytes) {
+  return impl_->start_range(h, offset, static_cast<std::byte*>(buffer), bytes, /*write=*/false);
+}
+
+io::IoHandle TieredStore::write_range(Handle h, std::uint64_t offset, const void* buffer,
+                                      std::size_t bytes) {
+  // The swap space only reads `buffer` on a write.
+  return impl_->start_range(h, offset, static_cast<std::byte*>(const_cast<void*>(buffer)), bytes,
+                            /*write=*/true);
+}
+
+void TieredStore::close_ranges(Handle h, bool wrote, bool ok) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   Entry& e = s.entry(h);
   STRATA_CHECK(
       e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme && e.op->to == Tier::kNvme,
-      "end_direct_io without begin_direct_io", e.spec.name);
+      "close_ranges without open_ranges", e.spec.name);
   if (wrote) e.at(Tier::kNvme).valid = ok;
   s.retire(e, e.op, Status::ok());
 }
+
+std::span<std::byte> TieredStore::range_staging() const { return impl_->staging->range_io(); }
 
 Status TieredStore::wait(const Completion& c) {
   if (c.state() == nullptr) return Status::ok();

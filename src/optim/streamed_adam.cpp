@@ -1,20 +1,16 @@
-// StreamedAdam: sub-group pipeline over swap-resident optimizer state. Sub-group i lives in
+// StreamedAdam: sub-group pipeline over optimizer state in NVMe storage. Sub-group i lives in
 // staging slot i % num_buffers; the read of sub-group j is issued once the write-back of the
 // slot's previous occupant (j - num_buffers) has finished, up to max(1, num_buffers - 2)
 // sub-groups ahead of the one being updated.
 #include "strata/optim/streamed_adam.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <new>
+#include <cstdint>
 #include <string>
 
 #include "strata/core/check.h"
 #include "strata/core/clock.h"
-#include "strata/core/logging.h"
 
 namespace strata::optim {
 namespace {
@@ -45,25 +41,6 @@ struct SubGroup {
   bool last;             // the segment's last sub-group
 };
 
-const io::Extent& extent_of(const StreamedSegment& s, int k) {
-  switch (k) {
-    case 0:
-      return s.master;
-    case 1:
-      return s.exp_avg;
-    case 2:
-      return s.exp_avg_sq;
-    default:
-      return s.grad_extent;
-  }
-}
-
-// Where state array k is written back: its out extent, or where it was read.
-const io::Extent& out_extent_of(const StreamedSegment& s, int k) {
-  const io::Extent& out = k == 0 ? s.master_out : k == 1 ? s.exp_avg_out : s.exp_avg_sq_out;
-  return out.valid() ? out : extent_of(s, k);
-}
-
 }  // namespace
 
 std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) {
@@ -71,44 +48,9 @@ std::size_t StreamedAdam::staging_bytes_for(const StreamedAdamOptions& options) 
          static_cast<std::size_t>(std::max(options.num_buffers, 2) * arrays_for(options));
 }
 
-StreamedAdam::StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
-                           std::int64_t sub_group_elems, HostMapping staging)
-    : swap_(&swap),
-      adam_(&adam),
-      options_(options),
-      sub_group_elems_(sub_group_elems),
-      staging_(std::move(staging)) {
-  if (options_.lock_memory) {
-    locked_ = ::mlock(staging_.data(), staging_.size()) == 0;
-    if (!locked_) {
-      log_debug("StreamedAdam: mlock of " + std::to_string(staging_.size()) +
-                " staging bytes refused; they stay pageable");
-    }
-  }
-  if (options_.register_staging) {
-    const std::span<std::byte> whole = staging_.bytes();
-    auto reg = swap_->register_buffers({&whole, 1});
-    if (reg.is_ok()) {
-      registration_ = std::move(*reg);
-    } else {
-      // Once per process: the step still works, at the speed of unregistered buffers.
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        log_warning(
-            "the optimizer's NVMe staging is not registered with io_uring, so its I/O "
-            "pins pages per request: " +
-            reg.status().message());
-      } else {
-        log_debug("StreamedAdam: staging not registered: " + reg.status().message());
-      }
-    }
-  }
-}
-
-StreamedAdam::~StreamedAdam() {
-  registration_.reset();  // waits for the swap space's requests in flight
-  if (locked_ && staging_.data() != nullptr) ::munlock(staging_.data(), staging_.size());
-}
+StreamedAdam::StreamedAdam(CpuAdam& adam, const StreamedAdamOptions& options,
+                           std::int64_t sub_group_elems, std::span<std::byte> staging)
+    : adam_(&adam), options_(options), sub_group_elems_(sub_group_elems), staging_(staging) {}
 
 float* StreamedAdam::slot(std::size_t sub, int array) {
   const auto nb = static_cast<std::size_t>(options_.num_buffers);
@@ -118,8 +60,8 @@ float* StreamedAdam::slot(std::size_t sub, int array) {
       staging_.data() + index * static_cast<std::size_t>(sub_group_elems_) * sizeof(float));
 }
 
-Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
-                                          const StreamedAdamOptions& options) {
+Result<StreamedAdam> StreamedAdam::create(CpuAdam& adam, const StreamedAdamOptions& options,
+                                          std::span<std::byte> staging) {
   if (options.sub_group_size <= 0) {
     return invalid_argument("sub_group_size " + std::to_string(options.sub_group_size) +
                             " must be a positive number of elements");
@@ -128,20 +70,19 @@ Result<StreamedAdam> StreamedAdam::create(io::SwapSpace& swap, CpuAdam& adam,
     return invalid_argument("StreamedAdam num_buffers " + std::to_string(options.num_buffers) +
                             " must be at least 2 (3 overlaps read, update and write-back)");
   }
-  const std::int64_t sub = sub_group_elems_for(options);
-  try {
-    // Pre-faulted here, so no page fault lands on the I/O path.
-    HostMapping staging(staging_bytes_for(options));
-    return StreamedAdam(swap, adam, options, sub, std::move(staging));
-  } catch (const std::bad_alloc&) {
-    return out_of_memory("StreamedAdam: cannot map " + std::to_string(staging_bytes_for(options)) +
-                         " bytes of staging for sub_group_size " +
-                         std::to_string(options.sub_group_size) + " x " +
-                         std::to_string(options.num_buffers) + " buffers");
+  const std::size_t need = staging_bytes_for(options);
+  if (staging.size() < need ||
+      reinterpret_cast<std::uintptr_t>(staging.data()) % io::kIoAlignBytes != 0) {
+    return invalid_argument("StreamedAdam: staging of " + std::to_string(staging.size()) +
+                            " bytes for sub_group_size " + std::to_string(options.sub_group_size) +
+                            " x " + std::to_string(options.num_buffers) + " buffers; it needs " +
+                            std::to_string(need) + " bytes, 4096-aligned");
   }
+  return StreamedAdam(adam, options, sub_group_elems_for(options), staging.first(need));
 }
 
 Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> segments,
+                                              SegmentStorage& storage,
                                               const device::AdamWArgs& hyper,
                                               const SegmentDone& on_segment_done,
                                               const SegmentBegin& on_segment_begin,
@@ -155,27 +96,14 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
   std::vector<SubGroup> plan;
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const StreamedSegment& seg = segments[s];
-    const bool streamed_grad = seg.grad_extent.valid();
-    grads[s] = SegmentGrad{seg.grad, seg.grad_extent};
+    const bool streamed_grad = seg.grad_streamed;
+    grads[s] = SegmentGrad{seg.grad, seg.grad_streamed};
     STRATA_CHECK(
         seg.num_elems >= 0 && (seg.num_elems == 0 || seg.grad != nullptr || on_segment_ready ||
                                (streamed_grad && options_.stream_grads)),
         "StreamedAdam: a segment without a gradient", seg.name, seg.num_elems);
     STRATA_CHECK(!(streamed_grad && options_.check_finite),
                  "StreamedAdam: a streamed gradient cannot be scanned before the step", seg.name);
-    const std::uint64_t need = round_up(seg.num_elems * 4, io::kIoAlignBytes);
-    for (int k = 0; k < kStateArrays; ++k) {
-      STRATA_CHECK(extent_of(seg, k).size_bytes >= need, "StreamedAdam: extent too small", seg.name,
-                   kArrayNames[k], extent_of(seg, k).size_bytes, need);
-      STRATA_CHECK(out_extent_of(seg, k).size_bytes >= need, "StreamedAdam: extent too small",
-                   seg.name, kArrayNames[k], out_extent_of(seg, k).size_bytes, need);
-    }
-    if (streamed_grad) {
-      const std::uint64_t grad_need = round_up(
-          seg.num_elems * static_cast<std::int64_t>(dtype_size(seg.grad_dtype)), io::kIoAlignBytes);
-      STRATA_CHECK(seg.grad_extent.size_bytes >= grad_need, "StreamedAdam: extent too small",
-                   seg.name, kArrayNames[kGradArray], seg.grad_extent.size_bytes, grad_need);
-    }
     if (options_.check_finite && !adam_->all_finite(seg.grad, seg.grad_dtype, seg.num_elems)) {
       report.skipped_segments.push_back(s);
       continue;
@@ -209,7 +137,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
                            " of '" + std::string(seg.name) + "' (elements " +
                            std::to_string(sg.begin) + ".." + std::to_string(sg.begin + sg.count) +
                            " of " + std::to_string(seg.num_elems) + ") " +
-                           (is_read ? "from" : "to") + " swap");
+                           (is_read ? "from" : "to") + " NVMe");
   };
   // Every transfer of the slot that sub-group `sub` occupies; the first error wins.
   auto wait_slot = [&](std::vector<std::array<io::IoHandle, kMaxArrays>>& handles, std::size_t sub,
@@ -231,8 +159,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     if (sg.begin != 0 || !on_segment_ready) return true;
     STRATA_ASSIGN_OR_RETURN(std::optional<SegmentGrad> g, on_segment_ready(sg.segment, wait));
     if (!g) return false;
-    STRATA_CHECK(seg.num_elems == 0 || g->grad != nullptr ||
-                     (g->grad_extent.valid() && options_.stream_grads),
+    STRATA_CHECK(seg.num_elems == 0 || g->grad != nullptr || (g->streamed && options_.stream_grads),
                  "StreamedAdam: a segment made ready without a gradient", seg.name);
     grads[sg.segment] = *g;
     return true;
@@ -245,23 +172,21 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     const auto offset = static_cast<std::uint64_t>(sg.begin) * sizeof(float);
     for (int k = 0; k < kStateArrays; ++k) {
       io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
+      const auto array = static_cast<StreamedArray>(k);
       if (is_read) {
-        h = swap_->read(extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
+        h = storage.read(sg.segment, array, offset, slot(sub, k), sg.io_bytes);
         report.bytes_read += sg.io_bytes;
       } else {
-        h = swap_->write(out_extent_of(seg, k), offset, slot(sub, k), sg.io_bytes);
+        h = storage.write(sg.segment, array, offset, slot(sub, k), sg.io_bytes);
         report.bytes_written += sg.io_bytes;
       }
     }
-    const io::Extent& grad_extent = grads[sg.segment].grad_extent;
-    if (is_read && grad_extent.valid()) {
+    if (is_read && grads[sg.segment].streamed) {
       const auto esize = static_cast<std::int64_t>(dtype_size(seg.grad_dtype));
       const auto bytes = static_cast<std::size_t>(round_up(sg.count * esize, io::kIoAlignBytes));
-      STRATA_CHECK(grad_extent.size_bytes >= static_cast<std::uint64_t>(round_up(
-                                                 seg.num_elems * esize, io::kIoAlignBytes)),
-                   "StreamedAdam: extent too small", seg.name, kArrayNames[kGradArray]);
-      reads[sub % nb][kGradArray] = swap_->read(
-          grad_extent, static_cast<std::uint64_t>(sg.begin * esize), slot(sub, kGradArray), bytes);
+      reads[sub % nb][kGradArray] =
+          storage.read(sg.segment, StreamedArray::kGrad,
+                       static_cast<std::uint64_t>(sg.begin * esize), slot(sub, kGradArray), bytes);
       report.bytes_read += bytes;
     }
     return Status::ok();
@@ -307,7 +232,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
       a.param = slot(i, 0);
       a.exp_avg = slot(i, 1);
       a.exp_avg_sq = slot(i, 2);
-      a.grad = grads[sg.segment].grad_extent.valid()
+      a.grad = grads[sg.segment].streamed
                    ? static_cast<const void*>(slot(i, kGradArray))
                    : static_cast<const std::byte*>(grads[sg.segment].grad) +
                          static_cast<std::size_t>(sg.begin) * dtype_size(seg.grad_dtype);

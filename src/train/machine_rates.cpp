@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "strata/core/clock.h"
-#include "strata/core/host_mapping.h"
 #include "strata/device/device.h"
 #include "strata/dist/process_grid.h"
 #include "strata/io/swap.h"
 #include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
+#include "strata/sys/host_mapping.h"
 #include "strata/train/drive_record.h"
 #include "strata/train/step_time.h"
 #include "strata/zero/zero_provider.h"
@@ -250,7 +250,7 @@ void layer_rates(const TrainConfig& config, const model::LlamaConfig& model, dev
 }
 
 Rate memory_rate() {
-  HostMapping src(kMemoryProbeBytes), dst(kMemoryProbeBytes);
+  sys::HostMapping src(kMemoryProbeBytes), dst(kMemoryProbeBytes);
   std::memset(src.data(), 1, kMemoryProbeBytes);
   Stopwatch t;
   int reps = 0;
@@ -325,7 +325,7 @@ void swap_rates(const TrainConfig& config, MachineRates& r) {
     return unmeasured(b.status().message());
   }
   constexpr std::size_t chunk = kSwapProbeBytes / kSwapProbeIntervals;
-  HostMapping rbuf(chunk), wbuf(chunk);
+  sys::HostMapping rbuf(chunk), wbuf(chunk);
   for (std::size_t i = 0; i < chunk; i += 4096) wbuf.data()[i] = std::byte(i >> 12);
   std::vector<double> write_s, read_s, mixed_s;
   Status s;

@@ -12,7 +12,6 @@ namespace strata::zero {
 
 Result<std::unique_ptr<OptimizerSchedule>> OptimizerSchedule::create(ShardStore& shards,
                                                                      device::Device& device,
-                                                                     io::SwapSpace* swap,
                                                                      const ShardOptions& options) {
   const MemoryPlan& plan = shards.plan();
   OptimizerStepOptions oo;
@@ -21,7 +20,7 @@ Result<std::unique_ptr<OptimizerSchedule>> OptimizerSchedule::create(ShardStore&
   oo.max_group_elems = shards.max_group_elems();
   oo.stream_grads = plan.gradients == Tier::kNvme;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerStep> optimizer,
-                          make_optimizer_step(plan.optimizer, device, swap, oo));
+                          make_optimizer_step(plan.optimizer, device, shards.store(), oo));
   std::unique_ptr<OptimizerSchedule> s(
       new OptimizerSchedule(shards, device, options, std::move(optimizer)));
   shards.set_step_view(s.get());

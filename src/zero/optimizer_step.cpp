@@ -1,6 +1,7 @@
 // OptimizerStep: AdamW in place on the device or in host memory, or streamed from NVMe.
 #include "strata/zero/optimizer_step.h"
 
+#include <array>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -111,60 +112,62 @@ class InPlaceStep final : public OptimizerStep {
 };
 
 // NVMe: the state streams through optim::StreamedAdam in sub-groups (read i+1 while i is
-// updated and i-1 written back) straight on the store's NVMe homes (written to the shadow
-// homes when there are some), each gradient with it from its host copy or, when it has none,
-// its NVMe home; each group's working copy is written to a host copy and sent home as soon as
-// the group is done.
-class StreamedStep final : public OptimizerStep {
+// updated and i-1 written back) as ranges of the store's NVMe homes (written to the shadow homes
+// when there are some), through the store's range staging; each gradient with it from its host
+// copy or, when it has none, its NVMe home; each group's working copy is written to a host copy
+// and sent home as soon as the group is done.
+class StreamedStep final : public OptimizerStep, private optim::SegmentStorage {
  public:
   StreamedStep(optim::CpuAdam cpu_adam, bool stream_grads)
       : cpu_adam_(std::move(cpu_adam)), stream_grads_(stream_grads) {}
 
-  Status init(io::SwapSpace& swap, const OptimizerStepOptions& options) {
+  Status init(mem::TieredStore& store, const OptimizerStepOptions& options) {
     optim::StreamedAdamOptions so;
     so.sub_group_size = options.sub_group_size;
     so.max_segment_elems = options.max_group_elems;
     so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
     so.stream_grads = stream_grads_;
     STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
-                            optim::StreamedAdam::create(swap, cpu_adam_, so));
+                            optim::StreamedAdam::create(cpu_adam_, so, store.range_staging()));
     streamed_.emplace(std::move(streamed));
     return Status::ok();
   }
 
   Status run(const StepIo& io, const device::AdamWArgs& base) override {
     read_ = written_ = 0;
+    store_ = &io.store;
     const std::vector<std::size_t> order = step_order(io);
     std::vector<optim::StreamedSegment> segments;
-    // Closed however the step ends: homes opened for direct I/O (and whether the step writes
+    segments_.assign(order.size(), SegmentHomes{});
+    // Closed however the step ends: homes opened for ranged I/O (and whether the step writes
     // them), and each segment's gradient while the step holds it.
     std::vector<std::pair<mem::Handle, bool>> opened;
-    const auto open = [&](mem::Handle h, bool write, io::Extent& x) -> Status {
-      STRATA_ASSIGN_OR_RETURN(x, io.store.begin_direct_io(h));
+    const auto open = [&](mem::Handle h, bool write) -> Status {
+      STRATA_RETURN_IF_ERROR(io.store.open_ranges(h));
       opened.emplace_back(h, write);
       return Status::ok();
     };
-    enum class Held : std::uint8_t { kNone, kHost, kExtent };
+    enum class Held : std::uint8_t { kNone, kHost, kRanges };
     std::vector<Held> held(order.size(), Held::kNone);
     const auto let_go = [&](std::size_t si, bool ok) {
       const mem::Handle h = io.groups[order[si]].grad;
       if (held[si] == Held::kHost) io.store.unpin(h, Tier::kHost);
-      if (held[si] == Held::kExtent) io.store.end_direct_io(h, false, ok);
+      if (held[si] == Held::kRanges) io.store.close_ranges(h, false, ok);
       held[si] = Held::kNone;
     };
     Status s;
-    for (const std::size_t gi : order) {
-      const StepGroup& g = io.groups[gi];
+    for (std::size_t si = 0; si < order.size(); ++si) {
+      const StepGroup& g = io.groups[order[si]];
+      const bool shadowed = g.master_out != mem::Handle::kInvalid;
+      SegmentHomes& homes = segments_[si];
+      homes.in = {g.master, g.exp_avg, g.exp_avg_sq, g.grad};
+      homes.out = shadowed ? std::array{g.master_out, g.exp_avg_out, g.exp_avg_sq_out}
+                           : std::array{g.master, g.exp_avg, g.exp_avg_sq};
+      for (int k = 0; k < 3 && s.is_ok(); ++k) s = open(homes.in[k], !shadowed);
+      for (int k = 0; k < 3 && s.is_ok() && shadowed; ++k) s = open(homes.out[k], true);
+      if (!s.is_ok()) break;
       optim::StreamedSegment seg;
       seg.name = g.name;
-      const bool shadowed = g.master_out != mem::Handle::kInvalid;
-      s = open(g.master, !shadowed, seg.master);
-      if (s.is_ok()) s = open(g.exp_avg, !shadowed, seg.exp_avg);
-      if (s.is_ok()) s = open(g.exp_avg_sq, !shadowed, seg.exp_avg_sq);
-      if (s.is_ok() && shadowed) s = open(g.master_out, true, seg.master_out);
-      if (s.is_ok() && shadowed) s = open(g.exp_avg_out, true, seg.exp_avg_out);
-      if (s.is_ok() && shadowed) s = open(g.exp_avg_sq_out, true, seg.exp_avg_sq_out);
-      if (!s.is_ok()) break;
       seg.grad_dtype = io.grad_dtype;
       seg.num_elems = g.num_elems;
       seg.out_dtype = io.out_dtype;
@@ -182,8 +185,9 @@ class StreamedStep final : public OptimizerStep {
       const mem::Handle h = io.groups[gi].grad;
       optim::StreamedAdam::SegmentGrad grad;
       if (stream_grads_ && !io.store.residency(h).valid[static_cast<int>(Tier::kHost)]) {
-        STRATA_ASSIGN_OR_RETURN(grad.grad_extent, io.store.begin_direct_io(h));
-        held[si] = Held::kExtent;
+        STRATA_RETURN_IF_ERROR(io.store.open_ranges(h));
+        grad.streamed = true;
+        held[si] = Held::kRanges;
       } else {
         STRATA_ASSIGN_OR_RETURN(grad.grad, io.store.acquire(h, Tier::kHost));
         held[si] = Held::kHost;
@@ -193,7 +197,7 @@ class StreamedStep final : public OptimizerStep {
     const bool ran = s.is_ok();  // else nothing was written: every home keeps its data
     if (ran) {
       auto report = streamed_->step(
-          segments, base,
+          segments, *this, base,
           [&](std::size_t si) {
             let_go(si, true);
             return io.close_output(order[si], Tier::kHost);
@@ -206,7 +210,8 @@ class StreamedStep final : public OptimizerStep {
       }
     }
     for (std::size_t si = 0; si < held.size(); ++si) let_go(si, true);
-    for (const auto& [h, write] : opened) io.store.end_direct_io(h, write && ran, s.is_ok());
+    for (const auto& [h, write] : opened) io.store.close_ranges(h, write && ran, s.is_ok());
+    store_ = nullptr;
     return s.is_ok() || s.code() == StatusCode::kCancelled
                ? s
                : s.with_context("optimizer step on NVMe");
@@ -216,16 +221,36 @@ class StreamedStep final : public OptimizerStep {
   std::uint64_t bytes_written() const override { return written_; }
 
  private:
+  // Where segment si's arrays live: read from `in` (master, exp_avg, exp_avg_sq, gradient),
+  // written to `out`.
+  struct SegmentHomes {
+    std::array<mem::Handle, 4> in{};
+    std::array<mem::Handle, 3> out{};
+  };
+
+  io::IoHandle read(std::size_t segment, optim::StreamedArray array, std::uint64_t offset,
+                    void* dst, std::size_t bytes) override {
+    return store_->read_range(segments_[segment].in[static_cast<std::size_t>(array)], offset, dst,
+                              bytes);
+  }
+  io::IoHandle write(std::size_t segment, optim::StreamedArray array, std::uint64_t offset,
+                     const void* src, std::size_t bytes) override {
+    return store_->write_range(segments_[segment].out[static_cast<std::size_t>(array)], offset, src,
+                               bytes);
+  }
+
   optim::CpuAdam cpu_adam_;  // before streamed_, which uses it
   bool stream_grads_;
   std::optional<optim::StreamedAdam> streamed_;
+  mem::TieredStore* store_ = nullptr;  // during run
+  std::vector<SegmentHomes> segments_;
   std::uint64_t read_ = 0, written_ = 0;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::Device& device,
-                                                           io::SwapSpace* swap,
+                                                           mem::TieredStore& store,
                                                            const OptimizerStepOptions& options) {
   using Step = std::unique_ptr<OptimizerStep>;
   if (tier == Tier::kDevice && !device.host_addressable()) {
@@ -236,9 +261,8 @@ Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::De
   STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options.cpu_adam));
   if (tier != Tier::kNvme)
     return Step(std::make_unique<InPlaceStep>(device, tier, std::move(adam)));
-  STRATA_CHECK(swap != nullptr, "an NVMe optimizer step without a swap space");
   auto step = std::make_unique<StreamedStep>(std::move(adam), options.stream_grads);
-  STRATA_RETURN_IF_ERROR(step->init(*swap, options));
+  STRATA_RETURN_IF_ERROR(step->init(store, options));
   return Step(std::move(step));
 }
 

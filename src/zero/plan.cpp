@@ -500,15 +500,19 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   } else {
     const std::uint64_t host_block =
         static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(o.checkpoint_bytes));
+    // A transient tensor's device copy, as the store allocates it (whole O_DIRECT blocks where
+    // NVMe reads and writes it in place); on NVMe it goes down and comes back directly, never
+    // through a host copy.
+    const std::uint64_t device_copy =
+        o.host_addressable_device && o.has_swap
+            ? align_up(o.checkpoint_bytes, io::kIoAlignBytes) + io::kIoAlignBytes
+            : o.checkpoint_bytes;
     add(Tier::kDevice, TensorKind::kActivations,
-        std::min<std::uint64_t>(3, checkpoints) * o.checkpoint_bytes);
+        std::min<std::uint64_t>(3, checkpoints) * device_copy);
     add(plan.checkpoints, TensorKind::kActivations,
         checkpoints * (plan.checkpoints == Tier::kHost
                            ? host_block
                            : align_up(o.checkpoint_bytes, io::kIoAlignBytes)));
-    if (plan.checkpoints == Tier::kNvme) {
-      add(Tier::kHost, TensorKind::kActivations, 2 * host_block);  // passing through
-    }
   }
   if (summed_on_device && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient

@@ -145,14 +145,11 @@ Status ShardStore::create_store() {
     so.budget_bytes[static_cast<int>(Tier::kDevice)] =
         std::max<std::uint64_t>(1, dev.limit_bytes - std::min(dev.limit_bytes, dev.in_use_bytes));
   }
-  // The optimizer's sub-group staging is its own (registered with io_uring, locked); the store
-  // gets the rest of the host budget, which the plan showed is enough.
-  const std::uint64_t limit = options_.host_memory_limit_bytes;
-  if (limit != 0) {
-    so.budget_bytes[static_cast<int>(Tier::kHost)] = limit - plan_.optimizer_staging_bytes;
-  }
+  // The whole host budget: the store's staging pool holds the optimizer's sub-group slots too.
+  so.budget_bytes[static_cast<int>(Tier::kHost)] = options_.host_memory_limit_bytes;
   so.staging_buffer_bytes = plan_.staging_buffer_bytes;
   so.num_staging_buffers = plan_.num_staging_buffers;
+  so.range_io_bytes = plan_.optimizer_staging_bytes;
   so.timeline = options_.timeline;
   STRATA_ASSIGN_OR_RETURN(store_, mem::TieredStore::create(device_, swap_, so));
 
@@ -247,7 +244,7 @@ void ShardStore::absorb_store_stats() {
   stats_.nvme_read_bytes += moved(n, h) + moved(n, d);
   stats_.nvme_write_bytes += moved(h, n) + moved(d, n);
   stats_.stall_ms += now.stall_ms - store_seen_.stall_ms;
-  stats_.host_bytes = plan_.optimizer_staging_bytes + now.peak_bytes[static_cast<int>(h)];
+  stats_.host_bytes = now.peak_bytes[static_cast<int>(h)];
   stats_.nvme_bytes = now.peak_bytes[static_cast<int>(n)];
   store_seen_ = now;
 }
@@ -698,14 +695,9 @@ Status ShardStore::release_activation(int index, bool keep) {
   c.held = false;
   if (!keep) return store_->discard(c.h);
   if (!c.writing || plan_.checkpoints == Tier::kDevice) return Status::ok();
-  // Homed off the device: down to host memory now, behind the compute (an error shows at the
-  // read), and on to NVMe once there.
-  STRATA_ASSIGN_OR_RETURN(mem::Completion down, store_->evict(c.h, Tier::kDevice));
-  if (plan_.checkpoints == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(store_->wait(down));
-    STRATA_RETURN_IF_ERROR(store_->evict(c.h, Tier::kHost).status());
-  }
-  return Status::ok();
+  // Homed off the device: down to its tier now, behind the compute, which goes on (an error
+  // shows at the read).
+  return store_->evict(c.h, Tier::kDevice, plan_.checkpoints).status();
 }
 
 void ShardStore::give(Scratch& s) {

@@ -32,7 +32,7 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
       std::unique_ptr<ShardStore> shards,
       ShardStore::create(partition->local_layout(), device, swap, shard_options, plan));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSchedule> schedule,
-                          OptimizerSchedule::create(*shards, device, swap, shard_options));
+                          OptimizerSchedule::create(*shards, device, shard_options));
   return std::unique_ptr<ZeroProvider>(new ZeroProvider(
       full, std::move(partition), std::move(shards), std::move(schedule), comm, device, options));
 }

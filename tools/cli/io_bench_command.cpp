@@ -21,10 +21,10 @@
 
 #include "strata/core/aligned.h"
 #include "strata/core/clock.h"
-#include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
 #include "strata/io/swap.h"
+#include "strata/sys/host_mapping.h"
 #include "tools/cli/commands.h"
 
 namespace strata::cli {
@@ -223,8 +223,9 @@ class Source {
  public:
   Source(std::uint64_t size_bytes, std::uint64_t max_block, bool huge_pages)
       : lap_max_(std::min<std::uint64_t>(align_up(size_bytes, kPage), kSourceMaxBytes)),
-        bytes_(align_up(std::max(lap_max_, max_block) + max_block, HostMapping::kHugePageBytes),
-               huge_pages) {
+        bytes_(
+            align_up(std::max(lap_max_, max_block) + max_block, sys::HostMapping::kHugePageBytes),
+            huge_pages) {
     Rng rng(20261129);
     for (std::size_t i = 0; i + 8 <= bytes_.size(); i += 8) {
       const std::uint64_t v = rng.next_u64();
@@ -242,7 +243,7 @@ class Source {
 
  private:
   const std::uint64_t lap_max_;
-  HostMapping bytes_;
+  sys::HostMapping bytes_;
 };
 
 // One sequential pass over the extent: block_size requests, `window` of them in flight, each
@@ -402,7 +403,7 @@ struct Sweep {
   Sweep(const BenchArgs& a, const Plan& p) : args(a), plan(p) {}
   const BenchArgs& args;
   const Plan& plan;
-  HostMapping pool;  // staging buffers reads land in, one block per request in flight
+  sys::HostMapping pool;  // staging buffers reads land in, one block per request in flight
   std::unique_ptr<Source> source;
   std::set<std::string> warned;
   std::string engine_used;
@@ -590,9 +591,9 @@ int run_io_bench(const BenchArgs& a) {
   // Whole huge pages: a HostMapping's tail short of 2 MiB stays in 4 KiB pages, and a pool of
   // 8 x 128 KiB would be nothing but tail (reads into it ran at a fifth of the speed).
   const std::size_t pool_bytes = static_cast<std::size_t>(max_window) * max_block;
-  sw.pool =
-      HostMapping(a.no_huge_pages ? pool_bytes : align_up(pool_bytes, HostMapping::kHugePageBytes),
-                  !a.no_huge_pages);
+  sw.pool = sys::HostMapping(
+      a.no_huge_pages ? pool_bytes : align_up(pool_bytes, sys::HostMapping::kHugePageBytes),
+      !a.no_huge_pages);
   sw.source = std::make_unique<Source>(plan->size_bytes, max_block, !a.no_huge_pages);
 
   g_io_bench_stop.store(false);

@@ -158,7 +158,7 @@ class Device {
   virtual Status last_error() const { return Status::ok(); }
 
   // Host memory for the staging side of copies, 4096-byte aligned (usable with O_DIRECT) and
-  // outside the device budget. CUDA: a huge-page mapping (core/host_mapping.h) registered with
+  // outside the device budget. CUDA: a huge-page mapping (sys/host_mapping.h) registered with
   // cudaHostRegister (always page-locked; failure is an error), memory io_uring can register too.
   // CPU: an aligned allocation locked with mlock where RLIMIT_MEMLOCK allows (best effort).
   virtual Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) = 0;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -31,12 +32,15 @@ class HostAllocator {
 // default.
 std::unique_ptr<HostAllocator> make_device_host_allocator(device::Device& device);
 
-// A fixed set of equal staging buffers carved from one allocation made once. Not thread-safe;
-// the owner serializes access.
+// The store's staging: one allocation made once (so one registration with io_uring), holding
+// first a region for ranged NVMe I/O that one caller uses as it likes (the optimizer's sub-group
+// slots; may be empty), then a fixed set of equal buffers for the store's own NVMe<->device
+// moves. Not thread-safe; the owner serializes take and give.
 class StagingPool {
  public:
   static Result<std::unique_ptr<StagingPool>> create(HostAllocator& allocator,
-                                                     std::size_t buffer_bytes, int num_buffers);
+                                                     std::size_t buffer_bytes, int num_buffers,
+                                                     std::size_t range_io_bytes = 0);
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
@@ -44,16 +48,25 @@ class StagingPool {
   // Index of a free buffer, or -1 when all are in use.
   int take();
   void give(int index);
-  std::byte* data(int index) const { return base_ + static_cast<std::size_t>(index) * bytes_; }
+  std::byte* data(int index) const {
+    return base_ + range_io_bytes_ + static_cast<std::size_t>(index) * bytes_;
+  }
   std::size_t buffer_bytes() const { return bytes_; }
   int num_buffers() const { return count_; }
   int num_free() const { return static_cast<int>(free_.size()); }
-  std::uint64_t total_bytes() const { return static_cast<std::uint64_t>(bytes_) * count_; }
+  std::span<std::byte> range_io() const { return {base_, range_io_bytes_}; }
+  // The whole allocation: the range region and every buffer.
+  std::span<std::byte> all() const { return {base_, total_bytes()}; }
+  std::uint64_t total_bytes() const {
+    return range_io_bytes_ + static_cast<std::uint64_t>(bytes_) * count_;
+  }
 
  private:
-  StagingPool(HostAllocator& allocator, std::byte* base, std::size_t bytes, int count);
+  StagingPool(HostAllocator& allocator, std::byte* base, std::size_t bytes, int count,
+              std::size_t range_io_bytes);
   HostAllocator& allocator_;
   std::byte* base_;
+  std::size_t range_io_bytes_;
   std::size_t bytes_;
   int count_;
   std::vector<int> free_;

@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "strata/core/status.h"
@@ -66,6 +67,9 @@ struct StoreOptions {
   std::array<std::uint64_t, kNumTiers> budget_bytes{};
   std::size_t staging_buffer_bytes = std::size_t{8} << 20;  // chunk of an NVMe<->device move
   int num_staging_buffers = 4;
+  // Staging for ranged NVMe I/O (read_range, write_range: the optimizer's sub-group slots), a
+  // multiple of 4096: part of the same pool and registration, counted in the host budget.
+  std::size_t range_io_bytes = 0;
   // Device buffers of dropped copies kept for reuse, per tensor size: the next fetch of that size
   // skips the allocator (on the CPU backend, fresh pages cost 7x the copy into them; on CUDA, a
   // cudaMalloc). Cached buffers count against the device budget and go first when room is needed.
@@ -174,8 +178,9 @@ class TieredStore {
   // pinned, or the only valid copy (use evict). No copy there: ok.
   Status release(Handle h, Tier tier);
   // Drops the copy on `tier`, first writing it back (to the home, or for a transient tensor to
-  // the next tier down) when it is the only valid copy. On a write-back error the copy stays.
-  Result<Completion> evict(Handle h, Tier tier);
+  // `down_to`, default the next tier down: a checkpointed activation goes from the device
+  // straight to NVMe) when it is the only valid copy. On a write-back error the copy stays.
+  Result<Completion> evict(Handle h, Tier tier, std::optional<Tier> down_to = std::nullopt);
   // The tensor's data is no longer needed: drops every copy without writing anything back. A
   // homed tensor keeps its home allocated, holding no data until written again (a fetch before
   // then is an error).
@@ -190,15 +195,22 @@ class TieredStore {
   // Overwrites a homed tensor's data with zeros (every other copy is dropped). Synchronous.
   Status fill_zero(Handle h);
 
-  // Ranged I/O straight on an NVMe home (the optimizer streams sub-groups of its state this
-  // way): writes a newer copy back first, drops every other copy and returns the home's extent.
-  // Until end_direct_io the tensor is held: no other operation on it starts, and the caller
-  // reads and writes the extent through the swap space. A home never written may be opened to
-  // be written.
-  Result<io::Extent> begin_direct_io(Handle h);
-  // `wrote`: the caller wrote the extent, and `ok` says whether every write succeeded (if not,
-  // the data is lost and the tensor has none until written again).
-  void end_direct_io(Handle h, bool wrote, bool ok);
+  // Ranged I/O straight on an NVMe home, in and out of the pool's range region (the optimizer
+  // streams sub-groups of its state this way, and the store counts the bytes as it counts its
+  // own moves). open_ranges writes a newer copy back first and drops every other copy; until
+  // close_ranges the tensor is held: no other operation on it starts. A home never written may
+  // be opened to be written.
+  Status open_ranges(Handle h);
+  // Asynchronous: `bytes` (a multiple of 4096, within the home's extent) at `offset` (4096-
+  // aligned) of the held tensor's home into or out of `buffer`, which lies in range_staging().
+  io::IoHandle read_range(Handle h, std::uint64_t offset, void* buffer, std::size_t bytes);
+  io::IoHandle write_range(Handle h, std::uint64_t offset, const void* buffer, std::size_t bytes);
+  // `wrote`: ranges were written, and `ok` says whether every write succeeded (if not, the data
+  // is lost and the tensor has none until written again). Every range I/O must have finished.
+  void close_ranges(Handle h, bool wrote, bool ok);
+  // The region of the staging pool for ranged I/O (StoreOptions::range_io_bytes); pinned,
+  // registered with the swap space with the rest of the pool, and one caller's to use.
+  std::span<std::byte> range_staging() const;
 
   // Blocks until `c` is done, counting the time as stall; returns its status.
   Status wait(const Completion& c);

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "strata/core/dtype.h"
-#include "strata/core/host_mapping.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
 #include "strata/io/swap.h"
@@ -19,18 +18,31 @@
 
 namespace strata::optim {
 
-// One parameter group (or shard): its fp32 master weights and moments in swap extents, each
-// holding num_elems floats from offset 0; its gradient in host memory or (options.stream_grads)
-// in a swap extent too, read with the state; its output copy in host memory.
+// The arrays of a segment that the step streams.
+enum class StreamedArray : int { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2, kGrad = 3 };
+
+// Where the segments' arrays live (the tiered store's NVMe homes, in Strata's optimizer step):
+// asynchronous reads and writes of 4096-aligned ranges, in bytes from the array's start, into and
+// out of the staging the step was given. The step writes master, exp_avg and exp_avg_sq back
+// (where to is the storage's choice: over what was read, or to other homes, so that a step can
+// be abandoned or redone from the state read) and only reads the gradient.
+class SegmentStorage {
+ public:
+  virtual ~SegmentStorage() = default;
+  virtual io::IoHandle read(std::size_t segment, StreamedArray array, std::uint64_t offset,
+                            void* dst, std::size_t bytes) = 0;
+  virtual io::IoHandle write(std::size_t segment, StreamedArray array, std::uint64_t offset,
+                             const void* src, std::size_t bytes) = 0;
+};
+
+// One parameter group (or shard): its fp32 master weights and moments in the storage, each
+// num_elems floats; its gradient in host memory or (grad_streamed) in the storage too, read with
+// the state; its output copy in host memory.
 struct StreamedSegment {
   std::string_view name;  // named in errors
-  io::Extent master, exp_avg, exp_avg_sq;
-  // Where the updated state is written; invalid: back over what was read. Writing elsewhere
-  // leaves the state read intact, so a step can be abandoned or redone from it.
-  io::Extent master_out, exp_avg_out, exp_avg_sq_out;
-  // Null with no grad_extent: SegmentReady supplies it.
-  const void* grad = nullptr;  // host memory, or null with grad_extent
-  io::Extent grad_extent;      // read only; needs options.stream_grads and no check_finite
+  // Null without grad_streamed: SegmentReady supplies it.
+  const void* grad = nullptr;
+  bool grad_streamed = false;  // read from the storage; needs options.stream_grads, no check_finite
   DType grad_dtype = DType::kF32;
   std::int64_t num_elems = 0;
   void* param_out = nullptr;  // optional, out_dtype; see SegmentBegin
@@ -52,16 +64,10 @@ struct StreamedAdamOptions {
   // (no read, no write). Off when the caller already checked (Strata's trainer checks the global
   // gradient norm before the step).
   bool check_finite = true;
-  // mlock the staging buffers (best effort: a refusal is logged once at debug level).
-  bool lock_memory = true;
-  // Register the staging with the swap space (io_uring fixed buffers: no per-request page
-  // pinning). Best effort: a refusal (RLIMIT_MEMLOCK) is a warning, once per process, and I/O
-  // goes the ordinary way.
-  bool register_staging = true;
   // false: every read and write-back of the step, through the same staging and pipeline, but no
   // update (the state goes back unchanged): the I/O-only baseline of bench_cpu_adam.
   bool update = true;
-  // Staging for gradients read from swap extents (StreamedSegment::grad_extent) beside the state.
+  // Staging for gradients read from the storage (StreamedSegment::grad_streamed) beside the state.
   bool stream_grads = false;
 };
 
@@ -73,17 +79,16 @@ struct StreamedStepReport {
   double compute_s = 0;  // time in CpuAdam::step
 };
 
-// Move-only; owns its staging. Uses `swap` and `adam`, which must outlive it.
+// Move-only. Uses `adam` and its staging, which must outlive it.
 class StreamedAdam {
  public:
-  static Result<StreamedAdam> create(io::SwapSpace& swap, CpuAdam& adam,
-                                     const StreamedAdamOptions& options = {});
-  StreamedAdam(StreamedAdam&&) noexcept = default;
-  StreamedAdam& operator=(StreamedAdam&&) noexcept = default;
-  ~StreamedAdam();
+  // `staging`: at least staging_bytes_for(options) bytes, 4096-aligned; pinned and registered
+  // with the storage's I/O by its owner (the tiered store's pool), so no request pins pages.
+  static Result<StreamedAdam> create(CpuAdam& adam, const StreamedAdamOptions& options,
+                                     std::span<std::byte> staging);
 
   // Called after a segment's last sub-group was updated (its param_out is complete; its state
-  // may still be in flight to the swap space), in segment order, never for a skipped segment.
+  // may still be in flight to the storage), in segment order, never for a skipped segment.
   // An error stops the step.
   using SegmentDone = std::function<Status(std::size_t segment)>;
   // Called before a segment's first sub-group is updated: where its output goes (null: none).
@@ -97,45 +102,39 @@ class StreamedAdam {
   // stops the step. Needs check_finite off.
   struct SegmentGrad {
     const void* grad = nullptr;  // host memory, or
-    io::Extent grad_extent;      // a swap extent (options.stream_grads)
+    bool streamed = false;       // read from the storage (options.stream_grads)
   };
   using SegmentReady =
       std::function<Result<std::optional<SegmentGrad>>(std::size_t segment, bool wait)>;
 
-  // One AdamW step over every segment, in order. `hyper` supplies lr, betas, eps,
-  // weight_decay, step, grad_scale and adamw_mode (its pointers and n are ignored). The result
-  // is bit-identical to CpuAdam::step over the same arrays in memory. On an I/O error the
-  // transfers in flight are drained and the error names the segment, the array and the
-  // sub-group; segments before it are updated, the failing one may be partly updated.
+  // One AdamW step over every segment, in order, its arrays read from and written to `storage`.
+  // `hyper` supplies lr, betas, eps, weight_decay, step, grad_scale and adamw_mode (its pointers
+  // and n are ignored). The result is bit-identical to CpuAdam::step over the same arrays in
+  // memory. On an I/O error the transfers in flight are drained and the error names the
+  // segment, the array and the sub-group; segments before it are updated, the failing one may be
+  // partly updated.
   Result<StreamedStepReport> step(std::span<const StreamedSegment> segments,
-                                  const device::AdamWArgs& hyper,
+                                  SegmentStorage& storage, const device::AdamWArgs& hyper,
                                   const SegmentDone& on_segment_done = {},
                                   const SegmentBegin& on_segment_begin = {},
                                   const SegmentReady& on_segment_ready = {});
 
   std::int64_t sub_group_elems() const { return sub_group_elems_; }
-  std::size_t staging_bytes() const { return staging_.size(); }
-  // Whether the staging is registered with the swap space (diagnostics and tests).
-  bool staging_registered() const { return registration_.active(); }
-  // Staging that create() would allocate for these options (for memory budgets).
+  // Staging the step uses for these options (for memory budgets): num_buffers slots of one
+  // sub-group per array.
   static std::size_t staging_bytes_for(const StreamedAdamOptions& options);
 
  private:
-  StreamedAdam(io::SwapSpace& swap, CpuAdam& adam, const StreamedAdamOptions& options,
-               std::int64_t sub_group_elems, HostMapping staging);
+  StreamedAdam(CpuAdam& adam, const StreamedAdamOptions& options, std::int64_t sub_group_elems,
+               std::span<std::byte> staging);
   float* slot(std::size_t sub, int array);
 
-  io::SwapSpace* swap_;
   CpuAdam* adam_;
   StreamedAdamOptions options_;
   std::int64_t sub_group_elems_;
-  // One 2 MiB-aligned mapping advised for huge pages, cut into num_buffers * arrays sub-group
-  // slots ([slot * arrays + array]; arrays: master, exp_avg, exp_avg_sq, and the gradient when
-  // streamed): a 1 MiB request from huge pages is one DMA segment, where 4 KiB pages
-  // make 256 and block devices split requests beyond their segment limit (often 254).
-  HostMapping staging_;
-  io::BufferRegistration registration_;  // declared after staging_: released before it
-  bool locked_ = false;
+  // num_buffers * arrays sub-group slots ([slot * arrays + array]; arrays: master, exp_avg,
+  // exp_avg_sq, and the gradient when streamed).
+  std::span<std::byte> staging_;
 };
 
 }  // namespace strata::optim

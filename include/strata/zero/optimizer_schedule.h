@@ -18,7 +18,6 @@
 
 #include "strata/core/status.h"
 #include "strata/device/device.h"
-#include "strata/io/swap.h"
 #include "strata/zero/optimizer_step.h"
 #include "strata/zero/schedule_chooser.h"
 #include "strata/zero/shard_store.h"
@@ -28,11 +27,10 @@ namespace strata::zero {
 class OptimizerSchedule final : public StepView {
  public:
   // The schedule of `shards`' steps, with the plan's optimizer and overlap; becomes the store's
-  // step view. `shards`, `device` and `swap` (required with the optimizer on nvme) must outlive
-  // it.
+  // step view. `shards` and `device` must outlive it; on NVMe the step streams through the
+  // shard store's range staging.
   static Result<std::unique_ptr<OptimizerSchedule>> create(ShardStore& shards,
                                                            device::Device& device,
-                                                           io::SwapSpace* swap,
                                                            const ShardOptions& options);
   ~OptimizerSchedule() override;
   OptimizerSchedule(const OptimizerSchedule&) = delete;

@@ -15,7 +15,6 @@
 
 #include "strata/core/status.h"
 #include "strata/device/device.h"
-#include "strata/io/swap.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/tensor/tensor.h"
@@ -72,9 +71,11 @@ struct OptimizerStepOptions {
   bool stream_grads = false;              // NVMe: the gradients live on NVMe too
 };
 
-// The step for the optimizer's tier. `swap` is required for kNvme and must outlive the step.
+// The step for the optimizer's tier. For kNvme it streams through `store`'s range staging
+// (StoreOptions::range_io_bytes, at least optimizer_staging_bytes(options)); the store must
+// outlive the step.
 Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::Device& device,
-                                                           io::SwapSpace* swap,
+                                                           mem::TieredStore& store,
                                                            const OptimizerStepOptions& options);
 
 }  // namespace strata::zero

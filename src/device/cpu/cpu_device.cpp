@@ -17,9 +17,9 @@
 
 #include "strata/core/aligned.h"
 #include "strata/core/check.h"
-#include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
 #include "strata/sys/environment.h"
+#include "strata/sys/host_mapping.h"
 
 namespace strata::device {
 namespace {
@@ -173,16 +173,16 @@ class CpuDevice final : public Device {
 
   Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) override {
     if (size_bytes == 0) return PinnedBuffer();
-    HostMapping m;
+    sys::HostMapping m;
     try {
-      m = HostMapping(size_bytes);  // pre-faulted: first touch is slow here
+      m = sys::HostMapping(size_bytes);  // pre-faulted: first touch is slow here
     } catch (const std::bad_alloc&) {
       return out_of_memory("cannot map " + format_bytes(align_up(size_bytes, kPageBytes)) +
                            " of host memory for " + std::string(what));
     }
-    // A failed mlock (RLIMIT_MEMLOCK) only costs copy speed on this backend, so it is not an
+    // A refused lock (RLIMIT_MEMLOCK) only costs copy speed on this backend, so it is not an
     // error.
-    const bool locked = ::mlock(m.data(), align_up(size_bytes, kPageBytes)) == 0;
+    const bool locked = m.lock();
     void* p = m.release();
     add_pinned(p, align_up(size_bytes, kPageBytes));
     return PinnedBuffer(this, p, size_bytes, locked);
@@ -198,8 +198,7 @@ class CpuDevice final : public Device {
  protected:
   void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) override {
     remove_pinned(data);
-    if (page_locked) ::munlock(data, align_up(size_bytes, kPageBytes));
-    HostMapping::unmap(data, size_bytes);
+    sys::HostMapping::unmap(data, size_bytes, page_locked);
   }
   void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) override {
     remove_pinned(data);

@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "strata/core/aligned.h"
-#include "strata/core/host_mapping.h"
 #include "strata/core/json.h"
+#include "strata/sys/host_mapping.h"
 
 namespace strata::device::cuda {
 namespace {
@@ -315,14 +315,14 @@ void CudaDevice::wait_event(Stream& waiter, const Event& event) {
 // ---- pinned host memory
 
 // A huge-page mapping registered with CUDA (cudaHostRegister) rather than cudaHostAlloc's
-// memory: the same kind of host memory as every other DMA buffer (core/host_mapping.h), which
+// memory: the same kind of host memory as every other DMA buffer (sys/host_mapping.h), which
 // io_uring can register too.
 Result<PinnedBuffer> CudaDevice::allocate_pinned(std::size_t size_bytes, std::string_view what) {
   if (size_bytes == 0) return PinnedBuffer();
   const std::size_t rounded = align_up(size_bytes, kPageBytes);
-  HostMapping m;
+  sys::HostMapping m;
   try {
-    m = HostMapping(size_bytes);
+    m = sys::HostMapping(size_bytes);
   } catch (const std::bad_alloc&) {
     return out_of_memory("cannot map " + format_bytes(rounded) + " of host memory for " +
                          std::string(what));
@@ -344,7 +344,7 @@ Result<HostRegistration> CudaDevice::register_host(void* data, std::size_t size_
 
 void CudaDevice::free_pinned_impl(void* data, std::size_t size_bytes, bool /*page_locked*/) {
   STRATA_CUDA_CHECK_STICKY(cudaHostUnregister(data));
-  HostMapping::unmap(data, size_bytes);
+  sys::HostMapping::unmap(data, size_bytes, /*locked=*/false);  // cudaHostUnregister unlocked it
 }
 
 void CudaDevice::unregister_host_impl(void* data, std::size_t /*size_bytes*/,

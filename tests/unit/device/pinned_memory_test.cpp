@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "strata/core/host_mapping.h"
+#include "strata/sys/host_mapping.h"
 #include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device {
@@ -16,9 +16,9 @@ TEST(PinnedMemoryTest, CpuPinnedBufferIsAlignedUsableAndOutsideTheBudget) {
   auto p = dev->allocate_pinned(3 << 20, "staging");  // larger than the 1 MiB device budget
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   EXPECT_EQ(p->size(), 3u << 20);
-  // The one kind of DMA memory (core/host_mapping.h): 2 MiB-aligned, so its whole 2 MiB pieces
+  // The one kind of DMA memory (sys/host_mapping.h): 2 MiB-aligned, so its whole 2 MiB pieces
   // can be huge pages.
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p->data()) % HostMapping::kHugePageBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p->data()) % sys::HostMapping::kHugePageBytes, 0u);
   EXPECT_EQ(dev->memory_stats().in_use_bytes, 0u);
   std::memset(p->data(), 0x3C, p->size());
   // Copies from pinned memory through the copy streams work like any others.

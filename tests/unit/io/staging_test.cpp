@@ -1,4 +1,4 @@
-// HostMapping: alignment, zero fill, moves, and registered-buffer I/O through it.
+// sys::HostMapping: alignment, zero fill, moves, and registered-buffer I/O through it.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "strata/core/host_mapping.h"
+#include "strata/sys/host_mapping.h"
 #include "tests/unit/io/io_test_util.h"
 
 namespace strata::io {
@@ -17,23 +17,29 @@ using testing::make_options;
 using testing::TempDirs;
 
 TEST(HostMappingTest, AlignedZeroedAndMovable) {
-  HostMapping empty;
+  sys::HostMapping empty;
   EXPECT_EQ(empty.data(), nullptr);
   EXPECT_EQ(empty.size(), 0u);
   EXPECT_EQ(empty.huge_page_bytes(), 0u);
 
-  HostMapping b(3 * 1024 * 1024 + 4096);
+  sys::HostMapping b(3 * 1024 * 1024 + 4096);
   ASSERT_NE(b.data(), nullptr);
   EXPECT_EQ(b.size(), 3u * 1024 * 1024 + 4096);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % (2u << 20), 0u);
   for (std::size_t i = 0; i < b.size(); i += 4096) ASSERT_EQ(b.data()[i], std::byte{0}) << i;
   b.data()[b.size() - 1] = std::byte{7};
 
+  // Locked where RLIMIT_MEMLOCK allows; the lock moves with the mapping.
+  EXPECT_FALSE(b.locked());
+  const bool locked = b.lock();
+  EXPECT_EQ(b.locked(), locked);
   std::byte* const p = b.data();
-  HostMapping moved(std::move(b));
+  sys::HostMapping moved(std::move(b));
   EXPECT_EQ(moved.data(), p);
+  EXPECT_EQ(moved.locked(), locked);
+  EXPECT_FALSE(b.locked());      // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from state is specified
-  HostMapping other(4096);
+  sys::HostMapping other(4096);
   other = std::move(moved);
   EXPECT_EQ(other.data(), p);
   EXPECT_EQ(other.data()[other.size() - 1], std::byte{7});
@@ -56,7 +62,7 @@ TEST(HostMappingTest, RegisteredStagingRoundTrip) {
     if (!created.is_ok() && o.engine == SwapEngine::kUring) continue;  // covered by skips elsewhere
     ASSERT_TRUE(created.is_ok()) << created.status().to_string();
     auto swap = std::move(created).value();
-    HostMapping staging(8 << 20);
+    sys::HostMapping staging(8 << 20);
     const std::span<std::byte> whole = staging.bytes();
     auto registration = swap->register_buffers({&whole, 1});
     ASSERT_TRUE(registration.is_ok()) << registration.status().to_string();

@@ -12,6 +12,7 @@
 
 #include <deque>
 #include <map>
+#include <span>
 #include <thread>
 
 #include "strata/core/aligned.h"
@@ -48,11 +49,11 @@ struct Outstanding {
 class Driver {
  public:
   // `alone`: no other driver shares the store, so the model knows every pin and device_fits
-  // can be checked exactly.
-  Driver(TieredStore& store, io::SwapSpace& swap, std::vector<ModelTensor>& tensors,
+  // can be checked exactly. `ranges`: this driver's part of the store's range staging.
+  Driver(TieredStore& store, std::span<std::byte> ranges, std::vector<ModelTensor>& tensors,
          std::uint64_t seed, const std::array<std::uint64_t, kNumTiers>& budgets, bool alone)
       : store_(store),
-        swap_(swap),
+        ranges_(ranges),
         tensors_(tensors),
         rng_(seed),
         budgets_(budgets),
@@ -240,28 +241,29 @@ class Driver {
       }
       case 12: {  // ranged I/O straight on an NVMe home, as the streamed optimizer does
         if (t.transient || t.home != Tier::kNvme || t.total_pins() > 0) break;
-        auto x = store_.begin_direct_io(t.h);
-        ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+        const Status opened = store_.open_ranges(t.h);
+        ASSERT_TRUE(opened.is_ok()) << opened.to_string();
         EXPECT_TRUE(store_.residency(t.h).in_flight);
         const std::size_t io_bytes = align_up(t.size, io::kIoAlignBytes);
-        AlignedBuffer buf(io_bytes, io::kIoAlignBytes);
+        ASSERT_LE(io_bytes, ranges_.size());
+        std::byte* buf = ranges_.data();
         // Two halves at a 4096-byte boundary, as sub-groups are.
         const std::size_t half = align_up(io_bytes / 2, io::kIoAlignBytes);
         if (t.has_data) {
-          ASSERT_TRUE(swap_.read(*x, 0, buf.data(), half).wait().is_ok());
+          ASSERT_TRUE(store_.read_range(t.h, 0, buf, half).wait().is_ok());
           if (half < io_bytes) {
-            ASSERT_TRUE(swap_.read(*x, half, buf.data() + half, io_bytes - half).wait().is_ok());
+            ASSERT_TRUE(store_.read_range(t.h, half, buf + half, io_bytes - half).wait().is_ok());
           }
-          verify_bytes(t, buf.data());
+          verify_bytes(t, buf);
         }
         const bool write = rng_.uniform_int(2) == 0;
         if (write) {
           t.data = random_bytes(t.size, rng_);
-          std::memcpy(buf.data(), t.data.data(), t.size);
-          ASSERT_TRUE(swap_.write(*x, 0, buf.data(), io_bytes).wait().is_ok());
+          std::memcpy(buf, t.data.data(), t.size);
+          ASSERT_TRUE(store_.write_range(t.h, 0, buf, io_bytes).wait().is_ok());
           t.has_data = true;
         }
-        store_.end_direct_io(t.h, write, /*ok=*/true);
+        store_.close_ranges(t.h, write, /*ok=*/true);
         break;
       }
     }
@@ -343,7 +345,7 @@ class Driver {
   }
 
   TieredStore& store_;
-  io::SwapSpace& swap_;
+  std::span<std::byte> ranges_;
   std::vector<ModelTensor>& tensors_;
   Rng rng_;
   std::array<std::uint64_t, kNumTiers> budgets_;
@@ -397,7 +399,8 @@ TEST_P(StoreRandomTest, MatchesTheModelAndNeverExceedsABudget) {
   o.staging_buffer_bytes = 4096 * (1 + rng.uniform_int(4));
   o.direct_device_io = GetParam() % 2 == 0;  // staged chunks on odd seeds
   o.num_staging_buffers = 1 + static_cast<int>(rng.uniform_int(3));
-  const std::uint64_t staging = o.staging_buffer_bytes * o.num_staging_buffers;
+  o.range_io_bytes = align_up(max_size, io::kIoAlignBytes);
+  const std::uint64_t staging = o.staging_buffer_bytes * o.num_staging_buffers + o.range_io_bytes;
   // Between one and a few largest tensors per tier (host: plus the staging pool).
   o.budget_bytes = {max_size + rng.uniform_int(3 * max_size),
                     staging + 2 * max_size + 8192 + rng.uniform_int(4 * max_size),
@@ -408,7 +411,8 @@ TEST_P(StoreRandomTest, MatchesTheModelAndNeverExceedsABudget) {
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   auto tensors = make_tensors(**store, rng, 10, max_size, "t");
   ASSERT_FALSE(tensors.empty());
-  Driver driver(**store, *swap, tensors, seed * 7, o.budget_bytes, /*alone=*/true);
+  Driver driver(**store, (*store)->range_staging(), tensors, seed * 7, o.budget_bytes,
+                /*alone=*/true);
   driver.run(kUnderTsan ? 1500 : 3000);
   const StoreStats st = (*store)->stats();
   EXPECT_GT(st.fetches, 0u);
@@ -428,15 +432,18 @@ TEST(StoreConcurrency, TwoDriversShareOneStore) {
   o.staging_buffer_bytes = 8192;
   o.num_staging_buffers = 2;
   const std::size_t max_size = 30000;
-  o.budget_bytes = {4 * max_size, 16384 + 6 * max_size, 0};
+  const std::size_t range_bytes = align_up(max_size, io::kIoAlignBytes);
+  o.range_io_bytes = 2 * range_bytes;  // one part per driver
+  o.budget_bytes = {4 * max_size, 16384 + o.range_io_bytes + 6 * max_size, 0};
   auto device = make_cpu_device();
   auto swap = make_memory_swap();
   auto store = TieredStore::create(*device, swap.get(), o);
   ASSERT_TRUE(store.is_ok());
   auto a = make_tensors(**store, rng, 6, max_size, "a");
   auto b = make_tensors(**store, rng, 6, max_size, "b");
-  Driver da(**store, *swap, a, 1, o.budget_bytes, false);
-  Driver db(**store, *swap, b, 2, o.budget_bytes, false);
+  const std::span<std::byte> ranges = (*store)->range_staging();
+  Driver da(**store, ranges.first(range_bytes), a, 1, o.budget_bytes, false);
+  Driver db(**store, ranges.subspan(range_bytes), b, 2, o.budget_bytes, false);
   const int steps = kUnderTsan ? 1000 : 2000;
   std::thread other([&] { db.run(steps); });
   da.run(steps);

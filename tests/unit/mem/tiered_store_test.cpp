@@ -24,6 +24,7 @@ using testing::small_options;
 class StoreTest : public ::testing::Test {
  protected:
   void make(StoreOptions o) {
+    store_.reset();  // before the device and swap space it uses
     device_ = make_cpu_device();
     swap_ = make_memory_swap();
     auto s = TieredStore::create(*device_, swap_.get(), o);
@@ -291,6 +292,47 @@ TEST_F(StoreTest, DemandFetchWaitsForAWriteBackToMakeRoom) {
   EXPECT_LE(store_->usage(Tier::kDevice).peak_bytes, 40000u);
 }
 
+// A checkpointed activation homed on NVMe: the device copy goes straight down in one
+// asynchronous write-back (through staging), never through a host copy; an evict that would go
+// up, or that names a tier for a homed tensor, is refused.
+TEST_F(StoreTest, TransientTensorGoesFromDeviceStraightToNvme) {
+  for (const bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "device copies read directly" : "staged chunks");
+    StoreOptions o = small_options(0, 0);
+    o.direct_device_io = direct;
+    make(o);
+    const Handle g = add("activation", 20001, Tier::kHost, /*transient=*/true);
+    auto p = store_->emplace(g, Tier::kDevice, /*zero_fill=*/false);
+    ASSERT_TRUE(p.is_ok());
+    Rng rng(5);
+    const auto data = random_bytes(20001, rng);
+    std::memcpy(*p, data.data(), data.size());
+    store_->unpin(g, Tier::kDevice);
+    EXPECT_EQ(store_->evict(g, Tier::kDevice, Tier::kDevice).status().code(),
+              StatusCode::kInvalidArgument);
+    auto c = store_->evict(g, Tier::kDevice, Tier::kNvme);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    ASSERT_TRUE(store_->wait(*c).is_ok());
+    const Residency r = store_->residency(g);
+    EXPECT_TRUE(r.valid[2]);
+    EXPECT_FALSE(r.allocated[0]);
+    EXPECT_FALSE(r.allocated[1]);  // no host copy on the way
+    const StoreStats st = store_->stats();
+    EXPECT_EQ(st.bytes_moved[0][2], 20001u);
+    EXPECT_EQ(st.bytes_moved[0][1], 0u);
+    auto back = store_->acquire(g, Tier::kDevice);
+    ASSERT_TRUE(back.is_ok());
+    EXPECT_EQ(first_mismatch(*back, data.data(), data.size()), -1);
+    store_->unpin(g, Tier::kDevice);
+    const Handle homed = add("homed", 4096, Tier::kHost);
+    fill(homed, 1);
+    ASSERT_TRUE(store_->acquire(homed, Tier::kDevice).is_ok());
+    store_->unpin(homed, Tier::kDevice);
+    EXPECT_EQ(store_->evict(homed, Tier::kDevice, Tier::kNvme).status().code(),
+              StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_F(StoreTest, WriteDropsCachedCopiesAndReadSeesTheNewData) {
   make(small_options(0, 0));
   const Handle h = add("w", 9000, Tier::kNvme);
@@ -403,41 +445,53 @@ TEST_F(StoreTest, DiscardOfAHomedTensorDropsItsDataWithoutWritingBack) {
   }
 }
 
-TEST_F(StoreTest, DirectIoOnAnNvmeHomeWritesBackANewerCopyFirstAndHoldsTheTensor) {
-  make(small_options(0, 0));
+StoreOptions with_range_staging(std::size_t bytes) {
+  StoreOptions o = small_options(0, 0);
+  o.range_io_bytes = bytes;
+  return o;
+}
+
+TEST_F(StoreTest, RangesOfAnNvmeHomeWriteBackANewerCopyFirstAndHoldTheTensor) {
+  make(with_range_staging(32768));
   const Handle h = add("state", 30001, Tier::kNvme);
   fill(h, 5);
-  // A newer copy on the host: direct I/O must see it on NVMe.
+  // A newer copy on the host: the ranges must see it on NVMe.
   Rng rng(9);
   const auto newer = random_bytes(30001, rng);
   auto p = store_->emplace(h, Tier::kHost, false);
   ASSERT_TRUE(p.is_ok());
   std::memcpy(*p, newer.data(), newer.size());
   store_->unpin(h, Tier::kHost);
-  auto x = store_->begin_direct_io(h);
-  ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+  const Status opened = store_->open_ranges(h);
+  ASSERT_TRUE(opened.is_ok()) << opened.to_string();
   Residency r = store_->residency(h);
   EXPECT_FALSE(r.allocated[static_cast<int>(Tier::kHost)]);  // dropped once written back
-  EXPECT_TRUE(r.in_flight);                                  // held until end_direct_io
+  EXPECT_TRUE(r.in_flight);                                  // held until close_ranges
   const std::size_t io_bytes = strata::align_up(std::size_t{30001}, io::kIoAlignBytes);
-  void* buf = std::aligned_alloc(io::kIoAlignBytes, io_bytes);
-  ASSERT_TRUE(swap_->read(*x, 0, buf, io_bytes).wait().is_ok());
+  std::byte* buf = store_->range_staging().data();
+  const StoreStats before = store_->stats();
+  // Two ranges, as an optimizer's sub-groups.
+  ASSERT_TRUE(store_->read_range(h, 0, buf, 16384).wait().is_ok());
+  ASSERT_TRUE(store_->read_range(h, 16384, buf + 16384, io_bytes - 16384).wait().is_ok());
   EXPECT_EQ(first_mismatch(buf, newer.data(), newer.size()), -1);
-  // The caller rewrites the extent in place; the store takes that as the data.
+  // The caller rewrites the home in place; the store takes that as the data, and counts it.
   std::memset(buf, 0x5a, io_bytes);
-  ASSERT_TRUE(swap_->write(*x, 0, buf, io_bytes).wait().is_ok());
-  store_->end_direct_io(h, /*wrote=*/true, /*ok=*/true);
+  ASSERT_TRUE(store_->write_range(h, 0, buf, io_bytes).wait().is_ok());
+  store_->close_ranges(h, /*wrote=*/true, /*ok=*/true);
+  const StoreStats after = store_->stats();
+  const int nvme = static_cast<int>(Tier::kNvme), host = static_cast<int>(Tier::kHost);
+  EXPECT_EQ(after.bytes_moved[nvme][host] - before.bytes_moved[nvme][host], io_bytes);
+  EXPECT_EQ(after.bytes_moved[host][nvme] - before.bytes_moved[host][nvme], io_bytes);
   EXPECT_FALSE(store_->residency(h).in_flight);
   expect_content(h, std::vector<std::byte>(30001, std::byte{0x5a}));
   // A failed write loses the data: the tensor then has none to fetch.
-  ASSERT_TRUE(store_->begin_direct_io(h).is_ok());
-  store_->end_direct_io(h, /*wrote=*/true, /*ok=*/false);
+  ASSERT_TRUE(store_->open_ranges(h).is_ok());
+  store_->close_ranges(h, /*wrote=*/true, /*ok=*/false);
   EXPECT_FALSE(store_->fetch(h, Tier::kDevice).is_ok());
-  std::free(buf);
 }
 
-TEST_F(StoreTest, DirectIoOpensAHomeNeverWrittenForWriting) {
-  make(small_options(0, 0));
+TEST_F(StoreTest, RangesOpenAHomeNeverWrittenForWriting) {
+  make(with_range_staging(8192));
   TensorSpec spec;
   spec.name = "fresh";
   spec.size_bytes = 8192;
@@ -446,14 +500,60 @@ TEST_F(StoreTest, DirectIoOpensAHomeNeverWrittenForWriting) {
   auto h = store_->add(spec);
   ASSERT_TRUE(h.is_ok());
   EXPECT_FALSE(store_->fetch(*h, Tier::kHost).is_ok());  // nothing to fetch yet
-  auto x = store_->begin_direct_io(*h);
-  ASSERT_TRUE(x.is_ok()) << x.status().to_string();
-  void* buf = std::aligned_alloc(io::kIoAlignBytes, 8192);
+  ASSERT_TRUE(store_->open_ranges(*h).is_ok());
+  std::byte* buf = store_->range_staging().data();
   std::memset(buf, 7, 8192);
-  ASSERT_TRUE(swap_->write(*x, 0, buf, 8192).wait().is_ok());
-  store_->end_direct_io(*h, true, true);
+  ASSERT_TRUE(store_->write_range(*h, 0, buf, 8192).wait().is_ok());
+  store_->close_ranges(*h, true, true);
   expect_content(*h, std::vector<std::byte>(8192, std::byte{7}));
-  std::free(buf);
+}
+
+// The range staging is part of the one staging pool: counted in the host budget (a pool that
+// does not fit is refused, naming the optimizer's part), and registered with the swap space with
+// the rest of the pool, so every range transfer uses io_uring's fixed buffers.
+TEST(StoreRangeStaging, CountedInTheHostBudgetAndRegisteredWithThePool) {
+  auto device = make_cpu_device();
+  {
+    auto swap = make_memory_swap();
+    StoreOptions o = with_range_staging(1 << 20);
+    o.budget_bytes[static_cast<int>(Tier::kHost)] = (1 << 20) + 8192;  // < range + 3 buffers
+    auto refused = TieredStore::create(*device, swap.get(), o);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kOutOfMemory);
+    EXPECT_NE(refused.status().message().find("optimizer's sub-groups"), std::string::npos)
+        << refused.status().message();
+    o.budget_bytes[static_cast<int>(Tier::kHost)] = 0;
+    auto store = TieredStore::create(*device, swap.get(), o);
+    ASSERT_TRUE(store.is_ok());
+    EXPECT_EQ((*store)->usage(Tier::kHost).reserved_bytes, (*store)->staging_bytes());
+    EXPECT_EQ((*store)->staging_bytes(), (1u << 20) + 3u * 8192);
+  }
+  ::strata::testing::TempDir dir;
+  io::SwapOptions so;
+  so.engine = io::SwapEngine::kUring;
+  so.paths = {dir.path()};
+  auto swap = io::SwapSpace::create(so);
+  if (!swap.is_ok()) GTEST_SKIP() << "io_uring is unavailable here";
+  auto store = TieredStore::create(*device, swap->get(), with_range_staging(1 << 20));
+  ASSERT_TRUE(store.is_ok());
+  TensorSpec spec;
+  spec.name = "state";
+  spec.size_bytes = 1 << 20;
+  spec.home = Tier::kNvme;
+  spec.home_initialized = false;
+  auto h = (*store)->add(spec);
+  ASSERT_TRUE(h.is_ok());
+  ASSERT_TRUE((*store)->open_ranges(*h).is_ok());
+  std::byte* buf = (*store)->range_staging().data();
+  const io::IoStats before = (*swap)->stats();
+  ASSERT_TRUE((*store)->write_range(*h, 0, buf, 1 << 19).wait().is_ok());
+  ASSERT_TRUE((*store)->read_range(*h, 0, buf + (1 << 19), 1 << 19).wait().is_ok());
+  (*store)->close_ranges(*h, true, true);
+  const io::IoStats after = (*swap)->stats();
+  const std::uint64_t chunks =
+      after.read_chunks + after.write_chunks - before.read_chunks - before.write_chunks;
+  EXPECT_GT(chunks, 0u);
+  EXPECT_EQ(after.fixed_chunks - before.fixed_chunks, chunks);
 }
 
 }  // namespace

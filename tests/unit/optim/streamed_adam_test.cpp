@@ -14,6 +14,7 @@
 
 #include "strata/build_config.h"
 #include "strata/core/aligned.h"
+#include "strata/sys/host_mapping.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/unit/optim/adam_test_util.h"
@@ -31,13 +32,58 @@ constexpr std::uint64_t kBlockBytes = 16 * 1024;  // the swap engine's chunk siz
 // Segment sizes: not multiples of 1024, one exactly 4096, one tiny, one empty.
 const std::int64_t kSizes[] = {5000, 1, 4096, 12345, 0, 2047};
 
+// The segments' arrays in swap extents (what the tiered store's NVMe homes are underneath):
+// state read from `extents` (3 per segment) and written to `out` where given, gradients read
+// from `grads`.
+class ExtentStorage final : public SegmentStorage {
+ public:
+  ExtentStorage(io::SwapSpace& swap, std::vector<io::Extent> extents)
+      : swap_(swap), extents_(std::move(extents)) {}
+  io::IoHandle read(std::size_t s, StreamedArray a, std::uint64_t offset, void* dst,
+                    std::size_t bytes) override {
+    const io::Extent& x = a == StreamedArray::kGrad ? grads.at(s) : extents_[s * 3 + index(a)];
+    EXPECT_LE(offset + bytes, x.size_bytes) << "a read past the array";
+    return swap_.read(x, offset, dst, bytes);
+  }
+  io::IoHandle write(std::size_t s, StreamedArray a, std::uint64_t offset, const void* src,
+                     std::size_t bytes) override {
+    EXPECT_NE(a, StreamedArray::kGrad) << "the step wrote a gradient";
+    const io::Extent& x = out.empty() ? extents_[s * 3 + index(a)] : out[s * 3 + index(a)];
+    EXPECT_LE(offset + bytes, x.size_bytes) << "a write past the array";
+    return swap_.write(x, offset, const_cast<void*>(src), bytes);
+  }
+  std::vector<io::Extent> out;    // 3 per segment; empty: written over what was read
+  std::vector<io::Extent> grads;  // 1 per segment, for streamed gradients
+
+ private:
+  static std::size_t index(StreamedArray a) { return static_cast<std::size_t>(a); }
+  io::SwapSpace& swap_;
+  std::vector<io::Extent> extents_;
+};
+
 struct Fixture {
   std::unique_ptr<::strata::testing::TempDir> dir;
   std::unique_ptr<io::SwapSpace> swap;
   std::vector<AdamState> states;    // in-memory copies (offset 0)
   std::vector<io::Extent> extents;  // 3 per segment
   std::vector<std::string> names;
+  std::unique_ptr<ExtentStorage> storage;
 };
+
+// A StreamedAdam with staging of its own (in Strata, the tiered store's range staging).
+struct Streamed {
+  sys::HostMapping staging;
+  std::optional<StreamedAdam> adam;
+};
+
+std::unique_ptr<Streamed> make_streamed(CpuAdam& adam, const StreamedAdamOptions& options) {
+  auto s = std::make_unique<Streamed>();
+  s->staging = sys::HostMapping(StreamedAdam::staging_bytes_for(options));
+  auto created = StreamedAdam::create(adam, options, s->staging.bytes());
+  EXPECT_TRUE(created.is_ok()) << created.status().to_string();
+  if (created.is_ok()) s->adam.emplace(std::move(*created));
+  return s;
+}
 
 // Writes every segment's master weights and moments (f.states) to its swap extents.
 void write_state(Fixture& f) {
@@ -84,6 +130,7 @@ Fixture make_fixture(const std::string& engine, std::vector<io::FaultRule> rules
     }
   }
   write_state(f);
+  f.storage = std::make_unique<ExtentStorage>(*f.swap, f.extents);
   return f;
 }
 
@@ -92,9 +139,6 @@ std::vector<StreamedSegment> segments_of(Fixture& f, std::vector<AdamState>& out
   for (std::size_t s = 0; s < f.states.size(); ++s) {
     StreamedSegment seg;
     seg.name = f.names[s];
-    seg.master = f.extents[s * 3];
-    seg.exp_avg = f.extents[s * 3 + 1];
-    seg.exp_avg_sq = f.extents[s * 3 + 2];
     seg.grad = outs[s].g();
     seg.grad_dtype = outs[s].grad_dtype;
     seg.num_elems = outs[s].n;
@@ -162,11 +206,11 @@ TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
       so.sub_group_size = sub;
       so.num_buffers = buffers;
       so.max_segment_elems = 12345;
-      auto streamed = StreamedAdam::create(*f.swap, *adam, so);
-      ASSERT_TRUE(streamed.is_ok()) << streamed.status().to_string();
-      EXPECT_EQ(streamed->sub_group_elems() % 2048, 0);
+      auto streamed = make_streamed(*adam, so);
+      ASSERT_TRUE(streamed->adam);
+      EXPECT_EQ(streamed->adam->sub_group_elems() % 2048, 0);
       std::vector<std::size_t> done;
-      auto report = streamed->step(segs, h, [&](std::size_t s) {
+      auto report = streamed->adam->step(segs, *f.storage, h, [&](std::size_t s) {
         done.push_back(s);
         return Status::ok();
       });
@@ -200,20 +244,22 @@ TEST_P(StreamedAdamTest, GradientsStreamedFromSwapGiveTheSameBytes) {
       std::memcpy(buf.data(), got[i].g(), bytes);
       ASSERT_TRUE(f.swap->write(*x, 0, buf.data(), buf.size()).wait().is_ok());
       segs[i].grad = nullptr;
-      segs[i].grad_extent = *x;
+      segs[i].grad_streamed = true;
+      f.storage->grads.push_back(*x);
       segs[i].param_out = nullptr;  // given by the begin hook instead
     }
     StreamedAdamOptions so;
     so.sub_group_size = sub;
     so.stream_grads = true;
     so.check_finite = false;
-    auto streamed = StreamedAdam::create(*f.swap, *adam, so);
-    ASSERT_TRUE(streamed.is_ok());
+    auto streamed = make_streamed(*adam, so);
+    ASSERT_TRUE(streamed->adam);
     std::vector<std::size_t> begun;
-    auto report = streamed->step(segs, h, {}, [&](std::size_t i) -> Result<void*> {
-      begun.push_back(i);
-      return static_cast<void*>(got[i].o());
-    });
+    auto report =
+        streamed->adam->step(segs, *f.storage, h, {}, [&](std::size_t i) -> Result<void*> {
+          begun.push_back(i);
+          return static_cast<void*>(got[i].o());
+        });
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
     EXPECT_EQ(begun, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
     EXPECT_GT(report->bytes_read, report->bytes_written);  // the gradients were read too
@@ -243,20 +289,18 @@ TEST_P(StreamedAdamTest, ShadowExtentsAndGradientsSuppliedWhenReady) {
         ASSERT_TRUE(x.is_ok());
         shadow.push_back(*x);
       }
-      segs[i].master_out = shadow[i * 3];
-      segs[i].exp_avg_out = shadow[i * 3 + 1];
-      segs[i].exp_avg_sq_out = shadow[i * 3 + 2];
     }
+    f.storage->out = shadow;
     StreamedAdamOptions so;
     so.sub_group_size = sub;
     so.check_finite = false;
-    auto streamed = StreamedAdam::create(*f.swap, *adam, so);
-    ASSERT_TRUE(streamed.is_ok());
+    auto streamed = make_streamed(*adam, so);
+    ASSERT_TRUE(streamed->adam);
     // Segment i's gradient "arrives" once segment i - 1 is done, as in a backward pass.
     std::size_t done = 0;
     std::vector<std::pair<std::size_t, bool>> asked;
-    auto report = streamed->step(
-        segs, h,
+    auto report = streamed->adam->step(
+        segs, *f.storage, h,
         [&](std::size_t i) {
           EXPECT_EQ(i, done);
           ++done;
@@ -267,7 +311,7 @@ TEST_P(StreamedAdamTest, ShadowExtentsAndGradientsSuppliedWhenReady) {
           asked.emplace_back(i, wait);
           if (!wait && i > done) return std::optional<StreamedAdam::SegmentGrad>();
           EXPECT_LE(i, done) << "asked to wait for a gradient the step does not need yet";
-          return std::optional(StreamedAdam::SegmentGrad{got[i].g(), {}});
+          return std::optional(StreamedAdam::SegmentGrad{got[i].g(), false});
         });
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
     EXPECT_EQ(done, segs.size());
@@ -294,9 +338,9 @@ TEST_P(StreamedAdamTest, NonFiniteSegmentIsSkippedWithoutIo) {
   const std::uint16_t bf16_inf = 0x7f80;  // segment 3 has a bf16 gradient
   std::memcpy(got[3].g() + 2 * 100, &bf16_inf, 2);
   std::vector<StreamedSegment> segs = segments_of(f, got);
-  auto streamed = StreamedAdam::create(*f.swap, *adam, StreamedAdamOptions{.sub_group_size = 2048});
-  ASSERT_TRUE(streamed.is_ok());
-  auto report = streamed->step(segs, hyper(true, 1.0f));
+  auto streamed = make_streamed(*adam, StreamedAdamOptions{.sub_group_size = 2048});
+  ASSERT_TRUE(streamed->adam);
+  auto report = streamed->adam->step(segs, *f.storage, hyper(true, 1.0f));
   ASSERT_TRUE(report.is_ok()) << report.status().to_string();
   EXPECT_EQ(report->skipped_segments, (std::vector<std::size_t>{3}));
   const auto back = read_back(f, 3);
@@ -327,10 +371,9 @@ TEST_P(StreamedAdamTest, InjectedEioSurfacesNamingTheSegment) {
     ASSERT_TRUE(adam.is_ok());
     std::vector<AdamState> got = f.states;
     std::vector<StreamedSegment> segs = segments_of(f, got);
-    auto streamed =
-        StreamedAdam::create(*f.swap, *adam, StreamedAdamOptions{.sub_group_size = 2048});
-    ASSERT_TRUE(streamed.is_ok());
-    auto report = streamed->step(segs, hyper(true, 1.0f));
+    auto streamed = make_streamed(*adam, StreamedAdamOptions{.sub_group_size = 2048});
+    ASSERT_TRUE(streamed->adam);
+    auto report = streamed->adam->step(segs, *f.storage, hyper(true, 1.0f));
     ASSERT_FALSE(report.is_ok()) << "the injected EIO was not reported";
     EXPECT_EQ(report.status().code(), StatusCode::kIoError) << report.status().to_string();
     const std::string& msg = report.status().message();
@@ -343,67 +386,6 @@ TEST_P(StreamedAdamTest, InjectedEioSurfacesNamingTheSegment) {
   }
 }
 
-// The staging is registered with the swap space (io_uring fixed buffers), so every chunk of a
-// step goes through a registered buffer; two optimizers on one swap space both stay registered,
-// and destroying one leaves the other's registration in place. Without register_staging, no
-// chunk is fixed. The bytes are the in-memory step's either way.
-TEST_P(StreamedAdamTest, StagingIsRegisteredWithTheSwapSpace) {
-  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 1});
-  ASSERT_TRUE(adam.is_ok());
-  const device::AdamWArgs h = hyper(true, 0.5f, 2);
-  Fixture f = make_fixture(GetParam());
-  if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
-  const bool fixed_buffers = f.swap->engine_name() == "io_uring";
-  std::vector<AdamState> want = f.states;
-  for (AdamState& st : want) ASSERT_EQ(adam->step(st.args(h)), StepOutcome::kUpdated);
-
-  StreamedAdamOptions so{.sub_group_size = 2048, .max_segment_elems = 12345};
-  auto first = StreamedAdam::create(*f.swap, *adam, so);
-  auto second = StreamedAdam::create(*f.swap, *adam, so);
-  ASSERT_TRUE(first.is_ok() && second.is_ok());
-  EXPECT_TRUE(first->staging_registered());
-  EXPECT_TRUE(second->staging_registered());
-  auto step_chunks = [&](StreamedAdam& streamed, std::vector<AdamState>& got) {
-    const io::IoStats before = f.swap->stats();
-    std::vector<StreamedSegment> segs = segments_of(f, got);
-    auto report = streamed.step(segs, h);
-    EXPECT_TRUE(report.is_ok()) << report.status().to_string();
-    const io::IoStats after = f.swap->stats();
-    return std::pair{
-        after.read_chunks + after.write_chunks - before.read_chunks - before.write_chunks,
-        after.fixed_chunks - before.fixed_chunks};
-  };
-  {
-    std::vector<AdamState> got = f.states;
-    const auto [chunks, fixed] = step_chunks(*first, got);
-    EXPECT_GT(chunks, 0u);
-    EXPECT_EQ(fixed, fixed_buffers ? chunks : 0u);
-    for (std::size_t s = 0; s < want.size(); ++s) {
-      EXPECT_EQ(compare_bytes("master", read_back(f, s)[0].data(), want[s].p(), 4, want[s].n), "");
-    }
-  }
-  // Rewind the swap copy of the state, drop the first optimizer, step with the second.
-  write_state(f);
-  { StreamedAdam gone = std::move(*first); }
-  {
-    std::vector<AdamState> got = f.states;
-    const auto [chunks, fixed] = step_chunks(*second, got);
-    EXPECT_EQ(fixed, fixed_buffers ? chunks : 0u);
-    for (std::size_t s = 0; s < want.size(); ++s) {
-      EXPECT_EQ(compare_bytes("exp_avg_sq", read_back(f, s)[2].data(), want[s].v(), 4, want[s].n),
-                "");
-    }
-  }
-  so.register_staging = false;
-  auto unregistered = StreamedAdam::create(*f.swap, *adam, so);
-  ASSERT_TRUE(unregistered.is_ok());
-  EXPECT_FALSE(unregistered->staging_registered());
-  std::vector<AdamState> got = f.states;
-  const auto [chunks, fixed] = step_chunks(*unregistered, got);
-  EXPECT_GT(chunks, 0u);
-  EXPECT_EQ(fixed, 0u);
-}
-
 // update = false moves every byte of the step and changes none: the state in swap and the
 // output copy stay as they were.
 TEST_P(StreamedAdamTest, WithoutUpdateTheSameBytesMoveAndNothingChanges) {
@@ -412,13 +394,13 @@ TEST_P(StreamedAdamTest, WithoutUpdateTheSameBytesMoveAndNothingChanges) {
   Fixture f = make_fixture(GetParam());
   if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
   StreamedAdamOptions so{.sub_group_size = 2048, .max_segment_elems = 12345};
-  auto updating = StreamedAdam::create(*f.swap, *adam, so);
+  auto updating = make_streamed(*adam, so);
   so.update = false;
-  auto io_only = StreamedAdam::create(*f.swap, *adam, so);
-  ASSERT_TRUE(updating.is_ok() && io_only.is_ok());
+  auto io_only = make_streamed(*adam, so);
+  ASSERT_TRUE(updating->adam && io_only->adam);
   std::vector<AdamState> got = f.states;
   std::vector<StreamedSegment> segs = segments_of(f, got);
-  auto moved = io_only->step(segs, hyper(true, 0.5f, 2));
+  auto moved = io_only->adam->step(segs, *f.storage, hyper(true, 0.5f, 2));
   ASSERT_TRUE(moved.is_ok()) << moved.status().to_string();
   EXPECT_EQ(moved->compute_s, 0.0);
   for (std::size_t s = 0; s < f.states.size(); ++s) {
@@ -428,20 +410,21 @@ TEST_P(StreamedAdamTest, WithoutUpdateTheSameBytesMoveAndNothingChanges) {
     EXPECT_EQ(compare_bytes("exp_avg_sq", back[2].data(), f.states[s].v(), 4, n), "") << s;
     EXPECT_EQ(got[s].out, f.states[s].out) << s;
   }
-  auto updated = updating->step(segs, hyper(true, 0.5f, 2));
+  auto updated = updating->adam->step(segs, *f.storage, hyper(true, 0.5f, 2));
   ASSERT_TRUE(updated.is_ok());
   EXPECT_EQ(moved->bytes_read, updated->bytes_read);
   EXPECT_EQ(moved->bytes_written, updated->bytes_written);
 }
 
-TEST(StreamedAdamOptions, RejectsBadSizes) {
-  auto swap = ::strata::testing::make_swap();
-  ASSERT_NE(swap, nullptr);
+TEST(StreamedAdamOptions, RejectsBadSizesAndStagingTooSmall) {
   auto adam = CpuAdam::create({});
   ASSERT_TRUE(adam.is_ok());
+  sys::HostMapping staging(1 << 20);
   EXPECT_FALSE(
-      StreamedAdam::create(*swap, *adam, StreamedAdamOptions{.sub_group_size = 0}).is_ok());
-  EXPECT_FALSE(StreamedAdam::create(*swap, *adam, StreamedAdamOptions{.num_buffers = 1}).is_ok());
+      StreamedAdam::create(*adam, StreamedAdamOptions{.sub_group_size = 0}, staging.bytes())
+          .is_ok());
+  EXPECT_FALSE(
+      StreamedAdam::create(*adam, StreamedAdamOptions{.num_buffers = 1}, staging.bytes()).is_ok());
   StreamedAdamOptions o;
   o.sub_group_size = 1 << 20;
   o.max_segment_elems = 3000;
@@ -449,9 +432,13 @@ TEST(StreamedAdamOptions, RejectsBadSizes) {
   o.stream_grads = true;
   EXPECT_EQ(StreamedAdam::staging_bytes_for(o), 3u * 4 * 4096 * 4);  // a gradient slot too
   o.stream_grads = false;
-  auto s = StreamedAdam::create(*swap, *adam, o);
-  ASSERT_TRUE(s.is_ok());
-  EXPECT_EQ(s->staging_bytes(), StreamedAdam::staging_bytes_for(o));
+  EXPECT_TRUE(StreamedAdam::create(*adam, o, staging.bytes().first(3 * 3 * 4096 * 4)).is_ok());
+  auto small = StreamedAdam::create(*adam, o, staging.bytes().first(3 * 3 * 4096 * 4 - 4096));
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("it needs 147456 bytes"), std::string::npos)
+      << small.status().message();
+  EXPECT_FALSE(StreamedAdam::create(*adam, o, staging.bytes().subspan(8)).is_ok());  // unaligned
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, StreamedAdamTest, ::testing::Values("memory", "posix", "uring"),

@@ -13,6 +13,7 @@
 #include "strata/core/rng.h"
 #include "strata/device/op_profile.h"
 #include "strata/optim/adamw.h"
+#include "strata/optim/streamed_adam.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/scoped_env.h"
 
@@ -46,7 +47,15 @@ Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
   Result3 r;
   auto device = testing::make_cpu_device();
   auto swap = testing::make_swap();
+  OptimizerStepOptions oo;
+  oo.sub_group_size = 2048;  // several sub-groups in the largest group
+  oo.max_group_elems = 5000;
+  oo.stream_grads = true;
   mem::StoreOptions so;
+  so.range_io_bytes =
+      optim::StreamedAdam::staging_bytes_for({.sub_group_size = oo.sub_group_size,
+                                              .max_segment_elems = oo.max_group_elems,
+                                              .stream_grads = true});
   auto store = mem::TieredStore::create(*device, swap.get(), so);
   EXPECT_TRUE(store.is_ok()) << store.status().to_string();
   if (!store.is_ok()) return r;
@@ -92,11 +101,7 @@ Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
   }
   optim::AdamWHyper hyper;
   const device::AdamWArgs base = optim::make_adamw_args(hyper, 1e-3, 3, 0.5f);
-  OptimizerStepOptions oo;
-  oo.sub_group_size = 2048;  // several sub-groups in the largest group
-  oo.max_group_elems = 5000;
-  oo.stream_grads = true;
-  auto step = make_optimizer_step(tier, *device, swap.get(), oo);
+  auto step = make_optimizer_step(tier, *device, st, oo);
   EXPECT_TRUE(step.is_ok()) << step.status().to_string();
   if (!step.is_ok()) return r;
   int opened = 0, closed = 0;

@@ -1,5 +1,5 @@
 // HostMapping: 2 MiB-aligned anonymous mappings advised for transparent huge pages.
-#include "strata/core/host_mapping.h"
+#include "strata/sys/host_mapping.h"
 
 #include <sys/mman.h>
 
@@ -13,7 +13,7 @@
 
 #include "strata/core/aligned.h"
 
-namespace strata {
+namespace strata::sys {
 
 HostMapping::HostMapping(std::size_t size_bytes, bool huge_pages) {
   if (size_bytes == 0) return;
@@ -37,30 +37,42 @@ HostMapping::HostMapping(std::size_t size_bytes, bool huge_pages) {
 HostMapping::~HostMapping() { reset(); }
 
 HostMapping::HostMapping(HostMapping&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      locked_(std::exchange(other.locked_, false)) {}
 
 HostMapping& HostMapping::operator=(HostMapping&& other) noexcept {
   if (this != &other) {
     reset();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    locked_ = std::exchange(other.locked_, false);
   }
   return *this;
 }
 
+bool HostMapping::lock() {
+  if (data_ != nullptr && !locked_) locked_ = ::mlock(data_, align_up(size_, kPageBytes)) == 0;
+  return locked_;
+}
+
 std::byte* HostMapping::release() {
   size_ = 0;
+  locked_ = false;
   return std::exchange(data_, nullptr);
 }
 
-void HostMapping::unmap(void* data, std::size_t size_bytes) {
-  if (data != nullptr) ::munmap(data, align_up(size_bytes, kPageBytes));
+void HostMapping::unmap(void* data, std::size_t size_bytes, bool locked) {
+  if (data == nullptr) return;
+  if (locked) ::munlock(data, align_up(size_bytes, kPageBytes));
+  ::munmap(data, align_up(size_bytes, kPageBytes));
 }
 
 void HostMapping::reset() {
-  unmap(data_, size_);
+  unmap(data_, size_, locked_);
   data_ = nullptr;
   size_ = 0;
+  locked_ = false;
 }
 
 std::size_t HostMapping::huge_page_bytes() const {
@@ -89,4 +101,4 @@ std::size_t HostMapping::huge_page_bytes() const {
   return 0;
 }
 
-}  // namespace strata
+}  // namespace strata::sys
