@@ -487,6 +487,12 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     }
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
+  // The gradients' sums of squares (one double per group): pinned in host memory, and on a
+  // device that cannot address it in device scratch too.
+  const std::uint64_t norm_bytes = std::max<std::uint64_t>(1, z.elems.size()) * sizeof(double);
+  add(Tier::kHost, TensorKind::kStaging,
+      static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(norm_bytes)));
+  if (!o.host_addressable_device) add(Tier::kDevice, TensorKind::kStaging, norm_bytes);
   // The model's pinned host buffer.
   if (o.host_io_bytes != 0) {
     add(Tier::kHost, TensorKind::kStaging,

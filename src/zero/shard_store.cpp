@@ -125,18 +125,6 @@ Status ShardStore::create_store() {
   STRATA_ASSIGN_OR_RETURN(device::HostArrays arrays, device::HostArrays::create(ho));
   host_arrays_.emplace(std::move(arrays));
 
-  // Where device sums of squares land: on a device that addresses host memory, straight in the
-  // host buffer; else in device memory taken, like cuBLAS's workspace, before the store takes
-  // the rest of the budget.
-  const std::size_t norm_bytes = std::max<std::size_t>(1, layout_.groups().size()) * sizeof(double);
-  STRATA_ASSIGN_OR_RETURN(norms_host_,
-                          device_.allocate_pinned(norm_bytes, "gradient sums of squares"));
-  norm_slots_ = norms_host_.as<double>();
-  if (!device_.host_addressable()) {
-    STRATA_ASSIGN_OR_RETURN(norms_, device_.allocate(norm_bytes, "gradient sums of squares"));
-    norm_slots_ = norms_.as<double>();
-  }
-
   mem::StoreOptions so;
   // Everything on the device is the store's (the model's workspace and ZeRO's buffers are its
   // scratch) except what the device took for itself before (a CUDA backend's cuBLAS workspace).
@@ -152,6 +140,25 @@ Status ShardStore::create_store() {
   so.range_io_bytes = plan_.optimizer_staging_bytes;
   so.timeline = options_.timeline;
   STRATA_ASSIGN_OR_RETURN(store_, mem::TieredStore::create(device_, swap_, so));
+
+  // Where device sums of squares land: on a device that addresses host memory, straight in the
+  // host copy; else in device scratch, copied to the host copy when read.
+  const std::size_t norm_bytes = std::max<std::size_t>(1, layout_.groups().size()) * sizeof(double);
+  mem::TensorSpec ns;
+  ns.name = "gradient sums of squares";
+  ns.size_bytes = norm_bytes;
+  ns.transient = true;
+  STRATA_ASSIGN_OR_RETURN(norms_, store_->add(ns));
+  STRATA_ASSIGN_OR_RETURN(void* norms_host, store_->emplace(norms_, Tier::kHost, true));
+  norms_host_ = static_cast<double*>(norms_host);
+  norm_slots_ = norms_host_;
+  if (!device_.host_addressable()) {
+    ns.name = "gradient sums of squares (device)";
+    ns.scratch = true;
+    STRATA_ASSIGN_OR_RETURN(norms_device_, store_->add(ns));
+    STRATA_ASSIGN_OR_RETURN(void* slots, store_->emplace(norms_device_, Tier::kDevice, true));
+    norm_slots_ = static_cast<double*>(slots);
+  }
 
   const auto add = [&](const std::string& name, std::size_t bytes, Tier home,
                        bool transient = false) -> Result<mem::Handle> {
@@ -464,16 +471,15 @@ Result<std::vector<double>> ShardStore::grad_sums_of_squares() {
   }
   if (on_device && any) {
     device::Stream& compute = device_.stream(device::StreamKind::kCompute);
-    if (norm_slots_ != norms_host_.as<double>()) {
-      device_.copy_to_host(norms_host_.data(), norm_slots_, groups_.size() * sizeof(double),
-                           compute);
+    if (norm_slots_ != norms_host_) {
+      device_.copy_to_host(norms_host_, norm_slots_, groups_.size() * sizeof(double), compute);
     }
     compute.synchronize();
     // A failed sum (its launch, or a fault before it) is the error, not a stale number.
     STRATA_RETURN_IF_ERROR(device_.last_error());
   }
   std::vector<double> sums(groups_.size(), 0.0);
-  const double* host = norms_host_.as<double>();
+  const double* host = norms_host_;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     const Group& g = *groups_[i];
     if (g.has_grad) sums[i] = on_device ? host[i] : g.sum_squares;
