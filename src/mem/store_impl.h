@@ -189,6 +189,11 @@ struct TieredStore::Impl {
   Status sync_write(Entry& e, const void* src, std::size_t capacity, Lock& lock);
   Status sync_read(Entry& e, void* dst, Lock& lock);
   int take_staging_blocking(Lock& lock);
+  // Whether open_ranges holds `e` (its synchronous op on the NVMe home).
+  static bool held_for_ranges(const Entry& e) {
+    return e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme &&
+           e.op->to == Tier::kNvme;
+  }
   // A read or write of a range of h's NVMe home (held by open_ranges), counted in the stats.
   io::IoHandle start_range(Handle h, std::uint64_t offset, std::byte* buffer, std::size_t bytes,
                            bool write);

@@ -81,9 +81,7 @@ Result<std::shared_ptr<Op>> TieredStore::Impl::start_writeback(Entry& e, Tier fr
     if (from == Tier::kNvme) {
       return invalid_argument("'" + e.spec.name + "' is on nvme, the lowest tier; discard it");
     }
-    to = down_to.value_or(static_cast<Tier>(static_cast<int>(from) + 1));
-    STRATA_CHECK(static_cast<int>(to) > static_cast<int>(from), "a write-back that goes up",
-                 e.spec.name, tier_text(from), tier_text(to));
+    to = down_to.value_or(static_cast<Tier>(static_cast<int>(from) + 1));  // evict checked it
   }
   if (to == Tier::kNvme && swap == nullptr) {
     return failed_precondition("'" + e.spec.name +

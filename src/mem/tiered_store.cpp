@@ -460,9 +460,8 @@ io::IoHandle TieredStore::Impl::start_range(Handle h, std::uint64_t offset, std:
   {
     std::lock_guard lock(mu);
     const Entry& e = entry(h);
-    STRATA_CHECK(
-        e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme && e.op->to == Tier::kNvme,
-        "ranged I/O on a tensor not opened with open_ranges", e.spec.name);
+    STRATA_CHECK(held_for_ranges(e), "ranged I/O on a tensor not opened with open_ranges",
+                 e.spec.name);
     x = e.at(Tier::kNvme).extent;
     STRATA_CHECK(offset % io::kIoAlignBytes == 0 && bytes % io::kIoAlignBytes == 0 &&
                      offset + bytes <= x.size_bytes,
@@ -492,9 +491,7 @@ void TieredStore::close_ranges(Handle h, bool wrote, bool ok) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   Entry& e = s.entry(h);
-  STRATA_CHECK(
-      e.op && e.op->kind == OpKind::kSync && e.op->from == Tier::kNvme && e.op->to == Tier::kNvme,
-      "close_ranges without open_ranges", e.spec.name);
+  STRATA_CHECK(s.held_for_ranges(e), "close_ranges without open_ranges", e.spec.name);
   if (wrote) e.at(Tier::kNvme).valid = ok;
   s.retire(e, e.op, Status::ok());
 }

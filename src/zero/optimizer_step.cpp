@@ -118,24 +118,23 @@ class InPlaceStep final : public OptimizerStep {
 // and sent home as soon as the group is done.
 class StreamedStep final : public OptimizerStep, private optim::SegmentStorage {
  public:
-  StreamedStep(optim::CpuAdam cpu_adam, bool stream_grads)
-      : cpu_adam_(std::move(cpu_adam)), stream_grads_(stream_grads) {}
+  StreamedStep(mem::TieredStore& store, optim::CpuAdam cpu_adam, bool stream_grads)
+      : store_(store), cpu_adam_(std::move(cpu_adam)), stream_grads_(stream_grads) {}
 
-  Status init(mem::TieredStore& store, const OptimizerStepOptions& options) {
+  Status init(const OptimizerStepOptions& options) {
     optim::StreamedAdamOptions so;
     so.sub_group_size = options.sub_group_size;
     so.max_segment_elems = options.max_group_elems;
     so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
     so.stream_grads = stream_grads_;
     STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
-                            optim::StreamedAdam::create(cpu_adam_, so, store.range_staging()));
+                            optim::StreamedAdam::create(cpu_adam_, so, store_.range_staging()));
     streamed_.emplace(std::move(streamed));
     return Status::ok();
   }
 
   Status run(const StepIo& io, const device::AdamWArgs& base) override {
     read_ = written_ = 0;
-    store_ = &io.store;
     const std::vector<std::size_t> order = step_order(io);
     std::vector<optim::StreamedSegment> segments;
     segments_.assign(order.size(), SegmentHomes{});
@@ -211,7 +210,6 @@ class StreamedStep final : public OptimizerStep, private optim::SegmentStorage {
     }
     for (std::size_t si = 0; si < held.size(); ++si) let_go(si, true);
     for (const auto& [h, write] : opened) io.store.close_ranges(h, write && ran, s.is_ok());
-    store_ = nullptr;
     return s.is_ok() || s.code() == StatusCode::kCancelled
                ? s
                : s.with_context("optimizer step on NVMe");
@@ -230,19 +228,19 @@ class StreamedStep final : public OptimizerStep, private optim::SegmentStorage {
 
   io::IoHandle read(std::size_t segment, optim::StreamedArray array, std::uint64_t offset,
                     void* dst, std::size_t bytes) override {
-    return store_->read_range(segments_[segment].in[static_cast<std::size_t>(array)], offset, dst,
-                              bytes);
+    return store_.read_range(segments_[segment].in[static_cast<std::size_t>(array)], offset, dst,
+                             bytes);
   }
   io::IoHandle write(std::size_t segment, optim::StreamedArray array, std::uint64_t offset,
                      const void* src, std::size_t bytes) override {
-    return store_->write_range(segments_[segment].out[static_cast<std::size_t>(array)], offset, src,
-                               bytes);
+    return store_.write_range(segments_[segment].out[static_cast<std::size_t>(array)], offset, src,
+                              bytes);
   }
 
+  mem::TieredStore& store_;  // the same as every StepIo's
   optim::CpuAdam cpu_adam_;  // before streamed_, which uses it
   bool stream_grads_;
   std::optional<optim::StreamedAdam> streamed_;
-  mem::TieredStore* store_ = nullptr;  // during run
   std::vector<SegmentHomes> segments_;
   std::uint64_t read_ = 0, written_ = 0;
 };
@@ -261,8 +259,8 @@ Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::De
   STRATA_ASSIGN_OR_RETURN(optim::CpuAdam adam, optim::CpuAdam::create(options.cpu_adam));
   if (tier != Tier::kNvme)
     return Step(std::make_unique<InPlaceStep>(device, tier, std::move(adam)));
-  auto step = std::make_unique<StreamedStep>(std::move(adam), options.stream_grads);
-  STRATA_RETURN_IF_ERROR(step->init(store, options));
+  auto step = std::make_unique<StreamedStep>(store, std::move(adam), options.stream_grads);
+  STRATA_RETURN_IF_ERROR(step->init(options));
   return Step(std::move(step));
 }
 

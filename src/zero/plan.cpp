@@ -161,13 +161,17 @@ class CacheDemand {
   std::map<std::uint64_t, int> most_;
 };
 
-// Bytes a device copy of a group of `n` elements takes: on a host-addressable device with swap, a
+// Bytes a device copy of a tensor of `bytes` takes: on a host-addressable device with swap, a
 // tensor that touches NVMe is whole O_DIRECT blocks (TieredStore's direct_device_io).
-std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touches_nvme) {
-  const std::uint64_t bytes = n * dtype_size(o.compute_dtype);
+std::uint64_t device_bytes_of(const PlanOptions& o, std::uint64_t bytes, bool touches_nvme) {
   return o.host_addressable_device && o.has_swap && touches_nvme
              ? align_up(bytes, io::kIoAlignBytes) + io::kIoAlignBytes
              : bytes;
+}
+
+// ... of a group of `n` elements.
+std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touches_nvme) {
+  return device_bytes_of(o, n * dtype_size(o.compute_dtype), touches_nvme);
 }
 
 // What the store's caches keep of the transient tensors count_bytes counts (at the most in
@@ -489,7 +493,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
   // The gradients' sums of squares (one double per group): pinned in host memory, and on a
   // device that cannot address it in device scratch too.
-  const std::uint64_t norm_bytes = std::max<std::uint64_t>(1, z.elems.size()) * sizeof(double);
+  const std::uint64_t norm_bytes = gradient_norm_bytes(z.elems.size());
   add(Tier::kHost, TensorKind::kStaging,
       static_cast<std::uint64_t>(mem::HostBlockCache::class_bytes(norm_bytes)));
   if (!o.host_addressable_device) add(Tier::kDevice, TensorKind::kStaging, norm_bytes);
@@ -510,9 +514,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     // NVMe reads and writes it in place); on NVMe it goes down and comes back directly, never
     // through a host copy.
     const std::uint64_t device_copy =
-        o.host_addressable_device && o.has_swap
-            ? align_up(o.checkpoint_bytes, io::kIoAlignBytes) + io::kIoAlignBytes
-            : o.checkpoint_bytes;
+        device_bytes_of(o, o.checkpoint_bytes, /*touches_nvme=*/true);  // transient: may drain
     add(Tier::kDevice, TensorKind::kActivations,
         std::min<std::uint64_t>(3, checkpoints) * device_copy);
     add(plan.checkpoints, TensorKind::kActivations,

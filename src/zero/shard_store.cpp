@@ -143,20 +143,20 @@ Status ShardStore::create_store() {
 
   // Where device sums of squares land: on a device that addresses host memory, straight in the
   // host copy; else in device scratch, copied to the host copy when read.
-  const std::size_t norm_bytes = std::max<std::size_t>(1, layout_.groups().size()) * sizeof(double);
+  // Both stay pinned for the store's life.
   mem::TensorSpec ns;
   ns.name = "gradient sums of squares";
-  ns.size_bytes = norm_bytes;
+  ns.size_bytes = gradient_norm_bytes(layout_.groups().size());
   ns.transient = true;
-  STRATA_ASSIGN_OR_RETURN(norms_, store_->add(ns));
-  STRATA_ASSIGN_OR_RETURN(void* norms_host, store_->emplace(norms_, Tier::kHost, true));
+  STRATA_ASSIGN_OR_RETURN(const mem::Handle norms, store_->add(ns));
+  STRATA_ASSIGN_OR_RETURN(void* norms_host, store_->emplace(norms, Tier::kHost, true));
   norms_host_ = static_cast<double*>(norms_host);
   norm_slots_ = norms_host_;
   if (!device_.host_addressable()) {
     ns.name = "gradient sums of squares (device)";
     ns.scratch = true;
-    STRATA_ASSIGN_OR_RETURN(norms_device_, store_->add(ns));
-    STRATA_ASSIGN_OR_RETURN(void* slots, store_->emplace(norms_device_, Tier::kDevice, true));
+    STRATA_ASSIGN_OR_RETURN(const mem::Handle device_norms, store_->add(ns));
+    STRATA_ASSIGN_OR_RETURN(void* slots, store_->emplace(device_norms, Tier::kDevice, true));
     norm_slots_ = static_cast<double*>(slots);
   }
 

@@ -86,6 +86,11 @@ struct ZeroOptions {
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
+// The gradients' sums of squares the shard store keeps: one double per group.
+inline std::uint64_t gradient_norm_bytes(std::size_t num_groups) {
+  return static_cast<std::uint64_t>(num_groups == 0 ? 1 : num_groups) * sizeof(double);
+}
+
 struct PlanOptions {
   Tier params = Tier::kDevice;     // offload_param
   Tier optimizer = Tier::kDevice;  // offload_optimizer: master weights, moments, the step

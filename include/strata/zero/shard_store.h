@@ -258,10 +258,9 @@ class ShardStore {
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
   // Sums of squares taken on the device, one double per group, and their host copy: read back
   // together when the norm is asked for, not one synchronization per group.
-  // Gradient sums of squares, one double per group, held pinned for the store's life: a host
-  // tensor, and on a device that cannot address host memory a device scratch tensor that the
+  // Gradient sums of squares, one double per group, in store tensors pinned for the store's
+  // life: a host copy, and on a device that cannot address host memory device scratch that the
   // sums are written to and copied from.
-  mem::Handle norms_ = mem::Handle::kInvalid, norms_device_ = mem::Handle::kInvalid;
   double* norms_host_ = nullptr;
   double* norm_slots_ = nullptr;                 // where the device writes them
   mem::Handle host_io_ = mem::Handle::kInvalid;  // the model's (host_io), and its pinned copy
