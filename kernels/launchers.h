@@ -46,7 +46,8 @@ int embedding_backward(const LaunchContext& ctx, const std::int32_t* ids, std::i
 int rmsnorm_forward(const LaunchContext& ctx, const void* x, const void* w, void* out, float* rstd,
                     std::int64_t rows, std::int64_t dim, float eps, Elem dtype);
 std::size_t rmsnorm_backward_scratch_bytes(std::int64_t rows, std::int64_t dim);
-// dx overwritten; dw += sum over rows (per-chunk fp32 partials, then one ordered sum).
+// dx overwritten; dw += sum over rows (per-chunk fp32 partials, then one ordered sum), unless
+// dw is null (a frozen weight).
 int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, const void* w,
                      const float* rstd, void* dx, void* dw, std::int64_t rows, std::int64_t dim,
                      Elem dtype, void* scratch);
@@ -137,6 +138,11 @@ int cross_entropy(const LaunchContext& ctx, const void* logits, const std::int32
 // ---- cast.cu (src_dtype != dst_dtype)
 int cast(const LaunchContext& ctx, const void* src, Elem src_dtype, void* dst, Elem dst_dtype,
          std::int64_t n);
+
+// ---- dropout.cu: out[i] = x[i] * scale where the top 24 bits of splitmix64_at(key, i) are at
+// least `threshold`, else 0 (device::Ops::dropout; out may alias x).
+int dropout(const LaunchContext& ctx, const void* x, void* out, std::int64_t n,
+            std::uint32_t threshold, float scale, std::uint64_t key, Elem dtype);
 
 // ---- sum_squares.cu: writes sum(x^2) as one double to *result (device memory), computed in
 // double with a partition that depends only on n, so it is reproducible run to run.

@@ -205,6 +205,7 @@ int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, 
                         ? launch(rmsnorm_backward_kernel<T, true>)
                         : launch(rmsnorm_backward_kernel<T, false>);
     if (err != 0) return err;
+    if (dw == nullptr) return 0;  // a frozen weight: no gradient
     constexpr int kDwThreads = 256;
     rmsnorm_dw_kernel<T><<<static_cast<unsigned>((dim + kDwThreads - 1) / kDwThreads), kDwThreads,
                            0, stream_of(ctx)>>>(partials, chunks, dim, static_cast<T*>(dw));

@@ -71,6 +71,9 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     for (auto& x : ws->xs) x = act(R * H);
   }
   ws->acts.resize(checkpointing ? 1 : static_cast<std::size_t>(num_layers));
+  // An adapter's dropped-out input: scratch shared by every layer.
+  const bool lora_dropout = d.lora_rank > 0 && d.lora_dropout > 0;
+  void* lora_x = lora_dropout ? act(R * d.max_in()) : nullptr;
   for (std::size_t l = 0; l < ws->acts.size(); ++l) {
     BlockActs& a = ws->acts[l];
     a.x = ws->xs[l];
@@ -93,6 +96,10 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     a.gate = act(R * F);
     a.up = act(R * F);
     a.m = act(R * F);
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      if (d.lora_on[t]) a.lora_t[t] = act(R * d.lora_rank);
+    }
+    a.lora_x = lora_x;
   }
   ws->rstd_final = f32(R);
   ws->hf = act(R * H);
@@ -102,6 +109,8 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   s.dh = act(R * H);
   s.dtmp = act(R * H);
   s.dx = act(R * H);
+  if (d.lora_rank > 0) s.lora_dt = act(R * d.lora_rank);
+  if (lora_dropout) s.lora_dx = act(R * d.max_in());
   const std::uint64_t union_start = align_up(c.off, kAlignBytes);
   s.dm = act(R * F);
   s.dgate = act(R * F);
@@ -161,6 +170,7 @@ std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t 
   a.gate = act(R * F);
   a.up = act(R * F);
   a.m = act(R * F);
+  if (d.lora_rank > 0) a.lora_t = act(R * d.lora_rank);
   ws->rstd_final = c.f32(1);
   ws->hf = act(H);
   ws->logits = act(d.vocab);
@@ -240,21 +250,26 @@ struct LlamaModel::Impl {
   Status ensure_workspace(ParamProvider& provider, std::int64_t batch, std::int64_t seq);
   Result<float> step(ParamProvider& provider, const std::int32_t* inputs,
                      const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool train,
-                     float grad_scale, StepTimings& timings);
+                     float grad_scale, std::uint64_t dropout_key, StepTimings& timings);
   Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);
   Result<const float*> decode(ParamProvider& provider, const std::int32_t* ids, std::int64_t n);
   Dims decode_dims(std::int64_t rows) const {
-    return Dims::make(config_, options_.compute_dtype, 1, rows);
+    Dims d = Dims::make(config_, options_.compute_dtype, 1, rows, options_.lora);
+    d.lora_dropout = 0;  // not training
+    return d;
   }
   DecodeWorkspace dws_;
   Dims decode_dims_;
   std::int64_t decode_positions_ = 0, decode_rows_ = 0, decoded_ = 0;
   void* decode_io_ = nullptr;  // the provider's host_io: token ids in, logits out
 
-  // The micro-batch's dimensions with layer `layer`'s attention window.
+  // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks.
   Dims dims_of(std::int64_t layer) const {
     Dims d = dims_;
     d.window = config_.window_of(layer);
+    d.layer = layer;
+    if (!train_) d.lora_dropout = 0;
+    d.lora_key = dropout_key_;
     return d;
   }
   // Layer `layer`'s activations, its input at `x`.
@@ -274,6 +289,9 @@ struct LlamaModel::Impl {
 
   std::int64_t embed_offset_ = 0, norm_offset_ = 0, lm_head_offset_ = 0;
   std::vector<BlockOffsets> blocks_;
+  std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
+  bool train_ = false;                         // this step runs backward (and dropout)
+  std::uint64_t dropout_key_ = 0;
 
   std::int64_t batch_ = 0, seq_ = 0;  // shape of the current workspace
   Dims dims_;
@@ -321,7 +339,7 @@ Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int
 // and the layout is carved again only when the memory or the shape changed.
 Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t batch,
                                           std::int64_t seq) {
-  const Dims d = Dims::make(config_, options_.compute_dtype, batch, seq);
+  const Dims d = Dims::make(config_, options_.compute_dtype, batch, seq, options_.lora);
   Workspace measure;
   const std::uint64_t bytes = carve_workspace(d, config_.num_hidden_layers,
                                               options_.activation_checkpointing, nullptr, &measure);
@@ -350,8 +368,10 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
 Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t* inputs,
                                      const std::int32_t* targets, std::int64_t batch,
                                      std::int64_t seq, bool train, float grad_scale,
-                                     StepTimings& timings) {
+                                     std::uint64_t dropout_key, StepTimings& timings) {
   timings = StepTimings{};
+  train_ = train;
+  dropout_key_ = dropout_key;
   STRATA_RETURN_IF_ERROR(check_inputs(inputs, targets, batch, seq));
   STRATA_RETURN_IF_ERROR(ensure_workspace(provider, batch, seq));
   const Dims& d = dims_;
@@ -388,27 +408,47 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   const auto done_x = [&](std::int64_t i, bool keep) -> Status {
     return checkpointing ? provider.release_activation(static_cast<int>(i), keep) : Status::ok();
   };
+  // A block is its layer's group and, with LoRA, its adapter group, held together.
+  const bool adapters = layout_.has_adapters();
+  const auto layer = [&](std::int64_t l) { return layout_.layer_group(static_cast<int>(l)); };
+  const auto adapter = [&](std::int64_t l) { return layout_.adapter_group(static_cast<int>(l)); };
+  const auto acquire_block = [&](std::int64_t l) -> Result<BlockWeights> {
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(layer(l)));
+    BlockWeights w = BlockWeights::at(p, blocks_[static_cast<std::size_t>(l)], eb);
+    if (adapters) {
+      STRATA_ASSIGN_OR_RETURN(const void* a, ps.acquire(adapter(l)));
+      w.attach_lora(a, adapters_[static_cast<std::size_t>(l)], eb);
+    }
+    return w;
+  };
+  const auto release_block = [&](std::int64_t l) {
+    ps.release(layer(l));
+    if (adapters) ps.release(adapter(l));
+  };
+  const auto prefetch_block = [&](std::int64_t l) {
+    ps.prefetch(layer(l));
+    if (adapters) ps.prefetch(adapter(l));
+  };
+  const auto trains = [&](int group) { return !layout_.group(group).frozen; };
   {
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
-    ps.prefetch(layout_.layer_group(0));
+    prefetch_block(0);
     STRATA_RETURN_IF_ERROR(new_x(0));
     ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, xs[0], dt);
     ps.release(embed);
   }
   for (std::int64_t l = 0; l < L; ++l) {
-    const int g = layout_.layer_group(static_cast<int>(l));
-    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
+    STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(l));
     if (l + 1 < L) {
-      ps.prefetch(layout_.layer_group(static_cast<int>(l + 1)));
+      prefetch_block(l + 1);
     } else {
       ps.prefetch(head);
       if (tied) ps.prefetch(embed);
     }
     STRATA_RETURN_IF_ERROR(new_x(l + 1));
-    detail::block_forward(ops, dims_of(l), BlockWeights::at(p, blocks_[l], eb),
-                          acts_for(l, xs[static_cast<std::size_t>(l)]),
+    detail::block_forward(ops, dims_of(l), w, acts_for(l, xs[static_cast<std::size_t>(l)]),
                           xs[static_cast<std::size_t>(l + 1)]);
-    ps.release(g);
+    release_block(l);
     STRATA_RETURN_IF_ERROR(done_x(l, train));  // its block's backward reads it again
   }
 
@@ -421,7 +461,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   } else {
     lm_weight = offset_ptr(head_params, lm_head_offset_, eb);
   }
-  if (train) ps.prefetch(layout_.layer_group(static_cast<int>(L - 1)));
+  if (train) prefetch_block(L - 1);
   const void* norm_weight = offset_ptr(head_params, norm_offset_, eb);
   void* x_final = xs[static_cast<std::size_t>(L)];
   ops.rmsnorm_forward(x_final, norm_weight, ws_.hf, ws_.rstd_final, R, H, d.eps, dt);
@@ -438,48 +478,66 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     Stopwatch backward_clock;
     void* dlogits = ws_.logits;
     // Tied: the embedding's gradient collects the head's part now and the lookup's part last.
+    // A frozen head or embedding has no gradient: its weight products are skipped.
+    const bool head_trains = trains(head), embed_trains = trains(embed);
     void* embed_grads = nullptr;
-    STRATA_ASSIGN_OR_RETURN(void* head_grads, ps.acquire_grads(head));
-    if (tied) {
+    void* head_grads = nullptr;
+    if (head_trains) {
+      STRATA_ASSIGN_OR_RETURN(head_grads, ps.acquire_grads(head));
+    }
+    if (tied && embed_trains) {
       STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
     }
-    void* lm_grad = tied ? offset_ptr(embed_grads, embed_offset_, eb)
-                         : offset_ptr(head_grads, lm_head_offset_, eb);
-    matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, lm_grad, true);
+    void* lm_grad = tied ? (embed_trains ? offset_ptr(embed_grads, embed_offset_, eb) : nullptr)
+                         : (head_trains ? offset_ptr(head_grads, lm_head_offset_, eb) : nullptr);
+    if (lm_grad != nullptr) matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, lm_grad, true);
     matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
     ops.rmsnorm_backward(bwd.dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
-                         offset_ptr(head_grads, norm_offset_, eb), R, H, dt);
+                         head_trains ? offset_ptr(head_grads, norm_offset_, eb) : nullptr, R, H,
+                         dt);
     ps.release(head);
     if (tied) ps.release(embed);
-    STRATA_RETURN_IF_ERROR(ps.release_grads(head));
+    if (head_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(head));
     STRATA_RETURN_IF_ERROR(done_x(L, false));
     if (checkpointing) provider.prefetch_activation(static_cast<int>(L - 1));
 
     for (std::int64_t l = L - 1; l >= 0; --l) {
-      const int g = layout_.layer_group(static_cast<int>(l));
-      STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
-      if (l > 0) ps.prefetch(layout_.layer_group(static_cast<int>(l - 1)));
-      const void* x = xs[static_cast<std::size_t>(l)];
+      const auto li = static_cast<std::size_t>(l);
+      STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(l));
+      if (l > 0) prefetch_block(l - 1);
+      const void* x = xs[li];
       if (checkpointing) {
         STRATA_ASSIGN_OR_RETURN(x, provider.read_activation(static_cast<int>(l)));
         if (l > 0) provider.prefetch_activation(static_cast<int>(l - 1));
       }
-      STRATA_ASSIGN_OR_RETURN(void* grads, ps.acquire_grads(g));
-      const BlockWeights w = BlockWeights::at(p, blocks_[l], eb);
+      // A frozen base's gradients stay null: block_backward skips its weight products.
+      const bool base_trains = trains(layer(l));
+      BlockGrads grads;
+      if (base_trains) {
+        STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(layer(l)));
+        grads = BlockGrads::at(g, blocks_[li], eb);
+      }
+      if (adapters) {
+        STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l)));
+        grads.attach_lora(g, adapters_[li], eb);
+      }
       const BlockActs acts = acts_for(l, x);
       const Dims dl = dims_of(l);
       if (checkpointing) detail::block_forward(ops, dl, w, acts, nullptr);
-      detail::block_backward(ops, dl, w, acts, BlockGrads::at(grads, blocks_[l], eb), bwd);
-      ps.release(g);
+      detail::block_backward(ops, dl, w, acts, grads, bwd);
+      release_block(l);
       STRATA_RETURN_IF_ERROR(done_x(l, false));
-      STRATA_RETURN_IF_ERROR(ps.release_grads(g));
+      if (base_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(layer(l)));
+      if (adapters) STRATA_RETURN_IF_ERROR(ps.release_grads(adapter(l)));
     }
 
-    if (!tied) {
-      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+    if (embed_trains) {
+      if (!tied) {
+        STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+      }
+      ops.embedding_backward(ws_.ids, R, bwd.dh, H, offset_ptr(embed_grads, embed_offset_, eb), dt);
+      STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
     }
-    ops.embedding_backward(ws_.ids, R, bwd.dh, H, offset_ptr(embed_grads, embed_offset_, eb), dt);
-    STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
     stream.synchronize();
     timings.backward_ms = backward_clock.elapsed_ms();
   } else {
@@ -499,7 +557,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     : config_(config), layout_(layout), device_(device), options_(options) {
   STRATA_CHECK(options_.compute_dtype == DType::kF32 || options_.compute_dtype == DType::kBF16,
                "compute_dtype must be f32 or bf16, got", dtype_name(options_.compute_dtype));
-  STRATA_CHECK(layout.num_groups() == config.num_hidden_layers + 2,
+  STRATA_CHECK(layout.has_adapters() == options_.lora.has_value(),
+               "the layout's adapters do not match the model options", layout.has_adapters());
+  STRATA_CHECK(layout.num_groups() == (config.num_hidden_layers + 2) +
+                                          (layout.has_adapters() ? config.num_hidden_layers : 0),
                "layout does not match the config", layout.num_groups(), config.num_hidden_layers);
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
   impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
@@ -529,6 +590,17 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     o.bu = maybe(config.mlp_bias, "mlp.up_proj.bias");
     o.bd = maybe(config.mlp_bias, "mlp.down_proj.bias");
     impl_->blocks_.push_back(o);
+    if (!layout.has_adapters()) continue;
+    detail::LoraOffsets lo;
+    const int ag = layout.adapter_group(static_cast<int>(l));
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      const auto target = static_cast<LoraTarget>(t);
+      if (!options_.lora->has(target)) continue;
+      const std::string m = p + std::string(lora_module_path(target));
+      lo.a[t] = tensor_offset(layout, m + ".lora_A.weight", ag);
+      lo.b[t] = tensor_offset(layout, m + ".lora_B.weight", ag);
+    }
+    impl_->adapters_.push_back(lo);
   }
 }
 
@@ -621,18 +693,31 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     ops.embedding_forward(dws_.ids, n, offset_ptr(p, embed_offset_, eb), H, dws_.xs[0], dt);
     ps.release(embed);
   }
+  const bool adapters = layout_.has_adapters();
   for (std::int64_t l = 0; l < L; ++l) {
+    const auto li = static_cast<std::size_t>(l);
     const int g = layout_.layer_group(static_cast<int>(l));
+    const int a = layout_.adapter_group(static_cast<int>(l));
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
-    ps.prefetch(l + 1 < L ? layout_.layer_group(static_cast<int>(l + 1)) : head);
+    BlockWeights w = BlockWeights::at(p, blocks_[li], eb);
+    if (adapters) {
+      STRATA_ASSIGN_OR_RETURN(const void* ap, ps.acquire(a));
+      w.attach_lora(ap, adapters_[li], eb);
+    }
+    if (l + 1 < L) {
+      ps.prefetch(layout_.layer_group(static_cast<int>(l + 1)));
+      if (adapters) ps.prefetch(layout_.adapter_group(static_cast<int>(l + 1)));
+    } else {
+      ps.prefetch(head);
+    }
     Dims dl = d;
     dl.window = config_.window_of(l);
     detail::DecodeActs acts = dws_.acts;
     acts.x = dws_.xs[l % 2];
-    detail::block_decode(ops, dl, BlockWeights::at(p, blocks_[l], eb), acts,
-                         dws_.k_cache[static_cast<std::size_t>(l)],
-                         dws_.v_cache[static_cast<std::size_t>(l)], decoded_, dws_.xs[(l + 1) % 2]);
+    detail::block_decode(ops, dl, w, acts, dws_.k_cache[li], dws_.v_cache[li], decoded_,
+                         dws_.xs[(l + 1) % 2]);
     ps.release(g);
+    if (adapters) ps.release(a);
   }
   // Head on the last token only.
   STRATA_ASSIGN_OR_RETURN(const void* head_params, ps.acquire(head));
@@ -660,14 +745,16 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
 
 Result<float> LlamaModel::forward_backward(ParamProvider& provider, const std::int32_t* inputs,
                                            const std::int32_t* targets, std::int64_t batch,
-                                           std::int64_t seq, float grad_scale) {
-  return impl_->step(provider, inputs, targets, batch, seq, true, grad_scale, timings_);
+                                           std::int64_t seq, float grad_scale,
+                                           std::uint64_t dropout_key) {
+  return impl_->step(provider, inputs, targets, batch, seq, true, grad_scale, dropout_key,
+                     timings_);
 }
 
 Result<float> LlamaModel::forward_loss(ParamProvider& provider, const std::int32_t* inputs,
                                        const std::int32_t* targets, std::int64_t batch,
                                        std::int64_t seq) {
-  return impl_->step(provider, inputs, targets, batch, seq, false, 1.0f, timings_);
+  return impl_->step(provider, inputs, targets, batch, seq, false, 1.0f, 0, timings_);
 }
 
 std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq) const {
@@ -677,7 +764,7 @@ std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq)
 std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   Workspace measure;
-  return carve_workspace(Dims::make(config, options.compute_dtype, batch, seq),
+  return carve_workspace(Dims::make(config, options.compute_dtype, batch, seq, options.lora),
                          config.num_hidden_layers, options.activation_checkpointing, nullptr,
                          &measure);
 }
@@ -685,7 +772,7 @@ std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const Mode
 std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   if (!options.activation_checkpointing) return 0;
-  const Dims d = Dims::make(config, options.compute_dtype, batch, seq);
+  const Dims d = Dims::make(config, options.compute_dtype, batch, seq, std::nullopt);
   return static_cast<std::uint64_t>(d.rows * d.hidden) * d.elem_bytes;
 }
 

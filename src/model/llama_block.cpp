@@ -1,9 +1,12 @@
 // One LLaMA decoder block (HF LlamaDecoderLayer): forward and hand-written backward.
 #include "src/model/llama_block.h"
 
+#include "strata/core/check.h"
+
 namespace strata::model::detail {
 
-Dims Dims::make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq) {
+Dims Dims::make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq,
+                const std::optional<LoraConfig>& lora) {
   Dims d;
   d.batch = batch;
   d.seq = seq;
@@ -21,18 +24,25 @@ Dims Dims::make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int6
   d.qk_norm = c.qk_norm;
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
+  if (lora) {
+    d.lora_rank = lora->r;
+    for (int i = 0; i < kNumLoraTargets; ++i) d.lora_on[i] = lora->has(static_cast<LoraTarget>(i));
+    d.lora_scaling = static_cast<float>(lora->scaling());
+    d.lora_dropout = static_cast<float>(lora->dropout);
+  }
   return d;
 }
 
 void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
-            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c,
-            bool accumulate) {
+            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate,
+            float alpha) {
   device::GemmArgs g;
   g.trans_a = trans_a;
   g.trans_b = trans_b;
   g.m = m;
   g.n = n;
   g.k = k;
+  g.alpha = alpha;
   g.a = a;
   g.lda = trans_a ? m : k;
   g.b = b;
@@ -46,29 +56,122 @@ void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std
 
 namespace {
 
-// y[R, n] = x W^T (+ b).
-void linear(const device::Ops& ops, DType dt, std::int64_t rows, std::int64_t out, std::int64_t in,
-            const void* x, const void* w, const void* b, void* y) {
-  matmul(ops, dt, false, true, rows, out, in, x, w, y, false);
-  if (b != nullptr) ops.add_bias(y, b, rows, out, dt);
+using Adapter = LoraPair<const void*>;
+using AdapterGrad = LoraPair<void*>;
+
+// One projection of the block, with its adapter (if any) and what its backward needs.
+struct Projection {
+  LoraTarget target;
+  std::int64_t out, in;
+  const void* w;  // [out, in]
+  const void* b;  // [out] or nullptr
+  Adapter lora;   // nullptrs without an adapter
+};
+
+std::uint64_t dropout_key(const Dims& d, LoraTarget target) {
+  return lora_dropout_key(d.lora_key, d.layer, target);
+}
+
+// The adapter's input: x, or dropout(x) in `scratch` while training with lora_dropout > 0.
+const void* adapter_input(const device::Ops& ops, const Dims& d, const Projection& p, const void* x,
+                          void* scratch) {
+  if (d.lora_dropout <= 0.0f) return x;
+  ops.dropout(x, scratch, d.rows * p.in, d.lora_dropout, dropout_key(d, p.target), d.dtype);
+  return scratch;
+}
+
+// t [R, r] = dropout(x) A^T: the adapter's low-rank activation, kept for its backward.
+void adapter_t(const device::Ops& ops, const Dims& d, const Projection& p, const void* x, void* t,
+               void* scratch) {
+  const void* xin = adapter_input(ops, d, p, x, scratch);
+  matmul(ops, d.dtype, false, true, d.rows, d.lora_rank, p.in, xin, p.lora.a, t, false);
+}
+
+// y [R, out] = x W^T (+ b) (+ scaling * dropout(x) A^T B^T, its t kept in `t`): PEFT's
+// result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling.
+void project(const device::Ops& ops, const Dims& d, const Projection& p, const void* x, void* y,
+             void* t, void* scratch) {
+  matmul(ops, d.dtype, false, true, d.rows, p.out, p.in, x, p.w, y, false);
+  if (p.b != nullptr) ops.add_bias(y, p.b, d.rows, p.out, d.dtype);
+  if (p.lora.a == nullptr) return;
+  adapter_t(ops, d, p, x, t, scratch);
+  matmul(ops, d.dtype, false, true, d.rows, p.out, d.lora_rank, t, p.lora.b, y, true,
+         d.lora_scaling);
+}
+
+// Backward of project with dy [R, out]: dW += dy^T x and db += sum(dy) where the weight trains
+// (gw, gb non-null), dB += scaling dy^T t and dA += (scaling dy B)^T dropout(x) where it has an
+// adapter, and dx [R, in] = (or += with accumulate) dy W + dropout(scaling dy B A).
+void project_backward(const device::Ops& ops, const Dims& d, const Projection& p, const void* x,
+                      const void* t, void* gw, void* gb, const AdapterGrad& ga, const void* dy,
+                      void* dx, bool accumulate, void* x_scratch, const BackwardScratch& s) {
+  const DType dt = d.dtype;
+  const std::int64_t R = d.rows, r = d.lora_rank;
+  if (gw != nullptr) matmul(ops, dt, true, false, p.out, p.in, R, dy, x, gw, true);
+  if (gb != nullptr) ops.bias_grad(dy, gb, R, p.out, dt);
+  matmul(ops, dt, false, false, R, p.in, p.out, dy, p.w, dx, accumulate);
+  if (p.lora.a == nullptr) return;
+  matmul(ops, dt, true, false, p.out, r, R, dy, t, ga.b, true, d.lora_scaling);
+  matmul(ops, dt, false, false, R, r, p.out, dy, p.lora.b, s.lora_dt, false, d.lora_scaling);
+  const void* xin = adapter_input(ops, d, p, x, x_scratch);
+  matmul(ops, dt, true, false, r, p.in, R, s.lora_dt, xin, ga.a, true);
+  if (d.lora_dropout <= 0.0f) {
+    matmul(ops, dt, false, false, R, p.in, r, s.lora_dt, p.lora.a, dx, true);
+    return;
+  }
+  matmul(ops, dt, false, false, R, p.in, r, s.lora_dt, p.lora.a, s.lora_dx, false);
+  ops.dropout(s.lora_dx, s.lora_dx, R * p.in, d.lora_dropout, dropout_key(d, p.target), dt);
+  ops.add(dx, s.lora_dx, dx, R * p.in, dt);
+}
+
+Projection proj(const Dims& d, const BlockWeights& w, LoraTarget target) {
+  const auto i = static_cast<std::size_t>(target);
+  const Adapter lora = w.lora[i];
+  switch (target) {
+    case LoraTarget::kQ:
+      return {target, d.q_dim, d.hidden, w.wq, w.bq, lora};
+    case LoraTarget::kK:
+      return {target, d.kv_dim, d.hidden, w.wk, w.bk, lora};
+    case LoraTarget::kV:
+      return {target, d.kv_dim, d.hidden, w.wv, w.bv, lora};
+    case LoraTarget::kO:
+      return {target, d.hidden, d.q_dim, w.wo, w.bo, lora};
+    case LoraTarget::kGate:
+      return {target, d.ffn, d.hidden, w.wg, w.bg, lora};
+    case LoraTarget::kUp:
+      return {target, d.ffn, d.hidden, w.wu, w.bu, lora};
+    case LoraTarget::kDown:
+      return {target, d.hidden, d.ffn, w.wd, w.bd, lora};
+  }
+  STRATA_CHECK(false, "unknown LoRA target", static_cast<int>(target));
+  return {};
+}
+
+void* t_of(void* const (&ts)[kNumLoraTargets], LoraTarget target) {
+  return ts[static_cast<std::size_t>(target)];
 }
 
 // The block after attention, shared by training and decoding: hmid = x + att Wo^T (+ bo) ;
 // b = rmsnorm(hmid) (statistics into rstd) ; m = silu(b Wg^T) * (b Wu^T) ; then, unless out is
-// null, out = hmid + m Wd^T.
+// null, out = hmid + m Wd^T. Null out (recomputation for backward) still forms down_proj's
+// adapter activation, which its backward needs. `ts`: each adapter's t.
 void block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
                 const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
-                void* out) {
+                void* const (&ts)[kNumLoraTargets], void* scratch, void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, F = d.ffn;
-  linear(ops, dt, R, H, Q, att, w.wo, w.bo, hmid);
+  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn;
+  project(ops, d, proj(d, w, LoraTarget::kO), att, hmid, t_of(ts, LoraTarget::kO), scratch);
   ops.add(hmid, x, hmid, R * H, dt);
   ops.rmsnorm_forward(hmid, w.ln2, b, rstd, R, H, d.eps, dt);
-  linear(ops, dt, R, F, H, b, w.wg, w.bg, gate);
-  linear(ops, dt, R, F, H, b, w.wu, w.bu, up);
+  project(ops, d, proj(d, w, LoraTarget::kGate), b, gate, t_of(ts, LoraTarget::kGate), scratch);
+  project(ops, d, proj(d, w, LoraTarget::kUp), b, up, t_of(ts, LoraTarget::kUp), scratch);
   ops.swiglu_forward(gate, up, m, R * F, dt);
-  if (out == nullptr) return;
-  linear(ops, dt, R, H, F, m, w.wd, w.bd, out);
+  const Projection down = proj(d, w, LoraTarget::kDown);
+  if (out == nullptr) {
+    if (down.lora.a != nullptr) adapter_t(ops, d, down, m, t_of(ts, LoraTarget::kDown), scratch);
+    return;
+  }
+  project(ops, d, down, m, out, t_of(ts, LoraTarget::kDown), scratch);
   ops.add(out, hmid, out, R * H, dt);
 }
 
@@ -78,15 +181,18 @@ void block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, co
 //   a = rmsnorm(x) ; q, k, v = a Wq^T + bq, a Wk^T + bk, a Wv^T + bv (biases where the family has
 //   them) ; q, k = rmsnorm per head (Qwen3) ; rope(q, k) ; att = attention(q, k, v, window)
 //   hmid = x + att Wo^T (+ bo) ; b = rmsnorm(hmid) ; m = silu(b Wg^T) * (b Wu^T) ;
-//   out = hmid + m Wd^T (MLP biases under mlp_bias)
+//   out = hmid + m Wd^T (MLP biases under mlp_bias); each projection plus its adapter's
+//   scaling * dropout(input) A^T B^T where it has one.
 void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w, const BlockActs& s,
                    void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim;
+  const std::int64_t R = d.rows, H = d.hidden;
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd1, R, H, d.eps, dt);
-  linear(ops, dt, R, Q, H, s.a, w.wq, w.bq, d.qk_norm ? s.q_pre : s.q);
-  linear(ops, dt, R, KV, H, s.a, w.wk, w.bk, d.qk_norm ? s.k_pre : s.k);
-  linear(ops, dt, R, KV, H, s.a, w.wv, w.bv, s.v);
+  project(ops, d, proj(d, w, LoraTarget::kQ), s.a, d.qk_norm ? s.q_pre : s.q,
+          t_of(s.lora_t, LoraTarget::kQ), s.lora_x);
+  project(ops, d, proj(d, w, LoraTarget::kK), s.a, d.qk_norm ? s.k_pre : s.k,
+          t_of(s.lora_t, LoraTarget::kK), s.lora_x);
+  project(ops, d, proj(d, w, LoraTarget::kV), s.a, s.v, t_of(s.lora_t, LoraTarget::kV), s.lora_x);
   if (d.qk_norm) {
     ops.rmsnorm_forward(s.q_pre, w.qn, s.q, s.rstd_q, R * d.heads, d.head_dim, d.eps, dt);
     ops.rmsnorm_forward(s.k_pre, w.kn, s.k, s.rstd_k, R * d.kv_heads, d.head_dim, d.eps, dt);
@@ -94,19 +200,24 @@ void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
   ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
-  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, out);
+  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, s.lora_t, s.lora_x,
+             out);
 }
 
 void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, const DecodeActs& s,
                   void* k_cache, void* v_cache, std::int64_t past, void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim;
+  const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim;
+  STRATA_CHECK(d.lora_dropout == 0.0f, "decoding with adapter dropout", d.lora_dropout);
   void* k_new = offset_ptr(k_cache, past * KV, d.elem_bytes);
   void* v_new = offset_ptr(v_cache, past * KV, d.elem_bytes);
+  // No backward: every adapter's t goes through the one scratch.
+  void* const ts[kNumLoraTargets] = {s.lora_t, s.lora_t, s.lora_t, s.lora_t,
+                                     s.lora_t, s.lora_t, s.lora_t};
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd, R, H, d.eps, dt);
-  linear(ops, dt, R, Q, H, s.a, w.wq, w.bq, d.qk_norm ? s.q_pre : s.q);
-  linear(ops, dt, R, KV, H, s.a, w.wk, w.bk, d.qk_norm ? s.k_pre : k_new);
-  linear(ops, dt, R, KV, H, s.a, w.wv, w.bv, v_new);
+  project(ops, d, proj(d, w, LoraTarget::kQ), s.a, d.qk_norm ? s.q_pre : s.q, s.lora_t, nullptr);
+  project(ops, d, proj(d, w, LoraTarget::kK), s.a, d.qk_norm ? s.k_pre : k_new, s.lora_t, nullptr);
+  project(ops, d, proj(d, w, LoraTarget::kV), s.a, v_new, s.lora_t, nullptr);
   if (d.qk_norm) {
     ops.rmsnorm_forward(s.q_pre, w.qn, s.q, s.rstd, R * d.heads, d.head_dim, d.eps, dt);
     ops.rmsnorm_forward(s.k_pre, w.kn, k_new, s.rstd, R * d.kv_heads, d.head_dim, d.eps, dt);
@@ -117,37 +228,33 @@ void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
   ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
-  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, out);
+  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, ts, nullptr, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
-// over rows (+=), input gradients dX = dY W.
+// over rows (+=), input gradients dX = dY W; a frozen base (null gradients) skips its weight
+// and bias products but not the input gradients, and each adapter adds its own.
 void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
                     const BlockActs& s, const BlockGrads& g, const BackwardScratch& t) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
-  auto bias_grad = [&](const void* dy, void* db, std::int64_t cols) {
-    if (db != nullptr) ops.bias_grad(dy, db, R, cols, dt);
+  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn;
+  auto grad_of = [&](LoraTarget target) { return g.lora[static_cast<std::size_t>(target)]; };
+  auto back = [&](LoraTarget target, const void* x, void* gw, void* gb, const void* dy, void* dx,
+                  bool accumulate) {
+    project_backward(ops, d, proj(d, w, target), x, t_of(s.lora_t, target), gw, gb, grad_of(target),
+                     dy, dx, accumulate, s.lora_x, t);
   };
 
   // MLP: out = hmid + m Wd^T (+ bd), m = silu(gate) * up.
-  matmul(ops, dt, true, false, H, F, R, t.dh, s.m, g.wd, true);
-  bias_grad(t.dh, g.bd, H);
-  matmul(ops, dt, false, false, R, F, H, t.dh, w.wd, t.dm, false);
+  back(LoraTarget::kDown, s.m, g.wd, g.bd, t.dh, t.dm, false);
   ops.swiglu_backward(t.dm, s.gate, s.up, t.dgate, t.dup, R * F, dt);
-  matmul(ops, dt, true, false, F, H, R, t.dgate, s.b, g.wg, true);
-  matmul(ops, dt, true, false, F, H, R, t.dup, s.b, g.wu, true);
-  bias_grad(t.dgate, g.bg, F);
-  bias_grad(t.dup, g.bu, F);
-  matmul(ops, dt, false, false, R, H, F, t.dgate, w.wg, t.dx, false);
-  matmul(ops, dt, false, false, R, H, F, t.dup, w.wu, t.dx, true);
+  back(LoraTarget::kGate, s.b, g.wg, g.bg, t.dgate, t.dx, false);
+  back(LoraTarget::kUp, s.b, g.wu, g.bu, t.dup, t.dx, true);
   ops.rmsnorm_backward(t.dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dhmid (residual + norm path)
 
   // Attention: hmid = x + att Wo^T (+ bo).
-  matmul(ops, dt, true, false, H, Q, R, t.dh, s.att, g.wo, true);
-  bias_grad(t.dh, g.bo, H);
-  matmul(ops, dt, false, false, R, Q, H, t.dh, w.wo, t.datt, false);
+  back(LoraTarget::kO, s.att, g.wo, g.bo, t.dh, t.datt, false);
   ops.attention_backward(t.datt, s.q, s.k, s.v, s.att, s.lse, t.dq, t.dk, t.dv, d.attention(), dt);
   ops.rope(t.dq, d.batch, d.seq, d.heads, d.head_dim, d.rope, true, dt);
   ops.rope(t.dk, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, true, dt);
@@ -161,15 +268,9 @@ void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w
     dq = t.dq_pre;
     dk = t.dk_pre;
   }
-  matmul(ops, dt, true, false, Q, H, R, dq, s.a, g.wq, true);
-  matmul(ops, dt, true, false, KV, H, R, dk, s.a, g.wk, true);
-  matmul(ops, dt, true, false, KV, H, R, t.dv, s.a, g.wv, true);
-  bias_grad(dq, g.bq, Q);
-  bias_grad(dk, g.bk, KV);
-  bias_grad(t.dv, g.bv, KV);
-  matmul(ops, dt, false, false, R, H, Q, dq, w.wq, t.dx, false);
-  matmul(ops, dt, false, false, R, H, KV, dk, w.wk, t.dx, true);
-  matmul(ops, dt, false, false, R, H, KV, t.dv, w.wv, t.dx, true);
+  back(LoraTarget::kQ, s.a, g.wq, g.bq, dq, t.dx, false);
+  back(LoraTarget::kK, s.a, g.wk, g.bk, dk, t.dx, true);
+  back(LoraTarget::kV, s.a, g.wv, g.bv, t.dv, t.dx, true);
   ops.rmsnorm_backward(t.dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dx
 }

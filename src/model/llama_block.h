@@ -2,12 +2,15 @@
 // backward through the device op table.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
 #include "strata/model/llama_config.h"
+#include "strata/model/lora.h"
 
 namespace strata::model::detail {
 
@@ -22,8 +25,20 @@ struct Dims {
   bool qk_norm = false;
   DType dtype = DType::kF32;
   std::size_t elem_bytes = 4;
+  // LoRA adapters (lora_rank 0: none): rank, scaling, and dropout (0 outside training) with the
+  // micro-batch's mask key; `layer` picks each adapter's own mask (lora_dropout_key).
+  std::int64_t lora_rank = 0;
+  bool lora_on[kNumLoraTargets] = {};  // which projections have adapters
+  float lora_scaling = 0;
+  float lora_dropout = 0;
+  std::uint64_t lora_key = 0;
+  std::int64_t layer = 0;
 
-  static Dims make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq);
+  // With `lora`, its rank, targets, scaling and (training) dropout.
+  static Dims make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq,
+                   const std::optional<LoraConfig>& lora);
+  // The widest input of any projection: an adapter's dropout scratch holds rows of it.
+  std::int64_t max_in() const { return std::max({hidden, q_dim, ffn}); }
   device::AttentionShape attention() const {
     return {batch, seq, heads, kv_heads, head_dim, window};
   }
@@ -42,29 +57,51 @@ struct BlockOffsets {
   std::int64_t bq = -1, bk = -1, bv = -1, bo = -1, qn = -1, kn = -1, bg = -1, bu = -1, bd = -1;
 };
 
+// Element offsets of one block's adapters inside its adapter group, per LoraTarget: lora_A
+// [r, in] and lora_B [out, r]; -1 for a projection without one.
+struct LoraOffsets {
+  std::int64_t a[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
+  std::int64_t b[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
+};
+
+template <typename Ptr>
+struct LoraPair {
+  Ptr a = nullptr;  // lora_A [r, in]
+  Ptr b = nullptr;  // lora_B [out, r]
+};
+
 // Views of one block's weights (or of its gradients): HF shapes, [out, in] for projections;
-// nullptr where the family has no such tensor.
+// nullptr where the family has no such tensor, and for every base gradient of a frozen base.
 template <typename Ptr>
 struct BlockTensors {
-  Ptr ln1;                                                     // [hidden]
-  Ptr wq;                                                      // [q_dim, hidden]
-  Ptr wk;                                                      // [kv_dim, hidden]
-  Ptr wv;                                                      // [kv_dim, hidden]
-  Ptr wo;                                                      // [hidden, q_dim]
-  Ptr ln2;                                                     // [hidden]
-  Ptr wg;                                                      // [ffn, hidden]
-  Ptr wu;                                                      // [ffn, hidden]
-  Ptr wd;                                                      // [hidden, ffn]
+  Ptr ln1 = nullptr;                                           // [hidden]
+  Ptr wq = nullptr;                                            // [q_dim, hidden]
+  Ptr wk = nullptr;                                            // [kv_dim, hidden]
+  Ptr wv = nullptr;                                            // [kv_dim, hidden]
+  Ptr wo = nullptr;                                            // [hidden, q_dim]
+  Ptr ln2 = nullptr;                                           // [hidden]
+  Ptr wg = nullptr;                                            // [ffn, hidden]
+  Ptr wu = nullptr;                                            // [ffn, hidden]
+  Ptr wd = nullptr;                                            // [hidden, ffn]
   Ptr bq = nullptr, bk = nullptr, bv = nullptr, bo = nullptr;  // [q_dim], [kv_dim] x2, [hidden]
   Ptr qn = nullptr, kn = nullptr;                              // [head_dim] each (Qwen3)
   Ptr bg = nullptr, bu = nullptr, bd = nullptr;                // [ffn] x2, [hidden]
+  LoraPair<Ptr> lora[kNumLoraTargets];                         // per LoraTarget
 
   static BlockTensors at(Ptr base, const BlockOffsets& o, std::size_t eb) {
     auto view = [&](std::int64_t off) {
       return off < 0 ? static_cast<Ptr>(nullptr) : static_cast<Ptr>(offset_ptr(base, off, eb));
     };
-    BlockTensors t{view(o.ln1), view(o.wq), view(o.wk), view(o.wv), view(o.wo),
-                   view(o.ln2), view(o.wg), view(o.wu), view(o.wd)};
+    BlockTensors t;
+    t.ln1 = view(o.ln1);
+    t.wq = view(o.wq);
+    t.wk = view(o.wk);
+    t.wv = view(o.wv);
+    t.wo = view(o.wo);
+    t.ln2 = view(o.ln2);
+    t.wg = view(o.wg);
+    t.wu = view(o.wu);
+    t.wd = view(o.wd);
     t.bq = view(o.bq);
     t.bk = view(o.bk);
     t.bv = view(o.bv);
@@ -75,6 +112,14 @@ struct BlockTensors {
     t.bu = view(o.bu);
     t.bd = view(o.bd);
     return t;
+  }
+  // The adapters at `base` (an adapter group's parameters or gradients).
+  void attach_lora(Ptr base, const LoraOffsets& o, std::size_t eb) {
+    for (int i = 0; i < kNumLoraTargets; ++i) {
+      if (o.a[i] < 0) continue;
+      lora[i].a = static_cast<Ptr>(offset_ptr(base, o.a[i], eb));
+      lora[i].b = static_cast<Ptr>(offset_ptr(base, o.b[i], eb));
+    }
   }
 };
 using BlockWeights = BlockTensors<const void*>;
@@ -101,6 +146,10 @@ struct BlockActs {
   void* gate = nullptr;     // [rows, ffn]
   void* up = nullptr;       // [rows, ffn]
   void* m = nullptr;        // [rows, ffn]      silu(gate) * up
+  // Each adapter's dropout(x) A^T [rows, r], per LoraTarget (nullptr without one).
+  void* lora_t[kNumLoraTargets] = {};
+  // Scratch [rows, max in features], not kept: an adapter's input after dropout (lora_dropout > 0).
+  void* lora_x = nullptr;
 };
 
 // Backward scratch shared by all blocks. The MLP part (dm, dgate, dup) and the attention part
@@ -118,6 +167,10 @@ struct BackwardScratch {
   void* dv = nullptr;      // [rows, kv_dim]
   void* dq_pre = nullptr;  // [rows, q_dim]  through q_norm (Qwen3 only)
   void* dk_pre = nullptr;  // [rows, kv_dim] through k_norm (Qwen3 only)
+  // Adapters: the gradient of an adapter's t [rows, r], and (lora_dropout > 0) of its dropped-out
+  // input [rows, max in features].
+  void* lora_dt = nullptr;
+  void* lora_dx = nullptr;
 };
 
 // x [rows, hidden] -> out [rows, hidden]; fills acts (acts.x must be x). out == nullptr stops
@@ -133,18 +186,19 @@ void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w
 // What one block needs to decode `rows` new tokens of one sequence (all device pointers,
 // compute dtype unless noted); shared by the layers, which run one after another.
 struct DecodeActs {
-  void* x = nullptr;      // [rows, hidden] block input
-  void* a = nullptr;      // [rows, hidden]
-  void* q = nullptr;      // [rows, q_dim]
-  void* q_pre = nullptr;  // [rows, q_dim]  (Qwen3)
-  void* k_pre = nullptr;  // [rows, kv_dim] (Qwen3)
-  float* rstd = nullptr;  // [rows * heads] f32: every norm's statistics (not kept)
-  void* att = nullptr;    // [rows, q_dim]
-  void* hmid = nullptr;   // [rows, hidden]
-  void* b = nullptr;      // [rows, hidden]
-  void* gate = nullptr;   // [rows, ffn]
-  void* up = nullptr;     // [rows, ffn]
-  void* m = nullptr;      // [rows, ffn]
+  void* x = nullptr;       // [rows, hidden] block input
+  void* a = nullptr;       // [rows, hidden]
+  void* q = nullptr;       // [rows, q_dim]
+  void* q_pre = nullptr;   // [rows, q_dim]  (Qwen3)
+  void* k_pre = nullptr;   // [rows, kv_dim] (Qwen3)
+  float* rstd = nullptr;   // [rows * heads] f32: every norm's statistics (not kept)
+  void* att = nullptr;     // [rows, q_dim]
+  void* hmid = nullptr;    // [rows, hidden]
+  void* b = nullptr;       // [rows, hidden]
+  void* gate = nullptr;    // [rows, ffn]
+  void* up = nullptr;      // [rows, ffn]
+  void* m = nullptr;       // [rows, ffn]
+  void* lora_t = nullptr;  // [rows, r]: one adapter's x A^T at a time
 };
 
 // Decodes d.rows new tokens at positions past.. past + rows - 1 (d.batch 1, d.seq = rows):
@@ -154,8 +208,9 @@ void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
                   void* k_cache, void* v_cache, std::int64_t past, void* out);
 
 // Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
-// C[m, n] = op(A) op(B) (+ C if accumulate).
+// C[m, n] = alpha op(A) op(B) (+ C if accumulate).
 void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
-            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate);
+            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate,
+            float alpha = 1.0f);
 
 }  // namespace strata::model::detail

@@ -5,22 +5,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 
 #include "strata/core/rng.h"
 
 namespace strata::model {
 namespace {
 
-void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, bool is_norm,
-                bool is_bias = false) {
+void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, TensorInit init) {
   TensorSpec t;
   t.name = std::move(name);
   t.shape = std::move(shape);
   t.num_elems = 1;
   for (auto d : t.shape) t.num_elems *= d;
   t.offset_elems = g.num_elems;
-  t.is_norm = is_norm;
-  t.is_bias = is_bias;
+  t.init = init;
   g.num_elems = (t.offset_elems + t.num_elems + kTensorAlignElems - 1) / kTensorAlignElems *
                 kTensorAlignElems;
   g.tensors.push_back(std::move(t));
@@ -28,14 +27,15 @@ void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape
 
 }  // namespace
 
-ParamLayout ParamLayout::build(const LlamaConfig& c) {
+ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora) {
   ParamLayout layout;
+  constexpr auto kNormal = TensorInit::kNormal, kOnes = TensorInit::kOnes;
   const std::int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();
   const std::int64_t ffn = c.intermediate_size;
 
   ParamGroup embed;
   embed.name = "embed";
-  add_tensor(embed, "model.embed_tokens.weight", {c.vocab_size, h}, false);
+  add_tensor(embed, "model.embed_tokens.weight", {c.vocab_size, h}, kNormal);
   layout.groups_.push_back(std::move(embed));
 
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -43,19 +43,19 @@ ParamLayout ParamLayout::build(const LlamaConfig& c) {
     g.name = "layers." + std::to_string(l);
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in, bool bias) {
-      add_tensor(g, p + name + ".weight", {out, in}, false);
-      if (bias) add_tensor(g, p + name + ".bias", {out}, false, true);
+      add_tensor(g, p + name + ".weight", {out, in}, kNormal);
+      if (bias) add_tensor(g, p + name + ".bias", {out}, TensorInit::kZeros);
     };
-    add_tensor(g, p + "input_layernorm.weight", {h}, true);
+    add_tensor(g, p + "input_layernorm.weight", {h}, kOnes);
     linear("self_attn.q_proj", q, h, c.qkv_bias);
     linear("self_attn.k_proj", kv, h, c.qkv_bias);
     linear("self_attn.v_proj", kv, h, c.qkv_bias);
     linear("self_attn.o_proj", h, q, c.o_bias);
     if (c.qk_norm) {
-      add_tensor(g, p + "self_attn.q_norm.weight", {c.head_dim()}, true);
-      add_tensor(g, p + "self_attn.k_norm.weight", {c.head_dim()}, true);
+      add_tensor(g, p + "self_attn.q_norm.weight", {c.head_dim()}, kOnes);
+      add_tensor(g, p + "self_attn.k_norm.weight", {c.head_dim()}, kOnes);
     }
-    add_tensor(g, p + "post_attention_layernorm.weight", {h}, true);
+    add_tensor(g, p + "post_attention_layernorm.weight", {h}, kOnes);
     linear("mlp.gate_proj", ffn, h, c.mlp_bias);
     linear("mlp.up_proj", ffn, h, c.mlp_bias);
     linear("mlp.down_proj", h, ffn, c.mlp_bias);
@@ -64,9 +64,30 @@ ParamLayout ParamLayout::build(const LlamaConfig& c) {
 
   ParamGroup head;
   head.name = "head";
-  add_tensor(head, "model.norm.weight", {h}, true);
-  if (!c.tie_word_embeddings) add_tensor(head, "lm_head.weight", {c.vocab_size, h}, false);
+  add_tensor(head, "model.norm.weight", {h}, kOnes);
+  if (!c.tie_word_embeddings) add_tensor(head, "lm_head.weight", {c.vocab_size, h}, kNormal);
   layout.groups_.push_back(std::move(head));
+
+  layout.num_layers_ = static_cast<int>(c.num_hidden_layers);
+  layout.adapters_ = lora.has_value();
+  if (lora) {
+    for (auto& g : layout.groups_) g.frozen = true;
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      ParamGroup g;
+      g.name = "layers." + std::to_string(l) + ".lora";
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      for (int t = 0; t < kNumLoraTargets; ++t) {
+        const auto target = static_cast<LoraTarget>(t);
+        if (!lora->has(target)) continue;
+        const std::string m = p + std::string(lora_module_path(target));
+        add_tensor(g, m + ".lora_A.weight", {lora->r, lora_in_features(c, target)},
+                   TensorInit::kUniformFanIn);
+        add_tensor(g, m + ".lora_B.weight", {lora_out_features(c, target), lora->r},
+                   TensorInit::kZeros);
+      }
+      layout.groups_.push_back(std::move(g));
+    }
+  }
 
   for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
     layout.groups_[i].id = static_cast<int>(i);
@@ -79,6 +100,7 @@ ParamLayout ParamLayout::build(const LlamaConfig& c) {
 ParamLayout ParamLayout::from_groups(std::vector<ParamGroup> groups) {
   ParamLayout layout;
   layout.groups_ = std::move(groups);
+  layout.num_layers_ = std::max(0, static_cast<int>(layout.groups_.size()) - 2);
   for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
     layout.groups_[i].id = static_cast<int>(i);
     layout.total_elems_ += layout.groups_[i].num_elems;
@@ -109,13 +131,26 @@ void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_
   };
   std::vector<Piece> pieces;
   std::int64_t total = 0;
+  bool uniform = false;
   for (const auto& t : group.tensors) {
     float* p = out + t.offset_elems;
-    if (t.is_norm) {
+    if (t.init == TensorInit::kOnes) {
       std::fill(p, p + t.num_elems, 1.0f);
-    } else if (!t.is_bias) {  // biases stay zero
+    } else if (t.init == TensorInit::kNormal) {
       pieces.push_back(Piece{total, p});
       total += t.num_elems;
+    }
+    uniform = uniform || t.init == TensorInit::kUniformFanIn;
+  }
+  if (uniform) {  // LoRA's A: small tensors, drawn in order from their own stream
+    Rng rng(start.state[0] ^ 0x5bd1e995u);
+    for (const auto& t : group.tensors) {
+      if (t.init != TensorInit::kUniformFanIn) continue;
+      const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape.at(1)));
+      float* p = out + t.offset_elems;
+      for (std::int64_t i = 0; i < t.num_elems; ++i) {
+        p[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+      }
     }
   }
   pieces.push_back(Piece{total, nullptr});

@@ -5,6 +5,15 @@
 
 namespace strata {
 
+// The i-th output of splitmix64 seeded with `key`: a counter-based hash, so element i of a
+// random mask is computed wherever it is needed, on any backend, without a stream to advance.
+inline constexpr std::uint64_t splitmix64_at(std::uint64_t key, std::uint64_t i) {
+  std::uint64_t z = key + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // splitmix64-seeded xoshiro256**: fast, reproducible across platforms, state is 4 words.
 class Rng {
  public:

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "strata/core/dtype.h"
+#include "strata/core/rng.h"
 #include "strata/device/rope.h"
 
 namespace strata::device {
@@ -89,7 +90,7 @@ class Ops {
   virtual void rmsnorm_forward(const void* x, const void* w, void* out, float* rstd,
                                std::int64_t rows, std::int64_t dim, float eps,
                                DType dtype) const = 0;
-  // dx overwritten, dw accumulated.
+  // dx overwritten, dw accumulated; dw null (a frozen weight): no weight gradient.
   virtual void rmsnorm_backward(const void* dout, const void* x, const void* w, const float* rstd,
                                 void* dx, void* dw, std::int64_t rows, std::int64_t dim,
                                 DType dtype) const = 0;
@@ -141,6 +142,12 @@ class Ops {
   virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                     std::int64_t n) const = 0;
 
+  // Inverted dropout over n elements: out[i] = x[i] * (1 / (1 - p)) where dropout_keeps(key, i,
+  // dropout_threshold(p)), else 0 (out may alias x). Applied to a gradient with the same key, it
+  // is the backward of the same mask.
+  virtual void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
+                       DType dtype) const = 0;
+
   // sum(x^2) in double over n elements (for gradient norms of device-resident gradients),
   // written to *result, 8 bytes of device memory, in compute-stream order: many sums are read
   // back to the host with one copy and one synchronization. The same bits on every backend
@@ -154,6 +161,16 @@ class Ops {
 }  // namespace strata::device
 
 namespace strata::device {
+// Dropout masks: element i is kept when the top 24 bits of splitmix64_at(key, i) are at least
+// round(p * 2^24). Integer arithmetic only, so every backend (and tools/golden/lora_golden.py)
+// draws the same mask.
+inline std::uint32_t dropout_threshold(float p) {
+  return static_cast<std::uint32_t>(static_cast<double>(p) * 16777216.0 + 0.5);
+}
+inline constexpr bool dropout_keeps(std::uint64_t key, std::uint64_t i, std::uint32_t threshold) {
+  return static_cast<std::uint32_t>(splitmix64_at(key, i) >> 40) >= threshold;
+}
+
 // The scalar AdamW every backend and the host optimizer are tested against; the CPU backend's
 // adamw op runs exactly this, so optimizer placement never changes results.
 void adamw_reference(const AdamWArgs& args);

@@ -3,11 +3,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 #include "strata/device/device.h"
 #include "strata/model/llama_config.h"
+#include "strata/model/lora.h"
 #include "strata/model/param_layout.h"
 #include "strata/model/param_provider.h"
 
@@ -16,6 +18,8 @@ namespace strata::model {
 struct ModelOptions {
   DType compute_dtype = DType::kF32;      // f32 or bf16: weights, activations and gradients
   bool activation_checkpointing = false;  // keep only each block's input; recompute in backward
+  // LoRA adapters on a frozen base: the layout must be ParamLayout::build(config, lora).
+  std::optional<LoraConfig> lora;
 };
 
 struct StepTimings {
@@ -35,12 +39,13 @@ class LlamaModel {
   // Forward and backward on one micro-batch. inputs/targets: host int32 [batch * seq]; a target
   // < 0 is ignored. Returns the mean cross-entropy over valid targets. Gradients of
   // (mean loss * grad_scale) are accumulated through provider.acquire_grads/release_grads for
-  // every group. Activation memory comes from the device budget (out_of_memory if it does not
-  // fit).
+  // every group that trains (frozen groups get none: their weight-gradient products are
+  // skipped). Activation memory comes from the device budget (out_of_memory if it does not fit).
+  // dropout_key: the micro-batch's adapter dropout masks (lora dropout > 0; lora_dropout_key).
   Result<float> forward_backward(ParamProvider& provider, const std::int32_t* inputs,
                                  const std::int32_t* targets, std::int64_t batch, std::int64_t seq,
-                                 float grad_scale);
-  // Forward only; returns the mean loss.
+                                 float grad_scale, std::uint64_t dropout_key = 0);
+  // Forward only (no dropout); returns the mean loss.
   Result<float> forward_loss(ParamProvider& provider, const std::int32_t* inputs,
                              const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/model/llama_config.h"
+#include "strata/model/lora.h"
 
 namespace strata::model {
 
@@ -15,13 +16,20 @@ namespace strata::model {
 // aligned in f32 and bf16 alike.
 inline constexpr std::int64_t kTensorAlignElems = 64;
 
+// How a fresh tensor is initialized (init_group).
+enum class TensorInit : std::uint8_t {
+  kNormal,       // linear and embedding weights: N(0, initializer_range)
+  kOnes,         // RMSNorm weights
+  kZeros,        // biases, LoRA's B
+  kUniformFanIn  // LoRA's A: U(-1/sqrt(in), 1/sqrt(in)), PEFT's kaiming_uniform_(a=sqrt(5))
+};
+
 struct TensorSpec {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<std::int64_t> shape;
   std::int64_t offset_elems = 0;  // inside its group
   std::int64_t num_elems = 0;
-  bool is_norm = false;  // RMSNorm weight: initialized to 1
-  bool is_bias = false;  // a linear layer's bias: initialized to 0
+  TensorInit init = TensorInit::kNormal;
 };
 
 struct ParamGroup {
@@ -38,10 +46,14 @@ struct ParamGroup {
 // input_layernorm, self_attn.{q,k,v,o}_proj (each weight followed by its bias where the family
 // has one), self_attn.{q,k}_norm (Qwen3), post_attention_layernorm, mlp.{gate,up,down}_proj
 // (with biases under mlp_bias); L+1 = "head" (model.norm.weight, then lm_head.weight unless
-// tie_word_embeddings).
+// tie_word_embeddings). With LoRA adapters, every group above is frozen and L+2..2L+1 =
+// "layers.i.lora" hold layer i's adapters: for each target in the block's order,
+// model.layers.i.<module>.lora_A.weight [r, in] then .lora_B.weight [out, r]. The base's group
+// ids do not change, so a base drawn from a seed is the same with or without adapters.
 class ParamLayout {
  public:
-  static ParamLayout build(const LlamaConfig& config);
+  static ParamLayout build(const LlamaConfig& config,
+                           const std::optional<LoraConfig>& lora = std::nullopt);
   // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
   static ParamLayout from_groups(std::vector<ParamGroup> groups);
 
@@ -50,7 +62,10 @@ class ParamLayout {
   int num_groups() const { return static_cast<int>(groups_.size()); }
   int embed_group() const { return 0; }
   int layer_group(int layer) const { return 1 + layer; }
-  int head_group() const { return num_groups() - 1; }
+  int head_group() const { return 1 + num_layers_; }
+  bool has_adapters() const { return adapters_; }
+  // Layer `layer`'s adapter group; -1 without adapters.
+  int adapter_group(int layer) const { return adapters_ ? 2 + num_layers_ + layer : -1; }
   std::int64_t total_elems() const { return total_elems_; }
   // Number of real parameters (without padding).
   std::int64_t num_parameters() const { return num_parameters_; }
@@ -63,12 +78,15 @@ class ParamLayout {
 
  private:
   std::vector<ParamGroup> groups_;
+  int num_layers_ = 0;
+  bool adapters_ = false;
   std::int64_t total_elems_ = 0;
   std::int64_t num_parameters_ = 0;
 };
 
-// Initializes one group like transformers' LlamaForCausalLM: linear and embedding weights
-// ~ N(0, initializer_range), norm weights = 1, biases and padding = 0. Each group draws from its
+// Initializes one group like transformers' LlamaForCausalLM and PEFT's LoRA: linear and
+// embedding weights ~ N(0, initializer_range), norm weights = 1, biases, LoRA's B and padding = 0,
+// LoRA's A ~ U(-1/sqrt(in), 1/sqrt(in)). Each group draws from its
 // own stream seeded by (seed, group id), so the result does not depend on the order groups are
 // visited; the group's elements are drawn in parallel chunks that give the same numbers as one
 // thread drawing them in order.

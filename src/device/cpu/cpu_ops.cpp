@@ -130,6 +130,7 @@ class CpuOps final : public Ops {
           for (std::int64_t j = 0; j < dim; ++j) o[j] = from_f32<T>(r * gr[j] - k * xr[j]);
         }
       });
+      if (dw == nullptr) return;
       T* dws = static_cast<T*>(dw);
       ctx_.parallel_for(dim, 1024, [&](std::int64_t j0, std::int64_t j1) {
         for (std::int64_t j = j0; j < j1; ++j) {
@@ -324,6 +325,23 @@ class CpuOps final : public Ops {
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
     cpu::parallel_convert(ctx_, src, src_dtype, dst, dst_dtype, n);
+  }
+
+  void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
+               DType dtype) const override {
+    const std::uint32_t threshold = dropout_threshold(p);
+    const float scale = 1.0f / (1.0f - p);
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* xs = static_cast<const T*>(x);
+      T* os = static_cast<T*>(out);
+      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const bool keep = dropout_keeps(key, static_cast<std::uint64_t>(i), threshold);
+          os[i] = from_f32<T>(keep ? to_f32(xs[i]) * scale : 0.0f);
+        }
+      });
+    });
   }
 
   void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {

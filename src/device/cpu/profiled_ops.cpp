@@ -149,6 +149,11 @@ class ProfiledOps final : public Ops {
     Timed t("cast", 0, static_cast<double>(n) * (sz(src_dtype) + sz(dst_dtype)));
     inner_->cast(src, src_dtype, dst, dst_dtype, n);
   }
+  void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
+               DType dtype) const override {
+    Timed t("dropout", 0, 2.0 * static_cast<double>(n) * sz(dtype));
+    inner_->dropout(x, out, n, p, key, dtype);
+  }
   void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
     Timed t("sum_squares", 0, static_cast<double>(n) * sz(dtype));
     inner_->sum_squares(x, n, dtype, result);

@@ -195,6 +195,14 @@ class CudaOps final : public Ops {
          "cross_entropy");
   }
 
+  void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
+               DType dtype) const override {
+    STRATA_CHECK(n >= 0, "negative dropout size", n);
+    done(kernels::dropout(ctx(), x, out, n, dropout_threshold(p), 1.0f / (1.0f - p), key,
+                          float_elem(dtype)),
+         "dropout");
+  }
+
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
     if (n <= 0) return;

@@ -602,5 +602,59 @@ TEST(CpuOpsTest, AddIncludingInPlace) {
   }
 }
 
+// Dropout: the mask is the documented function of (key, index), kept elements scaled by
+// 1 / (1 - p) in f32, the dropped fraction near p, in place the same, and the null weight
+// gradient of rmsnorm_backward touches nothing.
+TEST(CpuOpsTest, DropoutKeepsTheDocumentedMask) {
+  auto dev = make_device();
+  const std::int64_t n = 100003;
+  const float p = 0.25f;
+  const std::uint64_t key = 0x1234567887654321ull;
+  for (DType dt : kDtypes) {
+    Rng rng(11);
+    HostTensor x(dt, n), out(dt, n);
+    x.fill_uniform(rng, 0.5, 1.5);  // never 0, so a zero output means dropped
+    out.poison();
+    dev->ops().dropout(x.data(), out.data(), n, p, key, dt);
+    const auto xv = x.values(), ov = out.values();
+    const std::uint32_t threshold = dropout_threshold(p);
+    EXPECT_EQ(threshold, 4194304u);  // 0.25 * 2^24
+    std::int64_t dropped = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bool keep = static_cast<std::uint32_t>(splitmix64_at(key, i) >> 40) >= threshold;
+      ASSERT_EQ(keep, dropout_keeps(key, i, threshold));
+      HostTensor one(dt, 1);
+      one.set(0, keep ? static_cast<float>(xv[i]) * (1.0f / (1.0f - p)) : 0.0f);
+      ASSERT_EQ(ov[i], one.values()[0]) << i;
+      dropped += keep ? 0 : 1;
+    }
+    // Binomial(n, p): within 6 standard deviations.
+    EXPECT_NEAR(static_cast<double>(dropped), p * n, 6 * std::sqrt(n * p * (1 - p)));
+    dev->ops().dropout(x.data(), x.data(), n, p, key, dt);  // in place
+    EXPECT_TRUE(x.bitwise_equal(out));
+  }
+}
+
+TEST(CpuOpsTest, RmsnormBackwardWithoutWeightGradient) {
+  auto dev = make_device();
+  const std::int64_t rows = 33, dim = 40;
+  Rng rng(3);
+  HostTensor x(DType::kF32, rows * dim), dy(DType::kF32, rows * dim), w(DType::kF32, dim);
+  x.fill_uniform(rng, -1, 1);
+  dy.fill_uniform(rng, -1, 1);
+  w.fill_uniform(rng, 0.5, 1.5);
+  HostTensor y(DType::kF32, rows * dim), dx1(DType::kF32, rows * dim), dx2(DType::kF32, rows * dim),
+      dw(DType::kF32, dim);
+  std::vector<float> rstd(rows);
+  dev->ops().rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, dim, 1e-5f,
+                             DType::kF32);
+  dw.fill_uniform(rng, -1, 1);
+  dev->ops().rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), dx1.data(), dw.data(),
+                              rows, dim, DType::kF32);
+  dev->ops().rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), dx2.data(), nullptr, rows,
+                              dim, DType::kF32);
+  EXPECT_TRUE(dx1.bitwise_equal(dx2));
+}
+
 }  // namespace
 }  // namespace strata::device

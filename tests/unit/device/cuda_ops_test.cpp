@@ -366,6 +366,22 @@ TEST_F(CudaOpsTest, AddIsExactIncludingInPlaceAndUnaligned) {
   }
 }
 
+TEST_F(CudaOpsTest, DropoutMatchesTheCpuMaskIncludingInPlace) {
+  for (DType dt : kDtypes) {
+    const std::int64_t n = 70001;
+    Rng rng(12);
+    HostTensor x(dt, n), want(dt, n);
+    x.fill_uniform(rng, -1, 1);
+    cpu_ops().dropout(x.data(), want.data(), n, 0.1f, 987654321ull, dt);
+    GpuTensor gx(*gpu_, x), gout(*gpu_, dt, n);
+    gout.poison();
+    gpu_ops().dropout(gx.data(), gout.data(), n, 0.1f, 987654321ull, dt);
+    EXPECT_TRUE(gout.download().bitwise_equal(want));
+    gpu_ops().dropout(gx.data(), gx.data(), n, 0.1f, 987654321ull, dt);
+    EXPECT_TRUE(gx.download().bitwise_equal(want));
+  }
+}
+
 struct BiasShape {
   std::int64_t rows, cols;
 };

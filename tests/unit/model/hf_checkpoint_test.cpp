@@ -42,7 +42,7 @@ std::vector<std::vector<float>> make_values(const LlamaConfig& config, const Par
     std::vector<float> v(static_cast<std::size_t>(g.num_elems));
     init_group(config, g, seed, v.data());
     for (const auto& t : g.tensors) {
-      if (!t.is_norm) continue;
+      if (t.init != TensorInit::kOnes) continue;
       for (std::int64_t i = 0; i < t.num_elems; ++i) v[t.offset_elems + i] += 0.01f * (i % 7);
     }
     values.push_back(std::move(v));

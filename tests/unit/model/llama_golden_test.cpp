@@ -69,7 +69,7 @@ GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, boo
     }
   }
   const GoldenBatch b = batch_of(golden);
-  LlamaModel model(*config, layout, *device, ModelOptions{dtype, checkpointing});
+  LlamaModel model(*config, layout, *device, ModelOptions{dtype, checkpointing, std::nullopt});
   auto r =
       model.forward_backward(provider, b.inputs.data(), b.targets.data(), b.batch, b.seq, 1.0f);
   STRATA_CHECK(r.is_ok(), r.status().to_string());

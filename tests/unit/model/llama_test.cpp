@@ -50,7 +50,7 @@ struct ModelRig {
         layout(ParamLayout::build(config)),
         device(make_device(limit)),
         provider(layout, *device, dtype),
-        model(config, layout, *device, ModelOptions{dtype, checkpointing}),
+        model(config, layout, *device, ModelOptions{dtype, checkpointing, std::nullopt}),
         batch(make_batch(config.vocab_size, kBatch, kSeq, 77)) {
     fill_params(layout, provider, 5);
   }
@@ -107,7 +107,7 @@ void check_coords(ModelRig& s, const TensorSpec& t, const std::vector<std::int64
     // Biases move the loss least (a key bias barely moves softmax at all): their differences
     // take the longer step, whose truncation error (~2e-3 relative) is below the f32 noise a
     // 2e-3 step would leave on gradients this small.
-    const double numeric = numeric_grad(s, p + i, t.is_bias ? 1e-2 : 2e-3);
+    const double numeric = numeric_grad(s, p + i, t.init == TensorInit::kZeros ? 1e-2 : 2e-3);
     const double tol = 2e-2 * std::abs(analytic) + 2e-3 * gmax + 2e-5;
     EXPECT_NEAR(numeric, analytic, tol) << t.name << "[" << i << "]";
     ++*checked;
@@ -127,7 +127,7 @@ TEST_P(LlamaGradientTest, EveryParameterMatchesFiniteDifferences) {
   for (const auto& group : s.layout.groups()) {
     for (const auto& t : group.tensors) {
       std::vector<std::int64_t> coords;
-      if (t.is_norm) {
+      if (t.init == TensorInit::kOnes) {
         for (std::int64_t i = 0; i < t.num_elems; ++i) coords.push_back(i);
       } else {
         for (int k = 0; k < 30; ++k)
@@ -192,7 +192,7 @@ TEST_P(FamilyGradientTest, EveryParameterMatchesFiniteDifferences) {
   for (const auto& group : s.layout.groups()) {
     for (const auto& t : group.tensors) {
       std::vector<std::int64_t> coords;
-      if (t.is_norm || t.is_bias) {
+      if (t.init == TensorInit::kOnes || t.init == TensorInit::kZeros) {
         for (std::int64_t i = 0; i < t.num_elems; ++i) coords.push_back(i);
       } else {
         for (int k = 0; k < 20; ++k)
@@ -361,7 +361,7 @@ TEST(LlamaModelTest, TooSmallBudgetIsOutOfMemory) {
   for (bool ckpt : {false, true}) {
     const LlamaConfig c = tiny_config(false);
     const ParamLayout layout = ParamLayout::build(c);
-    LlamaModel probe(c, layout, *make_device(), ModelOptions{DType::kF32, ckpt});
+    LlamaModel probe(c, layout, *make_device(), ModelOptions{DType::kF32, ckpt, std::nullopt});
     std::uint64_t params_bytes = 0;
     for (const auto& g : layout.groups())
       params_bytes += align_up(static_cast<std::size_t>(g.num_elems) * 4, 64);
@@ -435,7 +435,7 @@ TEST(LlamaModelTest, DISABLED_ForwardBackwardTiming) {
       auto dev = make_device();
       TestProvider p(layout, *dev, dt);
       fill_params(layout, p, 1, 0.02);
-      LlamaModel m(c, layout, *dev, ModelOptions{dt, ckpt});
+      LlamaModel m(c, layout, *dev, ModelOptions{dt, ckpt, std::nullopt});
       Batch b = make_batch(c.vocab_size, batch, seq, 3);
       double best = 1e30, fwd = 0, bwd = 0, wait = 0;
       for (int it = 0; it < 6; ++it) {

@@ -67,6 +67,7 @@ class TestProvider final : public ParamProvider {
 
   Result<void*> acquire_grads(int group) override {
     log.push_back("G+" + std::to_string(group));
+    EXPECT_FALSE(layout_.group(group).frozen) << "gradients of frozen group " << group;
     EXPECT_TRUE(grad_bufs_[group].empty()) << "gradients of group " << group << " acquired twice";
     auto r = device_.allocate(params[group].size() * dtype_size(dtype_), "test grads");
     if (!r.is_ok()) return r.status();
@@ -244,7 +245,8 @@ inline void fill_params(const ParamLayout& layout, TestProvider& p, std::uint64_
     for (const auto& t : g.tensors) {
       float* x = p.params[g.id].data() + t.offset_elems;
       for (std::int64_t i = 0; i < t.num_elems; ++i) {
-        x[i] = static_cast<float>(t.is_norm ? 1.0 + 0.2 * rng.normal() : std * rng.normal());
+        x[i] = static_cast<float>(t.init == TensorInit::kOnes ? 1.0 + 0.2 * rng.normal()
+                                                              : std * rng.normal());
       }
     }
   }

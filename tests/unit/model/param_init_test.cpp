@@ -36,9 +36,9 @@ std::vector<float> serial_init(const LlamaConfig& config, const ParamGroup& grou
   Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(group.id) + 1);
   for (const auto& t : group.tensors) {
     float* p = out.data() + t.offset_elems;
-    if (t.is_norm) {
+    if (t.init == TensorInit::kOnes) {
       std::fill(p, p + t.num_elems, 1.0f);
-    } else if (!t.is_bias) {
+    } else if (t.init != TensorInit::kZeros) {
       for (std::int64_t i = 0; i < t.num_elems; ++i)
         p[i] = static_cast<float>(rng.normal() * config.initializer_range);
     }

@@ -1,0 +1,55 @@
+// Low-rank adapters (LoRA, PEFT's LoraConfig): on each targeted projection W [out, in] of every
+// decoder block, y = x W^T + b + scaling * dropout(x) A^T B^T, with A [r, in] and B [out, r]
+// trainable and the base frozen. PEFT's meaning for every key: scaling alpha / r (alpha / sqrt(r)
+// with use_rslora), A drawn Kaiming-uniform (bound 1 / sqrt(in)), B zero.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/core/rng.h"
+#include "strata/model/llama_config.h"
+
+namespace strata::model {
+
+// The projections of a decoder block an adapter can sit on, in the block's order.
+enum class LoraTarget : std::uint8_t { kQ, kK, kV, kO, kGate, kUp, kDown };
+inline constexpr int kNumLoraTargets = 7;
+
+// "q_proj", "k_proj", ... "down_proj": the names PEFT's target_modules use.
+std::string_view lora_target_name(LoraTarget target);
+// "self_attn.q_proj", ... "mlp.down_proj": the module's path inside a decoder layer.
+std::string_view lora_module_path(LoraTarget target);
+std::optional<LoraTarget> parse_lora_target(std::string_view name);
+// The projection's input and output features in this model.
+std::int64_t lora_in_features(const LlamaConfig& config, LoraTarget target);
+std::int64_t lora_out_features(const LlamaConfig& config, LoraTarget target);
+
+struct LoraConfig {
+  std::int64_t r = 16;
+  double alpha = 32;
+  double dropout = 0;  // probability of zeroing an input element of an adapter (training only)
+  std::array<bool, kNumLoraTargets> targets{true, true, true, true, true, true, true};
+  bool use_rslora = false;
+
+  bool targets_any() const;
+  bool has(LoraTarget t) const { return targets[static_cast<std::size_t>(t)]; }
+  // The adapter's output scale, as PEFT forms it in double; the model multiplies in f32.
+  double scaling() const;
+  // target_modules, in the block's order.
+  std::vector<std::string> target_names() const;
+};
+
+// The dropout mask key (device::Ops::dropout) of adapter `target` of layer `layer` in a micro-batch
+// whose key is `key`.
+inline constexpr std::uint64_t lora_dropout_key(std::uint64_t key, std::int64_t layer,
+                                                LoraTarget target) {
+  return strata::splitmix64_at(key, static_cast<std::uint64_t>(layer) * kNumLoraTargets +
+                                        static_cast<std::uint64_t>(target));
+}
+
+}  // namespace strata::model

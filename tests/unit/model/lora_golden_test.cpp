@@ -1,0 +1,189 @@
+// LoRA against PyTorch: the loss and every adapter gradient of one step on a frozen base, for
+// each family and target set, with and without dropout (Strata's masks, reproduced by
+// tools/golden/lora_golden.py from PEFT's math in float64; tests/data/lora/).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "strata/core/json.h"
+#include "strata/model/llama.h"
+#include "strata/model/lora.h"
+#include "tests/unit/model/llama_test_util.h"
+
+namespace strata::model {
+namespace {
+
+using testing::make_device;
+using testing::TestProvider;
+
+// As llama_golden_test.cpp: a plain f32 implementation lands within f32_error of float64 (the
+// golden file's own float32 run measures it); Strata sums in other orders, so it may use
+// kF32Factor times that.
+constexpr double kF32Factor = 8.0;
+
+LoraConfig lora_of(const Json& j) {
+  LoraConfig l;
+  l.r = j.at("r");
+  l.alpha = j.at("lora_alpha");
+  l.dropout = j.at("lora_dropout");
+  l.use_rslora = j.at("use_rslora");
+  l.targets.fill(false);
+  for (const auto& name : j.at("target_modules")) {
+    const auto t = parse_lora_target(name.get<std::string>());
+    STRATA_CHECK(t.has_value(), "unknown target", name.dump());
+    l.targets[static_cast<std::size_t>(*t)] = true;
+  }
+  return l;
+}
+
+class LoraGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(LoraGoldenTest, F32LossAndAdapterGradientsMatchPyTorch) {
+  const auto& [name, checkpointing] = GetParam();
+  const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/lora/" + name + ".json";
+  auto golden = read_json_file(path);
+  ASSERT_TRUE(golden.is_ok()) << golden.status().to_string();
+  const Json& g = golden.value();
+  auto config = LlamaConfig::from_json(g.at("config"), path);
+  ASSERT_TRUE(config.is_ok()) << config.status().to_string();
+  const LoraConfig lora = lora_of(g.at("lora"));
+  const ParamLayout layout = ParamLayout::build(*config, lora);
+  ASSERT_TRUE(layout.has_adapters());
+  auto device = make_device();
+  TestProvider provider(layout, *device, DType::kF32);
+  std::size_t adapter_tensors = 0;
+  for (const auto& group : layout.groups()) {
+    EXPECT_EQ(group.frozen, layout.group(group.id).name.find(".lora") == std::string::npos)
+        << group.name;
+    for (const auto& t : group.tensors) {
+      const Json& w = group.frozen ? g.at("weights").at(t.name) : g.at("adapters").at(t.name);
+      ASSERT_EQ(static_cast<std::int64_t>(w.size()), t.num_elems) << t.name;
+      float* p = provider.param(t.name);
+      for (std::int64_t i = 0; i < t.num_elems; ++i) p[i] = w[i].get<float>();
+      adapter_tensors += group.frozen ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(adapter_tensors, g.at("adapters").size()) << "every adapter of the golden, no other";
+
+  std::vector<std::int32_t> inputs, targets;
+  const auto tokens = g.at("tokens").get<std::vector<std::int32_t>>();
+  const std::int64_t seq = g.at("seq"), batch = g.at("windows");
+  for (std::int64_t w = 0; w < batch; ++w) {
+    for (std::int64_t i = 0; i < seq; ++i) {
+      inputs.push_back(tokens[static_cast<std::size_t>(w * seq + i)]);
+      targets.push_back(tokens[static_cast<std::size_t>(w * seq + i + 1)]);
+    }
+  }
+  LlamaModel model(*config, layout, *device, ModelOptions{DType::kF32, checkpointing, lora});
+  const std::uint64_t key = std::stoull(g.at("dropout_key").get<std::string>());
+  auto r = model.forward_backward(provider, inputs.data(), targets.data(), batch, seq, 1.0f, key);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const double want = g.at("loss");
+  EXPECT_NEAR(*r, want, kF32Factor * g.at("f32_loss_error").get<double>() + 0x1p-24 * want);
+
+  for (const auto& [tensor, grads] : g.at("grads").items()) {
+    const auto loc = layout.find(tensor);
+    ASSERT_TRUE(loc.has_value()) << tensor;
+    const double bound = kF32Factor * g.at("f32_grad_error").at(tensor).get<double>();
+    ASSERT_GT(bound, 0.0) << tensor;
+    const float* got = provider.grad(tensor);
+    double worst = 0, largest = 0;
+    int bad = 0;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const double w = grads[i].get<double>();
+      const double err = std::abs(got[i] - w);
+      worst = std::max(worst, err / bound);
+      largest = std::max(largest, std::abs(w));
+      if (!(err <= bound) && ++bad <= 3) {
+        ADD_FAILURE() << tensor << "[" << i << "]: got " << got[i] << ", want " << w;
+      }
+    }
+    EXPECT_GT(largest, 100 * bound) << tensor << ": the gradient must be far above f32 noise";
+    std::printf("  %s: worst %.2f of the bound (%.3g)\n", tensor.c_str(), worst, bound);
+  }
+  // Forward only (evaluation): no dropout, no gradient asked for.
+  provider.log.clear();
+  ASSERT_TRUE(model.forward_loss(provider, inputs.data(), targets.data(), batch, seq).is_ok());
+  for (const auto& e : provider.log) EXPECT_NE(e.rfind("G+", 0), 0u) << e;
+  EXPECT_FALSE(provider.any_held());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LoraGoldenTest,
+                         ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout",
+                                                              "llama3-qv", "qwen2-all-dropout",
+                                                              "qwen3-all-rslora",
+                                                              "mistral-mlp-dropout"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           for (char& c : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n + (std::get<1>(info.param) ? "Checkpointed" : "Stored");
+                         });
+
+// Adapters initialize as PEFT's do: A ~ U(-1/sqrt(in), 1/sqrt(in)), B zero; the base drawn from
+// a seed is the same with or without adapters.
+TEST(LoraLayoutTest, AdaptersInitializeAsPeftAndLeaveTheBaseUnchanged) {
+  const LlamaConfig c = testing::tiny_config(false);
+  LoraConfig lora;
+  lora.r = 8;
+  const ParamLayout plain = ParamLayout::build(c);
+  const ParamLayout adapted = ParamLayout::build(c, lora);
+  ASSERT_EQ(adapted.num_groups(), plain.num_groups() + c.num_hidden_layers);
+  for (const auto& g : plain.groups()) {
+    EXPECT_FALSE(g.frozen);
+    EXPECT_TRUE(adapted.group(g.id).frozen);
+    std::vector<float> a(static_cast<std::size_t>(g.num_elems)), b(a.size());
+    init_group(c, g, 7, a.data());
+    init_group(c, adapted.group(g.id), 7, b.data());
+    EXPECT_EQ(a, b) << g.name;
+  }
+  const ParamGroup& g = adapted.group(adapted.adapter_group(1));
+  EXPECT_EQ(g.name, "layers.1.lora");
+  EXPECT_FALSE(g.frozen);
+  ASSERT_EQ(g.tensors.size(), 14u);
+  EXPECT_EQ(g.tensors[0].name, "model.layers.1.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(g.tensors[13].name, "model.layers.1.mlp.down_proj.lora_B.weight");
+  EXPECT_EQ(g.tensors[13].shape, (std::vector<std::int64_t>{c.hidden_size, 8}));
+  EXPECT_EQ(g.tensors[12].shape, (std::vector<std::int64_t>{8, c.intermediate_size}));
+  std::vector<float> x(static_cast<std::size_t>(g.num_elems));
+  init_group(c, g, 7, x.data());
+  for (const auto& t : g.tensors) {
+    const float* p = x.data() + t.offset_elems;
+    if (t.init == TensorInit::kZeros) {
+      for (std::int64_t i = 0; i < t.num_elems; ++i) ASSERT_EQ(p[i], 0.0f) << t.name;
+      continue;
+    }
+    ASSERT_EQ(t.init, TensorInit::kUniformFanIn) << t.name;
+    const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape[1]));
+    double sum = 0, sq = 0;
+    for (std::int64_t i = 0; i < t.num_elems; ++i) {
+      ASSERT_LE(std::abs(p[i]), bound) << t.name;
+      sum += p[i];
+      sq += static_cast<double>(p[i]) * p[i];
+    }
+    // U(-b, b) has variance b^2 / 3; over n draws the sample variance is within a few standard
+    // errors (4 b^4 / 45 / n per draw squared) of it.
+    const double n = static_cast<double>(t.num_elems);
+    const double var = sq / n - (sum / n) * (sum / n);
+    EXPECT_NEAR(var, bound * bound / 3, 6 * bound * bound * std::sqrt(4.0 / 45.0 / n)) << t.name;
+  }
+}
+
+TEST(LoraConfigTest, ScalingIsPefts) {
+  LoraConfig l;
+  l.r = 16;
+  l.alpha = 32;
+  EXPECT_EQ(l.scaling(), 2.0);
+  l.use_rslora = true;
+  EXPECT_EQ(l.scaling(), 8.0);
+  EXPECT_EQ(parse_lora_target("gate_proj"), LoraTarget::kGate);
+  EXPECT_FALSE(parse_lora_target("gate").has_value());
+}
+
+}  // namespace
+}  // namespace strata::model
