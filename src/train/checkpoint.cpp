@@ -11,6 +11,7 @@
 
 #include "strata/core/file.h"
 #include "strata/model/hf_checkpoint.h"
+#include "strata/model/peft_adapter.h"
 #include "strata/model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -46,6 +47,7 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
                              zero::ZeroProvider& provider) {
   model::SafetensorsWriter writer;
   for (const auto& g : layout.groups()) {
+    if (g.frozen) continue;  // no optimizer state
     const std::int64_t n = provider.partition().group(g.id).shard_elems;
     writer.add("exp_avg." + g.name, DType::kF32, {n});
     writer.add("exp_avg_sq." + g.name, DType::kF32, {n});
@@ -98,6 +100,30 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
   return s;
 }
 
+// LoRA: the adapters alone, as PEFT saves them, in the checkpoint directory itself; the frozen
+// base is where the run read it from. Every rank gathers the adapter groups in order.
+Status write_adapters(const std::string& dir, const model::LoraConfig& lora,
+                      const model::ParamLayout& layout, const std::string& base_model,
+                      zero::ZeroProvider& provider, dist::Communicator& comm) {
+  const int first = layout.adapter_group(0);
+  int gathered = first;
+  Status s;
+  if (comm.rank() == 0) {
+    s = model::write_peft_adapter(dir, lora, layout, base_model,
+                                  [&](const model::ParamGroup& g, float* dst) {
+                                    ++gathered;
+                                    return provider.gather_master(g.id, dst);
+                                  });
+  }
+  std::vector<float> scratch;
+  for (int g = gathered; g < layout.num_groups(); ++g) {
+    scratch.assign(static_cast<std::size_t>(layout.group(g).num_elems), 0.0f);
+    Status gs = provider.gather_master(g, scratch.data());
+    if (s.is_ok() && !gs.is_ok()) s = gs;
+  }
+  return s;
+}
+
 // The tokenizer and generation files of the model directory a run started from go beside the
 // saved weights, so the checkpoint is a complete Hugging Face model directory (strata generate,
 // transformers' from_pretrained).
@@ -117,8 +143,11 @@ Status copy_tokenizer_files(const std::string& from, const std::string& to) {
 }  // namespace
 
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
-                                    const model::ParamLayout& layout, zero::ZeroProvider& provider,
-                                    dist::Communicator& comm, const TrainerState& state) {
+                                    const model::ParamLayout& layout,
+                                    const std::optional<model::LoraConfig>& lora,
+                                    zero::ZeroProvider& provider, dist::Communicator& comm,
+                                    const TrainerState& state) {
+  STRATA_CHECK(layout.has_adapters() == lora.has_value(), "adapters without their config");
   const bool root = comm.rank() == 0;
   const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
   const std::string tmp_dir =
@@ -140,8 +169,12 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
 
   s = write_optimizer_shard(tmp_dir + "/" + optimizer_shard_name(comm.rank(), comm.world_size()),
                             layout, provider);
+  const std::string base_model = state.config.contains("model") && state.config["model"].is_string()
+                                     ? state.config["model"].get<std::string>()
+                                     : std::string();
   Status model_status =
-      write_consolidated_model(tmp_dir + "/model", config, layout, provider, comm);
+      lora ? write_adapters(tmp_dir, *lora, layout, base_model, provider, comm)
+           : write_consolidated_model(tmp_dir + "/model", config, layout, provider, comm);
   if (s.is_ok()) s = model_status;
   if (root && s.is_ok()) {
     Json js = {{"format_version", kCheckpointFormatVersion},
@@ -151,8 +184,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                {"world_size", comm.world_size()},
                {"config", state.config}};
     s = write_json_file(tmp_dir + "/trainer_state.json", js);
-    if (s.is_ok() && state.config.contains("model") && state.config["model"].is_string()) {
-      s = copy_tokenizer_files(state.config["model"].get<std::string>(), tmp_dir + "/model");
+    if (s.is_ok() && !lora && !base_model.empty()) {
+      s = copy_tokenizer_files(base_model, tmp_dir + "/model");
     }
   }
   failed = s.is_ok() ? 0.0 : 1.0;
@@ -220,7 +253,10 @@ Result<std::string> resolve_checkpoint(const std::string& dir) {
     }
     ckpt = (fs::path(dir) / name).string();
   }
-  for (const char* f : {"trainer_state.json", "model/config.json"}) {
+  // A full fine-tune saves the model (model/), a LoRA run its adapters (PEFT's files).
+  const bool adapters = fs::exists(fs::path(ckpt) / model::kAdapterConfigFile);
+  for (const char* f :
+       {"trainer_state.json", adapters ? model::kAdapterWeightsFile : "model/config.json"}) {
     if (!fs::exists(fs::path(ckpt) / f)) {
       return not_found("checkpoint " + ckpt + " is incomplete: " + f + " is missing");
     }
@@ -267,11 +303,29 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
 }
 
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
-                       zero::ZeroProvider& provider) {
-  STRATA_ASSIGN_OR_RETURN(auto reader, model::HfCheckpointReader::open(checkpoint + "/model"));
-  STRATA_RETURN_IF_ERROR(reader.validate(layout));
-  STRATA_RETURN_IF_ERROR(provider.load_master(
-      [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
+                       zero::ZeroProvider& provider, const model::GroupSource& base) {
+  if (layout.has_adapters()) {
+    if (!fs::exists(fs::path(checkpoint) / model::kAdapterConfigFile)) {
+      return failed_precondition("checkpoint " + checkpoint +
+                                 " holds a full model, not LoRA adapters; resume it with "
+                                 "finetune.method \"full\"");
+    }
+    STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(checkpoint));
+    STRATA_RETURN_IF_ERROR(adapter.validate(layout));
+    STRATA_RETURN_IF_ERROR(provider.load_master([&](const model::ParamGroup& g, float* dst) {
+      return g.frozen ? base(g, dst) : adapter.read_group(g, dst);
+    }));
+  } else {
+    if (!fs::exists(fs::path(checkpoint) / "model")) {
+      return failed_precondition("checkpoint " + checkpoint +
+                                 " holds LoRA adapters, not a full model; resume it with the "
+                                 "finetune settings it was trained with");
+    }
+    STRATA_ASSIGN_OR_RETURN(auto reader, model::HfCheckpointReader::open(checkpoint + "/model"));
+    STRATA_RETURN_IF_ERROR(reader.validate(layout));
+    STRATA_RETURN_IF_ERROR(provider.load_master(
+        [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
+  }
 
   // The saved moments are each group's flat vector cut into world_size equal slices, one file
   // per rank. Read whichever slices overlap the range this rank now owns.

@@ -81,6 +81,70 @@ void read_offload(JsonReader& r, const std::string& key, Tier* tier, bool* autom
 
 }  // namespace
 
+namespace {
+// The "finetune" object: PEFT's LoraConfig keys, strictly.
+void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>* errors) {
+  if (!f.is_object()) {
+    errors->push_back("'finetune': expected an object, e.g. {\"method\": \"lora\", \"r\": 16}");
+    return;
+  }
+  JsonReader r(f, "finetune", errors);
+  constexpr std::array<FinetuneMethod, 3> kMethods{FinetuneMethod::kFull, FinetuneMethod::kLora,
+                                                   FinetuneMethod::kQlora};
+  read_enum(r, "method", &out->method, kMethods, finetune_method_name);
+  if (out->method == FinetuneMethod::kQlora) {
+    r.error("method",
+            "\"qlora\" (a 4-bit NormalFloat base) is not available in this build yet; use "
+            "\"lora\" (adapters on a frozen base in any tier)");
+  }
+  model::LoraConfig& l = out->lora;
+  r.read("r", &l.r, 1, 65536);
+  r.read("alpha", &l.alpha, 0.0);
+  if (l.alpha <= 0) r.error("alpha", "expected a positive number, e.g. 32 (scaling alpha / r)");
+  r.read("dropout", &l.dropout, 0.0, 1.0);
+  if (l.dropout >= 1) r.error("dropout", "expected a probability in [0, 1)");
+  if (r.has("target_modules")) {
+    const Json* t = r.raw("target_modules");
+    std::vector<std::string> names;
+    if (t->is_string() && *t == "all-linear") {
+      l.targets.fill(true);
+    } else if (!t->is_array() || t->empty()) {
+      r.error("target_modules",
+              "expected a non-empty list of q_proj, k_proj, v_proj, o_proj, gate_proj, "
+              "up_proj, down_proj, or \"all-linear\"");
+    } else {
+      l.targets.fill(false);
+      for (const Json& n : *t) {
+        const auto target =
+            n.is_string() ? model::parse_lora_target(n.get<std::string>()) : std::nullopt;
+        if (!target) {
+          r.error("target_modules", n.dump() +
+                                        " is not a projection of the decoder; expected q_proj, "
+                                        "k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj");
+          continue;
+        }
+        l.targets[static_cast<std::size_t>(*target)] = true;
+      }
+    }
+  }
+  r.read("use_rslora", &l.use_rslora);
+  if (const Json* a = r.raw("adapter"); a != nullptr && !a->is_null()) {
+    if (a->is_string()) {
+      out->adapter = a->get<std::string>();
+    } else {
+      r.error("adapter", "expected a PEFT adapter directory path or null");
+    }
+  }
+  if (out->method == FinetuneMethod::kFull) {
+    for (const char* k : {"r", "alpha", "dropout", "target_modules", "use_rslora"}) {
+      if (r.has(k)) r.error(k, "applies only to method \"lora\"; it has no meaning for \"full\"");
+    }
+    if (!out->adapter.empty()) r.error("adapter", "starts LoRA adapters: use method \"lora\"");
+  }
+  r.reject_unknown();
+}
+}  // namespace
+
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
   if (!json.is_object()) return invalid_argument(source + ": the config must be a JSON object");
   std::vector<std::string> errors;
@@ -182,6 +246,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       sr.reject_unknown();
     }
   }
+  if (const Json* f = r.raw("finetune")) read_finetune(*f, &c.finetune, &errors);
   r.read("grad_clip", &c.grad_clip, 0.0);
   read_enum(r, "optimizer_overlap", &c.optimizer_overlap, zero::kOptimizerOverlaps,
             zero::optimizer_overlap_name);
@@ -317,8 +382,34 @@ model::ModelOptions TrainConfig::model_options() const {
   model::ModelOptions o;
   o.compute_dtype = precision;
   o.activation_checkpointing = activation_checkpointing;
+  o.lora = lora();
   return o;
 }
+
+std::string_view finetune_method_name(FinetuneMethod method) {
+  switch (method) {
+    case FinetuneMethod::kFull:
+      return "full";
+    case FinetuneMethod::kLora:
+      return "lora";
+    case FinetuneMethod::kQlora:
+      return "qlora";
+  }
+  return "?";
+}
+
+namespace {
+Json finetune_json(const FinetuneConfig& f) {
+  if (f.method == FinetuneMethod::kFull) return Json{{"method", "full"}};
+  return Json{{"method", finetune_method_name(f.method)},
+              {"r", f.lora.r},
+              {"alpha", f.lora.alpha},
+              {"dropout", f.lora.dropout},
+              {"target_modules", f.lora.target_names()},
+              {"use_rslora", f.lora.use_rslora},
+              {"adapter", f.adapter.empty() ? Json() : Json(f.adapter)}};
+}
+}  // namespace
 
 Json TrainConfig::to_json() const {
   return Json{
@@ -382,6 +473,7 @@ Json TrainConfig::to_json() const {
       {"metrics_file", metrics_file},
       {"trace_file", trace_file},
       {"log_every", log_every},
+      {"finetune", finetune_json(finetune)},
   };
 }
 

@@ -106,7 +106,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   e.ranks = ranks;
   e.rank = options.rank;
   e.model = config.model;
-  const model::ParamLayout full = model::ParamLayout::build(e.model);
+  const model::ParamLayout full = model::ParamLayout::build(e.model, config.lora());
   e.parameters = full.num_parameters();
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;

@@ -119,8 +119,9 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   STRATA_RETURN_IF_ERROR(impl->provider->load_master(
       [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
   impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
-  impl->model = std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,
-                                                    model::ModelOptions{options.dtype, false, std::nullopt});
+  impl->model =
+      std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,
+                                          model::ModelOptions{options.dtype, false, std::nullopt});
   return std::unique_ptr<Generator>(new Generator(std::move(impl)));
 }
 

@@ -12,6 +12,7 @@
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
+#include "strata/core/rng.h"
 #include "strata/core/token_files.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
@@ -20,6 +21,7 @@
 #include "strata/mem/timeline.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama.h"
+#include "strata/model/peft_adapter.h"
 #include "strata/optim/schedule.h"
 #include "strata/sys/process.h"
 #include "strata/train/checkpoint.h"
@@ -115,6 +117,37 @@ struct Trainer::Impl {
 
 namespace {
 
+// Salts the seed for adapter dropout masks (tools/golden/lora_golden.py uses the same).
+constexpr std::uint64_t kDropoutSalt = 0x6c6f72612d64726full;
+
+// finetune's adapter keys against the adapter_config.json of finetune.adapter: a mismatch is named
+// with the value that would match.
+Status check_adapter_matches(const FinetuneConfig& f, const model::LoraConfig& a) {
+  std::vector<std::string> problems;
+  const model::LoraConfig& c = f.lora;
+  if (c.r != a.r) {
+    problems.push_back("finetune.r is " + std::to_string(c.r) + ", the adapter's r is " +
+                       std::to_string(a.r));
+  }
+  if (c.alpha != a.alpha) {
+    problems.push_back("finetune.alpha is " + Json(c.alpha).dump() +
+                       ", the adapter's lora_alpha is " + Json(a.alpha).dump());
+  }
+  if (c.targets != a.targets) {
+    problems.push_back("finetune.target_modules is " + Json(c.target_names()).dump() +
+                       ", the adapter's is " + Json(a.target_names()).dump());
+  }
+  if (c.use_rslora != a.use_rslora) {
+    problems.push_back(std::string("finetune.use_rslora is ") + (c.use_rslora ? "true" : "false") +
+                       ", the adapter's is " + (a.use_rslora ? "true" : "false"));
+  }
+  if (problems.empty()) return Status::ok();
+  std::string msg = "finetune.adapter " + f.adapter +
+                    " was trained with other settings; set finetune to match it:";
+  for (const auto& p : problems) msg += "\n  " + p;
+  return invalid_argument(msg);
+}
+
 // strata tokenize's loss mask beside a token file, if there is one: the loss then counts only
 // the targets it marks (completions, assistant turns).
 Status attach_loss_mask(const DataConfig& data, SequenceSampler* sampler) {
@@ -135,8 +168,17 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::HfCheckpointReader::open(config.model_path));
     reader = std::make_unique<model::HfCheckpointReader>(std::move(opened));
   }
-  layout = std::make_unique<model::ParamLayout>(model::ParamLayout::build(config.model));
-  if (reader) STRATA_RETURN_IF_ERROR(reader->validate(*layout));
+  layout =
+      std::make_unique<model::ParamLayout>(model::ParamLayout::build(config.model, config.lora()));
+  if (reader) STRATA_RETURN_IF_ERROR(reader->validate(model::ParamLayout::build(config.model)));
+  // LoRA from a PEFT adapter: it must be the adapter the config describes.
+  std::unique_ptr<model::PeftAdapterReader> adapter;
+  if (!config.finetune.adapter.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(config.finetune.adapter));
+    adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
+    STRATA_RETURN_IF_ERROR(check_adapter_matches(config.finetune, adapter->config()));
+    STRATA_RETURN_IF_ERROR(adapter->validate(*layout));
+  }
 
   STRATA_ASSIGN_OR_RETURN(device, device::create_device(config.device_options()));
 
@@ -214,6 +256,14 @@ Status Trainer::Impl::setup() {
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
                                            swap.get(), *grid, zopts, sopts, &planned.plan));
+  const model::GroupSource seeded = [&](const model::ParamGroup& g, float* dst) {
+    model::init_group(config.model, g, config.seed, dst);
+    return Status::ok();
+  };
+  // Where the base weights come from: the model directory, else the seed.
+  const model::GroupSource base_source = [&](const model::ParamGroup& g, float* dst) {
+    return reader ? reader->read_group(g, dst) : seeded(g, dst);
+  };
 
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
@@ -223,17 +273,17 @@ Status Trainer::Impl::setup() {
                   " but it was trained with seed " + std::to_string(st.seed) +
                   "; the data order will differ from the original run");
     }
-    STRATA_RETURN_IF_ERROR(
-        load_checkpoint(ckpt, *layout, *provider).with_context("resuming from " + ckpt));
+    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, *layout, *provider, base_source)
+                               .with_context("resuming from " + ckpt));
     step = st.step;
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
-  } else if (reader) {
-    STRATA_RETURN_IF_ERROR(provider->load_master(
-        [&](const model::ParamGroup& g, float* dst) { return reader->read_group(g, dst); }));
   } else {
+    // The base from the checkpoint directory or the seed; adapters from `adapter` or the seed.
     STRATA_RETURN_IF_ERROR(provider->load_master([&](const model::ParamGroup& g, float* dst) {
-      model::init_group(config.model, g, config.seed, dst);
-      return Status::ok();
+      const bool is_adapter = layout->has_adapters() && !g.frozen;
+      if (is_adapter && adapter) return adapter->read_group(g, dst);
+      if (is_adapter) return seeded(g, dst);
+      return base_source(g, dst);
     }));
   }
 
@@ -318,9 +368,13 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     if (micro == accum - 1) {
       provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
     }
+    // Adapter dropout masks: a function of the seed and of where the micro-batch sits in the run.
+    const std::uint64_t dropout_key =
+        splitmix64_at(config.seed ^ kDropoutSalt,
+                      static_cast<std::uint64_t>((step * accum + micro) * world + rank));
     STRATA_ASSIGN_OR_RETURN(
         float loss, model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
-                                            static_cast<float>(share)));
+                                            static_cast<float>(share), dropout_key));
     STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
     m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
     loss_sum += static_cast<double>(loss) * share;
@@ -472,8 +526,8 @@ Result<std::string> Trainer::save() {
   }
   STRATA_ASSIGN_OR_RETURN(
       impl_->last_checkpoint,
-      save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout, *impl_->provider,
-                      *impl_->comm, impl_->state()));
+      save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout,
+                      impl_->config.lora(), *impl_->provider, *impl_->comm, impl_->state()));
   return impl_->last_checkpoint;
 }
 

@@ -137,6 +137,11 @@ int run_train(const TrainArgs& a) {
     std::printf("%s\n", (*trainer)->peaks_against_plan().c_str());
     if ((*trainer)->last_checkpoint().empty()) {
       std::printf("weights: not saved (save_dir is \"\")\n");
+    } else if (config->lora()) {
+      std::printf(
+          "adapters: %s (a PEFT LoRA adapter: adapter_config.json and "
+          "adapter_model.safetensors, for the base model this run read)\n",
+          (*trainer)->last_checkpoint().c_str());
     } else {
       std::printf(
           "weights: %s/model (a Hugging Face checkpoint: set it as \"model\" to fine-tune from "

@@ -11,7 +11,8 @@ kept when the top 24 bits of splitmix64_at(lora_dropout_key(key, layer, target),
 round(p * 2^24)), so the reference drops exactly the elements Strata drops. The single step uses
 key DROPOUT_KEY; the training run uses the trainer's key of each step (src/train/trainer.cpp:
 splitmix64_at(seed ^ DROPOUT_SALT, (step * accumulation + micro) * world + rank), with one
-micro-batch on one rank).
+micro-batch on one rank). Cases with dropout repeat one window's tokens, so the trainer's batch
+equals the reference's whatever order its sampler draws the windows in.
 
 For each case: the base weights and adapters (B drawn non-zero, so every gradient is), the loss
 and every adapter gradient of one forward/backward, and the losses and adapters after `STEPS`
@@ -158,7 +159,15 @@ def main():
         gen = torch.Generator().manual_seed(20261203 + n)
         base = fg.make_weights(c, gen)
         adapters = make_adapters(c, spec, gen)
-        tokens = torch.randint(0, c["vocab_size"], (fg.WINDOWS * fg.SEQ + 1,), generator=gen)
+        if spec["dropout"] > 0:
+            # Every window the same tokens: masks depend on a sequence's row in the batch, and
+            # the trainer's sampler orders the windows its own way, so with identical windows
+            # its batch is the reference's whatever the order.
+            period = torch.randint(0, c["vocab_size"], (fg.SEQ,), generator=gen)
+            tokens = period.repeat(fg.WINDOWS + 1)[:fg.WINDOWS * fg.SEQ + 1]
+        else:
+            tokens = torch.randint(0, c["vocab_size"], (fg.WINDOWS * fg.SEQ + 1,),
+                                   generator=gen)
         ids, targets = fg.batch_of(tokens)
         loss, grads = run(base, adapters, c, ids, targets, torch.float64, DROPOUT_KEY)
         loss32, grads32 = run(base, adapters, c, ids, targets, torch.float32, DROPOUT_KEY)

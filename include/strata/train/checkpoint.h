@@ -1,17 +1,22 @@
 // Resumable checkpoints: an HF-layout model/ (fp32 master weights, consolidated from every
-// rank's shard one group at a time), each rank's shard of the Adam moments, and the trainer
-// state. Everything is written under a temporary name, fsynced and renamed into place, so an
-// earlier checkpoint is never damaged by a failed or interrupted save. A checkpoint saved with N
-// ranks resumes with any number of ranks.
+// rank's shard one group at a time) or, training LoRA adapters, the adapters as PEFT saves them
+// (adapter_config.json, adapter_model.safetensors; the frozen base stays where it was read from),
+// each rank's shard of the Adam moments (trainable groups only), and the trainer state. Everything
+// is written under a temporary name, fsynced and renamed into place, so an earlier checkpoint is
+// never damaged by a failed or interrupted save. A checkpoint saved with N ranks resumes with any
+// number of ranks.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
 #include "strata/dist/communicator.h"
+#include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama_config.h"
+#include "strata/model/lora.h"
 #include "strata/model/param_layout.h"
 #include "strata/zero/zero_provider.h"
 
@@ -32,17 +37,21 @@ std::string optimizer_shard_name(int rank, int world);
 
 // Collective: every rank calls it. Writes <save_dir>/step-<N> and points <save_dir>/latest at
 // it. Returns the checkpoint path.
+// `lora`: the adapters' config when the layout has adapters.
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
-                                    const model::ParamLayout& layout, zero::ZeroProvider& provider,
-                                    dist::Communicator& comm, const TrainerState& state);
+                                    const model::ParamLayout& layout,
+                                    const std::optional<model::LoraConfig>& lora,
+                                    zero::ZeroProvider& provider, dist::Communicator& comm,
+                                    const TrainerState& state);
 
 // Resolves DIR (a save_dir with a `latest` file, or one step-N directory) to a checkpoint path
 // and checks that its files exist.
 Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<TrainerState> read_trainer_state(const std::string& checkpoint);
-// Loads master weights (from model/) and this rank's moments (resharded from however many ranks
-// saved them) into the provider. The checkpoint's model must match `layout`.
+// Loads master weights (from model/, or with adapters the frozen groups from `base` and the
+// adapters from the checkpoint) and this rank's moments (resharded from however many ranks saved
+// them) into the provider. The checkpoint's model must match `layout`.
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
-                       zero::ZeroProvider& provider);
+                       zero::ZeroProvider& provider, const model::GroupSource& base = nullptr);
 
 }  // namespace strata::train

@@ -16,6 +16,7 @@
 #include "strata/io/swap.h"
 #include "strata/model/llama.h"
 #include "strata/model/llama_config.h"
+#include "strata/model/lora.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/schedule.h"
 #include "strata/tensor/tensor.h"
@@ -34,6 +35,20 @@ struct LrScheduleConfig {
   optim::ScheduleKind type = optim::ScheduleKind::kConstant;
   std::int64_t warmup_steps = 0;
   double min_lr = 0.0;
+};
+
+// What a run trains: every weight ("full"), or LoRA adapters on a frozen base ("lora"); "qlora"
+// (a 4-bit NormalFloat base) is recognized and refused until it exists.
+enum class FinetuneMethod : std::uint8_t { kFull, kLora, kQlora };
+std::string_view finetune_method_name(FinetuneMethod method);
+
+struct FinetuneConfig {
+  FinetuneMethod method = FinetuneMethod::kFull;
+  // The config's r, alpha, dropout, target_modules and use_rslora, with PEFT's meanings.
+  model::LoraConfig lora;
+  // A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) to start from;
+  // "": fresh adapters drawn from the seed.
+  std::string adapter;
 };
 
 struct TrainConfig {
@@ -118,7 +133,12 @@ struct TrainConfig {
   std::string metrics_file;     // JSON lines; empty = none
   std::string trace_file;       // Chrome trace (trace-event JSON) of the run; empty = none
   std::int64_t log_every = 1;
+  FinetuneConfig finetune;
 
+  // The adapters the run trains (finetune.method lora), or none (full fine-tuning).
+  std::optional<model::LoraConfig> lora() const {
+    return finetune.method == FinetuneMethod::kFull ? std::nullopt : std::optional(finetune.lora);
+  }
   // Micro-batches per optimizer step on each of `ranks` data-parallel ranks.
   std::int64_t accumulation_steps(int ranks = 1) const {
     return batch_size / (micro_batch_size * ranks);

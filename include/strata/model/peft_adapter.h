@@ -1,0 +1,47 @@
+// PEFT LoRA adapter directories: adapter_config.json and adapter_model.safetensors, with PEFT's
+// tensor names (base_model.model.<HF name>, e.g.
+// base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), read and written so that
+// PEFT's PeftModel.from_pretrained and Strata load each other's adapters.
+#pragma once
+
+#include <string>
+
+#include "strata/core/status.h"
+#include "strata/model/hf_checkpoint.h"
+#include "strata/model/lora.h"
+#include "strata/model/param_layout.h"
+#include "strata/model/safetensors.h"
+
+namespace strata::model {
+
+inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
+inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
+
+// The name PEFT saves an adapter tensor under.
+std::string peft_tensor_name(const std::string& hf_name);
+
+class PeftAdapterReader {
+ public:
+  // Reads adapter_config.json (peft_type LORA; r, lora_alpha, lora_dropout, target_modules,
+  // use_rslora) and indexes adapter_model.safetensors; errors name the file and key.
+  static Result<PeftAdapterReader> open(const std::string& dir);
+  const LoraConfig& config() const { return config_; }
+  // Every adapter tensor of the layout is present with its shape, and no other: all problems
+  // at once.
+  Status validate(const ParamLayout& layout) const;
+  // An adapter group's flat f32 values (padding zeroed).
+  Status read_group(const ParamGroup& group, float* dst) const;
+
+ private:
+  std::string dir_;
+  LoraConfig config_;
+  SafetensorsReader weights_;
+};
+
+// Writes `dir` (created if needed): adapter_config.json and adapter_model.safetensors (f32) with
+// the layout's adapter groups, each supplied by `read_group`; `base_model` names the base for
+// PEFT (base_model_name_or_path). Files are written atomically, weights first.
+Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const ParamLayout& layout,
+                          const std::string& base_model, const GroupSource& read_group);
+
+}  // namespace strata::model

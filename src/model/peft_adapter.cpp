@@ -1,0 +1,185 @@
+// PEFT adapter directories: names, config and weights.
+#include "strata/model/peft_adapter.h"
+
+#include <filesystem>
+#include <set>
+
+#include "strata/core/json.h"
+
+namespace strata::model {
+namespace {
+
+constexpr const char* kPrefix = "base_model.model.";
+
+std::string join(const std::string& dir, const char* file) {
+  return (std::filesystem::path(dir) / file).string();
+}
+
+bool is_adapter_group(const ParamLayout& layout, const ParamGroup& g) {
+  return layout.has_adapters() && g.id >= layout.adapter_group(0);
+}
+
+}  // namespace
+
+std::string peft_tensor_name(const std::string& hf_name) { return kPrefix + hf_name; }
+
+Result<PeftAdapterReader> PeftAdapterReader::open(const std::string& dir) {
+  PeftAdapterReader a;
+  a.dir_ = dir;
+  const std::string path = join(dir, kAdapterConfigFile);
+  STRATA_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  std::vector<std::string> errors;
+  auto fail = [&](const std::string& key, const std::string& what) {
+    errors.push_back("'" + key + "': " + what);
+  };
+  if (!j.is_object()) return data_loss(path + " is not a JSON object");
+  if (j.value("peft_type", std::string()) != "LORA") {
+    fail("peft_type", "expected \"LORA\", got " +
+                          (j.contains("peft_type") ? j["peft_type"].dump() : std::string("none")));
+  }
+  LoraConfig& c = a.config_;
+  if (j.contains("r") && j["r"].is_number_integer() && j["r"].get<std::int64_t>() > 0) {
+    c.r = j["r"];
+  } else {
+    fail("r", "expected a positive integer");
+  }
+  if (j.contains("lora_alpha") && j["lora_alpha"].is_number() && j["lora_alpha"] > 0) {
+    c.alpha = j["lora_alpha"];
+  } else {
+    fail("lora_alpha", "expected a positive number");
+  }
+  if (j.contains("lora_dropout") && j["lora_dropout"].is_number()) c.dropout = j["lora_dropout"];
+  if (j.contains("use_rslora") && j["use_rslora"].is_boolean()) c.use_rslora = j["use_rslora"];
+  const Json& t = j.contains("target_modules") ? j["target_modules"] : Json();
+  if (t.is_string() && t == "all-linear") {
+    c.targets.fill(true);
+  } else if (t.is_array() && !t.empty()) {
+    c.targets.fill(false);
+    for (const Json& n : t) {
+      const auto target = n.is_string() ? parse_lora_target(n.get<std::string>()) : std::nullopt;
+      if (!target) {
+        fail("target_modules", n.dump() +
+                                   " is not a projection Strata adapts (q_proj, k_proj, "
+                                   "v_proj, o_proj, gate_proj, up_proj, down_proj)");
+      } else {
+        c.targets[static_cast<std::size_t>(*target)] = true;
+      }
+    }
+  } else {
+    fail("target_modules", "expected a non-empty list of module names");
+  }
+  for (const char* k : {"use_dora", "fan_in_fan_out"}) {
+    if (j.contains(k) && j[k].is_boolean() && j[k].get<bool>()) fail(k, "true is not supported");
+  }
+  if (j.contains("bias") && j["bias"].is_string() && j["bias"] != "none") {
+    fail("bias", "only \"none\" is supported, got " + j["bias"].dump());
+  }
+  for (const char* k : {"rank_pattern", "alpha_pattern"}) {
+    if (j.contains(k) && j[k].is_object() && !j[k].empty())
+      fail(k, "per-module ranks are not supported");
+  }
+  if (!errors.empty()) {
+    std::string msg = path + " is not a LoRA adapter Strata can load:";
+    for (const auto& e : errors) msg += "\n  " + e;
+    return data_loss(msg);
+  }
+  STRATA_ASSIGN_OR_RETURN(a.weights_, SafetensorsReader::open(join(dir, kAdapterWeightsFile)));
+  return a;
+}
+
+Status PeftAdapterReader::validate(const ParamLayout& layout) const {
+  std::vector<std::string> problems;
+  std::set<std::string> expected;
+  for (const auto& g : layout.groups()) {
+    if (!is_adapter_group(layout, g)) continue;
+    for (const auto& t : g.tensors) {
+      const std::string name = peft_tensor_name(t.name);
+      expected.insert(name);
+      const SafetensorsEntry* e = weights_.find(name);
+      if (e == nullptr) {
+        problems.push_back("missing " + name);
+      } else if (e->shape != t.shape) {
+        std::string got, want;
+        for (auto d : e->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+        for (auto d : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+        problems.push_back(name + " has shape [" + got + "], expected [" + want + "]");
+      }
+    }
+  }
+  for (const auto& e : weights_.entries()) {
+    if (!expected.count(e.name)) problems.push_back("unexpected tensor " + e.name);
+  }
+  if (problems.empty()) return Status::ok();
+  std::string msg = weights_.path() + " does not match the model's adapters:";
+  for (std::size_t i = 0; i < problems.size() && i < 20; ++i) msg += "\n  " + problems[i];
+  if (problems.size() > 20) msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+  return data_loss(msg);
+}
+
+Status PeftAdapterReader::read_group(const ParamGroup& group, float* dst) const {
+  std::fill(dst, dst + group.num_elems, 0.0f);
+  for (const auto& t : group.tensors) {
+    STRATA_RETURN_IF_ERROR(
+        weights_.read(peft_tensor_name(t.name), t.shape, dst + t.offset_elems, DType::kF32));
+  }
+  return Status::ok();
+}
+
+Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const ParamLayout& layout,
+                          const std::string& base_model, const GroupSource& read_group) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return io_error("cannot create adapter directory " + dir + ": " + ec.message());
+  SafetensorsWriter writer;
+  writer.set_metadata({{"format", "pt"}});
+  struct Slot {
+    const ParamGroup* group;
+    const TensorSpec* tensor;
+  };
+  std::vector<Slot> slots;
+  for (const auto& g : layout.groups()) {
+    if (!is_adapter_group(layout, g)) continue;
+    for (const auto& t : g.tensors) {
+      writer.add(peft_tensor_name(t.name), DType::kF32, t.shape);
+      slots.push_back({&g, &t});
+    }
+  }
+  std::vector<float> values;
+  int cached = -1;
+  std::size_t next = 0;
+  STRATA_RETURN_IF_ERROR(
+      writer.write(join(dir, kAdapterWeightsFile), [&](const SafetensorsEntry&, void* out) {
+        const Slot& slot = slots[next++];
+        if (slot.group->id != cached) {
+          values.assign(static_cast<std::size_t>(slot.group->num_elems), 0.0f);
+          cached = -1;
+          STRATA_RETURN_IF_ERROR(read_group(*slot.group, values.data())
+                                     .with_context("reading adapter group " + slot.group->name));
+          cached = slot.group->id;
+        }
+        std::memcpy(out, values.data() + slot.tensor->offset_elems,
+                    static_cast<std::size_t>(slot.tensor->num_elems) * sizeof(float));
+        return Status::ok();
+      }));
+  const Json config = {{"peft_type", "LORA"},
+                       {"task_type", "CAUSAL_LM"},
+                       {"base_model_name_or_path", base_model.empty() ? Json() : Json(base_model)},
+                       {"r", lora.r},
+                       {"lora_alpha", lora.alpha},
+                       {"lora_dropout", lora.dropout},
+                       {"target_modules", lora.target_names()},
+                       {"use_rslora", lora.use_rslora},
+                       {"bias", "none"},
+                       {"fan_in_fan_out", false},
+                       {"init_lora_weights", true},
+                       {"inference_mode", true},
+                       {"modules_to_save", Json()},
+                       {"use_dora", false},
+                       {"rank_pattern", Json::object()},
+                       {"alpha_pattern", Json::object()},
+                       {"layers_to_transform", Json()},
+                       {"revision", Json()}};
+  return write_json_file(join(dir, kAdapterConfigFile), config);
+}
+
+}  // namespace strata::model

@@ -1,0 +1,332 @@
+// LoRA through strata train's whole path: a Hugging Face base and a PEFT adapter in, adapters
+// trained on the frozen base with the base in any tier, PEFT's files out. Matches float64 PyTorch
+// written from PEFT's math (tests/data/lora/, tools/golden/lora_golden.py): the losses of three
+// AdamW steps and the adapters after them, with and without dropout.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "strata/core/file.h"
+#include "strata/core/json.h"
+#include "strata/model/hf_checkpoint.h"
+#include "strata/model/peft_adapter.h"
+#include "strata/train/config.h"
+#include "strata/train/trainer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::train {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+Json golden(const std::string& name) {
+  auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/lora/" + name + ".json");
+  STRATA_CHECK(read.is_ok(), read.status().to_string());
+  return std::move(read).value();
+}
+
+// Fills a group from a golden map of tensor name -> values (`prefix` before each name).
+model::GroupSource from_json(const Json& tensors, const std::string& prefix = "") {
+  return [&tensors, prefix](const model::ParamGroup& group, float* dst) {
+    std::fill(dst, dst + group.num_elems, 0.0f);
+    for (const auto& t : group.tensors) {
+      const Json& w = tensors.at(prefix + t.name);
+      for (std::int64_t i = 0; i < t.num_elems; ++i) {
+        dst[t.offset_elems + i] = w[static_cast<std::size_t>(i)].get<float>();
+      }
+    }
+    return Status::ok();
+  };
+}
+
+struct LoraRun {
+  std::vector<StepMetrics> history;
+  std::string checkpoint;
+};
+
+// The golden case's base (an HF checkpoint) and initial adapters (a PEFT directory) under
+// `dir`, then `steps` full-batch steps; `changes` are applied to the config last.
+LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(), int steps = 3) {
+  auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
+  STRATA_CHECK(config.is_ok(), config.status().to_string());
+  const Json& l = g.at("lora");
+  model::LoraConfig lora;
+  lora.r = l.at("r");
+  lora.alpha = l.at("lora_alpha");
+  lora.dropout = l.at("lora_dropout");
+  lora.use_rslora = l.at("use_rslora");
+  lora.targets.fill(false);
+  for (const auto& n : l.at("target_modules")) {
+    lora.targets[static_cast<std::size_t>(*model::parse_lora_target(n.get<std::string>()))] = true;
+  }
+  if (!fs::exists(dir.file("base"))) {
+    const model::ParamLayout base = model::ParamLayout::build(*config);
+    STRATA_CHECK(model::write_hf_checkpoint(dir.file("base"), *config, base, DType::kF32,
+                                            from_json(g.at("weights")))
+                     .is_ok(),
+                 "base");
+    const model::ParamLayout adapted = model::ParamLayout::build(*config, lora);
+    STRATA_CHECK(model::write_peft_adapter(dir.file("adapter"), lora, adapted, "base",
+                                           from_json(g.at("adapters")))
+                     .is_ok(),
+                 "adapter");
+    std::string tokens;
+    for (const auto& t : g.at("tokens")) {
+      const auto v = t.get<std::uint16_t>();
+      tokens += static_cast<char>(v & 0xFF);
+      tokens += static_cast<char>(v >> 8);
+    }
+    dir.write("tokens.u16", tokens);
+    fs::create_directories(dir.file("swap"));
+  }
+  const Json& adamw = g.at("adamw");
+  Json j = {{"model", dir.file("base")},
+            {"seed", g.at("seed")},
+            {"data", {{"path", dir.file("tokens.u16")}, {"format", "u16"}}},
+            {"seq_len", g.at("seq")},
+            {"batch_size", g.at("windows")},
+            {"micro_batch_size", g.at("windows")},  // one micro-batch: the reference's masks
+            {"max_steps", steps},
+            {"precision", "fp32"},
+            {"optimizer",
+             {{"lr", adamw.at("lr")},
+              {"betas", adamw.at("betas")},
+              {"eps", adamw.at("eps")},
+              {"weight_decay", adamw.at("weight_decay")}}},
+            {"grad_clip", 0.0},
+            {"threads", 1},
+            {"finetune",
+             {{"method", "lora"},
+              {"r", l.at("r")},
+              {"alpha", l.at("lora_alpha")},
+              {"dropout", l.at("lora_dropout")},
+              {"target_modules", l.at("target_modules")},
+              {"use_rslora", l.at("use_rslora")},
+              {"adapter", dir.file("adapter")}}},
+            {"swap_paths", {dir.file("swap")}},
+            {"save_dir", dir.file("ckpt")}};
+  j.merge_patch(changes);
+  auto c = parse_train_config(j, "test config");
+  STRATA_CHECK(c.is_ok(), c.status().message());
+  auto trainer = Trainer::create(*c, TrainOptions{});
+  STRATA_CHECK(trainer.is_ok(), trainer.status().message());
+  const Status s = (*trainer)->run();
+  STRATA_CHECK(s.is_ok(), s.message());
+  return LoraRun{(*trainer)->history(), (*trainer)->last_checkpoint()};
+}
+
+std::vector<float> saved_adapter(const std::string& checkpoint, const std::string& name,
+                                 const std::vector<std::int64_t>& shape) {
+  auto r = model::SafetensorsReader::open(checkpoint + "/" + model::kAdapterWeightsFile);
+  STRATA_CHECK(r.is_ok(), r.status().to_string());
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  const Status s = r->read(model::peft_tensor_name(name), shape, v.data(), DType::kF32);
+  STRATA_CHECK(s.is_ok(), s.to_string());
+  return v;
+}
+
+class LoraTrainTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
+  const auto& [name, tier] = GetParam();
+  const Json g = golden(name);
+  TempDir dir;
+  const LoraRun run = train(g, dir, {{"offload_param", tier}, {"offload_optimizer", "cpu"}});
+  const auto& want = g.at("train_losses");
+  ASSERT_EQ(run.history.size(), want.size());
+  // Losses within 8 times the reference's own float32 error, or 1e-5 relative.
+  const double loss_bound = 8 * g.at("f32_train_loss_error").get<double>();
+  for (std::size_t i = 0; i < run.history.size(); ++i) {
+    const double w = want[i].get<double>();
+    EXPECT_NEAR(run.history[i].loss, w, std::max(loss_bound, 1e-5 * w)) << "step " << i + 1;
+  }
+  // Adapters after the steps: within 1e-4 of the tensor's largest value (a step moves an
+  // element by about lr = 1e-2), or 8 times the reference's float32 error where that is larger.
+  for (const auto& [tensor, values] : g.at("trained_adapters").items()) {
+    const Json& init = g.at("adapters").at(tensor);
+    std::vector<std::int64_t> shape;
+    const bool is_a = tensor.find("lora_A") != std::string::npos;
+    // Shapes from the initial adapter: lora_A [r, in], lora_B [out, r].
+    const std::int64_t r = g.at("lora").at("r");
+    const auto n = static_cast<std::int64_t>(init.size());
+    shape = is_a ? std::vector<std::int64_t>{r, n / r} : std::vector<std::int64_t>{n / r, r};
+    const std::vector<float> got = saved_adapter(run.checkpoint, tensor, shape);
+    double scale = 0;
+    for (const auto& x : values) scale = std::max(scale, std::abs(x.get<double>()));
+    const double bound =
+        std::max(1e-4 * scale, 8 * g.at("f32_trained_error").at(tensor).get<double>());
+    int bad = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double err = std::abs(got[i] - values[i].get<double>());
+      if (!(err <= bound) && ++bad <= 3) {
+        ADD_FAILURE() << tensor << "[" << i << "]: off by " << err << " (bound " << bound << ")";
+      }
+    }
+  }
+  // The base is read, never written: NVMe writes in a step are the adapters' own working copies
+  // (rewritten after each update), nothing of the base's.
+  if (tier == "nvme") {
+    std::uint64_t adapter_bytes = 0;
+    for (const auto& [tensor, values] : g.at("adapters").items()) {
+      adapter_bytes += values.size() * sizeof(float);
+    }
+    for (const StepMetrics& m : run.history) {
+      EXPECT_LE(m.nvme_write_bytes, adapter_bytes + 4096 * 2 * run.history.size())
+          << "step " << m.step << " wrote more than the adapters";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LoraTrainTest,
+                         ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout",
+                                                              "llama3-qv", "qwen2-all-dropout",
+                                                              "qwen3-all-rslora",
+                                                              "mistral-mlp-dropout"),
+                                            ::testing::Values("none", "cpu", "nvme")),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (char& c : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n;
+                         });
+
+// Wherever the base lives, the run is the same to the bit: losses, and the adapters saved.
+TEST(LoraTiersTest, BitIdenticalWhereverTheBaseLives) {
+  const Json g = golden("qwen2-all-dropout");
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    std::vector<LoraRun> runs;
+    std::vector<std::string> files;
+    for (const char* tier : {"none", "cpu", "nvme"}) {
+      TempDir dir;
+      runs.push_back(train(g, dir,
+                           {{"offload_param", tier},
+                            {"offload_optimizer", tier},
+                            {"precision", precision},
+                            {"activation_checkpointing", std::string(tier) == "cpu"}}));
+      auto bytes = read_file(runs.back().checkpoint + "/" + model::kAdapterWeightsFile);
+      ASSERT_TRUE(bytes.is_ok());
+      files.push_back(*bytes);
+    }
+    for (std::size_t r = 1; r < runs.size(); ++r) {
+      for (std::size_t i = 0; i < runs[0].history.size(); ++i) {
+        EXPECT_EQ(runs[r].history[i].loss, runs[0].history[i].loss) << "run " << r;
+      }
+      EXPECT_EQ(files[r], files[0]) << "run " << r << ": the saved adapters differ";
+    }
+  }
+}
+
+// A run stopped and resumed from its LoRA checkpoint continues as if never stopped.
+TEST(LoraResumeTest, ResumeFromTheAdapterCheckpointIsExact) {
+  const Json g = golden("llama3-all-dropout");
+  TempDir straight, split;
+  const LoraRun whole = train(g, straight, Json::object(), 4);
+  train(g, split, Json::object(), 2);
+  // Resume: the same config with max_steps 4 and --resume.
+  const Json& adamw = g.at("adamw");
+  const Json& l = g.at("lora");
+  Json rj = {{"model", split.file("base")},
+             {"seed", g.at("seed")},
+             {"data", {{"path", split.file("tokens.u16")}, {"format", "u16"}}},
+             {"seq_len", g.at("seq")},
+             {"batch_size", g.at("windows")},
+             {"micro_batch_size", g.at("windows")},
+             {"max_steps", 4},
+             {"optimizer",
+              {{"lr", adamw.at("lr")},
+               {"betas", adamw.at("betas")},
+               {"eps", adamw.at("eps")},
+               {"weight_decay", adamw.at("weight_decay")}}},
+             {"grad_clip", 0.0},
+             {"threads", 1},
+             {"finetune",
+              {{"method", "lora"},
+               {"r", l.at("r")},
+               {"alpha", l.at("lora_alpha")},
+               {"dropout", l.at("lora_dropout")},
+               {"target_modules", l.at("target_modules")},
+               {"adapter", split.file("adapter")}}},
+             {"save_dir", split.file("ckpt")}};
+  auto c = parse_train_config(rj, "resume config");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  TrainOptions options;
+  options.resume_dir = split.file("ckpt");
+  auto trainer = Trainer::create(*c, options);
+  ASSERT_TRUE(trainer.is_ok()) << trainer.status().message();
+  ASSERT_TRUE((*trainer)->run().is_ok());
+  const auto& h = (*trainer)->history();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].loss, whole.history[2].loss);
+  EXPECT_EQ(h[1].loss, whole.history[3].loss);
+  auto a = read_file(whole.checkpoint + "/" + model::kAdapterWeightsFile);
+  auto b = read_file((*trainer)->last_checkpoint() + "/" + model::kAdapterWeightsFile);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(*a, *b);
+  // The checkpoint holds the adapters, their moments and the trainer state; no copy of the base.
+  EXPECT_FALSE(fs::exists((*trainer)->last_checkpoint() + "/model"));
+  auto cfg = read_json_file((*trainer)->last_checkpoint() + "/" + model::kAdapterConfigFile);
+  ASSERT_TRUE(cfg.is_ok());
+  EXPECT_EQ(cfg->at("peft_type"), "LORA");
+  EXPECT_EQ(cfg->at("r"), l.at("r"));
+  EXPECT_EQ(cfg->at("target_modules"), l.at("target_modules"));
+}
+
+TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {
+  const Json base = {{"model",
+                      {{"vocab_size", 32},
+                       {"hidden_size", 16},
+                       {"intermediate_size", 24},
+                       {"num_hidden_layers", 2},
+                       {"num_attention_heads", 4}}},
+                     {"data", {{"path", "x"}}}};
+  auto message = [&](const Json& finetune) {
+    Json j = base;
+    j["finetune"] = finetune;
+    auto c = parse_train_config(j, "cfg.json");
+    return c.is_ok() ? std::string() : c.status().message();
+  };
+  EXPECT_NE(message({{"method", "lora"}, {"target_modules", {"q_proj", "qkv"}}}).find("\"qkv\""),
+            std::string::npos);
+  EXPECT_NE(message({{"method", "lora"}, {"dropout", 1.0}}).find("finetune.dropout"),
+            std::string::npos);
+  EXPECT_NE(message({{"method", "lora"}, {"r", 0}}).find("finetune.r"), std::string::npos);
+  EXPECT_NE(message({{"method", "full"}, {"r", 8}}).find("finetune.r"), std::string::npos);
+  EXPECT_NE(message({{"method", "lora"}, {"rank", 8}}).find("rank"), std::string::npos);
+  EXPECT_NE(message({{"method", "qlora"}}).find("qlora"), std::string::npos);
+  EXPECT_EQ(message({{"method", "lora"}, {"target_modules", "all-linear"}}), "");
+  EXPECT_EQ(message({{"method", "full"}}), "");
+}
+
+TEST(LoraAdapterTest, AnAdapterTrainedWithOtherSettingsIsRefused) {
+  const Json g = golden("llama3-qv");
+  TempDir dir;
+  train(g, dir, Json::object(), 1);
+  auto c = parse_train_config(Json{{"model", dir.file("base")},
+                                   {"data", {{"path", dir.file("tokens.u16")}, {"format", "u16"}}},
+                                   {"seq_len", g.at("seq")},
+                                   {"batch_size", 1},
+                                   {"finetune",
+                                    {{"method", "lora"},
+                                     {"r", 4},
+                                     {"target_modules", {"q_proj", "v_proj"}},
+                                     {"adapter", dir.file("adapter")}}}},
+                              "cfg");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  auto t = Trainer::create(*c, TrainOptions{});
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("finetune.r is 4, the adapter's r is 2"), std::string::npos)
+      << t.status().message();
+}
+
+}  // namespace
+}  // namespace strata::train
