@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -108,6 +109,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   e.model = config.model;
   const model::ParamLayout full = model::ParamLayout::build(e.model, config.lora());
   e.parameters = full.num_parameters();
+  e.finetune = describe_finetune(config, full);
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
 
@@ -140,11 +142,29 @@ std::uint64_t Estimate::device_bytes_needed() const {
   return plan.tier_bytes(Tier::kDevice) + plan.group_in_use_bytes;
 }
 
+std::string describe_finetune(const TrainConfig& config, const model::ParamLayout& layout) {
+  const auto lora = config.lora();
+  if (!lora) return "";
+  std::int64_t trainable = 0, frozen = 0;
+  for (const auto& g : layout.groups()) {
+    for (const auto& t : g.tensors) (g.frozen ? frozen : trainable) += t.num_elems;
+  }
+  std::string targets;
+  for (const auto& n : lora->target_names()) targets += (targets.empty() ? "" : ", ") + n;
+  char buf[160];
+  std::snprintf(buf, sizeof(buf),
+                "LoRA r %lld, alpha %g%s, dropout %g on %s: ", static_cast<long long>(lora->r),
+                lora->alpha, lora->use_rslora ? " (rsLoRA)" : "", lora->dropout, targets.c_str());
+  return buf + std::to_string(trainable) + " trainable parameters; the base's " +
+         std::to_string(frozen) + " frozen (read only: no gradient, no optimizer state)";
+}
+
 std::string Estimate::describe() const {
   std::string s = "model: " + std::to_string(parameters) + " parameters (" +
                   std::to_string(model.num_hidden_layers) + " layers, hidden " +
                   std::to_string(model.hidden_size) + ", vocab " +
                   std::to_string(model.vocab_size) + ")\n";
+  if (!finetune.empty()) s += finetune + "\n";
   s += "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ": " +
        std::to_string(groups_partitioned) + " parameter groups partitioned\n";
   s += plan.describe();

@@ -732,7 +732,8 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.config.accumulation_steps(s.comm->world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
       partitioned, s.layout->num_groups());
-  return buf + s.provider->plan().describe();
+  const std::string finetune = describe_finetune(s.config, *s.layout);
+  return buf + (finetune.empty() ? "" : finetune + "\n") + s.provider->plan().describe();
 }
 
 }  // namespace strata::train

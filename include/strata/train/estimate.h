@@ -38,6 +38,7 @@ zero::ZeroOptions zero_options(const TrainConfig& config);
 struct Estimate {
   model::LlamaConfig model;
   std::int64_t parameters = 0;  // the whole model's
+  std::string finetune;         // describe_finetune's line; "" for full fine-tuning
   int ranks = 1;                // planned for one rank of these
   int rank = 0;                 // that one
   int groups_partitioned = 0;   // of the parameter groups, split across the ranks
@@ -73,6 +74,10 @@ struct EstimateOptions {
 // the trainer would on a config whose plan cannot work (placements that contradict each other, a
 // host or device budget too small), naming what. The trainer plans its own rank with it and runs
 // that plan; estimate_with_changes (step_time.h) adds what would fit to a refusal.
+// One line on what a LoRA run trains: the adapters' settings and trainable parameters, and the
+// frozen base's; "" for full fine-tuning.
+std::string describe_finetune(const TrainConfig& config, const model::ParamLayout& layout);
+
 Result<Estimate> estimate(const TrainConfig& config, int ranks,
                           const EstimateOptions& options = {});
 
