@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "strata/core/file.h"
@@ -76,20 +77,19 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
   });
 }
 
-// Rank 0 writes model/ while every rank takes part in gathering each group's master weights, in
-// layout order. If rank 0 stops early (a write error), it still joins the remaining gathers so
-// no rank is left waiting.
-Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
-                                const model::ParamLayout& layout, zero::ZeroProvider& provider,
-                                dist::Communicator& comm) {
-  int gathered = 0;
+// Rank 0 writes with `write` (which gathers groups through the source it is given, in layout
+// order) while every rank takes part in gathering groups [first, end of layout). If rank 0 stops
+// early (a write error), it still joins the remaining gathers so no rank is left waiting.
+Status write_gathered(int first, const model::ParamLayout& layout, zero::ZeroProvider& provider,
+                      dist::Communicator& comm,
+                      const std::function<Status(const model::GroupSource&)>& write) {
+  int gathered = first;
   Status s;
   if (comm.rank() == 0) {
-    s = model::write_hf_checkpoint(dir, config, layout, DType::kF32,
-                                   [&](const model::ParamGroup& g, float* dst) {
-                                     ++gathered;
-                                     return provider.gather_master(g.id, dst);
-                                   });
+    s = write([&](const model::ParamGroup& g, float* dst) {
+      ++gathered;
+      return provider.gather_master(g.id, dst);
+    });
   }
   std::vector<float> scratch;
   for (int g = gathered; g < layout.num_groups(); ++g) {
@@ -100,28 +100,24 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
   return s;
 }
 
+// Full fine-tuning: model/, every group's master weights.
+Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
+                                const model::ParamLayout& layout, zero::ZeroProvider& provider,
+                                dist::Communicator& comm) {
+  return write_gathered(0, layout, provider, comm, [&](const model::GroupSource& source) {
+    return model::write_hf_checkpoint(dir, config, layout, DType::kF32, source);
+  });
+}
+
 // LoRA: the adapters alone, as PEFT saves them, in the checkpoint directory itself; the frozen
-// base is where the run read it from. Every rank gathers the adapter groups in order.
+// base is where the run read it from.
 Status write_adapters(const std::string& dir, const model::LoraConfig& lora,
                       const model::ParamLayout& layout, const std::string& base_model,
                       zero::ZeroProvider& provider, dist::Communicator& comm) {
-  const int first = layout.adapter_group(0);
-  int gathered = first;
-  Status s;
-  if (comm.rank() == 0) {
-    s = model::write_peft_adapter(dir, lora, layout, base_model,
-                                  [&](const model::ParamGroup& g, float* dst) {
-                                    ++gathered;
-                                    return provider.gather_master(g.id, dst);
-                                  });
-  }
-  std::vector<float> scratch;
-  for (int g = gathered; g < layout.num_groups(); ++g) {
-    scratch.assign(static_cast<std::size_t>(layout.group(g).num_elems), 0.0f);
-    Status gs = provider.gather_master(g, scratch.data());
-    if (s.is_ok() && !gs.is_ok()) s = gs;
-  }
-  return s;
+  return write_gathered(layout.adapter_group(0), layout, provider, comm,
+                        [&](const model::GroupSource& source) {
+                          return model::write_peft_adapter(dir, lora, layout, base_model, source);
+                        });
 }
 
 // The tokenizer and generation files of the model directory a run started from go beside the

@@ -62,11 +62,13 @@ model::LoraConfig lora_of(const Json& l) {
 struct LoraRun {
   std::vector<StepMetrics> history;
   std::string checkpoint;
+  std::string described;  // Trainer::describe()
 };
 
 // The golden case's base (an HF checkpoint) and initial adapters (a PEFT directory) under
 // `dir`, then `steps` full-batch steps; `changes` are applied to the config last.
-LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(), int steps = 3) {
+LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(), int steps = 3,
+              const std::string& resume_dir = "") {
   auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
   STRATA_CHECK(config.is_ok(), config.status().to_string());
   const Json& l = g.at("lora");
@@ -120,11 +122,13 @@ LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(),
   j.merge_patch(changes);
   auto c = parse_train_config(j, "test config");
   STRATA_CHECK(c.is_ok(), c.status().message());
-  auto trainer = Trainer::create(*c, TrainOptions{});
+  TrainOptions options;
+  options.resume_dir = resume_dir;
+  auto trainer = Trainer::create(*c, options);
   STRATA_CHECK(trainer.is_ok(), trainer.status().message());
   const Status s = (*trainer)->run();
   STRATA_CHECK(s.is_ok(), s.message());
-  return LoraRun{(*trainer)->history(), (*trainer)->last_checkpoint()};
+  return LoraRun{(*trainer)->history(), (*trainer)->last_checkpoint(), (*trainer)->describe()};
 }
 
 std::vector<float> saved_adapter(const std::string& checkpoint, const std::string& name,
@@ -243,55 +247,23 @@ TEST(LoraResumeTest, ResumeFromTheAdapterCheckpointIsExact) {
   TempDir straight, split;
   const LoraRun whole = train(g, straight, Json::object(), 4);
   train(g, split, Json::object(), 2);
-  // Resume: the same config with max_steps 4 and --resume.
-  const Json& adamw = g.at("adamw");
-  const Json& l = g.at("lora");
-  Json rj = {{"model", split.file("base")},
-             {"seed", g.at("seed")},
-             {"data", {{"path", split.file("tokens.u16")}, {"format", "u16"}}},
-             {"seq_len", g.at("seq")},
-             {"batch_size", g.at("windows")},
-             {"micro_batch_size", g.at("windows")},
-             {"max_steps", 4},
-             {"optimizer",
-              {{"lr", adamw.at("lr")},
-               {"betas", adamw.at("betas")},
-               {"eps", adamw.at("eps")},
-               {"weight_decay", adamw.at("weight_decay")}}},
-             {"grad_clip", 0.0},
-             {"threads", 1},
-             {"finetune",
-              {{"method", "lora"},
-               {"r", l.at("r")},
-               {"alpha", l.at("lora_alpha")},
-               {"dropout", l.at("lora_dropout")},
-               {"target_modules", l.at("target_modules")},
-               {"adapter", split.file("adapter")}}},
-             {"save_dir", split.file("ckpt")}};
-  auto c = parse_train_config(rj, "resume config");
-  ASSERT_TRUE(c.is_ok()) << c.status().message();
-  TrainOptions options;
-  options.resume_dir = split.file("ckpt");
-  auto trainer = Trainer::create(*c, options);
-  ASSERT_TRUE(trainer.is_ok()) << trainer.status().message();
-  EXPECT_NE((*trainer)->describe().find("trainable parameters; the base's"), std::string::npos)
-      << (*trainer)->describe();
-  ASSERT_TRUE((*trainer)->run().is_ok());
-  const auto& h = (*trainer)->history();
-  ASSERT_EQ(h.size(), 2u);
-  EXPECT_EQ(h[0].loss, whole.history[2].loss);
-  EXPECT_EQ(h[1].loss, whole.history[3].loss);
+  const LoraRun resumed = train(g, split, Json::object(), 4, split.file("ckpt"));
+  EXPECT_NE(resumed.described.find("trainable parameters; the base's"), std::string::npos)
+      << resumed.described;
+  ASSERT_EQ(resumed.history.size(), 2u);
+  EXPECT_EQ(resumed.history[0].loss, whole.history[2].loss);
+  EXPECT_EQ(resumed.history[1].loss, whole.history[3].loss);
   auto a = read_file(whole.checkpoint + "/" + model::kAdapterWeightsFile);
-  auto b = read_file((*trainer)->last_checkpoint() + "/" + model::kAdapterWeightsFile);
+  auto b = read_file(resumed.checkpoint + "/" + model::kAdapterWeightsFile);
   ASSERT_TRUE(a.is_ok() && b.is_ok());
   EXPECT_EQ(*a, *b);
   // The checkpoint holds the adapters, their moments and the trainer state; no copy of the base.
-  EXPECT_FALSE(fs::exists((*trainer)->last_checkpoint() + "/model"));
-  auto cfg = read_json_file((*trainer)->last_checkpoint() + "/" + model::kAdapterConfigFile);
+  EXPECT_FALSE(fs::exists(resumed.checkpoint + "/model"));
+  auto cfg = read_json_file(resumed.checkpoint + "/" + model::kAdapterConfigFile);
   ASSERT_TRUE(cfg.is_ok());
   EXPECT_EQ(cfg->at("peft_type"), "LORA");
-  EXPECT_EQ(cfg->at("r"), l.at("r"));
-  EXPECT_EQ(cfg->at("target_modules"), l.at("target_modules"));
+  EXPECT_EQ(cfg->at("r"), g.at("lora").at("r"));
+  EXPECT_EQ(cfg->at("target_modules"), g.at("lora").at("target_modules"));
 }
 
 TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {
