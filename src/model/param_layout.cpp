@@ -109,6 +109,12 @@ ParamLayout ParamLayout::from_groups(std::vector<ParamGroup> groups) {
   return layout;
 }
 
+ParamLayout ParamLayout::all_frozen() const {
+  ParamLayout layout = *this;
+  for (auto& g : layout.groups_) g.frozen = true;
+  return layout;
+}
+
 std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) const {
   for (const auto& g : groups_) {
     for (const auto& t : g.tensors) {

@@ -1,9 +1,13 @@
 // PEFT adapter directories: names, config and weights.
 #include "strata/model/peft_adapter.h"
 
+#include <tbb/parallel_for.h>
+
+#include <cstring>
 #include <filesystem>
 #include <set>
 
+#include "strata/core/check.h"
 #include "strata/core/json.h"
 
 namespace strata::model {
@@ -180,6 +184,43 @@ Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const 
                        {"layers_to_transform", Json()},
                        {"revision", Json()}};
   return write_json_file(join(dir, kAdapterConfigFile), config);
+}
+
+void merge_adapters(const LoraConfig& lora, const ParamGroup& block, float* base,
+                    const ParamGroup& adapters, const float* values) {
+  const double scaling = lora.scaling();
+  const std::string suffix = ".lora_A.weight";
+  for (const auto& a : adapters.tensors) {
+    if (a.name.size() <= suffix.size() ||
+        a.name.compare(a.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string module = a.name.substr(0, a.name.size() - suffix.size());
+    const TensorSpec* b = nullptr;
+    const TensorSpec* w = nullptr;
+    for (const auto& t : adapters.tensors) {
+      if (t.name == module + ".lora_B.weight") b = &t;
+    }
+    for (const auto& t : block.tensors) {
+      if (t.name == module + ".weight") w = &t;
+    }
+    STRATA_CHECK(b != nullptr && w != nullptr, "an adapter without its pair or weight", a.name);
+    const std::int64_t r = a.shape[0], in = a.shape[1], out = b->shape[0];
+    STRATA_CHECK(w->shape[0] == out && w->shape[1] == in && b->shape[1] == r,
+                 "adapter shapes do not match the weight", a.name);
+    const float* av = values + a.offset_elems;
+    const float* bv = values + b->offset_elems;
+    float* wv = base + w->offset_elems;
+    tbb::parallel_for(std::int64_t{0}, out, [&](std::int64_t o) {
+      for (std::int64_t i = 0; i < in; ++i) {
+        double sum = 0;
+        for (std::int64_t k = 0; k < r; ++k) {
+          sum += static_cast<double>(bv[o * r + k]) * static_cast<double>(av[k * in + i]);
+        }
+        wv[o * in + i] = static_cast<float>(static_cast<double>(wv[o * in + i]) + scaling * sum);
+      }
+    });
+  }
 }
 
 }  // namespace strata::model

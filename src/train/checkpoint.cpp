@@ -41,6 +41,19 @@ std::string optimizer_shard_name(int rank, int world) {
   return buf;
 }
 
+Status copy_tokenizer_files(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (!fs::is_directory(from, ec)) return Status::ok();
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"}) {
+    const fs::path src = fs::path(from) / name;
+    if (!fs::exists(src, ec)) continue;
+    fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return io_error("cannot copy " + src.string() + " into " + to + ": " + ec.message());
+  }
+  return Status::ok();
+}
+
 namespace {
 
 // This rank's moments: one flat slice per group, the same slice boundaries the Partition uses.
@@ -118,22 +131,6 @@ Status write_adapters(const std::string& dir, const model::LoraConfig& lora,
                         [&](const model::GroupSource& source) {
                           return model::write_peft_adapter(dir, lora, layout, base_model, source);
                         });
-}
-
-// The tokenizer and generation files of the model directory a run started from go beside the
-// saved weights, so the checkpoint is a complete Hugging Face model directory (strata generate,
-// transformers' from_pretrained).
-Status copy_tokenizer_files(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  if (!fs::is_directory(from, ec)) return Status::ok();
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                           "special_tokens_map.json", "generation_config.json"}) {
-    const fs::path src = fs::path(from) / name;
-    if (!fs::exists(src, ec)) continue;
-    fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return io_error("cannot copy " + src.string() + " into " + to + ": " + ec.message());
-  }
-  return Status::ok();
 }
 
 }  // namespace

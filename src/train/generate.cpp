@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "strata/core/clock.h"
@@ -13,6 +14,7 @@
 #include "strata/dist/process_grid.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama.h"
+#include "strata/model/peft_adapter.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -63,6 +65,7 @@ std::int32_t pick_token(std::span<const float> logits, double temperature, std::
 struct Generator::Impl {
   GenerateOptions options;
   model::LlamaConfig config;
+  std::optional<model::LoraConfig> lora;       // the adapter's, applied unmerged
   std::unique_ptr<model::ParamLayout> layout;  // every group frozen
   std::unique_ptr<device::Device> device;
   std::unique_ptr<dist::ProcessGrid> grid;
@@ -87,14 +90,19 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   impl->options = options;
   STRATA_ASSIGN_OR_RETURN(auto reader, model::HfCheckpointReader::open(options.model_dir));
   impl->config = reader.config();
+  std::unique_ptr<model::PeftAdapterReader> adapter;
+  if (!options.adapter_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(options.adapter_dir));
+    adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
+    impl->lora = adapter->config();
+    impl->lora->dropout = 0;  // decoding never drops
+  }
   {
     // Every group frozen: working copies only, no gradients, no optimizer state.
-    const model::ParamLayout full = model::ParamLayout::build(impl->config);
-    STRATA_RETURN_IF_ERROR(reader.validate(full));
-    std::vector<model::ParamGroup> groups = full.groups();
-    for (auto& g : groups) g.frozen = true;
-    impl->layout =
-        std::make_unique<model::ParamLayout>(model::ParamLayout::from_groups(std::move(groups)));
+    STRATA_RETURN_IF_ERROR(reader.validate(model::ParamLayout::build(impl->config)));
+    const model::ParamLayout full = model::ParamLayout::build(impl->config, impl->lora);
+    if (adapter) STRATA_RETURN_IF_ERROR(adapter->validate(full));
+    impl->layout = std::make_unique<model::ParamLayout>(full.all_frozen());
   }
 
   device::DeviceOptions dopts;
@@ -116,12 +124,15 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   STRATA_ASSIGN_OR_RETURN(impl->provider,
                           zero::ZeroProvider::create(*impl->layout, 0, *impl->device, nullptr,
                                                      *impl->grid, zero::ZeroOptions{}, so));
-  STRATA_RETURN_IF_ERROR(impl->provider->load_master(
-      [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
+  const model::ParamLayout& layout = *impl->layout;
+  STRATA_RETURN_IF_ERROR(impl->provider->load_master([&](const model::ParamGroup& g, float* dst) {
+    const bool is_adapter = layout.has_adapters() && g.id >= layout.adapter_group(0);
+    return is_adapter ? adapter->read_group(g, dst) : reader.read_group(g, dst);
+  }));
   impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
   impl->model =
       std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,
-                                          model::ModelOptions{options.dtype, false, std::nullopt});
+                                          model::ModelOptions{options.dtype, false, impl->lora});
   return std::unique_ptr<Generator>(new Generator(std::move(impl)));
 }
 
@@ -195,8 +206,12 @@ std::string Generator::describe() const {
   return "model: " + std::to_string(s.layout->num_parameters()) + " parameters (" +
          std::string(model::model_type_name(s.config.family)) + ", " +
          std::to_string(s.config.num_hidden_layers) + " layers, vocab " +
-         std::to_string(s.config.vocab_size) + ") | " + std::string(dtype_name(s.options.dtype)) +
-         " on " + s.device->name() + " | parameters " + format_bytes(s.parameter_bytes) +
+         std::to_string(s.config.vocab_size) + ")" +
+         (s.lora ? " + LoRA adapter " + s.options.adapter_dir + " (r " + std::to_string(s.lora->r) +
+                       ", unmerged)"
+                 : std::string()) +
+         " | " + std::string(dtype_name(s.options.dtype)) + " on " + s.device->name() +
+         " | parameters " + format_bytes(s.parameter_bytes) +
          (s.options.device_memory_limit > 0
               ? ", device budget " + format_bytes(s.options.device_memory_limit)
               : std::string());

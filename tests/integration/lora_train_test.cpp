@@ -18,6 +18,7 @@
 #include "strata/model/peft_adapter.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/cli.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::train {
@@ -264,6 +265,41 @@ TEST(LoraResumeTest, ResumeFromTheAdapterCheckpointIsExact) {
   EXPECT_EQ(cfg->at("peft_type"), "LORA");
   EXPECT_EQ(cfg->at("r"), g.at("lora").at("r"));
   EXPECT_EQ(cfg->at("target_modules"), g.at("lora").at("target_modules"));
+}
+
+// strata merge folds a LoRA run's adapter into its base; strata generate --adapter decodes with
+// it unmerged: the same tokens either way, and not the base's own.
+TEST(LoraMergeCliTest, MergedAndUnmergedAdapterGenerateTheSame) {
+  const Json g = golden("llama3-all");
+  TempDir dir;
+  const LoraRun run = train(g, dir, {{"optimizer", {{"lr", 0.05}}}}, 3);
+  const std::string gen = " --prompt-ids 1,5,9,2 --max-new-tokens 12";
+  auto r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " +
+                                     run.checkpoint + " --output " + dir.file("merged"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("merged/config.json")));
+  EXPECT_TRUE(fs::exists(dir.file("merged/model.safetensors")));
+  const auto merged = testing::run_cli(dir, "generate --model " + dir.file("merged") + gen);
+  ASSERT_EQ(merged.exit_code, 0) << merged.err;
+  const auto unmerged = testing::run_cli(
+      dir, "generate --model " + dir.file("base") + " --adapter " + run.checkpoint + gen);
+  ASSERT_EQ(unmerged.exit_code, 0) << unmerged.err;
+  EXPECT_NE(unmerged.err.find("LoRA adapter"), std::string::npos) << unmerged.err;
+  const auto base = testing::run_cli(dir, "generate --model " + dir.file("base") + gen);
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  EXPECT_EQ(merged.out, unmerged.out);
+  EXPECT_NE(base.out, unmerged.out) << "the adapter changed nothing";
+  // bf16 output; merging over the base itself is refused.
+  r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " + run.checkpoint +
+                                " --output " + dir.file("merged16") + " --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto cfg = read_json_file(dir.file("merged16/config.json"));
+  ASSERT_TRUE(cfg.is_ok());
+  EXPECT_EQ(cfg->at("torch_dtype"), "bfloat16");
+  r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " + run.checkpoint +
+                                " --output " + dir.file("base"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("is the base model's directory"), std::string::npos) << r.err;
 }
 
 TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {

@@ -15,7 +15,7 @@ namespace strata::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompt, prompt_file, prompt_ids;
+  std::string model, adapter, tokenizer, prompt, prompt_file, prompt_ids;
   std::int64_t max_new_tokens = 128;
   double temperature = 0.0, top_p = 1.0;
   std::int64_t top_k = 0;
@@ -36,6 +36,7 @@ int run_generate(const GenerateArgs& a) {
   }
   train::GenerateOptions options;
   options.model_dir = a.model;
+  options.adapter_dir = a.adapter;
   options.max_new_tokens = a.max_new_tokens;
   options.temperature = a.temperature;
   options.top_k = a.top_k;
@@ -163,6 +164,8 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--model", a->model,
                   "Hugging Face checkpoint directory (a training run's step-*/model included)")
       ->required();
+  cmd->add_option("--adapter", a->adapter,
+                  "a PEFT LoRA adapter directory (a LoRA run's checkpoint) applied unmerged");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json, tokenizer.model or a model directory (default: --model's)");
   cmd->add_option("--prompt", a->prompt, "prompt text");

@@ -56,6 +56,8 @@ class ParamLayout {
                            const std::optional<LoraConfig>& lora = std::nullopt);
   // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
   static ParamLayout from_groups(std::vector<ParamGroup> groups);
+  // This layout with every group frozen (generation: nothing trains).
+  ParamLayout all_frozen() const;
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const ParamGroup& group(int id) const { return groups_.at(static_cast<std::size_t>(id)); }

@@ -44,4 +44,11 @@ class PeftAdapterReader {
 Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const ParamLayout& layout,
                           const std::string& base_model, const GroupSource& read_group);
 
+// Merges a decoder block's adapters into its base weights, as PEFT's merge_and_unload does:
+// W += scaling * B A for each adapted projection, the product summed in double and added to the
+// f32 weight with one rounding. `block`/`base`: the block's group and its f32 values;
+// `adapters`/`values`: its adapter group and values (ParamLayout::build(config, lora)).
+void merge_adapters(const LoraConfig& lora, const ParamGroup& block, float* base,
+                    const ParamGroup& adapters, const float* values);
+
 }  // namespace strata::model

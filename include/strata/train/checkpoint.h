@@ -35,6 +35,11 @@ struct TrainerState {
 // "optimizer-00001-of-00004.safetensors"
 std::string optimizer_shard_name(int rank, int world);
 
+// Copies the tokenizer and generation files of model directory `from` (those it has) into `to`,
+// so saved weights make a complete Hugging Face model directory (strata generate,
+// transformers' from_pretrained). A `from` that is not a directory copies nothing.
+Status copy_tokenizer_files(const std::string& from, const std::string& to);
+
 // Collective: every rank calls it. Writes <save_dir>/step-<N> and points <save_dir>/latest at
 // it. Returns the checkpoint path.
 // `lora`: the adapters' config when the layout has adapters.

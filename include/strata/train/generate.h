@@ -19,6 +19,9 @@ namespace strata::train {
 
 struct GenerateOptions {
   std::string model_dir;  // a Hugging Face checkpoint directory (a step-*/model included)
+  // A PEFT LoRA adapter directory (a LoRA run's step-N included) applied unmerged on top of
+  // model_dir; "" for none.
+  std::string adapter_dir;
   device::DeviceKind device = device::DeviceKind::kCpu;
   std::uint64_t device_memory_limit = 0;  // required on CUDA; 0 = none on the CPU backend
   DType dtype = DType::kF32;              // compute dtype (f32 or bf16)

@@ -11,6 +11,7 @@
 #include "strata/core/json.h"
 #include "strata/model/llama.h"
 #include "strata/model/lora.h"
+#include "strata/model/peft_adapter.h"
 #include "tests/unit/model/llama_test_util.h"
 
 namespace strata::model {
@@ -171,6 +172,83 @@ TEST(LoraLayoutTest, AdaptersInitializeAsPeftAndLeaveTheBaseUnchanged) {
     const double n = static_cast<double>(t.num_elems);
     const double var = sq / n - (sum / n) * (sum / n);
     EXPECT_NEAR(var, bound * bound / 3, 6 * bound * bound * std::sqrt(4.0 / 45.0 / n)) << t.name;
+  }
+}
+
+// Decoding logits of `layout` with `provider`'s parameters after `prompt`.
+std::vector<float> decode_logits(device::Device& device, const LlamaConfig& c,
+                                 const ParamLayout& layout, TestProvider& provider,
+                                 const std::optional<LoraConfig>& lora,
+                                 const std::vector<std::int32_t>& prompt) {
+  LlamaModel model(c, layout, device, ModelOptions{DType::kF32, false, lora});
+  const auto n = static_cast<std::int64_t>(prompt.size());
+  STRATA_CHECK(model.begin_decode(provider, n, n).is_ok(), "begin_decode");
+  auto logits = model.decode(provider, prompt.data(), n);
+  STRATA_CHECK(logits.is_ok(), logits.status().to_string());
+  return std::vector<float>(*logits, *logits + c.vocab_size);
+}
+
+// merge_adapters (strata merge) folds scaling * B A into each base weight: the merged model's
+// logits are the unmerged adapter's up to f32 rounding. Both sum the same products in f32 in
+// other orders, the merged weights once rounded more: each logit moves by a few units of f32
+// rounding of the sums' magnitudes, far below 1e-4 of the largest logit.
+TEST(LoraMergeTest, MergedWeightsGiveTheUnmergedLogits) {
+  for (const char* name : {"llama3-all", "qwen3-all-rslora", "llama3-qv"}) {
+    SCOPED_TRACE(name);
+    const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/lora/" + name + ".json";
+    auto golden = read_json_file(path);
+    ASSERT_TRUE(golden.is_ok());
+    const Json& g = golden.value();
+    auto config = LlamaConfig::from_json(g.at("config"), path);
+    ASSERT_TRUE(config.is_ok());
+    const LoraConfig lora = lora_of(g.at("lora"));
+    const ParamLayout adapted = ParamLayout::build(*config, lora).all_frozen();
+    const ParamLayout plain = ParamLayout::build(*config).all_frozen();
+    auto device = make_device();
+    TestProvider unmerged(adapted, *device, DType::kF32), merged(plain, *device, DType::kF32);
+    for (const auto& group : adapted.groups()) {
+      for (const auto& t : group.tensors) {
+        const bool base = g.at("weights").contains(t.name);
+        const Json& w = base ? g.at("weights").at(t.name) : g.at("adapters").at(t.name);
+        for (std::int64_t i = 0; i < t.num_elems; ++i) {
+          unmerged.param(t.name)[i] = w[static_cast<std::size_t>(i)].get<float>();
+          if (base) merged.param(t.name)[i] = w[static_cast<std::size_t>(i)].get<float>();
+        }
+      }
+    }
+    for (int l = 0; l < config->num_hidden_layers; ++l) {
+      const int a = adapted.adapter_group(l), b = plain.layer_group(l);
+      merge_adapters(lora, plain.group(b), merged.params[static_cast<std::size_t>(b)].data(),
+                     adapted.group(a), unmerged.params[static_cast<std::size_t>(a)].data());
+    }
+    const std::vector<std::int32_t> prompt = {1, 5, 9, 2, 7, 3};
+    const auto want = decode_logits(*device, *config, adapted, unmerged, lora, prompt);
+    const auto got = decode_logits(*device, *config, plain, merged, std::nullopt, prompt);
+    const auto base_only = [&] {
+      TestProvider p(plain, *device, DType::kF32);
+      for (const auto& group : plain.groups()) {
+        for (const auto& t : group.tensors) {
+          const Json& w = g.at("weights").at(t.name);
+          for (std::int64_t i = 0; i < t.num_elems; ++i) {
+            p.param(t.name)[i] = w[static_cast<std::size_t>(i)].get<float>();
+          }
+        }
+      }
+      return decode_logits(*device, *config, plain, p, std::nullopt, prompt);
+    }();
+    double scale = 0, worst = 0, moved = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+      worst = std::max(worst, static_cast<double>(std::abs(got[i] - want[i])));
+      moved = std::max(moved, static_cast<double>(std::abs(base_only[i] - want[i])));
+    }
+    EXPECT_LE(worst, 1e-4 * scale);
+    // The adapter matters: without it the logits move by far more than the bound.
+    EXPECT_GT(moved, 100 * 1e-4 * scale);
+    std::printf(
+        "  %s: merged within %.2e of the unmerged logits (scale %.3g; the adapter moves "
+        "them %.3g)\n",
+        name, worst, scale, moved);
   }
 }
 

@@ -1,0 +1,49 @@
+// Merging a LoRA adapter into its base, group by group.
+#include "strata/train/merge.h"
+
+#include <filesystem>
+#include <vector>
+
+#include "strata/model/hf_checkpoint.h"
+#include "strata/model/peft_adapter.h"
+#include "strata/train/checkpoint.h"
+
+namespace strata::train {
+
+Status merge_adapter(const MergeOptions& o) {
+  if (o.dtype != DType::kF32 && o.dtype != DType::kBF16) {
+    return invalid_argument("merged weights are written in fp32 or bf16, not " +
+                            std::string(dtype_name(o.dtype)));
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(o.output_dir, ec) && fs::equivalent(o.output_dir, o.model_dir, ec)) {
+    return invalid_argument("--output " + o.output_dir +
+                            " is the base model's directory; merging writes a new checkpoint, "
+                            "so give another directory");
+  }
+  STRATA_ASSIGN_OR_RETURN(auto base, model::HfCheckpointReader::open(o.model_dir));
+  STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(o.adapter_dir));
+  const model::ParamLayout layout = model::ParamLayout::build(base.config());
+  const model::ParamLayout adapted = model::ParamLayout::build(base.config(), adapter.config());
+  STRATA_RETURN_IF_ERROR(base.validate(layout));
+  STRATA_RETURN_IF_ERROR(adapter.validate(adapted).with_context(
+      "the adapter " + o.adapter_dir + " does not fit the base " + o.model_dir));
+  std::vector<float> values;
+  STRATA_RETURN_IF_ERROR(model::write_hf_checkpoint(
+      o.output_dir, base.config(), layout, o.dtype,
+      [&](const model::ParamGroup& g, float* dst) -> Status {
+        STRATA_RETURN_IF_ERROR(base.read_group(g, dst));
+        for (int l = 0; l < base.config().num_hidden_layers; ++l) {
+          if (g.id != layout.layer_group(l)) continue;
+          const model::ParamGroup& a = adapted.group(adapted.adapter_group(l));
+          values.assign(static_cast<std::size_t>(a.num_elems), 0.0f);
+          STRATA_RETURN_IF_ERROR(adapter.read_group(a, values.data()));
+          model::merge_adapters(adapter.config(), g, dst, a, values.data());
+        }
+        return Status::ok();
+      }));
+  return copy_tokenizer_files(o.model_dir, o.output_dir);
+}
+
+}  // namespace strata::train
