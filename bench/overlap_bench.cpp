@@ -313,7 +313,8 @@ Result<std::unique_ptr<EngineRig>> make_engine_rig(int layers, std::int64_t elem
   for (int l = 0; l < layers; ++l) {
     model::ParamGroup g;
     g.name = "layers." + std::to_string(l);
-    g.tensors.push_back(model::TensorSpec{g.name + ".weight", {elems}, 0, elems, model::TensorInit::kNormal});
+    g.tensors.push_back(
+        model::TensorSpec{g.name + ".weight", {elems}, 0, elems, model::TensorInit::kNormal});
     g.num_elems = elems;
     groups.push_back(std::move(g));
   }

@@ -263,6 +263,29 @@ struct LlamaModel::Impl {
   std::int64_t decode_positions_ = 0, decode_rows_ = 0, decoded_ = 0;
   void* decode_io_ = nullptr;  // the provider's host_io: token ids in, logits out
 
+  // A block is its layer's group and, with LoRA, its adapter group, held together: layer l's
+  // weights with its adapters attached, valid until release_block.
+  Result<BlockWeights> acquire_block(ProviderSession& ps, std::int64_t l) const {
+    const auto li = static_cast<std::size_t>(l);
+    const std::size_t eb = dtype_size(options_.compute_dtype);
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(layout_.layer_group(static_cast<int>(l))));
+    BlockWeights w = BlockWeights::at(p, blocks_[li], eb);
+    if (layout_.has_adapters()) {
+      STRATA_ASSIGN_OR_RETURN(const void* a,
+                              ps.acquire(layout_.adapter_group(static_cast<int>(l))));
+      w.attach_lora(a, adapters_[li], eb);
+    }
+    return w;
+  }
+  void release_block(ProviderSession& ps, std::int64_t l) const {
+    ps.release(layout_.layer_group(static_cast<int>(l)));
+    if (layout_.has_adapters()) ps.release(layout_.adapter_group(static_cast<int>(l)));
+  }
+  void prefetch_block(ProviderSession& ps, std::int64_t l) const {
+    ps.prefetch(layout_.layer_group(static_cast<int>(l)));
+    if (layout_.has_adapters()) ps.prefetch(layout_.adapter_group(static_cast<int>(l)));
+  }
+
   // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks.
   Dims dims_of(std::int64_t layer) const {
     Dims d = dims_;
@@ -408,27 +431,12 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   const auto done_x = [&](std::int64_t i, bool keep) -> Status {
     return checkpointing ? provider.release_activation(static_cast<int>(i), keep) : Status::ok();
   };
-  // A block is its layer's group and, with LoRA, its adapter group, held together.
   const bool adapters = layout_.has_adapters();
   const auto layer = [&](std::int64_t l) { return layout_.layer_group(static_cast<int>(l)); };
   const auto adapter = [&](std::int64_t l) { return layout_.adapter_group(static_cast<int>(l)); };
-  const auto acquire_block = [&](std::int64_t l) -> Result<BlockWeights> {
-    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(layer(l)));
-    BlockWeights w = BlockWeights::at(p, blocks_[static_cast<std::size_t>(l)], eb);
-    if (adapters) {
-      STRATA_ASSIGN_OR_RETURN(const void* a, ps.acquire(adapter(l)));
-      w.attach_lora(a, adapters_[static_cast<std::size_t>(l)], eb);
-    }
-    return w;
-  };
-  const auto release_block = [&](std::int64_t l) {
-    ps.release(layer(l));
-    if (adapters) ps.release(adapter(l));
-  };
-  const auto prefetch_block = [&](std::int64_t l) {
-    ps.prefetch(layer(l));
-    if (adapters) ps.prefetch(adapter(l));
-  };
+  const auto acquire_block = [&](std::int64_t l) { return this->acquire_block(ps, l); };
+  const auto release_block = [&](std::int64_t l) { this->release_block(ps, l); };
+  const auto prefetch_block = [&](std::int64_t l) { this->prefetch_block(ps, l); };
   const auto trains = [&](int group) { return !layout_.group(group).frozen; };
   {
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
@@ -693,20 +701,11 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     ops.embedding_forward(dws_.ids, n, offset_ptr(p, embed_offset_, eb), H, dws_.xs[0], dt);
     ps.release(embed);
   }
-  const bool adapters = layout_.has_adapters();
   for (std::int64_t l = 0; l < L; ++l) {
     const auto li = static_cast<std::size_t>(l);
-    const int g = layout_.layer_group(static_cast<int>(l));
-    const int a = layout_.adapter_group(static_cast<int>(l));
-    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(g));
-    BlockWeights w = BlockWeights::at(p, blocks_[li], eb);
-    if (adapters) {
-      STRATA_ASSIGN_OR_RETURN(const void* ap, ps.acquire(a));
-      w.attach_lora(ap, adapters_[li], eb);
-    }
+    STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(ps, l));
     if (l + 1 < L) {
-      ps.prefetch(layout_.layer_group(static_cast<int>(l + 1)));
-      if (adapters) ps.prefetch(layout_.adapter_group(static_cast<int>(l + 1)));
+      prefetch_block(ps, l + 1);
     } else {
       ps.prefetch(head);
     }
@@ -716,8 +715,7 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     acts.x = dws_.xs[l % 2];
     detail::block_decode(ops, dl, w, acts, dws_.k_cache[li], dws_.v_cache[li], decoded_,
                          dws_.xs[(l + 1) % 2]);
-    ps.release(g);
-    if (adapters) ps.release(a);
+    release_block(ps, l);
   }
   // Head on the last token only.
   STRATA_ASSIGN_OR_RETURN(const void* head_params, ps.acquire(head));

@@ -19,29 +19,18 @@ std::string join(const std::string& dir, const char* file) {
   return (std::filesystem::path(dir) / file).string();
 }
 
-bool is_adapter_group(const ParamLayout& layout, const ParamGroup& g) {
-  return layout.has_adapters() && g.id >= layout.adapter_group(0);
-}
-
 }  // namespace
 
 std::string peft_tensor_name(const std::string& hf_name) { return kPrefix + hf_name; }
 
-Result<PeftAdapterReader> PeftAdapterReader::open(const std::string& dir) {
-  PeftAdapterReader a;
-  a.dir_ = dir;
-  const std::string path = join(dir, kAdapterConfigFile);
-  STRATA_ASSIGN_OR_RETURN(Json j, read_json_file(path));
-  std::vector<std::string> errors;
+namespace {
+
+// PEFT's LoRA keys of an adapter_config.json object, every problem into `errors`.
+LoraConfig read_lora_keys(const Json& j, std::vector<std::string>& errors) {
   auto fail = [&](const std::string& key, const std::string& what) {
     errors.push_back("'" + key + "': " + what);
   };
-  if (!j.is_object()) return data_loss(path + " is not a JSON object");
-  if (j.value("peft_type", std::string()) != "LORA") {
-    fail("peft_type", "expected \"LORA\", got " +
-                          (j.contains("peft_type") ? j["peft_type"].dump() : std::string("none")));
-  }
-  LoraConfig& c = a.config_;
+  LoraConfig c;
   if (j.contains("r") && j["r"].is_number_integer() && j["r"].get<std::int64_t>() > 0) {
     c.r = j["r"];
   } else {
@@ -82,11 +71,32 @@ Result<PeftAdapterReader> PeftAdapterReader::open(const std::string& dir) {
     if (j.contains(k) && j[k].is_object() && !j[k].empty())
       fail(k, "per-module ranks are not supported");
   }
-  if (!errors.empty()) {
-    std::string msg = path + " is not a LoRA adapter Strata can load:";
-    for (const auto& e : errors) msg += "\n  " + e;
-    return data_loss(msg);
+  return c;
+}
+
+}  // namespace
+
+Result<LoraConfig> lora_config_from_peft(const Json& j, const std::string& where) {
+  if (!j.is_object()) return data_loss(where + " is not a JSON object");
+  std::vector<std::string> errors;
+  LoraConfig c = read_lora_keys(j, errors);
+  if (errors.empty()) return c;
+  std::string msg = where + " is not a LoRA adapter Strata can load:";
+  for (const auto& e : errors) msg += "\n  " + e;
+  return data_loss(msg);
+}
+
+Result<PeftAdapterReader> PeftAdapterReader::open(const std::string& dir) {
+  PeftAdapterReader a;
+  a.dir_ = dir;
+  const std::string path = join(dir, kAdapterConfigFile);
+  STRATA_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  if (j.is_object() && j.value("peft_type", std::string()) != "LORA") {
+    return data_loss(path + ": 'peft_type' is " +
+                     (j.contains("peft_type") ? j["peft_type"].dump() : std::string("missing")) +
+                     ", expected \"LORA\"");
   }
+  STRATA_ASSIGN_OR_RETURN(a.config_, lora_config_from_peft(j, path));
   STRATA_ASSIGN_OR_RETURN(a.weights_, SafetensorsReader::open(join(dir, kAdapterWeightsFile)));
   return a;
 }
@@ -95,7 +105,7 @@ Status PeftAdapterReader::validate(const ParamLayout& layout) const {
   std::vector<std::string> problems;
   std::set<std::string> expected;
   for (const auto& g : layout.groups()) {
-    if (!is_adapter_group(layout, g)) continue;
+    if (!layout.is_adapter(g.id)) continue;
     for (const auto& t : g.tensors) {
       const std::string name = peft_tensor_name(t.name);
       expected.insert(name);
@@ -142,7 +152,7 @@ Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const 
   };
   std::vector<Slot> slots;
   for (const auto& g : layout.groups()) {
-    if (!is_adapter_group(layout, g)) continue;
+    if (!layout.is_adapter(g.id)) continue;
     for (const auto& t : g.tensors) {
       writer.add(peft_tensor_name(t.name), DType::kF32, t.shape);
       slots.push_back({&g, &t});

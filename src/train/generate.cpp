@@ -95,7 +95,6 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(options.adapter_dir));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
     impl->lora = adapter->config();
-    impl->lora->dropout = 0;  // decoding never drops
   }
   {
     // Every group frozen: working copies only, no gradients, no optimizer state.
@@ -126,8 +125,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
                                                      *impl->grid, zero::ZeroOptions{}, so));
   const model::ParamLayout& layout = *impl->layout;
   STRATA_RETURN_IF_ERROR(impl->provider->load_master([&](const model::ParamGroup& g, float* dst) {
-    const bool is_adapter = layout.has_adapters() && g.id >= layout.adapter_group(0);
-    return is_adapter ? adapter->read_group(g, dst) : reader.read_group(g, dst);
+    return layout.is_adapter(g.id) ? adapter->read_group(g, dst) : reader.read_group(g, dst);
   }));
   impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
   impl->model =

@@ -34,13 +34,12 @@ Status merge_adapter(const MergeOptions& o) {
       o.output_dir, base.config(), layout, o.dtype,
       [&](const model::ParamGroup& g, float* dst) -> Status {
         STRATA_RETURN_IF_ERROR(base.read_group(g, dst));
-        for (int l = 0; l < base.config().num_hidden_layers; ++l) {
-          if (g.id != layout.layer_group(l)) continue;
-          const model::ParamGroup& a = adapted.group(adapted.adapter_group(l));
-          values.assign(static_cast<std::size_t>(a.num_elems), 0.0f);
-          STRATA_RETURN_IF_ERROR(adapter.read_group(a, values.data()));
-          model::merge_adapters(adapter.config(), g, dst, a, values.data());
-        }
+        const int layer = g.id - layout.layer_group(0);
+        if (layer < 0 || layer >= base.config().num_hidden_layers) return Status::ok();
+        const model::ParamGroup& a = adapted.group(adapted.adapter_group(layer));
+        values.assign(static_cast<std::size_t>(a.num_elems), 0.0f);
+        STRATA_RETURN_IF_ERROR(adapter.read_group(a, values.data()));
+        model::merge_adapters(adapter.config(), g, dst, a, values.data());
         return Status::ok();
       }));
   return copy_tokenizer_files(o.model_dir, o.output_dir);

@@ -280,9 +280,7 @@ Status Trainer::Impl::setup() {
   } else {
     // The base from the checkpoint directory or the seed; adapters from `adapter` or the seed.
     STRATA_RETURN_IF_ERROR(provider->load_master([&](const model::ParamGroup& g, float* dst) {
-      const bool is_adapter = layout->has_adapters() && !g.frozen;
-      if (is_adapter && adapter) return adapter->read_group(g, dst);
-      if (is_adapter) return seeded(g, dst);
+      if (layout->is_adapter(g.id)) return adapter ? adapter->read_group(g, dst) : seeded(g, dst);
       return base_source(g, dst);
     }));
   }

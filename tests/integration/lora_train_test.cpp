@@ -47,17 +47,11 @@ model::GroupSource from_json(const Json& tensors, const std::string& prefix = ""
   };
 }
 
-model::LoraConfig lora_of(const Json& l) {
-  model::LoraConfig lora;
-  lora.r = l.at("r");
-  lora.alpha = l.at("lora_alpha");
-  lora.dropout = l.at("lora_dropout");
-  lora.use_rslora = l.at("use_rslora");
-  lora.targets.fill(false);
-  for (const auto& n : l.at("target_modules")) {
-    lora.targets[static_cast<std::size_t>(*model::parse_lora_target(n.get<std::string>()))] = true;
-  }
-  return lora;
+// The golden's "lora" object holds PEFT's adapter_config.json keys.
+model::LoraConfig peft_lora(const Json& j) {
+  auto l = model::lora_config_from_peft(j, "golden lora");
+  STRATA_CHECK(l.is_ok(), l.status().to_string());
+  return *l;
 }
 
 struct LoraRun {
@@ -73,7 +67,7 @@ LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(),
   auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
   STRATA_CHECK(config.is_ok(), config.status().to_string());
   const Json& l = g.at("lora");
-  const model::LoraConfig lora = lora_of(l);
+  const model::LoraConfig lora = peft_lora(l);
   if (!fs::exists(dir.file("base"))) {
     const model::ParamLayout base = model::ParamLayout::build(*config);
     STRATA_CHECK(model::write_hf_checkpoint(dir.file("base"), *config, base, DType::kF32,
@@ -189,7 +183,7 @@ TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
     // Each adapter group's working copy (padded) in whole 4 KiB swap blocks.
     auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
     ASSERT_TRUE(config.is_ok());
-    const model::ParamLayout layout = model::ParamLayout::build(*config, lora_of(g.at("lora")));
+    const model::ParamLayout layout = model::ParamLayout::build(*config, peft_lora(g.at("lora")));
     std::uint64_t adapter_bytes = 0;
     for (const auto& group : layout.groups()) {
       if (!group.frozen) adapter_bytes += align_up(group.num_elems * sizeof(float), 4096);

@@ -68,6 +68,7 @@ class ParamLayout {
   bool has_adapters() const { return adapters_; }
   // Layer `layer`'s adapter group; -1 without adapters.
   int adapter_group(int layer) const { return adapters_ ? 2 + num_layers_ + layer : -1; }
+  bool is_adapter(int group) const { return adapters_ && group >= adapter_group(0); }
   std::int64_t total_elems() const { return total_elems_; }
   // Number of real parameters (without padding).
   std::int64_t num_parameters() const { return num_parameters_; }

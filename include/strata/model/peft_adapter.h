@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "strata/core/json.h"
 #include "strata/core/status.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/lora.h"
@@ -19,6 +20,11 @@ inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 
 // The name PEFT saves an adapter tensor under.
 std::string peft_tensor_name(const std::string& hf_name);
+
+// PEFT's LoRA keys (r, lora_alpha, lora_dropout, target_modules, use_rslora; DoRA, fan_in_fan_out,
+// biases and per-module ranks refused) of an adapter_config.json object; `where` names it in
+// errors, which are all reported at once.
+Result<LoraConfig> lora_config_from_peft(const Json& json, const std::string& where);
 
 class PeftAdapterReader {
  public:

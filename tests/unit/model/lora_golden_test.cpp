@@ -25,19 +25,11 @@ using testing::TestProvider;
 // kF32Factor times that.
 constexpr double kF32Factor = 8.0;
 
-LoraConfig lora_of(const Json& j) {
-  LoraConfig l;
-  l.r = j.at("r");
-  l.alpha = j.at("lora_alpha");
-  l.dropout = j.at("lora_dropout");
-  l.use_rslora = j.at("use_rslora");
-  l.targets.fill(false);
-  for (const auto& name : j.at("target_modules")) {
-    const auto t = parse_lora_target(name.get<std::string>());
-    STRATA_CHECK(t.has_value(), "unknown target", name.dump());
-    l.targets[static_cast<std::size_t>(*t)] = true;
-  }
-  return l;
+// The golden's "lora" object holds PEFT's adapter_config.json keys.
+LoraConfig peft_lora(const Json& j) {
+  auto l = lora_config_from_peft(j, "golden lora");
+  STRATA_CHECK(l.is_ok(), l.status().to_string());
+  return *l;
 }
 
 class LoraGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
@@ -50,7 +42,7 @@ TEST_P(LoraGoldenTest, F32LossAndAdapterGradientsMatchPyTorch) {
   const Json& g = golden.value();
   auto config = LlamaConfig::from_json(g.at("config"), path);
   ASSERT_TRUE(config.is_ok()) << config.status().to_string();
-  const LoraConfig lora = lora_of(g.at("lora"));
+  const LoraConfig lora = peft_lora(g.at("lora"));
   const ParamLayout layout = ParamLayout::build(*config, lora);
   ASSERT_TRUE(layout.has_adapters());
   auto device = make_device();
@@ -201,7 +193,7 @@ TEST(LoraMergeTest, MergedWeightsGiveTheUnmergedLogits) {
     const Json& g = golden.value();
     auto config = LlamaConfig::from_json(g.at("config"), path);
     ASSERT_TRUE(config.is_ok());
-    const LoraConfig lora = lora_of(g.at("lora"));
+    const LoraConfig lora = peft_lora(g.at("lora"));
     const ParamLayout adapted = ParamLayout::build(*config, lora).all_frozen();
     const ParamLayout plain = ParamLayout::build(*config).all_frozen();
     auto device = make_device();
