@@ -144,6 +144,19 @@ int cast(const LaunchContext& ctx, const void* src, Elem src_dtype, void* dst, E
 int dropout(const LaunchContext& ctx, const void* x, void* out, std::int64_t n,
             std::uint32_t threshold, float scale, std::uint64_t key, Elem dtype);
 
+// ---- nf4.cu: out[n] = the NF4 weight at `packed` decoded (device::Ops::dequantize_nf4).
+// Byte offsets of its parts (device::Nf4Layout) and the format's tables (device::Nf4Tables).
+struct Nf4Parts {
+  std::int64_t elems = 0;
+  std::uint64_t codes = 0, absmax = 0, scales = 0, mean = 0;
+};
+struct Nf4Tables {
+  float levels[16];
+  float absmax_code[256];
+};
+int dequantize_nf4(const LaunchContext& ctx, const void* packed, const Nf4Parts& parts,
+                   const Nf4Tables& tables, void* out, Elem dtype);
+
 // ---- sum_squares.cu: writes sum(x^2) as one double to *result (device memory), computed in
 // double with a partition that depends only on n, so it is reproducible run to run.
 std::size_t sum_squares_scratch_bytes(std::int64_t n);

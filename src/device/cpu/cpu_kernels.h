@@ -56,6 +56,11 @@ struct CpuKernels {
   // out[i] = (x[i] * a) * b, stored in the table's dtype.
   void (*scale_store[kNumKernelDTypes])(const float* x, float a, float b, void* out,
                                         std::int64_t n);
+  // NF4's 4-bit decode (strata/device/nf4.h) of n elements from a block boundary:
+  // out[i] = levels[code i] * absmax[i / 64] (one f32 product), stored in the table's dtype;
+  // codes: theirs, two a byte, the first in the high nibble.
+  void (*nf4_decode[kNumKernelDTypes])(const std::uint8_t* codes, const float* absmax,
+                                       const float* levels, void* out, std::int64_t n);
 };
 
 void fill_scalar_cpu_kernels(CpuKernels* k);

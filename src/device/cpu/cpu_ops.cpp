@@ -8,6 +8,7 @@
 
 #include "src/device/cpu/cpu_device.h"
 #include "src/device/cpu/cpu_ops_internal.h"
+#include "strata/device/nf4.h"
 
 namespace strata::device {
 namespace {
@@ -341,6 +342,26 @@ class CpuOps final : public Ops {
           os[i] = from_f32<T>(keep ? to_f32(xs[i]) * scale : 0.0f);
         }
       });
+    });
+  }
+
+  void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const override {
+    const Nf4Layout l = nf4_layout(n);
+    const auto* codes = static_cast<const std::uint8_t*>(packed) + l.codes;
+    const float* levels = kNf4Levels.data();
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const auto kernel = ctx_.kernels().nf4_decode[cpu::kernel_dtype(T{})];
+      T* o = static_cast<T*>(out);
+      // In runs of whole blocks, each decoding its blocks' maxima first.
+      ctx_.parallel_for(l.blocks, kElemGrain / kNf4BlockElems,
+                        [&](std::int64_t b0, std::int64_t b1) {
+                          std::vector<float> absmax(static_cast<std::size_t>(b1 - b0));
+                          nf4_block_absmax(packed, n, b0, b1 - b0, absmax.data());
+                          const std::int64_t i0 = b0 * kNf4BlockElems;
+                          const std::int64_t i1 = std::min(n, b1 * kNf4BlockElems);
+                          kernel(codes + i0 / 2, absmax.data(), levels, o + i0, i1 - i0);
+                        });
     });
   }
 

@@ -154,6 +154,10 @@ class ProfiledOps final : public Ops {
     Timed t("dropout", 0, 2.0 * static_cast<double>(n) * sz(dtype));
     inner_->dropout(x, out, n, p, key, dtype);
   }
+  void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const override {
+    Timed t("dequantize_nf4", 0, static_cast<double>(n) * (0.52 + sz(dtype)));
+    inner_->dequantize_nf4(packed, n, out, dtype);
+  }
   void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
     Timed t("sum_squares", 0, static_cast<double>(n) * sz(dtype));
     inner_->sum_squares(x, n, dtype, result);

@@ -2,12 +2,14 @@
 // (kernels/launchers.h) or cuBLASLt, all on the compute stream; failures become the device's
 // sticky error. Plain C++: no device code here.
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 
 #include "src/device/cuda/cuda_device.h"
 #include "src/device/cuda/cuda_gemm.h"
 #include "strata/core/aligned.h"
+#include "strata/device/nf4.h"
 
 namespace strata::device::cuda {
 namespace {
@@ -201,6 +203,17 @@ class CudaOps final : public Ops {
     done(kernels::dropout(ctx(), x, out, n, dropout_threshold(p), 1.0f / (1.0f - p), key,
                           float_elem(dtype)),
          "dropout");
+  }
+
+  void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const override {
+    STRATA_CHECK(n >= 0, "negative NF4 size", n);
+    const Nf4Layout l = nf4_layout(n);
+    const kernels::Nf4Parts parts{n, l.codes, l.absmax, l.scales, l.mean};
+    kernels::Nf4Tables tables{};
+    std::memcpy(tables.levels, kNf4Levels.data(), sizeof tables.levels);
+    std::memcpy(tables.absmax_code, nf4_absmax_code().data(), sizeof tables.absmax_code);
+    done(kernels::dequantize_nf4(ctx(), packed, parts, tables, out, float_elem(dtype)),
+         "dequantize_nf4");
   }
 
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,

@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernels/runtime.h"
+#include "strata/device/nf4.h"
 #include "tests/unit/device/attention_reference.h"
 #include "tests/unit/device/cuda_test_util.h"
 
@@ -379,6 +381,27 @@ TEST_F(CudaOpsTest, DropoutMatchesTheCpuMaskIncludingInPlace) {
     EXPECT_TRUE(gout.download().bitwise_equal(want));
     gpu_ops().dropout(gx.data(), gx.data(), n, 0.1f, 987654321ull, dt);
     EXPECT_TRUE(gx.download().bitwise_equal(want));
+  }
+}
+
+TEST_F(CudaOpsTest, DequantizeNf4GivesTheCpuBits) {
+  const std::int64_t n = 5 * 16384 + 64 * 3 + 7;  // several groups, a partial block, odd
+  Rng rng(21);
+  std::vector<float> w(static_cast<std::size_t>(n));
+  for (float& v : w) v = static_cast<float>(rng.uniform() - 0.5) * 0.1f;
+  w[77] = 0.9f;
+  std::vector<std::uint8_t> packed(nf4_bytes(n));
+  ASSERT_TRUE(nf4_quantize(w.data(), n, packed.data(), "w").is_ok());
+  HostTensor host_packed(DType::kU8, static_cast<std::int64_t>(packed.size()));
+  std::memcpy(host_packed.data(), packed.data(), packed.size());
+  GpuTensor gpacked(*gpu_, host_packed);
+  for (DType dt : kDtypes) {
+    HostTensor want(dt, n);
+    cpu_ops().dequantize_nf4(packed.data(), n, want.data(), dt);
+    GpuTensor gout(*gpu_, dt, n);
+    gout.poison();
+    gpu_ops().dequantize_nf4(gpacked.data(), n, gout.data(), dt);
+    EXPECT_TRUE(gout.download().bitwise_equal(want)) << dtype_name(dt);
   }
 }
 
