@@ -34,6 +34,7 @@ struct Workspace {
   void* hf = nullptr;               // [rows, hidden] model.norm output
   void* logits = nullptr;           // [rows, vocab], overwritten by dlogits in training
   float* losses = nullptr;          // [rows]
+  void* nf4_weight = nullptr;       // [max_weight] with an NF4 base: one decoded weight
   detail::BackwardScratch bwd;
 };
 
@@ -105,6 +106,7 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   ws->hf = act(R * H);
   ws->logits = act(R * d.vocab);
   ws->losses = f32(R);
+  if (d.nf4) ws->nf4_weight = act(d.max_weight());
   auto& s = ws->bwd;
   s.dh = act(R * H);
   s.dtmp = act(R * H);
@@ -135,6 +137,7 @@ struct DecodeWorkspace {
   std::vector<void*> k_cache, v_cache;  // per layer, [positions, kv_dim]
   void* xs[2] = {nullptr, nullptr};     // [rows, hidden]: block input and output, alternating
   detail::DecodeActs acts;
+  void* nf4_weight = nullptr;  // [max_weight] with an NF4 base: one decoded weight
   float* rstd_final = nullptr;  // [1]
   void* hf = nullptr;           // [hidden]: model.norm of the last row
   void* logits = nullptr;       // [vocab], compute dtype
@@ -171,6 +174,7 @@ std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t 
   a.up = act(R * F);
   a.m = act(R * F);
   if (d.lora_rank > 0) a.lora_t = act(R * d.lora_rank);
+  if (d.nf4) ws->nf4_weight = act(d.max_weight());
   ws->rstd_final = c.f32(1);
   ws->hf = act(H);
   ws->logits = act(d.vocab);
@@ -178,11 +182,15 @@ std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t 
   return c.off;
 }
 
-std::int64_t tensor_offset(const ParamLayout& layout, const std::string& name, int group) {
+const TensorSpec& tensor_in(const ParamLayout& layout, const std::string& name, int group) {
   const auto loc = layout.find(name);
   STRATA_CHECK(loc.has_value() && loc->group == group, "parameter missing from the layout", name,
                group);
-  return loc->tensor->offset_elems;
+  return *loc->tensor;
+}
+
+std::int64_t tensor_offset(const ParamLayout& layout, const std::string& name, int group) {
+  return tensor_in(layout, name, group).offset_elems;
 }
 
 // Provider calls, timed, with every held parameter group released if the step bails out.
@@ -254,7 +262,7 @@ struct LlamaModel::Impl {
   Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);
   Result<const float*> decode(ParamProvider& provider, const std::int32_t* ids, std::int64_t n);
   Dims decode_dims(std::int64_t rows) const {
-    Dims d = Dims::make(config_, options_.compute_dtype, 1, rows, options_.lora);
+    Dims d = Dims::make(config_, options_, 1, rows);
     d.lora_dropout = 0;  // not training
     return d;
   }
@@ -269,7 +277,7 @@ struct LlamaModel::Impl {
     const auto li = static_cast<std::size_t>(l);
     const std::size_t eb = dtype_size(options_.compute_dtype);
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(layout_.layer_group(static_cast<int>(l))));
-    BlockWeights w = BlockWeights::at(p, blocks_[li], eb);
+    BlockWeights w = BlockWeights::at(p, block_bytes_[li], 1);
     if (layout_.has_adapters()) {
       STRATA_ASSIGN_OR_RETURN(const void* a,
                               ps.acquire(layout_.adapter_group(static_cast<int>(l))));
@@ -311,7 +319,8 @@ struct LlamaModel::Impl {
   const ModelOptions& options_;
 
   std::int64_t embed_offset_ = 0, norm_offset_ = 0, lm_head_offset_ = 0;
-  std::vector<BlockOffsets> blocks_;
+  std::vector<BlockOffsets> blocks_;       // in elements: the gradients' views
+  std::vector<BlockOffsets> block_bytes_;  // in bytes: the working copies' (working_offset)
   std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
   bool train_ = false;                         // this step runs backward (and dropout)
   std::uint64_t dropout_key_ = 0;
@@ -362,7 +371,7 @@ Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int
 // and the layout is carved again only when the memory or the shape changed.
 Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t batch,
                                           std::int64_t seq) {
-  const Dims d = Dims::make(config_, options_.compute_dtype, batch, seq, options_.lora);
+  const Dims d = Dims::make(config_, options_, batch, seq);
   Workspace measure;
   const std::uint64_t bytes = carve_workspace(d, config_.num_hidden_layers,
                                               options_.activation_checkpointing, nullptr, &measure);
@@ -381,6 +390,7 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
   carve_workspace(d, config_.num_hidden_layers, options_.activation_checkpointing,
                   static_cast<std::byte*>(base), &ws_);
   dims_ = d;
+  dims_.nf4_weight = ws_.nf4_weight;
   batch_ = batch;
   seq_ = seq;
   return Status::ok();
@@ -570,6 +580,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   STRATA_CHECK(layout.num_groups() == (config.num_hidden_layers + 2) +
                                           (layout.has_adapters() ? config.num_hidden_layers : 0),
                "layout does not match the config", layout.num_groups(), config.num_hidden_layers);
+  STRATA_CHECK(config.num_hidden_layers == 0 ||
+                   layout.group(layout.layer_group(0)).quantized() == options_.nf4_base,
+               "the layout's base format does not match ModelOptions::nf4_base",
+               options_.nf4_base);
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
   impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
   impl_->norm_offset_ = tensor_offset(layout, "model.norm.weight", layout.head_group());
@@ -579,24 +593,35 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const int g = layout.layer_group(static_cast<int>(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto off = [&](const char* suffix) { return tensor_offset(layout, p + suffix, g); };
-    auto maybe = [&](bool present, const char* suffix) -> std::int64_t {
-      return present ? off(suffix) : -1;
+    // Each tensor's offset in elements (bytes = false) or in the working copy's bytes.
+    const auto offsets = [&](bool bytes) {
+      auto off = [&](const char* suffix) -> std::int64_t {
+        const TensorSpec& t = tensor_in(layout, p + suffix, g);
+        return bytes ? static_cast<std::int64_t>(
+                           working_offset(layout.group(g), t, options_.compute_dtype))
+                     : t.offset_elems;
+      };
+      auto maybe = [&](bool present, const char* suffix) -> std::int64_t {
+        return present ? off(suffix) : -1;
+      };
+      BlockOffsets o{off("input_layernorm.weight"),  off("self_attn.q_proj.weight"),
+                     off("self_attn.k_proj.weight"), off("self_attn.v_proj.weight"),
+                     off("self_attn.o_proj.weight"), off("post_attention_layernorm.weight"),
+                     off("mlp.gate_proj.weight"),    off("mlp.up_proj.weight"),
+                     off("mlp.down_proj.weight")};
+      o.bq = maybe(config.qkv_bias, "self_attn.q_proj.bias");
+      o.bk = maybe(config.qkv_bias, "self_attn.k_proj.bias");
+      o.bv = maybe(config.qkv_bias, "self_attn.v_proj.bias");
+      o.bo = maybe(config.o_bias, "self_attn.o_proj.bias");
+      o.qn = maybe(config.qk_norm, "self_attn.q_norm.weight");
+      o.kn = maybe(config.qk_norm, "self_attn.k_norm.weight");
+      o.bg = maybe(config.mlp_bias, "mlp.gate_proj.bias");
+      o.bu = maybe(config.mlp_bias, "mlp.up_proj.bias");
+      o.bd = maybe(config.mlp_bias, "mlp.down_proj.bias");
+      return o;
     };
-    BlockOffsets o{off("input_layernorm.weight"),  off("self_attn.q_proj.weight"),
-                   off("self_attn.k_proj.weight"), off("self_attn.v_proj.weight"),
-                   off("self_attn.o_proj.weight"), off("post_attention_layernorm.weight"),
-                   off("mlp.gate_proj.weight"),    off("mlp.up_proj.weight"),
-                   off("mlp.down_proj.weight")};
-    o.bq = maybe(config.qkv_bias, "self_attn.q_proj.bias");
-    o.bk = maybe(config.qkv_bias, "self_attn.k_proj.bias");
-    o.bv = maybe(config.qkv_bias, "self_attn.v_proj.bias");
-    o.bo = maybe(config.o_bias, "self_attn.o_proj.bias");
-    o.qn = maybe(config.qk_norm, "self_attn.q_norm.weight");
-    o.kn = maybe(config.qk_norm, "self_attn.k_norm.weight");
-    o.bg = maybe(config.mlp_bias, "mlp.gate_proj.bias");
-    o.bu = maybe(config.mlp_bias, "mlp.up_proj.bias");
-    o.bd = maybe(config.mlp_bias, "mlp.down_proj.bias");
+    const BlockOffsets o = offsets(false);
+    impl_->block_bytes_.push_back(offsets(true));
     impl_->blocks_.push_back(o);
     if (!layout.has_adapters()) continue;
     detail::LoraOffsets lo;
@@ -653,6 +678,7 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
                                                 std::to_string(max_positions) + " positions)"));
   carve_decode(d, config_.num_hidden_layers, max_positions, static_cast<std::byte*>(base), &dws_);
   decode_dims_ = d;
+  decode_dims_.nf4_weight = dws_.nf4_weight;
   decode_positions_ = max_positions;
   decode_rows_ = max_rows;
   decoded_ = 0;
@@ -762,7 +788,7 @@ std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq)
 std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   Workspace measure;
-  return carve_workspace(Dims::make(config, options.compute_dtype, batch, seq, options.lora),
+  return carve_workspace(Dims::make(config, options, batch, seq),
                          config.num_hidden_layers, options.activation_checkpointing, nullptr,
                          &measure);
 }
@@ -770,7 +796,7 @@ std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const Mode
 std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   if (!options.activation_checkpointing) return 0;
-  const Dims d = Dims::make(config, options.compute_dtype, batch, seq, std::nullopt);
+  const Dims d = Dims::make(config, options, batch, seq);
   return static_cast<std::uint64_t>(d.rows * d.hidden) * d.elem_bytes;
 }
 

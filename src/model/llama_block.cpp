@@ -5,8 +5,10 @@
 
 namespace strata::model::detail {
 
-Dims Dims::make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq,
-                const std::optional<LoraConfig>& lora) {
+Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
+                std::int64_t seq) {
+  const DType dtype = options.compute_dtype;
+  const std::optional<LoraConfig>& lora = options.lora;
   Dims d;
   d.batch = batch;
   d.seq = seq;
@@ -30,6 +32,7 @@ Dims Dims::make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int6
     d.lora_scaling = static_cast<float>(lora->scaling());
     d.lora_dropout = static_cast<float>(lora->dropout);
   }
+  d.nf4 = options.nf4_base;
   return d;
 }
 
@@ -87,11 +90,19 @@ void adapter_t(const device::Ops& ops, const Dims& d, const Projection& p, const
   matmul(ops, d.dtype, false, true, d.rows, d.lora_rank, p.in, xin, p.lora.a, t, false);
 }
 
+// The projection's weight in the compute dtype: its own, or an NF4 base's decoded into
+// d.nf4_weight (valid until the next projection's).
+const void* weight_of(const device::Ops& ops, const Dims& d, const Projection& p) {
+  if (!d.nf4) return p.w;
+  ops.dequantize_nf4(p.w, p.out * p.in, d.nf4_weight, d.dtype);
+  return d.nf4_weight;
+}
+
 // y [R, out] = x W^T (+ b) (+ scaling * dropout(x) A^T B^T, its t kept in `t`): PEFT's
 // result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling.
 void project(const device::Ops& ops, const Dims& d, const Projection& p, const void* x, void* y,
              void* t, void* scratch) {
-  matmul(ops, d.dtype, false, true, d.rows, p.out, p.in, x, p.w, y, false);
+  matmul(ops, d.dtype, false, true, d.rows, p.out, p.in, x, weight_of(ops, d, p), y, false);
   if (p.b != nullptr) ops.add_bias(y, p.b, d.rows, p.out, d.dtype);
   if (p.lora.a == nullptr) return;
   adapter_t(ops, d, p, x, t, scratch);
@@ -109,7 +120,7 @@ void project_backward(const device::Ops& ops, const Dims& d, const Projection& p
   const std::int64_t R = d.rows, r = d.lora_rank;
   if (gw != nullptr) matmul(ops, dt, true, false, p.out, p.in, R, dy, x, gw, true);
   if (gb != nullptr) ops.bias_grad(dy, gb, R, p.out, dt);
-  matmul(ops, dt, false, false, R, p.in, p.out, dy, p.w, dx, accumulate);
+  matmul(ops, dt, false, false, R, p.in, p.out, dy, weight_of(ops, d, p), dx, accumulate);
   if (p.lora.a == nullptr) return;
   matmul(ops, dt, true, false, p.out, r, R, dy, t, ga.b, true, d.lora_scaling);
   matmul(ops, dt, false, false, R, r, p.out, dy, p.lora.b, s.lora_dt, false, d.lora_scaling);

@@ -9,6 +9,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
+#include "strata/model/llama.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
 
@@ -33,12 +34,18 @@ struct Dims {
   float lora_dropout = 0;
   std::uint64_t lora_key = 0;
   std::int64_t layer = 0;
+  // An NF4 base (QLoRA): each projection's weight is decoded into `nf4_weight` (workspace of
+  // max_weight() elements) just before its product, one at a time.
+  bool nf4 = false;
+  void* nf4_weight = nullptr;
 
-  // With `lora`, its rank, targets, scaling and (training) dropout.
-  static Dims make(const LlamaConfig& c, DType dtype, std::int64_t batch, std::int64_t seq,
-                   const std::optional<LoraConfig>& lora);
+  // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.
+  static Dims make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
+                   std::int64_t seq);
   // The widest input of any projection: an adapter's dropout scratch holds rows of it.
   std::int64_t max_in() const { return std::max({hidden, q_dim, ffn}); }
+  // The largest projection weight, in elements.
+  std::int64_t max_weight() const { return std::max(q_dim, ffn) * hidden; }
   device::AttentionShape attention() const {
     return {batch, seq, heads, kv_heads, head_dim, window};
   }

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cmath>
 
+#include "strata/core/check.h"
 #include "strata/core/rng.h"
+#include "strata/device/nf4.h"
 
 namespace strata::model {
 namespace {
@@ -27,7 +29,50 @@ void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape
 
 }  // namespace
 
-ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora) {
+bool ParamGroup::quantized() const {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [](const TensorSpec& t) { return t.format != TensorFormat::kCompute; });
+}
+
+namespace {
+
+// Bytes of one tensor's working copy in a quantized group.
+std::uint64_t quantized_tensor_bytes(const TensorSpec& t, DType dtype) {
+  return t.format == TensorFormat::kNf4
+             ? device::nf4_bytes(t.num_elems)
+             : static_cast<std::uint64_t>(t.num_elems) * dtype_size(dtype);
+}
+
+std::uint64_t align_quantized(std::uint64_t bytes) {
+  return (bytes + kQuantizedAlignBytes - 1) / kQuantizedAlignBytes * kQuantizedAlignBytes;
+}
+
+}  // namespace
+
+std::uint64_t working_bytes(const ParamGroup& group, DType dtype) {
+  if (!group.quantized()) return static_cast<std::uint64_t>(group.num_elems) * dtype_size(dtype);
+  std::uint64_t end = 0;
+  for (const auto& t : group.tensors) end = align_quantized(end) + quantized_tensor_bytes(t, dtype);
+  return align_quantized(end);
+}
+
+std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, DType dtype) {
+  if (!group.quantized()) {
+    return static_cast<std::uint64_t>(tensor.offset_elems) * dtype_size(dtype);
+  }
+  std::uint64_t at = 0;
+  for (const auto& t : group.tensors) {
+    at = align_quantized(at);
+    if (&t == &tensor) return at;
+    at += quantized_tensor_bytes(t, dtype);
+  }
+  STRATA_CHECK(false, "tensor not in its group", tensor.name, group.name);
+  return 0;
+}
+
+ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora,
+                               bool nf4_base) {
+  STRATA_CHECK(!nf4_base || lora.has_value(), "an NF4 base needs adapters (QLoRA)");
   ParamLayout layout;
   constexpr auto kNormal = TensorInit::kNormal, kOnes = TensorInit::kOnes;
   const std::int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();
@@ -59,6 +104,11 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
     linear("mlp.gate_proj", ffn, h, c.mlp_bias);
     linear("mlp.up_proj", ffn, h, c.mlp_bias);
     linear("mlp.down_proj", h, ffn, c.mlp_bias);
+    if (nf4_base) {
+      for (auto& t : g.tensors) {
+        if (t.shape.size() == 2) t.format = TensorFormat::kNf4;  // the seven projections
+      }
+    }
     layout.groups_.push_back(std::move(g));
   }
 

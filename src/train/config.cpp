@@ -92,11 +92,6 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
   constexpr std::array<FinetuneMethod, 3> kMethods{FinetuneMethod::kFull, FinetuneMethod::kLora,
                                                    FinetuneMethod::kQlora};
   read_enum(r, "method", &out->method, kMethods, finetune_method_name);
-  if (out->method == FinetuneMethod::kQlora) {
-    r.error("method",
-            "\"qlora\" (a 4-bit NormalFloat base) is not available in this build yet; use "
-            "\"lora\" (adapters on a frozen base in any tier)");
-  }
   model::LoraConfig& l = out->lora;
   r.read("r", &l.r, 1, 65536);
   r.read("alpha", &l.alpha, 0.0);
@@ -383,6 +378,7 @@ model::ModelOptions TrainConfig::model_options() const {
   o.compute_dtype = precision;
   o.activation_checkpointing = activation_checkpointing;
   o.lora = lora();
+  o.nf4_base = nf4_base();
   return o;
 }
 

@@ -12,6 +12,7 @@
 #include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
 #include "strata/model/llama.h"
+#include "strata/device/nf4.h"
 #include "strata/model/param_layout.h"
 #include "strata/sys/process.h"
 #include "strata/zero/partition.h"
@@ -107,7 +108,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   e.ranks = ranks;
   e.rank = options.rank;
   e.model = config.model;
-  const model::ParamLayout full = model::ParamLayout::build(e.model, config.lora());
+  const model::ParamLayout full = config.param_layout();
   e.parameters = full.num_parameters();
   e.finetune = describe_finetune(config, full);
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
@@ -145,18 +146,31 @@ std::uint64_t Estimate::device_bytes_needed() const {
 std::string describe_finetune(const TrainConfig& config, const model::ParamLayout& layout) {
   const auto lora = config.lora();
   if (!lora) return "";
-  std::int64_t trainable = 0, frozen = 0;
+  std::int64_t trainable = 0, frozen = 0, nf4 = 0;
+  std::uint64_t nf4_bytes = 0;
   for (const auto& g : layout.groups()) {
-    for (const auto& t : g.tensors) (g.frozen ? frozen : trainable) += t.num_elems;
+    for (const auto& t : g.tensors) {
+      (g.frozen ? frozen : trainable) += t.num_elems;
+      if (t.format != model::TensorFormat::kNf4) continue;
+      nf4 += t.num_elems;
+      nf4_bytes += device::nf4_bytes(t.num_elems);
+    }
   }
   std::string targets;
   for (const auto& n : lora->target_names()) targets += (targets.empty() ? "" : ", ") + n;
-  char buf[160];
-  std::snprintf(buf, sizeof(buf),
-                "LoRA r %lld, alpha %g%s, dropout %g on %s: ", static_cast<long long>(lora->r),
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "%s r %lld, alpha %g%s, dropout %g on %s: ",
+                config.nf4_base() ? "QLoRA" : "LoRA", static_cast<long long>(lora->r),
                 lora->alpha, lora->use_rslora ? " (rsLoRA)" : "", lora->dropout, targets.c_str());
-  return buf + std::to_string(trainable) + " trainable parameters; the base's " +
-         std::to_string(frozen) + " frozen (read only: no gradient, no optimizer state)";
+  std::string s = buf + std::to_string(trainable) + " trainable parameters; the base's " +
+                  std::to_string(frozen) + " frozen (read only: no gradient, no optimizer state)";
+  if (nf4 > 0) {
+    std::snprintf(buf, sizeof(buf), "; its %lld projection weights in NF4: %s, %.3f bytes each",
+                  static_cast<long long>(nf4), format_bytes(nf4_bytes).c_str(),
+                  static_cast<double>(nf4_bytes) / static_cast<double>(nf4));
+    s += buf;
+  }
+  return s;
 }
 
 std::string Estimate::describe() const {

@@ -153,7 +153,7 @@ class ProbeModel {
 
  private:
   ProbeModel(const TrainConfig& config, const model::LlamaConfig& model, device::Device& device)
-      : layout_(model::ParamLayout::build(model, config.lora())),
+      : layout_(model::ParamLayout::build(model, config.lora(), config.nf4_base())),
         model_(model, layout_, device, config.model_options()),
         batch_(config.micro_batch_size),
         seq_(config.seq_len),

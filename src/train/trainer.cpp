@@ -169,7 +169,7 @@ Status Trainer::Impl::setup() {
     reader = std::make_unique<model::HfCheckpointReader>(std::move(opened));
   }
   layout =
-      std::make_unique<model::ParamLayout>(model::ParamLayout::build(config.model, config.lora()));
+      std::make_unique<model::ParamLayout>(config.param_layout());
   if (reader) STRATA_RETURN_IF_ERROR(reader->validate(model::ParamLayout::build(config.model)));
   // LoRA from a PEFT adapter: it must be the adapter the config describes.
   std::unique_ptr<model::PeftAdapterReader> adapter;

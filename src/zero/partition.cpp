@@ -15,12 +15,14 @@ Partition::Partition(const model::ParamLayout& full, int rank, int world,
     p.padded_elems = (g.num_elems + unit - 1) / unit * unit;
     p.shard_elems = p.padded_elems / world;
     p.shard_offset = static_cast<std::int64_t>(rank) * p.shard_elems;
-    p.replicated = world == 1 || g.num_elems < persistence_threshold;
+    // A quantized base (QLoRA) is read whole by every rank: its bytes are not elements to cut.
+    p.replicated = world == 1 || g.num_elems < persistence_threshold || g.quantized();
     groups_.push_back(p);
     model::ParamGroup lg;
     lg.name = g.name;
     lg.num_elems = p.local_elems();
     lg.frozen = g.frozen;
+    if (g.quantized()) lg.tensors = g.tensors;  // its working bytes follow its tensors
     local_groups.push_back(std::move(lg));
   }
   local_ = model::ParamLayout::from_groups(std::move(local_groups));

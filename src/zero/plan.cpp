@@ -131,6 +131,7 @@ struct Sizes {
   std::uint64_t max_grad_io = 0, max_f32_io = 0;        // trainable groups
   std::int64_t max_elems = 0;                           // trainable groups
   std::vector<std::uint64_t> elems;                     // each group's
+  std::vector<std::uint64_t> work_bytes;                // each group's working copy's
   std::vector<bool> frozen;                             // each group's
   std::vector<std::uint64_t> trained;                   // each trainable group's
   bool any_trainable() const { return !trained.empty(); }
@@ -197,7 +198,7 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     const std::uint64_t n = z.elems[i];
     std::vector<std::uint64_t> now;
     if (master_through && !z.frozen[i]) now.push_back(host_class(n * 4));
-    if (working_through) now.push_back(host_class(n * dsize));
+    if (working_through) now.push_back(host_class(z.work_bytes[i]));
     loading.at_once(now);
   }
   const bool grads_through = !summed_on_device && !plan.keep_gradients;
@@ -485,9 +486,9 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(Tier::kDevice, TensorKind::kGradients, plan.gradient_transit_bytes);
   plan.group_in_use_bytes = 0;
   if (plan.params != Tier::kDevice) {
-    for (std::uint64_t n : z.elems) {
-      plan.group_in_use_bytes =
-          std::max(plan.group_in_use_bytes, device_copy_bytes(o, n, plan.params == Tier::kNvme));
+    for (std::uint64_t bytes : z.work_bytes) {
+      plan.group_in_use_bytes = std::max(plan.group_in_use_bytes,
+                                         device_bytes_of(o, bytes, plan.params == Tier::kNvme));
     }
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
@@ -561,18 +562,20 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   Sizes z;
   for (const auto& g : layout.groups()) {
     const auto n = static_cast<std::uint64_t>(g.num_elems);
+    const std::uint64_t work = model::working_bytes(g, o.compute_dtype);
     // A group's parameters and gradient (none when frozen) must fit on the device together.
-    const std::uint64_t in_use = (g.frozen ? 1 : 2) * n * dsize;
+    const std::uint64_t in_use = work + (g.frozen ? 0 : n * dsize);
     if (o.device_budget_bytes != 0 && in_use > o.device_budget_bytes) {
       return out_of_memory("parameter group '" + g.name + "' needs " + format_bytes(in_use) +
                            " on the device (parameters" + (g.frozen ? "" : " + gradient") +
                            "), more than device_memory_limit " +
                            format_bytes(o.device_budget_bytes));
     }
-    z.work += n * dsize;
-    z.work_io += align_up(n * dsize, io::kIoAlignBytes);
-    z.max_work_io = std::max(z.max_work_io, align_up(n * dsize, io::kIoAlignBytes));
+    z.work += work;
+    z.work_io += align_up(work, io::kIoAlignBytes);
+    z.max_work_io = std::max(z.max_work_io, align_up(work, io::kIoAlignBytes));
     z.elems.push_back(n);
+    z.work_bytes.push_back(work);
     z.frozen.push_back(g.frozen);
     if (g.frozen) continue;
     z.trained.push_back(n);
@@ -720,9 +723,9 @@ void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& p
     device_cached = 0;
     for (const GroupPartition& g : partition.groups()) {
       if (offloaded && g.replicated) {
-        device_cached +=
-            align_up(static_cast<std::uint64_t>(g.local_elems()) * dtype_size(o.compute_dtype),
-                     io::kIoAlignBytes);
+        device_cached += align_up(
+            model::working_bytes(partition.local_layout().group(g.group), o.compute_dtype),
+            io::kIoAlignBytes);
       }
     }
   }

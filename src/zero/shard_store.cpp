@@ -8,13 +8,14 @@
 #include <utility>
 
 #include "strata/core/clock.h"
+#include "strata/device/nf4.h"
 
 namespace strata::zero {
 
 struct ShardStore::Group {
   const model::ParamGroup* spec = nullptr;
   std::int64_t n = 0;
-  std::size_t work_bytes = 0;  // n * compute dtype size
+  std::size_t work_bytes = 0;  // model::working_bytes: n * compute dtype size unless quantized
   std::size_t f32_bytes = 0;
   mem::Handle work = mem::Handle::kInvalid;  // the working copy, in the compute dtype
   mem::Handle master = mem::Handle::kInvalid;
@@ -170,12 +171,11 @@ Status ShardStore::create_store() {
     spec.home_initialized = false;  // load_master writes it, or the first gradient
     return store_->add(spec);
   };
-  const std::size_t dsize = dtype_size(options_.compute_dtype);
   for (const auto& spec : layout_.groups()) {
     auto g = std::make_unique<Group>();
     g->spec = &spec;
     g->n = spec.num_elems;
-    g->work_bytes = static_cast<std::size_t>(g->n) * dsize;
+    g->work_bytes = model::working_bytes(spec, options_.compute_dtype);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
     const std::string& name = spec.name;
     STRATA_ASSIGN_OR_RETURN(g->work, add("parameters of " + name, g->work_bytes, plan_.params));
@@ -603,9 +603,29 @@ Status ShardStore::restore_working_copies(const std::vector<bool>& groups) {
 }
 
 Status ShardStore::write_working_copy(int group, const float* master) {
+  const Group& g = *groups_[static_cast<std::size_t>(group)];
   STRATA_ASSIGN_OR_RETURN(void* out, open_output(group, Tier::kHost));
-  host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype,
-                        groups_[static_cast<std::size_t>(group)]->n);
+  if (!g.spec->quantized()) {
+    host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype, g.n);
+    return close_output(group, Tier::kHost, writebacks_);
+  }
+  // Tensor by tensor: NF4 projections quantized, the rest converted; the gaps zero.
+  std::memset(out, 0, g.work_bytes);
+  Status s;
+  for (const auto& t : g.spec->tensors) {
+    auto* at = static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, options_.compute_dtype);
+    if (t.format == model::TensorFormat::kNf4) {
+      s = device::nf4_quantize(master + t.offset_elems, t.num_elems, at, t.name.c_str());
+      if (!s.is_ok()) break;
+    } else {
+      host_arrays_->convert(master + t.offset_elems, DType::kF32, at, options_.compute_dtype,
+                            t.num_elems);
+    }
+  }
+  if (!s.is_ok()) {
+    abandon_output(group, Tier::kHost);
+    return s;
+  }
   return close_output(group, Tier::kHost, writebacks_);
 }
 
@@ -753,10 +773,23 @@ Status ShardStore::load_master(const model::GroupSource& source) {
 Status ShardStore::read_master(int group, float* dst) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (!g.frozen()) return store_->read(g.master, dst);
-  // A frozen group's weights are its working copy, widened.
+  // A frozen group's weights are its working copy, widened (NF4 tensors decoded).
   std::vector<std::byte> work(g.work_bytes);
   STRATA_RETURN_IF_ERROR(store_->read(g.work, work.data()));
-  host_arrays_->convert(work.data(), options_.compute_dtype, dst, DType::kF32, g.n);
+  if (!g.spec->quantized()) {
+    host_arrays_->convert(work.data(), options_.compute_dtype, dst, DType::kF32, g.n);
+    return Status::ok();
+  }
+  std::fill_n(dst, g.n, 0.0f);
+  for (const auto& t : g.spec->tensors) {
+    const std::byte* at = work.data() + model::working_offset(*g.spec, t, options_.compute_dtype);
+    if (t.format == model::TensorFormat::kNf4) {
+      device::nf4_dequantize_reference(at, t.num_elems, dst + t.offset_elems);
+    } else {
+      host_arrays_->convert(at, options_.compute_dtype, dst + t.offset_elems, DType::kF32,
+                            t.num_elems);
+    }
+  }
   return Status::ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "strata/core/aligned.h"
 #include "strata/core/file.h"
 #include "strata/core/json.h"
+#include "strata/device/nf4.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/peft_adapter.h"
 #include "strata/train/config.h"
@@ -317,7 +319,8 @@ TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {
   EXPECT_NE(message({{"method", "lora"}, {"r", 0}}).find("finetune.r"), std::string::npos);
   EXPECT_NE(message({{"method", "full"}, {"r", 8}}).find("finetune.r"), std::string::npos);
   EXPECT_NE(message({{"method", "lora"}, {"rank", 8}}).find("rank"), std::string::npos);
-  EXPECT_NE(message({{"method", "qlora"}}).find("qlora"), std::string::npos);
+  EXPECT_NE(message({{"method", "qlora4"}}).find("qlora4"), std::string::npos);
+  EXPECT_EQ(message({{"method", "qlora"}, {"r", 8}}), "");
   EXPECT_EQ(message({{"method", "lora"}, {"target_modules", "all-linear"}}), "");
   EXPECT_EQ(message({{"method", "full"}}), "");
 }
@@ -341,6 +344,123 @@ TEST(LoraAdapterTest, AnAdapterTrainedWithOtherSettingsIsRefused) {
   ASSERT_FALSE(t.is_ok());
   EXPECT_NE(t.status().message().find("finetune.r is 4, the adapter's r is 2"), std::string::npos)
       << t.status().message();
+}
+
+// ---- QLoRA ----
+
+// The golden case with every projection weight of the base replaced by f(name, values).
+Json with_projections(const Json& g,
+                      const std::function<void(const std::string&, std::vector<float>&)>& f) {
+  Json out = g;
+  Json& weights = out.at("weights");
+  for (auto it = weights.begin(); it != weights.end(); ++it) {
+    if (it.key().find("_proj.weight") == std::string::npos) continue;
+    std::vector<float> v = it.value().get<std::vector<float>>();
+    f(it.key(), v);
+    it.value() = v;
+  }
+  return out;
+}
+
+// NF4 and back: what a QLoRA run computes with in fp32.
+void nf4_round_trip(const std::string& name, std::vector<float>& v) {
+  const auto n = static_cast<std::int64_t>(v.size());
+  std::vector<std::uint8_t> packed(device::nf4_bytes(n));
+  ASSERT_TRUE(device::nf4_quantize(v.data(), n, packed.data(), name.c_str()).is_ok());
+  device::nf4_dequantize_reference(packed.data(), n, v.data());
+}
+
+const Json kQlora = {{"finetune", {{"method", "qlora"}}}};
+
+// A QLoRA run computes with its base's NF4 weights decoded: it is a LoRA run on the decoded base,
+// to the bit, in bf16 and fp32, whichever tier the quantized base lives in.
+TEST(QloraTest, IsLoraOnTheDecodedBaseToTheBitInEveryTier) {
+  const Json g = golden("qwen2-all-dropout");
+  const Json decoded = with_projections(g, nf4_round_trip);
+  for (const char* precision : {"bf16", "fp32"}) {
+    SCOPED_TRACE(precision);
+    TempDir lora_dir;
+    const LoraRun want = train(decoded, lora_dir, {{"precision", precision}});
+    auto want_file = read_file(want.checkpoint + "/" + model::kAdapterWeightsFile);
+    ASSERT_TRUE(want_file.is_ok());
+    for (const char* tier : {"none", "cpu", "nvme"}) {
+      SCOPED_TRACE(tier);
+      TempDir dir;
+      Json changes = kQlora;
+      changes.merge_patch({{"offload_param", tier},
+                           {"offload_optimizer", std::string(tier) == "none" ? "none" : "cpu"},
+                           {"precision", precision},
+                           {"activation_checkpointing", std::string(tier) == "cpu"}});
+      const LoraRun run = train(g, dir, changes);
+      ASSERT_EQ(run.history.size(), want.history.size());
+      for (std::size_t i = 0; i < run.history.size(); ++i) {
+        EXPECT_EQ(run.history[i].loss, want.history[i].loss) << "step " << i + 1;
+      }
+      auto file = read_file(run.checkpoint + "/" + model::kAdapterWeightsFile);
+      ASSERT_TRUE(file.is_ok());
+      EXPECT_EQ(*file, *want_file) << "the saved adapters differ";
+      EXPECT_NE(run.described.find("QLoRA r 4"), std::string::npos) << run.described;
+      EXPECT_NE(run.described.find("in NF4"), std::string::npos) << run.described;
+      if (std::string(tier) == "nvme") {
+        for (const StepMetrics& m : run.history) {
+          EXPECT_GT(m.nvme_read_bytes, 0u) << "step " << m.step << ": the NF4 base streams";
+        }
+      }
+    }
+  }
+}
+
+// QLoRA's first loss against LoRA's on the unquantized base (fp32 both): the effective weights
+// differ by dW = nf4(W) - W on the projections alone, so to first order the losses differ by
+// g . dW, g the loss gradient at LoRA's weights W + s B A. dW is rounding noise that does not
+// depend on g, so g . dW has a standard deviation of at most |g| max|dW_i|; the bound is six of
+// those. A full fine-tune of the merged base measures |g| (over all weights: an upper bound on
+// the projections' part).
+TEST(QloraTest, FirstLossIsWithinTheNoiseBoundOfLoras) {
+  const Json g = golden("llama3-all");
+  const Json& l = g.at("lora");
+  const double r = l.at("r").get<double>();
+  const double scaling = l.at("lora_alpha").get<double>() / r;
+  double max_dw = 0;
+  with_projections(g, [&](const std::string& name, std::vector<float>& v) {
+    std::vector<float> q = v;
+    nf4_round_trip(name, q);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      max_dw = std::max(max_dw, std::abs(double{q[i]} - v[i]));
+    }
+  });
+  const Json merged = with_projections(g, [&](const std::string& name, std::vector<float>& v) {
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    const auto a = g.at("adapters").at(module + ".lora_A.weight").get<std::vector<double>>();
+    const auto b = g.at("adapters").at(module + ".lora_B.weight").get<std::vector<double>>();
+    const auto rank = static_cast<std::size_t>(r);
+    const std::size_t out = b.size() / rank, in = a.size() / rank;
+    ASSERT_EQ(out * in, v.size());
+    for (std::size_t o = 0; o < out; ++o) {
+      for (std::size_t i = 0; i < in; ++i) {
+        double ba = 0;
+        for (std::size_t k = 0; k < rank; ++k) ba += b[o * rank + k] * a[k * in + i];
+        v[o * in + i] = static_cast<float>(v[o * in + i] + scaling * ba);
+      }
+    }
+  });
+  TempDir full_dir, lora_dir, qlora_dir;
+  const Json full = {{"finetune",
+                      {{"method", "full"},
+                       {"r", nullptr},
+                       {"alpha", nullptr},
+                       {"dropout", nullptr},
+                       {"target_modules", nullptr},
+                       {"use_rslora", nullptr},
+                       {"adapter", nullptr}}}};
+  const double grad = train(merged, full_dir, full, 1).history.at(0).grad_norm;
+  const double lora_loss = train(g, lora_dir, Json::object(), 1).history.at(0).loss;
+  const double qlora_loss = train(g, qlora_dir, kQlora, 1).history.at(0).loss;
+  const double bound = 6 * grad * max_dw + 1e-5;
+  EXPECT_LE(std::abs(qlora_loss - lora_loss), bound)
+      << "QLoRA " << qlora_loss << ", LoRA " << lora_loss << ", |g| " << grad << ", max |dW_i| "
+      << max_dw;
+  EXPECT_NE(qlora_loss, lora_loss) << "the NF4 base should change the loss a little";
 }
 
 }  // namespace

@@ -18,8 +18,11 @@ namespace strata::model {
 struct ModelOptions {
   DType compute_dtype = DType::kF32;      // f32 or bf16: weights, activations and gradients
   bool activation_checkpointing = false;  // keep only each block's input; recompute in backward
-  // LoRA adapters on a frozen base: the layout must be ParamLayout::build(config, lora).
+  // LoRA adapters on a frozen base: the layout must be ParamLayout::build(config, lora, nf4_base).
   std::optional<LoraConfig> lora;
+  // QLoRA: the base's projection weights are NF4 (TensorFormat::kNf4), decoded one at a time
+  // into workspace before each product.
+  bool nf4_base = false;
 };
 
 struct StepTimings {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/dtype.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
 
@@ -24,12 +25,19 @@ enum class TensorInit : std::uint8_t {
   kUniformFanIn  // LoRA's A: U(-1/sqrt(in), 1/sqrt(in)), PEFT's kaiming_uniform_(a=sqrt(5))
 };
 
+// How a tensor's working copy is stored.
+enum class TensorFormat : std::uint8_t {
+  kCompute,  // in the compute dtype
+  kNf4       // NF4 with double quantization (strata/device/nf4.h): QLoRA's frozen projections
+};
+
 struct TensorSpec {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<std::int64_t> shape;
-  std::int64_t offset_elems = 0;  // inside its group
+  std::int64_t offset_elems = 0;  // inside its group (its f32 values, its gradient)
   std::int64_t num_elems = 0;
   TensorInit init = TensorInit::kNormal;
+  TensorFormat format = TensorFormat::kCompute;
 };
 
 struct ParamGroup {
@@ -40,7 +48,18 @@ struct ParamGroup {
   // No gradient and no optimizer state: its working copy is read, never written back (a frozen
   // base under trainable adapters; every group when generating).
   bool frozen = false;
+  // Some tensor's working copy is NF4 (frozen groups only): the group's working bytes follow
+  // working_bytes(), and ZeRO keeps it whole on every rank.
+  bool quantized() const;
 };
+
+// The one rule for a working copy's bytes: elements times the compute dtype's size, unless the
+// group is quantized; then each tensor starts on a kQuantizedAlignBytes boundary and takes
+// nf4_bytes(elements) (kNf4) or elements times the dtype's size (norms, biases).
+inline constexpr std::uint64_t kQuantizedAlignBytes = 256;
+std::uint64_t working_bytes(const ParamGroup& group, DType dtype);
+// Where `tensor` (one of the group's) starts in the group's working copy, in bytes.
+std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, DType dtype);
 
 // Groups: 0 = "embed" (model.embed_tokens.weight); 1..L = "layers.i" in the order
 // input_layernorm, self_attn.{q,k,v,o}_proj (each weight followed by its bias where the family
@@ -49,11 +68,13 @@ struct ParamGroup {
 // tie_word_embeddings). With LoRA adapters, every group above is frozen and L+2..2L+1 =
 // "layers.i.lora" hold layer i's adapters: for each target in the block's order,
 // model.layers.i.<module>.lora_A.weight [r, in] then .lora_B.weight [out, r]. The base's group
-// ids do not change, so a base drawn from a seed is the same with or without adapters.
+// ids do not change, so a base drawn from a seed is the same with or without adapters. With
+// `nf4_base` (QLoRA, adapters required) every block's projection weights are kNf4.
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config,
-                           const std::optional<LoraConfig>& lora = std::nullopt);
+                           const std::optional<LoraConfig>& lora = std::nullopt,
+                           bool nf4_base = false);
   // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
   static ParamLayout from_groups(std::vector<ParamGroup> groups);
   // This layout with every group frozen (generation: nothing trains).

@@ -37,8 +37,8 @@ struct LrScheduleConfig {
   double min_lr = 0.0;
 };
 
-// What a run trains: every weight ("full"), or LoRA adapters on a frozen base ("lora"); "qlora"
-// (a 4-bit NormalFloat base) is recognized and refused until it exists.
+// What a run trains: every weight ("full"), or LoRA adapters on a frozen base ("lora"), or LoRA
+// adapters on a frozen base whose projection weights are quantized to NF4 at load ("qlora").
 enum class FinetuneMethod : std::uint8_t { kFull, kLora, kQlora };
 std::string_view finetune_method_name(FinetuneMethod method);
 
@@ -138,6 +138,12 @@ struct TrainConfig {
   // The adapters the run trains (finetune.method lora), or none (full fine-tuning).
   std::optional<model::LoraConfig> lora() const {
     return finetune.method == FinetuneMethod::kFull ? std::nullopt : std::optional(finetune.lora);
+  }
+  // QLoRA: the base's projections are NF4.
+  bool nf4_base() const { return finetune.method == FinetuneMethod::kQlora; }
+  // The parameter layout of this run: the model's groups, with adapters and the base's format.
+  model::ParamLayout param_layout() const {
+    return model::ParamLayout::build(model, lora(), nf4_base());
   }
   // Micro-batches per optimizer step on each of `ranks` data-parallel ranks.
   std::int64_t accumulation_steps(int ranks = 1) const {

@@ -15,7 +15,8 @@ struct GroupPartition {
   std::int64_t padded_elems = 0;  // full_elems rounded up to world * kShardAlignElems
   std::int64_t shard_elems = 0;   // padded_elems / world
   std::int64_t shard_offset = 0;  // rank * shard_elems
-  bool replicated = false;        // below param_persistence_threshold: whole on every rank
+  // Below param_persistence_threshold, or quantized (QLoRA's NF4 base): whole on every rank.
+  bool replicated = false;
   // Elements this rank's engine holds: shard_elems, or full_elems when replicated.
   std::int64_t local_elems() const { return replicated ? full_elems : shard_elems; }
 };
