@@ -137,7 +137,7 @@ struct DecodeWorkspace {
   std::vector<void*> k_cache, v_cache;  // per layer, [positions, kv_dim]
   void* xs[2] = {nullptr, nullptr};     // [rows, hidden]: block input and output, alternating
   detail::DecodeActs acts;
-  void* nf4_weight = nullptr;  // [max_weight] with an NF4 base: one decoded weight
+  void* nf4_weight = nullptr;   // [max_weight] with an NF4 base: one decoded weight
   float* rstd_final = nullptr;  // [1]
   void* hf = nullptr;           // [hidden]: model.norm of the last row
   void* logits = nullptr;       // [vocab], compute dtype
@@ -319,8 +319,8 @@ struct LlamaModel::Impl {
   const ModelOptions& options_;
 
   std::int64_t embed_offset_ = 0, norm_offset_ = 0, lm_head_offset_ = 0;
-  std::vector<BlockOffsets> blocks_;       // in elements: the gradients' views
-  std::vector<BlockOffsets> block_bytes_;  // in bytes: the working copies' (working_offset)
+  std::vector<BlockOffsets> blocks_;           // in elements: the gradients' views
+  std::vector<BlockOffsets> block_bytes_;      // in bytes: the working copies' (working_offset)
   std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
   bool train_ = false;                         // this step runs backward (and dropout)
   std::uint64_t dropout_key_ = 0;
@@ -582,8 +582,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
                "layout does not match the config", layout.num_groups(), config.num_hidden_layers);
   STRATA_CHECK(config.num_hidden_layers == 0 ||
                    layout.group(layout.layer_group(0)).quantized() == options_.nf4_base,
-               "the layout's base format does not match ModelOptions::nf4_base",
-               options_.nf4_base);
+               "the layout's base format does not match ModelOptions::nf4_base", options_.nf4_base);
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
   impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
   impl_->norm_offset_ = tensor_offset(layout, "model.norm.weight", layout.head_group());
@@ -788,9 +787,8 @@ std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq)
 std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   Workspace measure;
-  return carve_workspace(Dims::make(config, options, batch, seq),
-                         config.num_hidden_layers, options.activation_checkpointing, nullptr,
-                         &measure);
+  return carve_workspace(Dims::make(config, options, batch, seq), config.num_hidden_layers,
+                         options.activation_checkpointing, nullptr, &measure);
 }
 
 std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,

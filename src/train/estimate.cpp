@@ -11,8 +11,8 @@
 
 #include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
-#include "strata/model/llama.h"
 #include "strata/device/nf4.h"
+#include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
 #include "strata/sys/process.h"
 #include "strata/zero/partition.h"
@@ -110,9 +110,17 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   e.model = config.model;
   const model::ParamLayout full = config.param_layout();
   e.parameters = full.num_parameters();
+  for (const auto& g : full.groups()) {
+    if (g.frozen) continue;
+    for (const auto& t : g.tensors) e.trainable_parameters += t.num_elems;
+  }
+  e.embedding_trains = !full.group(full.embed_group()).frozen;
   e.finetune = describe_finetune(config, full);
   const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
-  for (const auto& g : partition.groups()) e.groups_partitioned += g.replicated ? 0 : 1;
+  for (const auto& g : partition.groups()) {
+    e.groups_partitioned += g.replicated ? 0 : 1;
+    if (!full.group(g.group).frozen) e.trainable_local_elems += g.local_elems();
+  }
 
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
   zero::ShardOptions eo = shard_options(config, ranks);
@@ -159,9 +167,10 @@ std::string describe_finetune(const TrainConfig& config, const model::ParamLayou
   std::string targets;
   for (const auto& n : lora->target_names()) targets += (targets.empty() ? "" : ", ") + n;
   char buf[200];
-  std::snprintf(buf, sizeof(buf), "%s r %lld, alpha %g%s, dropout %g on %s: ",
-                config.nf4_base() ? "QLoRA" : "LoRA", static_cast<long long>(lora->r),
-                lora->alpha, lora->use_rslora ? " (rsLoRA)" : "", lora->dropout, targets.c_str());
+  std::snprintf(buf, sizeof(buf),
+                "%s r %lld, alpha %g%s, dropout %g on %s: ", config.nf4_base() ? "QLoRA" : "LoRA",
+                static_cast<long long>(lora->r), lora->alpha, lora->use_rslora ? " (rsLoRA)" : "",
+                lora->dropout, targets.c_str());
   std::string s = buf + std::to_string(trainable) + " trainable parameters; the base's " +
                   std::to_string(frozen) + " frozen (read only: no gradient, no optimizer state)";
   if (nf4 > 0) {

@@ -246,13 +246,17 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   const double tokens = static_cast<double>(config.batch_size) / ranks * config.seq_len;
   const double accum = static_cast<double>(config.accumulation_steps(e.ranks));
   const double dsize = static_cast<double>(dtype_size(config.precision));
-  // Matrix products: 2 FLOPs per parameter and token forward, 4 backward (the embedding is a
-  // lookup, not a product); attention 4 x seq x hidden per token and layer forward, 8 backward.
+  // Matrix products: 2 FLOPs per parameter and token forward, 4 backward (input and weight
+  // gradients; 2 for a frozen weight, whose weight gradient is skipped); the embedding is a
+  // lookup, not a product. Attention 4 x seq x hidden per token and layer forward, 8 backward.
   // Checkpointing runs the forward again.
   const double params = static_cast<double>(e.parameters);
-  const double matmul_params = params - static_cast<double>(m.vocab_size * m.hidden_size);
+  const double embedding = static_cast<double>(m.vocab_size * m.hidden_size);
+  const double trainable = static_cast<double>(e.trainable_parameters);
+  const double matmul_trainable = trainable - (e.embedding_trains ? embedding : 0.0);
+  const double matmul_frozen = (params - trainable) - (e.embedding_trains ? 0.0 : embedding);
   const double passes = config.activation_checkpointing ? 4.0 : 3.0;
-  const double flops = passes * 2.0 * matmul_params * tokens +
+  const double flops = 2.0 * tokens * (passes * matmul_trainable + (passes - 1) * matmul_frozen) +
                        passes * 4.0 * static_cast<double>(m.num_hidden_layers) * config.seq_len *
                            static_cast<double>(m.hidden_size) * tokens;
   st.compute_ms = ms(flops, rates.gemm_flops);
@@ -267,7 +271,8 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   // The rank's working copies, gradients and optimizer state, as its shard store holds them.
   const double work =
       static_cast<double>(e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters));
-  const double elems = work / dsize;
+  // Elements with a gradient and optimizer state on this rank.
+  const double elems = static_cast<double>(e.trainable_local_elems);
   // Parameters fetched to the device for forward and backward of each micro-batch, from the
   // host (a copy) or NVMe; what the host caches under a host budget comes from there.
   if (config.offload_param != Tier::kDevice) {

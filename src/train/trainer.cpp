@@ -168,8 +168,7 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::HfCheckpointReader::open(config.model_path));
     reader = std::make_unique<model::HfCheckpointReader>(std::move(opened));
   }
-  layout =
-      std::make_unique<model::ParamLayout>(config.param_layout());
+  layout = std::make_unique<model::ParamLayout>(config.param_layout());
   if (reader) STRATA_RETURN_IF_ERROR(reader->validate(model::ParamLayout::build(config.model)));
   // LoRA from a PEFT adapter: it must be the adapter the config describes.
   std::unique_ptr<model::PeftAdapterReader> adapter;

@@ -487,8 +487,8 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   plan.group_in_use_bytes = 0;
   if (plan.params != Tier::kDevice) {
     for (std::uint64_t bytes : z.work_bytes) {
-      plan.group_in_use_bytes = std::max(plan.group_in_use_bytes,
-                                         device_bytes_of(o, bytes, plan.params == Tier::kNvme));
+      plan.group_in_use_bytes =
+          std::max(plan.group_in_use_bytes, device_bytes_of(o, bytes, plan.params == Tier::kNvme));
     }
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
@@ -723,9 +723,9 @@ void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& p
     device_cached = 0;
     for (const GroupPartition& g : partition.groups()) {
       if (offloaded && g.replicated) {
-        device_cached += align_up(
-            model::working_bytes(partition.local_layout().group(g.group), o.compute_dtype),
-            io::kIoAlignBytes);
+        device_cached +=
+            align_up(model::working_bytes(partition.local_layout().group(g.group), o.compute_dtype),
+                     io::kIoAlignBytes);
       }
     }
   }

@@ -613,7 +613,8 @@ Status ShardStore::write_working_copy(int group, const float* master) {
   std::memset(out, 0, g.work_bytes);
   Status s;
   for (const auto& t : g.spec->tensors) {
-    auto* at = static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, options_.compute_dtype);
+    auto* at =
+        static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, options_.compute_dtype);
     if (t.format == model::TensorFormat::kNf4) {
       s = device::nf4_quantize(master + t.offset_elems, t.num_elems, at, t.name.c_str());
       if (!s.is_ok()) break;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/device/nf4.h"
+#include "strata/model/param_layout.h"
 #include "strata/train/config.h"
 #include "strata/train/step_probe.h"
 #include "strata/train/step_time.h"
@@ -167,6 +169,64 @@ TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
     constexpr std::uint64_t kGemmThreadBuffer = std::uint64_t{32} << 20;
     expect_near_rel(rss, e->rss_bytes, 0.10, "rss", kGemmThreadBuffer);
   }
+}
+
+// A 70B-class QLoRA fine-tune (Llama-3-70B's shape, adapters r 16 on every projection) fits a
+// 24 GiB device and 64 GiB of host memory: the NF4 base (0.516 bytes a weight) and the bf16
+// embedding and head in host memory, the adapters' state beside them, each tier's share said.
+TEST(EstimateTest, A70bQloraFitsOneWorkstationGpu) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["model"] = {{"vocab_size", 128256},
+                {"hidden_size", 8192},
+                {"intermediate_size", 28672},
+                {"num_hidden_layers", 80},
+                {"num_attention_heads", 64},
+                {"num_key_value_heads", 8},
+                {"max_position_embeddings", 8192},
+                {"rope_theta", 500000.0}};
+  j["seq_len"] = 1024;
+  j["batch_size"] = 1;
+  j["micro_batch_size"] = 1;
+  j["precision"] = "bf16";
+  j["activation_checkpointing"] = true;
+  j["finetune"] = {{"method", "qlora"}, {"r", 16}, {"alpha", 32}, {"target_modules", "all-linear"}};
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "cpu";
+  j["device_memory_limit"] = "24GiB";
+  j["host_memory_limit"] = "64GiB";
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  auto e = estimate(*config, 1);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_LE(e->device_bytes_needed(), std::uint64_t{24} << 30);
+  EXPECT_LE(e->plan.tier_bytes(Tier::kHost), std::uint64_t{64} << 30);
+  // The quantized projections, from the layout the plan counts.
+  const model::ParamLayout layout = config->param_layout();
+  std::int64_t nf4_weights = 0;
+  std::uint64_t nf4_bytes = 0, other_bytes = 0;
+  for (const auto& g : layout.groups()) {
+    if (!g.frozen) continue;
+    for (const auto& t : g.tensors) {
+      if (t.format == model::TensorFormat::kNf4) {
+        nf4_weights += t.num_elems;
+        nf4_bytes += device::nf4_bytes(t.num_elems);
+      } else {
+        other_bytes += static_cast<std::uint64_t>(t.num_elems) * 2;
+      }
+    }
+  }
+  EXPECT_LE(static_cast<double>(nf4_bytes) / static_cast<double>(nf4_weights), 0.56);
+  // The plan's parameters on the host: the NF4 projections, the bf16 rest (embedding, head,
+  // norms) and the adapters, up to each group's alignment.
+  const std::uint64_t planned = e->plan.kind_bytes(Tier::kHost, zero::TensorKind::kParameters);
+  EXPECT_GE(planned, nf4_bytes + other_bytes);
+  EXPECT_LE(planned, nf4_bytes + other_bytes + (std::uint64_t{1} << 30));
+  const std::string said = e->describe();
+  EXPECT_NE(said.find("QLoRA r 16"), std::string::npos) << said;
+  EXPECT_NE(said.find("in NF4"), std::string::npos) << said;
+  EXPECT_NE(said.find("parameters on host"), std::string::npos) << said;
+  EXPECT_NE(said.find("device "), std::string::npos) << said;
 }
 
 TEST(EstimateTest, RanksSplitThePartitionedStateAndTheJsonHasEveryTier) {
@@ -345,9 +405,13 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   const double matmul = static_cast<double>(e->parameters - 256 * 64);
   const double attention = 3 * 4.0 * 8 * 32 * 64 * tokens;  // 8 layers
   EXPECT_NEAR(st.compute_ms, (6 * matmul * tokens + attention) / 1e9 * 1e3, 1e-6);
-  // The update streams 12 B of state per element each way, plus the new fp32 working copy out.
-  const double elems =
-      static_cast<double>(e->plan.kind_bytes(Tier::kNvme, zero::TensorKind::kParameters)) / 4;
+  // The update streams 12 B of state per element each way, plus the new fp32 working copy out:
+  // every element trains here, each group padded to whole alignment units.
+  std::int64_t padded = 0;
+  const model::ParamLayout layout = config->param_layout();
+  for (const auto& g : layout.groups()) padded += g.num_elems;
+  EXPECT_EQ(e->trainable_local_elems, padded);
+  const double elems = static_cast<double>(padded);
   EXPECT_NEAR(st.optimizer_ms, (12 * elems / 1e9 + 16 * elems / 5e8) * 1e3, 1e-6);
   EXPECT_GT(st.transfer_ms, 0);
   EXPECT_DOUBLE_EQ(st.serial_ms, std::max(st.compute_ms, st.transfer_ms) + st.optimizer_ms);

@@ -38,11 +38,16 @@ zero::ZeroOptions zero_options(const TrainConfig& config);
 struct Estimate {
   model::LlamaConfig model;
   std::int64_t parameters = 0;  // the whole model's
-  std::string finetune;         // describe_finetune's line; "" for full fine-tuning
-  int ranks = 1;                // planned for one rank of these
-  int rank = 0;                 // that one
-  int groups_partitioned = 0;   // of the parameter groups, split across the ranks
-  zero::MemoryPlan plan;        // the rank's: what its provider runs, and the peaks it will measure
+  // Those that train: all of them, or the adapters (LoRA); the embedding's among them or not.
+  std::int64_t trainable_parameters = 0;
+  bool embedding_trains = true;
+  // Elements this rank holds a gradient and optimizer state for (its shards, padding included).
+  std::int64_t trainable_local_elems = 0;
+  std::string finetune;        // describe_finetune's line; "" for full fine-tuning
+  int ranks = 1;               // planned for one rank of these
+  int rank = 0;                // that one
+  int groups_partitioned = 0;  // of the parameter groups, split across the ranks
+  zero::MemoryPlan plan;       // the rank's: what its provider runs, and the peaks it will measure
   // Resident memory of a process that has loaded Strata and its libraries (this one, measured
   // when the estimate is made), and the predicted peak: that, plus the host RAM the plan's tiers
   // hold at their peaks (MemoryPlan::host_ram_bytes).
