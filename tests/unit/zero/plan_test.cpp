@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "strata/core/json.h"
+#include "strata/device/nf4.h"
+#include "strata/zero/partition.h"
 
 namespace strata::zero {
 namespace {
@@ -404,6 +406,85 @@ TEST(PlanTest, ContradictionsAndShortBudgetsAreErrorsThatSayWhat) {
   auto d = make_plan(l, o);
   ASSERT_FALSE(d.is_ok());
   EXPECT_NE(d.status().message().find("'embed'"), std::string::npos) << d.status().message();
+}
+
+// QLoRA's layout: each block's projections NF4, its norms and biases in the compute dtype, each
+// tensor from a 256-byte boundary; the plan counts those bytes for the frozen base, and ZeRO
+// keeps the quantized groups whole on every rank.
+TEST(PlanTest, AQuantizedBaseIsCountedByItsBytesAndReplicated) {
+  model::LlamaConfig c;
+  c.vocab_size = 32000;
+  c.hidden_size = 2048;
+  c.intermediate_size = 5632;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 4;
+  c.qkv_bias = true;
+  model::LoraConfig lora;
+  lora.r = 8;
+  const auto plain = model::ParamLayout::build(c, lora);
+  const auto quantized = model::ParamLayout::build(c, lora, /*nf4_base=*/true);
+  std::uint64_t base_bytes = 0;
+  for (const auto& g : quantized.groups()) {
+    const bool block = g.name.find("layers.") == 0 && g.name.find(".lora") == std::string::npos;
+    EXPECT_EQ(g.quantized(), block) << g.name;
+    std::uint64_t want = 0;
+    for (const auto& t : g.tensors) {
+      EXPECT_EQ(t.format == model::TensorFormat::kNf4, block && t.shape.size() == 2) << t.name;
+      if (!block) continue;
+      EXPECT_EQ(model::working_offset(g, t, DType::kBF16) % model::kQuantizedAlignBytes, 0u);
+      EXPECT_EQ(model::working_offset(g, t, DType::kBF16), want) << t.name;
+      const std::uint64_t bytes = t.format == model::TensorFormat::kNf4
+                                      ? device::nf4_bytes(t.num_elems)
+                                      : static_cast<std::uint64_t>(t.num_elems) * 2;
+      want = (want + bytes + 255) / 256 * 256;
+    }
+    const std::uint64_t bytes = model::working_bytes(g, DType::kBF16);
+    if (block) {
+      EXPECT_EQ(bytes, want) << g.name;
+      // About a quarter of bf16 (0.516 of 2 bytes a weight).
+      EXPECT_LT(bytes, static_cast<std::uint64_t>(g.num_elems) * 2 * 27 / 100) << g.name;
+    } else {
+      EXPECT_EQ(bytes, static_cast<std::uint64_t>(g.num_elems) * 2) << g.name;
+    }
+    base_bytes += g.frozen ? bytes : 0;
+  }
+  PlanOptions o;
+  o.compute_dtype = DType::kBF16;
+  o.params = Tier::kHost;
+  o.optimizer = Tier::kHost;
+  const Partition one(quantized, 0, 1, 0);
+  auto plan = make_plan(one, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  const std::uint64_t params = plan->kind_bytes(Tier::kHost, TensorKind::kParameters);
+  std::uint64_t adapters = 0;
+  for (const auto& g : quantized.groups()) {
+    adapters += g.frozen ? 0 : static_cast<std::uint64_t>(g.num_elems) * 2;
+  }
+  EXPECT_GE(params, base_bytes + adapters);
+  EXPECT_LE(params, base_bytes + adapters + 4096 * quantized.groups().size());
+  auto plain_plan = make_plan(Partition(plain, 0, 1, 0), o);
+  ASSERT_TRUE(plain_plan.is_ok());
+  // Less by exactly what quantizing the blocks saves, each working copy in whole 4 KiB pages
+  // (the bf16 embedding and head stay as they are).
+  std::uint64_t saved = 0;
+  const auto pages = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  for (const auto& g : quantized.groups()) {
+    if (g.quantized()) {
+      saved += pages(static_cast<std::uint64_t>(g.num_elems) * 2) -
+               pages(model::working_bytes(g, DType::kBF16));
+    }
+  }
+  EXPECT_EQ(plain_plan->kind_bytes(Tier::kHost, TensorKind::kParameters) - params, saved);
+
+  const Partition four(quantized, 1, 4, 0);
+  for (const auto& g : quantized.groups()) {
+    const GroupPartition& p = four.group(g.id);
+    EXPECT_EQ(p.replicated, g.quantized()) << g.name;
+    if (!g.quantized()) continue;
+    const auto& local = four.local_layout().group(g.id);
+    EXPECT_EQ(model::working_bytes(local, DType::kBF16), model::working_bytes(g, DType::kBF16));
+  }
 }
 
 }  // namespace
