@@ -296,7 +296,8 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
 }
 
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
-                       zero::ZeroProvider& provider, const model::GroupSource& base) {
+                       zero::ZeroProvider& provider, const model::GroupSource& base,
+                       zero::WorkingCopyCache* base_cache) {
   if (layout.has_adapters()) {
     if (!fs::exists(fs::path(checkpoint) / model::kAdapterConfigFile)) {
       return failed_precondition("checkpoint " + checkpoint +
@@ -305,9 +306,11 @@ Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& 
     }
     STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(checkpoint));
     STRATA_RETURN_IF_ERROR(adapter.validate(layout));
-    STRATA_RETURN_IF_ERROR(provider.load_master([&](const model::ParamGroup& g, float* dst) {
-      return g.frozen ? base(g, dst) : adapter.read_group(g, dst);
-    }));
+    STRATA_RETURN_IF_ERROR(provider.load_master(
+        [&](const model::ParamGroup& g, float* dst) {
+          return g.frozen ? base(g, dst) : adapter.read_group(g, dst);
+        },
+        base_cache));
   } else {
     if (!fs::exists(fs::path(checkpoint) / "model")) {
       return failed_precondition("checkpoint " + checkpoint +

@@ -130,6 +130,15 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
       r.error("adapter", "expected a PEFT adapter directory path or null");
     }
   }
+  if (const Json* q = r.raw("quantized_cache"); q != nullptr && !q->is_null()) {
+    if (!q->is_string() || q->get<std::string>().empty()) {
+      r.error("quantized_cache", "expected a directory path (kept between runs) or null");
+    } else if (out->method != FinetuneMethod::kQlora) {
+      r.error("quantized_cache", "keeps a quantized base: it applies only to method \"qlora\"");
+    } else {
+      out->quantized_cache = q->get<std::string>();
+    }
+  }
   if (out->method == FinetuneMethod::kFull) {
     for (const char* k : {"r", "alpha", "dropout", "target_modules", "use_rslora"}) {
       if (r.has(k)) r.error(k, "applies only to method \"lora\"; it has no meaning for \"full\"");
@@ -403,7 +412,8 @@ Json finetune_json(const FinetuneConfig& f) {
               {"dropout", f.lora.dropout},
               {"target_modules", f.lora.target_names()},
               {"use_rslora", f.lora.use_rslora},
-              {"adapter", f.adapter.empty() ? Json() : Json(f.adapter)}};
+              {"adapter", f.adapter.empty() ? Json() : Json(f.adapter)},
+              {"quantized_cache", f.quantized_cache.empty() ? Json() : Json(f.quantized_cache)}};
 }
 }  // namespace
 

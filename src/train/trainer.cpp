@@ -28,6 +28,7 @@
 #include "strata/train/data.h"
 #include "strata/train/drive_record.h"
 #include "strata/train/estimate.h"
+#include "strata/train/quantized_cache.h"
 #include "strata/train/step_time.h"
 #include "strata/zero/zero_provider.h"
 
@@ -82,7 +83,8 @@ struct Trainer::Impl {
   std::unique_ptr<model::ParamLayout> layout;
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
-  std::unique_ptr<mem::Timeline> timeline;  // before the provider, which records into it
+  std::unique_ptr<mem::Timeline> timeline;         // before the provider, which records into it
+  std::unique_ptr<QuantizedBaseCache> base_cache;  // finetune.quantized_cache
   std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::ProcessGrid> grid;  // data = world, tensor = 1, pipeline = 1
   std::unique_ptr<zero::ZeroProvider> provider;
@@ -264,6 +266,11 @@ Status Trainer::Impl::setup() {
     return reader ? reader->read_group(g, dst) : seeded(g, dst);
   };
 
+  if (config.nf4_base() && !config.finetune.quantized_cache.empty()) {
+    STRATA_ASSIGN_OR_RETURN(Json identity, quantized_base_identity(config));
+    STRATA_ASSIGN_OR_RETURN(base_cache, QuantizedBaseCache::open(config.finetune.quantized_cache,
+                                                                 std::move(identity), rank == 0));
+  }
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
     STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(ckpt));
@@ -272,17 +279,22 @@ Status Trainer::Impl::setup() {
                   " but it was trained with seed " + std::to_string(st.seed) +
                   "; the data order will differ from the original run");
     }
-    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, *layout, *provider, base_source)
+    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, *layout, *provider, base_source, base_cache.get())
                                .with_context("resuming from " + ckpt));
     step = st.step;
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
   } else {
     // The base from the checkpoint directory or the seed; adapters from `adapter` or the seed.
-    STRATA_RETURN_IF_ERROR(provider->load_master([&](const model::ParamGroup& g, float* dst) {
-      if (layout->is_adapter(g.id)) return adapter ? adapter->read_group(g, dst) : seeded(g, dst);
-      return base_source(g, dst);
-    }));
+    STRATA_RETURN_IF_ERROR(provider->load_master(
+        [&](const model::ParamGroup& g, float* dst) {
+          if (layout->is_adapter(g.id)) {
+            return adapter ? adapter->read_group(g, dst) : seeded(g, dst);
+          }
+          return base_source(g, dst);
+        },
+        base_cache.get()));
   }
+  if (base_cache && rank == 0) log_info(base_cache->describe());
 
   STRATA_ASSIGN_OR_RETURN(dataset, TokenDataset::open(config.data.path, config.data.format));
   if (dataset->num_tokens() < config.seq_len + 1) {
@@ -730,7 +742,8 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
       partitioned, s.layout->num_groups());
   const std::string finetune = describe_finetune(s.config, *s.layout);
-  return buf + (finetune.empty() ? "" : finetune + "\n") + s.provider->plan().describe();
+  const std::string cache = s.base_cache ? s.base_cache->describe() + "\n" : "";
+  return buf + (finetune.empty() ? "" : finetune + "\n") + cache + s.provider->plan().describe();
 }
 
 }  // namespace strata::train

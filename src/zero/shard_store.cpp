@@ -603,31 +603,34 @@ Status ShardStore::restore_working_copies(const std::vector<bool>& groups) {
 }
 
 Status ShardStore::write_working_copy(int group, const float* master) {
-  const Group& g = *groups_[static_cast<std::size_t>(group)];
   STRATA_ASSIGN_OR_RETURN(void* out, open_output(group, Tier::kHost));
+  if (Status s = fill_working_copy(group, master, out); !s.is_ok()) {
+    abandon_output(group, Tier::kHost);
+    return s;
+  }
+  return close_output(group, Tier::kHost, writebacks_);
+}
+
+Status ShardStore::fill_working_copy(int group, const float* master, void* out) {
+  const Group& g = *groups_[static_cast<std::size_t>(group)];
   if (!g.spec->quantized()) {
     host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype, g.n);
-    return close_output(group, Tier::kHost, writebacks_);
+    return Status::ok();
   }
   // Tensor by tensor: NF4 projections quantized, the rest converted; the gaps zero.
   std::memset(out, 0, g.work_bytes);
-  Status s;
   for (const auto& t : g.spec->tensors) {
     auto* at =
         static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, options_.compute_dtype);
     if (t.format == model::TensorFormat::kNf4) {
-      s = device::nf4_quantize(master + t.offset_elems, t.num_elems, at, t.name.c_str());
-      if (!s.is_ok()) break;
+      STRATA_RETURN_IF_ERROR(
+          device::nf4_quantize(master + t.offset_elems, t.num_elems, at, t.name.c_str()));
     } else {
       host_arrays_->convert(master + t.offset_elems, DType::kF32, at, options_.compute_dtype,
                             t.num_elems);
     }
   }
-  if (!s.is_ok()) {
-    abandon_output(group, Tier::kHost);
-    return s;
-  }
-  return close_output(group, Tier::kHost, writebacks_);
+  return Status::ok();
 }
 
 // ---- scratch ----
@@ -738,14 +741,29 @@ void ShardStore::give(Scratch& s) {
 
 // ---- state in and out ----
 
-Status ShardStore::load_master(const model::GroupSource& source) {
+Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCache* cache) {
   std::vector<float> frozen_source;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = *groups_[gi];
-    if (g.frozen()) {  // the working copy alone, converted from the source's fp32
-      frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
-      STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));
-      STRATA_RETURN_IF_ERROR(write_working_copy(static_cast<int>(gi), frozen_source.data()));
+    const int id = static_cast<int>(gi);
+    if (g.frozen()) {  // the working copy alone: from the cache, or made from the source's fp32
+      STRATA_ASSIGN_OR_RETURN(void* out, open_output(id, Tier::kHost));
+      Status s = [&]() -> Status {
+        const bool cached = cache != nullptr && g.spec->quantized();
+        if (cached) {
+          STRATA_ASSIGN_OR_RETURN(const bool hit, cache->read(*g.spec, out, g.work_bytes));
+          if (hit) return Status::ok();
+        }
+        frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
+        STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));
+        STRATA_RETURN_IF_ERROR(fill_working_copy(id, frozen_source.data(), out));
+        return cached ? cache->write(*g.spec, out, g.work_bytes) : Status::ok();
+      }();
+      if (!s.is_ok()) {
+        abandon_output(id, Tier::kHost);
+        return s;
+      }
+      STRATA_RETURN_IF_ERROR(close_output(id, Tier::kHost, writebacks_));
       STRATA_RETURN_IF_ERROR(wait_writebacks());
       continue;
     }

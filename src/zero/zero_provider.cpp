@@ -95,23 +95,26 @@ ZeroProvider::~ZeroProvider() {
   (void)shards_.release();
 }
 
-Status ZeroProvider::load_master(const model::GroupSource& full_source) {
+Status ZeroProvider::load_master(const model::GroupSource& full_source, WorkingCopyCache* cache) {
   STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   std::vector<float> tmp;
-  STRATA_RETURN_IF_ERROR(shards_->load_master([&](const model::ParamGroup& local, float* dst) {
-    const GroupPartition& p = partition_->group(local.id);
-    const model::ParamGroup& full = full_.group(local.id);
-    // This rank holds the whole group (one rank, or a replicated group): straight into `dst`,
-    // with no group-sized copy beside it. `dst` comes zero-filled.
-    if ((p.replicated || p.shard_offset == 0) && p.local_elems() >= full.num_elems) {
-      return full_source(full, dst);
-    }
-    tmp.assign(static_cast<std::size_t>(p.padded_elems), 0.0f);
-    STRATA_RETURN_IF_ERROR(full_source(full_.group(local.id), tmp.data()));
-    const std::int64_t begin = p.replicated ? 0 : p.shard_offset;
-    std::memcpy(dst, tmp.data() + begin, static_cast<std::size_t>(p.local_elems()) * sizeof(float));
-    return Status::ok();
-  }));
+  STRATA_RETURN_IF_ERROR(shards_->load_master(
+      [&](const model::ParamGroup& local, float* dst) {
+        const GroupPartition& p = partition_->group(local.id);
+        const model::ParamGroup& full = full_.group(local.id);
+        // This rank holds the whole group (one rank, or a replicated group): straight into `dst`,
+        // with no group-sized copy beside it. `dst` comes zero-filled.
+        if ((p.replicated || p.shard_offset == 0) && p.local_elems() >= full.num_elems) {
+          return full_source(full, dst);
+        }
+        tmp.assign(static_cast<std::size_t>(p.padded_elems), 0.0f);
+        STRATA_RETURN_IF_ERROR(full_source(full_.group(local.id), tmp.data()));
+        const std::int64_t begin = p.replicated ? 0 : p.shard_offset;
+        std::memcpy(dst, tmp.data() + begin,
+                    static_cast<std::size_t>(p.local_elems()) * sizeof(float));
+        return Status::ok();
+      },
+      cache));
   STRATA_RETURN_IF_ERROR(schedule_->restart());
   return refresh_replicated_params();
 }

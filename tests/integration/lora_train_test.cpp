@@ -4,6 +4,7 @@
 // AdamW steps and the adapters after them, with and without dropout.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -461,6 +462,67 @@ TEST(QloraTest, FirstLossIsWithinTheNoiseBoundOfLoras) {
       << "QLoRA " << qlora_loss << ", LoRA " << lora_loss << ", |g| " << grad << ", max |dW_i| "
       << max_dw;
   EXPECT_NE(qlora_loss, lora_loss) << "the NF4 base should change the loss a little";
+}
+
+// finetune.quantized_cache keeps the NF4 base between runs: the second run reads every group
+// instead of quantizing, a damaged file is quantized again, another base replaces the cache, and
+// every run's losses are the same.
+TEST(QloraTest, ASecondRunReadsTheQuantizedBaseFromItsCache) {
+  const Json g = golden("llama3-all");
+  TempDir dir;
+  Json changes = kQlora;
+  changes["finetune"]["quantized_cache"] = dir.file("nf4");
+  changes["precision"] = "bf16";
+  const LoraRun first = train(g, dir, changes);
+  EXPECT_NE(first.described.find("NF4 base: 2 groups quantized, kept in"), std::string::npos)
+      << first.described;
+  for (const char* f : {"manifest.json", "layers.0.nf4", "layers.1.nf4"}) {
+    EXPECT_TRUE(fs::exists(fs::path(dir.file("nf4")) / f)) << f;
+  }
+  const auto same_losses = [&](const LoraRun& run) {
+    ASSERT_EQ(run.history.size(), first.history.size());
+    for (std::size_t i = 0; i < run.history.size(); ++i) {
+      EXPECT_EQ(run.history[i].loss, first.history[i].loss) << "step " << i + 1;
+    }
+  };
+  const LoraRun second = train(g, dir, changes);
+  EXPECT_NE(second.described.find("NF4 base: 2 groups read from"), std::string::npos)
+      << second.described;
+  same_losses(second);
+
+  // A file cut short is quantized again (and rewritten).
+  fs::resize_file(fs::path(dir.file("nf4")) / "layers.1.nf4", 100);
+  const LoraRun third = train(g, dir, changes);
+  EXPECT_NE(third.described.find("1 groups quantized, 1 read from"), std::string::npos)
+      << third.described;
+  same_losses(third);
+
+  // Another base (its weight file changed): quantized anew, the manifest replaced.
+  for (const auto& e : fs::directory_iterator(dir.file("base"))) {
+    if (e.path().extension() == ".safetensors") {
+      fs::last_write_time(e.path(), fs::last_write_time(e.path()) + std::chrono::hours(1));
+    }
+  }
+  const LoraRun fourth = train(g, dir, changes);
+  EXPECT_NE(fourth.described.find("2 groups quantized"), std::string::npos) << fourth.described;
+  same_losses(fourth);
+  const LoraRun fifth = train(g, dir, changes);
+  EXPECT_NE(fifth.described.find("2 groups read from"), std::string::npos) << fifth.described;
+
+  // Only QLoRA has a quantized base to keep.
+  auto c =
+      parse_train_config({{"model",
+                           {{"vocab_size", 32},
+                            {"hidden_size", 16},
+                            {"intermediate_size", 24},
+                            {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4}}},
+                          {"data", {{"path", "x"}}},
+                          {"finetune", {{"method", "lora"}, {"quantized_cache", dir.file("nf4")}}}},
+                         "cfg.json");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("finetune.quantized_cache"), std::string::npos)
+      << c.status().message();
 }
 
 }  // namespace

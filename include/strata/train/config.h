@@ -49,6 +49,8 @@ struct FinetuneConfig {
   // A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) to start from;
   // "": fresh adapters drawn from the seed.
   std::string adapter;
+  // QLoRA: a directory (on NVMe) that keeps the quantized base between runs; "": none.
+  std::string quantized_cache;
 };
 
 struct TrainConfig {

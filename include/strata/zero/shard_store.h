@@ -119,6 +119,17 @@ class StepView {
   virtual void gradient_final(int group) = 0;
 };
 
+// Working copies kept between runs (QLoRA's quantized base, so a second run skips quantizing):
+// a group's bytes are read from here when present, and offered here when made.
+class WorkingCopyCache {
+ public:
+  virtual ~WorkingCopyCache() = default;
+  // Fills `dst` with the group's `bytes` and returns true, or returns false when not cached.
+  virtual Result<bool> read(const model::ParamGroup& group, void* dst, std::uint64_t bytes) = 0;
+  // Keeps the group's bytes for later runs.
+  virtual Status write(const model::ParamGroup& group, const void* src, std::uint64_t bytes) = 0;
+};
+
 class ShardStore {
  public:
   // Registers every tensor of `layout` in a new store as `plan` says. Fails with out_of_memory
@@ -184,8 +195,10 @@ class ShardStore {
   // ---- state in and out (no step running) ----
   // Sets every group's master weights (and working copy) from `source`; moments are zeroed and
   // gradients dropped. A frozen group's working copy is set alone; its "master weights" read back
-  // are that copy widened, and its moments are zeros (writes to them are ignored).
-  Status load_master(const model::GroupSource& source);
+  // are that copy widened, and its moments are zeros (writes to them are ignored). With `cache`,
+  // a quantized group's working copy is taken from it when there, without reading `source` or
+  // quantizing, and offered to it when made.
+  Status load_master(const model::GroupSource& source, WorkingCopyCache* cache = nullptr);
   Status read_master(int group, float* dst);
   Status read_moments(int group, float* exp_avg, float* exp_avg_sq);
   Status write_moments(int group, const float* exp_avg, const float* exp_avg_sq);
@@ -244,6 +257,8 @@ class ShardStore {
   Status wait_writebacks();
   // Writes the group's working copy from fp32 master weights in host memory.
   Status write_working_copy(int group, const float* master);
+  // The working copy's bytes from the fp32 values, into `out` (the group's work_bytes).
+  Status fill_working_copy(int group, const float* master, void* out);
   void end_compute_span(Group& g);  // the compute lane's span names say forward or backward
   bool guessing() const { return view_ != nullptr && view_->guessing(); }
 

@@ -44,8 +44,9 @@ class ZeroProvider final : public model::ParamProvider {
       const ShardOptions& shard_options, const MemoryPlan* plan = nullptr);
   ~ZeroProvider() override;
 
-  // Sets master weights from a source of FULL groups; each rank keeps its slice.
-  Status load_master(const model::GroupSource& full_source);
+  // Sets master weights from a source of FULL groups; each rank keeps its slice. `cache`: see
+  // ShardStore::load_master.
+  Status load_master(const model::GroupSource& full_source, WorkingCopyCache* cache = nullptr);
 
   Result<const void*> acquire_params(int group) override;
   void release_params(int group) override;
