@@ -226,6 +226,51 @@ TEST(ZeroLossMask, SameLossesWeightsAndEvalLossOnEveryRankCount) {
   }
 }
 
+// LoRA and QLoRA over ranks: the adapters are sharded like any trainable group (ZeRO-3 here),
+// the frozen base is read by every rank (QLoRA's NF4 groups whole on each); 2 and 4 ranks train
+// the losses and adapters of one rank.
+TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  for (const char* method : {"lora", "qlora"}) {
+    SCOPED_TRACE(method);
+    TempDir dir;
+    Json j = config(dir, "a1");
+    j["finetune"] = {{"method", method}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+    j["offload_param"] = "cpu";
+    j["offload_optimizer"] = "cpu";
+    j["zero_stage"] = 3;
+    const auto adapters = [&](const std::string& name) {
+      auto r = model::SafetensorsReader::open(dir.file(name + "/ckpt/step-00000003") +
+                                              "/adapter_model.safetensors");
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      std::vector<float> all;
+      if (!r.is_ok()) return all;
+      for (const auto& e : r->entries()) {
+        std::vector<float> t(static_cast<std::size_t>((e.end - e.begin) / 4));
+        EXPECT_TRUE(r->read(e.name, e.shape, t.data(), DType::kF32).is_ok());
+        all.insert(all.end(), t.begin(), t.end());
+      }
+      return all;
+    };
+    ASSERT_EQ(train(dir, j, "a1", 1), 0) << std::ifstream(dir.file("a1/err.txt")).rdbuf();
+    const auto ref_loss = losses(dir.file("a1/metrics.jsonl"));
+    const auto ref_a = adapters("a1");
+    ASSERT_FALSE(ref_a.empty());
+    for (const auto& [np, micro] : {std::pair{2, 2}, std::pair{4, 1}}) {
+      SCOPED_TRACE(std::to_string(np) + " ranks");
+      const std::string name = "a" + std::to_string(np);
+      Json k = j;
+      k["micro_batch_size"] = micro;
+      k["save_dir"] = dir.file(name + "/ckpt");
+      k["metrics_file"] = dir.file(name + "/metrics.jsonl");
+      k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
+      ASSERT_EQ(train(dir, k, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+      expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
+      expect_weights_close(adapters(name), ref_a, j["optimizer"]["lr"].get<double>(), 3);
+    }
+  }
+}
+
 // The families' own tensors (biases, Qwen3's q/k norms, a q_proj wider than the hidden size)
 // are partitioned, gathered and reduced like every other: 2 ranks at stage 3 train what 1 does.
 TEST(ZeroFamilies, BiasesAndQkNormsShardLikeAnyTensor) {
