@@ -65,8 +65,7 @@ struct LoraRun {
 
 // The golden case's base (an HF checkpoint) and initial adapters (a PEFT directory) under
 // `dir`, then `steps` full-batch steps; `changes` are applied to the config last.
-LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(), int steps = 3,
-              const std::string& resume_dir = "") {
+TrainConfig train_config(const Json& g, TempDir& dir, const Json& changes, int steps) {
   auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
   STRATA_CHECK(config.is_ok(), config.status().to_string());
   const Json& l = g.at("lora");
@@ -120,9 +119,15 @@ LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(),
   j.merge_patch(changes);
   auto c = parse_train_config(j, "test config");
   STRATA_CHECK(c.is_ok(), c.status().message());
+  return *c;
+}
+
+LoraRun train(const Json& g, TempDir& dir, const Json& changes = Json::object(), int steps = 3,
+              const std::string& resume_dir = "") {
+  const TrainConfig c = train_config(g, dir, changes, steps);
   TrainOptions options;
   options.resume_dir = resume_dir;
-  auto trainer = Trainer::create(*c, options);
+  auto trainer = Trainer::create(c, options);
   STRATA_CHECK(trainer.is_ok(), trainer.status().message());
   const Status s = (*trainer)->run();
   STRATA_CHECK(s.is_ok(), s.message());
@@ -523,6 +528,42 @@ TEST(QloraTest, ASecondRunReadsTheQuantizedBaseFromItsCache) {
   ASSERT_FALSE(c.is_ok());
   EXPECT_NE(c.status().message().find("finetune.quantized_cache"), std::string::npos)
       << c.status().message();
+}
+
+// A checkpoint resumes only with the method it was trained with: adapters need LoRA settings, a
+// full model needs "full"; adapters trained on a bf16 base continue on its NF4 form (QLoRA).
+TEST(LoraResumeTest, AnotherMethodIsRefusedNamingWhatTheCheckpointHolds) {
+  const Json g = golden("llama3-all");
+  TempDir dir;
+  const LoraRun lora = train(g, dir, Json::object(), 1);
+  const Json full = {{"finetune",
+                      {{"method", "full"},
+                       {"r", nullptr},
+                       {"alpha", nullptr},
+                       {"dropout", nullptr},
+                       {"target_modules", nullptr},
+                       {"use_rslora", nullptr},
+                       {"adapter", nullptr}}}};
+  TrainOptions resume;
+  resume.resume_dir = lora.checkpoint;
+  auto as_full = Trainer::create(train_config(g, dir, full, 2), resume);
+  ASSERT_FALSE(as_full.is_ok());
+  EXPECT_NE(as_full.status().message().find("holds LoRA adapters, not a full model"),
+            std::string::npos)
+      << as_full.status().message();
+
+  TempDir full_dir;
+  const LoraRun whole = train(g, full_dir, full, 1);
+  resume.resume_dir = whole.checkpoint;
+  auto as_lora = Trainer::create(train_config(g, full_dir, Json::object(), 2), resume);
+  ASSERT_FALSE(as_lora.is_ok());
+  EXPECT_NE(as_lora.status().message().find("holds a full model, not LoRA adapters"),
+            std::string::npos)
+      << as_lora.status().message();
+
+  const LoraRun qlora = train(g, dir, kQlora, 2, lora.checkpoint);
+  ASSERT_EQ(qlora.history.size(), 1u);  // step 2 of 2
+  EXPECT_TRUE(std::isfinite(qlora.history[0].loss));
 }
 
 }  // namespace
