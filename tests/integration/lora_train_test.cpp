@@ -377,6 +377,15 @@ void nf4_round_trip(const std::string& name, std::vector<float>& v) {
 }
 
 const Json kQlora = {{"finetune", {{"method", "qlora"}}}};
+// Full fine-tuning of the same golden case: the LoRA keys removed (merge patch nulls).
+const Json kFull = {{"finetune",
+                     {{"method", "full"},
+                      {"r", nullptr},
+                      {"alpha", nullptr},
+                      {"dropout", nullptr},
+                      {"target_modules", nullptr},
+                      {"use_rslora", nullptr},
+                      {"adapter", nullptr}}}};
 
 // A QLoRA run computes with its base's NF4 weights decoded: it is a LoRA run on the decoded base,
 // to the bit, in bf16 and fp32, whichever tier the quantized base lives in.
@@ -451,15 +460,7 @@ TEST(QloraTest, FirstLossIsWithinTheNoiseBoundOfLoras) {
     }
   });
   TempDir full_dir, lora_dir, qlora_dir;
-  const Json full = {{"finetune",
-                      {{"method", "full"},
-                       {"r", nullptr},
-                       {"alpha", nullptr},
-                       {"dropout", nullptr},
-                       {"target_modules", nullptr},
-                       {"use_rslora", nullptr},
-                       {"adapter", nullptr}}}};
-  const double grad = train(merged, full_dir, full, 1).history.at(0).grad_norm;
+  const double grad = train(merged, full_dir, kFull, 1).history.at(0).grad_norm;
   const double lora_loss = train(g, lora_dir, Json::object(), 1).history.at(0).loss;
   const double qlora_loss = train(g, qlora_dir, kQlora, 1).history.at(0).loss;
   const double bound = 6 * grad * max_dw + 1e-5;
@@ -536,24 +537,16 @@ TEST(LoraResumeTest, AnotherMethodIsRefusedNamingWhatTheCheckpointHolds) {
   const Json g = golden("llama3-all");
   TempDir dir;
   const LoraRun lora = train(g, dir, Json::object(), 1);
-  const Json full = {{"finetune",
-                      {{"method", "full"},
-                       {"r", nullptr},
-                       {"alpha", nullptr},
-                       {"dropout", nullptr},
-                       {"target_modules", nullptr},
-                       {"use_rslora", nullptr},
-                       {"adapter", nullptr}}}};
   TrainOptions resume;
   resume.resume_dir = lora.checkpoint;
-  auto as_full = Trainer::create(train_config(g, dir, full, 2), resume);
+  auto as_full = Trainer::create(train_config(g, dir, kFull, 2), resume);
   ASSERT_FALSE(as_full.is_ok());
   EXPECT_NE(as_full.status().message().find("holds LoRA adapters, not a full model"),
             std::string::npos)
       << as_full.status().message();
 
   TempDir full_dir;
-  const LoraRun whole = train(g, full_dir, full, 1);
+  const LoraRun whole = train(g, full_dir, kFull, 1);
   resume.resume_dir = whole.checkpoint;
   auto as_lora = Trainer::create(train_config(g, full_dir, Json::object(), 2), resume);
   ASSERT_FALSE(as_lora.is_ok());

@@ -66,8 +66,9 @@ std::vector<double> losses(const std::string& metrics) {
   return out;
 }
 
-std::vector<float> weights(const std::string& model_dir) {
-  auto r = model::SafetensorsReader::open(model_dir + "/model.safetensors");
+// Every tensor of a safetensors file, in its order, as fp32.
+std::vector<float> tensors(const std::string& file) {
+  auto r = model::SafetensorsReader::open(file);
   EXPECT_TRUE(r.is_ok()) << r.status().message();
   std::vector<float> all;
   if (!r.is_ok()) return all;
@@ -77,6 +78,10 @@ std::vector<float> weights(const std::string& model_dir) {
     all.insert(all.end(), t.begin(), t.end());
   }
   return all;
+}
+
+std::vector<float> weights(const std::string& model_dir) {
+  return tensors(model_dir + "/model.safetensors");
 }
 
 // Trains `j` with np ranks (np = 1 runs without mpirun); returns the exit code.
@@ -240,17 +245,7 @@ TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
     j["offload_optimizer"] = "cpu";
     j["zero_stage"] = 3;
     const auto adapters = [&](const std::string& name) {
-      auto r = model::SafetensorsReader::open(dir.file(name + "/ckpt/step-00000003") +
-                                              "/adapter_model.safetensors");
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      std::vector<float> all;
-      if (!r.is_ok()) return all;
-      for (const auto& e : r->entries()) {
-        std::vector<float> t(static_cast<std::size_t>((e.end - e.begin) / 4));
-        EXPECT_TRUE(r->read(e.name, e.shape, t.data(), DType::kF32).is_ok());
-        all.insert(all.end(), t.begin(), t.end());
-      }
-      return all;
+      return tensors(dir.file(name + "/ckpt/step-00000003/adapter_model.safetensors"));
     };
     ASSERT_EQ(train(dir, j, "a1", 1), 0) << std::ifstream(dir.file("a1/err.txt")).rdbuf();
     const auto ref_loss = losses(dir.file("a1/metrics.jsonl"));

@@ -16,7 +16,7 @@ namespace strata::zero {
 namespace {
 
 // TinyLlama's shape at 2 layers: large enough that gradients outweigh the staging.
-model::ParamLayout layout() {
+model::LlamaConfig tiny_llama() {
   model::LlamaConfig c;
   c.vocab_size = 32000;
   c.hidden_size = 2048;
@@ -24,8 +24,10 @@ model::ParamLayout layout() {
   c.num_hidden_layers = 2;
   c.num_attention_heads = 32;
   c.num_key_value_heads = 4;
-  return model::ParamLayout::build(c);
+  return c;
 }
+
+model::ParamLayout layout() { return model::ParamLayout::build(tiny_llama()); }
 
 PlanOptions nvme_options() {
   PlanOptions o;
@@ -412,13 +414,7 @@ TEST(PlanTest, ContradictionsAndShortBudgetsAreErrorsThatSayWhat) {
 // tensor from a 256-byte boundary; the plan counts those bytes for the frozen base, and ZeRO
 // keeps the quantized groups whole on every rank.
 TEST(PlanTest, AQuantizedBaseIsCountedByItsBytesAndReplicated) {
-  model::LlamaConfig c;
-  c.vocab_size = 32000;
-  c.hidden_size = 2048;
-  c.intermediate_size = 5632;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 4;
+  model::LlamaConfig c = tiny_llama();
   c.qkv_bias = true;
   model::LoraConfig lora;
   lora.r = 8;
