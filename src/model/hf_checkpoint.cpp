@@ -150,15 +150,24 @@ Status HfCheckpointReader::validate(const ParamLayout& layout) const {
 }
 
 Status HfCheckpointReader::read_group(const ParamGroup& group, float* dst) const {
-  std::fill(dst, dst + group.num_elems, 0.0f);
+  return read_group_range(group, 0, group.num_elems, dst);
+}
+
+Status HfCheckpointReader::read_group_range(const ParamGroup& group, std::int64_t begin,
+                                            std::int64_t count, float* dst) const {
+  std::fill(dst, dst + count, 0.0f);
+  const std::int64_t end = begin + count;
   for (const auto& t : group.tensors) {
+    const std::int64_t a = std::clamp(begin - t.offset_elems, std::int64_t{0}, t.num_elems);
+    const std::int64_t b = std::clamp(end - t.offset_elems, std::int64_t{0}, t.num_elems);
+    if (b <= a) continue;
     auto it = tensor_file_.find(t.name);
     if (it == tensor_file_.end()) {
       return not_found("checkpoint " + dir_ + " has no tensor '" + t.name + "' (group " +
                        group.name + ")");
     }
-    STRATA_RETURN_IF_ERROR(
-        files_[it->second]->read(t.name, t.shape, dst + t.offset_elems, DType::kF32));
+    STRATA_RETURN_IF_ERROR(files_[it->second]->read_range(
+        t.name, t.shape, a, b - a, dst + (t.offset_elems + a - begin), DType::kF32));
   }
   return Status::ok();
 }

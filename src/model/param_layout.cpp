@@ -176,24 +176,34 @@ std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) 
 
 void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed,
                 float* out) {
-  std::fill(out, out + group.num_elems, 0.0f);
+  init_group_range(config, group, seed, 0, group.num_elems, out);
+}
+
+void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed,
+                      std::int64_t begin, std::int64_t count, float* out) {
+  const std::int64_t end = begin + count;
+  std::fill(out, out + count, 0.0f);
   const Rng start(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(group.id) + 1);
-  // The random tensors' elements, in order, take one stream of normals, two draws each. Chunks
+  // The random tensors' elements, in order, take one stream of normals, two draws each. Pieces
   // of it are drawn in parallel, each from the stream advanced to its start (Rng::discard): the
-  // same numbers as one thread drawing them in order.
+  // same numbers as one thread drawing them in order. Only [begin, end) of the group is written.
   struct Piece {
-    std::int64_t first;  // index of its first normal in the stream
+    std::int64_t first;  // index in the stream of its first normal
+    std::int64_t count;
     float* data;
   };
   std::vector<Piece> pieces;
-  std::int64_t total = 0;
+  std::int64_t total = 0;  // normals before the tensor at hand
   bool uniform = false;
   for (const auto& t : group.tensors) {
-    float* p = out + t.offset_elems;
+    // The tensor's elements inside [begin, end), as [a, b) of the tensor.
+    const std::int64_t a = std::clamp(begin - t.offset_elems, std::int64_t{0}, t.num_elems);
+    const std::int64_t b = std::clamp(end - t.offset_elems, std::int64_t{0}, t.num_elems);
+    float* p = out + (t.offset_elems + a - begin);
     if (t.init == TensorInit::kOnes) {
-      std::fill(p, p + t.num_elems, 1.0f);
+      std::fill(p, p + (b - a), 1.0f);
     } else if (t.init == TensorInit::kNormal) {
-      pieces.push_back(Piece{total, p});
+      if (b > a) pieces.push_back(Piece{total + a, b - a, p});
       total += t.num_elems;
     }
     uniform = uniform || t.init == TensorInit::kUniformFanIn;
@@ -203,39 +213,47 @@ void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_
     for (const auto& t : group.tensors) {
       if (t.init != TensorInit::kUniformFanIn) continue;
       const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape.at(1)));
-      float* p = out + t.offset_elems;
       for (std::int64_t i = 0; i < t.num_elems; ++i) {
-        p[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+        const auto v = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+        const std::int64_t e = t.offset_elems + i;
+        if (e >= begin && e < end) out[e - begin] = v;
       }
     }
   }
-  pieces.push_back(Piece{total, nullptr});
   const double range = config.initializer_range;
   constexpr std::int64_t kChunk = std::int64_t{1} << 16;
+  // Work items: each piece cut into chunks of at most kChunk normals.
+  struct Item {
+    std::int64_t first, count;
+    float* data;
+  };
+  std::vector<Item> items;
+  for (const Piece& piece : pieces) {
+    for (std::int64_t k = 0; k < piece.count; k += kChunk) {
+      items.push_back(Item{piece.first + k, std::min(kChunk, piece.count - k), piece.data + k});
+    }
+  }
   std::atomic<bool> irregular{false};
-  tbb::parallel_for(std::int64_t{0}, (total + kChunk - 1) / kChunk, [&](std::int64_t c) {
+  tbb::parallel_for(std::size_t{0}, items.size(), [&](std::size_t k) {
+    const Item& it = items[k];
     Rng rng = start;
-    rng.discard(static_cast<std::uint64_t>(2 * c * kChunk));
-    const std::int64_t end = std::min(total, (c + 1) * kChunk);
-    auto piece = std::upper_bound(pieces.begin(), pieces.end(), c * kChunk,
-                                  [](std::int64_t i, const Piece& p) { return i < p.first; }) -
-                 1;
-    for (std::int64_t i = c * kChunk; i < end; ++i) {
-      while (i >= (piece + 1)->first) ++piece;
+    rng.discard(static_cast<std::uint64_t>(2 * it.first));
+    for (std::int64_t i = 0; i < it.count; ++i) {
       const double u1 = rng.uniform();
       if (u1 <= 0.0) {  // normal() would draw a third time (p = 2^-53): offsets are off
         irregular = true;
         return;
       }
-      piece->data[i - piece->first] =
-          static_cast<float>(Rng::box_muller(u1, rng.uniform()) * range);
+      it.data[i] = static_cast<float>(Rng::box_muller(u1, rng.uniform()) * range);
     }
   });
-  if (irregular) {  // one thread, in order, as normal() draws
+  if (irregular) {  // one thread, in order, as normal() draws, up to the last piece's end
     Rng rng = start;
-    for (std::size_t k = 0; k + 1 < pieces.size(); ++k) {
-      for (std::int64_t i = 0; i < pieces[k + 1].first - pieces[k].first; ++i) {
-        pieces[k].data[i] = static_cast<float>(rng.normal() * range);
+    std::int64_t at = 0;
+    for (const Piece& piece : pieces) {
+      for (; at < piece.first; ++at) (void)rng.normal();
+      for (std::int64_t i = 0; i < piece.count; ++i, ++at) {
+        piece.data[i] = static_cast<float>(rng.normal() * range);
       }
     }
   }

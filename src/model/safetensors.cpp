@@ -251,6 +251,15 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
 Status SafetensorsReader::read(const std::string& name,
                                const std::vector<std::int64_t>& expected_shape, void* dst,
                                DType dst_dtype) const {
+  std::int64_t numel = 1;
+  for (const std::int64_t d : expected_shape) numel *= d;
+  return read_range(name, expected_shape, 0, numel, dst, dst_dtype);
+}
+
+Status SafetensorsReader::read_range(const std::string& name,
+                                     const std::vector<std::int64_t>& expected_shape,
+                                     std::int64_t begin, std::int64_t count, void* dst,
+                                     DType dst_dtype) const {
   const SafetensorsEntry* e = find(name);
   if (e == nullptr) return not_found(path_ + ": no tensor named '" + name + "'");
   if (e->shape != expected_shape) {
@@ -263,15 +272,19 @@ Status SafetensorsReader::read(const std::string& name,
                             " and cannot be read as " + std::string(dtype_name(dst_dtype)) +
                             "; only f32, bf16 and f16 convert among each other");
   }
-  const std::uint64_t total_bytes = e->end - e->begin;
+  const std::size_t src_size = dtype_size(e->dtype);
+  const auto tensor_elems = static_cast<std::int64_t>((e->end - e->begin) / src_size);
+  STRATA_CHECK(begin >= 0 && count >= 0 && begin + count <= tensor_elems,
+               "safetensors read outside the tensor", name, begin, count, tensor_elems);
+  const std::uint64_t total_bytes = static_cast<std::uint64_t>(count) * src_size;
   if (total_bytes == 0) return Status::ok();
   UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open safetensors file", path_);
-  const std::uint64_t offset = data_offset_ + e->begin;
+  const std::uint64_t offset =
+      data_offset_ + e->begin + static_cast<std::uint64_t>(begin) * src_size;
   if (e->dtype == dst_dtype) return pread_full(fd.get(), dst, total_bytes, offset, path_);
 
-  const std::size_t src_size = dtype_size(e->dtype);
-  const std::uint64_t num_elems = total_bytes / src_size;
+  const std::uint64_t num_elems = static_cast<std::uint64_t>(count);
   const std::size_t chunk_elems = kConvertChunkBytes / src_size;
   std::vector<std::byte> staging(std::min<std::uint64_t>(num_elems, chunk_elems) * src_size);
   auto* out = static_cast<std::byte*>(dst);

@@ -297,7 +297,8 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
 
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
                        zero::ZeroProvider& provider, const model::GroupSource& base,
-                       zero::WorkingCopyCache* base_cache) {
+                       zero::WorkingCopyCache* base_cache,
+                       const model::GroupRangeSource& base_pieces) {
   if (layout.has_adapters()) {
     if (!fs::exists(fs::path(checkpoint) / model::kAdapterConfigFile)) {
       return failed_precondition("checkpoint " + checkpoint +
@@ -310,7 +311,7 @@ Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& 
         [&](const model::ParamGroup& g, float* dst) {
           return g.frozen ? base(g, dst) : adapter.read_group(g, dst);
         },
-        base_cache));
+        base_cache, base_pieces));
   } else {
     if (!fs::exists(fs::path(checkpoint) / "model")) {
       return failed_precondition("checkpoint " + checkpoint +

@@ -265,6 +265,13 @@ Status Trainer::Impl::setup() {
   const model::GroupSource base_source = [&](const model::ParamGroup& g, float* dst) {
     return reader ? reader->read_group(g, dst) : seeded(g, dst);
   };
+  // The frozen base a piece at a time: no fp32 copy of a whole group beside the working copy.
+  const model::GroupRangeSource base_pieces = [&](const model::ParamGroup& g, std::int64_t begin,
+                                                  std::int64_t count, float* dst) {
+    if (reader) return reader->read_group_range(g, begin, count, dst);
+    model::init_group_range(config.model, g, config.seed, begin, count, dst);
+    return Status::ok();
+  };
 
   if (config.nf4_base() && !config.finetune.quantized_cache.empty()) {
     STRATA_ASSIGN_OR_RETURN(Json identity, quantized_base_identity(config));
@@ -279,8 +286,9 @@ Status Trainer::Impl::setup() {
                   " but it was trained with seed " + std::to_string(st.seed) +
                   "; the data order will differ from the original run");
     }
-    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, *layout, *provider, base_source, base_cache.get())
-                               .with_context("resuming from " + ckpt));
+    STRATA_RETURN_IF_ERROR(
+        load_checkpoint(ckpt, *layout, *provider, base_source, base_cache.get(), base_pieces)
+            .with_context("resuming from " + ckpt));
     step = st.step;
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
   } else {
@@ -292,7 +300,7 @@ Status Trainer::Impl::setup() {
           }
           return base_source(g, dst);
         },
-        base_cache.get()));
+        base_cache.get(), base_pieces));
   }
   if (base_cache && rank == 0) log_info(base_cache->describe());
 

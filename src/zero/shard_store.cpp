@@ -633,6 +633,41 @@ Status ShardStore::fill_working_copy(int group, const float* master, void* out) 
   return Status::ok();
 }
 
+Status ShardStore::fill_working_copy_in_pieces(int group, const model::GroupRangeSource& pieces,
+                                               void* out) {
+  // 16 Mi elements (64 MiB of fp32) at a time: loading costs that beside the working copy.
+  constexpr std::int64_t kPieceElems = std::int64_t{1} << 24;
+  const Group& g = *groups_[static_cast<std::size_t>(group)];
+  const DType dtype = options_.compute_dtype;
+  const std::size_t dsize = dtype_size(dtype);
+  std::vector<float> piece;
+  // Elements [begin, begin + count) of the group converted to `at`, in pieces.
+  const auto convert = [&](std::int64_t begin, std::int64_t count, std::byte* at) -> Status {
+    for (std::int64_t k = 0; k < count; k += kPieceElems) {
+      const std::int64_t n = std::min(kPieceElems, count - k);
+      piece.resize(static_cast<std::size_t>(n));
+      STRATA_RETURN_IF_ERROR(pieces(*g.spec, begin + k, n, piece.data()));
+      host_arrays_->convert(piece.data(), DType::kF32, at + static_cast<std::size_t>(k) * dsize,
+                            dtype, n);
+    }
+    return Status::ok();
+  };
+  if (!g.spec->quantized()) return convert(0, g.n, static_cast<std::byte*>(out));
+  // NF4 tensors whole (their block maxima's mean is the tensor's), the rest in pieces.
+  std::memset(out, 0, g.work_bytes);
+  for (const auto& t : g.spec->tensors) {
+    auto* at = static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, dtype);
+    if (t.format != model::TensorFormat::kNf4) {
+      STRATA_RETURN_IF_ERROR(convert(t.offset_elems, t.num_elems, at));
+      continue;
+    }
+    piece.resize(static_cast<std::size_t>(t.num_elems));
+    STRATA_RETURN_IF_ERROR(pieces(*g.spec, t.offset_elems, t.num_elems, piece.data()));
+    STRATA_RETURN_IF_ERROR(device::nf4_quantize(piece.data(), t.num_elems, at, t.name.c_str()));
+  }
+  return Status::ok();
+}
+
 // ---- scratch ----
 
 Result<ShardStore::Scratch> ShardStore::take(std::uint64_t bytes, const std::string& name,
@@ -741,7 +776,8 @@ void ShardStore::give(Scratch& s) {
 
 // ---- state in and out ----
 
-Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCache* cache) {
+Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCache* cache,
+                               const model::GroupRangeSource& frozen_pieces) {
   std::vector<float> frozen_source;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = *groups_[gi];
@@ -754,9 +790,13 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
           STRATA_ASSIGN_OR_RETURN(const bool hit, cache->read(*g.spec, out, g.work_bytes));
           if (hit) return Status::ok();
         }
-        frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
-        STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));
-        STRATA_RETURN_IF_ERROR(fill_working_copy(id, frozen_source.data(), out));
+        if (frozen_pieces) {
+          STRATA_RETURN_IF_ERROR(fill_working_copy_in_pieces(id, frozen_pieces, out));
+        } else {
+          frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
+          STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));
+          STRATA_RETURN_IF_ERROR(fill_working_copy(id, frozen_source.data(), out));
+        }
         return cached ? cache->write(*g.spec, out, g.work_bytes) : Status::ok();
       }();
       if (!s.is_ok()) {

@@ -95,7 +95,21 @@ ZeroProvider::~ZeroProvider() {
   (void)shards_.release();
 }
 
-Status ZeroProvider::load_master(const model::GroupSource& full_source, WorkingCopyCache* cache) {
+Status ZeroProvider::load_master(const model::GroupSource& full_source, WorkingCopyCache* cache,
+                                 const model::GroupRangeSource& frozen_pieces) {
+  // Pieces of this rank's part of a group: its shard's range of the full group, zeros past it.
+  model::GroupRangeSource local_pieces;
+  if (frozen_pieces) {
+    local_pieces = [&](const model::ParamGroup& local, std::int64_t begin, std::int64_t count,
+                       float* dst) {
+      const GroupPartition& p = partition_->group(local.id);
+      const model::ParamGroup& full = full_.group(local.id);
+      std::fill(dst, dst + count, 0.0f);
+      const std::int64_t from = (p.replicated ? 0 : p.shard_offset) + begin;
+      const std::int64_t to = std::min(from + count, full.num_elems);
+      return to > from ? frozen_pieces(full, from, to - from, dst) : Status::ok();
+    };
+  }
   STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   std::vector<float> tmp;
   STRATA_RETURN_IF_ERROR(shards_->load_master(
@@ -114,7 +128,7 @@ Status ZeroProvider::load_master(const model::GroupSource& full_source, WorkingC
                     static_cast<std::size_t>(p.local_elems()) * sizeof(float));
         return Status::ok();
       },
-      cache));
+      cache, local_pieces));
   STRATA_RETURN_IF_ERROR(schedule_->restart());
   return refresh_replicated_params();
 }

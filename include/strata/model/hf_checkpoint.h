@@ -30,6 +30,9 @@ class HfCheckpointReader {
   Status validate(const ParamLayout& layout) const;
   // Fills the group's flat f32 buffer (padding zeroed) from the checkpoint.
   Status read_group(const ParamGroup& group, float* dst) const;
+  // Elements [begin, begin + count) of that buffer, into dst[0, count).
+  Status read_group_range(const ParamGroup& group, std::int64_t begin, std::int64_t count,
+                          float* dst) const;
 
  private:
   std::string dir_;
@@ -42,6 +45,10 @@ class HfCheckpointReader {
 // model.safetensors with tensors in `dtype`. `read_group` supplies each group's flat f32 values.
 // Files are written atomically.
 using GroupSource = std::function<Status(const ParamGroup& group, float* dst)>;
+// Elements [begin, begin + count) of what a GroupSource writes, into dst[0, count): loading a
+// large frozen group a piece at a time.
+using GroupRangeSource = std::function<Status(const ParamGroup& group, std::int64_t begin,
+                                              std::int64_t count, float* dst)>;
 Status write_hf_checkpoint(const std::string& dir, const LlamaConfig& config,
                            const ParamLayout& layout, DType dtype, const GroupSource& read_group);
 

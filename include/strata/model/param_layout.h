@@ -115,5 +115,8 @@ class ParamLayout {
 // visited; the group's elements are drawn in parallel chunks that give the same numbers as one
 // thread drawing them in order.
 void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed, float* out);
+// Elements [begin, begin + count) of what init_group writes, into out[0, count).
+void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed,
+                      std::int64_t begin, std::int64_t count, float* out);
 
 }  // namespace strata::model

@@ -37,6 +37,9 @@ class SafetensorsReader {
   // only to themselves). Checks that the shape equals `expected_shape`.
   Status read(const std::string& name, const std::vector<std::int64_t>& expected_shape, void* dst,
               DType dst_dtype) const;
+  // The same for elements [begin, begin + count) of the tensor (row-major), into dst[0, count).
+  Status read_range(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                    std::int64_t begin, std::int64_t count, void* dst, DType dst_dtype) const;
 
  private:
   std::string path_;

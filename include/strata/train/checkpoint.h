@@ -56,9 +56,11 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint);
 // Loads master weights (from model/, or with adapters the frozen groups from `base` and the
 // adapters from the checkpoint) and this rank's moments (resharded from however many ranks saved
 // them) into the provider. The checkpoint's model must match `layout`. `base_cache`: a
-// quantized base's working copies kept between runs (ShardStore::load_master).
+// quantized base's working copies kept between runs, `base_pieces` the base a piece at a time
+// (ShardStore::load_master).
 Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
                        zero::ZeroProvider& provider, const model::GroupSource& base = nullptr,
-                       zero::WorkingCopyCache* base_cache = nullptr);
+                       zero::WorkingCopyCache* base_cache = nullptr,
+                       const model::GroupRangeSource& base_pieces = nullptr);
 
 }  // namespace strata::train

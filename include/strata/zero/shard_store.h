@@ -197,8 +197,10 @@ class ShardStore {
   // gradients dropped. A frozen group's working copy is set alone; its "master weights" read back
   // are that copy widened, and its moments are zeros (writes to them are ignored). With `cache`,
   // a quantized group's working copy is taken from it when there, without reading `source` or
-  // quantizing, and offered to it when made.
-  Status load_master(const model::GroupSource& source, WorkingCopyCache* cache = nullptr);
+  // quantizing, and offered to it when made. With `frozen_pieces`, frozen groups are read from it
+  // a piece at a time (NF4 tensors one at a time), never as one fp32 array of the whole group.
+  Status load_master(const model::GroupSource& source, WorkingCopyCache* cache = nullptr,
+                     const model::GroupRangeSource& frozen_pieces = nullptr);
   Status read_master(int group, float* dst);
   Status read_moments(int group, float* exp_avg, float* exp_avg_sq);
   Status write_moments(int group, const float* exp_avg, const float* exp_avg_sq);
@@ -259,6 +261,8 @@ class ShardStore {
   Status write_working_copy(int group, const float* master);
   // The working copy's bytes from the fp32 values, into `out` (the group's work_bytes).
   Status fill_working_copy(int group, const float* master, void* out);
+  // The same from a range source, a piece at a time.
+  Status fill_working_copy_in_pieces(int group, const model::GroupRangeSource& pieces, void* out);
   void end_compute_span(Group& g);  // the compute lane's span names say forward or backward
   bool guessing() const { return view_ != nullptr && view_->guessing(); }
 

@@ -46,7 +46,8 @@ class ZeroProvider final : public model::ParamProvider {
 
   // Sets master weights from a source of FULL groups; each rank keeps its slice. `cache`: see
   // ShardStore::load_master.
-  Status load_master(const model::GroupSource& full_source, WorkingCopyCache* cache = nullptr);
+  Status load_master(const model::GroupSource& full_source, WorkingCopyCache* cache = nullptr,
+                     const model::GroupRangeSource& frozen_pieces = nullptr);
 
   Result<const void*> acquire_params(int group) override;
   void release_params(int group) override;

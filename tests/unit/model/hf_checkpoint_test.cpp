@@ -166,6 +166,34 @@ TEST(HfCheckpoint, Bf16RoundTripEqualsRoundedValues) {
   expect_groups_equal(*reader, layout, rounded);
 }
 
+// Any element range of a group reads what the whole group holds there (bf16 on disk, converted),
+// across tensor boundaries and padding.
+TEST(HfCheckpoint, AGroupRangeReadsThatPartOfTheGroup) {
+  TempDir dir;
+  const LlamaConfig config = tiny_config();
+  const ParamLayout layout = ParamLayout::build(config);
+  const auto values = make_values(config, layout, 9);
+  ASSERT_TRUE(
+      write_hf_checkpoint(dir.path(), config, layout, DType::kBF16, source_of(values)).is_ok());
+  auto reader = HfCheckpointReader::open(dir.path());
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  for (const auto& g : layout.groups()) {
+    std::vector<float> whole(static_cast<std::size_t>(g.num_elems));
+    ASSERT_TRUE(reader->read_group(g, whole.data()).is_ok());
+    const std::int64_t n = g.num_elems;
+    for (const auto& [begin, count] :
+         {std::pair{std::int64_t{0}, n}, std::pair{n / 3, n / 2}, std::pair{n - 7, std::int64_t{7}},
+          std::pair{std::int64_t{5}, std::int64_t{1}}}) {
+      std::vector<float> part(static_cast<std::size_t>(count), -1.0f);
+      ASSERT_TRUE(reader->read_group_range(g, begin, count, part.data()).is_ok());
+      for (std::int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(part[static_cast<std::size_t>(i)], whole[static_cast<std::size_t>(begin + i)])
+            << g.name << " [" << begin << ", +" << count << ") at " << i;
+      }
+    }
+  }
+}
+
 TEST(HfCheckpoint, F16WritesTorchDtype) {
   TempDir dir;
   const LlamaConfig config = tiny_config();

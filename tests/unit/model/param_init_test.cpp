@@ -46,6 +46,39 @@ std::vector<float> serial_init(const LlamaConfig& config, const ParamGroup& grou
   return out;
 }
 
+// init_group_range gives init_group's elements for any range: across tensors, inside one, the
+// ones of a norm, the zeros of padding, a LoRA A drawn from its own stream.
+TEST(InitGroupTest, ARangeIsThatPartOfTheWholeGroup) {
+  LlamaConfig c;
+  c.vocab_size = 1000;
+  c.hidden_size = 192;
+  c.intermediate_size = 520;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.qkv_bias = true;
+  LoraConfig lora;
+  lora.r = 4;
+  const ParamLayout layout = ParamLayout::build(c, lora);
+  for (const auto& g : layout.groups()) {
+    std::vector<float> whole(static_cast<std::size_t>(g.num_elems));
+    init_group(c, g, 42, whole.data());
+    const std::int64_t n = g.num_elems;
+    for (const auto& [begin, count] :
+         {std::pair{std::int64_t{0}, n}, std::pair{n / 5, n / 2}, std::pair{n - 3, std::int64_t{3}},
+          std::pair{std::int64_t{65537}, std::int64_t{70000}}}) {
+      if (begin + count > n) continue;
+      std::vector<float> part(static_cast<std::size_t>(count), -1.0f);
+      init_group_range(c, g, 42, begin, count, part.data());
+      for (std::int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(part[static_cast<std::size_t>(i)]),
+                  std::bit_cast<std::uint32_t>(whole[static_cast<std::size_t>(begin + i)]))
+            << g.name << " [" << begin << ", +" << count << ") at " << i;
+      }
+    }
+  }
+}
+
 TEST(InitGroupTest, ParallelChunksGiveTheSerialStreamBitForBit) {
   LlamaConfig c;
   c.vocab_size = 1000;
