@@ -222,31 +222,32 @@ void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::u
   }
   const double range = config.initializer_range;
   constexpr std::int64_t kChunk = std::int64_t{1} << 16;
-  // Work items: each piece cut into chunks of at most kChunk normals.
-  struct Item {
-    std::int64_t first, count;
-    float* data;
-  };
-  std::vector<Item> items;
-  for (const Piece& piece : pieces) {
-    for (std::int64_t k = 0; k < piece.count; k += kChunk) {
-      items.push_back(Item{piece.first + k, std::min(kChunk, piece.count - k), piece.data + k});
-    }
-  }
+  // Chunks of kChunk normals of the stream, from the first piece's start to the last one's end;
+  // each draws the parts of the pieces it covers.
   std::atomic<bool> irregular{false};
-  tbb::parallel_for(std::size_t{0}, items.size(), [&](std::size_t k) {
-    const Item& it = items[k];
-    Rng rng = start;
-    rng.discard(static_cast<std::uint64_t>(2 * it.first));
-    for (std::int64_t i = 0; i < it.count; ++i) {
-      const double u1 = rng.uniform();
-      if (u1 <= 0.0) {  // normal() would draw a third time (p = 2^-53): offsets are off
-        irregular = true;
-        return;
+  if (!pieces.empty()) {
+    const std::int64_t first_chunk = pieces.front().first / kChunk;
+    const std::int64_t last = pieces.back().first + pieces.back().count;
+    tbb::parallel_for(first_chunk, (last + kChunk - 1) / kChunk, [&](std::int64_t c) {
+      const std::int64_t c0 = c * kChunk, c1 = c0 + kChunk;
+      for (const Piece& piece : pieces) {
+        const std::int64_t a = std::max(c0, piece.first);
+        const std::int64_t b = std::min(c1, piece.first + piece.count);
+        if (b <= a) continue;
+        Rng rng = start;
+        rng.discard(static_cast<std::uint64_t>(2 * a));
+        for (std::int64_t i = a; i < b; ++i) {
+          const double u1 = rng.uniform();
+          if (u1 <= 0.0) {  // normal() would draw a third time (p = 2^-53): offsets are off
+            irregular = true;
+            return;
+          }
+          piece.data[i - piece.first] =
+              static_cast<float>(Rng::box_muller(u1, rng.uniform()) * range);
+        }
       }
-      it.data[i] = static_cast<float>(Rng::box_muller(u1, rng.uniform()) * range);
-    }
-  });
+    });
+  }
   if (irregular) {  // one thread, in order, as normal() draws, up to the last piece's end
     Rng rng = start;
     std::int64_t at = 0;

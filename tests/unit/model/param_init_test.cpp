@@ -46,9 +46,9 @@ std::vector<float> serial_init(const LlamaConfig& config, const ParamGroup& grou
   return out;
 }
 
-// init_group_range gives init_group's elements for any range: across tensors, inside one, the
-// ones of a norm, the zeros of padding, a LoRA A drawn from its own stream.
-TEST(InitGroupTest, ARangeIsThatPartOfTheWholeGroup) {
+// Layer groups of ~0.3M elements: several 64Ki chunks, tensors that straddle chunk edges, biases
+// and norms between them.
+LlamaConfig several_chunks_config() {
   LlamaConfig c;
   c.vocab_size = 1000;
   c.hidden_size = 192;
@@ -57,6 +57,13 @@ TEST(InitGroupTest, ARangeIsThatPartOfTheWholeGroup) {
   c.num_attention_heads = 6;
   c.num_key_value_heads = 2;
   c.qkv_bias = true;
+  return c;
+}
+
+// init_group_range gives init_group's elements for any range: across tensors, inside one, the
+// ones of a norm, the zeros of padding, a LoRA A drawn from its own stream.
+TEST(InitGroupTest, ARangeIsThatPartOfTheWholeGroup) {
+  const LlamaConfig c = several_chunks_config();
   LoraConfig lora;
   lora.r = 4;
   const ParamLayout layout = ParamLayout::build(c, lora);
@@ -80,14 +87,7 @@ TEST(InitGroupTest, ARangeIsThatPartOfTheWholeGroup) {
 }
 
 TEST(InitGroupTest, ParallelChunksGiveTheSerialStreamBitForBit) {
-  LlamaConfig c;
-  c.vocab_size = 1000;
-  c.hidden_size = 192;        // layer groups of ~0.3M elements: several 64Ki chunks, tensors that
-  c.intermediate_size = 520;  // straddle chunk edges, biases and norms between them
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 6;
-  c.num_key_value_heads = 2;
-  c.qkv_bias = true;
+  LlamaConfig c = several_chunks_config();
   c.mlp_bias = true;
   const ParamLayout layout = ParamLayout::build(c);
   for (std::uint64_t seed : {0ull, 42ull}) {
