@@ -612,48 +612,30 @@ Status ShardStore::write_working_copy(int group, const float* master) {
 }
 
 Status ShardStore::fill_working_copy(int group, const float* master, void* out) {
-  const Group& g = *groups_[static_cast<std::size_t>(group)];
-  if (!g.spec->quantized()) {
-    host_arrays_->convert(master, DType::kF32, out, options_.compute_dtype, g.n);
-    return Status::ok();
-  }
-  // Tensor by tensor: NF4 projections quantized, the rest converted; the gaps zero.
-  std::memset(out, 0, g.work_bytes);
-  for (const auto& t : g.spec->tensors) {
-    auto* at =
-        static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, options_.compute_dtype);
-    if (t.format == model::TensorFormat::kNf4) {
-      STRATA_RETURN_IF_ERROR(
-          device::nf4_quantize(master + t.offset_elems, t.num_elems, at, t.name.c_str()));
-    } else {
-      host_arrays_->convert(master + t.offset_elems, DType::kF32, at, options_.compute_dtype,
-                            t.num_elems);
-    }
-  }
-  return Status::ok();
+  const std::int64_t n = groups_[static_cast<std::size_t>(group)]->n;
+  return fill_working_copy(
+      group,
+      [master](std::int64_t begin, std::int64_t) -> Result<const float*> { return master + begin; },
+      n, out);
 }
 
-Status ShardStore::fill_working_copy_in_pieces(int group, const model::GroupRangeSource& pieces,
-                                               void* out) {
-  // 16 Mi elements (64 MiB of fp32) at a time: loading costs that beside the working copy.
-  constexpr std::int64_t kPieceElems = std::int64_t{1} << 24;
+Status ShardStore::fill_working_copy(int group, const Fp32Pieces& values, std::int64_t piece_elems,
+                                     void* out) {
   const Group& g = *groups_[static_cast<std::size_t>(group)];
   const DType dtype = options_.compute_dtype;
   const std::size_t dsize = dtype_size(dtype);
-  std::vector<float> piece;
-  // Elements [begin, begin + count) of the group converted to `at`, in pieces.
+  // Elements [begin, begin + count) of the group converted to `at`, a piece at a time.
   const auto convert = [&](std::int64_t begin, std::int64_t count, std::byte* at) -> Status {
-    for (std::int64_t k = 0; k < count; k += kPieceElems) {
-      const std::int64_t n = std::min(kPieceElems, count - k);
-      piece.resize(static_cast<std::size_t>(n));
-      STRATA_RETURN_IF_ERROR(pieces(*g.spec, begin + k, n, piece.data()));
-      host_arrays_->convert(piece.data(), DType::kF32, at + static_cast<std::size_t>(k) * dsize,
-                            dtype, n);
+    for (std::int64_t k = 0; k < count; k += piece_elems) {
+      const std::int64_t m = std::min(piece_elems, count - k);
+      STRATA_ASSIGN_OR_RETURN(const float* v, values(begin + k, m));
+      host_arrays_->convert(v, DType::kF32, at + static_cast<std::size_t>(k) * dsize, dtype, m);
     }
     return Status::ok();
   };
   if (!g.spec->quantized()) return convert(0, g.n, static_cast<std::byte*>(out));
-  // NF4 tensors whole (their block maxima's mean is the tensor's), the rest in pieces.
+  // Tensor by tensor: NF4 projections whole (their block maxima's mean is the tensor's) and
+  // quantized, the rest converted; the gaps zero.
   std::memset(out, 0, g.work_bytes);
   for (const auto& t : g.spec->tensors) {
     auto* at = static_cast<std::byte*>(out) + model::working_offset(*g.spec, t, dtype);
@@ -661,9 +643,8 @@ Status ShardStore::fill_working_copy_in_pieces(int group, const model::GroupRang
       STRATA_RETURN_IF_ERROR(convert(t.offset_elems, t.num_elems, at));
       continue;
     }
-    piece.resize(static_cast<std::size_t>(t.num_elems));
-    STRATA_RETURN_IF_ERROR(pieces(*g.spec, t.offset_elems, t.num_elems, piece.data()));
-    STRATA_RETURN_IF_ERROR(device::nf4_quantize(piece.data(), t.num_elems, at, t.name.c_str()));
+    STRATA_ASSIGN_OR_RETURN(const float* v, values(t.offset_elems, t.num_elems));
+    STRATA_RETURN_IF_ERROR(device::nf4_quantize(v, t.num_elems, at, t.name.c_str()));
   }
   return Status::ok();
 }
@@ -791,7 +772,16 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
           if (hit) return Status::ok();
         }
         if (frozen_pieces) {
-          STRATA_RETURN_IF_ERROR(fill_working_copy_in_pieces(id, frozen_pieces, out));
+          // 16 Mi elements (64 MiB of fp32) at a time beside the working copy.
+          constexpr std::int64_t kPieceElems = std::int64_t{1} << 24;
+          std::vector<float> piece;
+          const Fp32Pieces from_source = [&](std::int64_t begin,
+                                             std::int64_t count) -> Result<const float*> {
+            piece.resize(static_cast<std::size_t>(count));
+            STRATA_RETURN_IF_ERROR(frozen_pieces(*g.spec, begin, count, piece.data()));
+            return static_cast<const float*>(piece.data());
+          };
+          STRATA_RETURN_IF_ERROR(fill_working_copy(id, from_source, kPieceElems, out));
         } else {
           frozen_source.assign(static_cast<std::size_t>(g.n), 0.0f);
           STRATA_RETURN_IF_ERROR(source(*g.spec, frozen_source.data()));

@@ -151,8 +151,7 @@ class Ops {
   // A weight of n elements packed as NF4 (strata/device/nf4.h: nf4_bytes(n) bytes at `packed`),
   // decoded into out [n] of `dtype`: each element its level times its block's maximum (one f32
   // product), rounded once to `dtype`; the same bits as nf4_dequantize_reference on every backend.
-  virtual void dequantize_nf4(const void* packed, std::int64_t n, void* out,
-                              DType dtype) const = 0;
+  virtual void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const = 0;
 
   // sum(x^2) in double over n elements (for gradient norms of device-resident gradients),
   // written to *result, 8 bytes of device memory, in compute-stream order: many sums are read

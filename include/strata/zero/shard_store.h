@@ -261,8 +261,11 @@ class ShardStore {
   Status write_working_copy(int group, const float* master);
   // The working copy's bytes from the fp32 values, into `out` (the group's work_bytes).
   Status fill_working_copy(int group, const float* master, void* out);
-  // The same from a range source, a piece at a time.
-  Status fill_working_copy_in_pieces(int group, const model::GroupRangeSource& pieces, void* out);
+  // Elements [begin, begin + count) of a group's fp32 values, valid until the next call.
+  using Fp32Pieces = std::function<Result<const float*>(std::int64_t begin, std::int64_t count)>;
+  // The same from `values` asked at most `piece_elems` at a time (an NF4 tensor whole).
+  Status fill_working_copy(int group, const Fp32Pieces& values, std::int64_t piece_elems,
+                           void* out);
   void end_compute_span(Group& g);  // the compute lane's span names say forward or backward
   bool guessing() const { return view_ != nullptr && view_->guessing(); }
 
