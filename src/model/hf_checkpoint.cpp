@@ -172,6 +172,26 @@ Status HfCheckpointReader::read_group_range(const ParamGroup& group, std::int64_
   return Status::ok();
 }
 
+GroupSource split_source(std::function<bool(const TensorSpec&)> pick, GroupSource picked,
+                         GroupSource others) {
+  return [pick = std::move(pick), picked = std::move(picked), others = std::move(others)](
+             const ParamGroup& group, float* dst) -> Status {
+    ParamGroup mine = group, theirs = group;
+    mine.tensors.clear();
+    theirs.tensors.clear();
+    for (const auto& t : group.tensors) (pick(t) ? mine : theirs).tensors.push_back(t);
+    if (theirs.tensors.empty()) return picked(group, dst);
+    if (mine.tensors.empty()) return others(group, dst);
+    STRATA_RETURN_IF_ERROR(others(theirs, dst));
+    std::vector<float> values(static_cast<std::size_t>(group.num_elems));
+    STRATA_RETURN_IF_ERROR(picked(mine, values.data()));
+    for (const auto& t : mine.tensors) {
+      std::copy_n(values.data() + t.offset_elems, t.num_elems, dst + t.offset_elems);
+    }
+    return Status::ok();
+  };
+}
+
 Status write_hf_checkpoint(const std::string& dir, const LlamaConfig& config,
                            const ParamLayout& layout, DType dtype, const GroupSource& read_group) {
   const std::string_view hf_name = hf_dtype_name(dtype);

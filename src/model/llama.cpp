@@ -281,6 +281,7 @@ struct LlamaModel::Impl {
     if (layout_.has_adapters()) {
       STRATA_ASSIGN_OR_RETURN(const void* a,
                               ps.acquire(layout_.adapter_group(static_cast<int>(l))));
+      w.overlay(a, block_trained_[li], eb);
       w.attach_lora(a, adapters_[li], eb);
     }
     return w;
@@ -292,6 +293,29 @@ struct LlamaModel::Impl {
   void prefetch_block(ProviderSession& ps, std::int64_t l) const {
     ps.prefetch(layout_.layer_group(static_cast<int>(l)));
     if (layout_.has_adapters()) ps.prefetch(layout_.adapter_group(static_cast<int>(l)));
+  }
+
+  // The head: model.norm's weight and lm_head's (tied: the embedding), from one group or two.
+  struct HeadWeights {
+    const void* norm;
+    const void* lm;
+  };
+  Result<HeadWeights> acquire_head(ProviderSession& ps) const {
+    const std::size_t eb = dtype_size(options_.compute_dtype);
+    STRATA_ASSIGN_OR_RETURN(const void* n, ps.acquire(norm_group_));
+    const void* lm = n;
+    if (lm_group_ != norm_group_) {
+      STRATA_ASSIGN_OR_RETURN(lm, ps.acquire(lm_group_));
+    }
+    return HeadWeights{offset_ptr(n, norm_offset_, eb), offset_ptr(lm, lm_offset_, eb)};
+  }
+  void release_head(ProviderSession& ps) const {
+    ps.release(norm_group_);
+    if (lm_group_ != norm_group_) ps.release(lm_group_);
+  }
+  void prefetch_head(ProviderSession& ps) const {
+    ps.prefetch(norm_group_);
+    if (lm_group_ != norm_group_) ps.prefetch(lm_group_);
   }
 
   // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks.
@@ -318,9 +342,14 @@ struct LlamaModel::Impl {
   device::Device& device_;
   const ModelOptions& options_;
 
-  std::int64_t embed_offset_ = 0, norm_offset_ = 0, lm_head_offset_ = 0;
-  std::vector<BlockOffsets> blocks_;           // in elements: the gradients' views
-  std::vector<BlockOffsets> block_bytes_;      // in bytes: the working copies' (working_offset)
+  std::int64_t embed_offset_ = 0;
+  // model.norm's and the head's weight (tied: the embedding) and their groups, which may differ.
+  int norm_group_ = 0, lm_group_ = 0;
+  std::int64_t norm_offset_ = 0, lm_offset_ = 0;
+  std::vector<BlockOffsets> blocks_;       // in the layer's group, in elements: the gradients'
+  std::vector<BlockOffsets> block_bytes_;  // the same in bytes: the working copies' views
+  // With LoRA, per layer: the block's tensors in its adapter group (modules_to_save norms).
+  std::vector<BlockOffsets> block_trained_;
   std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
   bool train_ = false;                         // this step runs backward (and dropout)
   std::uint64_t dropout_key_ = 0;
@@ -413,7 +442,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   const std::int64_t R = d.rows, H = d.hidden, V = d.vocab;
   const std::int64_t L = config_.num_hidden_layers;
   const bool tied = config_.tie_word_embeddings;
-  const int embed = layout_.embed_group(), head = layout_.head_group();
+  const int embed = layout_.embed_group();
   const auto& ops = device_.ops();
   auto& stream = device_.stream(device::StreamKind::kCompute);
   const auto& bwd = ws_.bwd;
@@ -460,8 +489,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     if (l + 1 < L) {
       prefetch_block(l + 1);
     } else {
-      ps.prefetch(head);
-      if (tied) ps.prefetch(embed);
+      prefetch_head(ps);
     }
     STRATA_RETURN_IF_ERROR(new_x(l + 1));
     detail::block_forward(ops, dims_of(l), w, acts_for(l, xs[static_cast<std::size_t>(l)]),
@@ -471,16 +499,10 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   }
 
   // Head: model.norm, lm_head, cross-entropy.
-  STRATA_ASSIGN_OR_RETURN(const void* head_params, ps.acquire(head));
-  const void* lm_weight = nullptr;
-  if (tied) {
-    STRATA_ASSIGN_OR_RETURN(const void* e, ps.acquire(embed));
-    lm_weight = offset_ptr(e, embed_offset_, eb);
-  } else {
-    lm_weight = offset_ptr(head_params, lm_head_offset_, eb);
-  }
+  STRATA_ASSIGN_OR_RETURN(const HeadWeights head, acquire_head(ps));
+  const void* lm_weight = head.lm;
+  const void* norm_weight = head.norm;
   if (train) prefetch_block(L - 1);
-  const void* norm_weight = offset_ptr(head_params, norm_offset_, eb);
   void* x_final = xs[static_cast<std::size_t>(L)];
   ops.rmsnorm_forward(x_final, norm_weight, ws_.hf, ws_.rstd_final, R, H, d.eps, dt);
   matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
@@ -496,26 +518,36 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     Stopwatch backward_clock;
     void* dlogits = ws_.logits;
     // Tied: the embedding's gradient collects the head's part now and the lookup's part last.
-    // A frozen head or embedding has no gradient: its weight products are skipped.
-    const bool head_trains = trains(head), embed_trains = trains(embed);
-    void* embed_grads = nullptr;
-    void* head_grads = nullptr;
-    if (head_trains) {
-      STRATA_ASSIGN_OR_RETURN(head_grads, ps.acquire_grads(head));
+    // A frozen head, norm or embedding has no gradient: its weight products are skipped.
+    const bool norm_trains = trains(norm_group_), lm_trains = trains(lm_group_);
+    const bool embed_trains = trains(embed);
+    void* norm_grads = nullptr;
+    void* lm_grads = nullptr;
+    if (norm_trains) {
+      STRATA_ASSIGN_OR_RETURN(norm_grads, ps.acquire_grads(norm_group_));
     }
-    if (tied && embed_trains) {
-      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+    if (lm_trains) {
+      if (lm_group_ == norm_group_) {
+        lm_grads = norm_grads;
+      } else {
+        STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_));
+      }
     }
-    void* lm_grad = tied ? (embed_trains ? offset_ptr(embed_grads, embed_offset_, eb) : nullptr)
-                         : (head_trains ? offset_ptr(head_grads, lm_head_offset_, eb) : nullptr);
-    if (lm_grad != nullptr) matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, lm_grad, true);
+    void* embed_grads = tied ? lm_grads : nullptr;
+    if (lm_trains) {
+      matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, offset_ptr(lm_grads, lm_offset_, eb),
+             true);
+    }
     matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
     ops.rmsnorm_backward(bwd.dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
-                         head_trains ? offset_ptr(head_grads, norm_offset_, eb) : nullptr, R, H,
+                         norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr, R, H,
                          dt);
-    ps.release(head);
-    if (tied) ps.release(embed);
-    if (head_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(head));
+    release_head(ps);
+    if (norm_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(norm_group_));
+    // The embedding's (tied) are released after the lookup's part, last.
+    if (lm_trains && lm_group_ != norm_group_ && !tied) {
+      STRATA_RETURN_IF_ERROR(ps.release_grads(lm_group_));
+    }
     STRATA_RETURN_IF_ERROR(done_x(L, false));
     if (checkpointing) provider.prefetch_activation(static_cast<int>(L - 1));
 
@@ -537,6 +569,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       }
       if (adapters) {
         STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l)));
+        grads.overlay(g, block_trained_[li], eb);
         grads.attach_lora(g, adapters_[li], eb);
       }
       const BlockActs acts = acts_for(l, x);
@@ -559,8 +592,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     stream.synchronize();
     timings.backward_ms = backward_clock.elapsed_ms();
   } else {
-    ps.release(head);
-    if (tied) ps.release(embed);
+    release_head(ps);
     STRATA_RETURN_IF_ERROR(done_x(L, false));
   }
 
@@ -577,54 +609,74 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
                "compute_dtype must be f32 or bf16, got", dtype_name(options_.compute_dtype));
   STRATA_CHECK(layout.has_adapters() == options_.lora.has_value(),
                "the layout's adapters do not match the model options", layout.has_adapters());
-  STRATA_CHECK(layout.num_groups() == (config.num_hidden_layers + 2) +
+  STRATA_CHECK(layout.num_groups() >= (config.num_hidden_layers + 2) +
                                           (layout.has_adapters() ? config.num_hidden_layers : 0),
                "layout does not match the config", layout.num_groups(), config.num_hidden_layers);
   STRATA_CHECK(config.num_hidden_layers == 0 ||
                    layout.group(layout.layer_group(0)).quantized() == options_.nf4_base,
                "the layout's base format does not match ModelOptions::nf4_base", options_.nf4_base);
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
+  // Every tensor is found by name in the group the layout put it in.
+  const auto locate = [&](const std::string& name) {
+    const auto loc = layout.find(name);
+    STRATA_CHECK(loc.has_value(), "parameter missing from the layout", name);
+    return *loc;
+  };
   impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
-  impl_->norm_offset_ = tensor_offset(layout, "model.norm.weight", layout.head_group());
-  if (!config.tie_word_embeddings) {
-    impl_->lm_head_offset_ = tensor_offset(layout, "lm_head.weight", layout.head_group());
+  const auto norm = locate("model.norm.weight");
+  impl_->norm_group_ = norm.group;
+  impl_->norm_offset_ = norm.tensor->offset_elems;
+  if (config.tie_word_embeddings) {
+    impl_->lm_group_ = layout.embed_group();
+    impl_->lm_offset_ = impl_->embed_offset_;
+  } else {
+    const auto lm = locate("lm_head.weight");
+    impl_->lm_group_ = lm.group;
+    impl_->lm_offset_ = lm.tensor->offset_elems;
   }
   for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const int g = layout.layer_group(static_cast<int>(l));
+    const int ag = layout.adapter_group(static_cast<int>(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    // Each tensor's offset in elements (bytes = false) or in the working copy's bytes.
-    const auto offsets = [&](bool bytes) {
-      auto off = [&](const char* suffix) -> std::int64_t {
-        const TensorSpec& t = tensor_in(layout, p + suffix, g);
+    // The offsets of the block's tensors that live in `group`, in elements or (bytes = true) in
+    // the working copy's bytes; -1 for the others.
+    const auto offsets = [&](int group, bool bytes) {
+      auto off = [&](bool present, const char* suffix) -> std::int64_t {
+        if (!present) return -1;
+        const auto loc = locate(p + suffix);
+        STRATA_CHECK(loc.group == g || loc.group == ag, "a block's tensor outside its groups",
+                     loc.tensor->name, loc.group);
+        if (loc.group != group) return -1;
         return bytes ? static_cast<std::int64_t>(
-                           working_offset(layout.group(g), t, options_.compute_dtype))
-                     : t.offset_elems;
+                           working_offset(layout.group(group), *loc.tensor, options_.compute_dtype))
+                     : loc.tensor->offset_elems;
       };
-      auto maybe = [&](bool present, const char* suffix) -> std::int64_t {
-        return present ? off(suffix) : -1;
-      };
-      BlockOffsets o{off("input_layernorm.weight"),  off("self_attn.q_proj.weight"),
-                     off("self_attn.k_proj.weight"), off("self_attn.v_proj.weight"),
-                     off("self_attn.o_proj.weight"), off("post_attention_layernorm.weight"),
-                     off("mlp.gate_proj.weight"),    off("mlp.up_proj.weight"),
-                     off("mlp.down_proj.weight")};
-      o.bq = maybe(config.qkv_bias, "self_attn.q_proj.bias");
-      o.bk = maybe(config.qkv_bias, "self_attn.k_proj.bias");
-      o.bv = maybe(config.qkv_bias, "self_attn.v_proj.bias");
-      o.bo = maybe(config.o_bias, "self_attn.o_proj.bias");
-      o.qn = maybe(config.qk_norm, "self_attn.q_norm.weight");
-      o.kn = maybe(config.qk_norm, "self_attn.k_norm.weight");
-      o.bg = maybe(config.mlp_bias, "mlp.gate_proj.bias");
-      o.bu = maybe(config.mlp_bias, "mlp.up_proj.bias");
-      o.bd = maybe(config.mlp_bias, "mlp.down_proj.bias");
+      BlockOffsets o;
+      o.ln1 = off(true, "input_layernorm.weight");
+      o.wq = off(true, "self_attn.q_proj.weight");
+      o.wk = off(true, "self_attn.k_proj.weight");
+      o.wv = off(true, "self_attn.v_proj.weight");
+      o.wo = off(true, "self_attn.o_proj.weight");
+      o.ln2 = off(true, "post_attention_layernorm.weight");
+      o.wg = off(true, "mlp.gate_proj.weight");
+      o.wu = off(true, "mlp.up_proj.weight");
+      o.wd = off(true, "mlp.down_proj.weight");
+      o.bq = off(config.qkv_bias, "self_attn.q_proj.bias");
+      o.bk = off(config.qkv_bias, "self_attn.k_proj.bias");
+      o.bv = off(config.qkv_bias, "self_attn.v_proj.bias");
+      o.bo = off(config.o_bias, "self_attn.o_proj.bias");
+      o.qn = off(config.qk_norm, "self_attn.q_norm.weight");
+      o.kn = off(config.qk_norm, "self_attn.k_norm.weight");
+      o.bg = off(config.mlp_bias, "mlp.gate_proj.bias");
+      o.bu = off(config.mlp_bias, "mlp.up_proj.bias");
+      o.bd = off(config.mlp_bias, "mlp.down_proj.bias");
       return o;
     };
-    const BlockOffsets o = offsets(false);
-    impl_->block_bytes_.push_back(offsets(true));
-    impl_->blocks_.push_back(o);
+    impl_->block_bytes_.push_back(offsets(g, true));
+    impl_->blocks_.push_back(offsets(g, false));
     if (!layout.has_adapters()) continue;
+    impl_->block_trained_.push_back(offsets(ag, false));
     detail::LoraOffsets lo;
-    const int ag = layout.adapter_group(static_cast<int>(l));
     for (int t = 0; t < kNumLoraTargets; ++t) {
       const auto target = static_cast<LoraTarget>(t);
       if (!options_.lora->has(target)) continue;
@@ -715,7 +767,7 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
   auto& stream = device_.stream(device::StreamKind::kCompute);
   StepTimings timings;
   ProviderSession ps(provider, layout_, timings);
-  const int embed = layout_.embed_group(), head = layout_.head_group();
+  const int embed = layout_.embed_group();
 
   auto* host = static_cast<std::byte*>(decode_io_);
   std::memcpy(host, ids, static_cast<std::size_t>(n) * 4);
@@ -732,7 +784,7 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     if (l + 1 < L) {
       prefetch_block(ps, l + 1);
     } else {
-      ps.prefetch(head);
+      prefetch_head(ps);
     }
     Dims dl = d;
     dl.window = config_.window_of(l);
@@ -743,21 +795,12 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     release_block(ps, l);
   }
   // Head on the last token only.
-  STRATA_ASSIGN_OR_RETURN(const void* head_params, ps.acquire(head));
-  const void* lm_weight = nullptr;
-  if (config_.tie_word_embeddings) {
-    STRATA_ASSIGN_OR_RETURN(const void* e, ps.acquire(embed));
-    lm_weight = offset_ptr(e, embed_offset_, eb);
-  } else {
-    lm_weight = offset_ptr(head_params, lm_head_offset_, eb);
-  }
+  STRATA_ASSIGN_OR_RETURN(const HeadWeights head, acquire_head(ps));
   const void* last = offset_ptr(dws_.xs[L % 2], (n - 1) * H, eb);
-  ops.rmsnorm_forward(last, offset_ptr(head_params, norm_offset_, eb), dws_.hf, dws_.rstd_final, 1,
-                      H, d.eps, dt);
-  matmul(ops, dt, false, true, 1, V, H, dws_.hf, lm_weight, dws_.logits, false);
+  ops.rmsnorm_forward(last, head.norm, dws_.hf, dws_.rstd_final, 1, H, d.eps, dt);
+  matmul(ops, dt, false, true, 1, V, H, dws_.hf, head.lm, dws_.logits, false);
   ops.cast(dws_.logits, dt, dws_.logits_f32, DType::kF32, V);
-  ps.release(head);
-  if (config_.tie_word_embeddings) ps.release(embed);
+  release_head(ps);
   auto* logits = static_cast<float*>(decode_io_);
   device_.copy_to_host(logits, dws_.logits_f32, static_cast<std::size_t>(V) * 4, stream);
   stream.synchronize();

@@ -57,10 +57,10 @@ inline void* offset_ptr(const void* base, std::int64_t elems, std::size_t elem_b
          static_cast<std::size_t>(elems) * elem_bytes;
 }
 
-// Element offsets of one block's tensors inside its group (same for parameters and gradients);
-// -1 for a tensor the family does not have (biases, q/k norms).
+// Element offsets of one block's tensors inside a group (same for parameters and gradients);
+// -1 for a tensor the family does not have (biases, q/k norms) or that lives in another group.
 struct BlockOffsets {
-  std::int64_t ln1, wq, wk, wv, wo, ln2, wg, wu, wd;
+  std::int64_t ln1 = -1, wq = -1, wk = -1, wv = -1, wo = -1, ln2 = -1, wg = -1, wu = -1, wd = -1;
   std::int64_t bq = -1, bk = -1, bv = -1, bo = -1, qn = -1, kn = -1, bg = -1, bu = -1, bd = -1;
 };
 
@@ -96,29 +96,34 @@ struct BlockTensors {
   LoraPair<Ptr> lora[kNumLoraTargets];                         // per LoraTarget
 
   static BlockTensors at(Ptr base, const BlockOffsets& o, std::size_t eb) {
-    auto view = [&](std::int64_t off) {
-      return off < 0 ? static_cast<Ptr>(nullptr) : static_cast<Ptr>(offset_ptr(base, off, eb));
-    };
     BlockTensors t;
-    t.ln1 = view(o.ln1);
-    t.wq = view(o.wq);
-    t.wk = view(o.wk);
-    t.wv = view(o.wv);
-    t.wo = view(o.wo);
-    t.ln2 = view(o.ln2);
-    t.wg = view(o.wg);
-    t.wu = view(o.wu);
-    t.wd = view(o.wd);
-    t.bq = view(o.bq);
-    t.bk = view(o.bk);
-    t.bv = view(o.bv);
-    t.bo = view(o.bo);
-    t.qn = view(o.qn);
-    t.kn = view(o.kn);
-    t.bg = view(o.bg);
-    t.bu = view(o.bu);
-    t.bd = view(o.bd);
+    t.overlay(base, o, eb);
     return t;
+  }
+  // The tensors `o` places (offset >= 0) at `base`, the others kept: a block's tensors that live
+  // in its adapter group (norms that train beside the adapters).
+  void overlay(Ptr base, const BlockOffsets& o, std::size_t eb) {
+    auto view = [&](std::int64_t off, Ptr& p) {
+      if (off >= 0) p = static_cast<Ptr>(offset_ptr(base, off, eb));
+    };
+    view(o.ln1, ln1);
+    view(o.wq, wq);
+    view(o.wk, wk);
+    view(o.wv, wv);
+    view(o.wo, wo);
+    view(o.ln2, ln2);
+    view(o.wg, wg);
+    view(o.wu, wu);
+    view(o.wd, wd);
+    view(o.bq, bq);
+    view(o.bk, bk);
+    view(o.bv, bv);
+    view(o.bo, bo);
+    view(o.qn, qn);
+    view(o.kn, kn);
+    view(o.bg, bg);
+    view(o.bu, bu);
+    view(o.bd, bd);
   }
   // The adapters at `base` (an adapter group's parameters or gradients).
   void attach_lora(Ptr base, const LoraOffsets& o, std::size_t eb) {

@@ -69,6 +69,71 @@ double LoraConfig::scaling() const {
   return use_rslora ? alpha / std::sqrt(rank) : alpha / rank;
 }
 
+namespace {
+
+bool names_module(std::string_view entry, std::string_view path) {
+  if (entry.empty() || entry.size() > path.size()) return false;
+  if (entry.size() == path.size()) return entry == path;
+  return path.substr(path.size() - entry.size()) == entry &&
+         path[path.size() - entry.size() - 1] == '.';
+}
+
+}  // namespace
+
+bool LoraConfig::saves(std::string_view path) const {
+  for (const auto& entry : modules_to_save) {
+    if (names_module(entry, path)) return true;
+  }
+  return false;
+}
+
+bool is_lora_tensor(std::string_view name) {
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
+std::vector<std::string> saveable_modules(const LlamaConfig& c) {
+  std::vector<std::string> paths = {"model.embed_tokens"};
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    paths.push_back(p + "input_layernorm");
+    if (c.qk_norm) {
+      paths.push_back(p + "self_attn.q_norm");
+      paths.push_back(p + "self_attn.k_norm");
+    }
+    paths.push_back(p + "post_attention_layernorm");
+  }
+  paths.emplace_back("model.norm");
+  if (!c.tie_word_embeddings) paths.emplace_back("lm_head");
+  return paths;
+}
+
+std::vector<std::string> modules_to_save_problems(const LlamaConfig& c, const LoraConfig& lora) {
+  std::vector<std::string> problems;
+  const std::vector<std::string> paths = saveable_modules(c);
+  for (const auto& entry : lora.modules_to_save) {
+    bool found = false;
+    for (const auto& p : paths) found = found || names_module(entry, p);
+    if (found) continue;
+    const std::string quoted = "\"" + entry + "\"";
+    if (parse_lora_target(entry.substr(entry.rfind('.') + 1))) {
+      problems.push_back(quoted +
+                         " is a projection: adapt it with target_modules (modules_to_save trains "
+                         "the embedding, the head and the norms)");
+    } else if (entry == "lm_head" && c.tie_word_embeddings) {
+      problems.push_back(quoted +
+                         ": this model ties lm_head to the embedding (tie_word_embeddings); name "
+                         "\"embed_tokens\" to train both");
+    } else {
+      problems.push_back(quoted + " names no module of this model; expected embed_tokens, " +
+                         (c.tie_word_embeddings ? "" : "lm_head, ") + "norm, input_layernorm, " +
+                         (c.qk_norm ? "q_norm, k_norm, " : "") +
+                         "post_attention_layernorm or a path ending in one, e.g. "
+                         "layers.0.input_layernorm");
+    }
+  }
+  return problems;
+}
+
 std::vector<std::string> LoraConfig::target_names() const {
   std::vector<std::string> names;
   for (int i = 0; i < kNumLoraTargets; ++i) {

@@ -77,12 +77,20 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
   constexpr auto kNormal = TensorInit::kNormal, kOnes = TensorInit::kOnes;
   const std::int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();
   const std::int64_t ffn = c.intermediate_size;
+  // Whether the tensor `name` (a module's ".weight") trains beside the adapters.
+  const auto saved = [&](const std::string& name) {
+    constexpr std::string_view kWeight = ".weight";
+    return lora && name.ends_with(kWeight) &&
+           lora->saves(std::string_view(name).substr(0, name.size() - kWeight.size()));
+  };
 
   ParamGroup embed;
   embed.name = "embed";
   add_tensor(embed, "model.embed_tokens.weight", {c.vocab_size, h}, kNormal);
   layout.groups_.push_back(std::move(embed));
 
+  // Each block's norms that train beside its adapters, moved to its adapter group.
+  std::vector<std::vector<TensorSpec>> moved(static_cast<std::size_t>(c.num_hidden_layers));
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     ParamGroup g;
     g.name = "layers." + std::to_string(l);
@@ -90,38 +98,49 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
     auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in, bool bias) {
       add_tensor(g, p + name + ".weight", {out, in}, kNormal);
       if (bias) add_tensor(g, p + name + ".bias", {out}, TensorInit::kZeros);
+      if (nf4_base) g.tensors[g.tensors.size() - (bias ? 2 : 1)].format = TensorFormat::kNf4;
     };
-    add_tensor(g, p + "input_layernorm.weight", {h}, kOnes);
+    auto norm = [&](const std::string& name, std::int64_t n) {
+      if (saved(p + name)) {
+        moved[static_cast<std::size_t>(l)].push_back({p + name, {n}, 0, n, kOnes});
+      } else {
+        add_tensor(g, p + name, {n}, kOnes);
+      }
+    };
+    norm("input_layernorm.weight", h);
     linear("self_attn.q_proj", q, h, c.qkv_bias);
     linear("self_attn.k_proj", kv, h, c.qkv_bias);
     linear("self_attn.v_proj", kv, h, c.qkv_bias);
     linear("self_attn.o_proj", h, q, c.o_bias);
     if (c.qk_norm) {
-      add_tensor(g, p + "self_attn.q_norm.weight", {c.head_dim()}, kOnes);
-      add_tensor(g, p + "self_attn.k_norm.weight", {c.head_dim()}, kOnes);
+      norm("self_attn.q_norm.weight", c.head_dim());
+      norm("self_attn.k_norm.weight", c.head_dim());
     }
-    add_tensor(g, p + "post_attention_layernorm.weight", {h}, kOnes);
+    norm("post_attention_layernorm.weight", h);
     linear("mlp.gate_proj", ffn, h, c.mlp_bias);
     linear("mlp.up_proj", ffn, h, c.mlp_bias);
     linear("mlp.down_proj", h, ffn, c.mlp_bias);
-    if (nf4_base) {
-      for (auto& t : g.tensors) {
-        if (t.shape.size() == 2) t.format = TensorFormat::kNf4;  // the seven projections
-      }
-    }
     layout.groups_.push_back(std::move(g));
   }
 
+  // The head; model.norm in a group of its own when it trains and lm_head does not, or the
+  // other way round.
+  const bool split_head =
+      !c.tie_word_embeddings && saved("model.norm.weight") != saved("lm_head.weight");
   ParamGroup head;
   head.name = "head";
-  add_tensor(head, "model.norm.weight", {h}, kOnes);
+  if (!split_head) add_tensor(head, "model.norm.weight", {h}, kOnes);
   if (!c.tie_word_embeddings) add_tensor(head, "lm_head.weight", {c.vocab_size, h}, kNormal);
   layout.groups_.push_back(std::move(head));
 
   layout.num_layers_ = static_cast<int>(c.num_hidden_layers);
   layout.adapters_ = lora.has_value();
   if (lora) {
-    for (auto& g : layout.groups_) g.frozen = true;
+    // Frozen, but for the modules that train whole beside the adapters.
+    for (auto& g : layout.groups_) {
+      g.frozen = !std::all_of(g.tensors.begin(), g.tensors.end(),
+                              [&](const TensorSpec& t) { return saved(t.name); });
+    }
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       ParamGroup g;
       g.name = "layers." + std::to_string(l) + ".lora";
@@ -135,7 +154,17 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
         add_tensor(g, m + ".lora_B.weight", {lora_out_features(c, target), lora->r},
                    TensorInit::kZeros);
       }
+      for (auto& t : moved[static_cast<std::size_t>(l)]) {
+        add_tensor(g, std::move(t.name), std::move(t.shape), t.init);
+      }
       layout.groups_.push_back(std::move(g));
+    }
+    if (split_head) {
+      ParamGroup norm;
+      norm.name = "head.norm";
+      add_tensor(norm, "model.norm.weight", {h}, kOnes);
+      norm.frozen = !saved("model.norm.weight");
+      layout.groups_.push_back(std::move(norm));
     }
   }
 

@@ -61,6 +61,17 @@ LoraConfig read_lora_keys(const Json& j, std::vector<std::string>& errors) {
   } else {
     fail("target_modules", "expected a non-empty list of module names");
   }
+  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
+    const Json& m = j["modules_to_save"];
+    if (!m.is_array()) fail("modules_to_save", "expected a list of module names or null");
+    for (const Json& n : m.is_array() ? m : Json::array()) {
+      if (n.is_string() && !n.get<std::string>().empty()) {
+        c.modules_to_save.push_back(n.get<std::string>());
+      } else {
+        fail("modules_to_save", n.dump() + " is not a module name");
+      }
+    }
+  }
   for (const char* k : {"use_dora", "fan_in_fan_out"}) {
     if (j.contains(k) && j[k].is_boolean() && j[k].get<bool>()) fail(k, "true is not supported");
   }
@@ -105,7 +116,7 @@ Status PeftAdapterReader::validate(const ParamLayout& layout) const {
   std::vector<std::string> problems;
   std::set<std::string> expected;
   for (const auto& g : layout.groups()) {
-    if (!layout.is_adapter(g.id)) continue;
+    if (g.frozen) continue;
     for (const auto& t : g.tensors) {
       const std::string name = peft_tensor_name(t.name);
       expected.insert(name);
@@ -130,6 +141,10 @@ Status PeftAdapterReader::validate(const ParamLayout& layout) const {
   return data_loss(msg);
 }
 
+bool PeftAdapterReader::holds(const std::string& hf_name) const {
+  return weights_.find(peft_tensor_name(hf_name)) != nullptr;
+}
+
 Status PeftAdapterReader::read_group(const ParamGroup& group, float* dst) const {
   std::fill(dst, dst + group.num_elems, 0.0f);
   for (const auto& t : group.tensors) {
@@ -152,7 +167,7 @@ Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const 
   };
   std::vector<Slot> slots;
   for (const auto& g : layout.groups()) {
-    if (!layout.is_adapter(g.id)) continue;
+    if (g.frozen) continue;
     for (const auto& t : g.tensors) {
       writer.add(peft_tensor_name(t.name), DType::kF32, t.shape);
       slots.push_back({&g, &t});
@@ -175,24 +190,25 @@ Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const 
                     static_cast<std::size_t>(slot.tensor->num_elems) * sizeof(float));
         return Status::ok();
       }));
-  const Json config = {{"peft_type", "LORA"},
-                       {"task_type", "CAUSAL_LM"},
-                       {"base_model_name_or_path", base_model.empty() ? Json() : Json(base_model)},
-                       {"r", lora.r},
-                       {"lora_alpha", lora.alpha},
-                       {"lora_dropout", lora.dropout},
-                       {"target_modules", lora.target_names()},
-                       {"use_rslora", lora.use_rslora},
-                       {"bias", "none"},
-                       {"fan_in_fan_out", false},
-                       {"init_lora_weights", true},
-                       {"inference_mode", true},
-                       {"modules_to_save", Json()},
-                       {"use_dora", false},
-                       {"rank_pattern", Json::object()},
-                       {"alpha_pattern", Json::object()},
-                       {"layers_to_transform", Json()},
-                       {"revision", Json()}};
+  const Json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base_model.empty() ? Json() : Json(base_model)},
+      {"r", lora.r},
+      {"lora_alpha", lora.alpha},
+      {"lora_dropout", lora.dropout},
+      {"target_modules", lora.target_names()},
+      {"use_rslora", lora.use_rslora},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", lora.modules_to_save.empty() ? Json() : Json(lora.modules_to_save)},
+      {"use_dora", false},
+      {"rank_pattern", Json::object()},
+      {"alpha_pattern", Json::object()},
+      {"layers_to_transform", Json()},
+      {"revision", Json()}};
   return write_json_file(join(dir, kAdapterConfigFile), config);
 }
 

@@ -90,22 +90,25 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
   });
 }
 
-// Rank 0 writes with `write` (which gathers groups through the source it is given, in layout
-// order) while every rank takes part in gathering groups [first, end of layout). If rank 0 stops
-// early (a write error), it still joins the remaining gathers so no rank is left waiting.
-Status write_gathered(int first, const model::ParamLayout& layout, zero::ZeroProvider& provider,
-                      dist::Communicator& comm,
+// Rank 0 writes with `write` (which gathers `groups` through the source it is given, in that
+// order) while every rank takes part in gathering each of them. If rank 0 stops early (a write
+// error), it still joins the remaining gathers so no rank is left waiting.
+Status write_gathered(const std::vector<int>& groups, const model::ParamLayout& layout,
+                      zero::ZeroProvider& provider, dist::Communicator& comm,
                       const std::function<Status(const model::GroupSource&)>& write) {
-  int gathered = first;
+  std::size_t gathered = 0;
   Status s;
   if (comm.rank() == 0) {
     s = write([&](const model::ParamGroup& g, float* dst) {
+      STRATA_CHECK(gathered < groups.size() && groups[gathered] == g.id,
+                   "a group gathered out of the agreed order", g.name, gathered);
       ++gathered;
       return provider.gather_master(g.id, dst);
     });
   }
   std::vector<float> scratch;
-  for (int g = gathered; g < layout.num_groups(); ++g) {
+  for (; gathered < groups.size(); ++gathered) {
+    const int g = groups[gathered];
     scratch.assign(static_cast<std::size_t>(layout.group(g).num_elems), 0.0f);
     Status gs = provider.gather_master(g, scratch.data());
     if (s.is_ok() && !gs.is_ok()) s = gs;
@@ -113,13 +116,25 @@ Status write_gathered(int first, const model::ParamLayout& layout, zero::ZeroPro
   return s;
 }
 
+// The ids of the layout's groups, in order, that `keep` selects.
+std::vector<int> group_ids(const model::ParamLayout& layout,
+                           const std::function<bool(const model::ParamGroup&)>& keep) {
+  std::vector<int> ids;
+  for (const auto& g : layout.groups()) {
+    if (keep(g)) ids.push_back(g.id);
+  }
+  return ids;
+}
+
 // Full fine-tuning: model/, every group's master weights.
 Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
                                 const model::ParamLayout& layout, zero::ZeroProvider& provider,
                                 dist::Communicator& comm) {
-  return write_gathered(0, layout, provider, comm, [&](const model::GroupSource& source) {
-    return model::write_hf_checkpoint(dir, config, layout, DType::kF32, source);
-  });
+  return write_gathered(group_ids(layout, [](const model::ParamGroup&) { return true; }), layout,
+                        provider, comm, [&](const model::GroupSource& source) {
+                          return model::write_hf_checkpoint(dir, config, layout, DType::kF32,
+                                                            source);
+                        });
 }
 
 // LoRA: the adapters alone, as PEFT saves them, in the checkpoint directory itself; the frozen
@@ -127,8 +142,9 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
 Status write_adapters(const std::string& dir, const model::LoraConfig& lora,
                       const model::ParamLayout& layout, const std::string& base_model,
                       zero::ZeroProvider& provider, dist::Communicator& comm) {
-  return write_gathered(layout.adapter_group(0), layout, provider, comm,
-                        [&](const model::GroupSource& source) {
+  // Every trainable group: the adapters and the modules saved whole beside them.
+  return write_gathered(group_ids(layout, [](const model::ParamGroup& g) { return !g.frozen; }),
+                        layout, provider, comm, [&](const model::GroupSource& source) {
                           return model::write_peft_adapter(dir, lora, layout, base_model, source);
                         });
 }

@@ -123,6 +123,21 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
     }
   }
   r.read("use_rslora", &l.use_rslora);
+  if (const Json* m = r.raw("modules_to_save"); m != nullptr && !m->is_null()) {
+    if (!m->is_array()) {
+      r.error("modules_to_save",
+              "expected a list of modules that train whole beside the adapters, e.g. "
+              "[\"embed_tokens\", \"lm_head\"], or null");
+    } else {
+      for (const Json& n : *m) {
+        if (n.is_string() && !n.get<std::string>().empty()) {
+          l.modules_to_save.push_back(n.get<std::string>());
+        } else {
+          r.error("modules_to_save", n.dump() + " is not a module name");
+        }
+      }
+    }
+  }
   if (const Json* a = r.raw("adapter"); a != nullptr && !a->is_null()) {
     if (a->is_string()) {
       out->adapter = a->get<std::string>();
@@ -140,7 +155,8 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
     }
   }
   if (out->method == FinetuneMethod::kFull) {
-    for (const char* k : {"r", "alpha", "dropout", "target_modules", "use_rslora"}) {
+    for (const char* k :
+         {"r", "alpha", "dropout", "target_modules", "use_rslora", "modules_to_save"}) {
       if (r.has(k)) r.error(k, "applies only to method \"lora\"; it has no meaning for \"full\"");
     }
     if (!out->adapter.empty()) r.error("adapter", "starts LoRA adapters: use method \"lora\"");
@@ -250,7 +266,14 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       sr.reject_unknown();
     }
   }
-  if (const Json* f = r.raw("finetune")) read_finetune(*f, &c.finetune, &errors);
+  if (const Json* f = r.raw("finetune")) {
+    read_finetune(*f, &c.finetune, &errors);
+    if (has_model) {
+      for (const auto& p : model::modules_to_save_problems(c.model, c.finetune.lora)) {
+        errors.push_back("'finetune.modules_to_save': " + p);
+      }
+    }
+  }
   r.read("grad_clip", &c.grad_clip, 0.0);
   read_enum(r, "optimizer_overlap", &c.optimizer_overlap, zero::kOptimizerOverlaps,
             zero::optimizer_overlap_name);
@@ -406,14 +429,16 @@ std::string_view finetune_method_name(FinetuneMethod method) {
 namespace {
 Json finetune_json(const FinetuneConfig& f) {
   if (f.method == FinetuneMethod::kFull) return Json{{"method", "full"}};
-  return Json{{"method", finetune_method_name(f.method)},
-              {"r", f.lora.r},
-              {"alpha", f.lora.alpha},
-              {"dropout", f.lora.dropout},
-              {"target_modules", f.lora.target_names()},
-              {"use_rslora", f.lora.use_rslora},
-              {"adapter", f.adapter.empty() ? Json() : Json(f.adapter)},
-              {"quantized_cache", f.quantized_cache.empty() ? Json() : Json(f.quantized_cache)}};
+  return Json{
+      {"method", finetune_method_name(f.method)},
+      {"r", f.lora.r},
+      {"alpha", f.lora.alpha},
+      {"dropout", f.lora.dropout},
+      {"target_modules", f.lora.target_names()},
+      {"use_rslora", f.lora.use_rslora},
+      {"modules_to_save", f.lora.modules_to_save.empty() ? Json() : Json(f.lora.modules_to_save)},
+      {"adapter", f.adapter.empty() ? Json() : Json(f.adapter)},
+      {"quantized_cache", f.quantized_cache.empty() ? Json() : Json(f.quantized_cache)}};
 }
 }  // namespace
 

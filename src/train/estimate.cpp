@@ -171,8 +171,14 @@ std::string describe_finetune(const TrainConfig& config, const model::ParamLayou
                 "%s r %lld, alpha %g%s, dropout %g on %s: ", config.nf4_base() ? "QLoRA" : "LoRA",
                 static_cast<long long>(lora->r), lora->alpha, lora->use_rslora ? " (rsLoRA)" : "",
                 lora->dropout, targets.c_str());
-  std::string s = buf + std::to_string(trainable) + " trainable parameters; the base's " +
-                  std::to_string(frozen) + " frozen (read only: no gradient, no optimizer state)";
+  std::string s = buf + std::to_string(trainable) + " trainable parameters";
+  if (!lora->modules_to_save.empty()) {
+    std::string saved;
+    for (const auto& m : lora->modules_to_save) saved += (saved.empty() ? "" : ", ") + m;
+    s += " (with " + saved + " trained whole)";
+  }
+  s += "; the base's " + std::to_string(frozen) +
+       " frozen (read only: no gradient, no optimizer state)";
   if (nf4 > 0) {
     std::snprintf(buf, sizeof(buf), "; its %lld projection weights in NF4: %s, %.3f bytes each",
                   static_cast<long long>(nf4), format_bytes(nf4_bytes).c_str(),

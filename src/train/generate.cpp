@@ -95,6 +95,13 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(options.adapter_dir));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
     impl->lora = adapter->config();
+    const auto problems = model::modules_to_save_problems(impl->config, *impl->lora);
+    if (!problems.empty()) {
+      std::string msg = options.adapter_dir + "/" + model::kAdapterConfigFile +
+                        ": modules_to_save does not fit the base " + options.model_dir + ":";
+      for (const auto& p : problems) msg += "\n  " + p;
+      return invalid_argument(msg);
+    }
   }
   {
     // Every group frozen: working copies only, no gradients, no optimizer state.
@@ -123,10 +130,17 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   STRATA_ASSIGN_OR_RETURN(impl->provider,
                           zero::ZeroProvider::create(*impl->layout, 0, *impl->device, nullptr,
                                                      *impl->grid, zero::ZeroOptions{}, so));
-  const model::ParamLayout& layout = *impl->layout;
-  STRATA_RETURN_IF_ERROR(impl->provider->load_master([&](const model::ParamGroup& g, float* dst) {
-    return layout.is_adapter(g.id) ? adapter->read_group(g, dst) : reader.read_group(g, dst);
-  }));
+  // What the adapter holds (its pairs and modules_to_save) from it, the rest from the base.
+  const model::GroupSource base = [&](const model::ParamGroup& g, float* dst) {
+    return reader.read_group(g, dst);
+  };
+  STRATA_RETURN_IF_ERROR(impl->provider->load_master(
+      adapter
+          ? model::split_source(
+                [&](const model::TensorSpec& t) { return adapter->holds(t.name); },
+                [&](const model::ParamGroup& g, float* dst) { return adapter->read_group(g, dst); },
+                base)
+          : base));
   impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
   impl->model =
       std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,

@@ -25,23 +25,36 @@ Status merge_adapter(const MergeOptions& o) {
   STRATA_ASSIGN_OR_RETURN(auto base, model::HfCheckpointReader::open(o.model_dir));
   STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(o.adapter_dir));
   const model::ParamLayout layout = model::ParamLayout::build(base.config());
+  const auto problems = model::modules_to_save_problems(base.config(), adapter.config());
+  if (!problems.empty()) {
+    std::string msg = o.adapter_dir + "/" + model::kAdapterConfigFile +
+                      ": modules_to_save does not fit the base " + o.model_dir + ":";
+    for (const auto& p : problems) msg += "\n  " + p;
+    return invalid_argument(msg);
+  }
   const model::ParamLayout adapted = model::ParamLayout::build(base.config(), adapter.config());
   STRATA_RETURN_IF_ERROR(base.validate(layout));
   STRATA_RETURN_IF_ERROR(adapter.validate(adapted).with_context(
       "the adapter " + o.adapter_dir + " does not fit the base " + o.model_dir));
   std::vector<float> values;
+  // Each block's weights with its adapters merged in; the modules the adapter saved whole (the
+  // embedding, the head, norms) replace the base's.
+  const model::GroupSource merged = [&](const model::ParamGroup& g, float* dst) -> Status {
+    STRATA_RETURN_IF_ERROR(base.read_group(g, dst));
+    const int layer = g.id - layout.layer_group(0);
+    if (layer < 0 || layer >= base.config().num_hidden_layers) return Status::ok();
+    const model::ParamGroup& a = adapted.group(adapted.adapter_group(layer));
+    values.assign(static_cast<std::size_t>(a.num_elems), 0.0f);
+    STRATA_RETURN_IF_ERROR(adapter.read_group(a, values.data()));
+    model::merge_adapters(adapter.config(), g, dst, a, values.data());
+    return Status::ok();
+  };
   STRATA_RETURN_IF_ERROR(model::write_hf_checkpoint(
       o.output_dir, base.config(), layout, o.dtype,
-      [&](const model::ParamGroup& g, float* dst) -> Status {
-        STRATA_RETURN_IF_ERROR(base.read_group(g, dst));
-        const int layer = g.id - layout.layer_group(0);
-        if (layer < 0 || layer >= base.config().num_hidden_layers) return Status::ok();
-        const model::ParamGroup& a = adapted.group(adapted.adapter_group(layer));
-        values.assign(static_cast<std::size_t>(a.num_elems), 0.0f);
-        STRATA_RETURN_IF_ERROR(adapter.read_group(a, values.data()));
-        model::merge_adapters(adapter.config(), g, dst, a, values.data());
-        return Status::ok();
-      }));
+      model::split_source(
+          [&](const model::TensorSpec& t) { return adapter.holds(t.name); },
+          [&](const model::ParamGroup& g, float* dst) { return adapter.read_group(g, dst); },
+          merged)));
   return copy_tokenizer_files(o.model_dir, o.output_dir);
 }
 

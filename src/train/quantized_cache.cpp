@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "strata/core/file.h"
+#include "strata/model/lora.h"
 
 namespace strata::train {
 namespace fs = std::filesystem;
@@ -20,6 +21,13 @@ constexpr const char* kFormat = "nf4 blocks 64, block maxima 8-bit dynamic in gr
 
 Result<Json> quantized_base_identity(const TrainConfig& config) {
   Json id = {{"format", kFormat}, {"dtype", std::string(dtype_name(config.precision))}};
+  // The modules that train whole leave the base's groups (a block's norms move out): another
+  // set lays the cached groups out otherwise.
+  Json saved = Json::array();
+  for (const auto& m : model::saveable_modules(config.model)) {
+    if (config.finetune.lora.saves(m)) saved.push_back(m);
+  }
+  id["modules_to_save"] = saved;
   if (config.model_path.empty()) {
     id["seed"] = config.seed;
     id["config"] = config.model.to_json();

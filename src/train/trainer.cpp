@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <set>
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
@@ -138,6 +139,11 @@ Status check_adapter_matches(const FinetuneConfig& f, const model::LoraConfig& a
   if (c.targets != a.targets) {
     problems.push_back("finetune.target_modules is " + Json(c.target_names()).dump() +
                        ", the adapter's is " + Json(a.target_names()).dump());
+  }
+  if (std::set<std::string>(c.modules_to_save.begin(), c.modules_to_save.end()) !=
+      std::set<std::string>(a.modules_to_save.begin(), a.modules_to_save.end())) {
+    problems.push_back("finetune.modules_to_save is " + Json(c.modules_to_save).dump() +
+                       ", the adapter's is " + Json(a.modules_to_save).dump());
   }
   if (c.use_rslora != a.use_rslora) {
     problems.push_back(std::string("finetune.use_rslora is ") + (c.use_rslora ? "true" : "false") +
@@ -292,15 +298,19 @@ Status Trainer::Impl::setup() {
     step = st.step;
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
   } else {
-    // The base from the checkpoint directory or the seed; adapters from `adapter` or the seed.
-    STRATA_RETURN_IF_ERROR(provider->load_master(
-        [&](const model::ParamGroup& g, float* dst) {
-          if (layout->is_adapter(g.id)) {
-            return adapter ? adapter->read_group(g, dst) : seeded(g, dst);
-          }
-          return base_source(g, dst);
-        },
-        base_cache.get(), base_pieces));
+    // Adapters (and modules_to_save) from `adapter`, else adapters from the seed; every other
+    // tensor from the base: the checkpoint directory or the seed.
+    const model::GroupSource source =
+        adapter ? model::split_source(
+                      [&](const model::TensorSpec& t) { return adapter->holds(t.name); },
+                      [&](const model::ParamGroup& g, float* dst) {
+                        return adapter->read_group(g, dst);
+                      },
+                      base_source)
+                : model::split_source(
+                      [](const model::TensorSpec& t) { return model::is_lora_tensor(t.name); },
+                      seeded, base_source);
+    STRATA_RETURN_IF_ERROR(provider->load_master(source, base_cache.get(), base_pieces));
   }
   if (base_cache && rank == 0) log_info(base_cache->describe());
 

@@ -229,6 +229,33 @@ TEST(EstimateTest, A70bQloraFitsOneWorkstationGpu) {
   EXPECT_NE(said.find("device "), std::string::npos) << said;
 }
 
+// Modules saved whole beside the adapters train with their optimizer state: the estimate counts
+// them among the trainable parameters and the embedding's gradient products among the step's.
+TEST(EstimateTest, ModulesToSaveAreCountedAsTrainable) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_optimizer"] = "cpu";
+  j["finetune"] = {{"method", "lora"}, {"r", 4}, {"target_modules", {"q_proj"}}};
+  auto adapters = config_of(j);
+  ASSERT_TRUE(adapters.is_ok()) << adapters.status().message();
+  j["finetune"]["modules_to_save"] = {"embed_tokens", "input_layernorm"};
+  auto saved = config_of(j);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().message();
+  auto a = estimate(*adapters, 1);
+  auto b = estimate(*saved, 1);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  const std::int64_t h = 64, vocab = 256, layers = 8;
+  EXPECT_EQ(a->trainable_parameters, layers * 4 * (h + h));  // q_proj's A [4, 64], B [64, 4]
+  EXPECT_EQ(b->trainable_parameters, a->trainable_parameters + vocab * h + layers * h);
+  EXPECT_FALSE(a->embedding_trains);
+  EXPECT_TRUE(b->embedding_trains);
+  EXPECT_GT(b->plan.kind_bytes(Tier::kHost, zero::TensorKind::kMoments),
+            a->plan.kind_bytes(Tier::kHost, zero::TensorKind::kMoments));
+  EXPECT_NE(b->describe().find("with embed_tokens, input_layernorm trained whole"),
+            std::string::npos)
+      << b->describe();
+}
+
 TEST(EstimateTest, RanksSplitThePartitionedStateAndTheJsonHasEveryTier) {
   TempDir dir;
   Json j = small_config(dir);

@@ -16,6 +16,7 @@
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_name.h"
 
 namespace strata::train {
 namespace {
@@ -140,11 +141,8 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyTrainTest,
                                                               "qwen2-window", "qwen3", "mistral"),
                                             ::testing::Values("none", "cpu", "nvme")),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
+                           return strata::testing::test_name(std::get<0>(info.param) + "_" +
+                                                             std::get<1>(info.param));
                          });
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "strata/model/hf_checkpoint.h"
 #include "tests/testing/cli.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_name.h"
 
 namespace strata::train {
 namespace {
@@ -78,13 +79,7 @@ TEST_P(GenerateGoldenTest, GreedyDecodeMatchesPyTorchResidentAndStreamed) {
 INSTANTIATE_TEST_SUITE_P(Families, GenerateGoldenTest,
                          ::testing::Values("llama3", "llama-linear", "qwen2", "qwen2-window",
                                            "qwen3", "mistral"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+                         [](const auto& info) { return strata::testing::test_name(info.param); });
 
 TEST(GenerateTest, SamplingIsReproducibleAndItsFiltersNarrowTheChoice) {
   const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -3.0f, 0.5f};

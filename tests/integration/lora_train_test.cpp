@@ -23,6 +23,7 @@
 #include "strata/train/trainer.h"
 #include "tests/testing/cli.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_name.h"
 
 namespace strata::train {
 namespace {
@@ -80,7 +81,7 @@ TrainConfig train_config(const Json& g, TempDir& dir, const Json& changes, int s
     STRATA_CHECK(model::write_peft_adapter(dir.file("adapter"), lora, adapted, "base",
                                            from_json(g.at("adapters")))
                      .is_ok(),
-                 "adapter");
+                 "adapter");  // the adapters and the modules saved whole, at their base values
     std::string tokens;
     for (const auto& t : g.at("tokens")) {
       const auto v = t.get<std::uint16_t>();
@@ -113,6 +114,7 @@ TrainConfig train_config(const Json& g, TempDir& dir, const Json& changes, int s
               {"dropout", l.at("lora_dropout")},
               {"target_modules", l.at("target_modules")},
               {"use_rslora", l.at("use_rslora")},
+              {"modules_to_save", l.value("modules_to_save", Json())},
               {"adapter", dir.file("adapter")}}},
             {"swap_paths", {dir.file("swap")}},
             {"save_dir", dir.file("ckpt")}};
@@ -163,15 +165,14 @@ TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
   }
   // Adapters after the steps: within 1e-4 of the tensor's largest value (a step moves an
   // element by about lr = 1e-2), or 8 times the reference's float32 error where that is larger.
+  auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
+  ASSERT_TRUE(config.is_ok());
+  const model::ParamLayout layout = model::ParamLayout::build(*config, peft_lora(g.at("lora")));
   for (const auto& [tensor, values] : g.at("trained_adapters").items()) {
-    const Json& init = g.at("adapters").at(tensor);
-    std::vector<std::int64_t> shape;
-    const bool is_a = tensor.find("lora_A") != std::string::npos;
-    // Shapes from the initial adapter: lora_A [r, in], lora_B [out, r].
-    const std::int64_t r = g.at("lora").at("r");
-    const auto n = static_cast<std::int64_t>(init.size());
-    shape = is_a ? std::vector<std::int64_t>{r, n / r} : std::vector<std::int64_t>{n / r, r};
-    const std::vector<float> got = saved_adapter(run.checkpoint, tensor, shape);
+    const auto loc = layout.find(tensor);
+    ASSERT_TRUE(loc.has_value()) << tensor;
+    EXPECT_FALSE(layout.group(loc->group).frozen) << tensor;
+    const std::vector<float> got = saved_adapter(run.checkpoint, tensor, loc->tensor->shape);
     double scale = 0;
     for (const auto& x : values) scale = std::max(scale, std::abs(x.get<double>()));
     const double bound =
@@ -188,10 +189,7 @@ TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
   // copies, rewritten after their update (twice when a guessed update is redone), nothing of the
   // base's, which is several times larger.
   if (tier == "nvme") {
-    // Each adapter group's working copy (padded) in whole 4 KiB swap blocks.
-    auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
-    ASSERT_TRUE(config.is_ok());
-    const model::ParamLayout layout = model::ParamLayout::build(*config, peft_lora(g.at("lora")));
+    // Each trainable group's working copy (padded) in whole 4 KiB swap blocks.
     std::uint64_t adapter_bytes = 0;
     for (const auto& group : layout.groups()) {
       if (!group.frozen) adapter_bytes += align_up(group.num_elems * sizeof(float), 4096);
@@ -203,19 +201,16 @@ TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, LoraTrainTest,
-                         ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout",
-                                                              "llama3-qv", "qwen2-all-dropout",
-                                                              "qwen3-all-rslora",
-                                                              "mistral-mlp-dropout"),
-                                            ::testing::Values("none", "cpu", "nvme")),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LoraTrainTest,
+    ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout", "llama3-qv",
+                                         "qwen2-all-dropout", "qwen3-all-rslora",
+                                         "mistral-mlp-dropout", "llama3-qv-save", "qwen3-all-save",
+                                         "qwen2-embed-save"),
+                       ::testing::Values("none", "cpu", "nvme")),
+    [](const auto& info) {
+      return strata::testing::test_name(std::get<0>(info.param) + "_" + std::get<1>(info.param));
+    });
 
 // Wherever the base lives, the run is the same to the bit: losses, and the adapters saved.
 TEST(LoraTiersTest, BitIdenticalWhereverTheBaseLives) {
@@ -246,62 +241,86 @@ TEST(LoraTiersTest, BitIdenticalWhereverTheBaseLives) {
 
 // A run stopped and resumed from its LoRA checkpoint continues as if never stopped.
 TEST(LoraResumeTest, ResumeFromTheAdapterCheckpointIsExact) {
-  const Json g = golden("llama3-all-dropout");
-  TempDir straight, split;
-  const LoraRun whole = train(g, straight, Json::object(), 4);
-  train(g, split, Json::object(), 2);
-  const LoraRun resumed = train(g, split, Json::object(), 4, split.file("ckpt"));
-  EXPECT_NE(resumed.described.find("trainable parameters; the base's"), std::string::npos)
-      << resumed.described;
-  ASSERT_EQ(resumed.history.size(), 2u);
-  EXPECT_EQ(resumed.history[0].loss, whole.history[2].loss);
-  EXPECT_EQ(resumed.history[1].loss, whole.history[3].loss);
-  auto a = read_file(whole.checkpoint + "/" + model::kAdapterWeightsFile);
-  auto b = read_file(resumed.checkpoint + "/" + model::kAdapterWeightsFile);
-  ASSERT_TRUE(a.is_ok() && b.is_ok());
-  EXPECT_EQ(*a, *b);
-  // The checkpoint holds the adapters, their moments and the trainer state; no copy of the base.
-  EXPECT_FALSE(fs::exists(resumed.checkpoint + "/model"));
-  auto cfg = read_json_file(resumed.checkpoint + "/" + model::kAdapterConfigFile);
-  ASSERT_TRUE(cfg.is_ok());
-  EXPECT_EQ(cfg->at("peft_type"), "LORA");
-  EXPECT_EQ(cfg->at("r"), g.at("lora").at("r"));
-  EXPECT_EQ(cfg->at("target_modules"), g.at("lora").at("target_modules"));
+  // Adapters alone, and with modules saved whole (lm_head, q_norm, a moved norm).
+  for (const char* name : {"llama3-all-dropout", "qwen3-all-save"}) {
+    SCOPED_TRACE(name);
+    const Json g = golden(name);
+    TempDir straight, split;
+    const LoraRun whole = train(g, straight, Json::object(), 4);
+    train(g, split, Json::object(), 2);
+    const LoraRun resumed = train(g, split, Json::object(), 4, split.file("ckpt"));
+    EXPECT_NE(resumed.described.find("trainable parameters"), std::string::npos)
+        << resumed.described;
+    EXPECT_NE(resumed.described.find("; the base's"), std::string::npos) << resumed.described;
+    ASSERT_EQ(resumed.history.size(), 2u);
+    EXPECT_EQ(resumed.history[0].loss, whole.history[2].loss);
+    EXPECT_EQ(resumed.history[1].loss, whole.history[3].loss);
+    auto a = read_file(whole.checkpoint + "/" + model::kAdapterWeightsFile);
+    auto b = read_file(resumed.checkpoint + "/" + model::kAdapterWeightsFile);
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    EXPECT_EQ(*a, *b);
+    // The checkpoint holds the adapters, their moments and the trainer state; no copy of the
+    // base.
+    EXPECT_FALSE(fs::exists(resumed.checkpoint + "/model"));
+    auto cfg = read_json_file(resumed.checkpoint + "/" + model::kAdapterConfigFile);
+    ASSERT_TRUE(cfg.is_ok());
+    EXPECT_EQ(cfg->at("peft_type"), "LORA");
+    EXPECT_EQ(cfg->at("r"), g.at("lora").at("r"));
+    EXPECT_EQ(cfg->at("target_modules"), g.at("lora").at("target_modules"));
+    EXPECT_EQ(cfg->at("modules_to_save"), g.at("lora").at("modules_to_save"));
+  }
 }
 
 // strata merge folds a LoRA run's adapter into its base; strata generate --adapter decodes with
 // it unmerged: the same tokens either way, and not the base's own.
 TEST(LoraMergeCliTest, MergedAndUnmergedAdapterGenerateTheSame) {
-  const Json g = golden("llama3-all");
-  TempDir dir;
-  const LoraRun run = train(g, dir, {{"optimizer", {{"lr", 0.05}}}}, 3);
-  const std::string gen = " --prompt-ids 1,5,9,2 --max-new-tokens 12";
-  auto r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " +
-                                     run.checkpoint + " --output " + dir.file("merged"));
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_TRUE(fs::exists(dir.file("merged/config.json")));
-  EXPECT_TRUE(fs::exists(dir.file("merged/model.safetensors")));
-  const auto merged = testing::run_cli(dir, "generate --model " + dir.file("merged") + gen);
-  ASSERT_EQ(merged.exit_code, 0) << merged.err;
-  const auto unmerged = testing::run_cli(
-      dir, "generate --model " + dir.file("base") + " --adapter " + run.checkpoint + gen);
-  ASSERT_EQ(unmerged.exit_code, 0) << unmerged.err;
-  EXPECT_NE(unmerged.err.find("LoRA adapter"), std::string::npos) << unmerged.err;
-  const auto base = testing::run_cli(dir, "generate --model " + dir.file("base") + gen);
-  ASSERT_EQ(base.exit_code, 0) << base.err;
-  EXPECT_EQ(merged.out, unmerged.out);
-  EXPECT_NE(base.out, unmerged.out) << "the adapter changed nothing";
-  // bf16 output; merging over the base itself is refused.
-  r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " + run.checkpoint +
-                                " --output " + dir.file("merged16") + " --dtype bf16");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto cfg = read_json_file(dir.file("merged16/config.json"));
-  ASSERT_TRUE(cfg.is_ok());
-  EXPECT_EQ(cfg->at("torch_dtype"), "bfloat16");
-  r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " + run.checkpoint +
-                                " --output " + dir.file("base"));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("is the base model's directory"), std::string::npos) << r.err;
+  // Adapters alone, and with the embedding and norms saved whole: the merged checkpoint holds
+  // their trained values.
+  for (const char* name : {"llama3-all", "llama3-qv-save"}) {
+    SCOPED_TRACE(name);
+    const Json g = golden(name);
+    TempDir dir;
+    const LoraRun run = train(g, dir, {{"optimizer", {{"lr", 0.05}}}}, 3);
+    const std::string gen = " --prompt-ids 1,5,9,2 --max-new-tokens 12";
+    auto r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " +
+                                       run.checkpoint + " --output " + dir.file("merged"));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_TRUE(fs::exists(dir.file("merged/config.json")));
+    EXPECT_TRUE(fs::exists(dir.file("merged/model.safetensors")));
+    const auto merged = testing::run_cli(dir, "generate --model " + dir.file("merged") + gen);
+    ASSERT_EQ(merged.exit_code, 0) << merged.err;
+    const auto unmerged = testing::run_cli(
+        dir, "generate --model " + dir.file("base") + " --adapter " + run.checkpoint + gen);
+    ASSERT_EQ(unmerged.exit_code, 0) << unmerged.err;
+    EXPECT_NE(unmerged.err.find("LoRA adapter"), std::string::npos) << unmerged.err;
+    const auto base = testing::run_cli(dir, "generate --model " + dir.file("base") + gen);
+    ASSERT_EQ(base.exit_code, 0) << base.err;
+    EXPECT_EQ(merged.out, unmerged.out);
+    EXPECT_NE(base.out, unmerged.out) << "the adapter changed nothing";
+    auto merged_weights = model::SafetensorsReader::open(dir.file("merged/model.safetensors"));
+    ASSERT_TRUE(merged_weights.is_ok());
+    for (const auto& [tensor, init] : g.at("adapters").items()) {
+      if (model::is_lora_tensor(tensor)) continue;
+      const auto n = init.size();
+      const std::vector<std::int64_t> shape = merged_weights->find(tensor)
+                                                  ? merged_weights->find(tensor)->shape
+                                                  : std::vector<std::int64_t>{};
+      std::vector<float> got(n);
+      ASSERT_TRUE(merged_weights->read(tensor, shape, got.data(), DType::kF32).is_ok()) << tensor;
+      EXPECT_EQ(got, saved_adapter(run.checkpoint, tensor, shape)) << tensor;
+    }
+    // bf16 output; merging over the base itself is refused.
+    r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " + run.checkpoint +
+                                  " --output " + dir.file("merged16") + " --dtype bf16");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto cfg = read_json_file(dir.file("merged16/config.json"));
+    ASSERT_TRUE(cfg.is_ok());
+    EXPECT_EQ(cfg->at("torch_dtype"), "bfloat16");
+    r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " + run.checkpoint +
+                                  " --output " + dir.file("base"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("is the base model's directory"), std::string::npos) << r.err;
+  }
 }
 
 TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {
@@ -329,6 +348,20 @@ TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {
   EXPECT_EQ(message({{"method", "qlora"}, {"r", 8}}), "");
   EXPECT_EQ(message({{"method", "lora"}, {"target_modules", "all-linear"}}), "");
   EXPECT_EQ(message({{"method", "full"}}), "");
+  // modules_to_save: names of this model's embedding, head and norms.
+  EXPECT_EQ(message({{"method", "lora"}, {"modules_to_save", {"embed_tokens", "norm"}}}), "");
+  const std::string proj = message({{"method", "lora"}, {"modules_to_save", {"o_proj"}}});
+  EXPECT_NE(proj.find("'finetune.modules_to_save': \"o_proj\" is a projection"), std::string::npos)
+      << proj;
+  EXPECT_NE(message({{"method", "lora"}, {"modules_to_save", {"q_norm"}}}).find("\"q_norm\""),
+            std::string::npos)
+      << "no q_norm outside qwen3";
+  EXPECT_NE(message({{"method", "lora"}, {"modules_to_save", "embed_tokens"}})
+                .find("finetune.modules_to_save"),
+            std::string::npos);
+  EXPECT_NE(
+      message({{"method", "full"}, {"modules_to_save", {"norm"}}}).find("finetune.modules_to_save"),
+      std::string::npos);
 }
 
 TEST(LoraAdapterTest, AnAdapterTrainedWithOtherSettingsIsRefused) {
@@ -343,12 +376,17 @@ TEST(LoraAdapterTest, AnAdapterTrainedWithOtherSettingsIsRefused) {
                                     {{"method", "lora"},
                                      {"r", 4},
                                      {"target_modules", {"q_proj", "v_proj"}},
+                                     {"modules_to_save", {"lm_head"}},
                                      {"adapter", dir.file("adapter")}}}},
                               "cfg");
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   auto t = Trainer::create(*c, TrainOptions{});
   ASSERT_FALSE(t.is_ok());
   EXPECT_NE(t.status().message().find("finetune.r is 4, the adapter's r is 2"), std::string::npos)
+      << t.status().message();
+  EXPECT_NE(
+      t.status().message().find("finetune.modules_to_save is [\"lm_head\"], the adapter's is []"),
+      std::string::npos)
       << t.status().message();
 }
 
@@ -385,7 +423,48 @@ const Json kFull = {{"finetune",
                       {"dropout", nullptr},
                       {"target_modules", nullptr},
                       {"use_rslora", nullptr},
+                      {"modules_to_save", nullptr},
                       {"adapter", nullptr}}}};
+
+// ---- modules_to_save ----
+
+// Fresh adapters (B = 0) leave the model its base, so the modules saved whole get full
+// fine-tuning's gradients: after one step they hold full fine-tuning's values to the bit,
+// wherever the base lives. They start from the base checkpoint's values, not the seed's.
+TEST(LoraModulesTest, SavedModulesTakeFullFineTuningsFirstStepToTheBit) {
+  const Json g = golden("llama3-qv-save");
+  ASSERT_EQ(g.at("lora").at("lora_dropout").get<double>(), 0.0);
+  TempDir full_dir;
+  const LoraRun full = train(g, full_dir, kFull, 1);
+  auto full_model = model::SafetensorsReader::open(full.checkpoint + "/model/model.safetensors");
+  ASSERT_TRUE(full_model.is_ok()) << full_model.status().to_string();
+  auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
+  ASSERT_TRUE(config.is_ok());
+  const model::ParamLayout layout = model::ParamLayout::build(*config, peft_lora(g.at("lora")));
+  for (const char* tier : {"none", "cpu", "nvme"}) {
+    SCOPED_TRACE(tier);
+    TempDir dir;
+    const LoraRun run = train(g, dir,
+                              {{"offload_param", tier},
+                               {"offload_optimizer", "cpu"},
+                               {"finetune", {{"adapter", nullptr}}}},
+                              1);
+    ASSERT_EQ(run.history.size(), 1u);
+    EXPECT_EQ(run.history[0].loss, full.history[0].loss) << "the same model, the same loss";
+    int modules = 0;
+    for (const auto& [name, init] : g.at("adapters").items()) {
+      if (model::is_lora_tensor(name)) continue;
+      ++modules;
+      const auto& shape = layout.find(name)->tensor->shape;
+      const std::vector<float> got = saved_adapter(run.checkpoint, name, shape);
+      std::vector<float> want(got.size());
+      ASSERT_TRUE(full_model->read(name, shape, want.data(), DType::kF32).is_ok()) << name;
+      EXPECT_EQ(got, want) << name;
+      EXPECT_NE(got, init.get<std::vector<float>>()) << name << " trained";
+    }
+    EXPECT_EQ(modules, 4) << "embed_tokens, model.norm and two input_layernorm";
+  }
+}
 
 // A QLoRA run computes with its base's NF4 weights decoded: it is a LoRA run on the decoded base,
 // to the bit, in bf16 and fp32, whichever tier the quantized base lives in.
@@ -514,6 +593,14 @@ TEST(QloraTest, ASecondRunReadsTheQuantizedBaseFromItsCache) {
   same_losses(fourth);
   const LoraRun fifth = train(g, dir, changes);
   EXPECT_NE(fifth.described.find("2 groups read from"), std::string::npos) << fifth.described;
+  // Norms that train whole leave the base's groups, laid out otherwise: quantized anew.
+  Json saving = changes;
+  saving["finetune"]["modules_to_save"] = {"post_attention_layernorm"};
+  saving["finetune"]["adapter"] = nullptr;
+  const LoraRun sixth = train(g, dir, saving);
+  EXPECT_NE(sixth.described.find("2 groups quantized"), std::string::npos) << sixth.described;
+  const LoraRun seventh = train(g, dir, saving);
+  EXPECT_NE(seventh.described.find("2 groups read from"), std::string::npos) << seventh.described;
 
   // Only QLoRA has a quantized base to keep.
   auto c =

@@ -231,16 +231,22 @@ TEST(ZeroLossMask, SameLossesWeightsAndEvalLossOnEveryRankCount) {
   }
 }
 
-// LoRA and QLoRA over ranks: the adapters are sharded like any trainable group (ZeRO-3 here),
-// the frozen base is read by every rank (QLoRA's NF4 groups whole on each); 2 and 4 ranks train
-// the losses and adapters of one rank.
+// LoRA and QLoRA over ranks: the adapters and the modules saved whole beside them are sharded
+// like any trainable group (ZeRO-3 here), the frozen base is read by every rank (QLoRA's NF4
+// groups whole on each); 2 and 4 ranks train the losses and adapters of one rank.
 TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
-  for (const char* method : {"lora", "qlora"}) {
+  for (const auto& [method, saved] :
+       {std::pair{"lora", Json{"lm_head", "post_attention_layernorm"}},
+        std::pair{"qlora", Json{"embed_tokens", "norm", "input_layernorm"}}}) {
     SCOPED_TRACE(method);
     TempDir dir;
     Json j = config(dir, "a1");
-    j["finetune"] = {{"method", method}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+    j["finetune"] = {{"method", method},
+                     {"r", 4},
+                     {"alpha", 8},
+                     {"target_modules", "all-linear"},
+                     {"modules_to_save", saved}};
     j["offload_param"] = "cpu";
     j["offload_optimizer"] = "cpu";
     j["zero_stage"] = 3;

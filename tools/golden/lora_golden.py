@@ -14,8 +14,9 @@ splitmix64_at(seed ^ DROPOUT_SALT, (step * accumulation + micro) * world + rank)
 micro-batch on one rank). Cases with dropout repeat one window's tokens, so the trainer's batch
 equals the reference's whatever order its sampler draws the windows in.
 
-For each case: the base weights and adapters (B drawn non-zero, so every gradient is), the loss
-and every adapter gradient of one forward/backward, and the losses and adapters after `STEPS`
+For each case: the base weights and adapters (B drawn non-zero, so every gradient is), with the
+modules of PEFT's modules_to_save training whole beside them (their gradients and trained values
+listed with the adapters'), the loss and every adapter gradient of one forward/backward, and the losses and adapters after `STEPS`
 full-batch AdamW steps on the adapters alone; each with the error the same computation makes in
 float32.
 
@@ -48,6 +49,17 @@ CASES = {
     "mistral-mlp-dropout": ("mistral", dict(r=3, alpha=6.0, dropout=0.1,
                                             targets=["gate_proj", "up_proj", "down_proj"],
                                             rslora=False)),
+    # modules_to_save: the embedding, model.norm (lm_head frozen) and every input_layernorm.
+    "llama3-qv-save": ("llama3", dict(r=2, alpha=16.0, dropout=0.0, targets=["q_proj", "v_proj"],
+                                      rslora=False,
+                                      save=["embed_tokens", "norm", "input_layernorm"])),
+    # lm_head (model.norm frozen), every q_norm, one block's post_attention_layernorm.
+    "qwen3-all-save": ("qwen3", dict(r=4, alpha=8.0, dropout=0.1, targets=TARGETS, rslora=False,
+                                     save=["lm_head", "q_norm",
+                                           "layers.1.post_attention_layernorm"])),
+    # A tied embedding: its gradient gathers the lookup's part and the head's.
+    "qwen2-embed-save": ("qwen2", dict(r=2, alpha=4.0, dropout=0.0, targets=["q_proj", "v_proj"],
+                                       rslora=False, save=["embed_tokens"])),
 }
 STEPS = 3
 SEED = 1234  # the trainer's seed in lora_train_test.cpp
@@ -125,6 +137,14 @@ def make_adapters(c, spec, gen):
     return out
 
 
+def saved(spec, name):
+    """PEFT's modules_to_save as Strata reads it: a module whose path is the entry or ends with
+    "." + the entry trains whole beside the adapters."""
+    path = name[:-len(".weight")] if name.endswith(".weight") else None
+    return path is not None and any(path == e or path.endswith("." + e)
+                                    for e in spec.get("save", []))
+
+
 def run(base32, adapters32, c, ids, targets, dtype, key):
     base = {k: v.to(dtype) for k, v in base32.items()}
     ad = {k: v.to(dtype).clone().requires_grad_(True) for k, v in adapters32.items()}
@@ -157,8 +177,12 @@ def main():
         c = fg.CASES[family]
         LORA = Lora(spec)
         gen = torch.Generator().manual_seed(20261203 + n)
-        base = fg.make_weights(c, gen)
+        weights = fg.make_weights(c, gen)
         adapters = make_adapters(c, spec, gen)
+        # Modules saved whole train beside the adapters, from the base's values.
+        base = {k: v for k, v in weights.items() if not saved(spec, k)}
+        adapters.update({k: v for k, v in weights.items() if saved(spec, k)})
+        assert len(base) < len(weights) or not spec.get("save"), "modules_to_save matched nothing"
         if spec["dropout"] > 0:
             # Every window the same tokens: masks depend on a sequence's row in the batch, and
             # the trainer's sampler orders the windows its own way, so with identical windows
@@ -178,14 +202,17 @@ def main():
                          "same computation in float32)" % torch.__version__,
             "config": c,
             "lora": {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": spec["dropout"],
-                     "target_modules": spec["targets"], "use_rslora": spec["rslora"]},
+                     "target_modules": spec["targets"], "use_rslora": spec["rslora"],
+                     "modules_to_save": spec.get("save")},
             "dropout_key": str(DROPOUT_KEY),
             "seed": SEED,
             "seq": fg.SEQ,
             "windows": fg.WINDOWS,
             "tokens": tokens.tolist(),
             "adamw": dict(ADAMW, betas=list(ADAMW["betas"])),
-            "weights": {k: fg.fmt(v, 9) for k, v in base.items()},
+            # Every base weight (a saved module's initial value too); the adapters and the
+            # saved modules, which train.
+            "weights": {k: fg.fmt(v, 9) for k, v in weights.items()},
             "adapters": {k: fg.fmt(v, 9) for k, v in adapters.items()},
             "loss": loss,
             "grads": {k: fg.fmt(v, 10) for k, v in grads.items()},

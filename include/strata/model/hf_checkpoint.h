@@ -2,6 +2,7 @@
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +50,11 @@ using GroupSource = std::function<Status(const ParamGroup& group, float* dst)>;
 // large frozen group a piece at a time.
 using GroupRangeSource = std::function<Status(const ParamGroup& group, std::int64_t begin,
                                               std::int64_t count, float* dst)>;
+// A group's values from two sources: the tensors `pick` selects from `picked`, the others from
+// `others`. Each source is handed the group with only its own tensors (the same id, size and
+// offsets) and fills those and zeroes the rest, as every GroupSource does.
+GroupSource split_source(std::function<bool(const TensorSpec&)> pick, GroupSource picked,
+                         GroupSource others);
 Status write_hf_checkpoint(const std::string& dir, const LlamaConfig& config,
                            const ParamLayout& layout, DType dtype, const GroupSource& read_group);
 

@@ -35,14 +35,34 @@ struct LoraConfig {
   double dropout = 0;  // probability of zeroing an input element of an adapter (training only)
   std::array<bool, kNumLoraTargets> targets{true, true, true, true, true, true, true};
   bool use_rslora = false;
+  // PEFT's modules_to_save: modules outside the adapters that train in full beside them and are
+  // saved whole with the adapters. Strata trains the embedding, the head and the norms this way.
+  // An entry names every such module whose path (model.embed_tokens, lm_head, model.norm,
+  // model.layers.N.input_layernorm, model.layers.N.post_attention_layernorm,
+  // model.layers.N.self_attn.q_norm / k_norm) is the entry or ends with "." + the entry:
+  // "norm" is model.norm alone, "input_layernorm" every block's, "layers.0.input_layernorm" one.
+  std::vector<std::string> modules_to_save;
 
   bool targets_any() const;
+  // Whether the module at `path` (a tensor's name less ".weight") is one of modules_to_save.
+  bool saves(std::string_view path) const;
   bool has(LoraTarget t) const { return targets[static_cast<std::size_t>(t)]; }
   // The adapter's output scale, as PEFT forms it in double; the model multiplies in f32.
   double scaling() const;
   // target_modules, in the block's order.
   std::vector<std::string> target_names() const;
 };
+
+// Whether `name` is an adapter's tensor (....lora_A.weight or ....lora_B.weight).
+bool is_lora_tensor(std::string_view name);
+
+// The paths of the modules of `config` that modules_to_save can name, in the model's order.
+std::vector<std::string> saveable_modules(const LlamaConfig& config);
+// Every problem with lora.modules_to_save for `config`, each naming the entry and what was
+// expected: an entry that names no saveable module (a projection, to adapt with target_modules;
+// lm_head under tie_word_embeddings, which is embed_tokens; an unknown name).
+std::vector<std::string> modules_to_save_problems(const LlamaConfig& config,
+                                                  const LoraConfig& lora);
 
 // The dropout mask key (device::Ops::dropout) of adapter `target` of layer `layer` in a micro-batch
 // whose key is `key`.

@@ -70,6 +70,12 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // model.layers.i.<module>.lora_A.weight [r, in] then .lora_B.weight [out, r]. The base's group
 // ids do not change, so a base drawn from a seed is the same with or without adapters. With
 // `nf4_base` (QLoRA, adapters required) every block's projection weights are kNf4.
+//
+// Modules that train whole beside the adapters (LoraConfig::modules_to_save): the embed group,
+// or the head group, trains when all its tensors do; a block's norms move out of its frozen group
+// to the end of its adapter group, in the block's order; model.norm moves to a group of its own,
+// 2L+2 = "head.norm", when it trains and lm_head does not, or the other way round. Only norms
+// move (they start at one, drawing nothing), so a base from a seed stays the same.
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config,

@@ -21,9 +21,9 @@ inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 // The name PEFT saves an adapter tensor under.
 std::string peft_tensor_name(const std::string& hf_name);
 
-// PEFT's LoRA keys (r, lora_alpha, lora_dropout, target_modules, use_rslora; DoRA, fan_in_fan_out,
-// biases and per-module ranks refused) of an adapter_config.json object; `where` names it in
-// errors, which are all reported at once.
+// PEFT's LoRA keys (r, lora_alpha, lora_dropout, target_modules, use_rslora, modules_to_save;
+// DoRA, fan_in_fan_out, biases and per-module ranks refused) of an adapter_config.json object;
+// `where` names it in errors, which are all reported at once.
 Result<LoraConfig> lora_config_from_peft(const Json& json, const std::string& where);
 
 class PeftAdapterReader {
@@ -32,10 +32,13 @@ class PeftAdapterReader {
   // use_rslora) and indexes adapter_model.safetensors; errors name the file and key.
   static Result<PeftAdapterReader> open(const std::string& dir);
   const LoraConfig& config() const { return config_; }
-  // Every adapter tensor of the layout is present with its shape, and no other: all problems
-  // at once.
+  // Every tensor of the layout's trainable groups (the adapters and the modules_to_save) is
+  // present with its shape, and no other: all problems at once.
   Status validate(const ParamLayout& layout) const;
-  // An adapter group's flat f32 values (padding zeroed).
+  // Whether the adapter holds the tensor of that Hugging Face name (an adapter's, or a module
+  // saved whole).
+  bool holds(const std::string& hf_name) const;
+  // A group's flat f32 values (padding zeroed): every tensor of it from the adapter.
   Status read_group(const ParamGroup& group, float* dst) const;
 
  private:
@@ -45,7 +48,8 @@ class PeftAdapterReader {
 };
 
 // Writes `dir` (created if needed): adapter_config.json and adapter_model.safetensors (f32) with
-// the layout's adapter groups, each supplied by `read_group`; `base_model` names the base for
+// the layout's trainable groups (the adapters and the modules_to_save, which PEFT saves under the
+// module's own name), each supplied by `read_group`; `base_model` names the base for
 // PEFT (base_model_name_or_path). Files are written atomically, weights first.
 Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const ParamLayout& layout,
                           const std::string& base_model, const GroupSource& read_group);

@@ -10,6 +10,7 @@
 
 #include "strata/core/json.h"
 #include "strata/model/llama.h"
+#include "tests/testing/test_name.h"
 #include "tests/unit/model/llama_test_util.h"
 
 namespace strata::model {
@@ -186,11 +187,8 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
                                                               "qwen2-window", "qwen3", "mistral"),
                                             ::testing::Bool()),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param);
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n + (std::get<1>(info.param) ? "Checkpointed" : "Stored");
+                           return strata::testing::test_name(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "Checkpointed" : "Stored");
                          });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "strata/model/llama.h"
 #include "strata/model/lora.h"
 #include "strata/model/peft_adapter.h"
+#include "tests/testing/test_name.h"
 #include "tests/unit/model/llama_test_util.h"
 
 namespace strata::model {
@@ -47,19 +48,21 @@ TEST_P(LoraGoldenTest, F32LossAndAdapterGradientsMatchPyTorch) {
   ASSERT_TRUE(layout.has_adapters());
   auto device = make_device();
   TestProvider provider(layout, *device, DType::kF32);
+  // The golden's "adapters" are what trains: the adapters and the modules saved whole. A group
+  // trains exactly when it holds them.
+  const Json& trained = g.at("adapters");
   std::size_t adapter_tensors = 0;
   for (const auto& group : layout.groups()) {
-    EXPECT_EQ(group.frozen, layout.group(group.id).name.find(".lora") == std::string::npos)
-        << group.name;
     for (const auto& t : group.tensors) {
-      const Json& w = group.frozen ? g.at("weights").at(t.name) : g.at("adapters").at(t.name);
+      EXPECT_EQ(group.frozen, !trained.contains(t.name)) << group.name << ": " << t.name;
+      const Json& w = trained.contains(t.name) ? trained.at(t.name) : g.at("weights").at(t.name);
       ASSERT_EQ(static_cast<std::int64_t>(w.size()), t.num_elems) << t.name;
       float* p = provider.param(t.name);
       for (std::int64_t i = 0; i < t.num_elems; ++i) p[i] = w[i].get<float>();
       adapter_tensors += group.frozen ? 0 : 1;
     }
   }
-  EXPECT_EQ(adapter_tensors, g.at("adapters").size()) << "every adapter of the golden, no other";
+  EXPECT_EQ(adapter_tensors, trained.size()) << "every adapter of the golden, no other";
 
   std::vector<std::int32_t> inputs, targets;
   const auto tokens = g.at("tokens").get<std::vector<std::int32_t>>();
@@ -104,19 +107,17 @@ TEST_P(LoraGoldenTest, F32LossAndAdapterGradientsMatchPyTorch) {
   EXPECT_FALSE(provider.any_held());
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, LoraGoldenTest,
-                         ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout",
-                                                              "llama3-qv", "qwen2-all-dropout",
-                                                              "qwen3-all-rslora",
-                                                              "mistral-mlp-dropout"),
-                                            ::testing::Bool()),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param);
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n + (std::get<1>(info.param) ? "Checkpointed" : "Stored");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LoraGoldenTest,
+    ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout", "llama3-qv",
+                                         "qwen2-all-dropout", "qwen3-all-rslora",
+                                         "mistral-mlp-dropout", "llama3-qv-save", "qwen3-all-save",
+                                         "qwen2-embed-save"),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return strata::testing::test_name(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "Checkpointed" : "Stored");
+    });
 
 // Adapters initialize as PEFT's do: A ~ U(-1/sqrt(in), 1/sqrt(in)), B zero; the base drawn from
 // a seed is the same with or without adapters.
@@ -165,6 +166,84 @@ TEST(LoraLayoutTest, AdaptersInitializeAsPeftAndLeaveTheBaseUnchanged) {
     const double var = sq / n - (sum / n) * (sum / n);
     EXPECT_NEAR(var, bound * bound / 3, 6 * bound * bound * std::sqrt(4.0 / 45.0 / n)) << t.name;
   }
+}
+
+// modules_to_save: the embedding or the head group trains when all of it does; trained norms
+// move to their block's adapter group, or model.norm to a group of its own beside a frozen
+// lm_head; the base drawn from a seed stays the same.
+TEST(LoraLayoutTest, ModulesToSaveTrainWholeAndLeaveTheBaseUnchanged) {
+  const LlamaConfig c = testing::tiny_config(false);
+  ASSERT_FALSE(c.tie_word_embeddings);
+  LoraConfig lora;
+  lora.r = 4;
+  lora.modules_to_save = {"embed_tokens", "norm", "layers.1.post_attention_layernorm"};
+  EXPECT_TRUE(modules_to_save_problems(c, lora).empty());
+  const ParamLayout plain = ParamLayout::build(c);
+  const ParamLayout adapted = ParamLayout::build(c, lora);
+  const int L = static_cast<int>(c.num_hidden_layers);
+  ASSERT_EQ(adapted.num_groups(), plain.num_groups() + L + 1);
+  EXPECT_FALSE(adapted.group(adapted.embed_group()).frozen);
+  EXPECT_TRUE(adapted.group(adapted.head_group()).frozen);
+  const ParamGroup& norm = adapted.group(2 * L + 2);
+  EXPECT_EQ(norm.name, "head.norm");
+  EXPECT_FALSE(norm.frozen);
+  ASSERT_EQ(norm.tensors.size(), 1u);
+  EXPECT_EQ(norm.tensors[0].name, "model.norm.weight");
+  const auto moved = adapted.find("model.layers.1.post_attention_layernorm.weight");
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_EQ(moved->group, adapted.adapter_group(1));
+  EXPECT_EQ(adapted.group(adapted.adapter_group(1)).tensors.back().name, moved->tensor->name);
+  EXPECT_EQ(adapted.find("model.layers.0.post_attention_layernorm.weight")->group,
+            adapted.layer_group(0));
+  LoraConfig adapters_only = lora;
+  adapters_only.modules_to_save.clear();
+  EXPECT_EQ(adapted.num_parameters(), ParamLayout::build(c, adapters_only).num_parameters());
+  // Every base tensor, wherever it lives, draws the values it draws without adapters.
+  for (const auto& pg : plain.groups()) {
+    std::vector<float> want(static_cast<std::size_t>(pg.num_elems));
+    init_group(c, pg, 7, want.data());
+    for (const auto& t : pg.tensors) {
+      const auto loc = adapted.find(t.name);
+      ASSERT_TRUE(loc.has_value()) << t.name;
+      const ParamGroup& ag = adapted.group(loc->group);
+      std::vector<float> got(static_cast<std::size_t>(ag.num_elems));
+      init_group(c, ag, 7, got.data());
+      for (std::int64_t i = 0; i < t.num_elems; ++i) {
+        ASSERT_EQ(got[static_cast<std::size_t>(loc->tensor->offset_elems + i)],
+                  want[static_cast<std::size_t>(t.offset_elems + i)])
+            << t.name << "[" << i << "]";
+      }
+    }
+  }
+  // lm_head trains, model.norm does not: the norm moves to a frozen group.
+  lora.modules_to_save = {"lm_head"};
+  const ParamLayout head = ParamLayout::build(c, lora);
+  EXPECT_FALSE(head.group(head.head_group()).frozen);
+  EXPECT_EQ(head.group(head.head_group()).tensors.at(0).name, "lm_head.weight");
+  EXPECT_TRUE(head.group(2 * L + 2).frozen);
+  // Both: the head group trains whole, nothing moves.
+  lora.modules_to_save = {"lm_head", "norm"};
+  const ParamLayout both = ParamLayout::build(c, lora);
+  EXPECT_EQ(both.num_groups(), plain.num_groups() + L);
+  EXPECT_FALSE(both.group(both.head_group()).frozen);
+}
+
+TEST(LoraLayoutTest, ModulesToSaveThatNameNoModuleAreRefused) {
+  LlamaConfig c = testing::tiny_config(false);
+  LoraConfig lora;
+  lora.modules_to_save = {"q_proj", "layernorm", "norm", "model.layers.9.input_layernorm"};
+  const auto problems = modules_to_save_problems(c, lora);
+  ASSERT_EQ(problems.size(), 3u);
+  EXPECT_NE(problems[0].find("\"q_proj\" is a projection: adapt it with target_modules"),
+            std::string::npos)
+      << problems[0];
+  EXPECT_NE(problems[1].find("\"layernorm\" names no module"), std::string::npos) << problems[1];
+  EXPECT_NE(problems[2].find("layers.9"), std::string::npos) << problems[2];
+  c.tie_word_embeddings = true;
+  lora.modules_to_save = {"lm_head"};
+  const auto tied = modules_to_save_problems(c, lora);
+  ASSERT_EQ(tied.size(), 1u);
+  EXPECT_NE(tied[0].find("name \"embed_tokens\""), std::string::npos) << tied[0];
 }
 
 // Decoding logits of `layout` with `provider`'s parameters after `prompt`.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "strata/core/json.h"
+#include "tests/testing/test_name.h"
 
 namespace strata::text {
 namespace {
@@ -68,13 +69,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_pair("llama3", "llama3"), std::make_pair("llama3.1", "llama3.1"),
                       std::make_pair("chatml", "chatml"), std::make_pair("chatml-qwen2", "chatml"),
                       std::make_pair("llama2", "llama2"), std::make_pair("mistral", "mistral")),
-    [](const auto& info) {
-      std::string n = info.param.first;
-      for (char& c : n) {
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      }
-      return n;
-    });
+    [](const auto& info) { return strata::testing::test_name(info.param.first); });
 
 TEST(ChatTemplateTest, ToolRolesAndLaterMistralTemplatesAreRefused) {
   auto golden = read_json_file(kDir + "/chatml.json");

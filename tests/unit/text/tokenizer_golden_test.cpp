@@ -8,6 +8,7 @@
 
 #include "strata/core/json.h"
 #include "strata/text/tokenizer.h"
+#include "tests/testing/test_name.h"
 
 namespace strata::text {
 namespace {
@@ -68,13 +69,7 @@ std::vector<std::string> golden_dirs() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, GoldenTest, ::testing::ValuesIn(golden_dirs()),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& c : name) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return name;
-                         });
+                         [](const auto& info) { return strata::testing::test_name(info.param); });
 
 TEST(GoldenDataTest, EveryTokenizerFamilyHasGoldenIds) {
   const auto dirs = golden_dirs();
