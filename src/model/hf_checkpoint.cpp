@@ -118,15 +118,15 @@ Status HfCheckpointReader::validate(const ParamLayout& layout) const {
       auto it = tensor_file_.find(t.name);
       if (it == tensor_file_.end()) {
         errors.push_back("missing tensor '" + t.name + "' (expected shape " +
-                         shape_string(t.shape) + ")");
+                         shape_string(t.full_shape()) + ")");
         continue;
       }
       const SafetensorsReader& file = *files_[it->second];
       const SafetensorsEntry* e = file.find(t.name);
       STRATA_CHECK(e != nullptr, "tensor indexed but absent from its file", t.name, file.path());
-      if (e->shape != t.shape) {
+      if (e->shape != t.full_shape()) {
         errors.push_back("tensor '" + t.name + "' in " + file.path() + " has shape " +
-                         shape_string(e->shape) + ", expected " + shape_string(t.shape));
+                         shape_string(e->shape) + ", expected " + shape_string(t.full_shape()));
       }
       if (e->dtype != DType::kF32 && e->dtype != DType::kBF16 && e->dtype != DType::kF16) {
         errors.push_back("tensor '" + t.name + "' in " + file.path() + " has dtype " +
@@ -166,8 +166,16 @@ Status HfCheckpointReader::read_group_range(const ParamGroup& group, std::int64_
       return not_found("checkpoint " + dir_ + " has no tensor '" + t.name + "' (group " +
                        group.name + ")");
     }
-    STRATA_RETURN_IF_ERROR(files_[it->second]->read_range(
-        t.name, t.shape, a, b - a, dst + (t.offset_elems + a - begin), DType::kF32));
+    // A tensor-parallel slice reads its rows, or each row's columns, from the whole tensor.
+    const std::vector<std::int64_t> full = t.full_shape();
+    Status s;
+    t.for_each_run(a, b - a, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+      if (s.is_ok()) {
+        s = files_[it->second]->read_range(t.name, full, full_first, n,
+                                           dst + (t.offset_elems + first - begin), DType::kF32);
+      }
+    });
+    STRATA_RETURN_IF_ERROR(s);
   }
   return Status::ok();
 }

@@ -14,10 +14,19 @@
 namespace strata::model {
 namespace {
 
-void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, TensorInit init) {
+// Adds a tensor of the full shape `shape`, of which the group holds `slice`.
+void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape, TensorInit init,
+                TensorSlice slice = {}) {
   TensorSpec t;
   t.name = std::move(name);
   t.shape = std::move(shape);
+  t.slice = slice;
+  if (slice.parts > 1) {
+    const auto d = static_cast<std::size_t>(slice.dim);
+    STRATA_CHECK(d < t.shape.size() && t.shape[d] % slice.parts == 0,
+                 "a slice that does not divide", t.name, slice.dim, slice.parts);
+    t.shape[d] /= slice.parts;
+  }
   t.num_elems = 1;
   for (auto d : t.shape) t.num_elems *= d;
   t.offset_elems = g.num_elems;
@@ -28,6 +37,33 @@ void add_tensor(ParamGroup& g, std::string name, std::vector<std::int64_t> shape
 }
 
 }  // namespace
+
+std::vector<std::int64_t> TensorSpec::full_shape() const {
+  std::vector<std::int64_t> full = shape;
+  if (slice.parts > 1) full[static_cast<std::size_t>(slice.dim)] *= slice.parts;
+  return full;
+}
+
+std::int64_t TensorSpec::full_elems() const { return num_elems * slice.parts; }
+
+std::vector<std::string> tensor_parallel_problems(const LlamaConfig& c, int size) {
+  std::vector<std::string> problems;
+  if (size < 1) return {"tensor_parallel_size " + std::to_string(size) + " must be at least 1"};
+  const std::string t = "tensor_parallel_size " + std::to_string(size);
+  const auto must_divide = [&](std::int64_t n, const char* what) {
+    if (n % size != 0) {
+      problems.push_back(t + " must divide " + what + " (" + std::to_string(n) + ")");
+    }
+  };
+  must_divide(c.num_attention_heads, "num_attention_heads");
+  if (c.num_key_value_heads % size != 0 && size % c.num_key_value_heads != 0) {
+    problems.push_back(t + " must divide num_key_value_heads (" +
+                       std::to_string(c.num_key_value_heads) + ") or be a multiple of it");
+  }
+  must_divide(c.intermediate_size, "intermediate_size");
+  must_divide(c.vocab_size, "vocab_size");
+  return problems;
+}
 
 bool ParamGroup::quantized() const {
   return std::any_of(tensors.begin(), tensors.end(),
@@ -71,8 +107,16 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 }
 
 ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora,
-                               bool nf4_base) {
+                               bool nf4_base, TensorParallel tp) {
   STRATA_CHECK(!nf4_base || lora.has_value(), "an NF4 base needs adapters (QLoRA)");
+  STRATA_CHECK(tp.size == 1 || !lora.has_value(), "adapters with tensor parallelism", tp.size);
+  STRATA_CHECK(tp.rank >= 0 && tp.rank < tp.size && tensor_parallel_problems(c, tp.size).empty(),
+               "a tensor-parallel split the config does not allow", tp.size, tp.rank);
+  // Column-parallel (rows) and row-parallel (columns) slices of this rank; k and v split by kv
+  // heads, or whole on size / kv_heads ranks each.
+  const TensorSlice rows{0, tp.size, tp.rank}, cols{1, tp.size, tp.rank};
+  const int kv_parts = static_cast<int>(std::min<std::int64_t>(tp.size, c.num_key_value_heads));
+  const TensorSlice kv_rows{0, kv_parts, tp.rank / (tp.size / kv_parts)};
   ParamLayout layout;
   constexpr auto kNormal = TensorInit::kNormal, kOnes = TensorInit::kOnes;
   const std::int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();
@@ -86,7 +130,7 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
 
   ParamGroup embed;
   embed.name = "embed";
-  add_tensor(embed, "model.embed_tokens.weight", {c.vocab_size, h}, kNormal);
+  add_tensor(embed, "model.embed_tokens.weight", {c.vocab_size, h}, kNormal, rows);
   layout.groups_.push_back(std::move(embed));
 
   // Each block's norms that train beside its adapters, moved to its adapter group.
@@ -95,31 +139,41 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
     ParamGroup g;
     g.name = "layers." + std::to_string(l);
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in, bool bias) {
-      add_tensor(g, p + name + ".weight", {out, in}, kNormal);
-      if (bias) add_tensor(g, p + name + ".bias", {out}, TensorInit::kZeros);
+    // A projection whose weight holds `slice`: rows (its bias sliced alike) or columns (its
+    // bias whole, added once after the partial products are summed).
+    auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in, bool bias,
+                      TensorSlice slice) {
+      add_tensor(g, p + name + ".weight", {out, in}, kNormal, slice);
+      if (bias) {
+        add_tensor(g, p + name + ".bias", {out}, TensorInit::kZeros,
+                   slice.dim == 0 ? slice : TensorSlice{});
+      }
       if (nf4_base) g.tensors[g.tensors.size() - (bias ? 2 : 1)].format = TensorFormat::kNf4;
     };
     auto norm = [&](const std::string& name, std::int64_t n) {
       if (saved(p + name)) {
-        moved[static_cast<std::size_t>(l)].push_back({p + name, {n}, 0, n, kOnes});
+        TensorSpec t;
+        t.name = p + name;
+        t.shape = {n};
+        t.init = kOnes;
+        moved[static_cast<std::size_t>(l)].push_back(std::move(t));
       } else {
         add_tensor(g, p + name, {n}, kOnes);
       }
     };
     norm("input_layernorm.weight", h);
-    linear("self_attn.q_proj", q, h, c.qkv_bias);
-    linear("self_attn.k_proj", kv, h, c.qkv_bias);
-    linear("self_attn.v_proj", kv, h, c.qkv_bias);
-    linear("self_attn.o_proj", h, q, c.o_bias);
+    linear("self_attn.q_proj", q, h, c.qkv_bias, rows);
+    linear("self_attn.k_proj", kv, h, c.qkv_bias, kv_rows);
+    linear("self_attn.v_proj", kv, h, c.qkv_bias, kv_rows);
+    linear("self_attn.o_proj", h, q, c.o_bias, cols);
     if (c.qk_norm) {
       norm("self_attn.q_norm.weight", c.head_dim());
       norm("self_attn.k_norm.weight", c.head_dim());
     }
     norm("post_attention_layernorm.weight", h);
-    linear("mlp.gate_proj", ffn, h, c.mlp_bias);
-    linear("mlp.up_proj", ffn, h, c.mlp_bias);
-    linear("mlp.down_proj", h, ffn, c.mlp_bias);
+    linear("mlp.gate_proj", ffn, h, c.mlp_bias, rows);
+    linear("mlp.up_proj", ffn, h, c.mlp_bias, rows);
+    linear("mlp.down_proj", h, ffn, c.mlp_bias, cols);
     layout.groups_.push_back(std::move(g));
   }
 
@@ -130,7 +184,9 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
   ParamGroup head;
   head.name = "head";
   if (!split_head) add_tensor(head, "model.norm.weight", {h}, kOnes);
-  if (!c.tie_word_embeddings) add_tensor(head, "lm_head.weight", {c.vocab_size, h}, kNormal);
+  if (!c.tie_word_embeddings) {
+    add_tensor(head, "lm_head.weight", {c.vocab_size, h}, kNormal, rows);
+  }
   layout.groups_.push_back(std::move(head));
 
   layout.num_layers_ = static_cast<int>(c.num_hidden_layers);
@@ -232,8 +288,11 @@ void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::u
     if (t.init == TensorInit::kOnes) {
       std::fill(p, p + (b - a), 1.0f);
     } else if (t.init == TensorInit::kNormal) {
-      if (b > a) pieces.push_back(Piece{total + a, b - a, p});
-      total += t.num_elems;
+      // A slice draws the whole tensor's numbers at its elements' places in the whole tensor.
+      t.for_each_run(a, b - a, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+        pieces.push_back(Piece{total + full_first, n, out + (t.offset_elems + first - begin)});
+      });
+      total += t.full_elems();
     }
     uniform = uniform || t.init == TensorInit::kUniformFanIn;
   }
@@ -259,7 +318,12 @@ void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::u
     const std::int64_t last = pieces.back().first + pieces.back().count;
     tbb::parallel_for(first_chunk, (last + kChunk - 1) / kChunk, [&](std::int64_t c) {
       const std::int64_t c0 = c * kChunk, c1 = c0 + kChunk;
-      for (const Piece& piece : pieces) {
+      // Pieces are in stream order and apart (a slice's columns are one piece a row).
+      auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const Piece& piece) {
+        return piece.first + piece.count <= c0;
+      });
+      for (; it != pieces.end() && it->first < c1; ++it) {
+        const Piece& piece = *it;
         const std::int64_t a = std::max(c0, piece.first);
         const std::int64_t b = std::min(c1, piece.first + piece.count);
         if (b <= a) continue;

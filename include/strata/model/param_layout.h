@@ -2,6 +2,7 @@
 // named views, one group per unit of fetching (the embedding, each decoder block, the head).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,14 +32,58 @@ enum class TensorFormat : std::uint8_t {
   kNf4       // NF4 with double quantization (strata/device/nf4.h): QLoRA's frozen projections
 };
 
+// Which part of a full tensor a TensorSpec holds under tensor parallelism: slice `index` of
+// `parts` equal slices along `dim` (0: rows, 1: columns). parts == 1: the whole tensor.
+struct TensorSlice {
+  int dim = 0;
+  int parts = 1;
+  int index = 0;
+};
+
 struct TensorSpec {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
-  std::vector<std::int64_t> shape;
-  std::int64_t offset_elems = 0;  // inside its group (its f32 values, its gradient)
+  std::vector<std::int64_t> shape;  // what this rank holds (the full tensor unless sliced)
+  std::int64_t offset_elems = 0;    // inside its group (its f32 values, its gradient)
   std::int64_t num_elems = 0;
   TensorInit init = TensorInit::kNormal;
   TensorFormat format = TensorFormat::kCompute;
+  TensorSlice slice{};
+
+  // The whole tensor's shape and element count (as in a Hugging Face checkpoint).
+  std::vector<std::int64_t> full_shape() const;
+  std::int64_t full_elems() const;
+  // Elements [begin, begin + count) of this slice as runs contiguous in the whole tensor:
+  // fn(first, full_first, n) for the slice's elements [first, first + n), which are the whole
+  // tensor's [full_first, full_first + n); in order.
+  template <typename Fn>
+  void for_each_run(std::int64_t begin, std::int64_t count, Fn&& fn) const {
+    if (count <= 0) return;
+    if (slice.parts == 1 || slice.dim == 0 || shape.size() < 2) {
+      fn(begin, slice.index * num_elems + begin, count);
+      return;
+    }
+    const std::int64_t cols = shape[1], full_cols = cols * slice.parts;
+    for (std::int64_t e = begin; e < begin + count;) {
+      const std::int64_t row = e / cols, col = e % cols;
+      const std::int64_t n = std::min(cols - col, begin + count - e);
+      fn(e, row * full_cols + slice.index * cols + col, n);
+      e += n;
+    }
+  }
 };
+
+// Tensor parallelism (Megatron-LM's): `size` ranks each hold a slice of every layer's matrices,
+// this one slice `rank`. Column-parallel (rows split): q, k, v, gate and up projections with
+// their biases, the embedding and lm_head (vocabulary-parallel). Row-parallel (columns split):
+// o_proj and down_proj (their biases whole). Norms are whole on every rank. k and v split by
+// kv heads when size divides them; when kv heads divide size, each kv head is whole on
+// size / kv_heads ranks.
+struct TensorParallel {
+  int size = 1;
+  int rank = 0;
+};
+// Every reason `size` ranks cannot split `config` (what `size` must divide), naming the value.
+std::vector<std::string> tensor_parallel_problems(const LlamaConfig& config, int size);
 
 struct ParamGroup {
   int id = 0;
@@ -76,11 +121,14 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // to the end of its adapter group, in the block's order; model.norm moves to a group of its own,
 // 2L+2 = "head.norm", when it trains and lm_head does not, or the other way round. Only norms
 // move (they start at one, drawing nothing), so a base from a seed stays the same.
+//
+// With `tp` (no adapters yet), each tensor is this rank's slice (TensorSpec::slice) and every
+// group holds the slices in the same order; the group ids do not change.
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config,
                            const std::optional<LoraConfig>& lora = std::nullopt,
-                           bool nf4_base = false);
+                           bool nf4_base = false, TensorParallel tp = {});
   // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
   static ParamLayout from_groups(std::vector<ParamGroup> groups);
   // This layout with every group frozen (generation: nothing trains).

@@ -416,3 +416,91 @@ TEST(HfCheckpoint, CorruptWeightFileIsReportedWithItsPath) {
 
 }  // namespace
 }  // namespace strata::model
+
+namespace strata::model {
+namespace {
+
+// Tensor parallelism: each of T ranks holds slices of the whole tensors, Megatron's way. A
+// slice drawn from the seed, or read from a checkpoint, is the whole tensor's part to the bit;
+// the ranks' slices cover every element of a split tensor once (a kv head held whole on T / kv
+// ranks, each of its elements that many times), and whole tensors are whole on every rank.
+TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpoint) {
+  TempDir dir;
+  LlamaConfig config = tiny_config();
+  config.qkv_bias = config.o_bias = config.mlp_bias = config.qk_norm = true;
+  const ParamLayout whole = ParamLayout::build(config);
+  const auto values = make_values(config, whole, 5);
+  ASSERT_TRUE(
+      write_hf_checkpoint(dir.path(), config, whole, DType::kF32, source_of(values)).is_ok());
+  auto reader = HfCheckpointReader::open(dir.path());
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  for (int size : {2, 4}) {
+    SCOPED_TRACE("T = " + std::to_string(size));
+    std::map<std::string, std::vector<int>> covered;  // times each whole element is held
+    for (int rank = 0; rank < size; ++rank) {
+      const ParamLayout part = ParamLayout::build(config, std::nullopt, false, {size, rank});
+      ASSERT_TRUE(reader->validate(part).is_ok()) << reader->validate(part).to_string();
+      ASSERT_EQ(part.num_groups(), whole.num_groups());
+      for (const auto& g : part.groups()) {
+        std::vector<float> seeded(static_cast<std::size_t>(g.num_elems));
+        std::vector<float> read(seeded.size());
+        init_group(config, g, 5, seeded.data());
+        ASSERT_TRUE(reader->read_group(g, read.data()).is_ok());
+        std::vector<float> want_seeded(static_cast<std::size_t>(whole.group(g.id).num_elems));
+        init_group(config, whole.group(g.id), 5, want_seeded.data());
+        for (const auto& t : g.tensors) {
+          const auto w = whole.find(t.name);
+          ASSERT_TRUE(w.has_value()) << t.name;
+          EXPECT_EQ(t.full_shape(), w->tensor->shape) << t.name;
+          auto& times = covered[t.name];
+          times.resize(static_cast<std::size_t>(t.full_elems()));
+          t.for_each_run(
+              0, t.num_elems, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+                for (std::int64_t i = 0; i < n; ++i) {
+                  const auto local = static_cast<std::size_t>(t.offset_elems + first + i);
+                  const auto at =
+                      static_cast<std::size_t>(w->tensor->offset_elems + full_first + i);
+                  ASSERT_EQ(seeded[local], want_seeded[at]) << t.name << "[" << first + i << "]";
+                  ASSERT_EQ(read[local], values[static_cast<std::size_t>(g.id)][at])
+                      << t.name << "[" << first + i << "]";
+                  ++times[static_cast<std::size_t>(full_first + i)];
+                }
+              });
+        }
+      }
+    }
+    for (const auto& [name, times] : covered) {
+      const bool kv =
+          name.find("k_proj") != std::string::npos || name.find("v_proj") != std::string::npos;
+      const bool whole_on_each = name.find("norm") != std::string::npos ||
+                                 name.find("o_proj.bias") != std::string::npos ||
+                                 name.find("down_proj.bias") != std::string::npos;
+      const int want = whole_on_each ? size : kv ? size / 2 : 1;  // 2 kv heads
+      for (std::size_t i = 0; i < times.size(); ++i) {
+        ASSERT_EQ(times[i], want) << name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(TensorParallelLayout, ASplitTheModelDoesNotAllowIsNamed) {
+  LlamaConfig config = tiny_config();
+  config.vocab_size = 30;
+  config.num_attention_heads = 12;
+  config.num_key_value_heads = 3;
+  config.intermediate_size = 20;
+  const auto problems = tensor_parallel_problems(config, 8);
+  ASSERT_EQ(problems.size(), 4u);
+  EXPECT_EQ(problems[0], "tensor_parallel_size 8 must divide num_attention_heads (12)");
+  EXPECT_EQ(problems[1],
+            "tensor_parallel_size 8 must divide num_key_value_heads (3) or be a multiple of it");
+  EXPECT_EQ(problems[2], "tensor_parallel_size 8 must divide intermediate_size (20)");
+  EXPECT_EQ(problems[3], "tensor_parallel_size 8 must divide vocab_size (30)");
+  const auto three = tensor_parallel_problems(config, 3);
+  ASSERT_EQ(three.size(), 1u);
+  EXPECT_EQ(three[0], "tensor_parallel_size 3 must divide intermediate_size (20)");
+  EXPECT_TRUE(tensor_parallel_problems(config, 1).empty());
+}
+
+}  // namespace
+}  // namespace strata::model
