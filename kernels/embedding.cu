@@ -16,7 +16,8 @@ __global__ void gather_rows_kernel(const std::int32_t* __restrict__ ids, std::in
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = idx / row_units, c = idx - r * row_units;
-    out[idx] = table[static_cast<std::int64_t>(ids[r]) * row_units + c];
+    const std::int32_t id = ids[r];  // < 0: a row another tensor-parallel rank holds
+    out[idx] = id < 0 ? U{} : table[static_cast<std::int64_t>(id) * row_units + c];
   }
 }
 
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kSegThreads)
         const int i = i0 + u;
         g[u] = 0.0f;
         t[u] = 0.0f;
-        if (i < count) {
+        if (i < count && s_key[i] >= 0) {  // ids < 0 (rows other ranks hold) sort first
           g[u] = to_float(dout[static_cast<std::int64_t>(s_row[i]) * dim + c]);
           if (s_first[i]) t[u] = to_float(dtable[static_cast<std::int64_t>(s_key[i]) * dim + c]);
         }
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kSegThreads)
 #pragma unroll
       for (int u = 0; u < kSegUnroll; ++u) {
         const int i = i0 + u;
-        if (i < count) {
+        if (i < count && s_key[i] >= 0) {
           if (s_first[i]) acc = t[u];
           acc += g[u];
           if (s_last[i]) dtable[static_cast<std::int64_t>(s_key[i]) * dim + c] = from_float<T>(acc);

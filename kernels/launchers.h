@@ -134,6 +134,14 @@ int bias_grad(const LaunchContext& ctx, const void* dy, void* dbias, std::int64_
 int cross_entropy(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,
                   float* losses, void* dlogits, std::int64_t rows, std::int64_t vocab,
                   float dloss_scale, Elem dtype);
+// The vocabulary-parallel passes (Ops::cross_entropy_stats and cross_entropy_grad).
+int cross_entropy_stats(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,
+                        std::int64_t rows, std::int64_t vocab, std::int64_t vocab_begin,
+                        float* stats, Elem dtype);
+int cross_entropy_grad(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,
+                       std::int64_t rows, std::int64_t vocab, std::int64_t vocab_begin,
+                       const float* row_max, const float* row_sum, void* dlogits,
+                       float dloss_scale, Elem dtype);
 
 // ---- cast.cu (src_dtype != dst_dtype)
 int cast(const LaunchContext& ctx, const void* src, Elem src_dtype, void* dst, Elem dst_dtype,

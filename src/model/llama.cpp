@@ -3,7 +3,9 @@
 #include "strata/model/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,11 @@ struct Workspace {
   void* logits = nullptr;           // [rows, vocab], overwritten by dlogits in training
   float* losses = nullptr;          // [rows]
   void* nf4_weight = nullptr;       // [max_weight] with an NF4 base: one decoded weight
+  // Tensor parallelism: each rank's cross-entropy statistics [size, rows, 3] (all gathered) and
+  // the whole vocabulary's row maximum and sum [2, rows].
+  float* ce_local = nullptr;  // [rows, 3]: this rank's
+  float* ce_stats = nullptr;
+  float* ce_rows = nullptr;
   detail::BackwardScratch bwd;
 };
 
@@ -107,7 +114,16 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   ws->logits = act(R * d.vocab);
   ws->losses = f32(R);
   if (d.nf4) ws->nf4_weight = act(d.max_weight());
+  if (d.split()) {
+    ws->ce_local = f32(3 * R);
+    ws->ce_stats = f32(3 * R * d.tp->size());
+    ws->ce_rows = f32(2 * R);
+  }
   auto& s = ws->bwd;
+  if (d.split() && d.qk_norm) {
+    s.dqn = act(d.head_dim);
+    s.dkn = act(d.head_dim);
+  }
   s.dh = act(R * H);
   s.dtmp = act(R * H);
   s.dx = act(R * H);
@@ -295,6 +311,55 @@ struct LlamaModel::Impl {
     if (layout_.has_adapters()) ps.prefetch(layout_.adapter_group(static_cast<int>(l)));
   }
 
+  // Vocabulary-parallel: token ids as rows of this rank's slice of the embedding, -1 for the
+  // others' (embedding_forward writes zeros for them, embedding_backward skips them).
+  void to_local_ids(std::int32_t* ids, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t local = ids[i] - dims_.vocab_begin;
+      ids[i] = local >= 0 && local < dims_.vocab ? static_cast<std::int32_t>(local) : -1;
+    }
+  }
+
+  // Megatron's vocabulary-parallel cross-entropy over ws_.logits (this rank's slice): each
+  // rank's per-row (max, sum of exp, target logit) gathered, combined in double the same way on
+  // every rank into the loss and the whole row's max and sum, then (training) the gradient of
+  // the slice in place. The logits are never whole.
+  Status parallel_cross_entropy(float* host_losses, bool train, float dloss_scale) {
+    const Dims& d = dims_;
+    const std::int64_t R = d.rows, T = d.tp->size();
+    auto& stream = device_.stream(device::StreamKind::kCompute);
+    const auto& ops = device_.ops();
+    ops.cross_entropy_stats(ws_.logits, ws_.targets, R, d.vocab, d.vocab_begin, ws_.ce_local,
+                            d.dtype);
+    STRATA_RETURN_IF_ERROR(d.tp->all_gather(ws_.ce_local, ws_.ce_stats, 3 * R, DType::kF32,
+                                            "cross-entropy statistics"));
+    // In the pinned host buffer, after the ids, targets and losses.
+    float* stats = reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) + 12 * R);
+    float* rows = stats + 3 * R * T;
+    device_.copy_to_host(stats, ws_.ce_stats, static_cast<std::size_t>(3 * R * T) * 4, stream);
+    stream.synchronize();
+    for (std::int64_t i = 0; i < R; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::int64_t r = 0; r < T; ++r) m = std::max(m, stats[3 * (r * R + i)]);
+      double sum = 0, target = 0;
+      for (std::int64_t r = 0; r < T; ++r) {
+        const float* st = stats + 3 * (r * R + i);
+        if (st[1] > 0) sum += static_cast<double>(st[1]) * std::exp(static_cast<double>(st[0]) - m);
+        target += st[2];
+      }
+      host_losses[i] =
+          sum > 0 ? static_cast<float>(std::log(sum) + (static_cast<double>(m) - target)) : 0.0f;
+      rows[i] = m;
+      rows[R + i] = static_cast<float>(sum);
+    }
+    if (!train) return Status::ok();
+    device_.copy_to_device(ws_.ce_rows, rows, static_cast<std::size_t>(2 * R) * 4, stream);
+    ops.cross_entropy_grad(ws_.logits, ws_.targets, R, d.vocab, d.vocab_begin, ws_.ce_rows,
+                           ws_.ce_rows + R, ws_.logits, dloss_scale, d.dtype);
+    stream.synchronize();  // `rows` is read by the copy
+    return Status::ok();
+  }
+
   // The head: model.norm's weight and lm_head's (tied: the embedding), from one group or two.
   struct HeadWeights {
     const void* norm;
@@ -412,7 +477,8 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
                                     " layers, activation_checkpointing " +
                                     (options_.activation_checkpointing ? "on" : "off") + ")"));
   // Asked every step too: the provider hands back the same buffer while the size is the same.
-  STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq),
+  const int tp = options_.tensor_group == nullptr ? 1 : options_.tensor_group->size();
+  STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq, tp),
                                                      "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
   workspace_ = base;
@@ -454,6 +520,7 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   auto* host_targets = host_ids + row_bytes;
   auto* host_losses = reinterpret_cast<float*>(host_targets + row_bytes);
   std::memcpy(host_ids, inputs, row_bytes);
+  if (d.split()) to_local_ids(reinterpret_cast<std::int32_t*>(host_ids), R);
   std::memcpy(host_targets, targets, row_bytes);
   device_.copy_to_device(ws_.ids, host_ids, row_bytes, stream);
   device_.copy_to_device(ws_.targets, host_targets, row_bytes, stream);
@@ -483,6 +550,8 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     STRATA_RETURN_IF_ERROR(new_x(0));
     ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, xs[0], dt);
     ps.release(embed);
+    // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere.
+    if (d.split()) STRATA_RETURN_IF_ERROR(d.tp->all_reduce_sum(xs[0], R * H, dt, "embedding"));
   }
   for (std::int64_t l = 0; l < L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(l));
@@ -492,8 +561,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       prefetch_head(ps);
     }
     STRATA_RETURN_IF_ERROR(new_x(l + 1));
-    detail::block_forward(ops, dims_of(l), w, acts_for(l, xs[static_cast<std::size_t>(l)]),
-                          xs[static_cast<std::size_t>(l + 1)]);
+    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dims_of(l), w,
+                                                 acts_for(l, xs[static_cast<std::size_t>(l)]),
+                                                 xs[static_cast<std::size_t>(l + 1)]));
     release_block(l);
     STRATA_RETURN_IF_ERROR(done_x(l, train));  // its block's backward reads it again
   }
@@ -508,10 +578,14 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
   // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
   const float dloss_scale = num_valid_ > 0 ? grad_scale / static_cast<float>(num_valid_) : 0.0f;
-  ops.cross_entropy(ws_.logits, ws_.targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
-                    dloss_scale, dt);
-  device_.copy_to_host(host_losses, ws_.losses, row_bytes, stream);
-  stream.synchronize();
+  if (d.split()) {
+    STRATA_RETURN_IF_ERROR(parallel_cross_entropy(host_losses, train, dloss_scale));
+  } else {
+    ops.cross_entropy(ws_.logits, ws_.targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
+                      dloss_scale, dt);
+    device_.copy_to_host(host_losses, ws_.losses, row_bytes, stream);
+    stream.synchronize();
+  }
   timings.forward_ms = forward_clock.elapsed_ms();
 
   if (train) {
@@ -539,6 +613,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
              true);
     }
     matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
+    if (d.split()) {  // each rank's vocabulary slice gives part of the input gradient
+      STRATA_RETURN_IF_ERROR(d.tp->all_reduce_sum(bwd.dx, R * H, dt, "lm_head input gradient"));
+    }
     ops.rmsnorm_backward(bwd.dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
                          norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr, R, H,
                          dt);
@@ -574,8 +651,12 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       }
       const BlockActs acts = acts_for(l, x);
       const Dims dl = dims_of(l);
-      if (checkpointing) detail::block_forward(ops, dl, w, acts, nullptr);
-      detail::block_backward(ops, dl, w, acts, grads, bwd);
+      if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
+      if (bwd.dqn != nullptr) {
+        device_.fill_zero(bwd.dqn, static_cast<std::size_t>(d.head_dim) * eb, stream);
+        device_.fill_zero(bwd.dkn, static_cast<std::size_t>(d.head_dim) * eb, stream);
+      }
+      STRATA_RETURN_IF_ERROR(detail::block_backward(ops, dl, w, acts, grads, bwd));
       release_block(l);
       STRATA_RETURN_IF_ERROR(done_x(l, false));
       if (base_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(layer(l)));
@@ -615,6 +696,17 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   STRATA_CHECK(config.num_hidden_layers == 0 ||
                    layout.group(layout.layer_group(0)).quantized() == options_.nf4_base,
                "the layout's base format does not match ModelOptions::nf4_base", options_.nf4_base);
+  if (const TensorGroup* tp = options_.tensor_group; tp != nullptr && tp->size() > 1) {
+    STRATA_CHECK(!options_.lora.has_value() && !options_.nf4_base,
+                 "adapters with tensor parallelism are not supported yet", tp->size());
+    STRATA_CHECK(config.num_key_value_heads >= tp->size(),
+                 "tensor parallelism over more ranks than kv heads is not supported yet",
+                 tp->size(), config.num_key_value_heads);
+    const auto embed = layout.find("model.embed_tokens.weight");
+    STRATA_CHECK(embed && embed->tensor->slice.parts == tp->size() &&
+                     embed->tensor->slice.index == tp->rank(),
+                 "the layout is not this rank's tensor-parallel slice", tp->size(), tp->rank());
+  }
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
   // Every tensor is found by name in the group the layout put it in.
   const auto locate = [&](const std::string& name) {
@@ -715,6 +807,11 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
                             std::to_string(max_rows) + " and positions " +
                             std::to_string(max_positions));
   }
+  if (options_.tensor_group != nullptr && options_.tensor_group->size() > 1) {
+    return failed_precondition("decoding a model split over " +
+                               std::to_string(options_.tensor_group->size()) +
+                               " tensor-parallel ranks is not supported yet");
+  }
   if (max_positions > config_.max_position_embeddings) {
     return invalid_argument("decoding " + std::to_string(max_positions) +
                             " positions exceeds max_position_embeddings " +
@@ -790,8 +887,8 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     dl.window = config_.window_of(l);
     detail::DecodeActs acts = dws_.acts;
     acts.x = dws_.xs[l % 2];
-    detail::block_decode(ops, dl, w, acts, dws_.k_cache[li], dws_.v_cache[li], decoded_,
-                         dws_.xs[(l + 1) % 2]);
+    STRATA_RETURN_IF_ERROR(detail::block_decode(ops, dl, w, acts, dws_.k_cache[li],
+                                                dws_.v_cache[li], decoded_, dws_.xs[(l + 1) % 2]));
     release_block(ps, l);
   }
   // Head on the last token only.
@@ -845,8 +942,9 @@ int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& o
   return options.activation_checkpointing ? static_cast<int>(config.num_hidden_layers + 1) : 0;
 }
 
-std::uint64_t LlamaModel::host_io_bytes(std::int64_t batch, std::int64_t seq) {
-  return static_cast<std::uint64_t>(batch * seq) * 4 * 3;
+std::uint64_t LlamaModel::host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel) {
+  const std::int64_t per_token = 3 + (tensor_parallel > 1 ? 3 * tensor_parallel + 2 : 0);
+  return static_cast<std::uint64_t>(batch * seq * per_token) * 4;
 }
 
 }  // namespace strata::model

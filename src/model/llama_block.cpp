@@ -33,8 +33,28 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     d.lora_dropout = static_cast<float>(lora->dropout);
   }
   d.nf4 = options.nf4_base;
+  d.tp = options.tensor_group;
+  if (d.split()) {
+    // This rank's share (ParamLayout::build's slices): its heads, its kv heads (one, whole, when
+    // they are fewer than the ranks), its part of the MLP and of the vocabulary.
+    const std::int64_t t = d.tp->size();
+    d.heads /= t;
+    d.kv_heads = c.num_key_value_heads >= t ? c.num_key_value_heads / t : 1;
+    d.q_dim = d.heads * d.head_dim;
+    d.kv_dim = d.kv_heads * d.head_dim;
+    d.ffn /= t;
+    d.vocab /= t;
+    d.vocab_begin = d.vocab * d.tp->rank();
+  }
   return d;
 }
+
+namespace {
+// The sum over the tensor-parallel group of buffer [n] (nothing on one rank).
+Status tp_sum(const Dims& d, void* buffer, std::int64_t n, std::string_view what) {
+  return d.split() ? d.tp->all_reduce_sum(buffer, n, d.dtype, what) : Status::ok();
+}
+}  // namespace
 
 void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
             std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate,
@@ -145,14 +165,14 @@ Projection proj(const Dims& d, const BlockWeights& w, LoraTarget target) {
       return {target, d.kv_dim, d.hidden, w.wk, w.bk, lora};
     case LoraTarget::kV:
       return {target, d.kv_dim, d.hidden, w.wv, w.bv, lora};
-    case LoraTarget::kO:
-      return {target, d.hidden, d.q_dim, w.wo, w.bo, lora};
+    case LoraTarget::kO:  // row-parallel: split, its bias is added after the ranks' sum
+      return {target, d.hidden, d.q_dim, w.wo, d.split() ? nullptr : w.bo, lora};
     case LoraTarget::kGate:
       return {target, d.ffn, d.hidden, w.wg, w.bg, lora};
     case LoraTarget::kUp:
       return {target, d.ffn, d.hidden, w.wu, w.bu, lora};
     case LoraTarget::kDown:
-      return {target, d.hidden, d.ffn, w.wd, w.bd, lora};
+      return {target, d.hidden, d.ffn, w.wd, d.split() ? nullptr : w.bd, lora};
   }
   STRATA_CHECK(false, "unknown LoRA target", static_cast<int>(target));
   return {};
@@ -166,12 +186,16 @@ void* t_of(void* const (&ts)[kNumLoraTargets], LoraTarget target) {
 // b = rmsnorm(hmid) (statistics into rstd) ; m = silu(b Wg^T) * (b Wu^T) ; then, unless out is
 // null, out = hmid + m Wd^T. Null out (recomputation for backward) still forms down_proj's
 // adapter activation, which its backward needs. `ts`: each adapter's t.
-void block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
-                const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
-                void* const (&ts)[kNumLoraTargets], void* scratch, void* out) {
+Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
+                  const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
+                  void* const (&ts)[kNumLoraTargets], void* scratch, void* out) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, F = d.ffn;
   project(ops, d, proj(d, w, LoraTarget::kO), att, hmid, t_of(ts, LoraTarget::kO), scratch);
+  if (d.split()) {  // row-parallel: the ranks' partial products summed, then the bias
+    STRATA_RETURN_IF_ERROR(tp_sum(d, hmid, R * H, "o_proj output"));
+    if (w.bo != nullptr) ops.add_bias(hmid, w.bo, R, H, dt);
+  }
   ops.add(hmid, x, hmid, R * H, dt);
   ops.rmsnorm_forward(hmid, w.ln2, b, rstd, R, H, d.eps, dt);
   project(ops, d, proj(d, w, LoraTarget::kGate), b, gate, t_of(ts, LoraTarget::kGate), scratch);
@@ -180,10 +204,15 @@ void block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, co
   const Projection down = proj(d, w, LoraTarget::kDown);
   if (out == nullptr) {
     if (down.lora.a != nullptr) adapter_t(ops, d, down, m, t_of(ts, LoraTarget::kDown), scratch);
-    return;
+    return Status::ok();
   }
   project(ops, d, down, m, out, t_of(ts, LoraTarget::kDown), scratch);
+  if (d.split()) {
+    STRATA_RETURN_IF_ERROR(tp_sum(d, out, R * H, "down_proj output"));
+    if (w.bd != nullptr) ops.add_bias(out, w.bd, R, H, dt);
+  }
   ops.add(out, hmid, out, R * H, dt);
+  return Status::ok();
 }
 
 }  // namespace
@@ -194,8 +223,8 @@ void block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, co
 //   hmid = x + att Wo^T (+ bo) ; b = rmsnorm(hmid) ; m = silu(b Wg^T) * (b Wu^T) ;
 //   out = hmid + m Wd^T (MLP biases under mlp_bias); each projection plus its adapter's
 //   scaling * dropout(input) A^T B^T where it has one.
-void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w, const BlockActs& s,
-                   void* out) {
+Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                     const BlockActs& s, void* out) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden;
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd1, R, H, d.eps, dt);
@@ -211,12 +240,13 @@ void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
   ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
-  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, s.lora_t, s.lora_x,
-             out);
+  return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, s.lora_t,
+                    s.lora_x, out);
 }
 
-void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, const DecodeActs& s,
-                  void* k_cache, void* v_cache, std::int64_t past, void* out) {
+Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                    const DecodeActs& s, void* k_cache, void* v_cache, std::int64_t past,
+                    void* out) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim;
   STRATA_CHECK(d.lora_dropout == 0.0f, "decoding with adapter dropout", d.lora_dropout);
@@ -239,14 +269,15 @@ void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
   ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
-  block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, ts, nullptr, out);
+  return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, ts, nullptr,
+                    out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
 // over rows (+=), input gradients dX = dY W; a frozen base (null gradients) skips its weight
 // and bias products but not the input gradients, and each adapter adds its own.
-void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
-                    const BlockActs& s, const BlockGrads& g, const BackwardScratch& t) {
+Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                      const BlockActs& s, const BlockGrads& g, const BackwardScratch& t) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, F = d.ffn;
   auto grad_of = [&](LoraTarget target) { return g.lora[static_cast<std::size_t>(target)]; };
@@ -261,6 +292,8 @@ void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w
   ops.swiglu_backward(t.dm, s.gate, s.up, t.dgate, t.dup, R * F, dt);
   back(LoraTarget::kGate, s.b, g.wg, g.bg, t.dgate, t.dx, false);
   back(LoraTarget::kUp, s.b, g.wu, g.bu, t.dup, t.dx, true);
+  // Column-parallel: each rank's input gradient is its part of the sum.
+  STRATA_RETURN_IF_ERROR(tp_sum(d, t.dx, R * H, "gate/up input gradient"));
   ops.rmsnorm_backward(t.dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dhmid (residual + norm path)
 
@@ -272,18 +305,34 @@ void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w
   const void* dq = t.dq;
   const void* dk = t.dk;
   if (d.qk_norm) {
-    ops.rmsnorm_backward(t.dq, s.q_pre, w.qn, s.rstd_q, t.dq_pre, g.qn, R * d.heads, d.head_dim,
-                         dt);
-    ops.rmsnorm_backward(t.dk, s.k_pre, w.kn, s.rstd_k, t.dk_pre, g.kn, R * d.kv_heads, d.head_dim,
-                         dt);
+    // Split, each rank's heads give part of the whole norm's weight gradient: summed over the
+    // group in scratch (zeroed by the caller), then added.
+    const auto norm_back = [&](const void* dy, const void* x, const void* wn, const float* rstd,
+                               void* dx, void* gw, void* scratch, std::int64_t heads,
+                               std::string_view what) -> Status {
+      if (!d.split() || gw == nullptr) {
+        ops.rmsnorm_backward(dy, x, wn, rstd, dx, gw, R * heads, d.head_dim, dt);
+        return Status::ok();
+      }
+      ops.rmsnorm_backward(dy, x, wn, rstd, dx, scratch, R * heads, d.head_dim, dt);
+      STRATA_RETURN_IF_ERROR(tp_sum(d, scratch, d.head_dim, what));
+      ops.add(gw, scratch, gw, d.head_dim, dt);
+      return Status::ok();
+    };
+    STRATA_RETURN_IF_ERROR(norm_back(t.dq, s.q_pre, w.qn, s.rstd_q, t.dq_pre, g.qn, t.dqn, d.heads,
+                                     "q_norm weight gradient"));
+    STRATA_RETURN_IF_ERROR(norm_back(t.dk, s.k_pre, w.kn, s.rstd_k, t.dk_pre, g.kn, t.dkn,
+                                     d.kv_heads, "k_norm weight gradient"));
     dq = t.dq_pre;
     dk = t.dk_pre;
   }
   back(LoraTarget::kQ, s.a, g.wq, g.bq, dq, t.dx, false);
   back(LoraTarget::kK, s.a, g.wk, g.bk, dk, t.dx, true);
   back(LoraTarget::kV, s.a, g.wv, g.bv, t.dv, t.dx, true);
+  STRATA_RETURN_IF_ERROR(tp_sum(d, t.dx, R * H, "q/k/v input gradient"));
   ops.rmsnorm_backward(t.dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dx
+  return Status::ok();
 }
 
 }  // namespace strata::model::detail

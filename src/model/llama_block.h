@@ -38,6 +38,11 @@ struct Dims {
   // max_weight() elements) just before its product, one at a time.
   bool nf4 = false;
   void* nf4_weight = nullptr;
+  // Tensor parallelism (null or size 1: none): heads, kv_heads, q_dim, kv_dim, ffn and vocab above
+  // are this rank's share; vocab_begin is its slice's first token.
+  TensorGroup* tp = nullptr;
+  std::int64_t vocab_begin = 0;
+  bool split() const { return tp != nullptr && tp->size() > 1; }
 
   // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.
   static Dims make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
@@ -183,17 +188,21 @@ struct BackwardScratch {
   // input [rows, max in features].
   void* lora_dt = nullptr;
   void* lora_dx = nullptr;
+  // Tensor parallelism: q/k norms' weight gradients of this rank's heads [head_dim] each, summed
+  // over the group before they are added (Qwen3 only); zero when block_backward starts.
+  void* dqn = nullptr;
+  void* dkn = nullptr;
 };
 
 // x [rows, hidden] -> out [rows, hidden]; fills acts (acts.x must be x). out == nullptr stops
 // after the SwiGLU (recomputation for backward needs no block output).
-void block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
-                   const BlockActs& acts, void* out);
+Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                     const BlockActs& acts, void* out);
 
 // s.dh [rows, hidden]: dL/d(block output) on entry, dL/d(block input) on exit. Accumulates
 // (+=) into the block's gradients g.
-void block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
-                    const BlockActs& acts, const BlockGrads& g, const BackwardScratch& s);
+Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                      const BlockActs& acts, const BlockGrads& g, const BackwardScratch& s);
 
 // What one block needs to decode `rows` new tokens of one sequence (all device pointers,
 // compute dtype unless noted); shared by the layers, which run one after another.
@@ -216,8 +225,9 @@ struct DecodeActs {
 // Decodes d.rows new tokens at positions past.. past + rows - 1 (d.batch 1, d.seq = rows):
 // their keys and values go into rows [past, past + rows) of the layer's caches ([positions,
 // kv_dim] each), and their queries attend every cached position. x -> out [rows, hidden].
-void block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w, const DecodeActs& s,
-                  void* k_cache, void* v_cache, std::int64_t past, void* out);
+Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+                    const DecodeActs& s, void* k_cache, void* v_cache, std::int64_t past,
+                    void* out);
 
 // Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
 // C[m, n] = alpha op(A) op(B) (+ C if accumulate).

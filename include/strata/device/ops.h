@@ -79,10 +79,11 @@ class Ops {
 
   virtual void gemm(const GemmArgs& args) const = 0;
 
-  // out[i, :] = table[ids[i], :]. ids are validated by the caller.
+  // out[i, :] = table[ids[i], :], or zeros where ids[i] < 0 (a token whose row another
+  // tensor-parallel rank holds). ids are validated by the caller.
   virtual void embedding_forward(const std::int32_t* ids, std::int64_t rows, const void* table,
                                  std::int64_t dim, void* out, DType dtype) const = 0;
-  // dtable[ids[i], :] += dout[i, :] (accumulate).
+  // dtable[ids[i], :] += dout[i, :] (accumulate), nothing where ids[i] < 0.
   virtual void embedding_backward(const std::int32_t* ids, std::int64_t rows, const void* dout,
                                   std::int64_t dim, void* dtable, DType dtype) const = 0;
 
@@ -138,6 +139,22 @@ class Ops {
   virtual void cross_entropy(const void* logits, const std::int32_t* targets, float* losses,
                              void* dlogits, std::int64_t rows, std::int64_t vocab,
                              float dloss_scale, DType dtype) const = 0;
+
+  // Vocabulary-parallel cross-entropy (Megatron's), in two passes around the tensor-parallel
+  // group's exchange of per-row statistics; logits[rows, vocab] are the vocabulary's slice
+  // [vocab_begin, vocab_begin + vocab) and targets index the whole vocabulary.
+  // stats[3 i ..] = {max_j z_ij, sum_j exp(z_ij - that max), z_i,t - vocab_begin if the target is
+  // in the slice else 0}; {-inf, 0, 0} for an ignored row (targets[i] < 0).
+  virtual void cross_entropy_stats(const void* logits, const std::int32_t* targets,
+                                   std::int64_t rows, std::int64_t vocab, std::int64_t vocab_begin,
+                                   float* stats, DType dtype) const = 0;
+  // dlogits = (exp(z - row_max) / row_sum - [j + vocab_begin == t]) * dloss_scale per valid row,
+  // with the whole vocabulary's row_max[rows] and row_sum[rows]; zero rows for ignored ones.
+  // dlogits may alias logits.
+  virtual void cross_entropy_grad(const void* logits, const std::int32_t* targets,
+                                  std::int64_t rows, std::int64_t vocab, std::int64_t vocab_begin,
+                                  const float* row_max, const float* row_sum, void* dlogits,
+                                  float dloss_scale, DType dtype) const = 0;
 
   virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                     std::int64_t n) const = 0;

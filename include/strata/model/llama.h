@@ -12,6 +12,7 @@
 #include "strata/model/lora.h"
 #include "strata/model/param_layout.h"
 #include "strata/model/param_provider.h"
+#include "strata/model/tensor_group.h"
 
 namespace strata::model {
 
@@ -23,6 +24,11 @@ struct ModelOptions {
   // QLoRA: the base's projection weights are NF4 (TensorFormat::kNf4), decoded one at a time
   // into workspace before each product.
   bool nf4_base = false;
+  // Tensor parallelism: the group this rank's slices of every layer run over (the layout must be
+  // ParamLayout::build(..., TensorParallel{group->size(), group->rank()})); null: one rank.
+  // Column-parallel products' input gradients and row-parallel products' outputs are summed over
+  // it, the embedding and the cross-entropy are vocabulary-parallel (the logits never whole).
+  TensorGroup* tensor_group = nullptr;
 };
 
 struct StepTimings {
@@ -76,8 +82,9 @@ class LlamaModel {
   // How many checkpointed activations a step writes: num_hidden_layers + 1, or 0 without.
   static int num_checkpoints(const LlamaConfig& config, const ModelOptions& options);
   // Bytes of the pinned host buffer a training step asks for (ParamProvider::host_io): token
-  // ids, targets and losses, an int32 or f32 each per token.
-  static std::uint64_t host_io_bytes(std::int64_t batch, std::int64_t seq);
+  // ids, targets and losses, an int32 or f32 each per token; split over `tensor_parallel` ranks,
+  // the ranks' cross-entropy statistics too (3 per rank and 2 more f32 per token).
+  static std::uint64_t host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel = 1);
 
   const StepTimings& last_timings() const { return timings_; }
   const LlamaConfig& config() const { return config_; }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "src/device/cpu/cpu_device.h"
@@ -45,7 +46,11 @@ class CpuOps final : public Ops {
     auto* dst = static_cast<std::byte*>(out);
     ctx_.parallel_for(rows, row_grain(dim), [&](std::int64_t r0, std::int64_t r1) {
       for (std::int64_t i = r0; i < r1; ++i) {
-        std::memcpy(dst + i * row_bytes, src + ids[i] * row_bytes, row_bytes);
+        if (ids[i] < 0) {
+          std::memset(dst + i * row_bytes, 0, row_bytes);  // a row another rank holds
+        } else {
+          std::memcpy(dst + i * row_bytes, src + ids[i] * row_bytes, row_bytes);
+        }
       }
     });
   }
@@ -61,6 +66,7 @@ class CpuOps final : public Ops {
       const std::int64_t cols_per_task = 64;
       ctx_.parallel_chunks(dim, cols_per_task, [&](std::int64_t, std::int64_t c0, std::int64_t c1) {
         for (std::int64_t i = 0; i < rows; ++i) {
+          if (ids[i] < 0) continue;  // a row another rank holds
           T* trow = t + ids[i] * dim;
           const T* drow = d + i * dim;
           for (std::int64_t c = c0; c < c1; ++c) {
@@ -318,6 +324,67 @@ class CpuOps final : public Ops {
           T* d = ds + i * vocab;
           k.scale_store[cpu::kernel_dtype(T{})](z, inv, dloss_scale, d, vocab);
           d[t] = from_f32<T>((z[t] * inv - 1.0f) * dloss_scale);
+        }
+      });
+    });
+  }
+
+  void cross_entropy_stats(const void* logits, const std::int32_t* targets, std::int64_t rows,
+                           std::int64_t vocab, std::int64_t vocab_begin, float* stats,
+                           DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* ls = static_cast<const T*>(logits);
+      const cpu::CpuKernels& k = ctx_.kernels();
+      ctx_.parallel_for(rows, row_grain(vocab), [&](std::int64_t r0, std::int64_t r1) {
+        auto rowbuf = ctx_.scratch(static_cast<std::size_t>(vocab));
+        float* z = rowbuf.data();
+        for (std::int64_t i = r0; i < r1; ++i) {
+          float* st = stats + 3 * i;
+          const std::int64_t t = targets[i];
+          if (t < 0) {
+            st[0] = -std::numeric_limits<float>::infinity();
+            st[1] = st[2] = 0.0f;
+            continue;
+          }
+          load_row(k, ls + i * vocab, z, vocab);
+          const std::int64_t local = t - vocab_begin;
+          st[2] = local >= 0 && local < vocab ? z[local] : 0.0f;
+          st[0] = k.max(z, vocab);
+          st[1] = static_cast<float>(k.exp_shift_sum(z, vocab, st[0]));
+        }
+      });
+    });
+  }
+
+  void cross_entropy_grad(const void* logits, const std::int32_t* targets, std::int64_t rows,
+                          std::int64_t vocab, std::int64_t vocab_begin, const float* row_max,
+                          const float* row_sum, void* dlogits, float dloss_scale,
+                          DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* ls = static_cast<const T*>(logits);
+      T* ds = static_cast<T*>(dlogits);
+      const cpu::CpuKernels& k = ctx_.kernels();
+      ctx_.parallel_for(rows, row_grain(vocab), [&](std::int64_t r0, std::int64_t r1) {
+        auto rowbuf = ctx_.scratch(static_cast<std::size_t>(vocab));
+        float* z = rowbuf.data();
+        for (std::int64_t i = r0; i < r1; ++i) {
+          T* d = ds + i * vocab;
+          const std::int64_t t = targets[i];
+          if (t < 0) {
+            std::fill(d, d + vocab, from_f32<T>(0.0f));
+            continue;
+          }
+          // The whole row is read before any of it is written, so dlogits may alias logits.
+          load_row(k, ls + i * vocab, z, vocab);
+          (void)k.exp_shift_sum(z, vocab, row_max[i]);  // z_j = exp(z_j - max)
+          const float inv = static_cast<float>(1.0 / static_cast<double>(row_sum[i]));
+          k.scale_store[cpu::kernel_dtype(T{})](z, inv, dloss_scale, d, vocab);
+          const std::int64_t local = t - vocab_begin;
+          if (local >= 0 && local < vocab) {
+            d[local] = from_f32<T>((z[local] * inv - 1.0f) * dloss_scale);
+          }
         }
       });
     });

@@ -144,6 +144,20 @@ class ProfiledOps final : public Ops {
             (dlogits != nullptr ? 2.0 : 1.0) * static_cast<double>(rows * vocab) * sz(dtype));
     inner_->cross_entropy(logits, targets, losses, dlogits, rows, vocab, dloss_scale, dtype);
   }
+  void cross_entropy_stats(const void* logits, const std::int32_t* targets, std::int64_t rows,
+                           std::int64_t vocab, std::int64_t vocab_begin, float* stats,
+                           DType dtype) const override {
+    Timed t("cross_entropy_stats", 0, static_cast<double>(rows * vocab) * sz(dtype));
+    inner_->cross_entropy_stats(logits, targets, rows, vocab, vocab_begin, stats, dtype);
+  }
+  void cross_entropy_grad(const void* logits, const std::int32_t* targets, std::int64_t rows,
+                          std::int64_t vocab, std::int64_t vocab_begin, const float* row_max,
+                          const float* row_sum, void* dlogits, float dloss_scale,
+                          DType dtype) const override {
+    Timed t("cross_entropy_grad", 0, 2.0 * static_cast<double>(rows * vocab) * sz(dtype));
+    inner_->cross_entropy_grad(logits, targets, rows, vocab, vocab_begin, row_max, row_sum, dlogits,
+                               dloss_scale, dtype);
+  }
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
     Timed t("cast", 0, static_cast<double>(n) * (sz(src_dtype) + sz(dst_dtype)));

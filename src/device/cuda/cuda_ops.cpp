@@ -197,6 +197,23 @@ class CudaOps final : public Ops {
          "cross_entropy");
   }
 
+  void cross_entropy_stats(const void* logits, const std::int32_t* targets, std::int64_t rows,
+                           std::int64_t vocab, std::int64_t vocab_begin, float* stats,
+                           DType dtype) const override {
+    done(kernels::cross_entropy_stats(ctx(), logits, targets, rows, vocab, vocab_begin, stats,
+                                      float_elem(dtype)),
+         "cross_entropy_stats");
+  }
+
+  void cross_entropy_grad(const void* logits, const std::int32_t* targets, std::int64_t rows,
+                          std::int64_t vocab, std::int64_t vocab_begin, const float* row_max,
+                          const float* row_sum, void* dlogits, float dloss_scale,
+                          DType dtype) const override {
+    done(kernels::cross_entropy_grad(ctx(), logits, targets, rows, vocab, vocab_begin, row_max,
+                                     row_sum, dlogits, dloss_scale, float_elem(dtype)),
+         "cross_entropy_grad");
+  }
+
   void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
                DType dtype) const override {
     STRATA_CHECK(n >= 0, "negative dropout size", n);

@@ -26,33 +26,6 @@ struct GoldenRun {
   std::map<std::string, std::vector<float>> grads;  // by HF tensor name
 };
 
-struct GoldenBatch {
-  std::vector<std::int32_t> inputs, targets;
-  std::int64_t batch = 0, seq = 0;
-};
-
-// The batch of llama_golden.py's file (inputs and targets given) or of family_golden.py's (every
-// window of `seq` tokens of one sequence, targets shifted by one).
-GoldenBatch batch_of(const Json& golden) {
-  GoldenBatch b;
-  b.seq = golden.at("seq");
-  if (golden.contains("inputs")) {
-    b.inputs = golden.at("inputs").get<std::vector<std::int32_t>>();
-    b.targets = golden.at("targets").get<std::vector<std::int32_t>>();
-    b.batch = golden.at("batch");
-    return b;
-  }
-  const auto tokens = golden.at("tokens").get<std::vector<std::int32_t>>();
-  b.batch = golden.at("windows");
-  for (std::int64_t g = 0; g < b.batch; ++g) {
-    for (std::int64_t i = 0; i < b.seq; ++i) {
-      b.inputs.push_back(tokens[static_cast<std::size_t>(g * b.seq + i)]);
-      b.targets.push_back(tokens[static_cast<std::size_t>(g * b.seq + i + 1)]);
-    }
-  }
-  return b;
-}
-
 // Loads the config and weights of one case into a fresh model and runs one step.
 GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, bool checkpointing) {
   auto config = LlamaConfig::from_json(config_json, kGoldenPath);
@@ -69,7 +42,7 @@ GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, boo
       for (std::int64_t i = 0; i < t.num_elems; ++i) p[i] = w[i].get<float>();
     }
   }
-  const GoldenBatch b = batch_of(golden);
+  const testing::GoldenBatch b = testing::batch_of(golden);
   LlamaModel model(*config, layout, *device, ModelOptions{dtype, checkpointing, std::nullopt});
   auto r =
       model.forward_backward(provider, b.inputs.data(), b.targets.data(), b.batch, b.seq, 1.0f);

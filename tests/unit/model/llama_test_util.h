@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/core/json.h"
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
 #include "strata/model/llama.h"
@@ -220,6 +221,33 @@ class TestProvider final : public ParamProvider {
   std::vector<bool> held_;
   device::DeviceBuffer workspace_;
 };
+
+struct GoldenBatch {
+  std::vector<std::int32_t> inputs, targets;
+  std::int64_t batch = 0, seq = 0;
+};
+
+// The batch of llama_golden.py's file (inputs and targets given) or of family_golden.py's (every
+// window of `seq` tokens of one sequence, targets shifted by one).
+inline GoldenBatch batch_of(const Json& golden) {
+  GoldenBatch b;
+  b.seq = golden.at("seq");
+  if (golden.contains("inputs")) {
+    b.inputs = golden.at("inputs").get<std::vector<std::int32_t>>();
+    b.targets = golden.at("targets").get<std::vector<std::int32_t>>();
+    b.batch = golden.at("batch");
+    return b;
+  }
+  const auto tokens = golden.at("tokens").get<std::vector<std::int32_t>>();
+  b.batch = golden.at("windows");
+  for (std::int64_t g = 0; g < b.batch; ++g) {
+    for (std::int64_t i = 0; i < b.seq; ++i) {
+      b.inputs.push_back(tokens[static_cast<std::size_t>(g * b.seq + i)]);
+      b.targets.push_back(tokens[static_cast<std::size_t>(g * b.seq + i + 1)]);
+    }
+  }
+  return b;
+}
 
 inline LlamaConfig tiny_config(bool tied) {
   LlamaConfig c;

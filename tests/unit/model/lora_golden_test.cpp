@@ -64,15 +64,10 @@ TEST_P(LoraGoldenTest, F32LossAndAdapterGradientsMatchPyTorch) {
   }
   EXPECT_EQ(adapter_tensors, trained.size()) << "every adapter of the golden, no other";
 
-  std::vector<std::int32_t> inputs, targets;
-  const auto tokens = g.at("tokens").get<std::vector<std::int32_t>>();
-  const std::int64_t seq = g.at("seq"), batch = g.at("windows");
-  for (std::int64_t w = 0; w < batch; ++w) {
-    for (std::int64_t i = 0; i < seq; ++i) {
-      inputs.push_back(tokens[static_cast<std::size_t>(w * seq + i)]);
-      targets.push_back(tokens[static_cast<std::size_t>(w * seq + i + 1)]);
-    }
-  }
+  const testing::GoldenBatch windows = testing::batch_of(g);
+  const std::vector<std::int32_t>& inputs = windows.inputs;
+  const std::vector<std::int32_t>& targets = windows.targets;
+  const std::int64_t seq = windows.seq, batch = windows.batch;
   LlamaModel model(*config, layout, *device, ModelOptions{DType::kF32, checkpointing, lora});
   const std::uint64_t key = std::stoull(g.at("dropout_key").get<std::string>());
   auto r = model.forward_backward(provider, inputs.data(), targets.data(), batch, seq, 1.0f, key);
