@@ -124,6 +124,11 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     s.dqn = act(d.head_dim);
     s.dkn = act(d.head_dim);
   }
+  if (d.kv_replicas > 1) {
+    s.kv_dw = act(d.kv_dim * H);
+    s.kdb = act(d.kv_dim);
+    s.vdb = act(d.kv_dim);
+  }
   s.dh = act(R * H);
   s.dtmp = act(R * H);
   s.dx = act(R * H);
@@ -652,9 +657,15 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       const BlockActs acts = acts_for(l, x);
       const Dims dl = dims_of(l);
       if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
-      if (bwd.dqn != nullptr) {
-        device_.fill_zero(bwd.dqn, static_cast<std::size_t>(d.head_dim) * eb, stream);
-        device_.fill_zero(bwd.dkn, static_cast<std::size_t>(d.head_dim) * eb, stream);
+      for (void* scratch : {bwd.dqn, bwd.dkn}) {
+        if (scratch != nullptr) {
+          device_.fill_zero(scratch, static_cast<std::size_t>(d.head_dim) * eb, stream);
+        }
+      }
+      for (void* scratch : {bwd.kdb, bwd.vdb}) {
+        if (scratch != nullptr) {
+          device_.fill_zero(scratch, static_cast<std::size_t>(d.kv_dim) * eb, stream);
+        }
       }
       STRATA_RETURN_IF_ERROR(detail::block_backward(ops, dl, w, acts, grads, bwd));
       release_block(l);
@@ -699,9 +710,11 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   if (const TensorGroup* tp = options_.tensor_group; tp != nullptr && tp->size() > 1) {
     STRATA_CHECK(!options_.lora.has_value() && !options_.nf4_base,
                  "adapters with tensor parallelism are not supported yet", tp->size());
-    STRATA_CHECK(config.num_key_value_heads >= tp->size(),
-                 "tensor parallelism over more ranks than kv heads is not supported yet",
-                 tp->size(), config.num_key_value_heads);
+    STRATA_CHECK(tp->kv_replicas() == (config.num_key_value_heads >= tp->size()
+                                           ? 1
+                                           : tp->size() / config.num_key_value_heads),
+                 "the tensor group's kv replicas do not match the model", tp->kv_replicas(),
+                 config.num_key_value_heads);
     const auto embed = layout.find("model.embed_tokens.weight");
     STRATA_CHECK(embed && embed->tensor->slice.parts == tp->size() &&
                      embed->tensor->slice.index == tp->rank(),

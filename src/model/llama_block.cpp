@@ -40,6 +40,7 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     const std::int64_t t = d.tp->size();
     d.heads /= t;
     d.kv_heads = c.num_key_value_heads >= t ? c.num_key_value_heads / t : 1;
+    d.kv_replicas = c.num_key_value_heads >= t ? 1 : t / c.num_key_value_heads;
     d.q_dim = d.heads * d.head_dim;
     d.kv_dim = d.kv_heads * d.head_dim;
     d.ffn /= t;
@@ -327,8 +328,33 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
     dk = t.dk_pre;
   }
   back(LoraTarget::kQ, s.a, g.wq, g.bq, dq, t.dx, false);
-  back(LoraTarget::kK, s.a, g.wk, g.bk, dk, t.dx, true);
-  back(LoraTarget::kV, s.a, g.wv, g.bv, t.dv, t.dx, true);
+  if (d.kv_replicas == 1) {
+    back(LoraTarget::kK, s.a, g.wk, g.bk, dk, t.dx, true);
+    back(LoraTarget::kV, s.a, g.wv, g.bv, t.dv, t.dx, true);
+  } else {
+    // The kv head is whole on several ranks, each with the gradient of its own q heads: the
+    // weight and bias gradients are summed over them (the input gradient over every rank,
+    // below), each in scratch before it is added.
+    back(LoraTarget::kK, s.a, nullptr, nullptr, dk, t.dx, true);
+    back(LoraTarget::kV, s.a, nullptr, nullptr, t.dv, t.dx, true);
+    const std::int64_t KV = d.kv_dim;
+    const auto replica_grads = [&](const void* dy, void* gw, void* gb, void* db,
+                                   std::string_view what) -> Status {
+      if (gw != nullptr) {
+        matmul(ops, dt, true, false, KV, H, R, dy, s.a, t.kv_dw, false);
+        STRATA_RETURN_IF_ERROR(d.tp->kv_replica_sum(t.kv_dw, KV * H, dt, what));
+        ops.add(gw, t.kv_dw, gw, KV * H, dt);
+      }
+      if (gb != nullptr) {
+        ops.bias_grad(dy, db, R, KV, dt);
+        STRATA_RETURN_IF_ERROR(d.tp->kv_replica_sum(db, KV, dt, what));
+        ops.add(gb, db, gb, KV, dt);
+      }
+      return Status::ok();
+    };
+    STRATA_RETURN_IF_ERROR(replica_grads(dk, g.wk, g.bk, t.kdb, "k_proj gradient"));
+    STRATA_RETURN_IF_ERROR(replica_grads(t.dv, g.wv, g.bv, t.vdb, "v_proj gradient"));
+  }
   STRATA_RETURN_IF_ERROR(tp_sum(d, t.dx, R * H, "q/k/v input gradient"));
   ops.rmsnorm_backward(t.dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, R, H, dt);
   ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dx

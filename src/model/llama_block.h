@@ -42,6 +42,7 @@ struct Dims {
   // are this rank's share; vocab_begin is its slice's first token.
   TensorGroup* tp = nullptr;
   std::int64_t vocab_begin = 0;
+  std::int64_t kv_replicas = 1;  // ranks holding this rank's kv head whole (kv heads < ranks)
   bool split() const { return tp != nullptr && tp->size() > 1; }
 
   // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.
@@ -192,6 +193,12 @@ struct BackwardScratch {
   // over the group before they are added (Qwen3 only); zero when block_backward starts.
   void* dqn = nullptr;
   void* dkn = nullptr;
+  // Tensor parallelism with kv heads whole on several ranks: k's and v's weight gradient
+  // [kv_dim, hidden] (one after the other) and bias gradients [kv_dim] each, summed over the
+  // replicas before they are added; the bias ones zero when block_backward starts.
+  void* kv_dw = nullptr;
+  void* kdb = nullptr;
+  void* vdb = nullptr;
 };
 
 // x [rows, hidden] -> out [rows, hidden]; fills acts (acts.x must be x). out == nullptr stops

@@ -6,8 +6,9 @@ namespace {
 
 class CommTensorGroup final : public model::TensorGroup {
  public:
-  CommTensorGroup(dist::Communicator& comm, device::Device& device)
-      : comm_(comm), device_(device) {}
+  CommTensorGroup(dist::Communicator& comm, device::Device& device, int kv_replicas,
+                  std::unique_ptr<dist::Communicator> replicas)
+      : comm_(comm), device_(device), kv_replicas_(kv_replicas), replicas_(std::move(replicas)) {}
 
   int size() const override { return comm_.world_size(); }
   int rank() const override { return comm_.rank(); }
@@ -24,16 +25,37 @@ class CommTensorGroup final : public model::TensorGroup {
     return comm_.all_gather(send, recv, count, dtype, what).wait();
   }
 
+  int kv_replicas() const override { return kv_replicas_; }
+
+  Status kv_replica_sum(void* buffer, std::int64_t count, DType dtype,
+                        std::string_view what) override {
+    if (replicas_ == nullptr) return Status::ok();
+    device_.stream(device::StreamKind::kCompute).synchronize();
+    return replicas_->all_reduce(buffer, buffer, count, dtype, dist::ReduceOp::kSum, what).wait();
+  }
+
  private:
   dist::Communicator& comm_;
   device::Device& device_;
+  int kv_replicas_;
+  std::unique_ptr<dist::Communicator> replicas_;  // this kv head's ranks; null: one rank each
 };
 
 }  // namespace
 
-std::unique_ptr<model::TensorGroup> make_tensor_group(dist::Communicator& comm,
-                                                      device::Device& device) {
-  return std::make_unique<CommTensorGroup>(comm, device);
+Result<std::unique_ptr<model::TensorGroup>> make_tensor_group(dist::Communicator& comm,
+                                                              device::Device& device,
+                                                              std::int64_t kv_heads) {
+  const int size = comm.world_size();
+  const int replicas = kv_heads < size ? static_cast<int>(size / kv_heads) : 1;
+  std::unique_ptr<dist::Communicator> split;
+  if (replicas > 1) {
+    // ParamLayout::build's slices: kv head r / replicas on rank r.
+    STRATA_ASSIGN_OR_RETURN(split,
+                            comm.split(comm.rank() / replicas, comm.rank(), "kv head replicas"));
+  }
+  return std::unique_ptr<model::TensorGroup>(
+      new CommTensorGroup(comm, device, replicas, std::move(split)));
 }
 
 }  // namespace strata::zero

@@ -1,7 +1,8 @@
 // Tensor parallelism (Megatron's split layers) against float64 PyTorch: each rank of T holds its
 // slices of the family goldens' weights (tests/data/families/, tools/golden/family_golden.py)
-// and runs one step with the others over in-process communicators; the loss and each rank's
-// slice of every gradient must land where a correct f32 computation of the whole model lands.
+// and runs one step with the others over in-process communicators, at T = 2 and at T = 4 (each
+// of the two kv heads whole on two ranks); the loss and each rank's slice of every gradient must
+// land where a correct f32 computation of the whole model lands.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,8 +52,13 @@ TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
   ranks.run([&](int rank) {
     std::string& fail = failures[static_cast<std::size_t>(rank)];
     device::Device& device = *ranks.devices[static_cast<std::size_t>(rank)];
-    const auto group =
-        zero::make_tensor_group(*ranks.comms[static_cast<std::size_t>(rank)], device);
+    auto made = zero::make_tensor_group(*ranks.comms[static_cast<std::size_t>(rank)], device,
+                                        config->num_key_value_heads);
+    if (!made.is_ok()) {
+      fail = made.status().to_string();
+      return;
+    }
+    const auto group = std::move(made).value();
     const ParamLayout layout = ParamLayout::build(*config, std::nullopt, false, {size, rank});
     testing::TestProvider provider(layout, device, DType::kF32);
     for (const auto& grp : layout.groups()) {
@@ -101,7 +107,7 @@ TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelGoldenTest,
                          ::testing::Combine(::testing::Values("llama3", "llama-linear", "qwen2",
                                                               "qwen2-window", "qwen3", "mistral"),
-                                            ::testing::Values(2), ::testing::Bool()),
+                                            ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            return strata::testing::test_name(
                                       std::get<0>(info.param) + "_T" +

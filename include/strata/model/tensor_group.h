@@ -24,6 +24,12 @@ class TensorGroup {
   // recv[r * count + i] = rank r's send[i].
   virtual Status all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
                             std::string_view what) = 0;
+  // With fewer kv heads than ranks, each kv head is whole on kv_replicas() consecutive ranks
+  // (size / kv heads); otherwise 1.
+  virtual int kv_replicas() const = 0;
+  // buffer[i] = the sum over the ranks holding this rank's kv head of their buffer[i].
+  virtual Status kv_replica_sum(void* buffer, std::int64_t count, DType dtype,
+                                std::string_view what) = 0;
 };
 
 }  // namespace strata::model

@@ -10,8 +10,10 @@
 
 namespace strata::zero {
 
-// `comm` and `device` must outlive it.
-std::unique_ptr<model::TensorGroup> make_tensor_group(dist::Communicator& comm,
-                                                      device::Device& device);
+// `comm` and `device` must outlive it. With fewer `kv_heads` than ranks it splits off the
+// communicators of each kv head's replicas: collective over `comm`.
+Result<std::unique_ptr<model::TensorGroup>> make_tensor_group(dist::Communicator& comm,
+                                                              device::Device& device,
+                                                              std::int64_t kv_heads);
 
 }  // namespace strata::zero
