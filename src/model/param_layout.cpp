@@ -224,6 +224,34 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
     }
   }
 
+  for (auto& g : layout.groups_) {
+    std::int64_t draws = 0;  // each kNormal tensor's place in the group's stream, in this order
+    for (auto& t : g.tensors) {
+      if (t.init != TensorInit::kNormal) continue;
+      t.draw_first = draws;
+      draws += t.full_elems();
+    }
+    if (tp.size > 1) {
+      // This rank's duplicates last: tensors whole on `copies` ranks count on the first only.
+      const auto duplicate = [&](const TensorSpec& t) {
+        return tp.rank % (tp.size / t.slice.parts) != 0;
+      };
+      std::vector<TensorSpec> tensors = std::move(g.tensors);
+      std::stable_partition(tensors.begin(), tensors.end(),
+                            [&](const TensorSpec& t) { return !duplicate(t); });
+      g.tensors.clear();
+      g.num_elems = 0;
+      g.duplicate_begin = -1;
+      for (auto& t : tensors) {
+        if (duplicate(t) && g.duplicate_begin < 0) g.duplicate_begin = g.num_elems;
+        t.offset_elems = g.num_elems;
+        g.num_elems = (t.offset_elems + t.num_elems + kTensorAlignElems - 1) / kTensorAlignElems *
+                      kTensorAlignElems;
+        g.tensors.push_back(std::move(t));
+      }
+    }
+    if (g.duplicate_begin < 0) g.duplicate_begin = g.num_elems;
+  }
   for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
     layout.groups_[i].id = static_cast<int>(i);
     layout.total_elems_ += layout.groups_[i].num_elems;
@@ -289,10 +317,11 @@ void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::u
       std::fill(p, p + (b - a), 1.0f);
     } else if (t.init == TensorInit::kNormal) {
       // A slice draws the whole tensor's numbers at its elements' places in the whole tensor.
+      const std::int64_t at = t.draw_first >= 0 ? t.draw_first : total;
       t.for_each_run(a, b - a, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
-        pieces.push_back(Piece{total + full_first, n, out + (t.offset_elems + first - begin)});
+        pieces.push_back(Piece{at + full_first, n, out + (t.offset_elems + first - begin)});
       });
-      total += t.full_elems();
+      total = (t.draw_first >= 0 ? t.draw_first : total) + t.full_elems();
     }
     uniform = uniform || t.init == TensorInit::kUniformFanIn;
   }
@@ -308,6 +337,10 @@ void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::u
       }
     }
   }
+  // Tensors listed out of their draw order (tensor parallelism's duplicates last) give pieces
+  // out of stream order.
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.first < b.first; });
   const double range = config.initializer_range;
   constexpr std::int64_t kChunk = std::int64_t{1} << 16;
   // Chunks of kChunk normals of the stream, from the first piece's start to the last one's end;

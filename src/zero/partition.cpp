@@ -1,6 +1,8 @@
 // Partition: padding and shard offsets per group.
 #include "strata/zero/partition.h"
 
+#include <algorithm>
+
 namespace strata::zero {
 
 Partition::Partition(const model::ParamLayout& full, int rank, int world,
@@ -22,6 +24,12 @@ Partition::Partition(const model::ParamLayout& full, int rank, int world,
     lg.name = g.name;
     lg.num_elems = p.local_elems();
     lg.frozen = g.frozen;
+    // The duplicates (tensor parallelism's, counted by another rank) that this shard holds, in
+    // its own elements.
+    const std::int64_t dup = g.duplicate_begin < 0 ? g.num_elems : g.duplicate_begin;
+    lg.duplicate_begin =
+        p.replicated ? dup : std::clamp(dup - p.shard_offset, std::int64_t{0}, p.shard_elems);
+    if (!p.replicated && dup >= g.num_elems) lg.duplicate_begin = p.shard_elems;
     if (g.quantized()) lg.tensors = g.tensors;  // its working bytes follow its tensors
     local_groups.push_back(std::move(lg));
   }

@@ -15,6 +15,8 @@ namespace strata::zero {
 struct ShardStore::Group {
   const model::ParamGroup* spec = nullptr;
   std::int64_t n = 0;
+  // Elements [dup_begin, n): tensor-parallel duplicates, left out of the norm this rank counts.
+  std::int64_t dup_begin = 0;
   std::size_t work_bytes = 0;  // model::working_bytes: n * compute dtype size unless quantized
   std::size_t f32_bytes = 0;
   mem::Handle work = mem::Handle::kInvalid;  // the working copy, in the compute dtype
@@ -31,9 +33,10 @@ struct ShardStore::Group {
   // into `grad_acc`, the fp32 accumulator.
   mem::Handle grad = mem::Handle::kInvalid;
   mem::Handle grad_acc = mem::Handle::kInvalid;
-  void* grad_d = nullptr;  // the gradient's device copy while the model accumulates into it
-  bool has_grad = false;   // a gradient arrived since the last step
-  double sum_squares = 0;  // of the gradient as accumulated so far, when summed off the device
+  void* grad_d = nullptr;      // the gradient's device copy while the model accumulates into it
+  bool has_grad = false;       // a gradient arrived since the last step
+  double sum_squares = 0;      // of the gradient as accumulated so far, when summed off the device
+  double dup_sum_squares = 0;  // the same of its duplicates
   std::int64_t span_begin_ns = 0;
   bool frozen() const { return spec->frozen; }  // a working copy only
 };
@@ -175,6 +178,7 @@ Status ShardStore::create_store() {
     auto g = std::make_unique<Group>();
     g->spec = &spec;
     g->n = spec.num_elems;
+    g->dup_begin = spec.duplicate_begin < 0 ? spec.num_elems : spec.duplicate_begin;
     g->work_bytes = model::working_bytes(spec, options_.compute_dtype);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
     const std::string& name = spec.name;
@@ -332,7 +336,7 @@ Status ShardStore::release_grads(int group) {
     // A guessed update will read (and may discard) the final sum before the global norm is
     // taken: its sum of squares is taken now, while it is here.
     const bool final_for_guess = plan_.optimizer != Tier::kDevice && guessing();
-    if (final_for_guess) ops.sum_squares(acc, g.n, DType::kF32, norm_slots_ + group);
+    if (final_for_guess) device_sum_squares(acc, DType::kF32, static_cast<std::size_t>(group));
     if (dtype != DType::kF32) store_->unpin(widened_grad_, Tier::kDevice);
     store_->mark_dirty(g.grad_acc, Tier::kDevice);
     store_->unpin(g.grad_acc, Tier::kDevice);
@@ -350,7 +354,7 @@ Status ShardStore::release_grads(int group) {
   if (plan_.keep_gradients) {
     // The gradient is final: summed here, while on the device, then off to where the plan
     // keeps gradients on the copy streams while the next layer's backward runs.
-    device_.ops().sum_squares(src, g.n, dtype, norm_slots_ + group);
+    device_sum_squares(src, dtype, static_cast<std::size_t>(group));
     g.has_grad = true;
   }
   // Off the device while the next layer's backward runs: home (kept), to the host for a
@@ -400,6 +404,10 @@ Status ShardStore::drain_one_grad() {
   }
   g.sum_squares = host_arrays_->accumulate(static_cast<float*>(*acc), host, options_.compute_dtype,
                                            g.n, !g.has_grad);
+  g.dup_sum_squares = g.dup_begin < g.n
+                          ? host_arrays_->sum_squares(static_cast<float*>(*acc) + g.dup_begin,
+                                                      DType::kF32, g.n - g.dup_begin)
+                          : 0.0;
   g.has_grad = true;
   store_->mark_dirty(g.grad_acc, Tier::kHost);
   store_->unpin(g.grad_acc, Tier::kHost);
@@ -452,6 +460,16 @@ Status ShardStore::finish_micro_batch() {
   return device_.last_error();
 }
 
+void ShardStore::device_sum_squares(const void* x, DType dtype, std::size_t group) {
+  const Group& g = *groups_[group];
+  device_.ops().sum_squares(x, g.n, dtype, norm_slots_ + group);
+  if (g.dup_begin < g.n) {
+    device_.ops().sum_squares(static_cast<const std::byte*>(x) +
+                                  static_cast<std::size_t>(g.dup_begin) * dtype_size(dtype),
+                              g.n - g.dup_begin, dtype, norm_slots_ + groups_.size() + group);
+  }
+}
+
 Result<std::vector<double>> ShardStore::grad_sums_of_squares() {
   STRATA_CHECK(pending_grads_.empty(), "gradient norm before finish_micro_batch");
   // Where the sums are is the plan's: taken on the device when the gradients are accumulated
@@ -466,23 +484,30 @@ Result<std::vector<double>> ShardStore::grad_sums_of_squares() {
     if (!g.has_grad || !summed_on_device) continue;
     if (plan_.accumulate_on_device() && guessing()) continue;  // summed already
     STRATA_ASSIGN_OR_RETURN(void* acc, store_->acquire(g.grad_acc, Tier::kDevice));
-    device_.ops().sum_squares(acc, g.n, DType::kF32, norm_slots_ + i);
+    device_sum_squares(acc, DType::kF32, i);
     store_->unpin(g.grad_acc, Tier::kDevice);
   }
   if (on_device && any) {
     device::Stream& compute = device_.stream(device::StreamKind::kCompute);
     if (norm_slots_ != norms_host_) {
-      device_.copy_to_host(norms_host_, norm_slots_, groups_.size() * sizeof(double), compute);
+      device_.copy_to_host(norms_host_, norm_slots_, 2 * groups_.size() * sizeof(double), compute);
     }
     compute.synchronize();
     // A failed sum (its launch, or a fault before it) is the error, not a stale number.
     STRATA_RETURN_IF_ERROR(device_.last_error());
   }
+  // What this rank counts: each gradient's sum less its duplicates' (summed apart, so kept
+  // from going below zero by rounding; NaN and infinity stay, for the step to be skipped).
   std::vector<double> sums(groups_.size(), 0.0);
   const double* host = norms_host_;
+  const std::size_t dups = groups_.size();
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     const Group& g = *groups_[i];
-    if (g.has_grad) sums[i] = on_device ? host[i] : g.sum_squares;
+    if (!g.has_grad) continue;
+    const double whole = on_device ? host[i] : g.sum_squares;
+    const double dup = g.dup_begin >= g.n ? 0.0 : on_device ? host[dups + i] : g.dup_sum_squares;
+    const double counted = whole - dup;
+    sums[i] = counted < 0 ? 0.0 : counted;  // a non-finite sum stays what it is
   }
   return sums;
 }
@@ -491,6 +516,7 @@ void ShardStore::clear_grads() {
   for (auto& g : groups_) {
     g->has_grad = false;
     g->sum_squares = 0;
+    g->dup_sum_squares = 0;
   }
 }
 
@@ -501,8 +527,10 @@ Status ShardStore::give_zero_grads() {
     STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
     if (plan_.keep_gradients || (plan_.accumulate_on_device() && guessing())) {
-      device_.fill_zero(norm_slots_ + i, sizeof(double),
-                        device_.stream(device::StreamKind::kCompute));
+      for (std::size_t slot : {i, groups_.size() + i}) {
+        device_.fill_zero(norm_slots_ + slot, sizeof(double),
+                          device_.stream(device::StreamKind::kCompute));
+      }
     }
     g.has_grad = true;
   }

@@ -33,19 +33,22 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
       ShardStore::create(partition->local_layout(), device, swap, shard_options, plan));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSchedule> schedule,
                           OptimizerSchedule::create(*shards, device, shard_options));
-  return std::unique_ptr<ZeroProvider>(new ZeroProvider(
-      full, std::move(partition), std::move(shards), std::move(schedule), comm, device, options));
+  return std::unique_ptr<ZeroProvider>(new ZeroProvider(full, std::move(partition),
+                                                        std::move(shards), std::move(schedule),
+                                                        comm, grid.tensor(), device, options));
 }
 
 ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                            std::unique_ptr<ShardStore> shards,
                            std::unique_ptr<OptimizerSchedule> schedule, dist::Communicator& comm,
-                           device::Device& device, const ZeroOptions& options)
+                           dist::Communicator& tensor, device::Device& device,
+                           const ZeroOptions& options)
     : full_(full),
       partition_(std::move(partition)),
       shards_(std::move(shards)),
       schedule_(std::move(schedule)),
       comm_(comm),
+      tensor_(tensor),
       device_(device),
       options_(options),
       dsize_(dtype_size(options.compute_dtype)),
@@ -557,6 +560,11 @@ Result<double> ZeroProvider::grad_norm() {
   }
   if (comm_.world_size() > 1) {
     STRATA_RETURN_IF_ERROR(comm_.all_reduce_host(&sum, 1, dist::ReduceOp::kSum, "gradient norm"));
+  }
+  // Each tensor-parallel rank's slices (its duplicates already left out).
+  if (tensor_.world_size() > 1) {
+    STRATA_RETURN_IF_ERROR(
+        tensor_.all_reduce_host(&sum, 1, dist::ReduceOp::kSum, "gradient norm (tensor)"));
   }
   return std::sqrt(sum);
 }

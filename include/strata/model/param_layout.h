@@ -48,6 +48,9 @@ struct TensorSpec {
   TensorInit init = TensorInit::kNormal;
   TensorFormat format = TensorFormat::kCompute;
   TensorSlice slice{};
+  // kNormal: where its numbers start in its group's stream (init_group), the whole tensor's
+  // place there; -1: right after the kNormal tensors before it in the group.
+  std::int64_t draw_first = -1;
 
   // The whole tensor's shape and element count (as in a Hugging Face checkpoint).
   std::vector<std::int64_t> full_shape() const;
@@ -96,6 +99,11 @@ struct ParamGroup {
   // Some tensor's working copy is NF4 (frozen groups only): the group's working bytes follow
   // working_bytes(), and ZeRO keeps it whole on every rank.
   bool quantized() const;
+  // Tensor parallelism: elements [duplicate_begin, num_elems) are tensors another rank of the
+  // group also holds whole and counts in the gradient norm (norms, row-parallel biases, a
+  // replicated kv head on all but its first rank); num_elems when none (-1: not yet laid out).
+  std::int64_t duplicate_begin = -1;
+  std::int64_t duplicates() const { return duplicate_begin < 0 ? 0 : num_elems - duplicate_begin; }
 };
 
 // The one rule for a working copy's bytes: elements times the compute dtype's size, unless the
@@ -122,8 +130,10 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // 2L+2 = "head.norm", when it trains and lm_head does not, or the other way round. Only norms
 // move (they start at one, drawing nothing), so a base from a seed stays the same.
 //
-// With `tp` (no adapters yet), each tensor is this rank's slice (TensorSpec::slice) and every
-// group holds the slices in the same order; the group ids do not change.
+// With `tp` (no adapters yet), each tensor is this rank's slice (TensorSpec::slice); the group ids
+// do not change, and each group lists the tensors whose gradient this rank counts in the norm
+// first, then its duplicates (ParamGroup::duplicate_begin). Seeded values do not depend on the
+// order (TensorSpec::draw_first).
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config,

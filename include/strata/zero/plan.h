@@ -86,9 +86,10 @@ struct ZeroOptions {
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
-// The gradients' sums of squares the shard store keeps: one double per group.
+// The gradients' sums of squares the shard store keeps: two doubles per group (the whole
+// gradient's, and its tensor-parallel duplicates').
 inline std::uint64_t gradient_norm_bytes(std::size_t num_groups) {
-  return static_cast<std::uint64_t>(num_groups == 0 ? 1 : num_groups) * sizeof(double);
+  return static_cast<std::uint64_t>(num_groups == 0 ? 1 : num_groups) * 2 * sizeof(double);
 }
 
 struct PlanOptions {

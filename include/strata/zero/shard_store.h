@@ -156,7 +156,8 @@ class ShardStore {
   // Waits for gradient transfers still in flight; with a guess running (the step view's
   // guessing()), the gradients that never came are zeros and every gradient is final.
   Status finish_micro_batch();
-  // Sum of squares of each group's accumulated gradient, by group; after finish_micro_batch.
+  // Sum of squares of each group's accumulated gradient, by group, less its tensor-parallel
+  // duplicates' (ParamGroup::duplicate_begin: another rank counts them); after finish_micro_batch.
   // The same numbers wherever the gradients live (kSumSquaresChunkElems); sums taken on the
   // device come back in one copy and one wait.
   Result<std::vector<double>> grad_sums_of_squares();
@@ -283,6 +284,9 @@ class ShardStore {
   // Gradient sums of squares, one double per group, in store tensors pinned for the store's
   // life: a host copy, and on a device that cannot address host memory device scratch that the
   // sums are written to and copied from.
+  // Into slot `group` the sum of squares of x [n] (a group's gradient, in dtype), and into slot
+  // groups + group that of its duplicates.
+  void device_sum_squares(const void* x, DType dtype, std::size_t group);
   double* norms_host_ = nullptr;
   double* norm_slots_ = nullptr;                 // where the device writes them
   mem::Handle host_io_ = mem::Handle::kInvalid;  // the model's (host_io), and its pinned copy

@@ -437,6 +437,7 @@ TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpo
   for (int size : {2, 4}) {
     SCOPED_TRACE("T = " + std::to_string(size));
     std::map<std::string, std::vector<int>> covered;  // times each whole element is held
+    std::map<std::string, std::vector<int>> counted;  // and counted in the gradient norm
     for (int rank = 0; rank < size; ++rank) {
       const ParamLayout part = ParamLayout::build(config, std::nullopt, false, {size, rank});
       ASSERT_TRUE(reader->validate(part).is_ok()) << reader->validate(part).to_string();
@@ -454,6 +455,11 @@ TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpo
           EXPECT_EQ(t.full_shape(), w->tensor->shape) << t.name;
           auto& times = covered[t.name];
           times.resize(static_cast<std::size_t>(t.full_elems()));
+          auto& norm = counted[t.name];
+          norm.resize(times.size());
+          // A rank's duplicates come last in its groups; every element counts on one rank.
+          const bool duplicate = t.offset_elems >= g.duplicate_begin;
+          EXPECT_EQ(duplicate, rank % (size / t.slice.parts) != 0) << t.name << " rank " << rank;
           t.for_each_run(
               0, t.num_elems, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
                 for (std::int64_t i = 0; i < n; ++i) {
@@ -464,6 +470,7 @@ TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpo
                   ASSERT_EQ(read[local], values[static_cast<std::size_t>(g.id)][at])
                       << t.name << "[" << first + i << "]";
                   ++times[static_cast<std::size_t>(full_first + i)];
+                  norm[static_cast<std::size_t>(full_first + i)] += duplicate ? 0 : 1;
                 }
               });
         }
@@ -478,6 +485,7 @@ TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpo
       const int want = whole_on_each ? size : kv ? size / 2 : 1;  // 2 kv heads
       for (std::size_t i = 0; i < times.size(); ++i) {
         ASSERT_EQ(times[i], want) << name << "[" << i << "]";
+        ASSERT_EQ(counted[name][i], 1) << name << "[" << i << "]";
       }
     }
   }

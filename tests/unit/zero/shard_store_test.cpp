@@ -49,10 +49,13 @@ class ShardStoreTest : public ::testing::TestWithParam<Placement> {
   }
 
   // `frozen`: the groups made frozen (no gradient, no optimizer state); `overlap`: the schedule.
+  // `tp`: the layout of one tensor-parallel rank's slices.
   void make_engine(std::int64_t accumulation_steps, std::vector<int> frozen = {},
-                   OptimizerOverlap overlap = OptimizerOverlap::kNone) {
+                   OptimizerOverlap overlap = OptimizerOverlap::kNone,
+                   model::TensorParallel tp = {}) {
     provider_.reset();
-    std::vector<model::ParamGroup> groups = model::ParamLayout::build(config_).groups();
+    std::vector<model::ParamGroup> groups =
+        model::ParamLayout::build(config_, std::nullopt, false, tp).groups();
     for (int g : frozen) groups.at(static_cast<std::size_t>(g)).frozen = true;
     layout_ = model::ParamLayout::from_groups(std::move(groups));
     ShardOptions o;
@@ -140,7 +143,9 @@ void ShardStoreTest::check_step(int micro_batches) {
         s[i] += dtype == DType::kF32 ? a[i] : bf16_to_f32(f32_to_bf16(a[i]));
       }
     }
-    for (const float x : s) sq += static_cast<double>(x) * x;
+    // Tensor-parallel duplicates count on another rank.
+    const auto counted = static_cast<std::size_t>(layout_.group(g).duplicate_begin);
+    for (std::size_t i = 0; i < counted; ++i) sq += static_cast<double>(s[i]) * s[i];
   }
   auto norm = provider_->grad_norm();
   ASSERT_TRUE(norm.is_ok());
@@ -199,6 +204,23 @@ TEST_P(ShardStoreTest, FrozenGroupsKeepTheirWeightsAndRefuseGradients) {
   check_step(1);
   if (GetParam().opt == Tier::kDevice) return;
   make_engine(2, {0, head}, OptimizerOverlap::kBackward);
+  check_step(2);
+}
+
+// One tensor-parallel rank's slices (rank 1 of 2: its norms, and the kv head it shares with
+// rank 0, are duplicates): the gradient norm leaves the duplicates out wherever the gradients
+// are summed (on the device, kept, on the host, beside a guessed update).
+TEST_P(ShardStoreTest, TensorParallelDuplicatesAreLeftOutOfTheNorm) {
+  config_.vocab_size = 20;
+  make_engine(1, {}, OptimizerOverlap::kNone, {2, 1});
+  std::int64_t duplicates = 0;
+  for (const auto& g : layout_.groups()) duplicates += g.num_elems - g.duplicate_begin;
+  ASSERT_GT(duplicates, 0);
+  check_step(1);
+  make_engine(3, {}, OptimizerOverlap::kNone, {2, 1});
+  check_step(3);
+  if (GetParam().opt == Tier::kDevice) return;
+  make_engine(2, {}, OptimizerOverlap::kBackward, {2, 1});
   check_step(2);
 }
 
