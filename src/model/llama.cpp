@@ -116,7 +116,7 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   if (d.nf4) ws->nf4_weight = act(d.max_weight());
   if (d.split()) {
     ws->ce_local = f32(3 * R);
-    ws->ce_stats = f32(3 * R * d.tp->size());
+    ws->ce_stats = f32(3 * R * d.tp_size);
     ws->ce_rows = f32(2 * R);
   }
   auto& s = ws->bwd;
@@ -331,7 +331,7 @@ struct LlamaModel::Impl {
   // the slice in place. The logits are never whole.
   Status parallel_cross_entropy(float* host_losses, bool train, float dloss_scale) {
     const Dims& d = dims_;
-    const std::int64_t R = d.rows, T = d.tp->size();
+    const std::int64_t R = d.rows, T = d.tp_size;
     auto& stream = device_.stream(device::StreamKind::kCompute);
     const auto& ops = device_.ops();
     ops.cross_entropy_stats(ws_.logits, ws_.targets, R, d.vocab, d.vocab_begin, ws_.ce_local,
@@ -482,7 +482,7 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
                                     " layers, activation_checkpointing " +
                                     (options_.activation_checkpointing ? "on" : "off") + ")"));
   // Asked every step too: the provider hands back the same buffer while the size is the same.
-  const int tp = options_.tensor_group == nullptr ? 1 : options_.tensor_group->size();
+  const int tp = options_.tensor_parallel.size;
   STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq, tp),
                                                      "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
@@ -707,7 +707,12 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   STRATA_CHECK(config.num_hidden_layers == 0 ||
                    layout.group(layout.layer_group(0)).quantized() == options_.nf4_base,
                "the layout's base format does not match ModelOptions::nf4_base", options_.nf4_base);
-  if (const TensorGroup* tp = options_.tensor_group; tp != nullptr && tp->size() > 1) {
+  const TensorParallel& split = options_.tensor_parallel;
+  STRATA_CHECK(split.size == 1 || (options_.tensor_group != nullptr &&
+                                   options_.tensor_group->size() == split.size &&
+                                   options_.tensor_group->rank() == split.rank),
+               "a split model needs the tensor group of its rank", split.size, split.rank);
+  if (const TensorGroup* tp = options_.tensor_group; tp != nullptr && split.size > 1) {
     STRATA_CHECK(!options_.lora.has_value() && !options_.nf4_base,
                  "adapters with tensor parallelism are not supported yet", tp->size());
     STRATA_CHECK(tp->kv_replicas() == (config.num_key_value_heads >= tp->size()
@@ -820,9 +825,9 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
                             std::to_string(max_rows) + " and positions " +
                             std::to_string(max_positions));
   }
-  if (options_.tensor_group != nullptr && options_.tensor_group->size() > 1) {
+  if (options_.tensor_parallel.size > 1) {
     return failed_precondition("decoding a model split over " +
-                               std::to_string(options_.tensor_group->size()) +
+                               std::to_string(options_.tensor_parallel.size) +
                                " tensor-parallel ranks is not supported yet");
   }
   if (max_positions > config_.max_position_embeddings) {

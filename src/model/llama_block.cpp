@@ -34,10 +34,11 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
   }
   d.nf4 = options.nf4_base;
   d.tp = options.tensor_group;
+  d.tp_size = options.tensor_parallel.size;
   if (d.split()) {
     // This rank's share (ParamLayout::build's slices): its heads, its kv heads (one, whole, when
     // they are fewer than the ranks), its part of the MLP and of the vocabulary.
-    const std::int64_t t = d.tp->size();
+    const std::int64_t t = d.tp_size;
     d.heads /= t;
     d.kv_heads = c.num_key_value_heads >= t ? c.num_key_value_heads / t : 1;
     d.kv_replicas = c.num_key_value_heads >= t ? 1 : t / c.num_key_value_heads;
@@ -45,7 +46,7 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     d.kv_dim = d.kv_heads * d.head_dim;
     d.ffn /= t;
     d.vocab /= t;
-    d.vocab_begin = d.vocab * d.tp->rank();
+    d.vocab_begin = d.vocab * options.tensor_parallel.rank;
   }
   return d;
 }

@@ -38,12 +38,14 @@ struct Dims {
   // max_weight() elements) just before its product, one at a time.
   bool nf4 = false;
   void* nf4_weight = nullptr;
-  // Tensor parallelism (null or size 1: none): heads, kv_heads, q_dim, kv_dim, ffn and vocab above
-  // are this rank's share; vocab_begin is its slice's first token.
+  // Tensor parallelism (size 1: none): heads, kv_heads, q_dim, kv_dim, ffn and vocab above
+  // are this rank's share (ModelOptions::tensor_parallel); vocab_begin is its slice's first
+  // token; `tp` runs the collectives (null where only sizes are asked).
+  int tp_size = 1;
   TensorGroup* tp = nullptr;
   std::int64_t vocab_begin = 0;
   std::int64_t kv_replicas = 1;  // ranks holding this rank's kv head whole (kv heads < ranks)
-  bool split() const { return tp != nullptr && tp->size() > 1; }
+  bool split() const { return tp_size > 1; }
 
   // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.
   static Dims make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,

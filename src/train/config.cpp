@@ -281,6 +281,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
             zero::grad_accumulation_name);
   r.read("activation_checkpointing", &c.activation_checkpointing);
   r.read("zero_stage", &c.zero_stage, 1, 3);
+  r.read("tensor_parallel_size", &c.tensor_parallel_size, 1, 1 << 16);
   r.read("sub_group_size", &c.sub_group_size, 1024);
   r.read("param_persistence_threshold", &c.param_persistence_threshold, 0);
   for (const auto& [key, out] : {std::pair{"reduce_bucket_bytes", &c.reduce_bucket_bytes},
@@ -356,6 +357,23 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     // The CUDA backend sizes its arena from this; refuse to guess.
     errors.push_back("'device_memory_limit': required with device \"cuda\" (e.g. \"20GiB\")");
   }
+  if (c.tensor_parallel_size > 1) {
+    if (has_model) {
+      for (const auto& p : model::tensor_parallel_problems(c.model, c.tensor_parallel_size)) {
+        errors.push_back("'tensor_parallel_size': " + p);
+      }
+    }
+    if (c.finetune.method != FinetuneMethod::kFull) {
+      errors.push_back(
+          "'tensor_parallel_size': LoRA and QLoRA do not split over tensor-parallel "
+          "ranks yet; use finetune.method \"full\" or tensor_parallel_size 1");
+    }
+    if (!c.save_dir.empty()) {
+      errors.push_back(
+          "'tensor_parallel_size': checkpoints of a tensor-parallel run are not "
+          "written yet; set save_dir \"\" or tensor_parallel_size 1");
+    }
+  }
   if (c.zero_stage != 3 && c.offload_param != Tier::kDevice) {
     errors.push_back("'offload_param': parameter offload needs zero_stage 3");
   }
@@ -411,6 +429,7 @@ model::ModelOptions TrainConfig::model_options() const {
   o.activation_checkpointing = activation_checkpointing;
   o.lora = lora();
   o.nf4_base = nf4_base();
+  o.tensor_parallel.size = tensor_parallel_size;  // the rank's place: the trainer's
   return o;
 }
 
@@ -471,6 +490,7 @@ Json TrainConfig::to_json() const {
       {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
+      {"tensor_parallel_size", tensor_parallel_size},
       {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
       {"reduce_bucket_bytes", reduce_bucket_bytes},

@@ -12,6 +12,7 @@
 #include "strata/core/aligned.h"
 #include "strata/core/dtype.h"
 #include "strata/device/nf4.h"
+#include "strata/dist/process_grid.h"
 #include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
 #include "strata/sys/process.h"
@@ -62,19 +63,19 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   return filesystems.empty() ? 0 : per_path * paths.size();
 }
 
-zero::ShardOptions shard_options(const TrainConfig& config, int world) {
+zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks) {
   zero::ShardOptions o;
   const model::ModelOptions mo = config.model_options();
   const std::int64_t batch = config.micro_batch_size, seq = config.seq_len;
   o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo, batch, seq);
   o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo, batch, seq);
   o.num_checkpoints = model::LlamaModel::num_checkpoints(config.model, mo);
-  o.host_io_bytes = model::LlamaModel::host_io_bytes(batch, seq);
+  o.host_io_bytes = model::LlamaModel::host_io_bytes(batch, seq, config.tensor_parallel_size);
   o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
   o.compute_dtype = config.precision;
-  o.accumulation_steps = config.accumulation_steps(world);
+  o.accumulation_steps = config.accumulation_steps(data_ranks);
   o.overlap = config.optimizer_overlap;
   o.grad_accumulation = config.grad_accumulation;
   o.adam = config.optimizer;
@@ -103,27 +104,39 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   STRATA_CHECK(options.rank >= 0 && options.rank < ranks, "rank outside the ranks planned",
                options.rank, ranks);
-  STRATA_RETURN_IF_ERROR(config.check_batch_split(ranks));
+  // The grid: tensor_parallel_size ranks split each layer, ZeRO shards over the rest.
+  const int tp = config.tensor_parallel_size;
+  if (ranks % tp != 0) {
+    return invalid_argument("--ranks " + std::to_string(ranks) +
+                            " must be a multiple of tensor_parallel_size " + std::to_string(tp));
+  }
+  const dist::GridShape shape{ranks / tp, tp, 1};
+  const dist::GridCoord at = dist::grid_coord(shape, options.rank);
+  STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
   Estimate e;
   e.ranks = ranks;
   e.rank = options.rank;
   e.model = config.model;
-  const model::ParamLayout full = config.param_layout();
-  e.parameters = full.num_parameters();
+  // This rank's slices (the whole model without tensor parallelism).
+  const model::ParamLayout full = config.param_layout(at.tensor);
+  e.parameters = tp == 1 ? full.num_parameters()
+                         : model::ParamLayout::build(config.model, config.lora(), config.nf4_base())
+                               .num_parameters();
   for (const auto& g : full.groups()) {
     if (g.frozen) continue;
     for (const auto& t : g.tensors) e.trainable_parameters += t.num_elems;
   }
+  if (tp > 1) e.trainable_parameters = e.parameters;  // full fine-tuning alone splits yet
   e.embedding_trains = !full.group(full.embed_group()).frozen;
   e.finetune = describe_finetune(config, full);
-  const zero::Partition partition(full, options.rank, ranks, config.param_persistence_threshold);
+  const zero::Partition partition(full, at.data, shape.data, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) {
     e.groups_partitioned += g.replicated ? 0 : 1;
     if (!full.group(g.group).frozen) e.trainable_local_elems += g.local_elems();
   }
 
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
-  zero::ShardOptions eo = shard_options(config, ranks);
+  zero::ShardOptions eo = shard_options(config, shape.data);
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,
                                             config.device == device::DeviceKind::kCpu);

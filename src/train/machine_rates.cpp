@@ -154,11 +154,16 @@ class ProbeModel {
  private:
   ProbeModel(const TrainConfig& config, const model::LlamaConfig& model, device::Device& device)
       : layout_(model::ParamLayout::build(model, config.lora(), config.nf4_base())),
-        model_(model, layout_, device, config.model_options()),
+        model_(model, layout_, device, unsplit(config.model_options())),
         batch_(config.micro_batch_size),
         seq_(config.seq_len),
         inputs_(static_cast<std::size_t>(batch_ * seq_)),
         targets_(inputs_.size()) {}
+  // The probe times a whole layer on one rank (a tensor-parallel rank computes a share of it).
+  static model::ModelOptions unsplit(model::ModelOptions o) {
+    o.tensor_parallel = {};
+    return o;
+  }
   model::ParamLayout layout_;
   model::LlamaModel model_;
   std::unique_ptr<dist::ProcessGrid> grid_;

@@ -31,6 +31,7 @@
 #include "strata/train/estimate.h"
 #include "strata/train/quantized_cache.h"
 #include "strata/train/step_time.h"
+#include "strata/zero/tensor_group.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -87,7 +88,8 @@ struct Trainer::Impl {
   std::unique_ptr<mem::Timeline> timeline;         // before the provider, which records into it
   std::unique_ptr<QuantizedBaseCache> base_cache;  // finetune.quantized_cache
   std::unique_ptr<dist::Communicator> comm;
-  std::unique_ptr<dist::ProcessGrid> grid;  // data = world, tensor = 1, pipeline = 1
+  std::unique_ptr<dist::ProcessGrid> grid;           // data x tensor_parallel_size, pipeline 1
+  std::unique_ptr<model::TensorGroup> tensor_group;  // the model's, with tensor parallelism
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::shared_ptr<TokenDataset> dataset;
@@ -176,7 +178,6 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::HfCheckpointReader::open(config.model_path));
     reader = std::make_unique<model::HfCheckpointReader>(std::move(opened));
   }
-  layout = std::make_unique<model::ParamLayout>(config.param_layout());
   if (reader) STRATA_RETURN_IF_ERROR(reader->validate(model::ParamLayout::build(config.model)));
   // LoRA from a PEFT adapter: it must be the adapter the config describes.
   std::unique_ptr<model::PeftAdapterReader> adapter;
@@ -184,7 +185,7 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(config.finetune.adapter));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
     STRATA_RETURN_IF_ERROR(check_adapter_matches(config.finetune, adapter->config()));
-    STRATA_RETURN_IF_ERROR(adapter->validate(*layout));
+    STRATA_RETURN_IF_ERROR(adapter->validate(config.param_layout()));
   }
 
   STRATA_ASSIGN_OR_RETURN(device, device::create_device(config.device_options()));
@@ -194,10 +195,18 @@ Status Trainer::Impl::setup() {
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
+  // tensor_parallel_size consecutive ranks split each layer; ZeRO shards over the rest.
+  const int tp = config.tensor_parallel_size;
+  if (world % tp != 0) {
+    return invalid_argument("tensor_parallel_size " + std::to_string(tp) + " must divide the " +
+                            std::to_string(world) + " ranks this run has");
+  }
   dist::GridShape shape;
-  shape.data = world;
+  shape.data = world / tp;
+  shape.tensor = tp;
   STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
-  STRATA_RETURN_IF_ERROR(config.check_batch_split(world));
+  STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
+  layout = std::make_unique<model::ParamLayout>(config.param_layout(grid->coord().tensor));
   if (world > 1) {
     // Every rank must run the same config; a mismatch would silently desynchronize them.
     const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
@@ -239,10 +248,17 @@ Status Trainer::Impl::setup() {
   }
 
   // The model first: the memory plan counts its device workspace.
-  model =
-      std::make_unique<model::LlamaModel>(config.model, *layout, *device, config.model_options());
+  model::ModelOptions model_options = config.model_options();
+  model_options.tensor_parallel.rank = grid->coord().tensor;
+  if (tp > 1) {
+    STRATA_ASSIGN_OR_RETURN(
+        tensor_group,
+        zero::make_tensor_group(grid->tensor(), *device, config.model.num_key_value_heads));
+    model_options.tensor_group = tensor_group.get();
+  }
+  model = std::make_unique<model::LlamaModel>(config.model, *layout, *device, model_options);
 
-  zero::ShardOptions sopts = shard_options(config, world);
+  zero::ShardOptions sopts = shard_options(config, shape.data);
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   sopts.timeline = timeline.get();  // the plan (with this rank's free swap space) is `planned`
   const zero::ZeroOptions zopts = zero_options(config);
@@ -362,7 +378,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   Stopwatch step_timer;
 
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
-  const std::int64_t world = comm->world_size(), rank = comm->rank();
+  const std::int64_t world = grid->data().world_size(), rank = grid->data().rank();
   const std::int64_t accum = config.accumulation_steps(static_cast<int>(world));
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
   std::vector<std::int32_t> targets(inputs.size());
@@ -411,7 +427,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.loss = loss_sum;
   m.loss_tokens = global_targets;
   if (world > 1)
-    STRATA_RETURN_IF_ERROR(comm->all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
+    STRATA_RETURN_IF_ERROR(grid->data().all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
   m.lr = schedule.lr_at(step);
   STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
   if (!std::isfinite(m.grad_norm) || global_targets == 0) {
@@ -472,7 +488,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
 
 std::int64_t Trainer::Impl::eval_batch_count() const {
   // eval_batches 0: the whole file once (at least one batch, which may wrap around it).
-  const std::int64_t per_batch = config.micro_batch_size * comm->world_size();
+  const std::int64_t per_batch = config.micro_batch_size * grid->data().world_size();
   return config.eval_batches > 0
              ? config.eval_batches
              : std::max<std::int64_t>(1, eval_sampler->num_windows() / per_batch);
@@ -481,7 +497,8 @@ std::int64_t Trainer::Impl::eval_batch_count() const {
 Status Trainer::Impl::check_eval_data() {
   const std::int64_t seq = config.seq_len;
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(seq)), targets(inputs.size());
-  const std::int64_t sequences = eval_batch_count() * config.micro_batch_size * comm->world_size();
+  const std::int64_t sequences =
+      eval_batch_count() * config.micro_batch_size * grid->data().world_size();
   for (std::int64_t g = 0; g < sequences; ++g) {
     STRATA_RETURN_IF_ERROR(
         eval_sampler->sequence(g, config.model.vocab_size, inputs.data(), targets.data())
@@ -499,7 +516,7 @@ Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
   // An overlapped update lands first: evaluation sees the weights of this step.
   STRATA_RETURN_IF_ERROR(provider->finish_step());
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
-  const std::int64_t world = comm->world_size(), rank = comm->rank();
+  const std::int64_t world = grid->data().world_size(), rank = grid->data().rank();
   const std::int64_t batches = eval_batch_count();
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
   std::vector<std::int32_t> targets(inputs.size());
@@ -522,7 +539,8 @@ Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
     sums[1] += static_cast<double>(n);
   }
   if (world > 1) {
-    STRATA_RETURN_IF_ERROR(comm->all_reduce_host(sums, 2, dist::ReduceOp::kSum, "eval loss"));
+    STRATA_RETURN_IF_ERROR(
+        grid->data().all_reduce_host(sums, 2, dist::ReduceOp::kSum, "eval loss"));
   }
   if (sums[1] == 0) {
     return invalid_argument("eval_data " + config.eval_data->path +
@@ -743,12 +761,11 @@ std::string Trainer::describe() const {
       "model: %lld parameters (%lld layers, hidden %lld, heads %lld/%lld kv, vocab %lld)\n"
       "precision %s | device %s (limit %s) | offload_param %s | offload_optimizer %s%s%s\n"
       "data: %s (%lld tokens, %s) | seq_len %lld | batch %lld = %lld micro-batches of %lld x %d "
-      "rank(s) | ZeRO stage %d, %d of %d parameter groups partitioned\n",
-      static_cast<long long>(s.layout->num_parameters()),
-      static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
-      static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
-      static_cast<long long>(c.vocab_size), std::string(precision_name(s.config.precision)).c_str(),
-      s.device->name().c_str(),
+      "rank(s) | ZeRO stage %d, %d of %d parameter groups partitioned%s\n",
+      static_cast<long long>(s.planned.parameters), static_cast<long long>(c.num_hidden_layers),
+      static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+      static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size),
+      std::string(precision_name(s.config.precision)).c_str(), s.device->name().c_str(),
       s.config.device_memory_limit ? format_bytes(s.config.device_memory_limit).c_str() : "none",
       std::string(zero::offload_name(s.config.offload_param)).c_str(),
       std::string(zero::offload_name(s.config.offload_optimizer)).c_str(),
@@ -756,9 +773,14 @@ std::string Trainer::describe() const {
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
       std::string(token_format_name(s.config.data.format)).c_str(),
       static_cast<long long>(s.config.seq_len), static_cast<long long>(s.config.batch_size),
-      static_cast<long long>(s.config.accumulation_steps(s.comm->world_size())),
-      static_cast<long long>(s.config.micro_batch_size), s.comm->world_size(), s.config.zero_stage,
-      partitioned, s.layout->num_groups());
+      static_cast<long long>(s.config.accumulation_steps(s.grid->data().world_size())),
+      static_cast<long long>(s.config.micro_batch_size), s.grid->data().world_size(),
+      s.config.zero_stage, partitioned, s.layout->num_groups(),
+      s.config.tensor_parallel_size > 1
+          ? (" | each layer split over " + std::to_string(s.config.tensor_parallel_size) +
+             " tensor-parallel ranks")
+                .c_str()
+          : "");
   const std::string finetune = describe_finetune(s.config, *s.layout);
   const std::string cache = s.base_cache ? s.base_cache->describe() + "\n" : "";
   return buf + (finetune.empty() ? "" : finetune + "\n") + cache + s.provider->plan().describe();

@@ -256,6 +256,36 @@ TEST(EstimateTest, ModulesToSaveAreCountedAsTrainable) {
       << b->describe();
 }
 
+// Tensor parallelism: each rank plans its own slices (half of every split matrix at T = 2, the
+// norms whole) and its share of the activations; the rank count must be a multiple of T.
+TEST(EstimateTest, TensorParallelRanksPlanTheirSlices) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_optimizer"] = "cpu";
+  auto whole = config_of(j);
+  j["tensor_parallel_size"] = 2;
+  auto split = config_of(j);
+  ASSERT_TRUE(whole.is_ok() && split.is_ok()) << split.status().message();
+  auto a = estimate(*whole, 1);
+  auto b = estimate(*split, 2);
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().message();
+  EXPECT_EQ(b->parameters, a->parameters);
+  const auto master = [](const Estimate& e) {
+    return static_cast<double>(e.plan.kind_bytes(Tier::kHost, zero::TensorKind::kMasterWeights));
+  };
+  const auto acts = [](const Estimate& e) {
+    return static_cast<double>(e.plan.kind_bytes(Tier::kDevice, zero::TensorKind::kActivations));
+  };
+  // Norms are whole on each rank, and groups are padded: a little over half.
+  EXPECT_GT(master(*b), 0.5 * master(*a));
+  EXPECT_LT(master(*b), 0.55 * master(*a));
+  EXPECT_LT(acts(*b), 0.8 * acts(*a));
+  auto odd = estimate(*split, 3);
+  ASSERT_FALSE(odd.is_ok());
+  EXPECT_NE(odd.status().message().find("must be a multiple of tensor_parallel_size 2"),
+            std::string::npos);
+}
+
 TEST(EstimateTest, RanksSplitThePartitionedStateAndTheJsonHasEveryTier) {
   TempDir dir;
   Json j = small_config(dir);

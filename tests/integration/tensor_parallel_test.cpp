@@ -71,6 +71,7 @@ TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
       }
     }
     ModelOptions options{DType::kF32, checkpointing, std::nullopt};
+    options.tensor_parallel = {size, rank};
     options.tensor_group = group.get();
     LlamaModel model(*config, layout, device, options);
     auto loss = model.forward_backward(provider, inputs.data(), targets.data(), batch, seq, 1.0f);

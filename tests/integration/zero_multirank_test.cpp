@@ -18,6 +18,7 @@
 #include "strata/model/safetensors.h"
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
+#include "strata/train/trainer.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
@@ -270,6 +271,75 @@ TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
       expect_weights_close(adapters(name), ref_a, j["optimizer"]["lr"].get<double>(), 3);
     }
   }
+}
+
+// Tensor parallelism inside ZeRO: 2 ranks splitting every layer, 2 x 2 (data x tensor, offloaded
+// to the host) and 4 ranks splitting every layer (each of the 2 kv heads on 2 ranks) train the
+// losses of one rank, gradient clipping included (each duplicate counted once in the norm).
+// The bound is the data-parallel runs': a split sums each product in another order, as ranks
+// and BLAS kernels do.
+TEST(ZeroTensorParallel, SplitLayersTrainTheLossesOfOneRank) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json j = config(dir, "t1");
+  j["save_dir"] = "";  // tensor-parallel checkpoints are not written yet
+  ASSERT_EQ(train(dir, j, "t1", 1), 0) << std::ifstream(dir.file("t1/err.txt")).rdbuf();
+  const auto ref_loss = losses(dir.file("t1/metrics.jsonl"));
+  ASSERT_EQ(ref_loss.size(), 3u);
+  struct Run {
+    int np, tensor, micro;
+    const char* offload;
+  };
+  for (const Run& r : {Run{2, 2, 2, "none"}, Run{4, 2, 2, "cpu"}, Run{4, 4, 2, "none"}}) {
+    SCOPED_TRACE(std::to_string(r.np) + " ranks, tensor_parallel_size " + std::to_string(r.tensor));
+    const std::string name = "t" + std::to_string(r.np) + "x" + std::to_string(r.tensor);
+    Json k = j;
+    k["tensor_parallel_size"] = r.tensor;
+    k["micro_batch_size"] = r.micro;
+    k["offload_param"] = r.offload;
+    k["offload_optimizer"] = r.offload;
+    k["metrics_file"] = dir.file(name + "/metrics.jsonl");
+    k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
+    ASSERT_EQ(train(dir, k, name, r.np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
+    std::stringstream said;
+    said << std::ifstream(dir.file(name + "/out.txt")).rdbuf();
+    const std::string out = said.str();
+    EXPECT_NE(out.find("each layer split over " + std::to_string(r.tensor)), std::string::npos)
+        << out;
+  }
+}
+
+// A split the model, the method or the rank count cannot take is refused, naming the value.
+TEST(ZeroTensorParallel, ASplitThatCannotBeIsRefusedNamingTheValue) {
+  TempDir dir;
+  Json j = config(dir, "r");
+  const auto message = [&](const Json& changes) {
+    Json k = j;
+    k.merge_patch(changes);
+    auto c = train::parse_train_config(k, "cfg.json");
+    return c.is_ok() ? std::string() : c.status().message();
+  };
+  EXPECT_NE(message({{"tensor_parallel_size", 3}, {"save_dir", ""}})
+                .find("tensor_parallel_size 3 must divide num_attention_heads (4)"),
+            std::string::npos);
+  EXPECT_NE(
+      message({{"tensor_parallel_size", 2}, {"save_dir", ""}, {"finetune", {{"method", "lora"}}}})
+          .find("LoRA and QLoRA do not split"),
+      std::string::npos);
+  EXPECT_NE(message({{"tensor_parallel_size", 2}}).find("set save_dir"), std::string::npos);
+  EXPECT_NE(message({{"tensor_parallel_size", 0}}).find("tensor_parallel_size"), std::string::npos);
+  // Two ranks' split on one rank.
+  Json k = j;
+  k["tensor_parallel_size"] = 2;
+  k["save_dir"] = "";
+  auto c = train::parse_train_config(k, "cfg.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  auto t = train::Trainer::create(*c, train::TrainOptions{});
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("tensor_parallel_size 2 must divide the 1 ranks"),
+            std::string::npos)
+      << t.status().message();
 }
 
 // The families' own tensors (biases, Qwen3's q/k norms, a q_proj wider than the hidden size)

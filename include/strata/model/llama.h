@@ -24,10 +24,12 @@ struct ModelOptions {
   // QLoRA: the base's projection weights are NF4 (TensorFormat::kNf4), decoded one at a time
   // into workspace before each product.
   bool nf4_base = false;
-  // Tensor parallelism: the group this rank's slices of every layer run over (the layout must be
-  // ParamLayout::build(..., TensorParallel{group->size(), group->rank()})); null: one rank.
-  // Column-parallel products' input gradients and row-parallel products' outputs are summed over
-  // it, the embedding and the cross-entropy are vocabulary-parallel (the logits never whole).
+  // Tensor parallelism: this rank's slices of every layer (the layout must be
+  // ParamLayout::build(..., tensor_parallel)), and the group they run over (size and rank the
+  // same; only sizes, as for activation_bytes, need none). Column-parallel products' input
+  // gradients and row-parallel products' outputs are summed over it, the embedding and the
+  // cross-entropy are vocabulary-parallel (the logits never whole).
+  TensorParallel tensor_parallel{};
   TensorGroup* tensor_group = nullptr;
 };
 

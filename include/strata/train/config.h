@@ -86,6 +86,9 @@ struct TrainConfig {
   zero::GradAccumulation grad_accumulation = zero::GradAccumulation::kAuto;
   bool activation_checkpointing = false;
   int zero_stage = 3;
+  // Megatron-style tensor parallelism: each group of this many consecutive ranks splits every
+  // layer's matrices; ZeRO shards over the rest (the data-parallel ranks).
+  int tensor_parallel_size = 1;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
   dist::CommBackend dist_backend = dist::CommBackend::kAuto;
@@ -144,8 +147,10 @@ struct TrainConfig {
   // QLoRA: the base's projections are NF4.
   bool nf4_base() const { return finetune.method == FinetuneMethod::kQlora; }
   // The parameter layout of this run: the model's groups, with adapters and the base's format.
-  model::ParamLayout param_layout() const {
-    return model::ParamLayout::build(model, lora(), nf4_base());
+  // Split over tensor_parallel_size ranks, tensor-parallel rank `tensor_rank`'s slices.
+  model::ParamLayout param_layout(int tensor_rank = 0) const {
+    return model::ParamLayout::build(model, lora(), nf4_base(),
+                                     {tensor_parallel_size, tensor_rank});
   }
   // Micro-batches per optimizer step on each of `ranks` data-parallel ranks.
   std::int64_t accumulation_steps(int ranks = 1) const {
