@@ -371,7 +371,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   StepMetrics m;
   m.step = step + 1;
   const zero::RankStats before = provider->stats();
-  const dist::CommStats comm_before = comm->stats();
+  const dist::CommStats comm_before = grid->stats();  // every axis's collectives
   const auto busy_before = timeline->busy_ms();
   const io::IoStats io_before = swap ? swap->stats() : io::IoStats{};
   device->reset_peak();
@@ -474,7 +474,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.peak_device_bytes = device->memory_stats().peak_bytes;
   m.peak_host_bytes = d.host_bytes;
   m.peak_nvme_bytes = d.nvme_bytes;
-  const dist::CommStats& comm_after = comm->stats();
+  const dist::CommStats comm_after = grid->stats();
   m.comm_bytes = (comm_after.all_gather_bytes - comm_before.all_gather_bytes) +
                  (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
                  (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);

@@ -49,6 +49,9 @@ class ProcessGrid {
   Communicator& data() { return *data_; }
   Communicator& tensor() { return *tensor_; }
   Communicator& pipeline() { return *pipeline_; }
+  // The bytes and collectives of every communicator of the grid (the world's and each axis's
+  // own), summed.
+  CommStats stats() const;
 
  private:
   ProcessGrid() = default;

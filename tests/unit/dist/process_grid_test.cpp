@@ -73,6 +73,30 @@ TEST(ProcessGrid, EveryShapeOfFourRanksGroupsTheRightRanks) {
   check_grid(one, GridShape{});
 }
 
+// The grid's byte counts sum every axis's collectives: a 2 x 2 grid's data and tensor
+// all-reduces (each over its own split communicator) and the world's.
+TEST(ProcessGrid, StatsCountEveryAxis) {
+  Group g = make_group(4);
+  g.run([&](int rank) {
+    device::Device& device = *g.devices[static_cast<std::size_t>(rank)];
+    auto made =
+        ProcessGrid::create(*g.comms[static_cast<std::size_t>(rank)], GridShape{2, 2, 1}, device);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    ProcessGrid& grid = **made;
+    const std::uint64_t before = grid.stats().all_reduce_bytes;
+    auto buf = device.allocate(64 * sizeof(float), "stats test");
+    ASSERT_TRUE(buf.is_ok());
+    void* p = buf->data();
+    device.fill_zero(p, 64 * sizeof(float), device.stream(device::StreamKind::kCompute));
+    device.stream(device::StreamKind::kCompute).synchronize();
+    ASSERT_TRUE(grid.data().all_reduce(p, p, 16, DType::kF32, ReduceOp::kSum, "d").wait().is_ok());
+    ASSERT_TRUE(
+        grid.tensor().all_reduce(p, p, 32, DType::kF32, ReduceOp::kSum, "t").wait().is_ok());
+    ASSERT_TRUE(grid.world().all_reduce(p, p, 64, DType::kF32, ReduceOp::kSum, "w").wait().is_ok());
+    EXPECT_EQ(grid.stats().all_reduce_bytes - before, (16 + 32 + 64) * sizeof(float));
+  });
+}
+
 TEST(ProcessGrid, RanksAndCoordinatesRoundTrip) {
   const GridShape s{3, 2, 4};
   for (int r = 0; r < s.size(); ++r) EXPECT_EQ(grid_rank(s, grid_coord(s, r)), r);
