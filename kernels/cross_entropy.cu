@@ -130,8 +130,8 @@ __global__ void cross_entropy_grad_kernel(const T* logits, const std::int32_t* _
       continue;
     }
     const float inv = static_cast<float>(1.0 / static_cast<double>(row_sum[r]));
-    const float p = expf(to_float(logits[idx]) - row_max[r]) * inv -
-                    (j + vocab_begin == t ? 1.0f : 0.0f);
+    const float p =
+        expf(to_float(logits[idx]) - row_max[r]) * inv - (j + vocab_begin == t ? 1.0f : 0.0f);
     dlogits[idx] = from_float<T>(p * dloss_scale);
   }
 }
@@ -153,8 +153,8 @@ int cross_entropy_stats(const LaunchContext& ctx, const void* logits, const std:
 
 int cross_entropy_grad(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,
                        std::int64_t rows, std::int64_t vocab, std::int64_t vocab_begin,
-                       const float* row_max, const float* row_sum, void* dlogits,
-                       float dloss_scale, Elem dtype) {
+                       const float* row_max, const float* row_sum, void* dlogits, float dloss_scale,
+                       Elem dtype) {
   if (rows <= 0) return 0;
   if (vocab <= 0) return static_cast<int>(cudaErrorInvalidValue);
   return dispatch_float(dtype, [&](auto tag) {

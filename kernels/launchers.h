@@ -140,8 +140,8 @@ int cross_entropy_stats(const LaunchContext& ctx, const void* logits, const std:
                         float* stats, Elem dtype);
 int cross_entropy_grad(const LaunchContext& ctx, const void* logits, const std::int32_t* targets,
                        std::int64_t rows, std::int64_t vocab, std::int64_t vocab_begin,
-                       const float* row_max, const float* row_sum, void* dlogits,
-                       float dloss_scale, Elem dtype);
+                       const float* row_max, const float* row_sum, void* dlogits, float dloss_scale,
+                       Elem dtype);
 
 // ---- cast.cu (src_dtype != dst_dtype)
 int cast(const LaunchContext& ctx, const void* src, Elem src_dtype, void* dst, Elem dst_dtype,

@@ -715,9 +715,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   if (const TensorGroup* tp = options_.tensor_group; tp != nullptr && split.size > 1) {
     STRATA_CHECK(!options_.lora.has_value() && !options_.nf4_base,
                  "adapters with tensor parallelism are not supported yet", tp->size());
-    STRATA_CHECK(tp->kv_replicas() == (config.num_key_value_heads >= tp->size()
-                                           ? 1
-                                           : tp->size() / config.num_key_value_heads),
+    STRATA_CHECK(tp->kv_replicas() == kv_head_replicas(config.num_key_value_heads, tp->size()),
                  "the tensor group's kv replicas do not match the model", tp->kv_replicas(),
                  config.num_key_value_heads);
     const auto embed = layout.find("model.embed_tokens.weight");

@@ -40,8 +40,8 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     // they are fewer than the ranks), its part of the MLP and of the vocabulary.
     const std::int64_t t = d.tp_size;
     d.heads /= t;
-    d.kv_heads = c.num_key_value_heads >= t ? c.num_key_value_heads / t : 1;
-    d.kv_replicas = c.num_key_value_heads >= t ? 1 : t / c.num_key_value_heads;
+    d.kv_replicas = kv_head_replicas(c.num_key_value_heads, d.tp_size);
+    d.kv_heads = c.num_key_value_heads * d.kv_replicas / t;
     d.q_dim = d.heads * d.head_dim;
     d.kv_dim = d.kv_heads * d.head_dim;
     d.ffn /= t;

@@ -115,8 +115,8 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
   // Column-parallel (rows) and row-parallel (columns) slices of this rank; k and v split by kv
   // heads, or whole on size / kv_heads ranks each.
   const TensorSlice rows{0, tp.size, tp.rank}, cols{1, tp.size, tp.rank};
-  const int kv_parts = static_cast<int>(std::min<std::int64_t>(tp.size, c.num_key_value_heads));
-  const TensorSlice kv_rows{0, kv_parts, tp.rank / (tp.size / kv_parts)};
+  const int kv_replicas = kv_head_replicas(c.num_key_value_heads, tp.size);
+  const TensorSlice kv_rows{0, tp.size / kv_replicas, tp.rank / kv_replicas};
   ParamLayout layout;
   constexpr auto kNormal = TensorInit::kNormal, kOnes = TensorInit::kOnes;
   const std::int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();

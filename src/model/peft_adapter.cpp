@@ -145,6 +145,12 @@ bool PeftAdapterReader::holds(const std::string& hf_name) const {
   return weights_.find(peft_tensor_name(hf_name)) != nullptr;
 }
 
+GroupSource PeftAdapterReader::over(GroupSource base) const {
+  return split_source([this](const TensorSpec& t) { return holds(t.name); },
+                      [this](const ParamGroup& g, float* dst) { return read_group(g, dst); },
+                      std::move(base));
+}
+
 Status PeftAdapterReader::read_group(const ParamGroup& group, float* dst) const {
   std::fill(dst, dst + group.num_elems, 0.0f);
   for (const auto& t : group.tensors) {

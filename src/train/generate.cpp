@@ -134,13 +134,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   const model::GroupSource base = [&](const model::ParamGroup& g, float* dst) {
     return reader.read_group(g, dst);
   };
-  STRATA_RETURN_IF_ERROR(impl->provider->load_master(
-      adapter
-          ? model::split_source(
-                [&](const model::TensorSpec& t) { return adapter->holds(t.name); },
-                [&](const model::ParamGroup& g, float* dst) { return adapter->read_group(g, dst); },
-                base)
-          : base));
+  STRATA_RETURN_IF_ERROR(impl->provider->load_master(adapter ? adapter->over(base) : base));
   impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
   impl->model =
       std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,

@@ -49,12 +49,8 @@ Status merge_adapter(const MergeOptions& o) {
     model::merge_adapters(adapter.config(), g, dst, a, values.data());
     return Status::ok();
   };
-  STRATA_RETURN_IF_ERROR(model::write_hf_checkpoint(
-      o.output_dir, base.config(), layout, o.dtype,
-      model::split_source(
-          [&](const model::TensorSpec& t) { return adapter.holds(t.name); },
-          [&](const model::ParamGroup& g, float* dst) { return adapter.read_group(g, dst); },
-          merged)));
+  STRATA_RETURN_IF_ERROR(model::write_hf_checkpoint(o.output_dir, base.config(), layout, o.dtype,
+                                                    adapter.over(merged)));
   return copy_tokenizer_files(o.model_dir, o.output_dir);
 }
 

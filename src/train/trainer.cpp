@@ -317,12 +317,7 @@ Status Trainer::Impl::setup() {
     // Adapters (and modules_to_save) from `adapter`, else adapters from the seed; every other
     // tensor from the base: the checkpoint directory or the seed.
     const model::GroupSource source =
-        adapter ? model::split_source(
-                      [&](const model::TensorSpec& t) { return adapter->holds(t.name); },
-                      [&](const model::ParamGroup& g, float* dst) {
-                        return adapter->read_group(g, dst);
-                      },
-                      base_source)
+        adapter ? adapter->over(base_source)
                 : model::split_source(
                       [](const model::TensorSpec& t) { return model::is_lora_tensor(t.name); },
                       seeded, base_source);

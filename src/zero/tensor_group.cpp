@@ -1,6 +1,8 @@
 // model::TensorGroup over a dist::Communicator.
 #include "strata/zero/tensor_group.h"
 
+#include "strata/model/param_layout.h"
+
 namespace strata::zero {
 namespace {
 
@@ -47,7 +49,7 @@ Result<std::unique_ptr<model::TensorGroup>> make_tensor_group(dist::Communicator
                                                               device::Device& device,
                                                               std::int64_t kv_heads) {
   const int size = comm.world_size();
-  const int replicas = kv_heads < size ? static_cast<int>(size / kv_heads) : 1;
+  const int replicas = model::kv_head_replicas(kv_heads, size);
   std::unique_ptr<dist::Communicator> split;
   if (replicas > 1) {
     // ParamLayout::build's slices: kv head r / replicas on rank r.

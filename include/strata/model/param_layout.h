@@ -85,6 +85,11 @@ struct TensorParallel {
   int size = 1;
   int rank = 0;
 };
+// How many consecutive ranks of `size` hold each kv head whole: size / kv_heads when the kv
+// heads are fewer than the ranks, else 1 (the heads split).
+inline int kv_head_replicas(std::int64_t kv_heads, int size) {
+  return kv_heads < size ? static_cast<int>(size / kv_heads) : 1;
+}
 // Every reason `size` ranks cannot split `config` (what `size` must divide), naming the value.
 std::vector<std::string> tensor_parallel_problems(const LlamaConfig& config, int size);
 

@@ -40,6 +40,9 @@ class PeftAdapterReader {
   bool holds(const std::string& hf_name) const;
   // A group's flat f32 values (padding zeroed): every tensor of it from the adapter.
   Status read_group(const ParamGroup& group, float* dst) const;
+  // A source of whole groups: what the adapter holds from it (its pairs and the modules it saved
+  // whole), every other tensor from `base`. The reader must outlive it.
+  GroupSource over(GroupSource base) const;
 
  private:
   std::string dir_;
