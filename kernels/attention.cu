@@ -1,5 +1,6 @@
-// Attention dispatch: the flash kernels where they apply, the simple kernels elsewhere; the
-// second flash variant only when asked for (kFlash2) until measurements make it the default.
+// Attention dispatch: the second flash variant where it applies, else the first, else the simple
+// kernels (kAuto); or the variant asked for. bench_gpu_attention on an H200 measured kFlash2 at
+// 3.4 times kFlash's speed forward and backward (bench/RESULTS.md, "The first GPU run").
 #include "attention_flash2.cuh"
 
 namespace strata::kernels {
@@ -21,22 +22,35 @@ bool flash_attention_applies(const LaunchContext& ctx, const AttentionDims& d, E
   return smem != 0 && smem <= ctx.max_smem_optin_bytes;
 }
 
+namespace {
+
+// kAuto's choice for one call.
+AttentionKernel auto_kernel(const LaunchContext& ctx, const AttentionDims& d, Elem dtype,
+                            bool backward, bool aligned) {
+  if (!aligned) return AttentionKernel::kSimple;
+  if (ctx.compute_major >= 8 &&
+      flash_attention_applies(ctx, d, dtype, backward, AttentionKernel::kFlash2)) {
+    return AttentionKernel::kFlash2;
+  }
+  return flash_attention_applies(ctx, d, dtype, backward) ? AttentionKernel::kFlash
+                                                          : AttentionKernel::kSimple;
+}
+
+}  // namespace
+
 int attention_forward(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                       void* out, float* lse, const AttentionDims& d, Elem dtype,
                       AttentionKernel kernel) {
-  if (kernel == AttentionKernel::kFlash2) {
-    if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
-    return attention_forward_flash2(ctx, q, k, v, out, lse, d);
+  if (kernel == AttentionKernel::kAuto) {
+    kernel = auto_kernel(ctx, d, dtype, false,
+                         aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out));
   }
-  const bool aligned = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
-  const bool flash =
-      kernel == AttentionKernel::kFlash || (kernel == AttentionKernel::kAuto && aligned &&
-                                            flash_attention_applies(ctx, d, dtype, false));
-  if (flash) {
-    if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
-    return attention_forward_flash(ctx, q, k, v, out, lse, d);
+  if (kernel == AttentionKernel::kSimple) {
+    return attention_forward_simple(ctx, q, k, v, out, lse, d, dtype);
   }
-  return attention_forward_simple(ctx, q, k, v, out, lse, d, dtype);
+  if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
+  return kernel == AttentionKernel::kFlash2 ? attention_forward_flash2(ctx, q, k, v, out, lse, d)
+                                            : attention_forward_flash(ctx, q, k, v, out, lse, d);
 }
 
 std::size_t attention_backward_scratch_bytes(const AttentionDims& d) {
@@ -49,20 +63,18 @@ int attention_backward(const LaunchContext& ctx, const void* dout, const void* q
                        void* scratch) {
   auto* drow = static_cast<float*>(scratch);
   if (const int e = attention_row_dot(ctx, dout, out, drow, d, dtype); e != 0) return e;
-  if (kernel == AttentionKernel::kFlash2) {
-    if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
-    return attention_backward_flash2(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d);
+  if (kernel == AttentionKernel::kAuto) {
+    kernel = auto_kernel(ctx, d, dtype, true,
+                         aligned16(dout) && aligned16(q) && aligned16(k) && aligned16(v) &&
+                             aligned16(dq) && aligned16(dk) && aligned16(dv));
   }
-  const bool aligned = aligned16(dout) && aligned16(q) && aligned16(k) && aligned16(v) &&
-                       aligned16(dq) && aligned16(dk) && aligned16(dv);
-  const bool flash =
-      kernel == AttentionKernel::kFlash ||
-      (kernel == AttentionKernel::kAuto && aligned && flash_attention_applies(ctx, d, dtype, true));
-  if (flash) {
-    if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
-    return attention_backward_flash(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d);
+  if (kernel == AttentionKernel::kSimple) {
+    return attention_backward_simple(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d, dtype);
   }
-  return attention_backward_simple(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d, dtype);
+  if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
+  return kernel == AttentionKernel::kFlash2
+             ? attention_backward_flash2(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d)
+             : attention_backward_flash(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d);
 }
 
 }  // namespace strata::kernels

@@ -21,6 +21,7 @@ enum class Elem : std::uint8_t { kF32, kBF16, kF16 };
 struct LaunchContext {
   void* stream = nullptr;                // a cudaStream_t
   std::size_t max_smem_optin_bytes = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  int compute_major = 0;                 // the device's compute capability (major); 0: unknown
 };
 
 // "cudaErrorIllegalAddress: an illegal memory access was encountered".
@@ -67,7 +68,9 @@ struct AttentionDims {
   std::int64_t window = 0;
 };
 enum class AttentionKernel : std::uint8_t {
-  kAuto,    // flash where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits)
+  // kFlash2 where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits, sm_80+: the
+  // context's compute_major), else kFlash where it applies, else kSimple.
+  kAuto,
   kSimple,  // one block per row, online softmax over key chunks: any shape and dtype
   kFlash,   // tensor-core tiles; an error (cudaErrorNotSupported) where it does not apply
   // Where kFlash applies, on sm_80+: mma.sync with register-resident softmax and accumulators,

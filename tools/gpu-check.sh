@@ -650,7 +650,7 @@ if ((run_tests)); then
     '-CudaNcclTest.*' 60 0
 fi
 if ((run_bench)) && have_bench attention; then
-  run_bench attention "attention variants (flash, flash2, simple)" 50 0
+  run_bench attention "attention variants (flash, flash2, simple)" 120 0
   grep -E "^attention " "$out/attention_bench.log"
 fi
 if ((run_bench)) && have_bench copy; then

@@ -31,7 +31,7 @@ void advance(std::uint64_t* s) {
 using Bits = std::array<std::uint64_t, 4>;
 using Matrix = std::array<Bits, 256>;
 
-Bits apply(const Matrix& m, const Bits& v) {
+Bits transform(const Matrix& m, const Bits& v) {
   Bits out{};
   for (int j = 0; j < 256; ++j) {
     if ((v[static_cast<std::size_t>(j / 64)] >> (j % 64)) & 1u) {
@@ -53,7 +53,7 @@ const std::vector<Matrix>& transition_powers() {
       p[0][static_cast<std::size_t>(j)] = e;
     }
     for (std::size_t k = 1; k < p.size(); ++k) {
-      for (std::size_t j = 0; j < 256; ++j) p[k][j] = apply(p[k - 1], p[k - 1][j]);
+      for (std::size_t j = 0; j < 256; ++j) p[k][j] = transform(p[k - 1], p[k - 1][j]);
     }
     return p;
   }();
@@ -79,7 +79,7 @@ void Rng::discard(std::uint64_t draws) {
   const std::vector<Matrix>& powers = transition_powers();
   Bits s{state[0], state[1], state[2], state[3]};
   for (std::size_t k = 0; draws != 0; ++k, draws >>= 1) {
-    if (draws & 1u) s = apply(powers[k], s);
+    if (draws & 1u) s = transform(powers[k], s);
   }
   for (std::size_t w = 0; w < 4; ++w) state[w] = s[w];
 }

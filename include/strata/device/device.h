@@ -183,8 +183,9 @@ inline constexpr int kAutoDeviceIndex = -1;
 
 // CUDA backend: the attention kernels (config key `attention`; STRATA_ATTENTION in the
 // environment overrides it). kFlash and kFlash2 serve the calls they apply to (bf16, head_dim 64
-// or 128) and the simple kernels the rest; kAuto is the flash kernels' first variant where it
-// applies; kSimple is the simple kernels everywhere. The CPU backend has one kind of kernel.
+// or 128) and the simple kernels the rest; kAuto is kFlash2 where it applies (sm_80+), else kFlash
+// where it applies, else the simple kernels; kSimple is the simple kernels everywhere. The CPU
+// backend has one kind of kernel.
 enum class AttentionVariant : std::uint8_t { kAuto, kFlash, kFlash2, kSimple };
 inline constexpr std::array<AttentionVariant, 4> kAttentionVariants = {
     AttentionVariant::kAuto, AttentionVariant::kFlash, AttentionVariant::kFlash2,

@@ -115,6 +115,7 @@ Status CudaDevice::init(const cudaDeviceProp& prop) {
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index_));
   launch_.stream = compute_.get();
   launch_.max_smem_optin_bytes = static_cast<std::size_t>(smem_optin);
+  launch_.compute_major = prop.major;
   STRATA_ASSIGN_OR_RETURN(ops_, make_cuda_ops(*this, tuning_, allow_tf32_, limit_));
   return Status::ok();
 }

@@ -77,6 +77,95 @@ TEST(CpuOpsTest, CrossEntropyWithIgnoredTargets) {
   }
 }
 
+// The vocabulary-parallel pair over T slices of the vocabulary: each slice's statistics, combined
+// as the model combines them (the largest max, the sums rescaled to it in double, the target's
+// logit from the one slice that holds it), give the whole row's loss, and each slice's gradient
+// from the whole row's max and sum is its part of the whole row's gradient, against the double
+// reference; ignored rows are {-inf, 0, 0} with a zero gradient.
+TEST(CpuOpsTest, VocabParallelCrossEntropyOverSlicesIsTheWholeRow) {
+  auto dev = make_device();
+  const std::int64_t rows = 11, whole = 48;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (std::int64_t parts : {1, 2, 4}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(parts));
+      const std::int64_t vocab = whole / parts;
+      Rng rng(43);
+      HostTensor logits(dt, rows * whole);
+      logits.fill_uniform(rng, -6, 6);
+      const auto z = logits.values();
+      std::vector<std::int32_t> targets(static_cast<std::size_t>(rows));
+      for (std::int64_t i = 0; i < rows; ++i) {
+        targets[i] = i % 5 == 3 ? -1 : static_cast<std::int32_t>(rng.uniform_int(whole));
+      }
+      // Slice p of row i is logits[i, p * vocab ..]: copy each slice out as its rank holds it.
+      std::vector<HostTensor> slices;
+      std::vector<std::vector<float>> stats;
+      for (std::int64_t p = 0; p < parts; ++p) {
+        HostTensor slice(dt, rows * vocab);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          for (std::int64_t j = 0; j < vocab; ++j) {
+            slice.set(i * vocab + j, z[i * whole + p * vocab + j]);
+          }
+        }
+        stats.emplace_back(3 * rows, NAN);
+        dev->ops().cross_entropy_stats(slice.data(), targets.data(), rows, vocab, p * vocab,
+                                       stats.back().data(), dt);
+        slices.push_back(std::move(slice));
+      }
+      std::vector<float> row_max(rows), row_sum(rows);
+      std::vector<double> got_loss, want_loss;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        float m = -INFINITY;
+        for (const auto& st : stats) m = std::max(m, st[3 * i]);
+        double sum = 0, target = 0;
+        for (const auto& st : stats) {
+          if (st[3 * i + 1] > 0) sum += st[3 * i + 1] * std::exp(double{st[3 * i]} - m);
+          target += st[3 * i + 2];
+        }
+        row_max[i] = m;
+        row_sum[i] = static_cast<float>(sum);
+        if (targets[i] < 0) {
+          for (const auto& st : stats) {
+            EXPECT_EQ(st[3 * i], -INFINITY);
+            EXPECT_EQ(st[3 * i + 1], 0.0f);
+            EXPECT_EQ(st[3 * i + 2], 0.0f);
+          }
+          continue;
+        }
+        double mx = -INFINITY, s = 0;
+        for (std::int64_t j = 0; j < whole; ++j) mx = std::max(mx, z[i * whole + j]);
+        for (std::int64_t j = 0; j < whole; ++j) s += std::exp(z[i * whole + j] - mx);
+        want_loss.push_back(std::log(s) + mx - z[i * whole + targets[i]]);
+        got_loss.push_back(std::log(sum) + m - target);
+      }
+      expect_close("loss", got_loss, want_loss, 1e-5);
+      const float scale = 0.37f;
+      std::vector<double> got_d(static_cast<std::size_t>(rows * whole));
+      for (std::int64_t p = 0; p < parts; ++p) {
+        dev->ops().cross_entropy_grad(slices[p].data(), targets.data(), rows, vocab, p * vocab,
+                                      row_max.data(), row_sum.data(), slices[p].data(), scale,
+                                      dt);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          for (std::int64_t j = 0; j < vocab; ++j) {
+            got_d[i * whole + p * vocab + j] = slices[p].get(i * vocab + j);
+          }
+        }
+      }
+      std::vector<double> want_d(got_d.size(), 0.0);
+      for (std::int64_t i = 0; i < rows; ++i) {
+        if (targets[i] < 0) continue;
+        double mx = -INFINITY, s = 0;
+        for (std::int64_t j = 0; j < whole; ++j) mx = std::max(mx, z[i * whole + j]);
+        for (std::int64_t j = 0; j < whole; ++j) s += std::exp(z[i * whole + j] - mx);
+        for (std::int64_t j = 0; j < whole; ++j) {
+          want_d[i * whole + j] = (std::exp(z[i * whole + j] - mx) / s - (j == targets[i])) * scale;
+        }
+      }
+      expect_close("dlogits", got_d, want_d, tolerance(dt));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cast and sum of squares
 

@@ -72,6 +72,80 @@ TEST_F(CudaLossOptimTest, CrossEntropyMatchesCpu) {
   }
 }
 
+// The vocabulary-parallel cross-entropy's two kernels against the CPU backend's, over the whole
+// vocabulary (T = 1: the statistics' loss log(sum) + max - z_t is the fused kernel's loss) and
+// over a slice [begin, begin + vocab) of a vocabulary twice as large (targets inside the slice,
+// outside it, and ignored rows). The max and the target logit are copies of one input value, so
+// they must be equal; the sum of exponentials adds positive terms in another order (f32, at most
+// vocab roundings of 2^-24 each); the gradient is each backend's exp times one reciprocal.
+TEST_F(CudaLossOptimTest, VocabParallelCrossEntropyMatchesCpu) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (std::int64_t vocab : {37, 1000, 32000}) {
+      for (std::int64_t begin : {std::int64_t{0}, vocab}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " vocab " + std::to_string(vocab) +
+                     " begin " + std::to_string(begin));
+        const std::int64_t rows = 37;
+        Rng rng(23);
+        HostTensor logits(dt, rows * vocab);
+        logits.fill_uniform(rng, -8, 8);
+        // Targets over the whole vocabulary of 2 * vocab: about half fall in the slice.
+        std::vector<std::int32_t> targets(rows);
+        for (auto& t : targets) t = static_cast<std::int32_t>(rng.uniform_int(2 * vocab));
+        targets[3] = -1;
+        targets[20] = -100;
+        targets[5] = static_cast<std::int32_t>(begin + vocab - 1);
+        targets[6] = static_cast<std::int32_t>(begin);
+        std::vector<float> want(3 * rows);
+        cpu_ops().cross_entropy_stats(logits.data(), targets.data(), rows, vocab, begin,
+                                      want.data(), dt);
+        GpuTensor glogits(*gpu_, logits);
+        DeviceBuffer gt = upload_array(*gpu_, targets);
+        DeviceBuffer gs = testing::poisoned_floats(*gpu_, 3 * rows);
+        gpu_ops().cross_entropy_stats(glogits.data(), gt.as<std::int32_t>(), rows, vocab, begin,
+                                      gs.as<float>(), dt);
+        const std::vector<float> got = download_array<float>(*gpu_, gs, 3 * rows);
+        std::vector<float> row_max(rows), row_sum(rows);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const float* g = got.data() + 3 * i;
+          const float* w = want.data() + 3 * i;
+          EXPECT_EQ(g[0], w[0]) << "max, row " << i;
+          EXPECT_NEAR(g[1], w[1], 2.0 * static_cast<double>(vocab) * 0x1p-24 * w[1])
+              << "sum, row " << i;
+          EXPECT_EQ(g[2], w[2]) << "target logit, row " << i;
+          row_max[static_cast<std::size_t>(i)] = w[0];
+          row_sum[static_cast<std::size_t>(i)] = w[1];
+        }
+        if (begin == 0) {  // the whole vocabulary: the fused kernel's loss
+          std::vector<std::int32_t> inside = targets;  // the fused kernel takes only these
+          for (auto& t : inside) t = t < vocab ? t : -1;
+          std::vector<float> fused(rows);
+          cpu_ops().cross_entropy(logits.data(), inside.data(), fused.data(), nullptr, rows,
+                                  vocab, 1.0f, dt);
+          for (std::int64_t i = 0; i < rows; ++i) {
+            const float* g = got.data() + 3 * i;
+            const auto t = targets[static_cast<std::size_t>(i)];
+            if (t < 0 || t >= vocab) continue;  // ignored, or no loss without the other half
+            const double loss = std::log(static_cast<double>(g[1])) + g[0] - g[2];
+            EXPECT_NEAR(loss, fused[static_cast<std::size_t>(i)], 1e-5 * (1 + std::abs(loss)))
+                << "row " << i;
+          }
+        }
+        const float scale = 0.37f;
+        HostTensor cpu_d(dt, rows * vocab);
+        cpu_ops().cross_entropy_grad(logits.data(), targets.data(), rows, vocab, begin,
+                                     row_max.data(), row_sum.data(), cpu_d.data(), scale, dt);
+        DeviceBuffer gmax = upload_array(*gpu_, row_max), gsum = upload_array(*gpu_, row_sum);
+        // In place, as the model calls it.
+        gpu_ops().cross_entropy_grad(glogits.data(), gt.as<std::int32_t>(), rows, vocab, begin,
+                                     gmax.as<float>(), gsum.as<float>(), glogits.data(), scale,
+                                     dt);
+        expect_close("dlogits", glogits.download().values(), cpu_d.values(), tolerance(dt));
+        EXPECT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
+      }
+    }
+  }
+}
+
 TEST_F(CudaLossOptimTest, SumSquaresMatchesCpu) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (std::int64_t n : {1, 1000, 1000003, 20000000}) {
