@@ -90,27 +90,103 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
   });
 }
 
-// Rank 0 writes with `write` (which gathers `groups` through the source it is given, in that
-// order) while every rank takes part in gathering each of them. If rank 0 stops early (a write
-// error), it still joins the remaining gathers so no rank is left waiting.
-Status write_gathered(const std::vector<int>& groups, const model::ParamLayout& layout,
-                      zero::ZeroProvider& provider, dist::Communicator& comm,
+// The tensor of `group` called `name`; null when it has none.
+const model::TensorSpec* tensor_named(const model::ParamGroup& group, const std::string& name) {
+  for (const auto& t : group.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// Each tensor-parallel rank's layout (one layout when the run does not split), for putting the
+// slices of a group together into its whole tensors.
+std::vector<model::ParamLayout> rank_layouts(const model::LlamaConfig& config, int tensor_size) {
+  std::vector<model::ParamLayout> layouts;
+  for (int t = 0; t < tensor_size; ++t) {
+    layouts.push_back(model::ParamLayout::build(config, std::nullopt, false, {tensor_size, t}));
+  }
+  return layouts;
+}
+
+// Gathers groups, in an order every rank agrees on, into whole tensors on world rank 0: each
+// group's master weights over the data-parallel ranks of each tensor-parallel rank (ZeRO's
+// gather), then, split layers, the tensor-parallel slices of data rank 0 to world rank 0, which
+// puts each tensor of the group together (`whole`: the layout without a split). O(group) memory.
+class GroupGatherer {
+ public:
+  GroupGatherer(const model::LlamaConfig& config, const model::ParamLayout& layout,
+                zero::ZeroProvider& provider, dist::ProcessGrid& grid)
+      : layout_(layout), provider_(provider), grid_(grid) {
+    if (grid.shape().tensor > 1) {
+      slices_ = rank_layouts(config, grid.shape().tensor);
+      whole_ = model::ParamLayout::build(config, std::nullopt, false, {1, 0});
+    }
+  }
+
+  bool split() const { return !slices_.empty(); }
+  // The layout the gathered groups have: whole tensors.
+  const model::ParamLayout& whole() const { return split() ? whole_ : layout_; }
+
+  // Group `id`'s whole tensors into `dst` (world rank 0; null elsewhere). Every rank calls it.
+  Status gather(int id, float* dst) {
+    if (!split()) return provider_.gather_master(id, dst);  // dst: written on rank 0 only
+    mine_.assign(static_cast<std::size_t>(layout_.group(id).num_elems), 0.0f);
+    Status s = provider_.gather_master(id, mine_.data());
+    if (grid_.coord().data != 0) return s;
+    // The slices' groups may differ in padding (each rank's duplicates last): the largest.
+    std::int64_t count = 0;
+    for (const auto& l : slices_) count = std::max(count, l.group(id).num_elems);
+    mine_.resize(static_cast<std::size_t>(count), 0.0f);
+    if (dst != nullptr) all_.assign(static_cast<std::size_t>(count) * slices_.size(), 0.0f);
+    Status t =
+        grid_.tensor().gather_host(mine_.data(), dst != nullptr ? all_.data() : nullptr, count,
+                                   DType::kF32, 0, "checkpoint: tensor-parallel slices");
+    if (s.is_ok()) s = t;
+    if (!s.is_ok() || dst == nullptr) return s;
+    const model::ParamGroup& g = whole_.group(id);
+    for (const auto& tensor : g.tensors) {
+      for (std::size_t r = 0; r < slices_.size(); ++r) {
+        const model::TensorSpec* piece = tensor_named(slices_[r].group(id), tensor.name);
+        if (piece == nullptr) return internal_error("no slice of " + tensor.name);
+        const float* from = all_.data() + static_cast<std::int64_t>(r) * count;
+        piece->for_each_run(0, piece->num_elems,
+                            [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+                              std::memcpy(dst + tensor.offset_elems + full_first,
+                                          from + piece->offset_elems + first,
+                                          static_cast<std::size_t>(n) * sizeof(float));
+                            });
+      }
+    }
+    return Status::ok();
+  }
+
+ private:
+  const model::ParamLayout& layout_;
+  zero::ZeroProvider& provider_;
+  dist::ProcessGrid& grid_;
+  std::vector<model::ParamLayout> slices_;  // each tensor-parallel rank's; empty: no split
+  model::ParamLayout whole_;
+  std::vector<float> mine_, all_;
+};
+
+// World rank 0 writes with `write` (which gathers `groups` through the source it is given, in
+// that order) while every rank takes part in gathering each of them. If rank 0 stops early (a
+// write error), it still joins the remaining gathers so no rank is left waiting.
+Status write_gathered(const std::vector<int>& groups, GroupGatherer& gatherer,
+                      dist::ProcessGrid& grid,
                       const std::function<Status(const model::GroupSource&)>& write) {
   std::size_t gathered = 0;
   Status s;
-  if (comm.rank() == 0) {
+  if (grid.world().rank() == 0) {
     s = write([&](const model::ParamGroup& g, float* dst) {
       STRATA_CHECK(gathered < groups.size() && groups[gathered] == g.id,
                    "a group gathered out of the agreed order", g.name, gathered);
       ++gathered;
-      return provider.gather_master(g.id, dst);
+      return gatherer.gather(g.id, dst);
     });
   }
-  std::vector<float> scratch;
   for (; gathered < groups.size(); ++gathered) {
-    const int g = groups[gathered];
-    scratch.assign(static_cast<std::size_t>(layout.group(g).num_elems), 0.0f);
-    Status gs = provider.gather_master(g, scratch.data());
+    Status gs = gatherer.gather(groups[gathered], nullptr);
     if (s.is_ok() && !gs.is_ok()) s = gs;
   }
   return s;
@@ -126,25 +202,28 @@ std::vector<int> group_ids(const model::ParamLayout& layout,
   return ids;
 }
 
-// Full fine-tuning: model/, every group's master weights.
+// Full fine-tuning: model/, every group's master weights, each tensor whole whatever the split.
 Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
                                 const model::ParamLayout& layout, zero::ZeroProvider& provider,
-                                dist::Communicator& comm) {
-  return write_gathered(group_ids(layout, [](const model::ParamGroup&) { return true; }), layout,
-                        provider, comm, [&](const model::GroupSource& source) {
-                          return model::write_hf_checkpoint(dir, config, layout, DType::kF32,
-                                                            source);
+                                dist::ProcessGrid& grid) {
+  GroupGatherer gatherer(config, layout, provider, grid);
+  return write_gathered(group_ids(layout, [](const model::ParamGroup&) { return true; }), gatherer,
+                        grid, [&](const model::GroupSource& source) {
+                          return model::write_hf_checkpoint(dir, config, gatherer.whole(),
+                                                            DType::kF32, source);
                         });
 }
 
 // LoRA: the adapters alone, as PEFT saves them, in the checkpoint directory itself; the frozen
 // base is where the run read it from.
-Status write_adapters(const std::string& dir, const model::LoraConfig& lora,
-                      const model::ParamLayout& layout, const std::string& base_model,
-                      zero::ZeroProvider& provider, dist::Communicator& comm) {
+Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
+                      const model::LoraConfig& lora, const model::ParamLayout& layout,
+                      const std::string& base_model, zero::ZeroProvider& provider,
+                      dist::ProcessGrid& grid) {
   // Every trainable group: the adapters and the modules saved whole beside them.
+  GroupGatherer gatherer(config, layout, provider, grid);
   return write_gathered(group_ids(layout, [](const model::ParamGroup& g) { return !g.frozen; }),
-                        layout, provider, comm, [&](const model::GroupSource& source) {
+                        gatherer, grid, [&](const model::GroupSource& source) {
                           return model::write_peft_adapter(dir, lora, layout, base_model, source);
                         });
 }
@@ -154,9 +233,11 @@ Status write_adapters(const std::string& dir, const model::LoraConfig& lora,
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
                                     const model::ParamLayout& layout,
                                     const std::optional<model::LoraConfig>& lora,
-                                    zero::ZeroProvider& provider, dist::Communicator& comm,
+                                    zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                     const TrainerState& state) {
   STRATA_CHECK(layout.has_adapters() == lora.has_value(), "adapters without their config");
+  STRATA_CHECK(!lora || grid.shape().tensor == 1, "adapters with tensor parallelism");
+  dist::Communicator& comm = grid.world();
   const bool root = comm.rank() == 0;
   const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
   const std::string tmp_dir =
@@ -182,8 +263,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                      ? state.config["model"].get<std::string>()
                                      : std::string();
   Status model_status =
-      lora ? write_adapters(tmp_dir, *lora, layout, base_model, provider, comm)
-           : write_consolidated_model(tmp_dir + "/model", config, layout, provider, comm);
+      lora ? write_adapters(tmp_dir, config, *lora, layout, base_model, provider, grid)
+           : write_consolidated_model(tmp_dir + "/model", config, layout, provider, grid);
   if (s.is_ok()) s = model_status;
   if (root && s.is_ok()) {
     Json js = {{"format_version", kCheckpointFormatVersion},
@@ -191,6 +272,7 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                {"sequences_consumed", state.sequences_consumed},
                {"seed", state.seed},
                {"world_size", comm.world_size()},
+               {"tensor_parallel_size", grid.shape().tensor},
                {"config", state.config}};
     s = write_json_file(tmp_dir + "/trainer_state.json", js);
     if (s.is_ok() && !lora && !base_model.empty()) {
@@ -290,6 +372,7 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   std::int64_t version = 0, seed = 0;
   r.read("format_version", &version, 1);
   r.read("world_size", &st.world_size, 1, 1 << 20);
+  r.read("tensor_parallel_size", &st.tensor_parallel_size, 1, 1 << 16);
   r.read("step", &st.step, 0);
   r.read("sequences_consumed", &st.sequences_consumed, 0);
   r.read("seed", &seed, 0);
@@ -311,7 +394,8 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   return st;
 }
 
-Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
+Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& config,
+                       const model::ParamLayout& layout, model::TensorParallel tp,
                        zero::ZeroProvider& provider, const model::GroupSource& base,
                        zero::WorkingCopyCache* base_cache,
                        const model::GroupRangeSource& base_pieces) {
@@ -340,42 +424,115 @@ Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& 
         [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
   }
 
-  // The saved moments are each group's flat vector cut into world_size equal slices, one file
-  // per rank. Read whichever slices overlap the range this rank now owns.
+  // The saved moments: file r holds world rank r's slice of each trainable group of its
+  // tensor-parallel rank's layout (the group's flat vector cut into data-parallel-size equal
+  // slices). This rank's range is read a saved file at a time, each element found by its place
+  // in the whole tensor, so any grid resumes any other. O(shard) memory.
   STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(checkpoint));
+  const int saved_tp = st.tensor_parallel_size;
+  const std::string state_file = checkpoint + "/trainer_state.json";
+  if (const auto problems = model::tensor_parallel_problems(config, saved_tp); !problems.empty()) {
+    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
+                     " cannot split this model: " + problems.front());
+  }
+  if (st.world_size % saved_tp != 0) {
+    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
+                     " does not divide world_size " + std::to_string(st.world_size));
+  }
+  if (saved_tp > 1 && layout.has_adapters()) {
+    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
+                     " with adapters; a LoRA run does not split its layers");
+  }
+  const dist::GridShape saved_grid{st.world_size / saved_tp, saved_tp, 1};
+  std::vector<model::ParamLayout> saved_layouts;
+  if (saved_tp == 1 && tp.size == 1) {
+    saved_layouts.push_back(layout);  // the same layout (adapters included)
+  } else {
+    saved_layouts = rank_layouts(config, saved_tp);
+  }
   std::vector<model::SafetensorsReader> shards;
   for (int r = 0; r < st.world_size; ++r) {
     STRATA_ASSIGN_OR_RETURN(auto f, model::SafetensorsReader::open(
                                         checkpoint + "/" + optimizer_shard_name(r, st.world_size)));
     shards.push_back(std::move(f));
   }
+  struct Run {
+    std::int64_t at, full, n;  // elements [at, at + n) hold the tensor's [full, full + n)
+  };
+  struct Copy {
+    std::int64_t from, to, n;
+  };
   std::vector<float> m, v;
   return provider.load_moments([&](int gid, std::int64_t begin, std::int64_t count, float* exp_avg,
                                    float* exp_avg_sq) -> Status {
-    const std::string name = layout.group(gid).name;
-    const model::SafetensorsEntry* e = shards[0].find("exp_avg." + name);
-    if (e == nullptr || e->shape.size() != 1) {
-      return data_loss(shards[0].path() + " has no 1-D tensor exp_avg." + name);
+    const model::ParamGroup& group = layout.group(gid);
+    std::fill(exp_avg, exp_avg + count, 0.0f);
+    std::fill(exp_avg_sq, exp_avg_sq + count, 0.0f);
+    // Where this rank's range [begin, begin + count) sits in each of its tensors.
+    std::vector<std::pair<const model::TensorSpec*, std::vector<Run>>> wanted;
+    for (const auto& t : group.tensors) {
+      const std::int64_t lo = std::max(begin, t.offset_elems),
+                         hi = std::min(begin + count, t.offset_elems + t.num_elems);
+      if (lo >= hi) continue;
+      std::vector<Run> runs;
+      t.for_each_run(lo - t.offset_elems, hi - lo,
+                     [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+                       runs.push_back({t.offset_elems + first - begin, full_first, n});
+                     });
+      wanted.emplace_back(&t, std::move(runs));
     }
-    const std::int64_t slice = e->shape[0];
-    if (slice * st.world_size < begin + count) {
-      return data_loss(checkpoint + ": the saved moments of " + name + " hold " +
-                       std::to_string(slice * st.world_size) + " elements, fewer than the " +
-                       std::to_string(begin + count) + " the model needs");
-    }
-    for (std::int64_t r = begin / slice; r * slice < begin + count; ++r) {
+    const std::string& name = group.name;
+    for (int r = 0; r < st.world_size; ++r) {
+      const dist::GridCoord at = dist::grid_coord(saved_grid, r);
+      const model::ParamGroup& saved =
+          saved_layouts[static_cast<std::size_t>(at.tensor)].group(gid);
+      const auto& f = shards[static_cast<std::size_t>(r)];
+      const model::SafetensorsEntry* e = f.find("exp_avg." + name);
+      if (saved.name != name || e == nullptr || e->shape.size() != 1) {
+        return data_loss(f.path() + " has no 1-D tensor exp_avg." + name);
+      }
+      const std::int64_t slice = e->shape[0];
+      if (slice * saved_grid.data < saved.num_elems) {
+        return data_loss(checkpoint + ": the saved moments of " + name + " hold " +
+                         std::to_string(slice * saved_grid.data) + " elements, fewer than the " +
+                         std::to_string(saved.num_elems) + " the model needs");
+      }
+      const std::int64_t lo = slice * at.data, hi = std::min(lo + slice, saved.num_elems);
+      // Both run lists ascend through the whole tensor: one merge per tensor.
+      std::vector<Copy> copies;
+      for (const auto& [tensor, runs] : wanted) {
+        const model::TensorSpec* had = tensor_named(saved, tensor->name);
+        if (had == nullptr) {
+          return data_loss(f.path() + ": group " + name + " has no " + tensor->name);
+        }
+        const std::int64_t a = std::max(lo, had->offset_elems),
+                           b = std::min(hi, had->offset_elems + had->num_elems);
+        if (a >= b) continue;
+        std::size_t k = 0;
+        had->for_each_run(
+            a - had->offset_elems, b - a,
+            [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+              while (k < runs.size() && runs[k].full + runs[k].n <= full_first) ++k;
+              for (std::size_t w = k; w < runs.size() && runs[w].full < full_first + n; ++w) {
+                const std::int64_t x = std::max(full_first, runs[w].full),
+                                   y = std::min(full_first + n, runs[w].full + runs[w].n);
+                if (x < y) {
+                  copies.push_back({had->offset_elems + first + (x - full_first) - lo,
+                                    runs[w].at + (x - runs[w].full), y - x});
+                }
+              }
+            });
+      }
+      if (copies.empty()) continue;
       m.assign(static_cast<std::size_t>(slice), 0.0f);
       v.assign(m.size(), 0.0f);
-      const auto& f = shards[static_cast<std::size_t>(r)];
       STRATA_RETURN_IF_ERROR(f.read("exp_avg." + name, {slice}, m.data(), DType::kF32));
       STRATA_RETURN_IF_ERROR(f.read("exp_avg_sq." + name, {slice}, v.data(), DType::kF32));
-      const std::int64_t lo = std::max(begin, r * slice),
-                         hi = std::min(begin + count, (r + 1) * slice);
-      const auto src = static_cast<std::size_t>(lo - r * slice),
-                 dst = static_cast<std::size_t>(lo - begin);
-      const auto n = static_cast<std::size_t>(hi - lo);
-      std::memcpy(exp_avg + dst, m.data() + src, n * sizeof(float));
-      std::memcpy(exp_avg_sq + dst, v.data() + src, n * sizeof(float));
+      for (const Copy& c : copies) {
+        const auto n = static_cast<std::size_t>(c.n) * sizeof(float);
+        std::memcpy(exp_avg + c.to, m.data() + c.from, n);
+        std::memcpy(exp_avg_sq + c.to, v.data() + c.from, n);
+      }
     }
     return Status::ok();
   });

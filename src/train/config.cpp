@@ -368,11 +368,6 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
           "'tensor_parallel_size': LoRA and QLoRA do not split over tensor-parallel "
           "ranks yet; use finetune.method \"full\" or tensor_parallel_size 1");
     }
-    if (!c.save_dir.empty()) {
-      errors.push_back(
-          "'tensor_parallel_size': checkpoints of a tensor-parallel run are not "
-          "written yet; set save_dir \"\" or tensor_parallel_size 1");
-    }
   }
   if (c.zero_stage != 3 && c.offload_param != Tier::kDevice) {
     errors.push_back("'offload_param': parameter offload needs zero_stage 3");

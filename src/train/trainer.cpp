@@ -115,7 +115,11 @@ struct Trainer::Impl {
   // The swap drive's sustained rates over the run, for the next strata estimate (rank 0).
   void record_drive() const;
   TrainerState state() const {
-    return TrainerState{step, step * config.batch_size, config.seed, comm->world_size(),
+    return TrainerState{step,
+                        step * config.batch_size,
+                        config.seed,
+                        comm->world_size(),
+                        grid->shape().tensor,
                         config.to_json()};
   }
 };
@@ -308,9 +312,10 @@ Status Trainer::Impl::setup() {
                   " but it was trained with seed " + std::to_string(st.seed) +
                   "; the data order will differ from the original run");
     }
-    STRATA_RETURN_IF_ERROR(
-        load_checkpoint(ckpt, *layout, *provider, base_source, base_cache.get(), base_pieces)
-            .with_context("resuming from " + ckpt));
+    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, config.model, *layout,
+                                           model_options.tensor_parallel, *provider, base_source,
+                                           base_cache.get(), base_pieces)
+                               .with_context("resuming from " + ckpt));
     step = st.step;
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
   } else {
@@ -567,7 +572,7 @@ Result<std::string> Trainer::save() {
   STRATA_ASSIGN_OR_RETURN(
       impl_->last_checkpoint,
       save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout,
-                      impl_->config.lora(), *impl_->provider, *impl_->comm, impl_->state()));
+                      impl_->config.lora(), *impl_->provider, *impl_->grid, impl_->state()));
   return impl_->last_checkpoint;
 }
 

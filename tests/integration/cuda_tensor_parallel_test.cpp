@@ -120,9 +120,8 @@ TEST_P(CudaTensorParallelTest, EachRanksSliceOfTheStepMatchesPyTorch) {
     }
     StagedTensorGroup group(*ranks.comms[r], **gpu, golden.config.num_key_value_heads);
     const Status made = group.init();
-    failures[r] = made.is_ok()
-                      ? testing::tensor_parallel_golden_step(golden, **gpu, group, false)
-                      : made.to_string();
+    failures[r] = made.is_ok() ? testing::tensor_parallel_golden_step(golden, **gpu, group, false)
+                               : made.to_string();
     const Status sticky = (*gpu)->last_error();
     if (!sticky.is_ok()) failures[r] += "sticky CUDA error: " + sticky.to_string();
   });
@@ -131,15 +130,14 @@ TEST_P(CudaTensorParallelTest, EachRanksSliceOfTheStepMatchesPyTorch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CudaTensorParallelTest,
-                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3",
-                                                              "mistral"),
-                                            ::testing::Values(2, 4)),
-                         [](const auto& info) {
-                           return strata::testing::test_name(
-                               std::get<0>(info.param) + "_T" +
-                               std::to_string(std::get<1>(info.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Families, CudaTensorParallelTest,
+    ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "mistral"),
+                       ::testing::Values(2, 4)),
+    [](const auto& info) {
+      return strata::testing::test_name(std::get<0>(info.param) + "_T" +
+                                        std::to_string(std::get<1>(info.param)));
+    });
 
 }  // namespace
 }  // namespace strata::model

@@ -57,8 +57,7 @@ inline std::string tensor_parallel_golden_step(const TensorParallelGolden& golde
                                                bool checkpointing) {
   const Json& g = golden.g;
   const int size = group.size(), rank = group.rank();
-  const ParamLayout layout =
-      ParamLayout::build(golden.config, std::nullopt, false, {size, rank});
+  const ParamLayout layout = ParamLayout::build(golden.config, std::nullopt, false, {size, rank});
   TestProvider provider(layout, device, DType::kF32);
   for (const auto& grp : layout.groups()) {
     for (const auto& t : grp.tensors) {

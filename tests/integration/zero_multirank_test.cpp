@@ -275,16 +275,16 @@ TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
 
 // Tensor parallelism inside ZeRO: 2 ranks splitting every layer, 2 x 2 (data x tensor, offloaded
 // to the host) and 4 ranks splitting every layer (each of the 2 kv heads on 2 ranks) train the
-// losses of one rank, gradient clipping included (each duplicate counted once in the norm).
-// The bound is the data-parallel runs': a split sums each product in another order, as ranks
-// and BLAS kernels do.
-TEST(ZeroTensorParallel, SplitLayersTrainTheLossesOfOneRank) {
+// losses and the 3-step weights of one rank, gradient clipping included (each duplicate counted
+// once in the norm), and their checkpoints hold the same whole tensors. The bounds are the
+// data-parallel runs': a split sums each product in another order, as ranks and BLAS kernels do.
+TEST(ZeroTensorParallel, SplitLayersTrainTheLossesAndWeightsOfOneRank) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
   Json j = config(dir, "t1");
-  j["save_dir"] = "";  // tensor-parallel checkpoints are not written yet
   ASSERT_EQ(train(dir, j, "t1", 1), 0) << std::ifstream(dir.file("t1/err.txt")).rdbuf();
   const auto ref_loss = losses(dir.file("t1/metrics.jsonl"));
+  const auto ref_w = weights(dir.file("t1/ckpt/step-00000003/model"));
   ASSERT_EQ(ref_loss.size(), 3u);
   struct Run {
     int np, tensor, micro;
@@ -298,15 +298,90 @@ TEST(ZeroTensorParallel, SplitLayersTrainTheLossesOfOneRank) {
     k["micro_batch_size"] = r.micro;
     k["offload_param"] = r.offload;
     k["offload_optimizer"] = r.offload;
-    k["metrics_file"] = dir.file(name + "/metrics.jsonl");
-    k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
-    ASSERT_EQ(train(dir, k, name, r.np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
-    expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
+    expect_same_run_as(dir, k, name, r.np, ref_loss, ref_w);
     std::stringstream said;
     said << std::ifstream(dir.file(name + "/out.txt")).rdbuf();
     const std::string out = said.str();
     EXPECT_NE(out.find("each layer split over " + std::to_string(r.tensor)), std::string::npos)
         << out;
+  }
+}
+
+// A checkpoint records its grid and resumes on another: 2 tensor-parallel ranks on one, one
+// rank on 2 tensor-parallel ranks, 2 x 2 (data x tensor) on 4 tensor-parallel ranks and on 4
+// data-parallel ranks, each continuing like the uninterrupted run (its losses at 1e-5, its final
+// weights within the bound above for 5 steps).
+TEST(ZeroTensorParallel, CheckpointsResumeOnAnotherGrid) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const auto configured = [&](const std::string& name, int tensor) {
+    Json k = config(dir, name);
+    k["max_steps"] = 5;
+    k["offload_optimizer"] = "cpu";
+    k["tensor_parallel_size"] = tensor;
+    return k;
+  };
+  ASSERT_EQ(train(dir, configured("full", 1), "full", 1), 0)
+      << std::ifstream(dir.file("full/err.txt")).rdbuf();
+  const auto full = losses(dir.file("full/metrics.jsonl"));
+  const auto full_w = weights(dir.file("full/ckpt/step-00000005/model"));
+  ASSERT_EQ(full.size(), 5u);
+  const double lr = configured("full", 1)["optimizer"]["lr"].get<double>();
+
+  struct Saved {
+    int np, tensor;
+  };
+  struct Resumed {
+    Saved from;
+    int np, tensor;
+  };
+  for (const Saved& s : {Saved{2, 2}, Saved{1, 1}, Saved{4, 2}}) {
+    const std::string name = "save" + std::to_string(s.np) + "x" + std::to_string(s.tensor);
+    Json k = configured(name, s.tensor);
+    k["save_every"] = 3;
+    ASSERT_EQ(train(dir, k, name, s.np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    const auto state = read_json_file(dir.file(name + "/ckpt/step-00000003/trainer_state.json"));
+    ASSERT_TRUE(state.is_ok()) << state.status().message();
+    EXPECT_EQ((*state)["world_size"], s.np);
+    EXPECT_EQ((*state)["tensor_parallel_size"], s.tensor);
+  }
+  for (const Resumed& r : {Resumed{{2, 2}, 1, 1}, Resumed{{1, 1}, 2, 2}, Resumed{{4, 2}, 4, 4},
+                           Resumed{{4, 2}, 4, 1}}) {
+    const std::string from =
+        "save" + std::to_string(r.from.np) + "x" + std::to_string(r.from.tensor);
+    const std::string name = from + "-on-" + std::to_string(r.np) + "x" + std::to_string(r.tensor);
+    SCOPED_TRACE(name);
+    ASSERT_EQ(train(dir, configured(name, r.tensor), name, r.np,
+                    "--resume " + dir.file(from + "/ckpt/step-00000003")),
+              0)
+        << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    expect_close(losses(dir.file(name + "/metrics.jsonl")), {full[3], full[4]}, 1e-5);
+    expect_weights_close(weights(dir.file(name + "/ckpt/step-00000005/model")), full_w, lr, 5);
+  }
+  // The whole tensors of a split run's checkpoint generate like any model.
+  EXPECT_EQ(run(std::string(STRATA_CLI) + " generate --model " +
+                dir.file("save2x2/ckpt/step-00000003/model") +
+                " --prompt-ids 1,2,3 --max-new-tokens 8 >" + dir.file("gen.txt") + " 2>&1"),
+            0)
+      << std::ifstream(dir.file("gen.txt")).rdbuf();
+
+  // A grid that cannot have saved this model is refused, naming the file and the value.
+  const std::string ckpt = dir.file("save1x1/ckpt/step-00000003");
+  const std::string state_file = ckpt + "/trainer_state.json";
+  auto state = read_json_file(state_file);
+  ASSERT_TRUE(state.is_ok());
+  for (const auto& [tensor, want] :
+       {std::pair{3, "tensor_parallel_size 3 cannot split this model"},
+        std::pair{2, "tensor_parallel_size 2 does not divide world_size 1"}}) {
+    Json edited = *state;
+    edited["tensor_parallel_size"] = tensor;
+    ASSERT_TRUE(write_json_file(state_file, edited).is_ok());
+    const std::string name = "refused" + std::to_string(tensor);
+    EXPECT_NE(train(dir, configured(name, 1), name, 1, "--resume " + ckpt), 0);
+    std::stringstream err;
+    err << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    EXPECT_NE(err.str().find(want), std::string::npos) << err.str();
+    EXPECT_NE(err.str().find(state_file), std::string::npos) << err.str();
   }
 }
 
@@ -327,7 +402,6 @@ TEST(ZeroTensorParallel, ASplitThatCannotBeIsRefusedNamingTheValue) {
       message({{"tensor_parallel_size", 2}, {"save_dir", ""}, {"finetune", {{"method", "lora"}}}})
           .find("LoRA and QLoRA do not split"),
       std::string::npos);
-  EXPECT_NE(message({{"tensor_parallel_size", 2}}).find("set save_dir"), std::string::npos);
   EXPECT_NE(message({{"tensor_parallel_size", 0}}).find("tensor_parallel_size"), std::string::npos);
   // Two ranks' split on one rank.
   Json k = j;

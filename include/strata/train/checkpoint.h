@@ -3,8 +3,9 @@
 // (adapter_config.json, adapter_model.safetensors; the frozen base stays where it was read from),
 // each rank's shard of the Adam moments (trainable groups only), and the trainer state. Everything
 // is written under a temporary name, fsynced and renamed into place, so an earlier checkpoint is
-// never damaged by a failed or interrupted save. A checkpoint saved with N ranks resumes with any
-// number of ranks.
+// never damaged by a failed or interrupted save. model/ holds every tensor whole whatever the
+// tensor-parallel size, and a checkpoint saved on one grid (data x tensor) resumes on any other
+// that can split the model.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,7 @@
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
-#include "strata/dist/communicator.h"
+#include "strata/dist/process_grid.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
@@ -28,8 +29,9 @@ struct TrainerState {
   std::int64_t step = 0;                // optimizer steps completed
   std::int64_t sequences_consumed = 0;  // position of the data sampler
   std::uint64_t seed = 0;
-  int world_size = 1;  // ranks that wrote the optimizer shards
-  Json config;         // the run's config, for reference
+  int world_size = 1;            // ranks that wrote the optimizer shards
+  int tensor_parallel_size = 1;  // the grid they formed: data-parallel size world_size / this
+  Json config;                   // the run's config, for reference
 };
 
 // "optimizer-00001-of-00004.safetensors"
@@ -40,13 +42,13 @@ std::string optimizer_shard_name(int rank, int world);
 // transformers' from_pretrained). A `from` that is not a directory copies nothing.
 Status copy_tokenizer_files(const std::string& from, const std::string& to);
 
-// Collective: every rank calls it. Writes <save_dir>/step-<N> and points <save_dir>/latest at
-// it. Returns the checkpoint path.
-// `lora`: the adapters' config when the layout has adapters.
+// Collective: every rank of `grid` calls it. Writes <save_dir>/step-<N> and points
+// <save_dir>/latest at it. Returns the checkpoint path. `layout`: this rank's (its tensor-parallel
+// slices); `lora`: the adapters' config when the layout has adapters.
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
                                     const model::ParamLayout& layout,
                                     const std::optional<model::LoraConfig>& lora,
-                                    zero::ZeroProvider& provider, dist::Communicator& comm,
+                                    zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                     const TrainerState& state);
 
 // Resolves DIR (a save_dir with a `latest` file, or one step-N directory) to a checkpoint path
@@ -54,11 +56,13 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
 Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<TrainerState> read_trainer_state(const std::string& checkpoint);
 // Loads master weights (from model/, or with adapters the frozen groups from `base` and the
-// adapters from the checkpoint) and this rank's moments (resharded from however many ranks saved
-// them) into the provider. The checkpoint's model must match `layout`. `base_cache`: a
+// adapters from the checkpoint) and this rank's moments (resharded from whatever grid saved them)
+// into the provider. `layout` is this rank's, tensor-parallel rank `tp` of `config`'s split; the
+// checkpoint's model must match it. `base_cache`: a
 // quantized base's working copies kept between runs, `base_pieces` the base a piece at a time
 // (ShardStore::load_master).
-Status load_checkpoint(const std::string& checkpoint, const model::ParamLayout& layout,
+Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& config,
+                       const model::ParamLayout& layout, model::TensorParallel tp,
                        zero::ZeroProvider& provider, const model::GroupSource& base = nullptr,
                        zero::WorkingCopyCache* base_cache = nullptr,
                        const model::GroupRangeSource& base_pieces = nullptr);

@@ -143,8 +143,7 @@ TEST(CpuOpsTest, VocabParallelCrossEntropyOverSlicesIsTheWholeRow) {
       std::vector<double> got_d(static_cast<std::size_t>(rows * whole));
       for (std::int64_t p = 0; p < parts; ++p) {
         dev->ops().cross_entropy_grad(slices[p].data(), targets.data(), rows, vocab, p * vocab,
-                                      row_max.data(), row_sum.data(), slices[p].data(), scale,
-                                      dt);
+                                      row_max.data(), row_sum.data(), slices[p].data(), scale, dt);
         for (std::int64_t i = 0; i < rows; ++i) {
           for (std::int64_t j = 0; j < vocab; ++j) {
             got_d[i * whole + p * vocab + j] = slices[p].get(i * vocab + j);

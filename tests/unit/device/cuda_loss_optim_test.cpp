@@ -82,8 +82,8 @@ TEST_F(CudaLossOptimTest, VocabParallelCrossEntropyMatchesCpu) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (std::int64_t vocab : {37, 1000, 32000}) {
       for (std::int64_t begin : {std::int64_t{0}, vocab}) {
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " vocab " + std::to_string(vocab) +
-                     " begin " + std::to_string(begin));
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " vocab " + std::to_string(vocab) + " begin " +
+                     std::to_string(begin));
         const std::int64_t rows = 37;
         Rng rng(23);
         HostTensor logits(dt, rows * vocab);
@@ -119,8 +119,8 @@ TEST_F(CudaLossOptimTest, VocabParallelCrossEntropyMatchesCpu) {
           std::vector<std::int32_t> inside = targets;  // the fused kernel takes only these
           for (auto& t : inside) t = t < vocab ? t : -1;
           std::vector<float> fused(rows);
-          cpu_ops().cross_entropy(logits.data(), inside.data(), fused.data(), nullptr, rows,
-                                  vocab, 1.0f, dt);
+          cpu_ops().cross_entropy(logits.data(), inside.data(), fused.data(), nullptr, rows, vocab,
+                                  1.0f, dt);
           for (std::int64_t i = 0; i < rows; ++i) {
             const float* g = got.data() + 3 * i;
             const auto t = targets[static_cast<std::size_t>(i)];
@@ -137,8 +137,7 @@ TEST_F(CudaLossOptimTest, VocabParallelCrossEntropyMatchesCpu) {
         DeviceBuffer gmax = upload_array(*gpu_, row_max), gsum = upload_array(*gpu_, row_sum);
         // In place, as the model calls it.
         gpu_ops().cross_entropy_grad(glogits.data(), gt.as<std::int32_t>(), rows, vocab, begin,
-                                     gmax.as<float>(), gsum.as<float>(), glogits.data(), scale,
-                                     dt);
+                                     gmax.as<float>(), gsum.as<float>(), glogits.data(), scale, dt);
         expect_close("dlogits", glogits.download().values(), cpu_d.values(), tolerance(dt));
         EXPECT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
       }
