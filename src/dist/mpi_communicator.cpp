@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "src/dist/mpi_communicator.h"
 #include "strata/core/logging.h"
@@ -347,10 +348,29 @@ class MpiCommunicator final : public Communicator {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     stats_.all_reduce_bytes += bytes;
     ++stats_.collectives;
-    const void* src = send == recv ? MPI_IN_PLACE : send;
     const int n = static_cast<int>(count);
     const MPI_Datatype type = type_of(dtype);
     const MPI_Op sum = sum_of(dtype);
+    if (send == recv && world_ >= 4 && bytes >= kCopiedAllReduceBytes &&
+        device_.host_addressable()) {
+      // Open MPI's non-blocking all-reduce sends 2 (P - 1) / P of the data from each rank
+      // (reduce-scatter, then all-gather) from 64 KiB on 4 ranks or more, but only out of place:
+      // in place it reduces to one rank and broadcasts back, sending up to twice that (measured:
+      // bench/tp_traffic.sh). A large in-place call therefore sends from a copy, which the
+      // request keeps until it is done.
+      auto copy = std::make_shared<std::vector<std::byte>>(bytes);
+      std::function<void()> average = averager(op, recv, count, dtype);
+      return issue(
+          "all_reduce", what,
+          [average, copy] {
+            if (average) average();
+          },
+          [=, comm = comm_](MPI_Request* req) {
+            std::memcpy(copy->data(), recv, bytes);
+            return MPI_Iallreduce(copy->data(), recv, n, type, sum, comm, req);
+          });
+    }
+    const void* src = send == recv ? MPI_IN_PLACE : send;
     return issue("all_reduce", what, averager(op, recv, count, dtype),
                  [=, comm = comm_](MPI_Request* req) {
                    return MPI_Iallreduce(src, recv, n, type, sum, comm, req);
@@ -504,6 +524,8 @@ class MpiCommunicator final : public Communicator {
         runtime().thread->submit(comm_, std::move(start)), std::move(label), rank_,
         std::chrono::steady_clock::now() + timeout_, std::move(finish)));
   }
+
+  static constexpr std::size_t kCopiedAllReduceBytes = std::size_t{64} << 10;
 
   MPI_Comm comm_;
   std::chrono::seconds timeout_;

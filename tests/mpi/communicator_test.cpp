@@ -1,5 +1,6 @@
 // Every collective against a serial reference, for whatever world size mpirun starts (ctest runs
-// this with 1, 2, 3 and 4 ranks), including counts that are not multiples of anything.
+// this with 1, 2, 3 and 4 ranks), including counts that are not multiples of anything (and
+// in-place all-reduces of 64 KiB or more, which go from a copy on 4 ranks or more).
 #include "strata/dist/communicator.h"
 
 #include <gtest/gtest.h>
