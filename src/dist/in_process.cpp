@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/dist/rank_order.h"
 #include "strata/core/check.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
@@ -79,36 +80,13 @@ std::string describe(int rank, const Call& c) {
          std::to_string(c.count) + " x " + std::string(dtype_name(c.dtype)) + ")";
 }
 
-// out[i] = op over ranks of in_r[offset + i], folded in rank order in f32; each add rounds to the
-// dtype (exact for f32, the MPI path's half_sum for 16-bit floats); an average as the MPI path's.
+// out[i] = op over ranks of in_r[offset + i], as reduce_in_rank_order folds it.
 void reduce(const std::vector<Call>& calls, std::int64_t offset, std::int64_t count, DType dtype,
             ReduceOp op, void* out) {
-  const auto n = static_cast<std::size_t>(count);
   const std::size_t at = static_cast<std::size_t>(offset) * dtype_size(dtype);
-  const auto in = [&](const Call& c) { return static_cast<const std::byte*>(c.send) + at; };
-  std::vector<float> acc(n), next(n);
-  std::vector<std::byte> rounded(n * dtype_size(dtype));
-  const auto round_to_dtype = [&] {  // acc = acc as the dtype holds it
-    if (dtype == DType::kF32) return;
-    convert(acc.data(), DType::kF32, rounded.data(), dtype, n);
-    convert(rounded.data(), dtype, acc.data(), DType::kF32, n);
-  };
-  convert(in(calls[0]), dtype, acc.data(), DType::kF32, n);
-  for (std::size_t r = 1; r < calls.size(); ++r) {
-    convert(in(calls[r]), dtype, next.data(), DType::kF32, n);
-    for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + next[i];
-    round_to_dtype();
-  }
-  const auto world = static_cast<float>(calls.size());
-  if (op == ReduceOp::kAvg && calls.size() > 1) {
-    if (dtype == DType::kF32) {
-      for (float& x : acc) x = x / world;
-    } else {
-      const float inv = 1.0f / world;
-      for (float& x : acc) x = x * inv;
-    }
-  }
-  convert(acc.data(), DType::kF32, out, dtype, n);
+  std::vector<const void*> inputs;
+  for (const Call& c : calls) inputs.push_back(static_cast<const std::byte*>(c.send) + at);
+  reduce_in_rank_order(inputs, count, dtype, op, out);
 }
 
 // The meeting point of one group: the last rank to arrive at a collective carries it out for

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "src/dist/mpi_communicator.h"
+#include "src/dist/rank_order.h"
 #include "strata/core/logging.h"
 #include "strata/device/device.h"
 
@@ -336,6 +337,28 @@ class MpiCommunicator final : public Communicator {
     ++stats_.collectives;
     const int n = static_cast<int>(count);
     const MPI_Datatype type = type_of(dtype);
+    if (world_ > 1 && device_.host_addressable()) {
+      // Open MPI's non-blocking reduce-scatter (libnbc) reduces the whole buffer to rank 0 and
+      // scatters it back: every other rank sends all of its data, where (P - 1) / P of it is
+      // enough (measured: bench/tp_traffic.sh). An all-to-all sends exactly that, rank r's
+      // chunk j to rank j, which folds the chunks it receives in rank order (the in-process
+      // communicator's arithmetic; the request keeps the chunks until it is done).
+      auto chunks =
+          std::make_shared<std::vector<std::byte>>(bytes * static_cast<std::size_t>(world_));
+      const int world = world_;
+      return issue(
+          "reduce_scatter", what,
+          [=] {
+            std::vector<const void*> inputs;
+            for (int r = 0; r < world; ++r) {
+              inputs.push_back(chunks->data() + bytes * static_cast<std::size_t>(r));
+            }
+            reduce_in_rank_order(inputs, count, dtype, op, recv);
+          },
+          [=, comm = comm_](MPI_Request* req) {
+            return MPI_Ialltoall(send, n, type, chunks->data(), n, type, comm, req);
+          });
+    }
     const MPI_Op sum = sum_of(dtype);
     return issue("reduce_scatter", what, averager(op, recv, count, dtype),
                  [=, comm = comm_](MPI_Request* req) {

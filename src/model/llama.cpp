@@ -30,13 +30,16 @@ constexpr std::size_t kAlignBytes = 256;
 struct Workspace {
   std::int32_t* ids = nullptr;      // [rows]
   std::int32_t* targets = nullptr;  // [rows]
-  std::vector<void*> xs;            // num_layers + 1 of [rows, hidden]: block inputs, final h
-  std::vector<BlockActs> acts;      // per layer, or one shared set when checkpointing
-  float* rstd_final = nullptr;      // [rows]
-  void* hf = nullptr;               // [rows, hidden] model.norm output
-  void* logits = nullptr;           // [rows, vocab], overwritten by dlogits in training
-  float* losses = nullptr;          // [rows]
-  void* nf4_weight = nullptr;       // [max_weight] with an NF4 base: one decoded weight
+  // Under sequence parallelism xs, rstd_final and the blocks' residual activations hold this
+  // rank's local_rows; hf every row (this rank's written into its rows, then gathered).
+  std::vector<void*> xs;        // num_layers + 1 of [rows, hidden]: block inputs, final h
+  std::vector<BlockActs> acts;  // per layer, or one shared set when checkpointing
+  void* partial = nullptr;      // sequence parallelism: [rows, hidden] before a reduce-scatter
+  float* rstd_final = nullptr;  // [rows]
+  void* hf = nullptr;           // [rows, hidden] model.norm output
+  void* logits = nullptr;       // [rows, vocab], overwritten by dlogits in training
+  float* losses = nullptr;      // [rows]
+  void* nf4_weight = nullptr;   // [max_weight] with an NF4 base: one decoded weight
   // Tensor parallelism: each rank's cross-entropy statistics [size, rows, 3] (all gathered) and
   // the whole vocabulary's row maximum and sum [2, rows].
   float* ce_local = nullptr;  // [rows, 3]: this rank's
@@ -67,6 +70,8 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   Carver c{base};
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  // The residual stream's rows: this rank's under sequence parallelism, else all.
+  const std::int64_t Rl = d.local_rows;
   auto f32 = [&](std::int64_t n) { return c.f32(n); };
   auto act = [&](std::int64_t n) { return c.take(n, eb); };
 
@@ -76,16 +81,20 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   // (write_activation), not the workspace's.
   ws->xs.assign(static_cast<std::size_t>(num_layers + 1), nullptr);
   if (!checkpointing) {
-    for (auto& x : ws->xs) x = act(R * H);
+    for (auto& x : ws->xs) x = act(Rl * H);
   }
   ws->acts.resize(checkpointing ? 1 : static_cast<std::size_t>(num_layers));
   // An adapter's dropped-out input: scratch shared by every layer.
   const bool lora_dropout = d.lora_rank > 0 && d.lora_dropout > 0;
   void* lora_x = lora_dropout ? act(R * d.max_in()) : nullptr;
+  // Sequence parallelism: a row-parallel product before its reduce-scatter (also the
+  // embedding's), shared by every layer.
+  void* partial = d.seq_parallel ? act(R * H) : nullptr;
+  ws->partial = partial;
   for (std::size_t l = 0; l < ws->acts.size(); ++l) {
     BlockActs& a = ws->acts[l];
     a.x = ws->xs[l];
-    a.rstd1 = f32(R);
+    a.rstd1 = f32(Rl);
     a.a = act(R * H);
     a.q = act(R * Q);
     a.k = act(R * KV);
@@ -98,8 +107,8 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     }
     a.att = act(R * Q);
     a.lse = f32(d.batch * d.heads * d.seq);
-    a.hmid = act(R * H);
-    a.rstd2 = f32(R);
+    a.hmid = act(Rl * H);
+    a.rstd2 = f32(Rl);
     a.b = act(R * H);
     a.gate = act(R * F);
     a.up = act(R * F);
@@ -108,8 +117,9 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
       if (d.lora_on[t]) a.lora_t[t] = act(R * d.lora_rank);
     }
     a.lora_x = lora_x;
+    a.partial = partial;
   }
-  ws->rstd_final = f32(R);
+  ws->rstd_final = f32(Rl);
   ws->hf = act(R * H);
   ws->logits = act(R * d.vocab);
   ws->losses = f32(R);
@@ -129,8 +139,16 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     s.kdb = act(d.kv_dim);
     s.vdb = act(d.kv_dim);
   }
-  s.dh = act(R * H);
-  s.dtmp = act(R * H);
+  if (d.seq_parallel) {
+    s.dh_full = act(R * H);
+    s.dh = s.dh_full == nullptr ? nullptr : detail::row_slot(d, s.dh_full, H);
+    s.dx_local = act(Rl * H);
+    s.dln1 = act(H);
+    s.dln2 = act(H);
+  } else {
+    s.dh = act(R * H);
+  }
+  s.dtmp = act(Rl * H);
   s.dx = act(R * H);
   if (d.lora_rank > 0) s.lora_dt = act(R * d.lora_rank);
   if (lora_dropout) s.lora_dx = act(R * d.max_in());
@@ -450,6 +468,12 @@ Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int
   }
   num_valid_ = 0;
   const std::int64_t rows = batch * seq, vocab = config_.vocab_size;
+  if (const int t = options_.tensor_parallel.size; options_.sequence_parallel && rows % t != 0) {
+    return invalid_argument(
+        "sequence parallelism over " + std::to_string(t) +
+        " ranks needs a micro-batch whose batch * seq tokens they divide, got " +
+        std::to_string(batch) + " x " + std::to_string(seq));
+  }
   for (std::int64_t i = 0; i < rows; ++i) {
     if (inputs[i] < 0 || inputs[i] >= vocab) {
       return invalid_argument("input token " + std::to_string(inputs[i]) + " at position " +
@@ -553,10 +577,12 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
     prefetch_block(0);
     STRATA_RETURN_IF_ERROR(new_x(0));
-    ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, xs[0], dt);
+    // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere, summed
+    // (this rank's rows of the sum under sequence parallelism).
+    void* embedded = d.seq_parallel ? ws_.partial : xs[0];
+    ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, embedded, dt);
     ps.release(embed);
-    // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere.
-    if (d.split()) STRATA_RETURN_IF_ERROR(d.tp->all_reduce_sum(xs[0], R * H, dt, "embedding"));
+    if (d.split()) STRATA_RETURN_IF_ERROR(detail::sum_partial(d, embedded, xs[0], H, "embedding"));
   }
   for (std::int64_t l = 0; l < L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(l));
@@ -579,7 +605,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
   const void* norm_weight = head.norm;
   if (train) prefetch_block(L - 1);
   void* x_final = xs[static_cast<std::size_t>(L)];
-  ops.rmsnorm_forward(x_final, norm_weight, ws_.hf, ws_.rstd_final, R, H, d.eps, dt);
+  ops.rmsnorm_forward(x_final, norm_weight, detail::row_slot(d, ws_.hf, H), ws_.rstd_final,
+                      d.local_rows, H, d.eps, dt);
+  STRATA_RETURN_IF_ERROR(detail::gather_rows(d, ws_.hf, H, "model.norm output"));
   matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
   // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
   const float dloss_scale = num_valid_ > 0 ? grad_scale / static_cast<float>(num_valid_) : 0.0f;
@@ -618,12 +646,16 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
              true);
     }
     matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
-    if (d.split()) {  // each rank's vocabulary slice gives part of the input gradient
-      STRATA_RETURN_IF_ERROR(d.tp->all_reduce_sum(bwd.dx, R * H, dt, "lm_head input gradient"));
+    // Each rank's vocabulary slice gives part of the input gradient: summed (this rank's rows).
+    void* dx = d.seq_parallel ? bwd.dx_local : bwd.dx;
+    if (d.split()) {
+      STRATA_RETURN_IF_ERROR(detail::sum_partial(d, bwd.dx, dx, H, "lm_head input gradient"));
     }
-    ops.rmsnorm_backward(bwd.dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
-                         norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr, R, H,
-                         dt);
+    if (bwd.dln1 != nullptr) device_.fill_zero(bwd.dln1, static_cast<std::size_t>(H) * eb, stream);
+    STRATA_RETURN_IF_ERROR(
+        detail::norm_backward(ops, d, dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
+                              norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr,
+                              bwd.dln1, "model.norm weight gradient"));
     release_head(ps);
     if (norm_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(norm_group_));
     // The embedding's (tied) are released after the lookup's part, last.
@@ -662,6 +694,10 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
           device_.fill_zero(scratch, static_cast<std::size_t>(d.head_dim) * eb, stream);
         }
       }
+      for (void* scratch : {bwd.dln1, bwd.dln2}) {
+        if (scratch != nullptr)
+          device_.fill_zero(scratch, static_cast<std::size_t>(H) * eb, stream);
+      }
       for (void* scratch : {bwd.kdb, bwd.vdb}) {
         if (scratch != nullptr) {
           device_.fill_zero(scratch, static_cast<std::size_t>(d.kv_dim) * eb, stream);
@@ -678,7 +714,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       if (!tied) {
         STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
       }
-      ops.embedding_backward(ws_.ids, R, bwd.dh, H, offset_ptr(embed_grads, embed_offset_, eb), dt);
+      STRATA_RETURN_IF_ERROR(detail::gather_rows(d, bwd.dh_full, H, "embedding output gradient"));
+      ops.embedding_backward(ws_.ids, R, d.seq_parallel ? bwd.dh_full : bwd.dh, H,
+                             offset_ptr(embed_grads, embed_offset_, eb), dt);
       STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
     }
     stream.synchronize();
@@ -951,7 +989,7 @@ std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const Mode
                                            std::int64_t batch, std::int64_t seq) {
   if (!options.activation_checkpointing) return 0;
   const Dims d = Dims::make(config, options, batch, seq);
-  return static_cast<std::uint64_t>(d.rows * d.hidden) * d.elem_bytes;
+  return static_cast<std::uint64_t>(d.local_rows * d.hidden) * d.elem_bytes;
 }
 
 int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& options) {

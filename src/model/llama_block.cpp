@@ -48,6 +48,12 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     d.vocab /= t;
     d.vocab_begin = d.vocab * options.tensor_parallel.rank;
   }
+  d.local_rows = d.rows;
+  if (d.split() && options.sequence_parallel) {
+    d.seq_parallel = true;
+    d.local_rows = d.rows / d.tp_size;
+    d.row_begin = d.local_rows * options.tensor_parallel.rank;
+  }
   return d;
 }
 
@@ -57,6 +63,37 @@ Status tp_sum(const Dims& d, void* buffer, std::int64_t n, std::string_view what
   return d.split() ? d.tp->all_reduce_sum(buffer, n, d.dtype, what) : Status::ok();
 }
 }  // namespace
+
+void* row_slot(const Dims& d, void* full, std::int64_t n) {
+  return offset_ptr(full, d.row_begin * n, d.elem_bytes);
+}
+
+Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what) {
+  if (!d.seq_parallel) return Status::ok();
+  return d.tp->all_gather(row_slot(d, full, n), full, d.local_rows * n, d.dtype, what);
+}
+
+Status sum_partial(const Dims& d, void* partial, void* out, std::int64_t n, std::string_view what) {
+  if (d.seq_parallel) {
+    return d.tp->reduce_scatter_sum(partial, out, d.local_rows * n, d.dtype, what);
+  }
+  STRATA_CHECK(partial == out, "a partial product summed elsewhere without sequence parallelism");
+  return tp_sum(d, out, d.rows * n, what);
+}
+
+Status norm_backward(const device::Ops& ops, const Dims& d, const void* dy, const void* x,
+                     const void* w, const float* rstd, void* dx, void* gw, void* scratch,
+                     std::string_view what) {
+  const std::int64_t R = d.local_rows, H = d.hidden;
+  if (!d.seq_parallel || gw == nullptr) {
+    ops.rmsnorm_backward(dy, x, w, rstd, dx, gw, R, H, d.dtype);
+    return Status::ok();
+  }
+  ops.rmsnorm_backward(dy, x, w, rstd, dx, scratch, R, H, d.dtype);
+  STRATA_RETURN_IF_ERROR(tp_sum(d, scratch, H, what));
+  ops.add(gw, scratch, gw, H, d.dtype);
+  return Status::ok();
+}
 
 void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
             std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate,
@@ -190,16 +227,20 @@ void* t_of(void* const (&ts)[kNumLoraTargets], LoraTarget target) {
 // adapter activation, which its backward needs. `ts`: each adapter's t.
 Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
                   const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
-                  void* const (&ts)[kNumLoraTargets], void* scratch, void* out) {
+                  void* const (&ts)[kNumLoraTargets], void* scratch, void* partial, void* out) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn;
-  project(ops, d, proj(d, w, LoraTarget::kO), att, hmid, t_of(ts, LoraTarget::kO), scratch);
-  if (d.split()) {  // row-parallel: the ranks' partial products summed, then the bias
-    STRATA_RETURN_IF_ERROR(tp_sum(d, hmid, R * H, "o_proj output"));
-    if (w.bo != nullptr) ops.add_bias(hmid, w.bo, R, H, dt);
+  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn, Rl = d.local_rows;
+  // Row-parallel: the ranks' partial products summed (this rank's rows of the sum under sequence
+  // parallelism), then the bias.
+  void* o_part = d.seq_parallel ? partial : hmid;
+  project(ops, d, proj(d, w, LoraTarget::kO), att, o_part, t_of(ts, LoraTarget::kO), scratch);
+  if (d.split()) {
+    STRATA_RETURN_IF_ERROR(sum_partial(d, o_part, hmid, H, "o_proj output"));
+    if (w.bo != nullptr) ops.add_bias(hmid, w.bo, Rl, H, dt);
   }
-  ops.add(hmid, x, hmid, R * H, dt);
-  ops.rmsnorm_forward(hmid, w.ln2, b, rstd, R, H, d.eps, dt);
+  ops.add(hmid, x, hmid, Rl * H, dt);
+  ops.rmsnorm_forward(hmid, w.ln2, row_slot(d, b, H), rstd, Rl, H, d.eps, dt);
+  STRATA_RETURN_IF_ERROR(gather_rows(d, b, H, "post_attention_layernorm output"));
   project(ops, d, proj(d, w, LoraTarget::kGate), b, gate, t_of(ts, LoraTarget::kGate), scratch);
   project(ops, d, proj(d, w, LoraTarget::kUp), b, up, t_of(ts, LoraTarget::kUp), scratch);
   ops.swiglu_forward(gate, up, m, R * F, dt);
@@ -208,12 +249,13 @@ Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
     if (down.lora.a != nullptr) adapter_t(ops, d, down, m, t_of(ts, LoraTarget::kDown), scratch);
     return Status::ok();
   }
-  project(ops, d, down, m, out, t_of(ts, LoraTarget::kDown), scratch);
+  void* d_part = d.seq_parallel ? partial : out;
+  project(ops, d, down, m, d_part, t_of(ts, LoraTarget::kDown), scratch);
   if (d.split()) {
-    STRATA_RETURN_IF_ERROR(tp_sum(d, out, R * H, "down_proj output"));
-    if (w.bd != nullptr) ops.add_bias(out, w.bd, R, H, dt);
+    STRATA_RETURN_IF_ERROR(sum_partial(d, d_part, out, H, "down_proj output"));
+    if (w.bd != nullptr) ops.add_bias(out, w.bd, Rl, H, dt);
   }
-  ops.add(out, hmid, out, R * H, dt);
+  ops.add(out, hmid, out, Rl * H, dt);
   return Status::ok();
 }
 
@@ -229,7 +271,8 @@ Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& 
                      const BlockActs& s, void* out) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden;
-  ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd1, R, H, d.eps, dt);
+  ops.rmsnorm_forward(s.x, w.ln1, row_slot(d, s.a, H), s.rstd1, d.local_rows, H, d.eps, dt);
+  STRATA_RETURN_IF_ERROR(gather_rows(d, s.a, H, "input_layernorm output"));
   project(ops, d, proj(d, w, LoraTarget::kQ), s.a, d.qk_norm ? s.q_pre : s.q,
           t_of(s.lora_t, LoraTarget::kQ), s.lora_x);
   project(ops, d, proj(d, w, LoraTarget::kK), s.a, d.qk_norm ? s.k_pre : s.k,
@@ -243,7 +286,7 @@ Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& 
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
   return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, s.lora_t,
-                    s.lora_x, out);
+                    s.lora_x, s.partial, out);
 }
 
 Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
@@ -272,7 +315,7 @@ Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
   return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, ts, nullptr,
-                    out);
+                    nullptr, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
@@ -281,8 +324,12 @@ Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w
 Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
                       const BlockActs& s, const BlockGrads& g, const BackwardScratch& t) {
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn, Rl = d.local_rows;
   auto grad_of = [&](LoraTarget target) { return g.lora[static_cast<std::size_t>(target)]; };
+  // Under sequence parallelism the row-parallel products' backward takes every row of dh, and
+  // each column-parallel input gradient comes back as this rank's rows of its sum.
+  void* const dh = d.seq_parallel ? t.dh_full : t.dh;
+  void* const dx = d.seq_parallel ? t.dx_local : t.dx;
   auto back = [&](LoraTarget target, const void* x, void* gw, void* gb, const void* dy, void* dx,
                   bool accumulate) {
     project_backward(ops, d, proj(d, w, target), x, t_of(s.lora_t, target), gw, gb, grad_of(target),
@@ -290,17 +337,20 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
   };
 
   // MLP: out = hmid + m Wd^T (+ bd), m = silu(gate) * up.
-  back(LoraTarget::kDown, s.m, g.wd, g.bd, t.dh, t.dm, false);
+  STRATA_RETURN_IF_ERROR(gather_rows(d, dh, H, "block output gradient"));
+  back(LoraTarget::kDown, s.m, g.wd, g.bd, dh, t.dm, false);
   ops.swiglu_backward(t.dm, s.gate, s.up, t.dgate, t.dup, R * F, dt);
   back(LoraTarget::kGate, s.b, g.wg, g.bg, t.dgate, t.dx, false);
   back(LoraTarget::kUp, s.b, g.wu, g.bu, t.dup, t.dx, true);
   // Column-parallel: each rank's input gradient is its part of the sum.
-  STRATA_RETURN_IF_ERROR(tp_sum(d, t.dx, R * H, "gate/up input gradient"));
-  ops.rmsnorm_backward(t.dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, R, H, dt);
-  ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dhmid (residual + norm path)
+  STRATA_RETURN_IF_ERROR(sum_partial(d, t.dx, dx, H, "gate/up input gradient"));
+  STRATA_RETURN_IF_ERROR(norm_backward(ops, d, dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, t.dln2,
+                                       "post_attention_layernorm weight gradient"));
+  ops.add(t.dh, t.dtmp, t.dh, Rl * H, dt);  // dh = dL/dhmid (residual + norm path)
 
   // Attention: hmid = x + att Wo^T (+ bo).
-  back(LoraTarget::kO, s.att, g.wo, g.bo, t.dh, t.datt, false);
+  STRATA_RETURN_IF_ERROR(gather_rows(d, dh, H, "attention output gradient"));
+  back(LoraTarget::kO, s.att, g.wo, g.bo, dh, t.datt, false);
   ops.attention_backward(t.datt, s.q, s.k, s.v, s.att, s.lse, t.dq, t.dk, t.dv, d.attention(), dt);
   ops.rope(t.dq, d.batch, d.seq, d.heads, d.head_dim, d.rope, true, dt);
   ops.rope(t.dk, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, true, dt);
@@ -356,9 +406,10 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
     STRATA_RETURN_IF_ERROR(replica_grads(dk, g.wk, g.bk, t.kdb, "k_proj gradient"));
     STRATA_RETURN_IF_ERROR(replica_grads(t.dv, g.wv, g.bv, t.vdb, "v_proj gradient"));
   }
-  STRATA_RETURN_IF_ERROR(tp_sum(d, t.dx, R * H, "q/k/v input gradient"));
-  ops.rmsnorm_backward(t.dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, R, H, dt);
-  ops.add(t.dh, t.dtmp, t.dh, R * H, dt);  // dh = dL/dx
+  STRATA_RETURN_IF_ERROR(sum_partial(d, t.dx, dx, H, "q/k/v input gradient"));
+  STRATA_RETURN_IF_ERROR(norm_backward(ops, d, dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, t.dln1,
+                                       "input_layernorm weight gradient"));
+  ops.add(t.dh, t.dtmp, t.dh, Rl * H, dt);  // dh = dL/dx
   return Status::ok();
 }
 

@@ -45,6 +45,10 @@ struct Dims {
   TensorGroup* tp = nullptr;
   std::int64_t vocab_begin = 0;
   std::int64_t kv_replicas = 1;  // ranks holding this rank's kv head whole (kv heads < ranks)
+  // Sequence parallelism (a split only): the residual stream and the norms hold rows
+  // [row_begin, row_begin + local_rows) of the rows; without it local_rows = rows.
+  bool seq_parallel = false;
+  std::int64_t local_rows = 0, row_begin = 0;
   bool split() const { return tp_size > 1; }
 
   // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.
@@ -146,7 +150,9 @@ using BlockWeights = BlockTensors<const void*>;
 using BlockGrads = BlockTensors<void*>;
 
 // What one block's backward needs from its forward (all device pointers, compute dtype unless
-// noted). x is the block input, kept by the caller.
+// noted). x is the block input, kept by the caller. Under sequence parallelism x, rstd1, hmid
+// and rstd2 hold this rank's local_rows, and a and b every row (this rank's norm output written
+// into its rows, then gathered).
 struct BlockActs {
   void* x = nullptr;        // [rows, hidden]
   float* rstd1 = nullptr;   // [rows]
@@ -170,12 +176,24 @@ struct BlockActs {
   void* lora_t[kNumLoraTargets] = {};
   // Scratch [rows, max in features], not kept: an adapter's input after dropout (lora_dropout > 0).
   void* lora_x = nullptr;
+  // Sequence parallelism: scratch [rows, hidden], not kept: a row-parallel product before its
+  // reduce-scatter (without it the product is summed where it lands).
+  void* partial = nullptr;
 };
 
 // Backward scratch shared by all blocks. The MLP part (dm, dgate, dup) and the attention part
 // (datt, dq, dk, dv) are never live together and share memory.
 struct BackwardScratch {
-  void* dh = nullptr;      // [rows, hidden] gradient of the residual stream, updated in place
+  // [rows, hidden] gradient of the residual stream, updated in place; under sequence parallelism
+  // [local_rows, hidden], this rank's rows of dh_full [rows, hidden] (gathered before the
+  // row-parallel products' backward), and dx_local [local_rows, hidden] this rank's rows of a
+  // column-parallel input gradient, reduce-scattered from dx; dln [hidden] a norm's weight
+  // gradient from this rank's rows, summed over the group (zero when block_backward starts).
+  void* dh = nullptr;
+  void* dh_full = nullptr;
+  void* dx_local = nullptr;
+  void* dln1 = nullptr;
+  void* dln2 = nullptr;
   void* dtmp = nullptr;    // [rows, hidden]
   void* dx = nullptr;      // [rows, hidden] gradient of a norm's output
   void* dm = nullptr;      // [rows, ffn]
@@ -237,6 +255,21 @@ struct DecodeActs {
 Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
                     const DecodeActs& s, void* k_cache, void* v_cache, std::int64_t past,
                     void* out);
+
+// Sequence parallelism's pieces (each does nothing it need not without it):
+// the rows of `full` [rows, n] that are this rank's (row_begin on).
+void* row_slot(const Dims& d, void* full, std::int64_t n);
+// `full` [rows, n] made whole from every rank's row_slot, which each wrote in place.
+Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what);
+// The ranks' partial products `partial` [rows, n] summed into `out`: this rank's rows of the sum
+// under sequence parallelism (reduce-scatter), else every row in place (out must be partial).
+Status sum_partial(const Dims& d, void* partial, void* out, std::int64_t n, std::string_view what);
+// rmsnorm_backward over this rank's rows of [rows, hidden]; under sequence parallelism the weight
+// gradient of those rows is summed over the group in `scratch` (zero on entry) before it is added
+// to gw.
+Status norm_backward(const device::Ops& ops, const Dims& d, const void* dy, const void* x,
+                     const void* w, const float* rstd, void* dx, void* gw, void* scratch,
+                     std::string_view what);
 
 // Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
 // C[m, n] = alpha op(A) op(B) (+ C if accumulate).

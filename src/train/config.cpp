@@ -282,6 +282,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("activation_checkpointing", &c.activation_checkpointing);
   r.read("zero_stage", &c.zero_stage, 1, 3);
   r.read("tensor_parallel_size", &c.tensor_parallel_size, 1, 1 << 16);
+  r.read("sequence_parallel", &c.sequence_parallel);
   r.read("sub_group_size", &c.sub_group_size, 1024);
   r.read("param_persistence_threshold", &c.param_persistence_threshold, 0);
   for (const auto& [key, out] : {std::pair{"reduce_bucket_bytes", &c.reduce_bucket_bytes},
@@ -357,6 +358,18 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     // The CUDA backend sizes its arena from this; refuse to guess.
     errors.push_back("'device_memory_limit': required with device \"cuda\" (e.g. \"20GiB\")");
   }
+  if (c.sequence_parallel && c.tensor_parallel_size == 1) {
+    errors.push_back(
+        "'sequence_parallel': splits the tokens over the tensor-parallel ranks; it needs "
+        "tensor_parallel_size above 1");
+  }
+  if (c.sequence_parallel && c.tensor_parallel_size > 1 &&
+      (c.micro_batch_size * c.seq_len) % c.tensor_parallel_size != 0) {
+    errors.push_back("'sequence_parallel': tensor_parallel_size " +
+                     std::to_string(c.tensor_parallel_size) + " must divide the " +
+                     std::to_string(c.micro_batch_size * c.seq_len) +
+                     " tokens of a micro-batch (micro_batch_size x seq_len)");
+  }
   if (c.tensor_parallel_size > 1) {
     if (has_model) {
       for (const auto& p : model::tensor_parallel_problems(c.model, c.tensor_parallel_size)) {
@@ -425,6 +438,7 @@ model::ModelOptions TrainConfig::model_options() const {
   o.lora = lora();
   o.nf4_base = nf4_base();
   o.tensor_parallel.size = tensor_parallel_size;  // the rank's place: the trainer's
+  o.sequence_parallel = sequence_parallel;
   return o;
 }
 
@@ -486,6 +500,7 @@ Json TrainConfig::to_json() const {
       {"activation_checkpointing", activation_checkpointing},
       {"zero_stage", zero_stage},
       {"tensor_parallel_size", tensor_parallel_size},
+      {"sequence_parallel", sequence_parallel},
       {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
       {"reduce_bucket_bytes", reduce_bucket_bytes},

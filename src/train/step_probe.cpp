@@ -32,7 +32,10 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   } cleanup{dir};
   // Random tokens below the vocabulary, enough for every step's sequences.
   constexpr int kSteps = 6;
-  const std::int64_t batch = config.batch_size / ranks;
+  // One data-parallel rank's share, on one rank whose layers are whole: a split rank does 1/T of
+  // their work (below).
+  const int tensor = config.tensor_parallel_size;
+  const std::int64_t batch = config.batch_size / (ranks / tensor);
   const std::size_t tokens = static_cast<std::size_t>((batch * kSteps + 1) * (config.seq_len + 1));
   std::vector<std::uint32_t> ids(tokens);
   for (std::size_t i = 0; i < tokens; ++i) {
@@ -54,6 +57,8 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
     c.model_path.clear();  // random weights: the checkpoint's shape only
     c.data = DataConfig{data.string(), TokenFormat::kU32};
     c.batch_size = batch;
+    c.tensor_parallel_size = 1;
+    c.sequence_parallel = false;
     c.max_steps = kSteps;
     c.save_dir.clear();
     c.metrics_file.clear();
@@ -69,13 +74,10 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   STRATA_ASSIGN_OR_RETURN(const double one, run(1));
   STRATA_ASSIGN_OR_RETURN(const double three, run(3));
   const double layer_ms = std::max((three - one) / 2, 0.0);
-  double step_ms = std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers;
-  if (ranks > 1) {
-    const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
-    step_ms +=
-        ms(3.0 * params * dtype_size(config.precision) * (ranks - 1) / ranks, rates.comm_bytes);
-  }
-  return step_ms;
+  double step_ms = (std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers) / tensor;
+  const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
+  return step_ms + zero_comm_ms(config, params, ranks, rates) +
+         tensor_parallel_ms(config, ranks, rates);
 }
 
 }  // namespace strata::train

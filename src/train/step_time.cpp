@@ -236,6 +236,30 @@ std::string changes_to_fit(const TrainConfig& config, int ranks) {
   return out;
 }
 
+double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
+                    const MachineRates& rates) {
+  const double tensor = config.tensor_parallel_size;
+  const double data = ranks / tensor;
+  if (data <= 1) return 0;
+  return ms(3.0 * parameters / tensor * static_cast<double>(dtype_size(config.precision)) *
+                (data - 1) / data,
+            rates.comm_bytes);
+}
+
+double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates) {
+  const int tensor = config.tensor_parallel_size;
+  if (tensor <= 1) return 0;
+  const double accum = static_cast<double>(config.accumulation_steps(ranks / tensor));
+  const double activations = static_cast<double>(config.micro_batch_size) *
+                             static_cast<double>(config.seq_len) *
+                             static_cast<double>(config.model.hidden_size) *
+                             static_cast<double>(dtype_size(config.precision));
+  const double per_layer = config.activation_checkpointing ? 6.0 : 4.0;
+  const double collectives =
+      accum * (per_layer * static_cast<double>(config.model.num_hidden_layers) + 2.0);
+  return ms(collectives * 2.0 * (tensor - 1) / tensor * activations, rates.comm_bytes);
+}
+
 namespace {
 
 // The step of `e` at `rates` (predict_step's, without the spread).
@@ -244,7 +268,10 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   const model::LlamaConfig& m = e.model;
   const double ranks = e.ranks;
   const double tokens = static_cast<double>(config.batch_size) / ranks * config.seq_len;
-  const double accum = static_cast<double>(config.accumulation_steps(e.ranks));
+  // Tensor parallelism: each of the T ranks of a group runs the same tokens through 1/T of every
+  // layer (the FLOPs below, per rank, come out the same as the whole model's over all ranks).
+  const int tensor = config.tensor_parallel_size;
+  const double accum = static_cast<double>(config.accumulation_steps(e.ranks / tensor));
   const double dsize = static_cast<double>(dtype_size(config.precision));
   // Matrix products: 2 FLOPs per parameter and token forward, 4 backward (input and weight
   // gradients; 2 for a frozen weight, whose weight gradient is skipped); the embedding is a
@@ -263,9 +290,12 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   if (rates.layer_passes.measured && rates.end_passes.measured) {
     // Timed at the run's micro-batch, recompute included: per micro-batch, every layer and the
     // two ends.
-    st.compute_ms =
-        accum * (static_cast<double>(m.num_hidden_layers) * 1e3 / rates.layer_passes.per_s +
-                 1e3 / rates.end_passes.per_s);
+    // Timed at the run's micro-batch on an unsplit layer, recompute included: per micro-batch,
+    // every layer and the two ends; a split rank does 1/T of it.
+    st.compute_ms = accum *
+                    (static_cast<double>(m.num_hidden_layers) * 1e3 / rates.layer_passes.per_s +
+                     1e3 / rates.end_passes.per_s) /
+                    tensor;
   }
 
   // The rank's working copies, gradients and optimizer state, as its shard store holds them.
@@ -308,16 +338,15 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
             : ms(read, rates.nvme_read_bytes) + ms(write, rates.nvme_write_bytes);
     st.optimizer_ms = std::max(st.optimizer_ms, streamed);
   }
-  // ZeRO-3 moves the parameters twice (forward and backward all-gathers) and the gradients once.
-  if (e.ranks > 1) {
-    st.comm_ms = ms(3.0 * params * dsize * (ranks - 1) / ranks, rates.comm_bytes);
-  }
-  st.serial_ms = std::max({st.compute_ms, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
+  st.comm_ms = zero_comm_ms(config, params, e.ranks, rates);
+  st.tensor_ms = tensor_parallel_ms(config, e.ranks, rates);
+  const double critical = st.compute_ms + st.tensor_ms;
+  st.serial_ms = std::max({critical, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
   if (e.plan.overlap == zero::OptimizerOverlap::kNone) {
     st.step_ms = st.serial_ms;
     st.schedule = "serial";
   } else {
-    st.overlapped_ms = std::max({st.compute_ms, st.transfer_ms + st.optimizer_ms, st.comm_ms});
+    st.overlapped_ms = std::max({critical, st.transfer_ms + st.optimizer_ms, st.comm_ms});
     st.step_ms =
         e.plan.measure_overlap ? std::min(st.overlapped_ms, st.serial_ms) : st.overlapped_ms;
     st.schedule =
@@ -352,8 +381,8 @@ Json StepTime::to_json() const {
   return Json{
       {"step_ms", step_ms},       {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
       {"compute_ms", compute_ms}, {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
-      {"comm_ms", comm_ms},       {"schedule", schedule},       {"slowest_ms", slowest_ms},
-      {"fastest_ms", fastest_ms}};
+      {"comm_ms", comm_ms},       {"tensor_ms", tensor_ms},     {"schedule", schedule},
+      {"slowest_ms", slowest_ms}, {"fastest_ms", fastest_ms}};
 }
 
 Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,

@@ -778,7 +778,9 @@ std::string Trainer::describe() const {
       s.config.zero_stage, partitioned, s.layout->num_groups(),
       s.config.tensor_parallel_size > 1
           ? (" | each layer split over " + std::to_string(s.config.tensor_parallel_size) +
-             " tensor-parallel ranks")
+             " tensor-parallel ranks" +
+             (s.config.sequence_parallel ? ", the tokens between them too (sequence parallel)"
+                                         : ""))
                 .c_str()
           : "");
   const std::string finetune = describe_finetune(s.config, *s.layout);

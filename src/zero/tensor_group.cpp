@@ -27,6 +27,12 @@ class CommTensorGroup final : public model::TensorGroup {
     return comm_.all_gather(send, recv, count, dtype, what).wait();
   }
 
+  Status reduce_scatter_sum(const void* send, void* recv, std::int64_t count, DType dtype,
+                            std::string_view what) override {
+    device_.stream(device::StreamKind::kCompute).synchronize();
+    return comm_.reduce_scatter(send, recv, count, dtype, dist::ReduceOp::kSum, what).wait();
+  }
+
   int kv_replicas() const override { return kv_replicas_; }
 
   Status kv_replica_sum(void* buffer, std::int64_t count, DType dtype,

@@ -62,6 +62,20 @@ class StagedTensorGroup final : public TensorGroup {
     stream.synchronize();
     return Status::ok();
   }
+  Status reduce_scatter_sum(const void* send, void* recv, std::int64_t count, DType dtype,
+                            std::string_view what) override {
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    STRATA_ASSIGN_OR_RETURN(std::byte * host, staging(bytes * (1 + size())));
+    auto& stream = gpu_.stream(device::StreamKind::kCompute);
+    gpu_.copy_to_host(host, send, bytes * size(), stream);
+    stream.synchronize();
+    STRATA_RETURN_IF_ERROR(
+        host_.reduce_scatter(host, host + bytes * size(), count, dtype, dist::ReduceOp::kSum, what)
+            .wait());
+    gpu_.copy_to_device(recv, host + bytes * size(), bytes, stream);
+    stream.synchronize();
+    return Status::ok();
+  }
 
  private:
   Status reduce(dist::Communicator& comm, void* buffer, std::int64_t count, DType dtype,
@@ -91,7 +105,7 @@ class StagedTensorGroup final : public TensorGroup {
   device::PinnedBuffer staging_;
 };
 
-class CudaTensorParallelTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+class CudaTensorParallelTest : public ::testing::TestWithParam<std::tuple<std::string, int, bool>> {
  protected:
   void SetUp() override {
     const kernels::GpuInfo info = kernels::query_gpus();
@@ -100,7 +114,7 @@ class CudaTensorParallelTest : public ::testing::TestWithParam<std::tuple<std::s
 };
 
 TEST_P(CudaTensorParallelTest, EachRanksSliceOfTheStepMatchesPyTorch) {
-  const auto& [name, size] = GetParam();
+  const auto& [name, size, sequence_parallel] = GetParam();
   testing::TensorParallelGolden golden;
   ASSERT_TRUE(testing::load_tensor_parallel_golden(name, &golden));
   ASSERT_TRUE(tensor_parallel_problems(golden.config, size).empty());
@@ -120,7 +134,8 @@ TEST_P(CudaTensorParallelTest, EachRanksSliceOfTheStepMatchesPyTorch) {
     }
     StagedTensorGroup group(*ranks.comms[r], **gpu, golden.config.num_key_value_heads);
     const Status made = group.init();
-    failures[r] = made.is_ok() ? testing::tensor_parallel_golden_step(golden, **gpu, group, false)
+    failures[r] = made.is_ok() ? testing::tensor_parallel_golden_step(golden, **gpu, group, false,
+                                                                      sequence_parallel)
                                : made.to_string();
     const Status sticky = (*gpu)->last_error();
     if (!sticky.is_ok()) failures[r] += "sticky CUDA error: " + sticky.to_string();
@@ -133,10 +148,11 @@ TEST_P(CudaTensorParallelTest, EachRanksSliceOfTheStepMatchesPyTorch) {
 INSTANTIATE_TEST_SUITE_P(
     Families, CudaTensorParallelTest,
     ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "mistral"),
-                       ::testing::Values(2, 4)),
+                       ::testing::Values(2, 4), ::testing::Bool()),
     [](const auto& info) {
       return strata::testing::test_name(std::get<0>(info.param) + "_T" +
-                                        std::to_string(std::get<1>(info.param)));
+                                        std::to_string(std::get<1>(info.param))) +
+             (std::get<2>(info.param) ? "SequenceParallel" : "");
     });
 
 }  // namespace

@@ -286,6 +286,45 @@ TEST(EstimateTest, TensorParallelRanksPlanTheirSlices) {
             std::string::npos);
 }
 
+// Tensor parallelism in the step time: a rank of 2 x 2 computes what a rank of 4 data-parallel
+// ones does (twice the tokens through half of every layer), its ZeRO collectives move half the
+// model over 2 ranks instead of all of it over 4, and its all-reduces (4 a layer and micro-batch,
+// 6 where checkpointing runs the forward again, and the embedding's and lm_head's, each sending
+// 2 (T - 1) / T of b s h) add to the compute, which waits for them.
+TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["batch_size"] = 8;
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  r.comm_bytes = {1e9, true, "test"};
+  for (const bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointed" : "stored");
+    j["activation_checkpointing"] = checkpointing;
+    Json k = j;
+    k["tensor_parallel_size"] = 2;
+    auto whole = config_of(j);
+    auto split = config_of(k);
+    ASSERT_TRUE(whole.is_ok() && split.is_ok()) << split.status().message();
+    auto a = estimate(*whole, 4);
+    auto b = estimate(*split, 4);
+    ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().message();
+    const StepTime sa = predict_step(*whole, *a, r), sb = predict_step(*split, *b, r);
+    EXPECT_NEAR(sb.compute_ms, sa.compute_ms, 1e-9 * sa.compute_ms);
+    const double params = static_cast<double>(a->parameters);
+    EXPECT_NEAR(sa.comm_ms, 3 * params * 4 * (3.0 / 4) / 1e9 * 1e3, 1e-9);
+    EXPECT_NEAR(sb.comm_ms, 3 * (params / 2) * 4 * (1.0 / 2) / 1e9 * 1e3, 1e-9);
+    EXPECT_EQ(sa.tensor_ms, 0);
+    const double activations = 2.0 * 32 * 64 * 4;  // micro-batch 2 x seq 32 x hidden 64, fp32
+    const double collectives = 2 * ((checkpointing ? 6 : 4) * 8 + 2);  // 2 micro-batches
+    EXPECT_NEAR(sb.tensor_ms, collectives * (2 * 1.0 / 2) * activations / 1e9 * 1e3, 1e-9);
+    EXPECT_DOUBLE_EQ(
+        sb.serial_ms,
+        std::max({sb.compute_ms + sb.tensor_ms, sb.transfer_ms, sb.comm_ms}) + sb.optimizer_ms);
+  }
+}
+
 TEST(EstimateTest, RanksSplitThePartitionedStateAndTheJsonHasEveryTier) {
   TempDir dir;
   Json j = small_config(dir);

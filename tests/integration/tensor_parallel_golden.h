@@ -50,11 +50,12 @@ inline bool load_tensor_parallel_golden(const std::string& name, TensorParallelG
   return true;
 }
 
-// Rank `group.rank()` of `group.size()`: its step on `device`; "" when every value is inside its
-// bound, else what is not (at most two elements a tensor).
+// Rank `group.rank()` of `group.size()`: its step on `device` (with sequence parallelism when
+// asked); "" when every value is inside its bound, else what is not (at most two elements a
+// tensor).
 inline std::string tensor_parallel_golden_step(const TensorParallelGolden& golden,
                                                device::Device& device, TensorGroup& group,
-                                               bool checkpointing) {
+                                               bool checkpointing, bool sequence_parallel = false) {
   const Json& g = golden.g;
   const int size = group.size(), rank = group.rank();
   const ParamLayout layout = ParamLayout::build(golden.config, std::nullopt, false, {size, rank});
@@ -71,6 +72,7 @@ inline std::string tensor_parallel_golden_step(const TensorParallelGolden& golde
   ModelOptions options{DType::kF32, checkpointing, std::nullopt};
   options.tensor_parallel = {size, rank};
   options.tensor_group = &group;
+  options.sequence_parallel = sequence_parallel;
   LlamaModel model(golden.config, layout, device, options);
   const GoldenBatch& b = golden.batch;
   auto loss =

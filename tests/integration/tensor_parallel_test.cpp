@@ -1,8 +1,9 @@
 // Tensor parallelism (Megatron's split layers) against float64 PyTorch: each rank of T holds its
 // slices of the family goldens' weights (tests/data/families/, tools/golden/family_golden.py)
 // and runs one step with the others over in-process communicators, at T = 2 and at T = 4 (each
-// of the two kv heads whole on two ranks); the loss and each rank's slice of every gradient must
-// land where a correct f32 computation of the whole model lands.
+// of the two kv heads whole on two ranks), with and without sequence parallelism; the loss and
+// each rank's slice of every gradient must land where a correct f32 computation of the whole
+// model lands.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -17,10 +18,10 @@ namespace strata::model {
 namespace {
 
 class TensorParallelGoldenTest
-    : public ::testing::TestWithParam<std::tuple<std::string, int, bool>> {};
+    : public ::testing::TestWithParam<std::tuple<std::string, int, bool, bool>> {};
 
 TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
-  const auto& [name, size, checkpointing] = GetParam();
+  const auto& [name, size, checkpointing, sequence_parallel] = GetParam();
   testing::TensorParallelGolden golden;
   ASSERT_TRUE(testing::load_tensor_parallel_golden(name, &golden));
   ASSERT_TRUE(tensor_parallel_problems(golden.config, size).empty());
@@ -31,9 +32,10 @@ TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
     const auto r = static_cast<std::size_t>(rank);
     auto group = zero::make_tensor_group(*ranks.comms[r], *ranks.devices[r],
                                          golden.config.num_key_value_heads);
-    failures[r] = group.is_ok() ? testing::tensor_parallel_golden_step(golden, *ranks.devices[r],
-                                                                       **group, checkpointing)
-                                : group.status().to_string();
+    failures[r] = group.is_ok()
+                      ? testing::tensor_parallel_golden_step(golden, *ranks.devices[r], **group,
+                                                             checkpointing, sequence_parallel)
+                      : group.status().to_string();
   });
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;
@@ -43,12 +45,14 @@ TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelGoldenTest,
                          ::testing::Combine(::testing::Values("llama3", "llama-linear", "qwen2",
                                                               "qwen2-window", "qwen3", "mistral"),
-                                            ::testing::Values(2, 4), ::testing::Bool()),
+                                            ::testing::Values(2, 4), ::testing::Bool(),
+                                            ::testing::Bool()),
                          [](const auto& info) {
                            return strata::testing::test_name(
                                       std::get<0>(info.param) + "_T" +
                                       std::to_string(std::get<1>(info.param))) +
-                                  (std::get<2>(info.param) ? "Checkpointed" : "Stored");
+                                  (std::get<2>(info.param) ? "Checkpointed" : "Stored") +
+                                  (std::get<3>(info.param) ? "SequenceParallel" : "");
                          });
 
 }  // namespace

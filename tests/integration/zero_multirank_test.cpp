@@ -275,7 +275,8 @@ TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
 
 // Tensor parallelism inside ZeRO: 2 ranks splitting every layer (at every ZeRO stage, with
 // parameters and optimizer states on the device, the host or NVMe), 2 x 2 (data x tensor,
-// offloaded to the host) and 4 ranks splitting every layer (each of the 2 kv heads on 2 ranks)
+// offloaded to the host) and 4 ranks splitting every layer (each of the 2 kv heads on 2 ranks),
+// with and without sequence parallelism,
 // train the losses and the 3-step weights of one rank, gradient clipping included (each duplicate
 // counted once in the norm), and their checkpoints hold the same whole tensors. The bounds are the
 // data-parallel runs': a split sums each product in another order, as ranks and BLAS kernels do.
@@ -290,14 +291,19 @@ TEST(ZeroTensorParallel, SplitLayersTrainTheLossesAndWeightsOfOneRank) {
   struct Run {
     int np, tensor, stage;
     const char* offload;
+    bool sequence_parallel = false;
   };
-  for (const Run& r : {Run{2, 2, 3, "none"}, Run{2, 2, 1, "none"}, Run{2, 2, 2, "cpu"},
-                       Run{2, 2, 3, "nvme"}, Run{4, 2, 3, "cpu"}, Run{4, 4, 3, "none"}}) {
+  for (const Run& r :
+       {Run{2, 2, 3, "none"}, Run{2, 2, 1, "none"}, Run{2, 2, 2, "cpu"}, Run{2, 2, 3, "nvme"},
+        Run{4, 2, 3, "cpu"}, Run{4, 4, 3, "none"}, Run{2, 2, 3, "none", true},
+        Run{4, 2, 2, "cpu", true}, Run{4, 4, 3, "nvme", true}}) {
     const std::string name = "t" + std::to_string(r.np) + "x" + std::to_string(r.tensor) +
-                             "-stage" + std::to_string(r.stage) + "-" + r.offload;
+                             "-stage" + std::to_string(r.stage) + "-" + r.offload +
+                             (r.sequence_parallel ? "-sp" : "");
     SCOPED_TRACE(name);
     Json k = j;
     k["tensor_parallel_size"] = r.tensor;
+    k["sequence_parallel"] = r.sequence_parallel;
     k["zero_stage"] = r.stage;
     k["offload_param"] = r.stage == 3 ? r.offload : "none";
     k["offload_optimizer"] = r.offload;
@@ -438,6 +444,16 @@ TEST(ZeroTensorParallel, ASplitThatCannotBeIsRefusedNamingTheValue) {
           .find("LoRA and QLoRA do not split"),
       std::string::npos);
   EXPECT_NE(message({{"tensor_parallel_size", 0}}).find("tensor_parallel_size"), std::string::npos);
+  EXPECT_NE(message({{"sequence_parallel", true}}).find("needs tensor_parallel_size above 1"),
+            std::string::npos);
+  // A micro-batch of 1 x 6 tokens does not split over 4 ranks.
+  EXPECT_NE(message({{"tensor_parallel_size", 4},
+                     {"sequence_parallel", true},
+                     {"micro_batch_size", 1},
+                     {"batch_size", 8},
+                     {"seq_len", 6}})
+                .find("tensor_parallel_size 4 must divide the 6 tokens of a micro-batch"),
+            std::string::npos);
   // Two ranks' split on one rank.
   Json k = j;
   k["tensor_parallel_size"] = 2;

@@ -31,6 +31,11 @@ struct ModelOptions {
   // cross-entropy are vocabulary-parallel (the logits never whole).
   TensorParallel tensor_parallel{};
   TensorGroup* tensor_group = nullptr;
+  // Megatron's sequence parallelism (a split only): the residual stream, the norms and their
+  // activations hold this rank's rows (batch * seq / size of them, which it must divide);
+  // all-gathers before the column-parallel products and reduce-scatters after the row-parallel
+  // ones take the place of the all-reduces, and the norms' weight gradients are summed.
+  bool sequence_parallel = false;
 };
 
 struct StepTimings {

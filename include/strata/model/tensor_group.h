@@ -21,9 +21,13 @@ class TensorGroup {
   // buffer[i] = the sum over the group's ranks of their buffer[i].
   virtual Status all_reduce_sum(void* buffer, std::int64_t count, DType dtype,
                                 std::string_view what) = 0;
-  // recv[r * count + i] = rank r's send[i].
+  // recv[r * count + i] = rank r's send[i]. send may be recv's own slot (recv + rank * count).
   virtual Status all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
                             std::string_view what) = 0;
+  // recv[i] = the sum over the group's ranks of their send[rank * count + i] (send holds
+  // size * count; sequence parallelism's reduce-scatter).
+  virtual Status reduce_scatter_sum(const void* send, void* recv, std::int64_t count, DType dtype,
+                                    std::string_view what) = 0;
   // With fewer kv heads than ranks, each kv head is whole on kv_replicas() consecutive ranks
   // (size / kv heads); otherwise 1.
   virtual int kv_replicas() const = 0;

@@ -89,6 +89,9 @@ struct TrainConfig {
   // Megatron-style tensor parallelism: each group of this many consecutive ranks splits every
   // layer's matrices; ZeRO shards over the rest (the data-parallel ranks).
   int tensor_parallel_size = 1;
+  // Megatron's sequence parallelism over the tensor-parallel ranks: the residual stream and the
+  // norms hold 1/tensor_parallel_size of the tokens (ModelOptions::sequence_parallel).
+  bool sequence_parallel = false;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
   dist::CommBackend dist_backend = dist::CommBackend::kAuto;

@@ -57,10 +57,13 @@ struct MachineRates {
 MachineRates calibrate(const TrainConfig& config, device::Device* device = nullptr);
 
 struct StepTime {
-  double compute_ms = 0;     // forward + backward FLOPs (recompute included) at the GEMM rate
-  double transfer_ms = 0;    // parameters to the device and gradients off it, NVMe legs included
-  double optimizer_ms = 0;   // the update: CPU Adam's memory traffic, or its NVMe streaming
-  double comm_ms = 0;        // ZeRO collectives
+  double compute_ms = 0;    // forward + backward FLOPs (recompute included) at the GEMM rate
+  double transfer_ms = 0;   // parameters to the device and gradients off it, NVMe legs included
+  double optimizer_ms = 0;  // the update: CPU Adam's memory traffic, or its NVMe streaming
+  double comm_ms = 0;       // ZeRO collectives (beside compute)
+  // Tensor parallelism's all-reduces of the activations (or all-gathers and reduce-scatters):
+  // compute waits for each, so they add to it.
+  double tensor_ms = 0;
   double serial_ms = 0;      // the step with the update after compute
   double overlapped_ms = 0;  // with the update beside compute (0 where the plan never overlaps)
   double step_ms = 0;        // the whole step, for the plan's schedule
@@ -70,6 +73,16 @@ struct StepTime {
   double slowest_ms = 0, fastest_ms = 0;
   Json to_json() const;
 };
+
+// The collectives of one step on `ranks` ranks (tensor_parallel_size of them splitting each layer)
+// at `rates`. ZeRO's: of each rank's slice of the model's `parameters`, gathered twice (forward
+// and backward) and its gradients reduced once over the data-parallel ranks, each sending
+// (D - 1) / D of it. Tensor parallelism's: per micro-batch and layer two all-reduces of the
+// micro-batch's b s h activations forward (again where checkpointing recomputes the forward) and
+// two in backward, and the embedding's and lm_head's, each sending 2 (T - 1) / T of its payload.
+double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
+                    const MachineRates& rates);
+double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
 
 // The step of `e` (rank 0 of its ranks) on a machine with `rates`. Transfers are taken to
 // overlap compute (the prefetcher's aim); the update adds to the step under the serial
