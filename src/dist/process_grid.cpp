@@ -82,12 +82,7 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
 CommStats ProcessGrid::stats() const {
   CommStats sum = world_->stats();
   for (const auto& c : owned_) {
-    if (c == nullptr) continue;
-    const CommStats& s = c->stats();
-    sum.all_gather_bytes += s.all_gather_bytes;
-    sum.reduce_scatter_bytes += s.reduce_scatter_bytes;
-    sum.all_reduce_bytes += s.all_reduce_bytes;
-    sum.collectives += s.collectives;
+    if (c != nullptr) sum += c->stats();
   }
   return sum;
 }

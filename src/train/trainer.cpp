@@ -88,8 +88,8 @@ struct Trainer::Impl {
   std::unique_ptr<mem::Timeline> timeline;         // before the provider, which records into it
   std::unique_ptr<QuantizedBaseCache> base_cache;  // finetune.quantized_cache
   std::unique_ptr<dist::Communicator> comm;
-  std::unique_ptr<dist::ProcessGrid> grid;           // data x tensor_parallel_size, pipeline 1
-  std::unique_ptr<model::TensorGroup> tensor_group;  // the model's, with tensor parallelism
+  std::unique_ptr<dist::ProcessGrid> grid;              // data x tensor_parallel_size, pipeline 1
+  std::unique_ptr<zero::CommTensorGroup> tensor_group;  // the model's, with tensor parallelism
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::shared_ptr<TokenDataset> dataset;
@@ -114,6 +114,12 @@ struct Trainer::Impl {
   Status write_trace() const;
   // The swap drive's sustained rates over the run, for the next strata estimate (rank 0).
   void record_drive() const;
+  // Every collective of the run: each grid axis's, and the kv-replica sums of a split model.
+  dist::CommStats comm_stats() const {
+    dist::CommStats s = grid->stats();
+    if (tensor_group != nullptr) s += tensor_group->replica_stats();
+    return s;
+  }
   TrainerState state() const {
     return TrainerState{step,
                         step * config.batch_size,
@@ -371,7 +377,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   StepMetrics m;
   m.step = step + 1;
   const zero::RankStats before = provider->stats();
-  const dist::CommStats comm_before = grid->stats();  // every axis's collectives
+  const dist::CommStats comm_before = comm_stats();
   const auto busy_before = timeline->busy_ms();
   const io::IoStats io_before = swap ? swap->stats() : io::IoStats{};
   device->reset_peak();
@@ -474,7 +480,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.peak_device_bytes = device->memory_stats().peak_bytes;
   m.peak_host_bytes = d.host_bytes;
   m.peak_nvme_bytes = d.nvme_bytes;
-  const dist::CommStats comm_after = grid->stats();
+  const dist::CommStats comm_after = comm_stats();
   m.comm_bytes = (comm_after.all_gather_bytes - comm_before.all_gather_bytes) +
                  (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
                  (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);

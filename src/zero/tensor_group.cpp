@@ -6,9 +6,9 @@
 namespace strata::zero {
 namespace {
 
-class CommTensorGroup final : public model::TensorGroup {
+class GridTensorGroup final : public CommTensorGroup {
  public:
-  CommTensorGroup(dist::Communicator& comm, device::Device& device, int kv_replicas,
+  GridTensorGroup(dist::Communicator& comm, device::Device& device, int kv_replicas,
                   std::unique_ptr<dist::Communicator> replicas)
       : comm_(comm), device_(device), kv_replicas_(kv_replicas), replicas_(std::move(replicas)) {}
 
@@ -35,6 +35,10 @@ class CommTensorGroup final : public model::TensorGroup {
 
   int kv_replicas() const override { return kv_replicas_; }
 
+  dist::CommStats replica_stats() const override {
+    return replicas_ == nullptr ? dist::CommStats{} : replicas_->stats();
+  }
+
   Status kv_replica_sum(void* buffer, std::int64_t count, DType dtype,
                         std::string_view what) override {
     if (replicas_ == nullptr) return Status::ok();
@@ -51,9 +55,9 @@ class CommTensorGroup final : public model::TensorGroup {
 
 }  // namespace
 
-Result<std::unique_ptr<model::TensorGroup>> make_tensor_group(dist::Communicator& comm,
-                                                              device::Device& device,
-                                                              std::int64_t kv_heads) {
+Result<std::unique_ptr<CommTensorGroup>> make_tensor_group(dist::Communicator& comm,
+                                                           device::Device& device,
+                                                           std::int64_t kv_heads) {
   const int size = comm.world_size();
   const int replicas = model::kv_head_replicas(kv_heads, size);
   std::unique_ptr<dist::Communicator> split;
@@ -62,8 +66,8 @@ Result<std::unique_ptr<model::TensorGroup>> make_tensor_group(dist::Communicator
     STRATA_ASSIGN_OR_RETURN(split,
                             comm.split(comm.rank() / replicas, comm.rank(), "kv head replicas"));
   }
-  return std::unique_ptr<model::TensorGroup>(
-      new CommTensorGroup(comm, device, replicas, std::move(split)));
+  return std::unique_ptr<CommTensorGroup>(
+      new GridTensorGroup(comm, device, replicas, std::move(split)));
 }
 
 }  // namespace strata::zero

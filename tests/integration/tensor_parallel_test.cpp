@@ -32,10 +32,19 @@ TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
     const auto r = static_cast<std::size_t>(rank);
     auto group = zero::make_tensor_group(*ranks.comms[r], *ranks.devices[r],
                                          golden.config.num_key_value_heads);
-    failures[r] = group.is_ok()
-                      ? testing::tensor_parallel_golden_step(golden, *ranks.devices[r], **group,
-                                                             checkpointing, sequence_parallel)
-                      : group.status().to_string();
+    if (!group.is_ok()) {
+      failures[r] = group.status().to_string();
+      return;
+    }
+    failures[r] = testing::tensor_parallel_golden_step(golden, *ranks.devices[r], **group,
+                                                       checkpointing, sequence_parallel);
+    // The kv-replica sums are counted where the progress line finds them.
+    const bool replicated = (*group)->kv_replicas() > 1;
+    if (replicated != ((*group)->replica_stats().all_reduce_bytes > 0)) {
+      failures[r] +=
+          "kv-replica sums counted: " + std::to_string((*group)->replica_stats().all_reduce_bytes) +
+          " bytes\n";
+    }
   });
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;

@@ -53,6 +53,13 @@ struct CommStats {
   std::uint64_t reduce_scatter_bytes = 0;
   std::uint64_t all_reduce_bytes = 0;
   std::uint64_t collectives = 0;
+  CommStats& operator+=(const CommStats& o) {
+    all_gather_bytes += o.all_gather_bytes;
+    reduce_scatter_bytes += o.reduce_scatter_bytes;
+    all_reduce_bytes += o.all_reduce_bytes;
+    collectives += o.collectives;
+    return *this;
+  }
 };
 
 // Buffers are device pointers of the device the communicator was created for; dtypes f32, bf16,
