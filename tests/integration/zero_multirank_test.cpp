@@ -696,10 +696,11 @@ struct FaultedRun {
   std::string err;
 };
 FaultedRun run_with_fault(TempDir& dir, const std::string& name, const std::string& fault,
-                          int timeout_s) {
+                          int timeout_s, const Json& changes = Json::object()) {
   Json j = config(dir, name);
   j["max_steps"] = 100000;
   j["dist_timeout_s"] = timeout_s;
+  j.merge_patch(changes);
   fs::create_directories(dir.file(name));
   dir.write(name + "/config.json", j.dump());
   const std::string cmd = mpirun(dir, 2) + STRATA_CLI + " train " +
@@ -740,6 +741,21 @@ TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
             std::string::npos)
       << r.err;
   // One timeout, reported once: nothing after it waited out another timeout.
+  EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
+}
+
+// The same with the layers split over both ranks: the tensor-parallel collective the other rank
+// waits in ends it, named (the first of a step is the vocabulary-parallel embedding's sum).
+TEST(ZeroFailures, StuckTensorParallelRankEndsTheRunNamingTheOperation) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const FaultedRun r =
+      run_with_fault(dir, "stuck-tp", "stall", 3, {{"tensor_parallel_size", 2}, {"save_dir", ""}});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("rank 0: all_reduce 'embedding'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("did not complete in time; a peer rank may have died or be stuck"),
+            std::string::npos)
+      << r.err;
   EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
 }
 
