@@ -284,7 +284,8 @@ class InProcessCommunicator final : public Communicator {
                      std::string_view what) override {
     return call(OpKind::kGatherHost, send, recv, count, dtype, ReduceOp::kSum, root, what);
   }
-  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what) override {
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what,
+                                              device::StreamKind) override {
     std::unique_ptr<Communicator> made;
     Call c{OpKind::kSplit, nullptr, nullptr, 0, DType::kU8, ReduceOp::kSum, 0, std::string(what)};
     c.color = color;

@@ -441,7 +441,8 @@ class MpiCommunicator final : public Communicator {
         .wait();
   }
 
-  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what) override {
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what,
+                                              device::StreamKind) override {
     // MPI has no non-blocking split: a timed all-gather first, so that a missing peer times out
     // here, and MPI_Comm_split only once every rank has arrived.
     const std::string label = "split '" + std::string(what) + "'";

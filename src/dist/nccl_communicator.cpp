@@ -209,13 +209,14 @@ class NcclHandleState final : public CommHandle::State {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // `compute` and `stream` are the device's compute and collective streams (the device's frees
-  // wait for the collective stream's work too); `ready` (owned) orders each collective after the
-  // compute work issued before it.
-  NcclCommunicator(std::unique_ptr<Communicator> host, std::shared_ptr<NcclComm> comm,
-                   cudaStream_t compute, cudaStream_t stream, cudaEvent_t ready,
-                   std::chrono::seconds timeout)
-      : host_(std::move(host)),
+  // `compute` and `stream` are the device's compute stream and the collective stream this
+  // communicator runs on (the device's frees wait for every stream's work too); `ready` (owned)
+  // orders each collective after the compute work issued before it.
+  NcclCommunicator(device::Device& device, std::unique_ptr<Communicator> host,
+                   std::shared_ptr<NcclComm> comm, cudaStream_t compute, cudaStream_t stream,
+                   cudaEvent_t ready, std::chrono::seconds timeout)
+      : device_(device),
+        host_(std::move(host)),
         comm_(std::move(comm)),
         compute_(compute),
         stream_(stream),
@@ -241,8 +242,12 @@ class NcclCommunicator final : public Communicator {
 
   // The host side splits first (its timed collectives find a missing peer); then ncclCommSplit,
   // non-blocking and polled against the timeout like the communicator's creation.
-  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what) override {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> host, host_->split(color, key, what));
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what,
+                                              device::StreamKind kind) override {
+    void* on = device_.stream(kind).native_handle();
+    if (on == nullptr) return unavailable("the device has no native CUDA stream for a split");
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> host,
+                            host_->split(color, key, what, kind));
     const std::string label = "ncclCommSplit for split '" + std::string(what) + "'";
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -263,7 +268,8 @@ class NcclCommunicator final : public Communicator {
                          ": cannot create the CUDA event for NCCL collectives");
     }
     return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
-        std::move(host), std::make_shared<NcclComm>(raw), compute_, stream_, ready, timeout_));
+        device_, std::move(host), std::make_shared<NcclComm>(raw), compute_,
+        static_cast<cudaStream_t>(on), ready, timeout_));
   }
 
   CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
@@ -361,6 +367,7 @@ class NcclCommunicator final : public Communicator {
         ev, comm_, label, rank(), std::chrono::steady_clock::now() + timeout_));
   }
 
+  device::Device& device_;
   std::unique_ptr<Communicator> host_;
   std::shared_ptr<NcclComm> comm_;
   cudaStream_t compute_;
@@ -420,7 +427,7 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommOptions& 
                        ": cannot create the CUDA event for NCCL collectives");
   }
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
-      std::move(host), std::move(comm), static_cast<cudaStream_t>(compute),
+      device, std::move(host), std::move(comm), static_cast<cudaStream_t>(compute),
       static_cast<cudaStream_t>(stream), ready, options.timeout));
 }
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "strata/core/check.h"
+#include "strata/device/device.h"
 
 namespace strata::dist {
 
@@ -52,15 +53,22 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
   const GridCoord& c = grid->coord_;
   // Per axis, in the same order on every rank: its size, the color of this rank's group (the
   // other two coordinates) and its key (the coordinate along the axis).
+  // The tensor axis's collectives get a stream of their own: compute waits for each of them,
+  // and they must not queue behind ZeRO's prefetched gathers on the data axis.
   struct Axis {
     const char* name;
     int size, color, key;
     Communicator** slot;
+    device::StreamKind stream;
   };
+  using device::StreamKind;
   const Axis axes[] = {
-      {"data", shape.data, c.pipeline * shape.tensor + c.tensor, c.data, &grid->data_},
-      {"tensor", shape.tensor, c.pipeline * shape.data + c.data, c.tensor, &grid->tensor_},
-      {"pipeline", shape.pipeline, c.data * shape.tensor + c.tensor, c.pipeline, &grid->pipeline_},
+      {"data", shape.data, c.pipeline * shape.tensor + c.tensor, c.data, &grid->data_,
+       StreamKind::kCollective},
+      {"tensor", shape.tensor, c.pipeline * shape.data + c.data, c.tensor, &grid->tensor_,
+       StreamKind::kTensorCollective},
+      {"pipeline", shape.pipeline, c.data * shape.tensor + c.tensor, c.pipeline, &grid->pipeline_,
+       StreamKind::kCollective},
   };
   for (std::size_t i = 0; i < std::size(axes); ++i) {
     const Axis& a = axes[i];
@@ -71,8 +79,8 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
     if (a.size == 1) {
       grid->owned_[i] = make_single_rank_communicator(device);
     } else {
-      STRATA_ASSIGN_OR_RETURN(grid->owned_[i],
-                              world.split(a.color, a.key, std::string(a.name) + " groups"));
+      STRATA_ASSIGN_OR_RETURN(
+          grid->owned_[i], world.split(a.color, a.key, std::string(a.name) + " groups", a.stream));
     }
     *a.slot = grid->owned_[i].get();
   }

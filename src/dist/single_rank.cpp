@@ -41,7 +41,8 @@ class SingleRankCommunicator final : public Communicator {
     std::copy(send, send + count, recv);
     return Status::ok();
   }
-  Result<std::unique_ptr<Communicator>> split(int, int, std::string_view) override {
+  Result<std::unique_ptr<Communicator>> split(int, int, std::string_view,
+                                              device::StreamKind) override {
     return std::unique_ptr<Communicator>(std::make_unique<SingleRankCommunicator>(device_));
   }
   Status gather_host(const void* send, void* recv, std::int64_t count, DType dtype, int,

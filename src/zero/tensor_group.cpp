@@ -64,7 +64,8 @@ Result<std::unique_ptr<CommTensorGroup>> make_tensor_group(dist::Communicator& c
   if (replicas > 1) {
     // ParamLayout::build's slices: kv head r / replicas on rank r.
     STRATA_ASSIGN_OR_RETURN(split,
-                            comm.split(comm.rank() / replicas, comm.rank(), "kv head replicas"));
+                            comm.split(comm.rank() / replicas, comm.rank(), "kv head replicas",
+                                       device::StreamKind::kTensorCollective));
   }
   return std::unique_ptr<CommTensorGroup>(
       new GridTensorGroup(comm, device, replicas, std::move(split)));

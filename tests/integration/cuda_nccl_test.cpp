@@ -82,6 +82,14 @@ TEST(CudaNcclTest, CollectivesSeeTheComputeStreamsWritesAndGiveTheSerialResult) 
     return CommHandle(done);
   });
   EXPECT_EQ(comm.stats().collectives, 4u);
+
+  // A split on the tensor-parallel group's own stream (the process grid's tensor axis) orders
+  // its collectives after the compute stream's work the same way.
+  auto split = comm.split(0, 0, "test split", device::StreamKind::kTensorCollective);
+  ASSERT_TRUE(split.is_ok()) << split.status().message();
+  run("all_reduce on the tensor stream", [&] {
+    return (*split)->all_reduce(in->data(), out->data(), kN, DType::kF32, ReduceOp::kSum, "t");
+  });
 }
 
 // A handle shares the NCCL communicator, so waiting on it after the Communicator object is gone

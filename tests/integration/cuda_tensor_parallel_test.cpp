@@ -33,7 +33,8 @@ class StagedTensorGroup final : public TensorGroup {
   Status init() {
     if (kv_replicas_ > 1) {
       STRATA_ASSIGN_OR_RETURN(
-          replicas_, host_.split(host_.rank() / kv_replicas_, host_.rank(), "kv head replicas"));
+          replicas_, host_.split(host_.rank() / kv_replicas_, host_.rank(), "kv head replicas",
+                                 device::StreamKind::kTensorCollective));
     }
     return Status::ok();
   }

@@ -22,7 +22,15 @@ namespace strata::device {
 // work queued on every stream before the free has finished, collectives included, so a buffer a
 // collective still reads or writes is never handed to a new owner. On the CPU backend host
 // collectives run on the calling thread: kCollective is the compute stream there.
-enum class StreamKind : std::uint8_t { kCompute, kHostToDevice, kDeviceToHost, kCollective };
+// kCollective: ZeRO's collectives (and every other axis's); kTensorCollective: the tensor-parallel
+// group's, apart, so that an all-reduce compute waits for never queues behind a prefetched gather.
+enum class StreamKind : std::uint8_t {
+  kCompute,
+  kHostToDevice,
+  kDeviceToHost,
+  kCollective,
+  kTensorCollective
+};
 
 struct MemoryStats {
   std::uint64_t limit_bytes = 0;

@@ -15,7 +15,8 @@
 
 namespace strata::device {
 class Device;
-}
+enum class StreamKind : std::uint8_t;
+}  // namespace strata::device
 
 namespace strata::dist {
 
@@ -95,9 +96,10 @@ class Communicator {
   // A communicator over the ranks that pass the same `color` (MPI_Comm_split's meaning): its
   // ranks ordered by `key`, then by rank here. Collective: every rank calls it, in the same
   // order as its other collectives, within the timeout. The new communicator may outlive this
-  // one's use but not this object.
-  virtual Result<std::unique_ptr<Communicator>> split(int color, int key,
-                                                      std::string_view what) = 0;
+  // one's use but not this object. Its device collectives run on the device's `stream` (NCCL;
+  // the host paths have no streams).
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key, std::string_view what,
+                                                      device::StreamKind stream) = 0;
 
   const CommStats& stats() const { return stats_; }
 

@@ -133,6 +133,7 @@ class CpuDevice final : public Device {
     switch (kind) {
       case StreamKind::kCompute:
       case StreamKind::kCollective:  // host collectives run on the calling thread
+      case StreamKind::kTensorCollective:
         return compute_;
       case StreamKind::kHostToDevice:
         return h2d_;

@@ -70,6 +70,7 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const CudaTuning& tuning, s
       h2d_(StreamKind::kHostToDevice, errors_),
       d2h_(StreamKind::kDeviceToHost, errors_),
       collective_(StreamKind::kCollective, errors_),
+      tensor_collective_(StreamKind::kTensorCollective, errors_),
       arena_(capacity) {}
 
 Result<std::unique_ptr<Device>> CudaDevice::create(const DeviceOptions& options,
@@ -110,6 +111,7 @@ Status CudaDevice::init(const cudaDeviceProp& prop) {
   STRATA_RETURN_IF_ERROR(h2d_.init());
   STRATA_RETURN_IF_ERROR(d2h_.init());
   STRATA_RETURN_IF_ERROR(collective_.init());
+  STRATA_RETURN_IF_ERROR(tensor_collective_.init());
   int smem_optin = 0;
   STRATA_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index_));
@@ -265,6 +267,8 @@ CudaStream& CudaDevice::by_kind(StreamKind kind) {
       return d2h_;
     case StreamKind::kCollective:
       return collective_;
+    case StreamKind::kTensorCollective:
+      return tensor_collective_;
   }
   return compute_;
 }

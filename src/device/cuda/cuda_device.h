@@ -89,7 +89,7 @@ class CudaDevice final : public Device {
   // A freed block goes back to the arena only once all work enqueued before the free, on every
   // stream, has finished: a kernel may still read a buffer whose owner released it, and the next
   // owner may write it from another stream.
-  static constexpr int kNumStreams = 4;  // compute, h2d, d2h, collective
+  static constexpr int kNumStreams = 5;  // compute, h2d, d2h, collective, tensor collective
   struct PendingFree {
     std::size_t offset;
     cudaEvent_t done[kNumStreams];  // one per stream, in all_streams() order
@@ -100,7 +100,7 @@ class CudaDevice final : public Device {
   CudaStream& as_cuda(Stream& s);
   CudaStream& by_kind(StreamKind kind);
   std::array<CudaStream*, kNumStreams> all_streams() {
-    return {&compute_, &h2d_, &d2h_, &collective_};
+    return {&compute_, &h2d_, &d2h_, &collective_, &tensor_collective_};
   }
   bool check(cudaError_t err, const char* call, const char* file, int line) const;
   // Both with mu_ held. reclaim returns completed pending frees to the arena; wait_oldest
@@ -116,7 +116,7 @@ class CudaDevice final : public Device {
   CudaTuning tuning_;
   bool allow_tf32_;
   std::shared_ptr<ErrorState> errors_;
-  CudaStream compute_, h2d_, d2h_, collective_;
+  CudaStream compute_, h2d_, d2h_, collective_, tensor_collective_;
   kernels::LaunchContext launch_;
   std::byte* base_ = nullptr;
 
