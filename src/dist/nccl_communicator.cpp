@@ -251,10 +251,33 @@ class NcclCommunicator final : public Communicator {
     const std::string label = "ncclCommSplit for split '" + std::string(what) + "'";
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    // Non-blocking, NCCL writes the new communicator's handle when its own thread has made it,
+    // after ncclCommSplit returns (the first GPU run found it still null there, and a write into
+    // a returned frame's variable corrupting the next communicator): into memory of its own,
+    // left behind if the split does not finish in time.
+    auto* out = new ncclComm_t(nullptr);
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    ncclResult_t rc = ncclCommSplit(comm_->get(), color, key, out, &config);
     ncclComm_t raw = nullptr;
-    ncclResult_t rc = ncclCommSplit(comm_->get(), color, key, &raw, &config);
-    if (rc == ncclInProgress)
-      rc = settle(raw != nullptr ? raw : comm_->get(), Clock::now() + timeout_);
+    for (auto sleep = std::chrono::microseconds(0); rc == ncclSuccess || rc == ncclInProgress;
+         std::this_thread::sleep_for(sleep)) {
+      raw = std::atomic_ref<ncclComm_t>(*out).load(std::memory_order_acquire);
+      if (raw != nullptr) {
+        rc = settle(raw, deadline);
+        break;
+      }
+      ncclResult_t parent = ncclSuccess;
+      if (const ncclResult_t q = ncclCommGetAsyncError(comm_->get(), &parent); q != ncclSuccess) {
+        rc = q;
+      } else if (parent != ncclSuccess && parent != ncclInProgress) {
+        rc = parent;
+      } else if (Clock::now() > deadline) {
+        rc = ncclInProgress;
+        break;
+      }
+      if (sleep < std::chrono::microseconds(500)) sleep += std::chrono::microseconds(10);
+    }
+    if (raw != nullptr) delete out;  // written once, and read
     if (rc != ncclSuccess) {
       if (raw != nullptr) ncclCommAbort(raw);
       if (rc == ncclInProgress) return timed_out(rank(), label);
