@@ -91,11 +91,17 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
   // embedding's), shared by every layer.
   void* partial = d.seq_parallel ? act(R * H) : nullptr;
   ws->partial = partial;
+  // Every layer's activations kept under sequence parallelism: each keeps its rows of the norm
+  // outputs, gathered whole into buffers the layers share (again in backward).
+  const bool rows_apart = d.seq_parallel && !checkpointing;
+  void* a_shared = rows_apart ? act(R * H) : nullptr;
+  void* b_shared = rows_apart ? act(R * H) : nullptr;
   for (std::size_t l = 0; l < ws->acts.size(); ++l) {
     BlockActs& a = ws->acts[l];
     a.x = ws->xs[l];
     a.rstd1 = f32(Rl);
-    a.a = act(R * H);
+    a.a = rows_apart ? a_shared : act(R * H);
+    if (rows_apart) a.a_local = act(Rl * H);
     a.q = act(R * Q);
     a.k = act(R * KV);
     a.v = act(R * KV);
@@ -109,7 +115,8 @@ std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool check
     a.lse = f32(d.batch * d.heads * d.seq);
     a.hmid = act(Rl * H);
     a.rstd2 = f32(Rl);
-    a.b = act(R * H);
+    a.b = rows_apart ? b_shared : act(R * H);
+    if (rows_apart) a.b_local = act(Rl * H);
     a.gate = act(R * F);
     a.up = act(R * F);
     a.m = act(R * F);

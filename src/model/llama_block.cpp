@@ -68,9 +68,11 @@ void* row_slot(const Dims& d, void* full, std::int64_t n) {
   return offset_ptr(full, d.row_begin * n, d.elem_bytes);
 }
 
-Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what) {
+Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what,
+                   const void* local) {
   if (!d.seq_parallel) return Status::ok();
-  return d.tp->all_gather(row_slot(d, full, n), full, d.local_rows * n, d.dtype, what);
+  return d.tp->all_gather(local != nullptr ? local : row_slot(d, full, n), full, d.local_rows * n,
+                          d.dtype, what);
 }
 
 Status sum_partial(const Dims& d, void* partial, void* out, std::int64_t n, std::string_view what) {
@@ -227,7 +229,8 @@ void* t_of(void* const (&ts)[kNumLoraTargets], LoraTarget target) {
 // adapter activation, which its backward needs. `ts`: each adapter's t.
 Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
                   const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
-                  void* const (&ts)[kNumLoraTargets], void* scratch, void* partial, void* out) {
+                  void* const (&ts)[kNumLoraTargets], void* scratch, void* partial, void* b_local,
+                  void* out) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, F = d.ffn, Rl = d.local_rows;
   // Row-parallel: the ranks' partial products summed (this rank's rows of the sum under sequence
@@ -239,8 +242,9 @@ Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
     if (w.bo != nullptr) ops.add_bias(hmid, w.bo, Rl, H, dt);
   }
   ops.add(hmid, x, hmid, Rl * H, dt);
-  ops.rmsnorm_forward(hmid, w.ln2, row_slot(d, b, H), rstd, Rl, H, d.eps, dt);
-  STRATA_RETURN_IF_ERROR(gather_rows(d, b, H, "post_attention_layernorm output"));
+  ops.rmsnorm_forward(hmid, w.ln2, b_local != nullptr ? b_local : row_slot(d, b, H), rstd, Rl, H,
+                      d.eps, dt);
+  STRATA_RETURN_IF_ERROR(gather_rows(d, b, H, "post_attention_layernorm output", b_local));
   project(ops, d, proj(d, w, LoraTarget::kGate), b, gate, t_of(ts, LoraTarget::kGate), scratch);
   project(ops, d, proj(d, w, LoraTarget::kUp), b, up, t_of(ts, LoraTarget::kUp), scratch);
   ops.swiglu_forward(gate, up, m, R * F, dt);
@@ -271,8 +275,9 @@ Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& 
                      const BlockActs& s, void* out) {
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden;
-  ops.rmsnorm_forward(s.x, w.ln1, row_slot(d, s.a, H), s.rstd1, d.local_rows, H, d.eps, dt);
-  STRATA_RETURN_IF_ERROR(gather_rows(d, s.a, H, "input_layernorm output"));
+  ops.rmsnorm_forward(s.x, w.ln1, s.a_local != nullptr ? s.a_local : row_slot(d, s.a, H), s.rstd1,
+                      d.local_rows, H, d.eps, dt);
+  STRATA_RETURN_IF_ERROR(gather_rows(d, s.a, H, "input_layernorm output", s.a_local));
   project(ops, d, proj(d, w, LoraTarget::kQ), s.a, d.qk_norm ? s.q_pre : s.q,
           t_of(s.lora_t, LoraTarget::kQ), s.lora_x);
   project(ops, d, proj(d, w, LoraTarget::kK), s.a, d.qk_norm ? s.k_pre : s.k,
@@ -286,7 +291,7 @@ Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& 
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
   return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, s.lora_t,
-                    s.lora_x, s.partial, out);
+                    s.lora_x, s.partial, s.b_local, out);
 }
 
 Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
@@ -315,7 +320,7 @@ Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
   return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, ts, nullptr,
-                    nullptr, out);
+                    nullptr, nullptr, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
@@ -340,6 +345,11 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
   STRATA_RETURN_IF_ERROR(gather_rows(d, dh, H, "block output gradient"));
   back(LoraTarget::kDown, s.m, g.wd, g.bd, dh, t.dm, false);
   ops.swiglu_backward(t.dm, s.gate, s.up, t.dgate, t.dup, R * F, dt);
+  // Kept apart, this layer's b is gathered again into the buffer the layers share.
+  if (s.b_local != nullptr) {
+    STRATA_RETURN_IF_ERROR(
+        gather_rows(d, s.b, H, "post_attention_layernorm output again", s.b_local));
+  }
   back(LoraTarget::kGate, s.b, g.wg, g.bg, t.dgate, t.dx, false);
   back(LoraTarget::kUp, s.b, g.wu, g.bu, t.dup, t.dx, true);
   // Column-parallel: each rank's input gradient is its part of the sum.
@@ -377,6 +387,9 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
                                      d.kv_heads, "k_norm weight gradient"));
     dq = t.dq_pre;
     dk = t.dk_pre;
+  }
+  if (s.a_local != nullptr) {
+    STRATA_RETURN_IF_ERROR(gather_rows(d, s.a, H, "input_layernorm output again", s.a_local));
   }
   back(LoraTarget::kQ, s.a, g.wq, g.bq, dq, t.dx, false);
   if (d.kv_replicas == 1) {

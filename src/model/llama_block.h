@@ -151,8 +151,9 @@ using BlockGrads = BlockTensors<void*>;
 
 // What one block's backward needs from its forward (all device pointers, compute dtype unless
 // noted). x is the block input, kept by the caller. Under sequence parallelism x, rstd1, hmid
-// and rstd2 hold this rank's local_rows, and a and b every row (this rank's norm output written
-// into its rows, then gathered).
+// and rstd2 hold this rank's local_rows, and a and b every row, gathered from this rank's norm
+// output: written into its rows of them, or, where a_local and b_local are set (every layer's
+// activations kept, a and b shared by the layers), kept there and gathered again in backward.
 struct BlockActs {
   void* x = nullptr;        // [rows, hidden]
   float* rstd1 = nullptr;   // [rows]
@@ -179,6 +180,8 @@ struct BlockActs {
   // Sequence parallelism: scratch [rows, hidden], not kept: a row-parallel product before its
   // reduce-scatter (without it the product is summed where it lands).
   void* partial = nullptr;
+  void* a_local = nullptr;  // [local_rows, hidden] this rank's rows of a, where kept apart
+  void* b_local = nullptr;  // [local_rows, hidden] this rank's rows of b, where kept apart
 };
 
 // Backward scratch shared by all blocks. The MLP part (dm, dgate, dup) and the attention part
@@ -259,8 +262,10 @@ Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w
 // Sequence parallelism's pieces (each does nothing it need not without it):
 // the rows of `full` [rows, n] that are this rank's (row_begin on).
 void* row_slot(const Dims& d, void* full, std::int64_t n);
-// `full` [rows, n] made whole from every rank's row_slot, which each wrote in place.
-Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what);
+// `full` [rows, n] made whole from every rank's rows: `local` [local_rows, n], or (null) the
+// row_slot each wrote in place.
+Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what,
+                   const void* local = nullptr);
 // The ranks' partial products `partial` [rows, n] summed into `out`: this rank's rows of the sum
 // under sequence parallelism (reduce-scatter), else every row in place (out must be partial).
 Status sum_partial(const Dims& d, void* partial, void* out, std::int64_t n, std::string_view what);
