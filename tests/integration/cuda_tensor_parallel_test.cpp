@@ -17,7 +17,6 @@
 #include "kernels/runtime.h"
 #include "strata/model/param_layout.h"
 #include "tests/integration/tensor_parallel_golden.h"
-#include "tests/testing/in_process_ranks.h"
 #include "tests/testing/test_name.h"
 
 namespace strata::model {
@@ -116,34 +115,26 @@ class CudaTensorParallelTest : public ::testing::TestWithParam<std::tuple<std::s
 
 TEST_P(CudaTensorParallelTest, EachRanksSliceOfTheStepMatchesPyTorch) {
   const auto& [name, size, sequence_parallel] = GetParam();
-  testing::TensorParallelGolden golden;
-  ASSERT_TRUE(testing::load_tensor_parallel_golden(name, &golden));
-  ASSERT_TRUE(tensor_parallel_problems(golden.config, size).empty());
-
-  auto ranks = strata::testing::make_in_process_ranks(size);
-  std::vector<std::string> failures(static_cast<std::size_t>(size));
-  ranks.run([&](int rank) {
-    const auto r = static_cast<std::size_t>(rank);
-    device::DeviceOptions o;
-    o.kind = device::DeviceKind::kCuda;
-    o.device_index = 0;
-    o.memory_limit_bytes = 512ull << 20;
-    auto gpu = device::create_device(o);
-    if (!gpu.is_ok()) {
-      failures[r] = gpu.status().to_string();
-      return;
-    }
-    StagedTensorGroup group(*ranks.comms[r], **gpu, golden.config.num_key_value_heads);
-    const Status made = group.init();
-    failures[r] = made.is_ok() ? testing::tensor_parallel_golden_step(golden, **gpu, group, false,
-                                                                      sequence_parallel)
-                               : made.to_string();
-    const Status sticky = (*gpu)->last_error();
-    if (!sticky.is_ok()) failures[r] += "sticky CUDA error: " + sticky.to_string();
-  });
-  for (int r = 0; r < size; ++r) {
-    EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;
-  }
+  testing::expect_every_rank_matches(
+      name, size,
+      [&](const testing::TensorParallelGolden& golden, int rank,
+          strata::testing::InProcessRanks& ranks) -> std::string {
+        device::DeviceOptions o;
+        o.kind = device::DeviceKind::kCuda;
+        o.device_index = 0;
+        o.memory_limit_bytes = 512ull << 20;
+        auto gpu = device::create_device(o);
+        if (!gpu.is_ok()) return gpu.status().to_string();
+        StagedTensorGroup group(*ranks.comms[static_cast<std::size_t>(rank)], **gpu,
+                                golden.config.num_key_value_heads);
+        const Status made = group.init();
+        std::string failures = made.is_ok() ? testing::tensor_parallel_golden_step(
+                                                  golden, **gpu, group, false, sequence_parallel)
+                                            : made.to_string();
+        const Status sticky = (*gpu)->last_error();
+        if (!sticky.is_ok()) failures += "sticky CUDA error: " + sticky.to_string();
+        return failures;
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(

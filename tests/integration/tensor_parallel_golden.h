@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "strata/core/json.h"
 #include "strata/model/llama.h"
 #include "strata/model/tensor_group.h"
+#include "tests/testing/in_process_ranks.h"
 #include "tests/unit/model/llama_test_util.h"
 
 namespace strata::model::testing {
@@ -101,6 +103,24 @@ inline std::string tensor_parallel_golden_step(const TensorParallelGolden& golde
     }
   }
   return fail;
+}
+
+// Golden `name` split over `size` in-process ranks (host communicators, one thread each): each
+// rank's `step` (its failures, "" when none) runs the golden step its own way.
+inline void expect_every_rank_matches(
+    const std::string& name, int size,
+    const std::function<std::string(const TensorParallelGolden&, int rank,
+                                    strata::testing::InProcessRanks&)>& step) {
+  TensorParallelGolden golden;
+  ASSERT_TRUE(load_tensor_parallel_golden(name, &golden));
+  ASSERT_TRUE(tensor_parallel_problems(golden.config, size).empty());
+  auto ranks = strata::testing::make_in_process_ranks(size);
+  std::vector<std::string> failures(static_cast<std::size_t>(size));
+  ranks.run(
+      [&](int rank) { failures[static_cast<std::size_t>(rank)] = step(golden, rank, ranks); });
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;
+  }
 }
 
 }  // namespace strata::model::testing

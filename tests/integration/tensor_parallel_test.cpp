@@ -7,11 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <vector>
 
 #include "strata/zero/tensor_group.h"
 #include "tests/integration/tensor_parallel_golden.h"
-#include "tests/testing/in_process_ranks.h"
 #include "tests/testing/test_name.h"
 
 namespace strata::model {
@@ -22,33 +20,23 @@ class TensorParallelGoldenTest
 
 TEST_P(TensorParallelGoldenTest, EachRanksSliceOfTheStepMatchesPyTorch) {
   const auto& [name, size, checkpointing, sequence_parallel] = GetParam();
-  testing::TensorParallelGolden golden;
-  ASSERT_TRUE(testing::load_tensor_parallel_golden(name, &golden));
-  ASSERT_TRUE(tensor_parallel_problems(golden.config, size).empty());
-
-  auto ranks = strata::testing::make_in_process_ranks(size);
-  std::vector<std::string> failures(static_cast<std::size_t>(size));
-  ranks.run([&](int rank) {
-    const auto r = static_cast<std::size_t>(rank);
-    auto group = zero::make_tensor_group(*ranks.comms[r], *ranks.devices[r],
-                                         golden.config.num_key_value_heads);
-    if (!group.is_ok()) {
-      failures[r] = group.status().to_string();
-      return;
-    }
-    failures[r] = testing::tensor_parallel_golden_step(golden, *ranks.devices[r], **group,
-                                                       checkpointing, sequence_parallel);
-    // The kv-replica sums are counted where the progress line finds them.
-    const bool replicated = (*group)->kv_replicas() > 1;
-    if (replicated != ((*group)->replica_stats().all_reduce_bytes > 0)) {
-      failures[r] +=
-          "kv-replica sums counted: " + std::to_string((*group)->replica_stats().all_reduce_bytes) +
-          " bytes\n";
-    }
-  });
-  for (int r = 0; r < size; ++r) {
-    EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;
-  }
+  testing::expect_every_rank_matches(
+      name, size,
+      [&](const testing::TensorParallelGolden& golden, int rank,
+          strata::testing::InProcessRanks& ranks) -> std::string {
+        const auto r = static_cast<std::size_t>(rank);
+        auto group = zero::make_tensor_group(*ranks.comms[r], *ranks.devices[r],
+                                             golden.config.num_key_value_heads);
+        if (!group.is_ok()) return group.status().to_string();
+        std::string failures = testing::tensor_parallel_golden_step(
+            golden, *ranks.devices[r], **group, checkpointing, sequence_parallel);
+        // The kv-replica sums are counted where the progress line finds them.
+        const std::uint64_t counted = (*group)->replica_stats().all_reduce_bytes;
+        if (((*group)->kv_replicas() > 1) != (counted > 0)) {
+          failures += "kv-replica sums counted: " + std::to_string(counted) + " bytes\n";
+        }
+        return failures;
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelGoldenTest,
