@@ -10,6 +10,25 @@
 
 namespace strata::dist {
 
+CommHandle CommHandle::done(Status status) {
+  struct Done final : State {
+    Status s;
+    Status wait() override { return s; }
+  };
+  if (status.is_ok()) return {};
+  auto d = std::make_shared<Done>();
+  d->s = std::move(status);
+  return CommHandle(d);
+}
+
+// The peer of a point-to-point call: another rank of the communicator.
+Status check_peer(const Communicator& comm, const char* op, int peer, std::string_view what) {
+  if (peer >= 0 && peer < comm.world_size() && peer != comm.rank()) return Status::ok();
+  return invalid_argument("rank " + std::to_string(comm.rank()) + ": " + op + " '" +
+                          std::string(what) + "' with rank " + std::to_string(peer) +
+                          ": expected another rank of the " + std::to_string(comm.world_size()));
+}
+
 std::string_view comm_backend_name(CommBackend backend) {
   switch (backend) {
     case CommBackend::kAuto:

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -122,6 +124,39 @@ class Rendezvous {
     return status_;
   }
 
+ public:
+  void post(int from, int to, const void* buffer, std::int64_t count, DType dtype,
+            std::string_view what) {
+    const auto* p = static_cast<const std::byte*>(buffer);
+    Message m{std::vector<std::byte>(p, p + static_cast<std::size_t>(count) * dtype_size(dtype)),
+              count, dtype, std::string(what)};
+    std::lock_guard lock(mu_);
+    mail_[{from, to}].push_back(std::move(m));
+    cv_.notify_all();
+  }
+  Status take(int from, int to, void* buffer, std::int64_t count, DType dtype,
+              std::string_view what) {
+    std::unique_lock lock(mu_);
+    auto& box = mail_[{from, to}];
+    if (!cv_.wait_for(lock, timeout_, [&] { return !box.empty(); })) {
+      return unavailable("rank " + std::to_string(to) + ": recv '" + std::string(what) +
+                         "' from rank " + std::to_string(from) +
+                         " did not complete in time; a peer rank may have died or be stuck "
+                         "(raise the timeout if it is only slow)");
+    }
+    Message m = std::move(box.front());
+    box.pop_front();
+    if (m.count != count || m.dtype != dtype) {
+      return failed_precondition(
+          "rank " + std::to_string(to) + ": recv '" + std::string(what) + "' of " +
+          std::to_string(count) + " x " + std::string(dtype_name(dtype)) + " from rank " +
+          std::to_string(from) + " met its send '" + m.what + "' of " + std::to_string(m.count) +
+          " x " + std::string(dtype_name(m.dtype)));
+    }
+    std::memcpy(buffer, m.data.data(), m.data.size());
+    return Status::ok();
+  }
+
  private:
   // Every rank has arrived: checks that they agree, then fills every rank's output.
   Status carry_out() {
@@ -233,10 +268,18 @@ class Rendezvous {
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Call> calls_;       // under mu_
-  int arrived_ = 0;               // under mu_
-  std::uint64_t generation_ = 0;  // under mu_: collectives completed
-  Status status_;                 // under mu_: the last collective's
+  // Point-to-point messages not yet received, per (sender, receiver), in sending order.
+  struct Message {
+    std::vector<std::byte> data;
+    std::int64_t count;
+    DType dtype;
+    std::string what;
+  };
+  std::map<std::pair<int, int>, std::deque<Message>> mail_;  // under mu_
+  std::vector<Call> calls_;                                  // under mu_
+  int arrived_ = 0;                                          // under mu_
+  std::uint64_t generation_ = 0;                             // under mu_: collectives completed
+  Status status_;                                            // under mu_: the last collective's
   Status broken_;  // under mu_: once a collective failed or timed out, every later one
 };
 
@@ -273,6 +316,20 @@ class InProcessCommunicator final : public Communicator {
   Status barrier(std::string_view what) override {
     return call(OpKind::kBarrier, nullptr, nullptr, 0, DType::kU8, ReduceOp::kSum, 0, what);
   }
+  // A send leaves a copy in the pair's mailbox and is done; a receive waits for the next one.
+  CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,
+                  std::string_view what) override {
+    if (Status s = check_peer(*this, "send", peer, what); !s.is_ok()) return done(std::move(s));
+    stats_.sent_bytes += bytes(count, dtype);
+    device_.stream(device::StreamKind::kCompute).synchronize();
+    meet_->post(rank_, peer, buffer, count, dtype, what);
+    return {};
+  }
+  CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
+                  std::string_view what) override {
+    if (Status s = check_peer(*this, "recv", peer, what); !s.is_ok()) return done(std::move(s));
+    return done(meet_->take(peer, rank_, buffer, count, dtype, what));
+  }
   Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
     return call(OpKind::kAllReduceHost, values, values, count, DType::kI64, op, 0, what);
   }
@@ -300,16 +357,7 @@ class InProcessCommunicator final : public Communicator {
   static std::uint64_t bytes(std::int64_t count, DType dtype) {
     return static_cast<std::uint64_t>(count) * dtype_size(dtype);
   }
-  static CommHandle done(Status s) {
-    struct Done final : CommHandle::State {
-      Status s;
-      Status wait() override { return s; }
-    };
-    if (s.is_ok()) return {};
-    auto d = std::make_shared<Done>();
-    d->s = std::move(s);
-    return CommHandle(d);
-  }
+  static CommHandle done(Status s) { return CommHandle::done(std::move(s)); }
   // Device buffers: what the compute stream wrote before the call is read.
   Status device_call(OpKind kind, const void* send, void* recv, std::int64_t count, DType dtype,
                      ReduceOp op, int root, std::string_view what) {

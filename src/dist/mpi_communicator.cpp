@@ -410,6 +410,30 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,
+                  std::string_view what) override {
+    if (Status s = check_peer(*this, "send", peer, what); !s.is_ok()) {
+      return CommHandle::done(std::move(s));
+    }
+    stats_.sent_bytes += static_cast<std::size_t>(count) * dtype_size(dtype);
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    return issue("send", what, {}, [=, comm = comm_](MPI_Request* req) {
+      return MPI_Isend(buffer, n, type, peer, kPointToPointTag, comm, req);
+    });
+  }
+  CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
+                  std::string_view what) override {
+    if (Status s = check_peer(*this, "recv", peer, what); !s.is_ok()) {
+      return CommHandle::done(std::move(s));
+    }
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    return issue("recv", what, {}, [=, comm = comm_](MPI_Request* req) {
+      return MPI_Irecv(buffer, n, type, peer, kPointToPointTag, comm, req);
+    });
+  }
+
   Status barrier(std::string_view what) override {
     return issue("barrier", what, {},
                  [comm = comm_](MPI_Request* req) { return MPI_Ibarrier(comm, req); })
@@ -550,6 +574,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   static constexpr std::size_t kCopiedAllReduceBytes = std::size_t{64} << 10;
+  // MPI orders messages of one tag between two ranks: sends and receives match in issue order.
+  static constexpr int kPointToPointTag = 7;
 
   MPI_Comm comm_;
   std::chrono::seconds timeout_;

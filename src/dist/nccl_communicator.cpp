@@ -329,6 +329,23 @@ class NcclCommunicator final : public Communicator {
                   "broadcast", what);
   }
   Status barrier(std::string_view what) override { return host_->barrier(what); }
+  CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,
+                  std::string_view what) override {
+    if (Status s = check_peer(*this, "send", peer, what); !s.is_ok()) return failed(std::move(s));
+    if (!after_compute()) return failed("send", what, "cudaStreamWaitEvent");
+    stats_.sent_bytes += static_cast<std::size_t>(count) * dtype_size(dtype);
+    return finish(ncclSend(buffer, static_cast<std::size_t>(count), nccl_type(dtype), peer,
+                           comm_->get(), stream_),
+                  "send", what);
+  }
+  CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
+                  std::string_view what) override {
+    if (Status s = check_peer(*this, "recv", peer, what); !s.is_ok()) return failed(std::move(s));
+    if (!after_compute()) return failed("recv", what, "cudaStreamWaitEvent");
+    return finish(ncclRecv(buffer, static_cast<std::size_t>(count), nccl_type(dtype), peer,
+                           comm_->get(), stream_),
+                  "recv", what);
+  }
   Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
     return host_->all_reduce_host(values, count, op, what);
   }
@@ -353,15 +370,7 @@ class NcclCommunicator final : public Communicator {
     return cudaEventRecord(ready_, compute_) == cudaSuccess &&
            cudaStreamWaitEvent(stream_, ready_, 0) == cudaSuccess;
   }
-  static CommHandle failed(Status status) {
-    struct Failed final : CommHandle::State {
-      Status s;
-      Status wait() override { return s; }
-    };
-    auto f = std::make_shared<Failed>();
-    f->s = std::move(status);
-    return CommHandle(f);
-  }
+  static CommHandle failed(Status status) { return CommHandle::done(std::move(status)); }
   CommHandle failed(const char* op, std::string_view what, const std::string& why) {
     return failed(internal_error("rank " + std::to_string(rank()) + ": " + op + " '" +
                                  std::string(what) + "' failed: " + why));

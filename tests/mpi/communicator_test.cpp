@@ -136,6 +136,49 @@ TEST_P(CommTest, BroadcastAndGatherHost) {
   }
 }
 
+// Point-to-point around the ring of whatever ranks mpirun starts: every rank sends three
+// messages to the next and receives three from the previous, all issued before any is waited
+// for (MPI matches them in order), in f32 and bf16.
+TEST_P(CommTest, SendsAndReceivesMatchInOrderAroundARing) {
+  Communicator& c = *env().comm;
+  const int w = c.world_size();
+  if (w < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  const std::int64_t n = GetParam();
+  const int next = (c.rank() + 1) % w, prev = (c.rank() + w - 1) % w;
+  for (DType d : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(d));
+    std::vector<std::vector<float>> out(3, std::vector<float>(static_cast<std::size_t>(n)));
+    std::vector<std::vector<std::uint16_t>> out16(3), in16(3);
+    std::vector<std::vector<float>> in(3, std::vector<float>(static_cast<std::size_t>(n), NAN));
+    std::vector<CommHandle> handles;
+    for (int m = 0; m < 3; ++m) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        out[m][static_cast<std::size_t>(i)] = value(c.rank() * 10 + m, i);
+      }
+      if (d == DType::kBF16) {
+        out16[m] = to_half(out[m], d);
+        in16[m].assign(static_cast<std::size_t>(n), 0);
+        handles.push_back(c.send(out16[m].data(), n, d, next, "activations"));
+        handles.push_back(c.recv(in16[m].data(), n, d, prev, "activations"));
+      } else {
+        handles.push_back(c.send(out[m].data(), n, d, next, "activations"));
+        handles.push_back(c.recv(in[m].data(), n, d, prev, "activations"));
+      }
+    }
+    for (auto& h : handles) ASSERT_TRUE(h.wait().is_ok());
+    for (int m = 0; m < 3; ++m) {
+      std::vector<float> want(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i)
+        want[static_cast<std::size_t>(i)] = value(prev * 10 + m, i);
+      if (d == DType::kBF16) {
+        ASSERT_EQ(in16[m], to_half(want, d));
+      } else {
+        ASSERT_EQ(in[m], want);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Counts, CommTest, ::testing::Values(1, 7, 1000, 65537));
 
 TEST(CommHost, ReductionsAndGathers) {

@@ -35,6 +35,9 @@ class CommHandle {
   };
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  // Done already, with `status` (ok: nothing to wait for; else an error found before anything
+  // started).
+  static CommHandle done(Status status);
   Status wait() {
     if (!state_) return Status::ok();
     Status s = state_->wait();
@@ -53,11 +56,13 @@ struct CommStats {
   std::uint64_t all_gather_bytes = 0;
   std::uint64_t reduce_scatter_bytes = 0;
   std::uint64_t all_reduce_bytes = 0;
+  std::uint64_t sent_bytes = 0;  // point-to-point sends
   std::uint64_t collectives = 0;
   CommStats& operator+=(const CommStats& o) {
     all_gather_bytes += o.all_gather_bytes;
     reduce_scatter_bytes += o.reduce_scatter_bytes;
     all_reduce_bytes += o.all_reduce_bytes;
+    sent_bytes += o.sent_bytes;
     collectives += o.collectives;
     return *this;
   }
@@ -85,6 +90,16 @@ class Communicator {
                                std::string_view what) = 0;
   virtual Status barrier(std::string_view what) = 0;
 
+  // Point-to-point (pipeline stage boundaries): `count` elements of this device's memory to or
+  // from rank `peer` (not this rank). Between two ranks, sends and receives match in the order
+  // each issues them, and must agree on count and dtype. Asynchronous like the collectives:
+  // the send's buffer stays untouched and the receive's unread until the handle is waited for;
+  // a peer that never matches ends the wait with the timeout's error naming `what`.
+  virtual CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,
+                          std::string_view what) = 0;
+  virtual CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
+                          std::string_view what) = 0;
+
   // Host-memory helpers for small control data (loss, norms, flags, config hashes).
   virtual Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) = 0;
   virtual Status all_gather_host(const std::uint64_t* send, std::uint64_t* recv, int count,
@@ -106,6 +121,9 @@ class Communicator {
  protected:
   CommStats stats_;
 };
+
+// Ok when `peer` is a rank of `comm` other than its own, else the error for a point-to-point `op`.
+Status check_peer(const Communicator& comm, const char* op, int peer, std::string_view what);
 
 // kAuto: mpi when launched by mpirun (nccl on a device that is not host memory), else single.
 enum class CommBackend : std::uint8_t { kAuto, kSingle, kMpi, kNccl };

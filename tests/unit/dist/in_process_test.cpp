@@ -159,6 +159,48 @@ TEST(InProcess, ARankThatNeverComesTimesOutAndBreaksTheGroup) {
   EXPECT_FALSE(later.is_ok());
 }
 
+// Point-to-point: around a ring, several messages a pair in order, each received as sent; a
+// receive nobody sends to times out naming it; a receive whose send disagrees names both; a peer
+// that is this rank or none is refused.
+TEST_P(InProcessTest, SendsAndReceivesMatchInOrderAroundARing) {
+  const int world = GetParam();
+  if (world < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  Group g = make_group(world);
+  constexpr std::int64_t n = 513;
+  g.run([&](int rank) {
+    Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
+    const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    std::vector<std::vector<float>> out(3, std::vector<float>(n)), in(3, std::vector<float>(n));
+    for (int m = 0; m < 3; ++m) {
+      for (std::int64_t i = 0; i < n; ++i) out[m][i] = value(rank * 10 + m, i);
+      ASSERT_TRUE(c.send(out[m].data(), n, DType::kF32, next, "activations").wait().is_ok());
+    }
+    for (int m = 0; m < 3; ++m) {
+      ASSERT_TRUE(c.recv(in[m].data(), n, DType::kF32, prev, "activations").wait().is_ok());
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(in[m][i], value(prev * 10 + m, i));
+    }
+    EXPECT_EQ(c.stats().sent_bytes, 3u * n * 4);
+  });
+}
+
+TEST(InProcess, PointToPointErrorsNameTheCall) {
+  Group g = make_group(2, std::chrono::milliseconds(50));
+  float x[4] = {};
+  Status s = g.comms[0]->recv(x, 4, DType::kF32, 1, "gradient of stage 1").wait();
+  EXPECT_NE(s.message().find("rank 0: recv 'gradient of stage 1' from rank 1 did not complete"),
+            std::string::npos)
+      << s.message();
+  ASSERT_TRUE(g.comms[1]->send(x, 2, DType::kF32, 0, "activations").wait().is_ok());
+  s = g.comms[0]->recv(x, 4, DType::kF32, 1, "activations of stage 1").wait();
+  EXPECT_NE(s.message().find("of 4 x f32 from rank 1 met its send 'activations' of 2 x f32"),
+            std::string::npos)
+      << s.message();
+  s = g.comms[0]->send(x, 4, DType::kF32, 0, "to myself").wait();
+  EXPECT_NE(s.message().find("with rank 0: expected another rank of the 2"), std::string::npos)
+      << s.message();
+  EXPECT_FALSE(g.comms[0]->recv(x, 4, DType::kF32, 5, "nobody").wait().is_ok());
+}
+
 TEST(InProcess, BadRootsAndGroupsAreErrors) {
   Group g = make_group(1);
   float x = 1.0f;
