@@ -569,6 +569,40 @@ TEST(ZeroOverlap, EveryScheduleIsBitIdenticalToTheSerialStepOnEveryRankCount) {
   }
 }
 
+// The same with the layers split (2 tensor-parallel ranks, and 2 x 2): the schedules' guesses and
+// redone steps rest on a gradient norm that sums every axis, duplicates counted once.
+TEST(ZeroOverlap, SplitLayersEveryScheduleIsBitIdenticalToTheSerialStep) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  for (int np : {2, 4}) {
+    for (const double clip : {0.0, 0.05}) {
+      SCOPED_TRACE(std::to_string(np) + " ranks, grad_clip " + std::to_string(clip));
+      TempDir dir;
+      std::vector<std::vector<double>> loss;
+      std::vector<std::vector<float>> w;
+      for (const char* mode : {"none", "forward", "backward"}) {
+        Json j = config(dir, mode);
+        j["tensor_parallel_size"] = 2;
+        j["offload_optimizer"] = "cpu";
+        j["offload_param"] = "cpu";
+        j["optimizer_overlap"] = mode;
+        j["grad_clip"] = clip;
+        ASSERT_EQ(train(dir, j, mode, np), 0)
+            << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
+        loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
+        w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
+      }
+      ASSERT_EQ(loss[0].size(), 3u);
+      EXPECT_EQ(loss[1], loss[0]);
+      EXPECT_EQ(loss[2], loss[0]);
+      EXPECT_TRUE(w[1] == w[0]) << "weights differ (forward)";
+      EXPECT_TRUE(w[2] == w[0]) << "weights differ (backward)";
+      const auto [guessed, redone] = guessed_and_redone(dir.file("backward/metrics.jsonl"));
+      EXPECT_EQ(guessed, clip == 0.0 ? 3 : 1);
+      EXPECT_EQ(redone, clip == 0.0 ? 0 : 1);
+    }
+  }
+}
+
 // strata estimate on 2 ranks: rank 0's measured peaks (device, pinned host, NVMe, RSS) within
 // 10% of what it predicts, at every stage, over placements and precisions, with buckets that
 // hold the whole model and with buckets capped by a device budget; the run's own prediction is
