@@ -530,6 +530,33 @@ std::pair<int, int> guessed_and_redone(const std::string& metrics) {
   return n;
 }
 
+// Trains `changes` on np ranks under every optimizer schedule and expects the serial step's
+// losses and weights to the bit, and the backward schedule's guesses and redone steps: all three
+// guessed with clipping off, the first redone and the rest not guessed with it triggered.
+void expect_every_schedule_bit_identical(const Json& changes, int np) {
+  TempDir dir;
+  std::vector<std::vector<double>> loss;
+  std::vector<std::vector<float>> w;
+  for (const char* mode : {"none", "forward", "backward"}) {
+    Json j = config(dir, mode);
+    j.merge_patch(changes);
+    j["optimizer_overlap"] = mode;
+    ASSERT_EQ(train(dir, j, mode, np), 0)
+        << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
+    loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
+    w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
+  }
+  ASSERT_EQ(loss[0].size(), 3u);
+  EXPECT_EQ(loss[1], loss[0]);
+  EXPECT_EQ(loss[2], loss[0]);
+  EXPECT_TRUE(w[1] == w[0]) << "weights differ (forward)";
+  EXPECT_TRUE(w[2] == w[0]) << "weights differ (backward)";
+  const bool clipping = changes.value("grad_clip", 0.0) != 0.0;
+  const auto [guessed, redone] = guessed_and_redone(dir.file("backward/metrics.jsonl"));
+  EXPECT_EQ(guessed, clipping ? 1 : 3);
+  EXPECT_EQ(redone, clipping ? 1 : 0);
+}
+
 // The overlapped optimizer steps (each rank updates its shards beside the next forward, or
 // beside backward as each reduction completes, guessing no clipping) give the very bits of the
 // serial one on 1, 2 and 4 ranks, at every stage, with clipping off (the guess holds on every
@@ -541,29 +568,10 @@ TEST(ZeroOverlap, EveryScheduleIsBitIdenticalToTheSerialStepOnEveryRankCount) {
       for (const double clip : {0.0, 0.05}) {
         SCOPED_TRACE("stage " + std::to_string(c.stage) + ", offload " + c.offload + ", " +
                      std::to_string(np) + " ranks, grad_clip " + std::to_string(clip));
-        TempDir dir;
-        std::vector<std::vector<double>> loss;
-        std::vector<std::vector<float>> w;
-        for (const char* mode : {"none", "forward", "backward"}) {
-          Json j = config(dir, mode);
-          j["zero_stage"] = c.stage;
-          j["offload_optimizer"] = c.offload;
-          if (c.stage == 3) j["offload_param"] = c.offload;
-          j["optimizer_overlap"] = mode;
-          j["grad_clip"] = clip;
-          ASSERT_EQ(train(dir, j, mode, np), 0)
-              << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
-          loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
-          w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
-        }
-        ASSERT_EQ(loss[0].size(), 3u);
-        EXPECT_EQ(loss[1], loss[0]);
-        EXPECT_EQ(loss[2], loss[0]);
-        EXPECT_TRUE(w[1] == w[0]) << "weights differ (forward)";
-        EXPECT_TRUE(w[2] == w[0]) << "weights differ (backward)";
-        const auto [guessed, redone] = guessed_and_redone(dir.file("backward/metrics.jsonl"));
-        EXPECT_EQ(guessed, clip == 0.0 ? 3 : 1);
-        EXPECT_EQ(redone, clip == 0.0 ? 0 : 1);
+        Json changes = {
+            {"zero_stage", c.stage}, {"offload_optimizer", c.offload}, {"grad_clip", clip}};
+        if (c.stage == 3) changes["offload_param"] = c.offload;
+        expect_every_schedule_bit_identical(changes, np);
       }
     }
   }
@@ -576,29 +584,11 @@ TEST(ZeroOverlap, SplitLayersEveryScheduleIsBitIdenticalToTheSerialStep) {
   for (int np : {2, 4}) {
     for (const double clip : {0.0, 0.05}) {
       SCOPED_TRACE(std::to_string(np) + " ranks, grad_clip " + std::to_string(clip));
-      TempDir dir;
-      std::vector<std::vector<double>> loss;
-      std::vector<std::vector<float>> w;
-      for (const char* mode : {"none", "forward", "backward"}) {
-        Json j = config(dir, mode);
-        j["tensor_parallel_size"] = 2;
-        j["offload_optimizer"] = "cpu";
-        j["offload_param"] = "cpu";
-        j["optimizer_overlap"] = mode;
-        j["grad_clip"] = clip;
-        ASSERT_EQ(train(dir, j, mode, np), 0)
-            << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
-        loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
-        w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
-      }
-      ASSERT_EQ(loss[0].size(), 3u);
-      EXPECT_EQ(loss[1], loss[0]);
-      EXPECT_EQ(loss[2], loss[0]);
-      EXPECT_TRUE(w[1] == w[0]) << "weights differ (forward)";
-      EXPECT_TRUE(w[2] == w[0]) << "weights differ (backward)";
-      const auto [guessed, redone] = guessed_and_redone(dir.file("backward/metrics.jsonl"));
-      EXPECT_EQ(guessed, clip == 0.0 ? 3 : 1);
-      EXPECT_EQ(redone, clip == 0.0 ? 0 : 1);
+      expect_every_schedule_bit_identical({{"tensor_parallel_size", 2},
+                                           {"offload_optimizer", "cpu"},
+                                           {"offload_param", "cpu"},
+                                           {"grad_clip", clip}},
+                                          np);
     }
   }
 }
