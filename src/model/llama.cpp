@@ -658,7 +658,12 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
     if (d.split()) {
       STRATA_RETURN_IF_ERROR(detail::sum_partial(d, bwd.dx, dx, H, "lm_head input gradient"));
     }
-    if (bwd.dln1 != nullptr) device_.fill_zero(bwd.dln1, static_cast<std::size_t>(H) * eb, stream);
+    // The sums block_backward and norm_backward add into start at zero (absent ones: no-ops).
+    const auto zero = [&](void* scratch, std::int64_t elems) {
+      if (scratch != nullptr)
+        device_.fill_zero(scratch, static_cast<std::size_t>(elems) * eb, stream);
+    };
+    zero(bwd.dln1, H);
     STRATA_RETURN_IF_ERROR(
         detail::norm_backward(ops, d, dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
                               norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr,
@@ -696,20 +701,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t
       const BlockActs acts = acts_for(l, x);
       const Dims dl = dims_of(l);
       if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
-      for (void* scratch : {bwd.dqn, bwd.dkn}) {
-        if (scratch != nullptr) {
-          device_.fill_zero(scratch, static_cast<std::size_t>(d.head_dim) * eb, stream);
-        }
-      }
-      for (void* scratch : {bwd.dln1, bwd.dln2}) {
-        if (scratch != nullptr)
-          device_.fill_zero(scratch, static_cast<std::size_t>(H) * eb, stream);
-      }
-      for (void* scratch : {bwd.kdb, bwd.vdb}) {
-        if (scratch != nullptr) {
-          device_.fill_zero(scratch, static_cast<std::size_t>(d.kv_dim) * eb, stream);
-        }
-      }
+      for (void* scratch : {bwd.dqn, bwd.dkn}) zero(scratch, d.head_dim);
+      for (void* scratch : {bwd.dln1, bwd.dln2}) zero(scratch, H);
+      for (void* scratch : {bwd.kdb, bwd.vdb}) zero(scratch, d.kv_dim);
       STRATA_RETURN_IF_ERROR(detail::block_backward(ops, dl, w, acts, grads, bwd));
       release_block(l);
       STRATA_RETURN_IF_ERROR(done_x(l, false));

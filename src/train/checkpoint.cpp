@@ -146,8 +146,10 @@ class GroupGatherer {
     const model::ParamGroup& g = whole_.group(id);
     for (const auto& tensor : g.tensors) {
       for (std::size_t r = 0; r < slices_.size(); ++r) {
-        const model::TensorSpec* piece = tensor_named(slices_[r].group(id), tensor.name);
+        const model::ParamGroup& sliced = slices_[r].group(id);
+        const model::TensorSpec* piece = tensor_named(sliced, tensor.name);
         if (piece == nullptr) return internal_error("no slice of " + tensor.name);
+        if (!sliced.counts(*piece)) continue;  // another rank's copy holds the same values
         const float* from = all_.data() + static_cast<std::int64_t>(r) * count;
         piece->for_each_run(0, piece->num_elems,
                             [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
@@ -505,6 +507,8 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
         if (had == nullptr) {
           return data_loss(f.path() + ": group " + name + " has no " + tensor->name);
         }
+        // A duplicate's moments are the counting rank's: read them there, once.
+        if (!saved.counts(*had)) continue;
         const std::int64_t a = std::max(lo, had->offset_elems),
                            b = std::min(hi, had->offset_elems + had->num_elems);
         if (a >= b) continue;

@@ -74,7 +74,8 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   STRATA_ASSIGN_OR_RETURN(const double one, run(1));
   STRATA_ASSIGN_OR_RETURN(const double three, run(3));
   const double layer_ms = std::max((three - one) / 2, 0.0);
-  double step_ms = (std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers) / tensor;
+  const double step_ms =
+      (std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers) / tensor;
   const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
   return step_ms + zero_comm_ms(config, params, ranks, rates) +
          tensor_parallel_ms(config, ranks, rates);

@@ -109,6 +109,10 @@ struct ParamGroup {
   // replicated kv head on all but its first rank); num_elems when none (-1: not yet laid out).
   std::int64_t duplicate_begin = -1;
   std::int64_t duplicates() const { return duplicate_begin < 0 ? 0 : num_elems - duplicate_begin; }
+  // Whether `t` (one of this group's tensors) is this rank's to count: not a duplicate.
+  bool counts(const TensorSpec& t) const {
+    return duplicate_begin < 0 || t.offset_elems < duplicate_begin;
+  }
 };
 
 // The one rule for a working copy's bytes: elements times the compute dtype's size, unless the
