@@ -232,6 +232,20 @@ void JsonReader::read(const std::string& key, std::vector<double>* out) {
   *out = std::move(r);
 }
 
+void JsonReader::read(const std::string& key, std::vector<std::int64_t>* out) {
+  const Json* v = raw(key);
+  if (v == nullptr) return;
+  if (!v->is_array()) return error(key, "expected a list of whole numbers, got " + v->dump());
+  std::vector<std::int64_t> r;
+  for (const auto& e : *v) {
+    if (!e.is_number_integer()) {
+      return error(key, "expected a list of whole numbers, got element " + e.dump());
+    }
+    r.push_back(e.get<std::int64_t>());
+  }
+  *out = std::move(r);
+}
+
 void JsonReader::reject_unknown(const std::vector<std::string>& extra_known) {
   if (!object_.is_object()) return;
   for (const auto& k : extra_known) known_.insert(k);

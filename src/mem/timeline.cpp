@@ -74,7 +74,10 @@ Status Timeline::write_chrome_trace(const std::string& path) const {
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin_ns < b.begin_ns; });
   // Streamed by hand: a long run has many spans and one Json tree of them would double the memory.
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  // otherData's clock_origin_ns: where ts 0 is on the machine's monotonic clock, so the traces of
+  // several ranks on one machine line up.
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock_origin_ns\":" +
+                    std::to_string(origin_ns_) + "},\"traceEvents\":[\n";
   auto us = [this](std::int64_t ns) { return static_cast<double>(ns - origin_ns_) * 1e-3; };
   char buf[160];
   bool first = true;

@@ -26,16 +26,32 @@ using detail::offset_ptr;
 
 constexpr std::size_t kAlignBytes = 256;
 
-// Every activation of one micro-batch; all device pointers.
+// One chunk of layers' activations of one micro-batch (all device pointers): the inputs of its
+// layers and their activations, and the gradients crossing its ends. The chunk's input and output
+// are always the workspace's (they cross pipeline stages); checkpointed, the inner layers' inputs
+// are the provider's (ParamProvider::write_activation), null here. Under sequence parallelism
+// they hold this rank's local_rows.
+struct ChunkSpace {
+  std::int64_t begin = 0, end = 0;  // its layers
+  std::vector<void*> xs;            // end - begin + 1 of [rows, hidden]: xs[i] is layer begin+i's
+  std::vector<BlockActs> acts;      // per layer, unless checkpointing
+  void* dout = nullptr;  // [rows, hidden]: the output's gradient (received, or the head's)
+  void* din = nullptr;   // [rows, hidden]: the input's gradient, to send (not on virtual stage 0)
+};
+
+// One micro-batch in flight: its tokens and every chunk's activations.
+struct SlotSpace {
+  std::int32_t* ids = nullptr;      // [rows]: on the stage holding the embedding
+  std::int32_t* targets = nullptr;  // [rows]: on the stage holding the head
+  std::vector<ChunkSpace> chunks;
+};
+
+// The stage's workspace: `in_flight` micro-batches' activations and the scratch they share.
 struct Workspace {
-  std::int32_t* ids = nullptr;      // [rows]
-  std::int32_t* targets = nullptr;  // [rows]
-  // Under sequence parallelism xs, rstd_final and the blocks' residual activations hold this
-  // rank's local_rows; hf every row (this rank's written into its rows, then gathered).
-  std::vector<void*> xs;        // num_layers + 1 of [rows, hidden]: block inputs, final h
-  std::vector<BlockActs> acts;  // per layer, or one shared set when checkpointing
+  std::vector<SlotSpace> slots;
+  BlockActs shared;             // checkpointing: the one set of activations every layer recomputes
   void* partial = nullptr;      // sequence parallelism: [rows, hidden] before a reduce-scatter
-  float* rstd_final = nullptr;  // [rows]
+  float* rstd_final = nullptr;  // [rows]                      (the head's, on the last stage)
   void* hf = nullptr;           // [rows, hidden] model.norm output
   void* logits = nullptr;       // [rows, vocab], overwritten by dlogits in training
   float* losses = nullptr;      // [rows]
@@ -63,79 +79,136 @@ struct Carver {
   std::int32_t* i32(std::int64_t n) { return static_cast<std::int32_t*>(take(n, 4)); }
 };
 
+// What a stage's workspace holds: its chunks' layers, whether it embeds and runs the head, and how
+// many micro-batches' activations it keeps at once.
+struct StageShape {
+  std::vector<std::pair<std::int64_t, std::int64_t>> chunks;  // [begin, end) layers
+  bool embeds = true, heads = true;
+  int in_flight = 1;
+  bool checkpointing = false;
+
+  static StageShape of(const LlamaConfig& config, const ModelOptions& options) {
+    const PipelineStage& p = options.pipeline;
+    StageShape s;
+    for (int c = 0; c < p.virtual_stages; ++c) {
+      s.chunks.emplace_back(p.chunk_begin(c), p.chunk_end(c, config.num_hidden_layers));
+    }
+    s.embeds = p.holds_embedding();
+    s.heads = p.holds_head();
+    s.in_flight = std::max(1, p.in_flight);
+    s.checkpointing = options.activation_checkpointing;
+    return s;
+  }
+  // Checkpointed layer inputs a micro-batch writes: each chunk's but its first layer's.
+  std::int64_t inner_inputs() const {
+    std::int64_t n = 0;
+    for (const auto& [b, e] : chunks) n += e - b - 1;
+    return n;
+  }
+};
+
+// Layer `i`'s activations, their input at `x`, for rows of `d`: `rows_apart` keeps this rank's
+// rows of the norm outputs only (a_local, b_local; the whole ones gathered into a_shared,
+// b_shared).
+template <typename Act, typename F32>
+BlockActs carve_acts(const Dims& d, Act act, F32 f32, bool rows_apart, void* a_shared,
+                     void* b_shared) {
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t Rl = d.local_rows;
+  BlockActs a;
+  a.rstd1 = f32(Rl);
+  a.a = rows_apart ? a_shared : act(R * H);
+  if (rows_apart) a.a_local = act(Rl * H);
+  a.q = act(R * Q);
+  a.k = act(R * KV);
+  a.v = act(R * KV);
+  if (d.qk_norm) {
+    a.q_pre = act(R * Q);
+    a.k_pre = act(R * KV);
+    a.rstd_q = f32(R * d.heads);
+    a.rstd_k = f32(R * d.kv_heads);
+  }
+  a.att = act(R * Q);
+  a.lse = f32(d.batch * d.heads * d.seq);
+  a.hmid = act(Rl * H);
+  a.rstd2 = f32(Rl);
+  a.b = rows_apart ? b_shared : act(R * H);
+  if (rows_apart) a.b_local = act(Rl * H);
+  a.gate = act(R * F);
+  a.up = act(R * F);
+  a.m = act(R * F);
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    if (d.lora_on[t]) a.lora_t[t] = act(R * d.lora_rank);
+  }
+  return a;
+}
+
 // Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes
 // needed, so activation_bytes() and the allocation can never disagree.
-std::uint64_t carve_workspace(const Dims& d, std::int64_t num_layers, bool checkpointing,
-                              std::byte* base, Workspace* ws) {
+std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte* base,
+                              Workspace* ws) {
   Carver c{base};
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
   // The residual stream's rows: this rank's under sequence parallelism, else all.
   const std::int64_t Rl = d.local_rows;
+  const bool checkpointing = stage.checkpointing;
   auto f32 = [&](std::int64_t n) { return c.f32(n); };
   auto act = [&](std::int64_t n) { return c.take(n, eb); };
 
-  ws->ids = c.i32(R);
-  ws->targets = c.i32(R);
-  // Checkpointed, the blocks' inputs and the final hidden state are the provider's
-  // (write_activation), not the workspace's.
-  ws->xs.assign(static_cast<std::size_t>(num_layers + 1), nullptr);
-  if (!checkpointing) {
-    for (auto& x : ws->xs) x = act(Rl * H);
-  }
-  ws->acts.resize(checkpointing ? 1 : static_cast<std::size_t>(num_layers));
   // An adapter's dropped-out input: scratch shared by every layer.
   const bool lora_dropout = d.lora_rank > 0 && d.lora_dropout > 0;
   void* lora_x = lora_dropout ? act(R * d.max_in()) : nullptr;
   // Sequence parallelism: a row-parallel product before its reduce-scatter (also the
   // embedding's), shared by every layer.
-  void* partial = d.seq_parallel ? act(R * H) : nullptr;
-  ws->partial = partial;
+  ws->partial = d.seq_parallel ? act(R * H) : nullptr;
   // Every layer's activations kept under sequence parallelism: each keeps its rows of the norm
   // outputs, gathered whole into buffers the layers share (again in backward).
   const bool rows_apart = d.seq_parallel && !checkpointing;
   void* a_shared = rows_apart ? act(R * H) : nullptr;
   void* b_shared = rows_apart ? act(R * H) : nullptr;
-  for (std::size_t l = 0; l < ws->acts.size(); ++l) {
-    BlockActs& a = ws->acts[l];
-    a.x = ws->xs[l];
-    a.rstd1 = f32(Rl);
-    a.a = rows_apart ? a_shared : act(R * H);
-    if (rows_apart) a.a_local = act(Rl * H);
-    a.q = act(R * Q);
-    a.k = act(R * KV);
-    a.v = act(R * KV);
-    if (d.qk_norm) {
-      a.q_pre = act(R * Q);
-      a.k_pre = act(R * KV);
-      a.rstd_q = f32(R * d.heads);
-      a.rstd_k = f32(R * d.kv_heads);
-    }
-    a.att = act(R * Q);
-    a.lse = f32(d.batch * d.heads * d.seq);
-    a.hmid = act(Rl * H);
-    a.rstd2 = f32(Rl);
-    a.b = rows_apart ? b_shared : act(R * H);
-    if (rows_apart) a.b_local = act(Rl * H);
-    a.gate = act(R * F);
-    a.up = act(R * F);
-    a.m = act(R * F);
-    for (int t = 0; t < kNumLoraTargets; ++t) {
-      if (d.lora_on[t]) a.lora_t[t] = act(R * d.lora_rank);
-    }
+  const auto layer_acts = [&]() {
+    BlockActs a = carve_acts(d, act, f32, rows_apart, a_shared, b_shared);
     a.lora_x = lora_x;
-    a.partial = partial;
+    a.partial = ws->partial;
+    return a;
+  };
+  if (checkpointing) ws->shared = layer_acts();
+  ws->slots.resize(static_cast<std::size_t>(stage.in_flight));
+  for (SlotSpace& slot : ws->slots) {
+    slot.ids = stage.embeds ? c.i32(R) : nullptr;
+    slot.targets = stage.heads ? c.i32(R) : nullptr;
+    slot.chunks.resize(stage.chunks.size());
+    for (std::size_t ci = 0; ci < stage.chunks.size(); ++ci) {
+      ChunkSpace& ch = slot.chunks[ci];
+      std::tie(ch.begin, ch.end) = stage.chunks[ci];
+      const std::int64_t n = ch.end - ch.begin;
+      ch.xs.assign(static_cast<std::size_t>(n + 1), nullptr);
+      for (std::int64_t i = 0; i <= n; ++i) {
+        if (!checkpointing || i == 0 || i == n) ch.xs[static_cast<std::size_t>(i)] = act(Rl * H);
+      }
+      ch.acts.clear();
+      for (std::int64_t i = 0; i < n && !checkpointing; ++i) {
+        ch.acts.push_back(layer_acts());
+        ch.acts.back().x = ch.xs[static_cast<std::size_t>(i)];
+      }
+      ch.dout = act(Rl * H);
+      const bool first = stage.embeds && ci == 0;
+      ch.din = first ? nullptr : act(Rl * H);
+    }
   }
-  ws->rstd_final = f32(Rl);
-  ws->hf = act(R * H);
-  ws->logits = act(R * d.vocab);
-  ws->losses = f32(R);
+  if (stage.heads) {
+    ws->rstd_final = f32(Rl);
+    ws->hf = act(R * H);
+    ws->logits = act(R * d.vocab);
+    ws->losses = f32(R);
+    if (d.split()) {
+      ws->ce_local = f32(3 * R);
+      ws->ce_stats = f32(3 * R * d.tp_size);
+      ws->ce_rows = f32(2 * R);
+    }
+  }
   if (d.nf4) ws->nf4_weight = act(d.max_weight());
-  if (d.split()) {
-    ws->ce_local = f32(3 * R);
-    ws->ce_stats = f32(3 * R * d.tp_size);
-    ws->ce_rows = f32(2 * R);
-  }
   auto& s = ws->bwd;
   if (d.split() && d.qk_norm) {
     s.dqn = act(d.head_dim);
@@ -298,13 +371,21 @@ struct LlamaModel::Impl {
        const ModelOptions& options)
       : config_(config), layout_(layout), device_(device), options_(options) {}
 
-  Status check_inputs(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t batch,
-                      std::int64_t seq);
+  Status check_shape(std::int64_t batch, std::int64_t seq) const;
+  // The micro-batch's tokens: in the vocabulary; counts the targets that count (num_valid_).
+  Status check_tokens(const MicroBatch& mb);
   // The workspace for this shape, from the provider (which owns it).
   Status ensure_workspace(ParamProvider& provider, std::int64_t batch, std::int64_t seq);
-  Result<float> step(ParamProvider& provider, const std::int32_t* inputs,
-                     const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool train,
-                     float grad_scale, std::uint64_t dropout_key, StepTimings& timings);
+  Status forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk, bool train,
+                       StepTimings& timings);
+  Status backward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
+                        StepTimings& timings);
+  // The head on the last virtual stage: model.norm, lm_head and the loss into slot_loss_, and,
+  // training, their backward down to the gradient of the last chunk's output (ch.dout).
+  Status head_forward_backward(ProviderSession& ps, const MicroBatch& mb, ChunkSpace& ch,
+                               bool train);
+  Result<float> step(ParamProvider& provider, const MicroBatch& mb, bool train,
+                     StepTimings& timings);
   Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);
   Result<const float*> decode(ParamProvider& provider, const std::int32_t* ids, std::int64_t n);
   Dims decode_dims(std::int64_t rows) const {
@@ -354,17 +435,18 @@ struct LlamaModel::Impl {
   // rank's per-row (max, sum of exp, target logit) gathered, combined in double the same way on
   // every rank into the loss and the whole row's max and sum, then (training) the gradient of
   // the slice in place. The logits are never whole.
-  Status parallel_cross_entropy(float* host_losses, bool train, float dloss_scale) {
+  Status parallel_cross_entropy(const std::int32_t* targets, float* host_losses, bool train,
+                                float dloss_scale) {
     const Dims& d = dims_;
     const std::int64_t R = d.rows, T = d.tp_size;
     auto& stream = device_.stream(device::StreamKind::kCompute);
     const auto& ops = device_.ops();
-    ops.cross_entropy_stats(ws_.logits, ws_.targets, R, d.vocab, d.vocab_begin, ws_.ce_local,
-                            d.dtype);
+    ops.cross_entropy_stats(ws_.logits, targets, R, d.vocab, d.vocab_begin, ws_.ce_local, d.dtype);
     STRATA_RETURN_IF_ERROR(d.tp->all_gather(ws_.ce_local, ws_.ce_stats, 3 * R, DType::kF32,
                                             "cross-entropy statistics"));
-    // In the pinned host buffer, after the ids, targets and losses.
-    float* stats = reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) + 12 * R);
+    // In the pinned host buffer, after every slot's ids, targets and losses.
+    float* stats = reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) +
+                                            12 * R * static_cast<std::int64_t>(ws_.slots.size()));
     float* rows = stats + 3 * R * T;
     device_.copy_to_host(stats, ws_.ce_stats, static_cast<std::size_t>(3 * R * T) * 4, stream);
     stream.synchronize();
@@ -384,7 +466,7 @@ struct LlamaModel::Impl {
     }
     if (!train) return Status::ok();
     device_.copy_to_device(ws_.ce_rows, rows, static_cast<std::size_t>(2 * R) * 4, stream);
-    ops.cross_entropy_grad(ws_.logits, ws_.targets, R, d.vocab, d.vocab_begin, ws_.ce_rows,
+    ops.cross_entropy_grad(ws_.logits, targets, R, d.vocab, d.vocab_begin, ws_.ce_rows,
                            ws_.ce_rows + R, ws_.logits, dloss_scale, d.dtype);
     stream.synchronize();  // `rows` is read by the copy
     return Status::ok();
@@ -422,14 +504,31 @@ struct LlamaModel::Impl {
     d.lora_key = dropout_key_;
     return d;
   }
-  // Layer `layer`'s activations, its input at `x`.
-  BlockActs acts_for(std::int64_t layer, const void* x) const {
-    BlockActs a = ws_.acts[options_.activation_checkpointing ? 0 : static_cast<std::size_t>(layer)];
+  // The chunk's layer `i` activations, its input at `x`.
+  BlockActs acts_for(const ChunkSpace& ch, std::int64_t i, const void* x) const {
+    BlockActs a =
+        options_.activation_checkpointing ? ws_.shared : ch.acts[static_cast<std::size_t>(i)];
     a.x = const_cast<void*>(x);
     return a;
   }
   std::uint64_t checkpoint_bytes() const {
     return LlamaModel::checkpoint_bytes(config_, options_, batch_, seq_);
+  }
+  // The provider's number for layer `layer`'s checkpointed input in slot `slot`.
+  int checkpoint_index(int slot, std::int64_t layer) const {
+    return static_cast<int>(slot * (config_.num_hidden_layers + 1) + layer);
+  }
+  // Slot `slot`'s part of the pinned host buffer: its ids, targets (int32) and losses (f32).
+  struct HostRows {
+    std::int32_t* ids;
+    std::int32_t* targets;
+    float* losses;
+  };
+  HostRows host_rows(int slot) const {
+    auto* base = static_cast<std::byte*>(host_io_) + 12 * dims_.rows * slot;
+    return {reinterpret_cast<std::int32_t*>(base),
+            reinterpret_cast<std::int32_t*>(base + 4 * dims_.rows),
+            reinterpret_cast<float*>(base + 8 * dims_.rows)};
   }
 
   const LlamaConfig& config_;
@@ -453,14 +552,15 @@ struct LlamaModel::Impl {
   Dims dims_;
   void* workspace_ = nullptr;  // the provider's; ws_ is carved from it
   Workspace ws_;
-  // Pinned host side of the per-step copies: token ids, targets (int32) and losses (f32), one
-  // row each of `rows` entries.
+  // Pinned host side of the per-step copies: per slot, token ids, targets (int32) and losses
+  // (f32), `rows` entries each (host_rows), then the cross-entropy statistics of a split model.
   void* host_io_ = nullptr;
   std::int64_t num_valid_ = 0;
+  std::vector<float> slot_loss_;  // per slot, its micro-batch's mean loss (the last stage's)
+  void* tied_grads_ = nullptr;    // tied: the embedding's gradient the head began
 };
 
-Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int32_t* targets,
-                                      std::int64_t batch, std::int64_t seq) {
+Status LlamaModel::Impl::check_shape(std::int64_t batch, std::int64_t seq) const {
   if (batch <= 0 || seq <= 0) {
     return invalid_argument("micro-batch shape must be positive, got batch " +
                             std::to_string(batch) + " and seq " + std::to_string(seq));
@@ -470,267 +570,359 @@ Status LlamaModel::Impl::check_inputs(const std::int32_t* inputs, const std::int
         "sequence length " + std::to_string(seq) + " exceeds max_position_embeddings " +
         std::to_string(config_.max_position_embeddings) + "; use a shorter seq_len");
   }
-  if (inputs == nullptr || targets == nullptr) {
-    return invalid_argument("inputs and targets must not be null");
-  }
-  num_valid_ = 0;
-  const std::int64_t rows = batch * seq, vocab = config_.vocab_size;
-  if (const int t = options_.tensor_parallel.size; options_.sequence_parallel && rows % t != 0) {
+  if (const int t = options_.tensor_parallel.size;
+      options_.sequence_parallel && (batch * seq) % t != 0) {
     return invalid_argument(
         "sequence parallelism over " + std::to_string(t) +
         " ranks needs a micro-batch whose batch * seq tokens they divide, got " +
         std::to_string(batch) + " x " + std::to_string(seq));
   }
+  return Status::ok();
+}
+
+Status LlamaModel::Impl::check_tokens(const MicroBatch& mb) {
+  if (mb.inputs == nullptr || mb.targets == nullptr) {
+    return invalid_argument("inputs and targets must not be null");
+  }
+  num_valid_ = 0;
+  const std::int64_t rows = mb.batch * mb.seq, vocab = config_.vocab_size;
   for (std::int64_t i = 0; i < rows; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= vocab) {
-      return invalid_argument("input token " + std::to_string(inputs[i]) + " at position " +
+    if (mb.inputs[i] < 0 || mb.inputs[i] >= vocab) {
+      return invalid_argument("input token " + std::to_string(mb.inputs[i]) + " at position " +
                               std::to_string(i) + " is outside the vocabulary [0, " +
                               std::to_string(vocab) + ")");
     }
-    if (targets[i] >= vocab) {
-      return invalid_argument("target token " + std::to_string(targets[i]) + " at position " +
+    if (mb.targets[i] >= vocab) {
+      return invalid_argument("target token " + std::to_string(mb.targets[i]) + " at position " +
                               std::to_string(i) + " is outside the vocabulary [0, " +
                               std::to_string(vocab) + "); negative targets are ignored");
     }
-    if (targets[i] >= 0) ++num_valid_;
+    if (mb.targets[i] >= 0) ++num_valid_;
   }
   return Status::ok();
 }
 
-// Asked of the provider every step: it hands back the same memory while the shape is the same,
+// Asked of the provider every pass: it hands back the same memory while the shape is the same,
 // and the layout is carved again only when the memory or the shape changed.
 Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t batch,
                                           std::int64_t seq) {
+  STRATA_RETURN_IF_ERROR(check_shape(batch, seq));
   const Dims d = Dims::make(config_, options_, batch, seq);
+  const StageShape stage = StageShape::of(config_, options_);
   Workspace measure;
-  const std::uint64_t bytes = carve_workspace(d, config_.num_hidden_layers,
-                                              options_.activation_checkpointing, nullptr, &measure);
+  const std::uint64_t bytes = carve_workspace(d, stage, nullptr, &measure);
+  std::string layers = std::to_string(config_.num_hidden_layers) + " layers";
+  if (options_.pipeline.split()) {
+    std::int64_t held = 0;
+    for (const auto& [b, e] : stage.chunks) held += e - b;
+    layers = std::to_string(held) + " layers of pipeline stage " +
+             std::to_string(options_.pipeline.stage) + ", " + std::to_string(stage.in_flight) +
+             " micro-batches in flight";
+  }
   STRATA_ASSIGN_OR_RETURN(
-      void* base,
-      provider.workspace(bytes, "activations (batch " + std::to_string(batch) + ", seq " +
-                                    std::to_string(seq) + ", " +
-                                    std::to_string(config_.num_hidden_layers) +
-                                    " layers, activation_checkpointing " +
-                                    (options_.activation_checkpointing ? "on" : "off") + ")"));
-  // Asked every step too: the provider hands back the same buffer while the size is the same.
+      void* base, provider.workspace(bytes, "activations (batch " + std::to_string(batch) +
+                                                ", seq " + std::to_string(seq) + ", " + layers +
+                                                ", activation_checkpointing " +
+                                                (stage.checkpointing ? "on" : "off") + ")"));
+  // Asked every pass too: the provider hands back the same buffer while the size is the same.
   const int tp = options_.tensor_parallel.size;
-  STRATA_ASSIGN_OR_RETURN(host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq, tp),
-                                                     "token ids, targets and losses"));
+  STRATA_ASSIGN_OR_RETURN(
+      host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq, tp, stage.in_flight),
+                                 "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
   workspace_ = base;
-  carve_workspace(d, config_.num_hidden_layers, options_.activation_checkpointing,
-                  static_cast<std::byte*>(base), &ws_);
+  carve_workspace(d, stage, static_cast<std::byte*>(base), &ws_);
   dims_ = d;
   dims_.nf4_weight = ws_.nf4_weight;
   batch_ = batch;
   seq_ = seq;
+  slot_loss_.assign(ws_.slots.size(), 0.0f);
   return Status::ok();
 }
 
-// inputs/targets: host [batch * seq]. Forward through the head; with train, the head's backward
-// follows at once (dlogits overwrite the logits) and then the blocks' in reverse.
-Result<float> LlamaModel::Impl::step(ParamProvider& provider, const std::int32_t* inputs,
-                                     const std::int32_t* targets, std::int64_t batch,
-                                     std::int64_t seq, bool train, float grad_scale,
-                                     std::uint64_t dropout_key, StepTimings& timings) {
-  timings = StepTimings{};
+// The chunk's layers forward, after the embedding on the first virtual stage; on the last, the
+// head and the loss, and with train the head's backward at once (dlogits overwrite the logits),
+// leaving the gradient of the chunk's output for backward_chunk.
+Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
+                                       bool train, StepTimings& timings) {
+  Stopwatch clock;
   train_ = train;
-  dropout_key_ = dropout_key;
-  STRATA_RETURN_IF_ERROR(check_inputs(inputs, targets, batch, seq));
-  STRATA_RETURN_IF_ERROR(ensure_workspace(provider, batch, seq));
+  dropout_key_ = mb.dropout_key;
+  STRATA_RETURN_IF_ERROR(ensure_workspace(provider, mb.batch, mb.seq));
+  STRATA_CHECK(mb.slot >= 0 && mb.slot < static_cast<int>(ws_.slots.size()) && chunk >= 0 &&
+                   chunk < options_.pipeline.virtual_stages,
+               "a micro-batch slot or chunk the stage does not have", mb.slot, chunk);
+  const PipelineStage& stage = options_.pipeline;
+  const bool embeds = stage.first_chunk(chunk), heads = stage.last_chunk(chunk);
+  const Dims& d = dims_;
+  const DType dt = d.dtype;
+  const std::size_t eb = d.elem_bytes;
+  const std::int64_t R = d.rows, H = d.hidden;
+  const auto& ops = device_.ops();
+  auto& stream = device_.stream(device::StreamKind::kCompute);
+  SlotSpace& slot = ws_.slots[static_cast<std::size_t>(mb.slot)];
+  ChunkSpace& ch = slot.chunks[static_cast<std::size_t>(chunk)];
+  ProviderSession ps(provider, layout_, timings);
+
+  if (embeds || heads) {
+    STRATA_RETURN_IF_ERROR(check_tokens(mb));
+    const HostRows host = host_rows(mb.slot);
+    const std::size_t row_bytes = static_cast<std::size_t>(R) * 4;
+    if (embeds) {
+      std::memcpy(host.ids, mb.inputs, row_bytes);
+      if (d.split()) to_local_ids(host.ids, R);
+      device_.copy_to_device(slot.ids, host.ids, row_bytes, stream);
+    }
+    if (heads) {
+      std::memcpy(host.targets, mb.targets, row_bytes);
+      device_.copy_to_device(slot.targets, host.targets, row_bytes, stream);
+    }
+  }
+  // The chunk's layer inputs: its first and its output the workspace's; checkpointed, the others
+  // the provider's, each written once here and read back by its block's backward.
+  const bool checkpointing = options_.activation_checkpointing;
+  const std::int64_t n = ch.end - ch.begin;
+  std::vector<void*> xs = ch.xs;
+  const auto inner = [&](std::int64_t i) { return checkpointing && i > 0 && i < n; };
+  const auto new_x = [&](std::int64_t i) -> Status {
+    if (!inner(i)) return Status::ok();
+    STRATA_ASSIGN_OR_RETURN(
+        xs[static_cast<std::size_t>(i)],
+        provider.write_activation(checkpoint_index(mb.slot, ch.begin + i), checkpoint_bytes()));
+    return Status::ok();
+  };
+  const auto done_x = [&](std::int64_t i, bool keep) -> Status {
+    return inner(i) ? provider.release_activation(checkpoint_index(mb.slot, ch.begin + i), keep)
+                    : Status::ok();
+  };
+  if (embeds) {
+    const int embed = layout_.embed_group();
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
+    if (n > 0) prefetch_block(ps, ch.begin);
+    // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere, summed
+    // (this rank's rows of the sum under sequence parallelism).
+    void* embedded = d.seq_parallel ? ws_.partial : xs[0];
+    ops.embedding_forward(slot.ids, R, offset_ptr(p, embed_offset_, eb), H, embedded, dt);
+    ps.release(embed);
+    if (d.split()) STRATA_RETURN_IF_ERROR(detail::sum_partial(d, embedded, xs[0], H, "embedding"));
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t l = ch.begin + i;
+    STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(ps, l));
+    if (i + 1 < n) {
+      prefetch_block(ps, l + 1);
+    } else if (heads) {
+      prefetch_head(ps);
+    }
+    STRATA_RETURN_IF_ERROR(new_x(i + 1));
+    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dims_of(l), w,
+                                                 acts_for(ch, i, xs[static_cast<std::size_t>(i)]),
+                                                 xs[static_cast<std::size_t>(i + 1)]));
+    release_block(ps, l);
+    STRATA_RETURN_IF_ERROR(done_x(i, train));  // its block's backward reads it again
+  }
+  if (heads) {
+    STRATA_RETURN_IF_ERROR(head_forward_backward(ps, mb, ch, train));
+  }
+  timings.forward_ms += clock.elapsed_ms();
+  return device_.last_error();
+}
+
+Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroBatch& mb,
+                                               ChunkSpace& ch, bool train) {
   const Dims& d = dims_;
   const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, V = d.vocab;
-  const std::int64_t L = config_.num_hidden_layers;
   const bool tied = config_.tie_word_embeddings;
-  const int embed = layout_.embed_group();
   const auto& ops = device_.ops();
   auto& stream = device_.stream(device::StreamKind::kCompute);
   const auto& bwd = ws_.bwd;
-  ProviderSession ps(provider, layout_, timings);
-
-  Stopwatch forward_clock;
-  const std::size_t row_bytes = static_cast<std::size_t>(R) * 4;
-  auto* host_ids = static_cast<std::byte*>(host_io_);
-  auto* host_targets = host_ids + row_bytes;
-  auto* host_losses = reinterpret_cast<float*>(host_targets + row_bytes);
-  std::memcpy(host_ids, inputs, row_bytes);
-  if (d.split()) to_local_ids(reinterpret_cast<std::int32_t*>(host_ids), R);
-  std::memcpy(host_targets, targets, row_bytes);
-  device_.copy_to_device(ws_.ids, host_ids, row_bytes, stream);
-  device_.copy_to_device(ws_.targets, host_targets, row_bytes, stream);
-  // The blocks' inputs and the final hidden state: the workspace's, or, checkpointed, the
-  // provider's, each written once here and read back by its block's backward.
-  const bool checkpointing = options_.activation_checkpointing;
-  std::vector<void*> xs = ws_.xs;
-  const auto new_x = [&](std::int64_t i) -> Status {
-    if (!checkpointing) return Status::ok();
-    STRATA_ASSIGN_OR_RETURN(xs[static_cast<std::size_t>(i)],
-                            provider.write_activation(static_cast<int>(i), checkpoint_bytes()));
-    return Status::ok();
-  };
-  const auto done_x = [&](std::int64_t i, bool keep) -> Status {
-    return checkpointing ? provider.release_activation(static_cast<int>(i), keep) : Status::ok();
-  };
-  const bool adapters = layout_.has_adapters();
-  const auto layer = [&](std::int64_t l) { return layout_.layer_group(static_cast<int>(l)); };
-  const auto adapter = [&](std::int64_t l) { return layout_.adapter_group(static_cast<int>(l)); };
-  const auto acquire_block = [&](std::int64_t l) { return this->acquire_block(ps, l); };
-  const auto release_block = [&](std::int64_t l) { this->release_block(ps, l); };
-  const auto prefetch_block = [&](std::int64_t l) { this->prefetch_block(ps, l); };
+  const std::int32_t* targets = ws_.slots[static_cast<std::size_t>(mb.slot)].targets;
+  float* host_losses = host_rows(mb.slot).losses;
   const auto trains = [&](int group) { return !layout_.group(group).frozen; };
-  {
-    STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
-    prefetch_block(0);
-    STRATA_RETURN_IF_ERROR(new_x(0));
-    // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere, summed
-    // (this rank's rows of the sum under sequence parallelism).
-    void* embedded = d.seq_parallel ? ws_.partial : xs[0];
-    ops.embedding_forward(ws_.ids, R, offset_ptr(p, embed_offset_, eb), H, embedded, dt);
-    ps.release(embed);
-    if (d.split()) STRATA_RETURN_IF_ERROR(detail::sum_partial(d, embedded, xs[0], H, "embedding"));
-  }
-  for (std::int64_t l = 0; l < L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(l));
-    if (l + 1 < L) {
-      prefetch_block(l + 1);
-    } else {
-      prefetch_head(ps);
-    }
-    STRATA_RETURN_IF_ERROR(new_x(l + 1));
-    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dims_of(l), w,
-                                                 acts_for(l, xs[static_cast<std::size_t>(l)]),
-                                                 xs[static_cast<std::size_t>(l + 1)]));
-    release_block(l);
-    STRATA_RETURN_IF_ERROR(done_x(l, train));  // its block's backward reads it again
-  }
 
-  // Head: model.norm, lm_head, cross-entropy.
   STRATA_ASSIGN_OR_RETURN(const HeadWeights head, acquire_head(ps));
   const void* lm_weight = head.lm;
   const void* norm_weight = head.norm;
-  if (train) prefetch_block(L - 1);
-  void* x_final = xs[static_cast<std::size_t>(L)];
+  const std::int64_t n = ch.end - ch.begin;
+  if (train && n > 0) prefetch_block(ps, ch.end - 1);
+  void* x_final = ch.xs[static_cast<std::size_t>(n)];
   ops.rmsnorm_forward(x_final, norm_weight, detail::row_slot(d, ws_.hf, H), ws_.rstd_final,
                       d.local_rows, H, d.eps, dt);
   STRATA_RETURN_IF_ERROR(detail::gather_rows(d, ws_.hf, H, "model.norm output"));
   matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
   // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
-  const float dloss_scale = num_valid_ > 0 ? grad_scale / static_cast<float>(num_valid_) : 0.0f;
+  const float dloss_scale = num_valid_ > 0 ? mb.grad_scale / static_cast<float>(num_valid_) : 0.0f;
   if (d.split()) {
-    STRATA_RETURN_IF_ERROR(parallel_cross_entropy(host_losses, train, dloss_scale));
+    STRATA_RETURN_IF_ERROR(parallel_cross_entropy(targets, host_losses, train, dloss_scale));
   } else {
-    ops.cross_entropy(ws_.logits, ws_.targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
+    ops.cross_entropy(ws_.logits, targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
                       dloss_scale, dt);
-    device_.copy_to_host(host_losses, ws_.losses, row_bytes, stream);
+    device_.copy_to_host(host_losses, ws_.losses, static_cast<std::size_t>(R) * 4, stream);
     stream.synchronize();
   }
-  timings.forward_ms = forward_clock.elapsed_ms();
-
-  if (train) {
-    Stopwatch backward_clock;
-    void* dlogits = ws_.logits;
-    // Tied: the embedding's gradient collects the head's part now and the lookup's part last.
-    // A frozen head, norm or embedding has no gradient: its weight products are skipped.
-    const bool norm_trains = trains(norm_group_), lm_trains = trains(lm_group_);
-    const bool embed_trains = trains(embed);
-    void* norm_grads = nullptr;
-    void* lm_grads = nullptr;
-    if (norm_trains) {
-      STRATA_ASSIGN_OR_RETURN(norm_grads, ps.acquire_grads(norm_group_));
-    }
-    if (lm_trains) {
-      if (lm_group_ == norm_group_) {
-        lm_grads = norm_grads;
-      } else {
-        STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_));
-      }
-    }
-    void* embed_grads = tied ? lm_grads : nullptr;
-    if (lm_trains) {
-      matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, offset_ptr(lm_grads, lm_offset_, eb),
-             true);
-    }
-    matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
-    // Each rank's vocabulary slice gives part of the input gradient: summed (this rank's rows).
-    void* dx = d.seq_parallel ? bwd.dx_local : bwd.dx;
-    if (d.split()) {
-      STRATA_RETURN_IF_ERROR(detail::sum_partial(d, bwd.dx, dx, H, "lm_head input gradient"));
-    }
-    // The sums block_backward and norm_backward add into start at zero (absent ones: no-ops).
-    const auto zero = [&](void* scratch, std::int64_t elems) {
-      if (scratch != nullptr)
-        device_.fill_zero(scratch, static_cast<std::size_t>(elems) * eb, stream);
-    };
-    zero(bwd.dln1, H);
-    STRATA_RETURN_IF_ERROR(
-        detail::norm_backward(ops, d, dx, x_final, norm_weight, ws_.rstd_final, bwd.dh,
-                              norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr,
-                              bwd.dln1, "model.norm weight gradient"));
-    release_head(ps);
-    if (norm_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(norm_group_));
-    // The embedding's (tied) are released after the lookup's part, last.
-    if (lm_trains && lm_group_ != norm_group_ && !tied) {
-      STRATA_RETURN_IF_ERROR(ps.release_grads(lm_group_));
-    }
-    STRATA_RETURN_IF_ERROR(done_x(L, false));
-    if (checkpointing) provider.prefetch_activation(static_cast<int>(L - 1));
-
-    for (std::int64_t l = L - 1; l >= 0; --l) {
-      const auto li = static_cast<std::size_t>(l);
-      STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(l));
-      if (l > 0) prefetch_block(l - 1);
-      const void* x = xs[li];
-      if (checkpointing) {
-        STRATA_ASSIGN_OR_RETURN(x, provider.read_activation(static_cast<int>(l)));
-        if (l > 0) provider.prefetch_activation(static_cast<int>(l - 1));
-      }
-      // A frozen base's gradients stay null: block_backward skips its weight products.
-      const bool base_trains = trains(layer(l));
-      BlockGrads grads;
-      if (base_trains) {
-        STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(layer(l)));
-        grads = BlockGrads::at(g, blocks_[li], eb);
-      }
-      if (adapters) {
-        STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l)));
-        grads.overlay(g, block_trained_[li], eb);
-        grads.attach_lora(g, adapters_[li], eb);
-      }
-      const BlockActs acts = acts_for(l, x);
-      const Dims dl = dims_of(l);
-      if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
-      for (void* scratch : {bwd.dqn, bwd.dkn}) zero(scratch, d.head_dim);
-      for (void* scratch : {bwd.dln1, bwd.dln2}) zero(scratch, H);
-      for (void* scratch : {bwd.kdb, bwd.vdb}) zero(scratch, d.kv_dim);
-      STRATA_RETURN_IF_ERROR(detail::block_backward(ops, dl, w, acts, grads, bwd));
-      release_block(l);
-      STRATA_RETURN_IF_ERROR(done_x(l, false));
-      if (base_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(layer(l)));
-      if (adapters) STRATA_RETURN_IF_ERROR(ps.release_grads(adapter(l)));
-    }
-
-    if (embed_trains) {
-      if (!tied) {
-        STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
-      }
-      STRATA_RETURN_IF_ERROR(detail::gather_rows(d, bwd.dh_full, H, "embedding output gradient"));
-      ops.embedding_backward(ws_.ids, R, d.seq_parallel ? bwd.dh_full : bwd.dh, H,
-                             offset_ptr(embed_grads, embed_offset_, eb), dt);
-      STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
-    }
-    stream.synchronize();
-    timings.backward_ms = backward_clock.elapsed_ms();
-  } else {
-    release_head(ps);
-    STRATA_RETURN_IF_ERROR(done_x(L, false));
-  }
-
-  STRATA_RETURN_IF_ERROR(device_.last_error());
   double sum = 0;
   for (std::int64_t i = 0; i < R; ++i) sum += host_losses[i];
-  return num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
+  slot_loss_[static_cast<std::size_t>(mb.slot)] =
+      num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
+  if (!train) {
+    release_head(ps);
+    return Status::ok();
+  }
+
+  void* dlogits = ws_.logits;
+  // Tied: the embedding's gradient collects the head's part now and the lookup's part last.
+  // A frozen head, norm or embedding has no gradient: its weight products are skipped.
+  const bool norm_trains = trains(norm_group_), lm_trains = trains(lm_group_);
+  void* norm_grads = nullptr;
+  void* lm_grads = nullptr;
+  if (norm_trains) {
+    STRATA_ASSIGN_OR_RETURN(norm_grads, ps.acquire_grads(norm_group_));
+  }
+  if (lm_trains) {
+    if (lm_group_ == norm_group_) {
+      lm_grads = norm_grads;
+    } else {
+      STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_));
+    }
+  }
+  if (lm_trains) {
+    matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, offset_ptr(lm_grads, lm_offset_, eb),
+           true);
+  }
+  matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
+  // Each rank's vocabulary slice gives part of the input gradient: summed (this rank's rows).
+  void* dx = d.seq_parallel ? bwd.dx_local : bwd.dx;
+  if (d.split()) {
+    STRATA_RETURN_IF_ERROR(detail::sum_partial(d, bwd.dx, dx, H, "lm_head input gradient"));
+  }
+  // The sums norm_backward adds into start at zero (absent ones: no-ops).
+  if (bwd.dln1 != nullptr) device_.fill_zero(bwd.dln1, static_cast<std::size_t>(H) * eb, stream);
+  STRATA_RETURN_IF_ERROR(
+      detail::norm_backward(ops, d, dx, x_final, norm_weight, ws_.rstd_final, ch.dout,
+                            norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr,
+                            bwd.dln1, "model.norm weight gradient"));
+  release_head(ps);
+  if (norm_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(norm_group_));
+  // The embedding's (tied) are released after the lookup's part, last.
+  if (lm_trains && lm_group_ != norm_group_ && !tied) {
+    STRATA_RETURN_IF_ERROR(ps.release_grads(lm_group_));
+  }
+  tied_grads_ = tied ? lm_grads : nullptr;
+  return Status::ok();
+}
+
+// The chunk's layers backward from the gradient of its output (ch.dout), down to the gradient
+// of its input: into the embedding's on the first virtual stage, else into ch.din to be sent.
+Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
+                                        StepTimings& timings) {
+  Stopwatch clock;
+  train_ = true;
+  dropout_key_ = mb.dropout_key;
+  STRATA_RETURN_IF_ERROR(ensure_workspace(provider, mb.batch, mb.seq));
+  STRATA_CHECK(mb.slot >= 0 && mb.slot < static_cast<int>(ws_.slots.size()) && chunk >= 0 &&
+                   chunk < options_.pipeline.virtual_stages,
+               "a micro-batch slot or chunk the stage does not have", mb.slot, chunk);
+  const PipelineStage& stage = options_.pipeline;
+  const bool embeds = stage.first_chunk(chunk);
+  const Dims& d = dims_;
+  const DType dt = d.dtype;
+  const std::size_t eb = d.elem_bytes;
+  const std::int64_t R = d.rows, H = d.hidden;
+  const bool tied = config_.tie_word_embeddings;
+  const auto& ops = device_.ops();
+  auto& stream = device_.stream(device::StreamKind::kCompute);
+  const auto& bwd = ws_.bwd;
+  SlotSpace& slot = ws_.slots[static_cast<std::size_t>(mb.slot)];
+  ChunkSpace& ch = slot.chunks[static_cast<std::size_t>(chunk)];
+  ProviderSession ps(provider, layout_, timings);
+  const bool checkpointing = options_.activation_checkpointing;
+  const bool adapters = layout_.has_adapters();
+  const auto layer = [&](std::int64_t l) { return layout_.layer_group(static_cast<int>(l)); };
+  const auto adapter = [&](std::int64_t l) { return layout_.adapter_group(static_cast<int>(l)); };
+  const auto trains = [&](int group) { return !layout_.group(group).frozen; };
+  const auto zero = [&](void* scratch, std::int64_t elems) {
+    if (scratch != nullptr) {
+      device_.fill_zero(scratch, static_cast<std::size_t>(elems) * eb, stream);
+    }
+  };
+  const std::int64_t n = ch.end - ch.begin;
+  // The gradient of the residual stream, layer by layer, in bwd.dh (this rank's rows).
+  ops.cast(ch.dout, dt, bwd.dh, dt, d.local_rows * H);
+  if (checkpointing && n > 1) {
+    provider.prefetch_activation(checkpoint_index(mb.slot, ch.end - 1));
+  }
+  for (std::int64_t i = n - 1; i >= 0; --i) {
+    const std::int64_t l = ch.begin + i;
+    const auto li = static_cast<std::size_t>(l);
+    STRATA_ASSIGN_OR_RETURN(const BlockWeights w, acquire_block(ps, l));
+    if (i > 0) prefetch_block(ps, l - 1);
+    const void* x = ch.xs[static_cast<std::size_t>(i)];
+    const bool inner = checkpointing && i > 0;
+    if (inner) {
+      STRATA_ASSIGN_OR_RETURN(x, provider.read_activation(checkpoint_index(mb.slot, l)));
+      if (i > 1) provider.prefetch_activation(checkpoint_index(mb.slot, l - 1));
+    }
+    // A frozen base's gradients stay null: block_backward skips its weight products.
+    const bool base_trains = trains(layer(l));
+    BlockGrads grads;
+    if (base_trains) {
+      STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(layer(l)));
+      grads = BlockGrads::at(g, blocks_[li], eb);
+    }
+    if (adapters) {
+      STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l)));
+      grads.overlay(g, block_trained_[li], eb);
+      grads.attach_lora(g, adapters_[li], eb);
+    }
+    const BlockActs acts = acts_for(ch, i, x);
+    const Dims dl = dims_of(l);
+    if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
+    // The sums block_backward adds into start at zero (absent ones: no-ops).
+    for (void* scratch : {bwd.dqn, bwd.dkn}) zero(scratch, d.head_dim);
+    for (void* scratch : {bwd.dln1, bwd.dln2}) zero(scratch, H);
+    for (void* scratch : {bwd.kdb, bwd.vdb}) zero(scratch, d.kv_dim);
+    STRATA_RETURN_IF_ERROR(detail::block_backward(ops, dl, w, acts, grads, bwd));
+    release_block(ps, l);
+    if (inner) {
+      STRATA_RETURN_IF_ERROR(provider.release_activation(checkpoint_index(mb.slot, l), false));
+    }
+    if (base_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(layer(l)));
+    if (adapters) STRATA_RETURN_IF_ERROR(ps.release_grads(adapter(l)));
+  }
+
+  if (!embeds) {
+    ops.cast(bwd.dh, dt, ch.din, dt, d.local_rows * H);
+  } else if (const int embed = layout_.embed_group(); trains(embed)) {
+    // Tied: the head's gradient of the same group, acquired by the head (one stage holds both).
+    void* embed_grads = tied ? tied_grads_ : nullptr;
+    if (!tied) {
+      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+    }
+    STRATA_RETURN_IF_ERROR(detail::gather_rows(d, bwd.dh_full, H, "embedding output gradient"));
+    ops.embedding_backward(slot.ids, R, d.seq_parallel ? bwd.dh_full : bwd.dh, H,
+                           offset_ptr(embed_grads, embed_offset_, eb), dt);
+    STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
+  }
+  stream.synchronize();
+  timings.backward_ms += clock.elapsed_ms();
+  return device_.last_error();
+}
+
+Result<float> LlamaModel::Impl::step(ParamProvider& provider, const MicroBatch& mb, bool train,
+                                     StepTimings& timings) {
+  timings = StepTimings{};
+  const int chunks = options_.pipeline.virtual_stages;
+  STRATA_CHECK(!options_.pipeline.split(),
+               "a pipeline stage runs forward_chunk and backward_chunk, not whole steps");
+  for (int c = 0; c < chunks; ++c)
+    STRATA_RETURN_IF_ERROR(forward_chunk(provider, mb, c, train, timings));
+  if (train) {
+    for (int c = chunks - 1; c >= 0; --c)
+      STRATA_RETURN_IF_ERROR(backward_chunk(provider, mb, c, timings));
+  }
+  return slot_loss_[static_cast<std::size_t>(mb.slot)];
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
@@ -743,8 +935,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
   STRATA_CHECK(layout.num_groups() >= (config.num_hidden_layers + 2) +
                                           (layout.has_adapters() ? config.num_hidden_layers : 0),
                "layout does not match the config", layout.num_groups(), config.num_hidden_layers);
+  const PipelineStage& stage = options_.pipeline;
+  STRATA_CHECK(layout.pipeline().stage == stage.stage && layout.pipeline().bounds == stage.bounds,
+               "the layout is not of this pipeline stage", layout.pipeline().stage, stage.stage);
+  // The stage's first layer: every stage holds one.
+  const std::int64_t first_layer = stage.chunk_begin(0);
   STRATA_CHECK(config.num_hidden_layers == 0 ||
-                   layout.group(layout.layer_group(0)).quantized() == options_.nf4_base,
+                   layout.group(layout.layer_group(static_cast<int>(first_layer))).quantized() ==
+                       options_.nf4_base,
                "the layout's base format does not match ModelOptions::nf4_base", options_.nf4_base);
   const TensorParallel& split = options_.tensor_parallel;
   STRATA_CHECK(split.size == 1 || (options_.tensor_group != nullptr &&
@@ -757,9 +955,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     STRATA_CHECK(tp->kv_replicas() == kv_head_replicas(config.num_key_value_heads, tp->size()),
                  "the tensor group's kv replicas do not match the model", tp->kv_replicas(),
                  config.num_key_value_heads);
-    const auto embed = layout.find("model.embed_tokens.weight");
-    STRATA_CHECK(embed && embed->tensor->slice.parts == tp->size() &&
-                     embed->tensor->slice.index == tp->rank(),
+    const auto q =
+        layout.find("model.layers." + std::to_string(first_layer) + ".self_attn.q_proj.weight");
+    STRATA_CHECK(q && q->tensor->slice.parts == tp->size() && q->tensor->slice.index == tp->rank(),
                  "the layout is not this rank's tensor-parallel slice", tp->size(), tp->rank());
   }
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
@@ -769,19 +967,33 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     STRATA_CHECK(loc.has_value(), "parameter missing from the layout", name);
     return *loc;
   };
-  impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
-  const auto norm = locate("model.norm.weight");
-  impl_->norm_group_ = norm.group;
-  impl_->norm_offset_ = norm.tensor->offset_elems;
-  if (config.tie_word_embeddings) {
-    impl_->lm_group_ = layout.embed_group();
-    impl_->lm_offset_ = impl_->embed_offset_;
-  } else {
-    const auto lm = locate("lm_head.weight");
-    impl_->lm_group_ = lm.group;
-    impl_->lm_offset_ = lm.tensor->offset_elems;
+  // A pipeline stage finds its own tensors only: the embedding on the first, the head on the
+  // last, its chunks' layers.
+  if (stage.holds_embedding()) {
+    impl_->embed_offset_ = tensor_offset(layout, "model.embed_tokens.weight", layout.embed_group());
+  }
+  if (stage.holds_head()) {
+    const auto norm = locate("model.norm.weight");
+    impl_->norm_group_ = norm.group;
+    impl_->norm_offset_ = norm.tensor->offset_elems;
+    if (config.tie_word_embeddings) {
+      impl_->lm_group_ = layout.embed_group();
+      impl_->lm_offset_ = impl_->embed_offset_;
+    } else {
+      const auto lm = locate("lm_head.weight");
+      impl_->lm_group_ = lm.group;
+      impl_->lm_offset_ = lm.tensor->offset_elems;
+    }
+  }
+  impl_->blocks_.resize(static_cast<std::size_t>(config.num_hidden_layers));
+  impl_->block_bytes_.resize(impl_->blocks_.size());
+  if (layout.has_adapters()) {
+    impl_->block_trained_.resize(impl_->blocks_.size());
+    impl_->adapters_.resize(impl_->blocks_.size());
   }
   for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (!stage.holds_layer(l, config.num_hidden_layers)) continue;
+    const auto li = static_cast<std::size_t>(l);
     const int g = layout.layer_group(static_cast<int>(l));
     const int ag = layout.adapter_group(static_cast<int>(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -819,10 +1031,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
       o.bd = off(config.mlp_bias, "mlp.down_proj.bias");
       return o;
     };
-    impl_->block_bytes_.push_back(offsets(g, true));
-    impl_->blocks_.push_back(offsets(g, false));
+    impl_->block_bytes_[li] = offsets(g, true);
+    impl_->blocks_[li] = offsets(g, false);
     if (!layout.has_adapters()) continue;
-    impl_->block_trained_.push_back(offsets(ag, false));
+    impl_->block_trained_[li] = offsets(ag, false);
     detail::LoraOffsets lo;
     for (int t = 0; t < kNumLoraTargets; ++t) {
       const auto target = static_cast<LoraTarget>(t);
@@ -831,7 +1043,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
       lo.a[t] = tensor_offset(layout, m + ".lora_A.weight", ag);
       lo.b[t] = tensor_offset(layout, m + ".lora_B.weight", ag);
     }
-    impl_->adapters_.push_back(lo);
+    impl_->adapters_[li] = lo;
   }
 }
 
@@ -965,14 +1177,45 @@ Result<float> LlamaModel::forward_backward(ParamProvider& provider, const std::i
                                            const std::int32_t* targets, std::int64_t batch,
                                            std::int64_t seq, float grad_scale,
                                            std::uint64_t dropout_key) {
-  return impl_->step(provider, inputs, targets, batch, seq, true, grad_scale, dropout_key,
-                     timings_);
+  return impl_->step(provider, MicroBatch{inputs, targets, batch, seq, grad_scale, dropout_key, 0},
+                     true, timings_);
 }
 
 Result<float> LlamaModel::forward_loss(ParamProvider& provider, const std::int32_t* inputs,
                                        const std::int32_t* targets, std::int64_t batch,
                                        std::int64_t seq) {
-  return impl_->step(provider, inputs, targets, batch, seq, false, 1.0f, 0, timings_);
+  return impl_->step(provider, MicroBatch{inputs, targets, batch, seq, 1.0f, 0, 0}, false,
+                     timings_);
+}
+
+Status LlamaModel::prepare(ParamProvider& provider, std::int64_t batch, std::int64_t seq) {
+  return impl_->ensure_workspace(provider, batch, seq);
+}
+
+Status LlamaModel::forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
+                                 bool train) {
+  timings_ = StepTimings{};
+  return impl_->forward_chunk(provider, mb, chunk, train, timings_);
+}
+
+Status LlamaModel::backward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk) {
+  timings_ = StepTimings{};
+  return impl_->backward_chunk(provider, mb, chunk, timings_);
+}
+
+LlamaModel::Boundary LlamaModel::boundary(int slot, int chunk) const {
+  const auto& slots = impl_->ws_.slots;
+  STRATA_CHECK(slot >= 0 && static_cast<std::size_t>(slot) < slots.size() && chunk >= 0 &&
+                   chunk < options_.pipeline.virtual_stages,
+               "a boundary of a slot or chunk the stage does not have (prepare first)", slot,
+               chunk);
+  const auto& ch = slots[static_cast<std::size_t>(slot)].chunks[static_cast<std::size_t>(chunk)];
+  return {ch.xs.front(), ch.xs.back(), ch.dout, ch.din,
+          impl_->dims_.local_rows * impl_->dims_.hidden};
+}
+
+float LlamaModel::loss(int slot) const {
+  return impl_->slot_loss_.at(static_cast<std::size_t>(slot));
 }
 
 std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq) const {
@@ -982,8 +1225,8 @@ std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq)
 std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   Workspace measure;
-  return carve_workspace(Dims::make(config, options, batch, seq), config.num_hidden_layers,
-                         options.activation_checkpointing, nullptr, &measure);
+  return carve_workspace(Dims::make(config, options, batch, seq), StageShape::of(config, options),
+                         nullptr, &measure);
 }
 
 std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
@@ -994,12 +1237,15 @@ std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const Mode
 }
 
 int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& options) {
-  return options.activation_checkpointing ? static_cast<int>(config.num_hidden_layers + 1) : 0;
+  if (!options.activation_checkpointing) return 0;
+  const StageShape stage = StageShape::of(config, options);
+  return static_cast<int>(stage.in_flight * stage.inner_inputs());
 }
 
-std::uint64_t LlamaModel::host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel) {
-  const std::int64_t per_token = 3 + (tensor_parallel > 1 ? 3 * tensor_parallel + 2 : 0);
-  return static_cast<std::uint64_t>(batch * seq * per_token) * 4;
+std::uint64_t LlamaModel::host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel,
+                                        int in_flight) {
+  const std::int64_t split = tensor_parallel > 1 ? 3 * tensor_parallel + 2 : 0;
+  return static_cast<std::uint64_t>(batch * seq * (3 * in_flight + split)) * 4;
 }
 
 }  // namespace strata::model

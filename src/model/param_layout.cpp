@@ -107,7 +107,7 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 }
 
 ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora,
-                               bool nf4_base, TensorParallel tp) {
+                               bool nf4_base, TensorParallel tp, const PipelineStage& stage) {
   STRATA_CHECK(!nf4_base || lora.has_value(), "an NF4 base needs adapters (QLoRA)");
   STRATA_CHECK(tp.size == 1 || !lora.has_value(), "adapters with tensor parallelism", tp.size);
   STRATA_CHECK(tp.rank >= 0 && tp.rank < tp.size && tensor_parallel_problems(c, tp.size).empty(),
@@ -252,12 +252,39 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
     }
     if (g.duplicate_begin < 0) g.duplicate_begin = g.num_elems;
   }
-  for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
+  for (std::size_t i = 0; i < layout.groups_.size(); ++i)
     layout.groups_[i].id = static_cast<int>(i);
-    layout.total_elems_ += layout.groups_[i].num_elems;
-    for (const auto& t : layout.groups_[i].tensors) layout.num_parameters_ += t.num_elems;
+  if (stage.split()) {
+    STRATA_CHECK(stage.bounds.size() == static_cast<std::size_t>(stage.virtual_count() + 1) &&
+                     stage.bounds.back() == c.num_hidden_layers && stage.stage >= 0 &&
+                     stage.stage < stage.stages,
+                 "a pipeline stage that does not cut this model", stage.stages, stage.stage,
+                 c.num_hidden_layers);
+    layout.stage_ = stage;
+    for (auto& g : layout.groups_) {
+      if (layout.stage_of(g.id) == stage.stage) continue;
+      g.tensors.clear();
+      g.num_elems = 0;
+      g.duplicate_begin = 0;
+    }
+  }
+  for (const auto& g : layout.groups_) {
+    layout.total_elems_ += g.num_elems;
+    for (const auto& t : g.tensors) layout.num_parameters_ += t.num_elems;
   }
   return layout;
+}
+
+int ParamLayout::stage_of(int group, const PipelineStage& stage) const {
+  if (!stage.split() || group == embed_group()) return 0;
+  const int layers = num_layers_;
+  if (group >= layer_group(0) && group < layer_group(layers)) {
+    return stage.stage_holding(group - layer_group(0), layers);
+  }
+  if (adapters_ && group >= adapter_group(0) && group < adapter_group(layers)) {
+    return stage.stage_holding(group - adapter_group(0), layers);
+  }
+  return stage.stages - 1;  // the head, and the head's norm in a group of its own
 }
 
 ParamLayout ParamLayout::from_groups(std::vector<ParamGroup> groups) {

@@ -61,7 +61,7 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
                              zero::ZeroProvider& provider) {
   model::SafetensorsWriter writer;
   for (const auto& g : layout.groups()) {
-    if (g.frozen) continue;  // no optimizer state
+    if (g.frozen || g.num_elems == 0) continue;  // no optimizer state, or another stage's
     const std::int64_t n = provider.partition().group(g.id).shard_elems;
     writer.add("exp_avg." + g.name, DType::kF32, {n});
     writer.add("exp_avg_sq." + g.name, DType::kF32, {n});
@@ -108,27 +108,58 @@ std::vector<model::ParamLayout> rank_layouts(const model::LlamaConfig& config, i
   return layouts;
 }
 
-// Gathers groups, in an order every rank agrees on, into whole tensors on world rank 0: each
-// group's master weights over the data-parallel ranks of each tensor-parallel rank (ZeRO's
-// gather), then, split layers, the tensor-parallel slices of data rank 0 to world rank 0, which
-// puts each tensor of the group together (`whole`: the layout without a split). O(group) memory.
+// Gathers groups, in an order every rank agrees on, into whole tensors on world rank 0. On the
+// pipeline stage holding a group: its master weights over the data-parallel ranks of each
+// tensor-parallel rank (ZeRO's gather), then, split layers, the tensor-parallel slices of data
+// rank 0 to the stage's first rank, which puts each tensor of the group together (`whole`: the
+// layout without a split); then, from a later stage, that rank's group to world rank 0 (a gather
+// over the pipeline ranks: O(stages x group) there). O(group) memory elsewhere.
 class GroupGatherer {
  public:
   GroupGatherer(const model::LlamaConfig& config, const model::ParamLayout& layout,
-                zero::ZeroProvider& provider, dist::ProcessGrid& grid)
-      : layout_(layout), provider_(provider), grid_(grid) {
-    if (grid.shape().tensor > 1) {
-      slices_ = rank_layouts(config, grid.shape().tensor);
-      whole_ = model::ParamLayout::build(config, std::nullopt, false, {1, 0});
-    }
+                const model::ParamLayout& whole, zero::ZeroProvider& provider,
+                dist::ProcessGrid& grid)
+      : layout_(layout), whole_(whole), provider_(provider), grid_(grid) {
+    if (grid.shape().tensor > 1) slices_ = rank_layouts(config, grid.shape().tensor);
   }
 
   bool split() const { return !slices_.empty(); }
-  // The layout the gathered groups have: whole tensors.
-  const model::ParamLayout& whole() const { return split() ? whole_ : layout_; }
+  // The layout the gathered groups have: whole tensors, every group.
+  const model::ParamLayout& whole() const { return whole_; }
 
   // Group `id`'s whole tensors into `dst` (world rank 0; null elsewhere). Every rank calls it.
   Status gather(int id, float* dst) {
+    if (grid_.shape().pipeline == 1) return gather_stage(id, dst);
+    const dist::GridCoord at = grid_.coord();
+    const int owner = layout_.stage_of(id);
+    const bool stage_root = at.data == 0 && at.tensor == 0;
+    const auto n = static_cast<std::size_t>(whole_.group(id).num_elems);
+    Status s;
+    if (at.pipeline == owner) {
+      float* into = nullptr;
+      if (stage_root) into = owner == 0 ? dst : (stage_buf_.assign(n, 0.0f), stage_buf_.data());
+      s = gather_stage(id, into);
+    }
+    if (owner == 0 || !stage_root) return s;
+    if (at.pipeline != owner) stage_buf_.assign(n, 0.0f);
+    const auto stages = static_cast<std::size_t>(grid_.shape().pipeline);
+    stage_all_.assign(dst != nullptr ? n * stages : 0, 0.0f);
+    Status t = grid_.pipeline().gather_host(stage_buf_.data(),
+                                            dst != nullptr ? stage_all_.data() : nullptr,
+                                            static_cast<std::int64_t>(n), DType::kF32, 0,
+                                            "checkpoint: group " + whole_.group(id).name +
+                                                " from pipeline stage " + std::to_string(owner));
+    if (s.is_ok()) s = t;
+    if (s.is_ok() && dst != nullptr) {
+      std::memcpy(dst, stage_all_.data() + static_cast<std::size_t>(owner) * n, n * sizeof(float));
+    }
+    return s;
+  }
+
+ private:
+  // Group `id`'s whole tensors into `dst` on its stage's first rank (data and tensor rank 0; null
+  // elsewhere). Every rank of the stage calls it.
+  Status gather_stage(int id, float* dst) {
     if (!split()) return provider_.gather_master(id, dst);  // dst: written on rank 0 only
     mine_.assign(static_cast<std::size_t>(layout_.group(id).num_elems), 0.0f);
     Status s = provider_.gather_master(id, mine_.data());
@@ -162,13 +193,13 @@ class GroupGatherer {
     return Status::ok();
   }
 
- private:
   const model::ParamLayout& layout_;
+  const model::ParamLayout& whole_;
   zero::ZeroProvider& provider_;
   dist::ProcessGrid& grid_;
   std::vector<model::ParamLayout> slices_;  // each tensor-parallel rank's; empty: no split
-  model::ParamLayout whole_;
   std::vector<float> mine_, all_;
+  std::vector<float> stage_buf_, stage_all_;  // a later stage's group, and every stage's
 };
 
 // World rank 0 writes with `write` (which gathers `groups` through the source it is given, in
@@ -206,10 +237,10 @@ std::vector<int> group_ids(const model::ParamLayout& layout,
 
 // Full fine-tuning: model/, every group's master weights, each tensor whole whatever the split.
 Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
-                                const model::ParamLayout& layout, zero::ZeroProvider& provider,
-                                dist::ProcessGrid& grid) {
-  GroupGatherer gatherer(config, layout, provider, grid);
-  return write_gathered(group_ids(layout, [](const model::ParamGroup&) { return true; }), gatherer,
+                                const model::ParamLayout& layout, const model::ParamLayout& whole,
+                                zero::ZeroProvider& provider, dist::ProcessGrid& grid) {
+  GroupGatherer gatherer(config, layout, whole, provider, grid);
+  return write_gathered(group_ids(whole, [](const model::ParamGroup&) { return true; }), gatherer,
                         grid, [&](const model::GroupSource& source) {
                           return model::write_hf_checkpoint(dir, config, gatherer.whole(),
                                                             DType::kF32, source);
@@ -220,13 +251,13 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
 // base is where the run read it from.
 Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
                       const model::LoraConfig& lora, const model::ParamLayout& layout,
-                      const std::string& base_model, zero::ZeroProvider& provider,
-                      dist::ProcessGrid& grid) {
+                      const model::ParamLayout& whole, const std::string& base_model,
+                      zero::ZeroProvider& provider, dist::ProcessGrid& grid) {
   // Every trainable group: the adapters and the modules saved whole beside them.
-  GroupGatherer gatherer(config, layout, provider, grid);
-  return write_gathered(group_ids(layout, [](const model::ParamGroup& g) { return !g.frozen; }),
+  GroupGatherer gatherer(config, layout, whole, provider, grid);
+  return write_gathered(group_ids(whole, [](const model::ParamGroup& g) { return !g.frozen; }),
                         gatherer, grid, [&](const model::GroupSource& source) {
-                          return model::write_peft_adapter(dir, lora, layout, base_model, source);
+                          return model::write_peft_adapter(dir, lora, whole, base_model, source);
                         });
 }
 
@@ -234,6 +265,7 @@ Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
 
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
                                     const model::ParamLayout& layout,
+                                    const model::ParamLayout& whole,
                                     const std::optional<model::LoraConfig>& lora,
                                     zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                     const TrainerState& state) {
@@ -265,8 +297,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                      ? state.config["model"].get<std::string>()
                                      : std::string();
   Status model_status =
-      lora ? write_adapters(tmp_dir, config, *lora, layout, base_model, provider, grid)
-           : write_consolidated_model(tmp_dir + "/model", config, layout, provider, grid);
+      lora ? write_adapters(tmp_dir, config, *lora, layout, whole, base_model, provider, grid)
+           : write_consolidated_model(tmp_dir + "/model", config, layout, whole, provider, grid);
   if (s.is_ok()) s = model_status;
   if (root && s.is_ok()) {
     Json js = {{"format_version", kCheckpointFormatVersion},
@@ -275,6 +307,8 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                {"seed", state.seed},
                {"world_size", comm.world_size()},
                {"tensor_parallel_size", grid.shape().tensor},
+               {"pipeline_parallel_size", grid.shape().pipeline},
+               {"pipeline_layers", state.pipeline_layers},
                {"config", state.config}};
     s = write_json_file(tmp_dir + "/trainer_state.json", js);
     if (s.is_ok() && !lora && !base_model.empty()) {
@@ -375,6 +409,8 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   r.read("format_version", &version, 1);
   r.read("world_size", &st.world_size, 1, 1 << 20);
   r.read("tensor_parallel_size", &st.tensor_parallel_size, 1, 1 << 16);
+  r.read("pipeline_parallel_size", &st.pipeline_parallel_size, 1, 1 << 16);
+  r.read("pipeline_layers", &st.pipeline_layers);
   r.read("step", &st.step, 0);
   r.read("sequences_consumed", &st.sequences_consumed, 0);
   r.read("seed", &seed, 0);
@@ -397,9 +433,9 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
 }
 
 Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& config,
-                       const model::ParamLayout& layout, model::TensorParallel tp,
-                       zero::ZeroProvider& provider, const model::GroupSource& base,
-                       zero::WorkingCopyCache* base_cache,
+                       const model::ParamLayout& layout, const model::ParamLayout& whole,
+                       model::TensorParallel tp, zero::ZeroProvider& provider,
+                       const model::GroupSource& base, zero::WorkingCopyCache* base_cache,
                        const model::GroupRangeSource& base_pieces) {
   if (layout.has_adapters()) {
     if (!fs::exists(fs::path(checkpoint) / model::kAdapterConfigFile)) {
@@ -408,7 +444,7 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
                                  "finetune.method \"full\"");
     }
     STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(checkpoint));
-    STRATA_RETURN_IF_ERROR(adapter.validate(layout));
+    STRATA_RETURN_IF_ERROR(adapter.validate(whole));
     STRATA_RETURN_IF_ERROR(provider.load_master(
         [&](const model::ParamGroup& g, float* dst) {
           return g.frozen ? base(g, dst) : adapter.read_group(g, dst);
@@ -421,7 +457,7 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
                                  "finetune settings it was trained with");
     }
     STRATA_ASSIGN_OR_RETURN(auto reader, model::HfCheckpointReader::open(checkpoint + "/model"));
-    STRATA_RETURN_IF_ERROR(reader.validate(layout));
+    STRATA_RETURN_IF_ERROR(reader.validate(whole));
     STRATA_RETURN_IF_ERROR(provider.load_master(
         [&](const model::ParamGroup& g, float* dst) { return reader.read_group(g, dst); }));
   }
@@ -437,18 +473,36 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
     return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
                      " cannot split this model: " + problems.front());
   }
-  if (st.world_size % saved_tp != 0) {
+  const int saved_pp = st.pipeline_parallel_size;
+  if (st.world_size % (saved_tp * saved_pp) != 0) {
     return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
+                     (saved_pp > 1 ? " x pipeline_parallel_size " + std::to_string(saved_pp) : "") +
                      " does not divide world_size " + std::to_string(st.world_size));
+  }
+  // Which saved stage held each group.
+  model::PipelineStage saved_stage;
+  if (saved_pp > 1) {
+    const auto n = static_cast<int>(st.pipeline_layers.size());
+    const int virtual_stages = n % saved_pp == 0 ? n / saved_pp : 0;
+    const auto problems = model::pipeline_layers_problems(
+        st.pipeline_layers, saved_pp, std::max(virtual_stages, 1), config.num_hidden_layers);
+    if (virtual_stages == 0 || !problems.empty()) {
+      return data_loss(state_file + ": pipeline_layers " + Json(st.pipeline_layers).dump() +
+                       " cannot cut this model over pipeline_parallel_size " +
+                       std::to_string(saved_pp) +
+                       (problems.empty() ? "" : ": " + problems.front()));
+    }
+    saved_stage = model::pipeline_stage(saved_pp, virtual_stages, 0, st.pipeline_layers);
   }
   if (saved_tp > 1 && layout.has_adapters()) {
     return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
                      " with adapters; a LoRA run does not split its layers");
   }
-  const dist::GridShape saved_grid{st.world_size / saved_tp, saved_tp, 1};
+  const dist::GridShape saved_grid{st.world_size / (saved_tp * saved_pp), saved_tp, saved_pp};
+  // Each saved tensor-parallel rank's layout of every group (its stage's groups in its file).
   std::vector<model::ParamLayout> saved_layouts;
   if (saved_tp == 1 && tp.size == 1) {
-    saved_layouts.push_back(layout);  // the same layout (adapters included)
+    saved_layouts.push_back(whole);  // the same layout (adapters included)
   } else {
     saved_layouts = rank_layouts(config, saved_tp);
   }
@@ -486,6 +540,7 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
     const std::string& name = group.name;
     for (int r = 0; r < st.world_size; ++r) {
       const dist::GridCoord at = dist::grid_coord(saved_grid, r);
+      if (whole.stage_of(gid, saved_stage) != at.pipeline) continue;  // another stage's file
       const model::ParamGroup& saved =
           saved_layouts[static_cast<std::size_t>(at.tensor)].group(gid);
       const auto& f = shards[static_cast<std::size_t>(r)];

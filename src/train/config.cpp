@@ -283,6 +283,13 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("zero_stage", &c.zero_stage, 1, 3);
   r.read("tensor_parallel_size", &c.tensor_parallel_size, 1, 1 << 16);
   r.read("sequence_parallel", &c.sequence_parallel);
+  r.read("pipeline_parallel_size", &c.pipeline_parallel_size, 1, 1 << 16);
+  read_enum(r, "pipeline_schedule", &c.pipeline_schedule, kPipelineSchedules,
+            pipeline_schedule_name);
+  // Interleaving's default: two chunks a stage.
+  if (c.pipeline_schedule == PipelineSchedule::kInterleaved) c.virtual_stages = 2;
+  r.read("virtual_stages", &c.virtual_stages, 1, 1 << 16);
+  r.read("pipeline_layers", &c.pipeline_layers);
   r.read("sub_group_size", &c.sub_group_size, 1024);
   r.read("param_persistence_threshold", &c.param_persistence_threshold, 0);
   for (const auto& [key, out] : {std::pair{"reduce_bucket_bytes", &c.reduce_bucket_bytes},
@@ -382,6 +389,46 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
           "ranks yet; use finetune.method \"full\" or tensor_parallel_size 1");
     }
   }
+  if (c.pipeline_schedule == PipelineSchedule::k1F1B && c.virtual_stages != 1) {
+    errors.push_back("'virtual_stages': " + std::to_string(c.virtual_stages) +
+                     " chunks a stage need pipeline_schedule \"interleaved\"; \"1f1b\" runs one");
+  }
+  if (c.pipeline_schedule == PipelineSchedule::kInterleaved) {
+    if (c.virtual_stages < 2) {
+      errors.push_back(
+          "'virtual_stages': the interleaved schedule needs 2 or more chunks a stage, "
+          "got " +
+          std::to_string(c.virtual_stages));
+    }
+    if (c.pipeline_parallel_size < 2) {
+      errors.push_back("'pipeline_schedule': \"interleaved\" needs pipeline_parallel_size above 1");
+    }
+  }
+  if (c.pipeline_parallel_size > 1 || !c.pipeline_layers.empty()) {
+    const int virtual_count = c.pipeline_parallel_size * c.virtual_stages;
+    if (has_model && c.pipeline_layers.empty() && virtual_count > c.model.num_hidden_layers) {
+      errors.push_back("'pipeline_parallel_size': " + std::to_string(c.pipeline_parallel_size) +
+                       (c.virtual_stages > 1
+                            ? " x virtual_stages " + std::to_string(c.virtual_stages) + " = " +
+                                  std::to_string(virtual_count) + " virtual stages"
+                            : " stages") +
+                       " need at least as many layers; the model has " +
+                       std::to_string(c.model.num_hidden_layers) + " (num_hidden_layers)");
+    }
+    if (has_model && !c.pipeline_layers.empty()) {
+      for (const auto& p :
+           model::pipeline_layers_problems(c.pipeline_layers, c.pipeline_parallel_size,
+                                           c.virtual_stages, c.model.num_hidden_layers)) {
+        errors.push_back("'pipeline_layers': " + p);
+      }
+    }
+  }
+  if (c.pipeline_parallel_size > 1 && has_model && c.model.tie_word_embeddings) {
+    errors.push_back(
+        "'pipeline_parallel_size': a model with tie_word_embeddings shares its embedding between "
+        "the first and the last stage, which pipelines do not support yet; use "
+        "pipeline_parallel_size 1");
+  }
   if (c.zero_stage != 3 && c.offload_param != Tier::kDevice) {
     errors.push_back("'offload_param': parameter offload needs zero_stage 3");
   }
@@ -431,7 +478,28 @@ device::DeviceOptions TrainConfig::device_options() const {
   return o;
 }
 
-model::ModelOptions TrainConfig::model_options() const {
+std::vector<std::int64_t> TrainConfig::pipeline_layer_counts() const {
+  if (!pipeline_layers.empty()) return pipeline_layers;
+  const int virtual_count = pipeline_parallel_size * virtual_stages;
+  if (virtual_count == 1) return {model.num_hidden_layers};
+  // Each layer's and the head's multiply-adds a token (their weights, and a layer's causal
+  // attention over seq_len / 2 positions on average); the embedding is a lookup.
+  const double h = static_cast<double>(model.hidden_size);
+  const double layer = h * static_cast<double>(2 * model.q_dim() + 2 * model.kv_dim()) +
+                       3.0 * h * static_cast<double>(model.intermediate_size) +
+                       static_cast<double>(seq_len * model.q_dim());
+  const double head = h * static_cast<double>(model.vocab_size);
+  const std::vector<int> counts =
+      balance_stages(static_cast<int>(model.num_hidden_layers), virtual_count, layer, 0.0, head);
+  return {counts.begin(), counts.end()};
+}
+
+model::PipelineStage TrainConfig::pipeline_stage(int stage) const {
+  return model::pipeline_stage(pipeline_parallel_size, virtual_stages, stage,
+                               pipeline_layer_counts());
+}
+
+model::ModelOptions TrainConfig::model_options(int pipeline_rank, int data_ranks) const {
   model::ModelOptions o;
   o.compute_dtype = precision;
   o.activation_checkpointing = activation_checkpointing;
@@ -439,6 +507,12 @@ model::ModelOptions TrainConfig::model_options() const {
   o.nf4_base = nf4_base();
   o.tensor_parallel.size = tensor_parallel_size;  // the rank's place: the trainer's
   o.sequence_parallel = sequence_parallel;
+  o.pipeline = pipeline_stage(pipeline_rank);
+  if (const PipelineShape shape = pipeline_shape(data_ranks);
+      shape.stages > 1 && pipeline_shape_problems(pipeline_schedule, shape).empty()) {
+    o.pipeline.in_flight =
+        peak_micro_batches(stage_passes(pipeline_schedule, shape, pipeline_rank));
+  }
   return o;
 }
 
@@ -501,6 +575,10 @@ Json TrainConfig::to_json() const {
       {"zero_stage", zero_stage},
       {"tensor_parallel_size", tensor_parallel_size},
       {"sequence_parallel", sequence_parallel},
+      {"pipeline_parallel_size", pipeline_parallel_size},
+      {"pipeline_schedule", pipeline_schedule_name(pipeline_schedule)},
+      {"virtual_stages", virtual_stages},
+      {"pipeline_layers", pipeline_layers},
       {"sub_group_size", sub_group_size},
       {"param_persistence_threshold", param_persistence_threshold},
       {"reduce_bucket_bytes", reduce_bucket_bytes},

@@ -63,14 +63,15 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   return filesystems.empty() ? 0 : per_path * paths.size();
 }
 
-zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks) {
+zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int pipeline_rank) {
   zero::ShardOptions o;
-  const model::ModelOptions mo = config.model_options();
+  const model::ModelOptions mo = config.model_options(pipeline_rank, data_ranks);
   const std::int64_t batch = config.micro_batch_size, seq = config.seq_len;
   o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo, batch, seq);
   o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo, batch, seq);
   o.num_checkpoints = model::LlamaModel::num_checkpoints(config.model, mo);
-  o.host_io_bytes = model::LlamaModel::host_io_bytes(batch, seq, config.tensor_parallel_size);
+  o.host_io_bytes = model::LlamaModel::host_io_bytes(batch, seq, config.tensor_parallel_size,
+                                                     mo.pipeline.in_flight);
   o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
@@ -100,35 +101,54 @@ zero::ZeroOptions zero_options(const TrainConfig& config) {
   return o;
 }
 
+Status check_pipeline_shape(const TrainConfig& config, int data_ranks) {
+  if (config.pipeline_parallel_size == 1) return Status::ok();
+  const PipelineShape shape = config.pipeline_shape(data_ranks);
+  const auto problems = pipeline_shape_problems(config.pipeline_schedule, shape);
+  if (problems.empty()) return Status::ok();
+  std::string msg = "pipeline_schedule \"" +
+                    std::string(pipeline_schedule_name(config.pipeline_schedule)) + "\" over " +
+                    std::to_string(shape.stages) + " stages with " +
+                    std::to_string(shape.micro_batches) + " micro-batches a step (batch_size " +
+                    std::to_string(config.batch_size) + " / (micro_batch_size " +
+                    std::to_string(config.micro_batch_size) + " x " + std::to_string(data_ranks) +
+                    " data-parallel ranks)) cannot run:";
+  for (const auto& p : problems) msg += "\n  " + p;
+  return invalid_argument(msg);
+}
+
 Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOptions& options) {
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   STRATA_CHECK(options.rank >= 0 && options.rank < ranks, "rank outside the ranks planned",
                options.rank, ranks);
-  // The grid: tensor_parallel_size ranks split each layer, ZeRO shards over the rest.
-  const int tp = config.tensor_parallel_size;
-  if (ranks % tp != 0) {
+  // The grid: tensor_parallel_size ranks split each layer, pipeline_parallel_size stages hold
+  // the layers in turn, ZeRO shards over the rest.
+  const int tp = config.tensor_parallel_size, pp = config.pipeline_parallel_size;
+  if (ranks % (tp * pp) != 0) {
     return invalid_argument("--ranks " + std::to_string(ranks) +
-                            " must be a multiple of tensor_parallel_size " + std::to_string(tp));
+                            " must be a multiple of tensor_parallel_size " + std::to_string(tp) +
+                            (pp > 1 ? " x pipeline_parallel_size " + std::to_string(pp) : ""));
   }
-  const dist::GridShape shape{ranks / tp, tp, 1};
+  const dist::GridShape shape{ranks / (tp * pp), tp, pp};
   const dist::GridCoord at = dist::grid_coord(shape, options.rank);
   STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
   Estimate e;
   e.ranks = ranks;
   e.rank = options.rank;
   e.model = config.model;
-  // This rank's slices (the whole model without tensor parallelism).
-  const model::ParamLayout full = config.param_layout(at.tensor);
-  e.parameters = tp == 1 ? full.num_parameters()
-                         : model::ParamLayout::build(config.model, config.lora(), config.nf4_base())
-                               .num_parameters();
-  for (const auto& g : full.groups()) {
+  STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
+  // This rank's slices of its stage's layers (the whole model without tensor and pipeline
+  // parallelism); the counts are the whole model's.
+  const model::ParamLayout full = config.param_layout(at.tensor, at.pipeline);
+  const model::ParamLayout whole =
+      model::ParamLayout::build(config.model, config.lora(), config.nf4_base());
+  e.parameters = whole.num_parameters();
+  for (const auto& g : whole.groups()) {
     if (g.frozen) continue;
     for (const auto& t : g.tensors) e.trainable_parameters += t.num_elems;
   }
-  if (tp > 1) e.trainable_parameters = e.parameters;  // full fine-tuning alone splits yet
   e.embedding_trains = !full.group(full.embed_group()).frozen;
-  e.finetune = describe_finetune(config, full);
+  e.finetune = describe_finetune(config, whole);
   const zero::Partition partition(full, at.data, shape.data, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) {
     e.groups_partitioned += g.replicated ? 0 : 1;
@@ -136,7 +156,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   }
 
   const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
-  zero::ShardOptions eo = shard_options(config, shape.data);
+  zero::ShardOptions eo = shard_options(config, shape.data, at.pipeline);
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,
                                             config.device == device::DeviceKind::kCpu);

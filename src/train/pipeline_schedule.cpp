@@ -87,6 +87,16 @@ int peak_in_flight(const std::vector<PipelinePass>& passes) {
   return peak;
 }
 
+int peak_micro_batches(const std::vector<PipelinePass>& passes) {
+  int live = 0, peak = 0;
+  for (const PipelinePass& p : passes) {
+    if (p.chunk != 0) continue;
+    live += p.forward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 Result<PipelineTimeline> simulate(PipelineSchedule schedule, const PipelineShape& shape,
                                   double forward_time, double backward_time) {
   const int p = shape.stages, vcount = shape.virtual_count();

@@ -29,6 +29,7 @@
 #include "strata/train/data.h"
 #include "strata/train/drive_record.h"
 #include "strata/train/estimate.h"
+#include "strata/train/pipeline_schedule.h"
 #include "strata/train/quantized_cache.h"
 #include "strata/train/step_time.h"
 #include "strata/zero/tensor_group.h"
@@ -82,7 +83,8 @@ Json StepMetrics::to_json() const {
 struct Trainer::Impl {
   TrainConfig config;
   TrainOptions options;
-  std::unique_ptr<model::ParamLayout> layout;
+  std::unique_ptr<model::ParamLayout> layout;  // this rank's: its slices of its stage's groups
+  std::unique_ptr<model::ParamLayout> whole;   // the model's groups unsplit (checkpoints)
   std::unique_ptr<device::Device> device;
   std::unique_ptr<io::SwapSpace> swap;
   std::unique_ptr<mem::Timeline> timeline;         // before the provider, which records into it
@@ -92,6 +94,7 @@ struct Trainer::Impl {
   std::unique_ptr<zero::CommTensorGroup> tensor_group;  // the model's, with tensor parallelism
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
+  model::ModelOptions model_options;  // this rank's: its tensor-parallel slice, its stage
   std::shared_ptr<TokenDataset> dataset;
   std::unique_ptr<SequenceSampler> sampler;
   std::shared_ptr<TokenDataset> eval_dataset;
@@ -106,6 +109,52 @@ struct Trainer::Impl {
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
+  // One micro-batch of this rank's step: its tokens, its share of the step's loss and its
+  // adapter dropout key.
+  struct Micro {
+    std::vector<std::int32_t> inputs, targets;
+    double share = 0;
+    std::uint64_t dropout_key = 0;
+  };
+  // The step's micro-batches through this pipeline stage in its schedule's order, activations
+  // and their gradients sent to and received from the neighbouring stages; the loss (share
+  // weighted, the last stage's) into *loss_sum, the model's time into *compute_ms.
+  Status run_pipeline(const std::vector<Micro>& micros, double* loss_sum, double* compute_ms);
+  // Forward only, one micro-batch through every stage (evaluation): its loss on the last
+  // stage, 0 on the others.
+  Result<float> pipeline_forward(const model::LlamaModel::MicroBatch& mb);
+  // "pipeline: ..." (a line) with pipeline parallelism: the stages' layers, the schedule and
+  // its bubble, and this rank's place; empty without.
+  std::string describe_pipeline() const {
+    const model::PipelineStage& st = model_options.pipeline;
+    if (!st.split()) return "";
+    std::string layers;
+    for (int v = 0; v < st.virtual_count(); ++v) {
+      const std::int64_t b = st.bounds[static_cast<std::size_t>(v)],
+                         e = st.bounds[static_cast<std::size_t>(v + 1)];
+      layers += (v == 0               ? ""
+                 : v % st.stages == 0 ? " || "
+                                      : " | ") +
+                std::to_string(b) + (e - b > 1 ? "-" + std::to_string(e - 1) : "");
+    }
+    const PipelineShape shape = config.pipeline_shape(grid->data().world_size());
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "pipeline: %d stages, %s schedule%s, layers %s | %d micro-batches a step: "
+                  "bubble %.1f%% in theory | this rank: stage %d, %d micro-batches in flight\n",
+                  st.stages, std::string(pipeline_schedule_name(config.pipeline_schedule)).c_str(),
+                  st.virtual_stages > 1
+                      ? (" (" + std::to_string(st.virtual_stages) + " chunks a stage)").c_str()
+                      : "",
+                  layers.c_str(), shape.micro_batches,
+                  100.0 * theoretical_bubble(config.pipeline_schedule, shape), st.stage,
+                  st.in_flight);
+    return buf;
+  }
+  // The model's pass span on the trace's compute row.
+  void trace_pass(const std::string& name, std::int64_t begin_ns) const {
+    if (timeline->recording()) timeline->add(mem::Lane::kCompute, name, begin_ns, now_ns());
+  }
   // Mean loss over eval_data (every rank's slice), into m's eval fields, when this step is due.
   Status maybe_evaluate(StepMetrics* m);
   // Every sequence an evaluation will read: token ids below the vocabulary, mask bytes 0 or 1.
@@ -121,12 +170,16 @@ struct Trainer::Impl {
     return s;
   }
   TrainerState state() const {
-    return TrainerState{step,
-                        step * config.batch_size,
-                        config.seed,
-                        comm->world_size(),
-                        grid->shape().tensor,
-                        config.to_json()};
+    TrainerState st;
+    st.step = step;
+    st.sequences_consumed = step * config.batch_size;
+    st.seed = config.seed;
+    st.world_size = comm->world_size();
+    st.tensor_parallel_size = grid->shape().tensor;
+    st.pipeline_parallel_size = grid->shape().pipeline;
+    if (grid->shape().pipeline > 1) st.pipeline_layers = config.pipeline_layer_counts();
+    st.config = config.to_json();
+    return st;
   }
 };
 
@@ -205,18 +258,27 @@ Status Trainer::Impl::setup() {
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
-  // tensor_parallel_size consecutive ranks split each layer; ZeRO shards over the rest.
-  const int tp = config.tensor_parallel_size;
-  if (world % tp != 0) {
-    return invalid_argument("tensor_parallel_size " + std::to_string(tp) + " must divide the " +
-                            std::to_string(world) + " ranks this run has");
+  // tensor_parallel_size consecutive ranks split each layer, pipeline_parallel_size stages hold
+  // the layers in turn; ZeRO shards over the rest.
+  const int tp = config.tensor_parallel_size, pp = config.pipeline_parallel_size;
+  if (world % (tp * pp) != 0) {
+    return invalid_argument((pp > 1 ? "tensor_parallel_size " + std::to_string(tp) +
+                                          " x pipeline_parallel_size " + std::to_string(pp) +
+                                          " = " + std::to_string(tp * pp)
+                                    : "tensor_parallel_size " + std::to_string(tp)) +
+                            " must divide the " + std::to_string(world) + " ranks this run has");
   }
   dist::GridShape shape;
-  shape.data = world / tp;
+  shape.data = world / (tp * pp);
   shape.tensor = tp;
-  STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
+  shape.pipeline = pp;
   STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
-  layout = std::make_unique<model::ParamLayout>(config.param_layout(grid->coord().tensor));
+  STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
+  STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
+  const dist::GridCoord at = grid->coord();
+  layout = std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline));
+  whole = std::make_unique<model::ParamLayout>(
+      model::ParamLayout::build(config.model, config.lora(), config.nf4_base()));
   if (world > 1) {
     // Every rank must run the same config; a mismatch would silently desynchronize them.
     const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
@@ -252,14 +314,20 @@ Status Trainer::Impl::setup() {
     options.progress = nullptr;  // rank 0 alone reports
     config.metrics_file.clear();
   }
+  // A trace of each rank where the path says {rank}, else of rank 0 alone.
+  if (const auto at = config.trace_file.find("{rank}"); at != std::string::npos) {
+    config.trace_file.replace(at, 6, std::to_string(rank));
+  } else if (rank != 0) {
+    config.trace_file.clear();
+  }
   const Tier param = config.offload_param, opt = config.offload_optimizer;
   if (param == Tier::kNvme || opt == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(swap_options(config, rank)));
   }
 
   // The model first: the memory plan counts its device workspace.
-  model::ModelOptions model_options = config.model_options();
-  model_options.tensor_parallel.rank = grid->coord().tensor;
+  model_options = config.model_options(at.pipeline, shape.data);
+  model_options.tensor_parallel.rank = at.tensor;
   if (tp > 1) {
     STRATA_ASSIGN_OR_RETURN(
         tensor_group,
@@ -268,7 +336,7 @@ Status Trainer::Impl::setup() {
   }
   model = std::make_unique<model::LlamaModel>(config.model, *layout, *device, model_options);
 
-  zero::ShardOptions sopts = shard_options(config, shape.data);
+  zero::ShardOptions sopts = shard_options(config, shape.data, at.pipeline);
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   sopts.timeline = timeline.get();  // the plan (with this rank's free swap space) is `planned`
   const zero::ZeroOptions zopts = zero_options(config);
@@ -318,7 +386,7 @@ Status Trainer::Impl::setup() {
                   " but it was trained with seed " + std::to_string(st.seed) +
                   "; the data order will differ from the original run");
     }
-    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, config.model, *layout,
+    STRATA_RETURN_IF_ERROR(load_checkpoint(ckpt, config.model, *layout, *whole,
                                            model_options.tensor_parallel, *provider, base_source,
                                            base_cache.get(), base_pieces)
                                .with_context("resuming from " + ckpt));
@@ -386,8 +454,6 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   const std::int64_t world = grid->data().world_size(), rank = grid->data().rank();
   const std::int64_t accum = config.accumulation_steps(static_cast<int>(world));
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
-  std::vector<std::int32_t> targets(inputs.size());
   // The loss is the mean over every target of the global batch that counts (all of them without
   // a loss mask), however the batch is split: each micro-batch's mean is weighted by its share.
   // Every rank counts the whole batch itself (the sampler is a function of the step).
@@ -399,39 +465,58 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
                             sampler->count_targets(batch_start + g));
     global_targets += counts[static_cast<std::size_t>(g)];
   }
-  double loss_sum = 0;
+  std::vector<Micro> micros(static_cast<std::size_t>(accum));
   for (std::int64_t micro = 0; micro < accum; ++micro) {
     // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
     // rank count: micro-batch `micro` of rank r takes its own contiguous run of them.
+    Micro& mi = micros[static_cast<std::size_t>(micro)];
+    mi.inputs.resize(static_cast<std::size_t>(mb * seq));
+    mi.targets.resize(mi.inputs.size());
     const std::int64_t first = batch_start + (micro * world + rank) * mb;
     std::int64_t micro_targets = 0;
     for (std::int64_t i = 0; i < mb; ++i) {
       STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, config.model.vocab_size,
-                                               inputs.data() + i * seq, targets.data() + i * seq));
+                                               mi.inputs.data() + i * seq,
+                                               mi.targets.data() + i * seq));
       micro_targets += counts[static_cast<std::size_t>(first + i - batch_start)];
     }
-    const double share = global_targets > 0 ? static_cast<double>(micro_targets) /
-                                                  static_cast<double>(global_targets)
-                                            : 0.0;
-    // The last micro-batch's gradients are final as they come: the update may start with them.
-    if (micro == accum - 1) {
-      provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
-    }
+    mi.share = global_targets > 0
+                   ? static_cast<double>(micro_targets) / static_cast<double>(global_targets)
+                   : 0.0;
     // Adapter dropout masks: a function of the seed and of where the micro-batch sits in the run.
-    const std::uint64_t dropout_key =
+    mi.dropout_key =
         splitmix64_at(config.seed ^ kDropoutSalt,
                       static_cast<std::uint64_t>((step * accum + micro) * world + rank));
-    STRATA_ASSIGN_OR_RETURN(
-        float loss, model->forward_backward(*provider, inputs.data(), targets.data(), mb, seq,
-                                            static_cast<float>(share), dropout_key));
-    STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
-    m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
-    loss_sum += static_cast<double>(loss) * share;
+  }
+  double loss_sum = 0;
+  if (grid->shape().pipeline > 1) {
+    STRATA_RETURN_IF_ERROR(run_pipeline(micros, &loss_sum, &m.compute_ms));
+  } else {
+    for (std::int64_t micro = 0; micro < accum; ++micro) {
+      const Micro& mi = micros[static_cast<std::size_t>(micro)];
+      // The last micro-batch's gradients are final as they come: the update may start with them.
+      if (micro == accum - 1) {
+        provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
+      }
+      const std::int64_t begin = now_ns();
+      STRATA_ASSIGN_OR_RETURN(
+          float loss, model->forward_backward(*provider, mi.inputs.data(), mi.targets.data(), mb,
+                                              seq, static_cast<float>(mi.share), mi.dropout_key));
+      STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
+      trace_pass("micro-batch " + std::to_string(micro), begin);
+      m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
+      loss_sum += static_cast<double>(loss) * mi.share;
+    }
   }
   // Compute is the model's own work: without the time it waited for overlapped updates.
   m.compute_ms -= provider->stats().since(before).optimizer_exposed_ms;
   m.loss = loss_sum;
   m.loss_tokens = global_targets;
+  // The last stage's loss to every stage (the others add zero: exact).
+  if (grid->shape().pipeline > 1) {
+    STRATA_RETURN_IF_ERROR(
+        grid->pipeline().all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss (pipeline)"));
+  }
   if (world > 1)
     STRATA_RETURN_IF_ERROR(grid->data().all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
   m.lr = schedule.lr_at(step);
@@ -492,6 +577,124 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   return m;
 }
 
+Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* loss_sum,
+                                   double* compute_ms) {
+  const model::PipelineStage& stage = model_options.pipeline;
+  const PipelineShape shape = config.pipeline_shape(grid->data().world_size());
+  const std::vector<PipelinePass> passes =
+      stage_passes(config.pipeline_schedule, shape, stage.stage);
+  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
+  const int slots = stage.in_flight;
+  STRATA_RETURN_IF_ERROR(model->prepare(*provider, mb, seq));
+  dist::Communicator& pipe = grid->pipeline();
+  const DType dt = config.precision;
+  // Each (slot, chunk)'s sends in flight: its buffers are not rewritten before they are done.
+  const auto at = [&](int slot, int chunk) {
+    return static_cast<std::size_t>(slot * stage.virtual_stages + chunk);
+  };
+  std::vector<dist::CommHandle> sent_output(at(slots, 0)), sent_grad(at(slots, 0));
+  const auto wait = [](dist::CommHandle& h) { return h.wait(); };
+  const auto named = [&](const char* what, const PipelinePass& p, int peer) {
+    return std::string(what) + " of micro-batch " + std::to_string(p.micro_batch) +
+           (stage.virtual_stages > 1 ? " (chunk " + std::to_string(p.chunk) + ")" : "") +
+           " between pipeline stages " + std::to_string(stage.stage) + " and " +
+           std::to_string(peer);
+  };
+  Status status;
+  for (std::size_t k = 0; k < passes.size() && status.is_ok(); ++k) {
+    const PipelinePass& p = passes[k];
+    const Micro& mi = micros[static_cast<std::size_t>(p.micro_batch)];
+    const int slot = p.micro_batch % slots;
+    const model::LlamaModel::MicroBatch batch{mi.inputs.data(),
+                                              mi.targets.data(),
+                                              mb,
+                                              seq,
+                                              static_cast<float>(mi.share),
+                                              mi.dropout_key,
+                                              slot};
+    const model::LlamaModel::Boundary b = model->boundary(slot, p.chunk);
+    const std::int64_t begin = now_ns();
+    status = [&]() -> Status {
+      if (p.forward) {
+        STRATA_RETURN_IF_ERROR(wait(sent_output[at(slot, p.chunk)]));
+        if (!stage.first_chunk(p.chunk)) {
+          const int from = stage.previous_stage(p.chunk);
+          STRATA_RETURN_IF_ERROR(
+              pipe.recv(b.input, b.elems, dt, from, named("activations", p, from)).wait());
+        }
+        STRATA_RETURN_IF_ERROR(model->forward_chunk(*provider, batch, p.chunk, /*train=*/true));
+        if (stage.last_chunk(p.chunk)) {
+          *loss_sum += static_cast<double>(model->loss(slot)) * mi.share;
+        } else {
+          const int to = stage.next_stage(p.chunk);
+          sent_output[at(slot, p.chunk)] =
+              pipe.send(b.output, b.elems, dt, to, named("activations", p, to));
+        }
+        return Status::ok();
+      }
+      // The stage's last pass: its gradients are final as they come, and the update may start.
+      if (k + 1 == passes.size()) {
+        provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
+      }
+      STRATA_RETURN_IF_ERROR(wait(sent_grad[at(slot, p.chunk)]));
+      if (!stage.last_chunk(p.chunk)) {
+        const int from = stage.next_stage(p.chunk);
+        STRATA_RETURN_IF_ERROR(
+            pipe.recv(b.output_grad, b.elems, dt, from, named("gradients", p, from)).wait());
+      }
+      STRATA_RETURN_IF_ERROR(model->backward_chunk(*provider, batch, p.chunk));
+      STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
+      if (!stage.first_chunk(p.chunk)) {
+        const int to = stage.previous_stage(p.chunk);
+        sent_grad[at(slot, p.chunk)] =
+            pipe.send(b.input_grad, b.elems, dt, to, named("gradients", p, to));
+      }
+      return Status::ok();
+    }();
+    trace_pass(std::string(p.forward ? "forward" : "backward") + " micro-batch " +
+                   std::to_string(p.micro_batch) + " chunk " + std::to_string(p.chunk),
+               begin);
+    *compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
+  }
+  // Every send ends before the step does (and before its buffers are rewritten).
+  for (auto* handles : {&sent_output, &sent_grad}) {
+    for (dist::CommHandle& h : *handles) {
+      if (Status s = h.wait(); !s.is_ok() && status.is_ok()) status = s;
+    }
+  }
+  return status;
+}
+
+Result<float> Trainer::Impl::pipeline_forward(const model::LlamaModel::MicroBatch& mb) {
+  const model::PipelineStage& stage = model_options.pipeline;
+  dist::Communicator& pipe = grid->pipeline();
+  const DType dt = config.precision;
+  float loss = 0;
+  // Virtual stages in order; this stage runs its chunks among them.
+  for (int chunk = 0; chunk < stage.virtual_stages; ++chunk) {
+    STRATA_RETURN_IF_ERROR(model->prepare(*provider, mb.batch, mb.seq));
+    const model::LlamaModel::Boundary b = model->boundary(mb.slot, chunk);
+    const auto named = [&](int peer) {
+      return "evaluation activations (chunk " + std::to_string(chunk) +
+             ") between pipeline stages " + std::to_string(stage.stage) + " and " +
+             std::to_string(peer);
+    };
+    if (!stage.first_chunk(chunk)) {
+      const int from = stage.previous_stage(chunk);
+      STRATA_RETURN_IF_ERROR(pipe.recv(b.input, b.elems, dt, from, named(from)).wait());
+    }
+    STRATA_RETURN_IF_ERROR(model->forward_chunk(*provider, mb, chunk, /*train=*/false));
+    if (stage.last_chunk(chunk)) {
+      loss = model->loss(mb.slot);
+    } else {
+      const int to = stage.next_stage(chunk);
+      // Waited at once: the next micro-batch rewrites the buffer.
+      STRATA_RETURN_IF_ERROR(pipe.send(b.output, b.elems, dt, to, named(to)).wait());
+    }
+  }
+  return loss;
+}
+
 std::int64_t Trainer::Impl::eval_batch_count() const {
   // eval_batches 0: the whole file once (at least one batch, which may wrap around it).
   const std::int64_t per_batch = config.micro_batch_size * grid->data().world_size();
@@ -538,11 +741,21 @@ Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
       STRATA_ASSIGN_OR_RETURN(std::int64_t c, eval_sampler->count_targets(first + i));
       n += c;
     }
-    STRATA_ASSIGN_OR_RETURN(float loss,
-                            model->forward_loss(*provider, inputs.data(), targets.data(), mb, seq));
+    float loss = 0;
+    if (grid->shape().pipeline > 1) {
+      STRATA_ASSIGN_OR_RETURN(loss, pipeline_forward({inputs.data(), targets.data(), mb, seq}));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(
+          loss, model->forward_loss(*provider, inputs.data(), targets.data(), mb, seq));
+    }
     STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
     sums[0] += static_cast<double>(loss) * static_cast<double>(n);
     sums[1] += static_cast<double>(n);
+  }
+  // The last stage's losses to every stage (the others add zero: exact).
+  if (grid->shape().pipeline > 1) {
+    STRATA_RETURN_IF_ERROR(
+        grid->pipeline().all_reduce_host(sums, 1, dist::ReduceOp::kSum, "eval loss (pipeline)"));
   }
   if (world > 1) {
     STRATA_RETURN_IF_ERROR(
@@ -577,7 +790,7 @@ Result<std::string> Trainer::save() {
   }
   STRATA_ASSIGN_OR_RETURN(
       impl_->last_checkpoint,
-      save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout,
+      save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout, *impl_->whole,
                       impl_->config.lora(), *impl_->provider, *impl_->grid, impl_->state()));
   return impl_->last_checkpoint;
 }
@@ -759,15 +972,19 @@ std::string Trainer::peaks_against_plan() const {
 std::string Trainer::describe() const {
   const Impl& s = *impl_;
   const auto& c = s.config.model;
-  int partitioned = 0;
-  for (const auto& p : s.provider->partition().groups()) partitioned += p.replicated ? 0 : 1;
+  int partitioned = 0, held = 0;  // of this rank's stage's groups
+  for (const auto& p : s.provider->partition().groups()) {
+    if (s.layout->group(p.group).num_elems == 0) continue;
+    partitioned += p.replicated ? 0 : 1;
+    ++held;
+  }
   char buf[1024];
   std::snprintf(
       buf, sizeof(buf),
       "model: %lld parameters (%lld layers, hidden %lld, heads %lld/%lld kv, vocab %lld)\n"
       "precision %s | device %s (limit %s) | offload_param %s | offload_optimizer %s%s%s\n"
       "data: %s (%lld tokens, %s) | seq_len %lld | batch %lld = %lld micro-batches of %lld x %d "
-      "rank(s) | ZeRO stage %d, %d of %d parameter groups partitioned%s\n",
+      "data-parallel rank(s) | ZeRO stage %d, %d of %d parameter groups partitioned%s\n",
       static_cast<long long>(s.planned.parameters), static_cast<long long>(c.num_hidden_layers),
       static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
       static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size),
@@ -781,7 +998,7 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.config.seq_len), static_cast<long long>(s.config.batch_size),
       static_cast<long long>(s.config.accumulation_steps(s.grid->data().world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.grid->data().world_size(),
-      s.config.zero_stage, partitioned, s.layout->num_groups(),
+      s.config.zero_stage, partitioned, held,
       s.config.tensor_parallel_size > 1
           ? (" | each layer split over " + std::to_string(s.config.tensor_parallel_size) +
              " tensor-parallel ranks" +
@@ -789,9 +1006,10 @@ std::string Trainer::describe() const {
                                          : ""))
                 .c_str()
           : "");
-  const std::string finetune = describe_finetune(s.config, *s.layout);
+  const std::string finetune = describe_finetune(s.config, *s.whole);
   const std::string cache = s.base_cache ? s.base_cache->describe() + "\n" : "";
-  return buf + (finetune.empty() ? "" : finetune + "\n") + cache + s.provider->plan().describe();
+  return buf + s.describe_pipeline() + (finetune.empty() ? "" : finetune + "\n") + cache +
+         s.provider->plan().describe();
 }
 
 }  // namespace strata::train

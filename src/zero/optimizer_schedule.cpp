@@ -183,8 +183,11 @@ void OptimizerSchedule::reset_step_flags(bool keep_touched) {
   const auto n = static_cast<std::size_t>(shards_.num_groups());
   std::lock_guard lock(step_mu_);
   updated_.assign(n, false);
-  // A frozen group's working copy is never written: it is as updated as it will be.
-  for (std::size_t g = 0; g < n; ++g) updated_[g] = shards_.frozen(static_cast<int>(g));
+  // A frozen group's working copy is never written (nor an empty one's): it is as updated as it
+  // will be.
+  for (std::size_t g = 0; g < n; ++g) {
+    updated_[g] = shards_.frozen(static_cast<int>(g)) || shards_.empty(static_cast<int>(g));
+  }
   if (!keep_touched) touched_.assign(n, false);
   ready_.assign(n, false);
   cancel_ = false;

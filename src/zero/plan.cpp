@@ -415,6 +415,7 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
     }
     for (int g = n - 1; g >= 0; --g) {
       const GroupPartition& p = group(g);
+      if (p.full_elems == 0) continue;  // another pipeline stage's group
       Held& h = held[static_cast<std::size_t>(g)];
       if (options.stage == 3) {  // backward: the group, and the one below gathered ahead
         if (g == n - 1 || !options.gather_ahead) gather(g);
@@ -442,7 +443,7 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
     if (options.stage < 3) {  // after the step, the new parameters' all-gathers, bucketed
       std::vector<std::pair<int, std::int64_t>> shards;
       for (const auto& p : groups) {
-        if (!p.replicated) shards.emplace_back(p.group, p.shard_elems);
+        if (!p.replicated && p.shard_elems > 0) shards.emplace_back(p.group, p.shard_elems);
       }
       for (const Bucket& b : plan_buckets(shards, gather_cap)) {
         if (b.whole_group()) continue;  // straight into the group's full parameters

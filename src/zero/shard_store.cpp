@@ -168,7 +168,9 @@ Status ShardStore::create_store() {
                        bool transient = false) -> Result<mem::Handle> {
     mem::TensorSpec spec;
     spec.name = name;
-    spec.size_bytes = bytes;
+    // A group another pipeline stage holds has no elements here: a byte stands in for it (the
+    // store holds no empty tensors), and nothing reads or writes it.
+    spec.size_bytes = std::max<std::size_t>(bytes, 1);
     spec.home = home;
     spec.transient = transient;
     spec.home_initialized = false;  // load_master writes it, or the first gradient
@@ -559,7 +561,7 @@ std::vector<StepGroup> ShardStore::step_groups(std::vector<int>* ids) const {
   ids->clear();
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = *groups_[gi];
-    if (g.frozen()) continue;
+    if (g.frozen() || g.n == 0) continue;
     ids->push_back(static_cast<int>(gi));
     StepGroup sg{g.spec->name, g.n,          g.master,
                  g.exp_avg,    g.exp_avg_sq, step_grad(static_cast<int>(gi))};

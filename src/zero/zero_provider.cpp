@@ -33,22 +33,23 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
       ShardStore::create(partition->local_layout(), device, swap, shard_options, plan));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSchedule> schedule,
                           OptimizerSchedule::create(*shards, device, shard_options));
-  return std::unique_ptr<ZeroProvider>(new ZeroProvider(full, std::move(partition),
-                                                        std::move(shards), std::move(schedule),
-                                                        comm, grid.tensor(), device, options));
+  return std::unique_ptr<ZeroProvider>(
+      new ZeroProvider(full, std::move(partition), std::move(shards), std::move(schedule), comm,
+                       grid.tensor(), grid.pipeline(), device, options));
 }
 
 ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                            std::unique_ptr<ShardStore> shards,
                            std::unique_ptr<OptimizerSchedule> schedule, dist::Communicator& comm,
-                           dist::Communicator& tensor, device::Device& device,
-                           const ZeroOptions& options)
+                           dist::Communicator& tensor, dist::Communicator& pipeline,
+                           device::Device& device, const ZeroOptions& options)
     : full_(full),
       partition_(std::move(partition)),
       shards_(std::move(shards)),
       schedule_(std::move(schedule)),
       comm_(comm),
       tensor_(tensor),
+      pipeline_(pipeline),
       device_(device),
       options_(options),
       dsize_(dtype_size(options.compute_dtype)),
@@ -553,19 +554,31 @@ Status ZeroProvider::finish_micro_batch() {
 
 Result<double> ZeroProvider::grad_norm() {
   STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, schedule_->grad_sums_of_squares());
-  double sum = 0;
+  // Each group's sum over the ranks holding its parts, then the groups' sums in group order:
+  // the same additions whatever the pipeline stages (each holds its own groups; the others'
+  // sums are zero here, and adding zero is exact).
+  std::vector<double> by_group(static_cast<std::size_t>(full_.num_groups()), 0.0);
   for (const auto& p : partition_->groups()) {
     // A replicated group's gradient is the same on every rank: count it once.
-    if (!p.replicated || comm_.rank() == 0) sum += sums.at(static_cast<std::size_t>(p.group));
+    const auto g = static_cast<std::size_t>(p.group);
+    if (!p.replicated || comm_.rank() == 0) by_group[g] = sums.at(g);
   }
+  const int n = static_cast<int>(by_group.size());
   if (comm_.world_size() > 1) {
-    STRATA_RETURN_IF_ERROR(comm_.all_reduce_host(&sum, 1, dist::ReduceOp::kSum, "gradient norm"));
+    STRATA_RETURN_IF_ERROR(
+        comm_.all_reduce_host(by_group.data(), n, dist::ReduceOp::kSum, "gradient norm"));
   }
   // Each tensor-parallel rank's slices (its duplicates already left out).
   if (tensor_.world_size() > 1) {
-    STRATA_RETURN_IF_ERROR(
-        tensor_.all_reduce_host(&sum, 1, dist::ReduceOp::kSum, "gradient norm (tensor)"));
+    STRATA_RETURN_IF_ERROR(tensor_.all_reduce_host(by_group.data(), n, dist::ReduceOp::kSum,
+                                                   "gradient norm (tensor)"));
   }
+  if (pipeline_.world_size() > 1) {
+    STRATA_RETURN_IF_ERROR(pipeline_.all_reduce_host(by_group.data(), n, dist::ReduceOp::kSum,
+                                                     "gradient norm (pipeline)"));
+  }
+  double sum = 0;
+  for (const double s : by_group) sum += s;
   return std::sqrt(sum);
 }
 

@@ -19,128 +19,14 @@
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/multirank_runs.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
 
-using testing::TempDir;
+using namespace testing;  // NOLINT: the multi-rank run helpers
 namespace fs = std::filesystem;
-
-int run(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-// Each mpirun gets its own session directory: concurrent mpiruns sharing /tmp/ompi.* race when
-// one removes the shared parent while another creates its own entry in it.
-std::string mpirun(const TempDir& dir, int np) {
-  return "OMPI_MCA_orte_tmpdir_base=" + dir.path() +
-         " mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np " +
-         std::to_string(np) + " ";
-}
-
-Json config(const TempDir& dir, const std::string& name) {
-  std::string text;
-  for (int i = 0; i < 300; ++i) text += "partitioned shards gather and scatter across ranks. ";
-  Json j = Json::parse(R"({
-    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 64},
-    "seq_len": 16, "batch_size": 8, "micro_batch_size": 2, "max_steps": 3,
-    "precision": "fp32", "optimizer": {"lr": 0.01, "weight_decay": 0.1}, "grad_clip": 0.5,
-    "threads": 1, "param_persistence_threshold": 0, "dist_timeout_s": 60
-  })");
-  if (!fs::exists(dir.file("data.txt"))) dir.write("data.txt", text);
-  j["data"] = {{"path", dir.file("data.txt")}, {"format", "text"}};
-  j["save_dir"] = dir.file(name + "/ckpt");
-  j["metrics_file"] = dir.file(name + "/metrics.jsonl");
-  j["swap_paths"] = {dir.file(name + "/swap-{rank}")};
-  return j;
-}
-
-std::vector<double> losses(const std::string& metrics) {
-  std::vector<double> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(Json::parse(line)["loss"].get<double>());
-  return out;
-}
-
-// Every tensor of a safetensors file, in its order, as fp32.
-std::vector<float> tensors(const std::string& file) {
-  auto r = model::SafetensorsReader::open(file);
-  EXPECT_TRUE(r.is_ok()) << r.status().message();
-  std::vector<float> all;
-  if (!r.is_ok()) return all;
-  for (const auto& e : r->entries()) {
-    std::vector<float> t(static_cast<std::size_t>((e.end - e.begin) / 4));
-    EXPECT_TRUE(r->read(e.name, e.shape, t.data(), DType::kF32).is_ok());
-    all.insert(all.end(), t.begin(), t.end());
-  }
-  return all;
-}
-
-std::vector<float> weights(const std::string& model_dir) {
-  return tensors(model_dir + "/model.safetensors");
-}
-
-// Trains `j` with np ranks (np = 1 runs without mpirun); returns the exit code.
-int train(const TempDir& dir, const Json& j, const std::string& name, int np,
-          const std::string& extra = "") {
-  fs::create_directories(dir.file(name));
-  for (int r = 0; r < 4; ++r) fs::create_directories(dir.file(name + "/swap-" + std::to_string(r)));
-  dir.write(name + "/config.json", j.dump());
-  const std::string cmd = (np > 1 ? mpirun(dir, np) : std::string()) + STRATA_CLI + " train " +
-                          dir.file(name + "/config.json") + " " + extra + " >" +
-                          dir.file(name + "/out.txt") + " 2>" + dir.file(name + "/err.txt");
-  return run(cmd);
-}
-
-void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << "step " << i + 1;
-}
-
-// Weights after `steps` AdamW steps at learning rate `lr`, trained with different world sizes:
-// the ranks sum the micro-batch gradients in another order ((a+b)+(c+d) instead of
-// ((a+b)+c)+d), and so do different BLAS kernels, which moves a gradient by an ulp of partial
-// sums that may nearly cancel. Adam turns that into an update difference that does not scale
-// with |w|: a gradient near eps (1e-8) gets lr * eps * dg / (|g| + eps)^2, and every step moves
-// any weight by about lr whatever its size. Measured: up to 1e-3 * lr over 3 steps between world
-// sizes and OpenBLAS kernels. A real bug (a lost micro-batch, a wrong shard) moves weights by
-// about lr per step, so the bound is 1% of lr per step, plus the weights' own rounding (an ulp
-// per step). The losses are checked tightly beside this. (A gradient scaled uniformly, as by
-// wrong averaging, moves no weight: Adam and clipping are invariant to it.)
-void expect_weights_close(const std::vector<float>& a, const std::vector<float>& b, double lr,
-                          int steps) {
-  ASSERT_EQ(a.size(), b.size());
-  std::size_t bad = 0, worst_at = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double ulp = std::abs(std::nextafter(b[i], INFINITY) - b[i]);
-    const double bound = steps * (0.01 * lr + ulp);
-    const double err = std::abs(static_cast<double>(a[i]) - b[i]);
-    if (err / bound > worst) worst = err / bound, worst_at = i;
-    if (!(err <= bound)) ++bad;
-  }
-  EXPECT_EQ(bad, 0u) << "of " << a.size() << " weights, worst " << worst << "x its bound (weight "
-                     << worst_at << ": " << a[worst_at] << ", want " << b[worst_at] << ")";
-}
-
-// Trains `j` as run `name` on np ranks (its own checkpoints, metrics and swap) and expects the
-// losses and 3-step weights of the one-rank run.
-void expect_same_run_as(const TempDir& dir, Json j, const std::string& name, int np,
-                        const std::vector<double>& ref_loss, const std::vector<float>& ref_w) {
-  j["save_dir"] = dir.file(name + "/ckpt");
-  j["metrics_file"] = dir.file(name + "/metrics.jsonl");
-  j["swap_paths"] = {dir.file(name + "/swap-{rank}")};
-  ASSERT_EQ(train(dir, j, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
-  expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
-  expect_weights_close(weights(dir.file(name + "/ckpt/step-00000003/model")), ref_w,
-                       j["optimizer"]["lr"].get<double>(), 3);
-}
 
 struct Case {
   int stage;
@@ -167,7 +53,7 @@ TEST_P(ZeroEquivalence, SameLossesAndWeightsAsOneRank) {
     j["reduce_bucket_bytes"] = "6KB";
     j["allgather_bucket_bytes"] = "5KB";
   }
-  ASSERT_EQ(train(dir, j, "w1", 1), 0) << fs::path(dir.file("w1/err.txt"));
+  ASSERT_EQ(run_train(dir, j, "w1", 1), 0) << fs::path(dir.file("w1/err.txt"));
   const auto ref_loss = losses(dir.file("w1/metrics.jsonl"));
   const auto ref_w = weights(dir.file("w1/ckpt/step-00000003/model"));
   ASSERT_EQ(ref_loss.size(), 3u);
@@ -213,7 +99,7 @@ TEST(ZeroLossMask, SameLossesWeightsAndEvalLossOnEveryRankCount) {
   j["eval_data"] = {{"path", dir.file("heldout.u16")}, {"format", "u16"}};
   j["offload_optimizer"] = "cpu";
   j["offload_param"] = "cpu";
-  ASSERT_EQ(train(dir, j, "m1", 1), 0) << std::ifstream(dir.file("m1/err.txt")).rdbuf();
+  ASSERT_EQ(run_train(dir, j, "m1", 1), 0) << std::ifstream(dir.file("m1/err.txt")).rdbuf();
   const auto ref_loss = losses(dir.file("m1/metrics.jsonl"));
   const auto ref_w = weights(dir.file("m1/ckpt/step-00000003/model"));
   auto eval_loss = [](const std::string& metrics) {
@@ -255,7 +141,7 @@ TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
     const auto adapters = [&](const std::string& name) {
       return tensors(dir.file(name + "/ckpt/step-00000003/adapter_model.safetensors"));
     };
-    ASSERT_EQ(train(dir, j, "a1", 1), 0) << std::ifstream(dir.file("a1/err.txt")).rdbuf();
+    ASSERT_EQ(run_train(dir, j, "a1", 1), 0) << std::ifstream(dir.file("a1/err.txt")).rdbuf();
     const auto ref_loss = losses(dir.file("a1/metrics.jsonl"));
     const auto ref_a = adapters("a1");
     ASSERT_FALSE(ref_a.empty());
@@ -267,7 +153,8 @@ TEST(ZeroAdapters, LoraAndQloraTrainTheSameAdaptersOnEveryRankCount) {
       k["save_dir"] = dir.file(name + "/ckpt");
       k["metrics_file"] = dir.file(name + "/metrics.jsonl");
       k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
-      ASSERT_EQ(train(dir, k, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+      ASSERT_EQ(run_train(dir, k, name, np), 0)
+          << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
       expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
       expect_weights_close(adapters(name), ref_a, j["optimizer"]["lr"].get<double>(), 3);
     }
@@ -285,7 +172,7 @@ TEST(ZeroTensorParallel, SplitLayersTrainTheLossesAndWeightsOfOneRank) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
   Json j = config(dir, "t1");
-  ASSERT_EQ(train(dir, j, "t1", 1), 0) << std::ifstream(dir.file("t1/err.txt")).rdbuf();
+  ASSERT_EQ(run_train(dir, j, "t1", 1), 0) << std::ifstream(dir.file("t1/err.txt")).rdbuf();
   const auto ref_loss = losses(dir.file("t1/metrics.jsonl"));
   const auto ref_w = weights(dir.file("t1/ckpt/step-00000003/model"));
   ASSERT_EQ(ref_loss.size(), 3u);
@@ -332,7 +219,7 @@ TEST(ZeroTensorParallel, Bf16SplitRunsAreTheSameInEveryTierAndTrackTheUnsplitOne
     k["tensor_parallel_size"] = tensor;
     k["offload_param"] = offload;
     k["offload_optimizer"] = offload;
-    EXPECT_EQ(train(dir, k, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    EXPECT_EQ(run_train(dir, k, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     return losses(dir.file(name + "/metrics.jsonl"));
   };
   const auto whole = run_named("whole", 1, 1, "none");
@@ -363,7 +250,7 @@ TEST(ZeroTensorParallel, CheckpointsResumeOnAnotherGrid) {
     k["tensor_parallel_size"] = tensor;
     return k;
   };
-  ASSERT_EQ(train(dir, configured("full", 1), "full", 1), 0)
+  ASSERT_EQ(run_train(dir, configured("full", 1), "full", 1), 0)
       << std::ifstream(dir.file("full/err.txt")).rdbuf();
   const auto full = losses(dir.file("full/metrics.jsonl"));
   const auto full_w = weights(dir.file("full/ckpt/step-00000005/model"));
@@ -381,7 +268,8 @@ TEST(ZeroTensorParallel, CheckpointsResumeOnAnotherGrid) {
     const std::string name = "save" + std::to_string(s.np) + "x" + std::to_string(s.tensor);
     Json k = configured(name, s.tensor);
     k["save_every"] = 3;
-    ASSERT_EQ(train(dir, k, name, s.np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    ASSERT_EQ(run_train(dir, k, name, s.np), 0)
+        << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     const auto state = read_json_file(dir.file(name + "/ckpt/step-00000003/trainer_state.json"));
     ASSERT_TRUE(state.is_ok()) << state.status().message();
     EXPECT_EQ((*state)["world_size"], s.np);
@@ -393,8 +281,8 @@ TEST(ZeroTensorParallel, CheckpointsResumeOnAnotherGrid) {
         "save" + std::to_string(r.from.np) + "x" + std::to_string(r.from.tensor);
     const std::string name = from + "-on-" + std::to_string(r.np) + "x" + std::to_string(r.tensor);
     SCOPED_TRACE(name);
-    ASSERT_EQ(train(dir, configured(name, r.tensor), name, r.np,
-                    "--resume " + dir.file(from + "/ckpt/step-00000003")),
+    ASSERT_EQ(run_train(dir, configured(name, r.tensor), name, r.np,
+                        "--resume " + dir.file(from + "/ckpt/step-00000003")),
               0)
         << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     expect_close(losses(dir.file(name + "/metrics.jsonl")), {full[3], full[4]}, 1e-5);
@@ -419,7 +307,7 @@ TEST(ZeroTensorParallel, CheckpointsResumeOnAnotherGrid) {
     edited["tensor_parallel_size"] = tensor;
     ASSERT_TRUE(write_json_file(state_file, edited).is_ok());
     const std::string name = "refused" + std::to_string(tensor);
-    EXPECT_NE(train(dir, configured(name, 1), name, 1, "--resume " + ckpt), 0);
+    EXPECT_NE(run_train(dir, configured(name, 1), name, 1, "--resume " + ckpt), 0);
     std::stringstream err;
     err << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     EXPECT_NE(err.str().find(want), std::string::npos) << err.str();
@@ -504,7 +392,7 @@ TEST(ZeroFamilies, BiasesAndQkNormsShardAndSplitLikeAnyTensor) {
     j["optimizer"]["eps"] = 1e-6;
     j["offload_optimizer"] = "cpu";
     j["offload_param"] = "cpu";
-    ASSERT_EQ(train(dir, j, "f1", 1), 0) << std::ifstream(dir.file("f1/err.txt")).rdbuf();
+    ASSERT_EQ(run_train(dir, j, "f1", 1), 0) << std::ifstream(dir.file("f1/err.txt")).rdbuf();
     const auto ref_loss = losses(dir.file("f1/metrics.jsonl"));
     const auto ref_w = weights(dir.file("f1/ckpt/step-00000003/model"));
     expect_same_run_as(dir, j, "f2", 2, ref_loss, ref_w);
@@ -541,7 +429,7 @@ void expect_every_schedule_bit_identical(const Json& changes, int np) {
     Json j = config(dir, mode);
     j.merge_patch(changes);
     j["optimizer_overlap"] = mode;
-    ASSERT_EQ(train(dir, j, mode, np), 0)
+    ASSERT_EQ(run_train(dir, j, mode, np), 0)
         << std::ifstream(dir.file(std::string(mode) + "/err.txt")).rdbuf();
     loss.push_back(losses(dir.file(std::string(mode) + "/metrics.jsonl")));
     w.push_back(weights(dir.file(std::string(mode) + "/ckpt/step-00000003/model")));
@@ -629,7 +517,7 @@ TEST(ZeroEstimate, EveryTierWithinTenPercentOfTheRunAtEveryStage) {
     j["precision"] = c.precision;
     j["save_dir"] = "";
     if (*c.device_limit != 0) j["device_memory_limit"] = c.device_limit;
-    ASSERT_EQ(train(dir, j, name, 2), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    ASSERT_EQ(run_train(dir, j, name, 2), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     std::ifstream metrics(dir.file(name + "/metrics.jsonl"));
     std::string line;
     std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
@@ -669,7 +557,7 @@ TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
   Json j = config(dir, "full");
   j["max_steps"] = 5;
   j["offload_optimizer"] = "cpu";
-  ASSERT_EQ(train(dir, j, "full", 1), 0);
+  ASSERT_EQ(run_train(dir, j, "full", 1), 0);
   const auto full = losses(dir.file("full/metrics.jsonl"));
   ASSERT_EQ(full.size(), 5u);
 
@@ -677,7 +565,7 @@ TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
   first["max_steps"] = 5;
   first["offload_optimizer"] = "cpu";
   first["save_every"] = 3;
-  ASSERT_EQ(train(dir, first, "first", 2, "--set max_steps=5"), 0);
+  ASSERT_EQ(run_train(dir, first, "first", 2, "--set max_steps=5"), 0);
   const std::string ckpt = dir.file("first/ckpt/step-00000003");
   ASSERT_TRUE(fs::exists(ckpt + "/optimizer-00001-of-00002.safetensors"));
   for (int np : {1, 4}) {
@@ -686,7 +574,7 @@ TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
     Json k = config(dir, name);
     k["max_steps"] = 5;
     k["offload_optimizer"] = "cpu";
-    ASSERT_EQ(train(dir, k, name, np, "--resume " + ckpt), 0)
+    ASSERT_EQ(run_train(dir, k, name, np, "--resume " + ckpt), 0)
         << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
     const auto tail = losses(dir.file(name + "/metrics.jsonl"));
     expect_close(tail, {full[3], full[4]}, 1e-5);
@@ -710,34 +598,6 @@ TEST(ZeroFailures, MicroBatchThatDoesNotFitTheRanksSuggestsOneThatDoes) {
                            "with 2 ranks use --set micro_batch_size=4"),
             std::string::npos)
       << err.str();
-}
-
-// Two ranks train until `fault` (strata train --inject-fault KIND:1:3: rank 1, step 3)
-// strikes; returns how the job ended.
-struct FaultedRun {
-  int rc = 0;
-  double seconds = 0;
-  std::string err;
-};
-FaultedRun run_with_fault(TempDir& dir, const std::string& name, const std::string& fault,
-                          int timeout_s, const Json& changes = Json::object()) {
-  Json j = config(dir, name);
-  j["max_steps"] = 100000;
-  j["dist_timeout_s"] = timeout_s;
-  j.merge_patch(changes);
-  fs::create_directories(dir.file(name));
-  dir.write(name + "/config.json", j.dump());
-  const std::string cmd = mpirun(dir, 2) + STRATA_CLI + " train " +
-                          dir.file(name + "/config.json") + " --inject-fault " + fault + ":1:3 >" +
-                          dir.file(name + "/out.txt") + " 2>" + dir.file(name + "/err.txt");
-  FaultedRun r;
-  const auto start = std::chrono::steady_clock::now();
-  r.rc = run(cmd);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::stringstream err;
-  err << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
-  r.err = err.str();
-  return r;
 }
 
 // Rank 1 kills itself (SIGKILL) when step 3 starts.

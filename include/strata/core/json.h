@@ -47,6 +47,7 @@ class JsonReader {
   void read_bytes(const std::string& key, std::uint64_t* out);
   void read(const std::string& key, std::vector<std::string>* out);
   void read(const std::string& key, std::vector<double>* out);
+  void read(const std::string& key, std::vector<std::int64_t>* out);
 
   // Reports every key in the object that no read()/raw() call asked for, listing valid keys.
   void reject_unknown(const std::vector<std::string>& extra_known = {});

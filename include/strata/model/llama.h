@@ -12,6 +12,7 @@
 #include "strata/model/lora.h"
 #include "strata/model/param_layout.h"
 #include "strata/model/param_provider.h"
+#include "strata/model/pipeline_stage.h"
 #include "strata/model/tensor_group.h"
 
 namespace strata::model {
@@ -36,6 +37,10 @@ struct ModelOptions {
   // all-gathers before the column-parallel products and reduce-scatters after the row-parallel
   // ones take the place of the all-reduces, and the norms' weight gradients are summed.
   bool sequence_parallel = false;
+  // Pipeline parallelism: the model is this stage's chunks of layers (the layout must be
+  // ParamLayout::build(..., pipeline)), run a chunk at a time by forward_chunk and
+  // backward_chunk.
+  PipelineStage pipeline{};
 };
 
 struct StepTimings {
@@ -65,6 +70,44 @@ class LlamaModel {
   Result<float> forward_loss(ParamProvider& provider, const std::int32_t* inputs,
                              const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
 
+  // ---- One pipeline stage's passes (ModelOptions::pipeline; forward_backward is one stage's
+  // forward_chunk then backward_chunk) ----
+  struct MicroBatch {
+    const std::int32_t* inputs = nullptr;   // host [batch * seq]
+    const std::int32_t* targets = nullptr;  // host [batch * seq]; < 0 ignored
+    std::int64_t batch = 0, seq = 0;
+    float grad_scale = 1;  // the gradient is of (mean loss * grad_scale)
+    std::uint64_t dropout_key = 0;
+    // Which of the stage's PipelineStage::in_flight activation sets the micro-batch uses, from
+    // its first forward here until its last backward.
+    int slot = 0;
+  };
+  // Makes the workspace of this shape (boundary() is valid after it).
+  Status prepare(ParamProvider& provider, std::int64_t batch, std::int64_t seq);
+  // Chunk `chunk`'s layers forward: on the first virtual stage after the embedding of
+  // mb.inputs, else from what boundary().input holds (the previous virtual stage's output). On
+  // the last virtual stage the head and the loss follow (loss(slot)), and with `train` the head's
+  // backward down to boundary().output_grad.
+  Status forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk, bool train);
+  // Chunk `chunk`'s layers backward from boundary().output_grad (the next virtual stage's input
+  // gradient, or the head's) to the gradient of the chunk's input: into the embedding's on the
+  // first virtual stage, else into boundary().input_grad. Gradients go to the provider as in
+  // forward_backward.
+  Status backward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk);
+  // Where a chunk's tensors crossing stages lie for slot `slot`: device buffers of `elems`
+  // elements in the compute dtype ([local_rows, hidden]), valid until the next prepare.
+  struct Boundary {
+    void* input;         // the chunk's input: received before forward_chunk
+    const void* output;  // its output: to send after forward_chunk
+    void* output_grad;   // its output's gradient: received before backward_chunk
+    const void*
+        input_grad;  // its input's gradient: to send after backward_chunk (null on the first)
+    std::int64_t elems;
+  };
+  Boundary boundary(int slot, int chunk) const;
+  // The mean loss of the micro-batch in `slot`, after the last virtual stage's forward_chunk.
+  float loss(int slot) const;
+
   // Decoding one sequence with a KV cache. begin_decode takes a workspace for up to
   // `max_positions` tokens (prompt and generated) fed `max_rows` at a time, and forgets any
   // earlier sequence; decode feeds the next `n` tokens (the prompt, then one at a time) and
@@ -82,16 +125,20 @@ class LlamaModel {
   static std::uint64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                         std::int64_t batch, std::int64_t seq);
   // With activation_checkpointing, the bytes of each checkpointed activation
-  // (ParamProvider::write_activation: num_hidden_layers + 1 of them, each a [batch * seq, hidden]
-  // tensor in the compute dtype); 0 without.
+  // (ParamProvider::write_activation: a [batch * seq, hidden] tensor in the compute dtype); 0
+  // without.
   static std::uint64_t checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
                                         std::int64_t batch, std::int64_t seq);
-  // How many checkpointed activations a step writes: num_hidden_layers + 1, or 0 without.
+  // How many checkpointed activations the provider holds at most: the input of every layer but
+  // each chunk's first (which, like a chunk's output, stays in the workspace), for each
+  // micro-batch in flight; 0 without.
   static int num_checkpoints(const LlamaConfig& config, const ModelOptions& options);
   // Bytes of the pinned host buffer a training step asks for (ParamProvider::host_io): token
-  // ids, targets and losses, an int32 or f32 each per token; split over `tensor_parallel` ranks,
-  // the ranks' cross-entropy statistics too (3 per rank and 2 more f32 per token).
-  static std::uint64_t host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel = 1);
+  // ids, targets and losses, an int32 or f32 each per token and micro-batch in flight; split over
+  // `tensor_parallel` ranks, the ranks' cross-entropy statistics too (3 per rank and 2 more f32
+  // per token).
+  static std::uint64_t host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel = 1,
+                                     int in_flight = 1);
 
   const StepTimings& last_timings() const { return timings_; }
   const LlamaConfig& config() const { return config_; }

@@ -11,6 +11,7 @@
 #include "strata/core/dtype.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
+#include "strata/model/pipeline_stage.h"
 
 namespace strata::model {
 
@@ -143,11 +144,16 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // do not change, and each group lists the tensors whose gradient this rank counts in the norm
 // first, then its duplicates (ParamGroup::duplicate_begin). Seeded values do not depend on the
 // order (TensorSpec::draw_first).
+//
+// With a pipeline `stage` that splits the model, every group keeps its id and name but the groups
+// another stage holds are empty (no tensors, no elements): the embedding off stage 0, the head
+// off the last stage, each layer (and its adapters) off the stage holding it.
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config,
                            const std::optional<LoraConfig>& lora = std::nullopt,
-                           bool nf4_base = false, TensorParallel tp = {});
+                           bool nf4_base = false, TensorParallel tp = {},
+                           const PipelineStage& stage = {});
   // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
   static ParamLayout from_groups(std::vector<ParamGroup> groups);
   // This layout with every group frozen (generation: nothing trains).
@@ -163,6 +169,11 @@ class ParamLayout {
   // Layer `layer`'s adapter group; -1 without adapters.
   int adapter_group(int layer) const { return adapters_ ? 2 + num_layers_ + layer : -1; }
   bool is_adapter(int group) const { return adapters_ && group >= adapter_group(0); }
+  // The pipeline stage the layout is of, and the stage that holds group `group` (0 unsplit),
+  // or that would under `stage`'s split.
+  const PipelineStage& pipeline() const { return stage_; }
+  int stage_of(int group) const { return stage_of(group, stage_); }
+  int stage_of(int group, const PipelineStage& stage) const;
   std::int64_t total_elems() const { return total_elems_; }
   // Number of real parameters (without padding).
   std::int64_t num_parameters() const { return num_parameters_; }
@@ -177,6 +188,7 @@ class ParamLayout {
   std::vector<ParamGroup> groups_;
   int num_layers_ = 0;
   bool adapters_ = false;
+  PipelineStage stage_;
   std::int64_t total_elems_ = 0;
   std::int64_t num_parameters_ = 0;
 };

@@ -4,8 +4,8 @@
 // each rank's shard of the Adam moments (trainable groups only), and the trainer state. Everything
 // is written under a temporary name, fsynced and renamed into place, so an earlier checkpoint is
 // never damaged by a failed or interrupted save. model/ holds every tensor whole whatever the
-// tensor-parallel size, and a checkpoint saved on one grid (data x tensor) resumes on any other
-// that can split the model.
+// tensor-parallel size and pipeline stages, and a checkpoint saved on one grid (data x tensor x
+// pipeline) resumes on any other that can split the model.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +29,13 @@ struct TrainerState {
   std::int64_t step = 0;                // optimizer steps completed
   std::int64_t sequences_consumed = 0;  // position of the data sampler
   std::uint64_t seed = 0;
-  int world_size = 1;            // ranks that wrote the optimizer shards
-  int tensor_parallel_size = 1;  // the grid they formed: data-parallel size world_size / this
-  Json config;                   // the run's config, for reference
+  int world_size = 1;              // ranks that wrote the optimizer shards
+  int tensor_parallel_size = 1;    // the grid they formed: data-parallel size world_size / (this
+  int pipeline_parallel_size = 1;  // x pipeline_parallel_size)
+  // Pipeline: each virtual stage's layers (pipeline_parallel_size x its virtual stages counts);
+  // empty without.
+  std::vector<std::int64_t> pipeline_layers;
+  Json config;  // the run's config, for reference
 };
 
 // "optimizer-00001-of-00004.safetensors"
@@ -44,9 +48,11 @@ Status copy_tokenizer_files(const std::string& from, const std::string& to);
 
 // Collective: every rank of `grid` calls it. Writes <save_dir>/step-<N> and points
 // <save_dir>/latest at it. Returns the checkpoint path. `layout`: this rank's (its tensor-parallel
-// slices); `lora`: the adapters' config when the layout has adapters.
+// slices of its pipeline stage's groups); `whole`: the run's layout unsplit (every group whole);
+// `lora`: the adapters' config when the layout has adapters.
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
                                     const model::ParamLayout& layout,
+                                    const model::ParamLayout& whole,
                                     const std::optional<model::LoraConfig>& lora,
                                     zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                     const TrainerState& state);
@@ -57,13 +63,15 @@ Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<TrainerState> read_trainer_state(const std::string& checkpoint);
 // Loads master weights (from model/, or with adapters the frozen groups from `base` and the
 // adapters from the checkpoint) and this rank's moments (resharded from whatever grid saved them)
-// into the provider. `layout` is this rank's, tensor-parallel rank `tp` of `config`'s split; the
-// checkpoint's model must match it. `base_cache`: a
+// into the provider. `layout` is this rank's, tensor-parallel rank `tp` of `config`'s split, of
+// its pipeline stage; `whole` the run's layout unsplit; the checkpoint's model must match them.
+// `base_cache`: a
 // quantized base's working copies kept between runs, `base_pieces` the base a piece at a time
 // (ShardStore::load_master).
 Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& config,
-                       const model::ParamLayout& layout, model::TensorParallel tp,
-                       zero::ZeroProvider& provider, const model::GroupSource& base = nullptr,
+                       const model::ParamLayout& layout, const model::ParamLayout& whole,
+                       model::TensorParallel tp, zero::ZeroProvider& provider,
+                       const model::GroupSource& base = nullptr,
                        zero::WorkingCopyCache* base_cache = nullptr,
                        const model::GroupRangeSource& base_pieces = nullptr);
 

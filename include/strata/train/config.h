@@ -21,6 +21,7 @@
 #include "strata/optim/schedule.h"
 #include "strata/tensor/tensor.h"
 #include "strata/train/data.h"
+#include "strata/train/pipeline_schedule.h"
 #include "strata/zero/bucket.h"
 #include "strata/zero/plan.h"
 
@@ -92,6 +93,15 @@ struct TrainConfig {
   // Megatron's sequence parallelism over the tensor-parallel ranks: the residual stream and the
   // norms hold 1/tensor_parallel_size of the tokens (ModelOptions::sequence_parallel).
   bool sequence_parallel = false;
+  // Pipeline parallelism: this many stages, each holding consecutive layers (the embedding on
+  // the first, the final norm, the LM head and the loss on the last), the step's micro-batches
+  // streaming through them in `pipeline_schedule`'s order; under "interleaved" each stage holds
+  // `virtual_stages` chunks of layers. pipeline_layers: the layers of each virtual stage (P x V
+  // counts); empty: balanced by each layer's and the head's arithmetic (balance_stages).
+  int pipeline_parallel_size = 1;
+  PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
+  int virtual_stages = 1;
+  std::vector<std::int64_t> pipeline_layers;
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
   dist::CommBackend dist_backend = dist::CommBackend::kAuto;
@@ -151,10 +161,16 @@ struct TrainConfig {
   bool nf4_base() const { return finetune.method == FinetuneMethod::kQlora; }
   // The parameter layout of this run: the model's groups, with adapters and the base's format.
   // Split over tensor_parallel_size ranks, tensor-parallel rank `tensor_rank`'s slices.
-  model::ParamLayout param_layout(int tensor_rank = 0) const {
-    return model::ParamLayout::build(model, lora(), nf4_base(),
-                                     {tensor_parallel_size, tensor_rank});
+  // Of pipeline stage `pipeline_rank`, its layers only (the other stages' groups empty).
+  model::ParamLayout param_layout(int tensor_rank = 0, int pipeline_rank = 0) const {
+    return model::ParamLayout::build(model, lora(), nf4_base(), {tensor_parallel_size, tensor_rank},
+                                     pipeline_stage(pipeline_rank));
   }
+  // Pipeline stage `stage`'s layers: each virtual stage's count from pipeline_layers, else
+  // balanced.
+  model::PipelineStage pipeline_stage(int stage) const;
+  // The layers of each virtual stage, P x V of them (pipeline_layers, else balanced).
+  std::vector<std::int64_t> pipeline_layer_counts() const;
   // Micro-batches per optimizer step on each of `ranks` data-parallel ranks.
   std::int64_t accumulation_steps(int ranks = 1) const {
     return batch_size / (micro_batch_size * ranks);
@@ -164,8 +180,16 @@ struct TrainConfig {
   Status check_batch_split(int ranks) const;
   // The device the config asks for (kind, budget, GPU index, TF32, attention, threads).
   device::DeviceOptions device_options() const;
-  // The model's options the config asks for (compute dtype, activation checkpointing).
-  model::ModelOptions model_options() const;
+  // The model's options the config asks for (compute dtype, activation checkpointing), as
+  // pipeline stage `pipeline_rank` runs them with `data_ranks` data-parallel ranks (whose
+  // micro-batches set how many the stage holds at once).
+  model::ModelOptions model_options(int pipeline_rank = 0, int data_ranks = 1) const;
+  // The pipeline's shape with `data_ranks` data-parallel ranks: its micro-batches are each
+  // rank's gradient-accumulation micro-batches.
+  PipelineShape pipeline_shape(int data_ranks) const {
+    return {pipeline_parallel_size, static_cast<int>(accumulation_steps(data_ranks)),
+            virtual_stages};
+  }
   // The config as JSON with every key (defaults filled in): saved in checkpoints.
   Json to_json() const;
 };

@@ -30,7 +30,10 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank);
 // The shard options a config resolves into on `world` ranks, with the model's activation
 // workspace and checkpointed activations for one micro-batch: the trainer's and the estimate's
 // one source.
-zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks);
+zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int pipeline_rank = 0);
+// The pipeline's shape (its stages, each data-parallel rank's micro-batches, its chunks) can run
+// its schedule: else the error naming the values.
+Status check_pipeline_shape(const TrainConfig& config, int data_ranks);
 
 // The ZeRO options a config resolves into (stage, dtype, bucket sizes within the device budget).
 zero::ZeroOptions zero_options(const TrainConfig& config);

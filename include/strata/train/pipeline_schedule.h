@@ -3,6 +3,7 @@
 // measures the bubble the schedule leaves against the theory.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -16,6 +17,8 @@ enum class PipelineSchedule : std::uint8_t {
   k1F1B,         // "1f1b": warm-up forwards, one forward one backward, cool-down backwards
   kInterleaved,  // "interleaved": each stage holds V chunks of layers, V times as many passes
 };
+inline constexpr std::array<PipelineSchedule, 2> kPipelineSchedules = {
+    PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved};
 std::string_view pipeline_schedule_name(PipelineSchedule schedule);  // "1f1b", "interleaved"
 
 // The shape of a step's pipeline: P stages, M micro-batches, V layer chunks per stage (1 for
@@ -51,6 +54,11 @@ std::vector<PipelinePass> stage_passes(PipelineSchedule schedule, const Pipeline
 // The largest number of micro-batches whose forward a stage has run and whose backward it has not
 // (the activations it holds at once), over the stage's passes.
 int peak_in_flight(const std::vector<PipelinePass>& passes);
+
+// The most micro-batches a stage holds some activation of at once: from its first forward (of
+// chunk 0) until its last backward (of chunk 0). They enter and leave in order, so micro-batch m
+// may use activation set m % peak_micro_batches.
+int peak_micro_batches(const std::vector<PipelinePass>& passes);
 
 // All stages run their passes in order, each pass starting when its stage is free and its inputs
 // exist (a forward after the previous virtual stage's forward of that micro-batch; a backward

@@ -209,6 +209,8 @@ class ShardStore {
   // ---- what the optimizer schedule works with ----
   int num_groups() const { return static_cast<int>(groups_.size()); }
   bool frozen(int group) const { return layout_.group(group).frozen; }
+  // No elements here (another pipeline stage's group): nothing to update.
+  bool empty(int group) const { return layout_.group(group).num_elems == 0; }
   bool trains() const {  // some group is not frozen
     return std::any_of(layout_.groups().begin(), layout_.groups().end(),
                        [](const model::ParamGroup& g) { return !g.frozen; });

@@ -81,7 +81,8 @@ class ZeroProvider final : public model::ParamProvider {
   Status finish_micro_batch();
 
   // Global gradient norm over all ranks (replicated groups counted once, and each tensor
-  // parallel duplicate once), after the last micro-batch's finish_micro_batch.
+  // parallel duplicate once), after the last micro-batch's finish_micro_batch: the same bits
+  // whatever the pipeline stages.
   Result<double> grad_norm();
   // Optimizer step on every rank's shard, then (stages 1-2) re-gathers the full parameters.
   Status step(double lr, std::int64_t step, float grad_scale);
@@ -170,15 +171,16 @@ class ZeroProvider final : public model::ParamProvider {
 
   ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                std::unique_ptr<ShardStore> shards, std::unique_ptr<OptimizerSchedule> schedule,
-               dist::Communicator& comm, dist::Communicator& tensor, device::Device& device,
-               const ZeroOptions& options);
+               dist::Communicator& comm, dist::Communicator& tensor, dist::Communicator& pipeline,
+               device::Device& device, const ZeroOptions& options);
 
   const model::ParamLayout& full_;
   std::unique_ptr<Partition> partition_;
   std::unique_ptr<ShardStore> shards_;  // this rank's part: partition_->local_layout()
   std::unique_ptr<OptimizerSchedule> schedule_;
-  dist::Communicator& comm_;    // the data-parallel ranks ZeRO shards over
-  dist::Communicator& tensor_;  // the tensor-parallel ranks, each with its own slices
+  dist::Communicator& comm_;      // the data-parallel ranks ZeRO shards over
+  dist::Communicator& tensor_;    // the tensor-parallel ranks, each with its own slices
+  dist::Communicator& pipeline_;  // the pipeline stages, each with its own groups
   device::Device& device_;
   ZeroOptions options_;
   std::size_t dsize_;

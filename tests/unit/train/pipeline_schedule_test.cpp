@@ -8,7 +8,9 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 namespace strata::train {
 namespace {
@@ -56,6 +58,58 @@ TEST(PipelineScheduleTest, EveryStageRunsEachPassOnceForwardFirst) {
       if (c.schedule == PipelineSchedule::k1F1B) {
         // 1F1B's memory promise: stage s holds at most P - s micro-batches' activations.
         EXPECT_EQ(peak_in_flight(passes), std::min(c.shape.stages - s, c.shape.micro_batches));
+      }
+    }
+  }
+}
+
+// Every tensor a stage sends to another arrives in the order the receiver asks for it (the
+// trainer posts each receive just before the pass that reads it): the order NCCL matches
+// point-to-point operations in, with no tags.
+TEST(PipelineScheduleTest, EachStageReceivesInTheOrderItsPeerSends) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    const int p = c.shape.stages, last = c.shape.virtual_count() - 1;
+    // (from, to) -> the messages in order: (gradient?, micro-batch, sender's virtual stage).
+    std::map<std::pair<int, int>, std::vector<std::tuple<bool, int, int>>> sent, received;
+    for (int s = 0; s < p; ++s) {
+      for (const PipelinePass& pass : stage_passes(c.schedule, c.shape, s)) {
+        const int v = pass.chunk * p + s;
+        if (pass.forward) {
+          if (v > 0) received[{(v - 1) % p, s}].emplace_back(false, pass.micro_batch, v - 1);
+          if (v < last) sent[{s, (v + 1) % p}].emplace_back(false, pass.micro_batch, v);
+        } else {
+          if (v < last) received[{(v + 1) % p, s}].emplace_back(true, pass.micro_batch, v + 1);
+          if (v > 0) sent[{s, (v - 1) % p}].emplace_back(true, pass.micro_batch, v);
+        }
+      }
+    }
+    EXPECT_EQ(sent, received);
+  }
+}
+
+// Micro-batch m may use activation set m % peak_micro_batches: no two it holds at once share one.
+TEST(PipelineScheduleTest, MicroBatchesHeldAtOnceNeverShareASlot) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    for (int s = 0; s < c.shape.stages; ++s) {
+      const auto passes = stage_passes(c.schedule, c.shape, s);
+      const int slots = peak_micro_batches(passes);
+      ASSERT_GE(slots, 1);
+      ASSERT_LE(slots, c.shape.micro_batches);
+      std::map<int, int> holder;  // slot -> the micro-batch in it
+      for (const PipelinePass& pass : passes) {
+        const int slot = pass.micro_batch % slots;
+        if (pass.forward && pass.chunk == 0) {
+          EXPECT_EQ(holder.count(slot), 0u) << "stage " << s << " micro-batch " << pass.micro_batch;
+          holder[slot] = pass.micro_batch;
+        } else {
+          EXPECT_EQ(holder.at(slot), pass.micro_batch) << "stage " << s;
+          if (!pass.forward && pass.chunk == 0) holder.erase(slot);
+        }
+      }
+      if (c.schedule == PipelineSchedule::k1F1B) {
+        EXPECT_EQ(slots, std::min(c.shape.stages - s, c.shape.micro_batches));
       }
     }
   }

@@ -1,0 +1,359 @@
+// Pipeline parallelism under mpirun: stages train the losses and weights of one stage to the bit
+// (1F1B and interleaved, every ZeRO stage and tier, with tensor and data parallelism), checkpoints
+// resume on other grids, the schedule the trace records is the schedule's, bad shapes are refused
+// and a stuck stage ends the run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strata/build_config.h"
+#include "strata/core/json.h"
+#include "strata/train/config.h"
+#include "strata/train/pipeline_schedule.h"
+#include "tests/testing/multirank_runs.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using namespace testing;  // NOLINT: the multi-rank run helpers
+namespace fs = std::filesystem;
+
+// The multi-rank tests' model with 4 layers (a stage each at P = 4) and an evaluation set.
+Json pipeline_config(const TempDir& dir, const std::string& name) {
+  Json j = config(dir, name);
+  j["model"]["num_hidden_layers"] = 4;
+  if (!fs::exists(dir.file("eval.txt"))) {
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "stages hand activations down and gradients back. ";
+    dir.write("eval.txt", text);
+  }
+  j["eval_data"] = {{"path", dir.file("eval.txt")}, {"format", "text"}};
+  j["eval_batches"] = 2;
+  return j;
+}
+
+std::string read_text(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path).rdbuf();
+  return s.str();
+}
+
+// Trains `k` as run `name` on np ranks; expects it to end well.
+void train_ok(const TempDir& dir, Json k, const std::string& name, int np,
+              const std::string& extra = "") {
+  k["save_dir"] = dir.file(name + "/ckpt");
+  k["metrics_file"] = dir.file(name + "/metrics.jsonl");
+  k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
+  ASSERT_EQ(run_train(dir, k, name, np, extra), 0) << read_text(dir.file(name + "/err.txt"));
+}
+
+std::vector<double> metric(const std::string& metrics, const char* key) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const Json j = Json::parse(line);
+    if (j.contains(key)) out.push_back(j[key].get<double>());
+  }
+  return out;
+}
+
+// The same micro-batches summed in the same order: losses, gradient norms, evaluation losses and
+// weights are the reference run's bits (a resumed run's: the reference's last steps).
+void expect_same_bits(const TempDir& dir, const std::string& name, const std::string& ref,
+                      std::int64_t step = 3) {
+  const auto metrics = [&](const std::string& run) { return dir.file(run + "/metrics.jsonl"); };
+  for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
+    const auto got = metric(metrics(name), key);
+    auto want = metric(metrics(ref), key);
+    if (got.size() < want.size()) want.erase(want.begin(), want.end() - got.size());
+    EXPECT_EQ(got, want) << key;
+  }
+  EXPECT_FALSE(metric(metrics(name), "loss").empty());
+  const std::string at = "/ckpt/step-0000000" + std::to_string(step) + "/model";
+  const auto got = weights(dir.file(name + at)), want = weights(dir.file(ref + at));
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(got == want) << "weights differ from " << ref;
+}
+
+// P = 2 and 4 stages, 1F1B and interleaved (2 chunks a stage), at every ZeRO stage with
+// parameters and optimizer states on the device, the host or NVMe, checkpointed activations,
+// bf16, and clipping that triggers (grad_clip 0.5 here) or not: the bits of one stage.
+TEST(ZeroPipeline, StagesTrainTheBitsOfOneStage) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const Json base = pipeline_config(dir, "p1");
+  struct Run {
+    std::string name;
+    int np;
+    Json changes;
+  };
+  const Json none = Json::object();
+  const std::vector<Run> refs = {
+      {"p1", 1, none},
+      {"p1-noclip", 1, {{"grad_clip", 0}}},
+      {"p1-bf16", 1, {{"precision", "bf16"}}},
+  };
+  for (const Run& r : refs) {
+    Json k = base;
+    k.merge_patch(r.changes);
+    train_ok(dir, k, r.name, r.np);
+  }
+  ASSERT_GT(metric(dir.file("p1/metrics.jsonl"), "grad_norm").front(), 0.5) << "clipping";
+  const std::vector<std::pair<Run, std::string>> runs = {
+      {{"p2", 2, {{"pipeline_parallel_size", 2}}}, "p1"},
+      {{"p4-cpu",
+        4,
+        {{"pipeline_parallel_size", 4}, {"offload_optimizer", "cpu"}, {"offload_param", "cpu"}}},
+       "p1"},
+      {{"p2-stage1-nvme",
+        2,
+        {{"pipeline_parallel_size", 2}, {"zero_stage", 1}, {"offload_optimizer", "nvme"}}},
+       "p1"},
+      {{"p2-stage2-cpu",
+        2,
+        {{"pipeline_parallel_size", 2}, {"zero_stage", 2}, {"offload_optimizer", "cpu"}}},
+       "p1"},
+      {{"p2-nvme-ckpt",
+        2,
+        {{"pipeline_parallel_size", 2},
+         {"offload_optimizer", "nvme"},
+         {"offload_param", "nvme"},
+         {"activation_checkpointing", true}}},
+       "p1"},
+      {{"p2-interleaved", 2, {{"pipeline_parallel_size", 2}, {"pipeline_schedule", "interleaved"}}},
+       "p1"},
+      {{"p2-layers-1-3", 2, {{"pipeline_parallel_size", 2}, {"pipeline_layers", {1, 3}}}}, "p1"},
+      {{"p2-noclip", 2, {{"pipeline_parallel_size", 2}, {"grad_clip", 0}}}, "p1-noclip"},
+      {{"p2-bf16", 2, {{"pipeline_parallel_size", 2}, {"precision", "bf16"}}}, "p1-bf16"},
+  };
+  for (const auto& [r, ref] : runs) {
+    SCOPED_TRACE(r.name);
+    Json k = base;
+    k.merge_patch(r.changes);
+    train_ok(dir, k, r.name, r.np);
+    expect_same_bits(dir, r.name, ref);
+  }
+  const std::string out = read_text(dir.file("p2-interleaved/out.txt"));
+  EXPECT_NE(out.find("pipeline: 2 stages, interleaved schedule (2 chunks a stage), layers 0 | 1 "
+                     "|| 2 | 3 | 4 micro-batches a step"),
+            std::string::npos)
+      << out;
+}
+
+// 3D: data x pipeline (2 x 2) and tensor x pipeline x data (2 x 2 x 2 on 8 ranks) train the bits
+// of the same grid without the pipeline, and the split grid stays within the tensor-parallel
+// bounds of one rank.
+TEST(ZeroPipeline, ThreeDGridsTrainTheBitsOfTheirGridWithoutAPipeline) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json base = pipeline_config(dir, "x");
+  base["offload_optimizer"] = "cpu";
+  const auto with = [&](Json changes) {
+    Json k = base;
+    k.merge_patch(changes);
+    return k;
+  };
+  train_ok(dir, base, "one", 1);
+  train_ok(dir, base, "d2", 2);
+  train_ok(dir, with({{"pipeline_parallel_size", 2}}), "d2p2", 4);
+  expect_same_bits(dir, "d2p2", "d2");
+  train_ok(dir, with({{"tensor_parallel_size", 2}}), "t2d2", 4);
+  train_ok(dir, with({{"tensor_parallel_size", 2}, {"pipeline_parallel_size", 2}}), "t2p2d2", 8);
+  expect_same_bits(dir, "t2p2d2", "t2d2");
+  expect_close(losses(dir.file("t2p2d2/metrics.jsonl")), losses(dir.file("one/metrics.jsonl")),
+               1e-5);
+  expect_weights_close(weights(dir.file("t2p2d2/ckpt/step-00000003/model")),
+                       weights(dir.file("one/ckpt/step-00000003/model")),
+                       base["optimizer"]["lr"].get<double>(), 3);
+}
+
+// A checkpoint records its pipeline and resumes on another: 2 stages on one, one stage on 2
+// (the same bits as the uninterrupted run: resharding moves values, never rounds them), and
+// 2 x 2 x 2 (tensor x pipeline x data) on 8 data-parallel ranks (within the bounds of a run on
+// another grid).
+TEST(ZeroPipeline, CheckpointsResumeOnAnotherPipeline) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json base = pipeline_config(dir, "x");
+  base["max_steps"] = 5;
+  base["offload_optimizer"] = "cpu";
+  base.erase("eval_data");
+  base.erase("eval_batches");
+  const auto with = [&](Json changes) {
+    Json k = base;
+    k.merge_patch(changes);
+    return k;
+  };
+  train_ok(dir, base, "full", 1);
+  train_ok(dir, with({{"save_every", 3}, {"pipeline_parallel_size", 2}}), "save-p2", 2);
+  const auto state = read_json_file(dir.file("save-p2/ckpt/step-00000003/trainer_state.json"));
+  ASSERT_TRUE(state.is_ok()) << state.status().message();
+  EXPECT_EQ((*state)["pipeline_parallel_size"], 2);
+  EXPECT_EQ((*state)["pipeline_layers"], Json({3, 1}));
+  train_ok(dir, with({{"save_every", 3}}), "save-p1", 1);
+  const auto resumed = [&](const std::string& from) {
+    return "--resume " + dir.file(from + "/ckpt/step-00000003");
+  };
+  train_ok(dir, base, "p2-on-p1", 1, resumed("save-p2"));
+  expect_same_bits(dir, "p2-on-p1", "full", 5);
+  train_ok(dir, with({{"pipeline_parallel_size", 2}, {"pipeline_schedule", "interleaved"}}),
+           "p1-on-p2i", 2, resumed("save-p1"));
+  expect_same_bits(dir, "p1-on-p2i", "full", 5);
+  // The full run's last two steps: the resumed runs' metrics hold those alone.
+  EXPECT_EQ(metric(dir.file("p2-on-p1/metrics.jsonl"), "loss").size(), 2u);
+
+  train_ok(dir,
+           with({{"save_every", 3},
+                 {"tensor_parallel_size", 2},
+                 {"pipeline_parallel_size", 2},
+                 {"micro_batch_size", 1}}),
+           "save-3d", 8);
+  train_ok(dir, with({{"micro_batch_size", 1}}), "3d-on-d8", 8, resumed("save-3d"));
+  expect_close(
+      losses(dir.file("3d-on-d8/metrics.jsonl")),
+      {losses(dir.file("full/metrics.jsonl"))[3], losses(dir.file("full/metrics.jsonl"))[4]}, 1e-5);
+  expect_weights_close(weights(dir.file("3d-on-d8/ckpt/step-00000005/model")),
+                       weights(dir.file("full/ckpt/step-00000005/model")),
+                       base["optimizer"]["lr"].get<double>(), 5);
+
+  // A pipeline that cannot have cut this model is refused, naming the file and the value.
+  const std::string ckpt = dir.file("save-p2/ckpt/step-00000003");
+  Json edited = *state;
+  edited["pipeline_layers"] = {2, 1};
+  ASSERT_TRUE(write_json_file(ckpt + "/trainer_state.json", edited).is_ok());
+  Json k = base;
+  k["save_dir"] = "";
+  ASSERT_NE(run_train(dir, k, "bad-state", 1, "--resume " + ckpt), 0);
+  const std::string err = read_text(dir.file("bad-state/err.txt"));
+  EXPECT_NE(err.find("trainer_state.json: pipeline_layers [2,1] cannot cut this model over "
+                     "pipeline_parallel_size 2"),
+            std::string::npos)
+      << err;
+}
+
+// Each stage's passes as its trace recorded them are the schedule's (strata's stage_passes), and
+// the bubble the stages' traces show, on one clock, is near the theory's.
+TEST(ZeroPipeline, TheTraceFollowsTheSchedule) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  for (const char* schedule : {"1f1b", "interleaved"}) {
+    SCOPED_TRACE(schedule);
+    const std::string name = std::string("trace-") + schedule;
+    Json k = pipeline_config(dir, name);
+    k.erase("eval_data");
+    k.erase("eval_batches");
+    k["max_steps"] = 1;
+    k["pipeline_parallel_size"] = 2;
+    k["pipeline_schedule"] = schedule;
+    k["trace_file"] = dir.file(name + "/trace-{rank}.json");
+    train_ok(dir, k, name, 2);
+    auto parsed = train::parse_train_config(k, "test");
+    ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+    for (int stage = 0; stage < 2; ++stage) {
+      auto trace = read_json_file(dir.file(name + "/trace-" + std::to_string(stage) + ".json"));
+      ASSERT_TRUE(trace.is_ok()) << trace.status().message();
+      std::vector<std::pair<double, std::string>> passes;
+      for (const Json& e : (*trace)["traceEvents"]) {
+        const std::string n = e.value("name", "");
+        if (n.starts_with("forward micro-batch") || n.starts_with("backward micro-batch")) {
+          passes.emplace_back(e["ts"].get<double>(), n);
+        }
+      }
+      std::sort(passes.begin(), passes.end());
+      std::vector<std::string> want;
+      for (const train::PipelinePass& p :
+           train::stage_passes(parsed->pipeline_schedule, parsed->pipeline_shape(1), stage)) {
+        want.push_back(std::string(p.forward ? "forward" : "backward") + " micro-batch " +
+                       std::to_string(p.micro_batch) + " chunk " + std::to_string(p.chunk));
+      }
+      std::vector<std::string> got;
+      for (const auto& [ts, n] : passes) got.push_back(n);
+      EXPECT_EQ(got, want) << "stage " << stage;
+    }
+  }
+}
+
+// Shapes the pipeline cannot run are refused before anything is allocated, naming the values.
+TEST(ZeroPipeline, ShapesThatCannotRunAreRefused) {
+  TempDir dir;
+  const Json base = pipeline_config(dir, "x");
+  const auto refusal = [&](const Json& changes) {
+    Json k = base;
+    k.merge_patch(changes);
+    auto c = train::parse_train_config(k, "test.json");
+    return c.is_ok() ? std::string("accepted") : c.status().message();
+  };
+  const auto expect_refused = [&](const Json& changes, const std::string& want) {
+    const std::string got = refusal(changes);
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+  };
+  expect_refused({{"virtual_stages", 2}},
+                 "'virtual_stages': 2 chunks a stage need pipeline_schedule \"interleaved\"");
+  expect_refused({{"pipeline_schedule", "interleaved"}},
+                 "\"interleaved\" needs pipeline_parallel_size above 1");
+  expect_refused(
+      {{"pipeline_schedule", "interleaved"}, {"pipeline_parallel_size", 2}, {"virtual_stages", 1}},
+      "the interleaved schedule needs 2 or more chunks a stage, got 1");
+  expect_refused({{"pipeline_parallel_size", 4}, {"pipeline_schedule", "interleaved"}},
+                 "'pipeline_parallel_size': 4 x virtual_stages 2 = 8 virtual stages need at "
+                 "least as many layers; the model has 4");
+  expect_refused({{"pipeline_parallel_size", 2}, {"pipeline_layers", {1, 2}}},
+                 "'pipeline_layers': sums to 3 layers; the model has 4");
+  expect_refused({{"pipeline_parallel_size", 2}, {"pipeline_layers", {4}}},
+                 "'pipeline_layers': has 1 counts; expected one per stage (2)");
+  expect_refused({{"pipeline_parallel_size", 2}, {"pipeline_layers", {4, 0}}},
+                 "count 1 is 0; every stage needs at least one layer");
+  expect_refused({{"pipeline_parallel_size", 2}, {"pipeline_layers", {1.5, 2.5}}},
+                 "'pipeline_layers': expected a list of whole numbers");
+  expect_refused({{"pipeline_parallel_size", 2}, {"model", {{"tie_word_embeddings", true}}}},
+                 "tie_word_embeddings shares its embedding between the first and the last "
+                 "stage");
+  expect_refused({{"pipeline_schedule", "gpipe"}}, "pipeline_schedule");
+
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  // The grid and the step's micro-batches are known once the ranks are.
+  for (const auto& [np, changes, want] :
+       {std::tuple{3, Json{{"pipeline_parallel_size", 2}},
+                   "pipeline_parallel_size 2 = 2 must divide the 3 ranks this run has"},
+        std::tuple{2,
+                   Json{{"pipeline_parallel_size", 2},
+                        {"pipeline_schedule", "interleaved"},
+                        {"batch_size", 6}},
+                   "micro-batches 3: the interleaved schedule takes them 2 at a time (one per "
+                   "stage); use a multiple of 2"}}) {
+    SCOPED_TRACE(want);
+    Json k = base;
+    k.merge_patch(changes);
+    k["save_dir"] = "";
+    ASSERT_NE(run_train(dir, k, "refused", np), 0);
+    const std::string err = read_text(dir.file("refused/err.txt"));
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+  }
+}
+
+// A stage that stops for good (rank 1, the second stage, as step 3 starts) ends the run: the
+// first stage's wait for its gradients times out naming the stages and the operation.
+TEST(ZeroPipeline, StuckStageEndsTheRunNamingTheStagesAndTheOperation) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const FaultedRun r = run_with_fault(
+      dir, "stuck-pp", "stall", 3,
+      {{"pipeline_parallel_size", 2}, {"save_dir", ""}, {"model", {{"num_hidden_layers", 4}}}});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("between pipeline stages 0 and 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("did not complete in time; a peer rank may have died or be stuck"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
+}
+
+}  // namespace
+}  // namespace strata
