@@ -70,6 +70,7 @@ Json StepMetrics::to_json() const {
          {"planned_nvme_bytes", planned_nvme_bytes},
          {"predicted_rss_bytes", predicted_rss_bytes},
          {"comm_bytes", comm_bytes},
+         {"sent_bytes", sent_bytes},
          {"loss_tokens", loss_tokens}};
   if (eval_loss) {
     j["eval_loss"] = *eval_loss;
@@ -310,15 +311,14 @@ Status Trainer::Impl::setup() {
   EstimateOptions plan_options;
   plan_options.rank = rank;
   STRATA_ASSIGN_OR_RETURN(planned, estimate_with_changes(config, world, plan_options));
-  if (rank != 0) {
-    options.progress = nullptr;  // rank 0 alone reports
-    config.metrics_file.clear();
-  }
-  // A trace of each rank where the path says {rank}, else of rank 0 alone.
-  if (const auto at = config.trace_file.find("{rank}"); at != std::string::npos) {
-    config.trace_file.replace(at, 6, std::to_string(rank));
-  } else if (rank != 0) {
-    config.trace_file.clear();
+  if (rank != 0) options.progress = nullptr;  // rank 0 alone reports
+  // Metrics and a trace of each rank where the path says {rank}, else of rank 0 alone.
+  for (std::string* path : {&config.metrics_file, &config.trace_file}) {
+    if (const auto at = path->find("{rank}"); at != std::string::npos) {
+      path->replace(at, 6, std::to_string(rank));
+    } else if (rank != 0) {
+      path->clear();
+    }
   }
   const Tier param = config.offload_param, opt = config.offload_optimizer;
   if (param == Tier::kNvme || opt == Tier::kNvme) {
@@ -569,6 +569,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.comm_bytes = (comm_after.all_gather_bytes - comm_before.all_gather_bytes) +
                  (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
                  (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);
+  m.sent_bytes = comm_after.sent_bytes - comm_before.sent_bytes;
   if (auto mem = sys::read_process_memory(); mem.is_ok()) m.peak_rss_bytes = mem->peak_rss_bytes;
   m.planned_device_bytes = planned.plan.peak(Tier::kDevice);
   m.planned_host_bytes = planned.plan.peak(Tier::kHost);
@@ -613,7 +614,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
                                               mi.dropout_key,
                                               slot};
     const model::LlamaModel::Boundary b = model->boundary(slot, p.chunk);
-    const std::int64_t begin = now_ns();
+    std::int64_t begin = 0;  // the pass's own work, after what it waited to receive
     status = [&]() -> Status {
       if (p.forward) {
         STRATA_RETURN_IF_ERROR(wait(sent_output[at(slot, p.chunk)]));
@@ -622,6 +623,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
           STRATA_RETURN_IF_ERROR(
               pipe.recv(b.input, b.elems, dt, from, named("activations", p, from)).wait());
         }
+        begin = now_ns();
         STRATA_RETURN_IF_ERROR(model->forward_chunk(*provider, batch, p.chunk, /*train=*/true));
         if (stage.last_chunk(p.chunk)) {
           *loss_sum += static_cast<double>(model->loss(slot)) * mi.share;
@@ -642,6 +644,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
         STRATA_RETURN_IF_ERROR(
             pipe.recv(b.output_grad, b.elems, dt, from, named("gradients", p, from)).wait());
       }
+      begin = now_ns();
       STRATA_RETURN_IF_ERROR(model->backward_chunk(*provider, batch, p.chunk));
       STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
       if (!stage.first_chunk(p.chunk)) {
@@ -651,9 +654,11 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
       }
       return Status::ok();
     }();
-    trace_pass(std::string(p.forward ? "forward" : "backward") + " micro-batch " +
-                   std::to_string(p.micro_batch) + " chunk " + std::to_string(p.chunk),
-               begin);
+    if (begin != 0) {
+      trace_pass(std::string(p.forward ? "forward" : "backward") + " micro-batch " +
+                     std::to_string(p.micro_batch) + " chunk " + std::to_string(p.chunk),
+                 begin);
+    }
     *compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
   }
   // Every send ends before the step does (and before its buffers are rewritten).

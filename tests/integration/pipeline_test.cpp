@@ -148,6 +148,39 @@ TEST(ZeroPipeline, StagesTrainTheBitsOfOneStage) {
       << out;
 }
 
+// LoRA and QLoRA on a frozen base cut into stages: each stage trains its layers' adapters (and
+// the modules saved whole beside them) to the bits of one stage.
+TEST(ZeroPipeline, AdaptersTrainTheBitsOfOneStage) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  for (const auto& [method, saved] :
+       {std::pair{"lora", Json{"lm_head", "post_attention_layernorm"}},
+        std::pair{"qlora", Json{"embed_tokens", "norm"}}}) {
+    SCOPED_TRACE(method);
+    Json k = pipeline_config(dir, method);
+    k["finetune"] = {{"method", method},
+                     {"r", 4},
+                     {"alpha", 8},
+                     {"target_modules", "all-linear"},
+                     {"modules_to_save", saved}};
+    k["offload_optimizer"] = "cpu";
+    const std::string one = std::string(method) + "-p1", two = std::string(method) + "-p2";
+    train_ok(dir, k, one, 1);
+    k["pipeline_parallel_size"] = 2;
+    train_ok(dir, k, two, 2);
+    for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
+      EXPECT_EQ(metric(dir.file(two + "/metrics.jsonl"), key),
+                metric(dir.file(one + "/metrics.jsonl"), key))
+          << key;
+    }
+    const auto adapters = [&](const std::string& name) {
+      return tensors(dir.file(name + "/ckpt/step-00000003/adapter_model.safetensors"));
+    };
+    ASSERT_FALSE(adapters(one).empty());
+    EXPECT_TRUE(adapters(two) == adapters(one));
+  }
+}
+
 // 3D: data x pipeline (2 x 2) and tensor x pipeline x data (2 x 2 x 2 on 8 ranks) train the bits
 // of the same grid without the pipeline, and the split grid stays within the tensor-parallel
 // bounds of one rank.

@@ -50,6 +50,7 @@ struct StepMetrics {
   std::uint64_t planned_device_bytes = 0, planned_host_bytes = 0, planned_nvme_bytes = 0;
   std::uint64_t predicted_rss_bytes = 0;
   std::uint64_t comm_bytes = 0;  // payload of this rank's collectives in the step
+  std::uint64_t sent_bytes = 0;  // point-to-point payload it sent (pipeline stage boundaries)
   std::int64_t loss_tokens = 0;  // targets the loss averaged over (all but masked-out ones)
   // Evaluation on eval_data after this step, when it was due.
   std::optional<double> eval_loss, eval_ppl;
