@@ -1,6 +1,7 @@
 // Strict parsing of the training config.
 #include "strata/train/config.h"
 
+#include <algorithm>
 #include <array>
 
 #include "strata/model/hf_checkpoint.h"
@@ -284,6 +285,11 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("tensor_parallel_size", &c.tensor_parallel_size, 1, 1 << 16);
   r.read("sequence_parallel", &c.sequence_parallel);
   r.read("pipeline_parallel_size", &c.pipeline_parallel_size, 1, 1 << 16);
+  {
+    std::string parallelism = "manual";
+    r.read_choice("parallelism", &parallelism, {"manual", "auto"});
+    c.parallelism_auto = parallelism == "auto";
+  }
   read_enum(r, "pipeline_schedule", &c.pipeline_schedule, kPipelineSchedules,
             pipeline_schedule_name);
   // Interleaving's default: two chunks a stage.
@@ -365,7 +371,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     // The CUDA backend sizes its arena from this; refuse to guess.
     errors.push_back("'device_memory_limit': required with device \"cuda\" (e.g. \"20GiB\")");
   }
-  if (c.sequence_parallel && c.tensor_parallel_size == 1) {
+  if (c.sequence_parallel && c.tensor_parallel_size == 1 && !c.parallelism_auto) {
     errors.push_back(
         "'sequence_parallel': splits the tokens over the tensor-parallel ranks; it needs "
         "tensor_parallel_size above 1");
@@ -400,7 +406,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
           "got " +
           std::to_string(c.virtual_stages));
     }
-    if (c.pipeline_parallel_size < 2) {
+    if (c.pipeline_parallel_size < 2 && !c.parallelism_auto) {
       errors.push_back("'pipeline_schedule': \"interleaved\" needs pipeline_parallel_size above 1");
     }
   }
@@ -422,6 +428,12 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
         errors.push_back("'pipeline_layers': " + p);
       }
     }
+  }
+  if (c.parallelism_auto && (c.tensor_parallel_size != 1 || c.pipeline_parallel_size != 1 ||
+                             !c.pipeline_layers.empty())) {
+    errors.push_back(
+        "'parallelism': \"auto\" chooses tensor_parallel_size and pipeline_parallel_size (and "
+        "each stage's layers); leave them out, or use \"manual\"");
   }
   if (c.pipeline_parallel_size > 1 && has_model && c.model.tie_word_embeddings) {
     errors.push_back(
@@ -478,20 +490,42 @@ device::DeviceOptions TrainConfig::device_options() const {
   return o;
 }
 
+TrainConfig::PipelineCosts TrainConfig::pipeline_costs() const {
+  // Each layer's and the head's multiply-adds a token (their weights, and a layer's causal
+  // attention over seq_len / 2 positions on average); the embedding is a lookup.
+  const double h = static_cast<double>(model.hidden_size);
+  return {h * static_cast<double>(2 * model.q_dim() + 2 * model.kv_dim()) +
+              3.0 * h * static_cast<double>(model.intermediate_size) +
+              static_cast<double>(seq_len * model.q_dim()),
+          h * static_cast<double>(model.vocab_size)};
+}
+
 std::vector<std::int64_t> TrainConfig::pipeline_layer_counts() const {
   if (!pipeline_layers.empty()) return pipeline_layers;
   const int virtual_count = pipeline_parallel_size * virtual_stages;
   if (virtual_count == 1) return {model.num_hidden_layers};
-  // Each layer's and the head's multiply-adds a token (their weights, and a layer's causal
-  // attention over seq_len / 2 positions on average); the embedding is a lookup.
-  const double h = static_cast<double>(model.hidden_size);
-  const double layer = h * static_cast<double>(2 * model.q_dim() + 2 * model.kv_dim()) +
-                       3.0 * h * static_cast<double>(model.intermediate_size) +
-                       static_cast<double>(seq_len * model.q_dim());
-  const double head = h * static_cast<double>(model.vocab_size);
-  const std::vector<int> counts =
-      balance_stages(static_cast<int>(model.num_hidden_layers), virtual_count, layer, 0.0, head);
+  const PipelineCosts cost = pipeline_costs();
+  const std::vector<int> counts = balance_stages(static_cast<int>(model.num_hidden_layers),
+                                                 virtual_count, cost.layer, 0.0, cost.head);
   return {counts.begin(), counts.end()};
+}
+
+double TrainConfig::pipeline_stretch(int data_ranks) const {
+  const int p = pipeline_parallel_size, v = virtual_stages;
+  if (p == 1) return 1.0;
+  const PipelineCosts cost = pipeline_costs();
+  const std::vector<std::int64_t> counts = pipeline_layer_counts();
+  std::vector<double> stage(static_cast<std::size_t>(p), 0.0);
+  double total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const double c =
+        static_cast<double>(counts[i]) * cost.layer + (i + 1 == counts.size() ? cost.head : 0.0);
+    stage[i % static_cast<std::size_t>(p)] += c;
+    total += c;
+  }
+  const double imbalance = *std::max_element(stage.begin(), stage.end()) * p / total;
+  const double m = static_cast<double>(accumulation_steps(data_ranks));
+  return imbalance * (m + static_cast<double>(p - 1) / v) / m;
 }
 
 model::PipelineStage TrainConfig::pipeline_stage(int stage) const {
@@ -575,6 +609,7 @@ Json TrainConfig::to_json() const {
       {"zero_stage", zero_stage},
       {"tensor_parallel_size", tensor_parallel_size},
       {"sequence_parallel", sequence_parallel},
+      {"parallelism", parallelism_auto ? "auto" : "manual"},
       {"pipeline_parallel_size", pipeline_parallel_size},
       {"pipeline_schedule", pipeline_schedule_name(pipeline_schedule)},
       {"virtual_stages", virtual_stages},

@@ -159,9 +159,11 @@ class ProbeModel {
         seq_(config.seq_len),
         inputs_(static_cast<std::size_t>(batch_ * seq_)),
         targets_(inputs_.size()) {}
-  // The probe times a whole layer on one rank (a tensor-parallel rank computes a share of it).
+  // The probe times a whole layer on one rank (a tensor-parallel rank computes a share of it,
+  // a pipeline stage some of the layers).
   static model::ModelOptions unsplit(model::ModelOptions o) {
     o.tensor_parallel = {};
+    o.pipeline = {};
     return o;
   }
   model::ParamLayout layout_;

@@ -33,9 +33,10 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   // Random tokens below the vocabulary, enough for every step's sequences.
   constexpr int kSteps = 6;
   // One data-parallel rank's share, on one rank whose layers are whole: a split rank does 1/T of
-  // their work (below).
-  const int tensor = config.tensor_parallel_size;
-  const std::int64_t batch = config.batch_size / (ranks / tensor);
+  // their work, a pipeline stage its layers' (below).
+  const int tensor = config.tensor_parallel_size, stages = config.pipeline_parallel_size;
+  const int data_ranks = ranks / (tensor * stages);
+  const std::int64_t batch = config.batch_size / data_ranks;
   const std::size_t tokens = static_cast<std::size_t>((batch * kSteps + 1) * (config.seq_len + 1));
   std::vector<std::uint32_t> ids(tokens);
   for (std::size_t i = 0; i < tokens; ++i) {
@@ -59,6 +60,10 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
     c.batch_size = batch;
     c.tensor_parallel_size = 1;
     c.sequence_parallel = false;
+    c.pipeline_parallel_size = 1;
+    c.pipeline_schedule = PipelineSchedule::k1F1B;
+    c.virtual_stages = 1;
+    c.pipeline_layers.clear();
     c.max_steps = kSteps;
     c.save_dir.clear();
     c.metrics_file.clear();
@@ -77,8 +82,9 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   const double step_ms =
       (std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers) / tensor;
   const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
-  return step_ms + zero_comm_ms(config, params, ranks, rates) +
-         tensor_parallel_ms(config, ranks, rates);
+  const double stretch = config.pipeline_stretch(data_ranks);
+  return (step_ms / stages + tensor_parallel_ms(config, ranks, rates)) * stretch +
+         pipeline_boundary_ms(config, rates) + zero_comm_ms(config, params, ranks, rates);
 }
 
 }  // namespace strata::train

@@ -238,26 +238,47 @@ std::string changes_to_fit(const TrainConfig& config, int ranks) {
 
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates) {
-  const double tensor = config.tensor_parallel_size;
-  const double data = ranks / tensor;
+  const double split = config.tensor_parallel_size * config.pipeline_parallel_size;
+  const double data = ranks / split;
   if (data <= 1) return 0;
-  return ms(3.0 * parameters / tensor * static_cast<double>(dtype_size(config.precision)) *
+  return ms(3.0 * parameters / split * static_cast<double>(dtype_size(config.precision)) *
                 (data - 1) / data,
             rates.comm_bytes);
 }
 
+namespace {
+// One micro-batch's activations, b s h in the compute dtype.
+double activation_bytes_of(const TrainConfig& config) {
+  return static_cast<double>(config.micro_batch_size) * static_cast<double>(config.seq_len) *
+         static_cast<double>(config.model.hidden_size) *
+         static_cast<double>(dtype_size(config.precision));
+}
+int data_ranks_of(const TrainConfig& config, int ranks) {
+  return ranks / (config.tensor_parallel_size * config.pipeline_parallel_size);
+}
+}  // namespace
+
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates) {
   const int tensor = config.tensor_parallel_size;
   if (tensor <= 1) return 0;
-  const double accum = static_cast<double>(config.accumulation_steps(ranks / tensor));
-  const double activations = static_cast<double>(config.micro_batch_size) *
-                             static_cast<double>(config.seq_len) *
-                             static_cast<double>(config.model.hidden_size) *
-                             static_cast<double>(dtype_size(config.precision));
+  const double accum = static_cast<double>(config.accumulation_steps(data_ranks_of(config, ranks)));
   const double per_layer = config.activation_checkpointing ? 6.0 : 4.0;
-  const double collectives =
-      accum * (per_layer * static_cast<double>(config.model.num_hidden_layers) + 2.0);
-  return ms(collectives * 2.0 * (tensor - 1) / tensor * activations, rates.comm_bytes);
+  // A stage's share of the layers (the embedding's and lm_head's at the pipeline's ends).
+  const double layers = static_cast<double>(config.model.num_hidden_layers) /
+                        static_cast<double>(config.pipeline_parallel_size);
+  const double ends = config.pipeline_parallel_size > 1 ? 1.0 : 2.0;
+  const double collectives = accum * (per_layer * layers + ends);
+  return ms(collectives * 2.0 * (tensor - 1) / tensor * activation_bytes_of(config),
+            rates.comm_bytes);
+}
+
+double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates) {
+  const int p = config.pipeline_parallel_size;
+  if (p <= 1) return 0;
+  const double hops = static_cast<double>(p * config.virtual_stages - 1);
+  const double bytes =
+      activation_bytes_of(config) / (config.sequence_parallel ? config.tensor_parallel_size : 1);
+  return 2.0 * hops * ms(bytes, rates.comm_bytes);
 }
 
 namespace {
@@ -269,9 +290,12 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   const double ranks = e.ranks;
   const double tokens = static_cast<double>(config.batch_size) / ranks * config.seq_len;
   // Tensor parallelism: each of the T ranks of a group runs the same tokens through 1/T of every
-  // layer (the FLOPs below, per rank, come out the same as the whole model's over all ranks).
-  const int tensor = config.tensor_parallel_size;
-  const double accum = static_cast<double>(config.accumulation_steps(e.ranks / tensor));
+  // layer (the FLOPs below, per rank, come out the same as the whole model's over all ranks); a
+  // pipeline's P stages each run all of a data-parallel rank's tokens through 1/P of the layers
+  // on average (its stretch, below, adds the costliest stage's excess and the bubble).
+  const int tensor = config.tensor_parallel_size, stages = config.pipeline_parallel_size;
+  const double accum =
+      static_cast<double>(config.accumulation_steps(data_ranks_of(config, e.ranks)));
   const double dsize = static_cast<double>(dtype_size(config.precision));
   // Matrix products: 2 FLOPs per parameter and token forward, 4 backward (input and weight
   // gradients; 2 for a frozen weight, whose weight gradient is skipped); the embedding is a
@@ -295,7 +319,7 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
     st.compute_ms = accum *
                     (static_cast<double>(m.num_hidden_layers) * 1e3 / rates.layer_passes.per_s +
                      1e3 / rates.end_passes.per_s) /
-                    tensor;
+                    (tensor * stages);
   }
 
   // The rank's working copies, gradients and optimizer state, as its shard store holds them.
@@ -340,7 +364,13 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   }
   st.comm_ms = zero_comm_ms(config, params, e.ranks, rates);
   st.tensor_ms = tensor_parallel_ms(config, e.ranks, rates);
-  const double critical = st.compute_ms + st.tensor_ms;
+  // Pipeline stages: the work above is the average stage's; the costliest stage's, stretched by
+  // the fill and drain, sets the step, and the first micro-batch's activations cross every
+  // boundary forward and its gradients back before the pipeline is full and after it drains.
+  const double stretch = config.pipeline_stretch(data_ranks_of(config, e.ranks));
+  st.bubble_ms = (st.compute_ms + st.tensor_ms) * (stretch - 1.0);
+  st.boundary_ms = pipeline_boundary_ms(config, rates);
+  const double critical = st.compute_ms + st.tensor_ms + st.bubble_ms + st.boundary_ms;
   st.serial_ms = std::max({critical, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
   if (e.plan.overlap == zero::OptimizerOverlap::kNone) {
     st.step_ms = st.serial_ms;
@@ -379,10 +409,11 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
 
 Json StepTime::to_json() const {
   return Json{
-      {"step_ms", step_ms},       {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
-      {"compute_ms", compute_ms}, {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
-      {"comm_ms", comm_ms},       {"tensor_ms", tensor_ms},     {"schedule", schedule},
-      {"slowest_ms", slowest_ms}, {"fastest_ms", fastest_ms}};
+      {"step_ms", step_ms},         {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
+      {"compute_ms", compute_ms},   {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
+      {"comm_ms", comm_ms},         {"tensor_ms", tensor_ms},     {"bubble_ms", bubble_ms},
+      {"boundary_ms", boundary_ms}, {"schedule", schedule},       {"slowest_ms", slowest_ms},
+      {"fastest_ms", fastest_ms}};
 }
 
 Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
@@ -435,6 +466,150 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
               ", offload_optimizer " + std::string(zero::offload_name(best->optimizer)) +
               ": predicted step " + best->why + ", the fastest that fits" +
               (others.empty() ? "" : " (" + others.substr(2) + ")");
+  return *best;
+}
+
+namespace {
+
+// Every (tensor, pipeline) split of `ranks` the config's model and batch allow, data parallelism
+// first (pipelines, then tensor splits, then both, each smallest first); `refused` names why a
+// split that divides the ranks cannot run.
+struct GridCandidate {
+  int tensor, pipeline;
+  std::string refused;
+};
+std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks) {
+  std::vector<GridCandidate> out;
+  for (int tensor = 1; tensor <= ranks; ++tensor) {
+    if (ranks % tensor != 0) continue;
+    for (int pipeline = 1; pipeline <= ranks / tensor; ++pipeline) {
+      if ((ranks / tensor) % pipeline != 0) continue;
+      GridCandidate g{tensor, pipeline, ""};
+      const int data = ranks / (tensor * pipeline);
+      TrainConfig c = config;
+      c.tensor_parallel_size = tensor;
+      c.pipeline_parallel_size = pipeline;
+      c.pipeline_layers.clear();
+      const bool interleaved = config.pipeline_schedule == PipelineSchedule::kInterleaved;
+      c.pipeline_schedule =
+          pipeline > 1 && interleaved ? config.pipeline_schedule : PipelineSchedule::k1F1B;
+      c.virtual_stages = c.pipeline_schedule == PipelineSchedule::kInterleaved
+                             ? std::max(config.virtual_stages, 2)
+                             : 1;
+      if (const auto p = model::tensor_parallel_problems(config.model, tensor);
+          tensor > 1 && !p.empty()) {
+        g.refused = p.front();
+      } else if (tensor > 1 && config.lora()) {
+        g.refused = "LoRA does not split over tensor-parallel ranks yet";
+      } else if (tensor > 1 && config.sequence_parallel &&
+                 (config.micro_batch_size * config.seq_len) % tensor != 0) {
+        g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";
+      } else if (pipeline > 1 && config.model.tie_word_embeddings) {
+        g.refused = "tied embeddings do not cut into stages yet";
+      } else if (pipeline * c.virtual_stages > config.model.num_hidden_layers) {
+        g.refused = "more stages than layers";
+      } else if (Status s = c.check_batch_split(data); !s.is_ok()) {
+        g.refused =
+            "batch_size does not split over " + std::to_string(data) + " data-parallel ranks";
+      } else if (pipeline > 1 &&
+                 !pipeline_shape_problems(c.pipeline_schedule, c.pipeline_shape(data)).empty()) {
+        g.refused = pipeline_shape_problems(c.pipeline_schedule, c.pipeline_shape(data)).front();
+      }
+      out.push_back(std::move(g));
+    }
+  }
+  // Fewer splits first: a tie keeps the simpler grid.
+  std::stable_sort(out.begin(), out.end(), [](const GridCandidate& a, const GridCandidate& b) {
+    return std::pair(a.tensor > 1, a.tensor * a.pipeline) <
+           std::pair(b.tensor > 1, b.tensor * b.pipeline);
+  });
+  return out;
+}
+
+std::string grid_name(int tensor, int pipeline, int data) {
+  return "tensor " + std::to_string(tensor) + " x pipeline " + std::to_string(pipeline) +
+         " x data " + std::to_string(data);
+}
+
+}  // namespace
+
+Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const MachineRates& rates) {
+  std::optional<GridChoice> best;
+  std::string others;
+  const std::uint64_t swap_free = config.swap_paths.empty() ? 0 : swap_free_bytes(config, 0);
+  for (const GridCandidate& g : grid_candidates(config, ranks)) {
+    const int data = ranks / (g.tensor * g.pipeline);
+    const std::string name = grid_name(g.tensor, g.pipeline, data);
+    if (!g.refused.empty()) {
+      others += "; " + name + ": " + g.refused;
+      continue;
+    }
+    TrainConfig c = config;
+    c.tensor_parallel_size = g.tensor;
+    c.pipeline_parallel_size = g.pipeline;
+    c.pipeline_layers.clear();
+    if (g.pipeline == 1 || c.pipeline_schedule != PipelineSchedule::kInterleaved) {
+      c.pipeline_schedule = PipelineSchedule::k1F1B;
+      c.virtual_stages = 1;
+    } else {
+      c.virtual_stages = std::max(c.virtual_stages, 2);
+    }
+    c.sequence_parallel = config.sequence_parallel && g.tensor > 1;
+    c.parallelism_auto = false;
+    // The placement: the config's, or the fastest that fits rank 0 where it is left open.
+    if (c.offload_param_auto || c.offload_optimizer_auto) {
+      auto placed = choose_placement(c, ranks, rates);
+      if (!placed.is_ok()) {
+        others += "; " + name + ": no placement fits";
+        continue;
+      }
+      c.offload_param = placed->param;
+      c.offload_optimizer = placed->optimizer;
+      c.offload_param_auto = c.offload_optimizer_auto = false;
+    }
+    // Every stage's first rank (stages differ: the embedding, the head, their layers).
+    std::string refused;
+    std::optional<Estimate> first;
+    for (int stage = 0; stage < g.pipeline && refused.empty(); ++stage) {
+      auto e = estimate(c, ranks, EstimateOptions{stage * g.tensor * data, true});
+      if (!e.is_ok()) {
+        refused = (g.pipeline > 1 ? "stage " + std::to_string(stage) + ": " : std::string()) +
+                  e.status().message();
+      } else if (config.device_memory_limit != 0 &&
+                 e->device_bytes_needed() > config.device_memory_limit) {
+        refused = "device " + format_bytes(e->device_bytes_needed()) + " > device_memory_limit " +
+                  format_bytes(config.device_memory_limit) +
+                  (g.pipeline > 1 ? " on stage " + std::to_string(stage) : "");
+      } else if (swap_free != 0 && e->plan.tier_bytes(Tier::kNvme) > swap_free) {
+        refused = "nvme " + format_bytes(e->plan.tier_bytes(Tier::kNvme)) + " > " +
+                  format_bytes(swap_free) + " free in swap_paths";
+      } else if (stage == 0) {
+        first = std::move(*e);
+      }
+    }
+    if (!refused.empty()) {
+      others += "; " + name + ": " + refused;
+      continue;
+    }
+    const StepTime st = predict_step(c, *first, rates);
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.3f s", st.step_ms / 1e3);
+    if (best && st.step_ms >= best->step.step_ms) {
+      others += "; " + name + ": " + buf;
+      continue;
+    }
+    if (best)
+      others += "; " + grid_name(best->tensor, best->pipeline, best->data) + ": " + best->why;
+    best = GridChoice{g.tensor, g.pipeline, data, c.offload_param, c.offload_optimizer, st, buf};
+  }
+  if (!best) {
+    return out_of_memory("no grid of " + std::to_string(ranks) + " ranks fits" +
+                         (others.empty() ? "" : ":" + others.substr(1)));
+  }
+  best->why = grid_name(best->tensor, best->pipeline, best->data) + " (offload_param " +
+              std::string(zero::offload_name(best->param)) + ", offload_optimizer " +
+              std::string(zero::offload_name(best->optimizer)) + "): predicted step " + best->why +
+              ", the fastest that fits" + (others.empty() ? "" : " (" + others.substr(2) + ")");
   return *best;
 }
 

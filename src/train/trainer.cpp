@@ -259,6 +259,28 @@ Status Trainer::Impl::setup() {
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
+  if (config.parallelism_auto) {
+    // Every rank probes, and all take rank 0's choice (as for "auto" placements below).
+    const MachineRates rates = calibrate(config, device.get());
+    STRATA_ASSIGN_OR_RETURN(GridChoice choice, choose_grid(config, world, rates));
+    const std::uint64_t mine[4] = {
+        static_cast<std::uint64_t>(choice.tensor), static_cast<std::uint64_t>(choice.pipeline),
+        static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer)};
+    std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(world));
+    STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 4, "grid"));
+    config.tensor_parallel_size = static_cast<int>(all[0]);
+    config.pipeline_parallel_size = static_cast<int>(all[1]);
+    if (config.pipeline_parallel_size == 1) {
+      config.pipeline_schedule = PipelineSchedule::k1F1B;
+      config.virtual_stages = 1;
+    }
+    config.sequence_parallel = config.sequence_parallel && config.tensor_parallel_size > 1;
+    config.offload_param = static_cast<Tier>(all[2]);
+    config.offload_optimizer = static_cast<Tier>(all[3]);
+    config.offload_param_auto = config.offload_optimizer_auto = false;
+    config.parallelism_auto = false;
+    if (rank == 0) log_info("grid: " + choice.why);
+  }
   // tensor_parallel_size consecutive ranks split each layer, pipeline_parallel_size stages hold
   // the layers in turn; ZeRO shards over the rest.
   const int tp = config.tensor_parallel_size, pp = config.pipeline_parallel_size;

@@ -325,6 +325,137 @@ TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
   }
 }
 
+// Pipeline stages in the plan and the step time: each stage's rank plans its own groups (the
+// embedding on the first, the head on the last), and a rank of 2 stages x 2 data-parallel ranks
+// does on average what a rank of 4 data-parallel ones does, stretched by the costliest stage and
+// the bubble ((M + P - 1) / M at 1F1B), plus the first micro-batch's activations across the
+// boundary and its gradients back; its ZeRO collectives move half the model over 2 ranks.
+TEST(EstimateTest, PipelineStagesPlanTheirLayersAndPayTheBubble) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["batch_size"] = 8;
+  j["micro_batch_size"] = 1;
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  r.comm_bytes = {1e9, true, "test"};
+  Json k = j;
+  k["pipeline_parallel_size"] = 2;
+  auto whole = config_of(j);
+  auto staged = config_of(k);
+  ASSERT_TRUE(whole.is_ok() && staged.is_ok()) << staged.status().message();
+  auto a = estimate(*whole, 4);
+  auto first = estimate(*staged, 4, EstimateOptions{0, true});
+  auto last = estimate(*staged, 4, EstimateOptions{2, true});
+  ASSERT_TRUE(a.is_ok() && first.is_ok() && last.is_ok()) << first.status().message();
+  EXPECT_EQ(first->parameters, a->parameters);
+  const auto params = [](const Estimate& e) {
+    return static_cast<double>(e.plan.kind_bytes(Tier::kDevice, zero::TensorKind::kMasterWeights));
+  };
+  // Each stage holds about half the layers' master weights (the head on the last).
+  EXPECT_LT(params(*first), 0.6 * params(*a) + 1);
+  EXPECT_LT(params(*last), 0.7 * params(*a) + 1);
+  EXPECT_NEAR(params(*first) + params(*last), params(*a), 0.01 * params(*a));
+
+  const StepTime sa = predict_step(*whole, *a, r), sp = predict_step(*staged, *first, r);
+  EXPECT_NEAR(sp.compute_ms, sa.compute_ms, 1e-9 * sa.compute_ms);
+  const double stretch = staged->pipeline_stretch(2);
+  const double m = 4;               // 8 sequences over 2 data-parallel ranks, 1 a micro-batch
+  EXPECT_GE(stretch, (m + 1) / m);  // the bubble, and any imbalance on top
+  EXPECT_NEAR(sp.bubble_ms, sp.compute_ms * (stretch - 1), 1e-9 * sp.compute_ms);
+  const double boundary = 1.0 * 32 * 64 * 4;  // micro-batch 1 x seq 32 x hidden 64, fp32
+  EXPECT_NEAR(sp.boundary_ms, 2 * boundary / 1e9 * 1e3, 1e-12);
+  EXPECT_NEAR(sp.comm_ms, 3 * (static_cast<double>(a->parameters) / 2) * 4 * (1.0 / 2) / 1e9 * 1e3,
+              1e-9);
+  EXPECT_DOUBLE_EQ(sp.serial_ms, std::max({sp.compute_ms + sp.bubble_ms + sp.boundary_ms,
+                                           sp.transfer_ms, sp.comm_ms}) +
+                                     sp.optimizer_ms);
+}
+
+// parallelism "auto" chooses the grid the step model prefers among those that fit: data
+// parallelism where collectives are fast (no bubble, no split), stages where they are slow (a
+// stage's ZeRO collectives move only its layers, and only activations cross stages), and never
+// a grid whose stages' plans exceed the device budget; each runner-up is named with its step or
+// its refusal.
+TEST(EstimateTest, TheGridChoiceFollowsTheRatesAndTheBudgets) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["batch_size"] = 8;
+  j["micro_batch_size"] = 1;
+  j["parallelism"] = "auto";
+  // Every group sharded over the data-parallel ranks (none kept whole for being small): each
+  // rank of every grid updates a quarter of the model.
+  j["param_persistence_threshold"] = 0;
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  MachineRates fast;
+  fast.gemm_flops = {1e9, true, "test"};
+  fast.memory_bytes = {1e10, true, "test"};
+  fast.comm_bytes = {1e12, true, "test"};
+  auto data = choose_grid(*config, 4, fast);
+  ASSERT_TRUE(data.is_ok()) << data.status().message();
+  EXPECT_EQ(data->tensor, 1);
+  EXPECT_EQ(data->pipeline, 1);
+  EXPECT_EQ(data->data, 4);
+  EXPECT_NE(data->why.find("tensor 1 x pipeline 2 x data 2: "), std::string::npos) << data->why;
+  EXPECT_NE(data->why.find("tensor 2 x pipeline 1 x data 2: "), std::string::npos) << data->why;
+
+  MachineRates slow = fast;
+  slow.comm_bytes = {1e6, true, "test"};
+  auto staged = choose_grid(*config, 4, slow);
+  ASSERT_TRUE(staged.is_ok()) << staged.status().message();
+  EXPECT_EQ(staged->tensor, 1);
+  EXPECT_EQ(staged->pipeline, 4) << staged->why;
+  EXPECT_EQ(staged->data, 1);
+  EXPECT_GT(staged->step.bubble_ms, 0);
+
+  // Activations dominate (long sequences, a small model): a tensor split with sequence
+  // parallelism holds a quarter of them on each rank, ZeRO's data parallelism all of one
+  // micro-batch's; a budget between the two leaves the split alone.
+  j["sequence_parallel"] = true;
+  j["seq_len"] = 64;
+  j["model"]["num_hidden_layers"] = 4;
+  auto long_seq = config_of(j);
+  ASSERT_TRUE(long_seq.is_ok()) << long_seq.status().message();
+  TrainConfig data_only = *long_seq, split = *long_seq;
+  data_only.parallelism_auto = split.parallelism_auto = false;
+  data_only.sequence_parallel = false;
+  split.tensor_parallel_size = 4;
+  auto d4 = estimate(data_only, 4);
+  auto t4 = estimate(split, 4);
+  ASSERT_TRUE(d4.is_ok() && t4.is_ok()) << t4.status().message();
+  ASSERT_LT(t4->device_bytes_needed(), d4->device_bytes_needed());
+  j["device_memory_limit"] = (t4->device_bytes_needed() + d4->device_bytes_needed()) / 2;
+  auto tight = config_of(j);
+  ASSERT_TRUE(tight.is_ok());
+  auto fits = choose_grid(*tight, 4, fast);
+  ASSERT_TRUE(fits.is_ok()) << fits.status().message();
+  EXPECT_GT(fits->tensor, 1) << fits->why;
+  EXPECT_NE(fits->why.find("tensor 1 x pipeline 1 x data 4: device_memory_limit "),
+            std::string::npos)
+      << fits->why;
+  // None fits: every grid's reason.
+  j["device_memory_limit"] = 4096;
+  auto tiny = config_of(j);
+  ASSERT_TRUE(tiny.is_ok());
+  auto none = choose_grid(*tiny, 4, fast);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("no grid of 4 ranks fits"), std::string::npos);
+  EXPECT_NE(none.status().message().find("tensor 1 x pipeline 4 x data 1: stage 0: "),
+            std::string::npos)
+      << none.status().message();
+
+  // The trainer runs the choice (one rank: the only grid).
+  j.erase("device_memory_limit");
+  j["seq_len"] = 32;
+  auto one = config_of(j);
+  ASSERT_TRUE(one.is_ok());
+  TrainOptions o;
+  auto t = Trainer::create(*one, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_TRUE((*t)->run().is_ok());
+}
+
 TEST(EstimateTest, RanksSplitThePartitionedStateAndTheJsonHasEveryTier) {
   TempDir dir;
   Json j = small_config(dir);

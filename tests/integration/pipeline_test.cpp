@@ -350,6 +350,10 @@ TEST(ZeroPipeline, ShapesThatCannotRunAreRefused) {
                  "tie_word_embeddings shares its embedding between the first and the last "
                  "stage");
   expect_refused({{"pipeline_schedule", "gpipe"}}, "pipeline_schedule");
+  expect_refused({{"parallelism", "auto"}, {"pipeline_parallel_size", 2}},
+                 "'parallelism': \"auto\" chooses tensor_parallel_size and "
+                 "pipeline_parallel_size");
+  expect_refused({{"parallelism", "some"}}, "parallelism");
 
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   // The grid and the step's micro-batches are known once the ranks are.
@@ -370,6 +374,19 @@ TEST(ZeroPipeline, ShapesThatCannotRunAreRefused) {
     const std::string err = read_text(dir.file("refused/err.txt"));
     EXPECT_NE(err.find(want), std::string::npos) << err;
   }
+}
+
+// parallelism "auto" on 4 ranks: every rank runs the grid rank 0's step model chose, said once.
+TEST(ZeroPipeline, AutoParallelismRunsTheChosenGrid) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json k = pipeline_config(dir, "auto");
+  k["parallelism"] = "auto";
+  train_ok(dir, k, "auto", 4);
+  const std::string err = read_text(dir.file("auto/err.txt"));
+  EXPECT_NE(err.find("grid: tensor "), std::string::npos) << err;
+  EXPECT_NE(err.find(", the fastest that fits"), std::string::npos) << err;
+  EXPECT_EQ(metric(dir.file("auto/metrics.jsonl"), "loss").size(), 3u);
 }
 
 // A stage that stops for good (rank 1, the second stage, as step 3 starts) ends the run: the

@@ -34,6 +34,23 @@ int run_estimate(const EstimateArgs& a) {
   // first, so that one that cannot run is refused at once.
   std::optional<train::MachineRates> probed;
   std::string placement;
+  if (config->parallelism_auto) {
+    probed = train::calibrate(*config);
+    auto choice = train::choose_grid(*config, a.ranks, *probed);
+    if (!choice.is_ok()) return fail(choice.status());
+    config->tensor_parallel_size = choice->tensor;
+    config->pipeline_parallel_size = choice->pipeline;
+    if (choice->pipeline == 1) {
+      config->pipeline_schedule = train::PipelineSchedule::k1F1B;
+      config->virtual_stages = 1;
+    }
+    config->sequence_parallel = config->sequence_parallel && choice->tensor > 1;
+    config->offload_param = choice->param;
+    config->offload_optimizer = choice->optimizer;
+    config->offload_param_auto = config->offload_optimizer_auto = false;
+    config->parallelism_auto = false;
+    placement = "grid: " + choice->why + "\n";
+  }
   if (config->offload_param_auto || config->offload_optimizer_auto) {
     probed = train::calibrate(*config);
     auto choice = train::choose_placement(*config, a.ranks, *probed);
@@ -65,6 +82,8 @@ int run_estimate(const EstimateArgs& a) {
     out["rates"] = rates.to_json();
     out["offload_param"] = zero::offload_name(config->offload_param);
     out["offload_optimizer"] = zero::offload_name(config->offload_optimizer);
+    out["tensor_parallel_size"] = config->tensor_parallel_size;
+    out["pipeline_parallel_size"] = config->pipeline_parallel_size;
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
@@ -82,8 +101,14 @@ int run_estimate(const EstimateArgs& a) {
   std::cout << " (" << step.schedule << "; serial " << secs(step.serial_ms);
   if (step.overlapped_ms > 0) std::cout << ", overlapped " << secs(step.overlapped_ms);
   std::cout << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
-            << ", optimizer " << secs(step.optimizer_ms) << ", communication " << secs(step.comm_ms)
-            << "\n";
+            << ", optimizer " << secs(step.optimizer_ms) << ", communication "
+            << secs(step.comm_ms);
+  if (step.tensor_ms > 0) std::cout << ", tensor-parallel " << secs(step.tensor_ms);
+  if (config->pipeline_parallel_size > 1) {
+    std::cout << ", pipeline bubble " << secs(step.bubble_ms) << ", stage boundaries "
+              << secs(step.boundary_ms);
+  }
+  std::cout << "\n";
   const auto rate = [](const char* what, const train::Rate& r, double unit, const char* units) {
     char b[64];
     if (r.has_spread()) {

@@ -99,6 +99,10 @@ struct TrainConfig {
   // `virtual_stages` chunks of layers. pipeline_layers: the layers of each virtual stage (P x V
   // counts); empty: balanced by each layer's and the head's arithmetic (balance_stages).
   int pipeline_parallel_size = 1;
+  // parallelism "auto": the trainer (and strata estimate --ranks N) chooses tensor_parallel_size
+  // and pipeline_parallel_size (train::choose_grid), which the config then leaves at 1;
+  // "manual" (default): the config's.
+  bool parallelism_auto = false;
   PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
   int virtual_stages = 1;
   std::vector<std::int64_t> pipeline_layers;
@@ -171,6 +175,16 @@ struct TrainConfig {
   model::PipelineStage pipeline_stage(int stage) const;
   // The layers of each virtual stage, P x V of them (pipeline_layers, else balanced).
   std::vector<std::int64_t> pipeline_layer_counts() const;
+  // What balances the stages: a decoder layer's and the head's multiply-adds a token.
+  struct PipelineCosts {
+    double layer = 0, head = 0;
+  };
+  PipelineCosts pipeline_costs() const;
+  // How much longer a step's compute takes through the pipeline than its work spread evenly
+  // over the stages: the costliest stage's share times the stages (1 when balanced), times the
+  // fill and drain, (M + (P - 1) / V) / M for M micro-batches (the schedules' bubble). 1 without
+  // a pipeline.
+  double pipeline_stretch(int data_ranks) const;
   // Micro-batches per optimizer step on each of `ranks` data-parallel ranks.
   std::int64_t accumulation_steps(int ranks = 1) const {
     return batch_size / (micro_batch_size * ranks);

@@ -64,6 +64,11 @@ struct StepTime {
   // Tensor parallelism's all-reduces of the activations (or all-gathers and reduce-scatters):
   // compute waits for each, so they add to it.
   double tensor_ms = 0;
+  // Pipeline stages: the time compute waits in the bubble (fill and drain, and the costliest
+  // stage's excess over the average one's), and the sends of the first micro-batch's activations
+  // and last's gradients across every boundary, which nothing hides.
+  double bubble_ms = 0;
+  double boundary_ms = 0;
   double serial_ms = 0;      // the step with the update after compute
   double overlapped_ms = 0;  // with the update beside compute (0 where the plan never overlaps)
   double step_ms = 0;        // the whole step, for the plan's schedule
@@ -74,15 +79,20 @@ struct StepTime {
   Json to_json() const;
 };
 
-// The collectives of one step on `ranks` ranks (tensor_parallel_size of them splitting each layer)
-// at `rates`. ZeRO's: of each rank's slice of the model's `parameters`, gathered twice (forward
-// and backward) and its gradients reduced once over the data-parallel ranks, each sending
-// (D - 1) / D of it. Tensor parallelism's: per micro-batch and layer two all-reduces of the
-// micro-batch's b s h activations forward (again where checkpointing recomputes the forward) and
-// two in backward, and the embedding's and lm_head's, each sending 2 (T - 1) / T of its payload.
+// The collectives of one step on `ranks` ranks (tensor_parallel_size of them splitting each layer,
+// pipeline_parallel_size stages) at `rates`. ZeRO's: of each rank's slice of its stage's share of
+// the model's `parameters`, gathered twice (forward and backward) and its gradients reduced once
+// over the data-parallel ranks, each sending (D - 1) / D of it. Tensor parallelism's: per
+// micro-batch and layer of a stage two all-reduces of the micro-batch's b s h activations
+// forward (again where checkpointing recomputes the forward) and two in backward, and the
+// embedding's and lm_head's, each sending 2 (T - 1) / T of its payload.
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates);
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
+// Pipeline parallelism's boundary sends on the critical path: one micro-batch's b s h
+// activations (its rows alone under sequence parallelism) across each of the P V - 1
+// boundaries forward, and its gradients back.
+double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates);
 
 // The step of `e` (rank 0 of its ranks) on a machine with `rates`. Transfers are taken to
 // overlap compute (the prefetcher's aim); the update adds to the step under the serial
@@ -115,5 +125,21 @@ struct PlacementChoice {
 };
 Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
                                          const MachineRates& rates);
+
+// parallelism "auto": of the grids of `ranks` ranks (tensor x pipeline x data) that can split the
+// model and the batch, and the placements the config leaves open, the one with the lowest
+// predicted step whose plan fits the budgets on the first rank of every stage (fewer splits win a
+// tie: data parallelism before pipelines before tensor splits). The step counts the ZeRO and
+// tensor-parallel collectives, the pipeline's bubble and its boundary sends at `rates`. `why`
+// says what was chosen and how each other grid fared. Fails, listing why each was refused, when
+// none fits.
+struct GridChoice {
+  int tensor = 1, pipeline = 1, data = 1;
+  Tier param = Tier::kDevice;
+  Tier optimizer = Tier::kDevice;
+  StepTime step;
+  std::string why;
+};
+Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const MachineRates& rates);
 
 }  // namespace strata::train
