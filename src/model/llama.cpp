@@ -376,6 +376,7 @@ struct LlamaModel::Impl {
   Status check_tokens(const MicroBatch& mb);
   // The workspace for this shape, from the provider (which owns it).
   Status ensure_workspace(ParamProvider& provider, std::int64_t batch, std::int64_t seq);
+  Status begin_pass(ParamProvider& provider, const MicroBatch& mb, int chunk, bool train);
   Status forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk, bool train,
                        StepTimings& timings);
   Status backward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
@@ -640,18 +641,25 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
   return Status::ok();
 }
 
-// The chunk's layers forward, after the embedding on the first virtual stage; on the last, the
-// head and the loss, and with train the head's backward at once (dlogits overwrite the logits),
-// leaving the gradient of the chunk's output for backward_chunk.
-Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
-                                       bool train, StepTimings& timings) {
-  Stopwatch clock;
+// A pass's micro-batch, chunk and mode: its workspace ready, its slot and chunk the stage's.
+Status LlamaModel::Impl::begin_pass(ParamProvider& provider, const MicroBatch& mb, int chunk,
+                                    bool train) {
   train_ = train;
   dropout_key_ = mb.dropout_key;
   STRATA_RETURN_IF_ERROR(ensure_workspace(provider, mb.batch, mb.seq));
   STRATA_CHECK(mb.slot >= 0 && mb.slot < static_cast<int>(ws_.slots.size()) && chunk >= 0 &&
                    chunk < options_.pipeline.virtual_stages,
                "a micro-batch slot or chunk the stage does not have", mb.slot, chunk);
+  return Status::ok();
+}
+
+// The chunk's layers forward, after the embedding on the first virtual stage; on the last, the
+// head and the loss, and with train the head's backward at once (dlogits overwrite the logits),
+// leaving the gradient of the chunk's output for backward_chunk.
+Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
+                                       bool train, StepTimings& timings) {
+  Stopwatch clock;
+  STRATA_RETURN_IF_ERROR(begin_pass(provider, mb, chunk, train));
   const PipelineStage& stage = options_.pipeline;
   const bool embeds = stage.first_chunk(chunk), heads = stage.last_chunk(chunk);
   const Dims& d = dims_;
@@ -818,12 +826,7 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
 Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatch& mb, int chunk,
                                         StepTimings& timings) {
   Stopwatch clock;
-  train_ = true;
-  dropout_key_ = mb.dropout_key;
-  STRATA_RETURN_IF_ERROR(ensure_workspace(provider, mb.batch, mb.seq));
-  STRATA_CHECK(mb.slot >= 0 && mb.slot < static_cast<int>(ws_.slots.size()) && chunk >= 0 &&
-                   chunk < options_.pipeline.virtual_stages,
-               "a micro-batch slot or chunk the stage does not have", mb.slot, chunk);
+  STRATA_RETURN_IF_ERROR(begin_pass(provider, mb, chunk, /*train=*/true));
   const PipelineStage& stage = options_.pipeline;
   const bool embeds = stage.first_chunk(chunk);
   const Dims& d = dims_;
