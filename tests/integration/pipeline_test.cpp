@@ -148,6 +148,40 @@ TEST(ZeroPipeline, StagesTrainTheBitsOfOneStage) {
       << out;
 }
 
+// The families' own tensors (biases, Qwen3's q/k norms and wider q_proj, sliding windows, Llama
+// 3's rope scaling) cut into stages like any layer: 2 stages train the bits of one.
+TEST(ZeroPipeline, FamiliesTrainTheBitsOfOneStage) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  for (const char* model :
+       {R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "sliding_window": 6, "max_position_embeddings": 64})",
+        R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 12, "attention_bias": true,
+            "max_position_embeddings": 64})",
+        R"({"model_type": "qwen2", "vocab_size": 256, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "use_sliding_window": true, "sliding_window": 5,
+            "max_window_layers": 1, "max_position_embeddings": 64})",
+        R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "attention_bias": true, "mlp_bias": true, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+            "max_position_embeddings": 64})"}) {
+    Json k = pipeline_config(dir, "x");
+    k["model"] = Json::parse(model);
+    const std::string family = k["model"]["model_type"].get<std::string>();
+    SCOPED_TRACE(family);
+    train_ok(dir, k, family + "-p1", 1);
+    k["pipeline_parallel_size"] = 2;
+    train_ok(dir, k, family + "-p2", 2);
+    expect_same_bits(dir, family + "-p2", family + "-p1");
+  }
+}
+
 // LoRA and QLoRA on a frozen base cut into stages: each stage trains its layers' adapters (and
 // the modules saved whole beside them) to the bits of one stage.
 TEST(ZeroPipeline, AdaptersTrainTheBitsOfOneStage) {
