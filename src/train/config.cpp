@@ -315,6 +315,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("dist_timeout_s", &c.dist_timeout_s, 1);
   read_offload(r, "offload_optimizer", &c.offload_optimizer, &c.offload_optimizer_auto);
   read_offload(r, "offload_param", &c.offload_param, &c.offload_param_auto);
+  read_enum(r, "activation_offload", &c.activation_offload, kTiers, zero::offload_name);
   r.read_bytes("prefetch_bytes", &c.prefetch_bytes);
   r.read_bytes("max_live_bytes", &c.max_live_bytes);
   r.read_bytes("max_reuse_distance", &c.max_reuse_distance);
@@ -363,8 +364,12 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     errors.push_back("'offload_param': \"" + std::string(zero::offload_name(c.offload_param)) +
                      "\" needs offload_optimizer \"cpu\" or \"nvme\" as well");
   }
-  if ((c.offload_param == Tier::kNvme || c.offload_optimizer == Tier::kNvme) &&
-      c.swap_paths.empty()) {
+  if (c.activation_offload != Tier::kDevice && !c.activation_checkpointing) {
+    errors.push_back("'activation_offload': \"" +
+                     std::string(zero::offload_name(c.activation_offload)) +
+                     "\" moves checkpointed activations; it needs activation_checkpointing true");
+  }
+  if (c.uses_nvme() && c.swap_paths.empty()) {
     errors.push_back("'swap_paths': offload to nvme needs at least one swap directory");
   }
   if (c.device == device::DeviceKind::kCuda && c.device_memory_limit == 0) {
@@ -623,6 +628,7 @@ Json TrainConfig::to_json() const {
       {"offload_optimizer",
        offload_optimizer_auto ? "auto" : zero::offload_name(offload_optimizer)},
       {"offload_param", offload_param_auto ? "auto" : zero::offload_name(offload_param)},
+      {"activation_offload", zero::offload_name(activation_offload)},
       {"prefetch_bytes", prefetch_bytes},
       {"max_live_bytes", max_live_bytes},
       {"max_reuse_distance", max_reuse_distance},

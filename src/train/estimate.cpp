@@ -75,6 +75,7 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.tied_embeddings = config.model.tie_word_embeddings;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
+  o.checkpoint_home = config.activation_offload;
   o.compute_dtype = config.precision;
   o.accumulation_steps = config.accumulation_steps(data_ranks);
   o.overlap = config.optimizer_overlap;
@@ -155,7 +156,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
     if (!full.group(g.group).frozen) e.trainable_local_elems += g.local_elems();
   }
 
-  const bool swap = config.offload_param == Tier::kNvme || config.offload_optimizer == Tier::kNvme;
+  const bool swap = config.uses_nvme();
   zero::ShardOptions eo = shard_options(config, shape.data, at.pipeline);
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,

@@ -284,9 +284,7 @@ Rate interval_rate(std::size_t bytes, const std::vector<double>& seconds, std::s
 // traffic shows the spread a step will see, not only its burst.
 void swap_rates(const TrainConfig& config, MachineRates& r) {
   const bool automatic = config.offload_param_auto || config.offload_optimizer_auto;
-  const bool nvme = config.offload_param == Tier::kNvme ||
-                    config.offload_optimizer == Tier::kNvme ||
-                    (automatic && !config.swap_paths.empty());
+  const bool nvme = config.uses_nvme() || (automatic && !config.swap_paths.empty());
   if (!nvme) {
     r.nvme_read_bytes = r.nvme_write_bytes =
         r.nvme_mixed_bytes = {0, false, "not needed: nothing lives on nvme"};

@@ -342,8 +342,7 @@ Status Trainer::Impl::setup() {
       path->clear();
     }
   }
-  const Tier param = config.offload_param, opt = config.offload_optimizer;
-  if (param == Tier::kNvme || opt == Tier::kNvme) {
+  if (config.uses_nvme()) {
     STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(swap_options(config, rank)));
   }
 

@@ -602,7 +602,9 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   // Without NVMe one buffer will do.
   plan.staging_buffer_bytes =
       std::min<std::size_t>(std::max(z.max_work_io, z.max_f32_io), std::size_t{8} << 20);
-  plan.num_staging_buffers = o.params == Tier::kNvme || o.optimizer == Tier::kNvme ? 4 : 1;
+  plan.num_staging_buffers =
+      o.params == Tier::kNvme || o.optimizer == Tier::kNvme || o.checkpoint_home == Tier::kNvme ? 4
+                                                                                                : 1;
   const auto place = [&](Tier gradients) {
     plan.gradients = gradients;
     plan.optimizer_staging_bytes = 0;

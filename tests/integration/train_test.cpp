@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "strata/core/file.h"
+#include "strata/io/swap.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
@@ -416,6 +417,80 @@ TEST(TrainTest, ActivationCheckpointingDoesNotChangeLosses) {
   j["activation_checkpointing"] = true;
   j["save_dir"] = dir.file("ckpt2");
   EXPECT_EQ(run(j), plain);
+}
+
+// activation_offload: each checkpointed layer input waits for its backward in host memory or on
+// NVMe. The same bits as keeping them on the device, for every family's layers, every ZeRO stage
+// and the optimizer step overlapped with backward; and the device holds a few layers' inputs
+// whatever the depth (the plan's device activations fall by the rest).
+TEST(TrainTest, ActivationOffloadKeepsTheBitsAndFreesTheDevice) {
+  for (const char* model : {R"({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 10, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 64})",
+                            R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 10, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 12, "attention_bias": true,
+            "max_position_embeddings": 64})",
+                            R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 10, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "sliding_window": 6, "max_position_embeddings": 64})"}) {
+    for (const int stage : {1, 2, 3}) {
+      TempDir dir;
+      Json base = tiny_config(dir);
+      base["model"] = Json::parse(model);
+      base["activation_checkpointing"] = true;
+      base["seq_len"] = 64;
+      base["zero_stage"] = stage;
+      base["offload_optimizer"] = "cpu";
+      base["optimizer_overlap"] = "backward";
+      SCOPED_TRACE(base["model"].value("model_type", "llama") + " zero_stage " +
+                   std::to_string(stage));
+      std::map<std::string, std::pair<std::vector<double>, std::string>> runs;
+      std::map<std::string, std::uint64_t> activations;  // the plan's on the device
+      for (const char* home : {"none", "cpu", "nvme"}) {
+        Json j = base;
+        j["activation_offload"] = home;
+        j["save_dir"] = dir.file(std::string("ckpt-") + home);
+        auto t = make_trainer(j);
+        ASSERT_TRUE(t.is_ok()) << t.status().message();
+        ASSERT_TRUE((*t)->run().is_ok());
+        auto weights = read_file((*t)->last_checkpoint() + "/model/model.safetensors");
+        ASSERT_TRUE(weights.is_ok()) << weights.status().message();
+        runs[home] = {losses_of(**t), *weights};
+        auto config = parse_train_config(j, "test config");
+        ASSERT_TRUE(config.is_ok());
+        auto planned = estimate(*config, 1);
+        ASSERT_TRUE(planned.is_ok()) << planned.status().message();
+        activations[home] = planned->plan.kind_bytes(Tier::kDevice, zero::TensorKind::kActivations);
+        if (std::string(home) != "none") {
+          EXPECT_NE((*t)->describe().find(std::string("checkpointed activations wait for the "
+                                                      "backward on ") +
+                                          (std::string(home) == "cpu" ? "host" : "nvme")),
+                    std::string::npos)
+              << (*t)->describe();
+        }
+      }
+      EXPECT_EQ(runs["cpu"], runs["none"]);
+      EXPECT_EQ(runs["nvme"], runs["none"]);
+      // The plan keeps 3 of the 9 inner layer inputs on the device (the one written, the one
+      // read, the one arriving); on the CPU backend a copy NVMe reads and writes in place takes
+      // whole O_DIRECT blocks and one more.
+      const std::uint64_t input = 2 * 64 * 32 * 4;  // micro-batch 2 x seq 64 x hidden 32, fp32
+      EXPECT_EQ(activations["cpu"] + 6 * input, activations["none"]);
+      EXPECT_EQ(activations["nvme"] + 6 * input, activations["none"] + 3 * io::kIoAlignBytes);
+    }
+  }
+  // Nothing to move without checkpointing.
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["activation_offload"] = "cpu";
+  auto refused = make_trainer(j);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find(
+                "'activation_offload': \"cpu\" moves checkpointed activations; it needs "
+                "activation_checkpointing true"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST(TrainTest, DeviceBudgetIsNeverExceeded) {

@@ -112,6 +112,11 @@ struct TrainConfig {
   std::int64_t dist_timeout_s = 300;       // a collective slower than this ends the run
   Tier offload_optimizer = Tier::kDevice;  // "none" (device) | "cpu" (host) | "nvme"
   Tier offload_param = Tier::kDevice;      // likewise
+  // With activation_checkpointing, where each layer's checkpointed input lives between its
+  // forward and its backward: "none" (the device), "cpu" (host memory) or "nvme" (the swap
+  // paths); it leaves the device as soon as the next layer has read it and comes back ahead of
+  // its backward.
+  Tier activation_offload = Tier::kDevice;
   // "auto" for either: the placement with the lowest predicted step time that fits the budgets
   // is chosen before the run (train::choose_placement); the tiers above then hold the choice.
   bool offload_optimizer_auto = false;
@@ -157,6 +162,11 @@ struct TrainConfig {
   std::int64_t log_every = 1;
   FinetuneConfig finetune;
 
+  // Anything lives on NVMe: parameters, optimizer states or checkpointed activations.
+  bool uses_nvme() const {
+    return offload_param == Tier::kNvme || offload_optimizer == Tier::kNvme ||
+           activation_offload == Tier::kNvme;
+  }
   // The adapters the run trains (finetune.method lora), or none (full fine-tuning).
   std::optional<model::LoraConfig> lora() const {
     return finetune.method == FinetuneMethod::kFull ? std::nullopt : std::optional(finetune.lora);
