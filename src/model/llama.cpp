@@ -53,12 +53,12 @@ struct Workspace {
   void* partial = nullptr;      // sequence parallelism: [rows, hidden] before a reduce-scatter
   float* rstd_final = nullptr;  // [rows]                      (the head's, on the last stage)
   void* hf = nullptr;           // [rows, hidden] model.norm output
-  void* logits = nullptr;       // [rows, vocab], overwritten by dlogits in training
+  void* logits = nullptr;       // [head_rows, vocab], overwritten by dlogits in training
   float* losses = nullptr;      // [rows]
   void* nf4_weight = nullptr;   // [max_weight] with an NF4 base: one decoded weight
-  // Tensor parallelism: each rank's cross-entropy statistics [size, rows, 3] (all gathered) and
-  // the whole vocabulary's row maximum and sum [2, rows].
-  float* ce_local = nullptr;  // [rows, 3]: this rank's
+  // Tensor parallelism: each rank's cross-entropy statistics [size, head_rows, 3] (all
+  // gathered) and the whole vocabulary's row maximum and sum [2, head_rows].
+  float* ce_local = nullptr;  // [head_rows, 3]: this rank's
   float* ce_stats = nullptr;
   float* ce_rows = nullptr;
   detail::BackwardScratch bwd;
@@ -198,14 +198,15 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
     }
   }
   if (stage.heads) {
+    const std::int64_t C = d.head_rows;
     ws->rstd_final = f32(Rl);
     ws->hf = act(R * H);
-    ws->logits = act(R * d.vocab);
+    ws->logits = act(C * d.vocab);
     ws->losses = f32(R);
     if (d.split()) {
-      ws->ce_local = f32(3 * R);
-      ws->ce_stats = f32(3 * R * d.tp_size);
-      ws->ce_rows = f32(2 * R);
+      ws->ce_local = f32(3 * C);
+      ws->ce_stats = f32(3 * C * d.tp_size);
+      ws->ce_rows = f32(2 * C);
     }
   }
   if (d.nf4) ws->nf4_weight = act(d.max_weight());
@@ -436,39 +437,40 @@ struct LlamaModel::Impl {
   // rank's per-row (max, sum of exp, target logit) gathered, combined in double the same way on
   // every rank into the loss and the whole row's max and sum, then (training) the gradient of
   // the slice in place. The logits are never whole.
-  Status parallel_cross_entropy(const std::int32_t* targets, float* host_losses, bool train,
-                                float dloss_scale) {
+  Status parallel_cross_entropy(const std::int32_t* targets, std::int64_t n, float* host_losses,
+                                bool train, float dloss_scale) {
     const Dims& d = dims_;
-    const std::int64_t R = d.rows, T = d.tp_size;
+    const std::int64_t T = d.tp_size;
     auto& stream = device_.stream(device::StreamKind::kCompute);
     const auto& ops = device_.ops();
-    ops.cross_entropy_stats(ws_.logits, targets, R, d.vocab, d.vocab_begin, ws_.ce_local, d.dtype);
-    STRATA_RETURN_IF_ERROR(d.tp->all_gather(ws_.ce_local, ws_.ce_stats, 3 * R, DType::kF32,
+    ops.cross_entropy_stats(ws_.logits, targets, n, d.vocab, d.vocab_begin, ws_.ce_local, d.dtype);
+    STRATA_RETURN_IF_ERROR(d.tp->all_gather(ws_.ce_local, ws_.ce_stats, 3 * n, DType::kF32,
                                             "cross-entropy statistics"));
     // In the pinned host buffer, after every slot's ids, targets and losses.
-    float* stats = reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) +
-                                            12 * R * static_cast<std::int64_t>(ws_.slots.size()));
-    float* rows = stats + 3 * R * T;
-    device_.copy_to_host(stats, ws_.ce_stats, static_cast<std::size_t>(3 * R * T) * 4, stream);
+    float* stats =
+        reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) +
+                                 12 * d.rows * static_cast<std::int64_t>(ws_.slots.size()));
+    float* rows = stats + 3 * n * T;
+    device_.copy_to_host(stats, ws_.ce_stats, static_cast<std::size_t>(3 * n * T) * 4, stream);
     stream.synchronize();
-    for (std::int64_t i = 0; i < R; ++i) {
+    for (std::int64_t i = 0; i < n; ++i) {
       float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t r = 0; r < T; ++r) m = std::max(m, stats[3 * (r * R + i)]);
+      for (std::int64_t r = 0; r < T; ++r) m = std::max(m, stats[3 * (r * n + i)]);
       double sum = 0, target = 0;
       for (std::int64_t r = 0; r < T; ++r) {
-        const float* st = stats + 3 * (r * R + i);
+        const float* st = stats + 3 * (r * n + i);
         if (st[1] > 0) sum += static_cast<double>(st[1]) * std::exp(static_cast<double>(st[0]) - m);
         target += st[2];
       }
       host_losses[i] =
           sum > 0 ? static_cast<float>(std::log(sum) + (static_cast<double>(m) - target)) : 0.0f;
       rows[i] = m;
-      rows[R + i] = static_cast<float>(sum);
+      rows[n + i] = static_cast<float>(sum);
     }
     if (!train) return Status::ok();
-    device_.copy_to_device(ws_.ce_rows, rows, static_cast<std::size_t>(2 * R) * 4, stream);
-    ops.cross_entropy_grad(ws_.logits, targets, R, d.vocab, d.vocab_begin, ws_.ce_rows,
-                           ws_.ce_rows + R, ws_.logits, dloss_scale, d.dtype);
+    device_.copy_to_device(ws_.ce_rows, rows, static_cast<std::size_t>(2 * n) * 4, stream);
+    ops.cross_entropy_grad(ws_.logits, targets, n, d.vocab, d.vocab_begin, ws_.ce_rows,
+                           ws_.ce_rows + n, ws_.logits, dloss_scale, d.dtype);
     stream.synchronize();  // `rows` is read by the copy
     return Status::ok();
   }
@@ -759,30 +761,10 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   ops.rmsnorm_forward(x_final, norm_weight, detail::row_slot(d, ws_.hf, H), ws_.rstd_final,
                       d.local_rows, H, d.eps, dt);
   STRATA_RETURN_IF_ERROR(detail::gather_rows(d, ws_.hf, H, "model.norm output"));
-  matmul(ops, dt, false, true, R, V, H, ws_.hf, lm_weight, ws_.logits, false);
-  // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
-  const float dloss_scale = num_valid_ > 0 ? mb.grad_scale / static_cast<float>(num_valid_) : 0.0f;
-  if (d.split()) {
-    STRATA_RETURN_IF_ERROR(parallel_cross_entropy(targets, host_losses, train, dloss_scale));
-  } else {
-    ops.cross_entropy(ws_.logits, targets, ws_.losses, train ? ws_.logits : nullptr, R, V,
-                      dloss_scale, dt);
-    device_.copy_to_host(host_losses, ws_.losses, static_cast<std::size_t>(R) * 4, stream);
-    stream.synchronize();
-  }
-  double sum = 0;
-  for (std::int64_t i = 0; i < R; ++i) sum += host_losses[i];
-  slot_loss_[static_cast<std::size_t>(mb.slot)] =
-      num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
-  if (!train) {
-    release_head(ps);
-    return Status::ok();
-  }
-
-  void* dlogits = ws_.logits;
-  // Tied: the embedding's gradient collects the head's part now and the lookup's part last.
-  // A frozen head, norm or embedding has no gradient: its weight products are skipped.
-  const bool norm_trains = trains(norm_group_), lm_trains = trains(lm_group_);
+  // Training: the head's gradients. Tied: the embedding's gradient collects the head's part now
+  // and the lookup's part last. A frozen head, norm or embedding has no gradient: its weight
+  // products are skipped.
+  const bool norm_trains = train && trains(norm_group_), lm_trains = train && trains(lm_group_);
   void* norm_grads = nullptr;
   void* lm_grads = nullptr;
   if (norm_trains) {
@@ -795,11 +777,44 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
       STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_));
     }
   }
-  if (lm_trains) {
-    matmul(ops, dt, true, false, V, H, R, dlogits, ws_.hf, offset_ptr(lm_grads, lm_offset_, eb),
-           true);
+  // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.
+  const float dloss_scale = num_valid_ > 0 ? mb.grad_scale / static_cast<float>(num_valid_) : 0.0f;
+  // The logits, the loss and (training) their gradient a chunk of tokens at a time: the whole
+  // [rows, vocab] never exists. Each chunk's dlogits overwrite its logits, then give lm_head's
+  // weight gradient (accumulated over the chunks) and the chunk's rows of the input gradient.
+  void* dlogits = ws_.logits;
+  for (std::int64_t r0 = 0; r0 < R; r0 += d.head_rows) {
+    const std::int64_t rows = std::min(d.head_rows, R - r0);
+    const void* hf = offset_ptr(ws_.hf, r0 * H, eb);
+    matmul(ops, dt, false, true, rows, V, H, hf, lm_weight, ws_.logits, false);
+    if (d.split()) {
+      STRATA_RETURN_IF_ERROR(
+          parallel_cross_entropy(targets + r0, rows, host_losses + r0, train, dloss_scale));
+    } else {
+      ops.cross_entropy(ws_.logits, targets + r0, ws_.losses + r0, train ? dlogits : nullptr, rows,
+                        V, dloss_scale, dt);
+    }
+    if (!train) continue;
+    if (lm_trains) {
+      matmul(ops, dt, true, false, V, H, rows, dlogits, hf, offset_ptr(lm_grads, lm_offset_, eb),
+             true);
+    }
+    matmul(ops, dt, false, false, rows, H, V, dlogits, lm_weight, offset_ptr(bwd.dx, r0 * H, eb),
+           false);
   }
-  matmul(ops, dt, false, false, R, H, V, dlogits, lm_weight, bwd.dx, false);
+  if (!d.split()) {
+    device_.copy_to_host(host_losses, ws_.losses, static_cast<std::size_t>(R) * 4, stream);
+    stream.synchronize();
+  }
+  double sum = 0;
+  for (std::int64_t i = 0; i < R; ++i) sum += host_losses[i];
+  slot_loss_[static_cast<std::size_t>(mb.slot)] =
+      num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
+  if (!train) {
+    release_head(ps);
+    return Status::ok();
+  }
+
   // Each rank's vocabulary slice gives part of the input gradient: summed (this rank's rows).
   void* dx = d.seq_parallel ? bwd.dx_local : bwd.dx;
   if (d.split()) {
@@ -1230,6 +1245,16 @@ std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const Mode
   Workspace measure;
   return carve_workspace(Dims::make(config, options, batch, seq), StageShape::of(config, options),
                          nullptr, &measure);
+}
+
+std::uint64_t LlamaModel::head_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                     std::int64_t batch, std::int64_t seq) {
+  const Dims d = Dims::make(config, options, batch, seq);
+  const auto u = [](std::int64_t n) { return static_cast<std::uint64_t>(n); };
+  std::uint64_t bytes =
+      u(d.rows * d.hidden + d.head_rows * d.vocab) * d.elem_bytes + u(d.rows + d.local_rows) * 4;
+  if (d.split()) bytes += u(d.head_rows * (5 + 3 * d.tp_size)) * 4;
+  return bytes;
 }
 
 std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,

@@ -48,6 +48,14 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     d.vocab /= t;
     d.vocab_begin = d.vocab * options.tensor_parallel.rank;
   }
+  if (options.lm_head_chunk_tokens > 0) {
+    d.head_rows = std::min(options.lm_head_chunk_tokens, d.rows);
+  } else if (d.vocab <= 2 * d.hidden) {
+    d.head_rows = d.rows;
+  } else {
+    d.head_rows =
+        std::clamp<std::int64_t>((2 * d.hidden * d.rows + d.vocab - 1) / d.vocab, 1, d.rows);
+  }
   d.local_rows = d.rows;
   if (d.split() && options.sequence_parallel) {
     d.seq_parallel = true;

@@ -49,6 +49,8 @@ struct Dims {
   // [row_begin, row_begin + local_rows) of the rows; without it local_rows = rows.
   bool seq_parallel = false;
   std::int64_t local_rows = 0, row_begin = 0;
+  // Rows the LM head and the loss run at once (ModelOptions::lm_head_chunk_tokens).
+  std::int64_t head_rows = 0;
   bool split() const { return tp_size > 1; }
 
   // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.

@@ -281,6 +281,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   read_enum(r, "grad_accumulation", &c.grad_accumulation, zero::kGradAccumulations,
             zero::grad_accumulation_name);
   r.read("activation_checkpointing", &c.activation_checkpointing);
+  r.read("lm_head_chunk_tokens", &c.lm_head_chunk_tokens, 0);
   r.read("zero_stage", &c.zero_stage, 1, 3);
   r.read("tensor_parallel_size", &c.tensor_parallel_size, 1, 1 << 16);
   r.read("sequence_parallel", &c.sequence_parallel);
@@ -542,6 +543,7 @@ model::ModelOptions TrainConfig::model_options(int pipeline_rank, int data_ranks
   model::ModelOptions o;
   o.compute_dtype = precision;
   o.activation_checkpointing = activation_checkpointing;
+  o.lm_head_chunk_tokens = lm_head_chunk_tokens;
   o.lora = lora();
   o.nf4_base = nf4_base();
   o.tensor_parallel.size = tensor_parallel_size;  // the rank's place: the trainer's
@@ -611,6 +613,7 @@ Json TrainConfig::to_json() const {
       {"optimizer_overlap", zero::optimizer_overlap_name(optimizer_overlap)},
       {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},
       {"activation_checkpointing", activation_checkpointing},
+      {"lm_head_chunk_tokens", lm_head_chunk_tokens},
       {"zero_stage", zero_stage},
       {"tensor_parallel_size", tensor_parallel_size},
       {"sequence_parallel", sequence_parallel},

@@ -20,6 +20,7 @@
 #include "strata/train/trainer.h"
 #include "strata/zero/partition.h"
 #include "strata/zero/plan.h"
+#include "tests/testing/multirank_runs.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::train {
@@ -491,6 +492,59 @@ TEST(TrainTest, ActivationOffloadKeepsTheBitsAndFreesTheDevice) {
                 "activation_checkpointing true"),
             std::string::npos)
       << refused.status().message();
+}
+
+// The LM head and the loss a chunk of tokens at a time: every token's loss and input gradient
+// are its own row's (the same arithmetic), and lm_head's weight gradient sums the chunks' products
+// in another order than one product over all tokens, as data-parallel ranks sum micro-batches;
+// so the losses stay within the multi-rank runs' 1e-5 and the weights within their bound. The
+// plan's activations shrink by the logits the chunks leave out, and for Llama 3's vocabulary at
+// 8K tokens the head's buffers are under an eighth of the unchunked ones'.
+TEST(TrainTest, LmHeadChunksTrackTheWholeHead) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["max_steps"] = 3;
+  const auto trained = [&](std::int64_t chunk) {
+    Json j = base;
+    j["lm_head_chunk_tokens"] = chunk;
+    j["save_dir"] = dir.file("ckpt-" + std::to_string(chunk));
+    auto t = make_trainer(j);
+    EXPECT_TRUE(t.is_ok()) << t.status().message();
+    EXPECT_TRUE((*t)->run().is_ok());
+    return std::pair{losses_of(**t), testing::weights((*t)->last_checkpoint() + "/model")};
+  };
+  const auto whole = trained(32);  // micro-batch 2 x seq 16: every token at once
+  ASSERT_EQ(whole.first.size(), 3u);
+  for (const std::int64_t chunk : {1, 5, 0}) {
+    SCOPED_TRACE("lm_head_chunk_tokens " + std::to_string(chunk));
+    const auto chunked = trained(chunk);
+    testing::expect_close(chunked.first, whole.first, 1e-5);
+    testing::expect_weights_close(chunked.second, whole.second, 0.01, 3);
+  }
+
+  auto small = parse_train_config(base, "test config");
+  ASSERT_TRUE(small.is_ok());
+  model::ModelOptions whole_head = small->model_options(), auto_head = whole_head;
+  whole_head.lm_head_chunk_tokens = 2 * 16;
+  const auto acts = [&](const model::ModelOptions& o) {
+    return model::LlamaModel::activation_bytes(small->model, o, 2, 16);
+  };
+  // vocab 256 over hidden 32: chunks of 2 x 32 x 32 / 256 = 8 tokens, 24 rows of logits fewer.
+  EXPECT_EQ(acts(whole_head) - acts(auto_head), 24u * 256 * 4);
+
+  model::LlamaConfig llama3 = small->model;
+  llama3.vocab_size = 128256;
+  llama3.hidden_size = 4096;
+  llama3.num_attention_heads = 32;
+  llama3.num_key_value_heads = 8;
+  llama3.intermediate_size = 14336;
+  llama3.max_position_embeddings = 8192;
+  model::ModelOptions bf16 = auto_head, bf16_whole = auto_head;
+  bf16.compute_dtype = bf16_whole.compute_dtype = DType::kBF16;
+  bf16_whole.lm_head_chunk_tokens = 8192;
+  const std::uint64_t chunked = model::LlamaModel::head_bytes(llama3, bf16, 1, 8192);
+  const std::uint64_t unchunked = model::LlamaModel::head_bytes(llama3, bf16_whole, 1, 8192);
+  EXPECT_LE(8 * chunked, unchunked) << chunked << " of " << unchunked;
 }
 
 TEST(TrainTest, DeviceBudgetIsNeverExceeded) {

@@ -37,6 +37,10 @@ struct ModelOptions {
   // all-gathers before the column-parallel products and reduce-scatters after the row-parallel
   // ones take the place of the all-reduces, and the norms' weight gradients are summed.
   bool sequence_parallel = false;
+  // Tokens the LM head and the loss run at once (their logits and gradient are that many rows
+  // of the vocabulary, never all of them); 0: all of them while the vocabulary is at most twice
+  // the hidden size, else as many as make a chunk's logits twice the hidden states' bytes.
+  std::int64_t lm_head_chunk_tokens = 0;
   // Pipeline parallelism: the model is this stage's chunks of layers (the layout must be
   // ParamLayout::build(..., pipeline)), run a chunk at a time by forward_chunk and
   // backward_chunk.
@@ -124,6 +128,10 @@ class LlamaModel {
   // The same for a model not made (strata estimate): from its config and options alone.
   static std::uint64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                         std::int64_t batch, std::int64_t seq);
+  // Bytes of the head's own buffers (the final norm's output, the logits of a chunk of tokens,
+  // the losses, and the vocabulary-parallel statistics of a split model) for (batch, seq).
+  static std::uint64_t head_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                  std::int64_t batch, std::int64_t seq);
   // With activation_checkpointing, the bytes of each checkpointed activation
   // (ParamProvider::write_activation: a [batch * seq, hidden] tensor in the compute dtype); 0
   // without.

@@ -86,6 +86,10 @@ struct TrainConfig {
   // and its budget holds the sums).
   zero::GradAccumulation grad_accumulation = zero::GradAccumulation::kAuto;
   bool activation_checkpointing = false;
+  // Tokens the LM head and the loss run at once (ModelOptions::lm_head_chunk_tokens); 0: chosen
+  // so that a chunk's logits are twice the hidden states' bytes (all tokens while the vocabulary
+  // is at most twice the hidden size).
+  std::int64_t lm_head_chunk_tokens = 0;
   int zero_stage = 3;
   // Megatron-style tensor parallelism: each group of this many consecutive ranks splits every
   // layer's matrices; ZeRO shards over the rest (the data-parallel ranks).
