@@ -136,6 +136,8 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   Estimate e;
   e.ranks = ranks;
   e.rank = options.rank;
+  e.pipeline_stages = pp;
+  e.pipeline_stage = at.pipeline;
   e.model = config.model;
   STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
   // This rank's slices of its stage's layers (the whole model without tensor and pipeline
@@ -152,7 +154,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   e.finetune = describe_finetune(config, whole);
   const zero::Partition partition(full, at.data, shape.data, config.param_persistence_threshold);
   for (const auto& g : partition.groups()) {
-    e.groups_partitioned += g.replicated ? 0 : 1;
+    e.groups_partitioned += g.replicated || g.full_elems == 0 ? 0 : 1;  // of the rank's stage
     if (!full.group(g.group).frozen) e.trainable_local_elems += g.local_elems();
   }
 
@@ -228,8 +230,11 @@ std::string Estimate::describe() const {
                   std::to_string(model.hidden_size) + ", vocab " +
                   std::to_string(model.vocab_size) + ")\n";
   if (!finetune.empty()) s += finetune + "\n";
-  s += "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ": " +
-       std::to_string(groups_partitioned) + " parameter groups partitioned\n";
+  s += "rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+       (pipeline_stages > 1 ? " (pipeline stage " + std::to_string(pipeline_stage) + " of " +
+                                  std::to_string(pipeline_stages) + ")"
+                            : std::string()) +
+       ": " + std::to_string(groups_partitioned) + " parameter groups partitioned\n";
   s += plan.describe();
   const auto beyond = [](std::uint64_t peak, std::uint64_t planned, const std::string& of) {
     return peak > planned ? " (" + format_bytes(planned) + " planned + " +

@@ -419,6 +419,23 @@ TEST(ZeroPipeline, ShapesThatCannotRunAreRefused) {
   }
 }
 
+// strata estimate plans each stage: the first rank's plan, and each later stage's needs.
+TEST(ZeroPipeline, EstimatePlansEveryStage) {
+  TempDir dir;
+  Json k = pipeline_config(dir, "est");
+  k["pipeline_parallel_size"] = 2;
+  dir.write("est.json", k.dump());
+  const std::string out = dir.file("est.txt");
+  ASSERT_EQ(run(std::string(STRATA_CLI) + " estimate " + dir.file("est.json") + " --ranks 4 >" +
+                out + " 2>&1"),
+            0)
+      << read_text(out);
+  const std::string said = read_text(out);
+  EXPECT_NE(said.find("rank 0 of 4 (pipeline stage 0 of 2)"), std::string::npos) << said;
+  EXPECT_NE(said.find("pipeline stage 1 (rank 2): device "), std::string::npos) << said;
+  EXPECT_NE(said.find("pipeline bubble "), std::string::npos) << said;
+}
+
 // parallelism "auto" on 4 ranks: every rank runs the grid rank 0's step model chose, said once.
 TEST(ZeroPipeline, AutoParallelismRunsTheChosenGrid) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -545,6 +546,58 @@ TEST(TrainTest, LmHeadChunksTrackTheWholeHead) {
   const std::uint64_t chunked = model::LlamaModel::head_bytes(llama3, bf16, 1, 8192);
   const std::uint64_t unchunked = model::LlamaModel::head_bytes(llama3, bf16_whole, 1, 8192);
   EXPECT_LE(8 * chunked, unchunked) << chunked << " of " << unchunked;
+}
+
+// A 32K-token sequence through forward and backward, with Llama 3's rope scaling (positions
+// past the original 8K context take the scaled frequencies): attention runs in blocks of query
+// rows, so the plan's activations grow with the tokens, not their square; and, attention being
+// causal, the first 16K targets of a 32K sequence (a loss mask leaves out the rest) have the loss
+// a 16K run of the same tokens has (within the rounding of attention blocked another way).
+TEST(TrainTest, A32kSequenceTrainsAndItsFirstHalfIsA16kRun) {
+  TempDir dir;
+  constexpr std::int64_t kLong = 32768, kShort = kLong / 2;
+  std::string tokens, mask;
+  std::uint64_t x = 7;
+  for (std::int64_t i = 0; i <= kLong; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const auto t = static_cast<std::uint16_t>((i * 7 + static_cast<std::int64_t>(x >> 60)) % 256);
+    tokens += static_cast<char>(t & 0xff);
+    tokens += static_cast<char>(t >> 8);
+    mask += static_cast<char>(i <= kShort ? 1 : 0);  // the targets of positions 0 .. 16K-1
+  }
+  dir.write("long.u16", tokens);
+  dir.write("long.u16.mask", mask);
+  dir.write("short.u16", tokens.substr(0, static_cast<std::size_t>(2 * (kShort + 1))));
+  Json j = tiny_config(dir);
+  j["model"] = Json::parse(R"({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "rope_theta": 500000.0, "max_position_embeddings": 32768,
+      "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  j["batch_size"] = 1;
+  j["micro_batch_size"] = 1;
+  j["max_steps"] = 1;
+  j["threads"] = 0;
+  j["save_dir"] = "";
+  const auto loss = [&](const std::string& file, std::int64_t seq) {
+    Json k = j;
+    k["data"] = {{"path", dir.file(file)}, {"format", "u16"}};
+    k["seq_len"] = seq;
+    const auto l = run(k);
+    EXPECT_EQ(l.size(), 1u);
+    return l.empty() ? 0.0 : l.front();
+  };
+  const double long_loss = loss("long.u16", kLong), short_loss = loss("short.u16", kShort);
+  ASSERT_TRUE(std::isfinite(long_loss));
+  EXPECT_NEAR(long_loss, short_loss, 1e-5 * short_loss);
+
+  auto c = parse_train_config(j, "test config");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  const model::ModelOptions o = c->model_options();
+  const auto acts = [&](std::int64_t seq) {
+    return static_cast<double>(model::LlamaModel::activation_bytes(c->model, o, 1, seq));
+  };
+  EXPECT_LT(acts(kLong), 2.01 * acts(kShort));
 }
 
 TEST(TrainTest, DeviceBudgetIsNeverExceeded) {

@@ -61,6 +61,18 @@ int run_estimate(const EstimateArgs& a) {
   }
   Result<train::Estimate> e = train::estimate_with_changes(*config, a.ranks);
   if (!e.is_ok()) return fail(e.status());
+  // Pipeline stages plan apart (each its layers, the first the embedding, the last the head):
+  // every stage's first rank must fit, as its rank checks when training starts.
+  std::vector<train::Estimate> stages;
+  const int stage_ranks = a.ranks / config->pipeline_parallel_size;
+  for (int s = 1; s < config->pipeline_parallel_size; ++s) {
+    auto st = train::estimate_with_changes(*config, a.ranks, {s * stage_ranks, true});
+    if (!st.is_ok()) {
+      return fail(st.status().with_context("pipeline stage " + std::to_string(s) + " (rank " +
+                                           std::to_string(s * stage_ranks) + ")"));
+    }
+    stages.push_back(std::move(*st));
+  }
   if (!probed) probed = train::calibrate(*config);
   const train::MachineRates& rates = *probed;
   train::StepTime step = train::predict_step(*config, *e, rates);
@@ -84,10 +96,23 @@ int run_estimate(const EstimateArgs& a) {
     out["offload_optimizer"] = zero::offload_name(config->offload_optimizer);
     out["tensor_parallel_size"] = config->tensor_parallel_size;
     out["pipeline_parallel_size"] = config->pipeline_parallel_size;
+    if (!stages.empty()) {
+      Json later = Json::array();
+      for (const train::Estimate& st : stages) later.push_back(st.to_json());
+      out["later_stages"] = later;  // stage 1, 2, ...: each its first rank's plan
+    }
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
   std::cout << placement << e->describe();
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const zero::MemoryPlan& p = stages[i].plan;
+    std::cout << "pipeline stage " << i + 1 << " (rank " << stages[i].rank << "): device "
+              << format_bytes(stages[i].device_bytes_needed()) << " (peak "
+              << format_bytes(p.peak(Tier::kDevice)) << "), host "
+              << format_bytes(p.tier_bytes(Tier::kHost)) << ", nvme "
+              << format_bytes(p.tier_bytes(Tier::kNvme)) << "\n";
+  }
   const auto secs = [](double ms) {
     char b[32];
     std::snprintf(b, sizeof(b), "%.2f s", ms / 1e3);

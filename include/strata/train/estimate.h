@@ -49,6 +49,8 @@ struct Estimate {
   std::string finetune;        // describe_finetune's line; "" for full fine-tuning
   int ranks = 1;               // planned for one rank of these
   int rank = 0;                // that one
+  int pipeline_stages = 1;     // of the grid
+  int pipeline_stage = 0;      // the rank's
   int groups_partitioned = 0;  // of the parameter groups, split across the ranks
   zero::MemoryPlan plan;       // the rank's: what its provider runs, and the peaks it will measure
   // Resident memory of a process that has loaded Strata and its libraries (this one, measured
