@@ -16,6 +16,7 @@
 #include "strata/core/json.h"
 #include "strata/train/config.h"
 #include "strata/train/pipeline_schedule.h"
+#include "tests/testing/family_models.h"
 #include "tests/testing/multirank_runs.h"
 #include "tests/testing/temp_dir.h"
 
@@ -162,27 +163,9 @@ TEST(ZeroPipeline, StagesTrainTheBitsOfOneStage) {
 TEST(ZeroPipeline, FamiliesTrainTheBitsOfOneStage) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
-  for (const char* model :
-       {R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "sliding_window": 6, "max_position_embeddings": 64})",
-        R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 12, "attention_bias": true,
-            "max_position_embeddings": 64})",
-        R"({"model_type": "qwen2", "vocab_size": 256, "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "use_sliding_window": true, "sliding_window": 5,
-            "max_window_layers": 1, "max_position_embeddings": 64})",
-        R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "attention_bias": true, "mlp_bias": true, "rope_theta": 500000.0,
-            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-            "max_position_embeddings": 64})"}) {
+  for (const std::string& family : families()) {
     Json k = pipeline_config(dir, "x");
-    k["model"] = Json::parse(model);
-    const std::string family = k["model"]["model_type"].get<std::string>();
+    k["model"] = family_model(family, 3);
     SCOPED_TRACE(family);
     train_ok(dir, k, family + "-p1", 1);
     k["pipeline_parallel_size"] = 2;
@@ -463,6 +446,18 @@ TEST(ZeroPipeline, StuckStageEndsTheRunNamingTheStagesAndTheOperation) {
             std::string::npos)
       << r.err;
   EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
+}
+
+// A stage that dies (rank 1 kills itself as step 3 starts) ends the other within the timeout.
+TEST(ZeroPipeline, DeadStageEndsTheRunWithinTheTimeout) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const FaultedRun r = run_with_fault(
+      dir, "dead-pp", "kill", 10,
+      {{"pipeline_parallel_size", 2}, {"save_dir", ""}, {"model", {{"num_hidden_layers", 4}}}});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(r.seconds, 10 + 30) << "the surviving stage did not give up within dist_timeout_s";
+  EXPECT_NE(r.err.find("rank"), std::string::npos) << r.err;
 }
 
 }  // namespace

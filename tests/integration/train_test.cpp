@@ -21,6 +21,7 @@
 #include "strata/train/trainer.h"
 #include "strata/zero/partition.h"
 #include "strata/zero/plan.h"
+#include "tests/testing/family_models.h"
 #include "tests/testing/multirank_runs.h"
 #include "tests/testing/temp_dir.h"
 
@@ -426,27 +427,17 @@ TEST(TrainTest, ActivationCheckpointingDoesNotChangeLosses) {
 // and the optimizer step overlapped with backward; and the device holds a few layers' inputs
 // whatever the depth (the plan's device activations fall by the rest).
 TEST(TrainTest, ActivationOffloadKeepsTheBitsAndFreesTheDevice) {
-  for (const char* model : {R"({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 10, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 64})",
-                            R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 10, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 12, "attention_bias": true,
-            "max_position_embeddings": 64})",
-                            R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 32,
-            "intermediate_size": 48, "num_hidden_layers": 10, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "sliding_window": 6, "max_position_embeddings": 64})"}) {
+  for (const std::string family : {"llama3", "qwen3", "mistral"}) {
     for (const int stage : {1, 2, 3}) {
       TempDir dir;
       Json base = tiny_config(dir);
-      base["model"] = Json::parse(model);
+      base["model"] = testing::family_model(family, 10);
       base["activation_checkpointing"] = true;
       base["seq_len"] = 64;
       base["zero_stage"] = stage;
       base["offload_optimizer"] = "cpu";
       base["optimizer_overlap"] = "backward";
-      SCOPED_TRACE(base["model"].value("model_type", "llama") + " zero_stage " +
-                   std::to_string(stage));
+      SCOPED_TRACE(family + " zero_stage " + std::to_string(stage));
       std::map<std::string, std::pair<std::vector<double>, std::string>> runs;
       std::map<std::string, std::uint64_t> activations;  // the plan's on the device
       for (const char* home : {"none", "cpu", "nvme"}) {
