@@ -846,6 +846,8 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
       format_bytes(m.peak_device_bytes).c_str(), format_bytes(m.peak_host_bytes).c_str(),
       format_bytes(m.peak_nvme_bytes).c_str(), format_bytes(m.peak_rss_bytes).c_str(),
       format_bytes(m.comm_bytes).c_str());
+  // Pipeline stages: what this rank sent across its boundaries.
+  if (m.sent_bytes > 0) return std::string(buf) + ", sent " + format_bytes(m.sent_bytes);
   return buf;
 }
 
