@@ -168,9 +168,7 @@ Status ShardStore::create_store() {
                        bool transient = false) -> Result<mem::Handle> {
     mem::TensorSpec spec;
     spec.name = name;
-    // A group another pipeline stage holds has no elements here: a byte stands in for it (the
-    // store holds no empty tensors), and nothing reads or writes it.
-    spec.size_bytes = std::max<std::size_t>(bytes, 1);
+    spec.size_bytes = bytes;
     spec.home = home;
     spec.transient = transient;
     spec.home_initialized = false;  // load_master writes it, or the first gradient
@@ -184,6 +182,12 @@ Status ShardStore::create_store() {
     g->work_bytes = model::working_bytes(spec, options_.compute_dtype);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
     const std::string& name = spec.name;
+    // A group another pipeline stage holds has no elements here, and no tensors: nothing asks
+    // for them, and the loops over every group pass it by.
+    if (g->n == 0) {
+      groups_.push_back(std::move(g));
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(g->work, add("parameters of " + name, g->work_bytes, plan_.params));
     if (spec.frozen) {  // a working copy only: no gradient, no optimizer state
       groups_.push_back(std::move(g));
@@ -227,6 +231,7 @@ Status ShardStore::create_store() {
     // only once it is updated.
     std::unordered_map<std::uint32_t, int> group_of_work;
     for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      if (groups_[gi]->n == 0) continue;
       group_of_work[mem::handle_index(groups_[gi]->work)] = static_cast<int>(gi);
     }
     po.may_prefetch = [this, group_of_work = std::move(group_of_work)](mem::Handle h) {
@@ -525,7 +530,7 @@ void ShardStore::clear_grads() {
 Status ShardStore::give_zero_grads() {
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = *groups_[i];
-    if (g.has_grad || g.frozen()) continue;
+    if (g.has_grad || g.frozen() || g.n == 0) continue;
     STRATA_RETURN_IF_ERROR(store_->fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
     if (plan_.keep_gradients || (plan_.accumulate_on_device() && guessing())) {
@@ -542,7 +547,9 @@ Status ShardStore::give_zero_grads() {
 Status ShardStore::send_sums_to_host() {
   if (!plan_.accumulate_on_device()) return Status::ok();
   for (const auto& g : groups_) {
-    if (!g->frozen()) STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
+    if (!g->frozen() && g->n > 0) {
+      STRATA_RETURN_IF_ERROR(store_->fetch(g->grad_acc, Tier::kHost).status());
+    }
   }
   return Status::ok();
 }
@@ -793,6 +800,7 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = *groups_[gi];
     const int id = static_cast<int>(gi);
+    if (g.n == 0) continue;  // another stage's
     if (g.frozen()) {  // the working copy alone: from the cache, or made from the source's fp32
       STRATA_ASSIGN_OR_RETURN(void* out, open_output(id, Tier::kHost));
       Status s = [&]() -> Status {
@@ -851,6 +859,7 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
 
 Status ShardStore::read_master(int group, float* dst) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
+  if (g.n == 0) return Status::ok();  // another stage's: nothing here
   if (!g.frozen()) return store_->read(g.master, dst);
   // A frozen group's weights are its working copy, widened (NF4 tensors decoded).
   std::vector<std::byte> work(g.work_bytes);
@@ -874,7 +883,7 @@ Status ShardStore::read_master(int group, float* dst) {
 
 Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (g.frozen()) {  // no optimizer state: zeros, as before a first step
+  if (g.frozen() || g.n == 0) {  // no optimizer state (here): zeros, as before a first step
     std::fill_n(exp_avg, g.n, 0.0f);
     std::fill_n(exp_avg_sq, g.n, 0.0f);
     return Status::ok();
@@ -885,7 +894,7 @@ Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
 
 Status ShardStore::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
-  if (g.frozen()) return Status::ok();  // no optimizer state to set
+  if (g.frozen() || g.n == 0) return Status::ok();  // no optimizer state (here) to set
   STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
   return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
 }
