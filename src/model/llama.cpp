@@ -552,6 +552,13 @@ struct LlamaModel::Impl {
   std::uint64_t dropout_key_ = 0;
 
   std::int64_t batch_ = 0, seq_ = 0;  // shape of the current workspace
+  // What ensure_workspace asks the provider for at shape (batch, seq), measured once per shape.
+  struct WorkspaceAsk {
+    std::int64_t batch = -1, seq = -1;  // none yet
+    std::uint64_t bytes = 0, host_io_bytes = 0;
+    std::string what;
+  };
+  WorkspaceAsk ask_;
   Dims dims_;
   void* workspace_ = nullptr;  // the provider's; ws_ is carved from it
   Workspace ws_;
@@ -609,32 +616,34 @@ Status LlamaModel::Impl::check_tokens(const MicroBatch& mb) {
 // and the layout is carved again only when the memory or the shape changed.
 Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t batch,
                                           std::int64_t seq) {
-  STRATA_RETURN_IF_ERROR(check_shape(batch, seq));
-  const Dims d = Dims::make(config_, options_, batch, seq);
-  const StageShape stage = StageShape::of(config_, options_);
-  Workspace measure;
-  const std::uint64_t bytes = carve_workspace(d, stage, nullptr, &measure);
-  std::string layers = std::to_string(config_.num_hidden_layers) + " layers";
-  if (options_.pipeline.split()) {
-    std::int64_t held = 0;
-    for (const auto& [b, e] : stage.chunks) held += e - b;
-    layers = std::to_string(held) + " layers of pipeline stage " +
-             std::to_string(options_.pipeline.stage) + ", " + std::to_string(stage.in_flight) +
-             " micro-batches in flight";
+  // What to ask for is measured once per shape: every pass asks again.
+  if (ask_.batch != batch || ask_.seq != seq) {
+    STRATA_RETURN_IF_ERROR(check_shape(batch, seq));
+    const StageShape stage = StageShape::of(config_, options_);
+    Workspace measure;
+    std::string layers = std::to_string(config_.num_hidden_layers) + " layers";
+    if (options_.pipeline.split()) {
+      std::int64_t held = 0;
+      for (const auto& [b, e] : stage.chunks) held += e - b;
+      layers = std::to_string(held) + " layers of pipeline stage " +
+               std::to_string(options_.pipeline.stage) + ", " + std::to_string(stage.in_flight) +
+               " micro-batches in flight";
+    }
+    ask_ = {batch, seq,
+            carve_workspace(Dims::make(config_, options_, batch, seq), stage, nullptr, &measure),
+            LlamaModel::host_io_bytes(batch, seq, options_.tensor_parallel.size, stage.in_flight),
+            "activations (batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
+                layers + ", activation_checkpointing " + (stage.checkpointing ? "on" : "off") +
+                ")"};
   }
-  STRATA_ASSIGN_OR_RETURN(
-      void* base, provider.workspace(bytes, "activations (batch " + std::to_string(batch) +
-                                                ", seq " + std::to_string(seq) + ", " + layers +
-                                                ", activation_checkpointing " +
-                                                (stage.checkpointing ? "on" : "off") + ")"));
+  STRATA_ASSIGN_OR_RETURN(void* base, provider.workspace(ask_.bytes, ask_.what));
   // Asked every pass too: the provider hands back the same buffer while the size is the same.
-  const int tp = options_.tensor_parallel.size;
-  STRATA_ASSIGN_OR_RETURN(
-      host_io_, provider.host_io(LlamaModel::host_io_bytes(batch, seq, tp, stage.in_flight),
-                                 "token ids, targets and losses"));
+  STRATA_ASSIGN_OR_RETURN(host_io_,
+                          provider.host_io(ask_.host_io_bytes, "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
   workspace_ = base;
-  carve_workspace(d, stage, static_cast<std::byte*>(base), &ws_);
+  const Dims d = Dims::make(config_, options_, batch, seq);
+  carve_workspace(d, StageShape::of(config_, options_), static_cast<std::byte*>(base), &ws_);
   dims_ = d;
   dims_.nf4_weight = ws_.nf4_weight;
   batch_ = batch;

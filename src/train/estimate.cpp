@@ -143,8 +143,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   // This rank's slices of its stage's layers (the whole model without tensor and pipeline
   // parallelism); the counts are the whole model's.
   const model::ParamLayout full = config.param_layout(at.tensor, at.pipeline);
-  const model::ParamLayout whole =
-      model::ParamLayout::build(config.model, config.lora(), config.nf4_base());
+  const model::ParamLayout whole = config.whole_layout();
   e.parameters = whole.num_parameters();
   for (const auto& g : whole.groups()) {
     if (g.frozen) continue;

@@ -469,6 +469,30 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
   return *best;
 }
 
+TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline) {
+  TrainConfig c = config;
+  c.tensor_parallel_size = tensor;
+  c.pipeline_parallel_size = pipeline;
+  c.pipeline_layers.clear();
+  if (pipeline > 1 && config.pipeline_schedule == PipelineSchedule::kInterleaved) {
+    c.virtual_stages = std::max(config.virtual_stages, 2);
+  } else {
+    c.pipeline_schedule = PipelineSchedule::k1F1B;
+    c.virtual_stages = 1;
+  }
+  c.sequence_parallel = config.sequence_parallel && tensor > 1;
+  c.parallelism_auto = false;
+  return c;
+}
+
+TrainConfig GridChoice::applied_to(const TrainConfig& config) const {
+  TrainConfig c = on_grid(config, tensor, pipeline);
+  c.offload_param = param;
+  c.offload_optimizer = optimizer;
+  c.offload_param_auto = c.offload_optimizer_auto = false;
+  return c;
+}
+
 namespace {
 
 // Every (tensor, pipeline) split of `ranks` the config's model and batch allow, data parallelism
@@ -486,16 +510,7 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       if ((ranks / tensor) % pipeline != 0) continue;
       GridCandidate g{tensor, pipeline, ""};
       const int data = ranks / (tensor * pipeline);
-      TrainConfig c = config;
-      c.tensor_parallel_size = tensor;
-      c.pipeline_parallel_size = pipeline;
-      c.pipeline_layers.clear();
-      const bool interleaved = config.pipeline_schedule == PipelineSchedule::kInterleaved;
-      c.pipeline_schedule =
-          pipeline > 1 && interleaved ? config.pipeline_schedule : PipelineSchedule::k1F1B;
-      c.virtual_stages = c.pipeline_schedule == PipelineSchedule::kInterleaved
-                             ? std::max(config.virtual_stages, 2)
-                             : 1;
+      const TrainConfig c = on_grid(config, tensor, pipeline);
       if (const auto p = model::tensor_parallel_problems(config.model, tensor);
           tensor > 1 && !p.empty()) {
         g.refused = p.front();
@@ -544,18 +559,7 @@ Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const Machi
       others += "; " + name + ": " + g.refused;
       continue;
     }
-    TrainConfig c = config;
-    c.tensor_parallel_size = g.tensor;
-    c.pipeline_parallel_size = g.pipeline;
-    c.pipeline_layers.clear();
-    if (g.pipeline == 1 || c.pipeline_schedule != PipelineSchedule::kInterleaved) {
-      c.pipeline_schedule = PipelineSchedule::k1F1B;
-      c.virtual_stages = 1;
-    } else {
-      c.virtual_stages = std::max(c.virtual_stages, 2);
-    }
-    c.sequence_parallel = config.sequence_parallel && g.tensor > 1;
-    c.parallelism_auto = false;
+    TrainConfig c = on_grid(config, g.tensor, g.pipeline);
     // The placement: the config's, or the fastest that fits rank 0 where it is left open.
     if (c.offload_param_auto || c.offload_optimizer_auto) {
       auto placed = choose_placement(c, ranks, rates);

@@ -91,7 +91,7 @@ struct Trainer::Impl {
   std::unique_ptr<mem::Timeline> timeline;         // before the provider, which records into it
   std::unique_ptr<QuantizedBaseCache> base_cache;  // finetune.quantized_cache
   std::unique_ptr<dist::Communicator> comm;
-  std::unique_ptr<dist::ProcessGrid> grid;              // data x tensor_parallel_size, pipeline 1
+  std::unique_ptr<dist::ProcessGrid> grid;              // data x tensor x pipeline
   std::unique_ptr<zero::CommTensorGroup> tensor_group;  // the model's, with tensor parallelism
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
@@ -268,17 +268,11 @@ Status Trainer::Impl::setup() {
         static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer)};
     std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(world));
     STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 4, "grid"));
-    config.tensor_parallel_size = static_cast<int>(all[0]);
-    config.pipeline_parallel_size = static_cast<int>(all[1]);
-    if (config.pipeline_parallel_size == 1) {
-      config.pipeline_schedule = PipelineSchedule::k1F1B;
-      config.virtual_stages = 1;
-    }
-    config.sequence_parallel = config.sequence_parallel && config.tensor_parallel_size > 1;
-    config.offload_param = static_cast<Tier>(all[2]);
-    config.offload_optimizer = static_cast<Tier>(all[3]);
-    config.offload_param_auto = config.offload_optimizer_auto = false;
-    config.parallelism_auto = false;
+    choice.tensor = static_cast<int>(all[0]);
+    choice.pipeline = static_cast<int>(all[1]);
+    choice.param = static_cast<Tier>(all[2]);
+    choice.optimizer = static_cast<Tier>(all[3]);
+    config = choice.applied_to(config);
     if (rank == 0) log_info("grid: " + choice.why);
   }
   // tensor_parallel_size consecutive ranks split each layer, pipeline_parallel_size stages hold
@@ -300,8 +294,7 @@ Status Trainer::Impl::setup() {
   STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
   const dist::GridCoord at = grid->coord();
   layout = std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline));
-  whole = std::make_unique<model::ParamLayout>(
-      model::ParamLayout::build(config.model, config.lora(), config.nf4_base()));
+  whole = std::make_unique<model::ParamLayout>(config.whole_layout());
   if (world > 1) {
     // Every rank must run the same config; a mismatch would silently desynchronize them.
     const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
@@ -615,7 +608,6 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
     return static_cast<std::size_t>(slot * stage.virtual_stages + chunk);
   };
   std::vector<dist::CommHandle> sent_output(at(slots, 0)), sent_grad(at(slots, 0));
-  const auto wait = [](dist::CommHandle& h) { return h.wait(); };
   const auto named = [&](const char* what, const PipelinePass& p, int peer) {
     return std::string(what) + " of micro-batch " + std::to_string(p.micro_batch) +
            (stage.virtual_stages > 1 ? " (chunk " + std::to_string(p.chunk) + ")" : "") +
@@ -638,7 +630,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
     std::int64_t begin = 0;  // the pass's own work, after what it waited to receive
     status = [&]() -> Status {
       if (p.forward) {
-        STRATA_RETURN_IF_ERROR(wait(sent_output[at(slot, p.chunk)]));
+        STRATA_RETURN_IF_ERROR(sent_output[at(slot, p.chunk)].wait());
         if (!stage.first_chunk(p.chunk)) {
           const int from = stage.previous_stage(p.chunk);
           STRATA_RETURN_IF_ERROR(
@@ -659,7 +651,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
       if (k + 1 == passes.size()) {
         provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
       }
-      STRATA_RETURN_IF_ERROR(wait(sent_grad[at(slot, p.chunk)]));
+      STRATA_RETURN_IF_ERROR(sent_grad[at(slot, p.chunk)].wait());
       if (!stage.last_chunk(p.chunk)) {
         const int from = stage.next_stage(p.chunk);
         STRATA_RETURN_IF_ERROR(
@@ -1000,12 +992,8 @@ std::string Trainer::peaks_against_plan() const {
 std::string Trainer::describe() const {
   const Impl& s = *impl_;
   const auto& c = s.config.model;
-  int partitioned = 0, held = 0;  // of this rank's stage's groups
-  for (const auto& p : s.provider->partition().groups()) {
-    if (s.layout->group(p.group).num_elems == 0) continue;
-    partitioned += p.replicated ? 0 : 1;
-    ++held;
-  }
+  int held = 0;  // this rank's stage's groups
+  for (const auto& g : s.layout->groups()) held += g.num_elems > 0 ? 1 : 0;
   char buf[1024];
   std::snprintf(
       buf, sizeof(buf),
@@ -1026,7 +1014,7 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.config.seq_len), static_cast<long long>(s.config.batch_size),
       static_cast<long long>(s.config.accumulation_steps(s.grid->data().world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.grid->data().world_size(),
-      s.config.zero_stage, partitioned, held,
+      s.config.zero_stage, s.planned.groups_partitioned, held,
       s.config.tensor_parallel_size > 1
           ? (" | each layer split over " + std::to_string(s.config.tensor_parallel_size) +
              " tensor-parallel ranks" +

@@ -38,17 +38,7 @@ int run_estimate(const EstimateArgs& a) {
     probed = train::calibrate(*config);
     auto choice = train::choose_grid(*config, a.ranks, *probed);
     if (!choice.is_ok()) return fail(choice.status());
-    config->tensor_parallel_size = choice->tensor;
-    config->pipeline_parallel_size = choice->pipeline;
-    if (choice->pipeline == 1) {
-      config->pipeline_schedule = train::PipelineSchedule::k1F1B;
-      config->virtual_stages = 1;
-    }
-    config->sequence_parallel = config->sequence_parallel && choice->tensor > 1;
-    config->offload_param = choice->param;
-    config->offload_optimizer = choice->optimizer;
-    config->offload_param_auto = config->offload_optimizer_auto = false;
-    config->parallelism_auto = false;
+    *config = choice->applied_to(*config);
     placement = "grid: " + choice->why + "\n";
   }
   if (config->offload_param_auto || config->offload_optimizer_auto) {

@@ -184,6 +184,11 @@ struct TrainConfig {
     return model::ParamLayout::build(model, lora(), nf4_base(), {tensor_parallel_size, tensor_rank},
                                      pipeline_stage(pipeline_rank));
   }
+  // The layout unsplit: every group whole (checkpoints' files, the counts strata estimate
+  // prints).
+  model::ParamLayout whole_layout() const {
+    return model::ParamLayout::build(model, lora(), nf4_base());
+  }
   // Pipeline stage `stage`'s layers: each virtual stage's count from pipeline_layers, else
   // balanced.
   model::PipelineStage pipeline_stage(int stage) const;

@@ -139,7 +139,13 @@ struct GridChoice {
   Tier optimizer = Tier::kDevice;
   StepTime step;
   std::string why;
+  // `config` on this grid with this placement (on_grid; the placement no longer "auto").
+  TrainConfig applied_to(const TrainConfig& config) const;
 };
+// `config` split `tensor` x `pipeline` (the rest data-parallel): its schedule kept where it
+// interleaves stages, else 1F1B; each stage's layers balanced; sequence parallelism only with a
+// tensor split; parallelism no longer "auto".
+TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline);
 Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const MachineRates& rates);
 
 }  // namespace strata::train
