@@ -418,8 +418,10 @@ class MpiCommunicator final : public Communicator {
     stats_.sent_bytes += static_cast<std::size_t>(count) * dtype_size(dtype);
     const int n = static_cast<int>(count);
     const MPI_Datatype type = type_of(dtype);
+    // Synchronous (Issend): done only once the receive is posted, as NCCL's sends are, never
+    // from a copy in MPI's buffers, so a schedule that would wait forever on NCCL does here too.
     return issue("send", what, {}, [=, comm = comm_](MPI_Request* req) {
-      return MPI_Isend(buffer, n, type, peer, kPointToPointTag, comm, req);
+      return MPI_Issend(buffer, n, type, peer, kPointToPointTag, comm, req);
     });
   }
   CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,

@@ -1,7 +1,8 @@
 // NCCL communicator for the CUDA backend: device collectives on the device's collective stream,
 // so they overlap the compute stream's kernels (each waits, on the GPU, for the compute work
 // issued before it: the data it sends), bootstrapped and backed for host-side control data by
-// MPI, or by nothing in a single process. Built when CUDA and NCCL are found.
+// MPI, or by nothing in a single process; point-to-point on links of their own (connect).
+// Built when CUDA and NCCL are found.
 #include "strata/build_config.h"
 
 #if STRATA_HAVE_NCCL
@@ -9,13 +10,16 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "src/dist/mpi_communicator.h"
@@ -223,15 +227,13 @@ class NcclCommunicator final : public Communicator {
         ready_(ready),
         timeout_(timeout) {}
   ~NcclCommunicator() override {
-    // Collectives still queued finish before the communicator goes, or are aborted when they
-    // do not within the timeout (a peer that died would otherwise hang the exit).
+    // Collectives and sends still queued finish before the communicator goes, or are aborted
+    // when they do not within the timeout (a peer that died would otherwise hang the exit).
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (!comm_->aborted() && cudaStreamQuery(stream_) == cudaErrorNotReady) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        comm_->abort();
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    drain(*comm_, stream_, deadline);
+    for (Link& link : links_) {
+      drain(*link.comm, link.stream, deadline);
+      cudaStreamDestroy(link.stream);
     }
     cudaEventDestroy(ready_);
   }
@@ -329,22 +331,96 @@ class NcclCommunicator final : public Communicator {
                   "broadcast", what);
   }
   Status barrier(std::string_view what) override { return host_->barrier(what); }
+
+  // Point-to-point runs on links, one a direction and peer, each a two-rank NCCL communicator
+  // (the sender its rank 0) on a stream of its own: NCCL's send and receive block their stream
+  // until matched, so on one shared stream a 1F1B stage's second send would hold back the
+  // receive of the gradient its peer sends first, and the peer's receive of that send sits
+  // behind its own gradient send. On links, as with MPI's Issend, a send waits only for its
+  // own receive.
+  Status connect(std::span<const int> peers, std::string_view what) override {
+    std::vector<int> with(peers.begin(), peers.end());
+    std::sort(with.begin(), with.end());
+    with.erase(std::unique(with.begin(), with.end()), with.end());
+    for (const int peer : with) {
+      STRATA_RETURN_IF_ERROR(check_peer(*this, "connect", peer, what));
+      if (link(peer, true) != nullptr) {
+        return invalid_argument("rank " + std::to_string(rank()) + ": connect '" +
+                                std::string(what) + "': already linked with rank " +
+                                std::to_string(peer));
+      }
+    }
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    // The sender of each link makes its NCCL id and hands it to the receiver over MPI.
+    const std::size_t n = with.size();
+    std::vector<ncclUniqueId> sends(n), receives(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      STRATA_ASSIGN_OR_RETURN(sends[i], unique_id_by(deadline, rank()));
+    }
+    std::vector<CommHandle> ids;
+    const std::string label = "NCCL ids for " + std::string(what);
+    for (std::size_t i = 0; i < n; ++i) {
+      ids.push_back(host_->send(&sends[i], sizeof(ncclUniqueId), DType::kU8, with[i], label));
+      ids.push_back(host_->recv(&receives[i], sizeof(ncclUniqueId), DType::kU8, with[i], label));
+    }
+    for (CommHandle& h : ids) STRATA_RETURN_IF_ERROR(h.wait());
+    // Each link's two ranks must create it together: every rank makes its links in one order
+    // over all of them (by the pair, then the sender), so the first link still to make has both
+    // its ranks at it.
+    struct Todo {
+      int low, high, sender;
+      const ncclUniqueId* id;
+      int peer;
+    };
+    std::vector<Todo> todo;
+    for (std::size_t i = 0; i < n; ++i) {
+      const int low = std::min(rank(), with[i]), high = std::max(rank(), with[i]);
+      todo.push_back({low, high, rank(), &sends[i], with[i]});
+      todo.push_back({low, high, with[i], &receives[i], with[i]});
+    }
+    std::sort(todo.begin(), todo.end(), [](const Todo& a, const Todo& b) {
+      return std::tie(a.low, a.high, a.sender) < std::tie(b.low, b.high, b.sender);
+    });
+    for (const Todo& t : todo) {
+      const bool outgoing = t.sender == rank();
+      cudaStream_t stream = nullptr;
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        return unavailable("rank " + std::to_string(rank()) +
+                           ": cannot create a CUDA stream for the link with rank " +
+                           std::to_string(t.peer));
+      }
+      Result<ncclComm_t> made = init_comm_by(deadline, 2, *t.id, outgoing ? 0 : 1);
+      if (!made.is_ok()) {
+        cudaStreamDestroy(stream);
+        return unavailable("rank " + std::to_string(rank()) + ": connect '" + std::string(what) +
+                           "' with rank " + std::to_string(t.peer) + ": " +
+                           made.status().message());
+      }
+      links_.push_back({t.peer, outgoing, std::make_shared<NcclComm>(*made), stream});
+    }
+    return Status::ok();
+  }
   CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,
                   std::string_view what) override {
     if (Status s = check_peer(*this, "send", peer, what); !s.is_ok()) return failed(std::move(s));
-    if (!after_compute()) return failed("send", what, "cudaStreamWaitEvent");
+    const Link* to = link(peer, true);
+    if (to == nullptr) return failed("send", what, unlinked(peer));
+    if (!after_compute(to->stream)) return failed("send", what, "cudaStreamWaitEvent");
     stats_.sent_bytes += static_cast<std::size_t>(count) * dtype_size(dtype);
-    return finish(ncclSend(buffer, static_cast<std::size_t>(count), nccl_type(dtype), peer,
-                           comm_->get(), stream_),
-                  "send", what);
+    return finish(ncclSend(buffer, static_cast<std::size_t>(count), nccl_type(dtype), 1,
+                           to->comm->get(), to->stream),
+                  "send", what, to->comm, to->stream);
   }
   CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
                   std::string_view what) override {
     if (Status s = check_peer(*this, "recv", peer, what); !s.is_ok()) return failed(std::move(s));
-    if (!after_compute()) return failed("recv", what, "cudaStreamWaitEvent");
-    return finish(ncclRecv(buffer, static_cast<std::size_t>(count), nccl_type(dtype), peer,
-                           comm_->get(), stream_),
-                  "recv", what);
+    const Link* from = link(peer, false);
+    if (from == nullptr) return failed("recv", what, unlinked(peer));
+    // The receive waits for the compute issued before it: the last reads of its buffer.
+    if (!after_compute(from->stream)) return failed("recv", what, "cudaStreamWaitEvent");
+    return finish(ncclRecv(buffer, static_cast<std::size_t>(count), nccl_type(dtype), 0,
+                           from->comm->get(), from->stream),
+                  "recv", what, from->comm, from->stream);
   }
   Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
     return host_->all_reduce_host(values, count, op, what);
@@ -364,26 +440,55 @@ class NcclCommunicator final : public Communicator {
     stats_.*field += bytes;
     ++stats_.collectives;
   }
-  // The collective stream waits (on the GPU, not the host) for everything issued to the compute
-  // stream so far: the kernels that wrote what the collective sends.
-  bool after_compute() {
-    return cudaEventRecord(ready_, compute_) == cudaSuccess &&
-           cudaStreamWaitEvent(stream_, ready_, 0) == cudaSuccess;
+  // One direction of point-to-point with one peer (see connect).
+  struct Link {
+    int peer = -1;
+    bool outgoing = false;  // this rank sends on it (its rank 0)
+    std::shared_ptr<NcclComm> comm;
+    cudaStream_t stream = nullptr;
+  };
+  const Link* link(int peer, bool outgoing) const {
+    for (const Link& l : links_) {
+      if (l.peer == peer && l.outgoing == outgoing) return &l;
+    }
+    return nullptr;
   }
+  std::string unlinked(int peer) const {
+    return "no point-to-point link with rank " + std::to_string(peer) +
+           " (every rank calls connect, naming its peers, before its first send or receive)";
+  }
+  // Waits until `stream` is idle, or aborts `comm` when it is not by `deadline`.
+  static void drain(NcclComm& comm, cudaStream_t stream, Clock::time_point deadline) {
+    while (!comm.aborted() && cudaStreamQuery(stream) == cudaErrorNotReady) {
+      if (Clock::now() > deadline) {
+        comm.abort();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // `stream` waits (on the GPU, not the host) for everything issued to the compute stream so
+  // far: the kernels that wrote what a collective sends, or last read what a receive overwrites.
+  bool after_compute(cudaStream_t stream) {
+    return cudaEventRecord(ready_, compute_) == cudaSuccess &&
+           cudaStreamWaitEvent(stream, ready_, 0) == cudaSuccess;
+  }
+  bool after_compute() { return after_compute(stream_); }
   static CommHandle failed(Status status) { return CommHandle::done(std::move(status)); }
   CommHandle failed(const char* op, std::string_view what, const std::string& why) {
     return failed(internal_error("rank " + std::to_string(rank()) + ": " + op + " '" +
                                  std::string(what) + "' failed: " + why));
   }
-  // A handle on the collective just enqueued: its wait polls an event recorded after it on the
-  // collective stream, so waiting never waits for unrelated compute.
-  CommHandle finish(ncclResult_t rc, const char* op, std::string_view what) {
+  // A handle on the operation just enqueued on `comm` and `stream`: its wait polls an event
+  // recorded after it there, so waiting never waits for unrelated compute.
+  CommHandle finish(ncclResult_t rc, const char* op, std::string_view what,
+                    const std::shared_ptr<NcclComm>& comm, cudaStream_t stream) {
     const std::string label = std::string(op) + " '" + std::string(what) + "'";
     auto fail = [&](const std::string& why) { return failed(op, what, why); };
     if (rc == ncclInProgress) {  // the communicator is non-blocking: enqueued once it settles
-      rc = settle(comm_->get(), Clock::now() + timeout_);
+      rc = settle(comm->get(), Clock::now() + timeout_);
       if (rc == ncclInProgress) {
-        comm_->abort();
+        comm->abort();
         return failed(timed_out(rank(), label));
       }
     }
@@ -391,12 +496,15 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t ev;
     if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
       return fail("cudaEventCreate");
-    if (cudaEventRecord(ev, stream_) != cudaSuccess) {
+    if (cudaEventRecord(ev, stream) != cudaSuccess) {
       cudaEventDestroy(ev);
       return fail("cudaEventRecord");
     }
     return CommHandle(std::make_shared<NcclHandleState>(
-        ev, comm_, label, rank(), std::chrono::steady_clock::now() + timeout_));
+        ev, comm, label, rank(), std::chrono::steady_clock::now() + timeout_));
+  }
+  CommHandle finish(ncclResult_t rc, const char* op, std::string_view what) {
+    return finish(rc, op, what, comm_, stream_);
   }
 
   device::Device& device_;
@@ -406,6 +514,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   cudaEvent_t ready_;
   std::chrono::seconds timeout_;
+  std::vector<Link> links_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The process grid's sub-communicators, split from the world communicator per axis.
 #include "strata/dist/process_grid.h"
 
+#include <span>
 #include <utility>
 
 #include "strata/core/check.h"
@@ -83,6 +84,15 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
           grid->owned_[i], world.split(a.color, a.key, std::string(a.name) + " groups", a.stream));
     }
     *a.slot = grid->owned_[i].get();
+  }
+  // A stage sends to the next stage and back to the one before, and an interleaved schedule's
+  // last stage to the first: the pipeline group's ring neighbours.
+  if (shape.pipeline > 1) {
+    const int next = (c.pipeline + 1) % shape.pipeline;
+    const int prev = (c.pipeline + shape.pipeline - 1) % shape.pipeline;
+    const int peers[] = {prev, next};
+    STRATA_RETURN_IF_ERROR(grid->pipeline_->connect(
+        std::span<const int>(peers, prev == next ? 1 : 2), "pipeline stage boundaries"));
   }
   return grid;
 }

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "strata/core/rng.h"
@@ -180,6 +182,31 @@ TEST_P(CommTest, SendsAndReceivesMatchInOrderAroundARing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Counts, CommTest, ::testing::Values(1, 7, 1000, 65537));
+
+// A send, however small, is done only once its receive is posted (as NCCL's are), never from a
+// copy in MPI's buffers: a pipeline schedule that relies on buffering fails here, not first on
+// GPUs. Rank 1 posts its receive only after a barrier that rank 0 enters after checking.
+TEST(CommPointToPoint, ASendIsDoneOnlyOnceItsReceiveIsPosted) {
+  Communicator& c = *env().comm;
+  if (c.world_size() < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  if (c.rank() < 2) {
+    ASSERT_TRUE(c.connect(std::vector<int>{1 - c.rank()}, "test").is_ok());
+  }
+  float x = 1.5f, y = 0.0f;
+  if (c.rank() == 0) {
+    CommHandle h = c.send(&x, 1, DType::kF32, 1, "early send");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(h.ready()) << "the send finished before rank 1 posted its receive";
+    ASSERT_TRUE(c.barrier("receive not yet posted").is_ok());
+    ASSERT_TRUE(h.wait().is_ok());
+  } else if (c.rank() == 1) {
+    ASSERT_TRUE(c.barrier("receive not yet posted").is_ok());
+    ASSERT_TRUE(c.recv(&y, 1, DType::kF32, 0, "late receive").wait().is_ok());
+    EXPECT_EQ(y, 1.5f);
+  } else {
+    ASSERT_TRUE(c.barrier("receive not yet posted").is_ok());
+  }
+}
 
 TEST(CommHost, ReductionsAndGathers) {
   Communicator& c = *env().comm;

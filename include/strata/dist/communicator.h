@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -99,6 +100,19 @@ class Communicator {
                           std::string_view what) = 0;
   virtual CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
                           std::string_view what) = 0;
+  // Readies point-to-point with `peers` (ranks of this communicator, not this one), both ways,
+  // before the first send or receive: every rank that will use send/recv calls it once, naming
+  // its own peers, and each names it back. A send then never waits behind a receive or another
+  // peer's traffic, only for its own receive to be posted (MPI's Issend, which the MPI transport
+  // uses so that no test relies on buffering). Transports that need no setup (MPI, one rank,
+  // threads) accept it and do nothing; NCCL makes a two-rank communicator on a stream of its own
+  // for each direction, so the sends and receives of a 1F1B schedule do not queue behind one
+  // another on one stream (NCCL's send and receive block the GPU until matched).
+  virtual Status connect(std::span<const int> peers, std::string_view what) {
+    (void)peers;
+    (void)what;
+    return Status::ok();
+  }
 
   // Host-memory helpers for small control data (loss, norms, flags, config hashes).
   virtual Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) = 0;
