@@ -12,8 +12,11 @@
 // per step of the cases that do not fix it, 2), STRATA_GPU_BENCH_STEPS (timed steps, 3; under
 // optimizer_overlap "auto" the engine probes the serial schedule from the fifth step on, so more
 // mixes the two), STRATA_GPU_BENCH_LAYERS (22), STRATA_GPU_BENCH_CLIP (grad_clip, 1.0),
-// STRATA_GPU_BENCH_OVERLAP (optimizer_overlap; unset: the config's default), and
-// STRATA_ATTENTION (the attention kernels: auto, flash, flash2 or simple).
+// STRATA_GPU_BENCH_OVERLAP (optimizer_overlap; unset: the config's default),
+// STRATA_GPU_BENCH_CASES ("mfu": the cases above; "long": activation_offload "none" and "cpu"
+// at seq 4096, then "cpu" at seq 16384 on a 2 GiB device, with checkpointing and parameters and
+// optimizer on the host; "all"), and STRATA_ATTENTION (the attention kernels: auto, flash, flash2
+// or simple).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -184,6 +187,12 @@ struct Case {
   std::string offload_param;      // "none" or "cpu" (ZeRO-3)
   std::int64_t accum = 2;         // micro-batches per optimizer step
   double target_mfu = 0;          // against the measured peak; 0: none set
+  // The long-sequence cases: their own sequence length and micro-batch (0: the knobs'), and
+  // activation checkpointing with activation_offload this ("": no checkpointing), on a device
+  // budget of device_limit bytes (0: 90% of what is free).
+  std::int64_t seq = 0, micro = 0;
+  std::string activation_offload = "";
+  std::uint64_t device_limit = 0;
 };
 
 struct Peaks {
@@ -196,8 +205,8 @@ struct Peaks {
 void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks) {
   Shape shape;
   shape.layers = env_int("STRATA_GPU_BENCH_LAYERS", shape.layers);
-  const std::int64_t seq = env_int("STRATA_GPU_BENCH_SEQ", 2048);
-  const std::int64_t micro = env_int("STRATA_GPU_BENCH_MICRO", 8);
+  const std::int64_t seq = c.seq > 0 ? c.seq : env_int("STRATA_GPU_BENCH_SEQ", 2048);
+  const std::int64_t micro = c.micro > 0 ? c.micro : env_int("STRATA_GPU_BENCH_MICRO", 8);
   const std::int64_t timed = std::max<std::int64_t>(1, env_int("STRATA_GPU_BENCH_STEPS", 3));
   constexpr std::int64_t kWarmup = 1;
   // The last step waits for its own update (nothing follows to overlap it): not timed either.
@@ -227,11 +236,17 @@ void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks)
       {"optimizer", {{"lr", 1e-4}}},
       {"grad_clip", env_double("STRATA_GPU_BENCH_CLIP", 1.0)},
       {"device", "cuda"},
-      {"device_memory_limit", static_cast<std::uint64_t>(static_cast<double>(free_bytes) * 0.9)},
+      {"device_memory_limit",
+       c.device_limit > 0 ? c.device_limit
+                          : static_cast<std::uint64_t>(static_cast<double>(free_bytes) * 0.9)},
       {"offload_param", c.offload_param},
       {"offload_optimizer", c.offload_optimizer},
       {"save_dir", ""}};
   if (c.offload_param != "none") j["zero_stage"] = 3;
+  if (!c.activation_offload.empty()) {
+    j["activation_checkpointing"] = true;
+    j["activation_offload"] = c.activation_offload;
+  }
   if (const std::string overlap = env_string("STRATA_GPU_BENCH_OVERLAP", ""); !overlap.empty()) {
     j["optimizer_overlap"] = overlap;
   }
@@ -249,6 +264,7 @@ void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks)
   const double tokens_per_step = static_cast<double>(micro * c.accum * seq);
   struct {
     double step = 0, compute = 0, optimizer = 0, exposed = 0, wait = 0, stall = 0;
+    std::uint64_t peak_device = 0, planned_device = 0;
     int overlapped = 0, guessed = 0, redone = 0;
   } sum;
   for (auto _ : state) {  // one iteration: the whole run, as a user's
@@ -282,6 +298,8 @@ void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks)
       sum.overlapped += m.optimizer_schedule != "none" ? 1 : 0;
       sum.guessed += m.guessed ? 1 : 0;
       sum.redone += m.redone ? 1 : 0;
+      sum.peak_device = std::max(sum.peak_device, m.peak_device_bytes);
+      sum.planned_device = m.planned_device_bytes;
     }
     state.SetIterationTime(sum.step / 1e3 / static_cast<double>(timed));
   }
@@ -310,16 +328,22 @@ void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks)
   state.counters["redone_steps"] = sum.redone;
   state.counters["accum"] = static_cast<double>(c.accum);
   state.counters["params_m"] = static_cast<double>(shape.params()) / 1e6;
+  state.counters["peak_device_mib"] = static_cast<double>(sum.peak_device) / (1 << 20);
+  state.counters["planned_device_mib"] = static_cast<double>(sum.planned_device) / (1 << 20);
+  state.counters["device_limit_mib"] = static_cast<double>(config->device_memory_limit) / (1 << 20);
   const std::string attention = env_string("STRATA_ATTENTION", "auto");
   state.SetLabel("seq=" + std::to_string(seq) + " tokens/step=" +
                  std::to_string(micro * c.accum * seq) + " attention=" + attention);
   std::printf(
       "train_step %s: MFU %.3f of the measured %.0f TFLOP/s, %.3f of the specified %.0f; step "
       "%.0f ms (compute %.0f, optimizer %.0f, exposed %.0f, wait %.0f, stall %.0f), %d of %d "
-      "timed steps overlapped, attention %s\n",
+      "timed steps overlapped, attention %s; peak device %.0f MiB (planned %.0f, limit %.0f)\n",
       c.name.c_str(), mfu, peaks.measured_tflops, mfu_spec, peaks.spec_tflops, sum.step / n,
       sum.compute / n, sum.optimizer / n, sum.exposed / n, sum.wait / n, sum.stall / n,
-      sum.overlapped, static_cast<int>(timed), attention.c_str());
+      sum.overlapped, static_cast<int>(timed), attention.c_str(),
+      static_cast<double>(sum.peak_device) / (1 << 20),
+      static_cast<double>(sum.planned_device) / (1 << 20),
+      static_cast<double>(config->device_memory_limit) / (1 << 20));
   std::fflush(stdout);
 }
 
@@ -358,12 +382,37 @@ int main(int argc, char** argv) {
                 prop.name);
   }
   const std::int64_t accum = std::max<std::int64_t>(1, env_int("STRATA_GPU_BENCH_ACCUM", 2));
-  const std::vector<Case> cases = {
-      {"offload=none/accum=" + std::to_string(accum), "none", "none", accum, 0.45},
-      {"offload=optimizer/accum=1", "cpu", "none", 1, 0.35},
-      {"offload=optimizer/accum=2", "cpu", "none", 2, 0.35},
-      {"offload=param+optimizer/accum=" + std::to_string(accum), "cpu", "cpu", accum, 0},
-  };
+  std::vector<Case> cases;
+  const std::string which = env_string("STRATA_GPU_BENCH_CASES", "mfu");
+  if (which == "mfu" || which == "all") {
+    cases.push_back({"offload=none/accum=" + std::to_string(accum), "none", "none", accum, 0.45});
+    cases.push_back({"offload=optimizer/accum=1", "cpu", "none", 1, 0.35});
+    cases.push_back({"offload=optimizer/accum=2", "cpu", "none", 2, 0.35});
+    cases.push_back(
+        {"offload=param+optimizer/accum=" + std::to_string(accum), "cpu", "cpu", accum, 0});
+  }
+  if (which == "long" || which == "all") {
+    // Activation offload's cost where both fit (seq 4096, one sequence), then seq 16384 on a
+    // 2 GiB device: parameters and optimizer on the host, checkpointed inputs in host memory.
+    for (const char* tier : {"none", "cpu"}) {
+      Case c{std::string("activations=") + tier + "/seq=4096", "cpu", "cpu", 1, 0};
+      c.seq = 4096;
+      c.micro = 1;
+      c.activation_offload = tier;
+      cases.push_back(c);
+    }
+    Case c{"activations=cpu/seq=16384/device=2GiB", "cpu", "cpu", 1, 0};
+    c.seq = 16384;
+    c.micro = 1;
+    c.activation_offload = "cpu";
+    c.device_limit = std::uint64_t{2} << 30;
+    cases.push_back(c);
+  }
+  if (cases.empty()) {
+    std::fprintf(stderr, "STRATA_GPU_BENCH_CASES must be mfu, long or all, not '%s'\n",
+                 which.c_str());
+    return 2;
+  }
   for (const Case& c : cases) {
     benchmark::RegisterBenchmark(("BM_GpuTrainStep/" + c.name).c_str(),
                                  [c, peaks](benchmark::State& s) { BM_GpuTrainStep(s, c, peaks); })

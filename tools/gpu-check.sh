@@ -12,10 +12,13 @@
 # packages in .debs/ (made here by tools/fetch-gpu-debs.sh and carried along) into a private
 # prefix inside the build directory; nothing is installed system-wide.
 #
-# Usage: tools/gpu-check.sh [--phase all|tests|bench] [--no-bench] [--configure-only|--build-only]
+# Usage: tools/gpu-check.sh [--phase all|tests|bench] [--no-bench] [--benches LIST]
+#                           [--configure-only|--build-only]
 #   --phase tests: the GPU tests only; --phase bench: the benchmarks only; --no-bench is
-#   --phase tests. --configure-only: stop after CMake; --build-only: stop after the build (CI
-#   builds the check so, with GPU_CHECK_ARCH=90, to know it links before a GPU is lent).
+#   --phase tests. --benches: which benchmarks run, a comma list of train_step (the 1.1B MFU),
+#   long (the 1.1B step at long sequences with activation offload), attention and copy (default:
+#   all). --configure-only: stop after CMake; --build-only: stop after the build (CI builds the
+#   check so, with GPU_CHECK_ARCH=90, to know it links before a GPU is lent).
 #   The build is skipped when a stamp of the sources' content (not their times, which a copy to
 #   another machine changes) matches the last build's and its binaries are there.
 # Environment: GPU_CHECK_BUILD_DIR (build-gpu; logs and results in its gpu-check/),
@@ -33,13 +36,27 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 start=$(date +%s)
 
-usage() { sed -n '15,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '15,21p' "$0" | sed 's/^# \{0,1\}//'; }
 
 mode=all  # all, configure (--configure-only) or build (--build-only)
 run_bench=1
 run_tests=1
+benches=train_step,long,attention,copy
 while (($#)); do
   case "$1" in
+    --benches)
+      shift
+      benches=${1:-}
+      for b in ${benches//,/ }; do
+        case "$b" in
+          train_step | long | attention | copy) ;;
+          *)
+            echo "gpu-check: --benches takes train_step, long, attention and copy, not '$b'" >&2
+            exit 2
+            ;;
+        esac
+      done
+      ;;
     --configure-only) mode=configure ;;
     --build-only) mode=build ;;
     --no-bench) run_bench=0 ;;
@@ -521,7 +538,7 @@ fi
 unit_cap=60 mfu_cap=190
 keep_for_runs=0
 ((run_tests)) && keep_for_runs=$((keep_for_runs + unit_cap))
-((run_bench)) && keep_for_runs=$((keep_for_runs + mfu_cap))
+((run_bench)) && [[ ",$benches," == *",train_step,"* ]] && keep_for_runs=$((keep_for_runs + mfu_cap))
 [[ "$mode" != all ]] && keep_for_runs=0
 if ! timeout "$(phase_limit "$configure_cap" "$keep_for_runs")" cmake "${cmake_args[@]}" \
   >"$out/configure.log" 2>&1; then
@@ -630,7 +647,11 @@ run_bench() {  # name what cap_s keep_s: bench/bench_gpu_<name> -> <name>_bench.
     >"$out/${name}_bench.log" 2>&1
   record_run "${name}_bench" "$?"
 }
-have_bench() { [[ -x "$build/bench/bench_gpu_$1" ]]; }
+# Built, and asked for (--benches): the binary of `long` is train_step's.
+have_bench() {
+  [[ ",$benches," == *",$1,"* ]] || return 1
+  [[ -x "$build/bench/bench_gpu_${2:-$1}" ]]
+}
 
 if ((run_tests)); then
   run_gtest device_tests "GPU unit tests" "$build/tests/strata_device_tests" '*Cuda*' \
@@ -645,9 +666,17 @@ if ((run_bench)) && have_bench train_step; then
   stop_dmon
   grep -E "^(measured|specified|train_step)" "$out/train_step_bench.log"
 fi
+if ((run_bench)) && have_bench long train_step; then
+  lim=$(phase_limit 200 0)
+  note "the 1.1B step at long sequences with activation offload, up to $lim s"
+  STRATA_GPU_BENCH_CASES=long timeout -k 10 "$lim" "$build/bench/bench_gpu_train_step" \
+    --benchmark_out="$out/long_bench.json" --benchmark_out_format=json >"$out/long_bench.log" 2>&1
+  record_run long_bench "$?"
+  grep -E "^train_step" "$out/long_bench.log"
+fi
 if ((run_tests)); then
   run_gtest integration_tests "GPU training tests" "$build/tests/strata_cuda_integration_tests" \
-    '-CudaNcclTest.*' 60 0
+    '-CudaNcclTest.*' 150 0
 fi
 if ((run_bench)) && have_bench attention; then
   run_bench attention "attention variants (flash, flash2, simple)" 120 0

@@ -955,8 +955,9 @@ Result<float> LlamaModel::Impl::step(ParamProvider& provider, const MicroBatch& 
 LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
                        ModelOptions options)
     : config_(config), layout_(layout), device_(device), options_(options) {
-  STRATA_CHECK(options_.compute_dtype == DType::kF32 || options_.compute_dtype == DType::kBF16,
-               "compute_dtype must be f32 or bf16, got", dtype_name(options_.compute_dtype));
+  STRATA_CHECK(options_.compute_dtype == DType::kF32 || options_.compute_dtype == DType::kBF16 ||
+                   options_.compute_dtype == DType::kF16,
+               "compute_dtype must be f32, bf16 or f16, got", dtype_name(options_.compute_dtype));
   STRATA_CHECK(layout.has_adapters() == options_.lora.has_value(),
                "the layout's adapters do not match the model options", layout.has_adapters());
   STRATA_CHECK(layout.num_groups() >= (config.num_hidden_layers + 2) +

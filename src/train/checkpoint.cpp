@@ -310,6 +310,13 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                {"pipeline_parallel_size", grid.shape().pipeline},
                {"pipeline_layers", state.pipeline_layers},
                {"config", state.config}};
+    if (state.loss_scaler) {
+      const optim::LossScaler::State& l = *state.loss_scaler;
+      js["loss_scaler"] = {{"scale", l.scale},
+                           {"iteration", l.iteration},
+                           {"last_overflow", l.last_overflow},
+                           {"hysteresis", l.hysteresis_left}};
+    }
     s = write_json_file(tmp_dir + "/trainer_state.json", js);
     if (s.is_ok() && !lora && !base_model.empty()) {
       s = copy_tokenizer_files(base_model, tmp_dir + "/model");
@@ -416,6 +423,19 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   r.read("seed", &seed, 0);
   st.seed = static_cast<std::uint64_t>(seed);
   if (const Json* c = r.raw("config")) st.config = *c;
+  if (const Json* l = r.raw("loss_scaler"); l != nullptr && !l->is_null()) {
+    JsonReader lr(*l, "loss_scaler", &errors);
+    optim::LossScaler::State ls;
+    lr.read("scale", &ls.scale, 0.0);
+    lr.read("iteration", &ls.iteration, 0);
+    lr.read("last_overflow", &ls.last_overflow, -1);
+    lr.read("hysteresis", &ls.hysteresis_left, 1);
+    for (const char* k : {"scale", "iteration", "last_overflow", "hysteresis"}) {
+      if (!lr.has(k)) lr.error(k, "is missing");
+    }
+    lr.reject_unknown();
+    st.loss_scaler = ls;
+  }
   for (const char* k : {"format_version", "step", "sequences_consumed", "seed"}) {
     if (!r.has(k)) r.error(k, "is missing");
   }

@@ -45,12 +45,19 @@ Status apply_override(Json& json, const std::string& assignment) {
 }
 
 std::string_view precision_name(DType precision) {
-  return precision == DType::kBF16 ? "bf16" : "fp32";
+  switch (precision) {
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "fp16";
+    default:
+      return "fp32";
+  }
 }
 
 namespace {
 
-constexpr std::array<DType, 2> kPrecisions = {DType::kF32, DType::kBF16};
+constexpr std::array<DType, 3> kPrecisions = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr std::array<Tier, 3> kTiers = {Tier::kDevice, Tier::kHost, Tier::kNvme};
 
 // Reads a string key that names one of `values` (as `name` spells them) into *out; anything
@@ -234,6 +241,29 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("micro_batch_size", &c.micro_batch_size, 0);
   r.read("max_steps", &c.max_steps, 0);
   read_enum(r, "precision", &c.precision, kPrecisions, precision_name);
+  // fp16's loss scaling: DeepSpeed's "fp16" block and key names ("enabled" is the precision).
+  if (const Json* f = r.raw("fp16"); f != nullptr && !f->is_null()) {
+    if (!f->is_object()) {
+      r.error("fp16", "expected an object, e.g. {\"loss_scale\": 0, \"initial_scale_power\": 16}");
+    } else if (c.precision != DType::kF16) {
+      r.error("fp16", "sets fp16's loss scaling, but precision is \"" +
+                          std::string(precision_name(c.precision)) + "\"; set precision \"fp16\"");
+    } else {
+      JsonReader fr(*f, "fp16", &errors);
+      optim::LossScalerConfig& l = c.loss_scaler;
+      fr.read("loss_scale", &l.loss_scale, 0.0);
+      fr.read("initial_scale_power", &l.initial_scale_power, 0, 64);
+      fr.read("loss_scale_window", &l.loss_scale_window, 1);
+      fr.read("hysteresis", &l.hysteresis, 1);
+      fr.read("consecutive_hysteresis", &l.consecutive_hysteresis);
+      fr.read("min_loss_scale", &l.min_loss_scale, 0.0);
+      if (!(l.min_loss_scale > 0)) fr.error("min_loss_scale", "expected a number above 0");
+      if (const Json* e = fr.raw("enabled"); e && *e != true) {
+        fr.error("enabled", "fp16 is on when precision is \"fp16\"; drop \"enabled\"");
+      }
+      fr.reject_unknown();
+    }
+  }
 
   if (const Json* o = r.raw("optimizer")) {
     if (!o->is_object()) {
@@ -600,6 +630,14 @@ Json TrainConfig::to_json() const {
       {"micro_batch_size", micro_batch_size},
       {"max_steps", max_steps},
       {"precision", precision_name(precision)},
+      {"fp16", precision == DType::kF16
+                   ? Json{{"loss_scale", loss_scaler.loss_scale},
+                          {"initial_scale_power", loss_scaler.initial_scale_power},
+                          {"loss_scale_window", loss_scaler.loss_scale_window},
+                          {"hysteresis", loss_scaler.hysteresis},
+                          {"consecutive_hysteresis", loss_scaler.consecutive_hysteresis},
+                          {"min_loss_scale", loss_scaler.min_loss_scale}}
+                   : Json()},
       {"optimizer",
        {{"lr", optimizer.lr},
         {"betas", {optimizer.beta1, optimizer.beta2}},

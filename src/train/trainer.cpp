@@ -72,6 +72,7 @@ Json StepMetrics::to_json() const {
          {"comm_bytes", comm_bytes},
          {"sent_bytes", sent_bytes},
          {"loss_tokens", loss_tokens}};
+  if (loss_scale) j["loss_scale"] = *loss_scale;
   if (eval_loss) {
     j["eval_loss"] = *eval_loss;
     j["eval_ppl"] = *eval_ppl;
@@ -101,8 +102,9 @@ struct Trainer::Impl {
   std::shared_ptr<TokenDataset> eval_dataset;
   std::unique_ptr<SequenceSampler> eval_sampler;
   optim::LrSchedule schedule;
-  std::int64_t step = 0;  // optimizer steps completed
-  Estimate planned;       // what strata estimate says of this config, for the run to compare
+  std::optional<optim::LossScaler> scaler;  // fp16's loss scaling
+  std::int64_t step = 0;                    // optimizer steps completed
+  Estimate planned;  // what strata estimate says of this config, for the run to compare
   std::vector<StepMetrics> history;
   std::string last_checkpoint;
   std::ofstream metrics;
@@ -115,8 +117,17 @@ struct Trainer::Impl {
   struct Micro {
     std::vector<std::int32_t> inputs, targets;
     double share = 0;
+    float grad_scale = 0;  // of its loss gradient: its share times the loss scale
     std::uint64_t dropout_key = 0;
   };
+  // The loss scale of the step about to run: the scaler's in fp16, else 1.
+  double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
+  // The next micro-batch is this rank's (stage's) last of the step: the optimizer may start,
+  // guessing the step's gradient multiplier is the loss scale's inverse (no clipping).
+  void begin_last_micro_batch() {
+    provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0,
+                                     static_cast<float>(1.0 / loss_scale()));
+  }
   // The step's micro-batches through this pipeline stage in its schedule's order, activations
   // and their gradients sent to and received from the neighbouring stages; the loss (share
   // weighted, the last stage's) into *loss_sum, the model's time into *compute_ms.
@@ -179,6 +190,7 @@ struct Trainer::Impl {
     st.tensor_parallel_size = grid->shape().tensor;
     st.pipeline_parallel_size = grid->shape().pipeline;
     if (grid->shape().pipeline > 1) st.pipeline_layers = config.pipeline_layer_counts();
+    if (scaler) st.loss_scaler = scaler->state();
     st.config = config.to_json();
     return st;
   }
@@ -188,6 +200,13 @@ namespace {
 
 // Salts the seed for adapter dropout masks (tools/golden/lora_golden.py uses the same).
 constexpr std::uint64_t kDropoutSalt = 0x6c6f72612d64726full;
+
+// A loss scale as people write it: 65536, or 0.5.
+std::string format_scale(double scale) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.15g", scale);
+  return buf;
+}
 
 // finetune's adapter keys against the adapter_config.json of finetune.adapter: a mismatch is named
 // with the value that would match.
@@ -392,6 +411,7 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(base_cache, QuantizedBaseCache::open(config.finetune.quantized_cache,
                                                                  std::move(identity), rank == 0));
   }
+  if (config.precision == DType::kF16) scaler.emplace(config.loss_scaler);
   if (!options.resume_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string ckpt, resolve_checkpoint(options.resume_dir));
     STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(ckpt));
@@ -405,6 +425,10 @@ Status Trainer::Impl::setup() {
                                            base_cache.get(), base_pieces)
                                .with_context("resuming from " + ckpt));
     step = st.step;
+    if (scaler && st.loss_scaler) {
+      STRATA_RETURN_IF_ERROR(
+          scaler->restore(*st.loss_scaler).with_context(ckpt + "/trainer_state.json"));
+    }
     log_info("resumed from " + ckpt + " at step " + std::to_string(step));
   } else {
     // Adapters (and modules_to_save) from `adapter`, else adapters from the seed; every other
@@ -468,6 +492,8 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   const std::int64_t world = grid->data().world_size(), rank = grid->data().rank();
   const std::int64_t accum = config.accumulation_steps(static_cast<int>(world));
+  if (scaler) m.loss_scale = scaler->scale();
+  const bool overflow = options.overflow_at && options.overflow_at(comm->rank(), m.step);
   // The loss is the mean over every target of the global batch that counts (all of them without
   // a loss mask), however the batch is split: each micro-batch's mean is weighted by its share.
   // Every rank counts the whole batch itself (the sampler is a function of the step).
@@ -497,6 +523,8 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     mi.share = global_targets > 0
                    ? static_cast<double>(micro_targets) / static_cast<double>(global_targets)
                    : 0.0;
+    mi.grad_scale = overflow ? std::numeric_limits<float>::infinity()
+                             : static_cast<float>(mi.share * m.loss_scale.value_or(1.0));
     // Adapter dropout masks: a function of the seed and of where the micro-batch sits in the run.
     mi.dropout_key =
         splitmix64_at(config.seed ^ kDropoutSalt,
@@ -509,13 +537,11 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     for (std::int64_t micro = 0; micro < accum; ++micro) {
       const Micro& mi = micros[static_cast<std::size_t>(micro)];
       // The last micro-batch's gradients are final as they come: the update may start with them.
-      if (micro == accum - 1) {
-        provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
-      }
+      if (micro == accum - 1) begin_last_micro_batch();
       const std::int64_t begin = now_ns();
       STRATA_ASSIGN_OR_RETURN(
           float loss, model->forward_backward(*provider, mi.inputs.data(), mi.targets.data(), mb,
-                                              seq, static_cast<float>(mi.share), mi.dropout_key));
+                                              seq, mi.grad_scale, mi.dropout_key));
       STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
       trace_pass("micro-batch " + std::to_string(micro), begin);
       m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
@@ -534,17 +560,37 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   if (world > 1)
     STRATA_RETURN_IF_ERROR(grid->data().all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
   m.lr = schedule.lr_at(step);
-  STRATA_ASSIGN_OR_RETURN(m.grad_norm, provider->grad_norm());
-  if (!std::isfinite(m.grad_norm) || global_targets == 0) {
-    // Every rank counts the same targets, so all skip together.
+  // The norm of the gradients as computed: times the loss scale in fp16. Every rank has the same
+  // sum (an overflow on any rank makes it infinite on all), so all skip together.
+  STRATA_ASSIGN_OR_RETURN(const double scaled_norm, provider->grad_norm());
+  const double loss_scale = m.loss_scale.value_or(1.0);
+  m.grad_norm = scaled_norm / loss_scale;
+  if (!std::isfinite(scaled_norm) || global_targets == 0) {
+    // Every rank counts the same targets.
     m.skipped = true;
     STRATA_RETURN_IF_ERROR(provider->zero_grads());
-    log_warning("step " + std::to_string(m.step) +
-                (global_targets == 0 ? ": no target of the batch counts; skipping the update"
-                                     : ": gradient norm is not finite; skipping the update"));
+    if (global_targets == 0) {
+      log_warning("step " + std::to_string(m.step) +
+                  ": no target of the batch counts; skipping the update");
+    } else if (scaler) {
+      STRATA_RETURN_IF_ERROR(
+          scaler->update(/*overflow=*/true).with_context("step " + std::to_string(m.step)));
+      log_info("step " + std::to_string(m.step) + ": the gradients overflowed at loss scale " +
+               format_scale(loss_scale) + "; skipping the update (" +
+               (scaler->scale() < loss_scale
+                    ? "the scale is now " + format_scale(scaler->scale())
+                    : std::string("the scale stays: the hysteresis allows this overflow")) +
+               ")");
+    } else {
+      log_warning("step " + std::to_string(m.step) +
+                  ": gradient norm is not finite; skipping the update");
+    }
   } else {
-    const auto scale = static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip));
+    // Unscaled by the same multiplier that clips: exact, for a loss scale that is a power of two.
+    const auto scale =
+        static_cast<float>(optim::clip_scale(m.grad_norm, config.grad_clip) / loss_scale);
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
+    if (scaler) STRATA_RETURN_IF_ERROR(scaler->update(/*overflow=*/false));
   }
   // An overlapped update runs on into the next step's forward; the last step of a run waits.
   if (finish) STRATA_RETURN_IF_ERROR(provider->finish_step());
@@ -619,13 +665,8 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
     const PipelinePass& p = passes[k];
     const Micro& mi = micros[static_cast<std::size_t>(p.micro_batch)];
     const int slot = p.micro_batch % slots;
-    const model::LlamaModel::MicroBatch batch{mi.inputs.data(),
-                                              mi.targets.data(),
-                                              mb,
-                                              seq,
-                                              static_cast<float>(mi.share),
-                                              mi.dropout_key,
-                                              slot};
+    const model::LlamaModel::MicroBatch batch{mi.inputs.data(), mi.targets.data(), mb,  seq,
+                                              mi.grad_scale,    mi.dropout_key,    slot};
     const model::LlamaModel::Boundary b = model->boundary(slot, p.chunk);
     std::int64_t begin = 0;  // the pass's own work, after what it waited to receive
     status = [&]() -> Status {
@@ -648,9 +689,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
         return Status::ok();
       }
       // The stage's last pass: its gradients are final as they come, and the update may start.
-      if (k + 1 == passes.size()) {
-        provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0);
-      }
+      if (k + 1 == passes.size()) begin_last_micro_batch();
       STRATA_RETURN_IF_ERROR(sent_grad[at(slot, p.chunk)].wait());
       if (!stage.last_chunk(p.chunk)) {
         const int from = stage.next_stage(p.chunk);
@@ -816,6 +855,16 @@ Result<std::string> Trainer::save() {
 const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
 
 namespace {
+// "fp16 (dynamic loss scale 65536, window 1000, hysteresis 2)"; the others by name.
+std::string precision_with_scaling(const TrainConfig& config, const optim::LossScaler* scaler) {
+  const std::string name(precision_name(config.precision));
+  if (scaler == nullptr) return name;
+  const optim::LossScalerConfig& l = config.loss_scaler;
+  if (!scaler->dynamic()) return name + " (static loss scale " + format_scale(l.loss_scale) + ")";
+  return name + " (dynamic loss scale " + format_scale(scaler->scale()) + ", window " +
+         std::to_string(l.loss_scale_window) + ", hysteresis " + std::to_string(l.hysteresis) + ")";
+}
+
 std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   char buf[768];
   std::snprintf(
@@ -838,9 +887,12 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
       format_bytes(m.peak_device_bytes).c_str(), format_bytes(m.peak_host_bytes).c_str(),
       format_bytes(m.peak_nvme_bytes).c_str(), format_bytes(m.peak_rss_bytes).c_str(),
       format_bytes(m.comm_bytes).c_str());
+  std::string line = buf;
   // Pipeline stages: what this rank sent across its boundaries.
-  if (m.sent_bytes > 0) return std::string(buf) + ", sent " + format_bytes(m.sent_bytes);
-  return buf;
+  if (m.sent_bytes > 0) line += ", sent " + format_bytes(m.sent_bytes);
+  // fp16: the loss scale the step ran with.
+  if (m.loss_scale) line += " | loss scale " + format_scale(*m.loss_scale);
+  return line;
 }
 
 std::string eval_line(const StepMetrics& m, std::int64_t max_steps) {
@@ -1004,7 +1056,8 @@ std::string Trainer::describe() const {
       static_cast<long long>(s.planned.parameters), static_cast<long long>(c.num_hidden_layers),
       static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
       static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size),
-      std::string(precision_name(s.config.precision)).c_str(), s.device->name().c_str(),
+      precision_with_scaling(s.config, s.scaler ? &*s.scaler : nullptr).c_str(),
+      s.device->name().c_str(),
       s.config.device_memory_limit ? format_bytes(s.config.device_memory_limit).c_str() : "none",
       std::string(zero::offload_name(s.config.offload_param)).c_str(),
       std::string(zero::offload_name(s.config.offload_optimizer)).c_str(),

@@ -79,7 +79,9 @@ void OptimizerSchedule::gradient_final(int group) {
 
 // ---- a step's events ----
 
-void OptimizerSchedule::begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
+void OptimizerSchedule::begin_last_micro_batch(double lr, std::int64_t step, bool may_clip,
+                                               float unscale) {
+  expected_scale_ = unscale;
   // The schedule the last step ran: the chooser may change it at the next step(), after the
   // guess would have begun; a guess running then is finished at once.
   if (schedule_ != OptimizerOverlap::kBackward || last_clipped_) return;
@@ -136,9 +138,9 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
   }
   step_inline_ = schedule_ == OptimizerOverlap::kNone;
   bool redo = false;  // the working copies a guess touched stay touched: the redo rewrites them
-  last_clipped_ = grad_scale != 1.0f;
+  last_clipped_ = grad_scale != expected_scale_;
   if (phase_ == Phase::kGuessing) {
-    const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == 1.0f;
+    const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == expected_scale_;
     ++stats_.steps_guessed;
     if (holds) {  // the guess is the step: it runs on into the next forward
       phase_ = Phase::kRunning;
@@ -175,7 +177,8 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
 }
 
 void OptimizerSchedule::start_guess() {
-  launch_step(optim::make_adamw_args(options_.adam, guess_lr_, guess_step_, 1), Phase::kGuessing,
+  launch_step(optim::make_adamw_args(options_.adam, guess_lr_, guess_step_, expected_scale_),
+              Phase::kGuessing,
               /*keep_touched=*/false);
 }
 

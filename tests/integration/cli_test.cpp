@@ -70,7 +70,7 @@ TEST(CliTest, InjectFaultIsCheckedAndOnlyStrikesItsRankAndStep) {
     RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --inject-fault " + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
     EXPECT_NE(r.err.find(std::string("--inject-fault '") + bad +
-                         "': expected kill:RANK:STEP or stall:RANK:STEP"),
+                         "': expected kill:RANK:STEP, stall:RANK:STEP or overflow:RANK:STEP"),
               std::string::npos)
         << r.err;
   }

@@ -1,13 +1,16 @@
 // Whole training steps on the CUDA backend against the CPU backend on tiny models: the same
 // losses (fp32: 1e-4 relative) with the optimizer on the GPU and offloaded to the host, the
-// flash-attention path in bf16, every attention variant, and clear errors for device "cuda"
+// flash-attention path in bf16, every attention variant, fp16 with its loss scale, activations
+// offloaded to host memory and NVMe, a 32K-token sequence, and clear errors for device "cuda"
 // where there is no GPU and for an attention variant that does not exist (those run everywhere).
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -15,6 +18,8 @@
 #include "kernels/runtime.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/long_sequence.h"
+#include "tests/testing/loss_scale_replay.h"
 #include "tests/testing/scoped_env.h"
 #include "tests/testing/temp_dir.h"
 
@@ -55,6 +60,9 @@ Json tiny_config(const TempDir& dir) {
 
 struct History {
   std::vector<double> loss, grad_norm;
+  std::vector<bool> skipped;
+  std::vector<double> loss_scale;  // fp16's, else 0
+  std::uint64_t peak_device_bytes = 0;
 };
 
 History train_on(Json j, const std::string& device) {
@@ -71,6 +79,9 @@ History train_on(Json j, const std::string& device) {
   for (const auto& m : (*t)->history()) {
     r.loss.push_back(m.loss);
     r.grad_norm.push_back(m.grad_norm);
+    r.skipped.push_back(m.skipped);
+    r.loss_scale.push_back(m.loss_scale.value_or(0.0));
+    r.peak_device_bytes = std::max(r.peak_device_bytes, m.peak_device_bytes);
   }
   return r;
 }
@@ -253,6 +264,104 @@ TEST_F(CudaTrainTest, Bf16FlashWithASlidingWindowTracksTheCpuBackend) {
   base["precision"] = "bf16";
   const History cpu = train_on(base, "cpu");
   const History gpu = train_on(base, "cuda");
+  expect_close(gpu.loss, cpu.loss, 2e-2, "loss");
+}
+
+// The model the bf16 tests use: head_dim 64, where the flash kernels apply.
+Json head_dim_64_model() {
+  return Json::parse(R"({"vocab_size": 256, "hidden_size": 128,
+      "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "max_position_embeddings": 128})");
+}
+
+// fp16: cuBLASLt's fp16 GEMMs (tensor cores, fp32 accumulation) and every kernel's f16 storage,
+// against the CPU backend's fp16, to the bf16 test's tolerance scaled by the formats' unit
+// roundoffs (2^-11 / 2^-8); and a dynamic loss scale that starts too high follows the run's own
+// overflows exactly as optim::LossScaler replays them.
+TEST_F(CudaTrainTest, Fp16TracksTheCpuBackendAndItsLossScale) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["model"] = head_dim_64_model();
+  base["seq_len"] = 100;
+  base["precision"] = "fp16";
+  const History cpu = train_on(base, "cpu");
+  const History gpu = train_on(base, "cuda");
+  ASSERT_EQ(cpu.skipped, std::vector<bool>(4, false)) << "the default scale overflowed on the CPU";
+  EXPECT_EQ(gpu.skipped, cpu.skipped);
+  expect_close(gpu.loss, cpu.loss, 2e-2 * (0x1p-11 / 0x1p-8), "loss");
+  EXPECT_LT(gpu.loss.back(), gpu.loss.front());
+
+  base["fp16"] = {{"initial_scale_power", 24}, {"hysteresis", 1}, {"loss_scale_window", 2}};
+  base["max_steps"] = 10;
+  const History scaled = train_on(base, "cuda");
+  ASSERT_EQ(scaled.loss_scale.size(), 10u);
+  optim::LossScalerConfig lc;
+  lc.initial_scale_power = 24;
+  lc.hysteresis = 1;
+  lc.loss_scale_window = 2;
+  const int skipped =
+      testing::expect_scales_follow_overflows(lc, scaled.loss_scale, scaled.skipped);
+  EXPECT_GT(skipped, 0) << "2^24 never overflowed";
+  EXPECT_LT(skipped, 10) << "the scale never came down far enough";
+}
+
+// activation_offload on the GPU: each layer's checkpointed input leaves the device on the copy
+// stream as soon as the next layer has read it and comes back ahead of its backward. The losses
+// are "none"'s: bit for bit where two "none" runs agree bit for bit (deterministic kernels),
+// else to 1e-6.
+TEST_F(CudaTrainTest, OffloadedActivationsGiveTheLossesOfNone) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TempDir dir;
+    Json base = tiny_config(dir);
+    if (std::string(precision) == "bf16") {
+      base["model"] = head_dim_64_model();
+      base["seq_len"] = 100;
+    }
+    base["precision"] = precision;
+    base["activation_checkpointing"] = true;
+    base["offload_param"] = "cpu";
+    base["swap_paths"] = {dir.file("swap")};
+    std::filesystem::create_directories(dir.file("swap"));
+    const History none = train_on(base, "cuda");
+    const bool deterministic = train_on(base, "cuda").loss == none.loss;
+    for (const char* tier : {"cpu", "nvme"}) {
+      SCOPED_TRACE(std::string("activation_offload ") + tier);
+      Json j = base;
+      j["activation_offload"] = tier;
+      const History moved = train_on(j, "cuda");
+      if (deterministic) {
+        EXPECT_EQ(moved.loss, none.loss);
+      } else {
+        expect_close(moved.loss, none.loss, 1e-6, "loss");
+      }
+    }
+  }
+}
+
+// A 32K-token sequence through forward and backward on the GPU in bf16 (head_dim 64: the flash
+// kernels), on a 1 GiB device: one head's fp32 score matrix alone would be 4 GiB, so nothing
+// quadratic is kept. Its loss is the CPU backend's to the bf16 tolerance.
+TEST_F(CudaTrainTest, A32kSequenceTrainsWithoutAQuadraticBuffer) {
+  TempDir dir;
+  constexpr std::int64_t kLong = 32768;
+  Json j = tiny_config(dir);
+  j["model"] = testing::long_context_model(128, 256, 2, 1);
+  j["data"] = {{"path", dir.write("long.u16", testing::long_sequence_u16(kLong))},
+               {"format", "u16"}};
+  j["precision"] = "bf16";
+  j["seq_len"] = kLong;
+  j["batch_size"] = 1;
+  j["micro_batch_size"] = 1;
+  j["max_steps"] = 1;
+  j["threads"] = 0;
+  j["save_dir"] = "";
+  j["device_memory_limit"] = "1GiB";
+  const History gpu = train_on(j, "cuda");
+  ASSERT_EQ(gpu.loss.size(), 1u);
+  EXPECT_TRUE(std::isfinite(gpu.loss[0]));
+  EXPECT_LE(gpu.peak_device_bytes, std::uint64_t{1} << 30);
+  const History cpu = train_on(j, "cpu");
   expect_close(gpu.loss, cpu.loss, 2e-2, "loss");
 }
 

@@ -55,15 +55,18 @@ struct TrainArgs {
   std::string config_path, metrics, trace, save_dir, resume;
   std::vector<std::string> sets;
   std::int64_t save_every = -1;
-  std::string inject_fault;  // hidden, for the failure tests: "kill:RANK:STEP" or "stall:RANK:STEP"
+  // hidden, for the failure tests: "kill:RANK:STEP", "stall:RANK:STEP" or "overflow:RANK:STEP"
+  std::string inject_fault;
 };
 
 // --inject-fault kill:R:S makes rank R die (SIGKILL, no cleanup) as step S starts, as a crashed
-// node would; stall:R:S makes it stop there for good, alive but stuck, as a hung GPU would.
-Result<std::function<void(int, std::int64_t)>> parse_fault(const std::string& spec) {
+// node would; stall:R:S makes it stop there for good, alive but stuck, as a hung GPU would;
+// overflow:R:S makes its gradients of step S overflow, as fp16's on one GPU can.
+Status add_fault(const std::string& spec, train::TrainOptions* options) {
   const auto bad = [&] {
-    return invalid_argument("--inject-fault '" + spec +
-                            "': expected kill:RANK:STEP or stall:RANK:STEP (e.g. kill:1:3)");
+    return invalid_argument(
+        "--inject-fault '" + spec +
+        "': expected kill:RANK:STEP, stall:RANK:STEP or overflow:RANK:STEP (e.g. kill:1:3)");
   };
   const std::size_t a = spec.find(':'), b = spec.find(':', a == std::string::npos ? a : a + 1);
   if (a == std::string::npos || b == std::string::npos) return bad();
@@ -79,13 +82,20 @@ Result<std::function<void(int, std::int64_t)>> parse_fault(const std::string& sp
   } catch (const std::exception&) {
     return bad();
   }
-  if ((kind != "kill" && kind != "stall") || rank < 0 || step < 1) return bad();
+  if ((kind != "kill" && kind != "stall" && kind != "overflow") || rank < 0 || step < 1) {
+    return bad();
+  }
+  if (kind == "overflow") {
+    options->overflow_at = [=](int r, std::int64_t s) { return r == rank && s == step; };
+    return Status::ok();
+  }
   const bool kill = kind == "kill";
-  return std::function<void(int, std::int64_t)>([=](int r, std::int64_t s) {
+  options->before_step = [=](int r, std::int64_t s) {
     if (r != rank || s != step) return;
     if (kill) std::raise(SIGKILL);
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  });
+  };
+  return Status::ok();
 }
 
 // "strata train: ", naming the rank when several ranks each print their error.
@@ -108,12 +118,10 @@ int run_train(const TrainArgs& a) {
   }
   train::TrainOptions options;
   if (!a.inject_fault.empty()) {
-    auto fault = parse_fault(a.inject_fault);
-    if (!fault.is_ok()) {
-      std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), fault.status().message().c_str());
-      return exit_code_for(fault.status());
+    if (Status s = add_fault(a.inject_fault, &options); !s.is_ok()) {
+      std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), s.message().c_str());
+      return exit_code_for(s);
     }
-    options.before_step = std::move(*fault);
   }
   options.resume_dir = a.resume;
   options.progress = &std::cout;

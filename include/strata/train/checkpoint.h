@@ -19,6 +19,7 @@
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
 #include "strata/model/param_layout.h"
+#include "strata/optim/loss_scaler.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -35,6 +36,8 @@ struct TrainerState {
   // Pipeline: each virtual stage's layers (pipeline_parallel_size x its virtual stages counts);
   // empty without.
   std::vector<std::int64_t> pipeline_layers;
+  // fp16: the loss scaler's state ("loss_scaler"), restored on resume.
+  std::optional<optim::LossScaler::State> loss_scaler;
   Json config;  // the run's config, for reference
 };
 

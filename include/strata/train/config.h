@@ -18,6 +18,7 @@
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
 #include "strata/optim/adamw.h"
+#include "strata/optim/loss_scaler.h"
 #include "strata/optim/schedule.h"
 #include "strata/tensor/tensor.h"
 #include "strata/train/data.h"
@@ -71,8 +72,10 @@ struct TrainConfig {
   std::int64_t batch_size = 8;        // global, in sequences
   std::int64_t micro_batch_size = 0;  // per rank; 0 = batch_size
   std::int64_t max_steps = 100;
-  DType precision = DType::kF32;  // "fp32" | "bf16": the compute dtype
-  optim::AdamWHyper optimizer;    // the config's "optimizer": lr, betas, eps, weight_decay
+  DType precision = DType::kF32;  // "fp32" | "bf16" | "fp16": the compute dtype
+  // fp16's loss scaling (the config's "fp16" object, DeepSpeed's keys); used only in fp16.
+  optim::LossScalerConfig loss_scaler;
+  optim::AdamWHyper optimizer;  // the config's "optimizer": lr, betas, eps, weight_decay
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
   // "none": the optimizer step after backward, before the next forward; "forward": on its own
@@ -229,7 +232,7 @@ struct TrainConfig {
 
 // Parses and validates. `source` names the file in messages.
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source);
-// "fp32" or "bf16", as the config spells the precision.
+// "fp32", "bf16" or "fp16", as the config spells the precision.
 std::string_view precision_name(DType precision);
 // The config file at `path`, with the "--set key=value" `overrides` and then the top-level
 // `keys` the command's own flags give (--metrics FILE is "metrics_file") applied, read as one:

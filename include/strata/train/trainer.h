@@ -21,7 +21,9 @@ struct StepMetrics {
   double loss = 0;        // mean over the global batch's targets (those the loss mask marks)
   double lr = 0;
   double grad_norm = 0;
-  bool skipped = false;  // non-finite gradients: no update
+  bool skipped = false;  // non-finite gradients (fp16: an overflow): no update
+  // fp16: the loss scale this step's gradients were computed with (grad_norm is unscaled).
+  std::optional<double> loss_scale;
   double tokens_per_s = 0;
   double step_ms = 0;
   double compute_ms = 0;  // forward + backward
@@ -66,6 +68,10 @@ struct TrainOptions {
   // Called on every rank as each step starts, with the rank and the 1-based step: the seam
   // through which tests inject failures (strata train's --inject-fault). Null: nothing.
   std::function<void(int rank, std::int64_t step)> before_step;
+  // True for (rank, step): that rank's gradients of the step overflow (its loss gradient is
+  // scaled by infinity), as an fp16 overflow on one GPU would (strata train's --inject-fault
+  // overflow:RANK:STEP). Null: never.
+  std::function<bool(int rank, std::int64_t step)> overflow_at;
 };
 
 class Trainer {

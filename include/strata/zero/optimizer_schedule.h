@@ -46,11 +46,12 @@ class OptimizerSchedule final : public StepView {
 
   // ---- a step's events, in order ----
   // The micro-batch about to run is the step's last, and the step will be step(lr, step, s)
-  // with s = 1 unless clipping changes it (`may_clip`). Under OptimizerOverlap::kBackward each
-  // group's update then starts as soon as its final gradient exists, guessing s = 1, unless the
-  // last step clipped or was skipped. With `may_clip` the gradients are kept until the step
+  // with s = `unscale` (1, or the inverse of fp16's loss scale) unless clipping changes it
+  // (`may_clip`) or an overflow skips it. Under OptimizerOverlap::kBackward each group's update
+  // then starts as soon as its final gradient exists, guessing s = unscale, unless the last
+  // step clipped or was skipped. With `may_clip` the gradients are kept until the step
   // commits, for a redo. A no-op under the other schedules.
-  void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip);
+  void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip, float unscale = 1.0f);
   // A gradient is about to be written: the last step is done reading gradients, or the guess
   // begin_last_micro_batch armed starts.
   Status before_gradients();
@@ -122,13 +123,14 @@ class OptimizerSchedule final : public StepView {
   double guess_lr_ = 0;
   std::int64_t guess_step_ = 0;
   bool guess_keeps_grads_ = false;
-  bool last_clipped_ = false;  // the last step's scale was not 1, or it was skipped
-  std::vector<bool> ready_;    // under step_mu_: the group's gradient is final (a guess)
-  bool cancel_ = false;        // under step_mu_: the guessed step stops at the next group
-  std::vector<bool> updated_;  // under step_mu_: the group's new working copy is written
-  std::vector<bool> touched_;  // under step_mu_: the step began writing the working copy
-  bool step_done_ = true;      // under step_mu_
-  Status step_status_;         // under step_mu_, once step_done_
+  float expected_scale_ = 1.0f;  // the step's multiplier without clipping (begin_last_...)
+  bool last_clipped_ = false;    // the last step's scale was not that, or it was skipped
+  std::vector<bool> ready_;      // under step_mu_: the group's gradient is final (a guess)
+  bool cancel_ = false;          // under step_mu_: the guessed step stops at the next group
+  std::vector<bool> updated_;    // under step_mu_: the group's new working copy is written
+  std::vector<bool> touched_;    // under step_mu_: the step began writing the working copy
+  bool step_done_ = true;        // under step_mu_
+  Status step_status_;           // under step_mu_, once step_done_
   std::vector<mem::Completion> step_writebacks_;  // working copies the step sends home
   std::int64_t update_span_ns_ = 0;               // where the next group's update span begins
   double step_ms_ = 0;

@@ -73,8 +73,8 @@ class ZeroProvider final : public model::ParamProvider {
   // The micro-batch about to run is the step's last (see OptimizerSchedule): under
   // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
   // group's reduction is done.
-  void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip) {
-    schedule_->begin_last_micro_batch(lr, step, may_clip);
+  void begin_last_micro_batch(double lr, std::int64_t step, bool may_clip, float unscale = 1.0f) {
+    schedule_->begin_last_micro_batch(lr, step, may_clip, unscale);
   }
   // Waits for reductions still in flight and the shard store's gradient transfers; call after
   // each micro-batch's backward.

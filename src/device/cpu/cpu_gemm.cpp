@@ -1,6 +1,9 @@
 // GEMM on the CPU: oneDNN where the context runs the dtype's GEMMs there (the CPU's bf16 units,
-// AVX-512 FMA), else OpenBLAS sgemm for f32 and, for bf16, tiles converted to fp32 around it.
+// AVX-512 FMA), else OpenBLAS sgemm for f32 and, for bf16 and f16, tiles converted to fp32
+// around it.
 #include <cblas.h>
+
+#include <type_traits>
 
 #include "src/device/cpu/cpu_ops_internal.h"
 
@@ -17,11 +20,11 @@ void sgemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 
 namespace {
 
-// The bf16 path's fp32 copies of its A, B and C tiles hold at most this many floats together
-// (32 MiB, reused across calls through the scratch pool). Whole operands when they fit: one deep
-// sgemm reached 93-95% of the fp32 rate at 2048^3 on a Zen 2, where 512^3 tiles reached 75-85%
-// (bench/RESULTS.md).
-constexpr std::int64_t kBf16TileBudgetFloats = std::int64_t{8} << 20;
+// The half-precision path's fp32 copies of its A, B and C tiles hold at most this many floats
+// together (32 MiB, reused across calls through the scratch pool). Whole operands when they fit:
+// one deep sgemm reached 93-95% of the fp32 rate at 2048^3 on a Zen 2, where 512^3 tiles reached
+// 75-85% (bench/RESULTS.md).
+constexpr std::int64_t kHalfTileBudgetFloats = std::int64_t{8} << 20;
 // Tiles shrink no further than this edge (256^3 tiles need 0.2M floats).
 constexpr std::int64_t kMinTileEdge = 256;
 
@@ -32,7 +35,7 @@ struct TileShape {
 // The largest tiles within the budget: the output's edges halve first (each halving converts
 // the other operand once more), the inner dimension last (each halving of k adds a pass over
 // the C tile).
-TileShape bf16_tiles(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t budget) {
+TileShape half_tiles(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t budget) {
   TileShape t{m, n, k};
   while (t.m * t.k + t.k * t.n + t.m * t.n > budget) {
     if (std::max(t.m, t.n) > kMinTileEdge) {
@@ -67,9 +70,10 @@ void scale_c(const GemmArgs& g) {
   }
 }
 
-// Copies the [rows, cols] block at (r0, c0) of a bf16 matrix with leading dimension ld into a
-// dense fp32 buffer.
-void load_block(const CpuContext& ctx, const bf16* src, std::int64_t ld, std::int64_t r0,
+// Copies the [rows, cols] block at (r0, c0) of a half-precision matrix with leading dimension ld
+// into a dense fp32 buffer.
+template <typename T>
+void load_block(const CpuContext& ctx, const T* src, std::int64_t ld, std::int64_t r0,
                 std::int64_t c0, std::int64_t rows, std::int64_t cols, float* dst) {
   ctx.parallel_for(rows, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(cols, 1)),
                    [&](std::int64_t i0, std::int64_t i1) {
@@ -112,44 +116,11 @@ GemmArgs gemm_block(const GemmArgs& g, bool by_rows, std::int64_t r0, std::int64
   return b;
 }
 
-}  // namespace
-
-bool gemm_onednn(const CpuContext& ctx, const OneDnnGemm& dnnl, const GemmArgs& g) {
-  // Blocks of whole rows or columns along C's longer edge, so every element's sum over k stays
-  // in one product, and a partition that depends on the shape only.
-  const bool by_rows = g.m > g.n;
-  const std::int64_t edge = by_rows ? g.m : g.n;
-  const std::int64_t other = by_rows ? g.n : g.m;
-  const std::int64_t min_edge = (kMinBlockMacs + other * g.k - 1) / (other * g.k);
-  std::int64_t size =
-      round_up(std::max((edge + kTargetBlocks - 1) / kTargetBlocks, min_edge), kBlockEdge);
-  size = std::min(size, std::max(kBlockEdge, kMaxBlockFloats / other / kBlockEdge * kBlockEdge));
-  size = std::min(size, edge);
-  const std::int64_t blocks = (edge + size - 1) / size;
-  // Every block has the first block's shape or the last one's: both must have a real kernel.
-  const std::optional<std::size_t> first = dnnl.prepare(gemm_block(g, by_rows, 0, size));
-  const std::optional<std::size_t> last =
-      dnnl.prepare(gemm_block(g, by_rows, (blocks - 1) * size, edge));
-  if (!first || !last) return false;
-  // Each task's own oneDNN scratch, from the pool (floats), 64-byte aligned.
-  const std::size_t scratch_floats = (std::max(*first, *last) + kScratchAlign) / sizeof(float) + 1;
-  ctx.parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-    auto lease = ctx.scratch(scratch_floats);
-    const auto base = reinterpret_cast<std::uintptr_t>(lease.data());
-    void* scratch =
-        reinterpret_cast<void*>((base + kScratchAlign - 1) / kScratchAlign * kScratchAlign);
-    for (std::int64_t b = b0; b < b1; ++b) {
-      dnnl.run(gemm_block(g, by_rows, b * size, std::min(edge, (b + 1) * size)), scratch);
-    }
-  });
-  return true;
-}
-
-void gemm_bf16_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budget_floats) {
-  const bf16* a = static_cast<const bf16*>(g.a);
-  const bf16* b = static_cast<const bf16*>(g.b);
-  bf16* c = static_cast<bf16*>(g.c);
-  const TileShape tile = bf16_tiles(g.m, g.n, g.k, budget_floats);
+// The half-precision GEMM's tiles: A, B and C widened to fp32, sgemm, C rounded back.
+template <typename T>
+void gemm_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budget_floats, const T* a,
+                const T* b, T* c) {
+  const TileShape tile = half_tiles(g.m, g.n, g.k, budget_floats);
   const std::int64_t tm = tile.m, tn = tile.n, tk = tile.k;
   auto a_tile = ctx.scratch(static_cast<std::size_t>(tm * tk));
   auto b_tile = ctx.scratch(static_cast<std::size_t>(tk * tn));
@@ -188,6 +159,51 @@ void gemm_bf16_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budg
   }
 }
 
+}  // namespace
+
+bool gemm_onednn(const CpuContext& ctx, const OneDnnGemm& dnnl, const GemmArgs& g) {
+  // Blocks of whole rows or columns along C's longer edge, so every element's sum over k stays
+  // in one product, and a partition that depends on the shape only.
+  const bool by_rows = g.m > g.n;
+  const std::int64_t edge = by_rows ? g.m : g.n;
+  const std::int64_t other = by_rows ? g.n : g.m;
+  const std::int64_t min_edge = (kMinBlockMacs + other * g.k - 1) / (other * g.k);
+  std::int64_t size =
+      round_up(std::max((edge + kTargetBlocks - 1) / kTargetBlocks, min_edge), kBlockEdge);
+  size = std::min(size, std::max(kBlockEdge, kMaxBlockFloats / other / kBlockEdge * kBlockEdge));
+  size = std::min(size, edge);
+  const std::int64_t blocks = (edge + size - 1) / size;
+  // Every block has the first block's shape or the last one's: both must have a real kernel.
+  const std::optional<std::size_t> first = dnnl.prepare(gemm_block(g, by_rows, 0, size));
+  const std::optional<std::size_t> last =
+      dnnl.prepare(gemm_block(g, by_rows, (blocks - 1) * size, edge));
+  if (!first || !last) return false;
+  // Each task's own oneDNN scratch, from the pool (floats), 64-byte aligned.
+  const std::size_t scratch_floats = (std::max(*first, *last) + kScratchAlign) / sizeof(float) + 1;
+  ctx.parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    auto lease = ctx.scratch(scratch_floats);
+    const auto base = reinterpret_cast<std::uintptr_t>(lease.data());
+    void* scratch =
+        reinterpret_cast<void*>((base + kScratchAlign - 1) / kScratchAlign * kScratchAlign);
+    for (std::int64_t b = b0; b < b1; ++b) {
+      dnnl.run(gemm_block(g, by_rows, b * size, std::min(edge, (b + 1) * size)), scratch);
+    }
+  });
+  return true;
+}
+
+void gemm_half_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budget_floats) {
+  dispatch_float(g.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float>) {
+      STRATA_CHECK(false, "gemm_half_tiled takes bf16 or f16, not f32");
+    } else {
+      gemm_tiled(ctx, g, budget_floats, static_cast<const T*>(g.a), static_cast<const T*>(g.b),
+                 static_cast<T*>(g.c));
+    }
+  });
+}
+
 void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
   check_args(g);
   if (g.m == 0 || g.n == 0) return;
@@ -205,10 +221,11 @@ void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
                 static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
       return;
     case DType::kBF16:
-      gemm_bf16_tiled(ctx, g, kBf16TileBudgetFloats);
+    case DType::kF16:
+      gemm_half_tiled(ctx, g, kHalfTileBudgetFloats);
       return;
     default:
-      STRATA_CHECK(false, "gemm supports f32 and bf16, got", dtype_name(g.dtype));
+      STRATA_CHECK(false, "gemm supports f32, bf16 and f16, got", dtype_name(g.dtype));
   }
 }
 

@@ -18,7 +18,12 @@ enum class SimdPath : std::uint8_t;  // strata/sys/cpu_features.h, not included:
 namespace strata::device::cpu {
 
 // Index of a kernel's storage dtype in the tables below.
-enum KernelDType : std::uint8_t { kKernelF32 = 0, kKernelBF16 = 1, kNumKernelDTypes = 2 };
+enum KernelDType : std::uint8_t {
+  kKernelF32 = 0,
+  kKernelBF16 = 1,
+  kKernelF16 = 2,
+  kNumKernelDTypes = 3
+};
 
 // Index of an array's element type in the conversion and reduction tables below.
 enum ArrayDType : std::uint8_t {

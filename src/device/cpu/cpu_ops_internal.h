@@ -25,6 +25,7 @@ namespace strata::device::cpu {
 
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16 x) { return bf16_to_f32(x); }
+inline float to_f32(f16 x) { return f16_to_f32(x); }
 
 template <typename T>
 inline T from_f32(float x);
@@ -36,8 +37,13 @@ template <>
 inline bf16 from_f32<bf16>(float x) {
   return f32_to_bf16(x);
 }
+template <>
+inline f16 from_f32<f16>(float x) {
+  return f32_to_f16(x);
+}
 
-// Calls fn(T{}) with T = float or bf16 for the op's storage dtype.
+// Calls fn(T{}) with T = float, bf16 or f16 for the op's storage dtype (the half types compute
+// in fp32 and round once on the way out).
 template <typename Fn>
 decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -45,16 +51,19 @@ decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
       return fn(float{});
     case DType::kBF16:
       return fn(bf16{});
+    case DType::kF16:
+      return fn(f16{});
     default:
       break;
   }
-  STRATA_CHECK(false, "CPU ops support f32 and bf16 only, got", dtype_name(dtype));
+  STRATA_CHECK(false, "CPU ops support f32, bf16 and f16 only, got", dtype_name(dtype));
   return fn(float{});  // unreachable
 }
 
 // The kernel tables' index of T.
 inline KernelDType kernel_dtype(float) { return kKernelF32; }
 inline KernelDType kernel_dtype(bf16) { return kKernelBF16; }
+inline KernelDType kernel_dtype(f16) { return kKernelF16; }
 
 // Loads n elements of T into fp32 (or copies), through the SIMD kernels for bf16.
 inline void load_row(const CpuKernels& /*k*/, const float* src, float* dst, std::int64_t n) {
@@ -68,6 +77,12 @@ inline void store_row(const CpuKernels& /*k*/, const float* src, float* dst, std
 }
 inline void store_row(const CpuKernels& k, const float* src, bf16* dst, std::int64_t n) {
   k.f32_to_bf16(src, reinterpret_cast<std::uint16_t*>(dst), n);
+}
+inline void load_row(const CpuKernels& k, const f16* src, float* dst, std::int64_t n) {
+  k.f16_to_f32(reinterpret_cast<const std::uint16_t*>(src), dst, n);
+}
+inline void store_row(const CpuKernels& k, const float* src, f16* dst, std::int64_t n) {
+  k.f32_to_f16(src, reinterpret_cast<std::uint16_t*>(dst), n);
 }
 
 // Dot product with independent partial sums so the compiler can vectorize it without
@@ -217,16 +232,17 @@ class CpuContext {
 };
 
 // GEMM (cpu_gemm.cpp): on oneDNN where the context runs the dtype's GEMMs there and oneDNN has a
-// real implementation for the problem; else fp32 on OpenBLAS and bf16 through gemm_bf16_tiled.
+// real implementation for the problem; else fp32 on OpenBLAS and bf16 and f16 through
+// gemm_half_tiled.
 void cpu_gemm(const CpuContext& ctx, const GemmArgs& args);
 // A GEMM on oneDNN: C split into blocks of whole rows or columns, chosen from the shape alone,
 // one single-threaded product per block over the context's arena, so the bits do not depend on
 // the thread count. False, with C untouched, where oneDNN has only its reference implementation.
 bool gemm_onednn(const CpuContext& ctx, const OneDnnGemm& dnnl, const GemmArgs& args);
-// The bf16 GEMM: A, B and C converted to fp32 in tiles of at most `budget_floats` together
-// (whole operands when they fit), sgemm on each. cpu_gemm passes its own budget; tests pass
-// small ones to cover the tiling.
-void gemm_bf16_tiled(const CpuContext& ctx, const GemmArgs& args, std::int64_t budget_floats);
+// The bf16 and f16 GEMM: A, B and C converted to fp32 in tiles of at most `budget_floats`
+// together (whole operands when they fit), sgemm on each. cpu_gemm passes its own budget; tests
+// pass small ones to cover the tiling.
+void gemm_half_tiled(const CpuContext& ctx, const GemmArgs& args, std::int64_t budget_floats);
 // Row-major cblas_sgemm. Call it from the op's calling thread only, never from inside a
 // parallel loop: OpenBLAS runs its own thread pool.
 void sgemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,

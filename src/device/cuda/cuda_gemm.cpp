@@ -11,9 +11,18 @@ namespace strata::device::cuda {
 namespace {
 
 cudaDataType_t data_type(DType dtype) {
-  STRATA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-               "CUDA gemm supports f32 and bf16, got", dtype_name(dtype));
-  return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  switch (dtype) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:  // fp16 tensor cores, fp32 accumulation (CUBLAS_COMPUTE_32F)
+      return CUDA_R_16F;
+    case DType::kF32:
+      return CUDA_R_32F;
+    default:
+      break;
+  }
+  STRATA_CHECK(false, "CUDA gemm supports f32, bf16 and f16, got", dtype_name(dtype));
+  return CUDA_R_32F;
 }
 
 // Largest power of two (up to 256) dividing the address: cuBLASLt assumes 256 unless told.

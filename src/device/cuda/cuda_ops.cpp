@@ -29,12 +29,8 @@ kernels::Elem elem(DType dtype) {
   return kernels::Elem::kF32;
 }
 
-// The float ops take f32 or bf16, like the CPU backend's.
-kernels::Elem float_elem(DType dtype) {
-  STRATA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-               "CUDA ops support f32 and bf16 only, got", dtype_name(dtype));
-  return elem(dtype);
-}
+// The float ops take f32, bf16 or f16, like the CPU backend's.
+kernels::Elem float_elem(DType dtype) { return elem(dtype); }
 
 kernels::AttentionDims attention_dims(const AttentionShape& s) {
   STRATA_CHECK(

@@ -220,6 +220,7 @@ std::vector<std::uint8_t> run_all(const CpuKernels& k) {
   };
   per_dtype(float{}, kKernelF32);
   per_dtype(std::uint16_t{}, kKernelBF16);
+  per_dtype(std::uint16_t{}, kKernelF16);
   std::vector<float> e = a;
   const double sum = k.exp_shift_sum(e.data(), n, 1.5f);
   append(e);

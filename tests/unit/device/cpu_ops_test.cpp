@@ -51,8 +51,9 @@ void check_gemm_with(const std::function<void(const GemmArgs&)>& run, DType dt, 
   }
   const auto av = a.values(), bv = b.values(), c0 = c.values();
   // The bound of each element: the f32 sum of k products (f32_sum_error(k) * |alpha| *
-  // sum_p |a_ip b_pj|), the scaled C's rounding and, in bf16, the output's (2^-8 relative).
-  const double u_out = dt == DType::kF32 ? 0x1p-24 : 0x1p-8;
+  // sum_p |a_ip b_pj|), the scaled C's rounding and, in bf16 or f16, the output's (2^-8 or 2^-11
+  // relative: their unit roundoffs).
+  const double u_out = dt == DType::kF32 ? 0x1p-24 : (dt == DType::kF16 ? 0x1p-11 : 0x1p-8);
   std::vector<double> want, got, bound;
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
@@ -119,10 +120,13 @@ TEST(CpuOpsTest, GemmBf16LargerThanOneTile) {
   // The same through a budget that fits no whole operand: 256-edge tiles in every dimension,
   // with partial tiles at the ends and C accumulated over the k tiles.
   const cpu::CpuContext ctx(2, sys::widest_simd_path());
-  const auto tiled = [&ctx](const GemmArgs& g) { cpu::gemm_bf16_tiled(ctx, g, 1); };
+  const auto tiled = [&ctx](const GemmArgs& g) { cpu::gemm_half_tiled(ctx, g, 1); };
   check_gemm_with(tiled, DType::kBF16, false, true, 530, 517, 523, 1.0f, 1.0f, 11);
   check_gemm_with(tiled, DType::kBF16, true, false, 515, 40, 600, 0.5f, 0.0f, 12);
   check_gemm_with(tiled, DType::kBF16, true, true, 300, 270, 700, -1.0f, 0.5f, 14);
+  // f16 takes the same tiles, rounding to its own format.
+  check_gemm(dev->ops(), DType::kF16, false, true, 530, 517, 523, 1.0f, 1.0f, 15);
+  check_gemm_with(tiled, DType::kF16, true, true, 300, 270, 700, -1.0f, 0.5f, 16);
 }
 
 // The dtypes oneDNN's GEMM can run here: fp32 wherever this build has oneDNN (AVX2 or wider),

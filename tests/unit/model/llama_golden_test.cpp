@@ -128,6 +128,16 @@ TEST_P(LlamaGoldenTest, Bf16LossIsCloseToPyTorch) {
   EXPECT_NEAR(run.loss, want, 2e-2 * want);
 }
 
+// fp16 stores what bf16 does with 3 more mantissa bits: its error, which comes from rounding
+// the stored weights and activations, is bf16's bound times the ratio of their unit roundoffs
+// (2^-11 / 2^-8).
+TEST_P(LlamaGoldenTest, F16LossIsCloseToPyTorch) {
+  const Json& g = *golden_;
+  const GoldenRun run = run_case(g, g.at("config"), DType::kF16, GetParam());
+  const double want = g.at("untied").at("loss").get<double>();
+  EXPECT_NEAR(run.loss, want, 2e-2 * (0x1p-11 / 0x1p-8) * want);
+}
+
 INSTANTIATE_TEST_SUITE_P(Checkpointing, LlamaGoldenTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Checkpointed" : "Stored"; });
 

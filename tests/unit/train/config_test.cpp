@@ -101,9 +101,55 @@ TEST(ConfigTest, WrongTypesAndRangesAllReported) {
   const std::string& m = c.status().message();
   EXPECT_NE(m.find("'seq_len': expected an integer, got \"long\""), std::string::npos) << m;
   EXPECT_NE(m.find("'batch_size': must be >= 1, got -3"), std::string::npos) << m;
-  EXPECT_NE(m.find("'precision': got 'fp8'; expected one of fp32|bf16"), std::string::npos) << m;
+  EXPECT_NE(m.find("'precision': got 'fp8'; expected one of fp32|bf16|fp16"), std::string::npos)
+      << m;
   EXPECT_NE(m.find("'offload_optimizer': got 'disk'"), std::string::npos) << m;
   EXPECT_NE(m.find("'optimizer.betas'"), std::string::npos) << m;
+}
+
+// fp16's loss scaling: DeepSpeed's "fp16" block and defaults; it needs precision "fp16", and its
+// keys are checked like every other.
+TEST(ConfigTest, Fp16TakesDeepSpeedsLossScalerKeys) {
+  Json j = minimal();
+  j["precision"] = "fp16";
+  auto c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->precision, DType::kF16);
+  EXPECT_EQ(c->loss_scaler.loss_scale, 0.0);  // dynamic
+  EXPECT_EQ(c->loss_scaler.initial_scale_power, 16);
+  EXPECT_EQ(c->loss_scaler.loss_scale_window, 1000);
+  EXPECT_EQ(c->loss_scaler.hysteresis, 2);
+  EXPECT_EQ(c->loss_scaler.min_loss_scale, 1.0);
+  j["fp16"] = {{"enabled", true},         {"loss_scale", 0}, {"initial_scale_power", 12},
+               {"loss_scale_window", 50}, {"hysteresis", 1}, {"consecutive_hysteresis", true},
+               {"min_loss_scale", 0.25}};
+  c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->loss_scaler.initial_scale_power, 12);
+  EXPECT_EQ(c->loss_scaler.loss_scale_window, 50);
+  EXPECT_EQ(c->loss_scaler.hysteresis, 1);
+  EXPECT_TRUE(c->loss_scaler.consecutive_hysteresis);
+  EXPECT_EQ(c->loss_scaler.min_loss_scale, 0.25);
+  // The config as saved reads back the same.
+  auto again = parse_train_config(c->to_json(), "saved");
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
+  EXPECT_EQ(again->loss_scaler.min_loss_scale, 0.25);
+
+  j["fp16"] = {{"loss_scale_windows", 50}, {"min_loss_scale", 0}, {"hysteresis", 0}};
+  c = parse_train_config(j, "t.json");
+  ASSERT_FALSE(c.is_ok());
+  std::string m = c.status().message();
+  EXPECT_NE(m.find("'fp16.loss_scale_windows': unknown key"), std::string::npos) << m;
+  EXPECT_NE(m.find("'fp16.min_loss_scale'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'fp16.hysteresis'"), std::string::npos) << m;
+  j["precision"] = "bf16";
+  j["fp16"] = {{"loss_scale", 128}};
+  c = parse_train_config(j, "t.json");
+  ASSERT_FALSE(c.is_ok());
+  m = c.status().message();
+  EXPECT_NE(m.find("'fp16': sets fp16's loss scaling, but precision is \"bf16\""),
+            std::string::npos)
+      << m;
 }
 
 TEST(ConfigTest, MicroBatchMustDivideBatch) {
