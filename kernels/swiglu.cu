@@ -41,9 +41,10 @@ __device__ __forceinline__ void swiglu_grad(float dv, float gv, float uv, float&
 }
 
 template <typename T, int kN>
-__global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate,
-                                       const T* __restrict__ up, T* __restrict__ dgate,
-                                       T* __restrict__ dup, std::int64_t n) {
+// dgate may be gate and dup up (the block's backward writes them in place): no __restrict__
+// there; each element's inputs are loaded before its outputs are stored.
+__global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* gate, const T* up,
+                                       T* dgate, T* dup, std::int64_t n) {
   const std::int64_t groups = (n + kN - 1) / kN;
   for (std::int64_t gi = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        gi < groups; gi += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {

@@ -235,8 +235,6 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
   if (lora_dropout) s.lora_dx = act(R * d.max_in());
   const std::uint64_t union_start = align_up(c.off, kAlignBytes);
   s.dm = act(R * F);
-  s.dgate = act(R * F);
-  s.dup = act(R * F);
   const std::uint64_t mlp_end = c.off;
   c.off = union_start;
   s.datt = act(R * Q);

@@ -352,14 +352,17 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
   // MLP: out = hmid + m Wd^T (+ bd), m = silu(gate) * up.
   STRATA_RETURN_IF_ERROR(gather_rows(d, dh, H, "block output gradient"));
   back(LoraTarget::kDown, s.m, g.wd, g.bd, dh, t.dm, false);
-  ops.swiglu_backward(t.dm, s.gate, s.up, t.dgate, t.dup, R * F, dt);
+  // In place: gate and up are read here for the last time (their gradients take their room).
+  void* const dgate = s.gate;
+  void* const dup = s.up;
+  ops.swiglu_backward(t.dm, s.gate, s.up, dgate, dup, R * F, dt);
   // Kept apart, this layer's b is gathered again into the buffer the layers share.
   if (s.b_local != nullptr) {
     STRATA_RETURN_IF_ERROR(
         gather_rows(d, s.b, H, "post_attention_layernorm output again", s.b_local));
   }
-  back(LoraTarget::kGate, s.b, g.wg, g.bg, t.dgate, t.dx, false);
-  back(LoraTarget::kUp, s.b, g.wu, g.bu, t.dup, t.dx, true);
+  back(LoraTarget::kGate, s.b, g.wg, g.bg, dgate, t.dx, false);
+  back(LoraTarget::kUp, s.b, g.wu, g.bu, dup, t.dx, true);
   // Column-parallel: each rank's input gradient is its part of the sum.
   STRATA_RETURN_IF_ERROR(sum_partial(d, t.dx, dx, H, "gate/up input gradient"));
   STRATA_RETURN_IF_ERROR(norm_backward(ops, d, dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, t.dln2,

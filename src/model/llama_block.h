@@ -186,8 +186,9 @@ struct BlockActs {
   void* b_local = nullptr;  // [local_rows, hidden] this rank's rows of b, where kept apart
 };
 
-// Backward scratch shared by all blocks. The MLP part (dm, dgate, dup) and the attention part
-// (datt, dq, dk, dv) are never live together and share memory.
+// Backward scratch shared by all blocks. The MLP part (dm; the gate and up gradients take the
+// room of the layer's own gate and up) and the attention part (datt, dq, dk, dv) are never live
+// together and share memory.
 struct BackwardScratch {
   // [rows, hidden] gradient of the residual stream, updated in place; under sequence parallelism
   // [local_rows, hidden], this rank's rows of dh_full [rows, hidden] (gathered before the
@@ -202,8 +203,6 @@ struct BackwardScratch {
   void* dtmp = nullptr;    // [rows, hidden]
   void* dx = nullptr;      // [rows, hidden] gradient of a norm's output
   void* dm = nullptr;      // [rows, ffn]
-  void* dgate = nullptr;   // [rows, ffn]
-  void* dup = nullptr;     // [rows, ffn]
   void* datt = nullptr;    // [rows, q_dim]
   void* dq = nullptr;      // [rows, q_dim]
   void* dk = nullptr;      // [rows, kv_dim]

@@ -321,6 +321,7 @@ TEST_F(CudaTrainTest, OffloadedActivationsGiveTheLossesOfNone) {
     base["precision"] = precision;
     base["activation_checkpointing"] = true;
     base["offload_param"] = "cpu";
+    base["offload_optimizer"] = "cpu";
     base["swap_paths"] = {dir.file("swap")};
     std::filesystem::create_directories(dir.file("swap"));
     const History none = train_on(base, "cuda");

@@ -119,6 +119,8 @@ class Ops {
   // out = silu(gate) * up, elementwise over n.
   virtual void swiglu_forward(const void* gate, const void* up, void* out, std::int64_t n,
                               DType dtype) const = 0;
+  // dgate = dout * up * silu'(gate), dup = dout * silu(gate); dgate may be gate and dup up
+  // (each element's inputs are read before its outputs are written).
   virtual void swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate,
                                void* dup, std::int64_t n, DType dtype) const = 0;
 
