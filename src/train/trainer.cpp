@@ -355,7 +355,9 @@ Status Trainer::Impl::setup() {
     }
   }
   if (config.uses_nvme()) {
-    STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(swap_options(config, rank)));
+    io::SwapOptions so = swap_options(config, rank);
+    so.fault_injection = options.swap_faults;
+    STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(so));
   }
 
   // The model first: the memory plan counts its device workspace.

@@ -432,7 +432,7 @@ TEST(TrainTest, ActivationCheckpointingDoesNotChangeLosses) {
 // and the optimizer step overlapped with backward; and the device holds a few layers' inputs
 // whatever the depth (the plan's device activations fall by the rest).
 TEST(TrainTest, ActivationOffloadKeepsTheBitsAndFreesTheDevice) {
-  for (const std::string family : {"llama3", "qwen3", "mistral"}) {
+  for (const std::string& family : testing::families()) {
     for (const int stage : {1, 2, 3}) {
       TempDir dir;
       Json base = tiny_config(dir);
@@ -489,6 +489,43 @@ TEST(TrainTest, ActivationOffloadKeepsTheBitsAndFreesTheDevice) {
                 "activation_checkpointing true"),
             std::string::npos)
       << refused.status().message();
+}
+
+// An NVMe failure while checkpointed activations move there ends the run with the I/O error,
+// naming what was being written; the checkpoint saved before it, and `latest`, are untouched.
+TEST(TrainTest, ANvmeFailureOfOffloadedActivationsIsReportedAndSparesTheCheckpoint) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["activation_checkpointing"] = true;
+  j["activation_offload"] = "nvme";
+  j["offload_optimizer"] = "cpu";
+  j["max_steps"] = 2;
+  ASSERT_EQ(run(j).size(), 2u);
+  const std::string ckpt = dir.file("ckpt/step-00000002");
+  auto weights = read_file(ckpt + "/model/model.safetensors");
+  auto latest = read_file(dir.file("ckpt/latest"));
+  ASSERT_TRUE(weights.is_ok() && latest.is_ok());
+  j["max_steps"] = 4;
+  auto config = parse_train_config(j, "test config");
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  TrainOptions o;
+  o.resume_dir = dir.file("ckpt");
+  io::FaultRule eio;
+  eio.op = io::FaultOp::kWrite;
+  eio.times = io::FaultRule::kForever;
+  o.swap_faults.rules = {eio};
+  auto t = Trainer::create(*config, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  const Status s = (*t)->run();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("activation"), std::string::npos) << s.message();
+  auto weights_after = read_file(ckpt + "/model/model.safetensors");
+  auto latest_after = read_file(dir.file("ckpt/latest"));
+  ASSERT_TRUE(weights_after.is_ok() && latest_after.is_ok());
+  EXPECT_EQ(*weights_after, *weights);
+  EXPECT_EQ(*latest_after, *latest);
+  EXPECT_FALSE(fs::exists(dir.file("ckpt/step-00000003")));
 }
 
 // The LM head and the loss a chunk of tokens at a time: every token's loss and input gradient

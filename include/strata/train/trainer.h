@@ -12,6 +12,7 @@
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
+#include "strata/io/fault_injection.h"
 #include "strata/train/config.h"
 
 namespace strata::train {
@@ -72,6 +73,8 @@ struct TrainOptions {
   // scaled by infinity), as an fp16 overflow on one GPU would (strata train's --inject-fault
   // overflow:RANK:STEP). Null: never.
   std::function<bool(int rank, std::int64_t step)> overflow_at;
+  // Failures of the swap space's I/O, for tests (io::FaultInjection's rules). Empty: none.
+  io::FaultInjection swap_faults;
 };
 
 class Trainer {
