@@ -183,8 +183,9 @@ void finish_tuning(CpuAdam& adam, const strata::device::AdamWArgs& args) {
 bool verify(benchmark::State& state, CpuAdam& adam, const strata::device::AdamWArgs& full) {
   strata::device::AdamWArgs a = full;
   a.n = kVerifyElems;
-  std::vector<float> p(a.param, a.param + a.n), m(a.exp_avg, a.exp_avg + a.n),
-      v(a.exp_avg_sq, a.exp_avg_sq + a.n);
+  const auto* m0 = static_cast<const float*>(a.exp_avg);  // the benchmark's moments are f32
+  const auto* v0 = static_cast<const float*>(a.exp_avg_sq);
+  std::vector<float> p(a.param, a.param + a.n), m(m0, m0 + a.n), v(v0, v0 + a.n);
   std::vector<std::byte> out(static_cast<std::size_t>(a.n) * strata::dtype_size(a.out_dtype));
   strata::device::AdamWArgs r = a;
   r.param = p.data(), r.exp_avg = m.data(), r.exp_avg_sq = v.data(), r.param_out = out.data();

@@ -25,11 +25,12 @@ __device__ __forceinline__ void adamw_element(float g, float& p, float& m, float
   p -= s.lr_step_size * m / (sqrtf(v) / s.bc2_sqrt + s.eps);
 }
 
-// kVec: param, exp_avg and exp_avg_sq move as float4 (their pointers are 16-byte aligned).
-template <typename G, typename O, bool kVec>
+// kVec: param, exp_avg and exp_avg_sq move as float4 (their pointers are 16-byte aligned; f32
+// moments only). S: the moments' storage type (float, or bf16 widened and rounded back).
+template <typename G, typename O, typename S, bool kVec>
 __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ grad,
-                             float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                             std::int64_t n, AdamWScalars s, O* __restrict__ param_out) {
+                             S* __restrict__ exp_avg, S* __restrict__ exp_avg_sq, std::int64_t n,
+                             AdamWScalars s, O* __restrict__ param_out) {
   constexpr int kN = kVec ? 4 : 1;
   const std::int64_t groups = (n + kN - 1) / kN;
   for (std::int64_t gi = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -57,11 +58,11 @@ __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ gr
       }
     }
     for (std::int64_t i = i0; i < n && i < i0 + kN; ++i) {
-      float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+      float p = param[i], m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
       adamw_element(load_grad(grad, i), p, m, v, s);
       param[i] = p;
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
+      exp_avg[i] = from_float<S>(m);
+      exp_avg_sq[i] = from_float<S>(v);
       if (param_out != nullptr) param_out[i] = from_float<O>(p);
     }
   }
@@ -69,24 +70,34 @@ __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ gr
 
 }  // namespace
 
-int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, float* exp_avg,
-          float* exp_avg_sq, std::int64_t n, const AdamWScalars& s, void* param_out,
-          Elem out_dtype) {
+int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, void* exp_avg,
+          void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
+          void* param_out, Elem out_dtype) {
   if (n <= 0) return 0;
+  if (state_dtype != Elem::kF32 && state_dtype != Elem::kBF16) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   constexpr int kThreads = 256;
-  const bool vec = aligned16(param) && aligned16(exp_avg) && aligned16(exp_avg_sq);
+  const bool f32_state = state_dtype == Elem::kF32;
+  const bool vec = f32_state && aligned16(param) && aligned16(exp_avg) && aligned16(exp_avg_sq);
   return dispatch_float(grad_dtype, [&](auto gtag) {
     using G = typename decltype(gtag)::type;
     return dispatch_float(out_dtype, [&](auto otag) {
       using O = typename decltype(otag)::type;
       const G* g = static_cast<const G*>(grad);
       O* o = static_cast<O*>(param_out);
-      if (vec) {
-        adamw_kernel<G, O, true><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(
-            param, g, exp_avg, exp_avg_sq, n, s, o);
+      auto* mf = static_cast<float*>(exp_avg);
+      auto* vf = static_cast<float*>(exp_avg_sq);
+      if (!f32_state) {
+        adamw_kernel<G, O, bf16_t, false><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+            param, g, static_cast<bf16_t*>(exp_avg), static_cast<bf16_t*>(exp_avg_sq), n, s, o);
+      } else if (vec) {
+        adamw_kernel<G, O, float, true>
+            <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(param, g, mf, vf, n,
+                                                                               s, o);
       } else {
-        adamw_kernel<G, O, false><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
-            param, g, exp_avg, exp_avg_sq, n, s, o);
+        adamw_kernel<G, O, float, false>
+            <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(param, g, mf, vf, n, s, o);
       }
       return launch_check();
     });

@@ -185,8 +185,9 @@ struct AdamWScalars {
   float beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
   bool adamw_mode = true;
 };
-int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, float* exp_avg,
-          float* exp_avg_sq, std::int64_t n, const AdamWScalars& s, void* param_out,
-          Elem out_dtype);
+// exp_avg and exp_avg_sq of state_dtype: f32 or bf16 (widened for the step, rounded when stored).
+int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, void* exp_avg,
+          void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
+          void* param_out, Elem out_dtype);
 
 }  // namespace strata::kernels

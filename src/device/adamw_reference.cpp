@@ -27,8 +27,16 @@ void adamw_reference(const AdamWArgs& a) {
   const auto eps = static_cast<float>(a.eps), weight_decay = static_cast<float>(a.weight_decay);
   const bool out_of_place = a.param_in != nullptr;
   const float* param_in = out_of_place ? a.param_in : a.param;
-  const float* exp_avg_in = out_of_place ? a.exp_avg_in : a.exp_avg;
-  const float* exp_avg_sq_in = out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq;
+  const void* exp_avg_in = out_of_place ? a.exp_avg_in : a.exp_avg;
+  const void* exp_avg_sq_in = out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq;
+  const DType sd = a.state_dtype;
+  const auto store_state = [sd](void* to, std::int64_t i, float x) {
+    if (sd == DType::kBF16) {
+      static_cast<bf16*>(to)[i] = f32_to_bf16(x);
+    } else {
+      static_cast<float*>(to)[i] = x;
+    }
+  };
   for (std::int64_t i = 0; i < a.n; ++i) {
     float g = load_as_f32(a.grad, a.grad_dtype, static_cast<std::size_t>(i)) * a.grad_scale;
     float p = param_in[i];
@@ -37,10 +45,11 @@ void adamw_reference(const AdamWArgs& a) {
     } else {
       g += weight_decay * p;
     }
-    const float m = beta1 * exp_avg_in[i] + one_minus_b1 * g;
-    const float v = beta2 * exp_avg_sq_in[i] + one_minus_b2 * g * g;
-    a.exp_avg[i] = m;
-    a.exp_avg_sq[i] = v;
+    const auto ui = static_cast<std::size_t>(i);
+    const float m = beta1 * load_as_f32(exp_avg_in, sd, ui) + one_minus_b1 * g;
+    const float v = beta2 * load_as_f32(exp_avg_sq_in, sd, ui) + one_minus_b2 * g * g;
+    store_state(a.exp_avg, i, m);
+    store_state(a.exp_avg_sq, i, v);
     p -= step_size * m / (std::sqrt(v) / bc2_sqrt + eps);
     a.param[i] = p;
     if (a.param_out != nullptr) {

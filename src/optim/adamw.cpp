@@ -14,6 +14,7 @@ device::AdamWArgs make_adamw_args(const AdamWHyper& hyper, double lr, std::int64
   a.eps = hyper.eps;
   a.weight_decay = hyper.weight_decay;
   a.adamw_mode = hyper.adamw_mode;
+  a.state_dtype = hyper.state_dtype;
   a.step = step;
   a.grad_scale = grad_scale;
   return a;

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "src/device/cpu/cpu_kernels.h"
 #include "src/optim/cpu_adam_kernels.h"
 #include "src/optim/thread_pinning.h"
 #include "strata/core/check.h"
@@ -87,6 +88,8 @@ void check_args(const device::AdamWArgs& a) {
   const int inputs =
       (a.param_in != nullptr) + (a.exp_avg_in != nullptr) + (a.exp_avg_sq_in != nullptr);
   STRATA_CHECK(inputs == 0 || inputs == 3, "CpuAdam: out of place needs all three inputs", inputs);
+  STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16,
+               "CpuAdam: moments must be f32 or bf16, got", dtype_name(a.state_dtype));
 }
 
 }  // namespace
@@ -101,6 +104,9 @@ struct CpuAdam::Impl {
   bool native_bf16 = false;
   int threads = 1;
   KernelSet kernels{};
+  // The device's elementwise kernels of the same path: bf16 moments widen and narrow through
+  // them (exactly strata::bf16_to_f32 / f32_to_bf16).
+  const device::cpu::CpuKernels* convert = nullptr;
   tbb::task_arena arena;  // declared before pinning: the observer detaches first
   std::unique_ptr<detail::ArenaPinning> pinning;
 
@@ -111,8 +117,9 @@ struct CpuAdam::Impl {
   detail::Tuner* tuner = nullptr;  // kAuto's, shared by every CpuAdam of its kind; null once chosen
   const KernelCalibration* tuned = nullptr;  // its measurement, once it chose
 
-  int nt_index(bool stream, std::int64_t n) const {
-    return stream && n >= options.nontemporal_min_elems ? 1 : 0;
+  // bf16 moments are updated in fp32 scratch that is read back at once: regular stores there.
+  int nt_index(bool stream, const device::AdamWArgs& a) const {
+    return stream && a.state_dtype == DType::kF32 && a.n >= options.nontemporal_min_elems ? 1 : 0;
   }
   // Spans this long are timed for the tuner: long enough to leave the caches' reach in most of
   // their bytes and to time to a few percent, and long enough for streaming stores to apply.
@@ -144,25 +151,48 @@ struct CpuAdam::Impl {
     });
   }
 
-  // Runs `kernel(tile)` over the span's tiles with every pointer offset to the tile.
+  // Runs `kernel(tile)` over the span's tiles with every pointer offset to the tile. bf16
+  // moments go through the f32 kernels kStateChunk elements at a time: widened into scratch the
+  // kernel updates in place (the step's arithmetic is the f32 step's), then rounded back.
+  static constexpr std::int64_t kStateChunk = 2048;
   template <typename Kernel>
   void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
     const std::size_t gsize = dtype_size(a.grad_dtype);
     const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
     const bool out_of_place = a.param_in != nullptr;
+    const float* param_in = out_of_place ? a.param_in : a.param;
+    const void* m_in = out_of_place ? a.exp_avg_in : a.exp_avg;
+    const void* v_in = out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq;
+    const auto grad_at = [&](std::int64_t i) {
+      return static_cast<const std::byte*>(a.grad) + static_cast<std::size_t>(i) * gsize;
+    };
+    const auto out_at = [&](std::int64_t i) -> void* {
+      return a.param_out != nullptr
+                 ? static_cast<std::byte*>(a.param_out) + static_cast<std::size_t>(i) * osize
+                 : nullptr;
+    };
+    if (a.state_dtype == DType::kF32) {
+      for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
+        kernel(AdamTile{a.param + b, grad_at(b), static_cast<float*>(a.exp_avg) + b,
+                        static_cast<float*>(a.exp_avg_sq) + b, out_at(b), e - b, param_in + b,
+                        static_cast<const float*>(m_in) + b, static_cast<const float*>(v_in) + b});
+      });
+      return;
+    }
+    const auto* m_half = static_cast<const std::uint16_t*>(m_in);
+    const auto* v_half = static_cast<const std::uint16_t*>(v_in);
+    auto* m_out = static_cast<std::uint16_t*>(a.exp_avg);
+    auto* v_out = static_cast<std::uint16_t*>(a.exp_avg_sq);
     for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
-      const auto ub = static_cast<std::size_t>(b);
-      AdamTile t{
-          a.param + b,
-          static_cast<const std::byte*>(a.grad) + ub * gsize,
-          a.exp_avg + b,
-          a.exp_avg_sq + b,
-          a.param_out != nullptr ? static_cast<std::byte*>(a.param_out) + ub * osize : nullptr,
-          e - b,
-          (out_of_place ? a.param_in : a.param) + b,
-          (out_of_place ? a.exp_avg_in : a.exp_avg) + b,
-          (out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq) + b};
-      kernel(t);
+      alignas(64) float m[kStateChunk], v[kStateChunk];
+      for (std::int64_t c = b; c < e; c += kStateChunk) {
+        const std::int64_t len = std::min(kStateChunk, e - c);
+        convert->bf16_to_f32(m_half + c, m, len);
+        convert->bf16_to_f32(v_half + c, v, len);
+        kernel(AdamTile{a.param + c, grad_at(c), m, v, out_at(c), len, param_in + c, m, v});
+        convert->f32_to_bf16(m, m_out + c, len);
+        convert->f32_to_bf16(v, v_out + c, len);
+      }
     });
   }
 };
@@ -324,6 +354,7 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
   impl->options = options;
   impl->path = path;
   impl->threads = options.threads > 0 ? options.threads : std::max(1, sys::cpu_topology().cores);
+  impl->convert = &device::cpu::cpu_kernels_for(path);
   switch (path) {
     case SimdPath::kScalar:
       detail::fill_scalar_kernels(&impl->kernels);
@@ -374,7 +405,7 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
     prefetch = v.pf == 1;
   }
   const detail::AdamKernel kernel =
-      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(streaming, args.n)][prefetch];
+      s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(streaming, args)][prefetch];
   const auto t0 = sample >= 0 ? std::chrono::steady_clock::now()  // timed for the tuner only
                               : std::chrono::steady_clock::time_point{};
   s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
@@ -404,8 +435,8 @@ void CpuAdam::memory_roofline(const device::AdamWArgs& args) {
   Impl& s = *impl_;
   s.adopt_if_chosen();
   const detail::RooflineKernel kernel =
-      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)]
-                        [s.nt_index(s.streaming, args.n)][s.prefetch ? 1 : 0];
+      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)][s.nt_index(s.streaming, args)]
+                        [s.prefetch ? 1 : 0];
   s.run_tiles(args, [&](const AdamTile& t) { kernel(t); });
 }
 

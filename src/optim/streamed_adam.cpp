@@ -37,8 +37,7 @@ struct SubGroup {
   std::size_t segment;
   std::int64_t begin;  // first element within the segment
   std::int64_t count;
-  std::size_t io_bytes;  // count * 4 rounded up to kIoAlignBytes
-  bool last;             // the segment's last sub-group
+  bool last;  // the segment's last sub-group
 };
 
 }  // namespace
@@ -109,14 +108,12 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
       continue;
     }
     if (seg.num_elems == 0) {
-      plan.push_back(SubGroup{s, 0, 0, 0, true});
+      plan.push_back(SubGroup{s, 0, 0, true});
       continue;
     }
     for (std::int64_t b = 0; b < seg.num_elems; b += sub_group_elems_) {
       const std::int64_t count = std::min(sub_group_elems_, seg.num_elems - b);
-      plan.push_back(SubGroup{s, b, count,
-                              static_cast<std::size_t>(round_up(count * 4, io::kIoAlignBytes)),
-                              b + count == seg.num_elems});
+      plan.push_back(SubGroup{s, b, count, b + count == seg.num_elems});
     }
   }
 
@@ -169,16 +166,20 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     const StreamedSegment& seg = segments[sg.segment];
     if (sg.count == 0) return Status::ok();
     (is_read ? read_owner : write_owner)[sub % nb] = sub;
-    const auto offset = static_cast<std::uint64_t>(sg.begin) * sizeof(float);
     for (int k = 0; k < kStateArrays; ++k) {
+      // The master weights are f32; the moments of the step's state dtype (f32 or bf16).
+      const auto esize =
+          static_cast<std::int64_t>(k == 0 ? sizeof(float) : dtype_size(hyper.state_dtype));
+      const auto offset = static_cast<std::uint64_t>(sg.begin * esize);
+      const auto bytes = static_cast<std::size_t>(round_up(sg.count * esize, io::kIoAlignBytes));
       io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
       const auto array = static_cast<StreamedArray>(k);
       if (is_read) {
-        h = storage.read(sg.segment, array, offset, slot(sub, k), sg.io_bytes);
-        report.bytes_read += sg.io_bytes;
+        h = storage.read(sg.segment, array, offset, slot(sub, k), bytes);
+        report.bytes_read += bytes;
       } else {
-        h = storage.write(sg.segment, array, offset, slot(sub, k), sg.io_bytes);
-        report.bytes_written += sg.io_bytes;
+        h = storage.write(sg.segment, array, offset, slot(sub, k), bytes);
+        report.bytes_written += bytes;
       }
     }
     if (is_read && grads[sg.segment].streamed) {

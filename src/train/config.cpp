@@ -281,6 +281,11 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       }
       orr.read("eps", &c.optimizer.eps, 0.0);
       orr.read("weight_decay", &c.optimizer.weight_decay, 0.0);
+      {
+        std::string state = "fp32";
+        orr.read_choice("state_dtype", &state, {"fp32", "bf16"});
+        c.optimizer.state_dtype = state == "bf16" ? DType::kBF16 : DType::kF32;
+      }
       if (const Json* t = orr.raw("type"); t && *t != "adamw")
         orr.error("type", "only \"adamw\" is supported");
       orr.reject_unknown();
@@ -642,7 +647,8 @@ Json TrainConfig::to_json() const {
        {{"lr", optimizer.lr},
         {"betas", {optimizer.beta1, optimizer.beta2}},
         {"eps", optimizer.eps},
-        {"weight_decay", optimizer.weight_decay}}},
+        {"weight_decay", optimizer.weight_decay},
+        {"state_dtype", optimizer.state_dtype == DType::kBF16 ? "bf16" : "fp32"}}},
       {"lr_schedule",
        {{"type", optim::schedule_kind_name(lr_schedule.type)},
         {"warmup_steps", lr_schedule.warmup_steps},

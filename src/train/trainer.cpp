@@ -427,6 +427,17 @@ Status Trainer::Impl::setup() {
                                            base_cache.get(), base_pieces)
                                .with_context("resuming from " + ckpt));
     step = st.step;
+    // Checkpoints hold the moments in fp32 whatever the run kept: a change of state_dtype
+    // converts them (widening exactly, or rounding to nearest).
+    const std::string saved_state =
+        st.config.contains("optimizer") && st.config["optimizer"].contains("state_dtype")
+            ? st.config["optimizer"]["state_dtype"].get<std::string>()
+            : "fp32";
+    const std::string state = config.optimizer.state_dtype == DType::kBF16 ? "bf16" : "fp32";
+    if (saved_state != state) {
+      log_info("the checkpoint's Adam moments were kept in " + saved_state + "; they continue in " +
+               state + (state == "bf16" ? " (rounded to nearest)" : " (widened exactly)"));
+    }
     if (scaler && st.loss_scaler) {
       STRATA_RETURN_IF_ERROR(
           scaler->restore(*st.loss_scaler).with_context(ckpt + "/trainer_state.json"));

@@ -325,8 +325,7 @@ Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
 }
 
 void OptimizerSchedule::count_step() {
-  stats_.nvme_read_bytes += optimizer_->bytes_read();
-  stats_.nvme_write_bytes += optimizer_->bytes_written();
+  // The streamed step's NVMe traffic is the store's ranged I/O, which the store counts.
   shards_.absorb_store_stats();
   stats_.optimizer_total_ms += step_ms_;
   // A step run in step() itself hides nothing: compute waits for all of it.

@@ -19,6 +19,7 @@ struct ShardStore::Group {
   std::int64_t dup_begin = 0;
   std::size_t work_bytes = 0;  // model::working_bytes: n * compute dtype size unless quantized
   std::size_t f32_bytes = 0;
+  std::size_t moment_bytes = 0;              // one moment's: n x the state dtype's size
   mem::Handle work = mem::Handle::kInvalid;  // the working copy, in the compute dtype
   mem::Handle master = mem::Handle::kInvalid;
   mem::Handle exp_avg = mem::Handle::kInvalid;
@@ -47,6 +48,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.params = options.offload_param;
   po.optimizer = options.offload_optimizer;
   po.compute_dtype = options.compute_dtype;
+  po.state_dtype = options.adam.state_dtype;
   po.accumulation_steps = options.accumulation_steps;
   po.device_budget_bytes = device_budget_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
@@ -181,6 +183,7 @@ Status ShardStore::create_store() {
     g->dup_begin = spec.duplicate_begin < 0 ? spec.num_elems : spec.duplicate_begin;
     g->work_bytes = model::working_bytes(spec, options_.compute_dtype);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
+    g->moment_bytes = static_cast<std::size_t>(g->n) * dtype_size(options_.adam.state_dtype);
     const std::string& name = spec.name;
     // A group another pipeline stage holds has no elements here, and no tensors: nothing asks
     // for them, and the loops over every group pass it by.
@@ -194,15 +197,15 @@ Status ShardStore::create_store() {
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(g->master, add("master weights of " + name, g->f32_bytes, opt));
-    STRATA_ASSIGN_OR_RETURN(g->exp_avg, add("exp_avg of " + name, g->f32_bytes, opt));
-    STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq, add("exp_avg_sq of " + name, g->f32_bytes, opt));
+    STRATA_ASSIGN_OR_RETURN(g->exp_avg, add("exp_avg of " + name, g->moment_bytes, opt));
+    STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq, add("exp_avg_sq of " + name, g->moment_bytes, opt));
     if (plan_.shadow_state) {
       STRATA_ASSIGN_OR_RETURN(g->master_next,
                               add("master weights of " + name + " (shadow)", g->f32_bytes, opt));
       STRATA_ASSIGN_OR_RETURN(g->exp_avg_next,
-                              add("exp_avg of " + name + " (shadow)", g->f32_bytes, opt));
+                              add("exp_avg of " + name + " (shadow)", g->moment_bytes, opt));
       STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq_next,
-                              add("exp_avg_sq of " + name + " (shadow)", g->f32_bytes, opt));
+                              add("exp_avg_sq of " + name + " (shadow)", g->moment_bytes, opt));
     }
     if (plan_.keep_gradients) {
       STRATA_ASSIGN_OR_RETURN(g->grad, add("gradient of " + name, g->work_bytes, plan_.gradients));
@@ -888,15 +891,34 @@ Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
     std::fill_n(exp_avg_sq, g.n, 0.0f);
     return Status::ok();
   }
-  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
-  return store_->read(g.exp_avg_sq, exp_avg_sq);
+  if (options_.adam.state_dtype == DType::kF32) {
+    STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
+    return store_->read(g.exp_avg_sq, exp_avg_sq);
+  }
+  // Compact moments: read in their dtype, widened (exactly) for the caller.
+  std::vector<std::byte> half(g.moment_bytes);
+  const auto n = static_cast<std::size_t>(g.n);
+  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, half.data()));
+  convert(half.data(), options_.adam.state_dtype, exp_avg, DType::kF32, n);
+  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg_sq, half.data()));
+  convert(half.data(), options_.adam.state_dtype, exp_avg_sq, DType::kF32, n);
+  return Status::ok();
 }
 
 Status ShardStore::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (g.frozen() || g.n == 0) return Status::ok();  // no optimizer state (here) to set
-  STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
-  return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
+  if (options_.adam.state_dtype == DType::kF32) {
+    STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
+    return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
+  }
+  // Compact moments: rounded to their dtype (nearest, ties to even).
+  std::vector<std::byte> half(g.moment_bytes);
+  const auto n = static_cast<std::size_t>(g.n);
+  convert(exp_avg, DType::kF32, half.data(), options_.adam.state_dtype, n);
+  STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, half.data(), g.moment_bytes));
+  convert(exp_avg_sq, DType::kF32, half.data(), options_.adam.state_dtype, n);
+  return store_->write(g.exp_avg_sq, half.data(), g.moment_bytes);
 }
 
 }  // namespace strata::zero

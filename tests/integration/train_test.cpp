@@ -898,3 +898,108 @@ TEST(Fp16Training, ResumeRestoresTheLossScale) {
 
 }  // namespace
 }  // namespace strata::train
+
+namespace strata::train {
+namespace {
+
+// optimizer.state_dtype "bf16": Adam's moments in bf16 in every tier (half the moment bytes in
+// the plan, and across the drive), the same bits whether the optimizer lives on the device, the
+// host or NVMe and under every schedule, a resume that continues the run to the bit (the
+// checkpoint holds them widened to fp32, exactly), losses near fp32 moments', and a clear refusal
+// of a dtype there is no path for.
+TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["optimizer"]["state_dtype"] = "bf16";
+  base["save_dir"] = "";
+  const std::vector<double> reference = run(base);
+  ASSERT_EQ(reference.size(), 4u);
+  for (const char* opt : {"cpu", "nvme"}) {
+    for (const char* overlap : {"none", "forward", "backward"}) {
+      SCOPED_TRACE(std::string("offload_optimizer ") + opt + ", optimizer_overlap " + overlap);
+      Json j = base;
+      j["offload_optimizer"] = opt;
+      j["optimizer_overlap"] = overlap;
+      EXPECT_EQ(run(j), reference);
+    }
+  }
+  Json fp32 = base;
+  fp32["optimizer"]["state_dtype"] = "fp32";
+  const std::vector<double> wide = run(fp32);
+  ASSERT_EQ(wide.size(), reference.size());
+  EXPECT_NE(wide, reference) << "bf16 moments changed nothing: are they bf16?";
+  for (std::size_t i = 0; i < wide.size(); ++i) {
+    EXPECT_NEAR(reference[i], wide[i], 1e-2 * wide[i]) << "step " << i + 1;
+  }
+
+  // The plan's moments: each group's two, n x 2 bytes (a whole number of 4 KiB blocks apart,
+  // for their NVMe homes), in the optimizer's tier.
+  const auto moments = [](const Json& j) {
+    auto c = parse_train_config(j, "test config");
+    EXPECT_TRUE(c.is_ok()) << c.status().message();
+    auto e = estimate(*c, 1);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return e->plan.kind_bytes(Tier::kHost, zero::TensorKind::kMoments);
+  };
+  Json host = base, host32 = fp32;
+  host["offload_optimizer"] = host32["offload_optimizer"] = "cpu";
+  auto config = parse_train_config(host, "test config");
+  ASSERT_TRUE(config.is_ok());
+  std::uint64_t want_bf16 = 0, want_fp32 = 0;
+  const model::ParamLayout layout = model::ParamLayout::build(config->model);
+  for (const auto& g : layout.groups()) {
+    const auto n = static_cast<std::uint64_t>(g.num_elems);
+    const auto blocks = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+    // Two moments, each twice: the state and the shadow copy an overlapped step writes.
+    want_bf16 += 4 * blocks(2 * n);
+    want_fp32 += 4 * blocks(4 * n);
+  }
+  EXPECT_EQ(moments(host), want_bf16);
+  EXPECT_EQ(moments(host32), want_fp32);
+
+  // A step streams each trainable group's master weights and moments from NVMe and back once:
+  // the metrics' NVMe bytes are exactly those (4 + 2 x 2 bytes a parameter, each array a whole
+  // number of 4 KiB blocks), half the moments' share of fp32's (4 + 2 x 4).
+  for (const auto& [state, moment_size] : {std::pair{"bf16", 2}, std::pair{"fp32", 4}}) {
+    SCOPED_TRACE(std::string("state_dtype ") + state);
+    Json j = base;
+    j["optimizer"]["state_dtype"] = state;
+    j["offload_optimizer"] = "nvme";
+    j["optimizer_overlap"] = "none";
+    auto t = make_trainer(j);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    ASSERT_TRUE((*t)->run().is_ok());
+    std::uint64_t want = 0;
+    for (const auto& g : layout.groups()) {
+      const auto n = static_cast<std::uint64_t>(g.num_elems);
+      const auto blocks = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+      want += blocks(4 * n) + 2 * blocks(static_cast<std::uint64_t>(moment_size) * n);
+    }
+    const StepMetrics& last = (*t)->history().back();
+    EXPECT_EQ(last.nvme_read_bytes, want);
+    EXPECT_EQ(last.nvme_write_bytes, want);
+  }
+
+  // Resume: steps 3 and 4 from the step-2 checkpoint are the uninterrupted run's.
+  Json saving = base;
+  saving["offload_optimizer"] = "nvme";
+  saving["save_dir"] = dir.file("bf16-ckpt");
+  saving["save_every"] = 2;
+  ASSERT_EQ(run(saving), reference);
+  auto t = make_trainer(saving, dir.file("bf16-ckpt/step-00000002"));
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+  EXPECT_EQ(losses_of(**t), std::vector<double>(reference.begin() + 2, reference.end()));
+
+  Json bad = base;
+  bad["optimizer"]["state_dtype"] = "int4";
+  auto refused = parse_train_config(bad, "test config");
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("'optimizer.state_dtype'"), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("fp32"), std::string::npos)
+      << refused.status().message();
+}
+
+}  // namespace
+}  // namespace strata::train

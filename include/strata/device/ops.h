@@ -47,14 +47,17 @@ struct DecodeAttentionShape {
 };
 
 struct AdamWArgs {
-  // One AdamW step over n elements, torch.optim.AdamW semantics; param/m/v are f32. grad is of
-  // grad_dtype and multiplied by grad_scale first. If param_out is set, the updated parameter is
-  // also written there as out_dtype (f32/bf16/f16).
+  // One AdamW step over n elements, torch.optim.AdamW semantics; param is f32, the moments m/v
+  // of state_dtype: f32, or bf16 (read widened to f32, the step computed in f32 and the new
+  // moments rounded to nearest even when stored: the parameter's update uses them unrounded).
+  // grad is of grad_dtype and multiplied by grad_scale first. If param_out is set, the updated
+  // parameter is also written there as out_dtype (f32/bf16/f16).
   float* param = nullptr;
   const void* grad = nullptr;
   DType grad_dtype = DType::kF32;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  DType state_dtype = DType::kF32;
   std::int64_t n = 0;
   // Hyperparameters in double, as torch holds them (Python floats): 1 - beta, lr / bias
   // correction and 1 - lr * weight_decay are formed in double and rounded to f32 once.
@@ -69,8 +72,8 @@ struct AdamWArgs {
   // before the step intact. All three or none. Host steps only (optim::CpuAdam,
   // adamw_reference and the CPU backend's op); the CUDA backend's op refuses them.
   const float* param_in = nullptr;
-  const float* exp_avg_in = nullptr;
-  const float* exp_avg_sq_in = nullptr;
+  const void* exp_avg_in = nullptr;
+  const void* exp_avg_sq_in = nullptr;
 };
 
 class Ops {

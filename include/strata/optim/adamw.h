@@ -12,6 +12,9 @@ struct AdamWHyper {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool adamw_mode = true;
+  // The moments' storage (the config's optimizer.state_dtype): f32, or bf16 (half the bytes in
+  // every tier and across the drive; each step widens them, computes in f32 and rounds back).
+  DType state_dtype = DType::kF32;
 };
 
 // One AdamW step on host memory with torch.optim.AdamW semantics (see device::AdamWArgs). This is

@@ -35,9 +35,9 @@ class SegmentStorage {
                              const void* src, std::size_t bytes) = 0;
 };
 
-// One parameter group (or shard): its fp32 master weights and moments in the storage, each
-// num_elems floats; its gradient in host memory or (grad_streamed) in the storage too, read with
-// the state; its output copy in host memory.
+// One parameter group (or shard): its fp32 master weights and its moments (of the step's
+// state_dtype, f32 or bf16) in the storage, each num_elems elements; its gradient in host memory or
+// (grad_streamed) in the storage too, read with the state; its output copy in host memory.
 struct StreamedSegment {
   std::string_view name;  // named in errors
   // Null without grad_streamed: SegmentReady supplies it.

@@ -60,6 +60,8 @@ class OptimizerStep {
   // fails before writing leaves every state tensor's data as it was.
   virtual Status run(const StepIo& io, const device::AdamWArgs& base) = 0;
   // NVMe bytes the last run read and wrote itself (0 off NVMe).
+  // The last step's NVMe bytes (the store counts them too, as ranged I/O; this is the step's own
+  // account, for tests).
   virtual std::uint64_t bytes_read() const { return 0; }
   virtual std::uint64_t bytes_written() const { return 0; }
 };

@@ -1,4 +1,7 @@
 // AdamW for optimizer state kept on the CPU device: the scalar reference, split over threads.
+#include <cstddef>
+#include <type_traits>
+
 #include "src/device/cpu/cpu_ops_internal.h"
 
 namespace strata::device::cpu {
@@ -10,16 +13,22 @@ void cpu_adamw(const CpuContext& ctx, const AdamWArgs& a) {
   STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
   const std::size_t grad_size = dtype_size(a.grad_dtype);
   const std::size_t out_size = dtype_size(a.out_dtype);
+  const std::size_t state_size = dtype_size(a.state_dtype);
+  const auto at = [](auto* p, std::int64_t i, std::size_t size) {
+    using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>,
+                                    const std::byte, std::byte>;
+    return reinterpret_cast<Byte*>(p) + static_cast<std::size_t>(i) * size;
+  };
   ctx.parallel_for(a.n, 16384, [&](std::int64_t i0, std::int64_t i1) {
     AdamWArgs part = a;
     part.param = a.param + i0;
     part.grad = static_cast<const std::byte*>(a.grad) + static_cast<std::size_t>(i0) * grad_size;
-    part.exp_avg = a.exp_avg + i0;
-    part.exp_avg_sq = a.exp_avg_sq + i0;
+    part.exp_avg = at(a.exp_avg, i0, state_size);
+    part.exp_avg_sq = at(a.exp_avg_sq, i0, state_size);
     if (a.param_in != nullptr) {
       part.param_in = a.param_in + i0;
-      part.exp_avg_in = a.exp_avg_in + i0;
-      part.exp_avg_sq_in = a.exp_avg_sq_in + i0;
+      part.exp_avg_in = at(a.exp_avg_in, i0, state_size);
+      part.exp_avg_sq_in = at(a.exp_avg_sq_in, i0, state_size);
     }
     part.n = i1 - i0;
     if (a.param_out != nullptr) {

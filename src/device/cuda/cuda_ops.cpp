@@ -271,8 +271,8 @@ class CudaOps final : public Ops {
     s.grad_scale = a.grad_scale;
     s.adamw_mode = a.adamw_mode;
     const kernels::Elem out = a.param_out != nullptr ? elem(a.out_dtype) : kernels::Elem::kF32;
-    done(kernels::adamw(ctx(), a.param, a.grad, elem(a.grad_dtype), a.exp_avg, a.exp_avg_sq, a.n, s,
-                        a.param_out, out),
+    done(kernels::adamw(ctx(), a.param, a.grad, elem(a.grad_dtype), a.exp_avg, a.exp_avg_sq,
+                        elem(a.state_dtype), a.n, s, a.param_out, out),
          "adamw");
   }
 

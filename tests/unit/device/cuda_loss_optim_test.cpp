@@ -194,20 +194,24 @@ TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
   struct Case {
     DType grad, out;
     bool adamw_mode;
-    std::int64_t offset;  // elements: 1 forces the unaligned path
+    std::int64_t offset;        // elements: 1 forces the unaligned path
+    DType state = DType::kF32;  // the moments' (optimizer.state_dtype)
   };
   const Case cases[] = {{DType::kF32, DType::kBF16, true, 0},
                         {DType::kBF16, DType::kBF16, true, 0},
                         {DType::kF32, DType::kF32, false, 0},
                         {DType::kF16, DType::kF16, true, 1},
-                        {DType::kF32, DType::kBF16, true, 1}};
+                        {DType::kF32, DType::kBF16, true, 1},
+                        {DType::kBF16, DType::kBF16, true, 0, DType::kBF16},
+                        {DType::kF32, DType::kF32, false, 1, DType::kBF16}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(dtype_name(c.grad)) + " -> " + std::string(dtype_name(c.out)) +
-                 " adamw " + std::to_string(c.adamw_mode) + " offset " + std::to_string(c.offset));
+                 " adamw " + std::to_string(c.adamw_mode) + " offset " + std::to_string(c.offset) +
+                 " moments " + std::string(dtype_name(c.state)));
     const std::int64_t n = 10007, total = n + c.offset;
     Rng rng(23);
-    HostTensor p(DType::kF32, total), m(DType::kF32, total), v(DType::kF32, total),
-        g(c.grad, total), out(c.out, total);
+    HostTensor p(DType::kF32, total), m(c.state, total), v(c.state, total), g(c.grad, total),
+        out(c.out, total);
     p.fill_uniform(rng, -1, 1);
     m.fill_uniform(rng, -0.1, 0.1);
     v.fill_uniform(rng, 0, 0.01);
@@ -227,18 +231,19 @@ TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
       a.adamw_mode = c.adamw_mode;
       a.grad_dtype = c.grad;
       a.out_dtype = c.out;
-      const std::size_t gs = dtype_size(c.grad), os = dtype_size(c.out);
+      a.state_dtype = c.state;
+      const std::size_t gs = dtype_size(c.grad), os = dtype_size(c.out), ss = dtype_size(c.state);
       AdamWArgs ca = a;
       ca.param = p.as<float>() + c.offset;
-      ca.exp_avg = m.as<float>() + c.offset;
-      ca.exp_avg_sq = v.as<float>() + c.offset;
+      ca.exp_avg = static_cast<std::byte*>(m.data()) + c.offset * ss;
+      ca.exp_avg_sq = static_cast<std::byte*>(v.data()) + c.offset * ss;
       ca.grad = static_cast<std::byte*>(g.data()) + c.offset * gs;
       ca.param_out = static_cast<std::byte*>(out.data()) + c.offset * os;
       adamw_reference(ca);
       AdamWArgs ga = a;
       ga.param = gp.as<float>() + c.offset;
-      ga.exp_avg = gm.as<float>() + c.offset;
-      ga.exp_avg_sq = gv.as<float>() + c.offset;
+      ga.exp_avg = static_cast<std::byte*>(gm.data()) + c.offset * ss;
+      ga.exp_avg_sq = static_cast<std::byte*>(gv.data()) + c.offset * ss;
       ga.grad = static_cast<std::byte*>(gg.data()) + c.offset * gs;
       ga.param_out = static_cast<std::byte*>(gout.data()) + c.offset * os;
       gpu_ops().adamw(ga);
@@ -246,8 +251,8 @@ TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
     HostTensor rp = gp.download(), rm = gm.download(), rv = gv.download(), ro = gout.download();
     for (std::int64_t i = c.offset; i < total; ++i) {
       ASSERT_EQ(rp.as<float>()[i], p.as<float>()[i]) << "param " << i;
-      ASSERT_EQ(rm.as<float>()[i], m.as<float>()[i]) << "exp_avg " << i;
-      ASSERT_EQ(rv.as<float>()[i], v.as<float>()[i]) << "exp_avg_sq " << i;
+      ASSERT_EQ(rm.get(i), m.get(i)) << "exp_avg " << i;
+      ASSERT_EQ(rv.get(i), v.get(i)) << "exp_avg_sq " << i;
       ASSERT_EQ(ro.get(i), out.get(i)) << "param_out " << i;
     }
   }

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <ostream>
@@ -181,6 +183,60 @@ TEST_P(CpuAdamPathTest, OutOfPlaceWritesTheInPlaceBitsAndLeavesItsInputs) {
         EXPECT_TRUE(input.param == before.param && input.exp_avg == before.exp_avg &&
                     input.exp_avg_sq == before.exp_avg_sq)
             << "the state read was written";
+      }
+    }
+  }
+}
+
+// bf16 moments (optimizer.state_dtype "bf16"): widened, stepped in f32 and rounded back by
+// every path as the reference does, in place and out of place, across tiles and the 2048-element
+// chunks the paths widen at a time, with every gradient dtype.
+TEST_P(CpuAdamPathTest, Bf16MomentsGiveTheReferencesBits) {
+  std::uint64_t seed = 900;
+  for (std::int64_t n : {1, 63, 2047, 2049, 4099, 70001}) {
+    for (int offset : {0, 3}) {
+      for (DType gd : kGradDtypes) {
+        for (const bool out_of_place : {false, true}) {
+          SCOPED_TRACE("n=" + std::to_string(n) + " offset=" + std::to_string(offset) + " grad " +
+                       std::string(dtype_name(gd)) + (out_of_place ? " out of place" : ""));
+          AdamState want = make_state(n, offset, gd, DType::kBF16, true, ++seed);
+          // Moments in bf16: the state's f32 values rounded, stored where the f32 ones were.
+          const auto size = static_cast<std::size_t>(n);
+          std::vector<std::uint16_t> m(size + 8), v(size + 8);
+          for (std::size_t i = 0; i < size; ++i) {
+            m[i + static_cast<std::size_t>(offset)] = f32_to_bf16(want.m()[i]).bits;
+            v[i + static_cast<std::size_t>(offset)] = f32_to_bf16(std::abs(want.v()[i])).bits;
+          }
+          std::vector<std::uint16_t> m_want = m, v_want = v, m_got = m, v_got = v;
+          AdamState got = want;
+          device::AdamWArgs r = want.args(hyper(true, 0.5f, 3));
+          r.state_dtype = DType::kBF16;
+          r.exp_avg = m_want.data() + offset;
+          r.exp_avg_sq = v_want.data() + offset;
+          device::adamw_reference(r);
+          device::AdamWArgs a = got.args(hyper(true, 0.5f, 3));
+          a.state_dtype = DType::kBF16;
+          a.exp_avg = m_got.data() + offset;
+          a.exp_avg_sq = v_got.data() + offset;
+          std::vector<float> p_in;
+          if (out_of_place) {  // the state read from the untouched copies, written to others
+            p_in.assign(got.p(), got.p() + n);
+            a.param_in = p_in.data();
+            a.exp_avg_in = m.data() + offset;
+            a.exp_avg_sq_in = v.data() + offset;
+            std::fill(m_got.begin(), m_got.end(), 0x7fc1);
+            std::fill(v_got.begin(), v_got.end(), 0x7fc1);
+          }
+          ASSERT_EQ(adam_->step(a), StepOutcome::kUpdated);
+          EXPECT_EQ(std::memcmp(got.p(), want.p(), size * sizeof(float)), 0) << "parameters";
+          EXPECT_EQ(std::memcmp(got.o(), want.o(), size * 2), 0) << "copy";
+          EXPECT_TRUE(std::equal(m_got.begin() + offset, m_got.begin() + offset + n,
+                                 m_want.begin() + offset))
+              << "exp_avg";
+          EXPECT_TRUE(std::equal(v_got.begin() + offset, v_got.begin() + offset + n,
+                                 v_want.begin() + offset))
+              << "exp_avg_sq";
+        }
       }
     }
   }

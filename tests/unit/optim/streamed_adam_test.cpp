@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -220,6 +221,72 @@ TEST_P(StreamedAdamTest, SameBytesAsTheInMemoryStepForEverySubGroupSize) {
       EXPECT_EQ(report->bytes_read, report->bytes_written);
       expect_same_as(f, want, got);
     }
+  }
+}
+
+// bf16 moments (state_dtype bf16): 2-byte arrays in swap, each sub-group's share read and
+// written at its own offsets, give the in-memory step's bytes.
+TEST_P(StreamedAdamTest, Bf16MomentsStreamTheirOwnBytes) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  ASSERT_TRUE(adam.is_ok());
+  device::AdamWArgs h = hyper(true, 0.5f, 2);
+  h.state_dtype = DType::kBF16;
+  Fixture f = make_fixture(GetParam());
+  if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  // Each segment's moments as bf16, in memory and in 2-byte extents of their own.
+  std::vector<std::vector<std::uint16_t>> m(f.states.size()), v(f.states.size());
+  std::vector<io::Extent> extents;
+  for (std::size_t s = 0; s < f.states.size(); ++s) {
+    AdamState& st = f.states[s];
+    const auto n = static_cast<std::size_t>(st.n);
+    m[s].resize(n);
+    v[s].resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      m[s][i] = f32_to_bf16(st.m()[i]).bits;
+      v[s][i] = f32_to_bf16(std::abs(st.v()[i])).bits;
+    }
+    extents.push_back(f.extents[s * 3]);  // the master weights as written by the fixture
+    for (const auto* half : {&m[s], &v[s]}) {
+      auto x = f.swap->allocate(std::max<std::uint64_t>(n * 2, 1), f.names[s]);
+      ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+      AlignedBuffer buf(x->size_bytes, io::kIoAlignBytes);
+      std::memcpy(buf.data(), half->data(), n * 2);
+      ASSERT_TRUE(f.swap->write(*x, 0, buf.data(), buf.size()).wait().is_ok());
+      extents.push_back(*x);
+    }
+  }
+  ExtentStorage storage(*f.swap, extents);
+  std::vector<AdamState> want = f.states, got = f.states;
+  auto want_m = m, want_v = v;
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    device::AdamWArgs a = want[s].args(h);
+    a.exp_avg = want_m[s].data();
+    a.exp_avg_sq = want_v[s].data();
+    ASSERT_EQ(adam->step(a), StepOutcome::kUpdated);
+  }
+  StreamedAdamOptions so;
+  so.sub_group_size = 2048;
+  so.max_segment_elems = 12345;
+  auto streamed = make_streamed(*adam, so);
+  ASSERT_TRUE(streamed->adam);
+  std::vector<StreamedSegment> segs = segments_of(f, got);
+  auto report = streamed->adam->step(segs, storage, h);
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    const std::int64_t n = want[s].n;
+    const io::Extent* x = &extents[s * 3];
+    AlignedBuffer master(x[0].size_bytes, io::kIoAlignBytes),
+        mb(x[1].size_bytes, io::kIoAlignBytes), vb(x[2].size_bytes, io::kIoAlignBytes);
+    ASSERT_TRUE(f.swap->read(x[0], 0, master.data(), master.size()).wait().is_ok());
+    ASSERT_TRUE(f.swap->read(x[1], 0, mb.data(), mb.size()).wait().is_ok());
+    ASSERT_TRUE(f.swap->read(x[2], 0, vb.data(), vb.size()).wait().is_ok());
+    EXPECT_EQ(compare_bytes("master", master.as<float>(), want[s].p(), 4, n), "") << s;
+    EXPECT_EQ(compare_bytes("exp_avg", mb.data(), want_m[s].data(), 2, n), "") << s;
+    EXPECT_EQ(compare_bytes("exp_avg_sq", vb.data(), want_v[s].data(), 2, n), "") << s;
+    EXPECT_EQ(compare_bytes("param_out", got[s].out.data(), want[s].out.data(), 1,
+                            static_cast<std::int64_t>(want[s].out.size())),
+              "")
+        << s;
   }
 }
 
