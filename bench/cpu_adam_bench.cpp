@@ -183,9 +183,11 @@ void finish_tuning(CpuAdam& adam, const strata::device::AdamWArgs& args) {
 bool verify(benchmark::State& state, CpuAdam& adam, const strata::device::AdamWArgs& full) {
   strata::device::AdamWArgs a = full;
   a.n = kVerifyElems;
-  const auto* m0 = static_cast<const float*>(a.exp_avg);  // the benchmark's moments are f32
+  // The benchmark's master weights and moments are f32.
+  const auto* p0 = static_cast<const float*>(a.param);
+  const auto* m0 = static_cast<const float*>(a.exp_avg);
   const auto* v0 = static_cast<const float*>(a.exp_avg_sq);
-  std::vector<float> p(a.param, a.param + a.n), m(m0, m0 + a.n), v(v0, v0 + a.n);
+  std::vector<float> p(p0, p0 + a.n), m(m0, m0 + a.n), v(v0, v0 + a.n);
   std::vector<std::byte> out(static_cast<std::size_t>(a.n) * strata::dtype_size(a.out_dtype));
   strata::device::AdamWArgs r = a;
   r.param = p.data(), r.exp_avg = m.data(), r.exp_avg_sq = v.data(), r.param_out = out.data();
@@ -395,7 +397,7 @@ void bm_fused_vs_separate_cast(benchmark::State& state, Context* ctx, std::int64
       tbb::parallel_for(
           tbb::blocked_range<std::int64_t>(0, n, 1 << 15),
           [&](const tbb::blocked_range<std::int64_t>& r) {
-            cast_to_bf16(fused.param + r.begin(),
+            cast_to_bf16(static_cast<const float*>(fused.param) + r.begin(),
                          static_cast<std::uint16_t*>(fused.param_out) + r.begin(), r.size());
           },
           tbb::static_partitioner());

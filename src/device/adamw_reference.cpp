@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "strata/core/dtype.h"
+#include "strata/core/rng.h"
 #include "strata/device/ops.h"
 
 namespace strata::device {
@@ -26,7 +27,8 @@ void adamw_reference(const AdamWArgs& a) {
   const auto beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
   const auto eps = static_cast<float>(a.eps), weight_decay = static_cast<float>(a.weight_decay);
   const bool out_of_place = a.param_in != nullptr;
-  const float* param_in = out_of_place ? a.param_in : a.param;
+  const void* param_in = out_of_place ? a.param_in : a.param;
+  const DType pd = a.master_dtype;
   const void* exp_avg_in = out_of_place ? a.exp_avg_in : a.exp_avg;
   const void* exp_avg_sq_in = out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq;
   const DType sd = a.state_dtype;
@@ -39,7 +41,7 @@ void adamw_reference(const AdamWArgs& a) {
   };
   for (std::int64_t i = 0; i < a.n; ++i) {
     float g = load_as_f32(a.grad, a.grad_dtype, static_cast<std::size_t>(i)) * a.grad_scale;
-    float p = param_in[i];
+    float p = load_as_f32(param_in, pd, static_cast<std::size_t>(i));
     if (a.adamw_mode) {
       p *= decay;
     } else {
@@ -51,7 +53,15 @@ void adamw_reference(const AdamWArgs& a) {
     store_state(a.exp_avg, i, m);
     store_state(a.exp_avg_sq, i, v);
     p -= step_size * m / (std::sqrt(v) / bc2_sqrt + eps);
-    a.param[i] = p;
+    if (pd == DType::kBF16) {  // stochastic rounding; the copy is of the value stored
+      const auto r = static_cast<std::uint32_t>(
+          splitmix64_at(a.rounding_seed, a.element_offset + static_cast<std::uint64_t>(i)));
+      const bf16 stored = f32_to_bf16_stochastic(p, r);
+      static_cast<bf16*>(a.param)[i] = stored;
+      p = bf16_to_f32(stored);
+    } else {
+      static_cast<float*>(a.param)[i] = p;
+    }
     if (a.param_out != nullptr) {
       switch (a.out_dtype) {
         case DType::kF32:

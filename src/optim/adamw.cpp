@@ -1,6 +1,8 @@
 // Host AdamW: the scalar single-thread path and the per-step argument helper (SIMD: cpu_adam.h).
 #include "strata/optim/adamw.h"
 
+#include "strata/core/rng.h"
+
 namespace strata::optim {
 
 void cpu_adamw_step(const device::AdamWArgs& args) { device::adamw_reference(args); }
@@ -15,6 +17,8 @@ device::AdamWArgs make_adamw_args(const AdamWHyper& hyper, double lr, std::int64
   a.weight_decay = hyper.weight_decay;
   a.adamw_mode = hyper.adamw_mode;
   a.state_dtype = hyper.state_dtype;
+  a.master_dtype = hyper.master_dtype;
+  a.rounding_seed = splitmix64_at(hyper.seed, static_cast<std::uint64_t>(step));
   a.step = step;
   a.grad_scale = grad_scale;
   return a;

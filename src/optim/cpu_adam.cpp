@@ -20,6 +20,7 @@
 #include "src/optim/cpu_adam_kernels.h"
 #include "src/optim/thread_pinning.h"
 #include "strata/core/check.h"
+#include "strata/core/rng.h"
 #include "strata/sys/process.h"
 
 namespace strata::optim {
@@ -90,6 +91,8 @@ void check_args(const device::AdamWArgs& a) {
   STRATA_CHECK(inputs == 0 || inputs == 3, "CpuAdam: out of place needs all three inputs", inputs);
   STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16,
                "CpuAdam: moments must be f32 or bf16, got", dtype_name(a.state_dtype));
+  STRATA_CHECK(a.master_dtype == DType::kF32 || a.master_dtype == DType::kBF16,
+               "CpuAdam: master weights must be f32 or bf16, got", dtype_name(a.master_dtype));
 }
 
 }  // namespace
@@ -117,9 +120,13 @@ struct CpuAdam::Impl {
   detail::Tuner* tuner = nullptr;  // kAuto's, shared by every CpuAdam of its kind; null once chosen
   const KernelCalibration* tuned = nullptr;  // its measurement, once it chose
 
-  // bf16 moments are updated in fp32 scratch that is read back at once: regular stores there.
+  // bf16 moments or master weights are updated in fp32 scratch that is read back at once:
+  // regular stores there.
   int nt_index(bool stream, const device::AdamWArgs& a) const {
-    return stream && a.state_dtype == DType::kF32 && a.n >= options.nontemporal_min_elems ? 1 : 0;
+    return stream && a.state_dtype == DType::kF32 && a.master_dtype == DType::kF32 &&
+                   a.n >= options.nontemporal_min_elems
+               ? 1
+               : 0;
   }
   // Spans this long are timed for the tuner: long enough to leave the caches' reach in most of
   // their bytes and to time to a few percent, and long enough for streaming stores to apply.
@@ -152,15 +159,17 @@ struct CpuAdam::Impl {
   }
 
   // Runs `kernel(tile)` over the span's tiles with every pointer offset to the tile. bf16
-  // moments go through the f32 kernels kStateChunk elements at a time: widened into scratch the
-  // kernel updates in place (the step's arithmetic is the f32 step's), then rounded back.
+  // moments or master weights go through the f32 kernels kStateChunk elements at a time: widened
+  // into scratch the kernel updates in place (the step's arithmetic is the f32 step's), then
+  // stored back: moments rounded to nearest, master weights stochastically (the reference's
+  // random bits, element by element) with the copy converted from the value stored.
   static constexpr std::int64_t kStateChunk = 2048;
   template <typename Kernel>
   void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
     const std::size_t gsize = dtype_size(a.grad_dtype);
     const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
     const bool out_of_place = a.param_in != nullptr;
-    const float* param_in = out_of_place ? a.param_in : a.param;
+    const void* p_in = out_of_place ? a.param_in : a.param;
     const void* m_in = out_of_place ? a.exp_avg_in : a.exp_avg;
     const void* v_in = out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq;
     const auto grad_at = [&](std::int64_t i) {
@@ -171,29 +180,74 @@ struct CpuAdam::Impl {
                  ? static_cast<std::byte*>(a.param_out) + static_cast<std::size_t>(i) * osize
                  : nullptr;
     };
-    if (a.state_dtype == DType::kF32) {
+    const bool half_master = a.master_dtype == DType::kBF16;
+    const bool half_state = a.state_dtype == DType::kBF16;
+    if (!half_master && !half_state) {
       for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
-        kernel(AdamTile{a.param + b, grad_at(b), static_cast<float*>(a.exp_avg) + b,
-                        static_cast<float*>(a.exp_avg_sq) + b, out_at(b), e - b, param_in + b,
+        kernel(AdamTile{static_cast<float*>(a.param) + b, grad_at(b),
+                        static_cast<float*>(a.exp_avg) + b, static_cast<float*>(a.exp_avg_sq) + b,
+                        out_at(b), e - b, static_cast<const float*>(p_in) + b,
                         static_cast<const float*>(m_in) + b, static_cast<const float*>(v_in) + b});
       });
       return;
     }
-    const auto* m_half = static_cast<const std::uint16_t*>(m_in);
-    const auto* v_half = static_cast<const std::uint16_t*>(v_in);
-    auto* m_out = static_cast<std::uint16_t*>(a.exp_avg);
-    auto* v_out = static_cast<std::uint16_t*>(a.exp_avg_sq);
     for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
-      alignas(64) float m[kStateChunk], v[kStateChunk];
+      alignas(64) float p[kStateChunk], m[kStateChunk], v[kStateChunk];
       for (std::int64_t c = b; c < e; c += kStateChunk) {
         const std::int64_t len = std::min(kStateChunk, e - c);
-        convert->bf16_to_f32(m_half + c, m, len);
-        convert->bf16_to_f32(v_half + c, v, len);
-        kernel(AdamTile{a.param + c, grad_at(c), m, v, out_at(c), len, param_in + c, m, v});
-        convert->f32_to_bf16(m, m_out + c, len);
-        convert->f32_to_bf16(v, v_out + c, len);
+        float* pp = static_cast<float*>(a.param) + c;
+        const float* pp_in = static_cast<const float*>(p_in) + c;
+        if (half_master) {
+          convert->bf16_to_f32(static_cast<const std::uint16_t*>(p_in) + c, p, len);
+          pp = p;
+          pp_in = p;
+        }
+        float* mm = static_cast<float*>(a.exp_avg) + c;
+        float* vv = static_cast<float*>(a.exp_avg_sq) + c;
+        const float* mm_in = static_cast<const float*>(m_in) + c;
+        const float* vv_in = static_cast<const float*>(v_in) + c;
+        if (half_state) {
+          convert->bf16_to_f32(static_cast<const std::uint16_t*>(m_in) + c, m, len);
+          convert->bf16_to_f32(static_cast<const std::uint16_t*>(v_in) + c, v, len);
+          mm = m;
+          mm_in = m;
+          vv = v;
+          vv_in = v;
+        }
+        kernel(AdamTile{pp, grad_at(c), mm, vv, half_master ? nullptr : out_at(c), len, pp_in,
+                        mm_in, vv_in});
+        if (half_state) {
+          convert->f32_to_bf16(m, static_cast<std::uint16_t*>(a.exp_avg) + c, len);
+          convert->f32_to_bf16(v, static_cast<std::uint16_t*>(a.exp_avg_sq) + c, len);
+        }
+        if (half_master) store_master(a, c, len, p);
       }
     });
+  }
+  // Stores `len` updated master weights from p (a chunk at element c) by stochastic rounding,
+  // leaving p the values stored, and writes the copy from them.
+  void store_master(const device::AdamWArgs& a, std::int64_t c, std::int64_t len, float* p) const {
+    auto* dst = static_cast<bf16*>(a.param) + c;
+    const std::uint64_t first = a.element_offset + static_cast<std::uint64_t>(c);
+    for (std::int64_t j = 0; j < len; ++j) {
+      const auto r = static_cast<std::uint32_t>(
+          splitmix64_at(a.rounding_seed, first + static_cast<std::uint64_t>(j)));
+      dst[j] = f32_to_bf16_stochastic(p[j], r);
+      p[j] = bf16_to_f32(dst[j]);
+    }
+    if (a.param_out == nullptr) return;
+    const auto at = static_cast<std::size_t>(c);
+    switch (a.out_dtype) {
+      case DType::kF32:
+        std::copy(p, p + len, static_cast<float*>(a.param_out) + at);
+        break;
+      case DType::kBF16:
+        std::copy(dst, dst + len, static_cast<bf16*>(a.param_out) + at);
+        break;
+      default:
+        convert->f32_to_f16(p, static_cast<std::uint16_t*>(a.param_out) + at, len);
+        break;
+    }
   }
 };
 
@@ -390,7 +444,8 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
   if (args.n == 0) return StepOutcome::kUpdated;
   Impl& s = *impl_;
   const int g = grad_kind(args.grad_dtype);
-  const int o = out_kind(args);
+  // bf16 master weights: the copy is written from the value stored, after the kernel.
+  const int o = args.master_dtype == DType::kF32 ? out_kind(args) : detail::kOutNone;
   if (check_finite && !all_finite(args.grad, args.grad_dtype, args.n)) {
     return StepOutcome::kSkippedNonFinite;
   }
@@ -435,8 +490,9 @@ void CpuAdam::memory_roofline(const device::AdamWArgs& args) {
   Impl& s = *impl_;
   s.adopt_if_chosen();
   const detail::RooflineKernel kernel =
-      s.kernels.roofline[grad_kind(args.grad_dtype)][out_kind(args)][s.nt_index(s.streaming, args)]
-                        [s.prefetch ? 1 : 0];
+      s.kernels.roofline[grad_kind(args.grad_dtype)]
+                        [args.master_dtype == DType::kF32 ? out_kind(args) : detail::kOutNone]
+                        [s.nt_index(s.streaming, args)][s.prefetch ? 1 : 0];
   s.run_tiles(args, [&](const AdamTile& t) { kernel(t); });
 }
 

@@ -167,9 +167,9 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     if (sg.count == 0) return Status::ok();
     (is_read ? read_owner : write_owner)[sub % nb] = sub;
     for (int k = 0; k < kStateArrays; ++k) {
-      // The master weights are f32; the moments of the step's state dtype (f32 or bf16).
+      // The master weights of the step's master dtype, the moments of its state dtype.
       const auto esize =
-          static_cast<std::int64_t>(k == 0 ? sizeof(float) : dtype_size(hyper.state_dtype));
+          static_cast<std::int64_t>(dtype_size(k == 0 ? hyper.master_dtype : hyper.state_dtype));
       const auto offset = static_cast<std::uint64_t>(sg.begin * esize);
       const auto bytes = static_cast<std::size_t>(round_up(sg.count * esize, io::kIoAlignBytes));
       io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
@@ -244,6 +244,8 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
                         : static_cast<std::byte*>(param_out) +
                               static_cast<std::size_t>(sg.begin) * dtype_size(seg.out_dtype);
       a.out_dtype = seg.out_dtype;
+      a.rounding_seed = seg.rounding_seed;
+      a.element_offset = seg.element_offset + static_cast<std::uint64_t>(sg.begin);
       Stopwatch compute;
       // Gradients were scanned per segment above (or the caller vouched for them).
       const StepOutcome outcome = adam_->step(a, /*check_finite=*/false);

@@ -282,9 +282,16 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       orr.read("eps", &c.optimizer.eps, 0.0);
       orr.read("weight_decay", &c.optimizer.weight_decay, 0.0);
       {
-        std::string state = "fp32";
+        std::string state = "fp32", master = "fp32", rounding = "stochastic";
         orr.read_choice("state_dtype", &state, {"fp32", "bf16"});
         c.optimizer.state_dtype = state == "bf16" ? DType::kBF16 : DType::kF32;
+        orr.read_choice("master_dtype", &master, {"fp32", "bf16"});
+        c.optimizer.master_dtype = master == "bf16" ? DType::kBF16 : DType::kF32;
+        // bf16 master weights round stochastically; Kahan compensation is not built yet.
+        orr.read_choice("master_rounding", &rounding, {"stochastic"});
+        if (orr.has("master_rounding") && master != "bf16") {
+          orr.error("master_rounding", "applies to master_dtype \"bf16\" only");
+        }
       }
       if (const Json* t = orr.raw("type"); t && *t != "adamw")
         orr.error("type", "only \"adamw\" is supported");
@@ -648,7 +655,8 @@ Json TrainConfig::to_json() const {
         {"betas", {optimizer.beta1, optimizer.beta2}},
         {"eps", optimizer.eps},
         {"weight_decay", optimizer.weight_decay},
-        {"state_dtype", optimizer.state_dtype == DType::kBF16 ? "bf16" : "fp32"}}},
+        {"state_dtype", optimizer.state_dtype == DType::kBF16 ? "bf16" : "fp32"},
+        {"master_dtype", optimizer.master_dtype == DType::kBF16 ? "bf16" : "fp32"}}},
       {"lr_schedule",
        {{"type", optim::schedule_kind_name(lr_schedule.type)},
         {"warmup_steps", lr_schedule.warmup_steps},

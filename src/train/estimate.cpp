@@ -81,6 +81,7 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.overlap = config.optimizer_overlap;
   o.grad_accumulation = config.grad_accumulation;
   o.adam = config.optimizer;
+  o.adam.seed = config.seed;  // bf16 master weights' stochastic rounding
   o.host_memory_limit_bytes = config.host_memory_limit;
   o.cpu_adam.threads = config.threads;
   o.sub_group_size = config.sub_group_size;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/rng.h"
 #include "strata/optim/streamed_adam.h"
 
 namespace strata::zero {
@@ -76,17 +77,19 @@ class InPlaceStep final : public OptimizerStep {
         return param_out.status();
       }
       device::AdamWArgs a = base;
-      a.param = static_cast<float*>(ptr[0]);
-      a.exp_avg = static_cast<float*>(ptr[1]);
-      a.exp_avg_sq = static_cast<float*>(ptr[2]);
+      a.param = ptr[0];
+      a.exp_avg = ptr[1];
+      a.exp_avg_sq = ptr[2];
       if (shadowed) {
-        a.param_in = static_cast<const float*>(src[0]);
-        a.exp_avg_in = static_cast<const float*>(src[1]);
-        a.exp_avg_sq_in = static_cast<const float*>(src[2]);
+        a.param_in = src[0];
+        a.exp_avg_in = src[1];
+        a.exp_avg_sq_in = src[2];
       }
       a.grad = *grad;
       a.grad_dtype = io.grad_dtype;
       a.n = g.num_elems;
+      a.rounding_seed = splitmix64_at(base.rounding_seed, static_cast<std::uint64_t>(g.id));
+      a.element_offset = g.element_offset;
       a.param_out = *param_out;
       a.out_dtype = io.out_dtype;
       if (cpu_adam_) {
@@ -170,6 +173,8 @@ class StreamedStep final : public OptimizerStep, private optim::SegmentStorage {
       seg.grad_dtype = io.grad_dtype;
       seg.num_elems = g.num_elems;
       seg.out_dtype = io.out_dtype;
+      seg.rounding_seed = splitmix64_at(base.rounding_seed, static_cast<std::uint64_t>(g.id));
+      seg.element_offset = g.element_offset;
       segments.push_back(seg);
     }
     // A segment's gradient once it is final: its host copy when it has a valid one, else

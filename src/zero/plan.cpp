@@ -128,6 +128,7 @@ struct Sizes {
   std::uint64_t work = 0, work_io = 0;                  // working copies, every group
   std::uint64_t grad_work_io = 0, f32 = 0, f32_io = 0;  // trainable groups
   std::uint64_t moment = 0, moment_io = 0;        // one moment of the trainable groups, state dtype
+  std::uint64_t master = 0, master_io = 0;        // their master weights, master dtype
   std::uint64_t max_work_io = 0;                  // every group
   std::uint64_t max_grad_io = 0, max_f32_io = 0;  // trainable groups
   std::int64_t max_elems = 0;                     // trainable groups
@@ -469,7 +470,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // Homes.
   add(plan.params, TensorKind::kParameters, plan.params == Tier::kDevice ? z.work : z.work_io);
   const std::uint64_t copies = plan.shadow_state ? 2 : 1;
-  add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.f32 : z.f32_io));
+  add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.master : z.master_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.moment : z.moment_io));
   const bool summed_on_device = plan.sums_on_device();
   add(plan.gradients, TensorKind::kGradients,
@@ -586,6 +587,8 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     z.f32 += n * 4;
     z.f32_io += align_up(n * 4, io::kIoAlignBytes);
     z.moment += n * dtype_size(o.state_dtype);
+    z.master += n * dtype_size(o.master_dtype);
+    z.master_io += align_up(n * dtype_size(o.master_dtype), io::kIoAlignBytes);
     z.moment_io += align_up(n * dtype_size(o.state_dtype), io::kIoAlignBytes);
     z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
     z.max_elems = std::max(z.max_elems, g.num_elems);

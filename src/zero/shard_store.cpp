@@ -20,6 +20,7 @@ struct ShardStore::Group {
   std::size_t work_bytes = 0;  // model::working_bytes: n * compute dtype size unless quantized
   std::size_t f32_bytes = 0;
   std::size_t moment_bytes = 0;              // one moment's: n x the state dtype's size
+  std::size_t master_bytes = 0;              // the master weights': n x the master dtype's size
   mem::Handle work = mem::Handle::kInvalid;  // the working copy, in the compute dtype
   mem::Handle master = mem::Handle::kInvalid;
   mem::Handle exp_avg = mem::Handle::kInvalid;
@@ -49,6 +50,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.optimizer = options.offload_optimizer;
   po.compute_dtype = options.compute_dtype;
   po.state_dtype = options.adam.state_dtype;
+  po.master_dtype = options.adam.master_dtype;
   po.accumulation_steps = options.accumulation_steps;
   po.device_budget_bytes = device_budget_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
@@ -184,6 +186,7 @@ Status ShardStore::create_store() {
     g->work_bytes = model::working_bytes(spec, options_.compute_dtype);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
     g->moment_bytes = static_cast<std::size_t>(g->n) * dtype_size(options_.adam.state_dtype);
+    g->master_bytes = static_cast<std::size_t>(g->n) * dtype_size(options_.adam.master_dtype);
     const std::string& name = spec.name;
     // A group another pipeline stage holds has no elements here, and no tensors: nothing asks
     // for them, and the loops over every group pass it by.
@@ -196,12 +199,12 @@ Status ShardStore::create_store() {
       groups_.push_back(std::move(g));
       continue;
     }
-    STRATA_ASSIGN_OR_RETURN(g->master, add("master weights of " + name, g->f32_bytes, opt));
+    STRATA_ASSIGN_OR_RETURN(g->master, add("master weights of " + name, g->master_bytes, opt));
     STRATA_ASSIGN_OR_RETURN(g->exp_avg, add("exp_avg of " + name, g->moment_bytes, opt));
     STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq, add("exp_avg_sq of " + name, g->moment_bytes, opt));
     if (plan_.shadow_state) {
       STRATA_ASSIGN_OR_RETURN(g->master_next,
-                              add("master weights of " + name + " (shadow)", g->f32_bytes, opt));
+                              add("master weights of " + name + " (shadow)", g->master_bytes, opt));
       STRATA_ASSIGN_OR_RETURN(g->exp_avg_next,
                               add("exp_avg of " + name + " (shadow)", g->moment_bytes, opt));
       STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq_next,
@@ -573,8 +576,17 @@ std::vector<StepGroup> ShardStore::step_groups(std::vector<int>* ids) const {
     const Group& g = *groups_[gi];
     if (g.frozen() || g.n == 0) continue;
     ids->push_back(static_cast<int>(gi));
-    StepGroup sg{g.spec->name, g.n,          g.master,
-                 g.exp_avg,    g.exp_avg_sq, step_grad(static_cast<int>(gi))};
+    StepGroup sg;
+    sg.name = g.spec->name;
+    sg.num_elems = g.n;
+    sg.id = static_cast<int>(gi);
+    sg.element_offset = gi < options_.shard_offsets.size()
+                            ? static_cast<std::uint64_t>(options_.shard_offsets[gi])
+                            : 0;
+    sg.master = g.master;
+    sg.exp_avg = g.exp_avg;
+    sg.exp_avg_sq = g.exp_avg_sq;
+    sg.grad = step_grad(static_cast<int>(gi));
     if (plan_.shadow_state) {
       sg.master_out = g.master_next;
       sg.exp_avg_out = g.exp_avg_next;
@@ -634,12 +646,19 @@ Status ShardStore::restore_working_copies(const std::vector<bool>& groups) {
     auto master = store_->acquire(g.master, Tier::kHost);
     s = master.status();
     if (!master.is_ok()) break;
-    s = write_working_copy(static_cast<int>(gi), static_cast<const float*>(*master));
+    s = write_working_copy(static_cast<int>(gi), widened_master(g, *master));
     store_->unpin(g.master, Tier::kHost);
   }
   if (Status w = wait_writebacks(); s.is_ok()) s = w;
   absorb_store_stats();  // the restored copies' transfers
   return s;
+}
+
+const float* ShardStore::widened_master(const Group& g, const void* master) {
+  if (options_.adam.master_dtype == DType::kF32) return static_cast<const float*>(master);
+  wide_master_.resize(static_cast<std::size_t>(g.n));
+  host_arrays_->convert(master, options_.adam.master_dtype, wide_master_.data(), DType::kF32, g.n);
+  return wide_master_.data();
 }
 
 Status ShardStore::write_working_copy(int group, const float* master) {
@@ -841,8 +860,19 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
     // The master weights' host copy (its home, or a fresh copy on its way home), filled by the
     // source; the working copy converted from it the same way.
     STRATA_ASSIGN_OR_RETURN(void* master, store_->emplace(g.master, Tier::kHost, true));
-    Status s = source(*g.spec, static_cast<float*>(master));
-    if (s.is_ok()) s = write_working_copy(static_cast<int>(gi), static_cast<const float*>(master));
+    Status s;
+    if (options_.adam.master_dtype == DType::kF32) {
+      s = source(*g.spec, static_cast<float*>(master));
+    } else {
+      // bf16 master weights: the source rounded to nearest; the working copy is made from the
+      // values stored, as every step's is.
+      std::vector<float> wide(static_cast<std::size_t>(g.n));
+      s = source(*g.spec, wide.data());
+      if (s.is_ok()) {
+        host_arrays_->convert(wide.data(), DType::kF32, master, options_.adam.master_dtype, g.n);
+      }
+    }
+    if (s.is_ok()) s = write_working_copy(static_cast<int>(gi), widened_master(g, master));
     store_->unpin(g.master, Tier::kHost);
     STRATA_RETURN_IF_ERROR(s);
     if (store_->spec(g.master).home != Tier::kHost) {
@@ -863,7 +893,13 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
 Status ShardStore::read_master(int group, float* dst) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (g.n == 0) return Status::ok();  // another stage's: nothing here
-  if (!g.frozen()) return store_->read(g.master, dst);
+  if (!g.frozen()) {
+    if (options_.adam.master_dtype == DType::kF32) return store_->read(g.master, dst);
+    std::vector<std::byte> half(g.master_bytes);
+    STRATA_RETURN_IF_ERROR(store_->read(g.master, half.data()));
+    host_arrays_->convert(half.data(), options_.adam.master_dtype, dst, DType::kF32, g.n);
+    return Status::ok();
+  }
   // A frozen group's weights are its working copy, widened (NF4 tensors decoded).
   std::vector<std::byte> work(g.work_bytes);
   STRATA_RETURN_IF_ERROR(store_->read(g.work, work.data()));

@@ -28,9 +28,16 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
     po.zero = options;
     STRATA_ASSIGN_OR_RETURN(plan, make_plan(*partition, po));
   }
+  // Each group's shard starts here in the group's flat vector: where its elements' stochastic
+  // rounding draws from, so any world size rounds them alike.
+  ShardOptions store_options = shard_options;
+  store_options.shard_offsets.clear();
+  for (const GroupPartition& g : partition->groups()) {
+    store_options.shard_offsets.push_back(g.replicated ? 0 : g.shard_offset);
+  }
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<ShardStore> shards,
-      ShardStore::create(partition->local_layout(), device, swap, shard_options, plan));
+      ShardStore::create(partition->local_layout(), device, swap, store_options, plan));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSchedule> schedule,
                           OptimizerSchedule::create(*shards, device, shard_options));
   return std::unique_ptr<ZeroProvider>(

@@ -902,6 +902,19 @@ TEST(Fp16Training, ResumeRestoresTheLossScale) {
 namespace strata::train {
 namespace {
 
+// `saving` (4 steps) saved at step 2 under `ckpt` and resumed from there: its steps 3 and 4 are
+// `reference`'s, bit for bit.
+void expect_resume_continues(Json saving, const std::string& ckpt,
+                             const std::vector<double>& reference) {
+  saving["save_dir"] = ckpt;
+  saving["save_every"] = 2;
+  ASSERT_EQ(run(saving), reference);
+  auto t = make_trainer(saving, ckpt + "/step-00000002");
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+  EXPECT_EQ(losses_of(**t), std::vector<double>(reference.begin() + 2, reference.end()));
+}
+
 // optimizer.state_dtype "bf16": Adam's moments in bf16 in every tier (half the moment bytes in
 // the plan, and across the drive), the same bits whether the optimizer lives on the device, the
 // host or NVMe and under every schedule, a resume that continues the run to the bit (the
@@ -980,16 +993,9 @@ TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
     EXPECT_EQ(last.nvme_write_bytes, want);
   }
 
-  // Resume: steps 3 and 4 from the step-2 checkpoint are the uninterrupted run's.
   Json saving = base;
   saving["offload_optimizer"] = "nvme";
-  saving["save_dir"] = dir.file("bf16-ckpt");
-  saving["save_every"] = 2;
-  ASSERT_EQ(run(saving), reference);
-  auto t = make_trainer(saving, dir.file("bf16-ckpt/step-00000002"));
-  ASSERT_TRUE(t.is_ok()) << t.status().message();
-  ASSERT_TRUE((*t)->run().is_ok());
-  EXPECT_EQ(losses_of(**t), std::vector<double>(reference.begin() + 2, reference.end()));
+  expect_resume_continues(saving, dir.file("bf16-ckpt"), reference);
 
   Json bad = base;
   bad["optimizer"]["state_dtype"] = "int4";
@@ -998,6 +1004,79 @@ TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
   EXPECT_NE(refused.status().message().find("'optimizer.state_dtype'"), std::string::npos)
       << refused.status().message();
   EXPECT_NE(refused.status().message().find("fp32"), std::string::npos)
+      << refused.status().message();
+}
+
+}  // namespace
+}  // namespace strata::train
+
+namespace strata::train {
+namespace {
+
+// optimizer.master_dtype "bf16" (stochastic rounding) with bf16 moments: 6 bytes of optimizer
+// state a parameter, the same bits in every tier and schedule and across a resume (the rounding's
+// random bits come from the seed, the step, the group and each element's place in it), losses
+// near fp32 state's; the settings that do not apply are refused naming the key.
+TEST(CompactStates, Bf16MasterWeightsRoundAlikeEverywhereAndMoveSixBytes) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["optimizer"]["state_dtype"] = "bf16";
+  base["optimizer"]["master_dtype"] = "bf16";
+  base["save_dir"] = "";
+  const std::vector<double> reference = run(base);
+  ASSERT_EQ(reference.size(), 4u);
+  for (const char* opt : {"cpu", "nvme"}) {
+    for (const char* overlap : {"none", "backward"}) {
+      SCOPED_TRACE(std::string("offload_optimizer ") + opt + ", optimizer_overlap " + overlap);
+      Json j = base;
+      j["offload_optimizer"] = opt;
+      j["optimizer_overlap"] = overlap;
+      EXPECT_EQ(run(j), reference);
+    }
+  }
+  Json fp32 = base;
+  fp32["optimizer"]["state_dtype"] = "fp32";
+  fp32["optimizer"]["master_dtype"] = "fp32";
+  const std::vector<double> wide = run(fp32);
+  ASSERT_EQ(wide.size(), reference.size());
+  EXPECT_NE(wide, reference);
+  for (std::size_t i = 0; i < wide.size(); ++i) {
+    EXPECT_NEAR(reference[i], wide[i], 1e-2 * wide[i]) << "step " << i + 1;
+  }
+
+  // A step's NVMe traffic: master (2 bytes) and two moments (2 each) a parameter.
+  Json streamed = base;
+  streamed["offload_optimizer"] = "nvme";
+  streamed["optimizer_overlap"] = "none";
+  auto t = make_trainer(streamed);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->run().is_ok());
+  auto config = parse_train_config(streamed, "test config");
+  ASSERT_TRUE(config.is_ok());
+  const model::ParamLayout layout = model::ParamLayout::build(config->model);
+  std::uint64_t want = 0;
+  for (const auto& g : layout.groups()) {
+    want += 3 * ((2 * static_cast<std::uint64_t>(g.num_elems) + 4095) / 4096 * 4096);
+  }
+  EXPECT_EQ((*t)->history().back().nvme_read_bytes, want);
+  EXPECT_EQ((*t)->history().back().nvme_write_bytes, want);
+
+  Json saving = base;
+  saving["offload_optimizer"] = "cpu";
+  expect_resume_continues(saving, dir.file("master-ckpt"), reference);
+
+  Json kahan = base;
+  kahan["optimizer"]["master_rounding"] = "kahan";
+  auto refused = parse_train_config(kahan, "test config");
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("'optimizer.master_rounding'"), std::string::npos)
+      << refused.status().message();
+  Json stray = fp32;
+  stray["optimizer"]["master_rounding"] = "stochastic";
+  refused = parse_train_config(stray, "test config");
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("applies to master_dtype \"bf16\" only"),
+            std::string::npos)
       << refused.status().message();
 }
 

@@ -35,6 +35,15 @@ inline bf16 f32_to_bf16(float f) {
   return bf16{static_cast<std::uint16_t>(u >> 16)};
 }
 
+// Stochastic rounding to bf16: up with probability equal to the fraction the truncation drops,
+// drawn from the low 16 bits of `random` (unbiased: the expected result is f). NaN and
+// infinity round as f32_to_bf16.
+inline bf16 f32_to_bf16_stochastic(float f, std::uint32_t random) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return f32_to_bf16(f);
+  return bf16{static_cast<std::uint16_t>((u + (random & 0xffffu)) >> 16)};
+}
+
 float f16_to_f32(f16 h);
 f16 f32_to_f16(float f);
 

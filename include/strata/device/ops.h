@@ -52,12 +52,19 @@ struct AdamWArgs {
   // moments rounded to nearest even when stored: the parameter's update uses them unrounded).
   // grad is of grad_dtype and multiplied by grad_scale first. If param_out is set, the updated
   // parameter is also written there as out_dtype (f32/bf16/f16).
-  float* param = nullptr;
+  void* param = nullptr;  // of master_dtype
   const void* grad = nullptr;
   DType grad_dtype = DType::kF32;
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   DType state_dtype = DType::kF32;
+  // The master weights' storage: f32, or bf16 (optimizer.master_dtype): widened for the step and
+  // stored by stochastic rounding, element i's random bits splitmix64_at(rounding_seed,
+  // element_offset + i) (element_offset: the span's first element's place in its group, so a
+  // shard rounds as the whole would). param_out then converts the stored value. Host steps only.
+  DType master_dtype = DType::kF32;
+  std::uint64_t rounding_seed = 0;
+  std::uint64_t element_offset = 0;
   std::int64_t n = 0;
   // Hyperparameters in double, as torch holds them (Python floats): 1 - beta, lr / bias
   // correction and 1 - lr * weight_decay are formed in double and rounded to f32 once.
@@ -71,7 +78,7 @@ struct AdamWArgs {
   // moments from these and writes its results to param, exp_avg and exp_avg_sq, leaving the state
   // before the step intact. All three or none. Host steps only (optim::CpuAdam,
   // adamw_reference and the CPU backend's op); the CUDA backend's op refuses them.
-  const float* param_in = nullptr;
+  const void* param_in = nullptr;
   const void* exp_avg_in = nullptr;
   const void* exp_avg_sq_in = nullptr;
 };

@@ -15,6 +15,10 @@ struct AdamWHyper {
   // The moments' storage (the config's optimizer.state_dtype): f32, or bf16 (half the bytes in
   // every tier and across the drive; each step widens them, computes in f32 and rounds back).
   DType state_dtype = DType::kF32;
+  // The master weights' storage (optimizer.master_dtype): f32, or bf16 with stochastic rounding
+  // (device::AdamWArgs), its random bits seeded from `seed`, the step and the group.
+  DType master_dtype = DType::kF32;
+  std::uint64_t seed = 0;
 };
 
 // One AdamW step on host memory with torch.optim.AdamW semantics (see device::AdamWArgs). This is

@@ -35,8 +35,8 @@ class SegmentStorage {
                              const void* src, std::size_t bytes) = 0;
 };
 
-// One parameter group (or shard): its fp32 master weights and its moments (of the step's
-// state_dtype, f32 or bf16) in the storage, each num_elems elements; its gradient in host memory or
+// One parameter group (or shard): its master weights and moments (of the step's master_dtype
+// and state_dtype) in the storage, each num_elems elements; its gradient in host memory or
 // (grad_streamed) in the storage too, read with the state; its output copy in host memory.
 struct StreamedSegment {
   std::string_view name;  // named in errors
@@ -47,6 +47,10 @@ struct StreamedSegment {
   std::int64_t num_elems = 0;
   void* param_out = nullptr;  // optional, out_dtype; see SegmentBegin
   DType out_dtype = DType::kBF16;
+  // bf16 master weights' stochastic rounding (device::AdamWArgs): the segment's seed and its
+  // first element's place in its group.
+  std::uint64_t rounding_seed = 0;
+  std::uint64_t element_offset = 0;
 };
 
 struct StreamedAdamOptions {

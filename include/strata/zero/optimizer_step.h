@@ -25,7 +25,9 @@ namespace strata::zero {
 struct StepGroup {
   std::string name;
   std::int64_t num_elems = 0;
-  mem::Handle master = mem::Handle::kInvalid;  // fp32
+  int id = 0;                                  // the group's id in the layout
+  std::uint64_t element_offset = 0;            // its first element's place in the whole group
+  mem::Handle master = mem::Handle::kInvalid;  // of the optimizer's master dtype
   mem::Handle exp_avg = mem::Handle::kInvalid;
   mem::Handle exp_avg_sq = mem::Handle::kInvalid;
   mem::Handle grad = mem::Handle::kInvalid;  // the gradient the step reads (grad_dtype)

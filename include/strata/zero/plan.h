@@ -97,6 +97,7 @@ struct PlanOptions {
   Tier optimizer = Tier::kDevice;  // offload_optimizer: master weights, moments, the step
   DType compute_dtype = DType::kF32;
   DType state_dtype = DType::kF32;        // the Adam moments' (optimizer.state_dtype)
+  DType master_dtype = DType::kF32;       // the master weights' (optimizer.master_dtype)
   std::int64_t accumulation_steps = 1;    // micro-batches per optimizer step
   std::uint64_t device_budget_bytes = 0;  // 0 = no limit
   std::uint64_t host_budget_bytes = 0;    // 0 = no limit

@@ -52,6 +52,9 @@ struct ShardOptions {
   ScheduleChooserOptions schedule_chooser;
   std::function<std::int64_t()> clock;
   optim::AdamWHyper adam;
+  // Each group's shard's first element in the group's flat vector (ZeroProvider fills it from
+  // its Partition); empty: 0 for every group.
+  std::vector<std::int64_t> shard_offsets;
   // The host optimizer (offload_optimizer cpu or nvme): threads, SIMD path, pinning.
   optim::CpuAdamOptions cpu_adam;
   // offload_optimizer nvme: elements per streamed sub-group (DeepSpeed's sub_group_size).
@@ -264,6 +267,9 @@ class ShardStore {
   Status write_working_copy(int group, const float* master);
   // The working copy's bytes from the fp32 values, into `out` (the group's work_bytes).
   Status fill_working_copy(int group, const float* master, void* out);
+  // The group's master weights in host memory as fp32: themselves, or bf16 ones widened into
+  // scratch of the store's (valid until the next call).
+  const float* widened_master(const Group& g, const void* master);
   // Elements [begin, begin + count) of a group's fp32 values, valid until the next call.
   using Fp32Pieces = std::function<Result<const float*>(std::int64_t begin, std::int64_t count)>;
   // The same from `values` asked at most `piece_elems` at a time (an NF4 tensor whole).
@@ -279,6 +285,7 @@ class ShardStore {
   MemoryPlan plan_;
   StepView* view_ = nullptr;
   std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<float> wide_master_;                    // widened_master's scratch
   std::optional<device::HostArrays> host_arrays_;     // host-side accumulation and conversion
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32
   // Sums of squares taken on the device, one double per group, and their host copy: read back

@@ -14,6 +14,7 @@ void cpu_adamw(const CpuContext& ctx, const AdamWArgs& a) {
   const std::size_t grad_size = dtype_size(a.grad_dtype);
   const std::size_t out_size = dtype_size(a.out_dtype);
   const std::size_t state_size = dtype_size(a.state_dtype);
+  const std::size_t master_size = dtype_size(a.master_dtype);
   const auto at = [](auto* p, std::int64_t i, std::size_t size) {
     using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>,
                                     const std::byte, std::byte>;
@@ -21,12 +22,13 @@ void cpu_adamw(const CpuContext& ctx, const AdamWArgs& a) {
   };
   ctx.parallel_for(a.n, 16384, [&](std::int64_t i0, std::int64_t i1) {
     AdamWArgs part = a;
-    part.param = a.param + i0;
+    part.param = at(a.param, i0, master_size);
+    part.element_offset = a.element_offset + static_cast<std::uint64_t>(i0);
     part.grad = static_cast<const std::byte*>(a.grad) + static_cast<std::size_t>(i0) * grad_size;
     part.exp_avg = at(a.exp_avg, i0, state_size);
     part.exp_avg_sq = at(a.exp_avg_sq, i0, state_size);
     if (a.param_in != nullptr) {
-      part.param_in = a.param_in + i0;
+      part.param_in = at(a.param_in, i0, master_size);
       part.exp_avg_in = at(a.exp_avg_in, i0, state_size);
       part.exp_avg_sq_in = at(a.exp_avg_sq_in, i0, state_size);
     }

@@ -256,6 +256,8 @@ class CudaOps final : public Ops {
     STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
     STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
     STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
+    STRATA_CHECK(a.master_dtype == DType::kF32,
+                 "bf16 master weights step on the host (offload_optimizer cpu or nvme)");
     // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
     const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;
@@ -271,8 +273,8 @@ class CudaOps final : public Ops {
     s.grad_scale = a.grad_scale;
     s.adamw_mode = a.adamw_mode;
     const kernels::Elem out = a.param_out != nullptr ? elem(a.out_dtype) : kernels::Elem::kF32;
-    done(kernels::adamw(ctx(), a.param, a.grad, elem(a.grad_dtype), a.exp_avg, a.exp_avg_sq,
-                        elem(a.state_dtype), a.n, s, a.param_out, out),
+    done(kernels::adamw(ctx(), static_cast<float*>(a.param), a.grad, elem(a.grad_dtype), a.exp_avg,
+                        a.exp_avg_sq, elem(a.state_dtype), a.n, s, a.param_out, out),
          "adamw");
   }
 

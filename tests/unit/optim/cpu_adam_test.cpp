@@ -242,6 +242,78 @@ TEST_P(CpuAdamPathTest, Bf16MomentsGiveTheReferencesBits) {
   }
 }
 
+// bf16 master weights (optimizer.master_dtype "bf16"): widened, stepped in f32 and stored by
+// stochastic rounding, with the reference's random bits (from the seed and each element's place
+// in its group, element_offset + i), the copy converted from the value stored; with f32 and bf16
+// moments, in place and out of place, every output dtype.
+TEST_P(CpuAdamPathTest, Bf16MasterWeightsRoundAsTheReferenceDoes) {
+  std::uint64_t seed = 1300;
+  for (std::int64_t n : {1, 2047, 2049, 70001}) {
+    for (DType state : {DType::kF32, DType::kBF16}) {
+      for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (const bool out_of_place : {false, true}) {
+          SCOPED_TRACE("n=" + std::to_string(n) + " moments " + std::string(dtype_name(state)) +
+                       " copy " + std::string(dtype_name(out)) +
+                       (out_of_place ? " out of place" : ""));
+          AdamState want = make_state(n, 1, DType::kBF16, out, true, ++seed);
+          const auto size = static_cast<std::size_t>(n);
+          const auto halve = [&](const float* x, bool nonneg) {
+            std::vector<std::uint16_t> h(size);
+            for (std::size_t i = 0; i < size; ++i) {
+              h[i] = f32_to_bf16(nonneg ? std::abs(x[i]) : x[i]).bits;
+            }
+            return h;
+          };
+          const std::vector<std::uint16_t> p0 = halve(want.p(), false);
+          const std::vector<std::uint16_t> m0 = halve(want.m(), false), v0 = halve(want.v(), true);
+          std::vector<float> mf(want.m(), want.m() + n), vf(want.v(), want.v() + n);
+          for (float& x : vf) x = std::abs(x);
+          // The reference and the path each on copies of the same start.
+          std::vector<std::uint16_t> p_ref = p0, m_ref = m0, v_ref = v0;
+          std::vector<std::uint16_t> p_got = p0, m_got = m0, v_got = v0;
+          std::vector<float> mf_ref = mf, vf_ref = vf, mf_got = mf, vf_got = vf;
+          AdamState got = want;
+          const auto args = [&](AdamState& st, std::vector<std::uint16_t>& p,
+                                std::vector<std::uint16_t>& m, std::vector<std::uint16_t>& v,
+                                std::vector<float>& m32, std::vector<float>& v32) {
+            device::AdamWArgs a = st.args(hyper(true, 0.5f, 3));
+            a.master_dtype = DType::kBF16;
+            a.rounding_seed = 0x5eed + static_cast<std::uint64_t>(n);
+            a.element_offset = 12345;
+            a.param = p.data();
+            a.state_dtype = state;
+            a.exp_avg = state == DType::kBF16 ? static_cast<void*>(m.data()) : m32.data();
+            a.exp_avg_sq = state == DType::kBF16 ? static_cast<void*>(v.data()) : v32.data();
+            return a;
+          };
+          device::adamw_reference(args(want, p_ref, m_ref, v_ref, mf_ref, vf_ref));
+          device::AdamWArgs a = args(got, p_got, m_got, v_got, mf_got, vf_got);
+          const std::vector<std::uint16_t> p_in = p0, m_in = m0, v_in = v0;
+          const std::vector<float> mf_in = mf, vf_in = vf;
+          if (out_of_place) {
+            a.param_in = p_in.data();
+            a.exp_avg_in =
+                state == DType::kBF16 ? static_cast<const void*>(m_in.data()) : mf_in.data();
+            a.exp_avg_sq_in =
+                state == DType::kBF16 ? static_cast<const void*>(v_in.data()) : vf_in.data();
+            std::fill(p_got.begin(), p_got.end(), 0x7fc1);
+          }
+          ASSERT_EQ(adam_->step(a), StepOutcome::kUpdated);
+          EXPECT_EQ(p_got, p_ref) << "master weights";
+          EXPECT_EQ(std::memcmp(got.o(), want.o(), size * dtype_size(out)), 0) << "copy";
+          if (state == DType::kBF16) {
+            EXPECT_EQ(m_got, m_ref) << "exp_avg";
+            EXPECT_EQ(v_got, v_ref) << "exp_avg_sq";
+          } else {
+            EXPECT_EQ(std::memcmp(mf_got.data(), mf_ref.data(), size * 4), 0) << "exp_avg";
+            EXPECT_EQ(std::memcmp(vf_got.data(), vf_ref.data(), size * 4), 0) << "exp_avg_sq";
+          }
+        }
+      }
+    }
+  }
+}
+
 // With lr = 0 the update leaves param unchanged (p * 1 - 0), so param_out is exactly the
 // conversion of chosen values: ties, subnormals, overflow, NaN payloads, signed zeros.
 TEST_P(CpuAdamPathTest, HalfPrecisionEdgeCasesMatchTheScalarConversions) {
@@ -488,6 +560,36 @@ TEST(CpuAdamOptions, EnvironmentOverridesAutoButNotAnExplicitChoice) {
                                                         : SimdPath::kScalar;
   EXPECT_EQ(defaults->simd(), best);
   EXPECT_GE(defaults->threads(), 1);
+}
+
+}  // namespace
+}  // namespace strata::optim
+
+namespace strata::optim {
+namespace {
+
+// Stochastic rounding to bf16 rounds up (away from zero) for exactly the dropped fraction of
+// the 65,536 values its 16 random bits take, so its mean is the value itself; bf16 values stay.
+TEST(StochasticRounding, RoundsUpForExactlyTheDroppedFractionOfTheRandomBits) {
+  for (const float x : {1.0f + 0x1p-9f, -3.14159f, 1e-30f, 65504.25f, -0x1p-126f, 0.1f}) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+    const std::uint16_t down = static_cast<std::uint16_t>(u >> 16);
+    std::uint32_t ups = 0;
+    for (std::uint32_t r = 0; r < 65536; ++r) {
+      const std::uint16_t b = f32_to_bf16_stochastic(x, r).bits;
+      ASSERT_TRUE(b == down || b == down + 1) << x << " " << r;
+      ups += b != down ? 1u : 0u;
+    }
+    EXPECT_EQ(ups, u & 0xffffu) << x;
+  }
+  for (const float x : {1.0f, -2.5f, 0.0f, -0.0f}) {  // bf16 values: never moved
+    for (std::uint32_t r : {0u, 1u, 0xffffu, 0x12345678u}) {
+      EXPECT_EQ(f32_to_bf16_stochastic(x, r).bits, f32_to_bf16(x).bits) << x;
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(f32_to_bf16_stochastic(inf, 0xffff).bits, f32_to_bf16(inf).bits);
+  EXPECT_EQ(f32_to_bf16_stochastic(std::nanf(""), 0xffff).bits, f32_to_bf16(std::nanf("")).bits);
 }
 
 }  // namespace

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Does a compact optimizer state keep the loss curve? The quick start's model (byte-level, 0.8M
+# parameters) trained for QUALITY_STEPS steps (2000, 4.1M tokens) on the first 90% of a 3 MB
+# corpus, the repository's own text at HEAD (its Markdown and sources in path order: the same
+# bytes on every machine for a commit; the quick start's 35 KB text alone is learnt by heart in
+# 200 steps, after which its held-out loss only measures overfitting), evaluated every 100 steps
+# on the last 10%, once per setting: fp32 state (12 bytes a parameter), bf16 moments (8), bf16 moments and
+# bf16 master weights with stochastic rounding (6); prints each setting's final training and
+# held-out loss against fp32's, and plots the curves together (bench/compact_states_quality.png,
+# with python3-matplotlib; the numbers are printed either way).
+#
+# Usage: bench/compact_states_quality.sh [build/strata]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+strata=${1:-build/strata}
+steps=${QUALITY_STEPS:-2000}
+work=$(mktemp -d /tmp/strata-compact-quality.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+git ls-files '*.md' '*.cpp' '*.h' '*.cu' '*.cuh' | sort | xargs cat >"$work/all.txt"
+head -c 3000000 "$work/all.txt" >"$work/corpus.txt"
+cut=$(($(wc -c <"$work/corpus.txt") * 9 / 10))
+head -c "$cut" "$work/corpus.txt" >"$work/train.txt"
+tail -c +$((cut + 1)) "$work/corpus.txt" >"$work/eval.txt"
+
+settings=("fp32 fp32" "bf16 fp32" "bf16 bf16")  # state_dtype master_dtype
+for setting in "${settings[@]}"; do
+  read -r state master <<<"$setting"
+  name=$state-$master
+  "$strata" train examples/quickstart.json --set max_steps="$steps" --set save_dir= \
+    --set data.path="$work/train.txt" \
+    --set 'eval_data={"path": "'"$work/eval.txt"'", "format": "text"}' --set eval_every=100 \
+    --set optimizer.state_dtype="$state" --set optimizer.master_dtype="$master" \
+    --set metrics_file="$work/$name.jsonl" >"$work/$name.out" 2>&1 || {
+    cat "$work/$name.out" >&2
+    exit 1
+  }
+done
+/usr/bin/python3 - "$work" "$steps" <<'PY'
+import json, sys
+work, steps = sys.argv[1], int(sys.argv[2])
+labels = {"fp32-fp32": "fp32 state (12 B/param)", "bf16-fp32": "bf16 moments (8 B/param)",
+          "bf16-bf16": "bf16 moments + bf16 master, stochastic rounding (6 B/param)"}
+runs = {}
+for state in labels:
+    rows = [json.loads(l) for l in open(f"{work}/{state}.jsonl")]
+    train = [(r["step"], r["loss"]) for r in rows]
+    held = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
+    runs[state] = (train, held)
+def tail_mean(curve, n=100):
+    return sum(l for _, l in curve[-n:]) / len(curve[-n:])
+base_train, base_eval = tail_mean(runs["fp32-fp32"][0]), runs["fp32-fp32"][1][-1][1]
+for state, (train, held) in runs.items():
+    t, e = tail_mean(train), held[-1][1]
+    print(f"{labels[state]:60}: training loss (mean of the last 100 steps) {t:.4f} "
+          f"({t / base_train - 1:+.2%}), held-out loss at step {held[-1][0]} {e:.4f} "
+          f"({e / base_eval - 1:+.2%})")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("no matplotlib (apt install python3-matplotlib): no plot")
+    sys.exit(0)
+fig, ax = plt.subplots(figsize=(8, 5))
+for state, (train, held) in runs.items():
+    ax.plot([s for s, _ in train], [l for _, l in train], lw=0.6, alpha=0.5,
+            label=f"training, {labels[state]}")
+    ax.plot([s for s, _ in held], [l for _, l in held], marker="o", ms=3,
+            label=f"held-out, {labels[state]}")
+ax.set_xlabel("step")
+ax.set_ylabel("loss (nats per byte)")
+ax.set_title(f"Quick start model, {steps} steps on 2.7 MB of text: compact optimizer states")
+ax.set_ylim(top=max(l for _, l in runs["fp32-fp32"][0][50:]) + 0.2)
+ax.legend()
+fig.tight_layout()
+fig.savefig("bench/compact_states_quality.png", dpi=110)
+print("plot: bench/compact_states_quality.png")
+PY
