@@ -439,7 +439,7 @@ Status Trainer::Impl::setup() {
         st.config.contains("optimizer") && st.config["optimizer"].contains("state_dtype")
             ? st.config["optimizer"]["state_dtype"].get<std::string>()
             : "fp32";
-    const std::string state = config.optimizer.state_dtype == DType::kBF16 ? "bf16" : "fp32";
+    const std::string state(precision_name(config.optimizer.state_dtype));
     if (saved_state != state) {
       log_info("the checkpoint's Adam moments were kept in " + saved_state + "; they continue in " +
                state + (state == "bf16" ? " (rounded to nearest)" : " (widened exactly)"));

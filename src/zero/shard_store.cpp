@@ -933,11 +933,11 @@ Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
   }
   // Compact moments: read in their dtype, widened (exactly) for the caller.
   std::vector<std::byte> half(g.moment_bytes);
-  const auto n = static_cast<std::size_t>(g.n);
+  const DType sd = options_.adam.state_dtype;
   STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, half.data()));
-  convert(half.data(), options_.adam.state_dtype, exp_avg, DType::kF32, n);
+  host_arrays_->convert(half.data(), sd, exp_avg, DType::kF32, g.n);
   STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg_sq, half.data()));
-  convert(half.data(), options_.adam.state_dtype, exp_avg_sq, DType::kF32, n);
+  host_arrays_->convert(half.data(), sd, exp_avg_sq, DType::kF32, g.n);
   return Status::ok();
 }
 
@@ -950,10 +950,10 @@ Status ShardStore::write_moments(int group, const float* exp_avg, const float* e
   }
   // Compact moments: rounded to their dtype (nearest, ties to even).
   std::vector<std::byte> half(g.moment_bytes);
-  const auto n = static_cast<std::size_t>(g.n);
-  convert(exp_avg, DType::kF32, half.data(), options_.adam.state_dtype, n);
+  const DType sd = options_.adam.state_dtype;
+  host_arrays_->convert(exp_avg, DType::kF32, half.data(), sd, g.n);
   STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, half.data(), g.moment_bytes));
-  convert(exp_avg_sq, DType::kF32, half.data(), options_.adam.state_dtype, n);
+  host_arrays_->convert(exp_avg_sq, DType::kF32, half.data(), sd, g.n);
   return store_->write(g.exp_avg_sq, half.data(), g.moment_bytes);
 }
 

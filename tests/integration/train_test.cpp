@@ -902,6 +902,11 @@ TEST(Fp16Training, ResumeRestoresTheLossScale) {
 namespace strata::train {
 namespace {
 
+// `bytes` as NVMe homes hold them: whole O_DIRECT blocks.
+std::uint64_t blocks(std::uint64_t bytes) {
+  return (bytes + io::kIoAlignBytes - 1) / io::kIoAlignBytes * io::kIoAlignBytes;
+}
+
 // `saving` (4 steps) saved at step 2 under `ckpt` and resumed from there: its steps 3 and 4 are
 // `reference`'s, bit for bit.
 void expect_resume_continues(Json saving, const std::string& ckpt,
@@ -962,7 +967,6 @@ TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
   const model::ParamLayout layout = model::ParamLayout::build(config->model);
   for (const auto& g : layout.groups()) {
     const auto n = static_cast<std::uint64_t>(g.num_elems);
-    const auto blocks = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
     // Two moments, each twice: the state and the shadow copy an overlapped step writes.
     want_bf16 += 4 * blocks(2 * n);
     want_fp32 += 4 * blocks(4 * n);
@@ -985,7 +989,6 @@ TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
     std::uint64_t want = 0;
     for (const auto& g : layout.groups()) {
       const auto n = static_cast<std::uint64_t>(g.num_elems);
-      const auto blocks = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
       want += blocks(4 * n) + 2 * blocks(static_cast<std::uint64_t>(moment_size) * n);
     }
     const StepMetrics& last = (*t)->history().back();
@@ -1056,7 +1059,7 @@ TEST(CompactStates, Bf16MasterWeightsRoundAlikeEverywhereAndMoveSixBytes) {
   const model::ParamLayout layout = model::ParamLayout::build(config->model);
   std::uint64_t want = 0;
   for (const auto& g : layout.groups()) {
-    want += 3 * ((2 * static_cast<std::uint64_t>(g.num_elems) + 4095) / 4096 * 4096);
+    want += 3 * blocks(2 * static_cast<std::uint64_t>(g.num_elems));
   }
   EXPECT_EQ((*t)->history().back().nvme_read_bytes, want);
   EXPECT_EQ((*t)->history().back().nvme_write_bytes, want);
