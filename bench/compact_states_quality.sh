@@ -4,8 +4,10 @@
 # corpus, the repository's own text at HEAD (its Markdown and sources in path order: the same
 # bytes on every machine for a commit; the quick start's 35 KB text alone is learnt by heart in
 # 200 steps, after which its held-out loss only measures overfitting), evaluated every 100 steps
-# on the last 10%, once per setting: fp32 state (12 bytes a parameter), bf16 moments (8), bf16 moments and
-# bf16 master weights with stochastic rounding (6); prints each setting's final training and
+# on the last 10%, once per setting: fp32 state (12 bytes a parameter), bf16 moments (8), bf16
+# moments and bf16 master weights with stochastic rounding (6), int8 moments (6.03), int8 moments
+# and bf16 master weights with Kahan compensation (6.03) or stochastic rounding (4.03); prints
+# each setting's final training and
 # held-out loss against fp32's, and plots the curves together (bench/compact_states_quality.png,
 # with python3-matplotlib; the numbers are printed either way).
 #
@@ -22,14 +24,18 @@ cut=$(($(wc -c <"$work/corpus.txt") * 9 / 10))
 head -c "$cut" "$work/corpus.txt" >"$work/train.txt"
 tail -c +$((cut + 1)) "$work/corpus.txt" >"$work/eval.txt"
 
-settings=("fp32 fp32" "bf16 fp32" "bf16 bf16")  # state_dtype master_dtype
+# state_dtype master_dtype master_rounding
+settings=("fp32 fp32 -" "bf16 fp32 -" "bf16 bf16 stochastic" "int8 fp32 -" "int8 bf16 kahan"
+  "int8 bf16 stochastic")
 for setting in "${settings[@]}"; do
-  read -r state master <<<"$setting"
-  name=$state-$master
+  read -r state master rounding <<<"$setting"
+  name=$state-$master-$rounding
+  extra=()
+  [ "$master" = bf16 ] && extra=(--set optimizer.master_rounding="$rounding")
   "$strata" train examples/quickstart.json --set max_steps="$steps" --set save_dir= \
     --set data.path="$work/train.txt" \
     --set 'eval_data={"path": "'"$work/eval.txt"'", "format": "text"}' --set eval_every=100 \
-    --set optimizer.state_dtype="$state" --set optimizer.master_dtype="$master" \
+    --set optimizer.state_dtype="$state" --set optimizer.master_dtype="$master" "${extra[@]}" \
     --set metrics_file="$work/$name.jsonl" >"$work/$name.out" 2>&1 || {
     cat "$work/$name.out" >&2
     exit 1
@@ -38,8 +44,11 @@ done
 /usr/bin/python3 - "$work" "$steps" <<'PY'
 import json, sys
 work, steps = sys.argv[1], int(sys.argv[2])
-labels = {"fp32-fp32": "fp32 state (12 B/param)", "bf16-fp32": "bf16 moments (8 B/param)",
-          "bf16-bf16": "bf16 moments + bf16 master, stochastic rounding (6 B/param)"}
+labels = {"fp32-fp32--": "fp32 state (12 B/param)", "bf16-fp32--": "bf16 moments (8 B/param)",
+          "bf16-bf16-stochastic": "bf16 moments + bf16 master, stochastic rounding (6 B/param)",
+          "int8-fp32--": "int8 moments (6.03 B/param)",
+          "int8-bf16-kahan": "int8 moments + bf16 master, Kahan (6.03 B/param)",
+          "int8-bf16-stochastic": "int8 moments + bf16 master, stochastic rounding (4.03 B/param)"}
 runs = {}
 for state in labels:
     rows = [json.loads(l) for l in open(f"{work}/{state}.jsonl")]
@@ -48,7 +57,7 @@ for state in labels:
     runs[state] = (train, held)
 def tail_mean(curve, n=100):
     return sum(l for _, l in curve[-n:]) / len(curve[-n:])
-base_train, base_eval = tail_mean(runs["fp32-fp32"][0]), runs["fp32-fp32"][1][-1][1]
+base_train, base_eval = tail_mean(runs["fp32-fp32--"][0]), runs["fp32-fp32--"][1][-1][1]
 for state, (train, held) in runs.items():
     t, e = tail_mean(train), held[-1][1]
     print(f"{labels[state]:60}: training loss (mean of the last 100 steps) {t:.4f} "
@@ -70,7 +79,7 @@ for state, (train, held) in runs.items():
 ax.set_xlabel("step")
 ax.set_ylabel("loss (nats per byte)")
 ax.set_title(f"Quick start model, {steps} steps on 2.7 MB of text: compact optimizer states")
-ax.set_ylim(top=max(l for _, l in runs["fp32-fp32"][0][50:]) + 0.2)
+ax.set_ylim(top=max(l for _, l in runs["fp32-fp32--"][0][50:]) + 0.2)
 ax.legend()
 fig.tight_layout()
 fig.savefig("bench/compact_states_quality.png", dpi=110)

@@ -18,6 +18,7 @@ device::AdamWArgs make_adamw_args(const AdamWHyper& hyper, double lr, std::int64
   a.adamw_mode = hyper.adamw_mode;
   a.state_dtype = hyper.state_dtype;
   a.master_dtype = hyper.master_dtype;
+  a.master_rounding = hyper.master_rounding;
   a.rounding_seed = splitmix64_at(hyper.seed, static_cast<std::uint64_t>(step));
   a.step = step;
   a.grad_scale = grad_scale;

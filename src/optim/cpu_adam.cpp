@@ -21,6 +21,7 @@
 #include "src/optim/thread_pinning.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
+#include "strata/device/adam8bit.h"
 #include "strata/sys/process.h"
 
 namespace strata::optim {
@@ -89,8 +90,19 @@ void check_args(const device::AdamWArgs& a) {
   const int inputs =
       (a.param_in != nullptr) + (a.exp_avg_in != nullptr) + (a.exp_avg_sq_in != nullptr);
   STRATA_CHECK(inputs == 0 || inputs == 3, "CpuAdam: out of place needs all three inputs", inputs);
-  STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16,
-               "CpuAdam: moments must be f32 or bf16, got", dtype_name(a.state_dtype));
+  STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16 ||
+                   a.state_dtype == device::kAdam8StateDType,
+               "CpuAdam: moments must be f32, bf16 or 8-bit, got", dtype_name(a.state_dtype));
+  if (a.state_dtype == device::kAdam8StateDType) {
+    STRATA_CHECK(
+        a.exp_avg_scale != nullptr && a.exp_avg_sq_scale != nullptr &&
+            (inputs == 0 || (a.exp_avg_scale_in != nullptr && a.exp_avg_sq_scale_in != nullptr)),
+        "CpuAdam: 8-bit moments without their block scales");
+  }
+  if (a.master_dtype == DType::kBF16 && a.master_rounding == device::MasterRounding::kKahan) {
+    STRATA_CHECK(a.param_comp != nullptr && (inputs == 0 || a.param_comp_in != nullptr),
+                 "CpuAdam: Kahan master weights without their compensation");
+  }
   STRATA_CHECK(a.master_dtype == DType::kF32 || a.master_dtype == DType::kBF16,
                "CpuAdam: master weights must be f32 or bf16, got", dtype_name(a.master_dtype));
 }
@@ -137,9 +149,10 @@ struct CpuAdam::Impl {
 
   // Calls fn(begin, end) for every tile of [0, n): on the caller alone when one thread (or one
   // tile) suffices, else statically partitioned into contiguous runs of tiles, one per thread.
+  // Tiles are rounded up to a multiple of `granule` elements (8-bit moments: whole blocks).
   template <typename Fn>
-  void for_each_tile(std::int64_t n, const Fn& fn) {
-    const std::int64_t tile = options.tile_elems;
+  void for_each_tile(std::int64_t n, std::int64_t granule, const Fn& fn) {
+    const std::int64_t tile = (options.tile_elems + granule - 1) / granule * granule;
     const std::int64_t num_tiles = (n + tile - 1) / tile;
     if (threads == 1 || num_tiles <= 1) {
       for (std::int64_t t = 0; t < num_tiles; ++t) fn(t * tile, std::min(n, (t + 1) * tile));
@@ -181,9 +194,11 @@ struct CpuAdam::Impl {
                  : nullptr;
     };
     const bool half_master = a.master_dtype == DType::kBF16;
+    const bool kahan = half_master && a.master_rounding == device::MasterRounding::kKahan;
     const bool half_state = a.state_dtype == DType::kBF16;
-    if (!half_master && !half_state) {
-      for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
+    const bool q8 = a.state_dtype == device::kAdam8StateDType;
+    if (!half_master && !half_state && !q8) {
+      for_each_tile(a.n, 1, [&](std::int64_t b, std::int64_t e) {
         kernel(AdamTile{static_cast<float*>(a.param) + b, grad_at(b),
                         static_cast<float*>(a.exp_avg) + b, static_cast<float*>(a.exp_avg_sq) + b,
                         out_at(b), e - b, static_cast<const float*>(p_in) + b,
@@ -191,7 +206,12 @@ struct CpuAdam::Impl {
       });
       return;
     }
-    for_each_tile(a.n, [&](std::int64_t b, std::int64_t e) {
+    const void* comp_in = out_of_place ? a.param_comp_in : a.param_comp;
+    const float* m_scale_in = out_of_place ? a.exp_avg_scale_in : a.exp_avg_scale;
+    const float* v_scale_in = out_of_place ? a.exp_avg_sq_scale_in : a.exp_avg_sq_scale;
+    // 8-bit moments: tiles and chunks of whole blocks (kStateChunk is a multiple of one).
+    static_assert(kStateChunk % device::kAdam8BlockElems == 0);
+    for_each_tile(a.n, q8 ? device::kAdam8BlockElems : 1, [&](std::int64_t b, std::int64_t e) {
       alignas(64) float p[kStateChunk], m[kStateChunk], v[kStateChunk];
       for (std::int64_t c = b; c < e; c += kStateChunk) {
         const std::int64_t len = std::min(kStateChunk, e - c);
@@ -199,6 +219,7 @@ struct CpuAdam::Impl {
         const float* pp_in = static_cast<const float*>(p_in) + c;
         if (half_master) {
           convert->bf16_to_f32(static_cast<const std::uint16_t*>(p_in) + c, p, len);
+          if (kahan) add_compensation(static_cast<const bf16*>(comp_in) + c, p, len);
           pp = p;
           pp_in = p;
         }
@@ -209,6 +230,15 @@ struct CpuAdam::Impl {
         if (half_state) {
           convert->bf16_to_f32(static_cast<const std::uint16_t*>(m_in) + c, m, len);
           convert->bf16_to_f32(static_cast<const std::uint16_t*>(v_in) + c, v, len);
+        } else if (q8) {
+          for_each_block(c, len, [&](std::int64_t at, std::int64_t block, std::int64_t n) {
+            device::adam8_dequantize_m(static_cast<const std::uint8_t*>(m_in) + at,
+                                       m_scale_in[block], n, m + (at - c));
+            device::adam8_dequantize_v(static_cast<const std::uint8_t*>(v_in) + at,
+                                       v_scale_in[block], n, v + (at - c));
+          });
+        }
+        if (half_state || q8) {
           mm = m;
           mm_in = m;
           vv = v;
@@ -219,21 +249,51 @@ struct CpuAdam::Impl {
         if (half_state) {
           convert->f32_to_bf16(m, static_cast<std::uint16_t*>(a.exp_avg) + c, len);
           convert->f32_to_bf16(v, static_cast<std::uint16_t*>(a.exp_avg_sq) + c, len);
+        } else if (q8) {
+          for_each_block(c, len, [&](std::int64_t at, std::int64_t block, std::int64_t n) {
+            device::adam8_quantize_m(m + (at - c), n, static_cast<std::uint8_t*>(a.exp_avg) + at,
+                                     a.exp_avg_scale + block);
+            device::adam8_quantize_v(v + (at - c), n, static_cast<std::uint8_t*>(a.exp_avg_sq) + at,
+                                     a.exp_avg_sq_scale + block);
+          });
         }
         if (half_master) store_master(a, c, len, p);
       }
     });
   }
-  // Stores `len` updated master weights from p (a chunk at element c) by stochastic rounding,
+  // fn(first element, block index, elements) for each 8-bit block of [c, c + len) (c on a block
+  // boundary of the span).
+  template <typename Fn>
+  static void for_each_block(std::int64_t c, std::int64_t len, const Fn& fn) {
+    for (std::int64_t at = c; at < c + len; at += device::kAdam8BlockElems) {
+      fn(at, at / device::kAdam8BlockElems, std::min(device::kAdam8BlockElems, c + len - at));
+    }
+  }
+  // Kahan master weights: p[j] += the compensation (each weight is the pair's f32 sum).
+  static void add_compensation(const bf16* comp, float* p, std::int64_t len) {
+    for (std::int64_t j = 0; j < len; ++j) p[j] += bf16_to_f32(comp[j]);
+  }
+  // Stores `len` updated master weights from p (a chunk at element c) as master_rounding says,
   // leaving p the values stored, and writes the copy from them.
   void store_master(const device::AdamWArgs& a, std::int64_t c, std::int64_t len, float* p) const {
     auto* dst = static_cast<bf16*>(a.param) + c;
-    const std::uint64_t first = a.element_offset + static_cast<std::uint64_t>(c);
-    for (std::int64_t j = 0; j < len; ++j) {
-      const auto r = static_cast<std::uint32_t>(
-          splitmix64_at(a.rounding_seed, first + static_cast<std::uint64_t>(j)));
-      dst[j] = f32_to_bf16_stochastic(p[j], r);
-      p[j] = bf16_to_f32(dst[j]);
+    if (a.master_rounding == device::MasterRounding::kKahan) {
+      // Rounded to nearest, and what that dropped rounded toward zero (truncated), both bf16.
+      convert->f32_to_bf16(p, reinterpret_cast<std::uint16_t*>(dst), len);
+      auto* comp = static_cast<bf16*>(a.param_comp) + c;
+      for (std::int64_t j = 0; j < len; ++j) {
+        const float hi = bf16_to_f32(dst[j]);
+        comp[j] = f32_to_bf16_toward_zero(p[j] - hi);
+        p[j] = hi + bf16_to_f32(comp[j]);
+      }
+    } else {
+      const std::uint64_t first = a.element_offset + static_cast<std::uint64_t>(c);
+      for (std::int64_t j = 0; j < len; ++j) {
+        const auto r = static_cast<std::uint32_t>(
+            splitmix64_at(a.rounding_seed, first + static_cast<std::uint64_t>(j)));
+        dst[j] = f32_to_bf16_stochastic(p[j], r);
+        p[j] = bf16_to_f32(dst[j]);
+      }
     }
     if (a.param_out == nullptr) return;
     const auto at = static_cast<std::size_t>(c);
@@ -242,7 +302,11 @@ struct CpuAdam::Impl {
         std::copy(p, p + len, static_cast<float*>(a.param_out) + at);
         break;
       case DType::kBF16:
-        std::copy(dst, dst + len, static_cast<bf16*>(a.param_out) + at);
+        if (a.master_rounding == device::MasterRounding::kKahan) {
+          convert->f32_to_bf16(p, static_cast<std::uint16_t*>(a.param_out) + at, len);
+        } else {
+          std::copy(dst, dst + len, static_cast<bf16*>(a.param_out) + at);
+        }
         break;
       default:
         convert->f32_to_f16(p, static_cast<std::uint16_t*>(a.param_out) + at, len);
@@ -477,7 +541,7 @@ bool CpuAdam::all_finite(const void* grad, DType grad_dtype, std::int64_t n) {
   const detail::FiniteKernel kernel = impl_->kernels.all_finite[grad_kind(grad_dtype)];
   const std::size_t size = dtype_size(grad_dtype);
   std::atomic<bool> bad{false};
-  impl_->for_each_tile(n, [&](std::int64_t b, std::int64_t e) {
+  impl_->for_each_tile(n, 1, [&](std::int64_t b, std::int64_t e) {
     if (bad.load(std::memory_order_relaxed)) return;
     const auto* p = static_cast<const std::byte*>(grad) + static_cast<std::size_t>(b) * size;
     if (!kernel(p, e - b)) bad.store(true, std::memory_order_relaxed);

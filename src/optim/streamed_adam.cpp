@@ -20,16 +20,27 @@ constexpr std::int64_t kAlignElems = static_cast<std::int64_t>(io::kIoAlignBytes
 constexpr int kStateArrays = 3;  // master, exp_avg, exp_avg_sq: read and written back
 constexpr int kGradArray = 3;    // the gradient, when streamed: read only
 constexpr int kMaxArrays = 4;
-const char* const kArrayNames[kMaxArrays] = {"master weights", "exp_avg", "exp_avg_sq",
-                                             "gradients"};
+// A transfer's handle: plane 0 of array k at [k], the state arrays' second planes at
+// [kMaxArrays + k].
+constexpr int kMaxTransfers = kMaxArrays + kStateArrays;
+const char* const kTransferNames[kMaxTransfers] = {"master weights",
+                                                   "exp_avg",
+                                                   "exp_avg_sq",
+                                                   "gradients",
+                                                   "master weights' compensation",
+                                                   "exp_avg's block scales",
+                                                   "exp_avg_sq's block scales"};
 
 int arrays_for(const StreamedAdamOptions& o) { return o.stream_grads ? kMaxArrays : kStateArrays; }
 
 std::int64_t round_up(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
 
 std::int64_t sub_group_elems_for(const StreamedAdamOptions& o) {
-  std::int64_t sub = round_up(std::max<std::int64_t>(o.sub_group_size, 1), kAlignElems);
-  if (o.max_segment_elems > 0) sub = std::min(sub, round_up(o.max_segment_elems, kAlignElems));
+  // Powers of two: the largest is a multiple of the others.
+  const std::int64_t align =
+      std::max({kAlignElems, o.master_layout.align_elems(), o.moment_layout.align_elems()});
+  std::int64_t sub = round_up(std::max<std::int64_t>(o.sub_group_size, 1), align);
+  if (o.max_segment_elems > 0) sub = std::min(sub, round_up(o.max_segment_elems, align));
   return sub;
 }
 
@@ -65,6 +76,12 @@ Result<StreamedAdam> StreamedAdam::create(CpuAdam& adam, const StreamedAdamOptio
     return invalid_argument("sub_group_size " + std::to_string(options.sub_group_size) +
                             " must be a positive number of elements");
   }
+  const std::int64_t sub = sub_group_elems_for(options);
+  const auto slot_bytes = static_cast<std::uint64_t>(sub) * sizeof(float);
+  if (options.master_layout.bytes(sub) > slot_bytes ||
+      options.moment_layout.bytes(sub) > slot_bytes) {
+    return invalid_argument("StreamedAdam: optimizer state of more than 4 bytes an element");
+  }
   if (options.num_buffers < 2) {
     return invalid_argument("StreamedAdam num_buffers " + std::to_string(options.num_buffers) +
                             " must be at least 2 (3 overlaps read, update and write-back)");
@@ -87,6 +104,13 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
                                               const SegmentBegin& on_segment_begin,
                                               const SegmentReady& on_segment_ready) {
   StreamedStepReport report;
+  const auto same = [](const StateLayout& a, const StateLayout& b) {
+    return a.elem_bytes == b.elem_bytes && a.aux_bytes == b.aux_bytes && a.aux_elems == b.aux_elems;
+  };
+  STRATA_CHECK(
+      same(options_.master_layout, master_layout(hyper.master_dtype, hyper.master_rounding)) &&
+          same(options_.moment_layout, moment_layout(hyper.state_dtype)),
+      "StreamedAdam: the step's master and state dtypes are not the layouts it was made for");
   STRATA_CHECK(!(on_segment_ready && options_.check_finite),
                "StreamedAdam: gradients supplied when ready cannot be scanned before the step");
   // Each segment's gradient: as given, or from on_segment_ready before its first read.
@@ -119,7 +143,7 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
 
   const auto nb = static_cast<std::size_t>(options_.num_buffers);
   const std::size_t lookahead = std::max<std::size_t>(1, nb - 2);
-  std::vector<std::array<io::IoHandle, kMaxArrays>> reads(nb), writes(nb);
+  std::vector<std::array<io::IoHandle, kMaxTransfers>> reads(nb), writes(nb);
   // Waits for one transfer of sub-group `sub`; an error names where it happened.
   auto wait_one = [&](io::IoHandle& h, std::size_t sub, int k, bool is_read) -> Status {
     if (!h.valid()) return Status::ok();
@@ -130,17 +154,17 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     if (st.is_ok()) return st;
     const SubGroup& sg = plan[sub];
     const StreamedSegment& seg = segments[sg.segment];
-    return st.with_context(std::string(is_read ? "reading " : "writing ") + kArrayNames[k] +
+    return st.with_context(std::string(is_read ? "reading " : "writing ") + kTransferNames[k] +
                            " of '" + std::string(seg.name) + "' (elements " +
                            std::to_string(sg.begin) + ".." + std::to_string(sg.begin + sg.count) +
                            " of " + std::to_string(seg.num_elems) + ") " +
                            (is_read ? "from" : "to") + " NVMe");
   };
   // Every transfer of the slot that sub-group `sub` occupies; the first error wins.
-  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kMaxArrays>>& handles, std::size_t sub,
-                       bool is_read) -> Status {
+  auto wait_slot = [&](std::vector<std::array<io::IoHandle, kMaxTransfers>>& handles,
+                       std::size_t sub, bool is_read) -> Status {
     Status first;
-    for (int k = 0; k < kMaxArrays; ++k) {
+    for (int k = 0; k < kMaxTransfers; ++k) {
       Status st = wait_one(handles[sub % nb][static_cast<std::size_t>(k)], sub, k, is_read);
       if (!st.is_ok() && first.is_ok()) first = st;
     }
@@ -167,19 +191,29 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
     if (sg.count == 0) return Status::ok();
     (is_read ? read_owner : write_owner)[sub % nb] = sub;
     for (int k = 0; k < kStateArrays; ++k) {
-      // The master weights of the step's master dtype, the moments of its state dtype.
-      const auto esize =
-          static_cast<std::int64_t>(dtype_size(k == 0 ? hyper.master_dtype : hyper.state_dtype));
-      const auto offset = static_cast<std::uint64_t>(sg.begin * esize);
-      const auto bytes = static_cast<std::size_t>(round_up(sg.count * esize, io::kIoAlignBytes));
-      io::IoHandle& h = (is_read ? reads : writes)[sub % nb][static_cast<std::size_t>(k)];
+      // The master weights as master_layout says, the moments as moment_layout says.
+      const StateLayout& l = k == 0 ? options_.master_layout : options_.moment_layout;
+      auto& handles = (is_read ? reads : writes)[sub % nb];
       const auto array = static_cast<StreamedArray>(k);
-      if (is_read) {
-        h = storage.read(sg.segment, array, offset, slot(sub, k), bytes);
-        report.bytes_read += bytes;
-      } else {
-        h = storage.write(sg.segment, array, offset, slot(sub, k), bytes);
-        report.bytes_written += bytes;
+      const auto move = [&](io::IoHandle& h, std::uint64_t offset, std::byte* at,
+                            std::uint64_t raw) {
+        const auto bytes =
+            static_cast<std::size_t>(round_up(static_cast<std::int64_t>(raw), io::kIoAlignBytes));
+        if (is_read) {
+          h = storage.read(sg.segment, array, offset, at, bytes);
+          report.bytes_read += bytes;
+        } else {
+          h = storage.write(sg.segment, array, offset, at, bytes);
+          report.bytes_written += bytes;
+        }
+      };
+      auto* at = reinterpret_cast<std::byte*>(slot(sub, k));
+      move(handles[static_cast<std::size_t>(k)], l.plane_bytes(sg.begin), at,
+           l.plane_bytes(sg.count));
+      if (l.has_aux()) {
+        move(handles[static_cast<std::size_t>(kMaxArrays + k)],
+             l.aux_offset(seg.num_elems) + l.aux_plane_bytes(sg.begin),
+             at + l.aux_offset(sub_group_elems_), l.aux_plane_bytes(sg.count));
       }
     }
     if (is_read && grads[sg.segment].streamed) {
@@ -233,6 +267,8 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
       a.param = slot(i, 0);
       a.exp_avg = slot(i, 1);
       a.exp_avg_sq = slot(i, 2);
+      // The slots' second planes lie where a sub-group's would (its first elements' units).
+      attach_aux_planes(a, sub_group_elems_, a.param, a.exp_avg, a.exp_avg_sq);
       a.grad = grads[sg.segment].streamed
                    ? static_cast<const void*>(slot(i, kGradArray))
                    : static_cast<const std::byte*>(grads[sg.segment].grad) +

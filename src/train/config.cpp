@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "strata/device/adam8bit.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/zero/plan.h"
 
@@ -50,6 +51,8 @@ std::string_view precision_name(DType precision) {
       return "bf16";
     case DType::kF16:
       return "fp16";
+    case device::kAdam8StateDType:
+      return "int8";  // optimizer.state_dtype's block-wise 8-bit moments
     default:
       return "fp32";
   }
@@ -283,12 +286,15 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       orr.read("weight_decay", &c.optimizer.weight_decay, 0.0);
       {
         std::string state = "fp32", master = "fp32", rounding = "stochastic";
-        orr.read_choice("state_dtype", &state, {"fp32", "bf16"});
-        c.optimizer.state_dtype = state == "bf16" ? DType::kBF16 : DType::kF32;
+        orr.read_choice("state_dtype", &state, {"fp32", "bf16", "int8"});
+        c.optimizer.state_dtype = state == "bf16"   ? DType::kBF16
+                                  : state == "int8" ? device::kAdam8StateDType
+                                                    : DType::kF32;
         orr.read_choice("master_dtype", &master, {"fp32", "bf16"});
         c.optimizer.master_dtype = master == "bf16" ? DType::kBF16 : DType::kF32;
-        // bf16 master weights round stochastically; Kahan compensation is not built yet.
-        orr.read_choice("master_rounding", &rounding, {"stochastic"});
+        orr.read_choice("master_rounding", &rounding, {"stochastic", "kahan"});
+        c.optimizer.master_rounding = rounding == "kahan" ? device::MasterRounding::kKahan
+                                                          : device::MasterRounding::kStochastic;
         if (orr.has("master_rounding") && master != "bf16") {
           orr.error("master_rounding", "applies to master_dtype \"bf16\" only");
         }
@@ -628,7 +634,7 @@ Json finetune_json(const FinetuneConfig& f) {
 }  // namespace
 
 Json TrainConfig::to_json() const {
-  return Json{
+  Json j{
       {"model", model_path.empty() ? model.to_json() : Json(model_path)},
       {"seed", seed},
       {"data", {{"path", data.path}, {"format", token_format_name(data.format)}}},
@@ -710,6 +716,11 @@ Json TrainConfig::to_json() const {
       {"log_every", log_every},
       {"finetune", finetune_json(finetune)},
   };
+  if (optimizer.master_dtype == DType::kBF16) {  // the key applies to bf16 master weights only
+    j["optimizer"]["master_rounding"] =
+        optimizer.master_rounding == device::MasterRounding::kKahan ? "kahan" : "stochastic";
+  }
+  return j;
 }
 
 }  // namespace strata::train

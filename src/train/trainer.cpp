@@ -15,6 +15,7 @@
 #include "strata/core/logging.h"
 #include "strata/core/rng.h"
 #include "strata/core/token_files.h"
+#include "strata/device/adam8bit.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
@@ -395,6 +396,12 @@ Status Trainer::Impl::setup() {
         "'optimizer.master_dtype': \"bf16\" master weights step on the host, but the optimizer "
         "is on the GPU; set offload_optimizer \"cpu\" or \"nvme\"");
   }
+  if (config.optimizer.state_dtype == device::kAdam8StateDType && !device->host_addressable() &&
+      planned.plan.optimizer == Tier::kDevice) {
+    return invalid_argument(
+        "'optimizer.state_dtype': \"int8\" moments step on the host, but the optimizer is on "
+        "the GPU; set offload_optimizer \"cpu\" or \"nvme\"");
+  }
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
                                            swap.get(), *grid, zopts, sopts, &planned.plan));
@@ -434,7 +441,7 @@ Status Trainer::Impl::setup() {
                                .with_context("resuming from " + ckpt));
     step = st.step;
     // Checkpoints hold the moments in fp32 whatever the run kept: a change of state_dtype
-    // converts them (widening exactly, or rounding to nearest).
+    // converts them (widening exactly, rounding to nearest, or quantizing to 8 bits).
     const std::string saved_state =
         st.config.contains("optimizer") && st.config["optimizer"].contains("state_dtype")
             ? st.config["optimizer"]["state_dtype"].get<std::string>()
@@ -442,7 +449,10 @@ Status Trainer::Impl::setup() {
     const std::string state(precision_name(config.optimizer.state_dtype));
     if (saved_state != state) {
       log_info("the checkpoint's Adam moments were kept in " + saved_state + "; they continue in " +
-               state + (state == "bf16" ? " (rounded to nearest)" : " (widened exactly)"));
+               state +
+               (state == "bf16"   ? " (rounded to nearest)"
+                : state == "int8" ? " (quantized to 8 bits in blocks of 256)"
+                                  : " (widened exactly)"));
     }
     if (scaler && st.loss_scaler) {
       STRATA_RETURN_IF_ERROR(

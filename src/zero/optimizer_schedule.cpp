@@ -19,6 +19,8 @@ Result<std::unique_ptr<OptimizerSchedule>> OptimizerSchedule::create(ShardStore&
   oo.sub_group_size = options.sub_group_size;
   oo.max_group_elems = shards.max_group_elems();
   oo.stream_grads = plan.gradients == Tier::kNvme;
+  oo.master_layout = optim::master_layout(options.adam.master_dtype, options.adam.master_rounding);
+  oo.moment_layout = optim::moment_layout(options.adam.state_dtype);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerStep> optimizer,
                           make_optimizer_step(plan.optimizer, device, shards.store(), oo));
   std::unique_ptr<OptimizerSchedule> s(

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "strata/core/rng.h"
+#include "strata/optim/state_layout.h"
 #include "strata/optim/streamed_adam.h"
 
 namespace strata::zero {
@@ -80,10 +81,12 @@ class InPlaceStep final : public OptimizerStep {
       a.param = ptr[0];
       a.exp_avg = ptr[1];
       a.exp_avg_sq = ptr[2];
+      optim::attach_aux_planes(a, g.num_elems, ptr[0], ptr[1], ptr[2]);
       if (shadowed) {
         a.param_in = src[0];
         a.exp_avg_in = src[1];
         a.exp_avg_sq_in = src[2];
+        optim::attach_aux_planes_in(a, g.num_elems, src[0], src[1], src[2]);
       }
       a.grad = *grad;
       a.grad_dtype = io.grad_dtype;
@@ -130,6 +133,8 @@ class StreamedStep final : public OptimizerStep, private optim::SegmentStorage {
     so.max_segment_elems = options.max_group_elems;
     so.check_finite = false;  // the trainer skips steps whose gradient norm is not finite
     so.stream_grads = stream_grads_;
+    so.master_layout = options.master_layout;
+    so.moment_layout = options.moment_layout;
     STRATA_ASSIGN_OR_RETURN(optim::StreamedAdam streamed,
                             optim::StreamedAdam::create(cpu_adam_, so, store_.range_staging()));
     streamed_.emplace(std::move(streamed));

@@ -2,6 +2,7 @@
 #include "strata/zero/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "strata/io/swap.h"
 #include "strata/mem/host_memory.h"
 #include "strata/mem/tiered_store.h"
+#include "strata/optim/state_layout.h"
 #include "strata/optim/streamed_adam.h"
 
 namespace strata::zero {
@@ -103,6 +105,7 @@ std::string MemoryPlan::describe() const {
     s += "  checkpointed activations wait for the backward on " +
          std::string(tier_name(checkpoints)) + "\n";
   }
+  if (!state_note.empty()) s += "  optimizer state: " + state_note + "\n";
   s += "  optimizer step overlaps: " + std::string(optimizer_overlap_name(overlap)) +
        (shadow_state ? " (shadow optimizer state)" : "") +
        (measure_overlap ? ", or none while that measures faster" : "") +
@@ -549,6 +552,29 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
 namespace {
 
 // The plan of the share `layout` by itself: placements, homes, buffers in flight, caches.
+// "12 bytes a parameter: master weights fp32 4 + moments fp32 2 x 4", as the layouts store it.
+std::string state_note(const PlanOptions& o, const optim::StateLayout& master,
+                       const optim::StateLayout& moment) {
+  const auto num = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, b == static_cast<double>(static_cast<int>(b)) ? "%.0f" : "%.2f",
+                  b);
+    return std::string(buf);
+  };
+  const bool kahan =
+      o.master_dtype == DType::kBF16 && o.master_rounding == device::MasterRounding::kKahan;
+  const std::string master_what = o.master_dtype == DType::kF32 ? "fp32"
+                                  : kahan                       ? "bf16 + Kahan compensation bf16"
+                                                                : "bf16, stochastic rounding";
+  const std::string moment_what = o.state_dtype == DType::kF32    ? "fp32"
+                                  : o.state_dtype == DType::kBF16 ? "bf16"
+                                                                  : "int8 + block scales";
+  return num(master.bytes_per_elem() + 2 * moment.bytes_per_elem()) +
+         " bytes a trained parameter: master weights " + master_what + " " +
+         num(master.bytes_per_elem()) + " + moments " + moment_what + " 2 x " +
+         num(moment.bytes_per_elem());
+}
+
 Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOptions& o) {
   const bool trains = std::any_of(layout.groups().begin(), layout.groups().end(),
                                   [](const model::ParamGroup& g) { return !g.frozen; });
@@ -562,6 +588,8 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     return invalid_argument("offload to nvme needs swap_paths (one or more directories)");
   }
   const std::uint64_t dsize = dtype_size(o.compute_dtype);
+  const optim::StateLayout master_layout = optim::master_layout(o.master_dtype, o.master_rounding);
+  const optim::StateLayout moment_layout = optim::moment_layout(o.state_dtype);
   Sizes z;
   for (const auto& g : layout.groups()) {
     const auto n = static_cast<std::uint64_t>(g.num_elems);
@@ -586,15 +614,16 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     z.max_grad_io = std::max(z.max_grad_io, align_up(n * dsize, io::kIoAlignBytes));
     z.f32 += n * 4;
     z.f32_io += align_up(n * 4, io::kIoAlignBytes);
-    z.moment += n * dtype_size(o.state_dtype);
-    z.master += n * dtype_size(o.master_dtype);
-    z.master_io += align_up(n * dtype_size(o.master_dtype), io::kIoAlignBytes);
-    z.moment_io += align_up(n * dtype_size(o.state_dtype), io::kIoAlignBytes);
+    z.moment += moment_layout.bytes(g.num_elems);
+    z.master += master_layout.bytes(g.num_elems);
+    z.master_io += align_up(master_layout.bytes(g.num_elems), io::kIoAlignBytes);
+    z.moment_io += align_up(moment_layout.bytes(g.num_elems), io::kIoAlignBytes);
     z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
     z.max_elems = std::max(z.max_elems, g.num_elems);
   }
 
   MemoryPlan plan;
+  plan.state_note = state_note(o, master_layout, moment_layout);
   plan.params = o.params;
   plan.optimizer = o.optimizer;
   plan.checkpoints = o.checkpoint_home;
@@ -619,6 +648,8 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
       so.sub_group_size = o.sub_group_size;
       so.max_segment_elems = z.max_elems;
       so.stream_grads = gradients == Tier::kNvme;
+      so.master_layout = master_layout;
+      so.moment_layout = moment_layout;
       plan.optimizer_staging_bytes = optim::StreamedAdam::staging_bytes_for(so);
     }
     count_bytes(z, o, plan);

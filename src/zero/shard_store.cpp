@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "strata/core/clock.h"
+#include "strata/device/adam8bit.h"
 #include "strata/device/nf4.h"
 
 namespace strata::zero {
@@ -19,8 +20,8 @@ struct ShardStore::Group {
   std::int64_t dup_begin = 0;
   std::size_t work_bytes = 0;  // model::working_bytes: n * compute dtype size unless quantized
   std::size_t f32_bytes = 0;
-  std::size_t moment_bytes = 0;              // one moment's: n x the state dtype's size
-  std::size_t master_bytes = 0;              // the master weights': n x the master dtype's size
+  std::size_t moment_bytes = 0;              // one moment's, as optim::moment_layout says
+  std::size_t master_bytes = 0;              // the master weights', as optim::master_layout says
   mem::Handle work = mem::Handle::kInvalid;  // the working copy, in the compute dtype
   mem::Handle master = mem::Handle::kInvalid;
   mem::Handle exp_avg = mem::Handle::kInvalid;
@@ -51,6 +52,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.compute_dtype = options.compute_dtype;
   po.state_dtype = options.adam.state_dtype;
   po.master_dtype = options.adam.master_dtype;
+  po.master_rounding = options.adam.master_rounding;
   po.accumulation_steps = options.accumulation_steps;
   po.device_budget_bytes = device_budget_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
@@ -99,7 +101,13 @@ RankStats RankStats::since(const RankStats& before) const {
 
 ShardStore::ShardStore(const model::ParamLayout& layout, device::Device& device,
                        io::SwapSpace* swap, const ShardOptions& options, const MemoryPlan& plan)
-    : layout_(layout), device_(device), swap_(swap), options_(options), plan_(plan) {}
+    : layout_(layout),
+      device_(device),
+      swap_(swap),
+      options_(options),
+      plan_(plan),
+      master_layout_(optim::master_layout(options.adam.master_dtype, options.adam.master_rounding)),
+      moment_layout_(optim::moment_layout(options.adam.state_dtype)) {}
 
 ShardStore::~ShardStore() {
   if (store_) store_->drain();  // the store owns every buffer; its transfers end first
@@ -185,8 +193,8 @@ Status ShardStore::create_store() {
     g->dup_begin = spec.duplicate_begin < 0 ? spec.num_elems : spec.duplicate_begin;
     g->work_bytes = model::working_bytes(spec, options_.compute_dtype);
     g->f32_bytes = static_cast<std::size_t>(g->n) * sizeof(float);
-    g->moment_bytes = static_cast<std::size_t>(g->n) * dtype_size(options_.adam.state_dtype);
-    g->master_bytes = static_cast<std::size_t>(g->n) * dtype_size(options_.adam.master_dtype);
+    g->moment_bytes = moment_layout_.bytes(g->n);
+    g->master_bytes = master_layout_.bytes(g->n);
     const std::string& name = spec.name;
     // A group another pipeline stage holds has no elements here, and no tensors: nothing asks
     // for them, and the loops over every group pass it by.
@@ -657,8 +665,51 @@ Status ShardStore::restore_working_copies(const std::vector<bool>& groups) {
 const float* ShardStore::widened_master(const Group& g, const void* master) {
   if (options_.adam.master_dtype == DType::kF32) return static_cast<const float*>(master);
   wide_master_.resize(static_cast<std::size_t>(g.n));
-  host_arrays_->convert(master, options_.adam.master_dtype, wide_master_.data(), DType::kF32, g.n);
+  master_to_f32(master, wide_master_.data(), g.n);
   return wide_master_.data();
+}
+
+void ShardStore::master_to_f32(const void* stored, float* dst, std::int64_t n) {
+  host_arrays_->convert(stored, options_.adam.master_dtype, dst, DType::kF32, n);
+  if (!master_layout_.has_aux()) return;
+  // Kahan: each weight is the pair's f32 sum.
+  const auto* comp = reinterpret_cast<const bf16*>(static_cast<const std::byte*>(stored) +
+                                                   master_layout_.aux_offset(n));
+  for (std::int64_t i = 0; i < n; ++i) dst[i] += bf16_to_f32(comp[i]);
+}
+
+void ShardStore::master_from_f32(const float* src, void* stored, std::int64_t n) {
+  // bf16: rounded to nearest (a loaded or resumed weight; steps round as master_rounding says).
+  host_arrays_->convert(src, DType::kF32, stored, options_.adam.master_dtype, n);
+  if (!master_layout_.has_aux()) return;
+  // Kahan: what rounding dropped, rounded toward zero, so the pair sums back to src's split.
+  const auto* hi = static_cast<const bf16*>(stored);
+  auto* comp =
+      reinterpret_cast<bf16*>(static_cast<std::byte*>(stored) + master_layout_.aux_offset(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    comp[i] = f32_to_bf16_toward_zero(src[i] - bf16_to_f32(hi[i]));
+}
+
+void ShardStore::moment_to_f32(const void* stored, bool second, float* dst, std::int64_t n) {
+  const DType sd = options_.adam.state_dtype;
+  if (sd != device::kAdam8StateDType) {
+    host_arrays_->convert(stored, sd, dst, DType::kF32, n);
+    return;
+  }
+  const auto* codes = static_cast<const std::uint8_t*>(stored);
+  const auto* scales = reinterpret_cast<const float*>(codes + moment_layout_.aux_offset(n));
+  device::adam8_dequantize_array(codes, scales, n, second, dst);
+}
+
+void ShardStore::moment_from_f32(const float* src, bool second, void* stored, std::int64_t n) {
+  const DType sd = options_.adam.state_dtype;
+  if (sd != device::kAdam8StateDType) {
+    host_arrays_->convert(src, DType::kF32, stored, sd, n);
+    return;
+  }
+  auto* codes = static_cast<std::uint8_t*>(stored);
+  auto* scales = reinterpret_cast<float*>(codes + moment_layout_.aux_offset(n));
+  device::adam8_quantize_array(src, n, second, codes, scales);
 }
 
 Status ShardStore::write_working_copy(int group, const float* master) {
@@ -864,13 +915,11 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
     if (options_.adam.master_dtype == DType::kF32) {
       s = source(*g.spec, static_cast<float*>(master));
     } else {
-      // bf16 master weights: the source rounded to nearest; the working copy is made from the
-      // values stored, as every step's is.
+      // bf16 master weights: the source rounded to nearest (with Kahan, what that dropped kept
+      // beside); the working copy is made from the values stored, as every step's is.
       std::vector<float> wide(static_cast<std::size_t>(g.n));
       s = source(*g.spec, wide.data());
-      if (s.is_ok()) {
-        host_arrays_->convert(wide.data(), DType::kF32, master, options_.adam.master_dtype, g.n);
-      }
+      if (s.is_ok()) master_from_f32(wide.data(), master, g.n);
     }
     if (s.is_ok()) s = write_working_copy(static_cast<int>(gi), widened_master(g, master));
     store_->unpin(g.master, Tier::kHost);
@@ -895,9 +944,9 @@ Status ShardStore::read_master(int group, float* dst) {
   if (g.n == 0) return Status::ok();  // another stage's: nothing here
   if (!g.frozen()) {
     if (options_.adam.master_dtype == DType::kF32) return store_->read(g.master, dst);
-    std::vector<std::byte> half(g.master_bytes);
-    STRATA_RETURN_IF_ERROR(store_->read(g.master, half.data()));
-    host_arrays_->convert(half.data(), options_.adam.master_dtype, dst, DType::kF32, g.n);
+    std::vector<std::byte> stored(g.master_bytes);
+    STRATA_RETURN_IF_ERROR(store_->read(g.master, stored.data()));
+    master_to_f32(stored.data(), dst, g.n);
     return Status::ok();
   }
   // A frozen group's weights are its working copy, widened (NF4 tensors decoded).
@@ -931,13 +980,12 @@ Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
     STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
     return store_->read(g.exp_avg_sq, exp_avg_sq);
   }
-  // Compact moments: read in their dtype, widened (exactly) for the caller.
-  std::vector<std::byte> half(g.moment_bytes);
-  const DType sd = options_.adam.state_dtype;
-  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, half.data()));
-  host_arrays_->convert(half.data(), sd, exp_avg, DType::kF32, g.n);
-  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg_sq, half.data()));
-  host_arrays_->convert(half.data(), sd, exp_avg_sq, DType::kF32, g.n);
+  // Compact moments: read as stored, widened (exactly: 8-bit ones decoded) for the caller.
+  std::vector<std::byte> stored(g.moment_bytes);
+  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, stored.data()));
+  moment_to_f32(stored.data(), false, exp_avg, g.n);
+  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg_sq, stored.data()));
+  moment_to_f32(stored.data(), true, exp_avg_sq, g.n);
   return Status::ok();
 }
 
@@ -948,13 +996,13 @@ Status ShardStore::write_moments(int group, const float* exp_avg, const float* e
     STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, exp_avg, g.f32_bytes));
     return store_->write(g.exp_avg_sq, exp_avg_sq, g.f32_bytes);
   }
-  // Compact moments: rounded to their dtype (nearest, ties to even).
-  std::vector<std::byte> half(g.moment_bytes);
-  const DType sd = options_.adam.state_dtype;
-  host_arrays_->convert(exp_avg, DType::kF32, half.data(), sd, g.n);
-  STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, half.data(), g.moment_bytes));
-  host_arrays_->convert(exp_avg_sq, DType::kF32, half.data(), sd, g.n);
-  return store_->write(g.exp_avg_sq, half.data(), g.moment_bytes);
+  // Compact moments: rounded to bf16 (nearest, ties to even) or quantized to 8 bits (a block's
+  // largest element exactly, so moments read from this store come back the same bytes).
+  std::vector<std::byte> stored(g.moment_bytes);
+  moment_from_f32(exp_avg, false, stored.data(), g.n);
+  STRATA_RETURN_IF_ERROR(store_->write(g.exp_avg, stored.data(), g.moment_bytes));
+  moment_from_f32(exp_avg_sq, true, stored.data(), g.n);
+  return store_->write(g.exp_avg_sq, stored.data(), g.moment_bytes);
 }
 
 }  // namespace strata::zero

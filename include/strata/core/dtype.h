@@ -44,6 +44,12 @@ inline bf16 f32_to_bf16_stochastic(float f, std::uint32_t random) {
   return bf16{static_cast<std::uint16_t>((u + (random & 0xffffu)) >> 16)};
 }
 
+// Rounds a finite f32 toward zero to bf16 (drops the low 16 bits): Kahan-compensated master
+// weights keep what rounding dropped this way, never more than it.
+inline bf16 f32_to_bf16_toward_zero(float f) {
+  return bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(f) >> 16)};
+}
+
 float f16_to_f32(f16 h);
 f16 f32_to_f16(float f);
 

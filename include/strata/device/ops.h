@@ -46,10 +46,26 @@ struct DecodeAttentionShape {
   std::int64_t window = 0;
 };
 
+// How bf16 master weights are kept accurate (optimizer.master_rounding).
+enum class MasterRounding : std::uint8_t {
+  // Each stored weight rounded stochastically: element i's random bits
+  // splitmix64_at(rounding_seed, element_offset + i), so the expected weight is the exact one.
+  kStochastic,
+  // Kahan-style compensation: a second bf16 array holds what rounding the weight dropped; the
+  // weight the step starts from is param + param_comp (summed in f32), the new weight w is
+  // stored as param = w rounded to nearest and param_comp = w - param rounded toward zero (so
+  // param + param_comp rounds back to param, and a checkpoint's f32 sum splits back into the
+  // same pair).
+  kKahan,
+};
+
 struct AdamWArgs {
   // One AdamW step over n elements, torch.optim.AdamW semantics; param is f32, the moments m/v
-  // of state_dtype: f32, or bf16 (read widened to f32, the step computed in f32 and the new
-  // moments rounded to nearest even when stored: the parameter's update uses them unrounded).
+  // of state_dtype: f32, bf16 (read widened to f32, the step computed in f32 and the new moments
+  // rounded to nearest even when stored: the parameter's update uses them unrounded), or
+  // kAdam8StateDType (block-wise 8-bit, device/adam8bit.h: bytes of code in exp_avg and
+  // exp_avg_sq, each block's f32 scale in exp_avg_scale and exp_avg_sq_scale, the blocks counted
+  // from the span's first element; also used unrounded by the update).
   // grad is of grad_dtype and multiplied by grad_scale first. If param_out is set, the updated
   // parameter is also written there as out_dtype (f32/bf16/f16).
   void* param = nullptr;  // of master_dtype
@@ -58,11 +74,15 @@ struct AdamWArgs {
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   DType state_dtype = DType::kF32;
-  // The master weights' storage: f32, or bf16 (optimizer.master_dtype): widened for the step and
-  // stored by stochastic rounding, element i's random bits splitmix64_at(rounding_seed,
-  // element_offset + i) (element_offset: the span's first element's place in its group, so a
-  // shard rounds as the whole would). param_out then converts the stored value. Host steps only.
+  float* exp_avg_scale = nullptr;  // 8-bit moments only
+  float* exp_avg_sq_scale = nullptr;
+  // The master weights' storage: f32, or bf16 (optimizer.master_dtype), widened for the step and
+  // stored as master_rounding says (element_offset: the span's first element's place in its
+  // group, so a shard rounds as the whole would); param_out then converts the value stored (with
+  // Kahan, param + param_comp). Host steps only.
   DType master_dtype = DType::kF32;
+  MasterRounding master_rounding = MasterRounding::kStochastic;
+  void* param_comp = nullptr;  // kKahan: bf16, n elements
   std::uint64_t rounding_seed = 0;
   std::uint64_t element_offset = 0;
   std::int64_t n = 0;
@@ -75,12 +95,16 @@ struct AdamWArgs {
   void* param_out = nullptr;
   DType out_dtype = DType::kBF16;
   // Out of place (the shadow optimizer state): when set, the step reads the parameters and
-  // moments from these and writes its results to param, exp_avg and exp_avg_sq, leaving the state
+  // moments from these (and the compensation and scales from the *_in beside them, where the
+  // storage has them) and writes its results to param, exp_avg and exp_avg_sq, leaving the state
   // before the step intact. All three or none. Host steps only (optim::CpuAdam,
   // adamw_reference and the CPU backend's op); the CUDA backend's op refuses them.
   const void* param_in = nullptr;
   const void* exp_avg_in = nullptr;
   const void* exp_avg_sq_in = nullptr;
+  const void* param_comp_in = nullptr;
+  const float* exp_avg_scale_in = nullptr;
+  const float* exp_avg_sq_scale_in = nullptr;
 };
 
 class Ops {

@@ -18,6 +18,7 @@ struct AdamWHyper {
   // The master weights' storage (optimizer.master_dtype): f32, or bf16 with stochastic rounding
   // (device::AdamWArgs), its random bits seeded from `seed`, the step and the group.
   DType master_dtype = DType::kF32;
+  device::MasterRounding master_rounding = device::MasterRounding::kStochastic;  // bf16 only
   std::uint64_t seed = 0;
 };
 

@@ -15,6 +15,7 @@
 #include "strata/device/ops.h"
 #include "strata/io/swap.h"
 #include "strata/optim/cpu_adam.h"
+#include "strata/optim/state_layout.h"
 
 namespace strata::optim {
 
@@ -73,6 +74,12 @@ struct StreamedAdamOptions {
   bool update = true;
   // Staging for gradients read from the storage (StreamedSegment::grad_streamed) beside the state.
   bool stream_grads = false;
+  // How the master weights and the moments lie in the storage (the step's master_dtype,
+  // master_rounding and state_dtype must match): a second plane (Kahan compensation, 8-bit
+  // block scales) is moved as a range of its own, and sub-groups are rounded up so that its
+  // ranges start on 4096-byte boundaries too (8-bit moments: 262,144 elements).
+  StateLayout master_layout{};
+  StateLayout moment_layout{};
 };
 
 struct StreamedStepReport {

@@ -17,6 +17,7 @@
 #include "strata/device/device.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
+#include "strata/optim/state_layout.h"
 #include "strata/tensor/tensor.h"
 
 namespace strata::zero {
@@ -73,6 +74,8 @@ struct OptimizerStepOptions {
   std::int64_t sub_group_size = 1 << 22;  // NVMe: elements per streamed sub-group
   std::int64_t max_group_elems = 0;       // NVMe: the largest group
   bool stream_grads = false;              // NVMe: the gradients live on NVMe too
+  optim::StateLayout master_layout{};     // NVMe: how the state lies in its homes
+  optim::StateLayout moment_layout{};
 };
 
 // The step for the optimizer's tier. For kNvme it streams through `store`'s range staging

@@ -12,6 +12,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
+#include "strata/device/ops.h"
 #include "strata/model/param_layout.h"
 #include "strata/tensor/tensor.h"
 #include "strata/zero/bucket.h"
@@ -96,8 +97,9 @@ struct PlanOptions {
   Tier params = Tier::kDevice;     // offload_param
   Tier optimizer = Tier::kDevice;  // offload_optimizer: master weights, moments, the step
   DType compute_dtype = DType::kF32;
-  DType state_dtype = DType::kF32;        // the Adam moments' (optimizer.state_dtype)
-  DType master_dtype = DType::kF32;       // the master weights' (optimizer.master_dtype)
+  DType state_dtype = DType::kF32;   // the Adam moments' (optimizer.state_dtype)
+  DType master_dtype = DType::kF32;  // the master weights' (optimizer.master_dtype)
+  device::MasterRounding master_rounding = device::MasterRounding::kStochastic;
   std::int64_t accumulation_steps = 1;    // micro-batches per optimizer step
   std::uint64_t device_budget_bytes = 0;  // 0 = no limit
   std::uint64_t host_budget_bytes = 0;    // 0 = no limit
@@ -144,6 +146,8 @@ struct MemoryPlan {
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
   bool measure_overlap = false;
   std::string overlap_note;
+  // The optimizer state's bytes a trained parameter, and what they are made of.
+  std::string state_note;
   // Peak bytes by tier and kind: homes in full, transient buffers at the most the plan lets be
   // in flight at once. What a run needs: the budgets are checked against these.
   std::array<std::array<std::uint64_t, kNumTensorKinds>, kNumTiers> bytes{};

@@ -29,6 +29,7 @@
 #include "strata/model/param_layout.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/cpu_adam.h"
+#include "strata/optim/state_layout.h"
 #include "strata/sched/prefetch_scheduler.h"
 #include "strata/zero/optimizer_step.h"
 #include "strata/zero/plan.h"
@@ -283,8 +284,16 @@ class ShardStore {
   io::SwapSpace* swap_;
   ShardOptions options_;
   MemoryPlan plan_;
+  optim::StateLayout master_layout_;  // how the master weights and moments lie in their tensors
+  optim::StateLayout moment_layout_;
   StepView* view_ = nullptr;
   std::vector<std::unique_ptr<Group>> groups_;
+  // Stored optimizer state <-> f32, as the layouts below say (exact widening; narrowing rounds
+  // to nearest, Kahan keeping what it dropped, 8-bit moments quantized by block).
+  void master_to_f32(const void* stored, float* dst, std::int64_t n);
+  void master_from_f32(const float* src, void* stored, std::int64_t n);
+  void moment_to_f32(const void* stored, bool second, float* dst, std::int64_t n);
+  void moment_from_f32(const float* src, bool second, void* stored, std::int64_t n);
   std::vector<float> wide_master_;                    // widened_master's scratch
   std::optional<device::HostArrays> host_arrays_;     // host-side accumulation and conversion
   mem::Handle widened_grad_ = mem::Handle::kInvalid;  // optimizer on the device: bf16 -> f32

@@ -258,6 +258,8 @@ class CudaOps final : public Ops {
     STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
     STRATA_CHECK(a.master_dtype == DType::kF32,
                  "bf16 master weights step on the host (offload_optimizer cpu or nvme)");
+    STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16,
+                 "8-bit moments step on the host (offload_optimizer cpu or nvme)");
     // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
     const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;

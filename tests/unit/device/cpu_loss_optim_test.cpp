@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "strata/device/adam8bit.h"
 #include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device {
@@ -353,6 +355,79 @@ TEST(CpuOpsTest, ReductionsIndependentOfThreadCount) {
     two->ops().sum_squares(dout.data(), rows * dim, dt, &sums[1]);
     EXPECT_EQ(sums[0], sums[1]);
   }
+}
+
+}  // namespace
+}  // namespace strata::device
+
+namespace strata::device {
+namespace {
+
+// 8-bit moments and Kahan master weights through the CPU backend's op, which splits the span over
+// threads on 256-element block boundaries: the scalar reference's bytes over the whole span.
+TEST(CpuOpsTest, AdamwCompactStatesSplitOnBlocksGiveTheReferencesBytes) {
+  auto dev = make_device();
+  const std::int64_t n = 70001;
+  const auto blocks = static_cast<std::size_t>(adam8_blocks(n));
+  Rng rng(45);
+  std::vector<float> p(static_cast<std::size_t>(n)), m(p.size()), v(p.size()), g(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    p[i] = static_cast<float>(rng.normal());
+    m[i] = static_cast<float>(rng.normal() * 1e-3);
+    v[i] = static_cast<float>(rng.uniform() * 1e-5);
+    g[i] = static_cast<float>(rng.normal() * 1e-2);
+  }
+  // The state: bf16 weights with their compensation, codes with their block scales.
+  std::vector<bf16> hi(p.size()), lo(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    hi[i] = f32_to_bf16(p[i]);
+    lo[i] = f32_to_bf16_toward_zero(p[i] - bf16_to_f32(hi[i]));
+  }
+  std::vector<std::uint8_t> mc(p.size()), vc(p.size());
+  std::vector<float> ms(blocks), vs(blocks);
+  adam8_quantize_array(m.data(), n, false, mc.data(), ms.data());
+  adam8_quantize_array(v.data(), n, true, vc.data(), vs.data());
+  auto rhi = hi, rlo = lo;
+  auto rmc = mc, rvc = vc;
+  auto rms = ms, rvs = vs;
+  std::vector<bf16> out(p.size()), rout(p.size());
+  AdamWArgs a;
+  a.n = n;
+  a.lr = 1e-3;
+  a.weight_decay = 0.1;
+  a.step = 5;
+  a.grad = g.data();
+  a.master_dtype = DType::kBF16;
+  a.master_rounding = MasterRounding::kKahan;
+  a.state_dtype = kAdam8StateDType;
+  a.out_dtype = DType::kBF16;
+  AdamWArgs r = a;
+  a.param = hi.data();
+  a.param_comp = lo.data();
+  a.exp_avg = mc.data();
+  a.exp_avg_sq = vc.data();
+  a.exp_avg_scale = ms.data();
+  a.exp_avg_sq_scale = vs.data();
+  a.param_out = out.data();
+  r.param = rhi.data();
+  r.param_comp = rlo.data();
+  r.exp_avg = rmc.data();
+  r.exp_avg_sq = rvc.data();
+  r.exp_avg_scale = rms.data();
+  r.exp_avg_sq_scale = rvs.data();
+  r.param_out = rout.data();
+  dev->ops().adamw(a);
+  adamw_reference(r);
+  const auto same = [](const auto& x, const auto& y) {
+    return std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  EXPECT_TRUE(same(hi, rhi)) << "master weights";
+  EXPECT_TRUE(same(lo, rlo)) << "compensation";
+  EXPECT_EQ(mc, rmc);
+  EXPECT_EQ(vc, rvc);
+  EXPECT_EQ(ms, rms);
+  EXPECT_EQ(vs, rvs);
+  EXPECT_TRUE(same(out, rout)) << "copy";
 }
 
 }  // namespace

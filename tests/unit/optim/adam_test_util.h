@@ -14,7 +14,9 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
+#include "strata/device/adam8bit.h"
 #include "strata/device/ops.h"
+#include "strata/optim/state_layout.h"
 
 namespace strata::optim::testing {
 
@@ -163,5 +165,91 @@ inline std::string compare_states(const AdamState& got, const AdamState& want) {
                       static_cast<std::int64_t>(got.grad.size()));
   return r;
 }
+
+// An AdamState's master weights and moments stored as a compact setting lays them out (each
+// array one buffer as optim::StateLayout says: bf16 master weights with their Kahan compensation
+// plane, 8-bit moments with their block scales), filled from the state's f32 values.
+struct PackedState {
+  DType master_dtype = DType::kF32;
+  device::MasterRounding rounding = device::MasterRounding::kStochastic;
+  DType state_dtype = DType::kF32;
+  std::int64_t n = 0;
+  std::vector<std::byte> master, exp_avg, exp_avg_sq;
+
+  PackedState(const AdamState& st, DType master_dtype_, device::MasterRounding rounding_,
+              DType state_dtype_)
+      : master_dtype(master_dtype_), rounding(rounding_), state_dtype(state_dtype_), n(st.n) {
+    const StateLayout ml = master_layout(master_dtype, rounding);
+    const StateLayout sl = moment_layout(state_dtype);
+    master.assign(ml.bytes(n) + 1, std::byte{0});
+    exp_avg.assign(sl.bytes(n) + 1, std::byte{0});
+    exp_avg_sq.assign(sl.bytes(n) + 1, std::byte{0});
+    const float* p = st.param.data() + st.offset;
+    if (master_dtype == DType::kF32) {
+      std::memcpy(master.data(), p, static_cast<std::size_t>(n) * 4);
+    } else {
+      auto* hi = reinterpret_cast<bf16*>(master.data());
+      for (std::int64_t i = 0; i < n; ++i) hi[i] = f32_to_bf16(p[i]);
+      if (ml.has_aux()) {
+        auto* lo = reinterpret_cast<bf16*>(master.data() + ml.aux_offset(n));
+        for (std::int64_t i = 0; i < n; ++i) {
+          lo[i] =
+              std::isfinite(p[i]) ? f32_to_bf16_toward_zero(p[i] - bf16_to_f32(hi[i])) : bf16{0};
+        }
+      }
+    }
+    pack_moment(st.exp_avg.data() + st.offset, false, exp_avg.data());
+    pack_moment(st.exp_avg_sq.data() + st.offset, true, exp_avg_sq.data());
+  }
+  void pack_moment(const float* x, bool second, std::byte* out) const {
+    const StateLayout sl = moment_layout(state_dtype);
+    std::vector<float> v(x, x + n);
+    if (second) {
+      for (float& e : v) e = std::abs(e);
+    }
+    if (state_dtype == DType::kF32) {
+      std::memcpy(out, v.data(), static_cast<std::size_t>(n) * 4);
+    } else if (state_dtype == DType::kBF16) {
+      auto* h = reinterpret_cast<bf16*>(out);
+      for (std::int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(v[static_cast<std::size_t>(i)]);
+    } else {
+      for (float& e : v) {  // the block quantizer wants finite moments, as Adam makes them
+        if (!std::isfinite(e)) e = 0;
+      }
+      device::adam8_quantize_array(v.data(), n, second, reinterpret_cast<std::uint8_t*>(out),
+                                   reinterpret_cast<float*>(out + sl.aux_offset(n)));
+    }
+  }
+  // The step's arguments over these buffers (`in`: read from them, out of place).
+  void point(device::AdamWArgs& a) {
+    a.master_dtype = master_dtype;
+    a.master_rounding = rounding;
+    a.state_dtype = state_dtype;
+    a.param = master.data();
+    a.exp_avg = exp_avg.data();
+    a.exp_avg_sq = exp_avg_sq.data();
+    attach_aux_planes(a, n, a.param, a.exp_avg, a.exp_avg_sq);
+  }
+  void point_in(device::AdamWArgs& a) const {
+    a.param_in = master.data();
+    a.exp_avg_in = exp_avg.data();
+    a.exp_avg_sq_in = exp_avg_sq.data();
+    attach_aux_planes_in(a, n, a.param_in, a.exp_avg_in, a.exp_avg_sq_in);
+  }
+  // Whether one array's stored bytes (its planes, not the padding between them) equal another's.
+  static bool same(const std::vector<std::byte>& a, const std::vector<std::byte>& b,
+                   const StateLayout& l, std::int64_t n) {
+    if (std::memcmp(a.data(), b.data(), l.plane_bytes(n)) != 0) return false;
+    return !l.has_aux() || std::memcmp(a.data() + l.aux_offset(n), b.data() + l.aux_offset(n),
+                                       l.aux_plane_bytes(n)) == 0;
+  }
+  bool same_master(const PackedState& o) const {
+    return same(master, o.master, master_layout(master_dtype, rounding), n);
+  }
+  bool same_moments(const PackedState& o) const {
+    const StateLayout l = moment_layout(state_dtype);
+    return same(exp_avg, o.exp_avg, l, n) && same(exp_avg_sq, o.exp_avg_sq, l, n);
+  }
+};
 
 }  // namespace strata::optim::testing

@@ -26,6 +26,7 @@ using testing::AdamState;
 using testing::compare_states;
 using testing::hyper;
 using testing::make_state;
+using testing::PackedState;
 
 struct PathCase {
   std::string simd;  // as given to CpuAdamOptions
@@ -308,6 +309,64 @@ TEST_P(CpuAdamPathTest, Bf16MasterWeightsRoundAsTheReferenceDoes) {
             EXPECT_EQ(std::memcmp(mf_got.data(), mf_ref.data(), size * 4), 0) << "exp_avg";
             EXPECT_EQ(std::memcmp(vf_got.data(), vf_ref.data(), size * 4), 0) << "exp_avg_sq";
           }
+        }
+      }
+    }
+  }
+}
+
+// Every compact setting (optimizer.state_dtype bf16 or int8, master_dtype bf16 with stochastic or
+// Kahan rounding, and their mixes) gives the reference's bytes: master weights and their
+// compensation, moments and their block scales, and the copy; in place and out of place, over
+// lengths off the 256-element blocks, the 2048-element chunks and the tiles.
+TEST_P(CpuAdamPathTest, CompactStatesGiveTheReferencesBytes) {
+  using device::MasterRounding;
+  const DType kInt8 = device::kAdam8StateDType;
+  struct Setting {
+    DType master;
+    MasterRounding rounding;
+    DType state;
+  };
+  const Setting settings[] = {
+      {DType::kF32, MasterRounding::kStochastic, kInt8},
+      {DType::kBF16, MasterRounding::kKahan, DType::kF32},
+      {DType::kBF16, MasterRounding::kKahan, DType::kBF16},
+      {DType::kBF16, MasterRounding::kKahan, kInt8},
+      {DType::kBF16, MasterRounding::kStochastic, kInt8},
+  };
+  std::uint64_t seed = 2100;
+  for (const Setting& set : settings) {
+    for (std::int64_t n : {1, 255, 257, 2049, 70001}) {
+      for (const DType out : {DType::kBF16, DType::kF32}) {
+        for (const bool out_of_place : {false, true}) {
+          SCOPED_TRACE("master " + std::string(dtype_name(set.master)) +
+                       (set.rounding == MasterRounding::kKahan ? " kahan" : "") + ", moments " +
+                       std::string(dtype_name(set.state)) + ", n=" + std::to_string(n) + ", copy " +
+                       std::string(dtype_name(out)) + (out_of_place ? ", out of place" : ""));
+          AdamState want = make_state(n, 0, DType::kBF16, out, true, ++seed);
+          AdamState got = want;
+          const PackedState start(want, set.master, set.rounding, set.state);
+          PackedState ref = start, mine = start;
+          device::AdamWArgs r = want.args(hyper(true, 0.5f, 3));
+          r.rounding_seed = 0xabc + static_cast<std::uint64_t>(n);
+          r.element_offset = 4096;
+          device::AdamWArgs a = r;
+          a.param_out = got.o();
+          ref.point(r);
+          device::adamw_reference(r);
+          mine.point(a);
+          if (out_of_place) {
+            start.point_in(a);
+            std::fill(mine.master.begin(), mine.master.end(), std::byte{0x5a});
+            std::fill(mine.exp_avg.begin(), mine.exp_avg.end(), std::byte{0x5a});
+            std::fill(mine.exp_avg_sq.begin(), mine.exp_avg_sq.end(), std::byte{0x5a});
+          }
+          ASSERT_EQ(adam_->step(a), StepOutcome::kUpdated);
+          EXPECT_TRUE(mine.same_master(ref)) << "master weights";
+          EXPECT_TRUE(mine.same_moments(ref)) << "moments";
+          EXPECT_EQ(std::memcmp(got.o(), want.o(), static_cast<std::size_t>(n) * dtype_size(out)),
+                    0)
+              << "copy";
         }
       }
     }

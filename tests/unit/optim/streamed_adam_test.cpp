@@ -27,6 +27,7 @@ using testing::AdamState;
 using testing::compare_bytes;
 using testing::hyper;
 using testing::make_state;
+using testing::PackedState;
 
 constexpr std::uint64_t kBlockBytes = 16 * 1024;  // the swap engine's chunk size here
 
@@ -267,6 +268,7 @@ TEST_P(StreamedAdamTest, Bf16MomentsStreamTheirOwnBytes) {
   StreamedAdamOptions so;
   so.sub_group_size = 2048;
   so.max_segment_elems = 12345;
+  so.moment_layout = moment_layout(DType::kBF16);
   auto streamed = make_streamed(*adam, so);
   ASSERT_TRUE(streamed->adam);
   std::vector<StreamedSegment> segs = segments_of(f, got);
@@ -288,6 +290,87 @@ TEST_P(StreamedAdamTest, Bf16MomentsStreamTheirOwnBytes) {
               "")
         << s;
   }
+}
+
+// 8-bit moments and Kahan master weights: each array's second plane (block scales,
+// compensation) streams as a range of its own, sub-groups are whole multiples of 262,144
+// elements so both planes start on 4096-byte boundaries, and the bytes equal the in-memory step's.
+TEST_P(StreamedAdamTest, CompactPlanesStreamAsTheirOwnRanges) {
+  auto adam = CpuAdam::create(CpuAdamOptions{.threads = 2});
+  ASSERT_TRUE(adam.is_ok());
+  Fixture f = make_fixture(GetParam());
+  if (f.swap == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  device::AdamWArgs h = hyper(true, 0.5f, 2);
+  h.master_dtype = DType::kBF16;
+  h.master_rounding = device::MasterRounding::kKahan;
+  h.state_dtype = device::kAdam8StateDType;
+  const StateLayout ml = master_layout(h.master_dtype, h.master_rounding);
+  const StateLayout sl = moment_layout(h.state_dtype);
+  EXPECT_EQ(sl.align_elems(), 262144);
+  const std::int64_t sizes[] = {600000, 300, 262144 + 5, 0};
+  std::vector<AdamState> states;
+  std::vector<PackedState> want, start;
+  std::vector<io::Extent> extents;
+  std::uint64_t seed = 70;
+  for (std::int64_t n : sizes) {
+    states.push_back(make_state(n, 0, DType::kF32, DType::kBF16, true, ++seed));
+    start.emplace_back(states.back(), h.master_dtype, h.master_rounding, h.state_dtype);
+    const std::vector<std::byte>* arrays[3] = {&start.back().master, &start.back().exp_avg,
+                                               &start.back().exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      const StateLayout& l = k == 0 ? ml : sl;
+      auto x = f.swap->allocate(std::max<std::uint64_t>(l.bytes(n), 1), "segment");
+      ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+      AlignedBuffer buf(x->size_bytes, io::kIoAlignBytes);
+      std::memcpy(buf.data(), arrays[k]->data(), l.bytes(n));
+      ASSERT_TRUE(f.swap->write(*x, 0, buf.data(), buf.size()).wait().is_ok());
+      extents.push_back(*x);
+    }
+  }
+  want = start;
+  std::vector<AdamState> want_states = states, got_states = states;
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    device::AdamWArgs a = want_states[s].args(h);
+    want[s].point(a);
+    ASSERT_EQ(adam->step(a), StepOutcome::kUpdated);
+  }
+  ExtentStorage storage(*f.swap, extents);
+  StreamedAdamOptions so;
+  so.sub_group_size = 2048;  // rounded up to 262,144
+  so.master_layout = ml;
+  so.moment_layout = sl;
+  auto streamed = make_streamed(*adam, so);
+  ASSERT_TRUE(streamed->adam);
+  EXPECT_EQ(streamed->adam->sub_group_elems(), 262144);
+  std::vector<StreamedSegment> segs;
+  for (std::size_t s = 0; s < got_states.size(); ++s) {
+    StreamedSegment seg;
+    seg.name = "segment";
+    seg.grad = got_states[s].g();
+    seg.num_elems = got_states[s].n;
+    seg.param_out = got_states[s].o();
+    segs.push_back(seg);
+  }
+  auto report = streamed->adam->step(segs, storage, h);
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    SCOPED_TRACE("segment of " + std::to_string(sizes[s]));
+    PackedState got = start[s];
+    std::vector<std::byte>* arrays[3] = {&got.master, &got.exp_avg, &got.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      const io::Extent& x = extents[s * 3 + static_cast<std::size_t>(k)];
+      AlignedBuffer buf(x.size_bytes, io::kIoAlignBytes);
+      ASSERT_TRUE(f.swap->read(x, 0, buf.data(), buf.size()).wait().is_ok());
+      std::memcpy(arrays[k]->data(), buf.data(), (k == 0 ? ml : sl).bytes(sizes[s]));
+    }
+    EXPECT_TRUE(got.same_master(want[s])) << "master weights";
+    EXPECT_TRUE(got.same_moments(want[s])) << "moments";
+    EXPECT_EQ(compare_bytes("param_out", got_states[s].out.data(), want_states[s].out.data(), 1,
+                            static_cast<std::int64_t>(want_states[s].out.size())),
+              "");
+  }
+  // The step moved each plane once each way, whole 4096-byte blocks at a time.
+  EXPECT_EQ(report->bytes_read, report->bytes_written);
 }
 
 // Gradients in swap extents (f32, and bf16 for segment 3) read with the state as a fourth

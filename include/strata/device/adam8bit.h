@@ -1,0 +1,56 @@
+// Block-wise 8-bit Adam moments (optimizer.state_dtype "int8"), after Dettmers et al., "8-bit
+// Optimizers via Block-wise Quantization" (2022): a moment array of n elements is cut into blocks
+// of kAdam8BlockElems; each block stores its absolute maximum as one f32 scale and each element
+// as a byte, the index of the nearest value of a dynamic tree code after dividing by the scale.
+//
+// The dynamic tree code (the paper's section 2.2): after an optional sign bit, the number of
+// leading zero bits z is a decimal exponent, the first one bit an indicator, and the k bits after
+// it a linear fraction f, so a byte means 10^-z * (0.1 + 0.9 * (f + 1) / 2^k); all zero bits mean
+// 0. The first moment uses the signed code (7 bits after the sign: 10^-6 .. 1 with both signs),
+// the second the unsigned one (8 bits: 10^-7 .. 1) on its square root, the denominator Adam
+// divides by, and a non-zero root never becomes zero (a zero there would turn a small update
+// into m / eps). Both codes hold exactly 1 (and -1), so a block's largest element is stored
+// exactly: dequantizing and quantizing again gives the same bytes and scale (a resume from a
+// checkpoint's f32 moments changes nothing), as long as a second moment's dequantized value
+// stays a normal f32 (v >= 1.2e-38; below, f32 itself has lost the bits).
+//
+// Every operation is an IEEE single operation (the nearest-value searches compare against
+// midpoints formed in double), so any implementation can reproduce the bytes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "strata/core/dtype.h"
+
+namespace strata::device {
+
+inline constexpr std::int64_t kAdam8BlockElems = 256;
+// The moments' storage type in AdamWArgs::state_dtype (and the config's "int8"): bytes of code.
+inline constexpr DType kAdam8StateDType = DType::kU8;
+
+// The blocks of n elements (one f32 scale each).
+inline std::int64_t adam8_blocks(std::int64_t n) {
+  return (n + kAdam8BlockElems - 1) / kAdam8BlockElems;
+}
+
+// The value of each byte of the signed (first moment) and the unsigned (second moment's root)
+// code, formed in double and rounded to f32.
+const std::array<float, 256>& adam8_signed_code();
+const std::array<float, 256>& adam8_unsigned_code();
+
+// Quantizes one block of n <= kAdam8BlockElems first-moment values into codes and *scale.
+void adam8_quantize_m(const float* m, std::int64_t n, std::uint8_t* codes, float* scale);
+// The second moment: v's square roots (v >= 0), quantized with the unsigned code.
+void adam8_quantize_v(const float* v, std::int64_t n, std::uint8_t* codes, float* scale);
+// m[i] = code(codes[i]) * scale; v[i] = s * s with s = code(codes[i]) * scale.
+void adam8_dequantize_m(const std::uint8_t* codes, float scale, std::int64_t n, float* m);
+void adam8_dequantize_v(const std::uint8_t* codes, float scale, std::int64_t n, float* v);
+
+// Whole arrays (blocks from element 0; `scales` has adam8_blocks(n) entries).
+void adam8_quantize_array(const float* x, std::int64_t n, bool second, std::uint8_t* codes,
+                          float* scales);
+void adam8_dequantize_array(const std::uint8_t* codes, const float* scales, std::int64_t n,
+                            bool second, float* x);
+
+}  // namespace strata::device
