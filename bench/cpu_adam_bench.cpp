@@ -33,10 +33,12 @@
 #include "strata/core/aligned.h"
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
+#include "strata/device/adam8bit.h"
 #include "strata/device/device.h"
 #include "strata/io/swap.h"
 #include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
+#include "strata/optim/state_layout.h"
 #include "strata/optim/streamed_adam.h"
 #include "strata/sys/process.h"
 
@@ -306,6 +308,73 @@ void bm_adam(benchmark::State& state, Context* ctx, DType grad_dtype, std::int64
   }
 }
 
+// CpuAdam over compact optimizer state (optimizer.state_dtype bf16 or int8, master_dtype bf16
+// with stochastic or Kahan rounding) against the roofline of the bytes it touches: the f32
+// roofline kernel (read every array, write every array) over as many elements as move the same
+// bytes, n x the setting's bytes per element / the f32 step's 28, in alternating pairs.
+// ratio_to_roofline = roofline time / Adam time. bf16 gradient, bf16 copy.
+void bm_adam_compact(benchmark::State& state, Context* ctx, std::int64_t n, int threads,
+                     DType master_dtype, strata::device::MasterRounding rounding,
+                     DType state_dtype) {
+  using strata::optim::StateLayout;
+  auto adam = make_adam(threads, "auto", Stores::kAuto);
+  auto bound = make_adam(threads, "auto", Stores::kAuto);
+  if (!adam.is_ok() || !bound.is_ok()) return state.SkipWithError("CpuAdam::create failed");
+  const Arrays& arrays = ctx->arrays();
+  const StateLayout ml = strata::optim::master_layout(master_dtype, rounding);
+  const StateLayout sl = strata::optim::moment_layout(state_dtype);
+  BigBuffer master(ml.bytes(n)), m(sl.bytes(n)), v(sl.bytes(n));
+  // The arrays' f32 values, stored as the setting stores them (a block at a time for int8).
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 1 << 16), [&](auto r) {
+    const std::int64_t b = r.begin(), len = r.end() - r.begin();
+    if (master_dtype == DType::kF32) {
+      std::memcpy(master.as<float>() + b, arrays.master() + b, static_cast<std::size_t>(len) * 4);
+    } else {
+      strata::convert(arrays.master() + b, DType::kF32, master.as<std::uint16_t>() + b,
+                      DType::kBF16, static_cast<std::size_t>(len));
+    }
+    const auto moment = [&](const float* x, bool second, const BigBuffer& out) {
+      if (state_dtype == DType::kBF16) {
+        strata::convert(x + b, DType::kF32, out.as<std::uint16_t>() + b, DType::kBF16,
+                        static_cast<std::size_t>(len));
+      } else if (state_dtype == DType::kF32) {
+        std::memcpy(out.as<float>() + b, x + b, static_cast<std::size_t>(len) * 4);
+      } else {
+        strata::device::adam8_quantize_array(
+            x + b, len, second, out.as<std::uint8_t>() + b,
+            reinterpret_cast<float*>(out.as<std::byte>() + sl.aux_offset(n)) + b / 256);
+      }
+    };
+    moment(arrays.exp_avg(), false, m);
+    moment(arrays.exp_avg_sq(), true, v);
+  });
+  if (ml.has_aux())
+    std::memset(master.as<std::byte>() + ml.aux_offset(n), 0, ml.aux_plane_bytes(n));
+  strata::device::AdamWArgs args = arrays.args(n, DType::kBF16, DType::kBF16);
+  args.master_dtype = master_dtype;
+  args.master_rounding = rounding;
+  args.state_dtype = state_dtype;
+  args.param = master.as<void>();
+  args.exp_avg = m.as<void>();
+  args.exp_avg_sq = v.as<void>();
+  args.rounding_seed = 7;
+  strata::optim::attach_aux_planes(args, n, args.param, args.exp_avg, args.exp_avg_sq);
+  const double bytes = 2 * (ml.bytes_per_elem() + 2 * sl.bytes_per_elem()) + 2 + 2;
+  const double f32_bytes = bytes_per_elem(DType::kBF16, DType::kBF16);
+  const auto roof_n = static_cast<std::int64_t>(static_cast<double>(n) * bytes / f32_bytes);
+  const auto roof = arrays.args(roof_n, DType::kBF16, DType::kBF16);
+  finish_tuning(*adam, args);
+  finish_tuning(*bound, roof);
+  const PairTimes t = run_pairs(
+      state, [&] { benchmark::DoNotOptimize(adam->step(args, /*check_finite=*/false)); },
+      [&] { bound->memory_roofline(roof); });
+  set_rate_counters(state, t, n, bytes);
+  state.counters["bytes_per_param"] = bytes;
+  state.counters["ratio_to_roofline"] = t.median_b_over_a();
+  state.counters["roofline_GBps"] = f32_bytes * static_cast<double>(roof_n) * t.n / t.b_s / 1e9;
+  state.SetLabel(std::string(strata::sys::simd_path_name(adam->simd())));
+}
+
 // The same Adam with the finite-gradient pre-scan on (its extra read is not in the roofline).
 void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
   auto adam = make_adam(threads, "auto", Stores::kAuto);
@@ -572,6 +641,32 @@ int main(int argc, char** argv) {
             ->Iterations(n > 64 * kMega ? 7 : 15)
             ->Unit(benchmark::kMillisecond);
       }
+    }
+  }
+  {
+    using strata::device::MasterRounding;
+    struct Compact {
+      const char* name;
+      DType master;
+      MasterRounding rounding;
+      DType moments;
+    };
+    const DType kInt8 = strata::device::kAdam8StateDType;
+    for (const Compact c :
+         {Compact{"fp32", DType::kF32, MasterRounding::kStochastic, DType::kF32},
+          Compact{"bf16_moments", DType::kF32, MasterRounding::kStochastic, DType::kBF16},
+          Compact{"int8_moments", DType::kF32, MasterRounding::kStochastic, kInt8},
+          Compact{"int8_moments_bf16_kahan", DType::kBF16, MasterRounding::kKahan, kInt8},
+          Compact{"int8_moments_bf16_stochastic", DType::kBF16, MasterRounding::kStochastic,
+                  kInt8}}) {
+      const int t = ctx.all_threads;
+      const std::string name = std::string("AdamCompactStates/") + c.name +
+                               "/bf16_grad_bf16_out/64M/threads:" + thread_name(t);
+      benchmark::RegisterBenchmark(name.c_str(), bm_adam_compact, &ctx, 64 * kMega, t, c.master,
+                                   c.rounding, c.moments)
+          ->UseManualTime()
+          ->Iterations(9)
+          ->Unit(benchmark::kMillisecond);
     }
   }
   for (int t : thread_counts) {

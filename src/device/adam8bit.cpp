@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 namespace strata::device {
@@ -23,43 +25,53 @@ double tree_value(unsigned byte, bool is_signed) {
   return is_signed && (byte & 0x80u) != 0 ? -mag : mag;
 }
 
-// One code sorted for the search: its distinct values ascending, the byte of each, and the
-// thresholds between neighbours: the double midpoint rounded down to f32, so that for any f32 y,
-// y > threshold exactly when y is above the midpoint (a tie takes the lower value). Unused
-// thresholds are +infinity.
-struct SortedCode {
-  std::array<float, 256> value{};
-  std::array<std::uint8_t, 256> byte{};
-  std::array<float, 256> threshold{};
-  int zero = 0;  // the index of value 0
-};
-
-SortedCode sort_code(const std::array<float, 256>& code) {
+Adam8Search sort_code(const std::array<float, 256>& code) {
   std::array<int, 256> order{};
   for (int b = 0; b < 256; ++b) order[static_cast<std::size_t>(b)] = b;
   std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
     return code[static_cast<std::size_t>(x)] < code[static_cast<std::size_t>(y)];
   });
-  SortedCode s;
+  std::array<float, 256> value{};
+  Adam8Search s{};
   s.threshold.fill(std::numeric_limits<float>::infinity());
   int count = 0;
   for (const int b : order) {
     const float v = code[static_cast<std::size_t>(b)];
     // Equal values (the signed code's -0 and 0) keep the first byte: 0x00 for zero.
-    if (count > 0 && s.value[static_cast<std::size_t>(count - 1)] == v) continue;
-    s.value[static_cast<std::size_t>(count)] = v;
-    s.byte[static_cast<std::size_t>(count)] = static_cast<std::uint8_t>(v == 0.0f ? 0 : b);
+    if (count > 0 && value[static_cast<std::size_t>(count - 1)] == v) continue;
+    value[static_cast<std::size_t>(count)] = v;
+    s.byte[static_cast<std::size_t>(count)] = v == 0.0f ? 0 : b;
     if (v == 0.0f) s.zero = count;
     ++count;
   }
   for (int j = 0; j + 1 < count; ++j) {
-    const double mid = (static_cast<double>(s.value[static_cast<std::size_t>(j)]) +
-                        static_cast<double>(s.value[static_cast<std::size_t>(j + 1)])) /
+    const double mid = (static_cast<double>(value[static_cast<std::size_t>(j)]) +
+                        static_cast<double>(value[static_cast<std::size_t>(j + 1)])) /
                        2.0;
     float t = static_cast<float>(mid);
     if (static_cast<double>(t) > mid)
       t = std::nextafter(t, -std::numeric_limits<float>::infinity());
     s.threshold[static_cast<std::size_t>(j)] = t;
+  }
+  // The buckets: the thresholds below each bucket's least value, checked against its greatest.
+  const auto below = [&](float y) {
+    return static_cast<std::int32_t>(std::lower_bound(s.threshold.begin(), s.threshold.end(), y,
+                                                      [](float t, float v) { return t < v; }) -
+                                     s.threshold.begin());
+  };
+  for (int negative = 0; negative < 2; ++negative) {
+    for (std::int32_t key = kAdam8BucketLo; key <= kAdam8BucketHi; ++key) {
+      const auto bits = static_cast<std::uint32_t>(key | (negative << 15)) << 16;
+      const float a = key == kAdam8BucketLo ? 0.0f : std::bit_cast<float>(bits);
+      const float b = std::bit_cast<float>(bits | 0xffffu);
+      const float lo = std::min(a, b), hi = std::max(a, b);
+      const std::int32_t first = below(lo);
+      if (below(hi) - first > 2) {
+        std::fprintf(stderr, "adam8bit: bucket %x holds more than 2 thresholds\n", key);
+        std::abort();
+      }
+      s.bucket[static_cast<std::size_t>(negative * kAdam8Buckets + key - kAdam8BucketLo)] = first;
+    }
   }
   return s;
 }
@@ -70,17 +82,8 @@ std::array<float, 256> make_code(bool is_signed) {
   return code;
 }
 
-const SortedCode& sorted_signed() {
-  static const SortedCode s = sort_code(adam8_signed_code());
-  return s;
-}
-const SortedCode& sorted_unsigned() {
-  static const SortedCode s = sort_code(adam8_unsigned_code());
-  return s;
-}
-
 // The index of the nearest value: how many thresholds lie below y (branch-free, 8 probes).
-inline int nearest(const SortedCode& c, float y) {
+inline int nearest(const Adam8Search& c, float y) {
   int idx = 0;
   for (int step = 128; step >= 1; step /= 2) {
     idx += c.threshold[static_cast<std::size_t>(idx + step - 1)] < y ? step : 0;
@@ -100,6 +103,12 @@ const std::array<float, 256>& adam8_unsigned_code() {
   return code;
 }
 
+const Adam8Search& adam8_search(bool second) {
+  static const Adam8Search m = sort_code(adam8_signed_code());
+  static const Adam8Search v = sort_code(adam8_unsigned_code());
+  return second ? v : m;
+}
+
 void adam8_quantize_m(const float* m, std::int64_t n, std::uint8_t* codes, float* scale) {
   float a = 0.0f;
   for (std::int64_t i = 0; i < n; ++i) a = std::max(a, std::fabs(m[i]));
@@ -108,9 +117,9 @@ void adam8_quantize_m(const float* m, std::int64_t n, std::uint8_t* codes, float
     std::fill_n(codes, n, std::uint8_t{0});
     return;
   }
-  const SortedCode& c = sorted_signed();
+  const Adam8Search& c = adam8_search(false);
   for (std::int64_t i = 0; i < n; ++i)
-    codes[i] = c.byte[static_cast<std::size_t>(nearest(c, m[i] / a))];
+    codes[i] = static_cast<std::uint8_t>(c.byte[static_cast<std::size_t>(nearest(c, m[i] / a))]);
 }
 
 void adam8_quantize_v(const float* v, std::int64_t n, std::uint8_t* codes, float* scale) {
@@ -125,12 +134,12 @@ void adam8_quantize_v(const float* v, std::int64_t n, std::uint8_t* codes, float
     std::fill_n(codes, n, std::uint8_t{0});
     return;
   }
-  const SortedCode& c = sorted_unsigned();
+  const Adam8Search& c = adam8_search(true);
   for (std::int64_t i = 0; i < n; ++i) {
     const float y = root[i] / a;
     int idx = nearest(c, y);
     if (idx == c.zero && y > 0.0f) idx = c.zero + 1;  // a non-zero root stays non-zero
-    codes[i] = c.byte[static_cast<std::size_t>(idx)];
+    codes[i] = static_cast<std::uint8_t>(c.byte[static_cast<std::size_t>(idx)]);
   }
 }
 

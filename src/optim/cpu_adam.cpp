@@ -119,6 +119,8 @@ struct CpuAdam::Impl {
   bool native_bf16 = false;
   int threads = 1;
   KernelSet kernels{};
+  // 8-bit moments' searches (device::adam8_search, as the kernels take them).
+  detail::Quant8Search q8_m{}, q8_v{};
   // The device's elementwise kernels of the same path: bf16 moments widen and narrow through
   // them (exactly strata::bf16_to_f32 / f32_to_bf16).
   const device::cpu::CpuKernels* convert = nullptr;
@@ -232,10 +234,12 @@ struct CpuAdam::Impl {
           convert->bf16_to_f32(static_cast<const std::uint16_t*>(v_in) + c, v, len);
         } else if (q8) {
           for_each_block(c, len, [&](std::int64_t at, std::int64_t block, std::int64_t n) {
-            device::adam8_dequantize_m(static_cast<const std::uint8_t*>(m_in) + at,
-                                       m_scale_in[block], n, m + (at - c));
-            device::adam8_dequantize_v(static_cast<const std::uint8_t*>(v_in) + at,
-                                       v_scale_in[block], n, v + (at - c));
+            kernels.dequant8(device::adam8_signed_code().data(),
+                             static_cast<const std::uint8_t*>(m_in) + at, m_scale_in[block], n,
+                             false, m + (at - c));
+            kernels.dequant8(device::adam8_unsigned_code().data(),
+                             static_cast<const std::uint8_t*>(v_in) + at, v_scale_in[block], n,
+                             true, v + (at - c));
           });
         }
         if (half_state || q8) {
@@ -251,10 +255,10 @@ struct CpuAdam::Impl {
           convert->f32_to_bf16(v, static_cast<std::uint16_t*>(a.exp_avg_sq) + c, len);
         } else if (q8) {
           for_each_block(c, len, [&](std::int64_t at, std::int64_t block, std::int64_t n) {
-            device::adam8_quantize_m(m + (at - c), n, static_cast<std::uint8_t*>(a.exp_avg) + at,
-                                     a.exp_avg_scale + block);
-            device::adam8_quantize_v(v + (at - c), n, static_cast<std::uint8_t*>(a.exp_avg_sq) + at,
-                                     a.exp_avg_sq_scale + block);
+            kernels.quant8(q8_m, m + (at - c), n, static_cast<std::uint8_t*>(a.exp_avg) + at,
+                           a.exp_avg_scale + block);
+            kernels.quant8(q8_v, v + (at - c), n, static_cast<std::uint8_t*>(a.exp_avg_sq) + at,
+                           a.exp_avg_sq_scale + block);
           });
         }
         if (half_master) store_master(a, c, len, p);
@@ -473,6 +477,17 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
   impl->path = path;
   impl->threads = options.threads > 0 ? options.threads : std::max(1, sys::cpu_topology().cores);
   impl->convert = &device::cpu::cpu_kernels_for(path);
+  for (const bool second : {false, true}) {
+    const device::Adam8Search& search = device::adam8_search(second);
+    (second ? impl->q8_v : impl->q8_m) = detail::Quant8Search{search.threshold.data(),
+                                                              search.byte.data(),
+                                                              search.zero,
+                                                              second,
+                                                              search.bucket.data(),
+                                                              device::kAdam8BucketLo,
+                                                              device::kAdam8BucketHi,
+                                                              device::kAdam8Buckets};
+  }
   switch (path) {
     case SimdPath::kScalar:
       detail::fill_scalar_kernels(&impl->kernels);

@@ -354,6 +354,86 @@ bool all_finite(const void* grad, std::int64_t n) {
   return true;
 }
 
+// ---- 8-bit moments ----
+
+// The scalar kernel's statements 8 lanes at a time (a block's last partial 8 through a padded
+// copy): the absolute maximum (order-free), IEEE division and square root, the 8-probe search as
+// gathers.
+void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
+                  float* scale) {
+  alignas(32) float pad[8];
+  const auto load = [&](std::int64_t i) {
+    __m256 v;
+    if (n - i >= 8) {
+      v = _mm256_loadu_ps(x + i);
+    } else {
+      for (int j = 0; j < 8; ++j) pad[j] = i + j < n ? x[i + j] : 0.0f;
+      v = _mm256_load_ps(pad);
+    }
+    return s.second ? _mm256_sqrt_ps(v) : v;
+  };
+  __m256 amax = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (std::int64_t i = 0; i < n; i += 8)
+    amax = _mm256_max_ps(amax, _mm256_and_ps(load(i), abs_mask));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, amax);
+  float a = 0.0f;
+  for (float l : lanes) a = l > a ? l : a;
+  *scale = a;
+  if (a == 0.0f) {
+    for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
+    return;
+  }
+  const __m256 va = _mm256_set1_ps(a);
+  const __m256i zero = _mm256_set1_epi32(s.zero);
+  const __m256i lo = _mm256_set1_epi32(s.bucket_lo), hi = _mm256_set1_epi32(s.bucket_hi);
+  alignas(32) std::int32_t bytes[8];
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256 y = _mm256_div_ps(load(i), va);
+    // The bucket of y's top 16 bits, then the two thresholds that may lie above its start.
+    const __m256i key = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
+    __m256i mag = _mm256_and_si256(key, _mm256_set1_epi32(0x7fff));
+    mag = _mm256_sub_epi32(_mm256_min_epi32(_mm256_max_epi32(mag, lo), hi), lo);
+    const __m256i negative = _mm256_cmpeq_epi32(_mm256_and_si256(key, _mm256_set1_epi32(0x8000)),
+                                                _mm256_set1_epi32(0x8000));
+    mag = _mm256_add_epi32(mag, _mm256_and_si256(negative, _mm256_set1_epi32(s.buckets)));
+    const __m256i first = _mm256_i32gather_epi32(s.bucket, mag, 4);
+    const __m256 t0 = _mm256_i32gather_ps(s.threshold, first, 4);
+    const __m256 t1 = _mm256_i32gather_ps(s.threshold + 1, first, 4);
+    // A true comparison is all ones (-1): subtracting it adds one.
+    __m256i idx = _mm256_sub_epi32(first, _mm256_castps_si256(_mm256_cmp_ps(t0, y, _CMP_LT_OQ)));
+    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(t1, y, _CMP_LT_OQ)));
+    if (s.second) {
+      const __m256i lift =
+          _mm256_and_si256(_mm256_cmpeq_epi32(idx, zero),
+                           _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ)));
+      idx = _mm256_add_epi32(idx, _mm256_and_si256(lift, _mm256_set1_epi32(1)));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_i32gather_epi32(s.byte, idx, 4));
+    const std::int64_t len = n - i >= 8 ? 8 : n - i;
+    for (std::int64_t j = 0; j < len; ++j) codes[i + j] = static_cast<std::uint8_t>(bytes[j]);
+  }
+}
+
+void dequant8_block(const float* value, const std::uint8_t* codes, float scale, std::int64_t n,
+                    bool square, float* out) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::int64_t eight;
+    __builtin_memcpy(&eight, codes + i, 8);
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight));
+    __m256 v = _mm256_mul_ps(_mm256_i32gather_ps(value, c, 4), vs);
+    if (square) v = _mm256_mul_ps(v, v);
+    _mm256_storeu_ps(out + i, v);
+  }
+  for (; i < n; ++i) {
+    const float v = value[codes[i]] * scale;
+    out[i] = square ? v * v : v;
+  }
+}
+
 // ---- table ----
 
 struct Avx2 {
@@ -363,6 +443,8 @@ struct Avx2 {
   static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
   template <int G>
   static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
+  static constexpr Quant8Kernel quant8 = &quant8_block;
+  static constexpr Dequant8Kernel dequant8 = &dequant8_block;
 };
 
 }  // namespace

@@ -438,6 +438,76 @@ bool all_finite(const void* grad, std::int64_t n) {
   }
 }
 
+// ---- 8-bit moments ----
+
+// The scalar kernel's statements 16 lanes at a time: the absolute maximum (order-free), IEEE
+// division and square root, the 8-probe search as gathers, the bytes narrowed on store.
+void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
+                  float* scale) {
+  const auto load = [&](std::int64_t i) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    return s.second ? _mm512_maskz_sqrt_ps(kAll, v) : v;
+  };
+  __m512 amax = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 16)
+    amax = _mm512_maskz_max_ps(kAll, amax, _mm512_abs_ps(load(i)));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, amax);
+  float a = 0.0f;
+  for (const float l : lanes) a = l > a ? l : a;
+  *scale = a;
+  if (a == 0.0f) {
+    for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
+    return;
+  }
+  const __m512 va = _mm512_set1_ps(a);
+  const __m512i zero = _mm512_set1_epi32(s.zero);
+  const __m512i lo = _mm512_set1_epi32(s.bucket_lo), hi = _mm512_set1_epi32(s.bucket_hi);
+  const __m512i one = _mm512_set1_epi32(1);
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 tail = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    const __m512 y = _mm512_maskz_div_ps(kAll, load(i), va);
+    // The bucket of y's top 16 bits, then the two thresholds that may lie above its start.
+    const __m512i key = _mm512_maskz_srli_epi32(kAll, _mm512_castps_si512(y), 16);
+    __m512i mag = _mm512_and_si512(key, _mm512_set1_epi32(0x7fff));
+    mag = _mm512_maskz_min_epi32(kAll, _mm512_maskz_max_epi32(kAll, mag, lo), hi);
+    mag = _mm512_maskz_sub_epi32(kAll, mag, lo);
+    const __mmask16 negative = _mm512_test_epi32_mask(key, _mm512_set1_epi32(0x8000));
+    mag = _mm512_mask_add_epi32(mag, negative, mag, _mm512_set1_epi32(s.buckets));
+    const __m512i first =
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), kAll, mag, s.bucket, 4);
+    const __m512 t0 = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll, first, s.threshold, 4);
+    const __m512 t1 =
+        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll, first, s.threshold + 1, 4);
+    __m512i idx = _mm512_mask_add_epi32(first, _mm512_cmp_ps_mask(t0, y, _CMP_LT_OQ), first, one);
+    idx = _mm512_mask_add_epi32(idx, _mm512_cmp_ps_mask(t1, y, _CMP_LT_OQ), idx, one);
+    if (s.second) {
+      const __mmask16 lift = _mm512_cmpeq_epi32_mask(idx, zero) &
+                             _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ);
+      idx = _mm512_mask_add_epi32(idx, lift, idx, one);
+    }
+    const __m512i b = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, idx, s.byte, 4);
+    _mm512_mask_cvtepi32_storeu_epi8(codes + i, tail, b);
+  }
+}
+
+void dequant8_block(const float* value, const std::uint8_t* codes, float scale, std::int64_t n,
+                    bool square, float* out) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 tail = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    const __m128i c = _mm_maskz_loadu_epi8(tail, codes + i);
+    __m512 v =
+        _mm512_maskz_mul_ps(kAll,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff,
+                                                     _mm512_maskz_cvtepu8_epi32(kAll, c), value, 4),
+                            vs);
+    if (square) v = _mm512_maskz_mul_ps(kAll, v, v);
+    _mm512_mask_storeu_ps(out + i, tail, v);
+  }
+}
+
 // ---- table ----
 
 template <bool kNativeBF16>
@@ -448,6 +518,8 @@ struct Avx512 {
   static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
   template <int G>
   static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
+  static constexpr Quant8Kernel quant8 = &quant8_block;
+  static constexpr Dequant8Kernel dequant8 = &dequant8_block;
 };
 
 }  // namespace

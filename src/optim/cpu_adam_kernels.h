@@ -49,7 +49,29 @@ struct AdamTile {
 // per array is 1 KiB), so the lines arrive just before use without leaving the L1.
 inline constexpr std::int64_t kPrefetchAheadBytes = 1024;
 
+// Block-wise 8-bit moments (device/adam8bit.h): one code's nearest-value search as plain data
+// (device::Adam8Search's arrays), and how the block is taken.
+struct Quant8Search {
+  const float* threshold;    // 258, ascending; +infinity past the last value
+  const std::int32_t* byte;  // the byte of each sorted value
+  std::int32_t zero;         // the index of the value 0
+  bool second;               // the second moment: sqrt(x) quantized; a positive root never 0
+  // The vector kernels' short cut (device::Adam8Search::bucket): by the top 16 bits of y, clamped
+  // in magnitude to [bucket_lo, bucket_hi], the thresholds below; the negative ones `buckets`
+  // entries on.
+  const std::int32_t* bucket;
+  std::int32_t bucket_lo, bucket_hi, buckets;
+};
+
 using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);
+// One block (n <= 256) quantized into codes and *scale: bit for bit device::adam8_quantize_m
+// (second false) or adam8_quantize_v (second true).
+using Quant8Kernel = void (*)(const Quant8Search& s, const float* x, std::int64_t n,
+                              std::uint8_t* codes, float* scale);
+// out[i] = value[codes[i]] * scale, squared when `square`: bit for bit device::adam8_dequantize_m
+// and adam8_dequantize_v.
+using Dequant8Kernel = void (*)(const float* value, const std::uint8_t* codes, float scale,
+                                std::int64_t n, bool square, float* out);
 using RooflineKernel = void (*)(const AdamTile& t);
 using FiniteKernel = bool (*)(const void* grad, std::int64_t n);  // true: all finite
 
@@ -62,12 +84,14 @@ struct KernelSet {
   // [grad kind][out kind][nontemporal][prefetch]
   RooflineKernel roofline[kNumGradKinds][kNumOutKinds][2][2];
   FiniteKernel all_finite[kNumGradKinds];
+  Quant8Kernel quant8;
+  Dequant8Kernel dequant8;
 };
 
 // Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
 // anonymous namespace, with static constexpr variable templates naming its kernels:
 //   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; RooflineKernel roofline<G, O, kNT, kPrefetch>;
-//   FiniteKernel all_finite<G>
+//   FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8
 // Its type has internal linkage, so every instantiation below is that file's own, compiled with
 // its flags: nothing ISA-specific is emitted where another file could pick it up.
 template <class K, int G, int O, bool kNT, bool kPF>
@@ -94,6 +118,8 @@ void fill_kernel_grad(KernelSet* set) {
 template <class K>
 void fill_kernel_table(KernelSet* set, const char* name) {
   set->name = name;
+  set->quant8 = K::quant8;
+  set->dequant8 = K::dequant8;
   fill_kernel_grad<K, kGradF32>(set);
   fill_kernel_grad<K, kGradBF16>(set);
   fill_kernel_grad<K, kGradF16>(set);

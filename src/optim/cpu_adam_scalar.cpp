@@ -1,4 +1,5 @@
 // Portable scalar CpuAdam kernels: the same statements as device::adamw_reference, per tile.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -105,6 +106,40 @@ bool all_finite(const void* grad, std::int64_t n) {
   }
 }
 
+// ---- 8-bit moments ----
+
+void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
+                  float* scale) {
+  float base[256];
+  float a = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    base[i] = s.second ? std::sqrt(x[i]) : x[i];
+    a = std::max(a, std::fabs(base[i]));
+  }
+  *scale = a;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (a == 0.0f) {
+      codes[i] = 0;
+      continue;
+    }
+    const float y = base[i] / a;
+    std::int32_t idx = 0;
+    for (std::int32_t step = 128; step >= 1; step /= 2) {
+      idx += s.threshold[idx + step - 1] < y ? step : 0;
+    }
+    if (s.second && idx == s.zero && y > 0.0f) ++idx;
+    codes[i] = static_cast<std::uint8_t>(s.byte[idx]);
+  }
+}
+
+void dequant8_block(const float* value, const std::uint8_t* codes, float scale, std::int64_t n,
+                    bool square, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = value[codes[i]] * scale;
+    out[i] = square ? x * x : x;
+  }
+}
+
 // Scalar stores are always regular, never prefetched: one kernel serves every variant.
 struct Scalar {
   template <int G, int O, bool kAdamW, bool kNT, bool kPF>
@@ -113,6 +148,8 @@ struct Scalar {
   static constexpr RooflineKernel roofline = &roofline_tile<G, O>;
   template <int G>
   static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
+  static constexpr Quant8Kernel quant8 = &quant8_block;
+  static constexpr Dequant8Kernel dequant8 = &dequant8_block;
 };
 
 }  // namespace

@@ -39,6 +39,29 @@ inline std::int64_t adam8_blocks(std::int64_t n) {
 const std::array<float, 256>& adam8_signed_code();
 const std::array<float, 256>& adam8_unsigned_code();
 
+// The nearest-value search of one code, for quantizers that run it themselves (CpuAdam's SIMD
+// kernels): the code's distinct values ascending, each one's byte, and between neighbours the
+// double midpoint rounded down to f32, so that y lies above the midpoint exactly when
+// y > threshold (a tie takes the lower value); the index of the nearest value is the number of
+// thresholds below y (past the last value, +infinity). `zero` is the index of the value 0.
+//
+// A short cut for vector code, where each probe of the search is a gather: `bucket` maps the top
+// 16 bits of y (sign, exponent, 7 mantissa bits) to the number of thresholds below every y with
+// those bits, and at most 2 more thresholds lie within such a bucket, so the index is
+// bucket + (threshold[bucket] < y) + (threshold[bucket + 1] < y). Magnitudes below 2^-21 (no
+// threshold there but 0's neighbours' midpoints, which lie above) share the first bucket; the
+// negative buckets follow the positive ones.
+inline constexpr std::int32_t kAdam8BucketLo = 0x3480;  // the top 16 bits of 2^-22
+inline constexpr std::int32_t kAdam8BucketHi = 0x3f80;  // of 1.0
+inline constexpr std::int32_t kAdam8Buckets = kAdam8BucketHi - kAdam8BucketLo + 1;
+struct Adam8Search {
+  std::array<float, 258> threshold;  // +infinity past the last value (read up to 2 past it)
+  std::array<std::int32_t, 256> byte;
+  std::int32_t zero;
+  std::array<std::int32_t, 2 * kAdam8Buckets> bucket;  // [positive..., negative...]
+};
+const Adam8Search& adam8_search(bool second);  // the signed code's, or (second) the unsigned's
+
 // Quantizes one block of n <= kAdam8BlockElems first-moment values into codes and *scale.
 void adam8_quantize_m(const float* m, std::int64_t n, std::uint8_t* codes, float* scale);
 // The second moment: v's square roots (v >= 0), quantized with the unsigned code.

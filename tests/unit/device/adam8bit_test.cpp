@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -165,6 +166,42 @@ TEST(Adam8bit, QuantizationIsThePapersNearestValue) {
       second ? adam8_quantize_v(x.data(), len, got.data(), &got_scale)
              : adam8_quantize_m(x.data(), len, got.data(), &got_scale);
       ASSERT_EQ(got, want) << (second ? "unsigned" : "signed") << " midpoints from " << at;
+    }
+  }
+}
+
+// The vector kernels' short cut (a bucket by y's top 16 bits, then two thresholds) finds the
+// index the full search finds, for every 97th f32 in [-1, 1] and for each code's midpoints, 1, -1
+// and the zeros.
+TEST(Adam8bit, TheBucketShortCutFindsTheFullSearchsIndex) {
+  for (const bool second : {false, true}) {
+    const Adam8Search& s = adam8_search(second);
+    const auto full = [&](float y) {
+      int idx = 0;
+      for (int step = 128; step >= 1; step /= 2) {
+        idx += s.threshold[static_cast<std::size_t>(idx + step - 1)] < y ? step : 0;
+      }
+      return idx;
+    };
+    const auto bucketed = [&](float y) {
+      const auto key = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(y) >> 16);
+      std::int32_t mag = std::clamp(key & 0x7fff, kAdam8BucketLo, kAdam8BucketHi) - kAdam8BucketLo;
+      if ((key & 0x8000) != 0) mag += kAdam8Buckets;
+      const std::int32_t first = s.bucket[static_cast<std::size_t>(mag)];
+      return first + (s.threshold[static_cast<std::size_t>(first)] < y) +
+             (s.threshold[static_cast<std::size_t>(first + 1)] < y);
+    };
+    std::vector<float> ys = {0.0f, -0.0f, 1.0f, -1.0f};
+    for (std::size_t j = 0; j < 256 && std::isfinite(s.threshold[j]); ++j) {
+      const float t = s.threshold[j];
+      ys.insert(ys.end(), {std::nextafter(t, -2.0f), t, std::nextafter(t, 2.0f)});
+    }
+    for (std::uint64_t bits = 0; bits <= 0xffffffffu; bits += 97) {
+      ys.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+    }
+    for (const float y : ys) {
+      if (!(y >= -1.0f && y <= 1.0f) || (second && y < 0.0f)) continue;
+      ASSERT_EQ(bucketed(y), full(y)) << (second ? "unsigned" : "signed") << " y " << y;
     }
   }
 }
