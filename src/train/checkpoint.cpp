@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "strata/core/file.h"
@@ -262,6 +264,59 @@ Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
 }
 
 }  // namespace
+
+Result<std::vector<std::string>> prune_checkpoints(
+    const std::string& save_dir, std::int64_t keep_last,
+    const std::function<void(const std::string&)>& before_remove) {
+  STRATA_CHECK(keep_last >= 1, "prune_checkpoints keeps at least one", keep_last);
+  const auto step_of = [](const std::string& name) -> std::optional<std::int64_t> {
+    // step-NNNNNNNN exactly as step_name writes it (8 or more digits), nothing else.
+    if (name.size() < 13 || name.rfind("step-", 0) != 0) return std::nullopt;
+    std::int64_t step = 0;
+    for (std::size_t i = 5; i < name.size(); ++i) {
+      if (name[i] < '0' || name[i] > '9' || step > (INT64_MAX - 9) / 10) return std::nullopt;
+      step = step * 10 + (name[i] - '0');
+    }
+    if (step_name(step) != name) return std::nullopt;
+    return step;
+  };
+  std::string latest;
+  if (auto l = read_file(save_dir + "/latest"); l.is_ok()) {
+    latest = *l;
+    while (!latest.empty() && (latest.back() == '\n' || latest.back() == '\r')) latest.pop_back();
+  }
+  std::vector<std::pair<std::int64_t, std::string>> complete;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(save_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code e2;
+    if (name.size() > 7 && name[0] == '.' && name.ends_with(".pruned") && entry.is_directory(e2)) {
+      fs::remove_all(entry.path(), e2);  // an earlier prune's leftover: no longer a checkpoint
+      continue;
+    }
+    const std::optional<std::int64_t> step = step_of(name);
+    if (!step || !entry.is_directory(e2) || !fs::exists(entry.path() / "trainer_state.json", e2)) {
+      continue;
+    }
+    complete.emplace_back(*step, name);
+  }
+  if (ec) return io_error("listing " + save_dir + " to prune checkpoints: " + ec.message());
+  std::sort(complete.begin(), complete.end());
+  std::vector<std::string> pruned;
+  const auto excess = static_cast<std::int64_t>(complete.size()) - keep_last;
+  for (std::int64_t i = 0; i < excess; ++i) {
+    const std::string& name = complete[static_cast<std::size_t>(i)].second;
+    if (name == latest) continue;
+    const std::string dir = (fs::path(save_dir) / name).string();
+    const std::string trash = (fs::path(save_dir) / ("." + name + ".pruned")).string();
+    STRATA_RETURN_IF_ERROR(rename_synced(dir, trash).with_context("pruning checkpoint " + dir));
+    if (before_remove) before_remove(trash);
+    fs::remove_all(trash, ec);
+    if (ec) return io_error("removing " + trash + " (pruned checkpoint): " + ec.message());
+    pruned.push_back(dir);
+  }
+  return pruned;
+}
 
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
                                     const model::ParamLayout& layout,

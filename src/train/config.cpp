@@ -397,6 +397,10 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                               " needs a save_dir to write to, but save_dir is \"\" (no "
                               "checkpoints); set save_dir or drop save_every");
   }
+  r.read("keep_last", &c.keep_last, 0);
+  if (c.save_dir.empty() && c.keep_last > 0) {
+    r.error("keep_last", "applies to checkpoints, but save_dir is \"\" (no checkpoints)");
+  }
   r.read("metrics_file", &c.metrics_file);
   r.read("trace_file", &c.trace_file);
   r.read("log_every", &c.log_every, 1);
@@ -711,6 +715,7 @@ Json TrainConfig::to_json() const {
       {"threads", threads},
       {"save_dir", save_dir},
       {"save_every", save_every},
+      {"keep_last", keep_last},
       {"metrics_file", metrics_file},
       {"trace_file", trace_file},
       {"log_every", log_every},

@@ -878,6 +878,16 @@ Result<std::string> Trainer::save() {
       impl_->last_checkpoint,
       save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout, *impl_->whole,
                       impl_->config.lora(), *impl_->provider, *impl_->grid, impl_->state()));
+  if (impl_->config.keep_last > 0 && impl_->comm->rank() == 0) {
+    // The new checkpoint is complete and `latest` names it; a failed prune costs disk, not data.
+    auto pruned = prune_checkpoints(impl_->config.save_dir, impl_->config.keep_last);
+    if (!pruned.is_ok()) {
+      log_warning("keep_last " + std::to_string(impl_->config.keep_last) + ": " +
+                  pruned.status().message());
+    } else {
+      for (const std::string& dir : *pruned) log_info("keep_last: removed " + dir);
+    }
+  }
   return impl_->last_checkpoint;
 }
 

@@ -2,8 +2,10 @@
 // resume is bit-identical, budgets hold, and bad input fails cleanly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,6 +18,7 @@
 #include "strata/core/file.h"
 #include "strata/io/swap.h"
 #include "strata/model/hf_checkpoint.h"
+#include "strata/train/checkpoint.h"
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
 #include "strata/train/trainer.h"
@@ -767,6 +770,71 @@ TEST(TrainTest, CorruptCheckpointIsRejectedAndEarlierOneSurvives) {
   auto t2 = make_trainer(j, dir.file("ckpt/step-00000001"));
   ASSERT_TRUE(t2.is_ok()) << t2.status().message();
   EXPECT_EQ((*t2)->step(), 1);
+}
+
+// keep_last N (Hugging Face's save_total_limit): after each save the newest N checkpoints stay;
+// a directory that only looks like one (no trainer_state.json), another name, and the one
+// `latest` names are never touched; a crash between hiding a pruned checkpoint and removing it
+// (a real one: the child process exits there) leaves `latest` resumable, and the next prune
+// clears the hidden leftover. keep_last without save_dir, or negative, is refused by name.
+TEST(TrainTest, KeepLastPrunesOldCheckpointsAndSurvivesACrashWhilePruning) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["max_steps"] = 5;
+  j["save_every"] = 1;
+  j["keep_last"] = 2;
+  fs::create_directories(dir.file("ckpt/step-00000000"));  // no trainer_state.json: not ours
+  fs::create_directories(dir.file("ckpt/notes"));
+  dir.write("ckpt/notes/keep.txt", "mine");
+  const std::vector<double> losses = run(j);
+  ASSERT_EQ(losses.size(), 5u);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir.file("ckpt"))) {
+    left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"latest", "notes", "step-00000000", "step-00000004",
+                                            "step-00000005"}));
+  EXPECT_EQ(*read_file(dir.file("ckpt/notes/keep.txt")), "mine");
+  auto resumed = make_trainer(j, dir.file("ckpt"));
+  ASSERT_TRUE(resumed.is_ok()) << resumed.status().message();
+  EXPECT_EQ((*resumed)->step(), 5);
+
+  // `latest` is never pruned, even when it is not among the newest by step.
+  dir.write("ckpt/latest", "step-00000004\n");
+  auto kept = prune_checkpoints(dir.file("ckpt"), 1);
+  ASSERT_TRUE(kept.is_ok()) << kept.status().message();
+  EXPECT_TRUE(kept->empty());
+  EXPECT_TRUE(fs::exists(dir.file("ckpt/step-00000004")));
+  dir.write("ckpt/latest", "step-00000005\n");
+
+  // A crash after step-00000004 is hidden and before it is removed.
+  EXPECT_EXIT(
+      {
+        auto p = prune_checkpoints(dir.file("ckpt"), 1, [](const std::string&) { std::_Exit(3); });
+        (void)p;
+      },
+      ::testing::ExitedWithCode(3), "");
+  EXPECT_FALSE(fs::exists(dir.file("ckpt/step-00000004")));
+  EXPECT_TRUE(fs::exists(dir.file("ckpt/.step-00000004.pruned")));
+  auto after_crash = make_trainer(j, dir.file("ckpt"));
+  ASSERT_TRUE(after_crash.is_ok()) << after_crash.status().message();
+  EXPECT_EQ((*after_crash)->step(), 5);
+  auto again = prune_checkpoints(dir.file("ckpt"), 1);
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
+  EXPECT_FALSE(fs::exists(dir.file("ckpt/.step-00000004.pruned")));
+  EXPECT_TRUE(fs::exists(dir.file("ckpt/step-00000005")));
+
+  for (const auto& [value, why] :
+       {std::pair{Json(-1), "keep_last"}, std::pair{Json(2), "save_dir"}}) {
+    Json bad = tiny_config(dir);
+    bad["keep_last"] = value;
+    if (value == 2) bad["save_dir"] = "";
+    auto refused = parse_train_config(bad, "test config");
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_NE(refused.status().message().find(why), std::string::npos)
+        << refused.status().message();
+  }
 }
 
 TEST(TrainTest, IncompleteCheckpointIsRejected) {

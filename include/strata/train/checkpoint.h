@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strata/core/json.h"
 #include "strata/core/status.h"
@@ -59,6 +61,17 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                     const std::optional<model::LoraConfig>& lora,
                                     zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                     const TrainerState& state);
+
+// Keeps the newest `keep_last` (>= 1) complete checkpoints of save_dir and deletes the older ones:
+// only directories named step-NNNNNNNN that hold a trainer_state.json (so never a directory that
+// is not a Strata checkpoint, nor one still being written), never the one `latest` names. Each
+// goes in two steps: renamed to a hidden .step-NNNNNNNN.pruned (atomic: a crash leaves either a
+// whole checkpoint or a hidden leftover, never a half-deleted one a resume could pick), then
+// removed; leftovers of an earlier crash are removed first. `before_remove`, for tests, runs
+// between the two steps. Returns the checkpoints deleted.
+Result<std::vector<std::string>> prune_checkpoints(
+    const std::string& save_dir, std::int64_t keep_last,
+    const std::function<void(const std::string&)>& before_remove = {});
 
 // Resolves DIR (a save_dir with a `latest` file, or one step-N directory) to a checkpoint path
 // and checks that its files exist.

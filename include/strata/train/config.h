@@ -164,8 +164,11 @@ struct TrainConfig {
   int threads = 0;                      // compute threads on the cpu backend; 0 = all cores
   std::string save_dir = "checkpoints";
   std::int64_t save_every = 0;  // steps; 0 = only at the end and on Ctrl-C
-  std::string metrics_file;     // JSON lines; empty = none
-  std::string trace_file;       // Chrome trace (trace-event JSON) of the run; empty = none
+  // After each save, keep the newest keep_last checkpoints of save_dir (Hugging Face's
+  // save_total_limit); 0 keeps every one.
+  std::int64_t keep_last = 0;
+  std::string metrics_file;  // JSON lines; empty = none
+  std::string trace_file;    // Chrome trace (trace-event JSON) of the run; empty = none
   std::int64_t log_every = 1;
   FinetuneConfig finetune;
 
