@@ -375,6 +375,33 @@ void bm_adam_compact(benchmark::State& state, Context* ctx, std::int64_t n, int 
   state.SetLabel(std::string(strata::sys::simd_path_name(adam->simd())));
 }
 
+// What Adam's arithmetic alone costs: the f32 step over spans small enough to stay in the L2
+// caches (128K elements, 2.5 MiB with the gradient and the copy), repeated to cover n elements,
+// paired with the roofline kernel moving n elements' f32 bytes from memory.
+// roofline_over_arithmetic near or above 1 means the arithmetic (a division and a square root
+// per element, exact) takes as long as the memory: a floor under every setting's Adam time,
+// however few bytes it moves.
+void bm_adam_arithmetic(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
+  auto adam = make_adam(threads, "auto", Stores::kRegular, Prefetch::kOff);
+  auto bound = make_adam(threads, "auto", Stores::kAuto);
+  if (!adam.is_ok() || !bound.is_ok()) return state.SkipWithError("CpuAdam::create failed");
+  const Arrays& arrays = ctx->arrays();
+  constexpr std::int64_t kSpan = 128 * 1024;
+  const auto small = arrays.args(kSpan, DType::kBF16, DType::kBF16);
+  const auto roof = arrays.args(n, DType::kBF16, DType::kBF16);
+  finish_tuning(*bound, roof);
+  const PairTimes t = run_pairs(
+      state,
+      [&] {
+        for (std::int64_t done = 0; done < n; done += kSpan) {
+          benchmark::DoNotOptimize(adam->step(small, /*check_finite=*/false));
+        }
+      },
+      [&] { bound->memory_roofline(roof); });
+  set_rate_counters(state, t, n, bytes_per_elem(DType::kBF16, DType::kBF16));
+  state.counters["roofline_over_arithmetic"] = t.median_b_over_a();
+}
+
 // The same Adam with the finite-gradient pre-scan on (its extra read is not in the roofline).
 void bm_adam_checked(benchmark::State& state, Context* ctx, std::int64_t n, int threads) {
   auto adam = make_adam(threads, "auto", Stores::kAuto);
@@ -668,6 +695,14 @@ int main(int argc, char** argv) {
           ->Iterations(9)
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  {
+    const int t = ctx.all_threads;
+    const std::string name = "AdamArithmeticFloor/bf16_grad_bf16_out/64M/threads:" + thread_name(t);
+    benchmark::RegisterBenchmark(name.c_str(), bm_adam_arithmetic, &ctx, 64 * kMega, t)
+        ->UseManualTime()
+        ->Iterations(9)
+        ->Unit(benchmark::kMillisecond);
   }
   for (int t : thread_counts) {
     const std::string name = "AdamCongruentArrays/f32_grad_bf16_out/64M/threads:" + thread_name(t);

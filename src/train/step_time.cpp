@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/optim/state_layout.h"
 #include "strata/zero/plan.h"
 
 namespace strata::train {
@@ -347,12 +348,17 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
       st.transfer_ms += ms(accum * elems * dsize, rates.nvme_write_bytes);
     }
   }
-  // The update reads and writes fp32 master weights and both moments, reads the gradient and
-  // writes the new working copy: (12 + 12) B + gradient + working copy per element.
+  // The update reads and writes the master weights and both moments as the optimizer keeps them
+  // (fp32: 12 bytes an element; optimizer.state_dtype and master_dtype shrink them), reads the
+  // gradient and writes the new working copy.
+  const double state_bytes =
+      optim::master_layout(config.optimizer.master_dtype, config.optimizer.master_rounding)
+          .bytes_per_elem() +
+      2 * optim::moment_layout(config.optimizer.state_dtype).bytes_per_elem();
   const double grad_bytes = e.plan.keep_gradients ? dsize : 4.0;
-  st.optimizer_ms = ms(elems * (24.0 + grad_bytes + dsize), rates.memory_bytes);
+  st.optimizer_ms = ms(elems * (2 * state_bytes + grad_bytes + dsize), rates.memory_bytes);
   if (config.offload_optimizer == Tier::kNvme) {
-    double read = elems * 12.0, write = elems * 12.0;
+    double read = elems * state_bytes, write = elems * state_bytes;
     if (e.plan.gradients == Tier::kNvme) read += elems * grad_bytes;
     if (config.offload_param == Tier::kNvme) write += elems * dsize;
     // Reads and writes in turn at their own rates, or at once at the mixed rate where recorded.

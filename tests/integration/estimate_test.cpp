@@ -650,6 +650,20 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   mixed.nvme_mixed_bytes = {2e8, true, "test"};
   EXPECT_NEAR(predict_step(*config, *e, mixed).optimizer_ms, 16 * elems / 2e8 * 1e3, 1e-6);
 
+  // Compact optimizer state streams its own bytes: int8 moments (1 + 4/256 bytes each) and bf16
+  // master weights with Kahan compensation (4) are 6.03125 bytes an element each way.
+  Json compact = j;
+  compact["optimizer"]["state_dtype"] = "int8";
+  compact["optimizer"]["master_dtype"] = "bf16";
+  compact["optimizer"]["master_rounding"] = "kahan";
+  auto small_state = config_of(compact);
+  ASSERT_TRUE(small_state.is_ok());
+  auto ce = estimate(*small_state, 1);
+  ASSERT_TRUE(ce.is_ok()) << ce.status().message();
+  const double state = 4 + 2 * (1 + 4.0 / 256);
+  EXPECT_NEAR(predict_step(*small_state, *ce, r).optimizer_ms,
+              (state * elems / 1e9 + (state + 4) * elems / 5e8) * 1e3, 1e-6);
+
   // Without timed layers (a model too large to time quickly) the step is not timed either.
   EXPECT_FALSE(time_small_step(*config, 1, r).is_ok());
 
