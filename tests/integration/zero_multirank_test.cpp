@@ -661,3 +661,85 @@ TEST(ZeroFailures, OutOfDeviceMemoryWithCollectivesInFlightEndsCleanly) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+using namespace testing;  // NOLINT: the multi-rank run helpers
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// strata launch: rank 1 of 4 is killed (SIGKILL) as step 3 starts; the launcher restarts from the
+// latest complete checkpoint (step 2) with the ranks left, 3, of which 2 run (a global batch of 4
+// micro-batches of 2 does not split over 3), and the job finishes. The metrics hold each step
+// once (1 and 2 from the first attempt, 3 to 5 from the second: the data continues with the next
+// unseen batch), and steps 3-5 are the losses of a run resumed by hand from that checkpoint on 2
+// ranks. A config that fits no rank count at or above --min-ranks is given up on, saying why.
+TEST(ZeroElastic, LaunchRestartsOnTheRanksLeftAndContinuesAsAResumeByHand) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json j = config(dir, "elastic");
+  j["max_steps"] = 5;
+  j["save_every"] = 1;
+  j["dist_timeout_s"] = 30;
+  dir.write("elastic.json", j.dump());
+  const std::string mpirun_args =
+      " --mpirun-args '--oversubscribe --bind-to none --mca btl self,vader'";
+  const std::string env = "OMPI_MCA_orte_tmpdir_base=" + dir.path() + " ";
+  const int rc =
+      run(env + STRATA_CLI + " launch --ranks 4" + mpirun_args + " -- " + dir.file("elastic.json") +
+          " --inject-fault kill:1:3 >" + dir.file("launch.out") + " 2>&1");
+  const std::string out = read_text(dir.file("launch.out"));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("rank(s) 1 died"), std::string::npos) << out;
+  EXPECT_NE(out.find("does not split over 3, so 2 of them run"), std::string::npos) << out;
+  EXPECT_NE(out.find("attempt 2: 2 rank(s), resuming from " + dir.file("elastic/ckpt") + "/latest"),
+            std::string::npos)
+      << out;
+  std::vector<std::int64_t> steps;
+  {
+    std::ifstream in(dir.file("elastic/metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) steps.push_back(Json::parse(line)["step"].get<std::int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{1, 2, 3, 4, 5}));
+  const std::vector<double> launched = losses(dir.file("elastic/metrics.jsonl"));
+  ASSERT_EQ(launched.size(), 5u);
+
+  Json by_hand = config(dir, "by-hand");
+  by_hand["max_steps"] = 5;
+  dir.write("by-hand.json", by_hand.dump());
+  ASSERT_EQ(run(mpirun(dir, 2) + STRATA_CLI + " train " + dir.file("by-hand.json") + " --resume " +
+                dir.file("elastic/ckpt/step-00000002") + " >/dev/null 2>&1"),
+            0);
+  EXPECT_EQ(losses(dir.file("by-hand/metrics.jsonl")),
+            std::vector<double>(launched.begin() + 2, launched.end()));
+
+  // Nothing from 3 (--min-ranks) to 3 ranks splits the batch: no attempt runs.
+  const int refused =
+      run(env + STRATA_CLI + " launch --ranks 3 --min-ranks 3" + mpirun_args + " -- " +
+          dir.file("elastic.json") + " >" + dir.file("refused.out") + " 2>&1");
+  EXPECT_NE(refused, 0);
+  EXPECT_NE(read_text(dir.file("refused.out")).find("giving up"), std::string::npos)
+      << read_text(dir.file("refused.out"));
+
+  // A hostfile's slots bound the ranks: 2 listed, 2 run.
+  dir.write("hosts", "localhost slots=2  # this machine\n");
+  Json listed = config(dir, "listed");
+  listed["max_steps"] = 1;
+  dir.write("listed.json", listed.dump());
+  const int hosted =
+      run(env + STRATA_CLI + " launch --ranks 4 --hostfile " + dir.file("hosts") + mpirun_args +
+          " -- " + dir.file("listed.json") + " >" + dir.file("listed.out") + " 2>&1");
+  EXPECT_EQ(hosted, 0) << read_text(dir.file("listed.out"));
+  EXPECT_NE(read_text(dir.file("listed.out")).find("attempt 1: 2 rank(s)"), std::string::npos)
+      << read_text(dir.file("listed.out"));
+}
+
+}  // namespace
+}  // namespace strata

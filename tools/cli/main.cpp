@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add(strata::cli::add_tokenize_command);
   add(strata::cli::add_generate_command);
   add(strata::cli::add_merge_command);
+  add(strata::cli::add_launch_command);
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) strata::set_log_level(strata::LogLevel::kDebug);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -117,7 +118,10 @@ int run_train(const TrainArgs& a) {
     return exit_code_for(config.status());
   }
   train::TrainOptions options;
-  if (!a.inject_fault.empty()) {
+  // Under strata launch, a restarted job does not meet the fault again (a lost node does not
+  // come back to fail at the same step).
+  const char* attempt = std::getenv("STRATA_LAUNCH_ATTEMPT");
+  if (!a.inject_fault.empty() && (attempt == nullptr || std::string(attempt) == "0")) {
     if (Status s = add_fault(a.inject_fault, &options); !s.is_ok()) {
       std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), s.message().c_str());
       return exit_code_for(s);
