@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "src/device/cpu/cpu_kernels.h"
@@ -173,11 +174,13 @@ struct CpuAdam::Impl {
     });
   }
 
-  // Runs `kernel(tile)` over the span's tiles with every pointer offset to the tile. bf16
-  // moments or master weights go through the f32 kernels kStateChunk elements at a time: widened
-  // into scratch the kernel updates in place (the step's arithmetic is the f32 step's), then
-  // stored back: moments rounded to nearest, master weights stochastically (the reference's
-  // random bits, element by element) with the copy converted from the value stored.
+  // Runs `kernel(tile)` over the span's tiles with every pointer offset to the tile. Compact
+  // state (bf16 or 8-bit moments, bf16 master weights) goes through the f32 kernels kStateChunk
+  // elements at a time: widened into scratch the kernel updates in place (the step's arithmetic
+  // is the f32 step's), then stored back: moments rounded to nearest or quantized by block,
+  // master weights stochastically (the reference's random bits, element by element) or with
+  // their Kahan compensation, the copy converted from the value stored. (bf16 moments beside f32
+  // master weights skip this where the ISA's kernels read them directly: step().)
   static constexpr std::int64_t kStateChunk = 2048;
   template <typename Kernel>
   void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
@@ -263,6 +266,33 @@ struct CpuAdam::Impl {
         }
         if (half_master) store_master(a, c, len, p);
       }
+    });
+  }
+  // Runs `kernel(tile)` over the span's tiles for a kernel that reads and writes bf16 moments
+  // itself: the tile's moment pointers are the bf16 arrays' (as float*, offset in bf16 units).
+  template <typename Kernel>
+  void run_bf16_moment_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
+    const std::size_t gsize = dtype_size(a.grad_dtype);
+    const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
+    const bool out_of_place = a.param_in != nullptr;
+    const auto* p_in = static_cast<const float*>(out_of_place ? a.param_in : a.param);
+    const auto* m_in = static_cast<const std::uint16_t*>(out_of_place ? a.exp_avg_in : a.exp_avg);
+    const auto* v_in =
+        static_cast<const std::uint16_t*>(out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq);
+    auto* m = static_cast<std::uint16_t*>(a.exp_avg);
+    auto* v = static_cast<std::uint16_t*>(a.exp_avg_sq);
+    const auto as_f32 = [](auto* p) {
+      using F = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>,
+                                   const float*, float*>;
+      return reinterpret_cast<F>(p);
+    };
+    for_each_tile(a.n, 1, [&](std::int64_t b, std::int64_t e) {
+      const auto at = static_cast<std::size_t>(b);
+      kernel(AdamTile{
+          static_cast<float*>(a.param) + b, static_cast<const std::byte*>(a.grad) + at * gsize,
+          as_f32(m + b), as_f32(v + b),
+          a.param_out != nullptr ? static_cast<std::byte*>(a.param_out) + at * osize : nullptr,
+          e - b, p_in + b, as_f32(m_in + b), as_f32(v_in + b)});
     });
   }
   // fn(first element, block index, elements) for each 8-bit block of [c, c + len) (c on a block
@@ -529,6 +559,15 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
     return StepOutcome::kSkippedNonFinite;
   }
   const AdamConstants c = make_constants(args);
+  // bf16 moments with f32 master weights: read and written as bf16 by the kernel itself where
+  // the ISA has one (the tuner's variants are of f32 state; these use regular stores).
+  if (args.state_dtype == DType::kBF16 && args.master_dtype == DType::kF32) {
+    if (const detail::AdamKernel fused =
+            s.kernels.adam_bf16_moments[g][o][args.adamw_mode ? 1 : 0]) {
+      s.run_bf16_moment_tiles(args, [&](const AdamTile& t) { fused(c, t); });
+      return StepOutcome::kUpdated;
+    }
+  }
   s.adopt_if_chosen();
   bool streaming = s.streaming, prefetch = s.prefetch;
   int sample = -1;  // the tuner's variant this step is timed for, if any

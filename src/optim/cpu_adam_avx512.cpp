@@ -166,9 +166,30 @@ inline void store_out(void* out, std::int64_t i, __m512 p, __mmask16 k) {
 // order.
 constexpr int kSpan = 4;
 
+// The moments: f32, or (kHalf) bf16 widened on load and rounded to nearest even on store, as
+// the reference does (the tile's moment pointers then point at std::uint16_t).
+template <bool kHalf, bool kMasked>
+inline __m512 load_moment(const float* p, std::int64_t i, __mmask16 k) {
+  if constexpr (kHalf) {
+    return bf16x16_to_f32(load_u16x16<kMasked>(reinterpret_cast<const std::uint16_t*>(p) + i, k));
+  } else {
+    return load_f32<kMasked>(p + i, k);
+  }
+}
+
+template <bool kHalf, bool kNativeBF16, bool kMasked, bool kNT>
+inline void store_moment(float* p, std::int64_t i, __m512 x, __mmask16 k) {
+  if constexpr (kHalf) {
+    const __m256i h = kNativeBF16 ? f32_to_bf16_native(x) : f32_to_bf16_int(x);
+    store_u16x16<kMasked, kNT>(reinterpret_cast<std::uint16_t*>(p) + i, h, k);
+  } else {
+    store_f32<kMasked, kNT>(p + i, x, k);
+  }
+}
+
 // The statements of device::adamw_reference on 16 lanes; same operations, same order. For the
 // masked head and tail of a tile.
-template <int G, int O, bool kAdamW, bool kNativeBF16, bool kMasked, bool kNT>
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kMasked, bool kNT, bool kHalf>
 inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i, __mmask16 k) {
   __m512 g = _mm512_mul_ps(load_grad<G, kMasked>(t.grad, i, k), c.grad_scale);
   __m512 p = load_f32<kMasked>(t.param_in + i, k);
@@ -177,12 +198,14 @@ inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i, __mmas
   } else {
     g = _mm512_add_ps(g, _mm512_mul_ps(c.wd, p));
   }
-  const __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, load_f32<kMasked>(t.exp_avg_in + i, k)),
-                                 _mm512_mul_ps(c.omb1, g));
-  const __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, load_f32<kMasked>(t.exp_avg_sq_in + i, k)),
-                                 _mm512_mul_ps(_mm512_mul_ps(c.omb2, g), g));
-  store_f32<kMasked, kNT>(t.exp_avg + i, m, k);
-  store_f32<kMasked, kNT>(t.exp_avg_sq + i, v, k);
+  const __m512 m =
+      _mm512_add_ps(_mm512_mul_ps(c.beta1, load_moment<kHalf, kMasked>(t.exp_avg_in, i, k)),
+                    _mm512_mul_ps(c.omb1, g));
+  const __m512 v =
+      _mm512_add_ps(_mm512_mul_ps(c.beta2, load_moment<kHalf, kMasked>(t.exp_avg_sq_in, i, k)),
+                    _mm512_mul_ps(_mm512_mul_ps(c.omb2, g), g));
+  store_moment<kHalf, kNativeBF16, kMasked, kNT>(t.exp_avg, i, m, k);
+  store_moment<kHalf, kNativeBF16, kMasked, kNT>(t.exp_avg_sq, i, v, k);
   const __m512 denom =
       _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(kAll, v), c.bc2_sqrt), c.eps);
   p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c.step_size, m), denom));
@@ -190,20 +213,24 @@ inline void adam_vec(const Vconsts& c, const AdamTile& t, std::int64_t i, __mmas
   store_out<O, kNativeBF16, kMasked, kNT>(t.param_out, i, p, k);
 }
 
-// Stores S vectors of each f32 state array, one array after the other (see kSpan).
-template <bool kNT, int S>
+// Stores S vectors of each state array, one array after the other (see kSpan).
+template <bool kNT, int S, bool kHalf, bool kNativeBF16>
 inline void store_state(const AdamTile& t, std::int64_t i, const __m512* m, const __m512* v,
                         const __m512* p) {
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<false, kNT>(t.exp_avg + i + kLanes * k, m[k], kAll);
+  for (int k = 0; k < S; ++k) {
+    store_moment<kHalf, kNativeBF16, false, kNT>(t.exp_avg, i + kLanes * k, m[k], kAll);
+  }
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) store_f32<false, kNT>(t.exp_avg_sq + i + kLanes * k, v[k], kAll);
+  for (int k = 0; k < S; ++k) {
+    store_moment<kHalf, kNativeBF16, false, kNT>(t.exp_avg_sq, i + kLanes * k, v[k], kAll);
+  }
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) store_f32<false, kNT>(t.param + i + kLanes * k, p[k], kAll);
 }
 
 // adam_vec on S whole vectors, each array loaded and stored in a run (see kSpan).
-template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, int S>
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, int S, bool kHalf>
 inline void adam_block(const Vconsts& c, const AdamTile& t, std::int64_t i) {
   __m512 g[S], p[S], m[S], v[S];
 #pragma GCC unroll 4
@@ -213,9 +240,11 @@ inline void adam_block(const Vconsts& c, const AdamTile& t, std::int64_t i) {
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) p[k] = _mm512_loadu_ps(t.param_in + i + kLanes * k);
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) m[k] = _mm512_loadu_ps(t.exp_avg_in + i + kLanes * k);
+  for (int k = 0; k < S; ++k) m[k] = load_moment<kHalf, false>(t.exp_avg_in, i + kLanes * k, kAll);
 #pragma GCC unroll 4
-  for (int k = 0; k < S; ++k) v[k] = _mm512_loadu_ps(t.exp_avg_sq_in + i + kLanes * k);
+  for (int k = 0; k < S; ++k) {
+    v[k] = load_moment<kHalf, false>(t.exp_avg_sq_in, i + kLanes * k, kAll);
+  }
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) {
     if constexpr (kAdamW) {
@@ -230,7 +259,7 @@ inline void adam_block(const Vconsts& c, const AdamTile& t, std::int64_t i) {
         _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(kAll, v[k]), c.bc2_sqrt), c.eps);
     p[k] = _mm512_sub_ps(p[k], _mm512_div_ps(_mm512_mul_ps(c.step_size, m[k]), denom));
   }
-  store_state<kNT, S>(t, i, m, v, p);
+  store_state<kNT, S, kHalf, kNativeBF16>(t, i, m, v, p);
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) {
     store_out<O, kNativeBF16, false, kNT>(t.param_out, i + kLanes * k, p[k], kAll);
@@ -281,7 +310,7 @@ inline void prefetch_ahead(const AdamTile& t, std::int64_t i) {
   }
 }
 
-template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, bool kPrefetch>
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kNT, bool kPrefetch, bool kHalf = false>
 void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
   // A local copy: stores through its pointers cannot change it, so the pointers stay in
   // registers instead of being reloaded after every store.
@@ -290,28 +319,30 @@ void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
   const std::int64_t n = t.n;
   constexpr std::int64_t kBlock = kSpan * kLanes;
   std::int64_t i = 0;
+  static_assert(!(kHalf && (kNT || kPrefetch)), "bf16 moments: regular stores, no prefetch");
   if constexpr (kNT) {
     const std::int64_t head = peel_to_64(t.param, n);
     if (head > 0) {
-      adam_vec<G, O, kAdamW, kNativeBF16, true, false>(c, t, 0, tail_mask(head));
+      adam_vec<G, O, kAdamW, kNativeBF16, true, false, kHalf>(c, t, 0, tail_mask(head));
       i = head;
     }
     if (nt_aligned_at<O>(t, i)) {
       for (; i + kBlock <= n; i += kBlock) {
         if constexpr (kPrefetch) prefetch_ahead<G, kBlock>(t, i);
-        adam_block<G, O, kAdamW, kNativeBF16, true, kSpan>(c, t, i);
+        adam_block<G, O, kAdamW, kNativeBF16, true, kSpan, kHalf>(c, t, i);
       }
       for (; i + kLanes <= n; i += kLanes) {
-        adam_block<G, O, kAdamW, kNativeBF16, true, 1>(c, t, i);
+        adam_block<G, O, kAdamW, kNativeBF16, true, 1, kHalf>(c, t, i);
       }
     }
   }
   for (; i + kBlock <= n; i += kBlock) {
     if constexpr (kPrefetch) prefetch_ahead<G, kBlock>(t, i);
-    adam_block<G, O, kAdamW, kNativeBF16, false, kSpan>(c, t, i);
+    adam_block<G, O, kAdamW, kNativeBF16, false, kSpan, kHalf>(c, t, i);
   }
-  for (; i + kLanes <= n; i += kLanes) adam_block<G, O, kAdamW, kNativeBF16, false, 1>(c, t, i);
-  if (i < n) adam_vec<G, O, kAdamW, kNativeBF16, true, false>(c, t, i, tail_mask(n - i));
+  for (; i + kLanes <= n; i += kLanes)
+    adam_block<G, O, kAdamW, kNativeBF16, false, 1, kHalf>(c, t, i);
+  if (i < n) adam_vec<G, O, kAdamW, kNativeBF16, true, false, kHalf>(c, t, i, tail_mask(n - i));
   if constexpr (kNT) _mm_sfence();  // streamed stores are weakly ordered
 }
 
@@ -367,7 +398,7 @@ inline void roofline_block(const AdamTile& t, std::int64_t i) {
   for (int k = 0; k < S; ++k) {
     v[k] = _mm512_add_ps(_mm512_loadu_ps(t.exp_avg_sq_in + i + kLanes * k), g[k]);
   }
-  store_state<kNT, S>(t, i, m, v, p);
+  store_state<kNT, S, false, false>(t, i, m, v, p);
 #pragma GCC unroll 4
   for (int k = 0; k < S; ++k) store_out_bits<O, false, kNT>(t, i + kLanes * k, p[k], kAll);
 }
@@ -514,6 +545,9 @@ template <bool kNativeBF16>
 struct Avx512 {
   template <int G, int O, bool kAdamW, bool kNT, bool kPF>
   static constexpr AdamKernel adam = &adam_tile<G, O, kAdamW, kNativeBF16, kNT, kPF>;
+  template <int G, int O, bool kAdamW>
+  static constexpr AdamKernel adam_bf16_moments =
+      &adam_tile<G, O, kAdamW, kNativeBF16, false, false, true>;
   template <int G, int O, bool kNT, bool kPF>
   static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
   template <int G>

@@ -81,6 +81,10 @@ struct KernelSet {
   const char* name;
   // [grad kind][out kind][adamw_mode][nontemporal][prefetch]
   AdamKernel adam[kNumGradKinds][kNumOutKinds][2][2][2];
+  // bf16 moments read and written in place of f32 ones (the tile's moment pointers point at
+  // std::uint16_t), regular stores, no prefetch: [grad kind][out kind][adamw_mode]. Null where an
+  // ISA has none (the caller then widens the moments into f32 scratch).
+  AdamKernel adam_bf16_moments[kNumGradKinds][kNumOutKinds][2];
   // [grad kind][out kind][nontemporal][prefetch]
   RooflineKernel roofline[kNumGradKinds][kNumOutKinds][2][2];
   FiniteKernel all_finite[kNumGradKinds];
@@ -90,7 +94,8 @@ struct KernelSet {
 
 // Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
 // anonymous namespace, with static constexpr variable templates naming its kernels:
-//   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; RooflineKernel roofline<G, O, kNT, kPrefetch>;
+//   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; AdamKernel adam_bf16_moments<G, O, kAdamW>
+//   (may be null); RooflineKernel roofline<G, O, kNT, kPrefetch>;
 //   FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8
 // Its type has internal linkage, so every instantiation below is that file's own, compiled with
 // its flags: nothing ISA-specific is emitted where another file could pick it up.
@@ -98,6 +103,8 @@ template <class K, int G, int O, bool kNT, bool kPF>
 void fill_kernel_entry(KernelSet* set) {
   set->adam[G][O][0][kNT][kPF] = K::template adam<G, O, false, kNT, kPF>;
   set->adam[G][O][1][kNT][kPF] = K::template adam<G, O, true, kNT, kPF>;
+  set->adam_bf16_moments[G][O][0] = K::template adam_bf16_moments<G, O, false>;
+  set->adam_bf16_moments[G][O][1] = K::template adam_bf16_moments<G, O, true>;
   set->roofline[G][O][kNT][kPF] = K::template roofline<G, O, kNT, kPF>;
 }
 template <class K, int G, int O>

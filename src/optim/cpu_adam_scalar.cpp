@@ -144,6 +144,9 @@ void dequant8_block(const float* value, const std::uint8_t* codes, float scale, 
 struct Scalar {
   template <int G, int O, bool kAdamW, bool kNT, bool kPF>
   static constexpr AdamKernel adam = &adam_tile<G, O, kAdamW>;
+  // bf16 moments: widened into f32 scratch by the caller.
+  template <int G, int O, bool kAdamW>
+  static constexpr AdamKernel adam_bf16_moments = nullptr;
   template <int G, int O, bool kNT, bool kPF>
   static constexpr RooflineKernel roofline = &roofline_tile<G, O>;
   template <int G>
