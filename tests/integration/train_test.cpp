@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -988,6 +990,37 @@ void expect_resume_continues(Json saving, const std::string& ckpt,
   EXPECT_EQ(losses_of(**t), std::vector<double>(reference.begin() + 2, reference.end()));
 }
 
+// `j` with the optimizer on NVMe, serial: its last step read and wrote exactly the sum over the
+// trainable groups of `bytes(n)` for a group of n elements. Returns the trainer's describe().
+std::string expect_streamed_bytes(Json j,
+                                  const std::function<std::uint64_t(std::uint64_t)>& bytes) {
+  j["offload_optimizer"] = "nvme";
+  j["optimizer_overlap"] = "none";
+  auto t = make_trainer(j);
+  EXPECT_TRUE(t.is_ok()) << t.status().message();
+  if (!t.is_ok()) return "";
+  EXPECT_TRUE((*t)->run().is_ok());
+  auto config = parse_train_config(j, "test config");
+  EXPECT_TRUE(config.is_ok());
+  std::uint64_t want = 0;
+  const model::ParamLayout layout = model::ParamLayout::build(config->model);
+  for (const auto& g : layout.groups()) {
+    want += bytes(static_cast<std::uint64_t>(g.num_elems));
+  }
+  EXPECT_EQ((*t)->history().back().nvme_read_bytes, want);
+  EXPECT_EQ((*t)->history().back().nvme_write_bytes, want);
+  return (*t)->describe();
+}
+
+// `j` is refused when read, its message holding each of `words`.
+void expect_refused(const Json& j, std::initializer_list<const char*> words) {
+  auto refused = parse_train_config(j, "test config");
+  ASSERT_FALSE(refused.is_ok());
+  for (const char* w : words) {
+    EXPECT_NE(refused.status().message().find(w), std::string::npos) << refused.status().message();
+  }
+}
+
 // optimizer.state_dtype "bf16": Adam's moments in bf16 in every tier (half the moment bytes in
 // the plan, and across the drive), the same bits whether the optimizer lives on the device, the
 // host or NVMe and under every schedule, a resume that continues the run to the bit (the
@@ -1049,19 +1082,8 @@ TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
     SCOPED_TRACE(std::string("state_dtype ") + state);
     Json j = base;
     j["optimizer"]["state_dtype"] = state;
-    j["offload_optimizer"] = "nvme";
-    j["optimizer_overlap"] = "none";
-    auto t = make_trainer(j);
-    ASSERT_TRUE(t.is_ok()) << t.status().message();
-    ASSERT_TRUE((*t)->run().is_ok());
-    std::uint64_t want = 0;
-    for (const auto& g : layout.groups()) {
-      const auto n = static_cast<std::uint64_t>(g.num_elems);
-      want += blocks(4 * n) + 2 * blocks(static_cast<std::uint64_t>(moment_size) * n);
-    }
-    const StepMetrics& last = (*t)->history().back();
-    EXPECT_EQ(last.nvme_read_bytes, want);
-    EXPECT_EQ(last.nvme_write_bytes, want);
+    const std::uint64_t m = moment_size;
+    expect_streamed_bytes(j, [m](std::uint64_t n) { return blocks(4 * n) + 2 * blocks(m * n); });
   }
 
   Json saving = base;
@@ -1070,12 +1092,7 @@ TEST(CompactStates, Bf16MomentsKeepTheirBitsInEveryTierAndAcrossResume) {
 
   Json bad = base;
   bad["optimizer"]["state_dtype"] = "int4";
-  auto refused = parse_train_config(bad, "test config");
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("'optimizer.state_dtype'"), std::string::npos)
-      << refused.status().message();
-  EXPECT_NE(refused.status().message().find("fp32"), std::string::npos)
-      << refused.status().message();
+  expect_refused(bad, {"'optimizer.state_dtype'", "fp32"});
 }
 
 }  // namespace
@@ -1116,21 +1133,7 @@ TEST(CompactStates, Bf16MasterWeightsRoundAlikeEverywhereAndMoveSixBytes) {
   }
 
   // A step's NVMe traffic: master (2 bytes) and two moments (2 each) a parameter.
-  Json streamed = base;
-  streamed["offload_optimizer"] = "nvme";
-  streamed["optimizer_overlap"] = "none";
-  auto t = make_trainer(streamed);
-  ASSERT_TRUE(t.is_ok()) << t.status().message();
-  ASSERT_TRUE((*t)->run().is_ok());
-  auto config = parse_train_config(streamed, "test config");
-  ASSERT_TRUE(config.is_ok());
-  const model::ParamLayout layout = model::ParamLayout::build(config->model);
-  std::uint64_t want = 0;
-  for (const auto& g : layout.groups()) {
-    want += 3 * blocks(2 * static_cast<std::uint64_t>(g.num_elems));
-  }
-  EXPECT_EQ((*t)->history().back().nvme_read_bytes, want);
-  EXPECT_EQ((*t)->history().back().nvme_write_bytes, want);
+  expect_streamed_bytes(base, [](std::uint64_t n) { return 3 * blocks(2 * n); });
 
   Json saving = base;
   saving["offload_optimizer"] = "cpu";
@@ -1138,19 +1141,10 @@ TEST(CompactStates, Bf16MasterWeightsRoundAlikeEverywhereAndMoveSixBytes) {
 
   Json unknown = base;
   unknown["optimizer"]["master_rounding"] = "round";
-  auto refused = parse_train_config(unknown, "test config");
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("'optimizer.master_rounding'"), std::string::npos)
-      << refused.status().message();
-  EXPECT_NE(refused.status().message().find("kahan"), std::string::npos)
-      << refused.status().message();
+  expect_refused(unknown, {"'optimizer.master_rounding'", "kahan"});
   Json stray = fp32;
   stray["optimizer"]["master_rounding"] = "stochastic";
-  refused = parse_train_config(stray, "test config");
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("applies to master_dtype \"bf16\" only"),
-            std::string::npos)
-      << refused.status().message();
+  expect_refused(stray, {"applies to master_dtype \"bf16\" only"});
 }
 
 }  // namespace
@@ -1199,30 +1193,15 @@ TEST(CompactStates, Int8MomentsAndKahanMastersKeepTheirBitsEverywhere) {
     base = j;  // the last setting, int8 + kahan, for what follows
   }
 
-  {  // the trainer and its swap directory go before the resume's runs
-    Json streamed = base;
-    streamed["offload_optimizer"] = "nvme";
-    streamed["optimizer_overlap"] = "none";
-    auto t = make_trainer(streamed);
-    ASSERT_TRUE(t.is_ok()) << t.status().message();
-    EXPECT_NE((*t)->describe().find("optimizer state: 6.03 bytes a trained parameter: master "
-                                    "weights bf16 + Kahan compensation bf16 4 + moments int8 + "
-                                    "block scales 2 x 1.02"),
-              std::string::npos)
-        << (*t)->describe();
-    ASSERT_TRUE((*t)->run().is_ok());
-    auto config = parse_train_config(streamed, "test config");
-    ASSERT_TRUE(config.is_ok());
-    const model::ParamLayout layout = model::ParamLayout::build(config->model);
-    std::uint64_t want = 0;
-    for (const auto& g : layout.groups()) {
-      const auto n = static_cast<std::uint64_t>(g.num_elems);
-      const std::uint64_t scales = (n + 255) / 256 * 4;
-      want += 2 * blocks(2 * n) + 2 * (blocks(n) + blocks(scales));
-    }
-    EXPECT_EQ((*t)->history().back().nvme_read_bytes, want);
-    EXPECT_EQ((*t)->history().back().nvme_write_bytes, want);
-  }
+  // Each plane of each array once each way: the master weights and their compensation (2 + 2
+  // bytes), each moment's codes and its block scales (1 + 4/256).
+  const std::string plan = expect_streamed_bytes(base, [](std::uint64_t n) {
+    return 2 * blocks(2 * n) + 2 * (blocks(n) + blocks((n + 255) / 256 * 4));
+  });
+  EXPECT_NE(plan.find("optimizer state: 6.03 bytes a trained parameter: master weights bf16 + "
+                      "Kahan compensation bf16 4 + moments int8 + block scales 2 x 1.02"),
+            std::string::npos)
+      << plan;
 
   Json saving = base;
   saving["offload_optimizer"] = "nvme";
@@ -1230,10 +1209,7 @@ TEST(CompactStates, Int8MomentsAndKahanMastersKeepTheirBitsEverywhere) {
 
   Json bad = base;
   bad["optimizer"]["state_dtype"] = "int4";
-  auto refused = parse_train_config(bad, "test config");
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("int8"), std::string::npos)
-      << refused.status().message();
+  expect_refused(bad, {"int8"});
 }
 
 }  // namespace
