@@ -11,6 +11,10 @@
 # held-out loss against fp32's, and plots the curves together (bench/compact_states_quality.png,
 # with python3-matplotlib; the numbers are printed either way).
 #
+# QUALITY_SEED sets the run's seed (its initial weights and data order; default the quick
+# start's); QUALITY_SETTINGS picks settings ("state:master:rounding ...", e.g. "fp32:fp32:-
+# int8:bf16:kahan"); QUALITY_PLOT names the plot ("" for none).
+#
 # Usage: bench/compact_states_quality.sh [build/strata]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +28,12 @@ cut=$(($(wc -c <"$work/corpus.txt") * 9 / 10))
 head -c "$cut" "$work/corpus.txt" >"$work/train.txt"
 tail -c +$((cut + 1)) "$work/corpus.txt" >"$work/eval.txt"
 
-# state_dtype master_dtype master_rounding
-settings=("fp32 fp32 -" "bf16 fp32 -" "bf16 bf16 stochastic" "int8 fp32 -" "int8 bf16 kahan"
-  "int8 bf16 stochastic")
+# state_dtype:master_dtype:master_rounding
+read -r -a settings <<<"${QUALITY_SETTINGS:-fp32:fp32:- bf16:fp32:- bf16:bf16:stochastic int8:fp32:- int8:bf16:kahan int8:bf16:stochastic}"
+seed=()
+[ -n "${QUALITY_SEED:-}" ] && seed=(--set seed="$QUALITY_SEED")
 for setting in "${settings[@]}"; do
-  read -r state master rounding <<<"$setting"
+  IFS=: read -r state master rounding <<<"$setting"
   name=$state-$master-$rounding
   extra=()
   [ "$master" = bf16 ] && extra=(--set optimizer.master_rounding="$rounding")
@@ -36,14 +41,16 @@ for setting in "${settings[@]}"; do
     --set data.path="$work/train.txt" \
     --set 'eval_data={"path": "'"$work/eval.txt"'", "format": "text"}' --set eval_every=100 \
     --set optimizer.state_dtype="$state" --set optimizer.master_dtype="$master" "${extra[@]}" \
+    "${seed[@]}" \
     --set metrics_file="$work/$name.jsonl" >"$work/$name.out" 2>&1 || {
     cat "$work/$name.out" >&2
     exit 1
   }
 done
-/usr/bin/python3 - "$work" "$steps" <<'PY'
+/usr/bin/python3 - "$work" "$steps" "${QUALITY_PLOT-bench/compact_states_quality.png}" <<'PY'
 import json, sys
-work, steps = sys.argv[1], int(sys.argv[2])
+import os
+work, steps, plot = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 labels = {"fp32-fp32--": "fp32 state (12 B/param)", "bf16-fp32--": "bf16 moments (8 B/param)",
           "bf16-bf16-stochastic": "bf16 moments + bf16 master, stochastic rounding (6 B/param)",
           "int8-fp32--": "int8 moments (6.03 B/param)",
@@ -51,6 +58,8 @@ labels = {"fp32-fp32--": "fp32 state (12 B/param)", "bf16-fp32--": "bf16 moments
           "int8-bf16-stochastic": "int8 moments + bf16 master, stochastic rounding (4.03 B/param)"}
 runs = {}
 for state in labels:
+    if not os.path.exists(f"{work}/{state}.jsonl"):
+        continue  # a setting QUALITY_SETTINGS left out
     rows = [json.loads(l) for l in open(f"{work}/{state}.jsonl")]
     train = [(r["step"], r["loss"]) for r in rows]
     held = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
@@ -63,6 +72,8 @@ for state, (train, held) in runs.items():
     print(f"{labels[state]:60}: training loss (mean of the last 100 steps) {t:.4f} "
           f"({t / base_train - 1:+.2%}), held-out loss at step {held[-1][0]} {e:.4f} "
           f"({e / base_eval - 1:+.2%})")
+if not plot:
+    sys.exit(0)
 try:
     import matplotlib
     matplotlib.use("Agg")
@@ -82,6 +93,6 @@ ax.set_title(f"Quick start model, {steps} steps on 2.7 MB of text: compact optim
 ax.set_ylim(top=max(l for _, l in runs["fp32-fp32--"][0][50:]) + 0.2)
 ax.legend()
 fig.tight_layout()
-fig.savefig("bench/compact_states_quality.png", dpi=110)
-print("plot: bench/compact_states_quality.png")
+fig.savefig(plot, dpi=110)
+print("plot: " + plot)
 PY
