@@ -410,7 +410,14 @@ void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::ui
                            _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ)));
       idx = _mm256_add_epi32(idx, _mm256_and_si256(lift, _mm256_set1_epi32(1)));
     }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_i32gather_epi32(s.byte, idx, 4));
+    // The byte of sorted index idx, without a gather (Quant8Search: checked when CpuAdam is made).
+    __m256i b = idx;
+    if (!s.second) {
+      b = _mm256_blendv_epi8(_mm256_sub_epi32(idx, zero),
+                             _mm256_sub_epi32(_mm256_set1_epi32(255), idx),
+                             _mm256_cmpgt_epi32(zero, idx));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), b);
     const std::int64_t len = n - i >= 8 ? 8 : n - i;
     for (std::int64_t j = 0; j < len; ++j) codes[i + j] = static_cast<std::uint8_t>(bytes[j]);
   }

@@ -52,10 +52,12 @@ inline constexpr std::int64_t kPrefetchAheadBytes = 1024;
 // Block-wise 8-bit moments (device/adam8bit.h): one code's nearest-value search as plain data
 // (device::Adam8Search's arrays), and how the block is taken.
 struct Quant8Search {
-  const float* threshold;    // 258, ascending; +infinity past the last value
-  const std::int32_t* byte;  // the byte of each sorted value
-  std::int32_t zero;         // the index of the value 0
-  bool second;               // the second moment: sqrt(x) quantized; a positive root never 0
+  const float* threshold;  // 258, ascending; +infinity past the last value
+  // The byte of each sorted value: i itself for the second moment's code, i < zero ? 255 - i :
+  // i - zero for the first's (the vector kernels compute it so; CpuAdam checks the table).
+  const std::int32_t* byte;
+  std::int32_t zero;  // the index of the value 0
+  bool second;        // the second moment: sqrt(x) quantized; a positive root never 0
   // The vector kernels' short cut (device::Adam8Search::bucket): by the top 16 bits of y, clamped
   // in magnitude to [bucket_lo, bucket_hi], the thresholds below; the negative ones `buckets`
   // entries on.
