@@ -359,7 +359,9 @@ void bm_adam_compact(benchmark::State& state, Context* ctx, std::int64_t n, int 
   args.exp_avg_sq = v.as<void>();
   args.rounding_seed = 7;
   strata::optim::attach_aux_planes(args, n, args.param, args.exp_avg, args.exp_avg_sq);
-  const double bytes = 2 * (ml.bytes_per_elem() + 2 * sl.bytes_per_elem()) + 2 + 2;
+  // The state read and written, the bf16 gradient read and the bf16 copy written.
+  const double bytes =
+      2 * strata::optim::state_bytes_per_param(master_dtype, rounding, state_dtype) + 2 + 2;
   const double f32_bytes = bytes_per_elem(DType::kBF16, DType::kBF16);
   const auto roof_n = static_cast<std::int64_t>(static_cast<double>(n) * bytes / f32_bytes);
   const auto roof = arrays.args(roof_n, DType::kBF16, DType::kBF16);

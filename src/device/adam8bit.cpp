@@ -25,6 +25,15 @@ double tree_value(unsigned byte, bool is_signed) {
   return is_signed && (byte & 0x80u) != 0 ? -mag : mag;
 }
 
+// The index of the nearest value: how many thresholds lie below y (branch-free, 8 probes).
+inline int nearest(const Adam8Search& c, float y) {
+  int idx = 0;
+  for (int step = 128; step >= 1; step /= 2) {
+    idx += c.threshold[static_cast<std::size_t>(idx + step - 1)] < y ? step : 0;
+  }
+  return idx;
+}
+
 Adam8Search sort_code(const std::array<float, 256>& code) {
   std::array<int, 256> order{};
   for (int b = 0; b < 256; ++b) order[static_cast<std::size_t>(b)] = b;
@@ -54,19 +63,14 @@ Adam8Search sort_code(const std::array<float, 256>& code) {
     s.threshold[static_cast<std::size_t>(j)] = t;
   }
   // The buckets: the thresholds below each bucket's least value, checked against its greatest.
-  const auto below = [&](float y) {
-    return static_cast<std::int32_t>(std::lower_bound(s.threshold.begin(), s.threshold.end(), y,
-                                                      [](float t, float v) { return t < v; }) -
-                                     s.threshold.begin());
-  };
   for (int negative = 0; negative < 2; ++negative) {
     for (std::int32_t key = kAdam8BucketLo; key <= kAdam8BucketHi; ++key) {
       const auto bits = static_cast<std::uint32_t>(key | (negative << 15)) << 16;
       const float a = key == kAdam8BucketLo ? 0.0f : std::bit_cast<float>(bits);
       const float b = std::bit_cast<float>(bits | 0xffffu);
       const float lo = std::min(a, b), hi = std::max(a, b);
-      const std::int32_t first = below(lo);
-      if (below(hi) - first > 2) {
+      const std::int32_t first = nearest(s, lo);
+      if (nearest(s, hi) - first > 2) {
         std::fprintf(stderr, "adam8bit: bucket %x holds more than 2 thresholds\n", key);
         std::abort();
       }
@@ -80,15 +84,6 @@ std::array<float, 256> make_code(bool is_signed) {
   std::array<float, 256> code{};
   for (unsigned b = 0; b < 256; ++b) code[b] = static_cast<float>(tree_value(b, is_signed));
   return code;
-}
-
-// The index of the nearest value: how many thresholds lie below y (branch-free, 8 probes).
-inline int nearest(const Adam8Search& c, float y) {
-  int idx = 0;
-  for (int step = 128; step >= 1; step /= 2) {
-    idx += c.threshold[static_cast<std::size_t>(idx + step - 1)] < y ? step : 0;
-  }
-  return idx;
 }
 
 }  // namespace

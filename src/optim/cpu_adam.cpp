@@ -237,12 +237,10 @@ struct CpuAdam::Impl {
           convert->bf16_to_f32(static_cast<const std::uint16_t*>(v_in) + c, v, len);
         } else if (q8) {
           for_each_block(c, len, [&](std::int64_t at, std::int64_t block, std::int64_t n) {
-            kernels.dequant8(device::adam8_signed_code().data(),
-                             static_cast<const std::uint8_t*>(m_in) + at, m_scale_in[block], n,
-                             false, m + (at - c));
-            kernels.dequant8(device::adam8_unsigned_code().data(),
-                             static_cast<const std::uint8_t*>(v_in) + at, v_scale_in[block], n,
-                             true, v + (at - c));
+            kernels.dequant8(q8_m.value, static_cast<const std::uint8_t*>(m_in) + at,
+                             m_scale_in[block], n, false, m + (at - c));
+            kernels.dequant8(q8_v.value, static_cast<const std::uint8_t*>(v_in) + at,
+                             v_scale_in[block], n, true, v + (at - c));
           });
         }
         if (half_state || q8) {
@@ -514,14 +512,16 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
       STRATA_CHECK(search.byte[static_cast<std::size_t>(i)] == want,
                    "CpuAdam: the 8-bit code's bytes are not in the order its kernels compute", i);
     }
-    (second ? impl->q8_v : impl->q8_m) = detail::Quant8Search{search.threshold.data(),
-                                                              search.byte.data(),
-                                                              search.zero,
-                                                              second,
-                                                              search.bucket.data(),
-                                                              device::kAdam8BucketLo,
-                                                              device::kAdam8BucketHi,
-                                                              device::kAdam8Buckets};
+    (second ? impl->q8_v : impl->q8_m) = detail::Quant8Search{
+        search.threshold.data(),
+        search.byte.data(),
+        search.zero,
+        second,
+        search.bucket.data(),
+        device::kAdam8BucketLo,
+        device::kAdam8BucketHi,
+        device::kAdam8Buckets,
+        second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data()};
   }
   switch (path) {
     case SimdPath::kScalar:

@@ -63,6 +63,7 @@ struct Quant8Search {
   // entries on.
   const std::int32_t* bucket;
   std::int32_t bucket_lo, bucket_hi, buckets;
+  const float* value;  // each byte's value (device::adam8_signed_code / adam8_unsigned_code)
 };
 
 using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);

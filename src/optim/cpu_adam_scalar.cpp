@@ -1,11 +1,11 @@
 // Portable scalar CpuAdam kernels: the same statements as device::adamw_reference, per tile.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "src/optim/cpu_adam_kernels.h"
 #include "strata/core/dtype.h"
+#include "strata/device/adam8bit.h"
 
 namespace strata::optim::detail {
 namespace {
@@ -108,35 +108,23 @@ bool all_finite(const void* grad, std::int64_t n) {
 
 // ---- 8-bit moments ----
 
+// The scalar reference's own quantizers (device/adam8bit.h): the search tables they use are the
+// ones `s` points at.
 void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
                   float* scale) {
-  float base[256];
-  float a = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    base[i] = s.second ? std::sqrt(x[i]) : x[i];
-    a = std::max(a, std::fabs(base[i]));
-  }
-  *scale = a;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (a == 0.0f) {
-      codes[i] = 0;
-      continue;
-    }
-    const float y = base[i] / a;
-    std::int32_t idx = 0;
-    for (std::int32_t step = 128; step >= 1; step /= 2) {
-      idx += s.threshold[idx + step - 1] < y ? step : 0;
-    }
-    if (s.second && idx == s.zero && y > 0.0f) ++idx;
-    codes[i] = static_cast<std::uint8_t>(s.byte[idx]);
+  if (s.second) {
+    device::adam8_quantize_v(x, n, codes, scale);
+  } else {
+    device::adam8_quantize_m(x, n, codes, scale);
   }
 }
 
-void dequant8_block(const float* value, const std::uint8_t* codes, float scale, std::int64_t n,
+void dequant8_block(const float* /*value*/, const std::uint8_t* codes, float scale, std::int64_t n,
                     bool square, float* out) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float x = value[codes[i]] * scale;
-    out[i] = square ? x * x : x;
+  if (square) {
+    device::adam8_dequantize_v(codes, scale, n, out);
+  } else {
+    device::adam8_dequantize_m(codes, scale, n, out);
   }
 }
 

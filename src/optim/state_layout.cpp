@@ -51,6 +51,12 @@ StateLayout moment_layout(DType state_dtype) {
   return l;
 }
 
+double state_bytes_per_param(DType master_dtype, device::MasterRounding rounding,
+                             DType state_dtype) {
+  return master_layout(master_dtype, rounding).bytes_per_elem() +
+         2 * moment_layout(state_dtype).bytes_per_elem();
+}
+
 namespace {
 
 template <typename Ptr>

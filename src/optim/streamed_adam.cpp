@@ -104,12 +104,9 @@ Result<StreamedStepReport> StreamedAdam::step(std::span<const StreamedSegment> s
                                               const SegmentBegin& on_segment_begin,
                                               const SegmentReady& on_segment_ready) {
   StreamedStepReport report;
-  const auto same = [](const StateLayout& a, const StateLayout& b) {
-    return a.elem_bytes == b.elem_bytes && a.aux_bytes == b.aux_bytes && a.aux_elems == b.aux_elems;
-  };
   STRATA_CHECK(
-      same(options_.master_layout, master_layout(hyper.master_dtype, hyper.master_rounding)) &&
-          same(options_.moment_layout, moment_layout(hyper.state_dtype)),
+      options_.master_layout == master_layout(hyper.master_dtype, hyper.master_rounding) &&
+          options_.moment_layout == moment_layout(hyper.state_dtype),
       "StreamedAdam: the step's master and state dtypes are not the layouts it was made for");
   STRATA_CHECK(!(on_segment_ready && options_.check_finite),
                "StreamedAdam: gradients supplied when ready cannot be scanned before the step");

@@ -352,9 +352,8 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   // (fp32: 12 bytes an element; optimizer.state_dtype and master_dtype shrink them), reads the
   // gradient and writes the new working copy.
   const double state_bytes =
-      optim::master_layout(config.optimizer.master_dtype, config.optimizer.master_rounding)
-          .bytes_per_elem() +
-      2 * optim::moment_layout(config.optimizer.state_dtype).bytes_per_elem();
+      optim::state_bytes_per_param(config.optimizer.master_dtype, config.optimizer.master_rounding,
+                                   config.optimizer.state_dtype);
   const double grad_bytes = e.plan.keep_gradients ? dsize : 4.0;
   st.optimizer_ms = ms(elems * (2 * state_bytes + grad_bytes + dsize), rates.memory_bytes);
   if (config.offload_optimizer == Tier::kNvme) {

@@ -569,7 +569,7 @@ std::string state_note(const PlanOptions& o, const optim::StateLayout& master,
   const std::string moment_what = o.state_dtype == DType::kF32    ? "fp32"
                                   : o.state_dtype == DType::kBF16 ? "bf16"
                                                                   : "int8 + block scales";
-  return num(master.bytes_per_elem() + 2 * moment.bytes_per_elem()) +
+  return num(optim::state_bytes_per_param(o.master_dtype, o.master_rounding, o.state_dtype)) +
          " bytes a trained parameter: master weights " + master_what + " " +
          num(master.bytes_per_elem()) + " + moments " + moment_what + " 2 x " +
          num(moment.bytes_per_elem());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/build_config.h"
+#include "strata/core/file.h"
 #include "strata/core/json.h"
 #include "strata/model/safetensors.h"
 #include "strata/train/config.h"
@@ -703,10 +704,8 @@ namespace {
 using namespace testing;  // NOLINT: the multi-rank run helpers
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto text = read_file(path);
+  return text.is_ok() ? *text : "cannot read " + path;
 }
 
 // strata launch: rank 1 of 4 is killed (SIGKILL) as step 3 starts; the launcher restarts from the

@@ -37,12 +37,17 @@ struct StateLayout {
     return static_cast<double>(elem_bytes) +
            static_cast<double>(aux_bytes) / static_cast<double>(aux_elems);
   }
+  bool operator==(const StateLayout&) const = default;
 };
 
 // The master weights' (master_dtype f32 or bf16; Kahan adds the compensation plane).
 StateLayout master_layout(DType master_dtype, device::MasterRounding rounding);
 // Each moment's (state_dtype f32, bf16, or device::kAdam8StateDType with its scales).
 StateLayout moment_layout(DType state_dtype);
+
+// The optimizer state's bytes a trained parameter: the master weights and both moments.
+double state_bytes_per_param(DType master_dtype, device::MasterRounding rounding,
+                             DType state_dtype);
 
 // Points args' compensation and scale pointers (and their *_in twins when `in` is set) at the
 // second planes of buffers laid out for n elements: master at `master`, the moments at
