@@ -2,8 +2,9 @@
 # Installs what is missing, runs the tiered store's and the prefetch scheduler's tests under
 # ThreadSanitizer, then builds everything (warnings are errors; CUDA sources compile where nvcc
 # exists) and, where nvcc exists, the GPU check's own build, runs the numerics-sensitive tests
-# under two OpenBLAS kernels other than this CPU's own, and runs the whole test suite through
-# ctest, whose summary is the last thing printed.
+# under two OpenBLAS kernels other than this CPU's own, fuzzes each parser of outside input for
+# a few seconds, and runs the whole test suite through ctest, whose summary is the last thing
+# printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,6 +72,11 @@ for kernel in "${others[@]}"; do
     exit 1
   fi
 done
+
+# The parsers of outside input under libFuzzer (clang, ASan + UBSan; tools/fuzz.sh): a few
+# seconds a harness, from the seeds of tests/fuzz/corpus, with a fixed seed. A finding fails the
+# check and leaves its input in build-fuzz/artifacts.
+tools/fuzz.sh 5
 
 # Tests pin their own thread counts; run two at a time on this class of machine.
 # Tests that compare a prediction with a timed run need the cores to themselves: they run after

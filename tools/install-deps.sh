@@ -8,7 +8,8 @@ packages=(build-essential cmake ninja-build pkg-config ccache git
           liburing-dev libhwloc-dev libtbb-dev libopenblas-dev
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev fio
-          libpcre2-dev libutf8proc-dev libsentencepiece-dev libdnnl-dev)
+          libpcre2-dev libutf8proc-dev libsentencepiece-dev libdnnl-dev
+          clang libclang-rt-dev)  # clang and its libFuzzer: tools/fuzz.sh
 if [[ "${1:-}" == "--with-golden" ]]; then
   packages+=(python3-torch python3-numpy)
 fi

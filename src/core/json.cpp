@@ -86,8 +86,17 @@ Result<Json> read_json_file(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_file(path));
   try {
     return Json::parse(text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
     return data_loss(path + " is not valid JSON: " + e.what());
+  }
+}
+
+bool is_utf8(const std::string& text) {
+  try {
+    (void)Json(text).dump();  // nlohmann's own UTF-8 check, the one dump() applies
+    return true;
+  } catch (const Json::type_error&) {
+    return false;
   }
 }
 

@@ -132,6 +132,11 @@ Result<std::vector<ChatPart>> ChatTemplate::render(std::span<const ChatMessage> 
                               "\": Strata renders system, user and assistant messages (the " +
                               name_ + " template)");
     }
+    if (const std::size_t bad = find_invalid_utf8(messages[i].content);
+        bad != std::string_view::npos) {
+      return invalid_argument("messages[" + std::to_string(i) + "].content is not UTF-8 (byte " +
+                              std::to_string(bad) + ")");
+    }
   }
   std::vector<ChatPart> parts;
   auto add = [&](std::string text, bool train) {

@@ -178,8 +178,8 @@ void HfTokenizer::encode_text(std::string_view text, bool at_start,
   for (const auto& piece : pieces) model_->tokenize(piece.text, ids);
 }
 
-void HfTokenizer::encode(std::string_view text, bool add_special_tokens,
-                         std::vector<std::int32_t>* out) const {
+void HfTokenizer::encode_utf8(std::string_view text, bool add_special_tokens,
+                              std::vector<std::int32_t>* out) const {
   std::vector<std::int32_t> ids;
   std::vector<Section> raw;
   split_added(text, raw_matcher_, &raw);

@@ -25,9 +25,6 @@ class HfTokenizer final : public Tokenizer {
   // Reads and checks tokenizer.json at `path`.
   static Result<std::unique_ptr<HfTokenizer>> load(const std::string& path);
 
-  void encode(std::string_view text, bool add_special_tokens,
-              std::vector<std::int32_t>* ids) const override;
-  using Tokenizer::encode;
   Result<std::string> decode(std::span<const std::int32_t> ids,
                              bool skip_special_tokens) const override;
   std::int64_t vocab_size() const override { return vocab_size_; }
@@ -42,6 +39,10 @@ class HfTokenizer final : public Tokenizer {
     bos_id_ = bos;
     eos_id_ = eos;
   }
+
+ protected:
+  void encode_utf8(std::string_view text, bool add_special_tokens,
+                   std::vector<std::int32_t>* ids) const override;
 
  private:
   // Leftmost-longest matcher over a set of added tokens.

@@ -39,8 +39,8 @@ void SentencePieceTokenizer::split_special_pieces() {
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
-void SentencePieceTokenizer::encode(std::string_view text, bool add_special_tokens,
-                                    std::vector<std::int32_t>* ids) const {
+void SentencePieceTokenizer::encode_utf8(std::string_view text, bool add_special_tokens,
+                                         std::vector<std::int32_t>* ids) const {
   if (add_special_tokens && add_bos_ && bos_id_) ids->push_back(*bos_id_);
   std::vector<int> pieces;
   auto encode_section = [&](std::string_view section) {

@@ -19,11 +19,6 @@ class SentencePieceTokenizer final : public Tokenizer {
   static Result<std::unique_ptr<SentencePieceTokenizer>> load(const std::string& path);
   ~SentencePieceTokenizer() override;
 
-  // As SentencePieceProcessor.encode(text); with add_special_tokens, add_bos / add_eos say
-  // what to add (a bare model adds nothing; a Llama directory adds the BOS).
-  void encode(std::string_view text, bool add_special_tokens,
-              std::vector<std::int32_t>* ids) const override;
-  using Tokenizer::encode;
   Result<std::string> decode(std::span<const std::int32_t> ids,
                              bool skip_special_tokens) const override;
   std::int64_t vocab_size() const override;
@@ -43,6 +38,12 @@ class SentencePieceTokenizer final : public Tokenizer {
     bos_id_ = bos;
     eos_id_ = eos;
   }
+
+ protected:
+  // As SentencePieceProcessor.encode(text); with add_special_tokens, add_bos / add_eos say
+  // what to add (a bare model adds nothing; a Llama directory adds the BOS).
+  void encode_utf8(std::string_view text, bool add_special_tokens,
+                   std::vector<std::int32_t>* ids) const override;
 
  private:
   SentencePieceTokenizer();

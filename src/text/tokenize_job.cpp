@@ -115,7 +115,7 @@ struct Encoder {
     Json j;
     try {
       j = Json::parse(r.text);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
       return invalid_argument(where() + ": not a JSON object (" + std::string(e.what()) + ")");
     }
     if (!j.is_object())

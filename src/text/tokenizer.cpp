@@ -6,6 +6,7 @@
 
 #include "src/text/hf_tokenizer.h"
 #include "src/text/sentencepiece_tokenizer.h"
+#include "src/text/unicode.h"
 #include "strata/core/json.h"
 
 namespace strata::text {
@@ -151,6 +152,15 @@ Status apply_config(Tokenizer* tok, const std::string& config_path) {
 }
 
 }  // namespace
+
+void Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                       std::vector<std::int32_t>* ids) const {
+  if (find_invalid_utf8(text) == std::string_view::npos) {
+    encode_utf8(text, add_special_tokens, ids);
+  } else {
+    encode_utf8(replace_invalid_utf8(text), add_special_tokens, ids);
+  }
+}
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& path) {
   std::error_code ec;

@@ -16,6 +16,10 @@ char32_t next_char(std::string_view s, std::size_t* pos) {
     *pos += 1;
     return lead;
   }
+  if (*pos + utf8_length(lead) > s.size()) {  // a sequence cut short by the end: never read past
+    *pos = s.size();
+    return 0xFFFD;
+  }
   if (lead < 0xE0) {
     *pos += 2;
     return (char32_t{lead & 0x1Fu} << 6) | (p[1] & 0x3Fu);
@@ -57,6 +61,47 @@ std::size_t find_invalid_utf8(std::string_view s) {
     i += static_cast<std::size_t>(n);
   }
   return std::string_view::npos;
+}
+
+std::string replace_invalid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    if (lead < 0x80) {
+      out += s[i++];
+      continue;
+    }
+    // Table 3-7: the length of the sequence a lead byte starts and the range its second byte
+    // must fall in (the others are 80..BF); 0: not a lead byte.
+    std::size_t length = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) lo = 0xA0;
+      if (lead == 0xED) hi = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) lo = 0x90;
+      if (lead == 0xF4) hi = 0x8F;
+    }
+    std::size_t n = 1;  // bytes of the sequence that fit so far
+    while (n < length && i + n < s.size()) {
+      const auto b = static_cast<unsigned char>(s[i + n]);
+      if (n == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) break;
+      ++n;
+    }
+    if (length != 0 && n == length) {
+      out.append(s.substr(i, n));
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+    }
+    i += n;
+  }
+  return out;
 }
 
 namespace {

@@ -21,6 +21,10 @@ void append_utf8(std::string* out, char32_t c);
 
 // The byte offset of the first invalid UTF-8 sequence, or std::string_view::npos.
 std::size_t find_invalid_utf8(std::string_view s);
+// `s` with each maximal subpart of an invalid sequence (Unicode 15, section 3.9: the longest
+// start of a well-formed sequence, else one byte) replaced by U+FFFD, as Python's
+// bytes.decode("utf-8", "replace") and WHATWG's decoder read it.
+std::string replace_invalid_utf8(std::string_view s);
 
 bool is_whitespace(char32_t c);       // Unicode White_Space (Rust char::is_whitespace)
 bool is_punctuation(char32_t c);      // general category P*

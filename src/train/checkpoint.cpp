@@ -425,35 +425,42 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
 }
 
 Result<std::string> resolve_checkpoint(const std::string& dir) {
-  if (!fs::is_directory(dir)) return not_found("checkpoint directory " + dir + " does not exist");
+  // Never throws: a name from `latest` may be anything (too long, a loop of links).
+  const auto present = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::exists(p, ec);
+  };
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return not_found("checkpoint directory " + dir + " does not exist");
   std::string ckpt = dir;
-  if (!fs::exists(fs::path(dir) / "trainer_state.json")) {
+  if (!present(fs::path(dir) / "trainer_state.json")) {
     const std::string latest = (fs::path(dir) / "latest").string();
-    if (!fs::exists(latest)) {
+    if (!present(latest)) {
       return not_found(dir +
                        " is not a checkpoint: it has neither trainer_state.json nor a "
                        "'latest' file naming one");
     }
     STRATA_ASSIGN_OR_RETURN(std::string name, read_file(latest));
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (name.empty() || name.find('/') != std::string::npos) {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
       return data_loss(latest + " is malformed: expected a step directory name, got '" + name +
                        "'");
     }
     ckpt = (fs::path(dir) / name).string();
   }
   // A full fine-tune saves the model (model/), a LoRA run its adapters (PEFT's files).
-  const bool adapters = fs::exists(fs::path(ckpt) / model::kAdapterConfigFile);
+  const bool adapters = present(fs::path(ckpt) / model::kAdapterConfigFile);
   for (const char* f :
        {"trainer_state.json", adapters ? model::kAdapterWeightsFile : "model/config.json"}) {
-    if (!fs::exists(fs::path(ckpt) / f)) {
+    if (!present(fs::path(ckpt) / f)) {
       return not_found("checkpoint " + ckpt + " is incomplete: " + f + " is missing");
     }
   }
   STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(ckpt));
   for (int r = 0; r < st.world_size; ++r) {
     const std::string f = optimizer_shard_name(r, st.world_size);
-    if (!fs::exists(fs::path(ckpt) / f)) {
+    if (!present(fs::path(ckpt) / f)) {
       return not_found("checkpoint " + ckpt + " is incomplete: " + f +
                        " is missing (it was saved by " + std::to_string(st.world_size) + " ranks)");
     }
@@ -507,6 +514,38 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   return st;
 }
 
+Result<SavedGrid> saved_grid(const TrainerState& st, const model::LlamaConfig& config,
+                             const std::string& state_file) {
+  const int saved_tp = st.tensor_parallel_size;
+  if (const auto problems = model::tensor_parallel_problems(config, saved_tp); !problems.empty()) {
+    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
+                     " cannot split this model: " + problems.front());
+  }
+  const int saved_pp = st.pipeline_parallel_size;
+  if (st.world_size % (saved_tp * saved_pp) != 0) {
+    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
+                     (saved_pp > 1 ? " x pipeline_parallel_size " + std::to_string(saved_pp) : "") +
+                     " does not divide world_size " + std::to_string(st.world_size));
+  }
+  // Which saved stage held each group.
+  SavedGrid saved;
+  if (saved_pp > 1) {
+    const auto n = static_cast<int>(st.pipeline_layers.size());
+    const int virtual_stages = n % saved_pp == 0 ? n / saved_pp : 0;
+    const auto problems = model::pipeline_layers_problems(
+        st.pipeline_layers, saved_pp, std::max(virtual_stages, 1), config.num_hidden_layers);
+    if (virtual_stages == 0 || !problems.empty()) {
+      return data_loss(state_file + ": pipeline_layers " + Json(st.pipeline_layers).dump() +
+                       " cannot cut this model over pipeline_parallel_size " +
+                       std::to_string(saved_pp) +
+                       (problems.empty() ? "" : ": " + problems.front()));
+    }
+    saved.stage = model::pipeline_stage(saved_pp, virtual_stages, 0, st.pipeline_layers);
+  }
+  saved.shape = {st.world_size / (saved_tp * saved_pp), saved_tp, saved_pp};
+  return saved;
+}
+
 Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& config,
                        const model::ParamLayout& layout, const model::ParamLayout& whole,
                        model::TensorParallel tp, zero::ZeroProvider& provider,
@@ -542,38 +581,15 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
   // slices). This rank's range is read a saved file at a time, each element found by its place
   // in the whole tensor, so any grid resumes any other. O(shard) memory.
   STRATA_ASSIGN_OR_RETURN(TrainerState st, read_trainer_state(checkpoint));
-  const int saved_tp = st.tensor_parallel_size;
   const std::string state_file = checkpoint + "/trainer_state.json";
-  if (const auto problems = model::tensor_parallel_problems(config, saved_tp); !problems.empty()) {
-    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
-                     " cannot split this model: " + problems.front());
-  }
-  const int saved_pp = st.pipeline_parallel_size;
-  if (st.world_size % (saved_tp * saved_pp) != 0) {
-    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
-                     (saved_pp > 1 ? " x pipeline_parallel_size " + std::to_string(saved_pp) : "") +
-                     " does not divide world_size " + std::to_string(st.world_size));
-  }
-  // Which saved stage held each group.
-  model::PipelineStage saved_stage;
-  if (saved_pp > 1) {
-    const auto n = static_cast<int>(st.pipeline_layers.size());
-    const int virtual_stages = n % saved_pp == 0 ? n / saved_pp : 0;
-    const auto problems = model::pipeline_layers_problems(
-        st.pipeline_layers, saved_pp, std::max(virtual_stages, 1), config.num_hidden_layers);
-    if (virtual_stages == 0 || !problems.empty()) {
-      return data_loss(state_file + ": pipeline_layers " + Json(st.pipeline_layers).dump() +
-                       " cannot cut this model over pipeline_parallel_size " +
-                       std::to_string(saved_pp) +
-                       (problems.empty() ? "" : ": " + problems.front()));
-    }
-    saved_stage = model::pipeline_stage(saved_pp, virtual_stages, 0, st.pipeline_layers);
-  }
+  STRATA_ASSIGN_OR_RETURN(const SavedGrid saved, saved_grid(st, config, state_file));
+  const int saved_tp = saved.shape.tensor;
+  const model::PipelineStage& saved_stage = saved.stage;
   if (saved_tp > 1 && layout.has_adapters()) {
     return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
                      " with adapters; a LoRA run does not split its layers");
   }
-  const dist::GridShape saved_grid{st.world_size / (saved_tp * saved_pp), saved_tp, saved_pp};
+  const dist::GridShape& saved_grid = saved.shape;
   // Each saved tensor-parallel rank's layout of every group (its stage's groups in its file).
   std::vector<model::ParamLayout> saved_layouts;
   if (saved_tp == 1 && tp.size == 1) {
@@ -632,7 +648,9 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
       const std::int64_t lo = slice * at.data, hi = std::min(lo + slice, saved.num_elems);
       // Both run lists ascend through the whole tensor: one merge per tensor.
       std::vector<Copy> copies;
-      for (const auto& [tensor, runs] : wanted) {
+      for (const auto& entry : wanted) {
+        const model::TensorSpec* tensor = entry.first;
+        const auto& runs = entry.second;  // a name a lambda can capture (clang < 16)
         const model::TensorSpec* had = tensor_named(saved, tensor->name);
         if (had == nullptr) {
           return data_loss(f.path() + ": group " + name + " has no " + tensor->name);

@@ -11,6 +11,10 @@
 namespace strata::train {
 
 Status apply_override(Json& json, const std::string& assignment) {
+  if (!is_utf8(assignment)) {
+    return invalid_argument(
+        "--set: an assignment that is not UTF-8; a config holds UTF-8 text only");
+  }
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
     return invalid_argument("--set '" + assignment +
@@ -21,7 +25,7 @@ Status apply_override(Json& json, const std::string& assignment) {
   Json value;
   try {
     value = Json::parse(text);
-  } catch (const Json::parse_error&) {
+  } catch (const Json::exception&) {  // not JSON, or a number out of range (1e999)
     value = text;
   }
   Json* node = &json;
@@ -515,7 +519,13 @@ Result<TrainConfig> load_train_config(const std::string& path,
   STRATA_ASSIGN_OR_RETURN(Json json, read_json_file(path));
   for (const auto& o : overrides) STRATA_RETURN_IF_ERROR(apply_override(json, o));
   if (json.is_object()) {
-    for (const auto& [key, value] : keys.items()) json[key] = value;
+    for (const auto& [key, value] : keys.items()) {
+      if (value.is_string() && !is_utf8(value.get<std::string>())) {  // a file name, say
+        return invalid_argument("the value given for '" + key +
+                                "' is not UTF-8; a config holds UTF-8 text only");
+      }
+      json[key] = value;
+    }
   }
   return parse_train_config(json, path);
 }

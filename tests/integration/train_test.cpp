@@ -839,6 +839,20 @@ TEST(TrainTest, KeepLastPrunesOldCheckpointsAndSurvivesACrashWhilePruning) {
   }
 }
 
+// Found by the trainer_state fuzzer: a `latest` naming a file too long for the file system made
+// the checks throw; every malformed `latest` is an error naming it.
+TEST(TrainTest, AMalformedLatestIsAnErrorNamingIt) {
+  testing::TempDir dir;
+  for (const std::string& name :
+       {std::string(5000, 'x'), std::string(".."), std::string("a/b"), std::string("\n")}) {
+    dir.write("ckpt/latest", name);
+    auto r = resolve_checkpoint(dir.file("ckpt"));
+    ASSERT_FALSE(r.is_ok()) << name;
+    EXPECT_NE(r.status().message().find(dir.file("ckpt")), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(TrainTest, IncompleteCheckpointIsRejected) {
   TempDir dir;
   Json j = tiny_config(dir);

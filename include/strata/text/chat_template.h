@@ -35,7 +35,8 @@ class ChatTemplate {
 
   const std::string& name() const { return name_; }
   // As the template renders `messages`; where the template raises an error (roles that must
-  // alternate, a role it does not support), so does this, naming the message.
+  // alternate, a role it does not support), so does this, naming the message. Contents must be
+  // UTF-8 (an error names the message otherwise).
   Result<std::vector<ChatPart>> render(std::span<const ChatMessage> messages) const;
 
  private:

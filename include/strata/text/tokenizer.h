@@ -31,11 +31,12 @@ class Tokenizer {
   // unimplemented component (by its JSON key and "type").
   static Result<std::unique_ptr<Tokenizer>> load(const std::string& path);
 
-  // Appends the ids of `text` to *ids. With add_special_tokens the post-processor's special
-  // tokens (a BOS, say) are added, as Hugging Face's encode(text, add_special_tokens=True).
-  // Thread-safe: one tokenizer may encode on many threads at once.
-  virtual void encode(std::string_view text, bool add_special_tokens,
-                      std::vector<std::int32_t>* ids) const = 0;
+  // Appends the ids of `text` (UTF-8) to *ids. With add_special_tokens the post-processor's
+  // special tokens (a BOS, say) are added, as Hugging Face's encode(text,
+  // add_special_tokens=True). Bytes that are not UTF-8 are each maximal invalid sequence one
+  // U+FFFD, as Python's bytes.decode("utf-8", "replace") reads them (Hugging Face's tokenizers
+  // take only valid text). Thread-safe: one tokenizer may encode on many threads at once.
+  void encode(std::string_view text, bool add_special_tokens, std::vector<std::int32_t>* ids) const;
   std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const {
     std::vector<std::int32_t> ids;
     encode(text, add_special_tokens, &ids);
@@ -63,6 +64,10 @@ class Tokenizer {
   const std::string& chat_template() const { return chat_template_; }
 
  protected:
+  // encode() of text known to be valid UTF-8.
+  virtual void encode_utf8(std::string_view text, bool add_special_tokens,
+                           std::vector<std::int32_t>* ids) const = 0;
+
   std::optional<std::int32_t> bos_id_;
   std::optional<std::int32_t> eos_id_;
   std::string description_;

@@ -77,6 +77,15 @@ Result<std::vector<std::string>> prune_checkpoints(
 // and checks that its files exist.
 Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<TrainerState> read_trainer_state(const std::string& checkpoint);
+// The grid that saved a checkpoint (data x tensor x pipeline) and its pipeline cut, from the
+// trainer state, checked against the model it resumes: the tensor-parallel size splits it, the
+// grid divides the world size, pipeline_layers cut its layers. Errors name `state_file`.
+struct SavedGrid {
+  dist::GridShape shape;
+  model::PipelineStage stage;  // one stage holding everything without a pipeline
+};
+Result<SavedGrid> saved_grid(const TrainerState& state, const model::LlamaConfig& config,
+                             const std::string& state_file);
 // Loads master weights (from model/, or with adapters the frozen groups from `base` and the
 // adapters from the checkpoint) and this rank's moments (resharded from whatever grid saved them)
 // into the provider. `layout` is this rank's, tensor-parallel rank `tp` of `config`'s split, of

@@ -92,6 +92,21 @@ TEST(ChatTemplateTest, ToolRolesAndLaterMistralTemplatesAreRefused) {
   EXPECT_FALSE(later.is_ok());
 }
 
+// Found by the chat_template fuzzer: a content ending inside a UTF-8 sequence was read past its
+// end when trimmed.
+TEST(ChatTemplateTest, ContentThatIsNotUtf8IsRefusedNamingTheMessage) {
+  auto json = read_json_file(kDir + "/llama3.json");
+  ASSERT_TRUE(json.is_ok());
+  auto t = ChatTemplate::recognize((*json)["chat_template"].get<std::string>(), "<s>", "</s>");
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  const ChatMessage messages[] = {{"user", "hi"}, {"assistant", "caf\xC3"}};
+  auto parts = t->render(messages);
+  ASSERT_FALSE(parts.is_ok());
+  EXPECT_NE(parts.status().message().find("messages[1].content is not UTF-8 (byte 3)"),
+            std::string::npos)
+      << parts.status().message();
+}
+
 TEST(ChatTemplateTest, AnUnknownTemplateIsRefusedListingTheBuiltInOnes) {
   auto t = ChatTemplate::recognize("{% for m in messages %}<|user|>{{ m.content }}{% endfor %}",
                                    "<s>", "</s>");

@@ -243,5 +243,28 @@ TEST(ConfigTest, OverridesSetNestedKeysAndParseJson) {
   EXPECT_FALSE(apply_override(j, "data.path.x=1").is_ok());  // path is a string
 }
 
+// Found by the train_config fuzzer: a number beyond double's range is JSON's syntax but not
+// nlohmann's value (an out_of_range exception, not a parse_error) and used to end the process.
+TEST(ConfigTest, ANumberBeyondDoublesRangeIsAnErrorNotACrash) {
+  testing::TempDir dir;
+  dir.write("t.json", R"({"model": {"rms_norm_eps": 1e99999}})");
+  auto c = load_train_config(dir.file("t.json"), {});
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find(dir.file("t.json") + " is not valid JSON"), std::string::npos)
+      << c.status().message();
+  Json j = minimal();
+  // Found next: an override that is not UTF-8 became a string no message could print.
+  EXPECT_NE(apply_override(j,
+                           "optimizer.lr=1e\x9c"
+                           "4")
+                .message()
+                .find("not UTF-8"),
+            std::string::npos);
+  ASSERT_TRUE(apply_override(j, "optimizer.lr=1e99999").is_ok());  // kept as the text it is
+  auto o = parse_train_config(j, "t.json");
+  ASSERT_FALSE(o.is_ok());
+  EXPECT_NE(o.status().message().find("optimizer.lr"), std::string::npos) << o.status().message();
+}
+
 }  // namespace
 }  // namespace strata::train
