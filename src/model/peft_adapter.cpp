@@ -102,7 +102,8 @@ Result<PeftAdapterReader> PeftAdapterReader::open(const std::string& dir) {
   a.dir_ = dir;
   const std::string path = join(dir, kAdapterConfigFile);
   STRATA_ASSIGN_OR_RETURN(Json j, read_json_file(path));
-  if (j.is_object() && j.value("peft_type", std::string()) != "LORA") {
+  // Compared as JSON: a peft_type that is not a string is wrong, not an exception.
+  if (j.is_object() && (!j.contains("peft_type") || j["peft_type"] != "LORA")) {
     return data_loss(path + ": 'peft_type' is " +
                      (j.contains("peft_type") ? j["peft_type"].dump() : std::string("missing")) +
                      ", expected \"LORA\"");

@@ -568,10 +568,11 @@ TEST(ZeroResharding, CheckpointFromTwoRanksResumesOnOneAndFour) {
 }
 
 // Compact optimizer state across ranks: int8 moments and bf16 master weights with Kahan
-// compensation, sharded by ZeRO 3 with the optimizer on the host and on NVMe. Each rank quantizes
-// its shard in 256-element blocks from the shard's start, so other rank counts block the state
-// differently: the losses track one rank's within the 1% the compact state itself keeps to fp32
-// state (CompactStates tests), and a checkpoint of 2 ranks resumes on 1.
+// compensation, sharded by ZeRO 3 with the optimizer on the host and on NVMe. Shards start on
+// 256-element boundaries, so each rank's 8-bit blocks are one rank's blocks; the data-parallel
+// sum adds the gradients in another order, which can move a byte of the code, so the losses track
+// one rank's within the 1% the compact state itself keeps to fp32 state (CompactStates tests),
+// and a checkpoint of 2 ranks resumes on 1.
 TEST(ZeroCompactStates, Int8MomentsAndKahanMastersShardAndReshard) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/device/adam8bit.h"
 #include "strata/model/param_layout.h"
 
 namespace strata::zero {
@@ -21,9 +22,11 @@ struct GroupPartition {
   std::int64_t local_elems() const { return replicated ? full_elems : shard_elems; }
 };
 
-// Shards start on multiples of this many elements (256 bytes in f32), so SIMD and O_DIRECT
-// paths see aligned data on every rank.
-inline constexpr std::int64_t kShardAlignElems = 64;
+// Shards start on multiples of this many elements (1 KiB in f32), so SIMD and O_DIRECT paths see
+// aligned data on every rank, and each rank's 8-bit moment blocks (device::kAdam8BlockElems,
+// counted from its shard's start) are the blocks of the whole group whatever the rank count.
+inline constexpr std::int64_t kShardAlignElems = 256;
+static_assert(kShardAlignElems % device::kAdam8BlockElems == 0);
 
 class Partition {
  public:

@@ -12,6 +12,7 @@
 #include "strata/model/llama.h"
 #include "strata/model/lora.h"
 #include "strata/model/peft_adapter.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/testing/test_name.h"
 #include "tests/unit/model/llama_test_util.h"
 
@@ -327,6 +328,20 @@ TEST(LoraConfigTest, ScalingIsPefts) {
   EXPECT_EQ(l.scaling(), 8.0);
   EXPECT_EQ(parse_lora_target("gate_proj"), LoraTarget::kGate);
   EXPECT_FALSE(parse_lora_target("gate").has_value());
+}
+
+// Found by the peft_adapter fuzzer: a peft_type that is not a string threw from nlohmann.
+TEST(PeftAdapterTest, APeftTypeThatIsNotAStringIsAnErrorNamingIt) {
+  ::strata::testing::TempDir dir;
+  for (const char* type : {"0.0", "null", "\"LOHA\""}) {
+    dir.write(kAdapterConfigFile, std::string(R"({"peft_type": )") + type + "}");
+    auto a = PeftAdapterReader::open(dir.path());
+    ASSERT_FALSE(a.is_ok()) << type;
+    EXPECT_NE(
+        a.status().message().find("'peft_type' is " + std::string(type) + ", expected \"LORA\""),
+        std::string::npos)
+        << a.status().message();
+  }
 }
 
 }  // namespace

@@ -333,8 +333,9 @@ TEST_F(EnginePrefetchTest, NvmeWriteErrorInAGuessedStepLeavesTheCommittedState) 
                               std::vector<float>& vv) {
     const auto elems = static_cast<std::size_t>(layout_.group(g).num_elems);
     ma.resize(elems);
-    mm.resize(elems);
-    vv.resize(elems);
+    // The moments come as this rank's shard, padding included.
+    mm.resize(static_cast<std::size_t>(provider_->partition().group(g).shard_elems));
+    vv.resize(mm.size());
     ASSERT_TRUE(provider_->gather_master(g, ma.data()).is_ok());
     ASSERT_TRUE(provider_->read_moment_slice(g, mm.data(), vv.data()).is_ok());
   };
