@@ -29,9 +29,9 @@ for t in strata_mem_tests strata_sched_tests strata_io_tests strata_dist_tests; 
 done
 "${tsan[@]}" build-tsan/tests/strata_optim_tests --gtest_brief=1 --gtest_filter='*Streamed*'
 # The overlapped optimizer step: its thread beside the model's passes and the prefetcher;
-# checkpointed activations on their way down and back on the copy streams; and
-# ZeRO over in-process ranks.
-"${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*:Checkpointed*'
+# checkpointed activations on their way down and back on the copy streams; ZeRO over in-process
+# ranks; and the state an asynchronous save reads on its thread while steps run.
+"${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*:Checkpointed*:*HeldState*'
 
 # ccache keys these two builds' objects by paths relative to the checkout, so that the GPU
 # check's build below reuses the objects they share and a later run in another clone finds them.

@@ -20,13 +20,14 @@
 namespace fs = std::filesystem;
 
 namespace strata::train {
-namespace {
 
 std::string step_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
   return buf;
 }
+
+namespace {
 
 Status make_dirs(const std::string& dir) {
   std::error_code ec;
@@ -60,7 +61,7 @@ namespace {
 
 // This rank's moments: one flat slice per group, the same slice boundaries the Partition uses.
 Status write_optimizer_shard(const std::string& path, const model::ParamLayout& layout,
-                             zero::ZeroProvider& provider) {
+                             zero::ZeroProvider& provider, const zero::StateSnapshot& from) {
   model::SafetensorsWriter writer;
   for (const auto& g : layout.groups()) {
     if (g.frozen || g.num_elems == 0) continue;  // no optimizer state, or another stage's
@@ -83,7 +84,7 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
       const auto n = static_cast<std::size_t>(provider.partition().group(gid).shard_elems);
       m.assign(n, 0.0f);
       v.assign(n, 0.0f);
-      STRATA_RETURN_IF_ERROR(provider.read_moment_slice(gid, m.data(), v.data()));
+      STRATA_RETURN_IF_ERROR(provider.read_moment_slice(gid, m.data(), v.data(), from));
       cached = gid;
     }
     const auto& src = is_sq ? v : m;
@@ -120,8 +121,8 @@ class GroupGatherer {
  public:
   GroupGatherer(const model::LlamaConfig& config, const model::ParamLayout& layout,
                 const model::ParamLayout& whole, zero::ZeroProvider& provider,
-                dist::ProcessGrid& grid)
-      : layout_(layout), whole_(whole), provider_(provider), grid_(grid) {
+                dist::ProcessGrid& grid, const zero::StateSnapshot& from)
+      : layout_(layout), whole_(whole), provider_(provider), grid_(grid), from_(from) {
     if (grid.shape().tensor > 1) slices_ = rank_layouts(config, grid.shape().tensor);
   }
 
@@ -162,9 +163,9 @@ class GroupGatherer {
   // Group `id`'s whole tensors into `dst` on its stage's first rank (data and tensor rank 0; null
   // elsewhere). Every rank of the stage calls it.
   Status gather_stage(int id, float* dst) {
-    if (!split()) return provider_.gather_master(id, dst);  // dst: written on rank 0 only
+    if (!split()) return provider_.gather_master(id, dst, from_);  // dst: on rank 0 only
     mine_.assign(static_cast<std::size_t>(layout_.group(id).num_elems), 0.0f);
-    Status s = provider_.gather_master(id, mine_.data());
+    Status s = provider_.gather_master(id, mine_.data(), from_);
     if (grid_.coord().data != 0) return s;
     // The slices' groups may differ in padding (each rank's duplicates last): the largest.
     std::int64_t count = 0;
@@ -199,6 +200,7 @@ class GroupGatherer {
   const model::ParamLayout& whole_;
   zero::ZeroProvider& provider_;
   dist::ProcessGrid& grid_;
+  zero::StateSnapshot from_;
   std::vector<model::ParamLayout> slices_;  // each tensor-parallel rank's; empty: no split
   std::vector<float> mine_, all_;
   std::vector<float> stage_buf_, stage_all_;  // a later stage's group, and every stage's
@@ -240,8 +242,9 @@ std::vector<int> group_ids(const model::ParamLayout& layout,
 // Full fine-tuning: model/, every group's master weights, each tensor whole whatever the split.
 Status write_consolidated_model(const std::string& dir, const model::LlamaConfig& config,
                                 const model::ParamLayout& layout, const model::ParamLayout& whole,
-                                zero::ZeroProvider& provider, dist::ProcessGrid& grid) {
-  GroupGatherer gatherer(config, layout, whole, provider, grid);
+                                zero::ZeroProvider& provider, dist::ProcessGrid& grid,
+                                const zero::StateSnapshot& from) {
+  GroupGatherer gatherer(config, layout, whole, provider, grid, from);
   return write_gathered(group_ids(whole, [](const model::ParamGroup&) { return true; }), gatherer,
                         grid, [&](const model::GroupSource& source) {
                           return model::write_hf_checkpoint(dir, config, gatherer.whole(),
@@ -254,9 +257,10 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
 Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
                       const model::LoraConfig& lora, const model::ParamLayout& layout,
                       const model::ParamLayout& whole, const std::string& base_model,
-                      zero::ZeroProvider& provider, dist::ProcessGrid& grid) {
+                      zero::ZeroProvider& provider, dist::ProcessGrid& grid,
+                      const zero::StateSnapshot& from) {
   // Every trainable group: the adapters and the modules saved whole beside them.
-  GroupGatherer gatherer(config, layout, whole, provider, grid);
+  GroupGatherer gatherer(config, layout, whole, provider, grid, from);
   return write_gathered(group_ids(whole, [](const model::ParamGroup& g) { return !g.frozen; }),
                         gatherer, grid, [&](const model::GroupSource& source) {
                           return model::write_peft_adapter(dir, lora, whole, base_model, source);
@@ -323,8 +327,9 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                     const model::ParamLayout& whole,
                                     const std::optional<model::LoraConfig>& lora,
                                     zero::ZeroProvider& provider, dist::ProcessGrid& grid,
-                                    const TrainerState& state) {
+                                    const TrainerState& state, bool held_state) {
   STRATA_CHECK(layout.has_adapters() == lora.has_value(), "adapters without their config");
+  const zero::StateSnapshot from{held_state, &grid.data()};
   STRATA_CHECK(!lora || grid.shape().tensor == 1, "adapters with tensor parallelism");
   dist::Communicator& comm = grid.world();
   const bool root = comm.rank() == 0;
@@ -347,13 +352,14 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                      : s.with_context("saving checkpoint " + final_dir);
 
   s = write_optimizer_shard(tmp_dir + "/" + optimizer_shard_name(comm.rank(), comm.world_size()),
-                            layout, provider);
+                            layout, provider, from);
   const std::string base_model = state.config.contains("model") && state.config["model"].is_string()
                                      ? state.config["model"].get<std::string>()
                                      : std::string();
   Status model_status =
-      lora ? write_adapters(tmp_dir, config, *lora, layout, whole, base_model, provider, grid)
-           : write_consolidated_model(tmp_dir + "/model", config, layout, whole, provider, grid);
+      lora ? write_adapters(tmp_dir, config, *lora, layout, whole, base_model, provider, grid, from)
+           : write_consolidated_model(tmp_dir + "/model", config, layout, whole, provider, grid,
+                                      from);
   if (s.is_ok()) s = model_status;
   if (root && s.is_ok()) {
     Json js = {{"format_version", kCheckpointFormatVersion},

@@ -405,6 +405,16 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   if (c.save_dir.empty() && c.keep_last > 0) {
     r.error("keep_last", "applies to checkpoints, but save_dir is \"\" (no checkpoints)");
   }
+  r.read("save_async", &c.save_async);
+  if (c.save_async && c.save_dir.empty()) {
+    r.error("save_async", "applies to checkpoints, but save_dir is \"\" (no checkpoints)");
+  }
+  if (c.save_async && !c.offload_optimizer_auto && c.offload_optimizer == Tier::kDevice) {
+    r.error("save_async",
+            "holds a saved step's optimizer state in the shadow copy of its tier while training "
+            "goes on, and offload_optimizer is \"none\"; set offload_optimizer to \"cpu\" or "
+            "\"nvme\"");
+  }
   r.read("metrics_file", &c.metrics_file);
   r.read("trace_file", &c.trace_file);
   r.read("log_every", &c.log_every, 1);
@@ -726,6 +736,7 @@ Json TrainConfig::to_json() const {
       {"save_dir", save_dir},
       {"save_every", save_every},
       {"keep_last", keep_last},
+      {"save_async", save_async},
       {"metrics_file", metrics_file},
       {"trace_file", trace_file},
       {"log_every", log_every},

@@ -88,6 +88,7 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.prefetch_bytes = config.prefetch_bytes;
   o.max_live_bytes = config.max_live_bytes;
   o.max_reuse_distance = config.max_reuse_distance;
+  o.hold_state = config.save_async;
   return o;
 }
 

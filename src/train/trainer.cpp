@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <ostream>
 #include <set>
+#include <thread>
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
@@ -49,6 +51,7 @@ Json StepMetrics::to_json() const {
          {"compute_ms", compute_ms},
          {"wait_ms", wait_ms},
          {"stall_ms", stall_ms},
+         {"save_stall_ms", save_stall_ms},
          {"optimizer_ms", optimizer_ms},
          {"optimizer_exposed_ms", optimizer_exposed_ms},
          {"optimizer_guessed", guessed},
@@ -109,7 +112,32 @@ struct Trainer::Impl {
   std::vector<StepMetrics> history;
   std::string last_checkpoint;
   std::ofstream metrics;
+  // save_async: the save in flight, on a thread of its own beside training, reading the state
+  // the provider holds, with its collectives on a grid of its own (same ranks, other
+  // communicators) so that they never interleave with training's.
+  struct AsyncSave {
+    std::string path;  // the checkpoint it writes
+    Stopwatch clock;
+    std::optional<Result<std::string>> result;  // set by the thread as it ends,
+    std::atomic<bool> ended{false};             // then this
+    std::thread thread;
+  };
+  std::unique_ptr<AsyncSave> saving;
+  std::unique_ptr<dist::Communicator> save_comm;
+  std::unique_ptr<dist::ProcessGrid> save_grid;
+  // Training's time lost to saves since the last step's metrics: a whole synchronous save, or an
+  // asynchronous one's start (a wait for the one before, the hold).
+  double save_stall_ms = 0;
+  // Joins the save in flight (if any), reports it and prunes after it (keep_last); its error.
+  Status finish_save();
+  // The same for a save that has ended; nothing when none has.
+  Status poll_save();
+  // After a complete save: last_checkpoint, and keep_last's pruning (rank 0).
+  void saved(const std::string& path);
 
+  ~Impl() {
+    if (saving) saving->thread.join();  // it reads the provider and the layouts below
+  }
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
@@ -312,6 +340,15 @@ Status Trainer::Impl::setup() {
   STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
   STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
   STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
+  if (config.save_async) {  // the saves' own communicators, made beside training's
+    if (world > 1) {
+      STRATA_ASSIGN_OR_RETURN(save_comm, comm->split(0, comm->rank(), "checkpoint saves",
+                                                     device::StreamKind::kCollective));
+      STRATA_ASSIGN_OR_RETURN(save_grid, dist::ProcessGrid::create(*save_comm, shape, *device));
+    } else {
+      save_grid = dist::ProcessGrid::single_rank(*device);
+    }
+  }
   const dist::GridCoord at = grid->coord();
   layout = std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline));
   whole = std::make_unique<model::ParamLayout>(config.whole_layout());
@@ -635,6 +672,8 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.schedule_measured = provider->plan().measure_overlap;
   m.wait_ms = d.wait_ms;
   m.stall_ms = d.stall_ms;
+  m.save_stall_ms = save_stall_ms + d.save_wait_ms;
+  save_stall_ms = 0;
   const auto busy = timeline->busy_ms();
   auto lane = [](mem::Lane l) { return static_cast<std::size_t>(l); };
   m.h2d_busy_ms =
@@ -871,24 +910,75 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config,
 }
 
 Result<std::string> Trainer::save() {
-  if (impl_->config.save_dir.empty()) {
+  Impl& s = *impl_;
+  if (s.config.save_dir.empty()) {
     return failed_precondition("no checkpoint can be saved: save_dir is \"\" (no checkpoints)");
   }
-  STRATA_ASSIGN_OR_RETURN(
-      impl_->last_checkpoint,
-      save_checkpoint(impl_->config.save_dir, impl_->config.model, *impl_->layout, *impl_->whole,
-                      impl_->config.lora(), *impl_->provider, *impl_->grid, impl_->state()));
-  if (impl_->config.keep_last > 0 && impl_->comm->rank() == 0) {
+  Stopwatch stall;
+  if (!s.config.save_async) {
+    auto path = save_checkpoint(s.config.save_dir, s.config.model, *s.layout, *s.whole,
+                                s.config.lora(), *s.provider, *s.grid, s.state());
+    s.save_stall_ms += stall.elapsed_ms();
+    STRATA_RETURN_IF_ERROR(path.status());
+    s.saved(*path);
+    return path;
+  }
+  // At most one save in flight: the one before ends first (its error is this save's).
+  Status before = s.finish_save();
+  if (!before.is_ok()) {
+    s.save_stall_ms += stall.elapsed_ms();
+    return before;
+  }
+  STRATA_RETURN_IF_ERROR(s.provider->hold_state());
+  auto job = std::make_unique<Impl::AsyncSave>();
+  const TrainerState state = s.state();
+  job->path = (std::filesystem::path(s.config.save_dir) / step_name(state.step)).string();
+  Impl::AsyncSave* j = job.get();
+  job->thread = std::thread([&s, j, state] {
+    if (s.options.async_save_started) s.options.async_save_started(state.step);
+    auto path = save_checkpoint(s.config.save_dir, s.config.model, *s.layout, *s.whole,
+                                s.config.lora(), *s.provider, *s.save_grid, state,
+                                /*held_state=*/true);
+    s.provider->release_state();
+    j->result = std::move(path);
+    j->ended.store(true, std::memory_order_release);
+  });
+  s.saving = std::move(job);
+  s.save_stall_ms += stall.elapsed_ms();
+  return s.saving->path;
+}
+
+void Trainer::Impl::saved(const std::string& path) {
+  last_checkpoint = path;
+  if (config.keep_last > 0 && comm->rank() == 0) {
     // The new checkpoint is complete and `latest` names it; a failed prune costs disk, not data.
-    auto pruned = prune_checkpoints(impl_->config.save_dir, impl_->config.keep_last);
+    auto pruned = prune_checkpoints(config.save_dir, config.keep_last);
     if (!pruned.is_ok()) {
-      log_warning("keep_last " + std::to_string(impl_->config.keep_last) + ": " +
+      log_warning("keep_last " + std::to_string(config.keep_last) + ": " +
                   pruned.status().message());
     } else {
       for (const std::string& dir : *pruned) log_info("keep_last: removed " + dir);
     }
   }
-  return impl_->last_checkpoint;
+}
+
+Status Trainer::Impl::finish_save() {
+  if (!saving) return Status::ok();
+  saving->thread.join();
+  std::unique_ptr<AsyncSave> done = std::move(saving);
+  if (!done->result->is_ok()) return done->result->status();
+  saved(**done->result);
+  if (options.progress != nullptr) {
+    *options.progress << "saved checkpoint " << **done->result << " (" << std::fixed
+                      << std::setprecision(1) << done->clock.elapsed_ms() / 1e3
+                      << " s in the background)" << std::endl;
+  }
+  return Status::ok();
+}
+
+Status Trainer::Impl::poll_save() {
+  if (!saving || !saving->ended.load(std::memory_order_acquire)) return Status::ok();
+  return finish_save();
 }
 
 const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
@@ -955,8 +1045,11 @@ Status Trainer::Impl::write_trace() const {
 Status Trainer::run() {
   // The trace is written however the run ends: a failed step is when it helps most.
   Status s = run_loop();
+  // However the run ends (a stop request included), the save in flight completes first.
+  Status f = impl_->finish_save();
   Status t = impl_->write_trace();
   if (!s.is_ok()) return s;
+  STRATA_RETURN_IF_ERROR(f);
   STRATA_RETURN_IF_ERROR(t);
   impl_->record_drive();
   return Status::ok();
@@ -1014,10 +1107,14 @@ Status Trainer::run_loop() {
     // save_dir "" writes no checkpoint at all: dry runs and benchmarks at scale.
     const bool saving = !s.config.save_dir.empty();
     const bool periodic = s.config.save_every > 0 && s.step % s.config.save_every == 0;
+    STRATA_RETURN_IF_ERROR(s.poll_save());  // an asynchronous save that has ended
     if (saving && (stop || periodic || s.step == s.config.max_steps)) {
       STRATA_ASSIGN_OR_RETURN(std::string path, save());
-      if (s.options.progress != nullptr)
-        *s.options.progress << "saved checkpoint " << path << std::endl;
+      if (s.options.progress != nullptr) {
+        *s.options.progress << (s.config.save_async ? "saving checkpoint " : "saved checkpoint ")
+                            << path << (s.config.save_async ? " in the background" : "")
+                            << std::endl;
+      }
     }
     if (stop) {
       return cancelled("stopped by request after step " + std::to_string(s.step) +

@@ -666,7 +666,13 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   if (o.optimizer == Tier::kDevice && o.overlap != OptimizerOverlap::kNone) {
     plan.overlap_note = "the optimizer runs on the device, ordered with compute on its stream";
   }
-  plan.shadow_state = plan.overlap == OptimizerOverlap::kBackward;
+  if (o.hold_state && o.optimizer == Tier::kDevice) {
+    return invalid_argument(
+        "save_async holds a saved step's optimizer state in the shadow copy of its tier, and the "
+        "optimizer's tier is the device; set offload_optimizer to cpu or nvme, or save_async "
+        "false");
+  }
+  plan.shadow_state = plan.overlap == OptimizerOverlap::kBackward || o.hold_state;
   // Gradients live beside the optimizer; with the optimizer on NVMe, in host memory when the
   // host budget holds them there (no extra NVMe traffic), else on NVMe.
   place(o.optimizer == Tier::kNvme ? Tier::kHost : o.optimizer);
@@ -693,6 +699,21 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
       place(before);
     }
   }
+  // The optimizer state's second copy, as a tier's bytes name it.
+  const auto second_copy = [&](Tier tier) {
+    return format_bytes(plan.kind_bytes(tier, TensorKind::kMasterWeights) / 2 +
+                        plan.kind_bytes(tier, TensorKind::kMoments) / 2);
+  };
+  if (!fits() && o.hold_state && o.optimizer == Tier::kHost) {
+    return out_of_memory("host_memory_limit " + format_bytes(o.host_budget_bytes) +
+                         " is too small for save_async: this plan needs " +
+                         format_bytes(plan.tier_bytes(Tier::kHost)) +
+                         " of host memory with a second copy of the optimizer state (" +
+                         second_copy(Tier::kHost) +
+                         ") that holds a saved step's state while training goes on; raise "
+                         "host_memory_limit, offload the optimizer to nvme, or set save_async "
+                         "false");
+  }
   if (!fits() && o.optimizer == Tier::kHost && plan.shadow_state) {
     plan.shadow_state = false;
     plan.overlap = OptimizerOverlap::kForward;
@@ -714,12 +735,18 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   const auto nvme_fits = [&] {
     return o.swap_free_bytes == 0 || plan.tier_bytes(Tier::kNvme) <= o.swap_free_bytes;
   };
+  if (!nvme_fits() && o.optimizer == Tier::kNvme && o.hold_state) {
+    return out_of_memory("swap_paths have " + format_bytes(o.swap_free_bytes) +
+                         " free, too little for save_async: this plan needs " +
+                         format_bytes(plan.tier_bytes(Tier::kNvme)) +
+                         " with a second copy of the optimizer state (" + second_copy(Tier::kNvme) +
+                         ") that holds a saved step's state while training goes on; free space "
+                         "or set save_async false");
+  }
   if (!nvme_fits() && o.optimizer == Tier::kNvme && plan.shadow_state) {
-    const std::uint64_t copy = plan.kind_bytes(Tier::kNvme, TensorKind::kMasterWeights) / 2 +
-                               plan.kind_bytes(Tier::kNvme, TensorKind::kMoments) / 2;
     plan.shadow_state = false;
     plan.overlap = OptimizerOverlap::kForward;
-    plan.overlap_note = "a second copy of the optimizer state (" + format_bytes(copy) +
+    plan.overlap_note = "a second copy of the optimizer state (" + second_copy(Tier::kNvme) +
                         ") does not fit the " + format_bytes(o.swap_free_bytes) +
                         " free in swap_paths, so the update overlaps the next forward only";
     place(plan.gradients);

@@ -68,6 +68,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.swap_free_bytes = options.swap_free_bytes;
   po.overlap = options.overlap;
   po.grad_accumulation = options.grad_accumulation;
+  po.hold_state = options.hold_state;
   return po;
 }
 
@@ -78,9 +79,9 @@ constexpr std::uint64_t RankStats::*kCounts[] = {
     &RankStats::h2d_bytes,         &RankStats::d2h_bytes,     &RankStats::nvme_read_bytes,
     &RankStats::nvme_write_bytes,  &RankStats::steps_guessed, &RankStats::steps_redone,
     &RankStats::steps_rolled_back, &RankStats::gathers_ahead, &RankStats::gathers_ahead_refused};
-constexpr double RankStats::*kTimes[] = {&RankStats::wait_ms, &RankStats::stall_ms,
-                                         &RankStats::optimizer_total_ms,
-                                         &RankStats::optimizer_exposed_ms};
+constexpr double RankStats::*kTimes[] = {
+    &RankStats::wait_ms, &RankStats::stall_ms, &RankStats::optimizer_total_ms,
+    &RankStats::optimizer_exposed_ms, &RankStats::save_wait_ms};
 constexpr std::uint64_t RankStats::*kPeaks[] = {&RankStats::host_bytes, &RankStats::nvme_bytes};
 
 }  // namespace
@@ -608,11 +609,42 @@ std::vector<StepGroup> ShardStore::step_groups(std::vector<int>* ids) const {
 void ShardStore::end_step(bool commit) {
   clear_grads();
   if (!commit || !plan_.shadow_state) return;
-  for (auto& g : groups_) {  // the step is done: its state is the state
+  std::lock_guard lock(held_mu_);  // a save's thread may be reading the held copy's handles
+  for (auto& g : groups_) {        // the step is done: its state is the state
     std::swap(g->master, g->master_next);
     std::swap(g->exp_avg, g->exp_avg_next);
     std::swap(g->exp_avg_sq, g->exp_avg_sq_next);
   }
+  if (held_) held_is_next_ = !held_is_next_;
+}
+
+void ShardStore::hold_state() {
+  STRATA_CHECK(plan_.shadow_state, "hold_state needs the plan's shadow state (hold_state option)");
+  std::lock_guard lock(held_mu_);
+  STRATA_CHECK(!held_, "the state is already held");
+  held_ = true;
+  held_is_next_ = false;
+}
+
+void ShardStore::release_state() {
+  {
+    std::lock_guard lock(held_mu_);
+    held_ = false;
+  }
+  held_cv_.notify_all();
+}
+
+bool ShardStore::state_held() const {
+  std::lock_guard lock(held_mu_);
+  return held_;
+}
+
+void ShardStore::wait_for_held_state() {
+  std::unique_lock lock(held_mu_);
+  if (!(held_ && held_is_next_)) return;
+  Stopwatch waited;
+  held_cv_.wait(lock, [this] { return !(held_ && held_is_next_); });
+  stats_.save_wait_ms += waited.elapsed_ms();
 }
 
 // ---- working copies the optimizer writes ----
@@ -939,13 +971,14 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
   return device_.last_error();
 }
 
-Status ShardStore::read_master(int group, float* dst) {
+Status ShardStore::read_master(int group, float* dst, bool held) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (g.n == 0) return Status::ok();  // another stage's: nothing here
   if (!g.frozen()) {
-    if (options_.adam.master_dtype == DType::kF32) return store_->read(g.master, dst);
+    const mem::Handle master = state_handles(g, held)[0];
+    if (options_.adam.master_dtype == DType::kF32) return store_->read(master, dst);
     std::vector<std::byte> stored(g.master_bytes);
-    STRATA_RETURN_IF_ERROR(store_->read(g.master, stored.data()));
+    STRATA_RETURN_IF_ERROR(store_->read(master, stored.data()));
     master_to_f32(stored.data(), dst, g.n);
     return Status::ok();
   }
@@ -969,24 +1002,32 @@ Status ShardStore::read_master(int group, float* dst) {
   return Status::ok();
 }
 
-Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq) {
+Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq, bool held) {
   const Group& g = *groups_.at(static_cast<std::size_t>(group));
   if (g.frozen() || g.n == 0) {  // no optimizer state (here): zeros, as before a first step
     std::fill_n(exp_avg, g.n, 0.0f);
     std::fill_n(exp_avg_sq, g.n, 0.0f);
     return Status::ok();
   }
+  const auto h = state_handles(g, held);
   if (options_.adam.state_dtype == DType::kF32) {
-    STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, exp_avg));
-    return store_->read(g.exp_avg_sq, exp_avg_sq);
+    STRATA_RETURN_IF_ERROR(store_->read(h[1], exp_avg));
+    return store_->read(h[2], exp_avg_sq);
   }
   // Compact moments: read as stored, widened (exactly: 8-bit ones decoded) for the caller.
   std::vector<std::byte> stored(g.moment_bytes);
-  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg, stored.data()));
+  STRATA_RETURN_IF_ERROR(store_->read(h[1], stored.data()));
   moment_to_f32(stored.data(), false, exp_avg, g.n);
-  STRATA_RETURN_IF_ERROR(store_->read(g.exp_avg_sq, stored.data()));
+  STRATA_RETURN_IF_ERROR(store_->read(h[2], stored.data()));
   moment_to_f32(stored.data(), true, exp_avg_sq, g.n);
   return Status::ok();
+}
+
+std::array<mem::Handle, 3> ShardStore::state_handles(const Group& g, bool held) const {
+  std::lock_guard lock(held_mu_);  // a commit swaps them on the training side
+  STRATA_CHECK(!held || held_, "the held state is read but none is held", g.spec->name);
+  if (held && held_is_next_) return {g.master_next, g.exp_avg_next, g.exp_avg_sq_next};
+  return {g.master, g.exp_avg, g.exp_avg_sq};
 }
 
 Status ShardStore::write_moments(int group, const float* exp_avg, const float* exp_avg_sq) {

@@ -596,36 +596,47 @@ Status ZeroProvider::step(double lr, std::int64_t step, float grad_scale) {
   return refresh_replicated_params();
 }
 
-Status ZeroProvider::gather_master(int group, float* full_out) {
+Status ZeroProvider::gather_master(int group, float* full_out, const StateSnapshot& from) {
   const GroupPartition& p = partition_->group(group);
   std::vector<float> local(static_cast<std::size_t>(p.local_elems()));
-  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
-  STRATA_RETURN_IF_ERROR(shards_->read_master(group, local.data()));
+  // The held state is the saved step's: a step running now is training's, not waited for.
+  if (!from.held) STRATA_RETURN_IF_ERROR(schedule_->finish_step());
+  STRATA_RETURN_IF_ERROR(shards_->read_master(group, local.data(), from.held));
+  dist::Communicator& comm = from.comm != nullptr ? *from.comm : comm_;
   if (p.replicated) {
-    if (comm_.rank() == 0) std::memcpy(full_out, local.data(), local.size() * sizeof(float));
+    if (comm.rank() == 0) std::memcpy(full_out, local.data(), local.size() * sizeof(float));
     return Status::ok();
   }
-  std::vector<float> all(comm_.rank() == 0 ? static_cast<std::size_t>(p.padded_elems) : 0);
-  STRATA_RETURN_IF_ERROR(comm_.gather_host(local.data(), all.data(), p.shard_elems, DType::kF32, 0,
-                                           "master weights of " + full_.group(group).name));
-  if (comm_.rank() == 0) {
+  std::vector<float> all(comm.rank() == 0 ? static_cast<std::size_t>(p.padded_elems) : 0);
+  STRATA_RETURN_IF_ERROR(comm.gather_host(local.data(), all.data(), p.shard_elems, DType::kF32, 0,
+                                          "master weights of " + full_.group(group).name));
+  if (comm.rank() == 0) {
     std::memcpy(full_out, all.data(), static_cast<std::size_t>(p.full_elems) * sizeof(float));
   }
   return Status::ok();
 }
 
-Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg_sq) {
-  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
+Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg_sq,
+                                       const StateSnapshot& from) {
+  if (!from.held) STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   const GroupPartition& p = partition_->group(group);
-  if (!p.replicated) return shards_->read_moments(group, exp_avg, exp_avg_sq);
+  if (!p.replicated) return shards_->read_moments(group, exp_avg, exp_avg_sq, from.held);
   std::vector<float> m(static_cast<std::size_t>(p.padded_elems), 0.0f), v(m.size(), 0.0f);
-  STRATA_RETURN_IF_ERROR(shards_->read_moments(group, m.data(), v.data()));
+  STRATA_RETURN_IF_ERROR(shards_->read_moments(group, m.data(), v.data(), from.held));
   const auto off = static_cast<std::size_t>(p.shard_offset);
   const auto n = static_cast<std::size_t>(p.shard_elems);
   std::memcpy(exp_avg, m.data() + off, n * sizeof(float));
   std::memcpy(exp_avg_sq, v.data() + off, n * sizeof(float));
   return Status::ok();
 }
+
+Status ZeroProvider::hold_state() {
+  STRATA_RETURN_IF_ERROR(schedule_->finish_step());
+  shards_->hold_state();
+  return Status::ok();
+}
+
+void ZeroProvider::release_state() { shards_->release_state(); }
 
 Status ZeroProvider::load_moments(const MomentRangeReader& read_range) {
   STRATA_RETURN_IF_ERROR(schedule_->finish_step());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "strata/core/json.h"
+#include "strata/core/rng.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata {
@@ -180,6 +181,50 @@ TEST(CliTest, CtrlCStopsAfterTheStepAndLeavesAResumableCheckpoint) {
                                  " --set max_steps=" + std::to_string(stopped_at + 2));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("step " + std::to_string(stopped_at + 2) + "/"), std::string::npos) << r.out;
+}
+
+// save_async: SIGKILL at a random moment (seeded) while checkpoints are written in the
+// background, every step, with the optimizer on NVMe: `latest` always names a complete
+// checkpoint, which resumes.
+TEST(CliTest, AsynchronousSavesKilledAnywhereLeaveAResumableLatest) {
+  for (const unsigned seed : {1u, 2u, 3u, 4u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    TempDir dir;
+    Json j = tiny(dir);
+    j["max_steps"] = 1000000;
+    j["save_every"] = 1;
+    j["save_async"] = true;
+    j["offload_optimizer"] = "nvme";
+    j["swap_paths"] = {dir.file("swap")};
+    std::filesystem::create_directories(dir.file("swap"));
+    dir.write("c.json", j.dump());
+    const std::string out = dir.file("out.txt");
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::freopen(out.c_str(), "w", stdout);
+      std::freopen(dir.file("err.txt").c_str(), "w", stderr);
+      ::execl(STRATA_CLI, STRATA_CLI, "train", dir.file("c.json").c_str(), nullptr);
+      ::_exit(127);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (slurp(out).find("saved checkpoint") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(Rng(seed).next_u64() % 200));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << slurp(dir.file("err.txt"));
+    const std::string latest = slurp(dir.file("ckpt/latest"));
+    ASSERT_FALSE(latest.empty());
+    const int at = std::stoi(latest.substr(latest.find('-') + 1));
+    RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --resume " + dir.file("ckpt") +
+                                   " --set max_steps=" + std::to_string(at + 1));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("step " + std::to_string(at + 1) + "/"), std::string::npos) << r.out;
+  }
 }
 
 }  // namespace

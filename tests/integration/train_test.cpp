@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -837,6 +839,103 @@ TEST(TrainTest, KeepLastPrunesOldCheckpointsAndSurvivesACrashWhilePruning) {
     EXPECT_NE(refused.status().message().find(why), std::string::npos)
         << refused.status().message();
   }
+}
+
+// Every file of checkpoint `a` equals `b`'s byte for byte, trainer_state.json compared as JSON
+// without its config's save_async and save_dir (the runs differ in those alone).
+void expect_same_checkpoint(const std::string& a, const std::string& b) {
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file()) continue;
+    const std::string rel = fs::relative(e.path(), a).string();
+    SCOPED_TRACE(rel);
+    ASSERT_TRUE(fs::exists(fs::path(b) / rel));
+    auto x = read_file(e.path().string()), y = read_file((fs::path(b) / rel).string());
+    ASSERT_TRUE(x.is_ok() && y.is_ok());
+    if (rel == "trainer_state.json") {
+      Json jx = Json::parse(*x), jy = Json::parse(*y);
+      for (const char* key : {"save_async", "save_dir"}) {
+        jx["config"].erase(key);
+        jy["config"].erase(key);
+      }
+      EXPECT_TRUE(jx == jy) << jx.dump() << "\n" << jy.dump();
+    } else {
+      EXPECT_TRUE(*x == *y) << "differs";
+    }
+    ++files;
+  }
+  EXPECT_GT(files, 3);
+}
+
+// save_async: each checkpoint holds the bytes a synchronous save of the same step writes, and
+// training the same bits, with the optimizer on the host and on NVMe, under each schedule. Step
+// 2's save is slowed down (async_save_started sleeps): step 3 runs beside it, step 4's update,
+// which writes the copy it holds, waits for it (save_stall_ms), and its checkpoint still holds
+// step 2's state.
+TEST(TrainTest, AsynchronousSavesWriteTheSynchronousBytes) {
+  for (const char* offload : {"cpu", "nvme"}) {
+    for (const char* overlap : {"none", "forward", "backward"}) {
+      SCOPED_TRACE(std::string(offload) + " " + overlap);
+      testing::TempDir dir;
+      Json j = tiny_config(dir);
+      j["offload_optimizer"] = offload;
+      j["optimizer_overlap"] = overlap;
+      j["max_steps"] = 6;
+      j["save_every"] = 2;
+      j["save_dir"] = dir.file("sync");
+      auto sync = make_trainer(j);
+      ASSERT_TRUE(sync.is_ok()) << sync.status().message();
+      ASSERT_TRUE((*sync)->run().is_ok());
+      const std::vector<double> sync_losses = losses_of(**sync);
+      sync->reset();  // its swap directory is the next run's
+      j["save_async"] = true;
+      j["save_dir"] = dir.file("async");
+      auto c = parse_train_config(j, "test config");
+      ASSERT_TRUE(c.is_ok()) << c.status().message();
+      TrainOptions o;
+      o.async_save_started = [](std::int64_t step) {
+        if (step == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      };
+      auto async = Trainer::create(*c, o);
+      ASSERT_TRUE(async.is_ok()) << async.status().message();
+      ASSERT_TRUE((*async)->run().is_ok());
+      EXPECT_EQ(losses_of(**async), sync_losses);
+      for (int step = 2; step <= 6; step += 2) {
+        const std::string name = step_name(step);
+        expect_same_checkpoint(dir.file("async/" + name), dir.file("sync/" + name));
+      }
+      EXPECT_EQ(read_file(dir.file("async/latest")).value(), "step-00000006\n");
+      double stalled = 0;
+      for (const auto& m : (*async)->history()) stalled += m.save_stall_ms;
+      EXPECT_GT(stalled, 100.0);
+      EXPECT_EQ((*async)->last_checkpoint(), dir.file("async/step-00000006"));
+    }
+  }
+}
+
+TEST(TrainTest, AsynchronousSavesNeedTheOptimizerOffTheDeviceAndACheckpointDirectory) {
+  testing::TempDir dir;
+  Json j = tiny_config(dir);
+  j["save_async"] = true;
+  j["offload_optimizer"] = "none";
+  auto c = parse_train_config(j, "test config");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("'save_async'"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("offload_optimizer"), std::string::npos);
+  j["offload_optimizer"] = "cpu";
+  j["save_dir"] = "";
+  auto d = parse_train_config(j, "test config");
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("save_dir is \"\""), std::string::npos)
+      << d.status().message();
+  // A host budget without room for the held copy: refused, naming the bytes and the way out.
+  j["save_dir"] = dir.file("ckpt");
+  j["host_memory_limit"] = "600KiB";
+  j["offload_param"] = "cpu";
+  auto t = make_trainer(j);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("too small for save_async"), std::string::npos)
+      << t.status().message();
 }
 
 // Found by the trainer_state fuzzer: a `latest` naming a file too long for the file system made

@@ -43,6 +43,9 @@ struct TrainerState {
   Json config;  // the run's config, for reference
 };
 
+// "step-00000012": the directory of step 12's checkpoint in save_dir.
+std::string step_name(std::int64_t step);
+
 // "optimizer-00001-of-00004.safetensors"
 std::string optimizer_shard_name(int rank, int world);
 
@@ -52,7 +55,10 @@ std::string optimizer_shard_name(int rank, int world);
 Status copy_tokenizer_files(const std::string& from, const std::string& to);
 
 // Collective: every rank of `grid` calls it. Writes <save_dir>/step-<N> and points
-// <save_dir>/latest at it. Returns the checkpoint path. `layout`: this rank's (its tensor-parallel
+// <save_dir>/latest at it. Returns the checkpoint path. With `held_state`, the state read is the
+// one the provider holds (ZeroProvider::hold_state), on a thread beside training, and `grid`
+// must be a grid of the same ranks that training does not use (its collectives run beside
+// training's). `layout`: this rank's (its tensor-parallel
 // slices of its pipeline stage's groups); `whole`: the run's layout unsplit (every group whole);
 // `lora`: the adapters' config when the layout has adapters.
 Result<std::string> save_checkpoint(const std::string& save_dir, const model::LlamaConfig& config,
@@ -60,7 +66,7 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                     const model::ParamLayout& whole,
                                     const std::optional<model::LoraConfig>& lora,
                                     zero::ZeroProvider& provider, dist::ProcessGrid& grid,
-                                    const TrainerState& state);
+                                    const TrainerState& state, bool held_state = false);
 
 // Keeps the newest `keep_last` (>= 1) complete checkpoints of save_dir and deletes the older ones:
 // only directories named step-NNNNNNNN that hold a trainer_state.json (so never a directory that

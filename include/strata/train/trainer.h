@@ -30,6 +30,10 @@ struct StepMetrics {
   double compute_ms = 0;  // forward + backward
   double wait_ms = 0;     // compute blocked on parameter fetches
   double stall_ms = 0;    // compute blocked on any data (parameters, gradients, room in a tier)
+  // Training's time lost to checkpoints since the step before: a synchronous save whole; an
+  // asynchronous one's start (waiting for the save before it, holding the state) and the
+  // optimizer step's wait for the held state (ZeroProvider::hold_state).
+  double save_stall_ms = 0;
   // Optimizer time that ended in this step: overlapped, the previous step's update run during
   // this step's forward and this step's run beside its backward; exposed: how long compute
   // waited for it.
@@ -75,6 +79,9 @@ struct TrainOptions {
   std::function<bool(int rank, std::int64_t step)> overflow_at;
   // Failures of the swap space's I/O, for tests (io::FaultInjection's rules). Empty: none.
   io::FaultInjection swap_faults;
+  // save_async: called on the save's thread before it writes step `step`'s checkpoint (tests:
+  // a slow save, so that training runs into the state it holds). Null: nothing.
+  std::function<void(std::int64_t step)> async_save_started;
 };
 
 class Trainer {

@@ -9,11 +9,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -77,6 +80,9 @@ struct ShardOptions {
   std::uint64_t max_live_bytes = std::uint64_t{1} << 30;
   std::uint64_t max_reuse_distance = std::uint64_t{1} << 30;
   mem::Timeline* timeline = nullptr;  // transfer and per-group compute spans; optional
+  // Asynchronous checkpoints (save_async): the plan keeps the shadow state so that hold_state()
+  // can hold a saved step's state for the save's thread (PlanOptions::hold_state).
+  bool hold_state = false;
 };
 
 // What the memory plan of a share is made from: its options, the device budget (the device's own
@@ -98,6 +104,9 @@ struct RankStats {
   double stall_ms = 0;            // compute blocked waiting for data or room in a tier
   double optimizer_total_ms = 0;  // every finished optimizer step, start to end
   double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
+  // Optimizer steps waiting for an asynchronous save to let go of the state they would write
+  // (ShardStore::hold_state).
+  double save_wait_ms = 0;
   // OptimizerOverlap::kBackward: steps whose update started beside backward, guessing no
   // clipping; of those, redone from the state before the step (they clipped), and rolled back
   // (their gradient was not finite).
@@ -206,9 +215,22 @@ class ShardStore {
   // a piece at a time (NF4 tensors one at a time), never as one fp32 array of the whole group.
   Status load_master(const model::GroupSource& source, WorkingCopyCache* cache = nullptr,
                      const model::GroupRangeSource& frozen_pieces = nullptr);
-  Status read_master(int group, float* dst);
-  Status read_moments(int group, float* exp_avg, float* exp_avg_sq);
+  // With `held`: the state hold_state() holds, from any thread while training goes on.
+  Status read_master(int group, float* dst, bool held = false);
+  Status read_moments(int group, float* exp_avg, float* exp_avg_sq, bool held = false);
   Status write_moments(int group, const float* exp_avg, const float* exp_avg_sq);
+
+  // ---- the state an asynchronous save reads ----
+  // Holds the state as the last step left it (call with no step running) for read_master and
+  // read_moments with `held`, while training goes on. Needs the plan's shadow state
+  // (ShardOptions::hold_state): the next step writes the other copy; the one after it, which
+  // would overwrite the held copy, waits in wait_for_held_state() until release_state()
+  // (RankStats::save_wait_ms). One hold at a time.
+  void hold_state();
+  void release_state();  // from any thread
+  bool state_held() const;
+  // A step is about to write the shadow copy: waits while that copy is held.
+  void wait_for_held_state();
 
   // ---- what the optimizer schedule works with ----
   int num_groups() const { return static_cast<int>(groups_.size()); }
@@ -322,7 +344,16 @@ class ShardStore {
   std::vector<Checkpoint> checkpoints_;
   std::vector<mem::Completion> writebacks_;  // accumulators and working copies going home
   std::map<std::pair<std::string, std::uint64_t>, std::vector<mem::Handle>> free_scratch_;
+  // A group's master weights, exp_avg and exp_avg_sq handles: the current state's, or with
+  // `held` the held one's.
+  std::array<mem::Handle, 3> state_handles(const Group& g, bool held) const;
   RankStats stats_;
+  // The held state: whether a save holds one, and whether a step's commit has since made it the
+  // shadow copy (the `*_next` handles). Guards those and the handle swap of a commit.
+  mutable std::mutex held_mu_;
+  std::condition_variable held_cv_;
+  bool held_ = false;
+  bool held_is_next_ = false;
   std::unique_ptr<mem::TieredStore> store_;
   std::unique_ptr<sched::PrefetchScheduler> sched_;  // offload_param cpu or nvme
   mem::StoreStats store_seen_;                       // store counters already in stats_

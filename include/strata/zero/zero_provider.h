@@ -31,6 +31,14 @@
 
 namespace strata::zero {
 
+// Which state a checkpoint reads. The live state, with the gathers on the provider's own
+// data-parallel communicator; or the state hold_state() holds, read on a save's thread with the
+// gathers on `comm`, a communicator of the same ranks that training does not use.
+struct StateSnapshot {
+  bool held = false;
+  dist::Communicator* comm = nullptr;
+};
+
 class ZeroProvider final : public model::ParamProvider {
  public:
   // Partitions `full` over the grid's data-parallel ranks (groups under persistence_threshold
@@ -93,10 +101,16 @@ class ZeroProvider final : public model::ParamProvider {
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.
   // The group's full fp32 master weights; written to `full_out` on rank 0 only.
-  Status gather_master(int group, float* full_out);
+  Status gather_master(int group, float* full_out, const StateSnapshot& from = {});
   // This rank's slice [shard_offset, shard_offset + shard_elems) of the group's moments
   // (zero beyond the real elements), for every group whether partitioned or not.
-  Status read_moment_slice(int group, float* exp_avg, float* exp_avg_sq);
+  Status read_moment_slice(int group, float* exp_avg, float* exp_avg_sq,
+                           const StateSnapshot& from = {});
+  // An asynchronous save: holds the state as this step left it (an overlapped step finished
+  // first) for gather_master and read_moment_slice with StateSnapshot::held, on the save's
+  // thread, until release_state(); training goes on meanwhile (ShardStore::hold_state).
+  Status hold_state();
+  void release_state();
   // Loads this rank's moments from a reader of global element ranges [begin, begin + count).
   using MomentRangeReader = std::function<Status(int group, std::int64_t begin, std::int64_t count,
                                                  float* exp_avg, float* exp_avg_sq)>;

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "strata/core/rng.h"
@@ -52,7 +54,7 @@ class ShardStoreTest : public ::testing::TestWithParam<Placement> {
   // `tp`: the layout of one tensor-parallel rank's slices.
   void make_engine(std::int64_t accumulation_steps, std::vector<int> frozen = {},
                    OptimizerOverlap overlap = OptimizerOverlap::kNone,
-                   model::TensorParallel tp = {}) {
+                   model::TensorParallel tp = {}, bool hold_state = false) {
     provider_.reset();
     std::vector<model::ParamGroup> groups =
         model::ParamLayout::build(config_, std::nullopt, false, tp).groups();
@@ -65,6 +67,7 @@ class ShardStoreTest : public ::testing::TestWithParam<Placement> {
     o.compute_dtype = GetParam().dtype;
     o.accumulation_steps = accumulation_steps;
     o.adam.weight_decay = 0.1;
+    o.hold_state = hold_state;
     if (!grid_) grid_ = dist::ProcessGrid::single_rank(*device_);
     auto e = ZeroProvider::create(layout_, 0, *device_, swap_.get(), *grid_, ZeroOptions{}, o);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
@@ -276,6 +279,67 @@ TEST_P(ShardStoreTest, MomentsRoundTrip) {
     EXPECT_EQ(m, m2);
     EXPECT_EQ(v, v2);
   }
+}
+
+// The state held for an asynchronous save (ZeroProvider::hold_state): read on another thread
+// while two more steps run; the first writes the other copy, the second, which would overwrite
+// the held one, waits until the reader lets go, and the reader sees the state as it was held.
+TEST_P(ShardStoreTest, HeldStateReadsAsHeldWhileTwoStepsRun) {
+  if (GetParam().opt == Tier::kDevice)
+    GTEST_SKIP() << "save_async needs the optimizer off the device";
+  make_engine(1, {}, OptimizerOverlap::kNone, {}, /*hold_state=*/true);
+  ASSERT_TRUE(provider_->plan().shadow_state);
+  check_step(1);
+  const int n = layout_.num_groups();
+  std::vector<std::vector<float>> master(n), m(n), v(n);
+  for (int g = 0; g < n; ++g) {
+    master[g].resize(static_cast<std::size_t>(layout_.group(g).num_elems));
+    ASSERT_TRUE(provider_->gather_master(g, master[g].data()).is_ok());
+    read_moments(g, &m[g], &v[g]);
+  }
+  ASSERT_TRUE(provider_->hold_state().is_ok());
+  std::vector<std::vector<float>> got_master(n), got_m(n), got_v(n);
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const StateSnapshot held{true, nullptr};
+    for (int g = 0; g < n; ++g) {
+      const auto shard = static_cast<std::size_t>(provider_->partition().group(g).shard_elems);
+      got_master[g].resize(static_cast<std::size_t>(layout_.group(g).num_elems));
+      got_m[g].resize(shard);
+      got_v[g].resize(shard);
+      EXPECT_TRUE(provider_->gather_master(g, got_master[g].data(), held).is_ok());
+      EXPECT_TRUE(provider_->read_moment_slice(g, got_m[g].data(), got_v[g].data(), held).is_ok());
+      got_m[g].resize(m[g].size());
+      got_v[g].resize(v[g].size());
+    }
+    provider_->release_state();
+  });
+  const double waited_before = provider_->stats().save_wait_ms;
+  for (int step = 2; step <= 3; ++step) {
+    provider_->begin_last_micro_batch(1e-2, step, true);
+    for (int g = n - 1; g >= 0; --g) {
+      auto buf = provider_->acquire_grads(g);
+      ASSERT_TRUE(buf.is_ok());
+      const auto grad = values(g, 200 + static_cast<std::uint64_t>(step));
+      convert(grad.data(), DType::kF32, *buf, GetParam().dtype, grad.size());
+      ASSERT_TRUE(provider_->release_grads(g).is_ok());
+    }
+    ASSERT_TRUE(provider_->finish_micro_batch().is_ok());
+    ASSERT_TRUE(provider_->grad_norm().is_ok());
+    ASSERT_TRUE(provider_->step(1e-2, step, 1.0f).is_ok());
+    ASSERT_TRUE(provider_->finish_step().is_ok());
+  }
+  reader.join();
+  EXPECT_GT(provider_->stats().save_wait_ms - waited_before, 100.0);  // step 3 waited
+  for (int g = 0; g < n; ++g) {
+    EXPECT_EQ(got_master[g], master[g]) << "group " << g;
+    EXPECT_EQ(got_m[g], m[g]) << "group " << g;
+    EXPECT_EQ(got_v[g], v[g]) << "group " << g;
+  }
+  // The state moved on: two steps later the live master weights are not the held ones.
+  std::vector<float> now(master[1].size());
+  ASSERT_TRUE(provider_->gather_master(1, now.data()).is_ok());
+  EXPECT_NE(now, master[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, ShardStoreTest,
