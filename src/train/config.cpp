@@ -411,7 +411,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   }
   if (c.save_async && !c.offload_optimizer_auto && c.offload_optimizer == Tier::kDevice) {
     r.error("save_async",
-            "holds a saved step's optimizer state in the shadow copy of its tier while training "
+            "sets a saved step's optimizer state aside in the optimizer's tier while training "
             "goes on, and offload_optimizer is \"none\"; set offload_optimizer to \"cpu\" or "
             "\"nvme\"");
   }

@@ -672,7 +672,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.schedule_measured = provider->plan().measure_overlap;
   m.wait_ms = d.wait_ms;
   m.stall_ms = d.stall_ms;
-  m.save_stall_ms = save_stall_ms + d.save_wait_ms;
+  m.save_stall_ms = save_stall_ms;
   save_stall_ms = 0;
   const auto busy = timeline->busy_ms();
   auto lane = [](mem::Lane l) { return static_cast<std::size_t>(l); };

@@ -242,8 +242,6 @@ Status OptimizerSchedule::abandon_guess(bool restore) {
 // order as each gradient becomes final; each new working copy is sent home as soon as it is
 // written; returns once they are all home.
 Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
-  // An asynchronous save may still read the copy this step writes.
-  shards_.wait_for_held_state();
   Stopwatch timer;
   update_span_ns_ = now_ns();
   // The trainable groups; ids[i]: step group i's group in the store (frozen ones have no step).

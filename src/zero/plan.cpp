@@ -107,7 +107,9 @@ std::string MemoryPlan::describe() const {
   }
   if (!state_note.empty()) s += "  optimizer state: " + state_note + "\n";
   s += "  optimizer step overlaps: " + std::string(optimizer_overlap_name(overlap)) +
-       (shadow_state ? " (shadow optimizer state)" : "") +
+       (held_copy      ? " (shadow optimizer state, and a copy for saves)"
+        : shadow_state ? " (shadow optimizer state)"
+                       : "") +
        (measure_overlap ? ", or none while that measures faster" : "") +
        (overlap_note.empty() ? "" : "; " + overlap_note) + "\n";
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
@@ -472,7 +474,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const bool on_device = plan.optimizer == Tier::kDevice;
   // Homes.
   add(plan.params, TensorKind::kParameters, plan.params == Tier::kDevice ? z.work : z.work_io);
-  const std::uint64_t copies = plan.shadow_state ? 2 : 1;
+  const std::uint64_t copies = plan.state_copies();
   add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.master : z.master_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.moment : z.moment_io));
   const bool summed_on_device = plan.sums_on_device();
@@ -668,11 +670,12 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   }
   if (o.hold_state && o.optimizer == Tier::kDevice) {
     return invalid_argument(
-        "save_async holds a saved step's optimizer state in the shadow copy of its tier, and the "
+        "save_async sets a saved step's optimizer state aside in the optimizer's tier, and the "
         "optimizer's tier is the device; set offload_optimizer to cpu or nvme, or save_async "
         "false");
   }
   plan.shadow_state = plan.overlap == OptimizerOverlap::kBackward || o.hold_state;
+  plan.held_copy = o.hold_state;
   // Gradients live beside the optimizer; with the optimizer on NVMe, in host memory when the
   // host budget holds them there (no extra NVMe traffic), else on NVMe.
   place(o.optimizer == Tier::kNvme ? Tier::kHost : o.optimizer);
@@ -699,18 +702,19 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
       place(before);
     }
   }
-  // The optimizer state's second copy, as a tier's bytes name it.
-  const auto second_copy = [&](Tier tier) {
-    return format_bytes(plan.kind_bytes(tier, TensorKind::kMasterWeights) / 2 +
-                        plan.kind_bytes(tier, TensorKind::kMoments) / 2);
+  // One copy of the optimizer state, as a tier's bytes name it.
+  const auto one_copy = [&](Tier tier) {
+    return format_bytes((plan.kind_bytes(tier, TensorKind::kMasterWeights) +
+                         plan.kind_bytes(tier, TensorKind::kMoments)) /
+                        plan.state_copies());
   };
   if (!fits() && o.hold_state && o.optimizer == Tier::kHost) {
     return out_of_memory("host_memory_limit " + format_bytes(o.host_budget_bytes) +
                          " is too small for save_async: this plan needs " +
                          format_bytes(plan.tier_bytes(Tier::kHost)) +
-                         " of host memory with a second copy of the optimizer state (" +
-                         second_copy(Tier::kHost) +
-                         ") that holds a saved step's state while training goes on; raise "
+                         " of host memory with three copies of the optimizer state (" +
+                         one_copy(Tier::kHost) +
+                         " each: the state, the one the step writes, the one a save reads); raise "
                          "host_memory_limit, offload the optimizer to nvme, or set save_async "
                          "false");
   }
@@ -736,17 +740,18 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     return o.swap_free_bytes == 0 || plan.tier_bytes(Tier::kNvme) <= o.swap_free_bytes;
   };
   if (!nvme_fits() && o.optimizer == Tier::kNvme && o.hold_state) {
-    return out_of_memory("swap_paths have " + format_bytes(o.swap_free_bytes) +
-                         " free, too little for save_async: this plan needs " +
-                         format_bytes(plan.tier_bytes(Tier::kNvme)) +
-                         " with a second copy of the optimizer state (" + second_copy(Tier::kNvme) +
-                         ") that holds a saved step's state while training goes on; free space "
-                         "or set save_async false");
+    return out_of_memory(
+        "swap_paths have " + format_bytes(o.swap_free_bytes) +
+        " free, too little for save_async: this plan needs " +
+        format_bytes(plan.tier_bytes(Tier::kNvme)) + " with three copies of the optimizer state (" +
+        one_copy(Tier::kNvme) +
+        " each: the state, the one the step writes, the one a save reads); free space "
+        "or set save_async false");
   }
   if (!nvme_fits() && o.optimizer == Tier::kNvme && plan.shadow_state) {
     plan.shadow_state = false;
     plan.overlap = OptimizerOverlap::kForward;
-    plan.overlap_note = "a second copy of the optimizer state (" + second_copy(Tier::kNvme) +
+    plan.overlap_note = "a second copy of the optimizer state (" + one_copy(Tier::kNvme) +
                         ") does not fit the " + format_bytes(o.swap_free_bytes) +
                         " free in swap_paths, so the update overlaps the next forward only";
     place(plan.gradients);

@@ -31,6 +31,11 @@ struct ShardStore::Group {
   mem::Handle master_next = mem::Handle::kInvalid;
   mem::Handle exp_avg_next = mem::Handle::kInvalid;
   mem::Handle exp_avg_sq_next = mem::Handle::kInvalid;
+  // The third copy (plan.held_copy): where a held state is set aside while steps alternate
+  // between the two above (hold_state).
+  mem::Handle master_spare = mem::Handle::kInvalid;
+  mem::Handle exp_avg_spare = mem::Handle::kInvalid;
+  mem::Handle exp_avg_sq_spare = mem::Handle::kInvalid;
   // Kept gradients (plan.keep_gradients): the gradient itself, homed where the plan keeps
   // gradients. Otherwise this micro-batch's gradient in transit (a transient tensor), added
   // into `grad_acc`, the fp32 accumulator.
@@ -79,9 +84,9 @@ constexpr std::uint64_t RankStats::*kCounts[] = {
     &RankStats::h2d_bytes,         &RankStats::d2h_bytes,     &RankStats::nvme_read_bytes,
     &RankStats::nvme_write_bytes,  &RankStats::steps_guessed, &RankStats::steps_redone,
     &RankStats::steps_rolled_back, &RankStats::gathers_ahead, &RankStats::gathers_ahead_refused};
-constexpr double RankStats::*kTimes[] = {
-    &RankStats::wait_ms, &RankStats::stall_ms, &RankStats::optimizer_total_ms,
-    &RankStats::optimizer_exposed_ms, &RankStats::save_wait_ms};
+constexpr double RankStats::*kTimes[] = {&RankStats::wait_ms, &RankStats::stall_ms,
+                                         &RankStats::optimizer_total_ms,
+                                         &RankStats::optimizer_exposed_ms};
 constexpr std::uint64_t RankStats::*kPeaks[] = {&RankStats::host_bytes, &RankStats::nvme_bytes};
 
 }  // namespace
@@ -218,6 +223,14 @@ Status ShardStore::create_store() {
                               add("exp_avg of " + name + " (shadow)", g->moment_bytes, opt));
       STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq_next,
                               add("exp_avg_sq of " + name + " (shadow)", g->moment_bytes, opt));
+    }
+    if (plan_.held_copy) {
+      STRATA_ASSIGN_OR_RETURN(
+          g->master_spare, add("master weights of " + name + " (for saves)", g->master_bytes, opt));
+      STRATA_ASSIGN_OR_RETURN(g->exp_avg_spare,
+                              add("exp_avg of " + name + " (for saves)", g->moment_bytes, opt));
+      STRATA_ASSIGN_OR_RETURN(g->exp_avg_sq_spare,
+                              add("exp_avg_sq of " + name + " (for saves)", g->moment_bytes, opt));
     }
     if (plan_.keep_gradients) {
       STRATA_ASSIGN_OR_RETURN(g->grad, add("gradient of " + name, g->work_bytes, plan_.gradients));
@@ -615,36 +628,32 @@ void ShardStore::end_step(bool commit) {
     std::swap(g->exp_avg, g->exp_avg_next);
     std::swap(g->exp_avg_sq, g->exp_avg_sq_next);
   }
-  if (held_) held_is_next_ = !held_is_next_;
+  if (held_ && !held_is_spare_) {  // the held copy is the shadow now: set it aside
+    for (auto& g : groups_) {
+      std::swap(g->master_next, g->master_spare);
+      std::swap(g->exp_avg_next, g->exp_avg_spare);
+      std::swap(g->exp_avg_sq_next, g->exp_avg_sq_spare);
+    }
+    held_is_spare_ = true;
+  }
 }
 
 void ShardStore::hold_state() {
-  STRATA_CHECK(plan_.shadow_state, "hold_state needs the plan's shadow state (hold_state option)");
+  STRATA_CHECK(plan_.held_copy, "hold_state needs the plan's held copy (hold_state option)");
   std::lock_guard lock(held_mu_);
   STRATA_CHECK(!held_, "the state is already held");
   held_ = true;
-  held_is_next_ = false;
+  held_is_spare_ = false;
 }
 
 void ShardStore::release_state() {
-  {
-    std::lock_guard lock(held_mu_);
-    held_ = false;
-  }
-  held_cv_.notify_all();
+  std::lock_guard lock(held_mu_);
+  held_ = false;
 }
 
 bool ShardStore::state_held() const {
   std::lock_guard lock(held_mu_);
   return held_;
-}
-
-void ShardStore::wait_for_held_state() {
-  std::unique_lock lock(held_mu_);
-  if (!(held_ && held_is_next_)) return;
-  Stopwatch waited;
-  held_cv_.wait(lock, [this] { return !(held_ && held_is_next_); });
-  stats_.save_wait_ms += waited.elapsed_ms();
 }
 
 // ---- working copies the optimizer writes ----
@@ -1026,7 +1035,7 @@ Status ShardStore::read_moments(int group, float* exp_avg, float* exp_avg_sq, bo
 std::array<mem::Handle, 3> ShardStore::state_handles(const Group& g, bool held) const {
   std::lock_guard lock(held_mu_);  // a commit swaps them on the training side
   STRATA_CHECK(!held || held_, "the held state is read but none is held", g.spec->name);
-  if (held && held_is_next_) return {g.master_next, g.exp_avg_next, g.exp_avg_sq_next};
+  if (held && held_is_spare_) return {g.master_spare, g.exp_avg_spare, g.exp_avg_sq_spare};
   return {g.master, g.exp_avg, g.exp_avg_sq};
 }
 

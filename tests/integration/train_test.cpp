@@ -869,9 +869,9 @@ void expect_same_checkpoint(const std::string& a, const std::string& b) {
 
 // save_async: each checkpoint holds the bytes a synchronous save of the same step writes, and
 // training the same bits, with the optimizer on the host and on NVMe, under each schedule. Step
-// 2's save is slowed down (async_save_started sleeps): step 3 runs beside it, step 4's update,
-// which writes the copy it holds, waits for it (save_stall_ms), and its checkpoint still holds
-// step 2's state.
+// 2's save is slowed down (async_save_started sleeps 300 ms): steps 3 and 4 run beside it,
+// writing every copy of the state but the one it holds, and its checkpoint still holds step 2's
+// state; step 4's save waits for it (at most one in flight: save_stall_ms).
 TEST(TrainTest, AsynchronousSavesWriteTheSynchronousBytes) {
   for (const char* offload : {"cpu", "nvme"}) {
     for (const char* overlap : {"none", "forward", "backward"}) {

@@ -167,9 +167,9 @@ struct TrainConfig {
   // After each save, keep the newest keep_last checkpoints of save_dir (Hugging Face's
   // save_total_limit); 0 keeps every one.
   std::int64_t keep_last = 0;
-  // Checkpoints written on a thread beside training: the saved step's state is held in the
-  // optimizer tier's shadow copy (no copy made) and read from there while the next step runs;
-  // the step after it waits if the save is not done. At most one save in flight.
+  // Checkpoints written on a thread beside training: the saved step's state is set aside in a
+  // third copy in the optimizer's tier (no bytes copied) and read from there while the steps
+  // alternate between the other two. At most one save in flight.
   bool save_async = false;
   std::string metrics_file;  // JSON lines; empty = none
   std::string trace_file;    // Chrome trace (trace-event JSON) of the run; empty = none

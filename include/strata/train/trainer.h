@@ -31,8 +31,7 @@ struct StepMetrics {
   double wait_ms = 0;     // compute blocked on parameter fetches
   double stall_ms = 0;    // compute blocked on any data (parameters, gradients, room in a tier)
   // Training's time lost to checkpoints since the step before: a synchronous save whole; an
-  // asynchronous one's start (waiting for the save before it, holding the state) and the
-  // optimizer step's wait for the held state (ZeroProvider::hold_state).
+  // asynchronous one's start (waiting for the save before it, holding the state).
   double save_stall_ms = 0;
   // Optimizer time that ended in this step: overlapped, the previous step's update run during
   // this step's forward and this step's run beside its backward; exposed: how long compute

@@ -119,7 +119,8 @@ struct PlanOptions {
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
   GradAccumulation grad_accumulation = GradAccumulation::kAuto;
   // Asynchronous checkpoints (save_async): a saved step's state is held for the save's thread
-  // while training goes on, which takes the shadow state; a plan that cannot hold it is refused.
+  // while training goes on, which takes the shadow state and a third copy of the state; a plan
+  // that cannot hold them is refused.
   bool hold_state = false;
   // ZeRO's collectives over the partition's ranks (their dtype is compute_dtype).
   ZeroOptions zero;
@@ -142,9 +143,12 @@ struct MemoryPlan {
   std::uint64_t optimizer_staging_bytes = 0;
   // A second copy of the master weights and moments in the optimizer's tier: each step writes
   // the other copy and switches at commit, so the state before the step survives it until then
-  // (OptimizerOverlap::kBackward's guess, a failed step, an asynchronous save reading the state
-  // of the step it saves). false where it does not fit.
+  // (OptimizerOverlap::kBackward's guess, a failed step). false where it does not fit.
   bool shadow_state = false;
+  // save_async: a third copy, so that the copy a save reads is set aside while training
+  // alternates between the other two (ShardStore::hold_state).
+  bool held_copy = false;
+  int state_copies() const { return (shadow_state ? 2 : 1) + (held_copy ? 1 : 0); }
   // The schedule the optimizer step will run (never kAuto), and why when it is not the one asked
   // for; with `measure_overlap` (kAuto) the serial one instead while that measures faster.
   OptimizerOverlap overlap = OptimizerOverlap::kNone;

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <array>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -80,8 +79,9 @@ struct ShardOptions {
   std::uint64_t max_live_bytes = std::uint64_t{1} << 30;
   std::uint64_t max_reuse_distance = std::uint64_t{1} << 30;
   mem::Timeline* timeline = nullptr;  // transfer and per-group compute spans; optional
-  // Asynchronous checkpoints (save_async): the plan keeps the shadow state so that hold_state()
-  // can hold a saved step's state for the save's thread (PlanOptions::hold_state).
+  // Asynchronous checkpoints (save_async): the plan keeps the shadow state and a third copy so
+  // that hold_state() can set a saved step's state aside for the save's thread
+  // (PlanOptions::hold_state).
   bool hold_state = false;
 };
 
@@ -104,9 +104,6 @@ struct RankStats {
   double stall_ms = 0;            // compute blocked waiting for data or room in a tier
   double optimizer_total_ms = 0;  // every finished optimizer step, start to end
   double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
-  // Optimizer steps waiting for an asynchronous save to let go of the state they would write
-  // (ShardStore::hold_state).
-  double save_wait_ms = 0;
   // OptimizerOverlap::kBackward: steps whose update started beside backward, guessing no
   // clipping; of those, redone from the state before the step (they clipped), and rolled back
   // (their gradient was not finite).
@@ -222,15 +219,13 @@ class ShardStore {
 
   // ---- the state an asynchronous save reads ----
   // Holds the state as the last step left it (call with no step running) for read_master and
-  // read_moments with `held`, while training goes on. Needs the plan's shadow state
-  // (ShardOptions::hold_state): the next step writes the other copy; the one after it, which
-  // would overwrite the held copy, waits in wait_for_held_state() until release_state()
-  // (RankStats::save_wait_ms). One hold at a time.
+  // read_moments with `held`, while training goes on: copy on write, with nothing copied. Needs
+  // the plan's held copy (ShardOptions::hold_state): the next step writes the shadow copy as
+  // always, and when it commits, the held copy (now the shadow) swaps places with the third
+  // copy, so later steps alternate between the other two and never wait. One hold at a time.
   void hold_state();
   void release_state();  // from any thread
   bool state_held() const;
-  // A step is about to write the shadow copy: waits while that copy is held.
-  void wait_for_held_state();
 
   // ---- what the optimizer schedule works with ----
   int num_groups() const { return static_cast<int>(groups_.size()); }
@@ -348,12 +343,11 @@ class ShardStore {
   // `held` the held one's.
   std::array<mem::Handle, 3> state_handles(const Group& g, bool held) const;
   RankStats stats_;
-  // The held state: whether a save holds one, and whether a step's commit has since made it the
-  // shadow copy (the `*_next` handles). Guards those and the handle swap of a commit.
+  // The held state: whether a save holds one, and whether a step's commit has since set it
+  // aside (the `*_spare` handles). Guards those and the handle swaps of a commit.
   mutable std::mutex held_mu_;
-  std::condition_variable held_cv_;
   bool held_ = false;
-  bool held_is_next_ = false;
+  bool held_is_spare_ = false;
   std::unique_ptr<mem::TieredStore> store_;
   std::unique_ptr<sched::PrefetchScheduler> sched_;  // offload_param cpu or nvme
   mem::StoreStats store_seen_;                       // store counters already in stats_
