@@ -59,6 +59,17 @@ std::string write_input(const std::string& name, std::string_view bytes) {
   return path;
 }
 
+model::LlamaConfig small_llama(int layers) {
+  model::LlamaConfig c;
+  c.vocab_size = 32;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  return c;
+}
+
 std::pair<std::string_view, std::string_view> split_once(std::string_view text,
                                                          std::string_view separator) {
   const auto at = text.find(separator);

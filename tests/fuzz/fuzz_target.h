@@ -22,6 +22,8 @@
 #include <string>
 #include <string_view>
 
+#include "strata/model/llama_config.h"
+
 namespace strata::fuzz {
 
 using Target = std::function<void(std::span<const std::uint8_t>)>;
@@ -38,6 +40,10 @@ std::string write_input(const std::string& name, std::string_view bytes);
 inline std::string_view as_text(std::span<const std::uint8_t> data) {
   return {reinterpret_cast<const char*>(data.data()), data.size()};
 }
+// A small Llama (vocabulary 32, hidden 16, 4 heads, 2 KV heads) of `layers` layers, for the
+// harnesses that check what they read against a model.
+model::LlamaConfig small_llama(int layers);
+
 // Splits `text` at the first occurrence of `separator`: {before, after}; {text, ""} without one.
 std::pair<std::string_view, std::string_view> split_once(std::string_view text,
                                                          std::string_view separator);

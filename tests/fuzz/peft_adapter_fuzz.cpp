@@ -10,13 +10,7 @@
 STRATA_FUZZ_TARGET(peft_adapter) {
   using namespace strata::fuzz;
   static const strata::model::LlamaConfig config = [] {
-    strata::model::LlamaConfig c;
-    c.vocab_size = 32;
-    c.hidden_size = 16;
-    c.intermediate_size = 24;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
+    strata::model::LlamaConfig c = small_llama(2);
     const std::string header =
         R"({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight":)"
         R"({"dtype":"F32","shape":[1,16],"data_offsets":[0,64]}})";

@@ -12,13 +12,7 @@ STRATA_FUZZ_TARGET(trainer_state) {
   using namespace strata::fuzz;
   namespace fs = std::filesystem;
   static const strata::model::LlamaConfig config = [] {
-    strata::model::LlamaConfig c;
-    c.vocab_size = 32;
-    c.hidden_size = 16;
-    c.intermediate_size = 24;
-    c.num_hidden_layers = 4;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
+    strata::model::LlamaConfig c = small_llama(4);
     write_input("save/step-00000001/model/config.json", "{}");
     return c;
   }();

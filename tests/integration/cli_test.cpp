@@ -39,6 +39,25 @@ Json tiny(const TempDir& dir) {
   return j;
 }
 
+// `strata train DIR/c.json` in a child process, its output in DIR/out.txt and DIR/err.txt; waits
+// (60 s at most) until the output shows `seen`, polling every `poll_ms`. Returns the child.
+pid_t start_train_until(const TempDir& dir, const std::string& seen, int poll_ms) {
+  const std::string out = dir.file("out.txt");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::freopen(out.c_str(), "w", stdout);
+    std::freopen(dir.file("err.txt").c_str(), "w", stderr);
+    ::execl(STRATA_CLI, STRATA_CLI, "train", dir.file("c.json").c_str(), nullptr);
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (pid > 0 && slurp(out).find(seen) == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+  }
+  return pid;
+}
+
 TEST(CliTest, TrainsAndWritesMetrics) {
   TempDir dir;
   dir.write("c.json", tiny(dir).dump());
@@ -153,20 +172,9 @@ TEST(CliTest, CtrlCStopsAfterTheStepAndLeavesAResumableCheckpoint) {
   j["max_steps"] = 1000000;
   dir.write("c.json", j.dump());
   const std::string out = dir.file("out.txt");
-  const pid_t pid = ::fork();
+  // Once training is visibly under way, interrupt.
+  const pid_t pid = start_train_until(dir, "step 2/", 20);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::freopen(out.c_str(), "w", stdout);
-    std::freopen(dir.file("err.txt").c_str(), "w", stderr);
-    ::execl(STRATA_CLI, STRATA_CLI, "train", dir.file("c.json").c_str(), nullptr);
-    ::_exit(127);
-  }
-  // Wait (bounded) until training is visibly under way, then interrupt.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (slurp(out).find("step 2/") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
   ::kill(pid, SIGINT);
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -198,20 +206,8 @@ TEST(CliTest, AsynchronousSavesKilledAnywhereLeaveAResumableLatest) {
     j["swap_paths"] = {dir.file("swap")};
     std::filesystem::create_directories(dir.file("swap"));
     dir.write("c.json", j.dump());
-    const std::string out = dir.file("out.txt");
-    const pid_t pid = ::fork();
+    const pid_t pid = start_train_until(dir, "saved checkpoint", 5);
     ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      std::freopen(out.c_str(), "w", stdout);
-      std::freopen(dir.file("err.txt").c_str(), "w", stderr);
-      ::execl(STRATA_CLI, STRATA_CLI, "train", dir.file("c.json").c_str(), nullptr);
-      ::_exit(127);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (slurp(out).find("saved checkpoint") == std::string::npos &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
     std::this_thread::sleep_for(std::chrono::milliseconds(Rng(seed).next_u64() % 200));
     ::kill(pid, SIGKILL);
     int status = 0;
