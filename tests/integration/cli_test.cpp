@@ -166,29 +166,41 @@ TEST(CliTest, BadSetValueIsReported) {
   EXPECT_NE(r.err.find("'seq_len': expected an integer"), std::string::npos) << r.err;
 }
 
+// Ctrl-C stops after the step with a checkpoint, written in the background (save_async: the
+// offloaded optimizer) or not: the process ends only once it is complete, and it resumes.
 TEST(CliTest, CtrlCStopsAfterTheStepAndLeavesAResumableCheckpoint) {
-  TempDir dir;
-  Json j = tiny(dir);
-  j["max_steps"] = 1000000;
-  dir.write("c.json", j.dump());
-  const std::string out = dir.file("out.txt");
-  // Once training is visibly under way, interrupt.
-  const pid_t pid = start_train_until(dir, "step 2/", 20);
-  ASSERT_GE(pid, 0);
-  ::kill(pid, SIGINT);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << slurp(dir.file("err.txt"));
-  EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(dir.file("err.txt"));
-  EXPECT_NE(slurp(out).find("saved checkpoint"), std::string::npos);
-  ASSERT_TRUE(std::filesystem::exists(dir.file("ckpt/latest")));
-  // Resume and run two more steps past where it stopped.
-  const std::string latest = slurp(dir.file("ckpt/latest"));
-  const int stopped_at = std::stoi(latest.substr(latest.find('-') + 1));
-  RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --resume " + dir.file("ckpt") +
-                                 " --set max_steps=" + std::to_string(stopped_at + 2));
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("step " + std::to_string(stopped_at + 2) + "/"), std::string::npos) << r.out;
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "save_async" : "synchronous");
+    TempDir dir;
+    Json j = tiny(dir);
+    j["max_steps"] = 1000000;
+    if (async) {
+      j["save_async"] = true;
+      j["offload_optimizer"] = "cpu";
+    }
+    dir.write("c.json", j.dump());
+    const std::string out = dir.file("out.txt");
+    // Once training is visibly under way, interrupt.
+    const pid_t pid = start_train_until(dir, "step 2/", 20);
+    ASSERT_GE(pid, 0);
+    ::kill(pid, SIGINT);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << slurp(dir.file("err.txt"));
+    EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(dir.file("err.txt"));
+    EXPECT_NE(slurp(out).find(async ? " in the background)" : "saved checkpoint"),
+              std::string::npos)
+        << slurp(out);
+    ASSERT_TRUE(std::filesystem::exists(dir.file("ckpt/latest")));
+    // Resume and run two more steps past where it stopped.
+    const std::string latest = slurp(dir.file("ckpt/latest"));
+    const int stopped_at = std::stoi(latest.substr(latest.find('-') + 1));
+    RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --resume " + dir.file("ckpt") +
+                                   " --set max_steps=" + std::to_string(stopped_at + 2));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("step " + std::to_string(stopped_at + 2) + "/"), std::string::npos)
+        << r.out;
+  }
 }
 
 // save_async: SIGKILL at a random moment (seeded) while checkpoints are written in the

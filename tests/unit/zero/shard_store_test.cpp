@@ -285,7 +285,7 @@ TEST_P(ShardStoreTest, MomentsRoundTrip) {
 // The state held for an asynchronous save (ZeroProvider::hold_state): three more steps commit
 // while it is held (the first writes the shadow copy, the others alternate with the third copy,
 // never the held one), then another thread reads it: the state as it was held.
-TEST_P(ShardStoreTest, HeldStateReadsAsHeldWhileTwoStepsRun) {
+TEST_P(ShardStoreTest, HeldStateReadsAsHeldWhileStepsRun) {
   if (GetParam().opt == Tier::kDevice)
     GTEST_SKIP() << "save_async needs the optimizer off the device";
   make_engine(1, {}, OptimizerOverlap::kNone, {}, /*hold_state=*/true);
