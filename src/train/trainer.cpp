@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <ostream>
 #include <set>
-#include <thread>
 
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
@@ -118,9 +118,7 @@ struct Trainer::Impl {
   struct AsyncSave {
     std::string path;  // the checkpoint it writes
     Stopwatch clock;
-    std::optional<Result<std::string>> result;  // set by the thread as it ends,
-    std::atomic<bool> ended{false};             // then this
-    std::thread thread;
+    std::future<Result<std::string>> result;  // std::async's: its destructor waits for the save
   };
   std::unique_ptr<AsyncSave> saving;
   std::unique_ptr<dist::Communicator> save_comm;
@@ -136,7 +134,7 @@ struct Trainer::Impl {
   void saved(const std::string& path);
 
   ~Impl() {
-    if (saving) saving->thread.join();  // it reads the provider and the layouts below
+    if (saving) saving->result.wait();  // it reads the provider and the layouts below
   }
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
@@ -933,15 +931,13 @@ Result<std::string> Trainer::save() {
   auto job = std::make_unique<Impl::AsyncSave>();
   const TrainerState state = s.state();
   job->path = (std::filesystem::path(s.config.save_dir) / step_name(state.step)).string();
-  Impl::AsyncSave* j = job.get();
-  job->thread = std::thread([&s, j, state] {
+  job->result = std::async(std::launch::async, [&s, state] {
     if (s.options.async_save_started) s.options.async_save_started(state.step);
     auto path = save_checkpoint(s.config.save_dir, s.config.model, *s.layout, *s.whole,
                                 s.config.lora(), *s.provider, *s.save_grid, state,
                                 /*held_state=*/true);
     s.provider->release_state();
-    j->result = std::move(path);
-    j->ended.store(true, std::memory_order_release);
+    return path;
   });
   s.saving = std::move(job);
   s.save_stall_ms += stall.elapsed_ms();
@@ -964,20 +960,21 @@ void Trainer::Impl::saved(const std::string& path) {
 
 Status Trainer::Impl::finish_save() {
   if (!saving) return Status::ok();
-  saving->thread.join();
-  std::unique_ptr<AsyncSave> done = std::move(saving);
-  if (!done->result->is_ok()) return done->result->status();
-  saved(**done->result);
+  const std::unique_ptr<AsyncSave> done = std::move(saving);
+  const Result<std::string> path = done->result.get();
+  if (!path.is_ok()) return path.status();
+  saved(*path);
   if (options.progress != nullptr) {
-    *options.progress << "saved checkpoint " << **done->result << " (" << std::fixed
-                      << std::setprecision(1) << done->clock.elapsed_ms() / 1e3
-                      << " s in the background)" << std::endl;
+    *options.progress << "saved checkpoint " << *path << " (" << std::fixed << std::setprecision(1)
+                      << done->clock.elapsed_ms() / 1e3 << " s in the background)" << std::endl;
   }
   return Status::ok();
 }
 
 Status Trainer::Impl::poll_save() {
-  if (!saving || !saving->ended.load(std::memory_order_acquire)) return Status::ok();
+  if (!saving || saving->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    return Status::ok();
+  }
   return finish_save();
 }
 

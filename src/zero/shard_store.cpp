@@ -651,11 +651,6 @@ void ShardStore::release_state() {
   held_ = false;
 }
 
-bool ShardStore::state_held() const {
-  std::lock_guard lock(held_mu_);
-  return held_;
-}
-
 // ---- working copies the optimizer writes ----
 
 Result<void*> ShardStore::open_output(int group, Tier tier) {

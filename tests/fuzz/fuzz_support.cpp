@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -54,6 +55,20 @@ std::string write_input(const std::string& name, std::string_view bytes) {
   out.close();
   if (!out) {
     std::fprintf(stderr, "strata fuzz: cannot write %s\n", path.c_str());
+    std::abort();
+  }
+  return path;
+}
+
+std::string write_safetensors(const std::string& name, const model::SafetensorsWriter& tensors) {
+  const std::string path = scratch() + "/" + name;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const Status s = tensors.write(path, [](const model::SafetensorsEntry& e, void* dst) {
+    std::memset(dst, 0, e.end - e.begin);
+    return Status::ok();
+  });
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "strata fuzz: %s\n", s.to_string().c_str());
     std::abort();
   }
   return path;

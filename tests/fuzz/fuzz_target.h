@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "strata/model/llama_config.h"
+#include "strata/model/safetensors.h"
 
 namespace strata::fuzz {
 
@@ -40,6 +41,10 @@ std::string write_input(const std::string& name, std::string_view bytes);
 inline std::string_view as_text(std::span<const std::uint8_t> data) {
   return {reinterpret_cast<const char*>(data.data()), data.size()};
 }
+// Writes scratch()/name as the project's SafetensorsWriter writes `tensors` (zeros); aborts on
+// an error, as write_input does. Returns the path.
+std::string write_safetensors(const std::string& name, const model::SafetensorsWriter& tensors);
+
 // A small Llama (vocabulary 32, hidden 16, 4 heads, 2 KV heads) of `layers` layers, for the
 // harnesses that check what they read against a model.
 model::LlamaConfig small_llama(int layers);

@@ -3,26 +3,16 @@
 #include "strata/model/hf_checkpoint.h"
 #include "tests/fuzz/fuzz_target.h"
 
-namespace {
-
-// A 2-tensor shard: "a" (F32 [2]) and "b" (BF16 [1]).
-std::string shard_bytes() {
-  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                             R"("b":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]}})";
-  std::string file(8, '\0');
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return file + header + std::string(10, '\x3f');
-}
-
-}  // namespace
-
 STRATA_FUZZ_TARGET(hf_index) {
   using namespace strata::fuzz;
   static const bool prepared = [] {
     write_input("hf/config.json",
                 R"({"model_type":"llama","vocab_size":8,"hidden_size":4,"intermediate_size":8,)"
                 R"("num_hidden_layers":1,"num_attention_heads":1})");
-    write_input("hf/model-00001-of-00001.safetensors", shard_bytes());
+    strata::model::SafetensorsWriter shard;  // the tensors the seeds' index maps
+    shard.add("a", strata::DType::kF32, {2});
+    shard.add("b", strata::DType::kBF16, {1});
+    write_safetensors("hf/model-00001-of-00001.safetensors", shard);
     return true;
   }();
   (void)prepared;

@@ -11,12 +11,10 @@ STRATA_FUZZ_TARGET(peft_adapter) {
   using namespace strata::fuzz;
   static const strata::model::LlamaConfig config = [] {
     strata::model::LlamaConfig c = small_llama(2);
-    const std::string header =
-        R"({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight":)"
-        R"({"dtype":"F32","shape":[1,16],"data_offsets":[0,64]}})";
-    std::string file(8, '\0');
-    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-    write_input("adapter/adapter_model.safetensors", file + header + std::string(64, '\0'));
+    strata::model::SafetensorsWriter weights;
+    weights.add("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                strata::DType::kF32, {1, 16});
+    write_safetensors("adapter/adapter_model.safetensors", weights);
     return c;
   }();
   write_input("adapter/adapter_config.json", as_text(data));

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -75,6 +76,36 @@ inline std::vector<float> tensors(const std::string& file) {
     all.insert(all.end(), t.begin(), t.end());
   }
   return all;
+}
+
+// Expects every file of checkpoint `a` in `b` with the same bytes, trainer_state.json compared as
+// JSON without the config keys `ignored` (those the two runs were given differently). Returns
+// how many files were compared.
+inline int expect_same_checkpoint(const std::string& a, const std::string& b,
+                                  std::initializer_list<const char*> ignored) {
+  namespace fs = multirank_fs;
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file()) continue;
+    const fs::path rel = fs::relative(e.path(), a);
+    SCOPED_TRACE(rel.string());
+    EXPECT_TRUE(fs::exists(fs::path(b) / rel));
+    std::stringstream x, y;
+    x << std::ifstream(e.path(), std::ios::binary).rdbuf();
+    y << std::ifstream(fs::path(b) / rel, std::ios::binary).rdbuf();
+    if (rel == "trainer_state.json") {
+      Json jx = Json::parse(x.str()), jy = Json::parse(y.str());
+      for (const char* key : ignored) {
+        jx["config"].erase(key);
+        jy["config"].erase(key);
+      }
+      EXPECT_TRUE(jx == jy) << jx.dump() << "\n" << jy.dump();
+    } else {
+      EXPECT_TRUE(x.str() == y.str()) << "differs";
+    }
+    ++files;
+  }
+  return files;
 }
 
 inline std::vector<float> weights(const std::string& model_dir) {

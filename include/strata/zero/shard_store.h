@@ -225,7 +225,6 @@ class ShardStore {
   // copy, so later steps alternate between the other two and never wait. One hold at a time.
   void hold_state();
   void release_state();  // from any thread
-  bool state_held() const;
 
   // ---- what the optimizer schedule works with ----
   int num_groups() const { return static_cast<int>(groups_.size()); }
