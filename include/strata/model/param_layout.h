@@ -9,15 +9,19 @@
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/device/adam8bit.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
 #include "strata/model/pipeline_stage.h"
 
 namespace strata::model {
 
-// Element offsets of tensors inside a group are multiples of this, so every view is 128-byte
-// aligned in f32 and bf16 alike.
-inline constexpr std::int64_t kTensorAlignElems = 64;
+// Element offsets of tensors inside a group are multiples of this: every view is 128-byte aligned
+// in f32 and bf16 alike, and each block of 8-bit Adam moments (optimizer.state_dtype "int8")
+// holds one tensor's elements, its scale the tensor's own (a norm's moments never share a block,
+// and so a scale, with a projection's).
+inline constexpr std::int64_t kTensorAlignElems = 256;
+static_assert(kTensorAlignElems % device::kAdam8BlockElems == 0);
 
 // How a fresh tensor is initialized (init_group).
 enum class TensorInit : std::uint8_t {
