@@ -68,7 +68,115 @@ __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ gr
   }
 }
 
+// The number of thresholds below u: a branch-free binary search of `probes` steps over 2^probes
+// thresholds (the last +infinity) in shared memory.
+template <int kProbes>
+__device__ __forceinline__ int nearest(const float* threshold, float u) {
+  int idx = 0;
+#pragma unroll
+  for (int step = 1 << (kProbes - 1); step >= 1; step /= 2) {
+    idx += threshold[idx + step - 1] < u ? step : 0;
+  }
+  return idx;
+}
+
+// The largest of x over the 256 threads (every thread gets it); `warps` is shared scratch of 8.
+// max is exact in any order, so this is the reference's sequential maximum.
+__device__ __forceinline__ float block_max(float x, float* warps) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  if ((threadIdx.x & 31) == 0) warps[threadIdx.x / 32] = x;
+  __syncthreads();
+  float a = warps[0];
+#pragma unroll
+  for (int w = 1; w < 8; ++w) a = fmaxf(a, warps[w]);
+  return a;
+}
+
+// device::adam8_reciprocal: 1 / a, or 0 below f32's normal range (the block stored as zeros).
+__device__ __forceinline__ float reciprocal(float a) {
+  return a >= 1.17549435e-38f ? __fdiv_rn(1.0f, a) : 0.0f;
+}
+
+// One CUDA block of 256 threads per 8-bit block, a thread an element.
+template <typename G, typename O>
+__global__ void __launch_bounds__(256)
+    adamw8_kernel(float* __restrict__ param, const G* __restrict__ grad,
+                  std::uint8_t* __restrict__ m_codes, float* __restrict__ m_scales,
+                  std::uint8_t* __restrict__ v_codes, float* __restrict__ v_scales, std::int64_t n,
+                  AdamWScalars s, Adam8Tables t, O* __restrict__ param_out) {
+  __shared__ float m_magnitude[128], m_threshold[128], v_value[256], v_threshold[256];
+  __shared__ float warps_m[8], warps_v[8];
+  const int tid = static_cast<int>(threadIdx.x);
+  v_value[tid] = t.v_value[tid];
+  v_threshold[tid] = t.v_threshold[tid];
+  if (tid < 128) {
+    m_magnitude[tid] = t.m_magnitude[tid];
+    m_threshold[tid] = t.m_threshold[tid];
+  }
+  __syncthreads();
+  const std::int64_t blocks = (n + 255) / 256;
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::int64_t i = b * 256 + tid;
+    const bool live = i < n;
+    float p = 0.0f, m = 0.0f, v = 0.0f, root = 0.0f;
+    if (live) {
+      p = param[i];
+      const unsigned cm = m_codes[i], cv = v_codes[i];
+      m = __fmul_rn(m_magnitude[cm & 0x7fu], m_scales[b]);
+      if (cm > 0x80u) m = -m;  // (-c) * scale == -(c * scale); 0x80 is 0
+      const float sv = __fmul_rn(v_value[cv], v_scales[b]);
+      v = __fmul_rn(sv, sv);
+      adamw_element(load_grad(grad, i), p, m, v, s);
+      root = __fsqrt_rn(v);
+    }
+    const float am = block_max(fabsf(m), warps_m);
+    const float av = block_max(root, warps_v);
+    const float rm = reciprocal(am), rv = reciprocal(av);
+    if (live) {
+      int km = 0, kv = 0;
+      if (rm != 0.0f) {
+        const float y = __fmul_rn(m, rm);
+        km = nearest<7>(m_threshold, fabsf(y));
+        if (km != 0 && signbit(y)) km |= 0x80;
+      }
+      if (rv != 0.0f) {
+        const float y = __fmul_rn(root, rv);
+        kv = nearest<8>(v_threshold, y);
+        if (kv == 0 && y > 0.0f) kv = 1;  // a non-zero root stays non-zero
+      }
+      m_codes[i] = static_cast<std::uint8_t>(km);
+      v_codes[i] = static_cast<std::uint8_t>(kv);
+      param[i] = p;
+      if (param_out != nullptr) param_out[i] = from_float<O>(p);
+    }
+    if (tid == 0) {
+      m_scales[b] = rm == 0.0f ? 0.0f : am;
+      v_scales[b] = rv == 0.0f ? 0.0f : av;
+    }
+    __syncthreads();  // the warps' maxima are rewritten by the next block
+  }
+}
+
 }  // namespace
+
+int adamw8(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype,
+           std::uint8_t* exp_avg, float* exp_avg_scale, std::uint8_t* exp_avg_sq,
+           float* exp_avg_sq_scale, std::int64_t n, const AdamWScalars& s, const Adam8Tables& t,
+           void* param_out, Elem out_dtype) {
+  if (n <= 0) return 0;
+  constexpr int kThreads = 256;
+  return dispatch_float(grad_dtype, [&](auto gtag) {
+    using G = typename decltype(gtag)::type;
+    return dispatch_float(out_dtype, [&](auto otag) {
+      using O = typename decltype(otag)::type;
+      adamw8_kernel<G, O><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+          param, static_cast<const G*>(grad), exp_avg, exp_avg_scale, exp_avg_sq,
+          exp_avg_sq_scale, n, s, t, static_cast<O*>(param_out));
+      return launch_check();
+    });
+  });
+}
 
 int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, void* exp_avg,
           void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,

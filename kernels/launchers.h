@@ -189,5 +189,20 @@ struct AdamWScalars {
 int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, void* exp_avg,
           void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
           void* param_out, Elem out_dtype);
+// Block-wise 8-bit moments (strata/device/adam8bit.h): a byte each and an f32 scale per block of
+// 256 elements (the span starts on a block). The step dequantizes, runs the f32 step above, and
+// quantizes as device::adam8_quantize_m / adam8_quantize_v do (the block's largest magnitude, its
+// f32 reciprocal, the nearest magnitude by these thresholds, a tie to the smaller). The tables,
+// from device::adam8_search and the codes, travel as a kernel argument (3 KiB).
+struct Adam8Tables {
+  float m_magnitude[128];  // the signed code's magnitudes, by the byte without its sign bit
+  float m_threshold[128];  // between them (127), then +infinity
+  float v_value[256];      // the unsigned code (the second moment's root)
+  float v_threshold[256];  // 255, then +infinity
+};
+int adamw8(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype,
+           std::uint8_t* exp_avg, float* exp_avg_scale, std::uint8_t* exp_avg_sq,
+           float* exp_avg_sq_scale, std::int64_t n, const AdamWScalars& s, const Adam8Tables& t,
+           void* param_out, Elem out_dtype);
 
 }  // namespace strata::kernels

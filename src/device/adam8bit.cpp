@@ -25,57 +25,54 @@ double tree_value(unsigned byte, bool is_signed) {
   return is_signed && (byte & 0x80u) != 0 ? -mag : mag;
 }
 
-// The index of the nearest value: how many thresholds lie below y (branch-free, 8 probes).
-inline int nearest(const Adam8Search& c, float y) {
+// The number of thresholds below u (branch-free, 8 probes; the 7-bit search's padding is +inf).
+inline int nearest(const Adam8Search& c, float u) {
   int idx = 0;
   for (int step = 128; step >= 1; step /= 2) {
-    idx += c.threshold[static_cast<std::size_t>(idx + step - 1)] < y ? step : 0;
+    idx += c.threshold[static_cast<std::size_t>(idx + step - 1)] < u ? step : 0;
   }
   return idx;
 }
 
-Adam8Search sort_code(const std::array<float, 256>& code) {
-  std::array<int, 256> order{};
-  for (int b = 0; b < 256; ++b) order[static_cast<std::size_t>(b)] = b;
-  std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
-    return code[static_cast<std::size_t>(x)] < code[static_cast<std::size_t>(y)];
-  });
-  std::array<float, 256> value{};
+// The search over the magnitudes of `code`'s first 2^bits bytes, which must ascend.
+Adam8Search make_search(const std::array<float, 256>& code, int bits) {
+  const int count = 1 << bits;
   Adam8Search s{};
+  s.bits = bits;
   s.threshold.fill(std::numeric_limits<float>::infinity());
-  int count = 0;
-  for (const int b : order) {
-    const float v = code[static_cast<std::size_t>(b)];
-    // Equal values (the signed code's -0 and 0) keep the first byte: 0x00 for zero.
-    if (count > 0 && value[static_cast<std::size_t>(count - 1)] == v) continue;
-    value[static_cast<std::size_t>(count)] = v;
-    s.byte[static_cast<std::size_t>(count)] = v == 0.0f ? 0 : b;
-    if (v == 0.0f) s.zero = count;
-    ++count;
-  }
+  s.level.fill(std::numeric_limits<float>::infinity());
   for (int j = 0; j + 1 < count; ++j) {
-    const double mid = (static_cast<double>(value[static_cast<std::size_t>(j)]) +
-                        static_cast<double>(value[static_cast<std::size_t>(j + 1)])) /
-                       2.0;
+    const float lo = code[static_cast<std::size_t>(j)], hi = code[static_cast<std::size_t>(j + 1)];
+    if (!(lo < hi)) {
+      std::fprintf(stderr, "adam8bit: the code's magnitudes do not ascend at byte %d\n", j);
+      std::abort();
+    }
+    const double mid = (static_cast<double>(lo) + static_cast<double>(hi)) / 2.0;
     float t = static_cast<float>(mid);
     if (static_cast<double>(t) > mid)
       t = std::nextafter(t, -std::numeric_limits<float>::infinity());
     s.threshold[static_cast<std::size_t>(j)] = t;
   }
-  // The buckets: the thresholds below each bucket's least value, checked against its greatest.
-  for (int negative = 0; negative < 2; ++negative) {
-    for (std::int32_t key = kAdam8BucketLo; key <= kAdam8BucketHi; ++key) {
-      const auto bits = static_cast<std::uint32_t>(key | (negative << 15)) << 16;
-      const float a = key == kAdam8BucketLo ? 0.0f : std::bit_cast<float>(bits);
-      const float b = std::bit_cast<float>(bits | 0xffffu);
-      const float lo = std::min(a, b), hi = std::max(a, b);
-      const std::int32_t first = nearest(s, lo);
-      if (nearest(s, hi) - first > 2) {
-        std::fprintf(stderr, "adam8bit: bucket %x holds more than 2 thresholds\n", key);
-        std::abort();
-      }
-      s.bucket[static_cast<std::size_t>(negative * kAdam8Buckets + key - kAdam8BucketLo)] = first;
+  // By level: n candidates, each `step` = half / n apart in k, at [n, 2n).
+  const int half = count / 2;
+  for (int n = 1; n <= half; n *= 2) {
+    const int step = half / n;
+    for (int j = 0; j < n; ++j) {
+      s.level[static_cast<std::size_t>(n + j)] =
+          s.threshold[static_cast<std::size_t>(j * 2 * step + step - 1)];
     }
+  }
+  // The buckets: the thresholds below each bucket's least value, checked against its greatest.
+  for (std::int32_t key = kAdam8BucketLo; key <= kAdam8BucketHi; ++key) {
+    const auto bits16 = static_cast<std::uint32_t>(key) << 16;
+    const float lo = key == kAdam8BucketLo ? 0.0f : std::bit_cast<float>(bits16);
+    const float hi = std::bit_cast<float>(bits16 | 0xffffu);
+    const std::int32_t first = nearest(s, lo);
+    if (nearest(s, hi) - first > 2) {
+      std::fprintf(stderr, "adam8bit: bucket %x holds more than 2 thresholds\n", key);
+      std::abort();
+    }
+    s.bucket[static_cast<std::size_t>(key - kAdam8BucketLo)] = first;
   }
   return s;
 }
@@ -99,22 +96,30 @@ const std::array<float, 256>& adam8_unsigned_code() {
 }
 
 const Adam8Search& adam8_search(bool second) {
-  static const Adam8Search m = sort_code(adam8_signed_code());
-  static const Adam8Search v = sort_code(adam8_unsigned_code());
+  static const Adam8Search m = make_search(adam8_signed_code(), 7);
+  static const Adam8Search v = make_search(adam8_unsigned_code(), 8);
   return second ? v : m;
 }
+
+int adam8_nearest(const Adam8Search& s, float u) { return nearest(s, u); }
+
+float adam8_reciprocal(float a) { return a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f; }
 
 void adam8_quantize_m(const float* m, std::int64_t n, std::uint8_t* codes, float* scale) {
   float a = 0.0f;
   for (std::int64_t i = 0; i < n; ++i) a = std::max(a, std::fabs(m[i]));
-  *scale = a;
-  if (a == 0.0f) {
+  const float r = adam8_reciprocal(a);
+  *scale = r == 0.0f ? 0.0f : a;
+  if (r == 0.0f) {
     std::fill_n(codes, n, std::uint8_t{0});
     return;
   }
   const Adam8Search& c = adam8_search(false);
-  for (std::int64_t i = 0; i < n; ++i)
-    codes[i] = static_cast<std::uint8_t>(c.byte[static_cast<std::size_t>(nearest(c, m[i] / a))]);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float y = m[i] * r;
+    const int k = nearest(c, std::fabs(y));
+    codes[i] = static_cast<std::uint8_t>(k != 0 && std::signbit(y) ? 0x80 | k : k);
+  }
 }
 
 void adam8_quantize_v(const float* v, std::int64_t n, std::uint8_t* codes, float* scale) {
@@ -124,17 +129,17 @@ void adam8_quantize_v(const float* v, std::int64_t n, std::uint8_t* codes, float
     root[i] = std::sqrt(v[i]);
     a = std::max(a, root[i]);
   }
-  *scale = a;
-  if (a == 0.0f) {
+  const float r = adam8_reciprocal(a);
+  *scale = r == 0.0f ? 0.0f : a;
+  if (r == 0.0f) {
     std::fill_n(codes, n, std::uint8_t{0});
     return;
   }
   const Adam8Search& c = adam8_search(true);
   for (std::int64_t i = 0; i < n; ++i) {
-    const float y = root[i] / a;
-    int idx = nearest(c, y);
-    if (idx == c.zero && y > 0.0f) idx = c.zero + 1;  // a non-zero root stays non-zero
-    codes[i] = static_cast<std::uint8_t>(c.byte[static_cast<std::size_t>(idx)]);
+    const float y = root[i] * r;
+    const int k = nearest(c, y);
+    codes[i] = static_cast<std::uint8_t>(k == 0 && y > 0.0f ? 1 : k);  // non-zero stays non-zero
   }
 }
 

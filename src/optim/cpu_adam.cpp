@@ -507,20 +507,13 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
   impl->convert = &device::cpu::cpu_kernels_for(path);
   for (const bool second : {false, true}) {
     const device::Adam8Search& search = device::adam8_search(second);
-    for (std::int32_t i = 0; i < (second ? 256 : 255); ++i) {
-      const std::int32_t want = second ? i : i < search.zero ? 255 - i : i - search.zero;
-      STRATA_CHECK(search.byte[static_cast<std::size_t>(i)] == want,
-                   "CpuAdam: the 8-bit code's bytes are not in the order its kernels compute", i);
-    }
     (second ? impl->q8_v : impl->q8_m) = detail::Quant8Search{
-        search.threshold.data(),
-        search.byte.data(),
-        search.zero,
         second,
+        search.threshold.data(),
+        search.level.data(),
         search.bucket.data(),
         device::kAdam8BucketLo,
         device::kAdam8BucketHi,
-        device::kAdam8Buckets,
         second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data()};
   }
   switch (path) {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "src/optim/cpu_adam_kernels.h"
+#include "strata/device/adam8bit.h"
 
 namespace strata::optim::detail {
 namespace {
@@ -357,8 +358,8 @@ bool all_finite(const void* grad, std::int64_t n) {
 // ---- 8-bit moments ----
 
 // The scalar kernel's statements 8 lanes at a time (a block's last partial 8 through a padded
-// copy): the absolute maximum (order-free), IEEE division and square root, the 8-probe search as
-// gathers.
+// copy): the absolute maximum (order-free), the square root, the product by the reciprocal, and
+// the magnitude's search as a bucket and two thresholds, gathered.
 void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
                   float* scale) {
   alignas(32) float pad[8];
@@ -380,44 +381,40 @@ void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::ui
   _mm256_store_ps(lanes, amax);
   float a = 0.0f;
   for (float l : lanes) a = l > a ? l : a;
-  *scale = a;
-  if (a == 0.0f) {
+  const float r = device::adam8_reciprocal(a);
+  *scale = r == 0.0f ? 0.0f : a;
+  if (r == 0.0f) {
     for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
     return;
   }
-  const __m256 va = _mm256_set1_ps(a);
-  const __m256i zero = _mm256_set1_epi32(s.zero);
+  const __m256 vr = _mm256_set1_ps(r);
   const __m256i lo = _mm256_set1_epi32(s.bucket_lo), hi = _mm256_set1_epi32(s.bucket_hi);
+  const __m256i zero = _mm256_setzero_si256();
   alignas(32) std::int32_t bytes[8];
   for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256 y = _mm256_div_ps(load(i), va);
-    // The bucket of y's top 16 bits, then the two thresholds that may lie above its start.
-    const __m256i key = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
-    __m256i mag = _mm256_and_si256(key, _mm256_set1_epi32(0x7fff));
-    mag = _mm256_sub_epi32(_mm256_min_epi32(_mm256_max_epi32(mag, lo), hi), lo);
-    const __m256i negative = _mm256_cmpeq_epi32(_mm256_and_si256(key, _mm256_set1_epi32(0x8000)),
-                                                _mm256_set1_epi32(0x8000));
-    mag = _mm256_add_epi32(mag, _mm256_and_si256(negative, _mm256_set1_epi32(s.buckets)));
-    const __m256i first = _mm256_i32gather_epi32(s.bucket, mag, 4);
+    const __m256 y = _mm256_mul_ps(load(i), vr);
+    const __m256 u = _mm256_and_ps(y, abs_mask);
+    // The bucket of u's top 16 bits, then the two thresholds that may lie above its start.
+    __m256i key = _mm256_srli_epi32(_mm256_castps_si256(u), 16);
+    key = _mm256_sub_epi32(_mm256_min_epi32(_mm256_max_epi32(key, lo), hi), lo);
+    const __m256i first = _mm256_i32gather_epi32(s.bucket, key, 4);
     const __m256 t0 = _mm256_i32gather_ps(s.threshold, first, 4);
     const __m256 t1 = _mm256_i32gather_ps(s.threshold + 1, first, 4);
     // A true comparison is all ones (-1): subtracting it adds one.
-    __m256i idx = _mm256_sub_epi32(first, _mm256_castps_si256(_mm256_cmp_ps(t0, y, _CMP_LT_OQ)));
-    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(t1, y, _CMP_LT_OQ)));
+    __m256i k = _mm256_sub_epi32(first, _mm256_castps_si256(_mm256_cmp_ps(t0, u, _CMP_LT_OQ)));
+    k = _mm256_sub_epi32(k, _mm256_castps_si256(_mm256_cmp_ps(t1, u, _CMP_LT_OQ)));
+    const __m256i at_zero = _mm256_cmpeq_epi32(k, zero);
     if (s.second) {
-      const __m256i lift =
-          _mm256_and_si256(_mm256_cmpeq_epi32(idx, zero),
-                           _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ)));
-      idx = _mm256_add_epi32(idx, _mm256_and_si256(lift, _mm256_set1_epi32(1)));
+      // A positive root that found 0 takes 1: subtracting the all-ones lanes adds one.
+      k = _mm256_sub_epi32(k, _mm256_and_si256(at_zero, _mm256_castps_si256(_mm256_cmp_ps(
+                                                            u, _mm256_setzero_ps(), _CMP_GT_OQ))));
+    } else {
+      // A negative element's byte: its magnitude's with the sign bit (never for 0).
+      const __m256i sign = _mm256_srai_epi32(_mm256_castps_si256(y), 31);
+      k = _mm256_or_si256(
+          k, _mm256_andnot_si256(at_zero, _mm256_and_si256(sign, _mm256_set1_epi32(0x80))));
     }
-    // The byte of sorted index idx, without a gather (Quant8Search: checked when CpuAdam is made).
-    __m256i b = idx;
-    if (!s.second) {
-      b = _mm256_blendv_epi8(_mm256_sub_epi32(idx, zero),
-                             _mm256_sub_epi32(_mm256_set1_epi32(255), idx),
-                             _mm256_cmpgt_epi32(zero, idx));
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), b);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), k);
     const std::int64_t len = n - i >= 8 ? 8 : n - i;
     for (std::int64_t j = 0; j < len; ++j) codes[i + j] = static_cast<std::uint8_t>(bytes[j]);
   }

@@ -8,9 +8,11 @@
 // Everything here has internal linkage (see cpu_adam_kernels.h).
 #include <immintrin.h>
 
+#include <bit>
 #include <cstdint>
 
 #include "src/optim/cpu_adam_kernels.h"
+#include "strata/device/adam8bit.h"
 
 namespace strata::optim::detail {
 namespace {
@@ -471,14 +473,56 @@ bool all_finite(const void* grad, std::int64_t n) {
 
 // ---- 8-bit moments ----
 
-// The scalar kernel's statements 16 lanes at a time: the absolute maximum (order-free), IEEE
-// division and square root, the 8-probe search as gathers, the bytes narrowed on store.
-void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
+// Tables looked up in registers instead of gathered (a gather of 16 lanes costs more than the
+// whole Adam update of them): vpermt2ps picks each lane's float from 32 by the index's low 5
+// bits, and masked blends on the next bits pick among those.
+template <int kN>
+inline __m512 lookup(const float* table, __m512i j) {
+  static_assert(kN == 32 || kN == 64 || kN == 128 || kN == 256);
+  if constexpr (kN == 32) {
+    return _mm512_maskz_permutex2var_ps(kAll, _mm512_loadu_ps(table), j,
+                                        _mm512_loadu_ps(table + 16));
+  } else {
+    constexpr int kHalf = kN / 2;
+    const __mmask16 upper = _mm512_test_epi32_mask(j, _mm512_set1_epi32(kHalf));
+    return _mm512_mask_blend_ps(upper, lookup<kHalf>(table, j), lookup<kHalf>(table + kHalf, j));
+  }
+}
+
+// The binary search of u's magnitude among 2^kBits (device::Adam8Search::level): the level with
+// kN candidates, then the next ones.
+template <int kBits, int kN = 1>
+inline __m512i search_level(const float* level, __m512 u, __m512i k) {
+  constexpr int kStep = (1 << (kBits - 1)) / kN;  // k moves by kStep at this level
+  __m512 t;
+  if constexpr (kN == 1) {
+    t = _mm512_set1_ps(level[1]);
+  } else {
+    constexpr int kShift = std::countr_zero(static_cast<unsigned>(2 * kStep));
+    const __m512i j = _mm512_maskz_srli_epi32(kAll, k, kShift);  // the candidate: k / (2 * kStep)
+    if constexpr (kN <= 16) {
+      t = _mm512_maskz_permutexvar_ps(kAll, j, _mm512_loadu_ps(level + kN));
+    } else {
+      t = lookup<kN>(level + kN, j);
+    }
+  }
+  k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(t, u, _CMP_LT_OQ), k, _mm512_set1_epi32(kStep));
+  if constexpr (kStep == 1) {
+    return k;
+  } else {
+    return search_level<kBits, 2 * kN>(level, u, k);
+  }
+}
+
+// The scalar kernel's statements 16 lanes at a time: the absolute maximum (order-free), the square
+// root, the product by the reciprocal, the search in registers, the bytes narrowed on store.
+template <bool kSecond>
+void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
                   float* scale) {
   const auto load = [&](std::int64_t i) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    return s.second ? _mm512_maskz_sqrt_ps(kAll, v) : v;
+    return kSecond ? _mm512_maskz_sqrt_ps(kAll, v) : v;
   };
   __m512 amax = _mm512_setzero_ps();
   for (std::int64_t i = 0; i < n; i += 16)
@@ -487,60 +531,62 @@ void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::ui
   _mm512_store_ps(lanes, amax);
   float a = 0.0f;
   for (const float l : lanes) a = l > a ? l : a;
-  *scale = a;
-  if (a == 0.0f) {
+  const float r = device::adam8_reciprocal(a);
+  *scale = r == 0.0f ? 0.0f : a;
+  if (r == 0.0f) {
     for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
     return;
   }
-  const __m512 va = _mm512_set1_ps(a);
-  const __m512i zero = _mm512_set1_epi32(s.zero);
-  const __m512i lo = _mm512_set1_epi32(s.bucket_lo), hi = _mm512_set1_epi32(s.bucket_hi);
+  const __m512 vr = _mm512_set1_ps(r);
   const __m512i one = _mm512_set1_epi32(1);
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 tail = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
-    const __m512 y = _mm512_maskz_div_ps(kAll, load(i), va);
-    // The bucket of y's top 16 bits, then the two thresholds that may lie above its start.
-    const __m512i key = _mm512_maskz_srli_epi32(kAll, _mm512_castps_si512(y), 16);
-    __m512i mag = _mm512_and_si512(key, _mm512_set1_epi32(0x7fff));
-    mag = _mm512_maskz_min_epi32(kAll, _mm512_maskz_max_epi32(kAll, mag, lo), hi);
-    mag = _mm512_maskz_sub_epi32(kAll, mag, lo);
-    const __mmask16 negative = _mm512_test_epi32_mask(key, _mm512_set1_epi32(0x8000));
-    mag = _mm512_mask_add_epi32(mag, negative, mag, _mm512_set1_epi32(s.buckets));
-    const __m512i first =
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), kAll, mag, s.bucket, 4);
-    const __m512 t0 = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll, first, s.threshold, 4);
-    const __m512 t1 =
-        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll, first, s.threshold + 1, 4);
-    __m512i idx = _mm512_mask_add_epi32(first, _mm512_cmp_ps_mask(t0, y, _CMP_LT_OQ), first, one);
-    idx = _mm512_mask_add_epi32(idx, _mm512_cmp_ps_mask(t1, y, _CMP_LT_OQ), idx, one);
-    if (s.second) {
-      const __mmask16 lift = _mm512_cmpeq_epi32_mask(idx, zero) &
-                             _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ);
-      idx = _mm512_mask_add_epi32(idx, lift, idx, one);
+    const __m512 y = _mm512_maskz_mul_ps(kAll, load(i), vr);
+    const __m512 u = _mm512_abs_ps(y);
+    __m512i k = search_level < kSecond ? 8 : 7 > (s.level, u, _mm512_setzero_si512());
+    const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
+    if constexpr (kSecond) {
+      // A positive root that found 0 takes 1.
+      k = _mm512_mask_mov_epi32(k, at_zero & _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                one);
+    } else {
+      // A negative element's byte: its magnitude's with the sign bit (never for 0).
+      const __mmask16 negative =
+          _mm512_cmplt_epi32_mask(_mm512_castps_si512(y), _mm512_setzero_si512());
+      k = _mm512_mask_or_epi32(k, negative & static_cast<__mmask16>(~at_zero), k,
+                               _mm512_set1_epi32(0x80));
     }
-    // The byte of sorted index idx, without a gather (Quant8Search: checked when CpuAdam is made).
-    __m512i b = idx;
-    if (!s.second) {
-      const __mmask16 negative = _mm512_cmplt_epi32_mask(idx, zero);
-      b = _mm512_mask_sub_epi32(_mm512_maskz_sub_epi32(kAll, idx, zero), negative,
-                                _mm512_set1_epi32(255), idx);
-    }
-    _mm512_mask_cvtepi32_storeu_epi8(codes + i, tail, b);
+    _mm512_mask_cvtepi32_storeu_epi8(codes + i, tail, k);
   }
 }
 
+void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
+                  float* scale) {
+  if (s.second) {
+    quant8_lanes<true>(s, x, n, codes, scale);
+  } else {
+    quant8_lanes<false>(s, x, n, codes, scale);
+  }
+}
+
+// value[codes[i]] * scale by register lookups: the unsigned code's 256 values, or the signed
+// code's 128 magnitudes with the sign bit applied after (bytes above 0x80; 0x80 is 0).
 void dequant8_block(const float* value, const std::uint8_t* codes, float scale, std::int64_t n,
                     bool square, float* out) {
   const __m512 vs = _mm512_set1_ps(scale);
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 tail = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
-    const __m128i c = _mm_maskz_loadu_epi8(tail, codes + i);
-    __m512 v =
-        _mm512_maskz_mul_ps(kAll,
-                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff,
-                                                     _mm512_maskz_cvtepu8_epi32(kAll, c), value, 4),
-                            vs);
-    if (square) v = _mm512_maskz_mul_ps(kAll, v, v);
+    const __m512i c = _mm512_maskz_cvtepu8_epi32(kAll, _mm_maskz_loadu_epi8(tail, codes + i));
+    __m512 v;
+    if (square) {
+      v = _mm512_maskz_mul_ps(kAll, lookup<256>(value, c), vs);
+      v = _mm512_maskz_mul_ps(kAll, v, v);
+    } else {
+      v = _mm512_maskz_mul_ps(kAll, lookup<128>(value, c), vs);
+      const __mmask16 negative = _mm512_cmpgt_epu32_mask(c, _mm512_set1_epi32(0x80));
+      v = _mm512_castsi512_ps(_mm512_mask_xor_epi32(
+          _mm512_castps_si512(v), negative, _mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+    }
     _mm512_mask_storeu_ps(out + i, tail, v);
   }
 }

@@ -52,27 +52,25 @@ inline constexpr std::int64_t kPrefetchAheadBytes = 1024;
 // Block-wise 8-bit moments (device/adam8bit.h): one code's nearest-value search as plain data
 // (device::Adam8Search's arrays), and how the block is taken.
 struct Quant8Search {
-  const float* threshold;  // 258, ascending; +infinity past the last value
-  // The byte of each sorted value: i itself for the second moment's code, i < zero ? 255 - i :
-  // i - zero for the first's (the vector kernels compute it so; CpuAdam checks the table).
-  const std::int32_t* byte;
-  std::int32_t zero;  // the index of the value 0
-  bool second;        // the second moment: sqrt(x) quantized; a positive root never 0
-  // The vector kernels' short cut (device::Adam8Search::bucket): by the top 16 bits of y, clamped
-  // in magnitude to [bucket_lo, bucket_hi], the thresholds below; the negative ones `buckets`
-  // entries on.
+  // device::Adam8Search's, for the signed code's magnitudes (the first moment) or (second) the
+  // unsigned code's (the second moment's root; a positive root never becomes 0).
+  bool second;
+  const float* threshold;  // 258, ascending; +infinity past the last
+  const float* level;      // the thresholds by binary-search level (device::Adam8Search::level)
+  // By the top 16 bits of u, clamped to [bucket_lo, bucket_hi]: the thresholds below.
   const std::int32_t* bucket;
-  std::int32_t bucket_lo, bucket_hi, buckets;
+  std::int32_t bucket_lo, bucket_hi;
   const float* value;  // each byte's value (device::adam8_signed_code / adam8_unsigned_code)
 };
 
 using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);
 // One block (n <= 256) quantized into codes and *scale: bit for bit device::adam8_quantize_m
-// (second false) or adam8_quantize_v (second true).
+// (second false) or adam8_quantize_v (second true), whose header says how.
 using Quant8Kernel = void (*)(const Quant8Search& s, const float* x, std::int64_t n,
                               std::uint8_t* codes, float* scale);
-// out[i] = value[codes[i]] * scale, squared when `square`: bit for bit device::adam8_dequantize_m
-// and adam8_dequantize_v.
+// out[i] = value[codes[i]] * scale, squared when `square` (value: a code of 256 entries whose
+// bytes with the sign bit, in the signed one, are the negated magnitudes and 0x80 is 0): bit for
+// bit device::adam8_dequantize_m and adam8_dequantize_v.
 using Dequant8Kernel = void (*)(const float* value, const std::uint8_t* codes, float scale,
                                 std::int64_t n, bool square, float* out);
 using RooflineKernel = void (*)(const AdamTile& t);

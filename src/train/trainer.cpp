@@ -17,7 +17,6 @@
 #include "strata/core/logging.h"
 #include "strata/core/rng.h"
 #include "strata/core/token_files.h"
-#include "strata/device/adam8bit.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
@@ -430,12 +429,6 @@ Status Trainer::Impl::setup() {
     return invalid_argument(
         "'optimizer.master_dtype': \"bf16\" master weights step on the host, but the optimizer "
         "is on the GPU; set offload_optimizer \"cpu\" or \"nvme\"");
-  }
-  if (config.optimizer.state_dtype == device::kAdam8StateDType && !device->host_addressable() &&
-      planned.plan.optimizer == Tier::kDevice) {
-    return invalid_argument(
-        "'optimizer.state_dtype': \"int8\" moments step on the host, but the optimizer is on "
-        "the GPU; set offload_optimizer \"cpu\" or \"nvme\"");
   }
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,

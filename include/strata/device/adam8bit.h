@@ -14,6 +14,13 @@
 // checkpoint's f32 moments changes nothing), as long as a second moment's dequantized value
 // stays a normal f32 (v >= 1.2e-38; below, f32 itself has lost the bits).
 //
+// Quantizing a block: its scale a is the largest magnitude; each element is multiplied by the
+// f32 reciprocal r = 1 / a (as bitsandbytes does: one division a block, not one an element) and
+// its magnitude u = |x * r| takes the nearest of the code's magnitudes, a tie the smaller one; a
+// negative element's byte is its magnitude's with the sign bit. A block whose largest magnitude
+// is below f32's normal range (1.2e-38, where r would overflow) is stored as zeros: such moments
+// move no weight (Adam's denominator is at least eps).
+//
 // Every operation is an IEEE single operation (the nearest-value searches compare against
 // midpoints formed in double), so any implementation can reproduce the bytes.
 #pragma once
@@ -40,27 +47,36 @@ const std::array<float, 256>& adam8_signed_code();
 const std::array<float, 256>& adam8_unsigned_code();
 
 // The nearest-value search of one code, for quantizers that run it themselves (CpuAdam's SIMD
-// kernels): the code's distinct values ascending, each one's byte, and between neighbours the
-// double midpoint rounded down to f32, so that y lies above the midpoint exactly when
-// y > threshold (a tie takes the lower value); the index of the nearest value is the number of
-// thresholds below y (past the last value, +infinity). `zero` is the index of the value 0.
+// kernels). The code's magnitudes ascend with their bytes (without the sign bit), so the byte of
+// the nearest magnitude is the number of thresholds below u, where a threshold is the double
+// midpoint between neighbouring magnitudes rounded down to f32: u lies above the midpoint exactly
+// when u > threshold. 2^bits magnitudes (bits: 7 signed, 8 unsigned), 2^bits - 1 thresholds.
 //
-// A short cut for vector code, where each probe of the search is a gather: `bucket` maps the top
-// 16 bits of y (sign, exponent, 7 mantissa bits) to the number of thresholds below every y with
-// those bits, and at most 2 more thresholds lie within such a bucket, so the index is
-// bucket + (threshold[bucket] < y) + (threshold[bucket + 1] < y). Magnitudes below 2^-21 (no
-// threshold there but 0's neighbours' midpoints, which lie above) share the first bucket; the
-// negative buckets follow the positive ones.
+// Short cuts for vector code, where each probe of a search from memory is a gather:
+// - `level`: the thresholds of an 8-probe (7-probe) binary search by level, to be looked up in
+//   registers: the level whose probe has n candidates (n = 1, 2, 4, .., 2^(bits-1)) holds them at
+//   [n, 2n); after k is found to lie in [j * 2s, (j + 1) * 2s) with s = 2^(bits-1) / n, the probe
+//   is k += s when level[n + j] < u.
+// - `bucket` maps the top 16 bits of u (exponent and 7 mantissa bits) to the number of
+//   thresholds below every u with those bits, and at most 2 more thresholds lie within such a
+//   bucket, so the byte is bucket + (threshold[bucket] < u) + (threshold[bucket + 1] < u).
+//   Magnitudes below 2^-21 (no threshold there but 0's neighbour's midpoint, which lies above)
+//   share the first bucket.
 inline constexpr std::int32_t kAdam8BucketLo = 0x3480;  // the top 16 bits of 2^-22
 inline constexpr std::int32_t kAdam8BucketHi = 0x3f80;  // of 1.0
 inline constexpr std::int32_t kAdam8Buckets = kAdam8BucketHi - kAdam8BucketLo + 1;
 struct Adam8Search {
-  std::array<float, 258> threshold;  // +infinity past the last value (read up to 2 past it)
-  std::array<std::int32_t, 256> byte;
-  std::int32_t zero;
-  std::array<std::int32_t, 2 * kAdam8Buckets> bucket;  // [positive..., negative...]
+  int bits;                           // 7 (the signed code's magnitudes) or 8 (the unsigned)
+  std::array<float, 258> threshold;   // +infinity past the last (read up to 2 past it)
+  std::array<float, 256 + 16> level;  // (read up to 16 floats from each level's start)
+  std::array<std::int32_t, kAdam8Buckets> bucket;
 };
 const Adam8Search& adam8_search(bool second);  // the signed code's, or (second) the unsigned's
+// The byte of magnitude u (the search above, 8 probes), for either code.
+int adam8_nearest(const Adam8Search& s, float u);
+// The reciprocal a block's elements are multiplied by: 1 / a, or 0 when its largest magnitude a
+// is below f32's normal range (the block is stored as zeros, with scale 0).
+float adam8_reciprocal(float a);
 
 // Quantizes one block of n <= kAdam8BlockElems first-moment values into codes and *scale.
 void adam8_quantize_m(const float* m, std::int64_t n, std::uint8_t* codes, float* scale);

@@ -9,6 +9,7 @@
 #include "src/device/cuda/cuda_device.h"
 #include "src/device/cuda/cuda_gemm.h"
 #include "strata/core/aligned.h"
+#include "strata/device/adam8bit.h"
 #include "strata/device/nf4.h"
 
 namespace strata::device::cuda {
@@ -258,8 +259,9 @@ class CudaOps final : public Ops {
     STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
     STRATA_CHECK(a.master_dtype == DType::kF32,
                  "bf16 master weights step on the host (offload_optimizer cpu or nvme)");
-    STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16,
-                 "8-bit moments step on the host (offload_optimizer cpu or nvme)");
+    const bool q8 = a.state_dtype == kAdam8StateDType;
+    STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16 || q8,
+                 "unknown moment dtype", dtype_name(a.state_dtype));
     // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
     const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;
@@ -275,12 +277,40 @@ class CudaOps final : public Ops {
     s.grad_scale = a.grad_scale;
     s.adamw_mode = a.adamw_mode;
     const kernels::Elem out = a.param_out != nullptr ? elem(a.out_dtype) : kernels::Elem::kF32;
+    if (q8) {
+      done(kernels::adamw8(ctx(), static_cast<float*>(a.param), a.grad, elem(a.grad_dtype),
+                           static_cast<std::uint8_t*>(a.exp_avg), a.exp_avg_scale,
+                           static_cast<std::uint8_t*>(a.exp_avg_sq), a.exp_avg_sq_scale, a.n, s,
+                           adam8_tables(), a.param_out, out),
+           "adamw (8-bit moments)");
+      return;
+    }
     done(kernels::adamw(ctx(), static_cast<float*>(a.param), a.grad, elem(a.grad_dtype), a.exp_avg,
                         a.exp_avg_sq, elem(a.state_dtype), a.n, s, a.param_out, out),
          "adamw");
   }
 
  private:
+  // The 8-bit moments' tables (device::adam8_search and the codes), as adamw8 takes them.
+  static const kernels::Adam8Tables& adam8_tables() {
+    static const kernels::Adam8Tables tables = [] {
+      kernels::Adam8Tables t{};
+      const Adam8Search& m = adam8_search(false);
+      const Adam8Search& v = adam8_search(true);
+      for (int j = 0; j < 256; ++j) {
+        const auto u = static_cast<std::size_t>(j);
+        if (j < 128) {
+          t.m_magnitude[u] = adam8_signed_code()[u];
+          t.m_threshold[u] = m.threshold[u];
+        }
+        t.v_value[u] = adam8_unsigned_code()[u];
+        t.v_threshold[u] = v.threshold[u];
+      }
+      return t;
+    }();
+    return tables;
+  }
+
   const kernels::LaunchContext& ctx() const {
     dev_.bind();
     return dev_.launch_context();

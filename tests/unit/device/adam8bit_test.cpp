@@ -42,7 +42,7 @@ double paper_decode(unsigned byte, bool is_signed) {
   return negative ? -value : value;
 }
 
-// The byte whose value is nearest y (ties: the smaller value; zero as byte 0), compared in
+// The byte whose value is nearest y (ties: the smaller magnitude; zero as byte 0), compared in
 // double; `nonzero`: a positive y never becomes 0.
 std::uint8_t paper_encode(float y, bool is_signed, bool nonzero) {
   int best = -1;
@@ -51,7 +51,7 @@ std::uint8_t paper_encode(float y, bool is_signed, bool nonzero) {
     const double v = static_cast<float>(paper_decode(b, is_signed));  // the code holds f32
     if (nonzero && y > 0 && v == 0.0) continue;
     const double d = std::fabs(static_cast<double>(y) - v);
-    if (d < best_dist || (d == best_dist && v < best_value)) {
+    if (d < best_dist || (d == best_dist && std::fabs(v) < std::fabs(best_value))) {
       best = static_cast<int>(b);
       best_dist = d;
       best_value = v;
@@ -60,18 +60,21 @@ std::uint8_t paper_encode(float y, bool is_signed, bool nonzero) {
   return best_value == 0.0 ? 0 : static_cast<std::uint8_t>(best);
 }
 
-// A block: scale = the largest magnitude (of m, or of sqrt(v)); each element y = x / scale.
+// A block: scale = the largest magnitude a (of m, or of sqrt(v)); each element y = x * (1 / a),
+// in f32; a block whose a is below f32's normal range is all zeros with scale 0.
 void paper_quantize(const std::vector<float>& x, bool second, std::vector<std::uint8_t>* codes,
                     float* scale) {
   std::vector<float> base(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) base[i] = second ? std::sqrt(x[i]) : x[i];
   float a = 0;
   for (float b : base) a = std::max(a, std::fabs(b));
-  *scale = a;
   codes->assign(x.size(), 0);
-  if (a == 0) return;
+  *scale = 0;
+  if (a < std::numeric_limits<float>::min()) return;
+  *scale = a;
+  const float r = 1.0f / a;
   for (std::size_t i = 0; i < x.size(); ++i) {
-    (*codes)[i] = paper_encode(base[i] / a, !second, second);
+    (*codes)[i] = paper_encode(base[i] * r, !second, second);
   }
 }
 
@@ -170,40 +173,63 @@ TEST(Adam8bit, QuantizationIsThePapersNearestValue) {
   }
 }
 
-// The vector kernels' short cut (a bucket by y's top 16 bits, then two thresholds) finds the
-// index the full search finds, for every 97th f32 in [-1, 1] and for each code's midpoints, 1, -1
-// and the zeros.
-TEST(Adam8bit, TheBucketShortCutFindsTheFullSearchsIndex) {
+// The vector kernels' short cuts find the byte the full search finds, for every 97th f32 in
+// [0, 1] and for each code's thresholds and the floats beside them: the search by levels (in
+// registers on AVX-512) and the bucket by u's top 16 bits with two thresholds (gathers on AVX2).
+TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
   for (const bool second : {false, true}) {
     const Adam8Search& s = adam8_search(second);
-    const auto full = [&](float y) {
-      int idx = 0;
-      for (int step = 128; step >= 1; step /= 2) {
-        idx += s.threshold[static_cast<std::size_t>(idx + step - 1)] < y ? step : 0;
+    ASSERT_EQ(s.bits, second ? 8 : 7);
+    const int half = 1 << (s.bits - 1);
+    const auto by_levels = [&](float u) {
+      int k = 0;
+      for (int n = 1; n <= half; n *= 2) {
+        const int step = half / n;
+        if (s.level[static_cast<std::size_t>(n + k / (2 * step))] < u) k += step;
       }
-      return idx;
+      return k;
     };
-    const auto bucketed = [&](float y) {
-      const auto key = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(y) >> 16);
-      std::int32_t mag = std::clamp(key & 0x7fff, kAdam8BucketLo, kAdam8BucketHi) - kAdam8BucketLo;
-      if ((key & 0x8000) != 0) mag += kAdam8Buckets;
-      const std::int32_t first = s.bucket[static_cast<std::size_t>(mag)];
-      return first + (s.threshold[static_cast<std::size_t>(first)] < y) +
-             (s.threshold[static_cast<std::size_t>(first + 1)] < y);
+    const auto bucketed = [&](float u) {
+      const auto key = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(u) >> 16);
+      const std::int32_t first = s.bucket[static_cast<std::size_t>(
+          std::clamp(key, kAdam8BucketLo, kAdam8BucketHi) - kAdam8BucketLo)];
+      return first + (s.threshold[static_cast<std::size_t>(first)] < u) +
+             (s.threshold[static_cast<std::size_t>(first + 1)] < u);
     };
-    std::vector<float> ys = {0.0f, -0.0f, 1.0f, -1.0f};
+    std::vector<float> us = {0.0f, 1.0f, std::numeric_limits<float>::denorm_min()};
     for (std::size_t j = 0; j < 256 && std::isfinite(s.threshold[j]); ++j) {
       const float t = s.threshold[j];
-      ys.insert(ys.end(), {std::nextafter(t, -2.0f), t, std::nextafter(t, 2.0f)});
+      us.insert(us.end(), {std::nextafter(t, -2.0f), t, std::nextafter(t, 2.0f)});
     }
-    for (std::uint64_t bits = 0; bits <= 0xffffffffu; bits += 97) {
-      ys.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+    for (std::uint32_t bits = 0; bits <= 0x3f800000u; bits += 97) {
+      us.push_back(std::bit_cast<float>(bits));
     }
-    for (const float y : ys) {
-      if (!(y >= -1.0f && y <= 1.0f) || (second && y < 0.0f)) continue;
-      ASSERT_EQ(bucketed(y), full(y)) << (second ? "unsigned" : "signed") << " y " << y;
+    for (const float u : us) {
+      const int want = adam8_nearest(s, u);
+      ASSERT_EQ(by_levels(u), want) << (second ? "unsigned" : "signed") << " u " << u;
+      ASSERT_EQ(bucketed(u), want) << (second ? "unsigned" : "signed") << " u " << u;
     }
   }
+}
+
+// A block whose largest magnitude is below f32's normal range (its reciprocal would overflow) is
+// stored as zeros with scale 0, and reads back as zeros.
+TEST(Adam8bit, BlocksBelowTheNormalRangeAreStoredAsZeros) {
+  const float tiny = std::numeric_limits<float>::min() / 4;
+  const std::vector<float> m = {tiny, -tiny / 2, 0.0f, tiny / 8};
+  std::vector<std::uint8_t> codes(m.size(), 0xff);
+  float scale = -1;
+  adam8_quantize_m(m.data(), static_cast<std::int64_t>(m.size()), codes.data(), &scale);
+  EXPECT_EQ(scale, 0.0f);
+  EXPECT_EQ(codes, std::vector<std::uint8_t>(m.size(), 0));
+  std::vector<float> back(m.size(), 1.0f);
+  adam8_dequantize_m(codes.data(), scale, static_cast<std::int64_t>(m.size()), back.data());
+  EXPECT_EQ(back, std::vector<float>(m.size(), 0.0f));
+  // The smallest normal block maximum still quantizes (its reciprocal is finite).
+  const std::vector<float> normal = {std::numeric_limits<float>::min(), 0.0f};
+  adam8_quantize_m(normal.data(), 2, codes.data(), &scale);
+  EXPECT_EQ(scale, std::numeric_limits<float>::min());
+  EXPECT_EQ(codes[0], 127);  // the magnitude 1
 }
 
 // The error of a round trip is at most half the gap between the code values around y = x / scale

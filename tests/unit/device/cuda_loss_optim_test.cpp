@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <vector>
 
+#include "strata/device/adam8bit.h"
 #include "tests/unit/device/cuda_test_util.h"
 
 namespace strata::device {
@@ -255,6 +258,78 @@ TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
       ASSERT_EQ(rv.get(i), v.get(i)) << "exp_avg_sq " << i;
       ASSERT_EQ(ro.get(i), out.get(i)) << "param_out " << i;
     }
+  }
+}
+
+// 8-bit moments (optimizer.state_dtype "int8") with the optimizer on the GPU: codes, block scales,
+// weights and the copy are the reference's bytes over three steps, with a partial last block,
+// zero blocks and blocks below f32's normal range among them.
+TEST_F(CudaLossOptimTest, AdamWWithEightBitMomentsIsBitIdenticalToTheReference) {
+  for (const DType grad : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(std::string("gradient ") + std::string(dtype_name(grad)));
+    const std::int64_t n = 10007, blocks = adam8_blocks(n);
+    Rng rng(29);
+    std::vector<float> p(n), m(n), v(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      p[u] = static_cast<float>(rng.uniform() * 2 - 1);
+      m[u] = static_cast<float>((rng.uniform() - 0.5) * std::pow(10.0, -8 * rng.uniform()));
+      v[u] = static_cast<float>(rng.uniform() * 1e-2 * std::pow(10.0, -8 * rng.uniform()));
+      if (i / kAdam8BlockElems == 3) m[u] = v[u] = 0;  // a zero block
+      if (i / kAdam8BlockElems == 5) m[u] = 1e-39f;    // below the normal range
+    }
+    std::vector<std::uint8_t> mc(n), vc(n);
+    std::vector<float> ms(static_cast<std::size_t>(blocks)), vs(ms.size());
+    adam8_quantize_array(m.data(), n, false, mc.data(), ms.data());
+    adam8_quantize_array(v.data(), n, true, vc.data(), vs.data());
+    HostTensor g(grad, n), out(DType::kBF16, n);
+    g.fill_uniform(rng, -1, 1);
+    GpuTensor gg(*gpu_, g), gout(*gpu_, DType::kBF16, n);
+    gout.poison();
+    DeviceBuffer gp = upload_array(*gpu_, p), gmc = upload_array(*gpu_, mc),
+                 gvc = upload_array(*gpu_, vc), gms = upload_array(*gpu_, ms),
+                 gvs = upload_array(*gpu_, vs);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      AdamWArgs a;
+      a.n = n;
+      a.lr = 1e-3f;
+      a.beta1 = 0.9f;
+      a.beta2 = 0.95f;
+      a.eps = 1e-8f;
+      a.weight_decay = 0.1f;
+      a.grad_scale = 0.5f;
+      a.step = step;
+      a.grad_dtype = grad;
+      a.out_dtype = DType::kBF16;
+      a.state_dtype = kAdam8StateDType;
+      AdamWArgs ca = a;
+      ca.param = p.data();
+      ca.grad = g.data();
+      ca.exp_avg = mc.data();
+      ca.exp_avg_sq = vc.data();
+      ca.exp_avg_scale = ms.data();
+      ca.exp_avg_sq_scale = vs.data();
+      ca.param_out = out.data();
+      adamw_reference(ca);
+      AdamWArgs ga = a;
+      ga.param = gp.data();
+      ga.grad = gg.data();
+      ga.exp_avg = gmc.data();
+      ga.exp_avg_sq = gvc.data();
+      ga.exp_avg_scale = static_cast<float*>(gms.data());
+      ga.exp_avg_sq_scale = static_cast<float*>(gvs.data());
+      ga.param_out = gout.data();
+      gpu_ops().adamw(ga);
+    }
+    const auto un = static_cast<std::size_t>(n), ub = static_cast<std::size_t>(blocks);
+    EXPECT_EQ(download_array<float>(*gpu_, gp, un), p) << "master weights";
+    EXPECT_EQ(download_array<std::uint8_t>(*gpu_, gmc, un), mc) << "exp_avg codes";
+    EXPECT_EQ(download_array<std::uint8_t>(*gpu_, gvc, un), vc) << "exp_avg_sq codes";
+    EXPECT_EQ(download_array<float>(*gpu_, gms, ub), ms) << "exp_avg scales";
+    EXPECT_EQ(download_array<float>(*gpu_, gvs, ub), vs) << "exp_avg_sq scales";
+    HostTensor ro = gout.download();
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(ro.get(i), out.get(i)) << "param_out " << i;
+    EXPECT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
   }
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "src/optim/cpu_adam_kernels.h"
+#include "strata/device/adam8bit.h"
 #include "tests/testing/scoped_env.h"
 #include "tests/unit/optim/adam_test_util.h"
 
@@ -368,6 +370,76 @@ TEST_P(CpuAdamPathTest, CompactStatesGiveTheReferencesBytes) {
                     0)
               << "copy";
         }
+      }
+    }
+  }
+}
+
+// The 8-bit quantizers and dequantizers themselves give the reference's bytes where rounding is
+// decided: every threshold of both codes, the floats beside it, both signs (a tie takes the
+// smaller magnitude either way), zeros, whole and partial blocks; every byte dequantized at an
+// ordinary and at a tiny scale.
+TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
+  const PathCase& c = GetParam();
+  if (c.threads != 1) GTEST_SKIP() << "the kernels run on one thread; the 1-thread cases test them";
+  detail::KernelSet kernels{};
+  if (c.simd == "avx512") {
+    detail::fill_avx512_kernels(&kernels, c.native_bf16);
+  } else if (c.simd == "avx2") {
+    detail::fill_avx2_kernels(&kernels);
+  } else {
+    detail::fill_scalar_kernels(&kernels);
+  }
+  for (const bool second : {false, true}) {
+    const device::Adam8Search& search = device::adam8_search(second);
+    const float* code =
+        second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data();
+    const detail::Quant8Search q{second,
+                                 search.threshold.data(),
+                                 search.level.data(),
+                                 search.bucket.data(),
+                                 device::kAdam8BucketLo,
+                                 device::kAdam8BucketHi,
+                                 code};
+    std::vector<float> ys = {0.0f, -0.0f, 1.0f, -1.0f};
+    for (const float t : search.threshold) {
+      if (!std::isfinite(t)) break;
+      for (const float y : {std::nextafter(t, 0.0f), t, std::nextafter(t, 2.0f)}) {
+        ys.push_back(y);
+        if (!second) ys.push_back(-y);
+      }
+    }
+    for (std::size_t at = 0; at < ys.size(); at += device::kAdam8BlockElems - 1) {
+      // A whole block and a partial one, each with 1 (the scale) last.
+      for (const std::size_t len : {std::size_t{device::kAdam8BlockElems - 1}, std::size_t{36}}) {
+        std::vector<float> x(
+            ys.begin() + static_cast<std::ptrdiff_t>(at),
+            ys.begin() + static_cast<std::ptrdiff_t>(std::min(ys.size(), at + len)));
+        x.push_back(1.0f);
+        if (second) {
+          for (float& e : x) e = e * e;  // v whose root is y
+        }
+        const auto n = static_cast<std::int64_t>(x.size());
+        std::vector<std::uint8_t> want(x.size()), got(x.size(), 0xaa);
+        float want_scale = 0, got_scale = -1;
+        second ? device::adam8_quantize_v(x.data(), n, want.data(), &want_scale)
+               : device::adam8_quantize_m(x.data(), n, want.data(), &want_scale);
+        kernels.quant8(q, x.data(), n, got.data(), &got_scale);
+        ASSERT_EQ(got_scale, want_scale);
+        ASSERT_EQ(got, want) << (second ? "unsigned" : "signed") << " code, values from " << at;
+      }
+    }
+    std::vector<std::uint8_t> bytes(256);
+    for (int b = 0; b < 256; ++b) bytes[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(b);
+    for (const float scale : {0.37f, 3e-20f}) {
+      for (const std::int64_t n : {std::int64_t{256}, std::int64_t{77}}) {
+        std::vector<float> want(256, 0.0f), got(256, 5.0f);
+        second ? device::adam8_dequantize_v(bytes.data(), scale, n, want.data())
+               : device::adam8_dequantize_m(bytes.data(), scale, n, want.data());
+        std::fill(want.begin() + n, want.end(), 5.0f);  // past n: untouched
+        kernels.dequant8(code, bytes.data(), scale, n, second, got.data());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+            << (second ? "unsigned" : "signed") << " code, scale " << scale << ", n " << n;
       }
     }
   }
