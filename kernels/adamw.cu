@@ -1,5 +1,7 @@
 // AdamW for optimizer state that stays on the GPU; bit-identical to device::adamw_reference
 // (this file is compiled with -fmad=false, and every expression keeps the reference's order).
+// The master weights are f32, or bf16 kept by Kahan compensation or stochastic rounding; the
+// moments f32, bf16, or block-wise 8-bit.
 #include "common.cuh"
 
 namespace strata::kernels {
@@ -25,18 +27,82 @@ __device__ __forceinline__ void adamw_element(float g, float& p, float& m, float
   p -= s.lr_step_size * m / (sqrtf(v) / s.bc2_sqrt + s.eps);
 }
 
+// ---- master weights: strata/core/dtype.h's conversions, bit for bit ----
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<unsigned>(b) << 16);
+}
+// f32_to_bf16: to nearest, ties to even; a NaN keeps its top bits, quieted.
+__device__ __forceinline__ std::uint16_t float_to_bf16_bits(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+// splitmix64_at (strata/core/rng.h).
+__device__ __forceinline__ std::uint64_t splitmix64_at(std::uint64_t key, std::uint64_t i) {
+  std::uint64_t z = key + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+template <MasterForm F>
+__device__ __forceinline__ float load_master(const MasterWeights& w, std::int64_t i) {
+  if constexpr (F == MasterForm::kF32) {
+    return static_cast<const float*>(w.param)[i];
+  } else {
+    const float hi = bf16_bits_to_float(static_cast<const std::uint16_t*>(w.param)[i]);
+    if constexpr (F == MasterForm::kKahan) {
+      return __fadd_rn(hi, bf16_bits_to_float(w.comp[i]));  // the pair's f32 sum
+    } else {
+      return hi;
+    }
+  }
+}
+
+// Stores the updated weight p as its form keeps it; returns the value stored (the copy's).
+template <MasterForm F>
+__device__ __forceinline__ float store_master(const MasterWeights& w, std::int64_t i, float p) {
+  if constexpr (F == MasterForm::kF32) {
+    static_cast<float*>(w.param)[i] = p;
+    return p;
+  } else if constexpr (F == MasterForm::kKahan) {
+    // Rounded to nearest, and what that dropped rounded toward zero.
+    const std::uint16_t hi = float_to_bf16_bits(p);
+    const float hf = bf16_bits_to_float(hi);
+    const auto lo = static_cast<std::uint16_t>(__float_as_uint(__fsub_rn(p, hf)) >> 16);
+    static_cast<std::uint16_t*>(w.param)[i] = hi;
+    w.comp[i] = lo;
+    return __fadd_rn(hf, bf16_bits_to_float(lo));
+  } else {
+    // Stochastic: up with the probability of the dropped fraction, from element i's own bits.
+    const auto r =
+        static_cast<unsigned>(splitmix64_at(w.seed, w.first + static_cast<std::uint64_t>(i)));
+    const unsigned u = __float_as_uint(p);
+    const std::uint16_t stored = (u & 0x7f800000u) == 0x7f800000u
+                                     ? float_to_bf16_bits(p)
+                                     : static_cast<std::uint16_t>((u + (r & 0xffffu)) >> 16);
+    static_cast<std::uint16_t*>(w.param)[i] = stored;
+    return bf16_bits_to_float(stored);
+  }
+}
+
 // kVec: param, exp_avg and exp_avg_sq move as float4 (their pointers are 16-byte aligned; f32
-// moments only). S: the moments' storage type (float, or bf16 widened and rounded back).
-template <typename G, typename O, typename S, bool kVec>
-__global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ grad,
-                             S* __restrict__ exp_avg, S* __restrict__ exp_avg_sq, std::int64_t n,
-                             AdamWScalars s, O* __restrict__ param_out) {
+// master weights and moments only). S: the moments' storage type (float, or bf16 widened and
+// rounded back).
+template <typename G, typename O, typename S, MasterForm F, bool kVec>
+__global__ void adamw_kernel(MasterWeights w, const G* __restrict__ grad, S* __restrict__ exp_avg,
+                             S* __restrict__ exp_avg_sq, std::int64_t n, AdamWScalars s,
+                             O* __restrict__ param_out) {
+  static_assert(!kVec || F == MasterForm::kF32);
   constexpr int kN = kVec ? 4 : 1;
   const std::int64_t groups = (n + kN - 1) / kN;
   for (std::int64_t gi = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        gi < groups; gi += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t i0 = gi * kN;
     if constexpr (kVec) {
+      float* param = static_cast<float*>(w.param);
       if (i0 + kN <= n) {
         float4 p = *reinterpret_cast<const float4*>(param + i0);
         float4 m = *reinterpret_cast<const float4*>(exp_avg + i0);
@@ -58,9 +124,9 @@ __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ gr
       }
     }
     for (std::int64_t i = i0; i < n && i < i0 + kN; ++i) {
-      float p = param[i], m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
+      float p = load_master<F>(w, i), m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
       adamw_element(load_grad(grad, i), p, m, v, s);
-      param[i] = p;
+      p = store_master<F>(w, i, p);
       exp_avg[i] = from_float<S>(m);
       exp_avg_sq[i] = from_float<S>(v);
       if (param_out != nullptr) param_out[i] = from_float<O>(p);
@@ -68,7 +134,9 @@ __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ gr
   }
 }
 
-// The number of thresholds below u: a branch-free binary search of `probes` steps over 2^probes
+// ---- 8-bit moments ----
+
+// The number of thresholds below u: a branch-free binary search of kProbes steps over 2^kProbes
 // thresholds (the last +infinity) in shared memory.
 template <int kProbes>
 __device__ __forceinline__ int nearest(const float* threshold, float u) {
@@ -80,33 +148,21 @@ __device__ __forceinline__ int nearest(const float* threshold, float u) {
   return idx;
 }
 
-// The largest of x over the 256 threads (every thread gets it); `warps` is shared scratch of 8.
-// max is exact in any order, so this is the reference's sequential maximum.
-__device__ __forceinline__ float block_max(float x, float* warps) {
-#pragma unroll
-  for (int o = 16; o >= 1; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  if ((threadIdx.x & 31) == 0) warps[threadIdx.x / 32] = x;
-  __syncthreads();
-  float a = warps[0];
-#pragma unroll
-  for (int w = 1; w < 8; ++w) a = fmaxf(a, warps[w]);
-  return a;
-}
-
 // device::adam8_reciprocal: 1 / a, or 0 below f32's normal range (the block stored as zeros).
 __device__ __forceinline__ float reciprocal(float a) {
   return a >= 1.17549435e-38f ? __fdiv_rn(1.0f, a) : 0.0f;
 }
 
-// One CUDA block of 256 threads per 8-bit block, a thread an element.
-template <typename G, typename O>
+// One CUDA block of 256 threads per 8-bit block, a thread an element. The largest magnitudes
+// come from block_max (max is exact in any order: the reference's sequential maximum).
+template <typename G, typename O, MasterForm F>
 __global__ void __launch_bounds__(256)
-    adamw8_kernel(float* __restrict__ param, const G* __restrict__ grad,
-                  std::uint8_t* __restrict__ m_codes, float* __restrict__ m_scales,
-                  std::uint8_t* __restrict__ v_codes, float* __restrict__ v_scales, std::int64_t n,
-                  AdamWScalars s, Adam8Tables t, O* __restrict__ param_out) {
+    adamw8_kernel(MasterWeights w, const G* __restrict__ grad, std::uint8_t* __restrict__ m_codes,
+                  float* __restrict__ m_scales, std::uint8_t* __restrict__ v_codes,
+                  float* __restrict__ v_scales, std::int64_t n, AdamWScalars s, Adam8Tables t,
+                  O* __restrict__ param_out) {
   __shared__ float m_magnitude[128], m_threshold[128], v_value[256], v_threshold[256];
-  __shared__ float warps_m[8], warps_v[8];
+  __shared__ float red[32];
   const int tid = static_cast<int>(threadIdx.x);
   v_value[tid] = t.v_value[tid];
   v_threshold[tid] = t.v_threshold[tid];
@@ -121,7 +177,7 @@ __global__ void __launch_bounds__(256)
     const bool live = i < n;
     float p = 0.0f, m = 0.0f, v = 0.0f, root = 0.0f;
     if (live) {
-      p = param[i];
+      p = load_master<F>(w, i);
       const unsigned cm = m_codes[i], cv = v_codes[i];
       m = __fmul_rn(m_magnitude[cm & 0x7fu], m_scales[b]);
       if (cm > 0x80u) m = -m;  // (-c) * scale == -(c * scale); 0x80 is 0
@@ -130,8 +186,9 @@ __global__ void __launch_bounds__(256)
       adamw_element(load_grad(grad, i), p, m, v, s);
       root = __fsqrt_rn(v);
     }
-    const float am = block_max(fabsf(m), warps_m);
-    const float av = block_max(root, warps_v);
+    // Every thread has read its block's scales before any is rewritten below.
+    const float am = block_max(fabsf(m), red);
+    const float av = block_max(root, red);
     const float rm = reciprocal(am), rv = reciprocal(av);
     if (live) {
       int km = 0, kv = 0;
@@ -147,20 +204,77 @@ __global__ void __launch_bounds__(256)
       }
       m_codes[i] = static_cast<std::uint8_t>(km);
       v_codes[i] = static_cast<std::uint8_t>(kv);
-      param[i] = p;
+      p = store_master<F>(w, i, p);
       if (param_out != nullptr) param_out[i] = from_float<O>(p);
     }
     if (tid == 0) {
       m_scales[b] = rm == 0.0f ? 0.0f : am;
       v_scales[b] = rv == 0.0f ? 0.0f : av;
     }
-    __syncthreads();  // the warps' maxima are rewritten by the next block
   }
+}
+
+// Calls fn(std::integral_constant<MasterForm, F>{}) for w's form.
+template <typename Fn>
+int dispatch_master(const MasterWeights& w, Fn&& fn) {
+  switch (w.form) {
+    case MasterForm::kF32:
+      return fn(std::integral_constant<MasterForm, MasterForm::kF32>{});
+    case MasterForm::kKahan:
+      return fn(std::integral_constant<MasterForm, MasterForm::kKahan>{});
+    case MasterForm::kStochastic:
+      return fn(std::integral_constant<MasterForm, MasterForm::kStochastic>{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace
 
-int adamw8(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype,
+int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, Elem grad_dtype,
+          void* exp_avg, void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
+          void* param_out, Elem out_dtype) {
+  if (n <= 0) return 0;
+  if (state_dtype != Elem::kF32 && state_dtype != Elem::kBF16) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  constexpr int kThreads = 256;
+  const bool f32_state = state_dtype == Elem::kF32;
+  const bool vec = f32_state && w.form == MasterForm::kF32 && aligned16(w.param) &&
+                   aligned16(exp_avg) && aligned16(exp_avg_sq);
+  return dispatch_float(grad_dtype, [&](auto gtag) {
+    using G = typename decltype(gtag)::type;
+    return dispatch_float(out_dtype, [&](auto otag) {
+      using O = typename decltype(otag)::type;
+      return dispatch_master(w, [&](auto ftag) {
+        constexpr MasterForm F = decltype(ftag)::value;
+        const G* g = static_cast<const G*>(grad);
+        O* o = static_cast<O*>(param_out);
+        auto* mf = static_cast<float*>(exp_avg);
+        auto* vf = static_cast<float*>(exp_avg_sq);
+        if (!f32_state) {
+          adamw_kernel<G, O, bf16_t, F, false>
+              <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+                  w, g, static_cast<bf16_t*>(exp_avg), static_cast<bf16_t*>(exp_avg_sq), n, s, o);
+        } else if constexpr (F == MasterForm::kF32) {
+          if (vec) {
+            adamw_kernel<G, O, float, F, true>
+                <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n,
+                                                                                   s, o);
+          } else {
+            adamw_kernel<G, O, float, F, false>
+                <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
+          }
+        } else {
+          adamw_kernel<G, O, float, F, false>
+              <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
+        }
+        return launch_check();
+      });
+    });
+  });
+}
+
+int adamw8(const LaunchContext& ctx, const MasterWeights& w, const void* grad, Elem grad_dtype,
            std::uint8_t* exp_avg, float* exp_avg_scale, std::uint8_t* exp_avg_sq,
            float* exp_avg_sq_scale, std::int64_t n, const AdamWScalars& s, const Adam8Tables& t,
            void* param_out, Elem out_dtype) {
@@ -170,44 +284,13 @@ int adamw8(const LaunchContext& ctx, float* param, const void* grad, Elem grad_d
     using G = typename decltype(gtag)::type;
     return dispatch_float(out_dtype, [&](auto otag) {
       using O = typename decltype(otag)::type;
-      adamw8_kernel<G, O><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
-          param, static_cast<const G*>(grad), exp_avg, exp_avg_scale, exp_avg_sq,
-          exp_avg_sq_scale, n, s, t, static_cast<O*>(param_out));
-      return launch_check();
-    });
-  });
-}
-
-int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, void* exp_avg,
-          void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
-          void* param_out, Elem out_dtype) {
-  if (n <= 0) return 0;
-  if (state_dtype != Elem::kF32 && state_dtype != Elem::kBF16) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  constexpr int kThreads = 256;
-  const bool f32_state = state_dtype == Elem::kF32;
-  const bool vec = f32_state && aligned16(param) && aligned16(exp_avg) && aligned16(exp_avg_sq);
-  return dispatch_float(grad_dtype, [&](auto gtag) {
-    using G = typename decltype(gtag)::type;
-    return dispatch_float(out_dtype, [&](auto otag) {
-      using O = typename decltype(otag)::type;
-      const G* g = static_cast<const G*>(grad);
-      O* o = static_cast<O*>(param_out);
-      auto* mf = static_cast<float*>(exp_avg);
-      auto* vf = static_cast<float*>(exp_avg_sq);
-      if (!f32_state) {
-        adamw_kernel<G, O, bf16_t, false><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
-            param, g, static_cast<bf16_t*>(exp_avg), static_cast<bf16_t*>(exp_avg_sq), n, s, o);
-      } else if (vec) {
-        adamw_kernel<G, O, float, true>
-            <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(param, g, mf, vf, n,
-                                                                               s, o);
-      } else {
-        adamw_kernel<G, O, float, false>
-            <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(param, g, mf, vf, n, s, o);
-      }
-      return launch_check();
+      return dispatch_master(w, [&](auto ftag) {
+        constexpr MasterForm F = decltype(ftag)::value;
+        adamw8_kernel<G, O, F><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+            w, static_cast<const G*>(grad), exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, n,
+            s, t, static_cast<O*>(param_out));
+        return launch_check();
+      });
     });
   });
 }

@@ -185,9 +185,19 @@ struct AdamWScalars {
   float beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
   bool adamw_mode = true;
 };
+// The master weights (optimizer.master_dtype): f32, or bf16 with a bf16 compensation (Kahan) or
+// rounded stochastically with the bits of splitmix64_at(seed, first + i) for element i.
+enum class MasterForm : std::uint8_t { kF32, kKahan, kStochastic };
+struct MasterWeights {
+  MasterForm form = MasterForm::kF32;
+  void* param = nullptr;          // float, or bf16 bits (std::uint16_t)
+  std::uint16_t* comp = nullptr;  // kKahan: what rounding dropped, bf16 bits
+  std::uint64_t seed = 0;         // kStochastic
+  std::uint64_t first = 0;        // kStochastic: element 0's index in the draw
+};
 // exp_avg and exp_avg_sq of state_dtype: f32 or bf16 (widened for the step, rounded when stored).
-int adamw(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype, void* exp_avg,
-          void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
+int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, Elem grad_dtype,
+          void* exp_avg, void* exp_avg_sq, Elem state_dtype, std::int64_t n, const AdamWScalars& s,
           void* param_out, Elem out_dtype);
 // Block-wise 8-bit moments (strata/device/adam8bit.h): a byte each and an f32 scale per block of
 // 256 elements (the span starts on a block). The step dequantizes, runs the f32 step above, and
@@ -200,7 +210,7 @@ struct Adam8Tables {
   float v_value[256];      // the unsigned code (the second moment's root)
   float v_threshold[256];  // 255, then +infinity
 };
-int adamw8(const LaunchContext& ctx, float* param, const void* grad, Elem grad_dtype,
+int adamw8(const LaunchContext& ctx, const MasterWeights& w, const void* grad, Elem grad_dtype,
            std::uint8_t* exp_avg, float* exp_avg_scale, std::uint8_t* exp_avg_sq,
            float* exp_avg_sq_scale, std::int64_t n, const AdamWScalars& s, const Adam8Tables& t,
            void* param_out, Elem out_dtype);

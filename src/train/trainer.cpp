@@ -424,12 +424,6 @@ Status Trainer::Impl::setup() {
              format_bytes(zopts.reduce_bucket_bytes) + ", all-gather " +
              format_bytes(zopts.allgather_bucket_bytes));
   }
-  if (config.optimizer.master_dtype != DType::kF32 && !device->host_addressable() &&
-      planned.plan.optimizer == Tier::kDevice) {
-    return invalid_argument(
-        "'optimizer.master_dtype': \"bf16\" master weights step on the host, but the optimizer "
-        "is on the GPU; set offload_optimizer \"cpu\" or \"nvme\"");
-  }
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
                                            swap.get(), *grid, zopts, sopts, &planned.plan));

@@ -79,7 +79,7 @@ struct AdamWArgs {
   // The master weights' storage: f32, or bf16 (optimizer.master_dtype), widened for the step and
   // stored as master_rounding says (element_offset: the span's first element's place in its
   // group, so a shard rounds as the whole would); param_out then converts the value stored (with
-  // Kahan, param + param_comp). Host steps only.
+  // Kahan, param + param_comp). The host and the GPU alike.
   DType master_dtype = DType::kF32;
   MasterRounding master_rounding = MasterRounding::kStochastic;
   void* param_comp = nullptr;  // kKahan: bf16, n elements

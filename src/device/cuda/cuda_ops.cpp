@@ -257,8 +257,8 @@ class CudaOps final : public Ops {
     STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
     STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
     STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
-    STRATA_CHECK(a.master_dtype == DType::kF32,
-                 "bf16 master weights step on the host (offload_optimizer cpu or nvme)");
+    STRATA_CHECK(a.master_dtype == DType::kF32 || a.master_dtype == DType::kBF16,
+                 "unknown master dtype", dtype_name(a.master_dtype));
     const bool q8 = a.state_dtype == kAdam8StateDType;
     STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16 || q8,
                  "unknown moment dtype", dtype_name(a.state_dtype));
@@ -277,16 +277,28 @@ class CudaOps final : public Ops {
     s.grad_scale = a.grad_scale;
     s.adamw_mode = a.adamw_mode;
     const kernels::Elem out = a.param_out != nullptr ? elem(a.out_dtype) : kernels::Elem::kF32;
+    kernels::MasterWeights w;
+    w.param = a.param;
+    if (a.master_dtype == DType::kBF16) {
+      if (a.master_rounding == MasterRounding::kKahan) {
+        w.form = kernels::MasterForm::kKahan;
+        w.comp = static_cast<std::uint16_t*>(a.param_comp);
+      } else {
+        w.form = kernels::MasterForm::kStochastic;
+        w.seed = a.rounding_seed;
+        w.first = a.element_offset;
+      }
+    }
     if (q8) {
-      done(kernels::adamw8(ctx(), static_cast<float*>(a.param), a.grad, elem(a.grad_dtype),
+      done(kernels::adamw8(ctx(), w, a.grad, elem(a.grad_dtype),
                            static_cast<std::uint8_t*>(a.exp_avg), a.exp_avg_scale,
                            static_cast<std::uint8_t*>(a.exp_avg_sq), a.exp_avg_sq_scale, a.n, s,
                            adam8_tables(), a.param_out, out),
            "adamw (8-bit moments)");
       return;
     }
-    done(kernels::adamw(ctx(), static_cast<float*>(a.param), a.grad, elem(a.grad_dtype), a.exp_avg,
-                        a.exp_avg_sq, elem(a.state_dtype), a.n, s, a.param_out, out),
+    done(kernels::adamw(ctx(), w, a.grad, elem(a.grad_dtype), a.exp_avg, a.exp_avg_sq,
+                        elem(a.state_dtype), a.n, s, a.param_out, out),
          "adamw");
   }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -261,33 +262,69 @@ TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
   }
 }
 
-// 8-bit moments (optimizer.state_dtype "int8") with the optimizer on the GPU: codes, block scales,
-// weights and the copy are the reference's bytes over three steps, with a partial last block,
-// zero blocks and blocks below f32's normal range among them.
-TEST_F(CudaLossOptimTest, AdamWWithEightBitMomentsIsBitIdenticalToTheReference) {
-  for (const DType grad : {DType::kBF16, DType::kF32}) {
-    SCOPED_TRACE(std::string("gradient ") + std::string(dtype_name(grad)));
+// Compact optimizer state with the optimizer on the GPU (optimizer.state_dtype "int8" or "bf16",
+// master_dtype "bf16" with Kahan or stochastic rounding): master weights and their compensation,
+// 8-bit codes and block scales or bf16 moments, and the copy are the reference's bytes over three
+// steps, with a partial last 8-bit block, a zero block and one below f32's normal range.
+TEST_F(CudaLossOptimTest, AdamWWithCompactStateIsBitIdenticalToTheReference) {
+  struct Case {
+    DType state;
+    DType master;
+    MasterRounding rounding;
+  };
+  const DType kInt8 = kAdam8StateDType;
+  const Case cases[] = {{kInt8, DType::kF32, MasterRounding::kStochastic},
+                        {kInt8, DType::kBF16, MasterRounding::kKahan},
+                        {kInt8, DType::kBF16, MasterRounding::kStochastic},
+                        {DType::kBF16, DType::kBF16, MasterRounding::kKahan},
+                        {DType::kBF16, DType::kBF16, MasterRounding::kStochastic},
+                        {DType::kF32, DType::kBF16, MasterRounding::kKahan}};
+  for (const Case& c : cases) {
+    const bool q8 = c.state == kInt8, half_master = c.master == DType::kBF16;
+    const bool kahan = half_master && c.rounding == MasterRounding::kKahan;
+    SCOPED_TRACE(std::string("moments ") + std::string(dtype_name(c.state)) + ", master " +
+                 std::string(dtype_name(c.master)) + (kahan ? " kahan" : ""));
     const std::int64_t n = 10007, blocks = adam8_blocks(n);
+    const auto un = static_cast<std::size_t>(n), ub = static_cast<std::size_t>(blocks);
     Rng rng(29);
-    std::vector<float> p(n), m(n), v(n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto u = static_cast<std::size_t>(i);
-      p[u] = static_cast<float>(rng.uniform() * 2 - 1);
-      m[u] = static_cast<float>((rng.uniform() - 0.5) * std::pow(10.0, -8 * rng.uniform()));
-      v[u] = static_cast<float>(rng.uniform() * 1e-2 * std::pow(10.0, -8 * rng.uniform()));
-      if (i / kAdam8BlockElems == 3) m[u] = v[u] = 0;  // a zero block
-      if (i / kAdam8BlockElems == 5) m[u] = 1e-39f;    // below the normal range
+    std::vector<float> p(un), m(un), v(un);
+    for (std::size_t i = 0; i < un; ++i) {
+      p[i] = static_cast<float>(rng.uniform() * 2 - 1);
+      m[i] = static_cast<float>((rng.uniform() - 0.5) * std::pow(10.0, -8 * rng.uniform()));
+      v[i] = static_cast<float>(rng.uniform() * 1e-2 * std::pow(10.0, -8 * rng.uniform()));
+      if (i / kAdam8BlockElems == 3) m[i] = v[i] = 0;  // a zero block
+      if (i / kAdam8BlockElems == 5) m[i] = 1e-39f;    // below the normal range
     }
-    std::vector<std::uint8_t> mc(n), vc(n);
-    std::vector<float> ms(static_cast<std::size_t>(blocks)), vs(ms.size());
-    adam8_quantize_array(m.data(), n, false, mc.data(), ms.data());
-    adam8_quantize_array(v.data(), n, true, vc.data(), vs.data());
-    HostTensor g(grad, n), out(DType::kBF16, n);
+    // The state as stored: master (and compensation), moments (and scales).
+    std::vector<std::uint16_t> master16(un), comp(un);
+    std::vector<std::byte> mb(un * (q8 ? 1 : dtype_size(c.state))), vb(mb.size());
+    std::vector<float> ms(ub), vs(ub);
+    for (std::size_t i = 0; i < un; ++i) {
+      const bf16 hi = f32_to_bf16(p[i]);
+      master16[i] = hi.bits;
+      comp[i] = f32_to_bf16_toward_zero(p[i] - bf16_to_f32(hi)).bits;
+    }
+    if (q8) {
+      adam8_quantize_array(m.data(), n, false, reinterpret_cast<std::uint8_t*>(mb.data()),
+                           ms.data());
+      adam8_quantize_array(v.data(), n, true, reinterpret_cast<std::uint8_t*>(vb.data()),
+                           vs.data());
+    } else if (c.state == DType::kBF16) {
+      for (std::size_t i = 0; i < un; ++i) {
+        reinterpret_cast<bf16*>(mb.data())[i] = f32_to_bf16(m[i]);
+        reinterpret_cast<bf16*>(vb.data())[i] = f32_to_bf16(v[i]);
+      }
+    } else {
+      std::memcpy(mb.data(), m.data(), un * 4);
+      std::memcpy(vb.data(), v.data(), un * 4);
+    }
+    HostTensor g(DType::kBF16, n), out(DType::kBF16, n);
     g.fill_uniform(rng, -1, 1);
     GpuTensor gg(*gpu_, g), gout(*gpu_, DType::kBF16, n);
     gout.poison();
-    DeviceBuffer gp = upload_array(*gpu_, p), gmc = upload_array(*gpu_, mc),
-                 gvc = upload_array(*gpu_, vc), gms = upload_array(*gpu_, ms),
+    DeviceBuffer gp = half_master ? upload_array(*gpu_, master16) : upload_array(*gpu_, p);
+    DeviceBuffer gcomp = upload_array(*gpu_, comp), gm = upload_array(*gpu_, mb),
+                 gv = upload_array(*gpu_, vb), gms = upload_array(*gpu_, ms),
                  gvs = upload_array(*gpu_, vs);
     for (std::int64_t step = 1; step <= 3; ++step) {
       AdamWArgs a;
@@ -299,34 +336,48 @@ TEST_F(CudaLossOptimTest, AdamWWithEightBitMomentsIsBitIdenticalToTheReference) 
       a.weight_decay = 0.1f;
       a.grad_scale = 0.5f;
       a.step = step;
-      a.grad_dtype = grad;
+      a.grad_dtype = DType::kBF16;
       a.out_dtype = DType::kBF16;
-      a.state_dtype = kAdam8StateDType;
+      a.state_dtype = c.state;
+      a.master_dtype = c.master;
+      a.master_rounding = c.rounding;
+      a.rounding_seed = 0x5eed + static_cast<std::uint64_t>(step);
+      a.element_offset = 4096;
       AdamWArgs ca = a;
-      ca.param = p.data();
+      ca.param = half_master ? static_cast<void*>(master16.data()) : p.data();
+      ca.param_comp = kahan ? comp.data() : nullptr;
       ca.grad = g.data();
-      ca.exp_avg = mc.data();
-      ca.exp_avg_sq = vc.data();
-      ca.exp_avg_scale = ms.data();
-      ca.exp_avg_sq_scale = vs.data();
+      ca.exp_avg = mb.data();
+      ca.exp_avg_sq = vb.data();
+      ca.exp_avg_scale = q8 ? ms.data() : nullptr;
+      ca.exp_avg_sq_scale = q8 ? vs.data() : nullptr;
       ca.param_out = out.data();
       adamw_reference(ca);
       AdamWArgs ga = a;
       ga.param = gp.data();
+      ga.param_comp = kahan ? gcomp.data() : nullptr;
       ga.grad = gg.data();
-      ga.exp_avg = gmc.data();
-      ga.exp_avg_sq = gvc.data();
-      ga.exp_avg_scale = static_cast<float*>(gms.data());
-      ga.exp_avg_sq_scale = static_cast<float*>(gvs.data());
+      ga.exp_avg = gm.data();
+      ga.exp_avg_sq = gv.data();
+      ga.exp_avg_scale = q8 ? static_cast<float*>(gms.data()) : nullptr;
+      ga.exp_avg_sq_scale = q8 ? static_cast<float*>(gvs.data()) : nullptr;
       ga.param_out = gout.data();
       gpu_ops().adamw(ga);
     }
-    const auto un = static_cast<std::size_t>(n), ub = static_cast<std::size_t>(blocks);
-    EXPECT_EQ(download_array<float>(*gpu_, gp, un), p) << "master weights";
-    EXPECT_EQ(download_array<std::uint8_t>(*gpu_, gmc, un), mc) << "exp_avg codes";
-    EXPECT_EQ(download_array<std::uint8_t>(*gpu_, gvc, un), vc) << "exp_avg_sq codes";
-    EXPECT_EQ(download_array<float>(*gpu_, gms, ub), ms) << "exp_avg scales";
-    EXPECT_EQ(download_array<float>(*gpu_, gvs, ub), vs) << "exp_avg_sq scales";
+    if (half_master) {
+      EXPECT_EQ(download_array<std::uint16_t>(*gpu_, gp, un), master16) << "master weights";
+      if (kahan) {
+        EXPECT_EQ(download_array<std::uint16_t>(*gpu_, gcomp, un), comp) << "compensation";
+      }
+    } else {
+      EXPECT_EQ(download_array<float>(*gpu_, gp, un), p) << "master weights";
+    }
+    EXPECT_EQ(download_array<std::byte>(*gpu_, gm, mb.size()), mb) << "exp_avg";
+    EXPECT_EQ(download_array<std::byte>(*gpu_, gv, vb.size()), vb) << "exp_avg_sq";
+    if (q8) {
+      EXPECT_EQ(download_array<float>(*gpu_, gms, ub), ms) << "exp_avg scales";
+      EXPECT_EQ(download_array<float>(*gpu_, gvs, ub), vs) << "exp_avg_sq scales";
+    }
     HostTensor ro = gout.download();
     for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(ro.get(i), out.get(i)) << "param_out " << i;
     EXPECT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
