@@ -319,13 +319,9 @@ struct CpuAdam::Impl {
         p[j] = hi + bf16_to_f32(comp[j]);
       }
     } else {
-      const std::uint64_t first = a.element_offset + static_cast<std::uint64_t>(c);
-      for (std::int64_t j = 0; j < len; ++j) {
-        const auto r = static_cast<std::uint32_t>(
-            splitmix64_at(a.rounding_seed, first + static_cast<std::uint64_t>(j)));
-        dst[j] = f32_to_bf16_stochastic(p[j], r);
-        p[j] = bf16_to_f32(dst[j]);
-      }
+      kernels.round_stochastic(p, len, a.rounding_seed,
+                               a.element_offset + static_cast<std::uint64_t>(c),
+                               reinterpret_cast<std::uint16_t*>(dst));
     }
     if (a.param_out == nullptr) return;
     const auto at = static_cast<std::size_t>(c);

@@ -452,6 +452,7 @@ struct Avx2 {
   static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
   static constexpr Quant8Kernel quant8 = &quant8_block;
   static constexpr Dequant8Kernel dequant8 = &dequant8_block;
+  static constexpr RoundStochasticKernel round_stochastic = &round_stochastic_scalar;
 };
 
 }  // namespace

@@ -591,6 +591,68 @@ void dequant8_block(const float* value, const std::uint8_t* codes, float scale, 
   }
 }
 
+// ---- bf16 master weights, stochastic rounding ----
+
+constexpr __mmask8 kAll8 = 0xff;
+
+// x * c modulo 2^64 in each 64-bit lane, from 32-bit products (AVX-512F has no 64-bit multiply).
+inline __m512i mul64(__m512i x, std::uint64_t c) {
+  const __m512i c_lo = _mm512_set1_epi64(static_cast<long long>(c & 0xffffffffu));
+  const __m512i c_hi = _mm512_set1_epi64(static_cast<long long>(c >> 32));
+  const __m512i cross =
+      _mm512_add_epi64(_mm512_maskz_mul_epu32(kAll8, x, c_hi),
+                       _mm512_maskz_mul_epu32(kAll8, _mm512_maskz_srli_epi64(kAll8, x, 32), c_lo));
+  return _mm512_add_epi64(_mm512_maskz_mul_epu32(kAll8, x, c_lo),
+                          _mm512_maskz_slli_epi64(kAll8, cross, 32));
+}
+
+// splitmix64_at's mixing of eight states z = key + (i + 1) * golden.
+inline __m512i splitmix_mix(__m512i z) {
+  z = mul64(_mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 30)), 0xbf58476d1ce4e5b9ull);
+  z = mul64(_mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 27)), 0x94d049bb133111ebull);
+  return _mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 31));
+}
+
+// The scalar loop 16 lanes at a time: each element's splitmix64 state advances by 16 golden
+// steps a vector; infinities and NaNs round to nearest as f32_to_bf16 does.
+void round_stochastic(float* p, std::int64_t n, std::uint64_t seed, std::uint64_t first,
+                      std::uint16_t* dst) {
+  constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  // States of elements first + j (j = lane, lane + 8): key + (first + j + 1) * golden.
+  const __m512i base = _mm512_add_epi64(
+      _mm512_set1_epi64(static_cast<long long>(seed)),
+      mul64(_mm512_add_epi64(lane, _mm512_set1_epi64(static_cast<long long>(first + 1))), kGolden));
+  __m512i z0 = base;
+  __m512i z1 = _mm512_add_epi64(base, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
+  const __m512i step = _mm512_set1_epi64(static_cast<long long>(16 * kGolden));
+  const __m512i exp = _mm512_set1_epi32(0x7f800000), low16 = _mm512_set1_epi32(0xffff);
+  const __m512i low_halves =
+      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 tail = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+    // The low 32 bits of each element's draw: lanes 0-7 from z0's states, 8-15 from z1's.
+    const __m512i r =
+        _mm512_maskz_permutex2var_epi32(kAll, splitmix_mix(z0), low_halves, splitmix_mix(z1));
+    z0 = _mm512_add_epi64(z0, step);
+    z1 = _mm512_add_epi64(z1, step);
+    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(tail, p + j));
+    __m512i bits =
+        _mm512_maskz_srli_epi32(kAll, _mm512_add_epi32(u, _mm512_and_si512(r, low16)), 16);
+    const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
+    if (special != 0) {
+      // f32_to_bf16: NaN keeps its top bits, quieted; infinity rounds to itself.
+      const __mmask16 nan =
+          _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), exp);
+      bits = _mm512_mask_mov_epi32(bits, special, _mm512_maskz_srli_epi32(kAll, u, 16));
+      bits = _mm512_mask_or_epi32(bits, nan, bits, _mm512_set1_epi32(0x40));
+    }
+    _mm512_mask_cvtepi32_storeu_epi16(dst + j, tail, bits);
+    _mm512_mask_storeu_ps(p + j, tail,
+                          _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, bits, 16)));
+  }
+}
+
 // ---- table ----
 
 template <bool kNativeBF16>
@@ -606,6 +668,7 @@ struct Avx512 {
   static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
   static constexpr Quant8Kernel quant8 = &quant8_block;
   static constexpr Dequant8Kernel dequant8 = &dequant8_block;
+  static constexpr RoundStochasticKernel round_stochastic = &detail::round_stochastic;
 };
 
 }  // namespace

@@ -73,6 +73,10 @@ using Quant8Kernel = void (*)(const Quant8Search& s, const float* x, std::int64_
 // bit device::adam8_dequantize_m and adam8_dequantize_v.
 using Dequant8Kernel = void (*)(const float* value, const std::uint8_t* codes, float scale,
                                 std::int64_t n, bool square, float* out);
+// bf16 master weights, stochastic rounding: dst[j] = f32_to_bf16_stochastic(p[j], the low 32
+// bits of splitmix64_at(seed, first + j)), then p[j] = the value stored (the reference's loop).
+using RoundStochasticKernel = void (*)(float* p, std::int64_t n, std::uint64_t seed,
+                                       std::uint64_t first, std::uint16_t* dst);
 using RooflineKernel = void (*)(const AdamTile& t);
 using FiniteKernel = bool (*)(const void* grad, std::int64_t n);  // true: all finite
 
@@ -91,13 +95,15 @@ struct KernelSet {
   FiniteKernel all_finite[kNumGradKinds];
   Quant8Kernel quant8;
   Dequant8Kernel dequant8;
+  RoundStochasticKernel round_stochastic;
 };
 
 // Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
 // anonymous namespace, with static constexpr variable templates naming its kernels:
 //   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; AdamKernel adam_bf16_moments<G, O, kAdamW>
 //   (may be null); RooflineKernel roofline<G, O, kNT, kPrefetch>;
-//   FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8
+//   FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8;
+//   RoundStochasticKernel round_stochastic
 // Its type has internal linkage, so every instantiation below is that file's own, compiled with
 // its flags: nothing ISA-specific is emitted where another file could pick it up.
 template <class K, int G, int O, bool kNT, bool kPF>
@@ -128,12 +134,16 @@ void fill_kernel_table(KernelSet* set, const char* name) {
   set->name = name;
   set->quant8 = K::quant8;
   set->dequant8 = K::dequant8;
+  set->round_stochastic = K::round_stochastic;
   fill_kernel_grad<K, kGradF32>(set);
   fill_kernel_grad<K, kGradBF16>(set);
   fill_kernel_grad<K, kGradF16>(set);
 }
 
 void fill_scalar_kernels(KernelSet* set);
+// The scalar stochastic rounding (cpu_adam_scalar.cpp, no ISA flags): AVX2's too.
+void round_stochastic_scalar(float* p, std::int64_t n, std::uint64_t seed, std::uint64_t first,
+                             std::uint16_t* dst);
 void fill_avx2_kernels(KernelSet* set);
 // native_bf16: convert with vcvtneps2bf16 (needs avx512_bf16 at run time).
 void fill_avx512_kernels(KernelSet* set, bool native_bf16);

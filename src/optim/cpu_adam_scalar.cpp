@@ -5,6 +5,7 @@
 
 #include "src/optim/cpu_adam_kernels.h"
 #include "strata/core/dtype.h"
+#include "strata/core/rng.h"
 #include "strata/device/adam8bit.h"
 
 namespace strata::optim::detail {
@@ -141,9 +142,21 @@ struct Scalar {
   static constexpr FiniteKernel all_finite = &detail::all_finite<G>;
   static constexpr Quant8Kernel quant8 = &quant8_block;
   static constexpr Dequant8Kernel dequant8 = &dequant8_block;
+  static constexpr RoundStochasticKernel round_stochastic = &round_stochastic_scalar;
 };
 
 }  // namespace
+
+void round_stochastic_scalar(float* p, std::int64_t n, std::uint64_t seed, std::uint64_t first,
+                             std::uint16_t* dst) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const auto r =
+        static_cast<std::uint32_t>(splitmix64_at(seed, first + static_cast<std::uint64_t>(j)));
+    const bf16 stored = f32_to_bf16_stochastic(p[j], r);
+    dst[j] = stored.bits;
+    p[j] = bf16_to_f32(stored);
+  }
+}
 
 void fill_scalar_kernels(KernelSet* set) { fill_kernel_table<Scalar>(set, "scalar"); }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/optim/cpu_adam_kernels.h"
+#include "strata/core/rng.h"
 #include "strata/device/adam8bit.h"
 #include "tests/testing/scoped_env.h"
 #include "tests/unit/optim/adam_test_util.h"
@@ -442,6 +443,51 @@ TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
             << (second ? "unsigned" : "signed") << " code, scale " << scale << ", n " << n;
       }
     }
+  }
+}
+
+// The stochastic-rounding kernel gives the scalar loop's bits (device::adamw_reference's), its
+// random draws included, on ordinary values and on infinities, NaNs, zeros and subnormals, from
+// any first element, over whole vectors and a partial one.
+TEST_P(CpuAdamPathTest, StochasticRoundingKernelGivesTheReferencesBits) {
+  const PathCase& c = GetParam();
+  if (c.threads != 1) GTEST_SKIP() << "the kernels run on one thread; the 1-thread cases test them";
+  detail::KernelSet kernels{};
+  if (c.simd == "avx512") {
+    detail::fill_avx512_kernels(&kernels, c.native_bf16);
+  } else if (c.simd == "avx2") {
+    detail::fill_avx2_kernels(&kernels);
+  } else {
+    detail::fill_scalar_kernels(&kernels);
+  }
+  const std::uint32_t edges[] = {0x7f800000u, 0xff800000u, 0x7fc12345u, 0xff812345u, 0x00000000u,
+                                 0x80000000u, 0x00012345u, 0x7f7fffffu, 0x3f80ffffu, 0xbf808000u};
+  Rng rng(77);
+  std::vector<float> x(1000);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = i % 7 == 3 ? std::bit_cast<float>(edges[(i / 7) % std::size(edges)])
+                      : static_cast<float>(rng.normal());
+  }
+  for (const std::uint64_t first :
+       {std::uint64_t{0}, std::uint64_t{4097}, std::uint64_t{1} << 40}) {
+    for (const std::int64_t n : {std::int64_t{1000}, std::int64_t{37}}) {
+      std::vector<float> want(x.begin(), x.begin() + n), got = want;
+      std::vector<std::uint16_t> want_bits(static_cast<std::size_t>(n)), got_bits(want_bits.size());
+      detail::round_stochastic_scalar(want.data(), n, 0x5eedull, first, want_bits.data());
+      kernels.round_stochastic(got.data(), n, 0x5eedull, first, got_bits.data());
+      ASSERT_EQ(got_bits, want_bits) << "first " << first << ", n " << n;
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+    }
+  }
+  // The scalar loop is the reference's statement.
+  const std::vector<float> values = {1.001f, -3.5f, 7e-30f, 65504.7f};
+  std::vector<float> y = values;
+  std::vector<std::uint16_t> bits(values.size());
+  detail::round_stochastic_scalar(y.data(), 4, 9, 100, bits.data());
+  for (std::size_t j = 0; j < values.size(); ++j) {
+    const auto r = static_cast<std::uint32_t>(splitmix64_at(9, 100 + j));
+    EXPECT_EQ(bits[j], f32_to_bf16_stochastic(values[j], r).bits) << j;
+    EXPECT_EQ(y[j], bf16_to_f32(bf16{bits[j]})) << j;
   }
 }
 
