@@ -519,14 +519,16 @@ inline __m512i search_level(const float* level, __m512 u, __m512i k) {
 template <bool kSecond>
 void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
                   float* scale) {
-  const auto load = [&](std::int64_t i) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    return kSecond ? _mm512_maskz_sqrt_ps(kAll, v) : v;
-  };
+  // The values quantized (the second moment's roots, each taken once) and their largest magnitude.
+  alignas(64) float base[device::kAdam8BlockElems];
   __m512 amax = _mm512_setzero_ps();
-  for (std::int64_t i = 0; i < n; i += 16)
-    amax = _mm512_maskz_max_ps(kAll, amax, _mm512_abs_ps(load(i)));
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    if constexpr (kSecond) v = _mm512_maskz_sqrt_ps(kAll, v);
+    _mm512_store_ps(base + i, v);
+    amax = _mm512_maskz_max_ps(kAll, amax, _mm512_abs_ps(v));
+  }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, amax);
   float a = 0.0f;
@@ -540,8 +542,7 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
   const __m512 vr = _mm512_set1_ps(r);
   const __m512i one = _mm512_set1_epi32(1);
   for (std::int64_t i = 0; i < n; i += 16) {
-    const __mmask16 tail = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
-    const __m512 y = _mm512_maskz_mul_ps(kAll, load(i), vr);
+    const __m512 y = _mm512_maskz_mul_ps(kAll, _mm512_load_ps(base + i), vr);
     const __m512 u = _mm512_abs_ps(y);
     __m512i k = search_level < kSecond ? 8 : 7 > (s.level, u, _mm512_setzero_si512());
     const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
@@ -556,7 +557,11 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
       k = _mm512_mask_or_epi32(k, negative & static_cast<__mmask16>(~at_zero), k,
                                _mm512_set1_epi32(0x80));
     }
-    _mm512_mask_cvtepi32_storeu_epi8(codes + i, tail, k);
+    if (n - i >= 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_maskz_cvtepi32_epi8(kAll, k));
+    } else {
+      _mm512_mask_cvtepi32_storeu_epi8(codes + i, __mmask16((1u << (n - i)) - 1u), k);
+    }
   }
 }
 
