@@ -177,6 +177,36 @@ TEST_F(CudaTrainTest, Fp32OffloadedLossesMatchTheCpuBackend) {
   expect_close(train_on(base, "cuda").loss, cpu.loss, 1e-4, "loss with checkpointing");
 }
 
+// Compact optimizer state with the optimizer on the GPU (its own AdamW: 8-bit or bf16 moments,
+// bf16 master weights with Kahan or stochastic rounding) trains as the CPU backend does, and
+// as compact state on the host does on the GPU (the same step, bit for bit, in either place).
+TEST_F(CudaTrainTest, CompactStateOnTheGpuMatchesTheCpuBackendAndTheHost) {
+  struct Setting {
+    const char* state;
+    const char* master;
+    const char* rounding;
+  };
+  for (const Setting& set :
+       {Setting{"int8", "fp32", "stochastic"}, Setting{"int8", "bf16", "kahan"},
+        Setting{"bf16", "bf16", "stochastic"}}) {
+    SCOPED_TRACE(std::string(set.state) + " moments, " + set.master + " master, " + set.rounding);
+    TempDir dir;
+    Json base = tiny_config(dir);
+    base["optimizer"]["state_dtype"] = set.state;
+    base["optimizer"]["master_dtype"] = set.master;
+    base["optimizer"]["master_rounding"] = set.rounding;
+    const History cpu = train_on(base, "cpu");
+    ASSERT_EQ(cpu.loss.size(), 4u);
+    const History gpu = train_on(base, "cuda");
+    expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
+    expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
+    base["offload_optimizer"] = "cpu";
+    const History host = train_on(base, "cuda");
+    EXPECT_EQ(host.loss, gpu.loss) << "the GPU's AdamW against CPU Adam";
+    EXPECT_LT(gpu.loss.back(), gpu.loss.front());
+  }
+}
+
 // bf16 with head_dim 64: flash attention and bf16 cuBLASLt GEMMs. bf16 rounding differs between
 // the backends (fused kernels round less often), so losses agree to bf16 precision.
 TEST_F(CudaTrainTest, Bf16FlashPathTracksTheCpuBackend) {
