@@ -228,6 +228,17 @@ int dispatch_master(const MasterWeights& w, Fn&& fn) {
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
+// Calls fn(Tag<G>{}, Tag<O>{}, std::integral_constant<MasterForm, F>{}) for the step's gradient,
+// copy and master weight types.
+template <typename Fn>
+int dispatch_step(Elem grad_dtype, Elem out_dtype, const MasterWeights& w, Fn&& fn) {
+  return dispatch_float(grad_dtype, [&](auto gtag) {
+    return dispatch_float(out_dtype, [&](auto otag) {
+      return dispatch_master(w, [&](auto ftag) { return fn(gtag, otag, ftag); });
+    });
+  });
+}
+
 }  // namespace
 
 int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, Elem grad_dtype,
@@ -241,36 +252,31 @@ int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, El
   const bool f32_state = state_dtype == Elem::kF32;
   const bool vec = f32_state && w.form == MasterForm::kF32 && aligned16(w.param) &&
                    aligned16(exp_avg) && aligned16(exp_avg_sq);
-  return dispatch_float(grad_dtype, [&](auto gtag) {
+  return dispatch_step(grad_dtype, out_dtype, w, [&](auto gtag, auto otag, auto ftag) {
     using G = typename decltype(gtag)::type;
-    return dispatch_float(out_dtype, [&](auto otag) {
-      using O = typename decltype(otag)::type;
-      return dispatch_master(w, [&](auto ftag) {
-        constexpr MasterForm F = decltype(ftag)::value;
-        const G* g = static_cast<const G*>(grad);
-        O* o = static_cast<O*>(param_out);
-        auto* mf = static_cast<float*>(exp_avg);
-        auto* vf = static_cast<float*>(exp_avg_sq);
-        if (!f32_state) {
-          adamw_kernel<G, O, bf16_t, F, false>
-              <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
-                  w, g, static_cast<bf16_t*>(exp_avg), static_cast<bf16_t*>(exp_avg_sq), n, s, o);
-        } else if constexpr (F == MasterForm::kF32) {
-          if (vec) {
-            adamw_kernel<G, O, float, F, true>
-                <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n,
-                                                                                   s, o);
-          } else {
-            adamw_kernel<G, O, float, F, false>
-                <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
-          }
-        } else {
-          adamw_kernel<G, O, float, F, false>
-              <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
-        }
-        return launch_check();
-      });
-    });
+    using O = typename decltype(otag)::type;
+    constexpr MasterForm F = decltype(ftag)::value;
+    const G* g = static_cast<const G*>(grad);
+    O* o = static_cast<O*>(param_out);
+    auto* mf = static_cast<float*>(exp_avg);
+    auto* vf = static_cast<float*>(exp_avg_sq);
+    if (!f32_state) {
+      adamw_kernel<G, O, bf16_t, F, false><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+          w, g, static_cast<bf16_t*>(exp_avg), static_cast<bf16_t*>(exp_avg_sq), n, s, o);
+    } else if constexpr (F == MasterForm::kF32) {
+      if (vec) {
+        adamw_kernel<G, O, float, F, true>
+            <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s,
+                                                                               o);
+      } else {
+        adamw_kernel<G, O, float, F, false>
+            <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
+      }
+    } else {
+      adamw_kernel<G, O, float, F, false>
+          <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
+    }
+    return launch_check();
   });
 }
 
@@ -280,18 +286,14 @@ int adamw8(const LaunchContext& ctx, const MasterWeights& w, const void* grad, E
            void* param_out, Elem out_dtype) {
   if (n <= 0) return 0;
   constexpr int kThreads = 256;
-  return dispatch_float(grad_dtype, [&](auto gtag) {
+  return dispatch_step(grad_dtype, out_dtype, w, [&](auto gtag, auto otag, auto ftag) {
     using G = typename decltype(gtag)::type;
-    return dispatch_float(out_dtype, [&](auto otag) {
-      using O = typename decltype(otag)::type;
-      return dispatch_master(w, [&](auto ftag) {
-        constexpr MasterForm F = decltype(ftag)::value;
-        adamw8_kernel<G, O, F><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+    using O = typename decltype(otag)::type;
+    adamw8_kernel<G, O, decltype(ftag)::value>
+        <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
             w, static_cast<const G*>(grad), exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, n,
             s, t, static_cast<O*>(param_out));
-        return launch_check();
-      });
-    });
+    return launch_check();
   });
 }
 

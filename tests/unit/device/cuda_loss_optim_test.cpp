@@ -194,6 +194,20 @@ TEST_F(CudaLossOptimTest, CrossEntropyTargetPastTheVocabularyIsNaNNotAnOutOfBoun
   EXPECT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
 }
 
+// The hyperparameters of the AdamW tests' steps.
+AdamWArgs step_args(std::int64_t n, std::int64_t step) {
+  AdamWArgs a;
+  a.n = n;
+  a.lr = 1e-3f;
+  a.beta1 = 0.9f;
+  a.beta2 = 0.95f;
+  a.eps = 1e-8f;
+  a.weight_decay = 0.1f;
+  a.grad_scale = 0.5f;
+  a.step = step;
+  return a;
+}
+
 TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
   struct Case {
     DType grad, out;
@@ -223,15 +237,7 @@ TEST_F(CudaLossOptimTest, AdamWIsBitIdenticalToTheReference) {
     GpuTensor gp(*gpu_, p), gm(*gpu_, m), gv(*gpu_, v), gg(*gpu_, g), gout(*gpu_, c.out, total);
     gout.poison();
     for (std::int64_t step = 1; step <= 3; ++step) {
-      AdamWArgs a;
-      a.n = n;
-      a.lr = 1e-3f;
-      a.beta1 = 0.9f;
-      a.beta2 = 0.95f;
-      a.eps = 1e-8f;
-      a.weight_decay = 0.1f;
-      a.grad_scale = 0.5f;
-      a.step = step;
+      AdamWArgs a = step_args(n, step);
       a.adamw_mode = c.adamw_mode;
       a.grad_dtype = c.grad;
       a.out_dtype = c.out;
@@ -327,15 +333,7 @@ TEST_F(CudaLossOptimTest, AdamWWithCompactStateIsBitIdenticalToTheReference) {
                  gv = upload_array(*gpu_, vb), gms = upload_array(*gpu_, ms),
                  gvs = upload_array(*gpu_, vs);
     for (std::int64_t step = 1; step <= 3; ++step) {
-      AdamWArgs a;
-      a.n = n;
-      a.lr = 1e-3f;
-      a.beta1 = 0.9f;
-      a.beta2 = 0.95f;
-      a.eps = 1e-8f;
-      a.weight_decay = 0.1f;
-      a.grad_scale = 0.5f;
-      a.step = step;
+      AdamWArgs a = step_args(n, step);
       a.grad_dtype = DType::kBF16;
       a.out_dtype = DType::kBF16;
       a.state_dtype = c.state;

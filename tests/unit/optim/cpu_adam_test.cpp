@@ -49,6 +49,19 @@ std::string path_case_name(const ::testing::TestParamInfo<PathCase>& info) {
          std::to_string(c.threads) + "threads_tile" + std::to_string(c.tile_elems);
 }
 
+// The kernels of a case's path, to call directly.
+detail::KernelSet kernels_of(const PathCase& c) {
+  detail::KernelSet kernels{};
+  if (c.simd == "avx512") {
+    detail::fill_avx512_kernels(&kernels, c.native_bf16);
+  } else if (c.simd == "avx2") {
+    detail::fill_avx2_kernels(&kernels);
+  } else {
+    detail::fill_scalar_kernels(&kernels);
+  }
+  return kernels;
+}
+
 class CpuAdamPathTest : public ::testing::TestWithParam<PathCase> {
  protected:
   void SetUp() override {
@@ -383,14 +396,7 @@ TEST_P(CpuAdamPathTest, CompactStatesGiveTheReferencesBytes) {
 TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
   const PathCase& c = GetParam();
   if (c.threads != 1) GTEST_SKIP() << "the kernels run on one thread; the 1-thread cases test them";
-  detail::KernelSet kernels{};
-  if (c.simd == "avx512") {
-    detail::fill_avx512_kernels(&kernels, c.native_bf16);
-  } else if (c.simd == "avx2") {
-    detail::fill_avx2_kernels(&kernels);
-  } else {
-    detail::fill_scalar_kernels(&kernels);
-  }
+  const detail::KernelSet kernels = kernels_of(c);
   for (const bool second : {false, true}) {
     const device::Adam8Search& search = device::adam8_search(second);
     const float* code =
@@ -452,14 +458,7 @@ TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
 TEST_P(CpuAdamPathTest, StochasticRoundingKernelGivesTheReferencesBits) {
   const PathCase& c = GetParam();
   if (c.threads != 1) GTEST_SKIP() << "the kernels run on one thread; the 1-thread cases test them";
-  detail::KernelSet kernels{};
-  if (c.simd == "avx512") {
-    detail::fill_avx512_kernels(&kernels, c.native_bf16);
-  } else if (c.simd == "avx2") {
-    detail::fill_avx2_kernels(&kernels);
-  } else {
-    detail::fill_scalar_kernels(&kernels);
-  }
+  const detail::KernelSet kernels = kernels_of(c);
   const std::uint32_t edges[] = {0x7f800000u, 0xff800000u, 0x7fc12345u, 0xff812345u, 0x00000000u,
                                  0x80000000u, 0x00012345u, 0x7f7fffffu, 0x3f80ffffu, 0xbf808000u};
   Rng rng(77);
