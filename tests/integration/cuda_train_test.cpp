@@ -184,25 +184,31 @@ TEST_F(CudaTrainTest, CompactStateOnTheGpuMatchesTheCpuBackendAndTheHost) {
   struct Setting {
     const char* state;
     const char* master;
-    const char* rounding;
+    const char* rounding;  // bf16 master weights only
   };
-  for (const Setting& set :
-       {Setting{"int8", "fp32", "stochastic"}, Setting{"int8", "bf16", "kahan"},
-        Setting{"bf16", "bf16", "stochastic"}}) {
-    SCOPED_TRACE(std::string(set.state) + " moments, " + set.master + " master, " + set.rounding);
+  for (const Setting& set : {Setting{"int8", "fp32", ""}, Setting{"int8", "bf16", "kahan"},
+                             Setting{"bf16", "bf16", "stochastic"}}) {
+    SCOPED_TRACE(std::string(set.state) + " moments, " + set.master + " master " + set.rounding);
     TempDir dir;
     Json base = tiny_config(dir);
     base["optimizer"]["state_dtype"] = set.state;
     base["optimizer"]["master_dtype"] = set.master;
-    base["optimizer"]["master_rounding"] = set.rounding;
+    if (*set.rounding != '\0') base["optimizer"]["master_rounding"] = set.rounding;
     const History cpu = train_on(base, "cpu");
     ASSERT_EQ(cpu.loss.size(), 4u);
     const History gpu = train_on(base, "cuda");
     expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
     expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
+    // The GPU's AdamW against CPU Adam on the host: the same step, so the same bits where the
+    // GPU's forward and backward repeat their own (else as close as two such runs).
+    const bool deterministic = train_on(base, "cuda").loss == gpu.loss;
     base["offload_optimizer"] = "cpu";
     const History host = train_on(base, "cuda");
-    EXPECT_EQ(host.loss, gpu.loss) << "the GPU's AdamW against CPU Adam";
+    if (deterministic) {
+      EXPECT_EQ(host.loss, gpu.loss);
+    } else {
+      expect_close(host.loss, gpu.loss, 1e-6, "loss with the optimizer on the host");
+    }
     EXPECT_LT(gpu.loss.back(), gpu.loss.front());
   }
 }
