@@ -539,12 +539,13 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
     for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
     return;
   }
+  constexpr int kBits = kSecond ? 8 : 7;  // the code's magnitudes: 2^kBits
   const __m512 vr = _mm512_set1_ps(r);
   const __m512i one = _mm512_set1_epi32(1);
   for (std::int64_t i = 0; i < n; i += 16) {
     const __m512 y = _mm512_maskz_mul_ps(kAll, _mm512_load_ps(base + i), vr);
     const __m512 u = _mm512_abs_ps(y);
-    __m512i k = search_level < kSecond ? 8 : 7 > (s.level, u, _mm512_setzero_si512());
+    __m512i k = search_level<kBits>(s.level, u, _mm512_setzero_si512());
     const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
     if constexpr (kSecond) {
       // A positive root that found 0 takes 1.
