@@ -93,6 +93,17 @@ Status write_optimizer_shard(const std::string& path, const model::ParamLayout& 
   });
 }
 
+// Whether a group's tensors start where format_version 1 put them (each on a 64-element
+// boundary after the one before), so its saved moments read the same under either layout.
+bool same_offsets_in_version_1(const model::ParamGroup& group) {
+  std::int64_t v1 = 0;
+  for (const model::TensorSpec& t : group.tensors) {
+    if (t.offset_elems != v1) return false;
+    v1 = (t.offset_elems + t.num_elems + 63) / 64 * 64;
+  }
+  return true;
+}
+
 // The tensor of `group` called `name`; null when it has none.
 const model::TensorSpec* tensor_named(const model::ParamGroup& group, const std::string& name) {
   for (const auto& t : group.tensors) {
@@ -507,6 +518,7 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   for (const char* k : {"format_version", "step", "sequences_consumed", "seed"}) {
     if (!r.has(k)) r.error(k, "is missing");
   }
+  st.format_version = static_cast<int>(version);
   if (version > kCheckpointFormatVersion) {
     errors.push_back("format_version " + std::to_string(version) +
                      " is newer than this build supports (" +
@@ -644,6 +656,14 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
       const model::SafetensorsEntry* e = f.find("exp_avg." + name);
       if (saved.name != name || e == nullptr || e->shape.size() != 1) {
         return data_loss(f.path() + " has no 1-D tensor exp_avg." + name);
+      }
+      if (st.format_version < 2 && !same_offsets_in_version_1(saved)) {
+        return data_loss(
+            checkpoint + ": written with format_version " + std::to_string(st.format_version) +
+            ", whose optimizer moments lay group " + name +
+            "'s tensors on 64-element boundaries, not the 256 of this build: its moments would be "
+            "read at the wrong places, so they are not read. Resume it with the Strata that wrote "
+            "it, or start from its weights alone (its model.safetensors as model_path)");
       }
       const std::int64_t slice = e->shape[0];
       if (slice * saved_grid.data < saved.num_elems) {

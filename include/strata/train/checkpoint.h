@@ -26,9 +26,12 @@
 
 namespace strata::train {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: a group's tensors start on 256-element boundaries (model::kTensorAlignElems) in the flat
+// optimizer moments; version 1 laid them on 64-element ones.
+inline constexpr int kCheckpointFormatVersion = 2;
 
 struct TrainerState {
+  int format_version = kCheckpointFormatVersion;
   std::int64_t step = 0;                // optimizer steps completed
   std::int64_t sequences_consumed = 0;  // position of the data sampler
   std::uint64_t seed = 0;
