@@ -3,6 +3,7 @@
 // The master weights are f32, or bf16 kept by Kahan compensation or stochastic rounding; the
 // moments f32, bf16, or block-wise 8-bit.
 #include "common.cuh"
+#include "strata/core/rng.h"
 
 namespace strata::kernels {
 namespace {
@@ -38,13 +39,6 @@ __device__ __forceinline__ std::uint16_t float_to_bf16_bits(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
-}
-// splitmix64_at (strata/core/rng.h).
-__device__ __forceinline__ std::uint64_t splitmix64_at(std::uint64_t key, std::uint64_t i) {
-  std::uint64_t z = key + (i + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 template <MasterForm F>
@@ -250,8 +244,7 @@ int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, El
   }
   constexpr int kThreads = 256;
   const bool f32_state = state_dtype == Elem::kF32;
-  const bool vec = f32_state && w.form == MasterForm::kF32 && aligned16(w.param) &&
-                   aligned16(exp_avg) && aligned16(exp_avg_sq);
+  const bool vec = f32_state && aligned16(w.param) && aligned16(exp_avg) && aligned16(exp_avg_sq);
   return dispatch_step(grad_dtype, out_dtype, w, [&](auto gtag, auto otag, auto ftag) {
     using G = typename decltype(gtag)::type;
     using O = typename decltype(otag)::type;
@@ -263,19 +256,18 @@ int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, El
     if (!f32_state) {
       adamw_kernel<G, O, bf16_t, F, false><<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
           w, g, static_cast<bf16_t*>(exp_avg), static_cast<bf16_t*>(exp_avg_sq), n, s, o);
-    } else if constexpr (F == MasterForm::kF32) {
+      return launch_check();
+    }
+    if constexpr (F == MasterForm::kF32) {
       if (vec) {
         adamw_kernel<G, O, float, F, true>
             <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s,
                                                                                o);
-      } else {
-        adamw_kernel<G, O, float, F, false>
-            <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
+        return launch_check();
       }
-    } else {
-      adamw_kernel<G, O, float, F, false>
-          <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
     }
+    adamw_kernel<G, O, float, F, false>
+        <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(w, g, mf, vf, n, s, o);
     return launch_check();
   });
 }

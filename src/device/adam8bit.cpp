@@ -38,7 +38,6 @@ inline int nearest(const Adam8Search& c, float u) {
 Adam8Search make_search(const std::array<float, 256>& code, int bits) {
   const int count = 1 << bits;
   Adam8Search s{};
-  s.bits = bits;
   s.threshold.fill(std::numeric_limits<float>::infinity());
   s.level.fill(std::numeric_limits<float>::infinity());
   for (int j = 0; j + 1 < count; ++j) {

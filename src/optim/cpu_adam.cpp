@@ -112,6 +112,17 @@ void check_args(const device::AdamWArgs& a) {
 
 namespace detail {
 class Tuner;
+
+Quant8Search quant8_search(bool second) {
+  const device::Adam8Search& search = device::adam8_search(second);
+  return {second,
+          search.threshold.data(),
+          search.level.data(),
+          search.bucket.data(),
+          device::kAdam8BucketLo,
+          device::kAdam8BucketHi,
+          second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data()};
+}
 }  // namespace detail
 
 struct CpuAdam::Impl {
@@ -501,17 +512,8 @@ Result<CpuAdam> CpuAdam::create(const CpuAdamOptions& options) {
   impl->path = path;
   impl->threads = options.threads > 0 ? options.threads : std::max(1, sys::cpu_topology().cores);
   impl->convert = &device::cpu::cpu_kernels_for(path);
-  for (const bool second : {false, true}) {
-    const device::Adam8Search& search = device::adam8_search(second);
-    (second ? impl->q8_v : impl->q8_m) = detail::Quant8Search{
-        second,
-        search.threshold.data(),
-        search.level.data(),
-        search.bucket.data(),
-        device::kAdam8BucketLo,
-        device::kAdam8BucketHi,
-        second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data()};
-  }
+  impl->q8_m = detail::quant8_search(/*second=*/false);
+  impl->q8_v = detail::quant8_search(/*second=*/true);
   switch (path) {
     case SimdPath::kScalar:
       detail::fill_scalar_kernels(&impl->kernels);

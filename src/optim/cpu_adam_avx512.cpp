@@ -523,7 +523,7 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
   alignas(64) float base[device::kAdam8BlockElems];
   __m512 amax = _mm512_setzero_ps();
   for (std::int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    const __mmask16 m = tail_mask(std::min<std::int64_t>(n - i, 16));
     __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     if constexpr (kSecond) v = _mm512_maskz_sqrt_ps(kAll, v);
     _mm512_store_ps(base + i, v);
@@ -561,7 +561,7 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
     if (n - i >= 16) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_maskz_cvtepi32_epi8(kAll, k));
     } else {
-      _mm512_mask_cvtepi32_storeu_epi8(codes + i, __mmask16((1u << (n - i)) - 1u), k);
+      _mm512_mask_cvtepi32_storeu_epi8(codes + i, tail_mask(n - i), k);
     }
   }
 }
@@ -581,7 +581,7 @@ void dequant8_block(const float* value, const std::uint8_t* codes, float scale, 
                     bool square, float* out) {
   const __m512 vs = _mm512_set1_ps(scale);
   for (std::int64_t i = 0; i < n; i += 16) {
-    const __mmask16 tail = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    const __mmask16 tail = tail_mask(std::min<std::int64_t>(n - i, 16));
     const __m512i c = _mm512_maskz_cvtepu8_epi32(kAll, _mm_maskz_loadu_epi8(tail, codes + i));
     __m512 v;
     if (square) {
@@ -636,26 +636,22 @@ void round_stochastic(float* p, std::int64_t n, std::uint64_t seed, std::uint64_
   const __m512i low_halves =
       _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   for (std::int64_t j = 0; j < n; j += 16) {
-    const __mmask16 tail = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+    const __mmask16 tail = tail_mask(std::min<std::int64_t>(n - j, 16));
     // The low 32 bits of each element's draw: lanes 0-7 from z0's states, 8-15 from z1's.
     const __m512i r =
         _mm512_maskz_permutex2var_epi32(kAll, splitmix_mix(z0), low_halves, splitmix_mix(z1));
     z0 = _mm512_add_epi64(z0, step);
     z1 = _mm512_add_epi64(z1, step);
     const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(tail, p + j));
-    __m512i bits =
-        _mm512_maskz_srli_epi32(kAll, _mm512_add_epi32(u, _mm512_and_si512(r, low16)), 16);
+    __m512i bits = shr16(_mm512_add_epi32(u, _mm512_and_si512(r, low16)));
+    // Infinity and NaN round as f32_to_bf16 does: to themselves, NaN quieted.
     const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
     if (special != 0) {
-      // f32_to_bf16: NaN keeps its top bits, quieted; infinity rounds to itself.
-      const __mmask16 nan =
-          _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), exp);
-      bits = _mm512_mask_mov_epi32(bits, special, _mm512_maskz_srli_epi32(kAll, u, 16));
-      bits = _mm512_mask_or_epi32(bits, nan, bits, _mm512_set1_epi32(0x40));
+      bits =
+          _mm512_mask_mov_epi32(bits, special, widen_u16(f32_to_bf16_int(_mm512_castsi512_ps(u))));
     }
     _mm512_mask_cvtepi32_storeu_epi16(dst + j, tail, bits);
-    _mm512_mask_storeu_ps(p + j, tail,
-                          _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, bits, 16)));
+    _mm512_mask_storeu_ps(p + j, tail, _mm512_castsi512_ps(shl16(bits)));
   }
 }
 

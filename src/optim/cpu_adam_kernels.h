@@ -63,6 +63,9 @@ struct Quant8Search {
   const float* value;  // each byte's value (device::adam8_signed_code / adam8_unsigned_code)
 };
 
+// The search of the first moment's code, or (second) of the second moment's.
+Quant8Search quant8_search(bool second);
+
 using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);
 // One block (n <= 256) quantized into codes and *scale: bit for bit device::adam8_quantize_m
 // (second false) or adam8_quantize_v (second true), whose header says how.

@@ -66,7 +66,6 @@ inline constexpr std::int32_t kAdam8BucketLo = 0x3480;  // the top 16 bits of 2^
 inline constexpr std::int32_t kAdam8BucketHi = 0x3f80;  // of 1.0
 inline constexpr std::int32_t kAdam8Buckets = kAdam8BucketHi - kAdam8BucketLo + 1;
 struct Adam8Search {
-  int bits;                           // 7 (the signed code's magnitudes) or 8 (the unsigned)
   std::array<float, 258> threshold;   // +infinity past the last (read up to 2 past it)
   std::array<float, 256 + 16> level;  // (read up to 16 floats from each level's start)
   std::array<std::int32_t, kAdam8Buckets> bucket;

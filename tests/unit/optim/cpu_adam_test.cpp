@@ -399,15 +399,8 @@ TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
   const detail::KernelSet kernels = kernels_of(c);
   for (const bool second : {false, true}) {
     const device::Adam8Search& search = device::adam8_search(second);
-    const float* code =
-        second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data();
-    const detail::Quant8Search q{second,
-                                 search.threshold.data(),
-                                 search.level.data(),
-                                 search.bucket.data(),
-                                 device::kAdam8BucketLo,
-                                 device::kAdam8BucketHi,
-                                 code};
+    const detail::Quant8Search q = detail::quant8_search(second);
+    const float* code = q.value;
     std::vector<float> ys = {0.0f, -0.0f, 1.0f, -1.0f};
     for (const float t : search.threshold) {
       if (!std::isfinite(t)) break;
