@@ -97,10 +97,25 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
   return grid;
 }
 
+Status ProcessGrid::link_embedding_stages() {
+  if (shape_.pipeline <= 1 || embedding_ != nullptr) return Status::ok();
+  const int stage = coord_.pipeline, last = shape_.pipeline - 1;
+  const bool end = stage == 0 || stage == last;
+  // The stages between take part in the split, each alone, and keep nothing.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> link,
+                          pipeline_->split(end ? 0 : stage, stage, "embedding groups",
+                                           device::StreamKind::kCollective));
+  if (!end) return Status::ok();
+  const int peer = 1 - link->rank();
+  STRATA_RETURN_IF_ERROR(link->connect(std::span<const int>(&peer, 1), "the embedding group"));
+  embedding_ = std::move(link);
+  return Status::ok();
+}
+
 CommStats ProcessGrid::stats() const {
   CommStats sum = world_->stats();
-  for (const auto& c : owned_) {
-    if (c != nullptr) sum += c->stats();
+  for (const auto* c : {&owned_[0], &owned_[1], &owned_[2], &embedding_}) {
+    if (*c != nullptr) sum += (*c)->stats();
   }
   return sum;
 }

@@ -44,6 +44,9 @@ struct SlotSpace {
   std::int32_t* ids = nullptr;      // [rows]: on the stage holding the embedding
   std::int32_t* targets = nullptr;  // [rows]: on the stage holding the head
   std::vector<ChunkSpace> chunks;
+  // Tied embeddings cut into stages, on the first: the head's part of the micro-batch's embedding
+  // gradient, received from the last stage ([vocab, hidden]).
+  void* embedding_grad = nullptr;
 };
 
 // The stage's workspace: `in_flight` micro-batches' activations and the scratch they share.
@@ -61,6 +64,10 @@ struct Workspace {
   float* ce_local = nullptr;  // [head_rows, 3]: this rank's
   float* ce_stats = nullptr;
   float* ce_rows = nullptr;
+  // Tied embeddings cut into stages, on the last: the copy of the embedding the head reads and
+  // the head's part of the embedding gradient, to send ([vocab, hidden] each).
+  void* embedding = nullptr;
+  void* embedding_grad = nullptr;
   detail::BackwardScratch bwd;
 };
 
@@ -86,6 +93,10 @@ struct StageShape {
   bool embeds = true, heads = true;
   int in_flight = 1;
   bool checkpointing = false;
+  // Tied embeddings cut into stages: the head reads a copy of the embedding (the last stage), and
+  // the head's part of the embedding gradient crosses from the last stage to the first (where the
+  // embedding trains).
+  bool embedding_copy = false, embedding_grads = false;
 
   static StageShape of(const LlamaConfig& config, const ModelOptions& options) {
     const PipelineStage& p = options.pipeline;
@@ -97,6 +108,10 @@ struct StageShape {
     s.heads = p.holds_head();
     s.in_flight = std::max(1, p.in_flight);
     s.checkpointing = options.activation_checkpointing;
+    const bool tied = config.tie_word_embeddings && p.split();
+    const bool embedding_trains = !options.lora || options.lora->saves("model.embed_tokens");
+    s.embedding_copy = tied && s.heads;
+    s.embedding_grads = tied && embedding_trains;
     return s;
   }
   // Checkpointed layer inputs a micro-batch writes: each chunk's but its first layer's.
@@ -178,6 +193,7 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
   for (SlotSpace& slot : ws->slots) {
     slot.ids = stage.embeds ? c.i32(R) : nullptr;
     slot.targets = stage.heads ? c.i32(R) : nullptr;
+    slot.embedding_grad = stage.embeds && stage.embedding_grads ? act(d.vocab * H) : nullptr;
     slot.chunks.resize(stage.chunks.size());
     for (std::size_t ci = 0; ci < stage.chunks.size(); ++ci) {
       ChunkSpace& ch = slot.chunks[ci];
@@ -207,6 +223,10 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
       ws->ce_local = f32(3 * C);
       ws->ce_stats = f32(3 * C * d.tp_size);
       ws->ce_rows = f32(2 * C);
+    }
+    if (stage.embedding_copy) {
+      ws->embedding = act(d.vocab * H);
+      ws->embedding_grad = stage.embedding_grads ? act(d.vocab * H) : nullptr;
     }
   }
   if (d.nf4) ws->nf4_weight = act(d.max_weight());
@@ -473,27 +493,29 @@ struct LlamaModel::Impl {
     return Status::ok();
   }
 
-  // The head: model.norm's weight and lm_head's (tied: the embedding), from one group or two.
+  // The head: model.norm's weight and lm_head's (tied: the embedding), from one group or two,
+  // or (tied, cut into stages) model.norm's group and the workspace's copy of the embedding.
   struct HeadWeights {
     const void* norm;
     const void* lm;
   };
+  bool lm_group_apart() const { return !embedding_copy_ && lm_group_ != norm_group_; }
   Result<HeadWeights> acquire_head(ProviderSession& ps) const {
     const std::size_t eb = dtype_size(options_.compute_dtype);
     STRATA_ASSIGN_OR_RETURN(const void* n, ps.acquire(norm_group_));
-    const void* lm = n;
-    if (lm_group_ != norm_group_) {
+    const void* lm = embedding_copy_ ? ws_.embedding : n;
+    if (lm_group_apart()) {
       STRATA_ASSIGN_OR_RETURN(lm, ps.acquire(lm_group_));
     }
     return HeadWeights{offset_ptr(n, norm_offset_, eb), offset_ptr(lm, lm_offset_, eb)};
   }
   void release_head(ProviderSession& ps) const {
     ps.release(norm_group_);
-    if (lm_group_ != norm_group_) ps.release(lm_group_);
+    if (lm_group_apart()) ps.release(lm_group_);
   }
   void prefetch_head(ProviderSession& ps) const {
     ps.prefetch(norm_group_);
-    if (lm_group_ != norm_group_) ps.prefetch(lm_group_);
+    if (lm_group_apart()) ps.prefetch(lm_group_);
   }
 
   // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks.
@@ -541,6 +563,9 @@ struct LlamaModel::Impl {
   // model.norm's and the head's weight (tied: the embedding) and their groups, which may differ.
   int norm_group_ = 0, lm_group_ = 0;
   std::int64_t norm_offset_ = 0, lm_offset_ = 0;
+  // Tied, cut into stages, on the last stage: the head's weight is the workspace's copy of the
+  // embedding (offset 0), its gradient the workspace's too (lm_group_ says whether it trains).
+  bool embedding_copy_ = false;
   std::vector<BlockOffsets> blocks_;       // in the layer's group, in elements: the gradients'
   std::vector<BlockOffsets> block_bytes_;  // the same in bytes: the working copies' views
   // With LoRA, per layer: the block's tensors in its adapter group (modules_to_save norms).
@@ -778,7 +803,10 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
     STRATA_ASSIGN_OR_RETURN(norm_grads, ps.acquire_grads(norm_group_));
   }
   if (lm_trains) {
-    if (lm_group_ == norm_group_) {
+    if (embedding_copy_) {
+      lm_grads = ws_.embedding_grad;  // the head's part, from zero as one stage's
+      device_.fill_zero(lm_grads, static_cast<std::size_t>(V * H) * eb, stream);
+    } else if (lm_group_ == norm_group_) {
       lm_grads = norm_grads;
     } else {
       STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_));
@@ -836,10 +864,10 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   release_head(ps);
   if (norm_trains) STRATA_RETURN_IF_ERROR(ps.release_grads(norm_group_));
   // The embedding's (tied) are released after the lookup's part, last.
-  if (lm_trains && lm_group_ != norm_group_ && !tied) {
+  if (lm_trains && lm_group_apart() && !tied) {
     STRATA_RETURN_IF_ERROR(ps.release_grads(lm_group_));
   }
-  tied_grads_ = tied ? lm_grads : nullptr;
+  tied_grads_ = tied && !embedding_copy_ ? lm_grads : nullptr;
   return Status::ok();
 }
 
@@ -920,10 +948,16 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   if (!embeds) {
     ops.cast(bwd.dh, dt, ch.din, dt, d.local_rows * H);
   } else if (const int embed = layout_.embed_group(); trains(embed)) {
-    // Tied: the head's gradient of the same group, acquired by the head (one stage holds both).
-    void* embed_grads = tied ? tied_grads_ : nullptr;
-    if (!tied) {
+    // Tied: the head's gradient of the same group, acquired by the head where one stage holds
+    // both; cut into stages, the head's part received from the last stage starts the sum.
+    const bool received = tied && stage.split();
+    void* embed_grads = tied_grads_;
+    if (!tied || received) {
       STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+    }
+    if (received) {
+      ops.cast(slot.embedding_grad, dt, offset_ptr(embed_grads, embed_offset_, eb), dt,
+               d.vocab * H);
     }
     STRATA_RETURN_IF_ERROR(detail::gather_rows(d, bwd.dh_full, H, "embedding output gradient"));
     ops.embedding_backward(slot.ids, R, d.seq_parallel ? bwd.dh_full : bwd.dh, H,
@@ -1003,8 +1037,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     impl_->norm_group_ = norm.group;
     impl_->norm_offset_ = norm.tensor->offset_elems;
     if (config.tie_word_embeddings) {
+      // Cut into stages, the embedding lies on the first stage: the head reads a copy.
       impl_->lm_group_ = layout.embed_group();
-      impl_->lm_offset_ = impl_->embed_offset_;
+      impl_->embedding_copy_ = stage.split();
+      impl_->lm_offset_ = stage.split() ? 0 : impl_->embed_offset_;
     } else {
       const auto lm = locate("lm_head.weight");
       impl_->lm_group_ = lm.group;
@@ -1236,8 +1272,45 @@ LlamaModel::Boundary LlamaModel::boundary(int slot, int chunk) const {
                "a boundary of a slot or chunk the stage does not have (prepare first)", slot,
                chunk);
   const auto& ch = slots[static_cast<std::size_t>(slot)].chunks[static_cast<std::size_t>(chunk)];
-  return {ch.xs.front(), ch.xs.back(), ch.dout, ch.din,
-          impl_->dims_.local_rows * impl_->dims_.hidden};
+  const PipelineStage& stage = options_.pipeline;
+  void* embedding_grad = nullptr;
+  if (stage.first_chunk(chunk)) {
+    embedding_grad = slots[static_cast<std::size_t>(slot)].embedding_grad;
+  } else if (stage.last_chunk(chunk)) {
+    embedding_grad = impl_->ws_.embedding_grad;
+  }
+  return {
+      ch.xs.front(), ch.xs.back(), ch.dout, ch.din, impl_->dims_.local_rows * impl_->dims_.hidden,
+      embedding_grad};
+}
+
+bool LlamaModel::shares_embedding() const {
+  const PipelineStage& stage = options_.pipeline;
+  return config_.tie_word_embeddings && stage.split() &&
+         (stage.holds_embedding() || stage.holds_head());
+}
+
+std::int64_t LlamaModel::embedding_elems() const {
+  return Dims::make(config_, options_, 1, 1).vocab * config_.hidden_size;
+}
+
+Result<const void*> LlamaModel::acquire_embedding(ParamProvider& provider) {
+  STRATA_CHECK(options_.pipeline.holds_embedding(), "the embedding lies on the first stage",
+               options_.pipeline.stage);
+  STRATA_ASSIGN_OR_RETURN(const void* p, provider.acquire_params(layout_.embed_group()));
+  return offset_ptr(p, impl_->embed_offset_, dtype_size(options_.compute_dtype));
+}
+
+void LlamaModel::release_embedding(ParamProvider& provider) {
+  provider.release_params(layout_.embed_group());
+}
+
+void* LlamaModel::embedding_copy() const {
+  STRATA_CHECK(impl_->ws_.embedding != nullptr,
+               "the embedding's copy is the last stage's of a tied model cut into stages, after "
+               "prepare",
+               options_.pipeline.stage);
+  return impl_->ws_.embedding;
 }
 
 float LlamaModel::loss(int slot) const {

@@ -507,12 +507,6 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
         "'parallelism': \"auto\" chooses tensor_parallel_size and pipeline_parallel_size (and "
         "each stage's layers); leave them out, or use \"manual\"");
   }
-  if (c.pipeline_parallel_size > 1 && has_model && c.model.tie_word_embeddings) {
-    errors.push_back(
-        "'pipeline_parallel_size': a model with tie_word_embeddings shares its embedding between "
-        "the first and the last stage, which pipelines do not support yet; use "
-        "pipeline_parallel_size 1");
-  }
   if (c.zero_stage != 3 && c.offload_param != Tier::kDevice) {
     errors.push_back("'offload_param': parameter offload needs zero_stage 3");
   }

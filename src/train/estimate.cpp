@@ -72,7 +72,8 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.num_checkpoints = model::LlamaModel::num_checkpoints(config.model, mo);
   o.host_io_bytes = model::LlamaModel::host_io_bytes(batch, seq, config.tensor_parallel_size,
                                                      mo.pipeline.in_flight);
-  o.tied_embeddings = config.model.tie_word_embeddings;
+  // Cut into stages, the last stage's head reads a copy of the embedding in the workspace.
+  o.tied_embeddings = config.model.tie_word_embeddings && config.pipeline_parallel_size == 1;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
   o.checkpoint_home = config.activation_offload;

@@ -279,7 +279,18 @@ double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates
   const double hops = static_cast<double>(p * config.virtual_stages - 1);
   const double bytes =
       activation_bytes_of(config) / (config.sequence_parallel ? config.tensor_parallel_size : 1);
-  return 2.0 * hops * ms(bytes, rates.comm_bytes);
+  double total = 2.0 * hops * ms(bytes, rates.comm_bytes);
+  // Tied embeddings: the first stage sends the last the embedding (this rank's vocabulary rows)
+  // before the step's first forward. The head's part of each micro-batch's embedding gradient
+  // goes back while the stages compute.
+  if (config.model.tie_word_embeddings) {
+    const double embedding = static_cast<double>(config.model.vocab_size) *
+                             static_cast<double>(config.model.hidden_size) *
+                             static_cast<double>(dtype_size(config.precision)) /
+                             config.tensor_parallel_size;
+    total += ms(embedding, rates.comm_bytes);
+  }
+  return total;
 }
 
 namespace {
@@ -524,8 +535,6 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       } else if (tensor > 1 && config.sequence_parallel &&
                  (config.micro_batch_size * config.seq_len) % tensor != 0) {
         g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";
-      } else if (pipeline > 1 && config.model.tie_word_embeddings) {
-        g.refused = "tied embeddings do not cut into stages yet";
       } else if (pipeline * c.virtual_stages > config.model.num_hidden_layers) {
         g.refused = "more stages than layers";
       } else if (Status s = c.check_batch_split(data); !s.is_ok()) {

@@ -161,6 +161,11 @@ struct Trainer::Impl {
   // Forward only, one micro-batch through every stage (evaluation): its loss on the last
   // stage, 0 on the others.
   Result<float> pipeline_forward(const model::LlamaModel::MicroBatch& mb);
+  // Tied embeddings cut into stages: the first stage sends the last the embedding its head
+  // reads, before a pass that reads it, unless the copy there is current (both stages decide
+  // alike: after every step of a trained embedding, once for a frozen one).
+  Status share_embedding();
+  bool embedding_copy_current = false;
   // "pipeline: ..." (a line) with pipeline parallelism: the stages' layers, the schedule and
   // its bubble, and this rank's place; empty without.
   std::string describe_pipeline() const {
@@ -337,6 +342,7 @@ Status Trainer::Impl::setup() {
   STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
   STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
   STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
+  if (config.model.tie_word_embeddings) STRATA_RETURN_IF_ERROR(grid->link_embedding_stages());
   if (config.save_async) {  // the saves' own communicators, made beside training's
     if (world > 1) {
       STRATA_ASSIGN_OR_RETURN(save_comm, comm->split(0, comm->rank(), "checkpoint saves",
@@ -643,6 +649,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
     if (scaler) STRATA_RETURN_IF_ERROR(scaler->update(/*overflow=*/false));
   }
+  if (!layout->group(layout->embed_group()).frozen) embedding_copy_current = false;
   // An overlapped update runs on into the next step's forward; the last step of a run waits.
   if (finish) STRATA_RETURN_IF_ERROR(provider->finish_step());
   ++step;
@@ -700,6 +707,7 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   const int slots = stage.in_flight;
   STRATA_RETURN_IF_ERROR(model->prepare(*provider, mb, seq));
+  STRATA_RETURN_IF_ERROR(share_embedding());
   dist::Communicator& pipe = grid->pipeline();
   const DType dt = config.precision;
   // Each (slot, chunk)'s sends in flight: its buffers are not rewritten before they are done.
@@ -707,6 +715,14 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
     return static_cast<std::size_t>(slot * stage.virtual_stages + chunk);
   };
   std::vector<dist::CommHandle> sent_output(at(slots, 0)), sent_grad(at(slots, 0));
+  // Tied embeddings cut into stages: the head's part of each micro-batch's embedding gradient,
+  // from the last stage to the first (rank 1 to 0 of the embedding group), received into the
+  // slot's buffer as soon as the slot's forward is done, so that the last stage's send never
+  // waits for the first stage's backward.
+  dist::Communicator* ends = grid->embedding();
+  const std::int64_t embedding_elems = ends != nullptr ? model->embedding_elems() : 0;
+  std::vector<dist::CommHandle> embedding_grads(static_cast<std::size_t>(slots));
+  dist::CommHandle embedding_grad_sent;
   const auto named = [&](const char* what, const PipelinePass& p, int peer) {
     return std::string(what) + " of micro-batch " + std::to_string(p.micro_batch) +
            (stage.virtual_stages > 1 ? " (chunk " + std::to_string(p.chunk) + ")" : "") +
@@ -730,8 +746,19 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
           STRATA_RETURN_IF_ERROR(
               pipe.recv(b.input, b.elems, dt, from, named("activations", p, from)).wait());
         }
+        const bool sends_embedding_grad = b.embedding_grad != nullptr && stage.last_chunk(p.chunk);
+        if (sends_embedding_grad) STRATA_RETURN_IF_ERROR(embedding_grad_sent.wait());
         begin = now_ns();
         STRATA_RETURN_IF_ERROR(model->forward_chunk(*provider, batch, p.chunk, /*train=*/true));
+        if (b.embedding_grad != nullptr && stage.first_chunk(p.chunk)) {
+          embedding_grads[static_cast<std::size_t>(slot)] =
+              ends->recv(b.embedding_grad, embedding_elems, dt, 1,
+                         named("the head's embedding gradient", p, stage.stages - 1));
+        }
+        if (sends_embedding_grad) {
+          embedding_grad_sent = ends->send(b.embedding_grad, embedding_elems, dt, 0,
+                                           named("the head's embedding gradient", p, 0));
+        }
         if (stage.last_chunk(p.chunk)) {
           *loss_sum += static_cast<double>(model->loss(slot)) * mi.share;
         } else {
@@ -748,6 +775,9 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
         const int from = stage.next_stage(p.chunk);
         STRATA_RETURN_IF_ERROR(
             pipe.recv(b.output_grad, b.elems, dt, from, named("gradients", p, from)).wait());
+      }
+      if (b.embedding_grad != nullptr && stage.first_chunk(p.chunk)) {
+        STRATA_RETURN_IF_ERROR(embedding_grads[static_cast<std::size_t>(slot)].wait());
       }
       begin = now_ns();
       STRATA_RETURN_IF_ERROR(model->backward_chunk(*provider, batch, p.chunk));
@@ -767,7 +797,8 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
     *compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
   }
   // Every send ends before the step does (and before its buffers are rewritten).
-  for (auto* handles : {&sent_output, &sent_grad}) {
+  embedding_grads.push_back(std::move(embedding_grad_sent));
+  for (auto* handles : {&sent_output, &sent_grad, &embedding_grads}) {
     for (dist::CommHandle& h : *handles) {
       if (Status s = h.wait(); !s.is_ok() && status.is_ok()) status = s;
     }
@@ -775,10 +806,31 @@ Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* los
   return status;
 }
 
+Status Trainer::Impl::share_embedding() {
+  if (!model->shares_embedding() || embedding_copy_current) return Status::ok();
+  dist::Communicator& ends = *grid->embedding();
+  const model::PipelineStage& stage = model_options.pipeline;
+  const std::int64_t n = model->embedding_elems();
+  const std::string what = "the tied embedding's weights from pipeline stage 0 to stage " +
+                           std::to_string(stage.stages - 1);
+  if (stage.holds_embedding()) {
+    STRATA_ASSIGN_OR_RETURN(const void* weights, model->acquire_embedding(*provider));
+    const Status sent = ends.send(weights, n, config.precision, 1, what).wait();
+    model->release_embedding(*provider);
+    STRATA_RETURN_IF_ERROR(sent);
+  } else {
+    STRATA_RETURN_IF_ERROR(model->prepare(*provider, config.micro_batch_size, config.seq_len));
+    STRATA_RETURN_IF_ERROR(ends.recv(model->embedding_copy(), n, config.precision, 0, what).wait());
+  }
+  embedding_copy_current = true;
+  return Status::ok();
+}
+
 Result<float> Trainer::Impl::pipeline_forward(const model::LlamaModel::MicroBatch& mb) {
   const model::PipelineStage& stage = model_options.pipeline;
   dist::Communicator& pipe = grid->pipeline();
   const DType dt = config.precision;
+  STRATA_RETURN_IF_ERROR(share_embedding());
   float loss = 0;
   // Virtual stages in order; this stage runs its chunks among them.
   for (int chunk = 0; chunk < stage.virtual_stages; ++chunk) {

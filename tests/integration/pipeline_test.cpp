@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/build_config.h"
@@ -172,6 +173,79 @@ TEST(ZeroPipeline, FamiliesTrainTheBitsOfOneStage) {
     k["pipeline_parallel_size"] = 2;
     train_ok(dir, k, family + "-p2", 2);
     expect_same_bits(dir, family + "-p2", family + "-p1");
+  }
+}
+
+// A tied embedding cut into stages: the last stage's head reads a copy the first stage sends it,
+// and the head's part of each micro-batch's embedding gradient goes back to the first stage,
+// where the lookup's part adds to it. 2 and 4 stages, 1F1B and interleaved, offloaded, bf16,
+// with data and tensor (vocabulary-parallel) ranks, resumed from one stage, and with adapters on
+// a frozen or a trained embedding: the bits of one stage.
+TEST(ZeroPipeline, TiedEmbeddingsTrainTheBitsOfOneStage) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json base = pipeline_config(dir, "x");
+  base["model"]["tie_word_embeddings"] = true;
+  base["max_steps"] = 4;
+  const auto with = [&](const Json& changes) {
+    Json k = base;
+    k.merge_patch(changes);
+    return k;
+  };
+  const Json p2 = {{"pipeline_parallel_size", 2}};
+  train_ok(dir, with({{"save_every", 2}}), "p1", 1);
+  train_ok(dir, with({{"precision", "bf16"}}), "p1-bf16", 1);
+  train_ok(dir, with({{"tensor_parallel_size", 2}}), "t2", 2);
+  const std::vector<std::tuple<std::string, int, Json, std::string>> runs = {
+      {"p2", 2, p2, "p1"},
+      {"p4-cpu",
+       4,
+       {{"pipeline_parallel_size", 4}, {"offload_param", "cpu"}, {"offload_optimizer", "cpu"}},
+       "p1"},
+      {"p2-interleaved-ckpt-nvme",
+       2,
+       {{"pipeline_parallel_size", 2},
+        {"pipeline_schedule", "interleaved"},
+        {"activation_checkpointing", true},
+        {"offload_param", "nvme"},
+        {"offload_optimizer", "nvme"}},
+       "p1"},
+      {"p2-bf16", 2, {{"pipeline_parallel_size", 2}, {"precision", "bf16"}}, "p1-bf16"},
+      {"t2p2", 4, {{"pipeline_parallel_size", 2}, {"tensor_parallel_size", 2}}, "t2"},
+  };
+  for (const auto& [name, np, changes, ref] : runs) {
+    SCOPED_TRACE(name);
+    train_ok(dir, with(changes), name, np);
+    expect_same_bits(dir, name, ref, 4);
+  }
+  // Resumed on two stages from one stage's checkpoint: the copy is sent before the first step.
+  train_ok(dir, with(p2), "p1-on-p2", 2, "--resume " + dir.file("p1/ckpt/step-00000002"));
+  expect_same_bits(dir, "p1-on-p2", "p1", 4);
+
+  // Adapters beside a frozen embedding (its copy sent once) and beside a trained one.
+  for (const Json& saved : {Json::array(), Json{"embed_tokens"}}) {
+    SCOPED_TRACE(saved.dump());
+    Json k = with({{"finetune",
+                    {{"method", "lora"},
+                     {"r", 4},
+                     {"alpha", 8},
+                     {"target_modules", "all-linear"},
+                     {"modules_to_save", saved}}}});
+    const std::string one = "lora-p1-" + std::to_string(saved.size()),
+                      two = "lora-p2-" + std::to_string(saved.size());
+    train_ok(dir, k, one, 1);
+    k["pipeline_parallel_size"] = 2;
+    train_ok(dir, k, two, 2);
+    for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
+      EXPECT_EQ(metric(dir.file(two + "/metrics.jsonl"), key),
+                metric(dir.file(one + "/metrics.jsonl"), key))
+          << key;
+    }
+    const auto adapters = [&](const std::string& name) {
+      return tensors(dir.file(name + "/ckpt/step-00000004/adapter_model.safetensors"));
+    };
+    ASSERT_FALSE(adapters(one).empty());
+    EXPECT_TRUE(adapters(two) == adapters(one));
   }
 }
 
@@ -373,9 +447,6 @@ TEST(ZeroPipeline, ShapesThatCannotRunAreRefused) {
                  "count 1 is 0; every stage needs at least one layer");
   expect_refused({{"pipeline_parallel_size", 2}, {"pipeline_layers", {1.5, 2.5}}},
                  "'pipeline_layers': expected a list of whole numbers");
-  expect_refused({{"pipeline_parallel_size", 2}, {"model", {{"tie_word_embeddings", true}}}},
-                 "tie_word_embeddings shares its embedding between the first and the last "
-                 "stage");
   expect_refused({{"pipeline_schedule", "gpipe"}}, "pipeline_schedule");
   expect_refused({{"parallelism", "auto"}, {"pipeline_parallel_size", 2}},
                  "'parallelism': \"auto\" chooses tensor_parallel_size and "

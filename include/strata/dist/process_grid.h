@@ -49,6 +49,13 @@ class ProcessGrid {
   Communicator& data() { return *data_; }
   Communicator& tensor() { return *tensor_; }
   Communicator& pipeline() { return *pipeline_; }
+  // Megatron's embedding group: the first and the last pipeline stage of this rank's data and
+  // tensor coordinates, ranks 0 and 1 of a communicator of their own (a tied embedding's copy
+  // and gradients cross it, apart from the stage boundaries' traffic). Made by
+  // link_embedding_stages, collective over the pipeline group; null before, on the other stages
+  // and without a pipeline.
+  Status link_embedding_stages();
+  Communicator* embedding() { return embedding_.get(); }
   // The bytes and collectives of every communicator of the grid (the world's and each axis's
   // own), summed.
   CommStats stats() const;
@@ -63,6 +70,7 @@ class ProcessGrid {
   Communicator* pipeline_ = nullptr;
   std::unique_ptr<Communicator> owned_[3];   // the axes that are neither world nor one rank
   std::unique_ptr<Communicator> own_world_;  // single_rank's
+  std::unique_ptr<Communicator> embedding_;
 };
 
 }  // namespace strata::dist

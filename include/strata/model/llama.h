@@ -107,8 +107,24 @@ class LlamaModel {
     const void*
         input_grad;  // its input's gradient: to send after backward_chunk (null on the first)
     std::int64_t elems;
+    // Tied embeddings cut into stages, where the embedding trains: the head's part of the
+    // micro-batch's embedding gradient ([vocab rows of this rank, hidden], embedding_elems()),
+    // sent to the first stage after the last virtual stage's forward_chunk and received there
+    // before the first virtual stage's backward_chunk, where the lookup's part adds to it (the
+    // sum one stage makes, in its order). Null on other chunks.
+    void* embedding_grad;
   };
   Boundary boundary(int slot, int chunk) const;
+  // Tied embeddings cut into stages (tie_word_embeddings with P > 1): the last stage's head
+  // reads its own copy of the embedding, which the first stage sends it whenever the embedding
+  // may have changed. True on those two stages.
+  bool shares_embedding() const;
+  std::int64_t embedding_elems() const;  // this rank's vocabulary rows x hidden
+  // The first stage's embedding working copy to send: valid until release_embedding.
+  Result<const void*> acquire_embedding(ParamProvider& provider);
+  void release_embedding(ParamProvider& provider);
+  // The last stage's copy to receive it into (in the workspace: after prepare).
+  void* embedding_copy() const;
   // The mean loss of the micro-batch in `slot`, after the last virtual stage's forward_chunk.
   float loss(int slot) const;
 

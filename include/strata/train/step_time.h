@@ -91,7 +91,8 @@ double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
 // Pipeline parallelism's boundary sends on the critical path: one micro-batch's b s h
 // activations (its rows alone under sequence parallelism) across each of the P V - 1
-// boundaries forward, and its gradients back.
+// boundaries forward, and its gradients back; with tied embeddings, the embedding's V h sent
+// from the first stage to the last.
 double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates);
 
 // The step of `e` (rank 0 of its ranks) on a machine with `rates`. Transfers are taken to
