@@ -372,6 +372,39 @@ TEST(EstimateTest, PipelineStagesPlanTheirLayersAndPayTheBubble) {
                                      sp.optimizer_ms);
 }
 
+// Tied embeddings cut into stages: the step adds the embedding's send from the first stage to the
+// last (vocab x hidden in the compute dtype) to the boundaries, and the grid planner considers
+// pipelines for them.
+TEST(EstimateTest, TiedEmbeddingsAcrossStagesSendTheEmbeddingEachStep) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["batch_size"] = 8;
+  j["micro_batch_size"] = 1;
+  j["pipeline_parallel_size"] = 2;
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  r.comm_bytes = {1e9, true, "test"};
+  Json tied = j;
+  tied["model"]["tie_word_embeddings"] = true;
+  j["model"]["tie_word_embeddings"] = false;
+  auto untied_config = config_of(j);
+  auto tied_config = config_of(tied);
+  ASSERT_TRUE(untied_config.is_ok() && tied_config.is_ok()) << tied_config.status().message();
+  const double embedding =
+      static_cast<double>(tied_config->model.vocab_size * tied_config->model.hidden_size) * 4;
+  EXPECT_NEAR(pipeline_boundary_ms(*tied_config, r),
+              pipeline_boundary_ms(*untied_config, r) + embedding / 1e9 * 1e3, 1e-12);
+  // Slow collectives: a pipeline, as for the untied model (TheGridChoiceFollowsTheRates...).
+  tied.erase("pipeline_parallel_size");
+  tied["parallelism"] = "auto";
+  tied["param_persistence_threshold"] = 0;
+  r.comm_bytes = {1e6, true, "test"};
+  auto choice = choose_grid(*config_of(tied), 4, r);
+  ASSERT_TRUE(choice.is_ok()) << choice.status().message();
+  EXPECT_GT(choice->pipeline, 1) << choice->why;
+}
+
 // parallelism "auto" chooses the grid the step model prefers among those that fit: data
 // parallelism where collectives are fast (no bubble, no split), stages where they are slow (a
 // stage's ZeRO collectives move only its layers, and only activations cross stages), and never

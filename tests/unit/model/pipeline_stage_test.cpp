@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "strata/model/llama.h"
 #include "strata/model/param_layout.h"
 
 namespace strata::model {
@@ -106,6 +107,30 @@ TEST(PipelineStageTest, EachStagesLayoutHoldsItsGroupsUnderTheirIds) {
   EXPECT_EQ(whole.stage_of(whole.layer_group(1), s), 0);
   EXPECT_EQ(whole.stage_of(whole.layer_group(2), s), 1);
   EXPECT_EQ(whole.stage_of(whole.head_group(), s), 1);
+}
+
+// A tied embedding cut into stages: the last stage's workspace holds the head's copy of the
+// embedding and its gradient part to send, the first stage's a received gradient part per
+// micro-batch in flight (vocab x hidden each, in the compute dtype); none where the embedding is
+// frozen (adapters beside it), only the copy.
+TEST(PipelineStageTest, TiedEmbeddingsAcrossStagesTakeTheirBuffersInTheWorkspace) {
+  LlamaConfig c = small();
+  const std::uint64_t vh = static_cast<std::uint64_t>(c.vocab_size * c.hidden_size) * 4;
+  ASSERT_EQ(vh % 256, 0u) << "a whole number of the workspace's alignment";
+  const auto bytes = [&](bool tied, int stage, bool adapters) {
+    c.tie_word_embeddings = tied;
+    ModelOptions o;
+    o.pipeline = pipeline_stage(2, 1, stage, {3, 3});
+    o.pipeline.in_flight = 2 - stage;
+    if (adapters) o.lora = LoraConfig{};
+    return LlamaModel::activation_bytes(c, o, 2, 8);
+  };
+  for (const bool adapters : {false, true}) {
+    SCOPED_TRACE(adapters);
+    const std::uint64_t grads = adapters ? 0 : 1;
+    EXPECT_EQ(bytes(true, 0, adapters), bytes(false, 0, adapters) + 2 * grads * vh);
+    EXPECT_EQ(bytes(true, 1, adapters), bytes(false, 1, adapters) + (1 + grads) * vh);
+  }
 }
 
 }  // namespace
