@@ -147,10 +147,32 @@ __device__ __forceinline__ float reciprocal(float a) {
   return a >= 1.17549435e-38f ? __fdiv_rn(1.0f, a) : 0.0f;
 }
 
-// One CUDA block of 256 threads per 8-bit block, a thread an element. The largest magnitudes
-// come from block_max (max is exact in any order: the reference's sequential maximum).
+constexpr int kAdam8Threads = 256;
+constexpr int kAdam8Block = kAdam8BlockElems;
+static_assert(kAdam8Block % 32 == 0 && kAdam8Threads % kAdam8Block == 0,
+              "an 8-bit block is whole warps, and a CUDA block whole 8-bit blocks");
+static_assert(kAdam8Threads == 256, "the tables are loaded an entry a thread");
+
+// The largest v of the 8-bit block of this thread's element (kWarps warps of a CUDA block's
+// kAdam8Threads threads, which hold consecutive elements); red holds a float a warp.
+template <int kWarps>
+__device__ __forceinline__ float segment_max(float v, float* red) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int first = warp / kWarps * kWarps;
+  float m = red[first];
+  for (int j = 1; j < kWarps; ++j) m = fmaxf(m, red[first + j]);
+  return m;
+}
+
+// One CUDA block of 256 threads per 256 elements, a thread an element: whole 8-bit blocks. The
+// largest magnitudes come from segment_max (max is exact in any order: the reference's
+// sequential maximum).
 template <typename G, typename O, MasterForm F>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kAdam8Threads)
     adamw8_kernel(MasterWeights w, const G* __restrict__ grad, std::uint8_t* __restrict__ m_codes,
                   float* __restrict__ m_scales, std::uint8_t* __restrict__ v_codes,
                   float* __restrict__ v_scales, std::int64_t n, AdamWScalars s, Adam8Tables t,
@@ -165,9 +187,11 @@ __global__ void __launch_bounds__(256)
     m_threshold[tid] = t.m_threshold[tid];
   }
   __syncthreads();
-  const std::int64_t blocks = (n + 255) / 256;
-  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const std::int64_t i = b * 256 + tid;
+  constexpr int kWarps = kAdam8Block / 32;
+  const std::int64_t tiles = (n + kAdam8Threads - 1) / kAdam8Threads;
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t i = tile * kAdam8Threads + tid;
+    const std::int64_t b = i / kAdam8Block;  // the element's 8-bit block
     const bool live = i < n;
     float p = 0.0f, m = 0.0f, v = 0.0f, root = 0.0f;
     if (live) {
@@ -181,8 +205,8 @@ __global__ void __launch_bounds__(256)
       root = __fsqrt_rn(v);
     }
     // Every thread has read its block's scales before any is rewritten below.
-    const float am = block_max(fabsf(m), red);
-    const float av = block_max(root, red);
+    const float am = segment_max<kWarps>(fabsf(m), red);
+    const float av = segment_max<kWarps>(root, red);
     const float rm = reciprocal(am), rv = reciprocal(av);
     if (live) {
       int km = 0, kv = 0;
@@ -201,7 +225,7 @@ __global__ void __launch_bounds__(256)
       p = store_master<F>(w, i, p);
       if (param_out != nullptr) param_out[i] = from_float<O>(p);
     }
-    if (tid == 0) {
+    if (live && i % kAdam8Block == 0) {  // the block's first element
       m_scales[b] = rm == 0.0f ? 0.0f : am;
       v_scales[b] = rv == 0.0f ? 0.0f : av;
     }
@@ -277,12 +301,11 @@ int adamw8(const LaunchContext& ctx, const MasterWeights& w, const void* grad, E
            float* exp_avg_sq_scale, std::int64_t n, const AdamWScalars& s, const Adam8Tables& t,
            void* param_out, Elem out_dtype) {
   if (n <= 0) return 0;
-  constexpr int kThreads = 256;
   return dispatch_step(grad_dtype, out_dtype, w, [&](auto gtag, auto otag, auto ftag) {
     using G = typename decltype(gtag)::type;
     using O = typename decltype(otag)::type;
     adamw8_kernel<G, O, decltype(ftag)::value>
-        <<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+        <<<grid_for(n, kAdam8Threads), kAdam8Threads, 0, stream_of(ctx)>>>(
             w, static_cast<const G*>(grad), exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, n,
             s, t, static_cast<O*>(param_out));
     return launch_check();

@@ -204,6 +204,9 @@ int adamw(const LaunchContext& ctx, const MasterWeights& w, const void* grad, El
 // quantizes as device::adam8_quantize_m / adam8_quantize_v do (the block's largest magnitude, its
 // f32 reciprocal, the nearest magnitude by these thresholds, a tie to the smaller). The tables,
 // from device::adam8_search and the codes, travel as a kernel argument (3 KiB).
+// Elements an 8-bit block holds: device::kAdam8BlockElems (which this C++17 code cannot include;
+// cuda_ops.cpp checks the two agree).
+inline constexpr int kAdam8BlockElems = 64;
 struct Adam8Tables {
   float m_magnitude[128];  // the signed code's magnitudes, by the byte without its sign bit
   float m_threshold[128];  // between them (127), then +infinity

@@ -17,6 +17,7 @@
 #include "strata/core/logging.h"
 #include "strata/core/rng.h"
 #include "strata/core/token_files.h"
+#include "strata/device/adam8bit.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
@@ -475,12 +476,18 @@ Status Trainer::Impl::setup() {
             ? st.config["optimizer"]["state_dtype"].get<std::string>()
             : "fp32";
     const std::string state(precision_name(config.optimizer.state_dtype));
+    const std::string blocks = std::to_string(device::kAdam8BlockElems);
     if (saved_state != state) {
       log_info("the checkpoint's Adam moments were kept in " + saved_state + "; they continue in " +
                state +
                (state == "bf16"   ? " (rounded to nearest)"
-                : state == "int8" ? " (quantized to 8 bits in blocks of 256)"
+                : state == "int8" ? " (quantized to 8 bits in blocks of " + blocks + ")"
                                   : " (widened exactly)"));
+    } else if (state == "int8" && st.format_version < 3) {
+      log_info(
+          "the checkpoint's 8-bit Adam moments were kept in blocks of 256; they continue in "
+          "blocks of " +
+          blocks + " (quantized anew from the saved values)");
     }
     if (scaler && st.loss_scaler) {
       STRATA_RETURN_IF_ERROR(

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/device/adam8bit.h"
 #include "strata/device/nf4.h"
 #include "strata/model/param_layout.h"
 #include "strata/train/config.h"
@@ -683,8 +684,8 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   mixed.nvme_mixed_bytes = {2e8, true, "test"};
   EXPECT_NEAR(predict_step(*config, *e, mixed).optimizer_ms, 16 * elems / 2e8 * 1e3, 1e-6);
 
-  // Compact optimizer state streams its own bytes: int8 moments (1 + 4/256 bytes each) and bf16
-  // master weights with Kahan compensation (4) are 6.03125 bytes an element each way.
+  // Compact optimizer state streams its own bytes: int8 moments (1 + 4/64 bytes each) and bf16
+  // master weights with Kahan compensation (4) are 6.125 bytes an element each way.
   Json compact = j;
   compact["optimizer"]["state_dtype"] = "int8";
   compact["optimizer"]["master_dtype"] = "bf16";
@@ -693,7 +694,7 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   ASSERT_TRUE(small_state.is_ok());
   auto ce = estimate(*small_state, 1);
   ASSERT_TRUE(ce.is_ok()) << ce.status().message();
-  const double state = 4 + 2 * (1 + 4.0 / 256);
+  const double state = 4 + 2 * (1 + 4.0 / static_cast<double>(device::kAdam8BlockElems));
   EXPECT_NEAR(predict_step(*small_state, *ce, r).optimizer_ms,
               (state * elems / 1e9 + (state + 4) * elems / 5e8) * 1e3, 1e-6);
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "strata/core/file.h"
+#include "strata/device/adam8bit.h"
 #include "strata/io/swap.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/train/checkpoint.h"
@@ -1305,9 +1306,57 @@ namespace {
 // optimizer.state_dtype "int8" (block-wise 8-bit moments) and master_rounding "kahan" (bf16
 // master weights with a bf16 compensation): each alone and together, the same bits in every tier
 // and schedule; together, a step moves each plane of each array once each way (2 + 2 bytes of
-// master weights and 1 + 4/256 of each moment a parameter), the plan says 6.03 bytes a
+// master weights and 1 + 4/64 of each moment a parameter), the plan says 6.12 bytes a
 // parameter, a resume continues to the bit (checkpoints hold fp32 values that split and quantize
 // back to the same bytes), and losses stay near fp32 state's.
+// A checkpoint keeps fp32 moments whatever the run kept; a resume that keeps them otherwise says
+// how it converts them: another state_dtype, or 8-bit blocks of 256 (format_version 2 and before)
+// quantized anew in blocks of 64.
+TEST(CompactStates, AResumeSaysHowItConvertsTheMoments) {
+  TempDir dir;
+  Json j = tiny_config(dir);
+  j["optimizer"]["state_dtype"] = "int8";
+  {
+    auto t = make_trainer(j);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    ASSERT_TRUE((*t)->run_steps(2).is_ok());
+    ASSERT_TRUE((*t)->save().is_ok());
+  }
+  std::ifstream latest_in(dir.file("ckpt/latest"));
+  std::string name;
+  std::getline(latest_in, name);
+  const std::string state_file = dir.file("ckpt/" + name + "/trainer_state.json");
+  const auto mark = [&](int version) {
+    std::ifstream in(state_file);
+    Json st = Json::parse(in);
+    st["format_version"] = version;
+    std::ofstream(state_file) << st.dump();
+  };
+  const auto resume_log = [&](const std::string& state_dtype) {
+    Json resumed = j;
+    resumed["save_dir"] = "";  // the checkpoint stays the latest
+    resumed["optimizer"]["state_dtype"] = state_dtype;
+    ::testing::internal::CaptureStderr();
+    auto t = make_trainer(resumed, dir.file("ckpt"));
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(t.is_ok()) << t.status().message();
+    return log;
+  };
+  const std::string requantized =
+      "the checkpoint's 8-bit Adam moments were kept in blocks of 256; they continue in blocks "
+      "of " +
+      std::to_string(device::kAdam8BlockElems);
+  EXPECT_EQ(resume_log("int8").find(requantized), std::string::npos);
+  mark(2);
+  EXPECT_NE(resume_log("int8").find(requantized), std::string::npos);
+  const std::string widened = resume_log("fp32");
+  EXPECT_NE(widened.find("the checkpoint's Adam moments were kept in int8; they continue in fp32 "
+                         "(widened exactly)"),
+            std::string::npos)
+      << widened;
+  EXPECT_EQ(widened.find(requantized), std::string::npos);
+}
+
 TEST(CompactStates, Int8MomentsAndKahanMastersKeepTheirBitsEverywhere) {
   TempDir dir;
   Json base = tiny_config(dir);
@@ -1343,12 +1392,13 @@ TEST(CompactStates, Int8MomentsAndKahanMastersKeepTheirBitsEverywhere) {
   }
 
   // Each plane of each array once each way: the master weights and their compensation (2 + 2
-  // bytes), each moment's codes and its block scales (1 + 4/256).
+  // bytes), each moment's codes and its block scales (1 + 4/64).
   const std::string plan = expect_streamed_bytes(base, [](std::uint64_t n) {
-    return 2 * blocks(2 * n) + 2 * (blocks(n) + blocks((n + 255) / 256 * 4));
+    const auto block = static_cast<std::uint64_t>(device::kAdam8BlockElems);
+    return 2 * blocks(2 * n) + 2 * (blocks(n) + blocks((n + block - 1) / block * 4));
   });
-  EXPECT_NE(plan.find("optimizer state: 6.03 bytes a trained parameter: master weights bf16 + "
-                      "Kahan compensation bf16 4 + moments int8 + block scales 2 x 1.02"),
+  EXPECT_NE(plan.find("optimizer state: 6.12 bytes a trained parameter: master weights bf16 + "
+                      "Kahan compensation bf16 4 + moments int8 + block scales 2 x 1.06"),
             std::string::npos)
       << plan;
 

@@ -32,7 +32,12 @@
 
 namespace strata::device {
 
-inline constexpr std::int64_t kAdam8BlockElems = 256;
+// 64 elements a block (bitsandbytes' 8-bit optimizers use 256, its 4-bit weights 64): every real
+// model's hidden size is a multiple of 64, so a block never straddles two rows of a matrix (two
+// tokens' embedding rows with independent statistics), and the loss curves of bench/RESULTS.md
+// ("Issue 40, fourth part") fell within fp32 state's where blocks of 256 ended 1.3-1.9% above
+// it; the scale costs 1/16 byte an element.
+inline constexpr std::int64_t kAdam8BlockElems = 64;
 // The moments' storage type in AdamWArgs::state_dtype (and the config's "int8"): bytes of code.
 inline constexpr DType kAdam8StateDType = DType::kU8;
 

@@ -77,7 +77,7 @@ struct StreamedAdamOptions {
   // How the master weights and the moments lie in the storage (the step's master_dtype,
   // master_rounding and state_dtype must match): a second plane (Kahan compensation, 8-bit
   // block scales) is moved as a range of its own, and sub-groups are rounded up so that its
-  // ranges start on 4096-byte boundaries too (8-bit moments: 262,144 elements).
+  // ranges start on 4096-byte boundaries too (8-bit moments: 65,536 elements).
   StateLayout master_layout{};
   StateLayout moment_layout{};
 };

@@ -27,8 +27,10 @@
 namespace strata::train {
 
 // 2: a group's tensors start on 256-element boundaries (model::kTensorAlignElems) in the flat
-// optimizer moments; version 1 laid them on 64-element ones.
-inline constexpr int kCheckpointFormatVersion = 2;
+// optimizer moments; version 1 laid them on 64-element ones. 3: 8-bit moments were kept in blocks
+// of 64 (device::kAdam8BlockElems); before, of 256 (the saved values are fp32 either way: a
+// resume quantizes them anew, and says so).
+inline constexpr int kCheckpointFormatVersion = 3;
 
 struct TrainerState {
   int format_version = kCheckpointFormatVersion;

@@ -15,6 +15,9 @@
 namespace strata::device::cuda {
 namespace {
 
+static_assert(kernels::kAdam8BlockElems == kAdam8BlockElems,
+              "the GPU's 8-bit blocks are the reference's");
+
 kernels::Elem elem(DType dtype) {
   switch (dtype) {
     case DType::kF32:

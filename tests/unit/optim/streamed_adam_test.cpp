@@ -15,6 +15,7 @@
 
 #include "strata/build_config.h"
 #include "strata/core/aligned.h"
+#include "strata/device/adam8bit.h"
 #include "strata/sys/host_mapping.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/temp_dir.h"
@@ -293,8 +294,9 @@ TEST_P(StreamedAdamTest, Bf16MomentsStreamTheirOwnBytes) {
 }
 
 // 8-bit moments and Kahan master weights: each array's second plane (block scales,
-// compensation) streams as a range of its own, sub-groups are whole multiples of 262,144
-// elements so both planes start on 4096-byte boundaries, and the bytes equal the in-memory step's.
+// compensation) streams as a range of its own, sub-groups are whole multiples of a 4 KiB page of
+// block scales (65,536 elements) so both planes start on 4096-byte boundaries, and the bytes
+// equal the in-memory step's.
 TEST_P(StreamedAdamTest, CompactPlanesStreamAsTheirOwnRanges) {
   // One thread: these segments span many tiles, and ThreadSanitizer (which runs this test) cannot
   // see oneTBB's own synchronization when it splits them (libtbb is not instrumented). CpuAdam's
@@ -309,8 +311,10 @@ TEST_P(StreamedAdamTest, CompactPlanesStreamAsTheirOwnRanges) {
   h.state_dtype = device::kAdam8StateDType;
   const StateLayout ml = master_layout(h.master_dtype, h.master_rounding);
   const StateLayout sl = moment_layout(h.state_dtype);
-  EXPECT_EQ(sl.align_elems(), 262144);
-  const std::int64_t sizes[] = {600000, 300, 262144 + 5, 0};
+  // A 4 KiB page of f32 block scales.
+  const std::int64_t page = 4096 / 4 * device::kAdam8BlockElems;
+  EXPECT_EQ(sl.align_elems(), page);
+  const std::int64_t sizes[] = {600000, 300, page + 5, 0};
   std::vector<AdamState> states;
   std::vector<PackedState> want, start;
   std::vector<io::Extent> extents;
@@ -339,12 +343,12 @@ TEST_P(StreamedAdamTest, CompactPlanesStreamAsTheirOwnRanges) {
   }
   ExtentStorage storage(*f.swap, extents);
   StreamedAdamOptions so;
-  so.sub_group_size = 2048;  // rounded up to 262,144
+  so.sub_group_size = 2048;  // rounded up to a page of scales
   so.master_layout = ml;
   so.moment_layout = sl;
   auto streamed = make_streamed(*adam, so);
   ASSERT_TRUE(streamed->adam);
-  EXPECT_EQ(streamed->adam->sub_group_elems(), 262144);
+  EXPECT_EQ(streamed->adam->sub_group_elems(), page);
   std::vector<StreamedSegment> segs;
   for (std::size_t s = 0; s < got_states.size(); ++s) {
     StreamedSegment seg;
