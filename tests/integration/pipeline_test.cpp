@@ -85,6 +85,23 @@ void expect_same_bits(const TempDir& dir, const std::string& name, const std::st
   EXPECT_TRUE(got == want) << "weights differ from " << ref;
 }
 
+// Adapters trained on one stage and on two (runs `one` and `two`, saved at step `step`): the same
+// losses, gradient norms, evaluation losses and adapter tensors.
+void expect_same_adapters(const TempDir& dir, const std::string& two, const std::string& one,
+                          std::int64_t step) {
+  for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
+    EXPECT_EQ(metric(dir.file(two + "/metrics.jsonl"), key),
+              metric(dir.file(one + "/metrics.jsonl"), key))
+        << key;
+  }
+  const auto adapters = [&](const std::string& name) {
+    return tensors(dir.file(name + "/ckpt/step-0000000" + std::to_string(step) +
+                            "/adapter_model.safetensors"));
+  };
+  ASSERT_FALSE(adapters(one).empty());
+  EXPECT_TRUE(adapters(two) == adapters(one));
+}
+
 // P = 2 and 4 stages, 1F1B and interleaved (2 chunks a stage), at every ZeRO stage with
 // parameters and optimizer states on the device, the host or NVMe, checkpointed activations,
 // bf16, and clipping that triggers (grad_clip 0.5 here) or not: the bits of one stage.
@@ -179,8 +196,9 @@ TEST(ZeroPipeline, FamiliesTrainTheBitsOfOneStage) {
 // A tied embedding cut into stages: the last stage's head reads a copy the first stage sends it,
 // and the head's part of each micro-batch's embedding gradient goes back to the first stage,
 // where the lookup's part adds to it. 2 and 4 stages, 1F1B and interleaved, offloaded, bf16,
-// with data and tensor (vocabulary-parallel) ranks, resumed from one stage, and with adapters on
-// a frozen or a trained embedding: the bits of one stage.
+// with data (ZeRO 3: the first stage's ranks gather the embedding to send it) and tensor
+// (vocabulary-parallel) ranks, resumed from one stage, and with adapters on a frozen or a trained
+// embedding: the bits of one stage.
 TEST(ZeroPipeline, TiedEmbeddingsTrainTheBitsOfOneStage) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
@@ -196,8 +214,10 @@ TEST(ZeroPipeline, TiedEmbeddingsTrainTheBitsOfOneStage) {
   train_ok(dir, with({{"save_every", 2}}), "p1", 1);
   train_ok(dir, with({{"precision", "bf16"}}), "p1-bf16", 1);
   train_ok(dir, with({{"tensor_parallel_size", 2}}), "t2", 2);
+  train_ok(dir, base, "d2", 2);
   const std::vector<std::tuple<std::string, int, Json, std::string>> runs = {
       {"p2", 2, p2, "p1"},
+      {"d2p2", 4, p2, "d2"},
       {"p4-cpu",
        4,
        {{"pipeline_parallel_size", 4}, {"offload_param", "cpu"}, {"offload_optimizer", "cpu"}},
@@ -236,16 +256,7 @@ TEST(ZeroPipeline, TiedEmbeddingsTrainTheBitsOfOneStage) {
     train_ok(dir, k, one, 1);
     k["pipeline_parallel_size"] = 2;
     train_ok(dir, k, two, 2);
-    for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
-      EXPECT_EQ(metric(dir.file(two + "/metrics.jsonl"), key),
-                metric(dir.file(one + "/metrics.jsonl"), key))
-          << key;
-    }
-    const auto adapters = [&](const std::string& name) {
-      return tensors(dir.file(name + "/ckpt/step-00000004/adapter_model.safetensors"));
-    };
-    ASSERT_FALSE(adapters(one).empty());
-    EXPECT_TRUE(adapters(two) == adapters(one));
+    expect_same_adapters(dir, two, one, 4);
   }
 }
 
@@ -269,16 +280,7 @@ TEST(ZeroPipeline, AdaptersTrainTheBitsOfOneStage) {
     train_ok(dir, k, one, 1);
     k["pipeline_parallel_size"] = 2;
     train_ok(dir, k, two, 2);
-    for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
-      EXPECT_EQ(metric(dir.file(two + "/metrics.jsonl"), key),
-                metric(dir.file(one + "/metrics.jsonl"), key))
-          << key;
-    }
-    const auto adapters = [&](const std::string& name) {
-      return tensors(dir.file(name + "/ckpt/step-00000003/adapter_model.safetensors"));
-    };
-    ASSERT_FALSE(adapters(one).empty());
-    EXPECT_TRUE(adapters(two) == adapters(one));
+    expect_same_adapters(dir, two, one, 3);
   }
 }
 

@@ -426,6 +426,30 @@ TEST(TrainTest, ResumeIsBitIdenticalToUninterrupted) {
     EXPECT_EQ(tail[static_cast<std::size_t>(i)], full[static_cast<std::size_t>(3 + i)]) << i;
 }
 
+// The checkpoint ckpt/latest names after `j` trained two steps and saved it.
+std::string save_after_two_steps(const TempDir& dir, const Json& j) {
+  {
+    auto t = make_trainer(j);
+    EXPECT_TRUE(t.is_ok()) << t.status().message();
+    if (!t.is_ok()) return "";
+    EXPECT_TRUE((*t)->run_steps(2).is_ok());
+    EXPECT_TRUE((*t)->save().is_ok());
+  }
+  std::ifstream latest(dir.file("ckpt/latest"));
+  std::string name;
+  std::getline(latest, name);
+  return name;
+}
+
+// Checkpoint `name`'s trainer_state.json, as if format_version `version` had written it.
+void mark_format_version(const TempDir& dir, const std::string& name, int version) {
+  const std::string state_file = dir.file("ckpt/" + name + "/trainer_state.json");
+  std::ifstream in(state_file);
+  Json st = Json::parse(in);
+  st["format_version"] = version;
+  std::ofstream(state_file) << st.dump();
+}
+
 // A checkpoint of format_version 1 (a group's tensors on 64-element boundaries in the saved
 // moments) resumes where every group's tensors still lie where they lay then, to the bits of the
 // same checkpoint marked version 2, and is refused, naming the file, the version and the group,
@@ -441,22 +465,9 @@ TEST(TrainTest, AVersionOneCheckpointResumesOnlyWhereItsLayoutStands) {
       j["model"]["intermediate_size"] = 256;
       j["model"]["num_key_value_heads"] = 4;
     }
-    {
-      auto t = make_trainer(j);
-      ASSERT_TRUE(t.is_ok()) << t.status().message();
-      ASSERT_TRUE((*t)->run_steps(2).is_ok());
-      ASSERT_TRUE((*t)->save().is_ok());
-    }
-    std::ifstream latest_in(dir.file("ckpt/latest"));
-    std::string name;
-    std::getline(latest_in, name);
-    const std::string state_file = dir.file("ckpt/" + name + "/trainer_state.json");
-    const auto mark = [&](int version) {
-      std::ifstream in(state_file);
-      Json st = Json::parse(in);
-      st["format_version"] = version;
-      std::ofstream(state_file) << st.dump();
-    };
+    const std::string name = save_after_two_steps(dir, j);
+    ASSERT_FALSE(name.empty());
+    const auto mark = [&](int version) { mark_format_version(dir, name, version); };
     Json resumed = j;
     resumed["save_dir"] = "";  // the checkpoint stays the latest
     const auto resumed_losses = [&]() -> Result<std::vector<double>> {
@@ -1316,22 +1327,8 @@ TEST(CompactStates, AResumeSaysHowItConvertsTheMoments) {
   TempDir dir;
   Json j = tiny_config(dir);
   j["optimizer"]["state_dtype"] = "int8";
-  {
-    auto t = make_trainer(j);
-    ASSERT_TRUE(t.is_ok()) << t.status().message();
-    ASSERT_TRUE((*t)->run_steps(2).is_ok());
-    ASSERT_TRUE((*t)->save().is_ok());
-  }
-  std::ifstream latest_in(dir.file("ckpt/latest"));
-  std::string name;
-  std::getline(latest_in, name);
-  const std::string state_file = dir.file("ckpt/" + name + "/trainer_state.json");
-  const auto mark = [&](int version) {
-    std::ifstream in(state_file);
-    Json st = Json::parse(in);
-    st["format_version"] = version;
-    std::ofstream(state_file) << st.dump();
-  };
+  const std::string name = save_after_two_steps(dir, j);
+  ASSERT_FALSE(name.empty());
   const auto resume_log = [&](const std::string& state_dtype) {
     Json resumed = j;
     resumed["save_dir"] = "";  // the checkpoint stays the latest
@@ -1347,7 +1344,7 @@ TEST(CompactStates, AResumeSaysHowItConvertsTheMoments) {
       "of " +
       std::to_string(device::kAdam8BlockElems);
   EXPECT_EQ(resume_log("int8").find(requantized), std::string::npos);
-  mark(2);
+  mark_format_version(dir, name, 2);
   EXPECT_NE(resume_log("int8").find(requantized), std::string::npos);
   const std::string widened = resume_log("fp32");
   EXPECT_NE(widened.find("the checkpoint's Adam moments were kept in int8; they continue in fp32 "
