@@ -153,21 +153,6 @@ static_assert(kAdam8Block % 32 == 0 && kAdam8Threads % kAdam8Block == 0,
               "an 8-bit block is whole warps, and a CUDA block whole 8-bit blocks");
 static_assert(kAdam8Threads == 256, "the tables are loaded an entry a thread");
 
-// The largest v of the 8-bit block of this thread's element (kWarps warps of a CUDA block's
-// kAdam8Threads threads, which hold consecutive elements); red holds a float a warp.
-template <int kWarps>
-__device__ __forceinline__ float segment_max(float v, float* red) {
-  v = warp_max(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  const int first = warp / kWarps * kWarps;
-  float m = red[first];
-  for (int j = 1; j < kWarps; ++j) m = fmaxf(m, red[first + j]);
-  return m;
-}
-
 // One CUDA block of 256 threads per 256 elements, a thread an element: whole 8-bit blocks. The
 // largest magnitudes come from segment_max (max is exact in any order: the reference's
 // sequential maximum).

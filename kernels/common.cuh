@@ -90,6 +90,20 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   float t = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : -INFINITY;
   return warp_max(t);
 }
+// Maximum over each run of kWarps consecutive warps (block_max's over a part of the block),
+// returned to every thread of the run; the same scratch and barriers as block_max.
+template <int kWarps>
+__device__ __forceinline__ float segment_max(float v, float* red) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int first = warp / kWarps * kWarps;
+  float m = red[first];
+  for (int j = 1; j < kWarps; ++j) m = fmaxf(m, red[first + j]);
+  return m;
+}
 
 template <typename T>
 struct Tag {
