@@ -5,8 +5,8 @@
 # settings alternately, round after round (this machine's disk swings from run to run), for
 # COMPACT_STEPS steps each (3) at seq 16, one sequence a step (the compute is small beside the
 # drive's traffic): fp32 state (12 bytes a parameter), bf16 moments (8), int8 moments with bf16
-# master weights and Kahan compensation (6.03), int8 moments with bf16 master weights rounded
-# stochastically (4.03); COMPACT_SETTINGS overrides ("state:master:rounding ..."). Prints, per
+# master weights and Kahan compensation (6.125), int8 moments with bf16 master weights rounded
+# stochastically (4.125); COMPACT_SETTINGS overrides ("state:master:rounding ..."). Prints, per
 # run, the median step's NVMe bytes read and written per parameter and its time.
 #
 # Usage: bench/compact_states.sh [build/strata]   (needs python3; writes under /tmp)

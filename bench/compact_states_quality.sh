@@ -5,8 +5,8 @@
 # bytes on every machine for a commit; the quick start's 35 KB text alone is learnt by heart in
 # 200 steps, after which its held-out loss only measures overfitting), evaluated every 100 steps
 # on the last 10%, once per setting: fp32 state (12 bytes a parameter), bf16 moments (8), bf16
-# moments and bf16 master weights with stochastic rounding (6), int8 moments (6.03), int8 moments
-# and bf16 master weights with Kahan compensation (6.03) or stochastic rounding (4.03); prints
+# moments and bf16 master weights with stochastic rounding (6), int8 moments (6.125), int8 moments
+# and bf16 master weights with Kahan compensation (6.125) or stochastic rounding (4.125); prints
 # each setting's final training and
 # held-out loss against fp32's, and plots the curves together (bench/compact_states_quality.png,
 # with python3-matplotlib; the numbers are printed either way).
@@ -53,9 +53,9 @@ import os
 work, steps, plot = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 labels = {"fp32-fp32--": "fp32 state (12 B/param)", "bf16-fp32--": "bf16 moments (8 B/param)",
           "bf16-bf16-stochastic": "bf16 moments + bf16 master, stochastic rounding (6 B/param)",
-          "int8-fp32--": "int8 moments (6.03 B/param)",
-          "int8-bf16-kahan": "int8 moments + bf16 master, Kahan (6.03 B/param)",
-          "int8-bf16-stochastic": "int8 moments + bf16 master, stochastic rounding (4.03 B/param)"}
+          "int8-fp32--": "int8 moments (6.125 B/param)",
+          "int8-bf16-kahan": "int8 moments + bf16 master, Kahan (6.125 B/param)",
+          "int8-bf16-stochastic": "int8 moments + bf16 master, stochastic rounding (4.125 B/param)"}
 runs = {}
 for state in labels:
     if not os.path.exists(f"{work}/{state}.jsonl"):
