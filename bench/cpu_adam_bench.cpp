@@ -342,7 +342,8 @@ void bm_adam_compact(benchmark::State& state, Context* ctx, std::int64_t n, int 
       } else {
         strata::device::adam8_quantize_array(
             x + b, len, second, out.as<std::uint8_t>() + b,
-            reinterpret_cast<float*>(out.as<std::byte>() + sl.aux_offset(n)) + b / 256);
+            reinterpret_cast<float*>(out.as<std::byte>() + sl.aux_offset(n)) +
+                b / strata::device::kAdam8BlockElems);
       }
     };
     moment(arrays.exp_avg(), false, m);
