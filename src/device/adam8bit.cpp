@@ -73,6 +73,30 @@ Adam8Search make_search(const std::array<float, 256>& code, int bits) {
     }
     s.bucket[static_cast<std::size_t>(key - kAdam8BucketLo)] = first;
   }
+  // The bands: z = 0 .. bits - 1, the last reaching down to 0.
+  const int last = bits - 1;
+  for (int z = 0; z <= last; ++z) {
+    const int k = bits - 1 - z;
+    const double s_z = 0.9 * std::pow(10.0, -z) / static_cast<double>(1 << k);
+    const double slope = z == last ? 1.0 / std::pow(10.0, -z) : 1.0 / s_z;
+    const double low = z == last ? 0.0 : std::pow(10.0, -(z + 1));
+    const auto at = static_cast<std::size_t>(z);
+    s.band_slope[at] = static_cast<float>(slope);
+    s.band_offset[at] = static_cast<float>(0.5 - low * slope);
+    s.band_base[at] = (1 << k) - 1;
+    s.band_top[at] = 1 << k;
+  }
+  // The binades from 2^-31 (and everything below) to 1.
+  for (int b = 0; b < 32; ++b) {
+    const double lo = std::ldexp(1.0, b + kAdam8BinadeLo - 127);
+    int z = 0;
+    while (z < last && lo <= std::pow(10.0, -(z + 1))) ++z;
+    const auto at = static_cast<std::size_t>(b);
+    s.binade_band[at] = z;
+    s.binade_boundary[at] = z > 0 && std::pow(10.0, -z) < 2 * lo
+                                ? static_cast<float>(std::pow(10.0, -z))
+                                : std::numeric_limits<float>::infinity();
+  }
   return s;
 }
 

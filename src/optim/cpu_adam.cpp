@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -121,7 +122,13 @@ Quant8Search quant8_search(bool second) {
           search.bucket.data(),
           device::kAdam8BucketLo,
           device::kAdam8BucketHi,
-          second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data()};
+          second ? device::adam8_unsigned_code().data() : device::adam8_signed_code().data(),
+          search.binade_band.data(),
+          search.binade_boundary.data(),
+          search.band_slope.data(),
+          search.band_offset.data(),
+          search.band_base.data(),
+          search.band_top.data()};
 }
 }  // namespace detail
 
@@ -191,10 +198,12 @@ struct CpuAdam::Impl {
   // is the f32 step's), then stored back: moments rounded to nearest or quantized by block,
   // master weights stochastically (the reference's random bits, element by element) or with
   // their Kahan compensation, the copy converted from the value stored. (bf16 moments beside f32
-  // master weights skip this where the ISA's kernels read them directly: step().)
+  // master weights skip this where the ISA's kernels read them directly: step(); 8-bit moments
+  // skip the scratch where `fused8`, the ISA's kernel for them with the step's constants, is
+  // given: it reads and writes their bytes itself, a block at a time.)
   static constexpr std::int64_t kStateChunk = 2048;
-  template <typename Kernel>
-  void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
+  template <typename Kernel, typename Fused8 = std::nullptr_t>
+  void run_tiles(const device::AdamWArgs& a, const Kernel& kernel, const Fused8& fused8 = nullptr) {
     const std::size_t gsize = dtype_size(a.grad_dtype);
     const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
     const bool out_of_place = a.param_in != nullptr;
@@ -238,6 +247,19 @@ struct CpuAdam::Impl {
           if (kahan) add_compensation(static_cast<const bf16*>(comp_in) + c, p, len);
           pp = p;
           pp_in = p;
+        }
+        if constexpr (!std::is_same_v<Fused8, std::nullptr_t>) {
+          if (q8) {
+            const std::int64_t block = c / device::kAdam8BlockElems;
+            fused8(detail::Adam8Tile{
+                pp, pp_in, grad_at(c), half_master ? nullptr : out_at(c),
+                static_cast<std::uint8_t*>(a.exp_avg) + c, a.exp_avg_scale + block,
+                static_cast<std::uint8_t*>(a.exp_avg_sq) + c, a.exp_avg_sq_scale + block,
+                static_cast<const std::uint8_t*>(m_in) + c, m_scale_in + block,
+                static_cast<const std::uint8_t*>(v_in) + c, v_scale_in + block, len});
+            if (half_master) store_master(a, c, len, p);
+            continue;
+          }
         }
         float* mm = static_cast<float*>(a.exp_avg) + c;
         float* vv = static_cast<float*>(a.exp_avg_sq) + c;
@@ -577,7 +599,13 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
       s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(streaming, args)][prefetch];
   const auto t0 = sample >= 0 ? std::chrono::steady_clock::now()  // timed for the tuner only
                               : std::chrono::steady_clock::time_point{};
-  s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
+  const auto step_tile = [&](const AdamTile& t) { kernel(c, t); };
+  if (const detail::Adam8Kernel fused8 = s.kernels.adam8[g][o][args.adamw_mode ? 1 : 0];
+      fused8 != nullptr && args.state_dtype == device::kAdam8StateDType) {
+    s.run_tiles(args, step_tile, [&](const detail::Adam8Tile& t) { fused8(c, s.q8_m, s.q8_v, t); });
+  } else {
+    s.run_tiles(args, step_tile);
+  }
   if (sample >= 0) {
     const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
     s.tuner->report(sample, took.count() / static_cast<double>(args.n));

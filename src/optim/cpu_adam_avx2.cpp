@@ -375,8 +375,10 @@ void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::ui
   };
   __m256 amax = _mm256_setzero_ps();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // vmaxps gives its second operand where either is NaN: the maximum so far, so a NaN is skipped
+  // as std::max skips it in the reference.
   for (std::int64_t i = 0; i < n; i += 8)
-    amax = _mm256_max_ps(amax, _mm256_and_ps(load(i), abs_mask));
+    amax = _mm256_max_ps(_mm256_and_ps(load(i), abs_mask), amax);
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, amax);
   float a = 0.0f;
@@ -403,6 +405,8 @@ void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::ui
     // A true comparison is all ones (-1): subtracting it adds one.
     __m256i k = _mm256_sub_epi32(first, _mm256_castps_si256(_mm256_cmp_ps(t0, u, _CMP_LT_OQ)));
     k = _mm256_sub_epi32(k, _mm256_castps_si256(_mm256_cmp_ps(t1, u, _CMP_LT_OQ)));
+    // A NaN (its key clamped to the last bucket) has no threshold below it: byte 0.
+    k = _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(u, u, _CMP_UNORD_Q)), k);
     const __m256i at_zero = _mm256_cmpeq_epi32(k, zero);
     if (s.second) {
       // A positive root that found 0 takes 1: subtracting the all-ones lanes adds one.
@@ -446,6 +450,8 @@ struct Avx2 {
   // bf16 moments: widened into f32 scratch by the caller.
   template <int G, int O, bool kAdamW>
   static constexpr AdamKernel adam_bf16_moments = nullptr;
+  template <int G, int O, bool kAdamW>
+  static constexpr Adam8Kernel adam8 = nullptr;
   template <int G, int O, bool kNT, bool kPF>
   static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
   template <int G>

@@ -8,6 +8,7 @@
 // Everything here has internal linkage (see cpu_adam_kernels.h).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -514,8 +515,77 @@ inline __m512i search_level(const float* level, __m512 u, __m512i k) {
   }
 }
 
+// The byte of each lane's magnitude u by arithmetic (device::Adam8Search::band_*), the tables in
+// registers: the band from u's binade (and the decimal boundary inside it), x = u * slope + offset
+// in one rounding, the byte base + clamp(floor(x), 0, top). Where a lane's x lies within
+// kAdam8BandMargin of an integer (one lane in about 500, and NaN), the whole vector takes the
+// search by levels instead, so the bytes are the search's everywhere.
+struct BandTables {
+  __m512i band_lo, band_hi;
+  __m512 boundary_lo, boundary_hi, slope, offset;
+  __m512i base, top;
+  explicit BandTables(const Quant8Search& s)
+      : band_lo(_mm512_loadu_si512(s.binade_band)),
+        band_hi(_mm512_loadu_si512(s.binade_band + 16)),
+        boundary_lo(_mm512_loadu_ps(s.binade_boundary)),
+        boundary_hi(_mm512_loadu_ps(s.binade_boundary + 16)),
+        slope(_mm512_loadu_ps(s.band_slope)),
+        offset(_mm512_loadu_ps(s.band_offset)),
+        base(_mm512_loadu_si512(s.band_base)),
+        top(_mm512_loadu_si512(s.band_top)) {}
+};
+
+template <int kBits>
+inline __m512i search_band(const Quant8Search& s, const BandTables& b, __m512 u) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i binade = _mm512_maskz_max_epi32(
+      kAll,
+      _mm512_sub_epi32(_mm512_maskz_srli_epi32(kAll, _mm512_castps_si512(u), 23),
+                       _mm512_set1_epi32(device::kAdam8BinadeLo)),
+      zero);
+  __m512i z = _mm512_maskz_permutex2var_epi32(kAll, b.band_lo, binade, b.band_hi);
+  const __m512 boundary = _mm512_maskz_permutex2var_ps(kAll, b.boundary_lo, binade, b.boundary_hi);
+  z = _mm512_mask_sub_epi32(z, _mm512_cmp_ps_mask(u, boundary, _CMP_GT_OQ), z,
+                            _mm512_set1_epi32(1));
+  const __m512 x = _mm512_fmadd_ps(u, _mm512_maskz_permutexvar_ps(kAll, z, b.slope),
+                                   _mm512_maskz_permutexvar_ps(kAll, z, b.offset));
+  const __m512 whole =
+      _mm512_maskz_roundscale_ps(kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_sub_ps(x, whole);
+  const __mmask16 certain =
+      _mm512_cmp_ps_mask(frac, _mm512_set1_ps(device::kAdam8BandMargin), _CMP_GE_OQ) &
+      _mm512_cmp_ps_mask(frac, _mm512_set1_ps(1.0f - device::kAdam8BandMargin), _CMP_LE_OQ);
+  if (certain != kAll) [[unlikely]] {
+    return search_level<kBits>(s.level, u, zero);
+  }
+  const __m512i c = _mm512_maskz_min_epi32(
+      kAll, _mm512_maskz_max_epi32(kAll, _mm512_maskz_cvttps_epi32(kAll, whole), zero),
+      _mm512_maskz_permutexvar_epi32(kAll, z, b.top));
+  return _mm512_add_epi32(c, _mm512_maskz_permutexvar_epi32(kAll, z, b.base));
+}
+
+// The byte of y = x * r in the first moment's (signed) code: the magnitude's byte, with the sign
+// bit for a negative y (never for 0).
+inline __m512i code_m(const Quant8Search& s, const BandTables& b, __m512 y) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i k = search_band<7>(s, b, _mm512_abs_ps(y));
+  const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(k, zero);
+  const __mmask16 negative = _mm512_cmplt_epi32_mask(_mm512_castps_si512(y), zero);
+  return _mm512_mask_or_epi32(k, negative & static_cast<__mmask16>(~at_zero), k,
+                              _mm512_set1_epi32(0x80));
+}
+
+// The byte of a second moment's root y = sqrt(v) * r in the unsigned code: a positive root that
+// finds 0 takes 1.
+inline __m512i code_v(const Quant8Search& s, const BandTables& b, __m512 y) {
+  const __m512i k = search_band<8>(s, b, y);
+  const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
+  return _mm512_mask_mov_epi32(k, at_zero & _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ),
+                               _mm512_set1_epi32(1));
+}
+
 // The scalar kernel's statements 16 lanes at a time: the absolute maximum (order-free), the square
-// root, the product by the reciprocal, the search in registers, the bytes narrowed on store.
+// root, the product by the reciprocal, the byte, narrowed on store.
 template <bool kSecond>
 void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::uint8_t* codes,
                   float* scale) {
@@ -527,7 +597,7 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
     __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     if constexpr (kSecond) v = _mm512_maskz_sqrt_ps(kAll, v);
     _mm512_store_ps(base + i, v);
-    amax = _mm512_maskz_max_ps(kAll, amax, _mm512_abs_ps(v));
+    amax = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(v), amax);  // a NaN skipped (adam8_block)
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, amax);
@@ -539,25 +609,11 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
     for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
     return;
   }
-  constexpr int kBits = kSecond ? 8 : 7;  // the code's magnitudes: 2^kBits
   const __m512 vr = _mm512_set1_ps(r);
-  const __m512i one = _mm512_set1_epi32(1);
+  const BandTables bands(s);
   for (std::int64_t i = 0; i < n; i += 16) {
     const __m512 y = _mm512_maskz_mul_ps(kAll, _mm512_load_ps(base + i), vr);
-    const __m512 u = _mm512_abs_ps(y);
-    __m512i k = search_level<kBits>(s.level, u, _mm512_setzero_si512());
-    const __mmask16 at_zero = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
-    if constexpr (kSecond) {
-      // A positive root that found 0 takes 1.
-      k = _mm512_mask_mov_epi32(k, at_zero & _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                one);
-    } else {
-      // A negative element's byte: its magnitude's with the sign bit (never for 0).
-      const __mmask16 negative =
-          _mm512_cmplt_epi32_mask(_mm512_castps_si512(y), _mm512_setzero_si512());
-      k = _mm512_mask_or_epi32(k, negative & static_cast<__mmask16>(~at_zero), k,
-                               _mm512_set1_epi32(0x80));
-    }
+    const __m512i k = kSecond ? code_v(s, bands, y) : code_m(s, bands, y);
     if (n - i >= 16) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_maskz_cvtepi32_epi8(kAll, k));
     } else {
@@ -575,25 +631,132 @@ void quant8_block(const Quant8Search& s, const float* x, std::int64_t n, std::ui
   }
 }
 
-// value[codes[i]] * scale by register lookups: the unsigned code's 256 values, or the signed
-// code's 128 magnitudes with the sign bit applied after (bytes above 0x80; 0x80 is 0).
+// value[c] * scale by register lookups: the signed code's 128 magnitudes with the sign bit
+// applied after (bytes above 0x80; 0x80 is 0), or (dequant_v) the unsigned code's 256 values,
+// the product squared.
+inline __m512 dequant_m(const float* value, __m512i c, __m512 scale) {
+  const __m512 v = _mm512_maskz_mul_ps(kAll, lookup<128>(value, c), scale);
+  const __mmask16 negative = _mm512_cmpgt_epu32_mask(c, _mm512_set1_epi32(0x80));
+  return _mm512_castsi512_ps(_mm512_mask_xor_epi32(
+      _mm512_castps_si512(v), negative, _mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+}
+inline __m512 dequant_v(const float* value, __m512i c, __m512 scale) {
+  const __m512 v = _mm512_maskz_mul_ps(kAll, lookup<256>(value, c), scale);
+  return _mm512_maskz_mul_ps(kAll, v, v);
+}
+
 void dequant8_block(const float* value, const std::uint8_t* codes, float scale, std::int64_t n,
                     bool square, float* out) {
   const __m512 vs = _mm512_set1_ps(scale);
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 tail = tail_mask(std::min<std::int64_t>(n - i, 16));
     const __m512i c = _mm512_maskz_cvtepu8_epi32(kAll, _mm_maskz_loadu_epi8(tail, codes + i));
-    __m512 v;
-    if (square) {
-      v = _mm512_maskz_mul_ps(kAll, lookup<256>(value, c), vs);
-      v = _mm512_maskz_mul_ps(kAll, v, v);
+    _mm512_mask_storeu_ps(out + i, tail,
+                          square ? dequant_v(value, c, vs) : dequant_m(value, c, vs));
+  }
+}
+
+// ---- 8-bit moments, fused: a block at a time in registers ----
+
+constexpr int kBlockVecs = static_cast<int>(device::kAdam8BlockElems / kLanes);
+static_assert(device::kAdam8BlockElems % kLanes == 0);
+
+// The largest of 16 lanes, none NaN.
+inline float max_lane(__m512 x) {
+  const __m512d d = _mm512_castps_pd(x);
+  const __m256 h = _mm256_max_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 0)),
+                                 _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 1)));
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
+template <bool kMasked>
+inline __m512i load_codes(const std::uint8_t* p, __mmask16 k) {
+  if constexpr (kMasked) {
+    return _mm512_maskz_cvtepu8_epi32(kAll, _mm_maskz_loadu_epi8(k, p));
+  } else {
+    return _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+template <bool kMasked>
+inline void store_codes(std::uint8_t* p, __m512i k, __mmask16 mask) {
+  if constexpr (kMasked) {
+    _mm512_mask_cvtepi32_storeu_epi8(p, mask, k);
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_maskz_cvtepi32_epi8(kAll, k));
+  }
+}
+
+// One block of `len` elements from element `at` (kMasked: len < the block's elements): the
+// moments dequantized (dequant8_block), adam_vec's statements on each vector (the root Adam
+// divides by is the root the second moment's byte is found for), the block's absolute maxima
+// (a NaN skipped, as std::max skips it in the reference), and each moment's bytes
+// (quant8_lanes'; a block whose maximum is below f32's normal range has reciprocal 0, so every
+// product is 0 or NaN, whose byte is 0).
+template <int G, int O, bool kAdamW, bool kNativeBF16, bool kMasked>
+inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Search& qv,
+                        const BandTables& bm, const BandTables& bv, const Adam8Tile& t,
+                        std::int64_t at, std::int64_t block, std::int64_t len) {
+  const __m512 ms = _mm512_set1_ps(t.exp_avg_scale_in[block]);
+  const __m512 vs = _mm512_set1_ps(t.exp_avg_sq_scale_in[block]);
+  __m512 m[kBlockVecs], root[kBlockVecs];
+  __mmask16 mask[kBlockVecs];
+  __m512 amax_m = _mm512_setzero_ps(), amax_v = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int k = 0; k < kBlockVecs; ++k) {
+    const std::int64_t i = at + kLanes * k;
+    mask[k] = kMasked ? tail_mask(std::clamp<std::int64_t>(len - kLanes * k, 0, kLanes)) : kAll;
+    __m512 g = _mm512_mul_ps(load_grad<G, kMasked>(t.grad, i, mask[k]), c.grad_scale);
+    __m512 p = load_f32<kMasked>(t.param_in + i, mask[k]);
+    if constexpr (kAdamW) {
+      p = _mm512_mul_ps(p, c.decay);
     } else {
-      v = _mm512_maskz_mul_ps(kAll, lookup<128>(value, c), vs);
-      const __mmask16 negative = _mm512_cmpgt_epu32_mask(c, _mm512_set1_epi32(0x80));
-      v = _mm512_castsi512_ps(_mm512_mask_xor_epi32(
-          _mm512_castps_si512(v), negative, _mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+      g = _mm512_add_ps(g, _mm512_mul_ps(c.wd, p));
     }
-    _mm512_mask_storeu_ps(out + i, tail, v);
+    const __m512 m_old = dequant_m(qm.value, load_codes<kMasked>(t.exp_avg_in + i, mask[k]), ms);
+    const __m512 v_old = dequant_v(qv.value, load_codes<kMasked>(t.exp_avg_sq_in + i, mask[k]), vs);
+    m[k] = _mm512_add_ps(_mm512_mul_ps(c.beta1, m_old), _mm512_mul_ps(c.omb1, g));
+    const __m512 v =
+        _mm512_add_ps(_mm512_mul_ps(c.beta2, v_old), _mm512_mul_ps(_mm512_mul_ps(c.omb2, g), g));
+    root[k] = _mm512_maskz_sqrt_ps(kAll, v);
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(root[k], c.bc2_sqrt), c.eps);
+    p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c.step_size, m[k]), denom));
+    store_f32<kMasked, false>(t.param + i, p, mask[k]);
+    store_out<O, kNativeBF16, kMasked, false>(t.param_out, i, p, mask[k]);
+    // vmaxps gives its second operand where either is NaN: the maximum so far.
+    amax_m = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(m[k]), amax_m);
+    amax_v = _mm512_maskz_max_ps(kAll, root[k], amax_v);
+  }
+  const float a_m = max_lane(amax_m), a_v = max_lane(amax_v);
+  const float r_m = device::adam8_reciprocal(a_m), r_v = device::adam8_reciprocal(a_v);
+  t.exp_avg_scale[block] = r_m == 0.0f ? 0.0f : a_m;
+  t.exp_avg_sq_scale[block] = r_v == 0.0f ? 0.0f : a_v;
+  const __m512 vr_m = _mm512_set1_ps(r_m), vr_v = _mm512_set1_ps(r_v);
+#pragma GCC unroll 4
+  for (int k = 0; k < kBlockVecs; ++k) {
+    const std::int64_t i = at + kLanes * k;
+    store_codes<kMasked>(t.exp_avg + i, code_m(qm, bm, _mm512_maskz_mul_ps(kAll, m[k], vr_m)),
+                         mask[k]);
+    store_codes<kMasked>(t.exp_avg_sq + i, code_v(qv, bv, _mm512_maskz_mul_ps(kAll, root[k], vr_v)),
+                         mask[k]);
+  }
+}
+
+template <int G, int O, bool kAdamW, bool kNativeBF16>
+void adam8_tile(const AdamConstants& constants, const Quant8Search& qm, const Quant8Search& qv,
+                const Adam8Tile& tile) {
+  const Adam8Tile t = tile;  // as in adam_tile
+  const Vconsts c = broadcast(constants);
+  const BandTables bm(qm), bv(qv);
+  constexpr std::int64_t kBlock = device::kAdam8BlockElems;
+  std::int64_t at = 0, block = 0;
+  for (; at + kBlock <= t.n; at += kBlock, ++block) {
+    adam8_block<G, O, kAdamW, kNativeBF16, false>(c, qm, qv, bm, bv, t, at, block, kBlock);
+  }
+  if (at < t.n) {
+    adam8_block<G, O, kAdamW, kNativeBF16, true>(c, qm, qv, bm, bv, t, at, block, t.n - at);
   }
 }
 
@@ -664,6 +827,8 @@ struct Avx512 {
   template <int G, int O, bool kAdamW>
   static constexpr AdamKernel adam_bf16_moments =
       &adam_tile<G, O, kAdamW, kNativeBF16, false, false, true>;
+  template <int G, int O, bool kAdamW>
+  static constexpr Adam8Kernel adam8 = &adam8_tile<G, O, kAdamW, kNativeBF16>;
   template <int G, int O, bool kNT, bool kPF>
   static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
   template <int G>

@@ -61,12 +61,42 @@ struct Quant8Search {
   const std::int32_t* bucket;
   std::int32_t bucket_lo, bucket_hi;
   const float* value;  // each byte's value (device::adam8_signed_code / adam8_unsigned_code)
+  // The byte by arithmetic (device::Adam8Search::band_*, binade_*; 32 and 16 entries).
+  const std::int32_t* binade_band;
+  const float* binade_boundary;
+  const float* band_slope;
+  const float* band_offset;
+  const std::int32_t* band_base;
+  const std::int32_t* band_top;
 };
 
 // The search of the first moment's code, or (second) of the second moment's.
 Quant8Search quant8_search(bool second);
 
 using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);
+// A tile of 8-bit moments (device/adam8bit.h), from a block's first element: the moments' codes
+// at the tile's first element, their scales at its first block; n may end inside the last block.
+// The state is read from the *_in arrays and written to the others (the same for a step in
+// place). Master weights in f32 (the chunk's widened bf16 ones, with param_out null).
+struct Adam8Tile {
+  float* param;
+  const float* param_in;
+  const void* grad;
+  void* param_out;  // null when OutKind is kOutNone
+  std::uint8_t* exp_avg;
+  float* exp_avg_scale;
+  std::uint8_t* exp_avg_sq;
+  float* exp_avg_sq_scale;
+  const std::uint8_t* exp_avg_in;
+  const float* exp_avg_scale_in;
+  const std::uint8_t* exp_avg_sq_in;
+  const float* exp_avg_sq_scale_in;
+  std::int64_t n;
+};
+// Dequantizes, updates and quantizes again a block at a time in registers: bit for bit the f32
+// kernel between the dequantizer and the quantizer (Dequant8Kernel, AdamKernel, Quant8Kernel).
+using Adam8Kernel = void (*)(const AdamConstants& c, const Quant8Search& m, const Quant8Search& v,
+                             const Adam8Tile& t);
 // One block (n <= 256) quantized into codes and *scale: bit for bit device::adam8_quantize_m
 // (second false) or adam8_quantize_v (second true), whose header says how.
 using Quant8Kernel = void (*)(const Quant8Search& s, const float* x, std::int64_t n,
@@ -93,6 +123,10 @@ struct KernelSet {
   // std::uint16_t), regular stores, no prefetch: [grad kind][out kind][adamw_mode]. Null where an
   // ISA has none (the caller then widens the moments into f32 scratch).
   AdamKernel adam_bf16_moments[kNumGradKinds][kNumOutKinds][2];
+  // 8-bit moments read and written by the kernel itself: [grad kind][out kind][adamw_mode]. Null
+  // where an ISA has none (the caller then widens the moments into f32 scratch and quantizes
+  // them back with quant8).
+  Adam8Kernel adam8[kNumGradKinds][kNumOutKinds][2];
   // [grad kind][out kind][nontemporal][prefetch]
   RooflineKernel roofline[kNumGradKinds][kNumOutKinds][2][2];
   FiniteKernel all_finite[kNumGradKinds];
@@ -104,8 +138,8 @@ struct KernelSet {
 // Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
 // anonymous namespace, with static constexpr variable templates naming its kernels:
 //   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; AdamKernel adam_bf16_moments<G, O, kAdamW>
-//   (may be null); RooflineKernel roofline<G, O, kNT, kPrefetch>;
-//   FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8;
+//   and Adam8Kernel adam8<G, O, kAdamW> (may be null); RooflineKernel roofline<G, O, kNT,
+//   kPrefetch>; FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8;
 //   RoundStochasticKernel round_stochastic
 // Its type has internal linkage, so every instantiation below is that file's own, compiled with
 // its flags: nothing ISA-specific is emitted where another file could pick it up.
@@ -115,6 +149,8 @@ void fill_kernel_entry(KernelSet* set) {
   set->adam[G][O][1][kNT][kPF] = K::template adam<G, O, true, kNT, kPF>;
   set->adam_bf16_moments[G][O][0] = K::template adam_bf16_moments<G, O, false>;
   set->adam_bf16_moments[G][O][1] = K::template adam_bf16_moments<G, O, true>;
+  set->adam8[G][O][0] = K::template adam8<G, O, false>;
+  set->adam8[G][O][1] = K::template adam8<G, O, true>;
   set->roofline[G][O][kNT][kPF] = K::template roofline<G, O, kNT, kPF>;
 }
 template <class K, int G, int O>

@@ -67,13 +67,33 @@ const std::array<float, 256>& adam8_unsigned_code();
 //   bucket, so the byte is bucket + (threshold[bucket] < u) + (threshold[bucket + 1] < u).
 //   Magnitudes below 2^-21 (no threshold there but 0's neighbour's midpoint, which lies above)
 //   share the first bucket.
+// - `band_*` find the byte by arithmetic, with no search: the bytes of decimal band z (u in
+//   (10^-(z+1), 10^-z], z < bits - 1) are 2^k - 1 + c with k = bits - 1 - z, where c counts the
+//   band's thresholds below u, and those lie evenly at 10^-(z+1) + s * (j + 1/2), s = 0.9 *
+//   10^-z / 2^k, so c = floor(x) for x = u / s - 10^-(z+1) / s + 1/2, clamped to [0, 2^k]
+//   (the last band holds (0, 10^-(bits-1)], its one threshold halfway to 0: x = u / s + 1/2).
+//   The band of u is the band of its binade's least value, one less above the decimal
+//   boundary inside the binade (next to a boundary both bands' formulas give the same byte).
+//   x formed in f32 with one fused multiply-add (the constants rounded to f32) lies within 2^-16
+//   of the integer it passes at each threshold of either code (a test checks every one), and x
+//   rises with u within a band, so the byte is certain wherever x lies further than
+//   kAdam8BandMargin (2^-10) from an integer; elsewhere (about 1 u in 500) a search decides.
 inline constexpr std::int32_t kAdam8BucketLo = 0x3480;  // the top 16 bits of 2^-22
 inline constexpr std::int32_t kAdam8BucketHi = 0x3f80;  // of 1.0
 inline constexpr std::int32_t kAdam8Buckets = kAdam8BucketHi - kAdam8BucketLo + 1;
+inline constexpr std::int32_t kAdam8BinadeLo = 96;  // the biased exponent of 2^-31
+inline constexpr float kAdam8BandMargin = 1.0f / 1024;
 struct Adam8Search {
   std::array<float, 258> threshold;   // +infinity past the last (read up to 2 past it)
   std::array<float, 256 + 16> level;  // (read up to 16 floats from each level's start)
   std::array<std::int32_t, kAdam8Buckets> bucket;
+  // By binade: max(biased exponent of u - kAdam8BinadeLo, 0) (u <= 1: at most 31).
+  std::array<std::int32_t, 32> binade_band;  // the band of the binade's least value
+  std::array<float, 32> binade_boundary;     // u above it is one band up (+infinity: none)
+  // By band z (16 entries, bits used): x = u * slope + offset; byte = base + clamp(floor(x),
+  // 0, top).
+  std::array<float, 16> band_slope, band_offset;
+  std::array<std::int32_t, 16> band_base, band_top;
 };
 const Adam8Search& adam8_search(bool second);  // the signed code's, or (second) the unsigned's
 // The byte of magnitude u (the search above, 8 probes), for either code.

@@ -175,7 +175,8 @@ TEST(Adam8bit, QuantizationIsThePapersNearestValue) {
 
 // The vector kernels' short cuts find the byte the full search finds, for every 97th f32 in
 // [0, 1] and for each code's thresholds and the floats beside them: the search by levels (in
-// registers on AVX-512) and the bucket by u's top 16 bits with two thresholds (gathers on AVX2).
+// registers on AVX-512, where the arithmetic is unsure), the bucket by u's top 16 bits with two
+// thresholds (gathers on AVX2), and the arithmetic by band wherever it is sure (AVX-512).
 TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
   for (const bool second : {false, true}) {
     const Adam8Search& s = adam8_search(second);
@@ -195,7 +196,20 @@ TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
       return first + (s.threshold[static_cast<std::size_t>(first)] < u) +
              (s.threshold[static_cast<std::size_t>(first + 1)] < u);
     };
-    std::vector<float> us = {0.0f, 1.0f, std::numeric_limits<float>::denorm_min()};
+    // The band's byte, or -1 where x lies within the margin of an integer (or is NaN).
+    const auto by_band = [&](float u) {
+      const auto exponent = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(u) >> 23);
+      const auto binade = static_cast<std::size_t>(std::max(exponent - kAdam8BinadeLo, 0));
+      std::int32_t z = s.binade_band[binade];
+      if (u > s.binade_boundary[binade]) --z;
+      const auto at = static_cast<std::size_t>(z);
+      const float x = std::fma(u, s.band_slope[at], s.band_offset[at]);
+      const float whole = std::floor(x);
+      if (!(x - whole >= kAdam8BandMargin && x - whole <= 1.0f - kAdam8BandMargin)) return -1;
+      return s.band_base[at] + std::clamp(static_cast<std::int32_t>(whole), 0, s.band_top[at]);
+    };
+    std::vector<float> us = {0.0f, 1.0f, std::numeric_limits<float>::denorm_min(),
+                             std::nextafter(1.0f, 2.0f)};
     for (std::size_t j = 0; j < 256 && std::isfinite(s.threshold[j]); ++j) {
       const float t = s.threshold[j];
       us.insert(us.end(), {std::nextafter(t, -2.0f), t, std::nextafter(t, 2.0f)});
@@ -203,10 +217,35 @@ TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
     for (std::uint32_t bits = 0; bits <= 0x3f800000u; bits += 97) {
       us.push_back(std::bit_cast<float>(bits));
     }
+    std::size_t unsure = 0;
     for (const float u : us) {
       const int want = adam8_nearest(s, u);
       ASSERT_EQ(by_levels(u), want) << (second ? "unsigned" : "signed") << " u " << u;
       ASSERT_EQ(bucketed(u), want) << (second ? "unsigned" : "signed") << " u " << u;
+      const int band = by_band(u);
+      if (band >= 0) {
+        ASSERT_EQ(band, want) << (second ? "unsigned" : "signed") << " u " << u;
+      }
+      unsure += band < 0 ? 1 : 0;
+    }
+    // Unsure about 2 x the margin of the u between thresholds, not more (it costs a search).
+    EXPECT_LT(static_cast<double>(unsure) / static_cast<double>(us.size()), 0.01);
+    // Sure means right everywhere, not only at the u above: x rises with u within a band, so it
+    // suffices that x at each threshold t, and at the next f32 above t, lies within the margin of
+    // the integer the byte steps to there (the count of thresholds below u goes from j to j + 1).
+    for (std::size_t j = 0; j < 256 && std::isfinite(s.threshold[j]); ++j) {
+      const float t = s.threshold[j];
+      for (const float u : {t, std::nextafter(t, 2.0f)}) {
+        const auto exponent = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(u) >> 23);
+        const auto binade = static_cast<std::size_t>(std::max(exponent - kAdam8BinadeLo, 0));
+        std::int32_t z = s.binade_band[binade];
+        if (u > s.binade_boundary[binade]) --z;
+        const auto at = static_cast<std::size_t>(z);
+        const float x = std::fma(u, s.band_slope[at], s.band_offset[at]);
+        const double step = static_cast<double>(j) + 1 - s.band_base[at];  // this band's integer
+        EXPECT_LT(std::abs(static_cast<double>(x) - step), kAdam8BandMargin / 4)
+            << (second ? "unsigned" : "signed") << " threshold " << j << " (u " << u << ")";
+      }
     }
   }
 }

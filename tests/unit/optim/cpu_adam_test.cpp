@@ -334,7 +334,9 @@ TEST_P(CpuAdamPathTest, Bf16MasterWeightsRoundAsTheReferenceDoes) {
 // Every compact setting (optimizer.state_dtype bf16 or int8, master_dtype bf16 with stochastic or
 // Kahan rounding, and their mixes) gives the reference's bytes: master weights and their
 // compensation, moments and their block scales, and the copy; in place and out of place, over
-// lengths off the 256-element blocks, the 2048-element chunks and the tiles.
+// lengths off the 64-element blocks, the 2048-element chunks and the tiles; 8-bit moments also
+// beside f32 and f16 gradients and with L2 weight decay (the kernels that read their bytes
+// themselves are instantiated for each).
 TEST_P(CpuAdamPathTest, CompactStatesGiveTheReferencesBytes) {
   using device::MasterRounding;
   const DType kInt8 = device::kAdam8StateDType;
@@ -350,39 +352,58 @@ TEST_P(CpuAdamPathTest, CompactStatesGiveTheReferencesBytes) {
       {DType::kBF16, MasterRounding::kKahan, kInt8},
       {DType::kBF16, MasterRounding::kStochastic, kInt8},
   };
+  struct Grads {
+    DType dtype;
+    bool adamw_mode;
+  };
   std::uint64_t seed = 2100;
   for (const Setting& set : settings) {
-    for (std::int64_t n : {1, 255, 257, 2049, 70001}) {
-      for (const DType out : {DType::kBF16, DType::kF32}) {
-        for (const bool out_of_place : {false, true}) {
-          SCOPED_TRACE("master " + std::string(dtype_name(set.master)) +
-                       (set.rounding == MasterRounding::kKahan ? " kahan" : "") + ", moments " +
-                       std::string(dtype_name(set.state)) + ", n=" + std::to_string(n) + ", copy " +
-                       std::string(dtype_name(out)) + (out_of_place ? ", out of place" : ""));
-          AdamState want = make_state(n, 0, DType::kBF16, out, true, ++seed);
-          AdamState got = want;
-          const PackedState start(want, set.master, set.rounding, set.state);
-          PackedState ref = start, mine = start;
-          device::AdamWArgs r = want.args(hyper(true, 0.5f, 3));
-          r.rounding_seed = 0xabc + static_cast<std::uint64_t>(n);
-          r.element_offset = 4096;
-          device::AdamWArgs a = r;
-          a.param_out = got.o();
-          ref.point(r);
-          device::adamw_reference(r);
-          mine.point(a);
-          if (out_of_place) {
-            start.point_in(a);
-            std::fill(mine.master.begin(), mine.master.end(), std::byte{0x5a});
-            std::fill(mine.exp_avg.begin(), mine.exp_avg.end(), std::byte{0x5a});
-            std::fill(mine.exp_avg_sq.begin(), mine.exp_avg_sq.end(), std::byte{0x5a});
+    std::vector<Grads> grads = {{DType::kBF16, true}};
+    if (set.state == kInt8) grads.insert(grads.end(), {{DType::kF32, false}, {DType::kF16, true}});
+    for (const Grads& grad : grads) {
+      for (std::int64_t n : {1, 255, 257, 2049, 70001}) {
+        for (const DType out : {DType::kBF16, DType::kF32}) {
+          for (const bool out_of_place : {false, true}) {
+            SCOPED_TRACE("master " + std::string(dtype_name(set.master)) +
+                         (set.rounding == MasterRounding::kKahan ? " kahan" : "") + ", moments " +
+                         std::string(dtype_name(set.state)) + ", n=" + std::to_string(n) +
+                         ", copy " + std::string(dtype_name(out)) +
+                         (out_of_place ? ", out of place" : "") + ", " +
+                         std::string(dtype_name(grad.dtype)) + " gradients" +
+                         (grad.adamw_mode ? "" : ", L2 decay"));
+            AdamState want = make_state(n, 0, grad.dtype, out, true, ++seed);
+            if (grad.dtype == DType::kF32 && n > 100) {
+              // NaN gradients (a step without the finite check) make NaN moments, which a
+              // block's maximum skips and which quantize to byte 0.
+              const float nan = std::numeric_limits<float>::quiet_NaN();
+              for (const std::int64_t i : {std::int64_t{5}, std::int64_t{70}, n - 1}) {
+                std::memcpy(want.g() + i * 4, &nan, 4);
+              }
+            }
+            AdamState got = want;
+            const PackedState start(want, set.master, set.rounding, set.state);
+            PackedState ref = start, mine = start;
+            device::AdamWArgs r = want.args(hyper(grad.adamw_mode, 0.5f, 3));
+            r.rounding_seed = 0xabc + static_cast<std::uint64_t>(n);
+            r.element_offset = 4096;
+            device::AdamWArgs a = r;
+            a.param_out = got.o();
+            ref.point(r);
+            device::adamw_reference(r);
+            mine.point(a);
+            if (out_of_place) {
+              start.point_in(a);
+              std::fill(mine.master.begin(), mine.master.end(), std::byte{0x5a});
+              std::fill(mine.exp_avg.begin(), mine.exp_avg.end(), std::byte{0x5a});
+              std::fill(mine.exp_avg_sq.begin(), mine.exp_avg_sq.end(), std::byte{0x5a});
+            }
+            ASSERT_EQ(adam_->step(a, /*check_finite=*/false), StepOutcome::kUpdated);
+            EXPECT_TRUE(mine.same_master(ref)) << "master weights";
+            EXPECT_TRUE(mine.same_moments(ref)) << "moments";
+            EXPECT_EQ(std::memcmp(got.o(), want.o(), static_cast<std::size_t>(n) * dtype_size(out)),
+                      0)
+                << "copy";
           }
-          ASSERT_EQ(adam_->step(a), StepOutcome::kUpdated);
-          EXPECT_TRUE(mine.same_master(ref)) << "master weights";
-          EXPECT_TRUE(mine.same_moments(ref)) << "moments";
-          EXPECT_EQ(std::memcmp(got.o(), want.o(), static_cast<std::size_t>(n) * dtype_size(out)),
-                    0)
-              << "copy";
         }
       }
     }
@@ -391,8 +412,9 @@ TEST_P(CpuAdamPathTest, CompactStatesGiveTheReferencesBytes) {
 
 // The 8-bit quantizers and dequantizers themselves give the reference's bytes where rounding is
 // decided: every threshold of both codes, the floats beside it, both signs (a tie takes the
-// smaller magnitude either way), zeros, whole and partial blocks; every byte dequantized at an
-// ordinary and at a tiny scale.
+// smaller magnitude either way), zeros, whole and partial blocks; and between the thresholds
+// (every 4099th f32 in [0, 1], where AVX-512 finds the byte by arithmetic, not by a search);
+// every byte dequantized at an ordinary and at a tiny scale.
 TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
   const PathCase& c = GetParam();
   if (c.threads != 1) GTEST_SKIP() << "the kernels run on one thread; the 1-thread cases test them";
@@ -408,6 +430,10 @@ TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
         ys.push_back(y);
         if (!second) ys.push_back(-y);
       }
+    }
+    for (std::uint32_t bits = 0; bits <= 0x3f800000u; bits += 4099) {
+      ys.push_back(std::bit_cast<float>(bits));
+      if (!second) ys.push_back(-ys.back());
     }
     for (std::size_t at = 0; at < ys.size(); at += device::kAdam8BlockElems - 1) {
       // A whole block and a partial one, each with 1 (the scale) last.
@@ -428,6 +454,24 @@ TEST_P(CpuAdamPathTest, EightBitKernelsGiveTheReferencesBytesAtEveryThreshold) {
         ASSERT_EQ(got_scale, want_scale);
         ASSERT_EQ(got, want) << (second ? "unsigned" : "signed") << " code, values from " << at;
       }
+    }
+    // A NaN (a step without the finite check) is skipped by the block's maximum, as std::max
+    // skips it in the reference, and takes byte 0, in whichever lane and vector it falls: here
+    // after the largest element in its lane, and before.
+    for (std::size_t at = 0; at < device::kAdam8BlockElems; ++at) {
+      std::vector<float> x(device::kAdam8BlockElems, 0.25f);
+      x[3] = second ? 9.0f : -3.0f;
+      if (at == 3) continue;
+      x[at] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<std::uint8_t> want(x.size()), got(x.size(), 0xaa);
+      float want_scale = 0, got_scale = -1;
+      const auto n = static_cast<std::int64_t>(x.size());
+      second ? device::adam8_quantize_v(x.data(), n, want.data(), &want_scale)
+             : device::adam8_quantize_m(x.data(), n, want.data(), &want_scale);
+      kernels.quant8(q, x.data(), n, got.data(), &got_scale);
+      ASSERT_EQ(want_scale, 3.0f);
+      ASSERT_EQ(got_scale, want_scale) << "NaN at " << at;
+      ASSERT_EQ(got, want) << "NaN at " << at;
     }
     std::vector<std::uint8_t> bytes(256);
     for (int b = 0; b < 256; ++b) bytes[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(b);
