@@ -199,8 +199,9 @@ struct CpuAdam::Impl {
   // master weights stochastically (the reference's random bits, element by element) or with
   // their Kahan compensation, the copy converted from the value stored. (bf16 moments beside f32
   // master weights skip this where the ISA's kernels read them directly: step(); 8-bit moments
-  // skip the scratch where `fused8`, the ISA's kernel for them with the step's constants, is
-  // given: it reads and writes their bytes itself, a block at a time.)
+  // skip all of it where `fused8`, the ISA's kernel for them with the step's constants, is
+  // given: it reads and writes every array itself, master weights and copy included, a block at
+  // a time.)
   static constexpr std::int64_t kStateChunk = 2048;
   template <typename Kernel, typename Fused8 = std::nullptr_t>
   void run_tiles(const device::AdamWArgs& a, const Kernel& kernel, const Fused8& fused8 = nullptr) {
@@ -234,6 +235,26 @@ struct CpuAdam::Impl {
     const void* comp_in = out_of_place ? a.param_comp_in : a.param_comp;
     const float* m_scale_in = out_of_place ? a.exp_avg_scale_in : a.exp_avg_scale;
     const float* v_scale_in = out_of_place ? a.exp_avg_sq_scale_in : a.exp_avg_sq_scale;
+    if constexpr (!std::is_same_v<Fused8, std::nullptr_t>) {
+      if (q8) {  // tiles of whole blocks, each array read and written by the kernel
+        for_each_tile(a.n, device::kAdam8BlockElems, [&](std::int64_t b, std::int64_t e) {
+          const std::int64_t block = b / device::kAdam8BlockElems;
+          const auto at = static_cast<std::size_t>(b);
+          const std::size_t master = half_master ? 2 : 4;
+          fused8(detail::Adam8Tile{
+              static_cast<std::byte*>(a.param) + at * master,
+              static_cast<const std::byte*>(p_in) + at * master,
+              kahan ? static_cast<std::uint16_t*>(a.param_comp) + b : nullptr,
+              kahan ? static_cast<const std::uint16_t*>(comp_in) + b : nullptr, grad_at(b),
+              out_at(b), static_cast<std::uint8_t*>(a.exp_avg) + b, a.exp_avg_scale + block,
+              static_cast<std::uint8_t*>(a.exp_avg_sq) + b, a.exp_avg_sq_scale + block,
+              static_cast<const std::uint8_t*>(m_in) + b, m_scale_in + block,
+              static_cast<const std::uint8_t*>(v_in) + b, v_scale_in + block, e - b,
+              a.rounding_seed, a.element_offset + static_cast<std::uint64_t>(b)});
+        });
+        return;
+      }
+    }
     // 8-bit moments: tiles and chunks of whole blocks (kStateChunk is a multiple of one).
     static_assert(kStateChunk % device::kAdam8BlockElems == 0);
     for_each_tile(a.n, q8 ? device::kAdam8BlockElems : 1, [&](std::int64_t b, std::int64_t e) {
@@ -247,19 +268,6 @@ struct CpuAdam::Impl {
           if (kahan) add_compensation(static_cast<const bf16*>(comp_in) + c, p, len);
           pp = p;
           pp_in = p;
-        }
-        if constexpr (!std::is_same_v<Fused8, std::nullptr_t>) {
-          if (q8) {
-            const std::int64_t block = c / device::kAdam8BlockElems;
-            fused8(detail::Adam8Tile{
-                pp, pp_in, grad_at(c), half_master ? nullptr : out_at(c),
-                static_cast<std::uint8_t*>(a.exp_avg) + c, a.exp_avg_scale + block,
-                static_cast<std::uint8_t*>(a.exp_avg_sq) + c, a.exp_avg_sq_scale + block,
-                static_cast<const std::uint8_t*>(m_in) + c, m_scale_in + block,
-                static_cast<const std::uint8_t*>(v_in) + c, v_scale_in + block, len});
-            if (half_master) store_master(a, c, len, p);
-            continue;
-          }
         }
         float* mm = static_cast<float*>(a.exp_avg) + c;
         float* vv = static_cast<float*>(a.exp_avg_sq) + c;
@@ -600,7 +608,12 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
   const auto t0 = sample >= 0 ? std::chrono::steady_clock::now()  // timed for the tuner only
                               : std::chrono::steady_clock::time_point{};
   const auto step_tile = [&](const AdamTile& t) { kernel(c, t); };
-  if (const detail::Adam8Kernel fused8 = s.kernels.adam8[g][o][args.adamw_mode ? 1 : 0];
+  const detail::MasterKind master = args.master_dtype == DType::kF32 ? detail::kMasterF32
+                                    : args.master_rounding == device::MasterRounding::kKahan
+                                        ? detail::kMasterKahan
+                                        : detail::kMasterStochastic;
+  if (const detail::Adam8Kernel fused8 =
+          s.kernels.adam8[g][out_kind(args)][args.adamw_mode ? 1 : 0][master];
       fused8 != nullptr && args.state_dtype == device::kAdam8StateDType) {
     s.run_tiles(args, step_tile, [&](const detail::Adam8Tile& t) { fused8(c, s.q8_m, s.q8_v, t); });
   } else {

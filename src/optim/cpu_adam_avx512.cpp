@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <limits>
 
 #include "src/optim/cpu_adam_kernels.h"
 #include "strata/device/adam8bit.h"
@@ -656,6 +657,82 @@ void dequant8_block(const float* value, const std::uint8_t* codes, float scale, 
   }
 }
 
+// ---- bf16 master weights, stochastic rounding ----
+
+constexpr __mmask8 kAll8 = 0xff;
+
+// x * c modulo 2^64 in each 64-bit lane, from 32-bit products (AVX-512F has no 64-bit multiply).
+inline __m512i mul64(__m512i x, std::uint64_t c) {
+  const __m512i c_lo = _mm512_set1_epi64(static_cast<long long>(c & 0xffffffffu));
+  const __m512i c_hi = _mm512_set1_epi64(static_cast<long long>(c >> 32));
+  const __m512i cross =
+      _mm512_add_epi64(_mm512_maskz_mul_epu32(kAll8, x, c_hi),
+                       _mm512_maskz_mul_epu32(kAll8, _mm512_maskz_srli_epi64(kAll8, x, 32), c_lo));
+  return _mm512_add_epi64(_mm512_maskz_mul_epu32(kAll8, x, c_lo),
+                          _mm512_maskz_slli_epi64(kAll8, cross, 32));
+}
+
+// splitmix64_at's mixing of eight states z = key + (i + 1) * golden.
+inline __m512i splitmix_mix(__m512i z) {
+  z = mul64(_mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 30)), 0xbf58476d1ce4e5b9ull);
+  z = mul64(_mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 27)), 0x94d049bb133111ebull);
+  return _mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 31));
+}
+
+// The low 32 bits of splitmix64_at(seed, first + j) for 16 consecutive elements j, a vector at a
+// time: each element's state advances by 16 golden steps a vector.
+class StochasticDraws {
+ public:
+  StochasticDraws(std::uint64_t seed, std::uint64_t first) {
+    const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    // States of elements first + j (j = lane, lane + 8): key + (first + j + 1) * golden.
+    z0_ = _mm512_add_epi64(
+        _mm512_set1_epi64(static_cast<long long>(seed)),
+        mul64(_mm512_add_epi64(lane, _mm512_set1_epi64(static_cast<long long>(first + 1))),
+              kGolden));
+    z1_ = _mm512_add_epi64(z0_, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
+  }
+  // Lanes 0-7 from z0's states, 8-15 from z1's; then the next 16 elements.
+  __m512i next() {
+    const __m512i low_halves =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i r =
+        _mm512_maskz_permutex2var_epi32(kAll, splitmix_mix(z0_), low_halves, splitmix_mix(z1_));
+    const __m512i step = _mm512_set1_epi64(static_cast<long long>(16 * kGolden));
+    z0_ = _mm512_add_epi64(z0_, step);
+    z1_ = _mm512_add_epi64(z1_, step);
+    return r;
+  }
+
+ private:
+  static constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+  __m512i z0_, z1_;
+};
+
+// f32_to_bf16_stochastic on 16 lanes with the draws r: infinities and NaNs round to nearest as
+// f32_to_bf16 does. The bf16 bits, in the low half of each lane.
+inline __m512i round_stochastic_bits(__m512 x, __m512i r) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i exp = _mm512_set1_epi32(0x7f800000);
+  __m512i bits = shr16(_mm512_add_epi32(u, _mm512_and_si512(r, _mm512_set1_epi32(0xffff))));
+  // Infinity and NaN round as f32_to_bf16 does: to themselves, NaN quieted.
+  const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
+  if (special != 0) bits = _mm512_mask_mov_epi32(bits, special, widen_u16(f32_to_bf16_int(x)));
+  return bits;
+}
+
+// The scalar loop 16 lanes at a time.
+void round_stochastic(float* p, std::int64_t n, std::uint64_t seed, std::uint64_t first,
+                      std::uint16_t* dst) {
+  StochasticDraws draws(seed, first);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 tail = tail_mask(std::min<std::int64_t>(n - j, 16));
+    const __m512i bits = round_stochastic_bits(_mm512_maskz_loadu_ps(tail, p + j), draws.next());
+    _mm512_mask_cvtepi32_storeu_epi16(dst + j, tail, bits);
+    _mm512_mask_storeu_ps(p + j, tail, _mm512_castsi512_ps(shl16(bits)));
+  }
+}
+
 // ---- 8-bit moments, fused: a block at a time in registers ----
 
 constexpr int kBlockVecs = static_cast<int>(device::kAdam8BlockElems / kLanes);
@@ -689,16 +766,58 @@ inline void store_codes(std::uint8_t* p, __m512i k, __mmask16 mask) {
   }
 }
 
+// The master weights of 16 elements from element i, in f32: f32 ones; bf16 ones plus their Kahan
+// compensation (the chunks' add_compensation); or bf16 ones.
+template <int kMaster, bool kMasked>
+inline __m512 load_master(const Adam8Tile& t, std::int64_t i, __mmask16 k) {
+  if constexpr (kMaster == kMasterF32) {
+    return load_f32<kMasked>(static_cast<const float*>(t.param_in) + i, k);
+  } else {
+    const __m512 p =
+        bf16x16_to_f32(load_u16x16<kMasked>(static_cast<const std::uint16_t*>(t.param_in) + i, k));
+    if constexpr (kMaster == kMasterKahan) {
+      return _mm512_add_ps(p, bf16x16_to_f32(load_u16x16<kMasked>(t.param_comp_in + i, k)));
+    } else {
+      return p;
+    }
+  }
+}
+
+// Stores the updated master weights p of 16 elements from element i as CpuAdam's store_master
+// does, and gives the value stored: f32; bf16 rounded to nearest with what that dropped, rounded
+// toward zero, as the compensation (the value stored is their f32 sum); or bf16 rounded
+// stochastically with the draws r.
+template <int kMaster, bool kNativeBF16, bool kMasked>
+inline __m512 store_master(const Adam8Tile& t, std::int64_t i, __m512 p, __mmask16 k, __m512i r) {
+  if constexpr (kMaster == kMasterF32) {
+    store_f32<kMasked, false>(static_cast<float*>(t.param) + i, p, k);
+    return p;
+  } else if constexpr (kMaster == kMasterKahan) {
+    const __m256i h = kNativeBF16 ? f32_to_bf16_native(p) : f32_to_bf16_int(p);
+    const __m512 hi = bf16x16_to_f32(h);
+    const __m256i comp = narrow_u32(shr16(_mm512_castps_si512(_mm512_sub_ps(p, hi))));
+    store_u16x16<kMasked, false>(static_cast<std::uint16_t*>(t.param) + i, h, k);
+    store_u16x16<kMasked, false>(t.param_comp + i, comp, k);
+    return _mm512_add_ps(hi, bf16x16_to_f32(comp));
+  } else {
+    const __m512i bits = round_stochastic_bits(p, r);
+    store_u16x16<kMasked, false>(static_cast<std::uint16_t*>(t.param) + i, narrow_u32(bits), k);
+    return _mm512_castsi512_ps(shl16(bits));
+  }
+}
+
 // One block of `len` elements from element `at` (kMasked: len < the block's elements): the
 // moments dequantized (dequant8_block), adam_vec's statements on each vector (the root Adam
-// divides by is the root the second moment's byte is found for), the block's absolute maxima
-// (a NaN skipped, as std::max skips it in the reference), and each moment's bytes
-// (quant8_lanes'; a block whose maximum is below f32's normal range has reciprocal 0, so every
-// product is 0 or NaN, whose byte is 0).
-template <int G, int O, bool kAdamW, bool kNativeBF16, bool kMasked>
+// divides by is the root the second moment's byte is found for), the master weights stored and
+// the copy converted from the value stored, the block's absolute maxima (a NaN skipped, as
+// std::max skips it in the reference), and each moment's bytes (quant8_lanes'; a block whose
+// maximum is below f32's normal range has reciprocal 0, so every product is 0 or NaN, whose byte
+// is 0).
+template <int G, int O, bool kAdamW, bool kNativeBF16, int kMaster, bool kMasked>
 inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Search& qv,
                         const BandTables& bm, const BandTables& bv, const Adam8Tile& t,
-                        std::int64_t at, std::int64_t block, std::int64_t len) {
+                        std::int64_t at, std::int64_t block, std::int64_t len,
+                        StochasticDraws* draws) {
   const __m512 ms = _mm512_set1_ps(t.exp_avg_scale_in[block]);
   const __m512 vs = _mm512_set1_ps(t.exp_avg_sq_scale_in[block]);
   __m512 m[kBlockVecs], root[kBlockVecs];
@@ -709,7 +828,7 @@ inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Se
     const std::int64_t i = at + kLanes * k;
     mask[k] = kMasked ? tail_mask(std::clamp<std::int64_t>(len - kLanes * k, 0, kLanes)) : kAll;
     __m512 g = _mm512_mul_ps(load_grad<G, kMasked>(t.grad, i, mask[k]), c.grad_scale);
-    __m512 p = load_f32<kMasked>(t.param_in + i, mask[k]);
+    __m512 p = load_master<kMaster, kMasked>(t, i, mask[k]);
     if constexpr (kAdamW) {
       p = _mm512_mul_ps(p, c.decay);
     } else {
@@ -723,14 +842,20 @@ inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Se
     root[k] = _mm512_maskz_sqrt_ps(kAll, v);
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(root[k], c.bc2_sqrt), c.eps);
     p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c.step_size, m[k]), denom));
-    store_f32<kMasked, false>(t.param + i, p, mask[k]);
+    __m512i r = _mm512_setzero_si512();
+    if constexpr (kMaster == kMasterStochastic) r = draws->next();
+    p = store_master<kMaster, kNativeBF16, kMasked>(t, i, p, mask[k], r);
     store_out<O, kNativeBF16, kMasked, false>(t.param_out, i, p, mask[k]);
     // vmaxps gives its second operand where either is NaN: the maximum so far.
     amax_m = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(m[k]), amax_m);
     amax_v = _mm512_maskz_max_ps(kAll, root[k], amax_v);
   }
   const float a_m = max_lane(amax_m), a_v = max_lane(amax_v);
-  const float r_m = device::adam8_reciprocal(a_m), r_v = device::adam8_reciprocal(a_v);
+  // device::adam8_reciprocal's statement (not called: it is compiled without these flags).
+  const auto reciprocal = [](float a) {
+    return a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f;
+  };
+  const float r_m = reciprocal(a_m), r_v = reciprocal(a_v);
   t.exp_avg_scale[block] = r_m == 0.0f ? 0.0f : a_m;
   t.exp_avg_sq_scale[block] = r_v == 0.0f ? 0.0f : a_v;
   const __m512 vr_m = _mm512_set1_ps(r_m), vr_v = _mm512_set1_ps(r_v);
@@ -744,77 +869,22 @@ inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Se
   }
 }
 
-template <int G, int O, bool kAdamW, bool kNativeBF16>
+template <int G, int O, bool kAdamW, bool kNativeBF16, int kMaster>
 void adam8_tile(const AdamConstants& constants, const Quant8Search& qm, const Quant8Search& qv,
                 const Adam8Tile& tile) {
   const Adam8Tile t = tile;  // as in adam_tile
   const Vconsts c = broadcast(constants);
   const BandTables bm(qm), bv(qv);
+  StochasticDraws draws(t.seed, t.first);
   constexpr std::int64_t kBlock = device::kAdam8BlockElems;
   std::int64_t at = 0, block = 0;
   for (; at + kBlock <= t.n; at += kBlock, ++block) {
-    adam8_block<G, O, kAdamW, kNativeBF16, false>(c, qm, qv, bm, bv, t, at, block, kBlock);
+    adam8_block<G, O, kAdamW, kNativeBF16, kMaster, false>(c, qm, qv, bm, bv, t, at, block, kBlock,
+                                                           &draws);
   }
   if (at < t.n) {
-    adam8_block<G, O, kAdamW, kNativeBF16, true>(c, qm, qv, bm, bv, t, at, block, t.n - at);
-  }
-}
-
-// ---- bf16 master weights, stochastic rounding ----
-
-constexpr __mmask8 kAll8 = 0xff;
-
-// x * c modulo 2^64 in each 64-bit lane, from 32-bit products (AVX-512F has no 64-bit multiply).
-inline __m512i mul64(__m512i x, std::uint64_t c) {
-  const __m512i c_lo = _mm512_set1_epi64(static_cast<long long>(c & 0xffffffffu));
-  const __m512i c_hi = _mm512_set1_epi64(static_cast<long long>(c >> 32));
-  const __m512i cross =
-      _mm512_add_epi64(_mm512_maskz_mul_epu32(kAll8, x, c_hi),
-                       _mm512_maskz_mul_epu32(kAll8, _mm512_maskz_srli_epi64(kAll8, x, 32), c_lo));
-  return _mm512_add_epi64(_mm512_maskz_mul_epu32(kAll8, x, c_lo),
-                          _mm512_maskz_slli_epi64(kAll8, cross, 32));
-}
-
-// splitmix64_at's mixing of eight states z = key + (i + 1) * golden.
-inline __m512i splitmix_mix(__m512i z) {
-  z = mul64(_mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 30)), 0xbf58476d1ce4e5b9ull);
-  z = mul64(_mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 27)), 0x94d049bb133111ebull);
-  return _mm512_xor_si512(z, _mm512_maskz_srli_epi64(kAll8, z, 31));
-}
-
-// The scalar loop 16 lanes at a time: each element's splitmix64 state advances by 16 golden
-// steps a vector; infinities and NaNs round to nearest as f32_to_bf16 does.
-void round_stochastic(float* p, std::int64_t n, std::uint64_t seed, std::uint64_t first,
-                      std::uint16_t* dst) {
-  constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  // States of elements first + j (j = lane, lane + 8): key + (first + j + 1) * golden.
-  const __m512i base = _mm512_add_epi64(
-      _mm512_set1_epi64(static_cast<long long>(seed)),
-      mul64(_mm512_add_epi64(lane, _mm512_set1_epi64(static_cast<long long>(first + 1))), kGolden));
-  __m512i z0 = base;
-  __m512i z1 = _mm512_add_epi64(base, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
-  const __m512i step = _mm512_set1_epi64(static_cast<long long>(16 * kGolden));
-  const __m512i exp = _mm512_set1_epi32(0x7f800000), low16 = _mm512_set1_epi32(0xffff);
-  const __m512i low_halves =
-      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  for (std::int64_t j = 0; j < n; j += 16) {
-    const __mmask16 tail = tail_mask(std::min<std::int64_t>(n - j, 16));
-    // The low 32 bits of each element's draw: lanes 0-7 from z0's states, 8-15 from z1's.
-    const __m512i r =
-        _mm512_maskz_permutex2var_epi32(kAll, splitmix_mix(z0), low_halves, splitmix_mix(z1));
-    z0 = _mm512_add_epi64(z0, step);
-    z1 = _mm512_add_epi64(z1, step);
-    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(tail, p + j));
-    __m512i bits = shr16(_mm512_add_epi32(u, _mm512_and_si512(r, low16)));
-    // Infinity and NaN round as f32_to_bf16 does: to themselves, NaN quieted.
-    const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
-    if (special != 0) {
-      bits =
-          _mm512_mask_mov_epi32(bits, special, widen_u16(f32_to_bf16_int(_mm512_castsi512_ps(u))));
-    }
-    _mm512_mask_cvtepi32_storeu_epi16(dst + j, tail, bits);
-    _mm512_mask_storeu_ps(p + j, tail, _mm512_castsi512_ps(shl16(bits)));
+    adam8_block<G, O, kAdamW, kNativeBF16, kMaster, true>(c, qm, qv, bm, bv, t, at, block, t.n - at,
+                                                          &draws);
   }
 }
 
@@ -827,8 +897,8 @@ struct Avx512 {
   template <int G, int O, bool kAdamW>
   static constexpr AdamKernel adam_bf16_moments =
       &adam_tile<G, O, kAdamW, kNativeBF16, false, false, true>;
-  template <int G, int O, bool kAdamW>
-  static constexpr Adam8Kernel adam8 = &adam8_tile<G, O, kAdamW, kNativeBF16>;
+  template <int G, int O, bool kAdamW, int kMaster>
+  static constexpr Adam8Kernel adam8 = &adam8_tile<G, O, kAdamW, kNativeBF16, kMaster>;
   template <int G, int O, bool kNT, bool kPF>
   static constexpr RooflineKernel roofline = &roofline_tile<G, O, kNT, kPF>;
   template <int G>

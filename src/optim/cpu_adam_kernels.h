@@ -74,13 +74,23 @@ struct Quant8Search {
 Quant8Search quant8_search(bool second);
 
 using AdamKernel = void (*)(const AdamConstants& c, const AdamTile& t);
-// A tile of 8-bit moments (device/adam8bit.h), from a block's first element: the moments' codes
-// at the tile's first element, their scales at its first block; n may end inside the last block.
+// The master weights an 8-bit kernel keeps: f32, or bf16 with a bf16 Kahan compensation, or bf16
+// rounded stochastically (optimizer.master_dtype and master_rounding).
+enum MasterKind : std::uint8_t {
+  kMasterF32 = 0,
+  kMasterKahan = 1,
+  kMasterStochastic = 2,
+  kNumMasterKinds = 3
+};
+// A tile of 8-bit moments (device/adam8bit.h), from a block's first element: each array at the
+// tile's first element, the moments' scales at its first block; n may end inside the last block.
 // The state is read from the *_in arrays and written to the others (the same for a step in
-// place). Master weights in f32 (the chunk's widened bf16 ones, with param_out null).
+// place).
 struct Adam8Tile {
-  float* param;
-  const float* param_in;
+  void* param;  // f32, or bf16 (kMasterKahan, kMasterStochastic)
+  const void* param_in;
+  std::uint16_t* param_comp;  // kMasterKahan: the compensation
+  const std::uint16_t* param_comp_in;
   const void* grad;
   void* param_out;  // null when OutKind is kOutNone
   std::uint8_t* exp_avg;
@@ -92,9 +102,14 @@ struct Adam8Tile {
   const std::uint8_t* exp_avg_sq_in;
   const float* exp_avg_sq_scale_in;
   std::int64_t n;
+  // kMasterStochastic: the random bits of element j are splitmix64_at(seed, first + j)'s.
+  std::uint64_t seed, first;
 };
-// Dequantizes, updates and quantizes again a block at a time in registers: bit for bit the f32
-// kernel between the dequantizer and the quantizer (Dequant8Kernel, AdamKernel, Quant8Kernel).
+// Dequantizes, updates and quantizes again a block at a time in registers, the master weights
+// widened, updated and stored as CpuAdam's chunks do (their compensation added, or rounded
+// stochastically), the copy converted from the value stored: bit for bit the dequantizer, the f32
+// kernel, the quantizer and the master weights' store (Dequant8Kernel, AdamKernel, Quant8Kernel,
+// RoundStochasticKernel) one after the other.
 using Adam8Kernel = void (*)(const AdamConstants& c, const Quant8Search& m, const Quant8Search& v,
                              const Adam8Tile& t);
 // One block (n <= 256) quantized into codes and *scale: bit for bit device::adam8_quantize_m
@@ -126,7 +141,8 @@ struct KernelSet {
   // 8-bit moments read and written by the kernel itself: [grad kind][out kind][adamw_mode]. Null
   // where an ISA has none (the caller then widens the moments into f32 scratch and quantizes
   // them back with quant8).
-  Adam8Kernel adam8[kNumGradKinds][kNumOutKinds][2];
+  // [grad kind][out kind][adamw_mode][master kind]
+  Adam8Kernel adam8[kNumGradKinds][kNumOutKinds][2][kNumMasterKinds];
   // [grad kind][out kind][nontemporal][prefetch]
   RooflineKernel roofline[kNumGradKinds][kNumOutKinds][2][2];
   FiniteKernel all_finite[kNumGradKinds];
@@ -138,7 +154,7 @@ struct KernelSet {
 // Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
 // anonymous namespace, with static constexpr variable templates naming its kernels:
 //   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; AdamKernel adam_bf16_moments<G, O, kAdamW>
-//   and Adam8Kernel adam8<G, O, kAdamW> (may be null); RooflineKernel roofline<G, O, kNT,
+//   and Adam8Kernel adam8<G, O, kAdamW, kMaster> (may be null); RooflineKernel roofline<G, O, kNT,
 //   kPrefetch>; FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8;
 //   RoundStochasticKernel round_stochastic
 // Its type has internal linkage, so every instantiation below is that file's own, compiled with
@@ -149,8 +165,12 @@ void fill_kernel_entry(KernelSet* set) {
   set->adam[G][O][1][kNT][kPF] = K::template adam<G, O, true, kNT, kPF>;
   set->adam_bf16_moments[G][O][0] = K::template adam_bf16_moments<G, O, false>;
   set->adam_bf16_moments[G][O][1] = K::template adam_bf16_moments<G, O, true>;
-  set->adam8[G][O][0] = K::template adam8<G, O, false>;
-  set->adam8[G][O][1] = K::template adam8<G, O, true>;
+  set->adam8[G][O][0][kMasterF32] = K::template adam8<G, O, false, kMasterF32>;
+  set->adam8[G][O][1][kMasterF32] = K::template adam8<G, O, true, kMasterF32>;
+  set->adam8[G][O][0][kMasterKahan] = K::template adam8<G, O, false, kMasterKahan>;
+  set->adam8[G][O][1][kMasterKahan] = K::template adam8<G, O, true, kMasterKahan>;
+  set->adam8[G][O][0][kMasterStochastic] = K::template adam8<G, O, false, kMasterStochastic>;
+  set->adam8[G][O][1][kMasterStochastic] = K::template adam8<G, O, true, kMasterStochastic>;
   set->roofline[G][O][kNT][kPF] = K::template roofline<G, O, kNT, kPF>;
 }
 template <class K, int G, int O>

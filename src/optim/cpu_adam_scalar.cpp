@@ -136,7 +136,7 @@ struct Scalar {
   // bf16 moments: widened into f32 scratch by the caller.
   template <int G, int O, bool kAdamW>
   static constexpr AdamKernel adam_bf16_moments = nullptr;
-  template <int G, int O, bool kAdamW>
+  template <int G, int O, bool kAdamW, int kMaster>
   static constexpr Adam8Kernel adam8 = nullptr;
   template <int G, int O, bool kNT, bool kPF>
   static constexpr RooflineKernel roofline = &roofline_tile<G, O>;
