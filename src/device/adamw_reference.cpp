@@ -2,12 +2,39 @@
 #include <algorithm>
 #include <cmath>
 
+#include "strata/core/check.h"
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
 #include "strata/device/adam8bit.h"
 #include "strata/device/ops.h"
 
 namespace strata::device {
+
+void check_adamw_args(const AdamWArgs& a, const char* who) {
+  STRATA_CHECK(a.n >= 0, who, "negative element count", a.n);
+  if (a.n == 0) return;
+  STRATA_CHECK(
+      a.param != nullptr && a.grad != nullptr && a.exp_avg != nullptr && a.exp_avg_sq != nullptr,
+      who, "null param, grad or moment pointer");
+  const int inputs =
+      (a.param_in != nullptr) + (a.exp_avg_in != nullptr) + (a.exp_avg_sq_in != nullptr);
+  STRATA_CHECK(inputs == 0 || inputs == 3, who, "out of place needs all three inputs, got", inputs);
+  STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16 ||
+                   a.state_dtype == kAdam8StateDType,
+               who, "moments must be f32, bf16 or 8-bit, got", dtype_name(a.state_dtype));
+  if (a.state_dtype == kAdam8StateDType) {
+    STRATA_CHECK(
+        a.exp_avg_scale != nullptr && a.exp_avg_sq_scale != nullptr &&
+            (inputs == 0 || (a.exp_avg_scale_in != nullptr && a.exp_avg_sq_scale_in != nullptr)),
+        who, "8-bit moments without their block scales");
+  }
+  STRATA_CHECK(a.master_dtype == DType::kF32 || a.master_dtype == DType::kBF16, who,
+               "master weights must be f32 or bf16, got", dtype_name(a.master_dtype));
+  if (a.master_dtype == DType::kBF16 && a.master_rounding == MasterRounding::kKahan) {
+    STRATA_CHECK(a.param_comp != nullptr && (inputs == 0 || a.param_comp_in != nullptr), who,
+                 "Kahan master weights without their compensation");
+  }
+}
 
 AdamWConstants adamw_constants(const AdamWArgs& a) {
   // Bias corrections in double, as torch computes them on Python floats before the tensor ops.

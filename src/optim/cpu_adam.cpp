@@ -83,31 +83,7 @@ AdamConstants make_constants(const device::AdamWArgs& a) {
   return c;
 }
 
-void check_args(const device::AdamWArgs& a) {
-  STRATA_CHECK(a.n >= 0, "CpuAdam: negative element count", a.n);
-  if (a.n == 0) return;
-  STRATA_CHECK(
-      a.param != nullptr && a.grad != nullptr && a.exp_avg != nullptr && a.exp_avg_sq != nullptr,
-      "CpuAdam: null param, grad or moment pointer");
-  const int inputs =
-      (a.param_in != nullptr) + (a.exp_avg_in != nullptr) + (a.exp_avg_sq_in != nullptr);
-  STRATA_CHECK(inputs == 0 || inputs == 3, "CpuAdam: out of place needs all three inputs", inputs);
-  STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16 ||
-                   a.state_dtype == device::kAdam8StateDType,
-               "CpuAdam: moments must be f32, bf16 or 8-bit, got", dtype_name(a.state_dtype));
-  if (a.state_dtype == device::kAdam8StateDType) {
-    STRATA_CHECK(
-        a.exp_avg_scale != nullptr && a.exp_avg_sq_scale != nullptr &&
-            (inputs == 0 || (a.exp_avg_scale_in != nullptr && a.exp_avg_sq_scale_in != nullptr)),
-        "CpuAdam: 8-bit moments without their block scales");
-  }
-  if (a.master_dtype == DType::kBF16 && a.master_rounding == device::MasterRounding::kKahan) {
-    STRATA_CHECK(a.param_comp != nullptr && (inputs == 0 || a.param_comp_in != nullptr),
-                 "CpuAdam: Kahan master weights without their compensation");
-  }
-  STRATA_CHECK(a.master_dtype == DType::kF32 || a.master_dtype == DType::kBF16,
-               "CpuAdam: master weights must be f32 or bf16, got", dtype_name(a.master_dtype));
-}
+void check_args(const device::AdamWArgs& a) { device::check_adamw_args(a, "CpuAdam:"); }
 
 }  // namespace
 

@@ -233,6 +233,13 @@ inline constexpr bool dropout_keeps(std::uint64_t key, std::uint64_t i, std::uin
 // adamw op runs exactly this, so optimizer placement never changes results.
 void adamw_reference(const AdamWArgs& args);
 
+// The arguments every AdamW implementation needs, checked alike (a failed check aborts, naming
+// `who` and what is missing): a non-negative count; with elements, the parameter, gradient and
+// moment pointers, and out of place all three inputs; f32, bf16 or 8-bit moments, with 8-bit ones
+// their block scales (and the inputs' scales); f32 or bf16 master weights, with Kahan ones their
+// compensation (and the input's). The CPU backend's op, CpuAdam and the CUDA op call it.
+void check_adamw_args(const AdamWArgs& args, const char* who);
+
 // One step's scalars, formed in double (as torch does on Python floats) and rounded to f32
 // once. Every AdamW implementation takes them from here, so they agree bit for bit.
 struct AdamWConstants {

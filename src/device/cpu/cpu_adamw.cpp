@@ -13,7 +13,7 @@ namespace strata::device::cpu {
 // (optimizer placement must never change the numbers).
 void cpu_adamw(const CpuContext& ctx, const AdamWArgs& a) {
   STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
-  STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
+  check_adamw_args(a, "adamw:");
   const std::size_t grad_size = dtype_size(a.grad_dtype);
   const std::size_t out_size = dtype_size(a.out_dtype);
   const std::size_t state_size = dtype_size(a.state_dtype);

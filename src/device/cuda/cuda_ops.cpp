@@ -258,13 +258,9 @@ class CudaOps final : public Ops {
 
   void adamw(const AdamWArgs& a) const override {
     STRATA_CHECK(a.step >= 1, "adamw step is 1-based", a.step);
-    STRATA_CHECK(a.n >= 0, "negative adamw size", a.n);
+    check_adamw_args(a, "adamw (CUDA):");
     STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
-    STRATA_CHECK(a.master_dtype == DType::kF32 || a.master_dtype == DType::kBF16,
-                 "unknown master dtype", dtype_name(a.master_dtype));
     const bool q8 = a.state_dtype == kAdam8StateDType;
-    STRATA_CHECK(a.state_dtype == DType::kF32 || a.state_dtype == DType::kBF16 || q8,
-                 "unknown moment dtype", dtype_name(a.state_dtype));
     // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
     const AdamWConstants c = adamw_constants(a);
     kernels::AdamWScalars s;

@@ -365,6 +365,35 @@ namespace {
 
 // 8-bit moments and Kahan master weights through the CPU backend's op, which splits the span over
 // threads on 256-element block boundaries: the scalar reference's bytes over the whole span.
+// A compact state without its second plane (the 8-bit block scales, Kahan's compensation), or
+// half an out-of-place step, is refused before anything is read, by the one check every AdamW
+// (this op, CpuAdam, the CUDA op) runs, naming what is missing.
+TEST(CpuOpsDeathTest, AdamwRefusesCompactStateWithoutItsSecondPlane) {
+  auto dev = make_device();
+  std::vector<float> p(64), g(64);
+  std::vector<std::uint8_t> mc(64), vc(64);
+  float ms = 1, vs = 1;
+  AdamWArgs a;
+  a.n = 64;
+  a.step = 1;
+  a.param = p.data();
+  a.grad = g.data();
+  a.state_dtype = kAdam8StateDType;
+  a.exp_avg = mc.data();
+  a.exp_avg_sq = vc.data();
+  a.exp_avg_scale = &ms;
+  EXPECT_DEATH(dev->ops().adamw(a), "adamw: 8-bit moments without their block scales");
+  a.exp_avg_sq_scale = &vs;
+  a.param_in = p.data();
+  EXPECT_DEATH(dev->ops().adamw(a), "adamw: out of place needs all three inputs, got 1");
+  a.param_in = nullptr;
+  a.master_dtype = DType::kBF16;
+  a.master_rounding = MasterRounding::kKahan;
+  EXPECT_DEATH(dev->ops().adamw(a), "adamw: Kahan master weights without their compensation");
+  a.master_dtype = DType::kF16;
+  EXPECT_DEATH(check_adamw_args(a, "CpuAdam:"), "CpuAdam: master weights must be f32 or bf16");
+}
+
 TEST(CpuOpsTest, AdamwCompactStatesSplitOnBlocksGiveTheReferencesBytes) {
   auto dev = make_device();
   const std::int64_t n = 70001;
