@@ -82,9 +82,7 @@ Adam8Search make_search(const std::array<float, 256>& code, int bits) {
     const double low = z == last ? 0.0 : std::pow(10.0, -(z + 1));
     const auto at = static_cast<std::size_t>(z);
     s.band_slope[at] = static_cast<float>(slope);
-    s.band_offset[at] = static_cast<float>(0.5 - low * slope);
-    s.band_base[at] = (1 << k) - 1;
-    s.band_top[at] = 1 << k;
+    s.band_offset[at] = static_cast<float>((1 << k) - 0.5 - low * slope);
   }
   // The binades from 2^-31 (and everything below) to 1.
   for (int b = 0; b < 32; ++b) {

@@ -102,9 +102,7 @@ Quant8Search quant8_search(bool second) {
           search.binade_band.data(),
           search.binade_boundary.data(),
           search.band_slope.data(),
-          search.band_offset.data(),
-          search.band_base.data(),
-          search.band_top.data()};
+          search.band_offset.data()};
 }
 }  // namespace detail
 

@@ -517,23 +517,20 @@ inline __m512i search_level(const float* level, __m512 u, __m512i k) {
 }
 
 // The byte of each lane's magnitude u by arithmetic (device::Adam8Search::band_*), the tables in
-// registers: the band from u's binade (and the decimal boundary inside it), x = u * slope + offset
-// in one rounding, the byte base + clamp(floor(x), 0, top). Where a lane's x lies within
-// kAdam8BandMargin of an integer (one lane in about 500, and NaN), the whole vector takes the
-// search by levels instead, so the bytes are the search's everywhere.
+// registers: the band from u's binade (and the decimal boundary inside it), the byte the floor
+// of x = u * slope + offset in one rounding. Where a lane's x lies within kAdam8BandMargin of an
+// integer (one lane in about 500, and NaN), the whole vector takes the search by levels instead,
+// so the bytes are the search's everywhere.
 struct BandTables {
   __m512i band_lo, band_hi;
   __m512 boundary_lo, boundary_hi, slope, offset;
-  __m512i base, top;
   explicit BandTables(const Quant8Search& s)
       : band_lo(_mm512_loadu_si512(s.binade_band)),
         band_hi(_mm512_loadu_si512(s.binade_band + 16)),
         boundary_lo(_mm512_loadu_ps(s.binade_boundary)),
         boundary_hi(_mm512_loadu_ps(s.binade_boundary + 16)),
         slope(_mm512_loadu_ps(s.band_slope)),
-        offset(_mm512_loadu_ps(s.band_offset)),
-        base(_mm512_loadu_si512(s.band_base)),
-        top(_mm512_loadu_si512(s.band_top)) {}
+        offset(_mm512_loadu_ps(s.band_offset)) {}
 };
 
 template <int kBits>
@@ -559,10 +556,7 @@ inline __m512i search_band(const Quant8Search& s, const BandTables& b, __m512 u)
   if (certain != kAll) [[unlikely]] {
     return search_level<kBits>(s.level, u, zero);
   }
-  const __m512i c = _mm512_maskz_min_epi32(
-      kAll, _mm512_maskz_max_epi32(kAll, _mm512_maskz_cvttps_epi32(kAll, whole), zero),
-      _mm512_maskz_permutexvar_epi32(kAll, z, b.top));
-  return _mm512_add_epi32(c, _mm512_maskz_permutexvar_epi32(kAll, z, b.base));
+  return _mm512_maskz_cvttps_epi32(kAll, whole);
 }
 
 // The byte of y = x * r in the first moment's (signed) code: the magnitude's byte, with the sign

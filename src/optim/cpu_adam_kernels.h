@@ -66,8 +66,6 @@ struct Quant8Search {
   const float* binade_boundary;
   const float* band_slope;
   const float* band_offset;
-  const std::int32_t* band_base;
-  const std::int32_t* band_top;
 };
 
 // The search of the first moment's code, or (second) of the second moment's.

@@ -70,10 +70,11 @@ const std::array<float, 256>& adam8_unsigned_code();
 // - `band_*` find the byte by arithmetic, with no search: the bytes of decimal band z (u in
 //   (10^-(z+1), 10^-z], z < bits - 1) are 2^k - 1 + c with k = bits - 1 - z, where c counts the
 //   band's thresholds below u, and those lie evenly at 10^-(z+1) + s * (j + 1/2), s = 0.9 *
-//   10^-z / 2^k, so c = floor(x) for x = u / s - 10^-(z+1) / s + 1/2, clamped to [0, 2^k]
-//   (the last band holds (0, 10^-(bits-1)], its one threshold halfway to 0: x = u / s + 1/2).
-//   The band of u is the band of its binade's least value, one less above the decimal
-//   boundary inside the binade (next to a boundary both bands' formulas give the same byte).
+//   10^-z / 2^k, so the byte is floor(x) for x = u / s + 2^k - 1/2 - 10^-(z+1) / s, which runs
+//   from 2^k - 1/2 to 2^(k+1) - 1/2 over the band (the last band holds (0, 10^-(bits-1)], its
+//   one threshold halfway to 0: x = u / s + 1/2). The band of u is the band of its binade's
+//   least value, one less above the decimal boundary inside the binade (next to a boundary both
+//   bands' formulas give the same byte).
 //   x formed in f32 with one fused multiply-add (the constants rounded to f32) lies within 2^-16
 //   of the integer it passes at each threshold of either code (a test checks every one), and x
 //   rises with u within a band, so the byte is certain wherever x lies further than
@@ -90,10 +91,8 @@ struct Adam8Search {
   // By binade: max(biased exponent of u - kAdam8BinadeLo, 0) (u <= 1: at most 31).
   std::array<std::int32_t, 32> binade_band;  // the band of the binade's least value
   std::array<float, 32> binade_boundary;     // u above it is one band up (+infinity: none)
-  // By band z (16 entries, bits used): x = u * slope + offset; byte = base + clamp(floor(x),
-  // 0, top).
+  // By band z (16 entries, bits used): the byte is floor(u * slope + offset).
   std::array<float, 16> band_slope, band_offset;
-  std::array<std::int32_t, 16> band_base, band_top;
 };
 const Adam8Search& adam8_search(bool second);  // the signed code's, or (second) the unsigned's
 // The byte of magnitude u (the search above, 8 probes), for either code.
