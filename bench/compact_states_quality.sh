@@ -13,7 +13,8 @@
 #
 # QUALITY_SEED sets the run's seed (its initial weights and data order; default the quick
 # start's); QUALITY_SETTINGS picks settings ("state:master:rounding ...", e.g. "fp32:fp32:-
-# int8:bf16:kahan"); QUALITY_PLOT names the plot ("" for none).
+# int8:bf16:kahan"); QUALITY_PLOT names the plot ("" for none); QUALITY_KEEP names a folder to
+# keep each setting's metrics in (.jsonl; the work folder is removed).
 #
 # Usage: bench/compact_states_quality.sh [build/strata]
 set -euo pipefail
@@ -47,6 +48,10 @@ for setting in "${settings[@]}"; do
     exit 1
   }
 done
+if [ -n "${QUALITY_KEEP:-}" ]; then
+  mkdir -p "$QUALITY_KEEP"
+  cp "$work"/*.jsonl "$QUALITY_KEEP"/
+fi
 /usr/bin/python3 - "$work" "$steps" "${QUALITY_PLOT-bench/compact_states_quality.png}" <<'PY'
 import json, sys
 import os
@@ -82,10 +87,11 @@ except ImportError:
     print("no matplotlib (apt install python3-matplotlib): no plot")
     sys.exit(0)
 fig, ax = plt.subplots(figsize=(8, 5))
-for state, (train, held) in runs.items():
-    ax.plot([s for s, _ in train], [l for _, l in train], lw=0.6, alpha=0.5,
+for i, (state, (train, held)) in enumerate(runs.items()):
+    color = plt.get_cmap("tab10")(i)  # one colour a setting, its two curves alike
+    ax.plot([s for s, _ in train], [l for _, l in train], lw=0.6, alpha=0.5, color=color,
             label=f"training, {labels[state]}")
-    ax.plot([s for s, _ in held], [l for _, l in held], marker="o", ms=3,
+    ax.plot([s for s, _ in held], [l for _, l in held], marker="o", ms=3, color=color,
             label=f"held-out, {labels[state]}")
 ax.set_xlabel("step")
 ax.set_ylabel("loss (nats per byte)")
