@@ -196,14 +196,18 @@ TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
       return first + (s.threshold[static_cast<std::size_t>(first)] < u) +
              (s.threshold[static_cast<std::size_t>(first + 1)] < u);
     };
-    // The band's byte, or -1 where x lies within the margin of an integer (or is NaN).
-    const auto by_band = [&](float u) {
+    // x = u * slope + offset of u's band (its binade's, one less above the boundary in it).
+    const auto band_x = [&](float u) {
       const auto exponent = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(u) >> 23);
       const auto binade = static_cast<std::size_t>(std::max(exponent - kAdam8BinadeLo, 0));
       std::int32_t z = s.binade_band[binade];
       if (u > s.binade_boundary[binade]) --z;
       const auto at = static_cast<std::size_t>(z);
-      const float x = std::fma(u, s.band_slope[at], s.band_offset[at]);
+      return std::fma(u, s.band_slope[at], s.band_offset[at]);
+    };
+    // The band's byte, or -1 where x lies within the margin of an integer (or is NaN).
+    const auto by_band = [&](float u) {
+      const float x = band_x(u);
       const float whole = std::floor(x);
       if (!(x - whole >= kAdam8BandMargin && x - whole <= 1.0f - kAdam8BandMargin)) return -1;
       return static_cast<int>(whole);
@@ -236,13 +240,7 @@ TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
     for (std::size_t j = 0; j < 256 && std::isfinite(s.threshold[j]); ++j) {
       const float t = s.threshold[j];
       for (const float u : {t, std::nextafter(t, 2.0f)}) {
-        const auto exponent = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(u) >> 23);
-        const auto binade = static_cast<std::size_t>(std::max(exponent - kAdam8BinadeLo, 0));
-        std::int32_t z = s.binade_band[binade];
-        if (u > s.binade_boundary[binade]) --z;
-        const auto at = static_cast<std::size_t>(z);
-        const float x = std::fma(u, s.band_slope[at], s.band_offset[at]);
-        EXPECT_LT(std::abs(static_cast<double>(x) - static_cast<double>(j + 1)),
+        EXPECT_LT(std::abs(static_cast<double>(band_x(u)) - static_cast<double>(j + 1)),
                   kAdam8BandMargin / 4)
             << (second ? "unsigned" : "signed") << " threshold " << j << " (u " << u << ")";
       }
