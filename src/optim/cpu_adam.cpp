@@ -172,13 +172,11 @@ struct CpuAdam::Impl {
   // is the f32 step's), then stored back: moments rounded to nearest or quantized by block,
   // master weights stochastically (the reference's random bits, element by element) or with
   // their Kahan compensation, the copy converted from the value stored. (bf16 moments beside f32
-  // master weights skip this where the ISA's kernels read them directly: step(); 8-bit moments
-  // skip all of it where `fused8`, the ISA's kernel for them with the step's constants, is
-  // given: it reads and writes every array itself, master weights and copy included, a block at
-  // a time.)
+  // master weights, and 8-bit moments beside any master weights, skip this where the ISA's
+  // kernels read them directly: run_bf16_moment_tiles, run_adam8_tiles.)
   static constexpr std::int64_t kStateChunk = 2048;
-  template <typename Kernel, typename Fused8 = std::nullptr_t>
-  void run_tiles(const device::AdamWArgs& a, const Kernel& kernel, const Fused8& fused8 = nullptr) {
+  template <typename Kernel>
+  void run_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
     const std::size_t gsize = dtype_size(a.grad_dtype);
     const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
     const bool out_of_place = a.param_in != nullptr;
@@ -209,26 +207,6 @@ struct CpuAdam::Impl {
     const void* comp_in = out_of_place ? a.param_comp_in : a.param_comp;
     const float* m_scale_in = out_of_place ? a.exp_avg_scale_in : a.exp_avg_scale;
     const float* v_scale_in = out_of_place ? a.exp_avg_sq_scale_in : a.exp_avg_sq_scale;
-    if constexpr (!std::is_same_v<Fused8, std::nullptr_t>) {
-      if (q8) {  // tiles of whole blocks, each array read and written by the kernel
-        for_each_tile(a.n, device::kAdam8BlockElems, [&](std::int64_t b, std::int64_t e) {
-          const std::int64_t block = b / device::kAdam8BlockElems;
-          const auto at = static_cast<std::size_t>(b);
-          const std::size_t master = half_master ? 2 : 4;
-          fused8(detail::Adam8Tile{
-              static_cast<std::byte*>(a.param) + at * master,
-              static_cast<const std::byte*>(p_in) + at * master,
-              kahan ? static_cast<std::uint16_t*>(a.param_comp) + b : nullptr,
-              kahan ? static_cast<const std::uint16_t*>(comp_in) + b : nullptr, grad_at(b),
-              out_at(b), static_cast<std::uint8_t*>(a.exp_avg) + b, a.exp_avg_scale + block,
-              static_cast<std::uint8_t*>(a.exp_avg_sq) + b, a.exp_avg_sq_scale + block,
-              static_cast<const std::uint8_t*>(m_in) + b, m_scale_in + block,
-              static_cast<const std::uint8_t*>(v_in) + b, v_scale_in + block, e - b,
-              a.rounding_seed, a.element_offset + static_cast<std::uint64_t>(b)});
-        });
-        return;
-      }
-    }
     // 8-bit moments: tiles and chunks of whole blocks (kStateChunk is a multiple of one).
     static_assert(kStateChunk % device::kAdam8BlockElems == 0);
     for_each_tile(a.n, q8 ? device::kAdam8BlockElems : 1, [&](std::int64_t b, std::int64_t e) {
@@ -306,6 +284,48 @@ struct CpuAdam::Impl {
           as_f32(m + b), as_f32(v + b),
           a.param_out != nullptr ? static_cast<std::byte*>(a.param_out) + at * osize : nullptr,
           e - b, p_in + b, as_f32(m_in + b), as_f32(v_in + b)});
+    });
+  }
+  // Runs `kernel(tile)` over the span's tiles of whole 8-bit blocks for a kernel that reads and
+  // writes every array itself (detail::Adam8Kernel): master weights in their form, their
+  // compensation, the moments' bytes and scales, the copy.
+  template <typename Kernel>
+  void run_adam8_tiles(const device::AdamWArgs& a, const Kernel& kernel) {
+    const bool out_of_place = a.param_in != nullptr;
+    const std::size_t gsize = dtype_size(a.grad_dtype);
+    const std::size_t osize = a.param_out != nullptr ? dtype_size(a.out_dtype) : 0;
+    const std::size_t psize = dtype_size(a.master_dtype);
+    const bool kahan =
+        a.master_dtype == DType::kBF16 && a.master_rounding == device::MasterRounding::kKahan;
+    const void* p_in = out_of_place ? a.param_in : a.param;
+    const void* comp_in = out_of_place ? a.param_comp_in : a.param_comp;
+    const auto* m_in = static_cast<const std::uint8_t*>(out_of_place ? a.exp_avg_in : a.exp_avg);
+    const auto* v_in =
+        static_cast<const std::uint8_t*>(out_of_place ? a.exp_avg_sq_in : a.exp_avg_sq);
+    const float* m_scale_in = out_of_place ? a.exp_avg_scale_in : a.exp_avg_scale;
+    const float* v_scale_in = out_of_place ? a.exp_avg_sq_scale_in : a.exp_avg_sq_scale;
+    for_each_tile(a.n, device::kAdam8BlockElems, [&](std::int64_t b, std::int64_t e) {
+      const std::int64_t block = b / device::kAdam8BlockElems;
+      const auto at = static_cast<std::size_t>(b);
+      kernel(detail::Adam8Tile{
+          .param = static_cast<std::byte*>(a.param) + at * psize,
+          .param_in = static_cast<const std::byte*>(p_in) + at * psize,
+          .param_comp = kahan ? static_cast<std::uint16_t*>(a.param_comp) + b : nullptr,
+          .param_comp_in = kahan ? static_cast<const std::uint16_t*>(comp_in) + b : nullptr,
+          .grad = static_cast<const std::byte*>(a.grad) + at * gsize,
+          .param_out =
+              a.param_out != nullptr ? static_cast<std::byte*>(a.param_out) + at * osize : nullptr,
+          .exp_avg = static_cast<std::uint8_t*>(a.exp_avg) + b,
+          .exp_avg_scale = a.exp_avg_scale + block,
+          .exp_avg_sq = static_cast<std::uint8_t*>(a.exp_avg_sq) + b,
+          .exp_avg_sq_scale = a.exp_avg_sq_scale + block,
+          .exp_avg_in = m_in + b,
+          .exp_avg_scale_in = m_scale_in + block,
+          .exp_avg_sq_in = v_in + b,
+          .exp_avg_sq_scale_in = v_scale_in + block,
+          .n = e - b,
+          .seed = a.rounding_seed,
+          .first = a.element_offset + static_cast<std::uint64_t>(b)});
     });
   }
   // fn(first element, block index, elements) for each 8-bit block of [c, c + len) (c on a block
@@ -568,6 +588,19 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
       return StepOutcome::kUpdated;
     }
   }
+  // 8-bit moments: every array read and written by the ISA's kernel for them where it has one
+  // (the tuner's variants are of f32 state; this kernel's stores are regular).
+  if (args.state_dtype == device::kAdam8StateDType) {
+    const detail::MasterKind master = args.master_dtype == DType::kF32 ? detail::kMasterF32
+                                      : args.master_rounding == device::MasterRounding::kKahan
+                                          ? detail::kMasterKahan
+                                          : detail::kMasterStochastic;
+    if (const detail::Adam8Kernel fused =
+            s.kernels.adam8[g][out_kind(args)][args.adamw_mode ? 1 : 0][master]) {
+      s.run_adam8_tiles(args, [&](const detail::Adam8Tile& t) { fused(c, s.q8_m, s.q8_v, t); });
+      return StepOutcome::kUpdated;
+    }
+  }
   s.adopt_if_chosen();
   bool streaming = s.streaming, prefetch = s.prefetch;
   int sample = -1;  // the tuner's variant this step is timed for, if any
@@ -581,18 +614,7 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
       s.kernels.adam[g][o][args.adamw_mode ? 1 : 0][s.nt_index(streaming, args)][prefetch];
   const auto t0 = sample >= 0 ? std::chrono::steady_clock::now()  // timed for the tuner only
                               : std::chrono::steady_clock::time_point{};
-  const auto step_tile = [&](const AdamTile& t) { kernel(c, t); };
-  const detail::MasterKind master = args.master_dtype == DType::kF32 ? detail::kMasterF32
-                                    : args.master_rounding == device::MasterRounding::kKahan
-                                        ? detail::kMasterKahan
-                                        : detail::kMasterStochastic;
-  if (const detail::Adam8Kernel fused8 =
-          s.kernels.adam8[g][out_kind(args)][args.adamw_mode ? 1 : 0][master];
-      fused8 != nullptr && args.state_dtype == device::kAdam8StateDType) {
-    s.run_tiles(args, step_tile, [&](const detail::Adam8Tile& t) { fused8(c, s.q8_m, s.q8_v, t); });
-  } else {
-    s.run_tiles(args, step_tile);
-  }
+  s.run_tiles(args, [&](const AdamTile& t) { kernel(c, t); });
   if (sample >= 0) {
     const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
     s.tuner->report(sample, took.count() / static_cast<double>(args.n));

@@ -845,7 +845,7 @@ inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Se
     amax_v = _mm512_maskz_max_ps(kAll, root[k], amax_v);
   }
   const float a_m = max_lane(amax_m), a_v = max_lane(amax_v);
-  // device::adam8_reciprocal's statement (not called: it is compiled without these flags).
+  // device::adam8_reciprocal's statement, inline (a call a block showed in profiles).
   const auto reciprocal = [](float a) {
     return a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f;
   };

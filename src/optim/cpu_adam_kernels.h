@@ -136,10 +136,9 @@ struct KernelSet {
   // std::uint16_t), regular stores, no prefetch: [grad kind][out kind][adamw_mode]. Null where an
   // ISA has none (the caller then widens the moments into f32 scratch).
   AdamKernel adam_bf16_moments[kNumGradKinds][kNumOutKinds][2];
-  // 8-bit moments read and written by the kernel itself: [grad kind][out kind][adamw_mode]. Null
-  // where an ISA has none (the caller then widens the moments into f32 scratch and quantizes
-  // them back with quant8).
-  // [grad kind][out kind][adamw_mode][master kind]
+  // 8-bit moments, master weights and copy read and written by the kernel itself, regular
+  // stores: [grad kind][out kind][adamw_mode][master kind]. Null where an ISA has none (the
+  // caller then widens the state into f32 scratch and quantizes the moments back with quant8).
   Adam8Kernel adam8[kNumGradKinds][kNumOutKinds][2][kNumMasterKinds];
   // [grad kind][out kind][nontemporal][prefetch]
   RooflineKernel roofline[kNumGradKinds][kNumOutKinds][2][2];

@@ -241,7 +241,7 @@ TEST(Adam8bit, TheVectorSearchesFindTheFullSearchsByte) {
       const float t = s.threshold[j];
       for (const float u : {t, std::nextafter(t, 2.0f)}) {
         EXPECT_LT(std::abs(static_cast<double>(band_x(u)) - static_cast<double>(j + 1)),
-                  kAdam8BandMargin / 4)
+                  std::ldexp(1.0, -15))  // the header's 2^-16, with a factor of 2 to spare
             << (second ? "unsigned" : "signed") << " threshold " << j << " (u " << u << ")";
       }
     }

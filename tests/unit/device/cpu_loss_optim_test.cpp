@@ -363,8 +363,6 @@ TEST(CpuOpsTest, ReductionsIndependentOfThreadCount) {
 namespace strata::device {
 namespace {
 
-// 8-bit moments and Kahan master weights through the CPU backend's op, which splits the span over
-// threads on 256-element block boundaries: the scalar reference's bytes over the whole span.
 // A compact state without its second plane (the 8-bit block scales, Kahan's compensation), or
 // half an out-of-place step, is refused before anything is read, by the one check every AdamW
 // (this op, CpuAdam, the CUDA op) runs, naming what is missing.
@@ -394,6 +392,8 @@ TEST(CpuOpsDeathTest, AdamwRefusesCompactStateWithoutItsSecondPlane) {
   EXPECT_DEATH(check_adamw_args(a, "CpuAdam:"), "CpuAdam: master weights must be f32 or bf16");
 }
 
+// 8-bit moments and Kahan master weights through the CPU backend's op, which splits the span over
+// threads on 64-element block boundaries: the scalar reference's bytes over the whole span.
 TEST(CpuOpsTest, AdamwCompactStatesSplitOnBlocksGiveTheReferencesBytes) {
   auto dev = make_device();
   const std::int64_t n = 70001;
