@@ -579,6 +579,21 @@ inline __m512i code_v(const Quant8Search& s, const BandTables& b, __m512 y) {
                                _mm512_set1_epi32(1));
 }
 
+// The largest of 16 lanes, none NaN.
+inline float max_lane(__m512 x) {
+  const __m512d d = _mm512_castps_pd(x);
+  const __m256 h = _mm256_max_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 0)),
+                                 _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 1)));
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
+// device::adam8_reciprocal's statement, inline (a call a block showed in profiles).
+inline float block_reciprocal(float a) {
+  return a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f;
+}
+
 // The scalar kernel's statements 16 lanes at a time: the absolute maximum (order-free), the square
 // root, the product by the reciprocal, the byte, narrowed on store.
 template <bool kSecond>
@@ -594,11 +609,8 @@ void quant8_lanes(const Quant8Search& s, const float* x, std::int64_t n, std::ui
     _mm512_store_ps(base + i, v);
     amax = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(v), amax);  // a NaN skipped (adam8_block)
   }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, amax);
-  float a = 0.0f;
-  for (const float l : lanes) a = l > a ? l : a;
-  const float r = device::adam8_reciprocal(a);
+  const float a = max_lane(amax);
+  const float r = block_reciprocal(a);
   *scale = r == 0.0f ? 0.0f : a;
   if (r == 0.0f) {
     for (std::int64_t i = 0; i < n; ++i) codes[i] = 0;
@@ -732,16 +744,6 @@ void round_stochastic(float* p, std::int64_t n, std::uint64_t seed, std::uint64_
 constexpr int kBlockVecs = static_cast<int>(device::kAdam8BlockElems / kLanes);
 static_assert(device::kAdam8BlockElems % kLanes == 0);
 
-// The largest of 16 lanes, none NaN.
-inline float max_lane(__m512 x) {
-  const __m512d d = _mm512_castps_pd(x);
-  const __m256 h = _mm256_max_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 0)),
-                                 _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 1)));
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
-}
-
 template <bool kMasked>
 inline __m512i load_codes(const std::uint8_t* p, __mmask16 k) {
   if constexpr (kMasked) {
@@ -845,11 +847,7 @@ inline void adam8_block(const Vconsts& c, const Quant8Search& qm, const Quant8Se
     amax_v = _mm512_maskz_max_ps(kAll, root[k], amax_v);
   }
   const float a_m = max_lane(amax_m), a_v = max_lane(amax_v);
-  // device::adam8_reciprocal's statement, inline (a call a block showed in profiles).
-  const auto reciprocal = [](float a) {
-    return a >= std::numeric_limits<float>::min() ? 1.0f / a : 0.0f;
-  };
-  const float r_m = reciprocal(a_m), r_v = reciprocal(a_v);
+  const float r_m = block_reciprocal(a_m), r_v = block_reciprocal(a_v);
   t.exp_avg_scale[block] = r_m == 0.0f ? 0.0f : a_m;
   t.exp_avg_sq_scale[block] = r_v == 0.0f ? 0.0f : a_v;
   const __m512 vr_m = _mm512_set1_ps(r_m), vr_v = _mm512_set1_ps(r_v);
