@@ -219,13 +219,15 @@ class GroupGatherer {
 
 // World rank 0 writes with `write` (which gathers `groups` through the source it is given, in
 // that order) while every rank takes part in gathering each of them. If rank 0 stops early (a
-// write error), it still joins the remaining gathers so no rank is left waiting.
+// write error: a full disk), it still joins the remaining gathers so no rank is left waiting,
+// receiving them into a buffer it then drops (rank 0 of a gather always receives).
 Status write_gathered(const std::vector<int>& groups, GroupGatherer& gatherer,
                       dist::ProcessGrid& grid,
                       const std::function<Status(const model::GroupSource&)>& write) {
   std::size_t gathered = 0;
   Status s;
-  if (grid.world().rank() == 0) {
+  const bool root = grid.world().rank() == 0;
+  if (root) {
     s = write([&](const model::ParamGroup& g, float* dst) {
       STRATA_CHECK(gathered < groups.size() && groups[gathered] == g.id,
                    "a group gathered out of the agreed order", g.name, gathered);
@@ -233,8 +235,11 @@ Status write_gathered(const std::vector<int>& groups, GroupGatherer& gatherer,
       return gatherer.gather(g.id, dst);
     });
   }
+  std::vector<float> dropped;
   for (; gathered < groups.size(); ++gathered) {
-    Status gs = gatherer.gather(groups[gathered], nullptr);
+    const int id = groups[gathered];
+    if (root) dropped.assign(static_cast<std::size_t>(gatherer.whole().group(id).num_elems), 0.0f);
+    Status gs = gatherer.gather(id, root ? dropped.data() : nullptr);
     if (s.is_ok() && !gs.is_ok()) s = gs;
   }
   return s;
@@ -421,7 +426,16 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
       s = rename_synced(tmp_dir, final_dir);
       if (!s.is_ok() && !old_dir.empty()) rename_synced(old_dir, final_dir).ignore();
     }
-    if (s.is_ok()) s = write_file_atomic(save_dir + "/latest", step_name(state.step) + "\n");
+    if (s.is_ok()) {
+      s = write_file_atomic(save_dir + "/latest", step_name(state.step) + "\n");
+      if (!s.is_ok()) {
+        // Unnamed by `latest`, the new checkpoint was not saved: it goes back to its temporary
+        // name (removed below; an incomplete directory under the real name could pass for a
+        // checkpoint), and the one it replaced comes back, so the save directory is as it was.
+        rename_synced(final_dir, tmp_dir).ignore();
+        if (!old_dir.empty()) rename_synced(old_dir, final_dir).ignore();
+      }
+    }
     if (s.is_ok() && !old_dir.empty()) {
       std::error_code ec;
       fs::remove_all(old_dir, ec);

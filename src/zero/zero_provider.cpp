@@ -598,11 +598,13 @@ Status ZeroProvider::step(double lr, std::int64_t step, float grad_scale) {
 
 Status ZeroProvider::gather_master(int group, float* full_out, const StateSnapshot& from) {
   const GroupPartition& p = partition_->group(group);
+  dist::Communicator& comm = from.comm != nullptr ? *from.comm : comm_;
+  STRATA_CHECK(comm.rank() != 0 || full_out != nullptr,
+               "gather_master: rank 0 of the gather must receive the group", group);
   std::vector<float> local(static_cast<std::size_t>(p.local_elems()));
   // The held state is the saved step's: a step running now is training's, not waited for.
   if (!from.held) STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   STRATA_RETURN_IF_ERROR(shards_->read_master(group, local.data(), from.held));
-  dist::Communicator& comm = from.comm != nullptr ? *from.comm : comm_;
   if (p.replicated) {
     if (comm.rank() == 0) std::memcpy(full_out, local.data(), local.size() * sizeof(float));
     return Status::ok();
