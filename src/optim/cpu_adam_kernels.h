@@ -148,26 +148,20 @@ struct KernelSet {
   RoundStochasticKernel round_stochastic;
 };
 
-// Fills every entry of `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an
-// anonymous namespace, with static constexpr variable templates naming its kernels:
+// Fills `set` from one ISA's kernels. `K` is a struct in that ISA's file, in an anonymous
+// namespace, with static constexpr variable templates naming its kernels. fill_adam_kernels takes
 //   AdamKernel adam<G, O, kAdamW, kNT, kPrefetch>; AdamKernel adam_bf16_moments<G, O, kAdamW>
-//   and Adam8Kernel adam8<G, O, kAdamW, kMaster> (may be null); RooflineKernel roofline<G, O, kNT,
-//   kPrefetch>; FiniteKernel all_finite<G>; Quant8Kernel quant8; Dequant8Kernel dequant8;
-//   RoundStochasticKernel round_stochastic
-// Its type has internal linkage, so every instantiation below is that file's own, compiled with
-// its flags: nothing ISA-specific is emitted where another file could pick it up.
+//   (may be null); RooflineKernel roofline<G, O, kNT, kPrefetch>; FiniteKernel all_finite<G>
+// and fill_compact_kernels
+//   Adam8Kernel adam8<G, O, kAdamW, kMaster> (may be null); Quant8Kernel quant8;
+//   Dequant8Kernel dequant8; RoundStochasticKernel round_stochastic
+// (fill_kernel_table: both from one struct). Its type has internal linkage, so every
+// instantiation below is that file's own, compiled with its flags: nothing ISA-specific is
+// emitted where another file could pick it up.
 template <class K, int G, int O, bool kNT, bool kPF>
 void fill_kernel_entry(KernelSet* set) {
   set->adam[G][O][0][kNT][kPF] = K::template adam<G, O, false, kNT, kPF>;
   set->adam[G][O][1][kNT][kPF] = K::template adam<G, O, true, kNT, kPF>;
-  set->adam_bf16_moments[G][O][0] = K::template adam_bf16_moments<G, O, false>;
-  set->adam_bf16_moments[G][O][1] = K::template adam_bf16_moments<G, O, true>;
-  set->adam8[G][O][0][kMasterF32] = K::template adam8<G, O, false, kMasterF32>;
-  set->adam8[G][O][1][kMasterF32] = K::template adam8<G, O, true, kMasterF32>;
-  set->adam8[G][O][0][kMasterKahan] = K::template adam8<G, O, false, kMasterKahan>;
-  set->adam8[G][O][1][kMasterKahan] = K::template adam8<G, O, true, kMasterKahan>;
-  set->adam8[G][O][0][kMasterStochastic] = K::template adam8<G, O, false, kMasterStochastic>;
-  set->adam8[G][O][1][kMasterStochastic] = K::template adam8<G, O, true, kMasterStochastic>;
   set->roofline[G][O][kNT][kPF] = K::template roofline<G, O, kNT, kPF>;
 }
 template <class K, int G, int O>
@@ -176,6 +170,8 @@ void fill_kernel_out(KernelSet* set) {
   fill_kernel_entry<K, G, O, false, true>(set);
   fill_kernel_entry<K, G, O, true, false>(set);
   fill_kernel_entry<K, G, O, true, true>(set);
+  set->adam_bf16_moments[G][O][0] = K::template adam_bf16_moments<G, O, false>;
+  set->adam_bf16_moments[G][O][1] = K::template adam_bf16_moments<G, O, true>;
 }
 template <class K, int G>
 void fill_kernel_grad(KernelSet* set) {
@@ -186,14 +182,43 @@ void fill_kernel_grad(KernelSet* set) {
   set->all_finite[G] = K::template all_finite<G>;
 }
 template <class K>
-void fill_kernel_table(KernelSet* set, const char* name) {
+void fill_adam_kernels(KernelSet* set, const char* name) {
   set->name = name;
-  set->quant8 = K::quant8;
-  set->dequant8 = K::dequant8;
-  set->round_stochastic = K::round_stochastic;
   fill_kernel_grad<K, kGradF32>(set);
   fill_kernel_grad<K, kGradBF16>(set);
   fill_kernel_grad<K, kGradF16>(set);
+}
+
+template <class K, int G, int O>
+void fill_compact_out(KernelSet* set) {
+  set->adam8[G][O][0][kMasterF32] = K::template adam8<G, O, false, kMasterF32>;
+  set->adam8[G][O][1][kMasterF32] = K::template adam8<G, O, true, kMasterF32>;
+  set->adam8[G][O][0][kMasterKahan] = K::template adam8<G, O, false, kMasterKahan>;
+  set->adam8[G][O][1][kMasterKahan] = K::template adam8<G, O, true, kMasterKahan>;
+  set->adam8[G][O][0][kMasterStochastic] = K::template adam8<G, O, false, kMasterStochastic>;
+  set->adam8[G][O][1][kMasterStochastic] = K::template adam8<G, O, true, kMasterStochastic>;
+}
+template <class K, int G>
+void fill_compact_grad(KernelSet* set) {
+  fill_compact_out<K, G, kOutNone>(set);
+  fill_compact_out<K, G, kOutF32>(set);
+  fill_compact_out<K, G, kOutBF16>(set);
+  fill_compact_out<K, G, kOutF16>(set);
+}
+template <class K>
+void fill_compact_kernels(KernelSet* set) {
+  set->quant8 = K::quant8;
+  set->dequant8 = K::dequant8;
+  set->round_stochastic = K::round_stochastic;
+  fill_compact_grad<K, kGradF32>(set);
+  fill_compact_grad<K, kGradBF16>(set);
+  fill_compact_grad<K, kGradF16>(set);
+}
+
+template <class K>
+void fill_kernel_table(KernelSet* set, const char* name) {
+  fill_adam_kernels<K>(set, name);
+  fill_compact_kernels<K>(set);
 }
 
 void fill_scalar_kernels(KernelSet* set);
@@ -201,7 +226,9 @@ void fill_scalar_kernels(KernelSet* set);
 void round_stochastic_scalar(float* p, std::int64_t n, std::uint64_t seed, std::uint64_t first,
                              std::uint16_t* dst);
 void fill_avx2_kernels(KernelSet* set);
-// native_bf16: convert with vcvtneps2bf16 (needs avx512_bf16 at run time).
+// native_bf16: convert with vcvtneps2bf16 (needs avx512_bf16 at run time). Fills the compact
+// states' kernels too, from cpu_adam_compact_avx512.cpp (fill_avx512_compact_kernels).
 void fill_avx512_kernels(KernelSet* set, bool native_bf16);
+void fill_avx512_compact_kernels(KernelSet* set, bool native_bf16);
 
 }  // namespace strata::optim::detail
