@@ -9,9 +9,9 @@
 
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
-#include "strata/model/llama.h"
 #include "strata/model/llama_config.h"
 #include "strata/model/lora.h"
+#include "strata/model/model_options.h"
 
 namespace strata::model::detail {
 

@@ -1,7 +1,7 @@
 // The process grid: the ranks arranged as data x tensor x pipeline groups, each axis with its own
 // communicator (MPI sub-communicators, NCCL splits). Megatron's order: the ranks of one tensor
 // group are adjacent, then data, then pipeline, so a tensor group stays inside a node. ZeRO shards
-// over the data axis; today's runs are the grid (data = world, tensor = 1, pipeline = 1).
+// over the data axis; tensor and pipeline sizes come from the config (or its "auto" planner).
 #pragma once
 
 #include <memory>

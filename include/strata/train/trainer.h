@@ -1,4 +1,5 @@
-// The training loop: data, model, offload engine, optimizer schedule, checkpoints and metrics.
+// The training loop: data, model, the ZeRO provider over the tiered store, optimizer schedule,
+// checkpoints and metrics.
 #pragma once
 
 #include <atomic>
