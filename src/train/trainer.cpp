@@ -13,6 +13,7 @@
 #include <ostream>
 #include <set>
 
+#include "src/train/pipeline_runner.h"
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
 #include "strata/core/rng.h"
@@ -139,14 +140,6 @@ struct Trainer::Impl {
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
-  // One micro-batch of this rank's step: its tokens, its share of the step's loss and its
-  // adapter dropout key.
-  struct Micro {
-    std::vector<std::int32_t> inputs, targets;
-    double share = 0;
-    float grad_scale = 0;  // of its loss gradient: its share times the loss scale
-    std::uint64_t dropout_key = 0;
-  };
   // The loss scale of the step about to run: the scaler's in fp16, else 1.
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
   // The next micro-batch is this rank's (stage's) last of the step: the optimizer may start,
@@ -155,50 +148,8 @@ struct Trainer::Impl {
     provider->begin_last_micro_batch(schedule.lr_at(step), step + 1, config.grad_clip > 0,
                                      static_cast<float>(1.0 / loss_scale()));
   }
-  // The step's micro-batches through this pipeline stage in its schedule's order, activations
-  // and their gradients sent to and received from the neighbouring stages; the loss (share
-  // weighted, the last stage's) into *loss_sum, the model's time into *compute_ms.
-  Status run_pipeline(const std::vector<Micro>& micros, double* loss_sum, double* compute_ms);
-  // Forward only, one micro-batch through every stage (evaluation): its loss on the last
-  // stage, 0 on the others.
-  Result<float> pipeline_forward(const model::LlamaModel::MicroBatch& mb);
-  // Tied embeddings cut into stages: the first stage sends the last the embedding its head
-  // reads, before a pass that reads it, unless the copy there is current (both stages decide
-  // alike: after every step of a trained embedding, once for a frozen one).
-  Status share_embedding();
-  bool embedding_copy_current = false;
-  // "pipeline: ..." (a line) with pipeline parallelism: the stages' layers, the schedule and
-  // its bubble, and this rank's place; empty without.
-  std::string describe_pipeline() const {
-    const model::PipelineStage& st = model_options.pipeline;
-    if (!st.split()) return "";
-    std::string layers;
-    for (int v = 0; v < st.virtual_count(); ++v) {
-      const std::int64_t b = st.bounds[static_cast<std::size_t>(v)],
-                         e = st.bounds[static_cast<std::size_t>(v + 1)];
-      layers += (v == 0               ? ""
-                 : v % st.stages == 0 ? " || "
-                                      : " | ") +
-                std::to_string(b) + (e - b > 1 ? "-" + std::to_string(e - 1) : "");
-    }
-    const PipelineShape shape = config.pipeline_shape(grid->data().world_size());
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "pipeline: %d stages, %s schedule%s, layers %s | %d micro-batches a step: "
-                  "bubble %.1f%% in theory | this rank: stage %d, %d micro-batches in flight\n",
-                  st.stages, std::string(pipeline_schedule_name(config.pipeline_schedule)).c_str(),
-                  st.virtual_stages > 1
-                      ? (" (" + std::to_string(st.virtual_stages) + " chunks a stage)").c_str()
-                      : "",
-                  layers.c_str(), shape.micro_batches,
-                  100.0 * theoretical_bubble(config.pipeline_schedule, shape), st.stage,
-                  st.in_flight);
-    return buf;
-  }
-  // The model's pass span on the trace's compute row.
-  void trace_pass(const std::string& name, std::int64_t begin_ns) const {
-    if (timeline->recording()) timeline->add(mem::Lane::kCompute, name, begin_ns, now_ns());
-  }
+  // With pipeline parallelism: this stage's part of each step and evaluation.
+  std::unique_ptr<PipelineRunner> pipeline;
   // Mean loss over eval_data (every rank's slice), into m's eval fields, when this step is due.
   Status maybe_evaluate(StepMetrics* m);
   // Every sequence an evaluation will read: token ids below the vocabulary, mask bytes 0 or 1.
@@ -434,6 +385,10 @@ Status Trainer::Impl::setup() {
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
                                            swap.get(), *grid, zopts, sopts, &planned.plan));
+  if (shape.pipeline > 1) {
+    pipeline = std::make_unique<PipelineRunner>(
+        PipelineRunner::Parts{config, *model, *provider, *grid, *timeline, model_options.pipeline});
+  }
   const model::GroupSource seeded = [&](const model::ParamGroup& g, float* dst) {
     model::init_group(config.model, g, config.seed, dst);
     return Status::ok();
@@ -569,11 +524,11 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
                             sampler->count_targets(batch_start + g));
     global_targets += counts[static_cast<std::size_t>(g)];
   }
-  std::vector<Micro> micros(static_cast<std::size_t>(accum));
+  std::vector<StepMicroBatch> micros(static_cast<std::size_t>(accum));
   for (std::int64_t micro = 0; micro < accum; ++micro) {
     // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
     // rank count: micro-batch `micro` of rank r takes its own contiguous run of them.
-    Micro& mi = micros[static_cast<std::size_t>(micro)];
+    StepMicroBatch& mi = micros[static_cast<std::size_t>(micro)];
     mi.inputs.resize(static_cast<std::size_t>(mb * seq));
     mi.targets.resize(mi.inputs.size());
     const std::int64_t first = batch_start + (micro * world + rank) * mb;
@@ -596,10 +551,11 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   }
   double loss_sum = 0;
   if (grid->shape().pipeline > 1) {
-    STRATA_RETURN_IF_ERROR(run_pipeline(micros, &loss_sum, &m.compute_ms));
+    STRATA_RETURN_IF_ERROR(pipeline->run_step(
+        micros, [&] { begin_last_micro_batch(); }, &loss_sum, &m.compute_ms));
   } else {
     for (std::int64_t micro = 0; micro < accum; ++micro) {
-      const Micro& mi = micros[static_cast<std::size_t>(micro)];
+      const StepMicroBatch& mi = micros[static_cast<std::size_t>(micro)];
       // The last micro-batch's gradients are final as they come: the update may start with them.
       if (micro == accum - 1) begin_last_micro_batch();
       const std::int64_t begin = now_ns();
@@ -607,7 +563,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
           float loss, model->forward_backward(*provider, mi.inputs.data(), mi.targets.data(), mb,
                                               seq, mi.grad_scale, mi.dropout_key));
       STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
-      trace_pass("micro-batch " + std::to_string(micro), begin);
+      trace_pass(*timeline, "micro-batch " + std::to_string(micro), begin);
       m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
       loss_sum += static_cast<double>(loss) * mi.share;
     }
@@ -656,7 +612,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
     if (scaler) STRATA_RETURN_IF_ERROR(scaler->update(/*overflow=*/false));
   }
-  if (!layout->group(layout->embed_group()).frozen) embedding_copy_current = false;
+  if (pipeline && !layout->group(layout->embed_group()).frozen) pipeline->embedding_changed();
   // An overlapped update runs on into the next step's forward; the last step of a run waits.
   if (finish) STRATA_RETURN_IF_ERROR(provider->finish_step());
   ++step;
@@ -703,165 +659,6 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   m.planned_nvme_bytes = planned.plan.tier_bytes(Tier::kNvme);
   m.predicted_rss_bytes = planned.rss_bytes;
   return m;
-}
-
-Status Trainer::Impl::run_pipeline(const std::vector<Micro>& micros, double* loss_sum,
-                                   double* compute_ms) {
-  const model::PipelineStage& stage = model_options.pipeline;
-  const PipelineShape shape = config.pipeline_shape(grid->data().world_size());
-  const std::vector<PipelinePass> passes =
-      stage_passes(config.pipeline_schedule, shape, stage.stage);
-  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
-  const int slots = stage.in_flight;
-  STRATA_RETURN_IF_ERROR(model->prepare(*provider, mb, seq));
-  STRATA_RETURN_IF_ERROR(share_embedding());
-  dist::Communicator& pipe = grid->pipeline();
-  const DType dt = config.precision;
-  // Each (slot, chunk)'s sends in flight: its buffers are not rewritten before they are done.
-  const auto at = [&](int slot, int chunk) {
-    return static_cast<std::size_t>(slot * stage.virtual_stages + chunk);
-  };
-  std::vector<dist::CommHandle> sent_output(at(slots, 0)), sent_grad(at(slots, 0));
-  // Tied embeddings cut into stages: the head's part of each micro-batch's embedding gradient,
-  // from the last stage to the first (rank 1 to 0 of the embedding group), received into the
-  // slot's buffer as soon as the slot's forward is done, so that the last stage's send never
-  // waits for the first stage's backward.
-  dist::Communicator* ends = grid->embedding();
-  const std::int64_t embedding_elems = ends != nullptr ? model->embedding_elems() : 0;
-  std::vector<dist::CommHandle> embedding_grads(static_cast<std::size_t>(slots));
-  dist::CommHandle embedding_grad_sent;
-  const auto named = [&](const char* what, const PipelinePass& p, int peer) {
-    return std::string(what) + " of micro-batch " + std::to_string(p.micro_batch) +
-           (stage.virtual_stages > 1 ? " (chunk " + std::to_string(p.chunk) + ")" : "") +
-           " between pipeline stages " + std::to_string(stage.stage) + " and " +
-           std::to_string(peer);
-  };
-  Status status;
-  for (std::size_t k = 0; k < passes.size() && status.is_ok(); ++k) {
-    const PipelinePass& p = passes[k];
-    const Micro& mi = micros[static_cast<std::size_t>(p.micro_batch)];
-    const int slot = p.micro_batch % slots;
-    const model::LlamaModel::MicroBatch batch{mi.inputs.data(), mi.targets.data(), mb,  seq,
-                                              mi.grad_scale,    mi.dropout_key,    slot};
-    const model::LlamaModel::Boundary b = model->boundary(slot, p.chunk);
-    std::int64_t begin = 0;  // the pass's own work, after what it waited to receive
-    status = [&]() -> Status {
-      if (p.forward) {
-        STRATA_RETURN_IF_ERROR(sent_output[at(slot, p.chunk)].wait());
-        if (!stage.first_chunk(p.chunk)) {
-          const int from = stage.previous_stage(p.chunk);
-          STRATA_RETURN_IF_ERROR(
-              pipe.recv(b.input, b.elems, dt, from, named("activations", p, from)).wait());
-        }
-        const bool sends_embedding_grad = b.embedding_grad != nullptr && stage.last_chunk(p.chunk);
-        if (sends_embedding_grad) STRATA_RETURN_IF_ERROR(embedding_grad_sent.wait());
-        begin = now_ns();
-        STRATA_RETURN_IF_ERROR(model->forward_chunk(*provider, batch, p.chunk, /*train=*/true));
-        if (b.embedding_grad != nullptr && stage.first_chunk(p.chunk)) {
-          embedding_grads[static_cast<std::size_t>(slot)] =
-              ends->recv(b.embedding_grad, embedding_elems, dt, 1,
-                         named("the head's embedding gradient", p, stage.stages - 1));
-        }
-        if (sends_embedding_grad) {
-          embedding_grad_sent = ends->send(b.embedding_grad, embedding_elems, dt, 0,
-                                           named("the head's embedding gradient", p, 0));
-        }
-        if (stage.last_chunk(p.chunk)) {
-          *loss_sum += static_cast<double>(model->loss(slot)) * mi.share;
-        } else {
-          const int to = stage.next_stage(p.chunk);
-          sent_output[at(slot, p.chunk)] =
-              pipe.send(b.output, b.elems, dt, to, named("activations", p, to));
-        }
-        return Status::ok();
-      }
-      // The stage's last pass: its gradients are final as they come, and the update may start.
-      if (k + 1 == passes.size()) begin_last_micro_batch();
-      STRATA_RETURN_IF_ERROR(sent_grad[at(slot, p.chunk)].wait());
-      if (!stage.last_chunk(p.chunk)) {
-        const int from = stage.next_stage(p.chunk);
-        STRATA_RETURN_IF_ERROR(
-            pipe.recv(b.output_grad, b.elems, dt, from, named("gradients", p, from)).wait());
-      }
-      if (b.embedding_grad != nullptr && stage.first_chunk(p.chunk)) {
-        STRATA_RETURN_IF_ERROR(embedding_grads[static_cast<std::size_t>(slot)].wait());
-      }
-      begin = now_ns();
-      STRATA_RETURN_IF_ERROR(model->backward_chunk(*provider, batch, p.chunk));
-      STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
-      if (!stage.first_chunk(p.chunk)) {
-        const int to = stage.previous_stage(p.chunk);
-        sent_grad[at(slot, p.chunk)] =
-            pipe.send(b.input_grad, b.elems, dt, to, named("gradients", p, to));
-      }
-      return Status::ok();
-    }();
-    if (begin != 0) {
-      trace_pass(std::string(p.forward ? "forward" : "backward") + " micro-batch " +
-                     std::to_string(p.micro_batch) + " chunk " + std::to_string(p.chunk),
-                 begin);
-    }
-    *compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
-  }
-  // Every send ends before the step does (and before its buffers are rewritten).
-  embedding_grads.push_back(std::move(embedding_grad_sent));
-  for (auto* handles : {&sent_output, &sent_grad, &embedding_grads}) {
-    for (dist::CommHandle& h : *handles) {
-      if (Status s = h.wait(); !s.is_ok() && status.is_ok()) status = s;
-    }
-  }
-  return status;
-}
-
-Status Trainer::Impl::share_embedding() {
-  if (!model->shares_embedding() || embedding_copy_current) return Status::ok();
-  dist::Communicator& ends = *grid->embedding();
-  const model::PipelineStage& stage = model_options.pipeline;
-  const std::int64_t n = model->embedding_elems();
-  const std::string what = "the tied embedding's weights from pipeline stage 0 to stage " +
-                           std::to_string(stage.stages - 1);
-  if (stage.holds_embedding()) {
-    STRATA_ASSIGN_OR_RETURN(const void* weights, model->acquire_embedding(*provider));
-    const Status sent = ends.send(weights, n, config.precision, 1, what).wait();
-    model->release_embedding(*provider);
-    STRATA_RETURN_IF_ERROR(sent);
-  } else {
-    STRATA_RETURN_IF_ERROR(model->prepare(*provider, config.micro_batch_size, config.seq_len));
-    STRATA_RETURN_IF_ERROR(ends.recv(model->embedding_copy(), n, config.precision, 0, what).wait());
-  }
-  embedding_copy_current = true;
-  return Status::ok();
-}
-
-Result<float> Trainer::Impl::pipeline_forward(const model::LlamaModel::MicroBatch& mb) {
-  const model::PipelineStage& stage = model_options.pipeline;
-  dist::Communicator& pipe = grid->pipeline();
-  const DType dt = config.precision;
-  STRATA_RETURN_IF_ERROR(share_embedding());
-  float loss = 0;
-  // Virtual stages in order; this stage runs its chunks among them.
-  for (int chunk = 0; chunk < stage.virtual_stages; ++chunk) {
-    STRATA_RETURN_IF_ERROR(model->prepare(*provider, mb.batch, mb.seq));
-    const model::LlamaModel::Boundary b = model->boundary(mb.slot, chunk);
-    const auto named = [&](int peer) {
-      return "evaluation activations (chunk " + std::to_string(chunk) +
-             ") between pipeline stages " + std::to_string(stage.stage) + " and " +
-             std::to_string(peer);
-    };
-    if (!stage.first_chunk(chunk)) {
-      const int from = stage.previous_stage(chunk);
-      STRATA_RETURN_IF_ERROR(pipe.recv(b.input, b.elems, dt, from, named(from)).wait());
-    }
-    STRATA_RETURN_IF_ERROR(model->forward_chunk(*provider, mb, chunk, /*train=*/false));
-    if (stage.last_chunk(chunk)) {
-      loss = model->loss(mb.slot);
-    } else {
-      const int to = stage.next_stage(chunk);
-      // Waited at once: the next micro-batch rewrites the buffer.
-      STRATA_RETURN_IF_ERROR(pipe.send(b.output, b.elems, dt, to, named(to)).wait());
-    }
-  }
-  return loss;
 }
 
 std::int64_t Trainer::Impl::eval_batch_count() const {
@@ -912,7 +709,7 @@ Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
     }
     float loss = 0;
     if (grid->shape().pipeline > 1) {
-      STRATA_ASSIGN_OR_RETURN(loss, pipeline_forward({inputs.data(), targets.data(), mb, seq}));
+      STRATA_ASSIGN_OR_RETURN(loss, pipeline->forward({inputs.data(), targets.data(), mb, seq}));
     } else {
       STRATA_ASSIGN_OR_RETURN(
           loss, model->forward_loss(*provider, inputs.data(), targets.data(), mb, seq));
@@ -1256,8 +1053,8 @@ std::string Trainer::describe() const {
           : "");
   const std::string finetune = describe_finetune(s.config, *s.whole);
   const std::string cache = s.base_cache ? s.base_cache->describe() + "\n" : "";
-  return buf + s.describe_pipeline() + (finetune.empty() ? "" : finetune + "\n") + cache +
-         s.provider->plan().describe();
+  return buf + (s.pipeline ? s.pipeline->describe() : std::string()) +
+         (finetune.empty() ? "" : finetune + "\n") + cache + s.provider->plan().describe();
 }
 
 }  // namespace strata::train
