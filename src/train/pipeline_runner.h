@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/core/clock.h"
+#include "src/train/step_batch.h"
 #include "strata/core/status.h"
 #include "strata/dist/process_grid.h"
 #include "strata/mem/timeline.h"
@@ -18,20 +18,6 @@
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
-
-// One micro-batch of this rank's step: its tokens, its share of the step's loss, the scale of its
-// loss gradient (its share times the loss scale) and its adapter dropout key.
-struct StepMicroBatch {
-  std::vector<std::int32_t> inputs, targets;
-  double share = 0;
-  float grad_scale = 0;
-  std::uint64_t dropout_key = 0;
-};
-
-// The model's pass `name` from `begin_ns` to now, on the trace's compute row.
-inline void trace_pass(mem::Timeline& timeline, const std::string& name, std::int64_t begin_ns) {
-  if (timeline.recording()) timeline.add(mem::Lane::kCompute, name, begin_ns, now_ns());
-}
 
 class PipelineRunner {
  public:

@@ -14,6 +14,8 @@
 #include <set>
 
 #include "src/train/pipeline_runner.h"
+#include "src/train/step_batch.h"
+#include "src/train/step_recorder.h"
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
 #include "strata/core/rng.h"
@@ -40,52 +42,6 @@
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
-
-Json StepMetrics::to_json() const {
-  Json j{{"step", step},
-         {"loss", loss},
-         {"lr", lr},
-         {"grad_norm", grad_norm},
-         {"skipped", skipped},
-         {"tokens_per_s", tokens_per_s},
-         {"step_ms", step_ms},
-         {"compute_ms", compute_ms},
-         {"wait_ms", wait_ms},
-         {"stall_ms", stall_ms},
-         {"save_stall_ms", save_stall_ms},
-         {"optimizer_ms", optimizer_ms},
-         {"optimizer_exposed_ms", optimizer_exposed_ms},
-         {"optimizer_guessed", guessed},
-         {"optimizer_redone", redone},
-         {"optimizer_schedule", optimizer_schedule},
-         {"h2d_busy_ms", h2d_busy_ms},
-         {"d2h_busy_ms", d2h_busy_ms},
-         {"nvme_read_busy_ms", nvme_read_busy_ms},
-         {"nvme_write_busy_ms", nvme_write_busy_ms},
-         {"h2d_bytes", h2d_bytes},
-         {"d2h_bytes", d2h_bytes},
-         {"nvme_read_bytes", nvme_read_bytes},
-         {"nvme_write_bytes", nvme_write_bytes},
-         {"peak_device_bytes", peak_device_bytes},
-         {"peak_host_bytes", peak_host_bytes},
-         {"peak_nvme_bytes", peak_nvme_bytes},
-         {"peak_rss_bytes", peak_rss_bytes},
-         {"planned_device_bytes", planned_device_bytes},
-         {"planned_host_bytes", planned_host_bytes},
-         {"planned_nvme_bytes", planned_nvme_bytes},
-         {"predicted_rss_bytes", predicted_rss_bytes},
-         {"comm_bytes", comm_bytes},
-         {"sent_bytes", sent_bytes},
-         {"loss_tokens", loss_tokens}};
-  if (loss_scale) j["loss_scale"] = *loss_scale;
-  if (eval_loss) {
-    j["eval_loss"] = *eval_loss;
-    j["eval_ppl"] = *eval_ppl;
-    j["eval_tokens"] = eval_tokens;
-    j["eval_ms"] = eval_ms;
-  }
-  return j;
-}
 
 struct Trainer::Impl {
   TrainConfig config;
@@ -124,9 +80,6 @@ struct Trainer::Impl {
   std::unique_ptr<AsyncSave> saving;
   std::unique_ptr<dist::Communicator> save_comm;
   std::unique_ptr<dist::ProcessGrid> save_grid;
-  // Training's time lost to saves since the last step's metrics: a whole synchronous save, or an
-  // asynchronous one's start (a wait for the one before, the hold).
-  double save_stall_ms = 0;
   // Joins the save in flight (if any), reports it and prunes after it (keep_last); its error.
   Status finish_save();
   // The same for a save that has ended; nothing when none has.
@@ -140,6 +93,17 @@ struct Trainer::Impl {
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
+  // Without a pipeline: the step's micro-batches in turn; their loss (share weighted) added to
+  // *loss_sum, the model's time to *model_ms.
+  Status run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
+                           double* model_ms);
+  // This rank's share-weighted loss summed over the stages and the data-parallel ranks.
+  Result<double> global_loss(double loss_sum);
+  // The update with the clip and unscale multiplier, or the step skipped (non-finite gradients,
+  // an fp16 overflow, no target that counts) with the scaler told.
+  Status update_or_skip(double scaled_norm, std::int64_t global_targets, StepMetrics* m);
+  // Each step's counters: transfers, optimizer, peaks, collectives, saves' stalls.
+  std::unique_ptr<StepRecorder> recorder;
   // The loss scale of the step about to run: the scaler's in fp16, else 1.
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
   // The next micro-batch is this rank's (stage's) last of the step: the optimizer may start,
@@ -158,12 +122,6 @@ struct Trainer::Impl {
   Status write_trace() const;
   // The swap drive's sustained rates over the run, for the next strata estimate (rank 0).
   void record_drive() const;
-  // Every collective of the run: each grid axis's, and the kv-replica sums of a split model.
-  dist::CommStats comm_stats() const {
-    dist::CommStats s = grid->stats();
-    if (tensor_group != nullptr) s += tensor_group->replica_stats();
-    return s;
-  }
   TrainerState state() const {
     TrainerState st;
     st.step = step;
@@ -183,13 +141,6 @@ namespace {
 
 // Salts the seed for adapter dropout masks (tools/golden/lora_golden.py uses the same).
 constexpr std::uint64_t kDropoutSalt = 0x6c6f72612d64726full;
-
-// A loss scale as people write it: 65536, or 0.5.
-std::string format_scale(double scale) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.15g", scale);
-  return buf;
-}
 
 // finetune's adapter keys against the adapter_config.json of finetune.adapter: a mismatch is named
 // with the value that would match.
@@ -385,6 +336,8 @@ Status Trainer::Impl::setup() {
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
                                            swap.get(), *grid, zopts, sopts, &planned.plan));
+  recorder = std::make_unique<StepRecorder>(StepRecorder::Rooms{
+      *provider, *device, *timeline, swap.get(), *grid, tensor_group.get(), planned});
   if (shape.pipeline > 1) {
     pipeline = std::make_unique<PipelineRunner>(
         PipelineRunner::Parts{config, *model, *provider, *grid, *timeline, model_options.pipeline});
@@ -499,92 +452,81 @@ Status Trainer::Impl::setup() {
 }
 
 Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
+  recorder->begin();
   StepMetrics m;
   m.step = step + 1;
-  const zero::RankStats before = provider->stats();
-  const dist::CommStats comm_before = comm_stats();
-  const auto busy_before = timeline->busy_ms();
-  const io::IoStats io_before = swap ? swap->stats() : io::IoStats{};
-  device->reset_peak();
-  Stopwatch step_timer;
-
-  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
-  const std::int64_t world = grid->data().world_size(), rank = grid->data().rank();
-  const std::int64_t accum = config.accumulation_steps(static_cast<int>(world));
   if (scaler) m.loss_scale = scaler->scale();
   const bool overflow = options.overflow_at && options.overflow_at(comm->rank(), m.step);
-  // The loss is the mean over every target of the global batch that counts (all of them without
-  // a loss mask), however the batch is split: each micro-batch's mean is weighted by its share.
-  // Every rank counts the whole batch itself (the sampler is a function of the step).
-  const std::int64_t batch_start = step * config.batch_size;
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(config.batch_size));
-  std::int64_t global_targets = 0;
-  for (std::int64_t g = 0; g < config.batch_size; ++g) {
-    STRATA_ASSIGN_OR_RETURN(counts[static_cast<std::size_t>(g)],
-                            sampler->count_targets(batch_start + g));
-    global_targets += counts[static_cast<std::size_t>(g)];
-  }
-  std::vector<StepMicroBatch> micros(static_cast<std::size_t>(accum));
-  for (std::int64_t micro = 0; micro < accum; ++micro) {
-    // The global batch is sequences [step * batch_size, (step + 1) * batch_size) whatever the
-    // rank count: micro-batch `micro` of rank r takes its own contiguous run of them.
-    StepMicroBatch& mi = micros[static_cast<std::size_t>(micro)];
-    mi.inputs.resize(static_cast<std::size_t>(mb * seq));
-    mi.targets.resize(mi.inputs.size());
-    const std::int64_t first = batch_start + (micro * world + rank) * mb;
-    std::int64_t micro_targets = 0;
-    for (std::int64_t i = 0; i < mb; ++i) {
-      STRATA_RETURN_IF_ERROR(sampler->sequence(first + i, config.model.vocab_size,
-                                               mi.inputs.data() + i * seq,
-                                               mi.targets.data() + i * seq));
-      micro_targets += counts[static_cast<std::size_t>(first + i - batch_start)];
-    }
-    mi.share = global_targets > 0
-                   ? static_cast<double>(micro_targets) / static_cast<double>(global_targets)
-                   : 0.0;
-    mi.grad_scale = overflow ? std::numeric_limits<float>::infinity()
-                             : static_cast<float>(mi.share * m.loss_scale.value_or(1.0));
-    // Adapter dropout masks: a function of the seed and of where the micro-batch sits in the run.
-    mi.dropout_key =
-        splitmix64_at(config.seed ^ kDropoutSalt,
-                      static_cast<std::uint64_t>((step * accum + micro) * world + rank));
-  }
-  double loss_sum = 0;
-  if (grid->shape().pipeline > 1) {
+  STRATA_ASSIGN_OR_RETURN(
+      const StepBatch batch,
+      make_step_batch(config, *sampler, step, grid->data().world_size(), grid->data().rank(),
+                      m.loss_scale.value_or(1.0), overflow));
+
+  // The micro-batches: forward and backward, the gradients landing where the plan keeps them.
+  double loss_sum = 0, model_ms = 0;
+  if (pipeline) {
     STRATA_RETURN_IF_ERROR(pipeline->run_step(
-        micros, [&] { begin_last_micro_batch(); }, &loss_sum, &m.compute_ms));
+        batch.micros, [&] { begin_last_micro_batch(); }, &loss_sum, &model_ms));
   } else {
-    for (std::int64_t micro = 0; micro < accum; ++micro) {
-      const StepMicroBatch& mi = micros[static_cast<std::size_t>(micro)];
-      // The last micro-batch's gradients are final as they come: the update may start with them.
-      if (micro == accum - 1) begin_last_micro_batch();
-      const std::int64_t begin = now_ns();
-      STRATA_ASSIGN_OR_RETURN(
-          float loss, model->forward_backward(*provider, mi.inputs.data(), mi.targets.data(), mb,
-                                              seq, mi.grad_scale, mi.dropout_key));
-      STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
-      trace_pass(*timeline, "micro-batch " + std::to_string(micro), begin);
-      m.compute_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
-      loss_sum += static_cast<double>(loss) * mi.share;
-    }
+    STRATA_RETURN_IF_ERROR(run_micro_batches(batch.micros, &loss_sum, &model_ms));
   }
-  // Compute is the model's own work: without the time it waited for overlapped updates.
-  m.compute_ms -= provider->stats().since(before).optimizer_exposed_ms;
-  m.loss = loss_sum;
-  m.loss_tokens = global_targets;
+  m.compute_ms = recorder->compute_ms(model_ms);
+  m.loss_tokens = batch.global_targets;
+  STRATA_ASSIGN_OR_RETURN(m.loss, global_loss(loss_sum));
+
+  // The norm of the gradients as computed: times the loss scale in fp16. Every rank has the same
+  // sum (an overflow on any rank makes it infinite on all), so all skip together.
+  m.lr = schedule.lr_at(step);
+  STRATA_ASSIGN_OR_RETURN(const double scaled_norm, provider->grad_norm());
+  m.grad_norm = scaled_norm / m.loss_scale.value_or(1.0);
+
+  // The optimizer step, or a skip.
+  STRATA_RETURN_IF_ERROR(update_or_skip(scaled_norm, batch.global_targets, &m));
+  if (pipeline && !layout->group(layout->embed_group()).frozen) pipeline->embedding_changed();
+  // An overlapped update runs on into the next step's forward; the last step of a run waits.
+  if (finish) STRATA_RETURN_IF_ERROR(provider->finish_step());
+  ++step;
+
+  recorder->finish(config.batch_size * config.seq_len, &m);
+  return m;
+}
+
+Status Trainer::Impl::run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
+                                        double* model_ms) {
+  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
+  for (std::size_t micro = 0; micro < micros.size(); ++micro) {
+    const StepMicroBatch& mi = micros[micro];
+    // The last micro-batch's gradients are final as they come: the update may start with them.
+    if (micro + 1 == micros.size()) begin_last_micro_batch();
+    const std::int64_t begin = now_ns();
+    STRATA_ASSIGN_OR_RETURN(
+        float loss, model->forward_backward(*provider, mi.inputs.data(), mi.targets.data(), mb, seq,
+                                            mi.grad_scale, mi.dropout_key));
+    STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
+    trace_pass(*timeline, "micro-batch " + std::to_string(micro), begin);
+    *model_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
+    *loss_sum += static_cast<double>(loss) * mi.share;
+  }
+  return Status::ok();
+}
+
+Result<double> Trainer::Impl::global_loss(double loss_sum) {
+  double loss = loss_sum;
   // The last stage's loss to every stage (the others add zero: exact).
   if (grid->shape().pipeline > 1) {
     STRATA_RETURN_IF_ERROR(
-        grid->pipeline().all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss (pipeline)"));
+        grid->pipeline().all_reduce_host(&loss, 1, dist::ReduceOp::kSum, "loss (pipeline)"));
   }
-  if (world > 1)
-    STRATA_RETURN_IF_ERROR(grid->data().all_reduce_host(&m.loss, 1, dist::ReduceOp::kSum, "loss"));
-  m.lr = schedule.lr_at(step);
-  // The norm of the gradients as computed: times the loss scale in fp16. Every rank has the same
-  // sum (an overflow on any rank makes it infinite on all), so all skip together.
-  STRATA_ASSIGN_OR_RETURN(const double scaled_norm, provider->grad_norm());
+  if (grid->data().world_size() > 1) {
+    STRATA_RETURN_IF_ERROR(grid->data().all_reduce_host(&loss, 1, dist::ReduceOp::kSum, "loss"));
+  }
+  return loss;
+}
+
+Status Trainer::Impl::update_or_skip(double scaled_norm, std::int64_t global_targets,
+                                     StepMetrics* out) {
+  StepMetrics& m = *out;
   const double loss_scale = m.loss_scale.value_or(1.0);
-  m.grad_norm = scaled_norm / loss_scale;
   if (!std::isfinite(scaled_norm) || global_targets == 0) {
     // Every rank counts the same targets.
     m.skipped = true;
@@ -612,53 +554,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
     if (scaler) STRATA_RETURN_IF_ERROR(scaler->update(/*overflow=*/false));
   }
-  if (pipeline && !layout->group(layout->embed_group()).frozen) pipeline->embedding_changed();
-  // An overlapped update runs on into the next step's forward; the last step of a run waits.
-  if (finish) STRATA_RETURN_IF_ERROR(provider->finish_step());
-  ++step;
-  m.step_ms = step_timer.elapsed_ms();
-  m.tokens_per_s = static_cast<double>(config.batch_size * seq) / (m.step_ms / 1e3);
-  const zero::RankStats d = provider->stats().since(before);
-  m.optimizer_ms = d.optimizer_total_ms;
-  m.optimizer_exposed_ms = d.optimizer_exposed_ms;
-  m.guessed = d.steps_guessed > 0;
-  m.redone = d.steps_redone > 0;
-  m.optimizer_schedule = zero::optimizer_overlap_name(provider->step_schedule());
-  m.schedule_measured = provider->plan().measure_overlap;
-  m.wait_ms = d.wait_ms;
-  m.stall_ms = d.stall_ms;
-  m.save_stall_ms = save_stall_ms;
-  save_stall_ms = 0;
-  const auto busy = timeline->busy_ms();
-  auto lane = [](mem::Lane l) { return static_cast<std::size_t>(l); };
-  m.h2d_busy_ms =
-      busy[lane(mem::Lane::kHostToDevice)] - busy_before[lane(mem::Lane::kHostToDevice)];
-  m.d2h_busy_ms =
-      busy[lane(mem::Lane::kDeviceToHost)] - busy_before[lane(mem::Lane::kDeviceToHost)];
-  if (swap) {
-    // The swap space's own clock: every NVMe request, the optimizer's streaming included.
-    const io::IoStats io_after = swap->stats();
-    m.nvme_read_busy_ms = (io_after.read_busy_s - io_before.read_busy_s) * 1e3;
-    m.nvme_write_busy_ms = (io_after.write_busy_s - io_before.write_busy_s) * 1e3;
-  }
-  m.h2d_bytes = d.h2d_bytes;
-  m.d2h_bytes = d.d2h_bytes;
-  m.nvme_read_bytes = d.nvme_read_bytes;
-  m.nvme_write_bytes = d.nvme_write_bytes;
-  m.peak_device_bytes = device->memory_stats().peak_bytes;
-  m.peak_host_bytes = d.host_bytes;
-  m.peak_nvme_bytes = d.nvme_bytes;
-  const dist::CommStats comm_after = comm_stats();
-  m.comm_bytes = (comm_after.all_gather_bytes - comm_before.all_gather_bytes) +
-                 (comm_after.reduce_scatter_bytes - comm_before.reduce_scatter_bytes) +
-                 (comm_after.all_reduce_bytes - comm_before.all_reduce_bytes);
-  m.sent_bytes = comm_after.sent_bytes - comm_before.sent_bytes;
-  if (auto mem = sys::read_process_memory(); mem.is_ok()) m.peak_rss_bytes = mem->peak_rss_bytes;
-  m.planned_device_bytes = planned.plan.peak(Tier::kDevice);
-  m.planned_host_bytes = planned.plan.peak(Tier::kHost);
-  m.planned_nvme_bytes = planned.plan.tier_bytes(Tier::kNvme);
-  m.predicted_rss_bytes = planned.rss_bytes;
-  return m;
+  return Status::ok();
 }
 
 std::int64_t Trainer::Impl::eval_batch_count() const {
@@ -759,7 +655,7 @@ Result<std::string> Trainer::save() {
   if (!s.config.save_async) {
     auto path = save_checkpoint(s.config.save_dir, s.config.model, *s.layout, *s.whole,
                                 s.config.lora(), *s.provider, *s.grid, s.state());
-    s.save_stall_ms += stall.elapsed_ms();
+    s.recorder->add_save_stall(stall.elapsed_ms());
     STRATA_RETURN_IF_ERROR(path.status());
     s.saved(*path);
     return path;
@@ -767,7 +663,7 @@ Result<std::string> Trainer::save() {
   // At most one save in flight: the one before ends first (its error is this save's).
   Status before = s.finish_save();
   if (!before.is_ok()) {
-    s.save_stall_ms += stall.elapsed_ms();
+    s.recorder->add_save_stall(stall.elapsed_ms());
     return before;
   }
   STRATA_RETURN_IF_ERROR(s.provider->hold_state());
@@ -783,7 +679,7 @@ Result<std::string> Trainer::save() {
     return path;
   });
   s.saving = std::move(job);
-  s.save_stall_ms += stall.elapsed_ms();
+  s.recorder->add_save_stall(stall.elapsed_ms());
   return s.saving->path;
 }
 
@@ -834,44 +730,6 @@ std::string precision_with_scaling(const TrainConfig& config, const optim::LossS
          std::to_string(l.loss_scale_window) + ", hysteresis " + std::to_string(l.hysteresis) + ")";
 }
 
-std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
-  char buf[768];
-  std::snprintf(
-      buf, sizeof(buf),
-      "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f%s | %.0f tok/s | %.0f ms "
-      "(compute %.0f, wait %.0f, stall %.0f, optim %.0f, hidden %.0f, exposed %.0f%s) | "
-      "busy ms h2d %.0f d2h %.0f nvme r %.0f w %.0f | moved h2d %s d2h %s nvme r %s w %s | "
-      "peak device %s host %s nvme %s rss %s | comm %s",
-      static_cast<long long>(m.step), static_cast<long long>(max_steps), m.loss, m.lr, m.grad_norm,
-      m.skipped ? " (skipped)" : "", m.tokens_per_s, m.step_ms, m.compute_ms, m.wait_ms, m.stall_ms,
-      m.optimizer_ms, std::max(0.0, m.optimizer_ms - m.optimizer_exposed_ms),
-      m.optimizer_exposed_ms,
-      m.redone                                                ? ", redone"
-      : m.guessed                                             ? ", beside backward"
-      : m.schedule_measured && m.optimizer_schedule == "none" ? ", serial (auto)"
-                                                              : "",
-      m.h2d_busy_ms, m.d2h_busy_ms, m.nvme_read_busy_ms, m.nvme_write_busy_ms,
-      format_bytes(m.h2d_bytes).c_str(), format_bytes(m.d2h_bytes).c_str(),
-      format_bytes(m.nvme_read_bytes).c_str(), format_bytes(m.nvme_write_bytes).c_str(),
-      format_bytes(m.peak_device_bytes).c_str(), format_bytes(m.peak_host_bytes).c_str(),
-      format_bytes(m.peak_nvme_bytes).c_str(), format_bytes(m.peak_rss_bytes).c_str(),
-      format_bytes(m.comm_bytes).c_str());
-  std::string line = buf;
-  // Pipeline stages: what this rank sent across its boundaries.
-  if (m.sent_bytes > 0) line += ", sent " + format_bytes(m.sent_bytes);
-  // fp16: the loss scale the step ran with.
-  if (m.loss_scale) line += " | loss scale " + format_scale(*m.loss_scale);
-  return line;
-}
-
-std::string eval_line(const StepMetrics& m, std::int64_t max_steps) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf),
-                "eval at step %lld/%lld | loss %.4f | perplexity %.2f | %lld targets | %.0f ms",
-                static_cast<long long>(m.step), static_cast<long long>(max_steps), *m.eval_loss,
-                *m.eval_ppl, static_cast<long long>(m.eval_tokens), m.eval_ms);
-  return buf;
-}
 }  // namespace
 
 Status Trainer::Impl::write_trace() const {
