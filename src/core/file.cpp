@@ -2,16 +2,41 @@
 #include "strata/core/file.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 namespace strata {
+
+Result<std::string> expand_home(const std::string& path) {
+  if (path != "~" && path.rfind("~/", 0) != 0) return path;
+  std::string home;
+  if (const char* h = std::getenv("HOME"); h != nullptr) home = h;
+  if (home.empty()) {
+    struct passwd pw {};
+    struct passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr &&
+        found->pw_dir != nullptr) {
+      home = found->pw_dir;
+    }
+  }
+  if (home.empty()) {
+    return invalid_argument(path +
+                            ": no home directory to put in place of \"~\" (HOME is not set "
+                            "and the password database has none for this user); write the path "
+                            "in full");
+  }
+  return home + path.substr(1);
+}
 
 Result<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

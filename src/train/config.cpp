@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "strata/core/file.h"
 #include "strata/device/adam8bit.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/zero/plan.h"
@@ -193,6 +194,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
         m->dump());
     if (m->is_string()) {
       c.model_path = m->get<std::string>();
+      if (auto path = expand_home(c.model_path); path.is_ok()) c.model_path = *path;
       read = model::HfCheckpointReader::read_config(c.model_path);
     } else if (m->is_object()) {
       read = model::LlamaConfig::from_json(*m, "config key 'model'");
@@ -436,6 +438,26 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                      std::string(zero::offload_name(c.activation_offload)) +
                      "\" moves checkpointed activations; it needs activation_checkpointing true");
   }
+  // "~" in a path is the home directory, as a shell would have it.
+  const auto expand = [&](const std::string& key, std::string* path) {
+    auto expanded = expand_home(*path);
+    if (expanded.is_ok()) {
+      *path = *expanded;
+    } else {
+      errors.push_back("'" + key + "': " + expanded.status().message());
+    }
+  };
+  expand("model", &c.model_path);
+  expand("data.path", &c.data.path);
+  if (c.eval_data) expand("eval_data.path", &c.eval_data->path);
+  for (std::size_t i = 0; i < c.swap_paths.size(); ++i) {
+    expand("swap_paths[" + std::to_string(i) + "]", &c.swap_paths[i]);
+  }
+  expand("save_dir", &c.save_dir);
+  expand("metrics_file", &c.metrics_file);
+  expand("trace_file", &c.trace_file);
+  expand("finetune.adapter", &c.finetune.adapter);
+  expand("finetune.quantized_cache", &c.finetune.quantized_cache);
   if (c.uses_nvme() && c.swap_paths.empty()) {
     errors.push_back("'swap_paths': offload to nvme needs at least one swap directory");
   }

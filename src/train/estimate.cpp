@@ -262,16 +262,10 @@ std::string Estimate::describe() const {
   return s;
 }
 
-namespace {
-
-// Where gradients are summed over a step's micro-batches: "none" (one micro-batch: kept as
-// computed), "device" or "host".
-const char* grad_accumulation_text(const zero::MemoryPlan& plan) {
+const char* Estimate::grad_accumulation() const {
   if (plan.keep_gradients) return "none";
   return plan.sums_on_device() ? "device" : "host";
 }
-
-}  // namespace
 
 Json Estimate::to_json() const {
   Json tiers = Json::object();
@@ -301,7 +295,7 @@ Json Estimate::to_json() const {
               {"rss_bytes", rss_bytes},
               {"optimizer_overlap", zero::optimizer_overlap_name(plan.overlap)},
               {"shadow_state", plan.shadow_state},
-              {"grad_accumulation", grad_accumulation_text(plan)},
+              {"grad_accumulation", grad_accumulation()},
               {"kinds", tiers}};
 }
 

@@ -37,6 +37,7 @@
 #include "strata/train/estimate.h"
 #include "strata/train/pipeline_schedule.h"
 #include "strata/train/quantized_cache.h"
+#include "strata/train/resolve.h"
 #include "strata/train/step_time.h"
 #include "strata/zero/tensor_group.h"
 #include "strata/zero/zero_provider.h"
@@ -65,7 +66,8 @@ struct Trainer::Impl {
   optim::LrSchedule schedule;
   std::optional<optim::LossScaler> scaler;  // fp16's loss scaling
   std::int64_t step = 0;                    // optimizer steps completed
-  Estimate planned;  // what strata estimate says of this config, for the run to compare
+  Estimate planned;        // what strata estimate says of this config, for the run to compare
+  std::string resolution;  // ResolvedConfig::describe(): what "auto" chose, the grid, the modes
   std::vector<StepMetrics> history;
   std::string last_checkpoint;
   std::ofstream metrics;
@@ -212,38 +214,19 @@ Status Trainer::Impl::setup() {
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
   STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
   const int rank = comm->rank(), world = comm->world_size();
-  if (config.parallelism_auto) {
-    // Every rank probes, and all take rank 0's choice (as for "auto" placements below).
-    const MachineRates rates = calibrate(config, device.get());
-    STRATA_ASSIGN_OR_RETURN(GridChoice choice, choose_grid(config, world, rates));
-    const std::uint64_t mine[4] = {
-        static_cast<std::uint64_t>(choice.tensor), static_cast<std::uint64_t>(choice.pipeline),
-        static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer)};
-    std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(world));
-    STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 4, "grid"));
-    choice.tensor = static_cast<int>(all[0]);
-    choice.pipeline = static_cast<int>(all[1]);
-    choice.param = static_cast<Tier>(all[2]);
-    choice.optimizer = static_cast<Tier>(all[3]);
-    config = choice.applied_to(config);
-    if (rank == 0) log_info("grid: " + choice.why);
+  // The config resolved as strata estimate resolves it: the grid, the placement, {rank} paths
+  // and this rank's plan (the one estimate prints for it, and the one its provider runs).
+  STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved,
+                          resolve_config(config, {world, rank, comm.get(), device.get()}));
+  config = std::move(resolved.config);
+  planned = std::move(resolved.planned);
+  resolution = resolved.describe();
+  if (rank == 0) {
+    for (const std::string& c : resolved.choices) log_info(c);
   }
-  // tensor_parallel_size consecutive ranks split each layer, pipeline_parallel_size stages hold
-  // the layers in turn; ZeRO shards over the rest.
-  const int tp = config.tensor_parallel_size, pp = config.pipeline_parallel_size;
-  if (world % (tp * pp) != 0) {
-    return invalid_argument((pp > 1 ? "tensor_parallel_size " + std::to_string(tp) +
-                                          " x pipeline_parallel_size " + std::to_string(pp) +
-                                          " = " + std::to_string(tp * pp)
-                                    : "tensor_parallel_size " + std::to_string(tp)) +
-                            " must divide the " + std::to_string(world) + " ranks this run has");
-  }
-  dist::GridShape shape;
-  shape.data = world / (tp * pp);
-  shape.tensor = tp;
-  shape.pipeline = pp;
-  STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
-  STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
+  if (rank != 0) options.progress = nullptr;  // rank 0 alone reports
+  const dist::GridShape shape = resolved.shape;
+  const int tp = shape.tensor;
   STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
   if (config.model.tie_word_embeddings) STRATA_RETURN_IF_ERROR(grid->link_embedding_stages());
   if (config.save_async) {  // the saves' own communicators, made beside training's
@@ -258,46 +241,6 @@ Status Trainer::Impl::setup() {
   const dist::GridCoord at = grid->coord();
   layout = std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline));
   whole = std::make_unique<model::ParamLayout>(config.whole_layout());
-  if (world > 1) {
-    // Every rank must run the same config; a mismatch would silently desynchronize them.
-    const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(world));
-    STRATA_RETURN_IF_ERROR(comm->all_gather_host(&mine, all.data(), 1, "config hash"));
-    for (int r = 0; r < world; ++r) {
-      if (all[static_cast<std::size_t>(r)] != all[0]) {
-        return invalid_argument("rank " + std::to_string(r) +
-                                " runs a different config than rank 0; "
-                                "start every rank with the same config and --set flags");
-      }
-    }
-  }
-  if (config.offload_param_auto || config.offload_optimizer_auto) {
-    // Every rank probes, and all take rank 0's choice: timings differ between ranks, and ranks
-    // placing differently would not run the same collectives.
-    const MachineRates rates = calibrate(config, device.get());
-    STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, rates));
-    const std::uint64_t mine[2] = {static_cast<std::uint64_t>(choice.param),
-                                   static_cast<std::uint64_t>(choice.optimizer)};
-    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world));
-    STRATA_RETURN_IF_ERROR(comm->all_gather_host(mine, all.data(), 2, "placement"));
-    config.offload_param = static_cast<Tier>(all[0]);
-    config.offload_optimizer = static_cast<Tier>(all[1]);
-    if (rank == 0) log_info("placement: " + choice.why);
-  }
-  // Before anything large is allocated: the process's own memory is what estimate measures.
-  // This rank's plan: the one strata estimate prints for it, and the one its provider runs.
-  EstimateOptions plan_options;
-  plan_options.rank = rank;
-  STRATA_ASSIGN_OR_RETURN(planned, estimate_with_changes(config, world, plan_options));
-  if (rank != 0) options.progress = nullptr;  // rank 0 alone reports
-  // Metrics and a trace of each rank where the path says {rank}, else of rank 0 alone.
-  for (std::string* path : {&config.metrics_file, &config.trace_file}) {
-    if (const auto at = path->find("{rank}"); at != std::string::npos) {
-      path->replace(at, 6, std::to_string(rank));
-    } else if (rank != 0) {
-      path->clear();
-    }
-  }
   if (config.uses_nvme()) {
     io::SwapOptions so = swap_options(config, rank);
     so.fault_injection = options.swap_faults;
@@ -911,7 +854,7 @@ std::string Trainer::describe() const {
           : "");
   const std::string finetune = describe_finetune(s.config, *s.whole);
   const std::string cache = s.base_cache ? s.base_cache->describe() + "\n" : "";
-  return buf + (s.pipeline ? s.pipeline->describe() : std::string()) +
+  return buf + s.resolution + (s.pipeline ? s.pipeline->describe() : std::string()) +
          (finetune.empty() ? "" : finetune + "\n") + cache + s.provider->plan().describe();
 }
 

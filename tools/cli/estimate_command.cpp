@@ -9,6 +9,7 @@
 
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
+#include "strata/train/resolve.h"
 #include "strata/train/step_probe.h"
 #include "strata/train/step_time.h"
 #include "tools/cli/commands.h"
@@ -30,27 +31,12 @@ int run_estimate(const EstimateArgs& a) {
   };
   auto config = train::load_train_config(a.config_path, a.sets);
   if (!config.is_ok()) return fail(config.status());
-  // The probes take a second: "auto" needs their rates to choose, a fixed placement is planned
-  // first, so that one that cannot run is refused at once.
-  std::optional<train::MachineRates> probed;
-  std::string placement;
-  if (config->parallelism_auto) {
-    probed = train::calibrate(*config);
-    auto choice = train::choose_grid(*config, a.ranks, *probed);
-    if (!choice.is_ok()) return fail(choice.status());
-    *config = choice->applied_to(*config);
-    placement = "grid: " + choice->why + "\n";
-  }
-  if (config->offload_param_auto || config->offload_optimizer_auto) {
-    probed = train::calibrate(*config);
-    auto choice = train::choose_placement(*config, a.ranks, *probed);
-    if (!choice.is_ok()) return fail(choice.status());
-    config->offload_param = choice->param;
-    config->offload_optimizer = choice->optimizer;
-    placement = "placement: " + choice->why + "\n";
-  }
-  Result<train::Estimate> e = train::estimate_with_changes(*config, a.ranks);
-  if (!e.is_ok()) return fail(e.status());
+  // "auto" measures the machine's rates (about a second) to choose; a fixed grid and placement are
+  // planned first, so that one that cannot run is refused at once.
+  auto resolved = train::resolve_config(*config, {a.ranks, 0});
+  if (!resolved.is_ok()) return fail(resolved.status());
+  *config = resolved->config;
+  const train::Estimate* e = &resolved->planned;
   // Pipeline stages plan apart (each its layers, the first the embedding, the last the head):
   // every stage's first rank must fit, as its rank checks when training starts.
   std::vector<train::Estimate> stages;
@@ -63,8 +49,8 @@ int run_estimate(const EstimateArgs& a) {
     }
     stages.push_back(std::move(*st));
   }
-  if (!probed) probed = train::calibrate(*config);
-  const train::MachineRates& rates = *probed;
+  if (!resolved->rates) resolved->rates = train::calibrate(*config);
+  const train::MachineRates& rates = *resolved->rates;
   train::StepTime step = train::predict_step(*config, *e, rates);
   // A small model's step is timed: a few steps of 1- and 3-layer variants of the config.
   bool timed = false;
@@ -94,7 +80,7 @@ int run_estimate(const EstimateArgs& a) {
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
-  std::cout << placement << e->describe();
+  std::cout << resolved->describe() << e->describe();
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const zero::MemoryPlan& p = stages[i].plan;
     std::cout << "pipeline stage " << i + 1 << " (rank " << stages[i].rank << "): device "

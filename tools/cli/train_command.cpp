@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "strata/core/file.h"
 #include "strata/dist/communicator.h"
 #include "strata/sys/environment.h"
 #include "strata/train/config.h"
@@ -127,7 +128,14 @@ int run_train(const TrainArgs& a) {
       return exit_code_for(s);
     }
   }
-  options.resume_dir = a.resume;
+  // --resume=~/x reaches us unexpanded (a shell expands "~" only at a word's start).
+  auto resume = expand_home(a.resume);
+  if (!resume.is_ok()) {
+    std::fprintf(stderr, "%s--resume %s\n", error_prefix().c_str(),
+                 resume.status().message().c_str());
+    return exit_code_for(resume.status());
+  }
+  options.resume_dir = *resume;
   options.progress = &std::cout;
   options.stop_requested = &g_stop_requested;
   auto trainer = train::Trainer::create(*config, options);

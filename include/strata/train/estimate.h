@@ -68,6 +68,9 @@ struct Estimate {
   std::uint64_t device_bytes_needed() const;
 
   std::string describe() const;  // the lines strata estimate prints
+  // Where gradients are summed over a step's micro-batches: "none" (one micro-batch: kept as
+  // computed), "device" or "host".
+  const char* grad_accumulation() const;
   // device_bytes, host_bytes, nvme_bytes, rss_bytes, and each tier's bytes by kind.
   Json to_json() const;
 };

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/scoped_env.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::train {
@@ -266,5 +267,32 @@ TEST(ConfigTest, ANumberBeyondDoublesRangeIsAnErrorNotACrash) {
   EXPECT_NE(o.status().message().find("optimizer.lr"), std::string::npos) << o.status().message();
 }
 
+// "~" at a path's start is the home directory, as a shell would have it, in every path key (the
+// model's config.json is read through it); "~user" and a "~" inside a path are left as written.
+TEST(ConfigTest, TildeInAPathIsTheHomeDirectory) {
+  testing::TempDir home;
+  const testing::ScopedEnv env("HOME", home.path());
+  Json hf = minimal()["model"];
+  hf["max_position_embeddings"] = 256;
+  home.write("models/tiny/config.json", hf.dump());
+  Json j = minimal();
+  j["model"] = "~/models/tiny";
+  j["data"]["path"] = "~/data.txt";
+  j["eval_data"] = {{"path", "~/eval.txt"}, {"format", "text"}};
+  j["swap_paths"] = {"~/swap-{rank}", "/mnt/a~/swap"};
+  j["save_dir"] = "~";
+  j["metrics_file"] = "~other/metrics.jsonl";
+  j["trace_file"] = "~/trace.json";
+  auto c = parse_train_config(j, "test.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->model_path, home.file("models/tiny"));
+  EXPECT_EQ(c->model.hidden_size, 32);
+  EXPECT_EQ(c->data.path, home.file("data.txt"));
+  EXPECT_EQ(c->eval_data->path, home.file("eval.txt"));
+  EXPECT_EQ(c->swap_paths, (std::vector<std::string>{home.file("swap-{rank}"), "/mnt/a~/swap"}));
+  EXPECT_EQ(c->save_dir, home.path());
+  EXPECT_EQ(c->metrics_file, "~other/metrics.jsonl");
+  EXPECT_EQ(c->trace_file, home.file("trace.json"));
+}
 }  // namespace
 }  // namespace strata::train

@@ -1,0 +1,126 @@
+// A config resolved once for a run or an estimate (resolve.h).
+#include "strata/train/resolve.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/zero/plan.h"
+
+namespace strata::train {
+
+namespace {
+
+// Every rank must run the same config; a mismatch would silently desynchronize them.
+Status check_same_config(const TrainConfig& config, dist::Communicator& comm) {
+  const std::uint64_t mine = std::hash<std::string>{}(config.to_json().dump());
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.world_size()));
+  STRATA_RETURN_IF_ERROR(comm.all_gather_host(&mine, all.data(), 1, "config hash"));
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (all[static_cast<std::size_t>(r)] != all[0]) {
+      return invalid_argument("rank " + std::to_string(r) +
+                              " runs a different config than rank 0; "
+                              "start every rank with the same config and --set flags");
+    }
+  }
+  return Status::ok();
+}
+
+// Rank 0's values for every rank of a run (timings differ between ranks, and ranks choosing
+// differently would not run the same collectives); the values as they are without one.
+Status take_rank_zeros(dist::Communicator* comm, std::vector<std::uint64_t>* values,
+                       const char* what) {
+  if (comm == nullptr || comm->world_size() == 1) return Status::ok();
+  const auto n = static_cast<int>(values->size());
+  std::vector<std::uint64_t> all(values->size() * static_cast<std::size_t>(comm->world_size()));
+  STRATA_RETURN_IF_ERROR(comm->all_gather_host(values->data(), all.data(), n, what));
+  values->assign(all.begin(), all.begin() + n);
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& options) {
+  ResolvedConfig r;
+  const int world = options.world;
+  if (options.comm != nullptr && world > 1) {
+    STRATA_RETURN_IF_ERROR(check_same_config(config, *options.comm));
+  }
+  const auto rates = [&]() -> const MachineRates& {
+    if (!r.rates) r.rates = calibrate(config, options.probe_device);
+    return *r.rates;
+  };
+  if (config.parallelism_auto) {
+    STRATA_ASSIGN_OR_RETURN(GridChoice choice, choose_grid(config, world, rates()));
+    std::vector<std::uint64_t> v = {
+        static_cast<std::uint64_t>(choice.tensor), static_cast<std::uint64_t>(choice.pipeline),
+        static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer)};
+    STRATA_RETURN_IF_ERROR(take_rank_zeros(options.comm, &v, "grid"));
+    choice.tensor = static_cast<int>(v[0]);
+    choice.pipeline = static_cast<int>(v[1]);
+    choice.param = static_cast<Tier>(v[2]);
+    choice.optimizer = static_cast<Tier>(v[3]);
+    config = choice.applied_to(config);
+    r.choices.push_back("grid: " + choice.why);
+  }
+  // tensor_parallel_size consecutive ranks split each layer, pipeline_parallel_size stages hold
+  // the layers in turn; ZeRO shards over the rest.
+  const int tp = config.tensor_parallel_size, pp = config.pipeline_parallel_size;
+  if (options.comm != nullptr) {
+    if (world % (tp * pp) != 0) {
+      return invalid_argument((pp > 1 ? "tensor_parallel_size " + std::to_string(tp) +
+                                            " x pipeline_parallel_size " + std::to_string(pp) +
+                                            " = " + std::to_string(tp * pp)
+                                      : "tensor_parallel_size " + std::to_string(tp)) +
+                              " must divide the " + std::to_string(world) + " ranks this run has");
+    }
+    STRATA_RETURN_IF_ERROR(config.check_batch_split(world / (tp * pp)));
+    STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, world / (tp * pp)));
+  }
+  r.shape = {world / (tp * pp), tp, pp};
+  if (config.offload_param_auto || config.offload_optimizer_auto) {
+    STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, rates()));
+    std::vector<std::uint64_t> v = {static_cast<std::uint64_t>(choice.param),
+                                    static_cast<std::uint64_t>(choice.optimizer)};
+    STRATA_RETURN_IF_ERROR(take_rank_zeros(options.comm, &v, "placement"));
+    config.offload_param = static_cast<Tier>(v[0]);
+    config.offload_optimizer = static_cast<Tier>(v[1]);
+    r.choices.push_back("placement: " + choice.why);
+  }
+  // Before anything large is allocated: the process's own memory is what estimate measures.
+  EstimateOptions plan_options;
+  plan_options.rank = options.rank;
+  STRATA_ASSIGN_OR_RETURN(r.planned, estimate_with_changes(config, world, plan_options));
+  // Metrics and a trace of each rank where the path says {rank}, else of rank 0 alone.
+  for (std::string* path : {&config.metrics_file, &config.trace_file}) {
+    if (const auto at = path->find("{rank}"); at != std::string::npos) {
+      path->replace(at, 6, std::to_string(options.rank));
+    } else if (options.rank != 0) {
+      path->clear();
+    }
+  }
+  r.config = std::move(config);
+  return r;
+}
+
+std::string ResolvedConfig::describe() const {
+  std::string s;
+  for (const std::string& c : choices) s += c + "\n";
+  const std::int64_t accum = config.accumulation_steps(shape.data);
+  s += "resolved: data " + std::to_string(shape.data) + " x tensor " +
+       std::to_string(shape.tensor) + " x pipeline " + std::to_string(shape.pipeline) +
+       " | offload param " + std::string(zero::offload_name(config.offload_param)) +
+       ", optimizer " + std::string(zero::offload_name(config.offload_optimizer)) + " | " +
+       std::to_string(accum) + " micro-batch" + (accum == 1 ? "" : "es") + " of " +
+       std::to_string(config.micro_batch_size) +
+       " a step on each data-parallel rank, gradients summed " +
+       (std::string(planned.grad_accumulation()) == "none"
+            ? "nowhere (one micro-batch: kept as computed)"
+            : "on the " + std::string(planned.grad_accumulation())) +
+       "\n";
+  return s;
+}
+
+}  // namespace strata::train
