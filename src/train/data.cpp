@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 #include <utility>
 
+#include "strata/core/logging.h"
 #include "strata/core/rng.h"
+#include "strata/core/token_files.h"
 #include "strata/core/unique_fd.h"
 
 namespace strata::train {
@@ -243,6 +246,17 @@ Result<std::int64_t> SequenceSampler::count_targets(std::int64_t g) {
     n += m;
   }
   return n;
+}
+
+Status attach_loss_mask(const std::string& token_path, TokenFormat format,
+                        SequenceSampler* sampler) {
+  const std::string path = loss_mask_path(token_path);
+  std::error_code ec;
+  if (format == TokenFormat::kText || !std::filesystem::exists(path, ec)) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(auto mask, TokenDataset::open(path, TokenFormat::kText));
+  STRATA_RETURN_IF_ERROR(sampler->set_mask(std::move(mask)));
+  log_info("loss mask " + path + ": the loss counts only the targets it marks");
+  return Status::ok();
 }
 
 }  // namespace strata::train

@@ -13,6 +13,7 @@
 #include <ostream>
 #include <set>
 
+#include "src/train/evaluator.h"
 #include "src/train/pipeline_runner.h"
 #include "src/train/step_batch.h"
 #include "src/train/step_recorder.h"
@@ -61,8 +62,7 @@ struct Trainer::Impl {
   model::ModelOptions model_options;  // this rank's: its tensor-parallel slice, its stage
   std::shared_ptr<TokenDataset> dataset;
   std::unique_ptr<SequenceSampler> sampler;
-  std::shared_ptr<TokenDataset> eval_dataset;
-  std::unique_ptr<SequenceSampler> eval_sampler;
+  std::unique_ptr<Evaluator> evaluator;  // with eval_data
   optim::LrSchedule schedule;
   std::optional<optim::LossScaler> scaler;  // fp16's loss scaling
   std::int64_t step = 0;                    // optimizer steps completed
@@ -117,10 +117,9 @@ struct Trainer::Impl {
   // With pipeline parallelism: this stage's part of each step and evaluation.
   std::unique_ptr<PipelineRunner> pipeline;
   // Mean loss over eval_data (every rank's slice), into m's eval fields, when this step is due.
-  Status maybe_evaluate(StepMetrics* m);
-  // Every sequence an evaluation will read: token ids below the vocabulary, mask bytes 0 or 1.
-  Status check_eval_data();
-  std::int64_t eval_batch_count() const;
+  Status evaluate(StepMetrics* m) {
+    return evaluator ? evaluator->maybe_evaluate(m) : Status::ok();
+  }
   Status write_trace() const;
   // The swap drive's sustained rates over the run, for the next strata estimate (rank 0).
   void record_drive() const;
@@ -175,18 +174,6 @@ Status check_adapter_matches(const FinetuneConfig& f, const model::LoraConfig& a
                     " was trained with other settings; set finetune to match it:";
   for (const auto& p : problems) msg += "\n  " + p;
   return invalid_argument(msg);
-}
-
-// strata tokenize's loss mask beside a token file, if there is one: the loss then counts only
-// the targets it marks (completions, assistant turns).
-Status attach_loss_mask(const DataConfig& data, SequenceSampler* sampler) {
-  const std::string path = loss_mask_path(data.path);
-  std::error_code ec;
-  if (data.format == TokenFormat::kText || !std::filesystem::exists(path, ec)) return Status::ok();
-  STRATA_ASSIGN_OR_RETURN(auto mask, TokenDataset::open(path, TokenFormat::kText));
-  STRATA_RETURN_IF_ERROR(sampler->set_mask(std::move(mask)));
-  log_info("loss mask " + path + ": the loss counts only the targets it marks");
-  return Status::ok();
 }
 
 }  // namespace
@@ -364,17 +351,10 @@ Status Trainer::Impl::setup() {
         " tokens, fewer than seq_len + 1 = " + std::to_string(config.seq_len + 1));
   }
   sampler = std::make_unique<SequenceSampler>(dataset, config.seq_len, config.seed);
-  STRATA_RETURN_IF_ERROR(attach_loss_mask(config.data, sampler.get()));
+  STRATA_RETURN_IF_ERROR(attach_loss_mask(config.data.path, config.data.format, sampler.get()));
   if (config.eval_data) {
-    STRATA_ASSIGN_OR_RETURN(eval_dataset,
-                            TokenDataset::open(config.eval_data->path, config.eval_data->format));
-    STRATA_RETURN_IF_ERROR(
-        SequenceSampler::check(*eval_dataset, config.seq_len).with_context("eval_data"));
-    eval_sampler = std::make_unique<SequenceSampler>(eval_dataset, config.seq_len, config.seed);
-    STRATA_RETURN_IF_ERROR(attach_loss_mask(*config.eval_data, eval_sampler.get()));
-    // Checked whole, here on every rank: a bad token met during an evaluation would stop one
-    // rank while the others wait in its collectives.
-    STRATA_RETURN_IF_ERROR(check_eval_data());
+    STRATA_ASSIGN_OR_RETURN(evaluator,
+                            Evaluator::open({config, *model, *provider, *grid, pipeline.get()}));
   }
 
   schedule.type = config.lr_schedule.type;
@@ -497,83 +477,6 @@ Status Trainer::Impl::update_or_skip(double scaled_norm, std::int64_t global_tar
     STRATA_RETURN_IF_ERROR(provider->step(m.lr, m.step, scale));
     if (scaler) STRATA_RETURN_IF_ERROR(scaler->update(/*overflow=*/false));
   }
-  return Status::ok();
-}
-
-std::int64_t Trainer::Impl::eval_batch_count() const {
-  // eval_batches 0: the whole file once (at least one batch, which may wrap around it).
-  const std::int64_t per_batch = config.micro_batch_size * grid->data().world_size();
-  return config.eval_batches > 0
-             ? config.eval_batches
-             : std::max<std::int64_t>(1, eval_sampler->num_windows() / per_batch);
-}
-
-Status Trainer::Impl::check_eval_data() {
-  const std::int64_t seq = config.seq_len;
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(seq)), targets(inputs.size());
-  const std::int64_t sequences =
-      eval_batch_count() * config.micro_batch_size * grid->data().world_size();
-  for (std::int64_t g = 0; g < sequences; ++g) {
-    STRATA_RETURN_IF_ERROR(
-        eval_sampler->sequence(g, config.model.vocab_size, inputs.data(), targets.data())
-            .with_context("eval_data"));
-  }
-  return Status::ok();
-}
-
-Status Trainer::Impl::maybe_evaluate(StepMetrics* m) {
-  if (!eval_sampler) return Status::ok();
-  const bool due =
-      m->step == config.max_steps || (config.eval_every > 0 && m->step % config.eval_every == 0);
-  if (!due) return Status::ok();
-  Stopwatch timer;
-  // An overlapped update lands first: evaluation sees the weights of this step.
-  STRATA_RETURN_IF_ERROR(provider->finish_step());
-  const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
-  const std::int64_t world = grid->data().world_size(), rank = grid->data().rank();
-  const std::int64_t batches = eval_batch_count();
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(mb * seq));
-  std::vector<std::int32_t> targets(inputs.size());
-  double sums[2] = {0.0, 0.0};  // loss x targets, targets
-  for (std::int64_t b = 0; b < batches; ++b) {
-    const std::int64_t first = (b * world + rank) * mb;
-    std::int64_t n = 0;
-    for (std::int64_t i = 0; i < mb; ++i) {
-      STRATA_RETURN_IF_ERROR(eval_sampler
-                                 ->sequence(first + i, config.model.vocab_size,
-                                            inputs.data() + i * seq, targets.data() + i * seq)
-                                 .with_context("eval_data"));
-      STRATA_ASSIGN_OR_RETURN(std::int64_t c, eval_sampler->count_targets(first + i));
-      n += c;
-    }
-    float loss = 0;
-    if (grid->shape().pipeline > 1) {
-      STRATA_ASSIGN_OR_RETURN(loss, pipeline->forward({inputs.data(), targets.data(), mb, seq}));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(
-          loss, model->forward_loss(*provider, inputs.data(), targets.data(), mb, seq));
-    }
-    STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
-    sums[0] += static_cast<double>(loss) * static_cast<double>(n);
-    sums[1] += static_cast<double>(n);
-  }
-  // The last stage's losses to every stage (the others add zero: exact).
-  if (grid->shape().pipeline > 1) {
-    STRATA_RETURN_IF_ERROR(
-        grid->pipeline().all_reduce_host(sums, 1, dist::ReduceOp::kSum, "eval loss (pipeline)"));
-  }
-  if (world > 1) {
-    STRATA_RETURN_IF_ERROR(
-        grid->data().all_reduce_host(sums, 2, dist::ReduceOp::kSum, "eval loss"));
-  }
-  if (sums[1] == 0) {
-    return invalid_argument("eval_data " + config.eval_data->path +
-                            ": the loss mask leaves no target in the evaluated sequences");
-  }
-  m->eval_loss = sums[0] / sums[1];
-  m->eval_ppl = std::exp(*m->eval_loss);
-  m->eval_tokens = static_cast<std::int64_t>(sums[1]);
-  m->eval_ms = timer.elapsed_ms();
   return Status::ok();
 }
 
@@ -724,7 +627,7 @@ Status Trainer::run_loop() {
   while (s.step < s.config.max_steps) {
     if (s.options.before_step) s.options.before_step(s.comm->rank(), s.step + 1);
     STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step(s.step + 1 == s.config.max_steps));
-    STRATA_RETURN_IF_ERROR(s.maybe_evaluate(&m));
+    STRATA_RETURN_IF_ERROR(s.evaluate(&m));
     s.history.push_back(m);
     if (s.options.progress != nullptr &&
         (m.step % s.config.log_every == 0 || m.step == s.config.max_steps || m.step == 1)) {
@@ -770,7 +673,7 @@ Status Trainer::run_steps(std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     auto m = impl_->train_step(i + 1 == n);
     if (m.is_ok()) {
-      if (Status e = impl_->maybe_evaluate(&*m); !e) m = e;
+      if (Status e = impl_->evaluate(&*m); !e) m = e;
     }
     if (!m.is_ok()) {
       impl_->write_trace().ignore();

@@ -82,4 +82,10 @@ class SequenceSampler {
   std::vector<std::uint32_t> order_;
 };
 
+// strata tokenize's loss mask beside the token file at `token_path` (core/token_files.h), if
+// there is one, onto `sampler`: the loss then counts only the targets it marks (completions,
+// assistant turns). Text has none.
+Status attach_loss_mask(const std::string& token_path, TokenFormat format,
+                        SequenceSampler* sampler);
+
 }  // namespace strata::train
