@@ -13,6 +13,7 @@
 #include <ostream>
 #include <set>
 
+#include "src/train/checkpoint_saver.h"
 #include "src/train/evaluator.h"
 #include "src/train/pipeline_runner.h"
 #include "src/train/step_batch.h"
@@ -69,29 +70,11 @@ struct Trainer::Impl {
   Estimate planned;        // what strata estimate says of this config, for the run to compare
   std::string resolution;  // ResolvedConfig::describe(): what "auto" chose, the grid, the modes
   std::vector<StepMetrics> history;
-  std::string last_checkpoint;
   std::ofstream metrics;
-  // save_async: the save in flight, on a thread of its own beside training, reading the state
-  // the provider holds, with its collectives on a grid of its own (same ranks, other
-  // communicators) so that they never interleave with training's.
-  struct AsyncSave {
-    std::string path;  // the checkpoint it writes
-    Stopwatch clock;
-    std::future<Result<std::string>> result;  // std::async's: its destructor waits for the save
-  };
-  std::unique_ptr<AsyncSave> saving;
-  std::unique_ptr<dist::Communicator> save_comm;
-  std::unique_ptr<dist::ProcessGrid> save_grid;
-  // Joins the save in flight (if any), reports it and prunes after it (keep_last); its error.
-  Status finish_save();
-  // The same for a save that has ended; nothing when none has.
-  Status poll_save();
-  // After a complete save: last_checkpoint, and keep_last's pruning (rank 0).
-  void saved(const std::string& path);
+  // Checkpoints, synchronous or in the background; after the provider and the layouts, which a
+  // save in flight reads until the saver is gone.
+  std::unique_ptr<CheckpointSaver> saver;
 
-  ~Impl() {
-    if (saving) saving->result.wait();  // it reads the provider and the layouts below
-  }
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
@@ -216,6 +199,8 @@ Status Trainer::Impl::setup() {
   const int tp = shape.tensor;
   STRATA_ASSIGN_OR_RETURN(grid, dist::ProcessGrid::create(*comm, shape, *device));
   if (config.model.tie_word_embeddings) STRATA_RETURN_IF_ERROR(grid->link_embedding_stages());
+  std::unique_ptr<dist::Communicator> save_comm;
+  std::unique_ptr<dist::ProcessGrid> save_grid;
   if (config.save_async) {  // the saves' own communicators, made beside training's
     if (world > 1) {
       STRATA_ASSIGN_OR_RETURN(save_comm, comm->split(0, comm->rank(), "checkpoint saves",
@@ -266,6 +251,10 @@ Status Trainer::Impl::setup() {
   STRATA_ASSIGN_OR_RETURN(
       provider, zero::ZeroProvider::create(*layout, config.param_persistence_threshold, *device,
                                            swap.get(), *grid, zopts, sopts, &planned.plan));
+  saver = std::make_unique<CheckpointSaver>(
+      CheckpointSaver::Parts{config, *layout, *whole, *provider, *grid, rank == 0, options.progress,
+                             options.async_save_started},
+      std::move(save_comm), std::move(save_grid));
   recorder = std::make_unique<StepRecorder>(StepRecorder::Rooms{
       *provider, *device, *timeline, swap.get(), *grid, tensor_group.get(), planned});
   if (shape.pipeline > 1) {
@@ -497,73 +486,14 @@ Result<std::string> Trainer::save() {
   if (s.config.save_dir.empty()) {
     return failed_precondition("no checkpoint can be saved: save_dir is \"\" (no checkpoints)");
   }
+  // Training's time lost to the save: a synchronous one whole, an asynchronous one's start.
   Stopwatch stall;
-  if (!s.config.save_async) {
-    auto path = save_checkpoint(s.config.save_dir, s.config.model, *s.layout, *s.whole,
-                                s.config.lora(), *s.provider, *s.grid, s.state());
-    s.recorder->add_save_stall(stall.elapsed_ms());
-    STRATA_RETURN_IF_ERROR(path.status());
-    s.saved(*path);
-    return path;
-  }
-  // At most one save in flight: the one before ends first (its error is this save's).
-  Status before = s.finish_save();
-  if (!before.is_ok()) {
-    s.recorder->add_save_stall(stall.elapsed_ms());
-    return before;
-  }
-  STRATA_RETURN_IF_ERROR(s.provider->hold_state());
-  auto job = std::make_unique<Impl::AsyncSave>();
-  const TrainerState state = s.state();
-  job->path = (std::filesystem::path(s.config.save_dir) / step_name(state.step)).string();
-  job->result = std::async(std::launch::async, [&s, state] {
-    if (s.options.async_save_started) s.options.async_save_started(state.step);
-    auto path = save_checkpoint(s.config.save_dir, s.config.model, *s.layout, *s.whole,
-                                s.config.lora(), *s.provider, *s.save_grid, state,
-                                /*held_state=*/true);
-    s.provider->release_state();
-    return path;
-  });
-  s.saving = std::move(job);
+  Result<std::string> path = s.saver->save(s.state());
   s.recorder->add_save_stall(stall.elapsed_ms());
-  return s.saving->path;
+  return path;
 }
 
-void Trainer::Impl::saved(const std::string& path) {
-  last_checkpoint = path;
-  if (config.keep_last > 0 && comm->rank() == 0) {
-    // The new checkpoint is complete and `latest` names it; a failed prune costs disk, not data.
-    auto pruned = prune_checkpoints(config.save_dir, config.keep_last);
-    if (!pruned.is_ok()) {
-      log_warning("keep_last " + std::to_string(config.keep_last) + ": " +
-                  pruned.status().message());
-    } else {
-      for (const std::string& dir : *pruned) log_info("keep_last: removed " + dir);
-    }
-  }
-}
-
-Status Trainer::Impl::finish_save() {
-  if (!saving) return Status::ok();
-  const std::unique_ptr<AsyncSave> done = std::move(saving);
-  const Result<std::string> path = done->result.get();
-  if (!path.is_ok()) return path.status();
-  saved(*path);
-  if (options.progress != nullptr) {
-    *options.progress << "saved checkpoint " << *path << " (" << std::fixed << std::setprecision(1)
-                      << done->clock.elapsed_ms() / 1e3 << " s in the background)" << std::endl;
-  }
-  return Status::ok();
-}
-
-Status Trainer::Impl::poll_save() {
-  if (!saving || saving->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-    return Status::ok();
-  }
-  return finish_save();
-}
-
-const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
+const std::string& Trainer::last_checkpoint() const { return impl_->saver->last_checkpoint(); }
 
 namespace {
 // "fp16 (dynamic loss scale 65536, window 1000, hysteresis 2)"; the others by name.
@@ -590,7 +520,7 @@ Status Trainer::run() {
   // The trace is written however the run ends: a failed step is when it helps most.
   Status s = run_loop();
   // However the run ends (a stop request included), the save in flight completes first.
-  Status f = impl_->finish_save();
+  Status f = impl_->saver->finish();
   Status t = impl_->write_trace();
   if (!s.is_ok()) return s;
   STRATA_RETURN_IF_ERROR(f);
@@ -651,7 +581,7 @@ Status Trainer::run_loop() {
     // save_dir "" writes no checkpoint at all: dry runs and benchmarks at scale.
     const bool saving = !s.config.save_dir.empty();
     const bool periodic = s.config.save_every > 0 && s.step % s.config.save_every == 0;
-    STRATA_RETURN_IF_ERROR(s.poll_save());  // an asynchronous save that has ended
+    STRATA_RETURN_IF_ERROR(s.saver->poll());  // an asynchronous save that has ended
     if (saving && (stop || periodic || s.step == s.config.max_steps)) {
       STRATA_ASSIGN_OR_RETURN(std::string path, save());
       if (s.options.progress != nullptr) {
