@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "strata/core/file.h"
+#include "strata/device/adam8bit.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/peft_adapter.h"
 #include "strata/model/safetensors.h"
@@ -497,6 +498,27 @@ Result<std::string> resolve_checkpoint(const std::string& dir) {
     }
   }
   return ckpt;
+}
+
+std::string moments_conversion_note(const TrainerState& saved, std::string_view state_dtype) {
+  const Json& optimizer = saved.config.contains("optimizer") ? saved.config["optimizer"] : Json();
+  const std::string kept = optimizer.is_object() && optimizer.contains("state_dtype")
+                               ? optimizer["state_dtype"].get<std::string>()
+                               : "fp32";
+  const std::string state(state_dtype);
+  const std::string blocks = std::to_string(device::kAdam8BlockElems);
+  if (kept != state) {
+    return "the checkpoint's Adam moments were kept in " + kept + "; they continue in " + state +
+           (state == "bf16"   ? " (rounded to nearest)"
+            : state == "int8" ? " (quantized to 8 bits in blocks of " + blocks + ")"
+                              : " (widened exactly)");
+  }
+  if (state == "int8" && saved.format_version < 3) {
+    return "the checkpoint's 8-bit Adam moments were kept in blocks of 256; they continue in "
+           "blocks of " +
+           blocks + " (quantized anew from the saved values)";
+  }
+  return "";
 }
 
 Result<TrainerState> read_trainer_state(const std::string& checkpoint) {

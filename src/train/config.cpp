@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <set>
 
 #include "strata/core/file.h"
 #include "strata/device/adam8bit.h"
@@ -180,6 +181,37 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
   r.reject_unknown();
 }
 }  // namespace
+
+Status FinetuneConfig::check_adapter(const model::LoraConfig& a) const {
+  std::vector<std::string> problems;
+  const model::LoraConfig& c = lora;
+  if (c.r != a.r) {
+    problems.push_back("finetune.r is " + std::to_string(c.r) + ", the adapter's r is " +
+                       std::to_string(a.r));
+  }
+  if (c.alpha != a.alpha) {
+    problems.push_back("finetune.alpha is " + Json(c.alpha).dump() +
+                       ", the adapter's lora_alpha is " + Json(a.alpha).dump());
+  }
+  if (c.targets != a.targets) {
+    problems.push_back("finetune.target_modules is " + Json(c.target_names()).dump() +
+                       ", the adapter's is " + Json(a.target_names()).dump());
+  }
+  if (std::set<std::string>(c.modules_to_save.begin(), c.modules_to_save.end()) !=
+      std::set<std::string>(a.modules_to_save.begin(), a.modules_to_save.end())) {
+    problems.push_back("finetune.modules_to_save is " + Json(c.modules_to_save).dump() +
+                       ", the adapter's is " + Json(a.modules_to_save).dump());
+  }
+  if (c.use_rslora != a.use_rslora) {
+    problems.push_back(std::string("finetune.use_rslora is ") + (c.use_rslora ? "true" : "false") +
+                       ", the adapter's is " + (a.use_rslora ? "true" : "false"));
+  }
+  if (problems.empty()) return Status::ok();
+  std::string msg =
+      "finetune.adapter " + adapter + " was trained with other settings; set finetune to match it:";
+  for (const auto& p : problems) msg += "\n  " + p;
+  return invalid_argument(msg);
+}
 
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
   if (!json.is_object()) return invalid_argument(source + ": the config must be a JSON object");

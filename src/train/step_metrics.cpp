@@ -99,4 +99,23 @@ std::string eval_line(const StepMetrics& m, std::int64_t max_steps) {
   return buf;
 }
 
+StepPeaks peaks_of(const std::vector<StepMetrics>& history) {
+  StepPeaks p;
+  for (const StepMetrics& m : history) {
+    p.device = std::max(p.device, m.peak_device_bytes);
+    p.host = std::max(p.host, m.peak_host_bytes);
+    p.nvme = std::max(p.nvme, m.peak_nvme_bytes);
+    p.rss = std::max(p.rss, m.peak_rss_bytes);
+  }
+  return p;
+}
+
+double steady_step_ms(const std::vector<StepMetrics>& history) {
+  if (history.size() < 2) return 0;
+  std::vector<double> steps;
+  for (std::size_t i = 1; i < history.size(); ++i) steps.push_back(history[i].step_ms);
+  std::sort(steps.begin(), steps.end());
+  return steps[steps.size() / 2];
+}
+
 }  // namespace strata::train

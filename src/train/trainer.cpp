@@ -121,46 +121,6 @@ struct Trainer::Impl {
   }
 };
 
-namespace {
-
-// Salts the seed for adapter dropout masks (tools/golden/lora_golden.py uses the same).
-constexpr std::uint64_t kDropoutSalt = 0x6c6f72612d64726full;
-
-// finetune's adapter keys against the adapter_config.json of finetune.adapter: a mismatch is named
-// with the value that would match.
-Status check_adapter_matches(const FinetuneConfig& f, const model::LoraConfig& a) {
-  std::vector<std::string> problems;
-  const model::LoraConfig& c = f.lora;
-  if (c.r != a.r) {
-    problems.push_back("finetune.r is " + std::to_string(c.r) + ", the adapter's r is " +
-                       std::to_string(a.r));
-  }
-  if (c.alpha != a.alpha) {
-    problems.push_back("finetune.alpha is " + Json(c.alpha).dump() +
-                       ", the adapter's lora_alpha is " + Json(a.alpha).dump());
-  }
-  if (c.targets != a.targets) {
-    problems.push_back("finetune.target_modules is " + Json(c.target_names()).dump() +
-                       ", the adapter's is " + Json(a.target_names()).dump());
-  }
-  if (std::set<std::string>(c.modules_to_save.begin(), c.modules_to_save.end()) !=
-      std::set<std::string>(a.modules_to_save.begin(), a.modules_to_save.end())) {
-    problems.push_back("finetune.modules_to_save is " + Json(c.modules_to_save).dump() +
-                       ", the adapter's is " + Json(a.modules_to_save).dump());
-  }
-  if (c.use_rslora != a.use_rslora) {
-    problems.push_back(std::string("finetune.use_rslora is ") + (c.use_rslora ? "true" : "false") +
-                       ", the adapter's is " + (a.use_rslora ? "true" : "false"));
-  }
-  if (problems.empty()) return Status::ok();
-  std::string msg = "finetune.adapter " + f.adapter +
-                    " was trained with other settings; set finetune to match it:";
-  for (const auto& p : problems) msg += "\n  " + p;
-  return invalid_argument(msg);
-}
-
-}  // namespace
-
 Status Trainer::Impl::setup() {
   std::unique_ptr<model::HfCheckpointReader> reader;
   if (!config.model_path.empty()) {
@@ -173,7 +133,7 @@ Status Trainer::Impl::setup() {
   if (!config.finetune.adapter.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(config.finetune.adapter));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
-    STRATA_RETURN_IF_ERROR(check_adapter_matches(config.finetune, adapter->config()));
+    STRATA_RETURN_IF_ERROR(config.finetune.check_adapter(adapter->config()));
     STRATA_RETURN_IF_ERROR(adapter->validate(config.param_layout()));
   }
 
@@ -296,26 +256,9 @@ Status Trainer::Impl::setup() {
                                            base_cache.get(), base_pieces)
                                .with_context("resuming from " + ckpt));
     step = st.step;
-    // Checkpoints hold the moments in fp32 whatever the run kept: a change of state_dtype
-    // converts them (widening exactly, rounding to nearest, or quantizing to 8 bits).
-    const std::string saved_state =
-        st.config.contains("optimizer") && st.config["optimizer"].contains("state_dtype")
-            ? st.config["optimizer"]["state_dtype"].get<std::string>()
-            : "fp32";
-    const std::string state(precision_name(config.optimizer.state_dtype));
-    const std::string blocks = std::to_string(device::kAdam8BlockElems);
-    if (saved_state != state) {
-      log_info("the checkpoint's Adam moments were kept in " + saved_state + "; they continue in " +
-               state +
-               (state == "bf16"   ? " (rounded to nearest)"
-                : state == "int8" ? " (quantized to 8 bits in blocks of " + blocks + ")"
-                                  : " (widened exactly)"));
-    } else if (state == "int8" && st.format_version < 3) {
-      log_info(
-          "the checkpoint's 8-bit Adam moments were kept in blocks of 256; they continue in "
-          "blocks of " +
-          blocks + " (quantized anew from the saved values)");
-    }
+    const std::string note =
+        moments_conversion_note(st, precision_name(config.optimizer.state_dtype));
+    if (!note.empty()) log_info(note);
     if (scaler && st.loss_scaler) {
       STRATA_RETURN_IF_ERROR(
           scaler->restore(*st.loss_scaler).with_context(ckpt + "/trainer_state.json"));
@@ -618,25 +561,9 @@ const std::vector<StepMetrics>& Trainer::history() const { return impl_->history
 std::int64_t Trainer::step() const { return impl_->step; }
 bool Trainer::reports() const { return impl_->comm->rank() == 0; }
 
-Trainer::Peaks Trainer::peaks() const {
-  Peaks p;
-  for (const StepMetrics& m : impl_->history) {
-    p.device = std::max(p.device, m.peak_device_bytes);
-    p.host = std::max(p.host, m.peak_host_bytes);
-    p.nvme = std::max(p.nvme, m.peak_nvme_bytes);
-    p.rss = std::max(p.rss, m.peak_rss_bytes);
-  }
-  return p;
-}
+Trainer::Peaks Trainer::peaks() const { return peaks_of(impl_->history); }
 
-double Trainer::steady_step_ms() const {
-  const std::vector<StepMetrics>& h = impl_->history;
-  if (h.size() < 2) return 0;
-  std::vector<double> steps;
-  for (std::size_t i = 1; i < h.size(); ++i) steps.push_back(h[i].step_ms);
-  std::sort(steps.begin(), steps.end());
-  return steps[steps.size() / 2];
-}
+double Trainer::steady_step_ms() const { return train::steady_step_ms(impl_->history); }
 
 std::string Trainer::peaks_against_plan() const {
   const Impl& s = *impl_;

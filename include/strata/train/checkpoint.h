@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/core/json.h"
@@ -88,6 +89,10 @@ Result<std::vector<std::string>> prune_checkpoints(
 // and checks that its files exist.
 Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<TrainerState> read_trainer_state(const std::string& checkpoint);
+// How a resume converts the checkpoint's Adam moments (kept in fp32 whatever the run kept) for a
+// run keeping them as `state_dtype` ("bf16", "int8", "fp32"): a line to log, or "" when they
+// continue as they were kept.
+std::string moments_conversion_note(const TrainerState& saved, std::string_view state_dtype);
 // The grid that saved a checkpoint (data x tensor x pipeline) and its pipeline cut, from the
 // trainer state, checked against the model it resumes: the tensor-parallel size splits it, the
 // grid divides the world size, pipeline_layers cut its layers. Errors name `state_file`.

@@ -53,6 +53,9 @@ struct FinetuneConfig {
   std::string adapter;
   // QLoRA: a directory (on NVMe) that keeps the quantized base between runs; "": none.
   std::string quantized_cache;
+  // The settings against those `adapter` was trained with (its adapter_config.json): each
+  // mismatch named with the value that would match.
+  Status check_adapter(const model::LoraConfig& trained) const;
 };
 
 struct TrainConfig {

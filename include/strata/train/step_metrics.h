@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strata/core/json.h"
 
@@ -61,6 +62,13 @@ struct StepMetrics {
 std::string progress_line(const StepMetrics& m, std::int64_t max_steps);
 // "eval at step 3/100 | loss ... | perplexity ..." (a step with eval_loss).
 std::string eval_line(const StepMetrics& m, std::int64_t max_steps);
+// The most each of `history`'s steps measured: device, host tier, NVMe, resident memory.
+struct StepPeaks {
+  std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
+};
+StepPeaks peaks_of(const std::vector<StepMetrics>& history);
+// The median of `history`'s step times after the first (which warms up); 0 without two.
+double steady_step_ms(const std::vector<StepMetrics>& history);
 // A loss scale as the logs print it ("%.15g": 65536, 0.5).
 std::string format_scale(double scale);
 

@@ -55,9 +55,7 @@ class Trainer {
 
   const std::vector<StepMetrics>& history() const;
   // The most each of the history's steps measured: device, host tier, NVMe, resident memory.
-  struct Peaks {
-    std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
-  };
+  using Peaks = StepPeaks;
   Peaks peaks() const;
   // The median of the history's step times after the first (which warms up); 0 without two.
   double steady_step_ms() const;
