@@ -427,17 +427,24 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
       s = rename_synced(tmp_dir, final_dir);
       if (!s.is_ok() && !old_dir.empty()) rename_synced(old_dir, final_dir).ignore();
     }
+    bool named = false;  // `latest` names the new checkpoint
     if (s.is_ok()) {
-      s = write_file_atomic(save_dir + "/latest", step_name(state.step) + "\n");
-      if (!s.is_ok()) {
-        // Unnamed by `latest`, the new checkpoint was not saved: it goes back to its temporary
-        // name (removed below; an incomplete directory under the real name could pass for a
-        // checkpoint), and the one it replaced comes back, so the save directory is as it was.
-        rename_synced(final_dir, tmp_dir).ignore();
-        if (!old_dir.empty()) rename_synced(old_dir, final_dir).ignore();
+      const std::string latest = save_dir + "/latest", name = step_name(state.step) + "\n";
+      // A step saved again over itself: `latest` names it already.
+      const Result<std::string> was = read_file(latest);
+      if (!was.is_ok() || *was != name) s = write_file_atomic(latest, name);
+      const Result<std::string> now = s.is_ok() ? Result<std::string>(name) : read_file(latest);
+      named = now.is_ok() && *now == name;
+      // Unnamed by `latest` (its write failed before its rename), the new checkpoint was not
+      // saved: it goes back to its temporary name (removed below; an incomplete directory under
+      // the real name could pass for a checkpoint), and the one it replaced comes back, so the
+      // save directory is as it was. Named (only the directory's sync failed after the rename),
+      // it stays: it is whole, and `latest` must not name a directory that is gone.
+      if (!named && rename_synced(final_dir, tmp_dir).is_ok() && !old_dir.empty()) {
+        rename_synced(old_dir, final_dir).ignore();
       }
     }
-    if (s.is_ok() && !old_dir.empty()) {
+    if (named && !old_dir.empty()) {
       std::error_code ec;
       fs::remove_all(old_dir, ec);
     }

@@ -100,7 +100,8 @@ class ZeroProvider final : public model::ParamProvider {
   Status finish_step() { return schedule_->finish_step(); }
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.
-  // The group's full fp32 master weights; written to `full_out` on rank 0 only.
+  // The group's full fp32 master weights into `full_out` on rank 0 of the gather (which must
+  // pass one: a checked contract); null and untouched elsewhere.
   Status gather_master(int group, float* full_out, const StateSnapshot& from = {});
   // This rank's slice [shard_offset, shard_offset + shard_elems) of the group's moments
   // (zero beyond the real elements), for every group whether partitioned or not.
