@@ -226,8 +226,13 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
         m->dump());
     if (m->is_string()) {
       c.model_path = m->get<std::string>();
-      if (auto path = expand_home(c.model_path); path.is_ok()) c.model_path = *path;
-      read = model::HfCheckpointReader::read_config(c.model_path);
+      // "~" is the home directory, as for every path key (below).
+      if (auto path = expand_home(c.model_path); path.is_ok()) {
+        c.model_path = *path;
+        read = model::HfCheckpointReader::read_config(c.model_path);
+      } else {
+        read = path.status();
+      }
     } else if (m->is_object()) {
       read = model::LlamaConfig::from_json(*m, "config key 'model'");
     }
@@ -470,7 +475,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                      std::string(zero::offload_name(c.activation_offload)) +
                      "\" moves checkpointed activations; it needs activation_checkpointing true");
   }
-  // "~" in a path is the home directory, as a shell would have it.
+  // "~" in a path is the home directory, as a shell would have it (the model's: above).
   const auto expand = [&](const std::string& key, std::string* path) {
     auto expanded = expand_home(*path);
     if (expanded.is_ok()) {
@@ -479,7 +484,6 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       errors.push_back("'" + key + "': " + expanded.status().message());
     }
   };
-  expand("model", &c.model_path);
   expand("data.path", &c.data.path);
   if (c.eval_data) expand("eval_data.path", &c.eval_data->path);
   for (std::size_t i = 0; i < c.swap_paths.size(); ++i) {

@@ -180,9 +180,13 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
         ")");
   }
 
-  if (auto mem = sys::read_process_memory(); mem.is_ok()) e.process_bytes = mem->rss_bytes;
-  e.rss_bytes = e.process_bytes + e.plan.host_ram_bytes();
+  e.measure_process();
   return e;
+}
+
+void Estimate::measure_process() {
+  if (auto mem = sys::read_process_memory(); mem.is_ok()) process_bytes = mem->rss_bytes;
+  rss_bytes = process_bytes + plan.host_ram_bytes();
 }
 
 std::uint64_t Estimate::device_bytes_needed() const {

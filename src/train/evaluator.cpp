@@ -61,7 +61,7 @@ Status Evaluator::maybe_evaluate(StepMetrics* m) {
       n += c;
     }
     float loss = 0;
-    if (p_.grid.shape().pipeline > 1) {
+    if (p_.pipeline != nullptr) {
       STRATA_ASSIGN_OR_RETURN(loss, p_.pipeline->forward({inputs.data(), targets.data(), mb, seq}));
     } else {
       STRATA_ASSIGN_OR_RETURN(

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/train/step_batch.h"
+#include "src/train/step_recorder.h"
 #include "strata/core/status.h"
 #include "strata/dist/process_grid.h"
 #include "strata/mem/timeline.h"

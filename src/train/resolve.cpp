@@ -21,8 +21,9 @@ Status check_same_config(const TrainConfig& config, dist::Communicator& comm) {
   for (int r = 0; r < comm.world_size(); ++r) {
     if (all[static_cast<std::size_t>(r)] != all[0]) {
       return invalid_argument("rank " + std::to_string(r) +
-                              " runs a different config than rank 0; "
-                              "start every rank with the same config and --set flags");
+                              " runs a different config than rank 0; start every rank with "
+                              "the same config and --set flags (a path written with ~ is each "
+                              "node's own home directory: write it in full where they differ)");
     }
   }
   return Status::ok();
@@ -108,6 +109,11 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
 std::string ResolvedConfig::describe() const {
   std::string s;
   for (const std::string& c : choices) s += c + "\n";
+  return s + line();
+}
+
+std::string ResolvedConfig::line() const {
+  std::string s;
   const std::int64_t accum = config.accumulation_steps(shape.data);
   s += "resolved: data " + std::to_string(shape.data) + " x tensor " +
        std::to_string(shape.tensor) + " x pipeline " + std::to_string(shape.pipeline) +

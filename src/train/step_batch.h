@@ -7,9 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/core/clock.h"
 #include "strata/core/status.h"
-#include "strata/mem/timeline.h"
 #include "strata/train/config.h"
 #include "strata/train/data.h"
 
@@ -23,11 +21,6 @@ struct StepMicroBatch {
   float grad_scale = 0;
   std::uint64_t dropout_key = 0;
 };
-
-// The model's pass `name` from `begin_ns` to now, on the trace's compute row.
-inline void trace_pass(mem::Timeline& timeline, const std::string& name, std::int64_t begin_ns) {
-  if (timeline.recording()) timeline.add(mem::Lane::kCompute, name, begin_ns, now_ns());
-}
 
 // A step's micro-batches on this rank, and the targets of the whole global batch that count.
 struct StepBatch {

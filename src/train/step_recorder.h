@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "strata/core/clock.h"
 #include "strata/device/device.h"
@@ -19,6 +20,11 @@
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
+
+// The model's pass `name` from `begin_ns` to now, on the trace's compute row.
+inline void trace_pass(mem::Timeline& timeline, const std::string& name, std::int64_t begin_ns) {
+  if (timeline.recording()) timeline.add(mem::Lane::kCompute, name, begin_ns, now_ns());
+}
 
 class StepRecorder {
  public:

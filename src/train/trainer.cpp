@@ -5,13 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <future>
-#include <iomanip>
 #include <ostream>
-#include <set>
 
 #include "src/train/checkpoint_saver.h"
 #include "src/train/evaluator.h"
@@ -20,9 +16,6 @@
 #include "src/train/step_recorder.h"
 #include "strata/core/clock.h"
 #include "strata/core/logging.h"
-#include "strata/core/rng.h"
-#include "strata/core/token_files.h"
-#include "strata/device/adam8bit.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
@@ -32,7 +25,6 @@
 #include "strata/model/llama.h"
 #include "strata/model/peft_adapter.h"
 #include "strata/optim/schedule.h"
-#include "strata/sys/process.h"
 #include "strata/train/checkpoint.h"
 #include "strata/train/data.h"
 #include "strata/train/drive_record.h"
@@ -63,7 +55,6 @@ struct Trainer::Impl {
   model::ModelOptions model_options;  // this rank's: its tensor-parallel slice, its stage
   std::shared_ptr<TokenDataset> dataset;
   std::unique_ptr<SequenceSampler> sampler;
-  std::unique_ptr<Evaluator> evaluator;  // with eval_data
   optim::LrSchedule schedule;
   std::optional<optim::LossScaler> scaler;  // fp16's loss scaling
   std::int64_t step = 0;                    // optimizer steps completed
@@ -99,6 +90,7 @@ struct Trainer::Impl {
   }
   // With pipeline parallelism: this stage's part of each step and evaluation.
   std::unique_ptr<PipelineRunner> pipeline;
+  std::unique_ptr<Evaluator> evaluator;  // with eval_data; reads the pipeline runner
   // Mean loss over eval_data (every rank's slice), into m's eval fields, when this step is due.
   Status evaluate(StepMetrics* m) {
     return evaluator ? evaluator->maybe_evaluate(m) : Status::ok();
@@ -148,11 +140,11 @@ Status Trainer::Impl::setup() {
   // and this rank's plan (the one estimate prints for it, and the one its provider runs).
   STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved,
                           resolve_config(config, {world, rank, comm.get(), device.get()}));
+  resolution = resolved.line();
   config = std::move(resolved.config);
   planned = std::move(resolved.planned);
-  resolution = resolved.describe();
   if (rank == 0) {
-    for (const std::string& c : resolved.choices) log_info(c);
+    for (const std::string& c : resolved.choices) log_info(c);  // what "auto" chose, and why
   }
   if (rank != 0) options.progress = nullptr;  // rank 0 alone reports
   const dist::GridShape shape = resolved.shape;
@@ -173,6 +165,9 @@ Status Trainer::Impl::setup() {
   const dist::GridCoord at = grid->coord();
   layout = std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline));
   whole = std::make_unique<model::ParamLayout>(config.whole_layout());
+  // The process's own memory, now that its communicators exist and before anything large is
+  // allocated: what the run's resident memory is predicted from.
+  planned.measure_process();
   if (config.uses_nvme()) {
     io::SwapOptions so = swap_options(config, rank);
     so.fault_injection = options.swap_faults;

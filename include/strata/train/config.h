@@ -161,7 +161,7 @@ struct TrainConfig {
   // cuda: the GPU; -1 = the node-local rank's (device::choose_device_index).
   int device_index = device::kAutoDeviceIndex;
   bool allow_tf32 = false;  // cuda: fp32 GEMMs on TF32 tensor cores (10-bit mantissa products)
-  // cuda: the attention kernels (device::AttentionVariant): "auto", "flash", "flash2", "simple".
+  // cuda: the attention kernels (device::AttentionVariant): "auto", "flash2", "simple".
   device::AttentionVariant attention = device::AttentionVariant::kAuto;
   std::uint64_t host_memory_limit = 0;  // bytes; 0 = no limit
   int threads = 0;                      // compute threads on the cpu backend; 0 = all cores

@@ -58,6 +58,9 @@ struct Estimate {
   // hold at their peaks (MemoryPlan::host_ram_bytes).
   std::uint64_t process_bytes = 0;
   std::uint64_t rss_bytes = 0;
+  // Measures process_bytes now and sets rss_bytes from it: a run measures again once its
+  // communicators exist, just before anything large is allocated.
+  void measure_process();
 
   // Host memory that is not the store's pinned tier: the process's own and, on the CPU backend,
   // the device's.

@@ -35,9 +35,10 @@ struct ResolvedConfig {
   Estimate planned;                   // this rank's plan: what estimate prints, the run runs
   std::optional<MachineRates> rates;  // measured, where "auto" chose
   std::vector<std::string> choices;   // "grid: ...", "placement: ...": what "auto" chose, why
-  // The choices, then one line: "resolved: data D x tensor T x pipeline P | offload param X,
-  // optimizer Y | M micro-batch(es) of N a step on each data-parallel rank, gradients summed on
-  // Z".
+  // "resolved: data D x tensor T x pipeline P | offload param X, optimizer Y | M micro-batch(es)
+  // of N a step on each data-parallel rank, gradients summed on Z" and a newline.
+  std::string line() const;
+  // The choices, each a line, then line(): what strata estimate prints first.
   std::string describe() const;
 };
 
