@@ -16,7 +16,7 @@
 // STRATA_GPU_BENCH_CASES ("mfu": the cases above; "long": activation_offload "none" and "cpu"
 // at seq 4096, then "cpu" at seq 16384 on a 2 GiB device with the LM head 1024 tokens at a time,
 // with checkpointing and parameters and optimizer on the host; "all"), and STRATA_ATTENTION (the
-// attention kernels: auto, flash, flash2 or simple).
+// attention kernels: auto, flash2 or simple).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 

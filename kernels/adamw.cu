@@ -25,7 +25,7 @@ __device__ __forceinline__ void adamw_element(float g, float& p, float& m, float
   }
   m = s.beta1 * m + s.one_minus_beta1 * g;
   v = s.beta2 * v + s.one_minus_beta2 * g * g;
-  p -= s.lr_step_size * m / (sqrtf(v) / s.bc2_sqrt + s.eps);
+  p -= s.step_size * m / (sqrtf(v) / s.bc2_sqrt + s.eps);
 }
 
 // ---- master weights: strata/core/dtype.h's conversions, bit for bit ----

@@ -1,24 +1,20 @@
-// Attention dispatch: the second flash variant where it applies, else the first, else the simple
-// kernels (kAuto); or the variant asked for. bench_gpu_attention on an H200 measured kFlash2 at
-// 3.4 times kFlash's speed forward and backward (bench/RESULTS.md, "The first GPU run").
+// Attention dispatch: the flash kernels (kFlash2) where they apply, else the simple kernels
+// (kAuto); or the variant asked for. The first flash variant (WMMA through shared memory) was
+// removed: kFlash2 served every call it served, in less shared memory, at 3.2-4.0 times its speed
+// on an H200 (bench/RESULTS.md, "The first GPU run" and "Issue 58").
 #include "attention_flash2.cuh"
 
 namespace strata::kernels {
 
 bool flash_attention_applies(const LaunchContext& ctx, const AttentionDims& d, Elem dtype,
-                             bool backward, AttentionKernel kernel) {
+                             bool backward) {
   if (dtype != Elem::kBF16 || (d.head_dim != 64 && d.head_dim != 128)) return false;
   if (d.kv_heads <= 0 || d.heads % d.kv_heads != 0 || d.heads > 65535 || d.kv_heads > 65535 ||
       d.batch > 65535) {
     return false;
   }
-  std::size_t smem = 0;
-  if (kernel == AttentionKernel::kFlash2) {
-    smem =
-        backward ? flash2_backward_smem_bytes(d.head_dim) : flash2_forward_smem_bytes(d.head_dim);
-  } else {
-    smem = backward ? flash_backward_smem_bytes(d.head_dim) : flash_forward_smem_bytes(d.head_dim);
-  }
+  const std::size_t smem =
+      backward ? flash2_backward_smem_bytes(d.head_dim) : flash2_forward_smem_bytes(d.head_dim);
   return smem != 0 && smem <= ctx.max_smem_optin_bytes;
 }
 
@@ -27,13 +23,9 @@ namespace {
 // kAuto's choice for one call.
 AttentionKernel auto_kernel(const LaunchContext& ctx, const AttentionDims& d, Elem dtype,
                             bool backward, bool aligned) {
-  if (!aligned) return AttentionKernel::kSimple;
-  if (ctx.compute_major >= 8 &&
-      flash_attention_applies(ctx, d, dtype, backward, AttentionKernel::kFlash2)) {
-    return AttentionKernel::kFlash2;
-  }
-  return flash_attention_applies(ctx, d, dtype, backward) ? AttentionKernel::kFlash
-                                                          : AttentionKernel::kSimple;
+  return aligned && ctx.compute_major >= 8 && flash_attention_applies(ctx, d, dtype, backward)
+             ? AttentionKernel::kFlash2
+             : AttentionKernel::kSimple;
 }
 
 }  // namespace
@@ -49,8 +41,7 @@ int attention_forward(const LaunchContext& ctx, const void* q, const void* k, co
     return attention_forward_simple(ctx, q, k, v, out, lse, d, dtype);
   }
   if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
-  return kernel == AttentionKernel::kFlash2 ? attention_forward_flash2(ctx, q, k, v, out, lse, d)
-                                            : attention_forward_flash(ctx, q, k, v, out, lse, d);
+  return attention_forward_flash2(ctx, q, k, v, out, lse, d);
 }
 
 std::size_t attention_backward_scratch_bytes(const AttentionDims& d) {
@@ -72,9 +63,7 @@ int attention_backward(const LaunchContext& ctx, const void* dout, const void* q
     return attention_backward_simple(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d, dtype);
   }
   if (dtype != Elem::kBF16) return static_cast<int>(cudaErrorNotSupported);
-  return kernel == AttentionKernel::kFlash2
-             ? attention_backward_flash2(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d)
-             : attention_backward_flash(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d);
+  return attention_backward_flash2(ctx, dout, q, k, v, lse, drow, dq, dk, dv, d);
 }
 
 }  // namespace strata::kernels

@@ -1,4 +1,4 @@
-// Shared pieces of the second flash-attention variant (bf16, head_dim 64 or 128, sm_80+): raw
+// Shared pieces of the flash-attention kernels (bf16, head_dim 64 or 128, sm_80+): raw
 // mma.sync m16n8k16 tensor-core products whose fragment layout the PTX ISA documents, so scores,
 // probabilities and accumulators stay in registers (a thread knows the row and column of every
 // element it holds), ldmatrix loads from padded shared tiles, and cp.async double buffering.
@@ -13,7 +13,7 @@
 // fragment of the 16-column block they make up (a product's output feeds the next product).
 #pragma once
 
-#include "attention_flash.cuh"
+#include "common.cuh"
 
 namespace strata::kernels {
 
@@ -28,12 +28,41 @@ cudaError_t flash2_device_supported();
 
 namespace strata::kernels::flash2 {
 
-using flash::align_region;
-using flash::attends;
-using flash::Dims;
-using flash::dims_of;
-using flash::first_key;
-using flash::query_end;
+// Shapes of one call, as the kernels see them.
+struct Dims {
+  std::int64_t batch, seq, heads, kv_heads, group;
+  std::int64_t window;  // sliding window; 0: full causal (see dims_of)
+  float scale;          // 1 / sqrt(head_dim), as the CPU backend computes it
+};
+
+// A window of seq or more is full causal attention: stored as 0, so that no bound below adds
+// a huge window to a position.
+inline Dims dims_of(const AttentionDims& ad) {
+  return Dims{ad.batch,
+              ad.seq,
+              ad.heads,
+              ad.kv_heads,
+              ad.heads / ad.kv_heads,
+              ad.window > 0 && ad.window < ad.seq ? ad.window : 0,
+              1.0f / sqrtf(static_cast<float>(ad.head_dim))};
+}
+
+// Whether query i attends to key j (both below seq): causal, and within the window.
+__device__ __forceinline__ bool attends(const Dims& d, std::int64_t i, std::int64_t j) {
+  return j <= i && (d.window == 0 || i - j < d.window);
+}
+// The first key query i attends to.
+__device__ __forceinline__ std::int64_t first_key(const Dims& d, std::int64_t i) {
+  return d.window > 0 && i - d.window + 1 > 0 ? i - d.window + 1 : 0;
+}
+// One past the last query that key j is attended by.
+__device__ __forceinline__ std::int64_t query_end(const Dims& d, std::int64_t j) {
+  return d.window > 0 && j + d.window < d.seq ? j + d.window : d.seq;
+}
+
+// Byte offsets of shared-memory regions, each aligned to 128 bytes (ldmatrix and cp.async need
+// 16; 128 for good measure).
+constexpr std::size_t align_region(std::size_t bytes) { return (bytes + 127) / 128 * 128; }
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;

@@ -1,12 +1,11 @@
-// Causal GQA attention backward, second flash variant (see attention_flash2.cuh). The same two
-// deterministic kernels as attention_flash_backward.cu (dK/dV per key tile over every query head
-// of its group and every later query tile; dQ per query tile over the key tiles; no atomics), but
-// the recomputed P and dS and the dK, dV, dQ accumulators stay in registers for the whole loop
-// (they need no rescaling), and the streamed tiles (Q, dO, lse, D for dK/dV; K, V for dQ) are
-// double buffered with cp.async. Same contract as the first variant: P = exp(scale s - lse)
-// (here exp2 of log2(e)-prescaled terms), dS = scale P (dP - D), both rounded to bf16 for their
-// products, every gradient rounded once at the end; sliding windows skip and mask exactly as
-// there.
+// Causal GQA attention backward, the flash kernels (see attention_flash2.cuh). Two deterministic
+// kernels (dK/dV per key tile over every query head of its group and every later query tile; dQ
+// per query tile over the key tiles; no atomics); the recomputed P and dS and the dK, dV, dQ
+// accumulators stay in registers for the whole loop (they need no rescaling), and the streamed
+// tiles (Q, dO, lse, D for dK/dV; K, V for dQ) are double buffered with cp.async. P =
+// exp(scale s - lse) (here exp2 of log2(e)-prescaled terms), dS = scale P (dP - D), both rounded
+// to bf16 for their products, every gradient rounded once at the end; sliding windows skip and
+// mask by `attends`.
 #include "attention_flash2.cuh"
 
 namespace strata::kernels {
@@ -364,7 +363,7 @@ int attention_backward_flash2(const LaunchContext& ctx, const void* dout, const 
                         static_cast<const void*>(dv)}) {
     if (!aligned16(p)) return static_cast<int>(cudaErrorNotSupported);
   }
-  if (!flash_attention_applies(ctx, d, Elem::kBF16, true, AttentionKernel::kFlash2)) {
+  if (!flash_attention_applies(ctx, d, Elem::kBF16, true)) {
     return static_cast<int>(cudaErrorNotSupported);
   }
   if (const cudaError_t e = flash2_device_supported(); e != cudaSuccess) {

@@ -1,11 +1,11 @@
-// Causal GQA attention forward, second flash variant (see attention_flash2.cuh): a block owns 64
+// Causal GQA attention forward, the flash kernels (see attention_flash2.cuh): a block owns 64
 // query rows of one head (16 per warp) and streams 64-key tiles of K and V, double buffered
 // with cp.async so the next tile loads while this one computes. Scores, probabilities and the
 // output accumulator never leave registers; the online softmax works in base 2 on scores
-// prescaled by scale * log2(e). Same contract as attention_flash_forward.cu: P is rounded to
-// bf16 for the P V product, the row sums are not, lse = max(scale s) + log(sum), out rounded
-// once from O / sum. Sliding windows skip the key tiles wholly left of the block's windows and
-// mask the rest exactly as the first variant does.
+// prescaled by scale * log2(e). P is rounded to bf16 for the P V product, the row sums are not,
+// lse = max(scale s) + log(sum), out rounded once from O / sum (the simple kernels' contract).
+// Sliding windows skip the key tiles wholly left of the block's windows and mask the rest by
+// `attends`.
 #include "attention_flash2.cuh"
 
 namespace strata::kernels {
@@ -225,7 +225,7 @@ cudaError_t flash2_device_supported() {
 int attention_forward_flash2(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                              void* out, float* lse, const AttentionDims& d) {
   if (d.seq == 0 || d.batch == 0) return 0;
-  if (!flash_attention_applies(ctx, d, Elem::kBF16, false, AttentionKernel::kFlash2) ||
+  if (!flash_attention_applies(ctx, d, Elem::kBF16, false) ||
       !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
     return static_cast<int>(cudaErrorNotSupported);
   }

@@ -1,6 +1,7 @@
 // A linear layer's bias: add_bias (x[r, :] += bias, elementwise) and bias_grad (dbias += the
 // column sums of dy, through per-chunk fp32 partials and an ordered second pass, so it is
 // deterministic, like rmsnorm's dw).
+#include "column_partials.cuh"
 #include "common.cuh"
 
 namespace strata::kernels {
@@ -57,29 +58,6 @@ __global__ void bias_partials_kernel(const T* __restrict__ dy, float* __restrict
   for (int e = 0; e < kN; ++e) out[e] = s[e];
 }
 
-// dbias[c] += sum over chunks, in chunk order.
-template <typename T>
-__global__ void bias_sum_kernel(const float* __restrict__ partials, std::int64_t num_chunks,
-                                std::int64_t cols, T* __restrict__ dbias) {
-  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0.0f;
-  for (std::int64_t k = 0; k < num_chunks; ++k) s += partials[k * cols + c];
-  dbias[c] = from_float<T>(to_float(dbias[c]) + s);
-}
-
-// Rows per partial: about 512 chunks for large inputs (enough blocks to fill any GPU), at least
-// 4 rows each, and a function of rows only, so the summation order never depends on the device.
-std::int64_t rows_per_chunk(std::int64_t rows) {
-  const std::int64_t per = (rows + 511) / 512;
-  return per < 4 ? 4 : per;
-}
-
-std::int64_t chunk_count(std::int64_t rows) {
-  const std::int64_t per = rows_per_chunk(rows);
-  return (rows + per - 1) / per;
-}
-
 // Threads per block for `work` column groups: whole warps, at most 256.
 int threads_for(std::int64_t work) {
   const std::int64_t t = (work + 31) / 32 * 32;
@@ -111,14 +89,14 @@ int add_bias(const LaunchContext& ctx, void* x, const void* bias, std::int64_t r
 
 std::size_t bias_grad_scratch_bytes(std::int64_t rows, std::int64_t cols) {
   if (rows <= 0 || cols <= 0) return 0;
-  return static_cast<std::size_t>(chunk_count(rows) * cols) * sizeof(float);
+  return static_cast<std::size_t>(partial_chunks(rows) * cols) * sizeof(float);
 }
 
 int bias_grad(const LaunchContext& ctx, const void* dy, void* dbias, std::int64_t rows,
               std::int64_t cols, Elem dtype, void* scratch) {
   if (rows <= 0 || cols <= 0) return 0;
-  const std::int64_t per = rows_per_chunk(rows);
-  const std::int64_t chunks = chunk_count(rows);  // at most 512: fits grid.y
+  const std::int64_t per = partial_rows_per_chunk(rows);
+  const std::int64_t chunks = partial_chunks(rows);  // at most 512: fits grid.y
   float* partials = static_cast<float*>(scratch);
   return dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -140,10 +118,7 @@ int bias_grad(const LaunchContext& ctx, const void* dy, void* dbias, std::int64_
           <<<grid, threads, 0, stream_of(ctx)>>>(g, partials, rows, cols, per);
     }
     if (const int e = launch_check(); e != 0) return e;
-    constexpr int kSumThreads = 256;
-    bias_sum_kernel<T><<<static_cast<unsigned>((cols + kSumThreads - 1) / kSumThreads), kSumThreads,
-                         0, stream_of(ctx)>>>(partials, chunks, cols, static_cast<T*>(dbias));
-    return launch_check();
+    return add_column_partials(ctx, partials, chunks, cols, static_cast<T*>(dbias));
   });
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "strata/device/adamw_constants.h"
 #include "strata/device/rope.h"
 
 namespace strata::kernels {
@@ -59,8 +60,8 @@ int rope(const LaunchContext& ctx, void* x, std::int64_t batch, std::int64_t seq
          std::int64_t heads, std::int64_t head_dim, const ::strata::device::RopeParams& params,
          bool inverse, Elem dtype, void* scratch);
 
-// ---- attention (attention_simple.cu, attention_flash_{forward,backward}.cu,
-// attention_flash2_{forward,backward}.cu; dispatch in attention.cu)
+// ---- attention (attention_simple.cu, attention_flash2_{forward,backward}.cu; dispatch in
+// attention.cu)
 struct AttentionDims {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   // Sliding window: query i attends to keys j with 0 <= i - j < window; 0 (or any window not
@@ -69,18 +70,17 @@ struct AttentionDims {
 };
 enum class AttentionKernel : std::uint8_t {
   // kFlash2 where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits, sm_80+: the
-  // context's compute_major), else kFlash where it applies, else kSimple.
+  // context's compute_major), else kSimple.
   kAuto,
   kSimple,  // one block per row, online softmax over key chunks: any shape and dtype
-  kFlash,   // tensor-core tiles; an error (cudaErrorNotSupported) where it does not apply
-  // Where kFlash applies, on sm_80+: mma.sync with register-resident softmax and accumulators,
+  // bf16, head_dim 64 or 128, sm_80+: mma.sync with register-resident softmax and accumulators,
   // cp.async double buffering (attention_flash2_*.cu); an error where it does not apply.
   kFlash2,
 };
-// Whether the flash kernels (kFlash, or kFlash2) serve this call on a device with the given
-// shared memory (kFlash2 also needs compute capability 8.0, checked at launch).
+// Whether the flash kernels serve this call on a device with the given shared memory (they also
+// need compute capability 8.0, checked at launch).
 bool flash_attention_applies(const LaunchContext& ctx, const AttentionDims& d, Elem dtype,
-                             bool backward, AttentionKernel kernel = AttentionKernel::kFlash);
+                             bool backward);
 int attention_forward(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                       void* out, float* lse, const AttentionDims& d, Elem dtype,
                       AttentionKernel kernel);
@@ -92,8 +92,6 @@ int attention_backward(const LaunchContext& ctx, const void* dout, const void* q
 // The variants, for attention_forward/backward's dispatch (and tests).
 int attention_forward_simple(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                              void* out, float* lse, const AttentionDims& d, Elem dtype);
-int attention_forward_flash(const LaunchContext& ctx, const void* q, const void* k, const void* v,
-                            void* out, float* lse, const AttentionDims& d);
 int attention_forward_flash2(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                              void* out, float* lse, const AttentionDims& d);
 // Decoding with a KV cache (batch 1): `queries` new rows of q attend the cache's past + queries
@@ -107,9 +105,6 @@ int attention_row_dot(const LaunchContext& ctx, const void* dout, const void* ou
 int attention_backward_simple(const LaunchContext& ctx, const void* dout, const void* q,
                               const void* k, const void* v, const float* lse, const float* drow,
                               void* dq, void* dk, void* dv, const AttentionDims& d, Elem dtype);
-int attention_backward_flash(const LaunchContext& ctx, const void* dout, const void* q,
-                             const void* k, const void* v, const float* lse, const float* drow,
-                             void* dq, void* dk, void* dv, const AttentionDims& d);
 int attention_backward_flash2(const LaunchContext& ctx, const void* dout, const void* q,
                               const void* k, const void* v, const float* lse, const float* drow,
                               void* dq, void* dk, void* dv, const AttentionDims& d);
@@ -177,14 +172,7 @@ int sum_squares(const LaunchContext& ctx, const void* x, std::int64_t n, Elem dt
 // ---- adamw.cu: device::adamw_reference's arithmetic, operation for operation, compiled
 // without multiply-add contraction; the scalars are computed on the host exactly as the
 // reference computes them.
-struct AdamWScalars {
-  float lr_step_size = 0;  // lr / (1 - beta1^step)
-  float bc2_sqrt = 0;      // sqrt(1 - beta2^step)
-  float decay = 0;         // 1 - lr * weight_decay
-  float one_minus_beta1 = 0, one_minus_beta2 = 0;
-  float beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
-  bool adamw_mode = true;
-};
+using AdamWScalars = ::strata::device::AdamWConstants;
 // The master weights (optimizer.master_dtype): f32, or bf16 with a bf16 compensation (Kahan) or
 // rounded stochastically with the bits of splitmix64_at(seed, first + i) for element i.
 enum class MasterForm : std::uint8_t { kF32, kKahan, kStochastic };

@@ -1,5 +1,6 @@
 // RMSNorm forward (one block per row) and backward (dx per row; dw through per-chunk fp32
 // partials and an ordered second pass, so it is deterministic).
+#include "column_partials.cuh"
 #include "common.cuh"
 
 namespace strata::kernels {
@@ -122,24 +123,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dw[c] += sum over chunks, in chunk order.
-template <typename T>
-__global__ void rmsnorm_dw_kernel(const float* __restrict__ partials, std::int64_t num_chunks,
-                                  std::int64_t dim, T* __restrict__ dw) {
-  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= dim) return;
-  float s = 0.0f;
-  for (std::int64_t k = 0; k < num_chunks; ++k) s += partials[k * dim + c];
-  dw[c] = from_float<T>(to_float(dw[c]) + s);
-}
-
-// Rows per backward block: about 512 blocks for large inputs (enough to fill any GPU), and a
-// function of rows only, so the dw summation order never depends on the device.
-std::int64_t rows_per_chunk(std::int64_t rows) {
-  const std::int64_t per = (rows + 511) / 512;
-  return per < 4 ? 4 : per;
-}
-
 template <typename T>
 bool can_vectorize(std::int64_t dim, std::initializer_list<const void*> ptrs) {
   if (dim % Vec16<T>::kN != 0) return false;
@@ -174,8 +157,7 @@ int rmsnorm_forward(const LaunchContext& ctx, const void* x, const void* w, void
 
 std::size_t rmsnorm_backward_scratch_bytes(std::int64_t rows, std::int64_t dim) {
   if (rows <= 0 || dim <= 0) return 0;
-  const std::int64_t chunks = (rows + rows_per_chunk(rows) - 1) / rows_per_chunk(rows);
-  return static_cast<std::size_t>(chunks * dim) * sizeof(float);
+  return static_cast<std::size_t>(partial_chunks(rows) * dim) * sizeof(float);
 }
 
 int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, const void* w,
@@ -184,8 +166,8 @@ int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, 
   if (rows <= 0 || dim <= 0) return 0;
   const std::size_t smem = static_cast<std::size_t>(dim) * sizeof(float);
   if (smem > ctx.max_smem_optin_bytes) return static_cast<int>(cudaErrorInvalidValue);
-  const std::int64_t per = rows_per_chunk(rows);
-  const std::int64_t chunks = (rows + per - 1) / per;
+  const std::int64_t per = partial_rows_per_chunk(rows);
+  const std::int64_t chunks = partial_chunks(rows);
   float* partials = static_cast<float*>(scratch);
   return dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -206,10 +188,7 @@ int rmsnorm_backward(const LaunchContext& ctx, const void* dout, const void* x, 
                         : launch(rmsnorm_backward_kernel<T, false>);
     if (err != 0) return err;
     if (dw == nullptr) return 0;  // a frozen weight: no gradient
-    constexpr int kDwThreads = 256;
-    rmsnorm_dw_kernel<T><<<static_cast<unsigned>((dim + kDwThreads - 1) / kDwThreads), kDwThreads,
-                           0, stream_of(ctx)>>>(partials, chunks, dim, static_cast<T*>(dw));
-    return launch_check();
+    return add_column_partials(ctx, partials, chunks, dim, static_cast<T*>(dw));
   });
 }
 

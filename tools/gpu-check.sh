@@ -27,7 +27,7 @@
 # nvidia-smi), GPU_CHECK_BUDGET_S (540 s for the whole check), GPU_CHECK_NVCC (default: nvcc on
 # the PATH, else /usr/local/cuda/bin/nvcc), GPU_CHECK_WERROR (1: warnings are errors, as in CI),
 # GPU_CHECK_FORCE_DEBS (1: use .debs even for what the system has), the benchmark knobs in
-# bench/gpu_train_step_bench.cpp (STRATA_GPU_BENCH_*), STRATA_ATTENTION (auto, flash, flash2 or
+# bench/gpu_train_step_bench.cpp (STRATA_GPU_BENCH_*), STRATA_ATTENTION (auto, flash2 or
 # simple: the training step's attention kernels), and STRATA_CUDA_SYNC=1 (every CUDA op
 # synchronizes and checks, so a faulting kernel names itself).
 # shellcheck disable=SC2317  # finish and write_table run from the EXIT trap
@@ -680,7 +680,7 @@ if ((run_tests)); then
     '-CudaNcclTest.*' 150 0
 fi
 if ((run_bench)) && have_bench attention; then
-  run_bench attention "attention variants (flash, flash2, simple)" 120 0
+  run_bench attention "attention variants (flash2, simple)" 120 0
   grep -E "^attention " "$out/attention_bench.log"
 fi
 if ((run_bench)) && have_bench copy; then

@@ -46,6 +46,12 @@ AdamWConstants adamw_constants(const AdamWArgs& a) {
   c.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
   c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
   c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  c.beta1 = static_cast<float>(a.beta1);
+  c.beta2 = static_cast<float>(a.beta2);
+  c.eps = static_cast<float>(a.eps);
+  c.weight_decay = static_cast<float>(a.weight_decay);
+  c.grad_scale = a.grad_scale;
+  c.adamw_mode = a.adamw_mode;
   return c;
 }
 
@@ -53,8 +59,7 @@ void adamw_reference(const AdamWArgs& a) {
   const AdamWConstants c = adamw_constants(a);
   const float step_size = c.step_size, bc2_sqrt = c.bc2_sqrt, decay = c.decay;
   const float one_minus_b1 = c.one_minus_beta1, one_minus_b2 = c.one_minus_beta2;
-  const auto beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
-  const auto eps = static_cast<float>(a.eps), weight_decay = static_cast<float>(a.weight_decay);
+  const float beta1 = c.beta1, beta2 = c.beta2, eps = c.eps, weight_decay = c.weight_decay;
   const bool out_of_place = a.param_in != nullptr;
   const void* param_in = out_of_place ? a.param_in : a.param;
   const DType pd = a.master_dtype;

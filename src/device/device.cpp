@@ -1,6 +1,7 @@
 // Backend-independent parts of the device interface and the backend registry.
 #include "strata/device/device.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdlib>
@@ -10,12 +11,25 @@
 
 #include "src/device/cpu/cpu_device.h"
 #include "strata/build_config.h"
+#include "strata/core/check.h"
 #include "strata/core/json.h"
+#include "strata/device/ops.h"
 #if STRATA_HAVE_CUDA
 #include "src/device/cuda/cuda_probe.h"
 #endif
 
 namespace strata::device {
+
+void check_gemm_args(const GemmArgs& g, const char* who) {
+  STRATA_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, who, "negative gemm size", g.m, g.n, g.k);
+  const std::int64_t a_cols = g.trans_a ? g.m : g.k;
+  const std::int64_t b_cols = g.trans_b ? g.k : g.n;
+  STRATA_CHECK(g.lda >= std::max<std::int64_t>(a_cols, 1), who, "gemm lda too small", g.lda,
+               a_cols);
+  STRATA_CHECK(g.ldb >= std::max<std::int64_t>(b_cols, 1), who, "gemm ldb too small", g.ldb,
+               b_cols);
+  STRATA_CHECK(g.ldc >= std::max<std::int64_t>(g.n, 1), who, "gemm ldc too small", g.ldc, g.n);
+}
 
 template <MemoryKind K>
 void DeviceMemory<K>::reset() {

@@ -66,23 +66,6 @@ int out_kind(const device::AdamWArgs& a) {
   return 0;
 }
 
-// The scalars of device::adamw_reference, from the same function.
-AdamConstants make_constants(const device::AdamWArgs& a) {
-  const device::AdamWConstants k = device::adamw_constants(a);
-  AdamConstants c;
-  c.beta1 = a.beta1;
-  c.beta2 = a.beta2;
-  c.one_minus_b1 = k.one_minus_beta1;
-  c.one_minus_b2 = k.one_minus_beta2;
-  c.eps = a.eps;
-  c.weight_decay = a.weight_decay;
-  c.decay = k.decay;
-  c.step_size = k.step_size;
-  c.bc2_sqrt = k.bc2_sqrt;
-  c.grad_scale = a.grad_scale;
-  return c;
-}
-
 void check_args(const device::AdamWArgs& a) { device::check_adamw_args(a, "CpuAdam:"); }
 
 }  // namespace
@@ -578,7 +561,7 @@ StepOutcome CpuAdam::step(const device::AdamWArgs& args, bool check_finite) {
   if (check_finite && !all_finite(args.grad, args.grad_dtype, args.n)) {
     return StepOutcome::kSkippedNonFinite;
   }
-  const AdamConstants c = make_constants(args);
+  const AdamConstants c = device::adamw_constants(args);
   // bf16 moments with f32 master weights: read and written as bf16 by the kernel itself where
   // the ISA has one (the tuner's variants are of f32 state; these use regular stores).
   if (args.state_dtype == DType::kBF16 && args.master_dtype == DType::kF32) {

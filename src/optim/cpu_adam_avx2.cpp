@@ -24,11 +24,16 @@ struct Vconsts {
 };
 
 Vconsts broadcast(const AdamConstants& c) {
-  return Vconsts{_mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.beta2),
-                 _mm256_set1_ps(c.one_minus_b1), _mm256_set1_ps(c.one_minus_b2),
-                 _mm256_set1_ps(c.eps),          _mm256_set1_ps(c.weight_decay),
-                 _mm256_set1_ps(c.decay),        _mm256_set1_ps(c.step_size),
-                 _mm256_set1_ps(c.bc2_sqrt),     _mm256_set1_ps(c.grad_scale)};
+  return Vconsts{_mm256_set1_ps(c.beta1),
+                 _mm256_set1_ps(c.beta2),
+                 _mm256_set1_ps(c.one_minus_beta1),
+                 _mm256_set1_ps(c.one_minus_beta2),
+                 _mm256_set1_ps(c.eps),
+                 _mm256_set1_ps(c.weight_decay),
+                 _mm256_set1_ps(c.decay),
+                 _mm256_set1_ps(c.step_size),
+                 _mm256_set1_ps(c.bc2_sqrt),
+                 _mm256_set1_ps(c.grad_scale)};
 }
 
 constexpr std::int64_t grad_bytes(int g) { return g == kGradF32 ? 4 : 2; }

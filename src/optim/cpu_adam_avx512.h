@@ -22,11 +22,16 @@ struct Vconsts {
 };
 
 inline Vconsts broadcast(const AdamConstants& c) {
-  return Vconsts{_mm512_set1_ps(c.beta1),        _mm512_set1_ps(c.beta2),
-                 _mm512_set1_ps(c.one_minus_b1), _mm512_set1_ps(c.one_minus_b2),
-                 _mm512_set1_ps(c.eps),          _mm512_set1_ps(c.weight_decay),
-                 _mm512_set1_ps(c.decay),        _mm512_set1_ps(c.step_size),
-                 _mm512_set1_ps(c.bc2_sqrt),     _mm512_set1_ps(c.grad_scale)};
+  return Vconsts{_mm512_set1_ps(c.beta1),
+                 _mm512_set1_ps(c.beta2),
+                 _mm512_set1_ps(c.one_minus_beta1),
+                 _mm512_set1_ps(c.one_minus_beta2),
+                 _mm512_set1_ps(c.eps),
+                 _mm512_set1_ps(c.weight_decay),
+                 _mm512_set1_ps(c.decay),
+                 _mm512_set1_ps(c.step_size),
+                 _mm512_set1_ps(c.bc2_sqrt),
+                 _mm512_set1_ps(c.grad_scale)};
 }
 
 inline __mmask16 tail_mask(std::int64_t n) {

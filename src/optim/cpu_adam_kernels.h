@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "strata/device/adamw_constants.h"
+
 namespace strata::optim::detail {
 
 enum GradKind : std::uint8_t { kGradF32 = 0, kGradBF16 = 1, kGradF16 = 2, kNumGradKinds = 3 };
@@ -18,16 +20,8 @@ enum OutKind : std::uint8_t {
   kNumOutKinds = 4
 };
 
-// Per-step constants, computed exactly as device::adamw_reference computes them. Trivial type.
-struct AdamConstants {
-  float beta1, beta2;
-  float one_minus_b1, one_minus_b2;
-  float eps, weight_decay;
-  float decay;      // 1 - lr * weight_decay (adamw_mode)
-  float step_size;  // lr / bias_correction1
-  float bc2_sqrt;   // sqrt(bias_correction2)
-  float grad_scale;
-};
+// Per-step constants: device::adamw_reference's own (device::adamw_constants). Trivial type.
+using AdamConstants = device::AdamWConstants;
 
 // One tile: every pointer already points at the tile's first element. The state is read from the
 // *_in arrays and written to param, exp_avg and exp_avg_sq: the same arrays for a step in place,

@@ -48,8 +48,8 @@ void adam_tile(const AdamConstants& constants, const AdamTile& tile) {
     } else {
       g += c.weight_decay * p;
     }
-    const float m = c.beta1 * t.exp_avg_in[i] + c.one_minus_b1 * g;
-    const float v = c.beta2 * t.exp_avg_sq_in[i] + c.one_minus_b2 * g * g;
+    const float m = c.beta1 * t.exp_avg_in[i] + c.one_minus_beta1 * g;
+    const float v = c.beta2 * t.exp_avg_sq_in[i] + c.one_minus_beta2 * g * g;
     t.exp_avg[i] = m;
     t.exp_avg_sq[i] = v;
     p -= c.step_size * m / (std::sqrt(v) / c.bc2_sqrt + c.eps);

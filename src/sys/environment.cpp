@@ -21,7 +21,7 @@ constexpr std::array<KnobInfo, 6> kKnobs = {{
     {Knob::kCudaSync, "STRATA_CUDA_SYNC",
      "1: synchronize after every CUDA op, so an error names the op that caused it"},
     {Knob::kAttention, "STRATA_ATTENTION",
-     "CUDA attention kernel over the config's attention: auto, flash, flash2, simple"},
+     "CUDA attention kernel over the config's attention: auto, flash2, simple"},
 }};
 
 const char* process_getenv(const char* name) {

@@ -107,17 +107,20 @@ TEST(CudaTrainProbeTest, DeviceCudaWithoutGpuIsAClearError) {
   EXPECT_NE(t.status().message().find("no GPU"), std::string::npos) << t.status().message();
 }
 
-// The config key `attention` takes only the variants there are, and says which.
+// The config key `attention` takes only the variants there are, and says which; "flash", the
+// first flash variant, was removed (flash2 serves every call it served).
 TEST(CudaTrainProbeTest, AnUnknownAttentionVariantIsRefusedNamingTheChoices) {
   TempDir dir;
   Json j = tiny_config(dir);
-  j["attention"] = "flash3";
-  auto c = parse_train_config(j, "test config");
-  ASSERT_FALSE(c.is_ok());
-  EXPECT_NE(c.status().message().find("'attention': got 'flash3'; expected one of "
-                                      "auto|flash|flash2|simple"),
-            std::string::npos)
-      << c.status().message();
+  for (const char* gone : {"flash3", "flash"}) {
+    j["attention"] = gone;
+    auto c = parse_train_config(j, "test config");
+    ASSERT_FALSE(c.is_ok());
+    EXPECT_NE(c.status().message().find("'attention': got '" + std::string(gone) +
+                                        "'; expected one of auto|flash2|simple"),
+              std::string::npos)
+        << c.status().message();
+  }
   j["attention"] = "flash2";
   auto ok = parse_train_config(j, "test config");
   ASSERT_TRUE(ok.is_ok()) << ok.status().message();
@@ -138,7 +141,7 @@ TEST(CudaTrainProbeTest, ABadStrataAttentionIsRefusedNamingTheVariable) {
   ASSERT_FALSE(t.is_ok());
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().message();
   EXPECT_NE(t.status().message().find("STRATA_ATTENTION 'fastest' is not an attention variant; "
-                                      "expected one of auto|flash|flash2|simple"),
+                                      "expected one of auto|flash2|simple"),
             std::string::npos)
       << t.status().message();
 }
@@ -230,8 +233,8 @@ TEST_F(CudaTrainTest, Bf16FlashPathTracksTheCpuBackend) {
 }
 
 // Every attention variant the config can choose trains as the CPU backend does: in bf16 with
-// head_dim 64 each runs its own kernels; in fp32 with head_dim 8, where no flash variant applies,
-// flash and flash2 leave the calls to the simple kernels instead of failing them.
+// head_dim 64 each runs its own kernels; in fp32 with head_dim 8, where the flash kernels do not
+// apply, flash2 leaves the calls to the simple kernels instead of failing them.
 TEST_F(CudaTrainTest, EveryAttentionVariantTracksTheCpuBackend) {
   testing::ScopedEnv no_override("STRATA_ATTENTION", "");
   no_override.unset();  // the config's choice, not the environment's
@@ -245,7 +248,7 @@ TEST_F(CudaTrainTest, EveryAttentionVariantTracksTheCpuBackend) {
   bf16["precision"] = "bf16";
   const History cpu_fp32 = train_on(fp32, "cpu");
   const History cpu_bf16 = train_on(bf16, "cpu");
-  for (const char* variant : {"auto", "flash", "flash2", "simple"}) {
+  for (const char* variant : {"auto", "flash2", "simple"}) {
     SCOPED_TRACE(variant);
     Json f = fp32, b = bf16;
     f["attention"] = variant;

@@ -190,18 +190,14 @@ std::string_view device_kind_name(DeviceKind kind);  // "cpu", "cuda"
 inline constexpr int kAutoDeviceIndex = -1;
 
 // CUDA backend: the attention kernels (config key `attention`; STRATA_ATTENTION in the
-// environment overrides it). kFlash and kFlash2 serve the calls they apply to (bf16, head_dim 64
-// or 128) and the simple kernels the rest; kAuto is kFlash2 where it applies (sm_80+), else kFlash
-// where it applies, else the simple kernels; kSimple is the simple kernels everywhere. The CPU
-// backend has one kind of kernel.
-enum class AttentionVariant : std::uint8_t { kAuto, kFlash, kFlash2, kSimple };
-inline constexpr std::array<AttentionVariant, 4> kAttentionVariants = {
-    AttentionVariant::kAuto, AttentionVariant::kFlash, AttentionVariant::kFlash2,
-    AttentionVariant::kSimple};
+// environment overrides it). kFlash2 serves the calls it applies to (bf16, head_dim 64 or 128,
+// sm_80+) and the simple kernels the rest; kAuto is the same choice (the default); kSimple is the
+// simple kernels everywhere. The CPU backend has one kind of kernel.
+enum class AttentionVariant : std::uint8_t { kAuto, kFlash2, kSimple };
+inline constexpr std::array<AttentionVariant, 3> kAttentionVariants = {
+    AttentionVariant::kAuto, AttentionVariant::kFlash2, AttentionVariant::kSimple};
 constexpr std::string_view attention_variant_name(AttentionVariant variant) {
   switch (variant) {
-    case AttentionVariant::kFlash:
-      return "flash";
     case AttentionVariant::kFlash2:
       return "flash2";
     case AttentionVariant::kSimple:

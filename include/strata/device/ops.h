@@ -11,6 +11,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
+#include "strata/device/adamw_constants.h"
 #include "strata/device/rope.h"
 
 namespace strata::device {
@@ -240,13 +241,12 @@ void adamw_reference(const AdamWArgs& args);
 // compensation (and the input's). The CPU backend's op, CpuAdam and the CUDA op call it.
 void check_adamw_args(const AdamWArgs& args, const char* who);
 
-// One step's scalars, formed in double (as torch does on Python floats) and rounded to f32
-// once. Every AdamW implementation takes them from here, so they agree bit for bit.
-struct AdamWConstants {
-  float step_size;  // lr / bias_correction1
-  float bc2_sqrt;   // sqrt(bias_correction2)
-  float decay;      // 1 - lr * weight_decay (adamw_mode)
-  float one_minus_beta1, one_minus_beta2;
-};
+// The arguments every GEMM needs, checked alike (a failed check aborts, naming `who`): sizes not
+// negative, and each leading dimension at least its matrix's columns as stored (1 for none). Both
+// backends' gemm call it.
+void check_gemm_args(const GemmArgs& args, const char* who);
+
+// One step's scalars (adamw_constants.h), formed in double (as torch does on Python floats) and
+// rounded to f32 once. Every AdamW implementation takes them from here, so they agree bit for bit.
 AdamWConstants adamw_constants(const AdamWArgs& args);
 }  // namespace strata::device

@@ -49,15 +49,6 @@ TileShape half_tiles(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_
   return t;
 }
 
-void check_args(const GemmArgs& g) {
-  STRATA_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "negative gemm size", g.m, g.n, g.k);
-  const std::int64_t a_cols = g.trans_a ? g.m : g.k;
-  const std::int64_t b_cols = g.trans_b ? g.k : g.n;
-  STRATA_CHECK(g.lda >= std::max<std::int64_t>(a_cols, 1), "gemm lda too small", g.lda, a_cols);
-  STRATA_CHECK(g.ldb >= std::max<std::int64_t>(b_cols, 1), "gemm ldb too small", g.ldb, b_cols);
-  STRATA_CHECK(g.ldc >= std::max<std::int64_t>(g.n, 1), "gemm ldc too small", g.ldc, g.n);
-}
-
 // C = beta * C for k == 0 (BLAS leaves C alone for beta == 1 and zeroes it for beta == 0).
 template <typename T>
 void scale_c(const GemmArgs& g) {
@@ -205,7 +196,7 @@ void gemm_half_tiled(const CpuContext& ctx, const GemmArgs& g, std::int64_t budg
 }
 
 void cpu_gemm(const CpuContext& ctx, const GemmArgs& g) {
-  check_args(g);
+  check_gemm_args(g, "gemm:");
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {
     dispatch_float(g.dtype, [&](auto t) { scale_c<decltype(t)>(g); });

@@ -68,12 +68,7 @@ class CudaOps final : public Ops {
   }
 
   void gemm(const GemmArgs& g) const override {
-    STRATA_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "negative gemm size", g.m, g.n, g.k);
-    const std::int64_t a_cols = g.trans_a ? g.m : g.k;
-    const std::int64_t b_cols = g.trans_b ? g.k : g.n;
-    STRATA_CHECK(g.lda >= std::max<std::int64_t>(a_cols, 1), "gemm lda too small", g.lda, a_cols);
-    STRATA_CHECK(g.ldb >= std::max<std::int64_t>(b_cols, 1), "gemm ldb too small", g.ldb, b_cols);
-    STRATA_CHECK(g.ldc >= std::max<std::int64_t>(g.n, 1), "gemm ldc too small", g.ldc, g.n);
+    check_gemm_args(g, "gemm (CUDA):");
     const kernels::Elem e = float_elem(g.dtype);
     if (g.m == 0 || g.n == 0) return;
     if (g.k == 0) {
@@ -262,19 +257,7 @@ class CudaOps final : public Ops {
     STRATA_CHECK(a.param_in == nullptr, "the CUDA adamw op updates in place only");
     const bool q8 = a.state_dtype == kAdam8StateDType;
     // The reference's scalars (adamw_reference.cpp), so both backends agree bit for bit.
-    const AdamWConstants c = adamw_constants(a);
-    kernels::AdamWScalars s;
-    s.lr_step_size = c.step_size;
-    s.bc2_sqrt = c.bc2_sqrt;
-    s.decay = c.decay;
-    s.one_minus_beta1 = c.one_minus_beta1;
-    s.one_minus_beta2 = c.one_minus_beta2;
-    s.beta1 = a.beta1;
-    s.beta2 = a.beta2;
-    s.eps = a.eps;
-    s.weight_decay = a.weight_decay;
-    s.grad_scale = a.grad_scale;
-    s.adamw_mode = a.adamw_mode;
+    const kernels::AdamWScalars s = adamw_constants(a);
     const kernels::Elem out = a.param_out != nullptr ? elem(a.out_dtype) : kernels::Elem::kF32;
     kernels::MasterWeights w;
     w.param = a.param;
@@ -327,22 +310,21 @@ class CudaOps final : public Ops {
     return dev_.launch_context();
   }
 
-  // The kernels of one attention call: the tuning's, except that a flash variant chosen with
+  // The kernels of one attention call: the tuning's, except that the flash kernels chosen with
   // attention_falls_back leaves the calls it does not serve (attention.cu's conditions for kAuto:
   // applies, and every tensor 16-byte aligned) to the simple kernels instead of failing them.
   kernels::AttentionKernel attention_kernel(const kernels::AttentionDims& d, kernels::Elem e,
                                             bool backward,
                                             std::initializer_list<const void*> tensors) const {
     const kernels::AttentionKernel chosen = tuning_.attention;
-    if (!tuning_.attention_falls_back || (chosen != kernels::AttentionKernel::kFlash &&
-                                          chosen != kernels::AttentionKernel::kFlash2)) {
+    if (!tuning_.attention_falls_back || chosen != kernels::AttentionKernel::kFlash2) {
       return chosen;
     }
     bool aligned = true;
     for (const void* t : tensors) {
       aligned = aligned && reinterpret_cast<std::uintptr_t>(t) % 16 == 0;
     }
-    return aligned && kernels::flash_attention_applies(ctx(), d, e, backward, chosen)
+    return aligned && kernels::flash_attention_applies(ctx(), d, e, backward)
                ? chosen
                : kernels::AttentionKernel::kSimple;
   }

@@ -25,8 +25,6 @@ namespace {
 
 kernels::AttentionKernel kernel_of(AttentionVariant variant) {
   switch (variant) {
-    case AttentionVariant::kFlash:
-      return kernels::AttentionKernel::kFlash;
     case AttentionVariant::kFlash2:
       return kernels::AttentionKernel::kFlash2;
     case AttentionVariant::kSimple:

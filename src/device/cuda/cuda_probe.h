@@ -13,7 +13,7 @@ namespace strata::device::cuda {
 // Knobs below DeviceOptions, for tests and benchmarks.
 struct CudaTuning {
   kernels::AttentionKernel attention = kernels::AttentionKernel::kAuto;
-  // With kFlash or kFlash2 above: the calls that variant does not apply to (not bf16, another
+  // With kFlash2 above: the calls the flash kernels do not apply to (not bf16, another
   // head_dim, unaligned, too little shared memory) run the simple kernels, as the config key
   // `attention` promises. Off, such a call fails: tests choose a variant strictly.
   bool attention_falls_back = false;
@@ -29,7 +29,7 @@ struct CudaTuning {
 bool sync_requested_by_environment(const char* (*getenv)(const char*) = nullptr);
 
 // The tuning create_cuda_device(options) runs with: options.attention, unless STRATA_ATTENTION
-// in the environment names another variant (auto, flash, flash2 or simple), and
+// in the environment names another variant (auto, flash2 or simple), and
 // sync_requested_by_environment(). Any other STRATA_ATTENTION is invalid_argument naming the
 // variable, its value and the choices.
 Result<CudaTuning> tuning_from_environment(const DeviceOptions& options,

@@ -253,6 +253,31 @@ TEST(CpuOpsTest, GemmWithZeroInnerDimensionScalesC) {
   }
 }
 
+// Both backends' gemm checks its arguments through check_gemm_args, naming itself.
+TEST(CpuOpsTest, GemmRefusesNegativeSizesAndShortLeadingDimensions) {
+  auto dev = make_device();
+  std::vector<float> a(64), b(64), c(64);
+  GemmArgs g;
+  g.m = 4;
+  g.n = 4;
+  g.k = 4;
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
+  g.lda = g.ldb = g.ldc = 4;
+  dev->ops().gemm(g);  // well formed
+  GemmArgs neg = g;
+  neg.k = -1;
+  EXPECT_DEATH(dev->ops().gemm(neg), "gemm: negative gemm size");
+  GemmArgs lda = g;
+  lda.trans_a = true;
+  lda.m = 8;
+  EXPECT_DEATH(dev->ops().gemm(lda), "gemm: gemm lda too small");
+  GemmArgs ldc = g;
+  ldc.ldc = 3;
+  EXPECT_DEATH(check_gemm_args(ldc, "gemm (CUDA):"), "gemm \\(CUDA\\): gemm ldc too small");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedding
 
