@@ -225,8 +225,8 @@ cudaError_t flash2_device_supported() {
 int attention_forward_flash2(const LaunchContext& ctx, const void* q, const void* k, const void* v,
                              void* out, float* lse, const AttentionDims& d) {
   if (d.seq == 0 || d.batch == 0) return 0;
-  if (!flash_attention_applies(ctx, d, Elem::kBF16, false) ||
-      !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+  if (!flash_attention_applies(ctx, d, Elem::kBF16, false) || !aligned16(q) || !aligned16(k) ||
+      !aligned16(v) || !aligned16(out)) {
     return static_cast<int>(cudaErrorNotSupported);
   }
   if (const cudaError_t e = flash2_device_supported(); e != cudaSuccess) {

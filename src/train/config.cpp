@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <set>
 
 #include "strata/core/file.h"
 #include "strata/device/adam8bit.h"
@@ -181,37 +180,6 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
   r.reject_unknown();
 }
 }  // namespace
-
-Status FinetuneConfig::check_adapter(const model::LoraConfig& a) const {
-  std::vector<std::string> problems;
-  const model::LoraConfig& c = lora;
-  if (c.r != a.r) {
-    problems.push_back("finetune.r is " + std::to_string(c.r) + ", the adapter's r is " +
-                       std::to_string(a.r));
-  }
-  if (c.alpha != a.alpha) {
-    problems.push_back("finetune.alpha is " + Json(c.alpha).dump() +
-                       ", the adapter's lora_alpha is " + Json(a.alpha).dump());
-  }
-  if (c.targets != a.targets) {
-    problems.push_back("finetune.target_modules is " + Json(c.target_names()).dump() +
-                       ", the adapter's is " + Json(a.target_names()).dump());
-  }
-  if (std::set<std::string>(c.modules_to_save.begin(), c.modules_to_save.end()) !=
-      std::set<std::string>(a.modules_to_save.begin(), a.modules_to_save.end())) {
-    problems.push_back("finetune.modules_to_save is " + Json(c.modules_to_save).dump() +
-                       ", the adapter's is " + Json(a.modules_to_save).dump());
-  }
-  if (c.use_rslora != a.use_rslora) {
-    problems.push_back(std::string("finetune.use_rslora is ") + (c.use_rslora ? "true" : "false") +
-                       ", the adapter's is " + (a.use_rslora ? "true" : "false"));
-  }
-  if (problems.empty()) return Status::ok();
-  std::string msg =
-      "finetune.adapter " + adapter + " was trained with other settings; set finetune to match it:";
-  for (const auto& p : problems) msg += "\n  " + p;
-  return invalid_argument(msg);
-}
 
 Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
   if (!json.is_object()) return invalid_argument(source + ": the config must be a JSON object");
@@ -681,34 +649,6 @@ model::ModelOptions TrainConfig::model_options(int pipeline_rank, int data_ranks
   return o;
 }
 
-std::string_view finetune_method_name(FinetuneMethod method) {
-  switch (method) {
-    case FinetuneMethod::kFull:
-      return "full";
-    case FinetuneMethod::kLora:
-      return "lora";
-    case FinetuneMethod::kQlora:
-      return "qlora";
-  }
-  return "?";
-}
-
-namespace {
-Json finetune_json(const FinetuneConfig& f) {
-  if (f.method == FinetuneMethod::kFull) return Json{{"method", "full"}};
-  return Json{
-      {"method", finetune_method_name(f.method)},
-      {"r", f.lora.r},
-      {"alpha", f.lora.alpha},
-      {"dropout", f.lora.dropout},
-      {"target_modules", f.lora.target_names()},
-      {"use_rslora", f.lora.use_rslora},
-      {"modules_to_save", f.lora.modules_to_save.empty() ? Json() : Json(f.lora.modules_to_save)},
-      {"adapter", f.adapter.empty() ? Json() : Json(f.adapter)},
-      {"quantized_cache", f.quantized_cache.empty() ? Json() : Json(f.quantized_cache)}};
-}
-}  // namespace
-
 Json TrainConfig::to_json() const {
   Json j{
       {"model", model_path.empty() ? model.to_json() : Json(model_path)},
@@ -792,7 +732,7 @@ Json TrainConfig::to_json() const {
       {"metrics_file", metrics_file},
       {"trace_file", trace_file},
       {"log_every", log_every},
-      {"finetune", finetune_json(finetune)},
+      {"finetune", finetune.to_json()},
   };
   if (optimizer.master_dtype == DType::kBF16) {  // the key applies to bf16 master weights only
     j["optimizer"]["master_rounding"] =

@@ -56,6 +56,7 @@ struct FinetuneConfig {
   // The settings against those `adapter` was trained with (its adapter_config.json): each
   // mismatch named with the value that would match.
   Status check_adapter(const model::LoraConfig& trained) const;
+  Json to_json() const;  // as the config file writes it (PEFT's names for the adapter's keys)
 };
 
 struct TrainConfig {
