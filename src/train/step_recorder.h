@@ -51,10 +51,11 @@ class StepRecorder {
   // The step has ended, `tokens` trained: its time, its optimizer's, the transfers' busy time and
   // bytes, the peaks, the collectives' bytes and the plan into *m.
   void finish(std::int64_t tokens, StepMetrics* m);
+
+ private:
   // Every collective of the run so far: each grid axis's, and the kv-replica sums.
   dist::CommStats comm_stats() const;
 
- private:
   Rooms rooms_;
   zero::RankStats provider_before_;
   dist::CommStats comm_before_;

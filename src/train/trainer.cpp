@@ -59,7 +59,7 @@ struct Trainer::Impl {
   std::optional<optim::LossScaler> scaler;  // fp16's loss scaling
   std::int64_t step = 0;                    // optimizer steps completed
   Estimate planned;        // what strata estimate says of this config, for the run to compare
-  std::string resolution;  // ResolvedConfig::describe(): what "auto" chose, the grid, the modes
+  std::string resolution;  // ResolvedConfig::line(): the grid, the tiers, the accumulation
   std::vector<StepMetrics> history;
   std::ofstream metrics;
   // Checkpoints, synchronous or in the background; after the provider and the layouts, which a
