@@ -7,6 +7,7 @@
 
 #include "strata/core/clock.h"
 #include "strata/optim/adamw.h"
+#include "strata/zero/step_target.h"
 
 namespace strata::zero {
 
@@ -21,11 +22,12 @@ Result<std::unique_ptr<OptimizerSchedule>> OptimizerSchedule::create(ShardStore&
   oo.stream_grads = plan.gradients == Tier::kNvme;
   oo.master_layout = optim::master_layout(options.adam.master_dtype, options.adam.master_rounding);
   oo.moment_layout = optim::moment_layout(options.adam.state_dtype);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerStep> optimizer,
-                          make_optimizer_step(plan.optimizer, device, shards.store(), oo));
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<OptimizerStep> optimizer,
+      make_optimizer_step(plan.optimizer, device, shards.store().range_staging(), oo));
   std::unique_ptr<OptimizerSchedule> s(
       new OptimizerSchedule(shards, device, options, std::move(optimizer)));
-  shards.set_step_view(s.get());
+  shards.params().set_update_gate(s.get());
   return s;
 }
 
@@ -44,7 +46,13 @@ OptimizerSchedule::OptimizerSchedule(ShardStore& shards, device::Device& device,
 
 OptimizerSchedule::~OptimizerSchedule() {
   (void)finish_step();  // its error, if nobody asked, was the run's to report
-  shards_.set_step_view(nullptr);
+  shards_.params().set_update_gate(nullptr);
+  shards_.grads().report_final_to(nullptr);
+}
+
+void OptimizerSchedule::set_phase(Phase phase) {
+  phase_ = phase;
+  shards_.grads().report_final_to(phase == Phase::kGuessing ? this : nullptr);
 }
 
 // ---- the parameter path's questions ----
@@ -110,7 +118,7 @@ Status OptimizerSchedule::finish_micro_batch() {
 
 Result<std::vector<double>> OptimizerSchedule::grad_sums_of_squares() {
   STRATA_RETURN_IF_ERROR(finish_unless_guessing());
-  return shards_.grad_sums_of_squares();
+  return shards_.grads().sums_of_squares();
 }
 
 Status OptimizerSchedule::zero_grads() {
@@ -123,7 +131,7 @@ Status OptimizerSchedule::zero_grads() {
   STRATA_CHECK(!step_thread_.joinable(), "zero_grads while an optimizer step runs");
   armed_ = false;
   last_clipped_ = true;  // a skipped step says little about the next: do not guess it
-  shards_.clear_grads();
+  shards_.grads().clear();
   return s;
 }
 
@@ -145,7 +153,7 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
     const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == expected_scale_;
     ++stats_.steps_guessed;
     if (holds) {  // the guess is the step: it runs on into the next forward
-      phase_ = Phase::kRunning;
+      set_phase(Phase::kRunning);
       step_inline_ = false;  // what it hid beside backward stays hidden
       // Unless the serial schedule was chosen from now on: then the step ends here.
       return schedule_ == OptimizerOverlap::kNone ? finish_step() : Status::ok();
@@ -159,11 +167,12 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
   } else {
     STRATA_RETURN_IF_ERROR(finish_step());
   }
-  STRATA_CHECK(shards_.idle(), "optimizer step before the last micro-batch's finish_micro_batch");
-  STRATA_RETURN_IF_ERROR(shards_.give_zero_grads());
+  GradientLanding& grads = shards_.grads();
+  STRATA_CHECK(grads.idle(), "optimizer step before the last micro-batch's finish_micro_batch");
+  STRATA_RETURN_IF_ERROR(grads.give_zeros());
   // Sums made on the device go to host memory on the copy streams (a redo finds them there
   // already); the step's acquire of each waits for its copy only.
-  STRATA_RETURN_IF_ERROR(shards_.send_sums_to_host());
+  STRATA_RETURN_IF_ERROR(grads.send_sums_to_host());
   const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
   if (schedule_ != OptimizerOverlap::kNone) {
     launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
@@ -202,7 +211,7 @@ void OptimizerSchedule::reset_step_flags(bool keep_touched) {
 
 void OptimizerSchedule::launch_step(const device::AdamWArgs& args, Phase phase, bool keep_touched) {
   reset_step_flags(keep_touched);
-  phase_ = phase;
+  set_phase(phase);
   step_thread_ = std::thread([this, args, guess = phase == Phase::kGuessing] {
     Status s = run_step(args, guess);
     std::lock_guard lock(step_mu_);
@@ -221,7 +230,7 @@ Status OptimizerSchedule::abandon_guess(bool restore) {
   Stopwatch wait;
   step_thread_.join();
   stats_.optimizer_exposed_ms += wait.elapsed_ms();
-  phase_ = Phase::kIdle;
+  set_phase(Phase::kIdle);
   Status guess;
   std::vector<bool> written;
   {
@@ -238,87 +247,107 @@ Status OptimizerSchedule::abandon_guess(bool restore) {
   return failed ? guess : s;
 }
 
+// The step's target: the optimizer state's tensors in the store (StoreStepTarget), the working
+// copies each update writes, sent home as soon as written, the gradients spent or kept for a
+// redo, and the schedule's flags: which groups the step touched and updated, and (a guess) when
+// each gradient is final.
+class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
+ public:
+  ScheduledStep(OptimizerSchedule& schedule, OptimizerState::StepGroups groups, bool guess,
+                std::vector<std::size_t> order)
+      : StoreStepTarget(schedule.shards_.store(), std::move(groups.groups),
+                        std::move(groups.tensors), schedule.shards_.grads().step_dtype(),
+                        schedule.options_.compute_dtype, std::move(order)),
+        schedule_(schedule),
+        ids_(std::move(groups.ids)),
+        guess_(guess),
+        open_(ids_.size()) {}
+
+  // A guess updates each group once its gradient is final; else every gradient is.
+  Result<bool> gradient_ready(std::size_t gi, bool wait) override {
+    if (!guess_) return true;
+    OptimizerSchedule& s = schedule_;
+    const auto group = static_cast<std::size_t>(ids_[gi]);
+    {
+      std::unique_lock lock(s.step_mu_);
+      if (wait) s.step_cv_.wait(lock, [&] { return s.ready_[group] || s.cancel_; });
+      if (!s.cancel_) {
+        const bool final = s.ready_[group];
+        lock.unlock();
+        // The group's update starts once its gradient is final, or the last one has ended.
+        if (final) s.update_span_ns_ = std::max(s.update_span_ns_, now_ns());
+        return final;
+      }
+    }
+    return Status(StatusCode::kCancelled, "the guessed optimizer step was abandoned");
+  }
+
+  Result<void*> open_output(std::size_t gi, Tier tier) override {
+    const int group = ids_[gi];
+    {
+      std::lock_guard lock(schedule_.step_mu_);
+      // emplace drops the old data even if the update never comes
+      schedule_.touched_[static_cast<std::size_t>(group)] = true;
+    }
+    auto out = schedule_.shards_.params().open(group, tier);
+    if (out.is_ok()) open_[gi] = tier;
+    return out;
+  }
+
+  Status close_output(std::size_t gi, Tier tier) override {
+    OptimizerSchedule& s = schedule_;
+    const int group = ids_[gi];
+    open_[gi].reset();
+    Status st = s.shards_.params().close(group, tier, s.step_writebacks_, /*keep_host_copy=*/true);
+    // The gradient is spent, unless a redo may need it: then it goes home like any other.
+    if (st.is_ok()) {
+      st = s.shards_.grads().spend(group, guess_ && s.guess_keeps_grads_, s.step_writebacks_);
+    }
+    const std::int64_t end = now_ns();
+    if (s.options_.timeline != nullptr) {
+      s.options_.timeline->add(mem::Lane::kCpuOptimizer,
+                               (guess_ ? "update (guessed) " : "update ") + groups()[gi].name,
+                               s.update_span_ns_, end);
+    }
+    s.update_span_ns_ = end;
+    {
+      std::lock_guard lock(s.step_mu_);
+      s.updated_[static_cast<std::size_t>(group)] = true;
+    }
+    s.step_cv_.notify_all();
+    return st;
+  }
+
+  // Working copies opened and not closed (a step that stopped between the two): unpinned.
+  void abandon_open() {
+    for (std::size_t gi = 0; gi < open_.size(); ++gi) {
+      if (open_[gi]) schedule_.shards_.params().abandon(ids_[gi], *open_[gi]);
+    }
+  }
+
+ private:
+  OptimizerSchedule& schedule_;
+  std::vector<int> ids_;  // step group -> the store's group (frozen ones have no step)
+  bool guess_;
+  std::vector<std::optional<Tier>> open_;
+};
+
 // Every group in layout order (the order the forward needs them), or as a guess in backward
 // order as each gradient becomes final; each new working copy is sent home as soon as it is
 // written; returns once they are all home.
 Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   Stopwatch timer;
   update_span_ns_ = now_ns();
-  // The trainable groups; ids[i]: step group i's group in the store (frozen ones have no step).
-  std::vector<int> ids;
-  const std::vector<StepGroup> groups = shards_.step_groups(&ids);
-  const std::size_t num_groups = groups.size();
+  OptimizerState::StepGroups groups = shards_.state().step_groups(shards_.grads());
   std::vector<std::size_t> order;
   if (guess) {
-    for (std::size_t gi = num_groups; gi-- > 0;) order.push_back(gi);
+    for (std::size_t gi = groups.groups.size(); gi-- > 0;) order.push_back(gi);
   }
-  mem::TieredStore& store = shards_.store();
-  // Working copies opened and not yet closed: a step that stops between the two unpins them.
-  std::vector<std::optional<Tier>> open(num_groups);
-  const auto open_one = [this, &open, &ids](std::size_t gi, Tier tier) -> Result<void*> {
-    const int group = ids[gi];
-    {
-      std::lock_guard lock(step_mu_);
-      touched_[static_cast<std::size_t>(group)] = true;  // emplace drops the old data even if
-                                                         // the update never comes
-    }
-    auto out = shards_.open_output(group, tier);
-    if (out.is_ok()) open[gi] = tier;
-    return out;
-  };
-  const auto close = [this, guess, &open, &store, &groups, &ids](std::size_t gi, Tier tier) {
-    const int group = ids[gi];
-    open[gi].reset();
-    Status s = shards_.close_output(group, tier, step_writebacks_, /*keep_host_copy=*/true);
-    // The gradient is spent, unless a redo may need it: then it goes home like any other.
-    const mem::Handle grad = shards_.step_grad(group);
-    if (s.is_ok() && guess && guess_keeps_grads_) {
-      if (store.spec(grad).home != Tier::kHost) {
-        auto home = store.evict(grad, Tier::kHost);
-        s = home.status();
-        if (home.is_ok()) step_writebacks_.push_back(std::move(*home));
-      }
-    } else if (s.is_ok()) {
-      s = store.discard(grad);
-    }
-    const std::int64_t end = now_ns();
-    if (options_.timeline != nullptr) {
-      options_.timeline->add(mem::Lane::kCpuOptimizer,
-                             (guess ? "update (guessed) " : "update ") + groups[gi].name,
-                             update_span_ns_, end);
-    }
-    update_span_ns_ = end;
-    {
-      std::lock_guard lock(step_mu_);
-      updated_[static_cast<std::size_t>(group)] = true;
-    }
-    step_cv_.notify_all();
-    return s;
-  };
-  const auto ready = [this, &ids](std::size_t gi, bool wait) -> Result<bool> {
-    const auto group = static_cast<std::size_t>(ids[gi]);
-    {
-      std::unique_lock lock(step_mu_);
-      if (wait) step_cv_.wait(lock, [&] { return ready_[group] || cancel_; });
-      if (!cancel_) {
-        const bool final = ready_[group];
-        lock.unlock();
-        // The group's update starts once its gradient is final, or the last one has ended.
-        if (final) update_span_ns_ = std::max(update_span_ns_, now_ns());
-        return final;
-      }
-    }
-    return Status(StatusCode::kCancelled, "the guessed optimizer step was abandoned");
-  };
-  StepIo io{store, groups, shards_.step_grad_dtype(), options_.compute_dtype, open_one, close,
-            order, {}};
-  if (guess) io.ready = ready;
-  Status s = optimizer_->run(io, args);
-  for (std::size_t gi = 0; gi < open.size(); ++gi) {
-    if (open[gi]) shards_.abandon_output(ids[gi], *open[gi]);
-  }
+  ScheduledStep target(*this, std::move(groups), guess, std::move(order));
+  Status s = optimizer_->run(target, args);
+  target.abandon_open();
   for (const mem::Completion& c : step_writebacks_) {
-    Status w = store.wait(c);
+    Status w = shards_.store().wait(c);
     if (s.is_ok()) s = w;
   }
   step_writebacks_.clear();
@@ -358,7 +387,7 @@ Status OptimizerSchedule::finish_step() {
   if (!step_thread_.joinable()) return Status::ok();
   Stopwatch wait;
   step_thread_.join();
-  phase_ = Phase::kIdle;
+  set_phase(Phase::kIdle);
   stats_.optimizer_exposed_ms += wait.elapsed_ms();
   Status s;
   {

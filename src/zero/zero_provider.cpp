@@ -152,14 +152,14 @@ void ZeroProvider::copy(void* dst, const void* src, std::int64_t num_elems) {
 
 Result<ZeroProvider::Scratch> ZeroProvider::take(std::uint64_t bytes, const std::string& name,
                                                  bool zero_fill) {
-  return shards_->take(bytes, name, zero_fill);
+  return shards_->scratch().take(bytes, name, zero_fill);
 }
 
-void ZeroProvider::give(Scratch& s) { shards_->give(s); }
+void ZeroProvider::give(Scratch& s) { shards_->scratch().give(s); }
 
 Result<const void*> ZeroProvider::acquire_shard(int group) {
   STRATA_RETURN_IF_ERROR(schedule_->wait_update(group));
-  return shards_->acquire_params(group);
+  return shards_->params().acquire(group);
 }
 
 Result<void*> ZeroProvider::workspace(std::uint64_t bytes, const std::string& what) {
@@ -213,7 +213,7 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
                    .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data,
                                bucket.block_elems, options_.compute_dtype, what)
                    .wait();
-    shards_->release_params(first.group);
+    shards_->params().release(first.group);
     return s;
   }
   const int world = comm_.world_size();
@@ -228,7 +228,7 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
       copy(send.bytes() + static_cast<std::size_t>(piece.offset) * dsize_,
            static_cast<const std::byte*>(shard) + static_cast<std::size_t>(piece.begin) * dsize_,
            piece.count);
-      shards_->release_params(piece.group);
+      shards_->params().release(piece.group);
     }
     STRATA_RETURN_IF_ERROR(
         comm_.all_gather(send.data, recv->data, bucket.block_elems, options_.compute_dtype, what)
@@ -259,8 +259,8 @@ Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
   const bool chunked = p.shard_elems > gather_cap_elems_;
   const std::uint64_t full_bytes = static_cast<std::uint64_t>(p.padded_elems) * dsize_;
   const std::uint64_t staging_bytes = chunked ? gather_staging_bytes() : 0;
-  if (prefetch && !shards_->device_fits(full_bytes + 2 * staging_bytes +
-                                        shards_->acquire_device_bytes(group))) {
+  if (prefetch && !shards_->store().device_fits(full_bytes + 2 * staging_bytes +
+                                                shards_->params().acquire_device_bytes(group))) {
     return false;
   }
   PendingGather& g = gathers_[gi];
@@ -349,7 +349,7 @@ Status ZeroProvider::finish_gather(int group) {
   g.shard = nullptr;
   for (Scratch& b : g.staging) give(b);
   gathering_[gi] = false;
-  shards_->release_params(group);  // the shard is no longer needed once gathered
+  shards_->params().release(group);  // the shard is no longer needed once gathered
   if (!s.is_ok()) give(full_params_[gi]);
   return s;
 }
@@ -369,7 +369,7 @@ Result<const void*> ZeroProvider::acquire_params(int group) {
 }
 
 void ZeroProvider::release_params(int group) {
-  if (!partitioned(group)) return shards_->release_params(group);
+  if (!partitioned(group)) return shards_->params().release(group);
   if (options_.stage < 3) return;
   const auto gi = static_cast<std::size_t>(group);
   STRATA_CHECK(param_refs_[gi] > 0, "release_params without acquire", group);
@@ -378,13 +378,13 @@ void ZeroProvider::release_params(int group) {
 
 void ZeroProvider::prefetch_params(int group) {
   if (!partitioned(group) || options_.stage < 3) {
-    if (!partitioned(group)) shards_->prefetch_params(group);
+    if (!partitioned(group)) shards_->params().prefetch(group);
     return;
   }
   const auto gi = static_cast<std::size_t>(group);
   if (param_refs_[gi] > 0 || gathering_[gi]) return;
   if (!options_.gather_ahead) {
-    shards_->prefetch_params(group);  // start the shard's slow fetch; gather at acquire
+    shards_->params().prefetch(group);  // start the shard's slow fetch; gather at acquire
     return;
   }
   // Start the all-gather now so it runs while the current layer computes. A prefetch is only a
@@ -420,7 +420,7 @@ Status ZeroProvider::release_grads(int group) {
   GradSource& src = grad_sources_[gi];
   const ReduceKind kind = partitioned(group) ? ReduceKind::kPartitioned : ReduceKind::kReplicated;
   if (kind == ReduceKind::kReplicated) {
-    if (comm_.world_size() == 1) return shards_->release_grads(group);
+    if (comm_.world_size() == 1) return shards_->grads().release(group);
     src.data = shard_grads_[gi];
   } else {
     src.full = std::exchange(full_grads_[gi], Scratch{});
@@ -430,7 +430,7 @@ Status ZeroProvider::release_grads(int group) {
   if (partition_->group(group).local_elems() == 0) {  // nothing to reduce
     give(src.full);
     src = GradSource{};
-    return shards_->release_grads(group);
+    return shards_->grads().release(group);
   }
   // Replicated and partitioned groups reduce through different collectives: a change of kind
   // closes the other kind's bucket, so buckets are reduced in the order gradients arrive.
@@ -545,7 +545,7 @@ Status ZeroProvider::unpack_reduce(const PendingReduce& p) {
     if (piece.last) {
       give(src.full);  // the full gradient's last piece is reduced
       src = GradSource{};
-      STRATA_RETURN_IF_ERROR(shards_->release_grads(piece.group));
+      STRATA_RETURN_IF_ERROR(shards_->grads().release(piece.group));
     }
   }
   return Status::ok();
@@ -622,9 +622,9 @@ Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg
                                        const StateSnapshot& from) {
   if (!from.held) STRATA_RETURN_IF_ERROR(schedule_->finish_step());
   const GroupPartition& p = partition_->group(group);
-  if (!p.replicated) return shards_->read_moments(group, exp_avg, exp_avg_sq, from.held);
+  if (!p.replicated) return shards_->state().read_moments(group, exp_avg, exp_avg_sq, from.held);
   std::vector<float> m(static_cast<std::size_t>(p.padded_elems), 0.0f), v(m.size(), 0.0f);
-  STRATA_RETURN_IF_ERROR(shards_->read_moments(group, m.data(), v.data(), from.held));
+  STRATA_RETURN_IF_ERROR(shards_->state().read_moments(group, m.data(), v.data(), from.held));
   const auto off = static_cast<std::size_t>(p.shard_offset);
   const auto n = static_cast<std::size_t>(p.shard_elems);
   std::memcpy(exp_avg, m.data() + off, n * sizeof(float));
@@ -634,11 +634,11 @@ Status ZeroProvider::read_moment_slice(int group, float* exp_avg, float* exp_avg
 
 Status ZeroProvider::hold_state() {
   STRATA_RETURN_IF_ERROR(schedule_->finish_step());
-  shards_->hold_state();
+  shards_->state().hold();
   return Status::ok();
 }
 
-void ZeroProvider::release_state() { shards_->release_state(); }
+void ZeroProvider::release_state() { shards_->state().release(); }
 
 Status ZeroProvider::load_moments(const MomentRangeReader& read_range) {
   STRATA_RETURN_IF_ERROR(schedule_->finish_step());
@@ -649,7 +649,7 @@ Status ZeroProvider::load_moments(const MomentRangeReader& read_range) {
     std::vector<float> m(static_cast<std::size_t>(count), 0.0f), v(m.size(), 0.0f);
     const std::int64_t real = std::max<std::int64_t>(0, std::min(count, p.full_elems - begin));
     if (real > 0) STRATA_RETURN_IF_ERROR(read_range(p.group, begin, real, m.data(), v.data()));
-    STRATA_RETURN_IF_ERROR(shards_->write_moments(p.group, m.data(), v.data()));
+    STRATA_RETURN_IF_ERROR(shards_->state().write_moments(p.group, m.data(), v.data()));
   }
   return Status::ok();
 }

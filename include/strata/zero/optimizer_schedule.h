@@ -24,10 +24,12 @@
 
 namespace strata::zero {
 
-class OptimizerSchedule final : public StepView {
+// It answers the working copies' prefetcher (UpdateGate) and, while a guess runs, hears from the
+// gradient landing when each gradient is final (FinalGradients).
+class OptimizerSchedule final : public UpdateGate, public FinalGradients {
  public:
-  // The schedule of `shards`' steps, with the plan's optimizer and overlap; becomes the store's
-  // step view. `shards` and `device` must outlive it; on NVMe the step streams through the
+  // The schedule of `shards`' steps, with the plan's optimizer and overlap; the working copies'
+  // update gate. `shards` and `device` must outlive it; on NVMe the step streams through the
   // shard store's range staging.
   static Result<std::unique_ptr<OptimizerSchedule>> create(ShardStore& shards,
                                                            device::Device& device,
@@ -41,7 +43,6 @@ class OptimizerSchedule final : public StepView {
   // counts as exposed). A guess updates only groups whose backward is done: no wait then.
   Status wait_update(int group);
   bool update_done(int group) override;
-  bool guessing() const override { return phase_ == Phase::kGuessing; }
   void gradient_final(int group) override;
 
   // ---- a step's events, in order ----
@@ -58,7 +59,7 @@ class OptimizerSchedule final : public StepView {
   // After each micro-batch's backward: the store's gradient transfers end (an overlapped step
   // still running first).
   Status finish_micro_batch();
-  // The gradients' sums of squares, by group (see ShardStore::grad_sums_of_squares).
+  // The gradients' sums of squares, by group (see GradientLanding::sums_of_squares).
   Result<std::vector<double>> grad_sums_of_squares();
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients; call after the last finish_micro_batch. A group
@@ -86,6 +87,12 @@ class OptimizerSchedule final : public StepView {
   // gradients become final, before step() knows the scale. kRunning: step() launched the step
   // (or let the guess run on), overlapping what follows until finish_step.
   enum class Phase : std::uint8_t { kIdle, kGuessing, kRunning };
+  // The step as its OptimizerStep sees it: the store's state and gradients, the working copies
+  // it writes, and this schedule's flags (optimizer_schedule.cpp).
+  class ScheduledStep;
+  bool guessing() const { return phase_ == Phase::kGuessing; }
+  // The gradient landing reports final gradients to this schedule while it guesses.
+  void set_phase(Phase phase);
   OptimizerSchedule(ShardStore& shards, device::Device& device, const ShardOptions& options,
                     std::unique_ptr<OptimizerStep> optimizer);
   // Runs on whichever thread runs the step. `guess`: in backward order, each group once its

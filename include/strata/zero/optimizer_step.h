@@ -1,13 +1,12 @@
 // The optimizer step behind one interface, with one implementation per tier the plan can put the
 // optimizer in: the device's AdamW op on device-resident state, CPU Adam (SIMD) on state pinned
 // in host memory, and CPU Adam streaming the state in sub-groups straight from its NVMe homes.
-// Each runs AdamW over every group's tensors in the tiered store and hands each group's new
-// working copy back to its caller as soon as it is written.
+// Each runs AdamW over every group of a StepTarget (the shard store's optimizer state, in its
+// tiered store) and closes each group's new working copy as soon as it is written.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,42 +17,69 @@
 #include "strata/mem/tiered_store.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/optim/state_layout.h"
+#include "strata/optim/streamed_adam.h"
 #include "strata/tensor/tensor.h"
 
 namespace strata::zero {
 
-// One group's tensors, as the store holds them.
+// One group as the step sees it.
 struct StepGroup {
   std::string name;
   std::int64_t num_elems = 0;
-  int id = 0;                                  // the group's id in the layout
-  std::uint64_t element_offset = 0;            // its first element's place in the whole group
-  mem::Handle master = mem::Handle::kInvalid;  // of the optimizer's master dtype
-  mem::Handle exp_avg = mem::Handle::kInvalid;
-  mem::Handle exp_avg_sq = mem::Handle::kInvalid;
-  mem::Handle grad = mem::Handle::kInvalid;  // the gradient the step reads (grad_dtype)
-  // Where the updated state goes (the plan's shadow state, same tier and size); kInvalid: in
-  // place. Written elsewhere, the state read stays intact until the caller switches over.
-  mem::Handle master_out = mem::Handle::kInvalid;
-  mem::Handle exp_avg_out = mem::Handle::kInvalid;
-  mem::Handle exp_avg_sq_out = mem::Handle::kInvalid;
+  int id = 0;                        // the group's id in the layout
+  std::uint64_t element_offset = 0;  // its first element's place in the whole group
+  // The update writes the state elsewhere (the plan's shadow state, same tier and size): the
+  // state read stays intact until the target's owner switches over. Else it writes in place.
+  bool shadowed = false;
 };
 
-struct StepIo {
-  mem::TieredStore& store;
-  std::span<const StepGroup> groups;
-  DType grad_dtype = DType::kF32;
-  DType out_dtype = DType::kF32;  // the working copies'
-  // The group's new working copy on `tier`, for the step to write; then done with it (it goes
-  // home on the copy streams while the next group is updated).
-  std::function<Result<void*>(std::size_t group, Tier tier)> open_output;
-  // After the group's update, its gradient unpinned: also decides what becomes of the gradient.
-  std::function<Status(std::size_t group, Tier tier)> close_output;
-  // The order to update the groups in (indices into `groups`); empty: as listed.
-  std::span<const std::size_t> order;
-  // Optional (a step that starts before backward ends): whether the group's gradient is final;
-  // `wait`: blocks until it is. An error stops the step.
-  std::function<Result<bool>(std::size_t group, bool wait)> ready;
+// One group's arrays pinned in a tier for an update in place: the state read (master weights,
+// exp_avg, exp_avg_sq), where the new state goes (the same arrays unless shadowed), the gradient.
+struct PinnedState {
+  std::array<void*, 3> in{};
+  std::array<void*, 3> out{};
+  const void* grad = nullptr;
+};
+
+// What an optimizer step updates, and everything it asks of whoever holds it: the groups, their
+// state and gradients (pinned whole, or opened for ranged I/O when streamed from NVMe), the
+// working copy each update writes, and when each gradient is final. Indices are into groups().
+class StepTarget {
+ public:
+  virtual ~StepTarget() = default;
+  virtual std::span<const StepGroup> groups() const = 0;
+  // The order to update the groups in; empty: as listed.
+  virtual std::span<const std::size_t> order() const = 0;
+  virtual DType grad_dtype() const = 0;
+  virtual DType out_dtype() const = 0;  // the working copies'
+  // Whether group's gradient is final (`wait`: blocks until it is). An error stops the step.
+  virtual Result<bool> gradient_ready(std::size_t group, bool wait) = 0;
+
+  // ---- in place (on the device, or in host memory) ----
+  // Every array of the group pinned on `tier`, or (an error) none.
+  virtual Result<PinnedState> pin(std::size_t group, Tier tier) = 0;
+  // Lets them go; `written`: the update wrote the new state.
+  virtual void unpin(std::size_t group, Tier tier, bool written) = 0;
+
+  // ---- streamed (NVMe): ranges of the homes, through the owner's range staging ----
+  // The group's state opened for ranged reads and writes; close_ranges closes every group's
+  // (`written`: the step wrote them; `ok`: it ended well).
+  virtual Status open_ranges(std::size_t group) = 0;
+  virtual void close_ranges(bool written, bool ok) = 0;
+  virtual io::IoHandle read_range(std::size_t group, optim::StreamedArray array,
+                                  std::uint64_t offset, void* dst, std::size_t bytes) = 0;
+  virtual io::IoHandle write_range(std::size_t group, optim::StreamedArray array,
+                                   std::uint64_t offset, const void* src, std::size_t bytes) = 0;
+  // The gradient of a streamed update: its host copy, or null when it has none (read then as a
+  // range, kGrad, with the state); close_gradient lets it go.
+  virtual Result<const void*> open_gradient(std::size_t group) = 0;
+  virtual void close_gradient(std::size_t group) = 0;
+
+  // ---- the new working copy ----
+  // On `tier`, for the update to write; closed after the update (its state and gradient let
+  // go), it goes home while the next group is updated.
+  virtual Result<void*> open_output(std::size_t group, Tier tier) = 0;
+  virtual Status close_output(std::size_t group, Tier tier) = 0;
 };
 
 class OptimizerStep {
@@ -61,7 +87,7 @@ class OptimizerStep {
   virtual ~OptimizerStep() = default;
   // AdamW over every group (hyper-parameters, step and gradient scale from `base`). A step that
   // fails before writing leaves every state tensor's data as it was.
-  virtual Status run(const StepIo& io, const device::AdamWArgs& base) = 0;
+  virtual Status run(StepTarget& target, const device::AdamWArgs& base) = 0;
   // NVMe bytes the last run read and wrote itself (0 off NVMe).
   // The last step's NVMe bytes (the store counts them too, as ranged I/O; this is the step's own
   // account, for tests).
@@ -78,11 +104,11 @@ struct OptimizerStepOptions {
   optim::StateLayout moment_layout{};
 };
 
-// The step for the optimizer's tier. For kNvme it streams through `store`'s range staging
-// (StoreOptions::range_io_bytes, at least optimizer_staging_bytes(options)); the store must
-// outlive the step.
+// The step for the optimizer's tier. For kNvme it streams through `staging` (a tiered store's
+// range staging: StoreOptions::range_io_bytes, at least optimizer_staging_bytes(options)), which
+// must outlive the step.
 Result<std::unique_ptr<OptimizerStep>> make_optimizer_step(Tier tier, device::Device& device,
-                                                           mem::TieredStore& store,
+                                                           std::span<std::byte> staging,
                                                            const OptimizerStepOptions& options);
 
 }  // namespace strata::zero

@@ -146,7 +146,7 @@ struct MemoryPlan {
   // (OptimizerOverlap::kBackward's guess, a failed step). false where it does not fit.
   bool shadow_state = false;
   // save_async: a third copy, so that the copy a save reads is set aside while training
-  // alternates between the other two (ShardStore::hold_state).
+  // alternates between the other two (OptimizerState::hold).
   bool held_copy = false;
   int state_copies() const { return (shadow_state ? 2 : 1) + (held_copy ? 1 : 0); }
   // The schedule the optimizer step will run (never kAuto), and why when it is not the one asked

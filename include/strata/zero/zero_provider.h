@@ -65,18 +65,18 @@ class ZeroProvider final : public model::ParamProvider {
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
   Result<void*> host_io(std::uint64_t bytes, const std::string& what) override {
-    return shards_->host_io(bytes, what);
+    return shards_->scratch().host_io(bytes, what);
   }
   // Checkpointed activations are this rank's own (its micro-batch's): the shard store's.
   Result<void*> write_activation(int index, std::uint64_t bytes) override {
-    return shards_->write_activation(index, bytes);
+    return shards_->scratch().write_activation(index, bytes);
   }
   Result<const void*> read_activation(int index) override {
-    return shards_->read_activation(index);
+    return shards_->scratch().read_activation(index);
   }
-  void prefetch_activation(int index) override { shards_->prefetch_activation(index); }
+  void prefetch_activation(int index) override { shards_->scratch().prefetch_activation(index); }
   Status release_activation(int index, bool keep) override {
-    return shards_->release_activation(index, keep);
+    return shards_->scratch().release_activation(index, keep);
   }
   // The micro-batch about to run is the step's last (see OptimizerSchedule): under
   // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
@@ -109,7 +109,7 @@ class ZeroProvider final : public model::ParamProvider {
                            const StateSnapshot& from = {});
   // An asynchronous save: holds the state as this step left it (an overlapped step finished
   // first) for gather_master and read_moment_slice with StateSnapshot::held, on the save's
-  // thread, until release_state(); training goes on meanwhile (ShardStore::hold_state).
+  // thread, until release_state(); training goes on meanwhile (OptimizerState::hold).
   Status hold_state();
   void release_state();
   // Loads this rank's moments from a reader of global element ranges [begin, begin + count).
@@ -129,7 +129,7 @@ class ZeroProvider final : public model::ParamProvider {
 
  private:
   // A device buffer: scratch of the shard store, held (pinned) from take to give.
-  using Scratch = ShardStore::Scratch;
+  using Scratch = ScratchSpace::Scratch;
   Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
   void give(Scratch& s);  // no-op when not held
   // This rank's part of a group, once an overlapped update of it is written.

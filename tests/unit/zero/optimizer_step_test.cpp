@@ -14,6 +14,7 @@
 #include "strata/device/op_profile.h"
 #include "strata/optim/adamw.h"
 #include "strata/optim/streamed_adam.h"
+#include "strata/zero/step_target.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/scoped_env.h"
 
@@ -41,8 +42,41 @@ std::vector<std::byte> in_dtype(const std::vector<std::byte>& f32, DType dtype) 
   return b;
 }
 
+// The step's target over the test's tensors: each group's output is its `outs` tensor; with
+// `asked`, gradient_ready records the groups in the order asked.
+class TestTarget final : public StoreStepTarget {
+ public:
+  TestTarget(mem::TieredStore& store, std::vector<StepGroup> groups,
+             std::vector<StepTensors> tensors, DType dtype, std::vector<std::size_t> order,
+             const std::vector<mem::Handle>& outs, std::vector<std::size_t>* asked)
+      : StoreStepTarget(store, std::move(groups), std::move(tensors), dtype, dtype,
+                        std::move(order)),
+        outs_(outs),
+        asked_(asked) {}
+
+  Result<bool> gradient_ready(std::size_t gi, bool) override {
+    if (asked_ != nullptr && (asked_->empty() || asked_->back() != gi)) asked_->push_back(gi);
+    return true;
+  }
+  Result<void*> open_output(std::size_t gi, Tier t) override {
+    ++opened;
+    return store().emplace(outs_[gi], t, false);
+  }
+  Status close_output(std::size_t gi, Tier t) override {
+    ++closed;
+    store().mark_dirty(outs_[gi], t);
+    store().unpin(outs_[gi], t);
+    return Status::ok();
+  }
+  int opened = 0, closed = 0;
+
+ private:
+  const std::vector<mem::Handle>& outs_;
+  std::vector<std::size_t>* asked_;
+};
+
 // `shadow`: the state goes to a second set of tensors (in reverse group order, each group asked
-// for by `ready` first), and the state read must be left as it was.
+// for by `gradient_ready` first), and the state read must be left as it was.
 Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
   Result3 r;
   auto device = testing::make_cpu_device();
@@ -62,6 +96,7 @@ Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
   mem::TieredStore& st = **store;
   Rng rng(42);
   std::vector<StepGroup> groups;
+  std::vector<StepTensors> tensors;
   std::vector<mem::Handle> outs;
   for (std::size_t g = 0; g < kGroupElems.size(); ++g) {
     const std::int64_t n = kGroupElems[g];
@@ -80,85 +115,63 @@ Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
     StepGroup sg;
     sg.name = "g" + std::to_string(g);
     sg.num_elems = n;
-    sg.master = add("master", f32_bytes, tier, random_f32(n, rng, 1.0));
-    sg.exp_avg = add("exp_avg", f32_bytes, tier, random_f32(n, rng, 0.01));
+    StepTensors t;
+    t.state[0] = add("master", f32_bytes, tier, random_f32(n, rng, 1.0));
+    t.state[1] = add("exp_avg", f32_bytes, tier, random_f32(n, rng, 0.01));
     auto v = random_f32(n, rng, 0.001);
     for (std::size_t i = 0; i < v.size(); i += sizeof(float)) {  // exp_avg_sq is never negative
       v[i + 3] &= std::byte{0x7f};
     }
-    sg.exp_avg_sq = add("exp_avg_sq", f32_bytes, tier, v);
+    t.state[2] = add("exp_avg_sq", f32_bytes, tier, v);
     if (shadow) {
       const std::vector<std::byte> junk(f32_bytes, std::byte{0x5a});
-      sg.master_out = add("master (shadow)", f32_bytes, tier, junk);
-      sg.exp_avg_out = add("exp_avg (shadow)", f32_bytes, tier, junk);
-      sg.exp_avg_sq_out = add("exp_avg_sq (shadow)", f32_bytes, tier, junk);
+      t.out[0] = add("master (shadow)", f32_bytes, tier, junk);
+      t.out[1] = add("exp_avg (shadow)", f32_bytes, tier, junk);
+      t.out[2] = add("exp_avg_sq (shadow)", f32_bytes, tier, junk);
     }
     const auto grad = in_dtype(random_f32(n, rng, 0.1), dtype);
-    sg.grad = add("grad", grad.size(), tier, grad);
+    t.grad = add("grad", grad.size(), tier, grad);
     groups.push_back(sg);
+    tensors.push_back(t);
     outs.push_back(add("out", static_cast<std::uint64_t>(n) * dtype_size(dtype), Tier::kHost,
                        std::vector<std::byte>(static_cast<std::size_t>(n) * dtype_size(dtype))));
   }
   optim::AdamWHyper hyper;
   const device::AdamWArgs base = optim::make_adamw_args(hyper, 1e-3, 3, 0.5f);
-  auto step = make_optimizer_step(tier, *device, st, oo);
+  auto step = make_optimizer_step(tier, *device, st.range_staging(), oo);
   EXPECT_TRUE(step.is_ok()) << step.status().to_string();
   if (!step.is_ok()) return r;
-  int opened = 0, closed = 0;
   std::vector<std::vector<std::byte>> before;
   auto read = [&](mem::Handle h) {
     std::vector<std::byte> b(st.spec(h).size_bytes);
     EXPECT_TRUE(st.read(h, b.data()).is_ok());
     return b;
   };
-  for (const StepGroup& g : groups) {
-    for (mem::Handle h : {g.master, g.exp_avg, g.exp_avg_sq}) before.push_back(read(h));
+  for (const StepTensors& t : tensors) {
+    for (mem::Handle h : t.state) before.push_back(read(h));
   }
   const std::vector<std::size_t> reversed = {2, 1, 0};
   std::vector<std::size_t> asked;
-  StepIo io{st,
-            groups,
-            dtype,
-            dtype,
-            [&](std::size_t gi, Tier t) {
-              ++opened;
-              return st.emplace(outs[gi], t, false);
-            },
-            [&](std::size_t gi, Tier t) {
-              ++closed;
-              st.mark_dirty(outs[gi], t);
-              st.unpin(outs[gi], t);
-              return Status::ok();
-            },
-            {},
-            {}};
-  if (shadow) {
-    io.order = reversed;
-    io.ready = [&](std::size_t gi, bool) -> Result<bool> {
-      if (asked.empty() || asked.back() != gi) asked.push_back(gi);
-      return true;
-    };
-  }
-  const Status s = (*step)->run(io, base);
+  TestTarget target(st, groups, tensors, dtype, shadow ? reversed : std::vector<std::size_t>{},
+                    outs, shadow ? &asked : nullptr);
+  const Status s = (*step)->run(target, base);
   EXPECT_TRUE(s.is_ok()) << s.to_string();
-  EXPECT_EQ(opened, 3);
-  EXPECT_EQ(closed, 3);
+  EXPECT_EQ(target.opened, 3);
+  EXPECT_EQ(target.closed, 3);
   if (shadow) {
     EXPECT_EQ(asked, reversed);
     for (std::size_t g = 0; g < groups.size(); ++g) {  // the state read is intact
-      EXPECT_EQ(read(groups[g].master), before[3 * g]);
-      EXPECT_EQ(read(groups[g].exp_avg), before[3 * g + 1]);
-      EXPECT_EQ(read(groups[g].exp_avg_sq), before[3 * g + 2]);
-      groups[g].master = groups[g].master_out;
-      groups[g].exp_avg = groups[g].exp_avg_out;
-      groups[g].exp_avg_sq = groups[g].exp_avg_sq_out;
+      for (std::size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(read(tensors[g].state[k]), before[3 * g + k]);
+      }
+      tensors[g].state = tensors[g].out;
     }
   }
   std::uint64_t state_bytes = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    r.master.push_back(read(groups[g].master));
-    r.exp_avg.push_back(read(groups[g].exp_avg));
-    r.exp_avg_sq.push_back(read(groups[g].exp_avg_sq));
+    r.master.push_back(read(tensors[g].state[0]));
+    r.exp_avg.push_back(read(tensors[g].state[1]));
+    r.exp_avg_sq.push_back(read(tensors[g].state[2]));
     r.out.push_back(read(outs[g]));
     state_bytes += 3 * r.master.back().size();
   }
@@ -166,7 +179,7 @@ Result3 run_step(Tier tier, DType dtype, bool shadow = false) {
     // Each state array read once and written once, each gradient read once (4096-byte rounding
     // at most per array).
     std::uint64_t grad_bytes = 0;
-    for (const auto& g : groups) grad_bytes += st.spec(g.grad).size_bytes;
+    for (const auto& t : tensors) grad_bytes += st.spec(t.grad).size_bytes;
     EXPECT_GE((*step)->bytes_read(), state_bytes + grad_bytes);
     EXPECT_LE((*step)->bytes_read(), state_bytes + grad_bytes + 4 * 3 * 4096);
     EXPECT_GE((*step)->bytes_written(), state_bytes);
