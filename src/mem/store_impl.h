@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -178,6 +179,14 @@ struct TieredStore::Impl {
   void chunk_landed(const std::shared_ptr<Op>& op, int chunk, int buf, Status s);
   void chunk_staged(const std::shared_ptr<Op>& op, int chunk, int buf);
   void chunk_done(const std::shared_ptr<Op>& op, int buf);
+  // One leg of a transfer: a copy between host and device memory on the direction's copy stream
+  // (after what it was told to wait for), or an NVMe read or write of `extent` at `offset`; once
+  // done, `then` runs on the leg's lane under the store's lock, the leg on the timeline.
+  void device_copy(const std::shared_ptr<Op>& op, bool to_device, void* dst, const void* src,
+                   std::size_t bytes, const char* verb, std::function<void()> then);
+  void nvme_io(const std::shared_ptr<Op>& op, bool read, const io::Extent& extent,
+               std::uint64_t offset, void* buf, std::size_t bytes, const char* verb,
+               std::function<void(Status)> then);
   void complete_chunks(const std::shared_ptr<Op>& op, int n);
   void fail(Op& op, const Status& s);
   void finish(const std::shared_ptr<Op>& op);

@@ -127,51 +127,61 @@ void TieredStore::Impl::issue(const std::shared_ptr<Op>& op) {
     pump_staging();
     return;
   }
-  const std::int64_t t0 = now_ns();
+  const auto whole = [this, op] { complete_chunks(op, 1); };
+  const auto whole_io = [this, op](Status s) {
+    if (!s.is_ok()) fail(*op, s);
+    complete_chunks(op, 1);
+  };
   if (op->from == Tier::kHost && op->to == Tier::kDevice) {
     device.wait_event(h2d, last_device_drop);
     // A device home may still be read by compute (the optimizer rewrites working copies).
     if (e.is_home(Tier::kDevice)) device.wait_event(h2d, device.record_event(compute));
-    device.copy_to_device(dst.data, src.data, size, h2d);
-    device::Event ev = device.record_event(h2d);
-    h2d_lane->push([this, op, ev, t0, verb] {
-      ev.synchronize();
-      Lock lock(mu);
-      record(Lane::kHostToDevice, entry(op->h), verb, t0, entry(op->h).spec.size_bytes);
-      complete_chunks(op, 1);
-    });
+    device_copy(op, /*to_device=*/true, dst.data, src.data, size, verb, whole);
   } else if (op->from == Tier::kDevice && op->to == Tier::kHost) {
     device.wait_event(d2h, device.record_event(compute));
-    device.copy_to_host(dst.data, src.data, size, d2h);
-    device::Event ev = device.record_event(d2h);
-    d2h_lane->push([this, op, ev, t0, verb] {
-      ev.synchronize();
-      Lock lock(mu);
-      record(Lane::kDeviceToHost, entry(op->h), verb, t0, entry(op->h).spec.size_bytes);
-      complete_chunks(op, 1);
-    });
+    device_copy(op, /*to_device=*/false, dst.data, src.data, size, verb, whole);
   } else if (op->from == Tier::kNvme && (op->to == Tier::kHost || op->to == Tier::kDevice)) {
-    io::IoHandle io = swap->read(src.extent, 0, dst.data, e.io_bytes);
-    read_lane->push([this, op, io, t0, verb]() mutable {
-      Status s = io.wait();
-      Lock lock(mu);
-      record(Lane::kNvmeRead, entry(op->h), verb, t0, entry(op->h).io_bytes);
-      if (!s.is_ok()) fail(*op, s);
-      complete_chunks(op, 1);
-    });
+    nvme_io(op, /*read=*/true, src.extent, 0, dst.data, e.io_bytes, verb, whole_io);
   } else if ((op->from == Tier::kHost || op->from == Tier::kDevice) && op->to == Tier::kNvme) {
     // From the device: direct_io (host memory; its compute stream is inline, so done).
-    io::IoHandle io = swap->write(dst.extent, 0, src.data, e.io_bytes);
-    write_lane->push([this, op, io, t0, verb]() mutable {
-      Status s = io.wait();
-      Lock lock(mu);
-      record(Lane::kNvmeWrite, entry(op->h), verb, t0, entry(op->h).io_bytes);
-      if (!s.is_ok()) fail(*op, s);
-      complete_chunks(op, 1);
-    });
+    nvme_io(op, /*read=*/false, dst.extent, 0, src.data, e.io_bytes, verb, whole_io);
   } else {
     STRATA_CHECK(false, "no route between tiers", tier_text(op->from), tier_text(op->to));
   }
+}
+
+void TieredStore::Impl::device_copy(const std::shared_ptr<Op>& op, bool to_device, void* dst,
+                                    const void* src, std::size_t bytes, const char* verb,
+                                    std::function<void()> then) {
+  const std::int64_t t0 = now_ns();
+  auto& stream = device.stream(to_device ? device::StreamKind::kHostToDevice
+                                         : device::StreamKind::kDeviceToHost);
+  if (to_device) {
+    device.copy_to_device(dst, src, bytes, stream);
+  } else {
+    device.copy_to_host(dst, src, bytes, stream);
+  }
+  device::Event ev = device.record_event(stream);
+  (to_device ? h2d_lane : d2h_lane)->push([this, op, ev, t0, verb, bytes, to_device, then] {
+    ev.synchronize();
+    Lock lock(mu);
+    record(to_device ? Lane::kHostToDevice : Lane::kDeviceToHost, entry(op->h), verb, t0, bytes);
+    then();
+  });
+}
+
+void TieredStore::Impl::nvme_io(const std::shared_ptr<Op>& op, bool read, const io::Extent& extent,
+                                std::uint64_t offset, void* buf, std::size_t bytes,
+                                const char* verb, std::function<void(Status)> then) {
+  const std::int64_t t0 = now_ns();
+  io::IoHandle io =
+      read ? swap->read(extent, offset, buf, bytes) : swap->write(extent, offset, buf, bytes);
+  (read ? read_lane : write_lane)->push([this, op, io, t0, verb, bytes, read, then]() mutable {
+    Status s = io.wait();
+    Lock lock(mu);
+    record(read ? Lane::kNvmeRead : Lane::kNvmeWrite, entry(op->h), verb, t0, bytes);
+    then(std::move(s));
+  });
 }
 
 // Hands free staging buffers to waiting chunked ops, oldest op first (the demand fetch issued
@@ -203,26 +213,13 @@ void TieredStore::Impl::issue_chunk(const std::shared_ptr<Op>& op, int chunk, in
       static_cast<std::size_t>(std::min<std::uint64_t>(staging->buffer_bytes(), e.io_bytes - off));
   const std::size_t copy_len = static_cast<std::size_t>(
       std::min<std::uint64_t>(staging->buffer_bytes(), e.spec.size_bytes - off));
-  const std::int64_t t0 = now_ns();
   if (op->from == Tier::kNvme) {
-    io::IoHandle io = swap->read(e.at(Tier::kNvme).extent, off, staging->data(buf), io_len);
-    read_lane->push([this, op, chunk, buf, io, t0, io_len]() mutable {
-      Status s = io.wait();
-      Lock lock(mu);
-      record(Lane::kNvmeRead, entry(op->h), "fetch", t0, io_len);
-      chunk_landed(op, chunk, buf, std::move(s));
-    });
+    nvme_io(op, /*read=*/true, e.at(Tier::kNvme).extent, off, staging->data(buf), io_len, "fetch",
+            [this, op, chunk, buf](Status s) { chunk_landed(op, chunk, buf, std::move(s)); });
   } else {
-    auto& d2h = device.stream(device::StreamKind::kDeviceToHost);
-    device.copy_to_host(staging->data(buf), static_cast<std::byte*>(e.at(Tier::kDevice).data) + off,
-                        copy_len, d2h);
-    device::Event ev = device.record_event(d2h);
-    d2h_lane->push([this, op, chunk, buf, ev, t0, copy_len] {
-      ev.synchronize();
-      Lock lock(mu);
-      record(Lane::kDeviceToHost, entry(op->h), "write back", t0, copy_len);
-      chunk_staged(op, chunk, buf);
-    });
+    device_copy(op, /*to_device=*/false, staging->data(buf),
+                static_cast<std::byte*>(e.at(Tier::kDevice).data) + off, copy_len, "write back",
+                [this, op, chunk, buf] { chunk_staged(op, chunk, buf); });
   }
 }
 
@@ -234,17 +231,8 @@ void TieredStore::Impl::chunk_landed(const std::shared_ptr<Op>& op, int chunk, i
   const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
   const std::size_t copy_len = static_cast<std::size_t>(
       std::min<std::uint64_t>(staging->buffer_bytes(), e.spec.size_bytes - off));
-  auto& h2d = device.stream(device::StreamKind::kHostToDevice);
-  const std::int64_t t0 = now_ns();
-  device.copy_to_device(static_cast<std::byte*>(e.at(Tier::kDevice).data) + off, staging->data(buf),
-                        copy_len, h2d);
-  device::Event ev = device.record_event(h2d);
-  h2d_lane->push([this, op, buf, ev, t0, copy_len] {
-    ev.synchronize();
-    Lock lock(mu);
-    record(Lane::kHostToDevice, entry(op->h), "fetch", t0, copy_len);
-    chunk_done(op, buf);
-  });
+  device_copy(op, /*to_device=*/true, static_cast<std::byte*>(e.at(Tier::kDevice).data) + off,
+              staging->data(buf), copy_len, "fetch", [this, op, buf] { chunk_done(op, buf); });
 }
 
 // Device -> staging done: write the chunk to NVMe.
@@ -254,15 +242,11 @@ void TieredStore::Impl::chunk_staged(const std::shared_ptr<Op>& op, int chunk, i
   const std::uint64_t off = static_cast<std::uint64_t>(chunk) * staging->buffer_bytes();
   const std::size_t io_len =
       static_cast<std::size_t>(std::min<std::uint64_t>(staging->buffer_bytes(), e.io_bytes - off));
-  const std::int64_t t0 = now_ns();
-  io::IoHandle io = swap->write(e.at(Tier::kNvme).extent, off, staging->data(buf), io_len);
-  write_lane->push([this, op, buf, io, t0, io_len]() mutable {
-    Status s = io.wait();
-    Lock lock(mu);
-    record(Lane::kNvmeWrite, entry(op->h), "write back", t0, io_len);
-    if (!s.is_ok()) fail(*op, s);
-    chunk_done(op, buf);
-  });
+  nvme_io(op, /*read=*/false, e.at(Tier::kNvme).extent, off, staging->data(buf), io_len,
+          "write back", [this, op, buf](Status s) {
+            if (!s.is_ok()) fail(*op, s);
+            chunk_done(op, buf);
+          });
 }
 
 // A chunk's last leg ended (or was skipped after a failure): its staging buffer goes back to the
