@@ -19,10 +19,12 @@ namespace {
 using detail::BlockActs;
 using detail::BlockGrads;
 using detail::BlockOffsets;
+using detail::BlockSetup;
 using detail::BlockWeights;
 using detail::Dims;
 using detail::matmul;
 using detail::offset_ptr;
+using detail::TensorSplit;
 
 constexpr std::size_t kAlignBytes = 256;
 
@@ -126,10 +128,12 @@ struct StageShape {
 // rows of the norm outputs only (a_local, b_local; the whole ones gathered into a_shared,
 // b_shared).
 template <typename Act, typename F32>
-BlockActs carve_acts(const Dims& d, Act act, F32 f32, bool rows_apart, void* a_shared,
+BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart, void* a_shared,
                      void* b_shared) {
+  const Dims& d = setup.d;
+  const TensorSplit& sp = setup.split;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
-  const std::int64_t Rl = d.local_rows;
+  const std::int64_t Rl = sp.local_rows;
   BlockActs a;
   a.rstd1 = f32(Rl);
   a.a = rows_apart ? a_shared : act(R * H);
@@ -153,37 +157,39 @@ BlockActs carve_acts(const Dims& d, Act act, F32 f32, bool rows_apart, void* a_s
   a.up = act(R * F);
   a.m = act(R * F);
   for (int t = 0; t < kNumLoraTargets; ++t) {
-    if (d.lora_on[t]) a.lora_t[t] = act(R * d.lora_rank);
+    if (setup.lora.on[t]) a.lora_t[t] = act(R * setup.lora.rank);
   }
   return a;
 }
 
 // Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes
 // needed, so activation_bytes() and the allocation can never disagree.
-std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte* base,
+std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, std::byte* base,
                               Workspace* ws) {
+  const Dims& d = setup.d;
+  const TensorSplit& sp = setup.split;
   Carver c{base};
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
   // The residual stream's rows: this rank's under sequence parallelism, else all.
-  const std::int64_t Rl = d.local_rows;
+  const std::int64_t Rl = sp.local_rows;
   const bool checkpointing = stage.checkpointing;
   auto f32 = [&](std::int64_t n) { return c.f32(n); };
   auto act = [&](std::int64_t n) { return c.take(n, eb); };
 
   // An adapter's dropped-out input: scratch shared by every layer.
-  const bool lora_dropout = d.lora_rank > 0 && d.lora_dropout > 0;
+  const bool lora_dropout = setup.lora.rank > 0 && setup.lora.dropout > 0;
   void* lora_x = lora_dropout ? act(R * d.max_in()) : nullptr;
   // Sequence parallelism: a row-parallel product before its reduce-scatter (also the
   // embedding's), shared by every layer.
-  ws->partial = d.seq_parallel ? act(R * H) : nullptr;
+  ws->partial = sp.seq_parallel ? act(R * H) : nullptr;
   // Every layer's activations kept under sequence parallelism: each keeps its rows of the norm
   // outputs, gathered whole into buffers the layers share (again in backward).
-  const bool rows_apart = d.seq_parallel && !checkpointing;
+  const bool rows_apart = sp.seq_parallel && !checkpointing;
   void* a_shared = rows_apart ? act(R * H) : nullptr;
   void* b_shared = rows_apart ? act(R * H) : nullptr;
   const auto layer_acts = [&]() {
-    BlockActs a = carve_acts(d, act, f32, rows_apart, a_shared, b_shared);
+    BlockActs a = carve_acts(setup, act, f32, rows_apart, a_shared, b_shared);
     a.lora_x = lora_x;
     a.partial = ws->partial;
     return a;
@@ -219,9 +225,9 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
     ws->hf = act(R * H);
     ws->logits = act(C * d.vocab);
     ws->losses = f32(R);
-    if (d.split()) {
+    if (sp.split()) {
       ws->ce_local = f32(3 * C);
-      ws->ce_stats = f32(3 * C * d.tp_size);
+      ws->ce_stats = f32(3 * C * sp.size);
       ws->ce_rows = f32(2 * C);
     }
     if (stage.embedding_copy) {
@@ -229,20 +235,20 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
       ws->embedding_grad = stage.embedding_grads ? act(d.vocab * H) : nullptr;
     }
   }
-  if (d.nf4) ws->nf4_weight = act(d.max_weight());
+  if (setup.base.nf4) ws->nf4_weight = act(d.max_weight());
   auto& s = ws->bwd;
-  if (d.split() && d.qk_norm) {
+  if (sp.split() && d.qk_norm) {
     s.dqn = act(d.head_dim);
     s.dkn = act(d.head_dim);
   }
-  if (d.kv_replicas > 1) {
+  if (sp.kv_replicas > 1) {
     s.kv_dw = act(d.kv_dim * H);
     s.kdb = act(d.kv_dim);
     s.vdb = act(d.kv_dim);
   }
-  if (d.seq_parallel) {
+  if (sp.seq_parallel) {
     s.dh_full = act(R * H);
-    s.dh = s.dh_full == nullptr ? nullptr : detail::row_slot(d, s.dh_full, H);
+    s.dh = s.dh_full == nullptr ? nullptr : sp.row_slot(s.dh_full, H);
     s.dx_local = act(Rl * H);
     s.dln1 = act(H);
     s.dln2 = act(H);
@@ -251,7 +257,7 @@ std::uint64_t carve_workspace(const Dims& d, const StageShape& stage, std::byte*
   }
   s.dtmp = act(Rl * H);
   s.dx = act(R * H);
-  if (d.lora_rank > 0) s.lora_dt = act(R * d.lora_rank);
+  if (setup.lora.rank > 0) s.lora_dt = act(R * setup.lora.rank);
   if (lora_dropout) s.lora_dx = act(R * d.max_in());
   const std::uint64_t union_start = align_up(c.off, kAlignBytes);
   s.dm = act(R * F);
@@ -282,8 +288,9 @@ struct DecodeWorkspace {
   float* logits_f32 = nullptr;  // [vocab]
 };
 
-std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t positions,
+std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std::int64_t positions,
                            std::byte* base, DecodeWorkspace* ws) {
+  const Dims& d = setup.d;
   Carver c{base};
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
@@ -311,8 +318,8 @@ std::uint64_t carve_decode(const Dims& d, std::int64_t num_layers, std::int64_t 
   a.gate = act(R * F);
   a.up = act(R * F);
   a.m = act(R * F);
-  if (d.lora_rank > 0) a.lora_t = act(R * d.lora_rank);
-  if (d.nf4) ws->nf4_weight = act(d.max_weight());
+  if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
+  if (setup.base.nf4) ws->nf4_weight = act(d.max_weight());
   ws->rstd_final = c.f32(1);
   ws->hf = act(H);
   ws->logits = act(d.vocab);
@@ -408,13 +415,13 @@ struct LlamaModel::Impl {
                      StepTimings& timings);
   Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);
   Result<const float*> decode(ParamProvider& provider, const std::int32_t* ids, std::int64_t n);
-  Dims decode_dims(std::int64_t rows) const {
-    Dims d = Dims::make(config_, options_, 1, rows);
-    d.lora_dropout = 0;  // not training
-    return d;
+  BlockSetup decode_setup(std::int64_t rows) const {
+    BlockSetup b = BlockSetup::make(config_, options_, 1, rows);
+    b.lora.dropout = 0;  // not training
+    return b;
   }
   DecodeWorkspace dws_;
-  Dims decode_dims_;
+  BlockSetup decode_setup_;
   std::int64_t decode_positions_ = 0, decode_rows_ = 0, decoded_ = 0;
   void* decode_io_ = nullptr;  // the provider's host_io: token ids in, logits out
 
@@ -446,8 +453,8 @@ struct LlamaModel::Impl {
   // others' (embedding_forward writes zeros for them, embedding_backward skips them).
   void to_local_ids(std::int32_t* ids, std::int64_t n) const {
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t local = ids[i] - dims_.vocab_begin;
-      ids[i] = local >= 0 && local < dims_.vocab ? static_cast<std::int32_t>(local) : -1;
+      const std::int64_t local = ids[i] - setup_.split.vocab_begin;
+      ids[i] = local >= 0 && local < setup_.d.vocab ? static_cast<std::int32_t>(local) : -1;
     }
   }
 
@@ -457,13 +464,14 @@ struct LlamaModel::Impl {
   // the slice in place. The logits are never whole.
   Status parallel_cross_entropy(const std::int32_t* targets, std::int64_t n, float* host_losses,
                                 bool train, float dloss_scale) {
-    const Dims& d = dims_;
-    const std::int64_t T = d.tp_size;
+    const Dims& d = setup_.d;
+    const TensorSplit& sp = setup_.split;
+    const std::int64_t T = sp.size;
     auto& stream = device_.stream(device::StreamKind::kCompute);
     const auto& ops = device_.ops();
-    ops.cross_entropy_stats(ws_.logits, targets, n, d.vocab, d.vocab_begin, ws_.ce_local, d.dtype);
-    STRATA_RETURN_IF_ERROR(d.tp->all_gather(ws_.ce_local, ws_.ce_stats, 3 * n, DType::kF32,
-                                            "cross-entropy statistics"));
+    ops.cross_entropy_stats(ws_.logits, targets, n, d.vocab, sp.vocab_begin, ws_.ce_local, d.dtype);
+    STRATA_RETURN_IF_ERROR(sp.group->all_gather(ws_.ce_local, ws_.ce_stats, 3 * n, DType::kF32,
+                                                "cross-entropy statistics"));
     // In the pinned host buffer, after every slot's ids, targets and losses.
     float* stats =
         reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) +
@@ -487,7 +495,7 @@ struct LlamaModel::Impl {
     }
     if (!train) return Status::ok();
     device_.copy_to_device(ws_.ce_rows, rows, static_cast<std::size_t>(2 * n) * 4, stream);
-    ops.cross_entropy_grad(ws_.logits, targets, n, d.vocab, d.vocab_begin, ws_.ce_rows,
+    ops.cross_entropy_grad(ws_.logits, targets, n, d.vocab, sp.vocab_begin, ws_.ce_rows,
                            ws_.ce_rows + n, ws_.logits, dloss_scale, d.dtype);
     stream.synchronize();  // `rows` is read by the copy
     return Status::ok();
@@ -519,13 +527,13 @@ struct LlamaModel::Impl {
   }
 
   // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks.
-  Dims dims_of(std::int64_t layer) const {
-    Dims d = dims_;
-    d.window = config_.window_of(layer);
-    d.layer = layer;
-    if (!train_) d.lora_dropout = 0;
-    d.lora_key = dropout_key_;
-    return d;
+  BlockSetup setup_of(std::int64_t layer) const {
+    BlockSetup b = setup_;
+    b.d.window = config_.window_of(layer);
+    b.lora.layer = layer;
+    if (!train_) b.lora.dropout = 0;
+    b.lora.key = dropout_key_;
+    return b;
   }
   // The chunk's layer `i` activations, its input at `x`.
   BlockActs acts_for(const ChunkSpace& ch, std::int64_t i, const void* x) const {
@@ -548,10 +556,10 @@ struct LlamaModel::Impl {
     float* losses;
   };
   HostRows host_rows(int slot) const {
-    auto* base = static_cast<std::byte*>(host_io_) + 12 * dims_.rows * slot;
+    auto* base = static_cast<std::byte*>(host_io_) + 12 * setup_.d.rows * slot;
     return {reinterpret_cast<std::int32_t*>(base),
-            reinterpret_cast<std::int32_t*>(base + 4 * dims_.rows),
-            reinterpret_cast<float*>(base + 8 * dims_.rows)};
+            reinterpret_cast<std::int32_t*>(base + 4 * setup_.d.rows),
+            reinterpret_cast<float*>(base + 8 * setup_.d.rows)};
   }
 
   const LlamaConfig& config_;
@@ -582,7 +590,7 @@ struct LlamaModel::Impl {
     std::string what;
   };
   WorkspaceAsk ask_;
-  Dims dims_;
+  BlockSetup setup_;
   void* workspace_ = nullptr;  // the provider's; ws_ is carved from it
   Workspace ws_;
   // Pinned host side of the per-step copies: per slot, token ids, targets (int32) and losses
@@ -652,12 +660,12 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
                std::to_string(options_.pipeline.stage) + ", " + std::to_string(stage.in_flight) +
                " micro-batches in flight";
     }
-    ask_ = {batch, seq,
-            carve_workspace(Dims::make(config_, options_, batch, seq), stage, nullptr, &measure),
-            LlamaModel::host_io_bytes(batch, seq, options_.tensor_parallel.size, stage.in_flight),
-            "activations (batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
-                layers + ", activation_checkpointing " + (stage.checkpointing ? "on" : "off") +
-                ")"};
+    ask_ = {
+        batch, seq,
+        carve_workspace(BlockSetup::make(config_, options_, batch, seq), stage, nullptr, &measure),
+        LlamaModel::host_io_bytes(batch, seq, options_.tensor_parallel.size, stage.in_flight),
+        "activations (batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
+            layers + ", activation_checkpointing " + (stage.checkpointing ? "on" : "off") + ")"};
   }
   STRATA_ASSIGN_OR_RETURN(void* base, provider.workspace(ask_.bytes, ask_.what));
   // Asked every pass too: the provider hands back the same buffer while the size is the same.
@@ -665,10 +673,9 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
                           provider.host_io(ask_.host_io_bytes, "token ids, targets and losses"));
   if (base == workspace_ && batch == batch_ && seq == seq_) return Status::ok();
   workspace_ = base;
-  const Dims d = Dims::make(config_, options_, batch, seq);
-  carve_workspace(d, StageShape::of(config_, options_), static_cast<std::byte*>(base), &ws_);
-  dims_ = d;
-  dims_.nf4_weight = ws_.nf4_weight;
+  setup_ = BlockSetup::make(config_, options_, batch, seq);
+  carve_workspace(setup_, StageShape::of(config_, options_), static_cast<std::byte*>(base), &ws_);
+  setup_.base.decoded = ws_.nf4_weight;
   batch_ = batch;
   seq_ = seq;
   slot_loss_.assign(ws_.slots.size(), 0.0f);
@@ -696,7 +703,8 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
   STRATA_RETURN_IF_ERROR(begin_pass(provider, mb, chunk, train));
   const PipelineStage& stage = options_.pipeline;
   const bool embeds = stage.first_chunk(chunk), heads = stage.last_chunk(chunk);
-  const Dims& d = dims_;
+  const Dims& d = setup_.d;
+  const TensorSplit& sp = setup_.split;
   const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden;
@@ -712,7 +720,7 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     const std::size_t row_bytes = static_cast<std::size_t>(R) * 4;
     if (embeds) {
       std::memcpy(host.ids, mb.inputs, row_bytes);
-      if (d.split()) to_local_ids(host.ids, R);
+      if (sp.split()) to_local_ids(host.ids, R);
       device_.copy_to_device(slot.ids, host.ids, row_bytes, stream);
     }
     if (heads) {
@@ -743,10 +751,10 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     if (n > 0) prefetch_block(ps, ch.begin);
     // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere, summed
     // (this rank's rows of the sum under sequence parallelism).
-    void* embedded = d.seq_parallel ? ws_.partial : xs[0];
+    void* embedded = sp.seq_parallel ? ws_.partial : xs[0];
     ops.embedding_forward(slot.ids, R, offset_ptr(p, embed_offset_, eb), H, embedded, dt);
     ps.release(embed);
-    if (d.split()) STRATA_RETURN_IF_ERROR(detail::sum_partial(d, embedded, xs[0], H, "embedding"));
+    if (sp.split()) STRATA_RETURN_IF_ERROR(sp.sum_partial(embedded, xs[0], H, "embedding"));
   }
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t l = ch.begin + i;
@@ -757,7 +765,7 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
       prefetch_head(ps);
     }
     STRATA_RETURN_IF_ERROR(new_x(i + 1));
-    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dims_of(l), w,
+    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, setup_of(l), w,
                                                  acts_for(ch, i, xs[static_cast<std::size_t>(i)]),
                                                  xs[static_cast<std::size_t>(i + 1)]));
     release_block(ps, l);
@@ -772,7 +780,8 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
 
 Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroBatch& mb,
                                                ChunkSpace& ch, bool train) {
-  const Dims& d = dims_;
+  const Dims& d = setup_.d;
+  const TensorSplit& sp = setup_.split;
   const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden, V = d.vocab;
@@ -790,9 +799,9 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   const std::int64_t n = ch.end - ch.begin;
   if (train && n > 0) prefetch_block(ps, ch.end - 1);
   void* x_final = ch.xs[static_cast<std::size_t>(n)];
-  ops.rmsnorm_forward(x_final, norm_weight, detail::row_slot(d, ws_.hf, H), ws_.rstd_final,
-                      d.local_rows, H, d.eps, dt);
-  STRATA_RETURN_IF_ERROR(detail::gather_rows(d, ws_.hf, H, "model.norm output"));
+  ops.rmsnorm_forward(x_final, norm_weight, sp.row_slot(ws_.hf, H), ws_.rstd_final, sp.local_rows,
+                      H, d.eps, dt);
+  STRATA_RETURN_IF_ERROR(sp.gather_rows(ws_.hf, H, "model.norm output"));
   // Training: the head's gradients. Tied: the embedding's gradient collects the head's part now
   // and the lookup's part last. A frozen head, norm or embedding has no gradient: its weight
   // products are skipped.
@@ -822,7 +831,7 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
     const std::int64_t rows = std::min(d.head_rows, R - r0);
     const void* hf = offset_ptr(ws_.hf, r0 * H, eb);
     matmul(ops, dt, false, true, rows, V, H, hf, lm_weight, ws_.logits, false);
-    if (d.split()) {
+    if (sp.split()) {
       STRATA_RETURN_IF_ERROR(
           parallel_cross_entropy(targets + r0, rows, host_losses + r0, train, dloss_scale));
     } else {
@@ -837,7 +846,7 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
     matmul(ops, dt, false, false, rows, H, V, dlogits, lm_weight, offset_ptr(bwd.dx, r0 * H, eb),
            false);
   }
-  if (!d.split()) {
+  if (!sp.split()) {
     device_.copy_to_host(host_losses, ws_.losses, static_cast<std::size_t>(R) * 4, stream);
     stream.synchronize();
   }
@@ -851,14 +860,14 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   }
 
   // Each rank's vocabulary slice gives part of the input gradient: summed (this rank's rows).
-  void* dx = d.seq_parallel ? bwd.dx_local : bwd.dx;
-  if (d.split()) {
-    STRATA_RETURN_IF_ERROR(detail::sum_partial(d, bwd.dx, dx, H, "lm_head input gradient"));
+  void* dx = sp.seq_parallel ? bwd.dx_local : bwd.dx;
+  if (sp.split()) {
+    STRATA_RETURN_IF_ERROR(sp.sum_partial(bwd.dx, dx, H, "lm_head input gradient"));
   }
   // The sums norm_backward adds into start at zero (absent ones: no-ops).
   if (bwd.dln1 != nullptr) device_.fill_zero(bwd.dln1, static_cast<std::size_t>(H) * eb, stream);
   STRATA_RETURN_IF_ERROR(
-      detail::norm_backward(ops, d, dx, x_final, norm_weight, ws_.rstd_final, ch.dout,
+      detail::norm_backward(ops, d, sp, dx, x_final, norm_weight, ws_.rstd_final, ch.dout,
                             norm_trains ? offset_ptr(norm_grads, norm_offset_, eb) : nullptr,
                             bwd.dln1, "model.norm weight gradient"));
   release_head(ps);
@@ -879,7 +888,8 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   STRATA_RETURN_IF_ERROR(begin_pass(provider, mb, chunk, /*train=*/true));
   const PipelineStage& stage = options_.pipeline;
   const bool embeds = stage.first_chunk(chunk);
-  const Dims& d = dims_;
+  const Dims& d = setup_.d;
+  const TensorSplit& sp = setup_.split;
   const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;
   const std::int64_t R = d.rows, H = d.hidden;
@@ -902,7 +912,7 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   };
   const std::int64_t n = ch.end - ch.begin;
   // The gradient of the residual stream, layer by layer, in bwd.dh (this rank's rows).
-  ops.cast(ch.dout, dt, bwd.dh, dt, d.local_rows * H);
+  ops.cast(ch.dout, dt, bwd.dh, dt, sp.local_rows * H);
   if (checkpointing && n > 1) {
     provider.prefetch_activation(checkpoint_index(mb.slot, ch.end - 1));
   }
@@ -930,7 +940,7 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
       grads.attach_lora(g, adapters_[li], eb);
     }
     const BlockActs acts = acts_for(ch, i, x);
-    const Dims dl = dims_of(l);
+    const BlockSetup dl = setup_of(l);
     if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
     // The sums block_backward adds into start at zero (absent ones: no-ops).
     for (void* scratch : {bwd.dqn, bwd.dkn}) zero(scratch, d.head_dim);
@@ -946,7 +956,7 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   }
 
   if (!embeds) {
-    ops.cast(bwd.dh, dt, ch.din, dt, d.local_rows * H);
+    ops.cast(bwd.dh, dt, ch.din, dt, sp.local_rows * H);
   } else if (const int embed = layout_.embed_group(); trains(embed)) {
     // Tied: the head's gradient of the same group, acquired by the head where one stage holds
     // both; cut into stages, the head's part received from the last stage starts the sum.
@@ -959,8 +969,8 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
       ops.cast(slot.embedding_grad, dt, offset_ptr(embed_grads, embed_offset_, eb), dt,
                d.vocab * H);
     }
-    STRATA_RETURN_IF_ERROR(detail::gather_rows(d, bwd.dh_full, H, "embedding output gradient"));
-    ops.embedding_backward(slot.ids, R, d.seq_parallel ? bwd.dh_full : bwd.dh, H,
+    STRATA_RETURN_IF_ERROR(sp.gather_rows(bwd.dh_full, H, "embedding output gradient"));
+    ops.embedding_backward(slot.ids, R, sp.seq_parallel ? bwd.dh_full : bwd.dh, H,
                            offset_ptr(embed_grads, embed_offset_, eb), dt);
     STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
   }
@@ -1113,7 +1123,7 @@ LlamaModel::~LlamaModel() = default;
 
 std::uint64_t LlamaModel::decode_bytes(std::int64_t max_positions, std::int64_t max_rows) const {
   DecodeWorkspace measure;
-  return carve_decode(impl_->decode_dims(max_rows), config_.num_hidden_layers, max_positions,
+  return carve_decode(impl_->decode_setup(max_rows), config_.num_hidden_layers, max_positions,
                       nullptr, &measure);
 }
 
@@ -1146,23 +1156,25 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
                             " positions exceeds max_position_embeddings " +
                             std::to_string(config_.max_position_embeddings));
   }
-  const Dims d = decode_dims(max_rows);
+  const BlockSetup setup = decode_setup(max_rows);
   DecodeWorkspace measure;
   const std::uint64_t bytes =
-      carve_decode(d, config_.num_hidden_layers, max_positions, nullptr, &measure);
+      carve_decode(setup, config_.num_hidden_layers, max_positions, nullptr, &measure);
   STRATA_ASSIGN_OR_RETURN(
       void* base, provider.workspace(bytes, "KV cache and decoding activations (" +
                                                 std::to_string(max_positions) + " positions)"));
-  carve_decode(d, config_.num_hidden_layers, max_positions, static_cast<std::byte*>(base), &dws_);
-  decode_dims_ = d;
-  decode_dims_.nf4_weight = dws_.nf4_weight;
+  carve_decode(setup, config_.num_hidden_layers, max_positions, static_cast<std::byte*>(base),
+               &dws_);
+  decode_setup_ = setup;
+  decode_setup_.base.decoded = dws_.nf4_weight;
   decode_positions_ = max_positions;
   decode_rows_ = max_rows;
   decoded_ = 0;
   workspace_ = nullptr;  // the training workspace, if any, was replaced
   STRATA_ASSIGN_OR_RETURN(
-      decode_io_, provider.host_io(static_cast<std::uint64_t>(std::max(max_rows, d.vocab)) * 4,
-                                   "decoding token ids and logits"));
+      decode_io_,
+      provider.host_io(static_cast<std::uint64_t>(std::max(max_rows, setup.d.vocab)) * 4,
+                       "decoding token ids and logits"));
   host_io_ = nullptr;  // the training one, if any, was replaced
   return Status::ok();
 }
@@ -1183,7 +1195,8 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
                               std::to_string(config_.vocab_size) + ")");
     }
   }
-  Dims d = decode_dims_;
+  BlockSetup setup = decode_setup_;
+  Dims& d = setup.d;
   d.rows = n;
   d.seq = n;
   const DType dt = d.dtype;
@@ -1212,8 +1225,8 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     } else {
       prefetch_head(ps);
     }
-    Dims dl = d;
-    dl.window = config_.window_of(l);
+    BlockSetup dl = setup;
+    dl.d.window = config_.window_of(l);
     detail::DecodeActs acts = dws_.acts;
     acts.x = dws_.xs[l % 2];
     STRATA_RETURN_IF_ERROR(detail::block_decode(ops, dl, w, acts, dws_.k_cache[li],
@@ -1279,9 +1292,12 @@ LlamaModel::Boundary LlamaModel::boundary(int slot, int chunk) const {
   } else if (stage.last_chunk(chunk)) {
     embedding_grad = impl_->ws_.embedding_grad;
   }
-  return {
-      ch.xs.front(), ch.xs.back(), ch.dout, ch.din, impl_->dims_.local_rows * impl_->dims_.hidden,
-      embedding_grad};
+  return {ch.xs.front(),
+          ch.xs.back(),
+          ch.dout,
+          ch.din,
+          impl_->setup_.split.local_rows * impl_->setup_.d.hidden,
+          embedding_grad};
 }
 
 bool LlamaModel::shares_embedding() const {
@@ -1291,7 +1307,7 @@ bool LlamaModel::shares_embedding() const {
 }
 
 std::int64_t LlamaModel::embedding_elems() const {
-  return Dims::make(config_, options_, 1, 1).vocab * config_.hidden_size;
+  return BlockSetup::make(config_, options_, 1, 1).d.vocab * config_.hidden_size;
 }
 
 Result<const void*> LlamaModel::acquire_embedding(ParamProvider& provider) {
@@ -1324,25 +1340,29 @@ std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq)
 std::uint64_t LlamaModel::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   Workspace measure;
-  return carve_workspace(Dims::make(config, options, batch, seq), StageShape::of(config, options),
-                         nullptr, &measure);
+  return carve_workspace(BlockSetup::make(config, options, batch, seq),
+                         StageShape::of(config, options), nullptr, &measure);
 }
 
 std::uint64_t LlamaModel::head_bytes(const LlamaConfig& config, const ModelOptions& options,
                                      std::int64_t batch, std::int64_t seq) {
-  const Dims d = Dims::make(config, options, batch, seq);
+  const BlockSetup setup = BlockSetup::make(config, options, batch, seq);
+  const Dims& d = setup.d;
+  const TensorSplit& sp = setup.split;
   const auto u = [](std::int64_t n) { return static_cast<std::uint64_t>(n); };
   std::uint64_t bytes =
-      u(d.rows * d.hidden + d.head_rows * d.vocab) * d.elem_bytes + u(d.rows + d.local_rows) * 4;
-  if (d.split()) bytes += u(d.head_rows * (5 + 3 * d.tp_size)) * 4;
+      u(d.rows * d.hidden + d.head_rows * d.vocab) * d.elem_bytes + u(d.rows + sp.local_rows) * 4;
+  if (sp.split()) bytes += u(d.head_rows * (5 + 3 * sp.size)) * 4;
   return bytes;
 }
 
 std::uint64_t LlamaModel::checkpoint_bytes(const LlamaConfig& config, const ModelOptions& options,
                                            std::int64_t batch, std::int64_t seq) {
   if (!options.activation_checkpointing) return 0;
-  const Dims d = Dims::make(config, options, batch, seq);
-  return static_cast<std::uint64_t>(d.local_rows * d.hidden) * d.elem_bytes;
+  const BlockSetup setup = BlockSetup::make(config, options, batch, seq);
+  const Dims& d = setup.d;
+  const TensorSplit& sp = setup.split;
+  return static_cast<std::uint64_t>(sp.local_rows * d.hidden) * d.elem_bytes;
 }
 
 int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& options) {

@@ -1,15 +1,16 @@
-// One LLaMA decoder block (HF LlamaDecoderLayer): forward and hand-written backward.
+// One LLaMA decoder block (HF LlamaDecoderLayer): forward and hand-written backward, composed of
+// its layers (parallel_layers.h) and its MLP (dense_mlp.h).
 #include "src/model/llama_block.h"
 
 #include "strata/core/check.h"
 
 namespace strata::model::detail {
 
-Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
-                std::int64_t seq) {
+BlockSetup BlockSetup::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
+                            std::int64_t seq) {
   const DType dtype = options.compute_dtype;
-  const std::optional<LoraConfig>& lora = options.lora;
-  Dims d;
+  BlockSetup b;
+  Dims& d = b.d;
   d.batch = batch;
   d.seq = seq;
   d.rows = batch * seq;
@@ -26,27 +27,32 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
   d.qk_norm = c.qk_norm;
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
-  if (lora) {
-    d.lora_rank = lora->r;
-    for (int i = 0; i < kNumLoraTargets; ++i) d.lora_on[i] = lora->has(static_cast<LoraTarget>(i));
-    d.lora_scaling = static_cast<float>(lora->scaling());
-    d.lora_dropout = static_cast<float>(lora->dropout);
+  if (const std::optional<LoraConfig>& lora = options.lora) {
+    b.lora.rank = lora->r;
+    for (int i = 0; i < kNumLoraTargets; ++i) {
+      b.lora.on[i] = lora->has(static_cast<LoraTarget>(i));
+    }
+    b.lora.scaling = static_cast<float>(lora->scaling());
+    b.lora.dropout = static_cast<float>(lora->dropout);
   }
-  d.nf4 = options.nf4_base;
-  d.tp = options.tensor_group;
-  d.tp_size = options.tensor_parallel.size;
-  if (d.split()) {
+  b.base.nf4 = options.nf4_base;
+  TensorSplit& split = b.split;
+  split.group = options.tensor_group;
+  split.size = options.tensor_parallel.size;
+  split.dtype = dtype;
+  split.elem_bytes = d.elem_bytes;
+  if (split.split()) {
     // This rank's share (ParamLayout::build's slices): its heads, its kv heads (one, whole, when
     // they are fewer than the ranks), its part of the MLP and of the vocabulary.
-    const std::int64_t t = d.tp_size;
+    const std::int64_t t = split.size;
     d.heads /= t;
-    d.kv_replicas = kv_head_replicas(c.num_key_value_heads, d.tp_size);
-    d.kv_heads = c.num_key_value_heads * d.kv_replicas / t;
+    split.kv_replicas = kv_head_replicas(c.num_key_value_heads, split.size);
+    d.kv_heads = c.num_key_value_heads * split.kv_replicas / t;
     d.q_dim = d.heads * d.head_dim;
     d.kv_dim = d.kv_heads * d.head_dim;
     d.ffn /= t;
     d.vocab /= t;
-    d.vocab_begin = d.vocab * options.tensor_parallel.rank;
+    split.vocab_begin = d.vocab * options.tensor_parallel.rank;
   }
   if (options.lm_head_chunk_tokens > 0) {
     d.head_rows = std::min(options.lm_head_chunk_tokens, d.rows);
@@ -56,218 +62,108 @@ Dims Dims::make(const LlamaConfig& c, const ModelOptions& options, std::int64_t 
     d.head_rows =
         std::clamp<std::int64_t>((2 * d.hidden * d.rows + d.vocab - 1) / d.vocab, 1, d.rows);
   }
-  d.local_rows = d.rows;
-  if (d.split() && options.sequence_parallel) {
-    d.seq_parallel = true;
-    d.local_rows = d.rows / d.tp_size;
-    d.row_begin = d.local_rows * options.tensor_parallel.rank;
+  split.rows = split.local_rows = d.rows;
+  if (split.split() && options.sequence_parallel) {
+    split.seq_parallel = true;
+    split.local_rows = d.rows / split.size;
+    split.row_begin = split.local_rows * options.tensor_parallel.rank;
   }
-  return d;
+  return b;
 }
 
-namespace {
-// The sum over the tensor-parallel group of buffer [n] (nothing on one rank).
-Status tp_sum(const Dims& d, void* buffer, std::int64_t n, std::string_view what) {
-  return d.split() ? d.tp->all_reduce_sum(buffer, n, d.dtype, what) : Status::ok();
-}
-}  // namespace
-
-void* row_slot(const Dims& d, void* full, std::int64_t n) {
-  return offset_ptr(full, d.row_begin * n, d.elem_bytes);
-}
-
-Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what,
-                   const void* local) {
-  if (!d.seq_parallel) return Status::ok();
-  return d.tp->all_gather(local != nullptr ? local : row_slot(d, full, n), full, d.local_rows * n,
-                          d.dtype, what);
-}
-
-Status sum_partial(const Dims& d, void* partial, void* out, std::int64_t n, std::string_view what) {
-  if (d.seq_parallel) {
-    return d.tp->reduce_scatter_sum(partial, out, d.local_rows * n, d.dtype, what);
-  }
-  STRATA_CHECK(partial == out, "a partial product summed elsewhere without sequence parallelism");
-  return tp_sum(d, out, d.rows * n, what);
-}
-
-Status norm_backward(const device::Ops& ops, const Dims& d, const void* dy, const void* x,
-                     const void* w, const float* rstd, void* dx, void* gw, void* scratch,
-                     std::string_view what) {
-  const std::int64_t R = d.local_rows, H = d.hidden;
-  if (!d.seq_parallel || gw == nullptr) {
+Status norm_backward(const device::Ops& ops, const Dims& d, const TensorSplit& split,
+                     const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                     void* gw, void* scratch, std::string_view what) {
+  const std::int64_t R = split.local_rows, H = d.hidden;
+  if (!split.seq_parallel || gw == nullptr) {
     ops.rmsnorm_backward(dy, x, w, rstd, dx, gw, R, H, d.dtype);
     return Status::ok();
   }
   ops.rmsnorm_backward(dy, x, w, rstd, dx, scratch, R, H, d.dtype);
-  STRATA_RETURN_IF_ERROR(tp_sum(d, scratch, H, what));
+  STRATA_RETURN_IF_ERROR(split.sum(scratch, H, what));
   ops.add(gw, scratch, gw, H, d.dtype);
   return Status::ok();
 }
 
-void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
-            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate,
-            float alpha) {
-  device::GemmArgs g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.alpha = alpha;
-  g.a = a;
-  g.lda = trans_a ? m : k;
-  g.b = b;
-  g.ldb = trans_b ? k : n;
-  g.beta = accumulate ? 1.0f : 0.0f;
-  g.c = c;
-  g.ldc = n;
-  g.dtype = dtype;
-  ops.gemm(g);
-}
-
 namespace {
 
-using Adapter = LoraPair<const void*>;
-using AdapterGrad = LoraPair<void*>;
-
-// One projection of the block, with its adapter (if any) and what its backward needs.
-struct Projection {
-  LoraTarget target;
-  std::int64_t out, in;
-  const void* w;  // [out, in]
-  const void* b;  // [out] or nullptr
-  Adapter lora;   // nullptrs without an adapter
+// The block's layers over its weights: q/k/v one column-parallel layer, o_proj a row-parallel
+// one, and the MLP. A row-parallel projection's bias is added after the ranks' sum.
+struct BlockLayers {
+  ColumnParallelLinear<3> qkv;
+  RowParallelLinear o;
+  DenseMlp mlp;
 };
 
-std::uint64_t dropout_key(const Dims& d, LoraTarget target) {
-  return lora_dropout_key(d.lora_key, d.layer, target);
-}
-
-// The adapter's input: x, or dropout(x) in `scratch` while training with lora_dropout > 0.
-const void* adapter_input(const device::Ops& ops, const Dims& d, const Projection& p, const void* x,
-                          void* scratch) {
-  if (d.lora_dropout <= 0.0f) return x;
-  ops.dropout(x, scratch, d.rows * p.in, d.lora_dropout, dropout_key(d, p.target), d.dtype);
-  return scratch;
-}
-
-// t [R, r] = dropout(x) A^T: the adapter's low-rank activation, kept for its backward.
-void adapter_t(const device::Ops& ops, const Dims& d, const Projection& p, const void* x, void* t,
-               void* scratch) {
-  const void* xin = adapter_input(ops, d, p, x, scratch);
-  matmul(ops, d.dtype, false, true, d.rows, d.lora_rank, p.in, xin, p.lora.a, t, false);
-}
-
-// The projection's weight in the compute dtype: its own, or an NF4 base's decoded into
-// d.nf4_weight (valid until the next projection's).
-const void* weight_of(const device::Ops& ops, const Dims& d, const Projection& p) {
-  if (!d.nf4) return p.w;
-  ops.dequantize_nf4(p.w, p.out * p.in, d.nf4_weight, d.dtype);
-  return d.nf4_weight;
-}
-
-// y [R, out] = x W^T (+ b) (+ scaling * dropout(x) A^T B^T, its t kept in `t`): PEFT's
-// result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling.
-void project(const device::Ops& ops, const Dims& d, const Projection& p, const void* x, void* y,
-             void* t, void* scratch) {
-  matmul(ops, d.dtype, false, true, d.rows, p.out, p.in, x, weight_of(ops, d, p), y, false);
-  if (p.b != nullptr) ops.add_bias(y, p.b, d.rows, p.out, d.dtype);
-  if (p.lora.a == nullptr) return;
-  adapter_t(ops, d, p, x, t, scratch);
-  matmul(ops, d.dtype, false, true, d.rows, p.out, d.lora_rank, t, p.lora.b, y, true,
-         d.lora_scaling);
-}
-
-// Backward of project with dy [R, out]: dW += dy^T x and db += sum(dy) where the weight trains
-// (gw, gb non-null), dB += scaling dy^T t and dA += (scaling dy B)^T dropout(x) where it has an
-// adapter, and dx [R, in] = (or += with accumulate) dy W + dropout(scaling dy B A).
-void project_backward(const device::Ops& ops, const Dims& d, const Projection& p, const void* x,
-                      const void* t, void* gw, void* gb, const AdapterGrad& ga, const void* dy,
-                      void* dx, bool accumulate, void* x_scratch, const BackwardScratch& s) {
-  const DType dt = d.dtype;
-  const std::int64_t R = d.rows, r = d.lora_rank;
-  if (gw != nullptr) matmul(ops, dt, true, false, p.out, p.in, R, dy, x, gw, true);
-  if (gb != nullptr) ops.bias_grad(dy, gb, R, p.out, dt);
-  matmul(ops, dt, false, false, R, p.in, p.out, dy, weight_of(ops, d, p), dx, accumulate);
-  if (p.lora.a == nullptr) return;
-  matmul(ops, dt, true, false, p.out, r, R, dy, t, ga.b, true, d.lora_scaling);
-  matmul(ops, dt, false, false, R, r, p.out, dy, p.lora.b, s.lora_dt, false, d.lora_scaling);
-  const void* xin = adapter_input(ops, d, p, x, x_scratch);
-  matmul(ops, dt, true, false, r, p.in, R, s.lora_dt, xin, ga.a, true);
-  if (d.lora_dropout <= 0.0f) {
-    matmul(ops, dt, false, false, R, p.in, r, s.lora_dt, p.lora.a, dx, true);
-    return;
+BlockLayers layers_of(const BlockSetup& b, const BlockWeights& w) {
+  const Dims& d = b.d;
+  const bool split = b.split.split();
+  const auto linear = [&](LoraTarget target, std::int64_t out, std::int64_t in, const void* wt,
+                          const void* bias) {
+    Linear l;
+    l.target = target;
+    l.rows = d.rows;
+    l.out = out;
+    l.in = in;
+    l.w = wt;
+    l.b = bias;
+    l.adapter = w.lora[static_cast<std::size_t>(target)];
+    l.lora = &b.lora;
+    l.base = &b.base;
+    l.dtype = d.dtype;
+    return l;
+  };
+  BlockLayers L;
+  L.qkv.split = &b.split;
+  L.qkv.parts = {linear(LoraTarget::kQ, d.q_dim, d.hidden, w.wq, w.bq),
+                 linear(LoraTarget::kK, d.kv_dim, d.hidden, w.wk, w.bk),
+                 linear(LoraTarget::kV, d.kv_dim, d.hidden, w.wv, w.bv)};
+  if (b.split.kv_replicas > 1) {
+    for (std::size_t i : {1, 2}) L.qkv.parts[i].replicas = b.split.group;
   }
-  matmul(ops, dt, false, false, R, p.in, r, s.lora_dt, p.lora.a, s.lora_dx, false);
-  ops.dropout(s.lora_dx, s.lora_dx, R * p.in, d.lora_dropout, dropout_key(d, p.target), dt);
-  ops.add(dx, s.lora_dx, dx, R * p.in, dt);
-}
-
-Projection proj(const Dims& d, const BlockWeights& w, LoraTarget target) {
-  const auto i = static_cast<std::size_t>(target);
-  const Adapter lora = w.lora[i];
-  switch (target) {
-    case LoraTarget::kQ:
-      return {target, d.q_dim, d.hidden, w.wq, w.bq, lora};
-    case LoraTarget::kK:
-      return {target, d.kv_dim, d.hidden, w.wk, w.bk, lora};
-    case LoraTarget::kV:
-      return {target, d.kv_dim, d.hidden, w.wv, w.bv, lora};
-    case LoraTarget::kO:  // row-parallel: split, its bias is added after the ranks' sum
-      return {target, d.hidden, d.q_dim, w.wo, d.split() ? nullptr : w.bo, lora};
-    case LoraTarget::kGate:
-      return {target, d.ffn, d.hidden, w.wg, w.bg, lora};
-    case LoraTarget::kUp:
-      return {target, d.ffn, d.hidden, w.wu, w.bu, lora};
-    case LoraTarget::kDown:
-      return {target, d.hidden, d.ffn, w.wd, d.split() ? nullptr : w.bd, lora};
-  }
-  STRATA_CHECK(false, "unknown LoRA target", static_cast<int>(target));
-  return {};
+  L.o.split = &b.split;
+  L.o.part = linear(LoraTarget::kO, d.hidden, d.q_dim, w.wo, split ? nullptr : w.bo);
+  L.o.bias = w.bo;
+  L.mlp.gate_up.split = &b.split;
+  L.mlp.gate_up.parts = {linear(LoraTarget::kGate, d.ffn, d.hidden, w.wg, w.bg),
+                         linear(LoraTarget::kUp, d.ffn, d.hidden, w.wu, w.bu)};
+  L.mlp.down.split = &b.split;
+  L.mlp.down.part = linear(LoraTarget::kDown, d.hidden, d.ffn, w.wd, split ? nullptr : w.bd);
+  L.mlp.down.bias = w.bd;
+  return L;
 }
 
 void* t_of(void* const (&ts)[kNumLoraTargets], LoraTarget target) {
   return ts[static_cast<std::size_t>(target)];
 }
 
+MlpActs mlp_acts(void* gate, void* up, void* m, void* const (&ts)[kNumLoraTargets]) {
+  return {gate,
+          up,
+          m,
+          t_of(ts, LoraTarget::kGate),
+          t_of(ts, LoraTarget::kUp),
+          t_of(ts, LoraTarget::kDown)};
+}
+
 // The block after attention, shared by training and decoding: hmid = x + att Wo^T (+ bo) ;
-// b = rmsnorm(hmid) (statistics into rstd) ; m = silu(b Wg^T) * (b Wu^T) ; then, unless out is
-// null, out = hmid + m Wd^T. Null out (recomputation for backward) still forms down_proj's
+// b = rmsnorm(hmid) (statistics into rstd) ; then the MLP from b, and unless out is null,
+// out = hmid + its output. Null out (recomputation for backward) still forms down_proj's
 // adapter activation, which its backward needs. `ts`: each adapter's t.
-Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, const void* x,
-                  const void* att, void* hmid, float* rstd, void* b, void* gate, void* up, void* m,
-                  void* const (&ts)[kNumLoraTargets], void* scratch, void* partial, void* b_local,
-                  void* out) {
-  const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn, Rl = d.local_rows;
-  // Row-parallel: the ranks' partial products summed (this rank's rows of the sum under sequence
-  // parallelism), then the bias.
-  void* o_part = d.seq_parallel ? partial : hmid;
-  project(ops, d, proj(d, w, LoraTarget::kO), att, o_part, t_of(ts, LoraTarget::kO), scratch);
-  if (d.split()) {
-    STRATA_RETURN_IF_ERROR(sum_partial(d, o_part, hmid, H, "o_proj output"));
-    if (w.bo != nullptr) ops.add_bias(hmid, w.bo, Rl, H, dt);
-  }
-  ops.add(hmid, x, hmid, Rl * H, dt);
-  ops.rmsnorm_forward(hmid, w.ln2, b_local != nullptr ? b_local : row_slot(d, b, H), rstd, Rl, H,
-                      d.eps, dt);
-  STRATA_RETURN_IF_ERROR(gather_rows(d, b, H, "post_attention_layernorm output", b_local));
-  project(ops, d, proj(d, w, LoraTarget::kGate), b, gate, t_of(ts, LoraTarget::kGate), scratch);
-  project(ops, d, proj(d, w, LoraTarget::kUp), b, up, t_of(ts, LoraTarget::kUp), scratch);
-  ops.swiglu_forward(gate, up, m, R * F, dt);
-  const Projection down = proj(d, w, LoraTarget::kDown);
-  if (out == nullptr) {
-    if (down.lora.a != nullptr) adapter_t(ops, d, down, m, t_of(ts, LoraTarget::kDown), scratch);
-    return Status::ok();
-  }
-  void* d_part = d.seq_parallel ? partial : out;
-  project(ops, d, down, m, d_part, t_of(ts, LoraTarget::kDown), scratch);
-  if (d.split()) {
-    STRATA_RETURN_IF_ERROR(sum_partial(d, d_part, out, H, "down_proj output"));
-    if (w.bd != nullptr) ops.add_bias(out, w.bd, Rl, H, dt);
-  }
-  ops.add(out, hmid, out, Rl * H, dt);
+Status block_tail(const device::Ops& ops, const BlockSetup& bs, const BlockLayers& L,
+                  const BlockWeights& w, const void* x, const void* att, void* hmid, float* rstd,
+                  void* b, const MlpActs& mlp, void* t_o, void* scratch, void* partial,
+                  void* b_local, void* out) {
+  const Dims& d = bs.d;
+  const TensorSplit& split = bs.split;
+  const std::int64_t H = d.hidden, Rl = split.local_rows;
+  STRATA_RETURN_IF_ERROR(L.o.forward(ops, att, partial, hmid, t_o, scratch, "o_proj output"));
+  ops.add(hmid, x, hmid, Rl * H, d.dtype);
+  ops.rmsnorm_forward(hmid, w.ln2, b_local != nullptr ? b_local : split.row_slot(b, H), rstd, Rl, H,
+                      d.eps, d.dtype);
+  STRATA_RETURN_IF_ERROR(L.mlp.gate_up.gather_input(b, "post_attention_layernorm output", b_local));
+  STRATA_RETURN_IF_ERROR(L.mlp.forward(ops, b, mlp, scratch, partial, out));
+  if (out != nullptr) ops.add(out, hmid, out, Rl * H, d.dtype);
   return Status::ok();
 }
 
@@ -279,18 +175,19 @@ Status block_tail(const device::Ops& ops, const Dims& d, const BlockWeights& w, 
 //   hmid = x + att Wo^T (+ bo) ; b = rmsnorm(hmid) ; m = silu(b Wg^T) * (b Wu^T) ;
 //   out = hmid + m Wd^T (MLP biases under mlp_bias); each projection plus its adapter's
 //   scaling * dropout(input) A^T B^T where it has one.
-Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+Status block_forward(const device::Ops& ops, const BlockSetup& bs, const BlockWeights& w,
                      const BlockActs& s, void* out) {
+  const Dims& d = bs.d;
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden;
-  ops.rmsnorm_forward(s.x, w.ln1, s.a_local != nullptr ? s.a_local : row_slot(d, s.a, H), s.rstd1,
-                      d.local_rows, H, d.eps, dt);
-  STRATA_RETURN_IF_ERROR(gather_rows(d, s.a, H, "input_layernorm output", s.a_local));
-  project(ops, d, proj(d, w, LoraTarget::kQ), s.a, d.qk_norm ? s.q_pre : s.q,
-          t_of(s.lora_t, LoraTarget::kQ), s.lora_x);
-  project(ops, d, proj(d, w, LoraTarget::kK), s.a, d.qk_norm ? s.k_pre : s.k,
-          t_of(s.lora_t, LoraTarget::kK), s.lora_x);
-  project(ops, d, proj(d, w, LoraTarget::kV), s.a, s.v, t_of(s.lora_t, LoraTarget::kV), s.lora_x);
+  const BlockLayers L = layers_of(bs, w);
+  ops.rmsnorm_forward(s.x, w.ln1, s.a_local != nullptr ? s.a_local : bs.split.row_slot(s.a, H),
+                      s.rstd1, bs.split.local_rows, H, d.eps, dt);
+  STRATA_RETURN_IF_ERROR(L.qkv.gather_input(s.a, "input_layernorm output", s.a_local));
+  L.qkv.forward(ops, s.a, {d.qk_norm ? s.q_pre : s.q, d.qk_norm ? s.k_pre : s.k, s.v},
+                {t_of(s.lora_t, LoraTarget::kQ), t_of(s.lora_t, LoraTarget::kK),
+                 t_of(s.lora_t, LoraTarget::kV)},
+                s.lora_x);
   if (d.qk_norm) {
     ops.rmsnorm_forward(s.q_pre, w.qn, s.q, s.rstd_q, R * d.heads, d.head_dim, d.eps, dt);
     ops.rmsnorm_forward(s.k_pre, w.kn, s.k, s.rstd_k, R * d.kv_heads, d.head_dim, d.eps, dt);
@@ -298,25 +195,28 @@ Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& 
   ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
-  return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd2, s.b, s.gate, s.up, s.m, s.lora_t,
-                    s.lora_x, s.partial, s.b_local, out);
+  return block_tail(ops, bs, L, w, s.x, s.att, s.hmid, s.rstd2, s.b,
+                    mlp_acts(s.gate, s.up, s.m, s.lora_t), t_of(s.lora_t, LoraTarget::kO), s.lora_x,
+                    s.partial, s.b_local, out);
 }
 
-Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+Status block_decode(const device::Ops& ops, const BlockSetup& bs, const BlockWeights& w,
                     const DecodeActs& s, void* k_cache, void* v_cache, std::int64_t past,
                     void* out) {
+  const Dims& d = bs.d;
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim;
-  STRATA_CHECK(d.lora_dropout == 0.0f, "decoding with adapter dropout", d.lora_dropout);
+  STRATA_CHECK(bs.lora.dropout == 0.0f, "decoding with adapter dropout", bs.lora.dropout);
+  STRATA_CHECK(!bs.split.split(), "decoding a split model");
   void* k_new = offset_ptr(k_cache, past * KV, d.elem_bytes);
   void* v_new = offset_ptr(v_cache, past * KV, d.elem_bytes);
   // No backward: every adapter's t goes through the one scratch.
   void* const ts[kNumLoraTargets] = {s.lora_t, s.lora_t, s.lora_t, s.lora_t,
                                      s.lora_t, s.lora_t, s.lora_t};
+  const BlockLayers L = layers_of(bs, w);
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd, R, H, d.eps, dt);
-  project(ops, d, proj(d, w, LoraTarget::kQ), s.a, d.qk_norm ? s.q_pre : s.q, s.lora_t, nullptr);
-  project(ops, d, proj(d, w, LoraTarget::kK), s.a, d.qk_norm ? s.k_pre : k_new, s.lora_t, nullptr);
-  project(ops, d, proj(d, w, LoraTarget::kV), s.a, v_new, s.lora_t, nullptr);
+  L.qkv.forward(ops, s.a, {d.qk_norm ? s.q_pre : s.q, d.qk_norm ? s.k_pre : k_new, v_new},
+                {s.lora_t, s.lora_t, s.lora_t}, nullptr);
   if (d.qk_norm) {
     ops.rmsnorm_forward(s.q_pre, w.qn, s.q, s.rstd, R * d.heads, d.head_dim, d.eps, dt);
     ops.rmsnorm_forward(s.k_pre, w.kn, k_new, s.rstd, R * d.kv_heads, d.head_dim, d.eps, dt);
@@ -327,51 +227,50 @@ Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w
   ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
-  return block_tail(ops, d, w, s.x, s.att, s.hmid, s.rstd, s.b, s.gate, s.up, s.m, ts, nullptr,
-                    nullptr, nullptr, out);
+  return block_tail(ops, bs, L, w, s.x, s.att, s.hmid, s.rstd, s.b, mlp_acts(s.gate, s.up, s.m, ts),
+                    s.lora_t, nullptr, nullptr, nullptr, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
 // over rows (+=), input gradients dX = dY W; a frozen base (null gradients) skips its weight
 // and bias products but not the input gradients, and each adapter adds its own.
-Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+Status block_backward(const device::Ops& ops, const BlockSetup& bs, const BlockWeights& w,
                       const BlockActs& s, const BlockGrads& g, const BackwardScratch& t) {
+  const Dims& d = bs.d;
+  const TensorSplit& split = bs.split;
   const DType dt = d.dtype;
-  const std::int64_t R = d.rows, H = d.hidden, F = d.ffn, Rl = d.local_rows;
-  auto grad_of = [&](LoraTarget target) { return g.lora[static_cast<std::size_t>(target)]; };
+  const std::int64_t R = d.rows, H = d.hidden, Rl = split.local_rows;
+  const BlockLayers L = layers_of(bs, w);
+  const AdapterScratch as{t.lora_dt, t.lora_dx};
+  const auto grad_of = [&](LoraTarget target) { return g.lora[static_cast<std::size_t>(target)]; };
+  const auto t_at = [&](LoraTarget target) { return t_of(s.lora_t, target); };
   // Under sequence parallelism the row-parallel products' backward takes every row of dh, and
   // each column-parallel input gradient comes back as this rank's rows of its sum.
-  void* const dh = d.seq_parallel ? t.dh_full : t.dh;
-  void* const dx = d.seq_parallel ? t.dx_local : t.dx;
-  auto back = [&](LoraTarget target, const void* x, void* gw, void* gb, const void* dy, void* dx,
-                  bool accumulate) {
-    project_backward(ops, d, proj(d, w, target), x, t_of(s.lora_t, target), gw, gb, grad_of(target),
-                     dy, dx, accumulate, s.lora_x, t);
-  };
+  void* const dh = split.seq_parallel ? t.dh_full : t.dh;
+  void* const dx = split.seq_parallel ? t.dx_local : t.dx;
 
   // MLP: out = hmid + m Wd^T (+ bd), m = silu(gate) * up.
-  STRATA_RETURN_IF_ERROR(gather_rows(d, dh, H, "block output gradient"));
-  back(LoraTarget::kDown, s.m, g.wd, g.bd, dh, t.dm, false);
-  // In place: gate and up are read here for the last time (their gradients take their room).
-  void* const dgate = s.gate;
-  void* const dup = s.up;
-  ops.swiglu_backward(t.dm, s.gate, s.up, dgate, dup, R * F, dt);
+  const MlpGrads mg{g.wg,
+                    g.wu,
+                    g.wd,
+                    g.bg,
+                    g.bu,
+                    g.bd,
+                    grad_of(LoraTarget::kGate),
+                    grad_of(LoraTarget::kUp),
+                    grad_of(LoraTarget::kDown)};
   // Kept apart, this layer's b is gathered again into the buffer the layers share.
-  if (s.b_local != nullptr) {
-    STRATA_RETURN_IF_ERROR(
-        gather_rows(d, s.b, H, "post_attention_layernorm output again", s.b_local));
-  }
-  back(LoraTarget::kGate, s.b, g.wg, g.bg, dgate, t.dx, false);
-  back(LoraTarget::kUp, s.b, g.wu, g.bu, dup, t.dx, true);
-  // Column-parallel: each rank's input gradient is its part of the sum.
-  STRATA_RETURN_IF_ERROR(sum_partial(d, t.dx, dx, H, "gate/up input gradient"));
-  STRATA_RETURN_IF_ERROR(norm_backward(ops, d, dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2, t.dln2,
-                                       "post_attention_layernorm weight gradient"));
+  STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg, dh,
+                                        t.dm, t.dx, dx, s.lora_x, as, s.b_local));
+  STRATA_RETURN_IF_ERROR(norm_backward(ops, d, split, dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2,
+                                       t.dln2, "post_attention_layernorm weight gradient"));
   ops.add(t.dh, t.dtmp, t.dh, Rl * H, dt);  // dh = dL/dhmid (residual + norm path)
 
   // Attention: hmid = x + att Wo^T (+ bo).
-  STRATA_RETURN_IF_ERROR(gather_rows(d, dh, H, "attention output gradient"));
-  back(LoraTarget::kO, s.att, g.wo, g.bo, dh, t.datt, false);
+  STRATA_RETURN_IF_ERROR(L.o.gather_output_grad(dh, "attention output gradient"));
+  STRATA_RETURN_IF_ERROR(L.o.part.backward(ops, s.att, t_at(LoraTarget::kO), g.wo, g.bo,
+                                           grad_of(LoraTarget::kO), dh, t.datt, false, s.lora_x,
+                                           as));
   ops.attention_backward(t.datt, s.q, s.k, s.v, s.att, s.lse, t.dq, t.dk, t.dv, d.attention(), dt);
   ops.rope(t.dq, d.batch, d.seq, d.heads, d.head_dim, d.rope, true, dt);
   ops.rope(t.dk, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, true, dt);
@@ -381,14 +280,14 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
     // Split, each rank's heads give part of the whole norm's weight gradient: summed over the
     // group in scratch (zeroed by the caller), then added.
     const auto norm_back = [&](const void* dy, const void* x, const void* wn, const float* rstd,
-                               void* dx, void* gw, void* scratch, std::int64_t heads,
+                               void* dxn, void* gw, void* scratch, std::int64_t heads,
                                std::string_view what) -> Status {
-      if (!d.split() || gw == nullptr) {
-        ops.rmsnorm_backward(dy, x, wn, rstd, dx, gw, R * heads, d.head_dim, dt);
+      if (!split.split() || gw == nullptr) {
+        ops.rmsnorm_backward(dy, x, wn, rstd, dxn, gw, R * heads, d.head_dim, dt);
         return Status::ok();
       }
-      ops.rmsnorm_backward(dy, x, wn, rstd, dx, scratch, R * heads, d.head_dim, dt);
-      STRATA_RETURN_IF_ERROR(tp_sum(d, scratch, d.head_dim, what));
+      ops.rmsnorm_backward(dy, x, wn, rstd, dxn, scratch, R * heads, d.head_dim, dt);
+      STRATA_RETURN_IF_ERROR(split.sum(scratch, d.head_dim, what));
       ops.add(gw, scratch, gw, d.head_dim, dt);
       return Status::ok();
     };
@@ -400,39 +299,22 @@ Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights&
     dk = t.dk_pre;
   }
   if (s.a_local != nullptr) {
-    STRATA_RETURN_IF_ERROR(gather_rows(d, s.a, H, "input_layernorm output again", s.a_local));
+    STRATA_RETURN_IF_ERROR(L.qkv.gather_input(s.a, "input_layernorm output again", s.a_local));
   }
-  back(LoraTarget::kQ, s.a, g.wq, g.bq, dq, t.dx, false);
-  if (d.kv_replicas == 1) {
-    back(LoraTarget::kK, s.a, g.wk, g.bk, dk, t.dx, true);
-    back(LoraTarget::kV, s.a, g.wv, g.bv, t.dv, t.dx, true);
-  } else {
-    // The kv head is whole on several ranks, each with the gradient of its own q heads: the
-    // weight and bias gradients are summed over them (the input gradient over every rank,
-    // below), each in scratch before it is added.
-    back(LoraTarget::kK, s.a, nullptr, nullptr, dk, t.dx, true);
-    back(LoraTarget::kV, s.a, nullptr, nullptr, t.dv, t.dx, true);
-    const std::int64_t KV = d.kv_dim;
-    const auto replica_grads = [&](const void* dy, void* gw, void* gb, void* db,
-                                   std::string_view what) -> Status {
-      if (gw != nullptr) {
-        matmul(ops, dt, true, false, KV, H, R, dy, s.a, t.kv_dw, false);
-        STRATA_RETURN_IF_ERROR(d.tp->kv_replica_sum(t.kv_dw, KV * H, dt, what));
-        ops.add(gw, t.kv_dw, gw, KV * H, dt);
-      }
-      if (gb != nullptr) {
-        ops.bias_grad(dy, db, R, KV, dt);
-        STRATA_RETURN_IF_ERROR(d.tp->kv_replica_sum(db, KV, dt, what));
-        ops.add(gb, db, gb, KV, dt);
-      }
-      return Status::ok();
-    };
-    STRATA_RETURN_IF_ERROR(replica_grads(dk, g.wk, g.bk, t.kdb, "k_proj gradient"));
-    STRATA_RETURN_IF_ERROR(replica_grads(t.dv, g.wv, g.bv, t.vdb, "v_proj gradient"));
-  }
-  STRATA_RETURN_IF_ERROR(sum_partial(d, t.dx, dx, H, "q/k/v input gradient"));
-  STRATA_RETURN_IF_ERROR(norm_backward(ops, d, dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1, t.dln1,
-                                       "input_layernorm weight gradient"));
+  // The input gradients add up in t.dx; k's and v's weight gradients are summed over the kv
+  // replicas where their head is whole on several ranks.
+  const auto& [q, k, v] = L.qkv.parts;
+  STRATA_RETURN_IF_ERROR(q.backward(ops, s.a, t_at(LoraTarget::kQ), g.wq, g.bq,
+                                    grad_of(LoraTarget::kQ), dq, t.dx, false, s.lora_x, as));
+  STRATA_RETURN_IF_ERROR(k.backward(ops, s.a, t_at(LoraTarget::kK), g.wk, g.bk,
+                                    grad_of(LoraTarget::kK), dk, t.dx, true, s.lora_x, as, t.kv_dw,
+                                    t.kdb));
+  STRATA_RETURN_IF_ERROR(v.backward(ops, s.a, t_at(LoraTarget::kV), g.wv, g.bv,
+                                    grad_of(LoraTarget::kV), t.dv, t.dx, true, s.lora_x, as,
+                                    t.kv_dw, t.vdb));
+  STRATA_RETURN_IF_ERROR(L.qkv.reduce_input_grad(t.dx, dx, "q/k/v input gradient"));
+  STRATA_RETURN_IF_ERROR(norm_backward(ops, d, split, dx, s.x, w.ln1, s.rstd1, t.dtmp, g.ln1,
+                                       t.dln1, "input_layernorm weight gradient"));
   ops.add(t.dh, t.dtmp, t.dh, Rl * H, dt);  // dh = dL/dx
   return Status::ok();
 }

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "src/model/dense_mlp.h"
+#include "src/model/parallel_layers.h"
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
 #include "strata/model/llama_config.h"
@@ -15,7 +17,9 @@
 
 namespace strata::model::detail {
 
-// Sizes of one micro-batch through the model. rows = batch * seq tokens.
+// Sizes of one micro-batch through the model, as this rank computes it: rows = batch * seq
+// tokens; under tensor parallelism heads, kv_heads, q_dim, kv_dim, ffn and vocab are this
+// rank's share (ModelOptions::tensor_parallel).
 struct Dims {
   std::int64_t batch = 0, seq = 0, rows = 0;
   std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, q_dim = 0, kv_dim = 0, ffn = 0,
@@ -26,36 +30,9 @@ struct Dims {
   bool qk_norm = false;
   DType dtype = DType::kF32;
   std::size_t elem_bytes = 4;
-  // LoRA adapters (lora_rank 0: none): rank, scaling, and dropout (0 outside training) with the
-  // micro-batch's mask key; `layer` picks each adapter's own mask (lora_dropout_key).
-  std::int64_t lora_rank = 0;
-  bool lora_on[kNumLoraTargets] = {};  // which projections have adapters
-  float lora_scaling = 0;
-  float lora_dropout = 0;
-  std::uint64_t lora_key = 0;
-  std::int64_t layer = 0;
-  // An NF4 base (QLoRA): each projection's weight is decoded into `nf4_weight` (workspace of
-  // max_weight() elements) just before its product, one at a time.
-  bool nf4 = false;
-  void* nf4_weight = nullptr;
-  // Tensor parallelism (size 1: none): heads, kv_heads, q_dim, kv_dim, ffn and vocab above
-  // are this rank's share (ModelOptions::tensor_parallel); vocab_begin is its slice's first
-  // token; `tp` runs the collectives (null where only sizes are asked).
-  int tp_size = 1;
-  TensorGroup* tp = nullptr;
-  std::int64_t vocab_begin = 0;
-  std::int64_t kv_replicas = 1;  // ranks holding this rank's kv head whole (kv heads < ranks)
-  // Sequence parallelism (a split only): the residual stream and the norms hold rows
-  // [row_begin, row_begin + local_rows) of the rows; without it local_rows = rows.
-  bool seq_parallel = false;
-  std::int64_t local_rows = 0, row_begin = 0;
   // Rows the LM head and the loss run at once (ModelOptions::lm_head_chunk_tokens).
   std::int64_t head_rows = 0;
-  bool split() const { return tp_size > 1; }
 
-  // The options' dtype, adapters (rank, targets, scaling, training dropout) and base format.
-  static Dims make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
-                   std::int64_t seq);
   // The widest input of any projection: an adapter's dropout scratch holds rows of it.
   std::int64_t max_in() const { return std::max({hidden, q_dim, ffn}); }
   // The largest projection weight, in elements.
@@ -63,6 +40,20 @@ struct Dims {
   device::AttentionShape attention() const {
     return {batch, seq, heads, kv_heads, head_dim, window};
   }
+};
+
+// What a block is computed with: this rank's shapes, the tensor split and its collectives, the
+// adapters' settings and the base weights' format. The block's layers are made from it.
+struct BlockSetup {
+  Dims d;
+  TensorSplit split;
+  AdapterSpec lora;
+  BaseFormat base;
+
+  // The options' dtype, split, adapters (rank, targets, scaling, training dropout) and base
+  // format for a micro-batch of batch x seq tokens.
+  static BlockSetup make(const LlamaConfig& c, const ModelOptions& options, std::int64_t batch,
+                         std::int64_t seq);
 };
 
 // Pointer `elems` elements of `elem_bytes` past `base`.
@@ -83,12 +74,6 @@ struct BlockOffsets {
 struct LoraOffsets {
   std::int64_t a[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
   std::int64_t b[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
-};
-
-template <typename Ptr>
-struct LoraPair {
-  Ptr a = nullptr;  // lora_A [r, in]
-  Ptr b = nullptr;  // lora_B [out, r]
 };
 
 // Views of one block's weights (or of its gradients): HF shapes, [out, in] for projections;
@@ -227,12 +212,12 @@ struct BackwardScratch {
 
 // x [rows, hidden] -> out [rows, hidden]; fills acts (acts.x must be x). out == nullptr stops
 // after the SwiGLU (recomputation for backward needs no block output).
-Status block_forward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+Status block_forward(const device::Ops& ops, const BlockSetup& b, const BlockWeights& w,
                      const BlockActs& acts, void* out);
 
 // s.dh [rows, hidden]: dL/d(block output) on entry, dL/d(block input) on exit. Accumulates
 // (+=) into the block's gradients g.
-Status block_backward(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+Status block_backward(const device::Ops& ops, const BlockSetup& b, const BlockWeights& w,
                       const BlockActs& acts, const BlockGrads& g, const BackwardScratch& s);
 
 // What one block needs to decode `rows` new tokens of one sequence (all device pointers,
@@ -256,31 +241,15 @@ struct DecodeActs {
 // Decodes d.rows new tokens at positions past.. past + rows - 1 (d.batch 1, d.seq = rows):
 // their keys and values go into rows [past, past + rows) of the layer's caches ([positions,
 // kv_dim] each), and their queries attend every cached position. x -> out [rows, hidden].
-Status block_decode(const device::Ops& ops, const Dims& d, const BlockWeights& w,
+Status block_decode(const device::Ops& ops, const BlockSetup& b, const BlockWeights& w,
                     const DecodeActs& s, void* k_cache, void* v_cache, std::int64_t past,
                     void* out);
 
-// Sequence parallelism's pieces (each does nothing it need not without it):
-// the rows of `full` [rows, n] that are this rank's (row_begin on).
-void* row_slot(const Dims& d, void* full, std::int64_t n);
-// `full` [rows, n] made whole from every rank's rows: `local` [local_rows, n], or (null) the
-// row_slot each wrote in place.
-Status gather_rows(const Dims& d, void* full, std::int64_t n, std::string_view what,
-                   const void* local = nullptr);
-// The ranks' partial products `partial` [rows, n] summed into `out`: this rank's rows of the sum
-// under sequence parallelism (reduce-scatter), else every row in place (out must be partial).
-Status sum_partial(const Dims& d, void* partial, void* out, std::int64_t n, std::string_view what);
 // rmsnorm_backward over this rank's rows of [rows, hidden]; under sequence parallelism the weight
 // gradient of those rows is summed over the group in `scratch` (zero on entry) before it is added
 // to gw.
-Status norm_backward(const device::Ops& ops, const Dims& d, const void* dy, const void* x,
-                     const void* w, const float* rstd, void* dx, void* gw, void* scratch,
-                     std::string_view what);
-
-// Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
-// C[m, n] = alpha op(A) op(B) (+ C if accumulate).
-void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std::int64_t m,
-            std::int64_t n, std::int64_t k, const void* a, const void* b, void* c, bool accumulate,
-            float alpha = 1.0f);
+Status norm_backward(const device::Ops& ops, const Dims& d, const TensorSplit& split,
+                     const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                     void* gw, void* scratch, std::string_view what);
 
 }  // namespace strata::model::detail
