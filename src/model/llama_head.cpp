@@ -1,8 +1,5 @@
-// LlamaModel's head: model.norm, lm_head in chunks of rows, and the loss (vocabulary-parallel
-// cross-entropy on a split model), forward and backward.
-#include <cmath>
-#include <limits>
-
+// LlamaModel's head: model.norm, lm_head in chunks of rows, and the loss (a vocabulary-parallel
+// cross-entropy), forward and backward.
 #include "src/model/llama_impl.h"
 
 namespace strata::model {
@@ -56,17 +53,14 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   // [rows, vocab] never exists. Each chunk's dlogits overwrite its logits, then give lm_head's
   // weight gradient (accumulated over the chunks) and the chunk's rows of the input gradient.
   void* dlogits = ws_.logits;
+  const detail::VocabParallelCrossEntropy loss = cross_entropy();
   for (std::int64_t r0 = 0; r0 < R; r0 += d.head_rows) {
     const std::int64_t rows = std::min(d.head_rows, R - r0);
     const void* hf = offset_ptr(ws_.hf, r0 * H, eb);
     matmul(ops, dt, false, true, rows, V, H, hf, lm_weight, ws_.logits, false);
-    if (sp.split()) {
-      STRATA_RETURN_IF_ERROR(
-          parallel_cross_entropy(targets + r0, rows, host_losses + r0, train, dloss_scale));
-    } else {
-      ops.cross_entropy(ws_.logits, targets + r0, ws_.losses + r0, train ? dlogits : nullptr, rows,
-                        V, dloss_scale, dt);
-    }
+    STRATA_RETURN_IF_ERROR(loss.forward_backward(ops, ws_.logits, targets + r0, rows,
+                                                 ws_.losses + r0, host_losses + r0, train,
+                                                 dloss_scale));
     if (!train) continue;
     if (lm_trains) {
       matmul(ops, dt, true, false, V, H, rows, dlogits, hf, offset_ptr(lm_grads, lm_offset_, eb),
@@ -106,49 +100,6 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
     STRATA_RETURN_IF_ERROR(ps.release_grads(lm_group_));
   }
   tied_grads_ = tied && !embedding_copy_ ? lm_grads : nullptr;
-  return Status::ok();
-}
-
-// Megatron's vocabulary-parallel cross-entropy over ws_.logits (this rank's slice): each
-// rank's per-row (max, sum of exp, target logit) gathered, combined in double the same way on
-// every rank into the loss and the whole row's max and sum, then (training) the gradient of
-// the slice in place. The logits are never whole.
-Status LlamaModel::Impl::parallel_cross_entropy(const std::int32_t* targets, std::int64_t n,
-                                                float* host_losses, bool train, float dloss_scale) {
-  const Dims& d = setup_.d;
-  const TensorSplit& sp = setup_.split;
-  const std::int64_t T = sp.size;
-  auto& stream = device_.stream(device::StreamKind::kCompute);
-  const auto& ops = device_.ops();
-  ops.cross_entropy_stats(ws_.logits, targets, n, d.vocab, sp.vocab_begin, ws_.ce_local, d.dtype);
-  STRATA_RETURN_IF_ERROR(sp.group->all_gather(ws_.ce_local, ws_.ce_stats, 3 * n, DType::kF32,
-                                              "cross-entropy statistics"));
-  // In the pinned host buffer, after every slot's ids, targets and losses.
-  float* stats =
-      reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) +
-                               12 * d.rows * static_cast<std::int64_t>(ws_.slots.size()));
-  float* rows = stats + 3 * n * T;
-  device_.copy_to_host(stats, ws_.ce_stats, static_cast<std::size_t>(3 * n * T) * 4, stream);
-  stream.synchronize();
-  for (std::int64_t i = 0; i < n; ++i) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t r = 0; r < T; ++r) m = std::max(m, stats[3 * (r * n + i)]);
-    double sum = 0, target = 0;
-    for (std::int64_t r = 0; r < T; ++r) {
-      const float* st = stats + 3 * (r * n + i);
-      if (st[1] > 0) sum += static_cast<double>(st[1]) * std::exp(static_cast<double>(st[0]) - m);
-      target += st[2];
-    }
-    host_losses[i] =
-        sum > 0 ? static_cast<float>(std::log(sum) + (static_cast<double>(m) - target)) : 0.0f;
-    rows[i] = m;
-    rows[n + i] = static_cast<float>(sum);
-  }
-  if (!train) return Status::ok();
-  device_.copy_to_device(ws_.ce_rows, rows, static_cast<std::size_t>(2 * n) * 4, stream);
-  ops.cross_entropy_grad(ws_.logits, targets, n, d.vocab, sp.vocab_begin, ws_.ce_rows,
-                         ws_.ce_rows + n, ws_.logits, dloss_scale, d.dtype);
-  stream.synchronize();  // `rows` is read by the copy
   return Status::ok();
 }
 

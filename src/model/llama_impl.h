@@ -10,6 +10,7 @@
 
 #include "src/model/llama_block.h"
 #include "src/model/llama_workspace.h"
+#include "src/model/vocab_parallel.h"
 #include "strata/core/clock.h"
 #include "strata/model/llama.h"
 
@@ -139,21 +140,19 @@ struct LlamaModel::Impl {
     if (layout_.has_adapters()) ps.prefetch(layout_.adapter_group(static_cast<int>(l)));
   }
 
-  // Vocabulary-parallel: token ids as rows of this rank's slice of the embedding, -1 for the
-  // others' (embedding_forward writes zeros for them, embedding_backward skips them).
-  void to_local_ids(std::int32_t* ids, std::int64_t n) const {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t local = ids[i] - setup_.split.vocab_begin;
-      ids[i] = local >= 0 && local < setup_.d.vocab ? static_cast<std::int32_t>(local) : -1;
-    }
+  // The model's two vocabulary-parallel ends over the current workspace.
+  detail::VocabParallelEmbedding embedding() const {
+    return {&setup_.split, setup_.d.vocab, setup_.d.hidden, setup_.d.dtype};
   }
-
-  // Megatron's vocabulary-parallel cross-entropy over ws_.logits (this rank's slice): each
-  // rank's per-row (max, sum of exp, target logit) gathered, combined in double the same way on
-  // every rank into the loss and the whole row's max and sum, then (training) the gradient of
-  // the slice in place. The logits are never whole.
-  Status parallel_cross_entropy(const std::int32_t* targets, std::int64_t n, float* host_losses,
-                                bool train, float dloss_scale);
+  detail::VocabParallelCrossEntropy cross_entropy() const {
+    // The host statistics sit in the pinned host buffer, after every slot's ids, targets and
+    // losses.
+    float* host =
+        reinterpret_cast<float*>(static_cast<std::byte*>(host_io_) +
+                                 12 * setup_.d.rows * static_cast<std::int64_t>(ws_.slots.size()));
+    return {&setup_.split, &device_,     setup_.d.vocab, setup_.d.dtype,
+            ws_.ce_local,  ws_.ce_stats, ws_.ce_rows,    host};
+  }
 
   // The head: model.norm's weight and lm_head's (tied: the embedding), from one group or two,
   // or (tied, cut into stages) model.norm's group and the workspace's copy of the embedding.

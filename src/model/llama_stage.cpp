@@ -14,10 +14,8 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
   const PipelineStage& stage = options_.pipeline;
   const bool embeds = stage.first_chunk(chunk), heads = stage.last_chunk(chunk);
   const Dims& d = setup_.d;
-  const TensorSplit& sp = setup_.split;
-  const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;
-  const std::int64_t R = d.rows, H = d.hidden;
+  const std::int64_t R = d.rows;
   const auto& ops = device_.ops();
   auto& stream = device_.stream(device::StreamKind::kCompute);
   SlotSpace& slot = ws_.slots[static_cast<std::size_t>(mb.slot)];
@@ -30,7 +28,7 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     const std::size_t row_bytes = static_cast<std::size_t>(R) * 4;
     if (embeds) {
       std::memcpy(host.ids, mb.inputs, row_bytes);
-      if (sp.split()) to_local_ids(host.ids, R);
+      embedding().to_local_ids(host.ids, R);
       device_.copy_to_device(slot.ids, host.ids, row_bytes, stream);
     }
     if (heads) {
@@ -59,12 +57,10 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     const int embed = layout_.embed_group();
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
     if (n > 0) prefetch_block(ps, ch.begin);
-    // Vocabulary-parallel: each token's row from the rank that holds it, zeros elsewhere, summed
-    // (this rank's rows of the sum under sequence parallelism).
-    void* embedded = sp.seq_parallel ? ws_.partial : xs[0];
-    ops.embedding_forward(slot.ids, R, offset_ptr(p, embed_offset_, eb), H, embedded, dt);
+    const Status s =
+        embedding().forward(ops, slot.ids, R, offset_ptr(p, embed_offset_, eb), ws_.partial, xs[0]);
     ps.release(embed);
-    if (sp.split()) STRATA_RETURN_IF_ERROR(sp.sum_partial(embedded, xs[0], H, "embedding"));
+    STRATA_RETURN_IF_ERROR(s);
   }
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t l = ch.begin + i;
@@ -177,9 +173,9 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
       ops.cast(slot.embedding_grad, dt, offset_ptr(embed_grads, embed_offset_, eb), dt,
                d.vocab * H);
     }
-    STRATA_RETURN_IF_ERROR(sp.gather_rows(bwd.dh_full, H, "embedding output gradient"));
-    ops.embedding_backward(slot.ids, R, sp.seq_parallel ? bwd.dh_full : bwd.dh, H,
-                           offset_ptr(embed_grads, embed_offset_, eb), dt);
+    STRATA_RETURN_IF_ERROR(embedding().backward(ops, slot.ids, R,
+                                                sp.seq_parallel ? bwd.dh_full : bwd.dh,
+                                                offset_ptr(embed_grads, embed_offset_, eb)));
     STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
   }
   stream.synchronize();
