@@ -145,9 +145,12 @@ int cross_entropy_grad(const LaunchContext& ctx, const void* logits, const std::
 int cast(const LaunchContext& ctx, const void* src, Elem src_dtype, void* dst, Elem dst_dtype,
          std::int64_t n);
 
-// ---- dropout.cu: out[i] = x[i] * scale where the top 24 bits of splitmix64_at(key, i) are at
-// least `threshold`, else 0 (device::Ops::dropout; out may alias x).
-int dropout(const LaunchContext& ctx, const void* x, void* out, std::int64_t n,
+// ---- dropout.cu: over rows x cols elements, columns [col_begin, col_begin + cols) of a
+// [rows, full_cols] matrix: out[i] = x[i] * scale where the top 24 bits of splitmix64_at(key, j)
+// are at least `threshold` (j: the element's place in the whole matrix), else 0
+// (device::Ops::dropout; out may alias x).
+int dropout(const LaunchContext& ctx, const void* x, void* out, std::int64_t rows,
+            std::int64_t cols, std::int64_t full_cols, std::int64_t col_begin,
             std::uint32_t threshold, float scale, std::uint64_t key, Elem dtype);
 
 // ---- nf4.cu: out[n] = the NF4 weight at `packed` decoded (device::Ops::dequantize_nf4).

@@ -39,6 +39,7 @@ BlockSetup BlockSetup::make(const LlamaConfig& c, const ModelOptions& options, s
   TensorSplit& split = b.split;
   split.group = options.tensor_group;
   split.size = options.tensor_parallel.size;
+  split.rank = options.tensor_parallel.rank;
   split.dtype = dtype;
   split.elem_bytes = d.elem_bytes;
   if (split.split()) {
@@ -99,8 +100,12 @@ BlockLayers layers_of(const BlockSetup& b, const BlockWeights& w) {
   const Dims& d = b.d;
   const bool split = b.split.split();
   const auto linear = [&](LoraTarget target, std::int64_t out, std::int64_t in, const void* wt,
-                          const void* bias) {
+                          const void* bias, ParallelKind kind) {
     Linear l;
+    l.kind = kind;
+    l.tp = &b.split;
+    l.in_begin = kind == ParallelKind::kRow ? in * b.split.rank : 0;
+    l.full_in = kind == ParallelKind::kRow ? in * b.split.size : in;
     l.target = target;
     l.rows = d.rows;
     l.out = out;
@@ -115,20 +120,21 @@ BlockLayers layers_of(const BlockSetup& b, const BlockWeights& w) {
   };
   BlockLayers L;
   L.qkv.split = &b.split;
-  L.qkv.parts = {linear(LoraTarget::kQ, d.q_dim, d.hidden, w.wq, w.bq),
-                 linear(LoraTarget::kK, d.kv_dim, d.hidden, w.wk, w.bk),
-                 linear(LoraTarget::kV, d.kv_dim, d.hidden, w.wv, w.bv)};
+  constexpr ParallelKind kColumn = ParallelKind::kColumn, kRow = ParallelKind::kRow;
+  L.qkv.parts = {linear(LoraTarget::kQ, d.q_dim, d.hidden, w.wq, w.bq, kColumn),
+                 linear(LoraTarget::kK, d.kv_dim, d.hidden, w.wk, w.bk, kColumn),
+                 linear(LoraTarget::kV, d.kv_dim, d.hidden, w.wv, w.bv, kColumn)};
   if (b.split.kv_replicas > 1) {
     for (std::size_t i : {1, 2}) L.qkv.parts[i].replicas = b.split.group;
   }
   L.o.split = &b.split;
-  L.o.part = linear(LoraTarget::kO, d.hidden, d.q_dim, w.wo, split ? nullptr : w.bo);
+  L.o.part = linear(LoraTarget::kO, d.hidden, d.q_dim, w.wo, split ? nullptr : w.bo, kRow);
   L.o.bias = w.bo;
   L.mlp.gate_up.split = &b.split;
-  L.mlp.gate_up.parts = {linear(LoraTarget::kGate, d.ffn, d.hidden, w.wg, w.bg),
-                         linear(LoraTarget::kUp, d.ffn, d.hidden, w.wu, w.bu)};
+  L.mlp.gate_up.parts = {linear(LoraTarget::kGate, d.ffn, d.hidden, w.wg, w.bg, kColumn),
+                         linear(LoraTarget::kUp, d.ffn, d.hidden, w.wu, w.bu, kColumn)};
   L.mlp.down.split = &b.split;
-  L.mlp.down.part = linear(LoraTarget::kDown, d.hidden, d.ffn, w.wd, split ? nullptr : w.bd);
+  L.mlp.down.part = linear(LoraTarget::kDown, d.hidden, d.ffn, w.wd, split ? nullptr : w.bd, kRow);
   L.mlp.down.bias = w.bd;
   return L;
 }
@@ -241,7 +247,7 @@ Status block_backward(const device::Ops& ops, const BlockSetup& bs, const BlockW
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, Rl = split.local_rows;
   const BlockLayers L = layers_of(bs, w);
-  const AdapterScratch as{t.lora_dt, t.lora_dx};
+  const AdapterScratch as{t.lora_dt, t.lora_dx, t.lora_grad};
   const auto grad_of = [&](LoraTarget target) { return g.lora[static_cast<std::size_t>(target)]; };
   const auto t_at = [&](LoraTarget target) { return t_of(s.lora_t, target); };
   // Under sequence parallelism the row-parallel products' backward takes every row of dh, and

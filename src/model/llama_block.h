@@ -198,6 +198,8 @@ struct BackwardScratch {
   // input [rows, max in features].
   void* lora_dt = nullptr;
   void* lora_dx = nullptr;
+  // Split: an adapter weight's gradient [r, max in features] before its sum over the group.
+  void* lora_grad = nullptr;
   // Tensor parallelism: q/k norms' weight gradients of this rank's heads [head_dim] each, summed
   // over the group before they are added (Qwen3 only); zero when block_backward starts.
   void* dqn = nullptr;

@@ -138,6 +138,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   s.dtmp = act(Rl * H);
   s.dx = act(R * H);
   if (setup.lora.rank > 0) s.lora_dt = act(R * setup.lora.rank);
+  if (setup.lora.rank > 0 && sp.split()) s.lora_grad = act(setup.lora.rank * d.max_in());
   if (lora_dropout) s.lora_dx = act(R * d.max_in());
   const std::uint64_t union_start = align_up(c.off, kAlignBytes);
   s.dm = act(R * F);

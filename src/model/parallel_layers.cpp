@@ -66,7 +66,7 @@ const void* Linear::weight(const device::Ops& ops) const {
 // The adapter's input: x, or dropout(x) in `scratch` while training with dropout > 0.
 const void* Linear::adapter_input(const device::Ops& ops, const void* x, void* scratch) const {
   if (lora->dropout <= 0.0f) return x;
-  ops.dropout(x, scratch, rows * in, lora->dropout,
+  ops.dropout(x, scratch, dropout_block(), lora->dropout,
               lora_dropout_key(lora->key, lora->layer, target), dtype);
   return scratch;
 }
@@ -97,15 +97,23 @@ Status Linear::backward(const device::Ops& ops, const void* x, const void* t, vo
   matmul(ops, dt, false, false, R, in, out, dy, weight(ops), dx, accumulate);
   if (adapted()) {
     const std::int64_t r = lora->rank;
-    matmul(ops, dt, true, false, out, r, R, dy, t, ga.b, true, lora->scaling);
+    // Split, some of the adapter's gradients are this rank's part of a sum: B's over the group
+    // where t is partial (row-parallel), or over the kv replicas where dy is; A's over the group
+    // where dt is (column-parallel).
+    const bool row = split() && kind == ParallelKind::kRow;
+    const bool column = split() && kind == ParallelKind::kColumn;
+    STRATA_RETURN_IF_ERROR(adapter_grad(ops, true, out, r, R, dy, t, ga.b, lora->scaling,
+                                        row ? tp : nullptr, column ? replicas : nullptr, s.grad,
+                                        "lora_B gradient"));
     matmul(ops, dt, false, false, R, r, out, dy, adapter.b, s.dt, false, lora->scaling);
     const void* xin = adapter_input(ops, x, x_scratch);
-    matmul(ops, dt, true, false, r, in, R, s.dt, xin, ga.a, true);
+    STRATA_RETURN_IF_ERROR(adapter_grad(ops, true, r, in, R, s.dt, xin, ga.a, 1.0f,
+                                        column ? tp : nullptr, nullptr, s.grad, "lora_A gradient"));
     if (lora->dropout <= 0.0f) {
       matmul(ops, dt, false, false, R, in, r, s.dt, adapter.a, dx, true);
     } else {
       matmul(ops, dt, false, false, R, in, r, s.dt, adapter.a, s.dx, false);
-      ops.dropout(s.dx, s.dx, R * in, lora->dropout,
+      ops.dropout(s.dx, s.dx, dropout_block(), lora->dropout,
                   lora_dropout_key(lora->key, lora->layer, target), dt);
       ops.add(dx, s.dx, dx, R * in, dt);
     }
@@ -124,6 +132,22 @@ Status Linear::backward(const device::Ops& ops, const void* x, const void* t, vo
     STRATA_RETURN_IF_ERROR(replicas->kv_replica_sum(replica_db, out, dt, what));
     ops.add(gb, replica_db, gb, out, dt);
   }
+  return Status::ok();
+}
+
+Status Linear::adapter_grad(const device::Ops& ops, bool trans_a, std::int64_t m, std::int64_t n,
+                            std::int64_t k, const void* a, const void* b, void* grad, float alpha,
+                            const TensorSplit* group, TensorGroup* replica_group, void* scratch,
+                            std::string_view what) const {
+  if (group == nullptr && replica_group == nullptr) {
+    matmul(ops, dtype, trans_a, false, m, n, k, a, b, grad, true, alpha);
+    return Status::ok();
+  }
+  matmul(ops, dtype, trans_a, false, m, n, k, a, b, scratch, false, alpha);
+  STRATA_RETURN_IF_ERROR(group != nullptr
+                             ? group->sum(scratch, m * n, what)
+                             : replica_group->kv_replica_sum(scratch, m * n, dtype, what));
+  ops.add(grad, scratch, grad, m * n, dtype);
   return Status::ok();
 }
 

@@ -26,6 +26,7 @@ namespace strata::model::detail {
 struct TensorSplit {
   TensorGroup* group = nullptr;  // null where only sizes are asked
   int size = 1;
+  int rank = 0;
   // Ranks holding this rank's kv head whole (kv heads fewer than ranks): k's and v's weight
   // gradients are summed over them.
   std::int64_t kv_replicas = 1;
@@ -84,11 +85,19 @@ struct LoraPair {
 };
 
 // Scratch a Linear's backward shares with every other: the gradient of an adapter's t
-// [rows, r], and (dropout > 0) of its dropped-out input [rows, in].
+// [rows, r], (dropout > 0) of its dropped-out input [rows, in], and (split) an adapter weight's
+// gradient [r, max in] before its sum over the group.
 struct AdapterScratch {
   void* dt = nullptr;
   void* dx = nullptr;
+  void* grad = nullptr;
 };
+
+// How a projection is split over the tensor group, and with it its adapter (NeMo's layout):
+// kColumn, its output features (this rank's rows of B; A whole, its gradient summed over the
+// group); kRow, its input features (this rank's columns of A, t a partial product; B whole, its
+// gradient summed over the group).
+enum class ParallelKind : std::uint8_t { kNone, kColumn, kRow };
 
 // One projection over `rows` rows: y [rows, out] = x W^T (+ b), W [out, in], then its adapter's
 // scaling * dropout(x) A^T B^T (PEFT: base_layer(x) + lora_B(lora_A(dropout(x))) * scaling),
@@ -103,8 +112,14 @@ struct Linear {
   const BaseFormat* base = nullptr;
   DType dtype = DType::kF32;
   // Its weight and bias gradients are summed over the kv replicas (k and v, kv_replicas > 1),
-  // in `replica_dw` [out, in] and `replica_db` [out] (zero on entry) before they are added.
+  // in `replica_dw` [out, in] and `replica_db` [out] (zero on entry) before they are added; so
+  // is its adapter's B gradient.
   TensorGroup* replicas = nullptr;
+  // Split over `tp` as `kind` says; kRow: this rank's input features are [in_begin, in_begin +
+  // in) of full_in (the adapter's dropout takes the whole input's mask at them).
+  ParallelKind kind = ParallelKind::kNone;
+  const TensorSplit* tp = nullptr;
+  std::int64_t in_begin = 0, full_in = 0;
 
   bool adapted() const { return adapter.a != nullptr; }
   // y = x W^T (+ b) (+ the adapter's product, its t into `t`); `scratch` [rows, in] holds the
@@ -122,6 +137,19 @@ struct Linear {
 
  private:
   const void* weight(const device::Ops& ops) const;  // the base, decoded where NF4
+  bool split() const { return tp != nullptr && tp->split(); }
+  // The elements the adapter's dropout covers: the input, or a row-parallel rank's columns of
+  // the whole input.
+  device::DropoutBlock dropout_block() const {
+    return kind == ParallelKind::kRow && split() ? device::DropoutBlock{rows, in, full_in, in_begin}
+                                                 : device::DropoutBlock::flat(rows * in);
+  }
+  // The adapter's gradient `grad` [m, n] += alpha op(a) op(b), summed first over `sum` (the
+  // group, or the kv replicas) when given, through scratch.
+  Status adapter_grad(const device::Ops& ops, bool trans_a, std::int64_t m, std::int64_t n,
+                      std::int64_t k, const void* a, const void* b, void* grad, float alpha,
+                      const TensorSplit* group, TensorGroup* replica_group, void* scratch,
+                      std::string_view what) const;
   const void* adapter_input(const device::Ops& ops, const void* x, void* scratch) const;
 };
 

@@ -109,7 +109,6 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora,
                                bool nf4_base, TensorParallel tp, const PipelineStage& stage) {
   STRATA_CHECK(!nf4_base || lora.has_value(), "an NF4 base needs adapters (QLoRA)");
-  STRATA_CHECK(tp.size == 1 || !lora.has_value(), "adapters with tensor parallelism", tp.size);
   STRATA_CHECK(tp.rank >= 0 && tp.rank < tp.size && tensor_parallel_problems(c, tp.size).empty(),
                "a tensor-parallel split the config does not allow", tp.size, tp.rank);
   // Column-parallel (rows) and row-parallel (columns) slices of this rank; k and v split by kv
@@ -201,14 +200,22 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       ParamGroup g;
       g.name = "layers." + std::to_string(l) + ".lora";
       const std::string p = "model.layers." + std::to_string(l) + ".";
+      // Split as NeMo splits them: over a column-parallel base B splits by rows as the base
+      // does and A is whole; over a row-parallel one (o, down) A splits by columns and B is
+      // whole.
       for (int t = 0; t < kNumLoraTargets; ++t) {
         const auto target = static_cast<LoraTarget>(t);
         if (!lora->has(target)) continue;
         const std::string m = p + std::string(lora_module_path(target));
+        const bool row_parallel = target == LoraTarget::kO || target == LoraTarget::kDown;
+        const bool kv = target == LoraTarget::kK || target == LoraTarget::kV;
         add_tensor(g, m + ".lora_A.weight", {lora->r, lora_in_features(c, target)},
-                   TensorInit::kUniformFanIn);
+                   TensorInit::kUniformFanIn, row_parallel ? cols : TensorSlice{});
         add_tensor(g, m + ".lora_B.weight", {lora_out_features(c, target), lora->r},
-                   TensorInit::kZeros);
+                   TensorInit::kZeros,
+                   row_parallel ? TensorSlice{}
+                   : kv         ? kv_rows
+                                : rows);
       }
       for (auto& t : moved[static_cast<std::size_t>(l)]) {
         add_tensor(g, std::move(t.name), std::move(t.shape), t.init);
@@ -225,9 +232,12 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
   }
 
   for (auto& g : layout.groups_) {
-    std::int64_t draws = 0;  // each kNormal tensor's place in the group's stream, in this order
+    // Each random tensor's place in its group's stream (normals, or LoRA's uniforms), in this
+    // order: a slice draws the whole tensor's numbers wherever the tensors end up.
+    std::int64_t normals = 0, uniforms = 0;
     for (auto& t : g.tensors) {
-      if (t.init != TensorInit::kNormal) continue;
+      std::int64_t& draws = t.init == TensorInit::kNormal ? normals : uniforms;
+      if (t.init != TensorInit::kNormal && t.init != TensorInit::kUniformFanIn) continue;
       t.draw_first = draws;
       draws += t.full_elems();
     }
@@ -352,16 +362,25 @@ void init_group_range(const LlamaConfig& config, const ParamGroup& group, std::u
     }
     uniform = uniform || t.init == TensorInit::kUniformFanIn;
   }
-  if (uniform) {  // LoRA's A: small tensors, drawn in order from their own stream
-    Rng rng(start.state[0] ^ 0x5bd1e995u);
+  if (uniform) {  // LoRA's A: small tensors, one draw each from their own stream
+    const Rng stream(start.state[0] ^ 0x5bd1e995u);
+    std::int64_t drawn = 0;  // uniforms before the tensor at hand
     for (const auto& t : group.tensors) {
       if (t.init != TensorInit::kUniformFanIn) continue;
-      const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape.at(1)));
-      for (std::int64_t i = 0; i < t.num_elems; ++i) {
-        const auto v = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
-        const std::int64_t e = t.offset_elems + i;
-        if (e >= begin && e < end) out[e - begin] = v;
-      }
+      const std::int64_t at = t.draw_first >= 0 ? t.draw_first : drawn;
+      drawn = at + t.full_elems();
+      // The whole tensor's fan-in, and its numbers at a slice's elements' places in it.
+      const double bound = 1.0 / std::sqrt(static_cast<double>(t.full_shape().at(1)));
+      const std::int64_t a = std::clamp(begin - t.offset_elems, std::int64_t{0}, t.num_elems);
+      const std::int64_t b = std::clamp(end - t.offset_elems, std::int64_t{0}, t.num_elems);
+      t.for_each_run(a, b - a, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+        Rng rng = stream;
+        rng.discard(static_cast<std::uint64_t>(at + full_first));
+        float* p = out + (t.offset_elems + first - begin);
+        for (std::int64_t i = 0; i < n; ++i) {
+          p[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+        }
+      });
     }
   }
   // Tensors listed out of their draw order (tensor parallelism's duplicates last) give pieces

@@ -108,6 +108,19 @@ struct AdamWArgs {
   const float* exp_avg_sq_scale_in = nullptr;
 };
 
+// The elements a dropout covers: `rows` rows of `cols`, columns [col_begin, col_begin + cols) of
+// a [rows, full_cols] matrix whose mask they take (a row-parallel layer's slice of its input:
+// every rank draws the whole matrix's mask at its own columns). flat(n): n elements, the whole.
+struct DropoutBlock {
+  std::int64_t rows = 0, cols = 0, full_cols = 0, col_begin = 0;
+  static DropoutBlock flat(std::int64_t n) { return {1, n, n, 0}; }
+  std::int64_t size() const { return rows * cols; }
+  // Element i's place in the whole matrix: the mask's counter.
+  std::uint64_t index(std::int64_t i) const {
+    return static_cast<std::uint64_t>((i / cols) * full_cols + col_begin + i % cols);
+  }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -196,11 +209,11 @@ class Ops {
   virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                     std::int64_t n) const = 0;
 
-  // Inverted dropout over n elements: out[i] = x[i] * (1 / (1 - p)) where dropout_keeps(key, i,
-  // dropout_threshold(p)), else 0 (out may alias x). Applied to a gradient with the same key, it
-  // is the backward of the same mask.
-  virtual void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
-                       DType dtype) const = 0;
+  // Inverted dropout over block.size() elements: out[i] = x[i] * (1 / (1 - p)) where
+  // dropout_keeps(key, block.index(i), dropout_threshold(p)), else 0 (out may alias x). Applied to
+  // a gradient with the same key, it is the backward of the same mask.
+  virtual void dropout(const void* x, void* out, const DropoutBlock& block, float p,
+                       std::uint64_t key, DType dtype) const = 0;
 
   // A weight of n elements packed as NF4 (strata/device/nf4.h: nf4_bytes(n) bytes at `packed`),
   // decoded into out [n] of `dtype`: each element its level times its block's maximum (one f32

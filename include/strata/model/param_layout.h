@@ -53,8 +53,9 @@ struct TensorSpec {
   TensorInit init = TensorInit::kNormal;
   TensorFormat format = TensorFormat::kCompute;
   TensorSlice slice{};
-  // kNormal: where its numbers start in its group's stream (init_group), the whole tensor's
-  // place there; -1: right after the kNormal tensors before it in the group.
+  // kNormal and kUniformFanIn: where its numbers start in its group's stream of that kind
+  // (init_group), the whole tensor's place there; -1: right after the tensors of its kind
+  // before it in the group.
   std::int64_t draw_first = -1;
 
   // The whole tensor's shape and element count (as in a Hugging Face checkpoint).
@@ -144,8 +145,9 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // 2L+2 = "head.norm", when it trains and lm_head does not, or the other way round. Only norms
 // move (they start at one, drawing nothing), so a base from a seed stays the same.
 //
-// With `tp` (no adapters yet), each tensor is this rank's slice (TensorSpec::slice); the group ids
-// do not change, and each group lists the tensors whose gradient this rank counts in the norm
+// With `tp`, each tensor is this rank's slice (TensorSpec::slice; adapters split as NeMo's: B by
+// rows over a column-parallel base, A by columns over a row-parallel one, the other whole); the
+// group ids do not change, and each group lists the tensors whose gradient this rank counts in the norm
 // first, then its duplicates (ParamGroup::duplicate_begin). Seeded values do not depend on the
 // order (TensorSpec::draw_first).
 //

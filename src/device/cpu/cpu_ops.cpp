@@ -395,18 +395,25 @@ class CpuOps final : public Ops {
     cpu::parallel_convert(ctx_, src, src_dtype, dst, dst_dtype, n);
   }
 
-  void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
+  void dropout(const void* x, void* out, const DropoutBlock& block, float p, std::uint64_t key,
                DType dtype) const override {
     const std::uint32_t threshold = dropout_threshold(p);
     const float scale = 1.0f / (1.0f - p);
+    const std::int64_t cols = block.cols;
     dispatch_float(dtype, [&](auto tag) {
       using T = decltype(tag);
       const T* xs = static_cast<const T*>(x);
       T* os = static_cast<T*>(out);
-      ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          const bool keep = dropout_keeps(key, static_cast<std::uint64_t>(i), threshold);
-          os[i] = from_f32<T>(keep ? to_f32(xs[i]) * scale : 0.0f);
+      ctx_.parallel_for(block.size(), kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+        // Row by row: each row's counters run on from its first column's place in the whole.
+        for (std::int64_t i = i0; i < i1;) {
+          const std::int64_t end = std::min(i1, (i / cols + 1) * cols);
+          const std::uint64_t at = block.index(i);
+          for (std::int64_t k = 0; k < end - i; ++k) {
+            const bool keep = dropout_keeps(key, at + static_cast<std::uint64_t>(k), threshold);
+            os[i + k] = from_f32<T>(keep ? to_f32(xs[i + k]) * scale : 0.0f);
+          }
+          i = end;
         }
       });
     });

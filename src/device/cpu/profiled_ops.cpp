@@ -163,10 +163,10 @@ class ProfiledOps final : public Ops {
     Timed t("cast", 0, static_cast<double>(n) * (sz(src_dtype) + sz(dst_dtype)));
     inner_->cast(src, src_dtype, dst, dst_dtype, n);
   }
-  void dropout(const void* x, void* out, std::int64_t n, float p, std::uint64_t key,
+  void dropout(const void* x, void* out, const DropoutBlock& block, float p, std::uint64_t key,
                DType dtype) const override {
-    Timed t("dropout", 0, 2.0 * static_cast<double>(n) * sz(dtype));
-    inner_->dropout(x, out, n, p, key, dtype);
+    Timed t("dropout", 0, 2.0 * static_cast<double>(block.size()) * sz(dtype));
+    inner_->dropout(x, out, block, p, key, dtype);
   }
   void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const override {
     Timed t("dequantize_nf4", 0, static_cast<double>(n) * (0.52 + sz(dtype)));

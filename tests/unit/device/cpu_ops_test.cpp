@@ -644,7 +644,7 @@ TEST(CpuOpsTest, DropoutKeepsTheDocumentedMask) {
     HostTensor x(dt, n), out(dt, n);
     x.fill_uniform(rng, 0.5, 1.5);  // never 0, so a zero output means dropped
     out.poison();
-    dev->ops().dropout(x.data(), out.data(), n, p, key, dt);
+    dev->ops().dropout(x.data(), out.data(), DropoutBlock::flat(n), p, key, dt);
     const auto xv = x.values(), ov = out.values();
     const std::uint32_t threshold = dropout_threshold(p);
     EXPECT_EQ(threshold, 4194304u);  // 0.25 * 2^24
@@ -659,8 +659,45 @@ TEST(CpuOpsTest, DropoutKeepsTheDocumentedMask) {
     }
     // Binomial(n, p): within 6 standard deviations.
     EXPECT_NEAR(static_cast<double>(dropped), p * n, 6 * std::sqrt(n * p * (1 - p)));
-    dev->ops().dropout(x.data(), x.data(), n, p, key, dt);  // in place
+    dev->ops().dropout(x.data(), x.data(), DropoutBlock::flat(n), p, key, dt);  // in place
     EXPECT_TRUE(x.bitwise_equal(out));
+  }
+}
+
+// A block of a matrix's columns (a row-parallel layer's slice of its input) takes the whole
+// matrix's mask at its columns: every rank's slice together is the whole's dropout.
+TEST(CpuOpsTest, DropoutOfAColumnBlockIsTheWholeMatricesAtItsColumns) {
+  auto dev = make_device();
+  const std::int64_t rows = 37, full = 96;
+  const float p = 0.3f;
+  const std::uint64_t key = 0xfeedfacecafebeefull;
+  for (DType dt : kDtypes) {
+    Rng rng(13);
+    HostTensor x(dt, rows * full), whole(dt, rows * full);
+    x.fill_uniform(rng, 0.5, 1.5);
+    dev->ops().dropout(x.data(), whole.data(), DropoutBlock::flat(rows * full), p, key, dt);
+    const auto xv = x.values(), wv = whole.values();
+    for (const std::int64_t parts : {2, 3, 4}) {
+      const std::int64_t cols = full / parts;
+      for (std::int64_t part = 0; part < parts; ++part) {
+        HostTensor slice(dt, rows * cols), out(dt, rows * cols);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t c = 0; c < cols; ++c) {
+            slice.set(r * cols + c, static_cast<float>(xv[r * full + part * cols + c]));
+          }
+        }
+        out.poison();
+        dev->ops().dropout(slice.data(), out.data(), DropoutBlock{rows, cols, full, part * cols}, p,
+                           key, dt);
+        const auto ov = out.values();
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t c = 0; c < cols; ++c) {
+            ASSERT_EQ(ov[r * cols + c], wv[r * full + part * cols + c])
+                << "row " << r << ", column " << part * cols + c << " of " << parts << " parts";
+          }
+        }
+      }
+    }
   }
 }
 

@@ -374,12 +374,20 @@ TEST_F(CudaOpsTest, DropoutMatchesTheCpuMaskIncludingInPlace) {
     Rng rng(12);
     HostTensor x(dt, n), want(dt, n);
     x.fill_uniform(rng, -1, 1);
-    cpu_ops().dropout(x.data(), want.data(), n, 0.1f, 987654321ull, dt);
+    cpu_ops().dropout(x.data(), want.data(), DropoutBlock::flat(n), 0.1f, 987654321ull, dt);
     GpuTensor gx(*gpu_, x), gout(*gpu_, dt, n);
     gout.poison();
-    gpu_ops().dropout(gx.data(), gout.data(), n, 0.1f, 987654321ull, dt);
+    gpu_ops().dropout(gx.data(), gout.data(), DropoutBlock::flat(n), 0.1f, 987654321ull, dt);
     EXPECT_TRUE(gout.download().bitwise_equal(want));
-    gpu_ops().dropout(gx.data(), gx.data(), n, 0.1f, 987654321ull, dt);
+    // A block of columns of a [rows, 3 cols] matrix: the CPU's mask at those columns.
+    const DropoutBlock block{233, 100, 300, 100};
+    HostTensor want_block(dt, block.size());
+    cpu_ops().dropout(x.data(), want_block.data(), block, 0.1f, 987654321ull, dt);
+    gout.poison();
+    gpu_ops().dropout(gx.data(), gout.data(), block, 0.1f, 987654321ull, dt);
+    const auto got_block = gout.download().values(), want_values = want_block.values();
+    for (std::int64_t i = 0; i < block.size(); ++i) ASSERT_EQ(got_block[i], want_values[i]) << i;
+    gpu_ops().dropout(gx.data(), gx.data(), DropoutBlock::flat(n), 0.1f, 987654321ull, dt);
     EXPECT_TRUE(gx.download().bitwise_equal(want));
   }
 }
