@@ -124,10 +124,10 @@ Status PeftAdapterReader::validate(const ParamLayout& layout) const {
       const SafetensorsEntry* e = weights_.find(name);
       if (e == nullptr) {
         problems.push_back("missing " + name);
-      } else if (e->shape != t.shape) {
+      } else if (e->shape != t.full_shape()) {
         std::string got, want;
         for (auto d : e->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-        for (auto d : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+        for (auto d : t.full_shape()) want += (want.empty() ? "" : ", ") + std::to_string(d);
         problems.push_back(name + " has shape [" + got + "], expected [" + want + "]");
       }
     }
@@ -155,8 +155,18 @@ GroupSource PeftAdapterReader::over(GroupSource base) const {
 Status PeftAdapterReader::read_group(const ParamGroup& group, float* dst) const {
   std::fill(dst, dst + group.num_elems, 0.0f);
   for (const auto& t : group.tensors) {
-    STRATA_RETURN_IF_ERROR(
-        weights_.read(peft_tensor_name(t.name), t.shape, dst + t.offset_elems, DType::kF32));
+    // A tensor-parallel slice reads its rows, or each row's columns, from the whole tensor.
+    const std::string name = peft_tensor_name(t.name);
+    const std::vector<std::int64_t> full = t.full_shape();
+    Status s;
+    t.for_each_run(0, t.num_elems,
+                   [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+                     if (s.is_ok()) {
+                       s = weights_.read_range(name, full, full_first, n,
+                                               dst + t.offset_elems + first, DType::kF32);
+                     }
+                   });
+    STRATA_RETURN_IF_ERROR(s);
   }
   return Status::ok();
 }

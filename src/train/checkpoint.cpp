@@ -113,12 +113,14 @@ const model::TensorSpec* tensor_named(const model::ParamGroup& group, const std:
   return nullptr;
 }
 
-// Each tensor-parallel rank's layout (one layout when the run does not split), for putting the
-// slices of a group together into its whole tensors.
-std::vector<model::ParamLayout> rank_layouts(const model::LlamaConfig& config, int tensor_size) {
+// Each tensor-parallel rank's layout (one layout when the run does not split), adapters
+// included, for putting the slices of a group together into its whole tensors.
+std::vector<model::ParamLayout> rank_layouts(const model::LlamaConfig& config,
+                                             const std::optional<model::LoraConfig>& lora,
+                                             int tensor_size) {
   std::vector<model::ParamLayout> layouts;
   for (int t = 0; t < tensor_size; ++t) {
-    layouts.push_back(model::ParamLayout::build(config, std::nullopt, false, {tensor_size, t}));
+    layouts.push_back(model::ParamLayout::build(config, lora, false, {tensor_size, t}));
   }
   return layouts;
 }
@@ -131,11 +133,12 @@ std::vector<model::ParamLayout> rank_layouts(const model::LlamaConfig& config, i
 // over the pipeline ranks: O(stages x group) there). O(group) memory elsewhere.
 class GroupGatherer {
  public:
-  GroupGatherer(const model::LlamaConfig& config, const model::ParamLayout& layout,
-                const model::ParamLayout& whole, zero::ZeroProvider& provider,
-                dist::ProcessGrid& grid, const zero::StateSnapshot& from)
+  GroupGatherer(const model::LlamaConfig& config, const std::optional<model::LoraConfig>& lora,
+                const model::ParamLayout& layout, const model::ParamLayout& whole,
+                zero::ZeroProvider& provider, dist::ProcessGrid& grid,
+                const zero::StateSnapshot& from)
       : layout_(layout), whole_(whole), provider_(provider), grid_(grid), from_(from) {
-    if (grid.shape().tensor > 1) slices_ = rank_layouts(config, grid.shape().tensor);
+    if (grid.shape().tensor > 1) slices_ = rank_layouts(config, lora, grid.shape().tensor);
   }
 
   bool split() const { return !slices_.empty(); }
@@ -261,7 +264,7 @@ Status write_consolidated_model(const std::string& dir, const model::LlamaConfig
                                 const model::ParamLayout& layout, const model::ParamLayout& whole,
                                 zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                 const zero::StateSnapshot& from) {
-  GroupGatherer gatherer(config, layout, whole, provider, grid, from);
+  GroupGatherer gatherer(config, std::nullopt, layout, whole, provider, grid, from);
   return write_gathered(group_ids(whole, [](const model::ParamGroup&) { return true; }), gatherer,
                         grid, [&](const model::GroupSource& source) {
                           return model::write_hf_checkpoint(dir, config, gatherer.whole(),
@@ -277,7 +280,7 @@ Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
                       zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                       const zero::StateSnapshot& from) {
   // Every trainable group: the adapters and the modules saved whole beside them.
-  GroupGatherer gatherer(config, layout, whole, provider, grid, from);
+  GroupGatherer gatherer(config, lora, layout, whole, provider, grid, from);
   return write_gathered(group_ids(whole, [](const model::ParamGroup& g) { return !g.frozen; }),
                         gatherer, grid, [&](const model::GroupSource& source) {
                           return model::write_peft_adapter(dir, lora, whole, base_model, source);
@@ -347,7 +350,6 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                     const TrainerState& state, bool held_state) {
   STRATA_CHECK(layout.has_adapters() == lora.has_value(), "adapters without their config");
   const zero::StateSnapshot from{held_state, &grid.data()};
-  STRATA_CHECK(!lora || grid.shape().tensor == 1, "adapters with tensor parallelism");
   dist::Communicator& comm = grid.world();
   const bool root = comm.rank() == 0;
   const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
@@ -612,6 +614,7 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
                        model::TensorParallel tp, zero::ZeroProvider& provider,
                        const model::GroupSource& base, zero::WorkingCopyCache* base_cache,
                        const model::GroupRangeSource& base_pieces) {
+  std::optional<model::LoraConfig> lora;  // the saved adapters' (the run's: validated)
   if (layout.has_adapters()) {
     if (!fs::exists(fs::path(checkpoint) / model::kAdapterConfigFile)) {
       return failed_precondition("checkpoint " + checkpoint +
@@ -620,6 +623,7 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
     }
     STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(checkpoint));
     STRATA_RETURN_IF_ERROR(adapter.validate(whole));
+    lora = adapter.config();
     STRATA_RETURN_IF_ERROR(provider.load_master(
         [&](const model::ParamGroup& g, float* dst) {
           return g.frozen ? base(g, dst) : adapter.read_group(g, dst);
@@ -646,17 +650,13 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
   STRATA_ASSIGN_OR_RETURN(const SavedGrid saved, saved_grid(st, config, state_file));
   const int saved_tp = saved.shape.tensor;
   const model::PipelineStage& saved_stage = saved.stage;
-  if (saved_tp > 1 && layout.has_adapters()) {
-    return data_loss(state_file + ": tensor_parallel_size " + std::to_string(saved_tp) +
-                     " with adapters; a LoRA run does not split its layers");
-  }
   const dist::GridShape& saved_grid = saved.shape;
   // Each saved tensor-parallel rank's layout of every group (its stage's groups in its file).
   std::vector<model::ParamLayout> saved_layouts;
   if (saved_tp == 1 && tp.size == 1) {
     saved_layouts.push_back(whole);  // the same layout (adapters included)
   } else {
-    saved_layouts = rank_layouts(config, saved_tp);
+    saved_layouts = rank_layouts(config, lora, saved_tp);
   }
   std::vector<model::SafetensorsReader> shards;
   for (int r = 0; r < st.world_size; ++r) {

@@ -530,8 +530,8 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       if (const auto p = model::tensor_parallel_problems(config.model, tensor);
           tensor > 1 && !p.empty()) {
         g.refused = p.front();
-      } else if (tensor > 1 && config.lora()) {
-        g.refused = "LoRA does not split over tensor-parallel ranks yet";
+      } else if (tensor > 1 && config.nf4_base()) {
+        g.refused = "QLoRA's NF4 base does not split over tensor-parallel ranks yet";
       } else if (tensor > 1 && config.sequence_parallel &&
                  (config.micro_batch_size * config.seq_len) % tensor != 0) {
         g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";

@@ -126,7 +126,7 @@ Status Trainer::Impl::setup() {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(config.finetune.adapter));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
     STRATA_RETURN_IF_ERROR(config.finetune.check_adapter(adapter->config()));
-    STRATA_RETURN_IF_ERROR(adapter->validate(config.param_layout()));
+    STRATA_RETURN_IF_ERROR(adapter->validate(config.whole_layout()));
   }
 
   STRATA_ASSIGN_OR_RETURN(device, device::create_device(config.device_options()));

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/build_config.h"
@@ -178,6 +179,65 @@ TEST(ZeroTensorParallel, CheckpointsResumeOnAnotherGrid) {
   }
 }
 
+// LoRA over split layers (NeMo's layout: B split over a column-parallel base, A over a
+// row-parallel one), dropout included: 2 ranks (with and without sequence parallelism) and 4
+// (each kv head on two) train the losses and adapters of one rank; the split run's PEFT
+// checkpoint holds whole tensors, and a checkpoint resumes on the other grid (split from whole,
+// whole from split) to the one-rank run's next step.
+TEST(ZeroTensorParallel, LoraOverSplitLayersTrainsTheAdaptersOfOneRank) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const auto configured = [&](const std::string& name, int tensor, int steps) {
+    Json k = config(dir, name);
+    k["finetune"] = {{"method", "lora"},
+                     {"r", 4},
+                     {"alpha", 8},
+                     {"dropout", 0.1},
+                     {"target_modules", "all-linear"}};
+    k["offload_optimizer"] = "cpu";
+    k["tensor_parallel_size"] = tensor;
+    k["max_steps"] = steps;
+    k["save_every"] = 3;
+    return k;
+  };
+  const auto adapters = [&](const std::string& name, int step) {
+    return tensors(dir.file(name + "/ckpt/step-0000000" + std::to_string(step) +
+                            "/adapter_model.safetensors"));
+  };
+  ASSERT_EQ(run_train(dir, configured("l1", 1, 4), "l1", 1), 0)
+      << std::ifstream(dir.file("l1/err.txt")).rdbuf();
+  const auto ref_loss = losses(dir.file("l1/metrics.jsonl"));
+  ASSERT_EQ(ref_loss.size(), 4u);
+  const double lr = configured("l1", 1, 4)["optimizer"]["lr"].get<double>();
+  struct Run {
+    int np, tensor;
+    bool sequence_parallel;
+  };
+  for (const Run& r : {Run{2, 2, false}, Run{2, 2, true}, Run{4, 4, false}}) {
+    const std::string name = "l" + std::to_string(r.np) + (r.sequence_parallel ? "sp" : "");
+    SCOPED_TRACE(name);
+    Json k = configured(name, r.tensor, 3);
+    k["sequence_parallel"] = r.sequence_parallel;
+    ASSERT_EQ(run_train(dir, k, name, r.np), 0)
+        << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    expect_close(losses(dir.file(name + "/metrics.jsonl")),
+                 std::vector<double>(ref_loss.begin(), ref_loss.begin() + 3), 1e-5);
+    expect_weights_close(adapters(name, 3), adapters("l1", 3), lr, 3);
+  }
+  // Resumed on the other grid for the fourth step.
+  for (const auto& [from, np, tensor] : {std::tuple{"l2", 1, 1}, std::tuple{"l1", 2, 2}}) {
+    const std::string name = std::string("resume-") + from + "-on-" + std::to_string(np);
+    SCOPED_TRACE(name);
+    const std::string ckpt = dir.file(std::string(from) + "/ckpt/step-00000003");
+    ASSERT_EQ(run_train(dir, configured(name, tensor, 4), name, np, "--resume " + ckpt), 0)
+        << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    const auto resumed = losses(dir.file(name + "/metrics.jsonl"));
+    ASSERT_FALSE(resumed.empty());
+    EXPECT_NEAR(resumed.back(), ref_loss[3], 1e-5 * ref_loss[3]);
+    expect_weights_close(adapters(name, 4), adapters("l1", 4), lr, 4);
+  }
+}
+
 // A split the model, the method or the rank count cannot take is refused, naming the value.
 TEST(ZeroTensorParallel, ASplitThatCannotBeIsRefusedNamingTheValue) {
   TempDir dir;
@@ -192,9 +252,12 @@ TEST(ZeroTensorParallel, ASplitThatCannotBeIsRefusedNamingTheValue) {
                 .find("tensor_parallel_size 3 must divide num_attention_heads (4)"),
             std::string::npos);
   EXPECT_NE(
-      message({{"tensor_parallel_size", 2}, {"save_dir", ""}, {"finetune", {{"method", "lora"}}}})
-          .find("LoRA and QLoRA do not split"),
+      message({{"tensor_parallel_size", 2}, {"save_dir", ""}, {"finetune", {{"method", "qlora"}}}})
+          .find("QLoRA's NF4 base does not split"),
       std::string::npos);
+  EXPECT_EQ(
+      message({{"tensor_parallel_size", 2}, {"save_dir", ""}, {"finetune", {{"method", "lora"}}}}),
+      "");
   EXPECT_NE(message({{"tensor_parallel_size", 0}}).find("tensor_parallel_size"), std::string::npos);
   EXPECT_NE(message({{"sequence_parallel", true}}).find("needs tensor_parallel_size above 1"),
             std::string::npos);
