@@ -38,14 +38,7 @@ struct LoraGolden {
 
 bool load(const std::string& name, LoraGolden* out) {
   const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/lora/" + name + ".json";
-  auto golden = read_json_file(path);
-  EXPECT_TRUE(golden.is_ok()) << golden.status().to_string();
-  if (!golden.is_ok()) return false;
-  out->g = std::move(golden).value();
-  auto config = LlamaConfig::from_json(out->g.at("config"), path);
-  EXPECT_TRUE(config.is_ok()) << config.status().to_string();
-  if (!config.is_ok()) return false;
-  out->config = *config;
+  if (!testing::read_golden(path, &out->g, &out->config)) return false;
   auto lora = lora_config_from_peft(out->g.at("lora"), "golden lora");
   EXPECT_TRUE(lora.is_ok()) << lora.status().to_string();
   if (!lora.is_ok()) return false;

@@ -34,17 +34,24 @@ struct TensorParallelGolden {
   double want_loss = 0, loss_bound = 0;
 };
 
-// Reads tests/data/families/<name>.json; a failure is a gtest failure and `false`.
-inline bool load_tensor_parallel_golden(const std::string& name, TensorParallelGolden* out) {
-  const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/families/" + name + ".json";
+// Reads golden file `path` (its JSON and its model config); a failure is a gtest failure and
+// `false`.
+inline bool read_golden(const std::string& path, Json* g, LlamaConfig* config) {
   auto golden = read_json_file(path);
   EXPECT_TRUE(golden.is_ok()) << golden.status().to_string();
   if (!golden.is_ok()) return false;
-  out->g = std::move(golden).value();
-  auto config = LlamaConfig::from_json(out->g.at("config"), path);
-  EXPECT_TRUE(config.is_ok()) << config.status().to_string();
-  if (!config.is_ok()) return false;
-  out->config = *config;
+  *g = std::move(golden).value();
+  auto c = LlamaConfig::from_json(g->at("config"), path);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  if (!c.is_ok()) return false;
+  *config = *c;
+  return true;
+}
+
+// Reads tests/data/families/<name>.json; a failure is a gtest failure and `false`.
+inline bool load_tensor_parallel_golden(const std::string& name, TensorParallelGolden* out) {
+  const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/families/" + name + ".json";
+  if (!read_golden(path, &out->g, &out->config)) return false;
   out->batch = batch_of(out->g);
   out->want_loss = out->g.at("loss");
   out->loss_bound = kTensorParallelF32Factor * out->g.at("f32_loss_error").get<double>() +

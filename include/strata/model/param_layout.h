@@ -147,8 +147,8 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 //
 // With `tp`, each tensor is this rank's slice (TensorSpec::slice; adapters split as NeMo's: B by
 // rows over a column-parallel base, A by columns over a row-parallel one, the other whole); the
-// group ids do not change, and each group lists the tensors whose gradient this rank counts in the norm
-// first, then its duplicates (ParamGroup::duplicate_begin). Seeded values do not depend on the
+// group ids do not change, and each group lists the tensors whose gradient this rank counts in the
+// norm first, then its duplicates (ParamGroup::duplicate_begin). Seeded values do not depend on the
 // order (TensorSpec::draw_first).
 //
 // With a pipeline `stage` that splits the model, every group keeps its id and name but the groups
