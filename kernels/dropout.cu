@@ -12,7 +12,9 @@ __global__ void dropout_kernel(const T* x, T* out, std::int64_t n, std::int64_t 
                                std::uint32_t threshold, float scale, std::uint64_t key) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const auto at = static_cast<std::uint64_t>((i / cols) * full_cols + col_begin + i % cols);
+    // The whole matrix (every caller but a row-parallel slice): no division.
+    const auto at = static_cast<std::uint64_t>(
+        cols == full_cols ? i : (i / cols) * full_cols + col_begin + i % cols);
     const auto bits = static_cast<std::uint32_t>(splitmix64_at(key, at) >> 40);
     out[i] = from_float<T>(bits >= threshold ? to_float(x[i]) * scale : 0.0f);
   }

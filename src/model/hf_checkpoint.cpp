@@ -149,6 +149,16 @@ Status HfCheckpointReader::validate(const ParamLayout& layout) const {
   return invalid_argument(msg);
 }
 
+Status read_slice(const SafetensorsReader& file, const std::string& name, const TensorSpec& t,
+                  std::int64_t a, std::int64_t count, float* dst) {
+  const std::vector<std::int64_t> full = t.full_shape();
+  Status s;
+  t.for_each_run(a, count, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
+    if (s.is_ok()) s = file.read_range(name, full, full_first, n, dst + (first - a), DType::kF32);
+  });
+  return s;
+}
+
 Status HfCheckpointReader::read_group(const ParamGroup& group, float* dst) const {
   return read_group_range(group, 0, group.num_elems, dst);
 }
@@ -166,16 +176,8 @@ Status HfCheckpointReader::read_group_range(const ParamGroup& group, std::int64_
       return not_found("checkpoint " + dir_ + " has no tensor '" + t.name + "' (group " +
                        group.name + ")");
     }
-    // A tensor-parallel slice reads its rows, or each row's columns, from the whole tensor.
-    const std::vector<std::int64_t> full = t.full_shape();
-    Status s;
-    t.for_each_run(a, b - a, [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
-      if (s.is_ok()) {
-        s = files_[it->second]->read_range(t.name, full, full_first, n,
-                                           dst + (t.offset_elems + first - begin), DType::kF32);
-      }
-    });
-    STRATA_RETURN_IF_ERROR(s);
+    STRATA_RETURN_IF_ERROR(
+        read_slice(*files_[it->second], t.name, t, a, b - a, dst + (t.offset_elems + a - begin)));
   }
   return Status::ok();
 }

@@ -56,12 +56,6 @@ struct BlockSetup {
                          std::int64_t seq);
 };
 
-// Pointer `elems` elements of `elem_bytes` past `base`.
-inline void* offset_ptr(const void* base, std::int64_t elems, std::size_t elem_bytes) {
-  return const_cast<std::byte*>(static_cast<const std::byte*>(base)) +
-         static_cast<std::size_t>(elems) * elem_bytes;
-}
-
 // Element offsets of one block's tensors inside a group (same for parameters and gradients);
 // -1 for a tensor the family does not have (biases, q/k norms) or that lives in another group.
 struct BlockOffsets {
@@ -198,7 +192,7 @@ struct BackwardScratch {
   // input [rows, max in features].
   void* lora_dt = nullptr;
   void* lora_dx = nullptr;
-  // Split: an adapter weight's gradient [r, max in features] before its sum over the group.
+  // Split: an adapter weight's gradient before its sum (AdapterScratch::grad), [r, max in].
   void* lora_grad = nullptr;
   // Tensor parallelism: q/k norms' weight gradients of this rank's heads [head_dim] each, summed
   // over the group before they are added (Qwen3 only); zero when block_backward starts.

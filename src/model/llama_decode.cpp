@@ -66,6 +66,7 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
   Dims& d = setup.d;
   d.rows = n;
   d.seq = n;
+  setup.split.rows = setup.split.local_rows = n;
   const DType dt = d.dtype;
   const std::size_t eb = d.elem_bytes;
   const std::int64_t H = d.hidden, V = d.vocab, L = config_.num_hidden_layers;

@@ -57,10 +57,10 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     const int embed = layout_.embed_group();
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
     if (n > 0) prefetch_block(ps, ch.begin);
-    const Status s =
-        embedding().forward(ops, slot.ids, R, offset_ptr(p, embed_offset_, eb), ws_.partial, xs[0]);
+    const detail::VocabParallelEmbedding embedding = this->embedding();
+    embedding.lookup(ops, slot.ids, R, offset_ptr(p, embed_offset_, eb), ws_.partial, xs[0]);
     ps.release(embed);
-    STRATA_RETURN_IF_ERROR(s);
+    STRATA_RETURN_IF_ERROR(embedding.sum(ws_.partial, xs[0]));
   }
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t l = ch.begin + i;

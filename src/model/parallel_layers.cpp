@@ -5,17 +5,8 @@
 #include "strata/core/check.h"
 
 namespace strata::model::detail {
-namespace {
-
-void* offset_bytes(const void* base, std::int64_t elems, std::size_t elem_bytes) {
-  return const_cast<std::byte*>(static_cast<const std::byte*>(base)) +
-         static_cast<std::size_t>(elems) * elem_bytes;
-}
-
-}  // namespace
-
 void* TensorSplit::row_slot(void* full, std::int64_t n) const {
-  return offset_bytes(full, row_begin * n, elem_bytes);
+  return offset_ptr(full, row_begin * n, elem_bytes);
 }
 
 Status TensorSplit::gather_rows(void* full, std::int64_t n, std::string_view what,

@@ -21,6 +21,12 @@
 
 namespace strata::model::detail {
 
+// Pointer `elems` elements of `elem_bytes` past `base`.
+inline void* offset_ptr(const void* base, std::int64_t elems, std::size_t elem_bytes) {
+  return const_cast<std::byte*>(static_cast<const std::byte*>(base)) +
+         static_cast<std::size_t>(elems) * elem_bytes;
+}
+
 // How the model is split over its tensor-parallel group (ModelOptions::tensor_parallel), and
 // the collectives over it.
 struct TensorSplit {
@@ -86,7 +92,8 @@ struct LoraPair {
 
 // Scratch a Linear's backward shares with every other: the gradient of an adapter's t
 // [rows, r], (dropout > 0) of its dropped-out input [rows, in], and (split) an adapter weight's
-// gradient [r, max in] before its sum over the group.
+// gradient before its sum (A's [r, in] over the group; B's [out, r] over the group or the kv
+// replicas), r x the widest projection at most.
 struct AdapterScratch {
   void* dt = nullptr;
   void* dx = nullptr;
@@ -112,8 +119,8 @@ struct Linear {
   const BaseFormat* base = nullptr;
   DType dtype = DType::kF32;
   // Its weight and bias gradients are summed over the kv replicas (k and v, kv_replicas > 1),
-  // in `replica_dw` [out, in] and `replica_db` [out] (zero on entry) before they are added; so
-  // is its adapter's B gradient.
+  // in `replica_dw` [out, in] (overwritten) and `replica_db` [out] (zero on entry) before they
+  // are added; so is its adapter's B gradient.
   TensorGroup* replicas = nullptr;
   // Split over `tp` as `kind` says; kRow: this rank's input features are [in_begin, in_begin +
   // in) of full_in (the adapter's dropout takes the whole input's mask at them).

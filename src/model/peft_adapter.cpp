@@ -156,17 +156,8 @@ Status PeftAdapterReader::read_group(const ParamGroup& group, float* dst) const 
   std::fill(dst, dst + group.num_elems, 0.0f);
   for (const auto& t : group.tensors) {
     // A tensor-parallel slice reads its rows, or each row's columns, from the whole tensor.
-    const std::string name = peft_tensor_name(t.name);
-    const std::vector<std::int64_t> full = t.full_shape();
-    Status s;
-    t.for_each_run(0, t.num_elems,
-                   [&](std::int64_t first, std::int64_t full_first, std::int64_t n) {
-                     if (s.is_ok()) {
-                       s = weights_.read_range(name, full, full_first, n,
-                                               dst + t.offset_elems + first, DType::kF32);
-                     }
-                   });
-    STRATA_RETURN_IF_ERROR(s);
+    STRATA_RETURN_IF_ERROR(
+        read_slice(weights_, peft_tensor_name(t.name), t, 0, t.num_elems, dst + t.offset_elems));
   }
   return Status::ok();
 }

@@ -15,13 +15,15 @@ void VocabParallelEmbedding::to_local_ids(std::int32_t* ids, std::int64_t n) con
   }
 }
 
-Status VocabParallelEmbedding::forward(const device::Ops& ops, const std::int32_t* ids,
-                                       std::int64_t rows, const void* table, void* partial,
-                                       void* out) const {
-  void* embedded = split->seq_parallel ? partial : out;
-  ops.embedding_forward(ids, rows, table, hidden, embedded, dtype);
+void VocabParallelEmbedding::lookup(const device::Ops& ops, const std::int32_t* ids,
+                                    std::int64_t rows, const void* table, void* partial,
+                                    void* out) const {
+  ops.embedding_forward(ids, rows, table, hidden, split->seq_parallel ? partial : out, dtype);
+}
+
+Status VocabParallelEmbedding::sum(void* partial, void* out) const {
   if (!split->split()) return Status::ok();
-  return split->sum_partial(embedded, out, hidden, "embedding");
+  return split->sum_partial(split->seq_parallel ? partial : out, out, hidden, "embedding");
 }
 
 Status VocabParallelEmbedding::backward(const device::Ops& ops, const std::int32_t* ids,

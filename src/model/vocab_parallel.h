@@ -21,11 +21,13 @@ struct VocabParallelEmbedding {
   // Token ids (host) as rows of this rank's slice, -1 for the others' (the lookup writes zeros
   // for them and its backward skips them). Nothing on one rank.
   void to_local_ids(std::int32_t* ids, std::int64_t n) const;
-  // out [local rows, hidden]: each token's row from the rank that holds it, zeros elsewhere,
-  // summed over the group (this rank's rows of the sum under sequence parallelism, through
-  // `partial` [rows, hidden]).
-  Status forward(const device::Ops& ops, const std::int32_t* ids, std::int64_t rows,
-                 const void* table, void* partial, void* out) const;
+  // out [local rows, hidden]: each token's row from the rank that holds it, zeros elsewhere
+  // (lookup, into `partial` [rows, hidden] under sequence parallelism), summed over the group
+  // (sum: this rank's rows of the sum under sequence parallelism). The table is read by the
+  // lookup alone: its holder may let it go before the sum.
+  void lookup(const device::Ops& ops, const std::int32_t* ids, std::int64_t rows, const void* table,
+              void* partial, void* out) const;
+  Status sum(void* partial, void* out) const;
   // The table's gradient += the lookup's, from dy [rows, hidden]: every row, gathered from this
   // rank's rows in place under sequence parallelism.
   Status backward(const device::Ops& ops, const std::int32_t* ids, std::int64_t rows, void* dy,

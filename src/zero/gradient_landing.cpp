@@ -111,12 +111,22 @@ Status GradientLanding::release(int group) {
   if (plan_.sums_on_device()) {
     // Accumulate on the device, in fp32.
     const auto& ops = device_.ops();
-    STRATA_ASSIGN_OR_RETURN(void* acc, g.has_grad ? store_.acquire(g.acc, Tier::kDevice)
-                                                  : store_.emplace(g.acc, Tier::kDevice, true));
+    auto pinned = g.has_grad ? store_.acquire(g.acc, Tier::kDevice)
+                             : store_.emplace(g.acc, Tier::kDevice, true);
+    if (!pinned.is_ok()) {
+      store_.unpin(g.grad, Tier::kDevice);
+      return pinned.status();
+    }
+    void* const acc = *pinned;
     if (dtype_ != DType::kF32) {
-      STRATA_ASSIGN_OR_RETURN(void* wide, store_.emplace(widened_grad_, Tier::kDevice, false));
-      ops.cast(src, dtype_, wide, DType::kF32, s.n);
-      src = wide;
+      auto wide = store_.emplace(widened_grad_, Tier::kDevice, false);
+      if (!wide.is_ok()) {
+        store_.unpin(g.acc, Tier::kDevice);
+        store_.unpin(g.grad, Tier::kDevice);
+        return wide.status();
+      }
+      ops.cast(src, dtype_, *wide, DType::kF32, s.n);
+      src = *wide;
     }
     ops.add(acc, src, acc, s.n, DType::kF32);
     if (dtype_ != DType::kF32) store_.unpin(widened_grad_, Tier::kDevice);
@@ -218,16 +228,6 @@ Status GradientLanding::drain_one() {
   return Status::ok();
 }
 
-Status GradientLanding::wait_writebacks() {
-  Status first;
-  for (const mem::Completion& c : writebacks_) {
-    Status s = store_.wait(c);
-    if (!s.is_ok() && first.is_ok()) first = s;
-  }
-  writebacks_.clear();
-  return first;
-}
-
 Status GradientLanding::finish_micro_batch() {
   Status first;
   const auto keep = [&first](Status s) {
@@ -242,9 +242,10 @@ Status GradientLanding::finish_micro_batch() {
     }
   }
   while (!pending_.empty()) keep(drain_one());
-  keep(wait_writebacks());
-  if (final_ != nullptr) {
-    // Backward is over: every gradient is final, zeros where none came.
+  keep(wait_all(store_, writebacks_));
+  if (final_ != nullptr && first.is_ok()) {
+    // Backward is over: every gradient is final, zeros where none came. (After an error the
+    // guess is abandoned, not fed.)
     keep(give_zeros());
     for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
       final_->gradient_final(static_cast<int>(gi));

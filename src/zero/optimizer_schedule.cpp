@@ -346,11 +346,7 @@ Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   ScheduledStep target(*this, std::move(groups), guess, std::move(order));
   Status s = optimizer_->run(target, args);
   target.abandon_open();
-  for (const mem::Completion& c : step_writebacks_) {
-    Status w = shards_.store().wait(c);
-    if (s.is_ok()) s = w;
-  }
-  step_writebacks_.clear();
+  if (Status w = wait_all(shards_.store(), step_writebacks_); s.is_ok()) s = w;
   step_ms_ = timer.elapsed_ms();
   return s;
 }

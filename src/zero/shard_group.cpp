@@ -17,6 +17,16 @@ std::vector<ShardGroup> shard_groups(const model::ParamLayout& layout, DType com
   return groups;
 }
 
+Status wait_all(mem::TieredStore& store, std::vector<mem::Completion>& transfers) {
+  Status first;
+  for (const mem::Completion& c : transfers) {
+    Status s = store.wait(c);
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  transfers.clear();
+  return first;
+}
+
 Result<mem::Handle> add_tensor(mem::TieredStore& store, const std::string& name,
                                std::uint64_t bytes, Tier home, bool transient) {
   mem::TensorSpec spec;

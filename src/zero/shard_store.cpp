@@ -184,16 +184,6 @@ Status ShardStore::finish_micro_batch() {
   return device_.last_error();
 }
 
-Status ShardStore::wait_writebacks() {
-  Status first;
-  for (const mem::Completion& c : writebacks_) {
-    Status s = store_->wait(c);
-    if (!s.is_ok() && first.is_ok()) first = s;
-  }
-  writebacks_.clear();
-  return first;
-}
-
 Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCache* cache,
                                const model::GroupRangeSource& frozen_pieces) {
   for (int gi = 0; gi < num_groups(); ++gi) {
@@ -201,7 +191,7 @@ Status ShardStore::load_master(const model::GroupSource& source, WorkingCopyCach
     if (g.empty()) continue;  // another stage's
     Status s = g.frozen() ? params_->load_frozen(gi, source, cache, frozen_pieces, writebacks_)
                           : state_->load(gi, source, *params_, writebacks_);
-    if (Status w = wait_writebacks(); s.is_ok()) s = w;
+    if (Status w = wait_all(*store_, writebacks_); s.is_ok()) s = w;
     STRATA_RETURN_IF_ERROR(s);
   }
   grads_->clear();
@@ -225,7 +215,7 @@ Status ShardStore::restore_working_copies(const std::vector<bool>& groups) {
       s = state_->restore_working_copy(gi, *params_, writebacks_);
     }
   }
-  if (Status w = wait_writebacks(); s.is_ok()) s = w;
+  if (Status w = wait_all(*store_, writebacks_); s.is_ok()) s = w;
   absorb_store_stats();  // the restored copies' transfers
   return s;
 }

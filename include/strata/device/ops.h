@@ -114,6 +114,10 @@ struct AdamWArgs {
 struct DropoutBlock {
   std::int64_t rows = 0, cols = 0, full_cols = 0, col_begin = 0;
   static DropoutBlock flat(std::int64_t n) { return {1, n, n, 0}; }
+  // Inside its matrix, sizes not negative.
+  bool valid() const {
+    return rows >= 0 && cols >= 0 && col_begin >= 0 && col_begin + cols <= full_cols;
+  }
   std::int64_t size() const { return rows * cols; }
   // Element i's place in the whole matrix: the mask's counter.
   std::uint64_t index(std::int64_t i) const {

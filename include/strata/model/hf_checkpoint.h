@@ -42,6 +42,11 @@ class HfCheckpointReader {
   std::map<std::string, std::size_t> tensor_file_;  // tensor name -> index in files_
 };
 
+// Elements [a, a + count) of `t` (a tensor-parallel slice, or whole) as f32 into
+// dst[0, count): its rows, or each row's columns, read from the whole tensor `name` in `file`.
+Status read_slice(const SafetensorsReader& file, const std::string& name, const TensorSpec& t,
+                  std::int64_t a, std::int64_t count, float* dst);
+
 // Writes an HF checkpoint directory `dir` (created if needed): config.json and
 // model.safetensors with tensors in `dtype`. `read_group` supplies each group's flat f32 values.
 // Files are written atomically.

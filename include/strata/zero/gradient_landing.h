@@ -40,7 +40,8 @@ class GradientLanding {
   Result<void*> acquire(int group);
   Status release(int group);
   // Waits for gradient transfers still in flight. With a guess listening, every gradient is
-  // final now: the ones that never came are zeros.
+  // final now: the ones that never came are zeros, and a sum on the device whose last gradient
+  // came in an earlier micro-batch is sent to host memory with its sum of squares now.
   Status finish_micro_batch();
   // Sum of squares of each group's accumulated gradient, by group, less its tensor-parallel
   // duplicates' (another rank counts them); after finish_micro_batch. Sums taken on the device
@@ -71,7 +72,6 @@ class GradientLanding {
                   DType compute_dtype, mem::Timeline* timeline);
   Status add_tensors();
   Status drain_one();
-  Status wait_writebacks();
   // A device accumulator's sum is final for a guessed update: its sum of squares taken now, and
   // the sum sent to host memory while backward goes on.
   Status send_final_sum(int group);

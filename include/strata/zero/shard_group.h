@@ -31,6 +31,9 @@ struct ShardGroup {
 // Every group of `layout` (which must outlive the result), in the compute dtype.
 std::vector<ShardGroup> shard_groups(const model::ParamLayout& layout, DType compute_dtype);
 
+// Waits for every transfer in `transfers` and clears it; the first error, if any.
+Status wait_all(mem::TieredStore& store, std::vector<mem::Completion>& transfers);
+
 // A tensor homed on `home` (transient: none) whose data its room writes before anyone reads it.
 Result<mem::Handle> add_tensor(mem::TieredStore& store, const std::string& name,
                                std::uint64_t bytes, Tier home, bool transient = false);

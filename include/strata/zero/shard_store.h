@@ -173,7 +173,6 @@ class ShardStore {
   ShardStore(const model::ParamLayout& layout, device::Device& device, io::SwapSpace* swap,
              const ShardOptions& options, const MemoryPlan& plan);
   Status create_rooms();
-  Status wait_writebacks();
 
   device::Device& device_;
   io::SwapSpace* swap_;

@@ -397,6 +397,8 @@ class CpuOps final : public Ops {
 
   void dropout(const void* x, void* out, const DropoutBlock& block, float p, std::uint64_t key,
                DType dtype) const override {
+    STRATA_CHECK(block.valid(), "a dropout block outside its matrix", block.rows, block.cols,
+                 block.col_begin, block.full_cols);
     const std::uint32_t threshold = dropout_threshold(p);
     const float scale = 1.0f / (1.0f - p);
     const std::int64_t cols = block.cols;

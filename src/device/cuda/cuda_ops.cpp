@@ -211,10 +211,8 @@ class CudaOps final : public Ops {
 
   void dropout(const void* x, void* out, const DropoutBlock& block, float p, std::uint64_t key,
                DType dtype) const override {
-    STRATA_CHECK(block.rows >= 0 && block.cols >= 0 && block.col_begin >= 0 &&
-                     block.col_begin + block.cols <= block.full_cols,
-                 "a dropout block outside its matrix", block.rows, block.cols, block.col_begin,
-                 block.full_cols);
+    STRATA_CHECK(block.valid(), "a dropout block outside its matrix", block.rows, block.cols,
+                 block.col_begin, block.full_cols);
     done(kernels::dropout(ctx(), x, out, block.rows, block.cols, block.full_cols, block.col_begin,
                           dropout_threshold(p), 1.0f / (1.0f - p), key, float_elem(dtype)),
          "dropout");
