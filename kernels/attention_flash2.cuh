@@ -35,15 +35,14 @@ struct Dims {
   float scale;          // 1 / sqrt(head_dim), as the CPU backend computes it
 };
 
-// A window of seq or more is full causal attention: stored as 0, so that no bound below adds
-// a huge window to a position.
+// The kernels' dims: the window bounded as every attention kernel bounds it (full causal as 0).
 inline Dims dims_of(const AttentionDims& ad) {
   return Dims{ad.batch,
               ad.seq,
               ad.heads,
               ad.kv_heads,
-              ad.heads / ad.kv_heads,
-              ad.window > 0 && ad.window < ad.seq ? ad.window : 0,
+              ad.group(),
+              ad.bounded_window(),
               1.0f / sqrtf(static_cast<float>(ad.head_dim))};
 }
 

@@ -26,8 +26,8 @@ Shape shape_of(const AttentionDims& d) {
                d.heads,
                d.kv_heads,
                d.head_dim,
-               d.heads / d.kv_heads,
-               d.window > 0 && d.window < d.seq ? d.window : 0,
+               d.group(),
+               d.bounded_window(),
                1.0f / sqrtf(static_cast<float>(d.head_dim))};
 }
 

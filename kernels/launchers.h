@@ -67,6 +67,10 @@ struct AttentionDims {
   // Sliding window: query i attends to keys j with 0 <= i - j < window; 0 (or any window not
   // below seq) = full causal.
   std::int64_t window = 0;
+  // The window the kernels bound keys by: a window of seq or more is full causal, 0, so that no
+  // bound adds a huge window to a position.
+  std::int64_t bounded_window() const { return window > 0 && window < seq ? window : 0; }
+  std::int64_t group() const { return heads / kv_heads; }  // query heads per kv head
 };
 enum class AttentionKernel : std::uint8_t {
   // kFlash2 where it applies (bf16, head_dim 64 or 128, aligned, shared memory fits, sm_80+: the
