@@ -213,7 +213,7 @@ Status block_decode(const device::Ops& ops, const BlockSetup& bs, const BlockWei
   const DType dt = d.dtype;
   const std::int64_t R = d.rows, H = d.hidden, KV = d.kv_dim;
   STRATA_CHECK(bs.lora.dropout == 0.0f, "decoding with adapter dropout", bs.lora.dropout);
-  STRATA_CHECK(!bs.split.split(), "decoding a split model");
+  STRATA_CHECK(!bs.split.seq_parallel, "decoding with sequence parallelism");
   void* k_new = offset_ptr(k_cache, past * KV, d.elem_bytes);
   void* v_new = offset_ptr(v_cache, past * KV, d.elem_bytes);
   // No backward: every adapter's t goes through the one scratch.

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "src/model/llama_impl.h"
+#include "src/model/vocab_parallel.h"
 
 namespace strata::model {
 
@@ -12,11 +13,6 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
     return invalid_argument("decoding needs 0 < rows <= positions, got rows " +
                             std::to_string(max_rows) + " and positions " +
                             std::to_string(max_positions));
-  }
-  if (options_.tensor_parallel.size > 1) {
-    return failed_precondition("decoding a model split over " +
-                               std::to_string(options_.tensor_parallel.size) +
-                               " tensor-parallel ranks is not supported yet");
   }
   if (max_positions > config_.max_position_embeddings) {
     return invalid_argument("decoding " + std::to_string(max_positions) +
@@ -40,7 +36,7 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
   workspace_ = nullptr;  // the training workspace, if any, was replaced
   STRATA_ASSIGN_OR_RETURN(
       decode_io_,
-      provider.host_io(static_cast<std::uint64_t>(std::max(max_rows, setup.d.vocab)) * 4,
+      provider.host_io(static_cast<std::uint64_t>(std::max(max_rows, config_.vocab_size)) * 4,
                        "decoding token ids and logits"));
   host_io_ = nullptr;  // the training one, if any, was replaced
   return Status::ok();
@@ -76,14 +72,18 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
   ProviderSession ps(provider, layout_, timings);
   const int embed = layout_.embed_group();
 
-  auto* host = static_cast<std::byte*>(decode_io_);
+  // Split, each rank looks up the tokens of its slice of the vocabulary and the rows are summed.
+  const detail::VocabParallelEmbedding embedding{&setup.split, V, H, dt};
+  auto* host = static_cast<std::int32_t*>(decode_io_);
   std::memcpy(host, ids, static_cast<std::size_t>(n) * 4);
+  embedding.to_local_ids(host, n);
   device_.copy_to_device(dws_.ids, host, static_cast<std::size_t>(n) * 4, stream);
   {
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
     ps.prefetch(layout_.layer_group(0));
-    ops.embedding_forward(dws_.ids, n, offset_ptr(p, embed_offset_, eb), H, dws_.xs[0], dt);
+    embedding.lookup(ops, dws_.ids, n, offset_ptr(p, embed_offset_, eb), nullptr, dws_.xs[0]);
     ps.release(embed);
+    STRATA_RETURN_IF_ERROR(embedding.sum(nullptr, dws_.xs[0]));
   }
   for (std::int64_t l = 0; l < L; ++l) {
     const auto li = static_cast<std::size_t>(l);
@@ -101,15 +101,22 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
                                                 dws_.v_cache[li], decoded_, dws_.xs[(l + 1) % 2]));
     release_block(ps, l);
   }
-  // Head on the last token only.
+  // Head on the last token only; split, each rank's slice of the logits gathered whole.
   STRATA_ASSIGN_OR_RETURN(const HeadWeights head, acquire_head(ps));
   const void* last = offset_ptr(dws_.xs[L % 2], (n - 1) * H, eb);
   ops.rmsnorm_forward(last, head.norm, dws_.hf, dws_.rstd_final, 1, H, d.eps, dt);
   matmul(ops, dt, false, true, 1, V, H, dws_.hf, head.lm, dws_.logits, false);
-  ops.cast(dws_.logits, dt, dws_.logits_f32, DType::kF32, V);
   release_head(ps);
+  if (setup.split.split()) {
+    ops.cast(dws_.logits, dt, dws_.logits_local_f32, DType::kF32, V);
+    STRATA_RETURN_IF_ERROR(setup.split.group->all_gather(dws_.logits_local_f32, dws_.logits_f32, V,
+                                                         DType::kF32, "decoding logits"));
+  } else {
+    ops.cast(dws_.logits, dt, dws_.logits_f32, DType::kF32, V);
+  }
   auto* logits = static_cast<float*>(decode_io_);
-  device_.copy_to_host(logits, dws_.logits_f32, static_cast<std::size_t>(V) * 4, stream);
+  device_.copy_to_host(logits, dws_.logits_f32,
+                       static_cast<std::size_t>(config_.vocab_size) * 4, stream);
   stream.synchronize();
   STRATA_RETURN_IF_ERROR(device_.last_error());
   decoded_ += n;

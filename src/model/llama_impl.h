@@ -109,6 +109,10 @@ struct LlamaModel::Impl {
   BlockSetup decode_setup(std::int64_t rows) const {
     BlockSetup b = BlockSetup::make(config_, options_, 1, rows);
     b.lora.dropout = 0;  // not training
+    // A few rows at a time: every rank holds every row (no sequence parallelism).
+    b.split.seq_parallel = false;
+    b.split.local_rows = b.split.rows;
+    b.split.row_begin = 0;
     return b;
   }
   DecodeWorkspace dws_;

@@ -190,7 +190,8 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   ws->rstd_final = c.f32(1);
   ws->hf = act(H);
   ws->logits = act(d.vocab);
-  ws->logits_f32 = c.f32(d.vocab);
+  ws->logits_f32 = c.f32(d.vocab * setup.split.size);
+  if (setup.split.split()) ws->logits_local_f32 = c.f32(d.vocab);
   return c.off;
 }
 

@@ -123,8 +123,9 @@ struct DecodeWorkspace {
   void* nf4_weight = nullptr;   // [max_weight] with an NF4 base: one decoded weight
   float* rstd_final = nullptr;  // [1]
   void* hf = nullptr;           // [hidden]: model.norm of the last row
-  void* logits = nullptr;       // [vocab], compute dtype
-  float* logits_f32 = nullptr;  // [vocab]
+  void* logits = nullptr;       // [vocab], compute dtype: this rank's slice
+  float* logits_f32 = nullptr;  // [vocab x tensor ranks]: the whole vocabulary's
+  float* logits_local_f32 = nullptr;  // [vocab] split: this rank's slice before the all-gather
 };
 
 // Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes

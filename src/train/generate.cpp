@@ -1,4 +1,5 @@
-// Generator: the model's parameters, frozen, in a one-rank ZeroProvider; the sampling loop.
+// Generator: the model's parameters, frozen, in a ZeroProvider (split over the launch's ranks
+// under mpirun); the sampling loop.
 #include "strata/train/generate.h"
 
 #include <algorithm>
@@ -11,10 +12,12 @@
 #include "strata/core/clock.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
+#include "strata/dist/communicator.h"
 #include "strata/dist/process_grid.h"
 #include "strata/model/hf_checkpoint.h"
 #include "strata/model/llama.h"
 #include "strata/model/peft_adapter.h"
+#include "strata/zero/tensor_group.h"
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
@@ -68,7 +71,9 @@ struct Generator::Impl {
   std::optional<model::LoraConfig> lora;       // the adapter's, applied unmerged
   std::unique_ptr<model::ParamLayout> layout;  // every group frozen
   std::unique_ptr<device::Device> device;
-  std::unique_ptr<dist::ProcessGrid> grid;
+  std::unique_ptr<dist::Communicator> comm;  // the launch's ranks: one, or mpirun's
+  std::unique_ptr<dist::ProcessGrid> grid;   // every rank of the launch a tensor-parallel one
+  std::unique_ptr<zero::CommTensorGroup> tensor_group;  // split only
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   std::uint64_t parameter_bytes = 0;
@@ -103,20 +108,31 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
       return invalid_argument(msg);
     }
   }
-  {
-    // Every group frozen: working copies only, no gradients, no optimizer state.
-    STRATA_RETURN_IF_ERROR(reader.validate(model::ParamLayout::build(impl->config)));
-    const model::ParamLayout full = model::ParamLayout::build(impl->config, impl->lora);
-    if (adapter) STRATA_RETURN_IF_ERROR(adapter->validate(full));
-    impl->layout = std::make_unique<model::ParamLayout>(full.all_frozen());
-  }
-
   device::DeviceOptions dopts;
   dopts.kind = options.device;
   dopts.memory_limit_bytes = options.device_memory_limit;
   dopts.compute_threads = options.threads;
   STRATA_ASSIGN_OR_RETURN(impl->device, device::create_device(dopts));
-  impl->grid = dist::ProcessGrid::single_rank(*impl->device);
+  // Launched on several ranks (mpirun -np N), the model is split over all of them.
+  STRATA_ASSIGN_OR_RETURN(impl->comm, dist::create_communicator({}, *impl->device));
+  const int tp = impl->comm->world_size(), rank = impl->comm->rank();
+  if (const auto problems = model::tensor_parallel_problems(impl->config, tp); !problems.empty()) {
+    std::string msg = options.model_dir + ": the model does not split over the launch's " +
+                      std::to_string(tp) + " ranks (tensor parallelism):";
+    for (const auto& p : problems) msg += "\n  " + p;
+    return invalid_argument(msg);
+  }
+  STRATA_ASSIGN_OR_RETURN(impl->grid,
+                          dist::ProcessGrid::create(*impl->comm, {1, tp, 1}, *impl->device));
+  {
+    // Every group frozen: working copies only, no gradients, no optimizer state; split, this
+    // rank's slices.
+    STRATA_RETURN_IF_ERROR(reader.validate(model::ParamLayout::build(impl->config)));
+    const model::ParamLayout full = model::ParamLayout::build(impl->config, impl->lora);
+    if (adapter) STRATA_RETURN_IF_ERROR(adapter->validate(full));
+    impl->layout = std::make_unique<model::ParamLayout>(
+        model::ParamLayout::build(impl->config, impl->lora, false, {tp, rank}).all_frozen());
+  }
   // Without a device budget the parameters live on the device. With one they live in host
   // memory and stay on the device between tokens while the budget has room, evicted by their
   // next use in the recorded order when it does not.
@@ -136,9 +152,16 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
   };
   STRATA_RETURN_IF_ERROR(impl->provider->load_master(adapter ? adapter->over(base) : base));
   impl->parameter_bytes = impl->layout->total_elems() * dtype_size(options.dtype);
+  model::ModelOptions mopts{options.dtype, false, impl->lora};
+  if (tp > 1) {
+    STRATA_ASSIGN_OR_RETURN(impl->tensor_group,
+                            zero::make_tensor_group(impl->grid->tensor(), *impl->device,
+                                                    impl->config.num_key_value_heads));
+    mopts.tensor_parallel = {tp, rank};
+    mopts.tensor_group = impl->tensor_group.get();
+  }
   impl->model =
-      std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device,
-                                          model::ModelOptions{options.dtype, false, impl->lora});
+      std::make_unique<model::LlamaModel>(impl->config, *impl->layout, *impl->device, mopts);
   return std::unique_ptr<Generator>(new Generator(std::move(impl)));
 }
 
@@ -191,6 +214,7 @@ Status Generator::generate(std::span<const std::int32_t> prompt,
 }
 
 const model::LlamaConfig& Generator::config() const { return impl_->config; }
+int Generator::rank() const { return impl_->comm->rank(); }
 const GenerateStats& Generator::stats() const { return impl_->stats; }
 
 std::vector<std::int32_t> Generator::eos_ids() const {
@@ -217,7 +241,12 @@ std::string Generator::describe() const {
                        ", unmerged)"
                  : std::string()) +
          " | " + std::string(dtype_name(s.options.dtype)) + " on " + s.device->name() +
+         (s.comm->world_size() > 1
+              ? " | split over " + std::to_string(s.comm->world_size()) +
+                    " tensor-parallel ranks"
+              : std::string()) +
          " | parameters " + format_bytes(s.parameter_bytes) +
+         (s.comm->world_size() > 1 ? " a rank" : "") +
          (s.options.device_memory_limit > 0
               ? ", device budget " + format_bytes(s.options.device_memory_limit)
               : std::string());

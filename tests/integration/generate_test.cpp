@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "strata/build_config.h"
 #include "strata/core/json.h"
 #include "strata/model/hf_checkpoint.h"
 #include "tests/testing/cli.h"
+#include "tests/testing/multirank_runs.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_name.h"
 
@@ -177,6 +179,35 @@ TEST(GenerateCliTest, AByteLevelModelNeedsNoTokenizer) {
   EXPECT_EQ(r.out.rfind("This License", 0), 0u) << r.out;
   EXPECT_EQ(r.out.size(), std::string("This License").size() + 5 + 1) << "5 bytes and a newline";
   EXPECT_NE(r.err.find("read as raw bytes"), std::string::npos) << r.err;
+}
+
+// Under mpirun the model splits over the ranks (tensor parallelism): two ranks decode PyTorch's
+// greedy tokens and rank 0 alone prints them; three ranks, which the golden's heads do not
+// divide among, are refused with the reason.
+TEST(GenerateCliTest, UnderMpirunTheModelSplitsOverTheRanks) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/families/llama3.json");
+  ASSERT_TRUE(read.is_ok());
+  const Json& g = read.value();
+  TempDir dir;
+  write_trained(g, dir.file("model"));
+  const auto prompt = g.at("greedy").at("prompt").get<std::vector<std::int32_t>>();
+  const auto want = g.at("greedy").at("generated").get<std::vector<std::int32_t>>();
+  std::string ids, want_out;
+  for (std::size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    want_out += (i ? "," : "") + std::to_string(want[i]);
+  }
+  const std::string args = std::string(STRATA_CLI) + " generate --model " + dir.file("model") +
+                           " --prompt-ids " + ids + " --max-new-tokens " +
+                           std::to_string(want.size()) + " --threads 1";
+  auto r = testing::run_command(dir, testing::mpirun(dir, 2) + args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, want_out + "\n") << "rank 0 alone prints, PyTorch's tokens";
+  EXPECT_NE(r.err.find("split over 2 tensor-parallel ranks"), std::string::npos) << r.err;
+  r = testing::run_command(dir, testing::mpirun(dir, 3) + args);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("does not split over the launch's 3 ranks"), std::string::npos) << r.err;
 }
 
 }  // namespace

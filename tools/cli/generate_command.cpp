@@ -56,6 +56,8 @@ int run_generate(const GenerateArgs& a) {
 
   auto gen = train::Generator::open(options);
   if (!gen) return fail(gen.status());
+  // Under mpirun every rank decodes the same tokens; rank 0 alone prints them.
+  const bool reports = gen.value()->rank() == 0;
 
   // The tokenizer: --tokenizer, else the model directory's own (a training checkpoint carries
   // the one it was trained with), else, for a 256-token vocabulary, raw bytes (a model trained
@@ -68,7 +70,7 @@ int run_generate(const GenerateArgs& a) {
     tok = std::move(loaded).value();
   } else if (a.tokenizer.empty() && gen.value()->config().vocab_size == 256) {
     bytes = true;
-    std::fprintf(stderr,
+    if (reports) std::fprintf(stderr,
                  "strata generate: no tokenizer in %s; its 256-token vocabulary is read "
                  "as raw bytes, as data.format \"text\" trains it\n",
                  a.model.c_str());
@@ -108,7 +110,7 @@ int run_generate(const GenerateArgs& a) {
     }
   }
 
-  std::fprintf(stderr, "%s\n", gen.value()->describe().c_str());
+  if (reports) std::fprintf(stderr, "%s\n", gen.value()->describe().c_str());
   std::vector<std::int32_t> stops = gen.value()->eos_ids();
   if (tok && tok->eos_id()) stops.push_back(*tok->eos_id());
 
@@ -118,6 +120,7 @@ int run_generate(const GenerateArgs& a) {
   std::string printed;
   auto on_token = [&](std::int32_t id) {
     generated.push_back(id);
+    if (!reports) return true;
     if (bytes) {
       std::fputc(static_cast<unsigned char>(id), stdout);
       std::fflush(stdout);
@@ -141,12 +144,13 @@ int run_generate(const GenerateArgs& a) {
     printed = t;
     return true;
   };
-  if ((tok || bytes) && a.prompt_ids.empty()) {
+  if (reports && (tok || bytes) && a.prompt_ids.empty()) {
     std::fputs(a.prompt_file.empty() ? a.prompt.c_str() : "", stdout);
   }
   Status s = gen.value()->generate(prompt, stops, on_token);
-  std::printf("\n");
+  if (reports) std::printf("\n");
   if (!s) return fail(s);
+  if (!reports) return kExitOk;
   const auto& st = gen.value()->stats();
   std::fprintf(
       stderr, "prompt: %lld tokens in %.0f ms | generated %lld tokens in %.2f s (%.1f tokens/s)\n",

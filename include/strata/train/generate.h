@@ -1,6 +1,7 @@
 // Text generation from a checkpoint: greedy or sampled decoding with a KV cache, parameters
 // served through the tiered store (resident on the device when they fit its budget, else each
-// layer fetched from host memory as it is needed, as in training).
+// layer fetched from host memory as it is needed, as in training). Under mpirun the model is
+// split over the launch's ranks (tensor parallelism), each holding its slices.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +54,9 @@ class Generator {
                   const std::function<bool(std::int32_t)>& on_token);
 
   const model::LlamaConfig& config() const;
+  // This process's rank of the launch (0 alone). Launched with mpirun -np N, the model is split
+  // over the N ranks (tensor parallelism); every rank decodes the same tokens and rank 0 reports.
+  int rank() const;
   // config.json's eos_token_id (a number or a list); empty when it has none.
   std::vector<std::int32_t> eos_ids() const;
   const GenerateStats& stats() const;
