@@ -159,8 +159,6 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
                                    options_.tensor_group->rank() == split.rank),
                "a split model needs the tensor group of its rank", split.size, split.rank);
   if (const TensorGroup* tp = options_.tensor_group; tp != nullptr && split.size > 1) {
-    STRATA_CHECK(!options_.nf4_base, "an NF4 base with tensor parallelism is not supported yet",
-                 tp->size());
     STRATA_CHECK(tp->kv_replicas() == kv_head_replicas(config.num_key_value_heads, tp->size()),
                  "the tensor group's kv replicas do not match the model", tp->kv_replicas(),
                  config.num_key_value_heads);

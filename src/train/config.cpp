@@ -487,11 +487,6 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
         errors.push_back("'tensor_parallel_size': " + p);
       }
     }
-    if (c.finetune.method == FinetuneMethod::kQlora) {
-      errors.push_back(
-          "'tensor_parallel_size': QLoRA's NF4 base does not split over tensor-parallel ranks "
-          "yet; use finetune.method \"lora\" or \"full\", or tensor_parallel_size 1");
-    }
   }
   if (c.pipeline_schedule == PipelineSchedule::k1F1B && c.virtual_stages != 1) {
     errors.push_back("'virtual_stages': " + std::to_string(c.virtual_stages) +

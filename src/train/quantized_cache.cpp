@@ -57,25 +57,53 @@ Result<Json> quantized_base_identity(const TrainConfig& config) {
   return id;
 }
 
-Result<std::unique_ptr<QuantizedBaseCache>> QuantizedBaseCache::open(const std::string& dir,
-                                                                     Json identity, bool writer) {
+namespace {
+
+Status create_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
     return io_error("finetune.quantized_cache '" + dir +
                     "': cannot create the directory: " + ec.message());
   }
-  bool matches = false;
-  if (auto text = read_file((fs::path(dir) / kManifest).string()); text.is_ok()) {
-    const Json on_disk = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    matches = !on_disk.is_discarded() && on_disk == identity;
+  return Status::ok();
+}
+
+bool manifest_matches(const std::string& dir, const Json& identity) {
+  auto text = read_file((fs::path(dir) / kManifest).string());
+  if (!text.is_ok()) return false;
+  const Json on_disk = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  return !on_disk.is_discarded() && on_disk == identity;
+}
+
+}  // namespace
+
+Status QuantizedBaseCache::claim(const std::string& dir, const Json& identity) {
+  STRATA_RETURN_IF_ERROR(create_dir(dir));
+  if (manifest_matches(dir, identity)) return Status::ok();
+  // Another base's files go first, then this base's manifest.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".nf4") fs::remove(e.path(), ec);
   }
+  return write_file_atomic((fs::path(dir) / kManifest).string(), identity.dump(1) + "\n")
+      .with_context("finetune.quantized_cache");
+}
+
+Result<std::unique_ptr<QuantizedBaseCache>> QuantizedBaseCache::open(const std::string& dir,
+                                                                     const Json& identity,
+                                                                     bool writer,
+                                                                     model::TensorParallel tensor) {
+  STRATA_RETURN_IF_ERROR(create_dir(dir));
   return std::unique_ptr<QuantizedBaseCache>(
-      new QuantizedBaseCache(dir, std::move(identity), matches, writer));
+      new QuantizedBaseCache(dir, manifest_matches(dir, identity), writer, tensor));
 }
 
 std::string QuantizedBaseCache::path_of(const model::ParamGroup& group) const {
-  return (fs::path(dir_) / (group.name + ".nf4")).string();
+  const std::string slice = tensor_.size > 1 ? ".tensor-" + std::to_string(tensor_.rank) + "-of-" +
+                                                   std::to_string(tensor_.size)
+                                             : std::string();
+  return (fs::path(dir_) / (group.name + slice + ".nf4")).string();
 }
 
 Result<bool> QuantizedBaseCache::read(const model::ParamGroup& group, void* dst,
@@ -97,17 +125,7 @@ Result<bool> QuantizedBaseCache::read(const model::ParamGroup& group, void* dst,
 
 Status QuantizedBaseCache::write(const model::ParamGroup& group, const void* src,
                                  std::uint64_t bytes) {
-  if (!writer_) return Status::ok();
-  if (!matches_) {  // another base's files: the new manifest first, then this base's groups
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir_, ec)) {
-      if (e.path().extension() == ".nf4") fs::remove(e.path(), ec);
-    }
-    STRATA_RETURN_IF_ERROR(
-        write_file_atomic((fs::path(dir_) / kManifest).string(), identity_.dump(1) + "\n")
-            .with_context("finetune.quantized_cache"));
-    matches_ = true;
-  }
+  if (!writer_ || !matches_) return Status::ok();
   return write_file_atomic(path_of(group), std::span(static_cast<const std::byte*>(src), bytes))
       .with_context("finetune.quantized_cache");
 }
@@ -118,7 +136,7 @@ std::string QuantizedBaseCache::describe() const {
   }
   return "NF4 base: " + std::to_string(misses_) + " groups quantized" +
          (hits_ > 0 ? ", " + std::to_string(hits_) + " read from " + dir_ : "") +
-         (writer_ ? ", kept in " + dir_ : "");
+         (writer_ && matches_ ? ", kept in " + dir_ : "");
 }
 
 }  // namespace strata::train

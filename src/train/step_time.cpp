@@ -269,8 +269,29 @@ double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRat
                         static_cast<double>(config.pipeline_parallel_size);
   const double ends = config.pipeline_parallel_size > 1 ? 1.0 : 2.0;
   const double collectives = accum * (per_layer * layers + ends);
-  return ms(collectives * 2.0 * (tensor - 1) / tensor * activation_bytes_of(config),
-            rates.comm_bytes);
+  double bytes = collectives * 2.0 * (tensor - 1) / tensor * activation_bytes_of(config);
+  // LoRA over the split: each micro-batch's backward sums every adapted projection's whole copy's
+  // gradient over the group (lora_A [r, hidden] over a column-parallel base, lora_B [hidden, r]
+  // over a row-parallel one: r x hidden either way), and with kv heads whole on several ranks
+  // k's and v's lora_B [kv slice, r] over those.
+  if (const auto lora = config.lora()) {
+    const double eb = static_cast<double>(dtype_size(config.precision));
+    const double r = static_cast<double>(lora->r);
+    const model::LlamaConfig& m = config.model;
+    const int replicas = model::kv_head_replicas(m.num_key_value_heads, tensor);
+    double per_micro_batch = 0;
+    for (int i = 0; i < model::kNumLoraTargets; ++i) {
+      const auto target = static_cast<model::LoraTarget>(i);
+      if (!lora->has(target)) continue;
+      per_micro_batch += 2.0 * (tensor - 1) / tensor * r * static_cast<double>(m.hidden_size);
+      if (replicas > 1 && (target == model::LoraTarget::kK || target == model::LoraTarget::kV)) {
+        per_micro_batch += 2.0 * (replicas - 1) / replicas * r *
+                           static_cast<double>(m.kv_dim() * replicas / tensor);
+      }
+    }
+    bytes += accum * layers * per_micro_batch * eb;
+  }
+  return ms(bytes, rates.comm_bytes);
 }
 
 double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates) {
@@ -530,8 +551,6 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       if (const auto p = model::tensor_parallel_problems(config.model, tensor);
           tensor > 1 && !p.empty()) {
         g.refused = p.front();
-      } else if (tensor > 1 && config.nf4_base()) {
-        g.refused = "QLoRA's NF4 base does not split over tensor-parallel ranks yet";
       } else if (tensor > 1 && config.sequence_parallel &&
                  (config.micro_batch_size * config.seq_len) % tensor != 0) {
         g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";

@@ -232,10 +232,15 @@ Status Trainer::Impl::setup() {
     return Status::ok();
   };
 
-  if (config.nf4_base() && !config.finetune.quantized_cache.empty()) {
-    STRATA_ASSIGN_OR_RETURN(Json identity, quantized_base_identity(config));
-    STRATA_ASSIGN_OR_RETURN(base_cache, QuantizedBaseCache::open(config.finetune.quantized_cache,
-                                                                 std::move(identity), rank == 0));
+  if (const std::string& dir = config.finetune.quantized_cache;
+      config.nf4_base() && !dir.empty()) {
+    // Rank 0 claims the directory for this base, then the first data-parallel rank of each
+    // tensor slice and stage writes what it quantizes.
+    STRATA_ASSIGN_OR_RETURN(const Json identity, quantized_base_identity(config));
+    if (rank == 0) STRATA_RETURN_IF_ERROR(QuantizedBaseCache::claim(dir, identity));
+    if (world > 1) STRATA_RETURN_IF_ERROR(comm->barrier("finetune.quantized_cache claimed"));
+    STRATA_ASSIGN_OR_RETURN(base_cache, QuantizedBaseCache::open(dir, identity, at.data == 0,
+                                                                 model_options.tensor_parallel));
   }
   if (config.precision == DType::kF16) scaler.emplace(config.loss_scaler);
   if (!options.resume_dir.empty()) {

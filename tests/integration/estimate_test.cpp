@@ -242,7 +242,7 @@ TEST(EstimateTest, TensorParallelRanksPlanTheirSlices) {
 // ones does (twice the tokens through half of every layer), its ZeRO collectives move half the
 // model over 2 ranks instead of all of it over 4, and its all-reduces (4 a layer and micro-batch,
 // 6 where checkpointing runs the forward again, and the embedding's and lm_head's, each sending
-// 2 (T - 1) / T of b s h) add to the compute, which waits for them.
+// 2 (T - 1) / T of b s h) add to the compute, which waits for them; so do LoRA's adapter sums.
 TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
   TempDir dir;
   Json j = small_config(dir);
@@ -274,6 +274,27 @@ TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
     EXPECT_DOUBLE_EQ(
         sb.serial_ms,
         std::max({sb.compute_ms + sb.tensor_ms, sb.transfer_ms, sb.comm_ms}) + sb.optimizer_ms);
+  }
+  // LoRA over the split adds each micro-batch's adapter-gradient sums: r x hidden a projection
+  // over the group, and at T = 4 (each kv head whole on 2 ranks) k's and v's lora_B [head_dim, r]
+  // over their replicas.
+  for (const int tensor : {2, 4}) {
+    SCOPED_TRACE("T " + std::to_string(tensor));
+    Json k = j;
+    k["tensor_parallel_size"] = tensor;
+    Json l = k;
+    l["finetune"] = {{"method", "lora"}, {"r", 8}, {"target_modules", "all-linear"}};
+    auto plain = config_of(k);
+    auto adapted = config_of(l);
+    ASSERT_TRUE(plain.is_ok() && adapted.is_ok()) << adapted.status().message();
+    auto a = estimate(*plain, 4);
+    auto b = estimate(*adapted, 4);
+    ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().message();
+    const double micro_batches = 8.0 / (2 * (4 / tensor)), t = tensor;
+    const double replica_sums = tensor == 4 ? 2 * (2 * 0.5 * 8 * 16) : 0;  // k, v: B [16, 8]
+    const double per_layer = 7 * (2 * (t - 1) / t) * 8 * 64 + replica_sums;
+    EXPECT_NEAR(predict_step(*adapted, *b, r).tensor_ms - predict_step(*plain, *a, r).tensor_ms,
+                micro_batches * 8 * per_layer * 4 / 1e9 * 1e3, 1e-9);
   }
 }
 

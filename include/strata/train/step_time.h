@@ -85,7 +85,9 @@ struct StepTime {
 // over the data-parallel ranks, each sending (D - 1) / D of it. Tensor parallelism's: per
 // micro-batch and layer of a stage two all-reduces of the micro-batch's b s h activations
 // forward (again where checkpointing recomputes the forward) and two in backward, and the
-// embedding's and lm_head's, each sending 2 (T - 1) / T of its payload.
+// embedding's and lm_head's, each sending 2 (T - 1) / T of its payload; with LoRA, each adapted
+// projection's whole adapter copy's gradient summed per micro-batch (and k's and v's lora_B over
+// their kv replicas).
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates);
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
