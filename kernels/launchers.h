@@ -170,6 +170,18 @@ struct Nf4Tables {
 int dequantize_nf4(const LaunchContext& ctx, const void* packed, const Nf4Parts& parts,
                    const Nf4Tables& tables, void* out, Elem dtype);
 
+// ---- moe.cu: device::Ops::moe_route, moe_route_backward, scale_rows and row_dots.
+int moe_route(const LaunchContext& ctx, const float* logits, std::int64_t tokens,
+              std::int64_t experts, std::int64_t k, bool normalize, float* probs,
+              std::int32_t* chosen, float* weights);
+int moe_route_backward(const LaunchContext& ctx, const float* probs, const std::int32_t* chosen,
+                       const float* dweights, const float* aux_grad, std::int64_t tokens,
+                       std::int64_t experts, std::int64_t k, bool normalize, float* dlogits);
+int scale_rows(const LaunchContext& ctx, void* x, const float* scale, std::int64_t rows,
+               std::int64_t cols, Elem dtype);
+int row_dots(const LaunchContext& ctx, const void* a, const void* b, std::int64_t rows,
+             std::int64_t cols, const std::int32_t* index, float* out, Elem dtype);
+
 // ---- sum_squares.cu: writes sum(x^2) as one double to *result (device memory), computed in
 // double with a partition that depends only on n, so it is reproducible run to run.
 std::size_t sum_squares_scratch_bytes(std::int64_t n);

@@ -1,6 +1,8 @@
-// LlamaConfig <-> Hugging Face config.json, for the Llama, Mistral, Qwen2 and Qwen3 families.
+// LlamaConfig <-> Hugging Face config.json, for the Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and
+// Mixtral families.
 #include "strata/model/llama_config.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace strata::model {
@@ -15,6 +17,10 @@ std::string_view model_type_name(ModelFamily family) {
       return "qwen2";
     case ModelFamily::kQwen3:
       return "qwen3";
+    case ModelFamily::kQwen3Moe:
+      return "qwen3_moe";
+    case ModelFamily::kMixtral:
+      return "mixtral";
   }
   return "?";
 }
@@ -29,8 +35,20 @@ std::string_view architecture_name(ModelFamily family) {
       return "Qwen2ForCausalLM";
     case ModelFamily::kQwen3:
       return "Qwen3ForCausalLM";
+    case ModelFamily::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case ModelFamily::kMixtral:
+      return "MixtralForCausalLM";
   }
   return "?";
+}
+
+bool LlamaConfig::is_moe_layer(std::int64_t layer) const {
+  if (moe.num_experts == 0) return false;
+  if (family == ModelFamily::kMixtral) return true;
+  return std::find(moe.dense_layers.begin(), moe.dense_layers.end(), layer) ==
+             moe.dense_layers.end() &&
+         (layer + 1) % moe.sparse_step == 0;
 }
 
 Status LlamaConfig::validate(const std::string& where) const {
@@ -60,6 +78,25 @@ Status LlamaConfig::validate(const std::string& where) const {
   if (!(rms_norm_eps > 0)) errors.push_back("rms_norm_eps must be > 0");
   if (!(initializer_range > 0)) errors.push_back("initializer_range must be > 0");
   if (sliding_window < 0) errors.push_back("sliding_window must be >= 0");
+  if (has_moe()) {
+    const char* k = family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts";
+    if (moe.experts_per_token < 1 || moe.experts_per_token > moe.num_experts) {
+      errors.push_back("num_experts_per_tok must be in [1, " + std::string(k) + " " +
+                       std::to_string(moe.num_experts) + "], got " +
+                       std::to_string(moe.experts_per_token));
+    }
+    positive(family == ModelFamily::kMixtral ? "intermediate_size" : "moe_intermediate_size",
+             moe.expert_intermediate_size);
+    positive("decoder_sparse_step", moe.sparse_step);
+    for (const std::int64_t l : moe.dense_layers) {
+      if (l < 0 || l >= num_hidden_layers) {
+        errors.push_back("mlp_only_layers holds layer " + std::to_string(l) +
+                         ", outside [0, num_hidden_layers " + std::to_string(num_hidden_layers) +
+                         ")");
+      }
+    }
+    if (!(moe.aux_loss_coef >= 0)) errors.push_back("router_aux_loss_coef must be >= 0");
+  }
   if (errors.empty()) return Status::ok();
   std::string msg = "invalid model config in " + where + ":";
   for (const auto& e : errors) msg += "\n  " + e;
@@ -117,6 +154,52 @@ void read_rope(JsonReader& r, const char* key, LlamaConfig* c) {
   }
 }
 
+// The MoE keys of Qwen3MoeConfig and MixtralConfig, with transformers' defaults.
+void read_moe(JsonReader& r, LlamaConfig* c) {
+  MoeConfig& m = c->moe;
+  if (c->family == ModelFamily::kQwen3Moe) {
+    m.num_experts = 128;
+    m.experts_per_token = 8;
+    m.expert_intermediate_size = 768;
+    r.read("num_experts", &m.num_experts, 0);
+    r.read("moe_intermediate_size", &m.expert_intermediate_size, 0);
+    r.read("norm_topk_prob", &m.normalize_top_k);
+    r.read("decoder_sparse_step", &m.sparse_step, 0);
+    if (const Json* v = r.raw("mlp_only_layers"); v && !v->is_null()) {
+      if (!v->is_array()) {
+        r.error("mlp_only_layers", "expected a list of layer indices, got " + v->dump());
+      } else {
+        for (const Json& l : *v) {
+          if (!l.is_number_integer()) {
+            r.error("mlp_only_layers", "expected layer indices, got " + l.dump());
+          } else {
+            m.dense_layers.push_back(l.get<std::int64_t>());
+          }
+        }
+      }
+    }
+  } else if (c->family == ModelFamily::kMixtral) {
+    m.num_experts = 8;
+    m.experts_per_token = 2;
+    m.normalize_top_k = true;
+    r.read("num_local_experts", &m.num_experts, 1);
+    m.expert_intermediate_size = c->intermediate_size;
+    if (r.has("intermediate_size")) r.read("intermediate_size", &m.expert_intermediate_size, 1);
+    double jitter = 0;
+    r.read("router_jitter_noise", &jitter, 0.0);
+    if (jitter != 0) {
+      r.error("router_jitter_noise",
+              "training-time router noise is not supported: expected 0, got " +
+                  std::to_string(jitter));
+    }
+  } else {
+    return;
+  }
+  r.read("num_experts_per_tok", &m.experts_per_token, 0);
+  r.read("router_aux_loss_coef", &m.aux_loss_coef, 0.0);
+  r.read("output_router_logits", &m.aux_loss);
+}
+
 }  // namespace
 
 Result<LlamaConfig> LlamaConfig::from_json(const Json& json, const std::string& where) {
@@ -135,9 +218,15 @@ Result<LlamaConfig> LlamaConfig::from_json(const Json& json, const std::string& 
       c.family = ModelFamily::kQwen2;
     } else if (t == "qwen3") {
       c.family = ModelFamily::kQwen3;
+    } else if (t == "qwen3_moe") {
+      c.family = ModelFamily::kQwen3Moe;
+    } else if (t == "mixtral") {
+      c.family = ModelFamily::kMixtral;
     } else {
       r.error("model_type",
-              "expected \"llama\", \"mistral\", \"qwen2\" or \"qwen3\", got " + v->dump());
+              "expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or "
+              "\"mixtral\", got " +
+                  v->dump());
     }
   }
   r.read("vocab_size", &c.vocab_size, 1);
@@ -161,7 +250,8 @@ Result<LlamaConfig> LlamaConfig::from_json(const Json& json, const std::string& 
   bool attention_bias = false, mlp_bias = false;
   r.read("attention_bias", &attention_bias);
   r.read("mlp_bias", &mlp_bias);
-  const bool qwen = c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3;
+  const bool qwen = c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3 ||
+                    c.family == ModelFamily::kQwen3Moe;
   switch (c.family) {
     case ModelFamily::kLlama:
       c.qkv_bias = c.o_bias = attention_bias;
@@ -176,11 +266,17 @@ Result<LlamaConfig> LlamaConfig::from_json(const Json& json, const std::string& 
       if (mlp_bias) r.error("mlp_bias", "Qwen2 has no MLP biases");
       break;
     case ModelFamily::kQwen3:
+    case ModelFamily::kQwen3Moe:
       c.qkv_bias = c.o_bias = attention_bias;
       c.qk_norm = true;
       if (mlp_bias) r.error("mlp_bias", "Qwen3 has no MLP biases");
       break;
+    case ModelFamily::kMixtral:
+      if (attention_bias) r.error("attention_bias", "Mixtral has no attention biases");
+      if (mlp_bias) r.error("mlp_bias", "Mixtral has no MLP biases");
+      break;
   }
+  read_moe(r, &c);
 
   // Sliding windows.
   std::int64_t window = 0;
@@ -191,7 +287,7 @@ Result<LlamaConfig> LlamaConfig::from_json(const Json& json, const std::string& 
       window = v->get<std::int64_t>();
     }
   }
-  if (c.family == ModelFamily::kMistral) {
+  if (c.family == ModelFamily::kMistral || c.family == ModelFamily::kMixtral) {
     c.sliding_window = window;
   } else if (qwen) {
     bool use = false;
@@ -267,8 +363,25 @@ Json LlamaConfig::to_json() const {
   j["initializer_range"] = initializer_range;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = "silu";
-  if (family == ModelFamily::kLlama || family == ModelFamily::kQwen3) {
+  if (family == ModelFamily::kLlama || family == ModelFamily::kQwen3 ||
+      family == ModelFamily::kQwen3Moe) {
     j["attention_bias"] = qkv_bias;
+  }
+  if (family == ModelFamily::kQwen3Moe) {
+    j["num_experts"] = moe.num_experts;
+    j["moe_intermediate_size"] = moe.expert_intermediate_size;
+    j["norm_topk_prob"] = moe.normalize_top_k;
+    j["decoder_sparse_step"] = moe.sparse_step;
+    j["mlp_only_layers"] = moe.dense_layers;
+  } else if (family == ModelFamily::kMixtral) {
+    j["num_local_experts"] = moe.num_experts;
+    j["intermediate_size"] = moe.expert_intermediate_size;
+    j["router_jitter_noise"] = 0.0;
+  }
+  if (has_moe()) {
+    j["num_experts_per_tok"] = moe.experts_per_token;
+    j["router_aux_loss_coef"] = moe.aux_loss_coef;
+    j["output_router_logits"] = moe.aux_loss;
   }
   if (family == ModelFamily::kLlama) j["mlp_bias"] = mlp_bias;
   if (!j.contains("rope_scaling") && !j.contains("rope_parameters")) {
@@ -285,9 +398,10 @@ Json LlamaConfig::to_json() const {
           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
     }
   }
-  if (family == ModelFamily::kMistral) {
+  if (family == ModelFamily::kMistral || family == ModelFamily::kMixtral) {
     j["sliding_window"] = sliding_window > 0 ? Json(sliding_window) : Json();
-  } else if (family == ModelFamily::kQwen2 || family == ModelFamily::kQwen3) {
+  } else if (family == ModelFamily::kQwen2 || family == ModelFamily::kQwen3 ||
+             family == ModelFamily::kQwen3Moe) {
     if (!j.contains("use_sliding_window")) j["use_sliding_window"] = sliding_window > 0;
     if (sliding_window > 0) {
       j["sliding_window"] = sliding_window;

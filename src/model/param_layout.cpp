@@ -62,6 +62,10 @@ std::vector<std::string> tensor_parallel_problems(const LlamaConfig& c, int size
   }
   must_divide(c.intermediate_size, "intermediate_size");
   must_divide(c.vocab_size, "vocab_size");
+  if (size > 1 && c.has_moe()) {
+    problems.push_back(t + ": mixture-of-experts layers (" + std::string(model_type_name(c.family)) +
+                       ") do not split over tensor-parallel ranks");
+  }
   return problems;
 }
 
@@ -170,9 +174,14 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       norm("self_attn.k_norm.weight", c.head_dim());
     }
     norm("post_attention_layernorm.weight", h);
-    linear("mlp.gate_proj", ffn, h, c.mlp_bias, rows);
-    linear("mlp.up_proj", ffn, h, c.mlp_bias, rows);
-    linear("mlp.down_proj", h, ffn, c.mlp_bias, cols);
+    if (c.is_moe_layer(l)) {
+      // The router here; the experts in groups of their own, after the head.
+      add_tensor(g, router_weight_name(c, l), {c.moe.num_experts, h}, kNormal);
+    } else {
+      linear("mlp.gate_proj", ffn, h, c.mlp_bias, rows);
+      linear("mlp.up_proj", ffn, h, c.mlp_bias, rows);
+      linear("mlp.down_proj", h, ffn, c.mlp_bias, cols);
+    }
     layout.groups_.push_back(std::move(g));
   }
 
@@ -188,7 +197,30 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
   }
   layout.groups_.push_back(std::move(head));
 
+  // Every MoE layer's experts, a group each: gate, up and down projection.
   layout.num_layers_ = static_cast<int>(c.num_hidden_layers);
+  layout.first_expert_.assign(static_cast<std::size_t>(c.num_hidden_layers) + 1, 0);
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const int first = layout.num_layers_ + 2 + layout.expert_groups_;
+    layout.first_expert_[static_cast<std::size_t>(l)] = first;
+    if (!c.is_moe_layer(l)) continue;
+    const std::int64_t f = c.moe.expert_intermediate_size;
+    for (std::int64_t e = 0; e < c.moe.num_experts; ++e) {
+      ParamGroup g;
+      g.name = "layers." + std::to_string(l) + ".experts." + std::to_string(e);
+      const ExpertNames n = expert_weight_names(c, l, e);
+      for (const auto& [name, shape] :
+           {std::pair{n.gate, std::vector<std::int64_t>{f, h}}, std::pair{n.up, std::vector{f, h}},
+            std::pair{n.down, std::vector{h, f}}}) {
+        add_tensor(g, name, shape, kNormal);
+        if (nf4_base) g.tensors.back().format = TensorFormat::kNf4;
+      }
+      layout.groups_.push_back(std::move(g));
+      ++layout.expert_groups_;
+    }
+  }
+  layout.first_expert_.back() = layout.num_layers_ + 2 + layout.expert_groups_;
+
   layout.adapters_ = lora.has_value();
   if (lora) {
     // Frozen, but for the modules that train whole beside the adapters.
@@ -278,11 +310,20 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       g.duplicate_begin = 0;
     }
   }
-  for (const auto& g : layout.groups_) {
-    layout.total_elems_ += g.num_elems;
-    for (const auto& t : g.tensors) layout.num_parameters_ += t.num_elems;
-  }
+  layout.index();
   return layout;
+}
+
+void ParamLayout::index() {
+  total_elems_ = num_parameters_ = 0;
+  by_name_.clear();
+  for (const auto& g : groups_) {
+    total_elems_ += g.num_elems;
+    for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+      num_parameters_ += g.tensors[i].num_elems;
+      by_name_.emplace(g.tensors[i].name, std::pair{g.id, static_cast<int>(i)});
+    }
+  }
 }
 
 int ParamLayout::stage_of(int group, const PipelineStage& stage) const {
@@ -290,6 +331,11 @@ int ParamLayout::stage_of(int group, const PipelineStage& stage) const {
   const int layers = num_layers_;
   if (group >= layer_group(0) && group < layer_group(layers)) {
     return stage.stage_holding(group - layer_group(0), layers);
+  }
+  if (expert_groups_ > 0 && group >= first_expert_.front() && group < first_expert_.back()) {
+    const auto layer = std::upper_bound(first_expert_.begin(), first_expert_.end(), group) -
+                       first_expert_.begin() - 1;
+    return stage.stage_holding(static_cast<int>(layer), layers);
   }
   if (adapters_ && group >= adapter_group(0) && group < adapter_group(layers)) {
     return stage.stage_holding(group - adapter_group(0), layers);
@@ -303,9 +349,8 @@ ParamLayout ParamLayout::from_groups(std::vector<ParamGroup> groups) {
   layout.num_layers_ = std::max(0, static_cast<int>(layout.groups_.size()) - 2);
   for (std::size_t i = 0; i < layout.groups_.size(); ++i) {
     layout.groups_[i].id = static_cast<int>(i);
-    layout.total_elems_ += layout.groups_[i].num_elems;
-    for (const auto& t : layout.groups_[i].tensors) layout.num_parameters_ += t.num_elems;
   }
+  layout.index();
   return layout;
 }
 
@@ -316,12 +361,26 @@ ParamLayout ParamLayout::all_frozen() const {
 }
 
 std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) const {
-  for (const auto& g : groups_) {
-    for (const auto& t : g.tensors) {
-      if (t.name == name) return Location{g.id, &t};
-    }
+  const auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  const auto [group, tensor] = it->second;
+  return Location{group, &groups_[static_cast<std::size_t>(group)]
+                               .tensors[static_cast<std::size_t>(tensor)]};
+}
+
+std::string router_weight_name(const LlamaConfig& c, std::int64_t layer) {
+  return "model.layers." + std::to_string(layer) +
+         (c.family == ModelFamily::kMixtral ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight");
+}
+
+ExpertNames expert_weight_names(const LlamaConfig& c, std::int64_t layer, std::int64_t expert) {
+  const std::string p = "model.layers." + std::to_string(layer);
+  if (c.family == ModelFamily::kMixtral) {
+    const std::string m = p + ".block_sparse_moe.experts." + std::to_string(expert) + ".";
+    return {m + "w1.weight", m + "w3.weight", m + "w2.weight"};
   }
-  return std::nullopt;
+  const std::string m = p + ".mlp.experts." + std::to_string(expert) + ".";
+  return {m + "gate_proj.weight", m + "up_proj.weight", m + "down_proj.weight"};
 }
 
 void init_group(const LlamaConfig& config, const ParamGroup& group, std::uint64_t seed,

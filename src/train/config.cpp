@@ -503,6 +503,18 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       errors.push_back("'pipeline_schedule': \"interleaved\" needs pipeline_parallel_size above 1");
     }
   }
+  if (has_model && c.model.has_moe()) {
+    const std::string family(model::model_type_name(c.model.family));
+    if (c.pipeline_parallel_size > 1) {
+      errors.push_back("'pipeline_parallel_size': the mixture-of-experts layers of " + family +
+                       " run on one pipeline stage (the load-balancing loss sums over every "
+                       "layer); use pipeline_parallel_size 1");
+    }
+    if (c.finetune.method != FinetuneMethod::kFull) {
+      errors.push_back("'finetune.method': adapters on the experts of " + family +
+                       " are not supported yet; use \"full\"");
+    }
+  }
   if (c.pipeline_parallel_size > 1 || !c.pipeline_layers.empty()) {
     const int virtual_count = c.pipeline_parallel_size * c.virtual_stages;
     if (has_model && c.pipeline_layers.empty() && virtual_count > c.model.num_hidden_layers) {

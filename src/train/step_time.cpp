@@ -554,6 +554,8 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       } else if (tensor > 1 && config.sequence_parallel &&
                  (config.micro_batch_size * config.seq_len) % tensor != 0) {
         g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";
+      } else if (pipeline > 1 && config.model.has_moe()) {
+        g.refused = "mixture-of-experts layers run on one pipeline stage";
       } else if (pipeline * c.virtual_stages > config.model.num_hidden_layers) {
         g.refused = "more stages than layers";
       } else if (Status s = c.check_batch_split(data); !s.is_ok()) {

@@ -1,11 +1,13 @@
 #!/usr/bin/python3
 """Golden data for the model families (tests/unit/model/family_golden_test.cpp and
-tests/integration/family_train_test.cpp): tiny Llama 3.x, Qwen2, Qwen3 and Mistral models in
-float64, written from transformers' modeling code (modeling_llama, modeling_qwen2,
-modeling_qwen3, modeling_mistral: RMSNorm, rotary embeddings with rope_scaling "llama3" and
-"linear", q/k/v/o and MLP biases, Qwen3's per-head q_norm/k_norm before the rotation, sliding-
-window causal masks, repeat_kv, SiLU-gated MLP) in plain torch, since transformers is not
-installed here.
+tests/integration/family_train_test.cpp): tiny Llama 3.x, Qwen2, Qwen3, Mistral, Qwen3-MoE and
+Mixtral models in float64, written from transformers' modeling code (modeling_llama,
+modeling_qwen2, modeling_qwen3, modeling_mistral, modeling_qwen3_moe, modeling_mixtral: RMSNorm,
+rotary embeddings with rope_scaling "llama3" and "linear", q/k/v/o and MLP biases, Qwen3's
+per-head q_norm/k_norm before the rotation, sliding-window causal masks, repeat_kv, SiLU-gated
+MLP; the sparse MoE block's router (softmax over the experts, top-k, the top-k weights
+renormalized where the family does), its experts' weighted sum, and load_balancing_loss_func
+added with router_aux_loss_coef) in plain torch, since transformers is not installed here.
 
 For each case it writes the config.json, float32 initial weights, a token sequence, the loss and
 every gradient of one forward/backward, and the losses of `STEPS` full-batch AdamW steps
@@ -51,6 +53,22 @@ CASES = {
     # Mistral: a sliding window of 4 in every layer.
     "mistral": dict(BASE, model_type="mistral", architectures=["MistralForCausalLM"],
                     sliding_window=4),
+    # Qwen3-MoE: Qwen3's attention; 4 experts of 8, top 2 renormalized; layer 1 keeps a dense
+    # MLP (mlp_only_layers); the aux loss over layers 0 and 2 (coefficient raised so its
+    # gradient shows).
+    "qwen3-moe": dict(BASE, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+                      num_hidden_layers=3, head_dim=6, attention_bias=False,
+                      use_sliding_window=False, sliding_window=None, max_window_layers=3,
+                      rope_theta=1000000.0, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=8, norm_topk_prob=True, decoder_sparse_step=1,
+                      mlp_only_layers=[1], router_aux_loss_coef=0.05,
+                      output_router_logits=True),
+    # Mixtral: Mistral's attention (a window of 4); 4 experts (w1 gate, w2 down, w3 up) of
+    # intermediate_size 8, top 2 always renormalized.
+    "mixtral": dict(BASE, model_type="mixtral", architectures=["MixtralForCausalLM"],
+                    intermediate_size=8, sliding_window=4, num_local_experts=4,
+                    num_experts_per_tok=2, router_aux_loss_coef=0.05,
+                    output_router_logits=True, router_jitter_noise=0.0),
 }
 SEQ, WINDOWS, STEPS = 8, 4, 3
 ADAMW = dict(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -76,6 +94,35 @@ def window_of(c, layer):
                 layer >= c.get("max_window_layers", 0):
             return c["sliding_window"]
     return 0
+
+
+def num_experts(c):
+    return c.get("num_experts") or c.get("num_local_experts") or 0
+
+
+def is_moe_layer(c, layer):  # Qwen3MoeDecoderLayer's rule; every Mixtral layer
+    if c["model_type"] == "mixtral":
+        return True
+    if c["model_type"] != "qwen3_moe":
+        return False
+    return layer not in c.get("mlp_only_layers", []) and num_experts(c) > 0 and \
+        (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+
+
+def moe_names(c, p):
+    """The router's tensor and each expert's (gate, up, down) names in layer prefix p."""
+    if c["model_type"] == "mixtral":
+        m = p + "block_sparse_moe."
+        return m + "gate.weight", [tuple(m + f"experts.{e}.{n}.weight" for n in ("w1", "w3", "w2"))
+                                   for e in range(num_experts(c))]
+    m = p + "mlp."
+    return m + "gate.weight", [tuple(m + f"experts.{e}.{n}.weight"
+                                     for n in ("gate_proj", "up_proj", "down_proj"))
+                               for e in range(num_experts(c))]
+
+
+def expert_size(c):
+    return c["moe_intermediate_size"] if c["model_type"] == "qwen3_moe" else c["intermediate_size"]
 
 
 def make_weights(c, gen):
@@ -105,6 +152,13 @@ def make_weights(c, gen):
             w[p + "self_attn.q_norm.weight"] = norm(d)
             w[p + "self_attn.k_norm.weight"] = norm(d)
         w[p + "post_attention_layernorm.weight"] = norm(h)
+        if is_moe_layer(c, i):
+            router, experts = moe_names(c, p)
+            w[router] = lin(num_experts(c), h)
+            f = expert_size(c)
+            for gate, up, down in experts:
+                w[gate], w[up], w[down] = lin(f, h), lin(f, h), lin(h, f)
+            continue
         for name, out, inp in (("gate_proj", ffn, h), ("up_proj", ffn, h), ("down_proj", h, ffn)):
             w[p + f"mlp.{name}.weight"] = lin(out, inp)
             if c.get("mlp_bias", False):
@@ -194,7 +248,60 @@ def mlp(x, w, p):
     return linear(gate * linear(x, w, p + "up_proj"), w, p + "down_proj")
 
 
-def loss_fn(w, c, ids, targets):
+# The smallest gap between a token's k-th and (k+1)-th router probability met so far: a near-tie
+# that float32 could route otherwise is visible (and avoided by the case's seed).
+ROUTE_GAP = [float("inf")]
+
+
+def sparse_moe(x, w, p, c, router_logits):
+    """Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: softmax over the experts, top-k, the
+    top-k weights renormalized (Mixtral always, Qwen3-MoE under norm_topk_prob), each token's
+    output the weighted sum of its experts' SwiGLU outputs (index_add_ in expert order)."""
+    b, s, h = x.shape
+    xs = x.reshape(-1, h)
+    router, experts = moe_names(c, p)
+    logits = xs @ w[router].T
+    router_logits.append(logits)
+    probs = torch.softmax(logits, dim=1)
+    k = c["num_experts_per_tok"]
+    with torch.no_grad():
+        top = torch.topk(probs, k + 1, dim=-1).values if k < probs.shape[1] else None
+        if top is not None:
+            ROUTE_GAP[0] = min(ROUTE_GAP[0], float((top[:, k - 1] - top[:, k]).min()))
+    weights, chosen = torch.topk(probs, k, dim=-1)
+    if c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(xs)
+    for e, (gate, up, down) in enumerate(experts):
+        tok, slot = torch.where(chosen == e)
+        if tok.numel() == 0:
+            continue
+        xe = xs[tok]
+        ye = (torch.nn.functional.silu(xe @ w[gate].T) * (xe @ w[up].T)) @ w[down].T
+        out = out.index_add(0, tok, ye * weights[tok, slot, None])
+    return out.reshape(b, s, h)
+
+
+def load_balancing_loss(router_logits, c):
+    """transformers' load_balancing_loss_func without an attention mask, over every MoE layer's
+    logits concatenated."""
+    e, k = num_experts(c), c["num_experts_per_tok"]
+    probs = torch.softmax(torch.cat(router_logits, dim=0), dim=-1)
+    _, chosen = torch.topk(probs, k, dim=-1)
+    mask = torch.nn.functional.one_hot(chosen, e)
+    tokens_per_expert = torch.mean(mask.to(probs.dtype), dim=0)
+    router_prob_per_expert = torch.mean(probs, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * e
+
+
+def block_mlp(x, w, p, c, layer, router_logits):
+    if is_moe_layer(c, layer):
+        return sparse_moe(x, w, p, c, router_logits)
+    return mlp(x, w, p + "mlp.")
+
+
+def forward(w, c, ids, router_logits):
+    """The final norm's output."""
     eps = c["rms_norm_eps"]
     h = w["model.embed_tokens.weight"][ids]
     cos, sin = rotary_cos_sin(c, ids.shape[1])
@@ -203,11 +310,28 @@ def loss_fn(w, c, ids, targets):
         p = f"model.layers.{i}."
         h = h + attention(rms_norm(h, w[p + "input_layernorm.weight"], eps), w, p + "self_attn.",
                           c, cos, sin, window_of(c, i))
-        h = h + mlp(rms_norm(h, w[p + "post_attention_layernorm.weight"], eps), w, p + "mlp.")
-    h = rms_norm(h, w["model.norm.weight"], eps)
+        h = h + block_mlp(rms_norm(h, w[p + "post_attention_layernorm.weight"], eps), w, p, c, i,
+                          router_logits)
+    return rms_norm(h, w["model.norm.weight"], eps)
+
+
+def losses_of(w, c, ids, targets):
+    """(the training loss, the language-model loss, the aux loss or None): CausalLM's loss plus
+    router_aux_loss_coef times the load-balancing loss when output_router_logits."""
+    router_logits = []
+    h = forward(w, c, ids, router_logits)
     lm = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
     logits = h @ lm.T
-    return torch.nn.functional.cross_entropy(logits.view(-1, c["vocab_size"]), targets.view(-1))
+    lm_loss = torch.nn.functional.cross_entropy(logits.view(-1, c["vocab_size"]),
+                                                targets.view(-1))
+    if not router_logits or not c.get("output_router_logits", False):
+        return lm_loss, lm_loss, None
+    aux = load_balancing_loss(router_logits, c)
+    return lm_loss + c["router_aux_loss_coef"] * aux, lm_loss, aux
+
+
+def loss_fn(w, c, ids, targets):
+    return losses_of(w, c, ids, targets)[0]
 
 
 def batch_of(tokens):
@@ -245,16 +369,7 @@ def greedy(weights64, c, prompt, n):
     with torch.no_grad():
         for _ in range(n):
             t = torch.tensor([ids])
-            eps = c["rms_norm_eps"]
-            h = weights64["model.embed_tokens.weight"][t]
-            cos, sin = rotary_cos_sin(c, t.shape[1])
-            for i in range(c["num_hidden_layers"]):
-                p = f"model.layers.{i}."
-                h = h + attention(rms_norm(h, weights64[p + "input_layernorm.weight"], eps),
-                                  weights64, p + "self_attn.", c, cos, sin, window_of(c, i))
-                h = h + mlp(rms_norm(h, weights64[p + "post_attention_layernorm.weight"], eps),
-                            weights64, p + "mlp.")
-            h = rms_norm(h, weights64["model.norm.weight"], eps)
+            h = forward(weights64, c, t, [])
             lm = weights64["model.embed_tokens.weight"] if c["tie_word_embeddings"] \
                 else weights64["lm_head.weight"]
             logits = h[0, -1] @ lm.T
@@ -272,11 +387,17 @@ def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "tests/data/families"
     os.makedirs(out_dir, exist_ok=True)
     for n, (name, c) in enumerate(CASES.items()):
+        if len(sys.argv) > 2 and name not in sys.argv[2:]:
+            continue
         gen = torch.Generator().manual_seed(20261202 + n)
         weights = make_weights(c, gen)
         tokens = torch.randint(0, c["vocab_size"], (WINDOWS * SEQ + 1,), generator=gen)
         ids, targets = batch_of(tokens)
+        ROUTE_GAP[0] = float("inf")
         loss, grads = one_step(weights, c, ids, targets, torch.float64)
+        with torch.no_grad():
+            w64 = {k: v.double() for k, v in weights.items()}
+            _, lm_loss, aux_loss = losses_of(w64, c, ids, targets)
         loss32, grads32 = one_step(weights, c, ids, targets, torch.float32)
         losses, trained = train(weights, c, ids, targets, torch.float64)
         losses32, trained32_run = train(weights, c, ids, targets, torch.float32)
@@ -285,6 +406,8 @@ def main():
                      for k, v in trained.items()}
         prompt = tokens[:5].tolist()
         generated, gap = greedy(trained32, c, prompt, 12)
+        route_gap = ROUTE_GAP[0]
+        assert route_gap > 1e-4, "%s: a near-tie in routing (%g): change its seed" % (name, route_gap)
         data = {
             "generator": "tools/golden/family_golden.py (torch %s, float64; f32 errors from the "
                          "same computation in float32)" % torch.__version__,
@@ -295,6 +418,7 @@ def main():
             "adamw": dict(ADAMW, betas=list(ADAMW["betas"])),
             "weights": {k: fmt(v, 9) for k, v in weights.items()},
             "loss": loss,
+            "lm_loss": float(lm_loss),
             "grads": {k: fmt(v, 10) for k, v in grads.items()},
             "f32_loss_error": abs(loss32 - loss),
             "f32_grad_error": {k: float((grads32[k].double() - g).abs().max())
@@ -306,6 +430,11 @@ def main():
                                          for k, v in trained.items()},
             "greedy": {"prompt": prompt, "generated": generated, "min_top2_gap": gap},
         }
+        if aux_loss is not None:
+            data["aux_loss"] = float(aux_loss)
+        if route_gap != float("inf"):
+            # Every routing decision of the step, the training and the decoding, in float64.
+            data["min_route_gap"] = route_gap
         path = os.path.join(out_dir, name + ".json")
         with open(path, "w") as f:
             json.dump(data, f, separators=(",", ":"))

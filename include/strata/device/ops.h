@@ -224,6 +224,31 @@ class Ops {
   // product), rounded once to `dtype`; the same bits as nf4_dequantize_reference on every backend.
   virtual void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const = 0;
 
+  // Mixture-of-experts routing (transformers' Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock)
+  // of `tokens` rows of router logits [tokens, experts] (f32): probs = softmax(logits) [tokens,
+  // experts]; chosen [tokens, k] its k largest probabilities' experts, largest first (the lower
+  // expert first among equals); weights [tokens, k] their probabilities, divided by their sum
+  // with `normalize`. All f32 (chosen int32).
+  virtual void moe_route(const float* logits, std::int64_t tokens, std::int64_t experts,
+                         std::int64_t k, bool normalize, float* probs, std::int32_t* chosen,
+                         float* weights) const = 0;
+  // Its backward: dlogits [tokens, experts] (overwritten) from dweights [tokens, k], the gradient
+  // of moe_route's weights, and where aux_grad is not null, aux_grad [experts] added to every
+  // token's gradient of its probabilities (the load-balancing loss's, which reads every
+  // probability). All f32.
+  virtual void moe_route_backward(const float* probs, const std::int32_t* chosen,
+                                  const float* dweights, const float* aux_grad, std::int64_t tokens,
+                                  std::int64_t experts, std::int64_t k, bool normalize,
+                                  float* dlogits) const = 0;
+  // x [rows, cols]: each row times its scale[i] (f32, rounded to dtype first; each product
+  // rounded to dtype): an expert's outputs weighted by its tokens' routing weights.
+  virtual void scale_rows(void* x, const float* scale, std::int64_t rows, std::int64_t cols,
+                          DType dtype) const = 0;
+  // out[index[i]] = the dot product of rows i of a and b [rows, cols], summed in f32: the
+  // gradient of each routing weight, written at its token's slot.
+  virtual void row_dots(const void* a, const void* b, std::int64_t rows, std::int64_t cols,
+                        const std::int32_t* index, float* out, DType dtype) const = 0;
+
   // sum(x^2) in double over n elements (for gradient norms of device-resident gradients),
   // written to *result, 8 bytes of device memory, in compute-stream order: many sums are read
   // back to the host with one copy and one synchronization. The same bits on every backend

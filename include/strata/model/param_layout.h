@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "strata/core/dtype.h"
@@ -132,9 +133,11 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // Groups: 0 = "embed" (model.embed_tokens.weight); 1..L = "layers.i" in the order
 // input_layernorm, self_attn.{q,k,v,o}_proj (each weight followed by its bias where the family
 // has one), self_attn.{q,k}_norm (Qwen3), post_attention_layernorm, mlp.{gate,up,down}_proj
-// (with biases under mlp_bias); L+1 = "head" (model.norm.weight, then lm_head.weight unless
-// tie_word_embeddings). With LoRA adapters, every group above is frozen and L+2..2L+1 =
-// "layers.i.lora" hold layer i's adapters: for each target in the block's order,
+// (with biases under mlp_bias) or, in an MoE layer, its router; L+1 = "head" (model.norm.weight,
+// then lm_head.weight unless tie_word_embeddings). Then each MoE layer's experts, a group each
+// in layer and expert order: X = the number of them, "layers.i.experts.e" holding the expert's
+// gate, up and down projections (expert_weight_names). With LoRA adapters, every group above is
+// frozen and L+X+2..2L+X+1 = "layers.i.lora" hold layer i's adapters: for each target in the block's order,
 // model.layers.i.<module>.lora_A.weight [r, in] then .lora_B.weight [out, r]. The base's group
 // ids do not change, so a base drawn from a seed is the same with or without adapters. With
 // `nf4_base` (QLoRA, adapters required) every block's projection weights are kNf4.
@@ -142,7 +145,7 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // Modules that train whole beside the adapters (LoraConfig::modules_to_save): the embed group,
 // or the head group, trains when all its tensors do; a block's norms move out of its frozen group
 // to the end of its adapter group, in the block's order; model.norm moves to a group of its own,
-// 2L+2 = "head.norm", when it trains and lm_head does not, or the other way round. Only norms
+// 2L+X+2 = "head.norm", when it trains and lm_head does not, or the other way round. Only norms
 // move (they start at one, drawing nothing), so a base from a seed stays the same.
 //
 // With `tp`, each tensor is this rank's slice (TensorSpec::slice; adapters split as NeMo's: B by
@@ -171,9 +174,22 @@ class ParamLayout {
   int embed_group() const { return 0; }
   int layer_group(int layer) const { return 1 + layer; }
   int head_group() const { return 1 + num_layers_; }
+  // Expert `expert` of MoE layer `layer`'s group (the layer must be an MoE one).
+  int expert_group(int layer, int expert) const {
+    return first_expert_[static_cast<std::size_t>(layer)] + expert;
+  }
+  // The experts' groups of layer `layer`: 0 for a dense layer.
+  int num_experts(int layer) const {
+    return first_expert_.empty() ? 0
+                                 : first_expert_[static_cast<std::size_t>(layer) + 1] -
+                                       first_expert_[static_cast<std::size_t>(layer)];
+  }
+  int num_expert_groups() const { return expert_groups_; }
   bool has_adapters() const { return adapters_; }
   // Layer `layer`'s adapter group; -1 without adapters.
-  int adapter_group(int layer) const { return adapters_ ? 2 + num_layers_ + layer : -1; }
+  int adapter_group(int layer) const {
+    return adapters_ ? 2 + num_layers_ + expert_groups_ + layer : -1;
+  }
   bool is_adapter(int group) const { return adapters_ && group >= adapter_group(0); }
   // The pipeline stage the layout is of, and the stage that holds group `group` (0 unsplit),
   // or that would under `stage`'s split.
@@ -191,13 +207,29 @@ class ParamLayout {
   std::optional<Location> find(const std::string& name) const;
 
  private:
+  void index();  // the totals and find()'s index, from groups_
   std::vector<ParamGroup> groups_;
   int num_layers_ = 0;
+  // The first expert group of each layer, and one past the last layer's: a dense layer's range
+  // is empty. Empty for a layout made from_groups.
+  std::vector<int> first_expert_;
+  int expert_groups_ = 0;
+  std::unordered_map<std::string, std::pair<int, int>> by_name_;  // group and tensor index
   bool adapters_ = false;
   PipelineStage stage_;
   std::int64_t total_elems_ = 0;
   std::int64_t num_parameters_ = 0;
 };
+
+// An MoE layer's router weight, [num_experts, hidden]: "model.layers.N.mlp.gate.weight"
+// (Qwen3-MoE) or "model.layers.N.block_sparse_moe.gate.weight" (Mixtral).
+std::string router_weight_name(const LlamaConfig& config, std::int64_t layer);
+// An expert's projections as Hugging Face names them: mlp.experts.E.{gate,up,down}_proj.weight
+// (Qwen3-MoE), block_sparse_moe.experts.E.{w1,w3,w2}.weight (Mixtral).
+struct ExpertNames {
+  std::string gate, up, down;
+};
+ExpertNames expert_weight_names(const LlamaConfig& config, std::int64_t layer, std::int64_t expert);
 
 // Initializes one group like transformers' LlamaForCausalLM and PEFT's LoRA: linear and
 // embedding weights ~ N(0, initializer_range), norm weights = 1, biases, LoRA's B and padding = 0,

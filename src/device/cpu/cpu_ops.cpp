@@ -9,6 +9,7 @@
 
 #include "src/device/cpu/cpu_device.h"
 #include "src/device/cpu/cpu_ops_internal.h"
+#include "strata/device/moe_route.h"
 #include "strata/device/nf4.h"
 
 namespace strata::device {
@@ -393,6 +394,61 @@ class CpuOps final : public Ops {
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
             std::int64_t n) const override {
     cpu::parallel_convert(ctx_, src, src_dtype, dst, dst_dtype, n);
+  }
+
+  void moe_route(const float* logits, std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                 bool normalize, float* probs, std::int32_t* chosen,
+                 float* weights) const override {
+    ctx_.parallel_for(tokens, row_grain(experts), [&](std::int64_t t0, std::int64_t t1) {
+      for (std::int64_t t = t0; t < t1; ++t) {
+        moe_route_reference(logits + t * experts, experts, k, normalize, probs + t * experts,
+                            chosen + t * k, weights + t * k);
+      }
+    });
+  }
+
+  void moe_route_backward(const float* probs, const std::int32_t* chosen, const float* dweights,
+                          const float* aux_grad, std::int64_t tokens, std::int64_t experts,
+                          std::int64_t k, bool normalize, float* dlogits) const override {
+    ctx_.parallel_for(tokens, row_grain(experts), [&](std::int64_t t0, std::int64_t t1) {
+      for (std::int64_t t = t0; t < t1; ++t) {
+        moe_route_backward_reference(probs + t * experts, chosen + t * k, dweights + t * k,
+                                     aux_grad, experts, k, normalize, dlogits + t * experts);
+      }
+    });
+  }
+
+  void scale_rows(void* x, const float* scale, std::int64_t rows, std::int64_t cols,
+                  DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* xs = static_cast<T*>(x);
+      ctx_.parallel_for(rows, row_grain(cols), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const float s = to_f32(from_f32<T>(scale[r]));
+          T* row = xs + r * cols;
+          for (std::int64_t j = 0; j < cols; ++j) row[j] = from_f32<T>(to_f32(row[j]) * s);
+        }
+      });
+    });
+  }
+
+  void row_dots(const void* a, const void* b, std::int64_t rows, std::int64_t cols,
+                const std::int32_t* index, float* out, DType dtype) const override {
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* as = static_cast<const T*>(a);
+      const T* bs = static_cast<const T*>(b);
+      ctx_.parallel_for(rows, row_grain(cols), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          float sum = 0.0f;
+          for (std::int64_t j = 0; j < cols; ++j) {
+            sum += to_f32(as[r * cols + j]) * to_f32(bs[r * cols + j]);
+          }
+          out[index[r]] = sum;
+        }
+      });
+    });
   }
 
   void dropout(const void* x, void* out, const DropoutBlock& block, float p, std::uint64_t key,

@@ -168,6 +168,30 @@ class ProfiledOps final : public Ops {
     Timed t("dropout", 0, 2.0 * static_cast<double>(block.size()) * sz(dtype));
     inner_->dropout(x, out, block, p, key, dtype);
   }
+  void moe_route(const float* logits, std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                 bool normalize, float* probs, std::int32_t* chosen,
+                 float* weights) const override {
+    Timed t("moe_route", 0, 8.0 * static_cast<double>(tokens * (experts + k)));
+    inner_->moe_route(logits, tokens, experts, k, normalize, probs, chosen, weights);
+  }
+  void moe_route_backward(const float* probs, const std::int32_t* chosen, const float* dweights,
+                          const float* aux_grad, std::int64_t tokens, std::int64_t experts,
+                          std::int64_t k, bool normalize, float* dlogits) const override {
+    Timed t("moe_route_backward", 0, 8.0 * static_cast<double>(tokens * (experts + k)));
+    inner_->moe_route_backward(probs, chosen, dweights, aux_grad, tokens, experts, k, normalize,
+                               dlogits);
+  }
+  void scale_rows(void* x, const float* scale, std::int64_t rows, std::int64_t cols,
+                  DType dtype) const override {
+    Timed t("scale_rows", 0, 2.0 * static_cast<double>(rows * cols) * sz(dtype));
+    inner_->scale_rows(x, scale, rows, cols, dtype);
+  }
+  void row_dots(const void* a, const void* b, std::int64_t rows, std::int64_t cols,
+                const std::int32_t* index, float* out, DType dtype) const override {
+    Timed t("row_dots", 2.0 * static_cast<double>(rows * cols),
+            2.0 * static_cast<double>(rows * cols) * sz(dtype));
+    inner_->row_dots(a, b, rows, cols, index, out, dtype);
+  }
   void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const override {
     Timed t("dequantize_nf4", 0, static_cast<double>(n) * (0.52 + sz(dtype)));
     inner_->dequantize_nf4(packed, n, out, dtype);

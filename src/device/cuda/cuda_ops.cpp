@@ -218,6 +218,32 @@ class CudaOps final : public Ops {
          "dropout");
   }
 
+  void moe_route(const float* logits, std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                 bool normalize, float* probs, std::int32_t* chosen,
+                 float* weights) const override {
+    STRATA_CHECK(k >= 1 && k <= experts, "moe_route picks 1 to experts experts", k, experts);
+    done(kernels::moe_route(ctx(), logits, tokens, experts, k, normalize, probs, chosen, weights),
+         "moe_route");
+  }
+
+  void moe_route_backward(const float* probs, const std::int32_t* chosen, const float* dweights,
+                          const float* aux_grad, std::int64_t tokens, std::int64_t experts,
+                          std::int64_t k, bool normalize, float* dlogits) const override {
+    done(kernels::moe_route_backward(ctx(), probs, chosen, dweights, aux_grad, tokens, experts, k,
+                                     normalize, dlogits),
+         "moe_route_backward");
+  }
+
+  void scale_rows(void* x, const float* scale, std::int64_t rows, std::int64_t cols,
+                  DType dtype) const override {
+    done(kernels::scale_rows(ctx(), x, scale, rows, cols, float_elem(dtype)), "scale_rows");
+  }
+
+  void row_dots(const void* a, const void* b, std::int64_t rows, std::int64_t cols,
+                const std::int32_t* index, float* out, DType dtype) const override {
+    done(kernels::row_dots(ctx(), a, b, rows, cols, index, out, float_elem(dtype)), "row_dots");
+  }
+
   void dequantize_nf4(const void* packed, std::int64_t n, void* out, DType dtype) const override {
     STRATA_CHECK(n >= 0, "negative NF4 size", n);
     const Nf4Layout l = nf4_layout(n);
