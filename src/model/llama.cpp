@@ -87,7 +87,8 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
     ask_ = {
         batch, seq,
         carve_workspace(BlockSetup::make(config_, options_, batch, seq), stage, nullptr, &measure),
-        LlamaModel::host_io_bytes(batch, seq, options_.tensor_parallel.size, stage.in_flight),
+        LlamaModel::host_io_bytes(config_, batch, seq, options_.tensor_parallel.size,
+                                  stage.in_flight),
         "activations (batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
             layers + ", activation_checkpointing " + (stage.checkpointing ? "on" : "off") + ")"};
   }
@@ -103,6 +104,15 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
   batch_ = batch;
   seq_ = seq;
   slot_loss_.assign(ws_.slots.size(), 0.0f);
+  if (config_.has_moe()) {
+    // The routing's host side at the pinned buffer's end.
+    const Dims& d = setup_.d;
+    ws_.moe.host = static_cast<std::byte*>(host_io_) + ask_.host_io_bytes -
+                   moe_host_bytes(config_, batch * seq);
+    aux_.assign(ws_.slots.size(), detail::MoeAux{});
+    for (auto& a : aux_) a.reset(d.experts);
+    slot_aux_.assign(ws_.slots.size(), 0.0);
+  }
   return Status::ok();
 }
 
@@ -206,6 +216,24 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     const int g = layout.layer_group(static_cast<int>(l));
     const int ag = layout.adapter_group(static_cast<int>(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    const bool dense = !config.is_moe_layer(l);
+    const std::string router = router_weight_name(config, l).substr(p.size());
+    if (!dense) {
+      // Every expert's group is laid out alike: its first expert's offsets serve them all.
+      const ParamGroup& eg = layout.group(layout.expert_group(static_cast<int>(l), 0));
+      const ExpertNames names = expert_weight_names(config, l, 0);
+      const auto at = [&](const std::string& name, bool bytes) {
+        const auto loc = locate(name);
+        return bytes ? static_cast<std::int64_t>(
+                           working_offset(eg, *loc.tensor, options_.compute_dtype))
+                     : loc.tensor->offset_elems;
+      };
+      for (const bool bytes : {true, false}) {
+        (bytes ? impl_->expert_bytes_ : impl_->expert_elems_) =
+            detail::ExpertTensors<std::int64_t>{at(names.gate, bytes), at(names.up, bytes),
+                                                at(names.down, bytes)};
+      }
+    }
     // The offsets of the block's tensors that live in `group`, in elements or (bytes = true) in
     // the working copy's bytes; -1 for the others.
     const auto offsets = [&](int group, bool bytes) {
@@ -226,9 +254,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
       o.wv = off(true, "self_attn.v_proj.weight");
       o.wo = off(true, "self_attn.o_proj.weight");
       o.ln2 = off(true, "post_attention_layernorm.weight");
-      o.wg = off(true, "mlp.gate_proj.weight");
-      o.wu = off(true, "mlp.up_proj.weight");
-      o.wd = off(true, "mlp.down_proj.weight");
+      o.wg = off(dense, "mlp.gate_proj.weight");
+      o.wu = off(dense, "mlp.up_proj.weight");
+      o.wd = off(dense, "mlp.down_proj.weight");
+      o.router = off(!dense, router.c_str());
       o.bq = off(config.qkv_bias, "self_attn.q_proj.bias");
       o.bk = off(config.qkv_bias, "self_attn.k_proj.bias");
       o.bv = off(config.qkv_bias, "self_attn.v_proj.bias");
@@ -399,10 +428,22 @@ int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& o
   return static_cast<int>(stage.in_flight * stage.inner_inputs());
 }
 
-std::uint64_t LlamaModel::host_io_bytes(std::int64_t batch, std::int64_t seq, int tensor_parallel,
-                                        int in_flight) {
+std::uint64_t LlamaModel::host_io_bytes(const LlamaConfig& config, std::int64_t batch,
+                                        std::int64_t seq, int tensor_parallel, int in_flight) {
   const std::int64_t split = tensor_parallel > 1 ? 3 * tensor_parallel + 2 : 0;
-  return static_cast<std::uint64_t>(batch * seq * (3 * in_flight + split)) * 4;
+  return static_cast<std::uint64_t>(batch * seq * (3 * in_flight + split)) * 4 +
+         moe_host_bytes(config, batch * seq);
+}
+
+std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows) {
+  if (!config.has_moe()) return 0;
+  // The routing read back, and the load-balancing loss's gradient on its way to the device.
+  return detail::MoeScratch::host_bytes(rows, config.moe.num_experts, config.moe.experts_per_token) +
+         static_cast<std::uint64_t>(config.moe.num_experts) * 4;
+}
+
+double LlamaModel::last_aux_loss() const {
+  return impl_->slot_aux_.empty() ? 0.0 : impl_->slot_aux_[impl_->last_slot_];
 }
 
 }  // namespace strata::model

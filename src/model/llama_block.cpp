@@ -25,6 +25,12 @@ BlockSetup BlockSetup::make(const LlamaConfig& c, const ModelOptions& options, s
   d.eps = static_cast<float>(c.rms_norm_eps);
   d.rope = c.rope();
   d.qk_norm = c.qk_norm;
+  if (c.has_moe()) {
+    d.experts = c.moe.num_experts;
+    d.experts_per_token = c.moe.experts_per_token;
+    d.expert_ffn = c.moe.expert_intermediate_size;
+    b.moe.normalize = c.family == ModelFamily::kMixtral || c.moe.normalize_top_k;
+  }
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
   if (const std::optional<LoraConfig>& lora = options.lora) {
@@ -152,14 +158,33 @@ MlpActs mlp_acts(void* gate, void* up, void* m, void* const (&ts)[kNumLoraTarget
           t_of(ts, LoraTarget::kDown)};
 }
 
+// An MoE layer's MLP over its weights' router and the setup's experts.
+MoeMlp moe_of(const BlockSetup& b, const BlockWeights& w) {
+  const Dims& d = b.d;
+  MoeMlp m;
+  m.device = b.moe.device;
+  m.tokens = d.rows;
+  m.hidden = d.hidden;
+  m.experts = d.experts;
+  m.k = d.experts_per_token;
+  m.ffn = d.expert_ffn;
+  m.normalize = b.moe.normalize;
+  m.dtype = d.dtype;
+  m.router = w.router;
+  m.source = b.moe.source;
+  m.base = &b.base;
+  return m;
+}
+
 // The block after attention, shared by training and decoding: hmid = x + att Wo^T (+ bo) ;
-// b = rmsnorm(hmid) (statistics into rstd) ; then the MLP from b, and unless out is null,
-// out = hmid + its output. Null out (recomputation for backward) still forms down_proj's
-// adapter activation, which its backward needs. `ts`: each adapter's t.
+// b = rmsnorm(hmid) (statistics into rstd) ; then the MLP from b (an MoE layer's experts where
+// it has a router), and unless out is null, out = hmid + its output. Null out (recomputation
+// for backward) still forms down_proj's adapter activation, which its backward needs. `ts`: each
+// adapter's t.
 Status block_tail(const device::Ops& ops, const BlockSetup& bs, const BlockLayers& L,
                   const BlockWeights& w, const void* x, const void* att, void* hmid, float* rstd,
-                  void* b, const MlpActs& mlp, void* t_o, void* scratch, void* partial,
-                  void* b_local, void* out) {
+                  void* b, const MlpActs& mlp, const MoeActs& moe, void* t_o, void* scratch,
+                  void* partial, void* b_local, void* out) {
   const Dims& d = bs.d;
   const TensorSplit& split = bs.split;
   const std::int64_t H = d.hidden, Rl = split.local_rows;
@@ -167,8 +192,15 @@ Status block_tail(const device::Ops& ops, const BlockSetup& bs, const BlockLayer
   ops.add(hmid, x, hmid, Rl * H, d.dtype);
   ops.rmsnorm_forward(hmid, w.ln2, b_local != nullptr ? b_local : split.row_slot(b, H), rstd, Rl, H,
                       d.eps, d.dtype);
-  STRATA_RETURN_IF_ERROR(L.mlp.gate_up.gather_input(b, "post_attention_layernorm output", b_local));
-  STRATA_RETURN_IF_ERROR(L.mlp.forward(ops, b, mlp, scratch, partial, out));
+  if (w.router != nullptr) {
+    STRATA_CHECK(!split.split(), "an MoE layer split over tensor-parallel ranks");
+    STRATA_RETURN_IF_ERROR(
+        moe_of(bs, w).forward(ops, b, moe, bs.moe.scratch, out, out != nullptr ? bs.moe.aux : nullptr));
+  } else {
+    STRATA_RETURN_IF_ERROR(
+        L.mlp.gate_up.gather_input(b, "post_attention_layernorm output", b_local));
+    STRATA_RETURN_IF_ERROR(L.mlp.forward(ops, b, mlp, scratch, partial, out));
+  }
   if (out != nullptr) ops.add(out, hmid, out, Rl * H, d.dtype);
   return Status::ok();
 }
@@ -201,9 +233,13 @@ Status block_forward(const device::Ops& ops, const BlockSetup& bs, const BlockWe
   ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
+  MoeActs moe = s.moe;
+  moe.gate = s.gate;
+  moe.up = s.up;
+  moe.m = s.m;
   return block_tail(ops, bs, L, w, s.x, s.att, s.hmid, s.rstd2, s.b,
-                    mlp_acts(s.gate, s.up, s.m, s.lora_t), t_of(s.lora_t, LoraTarget::kO), s.lora_x,
-                    s.partial, s.b_local, out);
+                    mlp_acts(s.gate, s.up, s.m, s.lora_t), moe, t_of(s.lora_t, LoraTarget::kO),
+                    s.lora_x, s.partial, s.b_local, out);
 }
 
 Status block_decode(const device::Ops& ops, const BlockSetup& bs, const BlockWeights& w,
@@ -233,8 +269,12 @@ Status block_decode(const device::Ops& ops, const BlockSetup& bs, const BlockWei
   ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
+  MoeActs moe = s.moe;
+  moe.gate = s.gate;
+  moe.up = s.up;
+  moe.m = s.m;
   return block_tail(ops, bs, L, w, s.x, s.att, s.hmid, s.rstd, s.b, mlp_acts(s.gate, s.up, s.m, ts),
-                    s.lora_t, nullptr, nullptr, nullptr, out);
+                    moe, s.lora_t, nullptr, nullptr, nullptr, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
@@ -265,9 +305,18 @@ Status block_backward(const device::Ops& ops, const BlockSetup& bs, const BlockW
                     grad_of(LoraTarget::kGate),
                     grad_of(LoraTarget::kUp),
                     grad_of(LoraTarget::kDown)};
-  // Kept apart, this layer's b is gathered again into the buffer the layers share.
-  STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg, dh,
-                                        t.dm, t.dx, dx, s.lora_x, as, s.b_local));
+  if (w.router != nullptr) {
+    MoeActs moe = s.moe;
+    moe.gate = s.gate;
+    moe.up = s.up;
+    moe.m = s.m;
+    STRATA_RETURN_IF_ERROR(moe_of(bs, w).backward(ops, s.b, moe, bs.moe.scratch, dh, t.dm,
+                                                  g.router, bs.moe.aux_grad, dx));
+  } else {
+    // Kept apart, this layer's b is gathered again into the buffer the layers share.
+    STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg,
+                                          dh, t.dm, t.dx, dx, s.lora_x, as, s.b_local));
+  }
   STRATA_RETURN_IF_ERROR(norm_backward(ops, d, split, dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2,
                                        t.dln2, "post_attention_layernorm weight gradient"));
   ops.add(t.dh, t.dtmp, t.dh, Rl * H, dt);  // dh = dL/dhmid (residual + norm path)

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "src/model/dense_mlp.h"
+#include "src/model/moe_mlp.h"
 #include "src/model/parallel_layers.h"
 #include "strata/core/dtype.h"
 #include "strata/device/ops.h"
@@ -32,14 +33,33 @@ struct Dims {
   std::size_t elem_bytes = 4;
   // Rows the LM head and the loss run at once (ModelOptions::lm_head_chunk_tokens).
   std::int64_t head_rows = 0;
+  // Mixture of experts (0 experts: none): each MoE layer's experts, the ones a token picks, and
+  // an expert's intermediate size.
+  std::int64_t experts = 0, experts_per_token = 0, expert_ffn = 0;
 
   // The widest input of any projection: an adapter's dropout scratch holds rows of it.
   std::int64_t max_in() const { return std::max({hidden, q_dim, ffn}); }
   // The largest projection weight, in elements.
-  std::int64_t max_weight() const { return std::max(q_dim, ffn) * hidden; }
+  std::int64_t max_weight() const { return std::max({q_dim, ffn, expert_ffn}) * hidden; }
+  // Elements per row of a layer's MLP activations (gate, up, m): a dense MLP's ffn, or an MoE
+  // layer's k picks of expert_ffn each.
+  std::int64_t mlp_width() const { return std::max(ffn, experts_per_token * expert_ffn); }
   device::AttentionShape attention() const {
     return {batch, seq, heads, kv_heads, head_dim, window};
   }
+};
+
+// An MoE layer's settings beyond its shapes, and what it runs with: the device (the routing is
+// read back), the layer's experts, the scratch the layers share, and the micro-batch's
+// load-balancing sums (counted in forward; with aux_grad, their gradient in s.aux_grad is added in
+// backward).
+struct MoeSpec {
+  bool normalize = false;
+  device::Device* device = nullptr;
+  ExpertSource* source = nullptr;
+  MoeScratch scratch;
+  MoeAux* aux = nullptr;
+  bool aux_grad = false;
 };
 
 // What a block is computed with: this rank's shapes, the tensor split and its collectives, the
@@ -49,6 +69,7 @@ struct BlockSetup {
   TensorSplit split;
   AdapterSpec lora;
   BaseFormat base;
+  MoeSpec moe;
 
   // The options' dtype, split, adapters (rank, targets, scaling, training dropout) and base
   // format for a micro-batch of batch x seq tokens.
@@ -61,6 +82,7 @@ struct BlockSetup {
 struct BlockOffsets {
   std::int64_t ln1 = -1, wq = -1, wk = -1, wv = -1, wo = -1, ln2 = -1, wg = -1, wu = -1, wd = -1;
   std::int64_t bq = -1, bk = -1, bv = -1, bo = -1, qn = -1, kn = -1, bg = -1, bu = -1, bd = -1;
+  std::int64_t router = -1;  // an MoE layer's (its experts live in groups of their own)
 };
 
 // Element offsets of one block's adapters inside its adapter group, per LoraTarget: lora_A
@@ -86,6 +108,7 @@ struct BlockTensors {
   Ptr bq = nullptr, bk = nullptr, bv = nullptr, bo = nullptr;  // [q_dim], [kv_dim] x2, [hidden]
   Ptr qn = nullptr, kn = nullptr;                              // [head_dim] each (Qwen3)
   Ptr bg = nullptr, bu = nullptr, bd = nullptr;                // [ffn] x2, [hidden]
+  Ptr router = nullptr;  // [experts, hidden]: an MoE layer's, whose MLP is its experts
   LoraPair<Ptr> lora[kNumLoraTargets];                         // per LoraTarget
 
   static BlockTensors at(Ptr base, const BlockOffsets& o, std::size_t eb) {
@@ -117,6 +140,7 @@ struct BlockTensors {
     view(o.bg, bg);
     view(o.bu, bu);
     view(o.bd, bd);
+    view(o.router, router);
   }
   // The adapters at `base` (an adapter group's parameters or gradients).
   void attach_lora(Ptr base, const LoraOffsets& o, std::size_t eb) {
@@ -153,7 +177,7 @@ struct BlockActs {
   void* b = nullptr;        // [rows, hidden]   post_attention_layernorm(hmid)
   void* gate = nullptr;     // [rows, ffn]
   void* up = nullptr;       // [rows, ffn]
-  void* m = nullptr;        // [rows, ffn]      silu(gate) * up
+  void* m = nullptr;        // [rows, ffn]      silu(gate) * up (ffn: Dims::mlp_width)
   // Each adapter's dropout(x) A^T [rows, r], per LoraTarget (nullptr without one).
   void* lora_t[kNumLoraTargets] = {};
   // Scratch [rows, max in features], not kept: an adapter's input after dropout (lora_dropout > 0).
@@ -163,6 +187,9 @@ struct BlockActs {
   void* partial = nullptr;
   void* a_local = nullptr;  // [local_rows, hidden] this rank's rows of a, where kept apart
   void* b_local = nullptr;  // [local_rows, hidden] this rank's rows of b, where kept apart
+  // An MoE layer's routing and expert activations (its gate, up and m are the ones above, as
+  // [rows k, expert_ffn]).
+  MoeActs moe;
 };
 
 // Backward scratch shared by all blocks. The MLP part (dm; the gate and up gradients take the
@@ -232,6 +259,7 @@ struct DecodeActs {
   void* up = nullptr;      // [rows, ffn]
   void* m = nullptr;       // [rows, ffn]
   void* lora_t = nullptr;  // [rows, r]: one adapter's x A^T at a time
+  MoeActs moe;             // an MoE layer's (gate, up and m the ones above)
 };
 
 // Decodes d.rows new tokens at positions past.. past + rows - 1 (d.batch 1, d.seq = rows):

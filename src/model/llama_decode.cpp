@@ -2,6 +2,8 @@
 // last one.
 #include <cstring>
 
+#include "strata/core/aligned.h"
+
 #include "src/model/llama_impl.h"
 #include "src/model/vocab_parallel.h"
 
@@ -34,10 +36,13 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
   decode_rows_ = max_rows;
   decoded_ = 0;
   workspace_ = nullptr;  // the training workspace, if any, was replaced
+  // Token ids in and logits out, then (MoE layers) the routing read back.
+  const std::uint64_t io_bytes =
+      align_up(static_cast<std::uint64_t>(std::max(max_rows, config_.vocab_size)) * 4, 256);
   STRATA_ASSIGN_OR_RETURN(
-      decode_io_,
-      provider.host_io(static_cast<std::uint64_t>(std::max(max_rows, config_.vocab_size)) * 4,
-                       "decoding token ids and logits"));
+      decode_io_, provider.host_io(io_bytes + moe_host_bytes(config_, max_rows),
+                                   "decoding token ids and logits"));
+  dws_.moe.host = static_cast<std::byte*>(decode_io_) + io_bytes;
   host_io_ = nullptr;  // the training one, if any, was replaced
   return Status::ok();
 }
@@ -95,6 +100,10 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     }
     BlockSetup dl = setup;
     dl.d.window = config_.window_of(l);
+    LayerExperts experts = experts_of(ps, l);
+    dl.moe.device = &device_;
+    dl.moe.scratch = dws_.moe;
+    dl.moe.source = &experts;
     detail::DecodeActs acts = dws_.acts;
     acts.x = dws_.xs[l % 2];
     STRATA_RETURN_IF_ERROR(detail::block_decode(ops, dl, w, acts, dws_.k_cache[li],

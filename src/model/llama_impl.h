@@ -83,6 +83,46 @@ class ProviderSession {
   std::vector<int> held_;
 };
 
+// The pinned host bytes an MoE model's routing needs for `rows` token rows (0 without MoE).
+std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows);
+
+// One MoE layer's experts, as its block asks for them: each expert's group through the session.
+class LayerExperts final : public detail::ExpertSource {
+ public:
+  // `bytes`: the projections' offsets in an expert's working copy; `elems`: in its gradients.
+  LayerExperts(ProviderSession& ps, const ParamLayout& layout, std::int64_t layer,
+               const detail::ExpertTensors<std::int64_t>& bytes,
+               const detail::ExpertTensors<std::int64_t>& elems, std::size_t elem_bytes)
+      : ps_(ps), layout_(layout), layer_(static_cast<int>(layer)), bytes_(bytes), elems_(elems),
+        eb_(elem_bytes) {}
+  void prefetch(std::int64_t expert) override { ps_.prefetch(group(expert)); }
+  Result<detail::ExpertWeights> acquire(std::int64_t expert) override {
+    STRATA_ASSIGN_OR_RETURN(const void* p, ps_.acquire(group(expert)));
+    return detail::ExpertWeights{offset_ptr(p, bytes_.gate, 1), offset_ptr(p, bytes_.up, 1),
+                                 offset_ptr(p, bytes_.down, 1)};
+  }
+  void release(std::int64_t expert) override { ps_.release(group(expert)); }
+  bool trains() const override { return !layout_.group(group(0)).frozen; }
+  Result<detail::ExpertGrads> acquire_grads(std::int64_t expert) override {
+    STRATA_ASSIGN_OR_RETURN(void* g, ps_.acquire_grads(group(expert)));
+    return detail::ExpertGrads{offset_ptr(g, elems_.gate, eb_), offset_ptr(g, elems_.up, eb_),
+                               offset_ptr(g, elems_.down, eb_)};
+  }
+  Status release_grads(std::int64_t expert) override {
+    return ps_.release_grads(group(expert));
+  }
+
+ private:
+  int group(std::int64_t expert) const {
+    return layout_.expert_group(layer_, static_cast<int>(expert));
+  }
+  ProviderSession& ps_;
+  const ParamLayout& layout_;
+  int layer_;
+  detail::ExpertTensors<std::int64_t> bytes_, elems_;
+  std::size_t eb_;
+};
+
 struct LlamaModel::Impl {
   Impl(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
        const ModelOptions& options)
@@ -183,14 +223,26 @@ struct LlamaModel::Impl {
     if (lm_group_apart()) ps.prefetch(lm_group_);
   }
 
-  // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks.
-  BlockSetup setup_of(std::int64_t layer) const {
+  // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks; an MoE
+  // layer's experts from `experts`, its load-balancing sums the slot's.
+  BlockSetup setup_of(std::int64_t layer, int slot = 0,
+                      detail::ExpertSource* experts = nullptr) const {
     BlockSetup b = setup_;
     b.d.window = config_.window_of(layer);
     b.lora.layer = layer;
     if (!train_) b.lora.dropout = 0;
     b.lora.key = dropout_key_;
+    b.moe.device = &device_;
+    b.moe.scratch = ws_.moe;
+    b.moe.source = experts;
+    b.moe.aux = config_.has_moe() ? &aux_[static_cast<std::size_t>(slot)] : nullptr;
+    b.moe.aux_grad = config_.moe.aux_loss && train_;
     return b;
+  }
+  // Layer `layer`'s experts through `ps` (a dense layer's: never asked for).
+  LayerExperts experts_of(ProviderSession& ps, std::int64_t layer) const {
+    return LayerExperts(ps, layout_, layer, expert_bytes_, expert_elems_,
+                        dtype_size(options_.compute_dtype));
   }
   // The chunk's layer `i` activations, its input at `x`.
   BlockActs acts_for(const ChunkSpace& ch, std::int64_t i, const void* x) const {
@@ -236,6 +288,13 @@ struct LlamaModel::Impl {
   // With LoRA, per layer: the block's tensors in its adapter group (modules_to_save norms).
   std::vector<BlockOffsets> block_trained_;
   std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
+  // Mixture of experts: the projections' offsets in every expert's working copy (bytes) and in
+  // its gradients (elements), the same for every expert; per slot, the micro-batch's
+  // load-balancing sums and its aux loss.
+  detail::ExpertTensors<std::int64_t> expert_bytes_, expert_elems_;
+  mutable std::vector<detail::MoeAux> aux_;
+  std::vector<double> slot_aux_;
+  std::size_t last_slot_ = 0;  // the slot of the last micro-batch that ran the head
   bool train_ = false;                         // this step runs backward (and dropout)
   std::uint64_t dropout_key_ = 0;
 

@@ -53,6 +53,7 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     return inner(i) ? provider.release_activation(checkpoint_index(mb.slot, ch.begin + i), keep)
                     : Status::ok();
   };
+  if (embeds && config_.has_moe()) aux_[static_cast<std::size_t>(mb.slot)].reset(d.experts);
   if (embeds) {
     const int embed = layout_.embed_group();
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
@@ -71,7 +72,8 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
       prefetch_head(ps);
     }
     STRATA_RETURN_IF_ERROR(new_x(i + 1));
-    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, setup_of(l), w,
+    LayerExperts experts = experts_of(ps, l);
+    STRATA_RETURN_IF_ERROR(detail::block_forward(ops, setup_of(l, mb.slot, &experts), w,
                                                  acts_for(ch, i, xs[static_cast<std::size_t>(i)]),
                                                  xs[static_cast<std::size_t>(i + 1)]));
     release_block(ps, l);
@@ -117,6 +119,16 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   const std::int64_t n = ch.end - ch.begin;
   // The gradient of the residual stream, layer by layer, in bwd.dh (this rank's rows).
   ops.cast(ch.dout, dt, bwd.dh, dt, sp.local_rows * H);
+  if (config_.has_moe() && config_.moe.aux_loss) {
+    // The load-balancing loss's gradient, the same for every token of every MoE layer: staged
+    // after the routing's part of the pinned host buffer.
+    auto* staged = reinterpret_cast<float*>(
+        ws_.moe.host + detail::MoeScratch::host_bytes(d.rows, d.experts, d.experts_per_token));
+    aux_[static_cast<std::size_t>(mb.slot)].gradient(
+        static_cast<double>(mb.grad_scale) * config_.moe.aux_loss_coef, staged);
+    device_.copy_to_device(ws_.moe.aux_grad, staged, static_cast<std::size_t>(d.experts) * 4,
+                           stream);
+  }
   if (checkpointing && n > 1) {
     provider.prefetch_activation(checkpoint_index(mb.slot, ch.end - 1));
   }
@@ -144,7 +156,8 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
       grads.attach_lora(g, adapters_[li], eb);
     }
     const BlockActs acts = acts_for(ch, i, x);
-    const BlockSetup dl = setup_of(l);
+    LayerExperts experts = experts_of(ps, l);
+    const BlockSetup dl = setup_of(l, mb.slot, &experts);
     if (checkpointing) STRATA_RETURN_IF_ERROR(detail::block_forward(ops, dl, w, acts, nullptr));
     // The sums block_backward adds into start at zero (absent ones: no-ops).
     for (void* scratch : {bwd.dqn, bwd.dkn}) zero(scratch, d.head_dim);

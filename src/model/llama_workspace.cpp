@@ -4,15 +4,45 @@
 namespace strata::model::detail {
 namespace {
 
+// An MoE layer's kept routing and expert outputs (its gate, up and m: the layer's own).
+template <typename Act, typename F32>
+MoeActs carve_moe_acts(const Dims& d, Act act, F32 f32, std::int64_t* offsets) {
+  const std::int64_t R = d.rows, E = d.experts, N = d.rows * d.experts_per_token;
+  MoeActs m;
+  m.probs = f32(R * E);
+  m.chosen = reinterpret_cast<std::int32_t*>(f32(N));
+  m.weights = f32(N);
+  m.tokens = reinterpret_cast<std::int32_t*>(f32(N));
+  m.slots = reinterpret_cast<std::int32_t*>(f32(N));
+  m.row_weights = f32(N);
+  m.out = act(N * d.hidden);
+  m.offsets = offsets;
+  return m;
+}
+
+// The scratch the MoE layers share (its host part set by the caller).
+template <typename Act, typename F32>
+MoeScratch carve_moe_scratch(const Dims& d, Act act, F32 f32) {
+  const std::int64_t R = d.rows, E = d.experts, N = d.rows * d.experts_per_token;
+  MoeScratch s;
+  s.logits = act(R * E);
+  s.logits_f32 = f32(R * E);
+  s.rows_in = act(N * d.hidden);
+  s.rows_grad = act(N * d.hidden);
+  s.dweights = f32(N);
+  s.aux_grad = f32(E);
+  return s;
+}
+
 // Layer `i`'s activations, their input at `x`, for rows of `d`: `rows_apart` keeps this rank's
 // rows of the norm outputs only (a_local, b_local; the whole ones gathered into a_shared,
 // b_shared).
 template <typename Act, typename F32>
 BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart, void* a_shared,
-                     void* b_shared) {
+                     void* b_shared, std::int64_t* moe_offsets) {
   const Dims& d = setup.d;
   const TensorSplit& sp = setup.split;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.mlp_width();
   const std::int64_t Rl = sp.local_rows;
   BlockActs a;
   a.rstd1 = f32(Rl);
@@ -39,6 +69,7 @@ BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart,
   for (int t = 0; t < kNumLoraTargets; ++t) {
     if (setup.lora.on[t]) a.lora_t[t] = act(R * setup.lora.rank);
   }
+  if (d.experts > 0) a.moe = carve_moe_acts(d, act, f32, moe_offsets);
   return a;
 }
 
@@ -50,7 +81,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   const TensorSplit& sp = setup.split;
   Carver c{base};
   const std::size_t eb = d.elem_bytes;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim;
   // The residual stream's rows: this rank's under sequence parallelism, else all.
   const std::int64_t Rl = sp.local_rows;
   const bool checkpointing = stage.checkpointing;
@@ -68,8 +99,16 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   const bool rows_apart = sp.seq_parallel && !checkpointing;
   void* a_shared = rows_apart ? act(R * H) : nullptr;
   void* b_shared = rows_apart ? act(R * H) : nullptr;
+  // Each kept set of activations' expert offsets, on the host.
+  ws->moe_offsets.clear();
+  const auto offsets = [&]() -> std::int64_t* {
+    if (d.experts == 0) return nullptr;
+    ws->moe_offsets.emplace_back(static_cast<std::size_t>(d.experts + 1), 0);
+    return ws->moe_offsets.back().data();
+  };
+  ws->moe = d.experts > 0 ? carve_moe_scratch(d, act, f32) : MoeScratch{};
   const auto layer_acts = [&]() {
-    BlockActs a = carve_acts(setup, act, f32, rows_apart, a_shared, b_shared);
+    BlockActs a = carve_acts(setup, act, f32, rows_apart, a_shared, b_shared, offsets());
     a.lora_x = lora_x;
     a.partial = ws->partial;
     return a;
@@ -141,7 +180,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   if (setup.lora.rank > 0 && sp.split()) s.lora_grad = act(setup.lora.rank * d.max_in());
   if (lora_dropout) s.lora_dx = act(R * d.max_in());
   const std::uint64_t union_start = align_up(c.off, kAlignBytes);
-  s.dm = act(R * F);
+  s.dm = act(R * d.mlp_width());
   const std::uint64_t mlp_end = c.off;
   c.off = union_start;
   s.datt = act(R * Q);
@@ -160,7 +199,7 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   const Dims& d = setup.d;
   Carver c{base};
   const std::size_t eb = d.elem_bytes;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.ffn;
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim;
   auto act = [&](std::int64_t n) { return c.take(n, eb); };
   ws->ids = c.i32(R);
   ws->k_cache.resize(static_cast<std::size_t>(num_layers));
@@ -182,10 +221,16 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   a.att = act(R * Q);
   a.hmid = act(R * H);
   a.b = act(R * H);
-  a.gate = act(R * F);
-  a.up = act(R * F);
-  a.m = act(R * F);
+  a.gate = act(R * d.mlp_width());
+  a.up = act(R * d.mlp_width());
+  a.m = act(R * d.mlp_width());
   if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
+  if (d.experts > 0) {
+    ws->moe_offsets.assign(static_cast<std::size_t>(d.experts + 1), 0);
+    a.moe = carve_moe_acts(d, act, [&](std::int64_t n) { return c.f32(n); },
+                           ws->moe_offsets.data());
+    ws->moe = carve_moe_scratch(d, act, [&](std::int64_t n) { return c.f32(n); });
+  }
   if (setup.base.nf4) ws->nf4_weight = act(d.max_weight());
   ws->rstd_final = c.f32(1);
   ws->hf = act(H);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,10 @@ struct Workspace {
   void* embedding = nullptr;
   void* embedding_grad = nullptr;
   detail::BackwardScratch bwd;
+  // Mixture of experts: the scratch the MoE layers share (its host part is the model's pinned
+  // host buffer's), and each kept set of activations' expert offsets (host).
+  MoeScratch moe;
+  std::deque<std::vector<std::int64_t>> moe_offsets;
 };
 
 // Lays buffers out one after another from `base`, each aligned; with base == nullptr it only
@@ -126,6 +131,8 @@ struct DecodeWorkspace {
   void* logits = nullptr;       // [vocab], compute dtype: this rank's slice
   float* logits_f32 = nullptr;  // [vocab x tensor ranks]: the whole vocabulary's
   float* logits_local_f32 = nullptr;  // [vocab] split: this rank's slice before the all-gather
+  MoeScratch moe;                     // mixture of experts (host: the decoding's pinned buffer)
+  std::vector<std::int64_t> moe_offsets;
 };
 
 // Lays the workspace out from `base`; with base == nullptr it only measures. Returns the bytes

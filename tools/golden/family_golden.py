@@ -74,22 +74,27 @@ SEQ, WINDOWS, STEPS = 8, 4, 3
 ADAMW = dict(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
+def attention_type(c):
+    """The dense family whose attention the model uses: Qwen3-MoE Qwen3's, Mixtral Mistral's."""
+    return {"qwen3_moe": "qwen3", "mixtral": "mistral"}.get(c["model_type"], c["model_type"])
+
+
 def head_dim(c):
     return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
 
 def has_qkv_bias(c):
-    return c["model_type"] == "qwen2" or c.get("attention_bias", False)
+    return attention_type(c) == "qwen2" or c.get("attention_bias", False)
 
 
 def has_o_bias(c):
-    return c["model_type"] in ("llama", "qwen3") and c.get("attention_bias", False)
+    return attention_type(c) in ("llama", "qwen3") and c.get("attention_bias", False)
 
 
 def window_of(c, layer):
-    if c["model_type"] == "mistral":
+    if attention_type(c) == "mistral":
         return c.get("sliding_window") or 0
-    if c["model_type"] in ("qwen2", "qwen3"):
+    if attention_type(c) in ("qwen2", "qwen3"):
         if c.get("use_sliding_window") and c.get("sliding_window") and \
                 layer >= c.get("max_window_layers", 0):
             return c["sliding_window"]
@@ -148,7 +153,7 @@ def make_weights(c, gen):
             w[p + f"self_attn.{name}.weight"] = lin(out, inp)
             if b:
                 w[p + f"self_attn.{name}.bias"] = bias(out)
-        if c["model_type"] == "qwen3":
+        if attention_type(c) == "qwen3":
             w[p + "self_attn.q_norm.weight"] = norm(d)
             w[p + "self_attn.k_norm.weight"] = norm(d)
         w[p + "post_attention_layernorm.weight"] = norm(h)
@@ -224,7 +229,7 @@ def attention(x, w, p, c, cos, sin, window):
     q = linear(x, w, p + "q_proj").view(b, s, nh, d)
     k = linear(x, w, p + "k_proj").view(b, s, nkv, d)
     v = linear(x, w, p + "v_proj").view(b, s, nkv, d).transpose(1, 2)
-    if c["model_type"] == "qwen3":  # norm over head_dim before the transpose and rotation
+    if attention_type(c) == "qwen3":  # norm over head_dim before the transpose and rotation
         q = rms_norm(q, w[p + "q_norm.weight"], c["rms_norm_eps"])
         k = rms_norm(k, w[p + "k_norm.weight"], c["rms_norm_eps"])
     q, k = q.transpose(1, 2), k.transpose(1, 2)

@@ -23,6 +23,7 @@ const char* const kGoldenPath = STRATA_TEST_DATA_DIR "/llama_tiny_golden.json";
 
 struct GoldenRun {
   float loss = 0;
+  double aux_loss = 0;  // MoE families: the load-balancing loss
   std::map<std::string, std::vector<float>> grads;  // by HF tensor name
 };
 
@@ -49,6 +50,7 @@ GoldenRun run_case(const Json& golden, const Json& config_json, DType dtype, boo
   STRATA_CHECK(r.is_ok(), r.status().to_string());
   GoldenRun run;
   run.loss = *r;
+  run.aux_loss = model.last_aux_loss();
   for (const auto& group : layout.groups()) {
     for (const auto& t : group.tensors) {
       const float* g = provider.grad(t.name);
@@ -144,7 +146,9 @@ INSTANTIATE_TEST_SUITE_P(Checkpointing, LlamaGoldenTest, ::testing::Bool(),
 // The families (tools/golden/family_golden.py, tests/data/families/): Llama 3 (llama3 rope
 // scaling, explicit head_dim, attention and MLP biases), Llama with linear rope scaling, Qwen2
 // (q/k/v biases, tied), Qwen2 with sliding windows from layer 1, Qwen3 (q/k norms) and Mistral
-// (sliding window): the loss and every gradient of one step against float64 PyTorch.
+// (sliding window), Qwen3-MoE (a dense layer between two of 4 experts, top 2 renormalized) and
+// Mixtral (every layer 4 experts, sliding window): the loss (with the MoE families' load-balancing
+// loss) and every gradient, the routers' included, of one step against float64 PyTorch.
 class FamilyGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(FamilyGoldenTest, F32LossAndGradientsMatchPyTorch) {
@@ -155,7 +159,19 @@ TEST_P(FamilyGoldenTest, F32LossAndGradientsMatchPyTorch) {
   const Json& g = golden.value();
   const GoldenRun run = run_case(g, g.at("config"), DType::kF32, checkpointing);
   const double want = g.at("loss").get<double>();
-  EXPECT_NEAR(run.loss, want,
+  // MoE families: the training loss adds router_aux_loss_coef times the load-balancing loss to
+  // the language model's, which the model reports apart. The aux loss is sums of products of
+  // f32 probabilities (each a few roundings off) over routing choices that agree (the golden's
+  // min_route_gap is far above f32 noise): 1e-5 of it holds.
+  double total = run.loss;
+  if (g.contains("aux_loss")) {
+    const double aux = g.at("aux_loss").get<double>();
+    EXPECT_NEAR(run.aux_loss, aux, 1e-5 * aux);
+    total += g.at("config").at("router_aux_loss_coef").get<double>() * run.aux_loss;
+    EXPECT_NEAR(run.loss, g.at("lm_loss").get<double>(),
+                kF32Factor * g.at("f32_loss_error").get<double>() + 0x1p-24 * std::abs(want));
+  }
+  EXPECT_NEAR(total, want,
               kF32Factor * g.at("f32_loss_error").get<double>() + 0x1p-24 * std::abs(want));
   ASSERT_EQ(g.at("grads").size(), run.grads.size()) << "every tensor of the layout has a golden";
   for (const auto& [tensor, grads] : g.at("grads").items()) {
@@ -167,7 +183,8 @@ TEST_P(FamilyGoldenTest, F32LossAndGradientsMatchPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
                          ::testing::Combine(::testing::Values("llama3", "llama-linear", "qwen2",
-                                                              "qwen2-window", "qwen3", "mistral"),
+                                                              "qwen2-window", "qwen3", "mistral",
+                                                              "qwen3-moe", "mixtral"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return strata::testing::test_name(std::get<0>(info.param)) +

@@ -1,0 +1,165 @@
+// MoeMlp: routing, the tokens permuted by expert, one SwiGLU per chosen expert over its block of
+// tokens, and the weighted sum back; the same backwards.
+#include "src/model/moe_mlp.h"
+
+#include <algorithm>
+
+namespace strata::model::detail {
+
+double MoeAux::loss() const {
+  if (rows == 0) return 0;
+  const double n = static_cast<double>(rows);
+  double sum = 0;
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    sum += (static_cast<double>(counts[e]) / n) * (probs[e] / n);
+  }
+  return sum * static_cast<double>(counts.size());
+}
+
+void MoeAux::gradient(double scale, float* out) const {
+  const double n = static_cast<double>(std::max<std::int64_t>(rows, 1));
+  const double experts = static_cast<double>(counts.size());
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    out[e] = static_cast<float>(scale * experts * (static_cast<double>(counts[e]) / n) / n);
+  }
+}
+
+const void* MoeMlp::weight(const device::Ops& ops, const void* w, std::int64_t elems) const {
+  if (base == nullptr || !base->nf4) return w;
+  ops.dequantize_nf4(w, elems, base->decoded, dtype);
+  return base->decoded;
+}
+
+Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a,
+                       const MoeScratch& s, void* out, MoeAux* aux) const {
+  const std::int64_t T = tokens, E = experts, K = k, H = hidden, F = ffn, N = T * K;
+  const std::size_t eb = dtype_size(dtype);
+  auto& stream = device->stream(device::StreamKind::kCompute);
+  // Router logits in the compute dtype (an nn.Linear), the softmax and the choice in f32.
+  matmul(ops, dtype, false, true, T, E, H, x, router, s.logits, false);
+  ops.cast(s.logits, dtype, s.logits_f32, DType::kF32, T * E);
+  ops.moe_route(s.logits_f32, T, E, K, normalize, a.probs, a.chosen, a.weights);
+
+  // The choice read back; each expert's rows formed on the host, tokens in ascending order.
+  auto* chosen = reinterpret_cast<std::int32_t*>(s.host);
+  auto* weights = reinterpret_cast<float*>(chosen + N);
+  auto* probs = weights + N;
+  auto* row_tokens = reinterpret_cast<std::int32_t*>(probs + T * E);
+  std::int32_t* row_slots = row_tokens + N;
+  auto* row_weights = reinterpret_cast<float*>(row_slots + N);
+  device->copy_to_host(chosen, a.chosen, static_cast<std::size_t>(N) * 4, stream);
+  device->copy_to_host(weights, a.weights, static_cast<std::size_t>(N) * 4, stream);
+  if (aux != nullptr && out != nullptr) {
+    device->copy_to_host(probs, a.probs, static_cast<std::size_t>(T * E) * 4, stream);
+  }
+  stream.synchronize();
+  STRATA_RETURN_IF_ERROR(device->last_error());
+  std::int64_t* offsets = a.offsets;
+  std::fill(offsets, offsets + E + 1, 0);
+  for (std::int64_t i = 0; i < N; ++i) ++offsets[chosen[i] + 1];
+  for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  std::vector<std::int64_t> next(offsets, offsets + E);
+  for (std::int64_t slot = 0; slot < N; ++slot) {
+    const std::int64_t r = next[static_cast<std::size_t>(chosen[slot])]++;
+    row_tokens[r] = static_cast<std::int32_t>(slot / K);
+    row_slots[r] = static_cast<std::int32_t>(slot);
+    row_weights[r] = weights[slot];
+  }
+  if (aux != nullptr && out != nullptr) {
+    for (std::int64_t e = 0; e < E; ++e) {
+      aux->counts[static_cast<std::size_t>(e)] += offsets[e + 1] - offsets[e];
+    }
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t e = 0; e < E; ++e) aux->probs[static_cast<std::size_t>(e)] += probs[t * E + e];
+    }
+    aux->rows += T;
+  }
+  device->copy_to_device(a.tokens, row_tokens, static_cast<std::size_t>(N) * 4, stream);
+  device->copy_to_device(a.slots, row_slots, static_cast<std::size_t>(N) * 4, stream);
+  device->copy_to_device(a.row_weights, row_weights, static_cast<std::size_t>(N) * 4, stream);
+
+  // Every chosen expert asked for at once; then each over its rows, in expert order.
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (offsets[e + 1] > offsets[e]) source->prefetch(e);
+  }
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
+    if (n == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
+    void* xe = offset_ptr(s.rows_in, first * H, eb);
+    void* gate = offset_ptr(a.gate, first * F, eb);
+    void* up = offset_ptr(a.up, first * F, eb);
+    void* m = offset_ptr(a.m, first * F, eb);
+    ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
+    matmul(ops, dtype, false, true, n, F, H, xe, weight(ops, w.gate, F * H), gate, false);
+    matmul(ops, dtype, false, true, n, F, H, xe, weight(ops, w.up, F * H), up, false);
+    ops.swiglu_forward(gate, up, m, n * F, dtype);
+    matmul(ops, dtype, false, true, n, H, F, m, weight(ops, w.down, H * F),
+           offset_ptr(a.out, first * H, eb), false);
+    source->release(e);
+  }
+  if (out == nullptr) return Status::ok();
+  // out[t] = sum over t's picks of weight * expert output, added in expert order.
+  device->fill_zero(out, static_cast<std::size_t>(T * H) * eb, stream);
+  ops.cast(a.out, dtype, s.rows_in, dtype, N * H);
+  ops.scale_rows(s.rows_in, a.row_weights, N, H, dtype);
+  ops.embedding_backward(a.tokens, N, s.rows_in, H, out, dtype);
+  return Status::ok();
+}
+
+Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
+                        const MoeScratch& s, const void* dy, void* dm, void* router_grad, bool aux,
+                        void* dx) const {
+  const std::int64_t T = tokens, E = experts, K = k, H = hidden, F = ffn, N = T * K;
+  const std::size_t eb = dtype_size(dtype);
+  auto& stream = device->stream(device::StreamKind::kCompute);
+  // Each row's output gradient: the routing weight's gradient (its dot with the expert's
+  // output), then times the weight, the expert output's.
+  ops.embedding_forward(a.tokens, N, dy, H, s.rows_grad, dtype);
+  ops.row_dots(s.rows_grad, a.out, N, H, a.slots, s.dweights, dtype);
+  ops.scale_rows(s.rows_grad, a.row_weights, N, H, dtype);
+  const bool trains = source->trains();
+  const std::int64_t* offsets = a.offsets;
+  for (std::int64_t e = E - 1; e >= 0; --e) {
+    if (offsets[e + 1] > offsets[e]) source->prefetch(e);
+  }
+  for (std::int64_t e = E - 1; e >= 0; --e) {
+    const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
+    if (n == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
+    ExpertGrads g;
+    if (trains) {
+      STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
+    }
+    const void* dye = offset_ptr(s.rows_grad, first * H, eb);
+    void* gate = offset_ptr(a.gate, first * F, eb);
+    void* up = offset_ptr(a.up, first * F, eb);
+    const void* m = offset_ptr(a.m, first * F, eb);
+    void* dme = offset_ptr(dm, first * F, eb);
+    void* xe = offset_ptr(s.rows_in, first * H, eb);
+    if (g.down != nullptr) matmul(ops, dtype, true, false, H, F, n, dye, m, g.down, true);
+    matmul(ops, dtype, false, false, n, F, H, dye, weight(ops, w.down, H * F), dme, false);
+    // In place: gate and up are read here for the last time.
+    ops.swiglu_backward(dme, gate, up, gate, up, n * F, dtype);
+    ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
+    if (g.gate != nullptr) matmul(ops, dtype, true, false, F, H, n, gate, xe, g.gate, true);
+    if (g.up != nullptr) matmul(ops, dtype, true, false, F, H, n, up, xe, g.up, true);
+    // The rows' input gradients take their inputs' room.
+    matmul(ops, dtype, false, false, n, H, F, gate, weight(ops, w.gate, F * H), xe, false);
+    matmul(ops, dtype, false, false, n, H, F, up, weight(ops, w.up, F * H), xe, true);
+    if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
+    source->release(e);
+  }
+  device->fill_zero(dx, static_cast<std::size_t>(T * H) * eb, stream);
+  ops.embedding_backward(a.tokens, N, s.rows_in, H, dx, dtype);
+  // The router: the routing weights' gradient (and the load-balancing loss's) through the top-k
+  // and the softmax, then the projection's.
+  ops.moe_route_backward(a.probs, a.chosen, s.dweights, aux ? s.aux_grad : nullptr, T, E, K,
+                         normalize, s.logits_f32);
+  ops.cast(s.logits_f32, DType::kF32, s.logits, dtype, T * E);
+  if (router_grad != nullptr) matmul(ops, dtype, true, false, E, H, T, s.logits, x, router_grad, true);
+  matmul(ops, dtype, false, false, T, H, E, s.logits, router, dx, true);
+  return Status::ok();
+}
+
+}  // namespace strata::model::detail

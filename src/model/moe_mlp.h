@@ -1,0 +1,119 @@
+// Private to the model: a mixture-of-experts MLP (transformers' Qwen3MoeSparseMoeBlock and
+// MixtralSparseMoeBlock), the piece an MoE layer's block calls where a dense layer calls its
+// DenseMlp. A router scores the experts for each token; the top k are chosen; the tokens are
+// permuted so that each expert's tokens are contiguous, each chosen expert runs one SwiGLU over
+// its block of tokens (three GEMMs), and its outputs, times their routing weights, are added
+// back to their tokens. The experts come from an ExpertSource once the router has chosen, and an
+// expert no token chose is never asked for: its gradient stays zero without any work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "src/model/parallel_layers.h"
+#include "strata/core/status.h"
+#include "strata/device/device.h"
+
+namespace strata::model::detail {
+
+// One expert's projections (or their gradients): gate and up [ffn, hidden], down [hidden, ffn].
+template <typename Ptr>
+struct ExpertTensors {
+  Ptr gate{};
+  Ptr up{};
+  Ptr down{};
+};
+using ExpertWeights = ExpertTensors<const void*>;
+using ExpertGrads = ExpertTensors<void*>;
+
+// Where one MoE layer's experts come from (the model's parameter provider). The MLP prefetches
+// every chosen expert as soon as the routing is known, then acquires each in expert order.
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  virtual void prefetch(std::int64_t expert) = 0;
+  virtual Result<ExpertWeights> acquire(std::int64_t expert) = 0;
+  virtual void release(std::int64_t expert) = 0;
+  // Whether the experts train: their gradients are asked for in backward.
+  virtual bool trains() const = 0;
+  virtual Result<ExpertGrads> acquire_grads(std::int64_t expert) = 0;
+  virtual Status release_grads(std::int64_t expert) = 0;
+};
+
+// What an MoE layer keeps from its forward for its backward (device pointers unless noted; a
+// token's k picks are its "slots" t k + j, and the slots sorted by expert, then token, its
+// "rows").
+struct MoeActs {
+  float* probs = nullptr;            // [tokens, experts] f32: the router's softmax
+  std::int32_t* chosen = nullptr;    // [tokens, k]
+  float* weights = nullptr;          // [tokens, k] f32
+  std::int32_t* tokens = nullptr;    // [tokens k]: each row's token
+  std::int32_t* slots = nullptr;     // [tokens k]: each row's slot
+  float* row_weights = nullptr;      // [tokens k] f32: each row's routing weight
+  void* gate = nullptr;              // [tokens k, expert_ffn] (gradients in place in backward)
+  void* up = nullptr;                // [tokens k, expert_ffn]
+  void* m = nullptr;                 // [tokens k, expert_ffn]: silu(gate) * up
+  void* out = nullptr;               // [tokens k, hidden]: each row's expert output, unweighted
+  std::int64_t* offsets = nullptr;   // host [experts + 1]: each expert's first row
+};
+
+// Scratch the MoE layers share (not kept).
+struct MoeScratch {
+  void* logits = nullptr;       // [tokens, experts] compute dtype (their gradient in backward)
+  float* logits_f32 = nullptr;  // [tokens, experts] (their gradient in backward)
+  void* rows_in = nullptr;      // [tokens k, hidden]: gathered inputs; in backward input gradients
+  void* rows_grad = nullptr;    // [tokens k, hidden]: backward: the output gradient's rows
+  float* dweights = nullptr;    // [tokens k] f32: the routing weights' gradient
+  float* aux_grad = nullptr;    // [experts] f32: the load-balancing loss's gradient (backward)
+  // Pinned host [tokens (experts + 5 k)] x 4 bytes: the routing read back, and the rows formed.
+  std::byte* host = nullptr;
+  static std::uint64_t host_bytes(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
+    return static_cast<std::uint64_t>(tokens * (experts + 5 * k)) * 4;
+  }
+};
+
+// What transformers' load_balancing_loss_func sums over a micro-batch's MoE layers: N token
+// rows, per expert the picks that chose it (f_e = counts_e / N) and its probability summed over
+// the rows (P_e = probs_e / N); the loss is experts * sum_e f_e P_e.
+struct MoeAux {
+  std::vector<std::int64_t> counts;
+  std::vector<double> probs;
+  std::int64_t rows = 0;
+
+  void reset(std::int64_t experts) {
+    counts.assign(static_cast<std::size_t>(experts), 0);
+    probs.assign(static_cast<std::size_t>(experts), 0.0);
+    rows = 0;
+  }
+  double loss() const;
+  // scale d(loss)/d(probability of expert e) for every token row: scale E f_e / N, into out
+  // [experts] (host f32).
+  void gradient(double scale, float* out) const;
+};
+
+struct MoeMlp {
+  device::Device* device = nullptr;
+  std::int64_t tokens = 0, hidden = 0, experts = 0, k = 0, ffn = 0;
+  bool normalize = false;  // the top-k weights renormalized
+  DType dtype = DType::kF32;
+  const void* router = nullptr;  // [experts, hidden]
+  ExpertSource* source = nullptr;
+  const BaseFormat* base = nullptr;  // NF4 experts are decoded into base->decoded
+
+  // x [tokens, hidden] -> acts, then unless out is null out [tokens, hidden] = the weighted sum
+  // of each token's experts (a null out, the forward recomputed for the backward, stops before
+  // the sum). `aux`, where given, counts this layer's routing.
+  Status forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
+                 void* out, MoeAux* aux) const;
+  // dy [tokens, hidden] -> dx [tokens, hidden] (overwritten); the experts' gradients (+=) where
+  // they train, router_grad (+=) unless null; with s.aux_grad the load-balancing loss's term.
+  // `dm` [tokens k, ffn] is scratch.
+  Status backward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
+                  const void* dy, void* dm, void* router_grad, bool aux, void* dx) const;
+
+ private:
+  const void* weight(const device::Ops& ops, const void* w, std::int64_t elems) const;
+};
+
+}  // namespace strata::model::detail
