@@ -84,9 +84,9 @@ __global__ void scale_rows_kernel(T* __restrict__ x, const float* __restrict__ s
 
 // One warp per row: lane l sums columns l, l + 32, ... in order, then a shuffle tree.
 template <typename T>
-__global__ void row_dots_kernel(const T* __restrict__ a, const T* __restrict__ b,
-                                std::int64_t rows, std::int64_t cols,
-                                const std::int32_t* __restrict__ index, float* __restrict__ out) {
+__global__ void row_dots_kernel(const T* __restrict__ a, const T* __restrict__ b, std::int64_t rows,
+                                std::int64_t cols, const std::int32_t* __restrict__ index,
+                                float* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32;

@@ -5,8 +5,8 @@
 
 namespace strata::device {
 
-void moe_route_reference(const float* logits, std::int64_t experts, std::int64_t k,
-                         bool normalize, float* probs, std::int32_t* chosen, float* weights) {
+void moe_route_reference(const float* logits, std::int64_t experts, std::int64_t k, bool normalize,
+                         float* probs, std::int32_t* chosen, float* weights) {
   float top = logits[0];
   for (std::int64_t e = 1; e < experts; ++e) top = std::fmax(top, logits[e]);
   float sum = 0.0f;

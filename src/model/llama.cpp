@@ -229,9 +229,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
                      : loc.tensor->offset_elems;
       };
       for (const bool bytes : {true, false}) {
-        (bytes ? impl_->expert_bytes_ : impl_->expert_elems_) =
-            detail::ExpertTensors<std::int64_t>{at(names.gate, bytes), at(names.up, bytes),
-                                                at(names.down, bytes)};
+        (bytes ? impl_->expert_bytes_ : impl_->expert_elems_) = detail::ExpertTensors<std::int64_t>{
+            at(names.gate, bytes), at(names.up, bytes), at(names.down, bytes)};
       }
     }
     // The offsets of the block's tensors that live in `group`, in elements or (bytes = true) in
@@ -438,7 +437,8 @@ std::uint64_t LlamaModel::host_io_bytes(const LlamaConfig& config, std::int64_t 
 std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows) {
   if (!config.has_moe()) return 0;
   // The routing read back, and the load-balancing loss's gradient on its way to the device.
-  return detail::MoeScratch::host_bytes(rows, config.moe.num_experts, config.moe.experts_per_token) +
+  return detail::MoeScratch::host_bytes(rows, config.moe.num_experts,
+                                        config.moe.experts_per_token) +
          static_cast<std::uint64_t>(config.moe.num_experts) * 4;
 }
 

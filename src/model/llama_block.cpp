@@ -194,8 +194,8 @@ Status block_tail(const device::Ops& ops, const BlockSetup& bs, const BlockLayer
                       d.eps, d.dtype);
   if (w.router != nullptr) {
     STRATA_CHECK(!split.split(), "an MoE layer split over tensor-parallel ranks");
-    STRATA_RETURN_IF_ERROR(
-        moe_of(bs, w).forward(ops, b, moe, bs.moe.scratch, out, out != nullptr ? bs.moe.aux : nullptr));
+    STRATA_RETURN_IF_ERROR(moe_of(bs, w).forward(ops, b, moe, bs.moe.scratch, out,
+                                                 out != nullptr ? bs.moe.aux : nullptr));
   } else {
     STRATA_RETURN_IF_ERROR(
         L.mlp.gate_up.gather_input(b, "post_attention_layernorm output", b_local));
@@ -310,12 +310,12 @@ Status block_backward(const device::Ops& ops, const BlockSetup& bs, const BlockW
     moe.gate = s.gate;
     moe.up = s.up;
     moe.m = s.m;
-    STRATA_RETURN_IF_ERROR(moe_of(bs, w).backward(ops, s.b, moe, bs.moe.scratch, dh, t.dm,
-                                                  g.router, bs.moe.aux_grad, dx));
+    STRATA_RETURN_IF_ERROR(moe_of(bs, w).backward(ops, s.b, moe, bs.moe.scratch, dh, t.dm, g.router,
+                                                  bs.moe.aux_grad, dx));
   } else {
     // Kept apart, this layer's b is gathered again into the buffer the layers share.
-    STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg,
-                                          dh, t.dm, t.dx, dx, s.lora_x, as, s.b_local));
+    STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg, dh,
+                                          t.dm, t.dx, dx, s.lora_x, as, s.b_local));
   }
   STRATA_RETURN_IF_ERROR(norm_backward(ops, d, split, dx, s.hmid, w.ln2, s.rstd2, t.dtmp, g.ln2,
                                        t.dln2, "post_attention_layernorm weight gradient"));

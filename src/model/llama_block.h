@@ -109,7 +109,7 @@ struct BlockTensors {
   Ptr qn = nullptr, kn = nullptr;                              // [head_dim] each (Qwen3)
   Ptr bg = nullptr, bu = nullptr, bd = nullptr;                // [ffn] x2, [hidden]
   Ptr router = nullptr;  // [experts, hidden]: an MoE layer's, whose MLP is its experts
-  LoraPair<Ptr> lora[kNumLoraTargets];                         // per LoraTarget
+  LoraPair<Ptr> lora[kNumLoraTargets];  // per LoraTarget
 
   static BlockTensors at(Ptr base, const BlockOffsets& o, std::size_t eb) {
     BlockTensors t;

@@ -188,9 +188,9 @@ void read_moe(JsonReader& r, LlamaConfig* c) {
     double jitter = 0;
     r.read("router_jitter_noise", &jitter, 0.0);
     if (jitter != 0) {
-      r.error("router_jitter_noise",
-              "training-time router noise is not supported: expected 0, got " +
-                  std::to_string(jitter));
+      r.error(
+          "router_jitter_noise",
+          "training-time router noise is not supported: expected 0, got " + std::to_string(jitter));
     }
   } else {
     return;

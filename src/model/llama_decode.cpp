@@ -2,10 +2,9 @@
 // last one.
 #include <cstring>
 
-#include "strata/core/aligned.h"
-
 #include "src/model/llama_impl.h"
 #include "src/model/vocab_parallel.h"
+#include "strata/core/aligned.h"
 
 namespace strata::model {
 
@@ -39,9 +38,8 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
   // Token ids in and logits out, then (MoE layers) the routing read back.
   const std::uint64_t io_bytes =
       align_up(static_cast<std::uint64_t>(std::max(max_rows, config_.vocab_size)) * 4, 256);
-  STRATA_ASSIGN_OR_RETURN(
-      decode_io_, provider.host_io(io_bytes + moe_host_bytes(config_, max_rows),
-                                   "decoding token ids and logits"));
+  STRATA_ASSIGN_OR_RETURN(decode_io_, provider.host_io(io_bytes + moe_host_bytes(config_, max_rows),
+                                                       "decoding token ids and logits"));
   dws_.moe.host = static_cast<std::byte*>(decode_io_) + io_bytes;
   host_io_ = nullptr;  // the training one, if any, was replaced
   return Status::ok();
@@ -124,8 +122,8 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     ops.cast(dws_.logits, dt, dws_.logits_f32, DType::kF32, V);
   }
   auto* logits = static_cast<float*>(decode_io_);
-  device_.copy_to_host(logits, dws_.logits_f32,
-                       static_cast<std::size_t>(config_.vocab_size) * 4, stream);
+  device_.copy_to_host(logits, dws_.logits_f32, static_cast<std::size_t>(config_.vocab_size) * 4,
+                       stream);
   stream.synchronize();
   STRATA_RETURN_IF_ERROR(device_.last_error());
   decoded_ += n;

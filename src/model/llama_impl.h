@@ -93,7 +93,11 @@ class LayerExperts final : public detail::ExpertSource {
   LayerExperts(ProviderSession& ps, const ParamLayout& layout, std::int64_t layer,
                const detail::ExpertTensors<std::int64_t>& bytes,
                const detail::ExpertTensors<std::int64_t>& elems, std::size_t elem_bytes)
-      : ps_(ps), layout_(layout), layer_(static_cast<int>(layer)), bytes_(bytes), elems_(elems),
+      : ps_(ps),
+        layout_(layout),
+        layer_(static_cast<int>(layer)),
+        bytes_(bytes),
+        elems_(elems),
         eb_(elem_bytes) {}
   void prefetch(std::int64_t expert) override { ps_.prefetch(group(expert)); }
   Result<detail::ExpertWeights> acquire(std::int64_t expert) override {
@@ -108,9 +112,7 @@ class LayerExperts final : public detail::ExpertSource {
     return detail::ExpertGrads{offset_ptr(g, elems_.gate, eb_), offset_ptr(g, elems_.up, eb_),
                                offset_ptr(g, elems_.down, eb_)};
   }
-  Status release_grads(std::int64_t expert) override {
-    return ps_.release_grads(group(expert));
-  }
+  Status release_grads(std::int64_t expert) override { return ps_.release_grads(group(expert)); }
 
  private:
   int group(std::int64_t expert) const {
@@ -295,7 +297,7 @@ struct LlamaModel::Impl {
   mutable std::vector<detail::MoeAux> aux_;
   std::vector<double> slot_aux_;
   std::size_t last_slot_ = 0;  // the slot of the last micro-batch that ran the head
-  bool train_ = false;                         // this step runs backward (and dropout)
+  bool train_ = false;         // this step runs backward (and dropout)
   std::uint64_t dropout_key_ = 0;
 
   std::int64_t batch_ = 0, seq_ = 0;  // shape of the current workspace

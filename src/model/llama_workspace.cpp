@@ -227,8 +227,8 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
   if (d.experts > 0) {
     ws->moe_offsets.assign(static_cast<std::size_t>(d.experts + 1), 0);
-    a.moe = carve_moe_acts(d, act, [&](std::int64_t n) { return c.f32(n); },
-                           ws->moe_offsets.data());
+    a.moe = carve_moe_acts(
+        d, act, [&](std::int64_t n) { return c.f32(n); }, ws->moe_offsets.data());
     ws->moe = carve_moe_scratch(d, act, [&](std::int64_t n) { return c.f32(n); });
   }
   if (setup.base.nf4) ws->nf4_weight = act(d.max_weight());

@@ -125,11 +125,11 @@ struct DecodeWorkspace {
   std::vector<void*> k_cache, v_cache;  // per layer, [positions, kv_dim]
   void* xs[2] = {nullptr, nullptr};     // [rows, hidden]: block input and output, alternating
   detail::DecodeActs acts;
-  void* nf4_weight = nullptr;   // [max_weight] with an NF4 base: one decoded weight
-  float* rstd_final = nullptr;  // [1]
-  void* hf = nullptr;           // [hidden]: model.norm of the last row
-  void* logits = nullptr;       // [vocab], compute dtype: this rank's slice
-  float* logits_f32 = nullptr;  // [vocab x tensor ranks]: the whole vocabulary's
+  void* nf4_weight = nullptr;         // [max_weight] with an NF4 base: one decoded weight
+  float* rstd_final = nullptr;        // [1]
+  void* hf = nullptr;                 // [hidden]: model.norm of the last row
+  void* logits = nullptr;             // [vocab], compute dtype: this rank's slice
+  float* logits_f32 = nullptr;        // [vocab x tensor ranks]: the whole vocabulary's
   float* logits_local_f32 = nullptr;  // [vocab] split: this rank's slice before the all-gather
   MoeScratch moe;                     // mixture of experts (host: the decoding's pinned buffer)
   std::vector<std::int64_t> moe_offsets;

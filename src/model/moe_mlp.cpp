@@ -30,8 +30,8 @@ const void* MoeMlp::weight(const device::Ops& ops, const void* w, std::int64_t e
   return base->decoded;
 }
 
-Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a,
-                       const MoeScratch& s, void* out, MoeAux* aux) const {
+Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
+                       void* out, MoeAux* aux) const {
   const std::int64_t T = tokens, E = experts, K = k, H = hidden, F = ffn, N = T * K;
   const std::size_t eb = dtype_size(dtype);
   auto& stream = device->stream(device::StreamKind::kCompute);
@@ -70,7 +70,8 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a,
       aux->counts[static_cast<std::size_t>(e)] += offsets[e + 1] - offsets[e];
     }
     for (std::int64_t t = 0; t < T; ++t) {
-      for (std::int64_t e = 0; e < E; ++e) aux->probs[static_cast<std::size_t>(e)] += probs[t * E + e];
+      for (std::int64_t e = 0; e < E; ++e)
+        aux->probs[static_cast<std::size_t>(e)] += probs[t * E + e];
     }
     aux->rows += T;
   }
@@ -157,7 +158,8 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
   ops.moe_route_backward(a.probs, a.chosen, s.dweights, aux ? s.aux_grad : nullptr, T, E, K,
                          normalize, s.logits_f32);
   ops.cast(s.logits_f32, DType::kF32, s.logits, dtype, T * E);
-  if (router_grad != nullptr) matmul(ops, dtype, true, false, E, H, T, s.logits, x, router_grad, true);
+  if (router_grad != nullptr)
+    matmul(ops, dtype, true, false, E, H, T, s.logits, x, router_grad, true);
   matmul(ops, dtype, false, false, T, H, E, s.logits, router, dx, true);
   return Status::ok();
 }

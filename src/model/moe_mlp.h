@@ -45,17 +45,17 @@ class ExpertSource {
 // token's k picks are its "slots" t k + j, and the slots sorted by expert, then token, its
 // "rows").
 struct MoeActs {
-  float* probs = nullptr;            // [tokens, experts] f32: the router's softmax
-  std::int32_t* chosen = nullptr;    // [tokens, k]
-  float* weights = nullptr;          // [tokens, k] f32
-  std::int32_t* tokens = nullptr;    // [tokens k]: each row's token
-  std::int32_t* slots = nullptr;     // [tokens k]: each row's slot
-  float* row_weights = nullptr;      // [tokens k] f32: each row's routing weight
-  void* gate = nullptr;              // [tokens k, expert_ffn] (gradients in place in backward)
-  void* up = nullptr;                // [tokens k, expert_ffn]
-  void* m = nullptr;                 // [tokens k, expert_ffn]: silu(gate) * up
-  void* out = nullptr;               // [tokens k, hidden]: each row's expert output, unweighted
-  std::int64_t* offsets = nullptr;   // host [experts + 1]: each expert's first row
+  float* probs = nullptr;           // [tokens, experts] f32: the router's softmax
+  std::int32_t* chosen = nullptr;   // [tokens, k]
+  float* weights = nullptr;         // [tokens, k] f32
+  std::int32_t* tokens = nullptr;   // [tokens k]: each row's token
+  std::int32_t* slots = nullptr;    // [tokens k]: each row's slot
+  float* row_weights = nullptr;     // [tokens k] f32: each row's routing weight
+  void* gate = nullptr;             // [tokens k, expert_ffn] (gradients in place in backward)
+  void* up = nullptr;               // [tokens k, expert_ffn]
+  void* m = nullptr;                // [tokens k, expert_ffn]: silu(gate) * up
+  void* out = nullptr;              // [tokens k, hidden]: each row's expert output, unweighted
+  std::int64_t* offsets = nullptr;  // host [experts + 1]: each expert's first row
 };
 
 // Scratch the MoE layers share (not kept).

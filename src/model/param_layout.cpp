@@ -63,7 +63,8 @@ std::vector<std::string> tensor_parallel_problems(const LlamaConfig& c, int size
   must_divide(c.intermediate_size, "intermediate_size");
   must_divide(c.vocab_size, "vocab_size");
   if (size > 1 && c.has_moe()) {
-    problems.push_back(t + ": mixture-of-experts layers (" + std::string(model_type_name(c.family)) +
+    problems.push_back(t + ": mixture-of-experts layers (" +
+                       std::string(model_type_name(c.family)) +
                        ") do not split over tensor-parallel ranks");
   }
   return problems;
@@ -364,8 +365,8 @@ std::optional<ParamLayout::Location> ParamLayout::find(const std::string& name) 
   const auto it = by_name_.find(name);
   if (it == by_name_.end()) return std::nullopt;
   const auto [group, tensor] = it->second;
-  return Location{group, &groups_[static_cast<std::size_t>(group)]
-                               .tensors[static_cast<std::size_t>(tensor)]};
+  return Location{
+      group, &groups_[static_cast<std::size_t>(group)].tensors[static_cast<std::size_t>(tensor)]};
 }
 
 std::string router_weight_name(const LlamaConfig& c, std::int64_t layer) {

@@ -70,9 +70,8 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo, batch, seq);
   o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo, batch, seq);
   o.num_checkpoints = model::LlamaModel::num_checkpoints(config.model, mo);
-  o.host_io_bytes = model::LlamaModel::host_io_bytes(config.model, batch, seq,
-                                                     config.tensor_parallel_size,
-                                                     mo.pipeline.in_flight);
+  o.host_io_bytes = model::LlamaModel::host_io_bytes(
+      config.model, batch, seq, config.tensor_parallel_size, mo.pipeline.in_flight);
   // Cut into stages, the last stage's head reads a copy of the embedding in the workspace.
   o.tied_embeddings = config.model.tie_word_embeddings && config.pipeline_parallel_size == 1;
   o.offload_param = config.offload_param;

@@ -242,8 +242,7 @@ std::string Generator::describe() const {
                  : std::string()) +
          " | " + std::string(dtype_name(s.options.dtype)) + " on " + s.device->name() +
          (s.comm->world_size() > 1
-              ? " | split over " + std::to_string(s.comm->world_size()) +
-                    " tensor-parallel ranks"
+              ? " | split over " + std::to_string(s.comm->world_size()) + " tensor-parallel ranks"
               : std::string()) +
          " | parameters " + format_bytes(s.parameter_bytes) +
          (s.comm->world_size() > 1 ? " a rank" : "") +

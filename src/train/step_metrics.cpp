@@ -45,6 +45,7 @@ Json StepMetrics::to_json() const {
          {"sent_bytes", sent_bytes},
          {"loss_tokens", loss_tokens}};
   if (loss_scale) j["loss_scale"] = *loss_scale;
+  if (aux_loss) j["aux_loss"] = *aux_loss;
   if (eval_loss) {
     j["eval_loss"] = *eval_loss;
     j["eval_ppl"] = *eval_ppl;
@@ -83,6 +84,13 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
       format_bytes(m.peak_nvme_bytes).c_str(), format_bytes(m.peak_rss_bytes).c_str(),
       format_bytes(m.comm_bytes).c_str());
   std::string line = buf;
+  // MoE models: the load-balancing loss beside the language model's.
+  if (m.aux_loss) {
+    char aux[48];
+    std::snprintf(aux, sizeof(aux), " | aux_loss %.4f", *m.aux_loss);
+    const std::size_t at = line.find(" | lr ");
+    line.insert(at == std::string::npos ? line.size() : at, aux);
+  }
   // Pipeline stages: what this rank sent across its boundaries.
   if (m.sent_bytes > 0) line += ", sent " + format_bytes(m.sent_bytes);
   // fp16: the loss scale the step ran with.

@@ -70,9 +70,9 @@ struct Trainer::Impl {
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
   // Without a pipeline: the step's micro-batches in turn; their loss (share weighted) added to
-  // *loss_sum, the model's time to *model_ms.
+  // *loss_sum, their load-balancing loss (MoE) to *aux_sum, the model's time to *model_ms.
   Status run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
-                           double* model_ms);
+                           double* aux_sum, double* model_ms);
   // This rank's share-weighted loss summed over the stages and the data-parallel ranks.
   Result<double> global_loss(double loss_sum);
   // The update with the clip and unscale multiplier, or the step skipped (non-finite gradients,
@@ -232,8 +232,7 @@ Status Trainer::Impl::setup() {
     return Status::ok();
   };
 
-  if (const std::string& dir = config.finetune.quantized_cache;
-      config.nf4_base() && !dir.empty()) {
+  if (const std::string& dir = config.finetune.quantized_cache; config.nf4_base() && !dir.empty()) {
     // Rank 0 claims the directory for this base, then the first data-parallel rank of each
     // tensor slice and stage writes what it quantizes.
     STRATA_ASSIGN_OR_RETURN(const Json identity, quantized_base_identity(config));
@@ -318,16 +317,20 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
                       m.loss_scale.value_or(1.0), overflow));
 
   // The micro-batches: forward and backward, the gradients landing where the plan keeps them.
-  double loss_sum = 0, model_ms = 0;
+  double loss_sum = 0, aux_sum = 0, model_ms = 0;
   if (pipeline) {
     STRATA_RETURN_IF_ERROR(pipeline->run_step(
         batch.micros, [&] { begin_last_micro_batch(); }, &loss_sum, &model_ms));
   } else {
-    STRATA_RETURN_IF_ERROR(run_micro_batches(batch.micros, &loss_sum, &model_ms));
+    STRATA_RETURN_IF_ERROR(run_micro_batches(batch.micros, &loss_sum, &aux_sum, &model_ms));
   }
   m.compute_ms = recorder->compute_ms(model_ms);
   m.loss_tokens = batch.global_targets;
   STRATA_ASSIGN_OR_RETURN(m.loss, global_loss(loss_sum));
+  if (config.model.has_moe()) {
+    STRATA_ASSIGN_OR_RETURN(const double aux, global_loss(aux_sum));
+    m.aux_loss = aux;
+  }
 
   // The norm of the gradients as computed: times the loss scale in fp16. Every rank has the same
   // sum (an overflow on any rank makes it infinite on all), so all skip together.
@@ -347,7 +350,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
 }
 
 Status Trainer::Impl::run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
-                                        double* model_ms) {
+                                        double* aux_sum, double* model_ms) {
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   for (std::size_t micro = 0; micro < micros.size(); ++micro) {
     const StepMicroBatch& mi = micros[micro];
@@ -361,6 +364,7 @@ Status Trainer::Impl::run_micro_batches(const std::vector<StepMicroBatch>& micro
     trace_pass(*timeline, "micro-batch " + std::to_string(micro), begin);
     *model_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
     *loss_sum += static_cast<double>(loss) * mi.share;
+    *aux_sum += model->last_aux_loss() * mi.share;
   }
   return Status::ok();
 }

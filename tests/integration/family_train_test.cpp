@@ -1,6 +1,7 @@
 // Each model family trains through strata train's whole path (checkpoint in, trainer, offload
 // none / cpu / nvme, checkpoint out) and matches float64 PyTorch: the losses of three AdamW steps
-// and the weights after them (tests/data/families/, from tools/golden/family_golden.py).
+// and the weights after them (tests/data/families/, from tools/golden/family_golden.py); the MoE
+// families with their experts as parameter groups of the tiered store like any other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,7 +71,9 @@ TEST_P(FamilyTrainTest, LossesAndWeightsMatchPyTorchAtEveryOffload) {
             {"data", {{"path", dir.file("tokens.u16")}, {"format", "u16"}}},
             {"seq_len", g.at("seq")},
             {"batch_size", g.at("windows")},
-            {"micro_batch_size", 2},
+            // An MoE family's load-balancing loss is each forward's, as transformers computes
+            // it: one micro-batch of the whole batch, as the reference runs it.
+            {"micro_batch_size", config->has_moe() ? g.at("windows").get<int>() : 2},
             {"max_steps", 3},
             {"precision", "fp32"},
             {"optimizer",
@@ -98,9 +101,13 @@ TEST_P(FamilyTrainTest, LossesAndWeightsMatchPyTorchAtEveryOffload) {
   ASSERT_EQ(history.size(), want.size());
   double worst_loss = 0, worst_weight = 0;
   for (std::size_t i = 0; i < history.size(); ++i) {
-    EXPECT_NEAR(history[i].loss, want[i].get<double>(), 1e-4 * want[i].get<double>())
-        << "step " << i + 1;
-    worst_loss = std::max(worst_loss, std::abs(history[i].loss / want[i].get<double>() - 1));
+    // MoE: the reference's loss is the trained objective, the language model's plus the
+    // weighted load-balancing loss, which the metrics carry apart.
+    double loss = history[i].loss;
+    EXPECT_EQ(history[i].aux_loss.has_value(), config->has_moe());
+    if (history[i].aux_loss) loss += config->moe.aux_loss_coef * *history[i].aux_loss;
+    EXPECT_NEAR(loss, want[i].get<double>(), 1e-4 * want[i].get<double>()) << "step " << i + 1;
+    worst_loss = std::max(worst_loss, std::abs(loss / want[i].get<double>() - 1));
   }
   // Weights after the steps: each within 1e-4 of the tensor's largest weight, far below the
   // 2 * lr a step with a wrong gradient sign would move it; or within 8 times what the
@@ -136,9 +143,42 @@ TEST_P(FamilyTrainTest, LossesAndWeightsMatchPyTorchAtEveryOffload) {
       name.c_str(), offload.c_str(), worst_loss, worst_weight);
 }
 
+// What MoE layers do not run with yet is refused naming the key: pipeline stages (the
+// load-balancing loss sums over every layer), adapters on the experts; tensor parallelism names
+// the MoE layers as what does not split.
+TEST(MoeTrainConfigTest, WhatMoeLayersDoNotRunWithIsRefusedNamingTheKey) {
+  auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/families/mixtral.json");
+  ASSERT_TRUE(read.is_ok());
+  Json j = {{"model", read.value().at("config")},
+            {"data", {{"path", "unused.txt"}, {"format", "text"}}},
+            {"seq_len", 8},
+            {"batch_size", 4},
+            {"micro_batch_size", 1},
+            {"save_dir", ""}};
+  const auto error = [&](const Json& changes) {
+    Json k = j;
+    k.merge_patch(changes);
+    auto c = parse_train_config(k, "cfg.json");
+    return c.is_ok() ? std::string() : c.status().message();
+  };
+  ASSERT_EQ(error(Json::object()), "");
+  EXPECT_NE(error({{"pipeline_parallel_size", 2}})
+                .find("'pipeline_parallel_size': the mixture-of-experts layers of mixtral"),
+            std::string::npos)
+      << error({{"pipeline_parallel_size", 2}});
+  EXPECT_NE(error({{"finetune", {{"method", "lora"}}}})
+                .find("'finetune.method': adapters on the experts"),
+            std::string::npos);
+  EXPECT_NE(
+      error({{"tensor_parallel_size", 2}}).find("mixture-of-experts layers (mixtral) do not split"),
+      std::string::npos)
+      << error({{"tensor_parallel_size", 2}});
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTrainTest,
                          ::testing::Combine(::testing::Values("llama3", "llama-linear", "qwen2",
-                                                              "qwen2-window", "qwen3", "mistral"),
+                                                              "qwen2-window", "qwen3", "mistral",
+                                                              "qwen3-moe", "mixtral"),
                                             ::testing::Values("none", "cpu", "nvme")),
                          [](const auto& info) {
                            return strata::testing::test_name(std::get<0>(info.param) + "_" +

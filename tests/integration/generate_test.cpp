@@ -80,7 +80,7 @@ TEST_P(GenerateGoldenTest, GreedyDecodeMatchesPyTorchResidentAndStreamed) {
 
 INSTANTIATE_TEST_SUITE_P(Families, GenerateGoldenTest,
                          ::testing::Values("llama3", "llama-linear", "qwen2", "qwen2-window",
-                                           "qwen3", "mistral"),
+                                           "qwen3", "mistral", "qwen3-moe", "mixtral"),
                          [](const auto& info) { return strata::testing::test_name(info.param); });
 
 TEST(GenerateTest, SamplingIsReproducibleAndItsFiltersNarrowTheChoice) {

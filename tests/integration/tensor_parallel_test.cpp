@@ -69,8 +69,8 @@ TEST_P(TensorParallelDecodeTest, EveryRankDecodesPyTorchsGreedyTokens) {
           strata::testing::InProcessRanks& ranks) -> std::string {
         const auto r = static_cast<std::size_t>(rank);
         device::Device& device = *ranks.devices[r];
-        auto group = zero::make_tensor_group(*ranks.comms[r], device,
-                                             golden.config.num_key_value_heads);
+        auto group =
+            zero::make_tensor_group(*ranks.comms[r], device, golden.config.num_key_value_heads);
         if (!group.is_ok()) return group.status().to_string();
         const Json& g = golden.g;
         const ParamLayout layout =
@@ -103,8 +103,8 @@ TEST_P(TensorParallelDecodeTest, EveryRankDecodesPyTorchsGreedyTokens) {
         auto logits = model.decode(provider, prompt.data(), n);
         while (logits.is_ok()) {
           const float* l = *logits;
-          got.push_back(static_cast<std::int32_t>(
-              std::max_element(l, l + golden.config.vocab_size) - l));
+          got.push_back(
+              static_cast<std::int32_t>(std::max_element(l, l + golden.config.vocab_size) - l));
           if (got.size() == want.size()) break;
           logits = model.decode(provider, &got.back(), 1);
         }

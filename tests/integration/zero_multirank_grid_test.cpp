@@ -263,8 +263,7 @@ TEST(ZeroTensorParallel, QloraOverSplitLayersIsLoraOnEachSlicesDecodedBase) {
           model::init_group(c, g, 11, dst);
           if (!decoded) return Status::ok();
           for (int r = 0; r < kSplit; ++r) {
-            const model::ParamLayout mine =
-                model::ParamLayout::build(c, lora, true, {kSplit, r});
+            const model::ParamLayout mine = model::ParamLayout::build(c, lora, true, {kSplit, r});
             for (const auto& grp : mine.groups()) {
               for (const auto& t : grp.tensors) {
                 if (t.format != model::TensorFormat::kNf4) continue;
@@ -333,9 +332,11 @@ TEST(ZeroTensorParallel, QloraOverSplitLayersIsLoraOnEachSlicesDecodedBase) {
   q["save_dir"] = dir.file("again/ckpt");
   EXPECT_EQ(trained("again", q), want);
   std::stringstream out;
-  out << std::ifstream(dir.file("again/out.txt")).rdbuf() << std::ifstream(dir.file("again/err.txt")).rdbuf();
-  EXPECT_NE(out.str().find("NF4 base: " + std::to_string(c.num_hidden_layers) + " groups read from"),
-            std::string::npos)
+  out << std::ifstream(dir.file("again/out.txt")).rdbuf()
+      << std::ifstream(dir.file("again/err.txt")).rdbuf();
+  EXPECT_NE(
+      out.str().find("NF4 base: " + std::to_string(c.num_hidden_layers) + " groups read from"),
+      std::string::npos)
       << out.str();
   for (std::size_t i = 0; i < files.size(); ++i) {
     struct stat st {};

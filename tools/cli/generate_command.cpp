@@ -70,10 +70,11 @@ int run_generate(const GenerateArgs& a) {
     tok = std::move(loaded).value();
   } else if (a.tokenizer.empty() && gen.value()->config().vocab_size == 256) {
     bytes = true;
-    if (reports) std::fprintf(stderr,
-                 "strata generate: no tokenizer in %s; its 256-token vocabulary is read "
-                 "as raw bytes, as data.format \"text\" trains it\n",
-                 a.model.c_str());
+    if (reports)
+      std::fprintf(stderr,
+                   "strata generate: no tokenizer in %s; its 256-token vocabulary is read "
+                   "as raw bytes, as data.format \"text\" trains it\n",
+                   a.model.c_str());
   } else if (!a.tokenizer.empty() || a.prompt_ids.empty()) {
     return fail(loaded.status().with_context(
         a.tokenizer.empty() ? "no tokenizer in the model directory (pass --tokenizer, or "

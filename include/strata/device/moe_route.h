@@ -10,8 +10,8 @@ namespace strata::device {
 // logits [experts] -> probs [experts] (softmax: the maximum subtracted, exp, divided by the sum,
 // in f32), chosen [k] (the k largest probabilities, largest first, the lower expert first among
 // equals) and weights [k] (their probabilities, divided by their f32 sum with `normalize`).
-void moe_route_reference(const float* logits, std::int64_t experts, std::int64_t k,
-                         bool normalize, float* probs, std::int32_t* chosen, float* weights);
+void moe_route_reference(const float* logits, std::int64_t experts, std::int64_t k, bool normalize,
+                         float* probs, std::int32_t* chosen, float* weights);
 
 // dlogits [experts] from dweights [k] and aux_grad [experts] (null: none): with dp the gradient
 // of the probabilities (aux_grad, plus dweights through the top-k and the renormalization),

@@ -25,8 +25,8 @@ std::string_view architecture_name(ModelFamily family);  // "LlamaForCausalLM", 
 // and the token's MLP output is the weighted sum of its experts' SwiGLU outputs. With aux_loss,
 // transformers' load-balancing loss over the MoE layers is added with aux_loss_coef.
 struct MoeConfig {
-  std::int64_t num_experts = 0;  // num_experts (Mixtral: num_local_experts); 0: no MoE layer
-  std::int64_t experts_per_token = 0;         // num_experts_per_tok
+  std::int64_t num_experts = 0;        // num_experts (Mixtral: num_local_experts); 0: no MoE layer
+  std::int64_t experts_per_token = 0;  // num_experts_per_tok
   std::int64_t expert_intermediate_size = 0;  // moe_intermediate_size (Mixtral: intermediate_size)
   bool normalize_top_k = false;               // norm_topk_prob (Mixtral: always)
   std::int64_t sparse_step = 1;               // decoder_sparse_step: every n-th layer is MoE

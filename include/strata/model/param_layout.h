@@ -137,10 +137,10 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 // then lm_head.weight unless tie_word_embeddings). Then each MoE layer's experts, a group each
 // in layer and expert order: X = the number of them, "layers.i.experts.e" holding the expert's
 // gate, up and down projections (expert_weight_names). With LoRA adapters, every group above is
-// frozen and L+X+2..2L+X+1 = "layers.i.lora" hold layer i's adapters: for each target in the block's order,
-// model.layers.i.<module>.lora_A.weight [r, in] then .lora_B.weight [out, r]. The base's group
-// ids do not change, so a base drawn from a seed is the same with or without adapters. With
-// `nf4_base` (QLoRA, adapters required) every block's projection weights are kNf4.
+// frozen and L+X+2..2L+X+1 = "layers.i.lora" hold layer i's adapters: for each target in the
+// block's order, model.layers.i.<module>.lora_A.weight [r, in] then .lora_B.weight [out, r]. The
+// base's group ids do not change, so a base drawn from a seed is the same with or without adapters.
+// With `nf4_base` (QLoRA, adapters required) every block's projection weights are kNf4.
 //
 // Modules that train whole beside the adapters (LoraConfig::modules_to_save): the embed group,
 // or the head group, trains when all its tensors do; a block's norms move out of its frozen group

@@ -13,6 +13,10 @@ namespace strata::train {
 struct StepMetrics {
   std::int64_t step = 0;  // 1-based optimizer step
   double loss = 0;        // mean over the global batch's targets (those the loss mask marks)
+  // MoE models: the load-balancing loss (transformers' load_balancing_loss_func, each
+  // micro-batch's, averaged as the loss is); the trained objective adds router_aux_loss_coef times
+  // it when output_router_logits is set.
+  std::optional<double> aux_loss;
   double lr = 0;
   double grad_norm = 0;
   bool skipped = false;  // non-finite gradients (fp16: an overflow): no update

@@ -23,7 +23,7 @@ const char* const kGoldenPath = STRATA_TEST_DATA_DIR "/llama_tiny_golden.json";
 
 struct GoldenRun {
   float loss = 0;
-  double aux_loss = 0;  // MoE families: the load-balancing loss
+  double aux_loss = 0;                              // MoE families: the load-balancing loss
   std::map<std::string, std::vector<float>> grads;  // by HF tensor name
 };
 
