@@ -1,8 +1,9 @@
 // Mixture-of-experts routing and the row ops around the experts' GEMMs: moe_route (softmax,
-// top-k, renormalization) and its backward, one thread per token, the operations of
-// device::moe_route_reference in the same order; scale_rows (an expert's outputs times their
+// top-k, renormalization) and its backward, one thread per token running the CPU backend's own
+// per-token functions (strata/device/moe_route.h); scale_rows (an expert's outputs times their
 // routing weights) and row_dots (each routing weight's gradient), one warp per row.
 #include "common.cuh"
+#include "strata/device/moe_route.h"
 
 namespace strata::kernels {
 namespace {
@@ -13,33 +14,8 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, std::int64_t 
                                  float* __restrict__ weights) {
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        t < tokens; t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float* z = logits + t * experts;
-    float* p = probs + t * experts;
-    std::int32_t* c = chosen + t * k;
-    float* w = weights + t * k;
-    float top = z[0];
-    for (std::int64_t e = 1; e < experts; ++e) top = fmaxf(top, z[e]);
-    float sum = 0.0f;
-    for (std::int64_t e = 0; e < experts; ++e) {
-      p[e] = expf(z[e] - top);
-      sum += p[e];
-    }
-    for (std::int64_t e = 0; e < experts; ++e) p[e] /= sum;
-    float picked_sum = 0.0f;
-    for (std::int64_t j = 0; j < k; ++j) {
-      std::int32_t best = -1;
-      for (std::int64_t e = 0; e < experts; ++e) {
-        bool taken = false;
-        for (std::int64_t i = 0; i < j; ++i) taken = taken || c[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<std::int32_t>(e);
-      }
-      c[j] = best;
-      w[j] = p[best];
-      picked_sum += w[j];
-    }
-    if (normalize) {
-      for (std::int64_t j = 0; j < k; ++j) w[j] /= picked_sum;
-    }
+    device::moe_route_token(logits + t * experts, experts, k, normalize, probs + t * experts,
+                            chosen + t * k, weights + t * k);
   }
 }
 
@@ -51,23 +27,8 @@ __global__ void moe_route_backward_kernel(const float* __restrict__ probs,
                                           float* __restrict__ dlogits) {
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        t < tokens; t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float* p = probs + t * experts;
-    const std::int32_t* c = chosen + t * k;
-    const float* dw = dweights + t * k;
-    float* dz = dlogits + t * experts;
-    for (std::int64_t e = 0; e < experts; ++e) dz[e] = aux_grad != nullptr ? aux_grad[e] : 0.0f;
-    if (normalize) {
-      float picked_sum = 0.0f;
-      for (std::int64_t j = 0; j < k; ++j) picked_sum += p[c[j]];
-      float dot = 0.0f;
-      for (std::int64_t j = 0; j < k; ++j) dot += dw[j] * (p[c[j]] / picked_sum);
-      for (std::int64_t j = 0; j < k; ++j) dz[c[j]] += (dw[j] - dot) / picked_sum;
-    } else {
-      for (std::int64_t j = 0; j < k; ++j) dz[c[j]] += dw[j];
-    }
-    float dot = 0.0f;
-    for (std::int64_t e = 0; e < experts; ++e) dot += p[e] * dz[e];
-    for (std::int64_t e = 0; e < experts; ++e) dz[e] = p[e] * (dz[e] - dot);
+    device::moe_route_token_backward(probs + t * experts, chosen + t * k, dweights + t * k,
+                                     aux_grad, experts, k, normalize, dlogits + t * experts);
   }
 }
 

@@ -107,11 +107,13 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
   if (config_.has_moe()) {
     // The routing's host side at the pinned buffer's end.
     const Dims& d = setup_.d;
-    ws_.moe.host = static_cast<std::byte*>(host_io_) + ask_.host_io_bytes -
-                   moe_host_bytes(config_, batch * seq);
+    ws_.moe.place_host(
+        static_cast<std::byte*>(host_io_) + ask_.host_io_bytes - moe_host_bytes(config_, d.rows),
+        d.rows, d.experts, d.experts_per_token);
+    setup_.moe.device = &device_;
+    setup_.moe.scratch = ws_.moe;
     aux_.assign(ws_.slots.size(), detail::MoeAux{});
     for (auto& a : aux_) a.reset(d.experts);
-    slot_aux_.assign(ws_.slots.size(), 0.0);
   }
   return Status::ok();
 }
@@ -435,15 +437,13 @@ std::uint64_t LlamaModel::host_io_bytes(const LlamaConfig& config, std::int64_t 
 }
 
 std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows) {
-  if (!config.has_moe()) return 0;
-  // The routing read back, and the load-balancing loss's gradient on its way to the device.
-  return detail::MoeScratch::host_bytes(rows, config.moe.num_experts,
-                                        config.moe.experts_per_token) +
-         static_cast<std::uint64_t>(config.moe.num_experts) * 4;
+  return config.has_moe() ? detail::MoeScratch::host_bytes(rows, config.moe.num_experts,
+                                                           config.moe.experts_per_token)
+                          : 0;
 }
 
 double LlamaModel::last_aux_loss() const {
-  return impl_->slot_aux_.empty() ? 0.0 : impl_->slot_aux_[impl_->last_slot_];
+  return impl_->aux_.empty() ? 0.0 : impl_->aux_[impl_->last_slot_].loss();
 }
 
 }  // namespace strata::model

@@ -29,7 +29,7 @@ BlockSetup BlockSetup::make(const LlamaConfig& c, const ModelOptions& options, s
     d.experts = c.moe.num_experts;
     d.experts_per_token = c.moe.experts_per_token;
     d.expert_ffn = c.moe.expert_intermediate_size;
-    b.moe.normalize = c.family == ModelFamily::kMixtral || c.moe.normalize_top_k;
+    b.moe.normalize = c.moe.normalize_top_k;
   }
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
@@ -233,12 +233,8 @@ Status block_forward(const device::Ops& ops, const BlockSetup& bs, const BlockWe
   ops.rope(s.q, d.batch, d.seq, d.heads, d.head_dim, d.rope, false, dt);
   ops.rope(s.k, d.batch, d.seq, d.kv_heads, d.head_dim, d.rope, false, dt);
   ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, d.attention(), dt);
-  MoeActs moe = s.moe;
-  moe.gate = s.gate;
-  moe.up = s.up;
-  moe.m = s.m;
   return block_tail(ops, bs, L, w, s.x, s.att, s.hmid, s.rstd2, s.b,
-                    mlp_acts(s.gate, s.up, s.m, s.lora_t), moe, t_of(s.lora_t, LoraTarget::kO),
+                    mlp_acts(s.gate, s.up, s.m, s.lora_t), s.moe, t_of(s.lora_t, LoraTarget::kO),
                     s.lora_x, s.partial, s.b_local, out);
 }
 
@@ -269,12 +265,8 @@ Status block_decode(const device::Ops& ops, const BlockSetup& bs, const BlockWei
   ops.rope(k_new, 1, R, d.kv_heads, d.head_dim, rope, false, dt);
   ops.attention_decode(s.q, k_cache, v_cache, s.att,
                        {R, past, d.heads, d.kv_heads, d.head_dim, d.window}, dt);
-  MoeActs moe = s.moe;
-  moe.gate = s.gate;
-  moe.up = s.up;
-  moe.m = s.m;
   return block_tail(ops, bs, L, w, s.x, s.att, s.hmid, s.rstd, s.b, mlp_acts(s.gate, s.up, s.m, ts),
-                    moe, s.lora_t, nullptr, nullptr, nullptr, out);
+                    s.moe, s.lora_t, nullptr, nullptr, nullptr, out);
 }
 
 // dh [R, H]: dL/dout -> dL/dx. Weight gradients dW = dY^T X (+=), bias gradients db = sum of dY
@@ -306,12 +298,8 @@ Status block_backward(const device::Ops& ops, const BlockSetup& bs, const BlockW
                     grad_of(LoraTarget::kUp),
                     grad_of(LoraTarget::kDown)};
   if (w.router != nullptr) {
-    MoeActs moe = s.moe;
-    moe.gate = s.gate;
-    moe.up = s.up;
-    moe.m = s.m;
-    STRATA_RETURN_IF_ERROR(moe_of(bs, w).backward(ops, s.b, moe, bs.moe.scratch, dh, t.dm, g.router,
-                                                  bs.moe.aux_grad, dx));
+    STRATA_RETURN_IF_ERROR(moe_of(bs, w).backward(ops, s.b, s.moe, bs.moe.scratch, dh, t.dm,
+                                                  g.router, bs.moe.aux_grad, dx));
   } else {
     // Kept apart, this layer's b is gathered again into the buffer the layers share.
     STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg, dh,

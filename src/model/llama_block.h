@@ -50,9 +50,9 @@ struct Dims {
 };
 
 // An MoE layer's settings beyond its shapes, and what it runs with: the device (the routing is
-// read back), the layer's experts, the scratch the layers share, and the micro-batch's
-// load-balancing sums (counted in forward; with aux_grad, their gradient in s.aux_grad is added in
-// backward).
+// read back) and the scratch the layers share, set with the workspace; per layer, its experts and
+// the micro-batch's load-balancing sums (counted in forward; with aux_grad, their gradient in
+// scratch.aux_grad is added in backward).
 struct MoeSpec {
   bool normalize = false;
   device::Device* device = nullptr;
@@ -187,7 +187,7 @@ struct BlockActs {
   void* partial = nullptr;
   void* a_local = nullptr;  // [local_rows, hidden] this rank's rows of a, where kept apart
   void* b_local = nullptr;  // [local_rows, hidden] this rank's rows of b, where kept apart
-  // An MoE layer's routing and expert activations (its gate, up and m are the ones above, as
+  // An MoE layer's routing and expert activations (its gate, up and m: the ones above, as
   // [rows k, expert_ffn]).
   MoeActs moe;
 };
@@ -259,7 +259,7 @@ struct DecodeActs {
   void* up = nullptr;      // [rows, ffn]
   void* m = nullptr;       // [rows, ffn]
   void* lora_t = nullptr;  // [rows, r]: one adapter's x A^T at a time
-  MoeActs moe;             // an MoE layer's (gate, up and m the ones above)
+  MoeActs moe;             // an MoE layer's (its gate, up and m: the ones above)
 };
 
 // Decodes d.rows new tokens at positions past.. past + rows - 1 (d.batch 1, d.seq = rows):

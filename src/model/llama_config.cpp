@@ -45,7 +45,7 @@ std::string_view architecture_name(ModelFamily family) {
 
 bool LlamaConfig::is_moe_layer(std::int64_t layer) const {
   if (moe.num_experts == 0) return false;
-  if (family == ModelFamily::kMixtral) return true;
+  // Mixtral: no mlp_only_layers, a sparse step of 1.
   return std::find(moe.dense_layers.begin(), moe.dense_layers.end(), layer) ==
              moe.dense_layers.end() &&
          (layer + 1) % moe.sparse_step == 0;
@@ -165,18 +165,8 @@ void read_moe(JsonReader& r, LlamaConfig* c) {
     r.read("moe_intermediate_size", &m.expert_intermediate_size, 0);
     r.read("norm_topk_prob", &m.normalize_top_k);
     r.read("decoder_sparse_step", &m.sparse_step, 0);
-    if (const Json* v = r.raw("mlp_only_layers"); v && !v->is_null()) {
-      if (!v->is_array()) {
-        r.error("mlp_only_layers", "expected a list of layer indices, got " + v->dump());
-      } else {
-        for (const Json& l : *v) {
-          if (!l.is_number_integer()) {
-            r.error("mlp_only_layers", "expected layer indices, got " + l.dump());
-          } else {
-            m.dense_layers.push_back(l.get<std::int64_t>());
-          }
-        }
-      }
+    if (const Json* v = r.raw("mlp_only_layers"); v != nullptr && !v->is_null()) {
+      r.read("mlp_only_layers", &m.dense_layers);
     }
   } else if (c->family == ModelFamily::kMixtral) {
     m.num_experts = 8;

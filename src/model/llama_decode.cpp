@@ -40,7 +40,12 @@ Status LlamaModel::Impl::begin_decode(ParamProvider& provider, std::int64_t max_
       align_up(static_cast<std::uint64_t>(std::max(max_rows, config_.vocab_size)) * 4, 256);
   STRATA_ASSIGN_OR_RETURN(decode_io_, provider.host_io(io_bytes + moe_host_bytes(config_, max_rows),
                                                        "decoding token ids and logits"));
-  dws_.moe.host = static_cast<std::byte*>(decode_io_) + io_bytes;
+  if (config_.has_moe()) {
+    dws_.moe.place_host(static_cast<std::byte*>(decode_io_) + io_bytes, max_rows, setup.d.experts,
+                        setup.d.experts_per_token);
+    decode_setup_.moe.device = &device_;
+    decode_setup_.moe.scratch = dws_.moe;
+  }
   host_io_ = nullptr;  // the training one, if any, was replaced
   return Status::ok();
 }
@@ -99,8 +104,6 @@ Result<const float*> LlamaModel::Impl::decode(ParamProvider& provider, const std
     BlockSetup dl = setup;
     dl.d.window = config_.window_of(l);
     LayerExperts experts = experts_of(ps, l);
-    dl.moe.device = &device_;
-    dl.moe.scratch = dws_.moe;
     dl.moe.source = &experts;
     detail::DecodeActs acts = dws_.acts;
     acts.x = dws_.xs[l % 2];

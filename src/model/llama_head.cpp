@@ -77,9 +77,6 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   for (std::int64_t i = 0; i < R; ++i) sum += host_losses[i];
   slot_loss_[static_cast<std::size_t>(mb.slot)] =
       num_valid_ > 0 ? static_cast<float>(sum / static_cast<double>(num_valid_)) : 0.0f;
-  if (config_.has_moe()) {
-    slot_aux_[static_cast<std::size_t>(mb.slot)] = aux_[static_cast<std::size_t>(mb.slot)].loss();
-  }
   last_slot_ = static_cast<std::size_t>(mb.slot);
   if (!train) {
     release_head(ps);

@@ -227,15 +227,12 @@ struct LlamaModel::Impl {
 
   // The micro-batch's dimensions with layer `layer`'s attention window and dropout masks; an MoE
   // layer's experts from `experts`, its load-balancing sums the slot's.
-  BlockSetup setup_of(std::int64_t layer, int slot = 0,
-                      detail::ExpertSource* experts = nullptr) const {
+  BlockSetup setup_of(std::int64_t layer, int slot, detail::ExpertSource* experts) {
     BlockSetup b = setup_;
     b.d.window = config_.window_of(layer);
     b.lora.layer = layer;
     if (!train_) b.lora.dropout = 0;
     b.lora.key = dropout_key_;
-    b.moe.device = &device_;
-    b.moe.scratch = ws_.moe;
     b.moe.source = experts;
     b.moe.aux = config_.has_moe() ? &aux_[static_cast<std::size_t>(slot)] : nullptr;
     b.moe.aux_grad = config_.moe.aux_loss && train_;
@@ -292,10 +289,9 @@ struct LlamaModel::Impl {
   std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
   // Mixture of experts: the projections' offsets in every expert's working copy (bytes) and in
   // its gradients (elements), the same for every expert; per slot, the micro-batch's
-  // load-balancing sums and its aux loss.
+  // load-balancing sums.
   detail::ExpertTensors<std::int64_t> expert_bytes_, expert_elems_;
-  mutable std::vector<detail::MoeAux> aux_;
-  std::vector<double> slot_aux_;
+  std::vector<detail::MoeAux> aux_;
   std::size_t last_slot_ = 0;  // the slot of the last micro-batch that ran the head
   bool train_ = false;         // this step runs backward (and dropout)
   std::uint64_t dropout_key_ = 0;

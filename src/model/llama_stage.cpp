@@ -120,14 +120,11 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   // The gradient of the residual stream, layer by layer, in bwd.dh (this rank's rows).
   ops.cast(ch.dout, dt, bwd.dh, dt, sp.local_rows * H);
   if (config_.has_moe() && config_.moe.aux_loss) {
-    // The load-balancing loss's gradient, the same for every token of every MoE layer: staged
-    // after the routing's part of the pinned host buffer.
-    auto* staged = reinterpret_cast<float*>(
-        ws_.moe.host + detail::MoeScratch::host_bytes(d.rows, d.experts, d.experts_per_token));
+    // The load-balancing loss's gradient, the same for every token of every MoE layer.
     aux_[static_cast<std::size_t>(mb.slot)].gradient(
-        static_cast<double>(mb.grad_scale) * config_.moe.aux_loss_coef, staged);
-    device_.copy_to_device(ws_.moe.aux_grad, staged, static_cast<std::size_t>(d.experts) * 4,
-                           stream);
+        static_cast<double>(mb.grad_scale) * config_.moe.aux_loss_coef, ws_.moe.host_aux_grad);
+    device_.copy_to_device(ws_.moe.aux_grad, ws_.moe.host_aux_grad,
+                           static_cast<std::size_t>(d.experts) * 4, stream);
   }
   if (checkpointing && n > 1) {
     provider.prefetch_activation(checkpoint_index(mb.slot, ch.end - 1));

@@ -4,33 +4,36 @@
 namespace strata::model::detail {
 namespace {
 
-// An MoE layer's kept routing and expert outputs (its gate, up and m: the layer's own).
-template <typename Act, typename F32>
-MoeActs carve_moe_acts(const Dims& d, Act act, F32 f32, std::int64_t* offsets) {
-  const std::int64_t R = d.rows, E = d.experts, N = d.rows * d.experts_per_token;
-  MoeActs m;
-  m.probs = f32(R * E);
-  m.chosen = reinterpret_cast<std::int32_t*>(f32(N));
-  m.weights = f32(N);
-  m.tokens = reinterpret_cast<std::int32_t*>(f32(N));
-  m.slots = reinterpret_cast<std::int32_t*>(f32(N));
-  m.row_weights = f32(N);
-  m.out = act(N * d.hidden);
-  m.offsets = offsets;
-  return m;
+// An MoE layer's kept routing and expert outputs; its gate, up and m are the layer's own.
+MoeActs carve_moe_acts(const Dims& d, Carver& c, std::int64_t* offsets, void* gate, void* up,
+                       void* m) {
+  const std::int64_t N = d.rows * d.experts_per_token;
+  MoeActs a;
+  a.probs = c.f32(d.rows * d.experts);
+  a.chosen = c.i32(N);
+  a.weights = c.f32(N);
+  a.tokens = c.i32(N);
+  a.slots = c.i32(N);
+  a.row_weights = c.f32(N);
+  a.gate = gate;
+  a.up = up;
+  a.m = m;
+  a.out = c.take(N * d.hidden, d.elem_bytes);
+  a.offsets = offsets;
+  return a;
 }
 
-// The scratch the MoE layers share (its host part set by the caller).
-template <typename Act, typename F32>
-MoeScratch carve_moe_scratch(const Dims& d, Act act, F32 f32) {
+// The scratch the MoE layers share (its host part placed by the model).
+MoeScratch carve_moe_scratch(const Dims& d, Carver& c) {
   const std::int64_t R = d.rows, E = d.experts, N = d.rows * d.experts_per_token;
   MoeScratch s;
-  s.logits = act(R * E);
-  s.logits_f32 = f32(R * E);
-  s.rows_in = act(N * d.hidden);
-  s.rows_grad = act(N * d.hidden);
-  s.dweights = f32(N);
-  s.aux_grad = f32(E);
+  s.logits = c.take(R * E, d.elem_bytes);
+  s.logits_f32 = c.f32(R * E);
+  s.rows_in = c.take(N * d.hidden, d.elem_bytes);
+  s.rows_grad = c.take(N * d.hidden, d.elem_bytes);
+  s.dweights = c.f32(N);
+  s.prob_sums = c.f32(E);
+  s.aux_grad = c.f32(E);
   return s;
 }
 
@@ -39,7 +42,7 @@ MoeScratch carve_moe_scratch(const Dims& d, Act act, F32 f32) {
 // b_shared).
 template <typename Act, typename F32>
 BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart, void* a_shared,
-                     void* b_shared, std::int64_t* moe_offsets) {
+                     void* b_shared) {
   const Dims& d = setup.d;
   const TensorSplit& sp = setup.split;
   const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.mlp_width();
@@ -69,7 +72,6 @@ BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart,
   for (int t = 0; t < kNumLoraTargets; ++t) {
     if (setup.lora.on[t]) a.lora_t[t] = act(R * setup.lora.rank);
   }
-  if (d.experts > 0) a.moe = carve_moe_acts(d, act, f32, moe_offsets);
   return a;
 }
 
@@ -99,18 +101,17 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   const bool rows_apart = sp.seq_parallel && !checkpointing;
   void* a_shared = rows_apart ? act(R * H) : nullptr;
   void* b_shared = rows_apart ? act(R * H) : nullptr;
-  // Each kept set of activations' expert offsets, on the host.
+  ws->moe = d.experts > 0 ? carve_moe_scratch(d, c) : MoeScratch{};
   ws->moe_offsets.clear();
-  const auto offsets = [&]() -> std::int64_t* {
-    if (d.experts == 0) return nullptr;
-    ws->moe_offsets.emplace_back(static_cast<std::size_t>(d.experts + 1), 0);
-    return ws->moe_offsets.back().data();
-  };
-  ws->moe = d.experts > 0 ? carve_moe_scratch(d, act, f32) : MoeScratch{};
   const auto layer_acts = [&]() {
-    BlockActs a = carve_acts(setup, act, f32, rows_apart, a_shared, b_shared, offsets());
+    BlockActs a = carve_acts(setup, act, f32, rows_apart, a_shared, b_shared);
     a.lora_x = lora_x;
     a.partial = ws->partial;
+    if (d.experts > 0) {
+      // Each kept set of MoE activations has its expert offsets on the host.
+      ws->moe_offsets.emplace_back(static_cast<std::size_t>(d.experts + 1), 0);
+      a.moe = carve_moe_acts(d, c, ws->moe_offsets.back().data(), a.gate, a.up, a.m);
+    }
     return a;
   };
   if (checkpointing) ws->shared = layer_acts();
@@ -227,9 +228,8 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
   if (d.experts > 0) {
     ws->moe_offsets.assign(static_cast<std::size_t>(d.experts + 1), 0);
-    a.moe = carve_moe_acts(
-        d, act, [&](std::int64_t n) { return c.f32(n); }, ws->moe_offsets.data());
-    ws->moe = carve_moe_scratch(d, act, [&](std::int64_t n) { return c.f32(n); });
+    a.moe = carve_moe_acts(d, c, ws->moe_offsets.data(), a.gate, a.up, a.m);
+    ws->moe = carve_moe_scratch(d, c);
   }
   if (setup.base.nf4) ws->nf4_weight = act(d.max_weight());
   ws->rstd_final = c.f32(1);

@@ -24,12 +24,6 @@ void MoeAux::gradient(double scale, float* out) const {
   }
 }
 
-const void* MoeMlp::weight(const device::Ops& ops, const void* w, std::int64_t elems) const {
-  if (base == nullptr || !base->nf4) return w;
-  ops.dequantize_nf4(w, elems, base->decoded, dtype);
-  return base->decoded;
-}
-
 Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                        void* out, MoeAux* aux) const {
   const std::int64_t T = tokens, E = experts, K = k, H = hidden, F = ffn, N = T * K;
@@ -40,20 +34,18 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
   ops.cast(s.logits, dtype, s.logits_f32, DType::kF32, T * E);
   ops.moe_route(s.logits_f32, T, E, K, normalize, a.probs, a.chosen, a.weights);
 
-  // The choice read back; each expert's rows formed on the host, tokens in ascending order.
-  auto* chosen = reinterpret_cast<std::int32_t*>(s.host);
-  auto* weights = reinterpret_cast<float*>(chosen + N);
-  auto* probs = weights + N;
-  auto* row_tokens = reinterpret_cast<std::int32_t*>(probs + T * E);
-  std::int32_t* row_slots = row_tokens + N;
-  auto* row_weights = reinterpret_cast<float*>(row_slots + N);
-  device->copy_to_host(chosen, a.chosen, static_cast<std::size_t>(N) * 4, stream);
-  device->copy_to_host(weights, a.weights, static_cast<std::size_t>(N) * 4, stream);
-  if (aux != nullptr && out != nullptr) {
-    device->copy_to_host(probs, a.probs, static_cast<std::size_t>(T * E) * 4, stream);
+  // The choice read back (and, counted, the probabilities summed over the tokens); each
+  // expert's rows formed on the host, tokens in ascending order.
+  const bool count = aux != nullptr && out != nullptr;
+  device->copy_to_host(s.host_chosen, a.chosen, static_cast<std::size_t>(N) * 4, stream);
+  if (count) {
+    device->fill_zero(s.prob_sums, static_cast<std::size_t>(E) * 4, stream);
+    ops.bias_grad(a.probs, s.prob_sums, T, E, DType::kF32);
+    device->copy_to_host(s.host_prob_sums, s.prob_sums, static_cast<std::size_t>(E) * 4, stream);
   }
   stream.synchronize();
   STRATA_RETURN_IF_ERROR(device->last_error());
+  const std::int32_t* chosen = s.host_chosen;
   std::int64_t* offsets = a.offsets;
   std::fill(offsets, offsets + E + 1, 0);
   for (std::int64_t i = 0; i < N; ++i) ++offsets[chosen[i] + 1];
@@ -61,23 +53,21 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
   std::vector<std::int64_t> next(offsets, offsets + E);
   for (std::int64_t slot = 0; slot < N; ++slot) {
     const std::int64_t r = next[static_cast<std::size_t>(chosen[slot])]++;
-    row_tokens[r] = static_cast<std::int32_t>(slot / K);
-    row_slots[r] = static_cast<std::int32_t>(slot);
-    row_weights[r] = weights[slot];
+    s.host_tokens[r] = static_cast<std::int32_t>(slot / K);
+    s.host_slots[r] = static_cast<std::int32_t>(slot);
   }
-  if (aux != nullptr && out != nullptr) {
+  if (count) {
     for (std::int64_t e = 0; e < E; ++e) {
-      aux->counts[static_cast<std::size_t>(e)] += offsets[e + 1] - offsets[e];
-    }
-    for (std::int64_t t = 0; t < T; ++t) {
-      for (std::int64_t e = 0; e < E; ++e)
-        aux->probs[static_cast<std::size_t>(e)] += probs[t * E + e];
+      const auto i = static_cast<std::size_t>(e);
+      aux->counts[i] += offsets[e + 1] - offsets[e];
+      aux->probs[i] += s.host_prob_sums[e];
     }
     aux->rows += T;
   }
-  device->copy_to_device(a.tokens, row_tokens, static_cast<std::size_t>(N) * 4, stream);
-  device->copy_to_device(a.slots, row_slots, static_cast<std::size_t>(N) * 4, stream);
-  device->copy_to_device(a.row_weights, row_weights, static_cast<std::size_t>(N) * 4, stream);
+  device->copy_to_device(a.tokens, s.host_tokens, static_cast<std::size_t>(N) * 4, stream);
+  device->copy_to_device(a.slots, s.host_slots, static_cast<std::size_t>(N) * 4, stream);
+  // Each row's routing weight, gathered by its slot (a row gather of one-element rows).
+  ops.embedding_forward(a.slots, N, a.weights, 1, a.row_weights, DType::kF32);
 
   // Every chosen expert asked for at once; then each over its rows, in expert order.
   for (std::int64_t e = 0; e < E; ++e) {
@@ -92,10 +82,11 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
     void* up = offset_ptr(a.up, first * F, eb);
     void* m = offset_ptr(a.m, first * F, eb);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
-    matmul(ops, dtype, false, true, n, F, H, xe, weight(ops, w.gate, F * H), gate, false);
-    matmul(ops, dtype, false, true, n, F, H, xe, weight(ops, w.up, F * H), up, false);
+    matmul(ops, dtype, false, true, n, F, H, xe, base->weight(ops, w.gate, F * H, dtype), gate,
+           false);
+    matmul(ops, dtype, false, true, n, F, H, xe, base->weight(ops, w.up, F * H, dtype), up, false);
     ops.swiglu_forward(gate, up, m, n * F, dtype);
-    matmul(ops, dtype, false, true, n, H, F, m, weight(ops, w.down, H * F),
+    matmul(ops, dtype, false, true, n, H, F, m, base->weight(ops, w.down, H * F, dtype),
            offset_ptr(a.out, first * H, eb), false);
     source->release(e);
   }
@@ -139,15 +130,17 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
     void* dme = offset_ptr(dm, first * F, eb);
     void* xe = offset_ptr(s.rows_in, first * H, eb);
     if (g.down != nullptr) matmul(ops, dtype, true, false, H, F, n, dye, m, g.down, true);
-    matmul(ops, dtype, false, false, n, F, H, dye, weight(ops, w.down, H * F), dme, false);
+    matmul(ops, dtype, false, false, n, F, H, dye, base->weight(ops, w.down, H * F, dtype), dme,
+           false);
     // In place: gate and up are read here for the last time.
     ops.swiglu_backward(dme, gate, up, gate, up, n * F, dtype);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
     if (g.gate != nullptr) matmul(ops, dtype, true, false, F, H, n, gate, xe, g.gate, true);
     if (g.up != nullptr) matmul(ops, dtype, true, false, F, H, n, up, xe, g.up, true);
     // The rows' input gradients take their inputs' room.
-    matmul(ops, dtype, false, false, n, H, F, gate, weight(ops, w.gate, F * H), xe, false);
-    matmul(ops, dtype, false, false, n, H, F, up, weight(ops, w.up, F * H), xe, true);
+    matmul(ops, dtype, false, false, n, H, F, gate, base->weight(ops, w.gate, F * H, dtype), xe,
+           false);
+    matmul(ops, dtype, false, false, n, H, F, up, base->weight(ops, w.up, F * H, dtype), xe, true);
     if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
     source->release(e);
   }

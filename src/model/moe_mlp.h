@@ -65,11 +65,26 @@ struct MoeScratch {
   void* rows_in = nullptr;      // [tokens k, hidden]: gathered inputs; in backward input gradients
   void* rows_grad = nullptr;    // [tokens k, hidden]: backward: the output gradient's rows
   float* dweights = nullptr;    // [tokens k] f32: the routing weights' gradient
+  float* prob_sums = nullptr;   // [experts] f32: each expert's probability summed over the tokens
   float* aux_grad = nullptr;    // [experts] f32: the load-balancing loss's gradient (backward)
-  // Pinned host [tokens (experts + 5 k)] x 4 bytes: the routing read back, and the rows formed.
-  std::byte* host = nullptr;
+  // Pinned host: the choice read back and each row's token and slot formed from it ([tokens k]
+  // each), the probability sums read back and the aux gradient on its way ([experts] each).
+  std::int32_t* host_chosen = nullptr;
+  std::int32_t* host_tokens = nullptr;
+  std::int32_t* host_slots = nullptr;
+  float* host_prob_sums = nullptr;
+  float* host_aux_grad = nullptr;
+
   static std::uint64_t host_bytes(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
-    return static_cast<std::uint64_t>(tokens * (experts + 5 * k)) * 4;
+    return static_cast<std::uint64_t>(3 * tokens * k + 2 * experts) * 4;
+  }
+  // The host pointers laid out from `host` (host_bytes of it).
+  void place_host(std::byte* host, std::int64_t tokens, std::int64_t experts, std::int64_t k) {
+    host_chosen = reinterpret_cast<std::int32_t*>(host);
+    host_tokens = host_chosen + tokens * k;
+    host_slots = host_tokens + tokens * k;
+    host_prob_sums = reinterpret_cast<float*>(host_slots + tokens * k);
+    host_aux_grad = host_prob_sums + experts;
   }
 };
 
@@ -99,7 +114,7 @@ struct MoeMlp {
   DType dtype = DType::kF32;
   const void* router = nullptr;  // [experts, hidden]
   ExpertSource* source = nullptr;
-  const BaseFormat* base = nullptr;  // NF4 experts are decoded into base->decoded
+  const BaseFormat* base = nullptr;  // NF4 experts are decoded before their products
 
   // x [tokens, hidden] -> acts, then unless out is null out [tokens, hidden] = the weighted sum
   // of each token's experts (a null out, the forward recomputed for the backward, stops before
@@ -111,9 +126,6 @@ struct MoeMlp {
   // `dm` [tokens k, ffn] is scratch.
   Status backward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                   const void* dy, void* dm, void* router_grad, bool aux, void* dx) const;
-
- private:
-  const void* weight(const device::Ops& ops, const void* w, std::int64_t elems) const;
 };
 
 }  // namespace strata::model::detail

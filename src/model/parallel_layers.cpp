@@ -48,12 +48,6 @@ void matmul(const device::Ops& ops, DType dtype, bool trans_a, bool trans_b, std
   ops.gemm(g);
 }
 
-const void* Linear::weight(const device::Ops& ops) const {
-  if (!base->nf4) return w;
-  ops.dequantize_nf4(w, out * in, base->decoded, dtype);
-  return base->decoded;
-}
-
 // The adapter's input: x, or dropout(x) in `scratch` while training with dropout > 0.
 const void* Linear::adapter_input(const device::Ops& ops, const void* x, void* scratch) const {
   if (lora->dropout <= 0.0f) return x;

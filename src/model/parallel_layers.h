@@ -76,6 +76,13 @@ struct AdapterSpec {
 struct BaseFormat {
   bool nf4 = false;
   void* decoded = nullptr;
+
+  // A base weight `w` of `elems` elements as its product reads it: itself, or decoded.
+  const void* weight(const device::Ops& ops, const void* w, std::int64_t elems, DType dtype) const {
+    if (!nf4) return w;
+    ops.dequantize_nf4(w, elems, decoded, dtype);
+    return decoded;
+  }
 };
 
 // Thin wrapper over Ops::gemm for row-major operands with tight leading dimensions:
@@ -143,7 +150,7 @@ struct Linear {
                   void* replica_db = nullptr) const;
 
  private:
-  const void* weight(const device::Ops& ops) const;  // the base, decoded where NF4
+  const void* weight(const device::Ops& ops) const { return base->weight(ops, w, out * in, dtype); }
   bool split() const { return tp != nullptr && tp->split(); }
   // The elements the adapter's dropout covers: the input, or a row-parallel rank's columns of
   // the whole input.

@@ -2,6 +2,7 @@
 #include "strata/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -73,8 +74,9 @@ struct Trainer::Impl {
   // *loss_sum, their load-balancing loss (MoE) to *aux_sum, the model's time to *model_ms.
   Status run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
                            double* aux_sum, double* model_ms);
-  // This rank's share-weighted loss summed over the stages and the data-parallel ranks.
-  Result<double> global_loss(double loss_sum);
+  // This rank's share-weighted losses (the loss, and the load-balancing loss) summed over the
+  // stages and the data-parallel ranks, in place, in one collective each.
+  Status global_losses(std::array<double, 2>& sums);
   // The update with the clip and unscale multiplier, or the step skipped (non-finite gradients,
   // an fp16 overflow, no target that counts) with the scaler told.
   Status update_or_skip(double scaled_norm, std::int64_t global_targets, StepMetrics* m);
@@ -326,11 +328,10 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   }
   m.compute_ms = recorder->compute_ms(model_ms);
   m.loss_tokens = batch.global_targets;
-  STRATA_ASSIGN_OR_RETURN(m.loss, global_loss(loss_sum));
-  if (config.model.has_moe()) {
-    STRATA_ASSIGN_OR_RETURN(const double aux, global_loss(aux_sum));
-    m.aux_loss = aux;
-  }
+  std::array<double, 2> sums = {loss_sum, aux_sum};
+  STRATA_RETURN_IF_ERROR(global_losses(sums));
+  m.loss = sums[0];
+  if (config.model.has_moe()) m.aux_loss = sums[1];
 
   // The norm of the gradients as computed: times the loss scale in fp16. Every rank has the same
   // sum (an overflow on any rank makes it infinite on all), so all skip together.
@@ -369,17 +370,17 @@ Status Trainer::Impl::run_micro_batches(const std::vector<StepMicroBatch>& micro
   return Status::ok();
 }
 
-Result<double> Trainer::Impl::global_loss(double loss_sum) {
-  double loss = loss_sum;
-  // The last stage's loss to every stage (the others add zero: exact).
+Status Trainer::Impl::global_losses(std::array<double, 2>& sums) {
+  // The last stage's losses to every stage (the others add zero: exact).
   if (grid->shape().pipeline > 1) {
     STRATA_RETURN_IF_ERROR(
-        grid->pipeline().all_reduce_host(&loss, 1, dist::ReduceOp::kSum, "loss (pipeline)"));
+        grid->pipeline().all_reduce_host(sums.data(), 2, dist::ReduceOp::kSum, "loss (pipeline)"));
   }
   if (grid->data().world_size() > 1) {
-    STRATA_RETURN_IF_ERROR(grid->data().all_reduce_host(&loss, 1, dist::ReduceOp::kSum, "loss"));
+    STRATA_RETURN_IF_ERROR(
+        grid->data().all_reduce_host(sums.data(), 2, dist::ReduceOp::kSum, "loss"));
   }
-  return loss;
+  return Status::ok();
 }
 
 Status Trainer::Impl::update_or_skip(double scaled_norm, std::int64_t global_targets,

@@ -401,8 +401,8 @@ class CpuOps final : public Ops {
                  float* weights) const override {
     ctx_.parallel_for(tokens, row_grain(experts), [&](std::int64_t t0, std::int64_t t1) {
       for (std::int64_t t = t0; t < t1; ++t) {
-        moe_route_reference(logits + t * experts, experts, k, normalize, probs + t * experts,
-                            chosen + t * k, weights + t * k);
+        moe_route_token(logits + t * experts, experts, k, normalize, probs + t * experts,
+                        chosen + t * k, weights + t * k);
       }
     });
   }
@@ -412,8 +412,8 @@ class CpuOps final : public Ops {
                           std::int64_t k, bool normalize, float* dlogits) const override {
     ctx_.parallel_for(tokens, row_grain(experts), [&](std::int64_t t0, std::int64_t t1) {
       for (std::int64_t t = t0; t < t1; ++t) {
-        moe_route_backward_reference(probs + t * experts, chosen + t * k, dweights + t * k,
-                                     aux_grad, experts, k, normalize, dlogits + t * experts);
+        moe_route_token_backward(probs + t * experts, chosen + t * k, dweights + t * k, aux_grad,
+                                 experts, k, normalize, dlogits + t * experts);
       }
     });
   }
