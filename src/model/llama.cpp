@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/model/llama_impl.h"
@@ -234,6 +235,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
         (bytes ? impl_->expert_bytes_ : impl_->expert_elems_) = detail::ExpertTensors<std::int64_t>{
             at(names.gate, bytes), at(names.up, bytes), at(names.down, bytes)};
       }
+      impl_->expert_work_bytes_ = working_bytes(eg, options_.compute_dtype);
     }
     // The offsets of the block's tensors that live in `group`, in elements or (bytes = true) in
     // the working copy's bytes; -1 for the others.
@@ -441,6 +443,8 @@ std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows) {
                                                            config.moe.experts_per_token)
                           : 0;
 }
+
+ExpertTraffic LlamaModel::take_expert_traffic() { return std::exchange(impl_->traffic_, {}); }
 
 double LlamaModel::last_aux_loss() const {
   return impl_->aux_.empty() ? 0.0 : impl_->aux_[impl_->last_slot_].loss();

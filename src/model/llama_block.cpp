@@ -173,6 +173,7 @@ MoeMlp moe_of(const BlockSetup& b, const BlockWeights& w) {
   m.router = w.router;
   m.source = b.moe.source;
   m.base = &b.base;
+  m.traffic = b.moe.traffic;
   return m;
 }
 

@@ -60,6 +60,7 @@ struct MoeSpec {
   MoeScratch scratch;
   MoeAux* aux = nullptr;
   bool aux_grad = false;
+  ExpertTraffic* traffic = nullptr;
 };
 
 // What a block is computed with: this rank's shapes, the tensor split and its collectives, the

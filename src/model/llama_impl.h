@@ -57,6 +57,9 @@ class ProviderSession {
     provider_.release_params(group);
   }
   void prefetch(int group) { provider_.prefetch_params(group); }
+  Status sum_expert_rows(std::vector<double>& rows, const std::string& what) {
+    return provider_.sum_expert_rows(rows, what);
+  }
   Result<void*> acquire_grads(int group) {
     Stopwatch sw;
     auto r = provider_.acquire_grads(group);
@@ -92,13 +95,15 @@ class LayerExperts final : public detail::ExpertSource {
   // `bytes`: the projections' offsets in an expert's working copy; `elems`: in its gradients.
   LayerExperts(ProviderSession& ps, const ParamLayout& layout, std::int64_t layer,
                const detail::ExpertTensors<std::int64_t>& bytes,
-               const detail::ExpertTensors<std::int64_t>& elems, std::size_t elem_bytes)
+               const detail::ExpertTensors<std::int64_t>& elems, std::size_t elem_bytes,
+               std::uint64_t work_bytes)
       : ps_(ps),
         layout_(layout),
         layer_(static_cast<int>(layer)),
         bytes_(bytes),
         elems_(elems),
-        eb_(elem_bytes) {}
+        eb_(elem_bytes),
+        work_bytes_(work_bytes) {}
   void prefetch(std::int64_t expert) override { ps_.prefetch(group(expert)); }
   Result<detail::ExpertWeights> acquire(std::int64_t expert) override {
     STRATA_ASSIGN_OR_RETURN(const void* p, ps_.acquire(group(expert)));
@@ -113,6 +118,10 @@ class LayerExperts final : public detail::ExpertSource {
                                offset_ptr(g, elems_.down, eb_)};
   }
   Status release_grads(std::int64_t expert) override { return ps_.release_grads(group(expert)); }
+  Status sum_rows(std::vector<double>& rows) override {
+    return ps_.sum_expert_rows(rows, "layer " + std::to_string(layer_));
+  }
+  std::uint64_t bytes() const override { return work_bytes_; }
 
  private:
   int group(std::int64_t expert) const {
@@ -123,6 +132,7 @@ class LayerExperts final : public detail::ExpertSource {
   int layer_;
   detail::ExpertTensors<std::int64_t> bytes_, elems_;
   std::size_t eb_;
+  std::uint64_t work_bytes_;
 };
 
 struct LlamaModel::Impl {
@@ -236,12 +246,13 @@ struct LlamaModel::Impl {
     b.moe.source = experts;
     b.moe.aux = config_.has_moe() ? &aux_[static_cast<std::size_t>(slot)] : nullptr;
     b.moe.aux_grad = config_.moe.aux_loss && train_;
+    b.moe.traffic = &traffic_;
     return b;
   }
   // Layer `layer`'s experts through `ps` (a dense layer's: never asked for).
   LayerExperts experts_of(ProviderSession& ps, std::int64_t layer) const {
     return LayerExperts(ps, layout_, layer, expert_bytes_, expert_elems_,
-                        dtype_size(options_.compute_dtype));
+                        dtype_size(options_.compute_dtype), expert_work_bytes_);
   }
   // The chunk's layer `i` activations, its input at `x`.
   BlockActs acts_for(const ChunkSpace& ch, std::int64_t i, const void* x) const {
@@ -291,6 +302,8 @@ struct LlamaModel::Impl {
   // its gradients (elements), the same for every expert; per slot, the micro-batch's
   // load-balancing sums.
   detail::ExpertTensors<std::int64_t> expert_bytes_, expert_elems_;
+  std::uint64_t expert_work_bytes_ = 0;  // an expert's working copy
+  ExpertTraffic traffic_;                // since take_expert_traffic
   std::vector<detail::MoeAux> aux_;
   std::size_t last_slot_ = 0;  // the slot of the last micro-batch that ran the head
   bool train_ = false;         // this step runs backward (and dropout)

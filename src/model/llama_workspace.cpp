@@ -5,6 +5,7 @@ namespace strata::model::detail {
 namespace {
 
 // An MoE layer's kept routing and expert outputs; its gate, up and m are the layer's own.
+// `offsets`: host room for 2 experts + 1 counts (its offsets, then its rows over the ranks).
 MoeActs carve_moe_acts(const Dims& d, Carver& c, std::int64_t* offsets, void* gate, void* up,
                        void* m) {
   const std::int64_t N = d.rows * d.experts_per_token;
@@ -20,6 +21,7 @@ MoeActs carve_moe_acts(const Dims& d, Carver& c, std::int64_t* offsets, void* ga
   a.m = m;
   a.out = c.take(N * d.hidden, d.elem_bytes);
   a.offsets = offsets;
+  a.rows_all = offsets + d.experts + 1;
   return a;
 }
 
@@ -109,7 +111,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
     a.partial = ws->partial;
     if (d.experts > 0) {
       // Each kept set of MoE activations has its expert offsets on the host.
-      ws->moe_offsets.emplace_back(static_cast<std::size_t>(d.experts + 1), 0);
+      ws->moe_offsets.emplace_back(static_cast<std::size_t>(2 * d.experts + 1), 0);
       a.moe = carve_moe_acts(d, c, ws->moe_offsets.back().data(), a.gate, a.up, a.m);
     }
     return a;
@@ -227,7 +229,7 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   a.m = act(R * d.mlp_width());
   if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
   if (d.experts > 0) {
-    ws->moe_offsets.assign(static_cast<std::size_t>(d.experts + 1), 0);
+    ws->moe_offsets.assign(static_cast<std::size_t>(2 * d.experts + 1), 0);
     a.moe = carve_moe_acts(d, c, ws->moe_offsets.data(), a.gate, a.up, a.m);
     ws->moe = carve_moe_scratch(d, c);
   }

@@ -69,14 +69,34 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
   // Each row's routing weight, gathered by its slot (a row gather of one-element rows).
   ops.embedding_forward(a.slots, N, a.weights, 1, a.row_weights, DType::kF32);
 
-  // Every chosen expert asked for at once; then each over its rows, in expert order.
+  // The experts every data-parallel rank runs: those some rank's tokens chose.
+  std::vector<double> rows(static_cast<std::size_t>(E));
+  for (std::int64_t e = 0; e < E; ++e)
+    rows[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
+  STRATA_RETURN_IF_ERROR(source->sum_rows(rows));
+  std::int64_t run = 0;
   for (std::int64_t e = 0; e < E; ++e) {
-    if (offsets[e + 1] > offsets[e]) source->prefetch(e);
+    a.rows_all[e] = static_cast<std::int64_t>(rows[static_cast<std::size_t>(e)]);
+    if (a.rows_all[e] > 0) ++run;
+  }
+  if (traffic != nullptr && out != nullptr) {
+    traffic->run += run;
+    traffic->skipped += E - run;
+  }
+
+  // Every expert run asked for at once; then each over its rows, in expert order.
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (a.rows_all[e] > 0) source->prefetch(e);
   }
   for (std::int64_t e = 0; e < E; ++e) {
     const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
-    if (n == 0) continue;
+    if (a.rows_all[e] == 0) continue;
     STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
+    if (traffic != nullptr) traffic->bytes += source->bytes();
+    if (n == 0) {  // another rank's tokens chose it
+      source->release(e);
+      continue;
+    }
     void* xe = offset_ptr(s.rows_in, first * H, eb);
     void* gate = offset_ptr(a.gate, first * F, eb);
     void* up = offset_ptr(a.up, first * F, eb);
@@ -113,15 +133,23 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
   const bool trains = source->trains();
   const std::int64_t* offsets = a.offsets;
   for (std::int64_t e = E - 1; e >= 0; --e) {
-    if (offsets[e + 1] > offsets[e]) source->prefetch(e);
+    if (a.rows_all[e] > 0) source->prefetch(e);
   }
   for (std::int64_t e = E - 1; e >= 0; --e) {
     const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
-    if (n == 0) continue;
+    if (a.rows_all[e] == 0) continue;
+    // An expert only other ranks' tokens chose is gathered and its (zero) gradient reduced here
+    // too, as the collectives require.
     STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
+    if (traffic != nullptr) traffic->bytes += source->bytes();
     ExpertGrads g;
     if (trains) {
       STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
+    }
+    if (n == 0) {
+      if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
+      source->release(e);
+      continue;
     }
     const void* dye = offset_ptr(s.rows_grad, first * H, eb);
     void* gate = offset_ptr(a.gate, first * F, eb);

@@ -4,7 +4,10 @@
 // permuted so that each expert's tokens are contiguous, each chosen expert runs one SwiGLU over
 // its block of tokens (three GEMMs), and its outputs, times their routing weights, are added
 // back to their tokens. The experts come from an ExpertSource once the router has chosen, and an
-// expert no token chose is never asked for: its gradient stays zero without any work.
+// expert no token chose is never asked for: its gradient stays zero without any work. Over
+// data-parallel ranks, "no token" is no token of any rank's micro-batch: every rank asks for the
+// same experts (the union of their choices) in the same order, as the collectives that gather
+// and reduce them require; an expert a rank has no rows for costs it no compute.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +17,7 @@
 #include "src/model/parallel_layers.h"
 #include "strata/core/status.h"
 #include "strata/device/device.h"
+#include "strata/model/llama.h"
 
 namespace strata::model::detail {
 
@@ -39,6 +43,11 @@ class ExpertSource {
   virtual bool trains() const = 0;
   virtual Result<ExpertGrads> acquire_grads(std::int64_t expert) = 0;
   virtual Status release_grads(std::int64_t expert) = 0;
+  // Each expert's rows on this rank in, their sum over the data-parallel ranks out (a
+  // collective: ParamProvider::sum_expert_rows).
+  virtual Status sum_rows(std::vector<double>& rows) = 0;
+  // One expert's working-copy bytes (every expert of a layer is laid out alike).
+  virtual std::uint64_t bytes() const = 0;
 };
 
 // What an MoE layer keeps from its forward for its backward (device pointers unless noted; a
@@ -56,6 +65,9 @@ struct MoeActs {
   void* m = nullptr;                // [tokens k, expert_ffn]: silu(gate) * up
   void* out = nullptr;              // [tokens k, hidden]: each row's expert output, unweighted
   std::int64_t* offsets = nullptr;  // host [experts + 1]: each expert's first row
+  // host [experts]: each expert's rows summed over the data-parallel ranks; the experts with
+  // some are the ones this layer runs (acquires, and in backward reduces), on every rank.
+  std::int64_t* rows_all = nullptr;
 };
 
 // Scratch the MoE layers share (not kept).
@@ -115,6 +127,7 @@ struct MoeMlp {
   const void* router = nullptr;  // [experts, hidden]
   ExpertSource* source = nullptr;
   const BaseFormat* base = nullptr;  // NF4 experts are decoded before their products
+  ExpertTraffic* traffic = nullptr;  // counted where given
 
   // x [tokens, hidden] -> acts, then unless out is null out [tokens, hidden] = the weighted sum
   // of each token's experts (a null out, the forward recomputed for the backward, stops before

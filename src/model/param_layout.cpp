@@ -209,6 +209,7 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
     for (std::int64_t e = 0; e < c.moe.num_experts; ++e) {
       ParamGroup g;
       g.name = "layers." + std::to_string(l) + ".experts." + std::to_string(e);
+      g.expert_layer = static_cast<int>(l);
       const ExpertNames n = expert_weight_names(c, l, e);
       for (const auto& [name, shape] :
            {std::pair{n.gate, std::vector<std::int64_t>{f, h}}, std::pair{n.up, std::vector{f, h}},

@@ -9,6 +9,12 @@ namespace strata::sched {
 
 PrefetchScheduler::PrefetchScheduler(mem::TieredStore& store, PrefetchOptions options)
     : store_(store), options_(std::move(options)) {
+  for (std::size_t set = 0; set < options_.routed_sets.size(); ++set) {
+    STRATA_CHECK(!options_.routed_sets[set].empty(), "an empty routed set", set);
+    for (mem::Handle h : options_.routed_sets[set]) {
+      set_of_[mem::handle_index(h)] = static_cast<int>(set);
+    }
+  }
   store_.set_advisor(this);
 }
 
@@ -29,6 +35,7 @@ std::size_t PrefetchScheduler::position() const {
 }
 
 std::uint64_t PrefetchScheduler::next_use(mem::Handle h) const {
+  h = entry_of(h);
   std::lock_guard lock(mu_);
   if (!replaying_) return mem::kNeverUsed;
   const std::size_t q = trace_.next_use(h, pos_);
@@ -76,6 +83,28 @@ bool PrefetchScheduler::start_prefetch(mem::Handle h, bool from_trace) {
   return true;
 }
 
+bool PrefetchScheduler::prefetch_set(int set, std::size_t* count, std::uint64_t* inflight,
+                                     std::uint64_t* live) {
+  std::vector<mem::Handle> missing;
+  std::uint64_t bytes = 0;
+  for (mem::Handle m : options_.routed_sets[static_cast<std::size_t>(set)]) {
+    if (resident_or_arriving(m)) continue;
+    missing.push_back(m);
+    bytes += store_.spec(m).size_bytes;
+  }
+  if (missing.empty()) return true;
+  if (*count > 0 && *inflight + bytes > options_.prefetch_bytes) return false;
+  if (options_.max_live_bytes != 0 && *live + bytes > options_.max_live_bytes) return false;
+  for (mem::Handle m : missing) {
+    if (!start_prefetch(m, /*from_trace=*/true)) return false;
+    const std::uint64_t b = store_.spec(m).size_bytes;
+    *inflight += b;
+    *live += b;
+    ++*count;
+  }
+  return true;
+}
+
 // Starts the fetches of the tensors the trace uses next, in order, until a bound says stop.
 void PrefetchScheduler::issue_ahead() {
   if (options_.prefetch_bytes == 0) return;
@@ -92,6 +121,11 @@ void PrefetchScheduler::issue_ahead() {
   for (std::size_t q = from; q < trace_.size(); ++q) {
     const mem::Handle h = trace_.at(q);
     if (!seen.insert(mem::handle_index(h)).second) continue;
+    if (const int set = set_of(h); set >= 0) {
+      // A routed set whole, or nothing more: its chosen members come by the model's hints.
+      if (!prefetch_set(set, &count, &inflight, &live)) break;
+      continue;
+    }
     if (resident_or_arriving(h)) continue;
     const std::uint64_t bytes = store_.spec(h).size_bytes;
     if (count > 0 && inflight + bytes > options_.prefetch_bytes) break;
@@ -106,18 +140,25 @@ void PrefetchScheduler::issue_ahead() {
 Result<void*> PrefetchScheduler::acquire(mem::Handle h) {
   const std::uint64_t bytes = store_.spec(h).size_bytes;
   if (known_.insert(mem::handle_index(h)).second) known_order_.push_back(h);
+  // A routed set's acquires after its first in a row are one trace entry with it.
+  const int set = set_of(h);
+  const mem::Handle entry = entry_of(h);
+  const bool same_run = set >= 0 && set == in_set_;
+  in_set_ = set;
   {
     std::lock_guard lock(mu_);
-    if (replaying_ && (pos_ >= trace_.size() || trace_.at(pos_) != h)) {
-      replaying_ = false;  // left the trace: on demand for the rest of the pass, re-record it
-      ++stats_.order_changes;
-      log_debug("prefetch: access order changed at position " + std::to_string(pos_) +
-                "; fetching on demand and recording the new order");
+    if (!same_run) {
+      if (replaying_ && (pos_ >= trace_.size() || trace_.at(pos_) != entry)) {
+        replaying_ = false;  // left the trace: on demand for the rest of the pass, re-record it
+        ++stats_.order_changes;
+        log_debug("prefetch: access order changed at position " + std::to_string(pos_) +
+                  "; fetching on demand and recording the new order");
+      }
+      ++pos_;
     }
-    ++pos_;
     ++events_;
   }
-  recording_.push(h, bytes);
+  if (!same_run) recording_.push(entry, bytes);
   if (!resident_or_arriving(h)) {
     ++stats_.demand_fetches;
     // Its own fetch first, so it is ahead of the prefetches in every queue.
@@ -135,7 +176,7 @@ void PrefetchScheduler::release(mem::Handle h) {
     std::lock_guard lock(mu_);
     ++events_;
     if (replaying_) {
-      const std::size_t q = trace_.next_use(h, pos_);
+      const std::size_t q = trace_.next_use(entry_of(h), pos_);
       keep =
           q != AccessTrace::kNone && trace_.bytes_between(pos_, q) <= options_.max_reuse_distance;
     }
@@ -156,7 +197,9 @@ void PrefetchScheduler::release(mem::Handle h) {
 void PrefetchScheduler::hint(mem::Handle h) {
   if (!options_.follow_hints || options_.prefetch_bytes == 0) return;
   if (known_.insert(mem::handle_index(h)).second) known_order_.push_back(h);
-  if (mode() == SchedulerMode::kReplaying || resident_or_arriving(h)) return;
+  // A routed tensor's hint is the router's choice, which no trace knows: followed always.
+  const bool routed = set_of(h) >= 0;
+  if ((mode() == SchedulerMode::kReplaying && !routed) || resident_or_arriving(h)) return;
   std::size_t count = 0;
   const std::uint64_t inflight = inflight_bytes(&count);
   const std::uint64_t bytes = store_.spec(h).size_bytes;
@@ -183,6 +226,7 @@ void PrefetchScheduler::end_pass() {
     events_ = 0;
     replaying_ = has_trace_;
   }
+  in_set_ = -1;
   recording_.clear();
   const auto t = static_cast<std::size_t>(options_.tier);
   for (mem::Handle h : known_order_) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -149,8 +150,17 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   const model::ParamLayout whole = config.whole_layout();
   e.parameters = whole.num_parameters();
   for (const auto& g : whole.groups()) {
-    if (g.frozen) continue;
-    for (const auto& t : g.tensors) e.trainable_parameters += t.num_elems;
+    std::int64_t n = 0;
+    for (const auto& t : g.tensors) n += t.num_elems;
+    if (!g.frozen) e.trainable_parameters += n;
+    // Each expert is idle for all but experts_per_token / experts of the tokens.
+    if (g.expert_layer >= 0) {
+      const double idle = 1.0 - static_cast<double>(config.model.moe.experts_per_token) /
+                                    static_cast<double>(config.model.moe.num_experts);
+      const auto inactive = static_cast<std::int64_t>(std::llround(idle * static_cast<double>(n)));
+      e.inactive_parameters += inactive;
+      if (!g.frozen) e.inactive_trainable += inactive;
+    }
   }
   e.embedding_trains = !full.group(full.embed_group()).frozen;
   e.finetune = describe_finetune(config, whole);
@@ -235,6 +245,12 @@ std::string Estimate::describe() const {
                   std::to_string(model.num_hidden_layers) + " layers, hidden " +
                   std::to_string(model.hidden_size) + ", vocab " +
                   std::to_string(model.vocab_size) + ")\n";
+  if (model.has_moe()) {
+    s += "mixture of experts: " + std::to_string(active_parameters()) +
+         " parameters active per token (" + std::to_string(model.moe.experts_per_token) + " of " +
+         std::to_string(model.moe.num_experts) +
+         " experts in each MoE layer); the step's FLOPs follow them, its bytes every parameter\n";
+  }
   if (!finetune.empty()) s += finetune + "\n";
   s += "rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
        (pipeline_stages > 1 ? " (pipeline stage " + std::to_string(pipeline_stage) + " of " +
@@ -282,6 +298,7 @@ Json Estimate::to_json() const {
     tiers[std::string(tier_name(t))] = kinds;
   }
   return Json{{"parameters", parameters},
+              {"active_parameters", active_parameters()},
               {"ranks", ranks},
               {"rank", rank},
               {"device_bytes", plan.tier_bytes(Tier::kDevice)},

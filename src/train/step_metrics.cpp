@@ -45,7 +45,12 @@ Json StepMetrics::to_json() const {
          {"sent_bytes", sent_bytes},
          {"loss_tokens", loss_tokens}};
   if (loss_scale) j["loss_scale"] = *loss_scale;
-  if (aux_loss) j["aux_loss"] = *aux_loss;
+  if (aux_loss) {
+    j["aux_loss"] = *aux_loss;
+    j["experts_run"] = experts_run;
+    j["experts_skipped"] = experts_skipped;
+    j["expert_bytes"] = expert_bytes;
+  }
   if (eval_loss) {
     j["eval_loss"] = *eval_loss;
     j["eval_ppl"] = *eval_ppl;
@@ -93,6 +98,11 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   }
   // Pipeline stages: what this rank sent across its boundaries.
   if (m.sent_bytes > 0) line += ", sent " + format_bytes(m.sent_bytes);
+  // MoE models: the experts run and skipped, and the bytes of those run.
+  if (m.aux_loss) {
+    line += " | experts " + std::to_string(m.experts_run) + " run, " +
+            std::to_string(m.experts_skipped) + " skipped, " + format_bytes(m.expert_bytes);
+  }
   // fp16: the loss scale the step ran with.
   if (m.loss_scale) line += " | loss scale " + format_scale(*m.loss_scale);
   return line;

@@ -334,9 +334,10 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   // gradients; 2 for a frozen weight, whose weight gradient is skipped); the embedding is a
   // lookup, not a product. Attention 4 x seq x hidden per token and layer forward, 8 backward.
   // Checkpointing runs the forward again.
-  const double params = static_cast<double>(e.parameters);
+  // A mixture of experts computes with its active parameters (each token's experts).
+  const double params = static_cast<double>(e.active_parameters());
   const double embedding = static_cast<double>(m.vocab_size * m.hidden_size);
-  const double trainable = static_cast<double>(e.trainable_parameters);
+  const double trainable = static_cast<double>(e.trainable_parameters - e.inactive_trainable);
   const double matmul_trainable = trainable - (e.embedding_trains ? embedding : 0.0);
   const double matmul_frozen = (params - trainable) - (e.embedding_trains ? 0.0 : embedding);
   const double passes = config.activation_checkpointing ? 4.0 : 3.0;
@@ -399,7 +400,7 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
             : ms(read, rates.nvme_read_bytes) + ms(write, rates.nvme_write_bytes);
     st.optimizer_ms = std::max(st.optimizer_ms, streamed);
   }
-  st.comm_ms = zero_comm_ms(config, params, e.ranks, rates);
+  st.comm_ms = zero_comm_ms(config, static_cast<double>(e.parameters), e.ranks, rates);
   st.tensor_ms = tensor_parallel_ms(config, e.ranks, rates);
   // Pipeline stages: the work above is the average stage's; the costliest stage's, stretched by
   // the fill and drain, sets the step, and the first micro-batch's activations cross every

@@ -318,7 +318,9 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
       make_step_batch(config, *sampler, step, grid->data().world_size(), grid->data().rank(),
                       m.loss_scale.value_or(1.0), overflow));
 
-  // The micro-batches: forward and backward, the gradients landing where the plan keeps them.
+  // The micro-batches: forward and backward, the gradients landing where the plan keeps them
+  // (and the experts' traffic of this step's alone: an evaluation's before it is not).
+  model->take_expert_traffic();
   double loss_sum = 0, aux_sum = 0, model_ms = 0;
   if (pipeline) {
     STRATA_RETURN_IF_ERROR(pipeline->run_step(
@@ -331,7 +333,13 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   std::array<double, 2> sums = {loss_sum, aux_sum};
   STRATA_RETURN_IF_ERROR(global_losses(sums));
   m.loss = sums[0];
-  if (config.model.has_moe()) m.aux_loss = sums[1];
+  if (config.model.has_moe()) {
+    m.aux_loss = sums[1];
+    const model::ExpertTraffic t = model->take_expert_traffic();
+    m.experts_run = t.run;
+    m.experts_skipped = t.skipped;
+    m.expert_bytes = t.bytes;
+  }
 
   // The norm of the gradients as computed: times the loss scale in fp16. Every rank has the same
   // sum (an overflow on any rank makes it infinite on all), so all skip together.

@@ -24,6 +24,7 @@ Partition::Partition(const model::ParamLayout& full, int rank, int world,
     lg.name = g.name;
     lg.num_elems = p.local_elems();
     lg.frozen = g.frozen;
+    lg.expert_layer = g.expert_layer;
     // The duplicates (tensor parallelism's, counted by another rank) that this shard holds, in
     // its own elements.
     const std::int64_t dup = g.duplicate_begin < 0 ? g.num_elems : g.duplicate_begin;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <unordered_map>
 #include <utility>
 
@@ -24,12 +25,14 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
   w->work_.assign(groups.size(), mem::Handle::kInvalid);
   w->span_begin_ns_.assign(groups.size(), 0);
   std::unordered_map<std::uint32_t, int> group_of_work;
+  std::map<int, std::vector<mem::Handle>> experts;  // by MoE layer
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const ShardGroup& g = groups[gi];
     if (g.empty()) continue;  // another stage's: nothing asks for it
     STRATA_ASSIGN_OR_RETURN(
         w->work_[gi], add_tensor(store, "parameters of " + g.name(), g.work_bytes, options.home));
     group_of_work[mem::handle_index(w->work_[gi])] = static_cast<int>(gi);
+    if (g.spec->expert_layer >= 0) experts[g.spec->expert_layer].push_back(w->work_[gi]);
   }
   if (options.home != Tier::kDevice) {
     sched::PrefetchOptions po;
@@ -44,6 +47,8 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
       return self->gate_ == nullptr ||
              self->gate_->update_done(group_of_work.at(mem::handle_index(h)));
     };
+    // An MoE layer's experts are a routed set: acquired as its router chooses.
+    for (auto& [layer, handles] : experts) po.routed_sets.push_back(std::move(handles));
     w->sched_ = std::make_unique<sched::PrefetchScheduler>(store, po);
   }
   return w;

@@ -396,6 +396,12 @@ void ZeroProvider::prefetch_params(int group) {
   ++(started.is_ok() && *started ? stats_.gathers_ahead : stats_.gathers_ahead_refused);
 }
 
+Status ZeroProvider::sum_expert_rows(std::vector<double>& rows, const std::string& what) {
+  if (comm_.world_size() == 1) return Status::ok();
+  return comm_.all_reduce_host(rows.data(), static_cast<int>(rows.size()), dist::ReduceOp::kSum,
+                               "expert rows of " + what);
+}
+
 Result<void*> ZeroProvider::acquire_grads(int group) {
   if (full_.group(group).frozen) {
     return failed_precondition("parameter group '" + full_.group(group).name +

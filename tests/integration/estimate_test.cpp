@@ -3,6 +3,7 @@
 // ranks); a config that cannot run is refused as the trainer would.
 
 #include "tests/integration/estimate_runs.h"
+#include "tests/testing/family_models.h"
 
 namespace strata::train {
 namespace {
@@ -303,6 +304,41 @@ TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
 // does on average what a rank of 4 data-parallel ones does, stretched by the costliest stage and
 // the bubble ((M + P - 1) / M at 1F1B), plus the first micro-batch's activations across the
 // boundary and its gradients back; its ZeRO collectives move half the model over 2 ranks.
+// A mixture of experts counts its parameters whole and its active ones (each token's experts)
+// apart: the plan holds every expert, the step's FLOPs follow the active parameters.
+TEST(EstimateTest, MoeModelsCountActiveParametersApartAndComputeWithThem) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["model"] = testing::family_model("qwen3-moe", 2);  // layer 0 MoE (16 experts, top 2)
+  auto c = config_of(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  auto e = estimate(*c, 1);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const model::ParamLayout layout = model::ParamLayout::build(c->model);
+  std::int64_t expert = 0;
+  for (const auto& t : layout.group(layout.expert_group(0, 0)).tensors) expert += t.num_elems;
+  EXPECT_EQ(expert, 3 * 8 * 32);
+  EXPECT_EQ(e->parameters, layout.num_parameters());
+  EXPECT_EQ(e->inactive_parameters, (16 - 2) * expert);
+  EXPECT_EQ(e->inactive_trainable, e->inactive_parameters);
+  EXPECT_EQ(e->to_json().at("active_parameters"), e->parameters - (16 - 2) * expert);
+  EXPECT_NE(e->describe().find("mixture of experts: " + std::to_string(e->active_parameters()) +
+                               " parameters active per token (2 of 16 experts"),
+            std::string::npos)
+      << e->describe();
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  // 2 FLOPs a parameter and token forward, 4 backward, the embedding looked up; attention's
+  // 4 seq hidden a token and layer forward, 8 backward.
+  const double tokens = 4.0 * 32, active = static_cast<double>(e->active_parameters());
+  const double flops = 6.0 * tokens * (active - 256.0 * 32) + 12.0 * 2 * 32 * 32 * tokens;
+  EXPECT_NEAR(predict_step(*c, *e, r).compute_ms, flops / 1e9 * 1e3, 1e-9);
+  // The plan keeps every expert's working copy, gradient and state.
+  EXPECT_GE(e->plan.kind_bytes(Tier::kDevice, zero::TensorKind::kParameters),
+            static_cast<std::uint64_t>(e->parameters) * 4);
+}
+
 TEST(EstimateTest, PipelineStagesPlanTheirLayersAndPayTheBubble) {
   TempDir dir;
   Json j = small_config(dir);

@@ -24,6 +24,22 @@ struct StepTimings {
   double wait_params_ms = 0;  // time blocked in acquire_params / release_grads
 };
 
+// Mixture of experts, what the MoE layers did since the counts were last taken: per MoE layer
+// and micro-batch, the experts some data-parallel rank's tokens chose (run) and those none chose
+// (skipped: never fetched, never computed, their gradient zero); and the working-copy bytes of
+// the experts acquired (forward, recomputed forward and backward), which an offloaded store
+// fetches for them.
+struct ExpertTraffic {
+  std::int64_t run = 0, skipped = 0;
+  std::uint64_t bytes = 0;
+  ExpertTraffic& operator+=(const ExpertTraffic& o) {
+    run += o.run;
+    skipped += o.skipped;
+    bytes += o.bytes;
+    return *this;
+  }
+};
+
 class LlamaModel {
  public:
   LlamaModel(const LlamaConfig& config, const ParamLayout& layout, device::Device& device,
@@ -138,6 +154,8 @@ class LlamaModel {
   // router_aux_loss_coef) of the last micro-batch that ran the head; 0 without MoE layers. The
   // training loss adds it times router_aux_loss_coef when output_router_logits is set.
   double last_aux_loss() const;
+  // The experts' traffic since the last call (zero without MoE layers); resets it.
+  ExpertTraffic take_expert_traffic();
 
   const StepTimings& last_timings() const { return timings_; }
   const LlamaConfig& config() const { return config_; }

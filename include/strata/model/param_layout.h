@@ -108,6 +108,9 @@ struct ParamGroup {
   // No gradient and no optimizer state: its working copy is read, never written back (a frozen
   // base under trainable adapters; every group when generating).
   bool frozen = false;
+  // An MoE layer's expert: that layer (-1: not an expert). The model acquires a layer's experts
+  // as its router chooses them, in no fixed order and not all of them.
+  int expert_layer = -1;
   // Some tensor's working copy is NF4 (frozen groups only): the group's working bytes follow
   // working_bytes(), and ZeRO keeps it whole on every rank.
   bool quantized() const;

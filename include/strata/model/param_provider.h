@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/core/status.h"
 
@@ -52,6 +53,15 @@ class ParamProvider {
   // Done with it: `keep` when it will be read again (it may leave the device), else its data is
   // no longer needed.
   virtual Status release_activation(int index, bool keep) = 0;
+
+  // Mixture of experts: `rows` holds, for each expert of one MoE layer, the token rows this
+  // rank's micro-batch routes to it; it becomes their sum over the data-parallel ranks, so that
+  // every rank acquires, gathers and reduces the same experts (those with rows on some rank) in
+  // the same order, as its collectives require. A collective: every data-parallel rank calls it
+  // for the same layers in the same order. One rank: unchanged. `what` names the layer.
+  virtual Status sum_expert_rows(std::vector<double>& /*rows*/, const std::string& /*what*/) {
+    return Status::ok();
+  }
 };
 
 }  // namespace strata::model

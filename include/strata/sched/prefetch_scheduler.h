@@ -12,6 +12,13 @@
 // demand and the pass is recorded as the new trace. The scheduler is also the store's eviction
 // advisor: the trace gives every tensor's next use (Belady's rule).
 //
+// Routed sets (a mixture-of-experts layer's experts): the tensors of a set are used in no fixed
+// order and not all of them each pass (those a router chose). The trace holds one entry for each
+// run of a set's acquires, so a pass that chooses other experts still follows it. Replaying, the
+// trace fetches a set whole ahead where its bounds allow the whole set, and stops there
+// otherwise; the model's hints (the experts chosen, known once the router has run) are followed
+// for a set's tensors even while replaying.
+//
 // One caller thread drives acquire/release/hint/end_pass; next_use may be called by the store
 // from any thread.
 #pragma once
@@ -19,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -48,6 +56,8 @@ struct PrefetchOptions {
   // Whether `h` may be fetched ahead now (null: always). False holds back it and, in trace
   // order, what follows it: an optimizer step still writing the new working copies.
   std::function<bool(mem::Handle)> may_prefetch;
+  // Each routed set's tensors (a tensor in one set at most).
+  std::vector<std::vector<mem::Handle>> routed_sets;
 };
 
 enum class SchedulerMode : std::uint8_t { kRecording, kReplaying };
@@ -97,6 +107,20 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
     mem::Completion done;
   };
   bool resident_or_arriving(mem::Handle h) const;
+  // The routed set `h` belongs to, or -1.
+  int set_of(mem::Handle h) const {
+    const auto it = set_of_.find(mem::handle_index(h));
+    return it == set_of_.end() ? -1 : it->second;
+  }
+  // What the trace holds for `h`: its set's entry (the set's first tensor) for a routed tensor,
+  // else itself.
+  mem::Handle entry_of(mem::Handle h) const {
+    const int set = set_of(h);
+    return set < 0 ? h : options_.routed_sets[static_cast<std::size_t>(set)].front();
+  }
+  // Starts the fetches of a routed set's members not resident or arriving, if all of them fit
+  // within the bounds; whether they did.
+  bool prefetch_set(int set, std::size_t* count, std::uint64_t* inflight, std::uint64_t* live);
   std::uint64_t live_bytes() const;
   std::uint64_t inflight_bytes(std::size_t* count);
   void issue_ahead();
@@ -108,6 +132,8 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   std::vector<InFlight> inflight_;
   std::unordered_set<std::uint32_t> known_;  // every handle it has seen
   std::vector<mem::Handle> known_order_;
+  std::unordered_map<std::uint32_t, int> set_of_;  // routed tensors' sets
+  int in_set_ = -1;  // the routed set whose acquires this pass is in the middle of, or -1
   SchedulerStats stats_;
 
   // What next_use reads, guarded because the store may ask from another thread. Never held while

@@ -43,6 +43,11 @@ struct Estimate {
   std::int64_t parameters = 0;  // the whole model's
   // Those that train: all of them, or the adapters (LoRA); the embedding's among them or not.
   std::int64_t trainable_parameters = 0;
+  // Mixture of experts: the parameters a token does not compute with, the experts it does not
+  // pick (experts - experts_per_token of each MoE layer's); of them, those that train. A step's
+  // FLOPs follow the active parameters (parameters less these), its bytes every parameter.
+  std::int64_t inactive_parameters = 0, inactive_trainable = 0;
+  std::int64_t active_parameters() const { return parameters - inactive_parameters; }
   bool embedding_trains = true;
   // Elements this rank holds a gradient and optimizer state for (its shards, padding included).
   std::int64_t trainable_local_elems = 0;

@@ -17,6 +17,11 @@ struct StepMetrics {
   // micro-batch's, averaged as the loss is); the trained objective adds router_aux_loss_coef times
   // it when output_router_logits is set.
   std::optional<double> aux_loss;
+  // MoE models, this rank's micro-batches (model::ExpertTraffic): per MoE layer and micro-batch
+  // the experts some rank's tokens chose and those none chose (never fetched nor computed), and
+  // the working-copy bytes of the experts acquired.
+  std::int64_t experts_run = 0, experts_skipped = 0;
+  std::uint64_t expert_bytes = 0;
   double lr = 0;
   double grad_norm = 0;
   bool skipped = false;  // non-finite gradients (fp16: an overflow): no update

@@ -78,6 +78,8 @@ class ZeroProvider final : public model::ParamProvider {
   Status release_activation(int index, bool keep) override {
     return shards_->scratch().release_activation(index, keep);
   }
+  // Summed over the data-parallel ranks (a host all-reduce of one value per expert).
+  Status sum_expert_rows(std::vector<double>& rows, const std::string& what) override;
   // The micro-batch about to run is the step's last (see OptimizerSchedule): under
   // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
   // group's reduction is done.

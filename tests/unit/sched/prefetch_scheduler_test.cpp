@@ -279,6 +279,121 @@ TEST_F(SchedulerTest, PrefetchAcrossPassesStartsTheNextPassEarly) {
   EXPECT_EQ(s.stats().demand_fetches, demand);  // not even the first layer waited on demand
 }
 
+// Routed sets: layers 0-3 are dense, 4-9 one MoE layer's experts (set 0), of which each pass's
+// router chooses some, in no fixed order. A pass: 0 1, the chosen experts, 2 3, then backward
+// 3 2, the chosen experts again, 1 0. `hint`: the model hints the chosen ones once "routed".
+class RoutedSetTest : public SchedulerTest {
+ protected:
+  PrefetchOptions routed_options(int prefetch_layers, int live_layers, bool hints) {
+    PrefetchOptions o = options(prefetch_layers, live_layers);
+    o.follow_hints = hints;
+    o.routed_sets = {std::vector<Handle>(layers_.begin() + 4, layers_.end())};
+    return o;
+  }
+  // Returns the experts' demand fetches (acquires of an expert neither resident nor arriving).
+  int moe_pass(PrefetchScheduler& s, const std::vector<int>& chosen, bool hint) {
+    int expert_demands = 0;
+    const auto use = [&](int l) {
+      const Handle h = layers_[static_cast<std::size_t>(l)];
+      const mem::Residency r = store_->residency(h);
+      if (l >= 4 && !(r.valid[0] || r.in_flight)) ++expert_demands;
+      auto p = s.acquire(h);
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      ASSERT_EQ(first_mismatch(*p, data_[static_cast<std::size_t>(l)].data(), kLayerBytes), -1);
+      s.release(h);
+    };
+    const auto experts = [&](bool backward) {
+      std::vector<int> order = chosen;
+      if (backward) std::reverse(order.begin(), order.end());
+      if (hint) {
+        for (int e : order) s.hint(layers_[static_cast<std::size_t>(e)]);
+      }
+      for (int e : order) use(e);
+    };
+    use(0);
+    use(1);
+    experts(false);
+    use(2);
+    use(3);
+    use(3);
+    use(2);
+    experts(true);
+    use(1);
+    use(0);
+    s.end_pass();
+    return expert_demands;
+  }
+  // Whether dense layer `l` was fetched ahead from the trace since issued_[from].
+  bool traced(int l, std::size_t from) const {
+    for (std::size_t i = from; i < issued_.size(); ++i) {
+      if (issued_[i].from_trace && layer_of(issued_[i].h) == l) return true;
+    }
+    return false;
+  }
+};
+
+// Passes whose routers choose other experts follow the trace: no order change, no re-recording,
+// and the dense layers after the MoE layer are still fetched ahead.
+TEST_F(RoutedSetTest, PassesThatChooseOtherExpertsStillFollowTheTrace) {
+  make(10);
+  PrefetchScheduler s(*store_, routed_options(/*prefetch=*/2, /*live=*/4, /*hints=*/false));
+  moe_pass(s, {4, 6}, false);
+  ASSERT_EQ(s.mode(), SchedulerMode::kReplaying);
+  // 0 1 [set] 2 3 3 2 [set] 1 0: the set is one entry each time.
+  EXPECT_EQ(s.trace().size(), 10u);
+  for (const std::vector<int>& chosen : {std::vector{5, 9, 7}, std::vector{8}, std::vector{4, 6}}) {
+    const std::size_t from = issued_.size();
+    moe_pass(s, chosen, false);
+    EXPECT_TRUE(traced(2, from) && traced(3, from)) << "the layers after the experts waited";
+  }
+  EXPECT_EQ(s.stats().order_changes, 0u);
+  EXPECT_EQ(s.stats().recorded_passes, 1u);
+  // A pass that leaves the dense order is still a change.
+  pass(s, {0, 2, 1});
+  EXPECT_EQ(s.stats().order_changes, 1u);
+}
+
+// Where the bounds allow the whole set, the trace fetches every expert ahead of the router (the
+// chosen ones never wait); where they do not, the router's hints fetch the chosen ones, even
+// while replaying.
+TEST_F(RoutedSetTest, FetchesTheSetWholeWhereItFitsElseTheChosenByHint) {
+  make(10);
+  {
+    PrefetchScheduler s(*store_, routed_options(/*prefetch=*/8, /*live=*/10, /*hints=*/false));
+    moe_pass(s, {4, 6}, false);
+    EXPECT_EQ(moe_pass(s, {5, 9, 7}, false), 0);  // never chosen before, yet fetched ahead
+    EXPECT_EQ(s.stats().order_changes, 0u);
+  }
+  issued_.clear();
+  {
+    PrefetchScheduler s(*store_, routed_options(/*prefetch=*/2, /*live=*/4, /*hints=*/false));
+    moe_pass(s, {4, 6}, false);
+    // Six experts never fit two layers in flight: the chosen wait, forward and backward.
+    EXPECT_EQ(moe_pass(s, {5, 9, 7}, false), 6);
+  }
+  issued_.clear();
+  {
+    PrefetchScheduler s(*store_, routed_options(/*prefetch=*/2, /*live=*/4, /*hints=*/true));
+    moe_pass(s, {4, 6}, true);
+    ASSERT_EQ(s.mode(), SchedulerMode::kReplaying);
+    const std::uint64_t hinted = s.stats().hint_prefetches;
+    moe_pass(s, {5, 9}, true);
+    EXPECT_GT(s.stats().hint_prefetches, hinted) << "the router's hints were ignored";
+    EXPECT_EQ(s.stats().order_changes, 0u);
+  }
+}
+
+// The store's advisor sees a routed tensor's next use at its set's next entry.
+TEST_F(RoutedSetTest, AdvisesTheStoreOfAnExpertsNextUseAtItsSet) {
+  make(10);
+  PrefetchScheduler s(*store_, routed_options(1, 8, false));
+  moe_pass(s, {4, 6}, false);
+  // Trace: 0 1 [set] 2 3 3 2 [set] 1 0.
+  EXPECT_EQ(s.next_use(layers_[6]), 2u);
+  EXPECT_EQ(s.next_use(layers_[9]), 2u);  // never chosen yet: a member all the same
+  EXPECT_EQ(s.next_use(layers_[2]), 3u);
+}
+
 // Another thread uses the same store (and so asks the advisor) while passes replay.
 TEST_F(SchedulerTest, ConcurrentStoreUseWhileReplaying) {
   make(6, Tier::kNvme, /*device_budget=*/5 * kLayerBytes);

@@ -1,0 +1,163 @@
+// Mixture-of-experts models through whole training runs: the experts are parameter groups of the
+// tiered store like any other, so where they live, the optimizer's schedule, recomputed or
+// offloaded activations and a resume never change a bit; the metrics count the experts run and
+// skipped and the bytes of those run; and data-parallel ranks whose tokens choose different
+// experts train the run of one rank, in every ZeRO stage and offload (every rank gathers and
+// reduces the experts some rank chose: no rank waits on a collective the others never start).
+
+#include "strata/build_config.h"
+#include "strata/model/param_layout.h"
+#include "tests/integration/train_runs.h"
+#include "tests/testing/family_models.h"
+#include "tests/testing/multirank_runs.h"
+
+namespace strata::train {
+namespace {
+
+// Four micro-batches of 16 tokens a step: with 16 experts and 2 picks a token, a micro-batch
+// leaves some experts unchosen.
+Json moe_config(const TempDir& dir, const std::string& family) {
+  Json j = tiny_config(dir);
+  j["model"] = testing::family_model(family, 2);
+  j["micro_batch_size"] = 1;
+  return j;
+}
+
+struct Placement {
+  const char* param;
+  const char* opt;
+  const char* overlap;
+  const char* activations;  // "": no checkpointing; else checkpointed, kept there
+};
+
+TEST(MoeTrain, OffloadSchedulesActivationsAndResumeKeepTheBits) {
+  const Placement placements[] = {{"cpu", "cpu", "forward", ""},
+                                  {"nvme", "nvme", "backward", ""},
+                                  {"none", "nvme", "none", "none"},
+                                  {"cpu", "cpu", "backward", "cpu"},
+                                  {"nvme", "nvme", "forward", "nvme"}};
+  for (const std::string& family : testing::moe_families()) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(family + ", " + precision);
+      TempDir dir;
+      Json base = moe_config(dir, family);
+      base["precision"] = precision;
+      base["save_dir"] = dir.file("reference");
+      const RunBits reference = run_bits(base);
+      ASSERT_EQ(reference.losses.size(), 4u);
+      for (const Placement& p : placements) {
+        SCOPED_TRACE(std::string("offload_param ") + p.param + ", offload_optimizer " + p.opt +
+                     ", optimizer_overlap " + p.overlap + ", activations " + p.activations);
+        Json j = base;
+        j["offload_param"] = p.param;
+        j["offload_optimizer"] = p.opt;
+        j["optimizer_overlap"] = p.overlap;
+        if (*p.activations != '\0') {
+          j["activation_checkpointing"] = true;
+          j["activation_offload"] = p.activations;
+        }
+        j["save_dir"] = dir.file(std::string("run-") + p.param + p.opt + p.overlap);
+        expect_same_bits(run_bits(j), reference);
+      }
+
+      // Stopped after two steps and resumed: the last two steps to the bit.
+      Json first = base;
+      first["save_dir"] = dir.file("resume");
+      {
+        auto stopped = make_trainer(first);
+        ASSERT_TRUE(stopped.is_ok()) << stopped.status().message();
+        ASSERT_TRUE((*stopped)->run_steps(2).is_ok());
+        ASSERT_TRUE((*stopped)->save().is_ok());
+      }
+      auto t = make_trainer(first, dir.file("resume"));
+      ASSERT_TRUE(t.is_ok()) << t.status().message();
+      EXPECT_EQ((*t)->step(), 2);
+      ASSERT_TRUE((*t)->run().is_ok());
+      ASSERT_EQ((*t)->history().size(), 2u);
+      for (std::size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(std::bit_cast<std::uint64_t>((*t)->history()[i].loss), reference.losses[2 + i])
+            << "resumed step " << 3 + i;
+      }
+    }
+  }
+}
+
+// Every step counts, per MoE layer and micro-batch, the experts run and skipped (all of them
+// between the two), and the bytes of each expert run once in forward and once in backward (a
+// third time where the forward is recomputed).
+TEST(MoeTrain, MetricsCountTheExpertsRunAndSkippedAndTheirBytes) {
+  for (const bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "activation checkpointing" : "activations kept");
+    TempDir dir;
+    Json j = moe_config(dir, "qwen3-moe");
+    j["offload_param"] = "cpu";
+    j["offload_optimizer"] = "cpu";
+    j["activation_checkpointing"] = checkpointing;
+    auto t = make_trainer(j);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    ASSERT_TRUE((*t)->run().is_ok());
+    auto c = parse_train_config(j, "test config");
+    ASSERT_TRUE(c.is_ok());
+    const model::ParamLayout layout = model::ParamLayout::build(c->model);
+    const std::uint64_t expert_bytes =
+        model::working_bytes(layout.group(layout.expert_group(0, 0)), DType::kF32);
+    // Layer 0 is an MoE layer, layer 1 dense (mlp_only_layers); 4 micro-batches a step.
+    const std::int64_t experts = c->model.moe.num_experts, micro_batches = 4;
+    std::int64_t skipped = 0;
+    for (const auto& m : (*t)->history()) {
+      SCOPED_TRACE("step " + std::to_string(m.step));
+      EXPECT_EQ(m.experts_run + m.experts_skipped, micro_batches * experts);
+      // A micro-batch's 16 tokens pick 2 experts each: at least 2 run.
+      EXPECT_GE(m.experts_run, 2 * micro_batches);
+      EXPECT_EQ(m.expert_bytes,
+                static_cast<std::uint64_t>(m.experts_run) * expert_bytes * (checkpointing ? 3 : 2));
+      const Json json = m.to_json();
+      EXPECT_EQ(json.at("experts_run"), m.experts_run);
+      EXPECT_EQ(json.at("experts_skipped"), m.experts_skipped);
+      EXPECT_EQ(json.at("expert_bytes"), m.expert_bytes);
+      EXPECT_NE(progress_line(m, 4).find(" | experts " + std::to_string(m.experts_run) + " run, " +
+                                         std::to_string(m.experts_skipped) + " skipped"),
+                std::string::npos)
+          << progress_line(m, 4);
+      skipped += m.experts_skipped;
+    }
+    EXPECT_GT(skipped, 0) << "no micro-batch left an expert unchosen: the test proves nothing";
+  }
+}
+
+// Ranks whose micro-batches choose different experts: each rank gathers (stage 3) and reduces
+// every expert some rank chose, so 2 and 4 ranks train the losses and weights of one, in every
+// stage and offload, for both MoE families.
+TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  struct Case {
+    const char* family;
+    int stage;
+    const char* offload;
+  };
+  for (const Case& c :
+       {Case{"qwen3-moe", 3, "none"}, Case{"qwen3-moe", 3, "nvme"}, Case{"qwen3-moe", 2, "cpu"},
+        Case{"qwen3-moe", 1, "none"}, Case{"mixtral", 3, "cpu"}}) {
+    SCOPED_TRACE(std::string(c.family) + ", stage " + std::to_string(c.stage) + ", offload " +
+                 c.offload);
+    TempDir dir;
+    Json j = testing::config(dir, "w1");
+    j["model"] = testing::family_model(c.family, 2);
+    j["micro_batch_size"] = 1;
+    j["zero_stage"] = c.stage;
+    j["offload_optimizer"] = c.offload;
+    if (c.stage == 3) j["offload_param"] = c.offload;
+    ASSERT_EQ(testing::run_train(dir, j, "w1", 1), 0)
+        << std::ifstream(dir.file("w1/err.txt")).rdbuf();
+    const auto ref_loss = testing::losses(dir.file("w1/metrics.jsonl"));
+    const auto ref_w = testing::weights(dir.file("w1/ckpt/step-00000003/model"));
+    ASSERT_EQ(ref_loss.size(), 3u);
+    for (int np : {2, 4}) {
+      SCOPED_TRACE("world size " + std::to_string(np));
+      testing::expect_same_run_as(dir, j, "w" + std::to_string(np), np, ref_loss, ref_w);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::train
