@@ -76,13 +76,17 @@ class ArrayExperts final : public ExpertSource {
   void prefetch(std::int64_t) override {}
   Result<ExpertWeights> acquire(std::int64_t e) override {
     float* base = w_ + 3 * n_ * e;
-    return ExpertWeights{base, base + n_, base + 2 * n_};
+    ExpertWeights w;
+    w.w = {base, base + n_, base + 2 * n_};
+    return w;
   }
   void release(std::int64_t) override {}
   bool trains() const override { return true; }
   Result<ExpertGrads> acquire_grads(std::int64_t e) override {
     float* base = g_ + 3 * n_ * e;
-    return ExpertGrads{base, base + n_, base + 2 * n_};
+    ExpertGrads g;
+    g.w = {base, base + n_, base + 2 * n_};
+    return g;
   }
   Status release_grads(std::int64_t) override { return Status::ok(); }
   Status sum_rows(std::vector<double>&) override { return Status::ok(); }
@@ -149,6 +153,8 @@ void BM_MoeVsDenseMlp(benchmark::State& state) {
   moe.router = router;
   moe.source = &source;
   moe.base = &base;
+  AdapterSpec no_adapters;
+  moe.lora = &no_adapters;
   MoeActs a;
   a.probs = buf.f32(T * E);
   a.chosen = buf.i32(N);
@@ -180,7 +186,6 @@ void BM_MoeVsDenseMlp(benchmark::State& state) {
   // The dense MLP of the same active FLOPs, on one rank, without adapters or biases.
   TensorSplit split;
   split.rows = split.local_rows = T;
-  AdapterSpec no_adapters;
   const auto linear = [&](LoraTarget target, std::int64_t o, std::int64_t i, const float* w) {
     Linear l;
     l.target = target;

@@ -231,11 +231,25 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
                            working_offset(eg, *loc.tensor, options_.compute_dtype))
                      : loc.tensor->offset_elems;
       };
+      ExpertOffsets& x = impl_->experts_;
       for (const bool bytes : {true, false}) {
-        (bytes ? impl_->expert_bytes_ : impl_->expert_elems_) = detail::ExpertTensors<std::int64_t>{
+        (bytes ? x.bytes : x.elems) = detail::ExpertTensors<std::int64_t>{
             at(names.gate, bytes), at(names.up, bytes), at(names.down, bytes)};
       }
-      impl_->expert_work_bytes_ = working_bytes(eg, options_.compute_dtype);
+      x.work_bytes = working_bytes(eg, options_.compute_dtype);
+      // With LoRA on the experts, their adapters' places in the first expert's adapter group.
+      if (const int ag0 = layout.expert_adapter_group(static_cast<int>(l), 0); ag0 >= 0) {
+        const ParamGroup& a = layout.group(ag0);
+        x.work_bytes += working_bytes(a, options_.compute_dtype);
+        const std::array<const std::string*, 3> projections{&names.gate, &names.up, &names.down};
+        for (std::size_t i = 0; i < projections.size(); ++i) {
+          const std::string& w = *projections[i];
+          const std::string m = w.substr(0, w.size() - std::string_view(".weight").size());
+          if (!layout.find(m + ".lora_A.weight")) continue;
+          x.lora_a[i] = tensor_offset(layout, m + ".lora_A.weight", ag0);
+          x.lora_b[i] = tensor_offset(layout, m + ".lora_B.weight", ag0);
+        }
+      }
     }
     // The offsets of the block's tensors that live in `group`, in elements or (bytes = true) in
     // the working copy's bytes; -1 for the others.
@@ -280,6 +294,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     for (int t = 0; t < kNumLoraTargets; ++t) {
       const auto target = static_cast<LoraTarget>(t);
       if (!options_.lora->has(target)) continue;
+      if (!dense && target >= LoraTarget::kGate) continue;  // the experts' adapters
       const std::string m = p + std::string(lora_module_path(target));
       lo.a[t] = tensor_offset(layout, m + ".lora_A.weight", ag);
       lo.b[t] = tensor_offset(layout, m + ".lora_B.weight", ag);

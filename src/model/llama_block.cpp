@@ -30,6 +30,7 @@ BlockSetup BlockSetup::make(const LlamaConfig& c, const ModelOptions& options, s
     d.experts_per_token = c.moe.experts_per_token;
     d.expert_ffn = c.moe.expert_intermediate_size;
     b.moe.normalize = c.moe.normalize_top_k;
+    b.moe.num_layers = c.num_hidden_layers;
   }
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
@@ -174,6 +175,8 @@ MoeMlp moe_of(const BlockSetup& b, const BlockWeights& w) {
   m.source = b.moe.source;
   m.base = &b.base;
   m.traffic = b.moe.traffic;
+  m.lora = &b.lora;
+  m.num_layers = b.moe.num_layers;
   return m;
 }
 

@@ -61,6 +61,7 @@ struct MoeSpec {
   MoeAux* aux = nullptr;
   bool aux_grad = false;
   ExpertTraffic* traffic = nullptr;
+  std::int64_t num_layers = 0;  // the model's (the experts' adapters' dropout keys)
 };
 
 // What a block is computed with: this rank's shapes, the tensor split and its collectives, the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -89,50 +90,92 @@ class ProviderSession {
 // The pinned host bytes an MoE model's routing needs for `rows` token rows (0 without MoE).
 std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows);
 
-// One MoE layer's experts, as its block asks for them: each expert's group through the session.
+// Where an expert's tensors lie, the same in every expert of the model: its projections in its
+// working copy (bytes) and in its gradients (elements); with LoRA on the experts, each
+// projection's adapter in the expert's adapter group (elements, gate/up/down; -1 where none); and
+// the working-copy bytes of the expert and its adapters.
+struct ExpertOffsets {
+  detail::ExpertTensors<std::int64_t> bytes, elems;
+  std::array<std::int64_t, 3> lora_a{-1, -1, -1}, lora_b{-1, -1, -1};
+  std::uint64_t work_bytes = 0;
+};
+
+// One MoE layer's experts, as its block asks for them: each expert's group, and its adapter
+// group where it has one, through the session.
 class LayerExperts final : public detail::ExpertSource {
  public:
-  // `bytes`: the projections' offsets in an expert's working copy; `elems`: in its gradients.
   LayerExperts(ProviderSession& ps, const ParamLayout& layout, std::int64_t layer,
-               const detail::ExpertTensors<std::int64_t>& bytes,
-               const detail::ExpertTensors<std::int64_t>& elems, std::size_t elem_bytes,
-               std::uint64_t work_bytes)
-      : ps_(ps),
-        layout_(layout),
-        layer_(static_cast<int>(layer)),
-        bytes_(bytes),
-        elems_(elems),
-        eb_(elem_bytes),
-        work_bytes_(work_bytes) {}
-  void prefetch(std::int64_t expert) override { ps_.prefetch(group(expert)); }
+               const ExpertOffsets& at, std::size_t elem_bytes)
+      : ps_(ps), layout_(layout), layer_(static_cast<int>(layer)), at_(at), eb_(elem_bytes) {}
+  void prefetch(std::int64_t expert) override {
+    ps_.prefetch(group(expert));
+    if (adapted()) ps_.prefetch(adapter_group(expert));
+  }
   Result<detail::ExpertWeights> acquire(std::int64_t expert) override {
+    detail::ExpertWeights w;
     STRATA_ASSIGN_OR_RETURN(const void* p, ps_.acquire(group(expert)));
-    return detail::ExpertWeights{offset_ptr(p, bytes_.gate, 1), offset_ptr(p, bytes_.up, 1),
-                                 offset_ptr(p, bytes_.down, 1)};
+    w.w = {offset_ptr(p, at_.bytes.gate, 1), offset_ptr(p, at_.bytes.up, 1),
+           offset_ptr(p, at_.bytes.down, 1)};
+    if (adapted()) {
+      STRATA_ASSIGN_OR_RETURN(const void* a, ps_.acquire(adapter_group(expert)));
+      w.lora = adapters<const void*>(a);
+    }
+    return w;
   }
-  void release(std::int64_t expert) override { ps_.release(group(expert)); }
-  bool trains() const override { return !layout_.group(group(0)).frozen; }
+  void release(std::int64_t expert) override {
+    ps_.release(group(expert));
+    if (adapted()) ps_.release(adapter_group(expert));
+  }
+  bool trains() const override { return adapted() || !layout_.group(group(0)).frozen; }
   Result<detail::ExpertGrads> acquire_grads(std::int64_t expert) override {
-    STRATA_ASSIGN_OR_RETURN(void* g, ps_.acquire_grads(group(expert)));
-    return detail::ExpertGrads{offset_ptr(g, elems_.gate, eb_), offset_ptr(g, elems_.up, eb_),
-                               offset_ptr(g, elems_.down, eb_)};
+    detail::ExpertGrads g;
+    if (!layout_.group(group(expert)).frozen) {
+      STRATA_ASSIGN_OR_RETURN(void* p, ps_.acquire_grads(group(expert)));
+      g.w = {offset_ptr(p, at_.elems.gate, eb_), offset_ptr(p, at_.elems.up, eb_),
+             offset_ptr(p, at_.elems.down, eb_)};
+    }
+    if (adapted()) {
+      STRATA_ASSIGN_OR_RETURN(void* a, ps_.acquire_grads(adapter_group(expert)));
+      g.lora = adapters<void*>(a);
+    }
+    return g;
   }
-  Status release_grads(std::int64_t expert) override { return ps_.release_grads(group(expert)); }
+  Status release_grads(std::int64_t expert) override {
+    if (!layout_.group(group(expert)).frozen) {
+      STRATA_RETURN_IF_ERROR(ps_.release_grads(group(expert)));
+    }
+    return adapted() ? ps_.release_grads(adapter_group(expert)) : Status::ok();
+  }
   Status sum_rows(std::vector<double>& rows) override {
     return ps_.sum_expert_rows(rows, "layer " + std::to_string(layer_));
   }
-  std::uint64_t bytes() const override { return work_bytes_; }
+  std::uint64_t bytes() const override { return at_.work_bytes; }
 
  private:
   int group(std::int64_t expert) const {
     return layout_.expert_group(layer_, static_cast<int>(expert));
   }
+  int adapter_group(std::int64_t expert) const {
+    return layout_.expert_adapter_group(layer_, static_cast<int>(expert));
+  }
+  bool adapted() const { return layout_.expert_adapter_group(layer_, 0) >= 0; }
+  // The adapters' views in an adapter group's working copy or gradient at `base`.
+  template <typename Ptr>
+  detail::ExpertTensors<detail::LoraPair<Ptr>> adapters(Ptr base) const {
+    const auto pair = [&](int i) {
+      detail::LoraPair<Ptr> p;
+      if (at_.lora_a[static_cast<std::size_t>(i)] < 0) return p;
+      p.a = static_cast<Ptr>(offset_ptr(base, at_.lora_a[static_cast<std::size_t>(i)], eb_));
+      p.b = static_cast<Ptr>(offset_ptr(base, at_.lora_b[static_cast<std::size_t>(i)], eb_));
+      return p;
+    };
+    return {pair(0), pair(1), pair(2)};
+  }
   ProviderSession& ps_;
   const ParamLayout& layout_;
   int layer_;
-  detail::ExpertTensors<std::int64_t> bytes_, elems_;
+  const ExpertOffsets& at_;
   std::size_t eb_;
-  std::uint64_t work_bytes_;
 };
 
 struct LlamaModel::Impl {
@@ -251,8 +294,7 @@ struct LlamaModel::Impl {
   }
   // Layer `layer`'s experts through `ps` (a dense layer's: never asked for).
   LayerExperts experts_of(ProviderSession& ps, std::int64_t layer) const {
-    return LayerExperts(ps, layout_, layer, expert_bytes_, expert_elems_,
-                        dtype_size(options_.compute_dtype), expert_work_bytes_);
+    return LayerExperts(ps, layout_, layer, experts_, dtype_size(options_.compute_dtype));
   }
   // The chunk's layer `i` activations, its input at `x`.
   BlockActs acts_for(const ChunkSpace& ch, std::int64_t i, const void* x) const {
@@ -298,12 +340,10 @@ struct LlamaModel::Impl {
   // With LoRA, per layer: the block's tensors in its adapter group (modules_to_save norms).
   std::vector<BlockOffsets> block_trained_;
   std::vector<detail::LoraOffsets> adapters_;  // per layer, with LoRA
-  // Mixture of experts: the projections' offsets in every expert's working copy (bytes) and in
-  // its gradients (elements), the same for every expert; per slot, the micro-batch's
+  // Mixture of experts: where every expert's tensors lie; per slot, the micro-batch's
   // load-balancing sums.
-  detail::ExpertTensors<std::int64_t> expert_bytes_, expert_elems_;
-  std::uint64_t expert_work_bytes_ = 0;  // an expert's working copy
-  ExpertTraffic traffic_;                // since take_expert_traffic
+  ExpertOffsets experts_;
+  ExpertTraffic traffic_;  // since take_expert_traffic
   std::vector<detail::MoeAux> aux_;
   std::size_t last_slot_ = 0;  // the slot of the last micro-batch that ran the head
   bool train_ = false;         // this step runs backward (and dropout)

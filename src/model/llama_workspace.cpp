@@ -6,8 +6,8 @@ namespace {
 
 // An MoE layer's kept routing and expert outputs; its gate, up and m are the layer's own.
 // `offsets`: host room for 2 experts + 1 counts (its offsets, then its rows over the ranks).
-MoeActs carve_moe_acts(const Dims& d, Carver& c, std::int64_t* offsets, void* gate, void* up,
-                       void* m) {
+MoeActs carve_moe_acts(const Dims& d, const AdapterSpec& lora, Carver& c, std::int64_t* offsets,
+                       void* gate, void* up, void* m) {
   const std::int64_t N = d.rows * d.experts_per_token;
   MoeActs a;
   a.probs = c.f32(d.rows * d.experts);
@@ -22,11 +22,19 @@ MoeActs carve_moe_acts(const Dims& d, Carver& c, std::int64_t* offsets, void* ga
   a.out = c.take(N * d.hidden, d.elem_bytes);
   a.offsets = offsets;
   a.rows_all = offsets + d.experts + 1;
+  // The experts' adapters' t, by projection.
+  const auto t = [&](LoraTarget target) {
+    return lora.rank > 0 && lora.on[static_cast<int>(target)] ? c.take(N * lora.rank, d.elem_bytes)
+                                                              : nullptr;
+  };
+  a.t_gate = t(LoraTarget::kGate);
+  a.t_up = t(LoraTarget::kUp);
+  a.t_down = t(LoraTarget::kDown);
   return a;
 }
 
 // The scratch the MoE layers share (its host part placed by the model).
-MoeScratch carve_moe_scratch(const Dims& d, Carver& c) {
+MoeScratch carve_moe_scratch(const Dims& d, const AdapterSpec& lora, Carver& c) {
   const std::int64_t R = d.rows, E = d.experts, N = d.rows * d.experts_per_token;
   MoeScratch s;
   s.logits = c.take(R * E, d.elem_bytes);
@@ -36,6 +44,16 @@ MoeScratch carve_moe_scratch(const Dims& d, Carver& c) {
   s.dweights = c.f32(N);
   s.prob_sums = c.f32(E);
   s.aux_grad = c.f32(E);
+  // The experts' adapters: t's gradient, and with dropout the dropped input and its gradient.
+  const bool adapted = lora.rank > 0 && (lora.on[static_cast<int>(LoraTarget::kGate)] ||
+                                         lora.on[static_cast<int>(LoraTarget::kUp)] ||
+                                         lora.on[static_cast<int>(LoraTarget::kDown)]);
+  if (adapted) s.lora.dt = c.take(N * lora.rank, d.elem_bytes);
+  if (adapted && lora.dropout > 0) {
+    const std::int64_t widest = std::max(d.hidden, d.expert_ffn);
+    s.lora_x = c.take(N * widest, d.elem_bytes);
+    s.lora.dx = c.take(N * widest, d.elem_bytes);
+  }
   return s;
 }
 
@@ -103,7 +121,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   const bool rows_apart = sp.seq_parallel && !checkpointing;
   void* a_shared = rows_apart ? act(R * H) : nullptr;
   void* b_shared = rows_apart ? act(R * H) : nullptr;
-  ws->moe = d.experts > 0 ? carve_moe_scratch(d, c) : MoeScratch{};
+  ws->moe = d.experts > 0 ? carve_moe_scratch(d, setup.lora, c) : MoeScratch{};
   ws->moe_offsets.clear();
   const auto layer_acts = [&]() {
     BlockActs a = carve_acts(setup, act, f32, rows_apart, a_shared, b_shared);
@@ -112,7 +130,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
     if (d.experts > 0) {
       // Each kept set of MoE activations has its expert offsets on the host.
       ws->moe_offsets.emplace_back(static_cast<std::size_t>(2 * d.experts + 1), 0);
-      a.moe = carve_moe_acts(d, c, ws->moe_offsets.back().data(), a.gate, a.up, a.m);
+      a.moe = carve_moe_acts(d, setup.lora, c, ws->moe_offsets.back().data(), a.gate, a.up, a.m);
     }
     return a;
   };
@@ -230,8 +248,8 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
   if (d.experts > 0) {
     ws->moe_offsets.assign(static_cast<std::size_t>(2 * d.experts + 1), 0);
-    a.moe = carve_moe_acts(d, c, ws->moe_offsets.data(), a.gate, a.up, a.m);
-    ws->moe = carve_moe_scratch(d, c);
+    a.moe = carve_moe_acts(d, setup.lora, c, ws->moe_offsets.data(), a.gate, a.up, a.m);
+    ws->moe = carve_moe_scratch(d, setup.lora, c);
   }
   if (setup.base.nf4) ws->nf4_weight = act(d.max_weight());
   ws->rstd_final = c.f32(1);

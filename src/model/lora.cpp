@@ -28,6 +28,10 @@ std::optional<LoraTarget> parse_lora_target(std::string_view name) {
   for (int i = 0; i < kNumLoraTargets; ++i) {
     if (kTargets[i].name == name) return static_cast<LoraTarget>(i);
   }
+  // Mixtral's experts: w1 the gate, w3 the up and w2 the down projection.
+  if (name == "w1") return LoraTarget::kGate;
+  if (name == "w3") return LoraTarget::kUp;
+  if (name == "w2") return LoraTarget::kDown;
   return std::nullopt;
 }
 
@@ -134,10 +138,16 @@ std::vector<std::string> modules_to_save_problems(const LlamaConfig& c, const Lo
   return problems;
 }
 
-std::vector<std::string> LoraConfig::target_names() const {
+std::vector<std::string> LoraConfig::target_names(ModelFamily family) const {
   std::vector<std::string> names;
   for (int i = 0; i < kNumLoraTargets; ++i) {
-    if (targets[static_cast<std::size_t>(i)]) names.emplace_back(kTargets[i].name);
+    if (!targets[static_cast<std::size_t>(i)]) continue;
+    const auto t = static_cast<LoraTarget>(i);
+    if (family == ModelFamily::kMixtral && t >= LoraTarget::kGate) {
+      names.emplace_back(t == LoraTarget::kGate ? "w1" : t == LoraTarget::kUp ? "w3" : "w2");
+    } else {
+      names.emplace_back(kTargets[i].name);
+    }
   }
   return names;
 }

@@ -24,6 +24,27 @@ void MoeAux::gradient(double scale, float* out) const {
   }
 }
 
+void MoeMlp::layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
+                       ExpertLayers& p) const {
+  p.spec = *lora;
+  p.spec.layer = expert_lora_layer(num_layers, experts, lora->layer, expert);
+  const auto linear = [&](Linear& l, LoraTarget target, std::int64_t out, std::int64_t in,
+                          const void* weight, const LoraPair<const void*>& adapter) {
+    l.target = target;
+    l.rows = rows;
+    l.out = out;
+    l.in = in;
+    l.w = weight;
+    l.adapter = adapter;
+    l.lora = &p.spec;
+    l.base = base;
+    l.dtype = dtype;
+  };
+  linear(p.gate, LoraTarget::kGate, ffn, hidden, w.w.gate, w.lora.gate);
+  linear(p.up, LoraTarget::kUp, ffn, hidden, w.w.up, w.lora.up);
+  linear(p.down, LoraTarget::kDown, hidden, ffn, w.w.down, w.lora.down);
+}
+
 Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                        void* out, MoeAux* aux) const {
   const std::int64_t T = tokens, E = experts, K = k, H = hidden, F = ffn, N = T * K;
@@ -97,17 +118,16 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
       source->release(e);
       continue;
     }
+    ExpertLayers p;
+    layers_of(w, e, n, p);
     void* xe = offset_ptr(s.rows_in, first * H, eb);
-    void* gate = offset_ptr(a.gate, first * F, eb);
-    void* up = offset_ptr(a.up, first * F, eb);
     void* m = offset_ptr(a.m, first * F, eb);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
-    matmul(ops, dtype, false, true, n, F, H, xe, base->weight(ops, w.gate, F * H, dtype), gate,
-           false);
-    matmul(ops, dtype, false, true, n, F, H, xe, base->weight(ops, w.up, F * H, dtype), up, false);
-    ops.swiglu_forward(gate, up, m, n * F, dtype);
-    matmul(ops, dtype, false, true, n, H, F, m, base->weight(ops, w.down, H * F, dtype),
-           offset_ptr(a.out, first * H, eb), false);
+    p.gate.forward(ops, xe, offset_ptr(a.gate, first * F, eb), t_of(a.t_gate, first), s.lora_x);
+    p.up.forward(ops, xe, offset_ptr(a.up, first * F, eb), t_of(a.t_up, first), s.lora_x);
+    ops.swiglu_forward(offset_ptr(a.gate, first * F, eb), offset_ptr(a.up, first * F, eb), m, n * F,
+                       dtype);
+    p.down.forward(ops, m, offset_ptr(a.out, first * H, eb), t_of(a.t_down, first), s.lora_x);
     source->release(e);
   }
   if (out == nullptr) return Status::ok();
@@ -151,29 +171,29 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
       source->release(e);
       continue;
     }
-    const void* dye = offset_ptr(s.rows_grad, first * H, eb);
+    ExpertLayers p;
+    layers_of(w, e, n, p);
+    // The rows' output gradient, then (once down's backward has read it) their input gradient.
+    void* dye = offset_ptr(s.rows_grad, first * H, eb);
     void* gate = offset_ptr(a.gate, first * F, eb);
     void* up = offset_ptr(a.up, first * F, eb);
     const void* m = offset_ptr(a.m, first * F, eb);
     void* dme = offset_ptr(dm, first * F, eb);
     void* xe = offset_ptr(s.rows_in, first * H, eb);
-    if (g.down != nullptr) matmul(ops, dtype, true, false, H, F, n, dye, m, g.down, true);
-    matmul(ops, dtype, false, false, n, F, H, dye, base->weight(ops, w.down, H * F, dtype), dme,
-           false);
+    STRATA_RETURN_IF_ERROR(p.down.backward(ops, m, t_of(a.t_down, first), g.w.down, nullptr,
+                                           g.lora.down, dye, dme, false, s.lora_x, s.lora));
     // In place: gate and up are read here for the last time.
     ops.swiglu_backward(dme, gate, up, gate, up, n * F, dtype);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
-    if (g.gate != nullptr) matmul(ops, dtype, true, false, F, H, n, gate, xe, g.gate, true);
-    if (g.up != nullptr) matmul(ops, dtype, true, false, F, H, n, up, xe, g.up, true);
-    // The rows' input gradients take their inputs' room.
-    matmul(ops, dtype, false, false, n, H, F, gate, base->weight(ops, w.gate, F * H, dtype), xe,
-           false);
-    matmul(ops, dtype, false, false, n, H, F, up, base->weight(ops, w.up, F * H, dtype), xe, true);
+    STRATA_RETURN_IF_ERROR(p.gate.backward(ops, xe, t_of(a.t_gate, first), g.w.gate, nullptr,
+                                           g.lora.gate, gate, dye, false, s.lora_x, s.lora));
+    STRATA_RETURN_IF_ERROR(p.up.backward(ops, xe, t_of(a.t_up, first), g.w.up, nullptr, g.lora.up,
+                                         up, dye, true, s.lora_x, s.lora));
     if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
     source->release(e);
   }
   device->fill_zero(dx, static_cast<std::size_t>(T * H) * eb, stream);
-  ops.embedding_backward(a.tokens, N, s.rows_in, H, dx, dtype);
+  ops.embedding_backward(a.tokens, N, s.rows_grad, H, dx, dtype);
   // The router: the routing weights' gradient (and the load-balancing loss's) through the top-k
   // and the softmax, then the projection's.
   ops.moe_route_backward(a.probs, a.chosen, s.dweights, aux ? s.aux_grad : nullptr, T, E, K,

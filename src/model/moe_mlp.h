@@ -28,8 +28,15 @@ struct ExpertTensors {
   Ptr up{};
   Ptr down{};
 };
-using ExpertWeights = ExpertTensors<const void*>;
-using ExpertGrads = ExpertTensors<void*>;
+// An expert as its MLP computes with it: the projections (NF4 under QLoRA) and, with LoRA, their
+// adapters (nullptrs where a projection has none); or their gradients (a frozen base's null).
+template <typename Ptr>
+struct ExpertParts {
+  ExpertTensors<Ptr> w;
+  ExpertTensors<LoraPair<Ptr>> lora;
+};
+using ExpertWeights = ExpertParts<const void*>;
+using ExpertGrads = ExpertParts<void*>;
 
 // Where one MoE layer's experts come from (the model's parameter provider). The MLP prefetches
 // every chosen expert as soon as the routing is known, then acquires each in expert order.
@@ -39,7 +46,8 @@ class ExpertSource {
   virtual void prefetch(std::int64_t expert) = 0;
   virtual Result<ExpertWeights> acquire(std::int64_t expert) = 0;
   virtual void release(std::int64_t expert) = 0;
-  // Whether the experts train: their gradients are asked for in backward.
+  // Whether the experts train (their base or their adapters): gradients are asked for in
+  // backward.
   virtual bool trains() const = 0;
   virtual Result<ExpertGrads> acquire_grads(std::int64_t expert) = 0;
   virtual Status release_grads(std::int64_t expert) = 0;
@@ -54,16 +62,20 @@ class ExpertSource {
 // token's k picks are its "slots" t k + j, and the slots sorted by expert, then token, its
 // "rows").
 struct MoeActs {
-  float* probs = nullptr;           // [tokens, experts] f32: the router's softmax
-  std::int32_t* chosen = nullptr;   // [tokens, k]
-  float* weights = nullptr;         // [tokens, k] f32
-  std::int32_t* tokens = nullptr;   // [tokens k]: each row's token
-  std::int32_t* slots = nullptr;    // [tokens k]: each row's slot
-  float* row_weights = nullptr;     // [tokens k] f32: each row's routing weight
-  void* gate = nullptr;             // [tokens k, expert_ffn] (gradients in place in backward)
-  void* up = nullptr;               // [tokens k, expert_ffn]
-  void* m = nullptr;                // [tokens k, expert_ffn]: silu(gate) * up
-  void* out = nullptr;              // [tokens k, hidden]: each row's expert output, unweighted
+  float* probs = nullptr;          // [tokens, experts] f32: the router's softmax
+  std::int32_t* chosen = nullptr;  // [tokens, k]
+  float* weights = nullptr;        // [tokens, k] f32
+  std::int32_t* tokens = nullptr;  // [tokens k]: each row's token
+  std::int32_t* slots = nullptr;   // [tokens k]: each row's slot
+  float* row_weights = nullptr;    // [tokens k] f32: each row's routing weight
+  void* gate = nullptr;            // [tokens k, expert_ffn] (gradients in place in backward)
+  void* up = nullptr;              // [tokens k, expert_ffn]
+  void* m = nullptr;               // [tokens k, expert_ffn]: silu(gate) * up
+  void* out = nullptr;             // [tokens k, hidden]: each row's expert output, unweighted
+  // With LoRA on the experts: each adapted projection's t = dropout(x) A^T, [tokens k, r].
+  void* t_gate = nullptr;
+  void* t_up = nullptr;
+  void* t_down = nullptr;
   std::int64_t* offsets = nullptr;  // host [experts + 1]: each expert's first row
   // host [experts]: each expert's rows summed over the data-parallel ranks; the experts with
   // some are the ones this layer runs (acquires, and in backward reduces), on every rank.
@@ -79,6 +91,10 @@ struct MoeScratch {
   float* dweights = nullptr;    // [tokens k] f32: the routing weights' gradient
   float* prob_sums = nullptr;   // [experts] f32: each expert's probability summed over the tokens
   float* aux_grad = nullptr;    // [experts] f32: the load-balancing loss's gradient (backward)
+  // With LoRA on the experts: an adapter's t gradient [tokens k, r]; with dropout, its dropped
+  // input and that input's gradient [tokens k, max(hidden, ffn)].
+  AdapterScratch lora;
+  void* lora_x = nullptr;
   // Pinned host: the choice read back and each row's token and slot formed from it ([tokens k]
   // each), the probability sums read back and the aux gradient on its way ([experts] each).
   std::int32_t* host_chosen = nullptr;
@@ -127,6 +143,11 @@ struct MoeMlp {
   const void* router = nullptr;  // [experts, hidden]
   ExpertSource* source = nullptr;
   const BaseFormat* base = nullptr;  // NF4 experts are decoded before their products
+  // The adapters' settings (rank 0: none), `layer` this MoE layer's; an expert's adapters draw
+  // their dropout masks as a layer numbered num_layers + layer x experts + expert would
+  // (expert_lora_layer).
+  const AdapterSpec* lora = nullptr;
+  std::int64_t num_layers = 0;
   ExpertTraffic* traffic = nullptr;  // counted where given
 
   // x [tokens, hidden] -> acts, then unless out is null out [tokens, hidden] = the weighted sum
@@ -139,6 +160,23 @@ struct MoeMlp {
   // `dm` [tokens k, ffn] is scratch.
   Status backward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                   const void* dy, void* dm, void* router_grad, bool aux, void* dx) const;
+
+ private:
+  // One expert's three projections over its `rows` rows, with its adapters and their settings
+  // (which the Linears point at: filled in place, never copied).
+  struct ExpertLayers {
+    AdapterSpec spec;
+    Linear gate, up, down;
+    ExpertLayers() = default;
+    ExpertLayers(const ExpertLayers&) = delete;
+    ExpertLayers& operator=(const ExpertLayers&) = delete;
+  };
+  void layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
+                 ExpertLayers& p) const;
+  // Row `first`'s place in an adapter's t [rows, r]; null without adapters.
+  void* t_of(void* t, std::int64_t first) const {
+    return t == nullptr ? nullptr : offset_ptr(t, first * lora->rank, dtype_size(dtype));
+  }
 };
 
 }  // namespace strata::model::detail

@@ -4,8 +4,11 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
+#include <string>
+#include <tuple>
 
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
@@ -240,6 +243,8 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       for (int t = 0; t < kNumLoraTargets; ++t) {
         const auto target = static_cast<LoraTarget>(t);
         if (!lora->has(target)) continue;
+        // An MoE layer's MLP projections are its experts': their adapters are the experts'.
+        if (c.is_moe_layer(l) && target >= LoraTarget::kGate) continue;
         const std::string m = p + std::string(lora_module_path(target));
         const bool row_parallel = target == LoraTarget::kO || target == LoraTarget::kDown;
         const bool kv = target == LoraTarget::kK || target == LoraTarget::kV;
@@ -262,6 +267,36 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       add_tensor(norm, "model.norm.weight", {h}, kOnes);
       norm.frozen = !saved("model.norm.weight");
       layout.groups_.push_back(std::move(norm));
+    }
+    // Each expert's adapters, a group each after every other (acquired with the expert, so an
+    // expert no token chose moves neither): PEFT's module paths under the expert's.
+    const bool expert_targets =
+        lora->has(LoraTarget::kGate) || lora->has(LoraTarget::kUp) || lora->has(LoraTarget::kDown);
+    if (expert_targets && layout.expert_groups_ > 0) {
+      layout.first_expert_adapter_ = static_cast<int>(layout.groups_.size());
+      const std::int64_t f = c.moe.expert_intermediate_size;
+      for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        if (!c.is_moe_layer(l)) continue;
+        for (std::int64_t e = 0; e < c.moe.num_experts; ++e) {
+          ParamGroup g;
+          g.name = "layers." + std::to_string(l) + ".experts." + std::to_string(e) + ".lora";
+          g.expert_layer = static_cast<int>(l);
+          const ExpertNames n = expert_weight_names(c, l, e);
+          const std::array<std::tuple<LoraTarget, const std::string*, std::int64_t, std::int64_t>,
+                           3>
+              projections{{{LoraTarget::kGate, &n.gate, h, f},
+                           {LoraTarget::kUp, &n.up, h, f},
+                           {LoraTarget::kDown, &n.down, f, h}}};
+          for (const auto& [target, name, in, out] : projections) {
+            if (!lora->has(target)) continue;
+            const std::string m =
+                name->substr(0, name->size() - std::string_view(".weight").size());
+            add_tensor(g, m + ".lora_A.weight", {lora->r, in}, TensorInit::kUniformFanIn);
+            add_tensor(g, m + ".lora_B.weight", {out, lora->r}, TensorInit::kZeros);
+          }
+          layout.groups_.push_back(std::move(g));
+        }
+      }
     }
   }
 
@@ -341,6 +376,9 @@ int ParamLayout::stage_of(int group, const PipelineStage& stage) const {
   }
   if (adapters_ && group >= adapter_group(0) && group < adapter_group(layers)) {
     return stage.stage_holding(group - adapter_group(0), layers);
+  }
+  if (first_expert_adapter_ >= 0 && group >= first_expert_adapter_) {
+    return stage_of(expert_group(0, 0) + (group - first_expert_adapter_), stage);
   }
   return stage.stages - 1;  // the head, and the head's norm in a group of its own
 }

@@ -163,7 +163,8 @@ Status PeftAdapterReader::read_group(const ParamGroup& group, float* dst) const 
 }
 
 Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const ParamLayout& layout,
-                          const std::string& base_model, const GroupSource& read_group) {
+                          const std::string& base_model, const GroupSource& read_group,
+                          ModelFamily family) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return io_error("cannot create adapter directory " + dir + ": " + ec.message());
@@ -205,7 +206,7 @@ Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const 
       {"r", lora.r},
       {"lora_alpha", lora.alpha},
       {"lora_dropout", lora.dropout},
-      {"target_modules", lora.target_names()},
+      {"target_modules", lora.target_names(family)},
       {"use_rslora", lora.use_rslora},
       {"bias", "none"},
       {"fan_in_fan_out", false},

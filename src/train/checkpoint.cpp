@@ -283,7 +283,8 @@ Status write_adapters(const std::string& dir, const model::LlamaConfig& config,
   GroupGatherer gatherer(config, lora, layout, whole, provider, grid, from);
   return write_gathered(group_ids(whole, [](const model::ParamGroup& g) { return !g.frozen; }),
                         gatherer, grid, [&](const model::GroupSource& source) {
-                          return model::write_peft_adapter(dir, lora, whole, base_model, source);
+                          return model::write_peft_adapter(dir, lora, whole, base_model, source,
+                                                           config.family);
                         });
 }
 

@@ -510,10 +510,6 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
                        " run on one pipeline stage (the load-balancing loss sums over every "
                        "layer); use pipeline_parallel_size 1");
     }
-    if (c.finetune.method != FinetuneMethod::kFull) {
-      errors.push_back("'finetune.method': adapters on the experts of " + family +
-                       " are not supported yet; use \"full\"");
-    }
   }
   if (c.pipeline_parallel_size > 1 || !c.pipeline_layers.empty()) {
     const int virtual_count = c.pipeline_parallel_size * c.virtual_stages;

@@ -41,9 +41,17 @@ Status merge_adapter(const MergeOptions& o) {
   // embedding, the head, norms) replace the base's.
   const model::GroupSource merged = [&](const model::ParamGroup& g, float* dst) -> Status {
     STRATA_RETURN_IF_ERROR(base.read_group(g, dst));
-    const int layer = g.id - layout.layer_group(0);
-    if (layer < 0 || layer >= base.config().num_hidden_layers) return Status::ok();
-    const model::ParamGroup& a = adapted.group(adapted.adapter_group(layer));
+    // A block's adapters are its adapter group's; an expert's, its own adapter group's.
+    int adapters = -1;
+    if (const int layer = g.id - layout.layer_group(0);
+        layer >= 0 && layer < base.config().num_hidden_layers) {
+      adapters = adapted.adapter_group(layer);
+    } else if (g.expert_layer >= 0) {
+      adapters = adapted.expert_adapter_group(g.expert_layer,
+                                              g.id - layout.expert_group(g.expert_layer, 0));
+    }
+    if (adapters < 0) return Status::ok();
+    const model::ParamGroup& a = adapted.group(adapters);
     values.assign(static_cast<std::size_t>(a.num_elems), 0.0f);
     STRATA_RETURN_IF_ERROR(adapter.read_group(a, values.data()));
     model::merge_adapters(adapter.config(), g, dst, a, values.data());

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -159,14 +160,18 @@ TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
   ASSERT_EQ(run.history.size(), want.size());
   // Losses within 8 times the reference's own float32 error, or 1e-5 relative.
   const double loss_bound = 8 * g.at("f32_train_loss_error").get<double>();
+  auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
+  ASSERT_TRUE(config.is_ok());
   for (std::size_t i = 0; i < run.history.size(); ++i) {
     const double w = want[i].get<double>();
-    EXPECT_NEAR(run.history[i].loss, w, std::max(loss_bound, 1e-5 * w)) << "step " << i + 1;
+    // An MoE model's reference loss is the trained objective: with the weighted aux loss.
+    const double got = run.history[i].loss + config->moe.aux_loss_coef *
+                                                 run.history[i].aux_loss.value_or(0.0) *
+                                                 (config->moe.aux_loss ? 1.0 : 0.0);
+    EXPECT_NEAR(got, w, std::max(loss_bound, 1e-5 * w)) << "step " << i + 1;
   }
   // Adapters after the steps: within 1e-4 of the tensor's largest value (a step moves an
   // element by about lr = 1e-2), or 8 times the reference's float32 error where that is larger.
-  auto config = model::LlamaConfig::from_json(g.at("config"), "golden");
-  ASSERT_TRUE(config.is_ok());
   const model::ParamLayout layout = model::ParamLayout::build(*config, peft_lora(g.at("lora")));
   for (const auto& [tensor, values] : g.at("trained_adapters").items()) {
     const auto loc = layout.find(tensor);
@@ -206,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("llama3-all", "llama3-all-dropout", "llama3-qv",
                                          "qwen2-all-dropout", "qwen3-all-rslora",
                                          "mistral-mlp-dropout", "llama3-qv-save", "qwen3-all-save",
-                                         "qwen2-embed-save"),
+                                         "qwen2-embed-save", "qwen3-moe-all",
+                                         "mixtral-experts-dropout"),
                        ::testing::Values("none", "cpu", "nvme")),
     [](const auto& info) {
       return strata::testing::test_name(std::get<0>(info.param) + "_" + std::get<1>(info.param));
@@ -276,11 +282,19 @@ TEST(LoraResumeTest, ResumeFromTheAdapterCheckpointIsExact) {
 TEST(LoraMergeCliTest, MergedAndUnmergedAdapterGenerateTheSame) {
   // Adapters alone, and with the embedding and norms saved whole: the merged checkpoint holds
   // their trained values.
-  for (const char* name : {"llama3-all", "llama3-qv-save"}) {
+  // With MoE layers, every expert's adapters merge into it; Mixtral's adapter names its
+  // experts' projections as PEFT does (w1, w2, w3).
+  for (const char* name :
+       {"llama3-all", "llama3-qv-save", "qwen3-moe-all", "mixtral-experts-dropout"}) {
     SCOPED_TRACE(name);
     const Json g = golden(name);
     TempDir dir;
     const LoraRun run = train(g, dir, {{"optimizer", {{"lr", 0.05}}}}, 3);
+    auto adapter_config = read_json_file(run.checkpoint + "/adapter_config.json");
+    ASSERT_TRUE(adapter_config.is_ok());
+    const auto names = [](const Json& j) { return j.get<std::set<std::string>>(); };
+    EXPECT_EQ(names(adapter_config->at("target_modules")),
+              names(g.at("lora").at("target_modules")));
     const std::string gen = " --prompt-ids 1,5,9,2 --max-new-tokens 12";
     auto r = testing::run_cli(dir, "merge --model " + dir.file("base") + " --adapter " +
                                        run.checkpoint + " --output " + dir.file("merged"));
@@ -469,35 +483,39 @@ TEST(LoraModulesTest, SavedModulesTakeFullFineTuningsFirstStepToTheBit) {
 // A QLoRA run computes with its base's NF4 weights decoded: it is a LoRA run on the decoded base,
 // to the bit, in bf16 and fp32, whichever tier the quantized base lives in.
 TEST(QloraTest, IsLoraOnTheDecodedBaseToTheBitInEveryTier) {
-  const Json g = golden("qwen2-all-dropout");
-  const Json decoded = with_projections(g, nf4_round_trip);
-  for (const char* precision : {"bf16", "fp32"}) {
-    SCOPED_TRACE(precision);
-    TempDir lora_dir;
-    const LoraRun want = train(decoded, lora_dir, {{"precision", precision}});
-    auto want_file = read_file(want.checkpoint + "/" + model::kAdapterWeightsFile);
-    ASSERT_TRUE(want_file.is_ok());
-    for (const char* tier : {"none", "cpu", "nvme"}) {
-      SCOPED_TRACE(tier);
-      TempDir dir;
-      Json changes = kQlora;
-      changes.merge_patch({{"offload_param", tier},
-                           {"offload_optimizer", std::string(tier) == "none" ? "none" : "cpu"},
-                           {"precision", precision},
-                           {"activation_checkpointing", std::string(tier) == "cpu"}});
-      const LoraRun run = train(g, dir, changes);
-      ASSERT_EQ(run.history.size(), want.history.size());
-      for (std::size_t i = 0; i < run.history.size(); ++i) {
-        EXPECT_EQ(run.history[i].loss, want.history[i].loss) << "step " << i + 1;
-      }
-      auto file = read_file(run.checkpoint + "/" + model::kAdapterWeightsFile);
-      ASSERT_TRUE(file.is_ok());
-      EXPECT_EQ(*file, *want_file) << "the saved adapters differ";
-      EXPECT_NE(run.described.find("QLoRA r 4"), std::string::npos) << run.described;
-      EXPECT_NE(run.described.find("in NF4"), std::string::npos) << run.described;
-      if (std::string(tier) == "nvme") {
-        for (const StepMetrics& m : run.history) {
-          EXPECT_GT(m.nvme_read_bytes, 0u) << "step " << m.step << ": the NF4 base streams";
+  // A dense model, and an MoE one whose experts are NF4 too (the routers stay in the compute
+  // dtype, as bitsandbytes users leave the gate unquantized).
+  for (const char* name : {"qwen2-all-dropout", "qwen3-moe-all"}) {
+    const Json g = golden(name);
+    const Json decoded = with_projections(g, nf4_round_trip);
+    for (const char* precision : {"bf16", "fp32"}) {
+      SCOPED_TRACE(std::string(name) + ", " + precision);
+      TempDir lora_dir;
+      const LoraRun want = train(decoded, lora_dir, {{"precision", precision}});
+      auto want_file = read_file(want.checkpoint + "/" + model::kAdapterWeightsFile);
+      ASSERT_TRUE(want_file.is_ok());
+      for (const char* tier : {"none", "cpu", "nvme"}) {
+        SCOPED_TRACE(tier);
+        TempDir dir;
+        Json changes = kQlora;
+        changes.merge_patch({{"offload_param", tier},
+                             {"offload_optimizer", std::string(tier) == "none" ? "none" : "cpu"},
+                             {"precision", precision},
+                             {"activation_checkpointing", std::string(tier) == "cpu"}});
+        const LoraRun run = train(g, dir, changes);
+        ASSERT_EQ(run.history.size(), want.history.size());
+        for (std::size_t i = 0; i < run.history.size(); ++i) {
+          EXPECT_EQ(run.history[i].loss, want.history[i].loss) << "step " << i + 1;
+        }
+        auto file = read_file(run.checkpoint + "/" + model::kAdapterWeightsFile);
+        ASSERT_TRUE(file.is_ok());
+        EXPECT_EQ(*file, *want_file) << "the saved adapters differ";
+        EXPECT_NE(run.described.find("QLoRA r 4"), std::string::npos) << run.described;
+        EXPECT_NE(run.described.find("in NF4"), std::string::npos) << run.described;
+        if (std::string(tier) == "nvme") {
+          for (const StepMetrics& m : run.history) {
+            EXPECT_GT(m.nvme_read_bytes, 0u) << "step " << m.step << ": the NF4 base streams";
+          }
         }
       }
     }

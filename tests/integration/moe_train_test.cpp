@@ -127,19 +127,21 @@ TEST(MoeTrain, MetricsCountTheExpertsRunAndSkippedAndTheirBytes) {
 
 // Ranks whose micro-batches choose different experts: each rank gathers (stage 3) and reduces
 // every expert some rank chose, so 2 and 4 ranks train the losses and weights of one, in every
-// stage and offload, for both MoE families.
+// stage and offload, for both MoE families, fully or with LoRA on the experts.
 TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   struct Case {
     const char* family;
     int stage;
     const char* offload;
+    bool lora = false;  // adapters on every projection, the experts' included
   };
   for (const Case& c :
        {Case{"qwen3-moe", 3, "none"}, Case{"qwen3-moe", 3, "nvme"}, Case{"qwen3-moe", 2, "cpu"},
-        Case{"qwen3-moe", 1, "none"}, Case{"mixtral", 3, "cpu"}}) {
+        Case{"qwen3-moe", 1, "none"}, Case{"mixtral", 3, "cpu"}, Case{"qwen3-moe", 3, "cpu", true},
+        Case{"mixtral", 2, "none", true}}) {
     SCOPED_TRACE(std::string(c.family) + ", stage " + std::to_string(c.stage) + ", offload " +
-                 c.offload);
+                 c.offload + (c.lora ? ", LoRA" : ""));
     TempDir dir;
     Json j = testing::config(dir, "w1");
     j["model"] = testing::family_model(c.family, 2);
@@ -147,14 +149,36 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
     j["zero_stage"] = c.stage;
     j["offload_optimizer"] = c.offload;
     if (c.stage == 3) j["offload_param"] = c.offload;
+    if (c.lora) {
+      j["finetune"] = {
+          {"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+    }
     ASSERT_EQ(testing::run_train(dir, j, "w1", 1), 0)
         << std::ifstream(dir.file("w1/err.txt")).rdbuf();
     const auto ref_loss = testing::losses(dir.file("w1/metrics.jsonl"));
-    const auto ref_w = testing::weights(dir.file("w1/ckpt/step-00000003/model"));
+    // LoRA saves the adapters alone, in the checkpoint directory itself.
+    const auto saved = [&](const std::string& run) {
+      const std::string step = dir.file(run + "/ckpt/step-00000003");
+      return c.lora ? testing::tensors(step + "/adapter_model.safetensors")
+                    : testing::weights(step + "/model");
+    };
+    const auto ref_w = saved("w1");
     ASSERT_EQ(ref_loss.size(), 3u);
     for (int np : {2, 4}) {
       SCOPED_TRACE("world size " + std::to_string(np));
-      testing::expect_same_run_as(dir, j, "w" + std::to_string(np), np, ref_loss, ref_w);
+      const std::string name = "w" + std::to_string(np);
+      if (!c.lora) {
+        testing::expect_same_run_as(dir, j, name, np, ref_loss, ref_w);
+        continue;
+      }
+      Json k = j;
+      k["save_dir"] = dir.file(name + "/ckpt");
+      k["metrics_file"] = dir.file(name + "/metrics.jsonl");
+      k["swap_paths"] = {dir.file(name + "/swap-{rank}")};
+      ASSERT_EQ(testing::run_train(dir, k, name, np), 0)
+          << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+      testing::expect_close(testing::losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
+      testing::expect_weights_close(saved(name), ref_w, j["optimizer"]["lr"].get<double>(), 3);
     }
   }
 }

@@ -265,7 +265,7 @@ def sparse_moe(x, w, p, c, router_logits):
     b, s, h = x.shape
     xs = x.reshape(-1, h)
     router, experts = moe_names(c, p)
-    logits = xs @ w[router].T
+    logits = linear(xs, w, router[:-len(".weight")])
     router_logits.append(logits)
     probs = torch.softmax(logits, dim=1)
     k = c["num_experts_per_tok"]
@@ -282,7 +282,9 @@ def sparse_moe(x, w, p, c, router_logits):
         if tok.numel() == 0:
             continue
         xe = xs[tok]
-        ye = (torch.nn.functional.silu(xe @ w[gate].T) * (xe @ w[up].T)) @ w[down].T
+        # linear(): lora_golden.py puts PEFT's adapters on the experts' projections through it.
+        g, u, d = (n[:-len(".weight")] for n in (gate, up, down))
+        ye = linear(torch.nn.functional.silu(linear(xe, w, g)) * linear(xe, w, u), w, d)
         out = out.index_add(0, tok, ye * weights[tok, slot, None])
     return out.reshape(b, s, h)
 

@@ -37,6 +37,9 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 MODULE = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
           "v_proj": "self_attn.v_proj", "o_proj": "self_attn.o_proj",
           "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj"}
+# Mixtral's experts' names for the MLP's projections.
+ALIAS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+EXPERT_TARGETS = ["gate_proj", "up_proj", "down_proj"]
 CASES = {
     "llama3-all": ("llama3", dict(r=4, alpha=8.0, dropout=0.0, targets=TARGETS, rslora=False)),
     "llama3-all-dropout": ("llama3", dict(r=4, alpha=8.0, dropout=0.1, targets=TARGETS,
@@ -60,6 +63,13 @@ CASES = {
     # A tied embedding: its gradient gathers the lookup's part and the head's.
     "qwen2-embed-save": ("qwen2", dict(r=2, alpha=4.0, dropout=0.0, targets=["q_proj", "v_proj"],
                                        rslora=False, save=["embed_tokens"])),
+    # Mixtures of experts: gate_proj/up_proj/down_proj adapt the dense MLP (layer 1) and every
+    # expert; Mixtral's experts by their own names w1/w3/w2, with dropout.
+    "qwen3-moe-all": ("qwen3-moe", dict(r=4, alpha=8.0, dropout=0.0, targets=TARGETS,
+                                        rslora=False)),
+    "mixtral-experts-dropout": ("mixtral", dict(r=2, alpha=4.0, dropout=0.1,
+                                                targets=["q_proj", "v_proj", "w1", "w2", "w3"],
+                                                rslora=False)),
 }
 STEPS = 3
 SEED = 1234  # the trainer's seed in lora_train_test.cpp
@@ -83,10 +93,12 @@ def keep_mask(key, n, p):
 
 
 class Lora:
-    """The adapters' hyperparameters and the current micro-batch's dropout key."""
+    """The adapters' hyperparameters, the model's config and the current micro-batch's dropout
+    key."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, config):
         self.spec = spec
+        self.config = config
         self.scaling = spec["alpha"] / (math.sqrt(spec["r"]) if spec["rslora"] else spec["r"])
         self.key = None  # None: no dropout (evaluation)
 
@@ -106,7 +118,13 @@ def lora_linear(x, w, name):
     p = LORA.spec["dropout"]
     if p > 0 and LORA.key is not None:
         parts = name.split(".")  # model.layers.<l>.<self_attn|mlp>.<target>
-        layer, target = int(parts[2]), TARGETS.index(parts[4])
+        layer, target = int(parts[2]), TARGETS.index(ALIAS.get(parts[-1], parts[-1]))
+        if "experts" in parts:
+            # An expert's adapters draw as layer num_layers + layer * experts + expert
+            # (include/strata/model/lora.h, expert_lora_layer).
+            c = LORA.config
+            expert = int(parts[parts.index("experts") + 1])
+            layer = c["num_hidden_layers"] + layer * fg.num_experts(c) + expert
         key = splitmix64_at(LORA.key, layer * 7 + target)
         mask = keep_mask(key, x.numel(), p).view(x.shape).to(x.dtype)
         scale = 1.0 / (1.0 - float(torch.tensor(p, dtype=torch.float32)))
@@ -123,17 +141,30 @@ def make_adapters(c, spec, gen):
         c["intermediate_size"]
     dims = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
             "gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}
+    targets = [ALIAS.get(t, t) for t in spec["targets"]]
     out = {}
+
+    def add(p, o, inp):
+        bound = 1.0 / math.sqrt(inp)
+        out[p + ".lora_A.weight"] = ((torch.rand(spec["r"], inp, generator=gen) * 2 - 1)
+                                     * bound).float()
+        out[p + ".lora_B.weight"] = (0.2 * torch.randn(o, spec["r"], generator=gen)).float()
+
     for i in range(c["num_hidden_layers"]):
+        moe = fg.is_moe_layer(c, i)
         for t in TARGETS:
-            if t not in spec["targets"]:
+            if t not in targets or (moe and t in EXPERT_TARGETS):
                 continue
-            o, inp = dims[t]
-            p = f"model.layers.{i}.{MODULE[t]}"
-            bound = 1.0 / math.sqrt(inp)
-            out[p + ".lora_A.weight"] = ((torch.rand(spec["r"], inp, generator=gen) * 2 - 1)
-                                         * bound).float()
-            out[p + ".lora_B.weight"] = (0.2 * torch.randn(o, spec["r"], generator=gen)).float()
+            add(f"model.layers.{i}.{MODULE[t]}", *dims[t])
+        if not moe:
+            continue
+        # Each expert's projections (their names: gate, up, down).
+        fe = fg.expert_size(c)
+        expert_dims = {"gate_proj": (fe, h), "up_proj": (fe, h), "down_proj": (h, fe)}
+        for names in fg.moe_names(c, f"model.layers.{i}.")[1]:
+            for t, n in zip(EXPERT_TARGETS, names):
+                if t in targets:
+                    add(n[:-len(".weight")], *expert_dims[t])
     return out
 
 
@@ -175,7 +206,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     for n, (name, (family, spec)) in enumerate(CASES.items()):
         c = fg.CASES[family]
-        LORA = Lora(spec)
+        LORA = Lora(spec, c)
         gen = torch.Generator().manual_seed(20261203 + n)
         weights = fg.make_weights(c, gen)
         adapters = make_adapters(c, spec, gen)

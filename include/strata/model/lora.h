@@ -24,6 +24,8 @@ inline constexpr int kNumLoraTargets = 7;
 std::string_view lora_target_name(LoraTarget target);
 // "self_attn.q_proj", ... "mlp.down_proj": the module's path inside a decoder layer.
 std::string_view lora_module_path(LoraTarget target);
+// A target_modules name: one of the above, or Mixtral's expert names w1 (gate_proj), w3
+// (up_proj), w2 (down_proj), which adapt the same projections.
 std::optional<LoraTarget> parse_lora_target(std::string_view name);
 // The projection's input and output features in this model.
 std::int64_t lora_in_features(const LlamaConfig& config, LoraTarget target);
@@ -49,8 +51,9 @@ struct LoraConfig {
   bool has(LoraTarget t) const { return targets[static_cast<std::size_t>(t)]; }
   // The adapter's output scale, as PEFT forms it in double; the model multiplies in f32.
   double scaling() const;
-  // target_modules, in the block's order.
-  std::vector<std::string> target_names() const;
+  // target_modules, in the block's order, as `family` names its modules (Mixtral's experts:
+  // w1, w3, w2 for gate, up, down).
+  std::vector<std::string> target_names(ModelFamily family = ModelFamily::kLlama) const;
 };
 
 // Whether `name` is an adapter's tensor (....lora_A.weight or ....lora_B.weight).
@@ -70,6 +73,13 @@ inline constexpr std::uint64_t lora_dropout_key(std::uint64_t key, std::int64_t 
                                                 LoraTarget target) {
   return strata::splitmix64_at(key, static_cast<std::uint64_t>(layer) * kNumLoraTargets +
                                         static_cast<std::uint64_t>(target));
+}
+
+// The layer number an MoE layer's expert's adapters draw their dropout masks as (with
+// lora_dropout_key): past every decoder layer, one for each expert of each layer.
+inline constexpr std::int64_t expert_lora_layer(std::int64_t num_layers, std::int64_t experts,
+                                                std::int64_t layer, std::int64_t expert) {
+  return num_layers + layer * experts + expert;
 }
 
 }  // namespace strata::model

@@ -194,6 +194,13 @@ class ParamLayout {
     return adapters_ ? 2 + num_layers_ + expert_groups_ + layer : -1;
   }
   bool is_adapter(int group) const { return adapters_ && group >= adapter_group(0); }
+  // Expert `expert` of MoE layer `layer`'s adapter group (its gate, up and down projections'
+  // adapters, those targeted); -1 where the experts have none.
+  int expert_adapter_group(int layer, int expert) const {
+    return first_expert_adapter_ < 0
+               ? -1
+               : first_expert_adapter_ + expert_group(layer, expert) - first_expert_.front();
+  }
   // The pipeline stage the layout is of, and the stage that holds group `group` (0 unsplit),
   // or that would under `stage`'s split.
   const PipelineStage& pipeline() const { return stage_; }
@@ -217,6 +224,7 @@ class ParamLayout {
   // is empty. Empty for a layout made from_groups.
   std::vector<int> first_expert_;
   int expert_groups_ = 0;
+  int first_expert_adapter_ = -1;  // the first expert's adapter group, in expert group order
   std::unordered_map<std::string, std::pair<int, int>> by_name_;  // group and tensor index
   bool adapters_ = false;
   PipelineStage stage_;

@@ -53,9 +53,11 @@ class PeftAdapterReader {
 // Writes `dir` (created if needed): adapter_config.json and adapter_model.safetensors (f32) with
 // the layout's trainable groups (the adapters and the modules_to_save, which PEFT saves under the
 // module's own name), each supplied by `read_group`; `base_model` names the base for
-// PEFT (base_model_name_or_path). Files are written atomically, weights first.
+// PEFT (base_model_name_or_path), `family` the names target_modules takes (Mixtral's experts'
+// w1, w3, w2). Files are written atomically, weights first.
 Status write_peft_adapter(const std::string& dir, const LoraConfig& lora, const ParamLayout& layout,
-                          const std::string& base_model, const GroupSource& read_group);
+                          const std::string& base_model, const GroupSource& read_group,
+                          ModelFamily family = ModelFamily::kLlama);
 
 // Merges a decoder block's adapters into its base weights, as PEFT's merge_and_unload does:
 // W += scaling * B A for each adapted projection, the product summed in double and added to the
