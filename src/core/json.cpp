@@ -1,9 +1,12 @@
 // Strict JSON reading: typed fields, ranges, unknown-key rejection, byte sizes.
 #include "strata/core/json.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 
 #include "strata/core/file.h"
 
@@ -255,14 +258,52 @@ void JsonReader::read(const std::string& key, std::vector<std::int64_t>* out) {
   *out = std::move(r);
 }
 
+namespace {
+
+// Edits (insertions, deletions, substitutions and swaps of neighbours, case ignored) between a
+// and b: how far a mistyped key is from a valid one.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  const auto lower = [](char c) {
+    return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  };
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) &&
+          lower(a[i - 2]) == lower(b[j - 1])) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
 void JsonReader::reject_unknown(const std::vector<std::string>& extra_known) {
   if (!object_.is_object()) return;
   for (const auto& k : extra_known) known_.insert(k);
   for (auto it = object_.begin(); it != object_.end(); ++it) {
     if (known_.count(it.key()) != 0) continue;
+    // The nearest valid key, when it is near: a third of the key's letters (at least 2) or
+    // fewer edits away.
+    const std::string& key = it.key();
+    std::string nearest;
+    std::size_t best = std::max<std::size_t>(2, key.size() / 3) + 1;
+    for (const auto& k : known_) {
+      if (const std::size_t d = edit_distance(key, k); d < best) best = d, nearest = k;
+    }
+    if (!nearest.empty()) {
+      error(key, "unknown key; did you mean '" + key_path(nearest) + "'?");
+      continue;
+    }
     std::string valid;
     for (const auto& k : known_) valid += (valid.empty() ? "" : ", ") + k;
-    error(it.key(), "unknown key; valid keys here are: " + valid);
+    error(key, "unknown key; valid keys here are: " + valid);
   }
 }
 

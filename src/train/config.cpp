@@ -110,10 +110,20 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
   read_enum(r, "method", &out->method, kMethods, finetune_method_name);
   model::LoraConfig& l = out->lora;
   r.read("r", &l.r, 1, 65536);
-  r.read("alpha", &l.alpha, 0.0);
-  if (l.alpha <= 0) r.error("alpha", "expected a positive number, e.g. 32 (scaling alpha / r)");
-  r.read("dropout", &l.dropout, 0.0, 1.0);
-  if (l.dropout >= 1) r.error("dropout", "expected a probability in [0, 1)");
+  // PEFT's names (adapter_config.json's lora_alpha, lora_dropout) as well as Strata's; one of
+  // each pair.
+  for (const auto& [ours, peft] :
+       {std::pair{"alpha", "lora_alpha"}, std::pair{"dropout", "lora_dropout"}}) {
+    if (r.has(ours) && r.has(peft)) {
+      r.error(peft, std::string("is PEFT's name for '") + ours + "', which is set too; keep one");
+    }
+  }
+  const char* alpha = r.has("lora_alpha") ? "lora_alpha" : "alpha";
+  r.read(alpha, &l.alpha, 0.0);
+  if (l.alpha <= 0) r.error(alpha, "expected a positive number, e.g. 32 (scaling alpha / r)");
+  const char* dropout = r.has("lora_dropout") ? "lora_dropout" : "dropout";
+  r.read(dropout, &l.dropout, 0.0, 1.0);
+  if (l.dropout >= 1) r.error(dropout, "expected a probability in [0, 1)");
   if (r.has("target_modules")) {
     const Json* t = r.raw("target_modules");
     std::vector<std::string> names;
@@ -171,8 +181,8 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
     }
   }
   if (out->method == FinetuneMethod::kFull) {
-    for (const char* k :
-         {"r", "alpha", "dropout", "target_modules", "use_rslora", "modules_to_save"}) {
+    for (const char* k : {"r", "alpha", "lora_alpha", "dropout", "lora_dropout", "target_modules",
+                          "use_rslora", "modules_to_save"}) {
       if (r.has(k)) r.error(k, "applies only to method \"lora\"; it has no meaning for \"full\"");
     }
     if (!out->adapter.empty()) r.error("adapter", "starts LoRA adapters: use method \"lora\"");
@@ -232,7 +242,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   if (r.has("data")) {
     read_data("data", &c.data);
   } else {
-    r.error("data", "is required: {\"path\": FILE, \"format\": \"u16|u32|llmc|text\"}");
+    r.error("data", "is required: {\"path\": FILE, \"format\": \"auto|u16|u32|llmc|text\"}");
   }
   if (r.has("eval_data")) {
     c.eval_data.emplace();

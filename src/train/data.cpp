@@ -55,12 +55,36 @@ std::string_view token_format_name(TokenFormat format) {
       return "llmc";
     case TokenFormat::kText:
       return "text";
+    case TokenFormat::kAuto:
+      return "auto";
   }
   return "?";
 }
 
+Result<TokenFormat> resolve_token_format(const std::string& path, TokenFormat format,
+                                         const std::string& key) {
+  if (format != TokenFormat::kAuto) return format;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, "cannot open token file", path);
+  std::uint8_t head[4] = {};
+  if (::pread(fd.get(), head, sizeof(head), 0) == static_cast<ssize_t>(sizeof(head))) {
+    const std::int32_t magic = load_le_i32(head);
+    if (magic == kLlmcMagic || magic == kLlmcMagicLlama3) return TokenFormat::kLlmc;
+  }
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".u16") return TokenFormat::kU16;
+  if (ext == ".u32") return TokenFormat::kU32;
+  if (ext == ".txt" || ext == ".text" || ext == ".md") return TokenFormat::kText;
+  return invalid_argument(
+      "'" + key + ".format' is \"auto\", but " + path + " has no llm.c header and its name (" +
+      (ext.empty() ? std::string("no extension") : "\"" + ext + "\"") +
+      ") does not say what it holds; set " + key + ".format to u16, u32, llmc or text");
+}
+
 Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path,
-                                                         TokenFormat format) {
+                                                         TokenFormat format,
+                                                         const std::string& key) {
+  STRATA_ASSIGN_OR_RETURN(format, resolve_token_format(path, format, key));
   const bool llmc = format == TokenFormat::kLlmc;
   int token_bytes = format == TokenFormat::kU16    ? 2
                     : format == TokenFormat::kU32  ? 4
@@ -95,6 +119,7 @@ Result<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& path
   // From here the dataset owns the mapping, so every early return unmaps it.
   std::shared_ptr<TokenDataset> ds(new TokenDataset());
   ds->path_ = path;
+  ds->format_ = format;
   ds->map_ = map;
   ds->map_bytes_ = file_bytes;
   const auto* bytes = static_cast<const std::uint8_t*>(map);

@@ -13,10 +13,10 @@ Result<std::unique_ptr<Evaluator>> Evaluator::open(const Parts& parts) {
   std::unique_ptr<Evaluator> e(new Evaluator(parts));
   const DataConfig& data = *parts.config.eval_data;
   const std::int64_t seq = parts.config.seq_len;
-  STRATA_ASSIGN_OR_RETURN(e->dataset_, TokenDataset::open(data.path, data.format));
+  STRATA_ASSIGN_OR_RETURN(e->dataset_, TokenDataset::open(data.path, data.format, "eval_data"));
   STRATA_RETURN_IF_ERROR(SequenceSampler::check(*e->dataset_, seq).with_context("eval_data"));
   e->sampler_ = std::make_unique<SequenceSampler>(e->dataset_, seq, parts.config.seed);
-  STRATA_RETURN_IF_ERROR(attach_loss_mask(data.path, data.format, e->sampler_.get()));
+  STRATA_RETURN_IF_ERROR(attach_loss_mask(data.path, e->dataset_->format(), e->sampler_.get()));
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(seq)), targets(inputs.size());
   const std::int64_t sequences =
       e->batch_count() * parts.config.micro_batch_size * parts.grid.data().world_size();

@@ -2,6 +2,7 @@
 #include "strata/train/step_metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "strata/core/json.h"
@@ -43,7 +44,9 @@ Json StepMetrics::to_json() const {
          {"predicted_rss_bytes", predicted_rss_bytes},
          {"comm_bytes", comm_bytes},
          {"sent_bytes", sent_bytes},
-         {"loss_tokens", loss_tokens}};
+         {"loss_tokens", loss_tokens},
+         {"elapsed_s", elapsed_s},
+         {"eta_s", eta_s}};
   if (loss_scale) j["loss_scale"] = *loss_scale;
   if (aux_loss) {
     j["aux_loss"] = *aux_loss;
@@ -63,6 +66,19 @@ Json StepMetrics::to_json() const {
 std::string format_scale(double scale) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.15g", scale);
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(std::llround(std::max(0.0, seconds)));
+  char buf[48];
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%llds", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  }
   return buf;
 }
 
@@ -105,6 +121,8 @@ std::string progress_line(const StepMetrics& m, std::int64_t max_steps) {
   }
   // fp16: the loss scale the step ran with.
   if (m.loss_scale) line += " | loss scale " + format_scale(*m.loss_scale);
+  line += " | " + format_duration(m.elapsed_s) + " elapsed";
+  if (m.step < max_steps) line += ", ETA " + format_duration(m.eta_s);
   return line;
 }
 

@@ -59,6 +59,8 @@ struct Trainer::Impl {
   optim::LrSchedule schedule;
   std::optional<optim::LossScaler> scaler;  // fp16's loss scaling
   std::int64_t step = 0;                    // optimizer steps completed
+  // When this process's first step began, and the steps completed then (a resume's).
+  std::int64_t run_begin_ns = 0, run_begin_step = 0;
   Estimate planned;        // what strata estimate says of this config, for the run to compare
   std::string resolution;  // ResolvedConfig::line(): the grid, the tiers, the accumulation
   std::vector<StepMetrics> history;
@@ -284,7 +286,7 @@ Status Trainer::Impl::setup() {
         " tokens, fewer than seq_len + 1 = " + std::to_string(config.seq_len + 1));
   }
   sampler = std::make_unique<SequenceSampler>(dataset, config.seq_len, config.seed);
-  STRATA_RETURN_IF_ERROR(attach_loss_mask(config.data.path, config.data.format, sampler.get()));
+  STRATA_RETURN_IF_ERROR(attach_loss_mask(config.data.path, dataset->format(), sampler.get()));
   if (config.eval_data) {
     STRATA_ASSIGN_OR_RETURN(evaluator,
                             Evaluator::open({config, *model, *provider, *grid, pipeline.get()}));
@@ -512,8 +514,15 @@ Status Trainer::run_loop() {
   Impl& s = *impl_;
   while (s.step < s.config.max_steps) {
     if (s.options.before_step) s.options.before_step(s.comm->rank(), s.step + 1);
+    if (s.run_begin_ns == 0) {
+      s.run_begin_ns = now_ns();
+      s.run_begin_step = s.step;
+    }
     STRATA_ASSIGN_OR_RETURN(StepMetrics m, s.train_step(s.step + 1 == s.config.max_steps));
     STRATA_RETURN_IF_ERROR(s.evaluate(&m));
+    m.elapsed_s = static_cast<double>(now_ns() - s.run_begin_ns) / 1e9;
+    m.eta_s = m.elapsed_s / static_cast<double>(m.step - s.run_begin_step) *
+              static_cast<double>(s.config.max_steps - m.step);
     s.history.push_back(m);
     if (s.options.progress != nullptr &&
         (m.step % s.config.log_every == 0 || m.step == s.config.max_steps || m.step == 1)) {

@@ -150,6 +150,24 @@ TEST(CliTest, UnknownKeyExitsWithMessage) {
   EXPECT_NE(r.err.find("'learning_rate': unknown key"), std::string::npos) << r.err;
 }
 
+// A command line CLI11 cannot parse (an unknown flag, a missing argument, a subcommand that
+// does not exist) is a usage error, exit code 2 as README says; --help and --version exit 0.
+TEST(CliTest, EveryUsageErrorExitsTwo) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  for (const std::string& args : std::vector<std::string>{
+           "train " + dir.file("c.json") + " --no-such-flag", "train", "estimate",
+           "no-such-command", "train " + dir.file("c.json") + " --set"}) {
+    SCOPED_TRACE(args);
+    const RunResult r = run_cli(dir, args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_FALSE(r.err.empty());
+  }
+  EXPECT_EQ(run_cli(dir, "--help").exit_code, 0);
+  EXPECT_EQ(run_cli(dir, "train --help").exit_code, 0);
+  EXPECT_EQ(run_cli(dir, "--version").exit_code, 0);
+}
+
 TEST(CliTest, MalformedJsonNamesTheFile) {
   TempDir dir;
   dir.write("c.json", "{\"model\": ");

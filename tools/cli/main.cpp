@@ -29,7 +29,12 @@ int main(int argc, char** argv) {
   add(strata::cli::add_merge_command);
   add(strata::cli::add_launch_command);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every other parsing error is a usage error, as README says.
+    return app.exit(e) == 0 ? 0 : strata::cli::kExitUsage;
+  }
   if (verbose) strata::set_log_level(strata::LogLevel::kDebug);
   for (auto& [sub, run] : commands) {
     if (sub->parsed()) return run();

@@ -30,7 +30,7 @@ namespace strata::train {
 
 struct DataConfig {
   std::string path;
-  TokenFormat format = TokenFormat::kText;
+  TokenFormat format = TokenFormat::kAuto;  // by the file's name and header
 };
 
 struct LrScheduleConfig {

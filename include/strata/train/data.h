@@ -14,17 +14,28 @@ namespace strata::train {
 
 // Token file formats: u16 / u32 raw little-endian arrays; llmc (llm.c .bin: 256 int32 header,
 // magic 20240520, version 1 = uint16 tokens, version 2 = uint32, header[2] = token count); text
-// (bytes of a text file, vocabulary 256).
-enum class TokenFormat : std::uint8_t { kU16, kU32, kLlmc, kText };
-inline constexpr std::array<TokenFormat, 4> kTokenFormats = {
-    TokenFormat::kU16, TokenFormat::kU32, TokenFormat::kLlmc, TokenFormat::kText};
-std::string_view token_format_name(TokenFormat format);  // "u16", "u32", "llmc", "text"
+// (bytes of a text file, vocabulary 256); auto: by the file's name and its first bytes
+// (resolve_token_format).
+enum class TokenFormat : std::uint8_t { kU16, kU32, kLlmc, kText, kAuto };
+inline constexpr std::array<TokenFormat, 5> kTokenFormats = {TokenFormat::kU16, TokenFormat::kU32,
+                                                             TokenFormat::kLlmc, TokenFormat::kText,
+                                                             TokenFormat::kAuto};
+std::string_view token_format_name(TokenFormat format);  // "u16", "u32", "llmc", "text", "auto"
+
+// `format`, or for kAuto the format of the file at `path`: llm.c's header magic makes it llmc;
+// else its extension: .u16 and .u32 (what strata tokenize writes), .txt, .text and .md (text).
+// A file it cannot tell (a raw .bin, no extension) is refused, naming it and asking for the
+// format; `key` names the config key in that message.
+Result<TokenFormat> resolve_token_format(const std::string& path, TokenFormat format,
+                                         const std::string& key);
 
 class TokenDataset {
  public:
-  // Memory-maps the file. Errors name the file: missing, empty, size not a multiple of the token
-  // size, bad llm.c header, fewer than seq_len + 1 tokens.
-  static Result<std::shared_ptr<TokenDataset>> open(const std::string& path, TokenFormat format);
+  // Memory-maps the file (`format` resolved as resolve_token_format says, `key` the config key
+  // that named it). Errors name the file: missing, empty, size not a multiple of the token size,
+  // bad llm.c header, fewer than seq_len + 1 tokens, a format auto cannot tell.
+  static Result<std::shared_ptr<TokenDataset>> open(const std::string& path, TokenFormat format,
+                                                    const std::string& key = "data");
   ~TokenDataset();
   TokenDataset(const TokenDataset&) = delete;  // owns the mapping
   TokenDataset& operator=(const TokenDataset&) = delete;
@@ -32,10 +43,12 @@ class TokenDataset {
   std::int64_t num_tokens() const { return num_tokens_; }
   std::uint32_t token(std::int64_t i) const;
   const std::string& path() const { return path_; }
+  TokenFormat format() const { return format_; }  // as resolved
 
  private:
   TokenDataset() = default;
   std::string path_;
+  TokenFormat format_ = TokenFormat::kText;
   int token_bytes_ = 0;
   const std::uint8_t* tokens_ = nullptr;
   std::int64_t num_tokens_ = 0;

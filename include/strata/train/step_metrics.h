@@ -29,6 +29,9 @@ struct StepMetrics {
   std::optional<double> loss_scale;
   double tokens_per_s = 0;
   double step_ms = 0;
+  // Since this process's first step began, and the time left to max_steps at the steps' mean
+  // pace so far.
+  double elapsed_s = 0, eta_s = 0;
   double compute_ms = 0;  // forward + backward
   double wait_ms = 0;     // compute blocked on parameter fetches
   double stall_ms = 0;    // compute blocked on any data (parameters, gradients, room in a tier)
@@ -67,8 +70,10 @@ struct StepMetrics {
   Json to_json() const;
 };
 
-// "step 3/100 | loss 2.1234 | ..." (one line a step on the console).
+// "step 3/100 | loss 2.1234 | ... | 2m05s elapsed, ETA 1h08m" (one line a step on the console).
 std::string progress_line(const StepMetrics& m, std::int64_t max_steps);
+// A duration as a person reads it: "42s", "12m03s", "2h05m".
+std::string format_duration(double seconds);
 // "eval at step 3/100 | loss ... | perplexity ..." (a step with eval_loss).
 std::string eval_line(const StepMetrics& m, std::int64_t max_steps);
 // The most each of `history`'s steps measured: device, host tier, NVMe, resident memory.

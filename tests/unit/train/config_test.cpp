@@ -90,6 +90,42 @@ TEST(ConfigTest, UnknownKeyNamesItAndTheValidOnes) {
   EXPECT_NE(m.find("'optimizer.momentum': unknown key"), std::string::npos) << m;
 }
 
+// A mistyped key is answered with the valid key nearest to it (a few edits away), named by its
+// full path; a key near none lists the valid ones.
+TEST(ConfigTest, AMistypedKeyGetsTheNearestValidOne) {
+  Json j = minimal();
+  j["optmizer"] = {{"lr", 0.1}};
+  j["seq_lne"] = 8;
+  j["lr_schedule"] = {{"tpye", "cosine"}};
+  auto c = parse_train_config(j, "test.json");
+  ASSERT_FALSE(c.is_ok());
+  const std::string& m = c.status().message();
+  EXPECT_NE(m.find("'optmizer': unknown key; did you mean 'optimizer'?"), std::string::npos) << m;
+  EXPECT_NE(m.find("'seq_lne': unknown key; did you mean 'seq_len'?"), std::string::npos) << m;
+  EXPECT_NE(m.find("'lr_schedule.tpye': unknown key; did you mean 'lr_schedule.type'?"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("valid keys here are"), std::string::npos) << "no list beside a suggestion";
+}
+
+// finetune takes PEFT's adapter_config.json names too (lora_alpha, lora_dropout), one of each
+// pair.
+TEST(ConfigTest, FinetuneTakesPeftsNames) {
+  Json j = minimal();
+  j["finetune"] = {{"method", "lora"}, {"r", 8}, {"lora_alpha", 16}, {"lora_dropout", 0.05}};
+  auto c = parse_train_config(j, "test.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->finetune.lora.alpha, 16);
+  EXPECT_EQ(c->finetune.lora.dropout, 0.05);
+  j["finetune"]["alpha"] = 32;
+  c = parse_train_config(j, "test.json");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("'finetune.lora_alpha': is PEFT's name for 'alpha', which "
+                                      "is set too; keep one"),
+            std::string::npos)
+      << c.status().message();
+}
+
 TEST(ConfigTest, WrongTypesAndRangesAllReported) {
   Json j = minimal();
   j["seq_len"] = "long";

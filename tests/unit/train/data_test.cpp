@@ -103,6 +103,40 @@ TEST(TokenDataset, ReadsLlmcVersions) {
   EXPECT_EQ((*v2)->token(1), 5u);
 }
 
+// format "auto" (the default): llm.c's header magic under any name; else the extension
+// (.u16/.u32 as strata tokenize writes them, .txt/.text/.md as text); a file it cannot tell
+// (raw tokens in a .bin, no extension) is refused, naming the file and the key to set.
+TEST(TokenDataset, AutoTellsTheFormatByHeaderOrNameAndRefusesTheRest) {
+  TempDir dir;
+  write_bytes(dir.file("a.u16"), token_bytes({1, 2, 300}, 2));
+  write_bytes(dir.file("a.u32"), token_bytes({70000, 5}, 4));
+  write_bytes(dir.file("t.md"), "# hi");
+  write_bytes(dir.file("v3.bin"), llmc_bytes(20240801, 7, 2, {128000, 5}, 4));
+  write_bytes(dir.file("shard"), llmc_bytes(20240520, 1, 2, {50256, 7}, 2));
+  const std::pair<const char*, TokenFormat> cases[] = {{"a.u16", TokenFormat::kU16},
+                                                       {"a.u32", TokenFormat::kU32},
+                                                       {"t.md", TokenFormat::kText},
+                                                       {"v3.bin", TokenFormat::kLlmc},
+                                                       {"shard", TokenFormat::kLlmc}};
+  for (const auto& [name, want] : cases) {
+    SCOPED_TRACE(name);
+    auto ds = TokenDataset::open(dir.file(name), TokenFormat::kAuto);
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    EXPECT_EQ((*ds)->format(), want);
+  }
+  auto u16 = TokenDataset::open(dir.file("a.u16"), TokenFormat::kAuto);
+  EXPECT_EQ((*u16)->token(2), 300u);
+  write_bytes(dir.file("raw.bin"), token_bytes({1, 2, 3, 4}, 2));
+  write_bytes(dir.file("raw"), token_bytes({1, 2, 3, 4}, 2));
+  for (const char* name : {"raw.bin", "raw"}) {
+    auto ds = TokenDataset::open(dir.file(name), TokenFormat::kAuto, "eval_data");
+    ASSERT_FALSE(ds.is_ok()) << name;
+    const std::string& m = ds.status().message();
+    EXPECT_NE(m.find(dir.file(name)), std::string::npos) << m;
+    EXPECT_NE(m.find("set eval_data.format to u16, u32, llmc or text"), std::string::npos) << m;
+  }
+}
+
 TEST(TokenDataset, FileErrorsNameTheFile) {
   TempDir dir;
   expect_error(TokenDataset::open(dir.file("missing.bin"), TokenFormat::kU16),
