@@ -168,6 +168,33 @@ TEST(CliTest, EveryUsageErrorExitsTwo) {
   EXPECT_EQ(run_cli(dir, "--version").exit_code, 0);
 }
 
+// strata estimate says first whether the plan fits, each budget against what it needs; under
+// --json a config that cannot run is a JSON object too ({"fits": false, "error": ...}).
+TEST(CliTest, EstimateGivesAVerdictFirstAndJsonForRefusals) {
+  TempDir dir;
+  Json j = tiny(dir);
+  j["device_memory_limit"] = "1GiB";
+  dir.write("c.json", j.dump());
+  RunResult r = run_cli(dir, "estimate " + dir.file("c.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("fits: device ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" of its 1.00 GiB, pinned host "), std::string::npos) << r.out;
+  r = run_cli(dir, "estimate " + dir.file("c.json") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json out = Json::parse(r.out);
+  EXPECT_EQ(out.at("fits"), true);
+  EXPECT_EQ(out.at("budgets").at("device").at("budget_bytes"), std::uint64_t{1} << 30);
+  EXPECT_LE(out.at("budgets").at("device").at("needed_bytes").get<std::uint64_t>(),
+            std::uint64_t{1} << 30);
+  r = run_cli(dir, "estimate " + dir.file("c.json") + " --json --set device_memory_limit=4KiB");
+  EXPECT_EQ(r.exit_code, 1);
+  out = Json::parse(r.out);
+  EXPECT_EQ(out.at("fits"), false);
+  EXPECT_EQ(out.at("exit_code"), 1);
+  EXPECT_NE(out.at("error").get<std::string>().find("device_memory_limit"), std::string::npos)
+      << r.out;
+}
+
 TEST(CliTest, MalformedJsonNamesTheFile) {
   TempDir dir;
   dir.write("c.json", "{\"model\": ");

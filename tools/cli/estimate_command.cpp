@@ -24,10 +24,41 @@ struct EstimateArgs {
   bool json = false;
 };
 
+// The verdict: each budget against what the plan needs of it.
+Json budgets_of(const train::TrainConfig& config, const train::Estimate& e) {
+  const auto budget = [](std::uint64_t limit) { return limit == 0 ? Json() : Json(limit); };
+  return Json{{"device", {{"needed_bytes", e.device_bytes_needed()},
+                          {"peak_bytes", e.plan.peak(Tier::kDevice)},
+                          {"budget_bytes", budget(config.device_memory_limit)}}},
+              {"host", {{"peak_bytes", e.plan.peak(Tier::kHost)},
+                        {"budget_bytes", budget(config.host_memory_limit)}}},
+              {"nvme", {{"bytes", e.plan.tier_bytes(Tier::kNvme)}}}};
+}
+
+std::string verdict_line(const train::TrainConfig& config, const train::Estimate& e) {
+  const auto of = [](std::uint64_t limit) {
+    return limit == 0 ? std::string(" (no budget)") : " of its " + format_bytes(limit);
+  };
+  std::string s = "fits: device " + format_bytes(e.device_bytes_needed()) +
+                  of(config.device_memory_limit) + ", pinned host " +
+                  format_bytes(e.plan.peak(Tier::kHost)) + of(config.host_memory_limit);
+  if (e.plan.tier_bytes(Tier::kNvme) > 0) {
+    s += ", nvme " + format_bytes(e.plan.tier_bytes(Tier::kNvme)) + " of the swap paths";
+  }
+  return s + "\n";
+}
+
 int run_estimate(const EstimateArgs& a) {
-  const auto fail = [](const Status& s) {
+  // A config that cannot run: the reasons on stderr, one a line; under --json also a JSON
+  // object on stdout ({"fits": false, "error": ...}), so a script reads every outcome alike.
+  const auto fail = [&a](const Status& s) {
     std::fprintf(stderr, "strata estimate: %s\n", s.message().c_str());
-    return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitError;
+    const int code = s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitError;
+    if (a.json) {
+      std::cout << Json{{"fits", false}, {"error", s.message()}, {"exit_code", code}}.dump()
+                << "\n";
+    }
+    return code;
   };
   auto config = train::load_train_config(a.config_path, a.sets);
   if (!config.is_ok()) return fail(config.status());
@@ -64,6 +95,8 @@ int run_estimate(const EstimateArgs& a) {
   }
   if (a.json) {
     Json out = e->to_json();
+    out["fits"] = true;
+    out["budgets"] = budgets_of(*config, *e);
     out["step_ms"] = step.step_ms;
     out["step_timed"] = timed;
     out["step"] = step.to_json();
@@ -80,7 +113,7 @@ int run_estimate(const EstimateArgs& a) {
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
-  std::cout << resolved->describe() << e->describe();
+  std::cout << verdict_line(*config, *e) << resolved->describe() << e->describe();
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const zero::MemoryPlan& p = stages[i].plan;
     std::cout << "pipeline stage " << i + 1 << " (rank " << stages[i].rank << "): device "
