@@ -91,6 +91,7 @@ class ArrayExperts final : public ExpertSource {
   Status release_grads(std::int64_t) override { return Status::ok(); }
   Status sum_rows(std::vector<double>&) override { return Status::ok(); }
   std::uint64_t bytes() const override { return static_cast<std::uint64_t>(3 * n_) * 4; }
+  bool gathers(std::int64_t) const override { return false; }
 
  private:
   float* w_;

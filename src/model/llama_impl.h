@@ -61,6 +61,7 @@ class ProviderSession {
   Status sum_expert_rows(std::vector<double>& rows, const std::string& what) {
     return provider_.sum_expert_rows(rows, what);
   }
+  bool acquire_is_collective(int group) const { return provider_.acquire_is_collective(group); }
   Result<void*> acquire_grads(int group) {
     Stopwatch sw;
     auto r = provider_.acquire_grads(group);
@@ -150,6 +151,10 @@ class LayerExperts final : public detail::ExpertSource {
     return ps_.sum_expert_rows(rows, "layer " + std::to_string(layer_));
   }
   std::uint64_t bytes() const override { return at_.work_bytes; }
+  bool gathers(std::int64_t expert) const override {
+    return ps_.acquire_is_collective(group(expert)) ||
+           (adapted() && ps_.acquire_is_collective(adapter_group(expert)));
+  }
 
  private:
   int group(std::int64_t expert) const {
@@ -215,6 +220,12 @@ struct LlamaModel::Impl {
   std::int64_t decode_positions_ = 0, decode_rows_ = 0, decoded_ = 0;
   void* decode_io_ = nullptr;  // the provider's host_io: token ids in, logits out
 
+  // Whether layer l's adapter group holds anything (an MoE layer whose only targets are its
+  // experts' projections has an empty one: nothing to acquire).
+  bool block_adapted(std::int64_t l) const {
+    return layout_.has_adapters() &&
+           layout_.group(layout_.adapter_group(static_cast<int>(l))).num_elems > 0;
+  }
   // A block is its layer's group and, with LoRA, its adapter group, held together: layer l's
   // weights with its adapters attached, valid until release_block.
   Result<BlockWeights> acquire_block(ProviderSession& ps, std::int64_t l) const {
@@ -222,7 +233,7 @@ struct LlamaModel::Impl {
     const std::size_t eb = dtype_size(options_.compute_dtype);
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(layout_.layer_group(static_cast<int>(l))));
     BlockWeights w = BlockWeights::at(p, block_bytes_[li], 1);
-    if (layout_.has_adapters()) {
+    if (block_adapted(l)) {
       STRATA_ASSIGN_OR_RETURN(const void* a,
                               ps.acquire(layout_.adapter_group(static_cast<int>(l))));
       w.overlay(a, block_trained_[li], eb);
@@ -232,11 +243,11 @@ struct LlamaModel::Impl {
   }
   void release_block(ProviderSession& ps, std::int64_t l) const {
     ps.release(layout_.layer_group(static_cast<int>(l)));
-    if (layout_.has_adapters()) ps.release(layout_.adapter_group(static_cast<int>(l)));
+    if (block_adapted(l)) ps.release(layout_.adapter_group(static_cast<int>(l)));
   }
   void prefetch_block(ProviderSession& ps, std::int64_t l) const {
     ps.prefetch(layout_.layer_group(static_cast<int>(l)));
-    if (layout_.has_adapters()) ps.prefetch(layout_.adapter_group(static_cast<int>(l)));
+    if (block_adapted(l)) ps.prefetch(layout_.adapter_group(static_cast<int>(l)));
   }
 
   // The model's two vocabulary-parallel ends over the current workspace.

@@ -107,7 +107,6 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   ChunkSpace& ch = slot.chunks[static_cast<std::size_t>(chunk)];
   ProviderSession ps(provider, layout_, timings);
   const bool checkpointing = options_.activation_checkpointing;
-  const bool adapters = layout_.has_adapters();
   const auto layer = [&](std::int64_t l) { return layout_.layer_group(static_cast<int>(l)); };
   const auto adapter = [&](std::int64_t l) { return layout_.adapter_group(static_cast<int>(l)); };
   const auto trains = [&](int group) { return !layout_.group(group).frozen; };
@@ -147,6 +146,7 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
       STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(layer(l)));
       grads = BlockGrads::at(g, blocks_[li], eb);
     }
+    const bool adapters = block_adapted(l);
     if (adapters) {
       STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l)));
       grads.overlay(g, block_trained_[li], eb);

@@ -105,16 +105,20 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
     traffic->skipped += E - run;
   }
 
-  // Every expert run asked for at once; then each over its rows, in expert order.
+  // Every expert this rank acquires asked for at once (its own, and those only other ranks
+  // chose where acquiring is a collective); then each over its rows, in expert order.
+  const auto acquired = [&](std::int64_t e) {
+    return offsets[e + 1] > offsets[e] || (a.rows_all[e] > 0 && source->gathers(e));
+  };
   for (std::int64_t e = 0; e < E; ++e) {
-    if (a.rows_all[e] > 0) source->prefetch(e);
+    if (acquired(e)) source->prefetch(e);
   }
   for (std::int64_t e = 0; e < E; ++e) {
     const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
-    if (a.rows_all[e] == 0) continue;
+    if (!acquired(e)) continue;
     STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
     if (traffic != nullptr) traffic->bytes += source->bytes();
-    if (n == 0) {  // another rank's tokens chose it
+    if (n == 0) {  // another rank's tokens chose it: this rank joins the gather
       source->release(e);
       continue;
     }
@@ -152,24 +156,34 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
   ops.scale_rows(s.rows_grad, a.row_weights, N, H, dtype);
   const bool trains = source->trains();
   const std::int64_t* offsets = a.offsets;
+  const auto acquired = [&](std::int64_t e) {
+    return offsets[e + 1] > offsets[e] || (a.rows_all[e] > 0 && source->gathers(e));
+  };
   for (std::int64_t e = E - 1; e >= 0; --e) {
-    if (a.rows_all[e] > 0) source->prefetch(e);
+    if (acquired(e)) source->prefetch(e);
   }
   for (std::int64_t e = E - 1; e >= 0; --e) {
     const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
     if (a.rows_all[e] == 0) continue;
-    // An expert only other ranks' tokens chose is gathered and its (zero) gradient reduced here
-    // too, as the collectives require.
+    if (n == 0) {
+      // Only other ranks' tokens chose it: this rank joins its gather (where acquiring is a
+      // collective) and reduces its zero gradient, as the collectives require.
+      if (source->gathers(e)) {
+        STRATA_RETURN_IF_ERROR(source->acquire(e).status());
+        if (traffic != nullptr) traffic->bytes += source->bytes();
+        source->release(e);
+      }
+      if (trains) {
+        STRATA_RETURN_IF_ERROR(source->acquire_grads(e).status());
+        STRATA_RETURN_IF_ERROR(source->release_grads(e));
+      }
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
     if (traffic != nullptr) traffic->bytes += source->bytes();
     ExpertGrads g;
     if (trains) {
       STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
-    }
-    if (n == 0) {
-      if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
-      source->release(e);
-      continue;
     }
     ExpertLayers p;
     layers_of(w, e, n, p);

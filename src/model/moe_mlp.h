@@ -5,9 +5,10 @@
 // its block of tokens (three GEMMs), and its outputs, times their routing weights, are added
 // back to their tokens. The experts come from an ExpertSource once the router has chosen, and an
 // expert no token chose is never asked for: its gradient stays zero without any work. Over
-// data-parallel ranks, "no token" is no token of any rank's micro-batch: every rank asks for the
-// same experts (the union of their choices) in the same order, as the collectives that gather
-// and reduce them require; an expert a rank has no rows for costs it no compute.
+// data-parallel ranks, "no token" is no token of any rank's micro-batch: every rank reduces the
+// gradients of the same experts (the union of their choices) in the same order, and gathers
+// them where ZeRO-3 partitions them, as those collectives require; an expert a rank has no rows
+// for costs it no compute, and no fetch where acquiring it is not a collective.
 #pragma once
 
 #include <cstddef>
@@ -56,6 +57,9 @@ class ExpertSource {
   virtual Status sum_rows(std::vector<double>& rows) = 0;
   // One expert's working-copy bytes (every expert of a layer is laid out alike).
   virtual std::uint64_t bytes() const = 0;
+  // Whether acquiring `expert` is a collective (ZeRO-3's gather): then a rank joins it for an
+  // expert only other ranks' tokens chose; else it does not fetch such an expert at all.
+  virtual bool gathers(std::int64_t expert) const = 0;
 };
 
 // What an MoE layer keeps from its forward for its backward (device pointers unless noted; a

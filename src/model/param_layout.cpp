@@ -259,6 +259,9 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       for (auto& t : moved[static_cast<std::size_t>(l)]) {
         add_tensor(g, std::move(t.name), std::move(t.shape), t.init);
       }
+      // An MoE layer whose only targets are its experts' projections adapts nothing here: the
+      // group is empty, and nothing of it trains (or is saved, or asked for).
+      g.frozen = g.tensors.empty();
       layout.groups_.push_back(std::move(g));
     }
     if (split_head) {

@@ -93,7 +93,9 @@ bool PrefetchScheduler::prefetch_set(int set, std::size_t* count, std::uint64_t*
     bytes += store_.spec(m).size_bytes;
   }
   if (missing.empty()) return true;
-  if (*count > 0 && *inflight + bytes > options_.prefetch_bytes) return false;
+  // No first-fetch exception here (as issue_ahead makes for one tensor): the chosen members come
+  // by the router's hints, so a set larger than the bound waits for them.
+  if (*inflight + bytes > options_.prefetch_bytes) return false;
   if (options_.max_live_bytes != 0 && *live + bytes > options_.max_live_bytes) return false;
   for (mem::Handle m : missing) {
     if (!start_prefetch(m, /*from_trace=*/true)) return false;
@@ -158,7 +160,12 @@ Result<void*> PrefetchScheduler::acquire(mem::Handle h) {
     }
     ++events_;
   }
-  if (!same_run) recording_.push(entry, bytes);
+  // A set's entry carries the bytes of every member its run acquired (the reuse distance).
+  if (same_run) {
+    recording_.add_to_last(bytes);
+  } else {
+    recording_.push(entry, bytes);
+  }
   if (!resident_or_arriving(h)) {
     ++stats_.demand_fetches;
     // Its own fetch first, so it is ahead of the prefetches in every queue.

@@ -64,6 +64,11 @@ std::string_view token_format_name(TokenFormat format) {
 Result<TokenFormat> resolve_token_format(const std::string& path, TokenFormat format,
                                          const std::string& key) {
   if (format != TokenFormat::kAuto) return format;
+  // The name first: raw tokens may begin with the magic's bytes by chance.
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".u16") return TokenFormat::kU16;
+  if (ext == ".u32") return TokenFormat::kU32;
+  if (ext == ".txt" || ext == ".text" || ext == ".md") return TokenFormat::kText;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open token file", path);
   std::uint8_t head[4] = {};
@@ -71,10 +76,6 @@ Result<TokenFormat> resolve_token_format(const std::string& path, TokenFormat fo
     const std::int32_t magic = load_le_i32(head);
     if (magic == kLlmcMagic || magic == kLlmcMagicLlama3) return TokenFormat::kLlmc;
   }
-  const std::string ext = std::filesystem::path(path).extension().string();
-  if (ext == ".u16") return TokenFormat::kU16;
-  if (ext == ".u32") return TokenFormat::kU32;
-  if (ext == ".txt" || ext == ".text" || ext == ".md") return TokenFormat::kText;
   return invalid_argument(
       "'" + key + ".format' is \"auto\", but " + path + " has no llm.c header and its name (" +
       (ext.empty() ? std::string("no extension") : "\"" + ext + "\"") +

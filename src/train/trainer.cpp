@@ -622,7 +622,7 @@ std::string Trainer::describe() const {
       std::string(zero::offload_name(s.config.offload_optimizer)).c_str(),
       s.swap ? " | swap engine " : "", s.swap ? s.swap->engine_name().c_str() : "",
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
-      std::string(token_format_name(s.config.data.format)).c_str(),
+      std::string(token_format_name(s.dataset->format())).c_str(),
       static_cast<long long>(s.config.seq_len), static_cast<long long>(s.config.batch_size),
       static_cast<long long>(s.config.accumulation_steps(s.grid->data().world_size())),
       static_cast<long long>(s.config.micro_batch_size), s.grid->data().world_size(),

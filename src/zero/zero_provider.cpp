@@ -187,7 +187,7 @@ Status ZeroProvider::refresh_replicated_params() {
   if (options_.stage >= 3) return Status::ok();
   BucketPacker packer(gather_cap_elems_);
   for (const auto& p : partition_->groups()) {
-    if (p.replicated) continue;
+    if (p.replicated || p.padded_elems == 0) continue;  // an empty group has nothing to hold
     Scratch& full = full_params_[static_cast<std::size_t>(p.group)];
     if (!full.held()) {
       STRATA_ASSIGN_OR_RETURN(full, take(static_cast<std::uint64_t>(p.padded_elems) * dsize_,

@@ -7,6 +7,8 @@
 
 #include "strata/build_config.h"
 #include "strata/model/param_layout.h"
+#include "strata/model/peft_adapter.h"
+#include "strata/model/safetensors.h"
 #include "tests/integration/train_runs.h"
 #include "tests/testing/family_models.h"
 #include "tests/testing/multirank_runs.h"
@@ -125,6 +127,44 @@ TEST(MoeTrain, MetricsCountTheExpertsRunAndSkippedAndTheirBytes) {
   }
 }
 
+// Adapters on the experts alone (Mixtral's w1/w2/w3; Qwen3-MoE's gate/up/down, which also adapt
+// its dense layer): the MoE layers' own adapter groups are empty and never asked for; the run
+// trains, the same bits wherever the base lives, and saves the experts' adapters alone.
+TEST(MoeTrain, AdaptersOnTheExpertsAloneTrainInEveryTier) {
+  for (const auto& [family, targets] :
+       {std::pair{"mixtral", Json{"w1", "w2", "w3"}},
+        std::pair{"qwen3-moe", Json{"gate_proj", "up_proj", "down_proj"}}}) {
+    SCOPED_TRACE(family);
+    TempDir dir;
+    Json j = moe_config(dir, family);
+    j["finetune"] = {{"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", targets}};
+    j["optimizer"]["lr"] = 0.05;
+    std::vector<double> reference;
+    for (const char* tier : {"none", "cpu", "nvme"}) {
+      SCOPED_TRACE(tier);
+      Json k = j;
+      k["offload_param"] = tier;
+      k["offload_optimizer"] = std::string(tier) == "none" ? "none" : "cpu";
+      k["save_dir"] = dir.file(std::string("ckpt-") + tier);
+      const std::vector<double> losses = run(k);
+      ASSERT_EQ(losses.size(), 4u);
+      if (reference.empty()) reference = losses;
+      EXPECT_EQ(losses, reference);  // bit for bit
+    }
+    // B starts at zero: the first step is the base's loss; the adapters then move it.
+    EXPECT_NE(reference[0], reference[3]);
+    auto saved = model::SafetensorsReader::open(dir.file("ckpt-none/step-00000004/") +
+                                                model::kAdapterWeightsFile);
+    ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+    int experts = 0;
+    for (const auto& e : saved->entries()) {
+      EXPECT_EQ(e.name.find("self_attn"), std::string::npos) << e.name;
+      experts += e.name.find(".experts.") != std::string::npos ? 1 : 0;
+    }
+    EXPECT_GT(experts, 0);
+  }
+}
+
 // Ranks whose micro-batches choose different experts: each rank gathers (stage 3) and reduces
 // every expert some rank chose, so 2 and 4 ranks train the losses and weights of one, in every
 // stage and offload, for both MoE families, fully or with LoRA on the experts.
@@ -134,7 +174,7 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
     const char* family;
     int stage;
     const char* offload;
-    bool lora = false;  // adapters on every projection, the experts' included
+    bool lora = false;  // adapters on the experts (and, for Qwen3-MoE, every other projection)
   };
   for (const Case& c :
        {Case{"qwen3-moe", 3, "none"}, Case{"qwen3-moe", 3, "nvme"}, Case{"qwen3-moe", 2, "cpu"},
@@ -150,8 +190,10 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
     j["offload_optimizer"] = c.offload;
     if (c.stage == 3) j["offload_param"] = c.offload;
     if (c.lora) {
-      j["finetune"] = {
-          {"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+      // Mixtral's experts alone (its layers' own adapter groups empty), Qwen3-MoE's everything.
+      const Json targets =
+          std::string(c.family) == "mixtral" ? Json{"w1", "w2", "w3"} : Json("all-linear");
+      j["finetune"] = {{"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", targets}};
     }
     ASSERT_EQ(testing::run_train(dir, j, "w1", 1), 0)
         << std::ifstream(dir.file("w1/err.txt")).rdbuf();

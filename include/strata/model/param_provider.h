@@ -62,6 +62,10 @@ class ParamProvider {
   virtual Status sum_expert_rows(std::vector<double>& /*rows*/, const std::string& /*what*/) {
     return Status::ok();
   }
+  // Whether acquire_params(group) is a collective every data-parallel rank must join (ZeRO-3's
+  // gather of a partitioned group): an expert a rank's tokens did not choose is acquired then
+  // all the same, and otherwise not at all.
+  virtual bool acquire_is_collective(int /*group*/) const { return false; }
 };
 
 }  // namespace strata::model

@@ -18,6 +18,8 @@ class AccessTrace {
 
   void clear();
   void push(mem::Handle h, std::uint64_t bytes);
+  // Adds `bytes` to the last access (a routed set's entry: every member its run acquired).
+  void add_to_last(std::uint64_t bytes) { prefix_.back() += bytes; }
 
   std::size_t size() const { return order_.size(); }
   bool empty() const { return order_.empty(); }

@@ -22,8 +22,8 @@ inline constexpr std::array<TokenFormat, 5> kTokenFormats = {TokenFormat::kU16, 
                                                              TokenFormat::kAuto};
 std::string_view token_format_name(TokenFormat format);  // "u16", "u32", "llmc", "text", "auto"
 
-// `format`, or for kAuto the format of the file at `path`: llm.c's header magic makes it llmc;
-// else its extension: .u16 and .u32 (what strata tokenize writes), .txt, .text and .md (text).
+// `format`, or for kAuto the format of the file at `path`: its extension, .u16 and .u32 (what
+// strata tokenize writes), .txt, .text and .md (text); else llm.c's header magic makes it llmc.
 // A file it cannot tell (a raw .bin, no extension) is refused, naming it and asking for the
 // format; `key` names the config key in that message.
 Result<TokenFormat> resolve_token_format(const std::string& path, TokenFormat format,

@@ -80,6 +80,10 @@ class ZeroProvider final : public model::ParamProvider {
   }
   // Summed over the data-parallel ranks (a host all-reduce of one value per expert).
   Status sum_expert_rows(std::vector<double>& rows, const std::string& what) override;
+  // Stage 3 gathers a partitioned group from every rank.
+  bool acquire_is_collective(int group) const override {
+    return options_.stage == 3 && partitioned(group);
+  }
   // The micro-batch about to run is the step's last (see OptimizerSchedule): under
   // optimizer_overlap "backward" each rank updates its shard of a group as soon as that
   // group's reduction is done.
