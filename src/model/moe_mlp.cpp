@@ -105,17 +105,13 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
     traffic->skipped += E - run;
   }
 
-  // Every expert this rank acquires asked for at once (its own, and those only other ranks
-  // chose where acquiring is a collective); then each over its rows, in expert order.
-  const auto acquired = [&](std::int64_t e) {
-    return offsets[e + 1] > offsets[e] || (a.rows_all[e] > 0 && source->gathers(e));
-  };
+  // Every expert this rank acquires asked for at once; then each over its rows, in expert order.
   for (std::int64_t e = 0; e < E; ++e) {
-    if (acquired(e)) source->prefetch(e);
+    if (acquires(a, e)) source->prefetch(e);
   }
   for (std::int64_t e = 0; e < E; ++e) {
     const std::int64_t first = offsets[e], n = offsets[e + 1] - first;
-    if (!acquired(e)) continue;
+    if (!acquires(a, e)) continue;
     STRATA_ASSIGN_OR_RETURN(const ExpertWeights w, source->acquire(e));
     if (traffic != nullptr) traffic->bytes += source->bytes();
     if (n == 0) {  // another rank's tokens chose it: this rank joins the gather
@@ -156,11 +152,8 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
   ops.scale_rows(s.rows_grad, a.row_weights, N, H, dtype);
   const bool trains = source->trains();
   const std::int64_t* offsets = a.offsets;
-  const auto acquired = [&](std::int64_t e) {
-    return offsets[e + 1] > offsets[e] || (a.rows_all[e] > 0 && source->gathers(e));
-  };
   for (std::int64_t e = E - 1; e >= 0; --e) {
-    if (acquired(e)) source->prefetch(e);
+    if (acquires(a, e)) source->prefetch(e);
   }
   for (std::int64_t e = E - 1; e >= 0; --e) {
     const std::int64_t first = offsets[e], n = offsets[e + 1] - first;

@@ -177,6 +177,11 @@ struct MoeMlp {
   };
   void layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
                  ExpertLayers& p) const;
+  // Whether this rank acquires expert `e`: its own tokens chose it, or only other ranks' did
+  // and acquiring is a collective (ZeRO-3's gather).
+  bool acquires(const MoeActs& a, std::int64_t e) const {
+    return a.offsets[e + 1] > a.offsets[e] || (a.rows_all[e] > 0 && source->gathers(e));
+  }
   // Row `first`'s place in an adapter's t [rows, r]; null without adapters.
   void* t_of(void* t, std::int64_t first) const {
     return t == nullptr ? nullptr : offset_ptr(t, first * lora->rank, dtype_size(dtype));
