@@ -217,7 +217,8 @@ std::string describe_finetune(const TrainConfig& config, const model::ParamLayou
     }
   }
   std::string targets;
-  for (const auto& n : lora->target_names(config.model.family)) targets += (targets.empty() ? "" : ", ") + n;
+  for (const auto& n : lora->target_names(config.model.family))
+    targets += (targets.empty() ? "" : ", ") + n;
   char buf[200];
   std::snprintf(buf, sizeof(buf),
                 "%s r %lld, alpha %g%s, dropout %g on %s: ", config.nf4_base() ? "QLoRA" : "LoRA",

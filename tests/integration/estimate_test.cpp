@@ -346,9 +346,9 @@ TEST(EstimateTest, TheMoeExamplesFitTheirBudgets) {
     const char* file;
     double active_billions;
   };
-  for (const Example& x : {Example{"qwen3-30b-a3b-qlora-24g.json", 3.4},
-                           Example{"qwen3-30b-a3b-full-nvme.json", 3.35},
-                           Example{"mixtral-8x7b-qlora-24g.json", 12.95}}) {
+  for (const Example& x :
+       {Example{"qwen3-30b-a3b-qlora-24g.json", 3.4}, Example{"qwen3-30b-a3b-full-nvme.json", 3.35},
+        Example{"mixtral-8x7b-qlora-24g.json", 12.95}}) {
     SCOPED_TRACE(x.file);
     auto j = read_json_file(std::string(STRATA_SOURCE_DIR) + "/examples/moe/" + x.file);
     ASSERT_TRUE(j.is_ok()) << j.status().to_string();

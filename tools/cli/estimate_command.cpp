@@ -27,11 +27,13 @@ struct EstimateArgs {
 // The verdict: each budget against what the plan needs of it.
 Json budgets_of(const train::TrainConfig& config, const train::Estimate& e) {
   const auto budget = [](std::uint64_t limit) { return limit == 0 ? Json() : Json(limit); };
-  return Json{{"device", {{"needed_bytes", e.device_bytes_needed()},
-                          {"peak_bytes", e.plan.peak(Tier::kDevice)},
-                          {"budget_bytes", budget(config.device_memory_limit)}}},
-              {"host", {{"peak_bytes", e.plan.peak(Tier::kHost)},
-                        {"budget_bytes", budget(config.host_memory_limit)}}},
+  return Json{{"device",
+               {{"needed_bytes", e.device_bytes_needed()},
+                {"peak_bytes", e.plan.peak(Tier::kDevice)},
+                {"budget_bytes", budget(config.device_memory_limit)}}},
+              {"host",
+               {{"peak_bytes", e.plan.peak(Tier::kHost)},
+                {"budget_bytes", budget(config.host_memory_limit)}}},
               {"nvme", {{"bytes", e.plan.tier_bytes(Tier::kNvme)}}}};
 }
 
