@@ -5,6 +5,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +17,46 @@
 
 namespace strata {
 
-Result<std::string> expand_home(const std::string& path) {
+namespace {
+
+// $NAME, ${NAME} and $$ in `path`.
+Result<std::string> expand_variables(const std::string& path) {
+  if (path.find('$') == std::string::npos) return path;
+  std::string out;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] != '$') {
+      out += path[i];
+      continue;
+    }
+    if (i + 1 < path.size() && path[i + 1] == '$') {
+      out += '$';
+      ++i;
+      continue;
+    }
+    const bool braced = i + 1 < path.size() && path[i + 1] == '{';
+    std::size_t start = i + (braced ? 2 : 1), end = start;
+    const auto name_char = [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+    };
+    while (end < path.size() && name_char(path[end])) ++end;
+    if (end == start || (braced && (end >= path.size() || path[end] != '}'))) {
+      return invalid_argument(path +
+                              ": a \"$\" that starts no variable name ($NAME or ${NAME}; "
+                              "write $$ for a \"$\" of the name)");
+    }
+    const std::string name = path.substr(start, end - start);
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) {
+      return invalid_argument(path + ": the environment variable " + name + " is not set");
+    }
+    out += value;
+    i = braced ? end : end - 1;
+  }
+  return out;
+}
+
+// "~" and "~/...": the home directory in place of "~".
+Result<std::string> expand_tilde(const std::string& path) {
   if (path != "~" && path.rfind("~/", 0) != 0) return path;
   std::string home;
   if (const char* h = std::getenv("HOME"); h != nullptr) home = h;
@@ -36,6 +76,14 @@ Result<std::string> expand_home(const std::string& path) {
                             "in full");
   }
   return home + path.substr(1);
+}
+
+}  // namespace
+
+Result<std::string> expand_path(const std::string& path) {
+  Result<std::string> expanded = expand_variables(path);
+  if (!expanded.is_ok()) return expanded;
+  return expand_tilde(*expanded);
 }
 
 Result<std::string> read_file(const std::string& path) {

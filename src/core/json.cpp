@@ -301,6 +301,10 @@ void JsonReader::reject_unknown(const std::vector<std::string>& extra_known) {
       error(key, "unknown key; did you mean '" + key_path(nearest) + "'?");
       continue;
     }
+    if (!list_hint_.empty() && known_.size() > 12) {
+      error(key, "unknown key (" + list_hint_ + ")");
+      continue;
+    }
     std::string valid;
     for (const auto& k : known_) valid += (valid.empty() ? "" : ", ") + k;
     error(key, "unknown key; valid keys here are: " + valid);

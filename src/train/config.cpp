@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 
 #include "strata/core/file.h"
 #include "strata/device/adam8bit.h"
 #include "strata/model/hf_checkpoint.h"
+#include "strata/train/deepspeed_config.h"
 #include "strata/zero/plan.h"
 
 namespace strata::train {
@@ -191,11 +193,61 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
 }
 }  // namespace
 
-Result<TrainConfig> parse_train_config(const Json& json, const std::string& source) {
-  if (!json.is_object()) return invalid_argument(source + ": the config must be a JSON object");
+std::string ConfigOrigins::of(const std::string& dotted_key, const std::string& source) const {
+  const auto within = [&](const std::string& k) {
+    return dotted_key == k || dotted_key.rfind(k + ".", 0) == 0;
+  };
+  if (std::any_of(set_keys.begin(), set_keys.end(), within)) return "--set " + dotted_key;
+  if (std::any_of(flag_keys.begin(), flag_keys.end(), within)) return "a command-line flag";
+  return source;
+}
+
+namespace {
+constexpr const char* kListKeysHint = "strata train --list-keys lists every key";
+
+// The config with its "deepspeed" file (or object) joined in; the file's name in *ds_source.
+Json with_deepspeed(const Json& json, const std::string& source, const ConfigOrigins& origins,
+                    TrainConfig* c, std::vector<std::string>* errors) {
+  const Json& d = json["deepspeed"];
+  Json ds;
+  if (d.is_string()) {
+    auto path = expand_path(d.get<std::string>());
+    auto read = path.is_ok() ? read_json_file(*path) : Result<Json>(path.status());
+    if (!read.is_ok()) {
+      errors->push_back("'deepspeed': " + read.status().message());
+      return json;
+    }
+    ds = std::move(*read);
+    c->deepspeed_source = d.get<std::string>();
+  } else if (d.is_object()) {
+    ds = d;
+    c->deepspeed_source = source + "'s \"deepspeed\"";
+  } else {
+    errors->push_back(
+        "'deepspeed': expected a DeepSpeed config file's path or the config object, got " +
+        d.dump());
+    return json;
+  }
+  Json base = json;
+  base.erase("deepspeed");
+  DeepSpeedJoin joined = join_deepspeed_config(
+      base, [&](const std::string& key) { return origins.of(key, source); }, ds,
+      c->deepspeed_source, errors);
+  c->deepspeed_decided = std::move(joined.decided);
+  return std::move(joined.config);
+}
+}  // namespace
+
+Result<TrainConfig> parse_train_config(const Json& in, const std::string& source,
+                                       const ConfigOrigins& origins) {
+  if (!in.is_object()) return invalid_argument(source + ": the config must be a JSON object");
   std::vector<std::string> errors;
   TrainConfig c;
+  const bool deepspeed = in.contains("deepspeed") && !in["deepspeed"].is_null();
+  const Json json = deepspeed ? with_deepspeed(in, source, origins, &c, &errors) : in;
   JsonReader r(json, "", &errors);
+  r.set_list_hint(kListKeysHint);
+  r.raw("deepspeed");
 
   bool has_model = false;
   if (const Json* m = r.raw("model")) {
@@ -205,7 +257,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     if (m->is_string()) {
       c.model_path = m->get<std::string>();
       // "~" is the home directory, as for every path key (below).
-      if (auto path = expand_home(c.model_path); path.is_ok()) {
+      if (auto path = expand_path(c.model_path); path.is_ok()) {
         c.model_path = *path;
         read = model::HfCheckpointReader::read_config(c.model_path);
       } else {
@@ -263,6 +315,14 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   }
   r.read("batch_size", &c.batch_size, 1);
   r.read("micro_batch_size", &c.micro_batch_size, 0);
+  r.read("gradient_accumulation_steps", &c.gradient_accumulation_steps, 0);
+  if (c.gradient_accumulation_steps > 0 && !r.has("batch_size")) {
+    c.batch_size = 0;  // micro_batch_size x gradient_accumulation_steps x the ranks
+    if (c.micro_batch_size == 0) {
+      r.error("gradient_accumulation_steps",
+              "needs batch_size or micro_batch_size as well (DeepSpeed's rule derives the third)");
+    }
+  }
   r.read("max_steps", &c.max_steps, 0);
   read_enum(r, "precision", &c.precision, kPrecisions, precision_name);
   // fp16's loss scaling: DeepSpeed's "fp16" block and key names ("enabled" is the precision).
@@ -305,6 +365,9 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       }
       orr.read("eps", &c.optimizer.eps, 0.0);
       orr.read("weight_decay", &c.optimizer.weight_decay, 0.0);
+      // false: Adam with L2 regularisation (weight_decay x w added to the gradient, as
+      // torch.optim.Adam and DeepSpeed's adam_w_mode false), not AdamW's decoupled decay.
+      orr.read("adamw_mode", &c.optimizer.adamw_mode);
       {
         std::string state = "fp32", master = "fp32", rounding = "stochastic";
         orr.read_choice("state_dtype", &state, {"fp32", "bf16", "int8"});
@@ -330,9 +393,45 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
       r.error("lr_schedule", "expected an object");
     } else {
       JsonReader sr(*s, "lr_schedule", &errors);
-      read_enum(sr, "type", &c.lr_schedule.type, optim::kScheduleKinds, optim::schedule_kind_name);
-      sr.read("warmup_steps", &c.lr_schedule.warmup_steps, 0);
-      sr.read("min_lr", &c.lr_schedule.min_lr, 0.0);
+      LrScheduleConfig& l = c.lr_schedule;
+      read_enum(sr, "type", &l.type, optim::kScheduleKinds, optim::schedule_kind_name);
+      sr.read("warmup_steps", &l.warmup_steps, 0);
+      sr.read("min_lr", &l.min_lr, 0.0);
+      constexpr std::array<optim::WarmupType, 2> kWarmupTypes{optim::WarmupType::kLog,
+                                                              optim::WarmupType::kLinear};
+      read_enum(sr, "warmup_type", &l.warmup_type, kWarmupTypes, optim::warmup_type_name);
+      sr.read("warmup_min_lr", &l.warmup_min_lr, 0.0);
+      sr.read("warmup_min_ratio", &l.warmup_min_ratio, 0.0, 1.0);
+      sr.read("cos_min_ratio", &l.cos_min_ratio, 0.0, 1.0);
+      sr.read("total_steps", &l.total_steps, 0);
+      // Each key where its schedule reads it: DeepSpeed's keys with DeepSpeed's schedules.
+      const bool deepspeed = optim::is_deepspeed_schedule(l.type);
+      const std::string type(optim::schedule_kind_name(l.type));
+      if (sr.has("min_lr") && deepspeed) {
+        sr.error("min_lr", "is cosine's floor; type \"" + type +
+                               "\" does not read it (DeepSpeed's schedules: warmup_min_lr, "
+                               "cos_min_ratio)");
+      }
+      for (const char* k : {"warmup_type", "total_steps"}) {
+        if (sr.has(k) && !deepspeed) {
+          sr.error(k, std::string("applies to DeepSpeed's schedules (warmup, warmup_decay, "
+                                  "warmup_cosine), not \"") +
+                          type + "\"");
+        }
+      }
+      if (sr.has("warmup_min_lr") && l.type != optim::ScheduleKind::kWarmup &&
+          l.type != optim::ScheduleKind::kWarmupDecay) {
+        sr.error("warmup_min_lr", "applies to types \"warmup\" and \"warmup_decay\", not \"" +
+                                      type + "\"" +
+                                      (l.type == optim::ScheduleKind::kWarmupCosine
+                                           ? " (it starts at warmup_min_ratio x lr)"
+                                           : ""));
+      }
+      for (const char* k : {"warmup_min_ratio", "cos_min_ratio"}) {
+        if (sr.has(k) && l.type != optim::ScheduleKind::kWarmupCosine) {
+          sr.error(k, "applies to type \"warmup_cosine\", not \"" + type + "\"");
+        }
+      }
       sr.reject_unknown();
     }
   }
@@ -437,8 +536,11 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   r.read("log_every", &c.log_every, 1);
   r.reject_unknown();
 
-  if (c.micro_batch_size == 0) c.micro_batch_size = c.batch_size;
-  if (c.micro_batch_size > 0 && c.batch_size % c.micro_batch_size != 0) {
+  if (c.micro_batch_size == 0 && c.gradient_accumulation_steps == 0) {
+    c.micro_batch_size = c.batch_size;
+  }
+  if (c.gradient_accumulation_steps == 0 && c.micro_batch_size > 0 &&
+      c.batch_size % c.micro_batch_size != 0) {
     errors.push_back("'micro_batch_size': " + std::to_string(c.micro_batch_size) +
                      " must divide batch_size " + std::to_string(c.batch_size) +
                      " (gradient accumulation steps = batch_size / micro_batch_size)");
@@ -455,7 +557,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
   }
   // "~" in a path is the home directory, as a shell would have it (the model's: above).
   const auto expand = [&](const std::string& key, std::string* path) {
-    auto expanded = expand_home(*path);
+    auto expanded = expand_path(*path);
     if (expanded.is_ok()) {
       *path = *expanded;
     } else {
@@ -484,7 +586,7 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
         "'sequence_parallel': splits the tokens over the tensor-parallel ranks; it needs "
         "tensor_parallel_size above 1");
   }
-  if (c.sequence_parallel && c.tensor_parallel_size > 1 &&
+  if (c.sequence_parallel && c.tensor_parallel_size > 1 && c.micro_batch_size > 0 &&
       (c.micro_batch_size * c.seq_len) % c.tensor_parallel_size != 0) {
     errors.push_back("'sequence_parallel': tensor_parallel_size " +
                      std::to_string(c.tensor_parallel_size) + " must divide the " +
@@ -550,8 +652,21 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
     errors.push_back("'offload_param': parameter offload needs zero_stage 3");
   }
   if (!errors.empty()) {
-    std::string msg = "invalid config " + source + ":";
-    for (const auto& e : errors) msg += "\n  " + e;
+    std::string msg = "invalid config " + source +
+                      (c.deepspeed_source.empty() ? "" : " with " + c.deepspeed_source) + ":";
+    for (const auto& e : errors) {
+      // A key that came from the command line is blamed on it, not on the file.
+      std::string line = e;
+      if (line.size() > 2 && line[0] == '\'') {
+        const auto end = line.find('\'', 1);
+        const std::string key = line.substr(1, end - 1);
+        if (const std::string from = origins.of(key, source);
+            end != std::string::npos && from != source) {
+          line.insert(end + 1, " (from " + from + ")");
+        }
+      }
+      msg += "\n  " + line;
+    }
     return invalid_argument(msg);
   }
   return c;
@@ -560,7 +675,12 @@ Result<TrainConfig> parse_train_config(const Json& json, const std::string& sour
 Result<TrainConfig> load_train_config(const std::string& path,
                                       const std::vector<std::string>& overrides, const Json& keys) {
   STRATA_ASSIGN_OR_RETURN(Json json, read_json_file(path));
-  for (const auto& o : overrides) STRATA_RETURN_IF_ERROR(apply_override(json, o));
+  ConfigOrigins origins;
+  for (const auto& o : overrides) {
+    STRATA_RETURN_IF_ERROR(apply_override(json, o));
+    origins.set_keys.push_back(o.substr(0, o.find('=')));
+  }
+  for (const auto& [key, value] : keys.items()) origins.flag_keys.push_back(key);
   if (json.is_object()) {
     for (const auto& [key, value] : keys.items()) {
       if (value.is_string() && !is_utf8(value.get<std::string>())) {  // a file name, say
@@ -570,11 +690,74 @@ Result<TrainConfig> load_train_config(const std::string& path,
       json[key] = value;
     }
   }
-  return parse_train_config(json, path);
+  return parse_train_config(json, path, origins);
 }
 
-Status TrainConfig::check_batch_split(int ranks) const {
+std::string TrainConfig::deepspeed_line() const {
+  if (deepspeed_source.empty()) return "";
+  std::string s = "deepspeed " + deepspeed_source + ": its keys joined";
+  if (!deepspeed_decided.empty()) {
+    s += "; decided by Strata:";
+    for (std::size_t i = 0; i < deepspeed_decided.size(); ++i) {
+      s += (i == 0 ? " " : ", ") + deepspeed_decided[i];
+    }
+  }
+  return s + "\n";
+}
+
+std::string list_config_keys() {
+  TrainConfig defaults;
+  Json j = defaults.to_json();
+  j["model"] = "(required) a Hugging Face checkpoint directory, or its config.json inline";
+  j["data"]["path"] = "(required) the token file";
+  j["eval_data"] = "null, or {\"path\": ..., \"format\": ...} like data";
+  j["deepspeed"] = "null, or a DeepSpeed config file's path (or its object): its keys join in";
+  j["finetune"] = Json{{"method", "full | lora | qlora"},
+                       {"r", 16},
+                       {"alpha", 32},
+                       {"dropout", 0.0},
+                       {"target_modules", "[\"q_proj\", ...] or \"all-linear\""},
+                       {"use_rslora", false},
+                       {"modules_to_save", "null, or [\"embed_tokens\", \"lm_head\"]"},
+                       {"adapter", "null, or a PEFT adapter directory to start from"},
+                       {"quantized_cache", "null, or a directory keeping qlora's NF4 base"}};
+  std::string out;
+  const std::function<void(const Json&, const std::string&)> walk = [&](const Json& v,
+                                                                        const std::string& key) {
+    if (v.is_object() && !v.empty() && key != "model") {
+      for (const auto& [k, child] : v.items()) walk(child, key.empty() ? k : key + "." + k);
+      return;
+    }
+    out += key + " = " + (v.is_string() ? v.get<std::string>() : v.dump()) + "\n";
+  };
+  walk(j, "");
+  return out;
+}
+
+Status TrainConfig::resolve_batch(int ranks) {
   if (ranks < 1) return invalid_argument("ranks " + std::to_string(ranks) + ": expected >= 1");
+  if (const std::int64_t g = gradient_accumulation_steps; g > 0) {  // DeepSpeed's rule
+    const std::string with = " x gradient_accumulation_steps " + std::to_string(g) + " x " +
+                             std::to_string(ranks) + " data-parallel rank" +
+                             (ranks == 1 ? "" : "s");
+    if (batch_size == 0) {
+      batch_size = micro_batch_size * g * ranks;
+    } else if (micro_batch_size == 0) {
+      if (batch_size % (g * ranks) != 0) {
+        return invalid_argument("batch_size " + std::to_string(batch_size) +
+                                " does not split into micro-batches of" + with.substr(3) +
+                                ": make it a multiple of " + std::to_string(g * ranks));
+      }
+      micro_batch_size = batch_size / (g * ranks);
+    } else if (batch_size != micro_batch_size * g * ranks) {
+      return invalid_argument(
+          "batch_size " + std::to_string(batch_size) + " must be micro_batch_size " +
+          std::to_string(micro_batch_size) + with + " = " +
+          std::to_string(micro_batch_size * g * ranks) +
+          " (DeepSpeed's train_batch_size rule); leave one of the three out to have it derived");
+    }
+    return Status::ok();
+  }
   if (batch_size % (micro_batch_size * ranks) == 0) return Status::ok();
   // The largest micro-batch that fits this rank count, to suggest.
   std::int64_t fit = 0;
@@ -662,6 +845,46 @@ model::ModelOptions TrainConfig::model_options(int pipeline_rank, int data_ranks
   return o;
 }
 
+optim::LrSchedule TrainConfig::schedule() const {
+  optim::LrSchedule s;
+  s.type = lr_schedule.type;
+  s.base_lr = optimizer.lr;
+  s.warmup_steps = lr_schedule.warmup_steps;
+  s.min_lr = lr_schedule.min_lr;
+  s.total_steps = lr_schedule.total_steps > 0 ? lr_schedule.total_steps : max_steps;
+  s.warmup_type = lr_schedule.warmup_type;
+  s.warmup_min_lr = lr_schedule.warmup_min_lr;
+  s.warmup_min_ratio = lr_schedule.warmup_min_ratio;
+  s.cos_min_ratio = lr_schedule.cos_min_ratio;
+  return s;
+}
+
+namespace {
+// The schedule's keys: those its type reads.
+Json schedule_json(const LrScheduleConfig& l) {
+  Json j{{"type", optim::schedule_kind_name(l.type)}, {"warmup_steps", l.warmup_steps}};
+  switch (l.type) {
+    case optim::ScheduleKind::kConstant:
+    case optim::ScheduleKind::kCosine:
+      j["min_lr"] = l.min_lr;
+      break;
+    case optim::ScheduleKind::kWarmup:
+    case optim::ScheduleKind::kWarmupDecay:
+      j["warmup_min_lr"] = l.warmup_min_lr;
+      break;
+    case optim::ScheduleKind::kWarmupCosine:
+      j["warmup_min_ratio"] = l.warmup_min_ratio;
+      j["cos_min_ratio"] = l.cos_min_ratio;
+      break;
+  }
+  if (optim::is_deepspeed_schedule(l.type)) {
+    j["warmup_type"] = optim::warmup_type_name(l.warmup_type);
+    j["total_steps"] = l.total_steps;
+  }
+  return j;
+}
+}  // namespace
+
 Json TrainConfig::to_json() const {
   Json j{
       {"model", model_path.empty() ? model.to_json() : Json(model_path)},
@@ -675,6 +898,7 @@ Json TrainConfig::to_json() const {
       {"seq_len", seq_len},
       {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size},
+      {"gradient_accumulation_steps", gradient_accumulation_steps},
       {"max_steps", max_steps},
       {"precision", precision_name(precision)},
       {"fp16", precision == DType::kF16
@@ -690,12 +914,10 @@ Json TrainConfig::to_json() const {
         {"betas", {optimizer.beta1, optimizer.beta2}},
         {"eps", optimizer.eps},
         {"weight_decay", optimizer.weight_decay},
+        {"adamw_mode", optimizer.adamw_mode},
         {"state_dtype", precision_name(optimizer.state_dtype)},
         {"master_dtype", precision_name(optimizer.master_dtype)}}},
-      {"lr_schedule",
-       {{"type", optim::schedule_kind_name(lr_schedule.type)},
-        {"warmup_steps", lr_schedule.warmup_steps},
-        {"min_lr", lr_schedule.min_lr}}},
+      {"lr_schedule", schedule_json(lr_schedule)},
       {"grad_clip", grad_clip},
       {"optimizer_overlap", zero::optimizer_overlap_name(optimizer_overlap)},
       {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},

@@ -122,7 +122,8 @@ Status check_pipeline_shape(const TrainConfig& config, int data_ranks) {
   return invalid_argument(msg);
 }
 
-Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOptions& options) {
+Result<Estimate> estimate(const TrainConfig& given, int ranks, const EstimateOptions& options) {
+  TrainConfig config = given;
   if (ranks < 1) return invalid_argument("--ranks " + std::to_string(ranks) + ": expected >= 1");
   STRATA_CHECK(options.rank >= 0 && options.rank < ranks, "rank outside the ranks planned",
                options.rank, ranks);
@@ -136,7 +137,7 @@ Result<Estimate> estimate(const TrainConfig& config, int ranks, const EstimateOp
   }
   const dist::GridShape shape{ranks / (tp * pp), tp, pp};
   const dist::GridCoord at = dist::grid_coord(shape, options.rank);
-  STRATA_RETURN_IF_ERROR(config.check_batch_split(shape.data));
+  STRATA_RETURN_IF_ERROR(config.resolve_batch(shape.data));
   Estimate e;
   e.ranks = ranks;
   e.rank = options.rank;

@@ -77,7 +77,11 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
                                       : "tensor_parallel_size " + std::to_string(tp)) +
                               " must divide the " + std::to_string(world) + " ranks this run has");
     }
-    STRATA_RETURN_IF_ERROR(config.check_batch_split(world / (tp * pp)));
+  }
+  // The batch over the data-parallel ranks (estimate names --ranks where the grid does not
+  // divide them).
+  if (world % (tp * pp) == 0) STRATA_RETURN_IF_ERROR(config.resolve_batch(world / (tp * pp)));
+  if (options.comm != nullptr) {
     STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, world / (tp * pp)));
   }
   r.shape = {world / (tp * pp), tp, pp};

@@ -548,7 +548,7 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       if ((ranks / tensor) % pipeline != 0) continue;
       GridCandidate g{tensor, pipeline, ""};
       const int data = ranks / (tensor * pipeline);
-      const TrainConfig c = on_grid(config, tensor, pipeline);
+      TrainConfig c = on_grid(config, tensor, pipeline);
       if (const auto p = model::tensor_parallel_problems(config.model, tensor);
           tensor > 1 && !p.empty()) {
         g.refused = p.front();
@@ -559,7 +559,7 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
         g.refused = "mixture-of-experts layers run on one pipeline stage";
       } else if (pipeline * c.virtual_stages > config.model.num_hidden_layers) {
         g.refused = "more stages than layers";
-      } else if (Status s = c.check_batch_split(data); !s.is_ok()) {
+      } else if (Status s = c.resolve_batch(data); !s.is_ok()) {
         g.refused =
             "batch_size does not split over " + std::to_string(data) + " data-parallel ranks";
       } else if (pipeline > 1 &&
@@ -596,6 +596,7 @@ Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const Machi
       continue;
     }
     TrainConfig c = on_grid(config, g.tensor, g.pipeline);
+    STRATA_RETURN_IF_ERROR(c.resolve_batch(data));  // checked in grid_candidates
     // The placement: the config's, or the fastest that fits rank 0 where it is left open.
     if (c.offload_param_auto || c.offload_optimizer_auto) {
       auto placed = choose_placement(c, ranks, rates);

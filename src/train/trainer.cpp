@@ -292,11 +292,7 @@ Status Trainer::Impl::setup() {
                             Evaluator::open({config, *model, *provider, *grid, pipeline.get()}));
   }
 
-  schedule.type = config.lr_schedule.type;
-  schedule.base_lr = config.optimizer.lr;
-  schedule.warmup_steps = config.lr_schedule.warmup_steps;
-  schedule.min_lr = config.lr_schedule.min_lr;
-  schedule.total_steps = config.max_steps;
+  schedule = config.schedule();
 
   if (!config.metrics_file.empty()) {
     std::error_code ec;

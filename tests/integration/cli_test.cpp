@@ -208,7 +208,45 @@ TEST(CliTest, BadSetValueIsReported) {
   dir.write("c.json", tiny(dir).dump());
   RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --set seq_len=abc");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("'seq_len': expected an integer"), std::string::npos) << r.err;
+  // Blamed on the command line, not on the file.
+  EXPECT_NE(r.err.find("'seq_len' (from --set seq_len): expected an integer"), std::string::npos)
+      << r.err;
+}
+
+// --list-keys prints every key with its default and needs no config; without either, the usage
+// error says what is missing (exit code 2).
+TEST(CliTest, ListKeysPrintsEveryKeyAndAMissingConfigIsAUsageError) {
+  TempDir dir;
+  RunResult keys = run_cli(dir, "train --list-keys");
+  EXPECT_EQ(keys.exit_code, 0) << keys.err;
+  for (const char* line : {"optimizer.lr = 0.001\n", "zero_stage = 3\n",
+                           "lr_schedule.type = constant\n", "gradient_accumulation_steps = 0\n",
+                           "deepspeed = null, or a DeepSpeed config file's path"}) {
+    EXPECT_NE(keys.out.find(line), std::string::npos) << line << "\n" << keys.out;
+  }
+  RunResult none = run_cli(dir, "train");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("a config file is required"), std::string::npos) << none.err;
+}
+
+// --deepspeed joins a DeepSpeed file's keys, and the run lists those it left to Strata.
+TEST(CliTest, DeepSpeedFlagJoinsTheFileAndListsWhatStrataDecides) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  dir.write("ds.json", R"({"zero_optimization": {"stage": 2, "overlap_comm": true}})");
+  RunResult r = run_cli(dir, "train " + dir.file("c.json") + " --deepspeed " + dir.file("ds.json"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("deepspeed " + dir.file("ds.json") +
+                       ": its keys joined; decided by Strata: zero_optimization.overlap_comm\n"),
+            std::string::npos)
+      << r.out;
+  RunResult clash = run_cli(dir, "train " + dir.file("c.json") + " --deepspeed " +
+                                     dir.file("ds.json") + " --set zero_stage=3");
+  EXPECT_EQ(clash.exit_code, 2);
+  EXPECT_NE(clash.err.find("'zero_optimization.stage' makes 'zero_stage' 2, but --set zero_stage "
+                           "makes it 3"),
+            std::string::npos)
+      << clash.err;
 }
 
 // Ctrl-C stops after the step with a checkpoint, written in the background (save_async: the

@@ -18,7 +18,7 @@ namespace strata::cli {
 namespace {
 
 struct EstimateArgs {
-  std::string config_path;
+  std::string config_path, deepspeed;
   std::vector<std::string> sets;
   int ranks = 1;
   bool json = false;
@@ -62,7 +62,9 @@ int run_estimate(const EstimateArgs& a) {
     }
     return code;
   };
-  auto config = train::load_train_config(a.config_path, a.sets);
+  Json keys = Json::object();
+  if (!a.deepspeed.empty()) keys["deepspeed"] = a.deepspeed;
+  auto config = train::load_train_config(a.config_path, a.sets, keys);
   if (!config.is_ok()) return fail(config.status());
   // "auto" measures the machine's rates (about a second) to choose; a fixed grid and placement are
   // planned first, so that one that cannot run is refused at once.
@@ -115,7 +117,8 @@ int run_estimate(const EstimateArgs& a) {
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
-  std::cout << verdict_line(*config, *e) << resolved->describe() << e->describe();
+  std::cout << verdict_line(*config, *e) << config->deepspeed_line() << resolved->describe()
+            << e->describe();
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const zero::MemoryPlan& p = stages[i].plan;
     std::cout << "pipeline stage " << i + 1 << " (rank " << stages[i].rank << "): device "
@@ -186,6 +189,8 @@ Runner add_estimate_command(CLI::App& app) {
   cmd->add_option("--ranks", args->ranks, "Plan rank 0 of a job of this many ranks (default 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "One JSON object instead of the text");
+  cmd->add_option("--deepspeed", args->deepspeed,
+                  "A DeepSpeed config file whose keys join the config's, as for train");
   return [args] { return run_estimate(*args); };
 }
 

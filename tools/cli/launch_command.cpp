@@ -61,7 +61,8 @@ Result<int> hostfile_slots(const std::string& path) {
   return total;
 }
 
-// The train arguments' config, as strata train will read it (its --set and --save-dir).
+// The train arguments' config, as strata train will read it (its --set, --save-dir and
+// --deepspeed).
 Result<train::TrainConfig> config_of(const std::vector<std::string>& args) {
   std::vector<std::string> sets;
   Json keys = Json::object();
@@ -76,6 +77,8 @@ Result<train::TrainConfig> config_of(const std::vector<std::string>& args) {
       sets.push_back(*v);
     } else if (auto d = value("--save-dir")) {
       keys["save_dir"] = *d;
+    } else if (auto ds = value("--deepspeed")) {
+      keys["deepspeed"] = *ds;
     }
   }
   return train::load_train_config(args.at(0), sets, keys);

@@ -54,7 +54,8 @@ int exit_code_for(const Status& s) {
 }
 
 struct TrainArgs {
-  std::string config_path, metrics, trace, save_dir, resume;
+  std::string config_path, metrics, trace, save_dir, resume, deepspeed;
+  bool list_keys = false;
   std::vector<std::string> sets;
   std::int64_t save_every = -1;
   // hidden, for the failure tests: "kill:RANK:STEP", "stall:RANK:STEP" or "overflow:RANK:STEP"
@@ -108,7 +109,18 @@ std::string error_prefix() {
 }
 
 int run_train(const TrainArgs& a) {
+  if (a.list_keys) {
+    std::cout << train::list_config_keys() << std::flush;
+    return kExitOk;
+  }
+  if (a.config_path.empty()) {
+    std::fprintf(stderr,
+                 "strata train: a config file is required: strata train CONFIG [--set k=v]... "
+                 "(strata train --help)\n");
+    return kExitUsage;
+  }
   Json keys = Json::object();  // the flags that stand for config keys
+  if (!a.deepspeed.empty()) keys["deepspeed"] = a.deepspeed;
   if (!a.metrics.empty()) keys["metrics_file"] = a.metrics;
   if (!a.trace.empty()) keys["trace_file"] = a.trace;
   if (a.save_every >= 0) keys["save_every"] = a.save_every;
@@ -129,7 +141,7 @@ int run_train(const TrainArgs& a) {
     }
   }
   // --resume=~/x reaches us unexpanded (a shell expands "~" only at a word's start).
-  auto resume = expand_home(a.resume);
+  auto resume = expand_path(a.resume);
   if (!resume.is_ok()) {
     std::fprintf(stderr, "%s--resume %s\n", error_prefix().c_str(),
                  resume.status().message().c_str());
@@ -143,7 +155,9 @@ int run_train(const TrainArgs& a) {
     std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), trainer.status().message().c_str());
     return exit_code_for(trainer.status());
   }
-  if ((*trainer)->reports()) std::cout << (*trainer)->describe() << std::flush;
+  if ((*trainer)->reports()) {
+    std::cout << config->deepspeed_line() << (*trainer)->describe() << std::flush;
+  }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   const Status s = (*trainer)->run();
@@ -177,9 +191,11 @@ int run_train(const TrainArgs& a) {
 Runner add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* train = app.add_subcommand("train", "Train or fine-tune a model from a JSON config");
-  train->add_option("config", args->config_path, "JSON config file")
-      ->required()
-      ->check(CLI::ExistingFile);
+  train->add_option("config", args->config_path, "JSON config file")->check(CLI::ExistingFile);
+  train->add_option("--deepspeed", args->deepspeed,
+                    "A DeepSpeed config file (ds_config.json): its keys join the config's "
+                    "(README: DeepSpeed configs)");
+  train->add_flag("--list-keys", args->list_keys, "Print every config key with its default");
   train
       ->add_option("--set", args->sets,
                    "Override a config key: --set optimizer.lr=1e-4 (repeatable)")

@@ -11,9 +11,11 @@
 namespace strata {
 
 Result<std::string> read_file(const std::string& path);
-// "~" and "~/..." with the home directory ($HOME, else the password database's) in place of "~",
-// as a shell expands them; any other path as it is. An error where no home directory is known.
-Result<std::string> expand_home(const std::string& path);
+// A path as a shell would expand it: "~" and "~/..." with the home directory ($HOME, else the
+// password database's) in place of "~", and $NAME or ${NAME} with the environment variable's
+// value ("$$" is one "$"). An error where no home directory is known, or naming a variable that
+// is not set.
+Result<std::string> expand_path(const std::string& path);
 // Writes to "<path>.tmp.<pid>", fsyncs it, renames over path and fsyncs the directory.
 Status write_file_atomic(const std::string& path, std::span<const std::byte> data);
 Status write_file_atomic(const std::string& path, const std::string& text);

@@ -52,8 +52,11 @@ class JsonReader {
   void read(const std::string& key, std::vector<double>* out);
   void read(const std::string& key, std::vector<std::int64_t>* out);
 
-  // Reports every key in the object that no read()/raw() call asked for, listing valid keys.
+  // Reports every key in the object that no read()/raw() call asked for, with the nearest
+  // valid key where one is a few edits away, else the valid keys (or, where there are more than
+  // a dozen and a hint is set, the hint: where the list is).
   void reject_unknown(const std::vector<std::string>& extra_known = {});
+  void set_list_hint(std::string hint) { list_hint_ = std::move(hint); }
   void error(const std::string& key, const std::string& message);
   std::string key_path(const std::string& key) const;
 
@@ -62,6 +65,7 @@ class JsonReader {
   std::string prefix_;
   std::vector<std::string>* errors_;
   std::set<std::string> known_;
+  std::string list_hint_;
 };
 
 }  // namespace strata

@@ -33,10 +33,17 @@ struct DataConfig {
   TokenFormat format = TokenFormat::kAuto;  // by the file's name and header
 };
 
+// The config's "lr_schedule" (optim::LrSchedule's fields; the lr is optimizer.lr).
 struct LrScheduleConfig {
   optim::ScheduleKind type = optim::ScheduleKind::kConstant;
   std::int64_t warmup_steps = 0;
   double min_lr = 0.0;
+  // DeepSpeed's schedules (warmup, warmup_decay, warmup_cosine) only, with its defaults.
+  optim::WarmupType warmup_type = optim::WarmupType::kLog;
+  double warmup_min_lr = 0.0;
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 1e-4;
+  std::int64_t total_steps = 0;  // DeepSpeed's total_num_steps; 0: max_steps
 };
 
 // What a run trains: every weight ("full"), or LoRA adapters on a frozen base ("lora"), or LoRA
@@ -73,8 +80,14 @@ struct TrainConfig {
   std::int64_t eval_every = 0;
   std::int64_t eval_batches = 0;
   std::int64_t seq_len = 128;
-  std::int64_t batch_size = 8;        // global, in sequences
-  std::int64_t micro_batch_size = 0;  // per rank; 0 = batch_size
+  // The batch, in sequences: global, per rank and micro-batch, and micro-batches per step on
+  // each rank. Without gradient_accumulation_steps, micro_batch_size 0 is batch_size and the
+  // accumulation is what divides out; with it, DeepSpeed's rule (batch_size = micro_batch_size x
+  // gradient_accumulation_steps x data-parallel ranks) gives the one left out, which stays 0
+  // until resolve_batch knows the ranks.
+  std::int64_t batch_size = 8;
+  std::int64_t micro_batch_size = 0;
+  std::int64_t gradient_accumulation_steps = 0;
   std::int64_t max_steps = 100;
   DType precision = DType::kF32;  // "fp32" | "bf16" | "fp16": the compute dtype
   // fp16's loss scaling (the config's "fp16" object, DeepSpeed's keys); used only in fp16.
@@ -179,6 +192,11 @@ struct TrainConfig {
   std::string trace_file;    // Chrome trace (trace-event JSON) of the run; empty = none
   std::int64_t log_every = 1;
   FinetuneConfig finetune;
+  // The DeepSpeed config joined in (the key "deepspeed", or --deepspeed): its name, and its keys
+  // that only tune what Strata decides itself (train::join_deepspeed_config), for the log. Its
+  // mapped keys are in the fields above; neither is in to_json().
+  std::string deepspeed_source;
+  std::vector<std::string> deepspeed_decided;
 
   // Anything lives on NVMe: parameters, optimizer states or checkpointed activations.
   bool uses_nvme() const {
@@ -222,9 +240,18 @@ struct TrainConfig {
   std::int64_t accumulation_steps(int ranks = 1) const {
     return batch_size / (micro_batch_size * ranks);
   }
-  // batch_size must split into micro-batches over `ranks` data-parallel ranks; the error
-  // suggests the micro_batch_size that would.
-  Status check_batch_split(int ranks) const;
+  // The batch on `ranks` data-parallel ranks: fills batch_size or micro_batch_size where
+  // gradient_accumulation_steps left one to the rank count, and checks that batch_size splits
+  // into micro-batches over the ranks (the error suggests the micro_batch_size that would).
+  Status resolve_batch(int ranks);
+  // Whether resolve_batch(ranks) would succeed.
+  Status check_batch_split(int ranks) const {
+    TrainConfig c = *this;
+    return c.resolve_batch(ranks);
+  }
+  // The learning rate of every step: lr_schedule with optimizer.lr, over max_steps unless
+  // lr_schedule.total_steps says otherwise.
+  optim::LrSchedule schedule() const;
   // The device the config asks for (kind, budget, GPU index, TF32, attention, threads).
   device::DeviceOptions device_options() const;
   // The model's options the config asks for (compute dtype, activation checkpointing), as
@@ -237,12 +264,28 @@ struct TrainConfig {
     return {pipeline_parallel_size, static_cast<int>(accumulation_steps(data_ranks)),
             virtual_stages};
   }
+  // "deepspeed FILE: its keys joined; decided by Strata: K, K, ..." and a newline, or "" without
+  // a DeepSpeed config.
+  std::string deepspeed_line() const;
   // The config as JSON with every key (defaults filled in): saved in checkpoints.
   Json to_json() const;
 };
 
-// Parses and validates. `source` names the file in messages.
-Result<TrainConfig> parse_train_config(const Json& json, const std::string& source);
+// Where keys of a config came from other than its file, for messages: the dotted keys of its
+// "--set key=value" overrides, and the keys a command's flags set (metrics_file by --metrics).
+struct ConfigOrigins {
+  std::vector<std::string> set_keys;
+  std::vector<std::string> flag_keys;
+  std::string of(const std::string& dotted_key, const std::string& source) const;
+};
+
+// Parses and validates. `source` names the file in messages; a "deepspeed" key (a DeepSpeed
+// config file's path, or the object) is joined in first (join_deepspeed_config).
+Result<TrainConfig> parse_train_config(const Json& json, const std::string& source,
+                                       const ConfigOrigins& origins = {});
+// The config's keys, each with its default, a line each ("optimizer.lr = 0.001"): what
+// strata train --list-keys prints.
+std::string list_config_keys();
 // "fp32", "bf16" or "fp16", as the config spells the precision.
 std::string_view precision_name(DType precision);
 // The config file at `path`, with the "--set key=value" `overrides` and then the top-level
