@@ -88,7 +88,8 @@ std::string format_bytes(std::uint64_t bytes) {
 Result<Json> read_json_file(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_file(path));
   try {
-    return Json::parse(text);
+    // Comments (// and /* */) are allowed, so a config can say what it is for.
+    return Json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
     return data_loss(path + " is not valid JSON: " + e.what());
   }

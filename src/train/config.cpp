@@ -193,12 +193,14 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
 }
 }  // namespace
 
-std::string ConfigOrigins::of(const std::string& dotted_key, const std::string& source) const {
+std::string ConfigOrigins::of(const std::string& indexed_key, const std::string& source) const {
+  const std::string dotted_key = indexed_key.substr(0, indexed_key.find('['));  // swap_paths[0]
   const auto within = [&](const std::string& k) {
     return dotted_key == k || dotted_key.rfind(k + ".", 0) == 0;
   };
   if (std::any_of(set_keys.begin(), set_keys.end(), within)) return "--set " + dotted_key;
   if (std::any_of(flag_keys.begin(), flag_keys.end(), within)) return "a command-line flag";
+  if (std::any_of(deepspeed_keys.begin(), deepspeed_keys.end(), within)) return deepspeed_source;
   return source;
 }
 
@@ -206,7 +208,7 @@ namespace {
 constexpr const char* kListKeysHint = "strata train --list-keys lists every key";
 
 // The config with its "deepspeed" file (or object) joined in; the file's name in *ds_source.
-Json with_deepspeed(const Json& json, const std::string& source, const ConfigOrigins& origins,
+Json with_deepspeed(const Json& json, const std::string& source, ConfigOrigins* origins,
                     TrainConfig* c, std::vector<std::string>* errors) {
   const Json& d = json["deepspeed"];
   Json ds;
@@ -231,20 +233,23 @@ Json with_deepspeed(const Json& json, const std::string& source, const ConfigOri
   Json base = json;
   base.erase("deepspeed");
   DeepSpeedJoin joined = join_deepspeed_config(
-      base, [&](const std::string& key) { return origins.of(key, source); }, ds,
+      base, [&](const std::string& key) { return origins->of(key, source); }, ds,
       c->deepspeed_source, errors);
   c->deepspeed_decided = std::move(joined.decided);
+  origins->deepspeed_keys = std::move(joined.keys);
+  origins->deepspeed_source = c->deepspeed_source;
   return std::move(joined.config);
 }
 }  // namespace
 
 Result<TrainConfig> parse_train_config(const Json& in, const std::string& source,
-                                       const ConfigOrigins& origins) {
+                                       const ConfigOrigins& given_origins) {
+  ConfigOrigins origins = given_origins;
   if (!in.is_object()) return invalid_argument(source + ": the config must be a JSON object");
   std::vector<std::string> errors;
   TrainConfig c;
   const bool deepspeed = in.contains("deepspeed") && !in["deepspeed"].is_null();
-  const Json json = deepspeed ? with_deepspeed(in, source, origins, &c, &errors) : in;
+  const Json json = deepspeed ? with_deepspeed(in, source, &origins, &c, &errors) : in;
   JsonReader r(json, "", &errors);
   r.set_list_hint(kListKeysHint);
   r.raw("deepspeed");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "strata/zero/bucket.h"
@@ -153,8 +154,20 @@ class Joiner {
   const Json& config() const { return config_; }
 
   DeepSpeedJoin finish(std::vector<std::string> ds_errors) {
-    DeepSpeedJoin out{config_, std::move(decided_)};
+    DeepSpeedJoin out{config_, std::move(decided_), {}};
     for (std::string& e : ds_errors) errors_->push_back(ds_source_ + ": " + e);
+    // Two keys of the file for one Strata key must agree.
+    std::map<std::string, const Setting*> first;
+    for (const Setting& s : settings_) {
+      if (s.fallback) continue;
+      const auto [it, fresh] = first.emplace(s.key, &s);
+      if (!fresh && !same(s.key, it->second->value, s.value)) {
+        errors_->push_back(ds_source_ + ": '" + it->second->ds_key + "' and '" + s.ds_key +
+                           "' both set '" + s.key + "', to " + it->second->value.dump() + " and " +
+                           s.value.dump() + "; keep one");
+      }
+      if (fresh) out.keys.push_back(s.key);
+    }
     for (const Setting& s : settings_) {
       const Json* theirs = at(config_, s.key);
       if (theirs == nullptr) {
@@ -216,24 +229,29 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
   std::vector<std::string> ds_errors;
   if (!ds.is_object()) {
     errors->push_back(ds_source + ": a DeepSpeed config is a JSON object, got " + ds.type_name());
-    return {config, {}};
+    return {config, {}, {}};
   }
   JsonReader r(ds, "", &ds_errors);
 
   // The batch, by DeepSpeed's rule (TrainConfig::resolve_batch applies it over the ranks).
-  if (auto v = whole(r, "train_batch_size", 1)) j.set("train_batch_size", "batch_size", *v);
-  if (auto v = whole(r, "train_micro_batch_size_per_gpu", 1)) {
-    j.set("train_micro_batch_size_per_gpu", "micro_batch_size", *v);
-  }
+  const auto train = whole(r, "train_batch_size", 1);
+  const auto micro = whole(r, "train_micro_batch_size_per_gpu", 1);
+  if (train) j.set("train_batch_size", "batch_size", *train);
+  if (micro) j.set("train_micro_batch_size_per_gpu", "micro_batch_size", *micro);
   if (auto v = whole(r, "gradient_accumulation_steps", 1)) {
     j.set("gradient_accumulation_steps", "gradient_accumulation_steps", *v);
+  } else if (r.raw("gradient_accumulation_steps") == nullptr &&
+             train.has_value() != micro.has_value() &&
+             at(config, train ? "micro_batch_size" : "batch_size") == nullptr) {
+    // One of the two alone: DeepSpeed accumulates once (the micro-batch is the batch over the
+    // ranks, or the batch the micro-batches of the ranks).
+    j.fallback("gradient_accumulation_steps", "gradient_accumulation_steps", 1);
   }
   if (auto v = number(r, "gradient_clipping")) {
     j.set("gradient_clipping", "grad_clip", *v);
   } else if (r.raw("gradient_clipping") == nullptr) {
     j.fallback("gradient_clipping", "grad_clip", 0.0);  // DeepSpeed clips only when asked
   }
-  if (auto v = whole(r, "steps_per_print", 1)) j.set("steps_per_print", "log_every", *v);
 
   // Precision: bf16 (or bfloat16), fp16, torch_autocast.
   Precision precision;
@@ -242,11 +260,17 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
   }
   {
     std::optional<bool> bf16_on, fp16_on;
+    bool any_auto = false;  // an "enabled": "auto": the Strata config's precision stands
+    const auto enabled = [&](JsonReader& er) {
+      if (const Json* e = er.raw("enabled"); e != nullptr && *e == "auto") any_auto = true;
+      return flag(er, "enabled");
+    };
+    std::vector<std::pair<std::string, Json>> scaler;  // fp16's loss-scaling keys
     std::string bf16_key = r.has("bfloat16") ? "bfloat16" : "bf16";
     if (r.has("bf16") && r.has("bfloat16")) r.error("bfloat16", "is bf16's other name; keep one");
     if (const Json* b = block(r, bf16_key)) {
       JsonReader br(*b, bf16_key, &ds_errors);
-      bf16_on = flag(br, "enabled");
+      bf16_on = enabled(br);
       accept_decided(br, j, bf16_key + ".", {"immediate_grad_update", "check_grad_overflow"});
       refuse_when_on(br, {{"bf16_master_weights_and_grads",
                            "keeps bf16 master weights and gradients with round-to-nearest; "
@@ -259,24 +283,19 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
     }
     if (const Json* f = block(r, "fp16")) {
       JsonReader fr(*f, "fp16", &ds_errors);
-      fp16_on = flag(fr, "enabled");
+      fp16_on = enabled(fr);
       accept_decided(fr, j, "fp16.", {"auto_cast"});
       refuse_when_on(fr, {{"fp16_master_weights_and_grads",
                            "keeps fp16 master weights and gradients; Strata keeps fp32 masters "
                            "(or bf16: optimizer.master_dtype)"}});
-      // The loss scaler's keys are Strata's own fp16 block's (they apply with fp16 on).
       for (const char* k : {"loss_scale", "min_loss_scale"}) {
-        if (auto v = number(fr, k); v && fp16_on.value_or(false)) {
-          j.set(std::string("fp16.") + k, std::string("fp16.") + k, *v);
-        }
+        if (auto v = number(fr, k)) scaler.emplace_back(k, *v);
       }
       for (const char* k : {"initial_scale_power", "loss_scale_window", "hysteresis"}) {
-        if (auto v = whole(fr, k, 0); v && fp16_on.value_or(false)) {
-          j.set(std::string("fp16.") + k, std::string("fp16.") + k, *v);
-        }
+        if (auto v = whole(fr, k, 0)) scaler.emplace_back(k, *v);
       }
-      if (auto v = flag(fr, "consecutive_hysteresis"); v && fp16_on.value_or(false)) {
-        j.set("fp16.consecutive_hysteresis", "fp16.consecutive_hysteresis", *v);
+      if (auto v = flag(fr, "consecutive_hysteresis")) {
+        scaler.emplace_back("consecutive_hysteresis", *v);
       }
       fr.reject_unknown();
     }
@@ -305,9 +324,18 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
     } else if (fp16_on.value_or(false)) {
       j.set("fp16.enabled", "precision", "fp16");
       precision.name = "fp16";
-    } else if (bf16_on || fp16_on) {  // set false, neither "auto": fp32, as DeepSpeed runs it
+    } else if ((bf16_on || fp16_on) && !any_auto) {  // set false: fp32, as DeepSpeed runs it
       j.set(bf16_on ? bf16_key + ".enabled" : "fp16.enabled", "precision", "fp32");
       precision.name = "fp32";
+    }
+    // The loss scaler's keys are Strata's own fp16 block's, which applies in fp16 (whichever
+    // file says so); in another precision DeepSpeed ignores them too.
+    for (const auto& [k, v] : scaler) {
+      if (precision.name == "fp16") {
+        j.set("fp16." + k, "fp16." + k, v);
+      } else {
+        j.decided("fp16." + k + " (fp16 is off)");
+      }
     }
   }
   const std::int64_t elem = precision.bytes();
@@ -325,6 +353,8 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
                             "bf16 moments by optimizer.state_dtype)");
     }
     accept_decided(orr, j, "optimizer.", {"legacy_fusion"});
+    bool adamw_mode = true;  // DeepSpeed's Adam and AdamW alike, unless adam_w_mode says
+    std::string mode_key = "optimizer.type";
     if (const Json* p = block(orr, "params")) {
       JsonReader pr(*p, "optimizer.params", &ds_errors);
       optimizer_lr = number(pr, "lr");  // set below, unless the scheduler's supersedes it
@@ -341,9 +371,9 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
       }
       // DeepSpeed: the name AdamW forces decoupled decay; Adam's adam_w_mode defaults to true.
       const std::optional<bool> w_mode = flag(pr, "adam_w_mode");
-      if (t == "adam" && w_mode) {
-        j.set("optimizer.params.adam_w_mode", "optimizer.adamw_mode", *w_mode);
-      } else if (t == "adamw" && w_mode && !*w_mode) {
+      adamw_mode = t == "adamw" || w_mode.value_or(true);
+      if (t == "adam" && w_mode) mode_key = "optimizer.params.adam_w_mode";
+      if (t == "adamw" && w_mode && !*w_mode) {
         j.decided(
             "optimizer.params.adam_w_mode (DeepSpeed's AdamW decays decoupled whatever it "
             "says)");
@@ -366,6 +396,9 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
       }
       accept_decided(pr, j, "optimizer.params.", {"torch_adam"});
       pr.reject_unknown();
+    }
+    if (t == "adam" || t == "adamw") {
+      j.set(mode_key, "optimizer.adamw_mode", adamw_mode);
     }
     orr.reject_unknown();
   }
@@ -399,6 +432,11 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
         j.fallback(std::string("scheduler.params.") + ds_key, key, std::move(value));
       }
     };
+    if (const Json* l = pr.raw("last_batch_iteration"); l != nullptr && *l != -1) {
+      pr.error("last_batch_iteration",
+               "starts DeepSpeed's schedule part-way; a resumed Strata "
+               "run continues its schedule from the checkpoint's step");
+    }
     if (auto v = whole(pr, "warmup_num_steps", 1)) {
       param("warmup_num_steps", "lr_schedule.warmup_steps", *v);
     }
@@ -470,10 +508,11 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
       if (o == nullptr) continue;
       const std::string prefix = std::string("zero_optimization.") + ds_key;
       JsonReader orr(*o, prefix, &ds_errors);
-      const std::string device = text(orr, "device").value_or("none");
+      const std::optional<std::string> given_device = text(orr, "device");
+      const std::string device = given_device.value_or("none");
       if (device != "none" && device != "cpu" && device != "nvme") {
         orr.error("device", "expected \"none\", \"cpu\" or \"nvme\", got \"" + device + "\"");
-      } else if (orr.has("device")) {
+      } else if (given_device) {
         j.set(prefix + ".device", key, device);
       }
       if (auto p = text(orr, "nvme_path")) {
@@ -523,6 +562,10 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
       const char* name = zr.has("param_persistence_threshold")
                              ? "param_persistence_threshold"
                              : "stage3_param_persistence_threshold";
+      if (zr.has("param_persistence_threshold") && zr.has("stage3_param_persistence_threshold")) {
+        zr.error("param_persistence_threshold",
+                 "is stage3_param_persistence_threshold's other name; keep one");
+      }
       if (auto v = whole(zr, name, 0)) {
         j.set(std::string("zero_optimization.") + name, "param_persistence_threshold", *v);
       }
@@ -572,13 +615,24 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
                     "leaf_module"});
     zr.reject_unknown();
   }
-  if (!nvme_paths.empty()) j.set("zero_optimization.offload_*.nvme_path", "swap_paths", nvme_paths);
+  // DeepSpeed's nvme_path is a node's: each rank keeps its files in a folder of its own there
+  // (strata-{rank}, made at the start where the nvme_path exists).
+  for (std::string& p : nvme_paths) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    p += "/strata-{rank}";
+  }
+  if (!nvme_paths.empty()) {
+    j.set("zero_optimization.offload_*.nvme_path", "swap_paths", nvme_paths);
+  }
 
   // DeepNVMe's settings: the swap engine's.
   if (const Json* a = block(r, "aio")) {
     JsonReader ar(*a, "aio", &ds_errors);
     if (auto v = whole(ar, "block_size", 4096)) j.set("aio.block_size", "swap_block_size", *v);
     if (auto v = whole(ar, "queue_depth", 1)) j.set("aio.queue_depth", "swap_queue_depth", *v);
+    if (ar.has("intra_op_parallelism") && ar.has("thread_count")) {
+      ar.error("thread_count", "is intra_op_parallelism's other name; keep one");
+    }
     for (const char* k : {"intra_op_parallelism", "thread_count"}) {
       if (auto v = whole(ar, k, 1)) j.set(std::string("aio.") + k, "swap_threads", *v);
     }
@@ -600,6 +654,13 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
     ar.reject_unknown();
   }
 
+  if (auto op = text(r, "gradient_allreduce_op"); op && *op != "mean") {
+    r.error("gradient_allreduce_op", "\"" + *op +
+                                         "\": Strata averages the gradients over the ranks "
+                                         "(DeepSpeed's \"mean\")");
+  } else if (op) {
+    j.decided("gradient_allreduce_op");
+  }
   refuse_when_on(r, {{"amp", "NVIDIA Apex's AMP: use bf16 or fp16"},
                      {"sparse_attention", "Strata's attention is dense (flash or simple)"},
                      {"compression_training", "compresses the model while training; not done"},
@@ -644,9 +705,10 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
                   "use_node_local_storage",
                   "nebula",
                   "compile",
-                  "gradient_allreduce_op",
                   "use_data_before_expert_parallelism",
                   "log_level",
+                  "steps_per_print",
+                  "hybrid_engine",
                   "zero_force_ds_cpu_initialization"});
   r.reject_unknown();
   return j.finish(std::move(ds_errors));

@@ -38,6 +38,22 @@ io::SwapOptions swap_options(const TrainConfig& config, int rank) {
   return o;
 }
 
+Status make_rank_swap_dirs(const TrainConfig& config, int rank) {
+  const std::vector<std::string> paths = swap_options(config, rank).paths;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    if (config.swap_paths[i].find("{rank}") == std::string::npos) continue;
+    const std::filesystem::path p(paths[i]);
+    std::error_code ec;
+    if (std::filesystem::exists(p, ec) || !std::filesystem::is_directory(p.parent_path(), ec)) {
+      continue;  // there, or refused as missing when the swap space opens
+    }
+    if (!std::filesystem::create_directory(p, ec) && ec) {
+      return failed_precondition("cannot make swap directory " + paths[i] + ": " + ec.message());
+    }
+  }
+  return Status::ok();
+}
+
 std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   // Per filesystem: its free space (with the stale swap files a run reclaims) and its paths.
   struct Fs {
@@ -46,9 +62,11 @@ std::uint64_t swap_free_bytes(const TrainConfig& config, int rank) {
   };
   std::map<dev_t, Fs> filesystems;
   const std::vector<std::string> paths = swap_options(config, rank).paths;
-  for (const std::string& path : paths) {
+  for (std::string path : paths) {
     struct stat st {};
     std::error_code ec;
+    // A rank's directory made at the start: its drive's space.
+    if (!std::filesystem::exists(path, ec)) path = std::filesystem::path(path).parent_path();
     const auto space = std::filesystem::space(path, ec);
     if (ec || ::stat(path.c_str(), &st) != 0) return 0;  // not known
     Fs& fs = filesystems[st.st_dev];

@@ -50,7 +50,13 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     STRATA_RETURN_IF_ERROR(check_same_config(config, *options.comm));
   }
   const auto rates = [&]() -> const MachineRates& {
-    if (!r.rates) r.rates = calibrate(config, options.probe_device);
+    if (!r.rates) {
+      // Measured on the micro-batch the run will have (where gradient_accumulation_steps leaves
+      // it to the ranks: as if every rank were data-parallel, the grid being still open).
+      TrainConfig probe = config;
+      if (!probe.resolve_batch(world).is_ok()) (void)probe.resolve_batch(1);
+      r.rates = calibrate(probe, options.probe_device);
+    }
     return *r.rates;
   };
   if (config.parallelism_auto) {
@@ -80,7 +86,15 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
   }
   // The batch over the data-parallel ranks (estimate names --ranks where the grid does not
   // divide them).
-  if (world % (tp * pp) == 0) STRATA_RETURN_IF_ERROR(config.resolve_batch(world / (tp * pp)));
+  if (world % (tp * pp) == 0) {
+    STRATA_RETURN_IF_ERROR(config.resolve_batch(world / (tp * pp)));
+    if (config.sequence_parallel && (config.micro_batch_size * config.seq_len) % tp != 0) {
+      return invalid_argument("sequence_parallel: tensor_parallel_size " + std::to_string(tp) +
+                              " must divide the " +
+                              std::to_string(config.micro_batch_size * config.seq_len) +
+                              " tokens of a micro-batch (micro_batch_size x seq_len)");
+    }
+  }
   if (options.comm != nullptr) {
     STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, world / (tp * pp)));
   }

@@ -98,7 +98,10 @@ std::string smallest_changes(const TrainConfig& config, int ranks,
                          std::uint64_t* device, std::uint64_t* host,
                          std::uint64_t* nvme = nullptr) {
     TrainConfig unbounded = least(config, c);
-    unbounded.micro_batch_size = micro_batch;
+    if (unbounded.micro_batch_size != micro_batch) {
+      unbounded.micro_batch_size = micro_batch;
+      unbounded.gradient_accumulation_steps = 0;  // the batch stays; the accumulation grows
+    }
     unbounded.device_memory_limit = 0;
     if (!keep_host) unbounded.host_memory_limit = 0;
     auto e = estimate(unbounded, ranks, kVariantUnchecked);
@@ -197,7 +200,10 @@ std::string smallest_changes(const TrainConfig& config, int ranks,
              within(device, config.device_memory_limit) && (swap_free == 0 || nvme <= swap_free);
     });
     if (fits) {
-      add("micro_batch_size " + std::to_string(mb));
+      add("micro_batch_size " + std::to_string(mb) +
+          (config.gradient_accumulation_steps > 0
+               ? " (gradient_accumulation_steps left out: the batch stays)"
+               : ""));
       break;
     }
   }

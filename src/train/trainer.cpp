@@ -173,6 +173,7 @@ Status Trainer::Impl::setup() {
   // allocated: what the run's resident memory is predicted from.
   planned.measure_process();
   if (config.uses_nvme()) {
+    STRATA_RETURN_IF_ERROR(make_rank_swap_dirs(config, rank));
     io::SwapOptions so = swap_options(config, rank);
     so.fault_injection = options.swap_faults;
     STRATA_ASSIGN_OR_RETURN(swap, io::SwapSpace::create(so));

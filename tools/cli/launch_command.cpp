@@ -85,11 +85,14 @@ Result<train::TrainConfig> config_of(const std::vector<std::string>& args) {
 }
 
 // The largest rank count in [min, available] the config's global batch splits over (its
-// tensor x pipeline grid dividing it too), or 0.
-int usable_ranks(const train::TrainConfig& c, int available, int min) {
+// tensor x pipeline grid dividing it too), or 0. A batch that gradient_accumulation_steps
+// derives from the ranks (batch_size left out) would change with their number: it runs on
+// `first` ranks, the job's, or not at all.
+int usable_ranks(const train::TrainConfig& c, int available, int min, int first) {
   const int grid = c.tensor_parallel_size * c.pipeline_parallel_size;
   for (int w = available; w >= std::max(min, 1); --w) {
     if (w % grid != 0) continue;
+    if (c.batch_size == 0 && w != first) continue;
     if (c.check_batch_split(w / grid).is_ok()) return w;
   }
   return 0;
@@ -149,12 +152,18 @@ int run_launch(const LaunchArgs& a) {
       }
       available = std::min(a.ranks, *slots);
     }
-    const int world = usable_ranks(*config, available, a.min_ranks);
+    const int world = usable_ranks(*config, available, a.min_ranks, a.ranks);
     if (world == 0) {
-      say(std::to_string(available) + " rank(s) available, but no count from " +
-          std::to_string(a.min_ranks) + " (--min-ranks) to " + std::to_string(available) +
-          " splits batch_size " + std::to_string(config->batch_size) + " into micro-batches of " +
-          std::to_string(config->micro_batch_size) + ": giving up");
+      say(std::to_string(available) + " rank(s) available, but " +
+          (config->batch_size == 0
+               ? "the batch is micro_batch_size x gradient_accumulation_steps x " +
+                     std::to_string(a.ranks) +
+                     " ranks, which fewer ranks would change (set batch_size, and the "
+                     "accumulation follows the ranks): giving up"
+               : "no count from " + std::to_string(a.min_ranks) + " (--min-ranks) to " +
+                     std::to_string(available) + " splits batch_size " +
+                     std::to_string(config->batch_size) + " into micro-batches of " +
+                     std::to_string(config->micro_batch_size) + ": giving up"));
       return kExitError;
     }
     if (world < available) {

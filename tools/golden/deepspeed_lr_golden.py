@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""Golden learning rates for DeepSpeed's schedulers (tests/unit/optim/schedule_test.cpp): the lr
+"""Golden learning rates for DeepSpeed's schedulers (tests/unit/train/deepspeed_config_test.cpp): the lr
 of every step of WarmupLR, WarmupDecayLR and WarmupCosineLR, computed by DeepSpeed's own
 deepspeed/runtime/lr_schedules.py (from a DeepSpeed checkout; its one DeepSpeed import, the
 logger, stubbed) over a torch optimizer, stepped as DeepSpeed's engine steps it: the scheduler is
-built before the first optimizer step (which then uses iteration 0) and stepped after each.
+built before the first optimizer step (at iteration -1, whose lr is the schedule's start) and
+stepped after each, so optimizer step k runs at iteration k - 1.
 
 Regenerate with Debian's python3 (torch, CPU), DeepSpeed's repository checked out at DS:
     /usr/bin/python3 tools/golden/deepspeed_lr_golden.py DS tests/data/deepspeed_lr.json [COMMIT]
@@ -44,7 +45,10 @@ CASES = [
                        "warmup_num_steps": 5, "warmup_type": "linear"}, 1e-3, 24),
     ("WarmupDecayLR", {"total_num_steps": 30, "warmup_min_lr": 2e-5, "warmup_max_lr": 6e-4,
                        "warmup_num_steps": 8, "warmup_type": "log"}, 1e-3, 30),
-    ("WarmupDecayLR", {"total_num_steps": 3, "warmup_num_steps": 6}, 1e-3, 8),
+        ("WarmupDecayLR", {"total_num_steps": 3, "warmup_num_steps": 6}, 1e-3, 8),
+    # No warmup_max_lr: WarmupDecayLR's own 0.001, whatever the optimizer's lr.
+    ("WarmupDecayLR", {"total_num_steps": 12, "warmup_num_steps": 4, "warmup_type": "linear"},
+     3e-4, 14),
     ("WarmupCosineLR", {"total_num_steps": 25, "warmup_min_ratio": 0.1, "warmup_num_steps": 5,
                         "cos_min_ratio": 0.01, "warmup_type": "linear"}, 3e-4, 28),
     ("WarmupCosineLR", {"total_num_steps": 40, "warmup_num_steps": 12}, 1e-3, 40),

@@ -21,6 +21,7 @@ Result<std::uint64_t> parse_bytes(const Json& value);
 Result<std::uint64_t> parse_bytes(const std::string& text);
 std::string format_bytes(std::uint64_t bytes);  // "1.50 GiB"
 
+// A JSON file, // and /* */ comments allowed.
 Result<Json> read_json_file(const std::string& path);
 // Whether `text` is UTF-8, as JSON strings must be (a string that is not cannot be written out:
 // nlohmann's dump() throws). Text from outside JSON (a command line) is checked with this.

@@ -276,6 +276,9 @@ struct TrainConfig {
 struct ConfigOrigins {
   std::vector<std::string> set_keys;
   std::vector<std::string> flag_keys;
+  // The keys a DeepSpeed config set, and its name (filled in while it is joined).
+  std::vector<std::string> deepspeed_keys;
+  std::string deepspeed_source;
   std::string of(const std::string& dotted_key, const std::string& source) const;
 };
 

@@ -30,6 +30,7 @@ namespace strata::train {
 struct DeepSpeedJoin {
   Json config;                       // the Strata config with the DeepSpeed file's settings in
   std::vector<std::string> decided;  // the file's keys that only tune what Strata decides
+  std::vector<std::string> keys;     // the Strata keys the file set (dotted), for messages
 };
 
 // Where a Strata key of `config` was set, for messages: the config file's name, or "--set" for

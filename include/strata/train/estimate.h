@@ -21,6 +21,9 @@ namespace strata::train {
 
 // The swap space a config asks for on `rank` ("{rank}" in a swap path becomes the rank).
 io::SwapOptions swap_options(const TrainConfig& config, int rank);
+// Makes rank `rank`'s swap directories that a "{rank}" in swap_paths names, where the directory
+// above exists (a drive's mount point: a mistyped one is still refused as missing).
+Status make_rank_swap_dirs(const TrainConfig& config, int rank);
 
 // Free space of the swap paths `config` gives `rank` for a run's swap files, which stripe data
 // evenly over the paths: the fullest filesystem's free space (stale swap files included) per

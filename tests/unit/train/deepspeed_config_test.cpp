@@ -41,7 +41,7 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
 TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
   const Json ds = Json::parse(R"({
     "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
-    "gradient_clipping": 0.7, "steps_per_print": 5,
+        "gradient_clipping": 0.7, "steps_per_print": 2000,
     "bf16": {"enabled": true},
     "optimizer": {"type": "AdamW",
                   "params": {"lr": 2e-4, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
@@ -72,7 +72,7 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
   EXPECT_EQ(c->batch_size, 16);
   EXPECT_EQ(c->accumulation_steps(2), 4);
   EXPECT_EQ(c->grad_clip, 0.7);
-  EXPECT_EQ(c->log_every, 5);
+  EXPECT_EQ(c->log_every, 1);  // steps_per_print is Strata's to decide (progress every step)
   EXPECT_EQ(c->precision, DType::kBF16);
   EXPECT_EQ(c->optimizer.lr, 2e-4);
   EXPECT_EQ(c->optimizer.beta2, 0.95);
@@ -88,7 +88,9 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
   EXPECT_EQ(c->zero_stage, 3);
   EXPECT_EQ(c->offload_optimizer, Tier::kNvme);
   EXPECT_EQ(c->offload_param, Tier::kNvme);
-  EXPECT_EQ(c->swap_paths, (std::vector<std::string>{"/nvme1", "/nvme0"}));  // param's first
+  // A folder for each rank in each node's nvme_path (param's first).
+  EXPECT_EQ(c->swap_paths,
+            (std::vector<std::string>{"/nvme1/strata-{rank}", "/nvme0/strata-{rank}"}));
   EXPECT_EQ(c->sub_group_size, 100000000);
   EXPECT_EQ(c->reduce_bucket_bytes, 20000000u);
   EXPECT_EQ(c->allgather_bucket_bytes, 40000000u);
@@ -102,7 +104,7 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
   EXPECT_TRUE(c->activation_checkpointing);
   EXPECT_EQ(c->activation_offload, Tier::kHost);
   for (const char* k :
-       {"zero_optimization.offload_optimizer.pin_memory",
+       {"steps_per_print", "zero_optimization.offload_optimizer.pin_memory",
         "zero_optimization.offload_optimizer.buffer_count",
         "zero_optimization.offload_param.buffer_size", "zero_optimization.overlap_comm",
         "zero_optimization.contiguous_gradients", "aio.single_submit", "aio.overlap_events",
@@ -247,13 +249,19 @@ TEST(DeepSpeedConfig, AdamsModesAndStageZero) {
   EXPECT_FALSE(l2->optimizer.adamw_mode);
   EXPECT_EQ(l2->zero_stage, 1);
   EXPECT_TRUE(has(l2->deepspeed_decided, "zero_optimization.stage 0 (run as stage 1)"));
-  auto w = with_ds(minimal(), Json::parse(R"({"optimizer": {"type": "AdamW", "params":
-                                             {"adam_w_mode": false}}})"));
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
-  EXPECT_TRUE(w->optimizer.adamw_mode);
-  auto adam = with_ds(minimal(), Json::parse(R"({"optimizer": {"type": "adam"}})"));
-  ASSERT_TRUE(adam.is_ok()) << adam.status().message();
-  EXPECT_TRUE(adam->optimizer.adamw_mode);
+  // A Strata config that asks for L2 decay meets DeepSpeed's AdamW (whatever adam_w_mode says)
+  // and its Adam (AdamW by default): both refused, naming the key.
+  Json l2_config = minimal();
+  l2_config["optimizer"] = {{"adamw_mode", false}};
+  const std::string w = error_of(with_ds(l2_config, Json::parse(R"({"optimizer": {"type":
+                                         "AdamW", "params": {"adam_w_mode": false}}})")));
+  EXPECT_NE(w.find("'optimizer.type' makes 'optimizer.adamw_mode' true, but train.json makes "
+                   "it false"),
+            std::string::npos)
+      << w;
+  const std::string a = error_of(with_ds(l2_config, Json::parse(R"({"optimizer": {"type":
+                                         "adam"}})")));
+  EXPECT_NE(a.find("'optimizer.type' makes 'optimizer.adamw_mode' true"), std::string::npos) << a;
 }
 
 // DeepSpeed's train_batch_size rule over the data-parallel ranks: any two of the three give the
@@ -262,9 +270,26 @@ TEST(DeepSpeedConfig, TheBatchFollowsDeepSpeedsRuleOverTheRanks) {
   auto from_batch = with_ds(minimal(), Json::parse(R"({"train_batch_size": 32,
                                                       "gradient_accumulation_steps": 2})"));
   ASSERT_TRUE(from_batch.is_ok()) << from_batch.status().message();
+  EXPECT_FALSE(from_batch->check_batch_split(3).is_ok());  // 32 is not 2 x 3 x m
   ASSERT_TRUE(from_batch->resolve_batch(4).is_ok());
   EXPECT_EQ(from_batch->micro_batch_size, 4);
-  EXPECT_FALSE(from_batch->check_batch_split(3).is_ok());  // 32 is not 2 x 3 x m
+
+  // One of train_batch_size and the micro-batch alone: DeepSpeed accumulates once.
+  auto train_only = with_ds(minimal(), Json{{"train_batch_size", 16}});
+  ASSERT_TRUE(train_only.is_ok()) << train_only.status().message();
+  ASSERT_TRUE(train_only->resolve_batch(4).is_ok());
+  EXPECT_EQ(train_only->micro_batch_size, 4);
+  EXPECT_EQ(train_only->accumulation_steps(4), 1);
+  auto micro_only = with_ds(minimal(), Json{{"train_micro_batch_size_per_gpu", 3}});
+  ASSERT_TRUE(micro_only.is_ok()) << micro_only.status().message();
+  ASSERT_TRUE(micro_only->resolve_batch(2).is_ok());
+  EXPECT_EQ(micro_only->batch_size, 6);
+  // ... unless the Strata config gives the other: then its accumulation stands.
+  Json batch8 = minimal();
+  batch8["batch_size"] = 8;
+  auto with_batch = with_ds(batch8, Json{{"train_micro_batch_size_per_gpu", 2}});
+  ASSERT_TRUE(with_batch.is_ok()) << with_batch.status().message();
+  EXPECT_EQ(with_batch->accumulation_steps(2), 2);
 
   auto all = with_ds(minimal(), Json::parse(R"({"train_batch_size": 32,
                                                "train_micro_batch_size_per_gpu": 4,
@@ -310,6 +335,43 @@ TEST(DeepSpeedConfig, SchedulersMatchDeepSpeedsOwnCode) {
           << name << " step " << k;
     }
   }
+}
+
+// Hugging Face's fp16 block ("enabled": "auto") keeps its loss-scaling keys for a Strata config
+// in fp16; fp16 off beside bf16 "auto" leaves Strata's bf16; two keys of the file for one
+// Strata key must agree; an error on a key the file set is blamed on the file.
+TEST(DeepSpeedConfig, AutoPrecisionKeepsTheScalerAndTheFileIsBlamedForItsKeys) {
+  Json fp16 = minimal();
+  fp16["precision"] = "fp16";
+  auto c = with_ds(fp16, Json::parse(R"({"fp16": {"enabled": "auto", "loss_scale_window": 500,
+                                                  "hysteresis": 3}})"));
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->precision, DType::kF16);
+  EXPECT_EQ(c->loss_scaler.loss_scale_window, 500);
+  EXPECT_EQ(c->loss_scaler.hysteresis, 3);
+  Json bf16 = minimal();
+  bf16["precision"] = "bf16";
+  auto b = with_ds(bf16, Json::parse(R"({"fp16": {"enabled": false, "loss_scale": 0},
+                                         "bf16": {"enabled": "auto"}})"));
+  ASSERT_TRUE(b.is_ok()) << b.status().message();
+  EXPECT_EQ(b->precision, DType::kBF16);
+  EXPECT_TRUE(has(b->deepspeed_decided, "fp16.loss_scale (fp16 is off)"));
+
+  const std::string m = error_of(with_ds(minimal(), Json::parse(R"({
+    "zero_optimization": {"stage": 2, "cpu_offload": true,
+                          "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
+                          "offload_param": {"device": "cpu"}},
+    "gradient_allreduce_op": "sum"})")));
+    EXPECT_NE(m.find("'zero_optimization.offload_optimizer.device' and 'zero_optimization."
+                   "cpu_offload' both set 'offload_optimizer', to \"nvme\" and \"cpu\"; keep one"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("'gradient_allreduce_op': \"sum\": Strata averages"), std::string::npos) << m;
+  // offload_param came from the file; the stage 2 it contradicts too.
+  EXPECT_NE(m.find("'offload_param' (from train.json's \"deepspeed\"): parameter offload needs "
+                   "zero_stage 3"),
+            std::string::npos)
+      << m;
 }
 
 }  // namespace
