@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "strata/device/adam8bit.h"
 #include "strata/optim/state_layout.h"
 #include "strata/zero/plan.h"
 
@@ -216,7 +218,115 @@ Result<Estimate> estimate_with_changes(const TrainConfig& config, int ranks,
                                        const EstimateOptions& options) {
   Result<Estimate> e = estimate(config, ranks, options);
   if (e.is_ok() || e.status().code() != StatusCode::kOutOfMemory) return e;
-  return out_of_memory(e.status().message() + changes_to_fit(config, ranks));
+  return out_of_memory(e.status().message() + changes_to_fit(config, ranks) +
+                       other_changes(config, ranks));
+}
+
+std::string other_changes(const TrainConfig& config, int ranks) {
+  // Each change at the config's placement (the first open one under "auto"), and what the plan
+  // then needs with no budgets, against what it needs now.
+  const std::vector<Candidate> open = candidates(config);
+  const auto first =
+      std::find_if(open.begin(), open.end(), [](const Candidate& c) { return c.refused.empty(); });
+  if (first == open.end()) return "";
+  const auto needs = [&](TrainConfig c) -> std::optional<std::pair<std::uint64_t, std::uint64_t>> {
+    c = least(c, *first);
+    c.device_memory_limit = 0;
+    c.host_memory_limit = 0;
+    auto e = estimate(c, ranks, kVariantUnchecked);
+    if (!e.is_ok()) return std::nullopt;
+    return std::pair{e->device_bytes_needed(), e->plan.tier_bytes(Tier::kHost)};
+  };
+  const auto now = needs(config);
+  if (!now) return "";
+  struct Change {
+    std::string what;
+    TrainConfig config;
+  };
+  std::vector<Change> changes;
+  const auto add = [&](std::string what, const std::function<void(TrainConfig&)>& change) {
+    TrainConfig c = config;
+    change(c);
+    changes.push_back({std::move(what), std::move(c)});
+  };
+  if (config.optimizer.state_dtype == DType::kF32 || config.optimizer.master_dtype == DType::kF32) {
+    add("optimizer.state_dtype \"int8\" and master_dtype \"bf16\" (4.125 bytes of optimizer "
+        "state a trained parameter instead of 12)",
+        [](TrainConfig& c) {
+          c.optimizer.state_dtype = device::kAdam8StateDType;
+          c.optimizer.master_dtype = DType::kBF16;
+        });
+  }
+  if (config.finetune.method == FinetuneMethod::kFull) {
+    add("finetune {\"method\": \"lora\", \"r\": 16, \"target_modules\": \"all-linear\"} (adapters "
+        "on "
+        "a frozen base)",
+        [](TrainConfig& c) {
+          c.finetune.method = FinetuneMethod::kLora;
+          c.finetune.lora.targets.fill(true);
+        });
+  }
+  if (config.finetune.method != FinetuneMethod::kQlora) {
+    add("finetune {\"method\": \"qlora\", \"r\": 16, \"target_modules\": \"all-linear\"} (adapters "
+        "on a 4-bit base)",
+        [](TrainConfig& c) {
+          c.finetune.method = FinetuneMethod::kQlora;
+          c.finetune.lora.targets.fill(true);
+        });
+  }
+  const int data = ranks / (config.tensor_parallel_size * config.pipeline_parallel_size);
+  if (config.accumulation_steps(data) > 1 && config.pipeline_parallel_size == 1) {
+    add("micro_batch_size " + std::to_string(config.batch_size / data) +
+            " (one micro-batch a step: no fp32 gradient sums, more activations)",
+        [&](TrainConfig& c) {
+          c.micro_batch_size = c.batch_size / data;
+          c.gradient_accumulation_steps = 0;
+        });
+  }
+  if (!config.activation_checkpointing) {
+    add("activation_checkpointing true (each layer's input kept, the layer recomputed)",
+        [](TrainConfig& c) { c.activation_checkpointing = true; });
+  } else if (config.activation_offload == Tier::kDevice) {
+    add("activation_offload \"cpu\" (the checkpointed inputs in host memory)",
+        [](TrainConfig& c) { c.activation_offload = Tier::kHost; });
+  }
+  if (config.swap_paths.empty()) {
+    add("swap_paths [an NVMe drive's directory] with offload_param and offload_optimizer "
+        "\"nvme\"",
+        [](TrainConfig& c) {
+          c.swap_paths = {"/nvme"};
+          c.offload_param = c.offload_optimizer = Tier::kNvme;
+          c.offload_param_auto = c.offload_optimizer_auto = false;
+          if (c.zero_stage != 3) c.zero_stage = 3;
+        });
+  }
+  std::string out;
+  for (Change& c : changes) {
+    // The swap paths change is planned at its own placement.
+    const bool own_placement = !c.config.swap_paths.empty() && config.swap_paths.empty();
+    std::optional<std::pair<std::uint64_t, std::uint64_t>> then;
+    if (own_placement) {
+      TrainConfig t = c.config;
+      t.device_memory_limit = 0;
+      t.host_memory_limit = 0;
+      if (auto e = estimate(t, ranks, kVariantUnchecked); e.is_ok()) {
+        then = std::pair{e->device_bytes_needed(), e->plan.tier_bytes(Tier::kHost)};
+      }
+    } else {
+      then = needs(c.config);
+    }
+    if (!then || (then->first >= now->first && then->second >= now->second)) continue;  // no use
+    const auto saved = [](std::uint64_t before, std::uint64_t after) {
+      return after < before ? format_bytes(before - after) + " less" : "no less";
+    };
+    const bool fits =
+        (config.device_memory_limit == 0 || then->first <= config.device_memory_limit) &&
+        (config.host_memory_limit == 0 || then->second <= config.host_memory_limit);
+    out += "\n  - " + c.what + ": device " + format_bytes(then->first) + " (" +
+           saved(now->first, then->first) + "), host " + format_bytes(then->second) + " (" +
+           saved(now->second, then->second) + ")" + (fits ? ", fits the budgets" : "");
+  }
+  return out.empty() ? "" : "\nother changes, each alone, and what the plan then needs:" + out;
 }
 
 std::string changes_to_fit(const TrainConfig& config, int ranks) {

@@ -491,3 +491,44 @@ TEST(EstimateTest, AutoRunsInEveryBudgetOrSaysWhatWouldFit) {
 
 }  // namespace
 }  // namespace strata::train
+
+namespace strata::train {
+namespace {
+
+// A full fine-tune of Llama-3.1-8B's shape on a 24 GiB device: besides the budget and placement
+// changes, the refusal lists the changes to the training itself, a line each, with what the plan
+// then needs and how much less, marking those that alone fit: compact optimizer states save the
+// moments' and masters' bytes, LoRA and QLoRA fit, swap paths move the state to NVMe.
+TEST(EstimateAdviceTest, ARefusalListsTheChangesToTheTrainingWithWhatEachSaves) {
+  Json j = Json::parse(R"({"data": {"path": "x.u32"}, "seq_len": 2048, "batch_size": 16,
+                           "micro_batch_size": 2, "precision": "bf16",
+                           "activation_checkpointing": true, "device": "cuda",
+                           "device_memory_limit": "24GiB", "host_memory_limit": "64GiB"})");
+  j["model"] = std::string(STRATA_SOURCE_DIR) + "/examples/models/Llama-3.1-8B-Instruct";
+  auto c = config_of(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  auto e = estimate_with_changes(*c, 1);
+  ASSERT_FALSE(e.is_ok());
+  const std::string& m = e.status().message();
+  const auto line = [&](const std::string& start) {
+    const auto at = m.find("\n  - " + start);
+    return at == std::string::npos ? std::string()
+                                   : m.substr(at + 5, m.find('\n', at + 5) - at - 5);
+  };
+  EXPECT_NE(m.find("\nother changes, each alone, and what the plan then needs:"), std::string::npos)
+      << m;
+  // The moments and masters: 12 bytes a parameter to 4.125, 8 B parameters: about 59 GiB.
+  const std::string compact = line("optimizer.state_dtype \"int8\" and master_dtype \"bf16\"");
+  ASSERT_FALSE(compact.empty()) << m;
+  EXPECT_NE(compact.find("GiB less)"), std::string::npos) << compact;
+  EXPECT_EQ(compact.find("fits the budgets"), std::string::npos) << compact;
+  for (const char* method : {"lora", "qlora"}) {
+    const std::string l = line(std::string("finetune {\"method\": \"") + method + "\"");
+    EXPECT_NE(l.find("fits the budgets"), std::string::npos) << method << ": " << m;
+  }
+  EXPECT_FALSE(line("swap_paths").empty()) << m;
+  EXPECT_FALSE(line("activation_offload \"cpu\"").empty()) << m;
+}
+
+}  // namespace
+}  // namespace strata::train

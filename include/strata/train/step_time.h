@@ -110,6 +110,12 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
 // to 6.20 GiB (cpu/cpu), or offload_param cpu and offload_optimizer nvme, or micro_batch_size 2".
 // Empty when none does.
 std::string changes_to_fit(const TrainConfig& config, int ranks);
+// Changes to the training itself, each on a line of its own with what the plan then needs of the
+// device and the host and how much less that is: compact optimizer states (int8 moments, bf16
+// master weights), LoRA and QLoRA (a full fine-tune), one micro-batch a step (no fp32 gradient
+// sums), activation checkpointing or its offload to the host, and swap paths with everything on
+// NVMe (none set); each marked where it alone fits the budgets. Empty when none applies.
+std::string other_changes(const TrainConfig& config, int ranks);
 
 // estimate(), and a refusal for a budget too small with changes_to_fit's smallest changes that
 // would let it run: what strata train and strata estimate tell a user.
