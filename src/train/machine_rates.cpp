@@ -1,6 +1,7 @@
 // Short probes of this machine's rates: a GEMM, a decoder layer, host memory and the swap drive.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -389,6 +390,37 @@ Rate median_rate(std::vector<double> rates, std::string how) {
     r.high_per_s = rates.back();
   }
   return r;
+}
+
+Result<Rate> named_gpu_gemm_rate(const std::string& gpu, const TrainConfig& config) {
+  struct Gpu {
+    const char* name;
+    const char* full_name;
+    double half, tf32, fp32;  // published dense peaks, TFLOP/s (bf16/fp16 with fp32 accumulation)
+  };
+  static constexpr Gpu kGpus[] = {{"h100", "H100 SXM", 989.4, 494.7, 66.9},
+                                  {"h200", "H200 SXM", 989.4, 494.7, 66.9},
+                                  {"a100", "A100 SXM", 312.0, 156.0, 19.5},
+                                  {"l40s", "L40S", 362.05, 183.0, 91.6},
+                                  {"4090", "GeForce RTX 4090", 165.2, 82.6, 82.6},
+                                  {"3090", "GeForce RTX 3090", 35.6, 35.6, 35.6}};
+  constexpr double kReached = 776.0 / 989.4;  // cuBLASLt's share of the peak on an H200
+  for (const Gpu& g : kGpus) {
+    if (gpu != g.name) continue;
+    const bool half = config.precision != DType::kF32;
+    const double peak = half ? g.half : config.allow_tf32 ? g.tf32 : g.fp32;
+    char how[192];
+    std::snprintf(how, sizeof(how),
+                  "assumed: %s's published dense %s peak, %.0f TFLOP/s, times %.2f (the share "
+                  "cuBLAS reached on an H200)",
+                  g.full_name,
+                  half                ? "bf16/fp16"
+                  : config.allow_tf32 ? "TF32"
+                                      : "fp32",
+                  peak, kReached);
+    return Rate{peak * 1e12 * kReached, false, how};
+  }
+  return invalid_argument("--gpu " + gpu + ": expected one of " + kNamedGpus);
 }
 
 MachineRates calibrate(const TrainConfig& config, device::Device* device) {

@@ -213,6 +213,33 @@ TEST(CliTest, BadSetValueIsReported) {
       << r.err;
 }
 
+// With device "cuda" and no GPU here, estimate says the compute is not predicted and how to
+// predict it; --gpu NAME predicts with the named GPU's published rate; an unknown name is a
+// usage error naming the ones it knows.
+TEST(CliTest, EstimateWithoutTheGpuPredictsWithANamedOnesRate) {
+  TempDir dir;
+  const std::string recipe =
+      std::string(STRATA_SOURCE_DIR) +
+      "/examples/recipes/llama3.1-8b-lora-24g.json --set model=" + STRATA_SOURCE_DIR +
+      "/examples/models/Llama-3.1-8B-Instruct";
+  RunResult none = run_cli(dir, "estimate " + recipe);
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.out.find("predicted step: not predicted, no rate for the compute (--gpu NAME"),
+            std::string::npos)
+      << none.out;
+  RunResult h100 = run_cli(dir, "estimate " + recipe + " --gpu h100");
+  ASSERT_EQ(h100.exit_code, 0) << h100.err;
+  EXPECT_NE(h100.out.find("assumed: H100 SXM's published dense bf16/fp16 peak, 989 TFLOP/s"),
+            std::string::npos)
+      << h100.out;
+  EXPECT_EQ(h100.out.find("compute 0.00 s"), std::string::npos) << h100.out;
+  RunResult bad = run_cli(dir, "estimate " + recipe + " --gpu v100");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--gpu v100: expected one of h100, h200, a100, l40s, 4090, 3090"),
+            std::string::npos)
+      << bad.err;
+}
+
 // --list-keys prints every key with its default and needs no config; without either, the usage
 // error says what is missing (exit code 2).
 TEST(CliTest, ListKeysPrintsEveryKeyAndAMissingConfigIsAUsageError) {

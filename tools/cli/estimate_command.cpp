@@ -18,7 +18,7 @@ namespace strata::cli {
 namespace {
 
 struct EstimateArgs {
-  std::string config_path, deepspeed;
+  std::string config_path, deepspeed, gpu;
   std::vector<std::string> sets;
   int ranks = 1;
   bool json = false;
@@ -85,6 +85,27 @@ int run_estimate(const EstimateArgs& a) {
     stages.push_back(std::move(*st));
   }
   if (!resolved->rates) resolved->rates = train::calibrate(*config);
+  // A GPU this machine lacks: a named one's published rate, or say that compute is not
+  // predicted.
+  if (!a.gpu.empty()) {
+    auto named = train::named_gpu_gemm_rate(a.gpu, *config);
+    if (!named.is_ok()) return fail(named.status());
+    if (config->device != device::DeviceKind::kCuda) {
+      return fail(invalid_argument("--gpu " + a.gpu +
+                                   " predicts a GPU run, but the config's "
+                                   "device is \"cpu\"; set device \"cuda\""));
+    }
+    resolved->rates->gemm_flops = *named;
+    resolved->rates->layer_passes = {0, false,
+                                     "not measured: layers this large run at the GEMM rate"};
+    resolved->rates->end_passes = resolved->rates->layer_passes;
+  } else if (config->device == device::DeviceKind::kCuda && !resolved->rates->gemm_flops.measured) {
+    resolved->rates->gemm_flops.how +=
+        std::string(
+            "; compute is not predicted: --gpu NAME predicts with a named GPU's "
+            "published rate (") +
+        train::kNamedGpus + ")";
+  }
   const train::MachineRates& rates = *resolved->rates;
   train::StepTime step = train::predict_step(*config, *e, rates);
   // A small model's step is timed: a few steps of 1- and 3-layer variants of the config.
@@ -103,6 +124,8 @@ int run_estimate(const EstimateArgs& a) {
     out["budgets"] = budgets_of(*config, *e);
     out["step_ms"] = step.step_ms;
     out["step_timed"] = timed;
+    // false: no compute rate (a GPU this machine lacks, without --gpu): step_ms leaves it out.
+    out["step_predicted"] = timed || rates.gemm_flops.per_s > 0;
     out["step"] = step.to_json();
     out["rates"] = rates.to_json();
     out["offload_param"] = zero::offload_name(config->offload_param);
@@ -132,22 +155,30 @@ int run_estimate(const EstimateArgs& a) {
     std::snprintf(b, sizeof(b), "%.2f s", ms / 1e3);
     return std::string(b);
   };
-  std::cout << "predicted step: " << secs(step.step_ms);
-  if (step.slowest_ms > 0) {
-    std::cout << ", " << secs(step.fastest_ms) << " to " << secs(step.slowest_ms)
-              << " over the drive's measured spread";
+  if (rates.gemm_flops.per_s <= 0 && !timed) {
+    // No compute rate (a GPU this machine lacks): no step time, only what else it holds.
+    std::cout << "predicted step: not predicted, no rate for the compute (--gpu NAME: a named "
+                 "GPU's); beside it: transfers "
+              << secs(step.transfer_ms) << ", optimizer " << secs(step.optimizer_ms)
+              << ", communication " << secs(step.comm_ms) << "\n";
+  } else {
+    std::cout << "predicted step: " << secs(step.step_ms);
+    if (step.slowest_ms > 0) {
+      std::cout << ", " << secs(step.fastest_ms) << " to " << secs(step.slowest_ms)
+                << " over the drive's measured spread";
+    }
+    std::cout << " (" << step.schedule << "; serial " << secs(step.serial_ms);
+    if (step.overlapped_ms > 0) std::cout << ", overlapped " << secs(step.overlapped_ms);
+    std::cout << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
+              << ", optimizer " << secs(step.optimizer_ms) << ", communication "
+              << secs(step.comm_ms);
+    if (step.tensor_ms > 0) std::cout << ", tensor-parallel " << secs(step.tensor_ms);
+    if (config->pipeline_parallel_size > 1) {
+      std::cout << ", pipeline bubble " << secs(step.bubble_ms) << ", stage boundaries "
+                << secs(step.boundary_ms);
+    }
+    std::cout << "\n";
   }
-  std::cout << " (" << step.schedule << "; serial " << secs(step.serial_ms);
-  if (step.overlapped_ms > 0) std::cout << ", overlapped " << secs(step.overlapped_ms);
-  std::cout << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
-            << ", optimizer " << secs(step.optimizer_ms) << ", communication "
-            << secs(step.comm_ms);
-  if (step.tensor_ms > 0) std::cout << ", tensor-parallel " << secs(step.tensor_ms);
-  if (config->pipeline_parallel_size > 1) {
-    std::cout << ", pipeline bubble " << secs(step.bubble_ms) << ", stage boundaries "
-              << secs(step.boundary_ms);
-  }
-  std::cout << "\n";
   const auto rate = [](const char* what, const train::Rate& r, double unit, const char* units) {
     char b[64];
     if (r.has_spread()) {
@@ -189,6 +220,11 @@ Runner add_estimate_command(CLI::App& app) {
   cmd->add_option("--ranks", args->ranks, "Plan rank 0 of a job of this many ranks (default 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "One JSON object instead of the text");
+  cmd->add_option(
+      "--gpu", args->gpu,
+      std::string("With device \"cuda\" on a machine without that GPU: predict the step "
+                  "with a named GPU's published rate (") +
+          train::kNamedGpus + ")");
   cmd->add_option("--deepspeed", args->deepspeed,
                   "A DeepSpeed config file whose keys join the config's, as for train");
   return [args] { return run_estimate(*args); };

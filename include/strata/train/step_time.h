@@ -56,6 +56,14 @@ struct MachineRates {
 // the reason.
 MachineRates calibrate(const TrainConfig& config, device::Device* device = nullptr);
 
+// The GPUs strata estimate --gpu knows: "h100", "h200", "a100", "l40s", "4090", "3090".
+inline constexpr const char* kNamedGpus = "h100, h200, a100, l40s, 4090, 3090";
+// A named GPU's matrix-product rate in the config's compute dtype (fp32: TF32 tensor cores where
+// allow_tf32, else its fp32 units), from its published dense peak times the share of the peak
+// cuBLAS reached on an H200 (776 of 989 TFLOP/s in bf16 at 8192^3, bench/RESULTS.md): what
+// strata estimate predicts with on a machine without the GPU. An error naming the GPUs it knows.
+Result<Rate> named_gpu_gemm_rate(const std::string& gpu, const TrainConfig& config);
+
 struct StepTime {
   double compute_ms = 0;    // forward + backward FLOPs (recompute included) at the GEMM rate
   double transfer_ms = 0;   // parameters to the device and gradients off it, NVMe legs included
