@@ -9,7 +9,8 @@ packages=(build-essential cmake ninja-build pkg-config ccache git
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev fio
           libpcre2-dev libutf8proc-dev libsentencepiece-dev libdnnl-dev
-          clang libclang-rt-dev)  # clang and its libFuzzer: tools/fuzz.sh
+          clang libclang-rt-dev  # clang and its libFuzzer: tools/fuzz.sh
+          python3-matplotlib)    # strata plot
 if [[ "${1:-}" == "--with-golden" ]]; then
   packages+=(python3-torch python3-numpy)
 fi

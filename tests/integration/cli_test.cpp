@@ -240,6 +240,30 @@ TEST(CliTest, EstimateWithoutTheGpuPredictsWithANamedOnesRate) {
       << bad.err;
 }
 
+// strata plot draws a run's metrics file as a PNG; a missing file or one that is not a metrics
+// file is a usage error naming it.
+TEST(CliTest, PlotDrawsTheMetricsOfARun) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  RunResult train =
+      run_cli(dir, "train " + dir.file("c.json") + " --metrics " + dir.file("m.jsonl"));
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  RunResult plot = run_cli(dir, "plot " + dir.file("m.jsonl") + " -o " + dir.file("loss.png"));
+  ASSERT_EQ(plot.exit_code, 0) << plot.err;
+  EXPECT_NE(plot.out.find("wrote " + dir.file("loss.png") + " (1 run, 3 steps)"), std::string::npos)
+      << plot.out;
+  const std::string png = testing::slurp(dir.file("loss.png"));
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  RunResult missing = run_cli(dir, "plot " + dir.file("none.jsonl") + " -o " + dir.file("x.png"));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("none.jsonl: no such metrics file"), std::string::npos) << missing.err;
+  dir.write("bad.jsonl", "{\"loss\": 1}\n");
+  RunResult bad = run_cli(dir, "plot " + dir.file("bad.jsonl") + " -o " + dir.file("x.png"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("bad.jsonl:1: no \"step\""), std::string::npos) << bad.err;
+}
+
 // --list-keys prints every key with its default and needs no config; without either, the usage
 // error says what is missing (exit code 2).
 TEST(CliTest, ListKeysPrintsEveryKeyAndAMissingConfigIsAUsageError) {

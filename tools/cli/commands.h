@@ -23,5 +23,6 @@ Runner add_tokenize_command(CLI::App& app);
 Runner add_generate_command(CLI::App& app);
 Runner add_merge_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
+Runner add_plot_command(CLI::App& app);
 
 }  // namespace strata::cli
