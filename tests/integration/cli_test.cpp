@@ -264,6 +264,18 @@ TEST(CliTest, PlotDrawsTheMetricsOfARun) {
   EXPECT_NE(bad.err.find("bad.jsonl:1: no \"step\""), std::string::npos) << bad.err;
 }
 
+// strata info names the build's backends, the CPU backend's SIMD path and GEMM library as a
+// device made now reports them, and the kernel's huge-page mode.
+TEST(CliTest, InfoNamesTheBackendsTheSimdPathTheGemmLibraryAndHugePages) {
+  TempDir dir;
+  RunResult r = run_cli(dir, "info");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* part :
+       {"backends: cpu; cuda: ", "cpu backend: cpu/", "(SIMD path ", "; GEMMs: ", "huge pages: "}) {
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  }
+}
+
 // --list-keys prints every key with its default and needs no config; without either, the usage
 // error says what is missing (exit code 2).
 TEST(CliTest, ListKeysPrintsEveryKeyAndAMissingConfigIsAUsageError) {
