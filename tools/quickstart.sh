@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a training run: installs what is missing, builds Release,
-# and trains the small demo model in examples/quickstart.json (about a minute on 2 cores).
+# and trains the small demo model in examples/quickstart.json (25-40 seconds on 2 cores, after
+# the first build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

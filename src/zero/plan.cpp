@@ -119,8 +119,14 @@ std::string MemoryPlan::describe() const {
        (overlap_note.empty() ? "" : "; " + overlap_note) + "\n";
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const std::string kinds = kinds_text(t);
-    s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
-         (kinds.empty() ? "nothing" : kinds) + "\n";
+        s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
+         (kinds.empty() ? "nothing" : kinds);
+    // The peak a run measures (its closing "peaks:" line): beyond these, the parameters in use,
+    // ZeRO's buffers and what the store keeps for reuse while the budget has room.
+    if (peak(t) > tier_bytes(t)) {
+      s += "; peak " + format_bytes(peak(t)) + " with the working copies and buffers in use";
+    }
+    s += "\n";
   }
   if (collective_bytes != 0) {
     s += "  and on the " + std::string(tier_name(Tier::kDevice)) + ", ZeRO's collective buffers " +
