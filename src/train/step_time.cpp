@@ -258,9 +258,8 @@ std::string other_changes(const TrainConfig& config, int ranks) {
         });
   }
   if (config.finetune.method == FinetuneMethod::kFull) {
-    add("finetune {\"method\": \"lora\", \"r\": 16, \"target_modules\": \"all-linear\"} (adapters "
-        "on "
-        "a frozen base)",
+    add("finetune {\"method\": \"lora\", \"r\": 16, \"target_modules\": \"all-linear\"} "
+        "(adapters on a frozen base)",
         [](TrainConfig& c) {
           c.finetune.method = FinetuneMethod::kLora;
           c.finetune.lora.targets.fill(true);
