@@ -18,6 +18,16 @@
 #include "strata/zero/zero_provider.h"
 
 namespace strata::train {
+
+std::int64_t head_rows_of(const TrainConfig& config) {
+  const std::int64_t rows = std::max<std::int64_t>(config.micro_batch_size * config.seq_len, 1);
+  const std::int64_t hidden = config.model.hidden_size;
+  const std::int64_t vocab = config.model.vocab_size / config.tensor_parallel_size;
+  if (config.lm_head_chunk_tokens > 0) return std::min(config.lm_head_chunk_tokens, rows);
+  if (vocab <= 2 * hidden) return rows;
+  return std::clamp<std::int64_t>((2 * hidden * rows + vocab - 1) / vocab, 1, rows);
+}
+
 namespace {
 
 constexpr double kGemmProbeSeconds = 0.3;
@@ -37,10 +47,11 @@ constexpr double kAssumedCommBytesPerS = 5e9;
 // forward (tokens x intermediate, over hidden), the input's gradient (tokens x hidden, over
 // intermediate) and the weight's (intermediate x hidden, over tokens), each a third of a layer's
 // matrix FLOPs. A square 1024^3 product runs faster than the thin ones of a small micro-batch.
-Rate gemm_rate(const TrainConfig& config, device::Device* given) {
+// The GEMMs of one linear layer of `hidden` inputs and `inter` outputs over `tokens` rows,
+// forward and both gradients, in the config's compute dtype; `what` names the layer.
+Rate gemm_rate(const TrainConfig& config, device::Device* given, std::int64_t tokens,
+               std::int64_t hidden, std::int64_t inter, const std::string& what) {
   const DType dt = config.precision;
-  const std::int64_t tokens = std::max<std::int64_t>(config.micro_batch_size * config.seq_len, 1);
-  const std::int64_t hidden = config.model.hidden_size, inter = config.model.intermediate_size;
   struct Shape {
     bool trans_a, trans_b;
     std::int64_t m, n, k;
@@ -110,10 +121,39 @@ Rate gemm_rate(const TrainConfig& config, device::Device* given) {
   const double flops = 3 * 2.0 * static_cast<double>(tokens) * static_cast<double>(hidden) *
                        static_cast<double>(inter) * rounds;
   return {flops / (t.elapsed_ms() / 1e3), true,
-          std::string(precision_name(dt)) + " GEMMs of a decoder layer's MLP (" +
-              std::to_string(tokens) + " tokens, hidden " + std::to_string(hidden) +
-              ", intermediate " + std::to_string(inter) + "; forward and both gradients) on " +
-              device->name() + ", " + std::to_string(rounds) + " rounds"};
+          std::string(precision_name(dt)) + " GEMMs of " + what + " (" + std::to_string(tokens) +
+              " tokens, " + std::to_string(hidden) + " in, " + std::to_string(inter) +
+              " out; forward and both gradients) on " + device->name() + ", " +
+              std::to_string(rounds) + " rounds"};
+}
+
+// A decoder layer's MLP at the run's micro-batch.
+Rate layer_gemm_rate(const TrainConfig& config, device::Device* given) {
+  const std::int64_t tokens = std::max<std::int64_t>(config.micro_batch_size * config.seq_len, 1);
+  return gemm_rate(config, given, tokens, config.model.hidden_size, config.model.intermediate_size,
+                   "a decoder layer's MLP");
+}
+
+// A decoder layer's query projection at the run's micro-batch: the attention's products (q, k, v
+// and o), narrower than the MLP's.
+Rate attention_gemm_rate(const TrainConfig& config, device::Device* given) {
+  const std::int64_t tokens = std::max<std::int64_t>(config.micro_batch_size * config.seq_len, 1);
+  return gemm_rate(config, given, tokens, config.model.hidden_size,
+                   config.model.q_dim() / config.tensor_parallel_size,
+                   "a decoder layer's query projection");
+}
+
+// The LM head as the model runs it: head_rows_of's chunks of tokens against this rank's rows of
+// the vocabulary (at most 256 MiB of them: a wider head runs at the same rate).
+Rate head_gemm_rate(const TrainConfig& config, device::Device* given) {
+  const std::int64_t hidden = config.model.hidden_size;
+  const std::int64_t vocab = config.model.vocab_size / config.tensor_parallel_size;
+  const std::int64_t cap =
+      std::max<std::int64_t>((std::int64_t{256} << 20) /
+                                 (hidden * static_cast<std::int64_t>(dtype_size(config.precision))),
+                             1);
+  return gemm_rate(config, given, head_rows_of(config), hidden, std::min(vocab, cap),
+                   "the LM head's chunk");
 }
 
 // `model` cut to `layers` decoder layers, ready to run forward and backward at the run's
@@ -426,7 +466,9 @@ Result<Rate> named_gpu_gemm_rate(const std::string& gpu, const TrainConfig& conf
 MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   MachineRates r;
   try {
-    r.gemm_flops = gemm_rate(config, device);
+    r.gemm_flops = layer_gemm_rate(config, device);
+    r.head_gemm_flops = head_gemm_rate(config, device);
+    r.attention_gemm_flops = attention_gemm_rate(config, device);
     layer_rates(config, config.model, device, &r.layer_passes, &r.end_passes);
     r.memory_bytes = memory_rate();
     swap_rates(config, r);
@@ -440,6 +482,8 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
 
 Json MachineRates::to_json() const {
   return Json{{"gemm_flops", rate_json(gemm_flops)},
+              {"head_gemm_flops", rate_json(head_gemm_flops)},
+              {"attention_gemm_flops", rate_json(attention_gemm_flops)},
               {"layer_passes", rate_json(layer_passes)},
               {"end_passes", rate_json(end_passes)},
               {"memory_bytes", rate_json(memory_bytes)},

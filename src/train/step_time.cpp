@@ -453,13 +453,45 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   const double params = static_cast<double>(e.active_parameters());
   const double embedding = static_cast<double>(m.vocab_size * m.hidden_size);
   const double trainable = static_cast<double>(e.trainable_parameters - e.inactive_trainable);
-  const double matmul_trainable = trainable - (e.embedding_trains ? embedding : 0.0);
-  const double matmul_frozen = (params - trainable) - (e.embedding_trains ? 0.0 : embedding);
+  double matmul_trainable = trainable - (e.embedding_trains ? embedding : 0.0);
+  double matmul_frozen = (params - trainable) - (e.embedding_trains ? 0.0 : embedding);
+  // The LM head apart: it runs at its own rate (chunks of tokens against the vocabulary), once
+  // forward whatever the checkpointing, and its weight gradient only where it trains. Untied,
+  // its weight is among the products above; tied, the embedding's (a lookup there) serves it.
+  const double head = embedding;
+  const bool head_trains =
+      config.finetune.method == FinetuneMethod::kFull ||
+      std::any_of(config.finetune.lora.modules_to_save.begin(),
+                  config.finetune.lora.modules_to_save.end(), [&](const std::string& s) {
+                    return s.ends_with("lm_head") ||
+                           (m.tie_word_embeddings && s.ends_with("embed_tokens"));
+                  });
+  if (!m.tie_word_embeddings) (head_trains ? matmul_trainable : matmul_frozen) -= head;
   const double passes = config.activation_checkpointing ? 4.0 : 3.0;
   const double flops = 2.0 * tokens * (passes * matmul_trainable + (passes - 1) * matmul_frozen) +
                        passes * 4.0 * static_cast<double>(m.num_hidden_layers) * config.seq_len *
                            static_cast<double>(m.hidden_size) * tokens;
-  st.compute_ms = ms(flops, rates.gemm_flops);
+  const double head_flops = 2.0 * tokens * head * (head_trains ? 3.0 : 2.0);
+  // The loss over the logits: written, read for the softmax's max and sum, its gradient written
+  // and read by the head's products, fp32, bound by memory.
+  const double logit_bytes = tokens * static_cast<double>(m.vocab_size) * 4.0 * 4.0;
+  // The layers' products: the attention projections' share at their rate, the rest (the MLP's,
+  // the experts', the adapters') at the MLP's.
+  const double h = static_cast<double>(m.hidden_size);
+  const double attention_params = h * static_cast<double>(2 * m.q_dim() + 2 * m.kv_dim());
+  const double layer_params =
+      static_cast<double>(m.num_hidden_layers) *
+      (attention_params + 3.0 * h * static_cast<double>(m.intermediate_size));
+  const double attention_share =
+      rates.attention_gemm_flops.per_s > 0 && layer_params > 0
+          ? std::min(1.0, static_cast<double>(m.num_hidden_layers) * attention_params /
+                              std::max(layer_params, matmul_trainable + matmul_frozen))
+          : 0.0;
+  st.compute_ms =
+      ms(flops * (1.0 - attention_share), rates.gemm_flops) +
+      (attention_share > 0 ? ms(flops * attention_share, rates.attention_gemm_flops) : 0.0) +
+      ms(head_flops, rates.head_gemm_flops.per_s > 0 ? rates.head_gemm_flops : rates.gemm_flops) +
+      (rates.memory_bytes.per_s > 0 ? ms(logit_bytes, rates.memory_bytes) : 0.0);
   if (rates.layer_passes.measured && rates.end_passes.measured) {
     // Timed at the run's micro-batch, recompute included: per micro-batch, every layer and the
     // two ends.

@@ -192,6 +192,12 @@ int run_estimate(const EstimateArgs& a) {
   };
   std::cout << "rates:\n";
   rate("matrix products", rates.gemm_flops, 1e9, "GFLOP/s");
+  if (rates.attention_gemm_flops.per_s > 0 || rates.attention_gemm_flops.measured) {
+    rate("attention projections", rates.attention_gemm_flops, 1e9, "GFLOP/s");
+  }
+  if (rates.head_gemm_flops.per_s > 0 || rates.head_gemm_flops.measured) {
+    rate("the LM head's products", rates.head_gemm_flops, 1e9, "GFLOP/s");
+  }
   rate("decoder layer", rates.layer_passes, 1, "forward+backward passes/s");
   rate("embedding, head and loss", rates.end_passes, 1, "forward+backward passes/s");
   rate("host memory", rates.memory_bytes, 1e9, "GB/s");

@@ -33,6 +33,13 @@ double ms(double bytes_or_flops, const Rate& rate);
 
 struct MachineRates {
   Rate gemm_flops;  // matrix products in the compute dtype, on the config's device
+  // The LM head's products as the model runs them, a chunk of tokens at a time against the
+  // vocabulary (a large vocabulary's chunks are a few dozen tokens: skinny products, slower
+  // than a layer's); unmeasured: gemm_flops.
+  Rate head_gemm_flops;
+  // A layer's attention projections (q, k, v, o) at the run's micro-batch; unmeasured:
+  // gemm_flops, which is the MLP's.
+  Rate attention_gemm_flops;
   // Small models only: forward and backward passes per second of one decoder layer, and of the
   // embedding, head and loss, at the run's micro-batch on its device. Where measured they give
   // the compute time in place of the FLOPs at the GEMM rate.
@@ -55,6 +62,12 @@ struct MachineRates {
 // afterwards). A device that cannot be made, or no swap paths, leave those rates unmeasured with
 // the reason.
 MachineRates calibrate(const TrainConfig& config, device::Device* device = nullptr);
+
+// Tokens the LM head and the loss run at once in a micro-batch of `config` (ModelOptions::
+// lm_head_chunk_tokens, or the model's own choice where it is 0: every token while the
+// vocabulary, this rank's share of it, is at most twice the hidden size, else as many as make
+// the chunk's logits twice the hidden states' bytes).
+std::int64_t head_rows_of(const TrainConfig& config);
 
 // The GPUs strata estimate --gpu knows: "h100", "h200", "a100", "l40s", "4090", "3090".
 inline constexpr const char* kNamedGpus = "h100, h200, a100, l40s, 4090, 3090";
