@@ -21,6 +21,9 @@ double ms(double bytes_or_flops, const Rate& r) {
 
 namespace {
 
+// The list of changes that would fit, one a line: "\nto fit, any one of:\n  - raise ...".
+constexpr const char* kToFit = "\nto fit, any one of:";
+
 // Variants of a config that the caller compares itself: no suggestions; with the swap paths'
 // free space, or without (what a placement would need on NVMe).
 const EstimateOptions kVariant{0, true};
@@ -178,7 +181,7 @@ std::string smallest_changes(const TrainConfig& config, int ranks,
     }
   }
   std::string out;
-  const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", or ") + s; };
+  const auto add = [&](const std::string& s) { out += "\n  - " + s; };
   if (nvme_need != 0) {
     add("swap_paths with " + bytes_at_least(nvme_need) + " free (" + nvme_with + "; they have " +
         format_bytes(swap_free) + ")");
@@ -209,7 +212,7 @@ std::string smallest_changes(const TrainConfig& config, int ranks,
       break;
     }
   }
-  return out.empty() ? "" : "; to fit: " + out;
+  return out.empty() ? "" : std::string(kToFit) + out;
 }
 
 }  // namespace
@@ -347,7 +350,7 @@ std::string changes_to_fit(const TrainConfig& config, int ranks) {
     const std::string change = "offload_param " + std::string(zero::offload_name(c.param)) +
                                " and offload_optimizer " +
                                std::string(zero::offload_name(c.optimizer));
-    return out.empty() ? "; to fit: " + change : out + ", or " + change;
+    return (out.empty() ? std::string(kToFit) : out) + "\n  - " + change;
   }
   return out;
 }
@@ -608,6 +611,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
   const std::uint64_t swap_free = swap_free_bytes(config, 0);
   std::optional<PlacementChoice> best;
   std::string others;
+  std::vector<std::string> refusals;  // every placement's, where none fits
   for (const Candidate& cand : open) {
     const std::string n = placement_name(cand.param, cand.optimizer);
     std::string refused = cand.refused;
@@ -630,6 +634,7 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
     }
     if (!refused.empty()) {
       others += "; " + n + ": " + refused;
+      refusals.push_back(n + ": " + refused);
       continue;
     }
     char buf[64];
@@ -643,8 +648,10 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
     best = PlacementChoice{cand.param, cand.optimizer, *st, std::string(buf)};
   }
   if (!best) {
-    return out_of_memory("no placement fits the budgets" +
-                         (others.empty() ? "" : ":" + others.substr(1)) +
+    // Each placement's reason on a line of its own.
+    std::string lines;
+    for (const std::string& r : refusals) lines += "\n  " + r;
+    return out_of_memory("no placement fits the budgets" + (lines.empty() ? "" : ":" + lines) +
                          smallest_changes(config, ranks, open));
   }
   best->why = "offload_param " + std::string(zero::offload_name(best->param)) +

@@ -427,7 +427,7 @@ TEST(EstimateTest, AutoPlacementTakesTheFastestThatFits) {
       << refused.status().message();
   // It says the smallest device budget one placement needs, and that budget is enough.
   const std::string msg = refused.status().message();
-  const std::string key = "to fit: raise device_memory_limit to ";
+  const std::string key = "\n  - raise device_memory_limit to ";
   const auto at = msg.find(key);
   ASSERT_NE(at, std::string::npos) << msg;
   const std::string size = msg.substr(at + key.size(), msg.find(" (", at) - at - key.size());
@@ -470,8 +470,10 @@ TEST(EstimateTest, AutoRunsInEveryBudgetOrSaysWhatWouldFit) {
         continue;
       }
       const std::string msg = t.status().message();
-      ASSERT_NE(msg.find("; to fit: "), std::string::npos) << msg;
-      const std::string first = msg.substr(msg.find("; to fit: ") + 10);
+      const std::string list = "\nto fit, any one of:\n  - ";
+      ASSERT_NE(msg.find(list), std::string::npos) << msg;
+      const std::string from = msg.substr(msg.find(list) + list.size());
+      const std::string first = from.substr(0, from.find('\n'));
       // "raise device_memory_limit to X", "... and host_memory_limit to Y", or the host alone.
       for (const char* key : {"device_memory_limit", "host_memory_limit"}) {
         const std::string at = std::string(key) + " to ";
