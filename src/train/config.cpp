@@ -686,6 +686,13 @@ Result<TrainConfig> load_train_config(const std::string& path,
     origins.set_keys.push_back(o.substr(0, o.find('=')));
   }
   for (const auto& [key, value] : keys.items()) origins.flag_keys.push_back(key);
+  // Two DeepSpeed files, the config's and the flag's, would be joined one over the other.
+  if (json.is_object() && keys.contains("deepspeed") && json.contains("deepspeed") &&
+      !json["deepspeed"].is_null() && json["deepspeed"] != keys["deepspeed"]) {
+    return invalid_argument("invalid config " + path + ": its 'deepspeed' is " +
+                            json["deepspeed"].dump() + " and --deepspeed gives " +
+                            keys["deepspeed"].dump() + "; keep one");
+  }
   if (json.is_object()) {
     for (const auto& [key, value] : keys.items()) {
       if (value.is_string() && !is_utf8(value.get<std::string>())) {  // a file name, say

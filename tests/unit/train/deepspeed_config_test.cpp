@@ -206,6 +206,14 @@ TEST(DeepSpeedConfig, AKeySetDifferentlyInBothIsRefusedNamingBoth) {
   ASSERT_TRUE(flag.is_ok()) << flag.status().message();
   EXPECT_EQ(flag->zero_stage, 2);
   EXPECT_EQ(flag->deepspeed_source, ds);
+  // The config naming one DeepSpeed file and --deepspeed another: refused, naming both.
+  const std::string other = dir.write("other.json", R"({"zero_optimization": {"stage": 1}})");
+  auto both = load_train_config(path, {}, Json{{"deepspeed", other}});
+  ASSERT_FALSE(both.is_ok());
+  EXPECT_NE(both.status().message().find("its 'deepspeed' is \"" + ds +
+                                         "\" and --deepspeed gives \"" + other + "\"; keep one"),
+            std::string::npos)
+      << both.status().message();
 }
 
 // Keys that would change the mathematics are refused by name with what Strata has instead; an
@@ -362,7 +370,7 @@ TEST(DeepSpeedConfig, AutoPrecisionKeepsTheScalerAndTheFileIsBlamedForItsKeys) {
                           "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
                           "offload_param": {"device": "cpu"}},
     "gradient_allreduce_op": "sum"})")));
-    EXPECT_NE(m.find("'zero_optimization.offload_optimizer.device' and 'zero_optimization."
+  EXPECT_NE(m.find("'zero_optimization.offload_optimizer.device' and 'zero_optimization."
                    "cpu_offload' both set 'offload_optimizer', to \"nvme\" and \"cpu\"; keep one"),
             std::string::npos)
       << m;
