@@ -119,7 +119,7 @@ std::string MemoryPlan::describe() const {
        (overlap_note.empty() ? "" : "; " + overlap_note) + "\n";
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const std::string kinds = kinds_text(t);
-        s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
+    s += "  " + std::string(tier_name(t)) + " " + format_bytes(tier_bytes(t)) + ": " +
          (kinds.empty() ? "nothing" : kinds);
     // The peak a run measures (its closing "peaks:" line): beyond these, the parameters in use,
     // ZeRO's buffers and what the store keeps for reuse while the budget has room.

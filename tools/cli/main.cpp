@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   add(strata::cli::add_tokenize_command);
   add(strata::cli::add_generate_command);
   add(strata::cli::add_merge_command);
-    add(strata::cli::add_launch_command);
+  add(strata::cli::add_launch_command);
   add(strata::cli::add_plot_command);
 
   try {
