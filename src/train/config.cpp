@@ -550,10 +550,14 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
                      " must divide batch_size " + std::to_string(c.batch_size) +
                      " (gradient accumulation steps = batch_size / micro_batch_size)");
   }
+  // A frozen base (LoRA's) goes where offload_param says whatever the optimizer's tier; with
+  // every parameter trained, the optimizer on the device would keep them all there.
   if (c.offload_param != Tier::kDevice && c.offload_optimizer == Tier::kDevice &&
-      !c.offload_optimizer_auto) {
+      !c.offload_optimizer_auto && !c.lora()) {
     errors.push_back("'offload_param': \"" + std::string(zero::offload_name(c.offload_param)) +
-                     "\" needs offload_optimizer \"cpu\" or \"nvme\" as well");
+                     "\" needs offload_optimizer \"cpu\" or \"nvme\" as well (every parameter "
+                     "trains; offload_param alone places a frozen base, with finetune.method "
+                     "\"lora\" or \"qlora\")");
   }
   if (c.activation_offload != Tier::kDevice && !c.activation_checkpointing) {
     errors.push_back("'activation_offload': \"" +

@@ -42,7 +42,8 @@ std::vector<Candidate> candidates(const TrainConfig& config) {
   std::vector<Candidate> out;
   for (Tier p : params) {
     for (Tier o : optimizers) {
-      if (p != Tier::kDevice && o == Tier::kDevice) continue;  // not a placement
+      // Parameters off the device with the optimizer on it: only a frozen base moves.
+      if (p != Tier::kDevice && o == Tier::kDevice && !config.lora()) continue;
       Candidate c{p, o, ""};
       if (p != Tier::kDevice && config.zero_stage != 3) {
         c.refused = "parameter offload needs zero_stage 3";

@@ -98,8 +98,11 @@ std::string MemoryPlan::kinds_text(Tier tier) const {
 }
 
 std::string MemoryPlan::describe() const {
-  std::string s = "plan: parameters on " + std::string(tier_name(params)) + ", optimizer on " +
-                  std::string(tier_name(optimizer)) + ", gradients " +
+  std::string s = "plan: parameters on " + std::string(tier_name(params)) +
+                  (trained_params != params
+                       ? " (the trained ones on " + std::string(tier_name(trained_params)) + ")"
+                       : "") +
+                  ", optimizer on " + std::string(tier_name(optimizer)) + ", gradients " +
                   (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
                   std::string(tier_name(gradients)) +
                   (accumulate_on_device()
@@ -163,13 +166,17 @@ std::string state_note(const PlanOptions& o, const optim::StateLayout& master,
 }
 
 Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOptions& o) {
-  const bool trains = std::any_of(layout.groups().begin(), layout.groups().end(),
-                                  [](const model::ParamGroup& g) { return !g.frozen; });
-  if (trains && o.params != Tier::kDevice && o.optimizer == Tier::kDevice) {
+  const auto& groups = layout.groups();
+  const bool any_frozen = std::any_of(groups.begin(), groups.end(),
+                                      [](const model::ParamGroup& g) { return g.frozen; });
+  // With the optimizer on the device the trained groups live there beside it; offload_param
+  // then places the frozen base (LoRA's), and without one it would place nothing.
+  if (!any_frozen && o.params != Tier::kDevice && o.optimizer == Tier::kDevice) {
     return invalid_argument(
         "offload_param '" + std::string(offload_name(o.params)) +
-        "' needs offload_optimizer cpu or nvme (the optimizer cannot run on the device when the "
-        "parameters live off it)");
+        "' needs offload_optimizer cpu or nvme (every parameter trains, and the optimizer on the "
+        "device keeps the trained ones there; offload_param alone places a frozen base, as "
+        "LoRA's)");
   }
   if ((o.params == Tier::kNvme || o.optimizer == Tier::kNvme) && !o.has_swap) {
     return invalid_argument("offload to nvme needs swap_paths (one or more directories)");
@@ -189,8 +196,6 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
                            "), more than device_memory_limit " +
                            format_bytes(o.device_budget_bytes));
     }
-    z.work += work;
-    z.work_io += align_up(work, io::kIoAlignBytes);
     z.max_work_io = std::max(z.max_work_io, align_up(work, io::kIoAlignBytes));
     z.elems.push_back(n);
     z.work_bytes.push_back(work);
@@ -212,6 +217,7 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   MemoryPlan plan;
   plan.state_note = state_note(o, master_layout, moment_layout);
   plan.params = o.params;
+  plan.trained_params = o.optimizer == Tier::kDevice ? Tier::kDevice : o.params;
   plan.optimizer = o.optimizer;
   plan.checkpoints = o.checkpoint_home;
   if (o.checkpoint_home == Tier::kNvme && !o.has_swap) {

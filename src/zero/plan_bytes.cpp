@@ -53,6 +53,17 @@ std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touc
   return device_bytes_of(o, n * dtype_size(o.compute_dtype), touches_nvme);
 }
 
+// The largest working copy, in whole O_DIRECT blocks, of the groups not homed on `tier`.
+std::uint64_t max_work_io_off(const Sizes& z, const MemoryPlan& plan, Tier tier) {
+  std::uint64_t most = 0;
+  for (std::size_t i = 0; i < z.work_bytes.size(); ++i) {
+    if (plan.home_of(z.frozen[i]) != tier) {
+      most = std::max(most, align_up(z.work_bytes[i], io::kIoAlignBytes));
+    }
+  }
+  return most;
+}
+
 // What the store's caches keep of the transient tensors count_bytes counts (at the most in
 // flight at once, of the largest group), beyond what it counts of them. Loading passes the groups
 // through one at a time; backward makes them in reverse order, and a tensor that leaves a tier
@@ -71,12 +82,11 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   CacheDemand loading(std::numeric_limits<int>::max());
   CacheDemand host(std::numeric_limits<int>::max());
   const bool master_through = plan.optimizer != Tier::kHost;
-  const bool working_through = plan.params != Tier::kHost;
   for (std::size_t i = 0; i < z.elems.size(); ++i) {
     const std::uint64_t n = z.elems[i];
     std::vector<std::uint64_t> now;
     if (master_through && !z.frozen[i]) now.push_back(host_class(n * 4));
-    if (working_through) now.push_back(host_class(z.work_bytes[i]));
+    if (plan.home_of(z.frozen[i]) != Tier::kHost) now.push_back(host_class(z.work_bytes[i]));
     loading.at_once(now);
   }
   const bool grads_through = !summed_on_device && !plan.keep_gradients;
@@ -108,7 +118,7 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   }
   std::uint64_t counted = 0;
   if (master_through) counted += z.max_f32_io;
-  if (working_through) counted += 2 * z.max_work_io;
+  counted += 2 * max_work_io_off(z, plan, Tier::kHost);
   if (grads_through) {
     counted += 2 * z.max_grad_io;
     if (plan.gradients == Tier::kNvme) counted += 2 * z.max_f32_io;
@@ -123,9 +133,9 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const auto device_block = [&](std::uint64_t n, bool touches_nvme) {
     return device_copy_bytes(o, n, touches_nvme);
   };
-  const bool reuses_working = plan.params != Tier::kDevice && !o.tied_embeddings &&
+  const bool reuses_working = plan.trained_params != Tier::kDevice && !o.tied_embeddings &&
                               !z.frozen.front() &&
-                              device_block(z.elems.front(), plan.params == Tier::kNvme) ==
+                              device_block(z.elems.front(), plan.trained_params == Tier::kNvme) ==
                                   device_block(z.elems.front(), true);
   CacheDemand device(mem::StoreOptions{}.device_cache_blocks_per_size);
   std::size_t next = groups;  // the trainable group whose gradient was made before this one's
@@ -182,10 +192,10 @@ class DeviceBlocks {
 // full gradients, packed buckets and the gradient buffers reductions land in. Covers every
 // gradient buffer on the device, the shard store's gradient in transit included. With
 // parameters offloaded, so are the working copies of partitioned groups: each is fetched for
-// its gather and dropped after it, leaving its block to the cache. 0 when nothing is
-// partitioned (one rank).
+// its gather and dropped after it, leaving its block to the cache (`offloaded`, by group). 0 when
+// nothing is partitioned (one rank).
 std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOptions& plan_options,
-                                    bool params_offloaded, int cache_blocks_per_size) {
+                                    const std::vector<bool>& offloaded, int cache_blocks_per_size) {
   const ZeroOptions& options = plan_options.zero;  // its dtype is the plan's compute_dtype
   const int world = partition.world();
   const auto& groups = partition.groups();
@@ -215,7 +225,7 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
   };
   const auto gather = [&](int g) {
     if (g < 0 || g >= n || group(g).replicated) return;
-    if (params_offloaded) {  // the shard's working copy, fetched for the gather and dropped
+    if (offloaded[static_cast<std::size_t>(g)]) {  // the shard, fetched for the gather and dropped
       t.take(local(group(g)));
       t.give(local(group(g)));
     }
@@ -346,7 +356,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   };
   const bool on_device = plan.optimizer == Tier::kDevice;
   // Homes.
-  add(plan.params, TensorKind::kParameters, plan.params == Tier::kDevice ? z.work : z.work_io);
+  for (std::size_t i = 0; i < z.work_bytes.size(); ++i) {
+    const Tier home = plan.home_of(z.frozen[i]);
+    add(home, TensorKind::kParameters,
+        home == Tier::kDevice ? z.work_bytes[i] : align_up(z.work_bytes[i], io::kIoAlignBytes));
+  }
   const std::uint64_t copies = plan.state_copies();
   add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.master : z.master_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.moment : z.moment_io));
@@ -366,11 +380,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
           : 0;
   add(Tier::kDevice, TensorKind::kGradients, plan.gradient_transit_bytes);
   plan.group_in_use_bytes = 0;
-  if (plan.params != Tier::kDevice) {
-    for (std::uint64_t bytes : z.work_bytes) {
-      plan.group_in_use_bytes =
-          std::max(plan.group_in_use_bytes, device_bytes_of(o, bytes, plan.params == Tier::kNvme));
-    }
+  for (std::size_t i = 0; i < z.work_bytes.size(); ++i) {
+    const Tier home = plan.home_of(z.frozen[i]);
+    if (home == Tier::kDevice) continue;
+    plan.group_in_use_bytes =
+        std::max(plan.group_in_use_bytes, device_bytes_of(o, z.work_bytes[i], home == Tier::kNvme));
   }
   add(Tier::kDevice, TensorKind::kActivations, o.activation_bytes);
   // The gradients' sums of squares (one double per group): pinned in host memory, and on a
@@ -411,7 +425,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // beside its working copy (likewise); the host optimizer's output copies take the latter's
   // place later.
   if (plan.optimizer != Tier::kHost) add(Tier::kHost, TensorKind::kMasterWeights, z.max_f32_io);
-  if (plan.params != Tier::kHost) add(Tier::kHost, TensorKind::kParameters, 2 * z.max_work_io);
+  add(Tier::kHost, TensorKind::kParameters, 2 * max_work_io_off(z, plan, Tier::kHost));
   if (!summed_on_device && !plan.keep_gradients) {
     add(Tier::kHost, TensorKind::kGradients, 2 * z.max_grad_io);
     if (plan.gradients == Tier::kNvme) add(Tier::kHost, TensorKind::kGradients, 2 * z.max_f32_io);
@@ -435,12 +449,18 @@ void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& p
   if (plan.params == Tier::kNvme && o.host_budget_bytes != 0) host_cached += working;
   plan.peak_bytes[tier(Tier::kHost)] =
       std::max(host, capped(host + host_cached, o.host_budget_bytes));
-  // Device: the cache of dropped blocks and clean working copies fetched for compute.
+  // Device: the cache of dropped blocks and clean working copies fetched for compute (those
+  // homed off it: on the params tier, whose parameters are only theirs).
   const bool offloaded = plan.params != Tier::kDevice;
   std::uint64_t device = plan.tier_bytes(Tier::kDevice);
   std::uint64_t device_cached = cache(Tier::kDevice) + (offloaded ? working : 0);
+  const model::ParamLayout& local = partition.local_layout();
+  std::vector<bool> group_offloaded;
+  for (const GroupPartition& g : partition.groups()) {
+    group_offloaded.push_back(plan.home_of(local.group(g.group).frozen) != Tier::kDevice);
+  }
   const std::uint64_t collectives = collective_peak_bytes(
-      partition, o, offloaded, mem::StoreOptions{}.device_cache_blocks_per_size);
+      partition, o, group_offloaded, mem::StoreOptions{}.device_cache_blocks_per_size);
   if (collectives != 0) {
     // ZeRO's buffers hold the gradients in transit, the shard store's included, and the working
     // copies of partitioned groups; the replicated ones stay cached as on one rank.
@@ -449,10 +469,9 @@ void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& p
     device += plan.collective_bytes;
     device_cached = 0;
     for (const GroupPartition& g : partition.groups()) {
-      if (offloaded && g.replicated) {
-        device_cached +=
-            align_up(model::working_bytes(partition.local_layout().group(g.group), o.compute_dtype),
-                     io::kIoAlignBytes);
+      if (group_offloaded[static_cast<std::size_t>(g.group)] && g.replicated) {
+        device_cached += align_up(model::working_bytes(local.group(g.group), o.compute_dtype),
+                                  io::kIoAlignBytes);
       }
     }
   }

@@ -10,10 +10,9 @@
 
 namespace strata::zero::detail {
 
-// Working copies count over every group; gradients and optimizer state over the trainable
-// (not frozen) ones only.
+// Working copies count over every group (each in its home: MemoryPlan::home_of); gradients and
+// optimizer state over the trainable (not frozen) ones only.
 struct Sizes {
-  std::uint64_t work = 0, work_io = 0;                  // working copies, every group
   std::uint64_t grad_work_io = 0, f32 = 0, f32_io = 0;  // trainable groups
   std::uint64_t moment = 0, moment_io = 0;        // one moment of the trainable groups, state dtype
   std::uint64_t master = 0, master_io = 0;        // their master weights, master dtype

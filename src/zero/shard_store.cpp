@@ -124,6 +124,7 @@ Status ShardStore::create_rooms() {
 
   WorkingCopyOptions wo;
   wo.home = plan_.params;
+  wo.trained_home = plan_.trained_params;
   wo.compute_dtype = options_.compute_dtype;
   wo.host_budget = options_.host_memory_limit_bytes != 0;
   wo.prefetch_bytes = options_.prefetch_bytes;

@@ -25,16 +25,20 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
   w->work_.assign(groups.size(), mem::Handle::kInvalid);
   w->span_begin_ns_.assign(groups.size(), 0);
   std::unordered_map<std::uint32_t, int> group_of_work;
-  std::map<int, std::vector<mem::Handle>> experts;  // by MoE layer
+  std::map<int, std::vector<mem::Handle>> experts;  // by MoE layer, those fetched
+  bool any_fetched = false;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const ShardGroup& g = groups[gi];
     if (g.empty()) continue;  // another stage's: nothing asks for it
-    STRATA_ASSIGN_OR_RETURN(
-        w->work_[gi], add_tensor(store, "parameters of " + g.name(), g.work_bytes, options.home));
+    const Tier home = g.frozen() ? options.home : options.trained_home;
+    STRATA_ASSIGN_OR_RETURN(w->work_[gi],
+                            add_tensor(store, "parameters of " + g.name(), g.work_bytes, home));
+    if (home == Tier::kDevice) continue;
+    any_fetched = true;
     group_of_work[mem::handle_index(w->work_[gi])] = static_cast<int>(gi);
     if (g.spec->expert_layer >= 0) experts[g.spec->expert_layer].push_back(w->work_[gi]);
   }
-  if (options.home != Tier::kDevice) {
+  if (any_fetched) {
     sched::PrefetchOptions po;
     po.prefetch_bytes = options.prefetch_bytes;
     po.max_live_bytes = options.max_live_bytes;
@@ -55,8 +59,7 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
 }
 
 std::uint64_t WorkingCopies::acquire_device_bytes(int group) const {
-  if (options_.home == Tier::kDevice) return 0;
-  return store_.device_bytes(handle(group));
+  return fetched(group) ? store_.device_bytes(handle(group)) : 0;
 }
 
 sched::SchedulerStats WorkingCopies::prefetch_stats() const {
@@ -64,13 +67,13 @@ sched::SchedulerStats WorkingCopies::prefetch_stats() const {
 }
 
 void WorkingCopies::prefetch(int group) {
-  if (sched_) sched_->hint(handle(group));
+  if (fetched(group)) sched_->hint(handle(group));
 }
 
 Result<const void*> WorkingCopies::acquire(int group) {
   const mem::Handle h = handle(group);
   Stopwatch wait;
-  auto p = sched_ ? sched_->acquire(h) : store_.acquire(h, Tier::kDevice);
+  auto p = fetched(group) ? sched_->acquire(h) : store_.acquire(h, Tier::kDevice);
   wait_ms_ += wait.elapsed_ms();
   if (!p.is_ok()) return p.status();
   span_begin_ns_[static_cast<std::size_t>(group)] = now_ns();
@@ -85,7 +88,7 @@ void WorkingCopies::release(int group) {
                            begin, now_ns());
   }
   begin = 0;
-  if (sched_) {
+  if (fetched(group)) {
     sched_->release(handle(group));
   } else {
     store_.unpin(handle(group), Tier::kDevice);

@@ -127,7 +127,10 @@ struct PlanOptions {
 };
 
 struct MemoryPlan {
-  Tier params = Tier::kDevice;
+  Tier params = Tier::kDevice;  // the working copies' home (offload_param)
+  // The trained groups' working copies: with the rest, except where the optimizer runs on the
+  // device and a frozen base lives off it (LoRA): then beside their optimizer on the device.
+  Tier trained_params = Tier::kDevice;
   Tier optimizer = Tier::kDevice;
   Tier gradients = Tier::kDevice;  // the fp32 accumulators, or the kept gradients
   // Where checkpointed activations wait between a block's forward and its backward (kept on the
@@ -188,6 +191,8 @@ struct MemoryPlan {
   // there for a step off it (GradAccumulation::kDevice), which reads each group's sum from a copy
   // sent to host memory once per step. Kept gradients are never homed on the device.
   bool sums_on_device() const { return gradients == Tier::kDevice; }
+  // Where a group's working copy lives.
+  Tier home_of(bool frozen) const { return frozen ? params : trained_params; }
   bool accumulate_on_device() const { return sums_on_device() && optimizer != Tier::kDevice; }
 
   std::uint64_t tier_bytes(Tier tier) const;
@@ -207,9 +212,9 @@ struct MemoryPlan {
 };
 
 // The plan of this rank's share of `partition` (its local layout), and of the buffers ZeRO's
-// collectives take beside it. Fails when the placements contradict each other (parameters off
-// the device with the optimizer on it, NVMe without swap paths) or when the host budget cannot
-// hold what must live there, naming the kinds and their bytes.
+// collectives take beside it. Fails when the placements contradict each other (trained
+// parameters off the device with the optimizer on it, NVMe without swap paths) or when the host
+// budget cannot hold what must live there, naming the kinds and their bytes.
 Result<MemoryPlan> make_plan(const Partition& partition, const PlanOptions& options);
 // One rank holding all of `layout`.
 Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& options);

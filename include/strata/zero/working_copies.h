@@ -1,8 +1,8 @@
 // The working copies of a rank's share: each group's parameters in the compute dtype (NF4 for a
-// QLoRA base), homed where the memory plan puts parameters and, when that is off the device,
-// fetched ahead by a sched::PrefetchScheduler as its recorded trace says. The model acquires and
-// releases them (model/param_provider.h's contract); the optimizer writes new ones through
-// open/close; loading fills them from fp32 values, a piece at a time.
+// QLoRA base), homed where the memory plan puts them (MemoryPlan::home_of) and, when that is off
+// the device, fetched ahead by a sched::PrefetchScheduler as its recorded trace says. The model
+// acquires and releases them (model/param_provider.h's contract); the optimizer writes new ones
+// through open/close; loading fills them from fp32 values, a piece at a time.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,8 @@ class WorkingCopyCache {
 };
 
 struct WorkingCopyOptions {
-  Tier home = Tier::kDevice;  // the plan's parameter tier
+  Tier home = Tier::kDevice;          // the plan's parameter tier
+  Tier trained_home = Tier::kDevice;  // the trained groups' (MemoryPlan::trained_params)
   DType compute_dtype = DType::kF32;
   // Under a host budget, a host copy the optimizer wrote on its way to NVMe stays, clean.
   bool host_budget = false;
@@ -109,6 +110,8 @@ class WorkingCopies {
   Status fill(int group, const Fp32Pieces& values, std::int64_t piece_elems, void* out);
   const ShardGroup& group(int g) const { return groups_.at(static_cast<std::size_t>(g)); }
   mem::Handle handle(int g) const { return work_.at(static_cast<std::size_t>(g)); }
+  // The group's working copy is homed off the device: the prefetcher serves it.
+  bool fetched(int g) const { return store_.spec(handle(g)).home != Tier::kDevice; }
 
   mem::TieredStore& store_;
   const std::vector<ShardGroup>& groups_;

@@ -267,6 +267,12 @@ TEST(ConfigTest, NvmeNeedsSwapPathsAndParamOffloadNeedsOptimizerOffload) {
   j["swap_paths"] = {"/tmp"};
   EXPECT_NE(parse_train_config(j, "t.json").status().message().find("needs offload_optimizer"),
             std::string::npos);
+  // A frozen base goes where offload_param says; its adapters' optimizer stays on the device.
+  j["finetune"] = {{"method", "lora"}, {"r", 4}};
+  auto lora = parse_train_config(j, "t.json");
+  ASSERT_TRUE(lora.is_ok()) << lora.status().message();
+  EXPECT_EQ(lora->offload_param, Tier::kHost);
+  EXPECT_EQ(lora->offload_optimizer, Tier::kDevice);
 }
 
 TEST(ConfigTest, OverridesSetNestedKeysAndParseJson) {

@@ -143,7 +143,52 @@ TEST(PlanTest, FrozenGroupsHoldOnlyTheirWorkingCopies) {
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kGradients), 0u);
   EXPECT_EQ(plan->kind_bytes(Tier::kHost, TensorKind::kMasterWeights), 0u);
-  groups[0].frozen = false;
+}
+
+// LoRA's base anywhere: with the optimizer on the device, offload_param places the frozen groups
+// and the trained ones stay on the device beside their optimizer; with nothing frozen it would
+// place nothing, and is refused.
+TEST(PlanTest, AFrozenBaseGoesWhereOffloadParamSaysWithTheOptimizerOnTheDevice) {
+  auto groups = layout().groups();
+  for (auto& g : groups) g.frozen = true;
+  groups[1].frozen = false;  // one trained group, as adapters are
+  const model::ParamLayout mixed = model::ParamLayout::from_groups(groups);
+  for (Tier base : {Tier::kHost, Tier::kNvme}) {
+    PlanOptions o;
+    o.params = base;
+    o.has_swap = true;
+    auto plan = make_plan(mixed, o);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+    EXPECT_EQ(plan->params, base);
+    EXPECT_EQ(plan->trained_params, Tier::kDevice);
+    EXPECT_EQ(plan->home_of(true), base);
+    EXPECT_EQ(plan->home_of(false), Tier::kDevice);
+    std::uint64_t frozen_io = 0, largest_frozen = 0;
+    for (const auto& g : groups) {
+      if (!g.frozen) continue;
+      const auto bytes = static_cast<std::uint64_t>(g.num_elems) * 4;
+      frozen_io += (bytes + 4095) / 4096 * 4096;
+      largest_frozen = std::max(largest_frozen, bytes);
+    }
+    // In host memory beside the base: the trained group's copy on its way to the device when
+    // loaded, two at a time.
+    const std::uint64_t trained_io =
+        (static_cast<std::uint64_t>(groups[1].num_elems) * 4 + 4095) / 4096 * 4096;
+    EXPECT_EQ(plan->kind_bytes(base, TensorKind::kParameters),
+              frozen_io + (base == Tier::kHost ? 2 * trained_io : 0));
+    EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kParameters),
+              static_cast<std::uint64_t>(groups[1].num_elems) * 4);
+    // The optimizer and the sums stay on the device; only frozen groups are fetched there.
+    EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kMasterWeights),
+              static_cast<std::uint64_t>(groups[1].num_elems) * 4);
+    EXPECT_EQ(plan->gradients, Tier::kDevice);
+    EXPECT_EQ(plan->group_in_use_bytes, largest_frozen);
+    EXPECT_NE(plan->describe().find("(the trained ones on device)"), std::string::npos)
+        << plan->describe();
+  }
+  for (auto& g : groups) g.frozen = false;
+  PlanOptions o;
+  o.params = Tier::kHost;
   auto refused = make_plan(model::ParamLayout::from_groups(groups), o);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("needs offload_optimizer"), std::string::npos);
