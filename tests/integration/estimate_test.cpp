@@ -65,7 +65,8 @@ TEST(EstimateTest, ThePlanIsTheTrainersAndNothingIsAllocated) {
 }
 
 // Every tier's measured peak within 10% of the prediction, over placements, precisions,
-// activation checkpointing, micro-batch sizes and a 32k vocabulary.
+// activation checkpointing, micro-batch sizes, a 32k vocabulary, and a LoRA base off the device
+// with the adapters' optimizer on it.
 TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
   struct Case {
     const char* param;
@@ -74,20 +75,23 @@ TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
     bool checkpointing;
     std::int64_t micro_batch;
     std::int64_t vocab;
+    bool lora = false;
   };
   const Case cases[] = {
-      {"none", "none", "fp32", true, 2, 256},   {"none", "none", "bf16", false, 1, 256},
-      {"none", "cpu", "fp32", false, 4, 256},   {"none", "nvme", "bf16", true, 2, 256},
-      {"cpu", "cpu", "fp32", true, 2, 256},     {"cpu", "cpu", "bf16", false, 4, 256},
-      {"cpu", "nvme", "fp32", false, 1, 256},   {"nvme", "nvme", "fp32", true, 4, 256},
-      {"nvme", "nvme", "bf16", false, 2, 256},  {"none", "none", "fp32", false, 2, 32000},
-      {"cpu", "cpu", "bf16", true, 2, 32000},   {"nvme", "nvme", "fp32", true, 1, 32000},
-      {"cpu", "nvme", "bf16", false, 2, 32000},
+      {"none", "none", "fp32", true, 2, 256},         {"none", "none", "bf16", false, 1, 256},
+      {"none", "cpu", "fp32", false, 4, 256},         {"none", "nvme", "bf16", true, 2, 256},
+      {"cpu", "cpu", "fp32", true, 2, 256},           {"cpu", "cpu", "bf16", false, 4, 256},
+      {"cpu", "nvme", "fp32", false, 1, 256},         {"nvme", "nvme", "fp32", true, 4, 256},
+      {"nvme", "nvme", "bf16", false, 2, 256},        {"none", "none", "fp32", false, 2, 32000},
+      {"cpu", "cpu", "bf16", true, 2, 32000},         {"nvme", "nvme", "fp32", true, 1, 32000},
+      {"cpu", "nvme", "bf16", false, 2, 32000},       {"cpu", "none", "fp32", false, 2, 256, true},
+      {"nvme", "none", "bf16", true, 2, 32000, true},
   };
   for (const Case& c : cases) {
     const std::string name = std::string(c.param) + "/" + c.optimizer + " " + c.precision +
                              (c.checkpointing ? " checkpointing" : "") + " micro-batch " +
-                             std::to_string(c.micro_batch) + " vocab " + std::to_string(c.vocab);
+                             std::to_string(c.micro_batch) + " vocab " + std::to_string(c.vocab) +
+                             (c.lora ? " LoRA" : "");
     SCOPED_TRACE(name);
     TempDir dir;
     Json j = small_config(dir);
@@ -97,6 +101,7 @@ TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
     j["activation_checkpointing"] = c.checkpointing;
     j["micro_batch_size"] = c.micro_batch;
     j["model"]["vocab_size"] = c.vocab;
+    if (c.lora) j["finetune"] = {{"method", "lora"}, {"r", 4}};
     auto config = config_of(j);
     ASSERT_TRUE(config.is_ok()) << config.status().message();
     // The process's peak RSS (VmHWM) from here: each case's own, not an earlier, larger one's.
