@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Strata builds with, only those that are missing.
-# Usage: tools/install-deps.sh [--with-golden]   (--with-golden adds python3-torch for
-# regenerating golden test data; the build and tests do not need it).
+# Usage: tools/install-deps.sh
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config ccache git
@@ -10,10 +9,9 @@ packages=(build-essential cmake ninja-build pkg-config ccache git
           libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev fio
           libpcre2-dev libutf8proc-dev libsentencepiece-dev libdnnl-dev
           clang libclang-rt-dev  # clang and its libFuzzer: tools/fuzz.sh
-          python3-matplotlib)    # strata plot
-if [[ "${1:-}" == "--with-golden" ]]; then
-  packages+=(python3-torch python3-numpy)
-fi
+          python3-matplotlib     # strata plot
+          # the strata Python module and its tests (python3-torch also makes the golden data)
+          python3-dev pybind11-dev python3-pybind11 python3-pytest python3-torch python3-numpy)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,139 @@
+// strata._core, the native part of the `strata` Python module: bindings only. Tensors arrive as
+// addresses, element counts and dtype names from the package's Python side (python/strata),
+// which checks them against torch; nothing here links libtorch, so any torch version serves.
+// Each binding converts its arguments, calls the C++ object, and turns a Status into an
+// exception that carries its message.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "strata/core/dtype.h"
+#include "strata/device/adam8bit.h"
+#include "strata/device/ops.h"
+#include "strata/optim/cpu_adam.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+// torch's dtype names (the part after "torch.") as Strata's.
+DType dtype_of(const std::string& name, const char* what) {
+  if (name == "float32") return DType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16") return DType::kF16;
+  if (name == "uint8") return DType::kU8;
+  throw py::value_error(std::string(what) + ": dtype '" + name +
+                        "' is not one of float32, bfloat16, float16, uint8");
+}
+
+device::MasterRounding rounding_of(const std::string& name) {
+  if (name == "stochastic") return device::MasterRounding::kStochastic;
+  if (name == "kahan") return device::MasterRounding::kKahan;
+  throw py::value_error("master_rounding: '" + name + "' is not one of stochastic, kahan");
+}
+
+template <typename T>
+T* at(std::uintptr_t address) {
+  return reinterpret_cast<T*>(address);  // NOLINT: addresses from torch's data_ptr()
+}
+
+// optim::CpuAdam: the SIMD AdamW step over one contiguous span, on the engine's threads.
+class Adam {
+ public:
+  Adam(int threads, const std::string& simd) {
+    optim::CpuAdamOptions o;
+    o.threads = threads;
+    o.simd = simd;
+    auto adam = optim::CpuAdam::create(o);
+    if (!adam.is_ok()) throw py::value_error(adam.status().message());
+    adam_.emplace(std::move(*adam));
+  }
+
+  // One step over n elements; the addresses are 0 where an array is absent. The GIL is released
+  // while it runs.
+  void step(std::uintptr_t param, const std::string& master_dtype, const std::string& rounding,
+            std::uintptr_t param_comp, std::uint64_t rounding_seed, std::uintptr_t grad,
+            const std::string& grad_dtype, std::uintptr_t exp_avg, std::uintptr_t exp_avg_sq,
+            const std::string& state_dtype, std::uintptr_t exp_avg_scale,
+            std::uintptr_t exp_avg_sq_scale, std::int64_t n, double lr, double beta1, double beta2,
+            double eps, double weight_decay, std::int64_t step, bool adamw_mode,
+            std::uintptr_t param_out, const std::string& out_dtype) {
+    device::AdamWArgs a;
+    a.param = at<void>(param);
+    a.master_dtype = dtype_of(master_dtype, "master");
+    a.master_rounding = rounding_of(rounding);
+    a.param_comp = at<void>(param_comp);
+    a.rounding_seed = rounding_seed;
+    a.grad = at<const void>(grad);
+    a.grad_dtype = dtype_of(grad_dtype, "grad");
+    a.exp_avg = at<void>(exp_avg);
+    a.exp_avg_sq = at<void>(exp_avg_sq);
+    a.state_dtype = dtype_of(state_dtype, "state");
+    a.exp_avg_scale = at<float>(exp_avg_scale);
+    a.exp_avg_sq_scale = at<float>(exp_avg_sq_scale);
+    a.n = n;
+    a.lr = lr;
+    a.beta1 = beta1;
+    a.beta2 = beta2;
+    a.eps = eps;
+    a.weight_decay = weight_decay;
+    a.step = step;
+    a.adamw_mode = adamw_mode;
+    a.param_out = at<void>(param_out);
+    if (param_out != 0) a.out_dtype = dtype_of(out_dtype, "param");
+    py::gil_scoped_release released;
+    // torch's AdamW steps whatever the gradient holds: no finite check.
+    (void)adam_->step(a, /*check_finite=*/false);
+  }
+
+  std::string simd() const { return std::string(sys::simd_path_name(adam_->simd())); }
+  int threads() const { return adam_->threads(); }
+
+ private:
+  std::optional<optim::CpuAdam> adam_;
+};
+
+}  // namespace
+}  // namespace strata::python
+
+PYBIND11_MODULE(_core, m) {
+  using strata::python::Adam;
+  using strata::python::at;
+  m.doc() = "Strata's native code: CPU Adam (strata.optim.CPUAdam's engine)";
+  m.attr("__version__") = STRATA_VERSION_STRING;
+  m.attr("adam8_block_elems") = strata::device::kAdam8BlockElems;
+
+  py::class_<Adam>(m, "Adam")
+      .def(py::init<int, const std::string&>(), py::arg("threads") = 0, py::arg("simd") = "auto")
+      .def("step", &Adam::step, py::arg("param"), py::arg("master_dtype"),
+           py::arg("master_rounding"), py::arg("param_comp"), py::arg("rounding_seed"),
+           py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
+           py::arg("state_dtype"), py::arg("exp_avg_scale"), py::arg("exp_avg_sq_scale"),
+           py::arg("n"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+           py::arg("weight_decay"), py::arg("step"), py::arg("adamw_mode"), py::arg("param_out"),
+           py::arg("out_dtype"))
+      .def_property_readonly("simd", &Adam::simd)
+      .def_property_readonly("threads", &Adam::threads);
+
+  // 8-bit moments <-> f32, as checkpoints widen them (second: the second moment's code).
+  m.def(
+      "adam8_dequantize",
+      [](std::uintptr_t codes, std::uintptr_t scales, std::int64_t n, bool second,
+         std::uintptr_t out) {
+        strata::device::adam8_dequantize_array(at<const std::uint8_t>(codes),
+                                               at<const float>(scales), n, second, at<float>(out));
+      },
+      py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("second"), py::arg("out"));
+  m.def(
+      "adam8_quantize",
+      [](std::uintptr_t values, std::int64_t n, bool second, std::uintptr_t codes,
+         std::uintptr_t scales) {
+        strata::device::adam8_quantize_array(at<const float>(values), n, second,
+                                             at<std::uint8_t>(codes), at<float>(scales));
+      },
+      py::arg("values"), py::arg("n"), py::arg("second"), py::arg("codes"), py::arg("scales"));
+}
