@@ -1,4 +1,5 @@
-"""Strata from Python: its CPU Adam as a torch optimizer (strata.optim.CPUAdam).
+"""Strata from Python: its CPU Adam as a torch optimizer (strata.optim.CPUAdam), and the CLI's
+runs (strata.train, strata.train_steps, strata.estimate) on a config's path or a dict.
 
 The native part (strata._core) takes tensors by address, element count and dtype, so it works
 with any torch version; it is built by the project's CMake for Debian's python3. Importing
@@ -8,8 +9,9 @@ strata needs no torch; strata.optim does.
 import importlib
 
 from ._core import __version__
+from ._run import estimate, train, train_steps
 
-__all__ = ["__version__", "optim"]
+__all__ = ["__version__", "estimate", "optim", "train", "train_steps"]
 
 
 def __getattr__(name):

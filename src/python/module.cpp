@@ -4,16 +4,26 @@
 // Each binding converts its arguments, calls the C++ object, and turns a Status into an
 // exception that carries its message.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstdint>
+#include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/core/file.h"
+#include "strata/core/json.h"
 #include "strata/device/adam8bit.h"
 #include "strata/device/ops.h"
 #include "strata/optim/cpu_adam.h"
+#include "strata/train/config.h"
+#include "strata/train/estimate_report.h"
+#include "strata/train/trainer.h"
 
 namespace py = pybind11;
 
@@ -97,13 +107,93 @@ class Adam {
   std::optional<optim::CpuAdam> adam_;
 };
 
+// A Status as the exception Python expects: ValueError for a bad config or argument,
+// RuntimeError otherwise; the message is Strata's.
+[[noreturn]] void raise(const Status& s) {
+  if (s.code() == StatusCode::kInvalidArgument) throw py::value_error(s.message());
+  throw std::runtime_error(s.message());
+}
+
+// The config: a file's path (is_path) or JSON text (a dict, named "<dict>" in messages), with
+// the --set overrides.
+Result<train::TrainConfig> config_of(const std::string& config, bool is_path,
+                                     const std::vector<std::string>& overrides) {
+  if (is_path) return train::load_train_config(config, overrides);
+  Json json = Json::parse(config, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return invalid_argument("the config dict is not JSON");
+  return train::train_config_from_json(std::move(json), "<dict>", overrides);
+}
+
+// strata train in this process: each step's metrics (a JSON object's text) to on_step, whose
+// true result stops the run after that step, as Ctrl-C does; a signal Python has seen (Ctrl-C)
+// is checked there too. A stopped run saves a checkpoint, as the CLI's does, and then the
+// signal's exception (KeyboardInterrupt) or on_step's own is raised. Returns every step's
+// metrics.
+std::vector<std::string> train_run(const std::string& config, bool is_path,
+                                   const std::vector<std::string>& overrides,
+                                   const std::string& resume, bool progress,
+                                   const py::object& on_step) {
+  auto c = config_of(config, is_path, overrides);
+  if (!c.is_ok()) raise(c.status());
+  auto resume_dir = expand_path(resume);
+  if (!resume_dir.is_ok()) raise(resume_dir.status().with_context("resume " + resume));
+  std::atomic<bool> stop{false};
+  std::optional<py::error_already_set> raised;
+  train::TrainOptions options;
+  options.resume_dir = *resume_dir;
+  options.progress = progress ? &std::cout : nullptr;
+  options.stop_requested = &stop;
+  options.after_step = [&](const train::StepMetrics& m) {
+    py::gil_scoped_acquire held;
+    try {
+      if (!on_step.is_none() && py::bool_(on_step(m.to_json().dump()))) stop = true;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    } catch (py::error_already_set& e) {
+      if (!raised) raised.emplace(std::move(e));
+      stop = true;
+    }
+  };
+  auto trainer = train::Trainer::create(*c, options);
+  if (!trainer.is_ok()) raise(trainer.status());
+  if (progress && (*trainer)->reports()) {
+    std::cout << c->deepspeed_line() << (*trainer)->describe() << std::flush;
+  }
+  Status s;
+  {
+    py::gil_scoped_release released;
+    s = (*trainer)->run();
+  }
+  if (raised) throw std::move(*raised);
+  if (!s.is_ok() && s.code() != StatusCode::kCancelled) raise(s);
+  std::vector<std::string> records;
+  for (const train::StepMetrics& m : (*trainer)->history()) records.push_back(m.to_json().dump());
+  return records;
+}
+
+// strata estimate --json: the report's object, or (a plan that cannot run) the refusal's.
+std::string estimate_run(const std::string& config, bool is_path,
+                         const std::vector<std::string>& overrides, int ranks,
+                         const std::string& gpu) {
+  auto c = config_of(config, is_path, overrides);
+  if (!c.is_ok()) raise(c.status());
+  Result<train::EstimateReport> report = [&] {
+    py::gil_scoped_release released;
+    return train::estimate_report(*c, {ranks, gpu});
+  }();
+  if (!report.is_ok()) {
+    const bool usage = report.status().code() == StatusCode::kInvalidArgument;
+    return train::refusal_json(report.status(), usage ? 2 : 1).dump();
+  }
+  return report->to_json().dump();
+}
+
 }  // namespace
 }  // namespace strata::python
 
 PYBIND11_MODULE(_core, m) {
   using strata::python::Adam;
   using strata::python::at;
-  m.doc() = "Strata's native code: CPU Adam (strata.optim.CPUAdam's engine)";
+  m.doc() = "Strata's native code: CPU Adam (strata.optim.CPUAdam's engine), train, estimate";
   m.attr("__version__") = STRATA_VERSION_STRING;
   m.attr("adam8_block_elems") = strata::device::kAdam8BlockElems;
 
@@ -118,6 +208,11 @@ PYBIND11_MODULE(_core, m) {
            py::arg("out_dtype"))
       .def_property_readonly("simd", &Adam::simd)
       .def_property_readonly("threads", &Adam::threads);
+
+  m.def("train", &strata::python::train_run, py::arg("config"), py::arg("is_path"),
+        py::arg("overrides"), py::arg("resume"), py::arg("progress"), py::arg("on_step"));
+  m.def("estimate", &strata::python::estimate_run, py::arg("config"), py::arg("is_path"),
+        py::arg("overrides"), py::arg("ranks"), py::arg("gpu"));
 
   // 8-bit moments <-> f32, as checkpoints widen them (second: the second moment's code).
   m.def(

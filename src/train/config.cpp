@@ -684,6 +684,12 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
 Result<TrainConfig> load_train_config(const std::string& path,
                                       const std::vector<std::string>& overrides, const Json& keys) {
   STRATA_ASSIGN_OR_RETURN(Json json, read_json_file(path));
+  return train_config_from_json(std::move(json), path, overrides, keys);
+}
+
+Result<TrainConfig> train_config_from_json(Json json, const std::string& path,
+                                           const std::vector<std::string>& overrides,
+                                           const Json& keys) {
   ConfigOrigins origins;
   for (const auto& o : overrides) {
     STRATA_RETURN_IF_ERROR(apply_override(json, o));

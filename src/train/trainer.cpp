@@ -532,6 +532,7 @@ Status Trainer::run_loop() {
       s.metrics << m.to_json().dump() << "\n";
       s.metrics.flush();
     }
+    if (s.options.after_step) s.options.after_step(m);
     bool stop = s.options.stop_requested != nullptr && s.options.stop_requested->load();
     if (s.comm->world_size() > 1) {
       // A stop seen by any rank stops all of them at the same step, so they save together.

@@ -297,6 +297,11 @@ std::string_view precision_name(DType precision);
 Result<TrainConfig> load_train_config(const std::string& path,
                                       const std::vector<std::string>& overrides,
                                       const Json& keys = Json::object());
+// The same for a config already read: `json`, named `source` in messages (the Python module's
+// strata.train takes a dict).
+Result<TrainConfig> train_config_from_json(Json json, const std::string& source,
+                                           const std::vector<std::string>& overrides,
+                                           const Json& keys = Json::object());
 // Applies one "--set key=value" override: dotted keys address nested objects; the value is
 // parsed as JSON when it is valid JSON, else taken as a string.
 Status apply_override(Json& json, const std::string& assignment);

@@ -23,6 +23,9 @@ struct TrainOptions {
   std::string resume_dir;                             // empty: start fresh
   std::ostream* progress = nullptr;                   // one line per step; null = silent
   const std::atomic<bool>* stop_requested = nullptr;  // checked after every step
+  // Called on every rank after each step with its metrics, before stop_requested is read (so it
+  // may request the stop). Null: nothing.
+  std::function<void(const StepMetrics&)> after_step;
   // Called on every rank as each step starts, with the rank and the 1-based step: the seam
   // through which tests inject failures (strata train's --inject-fault). Null: nothing.
   std::function<void(int rank, std::int64_t step)> before_step;
