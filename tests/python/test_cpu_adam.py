@@ -143,6 +143,17 @@ def test_compact_moments_follow_torch_with_their_rounding(state_dtype):
             assert_close(got, want, unit * scale + 1e-30, f"{key} {i}")
 
 
+def run_beside_fp32(opt, ours, torch_opt, theirs):
+    """STEPS steps of half-precision parameters `ours` and of their fp32 copies `theirs`, each
+    with the same gradients (the fp32 ones widened from the half-precision ones)."""
+    for step in range(STEPS):
+        for p, q, grad in zip(ours, theirs, grads_for(ours, step)):
+            p.grad = grad.clone()
+            q.grad = grad.float()
+        opt.step()
+        torch_opt.step()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_parameters_keep_an_fp32_master(dtype):
     lr = 1e-2
@@ -150,12 +161,7 @@ def test_half_parameters_keep_an_fp32_master(dtype):
     theirs = [p.detach().float().requires_grad_() for p in ours]
     opt = CPUAdam(ours, lr=lr, weight_decay=0.01)
     torch_opt = torch.optim.AdamW(theirs, lr=lr, weight_decay=0.01, foreach=False)
-    for step in range(STEPS):
-        for p, q, grad in zip(ours, theirs, grads_for(ours, step)):
-            p.grad = grad.clone()
-            q.grad = grad.float()
-        opt.step()
-        torch_opt.step()
+    run_beside_fp32(opt, ours, torch_opt, theirs)
     sd = opt.state_dict()["state"]
     for i, (p, q) in enumerate(zip(ours, theirs)):
         master = sd[i]["master"]
@@ -171,12 +177,7 @@ def test_bf16_master_weights_track_fp32(rounding):
     theirs = [p.detach().float().requires_grad_() for p in ours]
     opt = CPUAdam(ours, lr=lr, master_dtype="bf16", master_rounding=rounding)
     torch_opt = torch.optim.AdamW(theirs, lr=lr, weight_decay=0.0, foreach=False)
-    for step in range(STEPS):
-        for p, q, grad in zip(ours, theirs, grads_for(ours, step)):
-            p.grad = grad.clone()
-            q.grad = grad.float()
-        opt.step()
-        torch_opt.step()
+    run_beside_fp32(opt, ours, torch_opt, theirs)
     sd = opt.state_dict()["state"]
     for i, q in enumerate(theirs):
         want = q.detach()
