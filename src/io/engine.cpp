@@ -67,6 +67,28 @@ bool Engine::idle() {
 
 Status Engine::register_buffers(std::span<const std::span<std::byte>>) { return Status::ok(); }
 
+Result<std::unique_ptr<Engine>> make_disk_engine(SwapEngine kind, std::vector<EngineFile> files,
+                                                 const EngineOptions& eo, std::string_view what,
+                                                 std::vector<std::string>& warnings) {
+  if (kind == SwapEngine::kPosix) return make_posix_engine(std::move(files), eo);
+  auto uring = make_uring_engine(files, eo);
+  if (uring.is_ok()) return std::move(uring).value();
+  if (kind == SwapEngine::kUring) {
+    return uring.status().with_context(
+        "engine \"uring\" is not available (use engine \"auto\" or \"posix\")");
+  }
+  warnings.push_back("io_uring is not available (" + uring.status().message() + "); " +
+                     std::string(what) + " uses the posix engine (pread/pwrite on " +
+                     std::to_string(eo.threads < eo.queue_depth ? eo.threads : eo.queue_depth) +
+                     " threads), which reaches a lower queue depth");
+  return make_posix_engine(std::move(files), eo);
+}
+
+void Engine::set_file(int file, EngineFile f) {
+  STRATA_CHECK(file >= 0 && file < num_files(), "bad file index", file);
+  files_[file] = std::move(f);
+}
+
 int Engine::grow(int file, std::uint64_t size_bytes) {
   STRATA_CHECK(file >= 0 && file < num_files(), "bad file index", file);
   if (faults_ != nullptr) {
@@ -134,9 +156,9 @@ Engine::Step Engine::on_result(ChunkRun& run, std::int64_t res) {
   STRATA_CHECK(n <= run.remaining(), "kernel reported more bytes than asked", n, run.remaining());
   if (n == 0) {
     // pread at end of file or a write that made no progress: retrying would spin forever.
-    const char* why = run.chunk.op == IoOp::kRead ? "unexpected end of file (the swap file is "
-                                                    "shorter than its capacity)"
-                                                  : "the write made no progress";
+    const char* why = run.chunk.op == IoOp::kRead
+                          ? "unexpected end of file (the file ends before the range read)"
+                          : "the write made no progress";
     finish(run, io_error(describe(run) + file_path + " failed: " + why));
     return Step::kFinished;
   }

@@ -95,6 +95,11 @@ class Engine {
   int grow(int file, std::uint64_t size_bytes);
 
   int num_files() const { return static_cast<int>(files_.size()); }
+  // A slot of the table given a new file (FileIo's table of named files; a swap space's never
+  // changes). Only while no chunk of that slot is in flight: the next submit() orders the change
+  // before the engine's threads read it. An engine made with any slot empty (fd -1) addresses
+  // files by descriptor, never by a registered (fixed) file table.
+  void set_file(int file, EngineFile f);
   const std::string& path(int file) const { return files_[file].path; }
   EngineCounters counters() const;
 
@@ -113,7 +118,7 @@ class Engine {
   void count_fixed() { fixed_chunks_.fetch_add(1, std::memory_order_relaxed); }
   bool idle();
 
-  const std::vector<EngineFile> files_;
+  std::vector<EngineFile> files_;
   const int queue_depth_;
   const int threads_;
 
@@ -134,9 +139,11 @@ class Engine {
 class SyncBackend {
  public:
   virtual ~SyncBackend() = default;
-  virtual std::int64_t transfer(IoOp op, int file, std::uint64_t offset, std::byte* buf,
+  // `file`: the index in the engine's table, `fd` its descriptor there (-1 for the memory
+  // engine's files).
+  virtual std::int64_t transfer(IoOp op, int file, int fd, std::uint64_t offset, std::byte* buf,
                                 std::size_t size_bytes) = 0;
-  virtual int grow(int file, std::uint64_t size_bytes) = 0;
+  virtual int grow(int file, int fd, std::uint64_t size_bytes) = 0;
 };
 
 // Extends a file to at least size_bytes with fallocate (ftruncate where the file system cannot
@@ -154,6 +161,11 @@ std::unique_ptr<Engine> make_posix_engine(std::vector<EngineFile> files,
 // Files held in RAM, one per name; grows in place without moving existing bytes.
 std::unique_ptr<Engine> make_memory_engine(std::vector<std::string> names,
                                            const EngineOptions& options);
+// io_uring, or (kind kPosix, or kAuto where the kernel refuses a ring, with a warning naming
+// `what` uses it) pread/pwrite on threads. kMemory is not a disk engine.
+Result<std::unique_ptr<Engine>> make_disk_engine(SwapEngine kind, std::vector<EngineFile> files,
+                                                 const EngineOptions& eo, std::string_view what,
+                                                 std::vector<std::string>& warnings);
 // The worker-pool engine both of the above are made of.
 std::unique_ptr<Engine> make_thread_pool_engine(std::string name, std::vector<EngineFile> files,
                                                 const EngineOptions& options,

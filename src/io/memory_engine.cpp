@@ -18,7 +18,7 @@ class MemoryBackend final : public SyncBackend {
  public:
   explicit MemoryBackend(std::size_t num_files) : files_(num_files) {}
 
-  std::int64_t transfer(IoOp op, int file, std::uint64_t offset, std::byte* buf,
+  std::int64_t transfer(IoOp op, int file, int /*fd*/, std::uint64_t offset, std::byte* buf,
                         std::size_t size_bytes) override {
     std::shared_lock lock(mu_);
     const File& f = files_[file];
@@ -41,7 +41,7 @@ class MemoryBackend final : public SyncBackend {
     return static_cast<std::int64_t>(n);
   }
 
-  int grow(int file, std::uint64_t size_bytes) override {
+  int grow(int file, int /*fd*/, std::uint64_t size_bytes) override {
     const std::uint64_t want = (size_bytes + kSegmentBytes - 1) / kSegmentBytes;
     std::unique_lock lock(mu_);
     File& f = files_[file];

@@ -341,24 +341,6 @@ class SwapSpaceImpl final : public SwapSpace {
   std::unique_ptr<Engine> engine_;
 };
 
-Result<std::unique_ptr<Engine>> open_disk_engine(const SwapOptions& o,
-                                                 std::vector<EngineFile> files,
-                                                 const EngineOptions& eo,
-                                                 std::vector<std::string>& warnings) {
-  if (o.engine == SwapEngine::kPosix) return make_posix_engine(std::move(files), eo);
-  auto uring = make_uring_engine(files, eo);
-  if (uring.is_ok()) return std::move(uring).value();
-  if (o.engine == SwapEngine::kUring) {
-    return uring.status().with_context(
-        "engine \"uring\" is not available (use engine \"auto\" or \"posix\")");
-  }
-  warnings.push_back("io_uring is not available (" + uring.status().message() +
-                     "); swap uses the posix engine (pread/pwrite on " +
-                     std::to_string(eo.threads < eo.queue_depth ? eo.threads : eo.queue_depth) +
-                     " threads), which reaches a lower queue depth");
-  return make_posix_engine(std::move(files), eo);
-}
-
 }  // namespace
 
 std::string_view swap_engine_name(SwapEngine engine) {
@@ -415,7 +397,8 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(const SwapOptions& options)
                          " refuses O_DIRECT; swap there uses buffered I/O through the page cache, "
                          "which costs host memory and bandwidth");
     }
-    STRATA_ASSIGN_OR_RETURN(engine, open_disk_engine(options, std::move(files), eo, warnings));
+    STRATA_ASSIGN_OR_RETURN(
+        engine, make_disk_engine(options.engine, std::move(files), eo, "swap", warnings));
   }
   if (std::string w = engine->setup_warning(); !w.empty()) warnings.push_back(std::move(w));
   if (options.log_warnings) {

@@ -46,7 +46,7 @@ class ThreadPoolEngine final : public Engine {
   }
 
   int grow_impl(int file, std::uint64_t size_bytes) override {
-    return backend_->grow(file, size_bytes);
+    return backend_->grow(file, files_[file].fd, size_bytes);
   }
 
  private:
@@ -68,9 +68,10 @@ class ThreadPoolEngine final : public Engine {
     for (;;) {
       const FaultDecision fault = before_attempt(run);
       const std::int64_t res =
-          fault.error != 0 ? -static_cast<std::int64_t>(fault.error)
-                           : backend_->transfer(run.chunk.op, run.chunk.file, run.file_offset(),
-                                                run.buf(), fault.size_bytes);
+          fault.error != 0
+              ? -static_cast<std::int64_t>(fault.error)
+              : backend_->transfer(run.chunk.op, run.chunk.file, files_[run.chunk.file].fd,
+                                   run.file_offset(), run.buf(), fault.size_bytes);
       if (on_result(run, res) == Step::kFinished) return;
     }
   }
@@ -86,21 +87,17 @@ class ThreadPoolEngine final : public Engine {
 
 class PosixBackend final : public SyncBackend {
  public:
-  explicit PosixBackend(std::vector<int> fds) : fds_(std::move(fds)) {}
-
-  std::int64_t transfer(IoOp op, int file, std::uint64_t offset, std::byte* buf,
+  std::int64_t transfer(IoOp op, int /*file*/, int fd, std::uint64_t offset, std::byte* buf,
                         std::size_t size_bytes) override {
-    const int fd = fds_[file];
     const auto off = static_cast<off_t>(offset);
     const ssize_t n =
         op == IoOp::kRead ? ::pread(fd, buf, size_bytes, off) : ::pwrite(fd, buf, size_bytes, off);
     return n >= 0 ? static_cast<std::int64_t>(n) : -static_cast<std::int64_t>(errno);
   }
 
-  int grow(int file, std::uint64_t size_bytes) override { return grow_fd(fds_[file], size_bytes); }
-
- private:
-  const std::vector<int> fds_;
+  int grow(int /*file*/, int fd, std::uint64_t size_bytes) override {
+    return grow_fd(fd, size_bytes);
+  }
 };
 
 }  // namespace
@@ -114,11 +111,8 @@ std::unique_ptr<Engine> make_thread_pool_engine(std::string name, std::vector<En
 
 std::unique_ptr<Engine> make_posix_engine(std::vector<EngineFile> files,
                                           const EngineOptions& options) {
-  std::vector<int> fds;
-  fds.reserve(files.size());
-  for (const EngineFile& f : files) fds.push_back(f.fd);
   return make_thread_pool_engine("posix", std::move(files), options,
-                                 std::make_unique<PosixBackend>(std::move(fds)));
+                                 std::make_unique<PosixBackend>());
 }
 
 }  // namespace strata::io

@@ -328,7 +328,11 @@ class UringEngine final : public Engine, public CallerDriver {
     r.ring_ready = true;
     std::vector<int> fds;
     for (const EngineFile& f : files_) fds.push_back(f.fd);
-    rc = io_uring_register_files(&r.ring, fds.data(), static_cast<unsigned>(fds.size()));
+    // A table with empty slots (FileIo's) changes as files come and go: descriptors, not a
+    // registered table.
+    const bool complete = std::all_of(fds.begin(), fds.end(), [](int fd) { return fd >= 0; });
+    rc = complete ? io_uring_register_files(&r.ring, fds.data(), static_cast<unsigned>(fds.size()))
+                  : -EBADF;
     r.fixed_files = rc == 0;
     if (!r.fixed_files) {
       log_debug("io_uring: registering swap files failed (" + errno_text(-rc) +

@@ -20,6 +20,7 @@
 #include "strata/core/json.h"
 #include "strata/device/adam8bit.h"
 #include "strata/device/ops.h"
+#include "strata/io/file_io.h"
 #include "strata/optim/cpu_adam.h"
 #include "strata/train/config.h"
 #include "strata/train/estimate_report.h"
@@ -114,6 +115,60 @@ class Adam {
   throw std::runtime_error(s.message());
 }
 
+// An I/O Status as Python's OSError (FileNotFoundError for a missing file); the message names
+// the file and the operation.
+[[noreturn]] void raise_io(const Status& s) {
+  if (s.code() == StatusCode::kInvalidArgument) throw py::value_error(s.message());
+  PyErr_SetString(s.code() == StatusCode::kNotFound ? PyExc_FileNotFoundError : PyExc_OSError,
+                  s.message().c_str());
+  throw py::error_already_set();
+}
+
+// io::FileIo: named files through the swap engine (strata.io.AIOHandle's).
+class Files {
+ public:
+  Files(std::size_t block_size, int queue_depth, int threads, const std::string& engine,
+        bool direct) {
+    io::FileIoOptions o;
+    o.block_size_bytes = block_size;
+    o.queue_depth = queue_depth;
+    o.threads = threads;
+    const auto kind = io::parse_swap_engine(engine);
+    if (!kind) throw py::value_error("engine '" + engine + "': expected auto, uring or posix");
+    o.engine = *kind;
+    o.direct = direct;
+    auto io = io::FileIo::create(o);
+    if (!io.is_ok()) raise_io(io.status());
+    io_ = std::move(*io);
+  }
+  void read(const std::string& path, std::uint64_t offset, std::uintptr_t buf, std::size_t n) {
+    if (Status s = io_->read(path, offset, at<void>(buf), n); !s.is_ok()) raise_io(s);
+  }
+  void write(const std::string& path, std::uint64_t offset, std::uintptr_t buf, std::size_t n) {
+    if (Status s = io_->write(path, offset, at<const void>(buf), n); !s.is_ok()) raise_io(s);
+  }
+  std::int64_t wait() {
+    Result<std::int64_t> done = [&] {
+      py::gil_scoped_release released;
+      return io_->wait();
+    }();
+    if (!done.is_ok()) raise_io(done.status());
+    return *done;
+  }
+  std::shared_ptr<sys::HostMapping> new_pinned(std::size_t n) {
+    auto m = io_->new_pinned(n);
+    if (!m.is_ok()) raise_io(m.status());
+    return *m;
+  }
+  void free_pinned(std::uintptr_t data) {
+    if (Status s = io_->free_pinned(at<const void>(data)); !s.is_ok()) raise_io(s);
+  }
+  std::string engine() const { return io_->engine_name(); }
+
+ private:
+  std::unique_ptr<io::FileIo> io_;
+};
+
 // The config: a file's path (is_path) or JSON text (a dict, named "<dict>" in messages), with
 // the --set overrides.
 Result<train::TrainConfig> config_of(const std::string& config, bool is_path,
@@ -193,7 +248,9 @@ std::string estimate_run(const std::string& config, bool is_path,
 PYBIND11_MODULE(_core, m) {
   using strata::python::Adam;
   using strata::python::at;
-  m.doc() = "Strata's native code: CPU Adam (strata.optim.CPUAdam's engine), train, estimate";
+  m.doc() =
+      "Strata's native code: CPU Adam (strata.optim.CPUAdam's), named files through the swap "
+      "engine (strata.io.AIOHandle's), train, estimate";
   m.attr("__version__") = STRATA_VERSION_STRING;
   m.attr("adam8_block_elems") = strata::device::kAdam8BlockElems;
 
@@ -208,6 +265,28 @@ PYBIND11_MODULE(_core, m) {
            py::arg("out_dtype"))
       .def_property_readonly("simd", &Adam::simd)
       .def_property_readonly("threads", &Adam::threads);
+
+  using strata::python::Files;
+  py::class_<strata::sys::HostMapping, std::shared_ptr<strata::sys::HostMapping>>(
+      m, "PinnedBuffer", py::buffer_protocol())
+      .def_buffer([](strata::sys::HostMapping& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {b.size()}, {std::size_t{1}});
+      })
+      .def_property_readonly("address", [](strata::sys::HostMapping& b) {
+        return reinterpret_cast<std::uintptr_t>(b.data());
+      });
+  py::class_<Files>(m, "FileIo")
+      .def(py::init<std::size_t, int, int, const std::string&, bool>(), py::arg("block_size"),
+           py::arg("queue_depth"), py::arg("threads"), py::arg("engine"), py::arg("direct"))
+      .def("read", &Files::read, py::arg("path"), py::arg("offset"), py::arg("buf"),
+           py::arg("size"))
+      .def("write", &Files::write, py::arg("path"), py::arg("offset"), py::arg("buf"),
+           py::arg("size"))
+      .def("wait", &Files::wait)
+      .def("new_pinned", &Files::new_pinned, py::arg("size"))
+      .def("free_pinned", &Files::free_pinned, py::arg("address"))
+      .def_property_readonly("engine", &Files::engine);
 
   m.def("train", &strata::python::train_run, py::arg("config"), py::arg("is_path"),
         py::arg("overrides"), py::arg("resume"), py::arg("progress"), py::arg("on_step"));

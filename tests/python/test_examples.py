@@ -21,3 +21,11 @@ def test_gpt_trains_with_cpu_adam_and_int8_moments(tmp_path):
     state = torch.load(tmp_path / "state.pt")
     moments = state["optimizer"]["state"][0]
     assert moments["exp_avg"].dtype == torch.float32  # widened, torch's layout
+
+
+def test_save_and_load_through_aio_handle(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "examples/python/save_load_aio.py"),
+                          "--dir", str(tmp_path)], check=True, capture_output=True,
+                         text=True).stdout
+    assert "the loaded model's outputs equal the saved one's: True" in out, out
+    assert (tmp_path / "index.json").exists()
