@@ -76,22 +76,20 @@ class AIOHandle:
 
     get_thread_count = get_intra_op_parallelism
 
-    def async_pread(self, buffer, filename, file_offset=0):
-        """Starts reading buffer's bytes from the file at file_offset; 0 once queued."""
-        n = _bytes_of(buffer, "async_pread")
-        self._files.read(path=os.fspath(filename), offset=file_offset, buf=buffer.data_ptr(),
-                         size=n)
+    def _start(self, transfer, what, buffer, filename, file_offset):
+        n = _bytes_of(buffer, what)
+        transfer(path=os.fspath(filename), offset=file_offset, buf=buffer.data_ptr(), size=n)
         self._in_flight.append(buffer)
         return 0
+
+    def async_pread(self, buffer, filename, file_offset=0):
+        """Starts reading buffer's bytes from the file at file_offset; 0 once queued."""
+        return self._start(self._files.read, "async_pread", buffer, filename, file_offset)
 
     def async_pwrite(self, buffer, filename, file_offset=0):
         """Starts writing buffer's bytes to the file at file_offset (made when missing, never
         truncated); 0 once queued."""
-        n = _bytes_of(buffer, "async_pwrite")
-        self._files.write(path=os.fspath(filename), offset=file_offset, buf=buffer.data_ptr(),
-                          size=n)
-        self._in_flight.append(buffer)
-        return 0
+        return self._start(self._files.write, "async_pwrite", buffer, filename, file_offset)
 
     def sync_pread(self, buffer, filename, file_offset=0):
         self.async_pread(buffer, filename, file_offset)

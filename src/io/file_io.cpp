@@ -55,12 +55,8 @@ FileIo::~FileIo() {
 
 std::string FileIo::engine_name() const { return std::string(engine_->name()); }
 
-void FileIo::wait_in_flight() {
-  for (IoHandle& h : pending_) (void)h.wait();  // wait() reads each result again
-}
-
 void FileIo::close_all() {
-  wait_in_flight();
+  engine_->drain();  // no chunk reads a descriptor about to close; wait() reads the results
   for (auto& [key, slot] : open_) {
     for (const auto& [fd, index] : {std::pair{slot.direct_fd, slot.direct_index},
                                     std::pair{slot.buffered_fd, slot.buffered_index}}) {
@@ -173,7 +169,6 @@ Result<std::int64_t> FileIo::wait() {
 }
 
 Status FileIo::register_pinned() {
-  wait_in_flight();
   engine_->drain();
   std::vector<std::span<std::byte>> buffers;
   for (const auto& m : pinned_) buffers.push_back(m->bytes());

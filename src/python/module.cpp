@@ -235,10 +235,7 @@ std::string estimate_run(const std::string& config, bool is_path,
     py::gil_scoped_release released;
     return train::estimate_report(*c, {ranks, gpu});
   }();
-  if (!report.is_ok()) {
-    const bool usage = report.status().code() == StatusCode::kInvalidArgument;
-    return train::refusal_json(report.status(), usage ? 2 : 1).dump();
-  }
+  if (!report.is_ok()) return train::refusal_json(report.status()).dump();
   return report->to_json().dump();
 }
 

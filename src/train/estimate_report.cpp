@@ -186,7 +186,8 @@ std::string EstimateReport::describe() const {
   return o.str();
 }
 
-Json refusal_json(const Status& status, int exit_code) {
+Json refusal_json(const Status& status) {
+  const int exit_code = status.code() == StatusCode::kInvalidArgument ? 2 : 1;
   return Json{{"fits", false}, {"error", status.message()}, {"exit_code", exit_code}};
 }
 

@@ -25,9 +25,9 @@ int run_estimate(const EstimateArgs& a) {
   // object on stdout ({"fits": false, "error": ...}), so a script reads every outcome alike.
   const auto fail = [&a](const Status& s) {
     std::fprintf(stderr, "strata estimate: %s\n", s.message().c_str());
-    const int code = s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitError;
-    if (a.json) std::cout << train::refusal_json(s, code).dump() << "\n";
-    return code;
+    const Json refusal = train::refusal_json(s);
+    if (a.json) std::cout << refusal.dump() << "\n";
+    return refusal["exit_code"].get<int>();
   };
   Json keys = Json::object();
   if (!a.deepspeed.empty()) keys["deepspeed"] = a.deepspeed;

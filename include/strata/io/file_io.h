@@ -77,7 +77,6 @@ class FileIo {
   // requests in flight and closing every file).
   Result<Slot> open(IoOp op, const std::string& path);
   void close_all();
-  void wait_in_flight();  // every pending request finished; their results kept for wait()
   Status register_pinned();
 
   FileIoOptions options_;

@@ -39,7 +39,8 @@ struct EstimateReport {
 // The report of `config` (read, not yet resolved). Errors: the config's, a plan that cannot run
 // (with what would fit), an unknown GPU name, --gpu with a CPU config.
 Result<EstimateReport> estimate_report(const TrainConfig& config, const EstimateRequest& request);
-// A refusal as --json reports it: {"fits": false, "error": message, "exit_code": code}.
-Json refusal_json(const Status& status, int exit_code);
+// A refusal as --json reports it: {"fits": false, "error": message, "exit_code": code}, the code
+// the CLI exits with: 2 for a bad config or argument, 1 for a plan that cannot run.
+Json refusal_json(const Status& status);
 
 }  // namespace strata::train
