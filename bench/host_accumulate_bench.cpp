@@ -126,8 +126,9 @@ void BM_Accumulate(benchmark::State& state) {
   {
     std::vector<float> check(b.acc.get(), b.acc.get() + (kChunk * 3 + 17));
     std::vector<float> want = check;
-    const double got = arrays->accumulate(check.data(), b.grad(dtype), dtype,
-                                          static_cast<std::int64_t>(check.size()), false);
+    const auto len = static_cast<std::int64_t>(check.size());
+    const double got =
+        arrays->accumulate(check.data(), b.grad(dtype), dtype, len, false, len).value();
     const double ref = scalar_accumulate(want.data(), b.grad(dtype), dtype,
                                          static_cast<std::int64_t>(want.size()));
     STRATA_CHECK(std::memcmp(check.data(), want.data(), check.size() * 4) == 0,
@@ -139,7 +140,8 @@ void BM_Accumulate(benchmark::State& state) {
   double kernel_s = 0, roof_s = 0;
   for (auto _ : state) {
     const auto kernel = [&] {
-      benchmark::DoNotOptimize(arrays->accumulate(b.acc.get(), b.grad(dtype), dtype, n, false));
+      benchmark::DoNotOptimize(
+          arrays->accumulate(b.acc.get(), b.grad(dtype), dtype, n, false, n).limbs[0]);
     };
     const auto roof = [&] { read_add_write(arena, b.acc.get(), b.grad(dtype), dtype, n); };
     // A B then B A: each pair sees the same memory mode on average.

@@ -120,6 +120,9 @@ int swiglu_backward(const LaunchContext& ctx, const void* dout, const void* gate
                     void* dgate, void* dup, std::int64_t n, Elem dtype);
 
 // ---- add.cu (out may alias a or b)
+// out[i] = sum over b of in[b * n + i] in f32, in strata::canonical_sum's tree, rounded once.
+int sum_blocks(const LaunchContext& ctx, const void* in, std::int64_t blocks, std::int64_t n,
+               Elem in_dtype, void* out, Elem out_dtype);
 int add(const LaunchContext& ctx, const void* a, const void* b, void* out, std::int64_t n,
         Elem dtype);
 
@@ -182,11 +185,18 @@ int scale_rows(const LaunchContext& ctx, void* x, const float* scale, std::int64
 int row_dots(const LaunchContext& ctx, const void* a, const void* b, std::int64_t rows,
              std::int64_t cols, const std::int32_t* index, float* out, Elem dtype);
 
-// ---- sum_squares.cu: writes sum(x^2) as one double to *result (device memory), computed in
-// double with a partition that depends only on n, so it is reproducible run to run.
-std::size_t sum_squares_scratch_bytes(std::int64_t n);
-int sum_squares(const LaunchContext& ctx, const void* x, std::int64_t n, Elem dtype, double* result,
-                void* scratch);
+// ---- sum_squares.cu: writes sum(x^2) to *result (device memory), a strata::ExactSum's layout:
+// chunks of kSumSquaresChunk elements from x's start, each summed in double, added exactly.
+inline constexpr std::int64_t kSumSquaresChunk = 256;  // strata::kSumSquaresChunkElems
+inline constexpr int kExactSumLimbs = 20;              // strata::ExactSum's
+inline constexpr int kExactSumLowBit = -320;
+inline constexpr int kExactSumHighBit = kExactSumLowBit + 32 * (kExactSumLimbs - 1);
+struct ExactSumLayout {
+  unsigned long long limbs[kExactSumLimbs];
+  double special;
+};
+int sum_squares(const LaunchContext& ctx, const void* x, std::int64_t n, Elem dtype,
+                ExactSumLayout* result);
 
 // ---- adamw.cu: device::adamw_reference's arithmetic, operation for operation, compiled
 // without multiply-add contraction; the scalars are computed on the host exactly as the

@@ -22,6 +22,14 @@ CommHandle CommHandle::done(Status status) {
 }
 
 // The peer of a point-to-point call: another rank of the communicator.
+CommHandle Communicator::reduce_scatter_wide(const void*, float*, std::int64_t, DType,
+                                             std::string_view what) {
+  return CommHandle::done(failed_precondition(
+      "reduce_scatter_wide '" + std::string(what) + "': the " + name() +
+      " communicator cannot sum 16-bit gradients into f32 (deterministic_reduction's bf16 and "
+      "fp16 path needs MPI on the CPU backend)"));
+}
+
 Status check_peer(const Communicator& comm, const char* op, int peer, std::string_view what) {
   if (peer >= 0 && peer < comm.world_size() && peer != comm.rank()) return Status::ok();
   return invalid_argument("rank " + std::to_string(comm.rank()) + ": " + op + " '" +

@@ -1,7 +1,6 @@
 // Ranks as threads of one process: a group of communicators that meet at one rendezvous, for
-// testing multi-rank logic without mpirun. The reductions fold in rank order with the MPI path's
-// arithmetic (16-bit floats rounded after every add, averages as its averager), so with two
-// ranks the results are the MPI path's bits.
+// testing multi-rank logic without mpirun. The reductions sum the ranks in the canonical tree
+// (reduce_in_tree_order), as the MPI path's reduce-scatter does.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +22,7 @@ namespace {
 enum class OpKind : std::uint8_t {
   kAllGather,
   kReduceScatter,
+  kReduceScatterWide,
   kAllReduce,
   kBroadcast,
   kBarrier,
@@ -38,6 +38,8 @@ const char* op_name(OpKind k) {
       return "all_gather";
     case OpKind::kReduceScatter:
       return "reduce_scatter";
+    case OpKind::kReduceScatterWide:
+      return "reduce_scatter_wide";
     case OpKind::kAllReduce:
       return "all_reduce";
     case OpKind::kBroadcast:
@@ -82,13 +84,13 @@ std::string describe(int rank, const Call& c) {
          std::to_string(c.count) + " x " + std::string(dtype_name(c.dtype)) + ")";
 }
 
-// out[i] = op over ranks of in_r[offset + i], as reduce_in_rank_order folds it.
+// out[i] = op over ranks of in_r[offset + i], as reduce_in_tree_order folds it.
 void reduce(const std::vector<Call>& calls, std::int64_t offset, std::int64_t count, DType dtype,
             ReduceOp op, void* out) {
   const std::size_t at = static_cast<std::size_t>(offset) * dtype_size(dtype);
   std::vector<const void*> inputs;
   for (const Call& c : calls) inputs.push_back(static_cast<const std::byte*>(c.send) + at);
-  reduce_in_rank_order(inputs, count, dtype, op, out);
+  reduce_in_tree_order(inputs, count, dtype, op, out);
 }
 
 // The meeting point of one group: the last rank to arrive at a collective carries it out for
@@ -223,6 +225,19 @@ class Rendezvous {
         }
         return Status::ok();
       }
+      case OpKind::kReduceScatterWide: {  // every rank's block summed into its f32 recv
+        const std::size_t at = static_cast<std::size_t>(n) * dtype_size(dtype);
+        for (int r = 0; r < world_; ++r) {
+          std::vector<const void*> inputs;
+          for (const Call& c : calls_) {
+            inputs.push_back(static_cast<const std::byte*>(c.send) +
+                             at * static_cast<std::size_t>(r));
+          }
+          sum_in_tree_order(inputs, n, dtype,
+                            static_cast<float*>(calls_[static_cast<std::size_t>(r)].recv));
+        }
+        return Status::ok();
+      }
       case OpKind::kAllReduceHost: {
         // As the MPI path: a sum of doubles, then a division by the rank count.
         std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
@@ -302,6 +317,12 @@ class InProcessCommunicator final : public Communicator {
                             ReduceOp op, std::string_view what) override {
     stats_.reduce_scatter_bytes += bytes(count, dtype) * static_cast<std::uint64_t>(world_);
     return done(device_call(OpKind::kReduceScatter, send, recv, count, dtype, op, 0, what));
+  }
+  CommHandle reduce_scatter_wide(const void* send, float* recv, std::int64_t count, DType dtype,
+                                 std::string_view what) override {
+    stats_.reduce_scatter_bytes += bytes(count, dtype) * static_cast<std::uint64_t>(world_);
+    return done(
+        device_call(OpKind::kReduceScatterWide, send, recv, count, dtype, ReduceOp::kSum, 0, what));
   }
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
                         std::string_view what) override {

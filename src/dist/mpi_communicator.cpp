@@ -341,7 +341,7 @@ class MpiCommunicator final : public Communicator {
       // Open MPI's non-blocking reduce-scatter (libnbc) reduces the whole buffer to rank 0 and
       // scatters it back: every other rank sends all of its data, where (P - 1) / P of it is
       // enough (measured: bench/tp_traffic.sh). An all-to-all sends exactly that, rank r's
-      // chunk j to rank j, which folds the chunks it receives in rank order (the in-process
+      // chunk j to rank j, which sums the chunks it receives in the canonical tree (the in-process
       // communicator's arithmetic; the request keeps the chunks until it is done).
       auto chunks =
           std::make_shared<std::vector<std::byte>>(bytes * static_cast<std::size_t>(world_));
@@ -353,7 +353,7 @@ class MpiCommunicator final : public Communicator {
             for (int r = 0; r < world; ++r) {
               inputs.push_back(chunks->data() + bytes * static_cast<std::size_t>(r));
             }
-            reduce_in_rank_order(inputs, count, dtype, op, recv);
+            reduce_in_tree_order(inputs, count, dtype, op, recv);
           },
           [=, comm = comm_](MPI_Request* req) {
             return MPI_Ialltoall(send, n, type, chunks->data(), n, type, comm, req);
@@ -364,6 +364,33 @@ class MpiCommunicator final : public Communicator {
                  [=, comm = comm_](MPI_Request* req) {
                    return MPI_Ireduce_scatter_block(send, recv, n, type, sum, comm, req);
                  });
+  }
+
+  CommHandle reduce_scatter_wide(const void* send, float* recv, std::int64_t count, DType dtype,
+                                 std::string_view what) override {
+    if (!device_.host_addressable())
+      return Communicator::reduce_scatter_wide(send, recv, count, dtype, what);
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    stats_.reduce_scatter_bytes += bytes * static_cast<std::size_t>(world_);
+    ++stats_.collectives;
+    const int n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    // reduce_scatter's all-to-all, each rank's chunks summed into f32 (see there).
+    auto chunks =
+        std::make_shared<std::vector<std::byte>>(bytes * static_cast<std::size_t>(world_));
+    const int world = world_;
+    return issue(
+        "reduce_scatter_wide", what,
+        [=] {
+          std::vector<const void*> inputs;
+          for (int r = 0; r < world; ++r) {
+            inputs.push_back(chunks->data() + bytes * static_cast<std::size_t>(r));
+          }
+          sum_in_tree_order(inputs, count, dtype, recv);
+        },
+        [=, comm = comm_](MPI_Request* req) {
+          return MPI_Ialltoall(send, n, type, chunks->data(), n, type, comm, req);
+        });
   }
 
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,

@@ -3,24 +3,47 @@
 
 #include <cstddef>
 
-namespace strata::dist {
+#include "strata/core/summation_tree.h"
 
-void reduce_in_rank_order(const std::vector<const void*>& inputs, std::int64_t count, DType dtype,
+namespace strata::dist {
+namespace {
+
+template <typename T, typename Widen>
+void tree_sums(const std::vector<const void*>& inputs, std::size_t n, Widen widen, float* out) {
+  const auto ranks = static_cast<std::int64_t>(inputs.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = canonical_sum(ranks, [&](std::int64_t r) {
+      return widen(static_cast<const T*>(inputs[static_cast<std::size_t>(r)])[i]);
+    });
+  }
+}
+
+}  // namespace
+
+void sum_in_tree_order(const std::vector<const void*>& inputs, std::int64_t count, DType dtype,
+                       float* out) {
+  const auto n = static_cast<std::size_t>(count);
+  switch (dtype) {
+    case DType::kBF16:
+      tree_sums<bf16>(
+          inputs, n, [](bf16 x) { return bf16_to_f32(x); }, out);
+      break;
+    case DType::kF16:
+      tree_sums<f16>(
+          inputs, n, [](f16 x) { return f16_to_f32(x); }, out);
+      break;
+    default:
+      tree_sums<float>(
+          inputs, n, [](float x) { return x; }, out);
+      break;
+  }
+}
+
+void reduce_in_tree_order(const std::vector<const void*>& inputs, std::int64_t count, DType dtype,
                           ReduceOp op, void* out) {
   const auto n = static_cast<std::size_t>(count);
-  std::vector<float> acc(n), next(n);
-  std::vector<std::byte> rounded(n * dtype_size(dtype));
-  const auto round_to_dtype = [&] {  // acc = acc as the dtype holds it
-    if (dtype == DType::kF32) return;
-    convert(acc.data(), DType::kF32, rounded.data(), dtype, n);
-    convert(rounded.data(), dtype, acc.data(), DType::kF32, n);
-  };
-  convert(inputs[0], dtype, acc.data(), DType::kF32, n);
-  for (std::size_t r = 1; r < inputs.size(); ++r) {
-    convert(inputs[r], dtype, next.data(), DType::kF32, n);
-    for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + next[i];
-    round_to_dtype();
-  }
+  std::vector<float> acc(n);
+  sum_in_tree_order(inputs, count, dtype, acc.data());
   const auto world = static_cast<float>(inputs.size());
   if (op == ReduceOp::kAvg && inputs.size() > 1) {
     if (dtype == DType::kF32) {

@@ -28,6 +28,12 @@ class SingleRankCommunicator final : public Communicator {
     stats_.reduce_scatter_bytes += static_cast<std::uint64_t>(count) * dtype_size(dtype);
     return {};
   }
+  CommHandle reduce_scatter_wide(const void* send, float* recv, std::int64_t count, DType dtype,
+                                 std::string_view) override {
+    device_.ops().cast(send, dtype, recv, DType::kF32, count);
+    stats_.reduce_scatter_bytes += static_cast<std::uint64_t>(count) * dtype_size(dtype);
+    return {};
+  }
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp,
                         std::string_view) override {
     copy(send, recv, count, dtype);

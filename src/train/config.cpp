@@ -449,6 +449,14 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
     }
   }
   r.read("grad_clip", &c.grad_clip, 0.0);
+  if (const Json* d = r.raw("deterministic_reduction")) {
+    if (d->is_boolean()) {
+      c.deterministic_reduction = d->get<bool>();
+      c.deterministic_reduction_auto = false;
+    } else if (!d->is_string() || d->get<std::string>() != "auto") {
+      r.error("deterministic_reduction", "expected true, false or \"auto\", got " + d->dump());
+    }
+  }
   read_enum(r, "optimizer_overlap", &c.optimizer_overlap, zero::kOptimizerOverlaps,
             zero::optimizer_overlap_name);
   read_enum(r, "grad_accumulation", &c.grad_accumulation, zero::kGradAccumulations,

@@ -67,6 +67,8 @@ Json TrainConfig::to_json() const {
         {"master_dtype", precision_name(optimizer.master_dtype)}}},
       {"lr_schedule", schedule_json(lr_schedule)},
       {"grad_clip", grad_clip},
+      {"deterministic_reduction",
+       deterministic_reduction_auto ? Json("auto") : Json(deterministic_reduction)},
       {"optimizer_overlap", zero::optimizer_overlap_name(optimizer_overlap)},
       {"grad_accumulation", zero::grad_accumulation_name(grad_accumulation)},
       {"activation_checkpointing", activation_checkpointing},

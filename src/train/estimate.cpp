@@ -98,6 +98,7 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.checkpoint_home = config.activation_offload;
   o.compute_dtype = config.precision;
   o.accumulation_steps = config.accumulation_steps(data_ranks);
+  o.tree_sums = config.deterministic_reduction;
   o.overlap = config.optimizer_overlap;
   o.grad_accumulation = config.grad_accumulation;
   o.adam = config.optimizer;
@@ -112,10 +113,14 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   return o;
 }
 
-zero::ZeroOptions zero_options(const TrainConfig& config) {
+zero::ZeroOptions zero_options(const TrainConfig& config, int data_ranks) {
   zero::ZeroOptions o;
   o.stage = config.zero_stage;
   o.compute_dtype = config.precision;
+  // One rank sums 16-bit gradients in fp32: so do several, to give its bits (the MPI path's
+  // reduction; NCCL's ring has its own order, so on a GPU they stay 16-bit).
+  o.wide_gradients = config.deterministic_reduction && data_ranks > 1 &&
+                     config.precision != DType::kF32 && config.device == device::DeviceKind::kCpu;
   o.gather_ahead = config.offload_param != Tier::kNvme;
   o.reduce_bucket_bytes =
       zero::effective_bucket_bytes(config.reduce_bucket_bytes, config.device_memory_limit);
@@ -194,7 +199,7 @@ Result<Estimate> estimate(const TrainConfig& given, int ranks, const EstimateOpt
   if (swap && options.check_swap_free) eo.swap_free_bytes = swap_free_bytes(config, options.rank);
   zero::PlanOptions po = zero::plan_options(eo, config.device_memory_limit, swap,
                                             config.device == device::DeviceKind::kCpu);
-  po.zero = zero_options(config);
+  po.zero = zero_options(config, shape.data);
   auto plan = zero::make_plan(partition, po);
   if (!plan.is_ok()) return plan.status();
   e.plan = std::move(*plan);

@@ -60,7 +60,9 @@ Result<EstimateReport> estimate_report(const TrainConfig& read, const EstimateRe
   const int ranks = request.ranks;
   // "auto" measures the machine's rates (about a second) to choose; a fixed grid and placement are
   // planned first, so that one that cannot run is refused at once.
-  STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved, resolve_config(read, {ranks, 0}));
+  ResolveOptions ro;
+  ro.world = ranks;
+  STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved, resolve_config(read, ro));
   EstimateReport r;
   const TrainConfig& config = resolved.config;
   // Pipeline stages plan apart (each its layers, the first the embedding, the last the head):

@@ -11,7 +11,7 @@
 namespace strata::train {
 
 Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
-                                const std::function<void()>& last_pass, double* loss_sum,
+                                const std::function<void()>& last_pass, std::vector<double>* losses,
                                 double* compute_ms) {
   const model::PipelineStage& stage = p_.stage;
   const PipelineShape shape = p_.config.pipeline_shape(p_.grid.data().world_size());
@@ -62,6 +62,8 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
         const bool sends_embedding_grad = b.embedding_grad != nullptr && stage.last_chunk(p.chunk);
         if (sends_embedding_grad) STRATA_RETURN_IF_ERROR(embedding_grad_sent.wait());
         begin = now_ns();
+        // The last chunk's forward makes the head's gradients (its loss's backward) too.
+        p_.provider.set_micro_batch(p.micro_batch);
         STRATA_RETURN_IF_ERROR(p_.model.forward_chunk(p_.provider, batch, p.chunk, /*train=*/true));
         if (b.embedding_grad != nullptr && stage.first_chunk(p.chunk)) {
           embedding_grads[static_cast<std::size_t>(slot)] =
@@ -73,7 +75,8 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
                                            named("the head's embedding gradient", p, 0));
         }
         if (stage.last_chunk(p.chunk)) {
-          *loss_sum += static_cast<double>(p_.model.loss(slot)) * mi.share;
+          (*losses)[static_cast<std::size_t>(p.micro_batch)] =
+              static_cast<double>(p_.model.loss(slot)) * mi.share;
         } else {
           const int to = stage.next_stage(p.chunk);
           sent_output[at(slot, p.chunk)] =
@@ -93,6 +96,7 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
         STRATA_RETURN_IF_ERROR(embedding_grads[static_cast<std::size_t>(slot)].wait());
       }
       begin = now_ns();
+      p_.provider.set_micro_batch(p.micro_batch);
       STRATA_RETURN_IF_ERROR(p_.model.backward_chunk(p_.provider, batch, p.chunk));
       STRATA_RETURN_IF_ERROR(p_.provider.finish_micro_batch());
       if (!stage.first_chunk(p.chunk)) {

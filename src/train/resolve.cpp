@@ -99,6 +99,20 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, world / (tp * pp)));
   }
   r.shape = {world / (tp * pp), tp, pp};
+  if (config.deterministic_reduction_auto) {
+    // Several data-parallel ranks (or a resume of a run that had it): the same bits on any number
+    // of them; one rank alone keeps a running sum (no partial sums to hold).
+    config.deterministic_reduction =
+        r.shape.data > 1 || options.resumed_deterministic.value_or(false);
+    config.deterministic_reduction_auto = false;
+    if (config.deterministic_reduction && config.accumulation_steps(r.shape.data) >= 4) {
+      r.choices.push_back(
+          "deterministic_reduction: on (" +
+          std::string(r.shape.data > 1 ? "several data-parallel ranks" : "the resumed run had it") +
+          "): gradients summed in the canonical tree, the same bits on any power-of-two number "
+          "of ranks; false keeps one running sum and frees the partial sums' memory");
+    }
+  }
   if (config.offload_param_auto || config.offload_optimizer_auto) {
     STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, rates()));
     std::vector<std::uint64_t> v = {static_cast<std::uint64_t>(choice.param),

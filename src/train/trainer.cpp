@@ -72,13 +72,18 @@ struct Trainer::Impl {
   Status setup();
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
-  // Without a pipeline: the step's micro-batches in turn; their loss (share weighted) added to
-  // *loss_sum, their load-balancing loss (MoE) to *aux_sum, the model's time to *model_ms.
-  Status run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
-                           double* aux_sum, double* model_ms);
-  // This rank's share-weighted losses (the loss, and the load-balancing loss) summed over the
-  // stages and the data-parallel ranks, in place, in one collective each.
-  Status global_losses(std::array<double, 2>& sums);
+  // Without a pipeline: the step's micro-batches in turn; each one's loss (share weighted) to
+  // (*losses)[micro-batch], its load-balancing loss (MoE) to (*aux)[micro-batch], the model's
+  // time to *model_ms.
+  Status run_micro_batches(const std::vector<StepMicroBatch>& micros, std::vector<double>* losses,
+                           std::vector<double>* aux, double* model_ms);
+  // The step's loss and load-balancing loss: every micro-batch's share-weighted value of every
+  // stage and data-parallel rank, placed at its micro-batch's place in the global batch (rank r's
+  // micro-batch k is the global batch's k * ranks + r) and summed in that order, the same bits on
+  // any number of ranks: one collective a group of ranks, in which each place has one rank's
+  // value and zeros (adding zeros is exact).
+  Result<std::array<double, 2>> global_losses(const std::vector<double>& losses,
+                                              const std::vector<double>& aux);
   // The update with the clip and unscale multiplier, or the step skipped (non-finite gradients,
   // an fp16 overflow, no target that counts) with the scaler told.
   Status update_or_skip(double scaled_norm, std::int64_t global_targets, StepMetrics* m);
@@ -142,8 +147,26 @@ Status Trainer::Impl::setup() {
   const int rank = comm->rank(), world = comm->world_size();
   // The config resolved as strata estimate resolves it: the grid, the placement, {rank} paths
   // and this rank's plan (the one estimate prints for it, and the one its provider runs).
-  STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved,
-                          resolve_config(config, {world, rank, comm.get(), device.get()}));
+  ResolveOptions ro;
+  ro.world = world;
+  ro.rank = rank;
+  ro.comm = comm.get();
+  ro.probe_device = device.get();
+  if (!options.resume_dir.empty() && config.deterministic_reduction_auto) {
+    // What the resumed run summed in: its saved config's deterministic_reduction (its
+    // trainer_state's world size says whether it had several data-parallel ranks, where an older
+    // checkpoint does not record it).
+    STRATA_ASSIGN_OR_RETURN(const std::string ckpt, resolve_checkpoint(options.resume_dir));
+    STRATA_ASSIGN_OR_RETURN(const TrainerState st, read_trainer_state(ckpt));
+    const Json* saved = st.config.is_object() && st.config.contains("deterministic_reduction")
+                            ? &st.config["deterministic_reduction"]
+                            : nullptr;
+    ro.resumed_deterministic =
+        saved != nullptr && saved->is_boolean()
+            ? saved->get<bool>()
+            : st.world_size / (st.tensor_parallel_size * st.pipeline_parallel_size) > 1;
+  }
+  STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved, resolve_config(config, ro));
   resolution = resolved.line();
   config = std::move(resolved.config);
   planned = std::move(resolved.planned);
@@ -193,7 +216,7 @@ Status Trainer::Impl::setup() {
   zero::ShardOptions sopts = shard_options(config, shape.data, at.pipeline);
   timeline = std::make_unique<mem::Timeline>(/*record_spans=*/!config.trace_file.empty());
   sopts.timeline = timeline.get();  // the plan (with this rank's free swap space) is `planned`
-  const zero::ZeroOptions zopts = zero_options(config);
+  const zero::ZeroOptions zopts = zero_options(config, shape.data);
   // Said when it lowers a size the config chose (the defaults are capped silently, as the
   // README says).
   const auto lowered = [](std::uint64_t used, std::uint64_t configured, std::uint64_t dflt) {
@@ -320,17 +343,17 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   // The micro-batches: forward and backward, the gradients landing where the plan keeps them
   // (and the experts' traffic of this step's alone: an evaluation's before it is not).
   model->take_expert_traffic();
-  double loss_sum = 0, aux_sum = 0, model_ms = 0;
+  std::vector<double> losses(batch.micros.size(), 0.0), aux(losses.size(), 0.0);
+  double model_ms = 0;
   if (pipeline) {
     STRATA_RETURN_IF_ERROR(pipeline->run_step(
-        batch.micros, [&] { begin_last_micro_batch(); }, &loss_sum, &model_ms));
+        batch.micros, [&] { begin_last_micro_batch(); }, &losses, &model_ms));
   } else {
-    STRATA_RETURN_IF_ERROR(run_micro_batches(batch.micros, &loss_sum, &aux_sum, &model_ms));
+    STRATA_RETURN_IF_ERROR(run_micro_batches(batch.micros, &losses, &aux, &model_ms));
   }
   m.compute_ms = recorder->compute_ms(model_ms);
   m.loss_tokens = batch.global_targets;
-  std::array<double, 2> sums = {loss_sum, aux_sum};
-  STRATA_RETURN_IF_ERROR(global_losses(sums));
+  STRATA_ASSIGN_OR_RETURN(const auto sums, global_losses(losses, aux));
   m.loss = sums[0];
   if (config.model.has_moe()) {
     m.aux_loss = sums[1];
@@ -357,37 +380,55 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   return m;
 }
 
-Status Trainer::Impl::run_micro_batches(const std::vector<StepMicroBatch>& micros, double* loss_sum,
-                                        double* aux_sum, double* model_ms) {
+Status Trainer::Impl::run_micro_batches(const std::vector<StepMicroBatch>& micros,
+                                        std::vector<double>* losses, std::vector<double>* aux,
+                                        double* model_ms) {
   const std::int64_t mb = config.micro_batch_size, seq = config.seq_len;
   for (std::size_t micro = 0; micro < micros.size(); ++micro) {
     const StepMicroBatch& mi = micros[micro];
     // The last micro-batch's gradients are final as they come: the update may start with them.
     if (micro + 1 == micros.size()) begin_last_micro_batch();
     const std::int64_t begin = now_ns();
+    provider->set_micro_batch(static_cast<std::int64_t>(micro));
     STRATA_ASSIGN_OR_RETURN(
         float loss, model->forward_backward(*provider, mi.inputs.data(), mi.targets.data(), mb, seq,
                                             mi.grad_scale, mi.dropout_key));
     STRATA_RETURN_IF_ERROR(provider->finish_micro_batch());
     trace_pass(*timeline, "micro-batch " + std::to_string(micro), begin);
     *model_ms += model->last_timings().forward_ms + model->last_timings().backward_ms;
-    *loss_sum += static_cast<double>(loss) * mi.share;
-    *aux_sum += model->last_aux_loss() * mi.share;
+    (*losses)[micro] = static_cast<double>(loss) * mi.share;
+    (*aux)[micro] = model->last_aux_loss() * mi.share;
   }
   return Status::ok();
 }
 
-Status Trainer::Impl::global_losses(std::array<double, 2>& sums) {
-  // The last stage's losses to every stage (the others add zero: exact).
+Result<std::array<double, 2>> Trainer::Impl::global_losses(const std::vector<double>& losses,
+                                                           const std::vector<double>& aux) {
+  const int ranks = grid->data().world_size(), rank = grid->data().rank();
+  const std::size_t micros = losses.size();
+  const std::size_t places = micros * static_cast<std::size_t>(ranks);
+  std::vector<double> all(2 * places, 0.0);  // the losses by global place, then the aux losses
+  for (std::size_t k = 0; k < micros; ++k) {
+    const std::size_t place = k * static_cast<std::size_t>(ranks) + static_cast<std::size_t>(rank);
+    all[place] = losses[k];
+    all[places + place] = aux[k];
+  }
+  const int count = static_cast<int>(all.size());
+  // The last stage's losses to every stage (the others hold zeros).
   if (grid->shape().pipeline > 1) {
-    STRATA_RETURN_IF_ERROR(
-        grid->pipeline().all_reduce_host(sums.data(), 2, dist::ReduceOp::kSum, "loss (pipeline)"));
+    STRATA_RETURN_IF_ERROR(grid->pipeline().all_reduce_host(all.data(), count, dist::ReduceOp::kSum,
+                                                            "loss (pipeline)"));
   }
-  if (grid->data().world_size() > 1) {
+  if (ranks > 1) {
     STRATA_RETURN_IF_ERROR(
-        grid->data().all_reduce_host(sums.data(), 2, dist::ReduceOp::kSum, "loss"));
+        grid->data().all_reduce_host(all.data(), count, dist::ReduceOp::kSum, "loss"));
   }
-  return Status::ok();
+  std::array<double, 2> sums = {0.0, 0.0};
+  for (std::size_t p = 0; p < places; ++p) {
+    sums[0] += all[p];
+    sums[1] += all[places + p];
+  }
+  return sums;
 }
 
 Status Trainer::Impl::update_or_skip(double scaled_norm, std::int64_t global_targets,

@@ -2,35 +2,40 @@
 // plan says, final for a guessed update as soon as they are.
 #include "strata/zero/gradient_landing.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "strata/core/clock.h"
+#include "strata/core/summation_tree.h"
 
 namespace strata::zero {
 
 struct GradientLanding::Group {
   // Kept gradients (plan.keep_gradients): the gradient itself, homed where the plan keeps
-  // gradients. Otherwise this micro-batch's gradient in transit (a transient tensor), added
-  // into `acc`, the fp32 accumulator.
+  // gradients. Otherwise this micro-batch's gradient in transit (a transient tensor), summed
+  // into `sums`, the fp32 buffers the tree's partial sums take (plan.accumulators of them).
   mem::Handle grad = mem::Handle::kInvalid;
-  mem::Handle acc = mem::Handle::kInvalid;
-  void* on_device = nullptr;   // the gradient's device copy while the model accumulates into it
-  bool has_grad = false;       // a gradient arrived since the last step
-  bool final_sent = false;     // a guessed update has its final sum (device accumulation)
-  double sum_squares = 0;      // of the gradient as accumulated so far, when summed off the device
-  double dup_sum_squares = 0;  // the same of its duplicates
+  std::vector<mem::Handle> sums;
+  std::optional<SummationTree> tree;
+  std::vector<ExactSum> squares;  // by buffer: of its sum as last written (summed off the device)
+  int result = 0;                 // the buffer that holds the step's gradient, once whole
+  bool whole = false;             // every merge is made: sums[result] is the step's gradient
+  void* on_device = nullptr;      // the gradient's device copy while the model accumulates into it
+  bool has_grad = false;          // a gradient arrived since the last step
+  bool final_sent = false;        // a guessed update has its final sum (device accumulation)
 };
 
 GradientLanding::GradientLanding(mem::TieredStore& store, const std::vector<ShardGroup>& groups,
                                  const device::HostArrays& arrays, device::Device& device,
-                                 const MemoryPlan& plan, DType compute_dtype,
+                                 const MemoryPlan& plan, DType gradient_dtype,
                                  mem::Timeline* timeline)
     : store_(store),
       shapes_(groups),
       arrays_(arrays),
       device_(device),
       plan_(plan),
-      dtype_(compute_dtype),
+      dtype_(gradient_dtype),
       timeline_(timeline),
       groups_(groups.size()) {}
 
@@ -39,9 +44,9 @@ GradientLanding::~GradientLanding() = default;
 Result<std::unique_ptr<GradientLanding>> GradientLanding::create(
     mem::TieredStore& store, const std::vector<ShardGroup>& groups,
     const device::HostArrays& arrays, device::Device& device, const MemoryPlan& plan,
-    DType compute_dtype, mem::Timeline* timeline) {
+    DType gradient_dtype, mem::Timeline* timeline) {
   std::unique_ptr<GradientLanding> l(
-      new GradientLanding(store, groups, arrays, device, plan, compute_dtype, timeline));
+      new GradientLanding(store, groups, arrays, device, plan, gradient_dtype, timeline));
   STRATA_RETURN_IF_ERROR(l->add_tensors());
   return l;
 }
@@ -55,14 +60,14 @@ Status GradientLanding::add_tensors() {
   ns.transient = true;
   STRATA_ASSIGN_OR_RETURN(const mem::Handle norms, store_.add(ns));
   STRATA_ASSIGN_OR_RETURN(void* norms_host, store_.emplace(norms, Tier::kHost, true));
-  norms_host_ = static_cast<double*>(norms_host);
+  norms_host_ = static_cast<ExactSum*>(norms_host);
   norm_slots_ = norms_host_;
   if (!device_.host_addressable()) {
     ns.name = "gradient sums of squares (device)";
     ns.scratch = true;
     STRATA_ASSIGN_OR_RETURN(const mem::Handle device_norms, store_.add(ns));
     STRATA_ASSIGN_OR_RETURN(void* slots, store_.emplace(device_norms, Tier::kDevice, true));
-    norm_slots_ = static_cast<double*>(slots);
+    norm_slots_ = static_cast<ExactSum*>(slots);
   }
   std::int64_t max_elems = 0;
   for (std::size_t gi = 0; gi < shapes_.size(); ++gi) {
@@ -71,14 +76,25 @@ Status GradientLanding::add_tensors() {
     max_elems = std::max(max_elems, s.n);
     Group& g = groups_[gi];
     const std::string name = "gradient of " + s.name();
+    // As the model makes it, or summed over the ranks into f32 (ZeroOptions::wide_gradients).
+    const std::uint64_t bytes = static_cast<std::uint64_t>(s.n) * dtype_size(dtype_);
     if (plan_.keep_gradients) {
-      STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, s.work_bytes, plan_.gradients));
+      STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, bytes, plan_.gradients));
       continue;
     }
-    STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, s.work_bytes, Tier::kHost, true));
-    STRATA_ASSIGN_OR_RETURN(
-        g.acc, add_tensor(store_, "gradient accumulator of " + s.name(),
-                          static_cast<std::uint64_t>(s.n) * sizeof(float), plan_.gradients));
+    STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, bytes, Tier::kHost, true));
+    for (int b = 0; b < plan_.accumulators; ++b) {
+      STRATA_ASSIGN_OR_RETURN(
+          const mem::Handle sum,
+          add_tensor(store_,
+                     (b == 0 ? "gradient accumulator of "
+                             : "gradient partial sum " + std::to_string(b) + " of ") +
+                         s.name(),
+                     static_cast<std::uint64_t>(s.n) * sizeof(float), plan_.gradients));
+      g.sums.push_back(sum);
+    }
+    g.squares.resize(g.sums.size());
+    g.tree.emplace(plan_.accumulation_steps, plan_.tree_sums);
   }
   if (plan_.sums_on_device() && dtype_ != DType::kF32) {
     STRATA_ASSIGN_OR_RETURN(
@@ -109,34 +125,24 @@ Status GradientLanding::release(int group) {
   STRATA_CHECK(g.on_device != nullptr, "release_grads without acquire", s.name());
   void* src = std::exchange(g.on_device, nullptr);
   if (plan_.sums_on_device()) {
-    // Accumulate on the device, in fp32.
-    const auto& ops = device_.ops();
-    auto pinned = g.has_grad ? store_.acquire(g.acc, Tier::kDevice)
-                             : store_.emplace(g.acc, Tier::kDevice, true);
-    if (!pinned.is_ok()) {
-      store_.unpin(g.grad, Tier::kDevice);
-      return pinned.status();
-    }
-    void* const acc = *pinned;
-    if (dtype_ != DType::kF32) {
-      auto wide = store_.emplace(widened_grad_, Tier::kDevice, false);
-      if (!wide.is_ok()) {
-        store_.unpin(g.acc, Tier::kDevice);
-        store_.unpin(g.grad, Tier::kDevice);
-        return wide.status();
-      }
-      ops.cast(src, dtype_, *wide, DType::kF32, s.n);
-      src = *wide;
-    }
-    ops.add(acc, src, acc, s.n, DType::kF32);
-    if (dtype_ != DType::kF32) store_.unpin(widened_grad_, Tier::kDevice);
-    store_.mark_dirty(g.acc, Tier::kDevice);
-    store_.unpin(g.acc, Tier::kDevice);
+    // Summed on the device, in fp32.
+    Status st = [&]() -> Status {
+      if (dtype_ == DType::kF32) return sum_in(group, micro_, src, DType::kF32, Tier::kDevice);
+      STRATA_ASSIGN_OR_RETURN(void* wide, store_.emplace(widened_grad_, Tier::kDevice, false));
+      device_.ops().cast(src, dtype_, wide, DType::kF32, s.n);
+      Status summed = sum_in(group, micro_, wide, DType::kF32, Tier::kDevice);
+      store_.unpin(widened_grad_, Tier::kDevice);
+      return summed;
+    }();
     store_.unpin(g.grad, Tier::kDevice);
+    STRATA_RETURN_IF_ERROR(st);
     g.has_grad = true;
     STRATA_RETURN_IF_ERROR(store_.discard(g.grad));
-    // The last micro-batch, with a guessed update running on the host: the sum is final.
+    // The last micro-batch, with a guessed update running on the host: the sum is final once
+    // the tree owes it no merge.
     if (final_ == nullptr || plan_.optimizer == Tier::kDevice) return Status::ok();
+    if (micro_ + 1 < plan_.accumulation_steps) return Status::ok();
+    STRATA_RETURN_IF_ERROR(sum_in(group, -1, nullptr, DType::kF32, Tier::kDevice));
     return send_final_sum(group);
   }
   if (plan_.keep_gradients) {
@@ -151,7 +157,7 @@ Status GradientLanding::release(int group) {
   const bool to_host = plan_.keep_gradients && final_ != nullptr;
   STRATA_ASSIGN_OR_RETURN(mem::Completion done, to_host ? store_.fetch(g.grad, Tier::kHost)
                                                         : store_.evict(g.grad, Tier::kDevice));
-  pending_.push_back(Pending{group, std::move(done)});
+  pending_.push_back(Pending{group, std::move(done), micro_});
   // Keep at most one transfer behind the compute: its copy is the store's to budget.
   while (pending_.size() > 1) STRATA_RETURN_IF_ERROR(drain_one());
   return Status::ok();
@@ -161,13 +167,14 @@ Status GradientLanding::send_final_sum(int group) {
   Group& g = groups_[static_cast<std::size_t>(group)];
   // The guessed update reads (and may discard) the final sum before the global norm is taken:
   // its sum of squares is taken now, while it is here.
-  STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(g.acc, Tier::kDevice));
+  const mem::Handle sum = g.sums[static_cast<std::size_t>(g.result)];
+  STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(sum, Tier::kDevice));
   device_sum_squares(acc, DType::kF32, static_cast<std::size_t>(group));
-  store_.unpin(g.acc, Tier::kDevice);
+  store_.unpin(sum, Tier::kDevice);
   g.final_sent = true;
   // To host memory for the update while the next layer's backward runs.
-  STRATA_ASSIGN_OR_RETURN(mem::Completion sent, store_.fetch(g.acc, Tier::kHost));
-  pending_.push_back(Pending{group, std::move(sent)});
+  STRATA_ASSIGN_OR_RETURN(mem::Completion sent, store_.fetch(sum, Tier::kHost));
+  pending_.push_back(Pending{group, std::move(sent), micro_});
   while (pending_.size() > 1) STRATA_RETURN_IF_ERROR(drain_one());
   return Status::ok();
 }
@@ -195,38 +202,109 @@ Status GradientLanding::drain_one() {
     store_.discard(g.grad).ignore();
     return st;
   }
-  // acc (its host copy: the home, or fetched from it, or fresh on the first micro-batch)
-  // += the gradient's host copy.
+  // The sums (their host copies: the home, or fetched from it, or fresh) take in the
+  // gradient's host copy.
   STRATA_ASSIGN_OR_RETURN(void* host, store_.acquire(g.grad, Tier::kHost));
   const std::int64_t t0 = now_ns();
-  auto acc = g.has_grad ? store_.acquire(g.acc, Tier::kHost)
-                        : store_.emplace(g.acc, Tier::kHost, /*zero_fill=*/false);
-  if (!acc.is_ok()) {
-    store_.unpin(g.grad, Tier::kHost);
+  Status summed = sum_in(p.group, p.micro, host, dtype_, Tier::kHost);
+  store_.unpin(g.grad, Tier::kHost);
+  if (!summed.is_ok()) {
     store_.discard(g.grad).ignore();
-    return acc.status();
+    return summed;
   }
-  auto* sum = static_cast<float*>(*acc);
-  g.sum_squares = arrays_.accumulate(sum, host, dtype_, s.n, !g.has_grad);
-  g.dup_sum_squares = s.dup_begin < s.n
-                          ? arrays_.sum_squares(sum + s.dup_begin, DType::kF32, s.n - s.dup_begin)
-                          : 0.0;
   g.has_grad = true;
-  store_.mark_dirty(g.acc, Tier::kHost);
-  store_.unpin(g.acc, Tier::kHost);
   if (timeline_ != nullptr) {
     timeline_->add(mem::Lane::kCompute, "accumulate " + s.name() + " gradient", t0, now_ns());
   }
-  store_.unpin(g.grad, Tier::kHost);
   STRATA_RETURN_IF_ERROR(store_.discard(g.grad));
-  if (final_ != nullptr) {  // final: the guessed update reads the host copy
+  if (final_ != nullptr && p.micro + 1 >= plan_.accumulation_steps) {
+    // Final: the guessed update reads the host copy.
+    STRATA_RETURN_IF_ERROR(sum_in(p.group, -1, nullptr, DType::kF32, Tier::kHost));
     final_->gradient_final(p.group);
-  } else if (plan_.gradients != Tier::kHost) {  // back to its home (NVMe) while compute goes on
-    STRATA_ASSIGN_OR_RETURN(mem::Completion home, store_.evict(g.acc, Tier::kHost));
-    writebacks_.push_back(std::move(home));
   }
   return Status::ok();
 }
+
+Status GradientLanding::sum_in(int group, std::int64_t leaf, const void* x, DType dtype,
+                               Tier tier) {
+  const ShardGroup& s = shapes_[static_cast<std::size_t>(group)];
+  Group& g = groups_[static_cast<std::size_t>(group)];
+  if (x == nullptr && g.whole) return Status::ok();
+  if (x != nullptr && leaf >= plan_.accumulation_steps) {
+    return failed_precondition("a gradient of '" + s.name() + "' in micro-batch " +
+                               std::to_string(leaf + 1) + " of a step planned for " +
+                               std::to_string(plan_.accumulation_steps));
+  }
+  if (x != nullptr && leaf < g.tree->next()) {
+    return failed_precondition("a second gradient of '" + s.name() + "' for micro-batch " +
+                               std::to_string(leaf + 1) +
+                               " (each micro-batch releases a group's gradient once)");
+  }
+  const std::vector<SummationTree::Op> ops = x != nullptr ? g.tree->arrive(leaf) : g.tree->finish();
+  const auto& dev = device_.ops();
+  std::vector<int> written;
+  for (const SummationTree::Op& op : ops) {
+    const mem::Handle into = g.sums[static_cast<std::size_t>(op.into)];
+    const bool fresh = op.kind == SummationTree::Op::Kind::kStore;
+    STRATA_ASSIGN_OR_RETURN(void* sum, fresh ? store_.emplace(into, tier, tier == Tier::kDevice)
+                                             : store_.acquire(into, tier));
+    const void* addend = x;
+    DType addend_dtype = dtype;
+    mem::Handle from = mem::Handle::kInvalid;
+    if (op.kind == SummationTree::Op::Kind::kMerge) {
+      from = g.sums[static_cast<std::size_t>(op.from)];
+      auto other = store_.acquire(from, tier);
+      if (!other.is_ok()) {
+        store_.unpin(into, tier);
+        return other.status();
+      }
+      addend = *other;
+      addend_dtype = DType::kF32;
+    }
+    if (tier == Tier::kDevice) {  // a fresh sum is zero-filled: +0 + x, as the host's
+      dev.add(sum, addend, sum, s.n, DType::kF32);
+    } else {
+      g.squares[static_cast<std::size_t>(op.into)] = arrays_.accumulate(
+          static_cast<float*>(sum), addend, addend_dtype, s.n, fresh, s.dup_begin);
+    }
+    store_.mark_dirty(into, tier);
+    store_.unpin(into, tier);
+    if (from != mem::Handle::kInvalid) {
+      store_.unpin(from, tier);
+      STRATA_RETURN_IF_ERROR(store_.discard(from));
+      std::erase(written, op.from);
+    }
+    if (std::find(written.begin(), written.end(), op.into) == written.end()) {
+      written.push_back(op.into);
+    }
+  }
+  if (x == nullptr) {
+    g.whole = true;
+    g.result = std::max(g.tree->result(), 0);
+  }
+  // Host sums go back to their home (NVMe) while compute goes on, unless a guessed update is
+  // about to read them here.
+  if (tier == Tier::kHost && plan_.gradients != Tier::kHost && final_ == nullptr) {
+    for (const int b : written) {
+      STRATA_ASSIGN_OR_RETURN(mem::Completion home,
+                              store_.evict(g.sums[static_cast<std::size_t>(b)], Tier::kHost));
+      writebacks_.push_back(std::move(home));
+    }
+  }
+  return Status::ok();
+}
+
+Status GradientLanding::finish_sums() {
+  if (plan_.keep_gradients) return Status::ok();
+  const Tier tier = plan_.sums_on_device() ? Tier::kDevice : Tier::kHost;
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    if (!groups_[gi].has_grad) continue;
+    STRATA_RETURN_IF_ERROR(sum_in(static_cast<int>(gi), -1, nullptr, DType::kF32, tier));
+  }
+  return Status::ok();
+}
+
+void GradientLanding::set_micro_batch(std::int64_t micro) { micro_ = micro; }
 
 Status GradientLanding::finish_micro_batch() {
   Status first;
@@ -237,12 +315,18 @@ Status GradientLanding::finish_micro_batch() {
   // earlier micro-batch sends its sum now (its sum of squares too).
   if (final_ != nullptr && plan_.accumulate_on_device()) {
     for (std::size_t gi = 0; gi < groups_.size() && first.is_ok(); ++gi) {
-      if (groups_[gi].has_grad && !groups_[gi].final_sent)
-        keep(send_final_sum(static_cast<int>(gi)));
+      if (!groups_[gi].has_grad || groups_[gi].final_sent) continue;
+      keep(sum_in(static_cast<int>(gi), -1, nullptr, DType::kF32, Tier::kDevice));
+      if (first.is_ok()) keep(send_final_sum(static_cast<int>(gi)));
     }
   }
   while (!pending_.empty()) keep(drain_one());
+  // After the step's last pass, with a guess waiting: the merges the trees still owe (zero
+  // leaves after a group's last gradient), so every sum is whole. (Otherwise the norm and the
+  // step make them: a pipeline's passes end micro-batches chunk by chunk.)
+  if (first.is_ok() && final_ != nullptr) keep(finish_sums());
   keep(wait_all(store_, writebacks_));
+  ++micro_;
   if (final_ != nullptr && first.is_ok()) {
     // Backward is over: every gradient is final, zeros where none came. (After an error the
     // guess is abandoned, not fed.)
@@ -255,17 +339,12 @@ Status GradientLanding::finish_micro_batch() {
 }
 
 void GradientLanding::device_sum_squares(const void* x, DType dtype, std::size_t group) {
-  const ShardGroup& s = shapes_[group];
-  device_.ops().sum_squares(x, s.n, dtype, norm_slots_ + group);
-  if (s.dup_begin < s.n) {
-    device_.ops().sum_squares(static_cast<const std::byte*>(x) +
-                                  static_cast<std::size_t>(s.dup_begin) * dtype_size(dtype),
-                              s.n - s.dup_begin, dtype, norm_slots_ + shapes_.size() + group);
-  }
+  device_.ops().sum_squares(x, shapes_[group].dup_begin, dtype, norm_slots_ + group);
 }
 
-Result<std::vector<double>> GradientLanding::sums_of_squares() {
+Result<std::vector<ExactSum>> GradientLanding::sums_of_squares() {
   STRATA_CHECK(pending_.empty(), "gradient norm before finish_micro_batch");
+  STRATA_RETURN_IF_ERROR(finish_sums());
   // Where the sums are is the plan's: taken on the device when the gradients are accumulated
   // there (summed now, unless a guess took them already) or kept (summed as each left the
   // device), else on the host as they were accumulated.
@@ -276,43 +355,38 @@ Result<std::vector<double>> GradientLanding::sums_of_squares() {
     Group& g = groups_[i];
     any |= g.has_grad;
     if (!g.has_grad || !summed_on_device || g.final_sent) continue;
-    STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(g.acc, Tier::kDevice));
+    const mem::Handle sum = g.sums[static_cast<std::size_t>(g.result)];
+    STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(sum, Tier::kDevice));
     device_sum_squares(acc, DType::kF32, i);
-    store_.unpin(g.acc, Tier::kDevice);
+    store_.unpin(sum, Tier::kDevice);
   }
   if (on_device && any) {
     device::Stream& compute = device_.stream(device::StreamKind::kCompute);
     if (norm_slots_ != norms_host_) {
-      device_.copy_to_host(norms_host_, norm_slots_, 2 * groups_.size() * sizeof(double), compute);
+      device_.copy_to_host(norms_host_, norm_slots_, groups_.size() * sizeof(ExactSum), compute);
     }
     compute.synchronize();
     // A failed sum (its launch, or a fault before it) is the error, not a stale number.
     STRATA_RETURN_IF_ERROR(device_.last_error());
   }
-  // What this rank counts: each gradient's sum less its duplicates' (summed apart, so kept
-  // from going below zero by rounding; NaN and infinity stay, for the step to be skipped).
-  std::vector<double> sums(groups_.size(), 0.0);
-  const std::size_t dups = groups_.size();
+  std::vector<ExactSum> sums(groups_.size());
   for (std::size_t i = 0; i < groups_.size(); ++i) {
-    const ShardGroup& s = shapes_[i];
     const Group& g = groups_[i];
     if (!g.has_grad) continue;
-    const double whole = on_device ? norms_host_[i] : g.sum_squares;
-    const double dup = s.dup_begin >= s.n ? 0.0
-                       : on_device        ? norms_host_[dups + i]
-                                          : g.dup_sum_squares;
-    const double counted = whole - dup;
-    sums[i] = counted < 0 ? 0.0 : counted;  // a non-finite sum stays what it is
+    sums[i] = on_device ? norms_host_[i] : g.squares[static_cast<std::size_t>(g.result)];
   }
   return sums;
 }
 
 void GradientLanding::clear() {
+  micro_ = 0;
   for (Group& g : groups_) {
     g.has_grad = false;
     g.final_sent = false;
-    g.sum_squares = 0;
-    g.dup_sum_squares = 0;
+    for (ExactSum& s : g.squares) s = ExactSum{};
+    if (g.tree) g.tree->reset();
+    g.result = 0;
+    g.whole = false;
   }
 }
 
@@ -323,10 +397,8 @@ Status GradientLanding::give_zeros() {
     STRATA_RETURN_IF_ERROR(store_.fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
     if (plan_.keep_gradients || (plan_.accumulate_on_device() && final_ != nullptr)) {
-      for (std::size_t slot : {i, groups_.size() + i}) {
-        device_.fill_zero(norm_slots_ + slot, sizeof(double),
-                          device_.stream(device::StreamKind::kCompute));
-      }
+      device_.fill_zero(norm_slots_ + i, sizeof(ExactSum),
+                        device_.stream(device::StreamKind::kCompute));
       g.final_sent = plan_.accumulate_on_device();
     }
     g.has_grad = true;
@@ -338,7 +410,7 @@ Status GradientLanding::send_sums_to_host() {
   if (!plan_.accumulate_on_device()) return Status::ok();
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     if (!shapes_[gi].trains()) continue;
-    STRATA_RETURN_IF_ERROR(store_.fetch(groups_[gi].acc, Tier::kHost).status());
+    STRATA_RETURN_IF_ERROR(store_.fetch(step_grad(static_cast<int>(gi)), Tier::kHost).status());
   }
   return Status::ok();
 }
@@ -354,7 +426,7 @@ Status GradientLanding::spend(int group, bool keep, std::vector<mem::Completion>
 
 mem::Handle GradientLanding::step_grad(int group) const {
   const Group& g = groups_.at(static_cast<std::size_t>(group));
-  return plan_.keep_gradients ? g.grad : g.acc;
+  return plan_.keep_gradients ? g.grad : g.sums[static_cast<std::size_t>(g.result)];
 }
 
 DType GradientLanding::step_dtype() const { return plan_.keep_gradients ? dtype_ : DType::kF32; }

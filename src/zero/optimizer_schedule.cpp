@@ -116,7 +116,7 @@ Status OptimizerSchedule::finish_micro_batch() {
   return first;
 }
 
-Result<std::vector<double>> OptimizerSchedule::grad_sums_of_squares() {
+Result<std::vector<ExactSum>> OptimizerSchedule::grad_sums_of_squares() {
   STRATA_RETURN_IF_ERROR(finish_unless_guessing());
   return shards_.grads().sums_of_squares();
 }
@@ -169,6 +169,7 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
   }
   GradientLanding& grads = shards_.grads();
   STRATA_CHECK(grads.idle(), "optimizer step before the last micro-batch's finish_micro_batch");
+  STRATA_RETURN_IF_ERROR(grads.finish_sums());
   STRATA_RETURN_IF_ERROR(grads.give_zeros());
   // Sums made on the device go to host memory on the copy streams (a redo finds them there
   // already); the step's acquire of each waits for its copy only.

@@ -12,6 +12,7 @@
 #include "src/zero/plan_bytes.h"
 #include "strata/core/aligned.h"
 #include "strata/core/json.h"
+#include "strata/core/summation_tree.h"
 #include "strata/io/swap.h"
 #include "strata/mem/host_memory.h"
 #include "strata/mem/tiered_store.h"
@@ -103,8 +104,12 @@ std::string MemoryPlan::describe() const {
                        ? " (the trained ones on " + std::string(tier_name(trained_params)) + ")"
                        : "") +
                   ", optimizer on " + std::string(tier_name(optimizer)) + ", gradients " +
-                  (keep_gradients ? "kept as computed" : "accumulated in fp32") + " on " +
-                  std::string(tier_name(gradients)) +
+                  (keep_gradients ? "kept as computed" : "accumulated in fp32") +
+                  (!keep_gradients && accumulators > 1
+                       ? " (the canonical tree: " + std::to_string(accumulators) +
+                             " partial sums a group at once)"
+                       : "") +
+                  " on " + std::string(tier_name(gradients)) +
                   (accumulate_on_device()
                        ? ", sent to " + std::string(tier_name(Tier::kHost)) + " once per step"
                        : "") +
@@ -181,7 +186,8 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   if ((o.params == Tier::kNvme || o.optimizer == Tier::kNvme) && !o.has_swap) {
     return invalid_argument("offload to nvme needs swap_paths (one or more directories)");
   }
-  const std::uint64_t dsize = dtype_size(o.compute_dtype);
+  // A gradient as the model makes it, or as it lands summed over the ranks in f32.
+  const std::uint64_t gsize = o.zero.wide_gradients ? 4 : dtype_size(o.compute_dtype);
   const optim::StateLayout master_layout = optim::master_layout(o.master_dtype, o.master_rounding);
   const optim::StateLayout moment_layout = optim::moment_layout(o.state_dtype);
   Sizes z;
@@ -189,7 +195,7 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     const auto n = static_cast<std::uint64_t>(g.num_elems);
     const std::uint64_t work = model::working_bytes(g, o.compute_dtype);
     // A group's parameters and gradient (none when frozen) must fit on the device together.
-    const std::uint64_t in_use = work + (g.frozen ? 0 : n * dsize);
+    const std::uint64_t in_use = work + (g.frozen ? 0 : n * gsize);
     if (o.device_budget_bytes != 0 && in_use > o.device_budget_bytes) {
       return out_of_memory("parameter group '" + g.name + "' needs " + format_bytes(in_use) +
                            " on the device (parameters" + (g.frozen ? "" : " + gradient") +
@@ -202,8 +208,8 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     z.frozen.push_back(g.frozen);
     if (g.frozen) continue;
     z.trained.push_back(n);
-    z.grad_work_io += align_up(n * dsize, io::kIoAlignBytes);
-    z.max_grad_io = std::max(z.max_grad_io, align_up(n * dsize, io::kIoAlignBytes));
+    z.grad_work_io += align_up(n * gsize, io::kIoAlignBytes);
+    z.max_grad_io = std::max(z.max_grad_io, align_up(n * gsize, io::kIoAlignBytes));
     z.f32 += n * 4;
     z.f32_io += align_up(n * 4, io::kIoAlignBytes);
     z.moment += moment_layout.bytes(g.num_elems);
@@ -224,6 +230,11 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     return invalid_argument("checkpointed activations on nvme need swap_paths");
   }
   plan.keep_gradients = o.accumulation_steps == 1 && o.optimizer != Tier::kDevice;
+  plan.tree_sums = o.tree_sums;
+  plan.gradient_dtype = o.zero.wide_gradients ? DType::kF32 : o.compute_dtype;
+  plan.accumulation_steps = std::max<std::int64_t>(o.accumulation_steps, 1);
+  plan.accumulators =
+      plan.keep_gradients ? 1 : SummationTree::buffers_needed(plan.accumulation_steps, o.tree_sums);
   // NVMe <-> device moves, whole-tensor reads and writes of NVMe homes, and copies between the
   // device and unpinned caller memory (loading, checkpoints) go through the store's pool in
   // chunks; 8 MiB keeps several reads in flight at a size the drive handles at full speed.

@@ -70,6 +70,7 @@ std::uint64_t max_work_io_off(const Sizes& z, const MemoryPlan& plan, Tier tier)
 // while the next group's is made there holds two groups' blocks at once.
 void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const std::uint64_t dsize = dtype_size(o.compute_dtype);
+  const std::uint64_t gsize = o.zero.wide_gradients ? 4 : dsize;  // a landing gradient's
   const bool on_device = plan.optimizer == Tier::kDevice;
   const bool summed_on_device = plan.sums_on_device();  // no gradient leaves before the step
   const std::size_t groups = z.elems.size();
@@ -95,7 +96,7 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     std::vector<std::uint64_t> now;
     for (std::size_t g : {i, i + 1}) {  // this group's and the one leaving before it
       if (g >= tg.size() || !grads_through) continue;
-      now.push_back(host_class(tg[g] * dsize));
+      now.push_back(host_class(tg[g] * gsize));
       if (plan.gradients == Tier::kNvme) now.push_back(host_class(tg[g] * 4));
     }
     // The host optimizer's new working copies, on their way home while the next group is
@@ -210,6 +211,11 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
   const auto local = [&](const GroupPartition& p) {
     return static_cast<std::uint64_t>(p.local_elems()) * d;
   };
+  // A reduced gradient's element: the compute dtype's, or f32 (wide gradients).
+  const std::uint64_t gd = options.wide_gradients ? 4 : d;
+  const auto reduced = [&](const GroupPartition& p) {
+    return static_cast<std::uint64_t>(p.local_elems()) * gd;
+  };
 
   // Parameters. Stages 1-2 hold every group's; stage 3 gathers each in use, one ahead.
   const std::int64_t gather_cap = bucket_cap_elems(options.allgather_bucket_bytes, d, world);
@@ -279,10 +285,15 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
     if (!whole) {
       p.send = block * static_cast<std::uint64_t>(is_partitioned ? world : 1) * d;
       t.take(p.send);
-      if (is_partitioned && options.stage != 1) {
-        p.recv = block * d;
-        t.take(p.recv);
-      }
+    }
+    // Partitioned: this rank's reduced block (a whole group's lands in its own buffer).
+    // Replicated: every rank's copy, all-gathered to be summed here (with wide gradients into
+    // packed f32 sums, or the group's own buffer).
+    p.recv = is_partitioned ? (whole ? 0 : block * gd)
+                            : block * static_cast<std::uint64_t>(world) * d +
+                                  (options.wide_gradients && !whole ? block * 4 : 0);
+    t.take(p.recv);
+    if (!whole) {
       for (const BucketPiece& piece : bucket.pieces) {
         if (is_partitioned && piece.last) {
           t.give(std::exchange(held[static_cast<std::size_t>(piece.group)].full, 0));
@@ -309,13 +320,13 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
         if (g == n - 1 || !options.gather_ahead) gather(g);
         if (options.gather_ahead) gather(g - 1);
       }
-      if (p.replicated) {
+      if (p.replicated && !options.wide_gradients) {  // the model writes the engine's buffer
         h.local = local(p);
         t.take(h.local);
-      } else {
-        h.full = full(p);
+      } else {  // the model's full gradient, and the engine's buffer the reduction lands in
+        h.full = p.replicated ? local(p) : full(p);
         t.take(h.full);
-        h.local = local(p);
+        h.local = reduced(p);
         t.take(h.local);
       }
       BucketPacker& mine = p.replicated ? replicated : partitioned;
@@ -365,8 +376,10 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.master : z.master_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.moment : z.moment_io));
   const bool summed_on_device = plan.sums_on_device();
+  // Kept gradients, or each group's fp32 sums (the summation tree's partial sums at their most).
+  const auto sums = static_cast<std::uint64_t>(plan.accumulators);
   add(plan.gradients, TensorKind::kGradients,
-      plan.keep_gradients ? z.grad_work_io : (summed_on_device ? z.f32 : z.f32_io));
+      plan.keep_gradients ? z.grad_work_io : sums * (summed_on_device ? z.f32 : z.f32_io));
   // Summed on the device for a host step: every group's sum is copied to host memory for it.
   if (plan.accumulate_on_device()) add(Tier::kHost, TensorKind::kGradients, z.f32_io);
   // In flight: one group's gradient being made on the device, the working copies the host
@@ -428,7 +441,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(Tier::kHost, TensorKind::kParameters, 2 * max_work_io_off(z, plan, Tier::kHost));
   if (!summed_on_device && !plan.keep_gradients) {
     add(Tier::kHost, TensorKind::kGradients, 2 * z.max_grad_io);
-    if (plan.gradients == Tier::kNvme) add(Tier::kHost, TensorKind::kGradients, 2 * z.max_f32_io);
+    // Sums homed on NVMe pass through host memory: two groups' at once, and a merge of two
+    // partial sums pins both.
+    if (plan.gradients == Tier::kNvme) {
+      add(Tier::kHost, TensorKind::kGradients, (sums > 1 ? 3 : 2) * z.max_f32_io);
+    }
   }
   add(Tier::kHost, TensorKind::kStaging,
       static_cast<std::uint64_t>(plan.staging_buffer_bytes) * plan.num_staging_buffers +

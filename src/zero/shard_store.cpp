@@ -16,6 +16,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   po.master_dtype = options.adam.master_dtype;
   po.master_rounding = options.adam.master_rounding;
   po.accumulation_steps = options.accumulation_steps;
+  po.tree_sums = options.tree_sums;
   po.device_budget_bytes = device_budget_bytes;
   po.host_budget_bytes = options.host_memory_limit_bytes;
   po.activation_bytes = options.activation_bytes;
@@ -138,7 +139,7 @@ Status ShardStore::create_rooms() {
                                      options_.shard_offsets));
   STRATA_ASSIGN_OR_RETURN(grads_,
                           GradientLanding::create(*store_, groups_, *host_arrays_, device_, plan_,
-                                                  options_.compute_dtype, options_.timeline));
+                                                  plan_.gradient_dtype, options_.timeline));
   scratch_ = std::make_unique<ScratchSpace>(*store_, plan_.checkpoints);
   store_seen_ = store_->stats();
   absorb_store_stats();

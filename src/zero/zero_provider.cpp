@@ -1,6 +1,7 @@
 // ZeroProvider: all-gather before use, bucketed reduce-scatter after backward, cross-rank norms.
 #include "strata/zero/zero_provider.h"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -408,7 +409,11 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
                                "' is frozen: it has no gradient");
   }
   STRATA_RETURN_IF_ERROR(schedule_->before_gradients());
-  if (!partitioned(group)) {
+  // A replicated group's gradient lands in the shard store's buffer as the model makes it; with
+  // wide gradients that buffer is f32, and the model's goes into scratch first, as a
+  // partitioned group's does.
+  const bool wide_whole = options_.wide_gradients && comm_.world_size() > 1;
+  if (!partitioned(group) && !wide_whole) {
     STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group));
     shard_grads_[static_cast<std::size_t>(group)] = buf;
     return buf;
@@ -425,7 +430,7 @@ Status ZeroProvider::release_grads(int group) {
   const auto gi = static_cast<std::size_t>(group);
   GradSource& src = grad_sources_[gi];
   const ReduceKind kind = partitioned(group) ? ReduceKind::kPartitioned : ReduceKind::kReplicated;
-  if (kind == ReduceKind::kReplicated) {
+  if (kind == ReduceKind::kReplicated && !options_.wide_gradients) {
     if (comm_.world_size() == 1) return shards_->grads().release(group);
     src.data = shard_grads_[gi];
   } else {
@@ -456,35 +461,57 @@ Status ZeroProvider::release_grads(int group) {
 // allocated before anything is packed or freed, so running out of memory leaves every gradient
 // where it was. A bucket that is one whole group reduces that group's own buffer, as an
 // unbucketed reduction would.
+//
+// Every stage reduces partitioned groups with a reduce-scatter (each rank keeps its block only:
+// stage 1's step reads no more), which sums the ranks in the canonical tree; replicated groups
+// are all-gathered and summed here in that same tree (Ops::sum_blocks), so every rank holds the
+// sum with the bits one rank's micro-batches would give it.
 Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   const BucketPiece& first = bucket.pieces.front();
   const bool whole = bucket.whole_group();
-  const std::int64_t blocks = kind == ReduceKind::kPartitioned ? comm_.world_size() : 1;
-  const bool scatter = kind == ReduceKind::kPartitioned && options_.stage != 1;
+  const bool scatter = kind == ReduceKind::kPartitioned;
+  const auto world = static_cast<std::size_t>(comm_.world_size());
+  const std::size_t blocks = scatter ? world : 1;
   const auto count = static_cast<std::size_t>(bucket.block_elems);
   const std::string what = describe(bucket, "gradient");
   PendingReduce pending;
   pending.kind = kind;
   if (!whole) {
-    STRATA_ASSIGN_OR_RETURN(
-        pending.send, take(count * static_cast<std::size_t>(blocks) * dsize_, "gradient bucket"));
-    if (scatter) {
-      auto recv = take(count * dsize_, "gradient bucket (reduced)");
-      if (!recv.is_ok()) give(pending.send);
-      STRATA_ASSIGN_OR_RETURN(pending.recv, std::move(recv));
+    STRATA_ASSIGN_OR_RETURN(pending.send, take(count * blocks * dsize_, "gradient bucket"));
+  }
+  // Where the collective delivers: this rank's reduced block (reduced_dtype), or every rank's
+  // copy to sum (and with wide gradients, a bucket of several groups' f32 sums to unpack).
+  const std::size_t rsize = dtype_size(reduced_dtype());
+  const std::size_t recv_bytes = scatter ? (whole ? 0 : count * rsize) : count * world * dsize_;
+  const std::size_t sum_bytes = !scatter && options_.wide_gradients && !whole ? count * 4 : 0;
+  Status buffers = [&]() -> Status {
+    if (recv_bytes != 0) {
+      STRATA_ASSIGN_OR_RETURN(pending.recv,
+                              take(recv_bytes, scatter ? "gradient bucket (reduced)"
+                                                       : "gradient bucket (every rank's)"));
     }
+    if (sum_bytes != 0) {
+      STRATA_ASSIGN_OR_RETURN(pending.sum, take(sum_bytes, "gradient bucket (summed)"));
+    }
+    return Status::ok();
+  }();
+  if (!buffers.is_ok()) {
+    give(pending.send);
+    give(pending.recv);
+    return buffers;
   }
   void* send = grad_sources_[static_cast<std::size_t>(first.group)].data;
   if (!whole) {
     send = pending.send.data;
-    for (std::int64_t r = 0; r < blocks; ++r) {
+    for (std::size_t r = 0; r < blocks; ++r) {
       for (const BucketPiece& piece : bucket.pieces) {
         const auto* src = static_cast<const std::byte*>(
             grad_sources_[static_cast<std::size_t>(piece.group)].data);
-        const std::int64_t from = r * partition_->group(piece.group).local_elems() + piece.begin;
-        const std::size_t to =
-            static_cast<std::size_t>(r) * count + static_cast<std::size_t>(piece.offset);
+        const std::int64_t from =
+            static_cast<std::int64_t>(r) * partition_->group(piece.group).local_elems() +
+            piece.begin;
+        const std::size_t to = r * count + static_cast<std::size_t>(piece.offset);
         copy(pending.send.bytes() + to * dsize_, src + static_cast<std::size_t>(from) * dsize_,
              piece.count);
       }
@@ -500,16 +527,19 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
     }
   }
   const auto n = static_cast<std::int64_t>(count);
+  const GradSource& head = grad_sources_[static_cast<std::size_t>(first.group)];
   if (!scatter) {
-    // Stage 1 keeps full gradients on every rank: all-reduce, then keep this rank's block.
-    pending.handle = comm_.all_reduce(send, send, n * blocks, options_.compute_dtype,
-                                      dist::ReduceOp::kSum, what);
-    pending.result = send;
+    pending.handle = comm_.all_gather(send, pending.recv.data, n, options_.compute_dtype, what);
+    // Where finish_one_reduce sums them: in place, or (wide) the group's f32 buffer or the
+    // packed f32 sums.
+    pending.result = !options_.wide_gradients ? send : (whole ? head.shard : pending.sum.data);
   } else {
-    void* recv =
-        whole ? grad_sources_[static_cast<std::size_t>(first.group)].shard : pending.recv.data;
-    pending.handle =
-        comm_.reduce_scatter(send, recv, n, options_.compute_dtype, dist::ReduceOp::kSum, what);
+    void* recv = whole ? head.shard : pending.recv.data;
+    pending.handle = options_.wide_gradients
+                         ? comm_.reduce_scatter_wide(send, static_cast<float*>(recv), n,
+                                                     options_.compute_dtype, what)
+                         : comm_.reduce_scatter(send, recv, n, options_.compute_dtype,
+                                                dist::ReduceOp::kSum, what);
     pending.result = recv;
   }
   pending.bucket = std::move(bucket);
@@ -521,32 +551,32 @@ Status ZeroProvider::finish_one_reduce() {
   PendingReduce p = std::move(pending_reduces_.front());
   pending_reduces_.pop_front();
   Status st = p.handle.wait();
+  if (st.is_ok() && p.kind == ReduceKind::kReplicated) {  // every rank's copy: their sum
+    device_.ops().sum_blocks(p.recv.data, comm_.world_size(), p.bucket.block_elems,
+                             options_.compute_dtype, p.result, reduced_dtype());
+  }
   if (st.is_ok()) st = unpack_reduce(p);
   give(p.send);
   give(p.recv);
+  give(p.sum);
   return st;
 }
 
 Status ZeroProvider::unpack_reduce(const PendingReduce& p) {
   const bool whole = p.bucket.whole_group();
-  const auto count = static_cast<std::size_t>(p.bucket.block_elems);
   const auto* result = static_cast<const std::byte*>(p.result);
+  const DType rdtype = reduced_dtype();
+  const std::size_t rsize = dtype_size(rdtype);
   for (const BucketPiece& piece : p.bucket.pieces) {
     GradSource& src = grad_sources_[static_cast<std::size_t>(piece.group)];
-    const auto at = static_cast<std::size_t>(piece.begin) * dsize_;
-    if (p.kind == ReduceKind::kReplicated) {
-      if (!whole) {
-        copy(static_cast<std::byte*>(src.data) + at,
-             result + static_cast<std::size_t>(piece.offset) * dsize_, piece.count);
-      }
-    } else if (options_.stage == 1) {
-      const std::size_t from =
-          static_cast<std::size_t>(comm_.rank()) * count + static_cast<std::size_t>(piece.offset);
-      auto* shard = static_cast<std::byte*>(src.shard) + at;
-      device_.ops().add(shard, result + from * dsize_, shard, piece.count, options_.compute_dtype);
-    } else if (!whole) {
-      copy(static_cast<std::byte*>(src.shard) + at,
-           result + static_cast<std::size_t>(piece.offset) * dsize_, piece.count);
+    // Into the model's buffer (a replicated group's, summed in place) or the shard store's.
+    void* into =
+        p.kind == ReduceKind::kReplicated && !options_.wide_gradients ? src.data : src.shard;
+    if (!whole) {
+      device_.ops().cast(
+          result + static_cast<std::size_t>(piece.offset) * rsize, rdtype,
+          static_cast<std::byte*>(into) + static_cast<std::size_t>(piece.begin) * rsize, rdtype,
+          piece.count);
     }
     if (piece.last) {
       give(src.full);  // the full gradient's last piece is reduced
@@ -566,33 +596,26 @@ Status ZeroProvider::finish_micro_batch() {
 }
 
 Result<double> ZeroProvider::grad_norm() {
-  STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums, schedule_->grad_sums_of_squares());
-  // Each group's sum over the ranks holding its parts, then the groups' sums in group order:
-  // the same additions whatever the pipeline stages (each holds its own groups; the others'
-  // sums are zero here, and adding zero is exact).
-  std::vector<double> by_group(static_cast<std::size_t>(full_.num_groups()), 0.0);
+  STRATA_ASSIGN_OR_RETURN(const std::vector<ExactSum> sums, schedule_->grad_sums_of_squares());
+  // Every chunk of every gradient (core/dtype.h's chunks, which shard boundaries never cut) is
+  // one term of an exact sum: what each rank holds, then over the data, tensor and pipeline
+  // ranks, with the same bits whatever the number of ranks on each axis.
+  ExactSum total;
   for (const auto& p : partition_->groups()) {
     // A replicated group's gradient is the same on every rank: count it once.
-    const auto g = static_cast<std::size_t>(p.group);
-    if (!p.replicated || comm_.rank() == 0) by_group[g] = sums.at(g);
+    if (!p.replicated || comm_.rank() == 0) total += sums.at(static_cast<std::size_t>(p.group));
   }
-  const int n = static_cast<int>(by_group.size());
-  if (comm_.world_size() > 1) {
-    STRATA_RETURN_IF_ERROR(
-        comm_.all_reduce_host(by_group.data(), n, dist::ReduceOp::kSum, "gradient norm"));
-  }
+  std::array<double, ExactSum::kDoubles> limbs{};
+  total.to_doubles(limbs.data());
+  const auto sum_over = [&](dist::Communicator& axis, const char* what) {
+    if (axis.world_size() == 1) return Status::ok();
+    return axis.all_reduce_host(limbs.data(), ExactSum::kDoubles, dist::ReduceOp::kSum, what);
+  };
+  STRATA_RETURN_IF_ERROR(sum_over(comm_, "gradient norm"));
   // Each tensor-parallel rank's slices (its duplicates already left out).
-  if (tensor_.world_size() > 1) {
-    STRATA_RETURN_IF_ERROR(tensor_.all_reduce_host(by_group.data(), n, dist::ReduceOp::kSum,
-                                                   "gradient norm (tensor)"));
-  }
-  if (pipeline_.world_size() > 1) {
-    STRATA_RETURN_IF_ERROR(pipeline_.all_reduce_host(by_group.data(), n, dist::ReduceOp::kSum,
-                                                     "gradient norm (pipeline)"));
-  }
-  double sum = 0;
-  for (const double s : by_group) sum += s;
-  return std::sqrt(sum);
+  STRATA_RETURN_IF_ERROR(sum_over(tensor_, "gradient norm (tensor)"));
+  STRATA_RETURN_IF_ERROR(sum_over(pipeline_, "gradient norm (pipeline)"));
+  return std::sqrt(ExactSum::from_doubles(limbs.data()).value());
 }
 
 Status ZeroProvider::zero_grads() { return schedule_->zero_grads(); }

@@ -17,7 +17,7 @@ std::uint64_t smallest_host_limit(const Json& j) {
   // The trainer's own plan options (the CPU backend: host-addressable, no device budget).
   zero::PlanOptions po = zero::plan_options(shard_options(*c, 1), 0, /*has_swap=*/true,
                                             /*host_addressable_device=*/true);
-  po.zero = zero_options(*c);
+  po.zero = zero_options(*c, 1);
   std::uint64_t lo = 1, hi = std::uint64_t{1} << 30;  // make_plan fails at lo, succeeds at hi
   while (hi - lo > 1) {
     po.host_budget_bytes = lo + (hi - lo) / 2;

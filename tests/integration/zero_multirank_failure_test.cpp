@@ -170,11 +170,14 @@ std::string read_text(const std::string& path) {
 // micro-batches of 2 does not split over 3), and the job finishes. The metrics hold each step
 // once (1 and 2 from the first attempt, 3 to 5 from the second: the data continues with the next
 // unseen batch), and steps 3-5 are the losses of a run resumed by hand from that checkpoint on 2
-// ranks. A config that fits no rank count at or above --min-ranks is given up on, saying why.
+// ranks, and, to the bit, those the 4 ranks would have trained (deterministic_reduction: the
+// same sums on any number of ranks). A config that fits no rank count at or above --min-ranks
+// is given up on, saying why.
 TEST(ZeroElastic, LaunchRestartsOnTheRanksLeftAndContinuesAsAResumeByHand) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
   Json j = config(dir, "elastic");
+  j.erase("deterministic_reduction");  // "auto": on for 4 ranks, and kept by the restart on 2
   j["max_steps"] = 5;
   j["save_every"] = 1;
   j["dist_timeout_s"] = 30;
@@ -210,6 +213,15 @@ TEST(ZeroElastic, LaunchRestartsOnTheRanksLeftAndContinuesAsAResumeByHand) {
             0);
   EXPECT_EQ(losses(dir.file("by-hand/metrics.jsonl")),
             std::vector<double>(launched.begin() + 2, launched.end()));
+  // The run the failure interrupted, uninterrupted on its 4 ranks: every step's loss is the
+  // launched run's, bit for bit (the same doubles: the metrics print every digit).
+  Json four = config(dir, "four");
+  four.erase("deterministic_reduction");
+  four["max_steps"] = 5;
+  dir.write("four.json", four.dump());
+  ASSERT_EQ(
+      run(mpirun(dir, 4) + STRATA_CLI + " train " + dir.file("four.json") + " >/dev/null 2>&1"), 0);
+  EXPECT_EQ(losses(dir.file("four/metrics.jsonl")), launched);
 
   // Nothing from 3 (--min-ranks) to 3 ranks splits the batch: no attempt runs.
   const int refused =

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -48,6 +49,9 @@ inline Json config(const TempDir& dir, const std::string& name) {
     "precision": "fp32", "optimizer": {"lr": 0.01, "weight_decay": 0.1}, "grad_clip": 0.5,
     "threads": 1, "param_persistence_threshold": 0, "dist_timeout_s": 60
   })");
+  // On for one rank too ("auto" turns it on for several only), so every rank count's run is
+  // comparable to the bit.
+  j["deterministic_reduction"] = true;
   if (!multirank_fs::exists(dir.file("data.txt"))) dir.write("data.txt", text);
   j["data"] = {{"path", dir.file("data.txt")}, {"format", "text"}};
   j["save_dir"] = dir.file(name + "/ckpt");
@@ -157,18 +161,47 @@ inline void expect_weights_close(const std::vector<float>& a, const std::vector<
                      << worst_at << ": " << a[worst_at] << ", want " << b[worst_at] << ")";
 }
 
+// Bit for bit: the losses (as the metrics file prints them, every digit of a double) and every
+// weight's bits.
+inline void expect_same_bits(const std::vector<double>& loss, const std::vector<double>& ref_loss,
+                             const std::vector<float>& w, const std::vector<float>& ref_w) {
+  ASSERT_EQ(loss.size(), ref_loss.size());
+  for (std::size_t i = 0; i < loss.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(loss[i]), std::bit_cast<std::uint64_t>(ref_loss[i]))
+        << "step " << i + 1 << ": loss " << loss[i] << ", want " << ref_loss[i];
+  }
+  ASSERT_EQ(w.size(), ref_w.size());
+  std::size_t differ = 0, first = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (std::bit_cast<std::uint32_t>(w[i]) == std::bit_cast<std::uint32_t>(ref_w[i])) continue;
+    if (differ++ == 0) first = i;
+  }
+  EXPECT_EQ(differ, 0u) << "of " << w.size() << " weights; the first, " << first << ": "
+                        << (differ ? w[first] : 0.0f) << ", want "
+                        << (differ ? ref_w[first] : 0.0f);
+}
+
 // Trains `j` as run `name` on np ranks (its own checkpoints, metrics and swap) and expects the
-// losses and 3-step weights of the one-rank run.
+// losses and 3-step weights of the one-rank run: bit for bit (deterministic_reduction, the
+// default, without tensor parallelism, with the reference's micro-batches: `same_micro_batches`),
+// or within the bounds of another summation order.
 inline void expect_same_run_as(const TempDir& dir, Json j, const std::string& name, int np,
-                               const std::vector<double>& ref_loss,
-                               const std::vector<float>& ref_w) {
+                               const std::vector<double>& ref_loss, const std::vector<float>& ref_w,
+                               bool same_micro_batches = true) {
   j["save_dir"] = dir.file(name + "/ckpt");
   j["metrics_file"] = dir.file(name + "/metrics.jsonl");
   j["swap_paths"] = {dir.file(name + "/swap-{rank}")};
   ASSERT_EQ(run_train(dir, j, name, np), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
-  expect_close(losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
-  expect_weights_close(weights(dir.file(name + "/ckpt/step-00000003/model")), ref_w,
-                       j["optimizer"]["lr"].get<double>(), 3);
+  const std::vector<double> loss = losses(dir.file(name + "/metrics.jsonl"));
+  const std::vector<float> w = weights(dir.file(name + "/ckpt/step-00000003/model"));
+  // Tensor parallelism splits each GEMM's sums: bit for bit on the data-parallel axis alone.
+  if (same_micro_batches && j.contains("deterministic_reduction") &&
+      j["deterministic_reduction"] == true && j.value("tensor_parallel_size", 1) == 1) {
+    expect_same_bits(loss, ref_loss, w, ref_w);
+    return;
+  }
+  expect_close(loss, ref_loss, 1e-5);
+  expect_weights_close(w, ref_w, j["optimizer"]["lr"].get<double>(), 3);
 }
 
 // Two ranks train until `fault` (strata train --inject-fault KIND:1:3: rank 1, step 3)

@@ -71,7 +71,8 @@ inline std::unique_ptr<Run> make_run(Rank& e, int stage, std::uint64_t reduce_by
   auto run = std::make_unique<Run>();
   run->layout = make_layout();
   ShardOptions eo;
-  eo.adam.beta1 = 0.5;  // the first step's exp_avg is then exactly half the gradient
+  eo.accumulation_steps = 2;  // two micro-batches a step
+  eo.adam.beta1 = 0.5;        // the first step's exp_avg is then exactly half the gradient
   eo.adam.weight_decay = 0.0;
   ZeroOptions zo;
   zo.stage = stage;
@@ -185,7 +186,8 @@ inline Observed train_one_step(Rank& e, int stage, std::uint64_t reduce_bytes,
 
   // Two micro-batches of backward, last group first, as the model releases them.
   const std::uint64_t r0 = stats.collectives;
-  const std::uint64_t b0 = stats.reduce_scatter_bytes + stats.all_reduce_bytes;
+  // Partitioned groups reduce-scatter; replicated ones are all-gathered and summed on each rank.
+  const std::uint64_t b0 = stats.reduce_scatter_bytes + stats.all_gather_bytes;
   for (int mb = 0; mb < 2; ++mb) {
     for (int g = num_groups - 1; g >= 0; --g) {
       auto buf = provider.acquire_grads(g);
@@ -200,7 +202,7 @@ inline Observed train_one_step(Rank& e, int stage, std::uint64_t reduce_bytes,
     EXPECT_TRUE(provider.finish_micro_batch().is_ok());
   }
   obs.reduce_collectives = stats.collectives - r0;
-  obs.reduce_bytes = stats.reduce_scatter_bytes + stats.all_reduce_bytes - b0;
+  obs.reduce_bytes = stats.reduce_scatter_bytes + stats.all_gather_bytes - b0;
   EXPECT_EQ(static_cast<std::int64_t>(obs.reduce_collectives),
             2 * expected_reduce_collectives(part, reduce_bytes));
 

@@ -71,13 +71,16 @@ inline float load_as_f32(const void* data, DType dtype, std::size_t i) {
 // hot paths use device::HostArrays (the same bits, vectorized and parallel).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n);
 
-// A sum of squares in float64 is taken in chunks of kSumSquaresChunkElems elements, each summed by
-// sum_squares_chunk in kSumSquaresLanes lanes (element i of the chunk in lane i % 8, each lane in
-// order, the lanes added as a fixed tree), and the chunks' sums added in order: the same bits
-// however the chunks are spread over threads and whatever the SIMD width. The CPU backend's
-// sum_squares op and the host-side gradient sums (device::HostArrays) both do this, so a gradient
-// norm is the same number whether its pieces were summed on the device or on the host.
-inline constexpr std::size_t kSumSquaresChunkElems = 65536;
+// A sum of squares is taken in chunks of kSumSquaresChunkElems elements counted from the start
+// of the array, each summed in float64 by sum_squares_chunk in kSumSquaresLanes lanes (element i
+// of the chunk in lane i % 8, each lane in order, the lanes added as a fixed tree), and the
+// chunks' sums added exactly (an ExactSum): the same bits however the chunks are spread over
+// threads, whatever the SIMD width, and however an array is cut into pieces at chunk boundaries.
+// ZeRO's shards start on multiples of the chunk (zero::kShardAlignElems), so a gradient's norm
+// has the same bits on any number of ranks. The CPU backend's sum_squares op and the host-side
+// gradient sums (device::HostArrays) both do this, so a gradient norm is the same number whether
+// its pieces were summed on the device or on the host.
+inline constexpr std::size_t kSumSquaresChunkElems = 256;
 inline constexpr std::size_t kSumSquaresLanes = 8;
 // The scalar reference of one chunk; f32/bf16/f16.
 double sum_squares_chunk(const void* x, DType dtype, std::size_t n);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "strata/core/dtype.h"
+#include "strata/core/exact_sum.h"
 #include "strata/core/status.h"
 #include "strata/sys/cpu_features.h"
 
@@ -33,12 +34,13 @@ class HostArrays {
   // strata::convert on n elements of f32/bf16/f16 (same dtype: a copy).
   void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n) const;
   // acc[i] = (fresh ? 0.0f : acc[i]) + grad[i] (f32/bf16/f16 widened to f32); returns the sum of
-  // squares of the new acc[0, n) in float64, chunked as core/dtype.h says (the same bits as
-  // sum_squares on the result). One pass over memory: each block is summed while in cache.
-  double accumulate(float* acc, const void* grad, DType grad_dtype, std::int64_t n,
-                    bool fresh) const;
-  // The sum of squares of x[0, n) in float64, chunked as core/dtype.h says.
-  double sum_squares(const void* x, DType dtype, std::int64_t n) const;
+  // squares of the new acc[0, counted) (counted <= n), chunked as core/dtype.h says (the same
+  // bits as sum_squares on acc[0, counted)). One pass over memory: each block is summed while
+  // in cache.
+  ExactSum accumulate(float* acc, const void* grad, DType grad_dtype, std::int64_t n, bool fresh,
+                      std::int64_t counted) const;
+  // The sum of squares of x[0, n), chunked as core/dtype.h says.
+  ExactSum sum_squares(const void* x, DType dtype, std::int64_t n) const;
 
   int threads() const;
   sys::SimdPath simd() const;

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "strata/core/dtype.h"
+#include "strata/core/exact_sum.h"
 #include "strata/core/rng.h"
 #include "strata/device/adamw_constants.h"
 #include "strata/device/rope.h"
@@ -178,6 +179,12 @@ class Ops {
 
   // out = a + b (out may alias a or b).
   virtual void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const = 0;
+  // out[i] = the sum over b of in[b * n + i] (`blocks` blocks of n elements, in_dtype; out in
+  // out_dtype, not overlapping in), in f32 in the canonical tree over the blocks
+  // (core/summation_tree.h: pairs, then pairs of pairs), each leaf from +0, rounded once: the
+  // ranks' gathered gradients summed as one rank sums its micro-batches'.
+  virtual void sum_blocks(const void* in, std::int64_t blocks, std::int64_t n, DType in_dtype,
+                          void* out, DType out_dtype) const = 0;
 
   // x[r, :] += bias for every row of x[rows, cols] (a linear layer's bias).
   virtual void add_bias(void* x, const void* bias, std::int64_t rows, std::int64_t cols,
@@ -249,11 +256,12 @@ class Ops {
   virtual void row_dots(const void* a, const void* b, std::int64_t rows, std::int64_t cols,
                         const std::int32_t* index, float* out, DType dtype) const = 0;
 
-  // sum(x^2) in double over n elements (for gradient norms of device-resident gradients),
-  // written to *result, 8 bytes of device memory, in compute-stream order: many sums are read
-  // back to the host with one copy and one synchronization. The same bits on every backend
-  // (kSumSquaresChunkElems).
-  virtual void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const = 0;
+  // sum(x^2) over n elements (for gradient norms of device-resident gradients): the chunks of
+  // kSumSquaresChunkElems from x's start each summed in float64 in a fixed order, the chunks'
+  // sums added exactly, written to *result (device memory) in compute-stream order: many sums
+  // are read back to the host with one copy and one synchronization. An array cut at chunk
+  // boundaries gives the same ExactSum in pieces as whole.
+  virtual void sum_squares(const void* x, std::int64_t n, DType dtype, ExactSum* result) const = 0;
 
   // Optimizer step for state that stays on the device (offload_optimizer: none).
   virtual void adamw(const AdamWArgs& args) const = 0;

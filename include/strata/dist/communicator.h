@@ -82,8 +82,17 @@ class Communicator {
   virtual CommHandle all_gather(const void* send, void* recv, std::int64_t count, DType dtype,
                                 std::string_view what) = 0;
   // recv[i] = op over ranks of send_of_rank_r[rank * count + i]. send holds world_size * count.
+  // The MPI path on host memory and the in-process group sum the ranks in the canonical tree
+  // (core/summation_tree.h), in f32 rounded once, so the data-parallel gradient sums have the
+  // same bits on any power-of-two number of ranks; NCCL sums in its ring's order.
   virtual CommHandle reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
                                     ReduceOp op, std::string_view what) = 0;
+  // reduce_scatter's sum of 16-bit gradients kept in f32: recv (f32, count) = the ranks' values
+  // widened and summed in the canonical tree, not rounded to dtype, so a group of ranks hands
+  // on what one rank's fp32 accumulator of the same micro-batches holds. The MPI path on host
+  // memory, the in-process group and one rank have it; elsewhere (NCCL) an error names it.
+  virtual CommHandle reduce_scatter_wide(const void* send, float* recv, std::int64_t count,
+                                         DType dtype, std::string_view what);
   // recv[i] = op over ranks of send[i]; recv may equal send.
   virtual CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
                                 ReduceOp op, std::string_view what) = 0;
@@ -163,8 +172,8 @@ std::unique_ptr<Communicator> make_single_rank_communicator(device::Device& devi
 // collective completes when all ranks have called it (the handles it returns are done); ranks
 // that disagree on it get an error naming both calls, and a rank left waiting longer than
 // `timeout` gets the error the MPI path gives, after which every later collective of the group
-// fails. Devices must address host memory (the CPU backend). Reductions fold in rank order with
-// the MPI path's arithmetic (16-bit floats rounded after every add), so two ranks give its bits.
+// fails. Devices must address host memory (the CPU backend). Reductions sum the ranks in the
+// canonical tree (core/summation_tree.h) in f32, rounded once, as the MPI reduce-scatter does.
 Result<std::vector<std::unique_ptr<Communicator>>> make_in_process_group(
     const std::vector<device::Device*>& devices,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));

@@ -95,6 +95,13 @@ struct TrainConfig {
   optim::AdamWHyper optimizer;  // the config's "optimizer": lr, betas, eps, weight_decay
   LrScheduleConfig lr_schedule;
   double grad_clip = 1.0;  // max global gradient norm; 0 = off
+  // The step's gradient sums over micro-batches and data-parallel ranks in one canonical tree
+  // (core/summation_tree.h), so 1, 2, 4... ranks train the same bits; costs a few fp32 partial
+  // sums a group at once where a rank sums 4 or more micro-batches (the plan counts them).
+  // false: a running sum in one accumulator. "auto" (deterministic_reduction_auto): on where the
+  // run has several data-parallel ranks or resumes a checkpoint whose run had it on (resolve.h).
+  bool deterministic_reduction = false;
+  bool deterministic_reduction_auto = true;
   // "none": the optimizer step after backward, before the next forward; "forward": on its own
   // thread during the next forward, which waits for each group's update only; "backward": each
   // group's update starts beside backward, guessing no clipping, redone if it clips; "auto":

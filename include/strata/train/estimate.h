@@ -38,8 +38,10 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
 // its schedule: else the error naming the values.
 Status check_pipeline_shape(const TrainConfig& config, int data_ranks);
 
-// The ZeRO options a config resolves into (stage, dtype, bucket sizes within the device budget).
-zero::ZeroOptions zero_options(const TrainConfig& config);
+// The ZeRO options a config resolves into (stage, dtype, bucket sizes within the device budget,
+// 16-bit gradients reduced into f32 where deterministic_reduction has several data-parallel
+// ranks on the CPU backend).
+zero::ZeroOptions zero_options(const TrainConfig& config, int data_ranks);
 
 struct Estimate {
   model::LlamaConfig model;

@@ -27,6 +27,9 @@ struct ResolveOptions {
   dist::Communicator* comm = nullptr;
   // Where "auto" measures the machine's rates; null: a probe device of its own.
   device::Device* probe_device = nullptr;
+  // A resume: whether the checkpoint's run summed in the canonical tree (its saved config), which
+  // deterministic_reduction "auto" keeps, so a run restarted on one rank continues its bits.
+  std::optional<bool> resumed_deterministic;
 };
 
 struct ResolvedConfig {

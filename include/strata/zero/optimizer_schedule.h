@@ -60,7 +60,7 @@ class OptimizerSchedule final : public UpdateGate, public FinalGradients {
   // still running first).
   Status finish_micro_batch();
   // The gradients' sums of squares, by group (see GradientLanding::sums_of_squares).
-  Result<std::vector<double>> grad_sums_of_squares();
+  Result<std::vector<ExactSum>> grad_sums_of_squares();
   // One AdamW step (step is 1-based) with gradients multiplied by grad_scale, then refreshes the
   // working copies and zeroes the gradients; call after the last finish_micro_batch. A group
   // that received no gradient steps with zeros. Overlapped (MemoryPlan::overlap not kNone) it

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "strata/core/dtype.h"
+#include "strata/core/exact_sum.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
 #include "strata/model/param_layout.h"
@@ -71,6 +72,10 @@ std::string_view grad_accumulation_name(GradAccumulation where);  // "auto", "ho
 struct ZeroOptions {
   int stage = 3;  // 1: optimizer states partitioned; 2: + gradients; 3: + parameters
   DType compute_dtype = DType::kF32;
+  // 16-bit gradients summed over the ranks in f32 and kept so (Communicator::reduce_scatter_wide):
+  // deterministic_reduction's bits for bf16 and fp16, where one rank's sums are fp32 too. The
+  // gradients the step reads are then fp32 (and take twice the memory as they land).
+  bool wide_gradients = false;
   // Stage 3: start a group's all-gather when the model announces it (prefetch), so it overlaps
   // the current layer. Off when shards come from NVMe: there the prefetch starts the read instead.
   bool gather_ahead = true;
@@ -87,10 +92,10 @@ struct ZeroOptions {
   std::uint64_t allgather_bucket_bytes = kDefaultAllgatherBucketBytes;
 };
 
-// The gradients' sums of squares the shard store keeps: two doubles per group (the whole
-// gradient's, and its tensor-parallel duplicates').
+// The gradients' sums of squares the shard store keeps: one exact sum per group (of the elements
+// this rank counts: its tensor-parallel duplicates left out).
 inline std::uint64_t gradient_norm_bytes(std::size_t num_groups) {
-  return static_cast<std::uint64_t>(num_groups == 0 ? 1 : num_groups) * 2 * sizeof(double);
+  return static_cast<std::uint64_t>(num_groups == 0 ? 1 : num_groups) * sizeof(ExactSum);
 }
 
 struct PlanOptions {
@@ -100,7 +105,11 @@ struct PlanOptions {
   DType state_dtype = DType::kF32;   // the Adam moments' (optimizer.state_dtype)
   DType master_dtype = DType::kF32;  // the master weights' (optimizer.master_dtype)
   device::MasterRounding master_rounding = device::MasterRounding::kStochastic;
-  std::int64_t accumulation_steps = 1;    // micro-batches per optimizer step
+  std::int64_t accumulation_steps = 1;  // micro-batches per optimizer step
+  // deterministic_reduction: micro-batches summed in the canonical tree (the same bits on any
+  // number of data-parallel ranks), which holds a few fp32 partial sums a group at once; else a
+  // running sum in one.
+  bool tree_sums = true;
   std::uint64_t device_budget_bytes = 0;  // 0 = no limit
   std::uint64_t host_budget_bytes = 0;    // 0 = no limit
   std::int64_t sub_group_size = 1 << 22;  // NVMe-streamed optimizer sub-group, in elements
@@ -139,6 +148,14 @@ struct MemoryPlan {
   // One micro-batch per step and the step off the device: each group's gradient is kept as the
   // model made it (compute dtype, exact) until the step, with no fp32 accumulator beside it.
   bool keep_gradients = false;
+  // Otherwise the micro-batches' gradients are summed, in the canonical tree (tree_sums) or as a
+  // running sum, over accumulation_steps micro-batches, into `accumulators` fp32 buffers a group
+  // (SummationTree::buffers_needed: the tree's partial sums at their most; 1 for a running sum).
+  bool tree_sums = true;
+  std::int64_t accumulation_steps = 1;
+  int accumulators = 1;
+  // The gradients as they land: the compute dtype, or f32 (ZeroOptions::wide_gradients).
+  DType gradient_dtype = DType::kF32;
   // Transfers between NVMe and the device pass through the store's pool of these.
   std::size_t staging_buffer_bytes = 0;
   int num_staging_buffers = 0;

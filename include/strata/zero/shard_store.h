@@ -42,6 +42,7 @@ struct ShardOptions {
   Tier offload_optimizer = Tier::kDevice;  // master weights and moments, and where the step runs
   DType compute_dtype = DType::kF32;
   std::int64_t accumulation_steps = 1;  // micro-batches per step (1: gradients kept as made)
+  bool tree_sums = true;                // summed in the canonical tree (PlanOptions::tree_sums)
   // Off the device only (a device step is the device's own work, ordered on its stream); the
   // plan may fall back (MemoryPlan::overlap says what runs).
   OptimizerOverlap overlap = OptimizerOverlap::kNone;

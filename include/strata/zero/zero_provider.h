@@ -102,6 +102,9 @@ class ZeroProvider final : public model::ParamProvider {
   Status step(double lr, std::int64_t step, float grad_scale);
   // Drops the accumulated gradients (a step skipped for non-finite gradients).
   Status zero_grads();
+  // The micro-batch of this rank's step (0-based) whose backward comes next: where its
+  // gradients sit in the summation tree (GradientLanding::set_micro_batch).
+  void set_micro_batch(std::int64_t micro) { shards_->grads().set_micro_batch(micro); }
   // Waits for an overlapped optimizer step to end; its error.
   Status finish_step() { return schedule_->finish_step(); }
 
@@ -155,16 +158,20 @@ class ZeroProvider final : public model::ParamProvider {
   enum class ReduceKind : std::uint8_t { kReplicated, kPartitioned };
   // A group's gradient from release_grads until its last piece has been reduced.
   struct GradSource {
-    Scratch full;           // partitioned: the full-size gradient the model wrote
-    void* data = nullptr;   // full.data, or the shard store's buffer for a replicated group
-    void* shard = nullptr;  // partitioned: the shard store's buffer for this rank's shard
+    // Partitioned, or replicated with wide gradients: the full-size gradient the model wrote.
+    Scratch full;
+    void* data = nullptr;  // full.data, or the shard store's buffer for a replicated group
+    // The shard store's buffer the reduction lands in: this rank's shard (partitioned), or the
+    // whole group in f32 (replicated, wide gradients).
+    void* shard = nullptr;
   };
   struct PendingReduce {
     ReduceKind kind = ReduceKind::kReplicated;
     Bucket bucket;
     dist::CommHandle handle;
     Scratch send;            // the packed bucket; not held when it is one whole group's buffer
-    Scratch recv;            // stages 2-3, packed: this rank's block of the result
+    Scratch recv;            // this rank's block of the result, packed; or every rank's copy
+    Scratch sum;             // replicated, wide gradients, packed: the f32 sum to unpack
     void* result = nullptr;  // where this rank's reduced block(s) lie once the handle is done
   };
   // One stage 3 all-gather of shard range [begin, begin + count) of a group, in flight.
@@ -189,6 +196,10 @@ class ZeroProvider final : public model::ParamProvider {
   bool partitioned(int group) const { return !partition_->group(group).replicated; }
   std::string describe(const Bucket& bucket, const std::string& what) const;
   void copy(void* dst, const void* src, std::int64_t num_elems);  // device to device, in order
+  // The reductions' results: compute_dtype, or f32 with wide gradients.
+  DType reduced_dtype() const {
+    return options_.wide_gradients ? DType::kF32 : options_.compute_dtype;
+  }
 
   ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                std::unique_ptr<ShardStore> shards, std::unique_ptr<OptimizerSchedule> schedule,

@@ -9,6 +9,7 @@
 
 #include "src/device/cpu/cpu_device.h"
 #include "src/device/cpu/cpu_ops_internal.h"
+#include "strata/core/summation_tree.h"
 #include "strata/device/moe_route.h"
 #include "strata/device/nf4.h"
 
@@ -231,6 +232,25 @@ class CpuOps final : public Ops {
       T* du = static_cast<T*>(dup);
       ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
         kernel(d + i0, g + i0, u + i0, dg + i0, du + i0, i1 - i0);
+      });
+    });
+  }
+
+  void sum_blocks(const void* in, std::int64_t blocks, std::int64_t n, DType in_dtype, void* out,
+                  DType out_dtype) const override {
+    STRATA_CHECK(blocks >= 1 && n >= 0, "sum_blocks: bad shape", blocks, n);
+    dispatch_float(in_dtype, [&](auto in_tag) {
+      using In = decltype(in_tag);
+      const In* x = static_cast<const In*>(in);
+      dispatch_float(out_dtype, [&](auto out_tag) {
+        using Out = decltype(out_tag);
+        Out* o = static_cast<Out*>(out);
+        ctx_.parallel_for(n, kElemGrain, [&](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) {
+            o[i] = from_f32<Out>(
+                canonical_sum(blocks, [&](std::int64_t b) { return to_f32(x[b * n + i]); }));
+          }
+        });
       });
     });
   }
@@ -497,7 +517,7 @@ class CpuOps final : public Ops {
     });
   }
 
-  void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
+  void sum_squares(const void* x, std::int64_t n, DType dtype, ExactSum* result) const override {
     // Chunked as core/dtype.h says (kSumSquaresChunkElems), so host and device sums agree.
     *result = cpu::parallel_sum_squares(ctx_, x, dtype, n);
   }

@@ -263,9 +263,9 @@ void cpu_attention_backward(const CpuContext& ctx, const void* dout, const void*
 // sum_squares ops and device::HostArrays; the bits are those of core/dtype.h's references.
 void parallel_convert(const CpuContext& ctx, const void* src, DType src_dtype, void* dst,
                       DType dst_dtype, std::int64_t n);
-double parallel_sum_squares(const CpuContext& ctx, const void* x, DType dtype, std::int64_t n);
-double parallel_accumulate(const CpuContext& ctx, float* acc, const void* grad, DType grad_dtype,
-                           std::int64_t n, bool fresh);
+ExactSum parallel_sum_squares(const CpuContext& ctx, const void* x, DType dtype, std::int64_t n);
+ExactSum parallel_accumulate(const CpuContext& ctx, float* acc, const void* grad, DType grad_dtype,
+                             std::int64_t n, bool fresh, std::int64_t counted);
 
 // AdamW step (cpu_adamw.cpp).
 void cpu_adamw(const CpuContext& ctx, const AdamWArgs& args);

@@ -59,18 +59,23 @@ void convert_span(const CpuKernels& k, const void* src, ArrayDType from, void* d
   }
 }
 
-// The chunks' sums, added in chunk order.
+// Elements per task of a sum of squares: many chunks, so a task pays for itself.
+constexpr std::int64_t kSumTask = 1 << 16;
+static_assert(kSumTask % kChunk == 0);
+
+// The chunks' sums (chunk_sum(i0, i1) of each chunk of kChunk elements from element 0), added
+// exactly: each task into its own ExactSum, the tasks' sums then in any order.
 template <typename ChunkSum>
-double chunked_sum(const CpuContext& ctx, std::int64_t n, ChunkSum chunk_sum) {
-  if (n <= 0) return 0.0;
-  const std::int64_t num_chunks = (n + kChunk - 1) / kChunk;
-  if (num_chunks == 1) return chunk_sum(0, n);
-  std::vector<double> partial(static_cast<std::size_t>(num_chunks), 0.0);
-  ctx.parallel_chunks(n, kChunk, [&](std::int64_t c, std::int64_t i0, std::int64_t i1) {
-    partial[static_cast<std::size_t>(c)] = chunk_sum(i0, i1);
+ExactSum exact_chunked_sum(const CpuContext& ctx, std::int64_t n, ChunkSum chunk_sum) {
+  if (n <= 0) return {};
+  const std::int64_t tasks = (n + kSumTask - 1) / kSumTask;
+  std::vector<ExactSum> partial(static_cast<std::size_t>(tasks));
+  ctx.parallel_chunks(n, kSumTask, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+    ExactSum& sum = partial[static_cast<std::size_t>(t)];
+    for (std::int64_t c = i0; c < i1; c += kChunk) sum.add(chunk_sum(c, std::min(i1, c + kChunk)));
   });
-  double total = 0.0;
-  for (const double p : partial) total += p;
+  ExactSum total;
+  for (const ExactSum& p : partial) total += p;
   return total;
 }
 
@@ -94,22 +99,33 @@ void parallel_convert(const CpuContext& ctx, const void* src, DType src_dtype, v
   });
 }
 
-double parallel_sum_squares(const CpuContext& ctx, const void* x, DType dtype, std::int64_t n) {
+ExactSum parallel_sum_squares(const CpuContext& ctx, const void* x, DType dtype, std::int64_t n) {
   const auto kernel = ctx.kernels().sum_squares[array_dtype(dtype)];
   const auto* bytes = static_cast<const std::byte*>(x);
   const std::size_t esize = dtype_size(dtype);
-  return chunked_sum(ctx, n, [&](std::int64_t i0, std::int64_t i1) {
+  return exact_chunked_sum(ctx, n, [&](std::int64_t i0, std::int64_t i1) {
     return kernel(bytes + static_cast<std::size_t>(i0) * esize, i1 - i0);
   });
 }
 
-double parallel_accumulate(const CpuContext& ctx, float* acc, const void* grad, DType grad_dtype,
-                           std::int64_t n, bool fresh) {
+ExactSum parallel_accumulate(const CpuContext& ctx, float* acc, const void* grad, DType grad_dtype,
+                             std::int64_t n, bool fresh, std::int64_t counted) {
   const auto kernel = ctx.kernels().accumulate[array_dtype(grad_dtype)];
   const auto* bytes = static_cast<const std::byte*>(grad);
   const std::size_t esize = dtype_size(grad_dtype);
-  return chunked_sum(ctx, n, [&](std::int64_t i0, std::int64_t i1) {
+  const auto add = [&](std::int64_t i0, std::int64_t i1) {
     return kernel(acc + i0, bytes + static_cast<std::size_t>(i0) * esize, i1 - i0, fresh);
+  };
+  // Elements from `counted` on are added but not squared: the chunk they begin in is cut there.
+  return exact_chunked_sum(ctx, n, [&](std::int64_t i0, std::int64_t i1) {
+    if (i0 >= counted) {
+      add(i0, i1);
+      return 0.0;
+    }
+    if (i1 <= counted) return add(i0, i1);
+    const double squares = add(i0, counted);
+    add(counted, i1);
+    return squares;
   });
 }
 
@@ -137,12 +153,12 @@ void HostArrays::convert(const void* src, DType src_dtype, void* dst, DType dst_
   cpu::parallel_convert(impl_->ctx, src, src_dtype, dst, dst_dtype, n);
 }
 
-double HostArrays::accumulate(float* acc, const void* grad, DType grad_dtype, std::int64_t n,
-                              bool fresh) const {
-  return cpu::parallel_accumulate(impl_->ctx, acc, grad, grad_dtype, n, fresh);
+ExactSum HostArrays::accumulate(float* acc, const void* grad, DType grad_dtype, std::int64_t n,
+                                bool fresh, std::int64_t counted) const {
+  return cpu::parallel_accumulate(impl_->ctx, acc, grad, grad_dtype, n, fresh, counted);
 }
 
-double HostArrays::sum_squares(const void* x, DType dtype, std::int64_t n) const {
+ExactSum HostArrays::sum_squares(const void* x, DType dtype, std::int64_t n) const {
   return cpu::parallel_sum_squares(impl_->ctx, x, dtype, n);
 }
 

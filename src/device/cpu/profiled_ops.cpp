@@ -123,6 +123,12 @@ class ProfiledOps final : public Ops {
     Timed t("swiglu_backward", 0, 5.0 * static_cast<double>(n) * sz(dtype));
     inner_->swiglu_backward(dout, gate, up, dgate, dup, n, dtype);
   }
+  void sum_blocks(const void* in, std::int64_t blocks, std::int64_t n, DType in_dtype, void* out,
+                  DType out_dtype) const override {
+    Timed t("sum_blocks", 0,
+            static_cast<double>(n) * (static_cast<double>(blocks) * sz(in_dtype) + sz(out_dtype)));
+    inner_->sum_blocks(in, blocks, n, in_dtype, out, out_dtype);
+  }
   void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const override {
     Timed t("add", 0, 3.0 * static_cast<double>(n) * sz(dtype));
     inner_->add(a, b, out, n, dtype);
@@ -196,7 +202,7 @@ class ProfiledOps final : public Ops {
     Timed t("dequantize_nf4", 0, static_cast<double>(n) * (0.52 + sz(dtype)));
     inner_->dequantize_nf4(packed, n, out, dtype);
   }
-  void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
+  void sum_squares(const void* x, std::int64_t n, DType dtype, ExactSum* result) const override {
     Timed t("sum_squares", 0, static_cast<double>(n) * sz(dtype));
     inner_->sum_squares(x, n, dtype, result);
   }

@@ -165,6 +165,14 @@ class CudaOps final : public Ops {
          "swiglu_backward");
   }
 
+  void sum_blocks(const void* in, std::int64_t blocks, std::int64_t n, DType in_dtype, void* out,
+                  DType out_dtype) const override {
+    STRATA_CHECK(blocks >= 1 && n >= 0, "sum_blocks: bad shape", blocks, n);
+    done(
+        kernels::sum_blocks(ctx(), in, blocks, n, float_elem(in_dtype), out, float_elem(out_dtype)),
+        "sum_blocks");
+  }
+
   void add(const void* a, const void* b, void* out, std::int64_t n, DType dtype) const override {
     done(kernels::add(ctx(), a, b, out, n, float_elem(dtype)), "add");
   }
@@ -271,11 +279,15 @@ class CudaOps final : public Ops {
 
   // Asynchronous: the caller reads many results back at once. A failed launch is the device's
   // sticky error, which the caller checks after its read.
-  void sum_squares(const void* x, std::int64_t n, DType dtype, double* result) const override {
-    const kernels::Elem e = float_elem(dtype);
-    void* s = scratch(kernels::sum_squares_scratch_bytes(n));
-    if (s == nullptr) return;
-    done(kernels::sum_squares(ctx(), x, n, e, result, s), "sum_squares");
+  void sum_squares(const void* x, std::int64_t n, DType dtype, ExactSum* result) const override {
+    static_assert(sizeof(kernels::ExactSumLayout) == sizeof(ExactSum) &&
+                  kernels::kExactSumLimbs == ExactSum::kLimbs &&
+                  kernels::kExactSumLowBit == ExactSum::kLowBit &&
+                  kernels::kExactSumHighBit == ExactSum::kHighBit &&
+                  kernels::kSumSquaresChunk == static_cast<std::int64_t>(kSumSquaresChunkElems));
+    done(kernels::sum_squares(ctx(), x, n, float_elem(dtype),
+                              reinterpret_cast<kernels::ExactSumLayout*>(result)),
+         "sum_squares");
   }
 
   void adamw(const AdamWArgs& a) const override {

@@ -191,7 +191,7 @@ TEST(CpuOpsTest, CastBetweenFloatTypes) {
   EXPECT_TRUE(copy.bitwise_equal(src));
 }
 
-TEST(CpuOpsTest, SumSquaresInDouble) {
+TEST(CpuOpsTest, SumSquaresIsExactOverChunksAndCutsAtChunkBoundaries) {
   auto dev = make_device();
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const std::int64_t n = 200001;
@@ -202,9 +202,25 @@ TEST(CpuOpsTest, SumSquaresInDouble) {
     for (double v : x.values()) want += v * v;
     // Squares of f32 or bf16 values are exact in double, and every term is positive, so any
     // order of summing n of them is within (n - 1) * 2^-53 * want, and so is this reference.
-    double got = -1;
+    ExactSum got;
+    got.add(1.0);                                   // overwritten, not added to
     dev->ops().sum_squares(x.data(), n, dt, &got);  // the CPU backend's device memory is host's
-    EXPECT_NEAR(got, want, 2.0 * n * 0x1p-53 * want);
+    EXPECT_NEAR(got.value(), want, 2.0 * n * 0x1p-53 * want);
+    // The array cut into pieces at chunk boundaries, as ZeRO's shards cut a gradient: the
+    // pieces' exact sums add up to the whole one's bits, in any order.
+    const auto chunk = static_cast<std::int64_t>(kSumSquaresChunkElems);
+    for (const std::int64_t pieces : {2, 3, 7}) {
+      const std::int64_t per = (n / pieces + chunk - 1) / chunk * chunk;
+      ExactSum sum;
+      for (std::int64_t p = pieces - 1; p >= 0; --p) {
+        const std::int64_t begin = std::min(n, p * per), count = std::min(per, n - begin);
+        ExactSum piece;
+        dev->ops().sum_squares(static_cast<const std::byte*>(x.data()) + begin * dtype_size(dt),
+                               count, dt, &piece);
+        sum += piece;
+      }
+      EXPECT_TRUE(sum == got) << dtype_name(dt) << " in " << pieces << " pieces";
+    }
   }
 }
 
@@ -350,10 +366,10 @@ TEST(CpuOpsTest, ReductionsIndependentOfThreadCount) {
     EXPECT_TRUE(dxs[0].bitwise_equal(dxs[1])) << dtype_name(dt);
     EXPECT_TRUE(dws[0].bitwise_equal(dws[1])) << dtype_name(dt);
     EXPECT_TRUE(tables[0].bitwise_equal(tables[1])) << dtype_name(dt);
-    double sums[2] = {-1, -2};
+    ExactSum sums[2];
     one->ops().sum_squares(dout.data(), rows * dim, dt, &sums[0]);
     two->ops().sum_squares(dout.data(), rows * dim, dt, &sums[1]);
-    EXPECT_EQ(sums[0], sums[1]);
+    EXPECT_TRUE(sums[0] == sums[1]);
   }
 }
 

@@ -157,18 +157,23 @@ TEST_F(CudaLossOptimTest, SumSquaresMatchesCpu) {
       HostTensor x(dt, n);
       x.fill_uniform(rng, -2, 2);
       GpuTensor gx(*gpu_, x);
-      double want = -1;
+      ExactSum want;
       cpu_ops().sum_squares(x.data(), n, dt, &want);
-      // Two sums into two slots of one buffer, read back together (as the engine does).
-      DeviceBuffer slots = testing::poisoned_floats(*gpu_, 4);
-      gpu_ops().sum_squares(gx.data(), n, dt, slots.as<double>());
-      gpu_ops().sum_squares(gx.data(), n, dt, slots.as<double>() + 1);
-      const std::vector<double> got = download_array<double>(*gpu_, slots, 2);
+      // Two sums into two slots of one buffer, read back together (as the engine does); the
+      // slots start poisoned: the op overwrites them.
+      const std::size_t floats = 2 * sizeof(ExactSum) / sizeof(float);
+      DeviceBuffer slots = testing::poisoned_floats(*gpu_, static_cast<std::int64_t>(floats));
+      auto* slot = reinterpret_cast<ExactSum*>(slots.as<float>());
+      gpu_ops().sum_squares(gx.data(), n, dt, slot);
+      gpu_ops().sum_squares(gx.data(), n, dt, slot + 1);
+      const std::vector<float> raw = download_array<float>(*gpu_, slots, floats);
       ASSERT_TRUE(gpu_->last_error().is_ok()) << gpu_->last_error().message();
-      // Both sum exact squares (f32 and bf16 squares are exact in double) of positive terms in
-      // double, each within (n - 1) * 2^-53 * want whatever its order.
-      EXPECT_NEAR(got[0], want, 2.0 * static_cast<double>(n) * 0x1p-53 * want);
-      EXPECT_EQ(got[1], got[0]);  // reproducible
+      ExactSum got[2];
+      std::memcpy(static_cast<void*>(got), raw.data(), sizeof(got));
+      // Both sum exact squares (f32 and bf16 squares are exact in double) of positive terms:
+      // each chunk in double (within 255 * 2^-53 of its sum), the chunks exactly.
+      EXPECT_NEAR(got[0].value(), want.value(), 256.0 * 0x1p-53 * want.value());
+      EXPECT_TRUE(got[1] == got[0]);  // reproducible
     }
   }
 }

@@ -1,7 +1,7 @@
 // HostArrays: every SIMD path this CPU has and several thread counts give exactly the bits of the
-// scalar references in core/dtype.h (strata::convert, strata::sum_squares_chunk summed chunk by
-// chunk): conversions over every f16 bit pattern and a sweep of f32 ones, sums of squares and
-// gradient accumulation over lengths around the vector width and the chunk size.
+// scalar references in core/dtype.h (strata::convert, strata::sum_squares_chunk of each chunk,
+// the chunks added exactly): conversions over every f16 bit pattern and a sweep of f32 ones, sums
+// of squares and gradient accumulation over lengths around the vector width and the chunk size.
 #include "strata/device/host_arrays.h"
 
 #include <gtest/gtest.h>
@@ -89,13 +89,14 @@ std::vector<std::byte> as_dtype(const std::vector<float>& f, DType dtype) {
   return out;
 }
 
-// The definition the kernels must match: sum_squares_chunk per chunk, chunks added in order.
-double reference_sum_squares(const void* x, DType dtype, std::size_t n) {
+// The definition the kernels must match: sum_squares_chunk per chunk, the chunks' sums added
+// exactly.
+ExactSum reference_sum_squares(const void* x, DType dtype, std::size_t n) {
   const auto* bytes = static_cast<const std::byte*>(x);
-  double total = 0.0;
+  ExactSum total;
   for (std::size_t i = 0; i < n; i += kSumSquaresChunkElems) {
     const std::size_t m = std::min(kSumSquaresChunkElems, n - i);
-    total += sum_squares_chunk(bytes + i * dtype_size(dtype), dtype, m);
+    total.add(sum_squares_chunk(bytes + i * dtype_size(dtype), dtype, m));
   }
   return total;
 }
@@ -163,16 +164,17 @@ TEST_P(HostArraysTest, SumsOfSquaresMatchTheReferenceBitForBit) {
     const std::vector<float> f = hard_floats(n, ++seed, /*finite_only=*/true);
     for (const DType dtype : kFloatTypes) {
       const std::vector<std::byte> x = as_dtype(f, dtype);
-      const double want = reference_sum_squares(x.data(), dtype, n);
-      const double got = arrays_->sum_squares(x.data(), dtype, static_cast<std::int64_t>(n));
-      ASSERT_EQ(std::bit_cast<std::uint64_t>(got), std::bit_cast<std::uint64_t>(want))
-          << dtype_name(dtype) << " n=" << n << ": " << got << " vs " << want;
+      const ExactSum want = reference_sum_squares(x.data(), dtype, n);
+      const ExactSum got = arrays_->sum_squares(x.data(), dtype, static_cast<std::int64_t>(n));
+      ASSERT_TRUE(got == want) << dtype_name(dtype) << " n=" << n << ": " << got.value() << " vs "
+                               << want.value();
     }
   }
 }
 
 // acc = acc + widen(grad) (fresh: 0 + widen(grad)) element by element, and the returned sum of
-// squares is the reference's over the result.
+// squares is the reference's over the result's first `counted` elements (all, or cut inside a
+// chunk, as a tensor-parallel group's duplicates are left out).
 TEST_P(HostArraysTest, AccumulationMatchesTheReferenceBitForBit) {
   std::uint64_t seed = 200;
   for (const std::size_t n : kLengths) {
@@ -187,11 +189,12 @@ TEST_P(HostArraysTest, AccumulationMatchesTheReferenceBitForBit) {
         std::vector<float> wide(n);
         convert(grad.data(), dtype, wide.data(), DType::kF32, n);
         for (std::size_t i = 0; i < n; ++i) want[i] = (fresh ? 0.0f : want[i]) + wide[i];
-        const double sum = arrays_->accumulate(got.data(), grad.data(), dtype,
-                                               static_cast<std::int64_t>(n), fresh);
+        const std::size_t counted = fresh ? n : n * 2 / 3;
+        const ExactSum sum =
+            arrays_->accumulate(got.data(), grad.data(), dtype, static_cast<std::int64_t>(n), fresh,
+                                static_cast<std::int64_t>(counted));
         ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
-        const double want_sum = reference_sum_squares(want.data(), DType::kF32, n);
-        ASSERT_EQ(std::bit_cast<std::uint64_t>(sum), std::bit_cast<std::uint64_t>(want_sum));
+        ASSERT_TRUE(sum == reference_sum_squares(want.data(), DType::kF32, counted));
       }
     }
   }
@@ -200,7 +203,8 @@ TEST_P(HostArraysTest, AccumulationMatchesTheReferenceBitForBit) {
 // A fresh accumulator turns -0 into +0, as adding into zeros does.
 TEST_P(HostArraysTest, FreshAccumulatorHasNoNegativeZeros) {
   std::vector<float> grad(1000, -0.0f), acc(1000, 7.0f);
-  EXPECT_EQ(arrays_->accumulate(acc.data(), grad.data(), DType::kF32, 1000, true), 0.0);
+  EXPECT_EQ(arrays_->accumulate(acc.data(), grad.data(), DType::kF32, 1000, true, 1000).value(),
+            0.0);
   for (const float a : acc) ASSERT_EQ(std::bit_cast<std::uint32_t>(a), 0u);
 }
 
@@ -216,7 +220,7 @@ TEST(HostArrays, SumOfSquaresIsCloseToTheExactValue) {
   const std::vector<float> f = hard_floats(n, 9, /*finite_only=*/true);
   long double exact = 0;
   for (const float x : f) exact += static_cast<long double>(x) * x;
-  const double got = reference_sum_squares(f.data(), DType::kF32, n);
+  const double got = reference_sum_squares(f.data(), DType::kF32, n).value();
   EXPECT_LE(std::fabs(static_cast<long double>(got) - exact),
             exact * static_cast<long double>(n) * 0x1p-53L);
 }

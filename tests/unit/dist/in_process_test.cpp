@@ -1,5 +1,6 @@
 // The in-process communicator (ranks as threads): every collective against a serial reference
-// for 1 to 4 ranks, in place as well, bf16 sums rounded after every add as the MPI path does,
+// for 1 to 4 ranks, in place as well, sums in the canonical tree (pairs of ranks, then pairs of
+// pairs) in f32, bf16 rounded once, as the MPI reduce-scatter does,
 // and the errors: ranks that disagree, a rank that never comes, a bad root, a GPU-less device.
 #include <gtest/gtest.h>
 
@@ -22,6 +23,21 @@ namespace {
 float value(int r, std::int64_t i) {
   Rng rng(static_cast<std::uint64_t>(r) * 1000003u + static_cast<std::uint64_t>(i));
   return static_cast<float>(rng.normal());
+}
+
+// The ranks' sum as the canonical tree pairs them, written out for 1 to 4 ranks.
+template <typename Leaf>
+float tree_sum(int world, Leaf x) {
+  switch (world) {
+    case 1:
+      return 0.0f + x(0);
+    case 2:
+      return (0.0f + x(0)) + x(1);
+    case 3:
+      return ((0.0f + x(0)) + x(1)) + (0.0f + x(2));
+    default:
+      return ((0.0f + x(0)) + x(1)) + ((0.0f + x(2)) + x(3));
+  }
 }
 
 using Group = ::strata::testing::InProcessRanks;
@@ -56,7 +72,7 @@ TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
         ASSERT_EQ(in_place[static_cast<std::size_t>(r * n + i)], value(r, i));
       }
     }
-    // reduce_scatter (sum) and all_reduce (average), in place: the fold in rank order.
+    // reduce_scatter (sum) and all_reduce (average), in place: the canonical tree's sum.
     std::vector<float> big(static_cast<std::size_t>(n * world));
     for (std::int64_t i = 0; i < n * world; ++i) big[static_cast<std::size_t>(i)] = value(rank, i);
     std::vector<float> part(n);
@@ -64,16 +80,14 @@ TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
                     .wait()
                     .is_ok());
     for (std::int64_t i = 0; i < n; ++i) {
-      float want = value(0, rank * n + i);
-      for (int r = 1; r < world; ++r) want += value(r, rank * n + i);
+      const float want = tree_sum(world, [&](int r) { return value(r, rank * n + i); });
       ASSERT_EQ(part[static_cast<std::size_t>(i)], want) << "element " << i;
     }
     ASSERT_TRUE(c.all_reduce(send.data(), send.data(), n, DType::kF32, ReduceOp::kAvg, "ar")
                     .wait()
                     .is_ok());
     for (std::int64_t i = 0; i < n; ++i) {
-      float want = value(0, i);
-      for (int r = 1; r < world; ++r) want += value(r, i);
+      float want = tree_sum(world, [&](int r) { return value(r, i); });
       if (world > 1) want /= static_cast<float>(world);
       ASSERT_EQ(send[static_cast<std::size_t>(i)], want) << "element " << i;
     }
@@ -102,8 +116,9 @@ TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
   });
 }
 
-// bf16 sums round after every add, as the MPI path's half_sum: not the f32 sum rounded once.
-TEST_P(InProcessTest, Bf16SumsRoundAfterEveryAdd) {
+// bf16 sums are taken in f32 and rounded once: the bits one rank's f32 accumulator of the same
+// gradients would round to.
+TEST_P(InProcessTest, Bf16SumsAreTakenInF32AndRoundedOnce) {
   const int world = GetParam();
   Group g = make_group(world);
   constexpr std::int64_t n = 4096;
@@ -115,10 +130,8 @@ TEST_P(InProcessTest, Bf16SumsRoundAfterEveryAdd) {
     ASSERT_TRUE(
         c.all_reduce(v.data(), v.data(), n, DType::kBF16, ReduceOp::kSum, "bf16").wait().is_ok());
     for (std::int64_t i = 0; i < n; ++i) {
-      float acc = bf16_to_f32(f32_to_bf16(value(0, i)));
-      for (int r = 1; r < world; ++r) {
-        acc = bf16_to_f32(f32_to_bf16(acc + bf16_to_f32(f32_to_bf16(value(r, i)))));
-      }
+      const float acc =
+          tree_sum(world, [&](int r) { return bf16_to_f32(f32_to_bf16(value(r, i))); });
       ASSERT_EQ(v[static_cast<std::size_t>(i)].bits, f32_to_bf16(acc).bits) << "element " << i;
     }
   });

@@ -13,6 +13,14 @@
 namespace strata::train {
 namespace {
 
+ResolveOptions opts(int world, int rank, dist::Communicator* comm = nullptr) {
+  ResolveOptions o;
+  o.world = world;
+  o.rank = rank;
+  o.comm = comm;
+  return o;
+}
+
 TrainConfig config_of(const Json& changes = Json::object()) {
   Json j = Json::parse(R"({"model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
                            "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -34,7 +42,7 @@ TEST(ResolveConfig, RankPathsThePlanAndTheLineAreTheRanks) {
       config_of({{"metrics_file", "metrics-{rank}.jsonl"}, {"trace_file", "trace.json"}});
   for (const int rank : {0, 1}) {
     SCOPED_TRACE(rank);
-    auto r = resolve_config(c, {2, rank});
+    auto r = resolve_config(c, opts(2, rank));
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     EXPECT_EQ(r->config.metrics_file, "metrics-" + std::to_string(rank) + ".jsonl");
     EXPECT_EQ(r->config.trace_file, rank == 0 ? "trace.json" : "");
@@ -48,7 +56,7 @@ TEST(ResolveConfig, RankPathsThePlanAndTheLineAreTheRanks) {
               "micro-batches of 2 a step on each data-parallel rank, gradients summed on the "
               "host\n");
   }
-  auto one = resolve_config(config_of({{"micro_batch_size", 8}}), {1, 0});
+  auto one = resolve_config(config_of({{"micro_batch_size", 8}}), opts(1, 0));
   ASSERT_TRUE(one.is_ok()) << one.status().message();
   EXPECT_NE(one->describe().find("1 micro-batch of 8 a step on each data-parallel rank, gradients "
                                  "summed nowhere (one micro-batch: kept as computed)"),
@@ -63,10 +71,10 @@ TEST(ResolveConfig, ARunChecksItsGridAgainstItsRanks) {
   auto device = device::create_device({});
   ASSERT_TRUE(device.is_ok()) << device.status().message();
   const std::unique_ptr<dist::Communicator> comm = dist::make_single_rank_communicator(**device);
-  auto run = resolve_config(c, {1, 0, comm.get()});
+  auto run = resolve_config(c, opts(1, 0, comm.get()));
   ASSERT_FALSE(run.is_ok());
   EXPECT_EQ(run.status().message(), "tensor_parallel_size 2 must divide the 1 ranks this run has");
-  auto estimate = resolve_config(c, {1, 0});
+  auto estimate = resolve_config(c, opts(1, 0));
   ASSERT_FALSE(estimate.is_ok());
   EXPECT_NE(
       estimate.status().message().find("--ranks 1 must be a multiple of tensor_parallel_size"),
@@ -76,8 +84,8 @@ TEST(ResolveConfig, ARunChecksItsGridAgainstItsRanks) {
 
 // "auto" tiers: the rates measured once, the choice applied and said.
 TEST(ResolveConfig, AutoPlacementIsChosenAppliedAndSaid) {
-  auto r =
-      resolve_config(config_of({{"offload_param", "auto"}, {"offload_optimizer", "auto"}}), {1, 0});
+  auto r = resolve_config(config_of({{"offload_param", "auto"}, {"offload_optimizer", "auto"}}),
+                          opts(1, 0));
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   ASSERT_TRUE(r->rates.has_value());
   ASSERT_EQ(r->choices.size(), 1u);

@@ -43,7 +43,7 @@ class EnginePrefetchTest : public ::testing::Test {
     ShardOptions o;
     o.offload_param = params;
     o.offload_optimizer = optimizer;
-    o.accumulation_steps = 2;  // passes repeat before a step
+    o.accumulation_steps = accumulation_;  // passes repeat before a step
     o.prefetch_bytes = 1 << 20;
     o.max_live_bytes = 1 << 20;
     o.max_reuse_distance = 4096;
@@ -99,6 +99,7 @@ class EnginePrefetchTest : public ::testing::Test {
   }
 
   std::uint64_t host_limit_ = 0;         // make()'s host_memory_limit
+  std::int64_t accumulation_ = 2;        // make()'s micro-batches a step
   ScheduleChooserOptions chooser_;       // make()'s, for OptimizerOverlap::kAuto
   std::function<std::int64_t()> clock_;  // make()'s step-cycle clock (nullptr: the real one)
   model::LlamaConfig config_;
@@ -155,6 +156,7 @@ TEST_F(EnginePrefetchTest, MoeLayersFollowTheTraceWhateverTheRouterChooses) {
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   config_ = *c;
   layout_ = model::ParamLayout::build(config_);
+  accumulation_ = 4;  // four passes, one step's micro-batches
   make();
   std::int64_t skipped = 0;
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {

@@ -223,8 +223,9 @@ TEST(PlanTest, AShortHostBudgetMovesGradientsToNvmeAndTheHostNoLongerGrowsWithTh
     EXPECT_EQ(tight->gradients, Tier::kNvme);
     EXPECT_EQ(tight->keep_gradients, accumulation == 1);
     EXPECT_LE(tight->tier_bytes(Tier::kHost), o.host_budget_bytes);
+    // Kept bf16 gradients, or four micro-batches' fp32 sums in the canonical tree (two buffers).
     EXPECT_EQ(tight->kind_bytes(Tier::kNvme, TensorKind::kGradients),
-              sum_bytes(l, accumulation == 1 ? 2 : 4));
+              sum_bytes(l, accumulation == 1 ? 2 : 8));
     // What stays on the host is bounded by the largest groups, not their number.
     EXPECT_LT(tight->kind_bytes(Tier::kHost, TensorKind::kGradients),
               tight->kind_bytes(Tier::kNvme, TensorKind::kGradients));
@@ -266,15 +267,18 @@ TEST(PlanTest, GradientsAreSummedOnTheDeviceWhereItsBudgetHoldsThem) {
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   EXPECT_TRUE(plan->accumulate_on_device());
   EXPECT_EQ(plan->gradients, Tier::kDevice);
-  // The sums' homes on the device, their copies for the step in host memory, and one widened
-  // gradient on the device.
+  // The sums' homes on the device (two fp32 buffers a group: four micro-batches summed in the
+  // canonical tree hold a pair's sum while the next pair is made), their copies for the step in
+  // host memory, and one widened gradient on the device.
   std::uint64_t f32 = 0;
   for (const auto& g : l.groups()) f32 += static_cast<std::uint64_t>(g.num_elems) * 4;
+  EXPECT_EQ(plan->accumulators, 2);
   EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kGradients),
-            f32 + plan->gradient_transit_bytes);
+            2 * f32 + plan->gradient_transit_bytes);
   EXPECT_EQ(plan->kind_bytes(Tier::kHost, TensorKind::kGradients), sum_bytes(l, 4));
   EXPECT_GT(plan->kind_bytes(Tier::kDevice, TensorKind::kStaging), 0u);
-  EXPECT_NE(plan->describe().find("accumulated in fp32 on device, sent to host once per step"),
+  EXPECT_NE(plan->describe().find("accumulated in fp32 (the canonical tree: 2 partial sums a "
+                                  "group at once) on device, sent to host once per step"),
             std::string::npos)
       << plan->describe();
 
