@@ -15,7 +15,7 @@
 #
 # Usage: bench/deterministic_reduction.sh
 # Environment: STRATA (default build/strata), WORK (default /tmp/strata-deterministic-reduction),
-# LAYERS (default 2), MICROS (default 8), RANKS (default "1 4"), ROUNDS (pairs, default 3),
+# LAYERS (default 2), SEQ (tokens a sequence, default 128), MICROS (default 8), RANKS (default "1 4"), ROUNDS (pairs, default 3),
 # STEPS (per run, default 6), WARMUP (steps left out, default 2), KEEP=1 keeps WORK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,7 @@ MICROS=${MICROS:-8}
 RANKS=${RANKS:-1 4}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-6}
+SEQ=${SEQ:-128}
 WARMUP=${WARMUP:-2}
 if [[ ! -x "$STRATA" ]]; then
   echo "deterministic_reduction: $STRATA not found; build it or set STRATA" >&2
@@ -52,7 +53,7 @@ for variant in A B; do
             "num_hidden_layers": $LAYERS, "num_attention_heads": 32, "num_key_value_heads": 4,
             "max_position_embeddings": 2048, "tie_word_embeddings": false},
   "data": {"path": "$WORK/tokens.u16", "format": "u16"},
-  "seq_len": 128, "batch_size": $MICROS, "micro_batch_size": 1, "max_steps": $STEPS,
+  "seq_len": $SEQ, "batch_size": $MICROS, "micro_batch_size": 1, "max_steps": $STEPS,
   "precision": "fp32", "optimizer": {"lr": 1e-4, "weight_decay": 0.01}, "grad_clip": 1.0,
   "device": "cpu", "zero_stage": 2, "offload_param": "none", "offload_optimizer": "cpu",
   "param_persistence_threshold": 0, "threads": 0, "save_dir": "",
