@@ -280,6 +280,14 @@ std::string other_changes(const TrainConfig& config, int ranks) {
           c.gradient_accumulation_steps = 0;
         });
   }
+  if (config.deterministic_reduction && config.accumulation_steps(data) >= 4) {
+    add("deterministic_reduction false (one running fp32 sum a group instead of the summation "
+        "tree's partial sums; rank counts then agree within rounding, not to the bit)",
+        [](TrainConfig& c) {
+          c.deterministic_reduction = false;
+          c.deterministic_reduction_auto = false;
+        });
+  }
   if (!config.activation_checkpointing) {
     add("activation_checkpointing true (each layer's input kept, the layer recomputed)",
         [](TrainConfig& c) { c.activation_checkpointing = true; });

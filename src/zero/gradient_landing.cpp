@@ -19,7 +19,6 @@ struct GradientLanding::Group {
   std::vector<mem::Handle> sums;
   std::optional<SummationTree> tree;
   std::vector<ExactSum> squares;  // by buffer: of its sum as last written (summed off the device)
-  int result = 0;                 // the buffer that holds the step's gradient, once whole
   bool whole = false;             // every merge is made: sums[result] is the step's gradient
   void* on_device = nullptr;      // the gradient's device copy while the model accumulates into it
   bool has_grad = false;          // a gradient arrived since the last step
@@ -167,7 +166,7 @@ Status GradientLanding::send_final_sum(int group) {
   Group& g = groups_[static_cast<std::size_t>(group)];
   // The guessed update reads (and may discard) the final sum before the global norm is taken:
   // its sum of squares is taken now, while it is here.
-  const mem::Handle sum = g.sums[static_cast<std::size_t>(g.result)];
+  const mem::Handle sum = g.sums.front();
   STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(sum, Tier::kDevice));
   device_sum_squares(acc, DType::kF32, static_cast<std::size_t>(group));
   store_.unpin(sum, Tier::kDevice);
@@ -280,7 +279,9 @@ Status GradientLanding::sum_in(int group, std::int64_t leaf, const void* x, DTyp
   }
   if (x == nullptr) {
     g.whole = true;
-    g.result = std::max(g.tree->result(), 0);
+    // The first buffer a step stores into is the tree's bottom one, which every later sum
+    // joins: the sum always ends in buffer 0 (a guessed update holds that handle from the start).
+    STRATA_CHECK(g.tree->result() <= 0, "the summation tree's sum left buffer 0", s.name());
   }
   // Host sums go back to their home (NVMe) while compute goes on, unless a guessed update is
   // about to read them here.
@@ -355,7 +356,7 @@ Result<std::vector<ExactSum>> GradientLanding::sums_of_squares() {
     Group& g = groups_[i];
     any |= g.has_grad;
     if (!g.has_grad || !summed_on_device || g.final_sent) continue;
-    const mem::Handle sum = g.sums[static_cast<std::size_t>(g.result)];
+    const mem::Handle sum = g.sums.front();
     STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(sum, Tier::kDevice));
     device_sum_squares(acc, DType::kF32, i);
     store_.unpin(sum, Tier::kDevice);
@@ -373,7 +374,7 @@ Result<std::vector<ExactSum>> GradientLanding::sums_of_squares() {
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     const Group& g = groups_[i];
     if (!g.has_grad) continue;
-    sums[i] = on_device ? norms_host_[i] : g.squares[static_cast<std::size_t>(g.result)];
+    sums[i] = on_device ? norms_host_[i] : g.squares.front();
   }
   return sums;
 }
@@ -385,7 +386,6 @@ void GradientLanding::clear() {
     g.final_sent = false;
     for (ExactSum& s : g.squares) s = ExactSum{};
     if (g.tree) g.tree->reset();
-    g.result = 0;
     g.whole = false;
   }
 }
@@ -426,7 +426,7 @@ Status GradientLanding::spend(int group, bool keep, std::vector<mem::Completion>
 
 mem::Handle GradientLanding::step_grad(int group) const {
   const Group& g = groups_.at(static_cast<std::size_t>(group));
-  return plan_.keep_gradients ? g.grad : g.sums[static_cast<std::size_t>(g.result)];
+  return plan_.keep_gradients ? g.grad : g.sums.front();
 }
 
 DType GradientLanding::step_dtype() const { return plan_.keep_gradients ? dtype_ : DType::kF32; }

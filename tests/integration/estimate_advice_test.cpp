@@ -536,5 +536,25 @@ TEST(EstimateAdviceTest, ARefusalListsTheChangesToTheTrainingWithWhatEachSaves) 
   EXPECT_FALSE(line("activation_offload \"cpu\"").empty()) << m;
 }
 
+// The same run asked to keep deterministic_reduction on one rank (8 micro-batches: 3 fp32 sums a
+// group at once): the refusal names turning it off, with the 2 x 8 B x 4 bytes it frees.
+TEST(EstimateAdviceTest, ARefusalNamesTheSummationTreesPartialSums) {
+  Json j = Json::parse(R"({"data": {"path": "x.u32"}, "seq_len": 2048, "batch_size": 16,
+                           "micro_batch_size": 2, "precision": "bf16",
+                           "activation_checkpointing": true, "device": "cuda",
+                           "deterministic_reduction": true,
+                           "device_memory_limit": "24GiB", "host_memory_limit": "64GiB"})");
+  j["model"] = std::string(STRATA_SOURCE_DIR) + "/examples/models/Llama-3.1-8B-Instruct";
+  auto c = config_of(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  auto e = estimate_with_changes(*c, 1);
+  ASSERT_FALSE(e.is_ok());
+  const std::string& m = e.status().message();
+  const auto at = m.find("\n  - deterministic_reduction false");
+  ASSERT_NE(at, std::string::npos) << m;
+  const std::string l = m.substr(at + 5, m.find('\n', at + 5) - at - 5);
+  EXPECT_NE(l.find("GiB less)"), std::string::npos) << l;
+}
+
 }  // namespace
 }  // namespace strata::train

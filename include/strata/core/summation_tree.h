@@ -47,7 +47,8 @@ class SummationTree {
   std::vector<Op> finish();
   // The first leaf that may still arrive.
   std::int64_t next() const { return next_; }
-  // The buffer that holds the sum once finish() ran; -1 when every leaf was a zero.
+  // The buffer that holds the sum once finish() ran: 0 (the first buffer stored into is the
+  // bottom of the tree, which every later sum joins), or -1 when every leaf was a zero.
   int result() const { return acc_; }
   // A new step: every buffer free, no leaf arrived.
   void reset();

@@ -172,3 +172,27 @@ TEST(SummationTreeTest, CanonicalSumOfLeavesAtHandIsTheTreesSum) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// The sum always ends in buffer 0, whatever leaves are zeros: a reader may hold that buffer's
+// handle from the step's start (a guessed optimizer update does).
+TEST(SummationTreeTest, TheSumEndsInTheFirstBuffer) {
+  for (std::int64_t n = 1; n <= 20; ++n) {
+    for (std::uint32_t present = 0; present < (1u << std::min<std::int64_t>(n, 10)); ++present) {
+      SummationTree tree(n, true);
+      for (std::int64_t leaf = 0; leaf < n; ++leaf) {
+        if (leaf < 10 ? (present >> leaf) & 1 : leaf % 3 == 0) (void)tree.arrive(leaf);
+      }
+      (void)tree.finish();
+      ASSERT_LE(tree.result(), 0) << n << " leaves, present " << present;
+      if (present != 0) {
+        ASSERT_EQ(tree.result(), 0) << n << " leaves, present " << present;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
