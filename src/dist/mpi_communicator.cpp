@@ -340,24 +340,11 @@ class MpiCommunicator final : public Communicator {
     if (world_ > 1 && device_.host_addressable()) {
       // Open MPI's non-blocking reduce-scatter (libnbc) reduces the whole buffer to rank 0 and
       // scatters it back: every other rank sends all of its data, where (P - 1) / P of it is
-      // enough (measured: bench/tp_traffic.sh). An all-to-all sends exactly that, rank r's
-      // chunk j to rank j, which sums the chunks it receives in the canonical tree (the in-process
-      // communicator's arithmetic; the request keeps the chunks until it is done).
-      auto chunks =
-          std::make_shared<std::vector<std::byte>>(bytes * static_cast<std::size_t>(world_));
-      const int world = world_;
-      return issue(
-          "reduce_scatter", what,
-          [=] {
-            std::vector<const void*> inputs;
-            for (int r = 0; r < world; ++r) {
-              inputs.push_back(chunks->data() + bytes * static_cast<std::size_t>(r));
-            }
-            reduce_in_tree_order(inputs, count, dtype, op, recv);
-          },
-          [=, comm = comm_](MPI_Request* req) {
-            return MPI_Ialltoall(send, n, type, chunks->data(), n, type, comm, req);
-          });
+      // enough (measured: bench/tp_traffic.sh). An all-to-all sends exactly that.
+      return scatter_then_sum("reduce_scatter", send, count, dtype, what,
+                              [=](const std::vector<const void*>& chunks) {
+                                reduce_in_tree_order(chunks, count, dtype, op, recv);
+                              });
     }
     const MPI_Op sum = sum_of(dtype);
     return issue("reduce_scatter", what, averager(op, recv, count, dtype),
@@ -370,27 +357,13 @@ class MpiCommunicator final : public Communicator {
                                  std::string_view what) override {
     if (!device_.host_addressable())
       return Communicator::reduce_scatter_wide(send, recv, count, dtype, what);
-    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
-    stats_.reduce_scatter_bytes += bytes * static_cast<std::size_t>(world_);
+    stats_.reduce_scatter_bytes +=
+        static_cast<std::uint64_t>(count) * dtype_size(dtype) * static_cast<std::uint64_t>(world_);
     ++stats_.collectives;
-    const int n = static_cast<int>(count);
-    const MPI_Datatype type = type_of(dtype);
-    // reduce_scatter's all-to-all, each rank's chunks summed into f32 (see there).
-    auto chunks =
-        std::make_shared<std::vector<std::byte>>(bytes * static_cast<std::size_t>(world_));
-    const int world = world_;
-    return issue(
-        "reduce_scatter_wide", what,
-        [=] {
-          std::vector<const void*> inputs;
-          for (int r = 0; r < world; ++r) {
-            inputs.push_back(chunks->data() + bytes * static_cast<std::size_t>(r));
-          }
-          sum_in_tree_order(inputs, count, dtype, recv);
-        },
-        [=, comm = comm_](MPI_Request* req) {
-          return MPI_Ialltoall(send, n, type, chunks->data(), n, type, comm, req);
-        });
+    return scatter_then_sum("reduce_scatter_wide", send, count, dtype, what,
+                            [=](const std::vector<const void*>& chunks) {
+                              sum_in_tree_order(chunks, count, dtype, recv);
+                            });
   }
 
   CommHandle all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
@@ -592,6 +565,30 @@ class MpiCommunicator final : public Communicator {
         }
       }
     };
+  }
+  // A reduce-scatter as an all-to-all (rank r's chunk j to rank j) and `sum` of the chunks this
+  // rank received, in rank order, once they are here (the in-process communicator's arithmetic;
+  // the request keeps the chunks until it is done).
+  CommHandle scatter_then_sum(const char* op, const void* send, std::int64_t count, DType dtype,
+                              std::string_view what,
+                              std::function<void(const std::vector<const void*>&)> sum) {
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    auto chunks =
+        std::make_shared<std::vector<std::byte>>(bytes * static_cast<std::size_t>(world_));
+    const int world = world_, n = static_cast<int>(count);
+    const MPI_Datatype type = type_of(dtype);
+    return issue(
+        op, what,
+        [=] {
+          std::vector<const void*> inputs;
+          for (int r = 0; r < world; ++r) {
+            inputs.push_back(chunks->data() + bytes * static_cast<std::size_t>(r));
+          }
+          sum(inputs);
+        },
+        [=, comm = comm_](MPI_Request* req) {
+          return MPI_Ialltoall(send, n, type, chunks->data(), n, type, comm, req);
+        });
   }
   // Queues the operation on the communication thread; its deadline starts now.
   CommHandle issue(const char* op, std::string_view what, std::function<void()> finish,

@@ -19,6 +19,7 @@
 #include "strata/zero/zero_provider.h"
 #include "tests/testing/backends.h"
 #include "tests/testing/in_process_ranks.h"
+#include "tests/testing/zero_bucket_checks.h"
 
 namespace strata::zero {
 namespace {
@@ -31,10 +32,7 @@ const std::vector<std::int64_t> kElems = {5000, 70, 1301, 12000, 600};
 constexpr std::int64_t kPersistenceThreshold = 100;
 constexpr int kSparseGroup = 2;  // no gradient in the global batch's first two micro-batches
 
-float param_value(int group, std::int64_t i) {
-  Rng rng(static_cast<std::uint64_t>(group) * 7919u + static_cast<std::uint64_t>(i));
-  return static_cast<float>(rng.normal());
-}
+using bucket_checks::param_value;
 // The gradient of global micro-batch `micro` of step `step`: wide exponents, so that the order
 // of every sum shows in its bits.
 float grad_value(int step, int micro, int group, std::int64_t i) {
