@@ -8,6 +8,7 @@ packages=(build-essential cmake ninja-build pkg-config ccache git
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev fio
           libpcre2-dev libutf8proc-dev libsentencepiece-dev libdnnl-dev
+          iproute2 nftables      # tools/cluster.sh: nodes as network namespaces, lossy links
           clang libclang-rt-dev  # clang and its libFuzzer: tools/fuzz.sh
           python3-matplotlib     # strata plot
           # the strata Python module and its tests (python3-torch also makes the golden data)

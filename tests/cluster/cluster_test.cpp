@@ -1,0 +1,231 @@
+// Several nodes for real: network namespaces on a bridge (tools/cluster.sh), ranks in each
+// node's namespace over TCP. The harness itself (separate addresses, each node's drive, shaped
+// links, a clean down), then ZeRO-3 with parameters and optimizer on each node's drive across 2
+// and 4 nodes of 1 rank and 2 nodes of 2: the one-node run's losses and weights bit for bit, and
+// the bytes each node sends as ZeRO-3's arithmetic says.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "tests/cluster/cluster_runs.h"
+#include "tests/testing/multirank_runs.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path).rdbuf();
+  return s.str();
+}
+
+// Every link of the cluster's name, its namespaces and its folder: what `down` must remove.
+std::string leftovers(const Cluster& c) {
+  std::string left = capture("ip netns list | grep '^" + kClusterName + "-' || true").text;
+  left += capture("ip -o link show | grep -E ': " + kClusterName + "-' || true").text;
+  if (fs::exists(c.dir())) left += c.dir() + " exists\n";
+  return left;
+}
+
+TEST(ClusterHarness, NodesAreSeparateHostsWithTheirOwnDrivesAndShapedLinks) {
+  TempDir dir;
+  Cluster c(dir);
+  STRATA_SKIP_WITHOUT_CLUSTER(c);
+  {
+    const Output o = c.up("--nodes 2 --bandwidth 200mbit");
+    ASSERT_EQ(o.rc, 0) << o.text;
+  }
+  // Each rank runs in its node's namespaces: its own host name and address, its own drive at the
+  // common path.
+  const Output ranks = capture(
+      c.mpirun(dir, 2) +
+      "sh -c 'echo rank $OMPI_COMM_WORLD_RANK host $(hostname) addr $(ip -4 -o addr show eth0 | "
+      "awk \"{print \\$4}\") drive $(findmnt -n -o SOURCE " +
+      c.drive() + ")'");
+  ASSERT_EQ(ranks.rc, 0) << ranks.text;
+  EXPECT_NE(
+      ranks.text.find("rank 0 host " + kClusterName + "-n0 addr " + kClusterSubnet + ".1/24 drive"),
+      std::string::npos)
+      << ranks.text;
+  EXPECT_NE(
+      ranks.text.find("rank 1 host " + kClusterName + "-n1 addr " + kClusterSubnet + ".2/24 drive"),
+      std::string::npos)
+      << ranks.text;
+  EXPECT_NE(ranks.text.find("node0/drive]"), std::string::npos) << ranks.text;
+  EXPECT_NE(ranks.text.find("node1/drive]"), std::string::npos) << ranks.text;
+
+  // The link carries what tbf lets through: 200 Mbit/s, measured over 16 MB (the first 64 KiB
+  // bucket passes at once: 0.4% of them). Unshaped, the same link is several times faster.
+  const std::regex rate(R"(([0-9.]+) Mbit/s)");
+  std::smatch m;
+  const Output shaped = capture(c.tool("measure 0 1 16"));
+  ASSERT_TRUE(std::regex_search(shaped.text, m, rate)) << shaped.text;
+  const double shaped_mbit = std::stod(m[1]);
+  EXPECT_GT(shaped_mbit, 200 * 0.85) << shaped.text;
+  EXPECT_LT(shaped_mbit, 200 * 1.02) << shaped.text;
+  {
+    const Output o = c.up("--nodes 2");
+    ASSERT_EQ(o.rc, 0) << o.text;
+  }
+  const Output open = capture(c.tool("measure 0 1 64"));
+  ASSERT_TRUE(std::regex_search(open.text, m, rate)) << open.text;
+  EXPECT_GT(std::stod(m[1]), 3 * shaped_mbit) << open.text;
+
+  c.down();
+  EXPECT_EQ(leftovers(c), "");
+}
+
+TEST(ClusterHarness, DownLeavesNothingAfterAFailedRunAndBadOptionsAreNamed) {
+  TempDir dir;
+  Cluster c(dir);
+  STRATA_SKIP_WITHOUT_CLUSTER(c);
+  ASSERT_EQ(c.up("--nodes 2 --loss 1").rc, 0);
+  // A job left hanging in a node (as a rank waiting on a lost peer would be).
+  capture(c.tool("exec 1 sh -c 'sleep 600 >/dev/null 2>&1 &'"));
+  EXPECT_NE(capture("ip netns pids " + kClusterName + "-n1").text, "");
+  c.down();
+  EXPECT_EQ(leftovers(c), "");
+
+  Output o = c.up("--nodes 2 --bandwidth fast");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_NE(o.text.find("--bandwidth 'fast': expected a number and one of bit"), std::string::npos)
+      << o.text;
+  o = c.up("--nodes 2 --loss 150");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_NE(o.text.find("--loss '150': expected at most 100"), std::string::npos) << o.text;
+  // netem (added latency) is a module this class of machine's kernel lacks: refused with the
+  // reason rather than run without the latency asked for; where the kernel has it, it is used.
+  o = c.up("--nodes 2 --latency 5");
+  if (o.rc != 0) {
+    EXPECT_NE(o.text.find("has no netem qdisc"), std::string::npos) << o.text;
+  }
+  c.down();
+  EXPECT_EQ(leftovers(c), "");
+}
+
+// ZeRO-3, parameters and optimizer state on each node's drive, fp32, with the canonical sums.
+Json zero3_nvme(const TempDir& dir, const Cluster& c, const std::string& name) {
+  Json j = config(dir, name);
+  j["zero_stage"] = 3;
+  j["offload_param"] = "nvme";
+  j["offload_optimizer"] = "nvme";
+  j["save_every"] = 0;
+  j["swap_paths"] = {c.drive() + "/" + name + "-{rank}"};
+  return j;
+}
+
+struct ClusterRun {
+  int rc = -1;
+  std::string err;
+  std::vector<double> loss;
+  std::vector<float> w;
+  std::map<int, double> sent;  // each node's bytes on its link during the run
+};
+ClusterRun train_on(const TempDir& dir, const Cluster& c, const Json& j, const std::string& name,
+                    int np) {
+  fs::create_directories(dir.file(name));
+  dir.write(name + "/config.json", j.dump());
+  const std::map<int, double> before = c.sent();
+  ClusterRun r;
+  r.rc = run(c.mpirun(dir, np) + STRATA_CLI + " train " + dir.file(name + "/config.json") + " >" +
+             dir.file(name + "/out.txt") + " 2>" + dir.file(name + "/err.txt"));
+  for (const auto& [node, bytes] : c.sent()) r.sent[node] = bytes - before.at(node);
+  r.err = read(dir.file(name + "/err.txt"));
+  r.loss = losses(dir.file(name + "/metrics.jsonl"));
+  r.w = weights(j["save_dir"].get<std::string>() + "/step-00000003/model");
+  return r;
+}
+
+TEST(ClusterTraining, Zero3OnEachNodesDriveTrainsTheOneNodeRunBitForBit) {
+  TempDir dir;
+  Cluster c(dir);
+  STRATA_SKIP_WITHOUT_CLUSTER(c);
+  // The reference: one rank, no network.
+  Json ref = zero3_nvme(dir, c, "one");
+  ref["swap_paths"] = {dir.file("one/swap-{rank}")};
+  ASSERT_EQ(run_train(dir, ref, "one", 1), 0) << read(dir.file("one/err.txt"));
+  const std::vector<double> ref_loss = losses(dir.file("one/metrics.jsonl"));
+  const std::vector<float> ref_w = weights(dir.file("one/ckpt/step-00000003/model"));
+  ASSERT_EQ(ref_loss.size(), 3u);
+
+  // Nodes x ranks each; the last drops 1% of the packets each node sends: TCP sends them again,
+  // and training goes on, slower, with the same bits.
+  struct Shape {
+    int nodes, slots;
+    bool lossy;
+  };
+  for (const Shape s :
+       {Shape{2, 1, false}, Shape{4, 1, false}, Shape{2, 2, false}, Shape{2, 1, true}}) {
+    const std::string name =
+        "n" + std::to_string(s.nodes) + "x" + std::to_string(s.slots) + (s.lossy ? "-lossy" : "");
+    SCOPED_TRACE(name);
+    const Output o = c.up("--nodes " + std::to_string(s.nodes) + " --slots " +
+                          std::to_string(s.slots) + (s.lossy ? " --loss 1" : ""));
+    ASSERT_EQ(o.rc, 0) << o.text;
+    const ClusterRun r = train_on(dir, c, zero3_nvme(dir, c, name), name, s.nodes * s.slots);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    expect_same_bits(r.loss, ref_loss, r.w, ref_w);
+    // Each rank's swap was on its own node's drive, and nowhere else.
+    for (int rank = 0; rank < s.nodes * s.slots; ++rank) {
+      for (int node = 0; node < s.nodes; ++node) {
+        EXPECT_EQ(fs::exists(c.node_drive(node) + "/" + name + "-" + std::to_string(rank)),
+                  node == rank / s.slots)
+            << "rank " << rank << " on node " << node << "'s drive";
+      }
+    }
+    // Every node's ranks spoke over its link (and lost packets on the lossy one).
+    for (int node = 0; node < s.nodes; ++node) EXPECT_GT(r.sent.at(node), 0) << "node " << node;
+    if (s.lossy) {
+      const std::regex dropped(R"(dropped ([0-9]+) packets)");
+      std::smatch m;
+      const std::string b = c.bytes().text;
+      ASSERT_TRUE(std::regex_search(b, m, dropped)) << b;
+      EXPECT_GT(std::stol(m[1]), 0) << b;
+    }
+  }
+}
+
+// What each node sends under ZeRO-3 is its arithmetic: each micro-batch gathers every parameter
+// for the forward and again for the backward (each rank sends its shard to the D-1 others,
+// (D-1)/D of the model, whatever MPI's algorithm) and reduce-scatters every gradient ((D-1)/D
+// again, as an all-to-all); at the end, the save gathers the weights on rank 0 (every other rank
+// sends its shard, 1/D). With 9000-byte frames, Ethernet, IP and TCP headers and the ACKs add
+// about 1%; the step's small sums (loss, gradient norm) well under that.
+TEST(ClusterTraining, BytesEachNodeSendsAreZero3sArithmetic) {
+  TempDir dir;
+  Cluster c(dir);
+  STRATA_SKIP_WITHOUT_CLUSTER(c);
+  for (const int nodes : {2, 4}) {
+    const std::string name = "bytes" + std::to_string(nodes);
+    SCOPED_TRACE(name);
+    ASSERT_EQ(c.up("--nodes " + std::to_string(nodes)).rc, 0);
+    Json j = zero3_nvme(dir, c, name);
+    j["model"]["hidden_size"] = 256;
+    j["model"]["intermediate_size"] = 688;
+    j["model"]["num_hidden_layers"] = 3;
+    const ClusterRun r = train_on(dir, c, j, name, nodes);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const double params = static_cast<double>(r.w.size());
+    const double d = nodes;
+    const int steps = 3;
+    const double micro_batches =
+        j["batch_size"].get<double>() / j["micro_batch_size"].get<double>() / d;
+    const double per_step = micro_batches * 3.0 * (d - 1) / d * params * 4.0;
+    for (int node = 0; node < nodes; ++node) {
+      const double theory = steps * per_step + (node == 0 ? 0.0 : params / d * 4.0);
+      EXPECT_NEAR(r.sent.at(node) / theory, 1.0, 0.05)
+          << "node " << node << " sent " << r.sent.at(node) << " bytes; ZeRO-3's arithmetic "
+          << theory << " (" << params << " parameters, " << micro_batches
+          << " micro-batch(es) a step on each of " << nodes << " ranks)";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing
