@@ -79,7 +79,7 @@ class CommThread {
     {
       std::lock_guard lock(mu_);
       if (failed_) {
-        p.done.set_value(kFailedText);
+        p.done.set_value(failed_text_);
         return done;
       }
       queue_.push_back(std::move(p));
@@ -91,9 +91,11 @@ class CommThread {
   // moves only inside MPI calls, so it can no longer write into buffers its waiter gave up on
   // (and freed); the run is ending with that timeout's error anyway. Later operations fail at
   // once, naming the cause.
-  void fail() {
+  // `why`: the operation that timed out, named in what every later one answers.
+  void fail(const std::string& why) {
     {
       std::lock_guard lock(mu_);
+      if (!failed_) failed_text_ = "not run: " + why + ", and this process makes no more MPI calls";
       failed_ = true;
     }
     cv_.notify_one();
@@ -123,9 +125,6 @@ class CommThread {
     std::promise<std::string> done;
     StartFn start;  // keeps what it captured (results MPI writes on completion) alive until then
   };
-  static constexpr const char* kFailedText =
-      "not run: an earlier MPI operation on this rank timed out, and this process makes no more "
-      "MPI calls";
   // Longest pause between tests of in-flight operations: bounds the latency added to each round
   // of a collective's schedule, and the CPU the thread takes while waiting (see class comment).
   static constexpr std::chrono::microseconds kMaxBackoff{100};
@@ -145,8 +144,8 @@ class CommThread {
         if (stop_) break;
         batch.swap(queue_);
         if (failed_) {
-          for (Pending& p : batch) p.done.set_value(kFailedText);
-          for (Active& a : active_) a.done.set_value(kFailedText);
+          for (Pending& p : batch) p.done.set_value(failed_text_);
+          for (Active& a : active_) a.done.set_value(failed_text_);
           active_.clear();  // never tested again; their keep-alives are released
           backoff = std::chrono::microseconds(0);
           continue;
@@ -198,6 +197,7 @@ class CommThread {
   std::deque<Pending> queue_;  // guarded by mu_
   bool stop_ = false;          // guarded by mu_
   bool failed_ = false;        // guarded by mu_
+  std::string failed_text_;    // guarded by mu_
   std::list<Active> active_;   // only touched by the thread
   std::thread thread_;         // last: starts after every member above is constructed
 };
@@ -229,8 +229,9 @@ Status timed_out(int rank, const std::string& what) {
 Status wait_for_op(std::future<std::string>& done, int rank, const std::string& what,
                    std::chrono::steady_clock::time_point deadline) {
   if (done.wait_until(deadline) != std::future_status::ready) {
-    runtime().thread->fail();
-    return timed_out(rank, what);
+    Status s = timed_out(rank, what);
+    runtime().thread->fail("an earlier operation on this rank timed out (" + s.message() + ")");
+    return s;
   }
   const std::string error = done.get();
   if (!error.empty()) {

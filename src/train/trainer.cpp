@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <sstream>
 
 #include "src/train/checkpoint_saver.h"
 #include "src/train/evaluator.h"
@@ -16,6 +17,7 @@
 #include "src/train/step_batch.h"
 #include "src/train/step_recorder.h"
 #include "strata/core/clock.h"
+#include "strata/core/file.h"
 #include "strata/core/logging.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
@@ -70,6 +72,7 @@ struct Trainer::Impl {
   std::unique_ptr<CheckpointSaver> saver;
 
   Status setup();
+  Status keep_metrics_until(std::int64_t last);
   // `finish`: wait for the step's optimizer update before returning (the last step of a run).
   Result<StepMetrics> train_step(bool finish);
   // Without a pipeline: the step's micro-batches in turn; each one's loss (share weighted) to
@@ -322,11 +325,43 @@ Status Trainer::Impl::setup() {
     std::error_code ec;
     const auto parent = std::filesystem::path(config.metrics_file).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    // A resume keeps the lines of the steps up to its checkpoint's: the steps after it, trained
+    // before the run stopped, are trained again (each step once in the file).
+    if (!options.resume_dir.empty()) STRATA_RETURN_IF_ERROR(keep_metrics_until(step));
     metrics.open(config.metrics_file, options.resume_dir.empty() ? std::ios::trunc : std::ios::app);
     if (!metrics)
       return io_error("cannot open metrics file " + config.metrics_file + " for writing");
   }
   return Status::ok();
+}
+
+// Rewrites the metrics file (atomically) without the lines of steps after `last`; a file that
+// does not exist yet is left so.
+Status Trainer::Impl::keep_metrics_until(std::int64_t last) {
+  auto text = read_file(config.metrics_file);
+  if (!text.is_ok()) return Status::ok();
+  std::string kept;
+  std::istringstream in(*text);
+  std::string line;
+  bool dropped = false;
+  for (int number = 1; std::getline(in, line); ++number) {
+    Json j;
+    try {
+      j = Json::parse(line);
+    } catch (const Json::exception&) {
+      // A line cut short by the stop: nothing after it is kept either.
+      dropped = true;
+      break;
+    }
+    if (j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<std::int64_t>() > last) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (!dropped) return Status::ok();
+  return write_file_atomic(config.metrics_file, kept);
 }
 
 Result<StepMetrics> Trainer::Impl::train_step(bool finish) {

@@ -5,10 +5,13 @@
 // the bytes each node sends as ZeRO-3's arithmetic says.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "tests/cluster/cluster_runs.h"
 #include "tests/testing/multirank_runs.h"
@@ -225,6 +228,116 @@ TEST(ClusterTraining, BytesEachNodeSendsAreZero3sArithmetic) {
           << " micro-batch(es) a step on each of " << nodes << " ranks)";
     }
   }
+}
+
+// strata launch over the cluster's hostfile, with `fault` (a cluster.sh command) done once the
+// run's metrics hold `at_step` steps; returns launch's output and exit code.
+struct Launched {
+  int rc = -1;
+  std::string out;
+  double seconds = 0;
+};
+Launched launch_with_fault(const TempDir& dir, const Cluster& c, const Json& j,
+                           const std::string& name, int ranks, int at_step,
+                           const std::string& fault) {
+  fs::create_directories(dir.file(name));
+  dir.write(name + "/config.json", j.dump());
+  const std::string metrics = j["metrics_file"].get<std::string>();
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done) {
+      if (losses(metrics).size() >= static_cast<std::size_t>(at_step)) {
+        capture(c.tool(fault));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Launched l;
+  l.rc = run("OMPI_MCA_orte_tmpdir_base=" + dir.path() + " " + c.tool("run") + " " + STRATA_CLI +
+             " launch --ranks " + std::to_string(ranks) + " --hostfile " + c.hostfile() +
+             " --host-timeout-s 5 --max-restarts 1 --mpirun-args '--map-by slot --bind-to none' "
+             "-- " +
+             dir.file(name + "/config.json") + " >" + dir.file(name + "/launch.out") + " 2>&1");
+  l.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  done = true;
+  watcher.join();
+  l.out = read(dir.file(name + "/launch.out"));
+  return l;
+}
+
+// A run long enough to be cut in the middle: links of 20 Mbit/s carry a step's ZeRO-3 traffic in
+// a few tenths of a second; a checkpoint every step; 5 s for a collective.
+Json faulted(const TempDir& dir, const Cluster& c, const std::string& name) {
+  Json j = zero3_nvme(dir, c, name);
+  j["max_steps"] = 8;
+  j["save_every"] = 1;
+  j["dist_timeout_s"] = 5;
+  return j;
+}
+
+std::vector<std::int64_t> steps_of(const std::string& metrics) {
+  std::vector<std::int64_t> steps;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) steps.push_back(Json::parse(line)["step"].get<std::int64_t>());
+  return steps;
+}
+
+// A node's cable pulled in the middle of a step: the rank left on the other node ends within
+// dist_timeout_s naming the collective; mpirun, which then waits for the cut node's daemon
+// forever, is ended by launch; launch finds the cut node no longer answers, restarts on the node
+// left from the latest checkpoint with the global batch kept (more micro-batches on one rank)
+// and finishes: every step once, the losses of the uninterrupted one-rank run bit for bit.
+TEST(ClusterFaults, ALinkPulledMidStepEndsTheJobAndLaunchGoesOnWithTheNodeLeft) {
+  TempDir dir;
+  Cluster c(dir);
+  STRATA_SKIP_WITHOUT_CLUSTER(c);
+  Json ref = faulted(dir, c, "ref");
+  ref["swap_paths"] = {dir.file("ref/swap-{rank}")};
+  ASSERT_EQ(run_train(dir, ref, "ref", 1), 0) << read(dir.file("ref/err.txt"));
+  const std::vector<double> ref_loss = losses(dir.file("ref/metrics.jsonl"));
+  ASSERT_EQ(ref_loss.size(), 8u);
+
+  ASSERT_EQ(c.up("--nodes 2 --bandwidth 20mbit").rc, 0);
+  const Json j = faulted(dir, c, "cut");
+  const Launched l = launch_with_fault(dir, c, j, "cut", 2, 3, "link 1 down");
+  ASSERT_EQ(l.rc, 0) << l.out;
+  EXPECT_NE(l.out.find("did not complete in time"), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("host " + kClusterSubnet + ".2 did not start a process within 5 s"),
+            std::string::npos)
+      << l.out;
+  EXPECT_NE(l.out.find("attempt 2: 1 rank(s), resuming from"), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("finished after 1 restart(s)"), std::string::npos) << l.out;
+  EXPECT_EQ(steps_of(j["metrics_file"]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(losses(j["metrics_file"]), ref_loss);
+  // The timeout (5 s), launch's wait for mpirun (10 s at least), the probe of the hosts (5 s)
+  // and the runs themselves: no hang.
+  EXPECT_LT(l.seconds, 120) << l.out;
+}
+
+// A node's processes killed (the node crashed and rebooted): mpirun hears its daemon is gone and
+// ends the job; the node answers again, so the restart runs on both nodes: the losses of the
+// uninterrupted run bit for bit.
+TEST(ClusterFaults, ANodesProcessesKilledAndTheNodeIsUsedAgainWhenItAnswers) {
+  TempDir dir;
+  Cluster c(dir);
+  STRATA_SKIP_WITHOUT_CLUSTER(c);
+  Json ref = faulted(dir, c, "ref");
+  ref["swap_paths"] = {dir.file("ref/swap-{rank}")};
+  ASSERT_EQ(run_train(dir, ref, "ref", 1), 0) << read(dir.file("ref/err.txt"));
+  const std::vector<double> ref_loss = losses(dir.file("ref/metrics.jsonl"));
+
+  ASSERT_EQ(c.up("--nodes 2 --bandwidth 20mbit").rc, 0);
+  const Json j = faulted(dir, c, "killed");
+  const Launched l = launch_with_fault(dir, c, j, "killed", 2, 3, "kill 1");
+  ASSERT_EQ(l.rc, 0) << l.out;
+  EXPECT_NE(l.out.find("attempt 2: 2 rank(s), resuming from"), std::string::npos) << l.out;
+  EXPECT_EQ(l.out.find("did not start a process"), std::string::npos) << l.out;
+  EXPECT_EQ(steps_of(j["metrics_file"]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(losses(j["metrics_file"]), ref_loss);
+  EXPECT_LT(l.seconds, 120) << l.out;
 }
 
 }  // namespace

@@ -27,9 +27,19 @@ TEST(TrainTest, ResumeIsBitIdenticalToUninterrupted) {
     ASSERT_TRUE((*t)->save().is_ok());
   }
   ASSERT_TRUE(fs::exists(dir.file("resume/latest")));
+  // A run that went on past its checkpoint before it stopped: its metrics file holds step 4 and
+  // a line the stop cut short.
+  {
+    std::ofstream m(dir.file("metrics.jsonl"));
+    for (int s = 1; s <= 4; ++s)
+      m << R"({"step": )" << s << R"(, "loss": 1.0})"
+        << "\n";
+    m << R"({"step": 5, "lo)";
+  }
 
   Json second = j;
   second["save_dir"] = dir.file("resume");
+  second["metrics_file"] = dir.file("metrics.jsonl");
   auto t = make_trainer(second, dir.file("resume"));
   ASSERT_TRUE(t.is_ok()) << t.status().message();
   EXPECT_EQ((*t)->step(), 3);
@@ -38,6 +48,14 @@ TEST(TrainTest, ResumeIsBitIdenticalToUninterrupted) {
   ASSERT_EQ(tail.size(), 3u);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(tail[static_cast<std::size_t>(i)], full[static_cast<std::size_t>(3 + i)]) << i;
+  t->reset();
+  // The metrics file holds each step once: the resume dropped the first step 4 and the cut line.
+  std::vector<std::int64_t> steps;
+  std::ifstream in(dir.file("metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    steps.push_back(Json::parse(line)["step"].get<std::int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}));
 }
 
 // A checkpoint of format_version 1 (a group's tensors on 64-element boundaries in the saved
