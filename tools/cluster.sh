@@ -187,6 +187,10 @@ up() {
       shape "" "$link" "$bandwidth" # what it receives
     fi
     if ((loss_per_10000 > 0)); then
+      # One packet a wire frame, as a real link loses them (not a 64 KiB segmentation-offload
+      # packet at once).
+      ip -n "$ns" link set eth0 gso_max_segs 1
+      ip link set "$link" gso_max_segs 1
       ip netns exec "$ns" nft -f - <<EOF
 table inet strata_loss {
   chain out {

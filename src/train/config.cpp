@@ -495,6 +495,9 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
   }
   read_enum(r, "dist_backend", &c.dist_backend, dist::kCommBackends, dist::comm_backend_name);
   r.read("dist_timeout_s", &c.dist_timeout_s, 1);
+  r.read("ranks_per_node", &c.ranks_per_node, 0, 1 << 20);
+  r.read("intra_node_bytes_per_s", &c.intra_node_bytes_per_s, 0.0);
+  r.read("inter_node_bytes_per_s", &c.inter_node_bytes_per_s, 0.0);
   read_offload(r, "offload_optimizer", &c.offload_optimizer, &c.offload_optimizer_auto);
   read_offload(r, "offload_param", &c.offload_param, &c.offload_param_auto);
   read_enum(r, "activation_offload", &c.activation_offload, kTiers, zero::offload_name);

@@ -184,7 +184,16 @@ std::string EstimateReport::describe() const {
   if (rates.nvme_mixed_bytes.measured) {
     o << rate_line("nvme reads and writes at once", rates.nvme_mixed_bytes, 1e9, "GB/s each way");
   }
-  if (planned().ranks > 1) o << rate_line("collectives", rates.comm_bytes, 1e9, "GB/s");
+  const int ranks = planned().ranks, per_node = c.ranks_per_node;
+  if (ranks > 1) {
+    o << rate_line(per_node > 0 && per_node < ranks ? "collectives within a node" : "collectives",
+                   rates.comm_bytes, 1e9, "GB/s");
+  }
+  if (per_node > 0 && per_node < ranks) {
+    const std::string what = "a node's link to the others (" + std::to_string(per_node) +
+                             " rank(s) a node, ranks_per_node)";
+    o << rate_line(what.c_str(), rates.inter_node_bytes, 1e9 / 8, "Gbit/s each way");
+  }
   return o.str();
 }
 

@@ -479,8 +479,16 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   } catch (const std::bad_alloc&) {
     r.memory_bytes = {0, false, "not measured: no host memory for the probe"};
   }
-  r.comm_bytes = {kAssumedCommBytesPerS, false,
-                  "assumed (MPI over shared memory; one process cannot time a collective)"};
+  r.comm_bytes = config.intra_node_bytes_per_s > 0
+                     ? Rate{config.intra_node_bytes_per_s, false, "given by intra_node_bytes_per_s"}
+                     : Rate{kAssumedCommBytesPerS, false,
+                            "assumed (MPI over shared memory; one process cannot time a "
+                            "collective; intra_node_bytes_per_s gives it)"};
+  r.inter_node_bytes =
+      config.inter_node_bytes_per_s > 0
+          ? Rate{config.inter_node_bytes_per_s, false, "given by inter_node_bytes_per_s"}
+          : Rate{r.comm_bytes.per_s, false,
+                 "not given (inter_node_bytes_per_s): taken as the rate within a node"};
   return r;
 }
 
@@ -494,7 +502,8 @@ Json MachineRates::to_json() const {
               {"nvme_read_bytes", rate_json(nvme_read_bytes)},
               {"nvme_write_bytes", rate_json(nvme_write_bytes)},
               {"nvme_mixed_bytes", rate_json(nvme_mixed_bytes)},
-              {"comm_bytes", rate_json(comm_bytes)}};
+              {"comm_bytes", rate_json(comm_bytes)},
+              {"inter_node_bytes", rate_json(inter_node_bytes)}};
 }
 
 }  // namespace strata::train

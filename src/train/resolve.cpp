@@ -1,8 +1,13 @@
 // A config resolved once for a run or an estimate (resolve.h).
 #include "strata/train/resolve.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +34,61 @@ Status check_same_config(const TrainConfig& config, dist::Communicator& comm) {
   return Status::ok();
 }
 
+std::string gb_per_s(double bytes_per_s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g GB/s", bytes_per_s / 1e9);
+  return buf;
+}
+
+// The run's nodes, from each rank's host name: the node of each rank (numbered by their first
+// rank) and the host name of this one.
+struct Nodes {
+  std::vector<int> of_rank;
+  int count = 1;
+  std::string host;
+  // Ranks on the node with the fewest.
+  int smallest() const {
+    std::vector<int> n(static_cast<std::size_t>(count), 0);
+    for (const int k : of_rank) ++n[static_cast<std::size_t>(k)];
+    return *std::min_element(n.begin(), n.end());
+  }
+};
+Result<Nodes> find_nodes(dist::Communicator& comm) {
+  Nodes nodes;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  nodes.host = name;
+  const std::uint64_t mine = std::hash<std::string>{}(nodes.host);
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.world_size()));
+  STRATA_RETURN_IF_ERROR(comm.all_gather_host(&mine, all.data(), 1, "host names"));
+  std::vector<std::uint64_t> seen;
+  for (const std::uint64_t h : all) {
+    const auto at = std::find(seen.begin(), seen.end(), h);
+    nodes.of_rank.push_back(static_cast<int>(at - seen.begin()));
+    if (at == seen.end()) seen.push_back(h);
+  }
+  nodes.count = static_cast<int>(seen.size());
+  return nodes;
+}
+
+// Each tensor-parallel group inside one node (Megatron's rule: its all-reduces run every layer).
+Status check_tensor_groups(const Nodes& nodes, int tensor, int rank) {
+  for (std::size_t r = 0; r < nodes.of_rank.size(); ++r) {
+    const std::size_t first = r - r % static_cast<std::size_t>(tensor);
+    if (nodes.of_rank[r] == nodes.of_rank[first]) continue;
+    return invalid_argument(
+        "tensor_parallel_size " + std::to_string(tensor) + " puts ranks " + std::to_string(first) +
+        " and " + std::to_string(r) +
+        " in one tensor-parallel group, but they run on different nodes (this rank, " +
+        std::to_string(rank) + ", on " + nodes.host +
+        "): a tensor group's all-reduces run every layer and must stay inside a node. Start the "
+        "ranks node by node (mpirun's default, --map-by slot; not --map-by node) with a multiple "
+        "of " +
+        std::to_string(tensor) + " ranks on each node");
+  }
+  return Status::ok();
+}
+
 // Rank 0's values for every rank of a run (timings differ between ranks, and ranks choosing
 // differently would not run the same collectives); the values as they are without one.
 Status take_rank_zeros(dist::Communicator* comm, std::vector<std::uint64_t>* values,
@@ -48,6 +108,24 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
   const int world = options.world;
   if (options.comm != nullptr && world > 1) {
     STRATA_RETURN_IF_ERROR(check_same_config(config, *options.comm));
+  }
+  // Where the ranks run: the node layout the step model and the grid planner use.
+  std::optional<Nodes> nodes;
+  if (options.comm != nullptr && world > 1) {
+    STRATA_ASSIGN_OR_RETURN(nodes, find_nodes(*options.comm));
+    if (nodes->count > 1) {
+      config.ranks_per_node = nodes->smallest();
+      r.choices.push_back(
+          "nodes: " + std::to_string(nodes->count) + ", at least " +
+          std::to_string(config.ranks_per_node) +
+          " rank(s) each (by host name); collectives between them at " +
+          (config.inter_node_bytes_per_s > 0
+               ? gb_per_s(config.inter_node_bytes_per_s) + " (inter_node_bytes_per_s)"
+               : std::string("the rate within a node (inter_node_bytes_per_s "
+                             "not given)")));
+    } else {
+      config.ranks_per_node = world;
+    }
   }
   const auto rates = [&]() -> const MachineRates& {
     if (!r.rates) {
@@ -98,6 +176,7 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
   if (options.comm != nullptr) {
     STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, world / (tp * pp)));
   }
+  if (nodes && tp > 1) STRATA_RETURN_IF_ERROR(check_tensor_groups(*nodes, tp, options.rank));
   r.shape = {world / (tp * pp), tp, pp};
   if (config.deterministic_reduction_auto) {
     // Several data-parallel ranks (or a resume of a run that had it): the same bits on any number

@@ -84,7 +84,8 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
   const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
   const double stretch = config.pipeline_stretch(data_ranks);
   return (step_ms / stages + tensor_parallel_ms(config, ranks, rates)) * stretch +
-         pipeline_boundary_ms(config, rates) + zero_comm_ms(config, params, ranks, rates);
+         pipeline_boundary_ms(config, ranks, rates) + zero_comm_ms(config, params, ranks, rates) +
+         pipeline_traffic_ms(config, ranks, rates);
 }
 
 }  // namespace strata::train

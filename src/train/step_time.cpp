@@ -17,14 +17,51 @@ double ms(double bytes_or_flops, const Rate& r) {
   return r.per_s > 0 ? bytes_or_flops / r.per_s * 1e3 : 0.0;
 }
 
+namespace {
+
+int data_ranks_of(const TrainConfig& config, int ranks) {
+  return ranks / (config.tensor_parallel_size * config.pipeline_parallel_size);
+}
+
+// Ranks on a node: the config's, or every rank on one.
+int node_ranks(const TrainConfig& config, int ranks) {
+  return config.ranks_per_node > 0 ? std::min(config.ranks_per_node, ranks) : ranks;
+}
+
+// A node's link to the others (where given; else the rate within a node).
+const Rate& between_nodes(const MachineRates& rates) {
+  return rates.inter_node_bytes.per_s > 0 ? rates.inter_node_bytes : rates.comm_bytes;
+}
+
+// `bytes` each rank of a group of `members` sends in a collective where each sends (n - 1) / n
+// of them, `local` of the members on each node and `senders` ranks of a node sending at once:
+// the share to the members on its own node at the rate within a node, the rest through the
+// node's one link, shared by the senders, at once.
+double group_ms(double bytes, int members, int local, int senders, const MachineRates& rates) {
+  local = std::clamp(local, 1, members);
+  const double within = ms(bytes * (local - 1) / members, rates.comm_bytes);
+  if (local == members) return within;
+  return std::max(within, ms(bytes * (members - local) / members * senders, between_nodes(rates)));
+}
+
+}  // namespace
+
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates) {
-  const double split = config.tensor_parallel_size * config.pipeline_parallel_size;
-  const double data = ranks / split;
+  const int tensor = config.tensor_parallel_size;
+  const double split = tensor * config.pipeline_parallel_size;
+  const int data = data_ranks_of(config, ranks);
   if (data <= 1) return 0;
-  return ms(3.0 * parameters / split * static_cast<double>(dtype_size(config.precision)) *
-                (data - 1) / data,
-            rates.comm_bytes);
+  // Stage 3 gathers every micro-batch's parameters twice and reduces its gradients; stages 1
+  // and 2 reduce each micro-batch's gradients and gather the updated parameters once a step.
+  const double accum = static_cast<double>(config.accumulation_steps(data));
+  const double passes = config.zero_stage >= 3 ? 3.0 * accum : accum + 1.0;
+  const double bytes =
+      passes * parameters / split * static_cast<double>(dtype_size(config.precision));
+  // A rank's data-parallel peers are T ranks apart (tensor groups adjacent): a node of L ranks
+  // holds L / T of a group, and all its L ranks send at once.
+  const int node = node_ranks(config, ranks);
+  return group_ms(bytes, data, node / tensor, node, rates);
 }
 
 namespace {
@@ -33,9 +70,6 @@ double activation_bytes_of(const TrainConfig& config) {
   return static_cast<double>(config.micro_batch_size) * static_cast<double>(config.seq_len) *
          static_cast<double>(config.model.hidden_size) *
          static_cast<double>(dtype_size(config.precision));
-}
-int data_ranks_of(const TrainConfig& config, int ranks) {
-  return ranks / (config.tensor_parallel_size * config.pipeline_parallel_size);
 }
 }  // namespace
 
@@ -71,16 +105,36 @@ double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRat
     }
     bytes += accum * layers * per_micro_batch * eb;
   }
-  return ms(bytes, rates.comm_bytes);
+  // A tensor group larger than a node (which the grid avoids) crosses the nodes' links.
+  const int node = node_ranks(config, ranks);
+  return tensor <= node ? ms(bytes, rates.comm_bytes) : group_ms(bytes, tensor, node, node, rates);
 }
 
-double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates) {
+namespace {
+// Where a pipeline spans nodes (each stage's T x D ranks a block of world ranks, a node's L ranks
+// another), some boundary crosses a node's link, which that stage's ranks on the node share,
+// sending at once: the rate of the slowest boundary; else the rate within a node.
+struct BoundaryLink {
+  const Rate* rate;
+  double senders;
+};
+BoundaryLink boundary_link(const TrainConfig& config, int ranks, const MachineRates& rates) {
+  const int stage = config.tensor_parallel_size * data_ranks_of(config, ranks);
+  const int node = node_ranks(config, ranks);
+  if (stage * config.pipeline_parallel_size <= node) return {&rates.comm_bytes, 1.0};
+  return {&between_nodes(rates), static_cast<double>(std::min(stage, node))};
+}
+double boundary_bytes(const TrainConfig& config) {
+  return activation_bytes_of(config) / (config.sequence_parallel ? config.tensor_parallel_size : 1);
+}
+}  // namespace
+
+double pipeline_boundary_ms(const TrainConfig& config, int ranks, const MachineRates& rates) {
   const int p = config.pipeline_parallel_size;
   if (p <= 1) return 0;
   const double hops = static_cast<double>(p * config.virtual_stages - 1);
-  const double bytes =
-      activation_bytes_of(config) / (config.sequence_parallel ? config.tensor_parallel_size : 1);
-  double total = 2.0 * hops * ms(bytes, rates.comm_bytes);
+  const BoundaryLink link = boundary_link(config, ranks, rates);
+  double total = 2.0 * hops * ms(boundary_bytes(config) * link.senders, *link.rate);
   // Tied embeddings: the first stage sends the last the embedding (this rank's vocabulary rows)
   // before the step's first forward. The head's part of each micro-batch's embedding gradient
   // goes back while the stages compute.
@@ -89,9 +143,19 @@ double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates
                              static_cast<double>(config.model.hidden_size) *
                              static_cast<double>(dtype_size(config.precision)) /
                              config.tensor_parallel_size;
-    total += ms(embedding, rates.comm_bytes);
+    total += ms(embedding * link.senders, *link.rate);
   }
   return total;
+}
+
+double pipeline_traffic_ms(const TrainConfig& config, int ranks, const MachineRates& rates) {
+  if (config.pipeline_parallel_size <= 1) return 0;
+  const double accum = static_cast<double>(config.accumulation_steps(data_ranks_of(config, ranks)));
+  const BoundaryLink link = boundary_link(config, ranks, rates);
+  // A middle stage sends each micro-batch's activations on and its gradients back (the interleaved
+  // schedule each chunk's).
+  return ms(2.0 * accum * config.virtual_stages * boundary_bytes(config) * link.senders,
+            *link.rate);
 }
 
 namespace {
@@ -212,14 +276,16 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
             : ms(read, rates.nvme_read_bytes) + ms(write, rates.nvme_write_bytes);
     st.optimizer_ms = std::max(st.optimizer_ms, streamed);
   }
-  st.comm_ms = zero_comm_ms(config, static_cast<double>(e.parameters), e.ranks, rates);
+  // ZeRO's collectives and the pipeline's steady sends share the links; they run beside compute.
+  st.comm_ms = zero_comm_ms(config, static_cast<double>(e.parameters), e.ranks, rates) +
+               pipeline_traffic_ms(config, e.ranks, rates);
   st.tensor_ms = tensor_parallel_ms(config, e.ranks, rates);
   // Pipeline stages: the work above is the average stage's; the costliest stage's, stretched by
   // the fill and drain, sets the step, and the first micro-batch's activations cross every
   // boundary forward and its gradients back before the pipeline is full and after it drains.
   const double stretch = config.pipeline_stretch(data_ranks_of(config, e.ranks));
   st.bubble_ms = (st.compute_ms + st.tensor_ms) * (stretch - 1.0);
-  st.boundary_ms = pipeline_boundary_ms(config, rates);
+  st.boundary_ms = pipeline_boundary_ms(config, e.ranks, rates);
   const double critical = st.compute_ms + st.tensor_ms + st.bubble_ms + st.boundary_ms;
   st.serial_ms = std::max({critical, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
   if (e.plan.overlap == zero::OptimizerOverlap::kNone) {
@@ -311,6 +377,9 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       if (const auto p = model::tensor_parallel_problems(config.model, tensor);
           tensor > 1 && !p.empty()) {
         g.refused = p.front();
+      } else if (config.ranks_per_node > 0 && tensor > config.ranks_per_node) {
+        g.refused = "a tensor group stays inside a node (" + std::to_string(config.ranks_per_node) +
+                    " rank(s), ranks_per_node)";
       } else if (tensor > 1 && config.sequence_parallel &&
                  (config.micro_batch_size * config.seq_len) % tensor != 0) {
         g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";

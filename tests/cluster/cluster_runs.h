@@ -73,10 +73,10 @@ class Cluster {
   std::string node_drive(int node) const {
     return dir_ + "/node" + std::to_string(node) + "/drive";
   }
-  // mpirun over the cluster's nodes, ranks filling each node's slots in turn.
-  std::string mpirun(const TempDir& session, int np) const {
+  // mpirun over the cluster's nodes, ranks filling each node's slots in turn (or `map`).
+  std::string mpirun(const TempDir& session, int np, const std::string& map = "slot") const {
     return "OMPI_MCA_orte_tmpdir_base=" + session.path() + " " + tool("run") +
-           " mpirun --hostfile " + hostfile() + " --map-by slot --bind-to none -np " +
+           " mpirun --hostfile " + hostfile() + " --map-by " + map + " --bind-to none -np " +
            std::to_string(np) + " ";
   }
 

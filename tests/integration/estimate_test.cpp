@@ -246,7 +246,8 @@ TEST(EstimateTest, TensorParallelRanksPlanTheirSlices) {
 
 // Tensor parallelism in the step time: a rank of 2 x 2 computes what a rank of 4 data-parallel
 // ones does (twice the tokens through half of every layer), its ZeRO collectives move half the
-// model over 2 ranks instead of all of it over 4, and its all-reduces (4 a layer and micro-batch,
+// model over 2 ranks for each of its 2 micro-batches instead of all of it over 4 for one, and its
+// all-reduces (4 a layer and micro-batch,
 // 6 where checkpointing runs the forward again, and the embedding's and lm_head's, each sending
 // 2 (T - 1) / T of b s h) add to the compute, which waits for them; so do LoRA's adapter sums.
 TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
@@ -271,8 +272,10 @@ TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
     const StepTime sa = predict_step(*whole, *a, r), sb = predict_step(*split, *b, r);
     EXPECT_NEAR(sb.compute_ms, sa.compute_ms, 1e-9 * sa.compute_ms);
     const double params = static_cast<double>(a->parameters);
+    // ZeRO-3: each micro-batch gathers twice and reduces once (1 micro-batch a step on each of
+    // 4 data-parallel ranks; 2 on each of 2).
     EXPECT_NEAR(sa.comm_ms, 3 * params * 4 * (3.0 / 4) / 1e9 * 1e3, 1e-9);
-    EXPECT_NEAR(sb.comm_ms, 3 * (params / 2) * 4 * (1.0 / 2) / 1e9 * 1e3, 1e-9);
+    EXPECT_NEAR(sb.comm_ms, 2 * 3 * (params / 2) * 4 * (1.0 / 2) / 1e9 * 1e3, 1e-9);
     EXPECT_EQ(sa.tensor_ms, 0);
     const double activations = 2.0 * 32 * 64 * 4;  // micro-batch 2 x seq 32 x hidden 64, fp32
     const double collectives = 2 * ((checkpointing ? 6 : 4) * 8 + 2);  // 2 micro-batches
@@ -381,8 +384,13 @@ TEST(EstimateTest, PipelineStagesPlanTheirLayersAndPayTheBubble) {
   EXPECT_NEAR(sp.bubble_ms, sp.compute_ms * (stretch - 1), 1e-9 * sp.compute_ms);
   const double boundary = 1.0 * 32 * 64 * 4;  // micro-batch 1 x seq 32 x hidden 64, fp32
   EXPECT_NEAR(sp.boundary_ms, 2 * boundary / 1e9 * 1e3, 1e-12);
-  EXPECT_NEAR(sp.comm_ms, 3 * (static_cast<double>(a->parameters) / 2) * 4 * (1.0 / 2) / 1e9 * 1e3,
-              1e-9);
+  // ZeRO-3 over the 2 data-parallel ranks, each micro-batch's, and the pipeline's steady sends
+  // (each micro-batch's activations on and gradients back).
+  EXPECT_NEAR(
+      sp.comm_ms,
+      (m * 3 * (static_cast<double>(a->parameters) / 2) * 4 * (1.0 / 2) + 2 * m * boundary) / 1e9 *
+          1e3,
+      1e-9);
   EXPECT_DOUBLE_EQ(sp.serial_ms, std::max({sp.compute_ms + sp.bubble_ms + sp.boundary_ms,
                                            sp.transfer_ms, sp.comm_ms}) +
                                      sp.optimizer_ms);
@@ -409,8 +417,8 @@ TEST(EstimateTest, TiedEmbeddingsAcrossStagesSendTheEmbeddingEachStep) {
   ASSERT_TRUE(untied_config.is_ok() && tied_config.is_ok()) << tied_config.status().message();
   const double embedding =
       static_cast<double>(tied_config->model.vocab_size * tied_config->model.hidden_size) * 4;
-  EXPECT_NEAR(pipeline_boundary_ms(*tied_config, r),
-              pipeline_boundary_ms(*untied_config, r) + embedding / 1e9 * 1e3, 1e-12);
+  EXPECT_NEAR(pipeline_boundary_ms(*tied_config, 2, r),
+              pipeline_boundary_ms(*untied_config, 2, r) + embedding / 1e9 * 1e3, 1e-12);
   // Slow collectives: a pipeline, as for the untied model (TheGridChoiceFollowsTheRates...).
   tied.erase("pipeline_parallel_size");
   tied["parallelism"] = "auto";
@@ -503,6 +511,54 @@ TEST(EstimateTest, TheGridChoiceFollowsTheRatesAndTheBudgets) {
   auto t = Trainer::create(*one, o);
   ASSERT_TRUE(t.is_ok()) << t.status().message();
   EXPECT_TRUE((*t)->run().is_ok());
+}
+
+// Two nodes of 2 ranks: a tensor group never leaves its node; with a link between the nodes as
+// fast as the collectives inside them, data parallelism crosses it (no bubble); with a slow one,
+// a pipeline crosses it (one micro-batch's activations a boundary, where ZeRO would move the
+// model) and no data-parallel group spans the two nodes. The step model charges the node's link
+// with the bytes of every rank on the node that crosses it.
+TEST(EstimateTest, TheGridPlacesItsAxesByNodeAndTheLinkBetweenThem) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["batch_size"] = 8;
+  j["micro_batch_size"] = 1;
+  j["parallelism"] = "auto";
+  j["param_persistence_threshold"] = 0;
+  j["ranks_per_node"] = 2;
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  r.comm_bytes = {1e12, true, "test"};
+  r.inter_node_bytes = {1e12, true, "test"};
+  auto fast = choose_grid(*config, 4, r);
+  ASSERT_TRUE(fast.is_ok()) << fast.status().message();
+  EXPECT_EQ(fast->data, 4) << fast->why;
+  EXPECT_NE(fast->why.find("tensor 4 x pipeline 1 x data 1: a tensor group stays inside a node"),
+            std::string::npos)
+      << fast->why;
+
+  r.inter_node_bytes = {1e6, true, "test"};
+  auto slow = choose_grid(*config, 4, r);
+  ASSERT_TRUE(slow.is_ok()) << slow.status().message();
+  EXPECT_GE(slow->pipeline, 2) << slow->why;
+  // Each stage's T x D ranks (a block of world ranks) on one node.
+  EXPECT_LE(slow->tensor * slow->data, 2) << slow->why;
+
+  // ZeRO-3 over 4 data-parallel ranks, 2 on each node: each rank sends (4 - 2) / 4 of its 3
+  // passes a micro-batch (8 / (1 x 4) = 2 micro-batches) through the node's link, both ranks at
+  // once; what goes to its neighbor on the node, at the faster rate, ends before.
+  TrainConfig d4 = *config;
+  d4.parallelism_auto = false;
+  auto e = estimate(d4, 4);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const double params = static_cast<double>(e->parameters);
+  EXPECT_NEAR(zero_comm_ms(d4, params, 4, r), 2 * 3 * params * 4 * (2.0 / 4) * 2 / 1e6 * 1e3, 1e-6);
+  // One node: all within it.
+  d4.ranks_per_node = 0;
+  EXPECT_NEAR(zero_comm_ms(d4, params, 4, r), 2 * 3 * params * 4 * (3.0 / 4) / 1e12 * 1e3, 1e-9);
 }
 
 TEST(EstimateTest, RanksSplitThePartitionedStateAndTheJsonHasEveryTier) {

@@ -141,6 +141,13 @@ struct TrainConfig {
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
   dist::CommBackend dist_backend = dist::CommBackend::kAuto;
   std::int64_t dist_timeout_s = 300;       // a collective slower than this ends the run
+  // The nodes: ranks on each (0 = every rank on one; a run under a launcher finds its own from
+  // the ranks' host names), and the collectives' bandwidth per rank within a node and per node
+  // between nodes (bytes/s each way; 0 = not given: 5e9 assumed within, the within-node rate
+  // between). The step time prediction and the grid planner use them.
+  int ranks_per_node = 0;
+  double intra_node_bytes_per_s = 0;
+  double inter_node_bytes_per_s = 0;
   Tier offload_optimizer = Tier::kDevice;  // "none" (device) | "cpu" (host) | "nvme"
   Tier offload_param = Tier::kDevice;      // likewise
   // With activation_checkpointing, where each layer's checkpointed input lives between its

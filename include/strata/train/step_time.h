@@ -51,7 +51,8 @@ struct MachineRates {
   // Each direction's, reading and writing at once (probed, or recorded by strata io-bench): the
   // NVMe-streamed optimizer's reads and writes overlap at this rate.
   Rate nvme_mixed_bytes;
-  Rate comm_bytes;  // collective bus bandwidth per rank (several ranks only)
+  Rate comm_bytes;        // collective bus bandwidth per rank within a node (several ranks only)
+  Rate inter_node_bytes;  // a node's link to the others, each way (several nodes only)
   Json to_json() const;
 };
 
@@ -102,21 +103,28 @@ struct StepTime {
 
 // The collectives of one step on `ranks` ranks (tensor_parallel_size of them splitting each layer,
 // pipeline_parallel_size stages) at `rates`. ZeRO's: of each rank's slice of its stage's share of
-// the model's `parameters`, gathered twice (forward and backward) and its gradients reduced once
-// over the data-parallel ranks, each sending (D - 1) / D of it. Tensor parallelism's: per
-// micro-batch and layer of a stage two all-reduces of the micro-batch's b s h activations
-// forward (again where checkpointing recomputes the forward) and two in backward, and the
-// embedding's and lm_head's, each sending 2 (T - 1) / T of its payload; with LoRA, each adapted
-// projection's whole adapter copy's gradient summed per micro-batch (and k's and v's lora_B over
-// their kv replicas).
+// the model's `parameters`, under stage 3 each micro-batch's gathered twice (forward and
+// backward) and its gradients reduced, under stages 1 and 2 each micro-batch's gradients reduced
+// and the updated parameters gathered once, over the data-parallel ranks, each sending
+// (D - 1) / D of it: to the peers on its node at the rate within a node, to the others through
+// its node's link, which the node's ranks share (ranks_per_node; none: one node). Tensor
+// parallelism's: per micro-batch and layer of a stage two all-reduces of the micro-batch's b s h
+// activations forward (again where checkpointing recomputes the forward) and two in backward,
+// and the embedding's and lm_head's, each sending 2 (T - 1) / T of its payload; with LoRA, each
+// adapted projection's whole adapter copy's gradient summed per micro-batch (and k's and v's
+// lora_B over their kv replicas).
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates);
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
 // Pipeline parallelism's boundary sends on the critical path: one micro-batch's b s h
 // activations (its rows alone under sequence parallelism) across each of the P V - 1
 // boundaries forward, and its gradients back; with tied embeddings, the embedding's V h sent
-// from the first stage to the last.
-double pipeline_boundary_ms(const TrainConfig& config, const MachineRates& rates);
+// from the first stage to the last. Between nodes (a stage's T x D ranks at least a node's), at
+// the node link's rate shared by the node's ranks.
+double pipeline_boundary_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
+// The pipeline's sends in the steady state: every micro-batch's activations forward and
+// gradients back across a middle stage's boundaries, beside the compute.
+double pipeline_traffic_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
 
 // The step of `e` (rank 0 of its ranks) on a machine with `rates`. Transfers are taken to
 // overlap compute (the prefetcher's aim); the update adds to the step under the serial
