@@ -5,19 +5,20 @@
 # of 64 tokens in micro-batches of 2:
 #   1. bytes: what each node sends on its link (the host side's counters) on 2 x 1, 4 x 1 and
 #      2 x 2 nodes x ranks, unshaped, beside ZeRO-3's arithmetic: each micro-batch every rank
-#      sends (D - L) / D of its 3 passes (gather, gather, reduce-scatter) of the model across the
-#      node's link for each of its L ranks, and at the end each rank but 0 its shard of the
-#      weights for the save.
+#      sends (D - L) / D of its 3 passes (gather, gather, reduce-scatter) of the model, less the
+#      second gather of the embedding and the LM head, across the node's link for each of its L
+#      ranks, and at the end each rank but 0 its shard of the weights for the save.
 #   2. step time against link bandwidth: 2 nodes x 1 rank at each of RATES, the median step after
 #      the first WARMUP beside strata estimate's prediction for that link
 #      (inter_node_bytes_per_s, ranks_per_node 1).
 #   3. the grid on slow and fast links: 2 nodes x 2 ranks, tensor_parallel_size 2 inside each
 #      node, data-parallel (ZeRO-3) or pipeline across the nodes, each timed at each of RATES,
-#      beside what parallelism "auto" chooses given that link.
+#      beside what parallelism "auto" chooses given that link (inter_node_bytes_per_s) and how
+#      fast its choice runs.
 # Usage: bench/cluster.sh    (as root; tools/cluster.sh check says whether this machine can)
 # Environment: STRATA (default build/strata), WORK (default /tmp/strata-cluster-bench), HIDDEN
 # (default 512), LAYERS (default 4), STEPS (default 6), WARMUP (default 2), RATES (default
-# "1gbit 10gbit"), PARTS (default "1 2 3"), KEEP=1 keeps WORK.
+# "300mbit 1gbit 10gbit"), PARTS (default "1 2 3"), KEEP=1 keeps WORK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,7 @@ HIDDEN=${HIDDEN:-512}
 LAYERS=${LAYERS:-4}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-2}
-RATES=${RATES:-1gbit 10gbit}
+RATES=${RATES:-300mbit 1gbit 10gbit}
 PARTS=${PARTS:-1 2 3}
 export STRATA_CLUSTER_NAME=stratab STRATA_CLUSTER_SUBNET=10.215.0 STRATA_CLUSTER_DIR=$WORK/cluster
 cluster=tools/cluster.sh
@@ -119,15 +120,17 @@ if [[ " $PARTS " == *" 1 "* ]]; then
     train "bytes$shape" $((nodes * slots))
     after=($(sent))
     p=$(params "$WORK/bytes$shape-ckpt/step-$(printf %08d "$STEPS")/model/model.safetensors")
-    python3 - "$nodes" "$slots" "$p" "$STEPS" "${before[*]}" "${after[*]}" <<'PY'
+    python3 - "$nodes" "$slots" "$p" "$STEPS" "${before[*]}" "${after[*]}" "$HIDDEN" <<'PY'
 import sys
 nodes, slots, p, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+hidden = int(sys.argv[7])
 before = [int(x) for x in sys.argv[5].split()]
 after = [int(x) for x in sys.argv[6].split()]
 d = nodes * slots
 micro = 8 // 2 // d
+ends = 2 * 4096 * hidden  # the embedding and the untied LM head: gathered once a micro-batch
 for k in range(nodes):
-    theory = steps * micro * 3 * p * 4 * (d - slots) / d * slots
+    theory = steps * micro * (3 * p - ends) * 4 * (d - slots) / d * slots
     theory += sum(p / d * 4 for r in range(k * slots, (k + 1) * slots) if r != 0 and k != 0)
     got = after[k] - before[k]
     print("  %d nodes x %d ranks, node %d: sent %.1f MB, ZeRO-3's arithmetic %.1f MB (%d parameters): %.3f"
@@ -159,12 +162,13 @@ if [[ " $PARTS " == *" 3 "* ]]; then
     link="inter_node_bytes_per_s=$(python3 -c "print($bits / 8)")"
     config "dp$rate" "tensor_parallel_size=2" "$link"
     config "pp$rate" "tensor_parallel_size=2" "pipeline_parallel_size=2" "$link"
+    config "auto$rate" 'parallelism="auto"' "$link"
     train "dp$rate" 4
     train "pp$rate" 4
-    choice=$("$STRATA" estimate "$WORK/dp$rate.json" --ranks 4 --set ranks_per_node=2 \
-      --set parallelism=auto 2>/dev/null | sed -n 's/^grid: \(tensor [0-9] x pipeline [0-9] x data [0-9]\).*predicted step \([0-9.]* s\).*/\1 (predicted \2)/p')
+    train "auto$rate" 4
+    choice=$(sed -n 's/^.*grid: \(tensor [0-9] x pipeline [0-9] x data [0-9]\).*predicted step \([0-9.]* s\).*/\1 (predicted \2)/p' "$WORK/auto$rate.out")
     echo "  $rate: tensor 2 x data 2 (ZeRO-3 across): $(median_step "$WORK/dp$rate.jsonl") s;" \
       "tensor 2 x pipeline 2 (stages across): $(median_step "$WORK/pp$rate.jsonl") s;" \
-      "parallelism auto chooses $choice"
+      "parallelism auto chose $choice and ran $(median_step "$WORK/auto$rate.jsonl") s"
   done
 fi

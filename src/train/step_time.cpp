@@ -52,12 +52,19 @@ double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
   const double split = tensor * config.pipeline_parallel_size;
   const int data = data_ranks_of(config, ranks);
   if (data <= 1) return 0;
-  // Stage 3 gathers every micro-batch's parameters twice and reduces its gradients; stages 1
-  // and 2 reduce each micro-batch's gradients and gather the updated parameters once a step.
+  // Stage 3 gathers every micro-batch's parameters for the forward and again for the backward
+  // (but for the embedding, whose backward needs only the tokens, and the LM head, kept from its
+  // forward to its backward: one matrix of vocab x hidden tied, two untied) and reduces its
+  // gradients; stages 1 and 2 reduce each micro-batch's gradients and gather the updated
+  // parameters once a step.
   const double accum = static_cast<double>(config.accumulation_steps(data));
-  const double passes = config.zero_stage >= 3 ? 3.0 * accum : accum + 1.0;
-  const double bytes =
-      passes * parameters / split * static_cast<double>(dtype_size(config.precision));
+  const double ends = static_cast<double>(config.model.vocab_size) *
+                      static_cast<double>(config.model.hidden_size) *
+                      (config.model.tie_word_embeddings ? 1.0 : 2.0);
+  const double elements = config.zero_stage >= 3
+                              ? accum * (3.0 * parameters - std::min(ends, parameters))
+                              : (accum + 1.0) * parameters;
+  const double bytes = elements / split * static_cast<double>(dtype_size(config.precision));
   // A rank's data-parallel peers are T ranks apart (tensor groups adjacent): a node of L ranks
   // holds L / T of a group, and all its L ranks send at once.
   const int node = node_ranks(config, ranks);

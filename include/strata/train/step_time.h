@@ -104,7 +104,7 @@ struct StepTime {
 // The collectives of one step on `ranks` ranks (tensor_parallel_size of them splitting each layer,
 // pipeline_parallel_size stages) at `rates`. ZeRO's: of each rank's slice of its stage's share of
 // the model's `parameters`, under stage 3 each micro-batch's gathered twice (forward and
-// backward) and its gradients reduced, under stages 1 and 2 each micro-batch's gradients reduced
+// backward; the embedding and the LM head once) and its gradients reduced, under stages 1 and 2 each micro-batch's gradients reduced
 // and the updated parameters gathered once, over the data-parallel ranks, each sending
 // (D - 1) / D of it: to the peers on its node at the rate within a node, to the others through
 // its node's link, which the node's ranks share (ranks_per_node; none: one node). Tensor
