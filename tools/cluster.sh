@@ -250,8 +250,7 @@ export STRATA_CLUSTER_HOSTFILE=$dir/hostfile
 export STRATA_CLUSTER_DRIVE=$dir/drive
 EOF
   echo "$nodes" >"$dir/nodes"
-  echo "cluster.sh: $nodes node(s) up on $bridge ($subnet.1-$subnet.$nodes, $slots slot(s) each" \
-    "${bandwidth:+, $bandwidth links}${loss:+, $loss% loss}, mtu $mtu); hostfile $dir/hostfile;" \
+  echo "cluster.sh: $nodes node(s) up on $bridge ($subnet.1-$subnet.$nodes, $slots slot(s) each${bandwidth:+, $bandwidth links}${loss:+, $loss% loss}, mtu $mtu); hostfile $dir/hostfile;" \
     "each node's drive at $dir/drive"
 }
 
@@ -280,8 +279,7 @@ bytes() {
     local dropped
     dropped=$(ip netns exec "$(node_ns "$k")" nft list table inet strata_loss 2>/dev/null |
       sed -n 's/.*counter packets \([0-9]*\).*/\1/p' || true)
-    echo "node $k $(node_addr "$k") sent $(cat "$s/rx_bytes") received $(cat "$s/tx_bytes")" \
-      "${dropped:+dropped $dropped packets}"
+    echo "node $k $(node_addr "$k") sent $(cat "$s/rx_bytes") received $(cat "$s/tx_bytes")${dropped:+ dropped $dropped packets}"
   done
 }
 
