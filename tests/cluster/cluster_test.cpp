@@ -123,6 +123,14 @@ Json zero3_nvme(const TempDir& dir, const Cluster& c, const std::string& name) {
   return j;
 }
 
+// `j` trained on one rank without the cluster (its own swap): the losses every run across nodes
+// must train.
+std::vector<double> one_rank_losses(const TempDir& dir, Json j) {
+  j["swap_paths"] = {dir.file("ref/swap-{rank}")};
+  EXPECT_EQ(run_train(dir, j, "ref", 1), 0) << read(dir.file("ref/err.txt"));
+  return losses(j["metrics_file"].get<std::string>());
+}
+
 struct ClusterRun {
   int rc = -1;
   std::string err;
@@ -150,11 +158,8 @@ TEST(ClusterTraining, Zero3OnEachNodesDriveTrainsTheOneNodeRunBitForBit) {
   Cluster c(dir);
   STRATA_SKIP_WITHOUT_CLUSTER(c);
   // The reference: one rank, no network.
-  Json ref = zero3_nvme(dir, c, "one");
-  ref["swap_paths"] = {dir.file("one/swap-{rank}")};
-  ASSERT_EQ(run_train(dir, ref, "one", 1), 0) << read(dir.file("one/err.txt"));
-  const std::vector<double> ref_loss = losses(dir.file("one/metrics.jsonl"));
-  const std::vector<float> ref_w = weights(dir.file("one/ckpt/step-00000003/model"));
+  const std::vector<double> ref_loss = one_rank_losses(dir, zero3_nvme(dir, c, "ref"));
+  const std::vector<float> ref_w = weights(dir.file("ref/ckpt/step-00000003/model"));
   ASSERT_EQ(ref_loss.size(), 3u);
 
   // Nodes x ranks each; the last drops 1% of the packets each node sends (1500-byte frames:
@@ -296,6 +301,18 @@ std::vector<std::int64_t> steps_of(const std::string& metrics) {
   return steps;
 }
 
+// The run ended well, each step once in its metrics, with the one-rank run's losses, bit for
+// bit, and without a hang (the timeout, 5 s; launch's wait for mpirun, 10 s at least; the hosts'
+// probe, 5 s; and the runs themselves).
+void expect_the_uninterrupted_run(const Launched& l, const Json& j,
+                                  const std::vector<double>& ref_loss) {
+  EXPECT_EQ(l.rc, 0) << l.out;
+  EXPECT_NE(l.out.find("finished after 1 restart(s)"), std::string::npos) << l.out;
+  EXPECT_EQ(steps_of(j["metrics_file"]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(losses(j["metrics_file"]), ref_loss);
+  EXPECT_LT(l.seconds, 120) << l.out;
+}
+
 // A node's cable pulled in the middle of a step: the rank left on the other node ends within
 // dist_timeout_s naming the collective; mpirun, which then waits for the cut node's daemon
 // forever, is ended by launch; launch finds the cut node no longer answers, restarts on the node
@@ -305,27 +322,18 @@ TEST(ClusterFaults, ALinkPulledMidStepEndsTheJobAndLaunchGoesOnWithTheNodeLeft) 
   TempDir dir;
   Cluster c(dir);
   STRATA_SKIP_WITHOUT_CLUSTER(c);
-  Json ref = faulted(dir, c, "ref");
-  ref["swap_paths"] = {dir.file("ref/swap-{rank}")};
-  ASSERT_EQ(run_train(dir, ref, "ref", 1), 0) << read(dir.file("ref/err.txt"));
-  const std::vector<double> ref_loss = losses(dir.file("ref/metrics.jsonl"));
+  const std::vector<double> ref_loss = one_rank_losses(dir, faulted(dir, c, "ref"));
   ASSERT_EQ(ref_loss.size(), 8u);
 
   ASSERT_EQ(c.up("--nodes 2 --bandwidth 20mbit").rc, 0);
   const Json j = faulted(dir, c, "cut");
   const Launched l = launch_with_fault(dir, c, j, "cut", 2, 3, "link 1 down");
-  ASSERT_EQ(l.rc, 0) << l.out;
+  expect_the_uninterrupted_run(l, j, ref_loss);
   EXPECT_NE(l.out.find("did not complete in time"), std::string::npos) << l.out;
   EXPECT_NE(l.out.find("host " + kClusterSubnet + ".2 did not start a process within 5 s"),
             std::string::npos)
       << l.out;
   EXPECT_NE(l.out.find("attempt 2: 1 rank(s), resuming from"), std::string::npos) << l.out;
-  EXPECT_NE(l.out.find("finished after 1 restart(s)"), std::string::npos) << l.out;
-  EXPECT_EQ(steps_of(j["metrics_file"]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
-  EXPECT_EQ(losses(j["metrics_file"]), ref_loss);
-  // The timeout (5 s), launch's wait for mpirun (10 s at least), the probe of the hosts (5 s)
-  // and the runs themselves: no hang.
-  EXPECT_LT(l.seconds, 120) << l.out;
 }
 
 // A node's processes killed (the node crashed and rebooted): mpirun hears its daemon is gone and
@@ -335,20 +343,14 @@ TEST(ClusterFaults, ANodesProcessesKilledAndTheNodeIsUsedAgainWhenItAnswers) {
   TempDir dir;
   Cluster c(dir);
   STRATA_SKIP_WITHOUT_CLUSTER(c);
-  Json ref = faulted(dir, c, "ref");
-  ref["swap_paths"] = {dir.file("ref/swap-{rank}")};
-  ASSERT_EQ(run_train(dir, ref, "ref", 1), 0) << read(dir.file("ref/err.txt"));
-  const std::vector<double> ref_loss = losses(dir.file("ref/metrics.jsonl"));
+  const std::vector<double> ref_loss = one_rank_losses(dir, faulted(dir, c, "ref"));
 
   ASSERT_EQ(c.up("--nodes 2 --bandwidth 20mbit").rc, 0);
   const Json j = faulted(dir, c, "killed");
   const Launched l = launch_with_fault(dir, c, j, "killed", 2, 3, "kill 1");
-  ASSERT_EQ(l.rc, 0) << l.out;
+  expect_the_uninterrupted_run(l, j, ref_loss);
   EXPECT_NE(l.out.find("attempt 2: 2 rank(s), resuming from"), std::string::npos) << l.out;
   EXPECT_EQ(l.out.find("did not start a process"), std::string::npos) << l.out;
-  EXPECT_EQ(steps_of(j["metrics_file"]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
-  EXPECT_EQ(losses(j["metrics_file"]), ref_loss);
-  EXPECT_LT(l.seconds, 120) << l.out;
 }
 
 // The grid follows the nodes: 2 nodes of 2 ranks, tensor_parallel_size 2. Ranks started node by
@@ -360,10 +362,7 @@ TEST(ClusterGrid, TensorGroupsStayInsideANodeAndASlowLinkGetsThePipeline) {
   TempDir dir;
   Cluster c(dir);
   STRATA_SKIP_WITHOUT_CLUSTER(c);
-  Json ref = zero3_nvme(dir, c, "ref");
-  ref["swap_paths"] = {dir.file("ref/swap-{rank}")};
-  ASSERT_EQ(run_train(dir, ref, "ref", 1), 0) << read(dir.file("ref/err.txt"));
-  const std::vector<double> ref_loss = losses(dir.file("ref/metrics.jsonl"));
+  const std::vector<double> ref_loss = one_rank_losses(dir, zero3_nvme(dir, c, "ref"));
 
   ASSERT_EQ(c.up("--nodes 2 --slots 2").rc, 0);
   Json j = zero3_nvme(dir, c, "tp");

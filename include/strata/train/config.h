@@ -140,7 +140,7 @@ struct TrainConfig {
   std::int64_t sub_group_size = 1 << 22;  // elements per NVMe-streamed optimizer sub-group
   std::int64_t param_persistence_threshold = 100000;  // groups smaller than this stay whole
   dist::CommBackend dist_backend = dist::CommBackend::kAuto;
-  std::int64_t dist_timeout_s = 300;       // a collective slower than this ends the run
+  std::int64_t dist_timeout_s = 300;  // a collective slower than this ends the run
   // The nodes: ranks on each (0 = every rank on one; a run under a launcher finds its own from
   // the ranks' host names), and the collectives' bandwidth per rank within a node and per node
   // between nodes (bytes/s each way; 0 = not given: 5e9 assumed within, the within-node rate

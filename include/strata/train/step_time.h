@@ -104,15 +104,15 @@ struct StepTime {
 // The collectives of one step on `ranks` ranks (tensor_parallel_size of them splitting each layer,
 // pipeline_parallel_size stages) at `rates`. ZeRO's: of each rank's slice of its stage's share of
 // the model's `parameters`, under stage 3 each micro-batch's gathered twice (forward and
-// backward; the embedding and the LM head once) and its gradients reduced, under stages 1 and 2 each micro-batch's gradients reduced
-// and the updated parameters gathered once, over the data-parallel ranks, each sending
-// (D - 1) / D of it: to the peers on its node at the rate within a node, to the others through
-// its node's link, which the node's ranks share (ranks_per_node; none: one node). Tensor
-// parallelism's: per micro-batch and layer of a stage two all-reduces of the micro-batch's b s h
-// activations forward (again where checkpointing recomputes the forward) and two in backward,
-// and the embedding's and lm_head's, each sending 2 (T - 1) / T of its payload; with LoRA, each
-// adapted projection's whole adapter copy's gradient summed per micro-batch (and k's and v's
-// lora_B over their kv replicas).
+// backward; the embedding and the LM head once) and its gradients reduced, under stages 1 and 2
+// each micro-batch's gradients reduced and the updated parameters gathered once, over the
+// data-parallel ranks, each sending (D - 1) / D of it: to the peers on its node at the rate within
+// a node, to the others through its node's link, which the node's ranks share (ranks_per_node;
+// none: one node). Tensor parallelism's: per micro-batch and layer of a stage two all-reduces of
+// the micro-batch's b s h activations forward (again where checkpointing recomputes the forward)
+// and two in backward, and the embedding's and lm_head's, each sending 2 (T - 1) / T of its
+// payload; with LoRA, each adapted projection's whole adapter copy's gradient summed per
+// micro-batch (and k's and v's lora_B over their kv replicas).
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates);
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
