@@ -155,9 +155,12 @@ TEST(CliTest, UnknownKeyExitsWithMessage) {
 TEST(CliTest, EveryUsageErrorExitsTwo) {
   TempDir dir;
   dir.write("c.json", tiny(dir).dump());
+  dir.write("hosts", "localhost slots=0\n");
   for (const std::string& args : std::vector<std::string>{
            "train " + dir.file("c.json") + " --no-such-flag", "train", "estimate",
-           "no-such-command", "train " + dir.file("c.json") + " --set"}) {
+           "no-such-command", "train " + dir.file("c.json") + " --set",
+           "launch --ranks 2 --host-timeout-s 0 -- " + dir.file("c.json"),
+           "launch --ranks 2 --hostfile " + dir.file("hosts") + " -- " + dir.file("c.json")}) {
     SCOPED_TRACE(args);
     const RunResult r = run_cli(dir, args);
     EXPECT_EQ(r.exit_code, 2) << r.err;

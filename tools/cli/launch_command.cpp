@@ -109,8 +109,15 @@ std::vector<Host> answering(const LaunchArgs& a, const std::vector<Host>& hosts)
     probes.push_back(pid);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.host_timeout_s);
+  // -1 while a probe runs; a probe that could not be started counts as mpirun's 127.
   std::vector<int> status(hosts.size(), -1);
   std::size_t left = hosts.size();
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    if (probes[i] < 0) {
+      status[i] = 127;
+      --left;
+    }
+  }
   while (left > 0 && std::chrono::steady_clock::now() < deadline) {
     for (std::size_t i = 0; i < hosts.size(); ++i) {
       int st = 0;
@@ -283,11 +290,13 @@ int run_launch(const LaunchArgs& a) {
     std::fprintf(stderr, "strata launch: %s\n", config.status().message().c_str());
     return kExitUsage;
   }
-  if (a.ranks < 1 || a.min_ranks < 1 || a.min_ranks > a.ranks || a.max_restarts < 0) {
+  if (a.ranks < 1 || a.min_ranks < 1 || a.min_ranks > a.ranks || a.max_restarts < 0 ||
+      a.host_timeout_s < 1) {
     std::fprintf(stderr,
-                 "strata launch: --ranks %d, --min-ranks %d, --max-restarts %d: expected "
-                 "1 <= min-ranks <= ranks and restarts >= 0\n",
-                 a.ranks, a.min_ranks, a.max_restarts);
+                 "strata launch: --ranks %d, --min-ranks %d, --max-restarts %d, "
+                 "--host-timeout-s %d: expected 1 <= min-ranks <= ranks, restarts >= 0 and a "
+                 "host timeout of at least 1 s\n",
+                 a.ranks, a.min_ranks, a.max_restarts, a.host_timeout_s);
     return kExitUsage;
   }
   char self[4096] = {};
