@@ -8,6 +8,27 @@
 namespace strata::train {
 namespace {
 
+// The step model's rates, given rather than measured: 1 GFLOP/s of products, 10 GB/s of host
+// memory, and the collectives' bytes per second (between nodes too, unless set apart).
+MachineRates given_rates(double comm_bytes_per_s) {
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  r.comm_bytes = {comm_bytes_per_s, true, "test"};
+  return r;
+}
+
+// small_config's model in 8 micro-batches of 1 sequence, every group sharded over the
+// data-parallel ranks (none kept whole for being small), the grid left to parallelism "auto".
+Json auto_grid_config(const TempDir& dir) {
+  Json j = small_config(dir);
+  j["batch_size"] = 8;
+  j["micro_batch_size"] = 1;
+  j["parallelism"] = "auto";
+  j["param_persistence_threshold"] = 0;
+  return j;
+}
+
 TEST(EstimateTest, ThePlanIsTheTrainersAndNothingIsAllocated) {
   struct Case {
     const char* param;
@@ -254,10 +275,7 @@ TEST(EstimateTest, TensorParallelStepsCountTheirCollectives) {
   TempDir dir;
   Json j = small_config(dir);
   j["batch_size"] = 8;
-  MachineRates r;
-  r.gemm_flops = {1e9, true, "test"};
-  r.memory_bytes = {1e10, true, "test"};
-  r.comm_bytes = {1e9, true, "test"};
+  MachineRates r = given_rates(1e9);
   for (const bool checkpointing : {false, true}) {
     SCOPED_TRACE(checkpointing ? "checkpointed" : "stored");
     j["activation_checkpointing"] = checkpointing;
@@ -355,10 +373,7 @@ TEST(EstimateTest, PipelineStagesPlanTheirLayersAndPayTheBubble) {
   Json j = small_config(dir);
   j["batch_size"] = 8;
   j["micro_batch_size"] = 1;
-  MachineRates r;
-  r.gemm_flops = {1e9, true, "test"};
-  r.memory_bytes = {1e10, true, "test"};
-  r.comm_bytes = {1e9, true, "test"};
+  MachineRates r = given_rates(1e9);
   Json k = j;
   k["pipeline_parallel_size"] = 2;
   auto whole = config_of(j);
@@ -404,10 +419,7 @@ TEST(EstimateTest, TiedEmbeddingsAcrossStagesSendTheEmbeddingEachStep) {
   j["batch_size"] = 8;
   j["micro_batch_size"] = 1;
   j["pipeline_parallel_size"] = 2;
-  MachineRates r;
-  r.gemm_flops = {1e9, true, "test"};
-  r.memory_bytes = {1e10, true, "test"};
-  r.comm_bytes = {1e9, true, "test"};
+  MachineRates r = given_rates(1e9);
   Json tied = j;
   tied["model"]["tie_word_embeddings"] = true;
   j["model"]["tie_word_embeddings"] = false;
@@ -435,19 +447,11 @@ TEST(EstimateTest, TiedEmbeddingsAcrossStagesSendTheEmbeddingEachStep) {
 // its refusal.
 TEST(EstimateTest, TheGridChoiceFollowsTheRatesAndTheBudgets) {
   TempDir dir;
-  Json j = small_config(dir);
-  j["batch_size"] = 8;
-  j["micro_batch_size"] = 1;
-  j["parallelism"] = "auto";
-  // Every group sharded over the data-parallel ranks (none kept whole for being small): each
-  // rank of every grid updates a quarter of the model.
-  j["param_persistence_threshold"] = 0;
+  // Each rank of every grid updates a quarter of the model.
+  Json j = auto_grid_config(dir);
   auto config = config_of(j);
   ASSERT_TRUE(config.is_ok()) << config.status().message();
-  MachineRates fast;
-  fast.gemm_flops = {1e9, true, "test"};
-  fast.memory_bytes = {1e10, true, "test"};
-  fast.comm_bytes = {1e12, true, "test"};
+  MachineRates fast = given_rates(1e12);
   auto data = choose_grid(*config, 4, fast);
   ASSERT_TRUE(data.is_ok()) << data.status().message();
   EXPECT_EQ(data->tensor, 1);
@@ -519,18 +523,11 @@ TEST(EstimateTest, TheGridChoiceFollowsTheRatesAndTheBudgets) {
 // with the bytes of every rank on the node that crosses it.
 TEST(EstimateTest, TheGridPlacesItsAxesByNodeAndTheLinkBetweenThem) {
   TempDir dir;
-  Json j = small_config(dir);
-  j["batch_size"] = 8;
-  j["micro_batch_size"] = 1;
-  j["parallelism"] = "auto";
-  j["param_persistence_threshold"] = 0;
+  Json j = auto_grid_config(dir);
   j["ranks_per_node"] = 2;
   auto config = config_of(j);
   ASSERT_TRUE(config.is_ok()) << config.status().message();
-  MachineRates r;
-  r.gemm_flops = {1e9, true, "test"};
-  r.memory_bytes = {1e10, true, "test"};
-  r.comm_bytes = {1e12, true, "test"};
+  MachineRates r = given_rates(1e12);
   r.inter_node_bytes = {1e12, true, "test"};
   auto fast = choose_grid(*config, 4, r);
   ASSERT_TRUE(fast.is_ok()) << fast.status().message();
