@@ -37,6 +37,28 @@ Status check_peer(const Communicator& comm, const char* op, int peer, std::strin
                           ": expected another rank of the " + std::to_string(comm.world_size()));
 }
 
+Status check_all_to_all(const Communicator& comm, std::span<const std::int64_t> send_counts,
+                        std::span<const std::int64_t> recv_counts, std::string_view what) {
+  const auto world = static_cast<std::size_t>(comm.world_size());
+  const std::string call =
+      "rank " + std::to_string(comm.rank()) + ": all_to_all_v '" + std::string(what) + "'";
+  for (const auto& [counts, name] :
+       {std::pair{send_counts, "send_counts"}, std::pair{recv_counts, "recv_counts"}}) {
+    if (counts.size() != world) {
+      return invalid_argument(call + ": " + name + " holds " + std::to_string(counts.size()) +
+                              " counts; expected one for each of the " + std::to_string(world) +
+                              " ranks");
+    }
+    for (std::size_t r = 0; r < world; ++r) {
+      if (counts[r] < 0) {
+        return invalid_argument(call + ": " + name + "[" + std::to_string(r) + "] is " +
+                                std::to_string(counts[r]) + "; expected 0 or more");
+      }
+    }
+  }
+  return Status::ok();
+}
+
 std::string_view comm_backend_name(CommBackend backend) {
   switch (backend) {
     case CommBackend::kAuto:

@@ -29,6 +29,7 @@ enum class OpKind : std::uint8_t {
   kAllReduceHost,
   kAllGatherHost,
   kGatherHost,
+  kAllToAllV,
   kSplit
 };
 
@@ -52,6 +53,8 @@ const char* op_name(OpKind k) {
       return "all_gather_host";
     case OpKind::kGatherHost:
       return "gather_host";
+    case OpKind::kAllToAllV:
+      return "all_to_all_v";
     case OpKind::kSplit:
       return "split";
   }
@@ -68,6 +71,8 @@ struct Call {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   std::string what;
+  // all_to_all_v: the counts to and from each rank.
+  std::vector<std::int64_t> send_counts{}, recv_counts{};
   // split: this rank's color and key, its device, and where its new communicator goes.
   int color = 0, key = 0;
   device::Device* device = nullptr;
@@ -98,21 +103,26 @@ void reduce(const std::vector<Call>& calls, std::int64_t offset, std::int64_t co
 class Rendezvous {
  public:
   Rendezvous(int world, std::chrono::milliseconds timeout)
-      : world_(world), timeout_(timeout), calls_(static_cast<std::size_t>(world)) {}
+      : world_(world),
+        timeout_(timeout),
+        calls_(static_cast<std::size_t>(world)),
+        here_(static_cast<std::size_t>(world), false) {}
 
   Status meet(int rank, Call call) {
     std::unique_lock lock(mu_);
     if (!broken_.is_ok()) return broken_;
     const std::uint64_t generation = generation_;
     calls_[static_cast<std::size_t>(rank)] = std::move(call);
+    here_[static_cast<std::size_t>(rank)] = true;
     if (++arrived_ < world_) {
       const bool done = cv_.wait_for(lock, timeout_,
                                      [&] { return generation_ != generation || !broken_.is_ok(); });
       if (!broken_.is_ok()) return broken_;
       if (!done) {
         broken_ = unavailable(describe(rank, calls_[static_cast<std::size_t>(rank)]) +
-                              " did not complete in time; a peer rank may have died or be stuck "
-                              "(raise the timeout if it is only slow)");
+                              " did not complete in time; " + absent() +
+                              " not reached it: died or stuck (raise the timeout if it is only "
+                              "slow)");
         cv_.notify_all();
         return broken_;
       }
@@ -121,6 +131,7 @@ class Rendezvous {
     status_ = carry_out();
     if (!status_.is_ok()) broken_ = status_;
     arrived_ = 0;
+    here_.assign(here_.size(), false);
     ++generation_;
     cv_.notify_all();
     return status_;
@@ -173,12 +184,14 @@ class Rendezvous {
       }
     }
     if (c0.kind == OpKind::kSplit) return split();
+    if (c0.kind == OpKind::kAllToAllV) return all_to_all_v();
     const std::int64_t n = c0.count;
     const DType dtype = c0.dtype;
     const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
     switch (c0.kind) {
       case OpKind::kBarrier:
-      case OpKind::kSplit:  // split() above
+      case OpKind::kSplit:      // split() above
+      case OpKind::kAllToAllV:  // all_to_all_v() above
         return Status::ok();
       case OpKind::kAllGather:
       case OpKind::kAllGatherHost: {
@@ -255,6 +268,35 @@ class Rendezvous {
     return internal_error("unknown collective");
   }
 
+  // Each pair's counts checked against each other, then every block copied to its rank.
+  Status all_to_all_v() {
+    const auto world = static_cast<std::size_t>(world_);
+    for (std::size_t a = 0; a < world; ++a) {
+      for (std::size_t b = 0; b < world; ++b) {
+        const std::int64_t sent = calls_[a].send_counts[b], expected = calls_[b].recv_counts[a];
+        if (sent != expected) {
+          return failed_precondition(
+              "ranks disagree on all_to_all_v '" + calls_[a].what + "': rank " + std::to_string(a) +
+              " sends " + std::to_string(sent) + " elements to rank " + std::to_string(b) +
+              ", which expects " + std::to_string(expected) + " from it");
+        }
+      }
+    }
+    const std::size_t element = dtype_size(calls_[0].dtype);
+    std::vector<std::size_t> recv_at(world, 0);  // where each receiver's next block lands
+    for (std::size_t a = 0; a < world; ++a) {    // senders in rank order: each receiver's order
+      const auto* from = static_cast<const std::byte*>(calls_[a].send);
+      for (std::size_t b = 0; b < world; ++b) {
+        const std::size_t bytes = static_cast<std::size_t>(calls_[a].send_counts[b]) * element;
+        if (bytes > 0)
+          std::memcpy(static_cast<std::byte*>(calls_[b].recv) + recv_at[b], from, bytes);
+        from += bytes;
+        recv_at[b] += bytes;
+      }
+    }
+    return Status::ok();
+  }
+
   // One new group per color, its members ordered by key, then by rank.
   Status split() {
     std::vector<int> order(static_cast<std::size_t>(world_));
@@ -292,9 +334,21 @@ class Rendezvous {
   };
   std::map<std::pair<int, int>, std::deque<Message>> mail_;  // under mu_
   std::vector<Call> calls_;                                  // under mu_
-  int arrived_ = 0;                                          // under mu_
-  std::uint64_t generation_ = 0;                             // under mu_: collectives completed
-  Status status_;                                            // under mu_: the last collective's
+  std::vector<bool> here_;  // under mu_: the ranks at the collective now
+  // "rank 1 has", "ranks 1, 3 have": the ranks of the group not at the collective. Under mu_.
+  std::string absent() const {
+    std::string ranks;
+    int n = 0;
+    for (std::size_t r = 0; r < here_.size(); ++r) {
+      if (here_[r]) continue;
+      ranks += (n++ > 0 ? ", " : "") + std::to_string(r);
+    }
+    return (n == 1 ? "rank " + ranks + " has" : "ranks " + ranks + " have");
+  }
+
+  int arrived_ = 0;               // under mu_
+  std::uint64_t generation_ = 0;  // under mu_: collectives completed
+  Status status_;                 // under mu_: the last collective's
   Status broken_;  // under mu_: once a collective failed or timed out, every later one
 };
 
@@ -336,6 +390,22 @@ class InProcessCommunicator final : public Communicator {
   }
   Status barrier(std::string_view what) override {
     return call(OpKind::kBarrier, nullptr, nullptr, 0, DType::kU8, ReduceOp::kSum, 0, what);
+  }
+  CommHandle all_to_all_v(const void* send, std::span<const std::int64_t> send_counts, void* recv,
+                          std::span<const std::int64_t> recv_counts, DType dtype,
+                          std::string_view what) override {
+    if (Status s = check_all_to_all(*this, send_counts, recv_counts, what); !s.is_ok()) {
+      return done(std::move(s));
+    }
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank_) stats_.all_to_all_bytes += bytes(send_counts[r], dtype);
+    }
+    ++stats_.collectives;
+    device_.stream(device::StreamKind::kCompute).synchronize();
+    Call c{OpKind::kAllToAllV, send, recv, 0, dtype, ReduceOp::kSum, 0, std::string(what)};
+    c.send_counts.assign(send_counts.begin(), send_counts.end());
+    c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+    return done(meet_->meet(rank_, std::move(c)));
   }
   // A send leaves a copy in the pair's mailbox and is done; a receive waits for the next one.
   CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,

@@ -1,6 +1,7 @@
 // MPI communicator: non-blocking MPI collectives, driven by a communication thread so they progress
 // while the caller computes, and waited on with a deadline, so a dead or stuck peer ends the run
-// with a message instead of a hang. Needs a host-addressable device.
+// with a message instead of a hang, naming the peers a liveness probe finds gone or elsewhere.
+// Needs a host-addressable device.
 #include "strata/build_config.h"
 
 #if STRATA_HAVE_MPI
@@ -9,17 +10,22 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
+#include <limits>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "src/dist/mpi_communicator.h"
@@ -72,9 +78,10 @@ class CommThread {
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
-  // Queues `start`; the future holds "" on success or the MPI error text once it has finished.
-  std::future<std::string> submit(MPI_Comm comm, StartFn start) {
-    Pending p{comm, std::move(start), {}};
+  // Queues `start`, named `label` in what this rank answers a liveness probe; the future holds ""
+  // on success or the MPI error text once it has finished.
+  std::future<std::string> submit(MPI_Comm comm, std::string label, StartFn start) {
+    Pending p{comm, std::move(label), std::move(start), {}};
     std::future<std::string> done = p.done.get_future();
     {
       std::lock_guard lock(mu_);
@@ -113,18 +120,77 @@ class CommThread {
     return n;
   }
 
+  // From now on answers other ranks' liveness probes on `probe` (this process's own duplicate of
+  // MPI_COMM_WORLD, used for nothing else) with what it has in flight. Only from a StartFn.
+  int listen(MPI_Comm probe, int rank, int world) {
+    probe_comm_ = probe;
+    world_rank_ = rank;
+    world_size_ = world;
+    return post_listener();
+  }
+  // Stops answering (a clean shutdown): the posted receive is cancelled. Only from a StartFn.
+  int stop_listening() {
+    if (probe_comm_ == MPI_COMM_NULL) return MPI_SUCCESS;
+    if (ping_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&ping_);
+      MPI_Wait(&ping_, MPI_STATUS_IGNORE);
+    }
+    for (Answer& a : answers_) MPI_Wait(&a.req, MPI_STATUS_IGNORE);
+    answers_.clear();
+    const int rc = MPI_Comm_free(&probe_comm_);
+    probe_comm_ = MPI_COMM_NULL;
+    return rc;
+  }
+
+  // What each rank of the job answered a liveness probe (its operations in flight, or how long
+  // it has been idle), or nothing where it did not answer within the window; empty where this
+  // process does not listen (yet).
+  using Answers = std::vector<std::optional<std::string>>;
+  // Asks every other rank what it is doing and waits at most `window` for the answers. A second
+  // call while one runs shares it. Call before fail(): a failed thread asks nothing.
+  std::shared_future<Answers> probe(std::chrono::milliseconds window) {
+    {
+      std::lock_guard lock(mu_);
+      if (!probe_asked_) {
+        probe_asked_ = true;
+        probe_window_ = window;
+        probe_answers_ = probe_done_.get_future().share();
+      }
+    }
+    cv_.notify_one();
+    return probe_answers_;
+  }
+
  private:
   struct Pending {
     MPI_Comm comm;
+    std::string label;
     StartFn start;
     std::promise<std::string> done;
   };
   struct Active {
     MPI_Comm comm;
+    std::string label;
     MPI_Request req;
     std::promise<std::string> done;
     StartFn start;  // keeps what it captured (results MPI writes on completion) alive until then
   };
+  // What a rank answers a probe: text of at most kAnswerBytes - 1 characters.
+  static constexpr int kAnswerBytes = 240;
+  using AnswerText = std::array<char, kAnswerBytes>;
+  struct Answer {  // a reply being sent
+    MPI_Request req = MPI_REQUEST_NULL;
+    AnswerText text{};
+  };
+  struct Probing {  // this rank's own probe, in flight
+    std::chrono::steady_clock::time_point deadline;
+    std::vector<MPI_Request> pings, replies;
+    std::vector<AnswerText> texts;
+    std::vector<bool> answered;
+  };
+  static constexpr int kPingTag = 1, kReplyTag = 2;
+  // How often an idle thread looks for a probe to answer: a probe waits a second or more.
+  static constexpr std::chrono::milliseconds kIdleListen{20};
   // Longest pause between tests of in-flight operations: bounds the latency added to each round
   // of a collective's schedule, and the CPU the thread takes while waiting (see class comment).
   static constexpr std::chrono::microseconds kMaxBackoff{100};
@@ -135,9 +201,15 @@ class CommThread {
       std::deque<Pending> batch;
       {
         std::unique_lock lock(mu_);
-        auto woken = [this] { return stop_ || !queue_.empty(); };
-        if (active_.empty()) {
-          cv_.wait(lock, woken);
+        auto woken = [this] {
+          return stop_ || !queue_.empty() || (probe_asked_ && !probe_started_);
+        };
+        if (active_.empty() && !probe_open_) {
+          if (probe_comm_ == MPI_COMM_NULL || failed_) {
+            cv_.wait(lock, woken);
+          } else {
+            cv_.wait_for(lock, kIdleListen, woken);
+          }
         } else if (backoff.count() > 0) {
           cv_.wait_for(lock, backoff, woken);
         }
@@ -147,9 +219,17 @@ class CommThread {
           for (Pending& p : batch) p.done.set_value(failed_text_);
           for (Active& a : active_) a.done.set_value(failed_text_);
           active_.clear();  // never tested again; their keep-alives are released
+          if (probe_asked_ && !probe_started_) {
+            probe_started_ = true;
+            probe_done_.set_value({});
+          } else if (probe_open_) {
+            probe_open_ = false;
+            probe_done_.set_value({});
+          }
           backoff = std::chrono::microseconds(0);
           continue;
         }
+        if (probe_asked_ && !probe_started_) start_probe();
       }
       bool progressed = !batch.empty();
       for (Pending& p : batch) {
@@ -158,12 +238,16 @@ class CommThread {
         if (rc != MPI_SUCCESS) {
           p.done.set_value(mpi_error_string(rc));
         } else if (req == MPI_REQUEST_NULL) {
+          note_finished(p.label);
           p.done.set_value("");
         } else {
-          active_.push_back(Active{p.comm, req, std::move(p.done), std::move(p.start)});
+          active_.push_back(
+              Active{p.comm, std::move(p.label), req, std::move(p.done), std::move(p.start)});
         }
       }
       if (test_active()) progressed = true;
+      if (answer_probes()) progressed = true;
+      if (probe_open_) test_probe();
       backoff = progressed ? std::chrono::microseconds(0)
                            : std::min(kMaxBackoff, backoff * 2 + std::chrono::microseconds(5));
     }
@@ -182,6 +266,7 @@ class CommThread {
       int done = 0;
       const int rc = MPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS || done) {
+        note_finished(it->label);
         it->done.set_value(rc == MPI_SUCCESS ? "" : mpi_error_string(rc));
         it = active_.erase(it);
         finished = true;
@@ -191,15 +276,143 @@ class CommThread {
     }
     return finished;
   }
+  void note_finished(const std::string& label) {
+    last_label_ = label;
+    last_done_ = std::chrono::steady_clock::now();
+  }
+
+  int post_listener() {
+    return MPI_Irecv(&ping_byte_, 1, MPI_BYTE, MPI_ANY_SOURCE, kPingTag, probe_comm_, &ping_);
+  }
+  // What this rank is doing, as it answers a probe.
+  AnswerText state() const {
+    std::string text;
+    if (!active_.empty()) {
+      text = "waiting in ";
+      int named = 0;
+      for (const Active& a : active_) {
+        if (named++ == 3) {
+          text += " and " + std::to_string(active_.size() - 3) + " more";
+          break;
+        }
+        text += (named > 1 ? ", " : "") + a.label;
+      }
+    } else if (last_label_.empty()) {
+      text = "idle, before its first operation";
+    } else {
+      const double idle =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_done_).count();
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", idle);
+      text = "idle for " + std::string(secs) + " s since " + last_label_ + " finished";
+    }
+    AnswerText out{};
+    std::memcpy(out.data(), text.data(), std::min<std::size_t>(text.size(), kAnswerBytes - 1));
+    return out;
+  }
+  // Answers the probes that have come in; sends finish on later passes. Returns whether any came.
+  bool answer_probes() {
+    if (probe_comm_ == MPI_COMM_NULL) return false;
+    for (auto it = answers_.begin(); it != answers_.end();) {
+      int done = 0;
+      if (MPI_Test(&it->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+        it = answers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    bool any = false;
+    for (;;) {
+      int came = 0;
+      MPI_Status status;
+      if (ping_ == MPI_REQUEST_NULL || MPI_Test(&ping_, &came, &status) != MPI_SUCCESS || !came) {
+        return any;
+      }
+      any = true;
+      Answer& a = answers_.emplace_back();
+      a.text = state();
+      MPI_Isend(a.text.data(), kAnswerBytes, MPI_CHAR, status.MPI_SOURCE, kReplyTag, probe_comm_,
+                &a.req);
+      if (post_listener() != MPI_SUCCESS) ping_ = MPI_REQUEST_NULL;
+    }
+  }
+  // Called with mu_ held.
+  void start_probe() {
+    const auto world = static_cast<std::size_t>(world_size_);
+    probe_started_ = true;
+    if (probe_comm_ == MPI_COMM_NULL) {
+      probe_done_.set_value({});
+      return;
+    }
+    probe_open_ = true;
+    Probing p;
+    p.deadline = std::chrono::steady_clock::now() + probe_window_;
+    p.pings.assign(world, MPI_REQUEST_NULL);
+    p.replies.assign(world, MPI_REQUEST_NULL);
+    p.texts.assign(world, AnswerText{});
+    p.answered.assign(world, false);
+    probing_ = std::move(p);
+    for (int r = 0; r < world_size_; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (r == world_rank_) continue;
+      MPI_Irecv(probing_->texts[i].data(), kAnswerBytes, MPI_CHAR, r, kReplyTag, probe_comm_,
+                &probing_->replies[i]);
+      MPI_Isend(&ping_out_, 1, MPI_BYTE, r, kPingTag, probe_comm_, &probing_->pings[i]);
+    }
+  }
+  void test_probe() {
+    Probing& p = *probing_;
+    bool all = true;
+    for (int r = 0; r < world_size_; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (r == world_rank_ || p.answered[i]) continue;
+      int done = 0;
+      if (MPI_Test(&p.replies[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        p.answered[i] = true;
+      } else {
+        all = false;
+      }
+    }
+    if (!all && std::chrono::steady_clock::now() < p.deadline) return;
+    // Requests of ranks that did not answer stay posted: after a probe this process fails, and
+    // makes no MPI call again.
+    Answers answers(static_cast<std::size_t>(world_size_));
+    for (int r = 0; r < world_size_; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (r == world_rank_) {
+        answers[i] = "this rank";
+      } else if (p.answered[i]) {
+        p.texts[i].back() = '\0';
+        answers[i] = std::string(p.texts[i].data());
+      }
+    }
+    probe_open_ = false;
+    probe_done_.set_value(std::move(answers));
+  }
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Pending> queue_;  // guarded by mu_
-  bool stop_ = false;          // guarded by mu_
-  bool failed_ = false;        // guarded by mu_
-  std::string failed_text_;    // guarded by mu_
-  std::list<Active> active_;   // only touched by the thread
-  std::thread thread_;         // last: starts after every member above is constructed
+  std::deque<Pending> queue_;                  // guarded by mu_
+  bool stop_ = false;                          // guarded by mu_
+  bool failed_ = false;                        // guarded by mu_
+  std::string failed_text_;                    // guarded by mu_
+  bool probe_asked_ = false;                   // guarded by mu_
+  bool probe_started_ = false;                 // guarded by mu_
+  std::chrono::milliseconds probe_window_{0};  // guarded by mu_
+  std::shared_future<Answers> probe_answers_;  // guarded by mu_
+  std::promise<Answers> probe_done_;           // set once, by the thread
+  // Only touched by the thread:
+  std::list<Active> active_;
+  std::string last_label_;  // the last operation that finished, and when
+  std::chrono::steady_clock::time_point last_done_;
+  MPI_Comm probe_comm_ = MPI_COMM_NULL;
+  int world_rank_ = -1, world_size_ = 0;
+  MPI_Request ping_ = MPI_REQUEST_NULL;
+  char ping_byte_ = 0, ping_out_ = 0;
+  std::list<Answer> answers_;
+  std::optional<Probing> probing_;  // kept once started: requests may stay posted on it
+  bool probe_open_ = false;         // probing_ waits for answers
+  std::thread thread_;              // last: starts after every member above is constructed
 };
 
 // MPI is process-wide state: initialized once, finalized when the last communicator goes away.
@@ -213,24 +426,84 @@ struct MpiRuntime {
   MPI_Op bf16_sum = MPI_OP_NULL;
   MPI_Op f16_sum = MPI_OP_NULL;
   std::unique_ptr<CommThread> thread;  // while users > 0
+  MPI_Comm probe = MPI_COMM_NULL;      // the liveness probe's own duplicate of MPI_COMM_WORLD
+  std::vector<std::string> hosts;      // each rank's host name, by rank of the job
 };
 MpiRuntime& runtime() {
   static MpiRuntime rt;  // the one process-wide MPI state; MPI itself is a process singleton
   return rt;
 }
 
-Status timed_out(int rank, const std::string& what) {
-  return unavailable("rank " + std::to_string(rank) + ": " + what +
-                     " did not complete in time; a peer rank may have died or be stuck "
-                     "(raise dist_timeout_s if it is only slow)");
+// How long a rank whose operation timed out waits for the others to answer its liveness probe:
+// their communication threads answer within milliseconds when they are alive and reachable.
+std::chrono::milliseconds probe_window(std::chrono::seconds timeout) {
+  return std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1),
+                                               std::chrono::seconds(5));
 }
 
-// Waits for an operation the communication thread runs, until `deadline`.
+// "rank 2 (node-b)": a rank of the job and its host.
+std::string rank_on_host(int rank) {
+  const MpiRuntime& rt = runtime();
+  std::string s = "rank " + std::to_string(rank);
+  if (static_cast<std::size_t>(rank) < rt.hosts.size()) {
+    s += " (" + rt.hosts[static_cast<std::size_t>(rank)] + ")";
+  }
+  return s;
+}
+
+// What a liveness probe found, for the message of `what`, which timed out: the ranks that did not
+// answer (gone, or cut off), and those that answered but are not in `what` (stuck elsewhere).
+std::string probe_findings(const CommThread::Answers& answers, const std::string& what,
+                           std::chrono::milliseconds window) {
+  if (answers.empty()) return "";
+  constexpr int kNamed = 8;  // a line, not a page, on a large job
+  std::string silent, elsewhere;
+  int n_silent = 0, n_elsewhere = 0;
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    const int r = static_cast<int>(i);
+    if (!answers[i]) {
+      if (n_silent++ < kNamed) silent += (silent.empty() ? "" : ", ") + rank_on_host(r);
+    } else if (answers[i]->find(what) == std::string::npos && *answers[i] != "this rank") {
+      if (n_elsewhere++ < kNamed) {
+        elsewhere += (elsewhere.empty() ? "" : "; ") + rank_on_host(r) + " is " + *answers[i];
+      }
+    }
+  }
+  const auto more = [](int n) {
+    return n > kNamed ? " and " + std::to_string(n - kNamed) + " more" : std::string();
+  };
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", std::chrono::duration<double>(window).count());
+  std::string out;
+  if (n_silent > 0) {
+    out += "; no answer within " + std::string(secs) + " s to a liveness probe from " + silent +
+           more(n_silent) + " (gone, or the network to it is down)";
+  }
+  if (n_elsewhere > 0) out += "; answered but not in it: " + elsewhere + more(n_elsewhere);
+  if (n_silent == 0 && n_elsewhere == 0) {
+    out += "; every rank answered a liveness probe and is in it (a link may be too slow)";
+  }
+  return out;
+}
+
+Status timed_out(int rank, const std::string& what, const std::string& findings) {
+  return unavailable("rank " + std::to_string(rank) + ": " + what +
+                     " did not complete in time; a peer rank may have died or be stuck" + findings +
+                     " (raise dist_timeout_s if it is only slow)");
+}
+
+// Waits for an operation the communication thread runs, until `deadline`. Past it, asks every
+// rank what it is doing (for at most `window`), and makes no MPI call again.
 Status wait_for_op(std::future<std::string>& done, int rank, const std::string& what,
-                   std::chrono::steady_clock::time_point deadline) {
+                   std::chrono::steady_clock::time_point deadline,
+                   std::chrono::milliseconds window) {
   if (done.wait_until(deadline) != std::future_status::ready) {
-    Status s = timed_out(rank, what);
-    runtime().thread->fail("an earlier operation on this rank timed out (" + s.message() + ")");
+    CommThread& thread = *runtime().thread;
+    std::shared_future<CommThread::Answers> answers = thread.probe(window);
+    const bool answered =
+        answers.wait_for(window + std::chrono::seconds(1)) == std::future_status::ready;
+    Status s = timed_out(rank, what, answered ? probe_findings(answers.get(), what, window) : "");
+    thread.fail("an earlier operation on this rank timed out (" + s.message() + ")");
     return s;
   }
   const std::string error = done.get();
@@ -243,17 +516,19 @@ Status wait_for_op(std::future<std::string>& done, int rank, const std::string& 
 class MpiRequestState final : public CommHandle::State {
  public:
   MpiRequestState(std::future<std::string> done, std::string what, int rank,
-                  std::chrono::steady_clock::time_point deadline, std::function<void()> finish)
+                  std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds window,
+                  std::function<void()> finish)
       : done_(std::move(done)),
         what_(std::move(what)),
         rank_(rank),
         deadline_(deadline),
+        window_(window),
         finish_(std::move(finish)) {}
   bool ready() override {
     return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
   Status wait() override {
-    STRATA_RETURN_IF_ERROR(wait_for_op(done_, rank_, what_, deadline_));
+    STRATA_RETURN_IF_ERROR(wait_for_op(done_, rank_, what_, deadline_, window_));
     if (finish_) finish_();
     return Status::ok();
   }
@@ -263,6 +538,7 @@ class MpiRequestState final : public CommHandle::State {
   std::string what_;
   int rank_;
   std::chrono::steady_clock::time_point deadline_;
+  std::chrono::milliseconds window_;
   std::function<void()> finish_;
 };
 
@@ -284,7 +560,7 @@ class MpiCommunicator final : public Communicator {
                          std::min<std::chrono::steady_clock::duration>(timeout_, kShutdownGrace);
     if (rt.thread->failed()) rt.unclean = true;  // no MPI call after a timeout, not even a free
     for (bool freed = rt.unclean; !freed;) {
-      std::future<std::string> done = rt.thread->submit(comm_, [&](MPI_Request*) {
+      std::future<std::string> done = rt.thread->submit(comm_, "freeing", [&](MPI_Request*) {
         if (rt.thread->in_flight(comm_) > 0) return MPI_SUCCESS;
         freed = true;
         return MPI_Comm_free(&comm_);
@@ -297,6 +573,15 @@ class MpiCommunicator final : public Communicator {
       if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (--rt.users > 0) return;
+    if (!rt.unclean && rt.probe != MPI_COMM_NULL) {
+      rt.thread
+          ->submit(rt.probe, "freeing",
+                   [&rt](MPI_Request*) {
+                     rt.probe = MPI_COMM_NULL;
+                     return rt.thread->stop_listening();
+                   })
+          .wait();
+    }
     rt.thread.reset();  // joins; every later MPI call is on this thread
     if (rt.unclean) {
       log_warning("rank " + std::to_string(rank_) +
@@ -437,6 +722,45 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  CommHandle all_to_all_v(const void* send, std::span<const std::int64_t> send_counts, void* recv,
+                          std::span<const std::int64_t> recv_counts, DType dtype,
+                          std::string_view what) override {
+    if (Status s = check_all_to_all(*this, send_counts, recv_counts, what); !s.is_ok()) {
+      return CommHandle::done(std::move(s));
+    }
+    // MPI counts and places elements in ints: each side's total must fit one.
+    struct Layout {
+      std::vector<int> send_counts, send_at, recv_counts, recv_at;
+    };
+    auto layout = std::make_shared<Layout>();
+    for (const auto& [counts, n, at] :
+         {std::tuple{send_counts, &layout->send_counts, &layout->send_at},
+          std::tuple{recv_counts, &layout->recv_counts, &layout->recv_at}}) {
+      std::int64_t total = 0;
+      for (const std::int64_t c : counts) {
+        at->push_back(static_cast<int>(total));
+        n->push_back(static_cast<int>(c));
+        total += c;
+      }
+      if (total > std::numeric_limits<int>::max()) {
+        return CommHandle::done(invalid_argument(
+            "rank " + std::to_string(rank_) + ": all_to_all_v '" + std::string(what) + "' of " +
+            std::to_string(total) + " elements: MPI counts elements in an int (at most " +
+            std::to_string(std::numeric_limits<int>::max()) + "); send fewer at once"));
+      }
+    }
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank_)
+        stats_.all_to_all_bytes += static_cast<std::uint64_t>(send_counts[r]) * dtype_size(dtype);
+    }
+    ++stats_.collectives;
+    const MPI_Datatype type = type_of(dtype);
+    return issue("all_to_all_v", what, {}, [=, comm = comm_](MPI_Request* req) {
+      return MPI_Ialltoallv(send, layout->send_counts.data(), layout->send_at.data(), type, recv,
+                            layout->recv_counts.data(), layout->recv_at.data(), type, comm, req);
+    });
+  }
+
   Status barrier(std::string_view what) override {
     return issue("barrier", what, {},
                  [comm = comm_](MPI_Request* req) { return MPI_Ibarrier(comm, req); })
@@ -484,8 +808,8 @@ class MpiCommunicator final : public Communicator {
     auto out = std::make_shared<Out>();
     MpiRuntime& rt = runtime();
     std::lock_guard lock(rt.mu);
-    std::future<std::string> done =
-        rt.thread->submit(comm_, [out, comm = comm_, color, key](MPI_Request*) {
+    std::future<std::string> done = rt.thread->submit(
+        comm_, "MPI_Comm_split for " + label, [out, comm = comm_, color, key](MPI_Request*) {
           int rc = MPI_Comm_split(comm, color, key, &out->comm);
           if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(out->comm, MPI_ERRORS_RETURN);
           if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(out->comm, &out->rank);
@@ -493,7 +817,8 @@ class MpiCommunicator final : public Communicator {
           return rc;
         });
     STRATA_RETURN_IF_ERROR(wait_for_op(done, rank_, "MPI_Comm_split for " + label,
-                                       std::chrono::steady_clock::now() + timeout_));
+                                       std::chrono::steady_clock::now() + timeout_,
+                                       probe_window(timeout_)));
     ++rt.users;
     CommOptions o;
     o.backend = CommBackend::kMpi;
@@ -595,9 +920,11 @@ class MpiCommunicator final : public Communicator {
   CommHandle issue(const char* op, std::string_view what, std::function<void()> finish,
                    StartFn start) {
     std::string label = std::string(op) + " '" + std::string(what) + "'";
-    return CommHandle(std::make_shared<MpiRequestState>(
-        runtime().thread->submit(comm_, std::move(start)), std::move(label), rank_,
-        std::chrono::steady_clock::now() + timeout_, std::move(finish)));
+    CommThread& thread = *runtime().thread;
+    std::future<std::string> done = thread.submit(comm_, label, std::move(start));
+    return CommHandle(std::make_shared<MpiRequestState>(std::move(done), std::move(label), rank_,
+                                                        std::chrono::steady_clock::now() + timeout_,
+                                                        probe_window(timeout_), std::move(finish)));
   }
 
   static constexpr std::size_t kCopiedAllReduceBytes = std::size_t{64} << 10;
@@ -609,6 +936,45 @@ class MpiCommunicator final : public Communicator {
   device::Device& device_;
   int rank_ = 0, world_ = 1;
 };
+
+// The liveness probe's own duplicate of MPI_COMM_WORLD and every rank's host name, for the
+// messages of timeouts; then the communication thread answers other ranks' probes.
+Status start_listening(MpiRuntime& rt, int rank, int world,
+                       std::chrono::steady_clock::time_point deadline,
+                       std::chrono::milliseconds window) {
+  struct Setup {  // on the heap: a timed-out step may still complete later
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::array<char, MPI_MAX_PROCESSOR_NAME> mine{};
+    std::vector<char> names;
+  };
+  auto setup = std::make_shared<Setup>();
+  setup->names.resize(static_cast<std::size_t>(world) * MPI_MAX_PROCESSOR_NAME);
+  std::future<std::string> done = rt.thread->submit(
+      MPI_COMM_WORLD, "duplicating MPI_COMM_WORLD for liveness probes", [setup](MPI_Request* req) {
+        int len = 0;
+        MPI_Get_processor_name(setup->mine.data(), &len);
+        return MPI_Comm_idup(MPI_COMM_WORLD, &setup->comm, req);
+      });
+  STRATA_RETURN_IF_ERROR(
+      wait_for_op(done, rank, "duplicating MPI_COMM_WORLD for liveness probes", deadline, window));
+  done = rt.thread->submit(setup->comm, "all_gather 'host names'", [setup](MPI_Request* req) {
+    int rc = MPI_Comm_set_errhandler(setup->comm, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) return rc;
+    return MPI_Iallgather(setup->mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, setup->names.data(),
+                          MPI_MAX_PROCESSOR_NAME, MPI_CHAR, setup->comm, req);
+  });
+  STRATA_RETURN_IF_ERROR(wait_for_op(done, rank, "all_gather 'host names'", deadline, window));
+  rt.hosts.clear();
+  for (int r = 0; r < world; ++r) {
+    const char* name = setup->names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    rt.hosts.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+  }
+  done = rt.thread->submit(setup->comm, "listening", [&rt, setup, rank, world](MPI_Request*) {
+    rt.probe = setup->comm;
+    return rt.thread->listen(setup->comm, rank, world);
+  });
+  return wait_for_op(done, rank, "listening for liveness probes", deadline, window);
+}
 
 }  // namespace
 
@@ -666,20 +1032,25 @@ Result<std::unique_ptr<Communicator>> make_mpi_host_communicator(const CommOptio
   };
   auto dup = std::make_shared<Dup>();
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
-  std::future<std::string> duplicated = rt.thread->submit(MPI_COMM_WORLD, [dup](MPI_Request* req) {
-    int rank = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    dup->rank = rank;
-    MPI_Comm_size(MPI_COMM_WORLD, &dup->world);
-    return MPI_Comm_idup(MPI_COMM_WORLD, &dup->comm, req);
-  });
-  Status s = wait_for_op(duplicated, dup->rank, "duplicating MPI_COMM_WORLD", deadline);
+  const std::chrono::milliseconds window = probe_window(options.timeout);
+  std::future<std::string> duplicated =
+      rt.thread->submit(MPI_COMM_WORLD, "duplicating MPI_COMM_WORLD", [dup](MPI_Request* req) {
+        int rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        dup->rank = rank;
+        MPI_Comm_size(MPI_COMM_WORLD, &dup->world);
+        return MPI_Comm_idup(MPI_COMM_WORLD, &dup->comm, req);
+      });
+  Status s = wait_for_op(duplicated, dup->rank, "duplicating MPI_COMM_WORLD", deadline, window);
   if (s.is_ok()) {
     // Errors come back as return codes, so they become a Status naming the rank and operation.
-    std::future<std::string> setup = rt.thread->submit(dup->comm, [dup](MPI_Request*) {
-      return MPI_Comm_set_errhandler(dup->comm, MPI_ERRORS_RETURN);
-    });
-    s = wait_for_op(setup, dup->rank, "MPI_Comm_set_errhandler", deadline);
+    std::future<std::string> setup = rt.thread->submit(
+        dup->comm, "MPI_Comm_set_errhandler",
+        [dup](MPI_Request*) { return MPI_Comm_set_errhandler(dup->comm, MPI_ERRORS_RETURN); });
+    s = wait_for_op(setup, dup->rank, "MPI_Comm_set_errhandler", deadline, window);
+  }
+  if (s.is_ok() && rt.probe == MPI_COMM_NULL) {
+    s = start_listening(rt, dup->rank, dup->world, deadline, window);
   }
   if (!s.is_ok()) {
     if (rt.users == 0) rt.thread.reset();  // a timed-out duplication stays in flight: no finalize

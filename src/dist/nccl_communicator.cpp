@@ -331,6 +331,36 @@ class NcclCommunicator final : public Communicator {
                   "broadcast", what);
   }
   Status barrier(std::string_view what) override { return host_->barrier(what); }
+  // One NCCL group of a send and a receive with each rank (NCCL's own all-to-all pattern): the
+  // group runs as one operation, so no pair waits behind another.
+  CommHandle all_to_all_v(const void* send, std::span<const std::int64_t> send_counts, void* recv,
+                          std::span<const std::int64_t> recv_counts, DType dtype,
+                          std::string_view what) override {
+    if (Status s = check_all_to_all(*this, send_counts, recv_counts, what); !s.is_ok()) {
+      return failed(std::move(s));
+    }
+    ++stats_.collectives;
+    if (!after_compute()) return failed("all_to_all_v", what, "cudaStreamWaitEvent");
+    const std::size_t element = dtype_size(dtype);
+    const ncclDataType_t type = nccl_type(dtype);
+    const auto* from = static_cast<const std::byte*>(send);
+    auto* to = static_cast<std::byte*>(recv);
+    ncclResult_t rc = ncclGroupStart();
+    for (int r = 0; r < world_size() && rc == ncclSuccess; ++r) {
+      const auto out = static_cast<std::size_t>(send_counts[r]);
+      const auto in = static_cast<std::size_t>(recv_counts[r]);
+      if (r != rank()) stats_.all_to_all_bytes += out * element;
+      if (out > 0) rc = ncclSend(from, out, type, r, comm_->get(), stream_);
+      if (in > 0 && (rc == ncclSuccess || rc == ncclInProgress)) {
+        rc = ncclRecv(to, in, type, r, comm_->get(), stream_);
+      }
+      if (rc == ncclInProgress) rc = ncclSuccess;
+      from += out * element;
+      to += in * element;
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return finish(rc != ncclSuccess ? rc : ended, "all_to_all_v", what);
+  }
 
   // Point-to-point runs on links, one a direction and peer, each a two-rank NCCL communicator
   // (the sender its rank 0) on a stream of its own: NCCL's send and receive block their stream

@@ -1,6 +1,7 @@
 // The process grid's sub-communicators, split from the world communicator per axis.
 #include "strata/dist/process_grid.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
@@ -11,7 +12,8 @@ namespace strata::dist {
 
 std::string GridShape::to_string() const {
   return "data " + std::to_string(data) + " x tensor " + std::to_string(tensor) + " x pipeline " +
-         std::to_string(pipeline);
+         std::to_string(pipeline) +
+         (expert > 1 ? ", experts over " + std::to_string(expert) : std::string());
 }
 
 int grid_rank(const GridShape& shape, const GridCoord& coord) {
@@ -23,6 +25,7 @@ GridCoord grid_coord(const GridShape& shape, int rank) {
   c.tensor = rank % shape.tensor;
   c.data = rank / shape.tensor % shape.data;
   c.pipeline = rank / (shape.tensor * shape.data);
+  c.expert = c.data % std::max(shape.expert, 1);
   return c;
 }
 
@@ -37,9 +40,15 @@ std::unique_ptr<ProcessGrid> ProcessGrid::single_rank(device::Device& device) {
 Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
                                                          const GridShape& shape,
                                                          device::Device& device) {
-  if (shape.data < 1 || shape.tensor < 1 || shape.pipeline < 1) {
+  if (shape.data < 1 || shape.tensor < 1 || shape.pipeline < 1 || shape.expert < 1) {
     return invalid_argument("process grid " + shape.to_string() +
                             ": every axis needs at least one rank");
+  }
+  if (shape.data % shape.expert != 0) {
+    return invalid_argument("process grid " + shape.to_string() + ": expert-parallel size " +
+                            std::to_string(shape.expert) +
+                            " does not divide the data-parallel size " +
+                            std::to_string(shape.data));
   }
   if (shape.size() != world.world_size()) {
     return invalid_argument("process grid " + shape.to_string() + " has " +
@@ -63,6 +72,9 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
     device::StreamKind stream;
   };
   using device::StreamKind;
+  // The expert groups split the data group: its runs of `expert` ranks, and its ranks alike
+  // modulo `expert`.
+  const int E = shape.expert, line = c.pipeline * shape.tensor + c.tensor;
   const Axis axes[] = {
       {"data", shape.data, c.pipeline * shape.tensor + c.tensor, c.data, &grid->data_,
        StreamKind::kCollective},
@@ -70,11 +82,19 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
        StreamKind::kTensorCollective},
       {"pipeline", shape.pipeline, c.data * shape.tensor + c.tensor, c.pipeline, &grid->pipeline_,
        StreamKind::kCollective},
+      {"expert", E, line * shape.data + c.data / E, c.expert, &grid->expert_,
+       StreamKind::kCollective},
+      {"expert-data", shape.data / E, line * shape.data + c.expert, c.data / E, &grid->expert_data_,
+       StreamKind::kCollective},
   };
   for (std::size_t i = 0; i < std::size(axes); ++i) {
     const Axis& a = axes[i];
     if (a.size == world.world_size()) {
       *a.slot = &world;
+      continue;
+    }
+    if (i > 2 && a.size == shape.data) {  // an expert group that is the whole data group
+      *a.slot = grid->data_;
       continue;
     }
     if (a.size == 1) {
@@ -114,7 +134,7 @@ Status ProcessGrid::link_embedding_stages() {
 
 CommStats ProcessGrid::stats() const {
   CommStats sum = world_->stats();
-  for (const auto* c : {&owned_[0], &owned_[1], &owned_[2], &embedding_}) {
+  for (const auto* c : {&owned_[0], &owned_[1], &owned_[2], &owned_[3], &owned_[4], &embedding_}) {
     if (*c != nullptr) sum += (*c)->stats();
   }
   return sum;

@@ -40,6 +40,22 @@ class SingleRankCommunicator final : public Communicator {
     return {};
   }
   CommHandle broadcast(void*, std::int64_t, DType, int, std::string_view) override { return {}; }
+  CommHandle all_to_all_v(const void* send, std::span<const std::int64_t> send_counts, void* recv,
+                          std::span<const std::int64_t> recv_counts, DType dtype,
+                          std::string_view what) override {
+    if (Status s = check_all_to_all(*this, send_counts, recv_counts, what); !s.is_ok()) {
+      return CommHandle::done(std::move(s));
+    }
+    if (send_counts[0] != recv_counts[0]) {
+      return CommHandle::done(invalid_argument("rank 0: all_to_all_v '" + std::string(what) +
+                                               "' sends " + std::to_string(send_counts[0]) +
+                                               " elements to itself but receives " +
+                                               std::to_string(recv_counts[0])));
+    }
+    ++stats_.collectives;
+    copy(send, recv, send_counts[0], dtype);
+    return {};
+  }
   Status barrier(std::string_view) override { return Status::ok(); }
   CommHandle send(const void*, std::int64_t, DType, int peer, std::string_view what) override {
     return CommHandle::done(check_peer(*this, "send", peer, what));

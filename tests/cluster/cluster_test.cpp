@@ -314,10 +314,11 @@ void expect_the_uninterrupted_run(const Launched& l, const Json& j,
 }
 
 // A node's cable pulled in the middle of a step: the rank left on the other node ends within
-// dist_timeout_s naming the collective; mpirun, which then waits for the cut node's daemon
-// forever, is ended by launch; launch finds the cut node no longer answers, restarts on the node
-// left from the latest checkpoint with the global batch kept (more micro-batches on one rank)
-// and finishes: every step once, the losses of the uninterrupted one-rank run bit for bit.
+// dist_timeout_s naming the collective and the rank its liveness probe could not reach; mpirun,
+// which then waits for the cut node's daemon forever, is ended by launch; launch finds the cut node
+// no longer answers, restarts on the node left from the latest checkpoint with the global batch
+// kept (more micro-batches on one rank) and finishes: every step once, the losses of the
+// uninterrupted one-rank run bit for bit.
 TEST(ClusterFaults, ALinkPulledMidStepEndsTheJobAndLaunchGoesOnWithTheNodeLeft) {
   TempDir dir;
   Cluster c(dir);
@@ -330,6 +331,10 @@ TEST(ClusterFaults, ALinkPulledMidStepEndsTheJobAndLaunchGoesOnWithTheNodeLeft) 
   const Launched l = launch_with_fault(dir, c, j, "cut", 2, 3, "link 1 down");
   expect_the_uninterrupted_run(l, j, ref_loss);
   EXPECT_NE(l.out.find("did not complete in time"), std::string::npos) << l.out;
+  // The rank left names the one beyond the cut: its liveness probe went unanswered.
+  EXPECT_NE(l.out.find("to a liveness probe from rank 1 (" + kClusterName + "-n1)"),
+            std::string::npos)
+      << l.out;
   EXPECT_NE(l.out.find("host " + kClusterSubnet + ".2 did not start a process within 5 s"),
             std::string::npos)
       << l.out;

@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -169,6 +171,57 @@ TEST(CliTest, EveryUsageErrorExitsTwo) {
   EXPECT_EQ(run_cli(dir, "--help").exit_code, 0);
   EXPECT_EQ(run_cli(dir, "train --help").exit_code, 0);
   EXPECT_EQ(run_cli(dir, "--version").exit_code, 0);
+}
+
+// strata launch --hostfile asks every listed host to start a process before an attempt, a
+// bounded number at once, a failed start tried once more: 40 hosts, an mpirun that takes 0.3 s to
+// answer for each, never for h39, fails once for h38 and always for h37; the probes never exceed
+// 32 at a time, every host is asked, h38 is used, and h39 and h37 are named with why.
+TEST(CliTest, LaunchAsksTheHostsOfAHostfileABoundedNumberAtATime) {
+  TempDir dir;
+  dir.write("c.json", tiny(dir).dump());
+  std::string hosts;
+  for (int h = 0; h < 40; ++h) hosts += "h" + std::to_string(h) + " slots=1\n";
+  dir.write("hosts", hosts);
+  // The probe is `mpirun -np 1 --host H true`; the job itself fails, so launch gives up.
+  const std::string probes = dir.file("probes"), once = dir.file("h38-failed");
+  dir.write("mpirun",
+            "#!/bin/sh\n"
+            "case \"$*\" in *' true') ;; *) echo \"job $*\" >>" +
+                probes +
+                "; exit 1 ;; esac\n"
+                "case \"$*\" in *'--host h39 '*) exec sleep 100 ;; esac\n"
+                "case \"$*\" in *'--host h37 '*) exit 3 ;; esac\n"
+                "case \"$*\" in *'--host h38 '*) [ -e " +
+                once + " ] || { touch " + once +
+                "; exit 1; } ;; esac\n"
+                "echo + >>" +
+                probes + "\nsleep 0.3\necho - >>" + probes + "\n");
+  ASSERT_EQ(::chmod(dir.file("mpirun").c_str(), 0755), 0);
+  const RunResult r = run_cli(dir,
+                              "launch --ranks 2 --max-restarts 0 --host-timeout-s 2 "
+                              "--mpirun " +
+                                  dir.file("mpirun") + " --hostfile " + dir.file("hosts") + " -- " +
+                                  dir.file("c.json"));
+  EXPECT_NE(r.exit_code, 0);
+  const std::string err = r.out + r.err;
+  EXPECT_NE(err.find("host h39 did not start a process within 2 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("host h37 could not start a process (mpirun exit code 3, tried twice)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("host h38 "), std::string::npos) << err;
+  EXPECT_NE(err.find("38 of the 40 hosts"), std::string::npos) << err;
+  int at_once = 0, most = 0, started = 0;
+  std::istringstream lines(slurp(probes));
+  for (std::string line; std::getline(lines, line);) {
+    if (line != "+" && line != "-") continue;  // the job's own mpirun
+    at_once += line == "+" ? 1 : -1;
+    started += line == "+" ? 1 : 0;
+    most = std::max(most, at_once);
+  }
+  EXPECT_EQ(started, 38);  // h39 and h37 never write
+  EXPECT_LE(most, 32);
+  EXPECT_GT(most, 1);  // in parallel
 }
 
 // strata estimate says first whether the plan fits, each budget against what it needs; under

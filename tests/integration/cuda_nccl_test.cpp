@@ -81,7 +81,12 @@ TEST(CudaNcclTest, CollectivesSeeTheComputeStreamsWritesAndGiveTheSerialResult) 
     done->s = s;
     return CommHandle(done);
   });
-  EXPECT_EQ(comm.stats().collectives, 4u);
+  run("all_to_all_v", [&] {
+    const std::int64_t counts[1] = {kN};
+    return comm.all_to_all_v(in->data(), counts, out->data(), counts, DType::kF32, "t");
+  });
+  EXPECT_EQ(comm.stats().collectives, 5u);
+  EXPECT_EQ(comm.stats().all_to_all_bytes, 0u);  // nothing left the rank
 
   // A split on the tensor-parallel group's own stream (the process grid's tensor axis) orders
   // its collectives after the compute stream's work the same way.

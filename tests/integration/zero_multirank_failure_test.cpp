@@ -97,7 +97,8 @@ TEST(ZeroFailures, DeadRankEndsTheRunWithinTheTimeout) {
 }
 
 // A rank that is alive but stuck (rank 1 stops for good as step 3 starts): the other rank's
-// collective times out after dist_timeout_s, it says which rank and operation, makes no MPI call
+// collective times out after dist_timeout_s, it says which operation and, from a liveness probe,
+// which rank is stuck elsewhere, makes no MPI call
 // after that (a late completion could write into buffers already freed), and the job ends.
 TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
@@ -110,6 +111,10 @@ TEST(ZeroFailures, StuckRankEndsTheRunWithATimeoutNamingTheOperation) {
   EXPECT_NE(r.err.find("did not complete in time; a peer rank may have died or be stuck"),
             std::string::npos)
       << r.err;
+  // The stuck rank answers the liveness probe (its communication thread lives on) and is named
+  // as not in the collective, idle since its last one.
+  EXPECT_NE(r.err.find("answered but not in it: rank 1 ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(") is idle for "), std::string::npos) << r.err;
   // One timeout, reported once: nothing after it waited out another timeout.
   EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
 }

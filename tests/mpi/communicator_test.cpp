@@ -1,6 +1,7 @@
 // Every collective against a serial reference, for whatever world size mpirun starts (ctest runs
-// this with 1, 2, 3 and 4 ranks), including counts that are not multiples of anything (and
-// in-place all-reduces of 64 KiB or more, which go from a copy on 4 ranks or more).
+// this with 1, 2, 3 and 4 ranks; one rank is the single-rank communicator), including counts that
+// are not multiples of anything (and in-place all-reduces of 64 KiB or more, which go from a copy
+// on 4 ranks or more).
 #include "strata/dist/communicator.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
+#include "tests/testing/all_to_all_check.h"
 #include "tests/testing/mpi_env.h"
 
 namespace strata::dist {
@@ -179,6 +181,11 @@ TEST_P(CommTest, SendsAndReceivesMatchInOrderAroundARing) {
       }
     }
   }
+}
+
+// A count for each pair, some none: every block lands at its sender's place, in rank order.
+TEST_P(CommTest, AllToAllWithACountForEachPair) {
+  ::strata::testing::check_all_to_all(*env().comm, GetParam() % 9000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Counts, CommTest, ::testing::Values(1, 7, 1000, 65537));

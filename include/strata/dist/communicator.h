@@ -57,13 +57,15 @@ struct CommStats {
   std::uint64_t all_gather_bytes = 0;
   std::uint64_t reduce_scatter_bytes = 0;
   std::uint64_t all_reduce_bytes = 0;
-  std::uint64_t sent_bytes = 0;  // point-to-point sends
+  std::uint64_t sent_bytes = 0;        // point-to-point sends
+  std::uint64_t all_to_all_bytes = 0;  // all_to_all_v: what this rank sends to the others
   std::uint64_t collectives = 0;
   CommStats& operator+=(const CommStats& o) {
     all_gather_bytes += o.all_gather_bytes;
     reduce_scatter_bytes += o.reduce_scatter_bytes;
     all_reduce_bytes += o.all_reduce_bytes;
     sent_bytes += o.sent_bytes;
+    all_to_all_bytes += o.all_to_all_bytes;
     collectives += o.collectives;
     return *this;
   }
@@ -99,6 +101,16 @@ class Communicator {
   virtual CommHandle broadcast(void* buffer, std::int64_t count, DType dtype, int root,
                                std::string_view what) = 0;
   virtual Status barrier(std::string_view what) = 0;
+  // All-to-all with a count for each pair of ranks (the experts' token dispatch): send holds
+  // send_counts[r] elements for each rank r, packed in rank order (this rank's own share
+  // included), and recv gets recv_counts[r] elements from each rank r, packed in rank order. Both
+  // spans hold world_size counts, read before the call returns; each pair must agree (rank a's
+  // send_counts[b] is rank b's recv_counts[a]); send and recv do not overlap. A pair that
+  // disagrees is an error naming both where the transport can see it (in process), else MPI's or
+  // NCCL's own.
+  virtual CommHandle all_to_all_v(const void* send, std::span<const std::int64_t> send_counts,
+                                  void* recv, std::span<const std::int64_t> recv_counts,
+                                  DType dtype, std::string_view what) = 0;
 
   // Point-to-point (pipeline stage boundaries): `count` elements of this device's memory to or
   // from rank `peer` (not this rank). Between two ranks, sends and receives match in the order
@@ -147,6 +159,10 @@ class Communicator {
 
 // Ok when `peer` is a rank of `comm` other than its own, else the error for a point-to-point `op`.
 Status check_peer(const Communicator& comm, const char* op, int peer, std::string_view what);
+// Ok when all_to_all_v's counts are world_size each and none is negative, else the error naming
+// the call and the count.
+Status check_all_to_all(const Communicator& comm, std::span<const std::int64_t> send_counts,
+                        std::span<const std::int64_t> recv_counts, std::string_view what);
 
 // kAuto: mpi when launched by mpirun (nccl on a device that is not host memory), else single.
 enum class CommBackend : std::uint8_t { kAuto, kSingle, kMpi, kNccl };

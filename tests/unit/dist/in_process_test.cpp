@@ -14,6 +14,7 @@
 #include "strata/core/rng.h"
 #include "strata/device/device.h"
 #include "strata/dist/communicator.h"
+#include "tests/testing/all_to_all_check.h"
 #include "tests/testing/in_process_ranks.h"
 
 namespace strata::dist {
@@ -137,7 +138,54 @@ TEST_P(InProcessTest, Bf16SumsAreTakenInF32AndRoundedOnce) {
   });
 }
 
+// A count for each pair, some none: every block lands at its sender's place, in rank order.
+TEST_P(InProcessTest, AllToAllWithACountForEachPair) {
+  const int world = GetParam();
+  Group g = make_group(world);
+  for (const std::int64_t n : {1, 7, 1000}) {
+    g.run([&](int rank) {
+      ::strata::testing::check_all_to_all(*g.comms[static_cast<std::size_t>(rank)], n);
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, InProcessTest, ::testing::Values(1, 2, 3, 4));
+
+// all_to_all_v refuses counts of the wrong size or sign, naming them, and ranks whose counts
+// disagree are told which pair and both counts (one rank: its two counts).
+TEST(InProcess, AllToAllCountsThatDoNotFitAreRefused) {
+  Group g = make_group(2);
+  float x[8] = {}, y[8] = {};
+  const std::int64_t three[3] = {1, 1, 1}, negative[2] = {1, -1}, two[2] = {1, 1};
+  Status s = g.comms[0]->all_to_all_v(x, three, y, two, DType::kF32, "tokens").wait();
+  EXPECT_NE(s.message().find("all_to_all_v 'tokens': send_counts holds 3 counts; expected one for "
+                             "each of the 2 ranks"),
+            std::string::npos)
+      << s.message();
+  s = g.comms[1]->all_to_all_v(x, two, y, negative, DType::kF32, "tokens").wait();
+  EXPECT_NE(s.message().find("recv_counts[1] is -1; expected 0 or more"), std::string::npos)
+      << s.message();
+
+  std::vector<Status> got(2);
+  g.run([&](int rank) {
+    const std::int64_t sends[2] = {1, rank == 0 ? 2 : 1}, receives[2] = {1, 1};
+    got[static_cast<std::size_t>(rank)] =
+        g.comms[static_cast<std::size_t>(rank)]
+            ->all_to_all_v(x, sends, y, receives, DType::kF32, "tokens")
+            .wait();
+  });
+  for (const Status& st : got) {
+    EXPECT_NE(st.message().find("rank 0 sends 2 elements to rank 1, which expects 1 from it"),
+              std::string::npos)
+        << st.message();
+  }
+  // One rank sends itself what it receives.
+  const std::unique_ptr<Communicator> one = make_single_rank_communicator(*g.devices[0]);
+  const std::int64_t out[1] = {2}, in[1] = {3};
+  s = one->all_to_all_v(x, out, y, in, DType::kF32, "tokens").wait();
+  EXPECT_NE(s.message().find("sends 2 elements to itself but receives 3"), std::string::npos)
+      << s.message();
+}
 
 TEST(InProcess, RanksThatDisagreeAreToldBothCalls) {
   Group g = make_group(2);
@@ -158,8 +206,8 @@ TEST(InProcess, RanksThatDisagreeAreToldBothCalls) {
   }
 }
 
-// A rank that never comes: the one waiting is told which collective timed out, and the group
-// stays broken for every later collective instead of hanging.
+// A rank that never comes: the one waiting is told which collective timed out and which rank
+// never reached it, and the group stays broken for every later collective instead of hanging.
 TEST(InProcess, ARankThatNeverComesTimesOutAndBreaksTheGroup) {
   Group g = make_group(2, std::chrono::milliseconds(50));
   const Status s = g.comms[0]->barrier("before the step");
@@ -167,9 +215,23 @@ TEST(InProcess, ARankThatNeverComesTimesOutAndBreaksTheGroup) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("rank 0: barrier 'before the step'"), std::string::npos)
       << s.message();
-  EXPECT_NE(s.message().find("did not complete in time"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("did not complete in time; rank 1 has not reached it"),
+            std::string::npos)
+      << s.message();
   const Status later = g.comms[1]->barrier("later");
   EXPECT_FALSE(later.is_ok());
+
+  // Of four, ranks 0 and 2 come: both are told that ranks 1 and 3 never did.
+  Group four = make_group(4, std::chrono::milliseconds(50));
+  std::vector<Status> got(4);
+  four.run([&](int rank) {
+    if (rank % 2 == 1) return;
+    got[static_cast<std::size_t>(rank)] = four.comms[static_cast<std::size_t>(rank)]->barrier("x");
+  });
+  for (int rank : {0, 2}) {
+    const std::string& m = got[static_cast<std::size_t>(rank)].message();
+    EXPECT_NE(m.find("ranks 1, 3 have not reached it"), std::string::npos) << m;
+  }
 }
 
 // Point-to-point: around a ring, several messages a pair in order, each received as sent; a

@@ -1,6 +1,7 @@
 // The process grid over in-process ranks (threads): every shape of 4 ranks (and of 1), each
-// axis's communicator holding exactly the ranks Megatron's order puts in its group, in
-// coordinate order; coordinates and ranks round-trip; a shape that does not match is an error.
+// axis's communicator (and the expert groups') holding exactly the ranks Megatron's order puts in
+// its group, in coordinate order; coordinates and ranks round-trip; a shape that does not match is
+// an error.
 #include "strata/dist/process_grid.h"
 
 #include <gtest/gtest.h>
@@ -20,9 +21,20 @@ Group make_group(int world, std::chrono::milliseconds timeout = std::chrono::sec
   return ::strata::testing::make_in_process_ranks(world, timeout);
 }
 
-// The world ranks in this rank's group along one axis, in order along it.
+// The world ranks in this rank's group along one axis (data, tensor, pipeline, expert,
+// expert-data), in order along it.
 std::vector<int> members(const GridShape& s, const GridCoord& c, int axis) {
   std::vector<int> out;
+  if (axis >= 3) {  // the expert groups: data ranks of one run of s.expert, or alike modulo it
+    const int first = axis == 3 ? c.data - c.expert : c.expert;
+    const int n = axis == 3 ? s.expert : s.data / s.expert;
+    for (int k = 0; k < n; ++k) {
+      GridCoord m = c;
+      m.data = axis == 3 ? first + k : first + k * s.expert;
+      out.push_back(grid_rank(s, m));
+    }
+    return out;
+  }
   const int n = axis == 0 ? s.data : axis == 1 ? s.tensor : s.pipeline;
   for (int k = 0; k < n; ++k) {
     GridCoord m = c;
@@ -42,9 +54,10 @@ void check_grid(Group& g, const GridShape& shape) {
     ProcessGrid& grid = **made;
     const GridCoord c = grid.coord();
     EXPECT_EQ(grid_rank(shape, c), rank);
-    Communicator* axes[] = {&grid.data(), &grid.tensor(), &grid.pipeline()};
-    const int coords[] = {c.data, c.tensor, c.pipeline};
-    for (int axis = 0; axis < 3; ++axis) {
+    Communicator* axes[] = {&grid.data(), &grid.tensor(), &grid.pipeline(), &grid.expert(),
+                            &grid.expert_data()};
+    const int coords[] = {c.data, c.tensor, c.pipeline, c.expert, c.data / shape.expert};
+    for (int axis = 0; axis < 5; ++axis) {
       Communicator& comm = *axes[axis];
       const std::vector<int> want = members(shape, c, axis);
       ASSERT_EQ(comm.world_size(), static_cast<int>(want.size())) << "axis " << axis;
@@ -71,6 +84,34 @@ TEST(ProcessGrid, EveryShapeOfFourRanksGroupsTheRightRanks) {
   }
   Group one = make_group(1);
   check_grid(one, GridShape{});
+}
+
+// Experts over 2 or 4 of 4 data ranks, and over 2 data ranks beside tensor or pipeline pairs:
+// each expert group is a run of data ranks, each expert-data group the data ranks alike modulo
+// the expert size; one that is the whole data group is the data communicator itself.
+TEST(ProcessGrid, ExpertGroupsSplitTheDataGroup) {
+  const GridShape shapes[] = {{4, 1, 1, 2}, {4, 1, 1, 4}, {2, 2, 1, 2}, {2, 1, 2, 2}};
+  for (const GridShape& shape : shapes) {
+    Group g = make_group(4);
+    check_grid(g, shape);
+  }
+  Group g = make_group(4);
+  g.run([&](int rank) {
+    Communicator& world = *g.comms[static_cast<std::size_t>(rank)];
+    auto all = ProcessGrid::create(world, GridShape{4, 1, 1, 4},
+                                   *g.devices[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(all.is_ok());
+    EXPECT_EQ(&(*all)->expert(), &(*all)->data());
+    EXPECT_EQ((*all)->expert_data().world_size(), 1);
+  });
+  Group two = make_group(2);
+  two.run([&](int rank) {
+    auto none = ProcessGrid::create(*two.comms[static_cast<std::size_t>(rank)], GridShape{2, 1, 1},
+                                    *two.devices[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(none.is_ok());
+    EXPECT_EQ(&(*none)->expert_data(), &(*none)->data());
+    EXPECT_EQ((*none)->expert().world_size(), 1);
+  });
 }
 
 // The grid's byte counts sum every axis's collectives: a 2 x 2 grid's data and tensor
@@ -117,6 +158,13 @@ TEST(ProcessGrid, AShapeThatDoesNotMatchTheJobIsAnError) {
       << bad.status().message();
   auto zero = ProcessGrid::create(*g.comms[0], GridShape{1, 0, 1}, *g.devices[0]);
   EXPECT_FALSE(zero.is_ok());
+  Group three = make_group(3);
+  auto odd = ProcessGrid::create(*three.comms[0], GridShape{3, 1, 1, 2}, *three.devices[0]);
+  ASSERT_FALSE(odd.is_ok());
+  EXPECT_NE(odd.status().message().find("expert-parallel size 2 does not divide the "
+                                        "data-parallel size 3"),
+            std::string::npos)
+      << odd.status().message();
 }
 
 // One rank alone owns its communicator: every axis is it, and a collective is the identity.
