@@ -32,8 +32,9 @@ done
 # checkpointed activations on their way down and back on the copy streams; ZeRO over in-process
 # ranks; the state an asynchronous save reads on its thread while steps run; guessed updates
 # hearing of final gradients from the gradient landing, accumulated on the device or the host;
-# and the canonical sums over 1, 2 and 4 in-process ranks.
-"${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*:Checkpointed*:*HeldState*:*SilentInTheLastMicroBatch*:*DeterministicReduction*'
+# the canonical sums over 1, 2 and 4 in-process ranks; and the experts' token dispatch between
+# in-process ranks.
+"${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*:Checkpointed*:*HeldState*:*SilentInTheLastMicroBatch*:*DeterministicReduction*:MoeDispatch*'
 
 # ccache keys these two builds' objects by paths relative to the checkout, so that the GPU
 # check's build below reuses the objects they share and a later run in another clone finds them.

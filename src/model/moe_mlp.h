@@ -9,6 +9,12 @@
 // gradients of the same experts (the union of their choices) in the same order, and gathers
 // them where ZeRO-3 partitions them, as those collectives require; an expert a rank has no rows
 // for costs it no compute, and no fetch where acquiring it is not a collective.
+//
+// Under expert parallelism each rank of the expert group runs its share of the experts: a
+// token's rows travel to the ranks of its experts and their outputs back (all_to_all_v), in
+// forward and again in backward, and each expert runs over the rows every rank of the group
+// sent it, in the group's token order (rank 0's tokens, then rank 1's, each in its order), as
+// one rank running the group's tokens as one micro-batch would.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +24,7 @@
 #include "src/model/parallel_layers.h"
 #include "strata/core/status.h"
 #include "strata/device/device.h"
+#include "strata/model/expert_group.h"
 #include "strata/model/llama.h"
 
 namespace strata::model::detail {
@@ -84,6 +91,12 @@ struct MoeActs {
   // host [experts]: each expert's rows summed over the data-parallel ranks; the experts with
   // some are the ones this layer runs (acquires, and in backward reduces), on every rank.
   std::int64_t* rows_all = nullptr;
+  // Expert parallelism: the rows this rank's experts ran, as they came from the group's ranks
+  // ([capacity, hidden]: by expert, then sending rank, then token; gate, up, m, out's partner and
+  // the adapters' t hold these rows then, not this rank's own), and every rank's rows for every
+  // expert (host [group size x experts]), which place them.
+  void* ep_in = nullptr;
+  std::int64_t* ep_counts = nullptr;
 };
 
 // Scratch the MoE layers share (not kept).
@@ -106,6 +119,13 @@ struct MoeScratch {
   std::int32_t* host_slots = nullptr;
   float* host_prob_sums = nullptr;
   float* host_aux_grad = nullptr;
+  // Expert parallelism: the rows on their way ([capacity, hidden] each) and the permutations
+  // between the order they travel in (by rank, then expert) and the experts' (by expert, then
+  // rank): device [2 x capacity] int32, and its host staging.
+  void* ep_a = nullptr;
+  void* ep_b = nullptr;
+  std::int32_t* ep_index = nullptr;
+  std::int32_t* host_ep_index = nullptr;
 
   static std::uint64_t host_bytes(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
     return static_cast<std::uint64_t>(3 * tokens * k + 2 * experts) * 4;
@@ -139,6 +159,15 @@ struct MoeAux {
   void gradient(double scale, float* out) const;
 };
 
+// Expert parallelism for one MoE layer: its experts shared out over the ranks of `group` (the
+// process grid's expert group), rank p running experts [p L, (p + 1) L), L = experts / ranks;
+// the rows this rank's experts receive are at most `capacity` (the activations' and scratch's
+// expert rows hold that many).
+struct ExpertParallel {
+  ExpertGroup* group = nullptr;
+  std::int64_t capacity = 0;
+};
+
 struct MoeMlp {
   device::Device* device = nullptr;
   std::int64_t tokens = 0, hidden = 0, experts = 0, k = 0, ffn = 0;
@@ -152,16 +181,18 @@ struct MoeMlp {
   // (expert_lora_layer).
   const AdapterSpec* lora = nullptr;
   std::int64_t num_layers = 0;
-  ExpertTraffic* traffic = nullptr;  // counted where given
+  ExpertTraffic* traffic = nullptr;    // counted where given
+  const ExpertParallel* ep = nullptr;  // experts over several ranks where given
 
   // x [tokens, hidden] -> acts, then unless out is null out [tokens, hidden] = the weighted sum
   // of each token's experts (a null out, the forward recomputed for the backward, stops before
-  // the sum). `aux`, where given, counts this layer's routing.
+  // the sum). `aux`, where given, counts this layer's routing. Under expert parallelism every
+  // rank of the group calls it (and backward) in the same order: they exchange rows.
   Status forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                  void* out, MoeAux* aux) const;
   // dy [tokens, hidden] -> dx [tokens, hidden] (overwritten); the experts' gradients (+=) where
   // they train, router_grad (+=) unless null; with s.aux_grad the load-balancing loss's term.
-  // `dm` [tokens k, ffn] is scratch.
+  // `dm` [tokens k, ffn] (expert parallelism: [capacity, ffn]) is scratch.
   Status backward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                   const void* dy, void* dm, void* router_grad, bool aux, void* dx) const;
 
@@ -177,10 +208,33 @@ struct MoeMlp {
   };
   void layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
                  ExpertLayers& p) const;
-  // Whether this rank acquires expert `e`: its own tokens chose it, or only other ranks' did
-  // and acquiring is a collective (ZeRO-3's gather).
-  bool acquires(const MoeActs& a, std::int64_t e) const {
-    return a.offsets[e + 1] > a.offsets[e] || (a.rows_all[e] > 0 && source->gathers(e));
+  // Where the rows go under expert parallelism, from every rank's counts (a.ep_counts).
+  struct Dispatch {
+    std::int64_t first = 0, local = 0;   // this rank's experts: [first, first + local)
+    std::vector<std::int64_t> to, from;  // rows to and from each rank of the group
+    std::vector<std::int64_t> start;     // [local + 1]: each local expert's first row received
+  };
+  Dispatch dispatch_of(const MoeActs& a) const;
+  // The permutations between the rows as they travel and as the experts take them, to the
+  // device (s.ep_index: experts' order from travel order, then back).
+  void upload_permutation(const MoeActs& a, const Dispatch& d, const MoeScratch& s) const;
+  // The experts' part of forward and backward: this rank's rows through every expert they chose,
+  // or (dispatched) every rank's rows through this rank's experts. Forward fills a.rows_all and
+  // a.out; backward takes s.rows_grad (each row's output gradient) and leaves there each row's
+  // input gradient.
+  Status run_local(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
+                   bool counted) const;
+  Status run_dispatched(const device::Ops& ops, const void* x, const MoeActs& a,
+                        const MoeScratch& s, bool counted) const;
+  Status back_local(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
+                    void* dm) const;
+  Status back_dispatched(const device::Ops& ops, const MoeActs& a, const MoeScratch& s,
+                         void* dm) const;
+  // Whether this rank acquires expert `e`, which `rows` of this rank's (or, dispatched, its
+  // group's) rows chose: some did, or only other ranks' did and acquiring is a collective
+  // (ZeRO-3's gather).
+  bool acquires(const MoeActs& a, std::int64_t e, std::int64_t rows) const {
+    return rows > 0 || (a.rows_all[e] > 0 && source->gathers(e));
   }
   // Row `first`'s place in an adapter's t [rows, r]; null without adapters.
   void* t_of(void* t, std::int64_t first) const {
