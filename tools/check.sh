@@ -8,8 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage's time (bash's SECONDS), printed as it ends, so a slow stage shows where.
+stage_start=$SECONDS
+stage_done() {
+  echo "strata check: $1 took $((SECONDS - stage_start)) s ($SECONDS s in all)"
+  stage_start=$SECONDS
+}
+
 tools/install-deps.sh
 jobs=$(nproc)
+stage_done "installing what was missing"
 
 # ThreadSanitizer over the code whose tests drive several threads at once: the tiered store and
 # the prefetch scheduler (transfer lanes and caller threads), the swap engine (io_uring driver
@@ -35,12 +43,14 @@ done
 # the canonical sums over 1, 2 and 4 in-process ranks; and the experts' token dispatch between
 # in-process ranks.
 "${tsan[@]}" build-tsan/tests/strata_zero_tests --gtest_brief=1 --gtest_filter='EnginePrefetch*:*ZeroInProcess*:Checkpointed*:*HeldState*:*SilentInTheLastMicroBatch*:*DeterministicReduction*:MoeDispatch*'
+stage_done "the ThreadSanitizer build and its tests"
 
 # ccache keys these two builds' objects by paths relative to the checkout, so that the GPU
 # check's build below reuses the objects they share and a later run in another clone finds them.
 relative_ccache=(env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_WERROR=ON
 "${relative_ccache[@]}" cmake --build build -j "$jobs"
+stage_done "the Release build"
 
 # The GPU check's own build (tools/gpu-check.sh --build-only: STRATA_GPU_CHECK_ONLY, no MPI,
 # io_uring or oneDNN, warnings as errors), configured, compiled and linked for one architecture
@@ -49,6 +59,7 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   "${relative_ccache[@]}" GPU_CHECK_ARCH=90 GPU_CHECK_WERROR=1 \
     GPU_CHECK_BUILD_DIR="$PWD/build-gpucheck" GPU_CHECK_OUT='' OUT='' \
     tools/gpu-check.sh --build-only
+  stage_done "the GPU check's build"
 fi
 
 # Debian's OpenBLAS picks its GEMM kernel from the CPU it runs on (Zen, Haswell, SkylakeX...), and
@@ -74,12 +85,14 @@ for kernel in "${others[@]}"; do
     echo "strata: numerics-sensitive tests failed under OPENBLAS_CORETYPE=$kernel"
     exit 1
   fi
+  stage_done "the numerics-sensitive tests under $kernel"
 done
 
 # The parsers of outside input under libFuzzer (clang, ASan + UBSan; tools/fuzz.sh): a few
 # seconds a harness, from the seeds of tests/fuzz/corpus, with a fixed seed. A finding fails the
 # check and leaves its input in build-fuzz/artifacts.
 tools/fuzz.sh 5
+stage_done "the fuzz build and its harnesses"
 
 # Tests pin their own thread counts; run two at a time on this class of machine.
 # Tests that compare a prediction with a timed run need the cores to themselves: they run after
