@@ -64,7 +64,8 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
   // Per axis, in the same order on every rank: its size, the color of this rank's group (the
   // other two coordinates) and its key (the coordinate along the axis).
   // The tensor axis's collectives get a stream of their own: compute waits for each of them,
-  // and they must not queue behind ZeRO's prefetched gathers on the data axis.
+  // and they must not queue behind ZeRO's prefetched gathers on the data axis. So does the
+  // expert group's token exchange (in the model's order, never at once with a tensor one).
   struct Axis {
     const char* name;
     int size, color, key;
@@ -83,7 +84,7 @@ Result<std::unique_ptr<ProcessGrid>> ProcessGrid::create(Communicator& world,
       {"pipeline", shape.pipeline, c.data * shape.tensor + c.tensor, c.pipeline, &grid->pipeline_,
        StreamKind::kCollective},
       {"expert", E, line * shape.data + c.data / E, c.expert, &grid->expert_,
-       StreamKind::kCollective},
+       StreamKind::kTensorCollective},
       {"expert-data", shape.data / E, line * shape.data + c.expert, c.data / E, &grid->expert_data_,
        StreamKind::kCollective},
   };

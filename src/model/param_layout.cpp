@@ -115,7 +115,8 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 }
 
 ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraConfig>& lora,
-                               bool nf4_base, TensorParallel tp, const PipelineStage& stage) {
+                               bool nf4_base, TensorParallel tp, const PipelineStage& stage,
+                               ExpertSplit experts) {
   STRATA_CHECK(!nf4_base || lora.has_value(), "an NF4 base needs adapters (QLoRA)");
   STRATA_CHECK(tp.rank >= 0 && tp.rank < tp.size && tensor_parallel_problems(c, tp.size).empty(),
                "a tensor-parallel split the config does not allow", tp.size, tp.rank);
@@ -350,8 +351,41 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       g.duplicate_begin = 0;
     }
   }
+  if (experts.split()) {
+    const int per_layer = layout.num_experts_per_layer();
+    STRATA_CHECK(per_layer > 0 && per_layer % experts.size == 0 && experts.rank >= 0 &&
+                     experts.rank < experts.size,
+                 "an expert split that does not share out this model's experts", experts.size,
+                 experts.rank, per_layer);
+    layout.experts_ = experts;
+    for (auto& g : layout.groups_) {
+      if (layout.expert_of(g.id) < 0 || layout.expert_owner(g.id) == experts.rank) continue;
+      g.tensors.clear();
+      g.num_elems = 0;
+      g.duplicate_begin = 0;
+    }
+  }
   layout.index();
   return layout;
+}
+
+int ParamLayout::num_experts_per_layer() const {
+  for (std::size_t l = 0; l + 1 < first_expert_.size(); ++l) {
+    if (first_expert_[l + 1] > first_expert_[l]) return first_expert_[l + 1] - first_expert_[l];
+  }
+  return 0;
+}
+
+int ParamLayout::expert_of(int group) const {
+  if (expert_groups_ == 0) return -1;
+  if (first_expert_adapter_ >= 0 && group >= first_expert_adapter_ &&
+      group < first_expert_adapter_ + expert_groups_) {
+    group = first_expert_.front() + (group - first_expert_adapter_);
+  }
+  if (group < first_expert_.front() || group >= first_expert_.back()) return -1;
+  const auto layer = std::upper_bound(first_expert_.begin(), first_expert_.end(), group) -
+                     first_expert_.begin() - 1;
+  return group - first_expert_[static_cast<std::size_t>(layer)];
 }
 
 void ParamLayout::index() {

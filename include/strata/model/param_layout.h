@@ -92,6 +92,13 @@ struct TensorParallel {
   int size = 1;
   int rank = 0;
 };
+// Expert parallelism: each MoE layer's experts shared out over `size` ranks, this one holding
+// experts [rank L, (rank + 1) L), L = num_experts / size (Megatron's expert_model_parallel).
+struct ExpertSplit {
+  int size = 1;
+  int rank = 0;
+  bool split() const { return size > 1; }
+};
 // How many consecutive ranks of `size` hold each kv head whole: size / kv_heads when the kv
 // heads are fewer than the ranks, else 1 (the heads split).
 inline int kv_head_replicas(std::int64_t kv_heads, int size) {
@@ -159,13 +166,14 @@ std::uint64_t working_offset(const ParamGroup& group, const TensorSpec& tensor, 
 //
 // With a pipeline `stage` that splits the model, every group keeps its id and name but the groups
 // another stage holds are empty (no tensors, no elements): the embedding off stage 0, the head
-// off the last stage, each layer (and its adapters) off the stage holding it.
+// off the last stage, each layer (and its adapters) off the stage holding it. With an expert
+// split, so are the groups of the experts (and their adapters) other ranks hold.
 class ParamLayout {
  public:
   static ParamLayout build(const LlamaConfig& config,
                            const std::optional<LoraConfig>& lora = std::nullopt,
                            bool nf4_base = false, TensorParallel tp = {},
-                           const PipelineStage& stage = {});
+                           const PipelineStage& stage = {}, ExpertSplit experts = {});
   // A layout made of the given groups (ids are renumbered in order). Used for one rank's shards.
   static ParamLayout from_groups(std::vector<ParamGroup> groups);
   // This layout with every group frozen (generation: nothing trains).
@@ -201,6 +209,14 @@ class ParamLayout {
                ? -1
                : first_expert_adapter_ + expert_group(layer, expert) - first_expert_.front();
   }
+  // The expert split the layout is of; the expert a group holds (or adapts), -1 for the other
+  // groups; and the rank of the split holding it (0 unsplit, and for the other groups).
+  const ExpertSplit& expert_split() const { return experts_; }
+  int expert_of(int group) const;
+  int expert_owner(int group) const {
+    const int e = expert_of(group);
+    return e < 0 || !experts_.split() ? 0 : e / (num_experts_per_layer() / experts_.size);
+  }
   // The pipeline stage the layout is of, and the stage that holds group `group` (0 unsplit),
   // or that would under `stage`'s split.
   const PipelineStage& pipeline() const { return stage_; }
@@ -218,6 +234,8 @@ class ParamLayout {
 
  private:
   void index();  // the totals and find()'s index, from groups_
+  // An MoE layer's expert count (every MoE layer has the same); 0 without experts.
+  int num_experts_per_layer() const;
   std::vector<ParamGroup> groups_;
   int num_layers_ = 0;
   // The first expert group of each layer, and one past the last layer's: a dense layer's range
@@ -228,6 +246,7 @@ class ParamLayout {
   std::unordered_map<std::string, std::pair<int, int>> by_name_;  // group and tensor index
   bool adapters_ = false;
   PipelineStage stage_;
+  ExpertSplit experts_;
   std::int64_t total_elems_ = 0;
   std::int64_t num_parameters_ = 0;
 };

@@ -97,6 +97,37 @@ TEST(MoeConfigTest, EachExpertIsAGroupWithHuggingFacesNames) {
   EXPECT_FALSE(tensor_parallel_problems(*q, 2).empty()) << "MoE layers do not split";
 }
 
+// Expert parallelism over 3 ranks (6 experts: 2 each): every group keeps its id and name, and
+// rank 1 holds experts 2 and 3 of every MoE layer, with their adapters; the other experts' groups
+// (and adapters') are empty there, the dense groups whole. The three ranks' experts make the
+// whole model once.
+TEST(MoeConfigTest, AnExpertSplitEmptiesTheGroupsOfOtherRanksExperts) {
+  auto q = LlamaConfig::from_json(qwen3_moe(), "q");
+  ASSERT_TRUE(q.is_ok());
+  LoraConfig lora;
+  lora.r = 2;  // every projection, the experts' among them
+  const ParamLayout whole = ParamLayout::build(*q, lora);
+  std::int64_t split_elems = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    const ParamLayout part = ParamLayout::build(*q, lora, false, {}, {}, ExpertSplit{3, rank});
+    ASSERT_EQ(part.num_groups(), whole.num_groups());
+    for (int id = 0; id < whole.num_groups(); ++id) {
+      const ParamGroup& g = part.group(id);
+      EXPECT_EQ(g.name, whole.group(id).name);
+      const int e = whole.expert_of(id);
+      const bool held = e < 0 || e / 2 == rank;
+      EXPECT_EQ(g.num_elems, held ? whole.group(id).num_elems : 0) << g.name << " on " << rank;
+      EXPECT_EQ(part.expert_owner(id), e < 0 ? 0 : e / 2) << g.name;
+      if (e >= 0 || rank == 0) split_elems += g.num_elems;
+    }
+    EXPECT_EQ(part.expert_of(part.expert_group(2, 3)), 3);
+    EXPECT_EQ(part.expert_of(part.expert_adapter_group(3, 4)), 4);
+    EXPECT_EQ(part.expert_of(part.layer_group(2)), -1);
+    EXPECT_EQ(part.group(part.expert_group(0, 2 * rank + 1)).tensors.size(), 3u);
+  }
+  EXPECT_EQ(split_elems, whole.total_elems()) << "each expert on one rank, the rest counted once";
+}
+
 TEST(MoeConfigTest, BadValuesAreRefusedNamingTheKey) {
   Json j = qwen3_moe();
   j["num_experts_per_tok"] = 7;
