@@ -132,7 +132,7 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
 
 Status MoeMlp::run_local(const device::Ops& ops, const void* x, const MoeActs& a,
                          const MoeScratch& s, bool counted) const {
-  const std::int64_t E = experts, H = hidden, F = ffn;
+  const std::int64_t E = experts, H = hidden;
   const std::size_t eb = dtype_size(dtype);
   const std::int64_t* offsets = a.offsets;
   // The experts every data-parallel rank runs: those some rank's tokens chose.
@@ -164,16 +164,9 @@ Status MoeMlp::run_local(const device::Ops& ops, const void* x, const MoeActs& a
       source->release(e);
       continue;
     }
-    ExpertLayers p;
-    layers_of(w, e, n, p);
     void* xe = offset_ptr(s.rows_in, first * H, eb);
-    void* m = offset_ptr(a.m, first * F, eb);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
-    p.gate.forward(ops, xe, offset_ptr(a.gate, first * F, eb), t_of(a.t_gate, first), s.lora_x);
-    p.up.forward(ops, xe, offset_ptr(a.up, first * F, eb), t_of(a.t_up, first), s.lora_x);
-    ops.swiglu_forward(offset_ptr(a.gate, first * F, eb), offset_ptr(a.up, first * F, eb), m, n * F,
-                       dtype);
-    p.down.forward(ops, m, offset_ptr(a.out, first * H, eb), t_of(a.t_down, first), s.lora_x);
+    expert_forward(ops, w, e, first, n, xe, a, s, offset_ptr(a.out, first * H, eb));
     source->release(e);
   }
   return Status::ok();
@@ -228,7 +221,7 @@ void MoeMlp::upload_permutation(const MoeActs& a, const Dispatch& d, const MoeSc
 Status MoeMlp::run_dispatched(const device::Ops& ops, const void* x, const MoeActs& a,
                               const MoeScratch& s, bool counted) const {
   ExpertGroup& group = *ep->group;
-  const std::int64_t E = experts, H = hidden, F = ffn, N = tokens * k;
+  const std::int64_t E = experts, H = hidden, N = tokens * k;
   const std::size_t eb = dtype_size(dtype);
   if (E % group.size() != 0) {
     return invalid_argument("expert parallelism over " + std::to_string(group.size()) + " ranks: " +
@@ -296,15 +289,8 @@ Status MoeMlp::run_dispatched(const device::Ops& ops, const void* x, const MoeAc
       source->release(e);
       continue;
     }
-    ExpertLayers p;
-    layers_of(w, e, n, p);
-    const void* xe = offset_ptr(a.ep_in, first * H, eb);
-    void* m = offset_ptr(a.m, first * F, eb);
-    p.gate.forward(ops, xe, offset_ptr(a.gate, first * F, eb), t_of(a.t_gate, first), s.lora_x);
-    p.up.forward(ops, xe, offset_ptr(a.up, first * F, eb), t_of(a.t_up, first), s.lora_x);
-    ops.swiglu_forward(offset_ptr(a.gate, first * F, eb), offset_ptr(a.up, first * F, eb), m, n * F,
-                       dtype);
-    p.down.forward(ops, m, offset_ptr(s.ep_a, first * H, eb), t_of(a.t_down, first), s.lora_x);
+    expert_forward(ops, w, e, first, n, offset_ptr(a.ep_in, first * H, eb), a, s,
+                   offset_ptr(s.ep_a, first * H, eb));
     source->release(e);
   }
   // The outputs back into travel order, and home: each row's output where run_local leaves it.
@@ -314,7 +300,7 @@ Status MoeMlp::run_dispatched(const device::Ops& ops, const void* x, const MoeAc
 
 Status MoeMlp::back_local(const device::Ops& ops, const void* x, const MoeActs& a,
                           const MoeScratch& s, void* dm) const {
-  const std::int64_t E = experts, H = hidden, F = ffn;
+  const std::int64_t E = experts, H = hidden;
   const std::size_t eb = dtype_size(dtype);
   const bool trains = source->trains();
   const std::int64_t* offsets = a.offsets;
@@ -344,24 +330,10 @@ Status MoeMlp::back_local(const device::Ops& ops, const void* x, const MoeActs& 
     if (trains) {
       STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
     }
-    ExpertLayers p;
-    layers_of(w, e, n, p);
-    // The rows' output gradient, then (once down's backward has read it) their input gradient.
-    void* dye = offset_ptr(s.rows_grad, first * H, eb);
-    void* gate = offset_ptr(a.gate, first * F, eb);
-    void* up = offset_ptr(a.up, first * F, eb);
-    const void* m = offset_ptr(a.m, first * F, eb);
-    void* dme = offset_ptr(dm, first * F, eb);
     void* xe = offset_ptr(s.rows_in, first * H, eb);
-    STRATA_RETURN_IF_ERROR(p.down.backward(ops, m, t_of(a.t_down, first), g.w.down, nullptr,
-                                           g.lora.down, dye, dme, false, s.lora_x, s.lora));
-    // In place: gate and up are read here for the last time.
-    ops.swiglu_backward(dme, gate, up, gate, up, n * F, dtype);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
-    STRATA_RETURN_IF_ERROR(p.gate.backward(ops, xe, t_of(a.t_gate, first), g.w.gate, nullptr,
-                                           g.lora.gate, gate, dye, false, s.lora_x, s.lora));
-    STRATA_RETURN_IF_ERROR(p.up.backward(ops, xe, t_of(a.t_up, first), g.w.up, nullptr, g.lora.up,
-                                         up, dye, true, s.lora_x, s.lora));
+    STRATA_RETURN_IF_ERROR(expert_backward(ops, w, g, e, first, n, xe, a, s,
+                                           offset_ptr(s.rows_grad, first * H, eb), dm));
     if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
     source->release(e);
   }
@@ -371,7 +343,7 @@ Status MoeMlp::back_local(const device::Ops& ops, const void* x, const MoeActs& 
 Status MoeMlp::back_dispatched(const device::Ops& ops, const MoeActs& a, const MoeScratch& s,
                                void* dm) const {
   ExpertGroup& group = *ep->group;
-  const std::int64_t H = hidden, F = ffn;
+  const std::int64_t H = hidden;
   const std::size_t eb = dtype_size(dtype);
   const Dispatch d = dispatch_of(a);
   const std::int64_t received = d.start.back();
@@ -412,21 +384,9 @@ Status MoeMlp::back_dispatched(const device::Ops& ops, const MoeActs& a, const M
     if (trains) {
       STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
     }
-    ExpertLayers p;
-    layers_of(w, e, n, p);
-    void* dye = offset_ptr(s.ep_b, first * H, eb);
-    void* gate = offset_ptr(a.gate, first * F, eb);
-    void* up = offset_ptr(a.up, first * F, eb);
-    const void* m = offset_ptr(a.m, first * F, eb);
-    void* dme = offset_ptr(dm, first * F, eb);
-    const void* xe = offset_ptr(a.ep_in, first * H, eb);
-    STRATA_RETURN_IF_ERROR(p.down.backward(ops, m, t_of(a.t_down, first), g.w.down, nullptr,
-                                           g.lora.down, dye, dme, false, s.lora_x, s.lora));
-    ops.swiglu_backward(dme, gate, up, gate, up, n * F, dtype);
-    STRATA_RETURN_IF_ERROR(p.gate.backward(ops, xe, t_of(a.t_gate, first), g.w.gate, nullptr,
-                                           g.lora.gate, gate, dye, false, s.lora_x, s.lora));
-    STRATA_RETURN_IF_ERROR(p.up.backward(ops, xe, t_of(a.t_up, first), g.w.up, nullptr, g.lora.up,
-                                         up, dye, true, s.lora_x, s.lora));
+    STRATA_RETURN_IF_ERROR(expert_backward(ops, w, g, e, first, n,
+                                           offset_ptr(a.ep_in, first * H, eb), a, s,
+                                           offset_ptr(s.ep_b, first * H, eb), dm));
     if (trains) STRATA_RETURN_IF_ERROR(source->release_grads(e));
     source->release(e);
   }
@@ -434,6 +394,41 @@ Status MoeMlp::back_dispatched(const device::Ops& ops, const MoeActs& a, const M
   ops.embedding_forward(s.ep_index + received, received, s.ep_b, H, s.ep_a, dtype);
   return group.all_to_all_v(s.ep_a, in_counts, s.rows_grad, out_counts, dtype,
                             "input gradients back");
+}
+
+void MoeMlp::expert_forward(const device::Ops& ops, const ExpertWeights& w, std::int64_t e,
+                            std::int64_t first, std::int64_t n, const void* xe, const MoeActs& a,
+                            const MoeScratch& s, void* out) const {
+  const std::size_t eb = dtype_size(dtype);
+  ExpertLayers p;
+  layers_of(w, e, n, p);
+  void* gate = offset_ptr(a.gate, first * ffn, eb);
+  void* up = offset_ptr(a.up, first * ffn, eb);
+  void* m = offset_ptr(a.m, first * ffn, eb);
+  p.gate.forward(ops, xe, gate, t_of(a.t_gate, first), s.lora_x);
+  p.up.forward(ops, xe, up, t_of(a.t_up, first), s.lora_x);
+  ops.swiglu_forward(gate, up, m, n * ffn, dtype);
+  p.down.forward(ops, m, out, t_of(a.t_down, first), s.lora_x);
+}
+
+Status MoeMlp::expert_backward(const device::Ops& ops, const ExpertWeights& w, const ExpertGrads& g,
+                               std::int64_t e, std::int64_t first, std::int64_t n, const void* xe,
+                               const MoeActs& a, const MoeScratch& s, void* dy, void* dm) const {
+  const std::size_t eb = dtype_size(dtype);
+  ExpertLayers p;
+  layers_of(w, e, n, p);
+  void* gate = offset_ptr(a.gate, first * ffn, eb);
+  void* up = offset_ptr(a.up, first * ffn, eb);
+  const void* m = offset_ptr(a.m, first * ffn, eb);
+  void* dme = offset_ptr(dm, first * ffn, eb);
+  STRATA_RETURN_IF_ERROR(p.down.backward(ops, m, t_of(a.t_down, first), g.w.down, nullptr,
+                                         g.lora.down, dy, dme, false, s.lora_x, s.lora));
+  // In place: gate and up are read here for the last time.
+  ops.swiglu_backward(dme, gate, up, gate, up, n * ffn, dtype);
+  STRATA_RETURN_IF_ERROR(p.gate.backward(ops, xe, t_of(a.t_gate, first), g.w.gate, nullptr,
+                                         g.lora.gate, gate, dy, false, s.lora_x, s.lora));
+  return p.up.backward(ops, xe, t_of(a.t_up, first), g.w.up, nullptr, g.lora.up, up, dy, true,
+                       s.lora_x, s.lora);
 }
 
 }  // namespace strata::model::detail

@@ -208,6 +208,15 @@ struct MoeMlp {
   };
   void layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
                  ExpertLayers& p) const;
+  // Expert `e` over its `n` rows, the first of them row `first` of the activations: inputs `xe`,
+  // outputs `out` [n, hidden]. Backward: `dy` the rows' output gradient in, their input
+  // gradient out (in place); `dm` [rows, ffn] scratch at the same rows.
+  void expert_forward(const device::Ops& ops, const ExpertWeights& w, std::int64_t e,
+                      std::int64_t first, std::int64_t n, const void* xe, const MoeActs& a,
+                      const MoeScratch& s, void* out) const;
+  Status expert_backward(const device::Ops& ops, const ExpertWeights& w, const ExpertGrads& g,
+                         std::int64_t e, std::int64_t first, std::int64_t n, const void* xe,
+                         const MoeActs& a, const MoeScratch& s, void* dy, void* dm) const;
   // Where the rows go under expert parallelism, from every rank's counts (a.ep_counts).
   struct Dispatch {
     std::int64_t first = 0, local = 0;   // this rank's experts: [first, first + local)
