@@ -89,7 +89,7 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
         batch, seq,
         carve_workspace(BlockSetup::make(config_, options_, batch, seq), stage, nullptr, &measure),
         LlamaModel::host_io_bytes(config_, batch, seq, options_.tensor_parallel.size,
-                                  stage.in_flight),
+                                  stage.in_flight, options_.expert_parallel.size),
         "activations (batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
             layers + ", activation_checkpointing " + (stage.checkpointing ? "on" : "off") + ")"};
   }
@@ -108,9 +108,9 @@ Status LlamaModel::Impl::ensure_workspace(ParamProvider& provider, std::int64_t 
   if (config_.has_moe()) {
     // The routing's host side at the pinned buffer's end.
     const Dims& d = setup_.d;
-    ws_.moe.place_host(
-        static_cast<std::byte*>(host_io_) + ask_.host_io_bytes - moe_host_bytes(config_, d.rows),
-        d.rows, d.experts, d.experts_per_token);
+    ws_.moe.place_host(static_cast<std::byte*>(host_io_) + ask_.host_io_bytes -
+                           moe_host_bytes(config_, d.rows, d.expert_ranks),
+                       d.rows, d.experts, d.experts_per_token, d.expert_ranks);
     setup_.moe.device = &device_;
     setup_.moe.scratch = ws_.moe;
     aux_.assign(ws_.slots.size(), detail::MoeAux{});
@@ -180,6 +180,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     STRATA_CHECK(q && q->tensor->slice.parts == tp->size() && q->tensor->slice.index == tp->rank(),
                  "the layout is not this rank's tensor-parallel slice", tp->size(), tp->rank());
   }
+  const ExpertSplit& experts = options_.expert_parallel;
+  STRATA_CHECK(
+      layout.expert_split().size == experts.size && layout.expert_split().rank == experts.rank,
+      "the layout is not this rank's share of the experts", experts.size, experts.rank);
+  STRATA_CHECK(!experts.split() || (options_.expert_group != nullptr &&
+                                    options_.expert_group->size() == experts.size &&
+                                    options_.expert_group->rank() == experts.rank),
+               "experts shared out need the expert group of this rank", experts.size, experts.rank);
   impl_ = std::make_unique<Impl>(config_, layout_, device_, options_);
   // Every tensor is found by name in the group the layout put it in.
   const auto locate = [&](const std::string& name) {
@@ -222,9 +230,12 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     const bool dense = !config.is_moe_layer(l);
     const std::string router = router_weight_name(config, l).substr(p.size());
     if (!dense) {
-      // Every expert's group is laid out alike: its first expert's offsets serve them all.
-      const ParamGroup& eg = layout.group(layout.expert_group(static_cast<int>(l), 0));
-      const ExpertNames names = expert_weight_names(config, l, 0);
+      // Every expert's group is laid out alike: the first one this rank holds (all of them
+      // without expert parallelism) gives the offsets of every one.
+      const ExpertSplit& split = layout.expert_split();
+      const int e0 = split.rank * static_cast<int>(config.moe.num_experts / split.size);
+      const ParamGroup& eg = layout.group(layout.expert_group(static_cast<int>(l), e0));
+      const ExpertNames names = expert_weight_names(config, l, e0);
       const auto at = [&](const std::string& name, bool bytes) {
         const auto loc = locate(name);
         return bytes ? static_cast<std::int64_t>(
@@ -238,7 +249,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
       }
       x.work_bytes = working_bytes(eg, options_.compute_dtype);
       // With LoRA on the experts, their adapters' places in the first expert's adapter group.
-      if (const int ag0 = layout.expert_adapter_group(static_cast<int>(l), 0); ag0 >= 0) {
+      if (const int ag0 = layout.expert_adapter_group(static_cast<int>(l), e0); ag0 >= 0) {
         const ParamGroup& a = layout.group(ag0);
         x.work_bytes += working_bytes(a, options_.compute_dtype);
         const std::array<const std::string*, 3> projections{&names.gate, &names.up, &names.down};
@@ -447,16 +458,19 @@ int LlamaModel::num_checkpoints(const LlamaConfig& config, const ModelOptions& o
 }
 
 std::uint64_t LlamaModel::host_io_bytes(const LlamaConfig& config, std::int64_t batch,
-                                        std::int64_t seq, int tensor_parallel, int in_flight) {
+                                        std::int64_t seq, int tensor_parallel, int in_flight,
+                                        int expert_parallel) {
   const std::int64_t split = tensor_parallel > 1 ? 3 * tensor_parallel + 2 : 0;
   return static_cast<std::uint64_t>(batch * seq * (3 * in_flight + split)) * 4 +
-         moe_host_bytes(config, batch * seq);
+         moe_host_bytes(config, batch * seq, expert_parallel);
 }
 
-std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows) {
-  return config.has_moe() ? detail::MoeScratch::host_bytes(rows, config.moe.num_experts,
-                                                           config.moe.experts_per_token)
-                          : 0;
+std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows,
+                             std::int64_t expert_ranks) {
+  return config.has_moe()
+             ? detail::MoeScratch::host_bytes(rows, config.moe.num_experts,
+                                              config.moe.experts_per_token, expert_ranks)
+             : 0;
 }
 
 ExpertTraffic LlamaModel::take_expert_traffic() { return std::exchange(impl_->traffic_, {}); }

@@ -31,6 +31,11 @@ BlockSetup BlockSetup::make(const LlamaConfig& c, const ModelOptions& options, s
     d.expert_ffn = c.moe.expert_intermediate_size;
     b.moe.normalize = c.moe.normalize_top_k;
     b.moe.num_layers = c.num_hidden_layers;
+    if (options.expert_parallel.split()) {
+      d.expert_ranks = options.expert_parallel.size;
+      b.moe.ep.group = options.expert_group;
+      b.moe.ep.capacity = d.expert_rows();
+    }
   }
   d.dtype = dtype;
   d.elem_bytes = dtype_size(dtype);
@@ -177,6 +182,7 @@ MoeMlp moe_of(const BlockSetup& b, const BlockWeights& w) {
   m.traffic = b.moe.traffic;
   m.lora = &b.lora;
   m.num_layers = b.moe.num_layers;
+  m.ep = b.moe.ep.group != nullptr ? &b.moe.ep : nullptr;
   return m;
 }
 

@@ -36,14 +36,20 @@ struct Dims {
   // Mixture of experts (0 experts: none): each MoE layer's experts, the ones a token picks, and
   // an expert's intermediate size.
   std::int64_t experts = 0, experts_per_token = 0, expert_ffn = 0;
+  // Expert parallelism: the ranks sharing the experts (1: none). This rank's experts then run
+  // over the rows every rank of the group sends them: at most expert_ranks x rows x k.
+  std::int64_t expert_ranks = 1;
 
   // The widest input of any projection: an adapter's dropout scratch holds rows of it.
   std::int64_t max_in() const { return std::max({hidden, q_dim, ffn}); }
   // The largest projection weight, in elements.
   std::int64_t max_weight() const { return std::max({q_dim, ffn, expert_ffn}) * hidden; }
-  // Elements per row of a layer's MLP activations (gate, up, m): a dense MLP's ffn, or an MoE
-  // layer's k picks of expert_ffn each.
-  std::int64_t mlp_width() const { return std::max(ffn, experts_per_token * expert_ffn); }
+  // The token rows this rank's experts run over at most: each token's k picks, times the ranks
+  // that may send theirs here.
+  std::int64_t expert_rows() const { return expert_ranks * rows * experts_per_token; }
+  // Elements of a layer's MLP activations (gate, up, m) and their gradient: a dense MLP's rows
+  // of ffn, or an MoE layer's expert rows of expert_ffn.
+  std::int64_t mlp_elems() const { return std::max(rows * ffn, expert_rows() * expert_ffn); }
   device::AttentionShape attention() const {
     return {batch, seq, heads, kv_heads, head_dim, window};
   }
@@ -62,6 +68,7 @@ struct MoeSpec {
   bool aux_grad = false;
   ExpertTraffic* traffic = nullptr;
   std::int64_t num_layers = 0;  // the model's (the experts' adapters' dropout keys)
+  ExpertParallel ep;            // group null: every expert on this rank
 };
 
 // What a block is computed with: this rank's shapes, the tensor split and its collectives, the
@@ -179,7 +186,7 @@ struct BlockActs {
   void* b = nullptr;        // [rows, hidden]   post_attention_layernorm(hmid)
   void* gate = nullptr;     // [rows, ffn]
   void* up = nullptr;       // [rows, ffn]
-  void* m = nullptr;        // [rows, ffn]      silu(gate) * up (ffn: Dims::mlp_width)
+  void* m = nullptr;        // [rows, ffn]      silu(gate) * up (Dims::mlp_elems)
   // Each adapter's dropout(x) A^T [rows, r], per LoraTarget (nullptr without one).
   void* lora_t[kNumLoraTargets] = {};
   // Scratch [rows, max in features], not kept: an adapter's input after dropout (lora_dropout > 0).

@@ -89,7 +89,8 @@ class ProviderSession {
 };
 
 // The pinned host bytes an MoE model's routing needs for `rows` token rows (0 without MoE).
-std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows);
+std::uint64_t moe_host_bytes(const LlamaConfig& config, std::int64_t rows,
+                             std::int64_t expert_ranks = 1);
 
 // Where an expert's tensors lie, the same in every expert of the model: its projections in its
 // working copy (bytes) and in its gradients (elements); with LoRA on the experts, each

@@ -4,11 +4,18 @@
 namespace strata::model::detail {
 namespace {
 
+// The host counts an MoE layer keeps: its offsets (experts + 1), its rows over the ranks
+// (experts) and, under expert parallelism, every rank's rows for every expert.
+std::size_t moe_host_counts(const Dims& d) {
+  return static_cast<std::size_t>(2 * d.experts + 1 +
+                                  (d.expert_ranks > 1 ? d.expert_ranks * d.experts : 0));
+}
+
 // An MoE layer's kept routing and expert outputs; its gate, up and m are the layer's own.
-// `offsets`: host room for 2 experts + 1 counts (its offsets, then its rows over the ranks).
+// `offsets`: host room for moe_host_counts.
 MoeActs carve_moe_acts(const Dims& d, const AdapterSpec& lora, Carver& c, std::int64_t* offsets,
                        void* gate, void* up, void* m) {
-  const std::int64_t N = d.rows * d.experts_per_token;
+  const std::int64_t N = d.rows * d.experts_per_token, X = d.expert_rows();
   MoeActs a;
   a.probs = c.f32(d.rows * d.experts);
   a.chosen = c.i32(N);
@@ -22,9 +29,13 @@ MoeActs carve_moe_acts(const Dims& d, const AdapterSpec& lora, Carver& c, std::i
   a.out = c.take(N * d.hidden, d.elem_bytes);
   a.offsets = offsets;
   a.rows_all = offsets + d.experts + 1;
-  // The experts' adapters' t, by projection.
+  if (d.expert_ranks > 1) {
+    a.ep_in = c.take(X * d.hidden, d.elem_bytes);
+    a.ep_counts = a.rows_all + d.experts;
+  }
+  // The experts' adapters' t, by projection, over the rows the experts run.
   const auto t = [&](LoraTarget target) {
-    return lora.rank > 0 && lora.on[static_cast<int>(target)] ? c.take(N * lora.rank, d.elem_bytes)
+    return lora.rank > 0 && lora.on[static_cast<int>(target)] ? c.take(X * lora.rank, d.elem_bytes)
                                                               : nullptr;
   };
   a.t_gate = t(LoraTarget::kGate);
@@ -36,6 +47,7 @@ MoeActs carve_moe_acts(const Dims& d, const AdapterSpec& lora, Carver& c, std::i
 // The scratch the MoE layers share (its host part placed by the model).
 MoeScratch carve_moe_scratch(const Dims& d, const AdapterSpec& lora, Carver& c) {
   const std::int64_t R = d.rows, E = d.experts, N = d.rows * d.experts_per_token;
+  const std::int64_t X = d.expert_rows();
   MoeScratch s;
   s.logits = c.take(R * E, d.elem_bytes);
   s.logits_f32 = c.f32(R * E);
@@ -48,11 +60,16 @@ MoeScratch carve_moe_scratch(const Dims& d, const AdapterSpec& lora, Carver& c) 
   const bool adapted = lora.rank > 0 && (lora.on[static_cast<int>(LoraTarget::kGate)] ||
                                          lora.on[static_cast<int>(LoraTarget::kUp)] ||
                                          lora.on[static_cast<int>(LoraTarget::kDown)]);
-  if (adapted) s.lora.dt = c.take(N * lora.rank, d.elem_bytes);
+  if (adapted) s.lora.dt = c.take(X * lora.rank, d.elem_bytes);
   if (adapted && lora.dropout > 0) {
     const std::int64_t widest = std::max(d.hidden, d.expert_ffn);
-    s.lora_x = c.take(N * widest, d.elem_bytes);
-    s.lora.dx = c.take(N * widest, d.elem_bytes);
+    s.lora_x = c.take(X * widest, d.elem_bytes);
+    s.lora.dx = c.take(X * widest, d.elem_bytes);
+  }
+  if (d.expert_ranks > 1) {  // the rows on their way, and the permutations between orders
+    s.ep_a = c.take(X * d.hidden, d.elem_bytes);
+    s.ep_b = c.take(X * d.hidden, d.elem_bytes);
+    s.ep_index = c.i32(2 * X);
   }
   return s;
 }
@@ -65,7 +82,7 @@ BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart,
                      void* b_shared) {
   const Dims& d = setup.d;
   const TensorSplit& sp = setup.split;
-  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.mlp_width();
+  const std::int64_t R = d.rows, H = d.hidden, Q = d.q_dim, KV = d.kv_dim, F = d.mlp_elems();
   const std::int64_t Rl = sp.local_rows;
   BlockActs a;
   a.rstd1 = f32(Rl);
@@ -86,9 +103,9 @@ BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart,
   a.rstd2 = f32(Rl);
   a.b = rows_apart ? b_shared : act(R * H);
   if (rows_apart) a.b_local = act(Rl * H);
-  a.gate = act(R * F);
-  a.up = act(R * F);
-  a.m = act(R * F);
+  a.gate = act(F);
+  a.up = act(F);
+  a.m = act(F);
   for (int t = 0; t < kNumLoraTargets; ++t) {
     if (setup.lora.on[t]) a.lora_t[t] = act(R * setup.lora.rank);
   }
@@ -129,7 +146,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
     a.partial = ws->partial;
     if (d.experts > 0) {
       // Each kept set of MoE activations has its expert offsets on the host.
-      ws->moe_offsets.emplace_back(static_cast<std::size_t>(2 * d.experts + 1), 0);
+      ws->moe_offsets.emplace_back(moe_host_counts(d), 0);
       a.moe = carve_moe_acts(d, setup.lora, c, ws->moe_offsets.back().data(), a.gate, a.up, a.m);
     }
     return a;
@@ -201,7 +218,7 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
   if (setup.lora.rank > 0 && sp.split()) s.lora_grad = act(setup.lora.rank * d.max_in());
   if (lora_dropout) s.lora_dx = act(R * d.max_in());
   const std::uint64_t union_start = align_up(c.off, kAlignBytes);
-  s.dm = act(R * d.mlp_width());
+  s.dm = act(d.mlp_elems());
   const std::uint64_t mlp_end = c.off;
   c.off = union_start;
   s.datt = act(R * Q);
@@ -242,12 +259,12 @@ std::uint64_t carve_decode(const BlockSetup& setup, std::int64_t num_layers, std
   a.att = act(R * Q);
   a.hmid = act(R * H);
   a.b = act(R * H);
-  a.gate = act(R * d.mlp_width());
-  a.up = act(R * d.mlp_width());
-  a.m = act(R * d.mlp_width());
+  a.gate = act(d.mlp_elems());
+  a.up = act(d.mlp_elems());
+  a.m = act(d.mlp_elems());
   if (setup.lora.rank > 0) a.lora_t = act(R * setup.lora.rank);
   if (d.experts > 0) {
-    ws->moe_offsets.assign(static_cast<std::size_t>(2 * d.experts + 1), 0);
+    ws->moe_offsets.assign(moe_host_counts(d), 0);
     a.moe = carve_moe_acts(d, setup.lora, c, ws->moe_offsets.data(), a.gate, a.up, a.m);
     ws->moe = carve_moe_scratch(d, setup.lora, c);
   }

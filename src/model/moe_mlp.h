@@ -127,16 +127,21 @@ struct MoeScratch {
   std::int32_t* ep_index = nullptr;
   std::int32_t* host_ep_index = nullptr;
 
-  static std::uint64_t host_bytes(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
-    return static_cast<std::uint64_t>(3 * tokens * k + 2 * experts) * 4;
+  // Over `ranks` ranks of expert parallelism (1: none), host_ep_index's [2 x capacity] besides.
+  static std::uint64_t host_bytes(std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                                  std::int64_t ranks = 1) {
+    const std::int64_t ep = ranks > 1 ? 2 * ranks * tokens * k : 0;
+    return static_cast<std::uint64_t>(3 * tokens * k + 2 * experts + ep) * 4;
   }
   // The host pointers laid out from `host` (host_bytes of it).
-  void place_host(std::byte* host, std::int64_t tokens, std::int64_t experts, std::int64_t k) {
+  void place_host(std::byte* host, std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                  std::int64_t ranks = 1) {
     host_chosen = reinterpret_cast<std::int32_t*>(host);
     host_tokens = host_chosen + tokens * k;
     host_slots = host_tokens + tokens * k;
     host_prob_sums = reinterpret_cast<float*>(host_slots + tokens * k);
     host_aux_grad = host_prob_sums + experts;
+    host_ep_index = ranks > 1 ? reinterpret_cast<std::int32_t*>(host_aux_grad + experts) : nullptr;
   }
 };
 

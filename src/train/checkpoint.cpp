@@ -147,6 +147,7 @@ class GroupGatherer {
 
   // Group `id`'s whole tensors into `dst` (world rank 0; null elsewhere). Every rank calls it.
   Status gather(int id, float* dst) {
+    if (grid_.shape().expert > 1 && layout_.expert_of(id) >= 0) return gather_expert(id, dst);
     if (grid_.shape().pipeline == 1) return gather_stage(id, dst);
     const dist::GridCoord at = grid_.coord();
     const int owner = layout_.stage_of(id);
@@ -209,6 +210,36 @@ class GroupGatherer {
       }
     }
     return Status::ok();
+  }
+
+  // An expert's group under expert parallelism (one stage, layers whole): over the expert-data
+  // ranks holding it (ZeRO's gather) to the first of them, a data-parallel rank below the
+  // expert-parallel size, then over the first expert group to world rank 0.
+  Status gather_expert(int id, float* dst) {
+    const dist::GridCoord at = grid_.coord();
+    const int owner = layout_.expert_owner(id);
+    const bool first = at.data < grid_.shape().expert;  // expert-data rank 0
+    const auto n = static_cast<std::size_t>(whole_.group(id).num_elems);
+    Status s;
+    if (at.expert == owner) {
+      float* into = nullptr;
+      if (first) into = owner == 0 ? dst : (stage_buf_.assign(n, 0.0f), stage_buf_.data());
+      s = provider_.gather_master(id, into, from_);
+    }
+    if (owner == 0 || !first) return s;
+    if (at.expert != owner) stage_buf_.assign(n, 0.0f);
+    const auto ranks = static_cast<std::size_t>(grid_.shape().expert);
+    stage_all_.assign(dst != nullptr ? n * ranks : 0, 0.0f);
+    Status t =
+        grid_.expert().gather_host(stage_buf_.data(), dst != nullptr ? stage_all_.data() : nullptr,
+                                   static_cast<std::int64_t>(n), DType::kF32, 0,
+                                   "checkpoint: group " + whole_.group(id).name +
+                                       " from expert-parallel rank " + std::to_string(owner));
+    if (s.is_ok()) s = t;
+    if (s.is_ok() && dst != nullptr) {
+      std::memcpy(dst, stage_all_.data() + static_cast<std::size_t>(owner) * n, n * sizeof(float));
+    }
+    return s;
   }
 
   const model::ParamLayout& layout_;
@@ -350,7 +381,7 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                                     zero::ZeroProvider& provider, dist::ProcessGrid& grid,
                                     const TrainerState& state, bool held_state) {
   STRATA_CHECK(layout.has_adapters() == lora.has_value(), "adapters without their config");
-  const zero::StateSnapshot from{held_state, &grid.data()};
+  const zero::StateSnapshot from{held_state, &grid.data(), &grid.expert_data()};
   dist::Communicator& comm = grid.world();
   const bool root = comm.rank() == 0;
   const std::string final_dir = (fs::path(save_dir) / step_name(state.step)).string();
@@ -389,6 +420,7 @@ Result<std::string> save_checkpoint(const std::string& save_dir, const model::Ll
                {"world_size", comm.world_size()},
                {"tensor_parallel_size", grid.shape().tensor},
                {"pipeline_parallel_size", grid.shape().pipeline},
+               {"expert_parallel_size", grid.shape().expert},
                {"pipeline_layers", state.pipeline_layers},
                {"config", state.config}};
     if (state.loss_scaler) {
@@ -542,6 +574,7 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint) {
   r.read("world_size", &st.world_size, 1, 1 << 20);
   r.read("tensor_parallel_size", &st.tensor_parallel_size, 1, 1 << 16);
   r.read("pipeline_parallel_size", &st.pipeline_parallel_size, 1, 1 << 16);
+  r.read("expert_parallel_size", &st.expert_parallel_size, 1, 1 << 16);
   r.read("pipeline_layers", &st.pipeline_layers);
   r.read("step", &st.step, 0);
   r.read("sequences_consumed", &st.sequences_consumed, 0);
@@ -607,6 +640,17 @@ Result<SavedGrid> saved_grid(const TrainerState& st, const model::LlamaConfig& c
     saved.stage = model::pipeline_stage(saved_pp, virtual_stages, 0, st.pipeline_layers);
   }
   saved.shape = {st.world_size / (saved_tp * saved_pp), saved_tp, saved_pp};
+  if (const int e = st.expert_parallel_size; e > 1) {
+    if (saved.shape.data % e != 0 || !config.has_moe() || config.moe.num_experts % e != 0) {
+      return data_loss(
+          state_file + ": expert_parallel_size " + std::to_string(e) + " does not divide the " +
+          std::to_string(saved.shape.data) + " data-parallel ranks" +
+          (config.has_moe()
+               ? " and the " + std::to_string(config.moe.num_experts) + " experts of each MoE layer"
+               : " (the model has no experts)"));
+    }
+    saved.shape.expert = e;
+  }
   return saved;
 }
 
@@ -691,9 +735,17 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
       wanted.emplace_back(&t, std::move(runs));
     }
     const std::string& name = group.name;
+    // An expert's group under the saved expert parallelism: in the files of the ranks holding
+    // that expert, cut over them.
+    const int expert = saved_grid.expert > 1 ? whole.expert_of(gid) : -1;
+    const int slices = expert >= 0 ? saved_grid.data / saved_grid.expert : saved_grid.data;
     for (int r = 0; r < st.world_size; ++r) {
       const dist::GridCoord at = dist::grid_coord(saved_grid, r);
       if (whole.stage_of(gid, saved_stage) != at.pipeline) continue;  // another stage's file
+      if (expert >= 0 && at.expert != expert / (config.moe.num_experts / saved_grid.expert)) {
+        continue;  // another rank's experts
+      }
+      const int slice_at = expert >= 0 ? at.data / saved_grid.expert : at.data;
       const model::ParamGroup& saved =
           saved_layouts[static_cast<std::size_t>(at.tensor)].group(gid);
       const auto& f = shards[static_cast<std::size_t>(r)];
@@ -710,12 +762,12 @@ Status load_checkpoint(const std::string& checkpoint, const model::LlamaConfig& 
             "it, or start from its weights alone (its model.safetensors as model_path)");
       }
       const std::int64_t slice = e->shape[0];
-      if (slice * saved_grid.data < saved.num_elems) {
+      if (slice * slices < saved.num_elems) {
         return data_loss(checkpoint + ": the saved moments of " + name + " hold " +
-                         std::to_string(slice * saved_grid.data) + " elements, fewer than the " +
+                         std::to_string(slice * slices) + " elements, fewer than the " +
                          std::to_string(saved.num_elems) + " the model needs");
       }
-      const std::int64_t lo = slice * at.data, hi = std::min(lo + slice, saved.num_elems);
+      const std::int64_t lo = slice * slice_at, hi = std::min(lo + slice, saved.num_elems);
       // Both run lists ascend through the whole tensor: one merge per tensor.
       std::vector<Copy> copies;
       for (const auto& entry : wanted) {

@@ -467,6 +467,7 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
   r.read("tensor_parallel_size", &c.tensor_parallel_size, 1, 1 << 16);
   r.read("sequence_parallel", &c.sequence_parallel);
   r.read("pipeline_parallel_size", &c.pipeline_parallel_size, 1, 1 << 16);
+  r.read("expert_parallel_size", &c.expert_parallel_size, 1, 1 << 16);
   {
     std::string parallelism = "manual";
     r.read_choice("parallelism", &parallelism, {"manual", "auto"});
@@ -635,6 +636,18 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
       errors.push_back("'pipeline_schedule': \"interleaved\" needs pipeline_parallel_size above 1");
     }
   }
+  if (c.expert_parallel_size > 1 && has_model) {
+    const std::string e = std::to_string(c.expert_parallel_size);
+    if (!c.model.has_moe()) {
+      errors.push_back("'expert_parallel_size': " + e +
+                       " shares out the experts of mixture-of-experts layers; " +
+                       std::string(model::model_type_name(c.model.family)) + " has none (use 1)");
+    } else if (c.model.moe.num_experts % c.expert_parallel_size != 0) {
+      errors.push_back("'expert_parallel_size': " + e + " must divide the " +
+                       std::to_string(c.model.moe.num_experts) +
+                       " experts of each MoE layer (num_experts)");
+    }
+  }
   if (has_model && c.model.has_moe()) {
     const std::string family(model::model_type_name(c.model.family));
     if (c.pipeline_parallel_size > 1) {
@@ -663,9 +676,10 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
     }
   }
   if (c.parallelism_auto && (c.tensor_parallel_size != 1 || c.pipeline_parallel_size != 1 ||
-                             !c.pipeline_layers.empty())) {
+                             c.expert_parallel_size != 1 || !c.pipeline_layers.empty())) {
     errors.push_back(
-        "'parallelism': \"auto\" chooses tensor_parallel_size and pipeline_parallel_size (and "
+        "'parallelism': \"auto\" chooses tensor_parallel_size, pipeline_parallel_size and "
+        "expert_parallel_size (and "
         "each stage's layers); leave them out, or use \"manual\"");
   }
   if (c.zero_stage != 3 && c.offload_param != Tier::kDevice) {

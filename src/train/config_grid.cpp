@@ -60,6 +60,7 @@ model::ModelOptions TrainConfig::model_options(int pipeline_rank, int data_ranks
   o.tensor_parallel.size = tensor_parallel_size;  // the rank's place: the trainer's
   o.sequence_parallel = sequence_parallel;
   o.pipeline = pipeline_stage(pipeline_rank);
+  o.expert_parallel.size = expert_parallel_size;  // the rank's place: the trainer's
   if (const PipelineShape shape = pipeline_shape(data_ranks);
       shape.stages > 1 && pipeline_shape_problems(pipeline_schedule, shape).empty()) {
     o.pipeline.in_flight =

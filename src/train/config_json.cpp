@@ -78,6 +78,7 @@ Json TrainConfig::to_json() const {
       {"sequence_parallel", sequence_parallel},
       {"parallelism", parallelism_auto ? "auto" : "manual"},
       {"pipeline_parallel_size", pipeline_parallel_size},
+      {"expert_parallel_size", expert_parallel_size},
       {"pipeline_schedule", pipeline_schedule_name(pipeline_schedule)},
       {"virtual_stages", virtual_stages},
       {"pipeline_layers", pipeline_layers},

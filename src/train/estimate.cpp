@@ -89,8 +89,9 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.activation_bytes = model::LlamaModel::activation_bytes(config.model, mo, batch, seq);
   o.checkpoint_bytes = model::LlamaModel::checkpoint_bytes(config.model, mo, batch, seq);
   o.num_checkpoints = model::LlamaModel::num_checkpoints(config.model, mo);
-  o.host_io_bytes = model::LlamaModel::host_io_bytes(
-      config.model, batch, seq, config.tensor_parallel_size, mo.pipeline.in_flight);
+  o.host_io_bytes =
+      model::LlamaModel::host_io_bytes(config.model, batch, seq, config.tensor_parallel_size,
+                                       mo.pipeline.in_flight, config.expert_parallel_size);
   // Cut into stages, the last stage's head reads a copy of the embedding in the workspace.
   o.tied_embeddings = config.model.tie_word_embeddings && config.pipeline_parallel_size == 1;
   o.offload_param = config.offload_param;
@@ -158,7 +159,12 @@ Result<Estimate> estimate(const TrainConfig& given, int ranks, const EstimateOpt
                             " must be a multiple of tensor_parallel_size " + std::to_string(tp) +
                             (pp > 1 ? " x pipeline_parallel_size " + std::to_string(pp) : ""));
   }
-  const dist::GridShape shape{ranks / (tp * pp), tp, pp};
+  const dist::GridShape shape{ranks / (tp * pp), tp, pp, config.expert_parallel_size};
+  if (shape.data % shape.expert != 0) {
+    return invalid_argument("--ranks " + std::to_string(ranks) + ": expert_parallel_size " +
+                            std::to_string(shape.expert) + " must divide the " +
+                            std::to_string(shape.data) + " data-parallel ranks");
+  }
   const dist::GridCoord at = dist::grid_coord(shape, options.rank);
   STRATA_RETURN_IF_ERROR(config.resolve_batch(shape.data));
   Estimate e;
@@ -170,7 +176,7 @@ Result<Estimate> estimate(const TrainConfig& given, int ranks, const EstimateOpt
   STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, shape.data));
   // This rank's slices of its stage's layers (the whole model without tensor and pipeline
   // parallelism); the counts are the whole model's.
-  const model::ParamLayout full = config.param_layout(at.tensor, at.pipeline);
+  const model::ParamLayout full = config.param_layout(at.tensor, at.pipeline, at.expert);
   const model::ParamLayout whole = config.whole_layout();
   e.parameters = whole.num_parameters();
   for (const auto& g : whole.groups()) {
@@ -188,7 +194,12 @@ Result<Estimate> estimate(const TrainConfig& given, int ranks, const EstimateOpt
   }
   e.embedding_trains = !full.group(full.embed_group()).frozen;
   e.finetune = describe_finetune(config, whole);
-  const zero::Partition partition(full, at.data, shape.data, config.param_persistence_threshold);
+  // ZeRO over the data-parallel ranks; an expert's groups over the expert-data ranks.
+  std::optional<zero::ShardAxis> experts;
+  if (shape.expert > 1)
+    experts = zero::ShardAxis{at.data / shape.expert, shape.data / shape.expert};
+  const zero::Partition partition(full, {at.data, shape.data}, config.param_persistence_threshold,
+                                  experts);
   for (const auto& g : partition.groups()) {
     e.groups_partitioned += g.replicated || g.full_elems == 0 ? 0 : 1;  // of the rank's stage
     if (!full.group(g.group).frozen) e.trainable_local_elems += g.local_elems();

@@ -163,6 +163,7 @@ std::string EstimateReport::describe() const {
     o << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
       << ", optimizer " << secs(step.optimizer_ms) << ", communication " << secs(step.comm_ms);
     if (step.tensor_ms > 0) o << ", tensor-parallel " << secs(step.tensor_ms);
+    if (step.expert_ms > 0) o << ", expert exchanges " << secs(step.expert_ms);
     if (c.pipeline_parallel_size > 1) {
       o << ", pipeline bubble " << secs(step.bubble_ms) << ", stage boundaries "
         << secs(step.boundary_ms);

@@ -141,12 +141,14 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     STRATA_ASSIGN_OR_RETURN(GridChoice choice, choose_grid(config, world, rates()));
     std::vector<std::uint64_t> v = {
         static_cast<std::uint64_t>(choice.tensor), static_cast<std::uint64_t>(choice.pipeline),
-        static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer)};
+        static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer),
+        static_cast<std::uint64_t>(choice.expert)};
     STRATA_RETURN_IF_ERROR(take_rank_zeros(options.comm, &v, "grid"));
     choice.tensor = static_cast<int>(v[0]);
     choice.pipeline = static_cast<int>(v[1]);
     choice.param = static_cast<Tier>(v[2]);
     choice.optimizer = static_cast<Tier>(v[3]);
+    choice.expert = static_cast<int>(v[4]);
     config = choice.applied_to(config);
     r.choices.push_back("grid: " + choice.why);
   }
@@ -177,7 +179,12 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     STRATA_RETURN_IF_ERROR(check_pipeline_shape(config, world / (tp * pp)));
   }
   if (nodes && tp > 1) STRATA_RETURN_IF_ERROR(check_tensor_groups(*nodes, tp, options.rank));
-  r.shape = {world / (tp * pp), tp, pp};
+  r.shape = {world / (tp * pp), tp, pp, config.expert_parallel_size};
+  if (r.shape.data % r.shape.expert != 0) {
+    return invalid_argument("expert_parallel_size " + std::to_string(r.shape.expert) +
+                            " must divide the " + std::to_string(r.shape.data) +
+                            " data-parallel ranks this run has");
+  }
   if (config.deterministic_reduction_auto) {
     // Several data-parallel ranks (or a resume of a run that had it): the same bits on any number
     // of them; one rank alone keeps a running sum (no partial sums to hold).

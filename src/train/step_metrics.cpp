@@ -43,6 +43,7 @@ Json StepMetrics::to_json() const {
          {"planned_nvme_bytes", planned_nvme_bytes},
          {"predicted_rss_bytes", predicted_rss_bytes},
          {"comm_bytes", comm_bytes},
+         {"all_to_all_bytes", all_to_all_bytes},
          {"sent_bytes", sent_bytes},
          {"loss_tokens", loss_tokens},
          {"elapsed_s", elapsed_s},

@@ -83,7 +83,9 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
       (std::max(one - layer_ms, 0.0) + layer_ms * model.num_hidden_layers) / tensor;
   const double params = static_cast<double>(model::ParamLayout::build(model).num_parameters());
   const double stretch = config.pipeline_stretch(data_ranks);
-  return (step_ms / stages + tensor_parallel_ms(config, ranks, rates)) * stretch +
+  return (step_ms / stages + tensor_parallel_ms(config, ranks, rates) +
+          expert_parallel_ms(config, ranks, rates)) *
+             stretch +
          pipeline_boundary_ms(config, ranks, rates) + zero_comm_ms(config, params, ranks, rates) +
          pipeline_traffic_ms(config, ranks, rates);
 }

@@ -64,7 +64,9 @@ void StepRecorder::finish(std::int64_t tokens, StepMetrics* m) {
   const dist::CommStats comm_after = comm_stats();
   m->comm_bytes = (comm_after.all_gather_bytes - comm_before_.all_gather_bytes) +
                   (comm_after.reduce_scatter_bytes - comm_before_.reduce_scatter_bytes) +
-                  (comm_after.all_reduce_bytes - comm_before_.all_reduce_bytes);
+                  (comm_after.all_reduce_bytes - comm_before_.all_reduce_bytes) +
+                  (comm_after.all_to_all_bytes - comm_before_.all_to_all_bytes);
+  m->all_to_all_bytes = comm_after.all_to_all_bytes - comm_before_.all_to_all_bytes;
   m->sent_bytes = comm_after.sent_bytes - comm_before_.sent_bytes;
   if (auto mem = sys::read_process_memory(); mem.is_ok()) m->peak_rss_bytes = mem->peak_rss_bytes;
   const Estimate& planned = rooms_.planned;

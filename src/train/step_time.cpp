@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/optim/state_layout.h"
@@ -44,6 +45,13 @@ double group_ms(double bytes, int members, int local, int senders, const Machine
   return std::max(within, ms(bytes * (members - local) / members * senders, between_nodes(rates)));
 }
 
+// The MoE layers' count.
+double moe_layers(const model::LlamaConfig& m) {
+  double n = 0;
+  for (std::int64_t l = 0; l < m.num_hidden_layers; ++l) n += m.is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
 }  // namespace
 
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
@@ -52,6 +60,15 @@ double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
   const double split = tensor * config.pipeline_parallel_size;
   const int data = data_ranks_of(config, ranks);
   if (data <= 1) return 0;
+  // Expert parallelism: a rank holds 1 / E of the experts, whose traffic is over the D / E ranks
+  // holding them.
+  if (const int e = config.expert_parallel_size; e > 1 && config.model.has_moe()) {
+    const model::LlamaConfig& m = config.model;
+    const double experts = moe_layers(m) * static_cast<double>(m.moe.num_experts) * 3.0 *
+                           static_cast<double>(m.hidden_size) *
+                           static_cast<double>(m.moe.expert_intermediate_size);
+    parameters -= std::min(experts, parameters) * (1.0 - 1.0 / e);
+  }
   // Stage 3 gathers every micro-batch's parameters for the forward and again for the backward
   // (but for the embedding, whose backward needs only the tokens, and the LM head, kept from its
   // forward to its backward: one matrix of vocab x hidden tied, two untied) and reduces its
@@ -115,6 +132,22 @@ double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRat
   // A tensor group larger than a node (which the grid avoids) crosses the nodes' links.
   const int node = node_ranks(config, ranks);
   return tensor <= node ? ms(bytes, rates.comm_bytes) : group_ms(bytes, tensor, node, node, rates);
+}
+
+double expert_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates) {
+  const int e = config.expert_parallel_size;
+  if (e <= 1 || !config.model.has_moe()) return 0;
+  const model::LlamaConfig& m = config.model;
+  const double accum = static_cast<double>(config.accumulation_steps(data_ranks_of(config, ranks)));
+  // Each MoE layer sends a micro-batch's k rows a token out and their outputs back in forward
+  // (again where checkpointing recomputes it), and their gradients out and back in backward.
+  const double passes = config.activation_checkpointing ? 6.0 : 4.0;
+  const double bytes = accum * moe_layers(m) * passes *
+                       static_cast<double>(m.moe.experts_per_token) * activation_bytes_of(config);
+  // The expert group: E data-parallel ranks T apart, (E - 1) / E of the rows to the others under
+  // balanced routing.
+  const int node = node_ranks(config, ranks);
+  return group_ms(bytes, e, node / config.tensor_parallel_size, node, rates);
 }
 
 namespace {
@@ -287,13 +320,15 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   st.comm_ms = zero_comm_ms(config, static_cast<double>(e.parameters), e.ranks, rates) +
                pipeline_traffic_ms(config, e.ranks, rates);
   st.tensor_ms = tensor_parallel_ms(config, e.ranks, rates);
+  st.expert_ms = expert_parallel_ms(config, e.ranks, rates);
   // Pipeline stages: the work above is the average stage's; the costliest stage's, stretched by
   // the fill and drain, sets the step, and the first micro-batch's activations cross every
   // boundary forward and its gradients back before the pipeline is full and after it drains.
   const double stretch = config.pipeline_stretch(data_ranks_of(config, e.ranks));
   st.bubble_ms = (st.compute_ms + st.tensor_ms) * (stretch - 1.0);
   st.boundary_ms = pipeline_boundary_ms(config, e.ranks, rates);
-  const double critical = st.compute_ms + st.tensor_ms + st.bubble_ms + st.boundary_ms;
+  const double critical =
+      st.compute_ms + st.tensor_ms + st.expert_ms + st.bubble_ms + st.boundary_ms;
   st.serial_ms = std::max({critical, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
   if (e.plan.overlap == zero::OptimizerOverlap::kNone) {
     st.step_ms = st.serial_ms;
@@ -332,17 +367,18 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
 
 Json StepTime::to_json() const {
   return Json{
-      {"step_ms", step_ms},         {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
-      {"compute_ms", compute_ms},   {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
-      {"comm_ms", comm_ms},         {"tensor_ms", tensor_ms},     {"bubble_ms", bubble_ms},
-      {"boundary_ms", boundary_ms}, {"schedule", schedule},       {"slowest_ms", slowest_ms},
-      {"fastest_ms", fastest_ms}};
+      {"step_ms", step_ms},       {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
+      {"compute_ms", compute_ms}, {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
+      {"comm_ms", comm_ms},       {"tensor_ms", tensor_ms},     {"expert_ms", expert_ms},
+      {"bubble_ms", bubble_ms},   {"boundary_ms", boundary_ms}, {"schedule", schedule},
+      {"slowest_ms", slowest_ms}, {"fastest_ms", fastest_ms}};
 }
 
-TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline) {
+TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline, int expert) {
   TrainConfig c = config;
   c.tensor_parallel_size = tensor;
   c.pipeline_parallel_size = pipeline;
+  c.expert_parallel_size = expert;
   c.pipeline_layers.clear();
   if (pipeline > 1 && config.pipeline_schedule == PipelineSchedule::kInterleaved) {
     c.virtual_stages = std::max(config.virtual_stages, 2);
@@ -356,7 +392,7 @@ TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline) {
 }
 
 TrainConfig GridChoice::applied_to(const TrainConfig& config) const {
-  TrainConfig c = on_grid(config, tensor, pipeline);
+  TrainConfig c = on_grid(config, tensor, pipeline, expert);
   c.offload_param = param;
   c.offload_optimizer = optimizer;
   c.offload_param_auto = c.offload_optimizer_auto = false;
@@ -366,11 +402,13 @@ TrainConfig GridChoice::applied_to(const TrainConfig& config) const {
 namespace {
 
 // Every (tensor, pipeline) split of `ranks` the config's model and batch allow, data parallelism
-// first (pipelines, then tensor splits, then both, each smallest first); `refused` names why a
-// split that divides the ranks cannot run.
+// first (pipelines, then tensor splits, then both, each smallest first), and for a mixture of
+// experts every expert-parallel size that divides the data-parallel ranks and the experts (the
+// smallest first); `refused` names why a split that divides the ranks cannot run.
 struct GridCandidate {
   int tensor, pipeline;
   std::string refused;
+  int expert = 1;
 };
 std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks) {
   std::vector<GridCandidate> out;
@@ -401,20 +439,27 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
                  !pipeline_shape_problems(c.pipeline_schedule, c.pipeline_shape(data)).empty()) {
         g.refused = pipeline_shape_problems(c.pipeline_schedule, c.pipeline_shape(data)).front();
       }
-      out.push_back(std::move(g));
+      out.push_back(g);
+      if (!g.refused.empty() || !config.model.has_moe()) continue;
+      for (int expert = 2; expert <= data; ++expert) {
+        if (data % expert != 0 || config.model.moe.num_experts % expert != 0) continue;
+        g.expert = expert;
+        out.push_back(g);
+      }
     }
   }
   // Fewer splits first: a tie keeps the simpler grid.
   std::stable_sort(out.begin(), out.end(), [](const GridCandidate& a, const GridCandidate& b) {
-    return std::pair(a.tensor > 1, a.tensor * a.pipeline) <
-           std::pair(b.tensor > 1, b.tensor * b.pipeline);
+    return std::tuple(a.tensor > 1, a.tensor * a.pipeline, a.expert) <
+           std::tuple(b.tensor > 1, b.tensor * b.pipeline, b.expert);
   });
   return out;
 }
 
-std::string grid_name(int tensor, int pipeline, int data) {
+std::string grid_name(int tensor, int pipeline, int data, int expert) {
   return "tensor " + std::to_string(tensor) + " x pipeline " + std::to_string(pipeline) +
-         " x data " + std::to_string(data);
+         " x data " + std::to_string(data) +
+         (expert > 1 ? " (experts over " + std::to_string(expert) + ")" : "");
 }
 
 }  // namespace
@@ -425,12 +470,12 @@ Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const Machi
   const std::uint64_t swap_free = config.swap_paths.empty() ? 0 : swap_free_bytes(config, 0);
   for (const GridCandidate& g : grid_candidates(config, ranks)) {
     const int data = ranks / (g.tensor * g.pipeline);
-    const std::string name = grid_name(g.tensor, g.pipeline, data);
+    const std::string name = grid_name(g.tensor, g.pipeline, data, g.expert);
     if (!g.refused.empty()) {
       others += "; " + name + ": " + g.refused;
       continue;
     }
-    TrainConfig c = on_grid(config, g.tensor, g.pipeline);
+    TrainConfig c = on_grid(config, g.tensor, g.pipeline, g.expert);
     STRATA_RETURN_IF_ERROR(c.resolve_batch(data));  // checked in grid_candidates
     // The placement: the config's, or the fastest that fits rank 0 where it is left open.
     if (c.offload_param_auto || c.offload_optimizer_auto) {
@@ -474,15 +519,19 @@ Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const Machi
       others += "; " + name + ": " + buf;
       continue;
     }
-    if (best)
-      others += "; " + grid_name(best->tensor, best->pipeline, best->data) + ": " + best->why;
-    best = GridChoice{g.tensor, g.pipeline, data, c.offload_param, c.offload_optimizer, st, buf};
+    if (best) {
+      others += "; " + grid_name(best->tensor, best->pipeline, best->data, best->expert) + ": " +
+                best->why;
+    }
+    best = GridChoice{g.tensor,        g.pipeline,          data, c.offload_param,
+                      c.offload_optimizer, st, buf, g.expert};
   }
   if (!best) {
     return out_of_memory("no grid of " + std::to_string(ranks) + " ranks fits" +
                          (others.empty() ? "" : ":" + others.substr(1)));
   }
-  best->why = grid_name(best->tensor, best->pipeline, best->data) + " (offload_param " +
+  best->why = grid_name(best->tensor, best->pipeline, best->data, best->expert) +
+              " (offload_param " +
               std::string(zero::offload_name(best->param)) + ", offload_optimizer " +
               std::string(zero::offload_name(best->optimizer)) + "): predicted step " + best->why +
               ", the fastest that fits" + (others.empty() ? "" : " (" + others.substr(2) + ")");

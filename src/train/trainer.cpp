@@ -36,6 +36,7 @@
 #include "strata/train/quantized_cache.h"
 #include "strata/train/resolve.h"
 #include "strata/train/step_time.h"
+#include "strata/zero/expert_group.h"
 #include "strata/zero/tensor_group.h"
 #include "strata/zero/zero_provider.h"
 
@@ -53,6 +54,7 @@ struct Trainer::Impl {
   std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::ProcessGrid> grid;              // data x tensor x pipeline
   std::unique_ptr<zero::CommTensorGroup> tensor_group;  // the model's, with tensor parallelism
+  std::unique_ptr<model::ExpertGroup> expert_group;     // the model's, with expert parallelism
   std::unique_ptr<zero::ZeroProvider> provider;
   std::unique_ptr<model::LlamaModel> model;
   model::ModelOptions model_options;  // this rank's: its tensor-parallel slice, its stage
@@ -193,7 +195,8 @@ Status Trainer::Impl::setup() {
     }
   }
   const dist::GridCoord at = grid->coord();
-  layout = std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline));
+  layout =
+      std::make_unique<model::ParamLayout>(config.param_layout(at.tensor, at.pipeline, at.expert));
   whole = std::make_unique<model::ParamLayout>(config.whole_layout());
   // The process's own memory, now that its communicators exist and before anything large is
   // allocated: what the run's resident memory is predicted from.
@@ -213,6 +216,11 @@ Status Trainer::Impl::setup() {
         tensor_group,
         zero::make_tensor_group(grid->tensor(), *device, config.model.num_key_value_heads));
     model_options.tensor_group = tensor_group.get();
+  }
+  model_options.expert_parallel.rank = at.expert;
+  if (shape.expert > 1) {  // the tokens travel over the grid's expert group
+    expert_group = zero::make_expert_group(grid->expert());
+    model_options.expert_group = expert_group.get();
   }
   model = std::make_unique<model::LlamaModel>(config.model, *layout, *device, model_options);
 

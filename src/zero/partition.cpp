@@ -5,20 +5,23 @@
 
 namespace strata::zero {
 
-Partition::Partition(const model::ParamLayout& full, int rank, int world,
-                     std::int64_t persistence_threshold)
-    : rank_(rank), world_(world) {
+Partition::Partition(const model::ParamLayout& full, ShardAxis data,
+                     std::int64_t persistence_threshold, std::optional<ShardAxis> experts)
+    : data_(data) {
   std::vector<model::ParamGroup> local_groups;
   for (const auto& g : full.groups()) {
     GroupPartition p;
     p.group = g.id;
+    p.experts = experts.has_value() && full.expert_of(g.id) >= 0;
+    const ShardAxis axis = p.experts ? *experts : data;
+    p.world = axis.world;
     p.full_elems = g.num_elems;
-    const std::int64_t unit = static_cast<std::int64_t>(world) * kShardAlignElems;
+    const std::int64_t unit = static_cast<std::int64_t>(axis.world) * kShardAlignElems;
     p.padded_elems = (g.num_elems + unit - 1) / unit * unit;
-    p.shard_elems = p.padded_elems / world;
-    p.shard_offset = static_cast<std::int64_t>(rank) * p.shard_elems;
+    p.shard_elems = p.padded_elems / axis.world;
+    p.shard_offset = static_cast<std::int64_t>(axis.rank) * p.shard_elems;
     // A quantized base (QLoRA) is read whole by every rank: its bytes are not elements to cut.
-    p.replicated = world == 1 || g.num_elems < persistence_threshold || g.quantized();
+    p.replicated = axis.world == 1 || g.num_elems < persistence_threshold || g.quantized();
     groups_.push_back(p);
     model::ParamGroup lg;
     lg.name = g.name;

@@ -377,7 +377,7 @@ Result<MemoryPlan> make_plan(const Partition& partition, const PlanOptions& o) {
 }
 
 Result<MemoryPlan> make_plan(const model::ParamLayout& layout, const PlanOptions& o) {
-  return make_plan(Partition(layout, 0, 1, 0), o);
+  return make_plan(Partition(layout, {0, 1}, 0), o);
 }
 
 }  // namespace strata::zero

@@ -3,6 +3,7 @@
 #include "src/zero/plan_bytes.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <utility>
 #include <vector>
@@ -198,11 +199,10 @@ class DeviceBlocks {
 std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOptions& plan_options,
                                     const std::vector<bool>& offloaded, int cache_blocks_per_size) {
   const ZeroOptions& options = plan_options.zero;  // its dtype is the plan's compute_dtype
-  const int world = partition.world();
   const auto& groups = partition.groups();
   bool any = false;
   for (const auto& p : groups) any = any || !p.replicated;
-  if (world == 1 || !any) return 0;
+  if (!any) return 0;
   const std::uint64_t d = dtype_size(plan_options.compute_dtype);
   DeviceBlocks t(cache_blocks_per_size);
   const auto full = [&](const GroupPartition& p) {
@@ -217,14 +217,22 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
     return static_cast<std::uint64_t>(p.local_elems()) * gd;
   };
 
-  // Parameters. Stages 1-2 hold every group's; stage 3 gathers each in use, one ahead.
-  const std::int64_t gather_cap = bucket_cap_elems(options.allgather_bucket_bytes, d, world);
-  std::int64_t widest = 0;
-  for (const auto& p : groups) widest = p.replicated ? widest : std::max(widest, p.shard_elems);
-  const std::uint64_t staging = static_cast<std::uint64_t>(std::min(gather_cap, widest)) *
-                                static_cast<std::uint64_t>(world) * d;
+  // Parameters. Stages 1-2 hold every group's; stage 3 gathers each in use, one ahead. Each axis
+  // (data-parallel; an expert's groups' expert-data) has its own world, cap and staging.
+  const auto gather_cap = [&](const GroupPartition& p) {
+    return bucket_cap_elems(options.allgather_bucket_bytes, d, p.world);
+  };
+  std::array<std::int64_t, 2> widest{};
+  for (const auto& p : groups) {
+    std::int64_t& w = widest[p.experts ? 1 : 0];
+    if (!p.replicated) w = std::max(w, p.shard_elems);
+  }
+  const auto staging = [&](const GroupPartition& p) {
+    return static_cast<std::uint64_t>(std::min(gather_cap(p), widest[p.experts ? 1 : 0])) *
+           static_cast<std::uint64_t>(p.world) * d;
+  };
   // A group above the cap is gathered in chunks through two staging buffers of its own.
-  const auto chunked = [&](const GroupPartition& p) { return p.shard_elems > gather_cap; };
+  const auto chunked = [&](const GroupPartition& p) { return p.shard_elems > gather_cap(p); };
   const int n = static_cast<int>(groups.size());
   const auto group = [&](int g) -> const GroupPartition& {
     return groups[static_cast<std::size_t>(g)];
@@ -236,11 +244,11 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
       t.give(local(group(g)));
     }
     t.take(full(group(g)));
-    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.take(staging);
+    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.take(staging(group(g)));
   };
   const auto ungather = [&](int g) {
     if (g < 0 || g >= n || group(g).replicated) return;
-    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.give(staging);
+    for (int i = 0; chunked(group(g)) && i < 2; ++i) t.give(staging(group(g)));
     t.give(full(group(g)));
   };
   if (options.stage < 3) {  // the full parameters, gathered in buckets (below) after each step
@@ -256,8 +264,14 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
     std::uint64_t local = 0;  // the engine's buffer, until its reduction is unpacked
   };
   std::vector<Held> held(groups.size());
-  BucketPacker replicated(bucket_cap_elems(options.reduce_bucket_bytes, d, 1));
-  BucketPacker partitioned(bucket_cap_elems(options.reduce_bucket_bytes, d, world));
+  // Per axis: replicated, then partitioned.
+  std::array<int, 2> worlds{1, 1};
+  for (const auto& p : groups) worlds[p.experts ? 1 : 0] = p.world;
+  std::array<BucketPacker, 4> packers{
+      BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, d, 1)),
+      BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, d, worlds[0])),
+      BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, d, 1)),
+      BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, d, worlds[1]))};
   struct Pending {
     Bucket bucket;
     std::uint64_t send = 0, recv = 0;
@@ -278,6 +292,7 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
   };
   const auto issue = [&](bool is_partitioned, Bucket bucket) {
     finish();
+    const int world = group(bucket.pieces.front().group).world;
     Pending p;
     p.partitioned = is_partitioned;
     const bool whole = bucket.whole_group();
@@ -329,27 +344,34 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
         h.local = reduced(p);
         t.take(h.local);
       }
-      BucketPacker& mine = p.replicated ? replicated : partitioned;
-      BucketPacker& other = p.replicated ? partitioned : replicated;
+      BucketPacker& mine = packers[(p.experts ? 2 : 0) + (p.replicated ? 0 : 1)];
+      BucketPacker& other = packers[(p.experts ? 2 : 0) + (p.replicated ? 1 : 0)];
       if (auto b = other.flush()) issue(p.replicated, std::move(*b));
       for (Bucket& b : mine.add(g, p.local_elems())) issue(!p.replicated, std::move(b));
       if (options.stage == 3) ungather(g);
     }
-    if (auto b = replicated.flush()) issue(false, std::move(*b));
-    if (auto b = partitioned.flush()) issue(true, std::move(*b));
+    for (std::size_t i = 0; i < packers.size(); ++i) {
+      if (auto b = packers[i].flush()) issue(i % 2 == 1, std::move(*b));
+    }
     finish();
     t.trim();
-    if (options.stage < 3) {  // after the step, the new parameters' all-gathers, bucketed
+    // After the step (stages 1-2), the new parameters' all-gathers, bucketed on each axis.
+    for (const bool experts : {false, true}) {
+      if (options.stage == 3) break;
       std::vector<std::pair<int, std::int64_t>> shards;
       for (const auto& p : groups) {
-        if (!p.replicated && p.shard_elems > 0) shards.emplace_back(p.group, p.shard_elems);
+        if (!p.replicated && p.shard_elems > 0 && p.experts == experts) {
+          shards.emplace_back(p.group, p.shard_elems);
+        }
       }
-      for (const Bucket& b : plan_buckets(shards, gather_cap)) {
+      if (shards.empty()) continue;
+      const GroupPartition& first = group(shards.front().first);
+      for (const Bucket& b : plan_buckets(shards, gather_cap(first))) {
         if (b.whole_group()) continue;  // straight into the group's full parameters
         const auto block = static_cast<std::uint64_t>(b.block_elems) * d;
         t.take(block);
-        t.take(block * static_cast<std::uint64_t>(world));
-        t.give(block * static_cast<std::uint64_t>(world));
+        t.take(block * static_cast<std::uint64_t>(first.world));
+        t.give(block * static_cast<std::uint64_t>(first.world));
         t.give(block);
       }
     }

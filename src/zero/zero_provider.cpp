@@ -16,10 +16,15 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
     const model::ParamLayout& full, std::int64_t persistence_threshold, device::Device& device,
     io::SwapSpace* swap, dist::ProcessGrid& grid, const ZeroOptions& options,
     const ShardOptions& shard_options, const MemoryPlan* given_plan) {
-  // ZeRO shards over the data-parallel ranks.
+  // ZeRO shards over the data-parallel ranks; an expert's groups, under expert parallelism, over
+  // the ranks holding that expert.
   dist::Communicator& comm = grid.data();
-  auto partition =
-      std::make_unique<Partition>(full, comm.rank(), comm.world_size(), persistence_threshold);
+  std::optional<ShardAxis> experts;
+  if (grid.shape().expert > 1) {
+    experts = ShardAxis{grid.expert_data().rank(), grid.expert_data().world_size()};
+  }
+  auto partition = std::make_unique<Partition>(full, ShardAxis{comm.rank(), comm.world_size()},
+                                               persistence_threshold, experts);
   MemoryPlan plan;
   if (given_plan != nullptr) {
     plan = *given_plan;
@@ -41,31 +46,35 @@ Result<std::unique_ptr<ZeroProvider>> ZeroProvider::create(
       ShardStore::create(partition->local_layout(), device, swap, store_options, plan));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSchedule> schedule,
                           OptimizerSchedule::create(*shards, device, shard_options));
-  return std::unique_ptr<ZeroProvider>(
-      new ZeroProvider(full, std::move(partition), std::move(shards), std::move(schedule), comm,
-                       grid.tensor(), grid.pipeline(), device, options));
+  return std::unique_ptr<ZeroProvider>(new ZeroProvider(
+      full, std::move(partition), std::move(shards), std::move(schedule), grid, device, options));
 }
 
 ZeroProvider::ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                            std::unique_ptr<ShardStore> shards,
-                           std::unique_ptr<OptimizerSchedule> schedule, dist::Communicator& comm,
-                           dist::Communicator& tensor, dist::Communicator& pipeline,
+                           std::unique_ptr<OptimizerSchedule> schedule, dist::ProcessGrid& grid,
                            device::Device& device, const ZeroOptions& options)
     : full_(full),
       partition_(std::move(partition)),
       shards_(std::move(shards)),
       schedule_(std::move(schedule)),
-      comm_(comm),
-      tensor_(tensor),
-      pipeline_(pipeline),
+      comm_(grid.data()),
+      expert_data_(grid.expert_data()),
+      tensor_(grid.tensor()),
+      pipeline_(grid.pipeline()),
+      expert_parallel_(grid.shape().expert > 1),
       device_(device),
       options_(options),
       dsize_(dtype_size(options.compute_dtype)),
-      gather_cap_elems_(
-          bucket_cap_elems(options.allgather_bucket_bytes, dsize_, comm.world_size())),
-      replicated_packer_(bucket_cap_elems(options.reduce_bucket_bytes, dsize_, 1)),
-      partitioned_packer_(
-          bucket_cap_elems(options.reduce_bucket_bytes, dsize_, comm.world_size())) {
+      gather_cap_elems_{
+          bucket_cap_elems(options.allgather_bucket_bytes, dsize_, comm_.world_size()),
+          bucket_cap_elems(options.allgather_bucket_bytes, dsize_, expert_data_.world_size())},
+      packers_{
+          BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, dsize_, 1)),
+          BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, dsize_, comm_.world_size())),
+          BucketPacker(bucket_cap_elems(options.reduce_bucket_bytes, dsize_, 1)),
+          BucketPacker(
+              bucket_cap_elems(options.reduce_bucket_bytes, dsize_, expert_data_.world_size()))} {
   full_params_.resize(static_cast<std::size_t>(full.num_groups()));
   param_refs_.assign(static_cast<std::size_t>(full.num_groups()), 0);
   full_grads_.resize(static_cast<std::size_t>(full.num_groups()));
@@ -186,7 +195,9 @@ std::string ZeroProvider::describe(const Bucket& bucket, const std::string& what
 
 Status ZeroProvider::refresh_replicated_params() {
   if (options_.stage >= 3) return Status::ok();
-  BucketPacker packer(gather_cap_elems_);
+  // A bucket's groups share an axis: one packer for each.
+  std::array<BucketPacker, 2> packers{BucketPacker(gather_cap_elems_[0]),
+                                      BucketPacker(gather_cap_elems_[1])};
   for (const auto& p : partition_->groups()) {
     if (p.replicated || p.padded_elems == 0) continue;  // an empty group has nothing to hold
     Scratch& full = full_params_[static_cast<std::size_t>(p.group)];
@@ -195,11 +206,13 @@ Status ZeroProvider::refresh_replicated_params() {
                                          "replicated parameters of " + full_.group(p.group).name));
     }
     if (p.shard_elems == 0) continue;
-    for (const Bucket& b : packer.add(p.group, p.shard_elems)) {
+    for (const Bucket& b : packers[p.experts ? 1 : 0].add(p.group, p.shard_elems)) {
       STRATA_RETURN_IF_ERROR(gather_bucket(b));
     }
   }
-  if (auto b = packer.flush()) STRATA_RETURN_IF_ERROR(gather_bucket(*b));
+  for (BucketPacker& packer : packers) {
+    if (auto b = packer.flush()) STRATA_RETURN_IF_ERROR(gather_bucket(*b));
+  }
   return Status::ok();
 }
 
@@ -208,16 +221,16 @@ Status ZeroProvider::refresh_replicated_params() {
 Status ZeroProvider::gather_bucket(const Bucket& bucket) {
   const BucketPiece& first = bucket.pieces.front();
   const std::string what = describe(bucket, "parameters");
+  dist::Communicator& comm = comm_of(first.group);
   if (bucket.whole_group()) {
     STRATA_ASSIGN_OR_RETURN(const void* shard, acquire_shard(first.group));
-    Status s = comm_
-                   .all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data,
+    Status s = comm.all_gather(shard, full_params_[static_cast<std::size_t>(first.group)].data,
                                bucket.block_elems, options_.compute_dtype, what)
                    .wait();
     shards_->params().release(first.group);
     return s;
   }
-  const int world = comm_.world_size();
+  const int world = comm.world_size();
   const auto count = static_cast<std::size_t>(bucket.block_elems);
   STRATA_ASSIGN_OR_RETURN(Scratch send, take(count * dsize_, "all-gather bucket (send)"));
   auto recv = take(count * dsize_ * static_cast<std::size_t>(world), "all-gather bucket");
@@ -232,7 +245,7 @@ Status ZeroProvider::gather_bucket(const Bucket& bucket) {
       shards_->params().release(piece.group);
     }
     STRATA_RETURN_IF_ERROR(
-        comm_.all_gather(send.data, recv->data, bucket.block_elems, options_.compute_dtype, what)
+        comm.all_gather(send.data, recv->data, bucket.block_elems, options_.compute_dtype, what)
             .wait());
     for (int r = 0; r < world; ++r) {
       for (const BucketPiece& piece : bucket.pieces) {
@@ -257,9 +270,9 @@ Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
   const auto gi = static_cast<std::size_t>(group);
   // A group above allgather_bucket_bytes is gathered in chunks (at least two), two in flight,
   // through two staging buffers of its own.
-  const bool chunked = p.shard_elems > gather_cap_elems_;
+  const bool chunked = p.shard_elems > gather_cap(group);
   const std::uint64_t full_bytes = static_cast<std::uint64_t>(p.padded_elems) * dsize_;
-  const std::uint64_t staging_bytes = chunked ? gather_staging_bytes() : 0;
+  const std::uint64_t staging_bytes = chunked ? gather_staging_bytes(group) : 0;
   if (prefetch && !shards_->store().device_fits(full_bytes + 2 * staging_bytes +
                                                 shards_->params().acquire_device_bytes(group))) {
     return false;
@@ -293,14 +306,15 @@ Result<bool> ZeroProvider::start_gather(int group, bool prefetch) {
   return true;
 }
 
-std::size_t ZeroProvider::gather_staging_bytes() const {
-  // Never more than the largest chunk any group needs.
+std::size_t ZeroProvider::gather_staging_bytes(int group) const {
+  // Never more than the largest chunk any group of the axis needs.
+  const bool experts = partition_->group(group).experts;
   std::int64_t widest = 0;
   for (const auto& p : partition_->groups()) {
-    if (!p.replicated) widest = std::max(widest, p.shard_elems);
+    if (!p.replicated && p.experts == experts) widest = std::max(widest, p.shard_elems);
   }
-  return static_cast<std::size_t>(std::min(gather_cap_elems_, widest)) *
-         static_cast<std::size_t>(comm_.world_size()) * dsize_;
+  return static_cast<std::size_t>(std::min(gather_cap(group), widest)) *
+         static_cast<std::size_t>(partition_->group(group).world) * dsize_;
 }
 
 // Issues the all-gather of the group's next shard range: into `recv` (packed, then unpacked by
@@ -310,7 +324,7 @@ Status ZeroProvider::issue_gather_chunk(int group, void* recv) {
   PendingGather& g = gathers_[static_cast<std::size_t>(group)];
   GatherChunk c;
   c.begin = g.next_begin;
-  c.count = recv == nullptr ? p.shard_elems : std::min(gather_cap_elems_, p.shard_elems - c.begin);
+  c.count = recv == nullptr ? p.shard_elems : std::min(gather_cap(group), p.shard_elems - c.begin);
   g.next_begin += c.count;
   const auto* send =
       static_cast<const std::byte*>(g.shard) + static_cast<std::size_t>(c.begin) * dsize_;
@@ -320,7 +334,7 @@ Status ZeroProvider::issue_gather_chunk(int group, void* recv) {
     what += " [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + c.count) +
             ") of each shard";
   }
-  c.handle = comm_.all_gather(send, dst, c.count, options_.compute_dtype, what);
+  c.handle = comm_of(group).all_gather(send, dst, c.count, options_.compute_dtype, what);
   c.recv = recv;
   g.chunks.push_back(std::move(c));
   return Status::ok();
@@ -339,7 +353,7 @@ Status ZeroProvider::finish_gather(int group) {
     s = cs;
     if (!s.is_ok() || c.recv == nullptr) continue;
     std::byte* full = full_params_[gi].bytes();
-    for (int r = 0; r < comm_.world_size(); ++r) {
+    for (int r = 0; r < p.world; ++r) {
       copy(full + static_cast<std::size_t>(r * p.shard_elems + c.begin) * dsize_,
            static_cast<const std::byte*>(c.recv) + static_cast<std::size_t>(r * c.count) * dsize_,
            c.count);
@@ -384,7 +398,7 @@ void ZeroProvider::prefetch_params(int group) {
   }
   const auto gi = static_cast<std::size_t>(group);
   if (param_refs_[gi] > 0 || gathering_[gi]) return;
-  if (!options_.gather_ahead) {
+  if (!options_.gather_ahead || (expert_parallel_ && !partition_->group(group).experts)) {
     shards_->params().prefetch(group);  // start the shard's slow fetch; gather at acquire
     return;
   }
@@ -412,7 +426,7 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
   // A replicated group's gradient lands in the shard store's buffer as the model makes it; with
   // wide gradients that buffer is f32, and the model's goes into scratch first, as a
   // partitioned group's does.
-  const bool wide_whole = options_.wide_gradients && comm_.world_size() > 1;
+  const bool wide_whole = options_.wide_gradients && comm_of(group).world_size() > 1;
   if (!partitioned(group) && !wide_whole) {
     STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group));
     shard_grads_[static_cast<std::size_t>(group)] = buf;
@@ -431,7 +445,7 @@ Status ZeroProvider::release_grads(int group) {
   GradSource& src = grad_sources_[gi];
   const ReduceKind kind = partitioned(group) ? ReduceKind::kPartitioned : ReduceKind::kReplicated;
   if (kind == ReduceKind::kReplicated && !options_.wide_gradients) {
-    if (comm_.world_size() == 1) return shards_->grads().release(group);
+    if (comm_of(group).world_size() == 1) return shards_->grads().release(group);
     src.data = shard_grads_[gi];
   } else {
     src.full = std::exchange(full_grads_[gi], Scratch{});
@@ -444,11 +458,17 @@ Status ZeroProvider::release_grads(int group) {
     return shards_->grads().release(group);
   }
   // Replicated and partitioned groups reduce through different collectives: a change of kind
-  // closes the other kind's bucket, so buckets are reduced in the order gradients arrive.
+  // closes the other kind's bucket, so buckets are reduced in the order gradients arrive. Each
+  // axis keeps its own buckets: under expert parallelism the data-parallel ranks release
+  // different experts (those their replicas' tokens chose), and a data-parallel bucket closed by
+  // one would be another bucket on a rank that released none.
+  const bool experts = partition_->group(group).experts;
   const ReduceKind other =
       kind == ReduceKind::kPartitioned ? ReduceKind::kReplicated : ReduceKind::kPartitioned;
-  if (auto b = packer(other).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(other, std::move(*b)));
-  for (Bucket& b : packer(kind).add(group, partition_->group(group).local_elems())) {
+  if (auto b = packer(experts, other).flush()) {
+    STRATA_RETURN_IF_ERROR(issue_reduce(other, std::move(*b)));
+  }
+  for (Bucket& b : packer(experts, kind).add(group, partition_->group(group).local_elems())) {
     STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(b)));
   }
   return Status::ok();
@@ -471,12 +491,14 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   const BucketPiece& first = bucket.pieces.front();
   const bool whole = bucket.whole_group();
   const bool scatter = kind == ReduceKind::kPartitioned;
-  const auto world = static_cast<std::size_t>(comm_.world_size());
+  dist::Communicator& comm = comm_of(first.group);
+  const auto world = static_cast<std::size_t>(comm.world_size());
   const std::size_t blocks = scatter ? world : 1;
   const auto count = static_cast<std::size_t>(bucket.block_elems);
   const std::string what = describe(bucket, "gradient");
   PendingReduce pending;
   pending.kind = kind;
+  pending.comm = &comm;
   if (!whole) {
     STRATA_ASSIGN_OR_RETURN(pending.send, take(count * blocks * dsize_, "gradient bucket"));
   }
@@ -529,17 +551,17 @@ Status ZeroProvider::issue_reduce(ReduceKind kind, Bucket bucket) {
   const auto n = static_cast<std::int64_t>(count);
   const GradSource& head = grad_sources_[static_cast<std::size_t>(first.group)];
   if (!scatter) {
-    pending.handle = comm_.all_gather(send, pending.recv.data, n, options_.compute_dtype, what);
+    pending.handle = comm.all_gather(send, pending.recv.data, n, options_.compute_dtype, what);
     // Where finish_one_reduce sums them: in place, or (wide) the group's f32 buffer or the
     // packed f32 sums.
     pending.result = !options_.wide_gradients ? send : (whole ? head.shard : pending.sum.data);
   } else {
     void* recv = whole ? head.shard : pending.recv.data;
     pending.handle = options_.wide_gradients
-                         ? comm_.reduce_scatter_wide(send, static_cast<float*>(recv), n,
-                                                     options_.compute_dtype, what)
-                         : comm_.reduce_scatter(send, recv, n, options_.compute_dtype,
-                                                dist::ReduceOp::kSum, what);
+                         ? comm.reduce_scatter_wide(send, static_cast<float*>(recv), n,
+                                                    options_.compute_dtype, what)
+                         : comm.reduce_scatter(send, recv, n, options_.compute_dtype,
+                                               dist::ReduceOp::kSum, what);
     pending.result = recv;
   }
   pending.bucket = std::move(bucket);
@@ -552,7 +574,7 @@ Status ZeroProvider::finish_one_reduce() {
   pending_reduces_.pop_front();
   Status st = p.handle.wait();
   if (st.is_ok() && p.kind == ReduceKind::kReplicated) {  // every rank's copy: their sum
-    device_.ops().sum_blocks(p.recv.data, comm_.world_size(), p.bucket.block_elems,
+    device_.ops().sum_blocks(p.recv.data, p.comm->world_size(), p.bucket.block_elems,
                              options_.compute_dtype, p.result, reduced_dtype());
   }
   if (st.is_ok()) st = unpack_reduce(p);
@@ -588,8 +610,12 @@ Status ZeroProvider::unpack_reduce(const PendingReduce& p) {
 }
 
 Status ZeroProvider::finish_micro_batch() {
-  for (ReduceKind kind : {ReduceKind::kReplicated, ReduceKind::kPartitioned}) {
-    if (auto b = packer(kind).flush()) STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(*b)));
+  for (const bool experts : {false, true}) {
+    for (ReduceKind kind : {ReduceKind::kReplicated, ReduceKind::kPartitioned}) {
+      if (auto b = packer(experts, kind).flush()) {
+        STRATA_RETURN_IF_ERROR(issue_reduce(kind, std::move(*b)));
+      }
+    }
   }
   while (!pending_reduces_.empty()) STRATA_RETURN_IF_ERROR(finish_one_reduce());
   return schedule_->finish_micro_batch();
@@ -602,8 +628,10 @@ Result<double> ZeroProvider::grad_norm() {
   // ranks, with the same bits whatever the number of ranks on each axis.
   ExactSum total;
   for (const auto& p : partition_->groups()) {
-    // A replicated group's gradient is the same on every rank: count it once.
-    if (!p.replicated || comm_.rank() == 0) total += sums.at(static_cast<std::size_t>(p.group));
+    // A replicated group's gradient is the same on every rank of its axis: count it once. (An
+    // expert's group is empty on the data-parallel ranks not holding that expert.)
+    const int rank = p.experts ? expert_data_.rank() : comm_.rank();
+    if (!p.replicated || rank == 0) total += sums.at(static_cast<std::size_t>(p.group));
   }
   std::array<double, ExactSum::kDoubles> limbs{};
   total.to_doubles(limbs.data());
@@ -627,7 +655,8 @@ Status ZeroProvider::step(double lr, std::int64_t step, float grad_scale) {
 
 Status ZeroProvider::gather_master(int group, float* full_out, const StateSnapshot& from) {
   const GroupPartition& p = partition_->group(group);
-  dist::Communicator& comm = from.comm != nullptr ? *from.comm : comm_;
+  dist::Communicator* snapshot = p.experts ? from.expert_comm : from.comm;
+  dist::Communicator& comm = snapshot != nullptr ? *snapshot : comm_of(group);
   STRATA_CHECK(comm.rank() != 0 || full_out != nullptr,
                "gather_master: rank 0 of the gather must receive the group", group);
   std::vector<float> local(static_cast<std::size_t>(p.local_elems()));

@@ -368,6 +368,75 @@ TEST(EstimateTest, MoeModelsCountActiveParametersApartAndComputeWithThem) {
             static_cast<std::uint64_t>(e->parameters) * 4);
 }
 
+// Expert parallelism: under ZeRO-2 each rank holds the full parameters of its own experts only
+// (16 / E of them): its collective buffers drop by the others'; its experts' kept activations
+// grow E-fold (the rows every rank of the group may send them). The step waits for the token
+// exchanges: per micro-batch and MoE layer, 4 passes (out and back, forward and backward) of
+// each token's k rows, (E - 1) / E of them to other ranks; ZeRO's collectives move a rank's 1 / E
+// of the experts, so over slow links "auto" shares the experts out. An E that does not divide
+// the data-parallel ranks is refused.
+TEST(EstimateTest, ExpertParallelismPlansARanksOwnExpertsAndPricesTheExchanges) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["model"] = testing::family_model("qwen3-moe", 2);  // layer 0 MoE (16 experts, top 2)
+  j["model"]["moe_intermediate_size"] = 256;           // experts that outweigh their rows
+  j["seq_len"] = 16;
+  j["batch_size"] = 8;
+  j["micro_batch_size"] = 1;
+  j["zero_stage"] = 2;
+  j["param_persistence_threshold"] = 0;
+  auto plain = config_of(j);
+  j["expert_parallel_size"] = 4;
+  auto shared = config_of(j);
+  ASSERT_TRUE(plain.is_ok() && shared.is_ok()) << shared.status().message();
+  auto e1 = estimate(*plain, 4);
+  auto e4 = estimate(*shared, 4);
+  ASSERT_TRUE(e1.is_ok() && e4.is_ok()) << e4.status().message();
+  const model::ParamLayout layout = model::ParamLayout::build(plain->model);
+  std::int64_t expert_elems = 0;
+  for (int x = 0; x < 16; ++x) expert_elems += layout.group(layout.expert_group(0, x)).num_elems;
+  // At least 12 of the 16 experts' full fp32 parameters fewer in the collective buffers (and
+  // their full gradients on the way to a reduction: an expert held by one rank reduces none).
+  const double fewer = static_cast<double>(e1->plan.collective_bytes) -
+                       static_cast<double>(e4->plan.collective_bytes);
+  EXPECT_GE(fewer, 0.75 * static_cast<double>(expert_elems) * 4) << fewer;
+  EXPECT_GT(e4->plan.kind_bytes(Tier::kDevice, zero::TensorKind::kActivations),
+            e1->plan.kind_bytes(Tier::kDevice, zero::TensorKind::kActivations));
+  EXPECT_EQ(e1->parameters, e4->parameters);  // the counts are the whole model's
+
+  MachineRates r = given_rates(1e9);
+  const StepTime t1 = predict_step(*plain, *e1, r), t4 = predict_step(*shared, *e4, r);
+  EXPECT_EQ(t1.expert_ms, 0.0);
+  // 8 / 4 = 2 micro-batches a rank of 16 tokens, one MoE layer, 2 picks, hidden 32 in fp32.
+  const double sent = 2 * 1 * 4 * (2 * 16.0 * 32 * 4) * (3.0 / 4);
+  EXPECT_NEAR(t4.expert_ms, sent / 1e9 * 1e3, 1e-12);
+  EXPECT_LT(t4.comm_ms, t1.comm_ms);
+  EXPECT_GE(t4.serial_ms, t4.compute_ms + t4.expert_ms);  // compute waits for them
+
+  // parallelism "auto" weighs E: over slow links, ZeRO's collectives moving every expert cost
+  // more than the exchanges.
+  Json k = j;
+  k.erase("expert_parallel_size");
+  k["parallelism"] = "auto";
+  auto chosen = config_of(k);
+  ASSERT_TRUE(chosen.is_ok()) << chosen.status().message();
+  auto choice = choose_grid(*chosen, 4, given_rates(1e6));
+  ASSERT_TRUE(choice.is_ok()) << choice.status().message();
+  EXPECT_EQ(choice->expert, 4) << choice->why;
+  EXPECT_NE(choice->why.find("tensor 1 x pipeline 1 x data 4 (experts over 4) (offload_param"),
+            std::string::npos)
+      << choice->why;
+  EXPECT_NE(choice->why.find("tensor 1 x pipeline 1 x data 4: "), std::string::npos) << choice->why;
+  EXPECT_EQ(choice->applied_to(*chosen).expert_parallel_size, 4);
+
+  auto bad = estimate(*shared, 2);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find(
+                "--ranks 2: expert_parallel_size 4 must divide the 2 data-parallel ranks"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(EstimateTest, PipelineStagesPlanTheirLayersAndPayTheBubble) {
   TempDir dir;
   Json j = small_config(dir);

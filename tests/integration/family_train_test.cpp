@@ -145,7 +145,8 @@ TEST_P(FamilyTrainTest, LossesAndWeightsMatchPyTorchAtEveryOffload) {
 
 // What MoE layers do not run with yet is refused naming the key: pipeline stages (the
 // load-balancing loss sums over every layer); tensor parallelism names the MoE layers as what
-// does not split.
+// does not split. An expert_parallel_size that does not divide the experts, or on a dense
+// model, is refused too.
 TEST(MoeTrainConfigTest, WhatMoeLayersDoNotRunWithIsRefusedNamingTheKey) {
   auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/families/mixtral.json");
   ASSERT_TRUE(read.is_ok());
@@ -170,6 +171,23 @@ TEST(MoeTrainConfigTest, WhatMoeLayersDoNotRunWithIsRefusedNamingTheKey) {
       error({{"tensor_parallel_size", 2}}).find("mixture-of-experts layers (mixtral) do not split"),
       std::string::npos)
       << error({{"tensor_parallel_size", 2}});
+  // The experts shared out over ranks: a number that divides them (4 here).
+  EXPECT_EQ(error({{"expert_parallel_size", 4}}), "");
+  EXPECT_NE(error({{"expert_parallel_size", 3}})
+                .find("'expert_parallel_size': 3 must divide the 4 experts of each MoE layer"),
+            std::string::npos)
+      << error({{"expert_parallel_size", 3}});
+  // A dense model has no experts to share out.
+  Json dense = j;
+  dense["model"].erase("num_local_experts");
+  dense["model"]["model_type"] = "mistral";
+  dense["expert_parallel_size"] = 2;
+  auto c = parse_train_config(dense, "cfg.json");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("'expert_parallel_size': 2 shares out the experts of "
+                                      "mixture-of-experts layers; mistral has none"),
+            std::string::npos)
+      << c.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTrainTest,

@@ -5,6 +5,8 @@
 // experts train the run of one rank, in every ZeRO stage and offload (every rank gathers and
 // reduces the experts some rank chose: no rank waits on a collective the others never start).
 
+#include <map>
+
 #include "strata/build_config.h"
 #include "strata/model/param_layout.h"
 #include "strata/model/peft_adapter.h"
@@ -222,6 +224,122 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
       testing::expect_close(testing::losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
       testing::expect_weights_close(saved(name), ref_w, j["optimizer"]["lr"].get<double>(), 3);
     }
+  }
+}
+
+// Expert parallelism: runs of E data-parallel ranks share out each MoE layer's experts and send
+// each token's rows to its experts' ranks. Each expert then computes its weight gradient as one
+// product over the rows of E ranks' micro-batches, where one rank sums E products in the
+// canonical tree: the same sums in another order, so the losses and weights are those of one
+// rank within the bounds of another summation order (not to the bit). E = D (every rank its own
+// experts), E < D (each expert's gradient reduced over its D / E holders, and under ZeRO-3
+// gathered from them), in every stage and offload, fully and with LoRA and QLoRA on the experts;
+// the checkpoints hold whole experts, so a run resumes on another E.
+TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  struct Case {
+    const char* family;
+    int ranks, experts, stage;
+    const char* offload;
+    const char* method = "full";  // or adapters on every projection: "lora", "qlora"
+  };
+  std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> references;
+  TempDir dir;
+  for (const Case& c :
+       {Case{"qwen3-moe", 2, 2, 3, "none"}, Case{"qwen3-moe", 4, 4, 1, "none"},
+        Case{"qwen3-moe", 4, 2, 3, "nvme"}, Case{"mixtral", 4, 2, 2, "cpu"},
+        Case{"mixtral", 4, 4, 3, "cpu"}, Case{"qwen3-moe", 4, 2, 3, "cpu", "lora"},
+        Case{"mixtral", 2, 2, 2, "none", "lora"}, Case{"qwen3-moe", 2, 2, 3, "none", "qlora"}}) {
+    const bool lora = std::string(c.method) != "full";
+    const std::string name = std::string(c.family) + "-n" + std::to_string(c.ranks) + "-e" +
+                             std::to_string(c.experts) + "-s" + std::to_string(c.stage) + "-" +
+                             c.offload + "-" + c.method;
+    SCOPED_TRACE(name);
+    Json j = testing::config(dir, "unused");
+    j["model"] = testing::family_model(c.family, 2);
+    j["micro_batch_size"] = 1;
+    j["zero_stage"] = c.stage;
+    j["offload_optimizer"] = c.offload;
+    if (c.stage == 3) j["offload_param"] = c.offload;
+    if (lora) {
+      j["finetune"] = {
+          {"method", c.method}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+    }
+    const auto saved = [&](const std::string& run) {
+      const std::string step = dir.file(run + "/ckpt/step-00000003");
+      return lora ? testing::tensors(step + "/adapter_model.safetensors")
+                  : testing::weights(step + "/model");
+    };
+    const auto configured = [&](const std::string& run) {
+      Json k = j;
+      k["save_dir"] = dir.file(run + "/ckpt");
+      k["metrics_file"] = dir.file(run + "/metrics.jsonl");
+      k["swap_paths"] = {dir.file(run + "/swap-{rank}")};
+      return k;
+    };
+    // One rank with every expert: the reference of each family, with or without adapters.
+    const std::string ref = std::string(c.family) + "-" + c.method + "-w1";
+    if (!references.contains(ref)) {
+      ASSERT_EQ(testing::run_train(dir, configured(ref), ref, 1), 0)
+          << std::ifstream(dir.file(ref + "/err.txt")).rdbuf();
+      references[ref] = {testing::losses(dir.file(ref + "/metrics.jsonl")), saved(ref)};
+    }
+    const auto& [ref_loss, ref_w] = references[ref];
+    Json k = configured(name);
+    k["expert_parallel_size"] = c.experts;
+    ASSERT_EQ(testing::run_train(dir, k, name, c.ranks), 0)
+        << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    const std::vector<double> loss = testing::losses(dir.file(name + "/metrics.jsonl"));
+    testing::expect_close(loss, ref_loss, 1e-5);
+    testing::expect_weights_close(saved(name), ref_w, j["optimizer"]["lr"].get<double>(), 3);
+    // The tokens travelled: every rank but none sends rows to another's experts.
+    std::ifstream metrics(dir.file(name + "/metrics.jsonl"));
+    std::string line;
+    ASSERT_TRUE(std::getline(metrics, line));
+    EXPECT_GT(Json::parse(line)["all_to_all_bytes"].get<std::uint64_t>(), 0u);
+  }
+}
+
+// A checkpoint of experts shared out over 2 ranks resumes on 1 (every expert on it), and one of
+// 1 rank on 4 sharing them out: the steps after the checkpoint are the uninterrupted run's
+// within the bounds of another summation order.
+TEST(MoeExpertParallel, ACheckpointResumesOnAnotherExpertSplit) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  Json j = testing::config(dir, "unused");
+  j["model"] = testing::family_model("qwen3-moe", 2);
+  j["micro_batch_size"] = 1;
+  j["save_every"] = 2;
+  const auto configured = [&](const std::string& run, int experts) {
+    Json k = j;
+    k["save_dir"] = dir.file(run + "/ckpt");
+    k["metrics_file"] = dir.file(run + "/metrics.jsonl");
+    k["swap_paths"] = {dir.file(run + "/swap-{rank}")};
+    k["expert_parallel_size"] = experts;
+    return k;
+  };
+  struct Run {
+    const char* name;
+    int ranks, experts;
+    const char* from;  // the run whose step-2 checkpoint it resumes; "": from the start
+  };
+  for (const Run& r : {Run{"e1", 1, 1, ""}, Run{"e2", 2, 2, ""}, Run{"e2-on-e1", 1, 1, "e2"},
+                       Run{"e1-on-e4", 4, 4, "e1"}, Run{"e2-on-e2n4", 4, 2, "e2"}}) {
+    SCOPED_TRACE(r.name);
+    const std::string resume =
+        *r.from == '\0' ? "" : "--resume " + dir.file(std::string(r.from) + "/ckpt/step-00000002");
+    ASSERT_EQ(testing::run_train(dir, configured(r.name, r.experts), r.name, r.ranks, resume), 0)
+        << std::ifstream(dir.file(std::string(r.name) + "/err.txt")).rdbuf();
+    if (*r.from == '\0') continue;
+    const std::vector<double> ref = testing::losses(dir.file("e1/metrics.jsonl"));
+    const std::vector<double> loss =
+        testing::losses(dir.file(std::string(r.name) + "/metrics.jsonl"));
+    ASSERT_FALSE(loss.empty());  // the last: step 3, after the checkpoint's two
+    EXPECT_NEAR(loss.back(), ref[2], 1e-5 * std::abs(ref[2]));
+    testing::expect_weights_close(
+        testing::weights(dir.file(std::string(r.name) + "/ckpt/step-00000003/model")),
+        testing::weights(dir.file("e1/ckpt/step-00000003/model")),
+        j["optimizer"]["lr"].get<double>(), 3);
   }
 }
 

@@ -13,7 +13,7 @@ std::uint64_t smallest_host_limit(const Json& j) {
   auto c = parse_train_config(j, "test config");
   EXPECT_TRUE(c.is_ok()) << c.status().message();
   const model::ParamLayout full = model::ParamLayout::build(c->model);
-  const zero::Partition partition(full, 0, 1, c->param_persistence_threshold);
+  const zero::Partition partition(full, {0, 1}, c->param_persistence_threshold);
   // The trainer's own plan options (the CPU backend: host-addressable, no device budget).
   zero::PlanOptions po = zero::plan_options(shard_options(*c, 1), 0, /*has_swap=*/true,
                                             /*host_addressable_device=*/true);

@@ -134,6 +134,27 @@ TEST(ZeroFailures, StuckTensorParallelRankEndsTheRunNamingTheOperation) {
   EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
 }
 
+// The same with a mixture-of-experts model's experts shared out over both ranks: the expert
+// group's exchange the other rank waits in (the first of a step, the rows each rank has for each
+// expert) ends it, named, and names the stuck rank.
+TEST(ZeroFailures, StuckExpertParallelRankEndsTheRunNamingTheExchange) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const FaultedRun r = run_with_fault(dir, "stuck-ep", "stall", 3,
+                                      {{"model", family_model("qwen3-moe", 2)},
+                                       {"micro_batch_size", 1},
+                                       {"zero_stage", 2},
+                                       {"expert_parallel_size", 2},
+                                       {"save_dir", ""}});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("rank 0: all_gather 'rows for each expert'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("did not complete in time; a peer rank may have died or be stuck"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("answered but not in it: rank 1 ("), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 2 * 3 + 20) << r.err;
+}
+
 // A device budget that runs out in backward, with collectives queued (prefetched gathers, a
 // gradient bucket): every rank ends with the out-of-memory error, and tearing down does not
 // free buffers that a queued collective then writes into (it did: heap corruption and SIGABRT

@@ -325,7 +325,7 @@ inline void check_gather_ahead(Rank& e) {
   if (world < 2) return;  // one rank gathers nothing
   const int rank = comm.rank();
   const model::ParamLayout layout = make_layout();
-  const Partition part(layout, rank, world, kPersistenceThreshold);
+  const Partition part(layout, {rank, world}, kPersistenceThreshold);
   int largest = 0;
   for (int g = 0; g < layout.num_groups(); ++g) {
     if (part.group(g).padded_elems > part.group(largest).padded_elems) largest = g;

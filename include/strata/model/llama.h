@@ -147,9 +147,11 @@ class LlamaModel {
   // Bytes of the pinned host buffer a training step asks for (ParamProvider::host_io): token
   // ids, targets and losses, an int32 or f32 each per token and micro-batch in flight; split over
   // `tensor_parallel` ranks, the ranks' cross-entropy statistics too (3 per rank and 2 more f32
-  // per token); with MoE layers, the routing read back (moe_host_bytes).
+  // per token); with MoE layers, the routing read back (moe_host_bytes), and over
+  // `expert_parallel` ranks the permutations of the rows that travel.
   static std::uint64_t host_io_bytes(const LlamaConfig& config, std::int64_t batch,
-                                     std::int64_t seq, int tensor_parallel = 1, int in_flight = 1);
+                                     std::int64_t seq, int tensor_parallel = 1, int in_flight = 1,
+                                     int expert_parallel = 1);
   // The load-balancing loss (transformers' load_balancing_loss_func over the MoE layers, before
   // router_aux_loss_coef) of the last micro-batch that ran the head; 0 without MoE layers. The
   // training loss adds it times router_aux_loss_coef when output_router_logits is set.

@@ -1,12 +1,13 @@
 // How a model runs: its compute dtype, checkpointed activations, adapters on a (quantized) base,
-// its tensor-parallel slices and sequence parallelism, its LM head's chunks and its pipeline
-// stage. The model (llama.h) and its private pieces (src/model/) read it.
+// its tensor-parallel slices and sequence parallelism, its LM head's chunks, its pipeline stage
+// and its share of the experts. The model (llama.h) and its private pieces (src/model/) read it.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "strata/core/dtype.h"
+#include "strata/model/expert_group.h"
 #include "strata/model/lora.h"
 #include "strata/model/param_layout.h"
 #include "strata/model/pipeline_stage.h"
@@ -42,6 +43,13 @@ struct ModelOptions {
   // ParamLayout::build(..., pipeline)), run a chunk at a time by forward_chunk and
   // backward_chunk.
   PipelineStage pipeline{};
+  // Expert parallelism: this rank's share of every MoE layer's experts (the layout must be
+  // ParamLayout::build(..., expert_parallel)) and the group they are shared over (size and rank
+  // the same; only sizes, as for activation_bytes, need none). Each token's rows travel to the
+  // ranks of its experts and back; the experts' activations hold up to size x this rank's rows
+  // (every rank of the group sending all of its rows here: dropless).
+  ExpertSplit expert_parallel{};
+  ExpertGroup* expert_group = nullptr;
 };
 
 }  // namespace strata::model

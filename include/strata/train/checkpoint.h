@@ -41,6 +41,9 @@ struct TrainerState {
   int world_size = 1;              // ranks that wrote the optimizer shards
   int tensor_parallel_size = 1;    // the grid they formed: data-parallel size world_size / (this
   int pipeline_parallel_size = 1;  // x pipeline_parallel_size)
+  // Expert parallelism: each run of this many data-parallel ranks shared out the experts (each
+  // expert's moments in the files of the ranks holding it, cut over those ranks).
+  int expert_parallel_size = 1;
   // Pipeline: each virtual stage's layers (pipeline_parallel_size x its virtual stages counts);
   // empty without.
   std::vector<std::int64_t> pipeline_layers;

@@ -130,8 +130,13 @@ struct TrainConfig {
   // `virtual_stages` chunks of layers. pipeline_layers: the layers of each virtual stage (P x V
   // counts); empty: balanced by each layer's and the head's arithmetic (balance_stages).
   int pipeline_parallel_size = 1;
-  // parallelism "auto": the trainer (and strata estimate --ranks N) chooses tensor_parallel_size
-  // and pipeline_parallel_size (train::choose_grid), which the config then leaves at 1;
+  // Expert parallelism (mixture-of-experts models): each run of this many data-parallel ranks
+  // shares out every MoE layer's experts, num_experts / expert_parallel_size each, and sends
+  // each token to the ranks of its experts; it divides the data-parallel ranks and the experts.
+  int expert_parallel_size = 1;
+  // parallelism "auto": the trainer (and strata estimate --ranks N) chooses tensor_parallel_size,
+  // pipeline_parallel_size and expert_parallel_size (train::choose_grid), which the config then
+  // leaves at 1;
   // "manual" (default): the config's.
   bool parallelism_auto = false;
   PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
@@ -225,10 +230,13 @@ struct TrainConfig {
   bool nf4_base() const { return finetune.method == FinetuneMethod::kQlora; }
   // The parameter layout of this run: the model's groups, with adapters and the base's format.
   // Split over tensor_parallel_size ranks, tensor-parallel rank `tensor_rank`'s slices.
-  // Of pipeline stage `pipeline_rank`, its layers only (the other stages' groups empty).
-  model::ParamLayout param_layout(int tensor_rank = 0, int pipeline_rank = 0) const {
+  // Of pipeline stage `pipeline_rank`, its layers only (the other stages' groups empty); of
+  // expert-parallel rank `expert_rank`, its experts only.
+  model::ParamLayout param_layout(int tensor_rank = 0, int pipeline_rank = 0,
+                                  int expert_rank = 0) const {
     return model::ParamLayout::build(model, lora(), nf4_base(), {tensor_parallel_size, tensor_rank},
-                                     pipeline_stage(pipeline_rank));
+                                     pipeline_stage(pipeline_rank),
+                                     {expert_parallel_size, expert_rank});
   }
   // The layout unsplit: every group whole (checkpoints' files, the counts strata estimate
   // prints).

@@ -61,6 +61,9 @@ struct StepMetrics {
   std::uint64_t planned_device_bytes = 0, planned_host_bytes = 0, planned_nvme_bytes = 0;
   std::uint64_t predicted_rss_bytes = 0;
   std::uint64_t comm_bytes = 0;  // payload of this rank's collectives in the step
+  // Expert parallelism: what this rank's token exchanges sent to the other ranks of its expert
+  // group (counted in comm_bytes too).
+  std::uint64_t all_to_all_bytes = 0;
   std::uint64_t sent_bytes = 0;  // point-to-point payload it sent (pipeline stage boundaries)
   std::int64_t loss_tokens = 0;  // targets the loss averaged over (all but masked-out ones)
   // Evaluation on eval_data after this step, when it was due.

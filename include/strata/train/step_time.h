@@ -86,6 +86,8 @@ struct StepTime {
   // Tensor parallelism's all-reduces of the activations (or all-gathers and reduce-scatters):
   // compute waits for each, so they add to it.
   double tensor_ms = 0;
+  // Expert parallelism's token exchanges: compute waits for each.
+  double expert_ms = 0;
   // Pipeline stages: the time compute waits in the bubble (fill and drain, and the costliest
   // stage's excess over the average one's), and the sends of the first micro-batch's activations
   // and last's gradients across every boundary, which nothing hides.
@@ -116,6 +118,12 @@ struct StepTime {
 double zero_comm_ms(const TrainConfig& config, double parameters, int ranks,
                     const MachineRates& rates);
 double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
+// Expert parallelism's exchanges on the critical path: per micro-batch and MoE layer, each
+// token's k rows of hidden sent to their experts and the outputs back, in forward (again where
+// checkpointing recomputes it) and in backward, (E - 1) / E of them to other ranks under balanced
+// routing, over the expert group's E data-parallel ranks. Under expert parallelism ZeRO's
+// collectives (zero_comm_ms) move each rank's 1 / E of the experts.
+double expert_parallel_ms(const TrainConfig& config, int ranks, const MachineRates& rates);
 // Pipeline parallelism's boundary sends on the critical path: one micro-batch's b s h
 // activations (its rows alone under sequence parallelism) across each of the P V - 1
 // boundaries forward, and its gradients back; with tied embeddings, the embedding's V h sent
@@ -177,13 +185,14 @@ struct GridChoice {
   Tier optimizer = Tier::kDevice;
   StepTime step;
   std::string why;
+  int expert = 1;  // expert_parallel_size (mixtures of experts)
   // `config` on this grid with this placement (on_grid; the placement no longer "auto").
   TrainConfig applied_to(const TrainConfig& config) const;
 };
-// `config` split `tensor` x `pipeline` (the rest data-parallel): its schedule kept where it
-// interleaves stages, else 1F1B; each stage's layers balanced; sequence parallelism only with a
-// tensor split; parallelism no longer "auto".
-TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline);
+// `config` split `tensor` x `pipeline` (the rest data-parallel, its experts shared out over
+// `expert` of those): its schedule kept where it interleaves stages, else 1F1B; each stage's
+// layers balanced; sequence parallelism only with a tensor split; parallelism no longer "auto".
+TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline, int expert = 1);
 Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const MachineRates& rates);
 
 }  // namespace strata::train

@@ -32,11 +32,13 @@
 namespace strata::zero {
 
 // Which state a checkpoint reads. The live state, with the gathers on the provider's own
-// data-parallel communicator; or the state hold_state() holds, read on a save's thread with the
-// gathers on `comm`, a communicator of the same ranks that training does not use.
+// data-parallel (and expert-data) communicators; or the state hold_state() holds, read on a
+// save's thread with the gathers on `comm` (and `expert_comm`), communicators of the same ranks
+// that training does not use.
 struct StateSnapshot {
   bool held = false;
   dist::Communicator* comm = nullptr;
+  dist::Communicator* expert_comm = nullptr;
 };
 
 class ZeroProvider final : public model::ParamProvider {
@@ -110,7 +112,8 @@ class ZeroProvider final : public model::ParamProvider {
 
   // Checkpoint support. Collective: every rank calls these for the same groups in order.
   // The group's full fp32 master weights into `full_out` on rank 0 of the gather (which must
-  // pass one: a checked contract); null and untouched elsewhere.
+  // pass one: a checked contract); null and untouched elsewhere. An expert's group under expert
+  // parallelism is gathered over the expert-data ranks (a rank not holding it has it empty).
   Status gather_master(int group, float* full_out, const StateSnapshot& from = {});
   // This rank's slice [shard_offset, shard_offset + shard_elems) of the group's moments
   // (zero beyond the real elements), for every group whether partitioned or not.
@@ -152,6 +155,15 @@ class ZeroProvider final : public model::ParamProvider {
   Result<bool> start_gather(int group, bool prefetch);
   Status issue_gather_chunk(int group, void* recv);
   Status finish_gather(int group);
+  // The ranks a group is split over: the expert-data ones for an expert's group under expert
+  // parallelism, else the data-parallel ones.
+  dist::Communicator& comm_of(int group) {
+    return partition_->group(group).experts ? expert_data_ : comm_;
+  }
+  // Shard elements per all-gather on that axis (allgather_bucket_bytes).
+  std::int64_t gather_cap(int group) const {
+    return gather_cap_elems_[partition_->group(group).experts ? 1 : 0];
+  }
 
   // Gradient reductions. Replicated groups are all-reduced whole (one rank block); partitioned
   // groups are reduce-scattered (stage 1: all-reduced) in world rank blocks of shard size.
@@ -167,6 +179,7 @@ class ZeroProvider final : public model::ParamProvider {
   };
   struct PendingReduce {
     ReduceKind kind = ReduceKind::kReplicated;
+    dist::Communicator* comm = nullptr;  // the bucket's axis
     Bucket bucket;
     dist::CommHandle handle;
     Scratch send;            // the packed bucket; not held when it is one whole group's buffer
@@ -186,9 +199,10 @@ class ZeroProvider final : public model::ParamProvider {
     std::deque<GatherChunk> chunks;
     std::array<Scratch, 2> staging;  // chunked gathers: two chunks in flight
   };
-  std::size_t gather_staging_bytes() const;
-  BucketPacker& packer(ReduceKind kind) {
-    return kind == ReduceKind::kPartitioned ? partitioned_packer_ : replicated_packer_;
+  std::size_t gather_staging_bytes(int group) const;
+  // The buckets of one kind on one axis: a group's axis (expert-data or data-parallel).
+  BucketPacker& packer(bool experts, ReduceKind kind) {
+    return packers_[(experts ? 2 : 0) + (kind == ReduceKind::kPartitioned ? 1 : 0)];
   }
   Status issue_reduce(ReduceKind kind, Bucket bucket);
   Status finish_one_reduce();
@@ -203,16 +217,20 @@ class ZeroProvider final : public model::ParamProvider {
 
   ZeroProvider(const model::ParamLayout& full, std::unique_ptr<Partition> partition,
                std::unique_ptr<ShardStore> shards, std::unique_ptr<OptimizerSchedule> schedule,
-               dist::Communicator& comm, dist::Communicator& tensor, dist::Communicator& pipeline,
-               device::Device& device, const ZeroOptions& options);
+               dist::ProcessGrid& grid, device::Device& device, const ZeroOptions& options);
 
   const model::ParamLayout& full_;
   std::unique_ptr<Partition> partition_;
   std::unique_ptr<ShardStore> shards_;  // this rank's part: partition_->local_layout()
   std::unique_ptr<OptimizerSchedule> schedule_;
-  dist::Communicator& comm_;      // the data-parallel ranks ZeRO shards over
-  dist::Communicator& tensor_;    // the tensor-parallel ranks, each with its own slices
-  dist::Communicator& pipeline_;  // the pipeline stages, each with its own groups
+  dist::Communicator& comm_;         // the data-parallel ranks ZeRO shards over
+  dist::Communicator& expert_data_;  // those holding the same experts: the experts' groups'
+  dist::Communicator& tensor_;       // the tensor-parallel ranks, each with its own slices
+  dist::Communicator& pipeline_;     // the pipeline stages, each with its own groups
+  // Expert parallelism: the data-parallel ranks hold different experts, so what fits on the
+  // device beside a gather ahead differs between them, and a data-parallel group is gathered
+  // at acquire (every rank then issues those gathers at the same point).
+  bool expert_parallel_;
   device::Device& device_;
   ZeroOptions options_;
   std::size_t dsize_;
@@ -223,10 +241,12 @@ class ZeroProvider final : public model::ParamProvider {
   std::vector<void*> shard_grads_;      // replicated groups: the shard store's buffer
   std::vector<PendingGather> gathers_;  // stage 3: all-gathers in flight
   std::vector<bool> gathering_;
-  std::int64_t gather_cap_elems_;  // shard elements per all-gather (allgather_bucket_bytes)
+  // Shard elements per all-gather (allgather_bucket_bytes): data-parallel, expert-data axis.
+  std::array<std::int64_t, 2> gather_cap_elems_;
   std::vector<GradSource> grad_sources_;
-  BucketPacker replicated_packer_;   // at most one of the two has an open bucket
-  BucketPacker partitioned_packer_;  // its rank blocks: world
+  // Per axis (data-parallel, expert-data): replicated then partitioned (rank blocks: the axis'
+  // world); at most one of an axis' two has an open bucket.
+  std::array<BucketPacker, 4> packers_;
   std::deque<PendingReduce> pending_reduces_;
   RankStats stats_;  // gathers ahead; the rest is the store's and the schedule's
 };

@@ -68,7 +68,7 @@ TEST(PlanTest, CollectiveBuffersArePartOfTheDevicePeak) {
   EXPECT_EQ(one->describe().find("collective"), std::string::npos);
 
   std::vector<std::uint64_t> full;  // each group's full parameters on two ranks, largest first
-  const Partition two_ranks(l, 0, 2, 0);
+  const Partition two_ranks(l, {0, 2}, 0);
   for (const auto& g : two_ranks.groups())
     full.push_back(static_cast<std::uint64_t>(g.padded_elems) * 2);
   std::sort(full.rbegin(), full.rend());
@@ -498,7 +498,7 @@ TEST(PlanTest, AQuantizedBaseIsCountedByItsBytesAndReplicated) {
   o.compute_dtype = DType::kBF16;
   o.params = Tier::kHost;
   o.optimizer = Tier::kHost;
-  const Partition one(quantized, 0, 1, 0);
+  const Partition one(quantized, {0, 1}, 0);
   auto plan = make_plan(one, o);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   const std::uint64_t params = plan->kind_bytes(Tier::kHost, TensorKind::kParameters);
@@ -508,7 +508,7 @@ TEST(PlanTest, AQuantizedBaseIsCountedByItsBytesAndReplicated) {
   }
   EXPECT_GE(params, base_bytes + adapters);
   EXPECT_LE(params, base_bytes + adapters + 4096 * quantized.groups().size());
-  auto plain_plan = make_plan(Partition(plain, 0, 1, 0), o);
+  auto plain_plan = make_plan(Partition(plain, {0, 1}, 0), o);
   ASSERT_TRUE(plain_plan.is_ok());
   // Less by exactly what quantizing the blocks saves, each working copy in whole 4 KiB pages
   // (the bf16 embedding and head stay as they are).
@@ -522,7 +522,7 @@ TEST(PlanTest, AQuantizedBaseIsCountedByItsBytesAndReplicated) {
   }
   EXPECT_EQ(plain_plan->kind_bytes(Tier::kHost, TensorKind::kParameters) - params, saved);
 
-  const Partition four(quantized, 1, 4, 0);
+  const Partition four(quantized, {1, 4}, 0);
   for (const auto& g : quantized.groups()) {
     const GroupPartition& p = four.group(g.id);
     EXPECT_EQ(p.replicated, g.quantized()) << g.name;
