@@ -424,10 +424,10 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
   }
   STRATA_RETURN_IF_ERROR(schedule_->before_gradients());
   // A replicated group's gradient lands in the shard store's buffer as the model makes it; with
-  // wide gradients that buffer is f32, and the model's goes into scratch first, as a
-  // partitioned group's does.
-  const bool wide_whole = options_.wide_gradients && comm_of(group).world_size() > 1;
-  if (!partitioned(group) && !wide_whole) {
+  // wide gradients (several data-parallel ranks) that buffer is f32, and the model's goes into
+  // scratch first, as a partitioned group's does: also an expert's group whose axis is one rank
+  // (the only one holding that expert), "reduced" over that rank into f32.
+  if (!partitioned(group) && !options_.wide_gradients) {
     STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group));
     shard_grads_[static_cast<std::size_t>(group)] = buf;
     return buf;
