@@ -205,10 +205,12 @@ class ProbeModel {
         inputs_(static_cast<std::size_t>(batch_ * seq_)),
         targets_(inputs_.size()) {}
   // The probe times a whole layer on one rank (a tensor-parallel rank computes a share of it,
-  // a pipeline stage some of the layers).
+  // a pipeline stage some of the layers; an expert-parallel rank runs its experts over as many
+  // rows as the layer's, under balanced routing).
   static model::ModelOptions unsplit(model::ModelOptions o) {
     o.tensor_parallel = {};
     o.pipeline = {};
+    o.expert_parallel = {};
     return o;
   }
   model::ParamLayout layout_;

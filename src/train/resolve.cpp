@@ -235,6 +235,7 @@ std::string ResolvedConfig::line() const {
   const std::int64_t accum = config.accumulation_steps(shape.data);
   s += "resolved: data " + std::to_string(shape.data) + " x tensor " +
        std::to_string(shape.tensor) + " x pipeline " + std::to_string(shape.pipeline) +
+       (shape.expert > 1 ? ", experts over " + std::to_string(shape.expert) : "") +
        " | offload param " + std::string(zero::offload_name(config.offload_param)) +
        ", optimizer " + std::string(zero::offload_name(config.offload_optimizer)) + " | " +
        std::to_string(accum) + " micro-batch" + (accum == 1 ? "" : "es") + " of " +

@@ -64,6 +64,7 @@ Result<double> time_small_step(const TrainConfig& config, int ranks, const Machi
     c.pipeline_schedule = PipelineSchedule::k1F1B;
     c.virtual_stages = 1;
     c.pipeline_layers.clear();
+    c.expert_parallel_size = 1;
     c.max_steps = kSteps;
     c.save_dir.clear();
     c.metrics_file.clear();

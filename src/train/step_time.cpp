@@ -523,18 +523,18 @@ Result<GridChoice> choose_grid(const TrainConfig& config, int ranks, const Machi
       others += "; " + grid_name(best->tensor, best->pipeline, best->data, best->expert) + ": " +
                 best->why;
     }
-    best = GridChoice{g.tensor,        g.pipeline,          data, c.offload_param,
-                      c.offload_optimizer, st, buf, g.expert};
+    best = GridChoice{g.tensor, g.pipeline, data,    c.offload_param, c.offload_optimizer,
+                      st,       buf,        g.expert};
   }
   if (!best) {
     return out_of_memory("no grid of " + std::to_string(ranks) + " ranks fits" +
                          (others.empty() ? "" : ":" + others.substr(1)));
   }
   best->why = grid_name(best->tensor, best->pipeline, best->data, best->expert) +
-              " (offload_param " +
-              std::string(zero::offload_name(best->param)) + ", offload_optimizer " +
-              std::string(zero::offload_name(best->optimizer)) + "): predicted step " + best->why +
-              ", the fastest that fits" + (others.empty() ? "" : " (" + others.substr(2) + ")");
+              " (offload_param " + std::string(zero::offload_name(best->param)) +
+              ", offload_optimizer " + std::string(zero::offload_name(best->optimizer)) +
+              "): predicted step " + best->why + ", the fastest that fits" +
+              (others.empty() ? "" : " (" + others.substr(2) + ")");
   return *best;
 }
 

@@ -6,6 +6,7 @@
 // reduces the experts some rank chose: no rank waits on a collective the others never start).
 
 #include <map>
+#include <sstream>
 
 #include "strata/build_config.h"
 #include "strata/model/param_layout.h"
@@ -233,8 +234,9 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
 // canonical tree: the same sums in another order, so the losses and weights are those of one
 // rank within the bounds of another summation order (not to the bit). E = D (every rank its own
 // experts), E < D (each expert's gradient reduced over its D / E holders, and under ZeRO-3
-// gathered from them), in every stage and offload, fully and with LoRA and QLoRA on the experts;
-// the checkpoints hold whole experts, so a run resumes on another E.
+// gathered from them), in every stage and offload, fully and with LoRA and QLoRA on the experts,
+// in fp32 and bf16, with recomputed activations, 8-bit moments and asynchronous saves; the
+// checkpoints hold whole experts, so a run resumes on another E.
 TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   struct Case {
@@ -243,6 +245,8 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
     const char* offload;
     const char* method = "full";  // or adapters on every projection: "lora", "qlora"
     const char* precision = "fp32";
+    // Recomputed activations, 8-bit moments and an asynchronous save every step besides.
+    bool with_the_rest = false;
   };
   std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> references;
   TempDir dir;
@@ -252,17 +256,25 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
         Case{"mixtral", 4, 4, 3, "cpu"}, Case{"qwen3-moe", 4, 2, 3, "cpu", "lora"},
         Case{"mixtral", 2, 2, 2, "none", "lora"}, Case{"qwen3-moe", 2, 2, 3, "none", "qlora"},
         Case{"mixtral", 4, 4, 3, "none", "full", "bf16"},
-        Case{"qwen3-moe", 4, 2, 2, "cpu", "full", "bf16"}}) {
+        Case{"qwen3-moe", 4, 2, 2, "cpu", "full", "bf16"},
+        Case{"qwen3-moe", 4, 2, 3, "cpu", "full", "fp32", true}}) {
     const bool lora = std::string(c.method) != "full";
     const std::string name = std::string(c.family) + "-n" + std::to_string(c.ranks) + "-e" +
                              std::to_string(c.experts) + "-s" + std::to_string(c.stage) + "-" +
-                             c.offload + "-" + c.method + "-" + c.precision;
+                             c.offload + "-" + c.method + "-" + c.precision +
+                             (c.with_the_rest ? "-rest" : "");
     SCOPED_TRACE(name);
     Json j = testing::config(dir, "unused");
     j["model"] = testing::family_model(c.family, 2);
     j["micro_batch_size"] = 1;
     j["precision"] = c.precision;
     j["zero_stage"] = c.stage;
+    if (c.with_the_rest) {
+      j["activation_checkpointing"] = true;
+      j["optimizer"]["state_dtype"] = "int8";
+      j["save_async"] = true;
+      j["save_every"] = 1;
+    }
     j["offload_optimizer"] = c.offload;
     if (c.stage == 3) j["offload_param"] = c.offload;
     if (lora) {
@@ -282,7 +294,8 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
       return k;
     };
     // One rank with every expert: the reference of each family, with or without adapters.
-    const std::string ref = std::string(c.family) + "-" + c.method + "-" + c.precision + "-w1";
+    const std::string ref = std::string(c.family) + "-" + c.method + "-" + c.precision +
+                            (c.with_the_rest ? "-rest" : "") + "-w1";
     if (!references.contains(ref)) {
       ASSERT_EQ(testing::run_train(dir, configured(ref), ref, 1), 0)
           << std::ifstream(dir.file(ref + "/err.txt")).rdbuf();
@@ -318,6 +331,27 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
     ASSERT_TRUE(std::getline(metrics, line));
     EXPECT_GT(Json::parse(line)["all_to_all_bytes"].get<std::uint64_t>(), 0u);
   }
+}
+
+// strata estimate plans a rank of an expert-parallel grid (its step probe times a layer on one
+// rank, every expert there) and prints the exchanges in its predicted step.
+TEST(MoeExpertParallel, StrataEstimatePlansARankOfTheGridAndPricesTheExchanges) {
+  TempDir dir;
+  Json j = testing::config(dir, "est");
+  j["model"] = testing::family_model("qwen3-moe", 2);
+  j["micro_batch_size"] = 1;
+  j["expert_parallel_size"] = 2;
+  dir.write("est.json", j.dump());
+  ASSERT_EQ(testing::run(std::string(STRATA_CLI) + " estimate " + dir.file("est.json") +
+                         " --ranks 4 >" + dir.file("out.txt") + " 2>&1"),
+            0)
+      << std::ifstream(dir.file("out.txt")).rdbuf();
+  std::stringstream out;
+  out << std::ifstream(dir.file("out.txt")).rdbuf();
+  EXPECT_NE(out.str().find("resolved: data 4 x tensor 1 x pipeline 1, experts over 2 |"),
+            std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find(", expert exchanges "), std::string::npos) << out.str();
 }
 
 // A checkpoint of experts shared out over 2 ranks resumes on 1 (every expert on it), and one of
