@@ -203,7 +203,10 @@ Status block_tail(const device::Ops& ops, const BlockSetup& bs, const BlockLayer
   ops.rmsnorm_forward(hmid, w.ln2, b_local != nullptr ? b_local : split.row_slot(b, H), rstd, Rl, H,
                       d.eps, d.dtype);
   if (w.router != nullptr) {
-    STRATA_CHECK(!split.split(), "an MoE layer split over tensor-parallel ranks");
+    // Under tensor parallelism every rank of the group runs the whole MoE layer over every row
+    // (the experts and the router are whole on each: Megatron's default), so its output and
+    // input gradient are complete, with nothing to sum.
+    STRATA_CHECK(!split.seq_parallel, "an MoE layer under sequence parallelism");
     STRATA_RETURN_IF_ERROR(moe_of(bs, w).forward(ops, b, moe, bs.moe.scratch, out,
                                                  out != nullptr ? bs.moe.aux : nullptr));
   } else {

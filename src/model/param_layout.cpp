@@ -65,11 +65,6 @@ std::vector<std::string> tensor_parallel_problems(const LlamaConfig& c, int size
   }
   must_divide(c.intermediate_size, "intermediate_size");
   must_divide(c.vocab_size, "vocab_size");
-  if (size > 1 && c.has_moe()) {
-    problems.push_back(t + ": mixture-of-experts layers (" +
-                       std::string(model_type_name(c.family)) +
-                       ") do not split over tensor-parallel ranks");
-  }
   return problems;
 }
 

@@ -212,11 +212,13 @@ class GroupGatherer {
     return Status::ok();
   }
 
-  // An expert's group under expert parallelism (one stage, layers whole): over the expert-data
-  // ranks holding it (ZeRO's gather) to the first of them, a data-parallel rank below the
-  // expert-parallel size, then over the first expert group to world rank 0.
+  // An expert's group under expert parallelism (one stage; whole on every tensor-parallel rank,
+  // the first's copy counting): over the expert-data ranks holding it (ZeRO's gather) to the
+  // first of them, a data-parallel rank below the expert-parallel size, then over the first
+  // expert group to world rank 0.
   Status gather_expert(int id, float* dst) {
     const dist::GridCoord at = grid_.coord();
+    if (at.tensor != 0) return Status::ok();  // the experts are whole: tensor rank 0's copy
     const int owner = layout_.expert_owner(id);
     const bool first = at.data < grid_.shape().expert;  // expert-data rank 0
     const auto n = static_cast<std::size_t>(whole_.group(id).num_elems);

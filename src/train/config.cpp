@@ -650,6 +650,11 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
   }
   if (has_model && c.model.has_moe()) {
     const std::string family(model::model_type_name(c.model.family));
+    if (c.sequence_parallel) {
+      errors.push_back("'sequence_parallel': the mixture-of-experts layers of " + family +
+                       " run every token of a micro-batch on each tensor-parallel rank; use "
+                       "sequence_parallel false");
+    }
     if (c.pipeline_parallel_size > 1) {
       errors.push_back("'pipeline_parallel_size': the mixture-of-experts layers of " + family +
                        " run on one pipeline stage (the load-balancing loss sums over every "

@@ -102,9 +102,11 @@ double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRat
   if (tensor <= 1) return 0;
   const double accum = static_cast<double>(config.accumulation_steps(data_ranks_of(config, ranks)));
   const double per_layer = config.activation_checkpointing ? 6.0 : 4.0;
-  // A stage's share of the layers (the embedding's and lm_head's at the pipeline's ends).
-  const double layers = static_cast<double>(config.model.num_hidden_layers) /
-                        static_cast<double>(config.pipeline_parallel_size);
+  // A stage's share of the layers (the embedding's and lm_head's at the pipeline's ends); an MoE
+  // layer's MLP runs whole on every rank of the group, so it sums attention's alone: half.
+  const double layers =
+      (static_cast<double>(config.model.num_hidden_layers) - 0.5 * moe_layers(config.model)) /
+      static_cast<double>(config.pipeline_parallel_size);
   const double ends = config.pipeline_parallel_size > 1 ? 1.0 : 2.0;
   const double collectives = accum * (per_layer * layers + ends);
   double bytes = collectives * 2.0 * (tensor - 1) / tensor * activation_bytes_of(config);

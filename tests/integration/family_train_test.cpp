@@ -144,9 +144,8 @@ TEST_P(FamilyTrainTest, LossesAndWeightsMatchPyTorchAtEveryOffload) {
 }
 
 // What MoE layers do not run with yet is refused naming the key: pipeline stages (the
-// load-balancing loss sums over every layer); tensor parallelism names the MoE layers as what
-// does not split. An expert_parallel_size that does not divide the experts, or on a dense
-// model, is refused too.
+// load-balancing loss sums over every layer) and sequence parallelism. An expert_parallel_size
+// that does not divide the experts, or on a dense model, is refused too.
 TEST(MoeTrainConfigTest, WhatMoeLayersDoNotRunWithIsRefusedNamingTheKey) {
   auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/families/mixtral.json");
   ASSERT_TRUE(read.is_ok());
@@ -167,10 +166,14 @@ TEST(MoeTrainConfigTest, WhatMoeLayersDoNotRunWithIsRefusedNamingTheKey) {
                 .find("'pipeline_parallel_size': the mixture-of-experts layers of mixtral"),
             std::string::npos)
       << error({{"pipeline_parallel_size", 2}});
-  EXPECT_NE(
-      error({{"tensor_parallel_size", 2}}).find("mixture-of-experts layers (mixtral) do not split"),
-      std::string::npos)
-      << error({{"tensor_parallel_size", 2}});
+  // Tensor parallelism runs the MoE layers whole on every rank of the group, over every token:
+  // not with the tokens split (sequence parallelism).
+  EXPECT_EQ(error({{"tensor_parallel_size", 2}}), "");
+  EXPECT_NE(error({{"tensor_parallel_size", 2}, {"sequence_parallel", true}})
+                .find("'sequence_parallel': the mixture-of-experts layers of mixtral run every "
+                      "token of a micro-batch on each tensor-parallel rank"),
+            std::string::npos)
+      << error({{"tensor_parallel_size", 2}, {"sequence_parallel", true}});
   // The experts shared out over ranks: a number that divides them (4 here).
   EXPECT_EQ(error({{"expert_parallel_size", 4}}), "");
   EXPECT_NE(error({{"expert_parallel_size", 3}})

@@ -182,32 +182,39 @@ TEST(GenerateCliTest, AByteLevelModelNeedsNoTokenizer) {
 }
 
 // Under mpirun the model splits over the ranks (tensor parallelism): two ranks decode PyTorch's
-// greedy tokens and rank 0 alone prints them; three ranks, which the golden's heads do not
-// divide among, are refused with the reason.
+// greedy tokens and rank 0 alone prints them, for a dense model and for both mixtures of experts
+// (their MoE layers whole on each rank); three ranks, which the golden's heads do not divide
+// among, are refused with the reason.
 TEST(GenerateCliTest, UnderMpirunTheModelSplitsOverTheRanks) {
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
-  auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/families/llama3.json");
-  ASSERT_TRUE(read.is_ok());
-  const Json& g = read.value();
-  TempDir dir;
-  write_trained(g, dir.file("model"));
-  const auto prompt = g.at("greedy").at("prompt").get<std::vector<std::int32_t>>();
-  const auto want = g.at("greedy").at("generated").get<std::vector<std::int32_t>>();
-  std::string ids, want_out;
-  for (std::size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    want_out += (i ? "," : "") + std::to_string(want[i]);
+  for (const std::string family : {"llama3", "mixtral", "qwen3-moe"}) {
+    SCOPED_TRACE(family);
+    auto read = read_json_file(std::string(STRATA_TEST_DATA_DIR) + "/families/" + family + ".json");
+    ASSERT_TRUE(read.is_ok());
+    const Json& g = read.value();
+    TempDir dir;
+    write_trained(g, dir.file("model"));
+    const auto prompt = g.at("greedy").at("prompt").get<std::vector<std::int32_t>>();
+    const auto want = g.at("greedy").at("generated").get<std::vector<std::int32_t>>();
+    std::string ids, want_out;
+    for (std::size_t i = 0; i < prompt.size(); ++i) {
+      ids += (i ? "," : "") + std::to_string(prompt[i]);
+    }
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      want_out += (i ? "," : "") + std::to_string(want[i]);
+    }
+    const std::string args = std::string(STRATA_CLI) + " generate --model " + dir.file("model") +
+                             " --prompt-ids " + ids + " --max-new-tokens " +
+                             std::to_string(want.size()) + " --threads 1";
+    auto r = testing::run_command(dir, testing::mpirun(dir, 2) + args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, want_out + "\n") << "rank 0 alone prints, PyTorch's tokens";
+    EXPECT_NE(r.err.find("split over 2 tensor-parallel ranks"), std::string::npos) << r.err;
+    if (family != "llama3") continue;
+    r = testing::run_command(dir, testing::mpirun(dir, 3) + args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("does not split over the launch's 3 ranks"), std::string::npos) << r.err;
   }
-  const std::string args = std::string(STRATA_CLI) + " generate --model " + dir.file("model") +
-                           " --prompt-ids " + ids + " --max-new-tokens " +
-                           std::to_string(want.size()) + " --threads 1";
-  auto r = testing::run_command(dir, testing::mpirun(dir, 2) + args);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, want_out + "\n") << "rank 0 alone prints, PyTorch's tokens";
-  EXPECT_NE(r.err.find("split over 2 tensor-parallel ranks"), std::string::npos) << r.err;
-  r = testing::run_command(dir, testing::mpirun(dir, 3) + args);
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("does not split over the launch's 3 ranks"), std::string::npos) << r.err;
 }
 
 }  // namespace

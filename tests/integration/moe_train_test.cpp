@@ -333,6 +333,64 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
   }
 }
 
+// Tensor parallelism over MoE layers: attention split over the tensor-parallel ranks, each MoE
+// layer whole on every one of them (router and experts, Megatron's default), over every token,
+// its gradients duplicates that count once; and over the data axis beside it, the experts shared
+// out (T x E grids). The run of one rank within the bounds of another summation order, saved
+// whole, with LoRA too.
+TEST(MoeTensorParallel, EveryTensorRankRunsTheExpertsWholeBesideExpertParallelism) {
+  if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  struct Case {
+    const char* family;
+    int ranks, tensor, experts, stage;
+    bool lora = false;
+  };
+  std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> references;
+  TempDir dir;
+  for (const Case& c :
+       {Case{"qwen3-moe", 2, 2, 1, 3}, Case{"mixtral", 2, 2, 1, 2}, Case{"qwen3-moe", 4, 2, 2, 3},
+        Case{"mixtral", 4, 2, 2, 1}, Case{"qwen3-moe", 4, 2, 2, 3, true}}) {
+    const std::string name = std::string(c.family) + "-t" + std::to_string(c.tensor) + "-e" +
+                             std::to_string(c.experts) + "-s" + std::to_string(c.stage) +
+                             (c.lora ? "-lora" : "");
+    SCOPED_TRACE(name);
+    Json j = testing::config(dir, "unused");
+    j["model"] = testing::family_model(c.family, 2);
+    j["micro_batch_size"] = 1;
+    j["zero_stage"] = c.stage;
+    if (c.lora) {
+      j["finetune"] = {
+          {"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+    }
+    const auto saved = [&](const std::string& run) {
+      const std::string step = dir.file(run + "/ckpt/step-00000003");
+      return c.lora ? testing::tensors(step + "/adapter_model.safetensors")
+                    : testing::weights(step + "/model");
+    };
+    const auto configured = [&](const std::string& run) {
+      Json k = j;
+      k["save_dir"] = dir.file(run + "/ckpt");
+      k["metrics_file"] = dir.file(run + "/metrics.jsonl");
+      k["swap_paths"] = {dir.file(run + "/swap-{rank}")};
+      return k;
+    };
+    const std::string ref = std::string(c.family) + (c.lora ? "-lora" : "") + "-w1";
+    if (!references.contains(ref)) {
+      ASSERT_EQ(testing::run_train(dir, configured(ref), ref, 1), 0)
+          << std::ifstream(dir.file(ref + "/err.txt")).rdbuf();
+      references[ref] = {testing::losses(dir.file(ref + "/metrics.jsonl")), saved(ref)};
+    }
+    const auto& [ref_loss, ref_w] = references[ref];
+    Json k = configured(name);
+    k["tensor_parallel_size"] = c.tensor;
+    k["expert_parallel_size"] = c.experts;
+    ASSERT_EQ(testing::run_train(dir, k, name, c.ranks), 0)
+        << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
+    testing::expect_close(testing::losses(dir.file(name + "/metrics.jsonl")), ref_loss, 1e-5);
+    testing::expect_weights_close(saved(name), ref_w, j["optimizer"]["lr"].get<double>(), 3);
+  }
+}
+
 // strata estimate plans a rank of an expert-parallel grid (its step probe times a layer on one
 // rank, every expert there) and prints the exchanges in its predicted step.
 TEST(MoeExpertParallel, StrataEstimatePlansARankOfTheGridAndPricesTheExchanges) {
