@@ -451,8 +451,8 @@ TEST(ZeroPipeline, ShapesThatCannotRunAreRefused) {
                  "'pipeline_layers': expected a list of whole numbers");
   expect_refused({{"pipeline_schedule", "gpipe"}}, "pipeline_schedule");
   expect_refused({{"parallelism", "auto"}, {"pipeline_parallel_size", 2}},
-                 "'parallelism': \"auto\" chooses tensor_parallel_size and "
-                 "pipeline_parallel_size");
+                 "'parallelism': \"auto\" chooses tensor_parallel_size, "
+                 "pipeline_parallel_size and expert_parallel_size");
   expect_refused({{"parallelism", "some"}}, "parallelism");
 
   if (!STRATA_HAVE_MPI) GTEST_SKIP() << "built without MPI";

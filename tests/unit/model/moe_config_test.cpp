@@ -94,7 +94,16 @@ TEST(MoeConfigTest, EachExpertIsAGroupWithHuggingFacesNames) {
   EXPECT_TRUE(ml.find("model.layers.1.block_sparse_moe.experts.7.w2.weight"));
   // A base from a seed is the same with or without adapters: the experts' ids come first.
   EXPECT_LT(layout.expert_group(3, 5), layout.num_groups());
-  EXPECT_FALSE(tensor_parallel_problems(*q, 2).empty()) << "MoE layers do not split";
+  // Under tensor parallelism each MoE layer runs whole on every rank: its router and experts are
+  // whole there, duplicates of the first rank's (counted once).
+  EXPECT_TRUE(tensor_parallel_problems(*q, 2).empty());
+  const ParamLayout second = ParamLayout::build(*q, std::nullopt, false, {2, 1});
+  const ParamGroup& expert = second.group(second.expert_group(3, 5));
+  EXPECT_EQ(expert.duplicate_begin, 0);
+  EXPECT_EQ(expert.num_elems, layout.group(layout.expert_group(3, 5)).num_elems);
+  const ParamGroup& first =
+      ParamLayout::build(*q, std::nullopt, false, {2, 0}).group(second.expert_group(3, 5));
+  EXPECT_EQ(first.duplicate_begin, first.num_elems);
 }
 
 // Expert parallelism over 3 ranks (6 experts: 2 each): every group keeps its id and name, and
