@@ -1,6 +1,8 @@
-// What a config asks of the grid: each pipeline stage's layers (given, or balanced by their
-// arithmetic), the pipeline's stretch of a step, and the model options a stage runs with.
+// What a config asks of the grid: what its parallelism keys must satisfy, each pipeline stage's
+// layers (given, or balanced by their arithmetic), the pipeline's stretch of a step, and the
+// model options a stage runs with.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "strata/train/config.h"
@@ -43,6 +45,98 @@ double TrainConfig::pipeline_stretch(int data_ranks) const {
   const double imbalance = *std::max_element(stage.begin(), stage.end()) * p / total;
   const double m = static_cast<double>(accumulation_steps(data_ranks));
   return imbalance * (m + static_cast<double>(p - 1) / v) / m;
+}
+
+std::vector<std::string> TrainConfig::grid_problems(bool has_model) const {
+  const TrainConfig& c = *this;
+  std::vector<std::string> problems;
+  if (c.sequence_parallel && c.tensor_parallel_size == 1 && !c.parallelism_auto) {
+    problems.push_back(
+        "'sequence_parallel': splits the tokens over the tensor-parallel ranks; it needs "
+        "tensor_parallel_size above 1");
+  }
+  if (c.sequence_parallel && c.tensor_parallel_size > 1 && c.micro_batch_size > 0 &&
+      (c.micro_batch_size * c.seq_len) % c.tensor_parallel_size != 0) {
+    problems.push_back("'sequence_parallel': tensor_parallel_size " +
+                       std::to_string(c.tensor_parallel_size) + " must divide the " +
+                       std::to_string(c.micro_batch_size * c.seq_len) +
+                       " tokens of a micro-batch (micro_batch_size x seq_len)");
+  }
+  if (c.tensor_parallel_size > 1) {
+    if (has_model) {
+      for (const auto& p : model::tensor_parallel_problems(c.model, c.tensor_parallel_size)) {
+        problems.push_back("'tensor_parallel_size': " + p);
+      }
+    }
+  }
+  if (c.pipeline_schedule == PipelineSchedule::k1F1B && c.virtual_stages != 1) {
+    problems.push_back("'virtual_stages': " + std::to_string(c.virtual_stages) +
+                       " chunks a stage need pipeline_schedule \"interleaved\"; \"1f1b\" runs one");
+  }
+  if (c.pipeline_schedule == PipelineSchedule::kInterleaved) {
+    if (c.virtual_stages < 2) {
+      problems.push_back(
+          "'virtual_stages': the interleaved schedule needs 2 or more chunks a stage, "
+          "got " +
+          std::to_string(c.virtual_stages));
+    }
+    if (c.pipeline_parallel_size < 2 && !c.parallelism_auto) {
+      problems.push_back(
+          "'pipeline_schedule': \"interleaved\" needs pipeline_parallel_size above 1");
+    }
+  }
+  if (c.expert_parallel_size > 1 && has_model) {
+    const std::string e = std::to_string(c.expert_parallel_size);
+    if (!c.model.has_moe()) {
+      problems.push_back("'expert_parallel_size': " + e +
+                         " shares out the experts of mixture-of-experts layers; " +
+                         std::string(model::model_type_name(c.model.family)) + " has none (use 1)");
+    } else if (c.model.moe.num_experts % c.expert_parallel_size != 0) {
+      problems.push_back("'expert_parallel_size': " + e + " must divide the " +
+                         std::to_string(c.model.moe.num_experts) +
+                         " experts of each MoE layer (num_experts)");
+    }
+  }
+  if (has_model && c.model.has_moe()) {
+    const std::string family(model::model_type_name(c.model.family));
+    if (c.sequence_parallel) {
+      problems.push_back("'sequence_parallel': the mixture-of-experts layers of " + family +
+                         " run every token of a micro-batch on each tensor-parallel rank; use "
+                         "sequence_parallel false");
+    }
+    if (c.pipeline_parallel_size > 1) {
+      problems.push_back("'pipeline_parallel_size': the mixture-of-experts layers of " + family +
+                         " run on one pipeline stage (the load-balancing loss sums over every "
+                         "layer); use pipeline_parallel_size 1");
+    }
+  }
+  if (c.pipeline_parallel_size > 1 || !c.pipeline_layers.empty()) {
+    const int virtual_count = c.pipeline_parallel_size * c.virtual_stages;
+    if (has_model && c.pipeline_layers.empty() && virtual_count > c.model.num_hidden_layers) {
+      problems.push_back("'pipeline_parallel_size': " + std::to_string(c.pipeline_parallel_size) +
+                         (c.virtual_stages > 1
+                              ? " x virtual_stages " + std::to_string(c.virtual_stages) + " = " +
+                                    std::to_string(virtual_count) + " virtual stages"
+                              : " stages") +
+                         " need at least as many layers; the model has " +
+                         std::to_string(c.model.num_hidden_layers) + " (num_hidden_layers)");
+    }
+    if (has_model && !c.pipeline_layers.empty()) {
+      for (const auto& p :
+           model::pipeline_layers_problems(c.pipeline_layers, c.pipeline_parallel_size,
+                                           c.virtual_stages, c.model.num_hidden_layers)) {
+        problems.push_back("'pipeline_layers': " + p);
+      }
+    }
+  }
+  if (c.parallelism_auto && (c.tensor_parallel_size != 1 || c.pipeline_parallel_size != 1 ||
+                             c.expert_parallel_size != 1 || !c.pipeline_layers.empty())) {
+    problems.push_back(
+        "'parallelism': \"auto\" chooses tensor_parallel_size, pipeline_parallel_size and "
+        "expert_parallel_size (and "
+        "each stage's layers); leave them out, or use \"manual\"");
+  }
+  return problems;
 }
 
 model::PipelineStage TrainConfig::pipeline_stage(int stage) const {

@@ -228,6 +228,39 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
   }
 }
 
+// Runs of one test's configs under names of their own (checkpoints, metrics, swap), and the
+// one-rank references they are held against, each run once.
+struct NamedRuns {
+  TempDir dir;
+  std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> references;
+
+  Json configured(Json j, const std::string& run) const {
+    j["save_dir"] = dir.file(run + "/ckpt");
+    j["metrics_file"] = dir.file(run + "/metrics.jsonl");
+    j["swap_paths"] = {dir.file(run + "/swap-{rank}")};
+    return j;
+  }
+  // The step-3 checkpoint's weights, or its adapters alone.
+  std::vector<float> saved(const std::string& run, bool adapters) const {
+    const std::string step = dir.file(run + "/ckpt/step-00000003");
+    return adapters ? testing::tensors(step + "/adapter_model.safetensors")
+                    : testing::weights(step + "/model");
+  }
+  // `j` trained on one rank as run `ref` (once): its losses and saved weights; null if it failed.
+  const std::pair<std::vector<double>, std::vector<float>>* reference(const Json& j,
+                                                                      const std::string& ref,
+                                                                      bool adapters) {
+    if (!references.contains(ref)) {
+      if (testing::run_train(dir, configured(j, ref), ref, 1) != 0) {
+        ADD_FAILURE() << std::ifstream(dir.file(ref + "/err.txt")).rdbuf();
+        return nullptr;
+      }
+      references[ref] = {testing::losses(dir.file(ref + "/metrics.jsonl")), saved(ref, adapters)};
+    }
+    return &references[ref];
+  }
+};
+
 // Expert parallelism: runs of E data-parallel ranks share out each MoE layer's experts and send
 // each token's rows to its experts' ranks. Each expert then computes its weight gradient as one
 // product over the rows of E ranks' micro-batches, where one rank sums E products in the
@@ -248,8 +281,8 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
     // Recomputed activations, 8-bit moments and an asynchronous save every step besides.
     bool with_the_rest = false;
   };
-  std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> references;
-  TempDir dir;
+  NamedRuns runs;
+  const TempDir& dir = runs.dir;
   for (const Case& c :
        {Case{"qwen3-moe", 2, 2, 3, "none"}, Case{"qwen3-moe", 4, 4, 1, "none"},
         Case{"qwen3-moe", 4, 2, 3, "nvme"}, Case{"mixtral", 4, 2, 2, "cpu"},
@@ -281,28 +314,14 @@ TEST(MoeExpertParallel, RanksSharingOutTheExpertsTrainTheRunOfOne) {
       j["finetune"] = {
           {"method", c.method}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
     }
-    const auto saved = [&](const std::string& run) {
-      const std::string step = dir.file(run + "/ckpt/step-00000003");
-      return lora ? testing::tensors(step + "/adapter_model.safetensors")
-                  : testing::weights(step + "/model");
-    };
-    const auto configured = [&](const std::string& run) {
-      Json k = j;
-      k["save_dir"] = dir.file(run + "/ckpt");
-      k["metrics_file"] = dir.file(run + "/metrics.jsonl");
-      k["swap_paths"] = {dir.file(run + "/swap-{rank}")};
-      return k;
-    };
     // One rank with every expert: the reference of each family, with or without adapters.
     const std::string ref = std::string(c.family) + "-" + c.method + "-" + c.precision +
                             (c.with_the_rest ? "-rest" : "") + "-w1";
-    if (!references.contains(ref)) {
-      ASSERT_EQ(testing::run_train(dir, configured(ref), ref, 1), 0)
-          << std::ifstream(dir.file(ref + "/err.txt")).rdbuf();
-      references[ref] = {testing::losses(dir.file(ref + "/metrics.jsonl")), saved(ref)};
-    }
-    const auto& [ref_loss, ref_w] = references[ref];
-    Json k = configured(name);
+    const auto* reference = runs.reference(j, ref, lora);
+    ASSERT_NE(reference, nullptr);
+    const auto& [ref_loss, ref_w] = *reference;
+    const auto saved = [&](const std::string& run) { return runs.saved(run, lora); };
+    Json k = runs.configured(j, name);
     k["expert_parallel_size"] = c.experts;
     ASSERT_EQ(testing::run_train(dir, k, name, c.ranks), 0)
         << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
@@ -345,8 +364,8 @@ TEST(MoeTensorParallel, EveryTensorRankRunsTheExpertsWholeBesideExpertParallelis
     int ranks, tensor, experts, stage;
     bool lora = false;
   };
-  std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> references;
-  TempDir dir;
+  NamedRuns runs;
+  const TempDir& dir = runs.dir;
   for (const Case& c :
        {Case{"qwen3-moe", 2, 2, 1, 3}, Case{"mixtral", 2, 2, 1, 2}, Case{"qwen3-moe", 4, 2, 2, 3},
         Case{"mixtral", 4, 2, 2, 1}, Case{"qwen3-moe", 4, 2, 2, 3, true}}) {
@@ -362,26 +381,12 @@ TEST(MoeTensorParallel, EveryTensorRankRunsTheExpertsWholeBesideExpertParallelis
       j["finetune"] = {
           {"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
     }
-    const auto saved = [&](const std::string& run) {
-      const std::string step = dir.file(run + "/ckpt/step-00000003");
-      return c.lora ? testing::tensors(step + "/adapter_model.safetensors")
-                    : testing::weights(step + "/model");
-    };
-    const auto configured = [&](const std::string& run) {
-      Json k = j;
-      k["save_dir"] = dir.file(run + "/ckpt");
-      k["metrics_file"] = dir.file(run + "/metrics.jsonl");
-      k["swap_paths"] = {dir.file(run + "/swap-{rank}")};
-      return k;
-    };
-    const std::string ref = std::string(c.family) + (c.lora ? "-lora" : "") + "-w1";
-    if (!references.contains(ref)) {
-      ASSERT_EQ(testing::run_train(dir, configured(ref), ref, 1), 0)
-          << std::ifstream(dir.file(ref + "/err.txt")).rdbuf();
-      references[ref] = {testing::losses(dir.file(ref + "/metrics.jsonl")), saved(ref)};
-    }
-    const auto& [ref_loss, ref_w] = references[ref];
-    Json k = configured(name);
+    const auto* reference =
+        runs.reference(j, std::string(c.family) + (c.lora ? "-lora" : "") + "-w1", c.lora);
+    ASSERT_NE(reference, nullptr);
+    const auto& [ref_loss, ref_w] = *reference;
+    const auto saved = [&](const std::string& run) { return runs.saved(run, c.lora); };
+    Json k = runs.configured(j, name);
     k["tensor_parallel_size"] = c.tensor;
     k["expert_parallel_size"] = c.experts;
     ASSERT_EQ(testing::run_train(dir, k, name, c.ranks), 0)

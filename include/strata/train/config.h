@@ -246,6 +246,9 @@ struct TrainConfig {
   // Pipeline stage `stage`'s layers: each virtual stage's count from pipeline_layers, else
   // balanced.
   model::PipelineStage pipeline_stage(int stage) const;
+  // Each reason the parallelism keys (tensor, sequence, pipeline and expert parallelism,
+  // parallelism "auto") cannot run, naming the key; `has_model`: the model's shape is known.
+  std::vector<std::string> grid_problems(bool has_model) const;
   // The layers of each virtual stage, P x V of them (pipeline_layers, else balanced).
   std::vector<std::int64_t> pipeline_layer_counts() const;
   // What balances the stages: a decoder layer's and the head's multiply-adds a token.
