@@ -5,11 +5,15 @@
 # a micro-batch, one micro-batch a rank and step, at each expert_parallel_size of EXPERTS.
 # Prints, from rank 0's metrics, each step's all_to_all_bytes against the balanced-routing
 # theory (4 passes x MoE layers x rows x hidden x 2 bytes x (E - 1) / E), its mean over the
-# steps, comm_bytes, the loss, and the device peak against the planned one.
+# steps, comm_bytes, the loss, and the device peak against the planned one. With PIPELINE=P the
+# model is cut into P stages (P x D x E): a stage exchanges its own MoE layers' rows, and rank 0
+# (the first stage) sends each micro-batch's activations and routing counts to the next stage
+# (sent_bytes, against micro-batches x (rows x hidden x 2 bytes + 8 x (2 x 16 experts + 1))).
 #
 # Usage: bench/expert_parallel.sh
 # Environment: STRATA (default build/strata), WORK (default /tmp/strata-expert-parallel),
-# RANKS (default 4), EXPERTS (default "1 2 4"), STEPS (default 6), KEEP=1 keeps WORK.
+# RANKS (default 4), EXPERTS (default "1 2 4"), PIPELINE (default 1), STEPS (default 6), KEEP=1
+# keeps WORK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +22,7 @@ WORK=${WORK:-/tmp/strata-expert-parallel}
 RANKS=${RANKS:-4}
 EXPERTS=${EXPERTS:-1 2 4}
 STEPS=${STEPS:-6}
+PIPELINE=${PIPELINE:-1}
 if [[ ! -x "$STRATA" ]]; then
   echo "expert_parallel: $STRATA not found; build it or set STRATA" >&2
   exit 2
@@ -27,9 +32,9 @@ mkdir -p "$WORK"
 trap '[[ "${KEEP:-0}" == 1 ]] || rm -rf "$WORK"' EXIT
 
 for e in $EXPERTS; do
-  python3 - "$WORK" "$e" "$STEPS" <<'PY'
+  python3 - "$WORK" "$e" "$STEPS" "$PIPELINE" <<'PY'
 import json, os, sys
-work, e, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, e, steps, p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 data = os.path.join(work, "data.txt")
 if not os.path.exists(data):
     with open(data, "w") as f:
@@ -44,7 +49,8 @@ model = {"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 256,
 cfg = {"model": model, "seq_len": 512, "batch_size": 8, "micro_batch_size": 2,
        "max_steps": steps, "precision": "bf16", "optimizer": {"lr": 1e-3}, "threads": 1,
        "zero_stage": 3, "data": {"path": data, "format": "text"}, "save_dir": "",
-       "metrics_file": os.path.join(work, f"e{e}.jsonl"), "expert_parallel_size": e}
+       "metrics_file": os.path.join(work, f"e{e}.jsonl"), "expert_parallel_size": e,
+       "pipeline_parallel_size": p}
 json.dump(cfg, open(os.path.join(work, f"e{e}.json"), "w"))
 PY
   mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$RANKS" \
@@ -53,17 +59,25 @@ PY
     tail -5 "$WORK/e$e.out" >&2
     exit 1
   }
-  python3 - "$WORK/e$e.jsonl" "$e" <<'PY'
+  python3 - "$WORK/e$e.jsonl" "$e" "$RANKS" "$PIPELINE" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-e = int(sys.argv[2])
-theory = 4 * 4 * 1024 * 2 * 256 * 2 * (e - 1) / e
+e, ranks, p = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+# A rank's tokens a step (batch 8 x 512 over D = ranks / P), 2 picks each, through its stage's
+# 4 / P MoE layers, 4 passes, hidden 256 in bf16.
+tokens = 8 * 512 // (ranks // p)
+theory = 4 * (4 // p) * tokens * 2 * 256 * 2 * (e - 1) / e
 a = [r["all_to_all_bytes"] for r in rows]
 mean = sum(a) / len(a)
 print(f"E={e}: all_to_all MB {[round(x / 1e6, 2) for x in a]}, mean {mean / 1e6:.2f}, "
       f"theory {theory / 1e6:.2f}" + (f", mean/theory {mean / theory:.3f}" if theory else ""))
 print(f"  comm MB {[round(r['comm_bytes'] / 1e6, 1) for r in rows]}")
-print(f"  loss {[round(r['loss'], 4) for r in rows]}")
+print(f"  loss {[round(r['loss'], 4) for r in rows]}, aux_loss "
+      f"{[round(r['aux_loss'], 4) for r in rows]}")
+if p > 1:
+    micro_batches = tokens // (2 * 512)
+    sent = micro_batches * (2 * 512 * 256 * 2 + 8 * (2 * 16 + 1))
+    print(f"  first stage sent bytes {[r['sent_bytes'] for r in rows]}, arithmetic {sent}")
 peak = max(r["peak_device_bytes"] for r in rows)
 plan = rows[0]["planned_device_bytes"]
 print(f"  device peak {peak / 2**20:.1f} MiB, planned {plan / 2**20:.1f} MiB, "

@@ -383,7 +383,12 @@ LlamaModel::Boundary LlamaModel::boundary(int slot, int chunk) const {
           ch.dout,
           ch.din,
           impl_->setup_.split.local_rows * impl_->setup_.d.hidden,
-          embedding_grad};
+          embedding_grad,
+          ch.routing_in,
+          ch.routing_out,
+          ch.totals_in,
+          ch.totals_out,
+          StageShape::of(config_, options_).routing_bytes};
 }
 
 bool LlamaModel::shares_embedding() const {
@@ -417,6 +422,10 @@ void* LlamaModel::embedding_copy() const {
 
 float LlamaModel::loss(int slot) const {
   return impl_->slot_loss_.at(static_cast<std::size_t>(slot));
+}
+
+double LlamaModel::aux_loss(int slot) const {
+  return impl_->aux_.empty() ? 0.0 : impl_->aux_.at(static_cast<std::size_t>(slot)).loss();
 }
 
 std::uint64_t LlamaModel::activation_bytes(std::int64_t batch, std::int64_t seq) const {

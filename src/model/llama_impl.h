@@ -203,6 +203,10 @@ struct LlamaModel::Impl {
   // training, their backward down to the gradient of the last chunk's output (ch.dout).
   Status head_forward_backward(ProviderSession& ps, const MicroBatch& mb, ChunkSpace& ch,
                                bool train);
+  // MoE layers cut into stages: the slot's routing counts read from, or written to, a boundary's
+  // device buffer (ChunkSpace::routing_in and the others).
+  Status import_routing(int slot, const void* from);
+  Status export_routing(int slot, void* to);
   Result<float> step(ParamProvider& provider, const MicroBatch& mb, bool train,
                      StepTimings& timings);
   Status begin_decode(ParamProvider& provider, std::int64_t max_positions, std::int64_t max_rows);

@@ -53,7 +53,9 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     return inner(i) ? provider.release_activation(checkpoint_index(mb.slot, ch.begin + i), keep)
                     : Status::ok();
   };
+  // The load-balancing sums start at the embedding and continue from the stage before.
   if (embeds && config_.has_moe()) aux_[static_cast<std::size_t>(mb.slot)].reset(d.experts);
+  if (ch.routing_in != nullptr) STRATA_RETURN_IF_ERROR(import_routing(mb.slot, ch.routing_in));
   if (embeds) {
     const int embed = layout_.embed_group();
     STRATA_ASSIGN_OR_RETURN(const void* p, ps.acquire(embed));
@@ -79,6 +81,7 @@ Status LlamaModel::Impl::forward_chunk(ParamProvider& provider, const MicroBatch
     release_block(ps, l);
     STRATA_RETURN_IF_ERROR(done_x(i, train));  // its block's backward reads it again
   }
+  if (ch.routing_out != nullptr) STRATA_RETURN_IF_ERROR(export_routing(mb.slot, ch.routing_out));
   if (heads) {
     STRATA_RETURN_IF_ERROR(head_forward_backward(ps, mb, ch, train));
   }
@@ -118,6 +121,8 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
   const std::int64_t n = ch.end - ch.begin;
   // The gradient of the residual stream, layer by layer, in bwd.dh (this rank's rows).
   ops.cast(ch.dout, dt, bwd.dh, dt, sp.local_rows * H);
+  // Cut into stages, the last virtual stage's totals over every MoE layer.
+  if (ch.totals_in != nullptr) STRATA_RETURN_IF_ERROR(import_routing(mb.slot, ch.totals_in));
   if (config_.has_moe() && config_.moe.aux_loss) {
     // The load-balancing loss's gradient, the same for every token of every MoE layer.
     aux_[static_cast<std::size_t>(mb.slot)].gradient(
@@ -188,8 +193,29 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
                                                 offset_ptr(embed_grads, embed_offset_, eb)));
     STRATA_RETURN_IF_ERROR(ps.release_grads(embed));
   }
+  if (ch.totals_out != nullptr) STRATA_RETURN_IF_ERROR(export_routing(mb.slot, ch.totals_out));
   stream.synchronize();
   timings.backward_ms += clock.elapsed_ms();
+  return device_.last_error();
+}
+
+Status LlamaModel::Impl::import_routing(int slot, const void* from) {
+  detail::MoeAux& aux = aux_[static_cast<std::size_t>(slot)];
+  const std::size_t bytes = detail::MoeAux::bytes(setup_.d.experts);
+  auto& stream = device_.stream(device::StreamKind::kCompute);
+  device_.copy_to_host(ws_.moe.host_routing, from, bytes, stream);
+  stream.synchronize();
+  aux.reset(setup_.d.experts);
+  aux.read(ws_.moe.host_routing);
+  return device_.last_error();
+}
+
+Status LlamaModel::Impl::export_routing(int slot, void* to) {
+  const std::size_t bytes = detail::MoeAux::bytes(setup_.d.experts);
+  aux_[static_cast<std::size_t>(slot)].write(ws_.moe.host_routing);
+  auto& stream = device_.stream(device::StreamKind::kCompute);
+  device_.copy_to_device(to, ws_.moe.host_routing, bytes, stream);
+  stream.synchronize();  // the send reads it, and the host bytes are reused
   return device_.last_error();
 }
 

@@ -174,6 +174,16 @@ std::uint64_t carve_workspace(const BlockSetup& setup, const StageShape& stage, 
       ch.dout = act(Rl * H);
       const bool first = stage.embeds && ci == 0;
       ch.din = first ? nullptr : act(Rl * H);
+      if (stage.routing_bytes > 0) {
+        const bool last = stage.heads && ci + 1 == stage.chunks.size();
+        const auto routing = [&]() {
+          return c.take(static_cast<std::int64_t>(stage.routing_bytes), 1);
+        };
+        ch.routing_in = first ? nullptr : routing();
+        ch.totals_out = first ? nullptr : routing();
+        ch.routing_out = last ? nullptr : routing();
+        ch.totals_in = last ? nullptr : routing();
+      }
     }
   }
   if (stage.heads) {

@@ -29,6 +29,13 @@ struct ChunkSpace {
   std::vector<BlockActs> acts;      // per layer, unless checkpointing
   void* dout = nullptr;  // [rows, hidden]: the output's gradient (received, or the head's)
   void* din = nullptr;   // [rows, hidden]: the input's gradient, to send (not on virtual stage 0)
+  // MoE layers cut into stages: the micro-batch's routing counts (MoeAux::bytes), received with
+  // the input and sent with the output (the sums so far), and the totals received with the
+  // output's gradient and sent with the input's (null where the chunk has no such neighbour).
+  void* routing_in = nullptr;
+  void* routing_out = nullptr;
+  void* totals_in = nullptr;
+  void* totals_out = nullptr;
 };
 
 // One micro-batch in flight: its tokens and every chunk's activations.
@@ -93,6 +100,9 @@ struct StageShape {
   // the head's part of the embedding gradient crosses from the last stage to the first (where the
   // embedding trains).
   bool embedding_copy = false, embedding_grads = false;
+  // MoE layers cut into stages: the bytes of a micro-batch's routing counts (MoeAux::bytes) that
+  // cross with the activations; 0 otherwise.
+  std::size_t routing_bytes = 0;
 
   static StageShape of(const LlamaConfig& config, const ModelOptions& options) {
     const PipelineStage& p = options.pipeline;
@@ -108,6 +118,7 @@ struct StageShape {
     const bool embedding_trains = !options.lora || options.lora->saves("model.embed_tokens");
     s.embedding_copy = tied && s.heads;
     s.embedding_grads = tied && embedding_trains;
+    if (config.has_moe() && p.split()) s.routing_bytes = MoeAux::bytes(config.moe.num_experts);
     return s;
   }
   // Checkpointed layer inputs a micro-batch writes: each chunk's but its first layer's.

@@ -3,6 +3,7 @@
 #include "src/model/moe_mlp.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,22 @@ void MoeAux::gradient(double scale, float* out) const {
   for (std::size_t e = 0; e < counts.size(); ++e) {
     out[e] = static_cast<float>(scale * experts * (static_cast<double>(counts[e]) / n) / n);
   }
+}
+
+void MoeAux::write(void* out) const {
+  auto* p = static_cast<std::byte*>(out);
+  const std::size_t n = counts.size() * 8;
+  std::memcpy(p, counts.data(), n);
+  std::memcpy(p + n, probs.data(), n);
+  std::memcpy(p + 2 * n, &rows, 8);
+}
+
+void MoeAux::read(const void* in) {
+  const auto* p = static_cast<const std::byte*>(in);
+  const std::size_t n = counts.size() * 8;
+  std::memcpy(counts.data(), p, n);
+  std::memcpy(probs.data(), p + n, n);
+  std::memcpy(&rows, p + 2 * n, 8);
 }
 
 void MoeMlp::layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,

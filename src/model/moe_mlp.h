@@ -99,6 +99,32 @@ struct MoeActs {
   std::int64_t* ep_counts = nullptr;
 };
 
+// What transformers' load_balancing_loss_func sums over a micro-batch's MoE layers: N token
+// rows, per expert the picks that chose it (f_e = counts_e / N) and its probability summed over
+// the rows (P_e = probs_e / N); the loss is experts * sum_e f_e P_e.
+struct MoeAux {
+  std::vector<std::int64_t> counts;
+  std::vector<double> probs;
+  std::int64_t rows = 0;
+
+  void reset(std::int64_t experts) {
+    counts.assign(static_cast<std::size_t>(experts), 0);
+    probs.assign(static_cast<std::size_t>(experts), 0.0);
+    rows = 0;
+  }
+  double loss() const;
+  // scale d(loss)/d(probability of expert e) for every token row: scale E f_e / N, into out
+  // [experts] (host f32).
+  void gradient(double scale, float* out) const;
+  // As bytes, to cross pipeline stages: the counts, the sums and the rows, 8 bytes each, so a
+  // stage continues the sums where the one before stopped (the order one stage adds in).
+  static std::size_t bytes(std::int64_t experts) {
+    return static_cast<std::size_t>(2 * experts + 1) * 8;
+  }
+  void write(void* out) const;
+  void read(const void* in);  // of as many experts as this one holds
+};
+
 // Scratch the MoE layers share (not kept).
 struct MoeScratch {
   void* logits = nullptr;       // [tokens, experts] compute dtype (their gradient in backward)
@@ -126,12 +152,15 @@ struct MoeScratch {
   void* ep_b = nullptr;
   std::int32_t* ep_index = nullptr;
   std::int32_t* host_ep_index = nullptr;
+  // A micro-batch's routing counts on their way across pipeline stages (MoeAux::bytes).
+  std::byte* host_routing = nullptr;
 
   // Over `ranks` ranks of expert parallelism (1: none), host_ep_index's [2 x capacity] besides.
   static std::uint64_t host_bytes(std::int64_t tokens, std::int64_t experts, std::int64_t k,
                                   std::int64_t ranks = 1) {
     const std::int64_t ep = ranks > 1 ? 2 * ranks * tokens * k : 0;
-    return static_cast<std::uint64_t>(3 * tokens * k + 2 * experts + ep) * 4;
+    return static_cast<std::uint64_t>(3 * tokens * k + 2 * experts + ep) * 4 +
+           MoeAux::bytes(experts);
   }
   // The host pointers laid out from `host` (host_bytes of it).
   void place_host(std::byte* host, std::int64_t tokens, std::int64_t experts, std::int64_t k,
@@ -142,26 +171,9 @@ struct MoeScratch {
     host_prob_sums = reinterpret_cast<float*>(host_slots + tokens * k);
     host_aux_grad = host_prob_sums + experts;
     host_ep_index = ranks > 1 ? reinterpret_cast<std::int32_t*>(host_aux_grad + experts) : nullptr;
+    host_routing = reinterpret_cast<std::byte*>(host_aux_grad + experts +
+                                                (ranks > 1 ? 2 * ranks * tokens * k : 0));
   }
-};
-
-// What transformers' load_balancing_loss_func sums over a micro-batch's MoE layers: N token
-// rows, per expert the picks that chose it (f_e = counts_e / N) and its probability summed over
-// the rows (P_e = probs_e / N); the loss is experts * sum_e f_e P_e.
-struct MoeAux {
-  std::vector<std::int64_t> counts;
-  std::vector<double> probs;
-  std::int64_t rows = 0;
-
-  void reset(std::int64_t experts) {
-    counts.assign(static_cast<std::size_t>(experts), 0);
-    probs.assign(static_cast<std::size_t>(experts), 0.0);
-    rows = 0;
-  }
-  double loss() const;
-  // scale d(loss)/d(probability of expert e) for every token row: scale E f_e / N, into out
-  // [experts] (host f32).
-  void gradient(double scale, float* out) const;
 };
 
 // Expert parallelism for one MoE layer: its experts shared out over the ranks of `group` (the

@@ -104,11 +104,6 @@ std::vector<std::string> TrainConfig::grid_problems(bool has_model) const {
                          " run every token of a micro-batch on each tensor-parallel rank; use "
                          "sequence_parallel false");
     }
-    if (c.pipeline_parallel_size > 1) {
-      problems.push_back("'pipeline_parallel_size': the mixture-of-experts layers of " + family +
-                         " run on one pipeline stage (the load-balancing loss sums over every "
-                         "layer); use pipeline_parallel_size 1");
-    }
   }
   if (c.pipeline_parallel_size > 1 || !c.pipeline_layers.empty()) {
     const int virtual_count = c.pipeline_parallel_size * c.virtual_stages;

@@ -34,39 +34,43 @@ GroupGatherer::GroupGatherer(const model::LlamaConfig& config,
 
 Status GroupGatherer::gather(int id, float* dst) {
   const dist::GridCoord at = grid_.coord();
+  std::function<Status(float*)> on_stage = [&](float* into) { return gather_stage(id, into); };
   if (grid_.shape().expert > 1 && layout_.expert_of(id) >= 0) {
-    // An expert's group (one stage; whole on every tensor-parallel rank, the first's copy
-    // counting): over the expert-data ranks holding it to the first of them, a data-parallel
-    // rank below the expert-parallel size, then over the first expert group.
+    // An expert's group (whole on every tensor-parallel rank, the first's copy counting): over
+    // the expert-data ranks holding it to the first of them, a data-parallel rank below the
+    // expert-parallel size, then over the stage's first expert group to its first rank.
     if (at.tensor != 0) return Status::ok();
-    const int owner = layout_.expert_owner(id);
-    return from_owner(
-        id, owner, at.expert == owner, at.data < grid_.shape().expert, grid_.expert(),
-        "expert-parallel rank",
-        [&](float* into) { return provider_.gather_master(id, into, from_); }, dst);
+    on_stage = [&](float* into) {
+      const int owner = layout_.expert_owner(id);
+      return from_owner(
+          id, owner, at.expert == owner, at.data < grid_.shape().expert, grid_.expert(),
+          "expert-parallel rank",
+          [&](float* held) { return provider_.gather_master(id, held, from_); }, into);
+    };
   }
-  if (grid_.shape().pipeline == 1) return gather_stage(id, dst);
+  if (grid_.shape().pipeline == 1) return on_stage(dst);
   const int owner = layout_.stage_of(id);
-  return from_owner(
-      id, owner, at.pipeline == owner, at.data == 0 && at.tensor == 0, grid_.pipeline(),
-      "pipeline stage", [&](float* into) { return gather_stage(id, into); }, dst);
+  return from_owner(id, owner, at.pipeline == owner, at.data == 0 && at.tensor == 0,
+                    grid_.pipeline(), "pipeline stage", on_stage, dst);
 }
 
 Status GroupGatherer::from_owner(int id, int owner, bool holds, bool on_line,
                                  dist::Communicator& line, const std::string& owner_name,
                                  const std::function<Status(float*)>& here, float* dst) {
   const auto n = static_cast<std::size_t>(whole_.group(id).num_elems);
+  // Its own (a hop inside a stage runs inside the pipeline's hop, whose `here` it is).
+  std::vector<float> held;
   Status s;
   if (holds) {
     float* into = nullptr;
-    if (on_line) into = owner == 0 ? dst : (held_.assign(n, 0.0f), held_.data());
+    if (on_line) into = owner == 0 ? dst : (held.assign(n, 0.0f), held.data());
     s = here(into);
   }
   if (owner == 0 || !on_line) return s;
-  if (!holds) held_.assign(n, 0.0f);
+  if (!holds) held.assign(n, 0.0f);
   const auto members = static_cast<std::size_t>(line.world_size());
   every_.assign(dst != nullptr ? n * members : 0, 0.0f);
-  Status t = line.gather_host(held_.data(), dst != nullptr ? every_.data() : nullptr,
+  Status t = line.gather_host(held.data(), dst != nullptr ? every_.data() : nullptr,
                               static_cast<std::int64_t>(n), DType::kF32, 0,
                               "checkpoint: group " + whole_.group(id).name + " from " + owner_name +
                                   " " + std::to_string(owner));

@@ -54,7 +54,8 @@ class GroupGatherer {
   Status gather_stage(int id, float* dst);
   // Group `id` gathered where it lives (`here` fills its argument on the rank of `line` that
   // holds it, `holds`, and is null on the others), then over `line` (the ranks with `on_line`,
-  // world rank 0 its first, the holder its member `owner`) to world rank 0.
+  // the holder its member `owner`) to the line's first rank: world rank 0, or for the experts'
+  // hop inside a pipeline stage, the stage's first rank.
   Status from_owner(int id, int owner, bool holds, bool on_line, dist::Communicator& line,
                     const std::string& owner_name, const std::function<Status(float*)>& here,
                     float* dst);
@@ -66,7 +67,7 @@ class GroupGatherer {
   zero::StateSnapshot from_;
   std::vector<model::ParamLayout> slices_;  // each tensor-parallel rank's; empty: no split
   std::vector<float> mine_, all_;
-  std::vector<float> held_, every_;  // a group where it lives, and every member's on the line
+  std::vector<float> every_;  // every member's group on the line
 };
 
 // World rank 0 writes with `write` (which gathers `groups` through the source it is given, in

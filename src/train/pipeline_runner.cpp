@@ -9,10 +9,18 @@
 #include "strata/train/pipeline_schedule.h"
 
 namespace strata::train {
+namespace {
+
+// A boundary's routing counts, as bytes.
+std::int64_t bytes(const model::LlamaModel::Boundary& b) {
+  return static_cast<std::int64_t>(b.routing_bytes);
+}
+
+}  // namespace
 
 Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
                                 const std::function<void()>& last_pass, std::vector<double>* losses,
-                                double* compute_ms) {
+                                std::vector<double>* aux, double* compute_ms) {
   const model::PipelineStage& stage = p_.stage;
   const PipelineShape shape = p_.config.pipeline_shape(p_.grid.data().world_size());
   const std::vector<PipelinePass> passes =
@@ -28,6 +36,9 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
     return static_cast<std::size_t>(slot * stage.virtual_stages + chunk);
   };
   std::vector<dist::CommHandle> sent_output(at(slots, 0)), sent_grad(at(slots, 0));
+  // MoE layers: the routing counts so far go with the activations, the totals with the
+  // gradients (Boundary::routing_bytes; none without MoE layers).
+  std::vector<dist::CommHandle> sent_routing(at(slots, 0)), sent_totals(at(slots, 0));
   // Tied embeddings cut into stages: the head's part of each micro-batch's embedding gradient,
   // from the last stage to the first (rank 1 to 0 of the embedding group), received into the
   // slot's buffer as soon as the slot's forward is done, so that the last stage's send never
@@ -54,10 +65,16 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
     status = [&]() -> Status {
       if (p.forward) {
         STRATA_RETURN_IF_ERROR(sent_output[at(slot, p.chunk)].wait());
+        STRATA_RETURN_IF_ERROR(sent_routing[at(slot, p.chunk)].wait());
         if (!stage.first_chunk(p.chunk)) {
           const int from = stage.previous_stage(p.chunk);
           STRATA_RETURN_IF_ERROR(
               pipe.recv(b.input, b.elems, dt, from, named("activations", p, from)).wait());
+          if (b.routing_in != nullptr) {
+            STRATA_RETURN_IF_ERROR(pipe.recv(b.routing_in, bytes(b), DType::kU8, from,
+                                             named("routing counts", p, from))
+                                       .wait());
+          }
         }
         const bool sends_embedding_grad = b.embedding_grad != nullptr && stage.last_chunk(p.chunk);
         if (sends_embedding_grad) STRATA_RETURN_IF_ERROR(embedding_grad_sent.wait());
@@ -77,20 +94,31 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
         if (stage.last_chunk(p.chunk)) {
           (*losses)[static_cast<std::size_t>(p.micro_batch)] =
               static_cast<double>(p_.model.loss(slot)) * mi.share;
+          (*aux)[static_cast<std::size_t>(p.micro_batch)] = p_.model.aux_loss(slot) * mi.share;
         } else {
           const int to = stage.next_stage(p.chunk);
           sent_output[at(slot, p.chunk)] =
               pipe.send(b.output, b.elems, dt, to, named("activations", p, to));
+          if (b.routing_out != nullptr) {
+            sent_routing[at(slot, p.chunk)] =
+                pipe.send(b.routing_out, bytes(b), DType::kU8, to, named("routing counts", p, to));
+          }
         }
         return Status::ok();
       }
       // The stage's last pass: its gradients are final as they come, and the update may start.
       if (k + 1 == passes.size()) last_pass();
       STRATA_RETURN_IF_ERROR(sent_grad[at(slot, p.chunk)].wait());
+      STRATA_RETURN_IF_ERROR(sent_totals[at(slot, p.chunk)].wait());
       if (!stage.last_chunk(p.chunk)) {
         const int from = stage.next_stage(p.chunk);
         STRATA_RETURN_IF_ERROR(
             pipe.recv(b.output_grad, b.elems, dt, from, named("gradients", p, from)).wait());
+        if (b.totals_in != nullptr) {
+          STRATA_RETURN_IF_ERROR(
+              pipe.recv(b.totals_in, bytes(b), DType::kU8, from, named("routing totals", p, from))
+                  .wait());
+        }
       }
       if (b.embedding_grad != nullptr && stage.first_chunk(p.chunk)) {
         STRATA_RETURN_IF_ERROR(embedding_grads[static_cast<std::size_t>(slot)].wait());
@@ -103,6 +131,10 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
         const int to = stage.previous_stage(p.chunk);
         sent_grad[at(slot, p.chunk)] =
             pipe.send(b.input_grad, b.elems, dt, to, named("gradients", p, to));
+        if (b.totals_out != nullptr) {
+          sent_totals[at(slot, p.chunk)] =
+              pipe.send(b.totals_out, bytes(b), DType::kU8, to, named("routing totals", p, to));
+        }
       }
       return Status::ok();
     }();
@@ -116,7 +148,7 @@ Status PipelineRunner::run_step(const std::vector<StepMicroBatch>& micros,
   }
   // Every send ends before the step does (and before its buffers are rewritten).
   embedding_grads.push_back(std::move(embedding_grad_sent));
-  for (auto* handles : {&sent_output, &sent_grad, &embedding_grads}) {
+  for (auto* handles : {&sent_output, &sent_grad, &sent_routing, &sent_totals, &embedding_grads}) {
     for (dist::CommHandle& h : *handles) {
       if (Status s = h.wait(); !s.is_ok() && status.is_ok()) status = s;
     }
@@ -164,6 +196,10 @@ Result<float> PipelineRunner::forward(const model::LlamaModel::MicroBatch& mb) {
     if (!stage.first_chunk(chunk)) {
       const int from = stage.previous_stage(chunk);
       STRATA_RETURN_IF_ERROR(pipe.recv(b.input, b.elems, dt, from, named(from)).wait());
+      if (b.routing_in != nullptr) {
+        STRATA_RETURN_IF_ERROR(
+            pipe.recv(b.routing_in, bytes(b), DType::kU8, from, named(from)).wait());
+      }
     }
     STRATA_RETURN_IF_ERROR(p_.model.forward_chunk(p_.provider, mb, chunk, /*train=*/false));
     if (stage.last_chunk(chunk)) {
@@ -172,6 +208,10 @@ Result<float> PipelineRunner::forward(const model::LlamaModel::MicroBatch& mb) {
       const int to = stage.next_stage(chunk);
       // Waited at once: the next micro-batch rewrites the buffer.
       STRATA_RETURN_IF_ERROR(pipe.send(b.output, b.elems, dt, to, named(to)).wait());
+      if (b.routing_out != nullptr) {
+        STRATA_RETURN_IF_ERROR(
+            pipe.send(b.routing_out, bytes(b), DType::kU8, to, named(to)).wait());
+      }
     }
   }
   return loss;

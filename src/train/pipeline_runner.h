@@ -36,9 +36,10 @@ class PipelineRunner {
   // The step's micro-batches through this stage in its schedule's order. `last_pass` is called
   // before the stage's last backward pass (its gradients are final as they come: the update may
   // start). Each micro-batch's loss (share weighted, the last stage's; 0 elsewhere) goes to
-  // (*losses)[micro-batch] (micros.size() of them), the model's time to *compute_ms.
+  // (*losses)[micro-batch] (micros.size() of them), its load-balancing loss (MoE models, share
+  // weighted, the last stage's) to (*aux)[micro-batch], the model's time to *compute_ms.
   Status run_step(const std::vector<StepMicroBatch>& micros, const std::function<void()>& last_pass,
-                  std::vector<double>* losses, double* compute_ms);
+                  std::vector<double>* losses, std::vector<double>* aux, double* compute_ms);
   // Forward only, one micro-batch through every stage (evaluation): its loss on the last stage,
   // 0 on the others.
   Result<float> forward(const model::LlamaModel::MicroBatch& mb);

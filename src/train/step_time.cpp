@@ -141,11 +141,14 @@ double expert_parallel_ms(const TrainConfig& config, int ranks, const MachineRat
   if (e <= 1 || !config.model.has_moe()) return 0;
   const model::LlamaConfig& m = config.model;
   const double accum = static_cast<double>(config.accumulation_steps(data_ranks_of(config, ranks)));
-  // Each MoE layer sends a micro-batch's k rows a token out and their outputs back in forward
-  // (again where checkpointing recomputes it), and their gradients out and back in backward.
+  // Each MoE layer of a stage (its share of them) sends a micro-batch's k rows a token out and
+  // their outputs back in forward (again where checkpointing recomputes it), and their gradients
+  // out and back in backward.
   const double passes = config.activation_checkpointing ? 6.0 : 4.0;
-  const double bytes = accum * moe_layers(m) * passes *
-                       static_cast<double>(m.moe.experts_per_token) * activation_bytes_of(config);
+  const double layers =
+      moe_layers(m) / static_cast<double>(std::max(1, config.pipeline_parallel_size));
+  const double bytes = accum * layers * passes * static_cast<double>(m.moe.experts_per_token) *
+                       activation_bytes_of(config);
   // The expert group: E data-parallel ranks T apart, (E - 1) / E of the rows to the others under
   // balanced routing.
   const int node = node_ranks(config, ranks);
@@ -430,8 +433,6 @@ std::vector<GridCandidate> grid_candidates(const TrainConfig& config, int ranks)
       } else if (tensor > 1 && config.sequence_parallel &&
                  (config.micro_batch_size * config.seq_len) % tensor != 0) {
         g.refused = "sequence parallelism needs the micro-batch's tokens split evenly";
-      } else if (pipeline > 1 && config.model.has_moe()) {
-        g.refused = "mixture-of-experts layers run on one pipeline stage";
       } else if (pipeline * c.virtual_stages > config.model.num_hidden_layers) {
         g.refused = "more stages than layers";
       } else if (Status s = c.resolve_batch(data); !s.is_ok()) {

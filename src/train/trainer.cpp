@@ -390,7 +390,7 @@ Result<StepMetrics> Trainer::Impl::train_step(bool finish) {
   double model_ms = 0;
   if (pipeline) {
     STRATA_RETURN_IF_ERROR(pipeline->run_step(
-        batch.micros, [&] { begin_last_micro_batch(); }, &losses, &model_ms));
+        batch.micros, [&] { begin_last_micro_batch(); }, &losses, &aux, &model_ms));
   } else {
     STRATA_RETURN_IF_ERROR(run_micro_batches(batch.micros, &losses, &aux, &model_ms));
   }

@@ -100,6 +100,16 @@ class LlamaModel {
     // before the first virtual stage's backward_chunk, where the lookup's part adds to it (the
     // sum one stage makes, in its order). Null on other chunks.
     void* embedding_grad;
+    // MoE layers cut into stages: the micro-batch's routing counts so far (device buffers of
+    // routing_bytes), received into routing_in with the input and sent from routing_out with the
+    // output; the load-balancing loss needs every layer's, so the last virtual stage's totals go
+    // back, received into totals_in with the output's gradient and sent from totals_out with the
+    // input's. Null where the chunk has no such neighbour, and without MoE layers (0 bytes).
+    void* routing_in;
+    const void* routing_out;
+    void* totals_in;
+    const void* totals_out;
+    std::size_t routing_bytes;
   };
   Boundary boundary(int slot, int chunk) const;
   // Tied embeddings cut into stages (tie_word_embeddings with P > 1): the last stage's head
@@ -114,6 +124,8 @@ class LlamaModel {
   void* embedding_copy() const;
   // The mean loss of the micro-batch in `slot`, after the last virtual stage's forward_chunk.
   float loss(int slot) const;
+  // Its load-balancing loss over every MoE layer (as last_aux_loss), there too.
+  double aux_loss(int slot) const;
 
   // Decoding one sequence with a KV cache. begin_decode takes a workspace for up to
   // `max_positions` tokens (prompt and generated) fed `max_rows` at a time, and forgets any
