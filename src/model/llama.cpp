@@ -232,8 +232,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     if (!dense) {
       // Every expert's group is laid out alike: the first one this rank holds (all of them
       // without expert parallelism) gives the offsets of every one.
-      const ExpertSplit& split = layout.expert_split();
-      const int e0 = split.rank * static_cast<int>(config.moe.num_experts / split.size);
+      const int e0 = layout.first_held_expert();
       const ParamGroup& eg = layout.group(layout.expert_group(static_cast<int>(l), e0));
       const ExpertNames names = expert_weight_names(config, l, e0);
       const auto at = [&](const std::string& name, bool bytes) {

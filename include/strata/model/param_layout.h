@@ -215,7 +215,13 @@ class ParamLayout {
   int expert_of(int group) const;
   int expert_owner(int group) const {
     const int e = expert_of(group);
-    return e < 0 || !experts_.split() ? 0 : e / (num_experts_per_layer() / experts_.size);
+    return e < 0 || !experts_.split() ? 0 : e / experts_per_rank();
+  }
+  // Each MoE layer's experts a rank of the split holds (all unsplit), and the first of them this
+  // layout's rank holds.
+  int experts_per_rank() const { return num_experts_per_layer() / experts_.size; }
+  int first_held_expert() const {
+    return experts_.split() ? experts_.rank * experts_per_rank() : 0;
   }
   // The pipeline stage the layout is of, and the stage that holds group `group` (0 unsplit),
   // or that would under `stage`'s split.
