@@ -200,8 +200,10 @@ std::uint64_t collective_peak_bytes(const Partition& partition, const PlanOption
                                     const std::vector<bool>& offloaded, int cache_blocks_per_size) {
   const ZeroOptions& options = plan_options.zero;  // its dtype is the plan's compute_dtype
   const auto& groups = partition.groups();
+  // Nothing to gather or reduce on one rank; over several, even replicated groups all-gather
+  // every rank's gradient to sum it.
   bool any = false;
-  for (const auto& p : groups) any = any || !p.replicated;
+  for (const auto& p : groups) any = any || !p.replicated || p.world > 1;
   if (!any) return 0;
   const std::uint64_t d = dtype_size(plan_options.compute_dtype);
   DeviceBlocks t(cache_blocks_per_size);
