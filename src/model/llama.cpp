@@ -387,7 +387,9 @@ LlamaModel::Boundary LlamaModel::boundary(int slot, int chunk) const {
           ch.routing_out,
           ch.totals_in,
           ch.totals_out,
-          StageShape::of(config_, options_).routing_bytes};
+          ch.routing_in != nullptr || ch.routing_out != nullptr
+              ? detail::MoeAux::bytes(impl_->setup_.d.experts)
+              : 0};
 }
 
 bool LlamaModel::shares_embedding() const {

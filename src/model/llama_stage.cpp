@@ -200,13 +200,11 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
 }
 
 Status LlamaModel::Impl::import_routing(int slot, const void* from) {
-  detail::MoeAux& aux = aux_[static_cast<std::size_t>(slot)];
   const std::size_t bytes = detail::MoeAux::bytes(setup_.d.experts);
   auto& stream = device_.stream(device::StreamKind::kCompute);
   device_.copy_to_host(ws_.moe.host_routing, from, bytes, stream);
   stream.synchronize();
-  aux.reset(setup_.d.experts);
-  aux.read(ws_.moe.host_routing);
+  aux_[static_cast<std::size_t>(slot)].read(ws_.moe.host_routing);  // sized for d.experts
   return device_.last_error();
 }
 
