@@ -501,6 +501,23 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
   r.read("inter_node_bytes_per_s", &c.inter_node_bytes_per_s, 0.0);
   read_offload(r, "offload_optimizer", &c.offload_optimizer, &c.offload_optimizer_auto);
   read_offload(r, "offload_param", &c.offload_param, &c.offload_param_auto);
+  if (const Json* f = r.raw("offload_optimizer_fraction")) {
+    if (f->is_number() && f->get<double>() >= 0.0 && f->get<double>() <= 1.0) {
+      c.offload_optimizer_fraction = f->get<double>();
+    } else if (f->is_string() && f->get<std::string>() == "auto") {
+      c.offload_optimizer_fraction_auto = true;
+    } else {
+      r.error("offload_optimizer_fraction",
+              "expected a number from 0 to 1 or \"auto\", got " + f->dump());
+    }
+    const bool partial = c.offload_optimizer_fraction_auto || c.offload_optimizer_fraction < 1.0;
+    if (partial && !c.offload_optimizer_auto && c.offload_optimizer == Tier::kDevice) {
+      r.error("offload_optimizer_fraction",
+              "is the share of an offloaded optimizer's state, and offload_optimizer is "
+              "\"none\" (all of it on the device); set offload_optimizer to \"cpu\" or "
+              "\"nvme\"");
+    }
+  }
   read_enum(r, "activation_offload", &c.activation_offload, kTiers, zero::offload_name);
   r.read_bytes("prefetch_bytes", &c.prefetch_bytes);
   r.read_bytes("max_live_bytes", &c.max_live_bytes);
@@ -547,6 +564,12 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
             "sets a saved step's optimizer state aside in the optimizer's tier while training "
             "goes on, and offload_optimizer is \"none\"; set offload_optimizer to \"cpu\" or "
             "\"nvme\"");
+  }
+  if (c.save_async && c.offload_optimizer_fraction < 1.0) {
+    r.error("save_async",
+            "sets a saved step's optimizer state aside in the optimizer's tier, and "
+            "offload_optimizer_fraction below 1 keeps part of it on the device; set "
+            "offload_optimizer_fraction to 1 (or \"auto\"), or save_async false");
   }
   r.read("metrics_file", &c.metrics_file);
   r.read("trace_file", &c.trace_file);

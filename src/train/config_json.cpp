@@ -94,6 +94,8 @@ Json TrainConfig::to_json() const {
       {"offload_optimizer",
        offload_optimizer_auto ? "auto" : zero::offload_name(offload_optimizer)},
       {"offload_param", offload_param_auto ? "auto" : zero::offload_name(offload_param)},
+      {"offload_optimizer_fraction",
+       offload_optimizer_fraction_auto ? Json("auto") : Json(offload_optimizer_fraction)},
       {"activation_offload", zero::offload_name(activation_offload)},
       {"prefetch_bytes", prefetch_bytes},
       {"max_live_bytes", max_live_bytes},

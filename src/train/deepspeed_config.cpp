@@ -521,10 +521,21 @@ DeepSpeedJoin join_deepspeed_config(const Json& config, const KeyOrigin& origin,
           nvme_paths.push_back(*p);
         }
       }
-      accept_decided(
-          orr, j, prefix + ".",
-          {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
-           "pipeline_write", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc"});
+      // The share of the optimizer state CPU Adam steps (ZeRO-3's partial offload): Strata's
+      // offload_optimizer_fraction.
+      if (std::string(ds_key) == "offload_optimizer") {
+        if (auto r = number(orr, "ratio")) {
+          if (*r < 0 || *r > 1) {
+            orr.error("ratio", "expected a share from 0 to 1, got " + Json(*r).dump());
+          } else {
+            j.set(prefix + ".ratio", "offload_optimizer_fraction", *r);
+          }
+        }
+      }
+      accept_decided(orr, j, prefix + ".",
+                     {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
+                      "pipeline_write", "fast_init", "super_offload", "cpuadam_cores_perc"});
+      if (std::string(ds_key) == "offload_param") accept_decided(orr, j, prefix + ".", {"ratio"});
       orr.reject_unknown();
     }
     // DeepSpeed's older spellings of the offloads.

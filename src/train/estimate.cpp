@@ -96,6 +96,7 @@ zero::ShardOptions shard_options(const TrainConfig& config, int data_ranks, int 
   o.tied_embeddings = config.model.tie_word_embeddings && config.pipeline_parallel_size == 1;
   o.offload_param = config.offload_param;
   o.offload_optimizer = config.offload_optimizer;
+  o.offload_optimizer_fraction = config.offload_optimizer_fraction;
   o.checkpoint_home = config.activation_offload;
   o.compute_dtype = config.precision;
   o.accumulation_steps = config.accumulation_steps(data_ranks);
@@ -352,6 +353,7 @@ Json Estimate::to_json() const {
               {"rss_bytes", rss_bytes},
               {"optimizer_overlap", zero::optimizer_overlap_name(plan.overlap)},
               {"shadow_state", plan.shadow_state},
+              {"offload_fraction", plan.offload_fraction},
               {"grad_accumulation", grad_accumulation()},
               {"kinds", tiers}};
 }

@@ -123,6 +123,7 @@ Json EstimateReport::to_json() const {
   out["rates"] = rates.to_json();
   out["offload_param"] = zero::offload_name(c.offload_param);
   out["offload_optimizer"] = zero::offload_name(c.offload_optimizer);
+  out["offload_optimizer_fraction"] = planned().plan.offload_fraction;
   out["tensor_parallel_size"] = c.tensor_parallel_size;
   out["pipeline_parallel_size"] = c.pipeline_parallel_size;
   if (!stages.empty()) {
@@ -162,6 +163,9 @@ std::string EstimateReport::describe() const {
     if (step.overlapped_ms > 0) o << ", overlapped " << secs(step.overlapped_ms);
     o << "): compute " << secs(step.compute_ms) << ", transfers " << secs(step.transfer_ms)
       << ", optimizer " << secs(step.optimizer_ms) << ", communication " << secs(step.comm_ms);
+    if (step.device_optimizer_ms > 0) {
+      o << ", the device's share of the optimizer " << secs(step.device_optimizer_ms);
+    }
     if (step.tensor_ms > 0) o << ", tensor-parallel " << secs(step.tensor_ms);
     if (step.expert_ms > 0) o << ", expert exchanges " << secs(step.expert_ms);
     if (c.pipeline_parallel_size > 1) {
@@ -179,8 +183,11 @@ std::string EstimateReport::describe() const {
   }
   o << rate_line("decoder layer", rates.layer_passes, 1, "forward+backward passes/s")
     << rate_line("embedding, head and loss", rates.end_passes, 1, "forward+backward passes/s")
-    << rate_line("host memory", rates.memory_bytes, 1e9, "GB/s")
-    << rate_line("nvme read", rates.nvme_read_bytes, 1e9, "GB/s")
+    << rate_line("host memory", rates.memory_bytes, 1e9, "GB/s");
+  if (rates.device_memory_bytes.measured) {
+    o << rate_line("device memory", rates.device_memory_bytes, 1e9, "GB/s");
+  }
+  o << rate_line("nvme read", rates.nvme_read_bytes, 1e9, "GB/s")
     << rate_line("nvme write", rates.nvme_write_bytes, 1e9, "GB/s");
   if (rates.nvme_mixed_bytes.measured) {
     o << rate_line("nvme reads and writes at once", rates.nvme_mixed_bytes, 1e9, "GB/s each way");

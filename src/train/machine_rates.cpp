@@ -317,6 +317,45 @@ Rate memory_rate() {
   return {moved / (t.elapsed_ms() / 1e3), true, "memcpy of 64 MiB, one thread"};
 }
 
+// The device's memory bandwidth, as its element-wise ops see it: fp32 adds (two arrays read, one
+// written) over 16 MiB arrays on `given` (nullptr: a device of the config's kind made for the
+// probe).
+Rate device_memory_rate(const TrainConfig& config, device::Device* given) {
+  constexpr std::size_t kBytes = std::size_t{16} << 20;
+  const auto n = static_cast<std::int64_t>(kBytes / sizeof(float));
+  std::unique_ptr<device::Device> own;
+  if (given == nullptr) {
+    device::DeviceOptions o = config.device_options();
+    o.memory_limit_bytes = 3 * kBytes + (std::size_t{1} << 20);
+    auto made = device::create_device(o);
+    if (!made.is_ok()) return {0, false, "not measured: " + made.status().message()};
+    own = std::move(*made);
+  }
+  device::Device* device = given != nullptr ? given : own.get();
+  auto a = device->allocate(kBytes, "memory probe");
+  auto b = device->allocate(kBytes, "memory probe");
+  auto c = device->allocate(kBytes, "memory probe");
+  if (!a.is_ok() || !b.is_ok() || !c.is_ok()) {
+    return {0, false, "not measured: the probe's 48 MiB do not fit the device"};
+  }
+  device::Stream& s = device->stream(device::StreamKind::kCompute);
+  device->fill_zero(a->data(), kBytes, s);
+  device->fill_zero(b->data(), kBytes, s);
+  device->ops().add(a->data(), b->data(), c->data(), n, DType::kF32);  // warm up
+  s.synchronize();
+  Stopwatch t;
+  int reps = 0;
+  while (reps == 0 || t.elapsed_ms() < kMemoryProbeSeconds * 1e3) {
+    device->ops().add(a->data(), b->data(), c->data(), n, DType::kF32);
+    s.synchronize();
+    ++reps;
+  }
+  const double moved = 3.0 * static_cast<double>(kBytes) * reps;
+  return {
+      moved / (t.elapsed_ms() / 1e3), true,
+      "fp32 adds of 64 MiB arrays on " + device->name() + ", " + std::to_string(reps) + " rounds"};
+}
+
 // The rate of `bytes` moved in each of `seconds`.
 Rate interval_rate(std::size_t bytes, const std::vector<double>& seconds, std::string how) {
   std::vector<double> rates;
@@ -477,6 +516,12 @@ MachineRates calibrate(const TrainConfig& config, device::Device* device) {
     r.attention_gemm_flops = attention_gemm_rate(config, device);
     layer_rates(config, config.model, device, &r.layer_passes, &r.end_passes);
     r.memory_bytes = memory_rate();
+    // The device's AdamW's bound, where part of the optimizer may stay there.
+    if (config.offload_optimizer_fraction_auto || config.offload_optimizer_fraction < 1.0) {
+      r.device_memory_bytes = device_memory_rate(config, device);
+    } else {
+      r.device_memory_bytes = {0, false, "not measured: the optimizer is not split"};
+    }
     swap_rates(config, r);
   } catch (const std::bad_alloc&) {
     r.memory_bytes = {0, false, "not measured: no host memory for the probe"};
@@ -501,6 +546,7 @@ Json MachineRates::to_json() const {
               {"layer_passes", rate_json(layer_passes)},
               {"end_passes", rate_json(end_passes)},
               {"memory_bytes", rate_json(memory_bytes)},
+              {"device_memory_bytes", rate_json(device_memory_bytes)},
               {"nvme_read_bytes", rate_json(nvme_read_bytes)},
               {"nvme_write_bytes", rate_json(nvme_write_bytes)},
               {"nvme_mixed_bytes", rate_json(nvme_mixed_bytes)},

@@ -416,3 +416,60 @@ Result<PlacementChoice> choose_placement(const TrainConfig& config, int ranks,
 }
 
 }  // namespace strata::train
+
+namespace strata::train {
+
+Result<FractionChoice> choose_offload_fraction(const TrainConfig& config, int ranks,
+                                               const MachineRates& rates,
+                                               std::uint64_t device_budget_bytes) {
+  constexpr int kSteps = 16;
+  std::optional<FractionChoice> best;
+  std::string refused;  // the smaller fractions the device could not hold
+  for (int i = kSteps; i >= 0; --i) {
+    TrainConfig c = config;
+    c.offload_optimizer_fraction = static_cast<double>(i) / kSteps;
+    c.offload_optimizer_fraction_auto = false;
+    auto est = estimate(c, ranks, kVariant);
+    if (!est.is_ok() ||
+        (device_budget_bytes != 0 && est->device_bytes_needed() > device_budget_bytes)) {
+      // Less offloaded needs more of the device: no smaller fraction fits either.
+      refused = est.is_ok() ? format_bytes(est->device_bytes_needed()) + " on the device > " +
+                                  format_bytes(device_budget_bytes)
+                            : est.status().message();
+      break;
+    }
+    const StepTime st = predict_step(c, *est, rates);
+    // The larger fraction on a tie: the state it leaves on the device costs memory for nothing.
+    if (!best || st.step_ms < best->step.step_ms) {
+      best = FractionChoice{est->plan.offload_fraction, st, ""};
+    }
+  }
+  if (!best) {
+    return out_of_memory(
+        "offload_optimizer_fraction \"auto\": even all of the optimizer state "
+        "offloaded does not fit: " +
+        refused);
+  }
+  char buf[320];
+  if (best->fraction < 1.0) {
+    std::snprintf(buf, sizeof buf,
+                  "%.3g of the optimizer state on the %s, the rest stepped on the device: "
+                  "predicted step %.3f s (host update %.3f s beside compute %.3f s, device "
+                  "update %.3f s)",
+                  best->fraction, std::string(tier_name(config.offload_optimizer)).c_str(),
+                  best->step.step_ms / 1e3, best->step.optimizer_ms / 1e3,
+                  best->step.compute_ms / 1e3, best->step.device_optimizer_ms / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "1, all of the optimizer state on the %s: predicted step %.3f s (host update "
+                  "%.3f s, compute %.3f s); none kept on the device would be faster",
+                  std::string(tier_name(config.offload_optimizer)).c_str(),
+                  best->step.step_ms / 1e3, best->step.optimizer_ms / 1e3,
+                  best->step.compute_ms / 1e3);
+  }
+  best->why = buf;
+  if (!refused.empty()) best->why += "; less would not fit (" + refused + ")";
+  return *best;
+}
+
+}  // namespace strata::train

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -207,6 +208,24 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     config.offload_param = static_cast<Tier>(v[0]);
     config.offload_optimizer = static_cast<Tier>(v[1]);
     r.choices.push_back("placement: " + choice.why);
+  }
+  if (config.offload_optimizer_fraction_auto) {
+    config.offload_optimizer_fraction_auto = false;
+    if (config.offload_optimizer != Tier::kDevice && !config.save_async) {
+      std::uint64_t budget = config.device_memory_limit;
+      if (budget == 0 && options.probe_device != nullptr) {
+        budget = options.probe_device->memory_stats().limit_bytes;
+      }
+      STRATA_ASSIGN_OR_RETURN(FractionChoice choice,
+                              choose_offload_fraction(config, world, rates(), budget));
+      // Every rank runs rank 0's choice: the bits of the fraction, as rank 0 measured it.
+      std::vector<std::uint64_t> v = {std::bit_cast<std::uint64_t>(choice.fraction)};
+      STRATA_RETURN_IF_ERROR(take_rank_zeros(options.comm, &v, "offload_optimizer_fraction"));
+      config.offload_optimizer_fraction = std::bit_cast<double>(v[0]);
+      r.choices.push_back("offload_optimizer_fraction: " + choice.why);
+    } else {
+      config.offload_optimizer_fraction = 1.0;  // nothing to split (save_async: all offloaded)
+    }
   }
   // Before anything large is allocated: the process's own memory is what estimate measures.
   EstimateOptions plan_options;

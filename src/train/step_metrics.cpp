@@ -23,6 +23,7 @@ Json StepMetrics::to_json() const {
          {"save_stall_ms", save_stall_ms},
          {"optimizer_ms", optimizer_ms},
          {"optimizer_exposed_ms", optimizer_exposed_ms},
+         {"optimizer_device_ms", optimizer_device_ms},
          {"optimizer_guessed", guessed},
          {"optimizer_redone", redone},
          {"optimizer_schedule", optimizer_schedule},

@@ -34,6 +34,7 @@ void StepRecorder::finish(std::int64_t tokens, StepMetrics* m) {
   const zero::RankStats d = provider.stats().since(provider_before_);
   m->optimizer_ms = d.optimizer_total_ms;
   m->optimizer_exposed_ms = d.optimizer_exposed_ms;
+  m->optimizer_device_ms = d.optimizer_device_ms;
   m->guessed = d.steps_guessed > 0;
   m->redone = d.steps_redone > 0;
   m->optimizer_schedule = zero::optimizer_overlap_name(provider.step_schedule());

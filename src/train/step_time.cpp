@@ -295,11 +295,13 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
       st.transfer_ms += ms(fetched * (1.0 - cached), rates.nvme_read_bytes);
     }
   }
-  // Gradients leave the device once per micro-batch.
+  // Gradients leave the device once per micro-batch (those of the offloaded groups:
+  // offload_optimizer_fraction keeps the rest's there).
+  const double offloaded = config.offload_optimizer != Tier::kDevice ? e.plan.offload_fraction : 0;
   if (config.offload_optimizer != Tier::kDevice) {
-    st.transfer_ms += ms(2.0 * accum * elems * dsize, rates.memory_bytes);
+    st.transfer_ms += ms(2.0 * accum * offloaded * elems * dsize, rates.memory_bytes);
     if (e.plan.gradients == Tier::kNvme) {
-      st.transfer_ms += ms(accum * elems * dsize, rates.nvme_write_bytes);
+      st.transfer_ms += ms(accum * offloaded * elems * dsize, rates.nvme_write_bytes);
     }
   }
   // The update reads and writes the master weights and both moments as the optimizer keeps them
@@ -309,11 +311,19 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
       optim::state_bytes_per_param(config.optimizer.master_dtype, config.optimizer.master_rounding,
                                    config.optimizer.state_dtype);
   const double grad_bytes = e.plan.keep_gradients ? dsize : 4.0;
-  st.optimizer_ms = ms(elems * (2 * state_bytes + grad_bytes + dsize), rates.memory_bytes);
+  // The offloaded share at the host's rate, and the groups the device keeps (fp32 sums) at the
+  // device's, where measured (else the host's).
+  const double host_elems = config.offload_optimizer != Tier::kDevice ? offloaded * elems : elems;
+  st.optimizer_ms = ms(host_elems * (2 * state_bytes + grad_bytes + dsize), rates.memory_bytes);
+  if (offloaded < 1.0 && config.offload_optimizer != Tier::kDevice) {
+    st.device_optimizer_ms =
+        ms((elems - host_elems) * (2 * state_bytes + 4.0 + dsize),
+           rates.device_memory_bytes.per_s > 0 ? rates.device_memory_bytes : rates.memory_bytes);
+  }
   if (config.offload_optimizer == Tier::kNvme) {
-    double read = elems * state_bytes, write = elems * state_bytes;
-    if (e.plan.gradients == Tier::kNvme) read += elems * grad_bytes;
-    if (config.offload_param == Tier::kNvme) write += elems * dsize;
+    double read = host_elems * state_bytes, write = host_elems * state_bytes;
+    if (e.plan.gradients == Tier::kNvme) read += host_elems * grad_bytes;
+    if (config.offload_param == Tier::kNvme) write += host_elems * dsize;
     // Reads and writes in turn at their own rates, or at once at the mixed rate where recorded.
     const double streamed =
         rates.nvme_mixed_bytes.measured
@@ -334,12 +344,14 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   st.boundary_ms = pipeline_boundary_ms(config, e.ranks, rates);
   const double critical =
       st.compute_ms + st.tensor_ms + st.expert_ms + st.bubble_ms + st.boundary_ms;
-  st.serial_ms = std::max({critical, st.transfer_ms, st.comm_ms}) + st.optimizer_ms;
+  st.serial_ms =
+      std::max({critical, st.transfer_ms, st.comm_ms}) + st.optimizer_ms + st.device_optimizer_ms;
   if (e.plan.overlap == zero::OptimizerOverlap::kNone) {
     st.step_ms = st.serial_ms;
     st.schedule = "serial";
   } else {
-    st.overlapped_ms = std::max({critical, st.transfer_ms + st.optimizer_ms, st.comm_ms});
+    st.overlapped_ms =
+        std::max({critical, st.transfer_ms + st.optimizer_ms, st.comm_ms}) + st.device_optimizer_ms;
     st.step_ms =
         e.plan.measure_overlap ? std::min(st.overlapped_ms, st.serial_ms) : st.overlapped_ms;
     st.schedule =
@@ -371,12 +383,21 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
 }
 
 Json StepTime::to_json() const {
-  return Json{
-      {"step_ms", step_ms},       {"serial_ms", serial_ms},     {"overlapped_ms", overlapped_ms},
-      {"compute_ms", compute_ms}, {"transfer_ms", transfer_ms}, {"optimizer_ms", optimizer_ms},
-      {"comm_ms", comm_ms},       {"tensor_ms", tensor_ms},     {"expert_ms", expert_ms},
-      {"bubble_ms", bubble_ms},   {"boundary_ms", boundary_ms}, {"schedule", schedule},
-      {"slowest_ms", slowest_ms}, {"fastest_ms", fastest_ms}};
+  return Json{{"step_ms", step_ms},
+              {"serial_ms", serial_ms},
+              {"overlapped_ms", overlapped_ms},
+              {"compute_ms", compute_ms},
+              {"transfer_ms", transfer_ms},
+              {"optimizer_ms", optimizer_ms},
+              {"device_optimizer_ms", device_optimizer_ms},
+              {"comm_ms", comm_ms},
+              {"tensor_ms", tensor_ms},
+              {"expert_ms", expert_ms},
+              {"bubble_ms", bubble_ms},
+              {"boundary_ms", boundary_ms},
+              {"schedule", schedule},
+              {"slowest_ms", slowest_ms},
+              {"fastest_ms", fastest_ms}};
 }
 
 TrainConfig on_grid(const TrainConfig& config, int tensor, int pipeline, int expert) {

@@ -534,6 +534,10 @@ Result<std::string> Trainer::save() {
 
 const std::string& Trainer::last_checkpoint() const { return impl_->saver->last_checkpoint(); }
 
+const TrainConfig& Trainer::resolved_config() const { return impl_->config; }
+
+std::string Trainer::device_name() const { return impl_->device->name(); }
+
 namespace {
 // "fp16 (dynamic loss scale 65536, window 1000, hysteresis 2)"; the others by name.
 std::string precision_with_scaling(const TrainConfig& config, const optim::LossScaler* scaler) {
@@ -682,6 +686,14 @@ std::string Trainer::peaks_against_plan() const {
          pair("rss", rss, s.planned.rss_bytes, "predicted");
 }
 
+namespace {
+std::string fraction_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", f);
+  return buf;
+}
+}  // namespace
+
 std::string Trainer::describe() const {
   const Impl& s = *impl_;
   const auto& c = s.config.model;
@@ -701,7 +713,12 @@ std::string Trainer::describe() const {
       s.device->name().c_str(),
       s.config.device_memory_limit ? format_bytes(s.config.device_memory_limit).c_str() : "none",
       std::string(zero::offload_name(s.config.offload_param)).c_str(),
-      std::string(zero::offload_name(s.config.offload_optimizer)).c_str(),
+      (std::string(zero::offload_name(s.config.offload_optimizer)) +
+       (s.planned.plan.any_device_steps()
+            ? " (offload_optimizer_fraction " + fraction_text(s.planned.plan.offload_fraction) +
+                  ", the rest stepped on the device)"
+            : ""))
+          .c_str(),
       s.swap ? " | swap engine " : "", s.swap ? s.swap->engine_name().c_str() : "",
       s.config.data.path.c_str(), static_cast<long long>(s.dataset->num_tokens()),
       std::string(token_format_name(s.dataset->format())).c_str(),

@@ -68,17 +68,17 @@ Status GradientLanding::add_tensors() {
     STRATA_ASSIGN_OR_RETURN(void* slots, store_.emplace(device_norms, Tier::kDevice, true));
     norm_slots_ = static_cast<ExactSum*>(slots);
   }
-  std::int64_t max_elems = 0;
+  std::int64_t max_elems = 0;  // of the groups summed on the device
   for (std::size_t gi = 0; gi < shapes_.size(); ++gi) {
     const ShardGroup& s = shapes_[gi];
     if (!s.trains()) continue;  // a frozen group has no gradient; an empty one nothing here
-    max_elems = std::max(max_elems, s.n);
+    if (plan_.sums_on_device(gi)) max_elems = std::max(max_elems, s.n);
     Group& g = groups_[gi];
     const std::string name = "gradient of " + s.name();
     // As the model makes it, or summed over the ranks into f32 (ZeroOptions::wide_gradients).
     const std::uint64_t bytes = static_cast<std::uint64_t>(s.n) * dtype_size(dtype_);
-    if (plan_.keep_gradients) {
-      STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, bytes, plan_.gradients));
+    if (plan_.keeps_gradient(gi)) {
+      STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, bytes, plan_.gradients_of(gi)));
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(g.grad, add_tensor(store_, name, bytes, Tier::kHost, true));
@@ -89,13 +89,13 @@ Status GradientLanding::add_tensors() {
                      (b == 0 ? "gradient accumulator of "
                              : "gradient partial sum " + std::to_string(b) + " of ") +
                          s.name(),
-                     static_cast<std::uint64_t>(s.n) * sizeof(float), plan_.gradients));
+                     static_cast<std::uint64_t>(s.n) * sizeof(float), plan_.gradients_of(gi)));
       g.sums.push_back(sum);
     }
     g.squares.resize(g.sums.size());
     g.tree.emplace(plan_.accumulation_steps, plan_.tree_sums);
   }
-  if (plan_.sums_on_device() && dtype_ != DType::kF32) {
+  if (max_elems != 0 && dtype_ != DType::kF32) {
     STRATA_ASSIGN_OR_RETURN(
         widened_grad_,
         add_tensor(store_, "widened gradient",
@@ -109,7 +109,7 @@ Result<void*> GradientLanding::acquire(int group) {
   Group& g = groups_[static_cast<std::size_t>(group)];
   STRATA_CHECK(!s.frozen(), "gradient of a frozen group (ZeroProvider refuses it)", s.name());
   STRATA_CHECK(g.on_device == nullptr, "acquire_grads twice without release", s.name());
-  if (plan_.keep_gradients && g.has_grad) {
+  if (plan_.keeps_gradient(static_cast<std::size_t>(group)) && g.has_grad) {
     return failed_precondition("a second gradient of '" + s.name() +
                                "' before the optimizer step, but the plan keeps one gradient "
                                "per step (accumulation_steps 1)");
@@ -123,7 +123,8 @@ Status GradientLanding::release(int group) {
   Group& g = groups_[static_cast<std::size_t>(group)];
   STRATA_CHECK(g.on_device != nullptr, "release_grads without acquire", s.name());
   void* src = std::exchange(g.on_device, nullptr);
-  if (plan_.sums_on_device()) {
+  const auto gi = static_cast<std::size_t>(group);
+  if (plan_.sums_on_device(gi)) {
     // Summed on the device, in fp32.
     Status st = [&]() -> Status {
       if (dtype_ == DType::kF32) return sum_in(group, micro_, src, DType::kF32, Tier::kDevice);
@@ -139,12 +140,12 @@ Status GradientLanding::release(int group) {
     STRATA_RETURN_IF_ERROR(store_.discard(g.grad));
     // The last micro-batch, with a guessed update running on the host: the sum is final once
     // the tree owes it no merge.
-    if (final_ == nullptr || plan_.optimizer == Tier::kDevice) return Status::ok();
+    if (final_ == nullptr || plan_.steps_on_device(gi)) return Status::ok();
     if (micro_ + 1 < plan_.accumulation_steps) return Status::ok();
     STRATA_RETURN_IF_ERROR(sum_in(group, -1, nullptr, DType::kF32, Tier::kDevice));
     return send_final_sum(group);
   }
-  if (plan_.keep_gradients) {
+  if (plan_.keeps_gradient(gi)) {
     // The gradient is final: summed here, while on the device, then off to where the plan
     // keeps gradients on the copy streams while the next layer's backward runs.
     device_sum_squares(src, dtype_, static_cast<std::size_t>(group));
@@ -153,7 +154,7 @@ Status GradientLanding::release(int group) {
   // Off the device while the next layer's backward runs: home (kept), to the host for a
   // guessed update to read it there (kept, guessing), or to the host to be accumulated.
   store_.unpin(g.grad, Tier::kDevice);
-  const bool to_host = plan_.keep_gradients && final_ != nullptr;
+  const bool to_host = plan_.keeps_gradient(gi) && final_ != nullptr;
   STRATA_ASSIGN_OR_RETURN(mem::Completion done, to_host ? store_.fetch(g.grad, Tier::kHost)
                                                         : store_.evict(g.grad, Tier::kDevice));
   pending_.push_back(Pending{group, std::move(done), micro_});
@@ -184,11 +185,12 @@ Status GradientLanding::drain_one() {
   const ShardGroup& s = shapes_[static_cast<std::size_t>(p.group)];
   Group& g = groups_[static_cast<std::size_t>(p.group)];
   Status st = store_.wait(p.done);
-  if (plan_.accumulate_on_device()) {  // a final sum, now in host memory for the guessed update
+  const auto gi = static_cast<std::size_t>(p.group);
+  if (plan_.accumulate_on_device(gi)) {  // a final sum, now in host memory for the guessed update
     if (st.is_ok() && final_ != nullptr) final_->gradient_final(p.group);
     return st;
   }
-  if (plan_.keep_gradients) {
+  if (plan_.keeps_gradient(gi)) {
     if (!st.is_ok() || final_ == nullptr) return st;  // it is home
     // Its host copy is valid: the device copy goes (written home first if the store dropped
     // the host copy meanwhile), and the guessed update may have it.
@@ -285,7 +287,8 @@ Status GradientLanding::sum_in(int group, std::int64_t leaf, const void* x, DTyp
   }
   // Host sums go back to their home (NVMe) while compute goes on, unless a guessed update is
   // about to read them here.
-  if (tier == Tier::kHost && plan_.gradients != Tier::kHost && final_ == nullptr) {
+  if (tier == Tier::kHost && plan_.gradients_of(static_cast<std::size_t>(group)) != Tier::kHost &&
+      final_ == nullptr) {
     for (const int b : written) {
       STRATA_ASSIGN_OR_RETURN(mem::Completion home,
                               store_.evict(g.sums[static_cast<std::size_t>(b)], Tier::kHost));
@@ -296,10 +299,9 @@ Status GradientLanding::sum_in(int group, std::int64_t leaf, const void* x, DTyp
 }
 
 Status GradientLanding::finish_sums() {
-  if (plan_.keep_gradients) return Status::ok();
-  const Tier tier = plan_.sums_on_device() ? Tier::kDevice : Tier::kHost;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    if (!groups_[gi].has_grad) continue;
+    if (!groups_[gi].has_grad || plan_.keeps_gradient(gi)) continue;
+    const Tier tier = plan_.sums_on_device(gi) ? Tier::kDevice : Tier::kHost;
     STRATA_RETURN_IF_ERROR(sum_in(static_cast<int>(gi), -1, nullptr, DType::kF32, tier));
   }
   return Status::ok();
@@ -314,8 +316,9 @@ Status GradientLanding::finish_micro_batch() {
   };
   // A guess reads device sums from host memory: a group that had its last gradient in an
   // earlier micro-batch sends its sum now (its sum of squares too).
-  if (final_ != nullptr && plan_.accumulate_on_device()) {
+  if (final_ != nullptr) {
     for (std::size_t gi = 0; gi < groups_.size() && first.is_ok(); ++gi) {
+      if (!plan_.accumulate_on_device(gi)) continue;
       if (!groups_[gi].has_grad || groups_[gi].final_sent) continue;
       keep(sum_in(static_cast<int>(gi), -1, nullptr, DType::kF32, Tier::kDevice));
       if (first.is_ok()) keep(send_final_sum(static_cast<int>(gi)));
@@ -346,22 +349,23 @@ void GradientLanding::device_sum_squares(const void* x, DType dtype, std::size_t
 Result<std::vector<ExactSum>> GradientLanding::sums_of_squares() {
   STRATA_CHECK(pending_.empty(), "gradient norm before finish_micro_batch");
   STRATA_RETURN_IF_ERROR(finish_sums());
-  // Where the sums are is the plan's: taken on the device when the gradients are accumulated
-  // there (summed now, unless a guess took them already) or kept (summed as each left the
-  // device), else on the host as they were accumulated.
-  const bool summed_on_device = plan_.sums_on_device();
-  const bool on_device = summed_on_device || plan_.keep_gradients;
+  // Where the sums are is the plan's, by group: taken on the device when the gradients are
+  // accumulated there (summed now, unless a guess took them already) or kept (summed as each left
+  // the device), else on the host as they were accumulated.
+  const auto on_device = [&](std::size_t i) {
+    return plan_.sums_on_device(i) || plan_.keeps_gradient(i);
+  };
   bool any = false;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Group& g = groups_[i];
-    any |= g.has_grad;
-    if (!g.has_grad || !summed_on_device || g.final_sent) continue;
+    any |= g.has_grad && on_device(i);
+    if (!g.has_grad || !plan_.sums_on_device(i) || g.final_sent) continue;
     const mem::Handle sum = g.sums.front();
     STRATA_ASSIGN_OR_RETURN(void* acc, store_.acquire(sum, Tier::kDevice));
     device_sum_squares(acc, DType::kF32, i);
     store_.unpin(sum, Tier::kDevice);
   }
-  if (on_device && any) {
+  if (any) {
     device::Stream& compute = device_.stream(device::StreamKind::kCompute);
     if (norm_slots_ != norms_host_) {
       device_.copy_to_host(norms_host_, norm_slots_, groups_.size() * sizeof(ExactSum), compute);
@@ -374,7 +378,7 @@ Result<std::vector<ExactSum>> GradientLanding::sums_of_squares() {
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     const Group& g = groups_[i];
     if (!g.has_grad) continue;
-    sums[i] = on_device ? norms_host_[i] : g.squares.front();
+    sums[i] = on_device(i) ? norms_host_[i] : g.squares.front();
   }
   return sums;
 }
@@ -396,10 +400,10 @@ Status GradientLanding::give_zeros() {
     if (g.has_grad || !shapes_[i].trains()) continue;
     STRATA_RETURN_IF_ERROR(store_.fill_zero(step_grad(static_cast<int>(i))));
     // Its sum of squares, where kept gradients' and guessed device sums' are.
-    if (plan_.keep_gradients || (plan_.accumulate_on_device() && final_ != nullptr)) {
+    if (plan_.keeps_gradient(i) || (plan_.accumulate_on_device(i) && final_ != nullptr)) {
       device_.fill_zero(norm_slots_ + i, sizeof(ExactSum),
                         device_.stream(device::StreamKind::kCompute));
-      g.final_sent = plan_.accumulate_on_device();
+      g.final_sent = plan_.accumulate_on_device(i);
     }
     g.has_grad = true;
   }
@@ -407,9 +411,8 @@ Status GradientLanding::give_zeros() {
 }
 
 Status GradientLanding::send_sums_to_host() {
-  if (!plan_.accumulate_on_device()) return Status::ok();
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    if (!shapes_[gi].trains()) continue;
+    if (!shapes_[gi].trains() || !plan_.accumulate_on_device(gi)) continue;
     STRATA_RETURN_IF_ERROR(store_.fetch(step_grad(static_cast<int>(gi)), Tier::kHost).status());
   }
   return Status::ok();
@@ -426,9 +429,11 @@ Status GradientLanding::spend(int group, bool keep, std::vector<mem::Completion>
 
 mem::Handle GradientLanding::step_grad(int group) const {
   const Group& g = groups_.at(static_cast<std::size_t>(group));
-  return plan_.keep_gradients ? g.grad : g.sums.front();
+  return plan_.keeps_gradient(static_cast<std::size_t>(group)) ? g.grad : g.sums.front();
 }
 
-DType GradientLanding::step_dtype() const { return plan_.keep_gradients ? dtype_ : DType::kF32; }
+DType GradientLanding::step_dtype(bool device_steps) const {
+  return plan_.keep_gradients && !device_steps ? dtype_ : DType::kF32;
+}
 
 }  // namespace strata::zero

@@ -22,22 +22,31 @@ Result<std::unique_ptr<OptimizerSchedule>> OptimizerSchedule::create(ShardStore&
   oo.stream_grads = plan.gradients == Tier::kNvme;
   oo.master_layout = optim::master_layout(options.adam.master_dtype, options.adam.master_rounding);
   oo.moment_layout = optim::moment_layout(options.adam.state_dtype);
+  // offload_optimizer_fraction 0 leaves the offload tier nothing to step (nor staging to stream
+  // through): an empty host step stands in.
+  const Tier offloaded = plan.offload_fraction > 0 ? plan.optimizer : Tier::kHost;
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<OptimizerStep> optimizer,
-      make_optimizer_step(plan.optimizer, device, shards.store().range_staging(), oo));
+      make_optimizer_step(offloaded, device, shards.store().range_staging(), oo));
+  std::unique_ptr<OptimizerStep> on_device;  // the groups the device steps (device_steps)
+  if (plan.optimizer != Tier::kDevice && plan.any_device_steps()) {
+    STRATA_ASSIGN_OR_RETURN(on_device, make_optimizer_step(Tier::kDevice, device, {}, oo));
+  }
   std::unique_ptr<OptimizerSchedule> s(
-      new OptimizerSchedule(shards, device, options, std::move(optimizer)));
+      new OptimizerSchedule(shards, device, options, std::move(optimizer), std::move(on_device)));
   shards.params().set_update_gate(s.get());
   return s;
 }
 
 OptimizerSchedule::OptimizerSchedule(ShardStore& shards, device::Device& device,
                                      const ShardOptions& options,
-                                     std::unique_ptr<OptimizerStep> optimizer)
+                                     std::unique_ptr<OptimizerStep> optimizer,
+                                     std::unique_ptr<OptimizerStep> device_optimizer)
     : shards_(shards),
       device_(device),
       options_(options),
       optimizer_(std::move(optimizer)),
+      device_optimizer_(std::move(device_optimizer)),
       schedule_(shards.plan().overlap) {
   if (shards.plan().measure_overlap) {
     chooser_.emplace(shards.plan().overlap, options_.schedule_chooser);
@@ -149,14 +158,22 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
   step_inline_ = schedule_ == OptimizerOverlap::kNone;
   bool redo = false;  // the working copies a guess touched stay touched: the redo rewrites them
   last_clipped_ = grad_scale != expected_scale_;
+  const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
   if (phase_ == Phase::kGuessing) {
     const bool holds = lr == guess_lr_ && step == guess_step_ && grad_scale == expected_scale_;
     ++stats_.steps_guessed;
     if (holds) {  // the guess is the step: it runs on into the next forward
       set_phase(Phase::kRunning);
       step_inline_ = false;  // what it hid beside backward stays hidden
+      // The groups the device steps, now that the scale is known (their sums are whole: the
+      // guess's finish_micro_batch made them).
+      Status on_device = run_device_step(args);
       // Unless the serial schedule was chosen from now on: then the step ends here.
-      return schedule_ == OptimizerOverlap::kNone ? finish_step() : Status::ok();
+      if (!on_device.is_ok() || schedule_ == OptimizerOverlap::kNone) {
+        Status host = finish_step();
+        return on_device.is_ok() ? host : on_device;
+      }
+      return Status::ok();
     }
     // The scale differs (clipping): the state before the step is intact in the shadow scheme;
     // stop the guess and redo the step from it with the gradients kept for this.
@@ -174,13 +191,17 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
   // Sums made on the device go to host memory on the copy streams (a redo finds them there
   // already); the step's acquire of each waits for its copy only.
   STRATA_RETURN_IF_ERROR(grads.send_sums_to_host());
-  const device::AdamWArgs args = optim::make_adamw_args(options_.adam, lr, step, grad_scale);
   if (schedule_ != OptimizerOverlap::kNone) {
     launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
-    return Status::ok();
+    // The groups the device steps, ordered on its stream while the host's update runs.
+    Status on_device = run_device_step(args);
+    if (on_device.is_ok()) return Status::ok();
+    (void)finish_step();  // the device's error is the one to report
+    return on_device;
   }
   reset_step_flags(/*keep_touched=*/redo);
   Status s = run_step(args, /*guess=*/false);
+  if (s.is_ok()) s = run_device_step(args);
   {
     std::lock_guard lock(step_mu_);
     step_done_ = true;
@@ -254,15 +275,16 @@ Status OptimizerSchedule::abandon_guess(bool restore) {
 // each gradient is final.
 class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
  public:
-  ScheduledStep(OptimizerSchedule& schedule, OptimizerState::StepGroups groups, bool guess,
+  // `on_device`: the groups the device steps (device_steps), on the calling thread beside the
+  // host's step, which its own writebacks and spans keep apart from.
+  ScheduledStep(OptimizerSchedule& schedule, bool guess, bool on_device,
                 std::vector<std::size_t> order)
-      : StoreStepTarget(schedule.shards_.store(), std::move(groups.groups),
-                        std::move(groups.tensors), schedule.shards_.grads().step_dtype(),
-                        schedule.options_.compute_dtype, std::move(order)),
-        schedule_(schedule),
-        ids_(std::move(groups.ids)),
-        guess_(guess),
-        open_(ids_.size()) {}
+      : ScheduledStep(schedule,
+                      schedule.shards_.state().step_groups(schedule.shards_.grads(), on_device),
+                      guess, on_device, std::move(order)) {}
+
+  // The working copies it wrote, home.
+  Status wait_writebacks() { return wait_all(schedule_.shards_.store(), writebacks_); }
 
   // A guess updates each group once its gradient is final; else every gradient is.
   Result<bool> gradient_ready(std::size_t gi, bool wait) override {
@@ -276,7 +298,7 @@ class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
         const bool final = s.ready_[group];
         lock.unlock();
         // The group's update starts once its gradient is final, or the last one has ended.
-        if (final) s.update_span_ns_ = std::max(s.update_span_ns_, now_ns());
+        if (final) span_ns_ = std::max(span_ns_, now_ns());
         return final;
       }
     }
@@ -299,18 +321,21 @@ class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
     OptimizerSchedule& s = schedule_;
     const int group = ids_[gi];
     open_[gi].reset();
-    Status st = s.shards_.params().close(group, tier, s.step_writebacks_, /*keep_host_copy=*/true);
+    Status st = s.shards_.params().close(group, tier, writebacks_, /*keep_host_copy=*/true);
     // The gradient is spent, unless a redo may need it: then it goes home like any other.
     if (st.is_ok()) {
-      st = s.shards_.grads().spend(group, guess_ && s.guess_keeps_grads_, s.step_writebacks_);
+      st = s.shards_.grads().spend(group, guess_ && s.guess_keeps_grads_, writebacks_);
     }
     const std::int64_t end = now_ns();
     if (s.options_.timeline != nullptr) {
-      s.options_.timeline->add(mem::Lane::kCpuOptimizer,
-                               (guess_ ? "update (guessed) " : "update ") + groups()[gi].name,
-                               s.update_span_ns_, end);
+      s.options_.timeline->add(on_device_ ? mem::Lane::kCompute : mem::Lane::kCpuOptimizer,
+                               (guess_       ? "update (guessed) "
+                                : on_device_ ? "update (device) "
+                                             : "update ") +
+                                   groups()[gi].name,
+                               span_ns_, end);
     }
-    s.update_span_ns_ = end;
+    span_ns_ = end;
     {
       std::lock_guard lock(s.step_mu_);
       s.updated_[static_cast<std::size_t>(group)] = true;
@@ -327,10 +352,24 @@ class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
   }
 
  private:
+  ScheduledStep(OptimizerSchedule& schedule, OptimizerState::StepGroups groups, bool guess,
+                bool on_device, std::vector<std::size_t> order)
+      : StoreStepTarget(schedule.shards_.store(), std::move(groups.groups),
+                        std::move(groups.tensors), schedule.shards_.grads().step_dtype(on_device),
+                        schedule.options_.compute_dtype, std::move(order)),
+        schedule_(schedule),
+        ids_(std::move(groups.ids)),
+        guess_(guess),
+        on_device_(on_device),
+        open_(ids_.size()) {}
+
   OptimizerSchedule& schedule_;
   std::vector<int> ids_;  // step group -> the store's group (frozen ones have no step)
   bool guess_;
+  bool on_device_;
   std::vector<std::optional<Tier>> open_;
+  std::vector<mem::Completion> writebacks_;  // working copies the step sends home
+  std::int64_t span_ns_ = now_ns();          // where the next group's update span begins
 };
 
 // Every group in layout order (the order the forward needs them), or as a guess in backward
@@ -338,17 +377,33 @@ class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
 // written; returns once they are all home.
 Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   Stopwatch timer;
-  update_span_ns_ = now_ns();
-  OptimizerState::StepGroups groups = shards_.state().step_groups(shards_.grads());
   std::vector<std::size_t> order;
   if (guess) {
-    for (std::size_t gi = groups.groups.size(); gi-- > 0;) order.push_back(gi);
+    const std::size_t n = shards_.state().step_groups(shards_.grads(), false).groups.size();
+    for (std::size_t gi = n; gi-- > 0;) order.push_back(gi);
   }
-  ScheduledStep target(*this, std::move(groups), guess, std::move(order));
+  ScheduledStep target(*this, guess, /*on_device=*/false, std::move(order));
   Status s = optimizer_->run(target, args);
   target.abandon_open();
-  if (Status w = wait_all(shards_.store(), step_writebacks_); s.is_ok()) s = w;
+  if (Status w = target.wait_writebacks(); s.is_ok()) s = w;
   step_ms_ = timer.elapsed_ms();
+  return s;
+}
+
+// The groups the device steps (MemoryPlan::device_steps), in layout order on this thread: the
+// device's adamw ordered on its compute stream, which the next forward follows. Compute waits
+// for all of it.
+Status OptimizerSchedule::run_device_step(const device::AdamWArgs& args) {
+  if (device_optimizer_ == nullptr) return Status::ok();
+  Stopwatch timer;
+  ScheduledStep target(*this, /*guess=*/false, /*on_device=*/true, {});
+  Status s = device_optimizer_->run(target, args);
+  target.abandon_open();
+  if (Status w = target.wait_writebacks(); s.is_ok()) s = w;
+  const double took = timer.elapsed_ms();
+  stats_.optimizer_device_ms += took;
+  stats_.optimizer_total_ms += took;
+  stats_.optimizer_exposed_ms += took;
   return s;
 }
 

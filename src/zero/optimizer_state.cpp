@@ -48,10 +48,10 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::create(
 }
 
 Status OptimizerState::add_tensors() {
-  const Tier tier = plan_.optimizer;
   for (std::size_t gi = 0; gi < shapes_.size(); ++gi) {
     const ShardGroup& s = shapes_[gi];
     if (!s.trains()) continue;  // no optimizer state (here)
+    const Tier tier = plan_.optimizer_of(gi);
     Group& g = groups_[gi];
     g.master_bytes = master_layout_.bytes(s.n);
     g.moment_bytes = moment_layout_.bytes(s.n);
@@ -65,8 +65,8 @@ Status OptimizerState::add_tensors() {
       return Status::ok();
     };
     STRATA_RETURN_IF_ERROR(add(g.now, ""));
-    if (plan_.shadow_state) STRATA_RETURN_IF_ERROR(add(g.next, " (shadow)"));
-    if (plan_.held_copy) STRATA_RETURN_IF_ERROR(add(g.spare, " (for saves)"));
+    if (plan_.shadowed(gi)) STRATA_RETURN_IF_ERROR(add(g.next, " (shadow)"));
+    if (plan_.held(gi)) STRATA_RETURN_IF_ERROR(add(g.spare, " (for saves)"));
   }
   return Status::ok();
 }
@@ -236,18 +236,25 @@ void OptimizerState::release() {
 void OptimizerState::commit() {
   if (!plan_.shadow_state) return;
   std::lock_guard lock(held_mu_);  // a save's thread may be reading the held copy's handles
-  for (Group& g : groups_) std::swap(g.now, g.next);  // the step's state is the state
+  // The step's state is the state (the groups the device steps have one copy, written in place).
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    if (plan_.shadowed(gi)) std::swap(groups_[gi].now, groups_[gi].next);
+  }
   if (held_ && !held_is_spare_) {  // the held copy is the shadow now: set it aside
-    for (Group& g : groups_) std::swap(g.next, g.spare);
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      if (plan_.held(gi)) std::swap(groups_[gi].next, groups_[gi].spare);
+    }
     held_is_spare_ = true;
   }
 }
 
-OptimizerState::StepGroups OptimizerState::step_groups(const GradientLanding& grads) const {
+OptimizerState::StepGroups OptimizerState::step_groups(const GradientLanding& grads,
+                                                       bool device_steps) const {
   StepGroups s;
   for (std::size_t gi = 0; gi < shapes_.size(); ++gi) {
     const ShardGroup& shape = shapes_[gi];
     if (!shape.trains()) continue;
+    if (plan_.optimizer != Tier::kDevice && plan_.steps_on_device(gi) != device_steps) continue;
     const Group& g = groups_[gi];
     StepGroup sg;
     sg.name = shape.name();
@@ -257,7 +264,7 @@ OptimizerState::StepGroups OptimizerState::step_groups(const GradientLanding& gr
         gi < shard_offsets_.size() ? static_cast<std::uint64_t>(shard_offsets_[gi]) : 0;
     StepTensors t;
     t.state = g.now;
-    if (plan_.shadow_state) t.out = g.next;
+    if (plan_.shadowed(gi)) t.out = g.next;
     t.grad = grads.step_grad(static_cast<int>(gi));
     s.groups.push_back(std::move(sg));
     s.tensors.push_back(t);

@@ -98,13 +98,28 @@ std::string MemoryPlan::kinds_text(Tier tier) const {
   return s;
 }
 
+std::string MemoryPlan::device_steps_text() const {
+  if (!any_device_steps()) return "";
+  int on_device = 0;
+  for (const bool d : device_steps) on_device += d ? 1 : 0;
+  char buf[192];
+  std::snprintf(buf, sizeof buf,
+                " (%.1f%% of its state; the %s backward reaches last stay%s on the %s and %s "
+                "stepped there)",
+                100.0 * offload_fraction,
+                on_device == 1 ? "group" : (std::to_string(on_device) + " groups").c_str(),
+                on_device == 1 ? "s" : "", std::string(tier_name(Tier::kDevice)).c_str(),
+                on_device == 1 ? "is" : "are");
+  return buf;
+}
+
 std::string MemoryPlan::describe() const {
   std::string s = "plan: parameters on " + std::string(tier_name(params)) +
                   (trained_params != params
                        ? " (the trained ones on " + std::string(tier_name(trained_params)) + ")"
                        : "") +
-                  ", optimizer on " + std::string(tier_name(optimizer)) + ", gradients " +
-                  (keep_gradients ? "kept as computed" : "accumulated in fp32") +
+                  ", optimizer on " + std::string(tier_name(optimizer)) + device_steps_text() +
+                  ", gradients " + (keep_gradients ? "kept as computed" : "accumulated in fp32") +
                   (!keep_gradients && accumulators > 1
                        ? " (the canonical tree: " + std::to_string(accumulators) +
                              " partial sums a group at once)"
@@ -145,6 +160,12 @@ std::string MemoryPlan::describe() const {
 }
 
 namespace {
+
+std::string fraction_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", f);
+  return buf;
+}
 
 // The plan of the share `layout` by itself: placements, homes, buffers in flight, caches.
 // "12 bytes a parameter: master weights fp32 4 + moments fp32 2 x 4", as the layouts store it.
@@ -190,8 +211,28 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   const std::uint64_t gsize = o.zero.wide_gradients ? 4 : dtype_size(o.compute_dtype);
   const optim::StateLayout master_layout = optim::master_layout(o.master_dtype, o.master_rounding);
   const optim::StateLayout moment_layout = optim::moment_layout(o.state_dtype);
+  // offload_optimizer_fraction: the trained groups in backward order (the layout's, reversed)
+  // go to the optimizer's tier while at least half of each falls within the fraction of the
+  // trained elements; the rest stay on the device.
+  std::vector<bool> device_steps;
+  if (o.optimizer != Tier::kDevice && o.offload_fraction < 1.0) {
+    double trained = 0;
+    for (const auto& g : groups) trained += g.frozen ? 0.0 : static_cast<double>(g.num_elems);
+    device_steps.assign(groups.size(), false);
+    double offloaded = 0;
+    for (std::size_t i = groups.size(); i-- > 0;) {
+      if (groups[i].frozen || groups[i].num_elems == 0) continue;
+      const auto n = static_cast<double>(groups[i].num_elems);
+      if (offloaded + n / 2 <= o.offload_fraction * trained) {
+        offloaded += n;
+      } else {
+        device_steps[i] = true;
+      }
+    }
+  }
   Sizes z;
-  for (const auto& g : layout.groups()) {
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const model::ParamGroup& g = groups[gi];
     const auto n = static_cast<std::uint64_t>(g.num_elems);
     const std::uint64_t work = model::working_bytes(g, o.compute_dtype);
     // A group's parameters and gradient (none when frozen) must fit on the device together.
@@ -207,16 +248,23 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
     z.work_bytes.push_back(work);
     z.frozen.push_back(g.frozen);
     if (g.frozen) continue;
+    z.max_grad_io = std::max(z.max_grad_io, align_up(n * gsize, io::kIoAlignBytes));
+    z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
+    if (gi < device_steps.size() && device_steps[gi]) {
+      z.on_device.elems += n;
+      z.on_device.f32 += n * 4;
+      z.on_device.moment += moment_layout.bytes(g.num_elems);
+      z.on_device.master += master_layout.bytes(g.num_elems);
+      continue;
+    }
     z.trained.push_back(n);
     z.grad_work_io += align_up(n * gsize, io::kIoAlignBytes);
-    z.max_grad_io = std::max(z.max_grad_io, align_up(n * gsize, io::kIoAlignBytes));
     z.f32 += n * 4;
     z.f32_io += align_up(n * 4, io::kIoAlignBytes);
     z.moment += moment_layout.bytes(g.num_elems);
     z.master += master_layout.bytes(g.num_elems);
     z.master_io += align_up(master_layout.bytes(g.num_elems), io::kIoAlignBytes);
     z.moment_io += align_up(moment_layout.bytes(g.num_elems), io::kIoAlignBytes);
-    z.max_f32_io = std::max(z.max_f32_io, align_up(n * 4, io::kIoAlignBytes));
     z.max_elems = std::max(z.max_elems, g.num_elems);
   }
 
@@ -225,6 +273,11 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   plan.params = o.params;
   plan.trained_params = o.optimizer == Tier::kDevice ? Tier::kDevice : o.params;
   plan.optimizer = o.optimizer;
+  plan.device_steps = std::move(device_steps);
+  if (plan.any_device_steps()) {
+    const double offloaded = static_cast<double>(z.f32) / 4;
+    plan.offload_fraction = offloaded / (offloaded + static_cast<double>(z.on_device.elems));
+  }
   plan.checkpoints = o.checkpoint_home;
   if (o.checkpoint_home == Tier::kNvme && !o.has_swap) {
     return invalid_argument("checkpointed activations on nvme need swap_paths");
@@ -247,7 +300,7 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   const auto place = [&](Tier gradients) {
     plan.gradients = gradients;
     plan.optimizer_staging_bytes = 0;
-    if (o.optimizer == Tier::kNvme) {
+    if (o.optimizer == Tier::kNvme && !z.trained.empty()) {  // none: the device steps them all
       optim::StreamedAdamOptions so;
       so.sub_group_size = o.sub_group_size;
       so.max_segment_elems = z.max_elems;
@@ -269,6 +322,14 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   plan.measure_overlap = automatic && plan.overlap != OptimizerOverlap::kNone;
   if (o.optimizer == Tier::kDevice && o.overlap != OptimizerOverlap::kNone) {
     plan.overlap_note = "the optimizer runs on the device, ordered with compute on its stream";
+  }
+  if (o.hold_state && plan.any_device_steps()) {
+    return invalid_argument(
+        "save_async sets a saved step's optimizer state aside in the optimizer's tier, and "
+        "offload_optimizer_fraction " +
+        fraction_text(o.offload_fraction) +
+        " keeps part of it on the device; set offload_optimizer_fraction to 1, or save_async "
+        "false");
   }
   if (o.hold_state && o.optimizer == Tier::kDevice) {
     return invalid_argument(

@@ -58,7 +58,7 @@ std::uint64_t device_copy_bytes(const PlanOptions& o, std::uint64_t n, bool touc
 std::uint64_t max_work_io_off(const Sizes& z, const MemoryPlan& plan, Tier tier) {
   std::uint64_t most = 0;
   for (std::size_t i = 0; i < z.work_bytes.size(); ++i) {
-    if (plan.home_of(z.frozen[i]) != tier) {
+    if (plan.home_of(i, z.frozen[i]) != tier) {
       most = std::max(most, align_up(z.work_bytes[i], io::kIoAlignBytes));
     }
   }
@@ -83,12 +83,15 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   // loading ends (load_master gives its blocks back).
   CacheDemand loading(std::numeric_limits<int>::max());
   CacheDemand host(std::numeric_limits<int>::max());
-  const bool master_through = plan.optimizer != Tier::kHost;
+  bool master_through = false;
   for (std::size_t i = 0; i < z.elems.size(); ++i) {
     const std::uint64_t n = z.elems[i];
     std::vector<std::uint64_t> now;
-    if (master_through && !z.frozen[i]) now.push_back(host_class(n * 4));
-    if (plan.home_of(z.frozen[i]) != Tier::kHost) now.push_back(host_class(z.work_bytes[i]));
+    if (plan.optimizer_of(i) != Tier::kHost && !z.frozen[i]) {
+      master_through = true;
+      now.push_back(host_class(n * 4));
+    }
+    if (plan.home_of(i, z.frozen[i]) != Tier::kHost) now.push_back(host_class(z.work_bytes[i]));
     loading.at_once(now);
   }
   const bool grads_through = !summed_on_device && !plan.keep_gradients;
@@ -135,9 +138,10 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const auto device_block = [&](std::uint64_t n, bool touches_nvme) {
     return device_copy_bytes(o, n, touches_nvme);
   };
-  const bool reuses_working = plan.trained_params != Tier::kDevice && !o.tied_embeddings &&
+  const Tier first_home = plan.home_of(0, z.frozen.front());
+  const bool reuses_working = first_home != Tier::kDevice && !o.tied_embeddings &&
                               !z.frozen.front() &&
-                              device_block(z.elems.front(), plan.trained_params == Tier::kNvme) ==
+                              device_block(z.elems.front(), first_home == Tier::kNvme) ==
                                   device_block(z.elems.front(), true);
   CacheDemand device(mem::StoreOptions{}.device_cache_blocks_per_size);
   std::size_t next = groups;  // the trainable group whose gradient was made before this one's
@@ -145,7 +149,9 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
     if (z.frozen[i]) continue;
     std::vector<std::uint64_t> now;
     if (!(i == 0 && reuses_working)) now.push_back(device_block(z.elems[i], true));
-    if (!summed_on_device && next < groups) now.push_back(device_block(z.elems[next], true));
+    if (next < groups && !plan.sums_on_device(next)) {
+      now.push_back(device_block(z.elems[next], true));
+    }
     if (o.tied_embeddings && i != 0) now.push_back(device_block(z.elems.front(), true));
     device.at_once(now);
     next = i;
@@ -392,18 +398,22 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   const bool on_device = plan.optimizer == Tier::kDevice;
   // Homes.
   for (std::size_t i = 0; i < z.work_bytes.size(); ++i) {
-    const Tier home = plan.home_of(z.frozen[i]);
+    const Tier home = plan.home_of(i, z.frozen[i]);
     add(home, TensorKind::kParameters,
         home == Tier::kDevice ? z.work_bytes[i] : align_up(z.work_bytes[i], io::kIoAlignBytes));
   }
   const std::uint64_t copies = plan.state_copies();
   add(plan.optimizer, TensorKind::kMasterWeights, copies * (on_device ? z.master : z.master_io));
   add(plan.optimizer, TensorKind::kMoments, copies * 2 * (on_device ? z.moment : z.moment_io));
+  // The groups the device steps (device_steps): their state there, one copy, and their sums.
+  add(Tier::kDevice, TensorKind::kMasterWeights, z.on_device.master);
+  add(Tier::kDevice, TensorKind::kMoments, 2 * z.on_device.moment);
   const bool summed_on_device = plan.sums_on_device();
   // Kept gradients, or each group's fp32 sums (the summation tree's partial sums at their most).
   const auto sums = static_cast<std::uint64_t>(plan.accumulators);
   add(plan.gradients, TensorKind::kGradients,
       plan.keep_gradients ? z.grad_work_io : sums * (summed_on_device ? z.f32 : z.f32_io));
+  add(Tier::kDevice, TensorKind::kGradients, sums * z.on_device.f32);
   // Summed on the device for a host step: every group's sum is copied to host memory for it.
   if (plan.accumulate_on_device()) add(Tier::kHost, TensorKind::kGradients, z.f32_io);
   // In flight: one group's gradient being made on the device, the working copies the host
@@ -418,7 +428,7 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   add(Tier::kDevice, TensorKind::kGradients, plan.gradient_transit_bytes);
   plan.group_in_use_bytes = 0;
   for (std::size_t i = 0; i < z.work_bytes.size(); ++i) {
-    const Tier home = plan.home_of(z.frozen[i]);
+    const Tier home = plan.home_of(i, z.frozen[i]);
     if (home == Tier::kDevice) continue;
     plan.group_in_use_bytes =
         std::max(plan.group_in_use_bytes, device_bytes_of(o, z.work_bytes[i], home == Tier::kNvme));
@@ -455,13 +465,15 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
                            ? host_block
                            : align_up(o.checkpoint_bytes, io::kIoAlignBytes)));
   }
-  if (summed_on_device && o.compute_dtype != DType::kF32) {
+  if ((summed_on_device || z.on_device.elems != 0) && o.compute_dtype != DType::kF32) {
     add(Tier::kDevice, TensorKind::kStaging, z.max_f32_io);  // the widened gradient
   }
   // Loading passes each group through the host: its master weights (when they live elsewhere)
   // beside its working copy (likewise); the host optimizer's output copies take the latter's
   // place later.
-  if (plan.optimizer != Tier::kHost) add(Tier::kHost, TensorKind::kMasterWeights, z.max_f32_io);
+  if (plan.optimizer != Tier::kHost || z.on_device.elems != 0) {
+    add(Tier::kHost, TensorKind::kMasterWeights, z.max_f32_io);
+  }
   add(Tier::kHost, TensorKind::kParameters, 2 * max_work_io_off(z, plan, Tier::kHost));
   if (!summed_on_device && !plan.keep_gradients) {
     add(Tier::kHost, TensorKind::kGradients, 2 * z.max_grad_io);
@@ -498,7 +510,8 @@ void count_peaks(const Partition& partition, const PlanOptions& o, MemoryPlan& p
   const model::ParamLayout& local = partition.local_layout();
   std::vector<bool> group_offloaded;
   for (const GroupPartition& g : partition.groups()) {
-    group_offloaded.push_back(plan.home_of(local.group(g.group).frozen) != Tier::kDevice);
+    group_offloaded.push_back(plan.home_of(static_cast<std::size_t>(g.group),
+                                           local.group(g.group).frozen) != Tier::kDevice);
   }
   const std::uint64_t collectives = collective_peak_bytes(
       partition, o, group_offloaded, mem::StoreOptions{}.device_cache_blocks_per_size);

@@ -11,6 +11,7 @@ PlanOptions plan_options(const ShardOptions& options, std::uint64_t device_budge
   PlanOptions po;
   po.params = options.offload_param;
   po.optimizer = options.offload_optimizer;
+  po.offload_fraction = options.offload_optimizer_fraction;
   po.compute_dtype = options.compute_dtype;
   po.state_dtype = options.adam.state_dtype;
   po.master_dtype = options.adam.master_dtype;
@@ -42,9 +43,9 @@ constexpr std::uint64_t RankStats::*kCounts[] = {
     &RankStats::h2d_bytes,         &RankStats::d2h_bytes,     &RankStats::nvme_read_bytes,
     &RankStats::nvme_write_bytes,  &RankStats::steps_guessed, &RankStats::steps_redone,
     &RankStats::steps_rolled_back, &RankStats::gathers_ahead, &RankStats::gathers_ahead_refused};
-constexpr double RankStats::*kTimes[] = {&RankStats::wait_ms, &RankStats::stall_ms,
-                                         &RankStats::optimizer_total_ms,
-                                         &RankStats::optimizer_exposed_ms};
+constexpr double RankStats::*kTimes[] = {
+    &RankStats::wait_ms, &RankStats::stall_ms, &RankStats::optimizer_total_ms,
+    &RankStats::optimizer_exposed_ms, &RankStats::optimizer_device_ms};
 constexpr std::uint64_t RankStats::*kPeaks[] = {&RankStats::host_bytes, &RankStats::nvme_bytes};
 
 }  // namespace
@@ -126,6 +127,7 @@ Status ShardStore::create_rooms() {
   WorkingCopyOptions wo;
   wo.home = plan_.params;
   wo.trained_home = plan_.trained_params;
+  wo.device_homed = plan_.device_steps;
   wo.compute_dtype = options_.compute_dtype;
   wo.host_budget = options_.host_memory_limit_bytes != 0;
   wo.prefetch_bytes = options_.prefetch_bytes;

@@ -30,7 +30,10 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const ShardGroup& g = groups[gi];
     if (g.empty()) continue;  // another stage's: nothing asks for it
-    const Tier home = g.frozen() ? options.home : options.trained_home;
+    const Tier home = g.frozen() ? options.home
+                      : gi < options.device_homed.size() && options.device_homed[gi]
+                          ? Tier::kDevice
+                          : options.trained_home;
     STRATA_ASSIGN_OR_RETURN(w->work_[gi],
                             add_tensor(store, "parameters of " + g.name(), g.work_bytes, home));
     if (home == Tier::kDevice) continue;

@@ -216,6 +216,34 @@ TEST_F(CudaTrainTest, CompactStateOnTheGpuMatchesTheCpuBackendAndTheHost) {
   }
 }
 
+// offload_optimizer_fraction below 1 on the GPU: the groups backward reaches last keep their
+// state on the GPU and its AdamW steps them after the global norm, the rest CPU Adam on the host,
+// beside backward too: the bits of the whole optimizer on the host where two such runs agree bit
+// for bit (deterministic kernels), else as close as two such runs.
+TEST_F(CudaTrainTest, APartOfTheOptimizerOnTheGpuGivesTheLossesOfAllOnTheHost) {
+  TempDir dir;
+  Json base = tiny_config(dir);
+  base["offload_optimizer"] = "cpu";
+  for (const char* overlap : {"none", "backward"}) {
+    SCOPED_TRACE(std::string("optimizer_overlap ") + overlap);
+    base["optimizer_overlap"] = overlap;
+    base["offload_optimizer_fraction"] = 1.0;
+    const History host = train_on(base, "cuda");
+    const bool deterministic = train_on(base, "cuda").loss == host.loss;
+    for (const double fraction : {0.5, 0.0}) {
+      SCOPED_TRACE("offload_optimizer_fraction " + std::to_string(fraction));
+      base["offload_optimizer_fraction"] = fraction;
+      const History split = train_on(base, "cuda");
+      if (deterministic) {
+        EXPECT_EQ(split.loss, host.loss);
+        EXPECT_EQ(split.grad_norm, host.grad_norm);
+      } else {
+        expect_close(split.loss, host.loss, 1e-6, "loss");
+      }
+    }
+  }
+}
+
 // bf16 with head_dim 64: flash attention and bf16 cuBLASLt GEMMs. bf16 rounding differs between
 // the backends (fused kernels round less often), so losses agree to bf16 precision.
 TEST_F(CudaTrainTest, Bf16FlashPathTracksTheCpuBackend) {

@@ -556,5 +556,73 @@ TEST(EstimateAdviceTest, ARefusalNamesTheSummationTreesPartialSums) {
   EXPECT_NE(l.find("GiB less)"), std::string::npos) << l;
 }
 
+// offload_optimizer_fraction "auto": the share whose host update hides beside compute, the rest
+// stepped on the device after backward, where that is faster than all of it on the host; all of
+// it on the host where the device's update is the slower, or where the device cannot hold more
+// (the plan must fit); the trainer resolves it with its own probes and says what it chose.
+TEST(EstimateTest, AutoOffloadFractionHidesTheHostUpdateBesideCompute) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_optimizer"] = "cpu";
+  j["optimizer_overlap"] = "backward";
+  j["offload_optimizer_fraction"] = "auto";
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  EXPECT_TRUE(config->offload_optimizer_fraction_auto);
+  // A host update four times the compute; a device ten times faster than the host.
+  MachineRates rates;
+  rates.gemm_flops = {1e9, true, "test"};
+  TrainConfig whole = *config;
+  whole.offload_optimizer_fraction_auto = false;
+  auto e = estimate(whole, 1);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const StepTime compute_only = predict_step(whole, *e, rates);
+  const double update_bytes = static_cast<double>(e->trainable_local_elems) * (2 * 12 + 4 + 4);
+  rates.memory_bytes = {update_bytes / (4 * compute_only.compute_ms / 1e3), true, "test"};
+  rates.device_memory_bytes = {10 * rates.memory_bytes.per_s, true, "test"};
+  const StepTime all_host = predict_step(whole, *e, rates);
+  auto split = choose_offload_fraction(*config, 1, rates, 0);
+  ASSERT_TRUE(split.is_ok()) << split.status().message();
+  EXPECT_GT(split->fraction, 0.0) << split->why;
+  EXPECT_LT(split->fraction, 1.0) << split->why;
+  EXPECT_LT(split->step.step_ms, all_host.step_ms) << split->why;
+  EXPECT_GT(split->step.device_optimizer_ms, 0.0);
+  EXPECT_NE(split->why.find("stepped on the device"), std::string::npos) << split->why;
+
+  // A device slower than the host at its update: all of it on the host.
+  MachineRates slow_device = rates;
+  slow_device.device_memory_bytes = {rates.memory_bytes.per_s / 10, true, "test"};
+  auto host = choose_offload_fraction(*config, 1, slow_device, 0);
+  ASSERT_TRUE(host.is_ok()) << host.status().message();
+  EXPECT_EQ(host->fraction, 1.0) << host->why;
+
+  // A device budget that holds the whole offload and not much more: the choice fits it.
+  const std::uint64_t budget = e->device_bytes_needed() + 4096;
+  auto tight = choose_offload_fraction(*config, 1, rates, budget);
+  ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+  TrainConfig chosen = whole;
+  chosen.offload_optimizer_fraction = tight->fraction;
+  auto fits = estimate(chosen, 1);
+  ASSERT_TRUE(fits.is_ok());
+  EXPECT_LE(fits->device_bytes_needed(), budget);
+  EXPECT_GT(tight->fraction, split->fraction) << tight->why;
+  EXPECT_NE(tight->why.find("less would not fit"), std::string::npos) << tight->why;
+
+  // The trainer resolves it with its own probes and runs it; a fixed fraction below 1 shows.
+  TrainOptions o;
+  auto t = Trainer::create(*config, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  Status ran = (*t)->run();
+  EXPECT_TRUE(ran.is_ok()) << ran.message();
+  chosen.offload_optimizer_fraction = 0.5;
+  t = Trainer::create(chosen, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_NE((*t)->describe().find("offload_optimizer cpu (offload_optimizer_fraction 0."),
+            std::string::npos)
+      << (*t)->describe();
+  ran = (*t)->run();
+  EXPECT_TRUE(ran.is_ok()) << ran.message();
+}
+
 }  // namespace
 }  // namespace strata::train

@@ -105,6 +105,7 @@ struct RunBits {
   std::vector<double> scales;                    // fp16's loss scale of each step (0 without)
   std::string model, optimizer;                  // the checkpoint's files, byte for byte
   int guessed = 0, redone = 0, rolled_back = 0;  // steps, under optimizer_overlap "backward"
+  double device_step_ms = 0;  // the device's step of the groups it keeps (every step's)
 };
 
 inline RunBits run_bits(const Json& j) {
@@ -122,6 +123,7 @@ inline RunBits run_bits(const Json& j) {
     b.guessed += m.guessed ? 1 : 0;
     b.redone += m.redone ? 1 : 0;
     b.rolled_back += m.guessed && m.skipped ? 1 : 0;
+    b.device_step_ms += m.optimizer_device_ms;
   }
   const std::string dir = (*t)->last_checkpoint();
   auto slurp = [](const std::string& path) {

@@ -110,6 +110,65 @@ INSTANTIATE_TEST_SUITE_P(Precisions, OffloadEquivalence, ::testing::Values("fp32
 // triggers (the guess is redone), that is on but does not trigger (the guess holds, gradients
 // kept for a redo that never comes) and that is off, one micro-batch per step and two, and a
 // run whose steps are skipped for non-finite gradients (the guess is rolled back).
+// offload_optimizer_fraction below 1 keeps the groups whose gradients are final last (the
+// embedding, the first layers) on the device, stepped there by the device's AdamW after the
+// global norm while the host steps the rest, in every schedule: the very bits of the whole
+// optimizer offloaded (losses, norms, final weights and moments), with clipping that triggers (a
+// guess redone) and none (a guess that holds), one micro-batch a step and two, the sums of
+// the host's groups in host memory or on the device, 16-bit gradients too. Half and none of it
+// offloaded; the device's step is timed in the metrics.
+TEST(OptimizerOverlap, APartOfTheStateOnTheDeviceChangesNoBit) {
+  struct Case {
+    const char* param;
+    const char* opt;
+    const char* accumulate = "host";
+    const char* precision = "fp32";
+  };
+  const Case cases[] = {{"none", "cpu"},
+                        {"cpu", "cpu"},
+                        {"nvme", "nvme"},
+                        {"none", "cpu", "device"},
+                        {"none", "cpu", "host", "bf16"},
+                        {"cpu", "nvme", "device", "bf16"}};
+  for (const Case& c : cases) {
+    for (const double clip : {0.5, 0.0}) {
+      for (const int micro : {2, 4}) {
+        if (std::string(c.accumulate) == "device" && micro == 4) continue;  // nothing to sum
+        TempDir dir;
+        Json j = tiny_config(dir);
+        j["offload_param"] = c.param;
+        j["offload_optimizer"] = c.opt;
+        j["grad_accumulation"] = c.accumulate;
+        j["precision"] = c.precision;
+        j["grad_clip"] = clip;
+        j["micro_batch_size"] = micro;
+        j["optimizer_overlap"] = "none";
+        j["save_dir"] = dir.file("whole");
+        const RunBits whole = run_bits(j);
+        ASSERT_EQ(whole.losses.size(), 4u);
+        EXPECT_EQ(whole.device_step_ms, 0.0);
+        for (const double fraction : {0.5, 0.0}) {
+          SCOPED_TRACE(std::string("offload_param ") + c.param + ", offload_optimizer " + c.opt +
+                       ", grad_accumulation " + c.accumulate + ", " + c.precision + ", grad_clip " +
+                       std::to_string(clip) + ", micro_batch_size " + std::to_string(micro) +
+                       ", offload_optimizer_fraction " + std::to_string(fraction));
+          j["offload_optimizer_fraction"] = fraction;
+          TempDir runs;
+          const Schedules r = run_schedules(j, runs);
+          expect_same_bits(r.serial, whole);
+          expect_same_bits(r.forward, whole);
+          expect_same_bits(r.backward, whole);
+          EXPECT_GT(r.serial.device_step_ms, 0.0);
+          EXPECT_GT(r.backward.device_step_ms, 0.0);
+          if (clip == 0.0) {
+            EXPECT_EQ(r.backward.guessed, 4);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(OptimizerOverlap, EveryScheduleIsBitIdenticalToTheSerialStep) {
   struct Case {
     const char* param;

@@ -164,6 +164,14 @@ struct TrainConfig {
   // is chosen before the run (train::choose_placement); the tiers above then hold the choice.
   bool offload_optimizer_auto = false;
   bool offload_param_auto = false;
+  // With the optimizer offloaded (cpu or nvme): the share of the optimizer state (whole groups,
+  // those whose gradients are final first in backward) that lives there and is stepped by the
+  // host's Adam; the rest stays on the device with its AdamW (Megatron's
+  // optimizer_offload_fraction, DeepSpeed's offload_optimizer.ratio). "auto": the share whose
+  // host step fits the window it can hide in, from the measured rates, raised until the plan
+  // fits the device (resolve_config); the field then holds the choice.
+  double offload_optimizer_fraction = 1.0;
+  bool offload_optimizer_fraction_auto = false;
   // Bytes one gradient reduction / one parameter all-gather moves at most (every rank's part
   // counted): small groups share a collective, large ones are split. DeepSpeed's
   // reduce_bucket_size and allgather_bucket_size, in bytes.

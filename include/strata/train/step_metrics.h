@@ -43,6 +43,9 @@ struct StepMetrics {
   // waited for it.
   double optimizer_ms = 0;
   double optimizer_exposed_ms = 0;
+  // Of optimizer_ms, the device's step of the groups it keeps (offload_optimizer_fraction below
+  // 1), after backward: all of it exposed.
+  double optimizer_device_ms = 0;
   // optimizer_overlap "backward": the update started beside backward, guessing no clipping;
   // redone: the step clipped, so it was redone from the state before it.
   bool guessed = false;

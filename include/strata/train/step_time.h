@@ -45,7 +45,10 @@ struct MachineRates {
   // the compute time in place of the FLOPs at the GEMM rate.
   Rate layer_passes;
   Rate end_passes;
-  Rate memory_bytes;     // host memory copy bandwidth (CPU Adam's bound, CPU-device copies)
+  Rate memory_bytes;  // host memory copy bandwidth (CPU Adam's bound, CPU-device copies)
+  // The device's own memory bandwidth (its AdamW's bound: offload_optimizer_fraction below 1),
+  // from an element-wise add on the device.
+  Rate device_memory_bytes;
   Rate nvme_read_bytes;  // the swap engine on the first swap path, as configured
   Rate nvme_write_bytes;
   // Each direction's, reading and writing at once (probed, or recorded by strata io-bench): the
@@ -82,7 +85,11 @@ struct StepTime {
   double compute_ms = 0;    // forward + backward FLOPs (recompute included) at the GEMM rate
   double transfer_ms = 0;   // parameters to the device and gradients off it, NVMe legs included
   double optimizer_ms = 0;  // the update: CPU Adam's memory traffic, or its NVMe streaming
-  double comm_ms = 0;       // ZeRO collectives (beside compute)
+  // offload_optimizer_fraction below 1: the device's AdamW over the groups it keeps, after
+  // backward and before the next forward (nothing hides it); optimizer_ms is then the
+  // offloaded share's.
+  double device_optimizer_ms = 0;
+  double comm_ms = 0;  // ZeRO collectives (beside compute)
   // Tensor parallelism's all-reduces of the activations (or all-gathers and reduce-scatters):
   // compute waits for each, so they add to it.
   double tensor_ms = 0;
@@ -138,6 +145,21 @@ double pipeline_traffic_ms(const TrainConfig& config, int ranks, const MachineRa
 // overlap compute (the prefetcher's aim); the update adds to the step under the serial
 // schedule and overlaps compute under the others.
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates);
+
+// offload_optimizer_fraction "auto" for `config` (its optimizer offloaded): of the fractions
+// 0, 1/16, ..., 1, the one whose predicted step is lowest (the host's share hidden beside compute
+// where the schedule overlaps, the device's share after backward), the larger on a tie (less
+// device memory), raised until the plan fits device_memory_limit. `why` says what was chosen,
+// with the times it weighed.
+struct FractionChoice {
+  double fraction = 1.0;
+  StepTime step;
+  std::string why;
+};
+// `device_budget_bytes`: device_memory_limit, or the device's own memory (0: no limit).
+Result<FractionChoice> choose_offload_fraction(const TrainConfig& config, int ranks,
+                                               const MachineRates& rates,
+                                               std::uint64_t device_budget_bytes);
 
 // What would let `config`, refused as it stands for a budget too small, run on `ranks` ranks:
 // the smallest device_memory_limit one of its open placements needs under the host budget as it

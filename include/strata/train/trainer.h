@@ -67,6 +67,9 @@ class Trainer {
   std::int64_t step() const;
   // True on the rank that prints progress and the final summary (rank 0).
   bool reports() const;
+  // The config as resolved for this run (its "auto" choices made), and the device's name.
+  const TrainConfig& resolved_config() const;
+  std::string device_name() const;
   // Human-readable summary of the plan (model size, tiers, budgets), printed before training.
   std::string describe() const;
   // One line: the run's peaks against the plan's prediction (rank 0's), e.g. "peaks: device

@@ -61,7 +61,9 @@ class GradientLanding {
   // ---- the optimizer step's ----
   // The gradient the step reads: the kept gradient or the fp32 sum, of step_dtype().
   mem::Handle step_grad(int group) const;
-  DType step_dtype() const;
+  // Of the groups the optimizer's tier steps, or (`device_steps`) of those the device steps
+  // (MemoryPlan::device_steps: always fp32 sums).
+  DType step_dtype(bool device_steps) const;
   // Every group's sum whole, in the buffer step_grad names: the merges the summation tree still
   // owes (the leaves not come are zeros). finish_micro_batch does this after the planned last
   // micro-batch; the norm and the step make sure of it.

@@ -94,10 +94,14 @@ class OptimizerSchedule final : public UpdateGate, public FinalGradients {
   // The gradient landing reports final gradients to this schedule while it guesses.
   void set_phase(Phase phase);
   OptimizerSchedule(ShardStore& shards, device::Device& device, const ShardOptions& options,
-                    std::unique_ptr<OptimizerStep> optimizer);
+                    std::unique_ptr<OptimizerStep> optimizer,
+                    std::unique_ptr<OptimizerStep> device_optimizer);
   // Runs on whichever thread runs the step. `guess`: in backward order, each group once its
   // gradient is final (ready_), keeping gradients for a redo if guess_keeps_grads_.
   Status run_step(const device::AdamWArgs& args, bool guess);
+  // The groups the device steps (MemoryPlan::device_steps), in step() on the main thread, once
+  // the scale is known; a no-op without them.
+  Status run_device_step(const device::AdamWArgs& args);
   Status end_step(Status s);  // after run_step: counters, gradients zeroed, the state switched
   void start_guess();         // armed_ -> kGuessing: the step thread waits for gradients
   // The step's flags (updated_, ready_, ...) for a new run; `keep_touched`: a redo keeps the
@@ -115,10 +119,11 @@ class OptimizerSchedule final : public UpdateGate, public FinalGradients {
   ShardStore& shards_;
   device::Device& device_;
   ShardOptions options_;
-  std::unique_ptr<OptimizerStep> optimizer_;  // for the plan's optimizer tier
-  OptimizerOverlap schedule_;                 // the last step's (plan.overlap unless chosen)
-  std::optional<ScheduleChooser> chooser_;    // plan.measure_overlap
-  bool step_inline_ = false;                  // the last step ran in step() itself
+  std::unique_ptr<OptimizerStep> optimizer_;         // for the plan's optimizer tier
+  std::unique_ptr<OptimizerStep> device_optimizer_;  // for its device_steps; null without
+  OptimizerOverlap schedule_;                        // the last step's (plan.overlap unless chosen)
+  std::optional<ScheduleChooser> chooser_;           // plan.measure_overlap
+  bool step_inline_ = false;                         // the last step ran in step() itself
   // The overlapped step (beside the next forward, or a guess beside backward) on its own
   // thread; the thread touches only the store, the optimizer and what is below, under step_mu_
   // where marked.
@@ -138,8 +143,6 @@ class OptimizerSchedule final : public UpdateGate, public FinalGradients {
   std::vector<bool> touched_;    // under step_mu_: the step began writing the working copy
   bool step_done_ = true;        // under step_mu_
   Status step_status_;           // under step_mu_, once step_done_
-  std::vector<mem::Completion> step_writebacks_;  // working copies the step sends home
-  std::int64_t update_span_ns_ = 0;               // where the next group's update span begins
   double step_ms_ = 0;
   RankStats stats_;
 };

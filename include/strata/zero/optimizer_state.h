@@ -69,7 +69,9 @@ class OptimizerState {
     std::vector<StepTensors> tensors;
     std::vector<int> ids;
   };
-  StepGroups step_groups(const GradientLanding& grads) const;
+  // With the optimizer off the device: the groups its tier steps, or (`device_steps`) those the
+  // device steps (MemoryPlan::device_steps). On the device: every group, either way.
+  StepGroups step_groups(const GradientLanding& grads, bool device_steps) const;
   // The step is over and wrote the state: with the shadow state, what it wrote becomes the state.
   void commit();
 

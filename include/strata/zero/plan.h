@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "strata/core/dtype.h"
 #include "strata/core/exact_sum.h"
@@ -127,6 +128,10 @@ struct PlanOptions {
   Tier checkpoint_home = Tier::kDevice;
   OptimizerOverlap overlap = OptimizerOverlap::kNone;
   GradAccumulation grad_accumulation = GradAccumulation::kAuto;
+  // offload_optimizer_fraction: with the optimizer off the device, the share of the trained
+  // elements whose optimizer state lives there and is stepped there, in whole groups; the rest
+  // stays on the device and the device steps it (MemoryPlan::device_steps).
+  double offload_fraction = 1.0;
   // Asynchronous checkpoints (save_async): a saved step's state is held for the save's thread
   // while training goes on, which takes the shadow state and a third copy of the state; a plan
   // that cannot hold them is refused.
@@ -168,6 +173,16 @@ struct MemoryPlan {
   // save_async: a third copy, so that the copy a save reads is set aside while training
   // alternates between the other two (OptimizerState::hold).
   bool held_copy = false;
+  // offload_optimizer_fraction below 1, by group of the share: the trained groups whose
+  // optimizer state stays on the device though the optimizer is offloaded, and which the device
+  // steps, ordered on its stream after the global norm, with their gradients summed there in
+  // fp32 and their working copies there. They are the groups whose gradients are final last in
+  // backward (the embedding and the first layers), so the offloaded ones, final first, give the
+  // host optimizer the longest window beside backward. Empty: none (every trained group's state
+  // is in `optimizer`). The shadow and held copies are the offloaded groups' alone.
+  std::vector<bool> device_steps;
+  // Of the trained elements, the share whose state is in `optimizer` (1 without device_steps).
+  double offload_fraction = 1.0;
   int state_copies() const { return (shadow_state ? 2 : 1) + (held_copy ? 1 : 0); }
   // The schedule the optimizer step will run (never kAuto), and why when it is not the one asked
   // for; with `measure_overlap` (kAuto) the serial one instead while that measures faster.
@@ -208,9 +223,37 @@ struct MemoryPlan {
   // there for a step off it (GradAccumulation::kDevice), which reads each group's sum from a copy
   // sent to host memory once per step. Kept gradients are never homed on the device.
   bool sums_on_device() const { return gradients == Tier::kDevice; }
-  // Where a group's working copy lives.
+  // Where a group's working copy lives (an offloaded group's, where device_steps has any).
   Tier home_of(bool frozen) const { return frozen ? params : trained_params; }
   bool accumulate_on_device() const { return sums_on_device() && optimizer != Tier::kDevice; }
+
+  // By group of the share (its index in the local layout): the placements above where the group
+  // is offloaded, the device's where it steps there (device_steps).
+  bool steps_on_device(std::size_t group) const {
+    return optimizer == Tier::kDevice || (group < device_steps.size() && device_steps[group]);
+  }
+  bool any_device_steps() const {
+    for (const bool d : device_steps) {
+      if (d) return true;
+    }
+    return false;
+  }
+  Tier optimizer_of(std::size_t group) const {
+    return steps_on_device(group) ? Tier::kDevice : optimizer;
+  }
+  Tier gradients_of(std::size_t group) const {
+    return steps_on_device(group) ? Tier::kDevice : gradients;
+  }
+  bool keeps_gradient(std::size_t group) const { return keep_gradients && !steps_on_device(group); }
+  bool sums_on_device(std::size_t group) const { return gradients_of(group) == Tier::kDevice; }
+  bool accumulate_on_device(std::size_t group) const {
+    return sums_on_device(group) && !steps_on_device(group);
+  }
+  bool shadowed(std::size_t group) const { return shadow_state && !steps_on_device(group); }
+  bool held(std::size_t group) const { return held_copy && !steps_on_device(group); }
+  Tier home_of(std::size_t group, bool frozen) const {
+    return frozen ? params : steps_on_device(group) ? Tier::kDevice : trained_params;
+  }
 
   std::uint64_t tier_bytes(Tier tier) const;
   std::uint64_t peak(Tier tier) const { return peak_bytes[static_cast<std::size_t>(tier)]; }
@@ -224,6 +267,10 @@ struct MemoryPlan {
   }
   // "parameters 250.01 MiB, staging 224.00 MiB": the tier's kinds that hold bytes.
   std::string kinds_text(Tier tier) const;
+  // " (62.5% of its state; the 3 groups backward reaches last stay on the device and are
+  // stepped there)",
+  // or "" without device_steps.
+  std::string device_steps_text() const;
   // A few lines: the placements, then each tier's bytes by kind.
   std::string describe() const;
 };

@@ -40,6 +40,9 @@ namespace strata::zero {
 struct ShardOptions {
   Tier offload_param = Tier::kDevice;      // where compute-dtype working copies live
   Tier offload_optimizer = Tier::kDevice;  // master weights and moments, and where the step runs
+  // Off the device: the share of the trained elements offloaded, the rest kept and stepped on
+  // the device (PlanOptions::offload_fraction).
+  double offload_optimizer_fraction = 1.0;
   DType compute_dtype = DType::kF32;
   std::int64_t accumulation_steps = 1;  // micro-batches per step (1: gradients kept as made)
   bool tree_sums = true;                // summed in the canonical tree (PlanOptions::tree_sums)
@@ -101,6 +104,9 @@ struct RankStats {
   double stall_ms = 0;            // compute blocked waiting for data or room in a tier
   double optimizer_total_ms = 0;  // every finished optimizer step, start to end
   double optimizer_exposed_ms = 0;  // compute blocked waiting for overlapped updates
+  // Of the total, the device's step of the groups it keeps (offload_optimizer_fraction below 1),
+  // run in step() itself: all of it exposed.
+  double optimizer_device_ms = 0;
   // OptimizerOverlap::kBackward: steps whose update started beside backward, guessing no
   // clipping; of those, redone from the state before the step (they clipped), and rolled back
   // (their gradient was not finite).

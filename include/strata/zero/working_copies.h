@@ -41,6 +41,8 @@ class WorkingCopyCache {
 struct WorkingCopyOptions {
   Tier home = Tier::kDevice;          // the plan's parameter tier
   Tier trained_home = Tier::kDevice;  // the trained groups' (MemoryPlan::trained_params)
+  // By group: trained groups the device steps (MemoryPlan::device_steps), homed there.
+  std::vector<bool> device_homed;
   DType compute_dtype = DType::kF32;
   // Under a host budget, a host copy the optimizer wrote on its way to NVMe stays, clean.
   bool host_budget = false;

@@ -275,6 +275,39 @@ TEST(ConfigTest, NvmeNeedsSwapPathsAndParamOffloadNeedsOptimizerOffload) {
   EXPECT_EQ(lora->offload_optimizer, Tier::kDevice);
 }
 
+// offload_optimizer_fraction: a share from 0 to 1 or "auto", of an offloaded optimizer only, and
+// not with save_async (which sets the state aside in the optimizer's tier).
+TEST(ConfigTest, OffloadOptimizerFractionIsAShareOfAnOffloadedOptimizer) {
+  Json j = minimal();
+  EXPECT_EQ(parse_train_config(j, "t.json")->offload_optimizer_fraction, 1.0);
+  j["offload_optimizer"] = "cpu";
+  j["offload_optimizer_fraction"] = 0.25;
+  auto c = parse_train_config(j, "t.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->offload_optimizer_fraction, 0.25);
+  EXPECT_FALSE(c->offload_optimizer_fraction_auto);
+  j["offload_optimizer_fraction"] = "auto";
+  EXPECT_TRUE(parse_train_config(j, "t.json")->offload_optimizer_fraction_auto);
+  for (const Json& bad : {Json(1.5), Json(-0.1), Json("half"), Json(true)}) {
+    j["offload_optimizer_fraction"] = bad;
+    const std::string m = parse_train_config(j, "t.json").status().message();
+    EXPECT_NE(m.find("'offload_optimizer_fraction'"), std::string::npos) << m;
+    EXPECT_NE(m.find("expected a number from 0 to 1 or \"auto\", got " + bad.dump()),
+              std::string::npos)
+        << m;
+  }
+  j["offload_optimizer_fraction"] = 0.5;
+  j["offload_optimizer"] = "none";
+  std::string m = parse_train_config(j, "t.json").status().message();
+  EXPECT_NE(m.find("offload_optimizer is \"none\""), std::string::npos) << m;
+  j["offload_optimizer"] = "cpu";
+  j["save_dir"] = "ckpt";
+  j["save_async"] = true;
+  m = parse_train_config(j, "t.json").status().message();
+  EXPECT_NE(m.find("'save_async'"), std::string::npos) << m;
+  EXPECT_NE(m.find("offload_optimizer_fraction"), std::string::npos) << m;
+}
+
 TEST(ConfigTest, OverridesSetNestedKeysAndParseJson) {
   Json j = minimal();
   ASSERT_TRUE(apply_override(j, "optimizer.lr=1e-4").is_ok());

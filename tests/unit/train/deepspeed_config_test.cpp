@@ -52,7 +52,7 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
     "zero_optimization": {
       "stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme0", "pin_memory": true,
-                            "buffer_count": 4},
+                            "buffer_count": 4, "ratio": 0.3},
       "offload_param": {"device": "nvme", "nvme_path": "/nvme1", "buffer_size": 1e8},
       "sub_group_size": 1e8, "reduce_bucket_size": 1e7, "allgather_bucket_size": 2e7,
       "stage3_prefetch_bucket_size": 5e6, "stage3_max_live_parameters": 1e8,
@@ -88,6 +88,7 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
   EXPECT_EQ(c->zero_stage, 3);
   EXPECT_EQ(c->offload_optimizer, Tier::kNvme);
   EXPECT_EQ(c->offload_param, Tier::kNvme);
+  EXPECT_EQ(c->offload_optimizer_fraction, 0.3);  // ZeRO-3's partial offload
   // A folder for each rank in each node's nvme_path (param's first).
   EXPECT_EQ(c->swap_paths,
             (std::vector<std::string>{"/nvme1/strata-{rank}", "/nvme0/strata-{rank}"}));
@@ -245,6 +246,17 @@ TEST(DeepSpeedConfig, KeysThatChangeTheMathematicsAreRefusedByName) {
   const std::string n = error_of(parse_train_config(missing, "train.json"));
   EXPECT_NE(n.find("'deepspeed': "), std::string::npos) << n;
   EXPECT_NE(n.find("/nonexistent/ds.json"), std::string::npos) << n;
+}
+
+// offload_optimizer.ratio is a share: outside 0 to 1 it is refused by its DeepSpeed name.
+TEST(DeepSpeedConfig, AnOffloadRatioOutsideZeroToOneIsRefused) {
+  const std::string m = error_of(with_ds(minimal(), Json::parse(R"({
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}
+  })")));
+  EXPECT_NE(m.find("'zero_optimization.offload_optimizer.ratio': expected a share from 0 to 1, "
+                   "got 1.5"),
+            std::string::npos)
+      << m;
 }
 
 // DeepSpeed's Adam is AdamW unless adam_w_mode is false, which is Adam with L2 decay; the name

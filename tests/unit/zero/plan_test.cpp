@@ -251,6 +251,89 @@ TEST(PlanTest, AccumulationUsesFp32AccumulatorsBesideTheOptimizer) {
   EXPECT_FALSE(make_plan(l, o)->keep_gradients);
 }
 
+// offload_optimizer_fraction: the groups whose gradients are final first in backward (the head,
+// the last layers) go to the optimizer's tier while at least half of each falls within the
+// fraction; the rest keep their master weights, moments and fp32 sums on the device, one copy
+// (the shadow state is the offloaded groups' alone), and the plan counts them there.
+TEST(PlanTest, AFractionOfTheOptimizerStaysOnTheDeviceForTheGroupsBackwardEndsWith) {
+  const auto l = layout();
+  PlanOptions o;
+  o.compute_dtype = DType::kBF16;
+  o.optimizer = Tier::kHost;
+  o.accumulation_steps = 2;
+  o.grad_accumulation = GradAccumulation::kHost;
+  o.overlap = OptimizerOverlap::kBackward;
+  const auto whole = make_plan(l, o);
+  ASSERT_TRUE(whole.is_ok());
+  EXPECT_TRUE(whole->device_steps.empty());
+  EXPECT_EQ(whole->offload_fraction, 1.0);
+  const auto io = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  const auto& groups = l.groups();
+  for (const double fraction : {0.0, 0.25, 0.5, 0.75}) {
+    SCOPED_TRACE("offload_fraction " + std::to_string(fraction));
+    o.offload_fraction = fraction;
+    const auto plan = make_plan(l, o);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+    ASSERT_EQ(plan->device_steps.size(), groups.size());
+    std::uint64_t on_device = 0, offloaded = 0, host_master = 0, total = 0;
+    for (std::size_t i = groups.size(); i-- > 0;) {
+      const auto n = static_cast<std::uint64_t>(groups[i].num_elems);
+      total += n;
+      if (plan->device_steps[i]) {
+        on_device += n;
+        EXPECT_EQ(plan->optimizer_of(i), Tier::kDevice);
+        EXPECT_EQ(plan->home_of(i, false), Tier::kDevice);
+        EXPECT_FALSE(plan->shadowed(i));
+      } else {
+        // Backward order: once a group stays, so do all before it.
+        EXPECT_TRUE(on_device == 0) << "group " << i << " offloaded after one kept";
+        offloaded += n;
+        host_master += io(4 * n);
+        EXPECT_EQ(plan->optimizer_of(i), Tier::kHost);
+        EXPECT_TRUE(plan->shadowed(i));
+      }
+    }
+    // Each group goes where at least half of it falls: the share is within half the largest
+    // group of the fraction asked for.
+    std::uint64_t largest = 0;
+    for (const auto& g : groups) largest = std::max<std::uint64_t>(largest, g.num_elems);
+    EXPECT_NEAR(static_cast<double>(offloaded), fraction * static_cast<double>(total),
+                static_cast<double>(largest) / 2);
+    EXPECT_DOUBLE_EQ(plan->offload_fraction,
+                     static_cast<double>(offloaded) / static_cast<double>(total));
+    EXPECT_EQ(plan->any_device_steps(), on_device != 0);
+    // The kept state, one copy on the device; the offloaded state with its shadow on the host,
+    // beside the loading pass's one group of fp32 master weights.
+    EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kMasterWeights), 4 * on_device);
+    EXPECT_EQ(plan->kind_bytes(Tier::kDevice, TensorKind::kMoments), 8 * on_device);
+    EXPECT_GE(plan->kind_bytes(Tier::kDevice, TensorKind::kGradients),
+              static_cast<std::uint64_t>(plan->accumulators) * 4 * on_device);
+    std::uint64_t max_f32 = 0;
+    for (const auto& g : groups) max_f32 = std::max(max_f32, io(4 * g.num_elems));
+    EXPECT_EQ(plan->kind_bytes(Tier::kHost, TensorKind::kMasterWeights),
+              2 * host_master + (on_device != 0 ? max_f32 : 0));
+    EXPECT_LT(plan->tier_bytes(Tier::kHost), whole->tier_bytes(Tier::kHost));
+    EXPECT_GT(plan->tier_bytes(Tier::kDevice), whole->tier_bytes(Tier::kDevice));
+    EXPECT_NE(plan->describe().find("stepped there"), std::string::npos) << plan->describe();
+  }
+  // Every group kept on the device under fraction 0; the head alone offloaded at a small one.
+  o.offload_fraction = 0.0;
+  EXPECT_TRUE(std::all_of(make_plan(l, o)->device_steps.begin(),
+                          make_plan(l, o)->device_steps.end(), [](bool d) { return d; }));
+  // save_async sets the state aside in the optimizer's tier: refused with part of it kept.
+  o.offload_fraction = 0.5;
+  o.hold_state = true;
+  const auto held = make_plan(l, o);
+  ASSERT_FALSE(held.is_ok());
+  EXPECT_NE(held.status().message().find("offload_optimizer_fraction"), std::string::npos)
+      << held.status().message();
+  // With the optimizer on the device the fraction has nothing to split.
+  o.hold_state = false;
+  o.optimizer = Tier::kDevice;
+  o.overlap = OptimizerOverlap::kNone;
+  EXPECT_TRUE(make_plan(l, o)->device_steps.empty());
+}
+
 // Several micro-batches with the optimizer off a GPU: where the device budget holds the fp32
 // sums beside everything else they are homed there and go to host memory once per step (the
 // plan counts them in both tiers and says so); where it does not, "auto" sums in host memory and
