@@ -6,17 +6,17 @@
 //
 // MFU = 6 * parameters * tokens / step time (attention's own FLOPs are not counted, as is usual),
 // against the bf16 peak that a large cuBLASLt GEMM reaches in the same run (measured first,
-// output verified) and against the GPU's specified dense bf16 peak (kSpecPeaks, by the name the
-// driver reports; STRATA_GPU_SPEC_TFLOPS overrides it). Knobs (environment): STRATA_GPU_BENCH_SEQ
-// (2048), STRATA_GPU_BENCH_MICRO (micro-batch sequences, 8), STRATA_GPU_BENCH_ACCUM (micro-batches
-// per step of the cases that do not fix it, 2), STRATA_GPU_BENCH_STEPS (timed steps, 3; under
-// optimizer_overlap "auto" the engine probes the serial schedule from the fifth step on, so more
-// mixes the two), STRATA_GPU_BENCH_LAYERS (22), STRATA_GPU_BENCH_CLIP (grad_clip, 1.0),
-// STRATA_GPU_BENCH_OVERLAP (optimizer_overlap; unset: the config's default),
-// STRATA_GPU_BENCH_CASES ("mfu": the cases above; "long": activation_offload "none" and "cpu"
-// at seq 4096, then "cpu" at seq 16384 on a 2 GiB device with the LM head 1024 tokens at a time,
-// with checkpointing and parameters and optimizer on the host; "all"), and STRATA_ATTENTION (the
-// attention kernels: auto, flash2 or simple).
+// output verified) and against the GPU's specified dense bf16 peak (train_run_common.h, by the
+// name the driver reports; STRATA_GPU_SPEC_TFLOPS overrides it). Knobs (environment):
+// STRATA_GPU_BENCH_SEQ (2048), STRATA_GPU_BENCH_MICRO (micro-batch sequences, 8),
+// STRATA_GPU_BENCH_ACCUM (micro-batches per step of the cases that do not fix it, 2),
+// STRATA_GPU_BENCH_STEPS (timed steps, 3; under optimizer_overlap "auto" the engine probes the
+// serial schedule from the fifth step on, so more mixes the two), STRATA_GPU_BENCH_LAYERS (22),
+// STRATA_GPU_BENCH_CLIP (grad_clip, 1.0), STRATA_GPU_BENCH_OVERLAP (optimizer_overlap; unset: the
+// config's default), STRATA_GPU_BENCH_CASES ("mfu": the cases above; "long": activation_offload
+// "none" and "cpu" at seq 4096, then "cpu" at seq 16384 on a 2 GiB device with the LM head 1024
+// tokens at a time, with checkpointing and parameters and optimizer on the host; "all"), and
+// STRATA_ATTENTION (the attention kernels: auto, flash2 or simple).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/train_run_common.h"
 #include "strata/core/dtype.h"
 #include "strata/core/json.h"
 #include "strata/device/device.h"
@@ -52,26 +53,6 @@ double env_double(const char* name, double fallback) {
 std::string env_string(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
-}
-
-// Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, in TFLOP/s, by a part
-// of the name the driver reports; the most specific first ("GH200" also contains "H200").
-struct SpecPeak {
-  const char* name_part;
-  double tflops;
-};
-constexpr SpecPeak kSpecPeaks[] = {
-    {"GH200", 989},     {"H200 NVL", 835}, {"H200", 989}, {"H100 NVL", 835},
-    {"H100 PCIe", 756}, {"H100", 989},     {"A100", 312}, {"L40S", 362},
-};
-
-// The specified peak of this GPU: STRATA_GPU_SPEC_TFLOPS, else kSpecPeaks; 0 when unknown.
-double spec_bf16_tflops(const std::string& gpu_name) {
-  if (const double forced = env_double("STRATA_GPU_SPEC_TFLOPS", 0); forced > 0) return forced;
-  for (const SpecPeak& p : kSpecPeaks) {
-    if (gpu_name.find(p.name_part) != std::string::npos) return p.tflops;
-  }
-  return 0;
 }
 
 struct Shape {
@@ -166,21 +147,6 @@ Peak measure_bf16_peak() {
 
 // ---- training steps
 
-std::string token_file(const std::string& dir, std::int64_t vocab) {
-  const std::string path = dir + "/tokens.u16";
-  if (std::filesystem::exists(path)) return path;
-  std::vector<std::uint16_t> tokens(std::size_t{1} << 22);
-  std::uint64_t x = 7;
-  for (auto& t : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<std::uint16_t>((x >> 33) % static_cast<std::uint64_t>(vocab));
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()),
-             static_cast<std::streamsize>(tokens.size() * sizeof(std::uint16_t)));
-  return path;
-}
-
 struct Case {
   std::string name;               // "offload=optimizer/accum=2"
   std::string offload_optimizer;  // "none" or "cpu"
@@ -228,7 +194,7 @@ void BM_GpuTrainStep(benchmark::State& state, const Case& c, const Peaks& peaks)
         {"num_attention_heads", shape.heads},
         {"num_key_value_heads", shape.kv_heads},
         {"max_position_embeddings", std::max<std::int64_t>(seq, 2048)}}},
-      {"data", {{"path", token_file(dir, shape.vocab)}, {"format", "u16"}}},
+      {"data", {{"path", strata::bench::token_file(dir, shape.vocab)}, {"format", "u16"}}},
       {"seq_len", seq},
       {"batch_size", micro * c.accum},
       {"micro_batch_size", micro},
@@ -374,7 +340,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   peaks.measured_tflops = measured.tflops;
-  peaks.spec_tflops = spec_bf16_tflops(prop.name);
+  peaks.spec_tflops = strata::bench::spec_bf16_tflops(prop.name);
   std::printf("measured bf16 GEMM peak (cuBLASLt, 8192^3): %.1f TFLOP/s\n", peaks.measured_tflops);
   if (peaks.spec_tflops > 0) {
     std::printf("specified dense bf16 peak of %s: %.0f TFLOP/s (measured/specified %.2f)\n",

@@ -12,13 +12,17 @@
 # packages in .debs/ (made here by tools/fetch-gpu-debs.sh and carried along) into a private
 # prefix inside the build directory; nothing is installed system-wide.
 #
-# Usage: tools/gpu-check.sh [--phase all|tests|bench] [--no-bench] [--benches LIST]
-#                           [--configure-only|--build-only]
+# Usage: tools/gpu-check.sh [--phase all|tests|bench|scale] [--no-bench] [--benches LIST]
+#                           [--configure-only|--build-only] [--rehearse]
 #   --phase tests: the GPU tests only; --phase bench: the benchmarks only; --no-bench is
-#   --phase tests. --benches: which benchmarks run, a comma list of train_step (the 1.1B MFU),
-#   long (the 1.1B step at long sequences with activation offload), attention and copy (default:
-#   all). --configure-only: stop after CMake; --build-only: stop after the build (CI builds the
-#   check so, with GPU_CHECK_ARCH=90, to know it links before a GPU is lent).
+#   --phase tests; --phase scale: the jobs at the user's scale (bench/scale_bench.cpp: 8B LoRA,
+#   QLoRA and full, 70B and 30B-A3B slices, the 1.1B cases), each case in its own process under
+#   its own timeout; with --rehearse, those cases shrunk on the CPU backend with the build in
+#   GPU_CHECK_BUILD_DIR as it is (no GPU, nothing built: CI runs it so). --benches: which
+#   benchmarks run, a comma list of train_step (the 1.1B MFU), long (the 1.1B step at long
+#   sequences with activation offload), attention and copy (default: all). --configure-only:
+#   stop after CMake; --build-only: stop after the build (CI builds the check so, with
+#   GPU_CHECK_ARCH=90, to know it links before a GPU is lent).
 #   The build is skipped when a stamp of the sources' content (not their times, which a copy to
 #   another machine changes) matches the last build's and its binaries are there.
 # Environment: GPU_CHECK_BUILD_DIR (build-gpu; logs and results in its gpu-check/),
@@ -36,11 +40,13 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 start=$(date +%s)
 
-usage() { sed -n '15,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '15,27p' "$0" | sed 's/^# \{0,1\}//'; }
 
 mode=all  # all, configure (--configure-only) or build (--build-only)
 run_bench=1
 run_tests=1
+run_scale=0
+rehearse=0
 benches=train_step,long,attention,copy
 while (($#)); do
   case "$1" in
@@ -60,14 +66,16 @@ while (($#)); do
     --configure-only) mode=configure ;;
     --build-only) mode=build ;;
     --no-bench) run_bench=0 ;;
+    --rehearse) rehearse=1 ;;
     --phase)
       shift
       case "${1:-}" in
         all) ;;
         tests) run_bench=0 ;;
         bench) run_tests=0 ;;
+        scale) run_tests=0 run_bench=0 run_scale=1 ;;
         *)
-          echo "gpu-check: --phase takes all, tests or bench, not '${1:-}'" >&2
+          echo "gpu-check: --phase takes all, tests, bench or scale, not '${1:-}'" >&2
           exit 2
           ;;
       esac
@@ -84,6 +92,10 @@ while (($#)); do
   esac
   shift
 done
+if ((rehearse && !run_scale)); then
+  echo "gpu-check: --rehearse goes with --phase scale" >&2
+  exit 2
+fi
 budget=${GPU_CHECK_BUDGET_S:-540}
 if [[ ! "$budget" =~ ^[0-9]+$ ]] || ((budget < 60)); then
   echo "gpu-check: GPU_CHECK_BUDGET_S must be a whole number of seconds, at least 60, not" \
@@ -116,6 +128,17 @@ record_errors() {  # log pattern
   } >>"$out/errors.txt" 2>/dev/null
 }
 
+record_run() {  # name exit-status
+  local status
+  case $2 in
+    0) status=ok ;;
+    1) status=FAILED ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status="CRASHED ($2)" ;;
+  esac
+  record "run:$1" "$status" ""
+}
+
 # Seconds a phase may take: its own cap, or what the budget leaves after `keep` seconds for
 # phases that must still run and a reserve for the table and the tarball, whichever is smaller.
 reserve=25
@@ -125,6 +148,35 @@ phase_limit() {  # cap_s [keep_s]
   ((left < want)) && want=$left
   ((want < 1)) && want=1
   echo "$want"
+}
+
+# ---- the scale phase: each case of bench/scale_bench.cpp in its own process, most wanted first,
+# under its own cap (seconds on a GPU; shrunk on the CPU backend under --rehearse, each a few)
+scale_cases=(1.1b-host-accum1-auto:45 1.1b-host-accum1:45 8b-lora:90 8b-qlora:90
+  8b-full-auto:100 8b-full-host:90 70b-qlora-24g:100 30b-a3b-qlora:100 1.1b-host-accum2:45)
+run_scale() {
+  local entry name cap lim free_mib failed=0 args=()
+  if ((rehearse)); then
+    args+=(--shrink)
+  else  # 90% of what the GPU has free, for the cases that set no device budget of their own
+    free_mib=$(timeout 20 nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits \
+      2>/dev/null | head -1 | tr -d ' ')
+    [[ "$free_mib" =~ ^[0-9]+$ ]] && args+=(--device-limit "$((free_mib * 1048576 * 9 / 10))")
+  fi
+  : >"$out/scale.jsonl"
+  for entry in "${scale_cases[@]}"; do
+    name=${entry%%:*} cap=${entry##*:}
+    ((rehearse)) && cap=120
+    lim=$(phase_limit "$cap")
+    note "scale case $name, up to $lim s"
+    timeout -k 10 "$lim" "$build/bench/bench_scale" "$name" --out "$out/scale.jsonl" \
+      --models "$root/examples/models" "${args[@]}" >"$out/scale_$name.log" 2>&1
+    local rc=$?
+    record_run "scale_$name" "$rc"
+    ((rc == 0)) || failed=1
+    grep -E "^scale " "$out/scale_$name.log"
+  done
+  return "$failed"
 }
 
 # ---- the table and the tarball, however the check ends
@@ -280,6 +332,37 @@ if "copy_bench" in runs:
             bench_missing("copy_bench", f"copy {d}")
 
 tests("nccl_tests", "NCCL tests (one GPU)")
+
+# The scale phase: a row a case (what bench_scale appended), or the case's run status.
+scale = {}
+for line in (read("scale.jsonl") or "").splitlines():
+    try:
+        d = json.loads(line)
+        scale[d["case"]] = d
+    except (ValueError, KeyError):
+        pass
+for name, (status, _) in runs.items():
+    if not name.startswith("scale_"):
+        continue
+    case = name[len("scale_"):]
+    d = scale.get(case)
+    if d is None or "error" in d:
+        why = d["error"][:70] if d else last_line("scale_" + case)
+        table.append(("scale " + case, status if status != "ok" else "FAILED", why))
+        continue
+    mfu, target, ratio = d.get("mfu", 0), d.get("target_mfu", 0), d.get("peak_over_plan", 0)
+    verdict = f"target >= {target:.2f}: {'PASS' if mfu >= target else 'MISS'}; " if target else ""
+    table.append(("scale " + case, f"{d['tokens_per_s']:.0f} tok/s",
+                  verdict + f"MFU {mfu:.3f} of {d.get('spec_tflops', 0):.0f} TFLOP/s; "
+                  f"fraction {d.get('offload_optimizer_fraction', 1):.3g}"))
+    line2 = (f"step {d['step_ms']:.0f} ms: compute {d['compute_ms']:.0f}, optimizer "
+             f"{d['optimizer_ms']:.0f}, exposed {d['optimizer_exposed_ms']:.0f}, on the device "
+             f"{d['optimizer_device_ms']:.0f}; peak/plan {ratio:.2f} "
+             f"({'PASS' if 0.9 <= ratio <= 1.1 else 'MISS'}: within 10%)")
+    if "extrapolated_step_ms" in d:
+        line2 += (f"; {d['layer_ms']:.0f} ms a layer, {d['model_layers']} layers: "
+                  f"{d['extrapolated_step_ms'] / 1e3:.2f} s")
+    table.append(("", "", line2))
 table += [r for r in rows if r[0] == "total time"]
 
 w = max([len(a) for a, _, _ in table] + [10])
@@ -353,6 +436,15 @@ clocks.max.sm,clocks.max.mem,power.limit
     sort"
 } >"$out/preflight.txt" 2>&1
 note "preflight in $out/preflight.txt"
+if ((rehearse)); then  # the scale cases, shrunk, on what GPU_CHECK_BUILD_DIR built
+  record "phase" "scale, rehearsed" "shrunk cases on the CPU backend (--rehearse)"
+  if [[ ! -x "$build/bench/bench_scale" ]]; then
+    record "bench_scale" "NOT BUILT" "$build/bench/bench_scale"
+    exit 1
+  fi
+  run_scale
+  exit $?
+fi
 
 # ---- toolchain and GPU
 if [[ ! -x "$nvcc" ]]; then
@@ -374,7 +466,8 @@ note "GPU: ${gpu_name:-unknown}; building for sm_$arch with $("$nvcc" --version 
 record "GPU" "${gpu_name:-unknown}" "sm_$arch"
 [[ "$mode" != all ]] && record "mode" "--$mode-only" "nothing runs"
 ((!run_tests)) && record "phase" "bench" "tests skipped (--phase bench)"
-((!run_bench)) && record "phase" "tests" "benchmarks skipped (--phase tests)"
+((!run_bench && run_tests)) && record "phase" "tests" "benchmarks skipped (--phase tests)"
+((run_scale)) && record "phase" "scale" "the jobs at the user's scale (bench_scale)"
 
 # ---- libraries: use the system's, else unpack carried .debs into $prefix
 prefix=$build/deps
@@ -539,6 +632,7 @@ unit_cap=60 mfu_cap=190
 keep_for_runs=0
 ((run_tests)) && keep_for_runs=$((keep_for_runs + unit_cap))
 ((run_bench)) && [[ ",$benches," == *",train_step,"* ]] && keep_for_runs=$((keep_for_runs + mfu_cap))
+((run_scale)) && keep_for_runs=$((keep_for_runs + 90))  # the 1.1B cases, first
 [[ "$mode" != all ]] && keep_for_runs=0
 if ! timeout "$(phase_limit "$configure_cap" "$keep_for_runs")" cmake "${cmake_args[@]}" \
   >"$out/configure.log" 2>&1; then
@@ -563,9 +657,9 @@ fi
 targets=(strata_device_tests strata_cuda_integration_tests)
 binaries=("$build/tests/strata_device_tests" "$build/tests/strata_cuda_integration_tests")
 if grep -q "bench_gpu_train_step" "$build/build.ninja" 2>/dev/null; then
-  for b in train_step attention copy; do
-    targets+=("bench_gpu_$b")
-    binaries+=("$build/bench/bench_gpu_$b")
+  for b in gpu_train_step gpu_attention gpu_copy scale; do
+    targets+=("bench_$b")
+    binaries+=("$build/bench/bench_$b")
   done
 else
   record "benchmarks" "NOT BUILT" "Google Benchmark not found (configure.log)"
@@ -618,16 +712,6 @@ if [[ "$mode" == build ]]; then
 fi
 
 # ---- runs, each under its own timeout, in the order that keeps the most if one hangs
-record_run() {  # name exit-status
-  local status
-  case $2 in
-    0) status=ok ;;
-    1) status=FAILED ;;
-    124 | 137) status=TIMEOUT ;;
-    *) status="CRASHED ($2)" ;;
-  esac
-  record "run:$1" "$status" ""
-}
 run_gtest() {  # name what binary filter cap_s keep_s [VAR=value...]
   local name=$1 what=$2 bin=$3 filter=$4 lim
   lim=$(phase_limit "$5" "$6")
@@ -685,6 +769,9 @@ if ((run_bench)) && have_bench attention; then
 fi
 if ((run_bench)) && have_bench copy; then
   run_bench copy "host-device copy bandwidth" 30 0
+fi
+if ((run_scale)); then
+  run_scale
 fi
 if ((run_tests)); then  # last: an NCCL that hangs costs nothing else
   run_gtest nccl_tests "NCCL tests" "$build/tests/strata_cuda_integration_tests" \
