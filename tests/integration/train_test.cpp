@@ -169,6 +169,32 @@ TEST(OptimizerOverlap, APartOfTheStateOnTheDeviceChangesNoBit) {
   }
 }
 
+// The checkpoint holds the optimizer state whatever its tier: a run saved with part of it on the
+// device resumes with all of it offloaded, and the other way round, to the losses of the run
+// that was never interrupted, bit for bit.
+TEST(OptimizerOverlap, ACheckpointResumesUnderAnotherFraction) {
+  for (const auto& [saved, resumed] : {std::pair{0.5, 1.0}, std::pair{1.0, 0.0}}) {
+    SCOPED_TRACE("saved at offload_optimizer_fraction " + std::to_string(saved) + ", resumed at " +
+                 std::to_string(resumed));
+    TempDir dir;
+    Json j = tiny_config(dir);
+    j["offload_optimizer"] = "cpu";
+    j["offload_optimizer_fraction"] = resumed;
+    j["save_dir"] = "";
+    const std::vector<double> whole = run(j);
+    ASSERT_EQ(whole.size(), 4u);
+    Json first = j;
+    first["save_dir"] = dir.file("ckpt");
+    first["offload_optimizer_fraction"] = saved;
+    ASSERT_FALSE(save_after_two_steps(dir, first).empty());
+    auto t = make_trainer(j, dir.file("ckpt"));
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    const Status s = (*t)->run();
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(losses_of(**t), std::vector<double>(whole.begin() + 2, whole.end()));
+  }
+}
+
 TEST(OptimizerOverlap, EveryScheduleIsBitIdenticalToTheSerialStep) {
   struct Case {
     const char* param;

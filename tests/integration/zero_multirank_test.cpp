@@ -39,10 +39,14 @@ struct Case {
   // pieces straddle group boundaries, so small remainders share a collective.
   bool small_buckets = false;
   bool bf16 = false;  // precision bf16: the ranks sum gradients into f32 as one rank does
+  // offload_optimizer_fraction: each rank keeps the state of its shards of the groups backward
+  // reaches last on the device (every rank decides from its own share).
+  double fraction = 1.0;
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "stage " << c.stage << ", offload " << c.offload
-      << (c.small_buckets ? ", small buckets" : "") << (c.bf16 ? ", bf16" : "");
+      << (c.small_buckets ? ", small buckets" : "") << (c.bf16 ? ", bf16" : "")
+      << (c.fraction < 1 ? ", offload_optimizer_fraction " + std::to_string(c.fraction) : "");
 }
 
 class ZeroEquivalence : public ::testing::TestWithParam<Case> {};
@@ -59,6 +63,7 @@ TEST_P(ZeroEquivalence, SameLossesAndWeightsAsOneRank) {
     j["allgather_bucket_bytes"] = "5KB";
   }
   if (GetParam().bf16) j["precision"] = "bf16";
+  if (GetParam().fraction < 1) j["offload_optimizer_fraction"] = GetParam().fraction;
   ASSERT_EQ(run_train(dir, j, "w1", 1), 0) << fs::path(dir.file("w1/err.txt"));
   const auto ref_loss = losses(dir.file("w1/metrics.jsonl"));
   const auto ref_w = weights(dir.file("w1/ckpt/step-00000003/model"));
@@ -75,10 +80,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, "cpu"}, Case{2, "nvme"}, Case{3, "none"}, Case{3, "cpu"},
                       Case{3, "nvme"}, Case{1, "none", true}, Case{2, "cpu", true},
                       Case{3, "none", true}, Case{3, "nvme", true}, Case{2, "cpu", false, true},
-                      Case{3, "nvme", true, true}),
+                      Case{3, "nvme", true, true}, Case{3, "cpu", false, false, 0.5},
+                      Case{2, "nvme", false, true, 0.5}),
     [](const auto& info) {
       return "stage" + std::to_string(info.param.stage) + "_" + info.param.offload +
-             (info.param.small_buckets ? "_small_buckets" : "") + (info.param.bf16 ? "_bf16" : "");
+             (info.param.small_buckets ? "_small_buckets" : "") + (info.param.bf16 ? "_bf16" : "") +
+             (info.param.fraction < 1 ? "_part_on_device" : "");
     });
 
 // A loss mask (strata tokenize's, for supervised data) and eval_data across rank counts: every
