@@ -247,6 +247,11 @@ std::string other_changes(const TrainConfig& config, int ranks) {
     change(c);
     changes.push_back({std::move(what), std::move(c)});
   };
+  if (config.offload_optimizer_fraction < 1.0 && !config.offload_optimizer_fraction_auto) {
+    add("offload_optimizer_fraction 1 (all of the optimizer state offloaded, none kept on the "
+        "device)",
+        [](TrainConfig& c) { c.offload_optimizer_fraction = 1.0; });
+  }
   if (config.optimizer.state_dtype == DType::kF32 || config.optimizer.master_dtype == DType::kF32) {
     add("optimizer.state_dtype \"int8\" and master_dtype \"bf16\" (4.125 bytes of optimizer "
         "state a trained parameter instead of 12)",

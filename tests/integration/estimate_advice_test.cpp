@@ -608,6 +608,17 @@ TEST(EstimateTest, AutoOffloadFractionHidesTheHostUpdateBesideCompute) {
   EXPECT_GT(tight->fraction, split->fraction) << tight->why;
   EXPECT_NE(tight->why.find("less would not fit"), std::string::npos) << tight->why;
 
+  // A fixed fraction the device cannot hold: the refusal offers all of it offloaded.
+  TrainConfig kept = chosen;
+  kept.offload_optimizer_fraction = 0.0;
+  kept.device_memory_limit = budget;
+  auto refused = estimate_with_changes(kept, 1);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("offload_optimizer_fraction 1 (all of the optimizer "
+                                            "state offloaded"),
+            std::string::npos)
+      << refused.status().message();
+
   // The trainer resolves it with its own probes and runs it; a fixed fraction below 1 shows.
   TrainOptions o;
   auto t = Trainer::create(*config, o);
