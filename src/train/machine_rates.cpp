@@ -353,7 +353,7 @@ Rate device_memory_rate(const TrainConfig& config, device::Device* given) {
   const double moved = 3.0 * static_cast<double>(kBytes) * reps;
   return {
       moved / (t.elapsed_ms() / 1e3), true,
-      "fp32 adds of 64 MiB arrays on " + device->name() + ", " + std::to_string(reps) + " rounds"};
+      "fp32 adds of 16 MiB arrays on " + device->name() + ", " + std::to_string(reps) + " rounds"};
 }
 
 // The rate of `bytes` moved in each of `seconds`.

@@ -435,6 +435,8 @@ Result<FractionChoice> choose_offload_fraction(const TrainConfig& config, int ra
     c.offload_optimizer_fraction = static_cast<double>(i) / kSteps;
     c.offload_optimizer_fraction_auto = false;
     auto est = estimate(c, ranks, kVariant);
+    // All of it offloaded does not plan: that refusal is the config's, whatever the fraction.
+    if (!est.is_ok() && i == kSteps) return est.status();
     if (!est.is_ok() ||
         (device_budget_bytes != 0 && est->device_bytes_needed() > device_budget_bytes)) {
       // Less offloaded needs more of the device: no smaller fraction fits either.
@@ -446,7 +448,7 @@ Result<FractionChoice> choose_offload_fraction(const TrainConfig& config, int ra
     const StepTime st = predict_step(c, *est, rates);
     // The larger fraction on a tie: the state it leaves on the device costs memory for nothing.
     if (!best || st.step_ms < best->step.step_ms) {
-      best = FractionChoice{est->plan.offload_fraction, st, ""};
+      best = FractionChoice{c.offload_optimizer_fraction, st, "", est->plan.offload_fraction};
     }
   }
   if (!best) {
@@ -461,7 +463,7 @@ Result<FractionChoice> choose_offload_fraction(const TrainConfig& config, int ra
                   "%.3g of the optimizer state on the %s, the rest stepped on the device: "
                   "predicted step %.3f s (host update %.3f s beside compute %.3f s, device "
                   "update %.3f s)",
-                  best->fraction, std::string(tier_name(config.offload_optimizer)).c_str(),
+                  best->planned, std::string(tier_name(config.offload_optimizer)).c_str(),
                   best->step.step_ms / 1e3, best->step.optimizer_ms / 1e3,
                   best->step.compute_ms / 1e3, best->step.device_optimizer_ms / 1e3);
   } else {

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -210,20 +212,31 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     r.choices.push_back("placement: " + choice.why);
   }
   if (config.offload_optimizer_fraction_auto) {
-    config.offload_optimizer_fraction_auto = false;
     if (config.offload_optimizer != Tier::kDevice && !config.save_async) {
       std::uint64_t budget = config.device_memory_limit;
       if (budget == 0 && options.probe_device != nullptr) {
         budget = options.probe_device->memory_stats().limit_bytes;
       }
-      STRATA_ASSIGN_OR_RETURN(FractionChoice choice,
-                              choose_offload_fraction(config, world, rates(), budget));
-      // Every rank runs rank 0's choice: the bits of the fraction, as rank 0 measured it.
-      std::vector<std::uint64_t> v = {std::bit_cast<std::uint64_t>(choice.fraction)};
+      // The rates are measured with the fraction still "auto" (the device's memory probe).
+      const MachineRates& measured = rates();
+      config.offload_optimizer_fraction_auto = false;
+      Result<FractionChoice> choice = choose_offload_fraction(config, world, measured, budget);
+      // Every rank runs rank 0's choice (the ranks' budgets may differ); a rank that found none
+      // says so with NaN, so that all of them meet in the exchange before any returns.
+      std::vector<std::uint64_t> v = {std::bit_cast<std::uint64_t>(
+          choice.is_ok() ? choice->fraction : std::numeric_limits<double>::quiet_NaN())};
       STRATA_RETURN_IF_ERROR(take_rank_zeros(options.comm, &v, "offload_optimizer_fraction"));
-      config.offload_optimizer_fraction = std::bit_cast<double>(v[0]);
-      r.choices.push_back("offload_optimizer_fraction: " + choice.why);
+      const double chosen = std::bit_cast<double>(v[0]);
+      if (std::isnan(chosen)) {
+        return choice.is_ok() ? failed_precondition(
+                                    "offload_optimizer_fraction \"auto\": rank 0 "
+                                    "found no share that fits its device")
+                              : choice.status();
+      }
+      config.offload_optimizer_fraction = chosen;
+      if (choice.is_ok()) r.choices.push_back("offload_optimizer_fraction: " + choice->why);
     } else {
+      config.offload_optimizer_fraction_auto = false;
       config.offload_optimizer_fraction = 1.0;  // nothing to split (save_async: all offloaded)
     }
   }

@@ -193,7 +193,9 @@ Status OptimizerSchedule::step(double lr, std::int64_t step, float grad_scale) {
   STRATA_RETURN_IF_ERROR(grads.send_sums_to_host());
   if (schedule_ != OptimizerOverlap::kNone) {
     launch_step(args, Phase::kRunning, /*keep_touched=*/redo);
-    // The groups the device steps, ordered on its stream while the host's update runs.
+    // The groups the device steps, ordered on its stream while the host's update runs. They
+    // have one copy of their state, written in place: a device step that fails leaves them part
+    // stepped, and the run ends with its error (the host's update is joined first).
     Status on_device = run_device_step(args);
     if (on_device.is_ok()) return Status::ok();
     (void)finish_step();  // the device's error is the one to report

@@ -213,20 +213,22 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
   const optim::StateLayout moment_layout = optim::moment_layout(o.state_dtype);
   // offload_optimizer_fraction: the trained groups in backward order (the layout's, reversed)
   // go to the optimizer's tier while at least half of each falls within the fraction of the
-  // trained elements; the rest stay on the device.
+  // trained elements; from the first that does not, the rest stay on the device.
   std::vector<bool> device_steps;
   if (o.optimizer != Tier::kDevice && o.offload_fraction < 1.0) {
     double trained = 0;
     for (const auto& g : groups) trained += g.frozen ? 0.0 : static_cast<double>(g.num_elems);
     device_steps.assign(groups.size(), false);
     double offloaded = 0;
+    bool full = false;  // once a group stays, so do all that backward reaches after it
     for (std::size_t i = groups.size(); i-- > 0;) {
       if (groups[i].frozen || groups[i].num_elems == 0) continue;
       const auto n = static_cast<double>(groups[i].num_elems);
-      if (offloaded + n / 2 <= o.offload_fraction * trained) {
-        offloaded += n;
-      } else {
+      full = full || offloaded + n / 2 > o.offload_fraction * trained;
+      if (full) {
         device_steps[i] = true;
+      } else {
+        offloaded += n;
       }
     }
   }
@@ -258,6 +260,8 @@ Result<MemoryPlan> plan_share(const model::ParamLayout& layout, const PlanOption
       continue;
     }
     z.trained.push_back(n);
+    z.max_grad_io_off = std::max(z.max_grad_io_off, align_up(n * gsize, io::kIoAlignBytes));
+    z.max_f32_io_off = std::max(z.max_f32_io_off, align_up(n * 4, io::kIoAlignBytes));
     z.grad_work_io += align_up(n * gsize, io::kIoAlignBytes);
     z.f32 += n * 4;
     z.f32_io += align_up(n * 4, io::kIoAlignBytes);

@@ -125,8 +125,8 @@ void count_caches(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   if (master_through) counted += z.max_f32_io;
   counted += 2 * max_work_io_off(z, plan, Tier::kHost);
   if (grads_through) {
-    counted += 2 * z.max_grad_io;
-    if (plan.gradients == Tier::kNvme) counted += 2 * z.max_f32_io;
+    counted += 2 * z.max_grad_io_off;
+    if (plan.gradients == Tier::kNvme) counted += 2 * z.max_f32_io_off;
   }
   const std::uint64_t held = std::max(loading.held(), host.held());
   plan.cache_bytes[static_cast<std::size_t>(Tier::kHost)] = held > counted ? held - counted : 0;
@@ -476,11 +476,11 @@ void count_bytes(const Sizes& z, const PlanOptions& o, MemoryPlan& plan) {
   }
   add(Tier::kHost, TensorKind::kParameters, 2 * max_work_io_off(z, plan, Tier::kHost));
   if (!summed_on_device && !plan.keep_gradients) {
-    add(Tier::kHost, TensorKind::kGradients, 2 * z.max_grad_io);
+    add(Tier::kHost, TensorKind::kGradients, 2 * z.max_grad_io_off);
     // Sums homed on NVMe pass through host memory: two groups' at once, and a merge of two
     // partial sums pins both.
     if (plan.gradients == Tier::kNvme) {
-      add(Tier::kHost, TensorKind::kGradients, (sums > 1 ? 3 : 2) * z.max_f32_io);
+      add(Tier::kHost, TensorKind::kGradients, (sums > 1 ? 3 : 2) * z.max_f32_io_off);
     }
   }
   add(Tier::kHost, TensorKind::kStaging,

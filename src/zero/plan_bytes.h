@@ -19,11 +19,13 @@ struct Sizes {
   std::uint64_t master = 0, master_io = 0;        // their master weights, master dtype
   std::uint64_t max_work_io = 0;                  // every group
   std::uint64_t max_grad_io = 0, max_f32_io = 0;  // every trainable group
-  std::int64_t max_elems = 0;                     // trainable groups
-  std::vector<std::uint64_t> elems;               // each group's
-  std::vector<std::uint64_t> work_bytes;          // each group's working copy's
-  std::vector<bool> frozen;                       // each group's
-  std::vector<std::uint64_t> trained;             // each trainable group's (offloaded ones)
+  // Of the offloaded ones: what lands in host memory and passes through it for the step.
+  std::uint64_t max_grad_io_off = 0, max_f32_io_off = 0;
+  std::int64_t max_elems = 0;             // trainable groups
+  std::vector<std::uint64_t> elems;       // each group's
+  std::vector<std::uint64_t> work_bytes;  // each group's working copy's
+  std::vector<bool> frozen;               // each group's
+  std::vector<std::uint64_t> trained;     // each trainable group's (offloaded ones)
   struct OnDevice {
     std::uint64_t f32 = 0, moment = 0, master = 0;  // as above, of the device-stepped groups
     std::uint64_t elems = 0;

@@ -92,8 +92,9 @@ bool ShardStore::trains() const {
 
 std::int64_t ShardStore::max_group_elems() const {
   std::int64_t max_n = 0;
-  for (const ShardGroup& g : groups_) {
-    if (!g.frozen()) max_n = std::max(max_n, g.n);
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ShardGroup& g = groups_[gi];
+    if (!g.frozen() && !plan_.steps_on_device(gi)) max_n = std::max(max_n, g.n);
   }
   return max_n;
 }

@@ -152,9 +152,10 @@ StepTime predict_step(const TrainConfig& config, const Estimate& e, const Machin
 // device memory), raised until the plan fits device_memory_limit. `why` says what was chosen,
 // with the times it weighed.
 struct FractionChoice {
-  double fraction = 1.0;
+  double fraction = 1.0;  // the fraction to run with (a sixteenth)
   StepTime step;
   std::string why;
+  double planned = 1.0;  // the share of the trained elements its plan offloads (whole groups)
 };
 // `device_budget_bytes`: device_memory_limit, or the device's own memory (0: no limit).
 Result<FractionChoice> choose_offload_fraction(const TrainConfig& config, int ranks,

@@ -165,8 +165,10 @@ class ShardStore {
   bool frozen(int group) const { return groups_.at(static_cast<std::size_t>(group)).frozen(); }
   // No elements here (another pipeline stage's group): nothing to update.
   bool empty(int group) const { return groups_.at(static_cast<std::size_t>(group)).empty(); }
-  bool trains() const;                   // some group is not frozen
-  std::int64_t max_group_elems() const;  // of the trainable groups
+  bool trains() const;  // some group is not frozen
+  // Of the trainable groups the optimizer's tier steps (those the plan keeps on the device are
+  // the device's: MemoryPlan::device_steps); with the optimizer on the device, of them all.
+  std::int64_t max_group_elems() const;
   const MemoryPlan& plan() const { return plan_; }
   mem::TieredStore& store() { return *store_; }
 
