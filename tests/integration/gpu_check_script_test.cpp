@@ -46,7 +46,8 @@ TEST(GpuCheckScriptTest, ArgumentErrorsStopItBeforeItTouchesAnything) {
     const char* args;
     const char* message;
   } cases[] = {
-      {"", "--phase nightly", "--phase takes all, tests or bench, not 'nightly'"},
+      {"", "--phase nightly", "--phase takes all, tests, bench or scale, not 'nightly'"},
+      {"", "--rehearse", "--rehearse goes with --phase scale"},
       {"", "--fast", "unknown argument '--fast'"},
       {"GPU_CHECK_BUDGET_S=soon", "", "GPU_CHECK_BUDGET_S must be a whole number of seconds"},
       {"GPU_CHECK_ARCH=sm_90", "--build-only", "GPU_CHECK_ARCH must be an architecture such as 90"},
