@@ -82,7 +82,7 @@ class ArrayExperts final : public ExpertSource {
   }
   void release(std::int64_t) override {}
   bool trains() const override { return true; }
-  Result<ExpertGrads> acquire_grads(std::int64_t e) override {
+  Result<ExpertGrads> acquire_grads(std::int64_t e, bool) override {
     float* base = g_ + 3 * n_ * e;
     ExpertGrads g;
     g.w = {base, base + n_, base + 2 * n_};

@@ -364,7 +364,7 @@ Status engine_step(EngineRig& rig, bool compute) {
   for (int l = n - 1; l >= 0; --l) {
     STRATA_ASSIGN_OR_RETURN(const void* p, e.acquire_params(l));
     if (l > 0) e.prefetch_params(l - 1);
-    STRATA_ASSIGN_OR_RETURN(void* grad, e.acquire_grads(l));
+    STRATA_ASSIGN_OR_RETURN(void* grad, e.acquire_grads(l, model::GradientWrite::kWrite));
     rig.sink += static_cast<float>(static_cast<const std::uint8_t*>(p)[0]);
     const auto elems = static_cast<std::size_t>(rig.layout.group(l).num_elems);
     // A small constant gradient in bf16 (0x3a83 ~ 1e-3): written as a kernel would.

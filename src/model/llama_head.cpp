@@ -35,7 +35,7 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
   void* norm_grads = nullptr;
   void* lm_grads = nullptr;
   if (norm_trains) {
-    STRATA_ASSIGN_OR_RETURN(norm_grads, ps.acquire_grads(norm_group_));
+    STRATA_ASSIGN_OR_RETURN(norm_grads, ps.acquire_grads(norm_group_, GradientWrite::kAdd));
   }
   if (lm_trains) {
     if (embedding_copy_) {
@@ -44,7 +44,7 @@ Status LlamaModel::Impl::head_forward_backward(ProviderSession& ps, const MicroB
     } else if (lm_group_ == norm_group_) {
       lm_grads = norm_grads;
     } else {
-      STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_));
+      STRATA_ASSIGN_OR_RETURN(lm_grads, ps.acquire_grads(lm_group_, GradientWrite::kAdd));
     }
   }
   // d(mean loss * grad_scale)/dlogits; no valid target means no gradient.

@@ -62,9 +62,9 @@ class ProviderSession {
     return provider_.sum_expert_rows(rows, what);
   }
   bool acquire_is_collective(int group) const { return provider_.acquire_is_collective(group); }
-  Result<void*> acquire_grads(int group) {
+  Result<void*> acquire_grads(int group, GradientWrite write) {
     Stopwatch sw;
-    auto r = provider_.acquire_grads(group);
+    auto r = provider_.acquire_grads(group, write);
     timings_.wait_params_ms += sw.elapsed_ms();
     if (!r.is_ok()) return r.status().with_context("acquiring gradients of " + name(group));
     return r;
@@ -129,15 +129,19 @@ class LayerExperts final : public detail::ExpertSource {
     if (adapted()) ps_.release(adapter_group(expert));
   }
   bool trains() const override { return adapted() || !layout_.group(group(0)).frozen; }
-  Result<detail::ExpertGrads> acquire_grads(std::int64_t expert) override {
+  Result<detail::ExpertGrads> acquire_grads(std::int64_t expert, bool computes) override {
     detail::ExpertGrads g;
     if (!layout_.group(group(expert)).frozen) {
-      STRATA_ASSIGN_OR_RETURN(void* p, ps_.acquire_grads(group(expert)));
+      // An expert's three products write its whole gradient (Linear::writes_grads).
+      STRATA_ASSIGN_OR_RETURN(
+          void* p,
+          ps_.acquire_grads(group(expert), computes ? GradientWrite::kWrite : GradientWrite::kAdd));
       g.w = {offset_ptr(p, at_.elems.gate, eb_), offset_ptr(p, at_.elems.up, eb_),
              offset_ptr(p, at_.elems.down, eb_)};
     }
     if (adapted()) {
-      STRATA_ASSIGN_OR_RETURN(void* a, ps_.acquire_grads(adapter_group(expert)));
+      STRATA_ASSIGN_OR_RETURN(void* a,
+                              ps_.acquire_grads(adapter_group(expert), GradientWrite::kAdd));
       g.lora = adapters<void*>(a);
     }
     return g;

@@ -148,12 +148,12 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
     const bool base_trains = trains(layer(l));
     BlockGrads grads;
     if (base_trains) {
-      STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(layer(l)));
+      STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(layer(l), GradientWrite::kAdd));
       grads = BlockGrads::at(g, blocks_[li], eb);
     }
     const bool adapters = block_adapted(l);
     if (adapters) {
-      STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l)));
+      STRATA_ASSIGN_OR_RETURN(void* g, ps.acquire_grads(adapter(l), GradientWrite::kAdd));
       grads.overlay(g, block_trained_[li], eb);
       grads.attach_lora(g, adapters_[li], eb);
     }
@@ -182,7 +182,7 @@ Status LlamaModel::Impl::backward_chunk(ParamProvider& provider, const MicroBatc
     const bool received = tied && stage.split();
     void* embed_grads = tied_grads_;
     if (!tied || received) {
-      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed));
+      STRATA_ASSIGN_OR_RETURN(embed_grads, ps.acquire_grads(embed, GradientWrite::kAdd));
     }
     if (received) {
       ops.cast(slot.embedding_grad, dt, offset_ptr(embed_grads, embed_offset_, eb), dt,

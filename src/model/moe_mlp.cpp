@@ -58,6 +58,7 @@ void MoeMlp::layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t
     l.lora = &p.spec;
     l.base = base;
     l.dtype = dtype;
+    l.writes_grads = true;  // each projection's one product over the expert's rows
   };
   linear(p.gate, LoraTarget::kGate, ffn, hidden, w.w.gate, w.lora.gate);
   linear(p.up, LoraTarget::kUp, ffn, hidden, w.w.up, w.lora.up);
@@ -336,7 +337,7 @@ Status MoeMlp::back_local(const device::Ops& ops, const void* x, const MoeActs& 
         source->release(e);
       }
       if (trains) {
-        STRATA_RETURN_IF_ERROR(source->acquire_grads(e).status());
+        STRATA_RETURN_IF_ERROR(source->acquire_grads(e, false).status());
         STRATA_RETURN_IF_ERROR(source->release_grads(e));
       }
       continue;
@@ -345,7 +346,7 @@ Status MoeMlp::back_local(const device::Ops& ops, const void* x, const MoeActs& 
     if (traffic != nullptr) traffic->bytes += source->bytes();
     ExpertGrads g;
     if (trains) {
-      STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
+      STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e, true));
     }
     void* xe = offset_ptr(s.rows_in, first * H, eb);
     ops.embedding_forward(a.tokens + first, n, x, H, xe, dtype);
@@ -390,7 +391,7 @@ Status MoeMlp::back_dispatched(const device::Ops& ops, const MoeActs& a, const M
         source->release(e);
       }
       if (trains) {
-        STRATA_RETURN_IF_ERROR(source->acquire_grads(e).status());
+        STRATA_RETURN_IF_ERROR(source->acquire_grads(e, false).status());
         STRATA_RETURN_IF_ERROR(source->release_grads(e));
       }
       continue;
@@ -399,7 +400,7 @@ Status MoeMlp::back_dispatched(const device::Ops& ops, const MoeActs& a, const M
     if (traffic != nullptr) traffic->bytes += source->bytes();
     ExpertGrads g;
     if (trains) {
-      STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e));
+      STRATA_ASSIGN_OR_RETURN(g, source->acquire_grads(e, true));
     }
     STRATA_RETURN_IF_ERROR(expert_backward(ops, w, g, e, first, n,
                                            offset_ptr(a.ep_in, first * H, eb), a, s,

@@ -57,7 +57,9 @@ class ExpertSource {
   // Whether the experts train (their base or their adapters): gradients are asked for in
   // backward.
   virtual bool trains() const = 0;
-  virtual Result<ExpertGrads> acquire_grads(std::int64_t expert) = 0;
+  // With `computes`, the expert's backward writes its base gradients (each projection's
+  // product with beta 0), so they come unfilled; without, zeros (its rows are another rank's).
+  virtual Result<ExpertGrads> acquire_grads(std::int64_t expert, bool computes) = 0;
   virtual Status release_grads(std::int64_t expert) = 0;
   // Each expert's rows on this rank in, their sum over the data-parallel ranks out (a
   // collective: ParamProvider::sum_expert_rows).

@@ -75,8 +75,10 @@ Status Linear::backward(const device::Ops& ops, const void* x, const void* t, vo
                         void* replica_db) const {
   const DType dt = dtype;
   const std::int64_t R = rows;
+  STRATA_CHECK(!writes_grads || (b == nullptr && replicas == nullptr),
+               "a written weight gradient beside a bias or kv replicas (their sums add)");
   if (replicas == nullptr) {
-    if (gw != nullptr) matmul(ops, dt, true, false, out, in, R, dy, x, gw, true);
+    if (gw != nullptr) matmul(ops, dt, true, false, out, in, R, dy, x, gw, !writes_grads);
     if (gb != nullptr) ops.bias_grad(dy, gb, R, out, dt);
   }
   matmul(ops, dt, false, false, R, in, out, dy, weight(ops), dx, accumulate);

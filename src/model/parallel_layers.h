@@ -134,6 +134,9 @@ struct Linear {
   ParallelKind kind = ParallelKind::kNone;
   const TensorSplit* tp = nullptr;
   std::int64_t in_begin = 0, full_in = 0;
+  // The weight gradient is written (dW = dy^T x, beta 0), not added: its buffer came unfilled
+  // (model::GradientWrite::kWrite). Only without a bias or kv replicas, whose sums add.
+  bool writes_grads = false;
 
   bool adapted() const { return adapter.a != nullptr; }
   // y = x W^T (+ b) (+ the adapter's product, its t into `t`); `scratch` [rows, in] holds the
@@ -141,9 +144,10 @@ struct Linear {
   void forward(const device::Ops& ops, const void* x, void* y, void* t, void* scratch) const;
   // t = dropout(x) A^T alone (a recomputed forward that stops before this projection).
   void adapter_t(const device::Ops& ops, const void* x, void* t, void* scratch) const;
-  // Backward with dy [rows, out]: dW += dy^T x and db += sum(dy) where the weight trains (gw, gb
-  // non-null), dB += scaling dy^T t and dA += (scaling dy B)^T dropout(x) where it has an
-  // adapter (ga), and dx [rows, in] = (or += with accumulate) dy W + dropout(scaling dy B A).
+  // Backward with dy [rows, out]: dW += dy^T x (= with writes_grads) and db += sum(dy) where the
+  // weight trains (gw, gb non-null), dB += scaling dy^T t and dA += (scaling dy B)^T dropout(x)
+  // where it has an adapter (ga), and dx [rows, in] = (or += with accumulate) dy W +
+  // dropout(scaling dy B A).
   Status backward(const device::Ops& ops, const void* x, const void* t, void* gw, void* gb,
                   const LoraPair<void*>& ga, const void* dy, void* dx, bool accumulate,
                   void* x_scratch, const AdapterScratch& s, void* replica_dw = nullptr,

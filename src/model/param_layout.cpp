@@ -73,6 +73,23 @@ bool ParamGroup::quantized() const {
                      [](const TensorSpec& t) { return t.format != TensorFormat::kCompute; });
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> ParamGroup::gaps(std::int64_t end) const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> covered;
+  covered.reserve(tensors.size());
+  for (const TensorSpec& t : tensors)
+    covered.emplace_back(t.offset_elems, t.offset_elems + t.num_elems);
+  std::sort(covered.begin(), covered.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  std::int64_t at = 0;
+  for (const auto& [first, last] : covered) {
+    if (first > at) out.emplace_back(at, std::min(first, end));
+    at = std::max(at, last);
+    if (at >= end) return out;
+  }
+  if (at < end) out.emplace_back(at, end);
+  return out;
+}
+
 namespace {
 
 // Bytes of one tensor's working copy in a quantized group.

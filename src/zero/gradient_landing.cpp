@@ -104,7 +104,7 @@ Status GradientLanding::add_tensors() {
   return Status::ok();
 }
 
-Result<void*> GradientLanding::acquire(int group) {
+Result<void*> GradientLanding::acquire(int group, model::GradientWrite write) {
   const ShardGroup& s = shapes_.at(static_cast<std::size_t>(group));
   Group& g = groups_[static_cast<std::size_t>(group)];
   STRATA_CHECK(!s.frozen(), "gradient of a frozen group (ZeroProvider refuses it)", s.name());
@@ -114,7 +114,8 @@ Result<void*> GradientLanding::acquire(int group) {
                                "' before the optimizer step, but the plan keeps one gradient "
                                "per step (accumulation_steps 1)");
   }
-  STRATA_ASSIGN_OR_RETURN(g.on_device, store_.emplace(g.grad, Tier::kDevice, /*zero_fill=*/true));
+  STRATA_ASSIGN_OR_RETURN(
+      g.on_device, store_.emplace(g.grad, Tier::kDevice, write == model::GradientWrite::kAdd));
   return g.on_device;
 }
 

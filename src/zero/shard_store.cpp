@@ -173,9 +173,9 @@ RankStats ShardStore::stats() const {
   return s;
 }
 
-Result<void*> ShardStore::acquire_grads(int group) {
+Result<void*> ShardStore::acquire_grads(int group, model::GradientWrite write) {
   params_->backward_began();
-  return grads_->acquire(group);
+  return grads_->acquire(group, write);
 }
 
 Status ShardStore::finish_micro_batch() {

@@ -417,7 +417,7 @@ Status ZeroProvider::sum_expert_rows(std::vector<double>& rows, const std::strin
                                "expert rows of " + what);
 }
 
-Result<void*> ZeroProvider::acquire_grads(int group) {
+Result<void*> ZeroProvider::acquire_grads(int group, model::GradientWrite write) {
   if (full_.group(group).frozen) {
     return failed_precondition("parameter group '" + full_.group(group).name +
                                "' is frozen: it has no gradient");
@@ -428,16 +428,30 @@ Result<void*> ZeroProvider::acquire_grads(int group) {
   // scratch first, as a partitioned group's does: also an expert's group whose axis is one rank
   // (the only one holding that expert), "reduced" over that rank into f32.
   if (!partitioned(group) && !options_.wide_gradients) {
-    STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group));
+    STRATA_ASSIGN_OR_RETURN(void* buf, shards_->acquire_grads(group, write));
     shard_grads_[static_cast<std::size_t>(group)] = buf;
+    // The buffer is the gradient landing's, in the plan's gradient dtype.
+    if (write == model::GradientWrite::kWrite) {
+      zero_gaps(buf, group, full_.group(group).num_elems, dtype_size(plan().gradient_dtype));
+    }
     return buf;
   }
   const GroupPartition& p = partition_->group(group);
   const auto gi = static_cast<std::size_t>(group);
+  const bool add = write == model::GradientWrite::kAdd;
   STRATA_ASSIGN_OR_RETURN(full_grads_[gi],
                           take(static_cast<std::uint64_t>(p.padded_elems) * dsize_,
-                               "full gradient of " + full_.group(group).name, /*zero_fill=*/true));
+                               "full gradient of " + full_.group(group).name, /*zero_fill=*/add));
+  if (!add) zero_gaps(full_grads_[gi].data, group, p.padded_elems, dsize_);
   return full_grads_[gi].data;
+}
+
+void ZeroProvider::zero_gaps(void* grad, int group, std::int64_t elems, std::size_t elem_bytes) {
+  for (const auto& [first, last] : full_.group(group).gaps(elems)) {
+    device_.fill_zero(static_cast<std::byte*>(grad) + static_cast<std::size_t>(first) * elem_bytes,
+                      static_cast<std::size_t>(last - first) * elem_bytes,
+                      device_.stream(device::StreamKind::kCompute));
+  }
 }
 
 Status ZeroProvider::release_grads(int group) {
@@ -450,7 +464,9 @@ Status ZeroProvider::release_grads(int group) {
   } else {
     src.full = std::exchange(full_grads_[gi], Scratch{});
     src.data = src.full.data;
-    STRATA_ASSIGN_OR_RETURN(src.shard, shards_->acquire_grads(group));
+    // The reduction writes every element of this rank's part (unpack_reduce, or the collective
+    // itself for a whole bucket).
+    STRATA_ASSIGN_OR_RETURN(src.shard, shards_->acquire_grads(group, model::GradientWrite::kWrite));
   }
   if (partition_->group(group).local_elems() == 0) {  // nothing to reduce
     give(src.full);

@@ -190,10 +190,16 @@ inline Observed train_one_step(Rank& e, int stage, std::uint64_t reduce_bytes,
   const std::uint64_t b0 = stats.reduce_scatter_bytes + stats.all_gather_bytes;
   for (int mb = 0; mb < 2; ++mb) {
     for (int g = num_groups - 1; g >= 0; --g) {
-      auto buf = provider.acquire_grads(g);
+      // Written whole, so unfilled: the padding past the group, reduced with it, still zeros.
+      auto buf = provider.acquire_grads(g, model::GradientWrite::kWrite);
       EXPECT_TRUE(buf.is_ok()) << buf.status().message();
       if (!buf.is_ok()) return obs;
       auto* grad = static_cast<float*>(*buf);
+      if (!part.group(g).replicated) {
+        for (std::int64_t i = part.group(g).full_elems; i < part.group(g).padded_elems; ++i) {
+          EXPECT_EQ(grad[i], 0.0f) << "padding element " << i << " of group " << g;
+        }
+      }
       for (std::int64_t i = 0; i < part.group(g).full_elems; ++i) {
         grad[i] = grad_value(mb, comm.rank(), g, i);
       }

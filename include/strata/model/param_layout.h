@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "strata/core/dtype.h"
@@ -121,6 +122,10 @@ struct ParamGroup {
   // Some tensor's working copy is NF4 (frozen groups only): the group's working bytes follow
   // working_bytes(), and ZeRO keeps it whole on every rank.
   bool quantized() const;
+  // The element ranges [first, second) of [0, end) that none of its tensors covers: the
+  // alignment padding after each, and past num_elems up to `end` (what a gradient written tensor
+  // by tensor leaves unwritten), in order.
+  std::vector<std::pair<std::int64_t, std::int64_t>> gaps(std::int64_t end) const;
   // Tensor parallelism: elements [duplicate_begin, num_elems) are tensors another rank of the
   // group also holds whole and counts in the gradient norm (norms, row-parallel biases, a
   // replicated kv head on all but its first rank); num_elems when none (-1: not yet laid out).

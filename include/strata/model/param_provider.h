@@ -11,6 +11,12 @@
 
 namespace strata::model {
 
+// How the model fills a gradient buffer it asks for (ParamProvider::acquire_grads).
+enum class GradientWrite : std::uint8_t {
+  kAdd,    // zero-filled: the model adds into it
+  kWrite,  // the model writes each tensor whole; only the gaps between tensors are zeroed
+};
+
 class ParamProvider {
  public:
   virtual ~ParamProvider() = default;
@@ -22,9 +28,11 @@ class ParamProvider {
   // The model will call acquire_params(group) soon; start moving it. Optional.
   virtual void prefetch_params(int /*group*/) {}
 
-  // Device buffer of the group's size in the compute dtype, zero-filled, for this micro-batch's
-  // gradient. The model accumulates (+=) into it.
-  virtual Result<void*> acquire_grads(int group) = 0;
+  // Device buffer of the group's size in the compute dtype for this micro-batch's gradient: with
+  // kAdd zero-filled, the model accumulating (+=) into it; with kWrite the model writes every
+  // element of each of the group's tensors before it reads any (one product per tensor, beta 0),
+  // and the provider zeroes only what lies between them (alignment, padding).
+  virtual Result<void*> acquire_grads(int group, GradientWrite write) = 0;
   // The group's gradient for this micro-batch is complete: the provider takes it off the device
   // (accumulating into its own gradient store) and frees the buffer.
   virtual Status release_grads(int group) = 0;

@@ -15,6 +15,7 @@
 #include "strata/device/device.h"
 #include "strata/device/host_arrays.h"
 #include "strata/mem/tiered_store.h"
+#include "strata/model/param_provider.h"
 #include "strata/zero/plan.h"
 #include "strata/zero/shard_group.h"
 
@@ -42,8 +43,9 @@ class GradientLanding {
   // summation tree. Without a call, each finish_micro_batch moves on to the next.
   void set_micro_batch(std::int64_t micro);
 
-  // ---- the model's, with ParamProvider's contract: zeroed on the device, then released ----
-  Result<void*> acquire(int group);
+  // ---- the model's, with ParamProvider's contract: on the device, zeroed unless the model
+  // writes every element (GradientWrite::kWrite), then released ----
+  Result<void*> acquire(int group, model::GradientWrite write);
   Status release(int group);
   // Waits for gradient transfers still in flight. With a guess listening (the step's last pass
   // is over), every sum is whole and final now: the ones that never came are zeros, and a sum on

@@ -142,7 +142,7 @@ class ShardStore {
   // ---- what spans rooms ----
   // A gradient to write on the device (GradientLanding::acquire); the working copies' compute
   // spans are backward ones from here. A frozen group has none: ZeroProvider refuses it.
-  Result<void*> acquire_grads(int group);
+  Result<void*> acquire_grads(int group, model::GradientWrite write);
   // The end of a micro-batch's backward: the gradients landed (GradientLanding's), then the
   // prefetcher settles and drops what it kept, since the optimizer may rewrite the working
   // copies before the next pass; with every group frozen they stay while there is room.

@@ -63,7 +63,7 @@ class ZeroProvider final : public model::ParamProvider {
   void release_params(int group) override;
   void prefetch_params(int group) override;
   // A frozen group (model::ParamGroup::frozen) has no gradient: acquire_grads fails, naming it.
-  Result<void*> acquire_grads(int group) override;
+  Result<void*> acquire_grads(int group, model::GradientWrite write) override;
   Status release_grads(int group) override;
   Result<void*> workspace(std::uint64_t bytes, const std::string& what) override;
   Result<void*> host_io(std::uint64_t bytes, const std::string& what) override {
@@ -144,6 +144,10 @@ class ZeroProvider final : public model::ParamProvider {
   using Scratch = ScratchSpace::Scratch;
   Result<Scratch> take(std::uint64_t bytes, const std::string& name, bool zero_fill = false);
   void give(Scratch& s);  // no-op when not held
+  // A gradient buffer of `elems` elements of `elem_bytes` the model writes tensor by tensor
+  // (GradientWrite::kWrite): what none of group's tensors covers (alignment gaps, padding)
+  // zeroed, since it is reduced and stepped with the rest.
+  void zero_gaps(void* grad, int group, std::int64_t elems, std::size_t elem_bytes);
   // This rank's part of a group, once an overlapped update of it is written.
   Result<const void*> acquire_shard(int group);
 

@@ -213,6 +213,38 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // A window wider than the sequence changes nothing: the same bits as full attention.
+TEST(ParamGroupTest, GapsAreWhatNoTensorCoversUpToTheEnd) {
+  ParamGroup g;
+  TensorSpec a, b;
+  a.offset_elems = 0;
+  a.num_elems = 100;
+  b.offset_elems = kTensorAlignElems;
+  b.num_elems = 10;
+  g.tensors = {b, a};  // in any order
+  g.num_elems = 2 * kTensorAlignElems;
+  using Gaps = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  EXPECT_EQ(g.gaps(g.num_elems),
+            (Gaps{{100, kTensorAlignElems}, {kTensorAlignElems + 10, 2 * kTensorAlignElems}}));
+  // A partitioned buffer's padding past the group is a gap too; an end inside a tensor cuts.
+  EXPECT_EQ(g.gaps(3 * kTensorAlignElems),
+            (Gaps{{100, kTensorAlignElems}, {kTensorAlignElems + 10, 3 * kTensorAlignElems}}));
+  EXPECT_EQ(g.gaps(50), Gaps{});
+  EXPECT_EQ(g.gaps(kTensorAlignElems + 5), (Gaps{{100, kTensorAlignElems}}));
+  // Every tensor of a real layout's groups, and nothing else, lies outside the gaps.
+  const ParamLayout layout = ParamLayout::build(tiny_config(false));
+  for (const ParamGroup& group : layout.groups()) {
+    std::vector<int> covered(static_cast<std::size_t>(group.num_elems), 0);
+    for (const TensorSpec& t : group.tensors) {
+      for (std::int64_t i = 0; i < t.num_elems; ++i) ++covered[t.offset_elems + i];
+    }
+    for (const auto& [first, last] : group.gaps(group.num_elems)) {
+      for (std::int64_t i = first; i < last; ++i) ++covered[i];
+    }
+    EXPECT_TRUE(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }))
+        << group.name;
+  }
+}
+
 TEST(LlamaModelTest, AWindowLongerThanTheSequenceIsFullAttention) {
   LlamaConfig wide = tiny_config(false);
   wide.family = ModelFamily::kMistral;

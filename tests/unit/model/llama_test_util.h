@@ -66,15 +66,25 @@ class TestProvider final : public ParamProvider {
 
   void prefetch_params(int group) override { log.push_back("F" + std::to_string(group)); }
 
-  Result<void*> acquire_grads(int group) override {
+  // kWrite's buffer holds NaNs but in the gaps between tensors: an element of a tensor the model
+  // leaves unwritten, or adds into, shows.
+  Result<void*> acquire_grads(int group, GradientWrite write) override {
     log.push_back("G+" + std::to_string(group));
     EXPECT_FALSE(layout_.group(group).frozen) << "gradients of frozen group " << group;
     EXPECT_TRUE(grad_bufs_[group].empty()) << "gradients of group " << group << " acquired twice";
     auto r = device_.allocate(params[group].size() * dtype_size(dtype_), "test grads");
     if (!r.is_ok()) return r.status();
     grad_bufs_[group] = std::move(r).value();
-    device_.fill_zero(grad_bufs_[group].data(), grad_bufs_[group].size(),
-                      device_.stream(device::StreamKind::kCompute));
+    if (write == GradientWrite::kAdd) {
+      device_.fill_zero(grad_bufs_[group].data(), grad_bufs_[group].size(),
+                        device_.stream(device::StreamKind::kCompute));
+    } else {
+      std::vector<float> nan(params[group].size(), std::numeric_limits<float>::quiet_NaN());
+      for (const auto& [first, last] : layout_.group(group).gaps(layout_.group(group).num_elems)) {
+        std::fill(nan.begin() + first, nan.begin() + last, 0.0f);
+      }
+      upload(nan.data(), grad_bufs_[group].data(), nan.size());
+    }
     return grad_bufs_[group].data();
   }
 

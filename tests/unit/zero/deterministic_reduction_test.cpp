@@ -112,7 +112,8 @@ Outcome train(int world, const Placement& p, bool tree) {
             return false;
           }();
           if (absent && (world == 1 || !peers_have)) continue;
-          auto buf = zp.acquire_grads(g);
+          auto buf = zp.acquire_grads(
+              g, absent ? model::GradientWrite::kAdd : model::GradientWrite::kWrite);
           ASSERT_TRUE(buf.is_ok()) << buf.status().to_string();
           if (!absent) {
             for (std::int64_t i = 0; i < kElems[static_cast<std::size_t>(g)]; ++i) {

@@ -313,7 +313,7 @@ TEST_F(EnginePrefetchTest, AGuessedUpdateStartsBeforeBackwardEnds) {
   };
   const int n = layout_.num_groups();
   for (int g = n - 1; g >= 0; --g) {
-    auto grads = provider_->acquire_grads(g);
+    auto grads = provider_->acquire_grads(g, model::GradientWrite::kAdd);
     ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
     ASSERT_TRUE(provider_->release_grads(g).is_ok());
     if (g + 1 < n) {

@@ -45,7 +45,7 @@ class TestExperts final : public ExpertSource {
   }
   void release(std::int64_t) override {}
   bool trains() const override { return true; }
-  Result<ExpertGrads> acquire_grads(std::int64_t e) override {
+  Result<ExpertGrads> acquire_grads(std::int64_t e, bool) override {
     ExpertGrads g;
     g.w = {at(grads_, e, 0), at(grads_, e, 1), at(grads_, e, 2)};
     return g;

@@ -146,7 +146,7 @@ void ShardStoreTest::check_step(int micro_batches, const std::vector<int>& silen
     if (micro == micro_batches - 1) provider_->begin_last_micro_batch(1e-2, 1, true);
     for (int g = layout_.num_groups() - 1; g >= 0; --g) {
       if (layout_.group(g).frozen) {
-        auto refused = provider_->acquire_grads(g);
+        auto refused = provider_->acquire_grads(g, model::GradientWrite::kAdd);
         ASSERT_FALSE(refused.is_ok());
         EXPECT_NE(refused.status().message().find("'" + layout_.group(g).name + "' is frozen"),
                   std::string::npos)
@@ -154,8 +154,15 @@ void ShardStoreTest::check_step(int micro_batches, const std::vector<int>& silen
         continue;
       }
       if (silent(micro, g)) continue;
-      auto buf = provider_->acquire_grads(g);
+      auto buf = provider_->acquire_grads(g, model::GradientWrite::kWrite);
       ASSERT_TRUE(buf.is_ok());
+      // Written tensor by tensor, the buffer comes unfilled but for the gaps between tensors
+      // (after the first micro-batch often memory that held the last one's gradient).
+      for (const auto& [first, last] : layout_.group(g).gaps(layout_.group(g).num_elems)) {
+        for (std::int64_t i = first; i < last; ++i) {
+          ASSERT_EQ(load_as_f32(*buf, dtype, i), 0.0f) << "gap element " << i << " of group " << g;
+        }
+      }
       const auto grad = values(g, 100 + static_cast<std::uint64_t>(micro));
       convert(grad.data(), DType::kF32, *buf, dtype, grad.size());
       ASSERT_TRUE(provider_->release_grads(g).is_ok());
@@ -273,7 +280,7 @@ TEST_P(ShardStoreTest, ASecondGradientWithoutAccumulationIsAnError) {
   if (GetParam().opt == Tier::kDevice) GTEST_SKIP() << "the device optimizer always accumulates";
   const int g = layout_.num_groups() - 1;
   for (int micro = 0; micro < 2; ++micro) {
-    auto buf = provider_->acquire_grads(g);
+    auto buf = provider_->acquire_grads(g, model::GradientWrite::kAdd);
     if (micro == 1) {
       ASSERT_FALSE(buf.is_ok());
       EXPECT_NE(buf.status().message().find("accumulation"), std::string::npos)
@@ -344,7 +351,7 @@ TEST_P(ShardStoreTest, HeldStateReadsAsHeldWhileStepsRun) {
   for (int step = 2; step <= 4; ++step) {
     provider_->begin_last_micro_batch(1e-2, step, true);
     for (int g = n - 1; g >= 0; --g) {
-      auto buf = provider_->acquire_grads(g);
+      auto buf = provider_->acquire_grads(g, model::GradientWrite::kWrite);
       ASSERT_TRUE(buf.is_ok());
       const auto grad = values(g, 200 + static_cast<std::uint64_t>(step));
       convert(grad.data(), DType::kF32, *buf, GetParam().dtype, grad.size());

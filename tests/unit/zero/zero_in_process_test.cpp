@@ -74,7 +74,7 @@ TEST(ZeroInProcessFrozen, FrozenGroupsGatherAndNeverReduce) {
                     }).is_ok());
       const int rank = r.grid.data().rank();
       for (int g = layout.num_groups() - 1; g >= 0; --g) {
-        auto buf = zp.acquire_grads(g);
+        auto buf = zp.acquire_grads(g, model::GradientWrite::kWrite);
         if (layout.group(g).frozen) {
           ASSERT_FALSE(buf.is_ok());
           EXPECT_NE(buf.status().message().find("'" + layout.group(g).name + "' is frozen"),
