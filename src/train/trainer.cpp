@@ -686,14 +686,6 @@ std::string Trainer::peaks_against_plan() const {
          pair("rss", rss, s.planned.rss_bytes, "predicted");
 }
 
-namespace {
-std::string fraction_text(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", f);
-  return buf;
-}
-}  // namespace
-
 std::string Trainer::describe() const {
   const Impl& s = *impl_;
   const auto& c = s.config.model;
@@ -715,7 +707,7 @@ std::string Trainer::describe() const {
       std::string(zero::offload_name(s.config.offload_param)).c_str(),
       (std::string(zero::offload_name(s.config.offload_optimizer)) +
        (s.planned.plan.any_device_steps()
-            ? " (offload_optimizer_fraction " + fraction_text(s.planned.plan.offload_fraction) +
+            ? " (offload_optimizer_fraction " + zero::fraction_text(s.planned.plan.offload_fraction) +
                   ", the rest stepped on the device)"
             : ""))
           .c_str(),

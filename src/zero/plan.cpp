@@ -159,13 +159,13 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
-namespace {
-
 std::string fraction_text(double f) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", f);
   return buf;
 }
+
+namespace {
 
 // The plan of the share `layout` by itself: placements, homes, buffers in flight, caches.
 // "12 bytes a parameter: master weights fp32 4 + moments fp32 2 x 4", as the layouts store it.

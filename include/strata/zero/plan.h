@@ -275,6 +275,9 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
+// A share as a config writes it: "0.5", "0.0625", "1".
+std::string fraction_text(double f);
+
 // The plan of this rank's share of `partition` (its local layout), and of the buffers ZeRO's
 // collectives take beside it. Fails when the placements contradict each other (trained
 // parameters off the device with the optimizer on it, NVMe without swap paths) or when the host
