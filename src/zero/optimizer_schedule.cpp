@@ -278,12 +278,12 @@ Status OptimizerSchedule::abandon_guess(bool restore) {
 class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
  public:
   // `on_device`: the groups the device steps (device_steps), on the calling thread beside the
-  // host's step, which its own writebacks and spans keep apart from.
-  ScheduledStep(OptimizerSchedule& schedule, bool guess, bool on_device,
-                std::vector<std::size_t> order)
+  // host's step, which its own writebacks and spans keep apart from. A guess steps its groups
+  // in backward order, as their gradients become final; else in layout order.
+  ScheduledStep(OptimizerSchedule& schedule, bool guess, bool on_device)
       : ScheduledStep(schedule,
                       schedule.shards_.state().step_groups(schedule.shards_.grads(), on_device),
-                      guess, on_device, std::move(order)) {}
+                      guess, on_device) {}
 
   // The working copies it wrote, home.
   Status wait_writebacks() { return wait_all(schedule_.shards_.store(), writebacks_); }
@@ -355,15 +355,24 @@ class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
 
  private:
   ScheduledStep(OptimizerSchedule& schedule, OptimizerState::StepGroups groups, bool guess,
-                bool on_device, std::vector<std::size_t> order)
+                bool on_device)
       : StoreStepTarget(schedule.shards_.store(), std::move(groups.groups),
                         std::move(groups.tensors), schedule.shards_.grads().step_dtype(on_device),
-                        schedule.options_.compute_dtype, std::move(order)),
+                        schedule.options_.compute_dtype, backward_order(guess, groups.ids.size())),
         schedule_(schedule),
         ids_(std::move(groups.ids)),
         guess_(guess),
         on_device_(on_device),
         open_(ids_.size()) {}
+
+  // A guess's order: the last group first (empty: layout order).
+  static std::vector<std::size_t> backward_order(bool guess, std::size_t n) {
+    std::vector<std::size_t> order;
+    if (guess) {
+      for (std::size_t gi = n; gi-- > 0;) order.push_back(gi);
+    }
+    return order;
+  }
 
   OptimizerSchedule& schedule_;
   std::vector<int> ids_;  // step group -> the store's group (frozen ones have no step)
@@ -379,12 +388,7 @@ class OptimizerSchedule::ScheduledStep final : public StoreStepTarget {
 // written; returns once they are all home.
 Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
   Stopwatch timer;
-  std::vector<std::size_t> order;
-  if (guess) {
-    const std::size_t n = shards_.state().step_groups(shards_.grads(), false).groups.size();
-    for (std::size_t gi = n; gi-- > 0;) order.push_back(gi);
-  }
-  ScheduledStep target(*this, guess, /*on_device=*/false, std::move(order));
+  ScheduledStep target(*this, guess, /*on_device=*/false);
   Status s = optimizer_->run(target, args);
   target.abandon_open();
   if (Status w = target.wait_writebacks(); s.is_ok()) s = w;
@@ -398,7 +402,7 @@ Status OptimizerSchedule::run_step(const device::AdamWArgs& args, bool guess) {
 Status OptimizerSchedule::run_device_step(const device::AdamWArgs& args) {
   if (device_optimizer_ == nullptr) return Status::ok();
   Stopwatch timer;
-  ScheduledStep target(*this, /*guess=*/false, /*on_device=*/true, {});
+  ScheduledStep target(*this, /*guess=*/false, /*on_device=*/true);
   Status s = device_optimizer_->run(target, args);
   target.abandon_open();
   if (Status w = target.wait_writebacks(); s.is_ok()) s = w;
