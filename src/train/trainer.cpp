@@ -707,7 +707,8 @@ std::string Trainer::describe() const {
       std::string(zero::offload_name(s.config.offload_param)).c_str(),
       (std::string(zero::offload_name(s.config.offload_optimizer)) +
        (s.planned.plan.any_device_steps()
-            ? " (offload_optimizer_fraction " + zero::fraction_text(s.planned.plan.offload_fraction) +
+            ? " (offload_optimizer_fraction " +
+                  zero::fraction_text(s.planned.plan.offload_fraction) +
                   ", the rest stepped on the device)"
             : ""))
           .c_str(),
