@@ -43,8 +43,9 @@ class GradientLanding {
   // summation tree. Without a call, each finish_micro_batch moves on to the next.
   void set_micro_batch(std::int64_t micro);
 
-  // ---- the model's, with ParamProvider's contract: on the device, zeroed unless the model
-  // writes every element (GradientWrite::kWrite), then released ----
+  // ---- the model's, with ParamProvider's contract: on the device, zero-filled for kAdd and
+  // unfilled for GradientWrite::kWrite (ZeroProvider zeroes the gaps between its tensors), then
+  // released ----
   Result<void*> acquire(int group, model::GradientWrite write);
   Status release(int group);
   // Waits for gradient transfers still in flight. With a guess listening (the step's last pass
