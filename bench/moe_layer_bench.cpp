@@ -224,7 +224,7 @@ void BM_MoeVsDenseMlp(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     aux.reset(E);
     Status st = moe.forward(ops, x, a, s, out, &aux);
-    if (st.is_ok()) st = moe.backward(ops, x, a, s, dy, moe_dm, router_g, true, dx);
+    if (st.is_ok()) st = moe.backward(ops, x, a, s, dy, moe_dm, router_g, {}, true, dx);
     stream.synchronize();
     if (!st.is_ok()) std::abort();
     return ms_since(t0);

@@ -303,9 +303,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ParamLayout& layout, dev
     detail::LoraOffsets lo;
     for (int t = 0; t < kNumLoraTargets; ++t) {
       const auto target = static_cast<LoraTarget>(t);
-      if (!options_.lora->has(target)) continue;
-      if (!dense && target >= LoraTarget::kGate) continue;  // the experts' adapters
-      const std::string m = p + std::string(lora_module_path(target));
+      if (!options_.lora->has(target) || !in_layer_adapters(target, !dense)) continue;
+      const std::string m = p + std::string(lora_module_path(target, config.family));
       lo.a[t] = tensor_offset(layout, m + ".lora_A.weight", ag);
       lo.b[t] = tensor_offset(layout, m + ".lora_B.weight", ag);
     }

@@ -177,6 +177,7 @@ MoeMlp moe_of(const BlockSetup& b, const BlockWeights& w) {
   m.normalize = b.moe.normalize;
   m.dtype = d.dtype;
   m.router = w.router;
+  m.router_adapter = w.lora[static_cast<std::size_t>(LoraTarget::kRouter)];
   m.source = b.moe.source;
   m.base = &b.base;
   m.traffic = b.moe.traffic;
@@ -262,8 +263,8 @@ Status block_decode(const device::Ops& ops, const BlockSetup& bs, const BlockWei
   void* k_new = offset_ptr(k_cache, past * KV, d.elem_bytes);
   void* v_new = offset_ptr(v_cache, past * KV, d.elem_bytes);
   // No backward: every adapter's t goes through the one scratch.
-  void* const ts[kNumLoraTargets] = {s.lora_t, s.lora_t, s.lora_t, s.lora_t,
-                                     s.lora_t, s.lora_t, s.lora_t};
+  void* ts[kNumLoraTargets];
+  std::fill(std::begin(ts), std::end(ts), s.lora_t);
   const BlockLayers L = layers_of(bs, w);
   ops.rmsnorm_forward(s.x, w.ln1, s.a, s.rstd, R, H, d.eps, dt);
   L.qkv.forward(ops, s.a, {d.qk_norm ? s.q_pre : s.q, d.qk_norm ? s.k_pre : k_new, v_new},
@@ -312,7 +313,8 @@ Status block_backward(const device::Ops& ops, const BlockSetup& bs, const BlockW
                     grad_of(LoraTarget::kDown)};
   if (w.router != nullptr) {
     STRATA_RETURN_IF_ERROR(moe_of(bs, w).backward(ops, s.b, s.moe, bs.moe.scratch, dh, t.dm,
-                                                  g.router, bs.moe.aux_grad, dx));
+                                                  g.router, grad_of(LoraTarget::kRouter),
+                                                  bs.moe.aux_grad, dx));
   } else {
     // Kept apart, this layer's b is gathered again into the buffer the layers share.
     STRATA_RETURN_IF_ERROR(L.mlp.backward(ops, s.b, mlp_acts(s.gate, s.up, s.m, s.lora_t), mg, dh,

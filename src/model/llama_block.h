@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -97,8 +98,13 @@ struct BlockOffsets {
 // Element offsets of one block's adapters inside its adapter group, per LoraTarget: lora_A
 // [r, in] and lora_B [out, r]; -1 for a projection without one.
 struct LoraOffsets {
-  std::int64_t a[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
-  std::int64_t b[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
+  static constexpr std::array<std::int64_t, kNumLoraTargets> kNone = [] {
+    std::array<std::int64_t, kNumLoraTargets> none{};
+    none.fill(-1);
+    return none;
+  }();
+  std::array<std::int64_t, kNumLoraTargets> a = kNone;
+  std::array<std::int64_t, kNumLoraTargets> b = kNone;
 };
 
 // Views of one block's weights (or of its gradients): HF shapes, [out, in] for projections;
@@ -187,7 +193,8 @@ struct BlockActs {
   void* gate = nullptr;     // [rows, ffn]
   void* up = nullptr;       // [rows, ffn]
   void* m = nullptr;        // [rows, ffn]      silu(gate) * up (Dims::mlp_elems)
-  // Each adapter's dropout(x) A^T [rows, r], per LoraTarget (nullptr without one).
+  // Each adapter's dropout(x) A^T [rows, r], per LoraTarget (nullptr without one; an MoE
+  // layer's router's is in `moe`).
   void* lora_t[kNumLoraTargets] = {};
   // Scratch [rows, max in features], not kept: an adapter's input after dropout (lora_dropout > 0).
   void* lora_x = nullptr;

@@ -41,6 +41,10 @@ MoeActs carve_moe_acts(const Dims& d, const AdapterSpec& lora, Carver& c, std::i
   a.t_gate = t(LoraTarget::kGate);
   a.t_up = t(LoraTarget::kUp);
   a.t_down = t(LoraTarget::kDown);
+  // The router's, over every token.
+  if (lora.rank > 0 && lora.on[static_cast<int>(LoraTarget::kRouter)]) {
+    a.t_router = c.take(d.rows * lora.rank, d.elem_bytes);
+  }
   return a;
 }
 
@@ -56,10 +60,11 @@ MoeScratch carve_moe_scratch(const Dims& d, const AdapterSpec& lora, Carver& c) 
   s.dweights = c.f32(N);
   s.prob_sums = c.f32(E);
   s.aux_grad = c.f32(E);
-  // The experts' adapters: t's gradient, and with dropout the dropped input and its gradient.
-  const bool adapted = lora.rank > 0 && (lora.on[static_cast<int>(LoraTarget::kGate)] ||
-                                         lora.on[static_cast<int>(LoraTarget::kUp)] ||
-                                         lora.on[static_cast<int>(LoraTarget::kDown)]);
+  // The experts' and the router's adapters: t's gradient, and with dropout the dropped input
+  // and its gradient (the router's over the tokens, fewer than the experts' rows).
+  const auto on = [&](LoraTarget t) { return lora.on[static_cast<int>(t)]; };
+  const bool adapted = lora.rank > 0 && (on(LoraTarget::kGate) || on(LoraTarget::kUp) ||
+                                         on(LoraTarget::kDown) || on(LoraTarget::kRouter));
   if (adapted) s.lora.dt = c.take(X * lora.rank, d.elem_bytes);
   if (adapted && lora.dropout > 0) {
     const std::int64_t widest = std::max(d.hidden, d.expert_ffn);
@@ -107,7 +112,8 @@ BlockActs carve_acts(const BlockSetup& setup, Act act, F32 f32, bool rows_apart,
   a.up = act(F);
   a.m = act(F);
   for (int t = 0; t < kNumLoraTargets; ++t) {
-    if (setup.lora.on[t]) a.lora_t[t] = act(R * setup.lora.rank);
+    const bool router = t == static_cast<int>(LoraTarget::kRouter);  // in the MoE acts
+    if (setup.lora.on[t] && !router) a.lora_t[t] = act(R * setup.lora.rank);
   }
   return a;
 }

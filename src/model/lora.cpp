@@ -10,9 +10,10 @@ struct TargetInfo {
   std::string_view name, path;
 };
 constexpr TargetInfo kTargets[kNumLoraTargets] = {
-    {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"}, {"v_proj", "self_attn.v_proj"},
-    {"o_proj", "self_attn.o_proj"}, {"gate_proj", "mlp.gate_proj"}, {"up_proj", "mlp.up_proj"},
-    {"down_proj", "mlp.down_proj"}};
+    {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"},
+    {"v_proj", "self_attn.v_proj"}, {"o_proj", "self_attn.o_proj"},
+    {"gate_proj", "mlp.gate_proj"}, {"up_proj", "mlp.up_proj"},
+    {"down_proj", "mlp.down_proj"}, {"gate", "mlp.gate"}};
 
 }  // namespace
 
@@ -20,7 +21,10 @@ std::string_view lora_target_name(LoraTarget target) {
   return kTargets[static_cast<int>(target)].name;
 }
 
-std::string_view lora_module_path(LoraTarget target) {
+std::string_view lora_module_path(LoraTarget target, ModelFamily family) {
+  if (target == LoraTarget::kRouter && family == ModelFamily::kMixtral) {
+    return "block_sparse_moe.gate";
+  }
   return kTargets[static_cast<int>(target)].path;
 }
 
@@ -56,6 +60,8 @@ std::int64_t lora_out_features(const LlamaConfig& c, LoraTarget target) {
     case LoraTarget::kGate:
     case LoraTarget::kUp:
       return c.intermediate_size;
+    case LoraTarget::kRouter:
+      return c.moe.num_experts;
     default:
       return c.hidden_size;
   }
@@ -111,29 +117,35 @@ std::vector<std::string> saveable_modules(const LlamaConfig& c) {
   return paths;
 }
 
-std::vector<std::string> modules_to_save_problems(const LlamaConfig& c, const LoraConfig& lora) {
-  std::vector<std::string> problems;
+std::vector<LoraProblem> lora_problems(const LlamaConfig& c, const LoraConfig& lora) {
+  std::vector<LoraProblem> problems;
+  if (lora.has(LoraTarget::kRouter) && !c.has_moe()) {
+    problems.push_back({"target_modules",
+                        "\"gate\" names an MoE layer's router, and this model has no MoE layer "
+                        "(its MLP's gate projection is \"gate_proj\")"});
+  }
   const std::vector<std::string> paths = saveable_modules(c);
   for (const auto& entry : lora.modules_to_save) {
     bool found = false;
     for (const auto& p : paths) found = found || names_module(entry, p);
     if (found) continue;
     const std::string quoted = "\"" + entry + "\"";
+    std::string text;
     if (parse_lora_target(entry.substr(entry.rfind('.') + 1))) {
-      problems.push_back(quoted +
-                         " is a projection: adapt it with target_modules (modules_to_save trains "
-                         "the embedding, the head and the norms)");
+      text = quoted +
+             " is a projection: adapt it with target_modules (modules_to_save trains the "
+             "embedding, the head and the norms)";
     } else if (entry == "lm_head" && c.tie_word_embeddings) {
-      problems.push_back(quoted +
-                         ": this model ties lm_head to the embedding (tie_word_embeddings); name "
-                         "\"embed_tokens\" to train both");
+      text = quoted +
+             ": this model ties lm_head to the embedding (tie_word_embeddings); name "
+             "\"embed_tokens\" to train both";
     } else {
-      problems.push_back(quoted + " names no module of this model; expected embed_tokens, " +
-                         (c.tie_word_embeddings ? "" : "lm_head, ") + "norm, input_layernorm, " +
-                         (c.qk_norm ? "q_norm, k_norm, " : "") +
-                         "post_attention_layernorm or a path ending in one, e.g. "
-                         "layers.0.input_layernorm");
+      text = quoted + " names no module of this model; expected embed_tokens, " +
+             (c.tie_word_embeddings ? "" : "lm_head, ") + "norm, input_layernorm, " +
+             (c.qk_norm ? "q_norm, k_norm, " : "") +
+             "post_attention_layernorm or a path ending in one, e.g. layers.0.input_layernorm";
     }
+    problems.push_back({"modules_to_save", std::move(text)});
   }
   return problems;
 }
@@ -143,8 +155,12 @@ std::vector<std::string> LoraConfig::target_names(ModelFamily family) const {
   for (int i = 0; i < kNumLoraTargets; ++i) {
     if (!targets[static_cast<std::size_t>(i)]) continue;
     const auto t = static_cast<LoraTarget>(i);
-    if (family == ModelFamily::kMixtral && t >= LoraTarget::kGate) {
-      names.emplace_back(t == LoraTarget::kGate ? "w1" : t == LoraTarget::kUp ? "w3" : "w2");
+    if (family == ModelFamily::kMixtral && t == LoraTarget::kGate) {
+      names.emplace_back("w1");
+    } else if (family == ModelFamily::kMixtral && t == LoraTarget::kUp) {
+      names.emplace_back("w3");
+    } else if (family == ModelFamily::kMixtral && t == LoraTarget::kDown) {
+      names.emplace_back("w2");
     } else {
       names.emplace_back(kTargets[i].name);
     }

@@ -65,13 +65,29 @@ void MoeMlp::layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t
   linear(p.down, LoraTarget::kDown, hidden, ffn, w.w.down, w.lora.down);
 }
 
+Linear MoeMlp::router_layer() const {
+  static const BaseFormat kDense;
+  Linear l;
+  l.target = LoraTarget::kRouter;
+  l.rows = tokens;
+  l.out = experts;
+  l.in = hidden;
+  l.w = router;
+  l.adapter = router_adapter;
+  l.lora = lora;
+  l.base = &kDense;
+  l.dtype = dtype;
+  return l;
+}
+
 Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                        void* out, MoeAux* aux) const {
   const std::int64_t T = tokens, E = experts, K = k, H = hidden, N = T * K;
   const std::size_t eb = dtype_size(dtype);
   auto& stream = device->stream(device::StreamKind::kCompute);
-  // Router logits in the compute dtype (an nn.Linear), the softmax and the choice in f32.
-  matmul(ops, dtype, false, true, T, E, H, x, router, s.logits, false);
+  // Router logits in the compute dtype (an nn.Linear, with its adapter where it has one), the
+  // softmax and the choice in f32.
+  router_layer().forward(ops, x, s.logits, a.t_router, s.lora_x);
   ops.cast(s.logits, dtype, s.logits_f32, DType::kF32, T * E);
   ops.moe_route(s.logits_f32, T, E, K, normalize, a.probs, a.chosen, a.weights);
 
@@ -123,8 +139,8 @@ Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, 
 }
 
 Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
-                        const MoeScratch& s, const void* dy, void* dm, void* router_grad, bool aux,
-                        void* dx) const {
+                        const MoeScratch& s, const void* dy, void* dm, void* router_grad,
+                        const LoraPair<void*>& router_adapter_grad, bool aux, void* dx) const {
   const std::int64_t T = tokens, E = experts, K = k, H = hidden, N = T * K;
   const std::size_t eb = dtype_size(dtype);
   auto& stream = device->stream(device::StreamKind::kCompute);
@@ -138,14 +154,12 @@ Status MoeMlp::backward(const device::Ops& ops, const void* x, const MoeActs& a,
   device->fill_zero(dx, static_cast<std::size_t>(T * H) * eb, stream);
   ops.embedding_backward(a.tokens, N, s.rows_grad, H, dx, dtype);
   // The router: the routing weights' gradient (and the load-balancing loss's) through the top-k
-  // and the softmax, then the projection's.
+  // and the softmax, then the projection's (and its adapter's).
   ops.moe_route_backward(a.probs, a.chosen, s.dweights, aux ? s.aux_grad : nullptr, T, E, K,
                          normalize, s.logits_f32);
   ops.cast(s.logits_f32, DType::kF32, s.logits, dtype, T * E);
-  if (router_grad != nullptr)
-    matmul(ops, dtype, true, false, E, H, T, s.logits, x, router_grad, true);
-  matmul(ops, dtype, false, false, T, H, E, s.logits, router, dx, true);
-  return Status::ok();
+  return router_layer().backward(ops, x, a.t_router, router_grad, nullptr, router_adapter_grad,
+                                 s.logits, dx, true, s.lora_x, s.lora);
 }
 
 Status MoeMlp::run_local(const device::Ops& ops, const void* x, const MoeActs& a,

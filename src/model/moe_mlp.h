@@ -85,10 +85,12 @@ struct MoeActs {
   void* up = nullptr;              // [tokens k, expert_ffn]
   void* m = nullptr;               // [tokens k, expert_ffn]: silu(gate) * up
   void* out = nullptr;             // [tokens k, hidden]: each row's expert output, unweighted
-  // With LoRA on the experts: each adapted projection's t = dropout(x) A^T, [tokens k, r].
+  // With LoRA on the experts: each adapted projection's t = dropout(x) A^T, [tokens k, r]; on
+  // the router: its t [tokens, r].
   void* t_gate = nullptr;
   void* t_up = nullptr;
   void* t_down = nullptr;
+  void* t_router = nullptr;
   std::int64_t* offsets = nullptr;  // host [experts + 1]: each expert's first row
   // host [experts]: each expert's rows summed over the data-parallel ranks; the experts with
   // some are the ones this layer runs (acquires, and in backward reduces), on every rank.
@@ -136,8 +138,8 @@ struct MoeScratch {
   float* dweights = nullptr;    // [tokens k] f32: the routing weights' gradient
   float* prob_sums = nullptr;   // [experts] f32: each expert's probability summed over the tokens
   float* aux_grad = nullptr;    // [experts] f32: the load-balancing loss's gradient (backward)
-  // With LoRA on the experts: an adapter's t gradient [tokens k, r]; with dropout, its dropped
-  // input and that input's gradient [tokens k, max(hidden, ffn)].
+  // With LoRA on the experts or the router: an adapter's t gradient [tokens k, r]; with
+  // dropout, its dropped input and that input's gradient [tokens k, max(hidden, ffn)].
   AdapterScratch lora;
   void* lora_x = nullptr;
   // Pinned host: the choice read back and each row's token and slot formed from it ([tokens k]
@@ -192,7 +194,8 @@ struct MoeMlp {
   std::int64_t tokens = 0, hidden = 0, experts = 0, k = 0, ffn = 0;
   bool normalize = false;  // the top-k weights renormalized
   DType dtype = DType::kF32;
-  const void* router = nullptr;  // [experts, hidden]
+  const void* router = nullptr;          // [experts, hidden], in the compute dtype (never NF4)
+  LoraPair<const void*> router_adapter;  // its adapter where it has one (PEFT's "gate")
   ExpertSource* source = nullptr;
   const BaseFormat* base = nullptr;  // NF4 experts are decoded before their products
   // The adapters' settings (rank 0: none), `layer` this MoE layer's; an expert's adapters draw
@@ -210,10 +213,12 @@ struct MoeMlp {
   Status forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
                  void* out, MoeAux* aux) const;
   // dy [tokens, hidden] -> dx [tokens, hidden] (overwritten); the experts' gradients (+=) where
-  // they train, router_grad (+=) unless null; with s.aux_grad the load-balancing loss's term.
-  // `dm` [tokens k, ffn] (expert parallelism: [capacity, ffn]) is scratch.
+  // they train, router_grad (+=) unless null and the router's adapter's (+=) where it has one;
+  // with s.aux_grad the load-balancing loss's term. `dm` [tokens k, ffn] (expert parallelism:
+  // [capacity, ffn]) is scratch.
   Status backward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,
-                  const void* dy, void* dm, void* router_grad, bool aux, void* dx) const;
+                  const void* dy, void* dm, void* router_grad,
+                  const LoraPair<void*>& router_adapter_grad, bool aux, void* dx) const;
 
  private:
   // One expert's three projections over its `rows` rows, with its adapters and their settings
@@ -227,6 +232,9 @@ struct MoeMlp {
   };
   void layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
                  ExpertLayers& p) const;
+  // The router as a projection over every token: logits [tokens, experts] = x router^T, plus its
+  // adapter's product (t in MoeActs::t_router), whose dropout masks are the layer's own.
+  Linear router_layer() const;
   // Expert `e` over its `n` rows, the first of them row `first` of the activations: inputs `xe`,
   // outputs `out` [n, hidden]. Backward: `dy` the rows' output gradient in, their input
   // gradient out (in place); `dm` [rows, ffn] scratch at the same rows.

@@ -255,25 +255,26 @@ ParamLayout ParamLayout::build(const LlamaConfig& c, const std::optional<LoraCon
       // whole.
       for (int t = 0; t < kNumLoraTargets; ++t) {
         const auto target = static_cast<LoraTarget>(t);
-        if (!lora->has(target)) continue;
-        // An MoE layer's MLP projections are its experts': their adapters are the experts'.
-        if (c.is_moe_layer(l) && target >= LoraTarget::kGate) continue;
-        const std::string m = p + std::string(lora_module_path(target));
+        if (!lora->has(target) || !in_layer_adapters(target, c.is_moe_layer(l))) continue;
+        const std::string m = p + std::string(lora_module_path(target, c.family));
         const bool row_parallel = target == LoraTarget::kO || target == LoraTarget::kDown;
         const bool kv = target == LoraTarget::kK || target == LoraTarget::kV;
+        // The router is whole on every rank of a tensor split, and so is its adapter.
+        const bool whole = row_parallel || target == LoraTarget::kRouter;
         add_tensor(g, m + ".lora_A.weight", {lora->r, lora_in_features(c, target)},
                    TensorInit::kUniformFanIn, row_parallel ? cols : TensorSlice{});
         add_tensor(g, m + ".lora_B.weight", {lora_out_features(c, target), lora->r},
                    TensorInit::kZeros,
-                   row_parallel ? TensorSlice{}
-                   : kv         ? kv_rows
-                                : rows);
+                   whole ? TensorSlice{}
+                   : kv  ? kv_rows
+                         : rows);
       }
       for (auto& t : moved[static_cast<std::size_t>(l)]) {
         add_tensor(g, std::move(t.name), std::move(t.shape), t.init);
       }
-      // An MoE layer whose only targets are its experts' projections adapts nothing here: the
-      // group is empty, and nothing of it trains (or is saved, or asked for).
+      // An MoE layer whose only targets are its experts' projections adapts nothing here (the
+      // router's adapter sits here where it has one): the group is empty, and nothing of it
+      // trains (or is saved, or asked for).
       g.frozen = g.tensors.empty();
       layout.groups_.push_back(std::move(g));
     }

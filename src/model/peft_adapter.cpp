@@ -45,7 +45,7 @@ LoraConfig read_lora_keys(const Json& j, std::vector<std::string>& errors) {
   if (j.contains("use_rslora") && j["use_rslora"].is_boolean()) c.use_rslora = j["use_rslora"];
   const Json& t = j.contains("target_modules") ? j["target_modules"] : Json();
   if (t.is_string() && t == "all-linear") {
-    c.targets.fill(true);
+    c.targets = LoraConfig::all_linear();
   } else if (t.is_array() && !t.empty()) {
     c.targets.fill(false);
     for (const Json& n : t) {
@@ -53,7 +53,7 @@ LoraConfig read_lora_keys(const Json& j, std::vector<std::string>& errors) {
       if (!target) {
         fail("target_modules", n.dump() +
                                    " is not a projection Strata adapts (q_proj, k_proj, "
-                                   "v_proj, o_proj, gate_proj, up_proj, down_proj)");
+                                   "v_proj, o_proj, gate_proj, up_proj, down_proj, gate)");
       } else {
         c.targets[static_cast<std::size_t>(*target)] = true;
       }

@@ -130,11 +130,11 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
     const Json* t = r.raw("target_modules");
     std::vector<std::string> names;
     if (t->is_string() && *t == "all-linear") {
-      l.targets.fill(true);
+      l.targets = model::LoraConfig::all_linear();
     } else if (!t->is_array() || t->empty()) {
       r.error("target_modules",
               "expected a non-empty list of q_proj, k_proj, v_proj, o_proj, gate_proj, "
-              "up_proj, down_proj, or \"all-linear\"");
+              "up_proj, down_proj, gate (an MoE layer's router), or \"all-linear\"");
     } else {
       l.targets.fill(false);
       for (const Json& n : *t) {
@@ -143,7 +143,8 @@ void read_finetune(const Json& f, FinetuneConfig* out, std::vector<std::string>*
         if (!target) {
           r.error("target_modules", n.dump() +
                                         " is not a projection of the decoder; expected q_proj, "
-                                        "k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj");
+                                        "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
+                                        "or gate (an MoE layer's router)");
           continue;
         }
         l.targets[static_cast<std::size_t>(*target)] = true;
@@ -443,8 +444,8 @@ Result<TrainConfig> parse_train_config(const Json& in, const std::string& source
   if (const Json* f = r.raw("finetune")) {
     read_finetune(*f, &c.finetune, &errors);
     if (has_model) {
-      for (const auto& p : model::modules_to_save_problems(c.model, c.finetune.lora)) {
-        errors.push_back("'finetune.modules_to_save': " + p);
+      for (const auto& p : model::lora_problems(c.model, c.finetune.lora)) {
+        errors.push_back("'finetune." + p.key + "': " + p.text);
       }
     }
   }

@@ -100,11 +100,11 @@ Result<std::unique_ptr<Generator>> Generator::open(const GenerateOptions& option
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(options.adapter_dir));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
     impl->lora = adapter->config();
-    const auto problems = model::modules_to_save_problems(impl->config, *impl->lora);
+    const auto problems = model::lora_problems(impl->config, *impl->lora);
     if (!problems.empty()) {
       std::string msg = options.adapter_dir + "/" + model::kAdapterConfigFile +
-                        ": modules_to_save does not fit the base " + options.model_dir + ":";
-      for (const auto& p : problems) msg += "\n  " + p;
+                        " does not fit the base " + options.model_dir + ":";
+      for (const auto& p : problems) msg += "\n  " + p.key + ": " + p.text;
       return invalid_argument(msg);
     }
   }

@@ -25,11 +25,11 @@ Status merge_adapter(const MergeOptions& o) {
   STRATA_ASSIGN_OR_RETURN(auto base, model::HfCheckpointReader::open(o.model_dir));
   STRATA_ASSIGN_OR_RETURN(auto adapter, model::PeftAdapterReader::open(o.adapter_dir));
   const model::ParamLayout layout = model::ParamLayout::build(base.config());
-  const auto problems = model::modules_to_save_problems(base.config(), adapter.config());
+  const auto problems = model::lora_problems(base.config(), adapter.config());
   if (!problems.empty()) {
-    std::string msg = o.adapter_dir + "/" + model::kAdapterConfigFile +
-                      ": modules_to_save does not fit the base " + o.model_dir + ":";
-    for (const auto& p : problems) msg += "\n  " + p;
+    std::string msg = o.adapter_dir + "/" + model::kAdapterConfigFile + " does not fit the base " +
+                      o.model_dir + ":";
+    for (const auto& p : problems) msg += "\n  " + p.key + ": " + p.text;
     return invalid_argument(msg);
   }
   const model::ParamLayout adapted = model::ParamLayout::build(base.config(), adapter.config());

@@ -265,7 +265,7 @@ std::string other_changes(const TrainConfig& config, int ranks) {
         "(adapters on a frozen base)",
         [](TrainConfig& c) {
           c.finetune.method = FinetuneMethod::kLora;
-          c.finetune.lora.targets.fill(true);
+          c.finetune.lora.targets = model::LoraConfig::all_linear();
         });
   }
   if (config.finetune.method != FinetuneMethod::kQlora) {
@@ -273,7 +273,7 @@ std::string other_changes(const TrainConfig& config, int ranks) {
         "on a 4-bit base)",
         [](TrainConfig& c) {
           c.finetune.method = FinetuneMethod::kQlora;
-          c.finetune.lora.targets.fill(true);
+          c.finetune.lora.targets = model::LoraConfig::all_linear();
         });
   }
   const int data = ranks / (config.tensor_parallel_size * config.pipeline_parallel_size);

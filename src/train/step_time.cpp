@@ -122,7 +122,8 @@ double tensor_parallel_ms(const TrainConfig& config, int ranks, const MachineRat
     double per_micro_batch = 0;
     for (int i = 0; i < model::kNumLoraTargets; ++i) {
       const auto target = static_cast<model::LoraTarget>(i);
-      if (!lora->has(target)) continue;
+      // The router's adapter is whole on every rank, as the router: nothing to sum.
+      if (!lora->has(target) || target == model::LoraTarget::kRouter) continue;
       per_micro_batch += 2.0 * (tensor - 1) / tensor * r * static_cast<double>(m.hidden_size);
       if (replicas > 1 && (target == model::LoraTarget::kK || target == model::LoraTarget::kV)) {
         per_micro_batch += 2.0 * (replicas - 1) / replicas * r *

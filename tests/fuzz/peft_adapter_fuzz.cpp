@@ -21,7 +21,7 @@ STRATA_FUZZ_TARGET(peft_adapter) {
   auto adapter = strata::model::PeftAdapterReader::open(scratch() + "/adapter");
   if (!adapter.is_ok()) return;
   const strata::model::LoraConfig& lora = adapter->config();
-  if (!strata::model::modules_to_save_problems(config, lora).empty()) return;
+  if (!strata::model::lora_problems(config, lora).empty()) return;
   const auto layout = strata::model::ParamLayout::build(config, lora);
   (void)adapter->validate(layout);
 }

@@ -212,7 +212,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          "qwen2-all-dropout", "qwen3-all-rslora",
                                          "mistral-mlp-dropout", "llama3-qv-save", "qwen3-all-save",
                                          "qwen2-embed-save", "qwen3-moe-all",
-                                         "mixtral-experts-dropout"),
+                                         "mixtral-experts-dropout", "qwen3-moe-router",
+                                         "mixtral-router-dropout"),
                        ::testing::Values("none", "cpu", "nvme")),
     [](const auto& info) {
       return strata::testing::test_name(std::get<0>(info.param) + "_" + std::get<1>(info.param));
@@ -298,9 +299,11 @@ TEST(LoraMergeCliTest, MergedAndUnmergedAdapterGenerateTheSame) {
   // Adapters alone, and with the embedding and norms saved whole: the merged checkpoint holds
   // their trained values.
   // With MoE layers, every expert's adapters merge into it; Mixtral's adapter names its
-  // experts' projections as PEFT does (w1, w2, w3).
+  // experts' projections as PEFT does (w1, w2, w3). A router's adapter ("gate") merges into the
+  // router (mlp.gate, Mixtral's block_sparse_moe.gate).
   for (const char* name :
-       {"llama3-all", "llama3-qv-save", "qwen3-moe-all", "mixtral-experts-dropout"}) {
+       {"llama3-all", "llama3-qv-save", "qwen3-moe-all", "mixtral-experts-dropout",
+        "qwen3-moe-router", "mixtral-router-dropout"}) {
     SCOPED_TRACE(name);
     const Json g = golden(name);
     TempDir dir;
@@ -376,6 +379,11 @@ TEST(LoraConfigErrorsTest, BadKeysAreRefusedNamingTheKey) {
   EXPECT_NE(message({{"method", "qlora4"}}).find("qlora4"), std::string::npos);
   EXPECT_EQ(message({{"method", "qlora"}, {"r", 8}}), "");
   EXPECT_EQ(message({{"method", "lora"}, {"target_modules", "all-linear"}}), "");
+  // "gate" is an MoE layer's router; this model has none.
+  const std::string router = message({{"method", "lora"}, {"target_modules", {"q_proj", "gate"}}});
+  EXPECT_NE(router.find("'finetune.target_modules': \"gate\" names an MoE layer's router"),
+            std::string::npos)
+      << router;
   EXPECT_EQ(message({{"method", "full"}}), "");
   // modules_to_save: names of this model's embedding, head and norms.
   EXPECT_EQ(message({{"method", "lora"}, {"modules_to_save", {"embed_tokens", "norm"}}}), "");
@@ -499,8 +507,8 @@ TEST(LoraModulesTest, SavedModulesTakeFullFineTuningsFirstStepToTheBit) {
 // to the bit, in bf16 and fp32, whichever tier the quantized base lives in.
 TEST(QloraTest, IsLoraOnTheDecodedBaseToTheBitInEveryTier) {
   // A dense model, and an MoE one whose experts are NF4 too (the routers stay in the compute
-  // dtype, as bitsandbytes users leave the gate unquantized).
-  for (const char* name : {"qwen2-all-dropout", "qwen3-moe-all"}) {
+  // dtype, as bitsandbytes users leave the gate unquantized, and carry adapters of their own).
+  for (const char* name : {"qwen2-all-dropout", "qwen3-moe-router"}) {
     const Json g = golden(name);
     const Json decoded = with_projections(g, nf4_round_trip);
     for (const char* precision : {"bf16", "fp32"}) {

@@ -193,9 +193,12 @@ TEST(MoeZero, RanksThatChooseDifferentExpertsTrainTheRunOfOne) {
     j["offload_optimizer"] = c.offload;
     if (c.stage == 3) j["offload_param"] = c.offload;
     if (c.lora) {
-      // Mixtral's experts alone (its layers' own adapter groups empty), Qwen3-MoE's everything.
-      const Json targets =
-          std::string(c.family) == "mixtral" ? Json{"w1", "w2", "w3"} : Json("all-linear");
+      // Mixtral's experts alone (its layers' own adapter groups empty), Qwen3-MoE's everything
+      // and its routers.
+      const Json targets = std::string(c.family) == "mixtral"
+                               ? Json{"w1", "w2", "w3"}
+                               : Json{"q_proj",    "k_proj",  "v_proj",    "o_proj",
+                                      "gate_proj", "up_proj", "down_proj", "gate"};
       j["finetune"] = {{"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", targets}};
     }
     ASSERT_EQ(testing::run_train(dir, j, "w1", 1), 0)
@@ -377,9 +380,13 @@ TEST(MoeTensorParallel, EveryTensorRankRunsTheExpertsWholeBesideExpertParallelis
     j["model"] = testing::family_model(c.family, 2);
     j["micro_batch_size"] = 1;
     j["zero_stage"] = c.stage;
-    if (c.lora) {
+    if (c.lora) {  // every projection, and the routers (whole on every tensor rank)
       j["finetune"] = {
-          {"method", "lora"}, {"r", 4}, {"alpha", 8}, {"target_modules", "all-linear"}};
+          {"method", "lora"},
+          {"r", 4},
+          {"alpha", 8},
+          {"target_modules",
+           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate"}}};
     }
     const auto* reference =
         runs.reference(j, std::string(c.family) + (c.lora ? "-lora" : "") + "-w1", c.lora);

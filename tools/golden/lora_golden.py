@@ -33,7 +33,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import family_golden as fg  # noqa: E402
 
+# Every projection of a decoder block ("all-linear"); then an MoE layer's router, PEFT's "gate",
+# adapted only where named. Their order is LoraTarget's (include/strata/model/lora.h).
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ORDER = TARGETS + ["gate"]
 MODULE = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
           "v_proj": "self_attn.v_proj", "o_proj": "self_attn.o_proj",
           "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj"}
@@ -70,6 +73,13 @@ CASES = {
     "mixtral-experts-dropout": ("mixtral", dict(r=2, alpha=4.0, dropout=0.1,
                                                 targets=["q_proj", "v_proj", "w1", "w2", "w3"],
                                                 rslora=False)),
+    # The router named ("gate"): its adapter adds to the logits before the softmax, in the MoE
+    # layers only (Qwen3-MoE's layer 1 is dense); Mixtral's with dropout.
+    "qwen3-moe-router": ("qwen3-moe", dict(r=4, alpha=8.0, dropout=0.0,
+                                           targets=["q_proj", "gate", "down_proj"],
+                                           rslora=False)),
+    "mixtral-router-dropout": ("mixtral", dict(r=2, alpha=4.0, dropout=0.1,
+                                               targets=["gate", "v_proj"], rslora=False)),
 }
 STEPS = 3
 SEED = 1234  # the trainer's seed in lora_train_test.cpp
@@ -118,14 +128,14 @@ def lora_linear(x, w, name):
     p = LORA.spec["dropout"]
     if p > 0 and LORA.key is not None:
         parts = name.split(".")  # model.layers.<l>.<self_attn|mlp>.<target>
-        layer, target = int(parts[2]), TARGETS.index(ALIAS.get(parts[-1], parts[-1]))
+        layer, target = int(parts[2]), ORDER.index(ALIAS.get(parts[-1], parts[-1]))
         if "experts" in parts:
             # An expert's adapters draw as layer num_layers + layer * experts + expert
             # (include/strata/model/lora.h, expert_lora_layer).
             c = LORA.config
             expert = int(parts[parts.index("experts") + 1])
             layer = c["num_hidden_layers"] + layer * fg.num_experts(c) + expert
-        key = splitmix64_at(LORA.key, layer * 7 + target)
+        key = splitmix64_at(LORA.key, layer * len(ORDER) + target)
         mask = keep_mask(key, x.numel(), p).view(x.shape).to(x.dtype)
         scale = 1.0 / (1.0 - float(torch.tensor(p, dtype=torch.float32)))
         xd = x * mask * scale
@@ -158,6 +168,9 @@ def make_adapters(c, spec, gen):
             add(f"model.layers.{i}.{MODULE[t]}", *dims[t])
         if not moe:
             continue
+        router = fg.moe_names(c, f"model.layers.{i}.")[0]
+        if "gate" in targets:
+            add(router[:-len(".weight")], fg.num_experts(c), h)
         # Each expert's projections (their names: gate, up, down).
         fe = fg.expert_size(c)
         expert_dims = {"gate_proj": (fe, h), "up_proj": (fe, h), "down_proj": (h, fe)}
@@ -207,6 +220,7 @@ def main():
     for n, (name, (family, spec)) in enumerate(CASES.items()):
         c = fg.CASES[family]
         LORA = Lora(spec, c)
+        fg.ROUTE_GAP[0] = float("inf")
         gen = torch.Generator().manual_seed(20261203 + n)
         weights = fg.make_weights(c, gen)
         adapters = make_adapters(c, spec, gen)
@@ -225,6 +239,8 @@ def main():
                                    generator=gen)
         ids, targets = fg.batch_of(tokens)
         loss, grads = run(base, adapters, c, ids, targets, torch.float64, DROPOUT_KEY)
+        unused = [k for k, g in grads.items() if g is None]
+        assert not unused, "no gradient (an expert no token chose?): %s" % unused
         loss32, grads32 = run(base, adapters, c, ids, targets, torch.float32, DROPOUT_KEY)
         losses, trained = train(base, adapters, c, ids, targets, torch.float64)
         losses32, trained32 = train(base, adapters, c, ids, targets, torch.float32)
@@ -260,7 +276,10 @@ def main():
         with open(path, "w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.write("\n")
-        print("wrote %s: loss %.10f, trained %s" % (path, loss, " ".join("%.6f" % x for x in losses)))
+        print("wrote %s: loss %.10f, trained %s%s" % (
+            path, loss, " ".join("%.6f" % x for x in losses),
+            ", smallest routing gap %.2e" % fg.ROUTE_GAP[0] if fg.moe_names and
+            fg.ROUTE_GAP[0] < float("inf") else ""))
 
 
 if __name__ == "__main__":

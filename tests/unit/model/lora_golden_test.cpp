@@ -113,7 +113,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          "qwen2-all-dropout", "qwen3-all-rslora",
                                          "mistral-mlp-dropout", "llama3-qv-save", "qwen3-all-save",
                                          "qwen2-embed-save", "qwen3-moe-all",
-                                         "mixtral-experts-dropout"),
+                                         "mixtral-experts-dropout", "qwen3-moe-router",
+                                         "mixtral-router-dropout"),
                        ::testing::Bool()),
     [](const auto& info) {
       return strata::testing::test_name(std::get<0>(info.param)) +
@@ -178,7 +179,7 @@ TEST(LoraLayoutTest, ModulesToSaveTrainWholeAndLeaveTheBaseUnchanged) {
   LoraConfig lora;
   lora.r = 4;
   lora.modules_to_save = {"embed_tokens", "norm", "layers.1.post_attention_layernorm"};
-  EXPECT_TRUE(modules_to_save_problems(c, lora).empty());
+  EXPECT_TRUE(lora_problems(c, lora).empty());
   const ParamLayout plain = ParamLayout::build(c);
   const ParamLayout adapted = ParamLayout::build(c, lora);
   const int L = static_cast<int>(c.num_hidden_layers);
@@ -233,18 +234,70 @@ TEST(LoraLayoutTest, ModulesToSaveThatNameNoModuleAreRefused) {
   LlamaConfig c = testing::tiny_config(false);
   LoraConfig lora;
   lora.modules_to_save = {"q_proj", "layernorm", "norm", "model.layers.9.input_layernorm"};
-  const auto problems = modules_to_save_problems(c, lora);
+  const auto problems = lora_problems(c, lora);
   ASSERT_EQ(problems.size(), 3u);
-  EXPECT_NE(problems[0].find("\"q_proj\" is a projection: adapt it with target_modules"),
+  for (const auto& p : problems) EXPECT_EQ(p.key, "modules_to_save");
+  EXPECT_NE(problems[0].text.find("\"q_proj\" is a projection: adapt it with target_modules"),
             std::string::npos)
-      << problems[0];
-  EXPECT_NE(problems[1].find("\"layernorm\" names no module"), std::string::npos) << problems[1];
-  EXPECT_NE(problems[2].find("layers.9"), std::string::npos) << problems[2];
+      << problems[0].text;
+  EXPECT_NE(problems[1].text.find("\"layernorm\" names no module"), std::string::npos)
+      << problems[1].text;
+  EXPECT_NE(problems[2].text.find("layers.9"), std::string::npos) << problems[2].text;
   c.tie_word_embeddings = true;
   lora.modules_to_save = {"lm_head"};
-  const auto tied = modules_to_save_problems(c, lora);
+  const auto tied = lora_problems(c, lora);
   ASSERT_EQ(tied.size(), 1u);
-  EXPECT_NE(tied[0].find("name \"embed_tokens\""), std::string::npos) << tied[0];
+  EXPECT_NE(tied[0].text.find("name \"embed_tokens\""), std::string::npos) << tied[0].text;
+}
+
+// The router ("gate") is adapted only where named, and only a model with MoE layers has one.
+TEST(LoraLayoutTest, TheRouterIsATargetOnlyWhereNamedAndOnlyInMoeLayers) {
+  EXPECT_EQ(parse_lora_target("gate"), LoraTarget::kRouter);
+  EXPECT_EQ(parse_lora_target("gate_proj"), LoraTarget::kGate);
+  LoraConfig lora;
+  EXPECT_FALSE(lora.has(LoraTarget::kRouter));  // the default: all-linear
+  EXPECT_EQ(lora.targets, LoraConfig::all_linear());
+  lora.targets = {};
+  lora.targets[static_cast<int>(LoraTarget::kRouter)] = true;
+  lora.targets[static_cast<int>(LoraTarget::kDown)] = true;
+  EXPECT_EQ(lora.target_names(ModelFamily::kMixtral), (std::vector<std::string>{"w2", "gate"}));
+  EXPECT_EQ(lora.target_names(ModelFamily::kQwen3Moe),
+            (std::vector<std::string>{"down_proj", "gate"}));
+
+  const LlamaConfig dense = testing::tiny_config(false);
+  const auto problems = lora_problems(dense, lora);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].key, "target_modules");
+  EXPECT_NE(problems[0].text.find("\"gate\" names an MoE layer's router"), std::string::npos)
+      << problems[0].text;
+
+  // An MoE model: the router's adapter in its layer's adapter group (whole under a tensor
+  // split), a dense layer (mlp_only_layers) without one.
+  for (const auto& [family, path] :
+       {std::pair{"qwen3-moe", "mlp.gate"}, std::pair{"mixtral", "block_sparse_moe.gate"}}) {
+    const std::string name =
+        std::string(family) == "mixtral" ? "mixtral-router-dropout" : "qwen3-moe-router";
+    const std::string file = std::string(STRATA_TEST_DATA_DIR) + "/lora/" + name + ".json";
+    auto golden = read_json_file(file);
+    ASSERT_TRUE(golden.is_ok()) << golden.status().to_string();
+    auto config = LlamaConfig::from_json(golden->at("config"), file);
+    ASSERT_TRUE(config.is_ok()) << config.status().to_string();
+    const LlamaConfig& c = *config;
+    ASSERT_TRUE(c.has_moe()) << family;
+    EXPECT_TRUE(lora_problems(c, lora).empty());
+    const ParamLayout layout = ParamLayout::build(c, lora);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string m = "model.layers." + std::to_string(l) + "." + path;
+      const auto a = layout.find(m + ".lora_A.weight");
+      const auto b = layout.find(m + ".lora_B.weight");
+      ASSERT_EQ(a.has_value(), c.is_moe_layer(l)) << m;
+      if (!c.is_moe_layer(l)) continue;
+      EXPECT_EQ(a->group, layout.adapter_group(static_cast<int>(l)));
+      EXPECT_EQ(a->tensor->shape, (std::vector<std::int64_t>{lora.r, c.hidden_size}));
+      EXPECT_EQ(b->tensor->shape, (std::vector<std::int64_t>{c.moe.num_experts, lora.r}));
+      EXPECT_FALSE(layout.group(a->group).frozen);
+    }
+  }
 }
 
 // Decoding logits of `layout` with `provider`'s parameters after `prompt`.
@@ -332,7 +385,8 @@ TEST(LoraConfigTest, ScalingIsPefts) {
   l.use_rslora = true;
   EXPECT_EQ(l.scaling(), 8.0);
   EXPECT_EQ(parse_lora_target("gate_proj"), LoraTarget::kGate);
-  EXPECT_FALSE(parse_lora_target("gate").has_value());
+  EXPECT_FALSE(parse_lora_target("gate_up_proj").has_value());
+  EXPECT_FALSE(parse_lora_target("mlp").has_value());
 }
 
 // Found by the peft_adapter fuzzer: a peft_type that is not a string threw from nlohmann.

@@ -143,7 +143,7 @@ struct Layer {
   }
   Status step() {
     STRATA_RETURN_IF_ERROR(mlp.forward(device.ops(), x, a, s, y, nullptr));
-    return mlp.backward(device.ops(), x, a, s, dy, dm, nullptr, false, dx);
+    return mlp.backward(device.ops(), x, a, s, dy, dm, nullptr, {}, false, dx);
   }
 
   device::Device& device;
