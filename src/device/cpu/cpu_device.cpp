@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "strata/core/aligned.h"
 #include "strata/core/check.h"
@@ -114,6 +115,11 @@ class CpuDevice final : public Device {
                  : make_cpu_ops(options.compute_threads, simd, gemm)),
         h2d_(StreamKind::kHostToDevice),
         d2h_(StreamKind::kDeviceToHost) {}
+  ~CpuDevice() override {
+    for (auto& [size, blocks] : kept_) {
+      for (void* b : blocks) std::free(b);
+    }
+  }
 
   // "cpu/avx2": the backend and the SIMD path of its elementwise kernels; "+onednn" where its
   // GEMMs run on oneDNN ("+onednn-bf16", "+onednn-f32": those of one dtype).
@@ -206,8 +212,16 @@ class CpuDevice final : public Device {
     if (page_locked) ::munlock(data, size_bytes);
   }
 
+  // Freed blocks are kept by size and handed out again for a request of the same size, as a GPU
+  // framework's caching allocator does: a training step asks for the same buffers every
+  // micro-batch, and a block taken from the C library afresh (mmap'ed above its threshold) costs
+  // a page fault per 4 KiB on first touch. What is kept never takes the device's memory above
+  // the most it ever had in use (high_water_): a fresh block first returns kept ones, the
+  // largest first, until it fits under that.
   Result<void*> allocate_impl(std::size_t size_bytes) override {
     const std::size_t rounded = align_up(size_bytes, 64);
+    std::vector<void*> returned;
+    void* p = nullptr;
     {
       std::lock_guard lock(mu_);
       if (limit_ != 0 && in_use_ + rounded > limit_) {
@@ -215,9 +229,25 @@ class CpuDevice final : public Device {
       }
       in_use_ += rounded;
       peak_ = std::max(peak_, in_use_);
+      high_water_ = std::max(high_water_, in_use_);
       ++num_allocations_;
+      if (auto it = kept_.find(rounded); it != kept_.end()) {
+        p = it->second.back();
+        it->second.pop_back();
+        if (it->second.empty()) kept_.erase(it);
+        kept_bytes_ -= rounded;
+        return p;
+      }
+      while (in_use_ + kept_bytes_ > high_water_) {
+        auto largest = std::prev(kept_.end());
+        returned.push_back(largest->second.back());
+        largest->second.pop_back();
+        kept_bytes_ -= largest->first;
+        if (largest->second.empty()) kept_.erase(largest);
+      }
     }
-    void* p = std::aligned_alloc(64, rounded);
+    for (void* r : returned) std::free(r);
+    p = std::aligned_alloc(64, rounded);
     if (p == nullptr) {
       std::lock_guard lock(mu_);
       in_use_ -= rounded;
@@ -226,9 +256,15 @@ class CpuDevice final : public Device {
     return p;
   }
   void deallocate_impl(void* data, std::size_t size_bytes) override {
-    std::free(data);
+    const std::size_t rounded = align_up(size_bytes, 64);
     std::lock_guard lock(mu_);
-    in_use_ -= align_up(size_bytes, 64);
+    in_use_ -= rounded;
+    if (!kKeepFreedBlocks) {
+      std::free(data);
+      return;
+    }
+    kept_[rounded].push_back(data);
+    kept_bytes_ += rounded;
   }
 
  private:
@@ -278,6 +314,18 @@ class CpuDevice final : public Device {
   bool strict_;
   std::map<std::uintptr_t, std::size_t> pinned_;  // begin -> bytes, under mu_
   std::uint64_t in_use_ = 0, peak_ = 0, num_allocations_ = 0;
+  // Freed blocks by size, kept for reuse (under mu_), and the most ever in use, which in use and
+  // kept together never exceed. AddressSanitizer builds free every block, so that a use after
+  // free is still caught.
+#if defined(__SANITIZE_ADDRESS__)
+  static constexpr bool kKeepFreedBlocks = false;
+#elif defined(__has_feature)
+  static constexpr bool kKeepFreedBlocks = !__has_feature(address_sanitizer);
+#else
+  static constexpr bool kKeepFreedBlocks = true;
+#endif
+  std::map<std::size_t, std::vector<void*>> kept_;
+  std::uint64_t kept_bytes_ = 0, high_water_ = 0;
   std::unique_ptr<Ops> ops_;
   InlineStream compute_;
   WorkerStream h2d_, d2h_;
