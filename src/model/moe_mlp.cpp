@@ -43,41 +43,37 @@ void MoeAux::read(const void* in) {
   std::memcpy(&rows, p + 2 * n, 8);
 }
 
+Linear MoeMlp::projection(LoraTarget target, std::int64_t rows, std::int64_t out, std::int64_t in,
+                          const void* weight, const LoraPair<const void*>& adapter,
+                          const AdapterSpec* spec, const BaseFormat* format) const {
+  Linear l;
+  l.target = target;
+  l.rows = rows;
+  l.out = out;
+  l.in = in;
+  l.w = weight;
+  l.adapter = adapter;
+  l.lora = spec;
+  l.base = format;
+  l.dtype = dtype;
+  return l;
+}
+
 void MoeMlp::layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
                        ExpertLayers& p) const {
   p.spec = *lora;
   p.spec.layer = expert_lora_layer(num_layers, experts, lora->layer, expert);
-  const auto linear = [&](Linear& l, LoraTarget target, std::int64_t out, std::int64_t in,
-                          const void* weight, const LoraPair<const void*>& adapter) {
-    l.target = target;
-    l.rows = rows;
-    l.out = out;
-    l.in = in;
-    l.w = weight;
-    l.adapter = adapter;
-    l.lora = &p.spec;
-    l.base = base;
-    l.dtype = dtype;
-    l.writes_grads = true;  // each projection's one product over the expert's rows
-  };
-  linear(p.gate, LoraTarget::kGate, ffn, hidden, w.w.gate, w.lora.gate);
-  linear(p.up, LoraTarget::kUp, ffn, hidden, w.w.up, w.lora.up);
-  linear(p.down, LoraTarget::kDown, hidden, ffn, w.w.down, w.lora.down);
+  p.gate = projection(LoraTarget::kGate, rows, ffn, hidden, w.w.gate, w.lora.gate, &p.spec, base);
+  p.up = projection(LoraTarget::kUp, rows, ffn, hidden, w.w.up, w.lora.up, &p.spec, base);
+  p.down = projection(LoraTarget::kDown, rows, hidden, ffn, w.w.down, w.lora.down, &p.spec, base);
+  // Each projection's one product over the expert's rows writes its weight gradient.
+  p.gate.writes_grads = p.up.writes_grads = p.down.writes_grads = true;
 }
 
 Linear MoeMlp::router_layer() const {
-  static const BaseFormat kDense;
-  Linear l;
-  l.target = LoraTarget::kRouter;
-  l.rows = tokens;
-  l.out = experts;
-  l.in = hidden;
-  l.w = router;
-  l.adapter = router_adapter;
-  l.lora = lora;
-  l.base = &kDense;
-  l.dtype = dtype;
-  return l;
+  static const BaseFormat kDense;  // never NF4
+  return projection(LoraTarget::kRouter, tokens, experts, hidden, router, router_adapter, lora,
+                    &kDense);
 }
 
 Status MoeMlp::forward(const device::Ops& ops, const void* x, const MoeActs& a, const MoeScratch& s,

@@ -230,6 +230,11 @@ struct MoeMlp {
     ExpertLayers(const ExpertLayers&) = delete;
     ExpertLayers& operator=(const ExpertLayers&) = delete;
   };
+  // A projection of this layer over `rows` rows: its weight (in `format`), its adapter, whose
+  // settings are `spec`.
+  Linear projection(LoraTarget target, std::int64_t rows, std::int64_t out, std::int64_t in,
+                    const void* weight, const LoraPair<const void*>& adapter,
+                    const AdapterSpec* spec, const BaseFormat* format) const;
   void layers_of(const ExpertWeights& w, std::int64_t expert, std::int64_t rows,
                  ExpertLayers& p) const;
   // The router as a projection over every token: logits [tokens, experts] = x router^T, plus its
