@@ -131,7 +131,8 @@ std::vector<LoraProblem> lora_problems(const LlamaConfig& c, const LoraConfig& l
     if (found) continue;
     const std::string quoted = "\"" + entry + "\"";
     std::string text;
-    if (parse_lora_target(entry.substr(entry.rfind('.') + 1))) {
+    const auto target = parse_lora_target(entry.substr(entry.rfind('.') + 1));
+    if (target && (target != LoraTarget::kRouter || c.has_moe())) {
       text = quoted +
              " is a projection: adapt it with target_modules (modules_to_save trains the "
              "embedding, the head and the norms)";

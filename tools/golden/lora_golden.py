@@ -278,8 +278,8 @@ def main():
             f.write("\n")
         print("wrote %s: loss %.10f, trained %s%s" % (
             path, loss, " ".join("%.6f" % x for x in losses),
-            ", smallest routing gap %.2e" % fg.ROUTE_GAP[0] if fg.moe_names and
-            fg.ROUTE_GAP[0] < float("inf") else ""))
+            ", smallest routing gap %.2e" % fg.ROUTE_GAP[0] if fg.ROUTE_GAP[0] < float("inf")
+            else ""))
 
 
 if __name__ == "__main__":

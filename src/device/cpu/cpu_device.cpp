@@ -220,51 +220,44 @@ class CpuDevice final : public Device {
   // largest first, until it fits under that.
   Result<void*> allocate_impl(std::size_t size_bytes) override {
     const std::size_t rounded = align_up(size_bytes, 64);
-    std::vector<void*> returned;
+    std::lock_guard lock(mu_);
+    if (limit_ != 0 && in_use_ + rounded > limit_) {
+      return out_of_memory("request of " + format_bytes(rounded) + " exceeds the budget");
+    }
     void* p = nullptr;
-    {
-      std::lock_guard lock(mu_);
-      if (limit_ != 0 && in_use_ + rounded > limit_) {
-        return out_of_memory("request of " + format_bytes(rounded) + " exceeds the budget");
+    if (auto it = kept_.find(rounded); it != kept_.end()) {
+      p = it->second.back();
+      it->second.pop_back();
+      if (it->second.empty()) kept_.erase(it);
+      kept_bytes_ -= rounded;
+    } else {
+      give_back_kept(std::max(high_water_, in_use_ + rounded) - in_use_ - rounded);
+      p = std::aligned_alloc(64, rounded);
+      if (p == nullptr && kept_bytes_ > 0) {  // the host is short: every kept block goes back
+        give_back_kept(0);
+        p = std::aligned_alloc(64, rounded);
       }
-      in_use_ += rounded;
-      peak_ = std::max(peak_, in_use_);
-      high_water_ = std::max(high_water_, in_use_);
-      ++num_allocations_;
-      if (auto it = kept_.find(rounded); it != kept_.end()) {
-        p = it->second.back();
-        it->second.pop_back();
-        if (it->second.empty()) kept_.erase(it);
-        kept_bytes_ -= rounded;
-        return p;
-      }
-      while (in_use_ + kept_bytes_ > high_water_) {
-        auto largest = std::prev(kept_.end());
-        returned.push_back(largest->second.back());
-        largest->second.pop_back();
-        kept_bytes_ -= largest->first;
-        if (largest->second.empty()) kept_.erase(largest);
-      }
+      if (p == nullptr) return out_of_memory("host allocation failed");
     }
-    for (void* r : returned) std::free(r);
-    p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) {
-      std::lock_guard lock(mu_);
-      in_use_ -= rounded;
-      return out_of_memory("host allocation failed");
-    }
+    in_use_ += rounded;
+    peak_ = std::max(peak_, in_use_);
+    high_water_ = std::max(high_water_, in_use_);
+    ++num_allocations_;
     return p;
   }
   void deallocate_impl(void* data, std::size_t size_bytes) override {
     const std::size_t rounded = align_up(size_bytes, 64);
     std::lock_guard lock(mu_);
     in_use_ -= rounded;
-    if (!kKeepFreedBlocks) {
-      std::free(data);
-      return;
+    if (kKeepFreedBlocks) {
+      try {
+        kept_[rounded].push_back(data);
+        kept_bytes_ += rounded;
+        return;
+      } catch (const std::bad_alloc&) {  // no room to note it: freed instead
+      }
     }
-    kept_[rounded].push_back(data);
-    kept_bytes_ += rounded;
+    std::free(data);
   }
 
  private:
@@ -320,12 +313,27 @@ class CpuDevice final : public Device {
 #if defined(__SANITIZE_ADDRESS__)
   static constexpr bool kKeepFreedBlocks = false;
 #elif defined(__has_feature)
-  static constexpr bool kKeepFreedBlocks = !__has_feature(address_sanitizer);
+#if __has_feature(address_sanitizer)
+  static constexpr bool kKeepFreedBlocks = false;
+#else
+  static constexpr bool kKeepFreedBlocks = true;
+#endif
 #else
   static constexpr bool kKeepFreedBlocks = true;
 #endif
   std::map<std::size_t, std::vector<void*>> kept_;
   std::uint64_t kept_bytes_ = 0, high_water_ = 0;
+
+  // Frees kept blocks, the largest first, until at most `keep` bytes are kept (under mu_).
+  void give_back_kept(std::uint64_t keep) {
+    while (kept_bytes_ > keep) {
+      auto largest = std::prev(kept_.end());
+      std::free(largest->second.back());
+      largest->second.pop_back();
+      kept_bytes_ -= largest->first;
+      if (largest->second.empty()) kept_.erase(largest);
+    }
+  }
   std::unique_ptr<Ops> ops_;
   InlineStream compute_;
   WorkerStream h2d_, d2h_;

@@ -270,6 +270,12 @@ TEST(LoraLayoutTest, TheRouterIsATargetOnlyWhereNamedAndOnlyInMoeLayers) {
   EXPECT_EQ(problems[0].key, "target_modules");
   EXPECT_NE(problems[0].text.find("\"gate\" names an MoE layer's router"), std::string::npos)
       << problems[0].text;
+  // Named in modules_to_save there, it names no module (not "a projection" to adapt).
+  LoraConfig save_gate;
+  save_gate.modules_to_save = {"gate"};
+  const auto saved = lora_problems(dense, save_gate);
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_NE(saved[0].text.find("\"gate\" names no module"), std::string::npos) << saved[0].text;
 
   // An MoE model: the router's adapter in its layer's adapter group (whole under a tensor
   // split), a dense layer (mlp_only_layers) without one.
