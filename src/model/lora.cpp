@@ -6,14 +6,16 @@
 namespace strata::model {
 namespace {
 
+// PEFT's name and the module's path in a decoder layer, and where Mixtral names them otherwise
+// (its experts' w1, w3, w2; its router under block_sparse_moe), those.
 struct TargetInfo {
-  std::string_view name, path;
+  std::string_view name, path, mixtral_name, mixtral_path;
 };
 constexpr TargetInfo kTargets[kNumLoraTargets] = {
-    {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"},
-    {"v_proj", "self_attn.v_proj"}, {"o_proj", "self_attn.o_proj"},
-    {"gate_proj", "mlp.gate_proj"}, {"up_proj", "mlp.up_proj"},
-    {"down_proj", "mlp.down_proj"}, {"gate", "mlp.gate"}};
+    {"q_proj", "self_attn.q_proj", "", ""},   {"k_proj", "self_attn.k_proj", "", ""},
+    {"v_proj", "self_attn.v_proj", "", ""},   {"o_proj", "self_attn.o_proj", "", ""},
+    {"gate_proj", "mlp.gate_proj", "w1", ""}, {"up_proj", "mlp.up_proj", "w3", ""},
+    {"down_proj", "mlp.down_proj", "w2", ""}, {"gate", "mlp.gate", "", "block_sparse_moe.gate"}};
 
 }  // namespace
 
@@ -22,20 +24,16 @@ std::string_view lora_target_name(LoraTarget target) {
 }
 
 std::string_view lora_module_path(LoraTarget target, ModelFamily family) {
-  if (target == LoraTarget::kRouter && family == ModelFamily::kMixtral) {
-    return "block_sparse_moe.gate";
-  }
-  return kTargets[static_cast<int>(target)].path;
+  const TargetInfo& t = kTargets[static_cast<int>(target)];
+  return family == ModelFamily::kMixtral && !t.mixtral_path.empty() ? t.mixtral_path : t.path;
 }
 
 std::optional<LoraTarget> parse_lora_target(std::string_view name) {
   for (int i = 0; i < kNumLoraTargets; ++i) {
-    if (kTargets[i].name == name) return static_cast<LoraTarget>(i);
+    if (kTargets[i].name == name || (!name.empty() && kTargets[i].mixtral_name == name)) {
+      return static_cast<LoraTarget>(i);
+    }
   }
-  // Mixtral's experts: w1 the gate, w3 the up and w2 the down projection.
-  if (name == "w1") return LoraTarget::kGate;
-  if (name == "w3") return LoraTarget::kUp;
-  if (name == "w2") return LoraTarget::kDown;
   return std::nullopt;
 }
 
@@ -155,16 +153,9 @@ std::vector<std::string> LoraConfig::target_names(ModelFamily family) const {
   std::vector<std::string> names;
   for (int i = 0; i < kNumLoraTargets; ++i) {
     if (!targets[static_cast<std::size_t>(i)]) continue;
-    const auto t = static_cast<LoraTarget>(i);
-    if (family == ModelFamily::kMixtral && t == LoraTarget::kGate) {
-      names.emplace_back("w1");
-    } else if (family == ModelFamily::kMixtral && t == LoraTarget::kUp) {
-      names.emplace_back("w3");
-    } else if (family == ModelFamily::kMixtral && t == LoraTarget::kDown) {
-      names.emplace_back("w2");
-    } else {
-      names.emplace_back(kTargets[i].name);
-    }
+    const TargetInfo& t = kTargets[i];
+    names.emplace_back(family == ModelFamily::kMixtral && !t.mixtral_name.empty() ? t.mixtral_name
+                                                                                  : t.name);
   }
   return names;
 }
