@@ -67,10 +67,6 @@ Result<DeviceBuffer> Device::allocate(std::size_t size_bytes, std::string_view w
   return DeviceBuffer(this, *r, size_bytes);
 }
 
-std::string_view device_kind_name(DeviceKind kind) {
-  return kind == DeviceKind::kCpu ? "cpu" : "cuda";
-}
-
 Result<std::unique_ptr<Device>> create_device(const DeviceOptions& options) {
   if (options.kind == DeviceKind::kCpu) return make_cpu_device(options);
 #if STRATA_HAVE_CUDA

@@ -59,20 +59,6 @@ Status check_all_to_all(const Communicator& comm, std::span<const std::int64_t> 
   return Status::ok();
 }
 
-std::string_view comm_backend_name(CommBackend backend) {
-  switch (backend) {
-    case CommBackend::kAuto:
-      return "auto";
-    case CommBackend::kSingle:
-      return "single";
-    case CommBackend::kMpi:
-      return "mpi";
-    case CommBackend::kNccl:
-      return "nccl";
-  }
-  return "?";
-}
-
 Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& options,
                                                           device::Device& device) {
   STRATA_ASSIGN_OR_RETURN(const sys::Launch launch, sys::read_launch());

@@ -343,20 +343,6 @@ class SwapSpaceImpl final : public SwapSpace {
 
 }  // namespace
 
-std::string_view swap_engine_name(SwapEngine engine) {
-  switch (engine) {
-    case SwapEngine::kAuto:
-      return "auto";
-    case SwapEngine::kUring:
-      return "uring";
-    case SwapEngine::kPosix:
-      return "posix";
-    case SwapEngine::kMemory:
-      return "memory";
-  }
-  return "?";
-}
-
 std::optional<SwapEngine> parse_swap_engine(std::string_view name) {
   for (SwapEngine e : kSwapEngines) {
     if (swap_engine_name(e) == name) return e;

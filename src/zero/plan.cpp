@@ -25,44 +25,6 @@ using detail::count_bytes;
 using detail::count_peaks;
 using detail::Sizes;
 
-std::string_view offload_name(Tier tier) {
-  switch (tier) {
-    case Tier::kDevice:
-      return "none";
-    case Tier::kHost:
-      return "cpu";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
-std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
-  switch (overlap) {
-    case OptimizerOverlap::kNone:
-      return "none";
-    case OptimizerOverlap::kForward:
-      return "forward";
-    case OptimizerOverlap::kBackward:
-      return "backward";
-    case OptimizerOverlap::kAuto:
-      return "auto";
-  }
-  return "?";
-}
-
-std::string_view grad_accumulation_name(GradAccumulation where) {
-  switch (where) {
-    case GradAccumulation::kAuto:
-      return "auto";
-    case GradAccumulation::kHost:
-      return "host";
-    case GradAccumulation::kDevice:
-      return "device";
-  }
-  return "?";
-}
-
 std::string_view tensor_kind_name(TensorKind kind) {
   switch (kind) {
     case TensorKind::kParameters:

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "strata/model/llama_config.h"
-#include "strata/train/checkpoint.h"
+#include "strata/train/trainer_state.h"
 #include "tests/fuzz/fuzz_target.h"
 
 STRATA_FUZZ_TARGET(trainer_state) {

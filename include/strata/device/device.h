@@ -185,7 +185,9 @@ class Device {
 
 enum class DeviceKind : std::uint8_t { kCpu, kCuda };
 inline constexpr std::array<DeviceKind, 2> kDeviceKinds = {DeviceKind::kCpu, DeviceKind::kCuda};
-std::string_view device_kind_name(DeviceKind kind);  // "cpu", "cuda"
+inline std::string_view device_kind_name(DeviceKind kind) {
+  return kind == DeviceKind::kCpu ? "cpu" : "cuda";
+}
 
 inline constexpr int kAutoDeviceIndex = -1;
 

@@ -168,7 +168,19 @@ Status check_all_to_all(const Communicator& comm, std::span<const std::int64_t> 
 enum class CommBackend : std::uint8_t { kAuto, kSingle, kMpi, kNccl };
 inline constexpr std::array<CommBackend, 4> kCommBackends = {
     CommBackend::kAuto, CommBackend::kSingle, CommBackend::kMpi, CommBackend::kNccl};
-std::string_view comm_backend_name(CommBackend backend);  // "auto", "single", "mpi", "nccl"
+inline std::string_view comm_backend_name(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::kAuto:
+      return "auto";
+    case CommBackend::kSingle:
+      return "single";
+    case CommBackend::kMpi:
+      return "mpi";
+    case CommBackend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
 
 struct CommOptions {
   CommBackend backend = CommBackend::kAuto;

@@ -52,7 +52,19 @@ struct IoStats {
 enum class SwapEngine : std::uint8_t { kAuto, kUring, kPosix, kMemory };
 inline constexpr std::array<SwapEngine, 4> kSwapEngines = {SwapEngine::kAuto, SwapEngine::kUring,
                                                            SwapEngine::kPosix, SwapEngine::kMemory};
-std::string_view swap_engine_name(SwapEngine engine);  // "auto", "uring", "posix", "memory"
+inline std::string_view swap_engine_name(SwapEngine engine) {
+  switch (engine) {
+    case SwapEngine::kAuto:
+      return "auto";
+    case SwapEngine::kUring:
+      return "uring";
+    case SwapEngine::kPosix:
+      return "posix";
+    case SwapEngine::kMemory:
+      return "memory";
+  }
+  return "?";
+}
 // For command lines: the engine of that name, or nullopt.
 std::optional<SwapEngine> parse_swap_engine(std::string_view name);
 

@@ -24,7 +24,17 @@ namespace strata::zero {
 
 // The config's spelling of a tier (offload_param, offload_optimizer): none = the device,
 // cpu = host memory, nvme = the swap space.
-std::string_view offload_name(Tier tier);
+inline std::string_view offload_name(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return "none";
+    case Tier::kHost:
+      return "cpu";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
 
 // When the optimizer step runs relative to compute (off the device; a device step is the
 // device's own work, ordered on its stream). Every schedule is exact: the same arithmetic on the
@@ -43,7 +53,19 @@ enum class OptimizerOverlap : std::uint8_t { kNone, kForward, kBackward, kAuto }
 inline constexpr std::array<OptimizerOverlap, 4> kOptimizerOverlaps = {
     OptimizerOverlap::kNone, OptimizerOverlap::kForward, OptimizerOverlap::kBackward,
     OptimizerOverlap::kAuto};
-std::string_view optimizer_overlap_name(OptimizerOverlap overlap);  // "none", "forward", ...
+inline std::string_view optimizer_overlap_name(OptimizerOverlap overlap) {
+  switch (overlap) {
+    case OptimizerOverlap::kNone:
+      return "none";
+    case OptimizerOverlap::kForward:
+      return "forward";
+    case OptimizerOverlap::kBackward:
+      return "backward";
+    case OptimizerOverlap::kAuto:
+      return "auto";
+  }
+  return "?";
+}
 
 enum class TensorKind : std::uint8_t {
   kParameters,     // working copies in the compute dtype
@@ -68,7 +90,17 @@ std::string_view tensor_kind_name(TensorKind kind);
 enum class GradAccumulation : std::uint8_t { kAuto, kHost, kDevice };
 inline constexpr std::array<GradAccumulation, 3> kGradAccumulations = {
     GradAccumulation::kAuto, GradAccumulation::kHost, GradAccumulation::kDevice};
-std::string_view grad_accumulation_name(GradAccumulation where);  // "auto", "host", "device"
+inline std::string_view grad_accumulation_name(GradAccumulation where) {
+  switch (where) {
+    case GradAccumulation::kAuto:
+      return "auto";
+    case GradAccumulation::kHost:
+      return "host";
+    case GradAccumulation::kDevice:
+      return "device";
+  }
+  return "?";
+}
 
 struct ZeroOptions {
   int stage = 3;  // 1: optimizer states partitioned; 2: + gradients; 3: + parameters
