@@ -30,7 +30,7 @@ using testing::TempDir;
 
 bool gpu_present() { return kernels::query_gpus().count > 0; }
 
-std::string make_text(std::size_t bytes) {
+std::string gpu_text(std::size_t bytes) {
   std::string s;
   const char* words[] = {"the ", "gpu ", "trains ", "a ", "tiny ", "model ", "on ", "bytes ", "\n"};
   std::uint64_t x = 99;
@@ -53,7 +53,7 @@ Json tiny_config(const TempDir& dir) {
     "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
     "grad_clip": 0.5, "threads": 1, "device_memory_limit": "256MiB"
   })");
-  j["data"] = {{"path", dir.write("data.txt", make_text(20000))}, {"format", "text"}};
+  j["data"] = {{"path", dir.write("data.txt", gpu_text(20000))}, {"format", "text"}};
   j["save_dir"] = dir.file("ckpt");
   return j;
 }

@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-testing::RunResult run(const std::string& command) {
+testing::RunResult run_shell(const std::string& command) {
   const testing::TempDir dir;
   return testing::run_command(dir, command);
 }
@@ -29,7 +29,7 @@ std::string median_interval_script() {
 }
 
 std::string interval(const std::string& values) {
-  const testing::RunResult o = run("python3 " + median_interval_script() + " " + values);
+  const testing::RunResult o = run_shell("python3 " + median_interval_script() + " " + values);
   EXPECT_EQ(o.exit_code, 0) << o.err;
   return o.out;
 }
@@ -48,7 +48,7 @@ TEST(SwapVsFioScriptTest, MedianIntervalTakesTheOrderStatisticsTheBinomialAllows
 }
 
 TEST(SwapVsFioScriptTest, MedianIntervalRefusesWhatIsNotANumber) {
-  const testing::RunResult o = run("python3 " + median_interval_script() + " 1.0 fast");
+  const testing::RunResult o = run_shell("python3 " + median_interval_script() + " 1.0 fast");
   EXPECT_NE(o.exit_code, 0);
   EXPECT_NE(o.err.find("expected one or more numbers"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("fast"), std::string::npos) << o.err;
@@ -57,7 +57,7 @@ TEST(SwapVsFioScriptTest, MedianIntervalRefusesWhatIsNotANumber) {
 TEST(SwapVsFioScriptTest, ABadFioHistoryStopsTheRunNamingTheValue) {
   const fs::path script = fs::path(STRATA_SOURCE_DIR) / "bench/swap_vs_fio.sh";
   const testing::RunResult o =
-      run("FIO_HISTORY=older bash " + script.string() + " /nonexistent/strata");
+      run_shell("FIO_HISTORY=older bash " + script.string() + " /nonexistent/strata");
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_NE(o.err.find("FIO_HISTORY must be new, aged or both, got 'older'"), std::string::npos)
       << o.err;

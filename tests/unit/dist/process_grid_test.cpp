@@ -15,9 +15,9 @@
 namespace strata::dist {
 namespace {
 
-using Group = ::strata::testing::InProcessRanks;
+using GridGroup = ::strata::testing::InProcessRanks;
 
-Group make_group(int world, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+GridGroup make_grid_group(int world, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   return ::strata::testing::make_in_process_ranks(world, timeout);
 }
 
@@ -45,7 +45,7 @@ std::vector<int> members(const GridShape& s, const GridCoord& c, int axis) {
 }
 
 // Every rank all-gathers its world rank over each axis: the result lists the axis's members.
-void check_grid(Group& g, const GridShape& shape) {
+void check_grid(GridGroup& g, const GridShape& shape) {
   SCOPED_TRACE(shape.to_string());
   g.run([&](int rank) {
     Communicator& world = *g.comms[static_cast<std::size_t>(rank)];
@@ -79,10 +79,10 @@ void check_grid(Group& g, const GridShape& shape) {
 TEST(ProcessGrid, EveryShapeOfFourRanksGroupsTheRightRanks) {
   const GridShape shapes[] = {{4, 1, 1}, {1, 4, 1}, {1, 1, 4}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}};
   for (const GridShape& shape : shapes) {
-    Group g = make_group(4);
+    GridGroup g = make_grid_group(4);
     check_grid(g, shape);
   }
-  Group one = make_group(1);
+  GridGroup one = make_grid_group(1);
   check_grid(one, GridShape{});
 }
 
@@ -92,10 +92,10 @@ TEST(ProcessGrid, EveryShapeOfFourRanksGroupsTheRightRanks) {
 TEST(ProcessGrid, ExpertGroupsSplitTheDataGroup) {
   const GridShape shapes[] = {{4, 1, 1, 2}, {4, 1, 1, 4}, {2, 2, 1, 2}, {2, 1, 2, 2}};
   for (const GridShape& shape : shapes) {
-    Group g = make_group(4);
+    GridGroup g = make_grid_group(4);
     check_grid(g, shape);
   }
-  Group g = make_group(4);
+  GridGroup g = make_grid_group(4);
   g.run([&](int rank) {
     Communicator& world = *g.comms[static_cast<std::size_t>(rank)];
     auto all = ProcessGrid::create(world, GridShape{4, 1, 1, 4},
@@ -104,7 +104,7 @@ TEST(ProcessGrid, ExpertGroupsSplitTheDataGroup) {
     EXPECT_EQ(&(*all)->expert(), &(*all)->data());
     EXPECT_EQ((*all)->expert_data().world_size(), 1);
   });
-  Group two = make_group(2);
+  GridGroup two = make_grid_group(2);
   two.run([&](int rank) {
     auto none = ProcessGrid::create(*two.comms[static_cast<std::size_t>(rank)], GridShape{2, 1, 1},
                                     *two.devices[static_cast<std::size_t>(rank)]);
@@ -117,7 +117,7 @@ TEST(ProcessGrid, ExpertGroupsSplitTheDataGroup) {
 // The grid's byte counts sum every axis's collectives: a 2 x 2 grid's data and tensor
 // all-reduces (each over its own split communicator) and the world's.
 TEST(ProcessGrid, StatsCountEveryAxis) {
-  Group g = make_group(4);
+  GridGroup g = make_grid_group(4);
   g.run([&](int rank) {
     device::Device& device = *g.devices[static_cast<std::size_t>(rank)];
     auto made =
@@ -149,7 +149,7 @@ TEST(ProcessGrid, RanksAndCoordinatesRoundTrip) {
 }
 
 TEST(ProcessGrid, AShapeThatDoesNotMatchTheJobIsAnError) {
-  Group g = make_group(1);
+  GridGroup g = make_grid_group(1);
   auto bad = ProcessGrid::create(*g.comms[0], GridShape{2, 1, 1}, *g.devices[0]);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("data 2 x tensor 1 x pipeline 1 has 2 ranks, but the job "
@@ -158,7 +158,7 @@ TEST(ProcessGrid, AShapeThatDoesNotMatchTheJobIsAnError) {
       << bad.status().message();
   auto zero = ProcessGrid::create(*g.comms[0], GridShape{1, 0, 1}, *g.devices[0]);
   EXPECT_FALSE(zero.is_ok());
-  Group three = make_group(3);
+  GridGroup three = make_grid_group(3);
   auto odd = ProcessGrid::create(*three.comms[0], GridShape{3, 1, 1, 2}, *three.devices[0]);
   ASSERT_FALSE(odd.is_ok());
   EXPECT_NE(odd.status().message().find("expert-parallel size 2 does not divide the "
@@ -169,7 +169,7 @@ TEST(ProcessGrid, AShapeThatDoesNotMatchTheJobIsAnError) {
 
 // One rank alone owns its communicator: every axis is it, and a collective is the identity.
 TEST(ProcessGrid, ASingleRankGridOwnsItsCommunicator) {
-  Group g = make_group(1);
+  GridGroup g = make_grid_group(1);
   std::unique_ptr<ProcessGrid> grid = ProcessGrid::single_rank(*g.devices[0]);
   ASSERT_NE(grid, nullptr);
   EXPECT_EQ(grid->shape().size(), 1);

@@ -17,14 +17,14 @@ using testing::make_options;
 using testing::random_buffer;
 using testing::TempDirs;
 
-constexpr std::size_t kBlock = 64 * 1024;
+constexpr std::size_t kFaultBlock = 64 * 1024;
 
 class SwapFaultTest : public ::testing::TestWithParam<std::string> {
  protected:
   SwapOptions options(std::vector<FaultRule> rules, int num_paths = 1) {
     dirs_ = std::make_unique<TempDirs>(num_paths);
     SwapOptions o = make_options(GetParam(), dirs_->paths());
-    o.block_size_bytes = kBlock;
+    o.block_size_bytes = kFaultBlock;
     o.fault_injection.rules = std::move(rules);
     return o;
   }
@@ -56,15 +56,15 @@ TEST_P(SwapFaultTest, ShortWriteIsCompleted) {
   const SwapOptions o = options({rule(FaultOp::kWrite, FaultKind::kShort)});
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(1);
-  auto e = swap->allocate(4 * kBlock, "short");
+  auto e = swap->allocate(4 * kFaultBlock, "short");
   ASSERT_TRUE(e.is_ok());
-  AlignedBuffer data = random_buffer(4 * kBlock, rng);
+  AlignedBuffer data = random_buffer(4 * kFaultBlock, rng);
   expect_round_trip(*swap, *e, data);
   const IoStats st = swap->stats();
   EXPECT_EQ(st.faults_injected, 1u);
   EXPECT_GE(st.retries, 1u);
   EXPECT_EQ(st.errors, 0u);
-  EXPECT_EQ(st.bytes_written, 4 * kBlock);
+  EXPECT_EQ(st.bytes_written, 4 * kFaultBlock);
 }
 
 TEST_P(SwapFaultTest, ShortReadsAreCompleted) {
@@ -73,9 +73,9 @@ TEST_P(SwapFaultTest, ShortReadsAreCompleted) {
   const SwapOptions o = options({r});
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(2);
-  auto e = swap->allocate(2 * kBlock, "short read");
+  auto e = swap->allocate(2 * kFaultBlock, "short read");
   ASSERT_TRUE(e.is_ok());
-  AlignedBuffer data = random_buffer(2 * kBlock, rng);
+  AlignedBuffer data = random_buffer(2 * kFaultBlock, rng);
   expect_round_trip(*swap, *e, data);
   EXPECT_EQ(swap->stats().faults_injected, 3u);
   EXPECT_GE(swap->stats().retries, 3u);
@@ -83,15 +83,15 @@ TEST_P(SwapFaultTest, ShortReadsAreCompleted) {
 
 TEST_P(SwapFaultTest, EioSurfacesWithPathAndOffsetAndOtherDataIsIntact) {
   // A comes first at swap offset 0, B after it; the second block of B fails once.
-  const std::uint64_t b_offset = 2 * kBlock;
+  const std::uint64_t b_offset = 2 * kFaultBlock;
   FaultRule r = rule(FaultOp::kWrite, FaultKind::kError, EIO);
-  r.swap_offset_begin = b_offset + kBlock;
-  r.swap_offset_end = b_offset + 2 * kBlock;
+  r.swap_offset_begin = b_offset + kFaultBlock;
+  r.swap_offset_end = b_offset + 2 * kFaultBlock;
   const SwapOptions o = options({r});
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(3);
-  auto a = swap->allocate(2 * kBlock, "A");
-  auto b = swap->allocate(4 * kBlock, "B");
+  auto a = swap->allocate(2 * kFaultBlock, "A");
+  auto b = swap->allocate(4 * kFaultBlock, "B");
   ASSERT_TRUE(a.is_ok() && b.is_ok());
   ASSERT_EQ(b->offset, b_offset);
   AlignedBuffer a_data = random_buffer(a->size_bytes, rng);
@@ -101,7 +101,7 @@ TEST_P(SwapFaultTest, EioSurfacesWithPathAndOffsetAndOtherDataIsIntact) {
   const Status s = swap->write(*b, 0, b_data.data(), b_data.size()).wait();
   ASSERT_EQ(s.code(), StatusCode::kIoError) << s.to_string();
   const std::string expected = "write of 65536 bytes at offset " +
-                               std::to_string(b_offset + kBlock) + " to " + file_name(0) +
+                               std::to_string(b_offset + kFaultBlock) + " to " + file_name(0) +
                                " failed: Input/output error";
   EXPECT_EQ(s.message(), expected);
 
@@ -110,9 +110,10 @@ TEST_P(SwapFaultTest, EioSurfacesWithPathAndOffsetAndOtherDataIsIntact) {
   ASSERT_TRUE(swap->read(*a, 0, back.data(), back.size()).wait().is_ok());
   EXPECT_EQ(first_mismatch(back.data(), a_data.data(), back.size()), -1);
   for (std::uint64_t blk : {0, 2, 3}) {
-    AlignedBuffer part(kBlock);
-    ASSERT_TRUE(swap->read(*b, blk * kBlock, part.data(), kBlock).wait().is_ok());
-    EXPECT_EQ(first_mismatch(part.data(), b_data.data() + blk * kBlock, kBlock), -1) << blk;
+    AlignedBuffer part(kFaultBlock);
+    ASSERT_TRUE(swap->read(*b, blk * kFaultBlock, part.data(), kFaultBlock).wait().is_ok());
+    EXPECT_EQ(first_mismatch(part.data(), b_data.data() + blk * kFaultBlock, kFaultBlock), -1)
+        << blk;
   }
   // The engine keeps working: the same write now succeeds.
   expect_round_trip(*swap, *b, b_data);
@@ -122,20 +123,20 @@ TEST_P(SwapFaultTest, EioSurfacesWithPathAndOffsetAndOtherDataIsIntact) {
 }
 
 TEST_P(SwapFaultTest, EioOnStripedReadNamesTheRightFile) {
-  // Three files: swap unit 4 lives in file 4 % 3 = 1 at file offset (4 / 3) * kBlock.
+  // Three files: swap unit 4 lives in file 4 % 3 = 1 at file offset (4 / 3) * kFaultBlock.
   FaultRule r = rule(FaultOp::kRead, FaultKind::kError, EIO);
-  r.swap_offset_begin = 4 * kBlock;
-  r.swap_offset_end = 5 * kBlock;
+  r.swap_offset_begin = 4 * kFaultBlock;
+  r.swap_offset_end = 5 * kFaultBlock;
   const SwapOptions o = options({r}, 3);
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(4);
-  auto e = swap->allocate(6 * kBlock, "striped");
+  auto e = swap->allocate(6 * kFaultBlock, "striped");
   ASSERT_TRUE(e.is_ok());
   AlignedBuffer data = random_buffer(e->size_bytes, rng);
   ASSERT_TRUE(swap->write(*e, 0, data.data(), data.size()).wait().is_ok());
   AlignedBuffer back(e->size_bytes);
   const Status s = swap->read(*e, 0, back.data(), back.size()).wait();
-  EXPECT_EQ(s.message(), "read of 65536 bytes at offset " + std::to_string(kBlock) + " from " +
+  EXPECT_EQ(s.message(), "read of 65536 bytes at offset " + std::to_string(kFaultBlock) + " from " +
                              file_name(1) + " failed: Input/output error");
 }
 
@@ -143,9 +144,9 @@ TEST_P(SwapFaultTest, EnospcOnWriteIsReported) {
   const SwapOptions o = options({rule(FaultOp::kWrite, FaultKind::kError, ENOSPC)});
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(5);
-  auto e = swap->allocate(kBlock, "full");
+  auto e = swap->allocate(kFaultBlock, "full");
   ASSERT_TRUE(e.is_ok());
-  AlignedBuffer data = random_buffer(kBlock, rng);
+  AlignedBuffer data = random_buffer(kFaultBlock, rng);
   const Status s = swap->write(*e, 0, data.data(), data.size()).wait();
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_EQ(s.message(), "write of 65536 bytes at offset 0 to " + file_name(0) +
@@ -183,7 +184,7 @@ TEST_P(SwapFaultTest, TransientErrorsAreRetried) {
   const SwapOptions o = options({again, intr});
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(6);
-  auto e = swap->allocate(3 * kBlock, "retry");
+  auto e = swap->allocate(3 * kFaultBlock, "retry");
   ASSERT_TRUE(e.is_ok());
   AlignedBuffer data = random_buffer(e->size_bytes, rng);
   expect_round_trip(*swap, *e, data);
@@ -198,9 +199,9 @@ TEST_P(SwapFaultTest, EndlessEagainGivesUp) {
   r.times = FaultRule::kForever;
   const SwapOptions o = options({r});
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
-  auto e = swap->allocate(kBlock, "stuck");
+  auto e = swap->allocate(kFaultBlock, "stuck");
   ASSERT_TRUE(e.is_ok());
-  AlignedBuffer data(kBlock);
+  AlignedBuffer data(kFaultBlock);
   const Status s = swap->write(*e, 0, data.data(), data.size()).wait();
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_NE(s.message().find("still failing after"), std::string::npos) << s.message();
@@ -213,12 +214,12 @@ TEST_P(SwapFaultTest, NthChunkFails) {
   o.queue_depth = 1;  // one chunk at a time, so "third" is well defined on every engine
   STRATA_CREATE_SWAP_OR_SKIP(swap, o);
   Rng rng(7);
-  auto e = swap->allocate(4 * kBlock, "nth");
+  auto e = swap->allocate(4 * kFaultBlock, "nth");
   ASSERT_TRUE(e.is_ok());
   AlignedBuffer data = random_buffer(e->size_bytes, rng);
   const Status s = swap->write(*e, 0, data.data(), data.size()).wait();
-  EXPECT_EQ(s.message(), "write of 65536 bytes at offset " + std::to_string(2 * kBlock) + " to " +
-                             file_name(0) + " failed: Input/output error");
+  EXPECT_EQ(s.message(), "write of 65536 bytes at offset " + std::to_string(2 * kFaultBlock) +
+                             " to " + file_name(0) + " failed: Input/output error");
 }
 
 TEST_P(SwapFaultTest, MisalignedRequestsAreRejected) {

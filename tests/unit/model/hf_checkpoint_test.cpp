@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 using testing::TempDir;
 
-LlamaConfig tiny_config(bool tied = false) {
+LlamaConfig checkpoint_config(bool tied = false) {
   LlamaConfig c;
   c.vocab_size = 32;
   c.hidden_size = 16;
@@ -119,7 +119,7 @@ void expect_contains(const Status& s, const std::string& needle) {
 
 TEST(HfCheckpoint, WriteThenReadF32IsBitExact) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto values = make_values(config, layout, 42);
   int calls = 0;
@@ -148,7 +148,7 @@ TEST(HfCheckpoint, WriteThenReadF32IsBitExact) {
 
 TEST(HfCheckpoint, Bf16RoundTripEqualsRoundedValues) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto values = make_values(config, layout, 7);
   ASSERT_TRUE(
@@ -170,7 +170,7 @@ TEST(HfCheckpoint, Bf16RoundTripEqualsRoundedValues) {
 // across tensor boundaries and padding.
 TEST(HfCheckpoint, AGroupRangeReadsThatPartOfTheGroup) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto values = make_values(config, layout, 9);
   ASSERT_TRUE(
@@ -196,7 +196,7 @@ TEST(HfCheckpoint, AGroupRangeReadsThatPartOfTheGroup) {
 
 TEST(HfCheckpoint, F16WritesTorchDtype) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto values = make_values(config, layout, 8);
   ASSERT_TRUE(
@@ -213,7 +213,7 @@ TEST(HfCheckpoint, F16WritesTorchDtype) {
 
 TEST(HfCheckpoint, FailingSourceLeavesExistingCheckpointUntouched) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto values = make_values(config, layout, 1);
   ASSERT_TRUE(
@@ -238,7 +238,7 @@ TEST(HfCheckpoint, FailingSourceLeavesExistingCheckpointUntouched) {
 
 TEST(HfCheckpoint, TiedEmbeddingsTolerateRedundantHeadAndRotaryBuffers) {
   TempDir dir;
-  const LlamaConfig config = tiny_config(/*tied=*/true);
+  const LlamaConfig config = checkpoint_config(/*tied=*/true);
   const ParamLayout layout = ParamLayout::build(config);
   ASSERT_FALSE(layout.find("lm_head.weight").has_value());
   const auto values = make_values(config, layout, 3);
@@ -267,7 +267,7 @@ TEST(HfCheckpoint, TiedEmbeddingsTolerateRedundantHeadAndRotaryBuffers) {
 
 TEST(HfCheckpoint, ShardedCheckpointWithIndex) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto values = make_values(config, layout, 9);
   const auto tensors = layout_tensors(layout, values);
@@ -305,7 +305,7 @@ TEST(HfCheckpoint, ShardedCheckpointWithIndex) {
 
 TEST(HfCheckpoint, MissingShardNamesIndexAndShard) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   const auto tensors = layout_tensors(layout, make_values(config, layout, 5));
   write_tensors(dir.file("model-00001-of-00002.safetensors"), tensors);
@@ -332,7 +332,7 @@ TEST(HfCheckpoint, MissingShardNamesIndexAndShard) {
 
 TEST(HfCheckpoint, ValidateReportsEveryProblemAtOnce) {
   TempDir dir;
-  const LlamaConfig config = tiny_config();
+  const LlamaConfig config = checkpoint_config();
   const ParamLayout layout = ParamLayout::build(config);
   auto tensors = layout_tensors(layout, make_values(config, layout, 6));
   std::vector<Tensor> kept;
@@ -382,7 +382,7 @@ TEST(HfCheckpoint, MissingFilesAreNamed) {
   ASSERT_FALSE(no_config.is_ok());
   expect_contains(no_config.status(), dir.file("config.json"));
 
-  write_config(dir.path(), tiny_config());
+  write_config(dir.path(), checkpoint_config());
   auto no_weights = HfCheckpointReader::open(dir.path());
   ASSERT_FALSE(no_weights.is_ok());
   EXPECT_EQ(no_weights.status().code(), StatusCode::kNotFound);
@@ -395,7 +395,7 @@ TEST(HfCheckpoint, MissingFilesAreNamed) {
   ASSERT_FALSE(bad_json.is_ok());
   expect_contains(bad_json.status(), dir.file("config.json"));
 
-  Json bad_config = tiny_config().to_json();
+  Json bad_config = checkpoint_config().to_json();
   bad_config["hidden_act"] = "gelu";
   ASSERT_TRUE(write_json_file(dir.file("config.json"), bad_config).is_ok());
   auto unsupported = HfCheckpointReader::open(dir.path());
@@ -406,7 +406,7 @@ TEST(HfCheckpoint, MissingFilesAreNamed) {
 
 TEST(HfCheckpoint, CorruptWeightFileIsReportedWithItsPath) {
   TempDir dir;
-  write_config(dir.path(), tiny_config());
+  write_config(dir.path(), checkpoint_config());
   ASSERT_TRUE(write_file_atomic(dir.file("model.safetensors"), std::string("garbage")).is_ok());
   auto reader = HfCheckpointReader::open(dir.path());
   ASSERT_FALSE(reader.is_ok());
@@ -426,7 +426,7 @@ namespace {
 // ranks, each of its elements that many times), and whole tensors are whole on every rank.
 TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpoint) {
   TempDir dir;
-  LlamaConfig config = tiny_config();
+  LlamaConfig config = checkpoint_config();
   config.qkv_bias = config.o_bias = config.mlp_bias = config.qk_norm = true;
   const ParamLayout whole = ParamLayout::build(config);
   const auto values = make_values(config, whole, 5);
@@ -492,7 +492,7 @@ TEST(TensorParallelLayout, SlicesAreTheWholeTensorsPartsFromTheSeedAndTheCheckpo
 }
 
 TEST(TensorParallelLayout, ASplitTheModelDoesNotAllowIsNamed) {
-  LlamaConfig config = tiny_config();
+  LlamaConfig config = checkpoint_config();
   config.vocab_size = 30;
   config.num_attention_heads = 12;
   config.num_key_value_heads = 3;

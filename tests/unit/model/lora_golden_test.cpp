@@ -24,8 +24,8 @@ using testing::TestProvider;
 
 // As llama_golden_test.cpp: a plain f32 implementation lands within f32_error of float64 (the
 // golden file's own float32 run measures it); Strata sums in other orders, so it may use
-// kF32Factor times that.
-constexpr double kF32Factor = 8.0;
+// kLoraF32Factor times that.
+constexpr double kLoraF32Factor = 8.0;
 
 // The golden's "lora" object holds PEFT's adapter_config.json keys.
 LoraConfig peft_lora(const Json& j) {
@@ -78,12 +78,12 @@ TEST_P(LoraGoldenTest, F32LossAndAdapterGradientsMatchPyTorch) {
   const double got = *r + (config->has_moe() && config->moe.aux_loss
                                ? config->moe.aux_loss_coef * model.last_aux_loss()
                                : 0.0);
-  EXPECT_NEAR(got, want, kF32Factor * g.at("f32_loss_error").get<double>() + 0x1p-24 * want);
+  EXPECT_NEAR(got, want, kLoraF32Factor * g.at("f32_loss_error").get<double>() + 0x1p-24 * want);
 
   for (const auto& [tensor, grads] : g.at("grads").items()) {
     const auto loc = layout.find(tensor);
     ASSERT_TRUE(loc.has_value()) << tensor;
-    const double bound = kF32Factor * g.at("f32_grad_error").at(tensor).get<double>();
+    const double bound = kLoraF32Factor * g.at("f32_grad_error").at(tensor).get<double>();
     ASSERT_GT(bound, 0.0) << tensor;
     const float* got = provider.grad(tensor);
     double worst = 0, largest = 0;

@@ -13,7 +13,7 @@
 namespace strata::text {
 namespace {
 
-const std::string kDir = std::string(STRATA_TEST_DATA_DIR) + "/tokenizers";
+const std::string kGoldenDir = std::string(STRATA_TEST_DATA_DIR) + "/tokenizers";
 
 std::string show_ids(const std::vector<std::int32_t>& ids) {
   std::string s = "[";
@@ -24,8 +24,8 @@ std::string show_ids(const std::vector<std::int32_t>& ids) {
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenTest, IdsAndDecodingMatchTheReference) {
-  const std::string dir = kDir + "/" + GetParam();
-  auto texts = read_json_file(kDir + "/texts.json");
+  const std::string dir = kGoldenDir + "/" + GetParam();
+  auto texts = read_json_file(kGoldenDir + "/texts.json");
   ASSERT_TRUE(texts.is_ok()) << texts.status().to_string();
   auto golden = read_json_file(dir + "/golden.json");
   ASSERT_TRUE(golden.is_ok()) << golden.status().to_string();
@@ -59,7 +59,7 @@ TEST_P(GoldenTest, IdsAndDecodingMatchTheReference) {
 
 std::vector<std::string> golden_dirs() {
   std::vector<std::string> dirs;
-  for (const auto& entry : std::filesystem::directory_iterator(kDir)) {
+  for (const auto& entry : std::filesystem::directory_iterator(kGoldenDir)) {
     if (entry.is_directory() && std::filesystem::exists(entry.path() / "golden.json")) {
       dirs.push_back(entry.path().filename().string());
     }

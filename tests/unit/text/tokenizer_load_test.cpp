@@ -12,7 +12,7 @@
 namespace strata::text {
 namespace {
 
-const std::string kTokDir = std::string(STRATA_TEST_DATA_DIR) + "/tokenizers";
+const std::string kLoadTokDir = std::string(STRATA_TEST_DATA_DIR) + "/tokenizers";
 
 std::string error_of(const std::string& path) {
   auto tok = Tokenizer::load(path);
@@ -21,9 +21,9 @@ std::string error_of(const std::string& path) {
 }
 
 TEST(TokenizerLoadTest, ADirectoryPrefersTokenizerJsonAndReadsItsConfig) {
-  auto tok = Tokenizer::load(kTokDir + "/llama3");
+  auto tok = Tokenizer::load(kLoadTokDir + "/llama3");
   ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
-  EXPECT_EQ(tok.value()->path(), kTokDir + "/llama3/tokenizer.json");
+  EXPECT_EQ(tok.value()->path(), kLoadTokDir + "/llama3/tokenizer.json");
   EXPECT_EQ(tok.value()->vocab_size(), 128256);
   EXPECT_EQ(tok.value()->bos_id(), 128000);
   EXPECT_NE(tok.value()->description().find("tokenizer_config.json"), std::string::npos);
@@ -32,7 +32,8 @@ TEST(TokenizerLoadTest, ADirectoryPrefersTokenizerJsonAndReadsItsConfig) {
 
 TEST(TokenizerLoadTest, LlamaClassConfigAddsBosAndEosAsTransformersDoes) {
   testing::TempDir dir;
-  std::filesystem::copy_file(kTokDir + "/llama2-bpe/tokenizer.json", dir.file("tokenizer.json"));
+  std::filesystem::copy_file(kLoadTokDir + "/llama2-bpe/tokenizer.json",
+                             dir.file("tokenizer.json"));
   auto bare = Tokenizer::load(dir.file("tokenizer.json"));
   ASSERT_TRUE(bare.is_ok());
   const auto plain = bare.value()->encode("Hello", false);
@@ -62,7 +63,7 @@ TEST(TokenizerLoadTest, LlamaClassConfigAddsBosAndEosAsTransformersDoes) {
 }
 
 TEST(TokenizerLoadTest, SentencePieceModelsLoadFromFileOrDirectory) {
-  auto tok = Tokenizer::load(kTokDir + "/sentencepiece-bpe/tokenizer.model");
+  auto tok = Tokenizer::load(kLoadTokDir + "/sentencepiece-bpe/tokenizer.model");
   ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
   EXPECT_EQ(tok.value()->vocab_size(), 1000);
   ASSERT_TRUE(tok.value()->eos_id().has_value());
@@ -71,7 +72,7 @@ TEST(TokenizerLoadTest, SentencePieceModelsLoadFromFileOrDirectory) {
   EXPECT_NE(ids.front(), tok.value()->bos_id().value_or(-1)) << "a bare model adds no BOS";
 
   testing::TempDir dir;
-  std::filesystem::copy_file(kTokDir + "/sentencepiece-bpe/tokenizer.model",
+  std::filesystem::copy_file(kLoadTokDir + "/sentencepiece-bpe/tokenizer.model",
                              dir.file("tokenizer.model"));
   dir.write("tokenizer_config.json",
             R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>"})");
@@ -90,7 +91,7 @@ TEST(TokenizerLoadTest, ErrorsNameTheFileAndTheProblem) {
   const std::string broken = dir.write("broken.json", "{\"model\": ");
   EXPECT_NE(error_of(broken).find("broken.json"), std::string::npos);
 
-  auto json = read_json_file(kTokDir + "/bytelevel-bpe/tokenizer.json");
+  auto json = read_json_file(kLoadTokDir + "/bytelevel-bpe/tokenizer.json");
   ASSERT_TRUE(json.is_ok());
   Json j = json.value();
   j["pre_tokenizer"] = {{"type", "UnicodeScripts"}};
@@ -131,7 +132,7 @@ TEST(TokenizerLoadTest, ErrorsNameTheFileAndTheProblem) {
             std::string::npos);
 
   std::filesystem::create_directories(dir.file("model"));
-  std::filesystem::copy_file(kTokDir + "/bytelevel-bpe/tokenizer.json",
+  std::filesystem::copy_file(kLoadTokDir + "/bytelevel-bpe/tokenizer.json",
                              dir.file("model/tokenizer.json"));
   dir.write("model/tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
   EXPECT_NE(error_of(dir.file("model")).find("eos_token \"<|nope|>\" is not in"),
@@ -146,7 +147,7 @@ TEST(TokenizerLoadTest, ErrorsNameTheFileAndTheProblem) {
 // "<x>" is found after a space ("▁<x>") but not glued to a word.
 TEST(TokenizerLoadTest, NormalizedAddedTokensMatchTheirNormalizedContent) {
   testing::TempDir dir;
-  auto json = read_json_file(kTokDir + "/llama2-bpe-legacy/tokenizer.json");
+  auto json = read_json_file(kLoadTokDir + "/llama2-bpe-legacy/tokenizer.json");
   ASSERT_TRUE(json.is_ok());
   Json j = json.value();
   j["added_tokens"].push_back({{"id", 1459},
@@ -167,7 +168,7 @@ TEST(TokenizerLoadTest, NormalizedAddedTokensMatchTheirNormalizedContent) {
 }
 
 TEST(TokenizerLoadTest, ASentencePieceModelDirectoryReadsSpecialPiecesInTheText) {
-  const std::string model = kTokDir + "/sentencepiece-bpe/tokenizer.model";
+  const std::string model = kLoadTokDir + "/sentencepiece-bpe/tokenizer.model";
   auto bare = Tokenizer::load(model);
   ASSERT_TRUE(bare.is_ok());
   const std::int32_t eos = *bare.value()->eos_id();
@@ -192,7 +193,7 @@ TEST(TokenizerLoadTest, ASentencePieceModelDirectoryReadsSpecialPiecesInTheText)
 }
 
 TEST(TokenizerLoadTest, DecodingAnIdOutsideTheVocabularyIsAnError) {
-  auto tok = Tokenizer::load(kTokDir + "/bytelevel-bpe/tokenizer.json");
+  auto tok = Tokenizer::load(kLoadTokDir + "/bytelevel-bpe/tokenizer.json");
   ASSERT_TRUE(tok.is_ok());
   const std::vector<std::int32_t> ids = {1, 999999};
   auto text = tok.value()->decode(ids, false);

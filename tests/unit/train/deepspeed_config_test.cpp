@@ -16,7 +16,7 @@
 namespace strata::train {
 namespace {
 
-Json minimal() {
+Json minimal_deepspeed() {
   return Json::parse(R"({"model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
                          "num_hidden_layers": 2, "num_attention_heads": 4},
                          "data": {"path": "x.txt", "format": "text"}})");
@@ -62,7 +62,7 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
             "single_submit": false, "overlap_events": true},
     "activation_checkpointing": {"cpu_checkpointing": true, "partition_activations": false}
   })");
-  auto c = with_ds(minimal(), ds);
+  auto c = with_ds(minimal_deepspeed(), ds);
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   EXPECT_EQ(c->deepspeed_source, "train.json's \"deepspeed\"");
   EXPECT_EQ(c->micro_batch_size, 2);
@@ -120,7 +120,7 @@ TEST(DeepSpeedConfig, EveryMappedKeyLandsOnItsStrataKey) {
 // "auto" (Hugging Face's Trainer's placeholder) and absent keys leave the Strata config's values;
 // DeepSpeed's own defaults apply where they differ from Strata's and neither file sets the key.
 TEST(DeepSpeedConfig, AutoAndAbsentKeysLeaveTheStrataConfigs) {
-  Json config = minimal();
+  Json config = minimal_deepspeed();
   config["batch_size"] = 8;
   config["micro_batch_size"] = 4;
   config["optimizer"] = {{"lr", 5e-5}};
@@ -148,16 +148,16 @@ TEST(DeepSpeedConfig, AutoAndAbsentKeysLeaveTheStrataConfigs) {
   EXPECT_EQ(c->zero_stage, 2);
 
   // gradient_clipping left out: DeepSpeed does not clip, unless the Strata config says to.
-  auto off = with_ds(minimal(), Json{{"zero_optimization", {{"stage", 1}}}});
+  auto off = with_ds(minimal_deepspeed(), Json{{"zero_optimization", {{"stage", 1}}}});
   ASSERT_TRUE(off.is_ok()) << off.status().message();
   EXPECT_EQ(off->grad_clip, 0.0);
-  Json clipped = minimal();
+  Json clipped = minimal_deepspeed();
   clipped["grad_clip"] = 0.3;
   auto kept = with_ds(clipped, Json{{"zero_optimization", {{"stage", 1}}}});
   ASSERT_TRUE(kept.is_ok()) << kept.status().message();
   EXPECT_EQ(kept->grad_clip, 0.3);
   // WarmupLR's warmup_num_steps left out is DeepSpeed's 1000.
-  auto warm = with_ds(minimal(), Json{{"scheduler", {{"type", "WarmupLR"}}}});
+  auto warm = with_ds(minimal_deepspeed(), Json{{"scheduler", {{"type", "WarmupLR"}}}});
   ASSERT_TRUE(warm.is_ok()) << warm.status().message();
   EXPECT_EQ(warm->lr_schedule.warmup_steps, 1000);
   EXPECT_EQ(warm->lr_schedule.warmup_type, optim::WarmupType::kLog);
@@ -166,7 +166,7 @@ TEST(DeepSpeedConfig, AutoAndAbsentKeysLeaveTheStrataConfigs) {
 // The same setting in both files is fine (bytes by value, "64MiB" against elements); different
 // settings are refused naming both places, a --set override by its flag.
 TEST(DeepSpeedConfig, AKeySetDifferentlyInBothIsRefusedNamingBoth) {
-  Json config = minimal();
+  Json config = minimal_deepspeed();
   config["zero_stage"] = 3;
   config["reduce_bucket_bytes"] = "64MiB";
   config["optimizer"] = {{"lr", 1e-4}};
@@ -191,7 +191,7 @@ TEST(DeepSpeedConfig, AKeySetDifferentlyInBothIsRefusedNamingBoth) {
 
   testing::TempDir dir;
   const std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2}})");
-  Json file = minimal();
+  Json file = minimal_deepspeed();
   file["deepspeed"] = ds;
   const std::string path = dir.write("train.json", file.dump());
   auto set = load_train_config(path, {"zero_stage=3"});
@@ -202,8 +202,8 @@ TEST(DeepSpeedConfig, AKeySetDifferentlyInBothIsRefusedNamingBoth) {
             std::string::npos)
       << set.status().message();
   // --deepspeed (a flag's key) reads the same file.
-  auto flag =
-      load_train_config(dir.write("plain.json", minimal().dump()), {}, Json{{"deepspeed", ds}});
+  auto flag = load_train_config(dir.write("plain.json", minimal_deepspeed().dump()), {},
+                                Json{{"deepspeed", ds}});
   ASSERT_TRUE(flag.is_ok()) << flag.status().message();
   EXPECT_EQ(flag->zero_stage, 2);
   EXPECT_EQ(flag->deepspeed_source, ds);
@@ -220,7 +220,7 @@ TEST(DeepSpeedConfig, AKeySetDifferentlyInBothIsRefusedNamingBoth) {
 // Keys that would change the mathematics are refused by name with what Strata has instead; an
 // unknown key gets the nearest DeepSpeed key; every problem at once.
 TEST(DeepSpeedConfig, KeysThatChangeTheMathematicsAreRefusedByName) {
-  const std::string m = error_of(with_ds(minimal(), Json::parse(R"({
+  const std::string m = error_of(with_ds(minimal_deepspeed(), Json::parse(R"({
     "optimizer": {"type": "Lamb", "params": {"amsgrad": true, "bias_correction": false}},
     "scheduler": {"type": "OneCycle"},
     "fp16": {"enabled": true}, "bf16": {"enabled": true},
@@ -241,7 +241,7 @@ TEST(DeepSpeedConfig, KeysThatChangeTheMathematicsAreRefusedByName) {
   }
   EXPECT_EQ(m.find("'amp'"), std::string::npos) << m;  // off: nothing to refuse
   // Not a file, or not JSON: named.
-  Json missing = minimal();
+  Json missing = minimal_deepspeed();
   missing["deepspeed"] = "/nonexistent/ds.json";
   const std::string n = error_of(parse_train_config(missing, "train.json"));
   EXPECT_NE(n.find("'deepspeed': "), std::string::npos) << n;
@@ -250,7 +250,7 @@ TEST(DeepSpeedConfig, KeysThatChangeTheMathematicsAreRefusedByName) {
 
 // offload_optimizer.ratio is a share: outside 0 to 1 it is refused by its DeepSpeed name.
 TEST(DeepSpeedConfig, AnOffloadRatioOutsideZeroToOneIsRefused) {
-  const std::string m = error_of(with_ds(minimal(), Json::parse(R"({
+  const std::string m = error_of(with_ds(minimal_deepspeed(), Json::parse(R"({
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}
   })")));
   EXPECT_NE(m.find("'zero_optimization.offload_optimizer.ratio': expected a share from 0 to 1, "
@@ -262,7 +262,7 @@ TEST(DeepSpeedConfig, AnOffloadRatioOutsideZeroToOneIsRefused) {
 // DeepSpeed's Adam is AdamW unless adam_w_mode is false, which is Adam with L2 decay; the name
 // AdamW decays decoupled whatever adam_w_mode says; stage 0 runs as stage 1.
 TEST(DeepSpeedConfig, AdamsModesAndStageZero) {
-  auto l2 = with_ds(minimal(), Json::parse(R"({"optimizer": {"type": "Adam", "params":
+  auto l2 = with_ds(minimal_deepspeed(), Json::parse(R"({"optimizer": {"type": "Adam", "params":
                                               {"adam_w_mode": false, "weight_decay": 0.01}},
                                               "zero_optimization": {"stage": 0}})"));
   ASSERT_TRUE(l2.is_ok()) << l2.status().message();
@@ -271,7 +271,7 @@ TEST(DeepSpeedConfig, AdamsModesAndStageZero) {
   EXPECT_TRUE(has(l2->deepspeed_decided, "zero_optimization.stage 0 (run as stage 1)"));
   // A Strata config that asks for L2 decay meets DeepSpeed's AdamW (whatever adam_w_mode says)
   // and its Adam (AdamW by default): both refused, naming the key.
-  Json l2_config = minimal();
+  Json l2_config = minimal_deepspeed();
   l2_config["optimizer"] = {{"adamw_mode", false}};
   const std::string w = error_of(with_ds(l2_config, Json::parse(R"({"optimizer": {"type":
                                          "AdamW", "params": {"adam_w_mode": false}}})")));
@@ -287,7 +287,7 @@ TEST(DeepSpeedConfig, AdamsModesAndStageZero) {
 // DeepSpeed's train_batch_size rule over the data-parallel ranks: any two of the three give the
 // third; all three must agree.
 TEST(DeepSpeedConfig, TheBatchFollowsDeepSpeedsRuleOverTheRanks) {
-  auto from_batch = with_ds(minimal(), Json::parse(R"({"train_batch_size": 32,
+  auto from_batch = with_ds(minimal_deepspeed(), Json::parse(R"({"train_batch_size": 32,
                                                       "gradient_accumulation_steps": 2})"));
   ASSERT_TRUE(from_batch.is_ok()) << from_batch.status().message();
   EXPECT_FALSE(from_batch->check_batch_split(3).is_ok());  // 32 is not 2 x 3 x m
@@ -295,23 +295,23 @@ TEST(DeepSpeedConfig, TheBatchFollowsDeepSpeedsRuleOverTheRanks) {
   EXPECT_EQ(from_batch->micro_batch_size, 4);
 
   // One of train_batch_size and the micro-batch alone: DeepSpeed accumulates once.
-  auto train_only = with_ds(minimal(), Json{{"train_batch_size", 16}});
+  auto train_only = with_ds(minimal_deepspeed(), Json{{"train_batch_size", 16}});
   ASSERT_TRUE(train_only.is_ok()) << train_only.status().message();
   ASSERT_TRUE(train_only->resolve_batch(4).is_ok());
   EXPECT_EQ(train_only->micro_batch_size, 4);
   EXPECT_EQ(train_only->accumulation_steps(4), 1);
-  auto micro_only = with_ds(minimal(), Json{{"train_micro_batch_size_per_gpu", 3}});
+  auto micro_only = with_ds(minimal_deepspeed(), Json{{"train_micro_batch_size_per_gpu", 3}});
   ASSERT_TRUE(micro_only.is_ok()) << micro_only.status().message();
   ASSERT_TRUE(micro_only->resolve_batch(2).is_ok());
   EXPECT_EQ(micro_only->batch_size, 6);
   // ... unless the Strata config gives the other: then its accumulation stands.
-  Json batch8 = minimal();
+  Json batch8 = minimal_deepspeed();
   batch8["batch_size"] = 8;
   auto with_batch = with_ds(batch8, Json{{"train_micro_batch_size_per_gpu", 2}});
   ASSERT_TRUE(with_batch.is_ok()) << with_batch.status().message();
   EXPECT_EQ(with_batch->accumulation_steps(2), 2);
 
-  auto all = with_ds(minimal(), Json::parse(R"({"train_batch_size": 32,
+  auto all = with_ds(minimal_deepspeed(), Json::parse(R"({"train_batch_size": 32,
                                                "train_micro_batch_size_per_gpu": 4,
                                                "gradient_accumulation_steps": 2})"));
   ASSERT_TRUE(all.is_ok()) << all.status().message();
@@ -324,7 +324,7 @@ TEST(DeepSpeedConfig, TheBatchFollowsDeepSpeedsRuleOverTheRanks) {
       << wrong.message();
 
   const std::string m =
-      error_of(with_ds(minimal(), Json::parse(R"({"gradient_accumulation_steps": 2})")));
+      error_of(with_ds(minimal_deepspeed(), Json::parse(R"({"gradient_accumulation_steps": 2})")));
   EXPECT_NE(m.find("needs batch_size or micro_batch_size"), std::string::npos) << m;
 }
 
@@ -340,7 +340,7 @@ TEST(DeepSpeedConfig, SchedulersMatchDeepSpeedsOwnCode) {
   ASSERT_GE(golden["cases"].size(), 9u);
   for (const Json& g : golden["cases"]) {
     const std::string name = g["type"].get<std::string>() + " " + g["params"].dump();
-    Json config = minimal();
+    Json config = minimal_deepspeed();
     config["max_steps"] = g["lrs"].size();
     // The optimizer's lr as DeepSpeed's file gives it; warmup_max_lr supersedes it, as there.
     auto c = with_ds(
@@ -361,7 +361,7 @@ TEST(DeepSpeedConfig, SchedulersMatchDeepSpeedsOwnCode) {
 // in fp16; fp16 off beside bf16 "auto" leaves Strata's bf16; two keys of the file for one
 // Strata key must agree; an error on a key the file set is blamed on the file.
 TEST(DeepSpeedConfig, AutoPrecisionKeepsTheScalerAndTheFileIsBlamedForItsKeys) {
-  Json fp16 = minimal();
+  Json fp16 = minimal_deepspeed();
   fp16["precision"] = "fp16";
   auto c = with_ds(fp16, Json::parse(R"({"fp16": {"enabled": "auto", "loss_scale_window": 500,
                                                   "hysteresis": 3}})"));
@@ -369,7 +369,7 @@ TEST(DeepSpeedConfig, AutoPrecisionKeepsTheScalerAndTheFileIsBlamedForItsKeys) {
   EXPECT_EQ(c->precision, DType::kF16);
   EXPECT_EQ(c->loss_scaler.loss_scale_window, 500);
   EXPECT_EQ(c->loss_scaler.hysteresis, 3);
-  Json bf16 = minimal();
+  Json bf16 = minimal_deepspeed();
   bf16["precision"] = "bf16";
   auto b = with_ds(bf16, Json::parse(R"({"fp16": {"enabled": false, "loss_scale": 0},
                                          "bf16": {"enabled": "auto"}})"));
@@ -377,7 +377,7 @@ TEST(DeepSpeedConfig, AutoPrecisionKeepsTheScalerAndTheFileIsBlamedForItsKeys) {
   EXPECT_EQ(b->precision, DType::kBF16);
   EXPECT_TRUE(has(b->deepspeed_decided, "fp16.loss_scale (fp16 is off)"));
 
-  const std::string m = error_of(with_ds(minimal(), Json::parse(R"({
+  const std::string m = error_of(with_ds(minimal_deepspeed(), Json::parse(R"({
     "zero_optimization": {"stage": 2, "cpu_offload": true,
                           "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
                           "offload_param": {"device": "cpu"}},
