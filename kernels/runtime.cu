@@ -1,5 +1,4 @@
 // CUDA runtime queries: GPU presence, properties, linked library versions.
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -38,15 +37,13 @@ GpuInfo query_gpus() {
 }
 
 std::string library_versions() {
-  std::string s = "cuBLASLt " + std::to_string(cublasLtGetVersion());
 #if STRATA_HAVE_NCCL
   int nccl = 0;
   ncclGetVersion(&nccl);
-  s += ", NCCL " + std::to_string(nccl);
+  return "NCCL " + std::to_string(nccl);
 #else
-  s += ", no NCCL";
+  return "no NCCL";
 #endif
-  return s;
 }
 
 std::string error_text(int code) {

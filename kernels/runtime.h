@@ -17,7 +17,8 @@ struct GpuInfo {
 };
 
 GpuInfo query_gpus();
-// Versions the binary was linked against (cuBLAS, NCCL): proves the libraries link.
+// The NCCL version the binary was linked against ("no NCCL" without it). cuBLAS is opened at
+// run time (src/device/cuda/cublas_library.h), so its version is not here.
 std::string library_versions();
 
 }  // namespace strata::kernels

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "strata/build_config.h"
 #include "strata/core/json.h"
 #include "strata/core/rng.h"
 #include "tests/testing/temp_dir.h"
@@ -150,6 +151,24 @@ TEST(CliTest, UnknownKeyExitsWithMessage) {
   RunResult r = run_cli(dir, "train " + dir.file("c.json"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("'learning_rate': unknown key"), std::string::npos) << r.err;
+}
+
+// cuBLAS is opened at the first CUDA GEMM, not linked (its initializers took most of a CUDA
+// build's start-up): a command that never makes a CUDA device never maps it, and `strata info`,
+// which reports its version, does. The dynamic loader's own log (LD_DEBUG=files) says which
+// files the process opened.
+TEST(CliTest, CublasOpensOnlyWhenAskedFor) {
+  TempDir dir;
+  const testing::RunResult help = testing::run_command(dir, "LD_DEBUG=files " STRATA_CLI " --help");
+  ASSERT_EQ(help.exit_code, 0) << help.err;
+  ASSERT_NE(help.err.find("file="), std::string::npos) << "LD_DEBUG printed nothing:\n" << help.err;
+  EXPECT_EQ(help.err.find("libcublas"), std::string::npos) << help.err;
+  const testing::RunResult info = testing::run_command(dir, "LD_DEBUG=files " STRATA_CLI " info");
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_EQ(info.err.find("libcublas") != std::string::npos, STRATA_HAVE_CUDA != 0) << info.err;
+  if (STRATA_HAVE_CUDA) {
+    EXPECT_NE(info.out.find("cuBLASLt "), std::string::npos) << info.out;
+  }
 }
 
 // A command line CLI11 cannot parse (an unknown flag, a missing argument, a subcommand that

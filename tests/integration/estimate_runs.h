@@ -45,13 +45,15 @@ inline Json small_config(const TempDir& dir) {
 
 inline Result<TrainConfig> config_of(const Json& j) { return parse_train_config(j, "test config"); }
 
-// Within `rel` of `want`, in either direction, and up to `above_bytes` more above.
+// Within `rel` of `want`, in either direction, and up to `above_bytes` more above and
+// `below_bytes` more below.
 inline void expect_near_rel(std::uint64_t got, std::uint64_t want, double rel, const char* what,
-                            std::uint64_t above_bytes = 0) {
+                            std::uint64_t above_bytes = 0, std::uint64_t below_bytes = 0) {
   EXPECT_LE(static_cast<double>(got),
             static_cast<double>(want) * (1 + rel) + static_cast<double>(above_bytes))
       << what << ": measured " << got << ", predicted " << want;
-  EXPECT_GE(static_cast<double>(got), static_cast<double>(want) * (1 - rel))
+  EXPECT_GE(static_cast<double>(got),
+            static_cast<double>(want) * (1 - rel) - static_cast<double>(below_bytes))
       << what << ": measured " << got << ", predicted " << want;
 }
 

@@ -146,7 +146,13 @@ TEST(EstimateTest, MeasuredPeaksMatchThePrediction) {
     // timing probe did not (seen on a Zen 3, where every product runs on OpenBLAS: 38-46 MB over
     // the prediction in the 32k-vocabulary cases, in 3 of 4 runs).
     constexpr std::uint64_t kGemmThreadBuffer = std::uint64_t{32} << 20;
-    expect_near_rel(rss, e->rss_bytes, 0.10, "rss", kGemmThreadBuffer);
+    // The prediction adds each tier's peak, and the tiers need not peak at once: with a 32k
+    // vocabulary on this small model the host's copies of the embedding and head are a third of
+    // the host tier, and the run measured 137.5 MiB against 156.2 predicted (the CPU backend's
+    // device memory pre-faulted: 140.8). So the RSS may fall short of the sum by as much as the
+    // smaller of the two tiers' peaks.
+    const std::uint64_t apart = std::min(e->plan.peak(Tier::kDevice), e->plan.peak(Tier::kHost));
+    expect_near_rel(rss, e->rss_bytes, 0.10, "rss", kGemmThreadBuffer, apart);
   }
 }
 

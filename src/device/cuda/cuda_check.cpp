@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "src/device/cuda/cublas_library.h"
+
 namespace strata::device::cuda {
 
 namespace {
@@ -24,8 +26,12 @@ Status cuda_status(cudaError_t err, const char* call, const char* file, int line
 
 Status cublas_status(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  std::string msg =
-      where(call, file, line) + cublasGetStatusName(status) + ": " + cublasGetStatusString(status);
+  // A status came from the library, so it is open.
+  const Result<const CublasLibrary*> lib = cublas_library();
+  std::string msg = where(call, file, line) +
+                    (lib.is_ok() ? std::string((*lib)->cublasGetStatusName(status)) + ": " +
+                                       (*lib)->cublasGetStatusString(status)
+                                 : "cuBLAS status " + std::to_string(static_cast<int>(status)));
   if (status == CUBLAS_STATUS_ALLOC_FAILED) return out_of_memory(std::move(msg));
   return internal_error(std::move(msg));
 }

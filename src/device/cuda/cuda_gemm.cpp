@@ -5,6 +5,7 @@
 
 #include <bit>
 
+#include "src/device/cuda/cublas_library.h"
 #include "src/device/cuda/cuda_check.h"
 
 namespace strata::device::cuda {
@@ -36,25 +37,26 @@ int alignment_of(const void* p) {
 
 Result<std::unique_ptr<CudaGemm>> CudaGemm::create(void* workspace, std::size_t workspace_bytes,
                                                    bool allow_tf32) {
-  std::unique_ptr<CudaGemm> g(new CudaGemm(workspace, workspace_bytes, allow_tf32));
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&g->lt_));
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&g->blas_));
+  STRATA_ASSIGN_OR_RETURN(const CublasLibrary* lib, cublas_library());
+  std::unique_ptr<CudaGemm> g(new CudaGemm(*lib, workspace, workspace_bytes, allow_tf32));
+  STRATA_CUBLAS_RETURN_IF_ERROR(lib->cublasLtCreate(&g->lt_));
+  STRATA_CUBLAS_RETURN_IF_ERROR(lib->cublasCreate(&g->blas_));
   // The fallback must not allocate its own workspace outside the device budget.
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(g->blas_, workspace, workspace_bytes));
+  STRATA_CUBLAS_RETURN_IF_ERROR(lib->cublasSetWorkspace(g->blas_, workspace, workspace_bytes));
   return g;
 }
 
 CudaGemm::~CudaGemm() {
   for (auto& [key, plan] : plans_) destroy(plan);
-  if (blas_ != nullptr) cublasDestroy(blas_);
-  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (blas_ != nullptr) lib_.cublasDestroy(blas_);
+  if (lt_ != nullptr) lib_.cublasLtDestroy(lt_);
 }
 
-void CudaGemm::destroy(Plan& p) {
-  if (p.a != nullptr) cublasLtMatrixLayoutDestroy(p.a);
-  if (p.b != nullptr) cublasLtMatrixLayoutDestroy(p.b);
-  if (p.c != nullptr) cublasLtMatrixLayoutDestroy(p.c);
-  if (p.desc != nullptr) cublasLtMatmulDescDestroy(p.desc);
+void CudaGemm::destroy(Plan& p) const {
+  if (p.a != nullptr) lib_.cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b != nullptr) lib_.cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c != nullptr) lib_.cublasLtMatrixLayoutDestroy(p.c);
+  if (p.desc != nullptr) lib_.cublasLtMatmulDescDestroy(p.desc);
   p = Plan{};
 }
 
@@ -65,24 +67,24 @@ Result<CudaGemm::Plan> CudaGemm::make_plan(const GemmArgs& g, int align_a, int a
       g.dtype == DType::kF32 && allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   Plan p;
   Status s = [&]() -> Status {
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
     // cuBLAS's first operand is our B, its second our A.
     const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulDescSetAttribute(
         p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulDescSetAttribute(
         p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
     // Column-major views of the stored row-major matrices: rows = stored columns.
     const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.a, dt, u(g.trans_b ? g.k : g.n),
-                                                             u(g.trans_b ? g.n : g.k), g.ldb));
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, dt, u(g.trans_a ? g.m : g.k),
-                                                             u(g.trans_a ? g.k : g.m), g.lda));
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, dt, u(g.n), u(g.m), g.ldc));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatrixLayoutCreate(
+        &p.a, dt, u(g.trans_b ? g.k : g.n), u(g.trans_b ? g.n : g.k), g.ldb));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatrixLayoutCreate(
+        &p.b, dt, u(g.trans_a ? g.m : g.k), u(g.trans_a ? g.k : g.m), g.lda));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatrixLayoutCreate(&p.c, dt, u(g.n), u(g.m), g.ldc));
 
     cublasLtMatmulPreference_t pref = nullptr;
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulPreferenceCreate(&pref));
     const std::uint64_t ws = workspace_bytes_;
     const auto a_first = static_cast<std::uint32_t>(align_b);  // cuBLAS's A is our B
     const auto a_second = static_cast<std::uint32_t>(align_a);
@@ -90,25 +92,25 @@ Result<CudaGemm::Plan> CudaGemm::make_plan(const GemmArgs& g, int align_a, int a
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     Status hs = [&]() -> Status {
-      STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-      STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_first, sizeof(a_first)));
-      STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a_second, sizeof(a_second)));
-      STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &a_c, sizeof(a_c)));
-      STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &a_c, sizeof(a_c)));
       // "Not supported" here only means no cuBLASLt kernel fits this layout: use the fallback.
-      const cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+      const cublasStatus_t st = lib_.cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c,
+                                                                    pref, 1, &result, &found);
       if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
         return STRATA_CUBLAS_STATUS(st);
       }
       return Status::ok();
     }();
-    cublasLtMatmulPreferenceDestroy(pref);
+    lib_.cublasLtMatmulPreferenceDestroy(pref);
     STRATA_RETURN_IF_ERROR(hs);
     p.use_lt = found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (p.use_lt) p.algo = result.algo;
@@ -129,11 +131,11 @@ Status CudaGemm::run_fallback(const GemmArgs& g, cudaStream_t stream) {
   if (stream != blas_stream_) {
     // cublasSetStream resets the handle's workspace to cuBLAS's own pool (allocated outside the
     // device budget), so the budgeted workspace is set again after it.
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream));
-    STRATA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasSetStream(blas_, stream));
+    STRATA_CUBLAS_RETURN_IF_ERROR(lib_.cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
     blas_stream_ = stream;
   }
-  return STRATA_CUBLAS_STATUS(cublasGemmEx(
+  return STRATA_CUBLAS_STATUS(lib_.cublasGemmEx(
       blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, i(g.n),
       i(g.m), i(g.k), &g.alpha, g.b, dt, i(g.ldb), g.a, dt, i(g.lda), &g.beta, g.c, dt, i(g.ldc),
       compute, CUBLAS_GEMM_DEFAULT));
@@ -165,9 +167,9 @@ Status CudaGemm::run(const GemmArgs& g, cudaStream_t stream) {
   }
   const Plan& p = it->second;
   if (!p.use_lt) return run_fallback(g, stream);
-  return STRATA_CUBLAS_STATUS(cublasLtMatmul(lt_, p.desc, &g.alpha, g.b, p.a, g.a, p.b, &g.beta,
-                                             g.c, p.c, g.c, p.c, &p.algo, workspace_,
-                                             workspace_bytes_, stream));
+  return STRATA_CUBLAS_STATUS(lib_.cublasLtMatmul(lt_, p.desc, &g.alpha, g.b, p.a, g.a, p.b,
+                                                  &g.beta, g.c, p.c, g.c, p.c, &p.algo, workspace_,
+                                                  workspace_bytes_, stream));
 }
 
 }  // namespace strata::device::cuda

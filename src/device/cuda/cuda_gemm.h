@@ -2,8 +2,6 @@
 // matmul descriptors and heuristic picks keyed by shape. CUDA builds only.
 #pragma once
 
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -12,6 +10,7 @@
 #include <memory>
 #include <tuple>
 
+#include "src/device/cuda/cublas_library.h"
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
 
@@ -43,12 +42,16 @@ class CudaGemm {
   };
   static constexpr std::size_t kMaxPlans = 256;
 
-  CudaGemm(void* workspace, std::size_t workspace_bytes, bool allow_tf32)
-      : workspace_(workspace), workspace_bytes_(workspace_bytes), allow_tf32_(allow_tf32) {}
+  CudaGemm(const CublasLibrary& lib, void* workspace, std::size_t workspace_bytes, bool allow_tf32)
+      : lib_(lib),
+        workspace_(workspace),
+        workspace_bytes_(workspace_bytes),
+        allow_tf32_(allow_tf32) {}
   Result<Plan> make_plan(const GemmArgs& g, int align_a, int align_b, int align_c);
   Status run_fallback(const GemmArgs& g, cudaStream_t stream);
-  static void destroy(Plan& p);
+  void destroy(Plan& p) const;
 
+  const CublasLibrary& lib_;  // opened at the first CUDA GEMM
   void* workspace_;
   std::size_t workspace_bytes_;
   bool allow_tf32_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime.h"
+#include "src/device/cuda/cublas_library.h"
 #include "src/device/cuda/cuda_device.h"
 #include "strata/core/json.h"
 #include "strata/sys/environment.h"
@@ -13,10 +14,16 @@
 namespace strata::device::cuda {
 
 std::string describe_cuda() {
+  // cuBLAS is opened here (as at a CUDA device's first GEMM), so a library that cannot be opened
+  // shows in `strata info` before a run needs it.
+  const Result<const CublasLibrary*> lib = cublas_library();
+  const std::string libraries =
+      (lib.is_ok() ? "cuBLASLt " + std::to_string((*lib)->cublasLtGetVersion())
+                   : "cuBLAS not usable: " + lib.status().message()) +
+      ", " + kernels::library_versions();
   const kernels::GpuInfo info = kernels::query_gpus();
-  if (info.count == 0)
-    return "built (" + kernels::library_versions() + "); no GPU usable: " + info.error;
-  return "built (" + kernels::library_versions() + "); " + std::to_string(info.count) +
+  if (info.count == 0) return "built (" + libraries + "); no GPU usable: " + info.error;
+  return "built (" + libraries + "); " + std::to_string(info.count) +
          " GPU(s), first: " + info.name + " sm_" + std::to_string(info.major) +
          std::to_string(info.minor) + ", " + format_bytes(info.total_bytes);
 }
