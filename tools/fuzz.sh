@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/fuzz.sh [SECONDS] [HARNESS...]: builds the libFuzzer harnesses of tests/fuzz (clang,
 # AddressSanitizer and UndefinedBehaviorSanitizer, in build-fuzz) and runs each for SECONDS
-# (default 60) on one core, from its seeds (tests/fuzz/corpus/<harness>) and what earlier runs
+# (default 60) on one core, as many at once as there are cores, from its seeds (tests/fuzz/corpus/<harness>) and what earlier runs
 # found (build-fuzz/corpus/<harness>, kept between runs). Every harness runs by default.
 #
 # A crash, a sanitizer report, an input that runs over 10 s, or one that makes the process
@@ -12,7 +12,8 @@
 # (strata_fuzz_replay) runs it from then on.
 #
 # Prints a line a harness: executions, executions a second, corpus units, and the outcome.
-# Environment: FUZZ_SEED (default 1, so a run is repeatable), FUZZ_JOBS (build jobs; default nproc).
+# Environment: FUZZ_SEED (default 1, so a run is repeatable), FUZZ_JOBS (build jobs; default nproc),
+# FUZZ_PARALLEL (harnesses run at once; default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,19 +46,37 @@ env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true \
   cmake --build build-fuzz -j "${FUZZ_JOBS:-$(nproc)}" --target "${harnesses[@]/#/strata_fuzz_}"
 
 mkdir -p build-fuzz/artifacts
-failed=()
-for h in "${harnesses[@]}"; do
-  work=build-fuzz/corpus/$h
+# One harness: its libFuzzer run, its log, and its exit status in build-fuzz/fuzz-<harness>.rc.
+run_harness() {
+  local h=$1 rc=0
+  local work=build-fuzz/corpus/$h
   mkdir -p "$work"
-  log=build-fuzz/fuzz-$h.log
-  set +e
   # UBSan's reports abort (the build has -fno-sanitize-recover); a leak is a finding too.
   UBSAN_OPTIONS=print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
     "build-fuzz/tests/fuzz/strata_fuzz_$h" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -print_funcs=0 \
     -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="build-fuzz/artifacts/$h-" "$work" "tests/fuzz/corpus/$h" >"$log" 2>&1
-  rc=$?
-  set -e
+    -artifact_prefix="build-fuzz/artifacts/$h-" "$work" "tests/fuzz/corpus/$h" \
+    >"build-fuzz/fuzz-$h.log" 2>&1 || rc=$?
+  echo "$rc" >"build-fuzz/fuzz-$h.rc"
+}
+# Each harness is one process on one core: FUZZ_PARALLEL of them at once (default nproc), the
+# lines printed in the harnesses' order once all have run.
+parallel=${FUZZ_PARALLEL:-$(nproc)}
+running=0
+for h in "${harnesses[@]}"; do
+  if [[ $running -ge $parallel ]]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  run_harness "$h" &
+  running=$((running + 1))
+done
+wait
+failed=()
+for h in "${harnesses[@]}"; do
+  work=build-fuzz/corpus/$h
+  log=build-fuzz/fuzz-$h.log
+  rc=$(cat "build-fuzz/fuzz-$h.rc")
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
   units=$(find "$work" -type f | wc -l)

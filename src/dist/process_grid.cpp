@@ -1,7 +1,6 @@
 // The process grid's sub-communicators, split from the world communicator per axis.
 #include "strata/dist/process_grid.h"
 
-#include <algorithm>
 #include <span>
 #include <utility>
 

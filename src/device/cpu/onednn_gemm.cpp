@@ -78,24 +78,20 @@ Result<CpuGemmChoice> resolve_cpu_gemm() {
 
 #if STRATA_HAVE_ONEDNN
 
-namespace {
-
-// What a primitive is made for; alpha and beta by their bits (a primitive bakes them in).
-struct Problem {
-  DType dtype;
-  bool trans_a, trans_b;
-  std::int64_t m, n, k, lda, ldb, ldc;
-  std::uint32_t alpha_bits, beta_bits;
-  auto operator<=>(const Problem&) const = default;
-};
-
-// The library's primitives are cached by problem; a run that sees more distinct problems than
-// this (a model with many shapes, or variable sequence lengths) starts the cache afresh.
-constexpr std::size_t kMaxCached = 512;
-
-}  // namespace
-
 struct OneDnnGemm::Impl {
+  // What a primitive is made for; alpha and beta by their bits (a primitive bakes them in).
+  struct Problem {
+    DType dtype;
+    bool trans_a, trans_b;
+    std::int64_t m, n, k, lda, ldb, ldc;
+    std::uint32_t alpha_bits, beta_bits;
+    auto operator<=>(const Problem&) const = default;
+  };
+
+  // The library's primitives are cached by problem; a run that sees more distinct problems than
+  // this (a model with many shapes, or variable sequence lengths) starts the cache afresh.
+  static constexpr std::size_t kMaxCached = 512;
+
   struct Entry {
     dnnl::memory::desc a, b, c, scratch;
     dnnl::matmul matmul;
