@@ -153,7 +153,7 @@ TEST(CliTest, UnknownKeyExitsWithMessage) {
   EXPECT_NE(r.err.find("'learning_rate': unknown key"), std::string::npos) << r.err;
 }
 
-// cuBLAS is opened at the first CUDA GEMM, not linked (its initializers took most of a CUDA
+// cuBLAS is opened with a CUDA device, not linked (its initializers took most of a CUDA
 // build's start-up): a command that never makes a CUDA device never maps it, and `strata info`,
 // which reports its version, does. The dynamic loader's own log (LD_DEBUG=files) says which
 // files the process opened.

@@ -51,7 +51,7 @@ class CudaGemm {
   Status run_fallback(const GemmArgs& g, cudaStream_t stream);
   void destroy(Plan& p) const;
 
-  const CublasLibrary& lib_;  // opened at the first CUDA GEMM
+  const CublasLibrary& lib_;  // opened with the device
   void* workspace_;
   std::size_t workspace_bytes_;
   bool allow_tf32_;
