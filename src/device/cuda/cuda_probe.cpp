@@ -14,7 +14,7 @@
 namespace strata::device::cuda {
 
 std::string describe_cuda() {
-  // cuBLAS is opened here (as at a CUDA device's first GEMM), so a library that cannot be opened
+  // cuBLAS is opened here (as a CUDA device opens it), so a library that cannot be opened
   // shows in `strata info` before a run needs it.
   const Result<const CublasLibrary*> lib = cublas_library();
   const std::string libraries =
