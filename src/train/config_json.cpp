@@ -123,7 +123,7 @@ Json TrainConfig::to_json() const {
       {"metrics_file", metrics_file},
       {"trace_file", trace_file},
       {"log_every", log_every},
-      {"finetune", finetune.to_json()},
+      {"finetune", finetune.to_json(model.family)},
   };
   if (optimizer.master_dtype == DType::kBF16) {  // the key applies to bf16 master weights only
     j["optimizer"]["master_rounding"] =

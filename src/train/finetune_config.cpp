@@ -20,21 +20,21 @@ std::string_view finetune_method_name(FinetuneMethod method) {
   return "?";
 }
 
-Json FinetuneConfig::to_json() const {
+Json FinetuneConfig::to_json(model::ModelFamily family) const {
   if (method == FinetuneMethod::kFull) return Json{{"method", "full"}};
   return Json{
       {"method", finetune_method_name(method)},
       {"r", lora.r},
       {"alpha", lora.alpha},
       {"dropout", lora.dropout},
-      {"target_modules", lora.target_names()},
+      {"target_modules", lora.target_names(family)},
       {"use_rslora", lora.use_rslora},
       {"modules_to_save", lora.modules_to_save.empty() ? Json() : Json(lora.modules_to_save)},
       {"adapter", adapter.empty() ? Json() : Json(adapter)},
       {"quantized_cache", quantized_cache.empty() ? Json() : Json(quantized_cache)}};
 }
 
-Status FinetuneConfig::check_adapter(const model::LoraConfig& a) const {
+Status FinetuneConfig::check_adapter(const model::LoraConfig& a, model::ModelFamily family) const {
   std::vector<std::string> problems;
   const model::LoraConfig& c = lora;
   if (c.r != a.r) {
@@ -46,8 +46,8 @@ Status FinetuneConfig::check_adapter(const model::LoraConfig& a) const {
                        ", the adapter's lora_alpha is " + Json(a.alpha).dump());
   }
   if (c.targets != a.targets) {
-    problems.push_back("finetune.target_modules is " + Json(c.target_names()).dump() +
-                       ", the adapter's is " + Json(a.target_names()).dump());
+    problems.push_back("finetune.target_modules is " + Json(c.target_names(family)).dump() +
+                       ", the adapter's is " + Json(a.target_names(family)).dump());
   }
   if (std::set<std::string>(c.modules_to_save.begin(), c.modules_to_save.end()) !=
       std::set<std::string>(a.modules_to_save.begin(), a.modules_to_save.end())) {

@@ -139,7 +139,7 @@ Status Trainer::Impl::setup() {
   if (!config.finetune.adapter.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto opened, model::PeftAdapterReader::open(config.finetune.adapter));
     adapter = std::make_unique<model::PeftAdapterReader>(std::move(opened));
-    STRATA_RETURN_IF_ERROR(config.finetune.check_adapter(adapter->config()));
+    STRATA_RETURN_IF_ERROR(config.finetune.check_adapter(adapter->config(), config.model.family));
     STRATA_RETURN_IF_ERROR(adapter->validate(config.whole_layout()));
   }
 

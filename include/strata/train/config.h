@@ -61,9 +61,10 @@ struct FinetuneConfig {
   // QLoRA: a directory (on NVMe) that keeps the quantized base between runs; "": none.
   std::string quantized_cache;
   // The settings against those `adapter` was trained with (its adapter_config.json): each
-  // mismatch named with the value that would match.
-  Status check_adapter(const model::LoraConfig& trained) const;
-  Json to_json() const;  // as the config file writes it (PEFT's names for the adapter's keys)
+  // mismatch named with the value that would match, target modules by `family`'s names.
+  Status check_adapter(const model::LoraConfig& trained, model::ModelFamily family) const;
+  // As the config file writes it (PEFT's names for the adapter's keys, `family`'s module names).
+  Json to_json(model::ModelFamily family) const;
 };
 
 struct TrainConfig {

@@ -133,6 +133,32 @@ TEST(ConfigTest, FinetuneTakesPeftsNames) {
       << c.status().message();
 }
 
+// An adapter trained on other target modules is refused naming them as the model's family does
+// (Mixtral's experts: w1, w3, w2), and the config written back names them so too.
+TEST(ConfigTest, AdapterMismatchesNameTheFamilysModules) {
+  FinetuneConfig f;
+  f.method = FinetuneMethod::kLora;
+  f.adapter = "/adapters/mixtral";
+  f.lora.targets = {};
+  f.lora.targets[static_cast<int>(model::LoraTarget::kGate)] = true;
+  f.lora.targets[static_cast<int>(model::LoraTarget::kDown)] = true;
+  model::LoraConfig trained = f.lora;
+  trained.targets[static_cast<int>(model::LoraTarget::kDown)] = false;
+  trained.targets[static_cast<int>(model::LoraTarget::kUp)] = true;
+  const Status mixtral = f.check_adapter(trained, model::ModelFamily::kMixtral);
+  EXPECT_NE(mixtral.message().find(
+                "finetune.target_modules is [\"w1\",\"w2\"], the adapter's is [\"w1\",\"w3\"]"),
+            std::string::npos)
+      << mixtral.message();
+  const Status llama = f.check_adapter(trained, model::ModelFamily::kLlama);
+  EXPECT_NE(llama.message().find("finetune.target_modules is [\"gate_proj\",\"down_proj\"], "
+                                 "the adapter's is [\"gate_proj\",\"up_proj\"]"),
+            std::string::npos)
+      << llama.message();
+  EXPECT_TRUE(f.check_adapter(f.lora, model::ModelFamily::kMixtral).is_ok());
+  EXPECT_EQ(f.to_json(model::ModelFamily::kMixtral)["target_modules"], Json({"w1", "w2"}));
+}
+
 TEST(ConfigTest, WrongTypesAndRangesAllReported) {
   Json j = minimal();
   j["seq_len"] = "long";
