@@ -5,7 +5,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -144,21 +143,33 @@ class Rendezvous {
     Message m{std::vector<std::byte>(p, p + static_cast<std::size_t>(count) * dtype_size(dtype)),
               count, dtype, std::string(what)};
     std::lock_guard lock(mu_);
-    mail_[{from, to}].push_back(std::move(m));
+    Pair& pair = pairs_[{from, to}];
+    pair.mail.emplace(pair.sent++, std::move(m));
     cv_.notify_all();
   }
-  Status take(int from, int to, void* buffer, std::int64_t count, DType dtype,
+  // The place of the next receive from `from` at `to` among the pair's messages: receives match
+  // sends in the order each side issues them, however late each is waited for.
+  std::uint64_t ticket(int from, int to) {
+    std::lock_guard lock(mu_);
+    return pairs_[{from, to}].tickets++;
+  }
+  bool arrived(int from, int to, std::uint64_t ticket) {
+    std::lock_guard lock(mu_);
+    return pairs_[{from, to}].mail.contains(ticket);
+  }
+  Status take(int from, int to, std::uint64_t ticket, void* buffer, std::int64_t count, DType dtype,
               std::string_view what) {
     std::unique_lock lock(mu_);
-    auto& box = mail_[{from, to}];
-    if (!cv_.wait_for(lock, timeout_, [&] { return !box.empty(); })) {
+    auto& mail = pairs_[{from, to}].mail;
+    if (!cv_.wait_for(lock, timeout_, [&] { return mail.contains(ticket); })) {
       return unavailable("rank " + std::to_string(to) + ": recv '" + std::string(what) +
                          "' from rank " + std::to_string(from) +
                          " did not complete in time; a peer rank may have died or be stuck "
                          "(raise the timeout if it is only slow)");
     }
-    Message m = std::move(box.front());
-    box.pop_front();
+    auto it = mail.find(ticket);
+    Message m = std::move(it->second);
+    mail.erase(it);
     if (m.count != count || m.dtype != dtype) {
       return failed_precondition(
           "rank " + std::to_string(to) + ": recv '" + std::string(what) + "' of " +
@@ -332,9 +343,15 @@ class Rendezvous {
     DType dtype;
     std::string what;
   };
-  std::map<std::pair<int, int>, std::deque<Message>> mail_;  // under mu_
-  std::vector<Call> calls_;                                  // under mu_
-  std::vector<bool> here_;  // under mu_: the ranks at the collective now
+  // One direction between two ranks: its messages by their place in the order sent, how many
+  // were sent and how many receives were issued.
+  struct Pair {
+    std::map<std::uint64_t, Message> mail;
+    std::uint64_t sent = 0, tickets = 0;
+  };
+  std::map<std::pair<int, int>, Pair> pairs_;  // under mu_: (from, to)
+  std::vector<Call> calls_;                    // under mu_
+  std::vector<bool> here_;                     // under mu_: the ranks at the collective now
   // "rank 1 has", "ranks 1, 3 have": the ranks of the group not at the collective. Under mu_.
   std::string absent() const {
     std::string ranks;
@@ -407,7 +424,9 @@ class InProcessCommunicator final : public Communicator {
     c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
     return done(meet_->meet(rank_, std::move(c)));
   }
-  // A send leaves a copy in the pair's mailbox and is done; a receive waits for the next one.
+  // A send leaves a copy in the pair's mailbox and is done; a receive takes its place in the
+  // pair's order now and waits for that message when its handle is waited for (a stage posts its
+  // receives ahead of the work its peer waits for, as with MPI's Irecv).
   CommHandle send(const void* buffer, std::int64_t count, DType dtype, int peer,
                   std::string_view what) override {
     if (Status s = check_peer(*this, "send", peer, what); !s.is_ok()) return done(std::move(s));
@@ -419,7 +438,23 @@ class InProcessCommunicator final : public Communicator {
   CommHandle recv(void* buffer, std::int64_t count, DType dtype, int peer,
                   std::string_view what) override {
     if (Status s = check_peer(*this, "recv", peer, what); !s.is_ok()) return done(std::move(s));
-    return done(meet_->take(peer, rank_, buffer, count, dtype, what));
+    struct Receive final : CommHandle::State {
+      Receive(std::shared_ptr<Rendezvous> m, int f, int t, std::uint64_t k, void* b, std::int64_t c,
+              DType d, std::string_view w)
+          : meet(std::move(m)), from(f), to(t), ticket(k), buffer(b), count(c), dtype(d), what(w) {}
+      Status wait() override { return meet->take(from, to, ticket, buffer, count, dtype, what); }
+      bool ready() override { return meet->arrived(from, to, ticket); }
+      std::shared_ptr<Rendezvous> meet;
+      int from, to;
+      std::uint64_t ticket;
+      void* buffer;
+      std::int64_t count;
+      DType dtype;
+      std::string what;
+    };
+    const std::uint64_t ticket = meet_->ticket(peer, rank_);
+    return CommHandle(
+        std::make_shared<Receive>(meet_, peer, rank_, ticket, buffer, count, dtype, what));
   }
   Status all_reduce_host(double* values, int count, ReduceOp op, std::string_view what) override {
     return call(OpKind::kAllReduceHost, values, values, count, DType::kI64, op, 0, what);

@@ -148,7 +148,11 @@ Status Trainer::Impl::setup() {
   dist::CommOptions copts;
   copts.backend = config.dist_backend;
   copts.timeout = std::chrono::seconds(config.dist_timeout_s);
-  STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
+  if (options.make_communicator) {
+    STRATA_ASSIGN_OR_RETURN(comm, options.make_communicator(*device));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(comm, dist::create_communicator(copts, *device));
+  }
   const int rank = comm->rank(), world = comm->world_size();
   // The config resolved as strata estimate resolves it: the grid, the placement, {rank} paths
   // and this rank's plan (the one estimate prints for it, and the one its provider runs).

@@ -197,7 +197,8 @@ std::unique_ptr<Communicator> make_single_rank_communicator(device::Device& devi
 
 // Ranks as threads of one process, for tests of multi-rank logic without mpirun: one
 // communicator per device (rank r on devices[r]), each to be used from its own thread. Every
-// collective completes when all ranks have called it (the handles it returns are done); ranks
+// collective completes when all ranks have called it (the handles it returns are done), a send
+// when its copy is posted, a receive when its handle is waited for and its message is there; ranks
 // that disagree on it get an error naming both calls, and a rank left waiting longer than
 // `timeout` gets the error the MPI path gives, after which every later collective of the group
 // fails. Devices must address host memory (the CPU backend). Reductions sum the ranks in the

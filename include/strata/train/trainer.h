@@ -17,6 +17,13 @@
 #include "strata/train/config.h"
 #include "strata/train/step_metrics.h"
 
+namespace strata::device {
+class Device;
+}  // namespace strata::device
+namespace strata::dist {
+class Communicator;
+}  // namespace strata::dist
+
 namespace strata::train {
 
 struct TrainOptions {
@@ -38,6 +45,10 @@ struct TrainOptions {
   // save_async: called on the save's thread before it writes step `step`'s checkpoint (tests:
   // a slow save, so that training runs into the state it holds). Null: nothing.
   std::function<void(std::int64_t step)> async_save_started;
+  // Makes this rank's communicator for the device the trainer created, in place of the one
+  // dist_backend picks: ranks as threads of one process, each its own trainer (tests put pipeline
+  // stages on one GPU so, where NCCL puts no two ranks). Null: dist_backend's.
+  std::function<Result<std::unique_ptr<dist::Communicator>>(device::Device&)> make_communicator;
 };
 
 class Trainer {

@@ -2,13 +2,17 @@
 // for 1 to 4 ranks, in place as well, sums in the canonical tree (pairs of ranks, then pairs of
 // pairs) in f32, bf16 rounded once, as the MPI reduce-scatter does,
 // and the errors: ranks that disagree, a rank that never comes, a bad root, a GPU-less device.
+// The same collectives through testing::StagedCommunicator (device buffers staged through pinned
+// host memory, as the GPU tests' ranks on one GPU meet) give the same results.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/core/rng.h"
@@ -16,6 +20,7 @@
 #include "strata/dist/communicator.h"
 #include "tests/testing/all_to_all_check.h"
 #include "tests/testing/in_process_ranks.h"
+#include "tests/testing/staged_communicator.h"
 
 namespace strata::dist {
 namespace {
@@ -47,11 +52,28 @@ Group make_group(int world, std::chrono::milliseconds timeout = std::chrono::sec
   return ::strata::testing::make_in_process_ranks(world, timeout);
 }
 
-class InProcessTest : public ::testing::TestWithParam<int> {};
+// The ranks of a group, each one's collectives staged through pinned memory of its own device.
+Group make_staged_group(int world) {
+  Group g = make_group(world);
+  for (std::size_t r = 0; r < g.comms.size(); ++r) {
+    g.comms[r] = std::make_unique<::strata::testing::StagedCommunicator>(std::move(g.comms[r]),
+                                                                         *g.devices[r]);
+  }
+  return g;
+}
+
+// (ranks, staged)
+class InProcessTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  Group group() const {
+    return std::get<1>(GetParam()) ? make_staged_group(world()) : make_group(world());
+  }
+};
 
 TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
-  const int world = GetParam();
-  Group g = make_group(world);
+  const int world = this->world();
+  Group g = group();
   constexpr std::int64_t n = 1001;  // not a multiple of anything
   g.run([&](int rank) {
     Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
@@ -120,8 +142,8 @@ TEST_P(InProcessTest, EveryCollectiveMatchesTheSerialReference) {
 // bf16 sums are taken in f32 and rounded once: the bits one rank's f32 accumulator of the same
 // gradients would round to.
 TEST_P(InProcessTest, Bf16SumsAreTakenInF32AndRoundedOnce) {
-  const int world = GetParam();
-  Group g = make_group(world);
+  const int world = this->world();
+  Group g = group();
   constexpr std::int64_t n = 4096;
   g.run([&](int rank) {
     Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
@@ -140,8 +162,7 @@ TEST_P(InProcessTest, Bf16SumsAreTakenInF32AndRoundedOnce) {
 
 // A count for each pair, some none: every block lands at its sender's place, in rank order.
 TEST_P(InProcessTest, AllToAllWithACountForEachPair) {
-  const int world = GetParam();
-  Group g = make_group(world);
+  Group g = group();
   for (const std::int64_t n : {1, 7, 1000}) {
     g.run([&](int rank) {
       ::strata::testing::check_all_to_all(*g.comms[static_cast<std::size_t>(rank)], n);
@@ -149,7 +170,12 @@ TEST_P(InProcessTest, AllToAllWithACountForEachPair) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, InProcessTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, InProcessTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "Staged" : "");
+                         });
 
 // all_to_all_v refuses counts of the wrong size or sign, naming them, and ranks whose counts
 // disagree are told which pair and both counts (one rank: its two counts).
@@ -234,13 +260,14 @@ TEST(InProcess, ARankThatNeverComesTimesOutAndBreaksTheGroup) {
   }
 }
 
-// Point-to-point: around a ring, several messages a pair in order, each received as sent; a
+// Point-to-point: around a ring, several messages a pair in order, each received as sent, also
+// with every receive issued before its send and the handles waited for in reverse; a
 // receive nobody sends to times out naming it; a receive whose send disagrees names both; a peer
 // that is this rank or none is refused.
 TEST_P(InProcessTest, SendsAndReceivesMatchInOrderAroundARing) {
-  const int world = GetParam();
+  const int world = this->world();
   if (world < 2) GTEST_SKIP() << "point-to-point needs two ranks";
-  Group g = make_group(world);
+  Group g = group();
   constexpr std::int64_t n = 513;
   g.run([&](int rank) {
     Communicator& c = *g.comms[static_cast<std::size_t>(rank)];
@@ -254,7 +281,21 @@ TEST_P(InProcessTest, SendsAndReceivesMatchInOrderAroundARing) {
       ASSERT_TRUE(c.recv(in[m].data(), n, DType::kF32, prev, "activations").wait().is_ok());
       for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(in[m][i], value(prev * 10 + m, i));
     }
-    EXPECT_EQ(c.stats().sent_bytes, 3u * n * 4);
+    // Receives first (a stage posts them ahead of the work its peer waits for), then the sends,
+    // then the receives' handles in reverse: each still gets the message of its place.
+    std::vector<CommHandle> posted;
+    for (int m = 0; m < 3; ++m) {
+      std::fill(in[m].begin(), in[m].end(), NAN);
+      posted.push_back(c.recv(in[m].data(), n, DType::kF32, prev, "gradients"));
+    }
+    for (int m = 0; m < 3; ++m) {
+      ASSERT_TRUE(c.send(out[m].data(), n, DType::kF32, next, "gradients").wait().is_ok());
+    }
+    for (int m = 2; m >= 0; --m) {
+      ASSERT_TRUE(posted[static_cast<std::size_t>(m)].wait().is_ok());
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(in[m][i], value(prev * 10 + m, i));
+    }
+    EXPECT_EQ(c.stats().sent_bytes, 6u * n * 4);
   });
 }
 
@@ -265,8 +306,11 @@ TEST(InProcess, PointToPointErrorsNameTheCall) {
   EXPECT_NE(s.message().find("rank 0: recv 'gradient of stage 1' from rank 1 did not complete"),
             std::string::npos)
       << s.message();
-  ASSERT_TRUE(g.comms[1]->send(x, 2, DType::kF32, 0, "activations").wait().is_ok());
-  s = g.comms[0]->recv(x, 4, DType::kF32, 1, "activations of stage 1").wait();
+  // The receive that timed out keeps its place in the pair's order (as a posted MPI receive
+  // does): the next message from rank 1 is its, so the mismatch is shown on a fresh pair.
+  Group h = make_group(2, std::chrono::milliseconds(50));
+  ASSERT_TRUE(h.comms[1]->send(x, 2, DType::kF32, 0, "activations").wait().is_ok());
+  s = h.comms[0]->recv(x, 4, DType::kF32, 1, "activations of stage 1").wait();
   EXPECT_NE(s.message().find("of 4 x f32 from rank 1 met its send 'activations' of 2 x f32"),
             std::string::npos)
       << s.message();
