@@ -1,8 +1,9 @@
 // Whole training steps on the CUDA backend against the CPU backend on tiny models: the same
 // losses (fp32: 1e-4 relative) with the optimizer on the GPU and offloaded to the host, the
-// flash-attention path in bf16, every attention variant, fp16 with its loss scale, activations
-// offloaded to host memory and NVMe, a 32K-token sequence, and clear errors for device "cuda"
-// where there is no GPU and for an attention variant that does not exist (those run everywhere).
+// mixtures of experts, the flash-attention path in bf16, every attention variant, fp16 with its
+// loss scale, activations offloaded to host memory and NVMe, a 32K-token sequence, and clear
+// errors for device "cuda" where there is no GPU and for an attention variant that does not exist
+// (those run everywhere).
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
 
@@ -18,6 +19,7 @@
 #include "kernels/runtime.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/family_models.h"
 #include "tests/testing/long_sequence.h"
 #include "tests/testing/loss_scale_replay.h"
 #include "tests/testing/scoped_env.h"
@@ -316,6 +318,36 @@ TEST_F(CudaTrainTest, Fp32FamiliesMatchTheCpuBackend) {
     const History gpu = train_on(j, "cuda");
     expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
     expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
+  }
+}
+
+// Mixtures of experts on the GPU (moe.cu's routing, the experts' grouped products, the aux
+// loss): Qwen3-MoE (a dense layer among the MoE ones) and Mixtral, with the experts on the device,
+// with parameters and optimizer on the host, and with LoRA on every projection and the router.
+TEST_F(CudaTrainTest, Fp32MixturesOfExpertsMatchTheCpuBackend) {
+  TempDir dir;
+  const Json base = tiny_config(dir);
+  for (const std::string& family : strata::testing::moe_families()) {
+    for (const char* placement : {"device", "host", "lora"}) {
+      SCOPED_TRACE(family + ", " + placement);
+      Json j = base;
+      j["model"] = strata::testing::family_model(family, 2);
+      if (std::string(placement) == "host") {
+        j["offload_param"] = "cpu";
+        j["offload_optimizer"] = "cpu";
+      } else if (std::string(placement) == "lora") {
+        j["finetune"] = {{"method", "lora"},
+                         {"r", 4},
+                         {"alpha", 8},
+                         {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                             "up_proj", "down_proj", "gate"}}};
+      }
+      const History cpu = train_on(j, "cpu");
+      ASSERT_EQ(cpu.loss.size(), 4u);
+      const History gpu = train_on(j, "cuda");
+      expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
+      expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
+    }
   }
 }
 

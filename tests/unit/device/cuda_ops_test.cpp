@@ -2,7 +2,8 @@
 // dimensions, beta), embedding, RMSNorm, RoPE (with frequency scaling and position offsets),
 // SwiGLU, add, bias add and gradient, and cast, forward and backward; and sliding-window
 // attention, both kernels, against the double-precision reference within the attention test's
-// derived bounds (attention_reference.h; the CPU backend's too, so both backends agree).
+// derived bounds (attention_reference.h; the CPU backend's too, so both backends agree); and the
+// mixture-of-experts routing and row ops.
 // GPU outputs are poisoned (NaN) before each op so that an unwritten element fails.
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
@@ -12,7 +13,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/runtime.h"
@@ -27,6 +30,7 @@ using testing::as_doubles;
 using testing::download_array;
 using testing::expect_close;
 using testing::expect_within;
+using testing::f32_sum_error;
 using testing::GpuTensor;
 using testing::HostTensor;
 using testing::tolerance;
@@ -466,6 +470,121 @@ TEST_F(CudaOpsTest, BiasGradSumsRowsReproducibly) {
       gpu_ops().bias_grad(static_cast<const std::byte*>(gdy_shifted.data()) + dtype_size(dt),
                           gdb_shifted.data(), s.rows, s.cols, dt);
       EXPECT_TRUE(gdb_shifted.download().bitwise_equal(got));
+    }
+  }
+}
+
+// moe.cu runs the CPU backend's per-token routing (strata/device/moe_route.h) with FMA
+// contraction off on both sides, so from the same inputs every +, *, / and fmax gives the same
+// bits: the backward (fed the CPU's probabilities) and scale_rows (one rounding of the same
+// product) match to the bit. The forward differs by exp: CUDA's expf is within 2 ulp, the host's
+// within 1, so two exps differ by 3u; the sum of E of them, in the same order, by that and each
+// side's rounding (f32_sum_error(E) each); the division by 2u. A normalized weight adds its k
+// probabilities' sum the same way. The choice is the CPU's where logits lie 0.1 apart. row_dots
+// sums in another order: each side within f32_sum_error(cols) of sum |a b|.
+TEST_F(CudaOpsTest, MoeRoutingAndRowOpsMatchTheCpuBackend) {
+  constexpr double kU = 0x1p-24;
+  constexpr std::int64_t T = 37;
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{8, 2}, {16, 4}, {128, 8}};
+  for (const auto& [E, K] : shapes) {
+    for (const bool normalize : {false, true}) {
+      SCOPED_TRACE("experts " + std::to_string(E) + " top " + std::to_string(K) +
+                   (normalize ? " normalized" : ""));
+      Rng rng(static_cast<std::uint64_t>(E * 10 + K));
+      std::vector<float> logits(T * E), dweights(T * K), aux(E);
+      for (std::int64_t t = 0; t < T; ++t) {
+        // A permutation of 0.1 e, shifted: no two within 0.1 of each other.
+        std::vector<std::int64_t> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        for (std::int64_t i = E - 1; i > 0; --i) {
+          std::swap(order[i], order[static_cast<std::int64_t>(rng.uniform() * (i + 1)) % (i + 1)]);
+        }
+        for (std::int64_t e = 0; e < E; ++e) {
+          logits[t * E + e] = 0.1f * static_cast<float>(order[e]) - 2.0f;
+        }
+      }
+      for (float& v : dweights) v = static_cast<float>(rng.normal());
+      for (float& v : aux) v = static_cast<float>(rng.normal());
+
+      std::vector<float> probs(T * E), weights(T * K);
+      std::vector<std::int32_t> chosen(T * K);
+      cpu_ops().moe_route(logits.data(), T, E, K, normalize, probs.data(), chosen.data(),
+                          weights.data());
+      const DeviceBuffer glogits = upload_array(*gpu_, logits);
+      DeviceBuffer gprobs = testing::poisoned_floats(*gpu_, probs.size());
+      DeviceBuffer gweights = testing::poisoned_floats(*gpu_, weights.size());
+      DeviceBuffer gchosen = upload_array(*gpu_, std::vector<std::int32_t>(chosen.size(), -1));
+      gpu_ops().moe_route(glogits.as<float>(), T, E, K, normalize, gprobs.as<float>(),
+                          gchosen.as<std::int32_t>(), gweights.as<float>());
+      EXPECT_EQ(download_array<std::int32_t>(*gpu_, gchosen, chosen.size()), chosen);
+      const double prob_error = 5 * kU + 2 * f32_sum_error(E);
+      const double weight_error =
+          normalize ? 2 * prob_error + 2 * f32_sum_error(K) + 2 * kU : prob_error;
+      const auto relative = [](const std::vector<float>& want, double error) {
+        std::vector<double> bound;
+        for (float w : want) bound.push_back(error * std::abs(w));
+        return bound;
+      };
+      expect_within("probs", as_doubles(download_array<float>(*gpu_, gprobs, probs.size())),
+                    as_doubles(probs), relative(probs, prob_error));
+      expect_within("weights", as_doubles(download_array<float>(*gpu_, gweights, weights.size())),
+                    as_doubles(weights), relative(weights, weight_error));
+
+      // The backward from the CPU's probabilities and choice: the same bits.
+      const DeviceBuffer cprobs = upload_array(*gpu_, probs);
+      const DeviceBuffer cchosen = upload_array(*gpu_, chosen);
+      const DeviceBuffer gdweights = upload_array(*gpu_, dweights);
+      const DeviceBuffer gaux = upload_array(*gpu_, aux);
+      for (const bool with_aux : {false, true}) {
+        std::vector<float> dlogits(T * E);
+        cpu_ops().moe_route_backward(probs.data(), chosen.data(), dweights.data(),
+                                     with_aux ? aux.data() : nullptr, T, E, K, normalize,
+                                     dlogits.data());
+        DeviceBuffer gdlogits = testing::poisoned_floats(*gpu_, dlogits.size());
+        gpu_ops().moe_route_backward(cprobs.as<float>(), cchosen.as<std::int32_t>(),
+                                     gdweights.as<float>(), with_aux ? gaux.as<float>() : nullptr,
+                                     T, E, K, normalize, gdlogits.as<float>());
+        EXPECT_EQ(download_array<float>(*gpu_, gdlogits, dlogits.size()), dlogits)
+            << (with_aux ? "with" : "without") << " the aux gradient";
+      }
+    }
+  }
+
+  for (DType dt : kDtypes) {
+    for (const std::int64_t cols : {24, 2048}) {
+      SCOPED_TRACE(trace(dt, "cols " + std::to_string(cols)));
+      constexpr std::int64_t rows = 45;
+      Rng rng(static_cast<std::uint64_t>(cols));
+      HostTensor x(dt, rows * cols), b(dt, rows * cols);
+      x.fill_uniform(rng, -2, 2);
+      b.fill_uniform(rng, -1, 1);
+      std::vector<float> scale(rows);
+      for (float& v : scale) v = static_cast<float>(rng.normal());
+      // Each row's result at a slot of its own, in another order; the others stay unwritten.
+      std::vector<std::int32_t> index(rows);
+      for (std::int64_t r = 0; r < rows; ++r) index[r] = static_cast<std::int32_t>((r * 7) % rows);
+      GpuTensor gx(*gpu_, x), gb(*gpu_, b);
+      const DeviceBuffer gscale = upload_array(*gpu_, scale);
+      const DeviceBuffer gindex = upload_array(*gpu_, index);
+      std::vector<float> dots(rows + 3, -1.0f);
+      DeviceBuffer gdots = upload_array(*gpu_, dots);
+      cpu_ops().row_dots(x.data(), b.data(), rows, cols, index.data(), dots.data(), dt);
+      gpu_ops().row_dots(gx.data(), gb.data(), rows, cols, gindex.as<std::int32_t>(),
+                         gdots.as<float>(), dt);
+      std::vector<double> bound(dots.size(), 0.0);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double magnitude = 0;
+        for (std::int64_t c = 0; c < cols; ++c) {
+          magnitude += std::abs(x.get(r * cols + c) * b.get(r * cols + c));
+        }
+        bound[static_cast<std::size_t>(index[r])] = 2 * f32_sum_error(cols) * magnitude;
+      }
+      expect_within("row_dots", as_doubles(download_array<float>(*gpu_, gdots, dots.size())),
+                    as_doubles(dots), bound);
+
+      cpu_ops().scale_rows(x.data(), scale.data(), rows, cols, dt);
+      gpu_ops().scale_rows(gx.data(), gscale.as<float>(), rows, cols, dt);
+      EXPECT_TRUE(gx.download().bitwise_equal(x)) << "scale_rows";
     }
   }
 }

@@ -1,10 +1,12 @@
-// Pipeline stages as threads of one process: each rank its own Trainer on its own device, the
-// ranks meeting over an in-process group staged through pinned host memory
-// (TrainOptions::make_communicator). A tied embedding cut into 2 stages (the last stage's head
-// reads the copy the first stage sends; the head's part of the embedding gradient goes back) trains
-// the losses and gradient norms of one stage, 1F1B and interleaved. On the CPU backend everywhere
-// (to the bit, as under mpirun); on one GPU where there is one, where NCCL puts no two ranks on one
-// GPU: to the bit where two one-stage runs agree bit for bit (deterministic kernels), else to 1e-4.
+// Ranks as threads of one process: each rank its own Trainer on its own device, the ranks meeting
+// over an in-process group staged through pinned host memory (TrainOptions::make_communicator).
+// So the multi-rank paths run on one GPU, where NCCL puts no two ranks: a tied embedding cut into
+// 2 pipeline stages (the last stage's head reads the copy the first stage sends; the head's part
+// of the embedding gradient goes back), 1F1B and interleaved, trains the losses and gradient
+// norms of one stage (to the bit where two one-stage runs agree bit for bit, else to 1e-4); the
+// experts shared out over 2 ranks under ZeRO-3 (their tokens dispatched by all-to-all) train the
+// losses of one rank within another summation order's bound. Each on the CPU backend everywhere
+// (the pipeline to the bit, as under mpirun) and on a GPU where there is one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "strata/build_config.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/family_models.h"
 #include "tests/testing/in_process_ranks.h"
 #include "tests/testing/staged_communicator.h"
 #include "tests/testing/temp_dir.h"
@@ -39,8 +42,9 @@ std::string stage_text(std::size_t bytes) {
   return s;
 }
 
-// 4 layers: 2 stages of 2, or 2 stages of 2 chunks of 1 (interleaved); hidden 32 / 4 heads.
-Json tied_config(const TempDir& dir, const std::string& device) {
+// A tied model of 4 layers (2 stages of 2, or 2 stages of 2 chunks of 1: interleaved), hidden 32
+// / 4 heads, on `device`.
+Json small_config(const TempDir& dir, const std::string& device) {
   Json j = Json::parse(R"({
     "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -59,6 +63,7 @@ Json tied_config(const TempDir& dir, const std::string& device) {
 
 struct Losses {
   std::vector<double> loss, grad_norm;
+  std::uint64_t sent_bytes = 0, all_to_all_bytes = 0;  // over the steps
 };
 
 // One rank's trainer: its steps' losses and gradient norms; a failure is the test's.
@@ -75,6 +80,8 @@ Losses train(const Json& j, TrainOptions options) {
   for (const StepMetrics& m : (*t)->history()) {
     r.loss.push_back(m.loss);
     r.grad_norm.push_back(m.grad_norm);
+    r.sent_bytes += m.sent_bytes;
+    r.all_to_all_bytes += m.all_to_all_bytes;
   }
   return r;
 }
@@ -97,7 +104,7 @@ std::vector<Losses> train_as_threads(const Json& j, int world) {
   return runs;
 }
 
-class TiedStagesAsThreadsTest : public ::testing::TestWithParam<std::string> {
+class RanksAsThreadsTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() != "cuda") return;
@@ -110,9 +117,9 @@ class TiedStagesAsThreadsTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(TiedStagesAsThreadsTest, TwoStagesTrainTheLossesOfOne) {
+TEST_P(RanksAsThreadsTest, TiedEmbeddingInTwoStagesTrainsTheLossesOfOne) {
   TempDir dir;
-  const Json base = tied_config(dir, GetParam());
+  const Json base = small_config(dir, GetParam());
   const Losses one = train(base, {});
   ASSERT_EQ(one.loss.size(), 4u);
   EXPECT_LT(one.loss.back(), one.loss.front());
@@ -128,6 +135,7 @@ TEST_P(TiedStagesAsThreadsTest, TwoStagesTrainTheLossesOfOne) {
       SCOPED_TRACE("rank " + std::to_string(rank));
       const Losses& got = stages[rank];
       ASSERT_EQ(got.loss.size(), one.loss.size());
+      EXPECT_GT(got.sent_bytes, 0u);  // the stages' traffic went through the staged group
       if (deterministic) {
         EXPECT_EQ(got.loss, one.loss);
         EXPECT_EQ(got.grad_norm, one.grad_norm);
@@ -144,7 +152,34 @@ TEST_P(TiedStagesAsThreadsTest, TwoStagesTrainTheLossesOfOne) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, TiedStagesAsThreadsTest, ::testing::Values("cpu", "cuda"),
+// Qwen3-MoE's 16 experts over 2 ranks (8 each) under ZeRO-3, against one rank with all 16: the
+// same tokens through the same experts, their gradients summed over the ranks in another order.
+// The bound is MoeExpertParallel's under mpirun (1e-5), or on a GPU the fp32 GPU runs' 1e-4.
+TEST_P(RanksAsThreadsTest, ExpertsOverTwoRanksTrainTheLossesOfOne) {
+  TempDir dir;
+  Json base = small_config(dir, GetParam());
+  base["model"] = strata::testing::family_model("qwen3-moe", 2);
+  base["zero_stage"] = 3;
+  const Losses one = train(base, {});
+  ASSERT_EQ(one.loss.size(), 4u);
+  Json k = base;
+  k["expert_parallel_size"] = 2;
+  const std::vector<Losses> ranks = train_as_threads(k, 2);
+  const double rtol = GetParam() == "cpu" ? 1e-5 : 1e-4;
+  for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const Losses& got = ranks[rank];
+    ASSERT_EQ(got.loss.size(), one.loss.size());
+    EXPECT_GT(got.all_to_all_bytes, 0u);  // tokens went to the other rank's experts
+    for (std::size_t i = 0; i < one.loss.size(); ++i) {
+      EXPECT_NEAR(got.loss[i], one.loss[i], rtol * std::abs(one.loss[i])) << "step " << i + 1;
+      EXPECT_NEAR(got.grad_norm[i], one.grad_norm[i], rtol * std::abs(one.grad_norm[i]))
+          << "step " << i + 1;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, RanksAsThreadsTest, ::testing::Values("cpu", "cuda"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
