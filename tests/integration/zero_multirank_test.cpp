@@ -294,16 +294,23 @@ TEST(ZeroEstimate, EveryTierWithinTenPercentOfTheRunAtEveryStage) {
   // models predicted at 17-380 MiB), so a reference run of the first case's config measures it:
   // its RSS less its prediction. Each case's RSS is then within 10% of its prediction plus that.
   std::uint64_t library = 0;
-  const auto peak_and_prediction = [](const std::string& metrics_file) {
+  // A run's peaks over its steps, and its last step's plan and prediction.
+  struct Peaks {
+    std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
+    Json last;
+  };
+  const auto peaks_of = [](const std::string& metrics_file) {
     std::ifstream metrics(metrics_file);
     std::string line;
-    std::uint64_t rss = 0, predicted = 0;
+    Peaks p;
     while (std::getline(metrics, line)) {
-      const Json m = Json::parse(line);
-      rss = std::max(rss, m["peak_rss_bytes"].get<std::uint64_t>());
-      predicted = m["predicted_rss_bytes"].get<std::uint64_t>();
+      p.last = Json::parse(line);
+      p.device = std::max(p.device, p.last["peak_device_bytes"].get<std::uint64_t>());
+      p.host = std::max(p.host, p.last["peak_host_bytes"].get<std::uint64_t>());
+      p.nvme = std::max(p.nvme, p.last["peak_nvme_bytes"].get<std::uint64_t>());
+      p.rss = std::max(p.rss, p.last["peak_rss_bytes"].get<std::uint64_t>());
     }
-    return std::pair{rss, predicted};
+    return p;
   };
   for (const EstimateCase& c : cases) {
     const std::string name =
@@ -329,22 +336,14 @@ TEST(ZeroEstimate, EveryTierWithinTenPercentOfTheRunAtEveryStage) {
       reference["metrics_file"] = dir.file("reference/metrics.jsonl");
       ASSERT_EQ(run_train(dir, reference, "reference", 2), 0)
           << std::ifstream(dir.file("reference/err.txt")).rdbuf();
-      const auto [rss, predicted] = peak_and_prediction(dir.file("reference/metrics.jsonl"));
-      library = rss > predicted ? rss - predicted : 0;
+      const Peaks ref = peaks_of(dir.file("reference/metrics.jsonl"));
+      ASSERT_FALSE(ref.last.is_null());
+      const auto predicted = ref.last["predicted_rss_bytes"].get<std::uint64_t>();
+      library = ref.rss > predicted ? ref.rss - predicted : 0;
       std::cout << "the GEMM library's first-use memory: " << format_bytes(library) << "\n";
     }
     ASSERT_EQ(run_train(dir, j, name, 2), 0) << std::ifstream(dir.file(name + "/err.txt")).rdbuf();
-    std::ifstream metrics(dir.file(name + "/metrics.jsonl"));
-    std::string line;
-    std::uint64_t device = 0, host = 0, nvme = 0, rss = 0;
-    Json last;
-    while (std::getline(metrics, line)) {
-      last = Json::parse(line);
-      device = std::max(device, last["peak_device_bytes"].get<std::uint64_t>());
-      host = std::max(host, last["peak_host_bytes"].get<std::uint64_t>());
-      nvme = std::max(nvme, last["peak_nvme_bytes"].get<std::uint64_t>());
-      rss = std::max(rss, last["peak_rss_bytes"].get<std::uint64_t>());
-    }
+    const auto [device, host, nvme, rss, last] = peaks_of(dir.file(name + "/metrics.jsonl"));
     ASSERT_FALSE(last.is_null());
     const auto near = [](std::uint64_t got, std::uint64_t want, const char* what) {
       EXPECT_LE(static_cast<double>(got), 1.1 * static_cast<double>(want))
