@@ -2,6 +2,7 @@
 #include "src/device/cuda/cublas_library.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <string>
 
@@ -24,6 +25,14 @@ Result<void*> open_library(const char* built_path, const std::string& soname) {
                      "LD_LIBRARY_PATH");
 }
 
+// The file the loader opened for `handle` ("" if it cannot say).
+std::string path_of(void* handle) {
+  link_map* map = nullptr;
+  return dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr
+             ? map->l_name
+             : "";
+}
+
 template <typename F>
 Status find(void* handle, const char* library, const char* name, F& out) {
   dlerror();
@@ -44,9 +53,8 @@ Result<CublasLibrary> open_cublas() {
   // cuBLASLt first: cuBLAS needs it, and the loader then finds it open under its soname.
   STRATA_ASSIGN_OR_RETURN(void* lt, open_library(STRATA_CUBLASLT_PATH, "libcublasLt.so." + major));
   STRATA_ASSIGN_OR_RETURN(void* blas, open_library(STRATA_CUBLAS_PATH, "libcublas.so." + major));
-  Dl_info info{};
-  lib.lt_path = dladdr(dlsym(lt, "cublasLtCreate"), &info) != 0 ? info.dli_fname : "";
-  lib.blas_path = dladdr(dlsym(blas, "cublasCreate_v2"), &info) != 0 ? info.dli_fname : "";
+  lib.lt_path = path_of(lt);
+  lib.blas_path = path_of(blas);
 #define STRATA_CUBLAS_FIND(handle, library, name) \
   STRATA_RETURN_IF_ERROR(find(handle, library, #name, lib.name));
 #define STRATA_CUBLASLT_FIND(name) STRATA_CUBLAS_FIND(lt, "cuBLASLt", name)
