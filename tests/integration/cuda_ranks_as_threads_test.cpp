@@ -9,6 +9,7 @@
 // (the pipeline to the bit, as under mpirun) and on a GPU where there is one.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -89,7 +90,10 @@ Losses train(const Json& j, TrainOptions options) {
 // `world` trainers of `j`, a thread each, over one in-process group staged through each rank's
 // own device; each rank's run.
 std::vector<Losses> train_as_threads(const Json& j, int world) {
-  strata::testing::InProcessRanks ranks = strata::testing::make_in_process_ranks(world);
+  // A rank left waiting 20 s fails the run (these take under a second on two cores) rather than
+  // holding up the GPU check's other tests.
+  strata::testing::InProcessRanks ranks =
+      strata::testing::make_in_process_ranks(world, std::chrono::seconds(20));
   std::vector<Losses> runs(static_cast<std::size_t>(world));
   ranks.run([&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
