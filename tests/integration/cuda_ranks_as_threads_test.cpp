@@ -19,6 +19,7 @@
 #include "strata/build_config.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/integration/train_history.h"
 #include "tests/testing/family_models.h"
 #include "tests/testing/in_process_ranks.h"
 #include "tests/testing/staged_communicator.h"
@@ -62,39 +63,14 @@ Json small_config(const TempDir& dir, const std::string& device) {
   return j;
 }
 
-struct Losses {
-  std::vector<double> loss, grad_norm;
-  std::uint64_t sent_bytes = 0, all_to_all_bytes = 0;  // over the steps
-};
-
-// One rank's trainer: its steps' losses and gradient norms; a failure is the test's.
-Losses train(const Json& j, TrainOptions options) {
-  Losses r;
-  auto c = parse_train_config(j, "test config");
-  EXPECT_TRUE(c.is_ok()) << c.status().message();
-  if (!c.is_ok()) return r;
-  auto t = Trainer::create(*c, options);
-  EXPECT_TRUE(t.is_ok()) << t.status().message();
-  if (!t.is_ok()) return r;
-  const Status s = (*t)->run_steps(c->max_steps);
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  for (const StepMetrics& m : (*t)->history()) {
-    r.loss.push_back(m.loss);
-    r.grad_norm.push_back(m.grad_norm);
-    r.sent_bytes += m.sent_bytes;
-    r.all_to_all_bytes += m.all_to_all_bytes;
-  }
-  return r;
-}
-
 // `world` trainers of `j`, a thread each, over one in-process group staged through each rank's
 // own device; each rank's run.
-std::vector<Losses> train_as_threads(const Json& j, int world) {
+std::vector<History> train_as_threads(const Json& j, int world) {
   // A rank left waiting 20 s fails the run (these take under a second on two cores) rather than
   // holding up the GPU check's other tests.
   strata::testing::InProcessRanks ranks =
       strata::testing::make_in_process_ranks(world, std::chrono::seconds(20));
-  std::vector<Losses> runs(static_cast<std::size_t>(world));
+  std::vector<History> runs(static_cast<std::size_t>(world));
   ranks.run([&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
     TrainOptions o;
@@ -103,7 +79,7 @@ std::vector<Losses> train_as_threads(const Json& j, int world) {
       return std::unique_ptr<dist::Communicator>(
           new strata::testing::StagedCommunicator(std::move(ranks.comms[r]), d));
     };
-    runs[r] = train(j, std::move(o));
+    runs[r] = train_history(j, o);
   });
   return runs;
 }
@@ -124,20 +100,20 @@ class RanksAsThreadsTest : public ::testing::TestWithParam<std::string> {
 TEST_P(RanksAsThreadsTest, TiedEmbeddingInTwoStagesTrainsTheLossesOfOne) {
   TempDir dir;
   const Json base = small_config(dir, GetParam());
-  const Losses one = train(base, {});
+  const History one = train_history(base);
   ASSERT_EQ(one.loss.size(), 4u);
   EXPECT_LT(one.loss.back(), one.loss.front());
   // The CPU backend's kernels are deterministic; a GPU's may not be (atomics).
-  const bool deterministic = GetParam() == "cpu" || train(base, {}).loss == one.loss;
+  const bool deterministic = GetParam() == "cpu" || train_history(base).loss == one.loss;
   for (const char* schedule : {"1f1b", "interleaved"}) {
     SCOPED_TRACE(schedule);
     Json k = base;
     k["pipeline_parallel_size"] = 2;
     k["pipeline_schedule"] = schedule;
-    const std::vector<Losses> stages = train_as_threads(k, 2);
+    const std::vector<History> stages = train_as_threads(k, 2);
     for (std::size_t rank = 0; rank < stages.size(); ++rank) {
       SCOPED_TRACE("rank " + std::to_string(rank));
-      const Losses& got = stages[rank];
+      const History& got = stages[rank];
       ASSERT_EQ(got.loss.size(), one.loss.size());
       EXPECT_GT(got.sent_bytes, 0u);  // the stages' traffic went through the staged group
       if (deterministic) {
@@ -164,15 +140,15 @@ TEST_P(RanksAsThreadsTest, ExpertsOverTwoRanksTrainTheLossesOfOne) {
   Json base = small_config(dir, GetParam());
   base["model"] = strata::testing::family_model("qwen3-moe", 2);
   base["zero_stage"] = 3;
-  const Losses one = train(base, {});
+  const History one = train_history(base);
   ASSERT_EQ(one.loss.size(), 4u);
   Json k = base;
   k["expert_parallel_size"] = 2;
-  const std::vector<Losses> ranks = train_as_threads(k, 2);
+  const std::vector<History> ranks = train_as_threads(k, 2);
   const double rtol = GetParam() == "cpu" ? 1e-5 : 1e-4;
   for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
-    const Losses& got = ranks[rank];
+    const History& got = ranks[rank];
     ASSERT_EQ(got.loss.size(), one.loss.size());
     EXPECT_GT(got.all_to_all_bytes, 0u);  // tokens went to the other rank's experts
     for (std::size_t i = 0; i < one.loss.size(); ++i) {

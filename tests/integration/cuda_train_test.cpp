@@ -19,6 +19,7 @@
 #include "kernels/runtime.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/integration/train_history.h"
 #include "tests/testing/family_models.h"
 #include "tests/testing/long_sequence.h"
 #include "tests/testing/loss_scale_replay.h"
@@ -60,32 +61,10 @@ Json tiny_config(const TempDir& dir) {
   return j;
 }
 
-struct History {
-  std::vector<double> loss, grad_norm;
-  std::vector<bool> skipped;
-  std::vector<double> loss_scale;  // fp16's, else 0
-  std::uint64_t peak_device_bytes = 0;
-};
-
+// `j` trained on `device`.
 History train_on(Json j, const std::string& device) {
   j["device"] = device;
-  History r;
-  auto c = parse_train_config(j, "test config");
-  EXPECT_TRUE(c.is_ok()) << c.status().message();
-  if (!c.is_ok()) return r;
-  auto t = Trainer::create(*c, {});
-  EXPECT_TRUE(t.is_ok()) << t.status().message();
-  if (!t.is_ok()) return r;
-  const Status s = (*t)->run_steps(c->max_steps);
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  for (const auto& m : (*t)->history()) {
-    r.loss.push_back(m.loss);
-    r.grad_norm.push_back(m.grad_norm);
-    r.skipped.push_back(m.skipped);
-    r.loss_scale.push_back(m.loss_scale.value_or(0.0));
-    r.peak_device_bytes = std::max(r.peak_device_bytes, m.peak_device_bytes);
-  }
-  return r;
+  return train_history(j);
 }
 
 void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rtol,
@@ -339,8 +318,9 @@ TEST_F(CudaTrainTest, Fp32MixturesOfExpertsMatchTheCpuBackend) {
         j["finetune"] = {{"method", "lora"},
                          {"r", 4},
                          {"alpha", 8},
-                         {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                             "up_proj", "down_proj", "gate"}}};
+                         {"target_modules",
+                          {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj", "gate"}}};
       }
       const History cpu = train_on(j, "cpu");
       ASSERT_EQ(cpu.loss.size(), 4u);
