@@ -33,33 +33,14 @@ namespace {
 
 using strata::testing::TempDir;
 
-std::string stage_text(std::size_t bytes) {
-  std::string s;
-  const char* words[] = {"stages ", "send ", "the ", "tied ", "head ", "its ", "copy ", "\n"};
-  std::uint64_t x = 7;
-  while (s.size() < bytes) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    s += words[(x >> 33) % 8];
-  }
-  return s;
-}
-
-// A tied model of 4 layers (2 stages of 2, or 2 stages of 2 chunks of 1: interleaved), hidden 32
-// / 4 heads, on `device`.
+// The tiny model tied, with 4 layers (2 stages of 2, or 2 stages of 2 chunks of 1: interleaved)
+// and 4 micro-batches a step, on `device`.
 Json small_config(const TempDir& dir, const std::string& device) {
-  Json j = Json::parse(R"({
-    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
-              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 64, "tie_word_embeddings": true},
-    "seq_len": 16, "batch_size": 8, "micro_batch_size": 2, "max_steps": 4,
-    "precision": "fp32",
-    "optimizer": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1},
-    "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
-    "grad_clip": 0.5, "threads": 1, "device_memory_limit": "256MiB"
-  })");
+  Json j = gpu_tiny_config(dir);
+  j["model"]["num_hidden_layers"] = 4;
+  j["model"]["tie_word_embeddings"] = true;
+  j["batch_size"] = 8;
   j["device"] = device;
-  j["data"] = {{"path", dir.write("data.txt", stage_text(20000))}, {"format", "text"}};
-  j["save_dir"] = dir.file("ckpt");
   return j;
 }
 

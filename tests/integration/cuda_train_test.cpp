@@ -33,34 +33,6 @@ using testing::TempDir;
 
 bool gpu_present() { return kernels::query_gpus().count > 0; }
 
-std::string gpu_text(std::size_t bytes) {
-  std::string s;
-  const char* words[] = {"the ", "gpu ", "trains ", "a ", "tiny ", "model ", "on ", "bytes ", "\n"};
-  std::uint64_t x = 99;
-  while (s.size() < bytes) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    s += words[(x >> 33) % 9];
-  }
-  return s;
-}
-
-// hidden 32 / 4 heads: head_dim 8, the simple attention kernels.
-Json tiny_config(const TempDir& dir) {
-  Json j = Json::parse(R"({
-    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 64},
-    "seq_len": 16, "batch_size": 4, "micro_batch_size": 2, "max_steps": 4,
-    "precision": "fp32",
-    "optimizer": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1},
-    "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
-    "grad_clip": 0.5, "threads": 1, "device_memory_limit": "256MiB"
-  })");
-  j["data"] = {{"path", dir.write("data.txt", gpu_text(20000))}, {"format", "text"}};
-  j["save_dir"] = dir.file("ckpt");
-  return j;
-}
-
 // `j` trained on `device`.
 History train_on(Json j, const std::string& device) {
   j["device"] = device;
@@ -78,7 +50,7 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 TEST(CudaTrainProbeTest, DeviceCudaWithoutGpuIsAClearError) {
   if (gpu_present()) GTEST_SKIP() << "a GPU is present; this checks the message without one";
   TempDir dir;
-  Json j = tiny_config(dir);
+  Json j = gpu_tiny_config(dir);
   j["device"] = "cuda";
   auto c = parse_train_config(j, "test config");
   ASSERT_TRUE(c.is_ok()) << c.status().message();
@@ -92,7 +64,7 @@ TEST(CudaTrainProbeTest, DeviceCudaWithoutGpuIsAClearError) {
 // first flash variant, was removed (flash2 serves every call it served).
 TEST(CudaTrainProbeTest, AnUnknownAttentionVariantIsRefusedNamingTheChoices) {
   TempDir dir;
-  Json j = tiny_config(dir);
+  Json j = gpu_tiny_config(dir);
   for (const char* gone : {"flash3", "flash"}) {
     j["attention"] = gone;
     auto c = parse_train_config(j, "test config");
@@ -114,7 +86,7 @@ TEST(CudaTrainProbeTest, AnUnknownAttentionVariantIsRefusedNamingTheChoices) {
 TEST(CudaTrainProbeTest, ABadStrataAttentionIsRefusedNamingTheVariable) {
   const testing::ScopedEnv attention("STRATA_ATTENTION", "fastest");
   TempDir dir;
-  Json j = tiny_config(dir);
+  Json j = gpu_tiny_config(dir);
   j["device"] = "cuda";
   auto c = parse_train_config(j, "test config");
   ASSERT_TRUE(c.is_ok()) << c.status().message();
@@ -137,7 +109,7 @@ class CudaTrainTest : public ::testing::Test {
 
 TEST_F(CudaTrainTest, Fp32LossesMatchTheCpuBackend) {
   TempDir dir;
-  const Json base = tiny_config(dir);
+  const Json base = gpu_tiny_config(dir);
   const History cpu = train_on(base, "cpu");
   ASSERT_EQ(cpu.loss.size(), 4u);
   const History gpu = train_on(base, "cuda");
@@ -150,7 +122,7 @@ TEST_F(CudaTrainTest, Fp32LossesMatchTheCpuBackend) {
 // deferred reuse of freed device blocks, with CPU Adam updating the host master weights.
 TEST_F(CudaTrainTest, Fp32OffloadedLossesMatchTheCpuBackend) {
   TempDir dir;
-  Json base = tiny_config(dir);
+  Json base = gpu_tiny_config(dir);
   base["offload_param"] = "cpu";
   base["offload_optimizer"] = "cpu";
   const History cpu = train_on(base, "cpu");
@@ -174,7 +146,7 @@ TEST_F(CudaTrainTest, CompactStateOnTheGpuMatchesTheCpuBackendAndTheHost) {
                              Setting{"bf16", "bf16", "stochastic"}}) {
     SCOPED_TRACE(std::string(set.state) + " moments, " + set.master + " master " + set.rounding);
     TempDir dir;
-    Json base = tiny_config(dir);
+    Json base = gpu_tiny_config(dir);
     base["optimizer"]["state_dtype"] = set.state;
     base["optimizer"]["master_dtype"] = set.master;
     if (*set.rounding != '\0') base["optimizer"]["master_rounding"] = set.rounding;
@@ -203,7 +175,7 @@ TEST_F(CudaTrainTest, CompactStateOnTheGpuMatchesTheCpuBackendAndTheHost) {
 // for bit (deterministic kernels), else as close as two such runs.
 TEST_F(CudaTrainTest, APartOfTheOptimizerOnTheGpuGivesTheLossesOfAllOnTheHost) {
   TempDir dir;
-  Json base = tiny_config(dir);
+  Json base = gpu_tiny_config(dir);
   base["offload_optimizer"] = "cpu";
   for (const char* overlap : {"none", "backward"}) {
     SCOPED_TRACE(std::string("optimizer_overlap ") + overlap);
@@ -229,7 +201,7 @@ TEST_F(CudaTrainTest, APartOfTheOptimizerOnTheGpuGivesTheLossesOfAllOnTheHost) {
 // the backends (fused kernels round less often), so losses agree to bf16 precision.
 TEST_F(CudaTrainTest, Bf16FlashPathTracksTheCpuBackend) {
   TempDir dir;
-  Json base = tiny_config(dir);
+  Json base = gpu_tiny_config(dir);
   base["model"] = Json::parse(R"({"vocab_size": 256, "hidden_size": 128,
       "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
       "num_key_value_heads": 1, "max_position_embeddings": 128})");
@@ -248,7 +220,7 @@ TEST_F(CudaTrainTest, EveryAttentionVariantTracksTheCpuBackend) {
   testing::ScopedEnv no_override("STRATA_ATTENTION", "");
   no_override.unset();  // the config's choice, not the environment's
   TempDir dir;
-  const Json fp32 = tiny_config(dir);
+  const Json fp32 = gpu_tiny_config(dir);
   Json bf16 = fp32;
   bf16["model"] = Json::parse(R"({"vocab_size": 256, "hidden_size": 128,
       "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -271,7 +243,7 @@ TEST_F(CudaTrainTest, EveryAttentionVariantTracksTheCpuBackend) {
 // with an explicit head_dim, llama3 rope scaling, and sliding windows in the simple kernels.
 TEST_F(CudaTrainTest, Fp32FamiliesMatchTheCpuBackend) {
   TempDir dir;
-  const Json base = tiny_config(dir);
+  const Json base = gpu_tiny_config(dir);
   const char* models[] = {
       R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -305,7 +277,7 @@ TEST_F(CudaTrainTest, Fp32FamiliesMatchTheCpuBackend) {
 // with parameters and optimizer on the host, and with LoRA on every projection and the router.
 TEST_F(CudaTrainTest, Fp32MixturesOfExpertsMatchTheCpuBackend) {
   TempDir dir;
-  const Json base = tiny_config(dir);
+  const Json base = gpu_tiny_config(dir);
   for (const std::string& family : strata::testing::moe_families()) {
     for (const char* placement : {"device", "host", "lora"}) {
       SCOPED_TRACE(family + ", " + placement);
@@ -334,7 +306,7 @@ TEST_F(CudaTrainTest, Fp32MixturesOfExpertsMatchTheCpuBackend) {
 // bf16, head_dim 64, a window of 37 over 100 positions: the flash kernels skip and mask tiles.
 TEST_F(CudaTrainTest, Bf16FlashWithASlidingWindowTracksTheCpuBackend) {
   TempDir dir;
-  Json base = tiny_config(dir);
+  Json base = gpu_tiny_config(dir);
   base["model"] = Json::parse(R"({"model_type": "mistral", "vocab_size": 256,
       "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
       "num_attention_heads": 2, "num_key_value_heads": 1, "sliding_window": 37,
@@ -359,7 +331,7 @@ Json head_dim_64_model() {
 // overflows exactly as optim::LossScaler replays them.
 TEST_F(CudaTrainTest, Fp16TracksTheCpuBackendAndItsLossScale) {
   TempDir dir;
-  Json base = tiny_config(dir);
+  Json base = gpu_tiny_config(dir);
   base["model"] = head_dim_64_model();
   base["seq_len"] = 100;
   base["precision"] = "fp16";
@@ -392,7 +364,7 @@ TEST_F(CudaTrainTest, OffloadedActivationsGiveTheLossesOfNone) {
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
     TempDir dir;
-    Json base = tiny_config(dir);
+    Json base = gpu_tiny_config(dir);
     if (std::string(precision) == "bf16") {
       base["model"] = head_dim_64_model();
       base["seq_len"] = 100;
@@ -425,7 +397,7 @@ TEST_F(CudaTrainTest, OffloadedActivationsGiveTheLossesOfNone) {
 TEST_F(CudaTrainTest, A32kSequenceTrainsWithoutAQuadraticBuffer) {
   TempDir dir;
   constexpr std::int64_t kLong = 32768;
-  Json j = tiny_config(dir);
+  Json j = gpu_tiny_config(dir);
   j["model"] = testing::long_context_model(128, 256, 2, 1);
   j["data"] = {{"path", dir.write("long.u16", testing::long_sequence_u16(kLong))},
                {"format", "u16"}};

@@ -1,19 +1,50 @@
-// One trainer's run for the tests that compare runs step by step: its steps' losses, gradient
-// norms, skips and loss scales, its device peak and its traffic. A failure to create or run the
-// trainer is the test's failure (and an empty history).
+// The GPU training tests' tiny config, and one trainer's run for the tests that compare runs step
+// by step: its steps' losses, gradient norms, skips and loss scales, its device peak and its
+// traffic. A failure to create or run the trainer is the test's failure (and an empty history).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "strata/core/json.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::train {
+
+inline std::string gpu_text(std::size_t bytes) {
+  std::string s;
+  const char* words[] = {"the ", "gpu ", "trains ", "a ", "tiny ", "model ", "on ", "bytes ", "\n"};
+  std::uint64_t x = 99;
+  while (s.size() < bytes) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s += words[(x >> 33) % 9];
+  }
+  return s;
+}
+
+// The GPU tests' tiny model (hidden 32 / 4 heads: head_dim 8, the simple attention kernels), 4
+// steps of 2 micro-batches, on a 256 MiB device where the config names a GPU.
+inline Json gpu_tiny_config(const testing::TempDir& dir) {
+  Json j = Json::parse(R"({
+    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 64},
+    "seq_len": 16, "batch_size": 4, "micro_batch_size": 2, "max_steps": 4,
+    "precision": "fp32",
+    "optimizer": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1},
+    "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
+    "grad_clip": 0.5, "threads": 1, "device_memory_limit": "256MiB"
+  })");
+  j["data"] = {{"path", dir.write("data.txt", gpu_text(20000))}, {"format", "text"}};
+  j["save_dir"] = dir.file("ckpt");
+  return j;
+}
 
 struct History {
   std::vector<double> loss, grad_norm;
