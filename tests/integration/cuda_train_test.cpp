@@ -1,9 +1,9 @@
 // Whole training steps on the CUDA backend against the CPU backend on tiny models: the same
 // losses (fp32: 1e-4 relative) with the optimizer on the GPU and offloaded to the host, the
-// mixtures of experts, the flash-attention path in bf16, every attention variant, fp16 with its
-// loss scale, activations offloaded to host memory and NVMe, a 32K-token sequence, and clear
-// errors for device "cuda" where there is no GPU and for an attention variant that does not exist
-// (those run everywhere).
+// adapters (LoRA, QLoRA), the mixtures of experts, the flash-attention path in bf16, every
+// attention variant, fp16 with its loss scale, activations offloaded to host memory and NVMe, a
+// 32K-token sequence, and clear errors for device "cuda" where there is no GPU and for an attention
+// variant that does not exist (those run everywhere).
 #include "strata/build_config.h"
 #if STRATA_HAVE_CUDA
 
@@ -266,6 +266,40 @@ TEST_F(CudaTrainTest, Fp32FamiliesMatchTheCpuBackend) {
     j["model"] = Json::parse(model);
     SCOPED_TRACE(j["model"]["model_type"].get<std::string>());
     const History cpu = train_on(j, "cpu");
+    const History gpu = train_on(j, "cuda");
+    expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
+    expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
+  }
+}
+
+// LoRA and QLoRA on the GPU: adapters on every projection beside a frozen base on the device and
+// on the host, with dropout on the adapters' inputs and the embedding trained whole beside them;
+// QLoRA's base in NF4, decoded by the GPU's kernels (the CPU's bits: CudaOpsTest).
+TEST_F(CudaTrainTest, Fp32LoraAndQloraMatchTheCpuBackend) {
+  TempDir dir;
+  const Json base = gpu_tiny_config(dir);
+  struct Case {
+    const char* method;
+    const char* base_on;  // offload_param: where the frozen base lives
+    double dropout;
+    bool trained_embedding;
+  };
+  for (const Case& c : {Case{"lora", "none", 0.0, false}, Case{"lora", "cpu", 0.1, true},
+                        Case{"qlora", "none", 0.0, false}, Case{"qlora", "cpu", 0.1, true}}) {
+    SCOPED_TRACE(std::string(c.method) + ", base on " + c.base_on +
+                 (c.dropout > 0 ? ", dropout" : "") + (c.trained_embedding ? ", embedding" : ""));
+    Json j = base;
+    j["finetune"] = {{"method", c.method},
+                     {"r", 4},
+                     {"alpha", 8},
+                     {"dropout", c.dropout},
+                     {"target_modules", "all-linear"}};
+    if (c.trained_embedding) j["finetune"]["modules_to_save"] = {"embed_tokens"};
+    j["offload_param"] = c.base_on;
+    if (std::string(c.base_on) != "none") j["offload_optimizer"] = c.base_on;
+    const History cpu = train_on(j, "cpu");
+    ASSERT_EQ(cpu.loss.size(), 4u);
+    EXPECT_LT(cpu.loss.back(), cpu.loss.front());
     const History gpu = train_on(j, "cuda");
     expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
     expect_close(gpu.grad_norm, cpu.grad_norm, 1e-4, "grad_norm");
