@@ -118,8 +118,8 @@ TEST_F(CudaTrainTest, Fp32LossesMatchTheCpuBackend) {
   EXPECT_LT(gpu.loss.back(), gpu.loss.front());
 }
 
-// Parameters and optimizer offloaded to host RAM: exercises the copy streams, events and the
-// deferred reuse of freed device blocks, with CPU Adam updating the host master weights.
+// Parameters and optimizer offloaded to host RAM, then to NVMe: exercises the copy streams, events
+// and the deferred reuse of freed device blocks, with CPU Adam updating the master weights.
 TEST_F(CudaTrainTest, Fp32OffloadedLossesMatchTheCpuBackend) {
   TempDir dir;
   Json base = gpu_tiny_config(dir);
@@ -131,6 +131,14 @@ TEST_F(CudaTrainTest, Fp32OffloadedLossesMatchTheCpuBackend) {
   // And with activation checkpointing (recomputation in backward).
   base["activation_checkpointing"] = true;
   expect_close(train_on(base, "cuda").loss, cpu.loss, 1e-4, "loss with checkpointing");
+  // And with parameters and optimizer on NVMe: the swap space reads into pinned buffers and the
+  // copy stream takes them on (placement changes no bit on the CPU backend, so the same losses).
+  base["activation_checkpointing"] = false;
+  base["offload_param"] = "nvme";
+  base["offload_optimizer"] = "nvme";
+  base["swap_paths"] = {dir.file("swap")};
+  std::filesystem::create_directories(dir.file("swap"));
+  expect_close(train_on(base, "cuda").loss, cpu.loss, 1e-4, "loss with NVMe");
 }
 
 // Compact optimizer state with the optimizer on the GPU (its own AdamW: 8-bit or bf16 moments,
