@@ -81,6 +81,23 @@ constexpr Case kCases[] = {
      "", "fp32", "fp32", 8, 2, 2048, 0, 0, 0, 0.40},
 };
 
+// Published single-GPU fine-tuning throughput to set the 8B cases beside: torchtune's
+// Llama-3.1-8B on one RTX 4090 (bf16 peak 165.2 TFLOP/s, train_run_common.h). A case's report
+// scales it by this GPU's specified bf16 peak over the 4090's, as a compute-bound job would
+// scale; the parts of a step that memory or PCIe bound scale less (an H100's HBM is 3.3 times
+// a 4090's memory bandwidth, its peak 6 times), so the scaled figure is the higher bar.
+struct Published {
+  const char* case_prefix;  // the cases it applies to
+  double tokens_per_s;
+  const char* what;
+};
+constexpr Published kPublished[] = {
+    {"8b-lora", 3083, "torchtune LoRA"},
+    {"8b-qlora", 2413, "torchtune QLoRA"},
+    {"8b-full", 1650, "torchtune full, 8-bit optimizer"},
+};
+constexpr double kPublishedPeakTflops = 165.2;  // RTX 4090, dense bf16
+
 struct Options {
   bool shrink = false;
   int steps = 3;  // timed
@@ -255,6 +272,20 @@ int run_case(const Case& c, const Options& o) {
     if (depth > 0) {
       std::printf("; %.0f ms a layer, %d layers: %.2f s a step", layer_ms, depth,
                   out["extrapolated_step_ms"].get<double>() / 1e3);
+    }
+    for (const Published& p : kPublished) {
+      if (std::strncmp(c.name, p.case_prefix, std::strlen(p.case_prefix)) != 0) continue;
+      const double scaled = peak > 0 ? p.tokens_per_s * peak / kPublishedPeakTflops : 0;
+      out["published"] = {{"what", p.what},
+                          {"gpu", "RTX 4090"},
+                          {"tokens_per_s", p.tokens_per_s},
+                          {"scale", peak / kPublishedPeakTflops},
+                          {"scaled_tokens_per_s", scaled},
+                          {"ratio", scaled > 0 ? m.tokens_per_s / scaled : 0.0}};
+      std::printf(
+          "; %s on one RTX 4090: %.0f tok/s, x %.2f by bf16 peak: %.0f (this run %.2f of it)",
+          p.what, p.tokens_per_s, peak / kPublishedPeakTflops, scaled,
+          scaled > 0 ? m.tokens_per_s / scaled : 0.0);
     }
     std::printf("\n");
   } catch (const std::exception& e) {

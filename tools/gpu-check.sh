@@ -363,6 +363,11 @@ for name, (status, _) in runs.items():
         line2 += (f"; {d['layer_ms']:.0f} ms a layer, {d['model_layers']} layers: "
                   f"{d['extrapolated_step_ms'] / 1e3:.2f} s")
     table.append(("", "", line2))
+    p = d.get("published")
+    if p:
+        table.append(("", "", f"beside {p['what']} on one {p['gpu']}: {p['tokens_per_s']:.0f} "
+                      f"tok/s, x {p['scale']:.2f} by bf16 peak = {p['scaled_tokens_per_s']:.0f}; "
+                      f"this run {p['ratio']:.2f} of it"))
 table += [r for r in rows if r[0] == "total time"]
 
 w = max([len(a) for a, _, _ in table] + [10])
