@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "strata/core/json.h"
 #include "strata/train/config.h"
 #include "strata/train/trainer.h"
+#include "tests/testing/gpu_rehearsal.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::train {
@@ -29,10 +29,10 @@ inline std::string gpu_text(std::size_t bytes) {
   return s;
 }
 
-// The GPU tests' tiny model (hidden 32 / 4 heads: head_dim 8, the simple attention kernels), 4
-// steps of 2 micro-batches, on a 256 MiB device where the config names a GPU.
-inline Json gpu_tiny_config(const testing::TempDir& dir) {
-  Json j = Json::parse(R"({
+// The tests' tiny model (hidden 32 / 4 heads: head_dim 8, the GPU's simple attention kernels),
+// 4 steps of 2 micro-batches, fp32; no data yet.
+inline Json tiny_run() {
+  return Json::parse(R"({
     "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 64},
@@ -40,8 +40,14 @@ inline Json gpu_tiny_config(const testing::TempDir& dir) {
     "precision": "fp32",
     "optimizer": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1},
     "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
-    "grad_clip": 0.5, "threads": 1, "device_memory_limit": "256MiB"
+    "grad_clip": 0.5, "threads": 1
   })");
+}
+
+// The GPU tests' tiny run, on a 256 MiB device where the config names a GPU.
+inline Json gpu_tiny_config(const testing::TempDir& dir) {
+  Json j = tiny_run();
+  j["device_memory_limit"] = "256MiB";
   j["data"] = {{"path", dir.write("data.txt", gpu_text(20000))}, {"format", "text"}};
   j["save_dir"] = dir.file("ckpt");
   return j;
@@ -55,14 +61,7 @@ struct History {
   std::uint64_t sent_bytes = 0, all_to_all_bytes = 0;  // over the steps
 };
 
-// STRATA_GPU_TESTS_ON_CPU=1: the GPU training tests rehearse where there is no GPU, device "cuda"
-// training on the CPU backend, so their configs, runs and comparisons are exercised (not the
-// GPU's kernels) and a test that could not run is found before a GPU is lent. CI runs them so
-// (the ctest gpu_tests.rehearsal).
-inline bool rehearsing_gpu_tests() {
-  const char* v = std::getenv("STRATA_GPU_TESTS_ON_CPU");
-  return v != nullptr && std::string(v) == "1";
-}
+using strata::testing::rehearsing_gpu_tests;
 
 // Trains `j`'s max_steps with `options` (device "cuda" on the CPU backend when rehearsing).
 inline History train_history(Json j, const TrainOptions& options = {}) {

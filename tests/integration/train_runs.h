@@ -31,6 +31,7 @@
 #include "strata/train/trainer.h"
 #include "strata/zero/partition.h"
 #include "strata/zero/plan.h"
+#include "tests/integration/train_history.h"
 #include "tests/testing/family_models.h"
 #include "tests/testing/long_sequence.h"
 #include "tests/testing/loss_scale_replay.h"
@@ -56,16 +57,7 @@ inline std::string make_text(std::size_t bytes) {
 
 inline Json tiny_config(const TempDir& dir) {
   const std::string data = dir.write("data.txt", make_text(20000));
-  Json j = Json::parse(R"({
-    "model": {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 48,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 64},
-    "seq_len": 16, "batch_size": 4, "micro_batch_size": 2, "max_steps": 4,
-    "precision": "fp32",
-    "optimizer": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1},
-    "lr_schedule": {"type": "cosine", "warmup_steps": 1, "min_lr": 0.001},
-    "grad_clip": 0.5, "threads": 1
-  })");
+  Json j = tiny_run();
   j["data"] = {{"path", data}, {"format", "text"}};
   j["save_dir"] = dir.file("ckpt");
   j["swap_paths"] = {dir.file("swap")};

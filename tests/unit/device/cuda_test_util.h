@@ -4,13 +4,13 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "src/device/cuda/cuda_probe.h"
+#include "tests/testing/gpu_rehearsal.h"
 #include "tests/unit/device/ops_test_util.h"
 
 namespace strata::device::testing {
@@ -20,16 +20,12 @@ inline constexpr std::uint64_t kGpuTestLimitBytes = std::uint64_t{4} << 30;
 // Creates a CUDA device; Unavailable (no GPU) -> nullptr and `why` holds the probe's message.
 // STRATA_CUDA_SYNC=1 in the environment makes every op synchronize and check, as it does for
 // create_cuda_device(options), so a faulting kernel names its op in any test.
-// STRATA_GPU_TESTS_ON_CPU=1 (a rehearsal, as the GPU training tests have: the ctest
-// gpu_tests.device_rehearsal) gives a CPU device instead, so the op tests' set-up, indexing and
-// bounds run against the CPU backend before a GPU is lent; only tests that hold for any backend
-// rehearse (not those of CUDA's own memory, streams and rounding).
+// Rehearsing (tests/testing/gpu_rehearsal.h) it gives a CPU device instead; only the tests that
+// hold for any backend rehearse (not those of CUDA's own memory, streams and rounding).
 inline std::unique_ptr<Device> make_gpu_device(std::string* why,
                                                const cuda::CudaTuning& tuning = {},
                                                std::uint64_t limit = kGpuTestLimitBytes) {
-  if (const char* v = std::getenv("STRATA_GPU_TESTS_ON_CPU"); v != nullptr && v[0] == '1') {
-    return make_device();
-  }
+  if (strata::testing::rehearsing_gpu_tests()) return make_device();
   DeviceOptions o;
   o.kind = device::DeviceKind::kCuda;
   o.memory_limit_bytes = limit;
