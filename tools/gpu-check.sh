@@ -12,17 +12,21 @@
 # packages in .debs/ (made here by tools/fetch-gpu-debs.sh and carried along) into a private
 # prefix inside the build directory; nothing is installed system-wide.
 #
-# Usage: tools/gpu-check.sh [--phase all|tests|bench|scale] [--no-bench] [--benches LIST]
-#                           [--configure-only|--build-only] [--rehearse]
-#   --phase tests: the GPU tests only; --phase bench: the benchmarks only; --no-bench is
-#   --phase tests; --phase scale: the jobs at the user's scale (bench/scale_bench.cpp: 8B LoRA,
-#   QLoRA and full, 70B and 30B-A3B slices, the 1.1B cases), each case in its own process under
-#   its own timeout; with --rehearse, those cases shrunk on the CPU backend with the build in
-#   GPU_CHECK_BUILD_DIR as it is (no GPU, nothing built: CI runs it so). --benches: which
-#   benchmarks run, a comma list of train_step (the 1.1B MFU), long (the 1.1B step at long
-#   sequences with activation offload), attention and copy (default: all). --configure-only:
-#   stop after CMake; --build-only: stop after the build (CI builds the check so, with
-#   GPU_CHECK_ARCH=90, to know it links before a GPU is lent).
+# Usage: tools/gpu-check.sh [--phase all|PHASES] [--no-bench] [--benches LIST]
+#                           [--scale-cases LIST] [--configure-only|--build-only] [--rehearse]
+#   --phase: all (tests and bench, the default) or a comma list of tests, bench and scale, run
+#   in one call under one budget (tests,scale: the GPU tests, then the jobs at scale, with no
+#   idle gap between two calls in which the machine could go back); --no-bench drops bench;
+#   tests: the GPU tests; bench: the benchmarks; scale: the jobs at the user's scale
+#   (bench/scale_bench.cpp: 8B LoRA, QLoRA and full, 70B and 30B-A3B slices, the 1.1B cases),
+#   each case in its own process under its own timeout; --scale-cases: which of them (a comma
+#   list; default all, most wanted first), e.g. those a first call did not reach; with
+#   --rehearse, the scale cases shrunk on the CPU backend with the build in GPU_CHECK_BUILD_DIR
+#   as it is (no GPU, nothing built: CI runs it so). --benches: which benchmarks run, a comma
+#   list of train_step (the 1.1B MFU), long (the 1.1B step at long sequences with activation
+#   offload), attention and copy (default: all). --configure-only: stop after CMake;
+#   --build-only: stop after the build (CI builds the check so, with GPU_CHECK_ARCH=90, to know
+#   it links before a GPU is lent).
 #   The build is skipped when a stamp of the sources' content (not their times, which a copy to
 #   another machine changes) matches the last build's and its binaries are there.
 # Environment: GPU_CHECK_BUILD_DIR (build-gpu; logs and results in its gpu-check/),
@@ -40,14 +44,20 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 start=$(date +%s)
 
-usage() { sed -n '15,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '15,31p' "$0" | sed 's/^# \{0,1\}//'; }
 
 mode=all  # all, configure (--configure-only) or build (--build-only)
 run_bench=1
 run_tests=1
 run_scale=0
 rehearse=0
+no_bench=0
 benches=train_step,long,attention,copy
+# The scale phase's cases, most wanted first, each with its cap in seconds on a GPU (shrunk on
+# the CPU backend under --rehearse, each takes a few); --scale-cases keeps some of them.
+scale_cases=(1.1b-host-accum1-auto:45 1.1b-host-accum1:45 8b-lora:90 8b-qlora:90
+  8b-full-auto:100 8b-full-host:90 70b-qlora-24g:100 30b-a3b-qlora:100 1.1b-host-accum2:45)
+scale_only=""  # --scale-cases
 while (($#)); do
   case "$1" in
     --benches)
@@ -65,20 +75,31 @@ while (($#)); do
       ;;
     --configure-only) mode=configure ;;
     --build-only) mode=build ;;
-    --no-bench) run_bench=0 ;;
+    --no-bench) no_bench=1 ;;
     --rehearse) rehearse=1 ;;
     --phase)
       shift
-      case "${1:-}" in
-        all) ;;
-        tests) run_bench=0 ;;
-        bench) run_tests=0 ;;
-        scale) run_tests=0 run_bench=0 run_scale=1 ;;
-        *)
-          echo "gpu-check: --phase takes all, tests, bench or scale, not '${1:-}'" >&2
-          exit 2
-          ;;
-      esac
+      run_tests=0 run_bench=0 run_scale=0
+      phases=${1:-}
+      [[ "$phases" == all ]] && phases=tests,bench
+      [[ -n "$phases" ]] || phases=none
+      for p in ${phases//,/ }; do
+        case "$p" in
+          tests) run_tests=1 ;;
+          bench) run_bench=1 ;;
+          scale) run_scale=1 ;;
+          *)
+            echo "gpu-check: --phase takes all or a comma list of tests, bench and scale," \
+              "not '${1:-}'" >&2
+            exit 2
+            ;;
+        esac
+      done
+      ;;
+    --scale-cases)
+      shift
+      scale_only=${1:-}
+      [[ -n "$scale_only" ]] || scale_only=none
       ;;
     -h | --help)
       usage
@@ -92,9 +113,30 @@ while (($#)); do
   esac
   shift
 done
-if ((rehearse && !run_scale)); then
-  echo "gpu-check: --rehearse goes with --phase scale" >&2
+((no_bench)) && run_bench=0
+if ((rehearse && (!run_scale || run_tests || run_bench))); then
+  echo "gpu-check: --rehearse goes with --phase scale alone" >&2
   exit 2
+fi
+if [[ -n "$scale_only" ]] && ((!run_scale)); then
+  echo "gpu-check: --scale-cases goes with a --phase that has scale" >&2
+  exit 2
+fi
+if [[ -n "$scale_only" ]]; then
+  chosen=()
+  for c in ${scale_only//,/ }; do
+    found=""
+    for entry in "${scale_cases[@]}"; do [[ "${entry%%:*}" == "$c" ]] && found=$entry; done
+    if [[ -z "$found" ]]; then
+      echo "gpu-check: --scale-cases takes a comma list of ${scale_cases[*]%%:*}, not '$c'" \
+        "(in '$scale_only')" >&2
+      exit 2
+    fi
+  done
+  for entry in "${scale_cases[@]}"; do  # the script's order, most wanted first
+    [[ ",$scale_only," == *",${entry%%:*},"* ]] && chosen+=("$entry")
+  done
+  scale_cases=("${chosen[@]}")
 fi
 budget=${GPU_CHECK_BUDGET_S:-540}
 if [[ ! "$budget" =~ ^[0-9]+$ ]] || ((budget < 60)); then
@@ -150,10 +192,8 @@ phase_limit() {  # cap_s [keep_s]
   echo "$want"
 }
 
-# ---- the scale phase: each case of bench/scale_bench.cpp in its own process, most wanted first,
-# under its own cap (seconds on a GPU; shrunk on the CPU backend under --rehearse, each a few)
-scale_cases=(1.1b-host-accum1-auto:45 1.1b-host-accum1:45 8b-lora:90 8b-qlora:90
-  8b-full-auto:100 8b-full-host:90 70b-qlora-24g:100 30b-a3b-qlora:100 1.1b-host-accum2:45)
+# ---- the scale phase: each case of bench/scale_bench.cpp in its own process, in this order
+# (most wanted first; the cases chosen above), each under its own cap
 run_scale() {
   local entry name cap lim free_mib failed=0 args=()
   if ((rehearse)); then
@@ -167,7 +207,7 @@ run_scale() {
   for entry in "${scale_cases[@]}"; do
     name=${entry%%:*} cap=${entry##*:}
     ((rehearse)) && cap=120
-    lim=$(phase_limit "$cap")
+    lim=$(phase_limit "$cap" "$((run_tests ? nccl_cap : 0))")
     note "scale case $name, up to $lim s"
     timeout -k 10 "$lim" "$build/bench/bench_scale" "$name" --out "$out/scale.jsonl" \
       --models "$root/examples/models" "${args[@]}" >"$out/scale_$name.log" 2>&1
@@ -470,9 +510,16 @@ fi
 note "GPU: ${gpu_name:-unknown}; building for sm_$arch with $("$nvcc" --version | tail -1)"
 record "GPU" "${gpu_name:-unknown}" "sm_$arch"
 [[ "$mode" != all ]] && record "mode" "--$mode-only" "nothing runs"
-((!run_tests)) && record "phase" "bench" "tests skipped (--phase bench)"
-((!run_bench && run_tests)) && record "phase" "tests" "benchmarks skipped (--phase tests)"
-((run_scale)) && record "phase" "scale" "the jobs at the user's scale (bench_scale)"
+phases=""
+((run_tests)) && phases+=",tests"
+((run_bench)) && phases+=",bench"
+((run_scale)) && phases+=",scale"
+phases=${phases#,}
+if [[ "$mode" == all && "$phases" != tests,bench ]]; then
+  what="--phase $phases"
+  ((run_scale)) && what+="; scale: ${#scale_cases[@]} cases, ${scale_cases[0]%%:*} first"
+  record "phase" "$phases" "$what"
+fi
 
 # ---- libraries: use the system's, else unpack carried .debs into $prefix
 prefix=$build/deps
@@ -633,11 +680,16 @@ else  # CI's build on two cores: no GPU time to save
   configure_cap=600 build_cap=3600 budget=$((budget > 7200 ? budget : 7200))
 fi
 # The MFU benchmark and the unit tests before it keep their time whatever the build takes.
-unit_cap=60 mfu_cap=190
+unit_cap=60 mfu_cap=190 nccl_cap=45
+# With the scale phase in the same call, the tests keep time for its first three cases.
+scale_keep=0
+if ((run_scale)); then
+  for entry in "${scale_cases[@]:0:3}"; do scale_keep=$((scale_keep + ${entry##*:})); done
+fi
 keep_for_runs=0
 ((run_tests)) && keep_for_runs=$((keep_for_runs + unit_cap))
 ((run_bench)) && [[ ",$benches," == *",train_step,"* ]] && keep_for_runs=$((keep_for_runs + mfu_cap))
-((run_scale)) && keep_for_runs=$((keep_for_runs + 90))  # the 1.1B cases, first
+((run_scale)) && keep_for_runs=$((keep_for_runs + scale_keep))  # its first cases
 [[ "$mode" != all ]] && keep_for_runs=0
 if ! timeout "$(phase_limit "$configure_cap" "$keep_for_runs")" cmake "${cmake_args[@]}" \
   >"$out/configure.log" 2>&1; then
@@ -744,7 +796,7 @@ have_bench() {
 
 if ((run_tests)); then
   run_gtest device_tests "GPU unit tests" "$build/tests/strata_device_tests" '*Cuda*' \
-    "$unit_cap" "$((run_bench ? mfu_cap : 0))"
+    "$unit_cap" "$((scale_keep + (run_bench ? mfu_cap : 0)))"
 fi
 if ((run_bench)) && have_bench train_step; then
   if command -v nvidia-smi >/dev/null; then
@@ -766,7 +818,7 @@ if ((run_bench)) && have_bench long train_step; then
 fi
 if ((run_tests)); then
   run_gtest integration_tests "GPU training tests" "$build/tests/strata_cuda_integration_tests" \
-    '-CudaNcclTest.*' 150 0
+    '-CudaNcclTest.*' 150 "$scale_keep"
 fi
 if ((run_bench)) && have_bench attention; then
   run_bench attention "attention variants (flash2, simple)" 120 0
@@ -780,6 +832,6 @@ if ((run_scale)); then
 fi
 if ((run_tests)); then  # last: an NCCL that hangs costs nothing else
   run_gtest nccl_tests "NCCL tests" "$build/tests/strata_cuda_integration_tests" \
-    'CudaNcclTest.*' 45 0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
+    'CudaNcclTest.*' "$nccl_cap" 0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
 fi
 exit 0

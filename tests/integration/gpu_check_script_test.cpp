@@ -1,11 +1,14 @@
 // tools/gpu-check.sh where there is no GPU and nothing is built: its argument errors stop it
 // before it touches anything; without nvcc, or with a stand-in nvcc on a machine that lacks a
 // library and has no .debs/ to unpack it from, it stops naming what is missing, and the preflight,
-// the table and the tarball that carries every log still come back.
+// the table and the tarball that carries every log still come back; --scale-cases picks cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/testing/cli.h"
 #include "tests/testing/temp_dir.h"
@@ -46,8 +49,14 @@ TEST(GpuCheckScriptTest, ArgumentErrorsStopItBeforeItTouchesAnything) {
     const char* args;
     const char* message;
   } cases[] = {
-      {"", "--phase nightly", "--phase takes all, tests, bench or scale, not 'nightly'"},
-      {"", "--rehearse", "--rehearse goes with --phase scale"},
+      {"", "--phase nightly",
+       "--phase takes all or a comma list of tests, bench and scale, not 'nightly'"},
+      {"", "--phase tests,nightly", "not 'tests,nightly'"},
+      {"", "--rehearse", "--rehearse goes with --phase scale alone"},
+      {"", "--phase tests,scale --rehearse", "--rehearse goes with --phase scale alone"},
+      {"", "--scale-cases 8b-lora", "--scale-cases goes with a --phase that has scale"},
+      {"", "--phase scale --scale-cases 8b-lora,70b",
+       "--scale-cases takes a comma list of 1.1b-host-accum1-auto 1.1b-host-accum1 8b-lora"},
       {"", "--fast", "unknown argument '--fast'"},
       {"GPU_CHECK_BUDGET_S=soon", "", "GPU_CHECK_BUDGET_S must be a whole number of seconds"},
       {"GPU_CHECK_ARCH=sm_90", "--build-only", "GPU_CHECK_ARCH must be an architecture such as 90"},
@@ -60,6 +69,28 @@ TEST(GpuCheckScriptTest, ArgumentErrorsStopItBeforeItTouchesAnything) {
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(dir.file("build"))) << "it went on after the error";
   }
+}
+
+// --scale-cases runs the cases it names and no others, in the script's order (most wanted first),
+// whatever order it names them in: rehearsed on the CPU backend with this build's bench_scale.
+TEST(GpuCheckScriptTest, ScaleCasesRunOnlyThoseNamedInTheScriptsOrder) {
+  const fs::path bench = fs::path(STRATA_BINARY_DIR) / "bench";
+  if (!fs::exists(bench / "bench_scale")) GTEST_SKIP() << "no bench_scale in " << bench;
+  const testing::TempDir dir;
+  fs::create_directories(dir.file("build"));
+  fs::create_directory_symlink(bench, dir.file("build/bench"));
+  const testing::RunResult r =
+      run_check(dir, "", "--phase scale --rehearse --scale-cases 8b-qlora,1.1b-host-accum1");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> ran;
+  std::istringstream summary(testing::slurp(dir.file("build/gpu-check/summary.txt")));
+  for (std::string line; std::getline(summary, line);)
+    if (line.starts_with("run:")) ran.push_back(line.substr(4, line.find('|') - 4));
+  EXPECT_EQ(ran, (std::vector<std::string>{"scale_1.1b-host-accum1", "scale_8b-qlora"}));
+  const std::string results = testing::slurp(dir.file("build/gpu-check/scale.jsonl"));
+  EXPECT_LT(results.find(R"("case":"1.1b-host-accum1")"), results.find(R"("case":"8b-qlora")"))
+      << results;
+  EXPECT_EQ(std::count(results.begin(), results.end(), '\n'), 2) << results;
 }
 
 TEST(GpuCheckScriptTest, WithoutNvccThePreflightTableAndTarballStillComeBack) {
