@@ -62,6 +62,7 @@ Result<EstimateReport> estimate_report(const TrainConfig& read, const EstimateRe
   // planned first, so that one that cannot run is refused at once.
   ResolveOptions ro;
   ro.world = ranks;
+  ro.gpu = request.gpu;
   STRATA_ASSIGN_OR_RETURN(ResolvedConfig resolved, resolve_config(read, ro));
   EstimateReport r;
   const TrainConfig& config = resolved.config;
@@ -76,20 +77,17 @@ Result<EstimateReport> estimate_report(const TrainConfig& read, const EstimateRe
     }
     r.stages.push_back(std::move(*st));
   }
-  MachineRates rates = resolved.rates ? *resolved.rates : calibrate(config);
-  // A GPU this machine lacks: a named one's published rate, or say that compute is not
-  // predicted.
-  if (!request.gpu.empty()) {
-    STRATA_ASSIGN_OR_RETURN(Rate named, named_gpu_gemm_rate(request.gpu, config));
-    if (config.device != device::DeviceKind::kCuda) {
-      return invalid_argument("--gpu " + request.gpu +
-                              " predicts a GPU run, but the config's device is \"cpu\"; set "
-                              "device \"cuda\"");
-    }
-    rates.gemm_flops = named;
-    rates.layer_passes = {0, false, "not measured: layers this large run at the GEMM rate"};
-    rates.end_passes = rates.layer_passes;
-  } else if (config.device == device::DeviceKind::kCuda && !rates.gemm_flops.measured) {
+  // A GPU this machine lacks: a named one's published rate (what "auto" chose by too), or say
+  // that compute is not predicted.
+  MachineRates rates;
+  if (resolved.rates) {
+    rates = *resolved.rates;
+  } else {
+    rates = calibrate(config);
+    if (!request.gpu.empty()) STRATA_RETURN_IF_ERROR(use_named_gpu(request.gpu, config, &rates));
+  }
+  if (request.gpu.empty() && config.device == device::DeviceKind::kCuda &&
+      !rates.gemm_flops.measured) {
     rates.gemm_flops.how += std::string(
                                 "; compute is not predicted: --gpu NAME predicts with a named "
                                 "GPU's published rate (") +

@@ -508,6 +508,19 @@ Result<Rate> named_gpu_gemm_rate(const std::string& gpu, const TrainConfig& conf
   return invalid_argument("--gpu " + gpu + ": expected one of " + kNamedGpus);
 }
 
+Status use_named_gpu(const std::string& gpu, const TrainConfig& config, MachineRates* rates) {
+  STRATA_ASSIGN_OR_RETURN(Rate named, named_gpu_gemm_rate(gpu, config));
+  if (config.device != device::DeviceKind::kCuda) {
+    return invalid_argument("--gpu " + gpu +
+                            " predicts a GPU run, but the config's device is \"cpu\"; set "
+                            "device \"cuda\"");
+  }
+  rates->gemm_flops = std::move(named);
+  rates->layer_passes = {0, false, "not measured: layers this large run at the GEMM rate"};
+  rates->end_passes = rates->layer_passes;
+  return Status::ok();
+}
+
 MachineRates calibrate(const TrainConfig& config, device::Device* device) {
   MachineRates r;
   try {

@@ -130,18 +130,23 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
       config.ranks_per_node = world;
     }
   }
-  const auto rates = [&]() -> const MachineRates& {
+  const auto rates = [&]() -> Result<const MachineRates*> {
     if (!r.rates) {
       // Measured on the micro-batch the run will have (where gradient_accumulation_steps leaves
       // it to the ranks: as if every rank were data-parallel, the grid being still open).
       TrainConfig probe = config;
       if (!probe.resolve_batch(world).is_ok()) (void)probe.resolve_batch(1);
-      r.rates = calibrate(probe, options.probe_device);
+      MachineRates measured = calibrate(probe, options.probe_device);
+      if (!options.gpu.empty()) {
+        STRATA_RETURN_IF_ERROR(use_named_gpu(options.gpu, config, &measured));
+      }
+      r.rates = std::move(measured);
     }
-    return *r.rates;
+    return &*r.rates;
   };
   if (config.parallelism_auto) {
-    STRATA_ASSIGN_OR_RETURN(GridChoice choice, choose_grid(config, world, rates()));
+    STRATA_ASSIGN_OR_RETURN(const MachineRates* measured, rates());
+    STRATA_ASSIGN_OR_RETURN(GridChoice choice, choose_grid(config, world, *measured));
     std::vector<std::uint64_t> v = {
         static_cast<std::uint64_t>(choice.tensor), static_cast<std::uint64_t>(choice.pipeline),
         static_cast<std::uint64_t>(choice.param), static_cast<std::uint64_t>(choice.optimizer),
@@ -203,7 +208,8 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
     }
   }
   if (config.offload_param_auto || config.offload_optimizer_auto) {
-    STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, rates()));
+    STRATA_ASSIGN_OR_RETURN(const MachineRates* measured, rates());
+    STRATA_ASSIGN_OR_RETURN(PlacementChoice choice, choose_placement(config, world, *measured));
     std::vector<std::uint64_t> v = {static_cast<std::uint64_t>(choice.param),
                                     static_cast<std::uint64_t>(choice.optimizer)};
     STRATA_RETURN_IF_ERROR(take_rank_zeros(options.comm, &v, "placement"));
@@ -218,9 +224,9 @@ Result<ResolvedConfig> resolve_config(TrainConfig config, const ResolveOptions& 
         budget = options.probe_device->memory_stats().limit_bytes;
       }
       // The rates are measured with the fraction still "auto" (the device's memory probe).
-      const MachineRates& measured = rates();
+      STRATA_ASSIGN_OR_RETURN(const MachineRates* measured, rates());
       config.offload_optimizer_fraction_auto = false;
-      Result<FractionChoice> choice = choose_offload_fraction(config, world, measured, budget);
+      Result<FractionChoice> choice = choose_offload_fraction(config, world, *measured, budget);
       // Every rank runs rank 0's choice (the ranks' budgets may differ); a rank that found none
       // says so with NaN, so that all of them meet in the exchange before any returns.
       std::vector<std::uint64_t> v = {std::bit_cast<std::uint64_t>(

@@ -289,8 +289,8 @@ TEST(CliTest, BadSetValueIsReported) {
 }
 
 // With device "cuda" and no GPU here, estimate says the compute is not predicted and how to
-// predict it; --gpu NAME predicts with the named GPU's published rate; an unknown name is a
-// usage error naming the ones it knows.
+// predict it; --gpu NAME predicts with the named GPU's published rate, and "auto" chooses by it;
+// an unknown name is a usage error naming the ones it knows.
 TEST(CliTest, EstimateWithoutTheGpuPredictsWithANamedOnesRate) {
   TempDir dir;
   const std::string recipe =
@@ -308,6 +308,21 @@ TEST(CliTest, EstimateWithoutTheGpuPredictsWithANamedOnesRate) {
             std::string::npos)
       << h100.out;
   EXPECT_EQ(h100.out.find("compute 0.00 s"), std::string::npos) << h100.out;
+  // "auto" chooses the placement by the named GPU's rate too: the step it chose by (3 decimals)
+  // is the step predicted (2 decimals), not one without the compute.
+  RunResult placed = run_cli(dir, "estimate " + recipe +
+                                      " --set offload_param=auto --set offload_optimizer=auto "
+                                      "--gpu h100");
+  ASSERT_EQ(placed.exit_code, 0) << placed.err;
+  const auto seconds_after = [&](const std::string& key) {
+    const std::size_t at = placed.out.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(placed.out.substr(at + key.size()));
+  };
+  const double chosen_by = seconds_after(": predicted step ");
+  const double predicted = seconds_after("\npredicted step: ");
+  ASSERT_GT(chosen_by, 0) << placed.out;
+  ASSERT_GT(predicted, 0) << placed.out;
+  EXPECT_NEAR(chosen_by, predicted, 0.0051) << placed.out;
   RunResult bad = run_cli(dir, "estimate " + recipe + " --gpu v100");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("--gpu v100: expected one of h100, h200, a100, l40s, 4090, 3090"),

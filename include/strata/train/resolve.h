@@ -30,13 +30,16 @@ struct ResolveOptions {
   // A resume: whether the checkpoint's run summed in the canonical tree (its saved config), which
   // deterministic_reduction "auto" keeps, so a run restarted on one rank continues its bits.
   std::optional<bool> resumed_deterministic;
+  // strata estimate --gpu NAME: that GPU's published rate in place of the device's measured one
+  // in every choice "auto" makes (the rates kept in ResolvedConfig::rates). "": the measured one.
+  std::string gpu;
 };
 
 struct ResolvedConfig {
   TrainConfig config;  // the grid, the placement and {rank} paths applied
   dist::GridShape shape;
   Estimate planned;                   // this rank's plan: what estimate prints, the run runs
-  std::optional<MachineRates> rates;  // measured, where "auto" chose
+  std::optional<MachineRates> rates;  // measured (or ResolveOptions::gpu's), where "auto" chose
   std::vector<std::string> choices;   // "grid: ...", "placement: ...": what "auto" chose, why
   // "resolved: data D x tensor T x pipeline P | offload param X, optimizer Y | M micro-batch(es)
   // of N a step on each data-parallel rank, gradients summed on Z" and a newline.

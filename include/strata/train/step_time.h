@@ -80,6 +80,10 @@ inline constexpr const char* kNamedGpus = "h100, h200, a100, l40s, 4090, 3090";
 // cuBLAS reached on an H200 (776 of 989 TFLOP/s in bf16 at 8192^3, bench/RESULTS.md): what
 // strata estimate predicts with on a machine without the GPU. An error naming the GPUs it knows.
 Result<Rate> named_gpu_gemm_rate(const std::string& gpu, const TrainConfig& config);
+// strata estimate --gpu NAME: the named GPU's rate in `rates` in place of what this machine
+// measured for the matrix products, and the layers' passes at that rate. Errors: an unknown
+// name, a config whose device is "cpu".
+Status use_named_gpu(const std::string& gpu, const TrainConfig& config, MachineRates* rates);
 
 struct StepTime {
   double compute_ms = 0;    // forward + backward FLOPs (recompute included) at the GEMM rate
