@@ -37,10 +37,15 @@ std::size_t PrefetchScheduler::position() const {
 std::uint64_t PrefetchScheduler::next_use(mem::Handle h) const {
   h = entry_of(h);
   std::lock_guard lock(mu_);
+  if (h == acquiring_) return 0;  // used now: the fetches it starts must not evict it
   if (!replaying_) return mem::kNeverUsed;
   const std::size_t q = trace_.next_use(h, pos_);
-  // Past this pass is unknown here: end_pass drops what the scheduler kept anyway.
-  return q == AccessTrace::kNone ? mem::kNeverUsed : static_cast<std::uint64_t>(q - pos_);
+  if (q != AccessTrace::kNone) return static_cast<std::uint64_t>(q - pos_);
+  // Not again this pass: a stable copy stays for the next, which follows the trace from its
+  // start; every other copy kept is dropped at the pass's end.
+  const std::size_t first = is_stable(h) ? trace_.next_use(h, 0) : AccessTrace::kNone;
+  return first == AccessTrace::kNone ? mem::kNeverUsed
+                                     : static_cast<std::uint64_t>(trace_.size() - pos_ + first);
 }
 
 bool PrefetchScheduler::resident_or_arriving(mem::Handle h) const {
@@ -53,7 +58,8 @@ std::uint64_t PrefetchScheduler::live_bytes() const {
   for (mem::Handle h : known_order_) {
     const mem::Residency r = store_.residency(h);
     const auto t = static_cast<std::size_t>(options_.tier);
-    if (r.allocated[t]) live += store_.spec(h).size_bytes;
+    if (!r.allocated[t] || (r.pins[t] == 0 && !r.in_flight && is_stable(h))) continue;
+    live += store_.spec(h).size_bytes;
   }
   return live;
 }
@@ -159,6 +165,7 @@ Result<void*> PrefetchScheduler::acquire(mem::Handle h) {
       ++pos_;
     }
     ++events_;
+    acquiring_ = entry;
   }
   // A set's entry carries the bytes of every member its run acquired (the reuse distance).
   if (same_run) {
@@ -173,7 +180,12 @@ Result<void*> PrefetchScheduler::acquire(mem::Handle h) {
     (void)c;
   }
   issue_ahead();
-  return store_.acquire(h, options_.tier);
+  Result<void*> p = store_.acquire(h, options_.tier);
+  {
+    std::lock_guard lock(mu_);
+    acquiring_ = mem::Handle::kInvalid;
+  }
+  return p;
 }
 
 void PrefetchScheduler::release(mem::Handle h) {
@@ -189,6 +201,8 @@ void PrefetchScheduler::release(mem::Handle h) {
     }
   }
   if (keep && options_.max_live_bytes != 0 && live_bytes() > options_.max_live_bytes) keep = false;
+  // A stable copy stays while the store has room; it evicts by next use.
+  keep = keep || is_stable(h);
   const mem::Residency r = store_.residency(h);
   const auto t = static_cast<std::size_t>(options_.tier);
   if (keep) {
@@ -237,7 +251,7 @@ void PrefetchScheduler::end_pass() {
   recording_.clear();
   const auto t = static_cast<std::size_t>(options_.tier);
   for (mem::Handle h : known_order_) {
-    if (!options_.release_at_pass_end) break;
+    if (is_stable(h)) continue;
     const mem::Residency r = store_.residency(h);
     if (r.allocated[t] && r.pins[t] == 0 && r.num_valid() > 1) {
       store_.release(h, options_.tier).ignore();

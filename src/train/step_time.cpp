@@ -284,9 +284,19 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   // Elements with a gradient and optimizer state on this rank.
   const double elems = static_cast<double>(e.trainable_local_elems);
   // Parameters fetched to the device for forward and backward of each micro-batch, from the
-  // host (a copy) or NVMe; what the host caches under a host budget comes from there.
+  // host (a copy) or NVMe; what the host caches under a host budget comes from there. A frozen
+  // base's copies stay on the device between passes where device_memory_limit leaves room beside
+  // the plan and the prefetch window (sched::PrefetchOptions::stable): a pass then fetches twice
+  // only the part beyond that room (none where the whole base fits).
   if (config.offload_param != Tier::kDevice) {
-    const double fetched = 2.0 * accum * work;
+    const double trained_work = e.plan.trained_params == config.offload_param ? elems * dsize : 0.0;
+    const double frozen = std::max(0.0, work - trained_work);
+    const double needed =
+        static_cast<double>(e.device_bytes_needed()) + static_cast<double>(config.prefetch_bytes);
+    const double room = config.device_memory_limit > static_cast<std::uint64_t>(needed)
+                            ? static_cast<double>(config.device_memory_limit) - needed
+                            : 0.0;
+    const double fetched = 2.0 * accum * (work - frozen + std::max(0.0, frozen - room));
     st.transfer_ms += ms(2.0 * fetched, rates.memory_bytes);  // the copy to the device
     if (config.offload_param == Tier::kNvme) {
       const double cached = std::clamp((static_cast<double>(e.plan.peak(Tier::kHost)) -

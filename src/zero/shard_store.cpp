@@ -134,7 +134,6 @@ Status ShardStore::create_rooms() {
   wo.prefetch_bytes = options_.prefetch_bytes;
   wo.max_live_bytes = options_.max_live_bytes;
   wo.max_reuse_distance = options_.max_reuse_distance;
-  wo.release_at_pass_end = trains();  // frozen copies nobody rewrites stay between passes
   wo.timeline = options_.timeline;
   STRATA_ASSIGN_OR_RETURN(params_, WorkingCopies::create(*store_, groups_, *host_arrays_, wo));
   STRATA_ASSIGN_OR_RETURN(

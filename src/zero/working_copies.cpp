@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "strata/core/clock.h"
@@ -25,6 +26,7 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
   w->work_.assign(groups.size(), mem::Handle::kInvalid);
   w->span_begin_ns_.assign(groups.size(), 0);
   std::unordered_map<std::uint32_t, int> group_of_work;
+  std::unordered_set<std::uint32_t> frozen_work;    // the fetched copies of frozen groups
   std::map<int, std::vector<mem::Handle>> experts;  // by MoE layer, those fetched
   bool any_fetched = false;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
@@ -39,6 +41,7 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
     if (home == Tier::kDevice) continue;
     any_fetched = true;
     group_of_work[mem::handle_index(w->work_[gi])] = static_cast<int>(gi);
+    if (g.frozen()) frozen_work.insert(mem::handle_index(w->work_[gi]));
     if (g.spec->expert_layer >= 0) experts[g.spec->expert_layer].push_back(w->work_[gi]);
   }
   if (any_fetched) {
@@ -46,7 +49,10 @@ Result<std::unique_ptr<WorkingCopies>> WorkingCopies::create(mem::TieredStore& s
     po.prefetch_bytes = options.prefetch_bytes;
     po.max_live_bytes = options.max_live_bytes;
     po.max_reuse_distance = options.max_reuse_distance;
-    po.release_at_pass_end = options.release_at_pass_end;
+    // A frozen group's copy: nothing rewrites it, so it stays on the device between passes.
+    po.stable = [frozen = std::move(frozen_work)](mem::Handle h) {
+      return frozen.count(mem::handle_index(h)) != 0;
+    };
     // While an overlapped step runs, a working copy is fetched ahead (from the trace or a hint)
     // only once it is updated.
     WorkingCopies* self = w.get();

@@ -201,7 +201,7 @@ TEST_P(LoraTrainTest, LossesAndAdaptersMatchPyTorchWithTheBaseInAnyTier) {
     }
     for (const StepMetrics& m : run.history) {
       EXPECT_LE(m.nvme_write_bytes, 2 * adapter_bytes) << "step " << m.step;
-      EXPECT_GT(m.nvme_read_bytes, 0u) << "step " << m.step << ": the base streams from NVMe";
+      EXPECT_GT(m.nvme_read_bytes, 0u) << "step " << m.step << ": the adapters live on NVMe";
     }
   }
 }
@@ -221,7 +221,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Wherever the base lives, and wherever the adapters' optimizer runs, the run is the same to the
 // bit: losses, and the adapters saved. With the optimizer on the device the adapters stay there
-// beside it, so a base on NVMe is only ever read.
+// beside it, so a base on NVMe is only ever read, and, the device having room for it, once: a
+// frozen base's copies stay on the device between passes (nothing rewrites them).
 TEST(LoraTiersTest, BitIdenticalWhereverTheBaseLives) {
   const Json g = golden("qwen2-all-dropout");
   const std::pair<const char*, const char*> placements[] = {
@@ -246,8 +247,10 @@ TEST(LoraTiersTest, BitIdenticalWhereverTheBaseLives) {
             << runs.back().described;
         for (const StepMetrics& m : runs.back().history) {
           EXPECT_EQ(m.nvme_write_bytes, 0u) << "step " << m.step;
-          if (std::string(param) == "nvme") {
+          if (std::string(param) == "nvme" && m.step == 1) {
             EXPECT_GT(m.nvme_read_bytes, 0u) << "step " << m.step;
+          } else if (std::string(param) == "nvme") {  // the device has room for the base
+            EXPECT_EQ(m.nvme_read_bytes, 0u) << "step " << m.step << ": read again";
           }
         }
       }

@@ -10,7 +10,10 @@
 //                       bytes of other accesses (the last layers between forward and backward).
 // An acquire that does not match the trace is an order change: the rest of the pass runs on
 // demand and the pass is recorded as the new trace. The scheduler is also the store's eviction
-// advisor: the trace gives every tensor's next use (Belady's rule).
+// advisor: the trace gives every tensor's next use (Belady's rule). Copies of tensors nothing
+// rewrites (PrefetchOptions::stable: a frozen base) stay between passes while the device has
+// room, so a base that fits beside the rest is fetched once, and one that does not, only its
+// excess each pass.
 //
 // Routed sets (a mixture-of-experts layer's experts): the tensors of a set are used in no fixed
 // order and not all of them each pass (those a router chose). The trace holds one entry for each
@@ -45,10 +48,13 @@ struct PrefetchOptions {
   // not change between passes (accumulation micro-batches, evaluation, benchmarks): a write in
   // between makes the store drop those copies again, which is correct but wasted work.
   bool prefetch_across_passes = false;
-  // At the end of a pass, drop the device copies it kept (their data may be rewritten before the
-  // next pass, by an optimizer step). false where nothing rewrites them (frozen parameters, as
-  // in generation): they stay while the store has room, evicted by the trace's next use.
-  bool release_at_pass_end = true;
+  // Tensors whose data nothing rewrites between passes (a frozen base, as LoRA's, or every
+  // tensor in generation). A released copy of one stays on the device whatever the reuse
+  // distance, and past the pass's end, while the store has room: the store evicts such copies by
+  // their next use, counted on into the next pass (Belady's rule over the passes). Kept and
+  // unpinned, they are a cache and count toward no bound. Every other copy kept is dropped at the
+  // end of a pass (an optimizer step may rewrite it). null: none.
+  std::function<bool(mem::Handle)> stable;
   // Called for every fetch the scheduler starts: the tensor, the sequence point (acquires and
   // releases so far in this pass: acquiring the k-th tensor is point 2k-1, releasing it 2k when
   // uses do not nest), and whether the trace (not a hint) asked for it. Tests and tracing only.
@@ -89,8 +95,8 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   // The model says `h` comes soon. Used only while recording (a trace knows better).
   void hint(mem::Handle h);
   // End of a pass: waits for the fetches it started, adopts a new recording as the trace, and
-  // drops every copy it kept (the optimizer may change the data before the next pass); with
-  // prefetch_across_passes, then starts the next pass's first fetches.
+  // drops every copy it kept but the stable ones (the optimizer may change the data before the
+  // next pass); with prefetch_across_passes, then starts the next pass's first fetches.
   void end_pass();
 
   std::uint64_t next_use(mem::Handle h) const override;
@@ -121,7 +127,9 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   // Starts the fetches of a routed set's members not resident or arriving, if all of them fit
   // within the bounds; whether they did.
   bool prefetch_set(int set, std::size_t* count, std::uint64_t* inflight, std::uint64_t* live);
+  // Bytes of its tensors allocated on the tier, but stable copies kept unpinned (a cache).
   std::uint64_t live_bytes() const;
+  bool is_stable(mem::Handle h) const { return options_.stable && options_.stable(h); }
   std::uint64_t inflight_bytes(std::size_t* count);
   void issue_ahead();
   bool start_prefetch(mem::Handle h, bool from_trace);
@@ -144,6 +152,8 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   bool replaying_ = false;  // this pass follows trace_ so far
   std::size_t pos_ = 0;     // acquires so far in this pass
   std::size_t events_ = 0;  // acquires and releases so far in this pass
+  // The tensor an acquire is fetching ahead for before it pins it (its entry): used now.
+  mem::Handle acquiring_ = mem::Handle::kInvalid;
 };
 
 }  // namespace strata::sched

@@ -46,12 +46,11 @@ struct WorkingCopyOptions {
   DType compute_dtype = DType::kF32;
   // Under a host budget, a host copy the optimizer wrote on its way to NVMe stays, clean.
   bool host_budget = false;
-  // Off the device: the prefetcher's budgets (sched::PrefetchOptions), and whether working
-  // copies go at a pass's end (false: every group frozen, nothing rewrites them).
+  // Off the device: the prefetcher's budgets (sched::PrefetchOptions). A frozen group's copy
+  // stays on the device between passes while there is room (nothing rewrites it).
   std::uint64_t prefetch_bytes = 0;
   std::uint64_t max_live_bytes = 0;
   std::uint64_t max_reuse_distance = 0;
-  bool release_at_pass_end = true;
   mem::Timeline* timeline = nullptr;  // per-group compute spans; optional
 };
 

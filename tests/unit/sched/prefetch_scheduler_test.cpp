@@ -201,6 +201,54 @@ TEST_F(SchedulerTest, KeepsLayersReusedWithinTheReuseDistance) {
   for (Handle h : layers_) EXPECT_FALSE(store_->residency(h).allocated[0]);
 }
 
+// Stable tensors (a frozen base: nothing rewrites them) stay on the device past a pass's end
+// and count toward no bound while kept: with room for all of them, the first pass fetches each
+// once and no later pass fetches anything, though max_live_bytes is one layer.
+TEST_F(SchedulerTest, StableCopiesStayBetweenPassesWhereThereIsRoom) {
+  make(4);
+  PrefetchOptions o = options(/*prefetch=*/1, /*live=*/1);
+  o.stable = [](Handle) { return true; };
+  PrefetchScheduler s(*store_, o);
+  const auto order = forward_backward(4);
+  pass(s, order);
+  EXPECT_EQ(s.stats().demand_fetches, 4u);
+  for (Handle h : layers_) EXPECT_TRUE(store_->residency(h).valid[0]);
+  issued_.clear();
+  for (int p = 0; p < 3; ++p) pass(s, order);
+  EXPECT_EQ(s.stats().demand_fetches, 4u);
+  EXPECT_TRUE(issued_.empty());
+}
+
+// With room for 2 of 4 stable layers, the store evicts by next use counted into the next pass
+// (Belady's rule over the passes). A pass, forward 0 1 2 3 then backward 3 2 1 0, starts with
+// 1 and 0 kept (the last used); 2 evicts 0 (used last of all), 3 evicts 1, 3 and 2 are kept;
+// backward's 1 evicts 3 (the next pass's 3 comes after its 2), 0 evicts 2: 4 fetches a pass,
+// 2 x (layers - room). Dropped at every release instead (not stable, no reuse distance), a pass
+// fetches every use but the second 3's: 7.
+TEST_F(SchedulerTest, StableCopiesBeyondTheRoomAreEvictedByTheirNextUseOverThePasses) {
+  for (const bool stable : {true, false}) {
+    SCOPED_TRACE(stable ? "stable" : "not stable");
+    store_.reset();  // before the device it allocated on
+    layers_.clear();
+    data_.clear();
+    make(4, Tier::kHost, 2 * kLayerBytes, /*direct=*/false);
+    PrefetchOptions o = options(/*prefetch=*/1, /*live=*/2);
+    if (stable) o.stable = [](Handle) { return true; };
+    PrefetchScheduler s(*store_, o);
+    const auto order = forward_backward(4);
+    pass(s, order);
+    pass(s, order);  // the first replay settles which layers a pass starts with
+    const auto fetches = [&] {
+      const SchedulerStats st = s.stats();
+      return st.demand_fetches + st.trace_prefetches + st.hint_prefetches;
+    };
+    const std::uint64_t before = fetches();
+    pass(s, order);
+    pass(s, order);
+    EXPECT_EQ(fetches() - before, stable ? 8u : 14u);
+  }
+}
+
 TEST_F(SchedulerTest, NoticesAnOrderChangeFallsBackToDemandAndReRecords) {
   make(6);
   PrefetchScheduler s(*store_, options(/*prefetch=*/2, /*live=*/4));
