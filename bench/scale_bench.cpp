@@ -3,7 +3,10 @@
 // QLoRA r 16 on every projection, a full fine-tune with int8 moments and bf16 master weights on
 // the host at one micro-batch a step (offload_optimizer_fraction "auto" and 1), slices of
 // Llama-3.1-70B (QLoRA, a 24 GiB device) and Qwen3-30B-A3B (QLoRA) timed at two depths and
-// extrapolated to the whole model, and the 1.1B cases of the first GPU run. Weights are seeded
+// extrapolated to the whole model (a slice's device budget keeps the share of its frozen base on
+// the device that the whole model's budget keeps of the whole base, so that a slice's layer
+// fetches what one of the whole model's would), and the 1.1B cases of the first GPU run. Weights
+// are seeded
 // (the shapes come from examples/models/*/config.json), the data random tokens.
 //
 // Each case prints one line and appends one JSON object to --out: tokens/s, the step and its
@@ -33,6 +36,7 @@
 #include "strata/core/json.h"
 #include "strata/train/config.h"
 #include "strata/train/estimate.h"
+#include "strata/train/step_time.h"
 #include "strata/train/trainer.h"
 
 namespace {
@@ -143,7 +147,22 @@ struct Measured {
   std::uint64_t peak_device = 0, planned_device = 0;
   double fraction = 1;
   std::string device;
+  double resident_share = 1;  // of the frozen base, on the device between passes (a slice: the
+                              // whole model's, which its budget keeps)
+  std::uint64_t device_limit = 0;
 };
+
+strata::train::TrainConfig parsed(const Json& j, const Case& c) {
+  auto config = strata::train::parse_train_config(j, std::string("case ") + c.name);
+  if (!config.is_ok()) throw std::runtime_error(config.status().message());
+  return *config;
+}
+
+strata::train::Estimate planned_of(const strata::train::TrainConfig& config) {
+  auto e = strata::train::estimate(config, 1);
+  if (!e.is_ok()) throw std::runtime_error(e.status().message());
+  return *e;
+}
 
 Measured run(const Case& c, const Options& o, int layers) {
   const std::int64_t seq = o.shrink ? 64 : c.seq;
@@ -183,21 +202,47 @@ Measured run(const Case& c, const Options& o, int layers) {
     j["device_memory_limit"] =
         c.device_gib > 0 ? static_cast<std::uint64_t>(c.device_gib * (1ull << 30)) : o.device_limit;
   }
-  auto config = strata::train::parse_train_config(j, std::string("case ") + c.name);
-  if (!config.is_ok()) throw std::runtime_error(config.status().message());
-  auto planned = strata::train::estimate(*config, 1);
-  if (!planned.is_ok()) throw std::runtime_error(planned.status().message());
-  const double active = static_cast<double>(planned->active_parameters());
+  if (o.shrink && c.device_gib > 0) {
+    // Rehearsed, a case's device budget is one that keeps half of the whole (shrunk) model's
+    // base on the device, as the 70B's 24 GiB keeps part of its base.
+    Json whole = j;
+    whole["model"] = model_of(c, o, 0);
+    strata::train::TrainConfig w = parsed(whole, c);
+    const strata::train::Estimate e = planned_of(w);
+    const strata::train::FrozenResidency base = strata::train::frozen_residency(w, e);
+    j["device_memory_limit"] = e.device_bytes_needed() + w.prefetch_bytes +
+                               static_cast<std::uint64_t>(base.frozen_bytes / 2);
+  }
+  strata::train::TrainConfig config = parsed(j, c);
+  Measured m;
+  m.resident_share = strata::train::frozen_residency(config, planned_of(config)).resident_share();
+  if (c.slice_hi > 0 && config.device_memory_limit > 0) {
+    // The whole model's share of its base on the device, at the case's budget; the slice's
+    // budget then keeps that share of its own base.
+    Json whole = j;
+    whole["model"] = model_of(c, o, 0);
+    const strata::train::TrainConfig w = parsed(whole, c);
+    m.resident_share = strata::train::frozen_residency(w, planned_of(w)).resident_share();
+    const strata::train::FrozenResidency slice =
+        strata::train::frozen_residency(config, planned_of(config));
+    if (m.resident_share < 1 && slice.frozen_bytes > 0) {
+      config.device_memory_limit =
+          config.device_memory_limit - static_cast<std::uint64_t>(slice.room_bytes) +
+          static_cast<std::uint64_t>(m.resident_share * slice.frozen_bytes);
+    }
+  }
+  m.device_limit = config.device_memory_limit;
+  const strata::train::Estimate planned = planned_of(config);
+  const double active = static_cast<double>(planned.active_parameters());
   const double trained =
-      static_cast<double>(planned->trainable_parameters - planned->inactive_trainable);
-  auto trainer = strata::train::Trainer::create(*config, {});
+      static_cast<double>(planned.trainable_parameters - planned.inactive_trainable);
+  auto trainer = strata::train::Trainer::create(config, {});
   if (!trainer.is_ok()) throw std::runtime_error(trainer.status().message());
   strata::train::Trainer& t = **trainer;
   const std::int64_t total = 1 + o.steps + 1;
   if (const strata::Status s = t.run_steps(total); !s.is_ok()) {
     throw std::runtime_error(s.message());
   }
-  Measured m;
   m.flops_per_token = 4 * active + 2 * trained;
   m.fraction = t.resolved_config().offload_optimizer_fraction;
   m.device = t.device_name();
@@ -260,7 +305,9 @@ int run_case(const Case& c, const Options& o) {
                 {"target_mfu", c.target_mfu},
                 {"peak_device_bytes", m.peak_device},
                 {"planned_device_bytes", m.planned_device},
-                {"peak_over_plan", ratio}});
+                {"peak_over_plan", ratio},
+                {"device_memory_limit", m.device_limit},
+                {"frozen_resident_share", m.resident_share}});
     std::printf(
         "scale %s: %.0f tok/s, MFU %.3f (%.0f TFLOP/s of %.0f), step %.0f ms (compute %.0f, "
         "optimizer %.0f, exposed %.0f, on the device %.0f; fraction %.3g), peak device %s / "

@@ -285,18 +285,10 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
   const double elems = static_cast<double>(e.trainable_local_elems);
   // Parameters fetched to the device for forward and backward of each micro-batch, from the
   // host (a copy) or NVMe; what the host caches under a host budget comes from there. A frozen
-  // base's copies stay on the device between passes where device_memory_limit leaves room beside
-  // the plan and the prefetch window (sched::PrefetchOptions::stable): a pass then fetches twice
-  // only the part beyond that room (none where the whole base fits).
+  // base's copies that fit in the device's room stay there: a pass fetches only the rest.
   if (config.offload_param != Tier::kDevice) {
-    const double trained_work = e.plan.trained_params == config.offload_param ? elems * dsize : 0.0;
-    const double frozen = std::max(0.0, work - trained_work);
-    const double needed =
-        static_cast<double>(e.device_bytes_needed()) + static_cast<double>(config.prefetch_bytes);
-    const double room = config.device_memory_limit > static_cast<std::uint64_t>(needed)
-                            ? static_cast<double>(config.device_memory_limit) - needed
-                            : 0.0;
-    const double fetched = 2.0 * accum * (work - frozen + std::max(0.0, frozen - room));
+    const FrozenResidency base = frozen_residency(config, e);
+    const double fetched = 2.0 * accum * (work - base.frozen_bytes + base.refetched_bytes());
     st.transfer_ms += ms(2.0 * fetched, rates.memory_bytes);  // the copy to the device
     if (config.offload_param == Tier::kNvme) {
       const double cached = std::clamp((static_cast<double>(e.plan.peak(Tier::kHost)) -
@@ -372,6 +364,24 @@ StepTime predict(const TrainConfig& config, const Estimate& e, const MachineRate
 }
 
 }  // namespace
+
+FrozenResidency frozen_residency(const TrainConfig& config, const Estimate& e) {
+  FrozenResidency r;
+  if (config.offload_param == Tier::kDevice) return r;
+  const double work =
+      static_cast<double>(e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters));
+  // The trained groups' copies share the tier where their optimizer is off the device.
+  const double trained = e.plan.trained_params == config.offload_param
+                             ? static_cast<double>(e.trainable_local_elems) *
+                                   static_cast<double>(dtype_size(config.precision))
+                             : 0.0;
+  r.frozen_bytes = std::max(0.0, work - trained);
+  const std::uint64_t needed = e.device_bytes_needed() + config.prefetch_bytes;
+  if (config.device_memory_limit > needed) {
+    r.room_bytes = static_cast<double>(config.device_memory_limit - needed);
+  }
+  return r;
+}
 
 StepTime predict_step(const TrainConfig& config, const Estimate& e, const MachineRates& rates) {
   StepTime st = predict(config, e, rates);

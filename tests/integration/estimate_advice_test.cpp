@@ -174,6 +174,51 @@ TEST(EstimateTest, TheStepTimeIsTheWorkOverTheRates) {
   EXPECT_EQ(faster.optimizer_ms, st.optimizer_ms);
 }
 
+// A LoRA base offloaded to the host: its copies that fit in the room device_memory_limit leaves
+// beside the plan and the prefetch window stay on the device between passes, so a pass fetches
+// twice only the rest. No room: the whole base twice a micro-batch, as before; room for half:
+// half of it; room for all: none of it, only the adapters.
+TEST(EstimateTest, AFrozenBaseFetchesOnlyWhatTheDeviceHasNoRoomFor) {
+  TempDir dir;
+  Json j = small_config(dir);
+  j["offload_param"] = "cpu";
+  j["offload_optimizer"] = "cpu";
+  j["finetune"] = {{"method", "lora"}, {"r", 4}, {"target_modules", "all-linear"}};
+  j["prefetch_bytes"] = 4096;
+  auto config = config_of(j);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  auto e = estimate(*config, 1);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const double work =
+      static_cast<double>(e->plan.kind_bytes(Tier::kHost, zero::TensorKind::kParameters));
+  const double adapters = static_cast<double>(e->trainable_local_elems) * 4;  // fp32 copies
+  const double base = work - adapters;
+  ASSERT_GT(base, 4 * adapters);
+  MachineRates r;
+  r.gemm_flops = {1e9, true, "test"};
+  r.memory_bytes = {1e10, true, "test"};
+  const double accum = static_cast<double>(config->accumulation_steps(1));
+  const std::uint64_t needed = e->device_bytes_needed() + 4096;
+  for (const double share : {0.0, 0.5, 1.0}) {
+    SCOPED_TRACE(share);
+    TrainConfig c = *config;
+    c.device_memory_limit = needed + static_cast<std::uint64_t>(share * base);
+    auto ce = estimate(c, 1);
+    ASSERT_TRUE(ce.is_ok()) << ce.status().message();
+    const FrozenResidency fr = frozen_residency(c, *ce);
+    EXPECT_DOUBLE_EQ(fr.frozen_bytes, base);
+    EXPECT_NEAR(fr.resident_share(), share, 1.0 / base);
+    // Parameters to the device (fetched twice a micro-batch, each a read and a write at the
+    // memory's rate) and the adapters' gradients back (fp32, a read and a write).
+    const double fetched = 2 * accum * (adapters + (1 - share) * base);
+    const double grads = 2 * accum * adapters;
+    EXPECT_NEAR(predict_step(c, *ce, r).transfer_ms, (2 * fetched + grads) / 1e10 * 1e3,
+                2 * 2 * accum / 1e10 * 1e3);  // a byte of rounding in the room
+  }
+  // Without a limit the room is unknown: the whole base, every pass.
+  EXPECT_EQ(frozen_residency(*config, *e).room_bytes, 0);
+}
+
 // The probes measure this machine and leave nothing behind in the swap path.
 TEST(EstimateTest, CalibrationMeasuresTheRatesAndCleansUp) {
   TempDir dir;

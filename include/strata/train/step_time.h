@@ -2,6 +2,7 @@
 // probes (strata estimate). Each rate says whether it was measured or assumed, and how.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -84,6 +85,21 @@ Result<Rate> named_gpu_gemm_rate(const std::string& gpu, const TrainConfig& conf
 // measured for the matrix products, and the layers' passes at that rate. Errors: an unknown
 // name, a config whose device is "cpu".
 Status use_named_gpu(const std::string& gpu, const TrainConfig& config, MachineRates* rates);
+
+// An offloaded frozen base (LoRA's, QLoRA's) and the room device_memory_limit leaves its copies
+// on the device beside the plan and the prefetch window (none without a limit, or with the
+// parameters on the device): what fits stays there between passes
+// (sched::PrefetchOptions::stable), a pass fetches the rest twice.
+struct FrozenResidency {
+  double frozen_bytes = 0;  // the offloaded frozen groups' working copies
+  double room_bytes = 0;
+  // The share of the base that stays on the device (1 with no base offloaded).
+  double resident_share() const {
+    return frozen_bytes > 0 ? std::min(1.0, room_bytes / frozen_bytes) : 1.0;
+  }
+  double refetched_bytes() const { return std::max(0.0, frozen_bytes - room_bytes); }
+};
+FrozenResidency frozen_residency(const TrainConfig& config, const Estimate& e);
 
 struct StepTime {
   double compute_ms = 0;    // forward + backward FLOPs (recompute included) at the GEMM rate
