@@ -399,6 +399,8 @@ for name, (status, _) in runs.items():
              f"{d['optimizer_ms']:.0f}, exposed {d['optimizer_exposed_ms']:.0f}, on the device "
              f"{d['optimizer_device_ms']:.0f}; peak/plan {ratio:.2f} "
              f"({'PASS' if 0.9 <= ratio <= 1.1 else 'MISS'}: within 10%)")
+    if d.get("frozen_resident_share", 1) < 1:
+        line2 += f"; base kept on the device {d['frozen_resident_share']:.2f}"
     if "extrapolated_step_ms" in d:
         line2 += (f"; {d['layer_ms']:.0f} ms a layer, {d['model_layers']} layers: "
                   f"{d['extrapolated_step_ms'] / 1e3:.2f} s")
