@@ -58,6 +58,7 @@ benches=train_step,long,attention,copy
 scale_cases=(1.1b-host-accum1-auto:45 1.1b-host-accum1:45 8b-lora:90 8b-qlora:90
   8b-full-auto:100 8b-full-host:90 70b-qlora-24g:100 30b-a3b-qlora:100 1.1b-host-accum2:45)
 scale_only=""  # --scale-cases
+nccl_cap=45    # the NCCL tests' cap, which the scale cases keep when the tests run too
 while (($#)); do
   case "$1" in
     --benches)
@@ -114,6 +115,10 @@ while (($#)); do
   shift
 done
 ((no_bench)) && run_bench=0
+if ((!run_tests && !run_bench && !run_scale)) && [[ "$mode" == all ]]; then
+  echo "gpu-check: nothing to run: --phase with --no-bench leaves no phase" >&2
+  exit 2
+fi
 if ((rehearse && (!run_scale || run_tests || run_bench))); then
   echo "gpu-check: --rehearse goes with --phase scale alone" >&2
   exit 2
@@ -136,6 +141,10 @@ if [[ -n "$scale_only" ]]; then
   for entry in "${scale_cases[@]}"; do  # the script's order, most wanted first
     [[ ",$scale_only," == *",${entry%%:*},"* ]] && chosen+=("$entry")
   done
+  if ((${#chosen[@]} == 0)); then
+    echo "gpu-check: --scale-cases '$scale_only' names no case" >&2
+    exit 2
+  fi
   scale_cases=("${chosen[@]}")
 fi
 budget=${GPU_CHECK_BUDGET_S:-540}
@@ -682,7 +691,7 @@ else  # CI's build on two cores: no GPU time to save
   configure_cap=600 build_cap=3600 budget=$((budget > 7200 ? budget : 7200))
 fi
 # The MFU benchmark and the unit tests before it keep their time whatever the build takes.
-unit_cap=60 mfu_cap=190 nccl_cap=45
+unit_cap=60 mfu_cap=190
 # With the scale phase in the same call, the tests keep time for its first three cases.
 scale_keep=0
 if ((run_scale)); then

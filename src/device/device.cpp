@@ -52,9 +52,38 @@ template class DeviceMemory<MemoryKind::kDevice>;
 template class DeviceMemory<MemoryKind::kPinned>;
 template class DeviceMemory<MemoryKind::kRegistered>;
 
-Result<DeviceBuffer> Device::allocate(std::size_t size_bytes, std::string_view what) {
+void Device::add_reclaimer(const void* owner, Reclaimer reclaimer) {
+  std::lock_guard lock(reclaim_mu_);
+  STRATA_CHECK(std::none_of(reclaimers_.begin(), reclaimers_.end(),
+                            [&](const auto& r) { return r.first == owner; }),
+               "a second reclaimer for one owner");
+  reclaimers_.emplace_back(owner, std::move(reclaimer));
+}
+
+void Device::remove_reclaimer(const void* owner) {
+  std::lock_guard lock(reclaim_mu_);
+  std::erase_if(reclaimers_, [&](const auto& r) { return r.first == owner; });
+}
+
+std::uint64_t Device::reclaim(std::uint64_t bytes) {
+  std::vector<Reclaimer> each;
+  {
+    std::lock_guard lock(reclaim_mu_);
+    for (const auto& r : reclaimers_) each.push_back(r.second);
+  }
+  std::uint64_t freed = 0;
+  for (const Reclaimer& r : each) {
+    if (freed >= bytes) break;
+    freed += r(bytes - freed);
+  }
+  return freed;
+}
+
+Result<DeviceBuffer> Device::allocate(std::size_t size_bytes, std::string_view what,
+                                      bool reclaim_cache) {
   if (size_bytes == 0) return DeviceBuffer();
   auto r = allocate_impl(size_bytes);
+  while (!r.is_ok() && reclaim_cache && reclaim(size_bytes) > 0) r = allocate_impl(size_bytes);
   if (!r.is_ok()) {
     const MemoryStats s = memory_stats();
     return out_of_memory("cannot allocate " + format_bytes(size_bytes) + " on " + name() + " for " +

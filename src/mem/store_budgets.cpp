@@ -92,7 +92,7 @@ Result<TieredStore::Impl::Room> TieredStore::Impl::make_room(Tier t, Entry& targ
       if (!drop_victims_for_prefetch(t, target, reserved(t) + need - b)) return Room::kRefused;
       continue;
     }
-    Entry* v = pick_victim(t, target, prefetch);
+    Entry* v = pick_victim(t, &target, prefetch);
     if (v != nullptr) {
       if (v->num_valid() > 1) {
         drop_copy(*v, t);
@@ -125,7 +125,7 @@ bool TieredStore::Impl::drop_victims_for_prefetch(Tier t, Entry& target, std::ui
   std::vector<Entry*> chosen;
   std::uint64_t freed = 0;
   while (freed < over) {
-    Entry* v = pick_victim(t, target, /*prefetch=*/true, chosen);
+    Entry* v = pick_victim(t, &target, /*prefetch=*/true, chosen);
     if (v == nullptr) return false;
     chosen.push_back(v);
     freed += t == Tier::kDevice ? device_bytes(*v) : v->spec.size_bytes;
@@ -137,15 +137,17 @@ bool TieredStore::Impl::drop_victims_for_prefetch(Tier t, Entry& target, std::ui
   return true;
 }
 
-TieredStore::Impl::Entry* TieredStore::Impl::pick_victim(Tier t, const Entry& target, bool prefetch,
+TieredStore::Impl::Entry* TieredStore::Impl::pick_victim(Tier t, const Entry* target, bool prefetch,
                                                          const std::vector<Entry*>& exclude) {
-  const std::uint64_t target_next = advisor != nullptr ? advisor->next_use(target.h) : 0;
+  // No target (room for memory outside the store): spare only what is used now.
+  const std::uint64_t target_next =
+      advisor != nullptr && target != nullptr ? advisor->next_use(target->h) : 0;
   Entry* best = nullptr;
   // Larger is a better victim: used later, clean (no write-back), then least recently used.
   std::tuple<std::uint64_t, int, std::uint64_t> best_key{};
   for (auto& ep : entries) {
     Entry& e = *ep;
-    if (&e == &target || e.op) continue;
+    if (&e == target || e.op) continue;
     if (std::find(exclude.begin(), exclude.end(), &e) != exclude.end()) continue;
     const auto& c = e.at(t);
     if (!c.allocated || !c.valid || c.pins > 0 || c.external || e.is_home(t)) continue;
@@ -182,7 +184,8 @@ Status TieredStore::Impl::allocate_copy(Entry& e, Tier t) {
         c.device_buffer = std::move(it->second.back());
         it->second.pop_back();
       } else {
-        STRATA_ASSIGN_OR_RETURN(c.device_buffer, device.allocate(bytes, "'" + e.spec.name + "'"));
+        STRATA_ASSIGN_OR_RETURN(c.device_buffer, device.allocate(bytes, "'" + e.spec.name + "'",
+                                                                 /*reclaim_cache=*/false));
         charge(t, bytes);
       }
       c.data = c.device_buffer.data();
@@ -226,7 +229,7 @@ Result<TieredStore::Impl::Room> TieredStore::Impl::allocate_with_room(Entry& e, 
     if (t == Tier::kDevice && trim_device_cache(device_bytes(e)) > 0) continue;
     if (t != Tier::kDevice || prefetch) return prefetch ? Result<Room>(Room::kRefused) : st;
     // Still full: give up one of our copies.
-    Entry* v = pick_victim(t, e, false);
+    Entry* v = pick_victim(t, &e, false);
     if (v != nullptr) {
       ++stats.evictions;
       if (v->num_valid() > 1) {
@@ -273,6 +276,21 @@ void TieredStore::Impl::drop_copy(Entry& e, Tier t) {
   c.data = nullptr;
   c.allocated = false;
   c.valid = false;
+}
+
+std::uint64_t TieredStore::Impl::reclaim_device(std::uint64_t bytes) {
+  Lock lock(mu);
+  std::uint64_t freed = trim_device_cache(bytes);
+  // Then clean copies kept on the device (another tier holds their data), used last first; never
+  // one in use, moving, or used now.
+  while (freed < bytes) {
+    Entry* v = pick_victim(Tier::kDevice, nullptr, /*prefetch=*/true);
+    if (v == nullptr) break;
+    drop_copy(*v, Tier::kDevice);
+    ++stats.evictions;
+    freed += trim_device_cache(bytes - freed);
+  }
+  return freed;
 }
 
 std::uint64_t TieredStore::Impl::trim_device_cache(std::uint64_t bytes, std::uint64_t keep) {

@@ -152,8 +152,12 @@ struct TieredStore::Impl {
   // tensors' only copies not yet on their way out.
   std::uint64_t held_device_bytes() const;
   Result<Room> make_room(Tier t, Entry& target, bool prefetch);
-  Entry* pick_victim(Tier t, const Entry& target, bool prefetch,
+  // The best copy on `t` to drop or write back for `target` (null: for memory outside the store).
+  Entry* pick_victim(Tier t, const Entry* target, bool prefetch,
                      const std::vector<Entry*>& exclude = {});
+  // The device's reclaimer (Device::add_reclaimer): frees toward `bytes` from the device cache,
+  // then clean device copies no one uses now; the bytes freed.
+  std::uint64_t reclaim_device(std::uint64_t bytes);
   // A prefetch evicts only if the victims it may take free enough room: all or nothing.
   bool drop_victims_for_prefetch(Tier t, Entry& target, std::uint64_t over);
   Status allocate_copy(Entry& e, Tier t);

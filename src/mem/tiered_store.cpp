@@ -74,11 +74,16 @@ Result<std::unique_ptr<TieredStore>> TieredStore::create(device::Device& device,
   impl->write_lane = std::make_unique<detail::OrderedLane>();
   impl->h2d_lane = std::make_unique<detail::OrderedLane>();
   impl->d2h_lane = std::make_unique<detail::OrderedLane>();
+  // Memory the device is asked for outside the store (a backend's op scratch, grown as shapes
+  // need it) may take what the store keeps only as a cache.
+  device.add_reclaimer(impl.get(),
+                       [s = impl.get()](std::uint64_t bytes) { return s->reclaim_device(bytes); });
   return std::unique_ptr<TieredStore>(new TieredStore(std::move(impl)));
 }
 
 TieredStore::~TieredStore() {
   Impl& s = *impl_;
+  s.device.remove_reclaimer(&s);
   drain();
   {
     std::lock_guard lock(s.mu);

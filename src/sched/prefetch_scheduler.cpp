@@ -35,6 +35,7 @@ std::size_t PrefetchScheduler::position() const {
 }
 
 std::uint64_t PrefetchScheduler::next_use(mem::Handle h) const {
+  const bool stable = is_stable(h);
   h = entry_of(h);
   std::lock_guard lock(mu_);
   if (h == acquiring_) return 0;  // used now: the fetches it starts must not evict it
@@ -43,7 +44,7 @@ std::uint64_t PrefetchScheduler::next_use(mem::Handle h) const {
   if (q != AccessTrace::kNone) return static_cast<std::uint64_t>(q - pos_);
   // Not again this pass: a stable copy stays for the next, which follows the trace from its
   // start; every other copy kept is dropped at the pass's end.
-  const std::size_t first = is_stable(h) ? trace_.next_use(h, 0) : AccessTrace::kNone;
+  const std::size_t first = stable ? trace_.next_use(h, 0) : AccessTrace::kNone;
   return first == AccessTrace::kNone ? mem::kNeverUsed
                                      : static_cast<std::uint64_t>(trace_.size() - pos_ + first);
 }
@@ -58,7 +59,9 @@ std::uint64_t PrefetchScheduler::live_bytes() const {
   for (mem::Handle h : known_order_) {
     const mem::Residency r = store_.residency(h);
     const auto t = static_cast<std::size_t>(options_.tier);
-    if (!r.allocated[t] || (r.pins[t] == 0 && !r.in_flight && is_stable(h))) continue;
+    if (!r.allocated[t] || (r.pins[t] == 0 && kept_stable_.count(mem::handle_index(h)) != 0)) {
+      continue;
+    }
     live += store_.spec(h).size_bytes;
   }
   return live;
@@ -173,6 +176,16 @@ Result<void*> PrefetchScheduler::acquire(mem::Handle h) {
   } else {
     recording_.push(entry, bytes);
   }
+  kept_stable_.erase(mem::handle_index(h));  // in use again
+  Result<void*> p = fetch_and_pin(h);
+  {
+    std::lock_guard lock(mu_);
+    acquiring_ = mem::Handle::kInvalid;
+  }
+  return p;
+}
+
+Result<void*> PrefetchScheduler::fetch_and_pin(mem::Handle h) {
   if (!resident_or_arriving(h)) {
     ++stats_.demand_fetches;
     // Its own fetch first, so it is ahead of the prefetches in every queue.
@@ -180,12 +193,7 @@ Result<void*> PrefetchScheduler::acquire(mem::Handle h) {
     (void)c;
   }
   issue_ahead();
-  Result<void*> p = store_.acquire(h, options_.tier);
-  {
-    std::lock_guard lock(mu_);
-    acquiring_ = mem::Handle::kInvalid;
-  }
-  return p;
+  return store_.acquire(h, options_.tier);
 }
 
 void PrefetchScheduler::release(mem::Handle h) {
@@ -201,8 +209,11 @@ void PrefetchScheduler::release(mem::Handle h) {
     }
   }
   if (keep && options_.max_live_bytes != 0 && live_bytes() > options_.max_live_bytes) keep = false;
-  // A stable copy stays while the store has room; it evicts by next use.
-  keep = keep || is_stable(h);
+  // A stable copy stays while the store has room (it evicts by next use), a cache no bound counts.
+  if (is_stable(h)) {
+    keep = true;
+    kept_stable_.insert(mem::handle_index(h));
+  }
   const mem::Residency r = store_.residency(h);
   const auto t = static_cast<std::size_t>(options_.tier);
   if (keep) {

@@ -370,9 +370,11 @@ FrozenResidency frozen_residency(const TrainConfig& config, const Estimate& e) {
   if (config.offload_param == Tier::kDevice) return r;
   const double work =
       static_cast<double>(e.plan.kind_bytes(config.offload_param, zero::TensorKind::kParameters));
-  // The trained groups' copies share the tier where their optimizer is off the device.
+  // The trained groups' copies share the tier where their optimizer is off the device (the
+  // offloaded share of them: offload_optimizer_fraction keeps the rest on the device).
   const double trained = e.plan.trained_params == config.offload_param
                              ? static_cast<double>(e.trainable_local_elems) *
+                                   e.plan.offload_fraction *
                                    static_cast<double>(dtype_size(config.precision))
                              : 0.0;
   r.frozen_bytes = std::max(0.0, work - trained);

@@ -180,8 +180,8 @@ Result<void*> ShardStore::acquire_grads(int group, model::GradientWrite write) {
 Status ShardStore::finish_micro_batch() {
   Status first = grads_->finish_micro_batch();
   params_->end_pass();
-  // Between passes the store then holds nothing on the device that the model might need. With
-  // every group frozen nothing rewrites the working copies: they stay while there is room.
+  // Between passes the trained groups' copies are dropped and the freed blocks go back to the
+  // device; a frozen base's copies stay while there is room (nothing rewrites them).
   if (trains()) store_->trim_device_cache();
   absorb_store_stats();
   STRATA_RETURN_IF_ERROR(first);

@@ -55,6 +55,8 @@ TEST(GpuCheckScriptTest, ArgumentErrorsStopItBeforeItTouchesAnything) {
       {"", "--rehearse", "--rehearse goes with --phase scale alone"},
       {"", "--phase tests,scale --rehearse", "--rehearse goes with --phase scale alone"},
       {"", "--scale-cases 8b-lora", "--scale-cases goes with a --phase that has scale"},
+      {"", "--phase bench --no-bench", "nothing to run"},
+      {"", "--phase scale --scale-cases ,", "--scale-cases ',' names no case"},
       {"", "--phase scale --scale-cases 8b-lora,70b",
        "--scale-cases takes a comma list of 1.1b-host-accum1-auto 1.1b-host-accum1 8b-lora"},
       {"", "--fast", "unknown argument '--fast'"},

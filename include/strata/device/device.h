@@ -8,10 +8,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "strata/core/status.h"
 #include "strata/device/ops.h"
@@ -141,8 +144,18 @@ class Device {
   virtual bool host_addressable() const = 0;
 
   // Allocates from the budget. Exceeding device_memory_limit is an out_of_memory error naming
-  // `what`, the request and the budget; it never over-commits.
-  Result<DeviceBuffer> allocate(std::size_t size_bytes, std::string_view what);
+  // `what`, the request and the budget; it never over-commits. Where the budget has no room, the
+  // reclaimers free what their owners hold only as a cache and the allocation is tried again
+  // while one frees anything; `reclaim` false skips them (the tiered store makes room for its
+  // own allocations its own way, under its own lock).
+  Result<DeviceBuffer> allocate(std::size_t size_bytes, std::string_view what,
+                                bool reclaim_cache = true);
+  // A reclaimer frees device memory its owner keeps only as a cache (the tiered store: freed
+  // blocks and clean copies it keeps for reuse) toward `bytes` and returns the bytes it freed;
+  // it is called from the allocating thread, outside every device lock. One per owner.
+  using Reclaimer = std::function<std::uint64_t(std::uint64_t bytes)>;
+  void add_reclaimer(const void* owner, Reclaimer reclaimer);
+  void remove_reclaimer(const void* owner);
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak() = 0;
 
@@ -181,6 +194,12 @@ class Device {
   virtual void deallocate_impl(void* data, std::size_t size_bytes) = 0;
   virtual void free_pinned_impl(void* data, std::size_t size_bytes, bool page_locked) = 0;
   virtual void unregister_host_impl(void* data, std::size_t size_bytes, bool page_locked) = 0;
+
+ private:
+  // Asks the reclaimers for `bytes`; the bytes they freed.
+  std::uint64_t reclaim(std::uint64_t bytes);
+  std::mutex reclaim_mu_;
+  std::vector<std::pair<const void*, Reclaimer>> reclaimers_;
 };
 
 enum class DeviceKind : std::uint8_t { kCpu, kCuda };

@@ -75,7 +75,7 @@ struct SchedulerStats {
   std::uint64_t trace_prefetches = 0;
   std::uint64_t hint_prefetches = 0;
   std::uint64_t demand_fetches = 0;  // acquires of a tensor neither resident nor arriving
-  std::uint64_t kept = 0;            // releases that kept the copy for a reuse soon
+  std::uint64_t kept = 0;            // releases that kept the copy (a reuse soon, or stable)
   std::uint64_t dropped = 0;         // releases that dropped it
 };
 
@@ -90,7 +90,8 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   // Records the access, starts `h`'s own fetch and the fetches ahead, then waits for `h` and pins
   // it on the tier; returns its address.
   Result<void*> acquire(mem::Handle h);
-  // Unpins, then keeps the copy for a reuse within max_reuse_distance or drops it.
+  // Unpins, then keeps the copy for a reuse within max_reuse_distance (a stable one always, while
+  // the store has room) or drops it.
   void release(mem::Handle h);
   // The model says `h` comes soon. Used only while recording (a trace knows better).
   void hint(mem::Handle h);
@@ -127,8 +128,11 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   // Starts the fetches of a routed set's members not resident or arriving, if all of them fit
   // within the bounds; whether they did.
   bool prefetch_set(int set, std::size_t* count, std::uint64_t* inflight, std::uint64_t* live);
-  // Bytes of its tensors allocated on the tier, but stable copies kept unpinned (a cache).
+  // Bytes of its tensors allocated on the tier, but stable copies kept after use (a cache).
   std::uint64_t live_bytes() const;
+  // acquire's fetch (on demand where the copy is neither resident nor arriving), the fetches
+  // ahead, and the pin.
+  Result<void*> fetch_and_pin(mem::Handle h);
   bool is_stable(mem::Handle h) const { return options_.stable && options_.stable(h); }
   std::uint64_t inflight_bytes(std::size_t* count);
   void issue_ahead();
@@ -140,6 +144,8 @@ class PrefetchScheduler final : public mem::EvictionAdvisor {
   std::vector<InFlight> inflight_;
   std::unordered_set<std::uint32_t> known_;  // every handle it has seen
   std::vector<mem::Handle> known_order_;
+  std::unordered_set<std::uint32_t> kept_stable_;  // stable copies released and kept, not since
+                                                   // acquired (some evicted since: harmless)
   std::unordered_map<std::uint32_t, int> set_of_;  // routed tensors' sets
   int in_set_ = -1;  // the routed set whose acquires this pass is in the middle of, or -1
   SchedulerStats stats_;

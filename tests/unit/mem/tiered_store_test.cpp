@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <vector>
 
 #include "strata/core/aligned.h"
 #include "tests/testing/backends.h"
@@ -198,6 +199,47 @@ TEST_F(StoreTest, LeastRecentlyUsedIsEvictedWithoutAnAdvisor) {
   EXPECT_TRUE(store_->residency(hs[2]).valid[0]);
   EXPECT_LE(store_->usage(Tier::kDevice).peak_bytes, 30000u);
   EXPECT_EQ(store_->stats().evictions, 1u);
+}
+
+// Device memory asked for outside the store (a backend's op scratch) takes what the store keeps
+// only as a cache: a clean, unpinned device copy goes (its data stays at home), never a pinned
+// one; the store's own allocations skip the reclaimers (it makes room its own way).
+TEST_F(StoreTest, DeviceMemoryAskedForOutsideTheStoreTakesItsKeptCopies) {
+  constexpr std::size_t kBytes = 10240;  // a multiple of the CPU device's 64-byte rounding
+  store_.reset();
+  device_ = make_cpu_device(4 * kBytes);
+  swap_ = make_memory_swap();
+  auto created = TieredStore::create(*device_, swap_.get(), small_options(0, 0));
+  ASSERT_TRUE(created.is_ok()) << created.status().to_string();
+  store_ = std::move(*created);
+  std::vector<Handle> hs;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < 4; ++i) {
+    hs.push_back(add("t" + std::to_string(i), kBytes, Tier::kHost));
+    data.push_back(fill(hs.back(), static_cast<std::uint64_t>(i)));
+    ASSERT_TRUE(store_->acquire(hs.back(), Tier::kDevice).is_ok());
+    store_->unpin(hs.back(), Tier::kDevice);  // kept: the device is full of copies
+  }
+  EXPECT_FALSE(device_->allocate(kBytes, "without reclaiming", false).is_ok());
+  auto scratch = device_->allocate(kBytes, "op scratch");
+  ASSERT_TRUE(scratch.is_ok()) << scratch.status().to_string();
+  // The least recently used copy went (no advisor); its data is still at home.
+  EXPECT_FALSE(store_->residency(hs[0]).allocated[0]);
+  for (int i = 1; i < 4; ++i) EXPECT_TRUE(store_->residency(hs[i]).valid[0]) << i;
+  expect_content(hs[0], data[0]);
+  // Pinned copies stay: with every copy in use there is nothing to reclaim.
+  for (int i = 1; i < 4; ++i) ASSERT_TRUE(store_->acquire(hs[i], Tier::kDevice).is_ok());
+  EXPECT_FALSE(device_->allocate(kBytes, "more op scratch").is_ok());
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_TRUE(store_->residency(hs[i]).valid[0]) << i;
+    store_->unpin(hs[i], Tier::kDevice);
+  }
+  // Once the scratch is given back, the store fetches the dropped copy again.
+  scratch->reset();
+  auto again = store_->acquire(hs[0], Tier::kDevice);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(first_mismatch(*again, data[0].data(), kBytes), -1);
+  store_->unpin(hs[0], Tier::kDevice);
 }
 
 // Next use from a fixed table: Belady evicts the copy needed last.
