@@ -202,37 +202,39 @@ Measured run(const Case& c, const Options& o, int layers) {
     j["device_memory_limit"] =
         c.device_gib > 0 ? static_cast<std::uint64_t>(c.device_gib * (1ull << 30)) : o.device_limit;
   }
+  // The whole model, for a slice's budget.
+  const auto whole_model = [&] {
+    Json whole = j;
+    whole["model"] = model_of(c, o, 0);
+    return parsed(whole, c);
+  };
   if (o.shrink && c.device_gib > 0) {
     // Rehearsed, a case's device budget is one that keeps half of the whole (shrunk) model's
     // base on the device, as the 70B's 24 GiB keeps part of its base.
-    Json whole = j;
-    whole["model"] = model_of(c, o, 0);
-    strata::train::TrainConfig w = parsed(whole, c);
+    const strata::train::TrainConfig w = whole_model();
     const strata::train::Estimate e = planned_of(w);
     const strata::train::FrozenResidency base = strata::train::frozen_residency(w, e);
     j["device_memory_limit"] = e.device_bytes_needed() + w.prefetch_bytes +
                                static_cast<std::uint64_t>(base.frozen_bytes / 2);
   }
   strata::train::TrainConfig config = parsed(j, c);
+  strata::train::Estimate planned = planned_of(config);
+  const strata::train::FrozenResidency base = strata::train::frozen_residency(config, planned);
   Measured m;
-  m.resident_share = strata::train::frozen_residency(config, planned_of(config)).resident_share();
+  m.resident_share = base.resident_share();
   if (c.slice_hi > 0 && config.device_memory_limit > 0) {
     // The whole model's share of its base on the device, at the case's budget; the slice's
     // budget then keeps that share of its own base.
-    Json whole = j;
-    whole["model"] = model_of(c, o, 0);
-    const strata::train::TrainConfig w = parsed(whole, c);
+    const strata::train::TrainConfig w = whole_model();
     m.resident_share = strata::train::frozen_residency(w, planned_of(w)).resident_share();
-    const strata::train::FrozenResidency slice =
-        strata::train::frozen_residency(config, planned_of(config));
-    if (m.resident_share < 1 && slice.frozen_bytes > 0) {
-      config.device_memory_limit =
-          config.device_memory_limit - static_cast<std::uint64_t>(slice.room_bytes) +
-          static_cast<std::uint64_t>(m.resident_share * slice.frozen_bytes);
+    if (m.resident_share < 1 && base.frozen_bytes > 0) {
+      config.device_memory_limit = config.device_memory_limit -
+                                   static_cast<std::uint64_t>(base.room_bytes) +
+                                   static_cast<std::uint64_t>(m.resident_share * base.frozen_bytes);
+      planned = planned_of(config);
     }
   }
   m.device_limit = config.device_memory_limit;
-  const strata::train::Estimate planned = planned_of(config);
   const double active = static_cast<double>(planned.active_parameters());
   const double trained =
       static_cast<double>(planned.trainable_parameters - planned.inactive_trainable);

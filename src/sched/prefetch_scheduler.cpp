@@ -208,11 +208,12 @@ void PrefetchScheduler::release(mem::Handle h) {
           q != AccessTrace::kNone && trace_.bytes_between(pos_, q) <= options_.max_reuse_distance;
     }
   }
-  if (keep && options_.max_live_bytes != 0 && live_bytes() > options_.max_live_bytes) keep = false;
   // A stable copy stays while the store has room (it evicts by next use), a cache no bound counts.
   if (is_stable(h)) {
     keep = true;
     kept_stable_.insert(mem::handle_index(h));
+  } else if (keep && options_.max_live_bytes != 0 && live_bytes() > options_.max_live_bytes) {
+    keep = false;
   }
   const mem::Residency r = store_.residency(h);
   const auto t = static_cast<std::size_t>(options_.tier);

@@ -146,7 +146,7 @@ class Device {
   // Allocates from the budget. Exceeding device_memory_limit is an out_of_memory error naming
   // `what`, the request and the budget; it never over-commits. Where the budget has no room, the
   // reclaimers free what their owners hold only as a cache and the allocation is tried again
-  // while one frees anything; `reclaim` false skips them (the tiered store makes room for its
+  // while one frees anything; `reclaim_cache` false skips them (the tiered store makes room for its
   // own allocations its own way, under its own lock).
   Result<DeviceBuffer> allocate(std::size_t size_bytes, std::string_view what,
                                 bool reclaim_cache = true);
